@@ -1,0 +1,3 @@
+from sparkdiag.cli import main
+
+main()

@@ -1,0 +1,22 @@
+"""What every collector shares: the snapshot provider and the GPU label helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Protocol
+
+from prometheus_client.core import Metric
+
+from sparkdiag.telemetry.snapshot import GpuIdentity, Snapshot
+
+SnapshotProvider = Callable[[], "Snapshot | None"]
+GPU_LABELS = ["gpu", "uuid"]
+
+
+def gpu_labels(identity: GpuIdentity) -> list[str]:
+    """Label values that every GPU series carries: the NVML index as a string, and the uuid."""
+    return [str(identity.index), identity.uuid]
+
+
+class SnapshotCollector(Protocol):
+    def collect(self) -> Iterator[Metric]: ...

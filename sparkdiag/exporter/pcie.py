@@ -1,0 +1,41 @@
+"""Host PCIe links read from sysfs: ``sparkdiag_pcie_link_*``."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+from sparkdiag.exporter.base import SnapshotProvider
+
+LABELS = ["device", "class", "driver", "state"]
+
+
+class PcieCollector:
+    def __init__(self, snapshot: SnapshotProvider) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snapshot()
+        if snap is None or not snap.pcie_links:
+            return
+        speed = GaugeMetricFamily(
+            "sparkdiag_pcie_link_transfers_per_second",
+            "PCIe link speed in transfers per second (32 GT/s = 32e9), current and maximum.",
+            labels=LABELS,
+        )
+        width = GaugeMetricFamily(
+            "sparkdiag_pcie_link_width",
+            "PCIe link width in lanes, current and maximum.",
+            labels=LABELS,
+        )
+        for link in snap.pcie_links:
+            base = [link.address, link.device_class, link.driver]
+            for state, value in (("current", link.current_speed_tps), ("max", link.max_speed_tps)):
+                if value is not None:
+                    speed.add_metric([*base, state], value)
+            for state, lanes in (("current", link.current_width), ("max", link.max_width)):
+                if lanes is not None:
+                    width.add_metric([*base, state], lanes)
+        yield speed
+        yield width

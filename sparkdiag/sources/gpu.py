@@ -1,0 +1,279 @@
+"""The GPU source: turns NVML answers (from any backend) into :class:`GpuSample` snapshots.
+
+Rules it applies, so that every consumer sees the same thing:
+
+* a value NVML does not support (NOT_SUPPORTED, NO_PERMISSION, FUNCTION_NOT_FOUND ...) is ``None``
+  or absent from its mapping, and the query is not asked again for that device;
+* a device that answers GPU_IS_LOST (or RESET_REQUIRED, GPU_NOT_FOUND, UNKNOWN) is reported with
+  ``up=False`` and its identity kept, so ``sparkdiag_gpu_up`` drops to 0 instead of vanishing;
+* unified memory (GB10): memory info NOT_SUPPORTED, or a total equal to host MemTotal, gives
+  ``memory_model="unified"`` and no framebuffer memory; the integrated GPU's NVML PCIe link (a
+  meaningless Gen1 x1) is left out too, the host links come from sysfs;
+* a memory temperature of 0 °C is "not supported" (DCGM reads 0 on GB10's LPDDR5X).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from sparkdiag.sources.nvml_api import (
+    LOST_CODES,
+    NOT_SUPPORTED,
+    UNAVAILABLE_CODES,
+    NvmlBackend,
+    NvmlCallError,
+    NvmlEvent,
+    NvmlUnavailable,
+)
+from sparkdiag.telemetry.snapshot import GpuIdentity, GpuSample
+
+log = logging.getLogger(__name__)
+
+MHZ = 1e6
+THRESHOLDS = {0: "shutdown", 1: "slowdown", 2: "memory_max", 3: "gpu_max"}
+CLOCKS = {0: "graphics", 1: "sm", 2: "memory", 3: "video"}
+POLICIES = {
+    0: "power",
+    1: "thermal",
+    2: "sync_boost",
+    3: "board_limit",
+    4: "low_utilization",
+    5: "reliability",
+}
+COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
+# Decoded clock event (throttle) reasons, nvml.h nvmlClocksEventReason*.
+CLOCK_EVENT_REASONS: dict[str, int] = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+# Host MemTotal and NVML's total are taken as the same memory when within this fraction.
+UNIFIED_TOLERANCE = 0.02
+
+
+def decode_reasons(mask: int) -> list[str]:
+    """Names of the reasons set in an NVML clock event reasons bitmask."""
+    return [name for name, bit in CLOCK_EVENT_REASONS.items() if mask & bit]
+
+
+class _DeviceLost(Exception):
+    def __init__(self, error: NvmlCallError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class GpuSource:
+    """Reads every GPU through an :class:`NvmlBackend`. Not thread-safe: one poller owns it."""
+
+    def __init__(self, backend: NvmlBackend) -> None:
+        self.backend = backend
+        self.nvml_up = False
+        self.unavailable_reason: str | None = None
+        self.driver_version = ""
+        self.identities: list[GpuIdentity] = []
+        self._unsupported: set[tuple[int, str, int | None]] = set()
+
+    def start(self) -> bool:
+        """Initialise NVML and read each GPU's identity; False (with a reason) without NVML."""
+        try:
+            self.backend.init()
+            self.driver_version = self.backend.driver_version()
+            count = self.backend.device_count()
+        except (NvmlUnavailable, NvmlCallError) as exc:
+            self.nvml_up = False
+            self.unavailable_reason = str(exc)
+            return False
+        self.nvml_up = True
+        self.identities = [self._identity(index) for index in range(count)]
+        return True
+
+    def stop(self) -> None:
+        if self.nvml_up:
+            self.backend.shutdown()
+            self.nvml_up = False
+
+    # -- reading -----------------------------------------------------------------------------
+    def _ask(self, index: int, query: str, arg: int | None = None) -> Any:
+        """One query: None when unsupported (remembered); _DeviceLost when the GPU is gone."""
+        key = (index, query, arg)
+        if key in self._unsupported:
+            return None
+        try:
+            return self.backend.query(index, query, arg)
+        except NvmlCallError as exc:
+            if exc.code in LOST_CODES:
+                raise _DeviceLost(exc) from None
+            if exc.code in UNAVAILABLE_CODES:
+                self._unsupported.add(key)
+            else:
+                log.debug("GPU %d %s(%s): %s", index, query, arg, exc)
+            return None
+
+    def _identity(self, index: int) -> GpuIdentity:
+        def text(query: str) -> str:
+            try:
+                value = self._ask(index, query)
+            except _DeviceLost:
+                return ""
+            return "" if value is None else str(value)
+
+        capability = ""
+        try:
+            cap = self._ask(index, "cuda_capability")
+            if cap is not None:
+                capability = f"{int(cap[0])}.{int(cap[1])}"
+        except _DeviceLost:
+            pass
+        return GpuIdentity(
+            index=index,
+            uuid=text("uuid"),
+            name=text("name"),
+            pci_bus_id=text("pci_bus_id"),
+            driver_version=self.driver_version,
+            cuda_capability=capability,
+            memory_model=self._memory_model(index),
+        )
+
+    def _memory_model(self, index: int) -> str:
+        try:
+            info = self.backend.query(index, "memory_info")
+        except NvmlCallError as exc:
+            return "unified" if exc.code == NOT_SUPPORTED else "dedicated"
+        host_total = self.backend.host_memory_total()
+        total = float(info.get("total", 0))
+        if host_total and abs(total - host_total) <= UNIFIED_TOLERANCE * host_total:
+            return "unified"
+        return "dedicated"
+
+    def read(self) -> tuple[GpuSample, ...]:
+        """One poll of every GPU. Never raises for a device error: a lost device is ``up=False``."""
+        if not self.nvml_up:
+            return ()
+        return tuple(self._read_device(identity) for identity in self.identities)
+
+    def events(self) -> list[NvmlEvent]:
+        if not self.nvml_up:
+            return []
+        try:
+            return self.backend.poll_events()
+        except NvmlCallError as exc:
+            log.debug("NVML events: %s", exc)
+            return []
+
+    def _read_device(self, identity: GpuIdentity) -> GpuSample:
+        try:
+            return self._sample(identity)
+        except _DeviceLost as lost:
+            return GpuSample(identity=identity, up=False, error=str(lost.error))
+
+    def _sample(self, identity: GpuIdentity) -> GpuSample:
+        i = identity.index
+        ask: Callable[..., Any] = lambda query, arg=None: self._ask(i, query, arg)  # noqa: E731
+
+        # uuid first: a lost GPU fails here and costs one call per poll.
+        ask("uuid")
+        temps: dict[str, float] = {}
+        gpu_temp = ask("temperature", 0)
+        if gpu_temp is not None:
+            temps["gpu"] = float(gpu_temp)
+        mem_temp = ask("memory_temperature")
+        if mem_temp is not None and float(mem_temp) > 0:
+            temps["memory"] = float(mem_temp)
+
+        thresholds = _positive(
+            {name: ask("temperature_threshold", k) for k, name in THRESHOLDS.items()}
+        )
+        clocks = _scaled({name: ask("clock", k) for k, name in CLOCKS.items()}, MHZ)
+        max_clocks = _positive(
+            _scaled({name: ask("max_clock", k) for k, name in CLOCKS.items()}, MHZ)
+        )
+        violations = _scaled({name: ask("violation_ns", k) for k, name in POLICIES.items()}, 1e-9)
+
+        util = ask("utilization")
+        utilization = {} if util is None else {k: float(util[k]) / 100.0 for k in ("gpu", "memory")}
+
+        memory: dict[str, float] = {}
+        if identity.memory_model == "dedicated":
+            info = ask("memory_info")
+            if info is not None:
+                memory = {k: float(info[k]) for k in ("total", "used", "free")}
+
+        pcie_gen: dict[str, float] = {}
+        pcie_width: dict[str, float] = {}
+        if identity.memory_model == "dedicated":
+            pcie_gen = _positive({"current": ask("pcie_gen"), "max": ask("pcie_max_gen")})
+            pcie_width = _positive({"current": ask("pcie_width"), "max": ask("pcie_max_width")})
+
+        ecc = _present({"corrected": ask("ecc_total", 0), "uncorrected": ask("ecc_total", 1)})
+        rows = ask("remapped_rows")
+        remapped = (
+            {}
+            if rows is None
+            else dict(
+                zip(
+                    ("corrected", "uncorrected", "pending", "failure"),
+                    map(float, rows),
+                    strict=False,
+                )
+            )
+        )
+        pstate = ask("pstate")
+        procs = ask("compute_processes")
+        persistence = ask("persistence_mode")
+        compute_mode = ask("compute_mode")
+        mig = ask("mig_mode")
+
+        return GpuSample(
+            identity=identity,
+            up=True,
+            temperature_celsius=temps,
+            threshold_celsius=thresholds,
+            clock_hertz=clocks,
+            clock_max_hertz=max_clocks,
+            clock_event_reasons=_int(ask("clock_event_reasons")),
+            supported_clock_event_reasons=_int(ask("supported_clock_event_reasons")),
+            violation_seconds=violations,
+            power_watts=_milli(ask("power_mw")),
+            power_limit_watts=_milli(ask("power_limit_mw")),
+            energy_joules=_milli(ask("energy_mj")),
+            utilization_ratio=utilization,
+            memory_bytes=memory,
+            pcie_generation=pcie_gen,
+            pcie_width=pcie_width,
+            pcie_replay_errors=None if (r := ask("pcie_replay")) is None else float(r),
+            ecc_errors=ecc,
+            remapped_rows=remapped,
+            performance_state=None if pstate is None or int(pstate) > 15 else int(pstate),
+            compute_pids=None if procs is None else tuple(int(p["pid"]) for p in procs),
+            persistence_mode=None if persistence is None else bool(persistence),
+            compute_mode=None if compute_mode is None else COMPUTE_MODES.get(int(compute_mode)),
+            mig_mode=None if mig is None else bool(mig[0]),
+        )
+
+
+def _present(values: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in values.items() if v is not None}
+
+
+def _positive(values: dict[str, Any]) -> dict[str, float]:
+    return {k: float(v) for k, v in values.items() if v is not None and float(v) > 0}
+
+
+def _scaled(values: dict[str, Any], factor: float) -> dict[str, float]:
+    return {k: float(v) * factor for k, v in values.items() if v is not None}
+
+
+def _milli(value: Any) -> float | None:
+    return None if value is None else float(value) / 1000.0
+
+
+def _int(value: Any) -> int | None:
+    return None if value is None else int(value)

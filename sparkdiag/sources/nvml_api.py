@@ -1,0 +1,174 @@
+"""The narrow NVML interface the GPU source is written against.
+
+Two backends implement it: :class:`sparkdiag.sources.nvml.PynvmlBackend` (the real library) and
+:class:`sparkdiag.sources.fixture.FixtureBackend` (recorded answers replayed from JSON). The
+interface is a fixed catalogue of *queries*, each mapping to one NVML call and returning a plain
+JSON value, so that a recorder can store every answer (errors included) and a fixture can replay
+it exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+# NVML return codes (nvml.h), kept here so that no module but sources/nvml.py imports pynvml.
+ERROR_NAMES: Mapping[int, str] = {
+    1: "UNINITIALIZED",
+    2: "INVALID_ARGUMENT",
+    3: "NOT_SUPPORTED",
+    4: "NO_PERMISSION",
+    6: "NOT_FOUND",
+    7: "INSUFFICIENT_SIZE",
+    9: "DRIVER_NOT_LOADED",
+    10: "TIMEOUT",
+    12: "LIBRARY_NOT_FOUND",
+    13: "FUNCTION_NOT_FOUND",
+    14: "CORRUPTED_INFOROM",
+    15: "GPU_IS_LOST",
+    16: "RESET_REQUIRED",
+    17: "OPERATING_SYSTEM",
+    18: "LIB_RM_VERSION_MISMATCH",
+    21: "NO_DATA",
+    25: "ARGUMENT_VERSION_MISMATCH",
+    26: "DEPRECATED",
+    27: "NOT_READY",
+    28: "GPU_NOT_FOUND",
+    29: "INVALID_STATE",
+    999: "UNKNOWN",
+}
+ERROR_CODES: Mapping[str, int] = {name: code for code, name in ERROR_NAMES.items()}
+
+NOT_SUPPORTED = 3
+NO_PERMISSION = 4
+NOT_FOUND = 6
+TIMEOUT = 10
+FUNCTION_NOT_FOUND = 13
+GPU_IS_LOST = 15
+# Errors after which the device no longer answers: it is reported down (sparkdiag_gpu_up 0).
+LOST_CODES = frozenset({GPU_IS_LOST, 16, 28, 999})
+# Errors that mean "this value is not available here": the field is None, the sample left out.
+UNAVAILABLE_CODES = frozenset({NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND, FUNCTION_NOT_FOUND, 21, 26})
+
+
+class NvmlCallError(Exception):
+    """One NVML call failed with an NVML return code."""
+
+    def __init__(self, code: int, message: str | None = None) -> None:
+        self.code = code
+        self.name = ERROR_NAMES.get(code, f"ERROR_{code}")
+        super().__init__(message or f"NVML_ERROR_{self.name} ({code})")
+
+
+class NvmlUnavailable(Exception):
+    """NVML cannot be used at all: library missing, driver not loaded, no permission."""
+
+
+@dataclass(frozen=True)
+class NvmlEvent:
+    """One event read from the NVML event set (``nvmlEventSetWait``)."""
+
+    gpu: int  # NVML index
+    event_type: int  # nvmlEventType* bitmask
+    data: int  # the XID number for XID-critical events
+    timestamp: float  # unix seconds when sparkdiag read it
+
+
+EVENT_XID_CRITICAL = 0x8
+EVENT_CLOCK = 0x10
+
+# The query catalogue: name -> the arguments it is asked with (None: no argument).
+# Each entry documents the NVML call, the unit of the raw answer and the matching nvidia-smi query.
+QUERIES: Mapping[str, tuple[int, ...] | None] = {
+    # nvmlDeviceGetName -> str (nvidia-smi --query-gpu=name)
+    "name": None,
+    # nvmlDeviceGetUUID -> str (uuid)
+    "uuid": None,
+    # nvmlDeviceGetPciInfo().busId -> str (pci.bus_id)
+    "pci_bus_id": None,
+    # nvmlDeviceGetCudaComputeCapability -> [major, minor] (compute_cap)
+    "cuda_capability": None,
+    # nvmlDeviceGetTemperature(h, NVML_TEMPERATURE_GPU) -> °C (temperature.gpu)
+    "temperature": (0,),
+    # nvmlDeviceGetFieldValues(h, [NVML_FI_DEV_MEMORY_TEMP]) -> °C (temperature.memory)
+    "memory_temperature": None,
+    # nvmlDeviceGetTemperatureThreshold(h, 0 shutdown | 1 slowdown | 2 mem max | 3 gpu max) -> °C
+    "temperature_threshold": (0, 1, 2, 3),
+    # nvmlDeviceGetClockInfo(h, 0 graphics | 1 sm | 2 mem | 3 video) -> MHz (clocks.sm ...)
+    "clock": (0, 1, 2, 3),
+    # nvmlDeviceGetMaxClockInfo -> MHz (clocks.max.sm ...)
+    "max_clock": (0, 1, 2, 3),
+    # nvmlDeviceGetCurrentClocksEventReasons (fallback ...ThrottleReasons) -> bitmask
+    # (clocks_event_reasons.active)
+    "clock_event_reasons": None,
+    # nvmlDeviceGetSupportedClocksEventReasons (fallback ...ThrottleReasons) -> bitmask
+    "supported_clock_event_reasons": None,
+    # nvmlDeviceGetViolationStatus(h, policy).violationTime -> ns, policies 0..5
+    "violation_ns": (0, 1, 2, 3, 4, 5),
+    # nvmlDeviceGetPowerUsage -> mW (power.draw)
+    "power_mw": None,
+    # nvmlDeviceGetEnforcedPowerLimit -> mW (enforced.power.limit)
+    "power_limit_mw": None,
+    # nvmlDeviceGetTotalEnergyConsumption -> mJ since driver load
+    "energy_mj": None,
+    # nvmlDeviceGetUtilizationRates -> {"gpu": %, "memory": %} (utilization.gpu, .memory)
+    "utilization": None,
+    # nvmlDeviceGetMemoryInfo (v2 where available) -> {"total", "used", "free", "reserved"} bytes
+    "memory_info": None,
+    # nvmlDeviceGetCurrPcieLinkGeneration / Max... -> generation (pcie.link.gen.current / .max)
+    "pcie_gen": None,
+    "pcie_max_gen": None,
+    # nvmlDeviceGetCurrPcieLinkWidth / Max... -> lanes (pcie.link.width.current / .max)
+    "pcie_width": None,
+    "pcie_max_width": None,
+    # nvmlDeviceGetPcieReplayCounter -> count
+    "pcie_replay": None,
+    # nvmlDeviceGetTotalEccErrors(h, 0 corrected | 1 uncorrected, NVML_AGGREGATE_ECC) -> count
+    # (ecc.errors.corrected.aggregate.total)
+    "ecc_total": (0, 1),
+    # nvmlDeviceGetRemappedRows -> [corrected, uncorrected, pending, failure]
+    "remapped_rows": None,
+    # nvmlDeviceGetPerformanceState -> 0..15 (pstate)
+    "pstate": None,
+    # nvmlDeviceGetComputeRunningProcesses -> [{"pid", "used_memory"}] (--query-compute-apps)
+    "compute_processes": None,
+    # nvmlDeviceGetPersistenceMode -> 0/1 (persistence_mode)
+    "persistence_mode": None,
+    # nvmlDeviceGetComputeMode -> 0 default | 2 prohibited | 3 exclusive process (compute_mode)
+    "compute_mode": None,
+    # nvmlDeviceGetMigMode -> [current, pending] (mig.mode.current)
+    "mig_mode": None,
+    # nvmlDeviceGetSupportedEventTypes -> bitmask
+    "supported_event_types": None,
+}
+
+
+def answer_key(query: str, arg: int | None) -> str:
+    """The key a query's answer is stored under in a fixture: ``"clock/1"`` or ``"name"``."""
+    return query if arg is None else f"{query}/{arg}"
+
+
+class NvmlBackend(Protocol):
+    """What the GPU source needs from NVML. Every method may raise :class:`NvmlCallError`."""
+
+    def init(self) -> None:
+        """Initialise; raise :class:`NvmlUnavailable` when NVML cannot be used at all."""
+
+    def shutdown(self) -> None: ...
+
+    def driver_version(self) -> str: ...
+
+    def device_count(self) -> int: ...
+
+    def query(self, index: int, query: str, arg: int | None = None) -> Any:
+        """Answer one catalogue query for the device at ``index``."""
+
+    def poll_events(self) -> list[NvmlEvent]:
+        """Return the events that arrived since the last call, without blocking."""
+
+    def advance(self) -> None:
+        """Called once at the start of each poll (fixtures step their script; hardware: no-op)."""
+
+    def host_memory_total(self) -> int | None:
+        """Host MemTotal in bytes, to tell unified memory from dedicated."""

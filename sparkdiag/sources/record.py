@@ -1,0 +1,63 @@
+"""``sparkdiag record-fixture``: record every NVML answer the GPU source uses, errors included."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import platform
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from sparkdiag import __version__
+from sparkdiag.sources.fixture import FORMAT
+from sparkdiag.sources.nvml_api import QUERIES, NvmlBackend, NvmlCallError, answer_key
+
+
+def record(backend: NvmlBackend, description: str = "") -> dict[str, Any]:
+    """Ask every catalogue query of every device once; return the fixture document."""
+    backend.init()
+    try:
+        devices = []
+        for index in range(backend.device_count()):
+            answers: dict[str, Any] = {}
+            for query, args in QUERIES.items():
+                for arg in (None,) if args is None else args:
+                    key = answer_key(query, arg)
+                    try:
+                        answers[key] = backend.query(index, query, arg)
+                    except NvmlCallError as exc:
+                        answers[key] = {"error": exc.name}
+            devices.append({"answers": answers})
+        return {
+            "format": FORMAT,
+            "description": description,
+            "recorded": {
+                "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "by": f"sparkdiag {__version__} record-fixture",
+                "machine": platform.machine(),
+                "kernel": platform.release(),
+            },
+            "driver_version": backend.driver_version(),
+            "host": {"memory_total": backend.host_memory_total()},
+            "devices": devices,
+        }
+    finally:
+        backend.shutdown()
+
+
+def write_atomic(path: Path, doc: dict[str, Any]) -> None:
+    """Write JSON to ``path`` through a temporary file and a rename: never a half-written file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(doc, fh, indent=1, sort_keys=False)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

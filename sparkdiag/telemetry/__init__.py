@@ -1,0 +1,1 @@
+"""Immutable telemetry snapshots and the poller that produces them."""

@@ -1,0 +1,149 @@
+"""The poller: samples every source on an interval into an immutable :class:`Snapshot`.
+
+Scrapes read :attr:`Poller.latest` (one reference read, no lock) and never wait on hardware. Events
+that happen between polls (XID errors) are counted here, so that none is lost between scrapes.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from types import MappingProxyType
+
+from sparkdiag.sources.gpu import GpuSource
+from sparkdiag.sources.nvml_api import EVENT_XID_CRITICAL
+from sparkdiag.telemetry.snapshot import (
+    CollectorStatus,
+    ExecutionContext,
+    GpuSample,
+    HostSample,
+    PcieLink,
+    Snapshot,
+    XidCounts,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Poller:
+    """Owns the sources; :meth:`poll_once` builds a new snapshot, :meth:`run` loops it."""
+
+    def __init__(
+        self,
+        gpu: GpuSource,
+        read_pcie: Callable[[], tuple[PcieLink, ...]] | None,
+        read_host: Callable[[], HostSample] | None,
+        context: ExecutionContext | None,
+        interval: float = 1.0,
+        pcie_interval: float = 10.0,
+        excluded_pids: Callable[[], frozenset[int]] = frozenset,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.gpu = gpu
+        self.read_pcie = read_pcie
+        self.read_host = read_host
+        self.context = context
+        self.interval = interval
+        self.pcie_interval = pcie_interval
+        self.excluded_pids = excluded_pids
+        self.clock = clock
+        self.latest: Snapshot | None = None
+        self.poll_count = 0
+        self._xid_counts: dict[tuple[int, int], int] = {}
+        self._xid_last: dict[int, float] = {}
+        self._pcie: tuple[PcieLink, ...] = ()
+        self._pcie_status = CollectorStatus(True, 0.0)
+        self._pcie_read_at = float("-inf")
+        self._listeners: list[Callable[[Snapshot], None]] = []
+
+    def add_listener(self, fn: Callable[[Snapshot], None]) -> None:
+        """Call ``fn(snapshot)`` after every poll (the watchdog, the probe scheduler)."""
+        self._listeners.append(fn)
+
+    def poll_once(self) -> Snapshot:
+        self.poll_count += 1
+        statuses: dict[str, CollectorStatus] = {}
+
+        gpus: tuple[GpuSample, ...] = ()
+        start = time.perf_counter()
+        try:
+            self.gpu.backend.advance()
+            gpus = self.gpu.read()
+            self._count_events()
+            statuses["nvml"] = CollectorStatus(
+                self.gpu.nvml_up, time.perf_counter() - start, self.gpu.unavailable_reason
+            )
+        except Exception as exc:  # a bug or an unexpected library error must not stop the daemon
+            log.exception("NVML poll failed")
+            statuses["nvml"] = CollectorStatus(False, time.perf_counter() - start, repr(exc))
+
+        now_mono = time.monotonic()
+        if self.read_pcie is not None and now_mono - self._pcie_read_at >= self.pcie_interval:
+            start = time.perf_counter()
+            try:
+                self._pcie = self.read_pcie()
+                self._pcie_status = CollectorStatus(True, time.perf_counter() - start)
+            except Exception as exc:
+                log.warning("reading PCIe links failed: %s", exc)
+                self._pcie_status = CollectorStatus(False, time.perf_counter() - start, repr(exc))
+            self._pcie_read_at = now_mono
+        if self.read_pcie is not None:
+            statuses["pcie"] = self._pcie_status
+
+        host: HostSample | None = None
+        if self.read_host is not None:
+            start = time.perf_counter()
+            try:
+                host = self.read_host()
+                statuses["host"] = CollectorStatus(True, time.perf_counter() - start)
+            except Exception as exc:
+                log.warning("reading host memory failed: %s", exc)
+                statuses["host"] = CollectorStatus(False, time.perf_counter() - start, repr(exc))
+
+        snapshot = Snapshot(
+            timestamp=self.clock(),
+            poll=self.poll_count,
+            nvml_up=self.gpu.nvml_up,
+            driver_version=self.gpu.driver_version,
+            gpus=gpus,
+            xid=XidCounts(
+                counts=MappingProxyType(dict(self._xid_counts)),
+                last_timestamp=MappingProxyType(dict(self._xid_last)),
+            ),
+            pcie_links=self._pcie,
+            context=self.context,
+            host=host,
+            collectors=MappingProxyType(statuses),
+            excluded_pids=self.excluded_pids(),
+        )
+        self.latest = snapshot
+        for fn in self._listeners:
+            try:
+                fn(snapshot)
+            except Exception:
+                log.exception("poll listener failed")
+        return snapshot
+
+    def _count_events(self) -> None:
+        for event in self.gpu.events():
+            if event.event_type & EVENT_XID_CRITICAL:
+                key = (event.gpu, event.data)
+                self._xid_counts[key] = self._xid_counts.get(key, 0) + 1
+                self._xid_last[event.gpu] = event.timestamp
+                log.warning("GPU %d: XID %d", event.gpu, event.data)
+
+    def run(self, stop: threading.Event, initial_delay: float = 0.0) -> None:
+        """Poll every :attr:`interval` seconds until ``stop`` is set. Never drifts, never bursts."""
+        next_at = time.monotonic() + initial_delay
+        if stop.wait(initial_delay):
+            return
+        while not stop.is_set():
+            self.poll_once()
+            next_at += self.interval
+            delay = next_at - time.monotonic()
+            if delay < 0:  # a poll overran: skip the missed ticks instead of bursting
+                next_at = time.monotonic()
+                delay = 0
+            stop.wait(delay)

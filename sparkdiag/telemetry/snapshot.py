@@ -1,0 +1,136 @@
+"""Frozen dataclasses that carry one poll's readings from the sources to the exporter and check.
+
+Units are base units throughout (celsius, hertz, watts, joules, bytes, seconds, ratios 0..1).
+``None`` always means "not supported or not readable here", never zero.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class GpuIdentity:
+    """Static identity of one GPU, read once when NVML is initialised."""
+
+    index: int
+    uuid: str
+    name: str
+    pci_bus_id: str
+    driver_version: str
+    cuda_capability: str  # "9.0"; "" when unknown
+    memory_model: str  # "dedicated" or "unified"
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    """One poll of one GPU. ``up`` is False once NVML reports the device lost."""
+
+    identity: GpuIdentity
+    up: bool
+    temperature_celsius: Mapping[str, float] = field(
+        default_factory=dict
+    )  # sensor -> value ("gpu", "memory")
+    threshold_celsius: Mapping[str, float] = field(
+        default_factory=dict
+    )  # "shutdown", "slowdown", "memory_max", ...
+    clock_hertz: Mapping[str, float] = field(
+        default_factory=dict
+    )  # "sm", "memory", "graphics", "video"
+    clock_max_hertz: Mapping[str, float] = field(default_factory=dict)
+    clock_event_reasons: int | None = None  # raw NVML bitmask
+    supported_clock_event_reasons: int | None = None
+    violation_seconds: Mapping[str, float] = field(
+        default_factory=dict
+    )  # policy -> cumulative seconds
+    power_watts: float | None = None
+    power_limit_watts: float | None = None
+    energy_joules: float | None = None
+    # "gpu", "memory"
+    utilization_ratio: Mapping[str, float] = field(default_factory=dict)
+    memory_bytes: Mapping[str, float] = field(
+        default_factory=dict
+    )  # "total", "used", "free"; empty when unified
+    # "current", "max"
+    pcie_generation: Mapping[str, float] = field(default_factory=dict)
+    # "current", "max"
+    pcie_width: Mapping[str, float] = field(default_factory=dict)
+    pcie_replay_errors: float | None = None
+    # "corrected", "uncorrected"
+    ecc_errors: Mapping[str, float] = field(default_factory=dict)
+    remapped_rows: Mapping[str, float] = field(
+        default_factory=dict
+    )  # "corrected", "uncorrected", "pending", "failure"
+    performance_state: int | None = None
+    compute_pids: tuple[int, ...] | None = None  # None when the process list is unsupported
+    persistence_mode: bool | None = None
+    compute_mode: str | None = None  # "default", "exclusive_process", "prohibited"
+    mig_mode: bool | None = None
+    error: str | None = None  # why ``up`` is False
+
+
+@dataclass(frozen=True)
+class XidCounts:
+    """XID events counted by the poller since the daemon started, per GPU index."""
+
+    counts: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (gpu, xid) -> n
+    last_timestamp: Mapping[int, float] = field(default_factory=dict)  # gpu -> unix seconds
+
+
+@dataclass(frozen=True)
+class PcieLink:
+    """One PCI device's link as read from sysfs.
+
+    ``cat /sys/bus/pci/devices/ADDR/{current,max}_link_{speed,width}``.
+    """
+
+    address: str  # "0000:01:00.0"
+    device_class: str  # "network", "nvme", "display", "bridge", "other"
+    driver: str  # "" when no driver is bound
+    current_speed_tps: float | None  # transfers per second: 32 GT/s -> 32e9
+    max_speed_tps: float | None
+    current_width: int | None  # lanes
+    max_width: int | None
+
+
+@dataclass(frozen=True)
+class ExecutionContext:
+    """Where this process runs: ``context`` is native/container, ``runtime`` who runs it."""
+
+    context: str  # "native" or "container"
+    runtime: str  # "docker", "podman", "kubernetes", "lxc", "other", "none"
+    evidence: tuple[str, ...] = ()  # human-readable signals that led to the verdict
+
+
+@dataclass(frozen=True)
+class HostSample:
+    """Host memory, read through psutil (``free -b``)."""
+
+    memory_bytes: Mapping[str, float] = field(
+        default_factory=dict
+    )  # "total", "available", "free", "cached"
+
+
+@dataclass(frozen=True)
+class CollectorStatus:
+    success: bool
+    duration_seconds: float
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything one poll saw. Replaced whole by the poller, never mutated."""
+
+    timestamp: float
+    poll: int
+    nvml_up: bool
+    driver_version: str
+    gpus: tuple[GpuSample, ...]
+    xid: XidCounts
+    pcie_links: tuple[PcieLink, ...]
+    context: ExecutionContext | None
+    host: HostSample | None
+    collectors: Mapping[str, CollectorStatus]
+    excluded_pids: frozenset[int] = frozenset()  # sparkdiag's own probe workers

@@ -1,0 +1,322 @@
+"""Host PCIe links from sysfs: parsing, the fake DGX Spark and H200 trees, and the real /sys."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sparkdiag.sources import sysfs, udev
+from sparkdiag.sources.sysfs import PcieSource, classify, parse_link_speed, read_link
+from sparkdiag.telemetry.snapshot import PcieLink
+
+FIXTURES = Path(__file__).parent / "fixtures" / "sysfs"
+SPARK = FIXTURES / "dgx-spark"
+H200_VM = FIXTURES / "h200-vm"
+GT = 1e9
+
+
+def _link(
+    address: str, cls: str, driver: str, speed: float, width: int, max_speed: float, max_width: int
+) -> PcieLink:
+    return PcieLink(
+        address=address,
+        device_class=cls,
+        driver=driver,
+        current_speed_tps=speed,
+        max_speed_tps=max_speed,
+        current_width=width,
+        max_width=max_width,
+    )
+
+
+SPARK_LINKS = (
+    _link("0000:00:00.0", "bridge", "pcieport", 32e9, 4, 32e9, 4),
+    _link("0000:01:00.0", "network", "mlx5_core", 32e9, 4, 32e9, 4),
+    _link("0002:00:00.0", "bridge", "pcieport", 32e9, 2, 32e9, 4),
+    _link("0002:01:00.0", "network", "mlx5_core", 32e9, 2, 32e9, 4),
+    _link("0004:00:00.0", "bridge", "pcieport", 32e9, 4, 32e9, 4),
+    _link("0004:01:00.0", "nvme", "nvme", 32e9, 4, 32e9, 4),
+    _link("0007:00:00.0", "bridge", "pcieport", 16e9, 1, 16e9, 1),
+    _link("0007:01:00.0", "network", "r8127", 16e9, 1, 16e9, 1),
+    _link("000f:00:00.0", "bridge", "pcieport", 2.5e9, 1, 2.5e9, 1),
+    _link("000f:01:00.0", "display", "nvidia", 2.5e9, 1, 2.5e9, 1),
+)
+
+
+def _make_device(root: Path, address: str, files: dict[str, str]) -> Path:
+    device = root / "bus" / "pci" / "devices" / address
+    device.mkdir(parents=True)
+    for name, text in files.items():
+        (device / name).write_text(text)
+    return device
+
+
+# ---- parse_link_speed -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("32.0 GT/s PCIe", 32e9),
+        ("32.0 GT/s PCIe\n", 32e9),
+        ("16.0 GT/s PCIe", 16e9),
+        ("8.0 GT/s PCIe", 8e9),
+        ("5.0 GT/s PCIe", 5e9),
+        ("2.5 GT/s PCIe", 2.5e9),
+        ("2.5 GT/s", 2.5e9),  # kernels before 4.19 print no " PCIe"
+        ("5 GT/s", 5e9),
+        ("64.0 GT/s PCIe", 64e9),
+        ("  8.0 GT/s PCIe  ", 8e9),
+    ],
+)
+def test_parse_link_speed_values(text: str, expected: float) -> None:
+    assert parse_link_speed(text) == expected
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "Unknown",
+        "Unknown speed",
+        "",
+        "   ",
+        "garbage",
+        "GT/s",
+        "fast GT/s",
+        "0 GT/s",
+        "-8.0 GT/s",
+        "32.0 MT/s",
+        "32.0GT/sPCIe",
+        "x32.0 GT/s",
+        "\x00\xff",
+    ],
+)
+def test_parse_link_speed_rejects(text: str) -> None:
+    assert parse_link_speed(text) is None
+
+
+def test_parse_link_speed_without_space() -> None:
+    # "\b" after GT/s: "32GT/s" (lspci's spelling) is accepted, "32.0GT/sPCIe" is not.
+    assert parse_link_speed("32GT/s") == 32e9
+
+
+# ---- classify -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        ("0x020000", "network"),  # Ethernet
+        ("0x020700", "network"),  # InfiniBand
+        ("0x028000", "network"),  # other network controller (Wi-Fi)
+        ("0x010802", "nvme"),
+        ("0x010800", "nvme"),
+        ("0x010601", "other"),  # SATA AHCI is mass storage but not NVMe
+        ("0x030000", "display"),  # VGA
+        ("0x030200", "display"),  # 3D controller (H100/H200, GB10)
+        ("0x038000", "display"),
+        ("0x060400", "bridge"),  # PCI-to-PCI bridge / root port
+        ("0x060000", "bridge"),  # host bridge
+        ("0x088000", "other"),
+        ("0x0c0330", "other"),  # USB xHCI
+        ("0x120000", "other"),  # processing accelerator
+        ("0x020000\n", "network"),
+        ("020000", "network"),
+        ("", "other"),
+        ("garbage", "other"),
+        ("0x1000000", "other"),
+        ("-0x020000", "other"),
+    ],
+)
+def test_classify(code: str, expected: str) -> None:
+    assert classify(code) == expected
+
+
+# ---- the fake DGX Spark -------------------------------------------------------------------
+
+
+def test_spark_tree_reads_every_link_exactly() -> None:
+    assert PcieSource(SPARK).read() == SPARK_LINKS
+
+
+def test_spark_second_connectx7_endpoint_trained_at_x2() -> None:
+    links = {link.address: link for link in PcieSource(SPARK).read()}
+    cx7_b = links["0002:01:00.0"]
+    assert cx7_b.device_class == "network"
+    assert cx7_b.driver == "mlx5_core"
+    assert cx7_b.current_width == 2
+    assert cx7_b.max_width == 4
+    assert cx7_b.current_speed_tps == 32 * GT
+    assert cx7_b.max_speed_tps == 32 * GT
+    cx7_a = links["0000:01:00.0"]
+    assert (cx7_a.current_width, cx7_a.max_width) == (4, 4)
+
+
+def test_spark_gpu_link_is_gen1_x1_in_sysfs() -> None:
+    gpu = read_link(SPARK / "bus" / "pci" / "devices" / "000f:01:00.0")
+    assert gpu == _link("000f:01:00.0", "display", "nvidia", 2.5e9, 1, 2.5e9, 1)
+
+
+def test_spark_skips_empty_bridge_and_linkless_device() -> None:
+    devices = SPARK / "bus" / "pci" / "devices"
+    assert (devices / "0009:00:00.0" / "current_link_width").read_text() == "0\n"
+    assert read_link(devices / "0009:00:00.0") is None  # root port of an empty slot
+    assert not (devices / "0001:00:00.0" / "current_link_speed").exists()
+    assert read_link(devices / "0001:00:00.0") is None  # no PCIe capability
+    addresses = [link.address for link in PcieSource(SPARK).read()]
+    assert "0009:00:00.0" not in addresses
+    assert "0001:00:00.0" not in addresses
+    assert len(os.listdir(devices)) == len(addresses) + 2
+
+
+def test_spark_tree_uses_relative_symlinks_like_sysfs() -> None:
+    entry = SPARK / "bus" / "pci" / "devices" / "0004:01:00.0"
+    assert entry.is_symlink()
+    assert os.readlink(entry) == "../../../devices/pci0004:00/0004:00:00.0/0004:01:00.0"
+    driver = entry / "driver"
+    assert os.readlink(driver) == "../../../../bus/pci/drivers/nvme"
+    assert driver.resolve() == (SPARK / "bus" / "pci" / "drivers" / "nvme").resolve()
+    for name in ("nvidia", "mlx5_core", "nvme", "r8127", "pcieport"):
+        assert (SPARK / "bus" / "pci" / "drivers" / name).is_dir()
+
+
+def test_read_link_address_is_directory_name_through_symlink_or_real_path() -> None:
+    via_bus = read_link(SPARK / "bus" / "pci" / "devices" / "0000:01:00.0")
+    via_devices = read_link(SPARK / "devices" / "pci0000:00" / "0000:00:00.0" / "0000:01:00.0")
+    assert via_bus == via_devices
+    assert via_bus is not None
+    assert via_bus.address == "0000:01:00.0"
+
+
+def test_h200_vm_tree() -> None:
+    assert PcieSource(H200_VM).read() == (
+        _link("0000:00:06.0", "display", "nvidia", 32e9, 16, 32e9, 16),
+    )
+
+
+# ---- odd devices and damaged files --------------------------------------------------------
+
+
+def test_unreadable_and_garbled_files_give_none_for_that_field_only(tmp_path: Path) -> None:
+    device = _make_device(
+        tmp_path,
+        "0000:03:00.0",
+        {
+            "current_link_speed": "16.0 GT/s PCIe\n",
+            "max_link_speed": "very fast\n",  # garbled
+            "max_link_width": "x8\n",  # garbled
+            "class": "0x010802\n",
+        },
+    )
+    (device / "current_link_width").mkdir()  # reading it raises IsADirectoryError
+    assert read_link(device) == PcieLink(
+        address="0000:03:00.0",
+        device_class="nvme",
+        driver="",
+        current_speed_tps=16e9,
+        max_speed_tps=None,
+        current_width=None,
+        max_width=None,
+    )
+
+
+def test_non_ascii_bytes_and_missing_class(tmp_path: Path) -> None:
+    device = _make_device(tmp_path, "0000:04:00.0", {"max_link_width": "4\n"})
+    (device / "current_link_speed").write_bytes(b"\xff\xfe GT/s\n")
+    (device / "current_link_width").write_bytes(b"\xd9\xa4\n")  # Arabic-Indic digit four
+    link = read_link(device)
+    assert link == PcieLink("0000:04:00.0", "other", "", None, None, None, 4)
+
+
+def test_driver_symlink_basename_even_when_dangling(tmp_path: Path) -> None:
+    device = _make_device(tmp_path, "0000:05:00.0", {"current_link_width": "1\n"})
+    os.symlink("../../../bus/pci/drivers/vfio-pci", device / "driver")
+    link = read_link(device)
+    assert link is not None
+    assert link.driver == "vfio-pci"
+
+
+def test_endpoint_with_width_zero_is_kept(tmp_path: Path) -> None:
+    files = {
+        "current_link_speed": "Unknown\n",
+        "max_link_speed": "32.0 GT/s PCIe\n",
+        "current_link_width": "0\n",
+        "max_link_width": "4\n",
+        "class": "0x020000\n",
+    }
+    endpoint = _make_device(tmp_path, "0000:06:00.0", files)
+    assert read_link(endpoint) == PcieLink("0000:06:00.0", "network", "", None, 32e9, 0, 4)
+    bridge = _make_device(tmp_path, "0000:07:00.0", {**files, "class": "0x060400\n"})
+    assert read_link(bridge) is None
+
+
+def test_device_directory_that_vanished(tmp_path: Path) -> None:
+    assert read_link(tmp_path / "0000:08:00.0") is None
+
+
+def test_sorted_by_address(tmp_path: Path) -> None:
+    for address in ("000f:01:00.0", "0000:0a:00.0", "0000:01:00.0", "0002:00:00.0"):
+        _make_device(tmp_path, address, {"current_link_width": "1\n", "class": "0x020000\n"})
+    addresses = [link.address for link in PcieSource(tmp_path).read()]
+    assert addresses == ["0000:01:00.0", "0000:0a:00.0", "0002:00:00.0", "000f:01:00.0"]
+
+
+def test_root_without_pci_bus_is_empty(tmp_path: Path) -> None:
+    assert PcieSource(tmp_path).read() == ()
+
+
+def test_missing_root_raises(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError):
+        PcieSource(tmp_path / "no-such-sysfs").read()
+
+
+# ---- the real /sys and pyudev -------------------------------------------------------------
+
+
+def test_real_sys_reads_without_raising() -> None:
+    links = PcieSource(Path("/sys")).read()
+    assert isinstance(links, tuple)
+    assert all(isinstance(link, PcieLink) for link in links)
+    assert [link.address for link in links] == sorted(link.address for link in links)
+
+
+def test_real_sys_uses_udev_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = [SPARK / "bus" / "pci" / "devices" / "0002:01:00.0"]
+    monkeypatch.setattr(udev, "list_pci_device_paths", lambda: fake)
+    assert PcieSource(Path("/sys")).read() == (SPARK_LINKS[3],)
+
+
+def test_real_sys_falls_back_to_listing_when_udev_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    def broken() -> list[Path]:
+        raise ImportError("libudev.so.1: cannot open shared object file")
+
+    expected = PcieSource(Path("/sys")).read()
+    monkeypatch.setattr(udev, "list_pci_device_paths", broken)
+    assert PcieSource(Path("/sys")).read() == expected
+
+
+def test_fixture_root_does_not_use_udev(monkeypatch: pytest.MonkeyPatch) -> None:
+    def forbidden() -> list[Path]:
+        raise AssertionError("udev must not be asked about a fixture root")
+
+    monkeypatch.setattr(udev, "list_pci_device_paths", forbidden)
+    assert PcieSource(SPARK).read() == SPARK_LINKS
+
+
+def test_udev_lists_the_same_devices_as_sysfs() -> None:
+    try:
+        paths = udev.list_pci_device_paths()
+    except (ImportError, OSError) as exc:
+        pytest.skip(f"libudev not usable here: {exc}")
+    bus = Path("/sys/bus/pci/devices")
+    listed = set(os.listdir(bus)) if bus.is_dir() else set()
+    assert {path.name for path in paths} == listed
+    assert all(isinstance(path, Path) for path in paths)
+
+
+def test_module_keeps_library_imports_out() -> None:
+    source = Path(sysfs.__file__).read_text()
+    assert "import pyudev" not in source
+    assert "psutil" not in source
