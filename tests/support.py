@@ -1,0 +1,112 @@
+"""Helpers shared by the end-to-end tests: run a real sparkdiag daemon and scrape it."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FIXTURES = ROOT / "tests" / "fixtures"
+NVML = FIXTURES / "nvml"
+SYSFS = FIXTURES / "sysfs"
+ROOTFS = FIXTURES / "rootfs"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def sparkdiag_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "sparkdiag", *args]
+
+
+def http_get(url: str, timeout: float = 5.0) -> tuple[int, str, bytes]:
+    """(status, content type, body) of a GET; HTTP errors are returned, not raised."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.headers.get("Content-Type", ""), resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.headers.get("Content-Type", ""), err.read()
+
+
+@contextlib.contextmanager
+def running_daemon(args: Sequence[str], startup_timeout: float = 20.0) -> Iterator[str]:
+    """Start ``sparkdiag serve ARGS`` on a free loopback port; yield its base URL."""
+    port = free_port()
+    cmd = sparkdiag_cmd("serve", "--listen", f"127.0.0.1:{port}", *args)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=dict(os.environ)
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            if proc.poll() is not None:
+                _, err = proc.communicate()
+                raise AssertionError(f"sparkdiag exited {proc.returncode}: {err.decode()}")
+            try:
+                status, _, _ = http_get(base + "/healthz", timeout=1)
+                if status == 200:
+                    break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise AssertionError("sparkdiag did not become healthy in time")
+            time.sleep(0.05)
+        yield base
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        if proc.stdout:
+            proc.stdout.close()
+        if proc.stderr:
+            proc.stderr.close()
+
+
+def promtool() -> str:
+    """Path of promtool; skip the test where it is missing, but fail in CI (CI=true)."""
+    path = shutil.which("promtool")
+    if path is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("promtool is required in CI (apt-get install prometheus)")
+        pytest.skip("promtool not installed (apt-get install prometheus)")
+    return path
+
+
+# Samples whose values change from run to run; the golden files keep their names and labels.
+VOLATILE = re.compile(
+    r"^(sparkdiag_collector_duration_seconds|sparkdiag_last_poll_timestamp_seconds"
+    r"|sparkdiag_host_memory_bytes|sparkdiag_gpu_xid_last_timestamp_seconds)(\{.*\})? .*$"
+)
+
+
+def normalise(exposition: str) -> str:
+    """Replace volatile values by ``<volatile>`` and the Python version label by ``<python>``."""
+    lines = []
+    for line in exposition.splitlines():
+        line = re.sub(r'python="[^"]*"', 'python="<python>"', line)
+        match = VOLATILE.match(line)
+        if match:
+            line = f"{match.group(1)}{match.group(2) or ''} <volatile>"
+        lines.append(line)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,144 @@
+"""The command line: bad input gets a clear error and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from sparkdiag.cli import main
+from tests.support import NVML, ROOT, ROOTFS, SYSFS, sparkdiag_cmd
+
+
+def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        sparkdiag_cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+
+
+def assert_clean_error(result: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("command", ["dump", "serve"])
+def test_missing_fixture(command: str, tmp_path: Path) -> None:
+    result = run_cli(command, "--nvml-fixture", str(tmp_path / "absent.json"))
+    assert_clean_error(result, 2, "--nvml-fixture", "cannot read NVML fixture", "absent.json")
+
+
+def test_malformed_fixture(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "sparkdiag-nvml-fixture/1",\n "devices": [,]}')
+    result = run_cli("dump", "--nvml-fixture", str(bad))
+    assert_clean_error(result, 2, "is not valid JSON", "line 2")
+
+
+def test_fixture_with_unknown_key(tmp_path: Path) -> None:
+    bad = tmp_path / "typo.json"
+    bad.write_text(
+        json.dumps(
+            {
+                "format": "sparkdiag-nvml-fixture/1",
+                "base": str(NVML / "h200-idle.json"),
+                "script": [{"poll": 2, "gpu": 0, "set": {"temprature/0": 90}}],
+            }
+        )
+    )
+    result = run_cli("dump", "--nvml-fixture", str(bad))
+    assert_clean_error(result, 2, "unknown answer key(s) temprature/0")
+
+
+def test_unreadable_fixture_directory(tmp_path: Path) -> None:
+    result = run_cli("dump", "--nvml-fixture", str(tmp_path))
+    assert_clean_error(result, 2, "--nvml-fixture")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["serve", "--poll-interval", "fast"], "'fast' is not a valid float"),
+        (["serve", "--poll-interval", "0"], "poll-interval: 0.0 is out of range"),
+        (["serve", "--listen", "localhost"], "is not HOST:PORT"),
+        (["serve", "--listen", "127.0.0.1:70000"], "port 70000 is out of range"),
+        (["dump", "--log-level", "loud"], "'loud' is not one of"),
+        (["dump", "--no-such-flag"], "No such option"),
+    ],
+)
+def test_bad_flag_values(args: list[str], needle: str) -> None:
+    assert_clean_error(run_cli(*args), 2, needle)
+
+
+def test_port_in_use() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = run_cli(
+            "serve",
+            "--listen",
+            f"127.0.0.1:{port}",
+            "--nvml-fixture",
+            str(NVML / "h200-idle.json"),
+            "--path.sysfs",
+            str(SYSFS / "h200-vm"),
+        )
+    assert_clean_error(result, 1, "already in use", f"127.0.0.1:{port}")
+
+
+def test_dump_without_gpu_says_what_it_skipped() -> None:
+    result = run_cli(
+        "dump",
+        "--nvml-fixture",
+        str(NVML / "no-nvml.json"),
+        "--path.sysfs",
+        str(SYSFS / "dgx-spark"),
+        "--path.rootfs",
+        str(ROOTFS / "native"),
+    )
+    assert result.returncode == 0, result.stderr
+    assert "sparkdiag_nvml_up 0.0" in result.stdout
+    assert "sparkdiag_pcie_link_width{" in result.stdout
+    skipped = [line for line in result.stderr.splitlines() if "GPU telemetry skipped" in line]
+    assert len(skipped) == 1, result.stderr
+    assert "LIBRARY_NOT_FOUND" in skipped[0]
+
+
+def test_record_fixture_round_trip(tmp_path: Path) -> None:
+    out = tmp_path / "again.json"
+    result = run_cli(
+        "record-fixture", str(out), "--nvml-fixture", str(NVML / "h200-idle.json"),
+        "--description", "re-recorded",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "recorded 1 GPU (driver 580.159.04)" in result.stdout
+    doc = json.loads(out.read_text())
+    original = json.loads((NVML / "h200-idle.json").read_text())
+    assert doc["devices"] == original["devices"]
+    assert doc["description"] == "re-recorded"
+
+
+def test_record_fixture_without_nvml(tmp_path: Path) -> None:
+    out = tmp_path / "x.json"
+    result = run_cli("record-fixture", str(out), "--nvml-fixture", str(NVML / "no-nvml.json"))
+    assert_clean_error(result, 1, "cannot record: NVML is unavailable")
+    assert not out.exists()
+
+
+def test_help_explains_every_command() -> None:
+    runner = CliRunner()
+    top = runner.invoke(main, ["--help"])
+    assert top.exit_code == 0
+    for command in ("serve", "dump", "record-fixture"):
+        assert command in top.output
+        sub = runner.invoke(main, [command, "--help"])
+        assert sub.exit_code == 0, sub.output
+    serve_help = runner.invoke(main, ["serve", "--help"]).output
+    assert "127.0.0.1:10942" in serve_help
+    assert "--path.sysfs" in serve_help

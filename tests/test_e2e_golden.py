@@ -1,0 +1,99 @@
+"""Golden end-to-end test: run the daemon on fixtures, scrape /metrics, diff against a committed
+expected output, and lint it with ``promtool check metrics``.
+
+Rewrite the golden files after an intended change with::
+
+    SPARKDIAG_UPDATE_GOLDEN=1 python -m pytest tests/test_e2e_golden.py
+
+and review the diff before committing it.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.support import NVML, ROOT, ROOTFS, SYSFS, http_get, normalise, promtool, running_daemon
+
+GOLDEN = ROOT / "tests" / "golden"
+
+SCENARIOS = {
+    # name: serve arguments
+    "h200-idle": [
+        "--nvml-fixture", str(NVML / "h200-idle.json"),
+        "--path.sysfs", str(SYSFS / "h200-vm"),
+        "--path.rootfs", str(ROOTFS / "lent-vm"),
+    ],
+    "gb10-spark": [
+        "--nvml-fixture", str(NVML / "gb10-idle.json"),
+        "--path.sysfs", str(SYSFS / "dgx-spark"),
+        "--path.rootfs", str(ROOTFS / "native"),
+    ],
+    "h200-x8-docker": [
+        "--nvml-fixture", str(NVML / "h200-x8.json"),
+        "--path.sysfs", str(SYSFS / "h200-vm"),
+        "--path.rootfs", str(ROOTFS / "docker"),
+    ],
+    "no-gpu": [
+        "--nvml-fixture", str(NVML / "no-nvml.json"),
+        "--path.sysfs", str(SYSFS / "dgx-spark"),
+        "--path.rootfs", str(ROOTFS / "native"),
+    ],
+}  # fmt: skip
+
+
+@pytest.fixture(scope="module", params=sorted(SCENARIOS))
+def scrape(request: pytest.FixtureRequest) -> tuple[str, str]:
+    with running_daemon(SCENARIOS[request.param]) as base:
+        status, content_type, body = http_get(base + "/metrics")
+    assert status == 200
+    assert content_type.startswith("text/plain; version=0.0.4")
+    return request.param, body.decode()
+
+
+def test_scrape_matches_golden(scrape: tuple[str, str]) -> None:
+    name, body = scrape
+    path = GOLDEN / f"{name}.prom"
+    actual = normalise(body)
+    if os.environ.get("SPARKDIAG_UPDATE_GOLDEN") == "1":
+        path.write_text(actual, encoding="utf-8")
+    expected = path.read_text(encoding="utf-8")
+    assert actual == expected, (
+        f"/metrics differs from {path.relative_to(ROOT)}; if the change is intended, "
+        "rerun with SPARKDIAG_UPDATE_GOLDEN=1 and review the diff"
+    )
+
+
+def test_promtool_check_metrics(scrape: tuple[str, str], tmp_path: Path) -> None:
+    _, body = scrape
+    result = subprocess.run(
+        [promtool(), "check", "metrics"], input=body, capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_http_endpoints() -> None:
+    with running_daemon(SCENARIOS["h200-idle"]) as base:
+        status, ctype, body = http_get(base + "/healthz")
+        assert (status, ctype) == (200, "text/plain; charset=utf-8")
+        assert body.startswith(b"ok: poll ")
+        status, ctype, body = http_get(base + "/")
+        assert status == 200 and ctype.startswith("text/html")
+        assert b'href="metrics"' in body
+        status, _, body = http_get(base + "/nope")
+        assert status == 404
+        status, _, body = http_get(base + "/metrics?x=1")
+        assert status == 200 and b"sparkdiag_gpu_up" in body
+
+
+def test_no_gpu_says_what_it_skipped() -> None:
+    """Without NVML the daemon still serves host metrics and says once what it skipped."""
+    with running_daemon(SCENARIOS["no-gpu"]) as base:
+        _, _, body = http_get(base + "/metrics")
+    text = body.decode()
+    assert "sparkdiag_nvml_up 0.0" in text
+    assert "sparkdiag_gpu_" not in text
+    assert "sparkdiag_pcie_link_width{" in text
