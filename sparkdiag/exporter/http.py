@@ -14,6 +14,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 
 from sparkdiag import __version__
+from sparkdiag.exporter.registry import render
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +76,10 @@ class _Handler(BaseHTTPRequestHandler):
     def _metrics(self) -> None:
         encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
         try:
-            body = encoder(self.server.registry)
+            if content_type.startswith("text/plain"):
+                body = render(self.server.registry)  # the fast encoder for the text format
+            else:
+                body = encoder(self.server.registry)
         except Exception:
             log.exception("rendering /metrics failed")
             self._send(500, "text/plain; charset=utf-8", b"internal error rendering metrics\n")

@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
-from prometheus_client.exposition import generate_latest
+from prometheus_client.utils import floatToGoString
 
 from sparkdiag.exporter.base import SnapshotCollector, SnapshotProvider
 from sparkdiag.exporter.gpu import GpuCollector
@@ -39,6 +39,42 @@ def build_registry(
     return registry
 
 
+_TYPES = {"counter": "counter", "gauge": "gauge", "unknown": "untyped"}
+
+
+def _escape_value(value: str) -> str:
+    if "\\" in value or "\n" in value or '"' in value:
+        return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
+    return value
+
+
 def render(registry: CollectorRegistry) -> bytes:
-    """The Prometheus text exposition of ``registry``."""
-    return generate_latest(registry)
+    """The Prometheus text exposition (format 0.0.4) of ``registry``.
+
+    Byte-for-byte what ``prometheus_client.generate_latest`` writes for sparkdiag's gauge and
+    counter families (a test holds the two equal), at about a third of its cost: sparkdiag's
+    metric and label names are fixed and valid, so the per-sample name validation and escaping
+    that the generic encoder does is skipped; label values are still escaped.
+    """
+    out: list[str] = []
+    label_cache: dict[tuple[tuple[str, str], ...], str] = {}
+    for family in registry.collect():
+        name = family.name + "_total" if family.type == "counter" else family.name
+        mtype = _TYPES.get(family.type)
+        if mtype is None:
+            raise ValueError(f"render() does not encode {family.type} metrics ({family.name})")
+        doc = family.documentation.replace("\\", r"\\").replace("\n", r"\n")
+        out.append(f"# HELP {name} {doc}\n# TYPE {name} {mtype}\n")
+        for sample in family.samples:
+            if sample.timestamp is not None or sample.name.endswith("_created"):
+                raise ValueError(f"render() does not encode timestamps or _created ({name})")
+            if sample.labels:
+                key = tuple(sorted(sample.labels.items()))
+                labels = label_cache.get(key)
+                if labels is None:
+                    labels = "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in key) + "}"
+                    label_cache[key] = labels
+                out.append(f"{sample.name}{labels} {floatToGoString(sample.value)}\n")
+            else:
+                out.append(f"{sample.name} {floatToGoString(sample.value)}\n")
+    return "".join(out).encode("utf-8")

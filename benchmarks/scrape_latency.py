@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""Benchmark: /metrics scrape latency against ``nvidia-smi --query-gpu``, and the daemon's cost.
+
+Prints figures; asserts nothing (performance goals live here, not in timed tests).
+
+    python benchmarks/scrape_latency.py --fixture tests/fixtures/nvml/h200-x8.json --real \
+        --scrapes 500 --soak 60 --json out.json
+
+* scrape latency: p50/p99 of sequential GETs of /metrics over one keep-alive-less connection
+  each (as Prometheus does per scrape), for every target (each fixture given, and the real GPU
+  with --real);
+* nvidia-smi: p50/p99 of ``nvidia-smi --query-gpu=<the same fields> --format=csv`` in the same
+  run, and the ratio to the real-GPU scrape (skipped where nvidia-smi is absent);
+* soak: the daemon's peak RSS and CPU share (percent of one core) over --soak seconds at the
+  default 1 s polling, scraped every 15 s like a Prometheus would.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+SMI_FIELDS = (
+    "temperature.gpu,temperature.memory,clocks.sm,clocks.mem,clocks.gr,clocks.video,"
+    "clocks.max.sm,clocks.max.mem,clocks_event_reasons.active,power.draw,enforced.power.limit,"
+    "utilization.gpu,utilization.memory,memory.total,memory.used,memory.free,"
+    "pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,"
+    "ecc.errors.corrected.aggregate.total,ecc.errors.uncorrected.aggregate.total,pstate"
+)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def start_daemon(args: list[str]) -> tuple[subprocess.Popen[bytes], int]:
+    port = free_port()
+    cmd = [sys.executable, "-m", "sparkdiag", "serve", "--listen", f"127.0.0.1:{port}", *args]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if get(port, "/healthz")[0] == 200:
+                return proc, port
+        except OSError:
+            time.sleep(0.05)
+    proc.kill()
+    raise SystemExit(f"daemon {args} did not become healthy")
+
+
+def get(port: int, path: str) -> tuple[int, int]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path)
+        resp = conn.getresponse()
+        return resp.status, len(resp.read())
+    finally:
+        conn.close()
+
+
+def percentiles(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+
+    def pct(p: float) -> float:
+        return ordered[min(len(ordered) - 1, round(p / 100 * (len(ordered) - 1)))]
+
+    return {"p50_ms": pct(50) * 1e3, "p99_ms": pct(99) * 1e3, "n": len(ordered)}
+
+
+def time_scrapes(port: int, n: int) -> dict[str, float]:
+    get(port, "/metrics")  # warm
+    samples = []
+    size = 0
+    for _ in range(n):
+        start = time.perf_counter()
+        status, size = get(port, "/metrics")
+        samples.append(time.perf_counter() - start)
+        assert status == 200
+    return {**percentiles(samples), "bytes": size}
+
+
+def time_nvidia_smi(n: int) -> dict[str, float] | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    cmd = ["nvidia-smi", f"--query-gpu={SMI_FIELDS}", "--format=csv,noheader"]
+    subprocess.run(cmd, check=True, capture_output=True)
+    samples = []
+    for _ in range(n):
+        start = time.perf_counter()
+        subprocess.run(cmd, check=True, capture_output=True)
+        samples.append(time.perf_counter() - start)
+    return percentiles(samples)
+
+
+def soak(args: list[str], seconds: float) -> dict[str, float]:
+    proc, port = start_daemon(args)
+    try:
+        ps = psutil.Process(proc.pid)
+        time.sleep(2)  # past start-up
+        t0 = ps.cpu_times()
+        w0 = time.monotonic()
+        peak_rss = 0
+        next_scrape = w0
+        while (elapsed := time.monotonic() - w0) < seconds:
+            peak_rss = max(peak_rss, ps.memory_info().rss)
+            if time.monotonic() >= next_scrape:
+                get(port, "/metrics")
+                next_scrape += 15
+            time.sleep(min(1.0, max(0.0, seconds - elapsed)))
+        t1 = ps.cpu_times()
+        wall = time.monotonic() - w0
+        cpu = (t1.user + t1.system) - (t0.user + t0.system)
+        return {
+            "seconds": wall,
+            "cpu_percent_of_one_core": 100 * cpu / wall,
+            "peak_rss_mb": peak_rss / 2**20,
+        }
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=10)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fixture", action="append", default=[], help="NVML fixture target")
+    parser.add_argument("--real", action="store_true", help="also benchmark the real GPU")
+    parser.add_argument("--scrapes", type=int, default=500)
+    parser.add_argument("--smi-runs", type=int, default=30)
+    parser.add_argument("--soak", type=float, default=60.0, help="seconds; 0 to skip")
+    parser.add_argument("--json", type=Path, help="write the figures here too")
+    opts = parser.parse_args()
+
+    results: dict[str, Any] = {"scrape": {}, "host": os.uname().nodename}
+    targets = [(Path(f).stem, ["--nvml-fixture", f]) for f in opts.fixture]
+    if opts.real:
+        targets.append(("real-gpu", []))
+    for name, args in targets:
+        proc, port = start_daemon(args)
+        try:
+            results["scrape"][name] = time_scrapes(port, opts.scrapes)
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=10)
+    smi = time_nvidia_smi(opts.smi_runs)
+    results["nvidia_smi"] = smi
+    if opts.soak > 0:
+        soak_args = [] if opts.real else ["--nvml-fixture", opts.fixture[0]]
+        results["soak"] = {"target": "real-gpu" if opts.real else opts.fixture[0]}
+        results["soak"].update(soak(soak_args, opts.soak))
+
+    print(f"{'target':<16} {'p50 ms':>8} {'p99 ms':>8} {'bytes':>8}")
+    for name, fig in results["scrape"].items():
+        print(f"{name:<16} {fig['p50_ms']:8.2f} {fig['p99_ms']:8.2f} {fig['bytes']:8d}")
+    if smi:
+        print(f"{'nvidia-smi':<16} {smi['p50_ms']:8.2f} {smi['p99_ms']:8.2f}")
+        real = results["scrape"].get("real-gpu")
+        if real:
+            ratio = smi["p50_ms"] / real["p50_ms"]
+            results["smi_over_scrape_p50"] = ratio
+            print(f"nvidia-smi p50 / real-GPU scrape p50 = {ratio:.1f}x")
+    else:
+        print("nvidia-smi: not found here, comparison skipped")
+    if "soak" in results:
+        s = results["soak"]
+        print(
+            f"soak {s['target']}: {s['seconds']:.0f} s at 1 s polling: peak RSS "
+            f"{s['peak_rss_mb']:.1f} MB, CPU {s['cpu_percent_of_one_core']:.2f} % of one core"
+        )
+    if opts.json:
+        opts.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
