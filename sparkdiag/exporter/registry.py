@@ -6,7 +6,7 @@ from collections.abc import Iterable, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import Metric
-from prometheus_client.utils import floatToGoString
+from prometheus_client.utils import floatToGoString as _untyped_float_to_go
 
 from sparkdiag.exporter.base import SnapshotCollector, SnapshotProvider
 from sparkdiag.exporter.gpu import GpuCollector
@@ -37,6 +37,11 @@ def build_registry(
     ):
         registry.register(_NonEmpty(collector))  # type: ignore[arg-type]
     return registry
+
+
+def floatToGoString(value: float) -> str:  # noqa: N802 - the library's name
+    """Go's float formatting, as Prometheus writes sample values (``+Inf``, ``1e+21``)."""
+    return str(_untyped_float_to_go(value))  # type: ignore[no-untyped-call]
 
 
 _TYPES = {"counter": "counter", "gauge": "gauge", "unknown": "untyped"}
