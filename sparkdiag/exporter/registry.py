@@ -39,7 +39,7 @@ def build_registry(
     return registry
 
 
-def floatToGoString(value: float) -> str:  # noqa: N802 - the library's name
+def floatToGoString(value: float) -> str:
     """Go's float formatting, as Prometheus writes sample values (``+Inf``, ``1e+21``)."""
     return str(_untyped_float_to_go(value))  # type: ignore[no-untyped-call]
 
