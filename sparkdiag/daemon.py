@@ -12,6 +12,7 @@ from types import FrameType
 from sparkdiag.config import Settings, parse_listen
 from sparkdiag.exporter.http import ExporterServer, health_check
 from sparkdiag.exporter.registry import build_registry, render
+from sparkdiag.sdnotify import Notifier
 from sparkdiag.sources import host
 from sparkdiag.sources.context import detect_context
 from sparkdiag.sources.fixture import FixtureBackend
@@ -98,10 +99,16 @@ def serve(settings: Settings) -> None:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
+    notifier = Notifier()
     first = poller.poll_once()
     if not first.pcie_links:
         log.warning("no PCI link found under %s: host PCIe links skipped", settings.sysfs)
     server.serve_in_thread()
+    poller.add_listener(lambda _snap: notifier.watchdog())
+    gpus = sum(1 for g in first.gpus if g.up)
+    notifier.ready(
+        f"serving {settings.listen}; NVML {'up' if first.nvml_up else 'down'}, {gpus} GPU(s)"
+    )
     host_text, port = server.server_address[:2]
     log.info(
         "serving http://%s:%s/metrics (poll every %.3g s)", host_text, port, settings.poll_interval
@@ -113,7 +120,9 @@ def serve(settings: Settings) -> None:
     try:
         stop.wait()
     finally:
+        notifier.stopping()
         server.shutdown()
         server.server_close()
         poll_thread.join(timeout=5)
         poller.gpu.stop()
+        notifier.close()

@@ -56,9 +56,9 @@ class Poller:
         self._pcie: tuple[PcieLink, ...] = ()
         self._pcie_status = CollectorStatus(True, 0.0)
         self._pcie_read_at = float("-inf")
-        self._listeners: list[Callable[[Snapshot], None]] = []
+        self._listeners: list[Callable[[Snapshot], object]] = []
 
-    def add_listener(self, fn: Callable[[Snapshot], None]) -> None:
+    def add_listener(self, fn: Callable[[Snapshot], object]) -> None:
         """Call ``fn(snapshot)`` after every poll (the watchdog, the probe scheduler)."""
         self._listeners.append(fn)
 
