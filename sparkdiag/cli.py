@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shlex
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -11,49 +12,71 @@ from typing import Any, TypeVar
 import click
 
 from sparkdiag import __version__
-from sparkdiag.config import DEFAULT_LISTEN, ConfigError, Settings
+from sparkdiag.config import (
+    OPTIONS,
+    ConfigError,
+    Option,
+    Settings,
+    build_settings,
+    default_config_text,
+)
 from sparkdiag.sources.fixture import FixtureError
 
 F = TypeVar("F", bound=Callable[..., Any])
+OPTION_ATTRS = {option.attr for option in OPTIONS}
 
 
-def _source_options(fn: F) -> F:
-    """Flags every command that reads hardware shares."""
-    options = [
-        click.option(
-            "--nvml-fixture",
-            type=click.Path(dir_okay=False, path_type=Path),
-            default=None,
-            help="Replay NVML answers from this fixture (recorded by record-fixture) instead of "
-            "asking the driver.",
-        ),
-        click.option(
-            "--path.sysfs",
-            "sysfs",
-            type=click.Path(file_okay=False, path_type=Path),
-            default=Path("/sys"),
-            show_default=True,
-            help="sysfs mount point to read PCIe links from (a fake tree for tests).",
-        ),
-        click.option(
-            "--path.rootfs",
-            "rootfs",
-            type=click.Path(file_okay=False, path_type=Path),
-            default=Path("/"),
-            show_default=True,
-            help="Root filesystem to detect the execution context (container or native) under.",
-        ),
-        click.option(
-            "--log-level",
-            type=click.Choice(["debug", "info", "warning", "error"]),
-            default="info",
-            show_default=True,
-            help="Logging verbosity on stderr.",
-        ),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
+def _click_option(option: Option) -> Callable[[F], F]:
+    """A click flag generated from a config :class:`Option` (default None: "not given")."""
+    default = option.default
+    shown = "" if default is None else f" [default: {_shown(default)}]"
+    help_text = f"{option.help}{shown}"
+    flag = f"--{option.key}"
+    if option.kind == "bool":
+        return click.option(f"{flag}/--no-{option.key}", option.attr, default=None, help=help_text)
+    types: dict[str, Any] = {
+        "float": float,
+        "int": int,
+        "path": click.Path(path_type=Path),
+        "choice": click.Choice(option.choices),
+        "str": str,
+        "listen": str,
+        "argv": str,
+    }
+    if option.kind == "argv":
+        help_text += " Given as one string on the command line, split like a shell would."
+    return click.option(flag, option.attr, type=types[option.kind], default=None, help=help_text)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return " ".join(value)
+    return str(value)
+
+
+def _options(scope: str) -> Callable[[F], F]:
+    """Every option of ``scope`` (a command name) as click flags, plus --config for serve."""
+
+    def decorate(fn: F) -> F:
+        for option in reversed(OPTIONS):
+            if scope in option.scopes:
+                fn = _click_option(option)(fn)
+        return fn
+
+    return decorate
+
+
+def _settings(config: Path | None, given: dict[str, Any]) -> Settings:
+    """Settings from the config file and the flags actually given; usage errors exit 2."""
+    flags = {k: v for k, v in given.items() if v is not None and k in OPTION_ATTRS}
+    if "probe_python" in flags:
+        flags["probe_python"] = shlex.split(flags["probe_python"])
+    try:
+        return build_settings(config, flags)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 def _setup_logging(level: str) -> None:
@@ -64,11 +87,13 @@ def _setup_logging(level: str) -> None:
     )
 
 
-def _settings(**kwargs: Any) -> Settings:
-    try:
-        return Settings(**kwargs)
-    except ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
+_CONFIG = click.option(
+    "--config",
+    "config",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="TOML configuration file (keys as in 'sparkdiag config default'); flags win over it.",
+)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -83,49 +108,18 @@ def main() -> None:
 
 
 @main.command()
-@_source_options
-@click.option(
-    "--listen",
-    default=DEFAULT_LISTEN,
-    show_default=True,
-    help="HOST:PORT to serve /metrics, /healthz and / on. Use 0.0.0.0:PORT to let other hosts "
-    "scrape it.",
-)
-@click.option(
-    "--poll-interval",
-    type=float,
-    default=1.0,
-    show_default=True,
-    help="Seconds between telemetry polls; scrapes render the latest poll and never wait.",
-)
-@click.option(
-    "--pcie-interval",
-    type=float,
-    default=10.0,
-    show_default=True,
-    help="Seconds between reads of the host PCIe links in sysfs.",
-)
-def serve(
-    nvml_fixture: Path | None,
-    sysfs: Path,
-    rootfs: Path,
-    log_level: str,
-    listen: str,
-    poll_interval: float,
-    pcie_interval: float,
-) -> None:
-    """Run the exporter daemon until SIGTERM or Ctrl-C."""
+@_CONFIG
+@_options("serve")
+def serve(config: Path | None, **given: Any) -> None:
+    """Run the exporter daemon until SIGTERM or Ctrl-C.
+
+    Exit status: 0 after a clean stop, 1 when it cannot start (port in use), 2 for a
+    configuration or usage error (the systemd unit does not restart on 2).
+    """
     from sparkdiag import daemon
 
-    _setup_logging(log_level)
-    settings = _settings(
-        listen=listen,
-        poll_interval=poll_interval,
-        pcie_interval=pcie_interval,
-        nvml_fixture=nvml_fixture,
-        sysfs=sysfs,
-        rootfs=rootfs,
-    )
+    settings = _settings(config, given)
+    _setup_logging(settings.log_level)
     try:
         daemon.serve(settings)
     except FixtureError as exc:
@@ -135,13 +129,13 @@ def serve(
 
 
 @main.command()
-@_source_options
-def dump(nvml_fixture: Path | None, sysfs: Path, rootfs: Path, log_level: str) -> None:
+@_options("dump")
+def dump(**given: Any) -> None:
     """Poll once and print the metrics in the Prometheus text format to stdout."""
     from sparkdiag import daemon
 
-    _setup_logging(log_level)
-    settings = _settings(nvml_fixture=nvml_fixture, sysfs=sysfs, rootfs=rootfs)
+    settings = _settings(None, given)
+    _setup_logging(settings.log_level)
     try:
         body = daemon.dump(settings)
     except FixtureError as exc:
@@ -185,6 +179,28 @@ def record_fixture(output: Path, description: str, nvml_fixture: Path | None) ->
     click.echo(
         f"recorded {n} GPU{'s' if n != 1 else ''} (driver {doc['driver_version']}) to {output}"
     )
+
+
+@main.group()
+def config() -> None:
+    """Configuration helpers."""
+
+
+@config.command("default")
+def config_default() -> None:
+    """Print the default configuration, every key commented, as TOML.
+
+    Start a configuration with: sparkdiag config default > /etc/sparkdiag/config.toml
+    """
+    click.echo(default_config_text(), nl=False)
+
+
+@config.command("check")
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+def config_check(file: Path) -> None:
+    """Validate a configuration file; exit 2 with the bad key and value when it is wrong."""
+    settings = _settings(file, {})
+    click.echo(f"{file}: ok (listen {settings.listen}, poll every {settings.poll_interval:g} s)")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,7 +1,8 @@
 """GPU telemetry from NVML: every metric of METRICS.md's "GPU telemetry" table.
 
 A value the device does not support has no sample (never 0). A lost GPU keeps its
-``sparkdiag_gpu_info`` and ``sparkdiag_gpu_up 0`` and nothing else.
+``sparkdiag_gpu_info``, ``sparkdiag_gpu_up 0`` and its XID counters (a counter that vanished
+would read as a reset), and nothing else.
 """
 
 from __future__ import annotations

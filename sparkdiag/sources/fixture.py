@@ -27,7 +27,8 @@ devices (``from``) copy a device of the base and ``set`` answers over it, with a
 change so that each difference from the recording is documented in the file.
 
 Scripted steps take effect at the poll they name (the first poll is 1) and stay in effect; a ramp
-moves linearly from its first value at the first poll to its last at the last poll, then holds.
+moves linearly from its first value at the first poll to its last at the last poll, then holds
+(integer ramps round half up).
 An event is delivered once, at its poll. ``lost`` makes every query fail with GPU_IS_LOST.
 """
 
@@ -35,12 +36,14 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from sparkdiag.sources.nvml_api import (
     ERROR_CODES,
+    error_code,
     GPU_IS_LOST,
     NOT_SUPPORTED,
     QUERIES,
@@ -92,6 +95,16 @@ def _check_keys(path: Path, where: str, answers: Mapping[str, Any]) -> None:
         raise FixtureError(
             f"NVML fixture {path}: {where} names unknown answer key(s) {', '.join(unknown)}"
         )
+    for key, value in answers.items():
+        if _is_error(value) and error_code(str(value["error"])) is None:
+            raise FixtureError(
+                f"NVML fixture {path}: {where}.{key} has unknown NVML error {value['error']!r}; "
+                "use a name such as NOT_SUPPORTED or GPU_IS_LOST, or ERROR_<code>"
+            )
+
+
+def _is_error(value: Any) -> bool:
+    return isinstance(value, dict) and set(value) == {"error"}
 
 
 def load_fixture(path: Path, _depth: int = 0) -> dict[str, Any]:
@@ -201,6 +214,7 @@ class FixtureBackend:
         self.path = path
         self.doc = load_fixture(path)
         self.poll = 0
+        self._events_delivered_at = -1
         self._current: list[dict[str, Any]] = []
         self._lost: set[int] = set()
         self._rebuild()
@@ -215,15 +229,12 @@ class FixtureBackend:
             if "set" in step:
                 answers.update(step["set"])
             elif "ramp" in step:
-                span = max(step["last"] - step["first"], 1)
-                frac = min((self.poll - step["first"]) / span, 1.0)
+                span = step["last"] - step["first"]
+                frac = 1.0 if span == 0 else min((self.poll - step["first"]) / span, 1.0)
                 for key, (start, end) in step["ramp"].items():
                     value = start + (end - start) * frac
-                    answers[key] = (
-                        value
-                        if isinstance(start, float) or isinstance(end, float)
-                        else (round(value))
-                    )
+                    floats = isinstance(start, float) or isinstance(end, float)
+                    answers[key] = value if floats else math.floor(value + 0.5)
             elif step.get("lost"):
                 lost.add(step["gpu"])
         self._current = current
@@ -257,11 +268,16 @@ class FixtureBackend:
         if key not in self._current[index]:
             raise NvmlCallError(NOT_SUPPORTED)
         value = self._current[index][key]
-        if isinstance(value, dict) and set(value) == {"error"}:
-            raise NvmlCallError(ERROR_CODES.get(str(value["error"]), ERROR_CODES["UNKNOWN"]))
+        if _is_error(value):
+            code = error_code(str(value["error"]))
+            raise NvmlCallError(ERROR_CODES["UNKNOWN"] if code is None else code)
         return value
 
     def poll_events(self) -> list[NvmlEvent]:
+        """The events scripted for the current poll, once: a second call in a poll gets none."""
+        if self._events_delivered_at == self.poll:
+            return []
+        self._events_delivered_at = self.poll
         events = []
         for step in self.doc["script"]:
             if "event" in step and step["first"] == self.poll:

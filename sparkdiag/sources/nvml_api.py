@@ -19,10 +19,13 @@ ERROR_NAMES: Mapping[int, str] = {
     2: "INVALID_ARGUMENT",
     3: "NOT_SUPPORTED",
     4: "NO_PERMISSION",
+    5: "ALREADY_INITIALIZED",
     6: "NOT_FOUND",
     7: "INSUFFICIENT_SIZE",
+    8: "INSUFFICIENT_POWER",
     9: "DRIVER_NOT_LOADED",
     10: "TIMEOUT",
+    11: "IRQ_ISSUE",
     12: "LIBRARY_NOT_FOUND",
     13: "FUNCTION_NOT_FOUND",
     14: "CORRUPTED_INFOROM",
@@ -30,7 +33,12 @@ ERROR_NAMES: Mapping[int, str] = {
     16: "RESET_REQUIRED",
     17: "OPERATING_SYSTEM",
     18: "LIB_RM_VERSION_MISMATCH",
+    19: "IN_USE",
+    20: "MEMORY",
     21: "NO_DATA",
+    22: "VGPU_ECC_NOT_SUPPORTED",
+    23: "INSUFFICIENT_RESOURCES",
+    24: "FREQ_NOT_SUPPORTED",
     25: "ARGUMENT_VERSION_MISMATCH",
     26: "DEPRECATED",
     27: "NOT_READY",
@@ -39,6 +47,16 @@ ERROR_NAMES: Mapping[int, str] = {
     999: "UNKNOWN",
 }
 ERROR_CODES: Mapping[str, int] = {name: code for code, name in ERROR_NAMES.items()}
+
+
+def error_code(name: str) -> int | None:
+    """The code of an error name as :class:`NvmlCallError` writes it (``NOT_SUPPORTED``, or
+    ``ERROR_42`` for a code without a name); None when the name is neither."""
+    if name in ERROR_CODES:
+        return ERROR_CODES[name]
+    if name.startswith("ERROR_") and name[6:].isdigit():
+        return int(name[6:])
+    return None
 
 NOT_SUPPORTED = 3
 NO_PERMISSION = 4

@@ -86,6 +86,8 @@ class Poller:
                 self._pcie = self.read_pcie()
                 self._pcie_status = CollectorStatus(True, time.perf_counter() - start)
             except Exception as exc:
+                # The last links read stay exported (a transient sysfs error should not make
+                # every link series vanish); the pcie collector reports the failure.
                 log.warning("reading PCIe links failed: %s", exc)
                 self._pcie_status = CollectorStatus(False, time.perf_counter() - start, repr(exc))
             self._pcie_read_at = now_mono

@@ -1,0 +1,58 @@
+"""Shared test helpers: where the recorded fixtures live, and a started GPU source over one."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkdiag.sources.fixture import FORMAT, FixtureBackend
+from sparkdiag.sources.gpu import GpuSource
+
+FIXTURES = Path(__file__).parent / "fixtures"
+NVML_FIXTURES = FIXTURES / "nvml"
+
+
+@pytest.fixture
+def nvml_fixture() -> Callable[[str], Path]:
+    """``nvml_fixture("h200-idle")`` -> the path of ``tests/fixtures/nvml/h200-idle.json``."""
+
+    def path(name: str) -> Path:
+        found = NVML_FIXTURES / f"{name}.json"
+        assert found.is_file(), f"no NVML fixture {found}"
+        return found
+
+    return path
+
+
+@pytest.fixture
+def started_source(nvml_fixture: Callable[[str], Path]) -> Callable[[str], GpuSource]:
+    """``started_source("h200-idle")`` -> a :class:`GpuSource` over that fixture, started."""
+
+    def start(name: str) -> GpuSource:
+        source = GpuSource(FixtureBackend(nvml_fixture(name)))
+        assert source.start() is True
+        return source
+
+    return start
+
+
+@pytest.fixture
+def write_fixture(tmp_path: Path) -> Callable[..., Path]:
+    """``write_fixture(doc, name="derived.json")`` writes an NVML fixture into ``tmp_path``.
+
+    ``format`` is filled in unless the document sets it; ``base`` is written as given (the
+    loader resolves it against the fixture file's directory, i.e. ``tmp_path``).
+    """
+
+    def write(doc: Any, name: str = "derived.json") -> Path:
+        if isinstance(doc, dict):
+            doc = {"format": FORMAT, **doc}
+        path = tmp_path / name
+        path.write_text(json.dumps(doc, indent=1), encoding="utf-8")
+        return path
+
+    return write

@@ -1,0 +1,112 @@
+"""Configuration: every flag is a TOML key; bad values are errors naming key, value and range."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from sparkdiag.config import (
+    OPTIONS,
+    ConfigError,
+    Settings,
+    build_settings,
+    default_config_text,
+    load_file,
+)
+from tests.support import ROOT, sparkdiag_cmd
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_file_values_and_tables(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        'listen = "0.0.0.0:9999"\npoll-interval = 2\n[path]\nsysfs = "/fake/sys"\n'
+        '[probe]\ninterval = 600\nwhen = "always"\npython = ["python3", "-X", "utf8"]\n',
+    )
+    settings = build_settings(path, {})
+    assert settings.listen == "0.0.0.0:9999"
+    assert settings.poll_interval == 2.0
+    assert settings.sysfs == Path("/fake/sys")
+    assert settings.probe_interval == 600.0
+    assert settings.probe_when == "always"
+    assert settings.probe_python == ("python3", "-X", "utf8")
+
+
+def test_flags_win_over_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path, "poll-interval = 2.0\npcie-interval = 30\n")
+    settings = build_settings(path, {"poll_interval": 0.5})
+    assert (settings.poll_interval, settings.pcie_interval) == (0.5, 30.0)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("poll-interval = 0", "poll-interval: 0 is out of range; allowed: 0.05 to 3600 seconds"),
+        ('poll-interval = "fast"', "poll-interval: 'fast' is not a number"),
+        ("pol-interval = 1", "pol-interval: unknown key; allowed keys: listen, poll-interval"),
+        ('[probe]\nwhen = "sometimes"', "probe.when: 'sometimes' is not allowed; allowed: one of"),
+        ('[probe]\npython = "python3 -"', "probe.python: 'python3 -' is a string"),
+        ("[probe]\nenabled = 1", "probe.enabled: 1 is not a boolean"),
+        ('listen = "localhost"', "listen: 'localhost' is not HOST:PORT"),
+        ("poll-interval = ", "not valid TOML"),
+    ],
+)
+def test_bad_values_name_key_value_and_allowed(tmp_path: Path, text: str, message: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_file(path)
+    assert message in str(info.value)
+    assert str(path) in str(info.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"cannot read configuration .*absent\.toml"):
+        load_file(tmp_path / "absent.toml")
+
+
+def test_default_config_lists_every_key_and_round_trips(tmp_path: Path) -> None:
+    text = default_config_text()
+    assert tomllib.loads(text) == {"path": {}, "probe": {}}  # every key commented out
+    assert load_file(write(tmp_path, text)) == {}
+    for option in OPTIONS:
+        name = option.key.rpartition(".")[2]
+        assert f"# {name} = " in text, option.key
+    # Uncommented, the defaults load back to the default settings.
+    uncommented = re.sub(r"^# (\S+ = .*?)(\s+# not set)?$", r"\1", text, flags=re.M)
+    uncommented = "\n".join(
+        line for line in uncommented.splitlines() if '= ""' not in line
+    )  # unset optional paths stay unset
+    assert build_settings(write(tmp_path, uncommented), {}) == Settings()
+
+
+def run(*args: str):  # type: ignore[no-untyped-def]
+    import subprocess
+
+    return subprocess.run(sparkdiag_cmd(*args), capture_output=True, text=True, cwd=ROOT)
+
+
+def test_serve_with_a_bad_config_exits_2_without_traceback(tmp_path: Path) -> None:
+    path = write(tmp_path, "[probe]\ninterval = 5\n")
+    result = run("serve", "--config", str(path))
+    assert result.returncode == 2
+    assert "probe.interval: 5 is out of range; allowed: 10 to 86400 seconds" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_config_default_and_check_commands(tmp_path: Path) -> None:
+    result = run("config", "default")
+    assert result.returncode == 0 and result.stdout == default_config_text()
+    good = write(tmp_path, 'listen = "127.0.0.1:10000"\n')
+    ok = run("config", "check", str(good))
+    assert ok.returncode == 0 and "ok (listen 127.0.0.1:10000" in ok.stdout
+    bad = write(tmp_path, "listen = 5\n")
+    result = run("config", "check", str(bad))
+    assert result.returncode == 2 and "listen: 5 is not a string" in result.stderr
