@@ -20,6 +20,7 @@ from sparkdiag.config import (
     build_settings,
     default_config_text,
 )
+from sparkdiag.exporter.webconfig import WebConfigError
 from sparkdiag.sources.fixture import FixtureError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -124,6 +125,8 @@ def serve(config: Path | None, **given: Any) -> None:
         daemon.serve(settings)
     except FixtureError as exc:
         raise click.BadParameter(str(exc), param_hint="--nvml-fixture") from None
+    except WebConfigError as exc:
+        raise click.UsageError(str(exc)) from None
     except daemon.StartupError as exc:
         raise click.ClickException(str(exc)) from None
 

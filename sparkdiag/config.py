@@ -170,6 +170,23 @@ OPTIONS: tuple[Option, ...] = (
         scopes=frozenset({"serve", "check", "probe"}),
     ),
     Option(
+        "web.config.file",
+        "web_config_file",
+        "path",
+        None,
+        "Web configuration (TLS, basic auth with bcrypt hashes) in the exporter-toolkit "
+        "format that Prometheus exporters share.",
+    ),
+    Option(
+        "web.max-requests",
+        "web_max_requests",
+        "int",
+        40,
+        "Concurrent HTTP requests served; more get 503. 0 means no limit.",
+        minimum=0,
+        maximum=10000,
+    ),
+    Option(
         "probe.enabled",
         "probe_enabled",
         "bool",
@@ -238,6 +255,8 @@ class Settings:
     rootfs: Path = Path("/")
     log_level: str = "info"
     state_dir: Path | None = None
+    web_config_file: Path | None = None
+    web_max_requests: int = 40
     probe_enabled: bool = True
     probe_interval: float = 300.0
     probe_when: str = "idle"

@@ -12,6 +12,7 @@ from types import FrameType
 from sparkdiag.config import Settings, parse_listen
 from sparkdiag.exporter.http import ExporterServer, health_check
 from sparkdiag.exporter.registry import build_registry, render
+from sparkdiag.exporter.webconfig import load_web_config
 from sparkdiag.sdnotify import Notifier
 from sparkdiag.sources import host
 from sparkdiag.sources.context import detect_context
@@ -75,12 +76,14 @@ def dump(settings: Settings) -> bytes:
 def serve(settings: Settings) -> None:
     """Run until SIGTERM or SIGINT."""
     address = parse_listen(settings.listen)
+    web = None
+    if settings.web_config_file is not None:
+        web = load_web_config(settings.web_config_file)  # WebConfigError: a configuration error
     poller = make_poller(settings)
     registry = build_registry(lambda: poller.latest)
     try:
-        server = ExporterServer(
-            address, registry, health_check(lambda: poller.latest, settings.poll_interval)
-        )
+        healthy = health_check(lambda: poller.latest, settings.poll_interval)
+        server = ExporterServer(address, registry, healthy, web, settings.web_max_requests)
     except OSError as exc:
         poller.gpu.stop()
         if exc.errno == errno.EADDRINUSE:
@@ -111,7 +114,11 @@ def serve(settings: Settings) -> None:
     )
     host_text, port = server.server_address[:2]
     log.info(
-        "serving http://%s:%s/metrics (poll every %.3g s)", host_text, port, settings.poll_interval
+        "serving %s://%s:%s/metrics (poll every %.3g s)",
+        "https" if web is not None and web.ssl_context is not None else "http",
+        host_text,
+        port,
+        settings.poll_interval,
     )
     poll_thread = threading.Thread(
         target=poller.run, args=(stop, settings.poll_interval), name="poller", daemon=True

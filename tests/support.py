@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import os
 import re
@@ -35,24 +36,38 @@ def sparkdiag_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "sparkdiag", *args]
 
 
-def http_get(url: str, timeout: float = 5.0) -> tuple[int, str, bytes]:
+def http_get(
+    url: str, timeout: float = 5.0, auth: tuple[str, str] | None = None
+) -> tuple[int, str, bytes]:
     """(status, content type, body) of a GET; HTTP errors are returned, not raised."""
+    request = urllib.request.Request(url)
+    if auth is not None:
+        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+        request.add_header("Authorization", f"Basic {token}")
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             return resp.status, resp.headers.get("Content-Type", ""), resp.read()
     except urllib.error.HTTPError as err:
         return err.code, err.headers.get("Content-Type", ""), err.read()
 
 
 @contextlib.contextmanager
-def running_daemon(args: Sequence[str], startup_timeout: float = 20.0) -> Iterator[str]:
-    """Start ``sparkdiag serve ARGS`` on a free loopback port; yield its base URL."""
+def running_daemon(
+    args: Sequence[str],
+    startup_timeout: float = 20.0,
+    scheme: str = "http",
+    auth: tuple[str, str] | None = None,
+) -> Iterator[str]:
+    """Start ``sparkdiag serve ARGS`` on a free loopback port; yield its base URL.
+
+    Readiness is a TCP connect followed by a GET of /healthz where that is possible (plain
+    HTTP; with ``auth`` the credentials are sent)."""
     port = free_port()
     cmd = sparkdiag_cmd("serve", "--listen", f"127.0.0.1:{port}", *args)
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT, env=dict(os.environ)
     )
-    base = f"http://127.0.0.1:{port}"
+    base = f"{scheme}://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + startup_timeout
         while True:
@@ -60,7 +75,10 @@ def running_daemon(args: Sequence[str], startup_timeout: float = 20.0) -> Iterat
                 _, err = proc.communicate()
                 raise AssertionError(f"sparkdiag exited {proc.returncode}: {err.decode()}")
             try:
-                status, _, _ = http_get(base + "/healthz", timeout=1)
+                if scheme == "https":
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                status, _, _ = http_get(base + "/healthz", timeout=1, auth=auth)
                 if status == 200:
                     break
             except OSError:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import html
 import logging
+import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -15,23 +17,46 @@ from prometheus_client.exposition import choose_encoder
 
 from sparkdiag import __version__
 from sparkdiag.exporter.registry import render
+from sparkdiag.exporter.webconfig import WebConfig
 
 log = logging.getLogger(__name__)
 
 
 class ExporterServer(ThreadingHTTPServer):
+    """Threaded HTTP(S) server. TLS handshakes run in the request's thread, never in the accept
+    loop, so a slow or plain-HTTP client cannot stall other scrapes."""
+
     daemon_threads = True
     allow_reuse_address = True
+    handshake_timeout = 10.0
 
     def __init__(
         self,
         address: tuple[str, int],
         registry: CollectorRegistry,
         healthy: Callable[[], tuple[bool, str]],
+        web: WebConfig | None = None,
+        max_requests: int = 40,
     ) -> None:
         self.registry = registry
         self.healthy = healthy
+        self.web = web or WebConfig()
+        self.slots = threading.BoundedSemaphore(max_requests) if max_requests > 0 else None
+        if ":" in address[0]:
+            self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        context = self.web.ssl_context
+        if context is not None:
+            request.settimeout(self.handshake_timeout)
+            try:
+                request = context.wrap_socket(request, server_side=True)
+            except (ssl.SSLError, OSError) as exc:
+                log.debug("TLS handshake with %s failed: %s", client_address, exc)
+                return
+            request.settimeout(None)
+        super().finish_request(request, client_address)
 
     def serve_in_thread(self) -> threading.Thread:
         thread = threading.Thread(target=self.serve_forever, name="http", daemon=True)
@@ -57,6 +82,27 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = f"sparkdiag/{__version__}"
 
     def do_GET(self) -> None:
+        slots = self.server.slots
+        if slots is not None and not slots.acquire(blocking=False):
+            self._send(503, "text/plain; charset=utf-8", b"too many concurrent requests\n")
+            return
+        try:
+            if not self.server.web.authorized(self.headers.get("Authorization")):
+                self.send_response(401)
+                self.send_header("WWW-Authenticate", 'Basic realm="sparkdiag", charset="UTF-8"')
+                self.send_header("Content-Type", "text/plain; charset=utf-8")
+                body = b"unauthorized\n"
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(body)
+                return
+            self._route()
+        finally:
+            if slots is not None:
+                slots.release()
+
+    def _route(self) -> None:
         path = self.path.split("?", 1)[0]
         if path == "/metrics":
             self._metrics()
