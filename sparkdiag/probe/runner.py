@@ -1,0 +1,320 @@
+"""Run the probe worker in a subprocess and classify the cycle.
+
+The daemon never imports torch: each probe cycle starts ``worker.py`` in a
+fresh interpreter (or feeds it on standard input to an interpreter inside a
+container), reads the one JSON document it prints, and kills the worker's
+whole process group when it outlives its timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+ProbeResult = Literal["ok", "timeout", "error", "unsupported", "skipped_busy"]
+
+SCHEMA = "sparkdiag-probe/1"
+DEFAULT_TIMEOUT = 60.0
+STDERR_TAIL_BYTES = 8192
+STDOUT_LIMIT_BYTES = 16 * 1024 * 1024
+KILL_GRACE_SECONDS = 2.0
+EXIT_DRAIN_SECONDS = 1.0  # how long to wait for EOF once the worker has exited
+
+_ERROR_LINE = re.compile(r"^\s*(?:[\w.]+(?:Error|Exception|Exit|Interrupt)|error)\b.*", re.I)
+
+
+@dataclass(frozen=True)
+class ProbeCycle:
+    """Outcome of one probe cycle.
+
+    result: ok | timeout | error | unsupported | skipped_busy
+    reason: one line saying why, None when ok
+    document: the worker's parsed JSON document, None when there was none
+    stderr_tail: the last bytes (up to 8 KiB) of the worker's stderr
+    returncode: exit status, negative for a signal, None if it never started
+    wall_seconds: wall-clock time from start to reaping the worker
+    worker_pid: PID of the worker (also its process group and session id)
+    """
+
+    result: ProbeResult
+    reason: str | None
+    document: dict[str, Any] | None
+    stderr_tail: str
+    returncode: int | None
+    wall_seconds: float
+    worker_pid: int | None
+
+
+def worker_path() -> Path:
+    """Path of the self-contained worker script."""
+    return Path(__file__).with_name("worker.py")
+
+
+def worker_source() -> str:
+    """Source text of the worker, for ``python -`` (e.g. inside a container)."""
+    return worker_path().read_text(encoding="utf-8")
+
+
+def run_worker(
+    python: Sequence[str] = (sys.executable,),
+    args: Sequence[str] = (),
+    timeout: float = DEFAULT_TIMEOUT,
+    stdin_script: bool = False,
+    env: Mapping[str, str] | None = None,
+    kill_grace: float = KILL_GRACE_SECONDS,
+    on_start: Callable[[int], None] | None = None,
+) -> ProbeCycle:
+    """Run one probe cycle and classify it.
+
+    ``python`` is the interpreter command, e.g. ``[sys.executable]`` or
+    ``["docker", "run", "-i", "--rm", IMAGE, "python3"]``. With
+    ``stdin_script`` the worker's source is written to its standard input and
+    the command is ``[*python, "-", *args]``; otherwise it is
+    ``[*python, worker_path(), *args]``. The worker runs in a new session; at
+    the timeout its whole process group gets SIGTERM and, ``kill_grace``
+    seconds later, SIGKILL. Whatever else is left in that group when the
+    worker ends is killed as well. ``on_start(pid)`` is called once the worker
+    runs (the daemon uses it to keep its own worker out of the busy checks).
+    """
+    if not python:
+        raise ValueError("python must name an interpreter command")
+    script = "-" if stdin_script else str(worker_path())
+    cmd = [*python, script, *args]
+    started = time.monotonic()
+    try:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.PIPE if stdin_script else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=dict(env) if env is not None else None,
+            start_new_session=True,
+            close_fds=True,
+        )
+    except OSError as exc:
+        return ProbeCycle(
+            result="error",
+            reason=f"cannot start worker {cmd[0]!r}: {exc}",
+            document=None,
+            stderr_tail="",
+            returncode=None,
+            wall_seconds=time.monotonic() - started,
+            worker_pid=None,
+        )
+    if on_start is not None:
+        on_start(proc.pid)
+    source = worker_source().encode("utf-8") if stdin_script else b""
+    stdout, stderr, timed_out = _exchange(proc, source, started + timeout)
+    returncode = _finish(proc, timed_out, kill_grace)
+    wall = time.monotonic() - started
+    tail = stderr[-STDERR_TAIL_BYTES:].decode("utf-8", "replace")
+    document = parse_document(stdout)
+    if timed_out:
+        result: ProbeResult = "timeout"
+        reason: str | None = f"worker did not finish within {timeout:g} s and was killed"
+    else:
+        result, reason = classify(returncode, document, stdout, tail)
+    return ProbeCycle(
+        result=result,
+        reason=reason,
+        document=document,
+        stderr_tail=tail,
+        returncode=returncode,
+        wall_seconds=wall,
+        worker_pid=proc.pid,
+    )
+
+
+def _exited(pid: int) -> bool:
+    """True once the process has exited, without reaping it.
+
+    Not reaping keeps the PID (and so the process group id) reserved until we
+    have signalled the whole group.
+    """
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return True
+    return info is not None
+
+
+def _exchange(
+    proc: subprocess.Popen[bytes], source: bytes, deadline: float
+) -> tuple[bytes, bytes, bool]:
+    """Feed stdin, collect stdout and the tail of stderr until EOF or deadline."""
+    assert proc.stdout is not None and proc.stderr is not None
+    out = bytearray()
+    err = bytearray()
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ, out)
+    sel.register(proc.stderr, selectors.EVENT_READ, err)
+    pending = memoryview(source)
+    if proc.stdin is not None:
+        os.set_blocking(proc.stdin.fileno(), False)
+        if pending:
+            sel.register(proc.stdin, selectors.EVENT_WRITE, None)
+        else:
+            proc.stdin.close()
+    exited_at: float | None = None
+    timed_out = False
+    try:
+        while sel.get_map():
+            now = time.monotonic()
+            if now >= deadline:
+                timed_out = not _exited(proc.pid)
+                break
+            if exited_at is None and _exited(proc.pid):
+                exited_at = now
+            if exited_at is not None and now - exited_at > EXIT_DRAIN_SECONDS:
+                break  # something that outlived the worker still holds a pipe
+            for key, _ in sel.select(timeout=min(deadline - now, 0.2)):
+                if key.data is None:  # stdin
+                    assert proc.stdin is not None
+                    try:
+                        written = os.write(proc.stdin.fileno(), pending[:65536])
+                        pending = pending[written:]
+                    except BlockingIOError:
+                        continue
+                    except OSError as exc:
+                        if exc.errno not in (errno.EPIPE, errno.EINVAL):
+                            raise
+                        pending = pending[:0]
+                    if not pending:
+                        sel.unregister(proc.stdin)
+                        proc.stdin.close()
+                    continue
+                chunk = os.read(key.fd, 65536)
+                if not chunk:
+                    sel.unregister(key.fileobj)
+                    continue
+                buf: bytearray = key.data
+                buf += chunk
+                if buf is err and len(err) > 4 * STDERR_TAIL_BYTES:
+                    del err[: len(err) - STDERR_TAIL_BYTES]
+                elif buf is out and len(out) > STDOUT_LIMIT_BYTES:
+                    del out[STDOUT_LIMIT_BYTES:]
+        else:
+            # all pipes closed; the worker may still be running (closed its stdout)
+            remaining = deadline - time.monotonic()
+            while not _exited(proc.pid):
+                if remaining <= 0:
+                    timed_out = True
+                    break
+                time.sleep(min(0.05, remaining))
+                remaining = deadline - time.monotonic()
+    finally:
+        sel.close()
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+    return bytes(out), bytes(err), timed_out
+
+
+def _killpg(pgid: int, sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _finish(proc: subprocess.Popen[bytes], timed_out: bool, grace: float) -> int:
+    """Stop whatever is left of the worker's process group and reap the worker."""
+    if timed_out:
+        _killpg(proc.pid, signal.SIGTERM)
+        end = time.monotonic() + grace
+        while not _exited(proc.pid) and time.monotonic() < end:
+            time.sleep(0.05)
+    # The worker is not reaped yet, so its PID still names its process group:
+    # nothing it started (in its session) may outlive the cycle.
+    _killpg(proc.pid, signal.SIGKILL)
+    return proc.wait()
+
+
+def parse_document(stdout: bytes) -> dict[str, Any] | None:
+    """The worker's JSON document, or None when stdout holds no such document."""
+    text = stdout.decode("utf-8", "replace").strip()
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        return None
+    return doc
+
+
+def _error_line(stderr_tail: str) -> str | None:
+    lines = [line.strip() for line in stderr_tail.splitlines() if line.strip()]
+    for line in reversed(lines):
+        if _ERROR_LINE.match(line):
+            return line[:300]
+    return lines[-1][:300] if lines else None
+
+
+def _first_line(text: Any) -> str | None:
+    """One line of a worker's reason; for a traceback, its final exception line."""
+    if not isinstance(text, str) or not text.strip():
+        return None
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    if lines[0].startswith("worker crashed") and len(lines) > 1:
+        return ("worker crashed: " + lines[-1])[:300]
+    if lines[0].startswith("Traceback"):
+        return lines[-1][:300]
+    return lines[0][:300]
+
+
+def classify(
+    returncode: int | None, document: dict[str, Any] | None, stdout: bytes, stderr_tail: str
+) -> tuple[ProbeResult, str | None]:
+    """Classify a finished (not timed-out) worker run."""
+    if returncode is None or returncode != 0:
+        if returncode is not None and returncode < 0:
+            try:
+                name = signal.Signals(-returncode).name
+            except ValueError:
+                name = f"signal {-returncode}"
+            head = f"worker killed by {name}"
+        else:
+            head = f"worker exited {returncode}"
+        detail = _first_line(document.get("reason")) if document else None
+        detail = detail or _error_line(stderr_tail)
+        return "error", f"{head}: {detail}" if detail else head
+    if document is None:
+        shown = stdout[:120].decode("utf-8", "replace")
+        if not stdout.strip():
+            detail = _error_line(stderr_tail)
+            return "error", "worker printed no JSON" + (f" ({detail})" if detail else "")
+        return "error", f"worker printed no JSON document (first bytes: {shown!r})"
+    status = document.get("status")
+    reason = _first_line(document.get("reason"))
+    if status == "skipped_busy":
+        return "skipped_busy", reason or "GPU busy"
+    if status == "error":
+        return "error", reason or "worker reported an error"
+    items = [r for r in document.get("results") or [] if isinstance(r, dict)]
+    bandwidth = document.get("bandwidth")
+    if isinstance(bandwidth, dict):
+        items.append({"dtype": "bandwidth", "shape": "", **bandwidth})
+    failed = [r for r in items if r.get("status") == "error"]
+    if failed:
+        names = ", ".join(f"{r.get('dtype')} {r.get('shape', '')}".strip() for r in failed)
+        return "error", f"{len(failed)} kernel(s) failed: {names}"
+    if status == "unsupported" or (items and all(r.get("status") == "unsupported" for r in items)):
+        return "unsupported", reason or "no requested kernel is supported here"
+    if not items:
+        return "unsupported", reason or "the worker probed nothing"
+    if status == "ok":
+        return "ok", None
+    return "error", f"worker reported unknown status {status!r}"

@@ -1,0 +1,1343 @@
+"""sparkdiag GEMM and memory-bandwidth probe worker.
+
+This file is deliberately self-contained: at module level it imports only the
+standard library; torch is imported inside functions and pynvml is optional.
+It never imports the sparkdiag package, so it can be run as a file or fed to
+any Python interpreter that has torch on standard input::
+
+    python3 worker.py --device cuda:0
+    python3 - --device cuda:0 < worker.py          # e.g. inside a container
+
+It prints exactly one JSON document (schema ``sparkdiag-probe/1``) on
+standard output; everything else (torch warnings, diagnostics) goes to
+standard error. The exit status is 0 whenever the document was printed, even
+when kernels were unsupported or failed their correctness check; it is
+non-zero only when the worker itself broke (it still tries to print a
+document with status "error" and the traceback as the reason).
+
+The method follows mamf-finder: normal random inputs (never zeros), warm-up
+iterations, CUDA events around every iteration, the median of the timed
+iterations, input buffers rotated beyond the L2 cache for memory-bound
+(decode) shapes, and a correctness spot check of every kernel against a
+float64 reference so a broken kernel can never look fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import json
+import math
+import os
+import platform
+import re
+import statistics
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, NoReturn
+
+SCHEMA = "sparkdiag-probe/1"
+ALL_DTYPES = ("bf16", "fp16", "tf32", "fp8", "int8", "int4", "nvfp4")
+LLM_SHAPE = (4096, 11008, 4096)
+SMALL_COMPUTE = (256, 256, 256)
+SMALL_LLM = (256, 688, 256)
+DECODE_NK = 8192
+SMALL_DECODE_NK = 256
+
+# Bound on the largest per-row relative error ||out_i - ref_i|| / ||ref_i||
+# against a float64 reference computed from the same (quantised) inputs.
+ERROR_BOUNDS = {
+    "bf16": 2e-2,
+    "fp16": 2e-2,
+    "tf32": 5e-3,
+    "fp8": 5e-2,
+    "int8": 0.0,  # int32 accumulation is exact
+    "int4": 2e-2,
+    "nvfp4": 2.5e-1,
+}
+# Candidate M for the decode shape, smallest first: the first one the kernel
+# accepts is used (torch._int_mm on CUDA rejects M <= 16, for instance).
+DECODE_M = {
+    "bf16": (1,),
+    "fp16": (1,),
+    "tf32": (1,),
+    "fp8": (1, 16, 32),
+    "int8": (1, 16, 32),
+    "int4": (1,),
+    "nvfp4": (1, 16, 32, 128),
+}
+INT4_GROUP = 128
+ASSUMED_L2_BYTES = 60 * 1024 * 1024  # H200; used where torch does not say
+MAX_ROTATION_BYTES = 2 * 1024**3
+REF_ROWS = 64
+MIN_ITERS = 5
+MAX_ITERS = 50
+BUDGET_PLANNING_FRACTION = 0.75  # plan for 75 % of the budget, keep headroom
+NVML_SAMPLE_PERIOD = 0.05
+NVML_FI_DEV_MEMORY_TEMP = 82
+UNSUPPORTED_PATTERNS = (
+    "not supported",
+    "not_supported",
+    "not implemented",
+    "notimplemented",
+    "could not run",
+    "only supported",
+    "is not available",
+    "no kernel image",
+    "unsupported",
+)
+
+
+class UsageError(Exception):
+    """Bad command-line arguments."""
+
+
+class TorchUnavailable(Exception):
+    """torch cannot be imported by this interpreter."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message)
+
+
+# --------------------------------------------------------------------------
+# arguments
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = _Parser(prog="sparkdiag-probe-worker", description=__doc__.splitlines()[0])
+    p.add_argument("--device", default=None, help="cuda:N or cpu (default: cuda if available)")
+    p.add_argument(
+        "--dtype",
+        action="append",
+        default=None,
+        help="dtype(s) to probe, repeatable or comma separated: " + ",".join(ALL_DTYPES),
+    )
+    p.add_argument("--shape", action="append", default=None, help="MxNxK, repeatable")
+    p.add_argument("--warmup", type=int, default=10, help="warm-up iterations (default 10)")
+    p.add_argument(
+        "--iters", type=int, default=None, help="timed iterations (default: sized to the budget)"
+    )
+    p.add_argument("--probe-when", choices=("idle", "always"), default="idle")
+    p.add_argument("--busy-utilization", type=float, default=0.1, help="0..1 (default 0.1)")
+    p.add_argument("--exclude-pid", type=int, action="append", default=[])
+    p.add_argument("--small", action="store_true", help="tiny shapes (CPU, CI, smoke tests)")
+    p.add_argument("--budget-seconds", type=float, default=2.0, help="GPU-busy time budget")
+    p.add_argument("--bandwidth", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--seed", type=int, default=1234)
+    args = p.parse_args(list(argv))
+    dtypes: list[str] = []
+    for item in args.dtype or ["all"]:
+        for name in item.split(","):
+            name = name.strip().lower()
+            if not name:
+                continue
+            if name == "all":
+                dtypes.extend(d for d in ALL_DTYPES if d not in dtypes)
+            elif name in ALL_DTYPES:
+                if name not in dtypes:
+                    dtypes.append(name)
+            else:
+                raise UsageError(f"unknown dtype {name!r} (known: {', '.join(ALL_DTYPES)})")
+    args.dtype = dtypes
+    args.shape = [parse_shape(s) for s in args.shape or []]
+    if args.warmup < 0 or (args.iters is not None and args.iters < 1):
+        raise UsageError("--warmup must be >= 0 and --iters >= 1")
+    if not 0.0 <= args.busy_utilization <= 1.0:
+        raise UsageError("--busy-utilization must be within 0..1")
+    if args.budget_seconds <= 0:
+        raise UsageError("--budget-seconds must be positive")
+    return args
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    parts = text.lower().replace(" ", "").split("x")
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise UsageError(f"bad shape {text!r}: expected MxNxK with positive integers")
+    return int(parts[0]), int(parts[1]), int(parts[2])
+
+
+def shape_label(m: int, n: int, k: int) -> str:
+    return f"{m}x{n}x{k}"
+
+
+# --------------------------------------------------------------------------
+# small pure helpers (unit-tested directly)
+
+
+def torch_version_tuple(version: str) -> tuple[int, int]:
+    """'2.11.0+cu130' -> (2, 11)."""
+    found = re.match(r"(\d+)\.(\d+)", version)
+    return (int(found.group(1)), int(found.group(2))) if found else (0, 0)
+
+
+def classify_exception(exc: BaseException) -> tuple[str, str]:
+    """Map an exception from a kernel to ("unsupported"|"error", one-line reason)."""
+    text = f"{type(exc).__name__}: {exc}"
+    first = text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+    if len(first) > 300:
+        first = first[:297] + "..."
+    lowered = text.lower()
+    if isinstance(exc, NotImplementedError) or any(p in lowered for p in UNSUPPORTED_PATTERNS):
+        return "unsupported", first
+    return "error", first
+
+
+def classify_kernel_exception(dtype: str, exc: BaseException) -> tuple[str, str]:
+    """Like classify_exception, but nvfp4's young API counts as unsupported.
+
+    The nvfp4 call cannot be exercised without a Blackwell GPU, and torch has
+    changed what it accepts (scale layouts, _scaled_mm_v2); a rejected call
+    there is reported as unsupported with its message. A CUDA fault, or a
+    wrong result (checked separately), stays an error.
+    """
+    status, reason = classify_exception(exc)
+    if dtype == "nvfp4" and status == "error" and "cuda error" not in reason.lower():
+        return "unsupported", f"nvfp4 call rejected: {reason}"
+    return status, reason
+
+
+def within_bound(error: float | None, bound: float) -> bool:
+    """True when the error is a finite number no larger than the bound (NaN fails)."""
+    return error is not None and math.isfinite(error) and error <= bound
+
+
+def max_row_relative_error(torch: Any, out: Any, ref: Any) -> float:
+    """Largest per-row ||out_i - ref_i|| / ||ref_i|| in float64; inf when non-finite."""
+    out = out.to(torch.float64)
+    ref = ref.to(torch.float64)
+    if out.shape != ref.shape:
+        raise ValueError(f"output shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
+    if not bool(torch.isfinite(out).all()):
+        return math.inf
+    diff = torch.linalg.vector_norm(out - ref, dim=-1)
+    scale = torch.linalg.vector_norm(ref, dim=-1).clamp_min(1e-30)
+    value = float((diff / scale).max())
+    return value if math.isfinite(value) else math.inf
+
+
+def choose_iters(
+    fixed: int | None,
+    warm_ms: Sequence[float],
+    share_seconds: float,
+    spent_seconds: float,
+    min_iters: int = MIN_ITERS,
+    max_iters: int = MAX_ITERS,
+) -> int:
+    """Timed iterations for one kernel: what fits in its share of the budget."""
+    if fixed is not None:
+        return fixed
+    tail = list(warm_ms[1:]) or list(warm_ms)
+    if not tail:
+        return min_iters
+    per_iter = statistics.median(tail) / 1e3
+    if per_iter <= 0:
+        return max_iters
+    n = int((share_seconds - spent_seconds) / per_iter)
+    return max(min_iters, min(max_iters, n))
+
+
+def compute_cube(capability: tuple[int, int], sm_count: int) -> int:
+    """Edge of the compute-bound cube so one bf16 iteration takes >= ~1 ms."""
+    if capability >= (8, 0) and sm_count >= 100:  # A100, H100, H200, B200
+        return 8192
+    if capability >= (8, 0) or sm_count >= 40:  # GB10 (48 SMs), consumer parts
+        return 4096
+    return 2048
+
+
+def rotation_sets(set_bytes: int, l2_bytes: int) -> int:
+    """Buffer sets to rotate so that together they are at least twice the L2."""
+    if set_bytes <= 0:
+        return 2
+    n = max(2, math.ceil(2 * l2_bytes / set_bytes))
+    return max(1, min(n, 64, MAX_ROTATION_BYTES // set_bytes))
+
+
+def _bare_uuid(text: str) -> str:
+    text = text.strip().lower()
+    return text[4:] if text.startswith("gpu-") else text
+
+
+def _truncate(text: str, limit: int = 2000) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+# --------------------------------------------------------------------------
+# NVML (optional)
+
+
+def _import_pynvml() -> Any:
+    try:
+        import pynvml
+    except Exception:  # ImportError, or a broken install
+        return None
+    return pynvml
+
+
+class Nvml:
+    """The few NVML calls the probe needs; every reading may be None."""
+
+    def __init__(self, mod: Any, handle: Any) -> None:
+        self.mod = mod
+        self.handle = handle
+        self._reasons_fn: Any = getattr(mod, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        if self._reasons_fn is None:
+            self._reasons_fn = getattr(mod, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+
+    @classmethod
+    def open(cls, cuda_index: int) -> Nvml | None:
+        mod = _import_pynvml()
+        if mod is None:
+            return None
+        try:
+            mod.nvmlInit()
+        except Exception as exc:
+            _log(f"NVML unavailable: {exc}")
+            return None
+        try:
+            handle = cls._handle_for_cuda_index(mod, cuda_index)
+        except Exception as exc:
+            _log(f"NVML has no handle for CUDA device {cuda_index}: {exc}")
+            handle = None
+        if handle is None:
+            _shutdown(mod)
+            return None
+        return cls(mod, handle)
+
+    @staticmethod
+    def _handle_for_cuda_index(mod: Any, cuda_index: int) -> Any:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        if visible is None:
+            return mod.nvmlDeviceGetHandleByIndex(cuda_index)
+        entries = [e.strip() for e in visible.split(",") if e.strip()]
+        if cuda_index >= len(entries):
+            return None
+        entry = entries[cuda_index]
+        if entry.isdigit():
+            return mod.nvmlDeviceGetHandleByIndex(int(entry))
+        if entry.startswith("GPU-"):
+            return mod.nvmlDeviceGetHandleByUUID(entry)
+        return None  # MIG instances and other forms: no device-level reading
+
+    def rebind(self, uuid: str) -> None:
+        self.handle = self.mod.nvmlDeviceGetHandleByUUID(uuid)
+
+    def _call(self, name: str, *args: Any) -> Any:
+        try:
+            return getattr(self.mod, name)(*args)
+        except Exception:
+            return None
+
+    def uuid(self) -> str | None:
+        value = self._call("nvmlDeviceGetUUID", self.handle)
+        return _text(value)
+
+    def name(self) -> str | None:
+        return _text(self._call("nvmlDeviceGetName", self.handle))
+
+    def driver_version(self) -> str | None:
+        return _text(self._call("nvmlSystemGetDriverVersion"))
+
+    def compute_pids(self) -> set[int] | None:
+        """PIDs of compute (and MPS) processes on the device; None when unknown."""
+        procs = self._call("nvmlDeviceGetComputeRunningProcesses", self.handle)
+        if procs is None:
+            return None
+        pids = {int(p.pid) for p in procs}
+        mps = self._call("nvmlDeviceGetMPSComputeRunningProcesses", self.handle)
+        if mps:
+            pids.update(int(p.pid) for p in mps)
+        return pids
+
+    def utilization(self) -> float | None:
+        rates = self._call("nvmlDeviceGetUtilizationRates", self.handle)
+        return None if rates is None else float(rates.gpu) / 100.0
+
+    def memory_temperature(self) -> float | None:
+        values = self._call("nvmlDeviceGetFieldValues", self.handle, [NVML_FI_DEV_MEMORY_TEMP])
+        if not values:
+            return None
+        v = values[0]
+        if int(getattr(v, "nvmlReturn", 1)) != 0:
+            return None
+        kind = int(v.valueType)
+        raw = {
+            0: v.value.dVal,
+            1: v.value.uiVal,
+            2: v.value.ulVal,
+            3: v.value.ullVal,
+            4: v.value.sllVal,
+            5: v.value.siVal,
+        }.get(kind)
+        if raw is None or raw == 0:  # a constant 0 means "not supported" (GB10)
+            return None
+        return float(raw)
+
+    def sample(self) -> dict[str, float | int | None]:
+        temp = self._call("nvmlDeviceGetTemperature", self.handle, 0)  # NVML_TEMPERATURE_GPU
+        clock = self._call("nvmlDeviceGetClockInfo", self.handle, 1)  # NVML_CLOCK_SM, MHz
+        power = self._call("nvmlDeviceGetPowerUsage", self.handle)  # mW
+        reasons = None if self._reasons_fn is None else _safe(self._reasons_fn, self.handle)
+        return {
+            "gpu_temperature": None if temp is None else float(temp),
+            "memory_temperature": self.memory_temperature(),
+            "reasons": None if reasons is None else int(reasons),
+            "sm_clock_hz": None if clock is None else float(clock) * 1e6,
+            "power_w": None if power is None else float(power) / 1000.0,
+        }
+
+    def shutdown(self) -> None:
+        _shutdown(self.mod)
+
+
+def _safe(fn: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return fn(*args)
+    except Exception:
+        return None
+
+
+def _shutdown(mod: Any) -> None:
+    with contextlib.suppress(Exception):
+        mod.nvmlShutdown()
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+class ConditionSampler:
+    """Samples NVML on a background thread while the suite runs."""
+
+    def __init__(self, nvml: Nvml | None, period: float = NVML_SAMPLE_PERIOD) -> None:
+        self.nvml = nvml
+        self.period = period
+        self.samples: list[dict[str, float | int | None]] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.nvml is None:
+            return
+        self._take()
+        self._thread = threading.Thread(target=self._loop, name="nvml-sampler", daemon=True)
+        self._thread.start()
+
+    def _take(self) -> None:
+        if self.nvml is not None:
+            try:
+                self.samples.append(self.nvml.sample())
+            except Exception as exc:
+                _log(f"NVML sample failed: {exc}")
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period):
+            self._take()
+
+    def stop(self) -> dict[str, Any]:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join(timeout=2.0)
+            self._take()
+        return summarize_conditions(self.samples)
+
+
+def summarize_conditions(samples: Sequence[dict[str, float | int | None]]) -> dict[str, Any]:
+    def values(key: str) -> list[float]:
+        return [float(v) for s in samples if (v := s.get(key)) is not None]
+
+    gpu_t, mem_t = values("gpu_temperature"), values("memory_temperature")
+    clocks, power = values("sm_clock_hz"), values("power_w")
+    reasons = [int(v) for s in samples if (v := s.get("reasons")) is not None]
+    seen = 0
+    for r in reasons:
+        seen |= r
+    return {
+        "max_gpu_temperature_celsius": max(gpu_t) if gpu_t else None,
+        "max_memory_temperature_celsius": max(mem_t) if mem_t else None,
+        "clock_event_reasons_seen": seen if reasons else None,
+        "mean_sm_clock_hertz": statistics.fmean(clocks) if clocks else None,
+        "mean_power_watts": statistics.fmean(power) if power else None,
+        "samples": len(samples),
+    }
+
+
+# --------------------------------------------------------------------------
+# busy detection
+
+
+@dataclass
+class BusyState:
+    nvml: Nvml | None
+    excluded: set[int]
+    threshold: float
+    self_pids: set[int] = field(default_factory=set)
+    other_pids: list[int] = field(default_factory=list)
+    utilization: float | None = None
+
+    def others_now(self) -> list[int]:
+        if self.nvml is None:
+            return []
+        pids = self.nvml.compute_pids() or set()
+        return sorted(pids - self.self_pids - self.excluded)
+
+    def check_before_context(self) -> str | None:
+        """Before this process has a CUDA context: any compute process, or utilization."""
+        if self.nvml is None:
+            return None
+        self.utilization = self.nvml.utilization()
+        self.other_pids = self.others_now()
+        reasons = []
+        if self.other_pids:
+            reasons.append(f"other compute processes on the GPU: pids {self.other_pids}")
+        if self.utilization is not None and self.utilization > self.threshold:
+            reasons.append(
+                f"GPU utilization {self.utilization:.0%} above {self.threshold:.0%} threshold"
+            )
+        return "; ".join(reasons) or None
+
+    def adopt_own_context(self, before: set[int]) -> None:
+        """Count processes that appeared with our context as ours.
+
+        Inside a PID namespace NVML may report this process under a PID that is
+        not os.getpid(); whatever appeared between just before and just after
+        our context was created is taken to be this worker.
+        """
+        if self.nvml is None:
+            return
+        after = self.nvml.compute_pids() or set()
+        self.self_pids |= after - before
+
+    def check_during(self) -> str | None:
+        others = self.others_now()
+        if others:
+            self.other_pids = sorted(set(self.other_pids) | set(others))
+            return f"other compute processes appeared on the GPU: pids {others}"
+        return None
+
+
+# --------------------------------------------------------------------------
+# kernels
+
+
+@dataclass
+class KernelSpec:
+    dtype: str
+    kind: str  # compute | llm | decode | custom shapes are classified into these
+    m_candidates: tuple[int, ...]
+    n: int
+    k: int
+    beta: int = 0
+
+
+@dataclass
+class Prepared:
+    """One kernel ready to run: argument sets, the op, and its reference."""
+
+    make_set: Callable[[], tuple[Any, ...]]
+    fn: Callable[..., Any]
+    reference: Callable[[tuple[Any, ...], Any], Any]  # (set, row index tensor) -> float64 rows
+    release: Callable[[], None] = lambda: None  # drop what only the reference needed
+
+
+@dataclass
+class DeviceInfo:
+    torch: Any
+    device: str
+    is_cuda: bool
+    capability: tuple[int, int] | None
+    sm_count: int
+    l2_bytes: int
+    torch_version: tuple[int, int]
+
+
+def gate(info: DeviceInfo, dtype: str) -> str | None:
+    """Reason why the dtype cannot run here, or None when it should be tried."""
+    torch = info.torch
+    cc = info.capability
+    ccs = f"{cc[0]}.{cc[1]}" if cc else "n/a"
+    if dtype == "tf32":
+        if not info.is_cuda:
+            return "tf32 is a CUDA tensor-core mode; not available on cpu"
+        if cc is not None and cc < (8, 0):
+            return f"tf32 needs compute capability 8.0+, device has {ccs}"
+    elif dtype == "fp8":
+        if not info.is_cuda:
+            return "fp8 probe runs on CUDA GPUs of compute capability 8.9+ only, not on cpu"
+        if cc is not None and cc < (8, 9):
+            return f"fp8 (torch._scaled_mm) needs compute capability 8.9+, device has {ccs}"
+        if not (hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")):
+            return f"torch {torch.__version__} has no float8_e4m3fn/_scaled_mm"
+    elif dtype == "int8":
+        if not hasattr(torch, "_int_mm"):
+            return f"torch {torch.__version__} has no torch._int_mm"
+    elif dtype == "int4":
+        if info.is_cuda:
+            if not hasattr(torch, "_weight_int4pack_mm"):
+                return f"torch {torch.__version__} has no torch._weight_int4pack_mm"
+            if cc is not None and cc < (8, 0):
+                return f"int4 weight-only GEMM needs compute capability 8.0+, device has {ccs}"
+        elif not hasattr(torch, "_weight_int4pack_mm_for_cpu"):
+            return f"torch {torch.__version__} has no CPU int4 kernel (_weight_int4pack_mm_for_cpu)"
+    elif dtype == "nvfp4":
+        if not info.is_cuda:
+            return "nvfp4 needs a CUDA GPU of compute capability 10.0+, not cpu"
+        if cc is not None and cc < (10, 0):
+            return f"nvfp4 needs compute capability 10.0+ (Blackwell), device has {ccs}"
+        if info.torch_version < (2, 8):
+            return f"nvfp4 needs torch 2.8+, have {torch.__version__}"
+        if not hasattr(torch, "float4_e2m1fn_x2"):
+            return f"torch {torch.__version__} has no float4_e2m1fn_x2"
+    return None
+
+
+def _rows(torch: Any, m: int, device: str) -> Any:
+    count = min(m, REF_ROWS)
+    idx = torch.linspace(0, m - 1, count).round().long().unique()
+    return idx.to(device)
+
+
+def prepare(info: DeviceInfo, spec: KernelSpec, m: int) -> Prepared:
+    torch = info.torch
+    dev = info.device
+    n, k = spec.n, spec.k
+    d = spec.dtype
+    f64 = torch.float64
+
+    if d in ("bf16", "fp16", "tf32"):
+        dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32}[d]
+
+        def make() -> tuple[Any, ...]:
+            a = torch.randn(m, k, device=dev, dtype=dt)
+            w = torch.randn(n, k, device=dev, dtype=dt)  # nn.Linear layout: B = W^T
+            if spec.beta:
+                return (torch.randn(m, n, device=dev, dtype=dt), a, w)
+            return (a, w)
+
+        def mm_beta(c: Any, a: Any, w: Any) -> Any:
+            return torch.addmm(c, a, w.t())
+
+        def ref_beta(s: tuple[Any, ...], rows: Any) -> Any:
+            c, a, w = s
+            return c[rows].to(f64) + a[rows].to(f64) @ w.to(f64).t()
+
+        def mm(a: Any, w: Any) -> Any:
+            return torch.mm(a, w.t())
+
+        def ref(s: tuple[Any, ...], rows: Any) -> Any:
+            a, w = s
+            return a[rows].to(f64) @ w.to(f64).t()
+
+        return Prepared(make, mm_beta, ref_beta) if spec.beta else Prepared(make, mm, ref)
+
+    if d == "fp8":
+        e4m3 = torch.float8_e4m3fn
+        one = torch.ones((), device=dev, dtype=torch.float32)
+
+        def make_fp8() -> tuple[Any, ...]:
+            a = torch.randn(m, k, device=dev).to(e4m3)
+            w = torch.randn(n, k, device=dev).to(e4m3)
+            return (a, w)
+
+        def fn_fp8(a: Any, w: Any) -> Any:
+            out = torch._scaled_mm(
+                a, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True
+            )
+            return out[0] if isinstance(out, tuple) else out  # torch < 2.5 returned (out, amax)
+
+        def ref_fp8(s: tuple[Any, ...], rows: Any) -> Any:
+            a, w = s
+            return a[rows].to(f64) @ w.to(f64).t()
+
+        return Prepared(make_fp8, fn_fp8, ref_fp8)
+
+    if d == "int8":
+
+        def make_i8() -> tuple[Any, ...]:
+            a = (torch.randn(m, k, device=dev) * 40).round().clamp(-127, 127).to(torch.int8)
+            w = (torch.randn(n, k, device=dev) * 40).round().clamp(-127, 127).to(torch.int8)
+            return (a, w)
+
+        def fn_i8(a: Any, w: Any) -> Any:
+            return torch._int_mm(a, w.t())
+
+        def ref_i8(s: tuple[Any, ...], rows: Any) -> Any:
+            a, w = s
+            return a[rows].to(f64) @ w.to(f64).t()
+
+        return Prepared(make_i8, fn_i8, ref_i8)
+
+    if d == "int4":
+        return _prepare_int4(info, m, n, k)
+
+    if d == "nvfp4":
+        return _prepare_nvfp4(info, m, n, k)
+
+    raise ValueError(f"unknown dtype {d}")
+
+
+def _quantize_int4(torch: Any, w: Any, group: int) -> tuple[Any, Any, Any]:
+    """Asymmetric per-group 4-bit quantisation of W [N, K] (bf16).
+
+    Returns (q int32 [N, K] in 0..15, scales_and_zeros bf16 [K/group, N, 2],
+    dequantised W float64 [N, K]) with w ~= (q - 8) * scale + zero, using the
+    bf16-rounded scale and zero the kernel sees.
+    """
+    n, k = w.shape
+    g = w.float().reshape(n, k // group, group)
+    lo = g.amin(dim=-1, keepdim=True)
+    hi = g.amax(dim=-1, keepdim=True)
+    scale = ((hi - lo) / 15.0).clamp_min(1e-6).to(torch.bfloat16).float()
+    zero = (lo + 8.0 * scale).to(torch.bfloat16).float()
+    q = ((g - (zero - 8.0 * scale)) / scale).round().clamp(0, 15)
+    deq = ((q.double() - 8.0) * scale.double() + zero.double()).reshape(n, k)
+    sz = torch.stack([scale.reshape(n, k // group), zero.reshape(n, k // group)], dim=-1)
+    sz = sz.transpose(0, 1).contiguous().to(torch.bfloat16)
+    return q.reshape(n, k).to(torch.int32), sz, deq
+
+
+def _prepare_int4(info: DeviceInfo, m: int, n: int, k: int) -> Prepared:
+    torch = info.torch
+    dev = info.device
+    if k % INT4_GROUP:
+        raise ValueError(f"int4 needs K divisible by the group size {INT4_GROUP}")
+    deq_cache: dict[int, Any] = {}
+
+    if info.is_cuda:
+        inner_k_tiles = 8
+
+        def pack(q: Any) -> Any:
+            if info.torch_version >= (2, 5):  # uint8 [N, K/2], two nibbles per byte
+                q8 = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
+                return torch._convert_weight_to_int4pack(q8, inner_k_tiles)
+            return torch._convert_weight_to_int4pack(q, inner_k_tiles)  # int32 [N, K]
+
+        def mm(x: Any, packed: Any, sz: Any) -> Any:
+            return torch._weight_int4pack_mm(x, packed, INT4_GROUP, sz)
+
+    else:
+
+        def pack(q: Any) -> Any:
+            return torch._convert_weight_to_int4pack_for_cpu(q, 1)
+
+        def mm(x: Any, packed: Any, sz: Any) -> Any:
+            return torch._weight_int4pack_mm_for_cpu(x, packed, INT4_GROUP, sz)
+
+    def make() -> tuple[Any, ...]:
+        w = torch.randn(n, k, device=dev, dtype=torch.bfloat16)
+        q, sz, deq = _quantize_int4(torch, w, INT4_GROUP)
+        packed = pack(q)
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        if not deq_cache:  # the reference is checked on the first set only
+            deq_cache[id(packed)] = deq
+        return (x, packed, sz)
+
+    def ref(s: tuple[Any, ...], rows: Any) -> Any:
+        x, packed, _ = s
+        deq = deq_cache.get(id(packed))
+        if deq is None:
+            raise RuntimeError("int4 reference is kept for the first buffer set only")
+        return x[rows].to(torch.float64) @ deq.t()
+
+    return Prepared(make, mm, ref, deq_cache.clear)
+
+
+# e2m1 code -> value (sign in bit 3)
+_E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+
+
+def _prepare_nvfp4(info: DeviceInfo, m: int, n: int, k: int) -> Prepared:
+    """NVFP4: e2m1 values packed two per byte along K, e4m3 scales per 16 elements.
+
+    All block scales are 1.0, so the swizzled ("blocked") scale layout cannot
+    change the result, and A and B are packed along K with the same nibble
+    order, so the dot products do not depend on it either: the reference only
+    needs the decoded e2m1 values.
+    """
+    torch = info.torch
+    dev = info.device
+    if k % 32:
+        raise ValueError("nvfp4 needs K divisible by 32")
+    table = torch.tensor(list(_E2M1) + [-v for v in _E2M1], device=dev, dtype=torch.float64)
+    magnitudes = torch.tensor(_E2M1, device=dev, dtype=torch.float32)
+
+    def encode(x: Any) -> tuple[Any, Any]:
+        """Round normal samples to the nearest e2m1 code; returns (packed uint8, float64)."""
+        mag = (x.abs().unsqueeze(-1) - magnitudes).abs().argmin(dim=-1)
+        codes = (mag + (x < 0).long() * 8).to(torch.uint8)
+        packed = codes[..., ::2] | (codes[..., 1::2] << 4)
+        return packed.contiguous(), table[codes.long()]
+
+    def scales(rows: int) -> Any:
+        r = (rows + 127) // 128 * 128
+        c = (k // 16 + 3) // 4 * 4
+        return torch.ones(r * c, device=dev, dtype=torch.float32).to(torch.float8_e4m3fn)
+
+    decoded: dict[int, tuple[Any, Any]] = {}
+
+    def make() -> tuple[Any, ...]:
+        a_packed, a_val = encode(torch.randn(m, k, device=dev) * 2)
+        w_packed, w_val = encode(torch.randn(n, k, device=dev) * 2)
+        a = a_packed.view(torch.float4_e2m1fn_x2)
+        w = w_packed.view(torch.float4_e2m1fn_x2)
+        if not decoded:
+            decoded[id(a)] = (a_val, w_val)
+        return (a, w, scales(m), scales(n))
+
+    def fn(a: Any, w: Any, sa: Any, sb: Any) -> Any:
+        return torch._scaled_mm(a, w.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+
+    def ref(s: tuple[Any, ...], rows: Any) -> Any:
+        vals = decoded.get(id(s[0]))
+        if vals is None:
+            raise RuntimeError("nvfp4 reference is kept for the first buffer set only")
+        a_val, w_val = vals
+        return a_val[rows] @ w_val.t()
+
+    return Prepared(make, fn, ref, decoded.clear)
+
+
+# --------------------------------------------------------------------------
+# timing
+
+
+def time_iterations(
+    info: DeviceInfo,
+    fn: Callable[..., Any],
+    sets: Sequence[tuple[Any, ...]],
+    count: int,
+    start: int = 0,
+    prequeue: bool = False,
+) -> list[float]:
+    """Per-iteration milliseconds: CUDA events on a GPU, perf_counter on CPU.
+
+    With prequeue the GPU is first kept busy by a sleep kernel, so that the
+    CPU can enqueue all iterations ahead and short (decode) kernels run back
+    to back instead of waiting on Python's launch overhead.
+    """
+    torch = info.torch
+    if count <= 0:
+        return []
+    if not info.is_cuda:
+        out = []
+        for i in range(count):
+            args = sets[(start + i) % len(sets)]
+            t0 = time.perf_counter()
+            fn(*args)
+            out.append((time.perf_counter() - t0) * 1e3)
+        return out
+    starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+    ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+    if prequeue and hasattr(torch.cuda, "_sleep"):
+        torch.cuda._sleep(int(min(count * 60e-6, 0.05) * 2e9))  # cycles at ~2 GHz
+    for i in range(count):
+        args = sets[(start + i) % len(sets)]
+        starts[i].record()
+        fn(*args)
+        ends[i].record()
+    torch.cuda.synchronize()
+    return [float(starts[i].elapsed_time(ends[i])) for i in range(count)]
+
+
+# --------------------------------------------------------------------------
+# suite
+
+
+def plan_suite(
+    info: DeviceInfo, dtypes: Sequence[str], small: bool, shapes: Sequence[Any]
+) -> list[KernelSpec]:
+    specs: list[KernelSpec] = []
+    if shapes:
+        for dtype in dtypes:
+            for m, n, k in shapes:
+                kind = "decode" if m <= 32 else ("llm" if (m, n, k) == LLM_SHAPE else "compute")
+                specs.append(KernelSpec(dtype, kind, (m,), n, k))
+        return specs
+    if small:
+        cube_shape, llm, nk = SMALL_COMPUTE, SMALL_LLM, SMALL_DECODE_NK
+    else:
+        cube = compute_cube(info.capability or (0, 0), info.sm_count)
+        cube_shape, llm, nk = (cube, cube, cube), LLM_SHAPE, DECODE_NK
+    for dtype in dtypes:
+        cm, cn, ck = cube_shape
+        if dtype == "int4" and not small:
+            # weight-only int4 runs ~25x slower than bf16 at large M on Hopper
+            cm, cn, ck = (max(1024, cm // 2),) * 3
+        specs.append(KernelSpec(dtype, "compute", (cm,), cn, ck))
+        if dtype == "bf16":
+            specs.append(KernelSpec(dtype, "compute", (cm,), cn, ck, beta=1))
+        specs.append(KernelSpec(dtype, "llm", (llm[0],), llm[1], llm[2]))
+        specs.append(KernelSpec(dtype, "decode", DECODE_M[dtype], nk, nk))
+    return specs
+
+
+def _result(spec: KernelSpec, m: int, status: str, reason: str | None) -> dict[str, Any]:
+    return {
+        "dtype": spec.dtype,
+        "shape": shape_label(m, spec.n, spec.k),
+        "kind": spec.kind,
+        "beta": spec.beta,
+        "status": status,
+        "reason": reason,
+        "tflops": None,
+        "median_ms": None,
+        "min_ms": None,
+        "iters": 0,
+        "warmup": 0,
+        "buffer_sets": 0,
+        "max_rel_error": None,
+        "error_bound": ERROR_BOUNDS[spec.dtype],
+    }
+
+
+@dataclass
+class Budget:
+    seconds: float
+    kernels_left: int
+    busy: float = 0.0
+
+    def share(self) -> float:
+        target = self.seconds * BUDGET_PLANNING_FRACTION
+        return max(0.0, target - self.busy) / max(1, self.kernels_left)
+
+
+class BusyDuringRun(Exception):
+    pass
+
+
+def run_kernel(
+    info: DeviceInfo, spec: KernelSpec, args: argparse.Namespace, budget: Budget, busy: BusyState
+) -> dict[str, Any]:
+    torch = info.torch
+    m = spec.m_candidates[0]
+    reason = gate(info, spec.dtype)
+    if reason is not None:
+        return _result(spec, m, "unsupported", reason)
+    bound = ERROR_BOUNDS[spec.dtype]
+    sets: list[tuple[Any, ...]] = []
+    prepared: Prepared | None = None
+    out: Any = None
+    last_exc: BaseException | None = None
+    precision = torch.get_float32_matmul_precision()
+    try:
+        if spec.dtype == "tf32":
+            torch.set_float32_matmul_precision("high")
+        # first M the kernel accepts (decode shapes), set 0, and its result
+        for m in spec.m_candidates:
+            try:
+                prepared = prepare(info, spec, m)
+                sets = [prepared.make_set()]
+                out = prepared.fn(*sets[0])
+                if info.is_cuda:
+                    torch.cuda.synchronize()
+                last_exc = None
+                break
+            except Exception as exc:
+                last_exc = exc
+                prepared, sets, out = None, [], None
+        if last_exc is not None or prepared is None:
+            failure = last_exc or RuntimeError("no candidate M")
+            status, why = classify_kernel_exception(spec.dtype, failure)
+            return _result(spec, m, status, why)
+        result = _result(spec, m, "ok", None)
+        rows = _rows(torch, m, info.device)
+        err = max_row_relative_error(torch, out[rows], prepared.reference(sets[0], rows))
+        result["max_rel_error"] = err
+        prepared.release()
+        del out
+        if not within_bound(err, bound):
+            result["status"] = "error"
+            result["reason"] = (
+                f"wrong result: max row relative error {err:.3g} exceeds bound {bound:.3g}"
+            )
+            return result
+        if spec.kind == "decode" and info.is_cuda:
+            set_bytes = sum(t.numel() * t.element_size() for t in sets[0])
+            for _ in range(rotation_sets(set_bytes, info.l2_bytes) - 1):
+                sets.append(prepared.make_set())
+        result["buffer_sets"] = len(sets)
+        why_busy = busy.check_during()
+        if why_busy and args.probe_when == "idle":
+            raise BusyDuringRun(why_busy)
+        prequeue = spec.kind == "decode"
+        warm = time_iterations(info, prepared.fn, sets, args.warmup, 0, prequeue)
+        warm_s = sum(warm) / 1e3
+        budget.busy += warm_s
+        iters = choose_iters(args.iters, warm, budget.share(), 0.0)
+        timed = time_iterations(info, prepared.fn, sets, iters, args.warmup, prequeue)
+        budget.busy += sum(timed) / 1e3
+        why_busy = busy.check_during()
+        if why_busy and args.probe_when == "idle":
+            raise BusyDuringRun(why_busy)
+        median_ms = statistics.median(timed)
+        result.update(
+            iters=iters,
+            warmup=args.warmup,
+            median_ms=median_ms,
+            min_ms=min(timed),
+            tflops=(2.0 * m * spec.n * spec.k) / (median_ms / 1e3) / 1e12 if median_ms else None,
+        )
+        return result
+    except BusyDuringRun:
+        raise
+    except Exception as exc:
+        status, why = classify_exception(exc)
+        return _result(spec, m, status, why)
+    finally:
+        budget.kernels_left = max(0, budget.kernels_left - 1)
+        if spec.dtype == "tf32":
+            torch.set_float32_matmul_precision(precision)
+        sets.clear()
+        if info.is_cuda:
+            torch.cuda.empty_cache()
+
+
+def run_bandwidth(
+    info: DeviceInfo, args: argparse.Namespace, budget: Budget, small: bool
+) -> dict[str, Any]:
+    torch = info.torch
+    result: dict[str, Any] = {
+        "status": "ok",
+        "reason": None,
+        "bytes_per_second": None,
+        "bytes": None,
+        "median_ms": None,
+        "iters": 0,
+    }
+    try:
+        if small:
+            size = 16 * 1024**2
+        elif info.is_cuda:
+            free, _total = torch.cuda.mem_get_info()
+            size = min(1024**3, max(64 * 1024**2, int(free) // 8))
+        else:
+            size = 256 * 1024**2
+        n = size // 4
+        src = torch.randn(n, device=info.device, dtype=torch.float32)
+        dst = torch.empty_like(src)
+
+        def copy(s: Any, d: Any) -> Any:
+            return d.copy_(s)
+
+        sets = [(src, dst)]
+        copy(src, dst)
+        if not bool(torch.equal(dst[:65536], src[:65536])) or not bool(
+            torch.equal(dst[-65536:], src[-65536:])
+        ):
+            result.update(status="error", reason="device copy produced wrong data")
+            return result
+        warm = time_iterations(info, copy, sets, args.warmup)
+        warm_s = sum(warm) / 1e3
+        budget.busy += warm_s
+        iters = choose_iters(args.iters, warm, budget.share(), 0.0)
+        timed = time_iterations(info, copy, sets, iters)
+        budget.busy += sum(timed) / 1e3
+        median_ms = statistics.median(timed)
+        moved = 2 * n * 4  # bytes read plus bytes written
+        result.update(
+            bytes=moved,
+            median_ms=median_ms,
+            iters=iters,
+            bytes_per_second=moved / (median_ms / 1e3) if median_ms else None,
+        )
+        return result
+    except Exception as exc:
+        status, why = classify_exception(exc)
+        result.update(status=status, reason=why)
+        return result
+    finally:
+        budget.kernels_left = max(0, budget.kernels_left - 1)
+        if info.is_cuda:
+            torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------
+# identity
+
+
+def cublas_version() -> str | None:
+    """Version of the libcublas this process loaded (Linux), e.g. '13.1.0'."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as fh:
+            paths = {
+                line.split()[-1]
+                for line in fh
+                if "libcublas.so" in line and "libcublasLt" not in line
+            }
+    except OSError:
+        return None
+    for path in sorted(paths):
+        try:
+            lib = ctypes.CDLL(path)
+            parts = []
+            for prop in (0, 1, 2):  # MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL
+                value = ctypes.c_int()
+                if lib.cublasGetProperty(prop, ctypes.byref(value)) != 0:
+                    break
+                parts.append(str(value.value))
+            if len(parts) == 3:
+                return ".".join(parts)
+        except (OSError, AttributeError):
+            continue
+    return None
+
+
+def driver_version(nvml: Nvml | None) -> str | None:
+    if nvml is not None:
+        value = nvml.driver_version()
+        if value:
+            return value
+    try:
+        with open("/proc/driver/nvidia/version", encoding="utf-8") as fh:
+            found = re.search(r"Kernel Module\s+(?:for \S+\s+)?(\d+(?:\.\d+)+)", fh.read())
+        return found.group(1) if found else None
+    except OSError:
+        return None
+
+
+def software_identity(
+    torch: Any, info: DeviceInfo | None, device: str, nvml: Nvml | None
+) -> dict[str, Any]:
+    ident: dict[str, Any] = {
+        "torch": None if torch is None else str(torch.__version__),
+        "cuda": None if torch is None else torch.version.cuda,
+        "cublas": None,
+        "driver": driver_version(nvml),
+        "python": platform.python_version(),
+        "gpu_name": None,
+        "compute_capability": None,
+        "gpu_uuid": None,
+        "device": device,
+    }
+    if nvml is not None:
+        ident["gpu_name"] = nvml.name()
+        ident["gpu_uuid"] = nvml.uuid()
+    if info is not None and info.is_cuda:
+        idx = torch.device(device).index or 0
+        ident["gpu_name"] = torch.cuda.get_device_name(idx)
+        if info.capability is not None:
+            ident["compute_capability"] = f"{info.capability[0]}.{info.capability[1]}"
+        props = torch.cuda.get_device_properties(idx)
+        uuid = getattr(props, "uuid", None)
+        if uuid is not None:
+            text = str(uuid)
+            ident["gpu_uuid"] = text if text.startswith("GPU-") else "GPU-" + text
+        ident["cublas"] = cublas_version()
+    return ident
+
+
+# --------------------------------------------------------------------------
+# main
+
+
+def _log(message: str) -> None:
+    print(f"sparkdiag-probe: {message}", file=sys.stderr, flush=True)
+
+
+def _now() -> float:
+    return time.time()
+
+
+def _empty_document(started: float) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "status": "error",
+        "reason": None,
+        "software": {
+            "torch": None,
+            "cuda": None,
+            "cublas": None,
+            "driver": None,
+            "python": platform.python_version(),
+            "gpu_name": None,
+            "compute_capability": None,
+            "gpu_uuid": None,
+            "device": None,
+        },
+        "results": [],
+        "bandwidth": None,
+        "conditions": summarize_conditions([]),
+        "busy": {"other_pids": [], "utilization": None, "nvml": False},
+        "gpu_busy_seconds": 0.0,
+        "config": None,
+        "started_at": started,
+        "finished_at": None,
+    }
+
+
+def overall_status(doc: dict[str, Any]) -> tuple[str, str | None]:
+    results = doc.get("results") or []
+    bandwidth = doc.get("bandwidth")
+    items = list(results) + ([bandwidth] if bandwidth else [])
+    failed = [r for r in items if r.get("status") == "error"]
+    if failed:
+        names = [f"{r.get('dtype', 'bandwidth')} {r.get('shape', '')}".strip() for r in failed]
+        return "error", f"{len(failed)} kernel(s) failed: " + ", ".join(names)
+    if items and all(r.get("status") == "unsupported" for r in items):
+        return "unsupported", "no requested kernel is supported here"
+    if not items:
+        return "unsupported", "nothing to probe"
+    return "ok", None
+
+
+def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA index == NVML index
+    try:
+        import torch
+    except ImportError as exc:
+        raise TorchUnavailable(f"cannot import torch: {exc}") from exc
+
+    doc["software"]["torch"] = str(torch.__version__)
+    doc["software"]["cuda"] = torch.version.cuda
+    device = args.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
+    if device == "cuda":
+        device = "cuda:0"
+    doc["software"]["device"] = device
+    is_cuda = device.startswith("cuda")
+    if not is_cuda and device != "cpu":
+        raise UsageError(f"--device must be cuda[:N] or cpu, not {device!r}")
+    small = args.small or not is_cuda
+    doc["config"] = {
+        "warmup": args.warmup,
+        "iters": args.iters,
+        "budget_seconds": args.budget_seconds,
+        "probe_when": args.probe_when,
+        "busy_utilization": args.busy_utilization,
+        "small": small,
+        "dtypes": args.dtype,
+    }
+    cuda_index = 0
+    if is_cuda:
+        try:
+            cuda_index = torch.device(device).index or 0
+        except Exception as exc:
+            raise UsageError(f"bad --device {device!r}: {exc}") from exc
+        if not torch.cuda.is_available() or cuda_index >= torch.cuda.device_count():
+            doc["status"] = "unsupported"
+            doc["reason"] = (
+                f"{device} is not available to torch {torch.__version__} "
+                f"(CUDA build: {torch.version.cuda}, devices: "
+                f"{torch.cuda.device_count() if torch.cuda.is_available() else 0})"
+            )
+            return
+
+    nvml = Nvml.open(cuda_index) if is_cuda else None
+    busy = BusyState(nvml, set(args.exclude_pid) | {os.getpid()}, args.busy_utilization)
+    busy.self_pids.add(os.getpid())
+    doc["busy"]["nvml"] = nvml is not None
+    try:
+        why = busy.check_before_context()
+        doc["busy"]["other_pids"] = busy.other_pids
+        doc["busy"]["utilization"] = busy.utilization
+        doc["software"] = software_identity(torch, None, device, nvml)
+        if why and args.probe_when == "idle":
+            doc["status"], doc["reason"] = "skipped_busy", why
+            return
+
+        torch.manual_seed(args.seed)
+        capability: tuple[int, int] | None = None
+        sm_count, l2 = 0, ASSUMED_L2_BYTES
+        if is_cuda:
+            before = (nvml.compute_pids() if nvml else None) or set()
+            torch.cuda.set_device(cuda_index)
+            torch.zeros(1, device=device)  # creates the context
+            props = torch.cuda.get_device_properties(cuda_index)
+            capability = (int(props.major), int(props.minor))
+            sm_count = int(props.multi_processor_count)
+            l2 = int(getattr(props, "L2_cache_size", 0) or ASSUMED_L2_BYTES)
+            if nvml is not None:
+                uuid = getattr(props, "uuid", None)
+                want = None if uuid is None else _bare_uuid(str(uuid))
+                have = _bare_uuid(nvml.uuid() or "")
+                if want and have and want != have:
+                    _log(f"NVML device {have} is not {want}; rebinding by UUID")
+                    nvml.rebind("GPU-" + want)
+                    before = set()
+                busy.adopt_own_context(before)
+        info = DeviceInfo(
+            torch=torch,
+            device=device,
+            is_cuda=is_cuda,
+            capability=capability,
+            sm_count=sm_count,
+            l2_bytes=l2,
+            torch_version=torch_version_tuple(str(torch.__version__)),
+        )
+        specs = plan_suite(info, args.dtype, small, args.shape)
+        budget = Budget(args.budget_seconds, len(specs) + (1 if args.bandwidth else 0))
+        sampler = ConditionSampler(nvml)
+        sampler.start()
+        try:
+            for spec in specs:
+                _log(f"{spec.dtype} {spec.kind} {spec.m_candidates[0]}x{spec.n}x{spec.k}")
+                doc["results"].append(run_kernel(info, spec, args, budget, busy))
+            if args.bandwidth:
+                doc["bandwidth"] = run_bandwidth(info, args, budget, small)
+        except BusyDuringRun as exc:
+            doc["status"], doc["reason"] = "skipped_busy", str(exc)
+        finally:
+            doc["conditions"] = sampler.stop()
+            doc["gpu_busy_seconds"] = budget.busy
+            doc["busy"]["other_pids"] = busy.other_pids
+            doc["software"] = software_identity(torch, info, device, nvml)
+        if doc["status"] != "skipped_busy":
+            doc["status"], doc["reason"] = overall_status(doc)
+    finally:
+        if nvml is not None:
+            nvml.shutdown()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    started = _now()
+    # Keep stdout for the one JSON document: anything else that writes to
+    # file descriptor 1 (torch, CUDA libraries, print) lands on stderr.
+    out_fd = os.dup(1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    doc = _empty_document(started)
+    code = 0
+    try:
+        args = parse_args(sys.argv[1:] if argv is None else argv)
+        doc["status"] = "ok"
+        run(args, doc)
+    except UsageError as exc:
+        doc["status"], doc["reason"], code = "error", f"usage: {exc}", 2
+    except TorchUnavailable as exc:
+        doc["status"], doc["reason"], code = "error", str(exc), 1
+    except Exception:
+        doc["status"] = "error"
+        doc["reason"] = "worker crashed: " + _truncate(traceback.format_exc(), 8000)
+        code = 1
+    doc["finished_at"] = _now()
+    text = json.dumps(_jsonable(doc), allow_nan=False, sort_keys=False) + "\n"
+    data = text.encode("utf-8")
+    while data:
+        written = os.write(out_fd, data)
+        data = data[written:]
+    os.close(out_fd)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

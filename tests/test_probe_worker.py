@@ -1,0 +1,583 @@
+"""The probe worker, run for real on the CPU build of torch.
+
+The worker is loaded from its file (never through the sparkdiag package) to
+prove it is self-contained; the end-to-end tests start it as a subprocess.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from sparkdiag.probe.runner import run_worker, worker_path
+
+torch = pytest.importorskip("torch")
+
+WORKER = worker_path()
+CPU_ARGS = ["--small", "--device", "cpu", "--budget-seconds", "0.5"]
+RESULT_KEYS = {
+    "dtype",
+    "shape",
+    "kind",
+    "beta",
+    "status",
+    "reason",
+    "tflops",
+    "median_ms",
+    "iters",
+    "max_rel_error",
+    "error_bound",
+}
+SOFTWARE_KEYS = {
+    "torch",
+    "cuda",
+    "cublas",
+    "driver",
+    "python",
+    "gpu_name",
+    "compute_capability",
+    "gpu_uuid",
+    "device",
+}
+CONDITION_KEYS = {
+    "max_gpu_temperature_celsius",
+    "max_memory_temperature_celsius",
+    "clock_event_reasons_seen",
+    "mean_sm_clock_hertz",
+    "mean_power_watts",
+    "samples",
+}
+
+
+@pytest.fixture(scope="module")
+def w() -> Iterator[ModuleType]:
+    """worker.py imported as a standalone module from its path."""
+    name = "sparkdiag_probe_worker_standalone"
+    spec = importlib.util.spec_from_file_location(name, WORKER)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(name, None)
+
+
+@pytest.fixture(scope="module")
+def cpu_run() -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), *CPU_ARGS],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc, json.loads(proc.stdout)
+
+
+# ---------------------------------------------------------------- end to end
+
+
+def test_stdout_is_exactly_one_json_document(
+    cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
+) -> None:
+    proc, doc = cpu_run
+    assert proc.stdout.count("\n") == 1 and proc.stdout.endswith("\n")
+    assert json.loads(proc.stdout) == doc
+    # progress and torch's own warnings go to stderr
+    assert "sparkdiag-probe: bf16 compute 256x256x256" in proc.stderr
+
+
+def test_document_schema(cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
+    _, doc = cpu_run
+    assert doc["schema"] == "sparkdiag-probe/1"
+    assert doc["status"] == "ok" and doc["reason"] is None
+    assert doc["software"].keys() >= SOFTWARE_KEYS
+    assert doc["software"]["device"] == "cpu"
+    assert doc["software"]["torch"] == torch.__version__
+    assert doc["software"]["python"].count(".") == 2
+    assert doc["conditions"].keys() >= CONDITION_KEYS
+    assert doc["conditions"]["samples"] == 0  # no NVML on CPU: unknown, not zero
+    assert doc["conditions"]["max_gpu_temperature_celsius"] is None
+    assert doc["busy"] == {"other_pids": [], "utilization": None, "nvml": False}
+    assert doc["started_at"] <= doc["finished_at"]
+    assert doc["gpu_busy_seconds"] > 0
+    for r in doc["results"]:
+        assert r.keys() >= RESULT_KEYS, r
+        assert r["status"] in ("ok", "unsupported", "error")
+        assert r["kind"] in ("compute", "llm", "decode")
+        assert r["beta"] in (0, 1)
+        m, n, k = (int(x) for x in r["shape"].split("x"))
+        assert m > 0 and n > 0 and k > 0
+    dtypes = {r["dtype"] for r in doc["results"]}
+    assert dtypes == {"bf16", "fp16", "tf32", "fp8", "int8", "int4", "nvfp4"}
+
+
+def test_bf16_results_are_ok_and_correct(
+    cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
+) -> None:
+    _, doc = cpu_run
+    bf16 = [r for r in doc["results"] if r["dtype"] == "bf16"]
+    assert {(r["kind"], r["beta"]) for r in bf16} == {
+        ("compute", 0),
+        ("compute", 1),
+        ("llm", 0),
+        ("decode", 0),
+    }
+    for r in bf16:
+        assert r["status"] == "ok", r
+        assert r["tflops"] > 0 and r["median_ms"] > 0
+        assert r["iters"] >= 5 and r["warmup"] == 10
+        assert 0 <= r["max_rel_error"] <= r["error_bound"]
+    shapes = {r["kind"]: r["shape"] for r in bf16}
+    assert shapes == {"compute": "256x256x256", "llm": "256x688x256", "decode": "1x256x256"}
+
+
+def test_cuda_only_dtypes_are_unsupported_with_reason(
+    cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
+) -> None:
+    _, doc = cpu_run
+    for r in doc["results"]:
+        if r["dtype"] in ("tf32", "fp8", "nvfp4"):
+            assert r["status"] == "unsupported", r
+            assert r["reason"] and "cpu" in r["reason"]
+            assert r["tflops"] is None
+
+
+def test_int_dtypes_never_error(
+    cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
+) -> None:
+    _, doc = cpu_run
+    for r in doc["results"]:
+        if r["dtype"] in ("int8", "int4", "fp16"):
+            assert r["status"] in ("ok", "unsupported"), r
+            if r["status"] == "ok":
+                assert r["tflops"] > 0
+                assert r["max_rel_error"] <= r["error_bound"]
+            else:
+                assert r["reason"]
+    int4_decode = [r for r in doc["results"] if r["dtype"] == "int4" and r["kind"] == "decode"]
+    assert int4_decode and int4_decode[0]["shape"].startswith("1x")
+
+
+def test_bandwidth(cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
+    _, doc = cpu_run
+    bw = doc["bandwidth"]
+    assert bw["status"] == "ok"
+    assert bw["bytes"] == 2 * 16 * 1024**2  # read plus written
+    assert bw["bytes_per_second"] > 0 and bw["median_ms"] > 0
+
+
+def test_stdin_with_cleared_environment() -> None:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+    cycle = run_worker(
+        args=["--small", "--dtype", "bf16,int4", "--dtype", "fp8", "--budget-seconds", "0.2"],
+        stdin_script=True,
+        env=env,
+        timeout=120,
+    )
+    assert cycle.result == "ok", (cycle.reason, cycle.stderr_tail)
+    assert cycle.returncode == 0
+    doc = cycle.document
+    assert doc is not None
+    assert doc["software"]["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")
+    assert {r["dtype"] for r in doc["results"]} == {"bf16", "int4", "fp8"}
+    assert all(r["status"] != "error" for r in doc["results"])
+
+
+def test_bad_arguments_still_print_one_document() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), "--shape", "12x3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    doc = json.loads(proc.stdout)
+    assert doc["status"] == "error"
+    assert "bad shape" in doc["reason"]
+
+
+def test_custom_shape_and_fixed_iters() -> None:
+    proc = subprocess.run(
+        [
+            *(sys.executable, str(WORKER), "--device", "cpu", "--dtype", "bf16"),
+            *("--shape", "64x128x256", "--shape", "2x128x256", "--iters", "7", "--warmup", "3"),
+            "--no-bandwidth",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert doc["bandwidth"] is None
+    got = {(r["shape"], r["kind"], r["iters"], r["warmup"]) for r in doc["results"]}
+    assert got == {("64x128x256", "compute", 7, 3), ("2x128x256", "decode", 7, 3)}
+
+
+def test_worker_imports_only_the_standard_library_at_top_level() -> None:
+    tree = ast.parse(WORKER.read_text())
+    names: set[str] = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module.split(".")[0])
+    assert names <= set(sys.stdlib_module_names) | {"__future__"}, names
+    everywhere: set[str] = set()
+    for sub in ast.walk(tree):
+        if isinstance(sub, ast.Import):
+            everywhere.update(a.name.split(".")[0] for a in sub.names)
+        elif isinstance(sub, ast.ImportFrom) and sub.module:
+            everywhere.add(sub.module.split(".")[0])
+    assert everywhere - names == {"torch", "pynvml"}  # only inside functions
+
+
+# ---------------------------------------------------------------- correctness
+
+
+def test_relative_error_catches_a_wrong_result(w: ModuleType) -> None:
+    ref = torch.randn(8, 64, dtype=torch.float64)
+    assert w.max_row_relative_error(torch, ref.clone(), ref) == 0.0
+    bad = ref.clone()
+    bad[3] *= 1.1  # one wrong row is enough
+    err = w.max_row_relative_error(torch, bad.to(torch.bfloat16), ref)
+    assert err == pytest.approx(0.1, rel=0.05)
+    assert not w.within_bound(err, w.ERROR_BOUNDS["bf16"])
+    good = w.max_row_relative_error(torch, ref.to(torch.bfloat16), ref)
+    assert w.within_bound(good, w.ERROR_BOUNDS["bf16"])
+    nan = ref.clone()
+    nan[0, 0] = math.nan
+    assert w.max_row_relative_error(torch, nan, ref) == math.inf
+    assert not w.within_bound(math.nan, 1.0)
+    assert not w.within_bound(None, 1.0)
+    assert w.within_bound(0.0, w.ERROR_BOUNDS["int8"])
+    assert not w.within_bound(1e-9, w.ERROR_BOUNDS["int8"])
+
+
+def _cpu_info(w: ModuleType) -> Any:
+    return w.DeviceInfo(
+        torch=torch,
+        device="cpu",
+        is_cuda=False,
+        capability=None,
+        sm_count=0,
+        l2_bytes=w.ASSUMED_L2_BYTES,
+        torch_version=w.torch_version_tuple(torch.__version__),
+    )
+
+
+@pytest.mark.parametrize("corruption", ["scale", "nan"])
+def test_a_broken_kernel_is_an_error_not_fast(
+    w: ModuleType, monkeypatch: pytest.MonkeyPatch, corruption: str
+) -> None:
+    real_prepare = w.prepare
+
+    def broken_prepare(info: Any, spec: Any, m: int) -> Any:
+        p = real_prepare(info, spec, m)
+        inner = p.fn
+
+        def fn(*args: Any) -> Any:
+            out = inner(*args)
+            if corruption == "scale":
+                return out * 1.5
+            return out.masked_fill(torch.ones_like(out, dtype=torch.bool), math.nan)
+
+        p.fn = fn
+        return p
+
+    monkeypatch.setattr(w, "prepare", broken_prepare)
+    args = w.parse_args(["--device", "cpu", "--warmup", "2", "--iters", "3"])
+    spec = w.KernelSpec("bf16", "compute", (64,), 64, 128)
+    budget = w.Budget(1.0, 1)
+    result = w.run_kernel(_cpu_info(w), spec, args, budget, w.BusyState(None, set(), 0.1))
+    assert result["status"] == "error"
+    assert result["reason"].startswith("wrong result")
+    assert result["tflops"] is None and result["median_ms"] is None
+    assert budget.busy == 0.0  # never timed
+
+
+def test_int4_quantisation_round_trip(w: ModuleType) -> None:
+    gen = torch.Generator().manual_seed(7)
+    wt = torch.randn(16, 256, generator=gen).to(torch.bfloat16)
+    q, sz, deq = w._quantize_int4(torch, wt, 128)
+    assert q.dtype == torch.int32 and int(q.min()) >= 0 and int(q.max()) <= 15
+    assert tuple(sz.shape) == (2, 16, 2) and sz.dtype == torch.bfloat16
+    rel = float((deq - wt.double()).norm() / wt.double().norm())
+    # 4-bit quantisation error (step/sqrt(12) ~ 0.1 sigma for a normal group), not the kernel's
+    assert 0.05 < rel < 0.15
+
+
+# ---------------------------------------------------------------- pure helpers
+
+
+def test_classify_exception(w: ModuleType) -> None:
+    assert w.classify_exception(NotImplementedError("x"))[0] == "unsupported"
+    status, reason = w.classify_exception(
+        RuntimeError("CUDA error: CUBLAS_STATUS_NOT_SUPPORTED when calling cublasLtMatmul")
+    )
+    assert status == "unsupported" and reason.startswith("RuntimeError: CUDA error")
+    assert w.classify_exception(RuntimeError("Could not run 'aten::_int_mm'"))[0] == "unsupported"
+    assert w.classify_exception(RuntimeError("CUDA out of memory. Tried"))[0] == "error"
+    assert len(w.classify_exception(RuntimeError("y" * 1000))[1]) <= 300
+    rejected = w.classify_kernel_exception("nvfp4", RuntimeError("Invalid scaling configuration"))
+    assert rejected[0] == "unsupported" and "nvfp4 call rejected" in rejected[1]
+    cuda_fault = RuntimeError("CUDA error: misaligned address")
+    assert w.classify_kernel_exception("nvfp4", cuda_fault)[0] == "error"
+    assert w.classify_kernel_exception("bf16", RuntimeError("Invalid scaling"))[0] == "error"
+
+
+def test_choose_iters(w: ModuleType) -> None:
+    assert w.choose_iters(7, [1.0] * 10, 0.0, 0.0) == 7
+    assert w.choose_iters(None, [9.0] + [2.0] * 9, 0.1, 0.0) == 50  # capped at MAX_ITERS
+    assert w.choose_iters(None, [9.0] + [2.0] * 9, 0.04, 0.0) == 20
+    assert w.choose_iters(None, [9.0] + [20.0] * 9, 0.04, 0.0) == 5  # floor MIN_ITERS
+    assert w.choose_iters(None, [], 1.0, 0.0) == 5
+
+
+def test_shape_planning(w: ModuleType) -> None:
+    assert w.compute_cube((9, 0), 132) == 8192  # H100/H200
+    assert w.compute_cube((12, 1), 48) == 4096  # GB10
+    assert w.compute_cube((7, 5), 40) == 4096
+    assert w.compute_cube((6, 1), 20) == 2048
+    assert w.rotation_sets(128 * 1024**2, 60 * 1024**2) == 2
+    assert w.rotation_sets(32 * 1024**2, 60 * 1024**2) == 4
+    assert w.rotation_sets(1024, 60 * 1024**2) == 64
+    assert w.rotation_sets(1536 * 1024**2, 60 * 1024**2) == 1  # memory cap
+
+    h200 = w.DeviceInfo(torch, "cuda:0", True, (9, 0), 132, 60 * 1024**2, (2, 11))
+    specs = w.plan_suite(h200, list(w.ALL_DTYPES), False, [])
+    by = {(s.dtype, s.kind, s.beta): s for s in specs}
+    assert (by["bf16", "compute", 0].m_candidates, by["bf16", "compute", 0].n) == ((8192,), 8192)
+    assert ("bf16", "compute", 1) in by
+    assert (by["fp16", "llm", 0].m_candidates[0], by["fp16", "llm", 0].n) == (4096, 11008)
+    assert by["int4", "decode", 0].m_candidates == (1,)
+    assert by["int8", "decode", 0].m_candidates[0] == 1  # smallest accepted M is probed
+    assert by["int4", "compute", 0].k == 4096
+    assert len(specs) == 7 * 3 + 1
+
+
+def test_gates(w: ModuleType) -> None:
+    def info(cc: tuple[int, int], version: tuple[int, int] = (2, 11)) -> Any:
+        return w.DeviceInfo(torch, "cuda:0", True, cc, 132, 60 * 1024**2, version)
+
+    assert w.gate(info((9, 0)), "fp8") is None
+    assert "8.9" in w.gate(info((8, 0)), "fp8")
+    assert "10.0" in w.gate(info((9, 0)), "nvfp4")
+    assert "2.8" in w.gate(info((10, 0), (2, 7)), "nvfp4")
+    assert w.gate(info((12, 1)), "nvfp4") is None
+    assert w.gate(_cpu_info(w), "bf16") is None
+    assert "cpu" in w.gate(_cpu_info(w), "tf32")
+
+
+def test_parse_args(w: ModuleType) -> None:
+    a = w.parse_args(["--dtype", "bf16,int4", "--dtype", "int4", "--shape", "1x8192x8192"])
+    assert a.dtype == ["bf16", "int4"]
+    assert a.shape == [(1, 8192, 8192)]
+    assert a.warmup == 10 and a.iters is None and a.probe_when == "idle"
+    assert a.bandwidth is True and a.budget_seconds == 2.0
+    assert w.parse_args([]).dtype == list(w.ALL_DTYPES)
+    assert w.parse_args(["--no-bandwidth"]).bandwidth is False
+    with pytest.raises(w.UsageError):
+        w.parse_args(["--dtype", "fp64"])
+    with pytest.raises(w.UsageError):
+        w.parse_args(["--probe-when", "sometimes"])
+
+
+def test_summarize_conditions(w: ModuleType) -> None:
+    samples = [
+        {
+            "gpu_temperature": 40.0,
+            "memory_temperature": None,
+            "reasons": 0x1,
+            "sm_clock_hz": 1.0e9,
+            "power_w": 100.0,
+        },
+        {
+            "gpu_temperature": 55.0,
+            "memory_temperature": None,
+            "reasons": 0x4,
+            "sm_clock_hz": 2.0e9,
+            "power_w": 300.0,
+        },
+    ]
+    c = w.summarize_conditions(samples)
+    assert c["max_gpu_temperature_celsius"] == 55.0
+    assert c["max_memory_temperature_celsius"] is None  # unsupported, not 0
+    assert c["clock_event_reasons_seen"] == 0x5
+    assert c["mean_sm_clock_hertz"] == pytest.approx(1.5e9)
+    assert c["mean_power_watts"] == pytest.approx(200.0)
+    assert c["samples"] == 2
+    assert w.summarize_conditions([])["clock_event_reasons_seen"] is None
+
+
+class FakeNvml:
+    """Stands in for the NVML wrapper (not for a subprocess)."""
+
+    def __init__(self, pids: set[int], utilization: float | None) -> None:
+        self.pids = pids
+        self.util = utilization
+
+    def compute_pids(self) -> set[int]:
+        return set(self.pids)
+
+    def utilization(self) -> float | None:
+        return self.util
+
+
+def test_busy_detection(w: ModuleType) -> None:
+    me = os.getpid()
+    nv = FakeNvml({77}, 0.0)
+    busy = w.BusyState(nv, {me}, 0.1, self_pids={me})
+    assert "pids [77]" in busy.check_before_context()
+    busy = w.BusyState(nv, {me, 77}, 0.1, self_pids={me})  # --exclude-pid 77
+    assert busy.check_before_context() is None
+    nv.util = 0.5
+    assert "50%" in busy.check_before_context()
+    nv.util = 0.05
+    assert busy.check_before_context() is None
+    # our context appears under a PID we do not know (PID namespace): it is ours
+    before = nv.compute_pids()
+    nv.pids |= {9001}
+    busy.adopt_own_context(before)
+    assert busy.check_during() is None
+    nv.pids |= {1234}
+    assert "1234" in busy.check_during()
+    assert busy.other_pids == [1234]
+    assert w.BusyState(None, set(), 0.1).check_before_context() is None
+
+
+# ---------------------------------------------------------------- real GPU
+# Run on the lent GPU machine with `pytest -m gpu`; CI deselects them.
+
+GPU_LOAD = Path(__file__).parent / "probe_helpers" / "gpu_load.py"
+
+
+def _cuda() -> bool:
+    return bool(torch.cuda.is_available())
+
+
+def _start_load(seconds: float) -> subprocess.Popen[str]:
+    load = subprocess.Popen(
+        [sys.executable, str(GPU_LOAD), str(seconds)],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert load.stdout is not None
+    assert load.stdout.readline().strip() == "ready"
+    return load
+
+
+@pytest.mark.gpu
+def test_gpu_full_suite() -> None:
+    if not _cuda():
+        pytest.skip("no CUDA device")
+    cycle = run_worker(timeout=120)
+    print(json.dumps(cycle.document, indent=1))
+    assert cycle.result == "ok", (cycle.reason, cycle.stderr_tail)
+    doc = cycle.document
+    assert doc is not None
+    cc = tuple(int(x) for x in doc["software"]["compute_capability"].split("."))
+    assert doc["software"]["gpu_uuid"].startswith("GPU-")
+    by = {(r["dtype"], r["kind"], r["beta"]): r for r in doc["results"]}
+    for key, r in by.items():
+        assert r["status"] != "error", r
+        if r["status"] == "ok":
+            assert r["max_rel_error"] <= r["error_bound"], r
+            assert r["tflops"] > 0
+        print(key, r["shape"], r["status"], r["tflops"], r["max_rel_error"], r["reason"])
+    assert by["bf16", "compute", 0]["status"] == "ok"
+    assert by["bf16", "compute", 1]["status"] == "ok"
+    assert by["int4", "decode", 0]["shape"].startswith("1x")
+    if cc >= (8, 9):
+        assert by["fp8", "compute", 0]["status"] == "ok"
+    if cc < (10, 0):
+        assert by["nvfp4", "compute", 0]["status"] == "unsupported"
+    assert doc["bandwidth"]["status"] == "ok"
+    if doc["busy"]["nvml"]:
+        assert doc["conditions"]["samples"] > 0
+        assert doc["conditions"]["max_gpu_temperature_celsius"] is not None
+    assert doc["gpu_busy_seconds"] <= 2.0
+
+
+@pytest.mark.gpu
+def test_gpu_skips_when_another_process_computes() -> None:
+    if not _cuda():
+        pytest.skip("no CUDA device")
+    load = _start_load(60)
+    try:
+        cycle = run_worker(args=["--dtype", "bf16", "--no-bandwidth"], timeout=120)
+        print(cycle.reason)
+        assert cycle.result == "skipped_busy", (cycle.reason, cycle.stderr_tail)
+        assert cycle.document is not None
+        assert load.pid in cycle.document["busy"]["other_pids"]
+        always = run_worker(
+            args=["--dtype", "bf16", "--no-bandwidth", "--probe-when", "always"], timeout=120
+        )
+        assert always.result == "ok", always.reason
+        print("under load:", [r["tflops"] for r in always.document["results"]])  # type: ignore[index]
+        excluded = run_worker(
+            args=[
+                *("--dtype", "bf16", "--no-bandwidth", "--exclude-pid", str(load.pid)),
+                *("--busy-utilization", "1.0"),
+            ],
+            timeout=120,
+        )
+        assert excluded.result == "ok", excluded.reason
+    finally:
+        load.kill()
+        load.wait()
+
+
+@pytest.mark.gpu
+def test_gpu_skips_when_another_process_starts_mid_cycle() -> None:
+    if not _cuda():
+        pytest.skip("no CUDA device")
+    load = subprocess.Popen(
+        [sys.executable, str(GPU_LOAD), "60", "--on-go"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert load.stdin is not None and load.stdout is not None
+    assert load.stdout.readline().strip() == "imported"
+    worker = subprocess.Popen(
+        [sys.executable, str(WORKER), "--dtype", "bf16", "--iters", "300", "--no-bandwidth"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        assert worker.stderr is not None
+        for line in worker.stderr:
+            if "sparkdiag-probe: bf16 compute" in line:
+                break
+        load.stdin.write("go\n")
+        load.stdin.flush()
+        assert load.stdout.readline().strip() == "ready"
+        out, _ = worker.communicate(timeout=120)
+    finally:
+        load.kill()
+        load.wait()
+        worker.kill()
+        worker.wait()
+    doc = json.loads(out)
+    print(doc["reason"], [(r["shape"], r["beta"]) for r in doc["results"]])
+    assert doc["status"] == "skipped_busy"
+    assert "appeared" in doc["reason"]
+    assert load.pid in doc["busy"]["other_pids"]
+    assert len(doc["results"]) < 4  # stopped early
