@@ -125,7 +125,7 @@ def serve(config: Path | None, **given: Any) -> None:
         daemon.serve(settings)
     except FixtureError as exc:
         raise click.BadParameter(str(exc), param_hint="--nvml-fixture") from None
-    except WebConfigError as exc:
+    except (WebConfigError, ConfigError) as exc:
         raise click.UsageError(str(exc)) from None
     except daemon.StartupError as exc:
         raise click.ClickException(str(exc)) from None
@@ -205,6 +205,15 @@ def config_check(file: Path) -> None:
     settings = _settings(file, {})
     click.echo(f"{file}: ok (listen {settings.listen}, poll every {settings.poll_interval:g} s)")
 
+
+def _register() -> None:
+    from sparkdiag.probe.commands import baseline, bench, probe
+
+    for command in (probe, bench, baseline):
+        main.add_command(command)
+
+
+_register()
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -241,6 +241,25 @@ OPTIONS: tuple[Option, ...] = (
         "Interpreter that runs the probe worker, as an argument list; default this Python.",
         scopes=frozenset({"serve"}),
     ),
+    Option(
+        "probe.fixture",
+        "probe_fixture",
+        "path",
+        None,
+        "Replay probe results recorded on a real GPU (worker JSON documents) instead of "
+        "running the worker; for tests and demonstrations without a GPU.",
+        scopes=frozenset({"serve"}),
+    ),
+    Option(
+        "probe.first-delay",
+        "probe_first_delay",
+        "float",
+        30.0,
+        "Seconds after start before the first probe cycle.",
+        minimum=0,
+        maximum=86400,
+        unit="seconds",
+    ),
 )
 OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
 
@@ -263,6 +282,8 @@ class Settings:
     probe_busy_utilization: float = 0.10
     probe_timeout: float = 60.0
     probe_python: tuple[str, ...] | None = None
+    probe_fixture: Path | None = None
+    probe_first_delay: float = 30.0
 
     def __post_init__(self) -> None:
         for option in OPTIONS:

@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import errno
+import importlib.util
 import logging
 import signal
+import sys
 import threading
 from pathlib import Path
 from types import FrameType
 
-from sparkdiag.config import Settings, parse_listen
+from sparkdiag.config import ConfigError, Settings, parse_listen
 from sparkdiag.exporter.http import ExporterServer, health_check
+from sparkdiag.exporter.probe import ProbeCollector
 from sparkdiag.exporter.registry import build_registry, render
 from sparkdiag.exporter.webconfig import load_web_config
+from sparkdiag.probe.baseline import BaselineStore, BaselineStoreError
+from sparkdiag.probe.scheduler import FixtureLauncher, Launcher, ProbeScheduler, WorkerLauncher
+from sparkdiag.probe.state import ProbeState
 from sparkdiag.sdnotify import Notifier
 from sparkdiag.sources import host
 from sparkdiag.sources.context import detect_context
@@ -21,6 +27,7 @@ from sparkdiag.sources.gpu import GpuSource
 from sparkdiag.sources.nvml import PynvmlBackend
 from sparkdiag.sources.nvml_api import NvmlBackend
 from sparkdiag.sources.sysfs import PcieSource
+from sparkdiag.statedir import StateDirError, ensure_state_directory, state_directory
 from sparkdiag.telemetry.poller import Poller
 
 log = logging.getLogger("sparkdiag")
@@ -61,6 +68,56 @@ def make_poller(settings: Settings, backend: NvmlBackend | None = None) -> Polle
     return poller
 
 
+def make_scheduler(settings: Settings, poller: Poller, state: ProbeState) -> ProbeScheduler | None:
+    """The probe scheduler, or None (with one log line saying why) when probing cannot run."""
+    if not settings.probe_enabled:
+        return None
+    if not poller.gpu.identities:
+        log.warning("no GPU: GEMM probes skipped")
+        return None
+    launcher: Launcher
+    if settings.probe_fixture is not None:
+        try:
+            launcher = FixtureLauncher(settings.probe_fixture)
+        except ValueError as exc:
+            raise ConfigError(f"probe.fixture: {exc}") from None
+    else:
+        python = settings.probe_python or (sys.executable,)
+        if settings.probe_python is None and importlib.util.find_spec("torch") is None:
+            log.warning(
+                "torch is not installed for %s: GEMM probes skipped "
+                "(install them with: pip install 'sparkdiag[probe]')",
+                sys.executable,
+            )
+            return None
+        launcher = WorkerLauncher(
+            python, settings.probe_timeout, settings.probe_when, settings.probe_busy_utilization
+        )
+    store = open_store(settings)
+    context = poller.context.context if poller.context else "native"
+    return ProbeScheduler(
+        launcher,
+        state,
+        store,
+        context,
+        lambda: poller.latest,
+        settings.probe_interval,
+        when=settings.probe_when,
+        busy_utilization=settings.probe_busy_utilization,
+        first_delay=settings.probe_first_delay,
+    )
+
+
+def open_store(settings: Settings) -> BaselineStore | None:
+    """The baseline database in the state directory; None (and a warning) when unusable."""
+    try:
+        directory = ensure_state_directory(settings.state_dir or state_directory())
+        return BaselineStore(directory / "baselines.sqlite")
+    except (StateDirError, BaselineStoreError) as exc:
+        log.warning("baselines unavailable (%s): probes run without a baseline", exc)
+        return None
+
+
 def dump(settings: Settings) -> bytes:
     """One poll rendered in the Prometheus text format."""
     poller = make_poller(settings)
@@ -80,7 +137,13 @@ def serve(settings: Settings) -> None:
     if settings.web_config_file is not None:
         web = load_web_config(settings.web_config_file)  # WebConfigError: a configuration error
     poller = make_poller(settings)
-    registry = build_registry(lambda: poller.latest)
+    probe_state = ProbeState()
+    scheduler = make_scheduler(settings, poller, probe_state)
+    if scheduler is not None:
+        poller.excluded_pids = scheduler.excluded_pids
+    registry = build_registry(
+        lambda: poller.latest, extra=[ProbeCollector(probe_state.view)] if scheduler else []
+    )
     try:
         healthy = health_check(lambda: poller.latest, settings.poll_interval)
         server = ExporterServer(address, registry, healthy, web, settings.web_max_requests)
@@ -124,6 +187,8 @@ def serve(settings: Settings) -> None:
         target=poller.run, args=(stop, settings.poll_interval), name="poller", daemon=True
     )
     poll_thread.start()
+    if scheduler is not None:
+        threading.Thread(target=scheduler.run, args=(stop,), name="probe", daemon=True).start()
     try:
         stop.wait()
     finally:

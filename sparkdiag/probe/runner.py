@@ -26,6 +26,7 @@ from typing import Any, Literal
 ProbeResult = Literal["ok", "timeout", "error", "unsupported", "skipped_busy"]
 
 SCHEMA = "sparkdiag-probe/1"
+PROGRESS_PREFIX = "sparkdiag-progress "  # the worker's --progress lines on stderr
 DEFAULT_TIMEOUT = 60.0
 STDERR_TAIL_BYTES = 8192
 STDOUT_LIMIT_BYTES = 16 * 1024 * 1024
@@ -75,6 +76,7 @@ def run_worker(
     env: Mapping[str, str] | None = None,
     kill_grace: float = KILL_GRACE_SECONDS,
     on_start: Callable[[int], None] | None = None,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> ProbeCycle:
     """Run one probe cycle and classify it.
 
@@ -87,6 +89,8 @@ def run_worker(
     seconds later, SIGKILL. Whatever else is left in that group when the
     worker ends is killed as well. ``on_start(pid)`` is called once the worker
     runs (the daemon uses it to keep its own worker out of the busy checks).
+    ``on_progress(result)`` is called for each progress line a worker started
+    with ``--progress`` prints on stderr (one kernel result each).
     """
     if not python:
         raise ValueError("python must name an interpreter command")
@@ -116,7 +120,7 @@ def run_worker(
     if on_start is not None:
         on_start(proc.pid)
     source = worker_source().encode("utf-8") if stdin_script else b""
-    stdout, stderr, timed_out = _exchange(proc, source, started + timeout)
+    stdout, stderr, timed_out = _exchange(proc, source, started + timeout, on_progress)
     returncode = _finish(proc, timed_out, kill_grace)
     wall = time.monotonic() - started
     tail = stderr[-STDERR_TAIL_BYTES:].decode("utf-8", "replace")
@@ -151,9 +155,13 @@ def _exited(pid: int) -> bool:
 
 
 def _exchange(
-    proc: subprocess.Popen[bytes], source: bytes, deadline: float
+    proc: subprocess.Popen[bytes],
+    source: bytes,
+    deadline: float,
+    on_progress: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[bytes, bytes, bool]:
     """Feed stdin, collect stdout and the tail of stderr until EOF or deadline."""
+    partial = bytearray()  # stderr bytes after the last newline, for progress lines
     assert proc.stdout is not None and proc.stderr is not None
     out = bytearray()
     err = bytearray()
@@ -201,6 +209,12 @@ def _exchange(
                     continue
                 buf: bytearray = key.data
                 buf += chunk
+                if buf is err and on_progress is not None:
+                    partial += chunk
+                    *lines, rest = partial.split(b"\n")
+                    partial[:] = rest[-65536:]
+                    for line in lines:
+                        _progress(line, on_progress)
                 if buf is err and len(err) > 4 * STDERR_TAIL_BYTES:
                     del err[: len(err) - STDERR_TAIL_BYTES]
                 elif buf is out and len(out) > STDOUT_LIMIT_BYTES:
@@ -221,6 +235,18 @@ def _exchange(
                 with contextlib.suppress(OSError):
                     pipe.close()
     return bytes(out), bytes(err), timed_out
+
+
+def _progress(line: bytes | bytearray, callback: Callable[[dict[str, Any]], None]) -> None:
+    text = line.decode("utf-8", "replace")
+    if not text.startswith(PROGRESS_PREFIX):
+        return
+    try:
+        item = json.loads(text[len(PROGRESS_PREFIX) :])
+    except json.JSONDecodeError:
+        return
+    if isinstance(item, dict):
+        callback(item)
 
 
 def _killpg(pgid: int, sig: signal.Signals) -> None:

@@ -77,6 +77,8 @@ MAX_ROTATION_BYTES = 2 * 1024**3
 REF_ROWS = 64
 MIN_ITERS = 5
 MAX_ITERS = 50
+PROGRESS_PREFIX = "sparkdiag-progress "
+MAX_WARMUP_ITERS = 500
 BUDGET_PLANNING_FRACTION = 0.75  # plan for 75 % of the budget, keep headroom
 NVML_SAMPLE_PERIOD = 0.05
 NVML_FI_DEV_MEMORY_TEMP = 82
@@ -122,6 +124,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--shape", action="append", default=None, help="MxNxK, repeatable")
     p.add_argument("--warmup", type=int, default=10, help="warm-up iterations (default 10)")
     p.add_argument(
+        "--warmup-ms",
+        type=float,
+        default=25.0,
+        help="also warm up each kernel for at least this much GPU time (default 25 ms)",
+    )
+    p.add_argument(
+        "--spinup-ms",
+        type=float,
+        default=150.0,
+        help="GPU time of untimed matmuls before the first kernel, to bring clocks up from "
+        "idle (default 150 ms; 0 to skip)",
+    )
+    p.add_argument(
         "--iters", type=int, default=None, help="timed iterations (default: sized to the budget)"
     )
     p.add_argument("--probe-when", choices=("idle", "always"), default="idle")
@@ -131,6 +146,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--budget-seconds", type=float, default=2.0, help="GPU-busy time budget")
     p.add_argument("--bandwidth", action=argparse.BooleanOptionalAction, default=True)
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument(
+        "--progress",
+        action="store_true",
+        help=f"after each kernel, print '{PROGRESS_PREFIX}<json>' on stderr",
+    )
     args = p.parse_args(list(argv))
     dtypes: list[str] = []
     for item in args.dtype or ["all"]:
@@ -822,6 +842,31 @@ def _prepare_nvfp4(info: DeviceInfo, m: int, n: int, k: int) -> Prepared:
 # timing
 
 
+def spin_up(info: DeviceInfo, milliseconds: float) -> float:
+    """Run untimed bf16 matmuls for about ``milliseconds`` of GPU time; return the seconds spent.
+
+    An idle GPU sits at a low clock; the first kernels of a cycle would otherwise be timed while
+    it ramps up, which spreads the figures from one cycle to the next.
+    """
+    torch = info.torch
+    a = torch.randn(4096, 4096, device=info.device, dtype=torch.bfloat16)
+    b = torch.randn(4096, 4096, device=info.device, dtype=torch.bfloat16)
+    spent = 0.0
+    batch = 8
+    while spent < milliseconds:
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(batch):
+            torch.mm(a, b)
+        end.record()
+        torch.cuda.synchronize()
+        spent += float(start.elapsed_time(end))
+        batch = min(batch * 2, 256)
+    del a, b
+    return spent / 1e3
+
+
 def time_iterations(
     info: DeviceInfo,
     fn: Callable[..., Any],
@@ -982,6 +1027,11 @@ def run_kernel(
             raise BusyDuringRun(why_busy)
         prequeue = spec.kind == "decode"
         warm = time_iterations(info, prepared.fn, sets, args.warmup, 0, prequeue)
+        # Warm up for at least --warmup-ms as well, so clocks and power settle before timing.
+        while info.is_cuda and sum(warm) < args.warmup_ms and len(warm) < MAX_WARMUP_ITERS:
+            more = max(1, int((args.warmup_ms - sum(warm)) / max(statistics.median(warm), 1e-3)))
+            more = min(more, MAX_WARMUP_ITERS - len(warm))
+            warm += time_iterations(info, prepared.fn, sets, more, len(warm), prequeue)
         warm_s = sum(warm) / 1e3
         budget.busy += warm_s
         iters = choose_iters(args.iters, warm, budget.share(), 0.0)
@@ -993,7 +1043,7 @@ def run_kernel(
         median_ms = statistics.median(timed)
         result.update(
             iters=iters,
-            warmup=args.warmup,
+            warmup=len(warm),
             median_ms=median_ms,
             min_ms=min(timed),
             tflops=(2.0 * m * spec.n * spec.k) / (median_ms / 1e3) / 1e12 if median_ms else None,
@@ -1289,9 +1339,14 @@ def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
         sampler = ConditionSampler(nvml)
         sampler.start()
         try:
-            for spec in specs:
+            if info.is_cuda and args.spinup_ms > 0:
+                budget.busy += spin_up(info, args.spinup_ms)
+            for done, spec in enumerate(specs, start=1):
                 _log(f"{spec.dtype} {spec.kind} {spec.m_candidates[0]}x{spec.n}x{spec.k}")
                 doc["results"].append(run_kernel(info, spec, args, budget, busy))
+                if args.progress:
+                    line = json.dumps({"done": done, "total": len(specs), **doc["results"][-1]})
+                    print(PROGRESS_PREFIX + line, file=sys.stderr, flush=True)
             if args.bandwidth:
                 doc["bandwidth"] = run_bandwidth(info, args, budget, small)
         except BusyDuringRun as exc:

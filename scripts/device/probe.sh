@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# On the lent GPU machine: the telemetry benchmark, the probe's default suite, 20 consecutive
+# probes (spread), probe against a long sustained sweep, and the probe with a second process
+# loading the GPU. Results under $OUT.
+set -u
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+exec > >(tee -a "$OUT/log.txt") 2>&1
+sd() { python3 -m sparkdiag "$@"; }
+STATE=/tmp/sd-state; rm -rf $STATE
+
+echo "== GPU-marked tests"
+python3 -m pytest -m gpu tests -q -p no:cacheprovider 2>&1 | tail -5
+
+echo "== scrape benchmark (8-GPU fixture and the real H200 against nvidia-smi; 60 s soak)"
+python3 benchmarks/scrape_latency.py --fixture tests/fixtures/nvml/h200-x8.json --real \
+  --scrapes 500 --soak 60 --json "$OUT/bench.json"
+
+echo "== default suite, 20 consecutive probes on the idle GPU"
+for i in $(seq 1 20); do
+  sd probe --json --state-dir $STATE > "/tmp/probe-$i.json"; echo "probe $i rc=$?"
+done
+cp /tmp/probe-1.json "$OUT/probe-1.json"; cp /tmp/probe-20.json "$OUT/probe-20.json"
+python3 - <<'PY' > "$OUT/spread.txt"
+import json, statistics
+runs = [json.load(open(f"/tmp/probe-{i}.json")) for i in range(1, 21)]
+keys = {}
+busy = []
+for doc in runs:
+    g = doc["gpus"][0]
+    busy.append(g["worker"]["gpu_busy_seconds"])
+    for f in g["figures"]:
+        if f["tflops"] is not None:
+            keys.setdefault((f["dtype"], f["shape"], f["beta"]), []).append(f["tflops"])
+print(f"{'dtype':6} {'shape':18} beta {'median':>9} {'min':>9} {'max':>9} {'cv %':>6} n")
+for (d, s, b), v in sorted(keys.items()):
+    cv = 100 * statistics.pstdev(v) / statistics.mean(v)
+    print(f"{d:6} {s:18} {b:4} {statistics.median(v):9.1f} {min(v):9.1f} {max(v):9.1f} {cv:6.2f} {len(v)}")
+print(f"GPU-busy seconds per cycle: median {statistics.median(busy):.2f}, max {max(busy):.2f}")
+PY
+cat "$OUT/spread.txt"
+sd probe --state-dir $STATE --no-record | tee "$OUT/probe-table.txt"
+sd baseline show --state-dir $STATE | head -40
+
+echo "== long sustained sweep of the compute shapes (bf16, fp8 8192^3)"
+sd bench --dtype bf16 --dtype fp8 --m 8192 --iters 10000 --json "$OUT/sustained.json" 2>/dev/null
+
+echo "== probe while a second process runs matmuls"
+python3 tests/probe_helpers/gpu_load.py 60 > /tmp/load.out 2>&1 &
+load=$!
+for _ in $(seq 1 100); do grep -q ready /tmp/load.out 2>/dev/null && break; sleep 0.2; done
+sleep 3
+sd probe --state-dir $STATE --no-record --dtype bf16 --dtype int4; echo "idle-mode rc=$?"
+sd probe --state-dir $STATE --no-record --probe-when always --dtype bf16 --dtype fp8 --dtype int4 | tee "$OUT/probe-under-load.txt"; echo "always-mode rc=$?"
+kill $load; wait $load 2>/dev/null
+echo done

@@ -1,0 +1,144 @@
+"""GEMM and memory-bandwidth probe results: METRICS.md's "GEMM and memory probes" table.
+
+Throughput, baseline and efficiency come from the last successful cycle (they stay while later
+cycles are skipped as busy); the conditions and the busy time from the last cycle that ran.
+Accumulate runs (beta=1) are exported apart, as ``sparkdiag_gemm_accumulate_tflops``, so that
+every ``sparkdiag_gemm_*`` series stays one per GPU, dtype, shape and context.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from sparkdiag.probe.state import RESULTS, ProbeView
+from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS
+
+GPU = ["gpu", "uuid"]
+GEMM = [*GPU, "dtype", "shape", "context"]
+
+
+class ProbeCollector:
+    def __init__(self, view: Callable[[], ProbeView]) -> None:
+        self.view = view
+
+    def collect(self) -> Iterator[Metric]:
+        view = self.view()
+
+        def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
+            return GaugeMetricFamily(name, doc, labels=labels)
+
+        interval = gauge(
+            "sparkdiag_probe_interval_seconds",
+            "Configured seconds between probe cycles (present while the probe is enabled).",
+            ["context"],
+        )
+        for context, seconds in sorted(view.intervals.items()):
+            interval.add_metric([context], seconds)
+        yield interval
+
+        runs = CounterMetricFamily(
+            "sparkdiag_probe_runs", "Probe cycles by outcome.", labels=[*GPU, "context", "result"]
+        )
+        seen = {(g, u, c) for (g, u, c, _) in view.runs} | set(view.last)
+        for gpu, uuid, context in sorted(seen):
+            for result in RESULTS:  # every outcome from 0, so increase() sees the first one
+                runs.add_metric(
+                    [gpu, uuid, context, result], view.runs.get((gpu, uuid, context, result), 0)
+                )
+        yield runs
+
+        tflops = gauge(
+            "sparkdiag_gemm_tflops",
+            "Achieved throughput of the last successful probe, TFLOPS (TOPS for int8).",
+            GEMM,
+        )
+        accumulate = gauge(
+            "sparkdiag_gemm_accumulate_tflops",
+            "Achieved throughput of the last successful probe with beta=1 (C += A @ B).",
+            GEMM,
+        )
+        baseline = gauge(
+            "sparkdiag_gemm_baseline_tflops",
+            "The healthy baseline the probe is compared with (learned or pinned).",
+            GEMM,
+        )
+        efficiency = gauge("sparkdiag_gemm_efficiency_ratio", "Last over baseline.", GEMM)
+        reference = gauge(
+            "sparkdiag_gemm_reference_tflops",
+            "Published reference for this GPU model and dtype (MAMF or datasheet dense peak).",
+            GEMM,
+        )
+        bandwidth = gauge(
+            "sparkdiag_memory_bandwidth_bytes_per_second",
+            "Device memory copy bandwidth, bytes read plus written per second.",
+            [*GPU, "context"],
+        )
+        last_success = gauge(
+            "sparkdiag_probe_last_success_timestamp_seconds",
+            "Unix time at the end of the last successful probe.",
+            [*GPU, "context"],
+        )
+        for (gpu, uuid, context), cycle in sorted(view.last_success.items()):
+            last_success.add_metric([gpu, uuid, context], cycle.finished_at)
+            if cycle.bandwidth_bytes_per_second is not None:
+                bandwidth.add_metric([gpu, uuid, context], cycle.bandwidth_bytes_per_second)
+            for fig in cycle.figures:
+                if fig.tflops is None:
+                    continue
+                labels = [gpu, uuid, fig.dtype, fig.shape, context]
+                if fig.beta:
+                    accumulate.add_metric(labels, fig.tflops)
+                    continue
+                tflops.add_metric(labels, fig.tflops)
+                if fig.baseline is not None:
+                    baseline.add_metric(labels, fig.baseline.tflops)
+                ratio = fig.efficiency
+                if ratio is not None:
+                    efficiency.add_metric(labels, ratio)
+                if fig.reference is not None and fig.kind == "compute":
+                    reference.add_metric(labels, fig.reference.tflops)
+        yield from (tflops, accumulate, baseline, efficiency, reference, bandwidth, last_success)
+
+        duration = gauge(
+            "sparkdiag_probe_duration_seconds",
+            "GPU-busy time of the last probe cycle, seconds.",
+            [*GPU, "context"],
+        )
+        temperature = gauge(
+            "sparkdiag_probe_temperature_celsius",
+            "Highest temperature seen during the last probe cycle.",
+            [*GPU, "sensor", "context"],
+        )
+        reasons = gauge(
+            "sparkdiag_probe_clock_event_active",
+            "1 when the clock event reason was active at any time during the last probe cycle.",
+            [*GPU, "reason", "context"],
+        )
+        clock = gauge(
+            "sparkdiag_probe_sm_clock_hertz",
+            "Mean SM clock during the last probe cycle.",
+            [*GPU, "context"],
+        )
+        power = gauge(
+            "sparkdiag_probe_power_watts",
+            "Mean power during the last probe cycle.",
+            [*GPU, "context"],
+        )
+        for (gpu, uuid, context), cycle in sorted(view.last.items()):
+            if cycle.result not in ("ok", "error"):
+                continue  # skipped or failed before measuring: no conditions to report
+            if cycle.busy_seconds is not None:
+                duration.add_metric([gpu, uuid, context], cycle.busy_seconds)
+            for sensor, value in sorted(cycle.max_temperature_celsius.items()):
+                temperature.add_metric([gpu, uuid, sensor, context], value)
+            if cycle.clock_event_reasons_seen is not None:
+                for name, bit in CLOCK_EVENT_REASONS.items():
+                    active = 1 if cycle.clock_event_reasons_seen & bit else 0
+                    reasons.add_metric([gpu, uuid, name, context], active)
+            if cycle.mean_sm_clock_hertz is not None:
+                clock.add_metric([gpu, uuid, context], cycle.mean_sm_clock_hertz)
+            if cycle.mean_power_watts is not None:
+                power.add_metric([gpu, uuid, context], cycle.mean_power_watts)
+        yield from (duration, temperature, reasons, clock, power)

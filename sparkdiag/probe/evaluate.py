@@ -1,0 +1,132 @@
+"""Turn one worker document into figures compared with the baseline and the reference.
+
+Shared by the daemon's scheduler, ``sparkdiag probe`` and ``sparkdiag check``: one place decides
+which runs are healthy enough to teach a baseline, and how efficiency is computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sparkdiag.probe.baseline import Baseline, BaselineKey, BaselineStore
+from sparkdiag.probe.reference import Reference, lookup
+
+# Clock event reasons that make a run unfit to learn a baseline from (nvml.h bits):
+# hw_slowdown, sw_thermal_slowdown, hw_thermal_slowdown, hw_power_brake_slowdown.
+UNHEALTHY_REASONS = 0x8 | 0x20 | 0x40 | 0x80
+# A compute-bound run below this fraction of a published measured MAMF never counts as healthy,
+# so a GPU stuck in a slow state from the start cannot teach itself a low baseline.
+MIN_REFERENCE_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class GemmFigure:
+    """One kernel's result: throughput (TFLOPS, or TOPS for integer dtypes) and comparisons."""
+
+    dtype: str
+    shape: str
+    kind: str  # compute, llm, decode
+    beta: int
+    status: str  # ok, unsupported, error
+    reason: str | None
+    tflops: float | None
+    baseline: Baseline | None
+    reference: Reference | None
+    healthy: bool
+
+    @property
+    def efficiency(self) -> float | None:
+        """Throughput over the baseline (1.0 = as healthy)."""
+        if self.tflops is None or self.baseline is None:
+            return None
+        return self.tflops / self.baseline.tflops
+
+    @property
+    def reference_efficiency(self) -> float | None:
+        """Throughput over the published reference (compute-bound shapes only)."""
+        if self.tflops is None or self.reference is None or self.kind != "compute":
+            return None
+        return self.tflops / self.reference.tflops
+
+
+def software_identity(doc: Mapping[str, Any]) -> tuple[str, str, str]:
+    """(driver, torch, cuda) from a worker document; empty strings where unknown."""
+    sw = doc.get("software") or {}
+    return tuple(str(sw.get(k) or "") for k in ("driver", "torch", "cuda"))  # type: ignore[return-value]
+
+
+def conditions_unhealthy(doc: Mapping[str, Any]) -> bool:
+    conditions = doc.get("conditions") or {}
+    seen = conditions.get("clock_event_reasons_seen")
+    return bool(seen is not None and int(seen) & UNHEALTHY_REASONS)
+
+
+def baseline_dtype(dtype: str, beta: int) -> str:
+    """Baselines of the accumulate (beta=1) runs are kept apart from the plain ones."""
+    return dtype if beta == 0 else f"{dtype}:beta{beta}"
+
+
+def evaluate(
+    doc: Mapping[str, Any],
+    uuid: str,
+    gpu_name: str,
+    context: str,
+    store: BaselineStore | None,
+    record: bool = True,
+) -> list[GemmFigure]:
+    """Every result of ``doc`` with its baseline and reference; records ok runs when asked."""
+    driver, torch_version, cuda = software_identity(doc)
+    hot = conditions_unhealthy(doc)
+    figures: list[GemmFigure] = []
+    for result in doc.get("results") or []:
+        dtype = str(result.get("dtype"))
+        shape = str(result.get("shape"))
+        beta = int(result.get("beta") or 0)
+        kind = str(result.get("kind") or "")
+        status = str(result.get("status"))
+        tflops = result.get("tflops") if status == "ok" else None
+        reference = lookup(gpu_name, dtype) if gpu_name else None
+        healthy = tflops is not None and not hot
+        if (
+            healthy
+            and tflops is not None
+            and reference is not None
+            and reference.kind == "mamf"  # a datasheet peak is no floor (H200 int8: 47 % of it)
+            and kind == "compute"
+            and beta == 0
+            and tflops < MIN_REFERENCE_FRACTION * reference.tflops
+        ):
+            healthy = False
+        baseline: Baseline | None = None
+        if store is not None and uuid and tflops is not None and tflops > 0:
+            key = BaselineKey(
+                gpu_uuid=uuid,
+                dtype=baseline_dtype(dtype, beta),
+                shape=shape,
+                context=context,
+                driver=driver,
+                torch=torch_version,
+                cuda=cuda,
+            )
+            if record:
+                conditions = dict(doc.get("conditions") or {})
+                baseline = store.record_run(key, float(tflops), healthy, conditions=conditions)
+            else:
+                baseline = store.get(key)
+        figures.append(
+            GemmFigure(
+                dtype=dtype,
+                shape=shape,
+                kind=kind,
+                beta=beta,
+                status=status,
+                reason=result.get("reason"),
+                tflops=None if tflops is None else float(tflops),
+                baseline=baseline,
+                reference=reference,
+                healthy=healthy,
+            )
+        )
+    return figures

@@ -1,0 +1,107 @@
+"""Where sparkdiag keeps its state (the baseline database, for one).
+
+Resolution order, first match wins:
+
+1. ``$STATE_DIRECTORY``: set by systemd for a unit with ``StateDirectory=``
+   (``/var/lib/sparkdiag``). systemd passes one absolute path per
+   ``StateDirectory=`` entry, joined by ``:``; the first one is used.
+2. ``$XDG_STATE_HOME/sparkdiag`` when ``XDG_STATE_HOME`` is an absolute path
+   (the XDG Base Directory specification says relative values are invalid and
+   must be ignored).
+3. ``$HOME/.local/state/sparkdiag``, the specification's default.
+
+``state_directory`` only computes the path; ``ensure_state_directory``
+creates it (mode 0700) and turns every failure into a :class:`StateDirError`
+that names the path and the operating system's reason.
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+
+APP_NAME = "sparkdiag"
+DIRECTORY_MODE = 0o700
+
+
+class StateDirError(Exception):
+    """The state directory cannot be found, created or used."""
+
+
+def state_directory(environ: Mapping[str, str] | None = None) -> Path:
+    """The state directory sparkdiag should use; it is not created here.
+
+    ``environ`` defaults to ``os.environ``; tests pass their own mapping.
+    Same reading as ``systemctl show -p StateDirectory sparkdiag`` under
+    systemd, or ``echo ${XDG_STATE_HOME:-$HOME/.local/state}/sparkdiag``.
+    """
+    env: Mapping[str, str] = os.environ if environ is None else environ
+
+    systemd = env.get("STATE_DIRECTORY", "")
+    first = systemd.split(":", 1)[0].strip()
+    if first:
+        return Path(first)
+
+    xdg = env.get("XDG_STATE_HOME", "").strip()
+    if xdg and os.path.isabs(xdg):
+        return Path(xdg) / APP_NAME
+
+    return _home(env) / ".local" / "state" / APP_NAME
+
+
+def _home(env: Mapping[str, str]) -> Path:
+    home = env.get("HOME", "").strip()
+    if home:
+        return Path(home)
+    # No HOME (a bare service environment): fall back to the password database.
+    try:
+        entry = pwd.getpwuid(os.getuid())
+    except KeyError as exc:
+        raise StateDirError(
+            "cannot find a state directory: STATE_DIRECTORY, XDG_STATE_HOME and HOME are "
+            f"unset and uid {os.getuid()} has no password entry"
+        ) from exc
+    if not entry.pw_dir:
+        raise StateDirError(
+            "cannot find a state directory: STATE_DIRECTORY, XDG_STATE_HOME and HOME are unset"
+        )
+    return Path(entry.pw_dir)
+
+
+def ensure_state_directory(path: Path) -> Path:
+    """Create ``path`` (and missing parents) with mode 0700 if it does not exist.
+
+    An existing directory is left as it is (systemd sets its mode from
+    ``StateDirectoryMode=``); it must be writable. Returns ``path``.
+    Raises :class:`StateDirError` naming the path and the OS reason.
+    """
+    path = Path(path)
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        st = None
+    except OSError as exc:
+        raise _error(path, "cannot inspect", exc) from exc
+
+    if st is None:
+        try:
+            path.mkdir(mode=DIRECTORY_MODE, parents=True, exist_ok=True)
+            # mkdir's mode is filtered by the umask; make it exact.
+            os.chmod(path, DIRECTORY_MODE)
+        except OSError as exc:
+            raise _error(path, "cannot create", exc) from exc
+        return path
+
+    if not stat.S_ISDIR(st.st_mode):
+        raise StateDirError(f"state directory {path} exists but is not a directory")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise StateDirError(f"state directory {path} is not writable by uid {os.getuid()}")
+    return path
+
+
+def _error(path: Path, what: str, exc: OSError) -> StateDirError:
+    reason = exc.strerror or str(exc)
+    return StateDirError(f"{what} state directory {path}: {reason}")
