@@ -199,7 +199,7 @@ OPTIONS: tuple[Option, ...] = (
         "float",
         300.0,
         "Seconds between probe cycles (a random jitter of up to 10 % is added).",
-        minimum=10,
+        minimum=1,
         maximum=86400,
         unit="seconds",
     ),
