@@ -24,6 +24,7 @@ FIXTURES = ROOT / "tests" / "fixtures"
 NVML = FIXTURES / "nvml"
 SYSFS = FIXTURES / "sysfs"
 ROOTFS = FIXTURES / "rootfs"
+PROBE = FIXTURES / "probe"
 
 
 def free_port() -> int:
@@ -114,7 +115,8 @@ def promtool() -> str:
 # Samples whose values change from run to run; the golden files keep their names and labels.
 VOLATILE = re.compile(
     r"^(sparkdiag_collector_duration_seconds|sparkdiag_last_poll_timestamp_seconds"
-    r"|sparkdiag_host_memory_bytes|sparkdiag_gpu_xid_last_timestamp_seconds)(\{.*\})? .*$"
+    r"|sparkdiag_host_memory_bytes|sparkdiag_gpu_xid_last_timestamp_seconds"
+    r"|sparkdiag_probe_last_success_timestamp_seconds)(\{.*\})? .*$"
 )
 
 

@@ -12,30 +12,46 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
-from tests.support import NVML, ROOT, ROOTFS, SYSFS, http_get, normalise, promtool, running_daemon
+from tests.support import (
+    NVML,
+    PROBE,
+    ROOT,
+    ROOTFS,
+    SYSFS,
+    http_get,
+    normalise,
+    promtool,
+    running_daemon,
+)
 
 GOLDEN = ROOT / "tests" / "golden"
 
 SCENARIOS = {
     # name: serve arguments
+    # The H200 with one probe cycle replayed from the worker document recorded on it.
     "h200-idle": [
         "--nvml-fixture", str(NVML / "h200-idle.json"),
         "--path.sysfs", str(SYSFS / "h200-vm"),
         "--path.rootfs", str(ROOTFS / "lent-vm"),
+        "--probe.fixture", str(PROBE / "h200-default.json"),
+        "--probe.first-delay", "0",
     ],
     "gb10-spark": [
         "--nvml-fixture", str(NVML / "gb10-idle.json"),
         "--path.sysfs", str(SYSFS / "dgx-spark"),
         "--path.rootfs", str(ROOTFS / "native"),
+        "--no-probe.enabled",
     ],
     "h200-x8-docker": [
         "--nvml-fixture", str(NVML / "h200-x8.json"),
         "--path.sysfs", str(SYSFS / "h200-vm"),
         "--path.rootfs", str(ROOTFS / "docker"),
+        "--no-probe.enabled",
     ],
     "no-gpu": [
         "--nvml-fixture", str(NVML / "no-nvml.json"),
@@ -46,9 +62,19 @@ SCENARIOS = {
 
 
 @pytest.fixture(scope="module", params=sorted(SCENARIOS))
-def scrape(request: pytest.FixtureRequest) -> tuple[str, str]:
-    with running_daemon(SCENARIOS[request.param]) as base:
-        status, content_type, body = http_get(base + "/metrics")
+def scrape(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[str, str]:
+    state = tmp_path_factory.mktemp("state")
+    with running_daemon([*SCENARIOS[request.param], "--state-dir", str(state)]) as base:
+        deadline = time.monotonic() + 20
+        while True:  # a scenario with a probe: wait until its first cycle is in
+            status, content_type, body = http_get(base + "/metrics")
+            probing = "--probe.fixture" in SCENARIOS[request.param]
+            if not probing or b"sparkdiag_probe_last_success_timestamp_seconds" in body:
+                break
+            assert time.monotonic() < deadline, "the replayed probe cycle never arrived"
+            time.sleep(0.1)
     assert status == 200
     assert content_type.startswith("text/plain; version=0.0.4")
     return request.param, body.decode()
@@ -76,7 +102,7 @@ def test_promtool_check_metrics(scrape: tuple[str, str], tmp_path: Path) -> None
 
 
 def test_http_endpoints() -> None:
-    with running_daemon(SCENARIOS["h200-idle"]) as base:
+    with running_daemon(SCENARIOS["gb10-spark"]) as base:
         status, ctype, body = http_get(base + "/healthz")
         assert (status, ctype) == (200, "text/plain; charset=utf-8")
         assert body.startswith(b"ok: poll ")

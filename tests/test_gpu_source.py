@@ -270,15 +270,16 @@ def test_unsupported_queries_are_asked_once(nvml_fixture: Callable[[str], Path])
         (0, "mig_mode", None),
     ):
         assert backend.asked[key] == 1, key
-    # Supported: asked at every read.
+    # Supported and fast-changing: asked at every read.
     for key in (
         (0, "temperature", 0),
-        (0, "temperature_threshold", 0),
         (0, "power_mw", None),
         (0, "clock", 1),
         (0, "pstate", None),
     ):
         assert backend.asked[key] == 4, key
+    # Static (a threshold): asked at the first read, then every static_every (60) reads.
+    assert backend.asked[(0, "temperature_threshold", 0)] == 1
     # Memory info decides the memory model once at start; a unified GPU is not asked again.
     assert backend.asked[(0, "memory_info", None)] == 1
     # The integrated GPU's PCIe link is never asked on unified memory.
@@ -466,3 +467,20 @@ def test_scripted_changes_reach_the_sample(started_source: Callable[[str], GpuSo
     assert poll8.clock_hertz["graphics"] == 1110e6
     (poll10,) = _poll(source, 2)
     assert poll10.temperature_celsius == {"gpu": 84.0, "memory": 92.0}
+
+
+def test_static_and_slow_queries_are_refreshed_on_their_own_schedule(
+    nvml_fixture: Callable[[str], Path],
+) -> None:
+    backend = CountingBackend(nvml_fixture("h200-idle"))
+    source = GpuSource(backend, static_every=5, slow_every=2)
+    assert source.start()
+    for _ in range(10):
+        sample = _read_one(source)
+        assert sample.threshold_celsius["slowdown"] == 89.0  # cached answers are still exported
+        assert sample.ecc_errors == {"corrected": 0.0, "uncorrected": 0.0}
+    assert backend.asked[(0, "temperature_threshold", 1)] == 2  # reads 1 and 6
+    assert backend.asked[(0, "max_clock", 1)] == 2
+    assert backend.asked[(0, "ecc_total", 1)] == 5  # reads 1, 3, 5, 7, 9
+    assert backend.asked[(0, "violation_ns", 0)] == 5
+    assert backend.asked[(0, "clock_event_reasons", None)] == 10

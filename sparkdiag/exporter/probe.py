@@ -1,7 +1,8 @@
 """GEMM and memory-bandwidth probe results: METRICS.md's "GEMM and memory probes" table.
 
-Throughput, baseline and efficiency come from the last successful cycle (they stay while later
-cycles are skipped as busy); the conditions and the busy time from the last cycle that ran.
+Throughput, baseline, efficiency, the conditions during the probe and its busy time all come
+from the last successful cycle (they stay while later cycles are skipped as busy or fail; the
+run counters and the last-success timestamp tell those apart).
 Accumulate runs (beta=1) are exported apart, as ``sparkdiag_gemm_accumulate_tflops``, so that
 every ``sparkdiag_gemm_*`` series stays one per GPU, dtype, shape and context.
 """
@@ -126,9 +127,9 @@ class ProbeCollector:
             "Mean power during the last probe cycle.",
             [*GPU, "context"],
         )
-        for (gpu, uuid, context), cycle in sorted(view.last.items()):
-            if cycle.result not in ("ok", "error"):
-                continue  # skipped or failed before measuring: no conditions to report
+        # The conditions of the same cycle the throughput figures come from, so that an alert
+        # joining efficiency with "hot during the probe" compares one cycle with itself.
+        for (gpu, uuid, context), cycle in sorted(view.last_success.items()):
             if cycle.busy_seconds is not None:
                 duration.add_metric([gpu, uuid, context], cycle.busy_seconds)
             for sensor, value in sorted(cycle.max_temperature_celsius.items()):

@@ -43,13 +43,13 @@ from typing import Any
 
 from sparkdiag.sources.nvml_api import (
     ERROR_CODES,
-    error_code,
     GPU_IS_LOST,
     NOT_SUPPORTED,
     QUERIES,
     NvmlCallError,
     NvmlEvent,
     NvmlUnavailable,
+    error_code,
 )
 
 FORMAT = "sparkdiag-nvml-fixture/1"

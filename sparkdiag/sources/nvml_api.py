@@ -58,6 +58,7 @@ def error_code(name: str) -> int | None:
         return int(name[6:])
     return None
 
+
 NOT_SUPPORTED = 3
 NO_PERMISSION = 4
 NOT_FOUND = 6

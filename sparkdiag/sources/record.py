@@ -34,7 +34,7 @@ def record(backend: NvmlBackend, description: str = "") -> dict[str, Any]:
             "format": FORMAT,
             "description": description,
             "recorded": {
-                "at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+                "at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                 "by": f"sparkdiag {__version__} record-fixture",
                 "machine": platform.machine(),
                 "kernel": platform.release(),

@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from pathlib import Path
 
 from sparkdiag.telemetry.snapshot import PcieLink
@@ -144,6 +145,9 @@ class PcieSource:
     """
 
     def __init__(self, sysfs_root: Path = Path("/sys")) -> None:
+        self.enumerate_every = 300.0  # seconds between device enumerations
+        self._cached_dirs: list[Path] | None = None
+        self._enumerated_at = 0.0
         self.sysfs_root = sysfs_root
         self._use_udev = _is_real_sysfs(sysfs_root)
 
@@ -166,6 +170,15 @@ class PcieSource:
         return tuple(by_address[address] for address in sorted(by_address))
 
     def _device_dirs(self) -> list[Path]:
+        """The PCI device directories, enumerated again at most every :attr:`enumerate_every`
+        seconds: devices come and go rarely (hotplug), their links are read on every call."""
+        now = time.monotonic()
+        if self._cached_dirs is None or now - self._enumerated_at >= self.enumerate_every:
+            self._cached_dirs = self._enumerate()
+            self._enumerated_at = now
+        return self._cached_dirs
+
+    def _enumerate(self) -> list[Path]:
         if self._use_udev:
             try:
                 from sparkdiag.sources import udev

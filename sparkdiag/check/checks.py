@@ -1,0 +1,84 @@
+"""The list of checks, in the order they are reported, and the loop that runs them.
+
+Each check is ``(CheckContext) -> list[CheckResult]`` and lives with its kind:
+:mod:`~sparkdiag.check.gpu_checks` (presence, idle, modes), :mod:`~sparkdiag.check.thermal`
+(temperatures, clock event reasons), :mod:`~sparkdiag.check.links` (PCIe links of the GPU and
+the host), :mod:`~sparkdiag.check.health` (ECC, row remapping, XID),
+:mod:`~sparkdiag.check.host_checks` (context, governor, unified memory),
+:mod:`~sparkdiag.check.versions` and :mod:`~sparkdiag.check.probe_checks` (under load).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from sparkdiag.check.gpu_checks import (
+    check_compute_mode,
+    check_gpus,
+    check_idle,
+    check_mig,
+    check_nvml,
+    check_persistence,
+)
+from sparkdiag.check.health import check_ecc, check_row_remap, check_xid
+from sparkdiag.check.host_checks import check_context, check_governor, check_unified_memory
+from sparkdiag.check.links import check_pcie_gpu, check_pcie_host
+from sparkdiag.check.model import CheckContext, CheckResult
+from sparkdiag.check.probe_checks import check_int4_decode, check_probe, check_sm_clock
+from sparkdiag.check.thermal import (
+    check_clock_reasons,
+    check_gpu_temperature,
+    check_memory_temperature,
+)
+from sparkdiag.check.versions import check_versions
+
+log = logging.getLogger(__name__)
+
+Check = Callable[[CheckContext], list[CheckResult]]
+
+CHECKS: tuple[tuple[str, Check], ...] = (
+    ("nvml", check_nvml),
+    ("gpus", check_gpus),
+    ("versions", check_versions),
+    ("idle", check_idle),
+    ("gpu-temperature", check_gpu_temperature),
+    ("memory-temperature", check_memory_temperature),
+    ("clock-reasons", check_clock_reasons),
+    ("pcie-gpu", check_pcie_gpu),
+    ("pcie-host", check_pcie_host),
+    ("ecc", check_ecc),
+    ("row-remap", check_row_remap),
+    ("xid", check_xid),
+    ("persistence", check_persistence),
+    ("compute-mode", check_compute_mode),
+    ("mig", check_mig),
+    ("context", check_context),
+    ("cpu-governor", check_governor),
+    ("unified-memory", check_unified_memory),
+    ("probe", check_probe),
+    ("sm-clock", check_sm_clock),
+    ("int4-decode", check_int4_decode),
+)
+# Checks that need the GPU under load; --quick reports them as skipped.
+LOAD_CHECKS = frozenset({"probe", "sm-clock", "int4-decode"})
+
+
+def run_checks(
+    ctx: CheckContext, checks: tuple[tuple[str, Check], ...] = CHECKS
+) -> list[CheckResult]:
+    """Every check's results in order. A check that raises is reported as a warning (a sparkdiag
+    bug must not hide the other checks, nor pass silently)."""
+    results: list[CheckResult] = []
+    for name, check in checks:
+        try:
+            results.extend(check(ctx))
+        except Exception as exc:
+            log.debug("check %s raised", name, exc_info=True)
+            results.append(
+                CheckResult(
+                    name, "warn", f"the check itself failed: {type(exc).__name__}: {exc}",
+                    "a sparkdiag bug: please report it with the output of --log-level debug",
+                )
+            )  # fmt: skip
+    return results

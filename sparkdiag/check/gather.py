@@ -1,0 +1,120 @@
+"""Gather a :class:`CheckContext`: one poll, the probe (unless ``--quick``), the host readings."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+from sparkdiag.check.host import process_names, read_governors, read_kernel_log, torch_info
+from sparkdiag.check.model import CheckContext, GpuProbe, KernelLog, TorchInfo, no_gpu_reason
+from sparkdiag.check.probe import DEFAULT_TIMEOUT, open_store, run_probes, worker_launcher
+from sparkdiag.config import Settings
+from sparkdiag.probe.scheduler import Launcher, WorkerLauncher
+from sparkdiag.telemetry.snapshot import GpuSample, Snapshot
+
+QUICK_SKIP = "--quick: nothing that loads the GPU runs (run without --quick to probe)"
+
+
+@dataclass(frozen=True)
+class Sources:
+    """What :func:`gather` would otherwise read from the machine; tests replace parts of it.
+
+    launcher: runs the probe on one GPU (default: the real worker)
+    torch: the installed torch (default: read from the installed package)
+    kernel_log: the kernel log (default: ``/dev/kmsg`` or ``dmesg`` under ``--path.rootfs``)
+    """
+
+    launcher: Launcher | None = None
+    torch: TorchInfo | None = None
+    kernel_log: KernelLog | None = None
+
+
+def busy_reason(ctx: CheckContext, gpu: GpuSample) -> str | None:
+    """Why ``gpu`` counts as busy (so it is not probed), or None when idle."""
+    others = ctx.other_pids(gpu)
+    if others:
+        return "GPU busy: " + ", ".join(ctx.describe_pid(p) for p in others[:3])
+    util = gpu.utilization_ratio.get("gpu")
+    if util is not None and util > ctx.busy_utilization:
+        return f"GPU busy: utilization {util:.0%}"
+    return None
+
+
+def gather(
+    settings: Settings,
+    quick: bool = False,
+    expect_gpus: int | None = None,
+    probe_timeout: float = DEFAULT_TIMEOUT,
+    sources: Sources = Sources(),
+    on_probe: Callable[[Sequence[GpuSample]], None] | None = None,
+) -> CheckContext:
+    """Poll once, probe every idle GPU (unless ``quick``), read the host; FixtureError passes up."""
+    from sparkdiag.daemon import make_poller  # the daemon's wiring of sources, shared
+
+    poller = make_poller(settings)
+    try:
+        snapshot = poller.poll_once()
+        pids = sorted({p for g in snapshot.gpus for p in g.compute_pids or ()})
+        governors, governor_note = read_governors(settings.sysfs)
+        ctx = CheckContext(
+            snapshot=snapshot,
+            quick=quick,
+            expect_gpus=expect_gpus,
+            torch=sources.torch or torch_info(),
+            governors=governors,
+            governor_note=governor_note,
+            kernel_log=sources.kernel_log or read_kernel_log(settings.rootfs),
+            process_names=process_names(settings.rootfs, pids),
+            own_pids=frozenset({os.getpid()}),
+            busy_utilization=settings.probe_busy_utilization,
+        )
+        return _with_probes(ctx, settings, probe_timeout, sources, poller.poll_once, on_probe)
+    finally:
+        poller.gpu.stop()
+
+
+def _with_probes(
+    ctx: CheckContext,
+    settings: Settings,
+    timeout: float,
+    sources: Sources,
+    poll: Callable[[], Snapshot],
+    on_probe: Callable[[Sequence[GpuSample]], None] | None,
+) -> CheckContext:
+    up = ctx.gpus_up()
+    if ctx.quick:
+        return replace(ctx, probe_skipped=QUICK_SKIP)
+    if not up:
+        return replace(ctx, probe_skipped=no_gpu_reason(ctx.snapshot))
+    torch = ctx.torch
+    if sources.launcher is None and (torch is None or torch.version is None):
+        python = torch.python if torch is not None else "this Python"
+        return replace(
+            ctx,
+            probe_skipped=f"torch is not installed for {python} "
+            "(install it with: pip install 'sparkdiag[probe]')",
+        )
+    probes: dict[int, GpuProbe] = {}
+    eligible = []
+    for gpu in up:
+        why = busy_reason(ctx, gpu)
+        if why is None:
+            eligible.append(gpu)
+        else:
+            probes[gpu.identity.index] = GpuProbe(gpu, skipped=f"not probed: {why}")
+    if eligible:
+        launcher = sources.launcher or worker_launcher(timeout, settings.probe_busy_utilization)
+        store, note = open_store(settings.state_dir)
+        context = ctx.snapshot.context.context if ctx.snapshot.context else "native"
+        if on_probe is not None:
+            on_probe(eligible)
+        try:
+            probes.update(
+                run_probes(eligible, launcher, poll, store, context, note,
+                           serial=not isinstance(launcher, WorkerLauncher))
+            )  # fmt: skip
+        finally:
+            if store is not None:
+                store.close()
+    return replace(ctx, probes=probes)

@@ -1,0 +1,205 @@
+"""Per-GPU deployment checks on one NVML poll: presence, idleness, and the GPU's modes
+(persistence, compute mode, MIG); and :func:`per_gpu`, which the other per-GPU checks share.
+
+Each function takes the :class:`CheckContext` and returns one result per GPU (or one skip when
+there is no GPU); none of them touches the hardware.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable
+
+from sparkdiag.check.model import CheckContext, CheckResult, no_gpu_reason
+from sparkdiag.telemetry.snapshot import GpuSample
+
+GpuCheck = Callable[[CheckContext, GpuSample], CheckResult]
+
+
+def per_gpu(name: str, ctx: CheckContext, check: GpuCheck) -> list[CheckResult]:
+    """Run ``check`` on every GPU that is up; a lost GPU or no GPU at all is a skip."""
+    if not ctx.snapshot.gpus:
+        return [CheckResult(name, "skip", no_gpu_reason(ctx.snapshot))]
+    results = []
+    for gpu in ctx.snapshot.gpus:
+        if not gpu.up:
+            results.append(
+                CheckResult(name, "skip", f"GPU lost ({gpu.error or 'no answer'})", gpu=_idx(gpu))
+            )
+        else:
+            results.append(check(ctx, gpu))
+    return results
+
+
+def _idx(gpu: GpuSample) -> str:
+    return str(gpu.identity.index)
+
+
+# -- presence ---------------------------------------------------------------------------------
+
+
+def check_nvml(ctx: CheckContext) -> list[CheckResult]:
+    """NVML loads and the driver answers; without it, fail only where a GPU is expected."""
+    snap = ctx.snapshot
+    if snap.nvml_up:
+        return [
+            CheckResult("nvml", "pass", f"NVML up, driver {snap.driver_version}",
+                        data={"driver": snap.driver_version})
+        ]  # fmt: skip
+    why = no_gpu_reason(snap).removeprefix("no GPU: ")
+    bound = [link.address for link in snap.pcie_links if link.driver == "nvidia"]
+    action = (
+        "load the NVIDIA driver: nvidia-smi says why it cannot; check lsmod | grep nvidia and "
+        "sudo dmesg | grep NVRM (a driver/library version mismatch needs a reboot)"
+    )
+    if bound:
+        return [
+            CheckResult("nvml", "fail", f"{why}, yet the nvidia driver is bound to {bound[0]}",
+                        action, data={"bound": bound})
+        ]  # fmt: skip
+    if ctx.expect_gpus:
+        return [CheckResult("nvml", "fail", f"{why}, yet --expect-gpus {ctx.expect_gpus}", action)]
+    return [CheckResult("nvml", "skip", f"{why}: no NVIDIA driver here; GPU checks skipped")]
+
+
+def check_gpus(ctx: CheckContext) -> list[CheckResult]:
+    """Every GPU answers, and as many as expected (``--expect-gpus``)."""
+    snap = ctx.snapshot
+    up = ctx.gpus_up()
+    lost = [g for g in snap.gpus if not g.up]
+    expected = ctx.expect_gpus
+    data = {"visible": len(up), "lost": [g.identity.index for g in lost], "expected": expected}
+    names = Counter(g.identity.name for g in up)
+    listing = ", ".join(f"{n}× {name}" if n > 1 else name for name, n in names.items())
+    seen = f"{len(up)} GPU{'s' if len(up) != 1 else ''} visible" + (f": {listing}" if up else "")
+    if lost:
+        first = lost[0]
+        return [
+            CheckResult(
+                "gpus", "fail",
+                f"GPU {first.identity.index} ({first.identity.pci_bus_id}) lost: "
+                f"{first.error or 'no answer'}; {seen}",
+                "the GPU fell off the bus: look for XID 79 in sudo dmesg; reset it "
+                f"(sudo nvidia-smi -r -i {first.identity.index}) or reboot; if it recurs, check "
+                "power and seating",
+                data=data,
+            )
+        ]  # fmt: skip
+    if expected is not None and len(up) < expected:
+        return [
+            CheckResult("gpus", "fail", f"{seen}, {expected} expected",
+                        "a GPU is missing: check lspci | grep -i nvidia, sudo dmesg | grep NVRM, "
+                        "and CUDA_VISIBLE_DEVICES / the container's --gpus", data=data)
+        ]  # fmt: skip
+    if expected is not None and len(up) > expected:
+        return [
+            CheckResult("gpus", "warn", f"{seen}, only {expected} expected",
+                        "check --expect-gpus, or which GPUs this job should see", data=data)
+        ]  # fmt: skip
+    if not up:
+        if expected:
+            return [CheckResult("gpus", "fail", f"{seen}, {expected} expected", data=data)]
+        return [CheckResult("gpus", "skip", no_gpu_reason(snap), data=data)]
+    suffix = " (as expected)" if expected is not None else ""
+    return [CheckResult("gpus", "pass", seen + suffix, data=data)]
+
+
+# -- idle ------------------------------------------------------------------------------------
+
+
+def _idle(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    others = ctx.other_pids(gpu)
+    util = gpu.utilization_ratio.get("gpu")
+    data = {"other_pids": others, "utilization": util}
+    util_text = "" if util is None else f", utilization {util:.0%}"
+    if others:
+        shown = ", ".join(ctx.describe_pid(p) for p in others[:3])
+        more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+        first = ctx.describe_pid(others[0])
+        return CheckResult(
+            "idle", "fail", f"{shown}{more} computing on the GPU{util_text}",
+            f"stop {first}: kill {others[0]}, or wait for it to finish; a benchmark on a "
+            "shared GPU measures the sharing",
+            _idx(gpu), data,
+        )  # fmt: skip
+    if util is not None and util > ctx.busy_utilization:
+        return CheckResult(
+            "idle", "warn",
+            f"utilization {util:.0%} with no compute process visible here",
+            "another container, VM or a graphics client uses the GPU: check nvidia-smi on the "
+            "host",
+            _idx(gpu), data,
+        )  # fmt: skip
+    if gpu.compute_pids is None and util is None:
+        return CheckResult(
+            "idle", "skip", "neither the process list nor utilization is reported", gpu=_idx(gpu)
+        )
+    return CheckResult("idle", "pass", f"no other compute process{util_text}", gpu=_idx(gpu),
+                       data=data)  # fmt: skip
+
+
+def check_idle(ctx: CheckContext) -> list[CheckResult]:
+    """No other compute process on the GPU, utilization low."""
+    return per_gpu("idle", ctx, _idle)
+
+
+# -- modes ------------------------------------------------------------------------------------
+
+
+def _persistence(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    mode = gpu.persistence_mode
+    if mode is None:
+        return CheckResult("persistence", "skip", "persistence mode not reported", gpu=_idx(gpu))
+    if not mode:
+        return CheckResult(
+            "persistence", "warn",
+            "persistence mode off: the driver tears down and re-initialises the GPU between "
+            "jobs (slow first launch, clocks reset)",
+            f"sudo nvidia-smi -i {gpu.identity.index} -pm 1 (or enable nvidia-persistenced)",
+            _idx(gpu), {"enabled": False},
+        )  # fmt: skip
+    return CheckResult("persistence", "pass", "persistence mode on", gpu=_idx(gpu),
+                       data={"enabled": True})  # fmt: skip
+
+
+def check_persistence(ctx: CheckContext) -> list[CheckResult]:
+    """Persistence mode on."""
+    return per_gpu("persistence", ctx, _persistence)
+
+
+def _compute_mode(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    mode = gpu.compute_mode
+    if mode is None:
+        return CheckResult("compute-mode", "skip", "compute mode not reported", gpu=_idx(gpu))
+    if mode == "prohibited":
+        return CheckResult(
+            "compute-mode", "fail", "compute mode prohibited: no process can use the GPU",
+            f"sudo nvidia-smi -i {gpu.identity.index} -c DEFAULT", _idx(gpu), {"mode": mode},
+        )  # fmt: skip
+    note = " (one process at a time)" if mode.startswith("exclusive") else ""
+    return CheckResult("compute-mode", "pass", f"compute mode {mode}{note}", gpu=_idx(gpu),
+                       data={"mode": mode})  # fmt: skip
+
+
+def check_compute_mode(ctx: CheckContext) -> list[CheckResult]:
+    """Compute mode allows compute (prohibited fails)."""
+    return per_gpu("compute-mode", ctx, _compute_mode)
+
+
+def _mig(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    mode = gpu.mig_mode
+    if mode is None:
+        return CheckResult("mig", "skip", "MIG not supported", gpu=_idx(gpu))
+    if mode:
+        return CheckResult(
+            "mig", "warn", "MIG on: CUDA sees GPU instances (slices), not the whole GPU",
+            f"to benchmark the whole GPU: sudo nvidia-smi -i {gpu.identity.index} -mig 0 "
+            "(then reset the GPU)",
+            _idx(gpu), {"enabled": True},
+        )  # fmt: skip
+    return CheckResult("mig", "pass", "MIG off", gpu=_idx(gpu), data={"enabled": False})
+
+
+def check_mig(ctx: CheckContext) -> list[CheckResult]:
+    """MIG off (on warns: a benchmark would measure one slice)."""
+    return per_gpu("mig", ctx, _mig)

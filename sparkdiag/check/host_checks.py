@@ -1,0 +1,91 @@
+"""Machine-wide checks: execution context, CPU frequency governor, unified-memory headroom."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from sparkdiag.check.model import CheckContext, CheckResult
+
+# Unified memory (GB10): the GPU allocates from host memory.
+UNIFIED_FAIL_AVAILABLE = 0.10
+UNIFIED_WARN_AVAILABLE = 0.25
+UNIFIED_WARN_CACHE = 0.20
+DROP_CACHES = "sync; echo 3 | sudo tee /proc/sys/vm/drop_caches"
+GB = 1e9
+
+
+def check_context(ctx: CheckContext) -> list[CheckResult]:
+    """Native passes; a container warns (a gap of up to 40 % has been seen)."""
+    context = ctx.snapshot.context
+    if context is None:
+        return [CheckResult("context", "skip", "execution context not detected")]
+    data = {"context": context.context, "runtime": context.runtime,
+            "evidence": list(context.evidence)}  # fmt: skip
+    if context.context == "container":
+        evidence = "; ".join(context.evidence[:2])
+        return [
+            CheckResult(
+                "context", "warn",
+                f"inside a container ({context.runtime}" + (f": {evidence}" if evidence else "")
+                + ")",
+                "results can differ from native (gaps up to 40 % are reported): measure the "
+                "container-vs-native gap with sparkdiag compare --container ...",
+                data=data,
+            )
+        ]  # fmt: skip
+    return [CheckResult("context", "pass", "native (no container detected)", data=data)]
+
+
+def check_governor(ctx: CheckContext) -> list[CheckResult]:
+    """Every CPU on the ``performance`` cpufreq governor."""
+    governors = ctx.governors
+    if governors is None:
+        return [CheckResult("cpu-governor", "skip", ctx.governor_note or "no cpufreq governor")]
+    counts = Counter(governors.values())
+    data = {"governors": dict(counts), "cpus": len(governors)}
+    if set(counts) == {"performance"}:
+        return [CheckResult("cpu-governor", "pass", f"performance on all {len(governors)} CPUs",
+                            data=data)]  # fmt: skip
+    shown = ", ".join(f"{name} on {n}" for name, n in counts.most_common())
+    return [
+        CheckResult(
+            "cpu-governor", "warn", f"{shown} of {len(governors)} CPUs (not performance)",
+            "sudo cpupower frequency-set -g performance (until reboot)", data=data,
+        )
+    ]  # fmt: skip
+
+
+def check_unified_memory(ctx: CheckContext) -> list[CheckResult]:
+    """On a unified-memory GPU (GB10), host memory is GPU memory: free memory and page cache."""
+    name = "unified-memory"
+    unified = [g for g in ctx.gpus_up() if g.identity.memory_model == "unified"]
+    if not unified:
+        why = "GPU has its own memory" if ctx.gpus_up() else "no GPU"
+        return [CheckResult(name, "skip", f"not a unified-memory machine ({why})")]
+    host = ctx.snapshot.host
+    memory = host.memory_bytes if host is not None else {}
+    total, available = memory.get("total"), memory.get("available")
+    if not total or available is None:
+        return [CheckResult(name, "skip", "host memory not readable")]
+    free, cached = memory.get("free"), memory.get("cached")
+    data = {"total": total, "available": available, "free": free, "cached": cached}
+    text = f"available {available / GB:.1f} of {total / GB:.1f} GB ({available / total:.0%})"
+    if free is not None:
+        text += f", free {free / GB:.1f} GB"
+    if cached is not None:
+        text += f", page cache {cached / GB:.1f} GB"
+    stop = "stop what holds the memory (sustained unified-memory pressure has wedged GB10 hosts)"
+    if available < UNIFIED_FAIL_AVAILABLE * total:
+        return [CheckResult(name, "fail", text, f"{stop}, then {DROP_CACHES}", data=data)]
+    if available < UNIFIED_WARN_AVAILABLE * total:
+        return [CheckResult(name, "warn", text, f"{stop}, then {DROP_CACHES}", data=data)]
+    if cached is not None and cached >= UNIFIED_WARN_CACHE * total:
+        return [
+            CheckResult(
+                name, "warn", text,
+                f"{DROP_CACHES} (CUDA on unified memory does not count page cache as free: "
+                "large allocations can fail)",
+                data=data,
+            )
+        ]  # fmt: skip
+    return [CheckResult(name, "pass", text, data=data)]

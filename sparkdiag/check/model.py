@@ -1,0 +1,167 @@
+"""What a check sees (:class:`CheckContext`) and what it says (:class:`CheckResult`).
+
+A check is a small function ``(CheckContext) -> list[CheckResult]``: one result, or one per GPU
+where the condition is per GPU. It reads only the context, never the hardware, so every outcome
+can be driven from fixtures. The context is gathered once per run (:mod:`sparkdiag.check.gather`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from sparkdiag.probe.evaluate import GemmFigure
+from sparkdiag.probe.runner import ProbeCycle
+from sparkdiag.telemetry.snapshot import GpuSample, Snapshot
+
+Status = Literal["pass", "warn", "fail", "skip"]
+STATUSES: tuple[Status, ...] = ("pass", "warn", "fail", "skip")
+# Rank for "worst": skip never makes a run worse than pass.
+_RANK = {"skip": 0, "pass": 1, "warn": 2, "fail": 3}
+EXIT_CODES = {"pass": 0, "skip": 0, "warn": 1, "fail": 2}
+EXIT_USAGE = 3  # bad flag, unreadable fixture: the check could not run (Nagios' UNKNOWN)
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """One verdict.
+
+    name: the check's name (``memory-temperature``)
+    status: pass, warn, fail or skip
+    finding: one line with the measured value ("memory 91 °C ≥ 85 °C")
+    action: what to do about it; empty when there is nothing to do
+    gpu: NVML index of the GPU it is about, as text; None for machine-wide checks
+    data: the measured values, machine-readable (for --json)
+    """
+
+    name: str
+    status: Status
+    finding: str
+    action: str = ""
+    gpu: str | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "status": self.status,
+            "gpu": self.gpu,
+            "finding": self.finding,
+            "action": self.action,
+            "data": dict(self.data),
+        }
+
+
+def worst(statuses: list[Status] | tuple[Status, ...]) -> Status:
+    """The worst status: fail > warn > pass; ``skip`` only when every status is skip (or none)."""
+    if not statuses:
+        return "skip"
+    return max(statuses, key=lambda s: _RANK[s])
+
+
+def exit_code(statuses: list[Status] | tuple[Status, ...]) -> int:
+    """0 when everything passed or was skipped, 1 for a warning, 2 for a failure."""
+    return EXIT_CODES[worst(statuses)]
+
+
+@dataclass(frozen=True)
+class TorchInfo:
+    """The torch that the probe worker would import, read without importing it.
+
+    version: ``importlib.metadata.version("torch")`` ("2.11.0+cu130"); None when not installed
+    cuda: the CUDA it was built for (``torch.version.cuda``: "13.0"); None for a CPU-only build
+    python: the interpreter looked at
+    """
+
+    version: str | None
+    cuda: str | None
+    python: str
+
+
+@dataclass(frozen=True)
+class KernelLog:
+    """Kernel log lines (``dmesg``), or why they could not be read."""
+
+    lines: tuple[str, ...] | None
+    source: str  # "/dev/kmsg", "dmesg", a file
+    unreadable: str | None = None  # the reason when lines is None
+
+
+@dataclass(frozen=True)
+class GpuProbe:
+    """The short probe on one GPU, or why it did not run.
+
+    cycle: the worker's cycle (real or replayed); None when the worker was not started
+    skipped: why the worker was not started (``--quick``, GPU busy, no torch ...)
+    figures: each kernel compared with its stored baseline and built-in reference
+    load: this GPU as polled while the probe ran (for "under load" conditions)
+    baseline_note: why no baseline could be looked up (store unavailable); None otherwise
+    """
+
+    gpu: GpuSample
+    cycle: ProbeCycle | None = None
+    skipped: str | None = None
+    figures: tuple[GemmFigure, ...] = ()
+    load: tuple[GpuSample, ...] = ()
+    baseline_note: str | None = None
+
+    @property
+    def document(self) -> Mapping[str, Any]:
+        if self.cycle is None or self.cycle.document is None:
+            return {}
+        return self.cycle.document
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    """Everything the checks read, gathered once.
+
+    snapshot: one poll of NVML, the host PCIe links, the execution context and host memory
+    quick: ``--quick``: nothing that loads the GPU ran
+    expect_gpus: the GPU count the user expects (``--expect-gpus``), None when not given
+    probes: the probe per GPU index; empty when no probe ran at all (see ``probe_skipped``)
+    probe_skipped: why no probe ran on any GPU (``--quick``, no torch ...); None when it ran
+    torch: the torch the worker would import
+    governors: cpu name -> cpufreq governor; None when sysfs has no cpufreq (reason in
+        ``governor_note``)
+    kernel_log: the kernel log for XID events
+    process_names: pid -> command name, for the pids NVML reports
+    own_pids: pids that are sparkdiag's own (never "another process on the GPU")
+    """
+
+    snapshot: Snapshot
+    quick: bool = False
+    expect_gpus: int | None = None
+    probes: Mapping[int, GpuProbe] = field(default_factory=dict)
+    probe_skipped: str | None = None
+    torch: TorchInfo | None = None
+    governors: Mapping[str, str] | None = None
+    governor_note: str = ""
+    kernel_log: KernelLog | None = None
+    process_names: Mapping[int, str] = field(default_factory=dict)
+    own_pids: frozenset[int] = frozenset()
+    busy_utilization: float = 0.10
+
+    def gpus_up(self) -> tuple[GpuSample, ...]:
+        return tuple(g for g in self.snapshot.gpus if g.up)
+
+    def other_pids(self, gpu: GpuSample) -> list[int]:
+        """Compute processes on ``gpu`` that are not sparkdiag's own; [] when unknown."""
+        own = self.own_pids | self.snapshot.excluded_pids
+        return [p for p in gpu.compute_pids or () if p not in own]
+
+    def describe_pid(self, pid: int) -> str:
+        name = self.process_names.get(pid)
+        return f"pid {pid} ({name})" if name else f"pid {pid}"
+
+
+def no_gpu_reason(snapshot: Snapshot) -> str:
+    """Why there is no GPU to check, in one line."""
+    if not snapshot.nvml_up:
+        status = snapshot.collectors.get("nvml")
+        why = status.error if status is not None and status.error else "unknown reason"
+        return f"no GPU: NVML unavailable ({why})"
+    if not snapshot.gpus:
+        return "no GPU: NVML reports none"
+    return "no GPU up: every GPU is lost"

@@ -1,0 +1,261 @@
+"""What only a load can show: delivered throughput against the stored baseline and the built-in
+reference, the SM clock under load, and int4 against bf16/fp16 at the decode shape."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from collections.abc import Callable
+
+from sparkdiag.check.model import CheckContext, CheckResult, GpuProbe, Status, no_gpu_reason, worst
+from sparkdiag.check.thermal import FAIL_REASONS
+from sparkdiag.probe.evaluate import GemmFigure
+from sparkdiag.probe.runner import worker_path
+from sparkdiag.sources.gpu import decode_reasons
+
+BASELINE_FAIL = 0.85  # below this fraction of the stored baseline: fail
+MAMF_WARN = 0.60  # below this fraction of a published MAMF figure: warn
+CLOCK_FRACTION = 0.80  # SM clock under load below this fraction of its maximum
+LOADED_UTILIZATION = 0.5  # a poll during the probe counts as "under load" from here
+
+ProbeCheck = Callable[[CheckContext, GpuProbe], CheckResult]
+
+
+def per_probe(name: str, ctx: CheckContext, check: ProbeCheck) -> list[CheckResult]:
+    """Run ``check`` on every probed GPU; a GPU without a probe result is a skip with why."""
+    if not ctx.gpus_up():
+        return [CheckResult(name, "skip", no_gpu_reason(ctx.snapshot))]
+    if ctx.probe_skipped is not None:
+        return [CheckResult(name, "skip", ctx.probe_skipped)]
+    results = []
+    for gpu in ctx.gpus_up():
+        index = str(gpu.identity.index)
+        probe = ctx.probes.get(gpu.identity.index)
+        if probe is None:
+            results.append(CheckResult(name, "skip", "not probed", gpu=index))
+        elif probe.skipped is not None:
+            results.append(CheckResult(name, "skip", probe.skipped, gpu=index))
+        else:
+            results.append(check(ctx, probe))
+    return results
+
+
+def _idx(probe: GpuProbe) -> str:
+    return str(probe.gpu.identity.index)
+
+
+def _not_ok(name: str, probe: GpuProbe) -> CheckResult | None:
+    """A skip for checks that need a finished probe, when the probe did not finish."""
+    cycle = probe.cycle
+    if cycle is not None and cycle.result in ("ok", "error") and cycle.document:
+        return None
+    result = cycle.result if cycle is not None else "not run"
+    return CheckResult(name, "skip", f"no probe result ({result}; see the probe check)",
+                       gpu=_idx(probe))  # fmt: skip
+
+
+# -- throughput ------------------------------------------------------------------------------
+
+
+def _tf(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 else f"{value:.3g}"
+
+
+def _figure(fig: GemmFigure) -> tuple[Status, str]:
+    assert fig.tflops is not None
+    status: Status = "pass"
+    notes = []
+    ref_eff = fig.reference_efficiency
+    if fig.reference is not None and ref_eff is not None:
+        kind = "MAMF" if fig.reference.kind == "mamf" else "datasheet"
+        notes.append(f"{ref_eff:.2f} of {kind} {_tf(fig.reference.tflops)}")
+        if fig.reference.kind == "mamf" and ref_eff < MAMF_WARN:
+            status = "warn"
+    eff = fig.efficiency
+    if fig.baseline is not None and eff is not None:
+        notes.append(f"{eff:.2f} of baseline {_tf(fig.baseline.tflops)}")
+        if eff < BASELINE_FAIL:
+            status = "fail"
+    unit = "TOPS" if fig.dtype.startswith("int") else "TFLOPS"
+    shown = f"{fig.dtype} {_tf(fig.tflops)} {unit}"
+    return status, shown + (f" ({', '.join(notes)})" if notes else " (no baseline or reference)")
+
+
+def _probe(ctx: CheckContext, probe: GpuProbe) -> CheckResult:
+    cycle = probe.cycle
+    gpu = probe.gpu.identity
+    if cycle is None:
+        return CheckResult("probe", "skip", "not probed", gpu=_idx(probe))
+    reason = cycle.reason or ""
+    by_hand = (
+        f"run the worker by hand to see why: CUDA_VISIBLE_DEVICES={gpu.uuid} "
+        f"{shlex.quote(sys.executable)} {shlex.quote(str(worker_path()))} --dtype bf16"
+    )
+    if cycle.result == "unsupported":
+        return CheckResult("probe", "skip", f"probe unsupported here: {reason}",
+                           "check that torch sees the GPU: python -c 'import torch; "
+                           "print(torch.cuda.is_available())'", _idx(probe))  # fmt: skip
+    if cycle.result == "skipped_busy":
+        return CheckResult("probe", "warn", f"probe skipped: {reason}",
+                           "rerun when nothing else uses the GPU", _idx(probe))  # fmt: skip
+    if cycle.result == "timeout":
+        return CheckResult("probe", "warn", f"probe timed out: {reason}",
+                           "rerun with --probe-timeout 60; if it hangs again, the GPU may be "
+                           f"stuck: reset it (sudo nvidia-smi -r -i {gpu.index})",
+                           _idx(probe))  # fmt: skip
+    if cycle.result == "error":
+        return CheckResult("probe", "fail", f"probe failed: {reason}", by_hand, _idx(probe))
+    figures = [
+        f for f in probe.figures
+        if f.kind == "compute" and f.beta == 0 and f.status == "ok" and f.tflops is not None
+        and not f.dtype.startswith("int")
+    ]  # fmt: skip
+    if not figures:
+        return CheckResult("probe", "skip", "no compute-bound result to compare", gpu=_idx(probe))
+    judged = [_figure(f) for f in figures]
+    status = worst([s for s, _ in judged])
+    finding = f"at {figures[0].shape}: " + "; ".join(text for _, text in judged)
+    data = {
+        "wall_seconds": cycle.wall_seconds,
+        "figures": [
+            {
+                "dtype": f.dtype, "shape": f.shape, "tflops": f.tflops,
+                "baseline": f.baseline.tflops if f.baseline else None,
+                "efficiency": f.efficiency,
+                "reference": f.reference.tflops if f.reference else None,
+                "reference_kind": f.reference.kind if f.reference else None,
+                "reference_efficiency": f.reference_efficiency,
+            }
+            for f in figures
+        ],
+        "baseline_note": probe.baseline_note,
+    }  # fmt: skip
+    action = ""
+    if status == "fail":
+        action = (
+            "throughput below the baseline this GPU reached when healthy: read the temperature, "
+            "clock and idle rows; reset the GPU or reboot; rerun"
+        )
+    elif status == "warn":
+        action = (
+            "far below what this GPU model reaches: read the clock and temperature rows; check "
+            "power limit (nvidia-smi -q -d POWER) and that nothing else runs"
+        )
+    return CheckResult("probe", status, finding, action, _idx(probe), data)
+
+
+def check_probe(ctx: CheckContext) -> list[CheckResult]:
+    """Delivered GEMM throughput: below 0.85 of the stored baseline fails, below 0.6 of a
+    published MAMF figure warns; a worker error (wrong result) fails."""
+    return per_probe("probe", ctx, _probe)
+
+
+# -- SM clock under load ---------------------------------------------------------------------
+
+
+def _sm_clock(ctx: CheckContext, probe: GpuProbe) -> CheckResult:
+    name = "sm-clock"
+    skip = _not_ok(name, probe)
+    if skip is not None:
+        return skip
+    conditions = probe.document.get("conditions") or {}
+    mean = conditions.get("mean_sm_clock_hertz")
+    loaded = [
+        s.clock_hertz["sm"]
+        for s in probe.load
+        if "sm" in s.clock_hertz and s.utilization_ratio.get("gpu", 0.0) >= LOADED_UTILIZATION
+    ]
+    candidates = [float(v) for v in (mean, max(loaded, default=None)) if v is not None]
+    maximum = probe.gpu.clock_max_hertz.get("sm")
+    if not candidates:
+        return CheckResult(name, "skip", "the probe recorded no SM clock (no NVML in the worker)",
+                           gpu=_idx(probe))  # fmt: skip
+    if not maximum:
+        return CheckResult(name, "skip", "maximum SM clock not reported", gpu=_idx(probe))
+    observed = max(candidates)
+    ratio = observed / maximum
+    seen_mask = int(conditions.get("clock_event_reasons_seen") or 0)
+    for sample in probe.load:
+        seen_mask |= sample.clock_event_reasons or 0
+    seen = decode_reasons(seen_mask)
+    data = {"sm_clock_hertz": observed, "max_hertz": maximum, "ratio": ratio,
+            "worker_mean_hertz": mean, "reasons_seen": seen}  # fmt: skip
+    text = f"SM clock {observed / 1e6:.0f} MHz under load ({ratio:.0%} of {maximum / 1e6:.0f} MHz)"
+    thermal = [r for r in seen if r in FAIL_REASONS]
+    if ratio >= CLOCK_FRACTION:
+        if thermal:
+            return CheckResult(name, "warn", f"{text}, {', '.join(thermal)} seen",
+                               "cool the GPU (airflow, fans) before long benchmarks",
+                               _idx(probe), data)  # fmt: skip
+        return CheckResult(name, "pass", text, gpu=_idx(probe), data=data)
+    if thermal:
+        return CheckResult(name, "fail", f"{text}, {', '.join(thermal)} seen",
+                           "cool the GPU: check airflow, fans and inlet temperature",
+                           _idx(probe), data)  # fmt: skip
+    if "sw_power_cap" in seen or "applications_clocks_setting" in seen:
+        power = conditions.get("mean_power_watts")
+        limit = probe.gpu.power_limit_watts
+        at = f" at {power:.0f} of {limit:.0f} W" if power is not None and limit else ""
+        capped = "power-capped" if "sw_power_cap" in seen else "held by application clocks"
+        return CheckResult(
+            name, "warn", f"{text}, {capped}{at}",
+            "normal at the power limit under full load; if the limit was lowered, restore it "
+            "(nvidia-smi -q -d POWER; sudo nvidia-smi -pl <W>); application clocks: "
+            "sudo nvidia-smi -rac",
+            _idx(probe), data,
+        )  # fmt: skip
+    return CheckResult(
+        name, "fail", f"{text} with no clock event reason: stuck in a slow state",
+        f"reset the GPU (sudo nvidia-smi -r -i {probe.gpu.identity.index}) or reboot; if it "
+        "stays slow, update the driver and firmware",
+        _idx(probe), data,
+    )  # fmt: skip
+
+
+def check_sm_clock(ctx: CheckContext) -> list[CheckResult]:
+    """The SM clock during the probe reaches 80 % of its maximum; below it fails (thermal, or no
+    reason at all: a GPU stuck in a slow state) or warns (power cap)."""
+    return per_probe("sm-clock", ctx, _sm_clock)
+
+
+# -- int4 at the decode shape ----------------------------------------------------------------
+
+
+def _int4_decode(ctx: CheckContext, probe: GpuProbe) -> CheckResult:
+    name = "int4-decode"
+    skip = _not_ok(name, probe)
+    if skip is not None:
+        return skip
+    decode = {f.dtype: f for f in probe.figures if f.kind == "decode" and f.beta == 0}
+    int4 = decode.get("int4")
+    if int4 is None:
+        return CheckResult(name, "skip", "int4 not probed", gpu=_idx(probe))
+    if int4.tflops is None:
+        return CheckResult(name, "skip", f"int4 {int4.status}: {int4.reason or 'no result'}",
+                           gpu=_idx(probe))  # fmt: skip
+    others = [f for d, f in decode.items() if d in ("bf16", "fp16") and f.tflops is not None]
+    if not others:
+        return CheckResult(name, "skip", "no bf16/fp16 decode result to compare with",
+                           gpu=_idx(probe))  # fmt: skip
+    best = max(others, key=lambda f: f.tflops or 0.0)
+    assert best.tflops is not None
+    ratio = int4.tflops / best.tflops
+    data = {"shape": int4.shape, "int4_tflops": int4.tflops, "other": best.dtype,
+            "other_tflops": best.tflops, "ratio": ratio}  # fmt: skip
+    values = f"{_tf(int4.tflops)} against {_tf(best.tflops)} TFLOPS"
+    if ratio < 1.0:
+        return CheckResult(
+            name, "warn",
+            f"int4 slower than {best.dtype} at decode {int4.shape}: {ratio:.2f}× ({values})",
+            "int4 weight-only should beat 16-bit when memory-bound: check the memory "
+            "temperature and SM clock rows, that no other process shares the GPU, and the "
+            "torch version (its int4 kernels)",
+            _idx(probe), data,
+        )  # fmt: skip
+    return CheckResult(name, "pass", f"int4 {ratio:.2f}× {best.dtype} at decode {int4.shape} "
+                       f"({values})", gpu=_idx(probe), data=data)  # fmt: skip
+
+
+def check_int4_decode(ctx: CheckContext) -> list[CheckResult]:
+    """int4 against the faster of bf16/fp16 at the decode shape (M=1): slower warns."""
+    return per_probe("int4-decode", ctx, _int4_decode)

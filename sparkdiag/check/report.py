@@ -1,0 +1,107 @@
+"""Render check results: a table for people, a JSON document for scripts, and the exit code."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from sparkdiag.check.model import STATUSES, CheckResult, Status, exit_code, worst
+
+SCHEMA = "sparkdiag-check/1"
+COLOURS = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "bright_black"}
+HEADERS = ("STATUS", "CHECK", "GPU", "FINDING")
+GAP = "  "
+VERDICTS = {
+    "pass": "fit to benchmark",
+    "skip": "nothing could be checked",
+    "warn": "fit to benchmark with care: read the warnings",
+    "fail": "not fit to benchmark: fix the failures first",
+}
+
+
+def summary(results: Sequence[CheckResult], duration: float) -> str:
+    """The counts, the time taken and the verdict: ``12 pass, 2 warn, ... in 4.2 s: ...``."""
+    counts = Counter(r.status for r in results)
+    parts = ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES)
+    status = worst([r.status for r in results])
+    return f"{parts} in {duration:.1f} s: {VERDICTS[status]}"
+
+
+def _style(text: str, status: Status, colour: bool) -> str:
+    return click.style(text, fg=COLOURS[status], bold=status == "fail") if colour else text
+
+
+def gpu_list(indices: Sequence[str]) -> str:
+    """``["0", "1", "2", "5"]`` -> ``"0-2,5"``; non-numeric entries are listed as they are."""
+    if not all(i.isdigit() for i in indices):
+        return ",".join(indices)
+    numbers = sorted(int(i) for i in indices)
+    spans: list[str] = []
+    start = prev = numbers[0]
+    for n in [*numbers[1:], None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        spans.append(str(start) if start == prev else f"{start}-{prev}")
+        if n is not None:
+            start = prev = n
+    return ",".join(spans)
+
+
+def merge(results: Sequence[CheckResult]) -> list[tuple[CheckResult, str]]:
+    """Consecutive per-GPU results that say the same thing, as one row: (result, GPU column)."""
+    rows: list[tuple[CheckResult, list[str]]] = []
+    for result in results:
+        if rows and result.gpu is not None:
+            last, gpus = rows[-1]
+            same = (last.name, last.status, last.finding, last.action)
+            if last.gpu is not None and same == (
+                result.name, result.status, result.finding, result.action
+            ):  # fmt: skip
+                gpus.append(result.gpu)
+                continue
+        rows.append((result, [] if result.gpu is None else [result.gpu]))
+    return [(result, gpu_list(gpus) if gpus else "-") for result, gpus in rows]
+
+
+def table(results: Sequence[CheckResult], duration: float, colour: bool = False) -> str:
+    """The results as an aligned table, each action on its own line under its finding; per-GPU
+    rows that say the same thing on several GPUs are shown once (GPU column "0-7")."""
+    merged = merge(results)
+    rows = [(r.status.upper(), r.name, gpus, r.finding) for r, gpus in merged]
+    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(HEADERS[:3])]
+    indent = sum(widths) + len(GAP) * 3
+    lines = [GAP.join(h.ljust(w) for h, w in zip(HEADERS[:3], widths, strict=True))
+             + GAP + HEADERS[3]]  # fmt: skip
+    for (result, _), row in zip(merged, rows, strict=True):
+        status = _style(row[0].ljust(widths[0]), result.status, colour)
+        cells = [status, row[1].ljust(widths[1]), row[2].ljust(widths[2]), row[3]]
+        lines.append(GAP.join(cells))
+        if result.action and result.status != "pass":
+            lines.append(" " * indent + "→ " + result.action)
+    lines.append("")
+    lines.append(summary(results, duration))
+    return "\n".join(lines) + "\n"
+
+
+def document(results: Sequence[CheckResult], duration: float, quick: bool) -> dict[str, Any]:
+    """The JSON document (schema ``sparkdiag-check/1``)."""
+    status = worst([r.status for r in results])
+    counts = Counter(r.status for r in results)
+    return {
+        "schema": SCHEMA,
+        "status": status,
+        "exit_code": exit_code([r.status for r in results]),
+        "duration_seconds": round(duration, 3),
+        "quick": quick,
+        "counts": {s: counts.get(s, 0) for s in STATUSES},
+        "checks": [r.as_json() for r in results],
+    }
+
+
+def render_json(results: Sequence[CheckResult], duration: float, quick: bool) -> str:
+    return json.dumps(document(results, duration, quick), indent=2, default=str) + "\n"

@@ -1,0 +1,166 @@
+"""Driver, CUDA and torch: does the driver support the CUDA that torch was built for?
+
+The NVIDIA driver supports every CUDA up to the one it shipped with ("CUDA Version" in
+``nvidia-smi``), and, through minor version compatibility, newer minor releases of that CUDA
+major with a limited feature set (no PTX JIT for newer code). A torch built for a newer CUDA
+major than the driver's cannot use the GPU at all.
+
+Sources: NVIDIA CUDA Toolkit release notes, "CUDA Toolkit and Corresponding Driver Versions"
+(Linux x86_64 minimum driver of each toolkit's GA release), and the CUDA Compatibility guide,
+"Minor Version Compatibility" (CUDA 13.x needs a driver >= 580, 12.x >= 525, 11.x >= 450).
+"""
+
+from __future__ import annotations
+
+import re
+
+from sparkdiag.check.model import CheckContext, CheckResult
+
+# (minimum Linux driver, CUDA toolkit it shipped with), ascending.
+TOOLKIT_DRIVERS: tuple[tuple[tuple[int, ...], tuple[int, int]], ...] = (
+    ((450, 80, 2), (11, 0)),
+    ((455, 23), (11, 1)),
+    ((460, 27, 3), (11, 2)),
+    ((465, 19, 1), (11, 3)),
+    ((470, 42, 1), (11, 4)),
+    ((495, 29, 5), (11, 5)),
+    ((510, 39, 1), (11, 6)),
+    ((515, 43, 4), (11, 7)),
+    ((520, 61, 5), (11, 8)),
+    ((525, 60, 13), (12, 0)),
+    ((530, 30, 2), (12, 1)),
+    ((535, 54, 3), (12, 2)),
+    ((545, 23, 6), (12, 3)),
+    ((550, 54, 14), (12, 4)),
+    ((555, 42, 2), (12, 5)),
+    ((560, 28, 3), (12, 6)),
+    ((570, 26), (12, 8)),
+    ((575, 51, 3), (12, 9)),
+    ((580, 65, 6), (13, 0)),
+    ((590, 44, 1), (13, 1)),
+)
+# Minimum driver for minor version compatibility within a CUDA major.
+MAJOR_MINIMUM: dict[int, tuple[int, ...]] = {11: (450, 80, 2), 12: (525, 60, 13), 13: (580,)}
+
+NAME = "versions"
+
+
+def parse_version(text: str | None) -> tuple[int, ...] | None:
+    """Leading dotted number: ``580.159.04`` -> (580, 159, 4), ``13.0`` -> (13, 0); else None."""
+    if not text:
+        return None
+    match = re.match(r"^\s*(\d+(?:\.\d+)*)", text)
+    return tuple(int(p) for p in match.group(1).split(".")) if match else None
+
+
+def driver_cuda(driver: tuple[int, ...]) -> tuple[int, int] | None:
+    """The newest CUDA the driver shipped with (``nvidia-smi``'s "CUDA Version"), as known here."""
+    found = None
+    for minimum, cuda in TOOLKIT_DRIVERS:
+        if driver >= minimum:
+            found = cuda
+    return found
+
+
+def _show(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
+
+
+def check_versions(ctx: CheckContext) -> list[CheckResult]:
+    """Driver present, and the driver supports torch's CUDA (software block of the probe, or
+    the installed torch read without importing it)."""
+    snap = ctx.snapshot
+    software: dict[str, object] = {}
+    for probe in ctx.probes.values():
+        block = probe.document.get("software")
+        if isinstance(block, dict) and block.get("torch"):
+            software = block
+            break
+    driver_text = snap.driver_version or str(software.get("driver") or "")
+    torch_version = str(software.get("torch") or "") or (ctx.torch.version if ctx.torch else None)
+    if software.get("torch"):
+        torch_cuda = str(software.get("cuda") or "") or None
+        origin = "probe worker"
+    else:
+        torch_cuda = ctx.torch.cuda if ctx.torch else None
+        origin = "installed package"
+    data = {"driver": driver_text or None, "torch": torch_version, "torch_cuda": torch_cuda}
+    driver = parse_version(driver_text)
+    if driver is None:
+        return [CheckResult(NAME, "skip", "driver version unknown: NVML unavailable", data=data)]
+    supported = driver_cuda(driver)
+    data["driver_cuda"] = None if supported is None else _show(supported)
+    driver_part = f"driver {driver_text}" + (
+        f" (CUDA ≤ {_show(supported)})" if supported else " (older than CUDA 11)"
+    )
+    if not torch_version:
+        python = ctx.torch.python if ctx.torch else "this Python"
+        return [
+            CheckResult(
+                NAME, "skip",
+                f"{driver_part}; torch not installed for {python}: nothing to compare",
+                "install torch for the probe: pip install 'sparkdiag[probe]'",
+                data=data,
+            )
+        ]  # fmt: skip
+    if torch_cuda is None:
+        if not ctx.gpus_up():
+            return [
+                CheckResult(NAME, "pass", f"{driver_part}; torch {torch_version} (CPU build)",
+                            data=data)
+            ]  # fmt: skip
+        return [
+            CheckResult(
+                NAME, "fail",
+                f"{driver_part}; torch {torch_version} is a CPU-only build: it cannot use the GPU",
+                f"install a CUDA build of torch{_up_to(supported)} "
+                "(the selector on https://pytorch.org/get-started/locally/ gives the command)",
+                data=data,
+            )
+        ]  # fmt: skip
+    wanted = parse_version(torch_cuda)
+    torch_part = f"torch {torch_version} built for CUDA {torch_cuda} ({origin})"
+    if wanted is None or len(wanted) < 2:
+        return [
+            CheckResult(NAME, "skip", f"{driver_part}; {torch_part}: CUDA version unreadable",
+                        data=data)
+        ]  # fmt: skip
+    major_min = MAJOR_MINIMUM.get(wanted[0])
+    if supported is not None and wanted[:2] <= supported:
+        return [CheckResult(NAME, "pass", f"{driver_part} supports {torch_part}", data=data)]
+    if major_min is not None and driver < major_min:
+        return [
+            CheckResult(
+                NAME, "fail",
+                f"{driver_part} is too old for {torch_part} (CUDA {wanted[0]}.x needs driver "
+                f"≥ {_show(major_min)})",
+                f"upgrade the NVIDIA driver to ≥ {_show(major_min)}, or install a torch built "
+                f"for CUDA{_up_to(supported)} (https://pytorch.org/get-started/locally/)",
+                data=data,
+            )
+        ]  # fmt: skip
+    if major_min is None:
+        # A CUDA major this table does not know: newer than any driver listed here.
+        return [
+            CheckResult(
+                NAME, "warn",
+                f"{driver_part}; {torch_part}: sparkdiag does not know which driver CUDA "
+                f"{wanted[0]}.x needs",
+                "check the driver requirement in the CUDA release notes (Table 3)",
+                data=data,
+            )
+        ]  # fmt: skip
+    return [
+        CheckResult(
+            NAME, "warn",
+            f"{driver_part} is older than {torch_part}: runs through minor version "
+            "compatibility (no PTX JIT, some features missing)",
+            f"upgrade the driver to the branch of CUDA {_show(wanted[:2])}, or install a torch "
+            f"built for CUDA{_up_to(supported)}",
+            data=data,
+        )
+    ]  # fmt: skip
+
+
+def _up_to(cuda: tuple[int, int] | None) -> str:
+    return "" if cuda is None else f" ≤ {_show(cuda)}"
