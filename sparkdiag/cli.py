@@ -72,8 +72,9 @@ def _options(scope: str) -> Callable[[F], F]:
 def _settings(config: Path | None, given: dict[str, Any]) -> Settings:
     """Settings from the config file and the flags actually given; usage errors exit 2."""
     flags = {k: v for k, v in given.items() if v is not None and k in OPTION_ATTRS}
-    if "probe_python" in flags:
-        flags["probe_python"] = shlex.split(flags["probe_python"])
+    for attr in ("probe_python", "probe_container_command"):
+        if attr in flags:
+            flags[attr] = shlex.split(flags[attr])
     try:
         return build_settings(config, flags)
     except ConfigError as exc:

@@ -242,6 +242,26 @@ OPTIONS: tuple[Option, ...] = (
         scopes=frozenset({"serve"}),
     ),
     Option(
+        "probe.container-command",
+        "probe_container_command",
+        "argv",
+        None,
+        "Also probe inside a container: the argument list that starts a Python reading a script "
+        "on standard input, e.g. docker run -i --rm --gpus all IMAGE python3 - . Its results "
+        'carry context="container" beside the native ones.',
+        scopes=frozenset({"serve"}),
+    ),
+    Option(
+        "probe.container-interval",
+        "probe_container_interval",
+        "float",
+        1800.0,
+        "Seconds between container probe cycles.",
+        minimum=1,
+        maximum=86400,
+        unit="seconds",
+    ),
+    Option(
         "probe.fixture",
         "probe_fixture",
         "path",
@@ -282,6 +302,8 @@ class Settings:
     probe_busy_utilization: float = 0.10
     probe_timeout: float = 60.0
     probe_python: tuple[str, ...] | None = None
+    probe_container_command: tuple[str, ...] | None = None
+    probe_container_interval: float = 1800.0
     probe_fixture: Path | None = None
     probe_first_delay: float = 30.0
 

@@ -17,7 +17,13 @@ from sparkdiag.exporter.probe import ProbeCollector
 from sparkdiag.exporter.registry import build_registry, render
 from sparkdiag.exporter.webconfig import load_web_config
 from sparkdiag.probe.baseline import BaselineStore, BaselineStoreError
-from sparkdiag.probe.scheduler import FixtureLauncher, Launcher, ProbeScheduler, WorkerLauncher
+from sparkdiag.probe.scheduler import (
+    ContainerLauncher,
+    FixtureLauncher,
+    Launcher,
+    ProbeScheduler,
+    WorkerLauncher,
+)
 from sparkdiag.probe.state import ProbeState
 from sparkdiag.sdnotify import Notifier
 from sparkdiag.sources import host
@@ -108,6 +114,31 @@ def make_scheduler(settings: Settings, poller: Poller, state: ProbeState) -> Pro
     )
 
 
+def make_container_scheduler(
+    settings: Settings, poller: Poller, state: ProbeState, store: BaselineStore | None
+) -> ProbeScheduler | None:
+    """The container probe (``probe.container-command``), labelled context="container"."""
+    if not settings.probe_enabled or not settings.probe_container_command:
+        return None
+    if not poller.gpu.identities:
+        return None
+    try:
+        launcher = ContainerLauncher(settings.probe_container_command, settings.probe_timeout)
+    except ValueError as exc:
+        raise ConfigError(f"probe.container-command: {exc}") from None
+    return ProbeScheduler(
+        launcher,
+        state,
+        store,
+        "container",
+        lambda: poller.latest,
+        settings.probe_container_interval,
+        when=settings.probe_when,
+        busy_utilization=settings.probe_busy_utilization,
+        first_delay=settings.probe_first_delay + 60.0,  # after the native cycle, not beside it
+    )
+
+
 def open_store(settings: Settings) -> BaselineStore | None:
     """The baseline database in the state directory; None (and a warning) when unusable."""
     try:
@@ -139,10 +170,13 @@ def serve(settings: Settings) -> None:
     poller = make_poller(settings)
     probe_state = ProbeState()
     scheduler = make_scheduler(settings, poller, probe_state)
-    if scheduler is not None:
-        poller.excluded_pids = scheduler.excluded_pids
+    container = make_container_scheduler(
+        settings, poller, probe_state, scheduler.store if scheduler else open_store(settings)
+    )
+    schedulers = [s for s in (scheduler, container) if s is not None]
+    poller.excluded_pids = lambda: frozenset().union(*(s.excluded_pids() for s in schedulers))
     registry = build_registry(
-        lambda: poller.latest, extra=[ProbeCollector(probe_state.view)] if scheduler else []
+        lambda: poller.latest, extra=[ProbeCollector(probe_state.view)] if schedulers else []
     )
     try:
         healthy = health_check(lambda: poller.latest, settings.poll_interval)
@@ -187,8 +221,9 @@ def serve(settings: Settings) -> None:
         target=poller.run, args=(stop, settings.poll_interval), name="poller", daemon=True
     )
     poll_thread.start()
-    if scheduler is not None:
-        threading.Thread(target=scheduler.run, args=(stop,), name="probe", daemon=True).start()
+    for sched in schedulers:
+        name = f"probe-{sched.context}"
+        threading.Thread(target=sched.run, args=(stop,), name=name, daemon=True).start()
     try:
         stop.wait()
     finally:

@@ -11,6 +11,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from sparkdiag.check.model import CheckContext, CheckResult, no_gpu_reason
+from sparkdiag.check.model import gpu_index as _idx
 from sparkdiag.telemetry.snapshot import GpuSample
 
 GpuCheck = Callable[[CheckContext, GpuSample], CheckResult]
@@ -29,10 +30,6 @@ def per_gpu(name: str, ctx: CheckContext, check: GpuCheck) -> list[CheckResult]:
         else:
             results.append(check(ctx, gpu))
     return results
-
-
-def _idx(gpu: GpuSample) -> str:
-    return str(gpu.identity.index)
 
 
 # -- presence ---------------------------------------------------------------------------------
@@ -132,7 +129,10 @@ def _idle(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
         )  # fmt: skip
     if gpu.compute_pids is None and util is None:
         return CheckResult(
-            "idle", "skip", "neither the process list nor utilization is reported", gpu=_idx(gpu)
+            "idle",
+            "skip",
+            "neither the process list nor utilization is reported",
+            gpu=_idx(gpu),
         )
     return CheckResult("idle", "pass", f"no other compute process{util_text}", gpu=_idx(gpu),
                        data=data)  # fmt: skip

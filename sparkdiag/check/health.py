@@ -7,6 +7,7 @@ from collections import Counter
 
 from sparkdiag.check.gpu_checks import per_gpu
 from sparkdiag.check.model import CheckContext, CheckResult, Status
+from sparkdiag.check.model import gpu_index as _idx
 from sparkdiag.telemetry.snapshot import GpuSample
 
 XID_DOCS = "https://docs.nvidia.com/deploy/xid-errors/"
@@ -44,10 +45,6 @@ XID_ACTIONS = {
     154: "do the recovery action nvidia-smi -q shows (GPU reset or reboot)",
 }
 MEMORY_ACTION = "reset the GPU (sudo nvidia-smi -r) or reboot; if it recurs, request service"
-
-
-def _idx(gpu: GpuSample) -> str:
-    return str(gpu.identity.index)
 
 
 # -- ECC ---------------------------------------------------------------------------------------

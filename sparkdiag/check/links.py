@@ -5,14 +5,11 @@ from __future__ import annotations
 
 from sparkdiag.check.gpu_checks import per_gpu
 from sparkdiag.check.model import CheckContext, CheckResult
+from sparkdiag.check.model import gpu_index as _idx
 from sparkdiag.telemetry.snapshot import GpuSample, PcieLink
 
 HOST_CLASSES = ("network", "nvme")
 _GENERATIONS = {2.5e9: 1, 5e9: 2, 8e9: 3, 16e9: 4, 32e9: 5, 64e9: 6}
-
-
-def _idx(gpu: GpuSample) -> str:
-    return str(gpu.identity.index)
 
 
 # -- the GPU's PCIe link ----------------------------------------------------------------------

@@ -165,3 +165,8 @@ def no_gpu_reason(snapshot: Snapshot) -> str:
     if not snapshot.gpus:
         return "no GPU: NVML reports none"
     return "no GPU up: every GPU is lost"
+
+
+def gpu_index(gpu: GpuSample) -> str:
+    """The GPU column of a result: the NVML index as text."""
+    return str(gpu.identity.index)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from sparkdiag.check.gpu_checks import per_gpu
 from sparkdiag.check.model import CheckContext, CheckResult
+from sparkdiag.check.model import gpu_index as _idx
 from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS, decode_reasons
 from sparkdiag.telemetry.snapshot import GpuSample
 
@@ -32,10 +33,6 @@ REASON_ACTIONS = {
     "hw_power_brake_slowdown": "the power supply or BMC asserts the power brake: check the PSUs "
     "and the chassis power capping",
 }
-
-
-def _idx(gpu: GpuSample) -> str:
-    return str(gpu.identity.index)
 
 
 def _c(value: float) -> str:

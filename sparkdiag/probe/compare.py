@@ -556,8 +556,8 @@ def compare(
         if failures:
             break
         label = f"warm-up {number}" if warmup else f"round {number}/{rounds}"
-        for role in ("native", "container"):
-            side: Role = "native" if role == "native" else "container"
+        sides: tuple[Role, Role] = ("native", "container")
+        for side in sides:
             progress(f"{label}: {side}…")
             if side == "native":
                 cycle = _run(native_cmd, args, False, timeout, kill_grace)
@@ -565,6 +565,9 @@ def compare(
             else:
                 if container_args is None:
                     container_args = _pin_device(args, native_doc)
+                    if "--device" in container_args:
+                        device = container_args[container_args.index("--device") + 1]
+                        progress(f"both sides probe {device} (the device native chose)")
                 cycle = _run(
                     (sys.executable, "-I", "-c", _RELAY, *container_cmd),
                     container_args,

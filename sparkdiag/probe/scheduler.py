@@ -55,6 +55,27 @@ class WorkerLauncher:
         return run_worker(self.python, self.args, self.timeout, env=env, on_start=on_start)
 
 
+class ContainerLauncher:
+    """Runs the worker inside a container: its source goes to ``[*command, "-"]`` on standard
+    input (``docker run -i --rm --gpus all IMAGE python3``), so the image needs only torch.
+    With ``--gpus all`` the container sees every GPU; the worker orders CUDA devices by PCI bus
+    id, so ``cuda:N`` there is NVML's GPU N here."""
+
+    def __init__(self, command: Sequence[str], timeout: float, extra_args: Sequence[str] = ()):
+        argv = list(command)
+        if argv and argv[-1] == "-":
+            argv.pop()  # run_worker adds the "-" itself
+        if not argv:
+            raise ValueError("the container command is empty")
+        self.command = tuple(argv)
+        self.timeout = timeout
+        self.args = ["--probe-when", "always", *extra_args]
+
+    def __call__(self, gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle:
+        args = ["--device", f"cuda:{gpu.identity.index}", *self.args]
+        return run_worker(self.command, args, self.timeout, stdin_script=True, on_start=on_start)
+
+
 class FixtureLauncher:
     """Replays worker documents recorded on real GPUs (``--probe.fixture``), one per cycle.
 
