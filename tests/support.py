@@ -102,14 +102,19 @@ def running_daemon(
             proc.stderr.close()
 
 
-def promtool() -> str:
-    """Path of promtool; skip the test where it is missing, but fail in CI (CI=true)."""
-    path = shutil.which("promtool")
+def required_tool(name: str, package: str) -> str:
+    """Path of a system tool; skip the test where it is missing, but fail in CI (CI=true),
+    which installs it."""
+    path = shutil.which(name)
     if path is None:
         if os.environ.get("CI") == "true":
-            pytest.fail("promtool is required in CI (apt-get install prometheus)")
-        pytest.skip("promtool not installed (apt-get install prometheus)")
+            pytest.fail(f"{name} is required in CI (apt-get install {package})")
+        pytest.skip(f"{name} not installed (apt-get install {package})")
     return path
+
+
+def promtool() -> str:
+    return required_tool("promtool", "prometheus")
 
 
 # Samples whose values change from run to run; the golden files keep their names and labels.

@@ -2,27 +2,20 @@
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support import ROOT
+from tests.support import ROOT, required_tool
 
 UNIT = ROOT / "systemd" / "sparkdiag.service"
 
 
 def systemd_analyze() -> str:
-    path = shutil.which("systemd-analyze")
-    if path is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("systemd-analyze is required in CI (apt-get install systemd)")
-        pytest.skip("systemd-analyze not installed")
-    return path
+    return required_tool("systemd-analyze", "systemd")
 
 
 def local_unit(tmp_path: Path) -> Path:

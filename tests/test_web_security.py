@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import base64
 import http.client
-import os
-import shutil
 import socket
 import ssl
 import subprocess
@@ -20,7 +18,7 @@ from prometheus_client import CollectorRegistry
 
 from sparkdiag.exporter.http import ExporterServer
 from sparkdiag.exporter.webconfig import WebConfigError, load_web_config
-from tests.support import NVML, SYSFS, running_daemon
+from tests.support import NVML, SYSFS, required_tool, running_daemon
 
 FIXTURE_ARGS = [
     "--nvml-fixture",
@@ -32,10 +30,7 @@ FIXTURE_ARGS = [
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("openssl") is None:
-        if os.environ.get("CI") == "true":
-            pytest.fail("openssl is required in CI")
-        pytest.skip("openssl not installed")
+    required_tool("openssl", "openssl")
     d = tmp_path_factory.mktemp("tls")
     subprocess.run(
         ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
