@@ -143,6 +143,13 @@ def main() -> None:
     parser.add_argument("--smi-runs", type=int, default=30)
     parser.add_argument("--soak", type=float, default=60.0, help="seconds; 0 to skip")
     parser.add_argument("--json", type=Path, help="write the figures here too")
+    parser.add_argument(
+        "--soak-arg",
+        action="append",
+        default=[],
+        help="extra serve argument for the soak daemon (repeatable), "
+        "e.g. --soak-arg=--no-probe.enabled",
+    )
     opts = parser.parse_args()
 
     results: dict[str, Any] = {"scrape": {}, "host": os.uname().nodename}
@@ -160,6 +167,7 @@ def main() -> None:
     results["nvidia_smi"] = smi
     if opts.soak > 0:
         soak_args = [] if opts.real else ["--nvml-fixture", opts.fixture[0]]
+        soak_args += opts.soak_arg
         results["soak"] = {"target": "real-gpu" if opts.real else opts.fixture[0]}
         results["soak"].update(soak(soak_args, opts.soak))
 
