@@ -224,9 +224,11 @@ def assets(directory: Path, force: bool) -> None:
 
 
 def _register() -> None:
+    from sparkdiag.check.command import check
     from sparkdiag.probe.commands import baseline, bench, probe
+    from sparkdiag.probe.compare_command import compare
 
-    for command in (probe, bench, baseline):
+    for command in (check, probe, bench, compare, baseline):
         main.add_command(command)
 
 

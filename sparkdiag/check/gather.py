@@ -64,12 +64,13 @@ def gather(
             torch=sources.torch or torch_info(),
             governors=governors,
             governor_note=governor_note,
-            kernel_log=sources.kernel_log or read_kernel_log(settings.rootfs),
             process_names=process_names(settings.rootfs, pids),
             own_pids=frozenset({os.getpid()}),
             busy_utilization=settings.probe_busy_utilization,
         )
-        return _with_probes(ctx, settings, probe_timeout, sources, poller.poll_once, on_probe)
+        ctx = _with_probes(ctx, settings, probe_timeout, sources, poller.poll_once, on_probe)
+        # Read after the probe, so that an XID the load provoked is seen too.
+        return replace(ctx, kernel_log=sources.kernel_log or read_kernel_log(settings.rootfs))
     finally:
         poller.gpu.stop()
 

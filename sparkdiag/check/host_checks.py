@@ -15,7 +15,7 @@ GB = 1e9
 
 
 def check_context(ctx: CheckContext) -> list[CheckResult]:
-    """Native passes; a container warns (a gap of up to 40 % has been seen)."""
+    """Native passes; a container warns (a gap of up to 40% has been seen)."""
     context = ctx.snapshot.context
     if context is None:
         return [CheckResult("context", "skip", "execution context not detected")]
@@ -28,12 +28,19 @@ def check_context(ctx: CheckContext) -> list[CheckResult]:
                 "context", "warn",
                 f"inside a container ({context.runtime}" + (f": {evidence}" if evidence else "")
                 + ")",
-                "results can differ from native (gaps up to 40 % are reported): measure the "
-                "container-vs-native gap with sparkdiag compare --container ...",
+                "results can differ from native (gaps up to 40% are reported): measure the gap "
+                f"from the host with sparkdiag compare -- {_starter(context.runtime)}",
                 data=data,
             )
         ]  # fmt: skip
     return [CheckResult("context", "pass", "native (no container detected)", data=data)]
+
+
+def _starter(runtime: str) -> str:
+    """The command that starts a Python in a container of this runtime, for ``compare --``."""
+    if runtime in ("docker", "podman"):
+        return f"{runtime} run -i --rm --gpus all <image> python3 -"
+    return "<command that starts python3 - in the container>"
 
 
 def check_governor(ctx: CheckContext) -> list[CheckResult]:

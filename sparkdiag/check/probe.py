@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sparkdiag.check.model import GpuProbe
-from sparkdiag.probe.baseline import BaselineStore, BaselineStoreError
+from sparkdiag.probe.baseline import DEFAULT_FILENAME, BaselineStore, BaselineStoreError
 from sparkdiag.probe.evaluate import GemmFigure, evaluate
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.probe.scheduler import Launcher, WorkerLauncher
@@ -25,7 +25,7 @@ from sparkdiag.telemetry.snapshot import GpuSample, Snapshot
 
 log = logging.getLogger(__name__)
 
-BASELINE_FILENAME = "baselines.sqlite"  # as the daemon writes it (daemon.open_store)
+BASELINE_FILENAME = DEFAULT_FILENAME  # where the daemon keeps its baselines
 # A short run: bf16 and fp16 for throughput, int4 for the 4-bit comparison at the decode
 # shape; the worker adds the compute, LLM and decode shapes of each dtype.
 WORKER_ARGS = ("--dtype", "bf16,fp16,int4", "--budget-seconds", "1.0", "--no-bandwidth")

@@ -28,7 +28,9 @@ def summary(results: Sequence[CheckResult], duration: float) -> str:
     counts = Counter(r.status for r in results)
     parts = ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES)
     status = worst([r.status for r in results])
-    return f"{parts} in {duration:.1f} s: {VERDICTS[status]}"
+    gpus = [r for r in results if r.name == "gpus"]
+    unchecked = " (no GPU was checked)" if gpus and all(r.status == "skip" for r in gpus) else ""
+    return f"{parts} in {duration:.1f} s: {VERDICTS[status]}{unchecked}"
 
 
 def _style(text: str, status: Status, colour: bool) -> str:

@@ -868,10 +868,15 @@ def _pull_hint(runtime: str, image: str | None) -> str:
 
 
 def _image_name(stderr: str, command: Sequence[str]) -> str | None:
+    """The image as the runtime named it; else the word before the interpreter in CMD."""
     for pattern in _IMAGE_NAME:
         found = pattern.search(stderr)
         if found:
             return found.group(1).rstrip(".:'\"")
+    for i in range(len(command) - 1, 1, -1):
+        if Path(command[i]).name.startswith("python"):
+            before = command[i - 1]
+            return None if before.startswith("-") else before
     return None
 
 

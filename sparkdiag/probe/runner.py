@@ -268,17 +268,26 @@ def _finish(proc: subprocess.Popen[bytes], timed_out: bool, grace: float) -> int
 
 
 def parse_document(stdout: bytes) -> dict[str, Any] | None:
-    """The worker's JSON document, or None when stdout holds no such document."""
+    """The worker's JSON document, or None when stdout holds no such document.
+
+    Container images may print a banner on stdout before the interpreter starts (NGC images
+    do); the worker prints its document last, on one line, so when the whole output is not the
+    document the last line that parses as one is taken.
+    """
     text = stdout.decode("utf-8", "replace").strip()
     if not text:
         return None
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
-        return None
-    return doc
+    for candidate in (text, *reversed(text.splitlines())):
+        candidate = candidate.strip()
+        if not candidate.startswith("{"):
+            continue
+        try:
+            doc = json.loads(candidate)
+        except ValueError:
+            continue
+        if isinstance(doc, dict) and doc.get("schema") == SCHEMA:
+            return doc
+    return None
 
 
 def _error_line(stderr_tail: str) -> str | None:

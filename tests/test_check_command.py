@@ -1,0 +1,343 @@
+"""``sparkdiag check`` end to end through click: table, JSON, exit codes, --quick, no GPU; and the
+report rendering and check loop on their own."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner, Result
+
+from sparkdiag.check import checks as checks_module
+from sparkdiag.check.checks import CHECKS, LOAD_CHECKS, run_checks
+from sparkdiag.check.command import check
+from sparkdiag.check.gather import Sources
+from sparkdiag.check.model import CheckResult, KernelLog, exit_code, worst
+from sparkdiag.check.report import document, gpu_list, merge, summary, table
+from sparkdiag.probe.runner import ProbeCycle
+from sparkdiag.telemetry.snapshot import GpuSample
+from tests.test_check_support import (
+    GOOD_TORCH,
+    NVML,
+    PROBE_FIXTURE,
+    ROOTFS,
+    SYSFS,
+    context,
+    empty_sysfs,
+    nvml_fixture,
+    poll,
+)
+
+
+def _never(gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle:
+    raise AssertionError("the worker must not run")
+
+
+QUIET = Sources(launcher=_never, torch=GOOD_TORCH, kernel_log=KernelLog((), "test"))
+REPLAY = Sources(torch=GOOD_TORCH, kernel_log=KernelLog((), "test"))
+
+
+def _cpus(tmp_path: Path) -> Path:
+    """An H200-VM sysfs with two CPUs on the performance governor."""
+    import shutil
+
+    root = tmp_path / "sysfs"
+    shutil.copytree(SYSFS / "h200-vm", root, symlinks=True)
+    for n in range(2):
+        d = root / "devices" / "system" / "cpu" / f"cpu{n}" / "cpufreq"
+        d.mkdir(parents=True)
+        (d / "scaling_governor").write_text("performance\n")
+    return root
+
+
+def invoke(args: Sequence[str], sources: Sources = QUIET) -> Result:
+    return CliRunner().invoke(check, list(args), obj=sources, catch_exceptions=False)
+
+
+def _base(tmp_path: Path, fixture: Path | None = None, rootfs: str = "native") -> list[str]:
+    return [
+        "--nvml-fixture",
+        str(fixture or NVML / "h200-idle.json"),
+        "--path.sysfs",
+        str(_cpus(tmp_path)),
+        "--path.rootfs",
+        str(ROOTFS / rootfs),
+        "--state-dir",
+        str(tmp_path / "state"),
+    ]
+
+
+# -- exit codes ----------------------------------------------------------------------------------
+
+
+def test_help_documents_the_exit_codes() -> None:
+    out = invoke(["--help"]).output
+    assert "Exit status:" in out
+    for line in (
+        "0  every check passed",
+        "1  at least one warning",
+        "2  at least one failure",
+        "3  the check could not run",
+    ):
+        assert line in out
+    for flag in (
+        "--json",
+        "--quick",
+        "--expect-gpus",
+        "--nvml-fixture",
+        "--probe-fixture",
+        "--path.sysfs",
+        "--path.rootfs",
+        "--state-dir",
+        "--probe-timeout",
+    ):
+        assert flag in out
+
+
+def test_all_pass_exits_0(tmp_path: Path) -> None:
+    result = invoke([*_base(tmp_path), "--quick"])
+    assert result.exit_code == 0, result.output
+    assert "fit to benchmark" in result.output and "FAIL" not in result.output
+
+
+def test_a_warning_exits_1(tmp_path: Path) -> None:
+    result = invoke([*_base(tmp_path, rootfs="docker"), "--quick"])
+    assert result.exit_code == 1, result.output
+    assert "WARN    context" in result.output
+    assert "→ results can differ from native" in result.output
+
+
+def test_a_failure_exits_2(tmp_path: Path) -> None:
+    hot = nvml_fixture(tmp_path, set={"memory_temperature": 91.0})
+    result = invoke([*_base(tmp_path, hot), "--quick"])
+    assert result.exit_code == 2, result.output
+    line = next(x for x in result.output.splitlines() if "memory-temperature" in x)
+    assert line.split() == [
+        "FAIL",
+        "memory-temperature",
+        "0",
+        "memory",
+        "91",
+        "°C",
+        "≥",
+        "85",
+        "°C",
+    ]
+    assert "not fit to benchmark" in result.output
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--expect-gpus", "-1"],
+        ["--no-such-flag"],
+        ["--nvml-fixture", "/nonexistent/fixture.json"],
+        ["--probe-fixture", "/nonexistent/probe.json"],
+        ["--log-level", "loud"],
+        ["--probe-timeout", "0"],
+    ],
+)
+def test_bad_usage_exits_3(args: list[str]) -> None:
+    result = CliRunner().invoke(check, args, obj=QUIET)
+    assert result.exit_code == 3, result.output
+    assert "Error" in result.output
+
+
+def test_exit_codes_survive_registration_in_a_group(tmp_path: Path) -> None:
+    import click
+
+    @click.group()
+    def main() -> None:
+        """Stands in for sparkdiag.cli.main, which registers check with add_command."""
+
+    main.add_command(check)
+    runner = CliRunner()
+    assert runner.invoke(main, ["check", "--bogus"], obj=QUIET).exit_code == 3
+    hot = nvml_fixture(tmp_path, set={"clock_event_reasons": 0x20})
+    result = runner.invoke(main, ["check", *_base(tmp_path, hot), "--quick"], obj=QUIET)
+    assert result.exit_code == 2, result.output
+
+
+def test_expected_gpu_missing_fails(tmp_path: Path) -> None:
+    result = invoke([*_base(tmp_path), "--quick", "--expect-gpus", "2"])
+    assert result.exit_code == 2
+    assert "1 GPU visible: NVIDIA H200, 2 expected" in result.output
+
+
+# -- output --------------------------------------------------------------------------------------
+
+
+def test_json_document(tmp_path: Path) -> None:
+    result = invoke([*_base(tmp_path, rootfs="docker"), "--quick", "--json"])
+    doc = json.loads(result.output)
+    assert doc["schema"] == "sparkdiag-check/1"
+    assert (doc["status"], doc["exit_code"], result.exit_code) == ("warn", 1, 1)
+    assert doc["quick"] is True and doc["duration_seconds"] >= 0
+    names = [c["name"] for c in doc["checks"]]
+    assert names[:3] == ["nvml", "gpus", "versions"]
+    assert set(names) == {name for name, _ in CHECKS}
+    ctx_row = next(c for c in doc["checks"] if c["name"] == "context")
+    assert ctx_row["status"] == "warn" and ctx_row["data"]["runtime"] == "docker"
+    assert sum(doc["counts"].values()) == len(doc["checks"])
+
+
+def test_table_is_plain_when_piped(tmp_path: Path) -> None:
+    result = invoke([*_base(tmp_path), "--quick"])
+    assert "\x1b[" not in result.output
+    header = result.output.splitlines()[0]
+    assert header.split() == ["STATUS", "CHECK", "GPU", "FINDING"]
+
+
+def test_table_colours_status_when_asked() -> None:
+    rows = [CheckResult("a", "pass", "fine"), CheckResult("b", "fail", "bad", "fix it")]
+    coloured = table(rows, 1.0, colour=True)
+    assert "\x1b[" in coloured and "\x1b[" not in table(rows, 1.0, colour=False)
+
+
+def test_no_gpu_machine_skips_gpu_checks_and_runs_host_checks(tmp_path: Path) -> None:
+    sysfs = empty_sysfs(tmp_path)
+    nvme = sysfs / "bus" / "pci" / "devices" / "0000:01:00.0"
+    nvme.mkdir()
+    for name, value in (
+        ("class", "0x010802"),
+        ("current_link_speed", "16.0 GT/s PCIe"),
+        ("max_link_speed", "16.0 GT/s PCIe"),
+        ("current_link_width", "4"),
+        ("max_link_width", "4"),
+    ):
+        (nvme / name).write_text(value + "\n")
+    args = [
+        "--nvml-fixture",
+        str(NVML / "no-nvml.json"),
+        "--path.sysfs",
+        str(sysfs),
+        "--path.rootfs",
+        str(ROOTFS / "native"),
+        "--json",
+    ]
+    result = invoke(args)
+    doc = json.loads(result.output)
+    rows = {c["name"]: c for c in doc["checks"]}
+    gpu_checks = [
+        "gpus",
+        "idle",
+        "gpu-temperature",
+        "memory-temperature",
+        "clock-reasons",
+        "pcie-gpu",
+        "ecc",
+        "row-remap",
+        "persistence",
+        "compute-mode",
+        "mig",
+        "probe",
+        "sm-clock",
+        "int4-decode",
+        "versions",
+        "nvml",
+    ]
+    for name in gpu_checks:
+        assert rows[name]["status"] == "skip", rows[name]
+    assert "NVML unavailable" in rows["idle"]["finding"]
+    assert rows["pcie-host"]["status"] == "pass"
+    assert rows["pcie-host"]["finding"] == "0000:01:00.0 nvme Gen4 x4 (max)"
+    assert rows["context"]["status"] == "pass"
+    assert rows["xid"]["status"] == "pass"
+    assert result.exit_code == 0
+    table_out = invoke(args[:-1]).output
+    assert table_out.rstrip().endswith("fit to benchmark (no GPU was checked)")
+
+
+def test_probe_fixture_replays_a_worker_document(tmp_path: Path) -> None:
+    args = [*_base(tmp_path), "--probe-fixture", str(PROBE_FIXTURE), "--json"]
+    result = invoke(args, REPLAY)
+    doc = json.loads(result.output)
+    rows = {c["name"]: c for c in doc["checks"]}
+    assert rows["probe"]["status"] == "pass"
+    assert rows["probe"]["finding"].startswith("at 8192x8192x8192: bf16 686 TFLOPS")
+    assert rows["sm-clock"]["status"] == "pass"
+    assert rows["int4-decode"]["status"] == "pass"
+    assert result.exit_code == 0, result.output
+
+
+def test_quick_on_fixtures_is_well_under_3_seconds(tmp_path: Path) -> None:
+    args = _base(tmp_path, NVML / "h200-x8.json")
+    started = time.monotonic()
+    result = invoke([*args, "--quick"], Sources(launcher=_never))  # real torch and kernel readers
+    elapsed = time.monotonic() - started
+    assert result.exit_code in (0, 1, 2), result.output
+    assert elapsed < 1.5, elapsed
+
+
+# -- report and the check loop ------------------------------------------------------------------
+
+
+def test_worst_and_exit_code() -> None:
+    assert worst([]) == "skip" and exit_code([]) == 0
+    assert worst(["skip", "pass"]) == "pass" and exit_code(["skip", "pass"]) == 0
+    assert exit_code(["pass", "warn", "skip"]) == 1
+    assert exit_code(["warn", "fail"]) == 2
+
+
+def test_summary_counts_and_verdict() -> None:
+    rows = [
+        CheckResult("a", "pass", "x"),
+        CheckResult("b", "skip", "y"),
+        CheckResult("c", "warn", "z"),
+    ]
+    assert summary(rows, 4.24) == (
+        "1 pass, 1 warn, 0 fail, 1 skip in 4.2 s: fit to benchmark with care: read the warnings"
+    )
+
+
+def test_table_aligns_columns_and_merges_identical_gpu_rows() -> None:
+    rows = [CheckResult("mig", "pass", "MIG off", gpu=str(i)) for i in range(4)]
+    rows.append(CheckResult("mig", "pass", "MIG off", gpu="6"))
+    rows.append(CheckResult("pcie-host", "fail", "0002:01:00.0 mlx5_core x2 of x4", "reseat"))
+    assert gpu_list(["0", "1", "2", "3", "6"]) == "0-3,6"
+    assert [g for _, g in merge(rows)] == ["0-3,6", "-"]
+    lines = table(rows, 0.5).splitlines()
+    assert lines[0] == "STATUS  CHECK      GPU    FINDING"
+    assert lines[1] == "PASS    mig        0-3,6  MIG off"
+    assert lines[2] == "FAIL    pcie-host  -      0002:01:00.0 mlx5_core x2 of x4"
+    assert lines[3] == " " * len("FAIL    pcie-host  -      ") + "→ reseat"
+
+
+def test_document_shape() -> None:
+    rows = [CheckResult("a", "fail", "f", "do", gpu="0", data={"x": 1})]
+    doc = document(rows, 1.23456, quick=False)
+    assert doc == {
+        "schema": "sparkdiag-check/1",
+        "status": "fail",
+        "exit_code": 2,
+        "duration_seconds": 1.235,
+        "quick": False,
+        "counts": {"pass": 0, "warn": 0, "fail": 1, "skip": 0},
+        "checks": [
+            {
+                "name": "a",
+                "status": "fail",
+                "gpu": "0",
+                "finding": "f",
+                "action": "do",
+                "data": {"x": 1},
+            }
+        ],
+    }
+
+
+def test_a_crashing_check_is_a_warning_not_a_crash(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(ctx: object) -> list[CheckResult]:
+        raise ZeroDivisionError("oops")
+
+    results = run_checks(context(poll(NVML / "h200-idle.json")), (("boom", boom),))
+    assert [(r.name, r.status) for r in results] == [("boom", "warn")]
+    assert "ZeroDivisionError: oops" in results[0].finding
+    assert checks_module.CHECKS  # the real list is untouched
+
+
+def test_every_load_check_is_in_the_list() -> None:
+    assert {name for name, _ in CHECKS} >= LOAD_CHECKS

@@ -1,0 +1,293 @@
+"""Health (ECC, row remapping, XID) and machine-wide checks of ``sparkdiag check``: host PCIe
+links, execution context, CPU governor, unified memory; and the host readers behind them."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+from sparkdiag.check import host
+from sparkdiag.check.health import check_ecc, check_row_remap, check_xid, parse_xids
+from sparkdiag.check.host_checks import check_context, check_governor, check_unified_memory
+from sparkdiag.check.links import check_pcie_host
+from sparkdiag.check.model import KernelLog
+from sparkdiag.telemetry.snapshot import HostSample
+from tests.test_check_support import (
+    NVML,
+    ROOTFS,
+    SYSFS,
+    context,
+    copy_tree,
+    derived,
+    empty_sysfs,
+    only,
+    poll,
+)
+
+GB = 1e9
+
+# -- ECC and row remapping --------------------------------------------------------------------
+
+
+def test_ecc_outcomes(tmp_path: Path) -> None:
+    r = only(check_ecc(context(poll(NVML / "h200-idle.json"))))
+    assert (r.status, r.finding) == ("pass", "0 uncorrected, 0 corrected ECC errors (lifetime)")
+    bad = derived(tmp_path, **{"ecc_total/1": 3, "remapped_rows": [0, 1, 1, 0]})
+    r = only(check_ecc(context(bad)))
+    assert (r.status, r.finding) == ("fail", "3 uncorrected, 0 corrected ECC errors (lifetime)")
+    assert "nvidia-smi -r" in r.action
+
+
+def test_ecc_repaired_by_row_remapping_warns(tmp_path: Path) -> None:
+    snap = derived(tmp_path, **{"ecc_total/1": 2, "remapped_rows": [0, 2, 0, 0]})
+    r = only(check_ecc(context(snap)))
+    assert r.status == "warn" and "row remapping repaired them" in r.finding
+
+
+def test_ecc_not_reported_on_gb10_skips() -> None:
+    assert only(check_ecc(context(poll(NVML / "gb10-idle.json")))).status == "skip"
+
+
+def test_row_remap_outcomes(tmp_path: Path) -> None:
+    r = only(check_row_remap(context(poll(NVML / "h200-idle.json"))))
+    assert (r.status, r.finding) == ("pass", "no pending or failed remap (0 rows remapped)")
+    r = only(check_row_remap(context(derived(tmp_path, remapped_rows=[0, 1, 1, 0]))))
+    assert (r.status, r.finding) == ("fail", "row remap pending (1 rows remapped)")
+    assert r.action.endswith("sudo nvidia-smi -r -i 0 (or reboot)")
+    (tmp_path / "b").mkdir()
+    r = only(check_row_remap(context(derived(tmp_path / "b", remapped_rows=[3, 5, 0, 1]))))
+    assert (r.status, r.finding) == ("fail", "row remapping failed (8 rows remapped)")
+    assert "RMA" in r.action
+    assert only(check_row_remap(context(poll(NVML / "gb10-idle.json")))).status == "skip"
+
+
+# -- XID -----------------------------------------------------------------------------------------
+
+XID_79 = (
+    "NVRM: Xid (PCI:0000:00:06): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."
+)
+XID_13 = "NVRM: Xid (PCI:0000:00:06): 13, Graphics Exception: ESR 0x404600=0x80000002"
+
+
+def test_xid_none_passes() -> None:
+    log = KernelLog(("Linux version 6.8", "nvidia: module loaded"), "/dev/kmsg")
+    r = only(check_xid(context(poll(NVML / "h200-idle.json"), kernel_log=log)))
+    assert (r.status, r.finding) == ("pass", "no XID event in the kernel log (/dev/kmsg)")
+
+
+def test_xid_hardware_event_fails_and_names_the_gpu() -> None:
+    log = KernelLog((XID_79,), "/dev/kmsg")
+    r = only(check_xid(context(poll(NVML / "h200-idle.json"), kernel_log=log)))
+    assert r.status == "fail"
+    assert r.finding == "XID 79 ×1 (0000:00:06, GPU 0): GPU fell off the bus (since boot)"
+    assert "reboot" in r.action and "xid-errors" in r.action
+
+
+def test_xid_application_event_warns() -> None:
+    log = KernelLog((XID_13, XID_13), "dmesg")
+    r = only(check_xid(context(poll(NVML / "h200-idle.json"), kernel_log=log)))
+    assert r.status == "warn"
+    assert r.finding.startswith("XID 13 ×2 (0000:00:06, GPU 0): graphics engine exception")
+
+
+def test_xid_unreadable_kernel_log_skips() -> None:
+    log = KernelLog(None, "/dev/kmsg", "cannot open /dev/kmsg: Operation not permitted")
+    r = only(check_xid(context(poll(NVML / "h200-idle.json"), kernel_log=log)))
+    assert r.status == "skip" and "Operation not permitted" in r.finding
+    assert "dmesg_restrict" in r.action
+
+
+def test_parse_xids_of_kmsg_and_dmesg_lines() -> None:
+    lines = (f"[  12.5] {XID_79}", XID_13, "unrelated")
+    assert parse_xids(lines) == [("0000:00:06", 79), ("0000:00:06", 13)]
+
+
+def test_kernel_log_read_under_a_fake_root(tmp_path: Path) -> None:
+    (tmp_path / "dev").mkdir()
+    (tmp_path / "dev" / "kmsg").write_text(f"6,1,100,-;boot\n4,2,200,-;{XID_79}\n")
+    log = host.read_kernel_log(tmp_path)
+    assert log.lines == ("boot", XID_79)
+    missing = host.read_kernel_log(tmp_path / "nothing")
+    assert missing.lines is None and missing.unreadable is not None
+
+
+def test_kernel_log_of_this_machine_reads_or_says_why() -> None:
+    log = host.read_kernel_log(Path("/"))
+    assert (log.lines is None) == (log.unreadable is not None)
+
+
+# -- host PCIe links -----------------------------------------------------------------------------
+
+
+def test_pcie_host_lane_degraded_connectx7_fails() -> None:
+    snap = poll(NVML / "gb10-idle.json", sysfs=SYSFS / "dgx-spark")
+    results = {r.finding.split()[0]: r for r in check_pcie_host(context(snap))}
+    assert set(results) == {"0000:01:00.0", "0002:01:00.0", "0004:01:00.0", "0007:01:00.0"}
+    bad = results["0002:01:00.0"]
+    assert (bad.status, bad.finding) == ("fail", "0002:01:00.0 mlx5_core x2 of x4 (Gen5)")
+    assert "firmware" in bad.action and "lspci -vv -s 0002:01:00.0" in bad.action
+    assert results["0000:01:00.0"].finding == "0000:01:00.0 mlx5_core Gen5 x4 (max)"
+    assert results["0004:01:00.0"].status == "pass"
+    assert results["0007:01:00.0"].finding == "0007:01:00.0 r8127 Gen4 x1 (max)"
+
+
+def test_pcie_host_speed_below_max_warns(tmp_path: Path) -> None:
+    tree = copy_tree(SYSFS / "dgx-spark", tmp_path / "sysfs")
+    nvme = tree / "bus" / "pci" / "devices" / "0004:01:00.0" / "current_link_speed"
+    nvme.resolve().write_text("16.0 GT/s PCIe\n")
+    snap = poll(NVML / "gb10-idle.json", sysfs=tree)
+    r = next(r for r in check_pcie_host(context(snap)) if r.finding.startswith("0004:01:00.0"))
+    assert (r.status, r.finding) == ("warn", "0004:01:00.0 nvme Gen4 of Gen5, x4")
+
+
+def test_pcie_host_without_nic_or_nvme_skips(tmp_path: Path) -> None:
+    snap = poll(NVML / "h200-idle.json", sysfs=empty_sysfs(tmp_path))
+    assert only(check_pcie_host(context(snap))).status == "skip"
+
+
+# -- context -------------------------------------------------------------------------------------
+
+
+def test_context_native_passes() -> None:
+    snap = poll(NVML / "h200-idle.json", rootfs=ROOTFS / "lent-vm")
+    r = only(check_context(context(snap)))
+    assert (r.status, r.finding) == ("pass", "native (no container detected)")
+
+
+def test_context_container_warns_with_how_to_measure_the_gap() -> None:
+    snap = poll(NVML / "h200-idle.json", rootfs=ROOTFS / "docker")
+    r = only(check_context(context(snap)))
+    assert r.status == "warn"
+    assert r.finding.startswith("inside a container (docker: /.dockerenv")
+    assert "sparkdiag compare -- docker run -i --rm --gpus all <image> python3 -" in r.action
+
+
+def test_context_unknown_skips() -> None:
+    from dataclasses import replace
+
+    snap = replace(poll(NVML / "h200-idle.json"), context=None)
+    assert only(check_context(context(snap))).status == "skip"
+
+
+# -- CPU governor --------------------------------------------------------------------------------
+
+
+def _cpus(tmp_path: Path, *governors: str) -> Path:
+    root = tmp_path / "sysfs-cpu"
+    for n, governor in enumerate(governors):
+        d = root / "devices" / "system" / "cpu" / f"cpu{n}" / "cpufreq"
+        d.mkdir(parents=True)
+        (d / "scaling_governor").write_text(governor + "\n")
+    (root / "devices" / "system" / "cpu" / "cpufreq").mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def test_governor_performance_passes(tmp_path: Path) -> None:
+    governors, note = host.read_governors(_cpus(tmp_path, "performance", "performance"))
+    assert governors == {"cpu0": "performance", "cpu1": "performance"} and note == ""
+    snap = poll(NVML / "h200-idle.json")
+    r = only(check_governor(context(snap, governors=governors)))
+    assert (r.status, r.finding) == ("pass", "performance on all 2 CPUs")
+
+
+def test_governor_powersave_warns(tmp_path: Path) -> None:
+    governors, _ = host.read_governors(_cpus(tmp_path, "schedutil", "schedutil", "performance"))
+    r = only(check_governor(context(poll(NVML / "h200-idle.json"), governors=governors)))
+    assert r.status == "warn"
+    assert r.finding == "schedutil on 2, performance on 1 of 3 CPUs (not performance)"
+    assert r.action.startswith("sudo cpupower frequency-set -g performance")
+
+
+def test_governor_without_cpufreq_skips(tmp_path: Path) -> None:
+    governors, note = host.read_governors(empty_sysfs(tmp_path))
+    assert governors is None
+    r = only(
+        check_governor(context(poll(NVML / "h200-idle.json"), governors=None, governor_note=note))
+    )
+    assert r.status == "skip" and "devices/system/cpu" in r.finding
+
+
+# -- unified memory ------------------------------------------------------------------------------
+
+
+def _gb10(total: float, available: float, free: float, cached: float) -> str:
+    memory = {
+        "total": total * GB,
+        "available": available * GB,
+        "free": free * GB,
+        "cached": cached * GB,
+    }
+    snap = poll(
+        NVML / "gb10-idle.json", sysfs=SYSFS / "dgx-spark", host=HostSample(memory_bytes=memory)
+    )
+    r = only(check_unified_memory(context(snap)))
+    return f"{r.status}: {r.finding} | {r.action}"
+
+
+def test_unified_memory_with_headroom_passes() -> None:
+    assert _gb10(128, 110, 100, 8).startswith(
+        "pass: available 110.0 of 128.0 GB (86%), free 100.0 GB, page cache 8.0 GB"
+    )
+
+
+def test_unified_memory_full_page_cache_warns_with_drop_caches() -> None:
+    text = _gb10(128, 100, 40, 58)
+    assert text.startswith("warn: available 100.0 of 128.0 GB (78%), free 40.0 GB, page cache 58.0")
+    assert "sync; echo 3 | sudo tee /proc/sys/vm/drop_caches" in text
+
+
+def test_unified_memory_low_available_warns_and_very_low_fails() -> None:
+    assert _gb10(128, 25, 20, 4).startswith("warn: available 25.0 of 128.0 GB (20%)")
+    assert _gb10(128, 9, 5, 3).startswith("fail: available 9.0 of 128.0 GB (7%)")
+
+
+def test_unified_memory_skips_on_a_dedicated_gpu_and_without_host_memory() -> None:
+    r = only(check_unified_memory(context(poll(NVML / "h200-idle.json"))))
+    assert (r.status, r.finding) == (
+        "skip",
+        "not a unified-memory machine (GPU has its own memory)",
+    )
+    from dataclasses import replace
+
+    snap = replace(poll(NVML / "gb10-idle.json"), host=None)
+    assert only(check_unified_memory(context(snap))).finding == "host memory not readable"
+
+
+# -- torch, read without importing it --------------------------------------------------------
+
+
+def test_torch_info_reads_version_and_cuda_without_importing(tmp_path: Path) -> None:
+    package = tmp_path / "torch"
+    package.mkdir()
+    (package / "__init__.py").write_text("raise RuntimeError('must not be imported')\n")
+    (package / "version.py").write_text(
+        "__version__ = '2.11.0+cu130'\ncuda: Optional[str] = '13.0'\n"
+    )
+
+    class Spec:
+        def __init__(self) -> None:
+            self.submodule_search_locations = [str(package)]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(importlib.metadata, "version", lambda name: "2.11.0+cu130")
+        mp.setattr(importlib.util, "find_spec", lambda name: Spec())
+        info = host.torch_info("py")
+    assert (info.version, info.cuda) == ("2.11.0+cu130", "13.0")
+
+
+def test_torch_info_of_this_environment() -> None:
+    info = host.torch_info()
+    try:
+        expected = importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        expected = None
+    assert info.version == expected
+
+
+def test_process_names(tmp_path: Path) -> None:
+    assert host.process_names(Path("/"), [os.getpid()])[os.getpid()]
+    assert host.process_names(tmp_path, [4242]) == {}

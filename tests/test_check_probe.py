@@ -1,0 +1,356 @@
+"""The probe part of ``sparkdiag check``: throughput against baseline and reference, the SM clock
+under load, int4 at the decode shape; gathering (who gets probed); and the real worker once."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sparkdiag.check.gather import Sources, gather
+from sparkdiag.check.model import TorchInfo
+from sparkdiag.check.probe import BASELINE_FILENAME, worker_launcher
+from sparkdiag.check.probe_checks import check_int4_decode, check_probe, check_sm_clock
+from sparkdiag.config import Settings
+from sparkdiag.probe.baseline import BaselineKey, BaselineStore
+from sparkdiag.probe.runner import ProbeCycle
+from sparkdiag.probe.scheduler import FixtureLauncher
+from sparkdiag.telemetry.snapshot import GpuSample
+from tests.test_check_support import (
+    GOOD_TORCH,
+    NVML,
+    PROBE_FIXTURE,
+    ROOTFS,
+    SYSFS,
+    context,
+    cycle_of,
+    derived,
+    nvml_fixture,
+    only,
+    poll,
+    probe_doc,
+    probed,
+    result,
+)
+
+
+def _store(tmp_path: Path, tflops: float, shape: str = "8192x8192x8192") -> BaselineStore:
+    store = BaselineStore(tmp_path / BASELINE_FILENAME)
+    sw = probe_doc()["software"]
+    key = BaselineKey(
+        "GPU-979ad365-0b73-a0ac-74a2-3520b773d460",
+        "bf16",
+        shape,
+        "native",
+        sw["driver"],
+        sw["torch"],
+        sw["cuda"],
+    )
+    store.pin(key, tflops, note="test")
+    return store
+
+
+# -- throughput ----------------------------------------------------------------------------------
+
+
+def test_probe_passes_against_the_reference() -> None:
+    r = only(check_probe(probed(poll(NVML / "h200-idle.json"))))
+    assert r.status == "pass"
+    assert r.finding == (
+        "at 8192x8192x8192: bf16 686 TFLOPS (0.86 of MAMF 794); "
+        "fp16 655 TFLOPS (0.66 of datasheet 990)"
+    )
+
+
+def test_probe_far_below_the_mamf_reference_warns() -> None:
+    doc = probe_doc()
+    result(doc, "bf16", "compute")["tflops"] = 400.0
+    r = only(check_probe(probed(poll(NVML / "h200-idle.json"), doc)))
+    assert r.status == "warn"
+    assert "bf16 400 TFLOPS (0.50 of MAMF 794)" in r.finding
+
+
+def test_probe_below_the_stored_baseline_fails(tmp_path: Path) -> None:
+    store = _store(tmp_path, 760.0)
+    doc = probe_doc()
+    result(doc, "bf16", "compute")["tflops"] = 600.0
+    r = only(check_probe(probed(poll(NVML / "h200-idle.json"), doc, store=store)))
+    store.close()
+    assert r.status == "fail"
+    assert "bf16 600 TFLOPS (0.76 of MAMF 794, 0.79 of baseline 760)" in r.finding
+    assert r.data["figures"][0]["baseline"] == 760.0
+
+
+def test_probe_at_its_baseline_passes(tmp_path: Path) -> None:
+    store = _store(tmp_path, 700.0)
+    r = only(check_probe(probed(poll(NVML / "h200-idle.json"), store=store)))
+    store.close()
+    assert r.status == "pass" and "0.98 of baseline 700" in r.finding
+
+
+def test_probe_without_anything_to_compare_passes_and_says_so(tmp_path: Path) -> None:
+    snap = derived(tmp_path, name="NVIDIA RTX PRO 6000")
+    r = only(check_probe(probed(snap)))
+    assert r.status == "pass"
+    assert "bf16 686 TFLOPS (no baseline or reference)" in r.finding
+
+
+def test_probe_wrong_result_fails() -> None:
+    doc = probe_doc()
+    bad = result(doc, "fp16", "llm")
+    bad.update(status="error", tflops=None, reason="wrong result: max row relative error 0.9")
+    r = only(check_probe(probed(poll(NVML / "h200-idle.json"), doc)))
+    assert r.status == "fail"
+    assert r.finding == "probe failed: 1 kernel(s) failed: fp16 4096x11008x4096"
+    assert "CUDA_VISIBLE_DEVICES=GPU-979ad365" in r.action
+
+
+def test_probe_unsupported_skips_with_the_workers_reason() -> None:
+    doc = probe_doc()
+    doc.update(
+        status="unsupported",
+        results=[],
+        reason="cuda:0 is not available to torch 2.13.0+cpu (CUDA build: None)",
+    )
+    r = only(check_probe(probed(poll(NVML / "h200-idle.json"), doc)))
+    assert r.status == "skip"
+    assert r.finding.startswith("probe unsupported here: cuda:0 is not available to torch")
+
+
+def test_probe_timeout_and_busy_warn() -> None:
+    snap = poll(NVML / "h200-idle.json")
+    timeout = cycle_of(None, "timeout", "worker did not finish within 25 s and was killed")
+    r = only(check_probe(probed(snap, cycle=timeout)))
+    assert r.status == "warn" and "--probe-timeout" in r.action
+    busy = cycle_of(None, "skipped_busy", "other compute processes appeared on the GPU: [77]")
+    r = only(check_probe(probed(snap, cycle=busy)))
+    assert (r.status, r.finding) == (
+        "warn",
+        "probe skipped: other compute processes appeared on the GPU: [77]",
+    )
+    for check in (check_sm_clock, check_int4_decode):
+        assert only(check(probed(snap, cycle=busy))).status == "skip"
+
+
+# -- SM clock under load -------------------------------------------------------------------------
+
+
+def _clock(
+    snapshot_fixture: Path, mean: float | None, seen: int, load: tuple[GpuSample, ...] = ()
+) -> tuple[str, str, str]:
+    doc = probe_doc()
+    doc["conditions"].update(mean_sm_clock_hertz=mean, clock_event_reasons_seen=seen)
+    r = only(check_sm_clock(probed(poll(snapshot_fixture), doc, load=load)))
+    return r.status, r.finding, r.action
+
+
+def test_sm_clock_at_maximum_passes() -> None:
+    assert _clock(NVML / "h200-idle.json", 1.932e9, 0x1)[:2] == (
+        "pass",
+        "SM clock 1932 MHz under load (98% of 1980 MHz)",
+    )
+
+
+def test_sm_clock_slow_with_no_reason_fails() -> None:
+    status, finding, action = _clock(NVML / "h200-idle.json", 900e6, 0x0)
+    assert status == "fail"
+    assert finding == (
+        "SM clock 900 MHz under load (45% of 1980 MHz) with no clock event reason: "
+        "stuck in a slow state"
+    )
+    assert "sudo nvidia-smi -r -i 0" in action
+
+
+def test_gb10_stuck_in_a_slow_state_fails() -> None:
+    status, finding, _ = _clock(NVML / "gb10-idle.json", 850e6, 0x0)
+    assert status == "fail"
+    assert finding.startswith("SM clock 850 MHz under load (28% of 3003 MHz) with no clock event")
+
+
+def test_sm_clock_slow_with_thermal_reason_fails() -> None:
+    status, finding, _ = _clock(NVML / "h200-idle.json", 1.2e9, 0x21)
+    assert status == "fail"
+    assert finding == "SM clock 1200 MHz under load (61% of 1980 MHz), sw_thermal_slowdown seen"
+
+
+def test_sm_clock_slow_with_power_cap_warns() -> None:
+    status, finding, action = _clock(NVML / "h200-idle.json", 1.425e9, 0x5)
+    assert status == "warn"
+    assert finding == "SM clock 1425 MHz under load (72% of 1980 MHz), power-capped at 548 of 700 W"
+    assert "nvidia-smi -pl" in action
+
+
+def test_sm_clock_fast_but_thermal_reason_seen_warns() -> None:
+    status, finding, _ = _clock(NVML / "h200-idle.json", 1.9e9, 0x40)
+    assert status == "warn" and finding.endswith("hw_thermal_slowdown seen")
+
+
+def test_sm_clock_uses_the_loaded_polls_too() -> None:
+    # The worker's mean includes the gaps between kernels; a poll under load saw the peak.
+    loaded = poll(NVML / "h200-load.json").gpus  # 1440 MHz, utilization 100 %, sw_power_cap
+    status, finding, _ = _clock(NVML / "h200-idle.json", 700e6, 0x0, load=loaded)
+    assert status == "warn"
+    assert finding.startswith("SM clock 1440 MHz under load (73% of 1980 MHz), power-capped")
+
+
+def test_sm_clock_not_recorded_skips() -> None:
+    status, finding, _ = _clock(NVML / "h200-idle.json", None, 0x0)
+    assert status == "skip" and "no SM clock" in finding
+
+
+# -- int4 at the decode shape --------------------------------------------------------------------
+
+
+def test_int4_faster_than_16_bit_at_decode_passes() -> None:
+    r = only(check_int4_decode(probed(poll(NVML / "h200-idle.json"))))
+    assert (r.status, r.finding) == (
+        "pass",
+        "int4 1.81× bf16 at decode 1x8192x8192 (6.52 against 3.61 TFLOPS)",
+    )
+
+
+def test_int4_slower_than_16_bit_at_decode_warns() -> None:
+    doc = probe_doc()
+    result(doc, "int4", "decode")["tflops"] = 2.9
+    r = only(check_int4_decode(probed(poll(NVML / "h200-idle.json"), doc)))
+    assert r.status == "warn"
+    assert r.finding == (
+        "int4 slower than bf16 at decode 1x8192x8192: 0.80× (2.9 against 3.61 TFLOPS)"
+    )
+    assert "memory temperature" in r.action
+
+
+def test_int4_unsupported_skips_with_its_reason() -> None:
+    doc = probe_doc()
+    result(doc, "int4", "decode").update(
+        status="unsupported", tflops=None, reason="torch 2.3.0 has no torch._weight_int4pack_mm"
+    )
+    r = only(check_int4_decode(probed(poll(NVML / "h200-idle.json"), doc)))
+    assert r.status == "skip"
+    assert r.finding == "int4 unsupported: torch 2.3.0 has no torch._weight_int4pack_mm"
+
+
+# -- gathering -----------------------------------------------------------------------------------
+
+
+def _never(gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle:
+    raise AssertionError(f"the worker must not run (GPU {gpu.identity.index})")
+
+
+def _settings(fixture: Path, tmp_path: Path) -> Settings:
+    return Settings(
+        nvml_fixture=fixture,
+        sysfs=SYSFS / "h200-vm",
+        rootfs=ROOTFS / "native",
+        state_dir=tmp_path / "state",
+    )
+
+
+def test_quick_never_runs_the_worker(tmp_path: Path) -> None:
+    ctx = gather(
+        _settings(NVML / "h200-x8.json", tmp_path),
+        quick=True,
+        sources=Sources(launcher=_never, torch=GOOD_TORCH),
+    )
+    assert ctx.probes == {} and ctx.probe_skipped is not None
+    r = only(check_probe(ctx))
+    assert r.status == "skip" and r.finding.startswith("--quick")
+
+
+def test_busy_gpu_is_not_probed(tmp_path: Path) -> None:
+    fixture = nvml_fixture(tmp_path, set={"compute_processes": [{"pid": 4242, "used_memory": 1}]})
+    ctx = gather(_settings(fixture, tmp_path), sources=Sources(launcher=_never, torch=GOOD_TORCH))
+    r = only(check_probe(ctx))
+    assert r.status == "skip" and r.finding == "not probed: GPU busy: pid 4242"
+
+
+def test_no_torch_skips_the_probe(tmp_path: Path) -> None:
+    ctx = gather(
+        _settings(NVML / "h200-idle.json", tmp_path),
+        sources=Sources(torch=TorchInfo(None, None, "/usr/bin/python3")),
+    )
+    r = only(check_probe(ctx))
+    assert r.status == "skip"
+    assert r.finding.startswith("torch is not installed for /usr/bin/python3")
+
+
+def test_replayed_probe_on_every_gpu_with_load_polls(tmp_path: Path) -> None:
+    ctx = gather(
+        _settings(NVML / "h200-x8.json", tmp_path),
+        sources=Sources(launcher=FixtureLauncher(PROBE_FIXTURE), torch=GOOD_TORCH),
+    )
+    assert sorted(ctx.probes) == list(range(8))
+    assert all(p.load for p in ctx.probes.values())
+    assert [r.status for r in check_probe(ctx)] == ["pass"] * 8
+    assert not (tmp_path / "state").exists()  # the check never creates a baseline store
+
+
+def test_stored_baselines_are_read_not_taught(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    store = _store(state, 850.0)
+    before = store.runs(store.list()[0].key)
+    store.close()
+    ctx = gather(
+        _settings(NVML / "h200-idle.json", tmp_path),
+        sources=Sources(launcher=FixtureLauncher(PROBE_FIXTURE), torch=GOOD_TORCH),
+    )
+    r = only(check_probe(ctx))
+    assert r.status == "fail" and "0.81 of baseline 850" in r.finding
+    with BaselineStore(state / BASELINE_FILENAME) as again:
+        assert again.runs(again.list()[0].key) == before == []
+
+
+def test_a_crashing_launcher_is_reported_not_raised(tmp_path: Path) -> None:
+    def broken(gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle:
+        raise OSError("no such interpreter")
+
+    ctx = gather(
+        _settings(NVML / "h200-idle.json", tmp_path),
+        sources=Sources(launcher=broken, torch=GOOD_TORCH),
+    )
+    r = only(check_probe(ctx))
+    assert r.status == "fail" and "OSError: no such interpreter" in r.finding
+
+
+# -- the real worker -----------------------------------------------------------------------------
+
+
+def test_real_worker_on_a_machine_without_cuda_reports_unsupported(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    ctx = gather(_settings(NVML / "h200-idle.json", tmp_path), sources=Sources(torch=GOOD_TORCH))
+    cycle = ctx.probes[0].cycle
+    assert cycle is not None
+    if cycle.result == "ok":
+        pytest.skip("this machine has a CUDA GPU: the fixture's uuid is not it, yet torch ran")
+    r = only(check_probe(ctx))
+    assert r.status == "skip", (r, cycle.stderr_tail)
+    assert "not available to torch" in r.finding
+    assert only(check_sm_clock(ctx)).status == "skip"
+
+
+def test_real_worker_plumbing_on_cpu(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    launcher = worker_launcher(120.0, extra_args=("--device", "cpu", "--small"))
+    ctx = gather(
+        _settings(NVML / "h200-idle.json", tmp_path),
+        sources=Sources(launcher=launcher, torch=GOOD_TORCH),
+    )
+    cycle = ctx.probes[0].cycle
+    assert cycle is not None
+    assert cycle.result == "ok", (cycle.reason, cycle.stderr_tail)
+    assert cycle.document is not None
+    assert cycle.document["config"]["dtypes"] == ["bf16", "fp16", "int4"]
+    assert cycle.document["bandwidth"] is None
+    kinds = {(f.dtype, f.kind) for f in ctx.probes[0].figures}
+    assert {("bf16", "compute"), ("fp16", "decode"), ("int4", "decode")} <= kinds
+    r = only(check_probe(ctx))
+    # A CPU is far below an H200's MAMF figure: the comparison itself is what is tested.
+    assert r.status == "warn" and "of MAMF 794" in r.finding
+    assert only(check_int4_decode(ctx)).status in ("pass", "warn", "skip")
+
+
+def test_context_helper_defaults_are_neutral() -> None:
+    ctx = context(poll(NVML / "h200-idle.json"))
+    assert ctx.torch == GOOD_TORCH and ctx.probes == {}
