@@ -74,6 +74,7 @@ def test_missing_file(tmp_path: Path) -> None:
 
 def test_default_config_lists_every_key_and_round_trips(tmp_path: Path) -> None:
     text = default_config_text()
+
     def leaves(table: dict[str, object]) -> list[object]:
         return [x for v in table.values() for x in (leaves(v) if isinstance(v, dict) else [v])]
 
