@@ -754,3 +754,24 @@ def test_diagnose_runtime_messages(
     assert failure is not None
     assert failure.kind == kind
     assert expected in failure.message
+
+
+def test_diagnosis_names_another_process_on_the_gpu() -> None:
+    """Seen on the lent H200: a second process loading the GPU only during the container rounds
+    lowered their clock too; the cause to name is the other process, not heat."""
+    from sparkdiag.probe.compare import _sharing_text, _throttle_text
+
+    native = {
+        "mean_sm_clock_hertz": 1838e6,
+        "clock_event_reasons": ["sw_power_cap"],
+        "other_pids": [],
+    }
+    container = {
+        "mean_sm_clock_hertz": 1715e6,
+        "clock_event_reasons": ["sw_power_cap"],
+        "other_pids": [601],
+    }
+    text = _sharing_text(native, container)
+    assert text is not None and "pid 601" in text and "another process" in text
+    assert _sharing_text(native, native) is None
+    assert _throttle_text(native, container) is not None  # the clock drop is still visible

@@ -408,8 +408,11 @@ class Comparison:
                 "rather than from the container; to measure the environment alone, install "
                 "natively the torch/CUDA/cuBLAS the image has, and compare again"
             )
+        shared = _sharing_text(self.native.conditions, self.container.conditions)
+        if shared:
+            reasons.append(shared)
         throttled = _throttle_text(self.native.conditions, self.container.conditions)
-        if throttled:
+        if throttled and not shared:
             reasons.append(throttled)
         if not reasons:
             slow = [r for r in self.measured_rows if (r.gap or 0.0) > max_gap]
@@ -1031,7 +1034,11 @@ def _side(
     temps: list[float] = []
     clocks: list[float] = []
     mask: int | None = None
+    others: set[int] = set()
     for doc in docs:
+        busy = doc.get("busy")
+        if isinstance(busy, Mapping):
+            others.update(p for p in busy.get("other_pids") or () if isinstance(p, int))
         conditions = doc.get("conditions")
         if not isinstance(conditions, Mapping):
             continue
@@ -1052,7 +1059,20 @@ def _side(
             "max_gpu_temperature_celsius": max(temps) if temps else None,
             "mean_sm_clock_hertz": statistics.median(clocks) if clocks else None,
             "clock_event_reasons": None if mask is None else decode_reasons(mask),
+            "other_pids": sorted(others),
         },
+    )
+
+
+def _sharing_text(native: Mapping[str, Any], container: Mapping[str, Any]) -> str | None:
+    """A line when other processes computed on the GPU during the container's rounds only."""
+    extra = sorted(set(container.get("other_pids") or ()) - set(native.get("other_pids") or ()))
+    if not extra:
+        return None
+    return (
+        f"another process computed on the GPU during the container's rounds (pid "
+        f"{', '.join(map(str, extra))}): the two sides did not have the GPU alike; stop it and "
+        "compare again (leave --probe-when at idle to have such rounds skipped)"
     )
 
 

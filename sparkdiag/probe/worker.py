@@ -76,10 +76,12 @@ ASSUMED_L2_BYTES = 60 * 1024 * 1024  # H200; used where torch does not say
 MAX_ROTATION_BYTES = 2 * 1024**3
 REF_ROWS = 64
 MIN_ITERS = 5
-MAX_ITERS = 50
+MAX_ITERS = 300
 PROGRESS_PREFIX = "sparkdiag-progress "
 MAX_WARMUP_ITERS = 500
-BUDGET_PLANNING_FRACTION = 0.75  # plan for 75 % of the budget, keep headroom
+# Share of the time budget per kernel kind (see Budget).
+KIND_WEIGHTS = {"compute": 4.0, "llm": 1.5, "decode": 0.5}
+BUDGET_PLANNING_FRACTION = 0.80  # plan for 75 % of the budget, keep headroom
 NVML_SAMPLE_PERIOD = 0.05
 NVML_FI_DEV_MEMORY_TEMP = 82
 UNSUPPORTED_PATTERNS = (
@@ -958,13 +960,23 @@ def _result(spec: KernelSpec, m: int, status: str, reason: str | None) -> dict[s
 
 @dataclass
 class Budget:
+    """GPU-busy time left for the kernels still to run, shared out by weight: compute-bound
+    kernels get more (their median must span the power-cap controller's swings), memory-bound
+    ones less (many short iterations fit in little time)."""
+
     seconds: float
     kernels_left: int
     busy: float = 0.0
+    weight_left: float = 0.0
 
-    def share(self) -> float:
+    def share(self, weight: float = 1.0) -> float:
         target = self.seconds * BUDGET_PLANNING_FRACTION
-        return max(0.0, target - self.busy) / max(1, self.kernels_left)
+        total = self.weight_left if self.weight_left > 0 else max(1, self.kernels_left)
+        return max(0.0, target - self.busy) * weight / total
+
+    def done(self, weight: float = 1.0) -> None:
+        self.kernels_left = max(0, self.kernels_left - 1)
+        self.weight_left = max(0.0, self.weight_left - weight)
 
 
 class BusyDuringRun(Exception):
@@ -1034,7 +1046,7 @@ def run_kernel(
             warm += time_iterations(info, prepared.fn, sets, more, len(warm), prequeue)
         warm_s = sum(warm) / 1e3
         budget.busy += warm_s
-        iters = choose_iters(args.iters, warm, budget.share(), 0.0)
+        iters = choose_iters(args.iters, warm, budget.share(KIND_WEIGHTS.get(spec.kind, 1.0)), 0.0)
         timed = time_iterations(info, prepared.fn, sets, iters, args.warmup, prequeue)
         budget.busy += sum(timed) / 1e3
         why_busy = busy.check_during()
@@ -1055,7 +1067,7 @@ def run_kernel(
         status, why = classify_exception(exc)
         return _result(spec, m, status, why)
     finally:
-        budget.kernels_left = max(0, budget.kernels_left - 1)
+        budget.done(KIND_WEIGHTS.get(spec.kind, 1.0))
         if spec.dtype == "tf32":
             torch.set_float32_matmul_precision(precision)
         sets.clear()
@@ -1117,7 +1129,7 @@ def run_bandwidth(
         result.update(status=status, reason=why)
         return result
     finally:
-        budget.kernels_left = max(0, budget.kernels_left - 1)
+        budget.done()
         if info.is_cuda:
             torch.cuda.empty_cache()
 
@@ -1336,6 +1348,9 @@ def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
         )
         specs = plan_suite(info, args.dtype, small, args.shape)
         budget = Budget(args.budget_seconds, len(specs) + (1 if args.bandwidth else 0))
+        budget.weight_left = sum(KIND_WEIGHTS.get(s.kind, 1.0) for s in specs) + (
+            1.0 if args.bandwidth else 0.0
+        )
         sampler = ConditionSampler(nvml)
         sampler.start()
         try:
