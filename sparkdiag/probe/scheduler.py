@@ -96,11 +96,13 @@ class FixtureLauncher:
         if not cycles:
             raise ValueError(f"probe fixture {path}: no cycles")
         self.cycles: list[dict[str, Any]] = cycles
-        self.count = 0
+        self.counts: dict[str, int] = {}  # per GPU uuid: each GPU replays the cycles in turn
 
     def __call__(self, gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle:
-        doc = dict(self.cycles[min(self.count, len(self.cycles) - 1)])
-        self.count += 1
+        key = gpu.identity.uuid if gpu is not None else ""
+        count = self.counts.get(key, 0)
+        doc = dict(self.cycles[min(count, len(self.cycles) - 1)])
+        self.counts[key] = count + 1
         now = time.time()
         doc["finished_at"] = now
         result, reason = classify(0, doc, b"{}", "")

@@ -1,0 +1,311 @@
+"""The Grafana dashboards (grafana/dashboards/*.json) are code: structural checks, and every
+panel's every query run against the real Prometheus that scraped the sparkdiag fleet of
+tests/test_e2e_prometheus.py (started once for both modules, see tests/e2e_support.py).
+
+Grafana's variables are replaced by concrete values before a query is sent: ``$instance`` by the
+node a panel is checked on (:data:`PANEL_NODE`, chosen so that every panel has data), ``$gpu`` by
+``0`` (``.*`` on the fleet dashboard), ``$dtype`` by every dtype the node probes (a panel
+repeated per dtype is checked once per dtype), and Grafana's interval variables by durations
+that fit a Prometheus that scrapes every second and has run for a few seconds. Each query must
+return a non-empty result: a renamed metric, a wrong label or a broken recording-rule name fails
+the test instead of drawing an empty panel.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.e2e_support import Fleet, shared_fleet
+from tests.support import ROOT
+
+GRAFANA = ROOT / "grafana"
+DASHBOARDS = GRAFANA / "dashboards"
+NODE, FLEET = "sparkdiag-node.json", "sparkdiag-fleet.json"
+
+PANEL_TYPES = {"timeseries", "stat", "table", "state-timeline"}
+DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
+# Grafana unit ids the dashboards may use (a typo would silently show raw numbers).
+KNOWN_UNITS = {
+    "none", "short", "percentunit", "celsius", "hertz", "watt", "tflops", "Bps", "s",
+    "bool_on_off",
+}  # fmt: skip
+CUSTOM_UNIT = re.compile(r"^(si|suffix|prefix):\S+$")
+BUILTIN_VARIABLES = {
+    # Grafana's own; the values suit a Prometheus that scrapes every second
+    "__rate_interval": "5s",
+    "__interval": "2s",
+    "__range": "60s",
+}
+# The node each node-dashboard panel is checked on; the others use DEFAULT_NODE.
+DEFAULT_NODE = "thermal-int4"  # hot, throttled, probed, with firing alerts
+PANEL_NODE = {
+    # the recording rule keeps the container side's labels; the panel matches on uuid, so it
+    # must show the ratio on the native node's dashboard too
+    "Container against native": "container-gap-native",
+    "XID errors": "lost-gpu",  # XID 79 before the GPU fell off the bus
+}
+
+
+def load(name: str) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads((DASHBOARDS / name).read_text(encoding="utf-8"))
+    return doc
+
+
+def all_panels(dashboard: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    for panel in dashboard["panels"]:
+        yield panel
+        yield from panel.get("panels", [])  # a collapsed row holds its panels
+
+
+def query_panels(dashboard: dict[str, Any]) -> list[dict[str, Any]]:
+    return [p for p in all_panels(dashboard) if p["type"] != "row"]
+
+
+def variables(dashboard: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {v["name"]: v for v in dashboard["templating"]["list"]}
+
+
+def variable_query(variable: dict[str, Any]) -> str:
+    query = variable["query"]
+    return str(query["query"] if isinstance(query, dict) else query)
+
+
+def _panel_params() -> list[Any]:
+    params = []
+    for name in (NODE, FLEET):
+        try:
+            dashboard = load(name)
+        except (OSError, ValueError):
+            continue  # test_dashboards_are_valid_json says why
+        for panel in query_panels(dashboard):
+            params.append(pytest.param(name, panel["id"], id=f"{name[:-5]}:{panel['title']}"))
+    return params
+
+
+# -- structure ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", [NODE, FLEET])
+def test_dashboards_are_valid_json(name: str) -> None:
+    dashboard = load(name)
+    assert dashboard["uid"] == name.removesuffix(".json")
+    assert dashboard["title"] and dashboard["description"]
+    assert 36 <= dashboard["schemaVersion"] <= 41
+    assert dashboard.get("id") is None  # provisioned: Grafana assigns the id
+    assert "__inputs" not in dashboard  # no import-time ${DS_...}: the variable picks it
+    assert "${DS_" not in json.dumps(dashboard)
+
+
+@pytest.mark.parametrize("name", [NODE, FLEET])
+def test_panel_ids_are_unique_and_panels_do_not_overlap(name: str) -> None:
+    panels = list(all_panels(load(name)))
+    ids = [p["id"] for p in panels]
+    assert len(ids) == len(set(ids)), ids
+    for panel in panels:
+        grid = panel["gridPos"]
+        assert grid["x"] >= 0 and grid["x"] + grid["w"] <= 24, panel["title"]
+    for a, b in itertools.combinations(panels, 2):
+        ga, gb = a["gridPos"], b["gridPos"]
+        overlap = (
+            ga["x"] < gb["x"] + gb["w"]
+            and gb["x"] < ga["x"] + ga["w"]
+            and ga["y"] < gb["y"] + gb["h"]
+            and gb["y"] < ga["y"] + ga["h"]
+        )
+        assert not overlap, (a["title"], b["title"])
+
+
+@pytest.mark.parametrize("name", [NODE, FLEET])
+def test_every_panel_queries_prometheus_through_the_datasource_variable(name: str) -> None:
+    panels = query_panels(load(name))
+    assert panels
+    for panel in panels:
+        title = panel["title"]
+        assert panel["type"] in PANEL_TYPES, title
+        assert panel["datasource"] == DATASOURCE, title
+        assert panel.get("description"), title
+        assert panel["targets"], title
+        refs = [t["refId"] for t in panel["targets"]]
+        assert len(refs) == len(set(refs)), title
+        for target in panel["targets"]:
+            assert target.get("expr", "").strip(), (title, target["refId"])
+            assert target.get("datasource", DATASOURCE) == DATASOURCE, (title, target["refId"])
+            assert "[[" not in target["expr"], "deprecated [[var]] syntax"
+
+
+@pytest.mark.parametrize("name", [NODE, FLEET])
+def test_every_panel_has_a_known_unit(name: str) -> None:
+    for panel in query_panels(load(name)):
+        config = panel["fieldConfig"]
+        units = [config["defaults"].get("unit")] + [
+            prop["value"]
+            for override in config.get("overrides", [])
+            for prop in override["properties"]
+            if prop["id"] == "unit"
+        ]
+        for unit in units:
+            assert unit in KNOWN_UNITS or CUSTOM_UNIT.match(str(unit)), (panel["title"], unit)
+
+
+@pytest.mark.parametrize("name", [NODE, FLEET])
+def test_variables(name: str) -> None:
+    dashboard = load(name)
+    found = variables(dashboard)
+    assert {"datasource", "instance", "gpu"} <= set(found)
+    assert found["datasource"]["type"] == "datasource"
+    assert found["datasource"]["query"] == "prometheus"
+    for var in found.values():
+        if var["type"] == "query":
+            assert var["datasource"] == DATASOURCE, var["name"]
+            assert re.fullmatch(r"label_values\(.+, \w+\)", variable_query(var)), var["name"]
+    # every variable an expression uses is defined (or one of Grafana's own)
+    defined = set(found) | set(BUILTIN_VARIABLES)
+    for panel in query_panels(dashboard):
+        for target in panel["targets"]:
+            used = set(re.findall(r"\$\{?(\w+)", target["expr"]))
+            assert used <= defined, (panel["title"], used - defined)
+        if "repeat" in panel:
+            assert panel["repeat"] in found, panel["title"]
+
+
+def test_dashboards_show_what_the_contract_asks_for() -> None:
+    node = load(NODE)
+    exprs = " ".join(t["expr"] for p in query_panels(node) for t in p["targets"])
+    for metric in (
+        "sparkdiag_gpu_temperature_celsius",
+        "sparkdiag_gpu_clock_hertz",
+        "sparkdiag_gpu_clock_max_hertz",
+        "sparkdiag_gpu_clock_event_active",
+        "sparkdiag_gpu_power_watts",
+        "sparkdiag_gpu_power_limit_watts",
+        "sparkdiag_gpu_pcie_link_width",
+        "sparkdiag_pcie_link_width",
+        "sparkdiag_pcie_link_transfers_per_second",
+        "sparkdiag_gemm_tflops",
+        "sparkdiag_gemm_baseline_tflops",
+        "sparkdiag_gemm_efficiency_ratio",
+        "sparkdiag:gemm_tflops:container_over_native",
+        "sparkdiag_gpu_xid_errors_total",
+        "sparkdiag_gpu_ecc_errors_total",
+    ):
+        assert metric in exprs, metric
+    (temperatures,) = [p for p in query_panels(node) if p["title"] == "Temperatures"]
+    defaults = temperatures["fieldConfig"]["defaults"]
+    assert defaults["custom"]["thresholdsStyle"]["mode"] == "line"
+    assert 85 in [step["value"] for step in defaults["thresholds"]["steps"]]
+
+    fleet = load(FLEET)
+    exprs = " ".join(t["expr"] for p in query_panels(fleet) for t in p["targets"])
+    for metric in (
+        "sparkdiag_nvml_up",
+        "sparkdiag_gpu_up",
+        "sparkdiag:gemm_efficiency_ratio:min_by_instance",
+        'ALERTS{alertstate="firing", alertname=~"Sparkdiag.*"',
+    ):
+        assert metric in exprs, metric
+
+
+def test_recording_rules_used_by_the_dashboards_exist() -> None:
+    rules = (ROOT / "prometheus" / "sparkdiag-rules.yml").read_text(encoding="utf-8")
+    recorded = {
+        r["record"] for g in yaml.safe_load(rules)["groups"] for r in g["rules"] if "record" in r
+    }
+    for name in (NODE, FLEET):
+        for panel in query_panels(load(name)):
+            for target in panel["targets"]:
+                for used in re.findall(r"sparkdiag:[\w:]+", target["expr"]):
+                    assert used in recorded, (name, panel["title"], used)
+
+
+def test_provisioning_files() -> None:
+    datasources = yaml.safe_load(
+        (GRAFANA / "provisioning" / "datasources" / "prometheus.yml").read_text(encoding="utf-8")
+    )
+    assert datasources["apiVersion"] == 1
+    assert [d["type"] for d in datasources["datasources"]] == ["prometheus"]
+    dashboards = yaml.safe_load(
+        (GRAFANA / "provisioning" / "dashboards" / "sparkdiag.yml").read_text(encoding="utf-8")
+    )
+    assert dashboards["apiVersion"] == 1
+    (provider,) = dashboards["providers"]
+    assert provider["type"] == "file" and provider["options"]["path"]
+
+
+# -- every query against the real Prometheus -----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def fleet(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Fleet]:
+    with shared_fleet(request, lambda: tmp_path_factory.mktemp("fleet")) as running:
+        running.converge()  # hot probes, lost GPU, firing alerts: every panel has its data
+        yield running
+
+
+def substitute(expr: str, values: dict[str, str]) -> str:
+    """``expr`` with ``$name``/``${name}`` replaced; fails on a variable without a value."""
+
+    def value(match: re.Match[str]) -> str:
+        name = match.group(1) or match.group(2)
+        assert name in values, f"no test value for ${name} in {expr}"
+        return values[name]
+
+    return re.sub(r"\$\{(\w+)\}|\$(\w+)", value, expr)
+
+
+def label_values(fleet: Fleet, query: str) -> list[str]:
+    """Grafana's ``label_values(SELECTOR, LABEL)`` through Prometheus' label values API."""
+    match = re.fullmatch(r"label_values\((.+), (\w+)\)", query)
+    assert match, query
+    selector, label = match.groups()
+    return list(fleet.api(f"label/{label}/values", **{"match[]": selector}))
+
+
+def values_for(dashboard: str, panel: dict[str, Any]) -> dict[str, str]:
+    if dashboard == FLEET:
+        return {"instance": ".*", "gpu": ".*", **BUILTIN_VARIABLES}
+    node = PANEL_NODE.get(panel["title"], DEFAULT_NODE)
+    return {"instance": node, "gpu": "0", **BUILTIN_VARIABLES}
+
+
+@pytest.mark.promtool
+@pytest.mark.parametrize(("dashboard", "panel_id"), _panel_params())
+def test_every_panel_query_returns_data(fleet: Fleet, dashboard: str, panel_id: int) -> None:
+    doc = load(dashboard)
+    (panel,) = [p for p in query_panels(doc) if p["id"] == panel_id]
+    values = values_for(dashboard, panel)
+    rounds = [values]
+    if "repeat" in panel:  # one panel per value of the repeat variable: check every one
+        var = variables(doc)[panel["repeat"]]
+        found = label_values(fleet, substitute(variable_query(var), values))
+        assert found, (panel["title"], var["name"])
+        rounds = [{**values, var["name"]: value} for value in found]
+    for round_values in rounds:
+        for target in panel["targets"]:
+            expr = substitute(target["expr"], round_values)
+            result = fleet.query(expr)
+            assert result, f"{panel['title']} ({target['refId']}): no data for {expr}"
+
+
+@pytest.mark.promtool
+@pytest.mark.parametrize("name", [NODE, FLEET])
+def test_variable_queries_return_values(fleet: Fleet, name: str) -> None:
+    found = variables(load(name))
+    nodes = set(fleet.targets)
+    assert set(label_values(fleet, variable_query(found["instance"]))) == nodes
+    instance = ".*" if found["instance"].get("includeAll") else DEFAULT_NODE
+    values = {"instance": instance, "gpu": "0" if instance != ".*" else ".*"}
+    for var in found.values():
+        if var["type"] == "query":
+            assert label_values(fleet, substitute(variable_query(var), values)), var["name"]
+    if "dtype" in found:
+        dtypes = label_values(fleet, substitute(variable_query(found["dtype"]), values))
+        assert set(dtypes) == {"bf16", "fp16", "tf32", "fp8", "int8", "int4"}  # nvfp4: unsupported
