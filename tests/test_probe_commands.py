@@ -1,0 +1,122 @@
+"""sparkdiag probe, bench and baseline from the command line, on CPU torch and fixtures."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from sparkdiag.probe.baseline import BaselineKey, BaselineStore
+from tests.support import NVML, PROBE, ROOT, sparkdiag_cmd
+
+
+def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        sparkdiag_cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+
+
+def test_probe_replays_a_recorded_cycle_and_learns_a_baseline(tmp_path: Path) -> None:
+    args = [
+        "probe",
+        "--nvml-fixture",
+        str(NVML / "h200-idle.json"),
+        "--probe-fixture",
+        str(PROBE / "h200-default.json"),
+        "--state-dir",
+        str(tmp_path),
+    ]
+    for _ in range(3):  # three healthy runs teach the baseline
+        result = run(*args, "--json")
+        assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    (gpu,) = doc["gpus"]
+    assert gpu["uuid"] == "GPU-979ad365-0b73-a0ac-74a2-3520b773d460"
+    bf16 = next(
+        f for f in gpu["figures"] if (f["dtype"], f["kind"], f["beta"]) == ("bf16", "compute", 0)
+    )
+    assert bf16["tflops"] == pytest.approx(700.72, abs=0.01)
+    assert bf16["baseline_tflops"] == pytest.approx(700.72, abs=0.01)
+    assert bf16["efficiency"] == pytest.approx(1.0)
+    assert bf16["reference"]["kind"] == "mamf" and bf16["reference"]["tflops"] == 794.5
+    nvfp4 = [f for f in gpu["figures"] if f["dtype"] == "nvfp4"]
+    assert nvfp4 and all(f["status"] == "unsupported" and f["reason"] for f in nvfp4)
+    # the table: one row per kernel, the decode comparison and the conditions
+    table = run(*args, "--no-record")
+    assert table.returncode == 0, table.stderr
+    assert "GPU 0 NVIDIA H200 GPU-979ad365-0b73-a0ac-74a2-3520b773d460: ok" in table.stdout
+    assert "int4 / bf16 at decode shape 1x8192x8192:" in table.stdout
+    assert "during the probe: GPU max 47 °C" in table.stdout
+    with BaselineStore(tmp_path / "baselines.sqlite") as store:
+        assert len(store.list()) >= 19  # every measured kernel, beta=1 apart
+
+
+def test_probe_runs_the_real_worker_on_cpu(tmp_path: Path) -> None:
+    result = run("probe", "--small", "--dtype", "bf16", "--json", "--state-dir", str(tmp_path),
+                 "--nvml-fixture", str(NVML / "no-nvml.json"))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (gpu,) = json.loads(result.stdout)["gpus"]
+    assert gpu["result"] == "ok" and gpu["uuid"] is None  # no NVML: no baseline either
+    assert {f["shape"] for f in gpu["figures"]} == {"256x256x256", "256x688x256", "1x256x256"}
+    assert all(f["tflops"] > 0 for f in gpu["figures"])
+
+
+def test_probe_usage_errors() -> None:
+    bad = run("probe", "--shape", "8192x8192", "--nvml-fixture", str(NVML / "h200-idle.json"))
+    assert bad.returncode == 2 and "is not MxNxK" in bad.stderr
+    missing = run("probe", "--gpu", "5", "--nvml-fixture", str(NVML / "h200-idle.json"))
+    assert missing.returncode == 2 and "no GPU with index 5" in missing.stderr
+
+
+def test_bench_sweeps_with_csv_and_json(tmp_path: Path) -> None:
+    out_csv, out_json = tmp_path / "b.csv", tmp_path / "b.json"
+    result = run("bench", "--device", "cpu", "--m", "64:192:64", "--iters", "3", "--warmup", "2",
+                 "--csv", str(out_csv), "--json", str(out_json))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "bf16: best" in result.stdout and "over 3 shapes" in result.stdout
+    rows = list(csv.DictReader(out_csv.open()))
+    assert [r["shape"] for r in rows] == ["64x64x64", "128x128x128", "192x192x192"]
+    assert all(r["status"] == "ok" and float(r["tflops"]) > 0 for r in rows)
+    assert json.loads(out_json.read_text())["schema"] == "sparkdiag-probe/1"
+
+
+def test_bench_rejects_a_bad_range() -> None:
+    result = run("bench", "--m", "100:10:5")
+    assert result.returncode == 2 and "START:STOP:STEP" in result.stderr
+
+
+def key(dtype: str = "bf16") -> BaselineKey:
+    return BaselineKey("GPU-abc", dtype, "8192x8192x8192", "native", "580", "2.11", "13.0")
+
+
+def test_baseline_show_pin_reset(tmp_path: Path) -> None:
+    with BaselineStore(tmp_path / "baselines.sqlite") as store:
+        for value in (700.0, 710.0, 690.0):
+            store.record_run(key(), value, healthy=True)
+            store.record_run(key("fp8"), value * 2, healthy=True)
+    state = ["--state-dir", str(tmp_path)]
+    shown = run("baseline", "show", *state, "--json")
+    assert shown.returncode == 0
+    rows = {r["dtype"]: r for r in json.loads(shown.stdout)}
+    assert rows["bf16"]["tflops"] == 700.0 and rows["bf16"]["source"] == "learned"
+    ambiguous = run("baseline", "pin", *state, "--uuid", "GPU-abc")
+    assert ambiguous.returncode == 1 and "2 baselines match" in ambiguous.stderr
+    pinned = run("baseline", "pin", *state, "--dtype", "bf16", "--tflops", "720", "--note", "ok")
+    assert pinned.returncode == 0 and "pinned bf16 8192x8192x8192 native at 720.0" in pinned.stdout
+    with BaselineStore(tmp_path / "baselines.sqlite") as store:
+        b = store.get(key())
+        assert b is not None and (b.tflops, b.source, b.note) == (720.0, "pinned", "ok")
+    refused = run("baseline", "reset", *state)
+    assert refused.returncode == 2 and "--all" in refused.stderr
+    reset = run("baseline", "reset", *state, "--dtype", "fp8")
+    assert reset.returncode == 0 and "removed 1 baseline(s)" in reset.stdout
+    with BaselineStore(tmp_path / "baselines.sqlite") as store:
+        assert [b.key.dtype for b in store.list()] == ["bf16"]
+
+
+def test_baseline_show_without_a_store(tmp_path: Path) -> None:
+    result = run("baseline", "show", "--state-dir", str(tmp_path / "none"))
+    assert result.returncode == 1 and "no baselines yet" in result.stderr
