@@ -42,22 +42,7 @@ echo "rc=$?" >> "$OUT/compare-handicap.txt"; cat "$OUT/compare-handicap.txt"
 
 echo "== 20 consecutive probes on the idle GPU (with the spin-up)"
 for i in $(seq 1 20); do sd probe --json --no-record > "/tmp/probe-$i.json"; done
-python3 - <<'PY' > "$OUT/spread2.txt"
-import json, statistics
-runs = [json.load(open(f"/tmp/probe-{i}.json")) for i in range(1, 21)]
-keys, busy = {}, []
-for doc in runs:
-    g = doc["gpus"][0]
-    busy.append(g["worker"]["gpu_busy_seconds"])
-    for f in g["figures"]:
-        if f["tflops"] is not None:
-            keys.setdefault((f["dtype"], f["shape"], f["beta"]), []).append(f["tflops"])
-print(f"{'dtype':6} {'shape':18} beta {'median':>9} {'min':>9} {'max':>9} {'cv %':>6} n")
-for (d, s, b), v in sorted(keys.items()):
-    cv = 100 * statistics.pstdev(v) / statistics.mean(v)
-    print(f"{d:6} {s:18} {b:4} {statistics.median(v):9.1f} {min(v):9.1f} {max(v):9.1f} {cv:6.2f} {len(v)}")
-print(f"GPU-busy seconds per cycle: median {statistics.median(busy):.2f}, max {max(busy):.2f}")
-PY
+python3 scripts/device/spread_table.py /tmp/probe-{1..20}.json > "$OUT/spread2.txt"
 cat "$OUT/spread2.txt"
 
 echo "== telemetry soak without the probe, and scrape latency on the real GPU"

@@ -25,23 +25,7 @@ for i in $(seq 1 20); do
   sd probe --json --state-dir $STATE > "/tmp/probe-$i.json"; echo "probe $i rc=$?"
 done
 cp /tmp/probe-1.json "$OUT/probe-1.json"; cp /tmp/probe-20.json "$OUT/probe-20.json"
-python3 - <<'PY' > "$OUT/spread.txt"
-import json, statistics
-runs = [json.load(open(f"/tmp/probe-{i}.json")) for i in range(1, 21)]
-keys = {}
-busy = []
-for doc in runs:
-    g = doc["gpus"][0]
-    busy.append(g["worker"]["gpu_busy_seconds"])
-    for f in g["figures"]:
-        if f["tflops"] is not None:
-            keys.setdefault((f["dtype"], f["shape"], f["beta"]), []).append(f["tflops"])
-print(f"{'dtype':6} {'shape':18} beta {'median':>9} {'min':>9} {'max':>9} {'cv %':>6} n")
-for (d, s, b), v in sorted(keys.items()):
-    cv = 100 * statistics.pstdev(v) / statistics.mean(v)
-    print(f"{d:6} {s:18} {b:4} {statistics.median(v):9.1f} {min(v):9.1f} {max(v):9.1f} {cv:6.2f} {len(v)}")
-print(f"GPU-busy seconds per cycle: median {statistics.median(busy):.2f}, max {max(busy):.2f}")
-PY
+python3 scripts/device/spread_table.py /tmp/probe-{1..20}.json > "$OUT/spread.txt"
 cat "$OUT/spread.txt"
 sd probe --state-dir $STATE --no-record | tee "$OUT/probe-table.txt"
 sd baseline show --state-dir $STATE | head -40
