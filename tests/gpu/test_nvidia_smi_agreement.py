@@ -162,7 +162,16 @@ def test_readings_agree_with_nvidia_smi(source: GpuSource, condition: str) -> No
     )
     out = os.environ.get("SPARKDIAG_COMPARE_OUT")
     if out:
-        with Path(out).open("a", encoding="utf-8") as fh:
-            fh.write(table + "\n")
+        path = Path(out)
+        header = (
+            ""
+            if path.exists()
+            else (
+                "| condition | GPU | field | nvidia-smi | sparkdiag before / after | tolerance | "
+                "verdict |\n|---|---|---|---|---|---|---|\n"
+            )
+        )
+        with path.open("a", encoding="utf-8") as fh:
+            fh.write(header + table + "\n")
     print(table)
     assert not failures, "\n".join(failures)
