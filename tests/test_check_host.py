@@ -1,20 +1,16 @@
 """Health (ECC, row remapping, XID) and machine-wide checks of ``sparkdiag check``: host PCIe
-links, execution context, CPU governor, unified memory; and the host readers behind them."""
+links, execution context, CPU governor, unified memory. The host readers behind them are tested
+in ``tests/test_sources_host_extra.py``."""
 
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
-import os
 from pathlib import Path
 
-import pytest
-
-from sparkdiag.check import host
 from sparkdiag.check.health import check_ecc, check_row_remap, check_xid, parse_xids
 from sparkdiag.check.host_checks import check_context, check_governor, check_unified_memory
 from sparkdiag.check.links import check_pcie_host
 from sparkdiag.check.model import KernelLog
+from sparkdiag.sources import cpufreq
 from sparkdiag.telemetry.snapshot import HostSample
 from tests.test_check_support import (
     NVML,
@@ -106,20 +102,6 @@ def test_parse_xids_of_kmsg_and_dmesg_lines() -> None:
     assert parse_xids(lines) == [("0000:00:06", 79), ("0000:00:06", 13)]
 
 
-def test_kernel_log_read_under_a_fake_root(tmp_path: Path) -> None:
-    (tmp_path / "dev").mkdir()
-    (tmp_path / "dev" / "kmsg").write_text(f"6,1,100,-;boot\n4,2,200,-;{XID_79}\n")
-    log = host.read_kernel_log(tmp_path)
-    assert log.lines == ("boot", XID_79)
-    missing = host.read_kernel_log(tmp_path / "nothing")
-    assert missing.lines is None and missing.unreadable is not None
-
-
-def test_kernel_log_of_this_machine_reads_or_says_why() -> None:
-    log = host.read_kernel_log(Path("/"))
-    assert (log.lines is None) == (log.unreadable is not None)
-
-
 # -- host PCIe links -----------------------------------------------------------------------------
 
 
@@ -187,7 +169,7 @@ def _cpus(tmp_path: Path, *governors: str) -> Path:
 
 
 def test_governor_performance_passes(tmp_path: Path) -> None:
-    governors, note = host.read_governors(_cpus(tmp_path, "performance", "performance"))
+    governors, note = cpufreq.read_governors(_cpus(tmp_path, "performance", "performance"))
     assert governors == {"cpu0": "performance", "cpu1": "performance"} and note == ""
     snap = poll(NVML / "h200-idle.json")
     r = only(check_governor(context(snap, governors=governors)))
@@ -195,7 +177,7 @@ def test_governor_performance_passes(tmp_path: Path) -> None:
 
 
 def test_governor_powersave_warns(tmp_path: Path) -> None:
-    governors, _ = host.read_governors(_cpus(tmp_path, "schedutil", "schedutil", "performance"))
+    governors, _ = cpufreq.read_governors(_cpus(tmp_path, "schedutil", "schedutil", "performance"))
     r = only(check_governor(context(poll(NVML / "h200-idle.json"), governors=governors)))
     assert r.status == "warn"
     assert r.finding == "schedutil on 2, performance on 1 of 3 CPUs (not performance)"
@@ -203,7 +185,7 @@ def test_governor_powersave_warns(tmp_path: Path) -> None:
 
 
 def test_governor_without_cpufreq_skips(tmp_path: Path) -> None:
-    governors, note = host.read_governors(empty_sysfs(tmp_path))
+    governors, note = cpufreq.read_governors(empty_sysfs(tmp_path))
     assert governors is None
     r = only(
         check_governor(context(poll(NVML / "h200-idle.json"), governors=None, governor_note=note))
@@ -255,39 +237,3 @@ def test_unified_memory_skips_on_a_dedicated_gpu_and_without_host_memory() -> No
 
     snap = replace(poll(NVML / "gb10-idle.json"), host=None)
     assert only(check_unified_memory(context(snap))).finding == "host memory not readable"
-
-
-# -- torch, read without importing it --------------------------------------------------------
-
-
-def test_torch_info_reads_version_and_cuda_without_importing(tmp_path: Path) -> None:
-    package = tmp_path / "torch"
-    package.mkdir()
-    (package / "__init__.py").write_text("raise RuntimeError('must not be imported')\n")
-    (package / "version.py").write_text(
-        "__version__ = '2.11.0+cu130'\ncuda: Optional[str] = '13.0'\n"
-    )
-
-    class Spec:
-        def __init__(self) -> None:
-            self.submodule_search_locations = [str(package)]
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(importlib.metadata, "version", lambda name: "2.11.0+cu130")
-        mp.setattr(importlib.util, "find_spec", lambda name: Spec())
-        info = host.torch_info("py")
-    assert (info.version, info.cuda) == ("2.11.0+cu130", "13.0")
-
-
-def test_torch_info_of_this_environment() -> None:
-    info = host.torch_info()
-    try:
-        expected = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        expected = None
-    assert info.version == expected
-
-
-def test_process_names(tmp_path: Path) -> None:
-    assert host.process_names(Path("/"), [os.getpid()])[os.getpid()]
-    assert host.process_names(tmp_path, [4242]) == {}

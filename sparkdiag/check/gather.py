@@ -1,4 +1,10 @@
-"""Gather a :class:`CheckContext`: one poll, the probe (unless ``--quick``), the host readings."""
+"""Gather a :class:`CheckContext`: one poll, the probe (unless ``--quick``), the host readings.
+
+Every reading of the machine comes from :mod:`sparkdiag.sources` (the poller's sources, plus
+:mod:`~sparkdiag.sources.cpufreq`, :mod:`~sparkdiag.sources.procfs`,
+:mod:`~sparkdiag.sources.packages` and :mod:`~sparkdiag.sources.kernel_log`), each under the
+configured ``--path.sysfs`` / ``--path.rootfs``; this module only puts them together.
+"""
 
 from __future__ import annotations
 
@@ -6,11 +12,14 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from sparkdiag.check.host import process_names, read_governors, read_kernel_log, torch_info
 from sparkdiag.check.model import CheckContext, GpuProbe, KernelLog, TorchInfo, no_gpu_reason
 from sparkdiag.check.probe import DEFAULT_TIMEOUT, open_store, run_probes, worker_launcher
 from sparkdiag.config import Settings
 from sparkdiag.probe.scheduler import Launcher, WorkerLauncher
+from sparkdiag.sources.cpufreq import read_governors
+from sparkdiag.sources.kernel_log import read_kernel_log
+from sparkdiag.sources.packages import read_torch
+from sparkdiag.sources.procfs import process_names
 from sparkdiag.telemetry.snapshot import GpuSample, Snapshot
 
 QUICK_SKIP = "--quick: nothing that loads the GPU runs (run without --quick to probe)"
@@ -21,8 +30,9 @@ class Sources:
     """What :func:`gather` would otherwise read from the machine; tests replace parts of it.
 
     launcher: runs the probe on one GPU (default: the real worker)
-    torch: the installed torch (default: read from the installed package)
-    kernel_log: the kernel log (default: ``/dev/kmsg`` or ``dmesg`` under ``--path.rootfs``)
+    torch: the installed torch (default: :func:`sparkdiag.sources.packages.read_torch`)
+    kernel_log: the kernel log (default: :func:`sparkdiag.sources.kernel_log.read_kernel_log`,
+        ``/dev/kmsg`` or ``dmesg`` under ``--path.rootfs``)
     """
 
     launcher: Launcher | None = None
@@ -61,7 +71,7 @@ def gather(
             snapshot=snapshot,
             quick=quick,
             expect_gpus=expect_gpus,
-            torch=sources.torch or torch_info(),
+            torch=sources.torch or read_torch(),
             governors=governors,
             governor_note=governor_note,
             process_names=process_names(settings.rootfs, pids),

@@ -3,6 +3,8 @@
 A check is a small function ``(CheckContext) -> list[CheckResult]``: one result, or one per GPU
 where the condition is per GPU. It reads only the context, never the hardware, so every outcome
 can be driven from fixtures. The context is gathered once per run (:mod:`sparkdiag.check.gather`).
+The host readings it carries (:class:`KernelLog`, :class:`TorchInfo`) are the sources' own
+dataclasses (:mod:`sparkdiag.sources.kernel_log`, :mod:`sparkdiag.sources.packages`), re-exported.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from typing import Any, Literal
 
 from sparkdiag.probe.evaluate import GemmFigure
 from sparkdiag.probe.runner import ProbeCycle
+from sparkdiag.sources.kernel_log import KernelLog as KernelLog
+from sparkdiag.sources.packages import TorchInfo as TorchInfo
 from sparkdiag.telemetry.snapshot import GpuSample, Snapshot
 
 Status = Literal["pass", "warn", "fail", "skip"]
@@ -63,29 +67,6 @@ def worst(statuses: list[Status] | tuple[Status, ...]) -> Status:
 def exit_code(statuses: list[Status] | tuple[Status, ...]) -> int:
     """0 when everything passed or was skipped, 1 for a warning, 2 for a failure."""
     return EXIT_CODES[worst(statuses)]
-
-
-@dataclass(frozen=True)
-class TorchInfo:
-    """The torch that the probe worker would import, read without importing it.
-
-    version: ``importlib.metadata.version("torch")`` ("2.11.0+cu130"); None when not installed
-    cuda: the CUDA it was built for (``torch.version.cuda``: "13.0"); None for a CPU-only build
-    python: the interpreter looked at
-    """
-
-    version: str | None
-    cuda: str | None
-    python: str
-
-
-@dataclass(frozen=True)
-class KernelLog:
-    """Kernel log lines (``dmesg``), or why they could not be read."""
-
-    lines: tuple[str, ...] | None
-    source: str  # "/dev/kmsg", "dmesg", a file
-    unreadable: str | None = None  # the reason when lines is None
 
 
 @dataclass(frozen=True)
