@@ -8,7 +8,6 @@ import logging
 import signal
 import sys
 import threading
-from pathlib import Path
 from types import FrameType
 
 from sparkdiag.config import ConfigError, Settings, parse_listen
@@ -52,7 +51,12 @@ def make_backend(settings: Settings) -> NvmlBackend:
 
 def make_poller(settings: Settings, backend: NvmlBackend | None = None) -> Poller:
     """Start the sources and say once, on stderr, what will be skipped on this machine."""
-    gpu = GpuSource(backend or make_backend(settings))
+    # Static fields about every 60 s, slow counters about every 10 s, whatever the poll interval.
+    gpu = GpuSource(
+        backend or make_backend(settings),
+        static_every=max(1, round(60 / settings.poll_interval)),
+        slow_every=max(1, round(10 / settings.poll_interval)),
+    )
     if not gpu.start():
         log.warning(
             "NVML unavailable (%s): GPU telemetry skipped; exporting host PCIe links, execution "
@@ -62,7 +66,7 @@ def make_poller(settings: Settings, backend: NvmlBackend | None = None) -> Polle
     elif not gpu.identities:
         log.warning("NVML answers but reports no GPU: GPU telemetry skipped")
     pcie = PcieSource(settings.sysfs)
-    context = detect_context(settings.rootfs) if settings.rootfs != Path("/") else detect_context()
+    context = detect_context(settings.rootfs)
     poller = Poller(
         gpu=gpu,
         read_pcie=pcie.read,
