@@ -121,11 +121,14 @@ def make_scheduler(settings: Settings, poller: Poller, state: ProbeState) -> Pro
 def make_container_scheduler(
     settings: Settings, poller: Poller, state: ProbeState, store: BaselineStore | None
 ) -> ProbeScheduler | None:
-    """The container probe (``probe.container-command``), labelled context="container"."""
+    """The container probe (``probe.container-command``), labelled context="container";
+    it shares the native probe's baseline store, or opens one when that probe does not run."""
     if not settings.probe_enabled or not settings.probe_container_command:
         return None
     if not poller.gpu.identities:
         return None
+    if store is None:
+        store = open_store(settings)
     try:
         launcher = ContainerLauncher(settings.probe_container_command, settings.probe_timeout)
     except ValueError as exc:
@@ -175,7 +178,7 @@ def serve(settings: Settings) -> None:
     probe_state = ProbeState()
     scheduler = make_scheduler(settings, poller, probe_state)
     container = make_container_scheduler(
-        settings, poller, probe_state, scheduler.store if scheduler else open_store(settings)
+        settings, poller, probe_state, scheduler.store if scheduler else None
     )
     schedulers = [s for s in (scheduler, container) if s is not None]
     poller.excluded_pids = lambda: frozenset().union(*(s.excluded_pids() for s in schedulers))
