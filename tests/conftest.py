@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,14 @@ from sparkdiag.sources.gpu import GpuSource
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NVML_FIXTURES = FIXTURES / "nvml"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_state_directory(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Daemons and commands started by the tests keep their baselines in a temporary state
+    directory (children inherit the environment), never in the user's ~/.local/state."""
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("xdg-state"))
+    os.environ.pop("STATE_DIRECTORY", None)
 
 
 @pytest.fixture
