@@ -27,6 +27,26 @@ ROOTFS = FIXTURES / "rootfs"
 PROBE = FIXTURES / "probe"
 
 
+def alive(pid: int) -> bool:
+    """True while the process exists and is not a zombie (``/proc/PID/stat`` state)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            state = fh.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")
+
+
+def wait_dead(pids: Sequence[int], seconds: float = 5.0) -> list[int]:
+    """Wait up to ``seconds`` for every pid to end; return those still alive."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        if not any(alive(p) for p in pids):
+            return []
+        time.sleep(0.05)
+    return [p for p in pids if alive(p)]
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -16,7 +16,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +26,7 @@ from sparkdiag.probe import compare as cmp
 from sparkdiag.probe.compare_command import compare as compare_command
 from sparkdiag.probe.compare_command import container_argv
 from sparkdiag.probe.runner import ProbeCycle, ProbeResult
+from tests.support import wait_dead
 
 HELPERS = Path(__file__).parent / "compare_helpers"
 FAKE_SIDE = HELPERS / "fake_side.py"
@@ -57,25 +57,6 @@ def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
         cwd=ROOT,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
-
-
-def alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            state = fh.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
-
-
-def wait_dead(pids: Sequence[int], seconds: float = 5.0) -> list[int]:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        if not any(alive(p) for p in pids):
-            return []
-        time.sleep(0.05)
-    return [p for p in pids if alive(p)]
 
 
 def read_pids(path: Path, seconds: float = 10.0) -> list[int]:

@@ -14,32 +14,13 @@ import pytest
 
 from sparkdiag.probe import runner
 from sparkdiag.probe.runner import ProbeCycle, run_worker, worker_path, worker_source
+from tests.support import wait_dead
 
 FAKE = Path(__file__).parent / "probe_helpers" / "fake_worker.py"
 
 
 def fake(mode: str) -> list[str]:
     return [sys.executable, str(FAKE), mode]
-
-
-def alive(pid: int) -> bool:
-    """True while the process exists and is not a zombie."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            state = fh.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-    return state not in ("Z", "X")
-
-
-def wait_dead(pids: list[int], seconds: float = 5.0) -> list[int]:
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
-        left = [p for p in pids if alive(p)]
-        if not left:
-            return []
-        time.sleep(0.05)
-    return [p for p in pids if alive(p)]
 
 
 def read_pids(path: Path) -> list[int]:
