@@ -164,12 +164,12 @@ def record_fixture(output: Path, description: str, nvml_fixture: Path | None) ->
 
     Run it on a real GPU; replay the file with --nvml-fixture on any machine.
     """
-    from sparkdiag.daemon import make_backend
+    from sparkdiag.sources.backends import make_backend
     from sparkdiag.sources.nvml_api import NvmlUnavailable
     from sparkdiag.sources.record import record, write_atomic
 
     try:
-        backend = make_backend(Settings(nvml_fixture=nvml_fixture))
+        backend = make_backend(nvml_fixture)
         doc = record(backend, description)
     except FixtureError as exc:
         raise click.BadParameter(str(exc), param_hint="--nvml-fixture") from None

@@ -15,7 +15,7 @@ from sparkdiag.exporter.http import ExporterServer, health_check
 from sparkdiag.exporter.probe import ProbeCollector
 from sparkdiag.exporter.registry import build_registry, render
 from sparkdiag.exporter.webconfig import load_web_config
-from sparkdiag.probe.baseline import BaselineStore, BaselineStoreError
+from sparkdiag.probe.baseline import BaselineStore, BaselineStoreError, open_store
 from sparkdiag.probe.scheduler import (
     ContainerLauncher,
     FixtureLauncher,
@@ -25,14 +25,7 @@ from sparkdiag.probe.scheduler import (
 )
 from sparkdiag.probe.state import ProbeState
 from sparkdiag.sdnotify import Notifier
-from sparkdiag.sources import host
-from sparkdiag.sources.context import detect_context
-from sparkdiag.sources.fixture import FixtureBackend
-from sparkdiag.sources.gpu import GpuSource
-from sparkdiag.sources.nvml import PynvmlBackend
-from sparkdiag.sources.nvml_api import NvmlBackend
-from sparkdiag.sources.sysfs import PcieSource
-from sparkdiag.statedir import StateDirError, ensure_state_directory, state_directory
+from sparkdiag.telemetry.build import build_poller
 from sparkdiag.telemetry.poller import Poller
 
 log = logging.getLogger("sparkdiag")
@@ -40,42 +33,6 @@ log = logging.getLogger("sparkdiag")
 
 class StartupError(Exception):
     """The daemon cannot start (port in use, ...); the message says why."""
-
-
-def make_backend(settings: Settings) -> NvmlBackend:
-    """The fixture backend when a fixture is given (raises FixtureError), else real NVML."""
-    if settings.nvml_fixture is not None:
-        return FixtureBackend(settings.nvml_fixture)
-    return PynvmlBackend()
-
-
-def make_poller(settings: Settings, backend: NvmlBackend | None = None) -> Poller:
-    """Start the sources and say once, on stderr, what will be skipped on this machine."""
-    # Static fields about every 60 s, slow counters about every 10 s, whatever the poll interval.
-    gpu = GpuSource(
-        backend or make_backend(settings),
-        static_every=max(1, round(60 / settings.poll_interval)),
-        slow_every=max(1, round(10 / settings.poll_interval)),
-    )
-    if not gpu.start():
-        log.warning(
-            "NVML unavailable (%s): GPU telemetry skipped; exporting host PCIe links, execution "
-            "context and host memory, with sparkdiag_nvml_up 0",
-            gpu.unavailable_reason,
-        )
-    elif not gpu.identities:
-        log.warning("NVML answers but reports no GPU: GPU telemetry skipped")
-    pcie = PcieSource(settings.sysfs)
-    context = detect_context(settings.rootfs)
-    poller = Poller(
-        gpu=gpu,
-        read_pcie=pcie.read,
-        read_host=host.read_host,
-        context=context,
-        interval=settings.poll_interval,
-        pcie_interval=settings.pcie_interval,
-    )
-    return poller
 
 
 def make_scheduler(settings: Settings, poller: Poller, state: ProbeState) -> ProbeScheduler | None:
@@ -103,7 +60,7 @@ def make_scheduler(settings: Settings, poller: Poller, state: ProbeState) -> Pro
         launcher = WorkerLauncher(
             python, settings.probe_timeout, settings.probe_when, settings.probe_busy_utilization
         )
-    store = open_store(settings)
+    store = _store(settings)
     context = poller.context.context if poller.context else "native"
     return ProbeScheduler(
         launcher,
@@ -128,7 +85,7 @@ def make_container_scheduler(
     if not poller.gpu.identities:
         return None
     if store is None:
-        store = open_store(settings)
+        store = _store(settings)
     try:
         launcher = ContainerLauncher(settings.probe_container_command, settings.probe_timeout)
     except ValueError as exc:
@@ -146,19 +103,18 @@ def make_container_scheduler(
     )
 
 
-def open_store(settings: Settings) -> BaselineStore | None:
+def _store(settings: Settings) -> BaselineStore | None:
     """The baseline database in the state directory; None (and a warning) when unusable."""
     try:
-        directory = ensure_state_directory(settings.state_dir or state_directory())
-        return BaselineStore(directory / "baselines.sqlite")
-    except (StateDirError, BaselineStoreError) as exc:
+        return open_store(settings.state_dir, create=True)
+    except BaselineStoreError as exc:
         log.warning("baselines unavailable (%s): probes run without a baseline", exc)
         return None
 
 
 def dump(settings: Settings) -> bytes:
     """One poll rendered in the Prometheus text format."""
-    poller = make_poller(settings)
+    poller = build_poller(settings)
     try:
         snap = poller.poll_once()
         if not snap.pcie_links:
@@ -174,7 +130,7 @@ def serve(settings: Settings) -> None:
     web = None
     if settings.web_config_file is not None:
         web = load_web_config(settings.web_config_file)  # WebConfigError: a configuration error
-    poller = make_poller(settings)
+    poller = build_poller(settings)
     probe_state = ProbeState()
     scheduler = make_scheduler(settings, poller, probe_state)
     container = make_container_scheduler(
@@ -225,7 +181,11 @@ def serve(settings: Settings) -> None:
         settings.poll_interval,
     )
     poll_thread = threading.Thread(
-        target=poller.run, args=(stop, settings.poll_interval), name="poller", daemon=True
+        target=poller.run,
+        args=(stop,),
+        kwargs={"initial_delay": poller.interval},
+        name="poller",
+        daemon=True,
     )
     poll_thread.start()
     for sched in schedulers:

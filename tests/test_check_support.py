@@ -13,10 +13,10 @@ from typing import Any
 
 from sparkdiag.check.model import CheckContext, CheckResult, GpuProbe, KernelLog, TorchInfo
 from sparkdiag.config import Settings
-from sparkdiag.daemon import make_poller
 from sparkdiag.probe.baseline import BaselineStore
 from sparkdiag.probe.evaluate import GemmFigure, evaluate
 from sparkdiag.probe.runner import ProbeCycle, classify
+from sparkdiag.telemetry.build import build_poller as make_poller
 from sparkdiag.telemetry.snapshot import GpuSample, HostSample, Snapshot
 
 FIXTURES = Path(__file__).parent / "fixtures"

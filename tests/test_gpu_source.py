@@ -278,7 +278,7 @@ def test_unsupported_queries_are_asked_once(nvml_fixture: Callable[[str], Path])
         (0, "pstate", None),
     ):
         assert backend.asked[key] == 4, key
-    # Static (a threshold): asked at the first read, then every static_every (60) reads.
+    # Static (a threshold): asked at the first read, then once its answer is 60 s old.
     assert backend.asked[(0, "temperature_threshold", 0)] == 1
     # Memory info decides the memory model once at start; a unified GPU is not asked again.
     assert backend.asked[(0, "memory_info", None)] == 1
@@ -473,9 +473,11 @@ def test_static_and_slow_queries_are_refreshed_on_their_own_schedule(
     nvml_fixture: Callable[[str], Path],
 ) -> None:
     backend = CountingBackend(nvml_fixture("h200-idle"))
-    source = GpuSource(backend, static_every=5, slow_every=2)
+    now = [0.0]
+    source = GpuSource(backend, static_seconds=5.0, slow_seconds=2.0, clock=lambda: now[0])
     assert source.start()
-    for _ in range(10):
+    for second in range(10):  # one read a second, whatever the poll interval would be
+        now[0] = float(second)
         sample = _read_one(source)
         assert sample.threshold_celsius["slowdown"] == 89.0  # cached answers are still exported
         assert sample.ecc_errors == {"corrected": 0.0, "uncorrected": 0.0}

@@ -8,8 +8,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.exposition import generate_latest
 
 from sparkdiag.config import Settings
-from sparkdiag.daemon import make_poller
 from sparkdiag.exporter.registry import build_registry, render
+from sparkdiag.telemetry.build import build_poller as make_poller
 from tests.support import NVML, ROOTFS, SYSFS
 
 

@@ -13,13 +13,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from sparkdiag.check.model import CheckContext, GpuProbe, KernelLog, TorchInfo, no_gpu_reason
-from sparkdiag.check.probe import DEFAULT_TIMEOUT, open_store, run_probes, worker_launcher
+from sparkdiag.check.probe import DEFAULT_TIMEOUT, read_store, run_probes, worker_launcher
 from sparkdiag.config import Settings
 from sparkdiag.probe.scheduler import Launcher, WorkerLauncher
 from sparkdiag.sources.cpufreq import read_governors
 from sparkdiag.sources.kernel_log import read_kernel_log
 from sparkdiag.sources.packages import read_torch
 from sparkdiag.sources.procfs import process_names
+from sparkdiag.telemetry.build import build_poller
 from sparkdiag.telemetry.snapshot import GpuSample, Snapshot
 
 QUICK_SKIP = "--quick: nothing that loads the GPU runs (run without --quick to probe)"
@@ -42,13 +43,8 @@ class Sources:
 
 def busy_reason(ctx: CheckContext, gpu: GpuSample) -> str | None:
     """Why ``gpu`` counts as busy (so it is not probed), or None when idle."""
-    others = ctx.other_pids(gpu)
-    if others:
-        return "GPU busy: " + ", ".join(ctx.describe_pid(p) for p in others[:3])
-    util = gpu.utilization_ratio.get("gpu")
-    if util is not None and util > ctx.busy_utilization:
-        return f"GPU busy: utilization {util:.0%}"
-    return None
+    evidence = ctx.busy(gpu)
+    return None if evidence is None else "GPU busy: " + evidence.describe(ctx.describe_pid)
 
 
 def gather(
@@ -60,9 +56,7 @@ def gather(
     on_probe: Callable[[Sequence[GpuSample]], None] | None = None,
 ) -> CheckContext:
     """Poll once, probe every idle GPU (unless ``quick``), read the host; FixtureError passes up."""
-    from sparkdiag.daemon import make_poller  # the daemon's wiring of sources, shared
-
-    poller = make_poller(settings)
+    poller = build_poller(settings)
     try:
         snapshot = poller.poll_once()
         pids = sorted({p for g in snapshot.gpus for p in g.compute_pids or ()})
@@ -116,7 +110,7 @@ def _with_probes(
             probes[gpu.identity.index] = GpuProbe(gpu, skipped=f"not probed: {why}")
     if eligible:
         launcher = sources.launcher or worker_launcher(timeout, settings.probe_busy_utilization)
-        store, note = open_store(settings.state_dir)
+        store, note = read_store(settings.state_dir)
         context = ctx.snapshot.context.context if ctx.snapshot.context else "native"
         if on_probe is not None:
             on_probe(eligible)

@@ -105,24 +105,24 @@ def check_gpus(ctx: CheckContext) -> list[CheckResult]:
 
 
 def _idle(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
-    others = ctx.other_pids(gpu)
+    evidence = ctx.busy(gpu)
+    others = list(evidence.other_pids) if evidence else []
     util = gpu.utilization_ratio.get("gpu")
     data = {"other_pids": others, "utilization": util}
     util_text = "" if util is None else f", utilization {util:.0%}"
-    if others:
-        shown = ", ".join(ctx.describe_pid(p) for p in others[:3])
-        more = f" and {len(others) - 3} more" if len(others) > 3 else ""
+    if evidence is not None and others:
         first = ctx.describe_pid(others[0])
         return CheckResult(
-            "idle", "fail", f"{shown}{more} computing on the GPU{util_text}",
+            "idle", "fail",
+            f"{evidence.describe(ctx.describe_pid)} computing on the GPU{util_text}",
             f"stop {first}: kill {others[0]}, or wait for it to finish; a benchmark on a "
             "shared GPU measures the sharing",
             _idx(gpu), data,
         )  # fmt: skip
-    if util is not None and util > ctx.busy_utilization:
+    if evidence is not None:
         return CheckResult(
             "idle", "warn",
-            f"utilization {util:.0%} with no compute process visible here",
+            f"{evidence.describe()} with no compute process visible here",
             "another container, VM or a graphics client uses the GPU: check nvidia-smi on the "
             "host",
             _idx(gpu), data,

@@ -17,6 +17,7 @@ from sparkdiag.probe.evaluate import GemmFigure
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.sources.kernel_log import KernelLog as KernelLog
 from sparkdiag.sources.packages import TorchInfo as TorchInfo
+from sparkdiag.telemetry.busy import Busy, busy, other_pids
 from sparkdiag.telemetry.snapshot import GpuSample, Snapshot
 
 Status = Literal["pass", "warn", "fail", "skip"]
@@ -129,8 +130,11 @@ class CheckContext:
 
     def other_pids(self, gpu: GpuSample) -> list[int]:
         """Compute processes on ``gpu`` that are not sparkdiag's own; [] when unknown."""
-        own = self.own_pids | self.snapshot.excluded_pids
-        return [p for p in gpu.compute_pids or () if p not in own]
+        return list(other_pids(gpu, self.own_pids | self.snapshot.excluded_pids))
+
+    def busy(self, gpu: GpuSample) -> Busy | None:
+        """Why ``gpu`` counts as busy (the daemon's rule), or None when it is idle."""
+        return busy(gpu, self.own_pids | self.snapshot.excluded_pids, self.busy_utilization)
 
     def describe_pid(self, pid: int) -> str:
         name = self.process_names.get(pid)

@@ -16,11 +16,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sparkdiag.check.model import GpuProbe
-from sparkdiag.probe.baseline import DEFAULT_FILENAME, BaselineStore, BaselineStoreError
+from sparkdiag.probe.baseline import DEFAULT_FILENAME, BaselineStore, BaselineStoreError, open_store
 from sparkdiag.probe.evaluate import GemmFigure, evaluate
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.probe.scheduler import Launcher, WorkerLauncher
-from sparkdiag.statedir import StateDirError, state_directory
 from sparkdiag.telemetry.snapshot import GpuSample, Snapshot
 
 log = logging.getLogger(__name__)
@@ -46,17 +45,10 @@ def worker_launcher(
     )
 
 
-def open_store(state_dir: Path | None) -> tuple[BaselineStore | None, str | None]:
+def read_store(state_dir: Path | None) -> tuple[BaselineStore | None, str | None]:
     """The baseline store if one exists; (None, why) otherwise. Never creates one."""
     try:
-        directory = state_dir or state_directory()
-    except StateDirError as exc:
-        return None, str(exc)
-    path = directory / BASELINE_FILENAME
-    if not path.exists():
-        return None, f"no baseline store at {path} yet"
-    try:
-        return BaselineStore(path), None
+        return open_store(state_dir, create=False), None
     except (BaselineStoreError, OSError) as exc:
         return None, str(exc)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sparkdiag.check.gpu_checks import per_gpu
 from sparkdiag.check.model import CheckContext, CheckResult
 from sparkdiag.check.model import gpu_index as _idx
-from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS, decode_reasons
+from sparkdiag.sources.gpu import UNHEALTHY_REASONS, decode_reasons
 from sparkdiag.telemetry.snapshot import GpuSample
 
 MEMORY_HOT_C = 85.0  # HBM: the memory controller throttles above this (CONTEXT.md)
@@ -16,6 +16,7 @@ SHUTDOWN_FAIL_MARGIN_C = 15.0
 SHUTDOWN_WARN_MARGIN_C = 25.0
 FALLBACK_FAIL_C, FALLBACK_WARN_C = 90.0, 80.0
 
+# What each unhealthy reason (sources.gpu.UNHEALTHY_REASONS, on which check fails) means.
 FAIL_REASONS = {
     "hw_slowdown": "hardware slowdown (power or thermal emergency)",
     "sw_thermal_slowdown": "thermal slowdown (software)",
@@ -136,9 +137,7 @@ def _clock_reasons(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
         what = "; ".join(FAIL_REASONS[r] for r in failing)
         return CheckResult(name, "fail", f"{shown}: {what}" + (f" at {temps}" if temps else ""),
                            REASON_ACTIONS[failing[0]], _idx(gpu), data)  # fmt: skip
-    util = gpu.utilization_ratio.get("gpu")
-    idle = not ctx.other_pids(gpu) and (util is None or util <= ctx.busy_utilization)
-    if "sw_power_cap" in names and idle:
+    if "sw_power_cap" in names and ctx.busy(gpu) is None:
         power = ""
         if gpu.power_watts is not None and gpu.power_limit_watts is not None:
             power = f" ({gpu.power_watts:.0f} of {gpu.power_limit_watts:.0f} W)"
@@ -162,4 +161,4 @@ def check_clock_reasons(ctx: CheckContext) -> list[CheckResult]:
     return per_gpu("clock-reasons", ctx, _clock_reasons)
 
 
-assert set(FAIL_REASONS) <= set(CLOCK_EVENT_REASONS)
+assert set(FAIL_REASONS) == UNHEALTHY_REASONS

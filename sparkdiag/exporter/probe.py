@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from sparkdiag.exporter.base import GPU_LABELS as GPU
 from sparkdiag.probe.state import RESULTS, ProbeView
 from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS
 
-GPU = ["gpu", "uuid"]
 GEMM = [*GPU, "dtype", "shape", "context"]
 
 

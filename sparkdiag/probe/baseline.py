@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeGuard
 
-from sparkdiag.statedir import state_directory
+from sparkdiag.statedir import StateDirError, ensure_state_directory, state_directory
 
 BaselineSource = Literal["learned", "pinned"]
 
@@ -165,6 +165,26 @@ class RunRecord:
 def default_path(environ: Mapping[str, str] | None = None) -> Path:
     """``<state directory>/baselines.sqlite``; the directory is not created here."""
     return state_directory(environ) / DEFAULT_FILENAME
+
+
+def open_store(state_dir: Path | None, create: bool) -> BaselineStore:
+    """The baseline store in ``state_dir`` (default: the state directory, see statedir).
+
+    With ``create`` the directory and the database are created when missing (the daemon and
+    ``sparkdiag probe``, which teach baselines); without it a missing database is an error
+    (``check`` and ``baseline show|pin|reset`` only read what was learned). Every failure is a
+    :class:`BaselineStoreError` whose message names the path and why.
+    """
+    try:
+        directory = state_dir or state_directory()
+        if create:
+            ensure_state_directory(directory)
+    except StateDirError as exc:
+        raise BaselineStoreError(str(exc)) from None
+    path = directory / DEFAULT_FILENAME
+    if not create and not path.exists():
+        raise BaselineStoreError(f"no baselines yet: {path} does not exist")
+    return BaselineStore(path)
 
 
 class BaselineStore:

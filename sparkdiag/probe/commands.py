@@ -16,12 +16,10 @@ from typing import Any
 
 import click
 
-from sparkdiag.config import Settings
-from sparkdiag.probe.baseline import BaselineStore, BaselineStoreError
+from sparkdiag.probe.baseline import BaselineStore, BaselineStoreError, open_store
 from sparkdiag.probe.evaluate import GemmFigure, evaluate
 from sparkdiag.probe.runner import ProbeCycle, run_worker
 from sparkdiag.probe.scheduler import FixtureLauncher
-from sparkdiag.statedir import StateDirError, ensure_state_directory, state_directory
 from sparkdiag.telemetry.snapshot import GpuIdentity, GpuSample
 
 DTYPES = ("bf16", "fp16", "tf32", "fp8", "int8", "int4", "nvfp4")
@@ -37,24 +35,19 @@ class GpuRun:
 
 def _store(state_dir: Path | None, create: bool = True) -> BaselineStore:
     try:
-        directory = state_dir or state_directory()
-        if create:
-            ensure_state_directory(directory)
-        elif not (directory / "baselines.sqlite").exists():
-            raise click.ClickException(f"no baselines yet: {directory / 'baselines.sqlite'}")
-        return BaselineStore(directory / "baselines.sqlite")
-    except (StateDirError, BaselineStoreError) as exc:
+        return open_store(state_dir, create)
+    except BaselineStoreError as exc:
         raise click.ClickException(str(exc)) from None
 
 
 def _identities(nvml_fixture: Path | None) -> tuple[list[GpuSample], str | None]:
     """The GPUs NVML sees (one poll, for their uuid, name and busy state)."""
-    from sparkdiag.daemon import make_backend
+    from sparkdiag.sources.backends import make_backend
     from sparkdiag.sources.fixture import FixtureError
     from sparkdiag.sources.gpu import GpuSource
 
     try:
-        source = GpuSource(make_backend(Settings(nvml_fixture=nvml_fixture)))
+        source = GpuSource(make_backend(nvml_fixture))
     except FixtureError as exc:
         raise click.BadParameter(str(exc), param_hint="--nvml-fixture") from None
     if not source.start():

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sparkdiag.probe.runner import ProbeCycle, run_worker
-from sparkdiag.sources.gpu import decode_reasons
+from sparkdiag.sources.gpu import THROTTLE_REASONS, decode_reasons
 
 SCHEMA = "sparkdiag-compare/1"
 DEFAULT_MAX_GAP = 0.15
@@ -78,7 +78,6 @@ IDENTITY_KEYS = (
 LIBRARY_KEYS = ("torch", "cuda", "cublas")
 # A side whose mean SM clock is below this fraction of the other's ran throttled.
 CLOCK_DROP = 0.95
-THERMAL_REASONS = ("hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "sw_power_cap")
 _DOCKER_LIKE = ("docker", "podman", "nerdctl")
 
 # Runs the container command, passes the worker's source through on standard input (inherited),
@@ -1091,7 +1090,7 @@ def _throttle_text(native: Mapping[str, Any], container: Mapping[str, Any]) -> s
         )
     n_reasons = set(native.get("clock_event_reasons") or ())
     c_reasons = set(container.get("clock_event_reasons") or ())
-    new = sorted((c_reasons - n_reasons) & set(THERMAL_REASONS))
+    new = sorted((c_reasons - n_reasons) & THROTTLE_REASONS)
     if new:
         parts.append("only the container's rounds saw " + ", ".join(new))
     if not parts:

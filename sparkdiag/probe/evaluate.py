@@ -12,10 +12,10 @@ from typing import Any
 
 from sparkdiag.probe.baseline import Baseline, BaselineKey, BaselineStore
 from sparkdiag.probe.reference import Reference, lookup
+from sparkdiag.sources.gpu import UNHEALTHY_REASONS, reasons_mask
 
-# Clock event reasons that make a run unfit to learn a baseline from (nvml.h bits):
-# hw_slowdown, sw_thermal_slowdown, hw_thermal_slowdown, hw_power_brake_slowdown.
-UNHEALTHY_REASONS = 0x8 | 0x20 | 0x40 | 0x80
+# Clock event reasons that make a run unfit to learn a baseline from.
+UNHEALTHY_MASK = reasons_mask(UNHEALTHY_REASONS)
 # A compute-bound run below this fraction of a published measured MAMF never counts as healthy,
 # so a GPU stuck in a slow state from the start cannot teach itself a low baseline.
 MIN_REFERENCE_FRACTION = 0.5
@@ -60,7 +60,7 @@ def software_identity(doc: Mapping[str, Any]) -> tuple[str, str, str]:
 def conditions_unhealthy(doc: Mapping[str, Any]) -> bool:
     conditions = doc.get("conditions") or {}
     seen = conditions.get("clock_event_reasons_seen")
-    return bool(seen is not None and int(seen) & UNHEALTHY_REASONS)
+    return bool(seen is not None and int(seen) & UNHEALTHY_MASK)
 
 
 def baseline_dtype(dtype: str, beta: int) -> str:

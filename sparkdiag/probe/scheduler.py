@@ -21,6 +21,7 @@ from sparkdiag.probe.baseline import BaselineStore
 from sparkdiag.probe.evaluate import evaluate
 from sparkdiag.probe.runner import ProbeCycle, classify, run_worker
 from sparkdiag.probe.state import CycleRecord, ProbeState
+from sparkdiag.telemetry.busy import busy
 from sparkdiag.telemetry.snapshot import GpuSample, Snapshot
 
 log = logging.getLogger(__name__)
@@ -146,13 +147,12 @@ class ProbeScheduler:
 
     def busy_reason(self, gpu: GpuSample, snapshot: Snapshot) -> str | None:
         """Why the GPU counts as busy in the latest telemetry, or None when it is idle."""
-        others = [p for p in gpu.compute_pids or () if p not in snapshot.excluded_pids]
-        if others:
-            return f"other compute process(es) on the GPU: pid {', '.join(map(str, others))}"
-        util = gpu.utilization_ratio.get("gpu")
-        if util is not None and util > self.busy_utilization:
-            return f"GPU utilization {util:.0%} above {self.busy_utilization:.0%}"
-        return None
+        evidence = busy(gpu, snapshot.excluded_pids, self.busy_utilization)
+        if evidence is None:
+            return None
+        if evidence.other_pids:
+            return f"other compute process(es) on the GPU: {evidence.describe()}"
+        return f"GPU {evidence.describe()} above {self.busy_utilization:.0%}"
 
     def run_cycle(self) -> list[CycleRecord]:
         snapshot = self.latest()

@@ -15,6 +15,7 @@ Rules it applies, so that every consumer sees the same thing:
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -55,6 +56,17 @@ CLOCK_EVENT_REASONS: dict[str, int] = {
     "hw_power_brake_slowdown": 0x80,
     "display_clock_setting": 0x100,
 }
+# Named sets of those reasons, so that every consumer means the same thing:
+# - unhealthy: heat, a hardware slowdown or the power brake hold the GPU down. A probe that saw
+#   one is not a healthy run (it never teaches a baseline), and check fails on it.
+UNHEALTHY_REASONS = frozenset(
+    {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
+)
+# - thermal: heat alone (the thermal-int4 alert and the soak's stop rule look at these).
+THERMAL_REASONS = frozenset({"sw_thermal_slowdown", "hw_thermal_slowdown"})
+# - throttling: what lowers clocks under load, the power cap included (normal at the limit, but a
+#   side of a comparison that saw it while the other did not ran slower for it).
+THROTTLE_REASONS = UNHEALTHY_REASONS | {"sw_power_cap"}
 # Host MemTotal and NVML's total are taken as the same memory when within this fraction.
 UNIFIED_TOLERANCE = 0.02
 
@@ -62,6 +74,11 @@ UNIFIED_TOLERANCE = 0.02
 def decode_reasons(mask: int) -> list[str]:
     """Names of the reasons set in an NVML clock event reasons bitmask."""
     return [name for name, bit in CLOCK_EVENT_REASONS.items() if mask & bit]
+
+
+def reasons_mask(names: frozenset[str] | set[str]) -> int:
+    """The NVML bitmask of named reasons (the inverse of :func:`decode_reasons`)."""
+    return sum(CLOCK_EVENT_REASONS[name] for name in names)
 
 
 class _DeviceLost(Exception):
@@ -88,20 +105,34 @@ STATIC_QUERIES = frozenset(
 SLOW_QUERIES = frozenset({"ecc_total", "remapped_rows", "pcie_replay", "violation_ns", "energy_mj"})
 
 
+# How old a cached answer of each tier may be, in seconds, whatever the poll interval.
+STATIC_SECONDS = 60.0
+SLOW_SECONDS = 10.0
+
+
 class GpuSource:
     """Reads every GPU through an :class:`NvmlBackend`. Not thread-safe: one poller owns it.
 
     Static queries (thresholds, maximum clocks, supported reasons, PCIe maxima, modes) are asked
-    every ``static_every`` reads, slow ones (ECC, row remapping, replay and violation counters)
-    every ``slow_every`` reads, the rest on every read; in between the last answer is reused.
+    again once their last answer is ``static_seconds`` old, slow ones (ECC, row remapping, replay
+    and violation counters, energy) once it is ``slow_seconds`` old, the rest on every read; in
+    between the last answer is reused. Ages are measured at the start of each read with
+    ``clock`` (monotonic seconds), so the tiers follow time, not the number of polls.
     """
 
-    def __init__(self, backend: NvmlBackend, static_every: int = 60, slow_every: int = 10) -> None:
+    def __init__(
+        self,
+        backend: NvmlBackend,
+        static_seconds: float = STATIC_SECONDS,
+        slow_seconds: float = SLOW_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.backend = backend
-        self.static_every = max(1, static_every)
-        self.slow_every = max(1, slow_every)
-        self._reads = 0
-        self._cache: dict[tuple[int, str, int | None], Any] = {}
+        self.static_seconds = static_seconds
+        self.slow_seconds = slow_seconds
+        self.clock = clock
+        self._read_at = 0.0
+        self._cache: dict[tuple[int, str, int | None], tuple[float, Any]] = {}
         self.nvml_up = False
         self.unavailable_reason: str | None = None
         self.driver_version = ""
@@ -110,6 +141,7 @@ class GpuSource:
 
     def start(self) -> bool:
         """Initialise NVML and read each GPU's identity; False (with a reason) without NVML."""
+        self._read_at = self.clock()
         try:
             self.backend.init()
             self.driver_version = self.backend.driver_version()
@@ -133,18 +165,19 @@ class GpuSource:
         key = (index, query, arg)
         if key in self._unsupported:
             return None
-        every = (
-            self.static_every
+        max_age = (
+            self.static_seconds
             if query in STATIC_QUERIES
-            else self.slow_every
+            else self.slow_seconds
             if query in SLOW_QUERIES
-            else 1
+            else 0.0
         )
-        if every > 1 and key in self._cache and (self._reads - 1) % every:
-            return self._cache[key]
+        cached = self._cache.get(key)
+        if cached is not None and self._read_at - cached[0] < max_age:
+            return cached[1]
         value = self._ask_now(index, query, arg)
-        if every > 1:
-            self._cache[key] = value
+        if max_age > 0:
+            self._cache[key] = (self._read_at, value)
         return value
 
     def _ask_now(self, index: int, query: str, arg: int | None) -> Any:
@@ -200,7 +233,7 @@ class GpuSource:
         """One poll of every GPU. Never raises for a device error: a lost device is ``up=False``."""
         if not self.nvml_up:
             return ()
-        self._reads += 1
+        self._read_at = self.clock()
         return tuple(self._read_device(identity) for identity in self.identities)
 
     def events(self) -> list[NvmlEvent]:

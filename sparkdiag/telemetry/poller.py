@@ -137,7 +137,10 @@ class Poller:
                 log.warning("GPU %d: XID %d", event.gpu, event.data)
 
     def run(self, stop: threading.Event, initial_delay: float = 0.0) -> None:
-        """Poll every :attr:`interval` seconds until ``stop`` is set. Never drifts, never bursts."""
+        """Poll every :attr:`interval` seconds until ``stop`` is set. Never drifts, never bursts.
+
+        ``initial_delay``: seconds before the first poll (the daemon, which has just polled
+        once before it reported READY, waits one interval)."""
         next_at = time.monotonic() + initial_delay
         if stop.wait(initial_delay):
             return

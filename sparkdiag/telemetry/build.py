@@ -1,0 +1,45 @@
+"""Build the poller from the settings: the one place that wires the sources together.
+
+``serve``, ``dump``, ``check`` (and ``watch``) all poll through a poller built here, so that
+``--nvml-fixture``, ``--path.sysfs`` and ``--path.rootfs`` mean the same thing in every command.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sparkdiag.config import Settings
+from sparkdiag.sources import host
+from sparkdiag.sources.backends import make_backend
+from sparkdiag.sources.context import detect_context
+from sparkdiag.sources.gpu import GpuSource
+from sparkdiag.sources.nvml_api import NvmlBackend
+from sparkdiag.sources.sysfs import PcieSource
+from sparkdiag.telemetry.poller import Poller
+
+log = logging.getLogger("sparkdiag")
+
+
+def build_poller(settings: Settings, backend: NvmlBackend | None = None) -> Poller:
+    """Start the sources and say once, on stderr, what will be skipped on this machine.
+
+    Raises FixtureError for an unusable ``--nvml-fixture``. The caller stops the GPU source
+    (``poller.gpu.stop()``) when done.
+    """
+    gpu = GpuSource(backend or make_backend(settings.nvml_fixture))
+    if not gpu.start():
+        log.warning(
+            "NVML unavailable (%s): GPU telemetry skipped; exporting host PCIe links, execution "
+            "context and host memory, with sparkdiag_nvml_up 0",
+            gpu.unavailable_reason,
+        )
+    elif not gpu.identities:
+        log.warning("NVML answers but reports no GPU: GPU telemetry skipped")
+    return Poller(
+        gpu=gpu,
+        read_pcie=PcieSource(settings.sysfs).read,
+        read_host=host.read_host,
+        context=detect_context(settings.rootfs),
+        interval=settings.poll_interval,
+        pcie_interval=settings.pcie_interval,
+    )
