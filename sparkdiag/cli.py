@@ -3,82 +3,17 @@
 from __future__ import annotations
 
 import logging
-import shlex
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
 from sparkdiag import __version__
-from sparkdiag.config import (
-    OPTIONS,
-    ConfigError,
-    Option,
-    Settings,
-    build_settings,
-    default_config_text,
-)
+from sparkdiag.config import ConfigError, default_config_text
 from sparkdiag.exporter.webconfig import WebConfigError
+from sparkdiag.flags import settings_from, settings_options
 from sparkdiag.sources.fixture import FixtureError
-
-F = TypeVar("F", bound=Callable[..., Any])
-OPTION_ATTRS = {option.attr for option in OPTIONS}
-
-
-def _click_option(option: Option) -> Callable[[F], F]:
-    """A click flag generated from a config :class:`Option` (default None: "not given")."""
-    default = option.default
-    shown = "" if default is None else f" [default: {_shown(default)}]"
-    help_text = f"{option.help}{shown}"
-    flag = f"--{option.key}"
-    if option.kind == "bool":
-        return click.option(f"{flag}/--no-{option.key}", option.attr, default=None, help=help_text)
-    types: dict[str, Any] = {
-        "float": float,
-        "int": int,
-        "path": click.Path(path_type=Path),
-        "choice": click.Choice(option.choices),
-        "str": str,
-        "listen": str,
-        "argv": str,
-    }
-    if option.kind == "argv":
-        help_text += " Given as one string on the command line, split like a shell would."
-    return click.option(flag, option.attr, type=types[option.kind], default=None, help=help_text)
-
-
-def _shown(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (list, tuple)):
-        return " ".join(value)
-    return str(value)
-
-
-def _options(scope: str) -> Callable[[F], F]:
-    """Every option of ``scope`` (a command name) as click flags, plus --config for serve."""
-
-    def decorate(fn: F) -> F:
-        for option in reversed(OPTIONS):
-            if scope in option.scopes:
-                fn = _click_option(option)(fn)
-        return fn
-
-    return decorate
-
-
-def _settings(config: Path | None, given: dict[str, Any]) -> Settings:
-    """Settings from the config file and the flags actually given; usage errors exit 2."""
-    flags = {k: v for k, v in given.items() if v is not None and k in OPTION_ATTRS}
-    for attr in ("probe_python", "probe_container_command"):
-        if attr in flags:
-            flags[attr] = shlex.split(flags[attr])
-    try:
-        return build_settings(config, flags)
-    except ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
 
 
 def _setup_logging(level: str) -> None:
@@ -87,15 +22,6 @@ def _setup_logging(level: str) -> None:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-
-
-_CONFIG = click.option(
-    "--config",
-    "config",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="TOML configuration file (keys as in 'sparkdiag config default'); flags win over it.",
-)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -110,8 +36,7 @@ def main() -> None:
 
 
 @main.command()
-@_CONFIG
-@_options("serve")
+@settings_options("serve", config_file=True)
 def serve(config: Path | None, **given: Any) -> None:
     """Run the exporter daemon until SIGTERM or Ctrl-C.
 
@@ -120,7 +45,7 @@ def serve(config: Path | None, **given: Any) -> None:
     """
     from sparkdiag import daemon
 
-    settings = _settings(config, given)
+    settings = settings_from("serve", given, config)
     _setup_logging(settings.log_level)
     try:
         daemon.serve(settings)
@@ -133,12 +58,12 @@ def serve(config: Path | None, **given: Any) -> None:
 
 
 @main.command()
-@_options("dump")
+@settings_options("dump")
 def dump(**given: Any) -> None:
     """Poll once and print the metrics in the Prometheus text format to stdout."""
     from sparkdiag import daemon
 
-    settings = _settings(None, given)
+    settings = settings_from("dump", given)
     _setup_logging(settings.log_level)
     try:
         body = daemon.dump(settings)
@@ -153,13 +78,8 @@ def dump(**given: Any) -> None:
 @click.option(
     "--description", default="", help="What the machine was doing (idle, under load ...)."
 )
-@click.option(
-    "--nvml-fixture",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Re-record from a fixture instead of the driver (to normalise an old file).",
-)
-def record_fixture(output: Path, description: str, nvml_fixture: Path | None) -> None:
+@settings_options("record-fixture")
+def record_fixture(output: Path, description: str, **given: Any) -> None:
     """Record every NVML answer sparkdiag uses, errors included, into OUTPUT (JSON).
 
     Run it on a real GPU; replay the file with --nvml-fixture on any machine.
@@ -169,7 +89,7 @@ def record_fixture(output: Path, description: str, nvml_fixture: Path | None) ->
     from sparkdiag.sources.record import record, write_atomic
 
     try:
-        backend = make_backend(nvml_fixture)
+        backend = make_backend(settings_from("record-fixture", given).nvml_fixture)
         doc = record(backend, description)
     except FixtureError as exc:
         raise click.BadParameter(str(exc), param_hint="--nvml-fixture") from None
@@ -203,7 +123,7 @@ def config_default() -> None:
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 def config_check(file: Path) -> None:
     """Validate a configuration file; exit 2 with the bad key and value when it is wrong."""
-    settings = _settings(file, {})
+    settings = settings_from("serve", {}, file)
     click.echo(f"{file}: ok (listen {settings.listen}, poll every {settings.poll_interval:g} s)")
 
 
@@ -225,8 +145,10 @@ def assets(directory: Path, force: bool) -> None:
 
 def _register() -> None:
     from sparkdiag.check.command import check
-    from sparkdiag.probe.commands import baseline, bench, probe
-    from sparkdiag.probe.compare_command import compare
+    from sparkdiag.probe.commands.baseline import baseline
+    from sparkdiag.probe.commands.bench import bench
+    from sparkdiag.probe.commands.probe import probe
+    from sparkdiag.probe.compare.command import compare
 
     for command in (check, probe, bench, compare, baseline):
         main.add_command(command)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,14 @@ class Option:
     maximum: float | None = None
     unit: str = ""
     scopes: frozenset[str] = frozenset({"serve"})  # commands that take the flag
+    # Per command: a default other than ``default`` (check's shorter worker timeout, ...) and
+    # help text appended to ``help`` (what the setting means for that command).
+    command_default: Mapping[str, Any] = field(default_factory=dict)
+    command_help: Mapping[str, str] = field(default_factory=dict)
+    metavar: str | None = None
+
+    def default_for(self, command: str) -> Any:
+        return self.command_default.get(command, self.default)
 
     def allowed(self) -> str:
         if self.kind == "choice":
@@ -133,7 +141,9 @@ OPTIONS: tuple[Option, ...] = (
         "path",
         None,
         "Replay NVML answers from this fixture (recorded by record-fixture) instead of the driver.",
-        scopes=frozenset({"serve", "dump", "check", "probe"}),
+        scopes=frozenset({"serve", "dump", "check", "probe", "record-fixture"}),
+        command_help={"record-fixture": "(to normalise an old fixture file)"},
+        metavar="FILE",
     ),
     Option(
         "path.sysfs",
@@ -142,6 +152,8 @@ OPTIONS: tuple[Option, ...] = (
         Path("/sys"),
         "sysfs mount point to read PCIe links from (a fake tree for tests).",
         scopes=frozenset({"serve", "dump", "check"}),
+        command_help={"check": "check also reads the cpufreq governors under it."},
+        metavar="DIR",
     ),
     Option(
         "path.rootfs",
@@ -150,6 +162,11 @@ OPTIONS: tuple[Option, ...] = (
         Path("/"),
         "Root filesystem to detect the execution context (container or native) under.",
         scopes=frozenset({"serve", "dump", "check", "probe"}),
+        command_help={
+            "check": "check also reads the kernel log (ROOT/dev/kmsg; dmesg on the real root) "
+            "and process names (ROOT/proc/PID/comm) under it."
+        },
+        metavar="DIR",
     ),
     Option(
         "log-level",
@@ -159,6 +176,8 @@ OPTIONS: tuple[Option, ...] = (
         "Logging verbosity on stderr.",
         choices=("debug", "info", "warning", "error"),
         scopes=frozenset({"serve", "dump", "check", "probe"}),
+        # check is quiet by default: every problem a log line would mention is a row of its report.
+        command_default={"check": "error"},
     ),
     Option(
         "state-dir",
@@ -167,7 +186,11 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "Directory for the baseline database; default $STATE_DIRECTORY under systemd, else "
         "$XDG_STATE_HOME/sparkdiag.",
-        scopes=frozenset({"serve", "check", "probe"}),
+        scopes=frozenset({"serve", "check", "probe", "baseline"}),
+        command_help={
+            "check": "check only reads baselines.sqlite there: it never creates nor teaches one."
+        },
+        metavar="DIR",
     ),
     Option(
         "web.config.file",
@@ -210,7 +233,8 @@ OPTIONS: tuple[Option, ...] = (
         "idle",
         "idle: skip a cycle while another process computes on the GPU; always: run anyway.",
         choices=("idle", "always"),
-        scopes=frozenset({"serve", "probe"}),
+        scopes=frozenset({"serve", "probe", "compare"}),
+        command_help={"compare": "(idle stops the comparison when another process uses it)"},
     ),
     Option(
         "probe.busy-utilization",
@@ -220,7 +244,7 @@ OPTIONS: tuple[Option, ...] = (
         "GPU utilization (0..1) above which the GPU counts as busy.",
         minimum=0,
         maximum=1,
-        scopes=frozenset({"serve", "probe"}),
+        scopes=frozenset({"serve", "probe", "check"}),
     ),
     Option(
         "probe.timeout",
@@ -231,7 +255,15 @@ OPTIONS: tuple[Option, ...] = (
         minimum=1,
         maximum=3600,
         unit="seconds",
-        scopes=frozenset({"serve", "probe"}),
+        scopes=frozenset({"serve", "probe", "check", "compare", "bench"}),
+        # check's short suite takes about a second of GPU time; compare's cycles include a
+        # container start; a bench sweep is one long worker run.
+        command_default={"check": 25.0, "compare": 120.0, "bench": 1800.0},
+        command_help={
+            "compare": "(per cycle, container start included)",
+            "bench": "(for the whole sweep)",
+        },
+        metavar="SECONDS",
     ),
     Option(
         "probe.python",
@@ -268,7 +300,8 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "Replay probe results recorded on a real GPU (worker JSON documents) instead of "
         "running the worker; for tests and demonstrations without a GPU.",
-        scopes=frozenset({"serve"}),
+        scopes=frozenset({"serve", "probe", "check"}),
+        metavar="FILE",
     ),
     Option(
         "probe.first-delay",
@@ -282,30 +315,35 @@ OPTIONS: tuple[Option, ...] = (
     ),
 )
 OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
+OPTIONS_BY_ATTR = {option.attr: option for option in OPTIONS}
+
+
+# Every Settings field's default is the one declared in OPTIONS.
+DEFAULTS: Mapping[str, Any] = {option.attr: option.default for option in OPTIONS}
 
 
 @dataclass(frozen=True)
 class Settings:
-    listen: str = DEFAULT_LISTEN
-    poll_interval: float = 1.0
-    pcie_interval: float = 10.0
-    nvml_fixture: Path | None = None
-    sysfs: Path = Path("/sys")
-    rootfs: Path = Path("/")
-    log_level: str = "info"
-    state_dir: Path | None = None
-    web_config_file: Path | None = None
-    web_max_requests: int = 40
-    probe_enabled: bool = True
-    probe_interval: float = 300.0
-    probe_when: str = "idle"
-    probe_busy_utilization: float = 0.10
-    probe_timeout: float = 60.0
-    probe_python: tuple[str, ...] | None = None
-    probe_container_command: tuple[str, ...] | None = None
-    probe_container_interval: float = 1800.0
-    probe_fixture: Path | None = None
-    probe_first_delay: float = 30.0
+    listen: str = DEFAULTS["listen"]
+    poll_interval: float = DEFAULTS["poll_interval"]
+    pcie_interval: float = DEFAULTS["pcie_interval"]
+    nvml_fixture: Path | None = DEFAULTS["nvml_fixture"]
+    sysfs: Path = DEFAULTS["sysfs"]
+    rootfs: Path = DEFAULTS["rootfs"]
+    log_level: str = DEFAULTS["log_level"]
+    state_dir: Path | None = DEFAULTS["state_dir"]
+    web_config_file: Path | None = DEFAULTS["web_config_file"]
+    web_max_requests: int = DEFAULTS["web_max_requests"]
+    probe_enabled: bool = DEFAULTS["probe_enabled"]
+    probe_interval: float = DEFAULTS["probe_interval"]
+    probe_when: str = DEFAULTS["probe_when"]
+    probe_busy_utilization: float = DEFAULTS["probe_busy_utilization"]
+    probe_timeout: float = DEFAULTS["probe_timeout"]
+    probe_python: tuple[str, ...] | None = DEFAULTS["probe_python"]
+    probe_container_command: tuple[str, ...] | None = DEFAULTS["probe_container_command"]
+    probe_container_interval: float = DEFAULTS["probe_container_interval"]
+    probe_fixture: Path | None = DEFAULTS["probe_fixture"]
+    probe_first_delay: float = DEFAULTS["probe_first_delay"]
 
     def __post_init__(self) -> None:
         for option in OPTIONS:
@@ -364,14 +402,20 @@ def load_file(path: Path) -> dict[str, Any]:
 
 
 def build_settings(
-    config_file: Path | None, flags: Mapping[str, Any], base: Settings | None = None
+    config_file: Path | None, flags: Mapping[str, Any], command: str = "serve"
 ) -> Settings:
-    """Defaults, then the file, then the flags given on the command line ({attribute: value})."""
-    values: dict[str, Any] = {} if config_file is None else load_file(config_file)
+    """The command's defaults, then the file, then the flags given ({attribute: value}).
+
+    Raises :class:`ConfigError` for a bad value, an unreadable file or an unknown key.
+    """
+    values: dict[str, Any] = {
+        o.attr: o.command_default[command] for o in OPTIONS if command in o.command_default
+    }
+    if config_file is not None:
+        values.update(load_file(config_file))
     for attr, value in flags.items():
-        option = next(o for o in OPTIONS if o.attr == attr)
-        values[attr] = option.convert(value, "--")
-    return replace(base or Settings(), **values)
+        values[attr] = OPTIONS_BY_ATTR[attr].convert(value, "--")
+    return replace(Settings(), **values)
 
 
 def default_config_text() -> str:

@@ -3,113 +3,26 @@
 from __future__ import annotations
 
 import errno
-import importlib.util
 import logging
 import signal
-import sys
 import threading
 from types import FrameType
 
-from sparkdiag.config import ConfigError, Settings, parse_listen
+from sparkdiag.config import Settings, parse_listen
 from sparkdiag.exporter.http import ExporterServer, health_check
 from sparkdiag.exporter.probe import ProbeCollector
 from sparkdiag.exporter.registry import build_registry, render
 from sparkdiag.exporter.webconfig import load_web_config
-from sparkdiag.probe.baseline import BaselineStore, BaselineStoreError, open_store
-from sparkdiag.probe.scheduler import (
-    ContainerLauncher,
-    FixtureLauncher,
-    Launcher,
-    ProbeScheduler,
-    WorkerLauncher,
-)
+from sparkdiag.probe.scheduler import build_schedulers
 from sparkdiag.probe.state import ProbeState
 from sparkdiag.sdnotify import Notifier
 from sparkdiag.telemetry.build import build_poller
-from sparkdiag.telemetry.poller import Poller
 
 log = logging.getLogger("sparkdiag")
 
 
 class StartupError(Exception):
     """The daemon cannot start (port in use, ...); the message says why."""
-
-
-def make_scheduler(settings: Settings, poller: Poller, state: ProbeState) -> ProbeScheduler | None:
-    """The probe scheduler, or None (with one log line saying why) when probing cannot run."""
-    if not settings.probe_enabled:
-        return None
-    if not poller.gpu.identities:
-        log.warning("no GPU: GEMM probes skipped")
-        return None
-    launcher: Launcher
-    if settings.probe_fixture is not None:
-        try:
-            launcher = FixtureLauncher(settings.probe_fixture)
-        except ValueError as exc:
-            raise ConfigError(f"probe.fixture: {exc}") from None
-    else:
-        python = settings.probe_python or (sys.executable,)
-        if settings.probe_python is None and importlib.util.find_spec("torch") is None:
-            log.warning(
-                "torch is not installed for %s: GEMM probes skipped "
-                "(install them with: pip install 'sparkdiag[probe]')",
-                sys.executable,
-            )
-            return None
-        launcher = WorkerLauncher(
-            python, settings.probe_timeout, settings.probe_when, settings.probe_busy_utilization
-        )
-    store = _store(settings)
-    context = poller.context.context if poller.context else "native"
-    return ProbeScheduler(
-        launcher,
-        state,
-        store,
-        context,
-        lambda: poller.latest,
-        settings.probe_interval,
-        when=settings.probe_when,
-        busy_utilization=settings.probe_busy_utilization,
-        first_delay=settings.probe_first_delay,
-    )
-
-
-def make_container_scheduler(
-    settings: Settings, poller: Poller, state: ProbeState, store: BaselineStore | None
-) -> ProbeScheduler | None:
-    """The container probe (``probe.container-command``), labelled context="container";
-    it shares the native probe's baseline store, or opens one when that probe does not run."""
-    if not settings.probe_enabled or not settings.probe_container_command:
-        return None
-    if not poller.gpu.identities:
-        return None
-    if store is None:
-        store = _store(settings)
-    try:
-        launcher = ContainerLauncher(settings.probe_container_command, settings.probe_timeout)
-    except ValueError as exc:
-        raise ConfigError(f"probe.container-command: {exc}") from None
-    return ProbeScheduler(
-        launcher,
-        state,
-        store,
-        "container",
-        lambda: poller.latest,
-        settings.probe_container_interval,
-        when=settings.probe_when,
-        busy_utilization=settings.probe_busy_utilization,
-        first_delay=settings.probe_first_delay + 60.0,  # after the native cycle, not beside it
-    )
-
-
-def _store(settings: Settings) -> BaselineStore | None:
-    """The baseline database in the state directory; None (and a warning) when unusable."""
-    try:
-        return open_store(settings.state_dir, create=True)
-    except BaselineStoreError as exc:
-        log.warning("baselines unavailable (%s): probes run without a baseline", exc)
-        return None
 
 
 def dump(settings: Settings) -> bytes:
@@ -132,11 +45,7 @@ def serve(settings: Settings) -> None:
         web = load_web_config(settings.web_config_file)  # WebConfigError: a configuration error
     poller = build_poller(settings)
     probe_state = ProbeState()
-    scheduler = make_scheduler(settings, poller, probe_state)
-    container = make_container_scheduler(
-        settings, poller, probe_state, scheduler.store if scheduler else None
-    )
-    schedulers = [s for s in (scheduler, container) if s is not None]
+    schedulers = build_schedulers(settings, poller, probe_state)
     poller.excluded_pids = lambda: frozenset().union(*(s.excluded_pids() for s in schedulers))
     registry = build_registry(
         lambda: poller.latest, extra=[ProbeCollector(probe_state.view)] if schedulers else []

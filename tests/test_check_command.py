@@ -88,11 +88,11 @@ def test_help_documents_the_exit_codes() -> None:
         "--quick",
         "--expect-gpus",
         "--nvml-fixture",
-        "--probe-fixture",
+        "--probe.fixture",
         "--path.sysfs",
         "--path.rootfs",
         "--state-dir",
-        "--probe-timeout",
+        "--probe.timeout",
     ):
         assert flag in out
 
@@ -135,9 +135,9 @@ def test_a_failure_exits_2(tmp_path: Path) -> None:
         ["--expect-gpus", "-1"],
         ["--no-such-flag"],
         ["--nvml-fixture", "/nonexistent/fixture.json"],
-        ["--probe-fixture", "/nonexistent/probe.json"],
+        ["--probe.fixture", "/nonexistent/probe.json"],
         ["--log-level", "loud"],
-        ["--probe-timeout", "0"],
+        ["--probe.timeout", "0"],
     ],
 )
 def test_bad_usage_exits_3(args: list[str]) -> None:
@@ -252,7 +252,7 @@ def test_no_gpu_machine_skips_gpu_checks_and_runs_host_checks(tmp_path: Path) ->
 
 
 def test_probe_fixture_replays_a_worker_document(tmp_path: Path) -> None:
-    args = [*_base(tmp_path), "--probe-fixture", str(PROBE_FIXTURE), "--json"]
+    args = [*_base(tmp_path), "--probe.fixture", str(PROBE_FIXTURE), "--json"]
     result = invoke(args, REPLAY)
     doc = json.loads(result.output)
     rows = {c["name"]: c for c in doc["checks"]}

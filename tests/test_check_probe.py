@@ -14,8 +14,8 @@ from sparkdiag.check.probe import BASELINE_FILENAME, worker_launcher
 from sparkdiag.check.probe_checks import check_int4_decode, check_probe, check_sm_clock
 from sparkdiag.config import Settings
 from sparkdiag.probe.baseline import BaselineKey, BaselineStore
+from sparkdiag.probe.launchers import FixtureLauncher
 from sparkdiag.probe.runner import ProbeCycle
-from sparkdiag.probe.scheduler import FixtureLauncher
 from sparkdiag.telemetry.snapshot import GpuSample
 from tests.test_check_support import (
     GOOD_TORCH,
@@ -122,7 +122,7 @@ def test_probe_timeout_and_busy_warn() -> None:
     snap = poll(NVML / "h200-idle.json")
     timeout = cycle_of(None, "timeout", "worker did not finish within 25 s and was killed")
     r = only(check_probe(probed(snap, cycle=timeout)))
-    assert r.status == "warn" and "--probe-timeout" in r.action
+    assert r.status == "warn" and "--probe.timeout" in r.action
     busy = cycle_of(None, "skipped_busy", "other compute processes appeared on the GPU: [77]")
     r = only(check_probe(probed(snap, cycle=busy)))
     assert (r.status, r.finding) == (
@@ -332,7 +332,7 @@ def test_real_worker_on_a_machine_without_cuda_reports_unsupported(tmp_path: Pat
 
 def test_real_worker_plumbing_on_cpu(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    launcher = worker_launcher(120.0, extra_args=("--device", "cpu", "--small"))
+    launcher = worker_launcher(120.0, device="cpu", small=True)
     ctx = gather(
         _settings(NVML / "h200-idle.json", tmp_path),
         sources=Sources(launcher=launcher, torch=GOOD_TORCH),
@@ -341,8 +341,8 @@ def test_real_worker_plumbing_on_cpu(tmp_path: Path) -> None:
     assert cycle is not None
     assert cycle.result == "ok", (cycle.reason, cycle.stderr_tail)
     assert cycle.document is not None
-    assert cycle.document["config"]["dtypes"] == ["bf16", "fp16", "int4"]
-    assert cycle.document["bandwidth"] is None
+    assert cycle.document.raw["config"]["dtypes"] == ["bf16", "fp16", "int4"]
+    assert cycle.document.bandwidth is None
     kinds = {(f.dtype, f.kind) for f in ctx.probes[0].figures}
     assert {("bf16", "compute"), ("fp16", "decode"), ("int4", "decode")} <= kinds
     r = only(check_probe(ctx))

@@ -14,6 +14,7 @@ from typing import Any
 from sparkdiag.check.model import CheckContext, CheckResult, GpuProbe, KernelLog, TorchInfo
 from sparkdiag.config import Settings
 from sparkdiag.probe.baseline import BaselineStore
+from sparkdiag.probe.document import parse_document
 from sparkdiag.probe.evaluate import GemmFigure, evaluate
 from sparkdiag.probe.runner import ProbeCycle, classify
 from sparkdiag.telemetry.build import build_poller as make_poller
@@ -117,11 +118,12 @@ def result(doc: dict[str, Any], dtype: str, kind: str, beta: int = 0) -> dict[st
 
 def cycle_of(doc: dict[str, Any] | None, result: str | None = None, reason: str = "") -> ProbeCycle:
     """A cycle as run_worker would classify it (``result`` forces timeout and the like)."""
+    parsed = None if doc is None else parse_document(doc)
     if result is None:
-        assert doc is not None
-        got, why = classify(0, doc, b"{}", "")
-        return ProbeCycle(got, why, doc, "", 0, 7.4, 4242)
-    return ProbeCycle(result, reason, doc, "", None, 25.0, 4242)  # type: ignore[arg-type]
+        assert parsed is not None
+        got, why = classify(0, parsed, b"{}", "")
+        return ProbeCycle(got, why, parsed, "", 0, 7.4, 4242)
+    return ProbeCycle(result, reason, parsed, "", None, 25.0, 4242)  # type: ignore[arg-type]
 
 
 def probed(

@@ -23,8 +23,9 @@ import pytest
 from click.testing import CliRunner
 
 from sparkdiag.probe import compare as cmp
-from sparkdiag.probe.compare_command import compare as compare_command
-from sparkdiag.probe.compare_command import container_argv
+from sparkdiag.probe.compare import report
+from sparkdiag.probe.compare.command import compare as compare_command
+from sparkdiag.probe.compare.command import container_argv
 from sparkdiag.probe.runner import ProbeCycle, ProbeResult
 from tests.support import wait_dead
 
@@ -50,7 +51,7 @@ def container_side(mode: str, *opts: str) -> list[str]:
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sparkdiag.probe.compare_command", *args],
+        [sys.executable, "-m", "sparkdiag.probe.compare.command", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -388,7 +389,7 @@ def test_no_gpu_inside_container(tmp_path: Path) -> None:
     assert "--device nvidia.com/gpu=all (podman)" in failure.message
     # the container was asked for the device native used
     (argv,) = invocations(record)
-    assert argv[-2:] == ["--device", "cuda:0"]
+    assert argv[argv.index("--device") + 1] == "cuda:0"
 
 
 def test_no_gpu_inside_docker_container(tmp_path: Path) -> None:
@@ -474,7 +475,7 @@ def test_ngc_banner_on_stdout_is_tolerated_and_gap_reported() -> None:
     assert result.exit_code(0.15) == cmp.EXIT_GAP
     assert result.exit_code(0.25) == cmp.EXIT_OK
     assert [d.component for d in result.differences] == ["torch"]
-    why = result.diagnosis(0.15)
+    why = cmp.explain(result, 0.15)
     assert "different libraries (torch 2.11.0+cu130 vs 2.9.0a0+50eac81)" in why
 
 
@@ -484,7 +485,7 @@ def test_same_libraries_gap_blames_the_environment() -> None:
     )
     assert result.differences == ()
     assert result.exit_code(0.15) == cmp.EXIT_GAP
-    assert "container environment itself" in result.diagnosis(0.15)
+    assert "container environment itself" in cmp.explain(result, 0.15)
 
 
 def test_cli_gap_exit_code_and_human_report() -> None:
@@ -548,8 +549,8 @@ def test_sigterm_kills_the_running_side(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "sparkdiag.probe.compare_command",
-            "--timeout",
+            "sparkdiag.probe.compare.command",
+            "--probe.timeout",
             "60",
             "--native-python",
             f"{sys.executable} {FAKE_SIDE} cpu",
@@ -643,7 +644,7 @@ def test_max_gap_accepts_percentages() -> None:
 
 def test_to_dict_is_strict_json() -> None:
     result = cmp.compare(container_side("gpu"), native=side("gpu"), rounds=1, warmup_rounds=0)
-    text = json.dumps(result.to_dict(0.15), allow_nan=False)
+    text = json.dumps(report.to_dict(result, 0.15), allow_nan=False)
     doc: dict[str, Any] = json.loads(text)
     assert doc["verdict"] == "ok" and doc["worst_gap"] == pytest.approx(0.0)
 
@@ -724,7 +725,7 @@ def _cycle(
             ),
             "timeout",
             "docker was still pulling the image: pull it first "
-            "(docker pull nvcr.io/nvidia/pytorch:25.09-py3) or raise --timeout",
+            "(docker pull nvcr.io/nvidia/pytorch:25.09-py3) or raise --probe.timeout",
         ),
     ],
 )
@@ -740,7 +741,7 @@ def test_diagnose_runtime_messages(
 def test_diagnosis_names_another_process_on_the_gpu() -> None:
     """Seen on the lent H200: a second process loading the GPU only during the container rounds
     lowered their clock too; the cause to name is the other process, not heat."""
-    from sparkdiag.probe.compare import _sharing_text, _throttle_text
+    from sparkdiag.probe.compare.diagnosis import _sharing_text, _throttle_text
 
     native = {
         "mean_sm_clock_hertz": 1838e6,

@@ -24,7 +24,7 @@ def test_probe_replays_a_recorded_cycle_and_learns_a_baseline(tmp_path: Path) ->
         "probe",
         "--nvml-fixture",
         str(NVML / "h200-idle.json"),
-        "--probe-fixture",
+        "--probe.fixture",
         str(PROBE / "h200-default.json"),
         "--state-dir",
         str(tmp_path),
@@ -66,7 +66,7 @@ def test_probe_runs_the_real_worker_on_cpu(tmp_path: Path) -> None:
 
 def test_probe_usage_errors() -> None:
     bad = run("probe", "--shape", "8192x8192", "--nvml-fixture", str(NVML / "h200-idle.json"))
-    assert bad.returncode == 2 and "is not MxNxK" in bad.stderr
+    assert bad.returncode == 2 and "expected MxNxK" in bad.stderr
     missing = run("probe", "--gpu", "5", "--nvml-fixture", str(NVML / "h200-idle.json"))
     assert missing.returncode == 2 and "no GPU with index 5" in missing.stderr
 

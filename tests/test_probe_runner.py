@@ -13,14 +13,17 @@ from typing import Any
 import pytest
 
 from sparkdiag.probe import runner
+from sparkdiag.probe.document import SCHEMA, find_document, parse_document
+from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import ProbeCycle, run_worker, worker_path, worker_source
 from tests.support import wait_dead
 
 FAKE = Path(__file__).parent / "probe_helpers" / "fake_worker.py"
 
 
-def fake(mode: str) -> list[str]:
-    return [sys.executable, str(FAKE), mode]
+def fake(mode: str, *args: str) -> list[str]:
+    """The stand-in worker in ``mode``; ``args`` are the mode's own (before the worker's)."""
+    return [sys.executable, str(FAKE), mode, *args]
 
 
 def read_pids(path: Path) -> list[int]:
@@ -33,7 +36,7 @@ def read_pids(path: Path) -> list[int]:
 def test_worker_path_and_source() -> None:
     assert worker_path().name == "worker.py"
     assert worker_path().is_file()
-    assert "sparkdiag-probe/1" in worker_source()
+    assert SCHEMA in worker_source()
 
 
 @pytest.mark.parametrize("ignore_term", [False, True])
@@ -41,7 +44,7 @@ def test_timeout_kills_worker_and_grandchild(tmp_path: Path, ignore_term: bool) 
     pidfile = tmp_path / "pids"
     args = [str(pidfile)] + (["--ignore-term"] if ignore_term else [])
     start = time.monotonic()
-    cycle = run_worker(fake("sleep"), args, timeout=1.5, kill_grace=0.5)
+    cycle = run_worker(fake("sleep", *args), timeout=1.5, kill_grace=0.5)
     elapsed = time.monotonic() - start
     assert cycle.result == "timeout"
     assert "1.5 s" in (cycle.reason or "")
@@ -100,12 +103,14 @@ def python_without_torch(tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.mark.parametrize("stdin_script", [False, True])
 def test_missing_torch_is_error(python_without_torch: str, stdin_script: bool) -> None:
-    cycle = run_worker([python_without_torch], ["--small"], timeout=30, stdin_script=stdin_script)
+    cycle = run_worker(
+        [python_without_torch], WorkerRequest(small=True), timeout=30, stdin_script=stdin_script
+    )
     assert cycle.result == "error"
     assert cycle.returncode == 1
     assert "torch" in (cycle.reason or "")
     assert "No module named 'torch'" in (cycle.reason or "")
-    assert cycle.document is not None and cycle.document["status"] == "error"
+    assert cycle.document is not None and cycle.document.status == "error"
 
 
 @pytest.mark.parametrize(
@@ -138,7 +143,7 @@ def test_stderr_tail_is_bounded() -> None:
 def test_lingering_grandchild_does_not_hold_the_cycle(tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
     start = time.monotonic()
-    cycle = run_worker(fake("linger"), [str(pidfile)], timeout=30)
+    cycle = run_worker(fake("linger", str(pidfile)), timeout=30)
     assert cycle.result == "ok"
     assert time.monotonic() - start < 10
     worker, grandchild = read_pids(pidfile)
@@ -150,36 +155,38 @@ def test_stdin_script_feeds_the_worker_source() -> None:
     assert cycle.result == "ok"
     assert cycle.document is not None
     size = len(worker_source().encode())
-    assert cycle.document["results"][0]["reason"] == f"stdin {size} bytes"
+    assert cycle.document.results[0].reason == f"stdin {size} bytes"
 
 
 def test_environment_is_passed(tmp_path: Path) -> None:
     script = tmp_path / "env_doc.py"
     script.write_text(
         "import json, os, sys\n"
-        "print(json.dumps({'schema': 'sparkdiag-probe/1', 'status': 'ok', 'reason': None,"
+        f"print(json.dumps({{'schema': {SCHEMA!r}, 'status': 'ok', 'reason': None,"
         " 'results': [], 'bandwidth': {'status': 'ok'}, 'env': dict(os.environ)}))\n"
     )
     cycle = run_worker([sys.executable, str(script)], env={"PATH": "/usr/bin", "X_PROBE": "1"})
     assert cycle.result == "ok"
     assert cycle.document is not None
-    assert cycle.document["env"].get("X_PROBE") == "1"
-    assert "HOME" not in cycle.document["env"]
+    assert cycle.document.raw["env"].get("X_PROBE") == "1"
+    assert "HOME" not in cycle.document.raw["env"]
 
 
 def test_classify_directly() -> None:
     doc: dict[str, Any] = {
-        "schema": runner.SCHEMA,
+        "schema": SCHEMA,
         "status": "ok",
         "results": [],
         "bandwidth": None,
     }
-    assert runner.classify(0, doc, b"{}", "") == ("unsupported", "the worker probed nothing")
+    nothing = parse_document(doc)
+    assert runner.classify(0, nothing, b"{}", "") == ("unsupported", "the worker probed nothing")
     doc["results"] = [{"dtype": "bf16", "shape": "1x2x3", "status": "ok"}]
-    assert runner.classify(0, doc, b"{}", "") == ("ok", None)
+    assert runner.classify(0, parse_document(doc), b"{}", "") == ("ok", None)
     assert runner.classify(-9, None, b"", "")[1] == "worker killed by SIGKILL"
-    assert runner.parse_document(b'{"schema": "other/1"}') is None
-    assert runner.parse_document(json.dumps(doc).encode()) == doc
+    assert find_document(b'{"schema": "other/1"}') is None
+    found = find_document(b"NGC banner\n" + json.dumps(doc).encode())
+    assert found is not None and found.raw == doc
 
 
 def test_probe_cycle_is_frozen() -> None:

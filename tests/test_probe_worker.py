@@ -14,12 +14,14 @@ import os
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
 
+from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import run_worker, worker_path
 
 torch = pytest.importorskip("torch")
@@ -181,15 +183,15 @@ def test_bandwidth(cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, An
 def test_stdin_with_cleared_environment() -> None:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     cycle = run_worker(
-        args=["--small", "--dtype", "bf16,int4", "--dtype", "fp8", "--budget-seconds", "0.2"],
+        request=WorkerRequest(small=True, dtypes=("bf16,int4", "fp8"), budget_seconds=0.2),
         stdin_script=True,
         env=env,
         timeout=120,
     )
     assert cycle.result == "ok", (cycle.reason, cycle.stderr_tail)
     assert cycle.returncode == 0
-    doc = cycle.document
-    assert doc is not None
+    assert cycle.document is not None
+    doc = cycle.document.raw
     assert doc["software"]["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")
     assert {r["dtype"] for r in doc["results"]} == {"bf16", "int4", "fp8"}
     assert all(r["status"] != "error" for r in doc["results"])
@@ -485,10 +487,10 @@ def test_gpu_full_suite() -> None:
     if not _cuda():
         pytest.skip("no CUDA device")
     cycle = run_worker(timeout=120)
-    print(json.dumps(cycle.document, indent=1))
+    assert cycle.document is not None, (cycle.reason, cycle.stderr_tail)
+    doc = cycle.document.raw
+    print(json.dumps(doc, indent=1))
     assert cycle.result == "ok", (cycle.reason, cycle.stderr_tail)
-    doc = cycle.document
-    assert doc is not None
     cc = tuple(int(x) for x in doc["software"]["compute_capability"].split("."))
     assert doc["software"]["gpu_uuid"].startswith("GPU-")
     by = {(r["dtype"], r["kind"], r["beta"]): r for r in doc["results"]}
@@ -518,22 +520,17 @@ def test_gpu_skips_when_another_process_computes() -> None:
         pytest.skip("no CUDA device")
     load = _start_load(60)
     try:
-        cycle = run_worker(args=["--dtype", "bf16", "--no-bandwidth"], timeout=120)
+        bf16 = WorkerRequest(dtypes=("bf16",), bandwidth=False)
+        cycle = run_worker(request=bf16, timeout=120)
         print(cycle.reason)
         assert cycle.result == "skipped_busy", (cycle.reason, cycle.stderr_tail)
         assert cycle.document is not None
-        assert load.pid in cycle.document["busy"]["other_pids"]
-        always = run_worker(
-            args=["--dtype", "bf16", "--no-bandwidth", "--probe-when", "always"], timeout=120
-        )
-        assert always.result == "ok", always.reason
-        print("under load:", [r["tflops"] for r in always.document["results"]])  # type: ignore[index]
+        assert load.pid in cycle.document.busy.other_pids
+        always = run_worker(request=replace(bf16, probe_when="always"), timeout=120)
+        assert always.result == "ok" and always.document is not None, always.reason
+        print("under load:", [r.tflops for r in always.document.results])
         excluded = run_worker(
-            args=[
-                *("--dtype", "bf16", "--no-bandwidth", "--exclude-pid", str(load.pid)),
-                *("--busy-utilization", "1.0"),
-            ],
-            timeout=120,
+            request=replace(bf16, exclude_pids=(load.pid,), busy_utilization=1.0), timeout=120
         )
         assert excluded.result == "ok", excluded.reason
     finally:

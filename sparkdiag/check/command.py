@@ -13,7 +13,6 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import click
@@ -21,14 +20,11 @@ import click
 from sparkdiag.check.checks import run_checks
 from sparkdiag.check.gather import Sources, gather
 from sparkdiag.check.model import EXIT_USAGE, exit_code
-from sparkdiag.check.probe import DEFAULT_TIMEOUT
 from sparkdiag.check.report import render_json, table
-from sparkdiag.config import OPTIONS, ConfigError, Settings
-from sparkdiag.probe.scheduler import FixtureLauncher
+from sparkdiag.flags import settings_from, settings_options
+from sparkdiag.probe.launchers import FixtureLauncher
 from sparkdiag.sources.fixture import FixtureError
 from sparkdiag.telemetry.snapshot import GpuSample
-
-SCOPE = "check"
 
 
 class CheckUsageError(click.UsageError):
@@ -45,39 +41,6 @@ class CheckCommand(click.Command):
             return super().parse_args(ctx, args)
         except click.UsageError as exc:
             raise CheckUsageError(exc.format_message(), exc.ctx) from None
-
-
-# What check reads under the shared settings, beyond what their general help says.
-_CHECK_HELP = {
-    "sysfs": " check also reads the cpufreq governors under it.",
-    "state_dir": " check only reads baselines.sqlite there: it never creates nor teaches one.",
-    "rootfs": " check also reads the kernel log (ROOT/dev/kmsg; dmesg on the real root) and "
-    "process names (ROOT/proc/PID/comm) under it.",
-}
-_CHECK_DEFAULT = {"log_level": "error (every problem is a row of the report)"}
-
-
-def _settings_options(fn: Any) -> Any:
-    """The shared settings of scope "check" (nvml-fixture, path.sysfs, ...) as click options."""
-    types: dict[str, Any] = {
-        "path": click.Path(path_type=Path),
-        "choice": None,
-        "str": str,
-    }
-    for option in reversed(OPTIONS):
-        if SCOPE not in option.scopes:
-            continue
-        kind = click.Choice(option.choices) if option.kind == "choice" else types[option.kind]
-        default = _CHECK_DEFAULT.get(option.attr, option.default)
-        shown = "" if default is None else f" [default: {default}]"
-        text = option.help + _CHECK_HELP.get(option.attr, "") + shown
-        metavar = "DIR" if option.attr in ("sysfs", "rootfs", "state_dir") else None
-        if option.attr == "nvml_fixture":
-            metavar = "FILE"
-        fn = click.option(
-            f"--{option.key}", option.attr, type=kind, default=None, help=text, metavar=metavar
-        )(fn)
-    return fn
 
 
 def _progress(gpus: Sequence[GpuSample], timeout: float) -> None:
@@ -106,23 +69,7 @@ def _progress(gpus: Sequence[GpuSample], timeout: float) -> None:
     metavar="N",
     help="Fail unless N GPUs are visible (and NVML itself loads).",
 )
-@click.option(
-    "--probe-fixture",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    metavar="FILE",
-    help="Replay a recorded worker document (or a sparkdiag-probe-fixture/1 file) instead of "
-    "running the probe worker.",
-)
-@click.option(
-    "--probe-timeout",
-    type=click.FloatRange(min=1, max=600),
-    default=DEFAULT_TIMEOUT,
-    show_default=True,
-    metavar="SECONDS",
-    help="Seconds after which a probe worker is killed.",
-)
-@_settings_options
+@settings_options("check")
 @click.pass_context
 def check(
     ctx: click.Context,
@@ -130,8 +77,6 @@ def check(
     as_json: bool,
     quick: bool,
     expect_gpus: int | None,
-    probe_fixture: Path | None,
-    probe_timeout: float,
     **given: Any,
 ) -> None:
     """Check whether this machine is fit to benchmark right now.
@@ -154,26 +99,21 @@ def check(
       3  the check could not run (bad flag or value, unreadable fixture)
     """
     started = time.monotonic()
-    values = {k: v for k, v in given.items() if v is not None}
-    _setup_logging(values.get("log_level"))
-    try:
-        settings = Settings(**values)
-    except ConfigError as exc:
-        raise CheckUsageError(str(exc)) from None
+    settings = settings_from("check", given, error=CheckUsageError)
+    _setup_logging(settings.log_level)
     sources = ctx.find_object(Sources) or Sources()
-    if probe_fixture is not None:
+    if settings.probe_fixture is not None:
         try:
-            sources = replace(sources, launcher=FixtureLauncher(probe_fixture))
+            sources = replace(sources, launcher=FixtureLauncher(settings.probe_fixture))
         except ValueError as exc:
-            raise CheckUsageError(f"--probe-fixture: {exc}") from None
+            raise CheckUsageError(f"--probe.fixture: {exc}") from None
     try:
         context = gather(
             settings,
             quick=quick,
             expect_gpus=expect_gpus,
-            probe_timeout=probe_timeout,
             sources=sources,
-            on_probe=lambda gpus: _progress(gpus, probe_timeout),
+            on_probe=lambda gpus: _progress(gpus, settings.probe_timeout),
         )
     except FixtureError as exc:
         raise CheckUsageError(f"--nvml-fixture: {exc}") from None
@@ -187,10 +127,10 @@ def check(
     ctx.exit(exit_code([r.status for r in results]))
 
 
-def _setup_logging(level: str | None) -> None:
+def _setup_logging(level: str) -> None:
     """Quiet by default: every problem a log line would mention is a row of the report."""
     logging.basicConfig(
-        level=getattr(logging, (level or "error").upper()),
+        level=getattr(logging, level.upper()),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )

@@ -13,9 +13,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from sparkdiag.check.model import CheckContext, GpuProbe, KernelLog, TorchInfo, no_gpu_reason
-from sparkdiag.check.probe import DEFAULT_TIMEOUT, read_store, run_probes, worker_launcher
+from sparkdiag.check.probe import read_store, run_probes, worker_launcher
 from sparkdiag.config import Settings
-from sparkdiag.probe.scheduler import Launcher, WorkerLauncher
+from sparkdiag.probe.launchers import Launcher, WorkerLauncher
 from sparkdiag.sources.cpufreq import read_governors
 from sparkdiag.sources.kernel_log import read_kernel_log
 from sparkdiag.sources.packages import read_torch
@@ -51,7 +51,6 @@ def gather(
     settings: Settings,
     quick: bool = False,
     expect_gpus: int | None = None,
-    probe_timeout: float = DEFAULT_TIMEOUT,
     sources: Sources = Sources(),
     on_probe: Callable[[Sequence[GpuSample]], None] | None = None,
 ) -> CheckContext:
@@ -72,7 +71,7 @@ def gather(
             own_pids=frozenset({os.getpid()}),
             busy_utilization=settings.probe_busy_utilization,
         )
-        ctx = _with_probes(ctx, settings, probe_timeout, sources, poller.poll_once, on_probe)
+        ctx = _with_probes(ctx, settings, sources, poller.poll_once, on_probe)
         # Read after the probe, so that an XID the load provoked is seen too.
         return replace(ctx, kernel_log=sources.kernel_log or read_kernel_log(settings.rootfs))
     finally:
@@ -82,7 +81,6 @@ def gather(
 def _with_probes(
     ctx: CheckContext,
     settings: Settings,
-    timeout: float,
     sources: Sources,
     poll: Callable[[], Snapshot],
     on_probe: Callable[[Sequence[GpuSample]], None] | None,
@@ -109,7 +107,9 @@ def _with_probes(
         else:
             probes[gpu.identity.index] = GpuProbe(gpu, skipped=f"not probed: {why}")
     if eligible:
-        launcher = sources.launcher or worker_launcher(timeout, settings.probe_busy_utilization)
+        launcher = sources.launcher or worker_launcher(
+            settings.probe_timeout, settings.probe_busy_utilization
+        )
         store, note = read_store(settings.state_dir)
         context = ctx.snapshot.context.context if ctx.snapshot.context else "native"
         if on_probe is not None:

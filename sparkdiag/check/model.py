@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sparkdiag.probe.document import WorkerDocument
 from sparkdiag.probe.evaluate import GemmFigure
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.sources.kernel_log import KernelLog as KernelLog
@@ -89,10 +90,8 @@ class GpuProbe:
     baseline_note: str | None = None
 
     @property
-    def document(self) -> Mapping[str, Any]:
-        if self.cycle is None or self.cycle.document is None:
-            return {}
-        return self.cycle.document
+    def document(self) -> WorkerDocument | None:
+        return None if self.cycle is None else self.cycle.document
 
 
 @dataclass(frozen=True)

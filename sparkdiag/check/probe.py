@@ -13,13 +13,15 @@ import logging
 import sys
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from sparkdiag.check.model import GpuProbe
 from sparkdiag.probe.baseline import DEFAULT_FILENAME, BaselineStore, BaselineStoreError, open_store
 from sparkdiag.probe.evaluate import GemmFigure, evaluate
+from sparkdiag.probe.launchers import Launcher, WorkerLauncher
+from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import ProbeCycle
-from sparkdiag.probe.scheduler import Launcher, WorkerLauncher
 from sparkdiag.telemetry.snapshot import GpuSample, Snapshot
 
 log = logging.getLogger(__name__)
@@ -27,22 +29,22 @@ log = logging.getLogger(__name__)
 BASELINE_FILENAME = DEFAULT_FILENAME  # where the daemon keeps its baselines
 # A short run: bf16 and fp16 for throughput, int4 for the 4-bit comparison at the decode
 # shape; the worker adds the compute, LLM and decode shapes of each dtype.
-WORKER_ARGS = ("--dtype", "bf16,fp16,int4", "--budget-seconds", "1.0", "--no-bandwidth")
-DEFAULT_TIMEOUT = 25.0
+CHECK_REQUEST = WorkerRequest(
+    dtypes=("bf16", "fp16", "int4"), budget_seconds=1.0, bandwidth=False, probe_when="idle"
+)
 LOAD_POLL_SECONDS = 0.5
 
 
 def worker_launcher(
     timeout: float,
     busy_utilization: float = 0.10,
-    extra_args: Sequence[str] = (),
+    device: str | None = None,
+    small: bool = False,
     python: Sequence[str] = (sys.executable,),
 ) -> WorkerLauncher:
-    """The real worker with the check's short suite; ``extra_args`` are appended (a later
-    ``--device cpu --small`` overrides the default ``--device cuda:0``)."""
-    return WorkerLauncher(
-        python, timeout, "idle", busy_utilization, extra_args=(*WORKER_ARGS, *extra_args)
-    )
+    """The real worker with the check's short suite (``device`` default: the GPU's cuda:0)."""
+    request = replace(CHECK_REQUEST, busy_utilization=busy_utilization, device=device, small=small)
+    return WorkerLauncher(python, timeout, request)
 
 
 def read_store(state_dir: Path | None) -> tuple[BaselineStore | None, str | None]:

@@ -8,10 +8,10 @@ import sys
 from collections.abc import Callable
 
 from sparkdiag.check.model import CheckContext, CheckResult, GpuProbe, Status, no_gpu_reason, worst
-from sparkdiag.check.thermal import FAIL_REASONS
+from sparkdiag.probe.document import Conditions
 from sparkdiag.probe.evaluate import GemmFigure
 from sparkdiag.probe.runner import worker_path
-from sparkdiag.sources.gpu import decode_reasons
+from sparkdiag.sources.gpu import UNHEALTHY_REASONS, decode_reasons
 
 BASELINE_FAIL = 0.85  # below this fraction of the stored baseline: fail
 MAMF_WARN = 0.60  # below this fraction of a published MAMF figure: warn
@@ -100,7 +100,7 @@ def _probe(ctx: CheckContext, probe: GpuProbe) -> CheckResult:
                            "rerun when nothing else uses the GPU", _idx(probe))  # fmt: skip
     if cycle.result == "timeout":
         return CheckResult("probe", "warn", f"probe timed out: {reason}",
-                           "rerun with --probe-timeout 60; if it hangs again, the GPU may be "
+                           "rerun with --probe.timeout 60; if it hangs again, the GPU may be "
                            f"stuck: reset it (sudo nvidia-smi -r -i {gpu.index})",
                            _idx(probe))  # fmt: skip
     if cycle.result == "error":
@@ -158,8 +158,8 @@ def _sm_clock(ctx: CheckContext, probe: GpuProbe) -> CheckResult:
     skip = _not_ok(name, probe)
     if skip is not None:
         return skip
-    conditions = probe.document.get("conditions") or {}
-    mean = conditions.get("mean_sm_clock_hertz")
+    conditions = probe.document.conditions if probe.document else Conditions()
+    mean = conditions.mean_sm_clock_hertz
     loaded = [
         s.clock_hertz["sm"]
         for s in probe.load
@@ -174,14 +174,14 @@ def _sm_clock(ctx: CheckContext, probe: GpuProbe) -> CheckResult:
         return CheckResult(name, "skip", "maximum SM clock not reported", gpu=_idx(probe))
     observed = max(candidates)
     ratio = observed / maximum
-    seen_mask = int(conditions.get("clock_event_reasons_seen") or 0)
+    seen_mask = conditions.clock_event_reasons_seen or 0
     for sample in probe.load:
         seen_mask |= sample.clock_event_reasons or 0
     seen = decode_reasons(seen_mask)
     data = {"sm_clock_hertz": observed, "max_hertz": maximum, "ratio": ratio,
             "worker_mean_hertz": mean, "reasons_seen": seen}  # fmt: skip
     text = f"SM clock {observed / 1e6:.0f} MHz under load ({ratio:.0%} of {maximum / 1e6:.0f} MHz)"
-    thermal = [r for r in seen if r in FAIL_REASONS]
+    thermal = [r for r in seen if r in UNHEALTHY_REASONS]
     if ratio >= CLOCK_FRACTION:
         if thermal:
             return CheckResult(name, "warn", f"{text}, {', '.join(thermal)} seen",
@@ -193,7 +193,7 @@ def _sm_clock(ctx: CheckContext, probe: GpuProbe) -> CheckResult:
                            "cool the GPU: check airflow, fans and inlet temperature",
                            _idx(probe), data)  # fmt: skip
     if "sw_power_cap" in seen or "applications_clocks_setting" in seen:
-        power = conditions.get("mean_power_watts")
+        power = conditions.mean_power_watts
         limit = probe.gpu.power_limit_watts
         at = f" at {power:.0f} of {limit:.0f} W" if power is not None and limit else ""
         capped = "power-capped" if "sw_power_cap" in seen else "held by application clocks"

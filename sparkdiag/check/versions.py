@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 
 from sparkdiag.check.model import CheckContext, CheckResult
+from sparkdiag.probe.document import Software
 
 # (minimum Linux driver, CUDA toolkit it shipped with), ascending.
 TOOLKIT_DRIVERS: tuple[tuple[tuple[int, ...], tuple[int, int]], ...] = (
@@ -70,16 +71,12 @@ def check_versions(ctx: CheckContext) -> list[CheckResult]:
     """Driver present, and the driver supports torch's CUDA (software block of the probe, or
     the installed torch read without importing it)."""
     snap = ctx.snapshot
-    software: dict[str, object] = {}
-    for probe in ctx.probes.values():
-        block = probe.document.get("software")
-        if isinstance(block, dict) and block.get("torch"):
-            software = block
-            break
-    driver_text = snap.driver_version or str(software.get("driver") or "")
-    torch_version = str(software.get("torch") or "") or (ctx.torch.version if ctx.torch else None)
-    if software.get("torch"):
-        torch_cuda = str(software.get("cuda") or "") or None
+    documents = [p.document for p in ctx.probes.values() if p.document is not None]
+    software = next((d.software for d in documents if d.software.torch), Software())
+    driver_text = snap.driver_version or software.driver or ""
+    torch_version = software.torch or (ctx.torch.version if ctx.torch else None)
+    if software.torch:
+        torch_cuda = software.cuda or None
         origin = "probe worker"
     else:
         torch_cuda = ctx.torch.cuda if ctx.torch else None

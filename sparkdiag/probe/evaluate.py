@@ -6,11 +6,10 @@ which runs are healthy enough to teach a baseline, and how efficiency is compute
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
 
 from sparkdiag.probe.baseline import Baseline, BaselineKey, BaselineStore
+from sparkdiag.probe.document import WorkerDocument
 from sparkdiag.probe.reference import Reference, lookup
 from sparkdiag.sources.gpu import UNHEALTHY_REASONS, reasons_mask
 
@@ -51,16 +50,9 @@ class GemmFigure:
         return self.tflops / self.reference.tflops
 
 
-def software_identity(doc: Mapping[str, Any]) -> tuple[str, str, str]:
-    """(driver, torch, cuda) from a worker document; empty strings where unknown."""
-    sw = doc.get("software") or {}
-    return tuple(str(sw.get(k) or "") for k in ("driver", "torch", "cuda"))  # type: ignore[return-value]
-
-
-def conditions_unhealthy(doc: Mapping[str, Any]) -> bool:
-    conditions = doc.get("conditions") or {}
-    seen = conditions.get("clock_event_reasons_seen")
-    return bool(seen is not None and int(seen) & UNHEALTHY_MASK)
+def conditions_unhealthy(doc: WorkerDocument) -> bool:
+    seen = doc.conditions.clock_event_reasons_seen
+    return bool(seen is not None and seen & UNHEALTHY_MASK)
 
 
 def baseline_dtype(dtype: str, beta: int) -> str:
@@ -69,7 +61,7 @@ def baseline_dtype(dtype: str, beta: int) -> str:
 
 
 def evaluate(
-    doc: Mapping[str, Any],
+    doc: WorkerDocument,
     uuid: str,
     gpu_name: str,
     context: str,
@@ -77,16 +69,11 @@ def evaluate(
     record: bool = True,
 ) -> list[GemmFigure]:
     """Every result of ``doc`` with its baseline and reference; records ok runs when asked."""
-    driver, torch_version, cuda = software_identity(doc)
+    driver, torch_version, cuda = doc.software.identity()
     hot = conditions_unhealthy(doc)
     figures: list[GemmFigure] = []
-    for result in doc.get("results") or []:
-        dtype = str(result.get("dtype"))
-        shape = str(result.get("shape"))
-        beta = int(result.get("beta") or 0)
-        kind = str(result.get("kind") or "")
-        status = str(result.get("status"))
-        tflops = result.get("tflops") if status == "ok" else None
+    for result in doc.results:
+        dtype, kind, beta, tflops = result.dtype, result.kind, result.beta, result.tflops
         reference = lookup(gpu_name, dtype) if gpu_name else None
         healthy = tflops is not None and not hot
         if (
@@ -100,30 +87,30 @@ def evaluate(
         ):
             healthy = False
         baseline: Baseline | None = None
-        if store is not None and uuid and tflops is not None and tflops > 0:
+        if store is not None and uuid and tflops is not None:
             key = BaselineKey(
                 gpu_uuid=uuid,
                 dtype=baseline_dtype(dtype, beta),
-                shape=shape,
+                shape=result.shape,
                 context=context,
                 driver=driver,
                 torch=torch_version,
                 cuda=cuda,
             )
             if record:
-                conditions = dict(doc.get("conditions") or {})
-                baseline = store.record_run(key, float(tflops), healthy, conditions=conditions)
+                conditions = doc.conditions.as_dict()
+                baseline = store.record_run(key, tflops, healthy, conditions=conditions)
             else:
                 baseline = store.get(key)
         figures.append(
             GemmFigure(
                 dtype=dtype,
-                shape=shape,
+                shape=result.shape,
                 kind=kind,
                 beta=beta,
-                status=status,
-                reason=result.get("reason"),
-                tflops=None if tflops is None else float(tflops),
+                status=result.status,
+                reason=result.reason,
+                tflops=tflops,
                 baseline=baseline,
                 reference=reference,
                 healthy=healthy,

@@ -10,24 +10,26 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import re
 import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
+
+from sparkdiag.config import OPTIONS_BY_KEY
+from sparkdiag.probe.document import Progress, WorkerDocument, find_document, parse_progress
+from sparkdiag.probe.request import DEFAULT_REQUEST, WorkerRequest
 
 ProbeResult = Literal["ok", "timeout", "error", "unsupported", "skipped_busy"]
 
-SCHEMA = "sparkdiag-probe/1"
-PROGRESS_PREFIX = "sparkdiag-progress "  # the worker's --progress lines on stderr
-DEFAULT_TIMEOUT = 60.0
+DEFAULT_TIMEOUT: float = OPTIONS_BY_KEY["probe.timeout"].default
 STDERR_TAIL_BYTES = 8192
 STDOUT_LIMIT_BYTES = 16 * 1024 * 1024
 KILL_GRACE_SECONDS = 2.0
@@ -42,7 +44,7 @@ class ProbeCycle:
 
     result: ok | timeout | error | unsupported | skipped_busy
     reason: one line saying why, None when ok
-    document: the worker's parsed JSON document, None when there was none
+    document: the worker's parsed document, None when there was none
     stderr_tail: the last bytes (up to 8 KiB) of the worker's stderr
     returncode: exit status, negative for a signal, None if it never started
     wall_seconds: wall-clock time from start to reaping the worker
@@ -51,7 +53,7 @@ class ProbeCycle:
 
     result: ProbeResult
     reason: str | None
-    document: dict[str, Any] | None
+    document: WorkerDocument | None
     stderr_tail: str
     returncode: int | None
     wall_seconds: float
@@ -70,32 +72,32 @@ def worker_source() -> str:
 
 def run_worker(
     python: Sequence[str] = (sys.executable,),
-    args: Sequence[str] = (),
+    request: WorkerRequest = DEFAULT_REQUEST,
     timeout: float = DEFAULT_TIMEOUT,
     stdin_script: bool = False,
     env: Mapping[str, str] | None = None,
     kill_grace: float = KILL_GRACE_SECONDS,
     on_start: Callable[[int], None] | None = None,
-    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
 ) -> ProbeCycle:
     """Run one probe cycle and classify it.
 
     ``python`` is the interpreter command, e.g. ``[sys.executable]`` or
-    ``["docker", "run", "-i", "--rm", IMAGE, "python3"]``. With
-    ``stdin_script`` the worker's source is written to its standard input and
-    the command is ``[*python, "-", *args]``; otherwise it is
-    ``[*python, worker_path(), *args]``. The worker runs in a new session; at
+    ``["docker", "run", "-i", "--rm", IMAGE, "python3"]``; ``request`` gives
+    the worker's arguments. With ``stdin_script`` the worker's source is
+    written to its standard input and the command is ``[*python, "-", *args]``;
+    otherwise it is ``[*python, worker_path(), *args]``. The worker runs in a new session; at
     the timeout its whole process group gets SIGTERM and, ``kill_grace``
     seconds later, SIGKILL. Whatever else is left in that group when the
     worker ends is killed as well. ``on_start(pid)`` is called once the worker
     runs (the daemon uses it to keep its own worker out of the busy checks).
-    ``on_progress(result)`` is called for each progress line a worker started
-    with ``--progress`` prints on stderr (one kernel result each).
+    ``on_progress(progress)`` is called for each progress line the worker
+    prints on stderr (one kernel result each) when ``request.progress`` is set.
     """
     if not python:
         raise ValueError("python must name an interpreter command")
     script = "-" if stdin_script else str(worker_path())
-    cmd = [*python, script, *args]
+    cmd = [*python, script, *request.argv()]
     started = time.monotonic()
     try:
         proc = subprocess.Popen(
@@ -117,14 +119,27 @@ def run_worker(
             wall_seconds=time.monotonic() - started,
             worker_pid=None,
         )
-    if on_start is not None:
-        on_start(proc.pid)
-    source = worker_source().encode("utf-8") if stdin_script else b""
-    stdout, stderr, timed_out = _exchange(proc, source, started + timeout, on_progress)
+    with _LIVE_LOCK:
+        _LIVE.add(proc.pid)
+    try:
+        if on_start is not None:
+            on_start(proc.pid)
+        source = worker_source().encode("utf-8") if stdin_script else b""
+        stdout, stderr, timed_out = _exchange(proc, source, started + timeout, on_progress)
+    except BaseException:
+        # Interrupted (KeyboardInterrupt, or SystemExit from a signal handler): the worker runs
+        # in its own session and would outlive us; its group goes first.
+        _killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            proc.wait(timeout=kill_grace)
+        raise
+    finally:
+        with _LIVE_LOCK:
+            _LIVE.discard(proc.pid)
     returncode = _finish(proc, timed_out, kill_grace)
     wall = time.monotonic() - started
     tail = stderr[-STDERR_TAIL_BYTES:].decode("utf-8", "replace")
-    document = parse_document(stdout)
+    document = find_document(stdout)
     if timed_out:
         result: ProbeResult = "timeout"
         reason: str | None = f"worker did not finish within {timeout:g} s and was killed"
@@ -139,6 +154,26 @@ def run_worker(
         wall_seconds=wall,
         worker_pid=proc.pid,
     )
+
+
+# Process groups of the workers running now (their leader's pid), so that a daemon that stops
+# can end them from another thread: kill_running_workers().
+_LIVE: set[int] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def kill_running_workers() -> int:
+    """SIGKILL the process group of every worker running in this process; returns how many.
+
+    The daemon calls it when it stops: a worker runs in its own session, so it would otherwise
+    outlive the daemon with nothing left to enforce its timeout. Each runner thread then reaps
+    its worker as usual (its cycle ends as killed by SIGKILL).
+    """
+    with _LIVE_LOCK:
+        groups = sorted(_LIVE)
+    for pgid in groups:
+        _killpg(pgid, signal.SIGKILL)
+    return len(groups)
 
 
 def _exited(pid: int) -> bool:
@@ -158,7 +193,7 @@ def _exchange(
     proc: subprocess.Popen[bytes],
     source: bytes,
     deadline: float,
-    on_progress: Callable[[dict[str, Any]], None] | None = None,
+    on_progress: Callable[[Progress], None] | None = None,
 ) -> tuple[bytes, bytes, bool]:
     """Feed stdin, collect stdout and the tail of stderr until EOF or deadline."""
     partial = bytearray()  # stderr bytes after the last newline, for progress lines
@@ -237,16 +272,10 @@ def _exchange(
     return bytes(out), bytes(err), timed_out
 
 
-def _progress(line: bytes | bytearray, callback: Callable[[dict[str, Any]], None]) -> None:
-    text = line.decode("utf-8", "replace")
-    if not text.startswith(PROGRESS_PREFIX):
-        return
-    try:
-        item = json.loads(text[len(PROGRESS_PREFIX) :])
-    except json.JSONDecodeError:
-        return
-    if isinstance(item, dict):
-        callback(item)
+def _progress(line: bytes | bytearray, callback: Callable[[Progress], None]) -> None:
+    progress = parse_progress(line.decode("utf-8", "replace"))
+    if progress is not None:
+        callback(progress)
 
 
 def _killpg(pgid: int, sig: signal.Signals) -> None:
@@ -267,29 +296,6 @@ def _finish(proc: subprocess.Popen[bytes], timed_out: bool, grace: float) -> int
     return proc.wait()
 
 
-def parse_document(stdout: bytes) -> dict[str, Any] | None:
-    """The worker's JSON document, or None when stdout holds no such document.
-
-    Container images may print a banner on stdout before the interpreter starts (NGC images
-    do); the worker prints its document last, on one line, so when the whole output is not the
-    document the last line that parses as one is taken.
-    """
-    text = stdout.decode("utf-8", "replace").strip()
-    if not text:
-        return None
-    for candidate in (text, *reversed(text.splitlines())):
-        candidate = candidate.strip()
-        if not candidate.startswith("{"):
-            continue
-        try:
-            doc = json.loads(candidate)
-        except ValueError:
-            continue
-        if isinstance(doc, dict) and doc.get("schema") == SCHEMA:
-            return doc
-    return None
-
-
 def _error_line(stderr_tail: str) -> str | None:
     lines = [line.strip() for line in stderr_tail.splitlines() if line.strip()]
     for line in reversed(lines):
@@ -298,9 +304,9 @@ def _error_line(stderr_tail: str) -> str | None:
     return lines[-1][:300] if lines else None
 
 
-def _first_line(text: Any) -> str | None:
+def _first_line(text: str | None) -> str | None:
     """One line of a worker's reason; for a traceback, its final exception line."""
-    if not isinstance(text, str) or not text.strip():
+    if text is None or not text.strip():
         return None
     lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
     if lines[0].startswith("worker crashed") and len(lines) > 1:
@@ -311,7 +317,7 @@ def _first_line(text: Any) -> str | None:
 
 
 def classify(
-    returncode: int | None, document: dict[str, Any] | None, stdout: bytes, stderr_tail: str
+    returncode: int | None, document: WorkerDocument | None, stdout: bytes, stderr_tail: str
 ) -> tuple[ProbeResult, str | None]:
     """Classify a finished (not timed-out) worker run."""
     if returncode is None or returncode != 0:
@@ -323,7 +329,7 @@ def classify(
             head = f"worker killed by {name}"
         else:
             head = f"worker exited {returncode}"
-        detail = _first_line(document.get("reason")) if document else None
+        detail = _first_line(document.reason) if document else None
         detail = detail or _error_line(stderr_tail)
         return "error", f"{head}: {detail}" if detail else head
     if document is None:
@@ -332,24 +338,19 @@ def classify(
             detail = _error_line(stderr_tail)
             return "error", "worker printed no JSON" + (f" ({detail})" if detail else "")
         return "error", f"worker printed no JSON document (first bytes: {shown!r})"
-    status = document.get("status")
-    reason = _first_line(document.get("reason"))
+    status = document.status
+    reason = _first_line(document.reason)
     if status == "skipped_busy":
         return "skipped_busy", reason or "GPU busy"
     if status == "error":
         return "error", reason or "worker reported an error"
-    items = [r for r in document.get("results") or [] if isinstance(r, dict)]
-    bandwidth = document.get("bandwidth")
-    if isinstance(bandwidth, dict):
-        items.append({"dtype": "bandwidth", "shape": "", **bandwidth})
-    failed = [r for r in items if r.get("status") == "error"]
+    failed = document.failed()
     if failed:
-        names = ", ".join(f"{r.get('dtype')} {r.get('shape', '')}".strip() for r in failed)
-        return "error", f"{len(failed)} kernel(s) failed: {names}"
-    if status == "unsupported" or (items and all(r.get("status") == "unsupported" for r in items)):
+        return "error", f"{len(failed)} kernel(s) failed: {', '.join(failed)}"
+    if status == "unsupported" or document.all_unsupported():
         return "unsupported", reason or "no requested kernel is supported here"
-    if not items:
+    if not document.has_items():
         return "unsupported", reason or "the worker probed nothing"
     if status == "ok":
         return "ok", None
-    return "error", f"worker reported unknown status {status!r}"
+    return "error", f"worker reported unknown status {status[:40]!r}"

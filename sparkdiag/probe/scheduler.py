@@ -7,107 +7,27 @@ without starting a worker, and the worker checks again before and between its ke
 
 from __future__ import annotations
 
-import json
+import importlib.util
 import logging
-import os
 import random
+import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any
 
-from sparkdiag.probe.baseline import BaselineStore
+from sparkdiag.config import ConfigError, Settings
+from sparkdiag.probe.baseline import BaselineStore, BaselineStoreError, open_store
 from sparkdiag.probe.evaluate import evaluate
-from sparkdiag.probe.runner import ProbeCycle, classify, run_worker
+from sparkdiag.probe.launchers import ContainerLauncher, FixtureLauncher, Launcher, WorkerLauncher
+from sparkdiag.probe.request import WorkerRequest
+from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.probe.state import CycleRecord, ProbeState
 from sparkdiag.telemetry.busy import busy
+from sparkdiag.telemetry.poller import Poller
 from sparkdiag.telemetry.snapshot import GpuSample, Snapshot
 
 log = logging.getLogger(__name__)
-
-
-class Launcher(Protocol):
-    def __call__(self, gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle: ...
-
-
-class WorkerLauncher:
-    """Runs the real worker on one GPU, chosen by uuid through CUDA_VISIBLE_DEVICES."""
-
-    def __init__(
-        self,
-        python: Sequence[str],
-        timeout: float,
-        when: str,
-        busy_utilization: float,
-        extra_args: Sequence[str] = (),
-    ) -> None:
-        self.python = tuple(python)
-        self.timeout = timeout
-        self.args = [
-            "--device", "cuda:0",
-            "--probe-when", when,
-            "--busy-utilization", f"{busy_utilization:g}",
-            *extra_args,
-        ]  # fmt: skip
-
-    def __call__(self, gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle:
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu.identity.uuid)
-        return run_worker(self.python, self.args, self.timeout, env=env, on_start=on_start)
-
-
-class ContainerLauncher:
-    """Runs the worker inside a container: its source goes to ``[*command, "-"]`` on standard
-    input (``docker run -i --rm --gpus all IMAGE python3``), so the image needs only torch.
-    With ``--gpus all`` the container sees every GPU; the worker orders CUDA devices by PCI bus
-    id, so ``cuda:N`` there is NVML's GPU N here."""
-
-    def __init__(self, command: Sequence[str], timeout: float, extra_args: Sequence[str] = ()):
-        argv = list(command)
-        if argv and argv[-1] == "-":
-            argv.pop()  # run_worker adds the "-" itself
-        if not argv:
-            raise ValueError("the container command is empty")
-        self.command = tuple(argv)
-        self.timeout = timeout
-        self.args = ["--probe-when", "always", *extra_args]
-
-    def __call__(self, gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle:
-        args = ["--device", f"cuda:{gpu.identity.index}", *self.args]
-        return run_worker(self.command, args, self.timeout, stdin_script=True, on_start=on_start)
-
-
-class FixtureLauncher:
-    """Replays worker documents recorded on real GPUs (``--probe.fixture``), one per cycle.
-
-    The file is a worker document, or ``{"format": "sparkdiag-probe-fixture/1", "cycles":
-    [doc, ...]}`` whose documents are replayed in turn, the last one repeating.
-    """
-
-    def __init__(self, path: Path) -> None:
-        try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ValueError(f"cannot read probe fixture {path}: {exc.strerror or exc}") from None
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"probe fixture {path} is not valid JSON: {exc.msg}") from None
-        cycles = doc.get("cycles") if isinstance(doc, dict) and "cycles" in doc else [doc]
-        if not isinstance(cycles, list) or not all(isinstance(c, dict) for c in cycles):
-            raise ValueError(f"probe fixture {path}: 'cycles' must be a list of worker documents")
-        if not cycles:
-            raise ValueError(f"probe fixture {path}: no cycles")
-        self.cycles: list[dict[str, Any]] = cycles
-        self.counts: dict[str, int] = {}  # per GPU uuid: each GPU replays the cycles in turn
-
-    def __call__(self, gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle:
-        key = gpu.identity.uuid if gpu is not None else ""
-        count = self.counts.get(key, 0)
-        doc = dict(self.cycles[min(count, len(self.cycles) - 1)])
-        self.counts[key] = count + 1
-        now = time.time()
-        doc["finished_at"] = now
-        result, reason = classify(0, doc, b"{}", "")
-        return ProbeCycle(result, reason, doc, "", 0, 0.0, None)
 
 
 class ProbeScheduler:
@@ -194,9 +114,9 @@ class ProbeScheduler:
         return record
 
     def _record(self, cycle: ProbeCycle, base: tuple[str, str, str], gpu_name: str) -> CycleRecord:
-        doc = cycle.document or {}
+        doc = cycle.document
         figures: tuple[Any, ...] = ()
-        if cycle.result in ("ok", "error") and doc:
+        if doc is not None and cycle.result in ("ok", "error"):
             try:
                 figures = tuple(
                     evaluate(doc, base[1], gpu_name, self.context, self.store, record=True)
@@ -204,33 +124,24 @@ class ProbeScheduler:
             except Exception:  # a baseline-store failure must not lose the measurement
                 log.exception("recording probe results failed")
                 figures = tuple(evaluate(doc, base[1], gpu_name, self.context, None))
-        conditions = doc.get("conditions") or {}
-        temps = {
-            sensor: float(value)
-            for sensor, value in (
-                ("gpu", conditions.get("max_gpu_temperature_celsius")),
-                ("memory", conditions.get("max_memory_temperature_celsius")),
-            )
-            if value is not None
-        }
-        bandwidth = doc.get("bandwidth") or {}
-        busy = doc.get("gpu_busy_seconds")
-        seen = conditions.get("clock_event_reasons_seen")
+        if doc is None:
+            return CycleRecord(*base, result=cycle.result, reason=cycle.reason,
+                               finished_at=time.time(), busy_seconds=None)  # fmt: skip
+        conditions = doc.conditions
+        bandwidth = doc.bandwidth
         return CycleRecord(
             *base,
             result=cycle.result,
             reason=cycle.reason,
-            finished_at=float(doc.get("finished_at") or time.time()),
-            busy_seconds=None if busy is None else float(busy),
+            finished_at=doc.finished_at or time.time(),
+            busy_seconds=doc.gpu_busy_seconds,
             figures=figures,
-            bandwidth_bytes_per_second=(
-                bandwidth.get("bytes_per_second") if bandwidth.get("status") == "ok" else None
-            ),
-            max_temperature_celsius=temps,
-            clock_event_reasons_seen=None if seen is None else int(seen),
-            mean_sm_clock_hertz=conditions.get("mean_sm_clock_hertz"),
-            mean_power_watts=conditions.get("mean_power_watts"),
-            software=dict(doc.get("software") or {}),
+            bandwidth_bytes_per_second=bandwidth.bytes_per_second if bandwidth else None,
+            max_temperature_celsius=conditions.temperatures(),
+            clock_event_reasons_seen=conditions.clock_event_reasons_seen,
+            mean_sm_clock_hertz=conditions.mean_sm_clock_hertz,
+            mean_power_watts=conditions.mean_power_watts,
+            software=doc.software.as_dict(),
         )
 
     def next_delay(self) -> float:
@@ -244,3 +155,91 @@ class ProbeScheduler:
             except Exception:
                 log.exception("probe cycle failed")
             delay = self.next_delay()
+
+
+def build_schedulers(settings: Settings, poller: Poller, state: ProbeState) -> list[ProbeScheduler]:
+    """The daemon's probe schedulers (native, and container when configured), each with one
+    log line saying why it does not run. A bad probe setting raises ConfigError."""
+    native = _native(settings, poller, state)
+    container = _container(settings, poller, state, native.store if native else None)
+    return [s for s in (native, container) if s is not None]
+
+
+def _native(settings: Settings, poller: Poller, state: ProbeState) -> ProbeScheduler | None:
+    """The probe scheduler, or None (with one log line saying why) when probing cannot run."""
+    if not settings.probe_enabled:
+        return None
+    if not poller.gpu.identities:
+        log.warning("no GPU: GEMM probes skipped")
+        return None
+    launcher: Launcher
+    if settings.probe_fixture is not None:
+        try:
+            launcher = FixtureLauncher(settings.probe_fixture)
+        except ValueError as exc:
+            raise ConfigError(f"probe.fixture: {exc}") from None
+    else:
+        python = settings.probe_python or (sys.executable,)
+        if settings.probe_python is None and importlib.util.find_spec("torch") is None:
+            log.warning(
+                "torch is not installed for %s: GEMM probes skipped "
+                "(install them with: pip install 'sparkdiag[probe]')",
+                sys.executable,
+            )
+            return None
+        request = WorkerRequest(
+            probe_when=settings.probe_when, busy_utilization=settings.probe_busy_utilization
+        )
+        launcher = WorkerLauncher(python, settings.probe_timeout, request)
+    store = _store(settings)
+    context = poller.context.context if poller.context else "native"
+    return ProbeScheduler(
+        launcher,
+        state,
+        store,
+        context,
+        lambda: poller.latest,
+        settings.probe_interval,
+        when=settings.probe_when,
+        busy_utilization=settings.probe_busy_utilization,
+        first_delay=settings.probe_first_delay,
+    )
+
+
+def _container(
+    settings: Settings, poller: Poller, state: ProbeState, store: BaselineStore | None
+) -> ProbeScheduler | None:
+    """The container probe (``probe.container-command``), labelled context="container";
+    it shares the native probe's baseline store, or opens one when that probe does not run."""
+    if not settings.probe_enabled or not settings.probe_container_command:
+        return None
+    if not poller.gpu.identities:
+        return None
+    if store is None:
+        store = _store(settings)
+    try:
+        launcher = ContainerLauncher(
+            settings.probe_container_command, settings.probe_timeout, WorkerRequest()
+        )
+    except ValueError as exc:
+        raise ConfigError(f"probe.container-command: {exc}") from None
+    return ProbeScheduler(
+        launcher,
+        state,
+        store,
+        "container",
+        lambda: poller.latest,
+        settings.probe_container_interval,
+        when=settings.probe_when,
+        busy_utilization=settings.probe_busy_utilization,
+        first_delay=settings.probe_first_delay + 60.0,  # after the native cycle, not beside it
+    )
+
+
+def _store(settings: Settings) -> BaselineStore | None:
+    """The baseline database in the state directory; None (and a warning) when unusable."""
+    try:
+        return open_store(settings.state_dir, create=True)
+    except BaselineStoreError as exc:
+        log.warning("baselines unavailable (%s): probes run without a baseline", exc)
+        return None

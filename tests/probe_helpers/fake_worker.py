@@ -1,7 +1,8 @@
 """Stand-in for the probe worker, driven by the runner tests.
 
-Run as ``python fake_worker.py MODE WORKER_PATH [ARGS...]``: the runner
-appends the real worker's path after MODE, which this script ignores.
+Run as ``python fake_worker.py MODE [MODE ARGS...] WORKER_PATH [ARGS...]``: the
+runner appends the real worker's path (or ``-``) and the request's arguments,
+which this script ignores; the test puts the mode's own arguments before them.
 """
 
 from __future__ import annotations
@@ -13,13 +14,15 @@ import subprocess
 import sys
 import time
 
+from sparkdiag.probe.worker import SCHEMA
+
 SLEEPER = "import time\nwhile True: time.sleep(1)\n"
 
 
 def document(status: str, results: list[dict[str, object]], reason: str | None = None) -> str:
     return json.dumps(
         {
-            "schema": "sparkdiag-probe/1",
+            "schema": SCHEMA,
             "status": status,
             "reason": reason,
             "software": {"torch": "fake", "device": "cpu"},
@@ -66,7 +69,9 @@ def spawn_sleeper() -> int:
 
 def main() -> int:
     mode = sys.argv[1]
-    args = sys.argv[3:]
+    rest = sys.argv[2:]
+    end = next((i for i, a in enumerate(rest) if a == "-" or a.endswith("worker.py")), len(rest))
+    args = rest[:end]
     if mode == "sleep":  # args: PIDFILE [--ignore-term]
         if "--ignore-term" in args:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -1,0 +1,201 @@
+"""Command-line flags generated from :data:`sparkdiag.config.OPTIONS`, for every command.
+
+A setting is declared once, as an :class:`~sparkdiag.config.Option`; each command that takes it
+(its ``scopes``) gets the same flag, with the same spelling, type, validation and help, plus the
+command's own default and help where the Option gives one. Commands call :func:`settings_options`
+to add the flags and :func:`settings_from` to turn what was given into
+:class:`~sparkdiag.config.Settings` (defaults, then ``--config``, then flags).
+
+The probe worker's own flags (``--dtype``, ``--shape``, ``--small``, ``--device``), taken by
+``probe``, ``bench``, ``compare`` and ``soak``, come from :func:`worker_options`, validated by the
+worker module's own parsers, so that a value the worker would reject is a usage error here.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from sparkdiag.config import OPTIONS, OPTIONS_BY_ATTR, ConfigError, Option, Settings, build_settings
+from sparkdiag.probe.worker import ALL_DTYPES, UsageError, parse_shape, shape_label
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_TYPES: dict[str, Any] = {
+    "float": float,
+    "int": int,
+    "path": click.Path(path_type=Path),
+    "str": str,
+    "listen": str,
+    "argv": str,
+}
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (list, tuple)):
+        return " ".join(value)
+    return str(value)
+
+
+def click_option(option: Option, command: str) -> Callable[[F], F]:
+    """One click flag for ``option`` as ``command`` takes it (default None: "not given")."""
+    default = option.default_for(command)
+    parts = [option.help, option.command_help.get(command, "")]
+    if option.kind == "argv":
+        parts.append("Given as one string on the command line, split like a shell would.")
+    if default is not None:
+        parts.append(f"[default: {_shown(default)}]")
+    help_text = " ".join(p for p in parts if p)
+    flag = f"--{option.key}"
+    if option.kind == "bool":
+        return click.option(f"{flag}/--no-{option.key}", option.attr, default=None, help=help_text)
+    kind = click.Choice(option.choices) if option.kind == "choice" else _TYPES[option.kind]
+    return click.option(
+        flag, option.attr, type=kind, default=None, help=help_text, metavar=option.metavar
+    )
+
+
+def settings_options(command: str, config_file: bool = False) -> Callable[[F], F]:
+    """Every setting ``command`` takes, as click flags (plus ``--config`` when asked)."""
+
+    def decorate(fn: F) -> F:
+        for option in reversed(OPTIONS):
+            if command in option.scopes:
+                fn = click_option(option, command)(fn)
+        if config_file:
+            fn = click.option(
+                "--config",
+                "config",
+                type=click.Path(dir_okay=False, path_type=Path),
+                default=None,
+                help="TOML configuration file (keys as in 'sparkdiag config default'); flags win "
+                "over it.",
+            )(fn)
+        return fn
+
+    return decorate
+
+
+def settings_from(
+    command: str,
+    given: dict[str, Any],
+    config: Path | None = None,
+    error: type[click.UsageError] = click.UsageError,
+) -> Settings:
+    """Settings for ``command`` from its defaults, ``config`` and the flags given.
+
+    ``given`` holds the command's keyword arguments; the setting flags are taken out of it (so
+    what remains is the command's own arguments). A bad value raises ``error`` (exit 2; check
+    passes its own, which exits 3) with the flag, the value and what is allowed.
+    """
+    flags: dict[str, Any] = {}
+    for attr in list(given):
+        if attr in OPTIONS_BY_ATTR:
+            value = given.pop(attr)
+            if value is not None:
+                flags[attr] = value
+    try:
+        for attr, value in flags.items():
+            if OPTIONS_BY_ATTR[attr].kind == "argv" and isinstance(value, str):
+                flags[attr] = _split(OPTIONS_BY_ATTR[attr], value)
+        return build_settings(config, flags, command)
+    except ConfigError as exc:
+        raise error(str(exc)) from None
+
+
+def _split(option: Option, value: str) -> list[str]:
+    try:
+        return shlex.split(value)
+    except ValueError as exc:  # an unclosed quote
+        raise ConfigError(f"--{option.key}: cannot split {value[:80]!r}: {exc}") from None
+
+
+# -- the worker's flags ---------------------------------------------------------------------
+
+
+def _dtypes(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> list[str]:
+    """Repeatable and comma separated: ``--dtype bf16,fp8 --dtype int4``; ``all`` for all."""
+    out: list[str] = []
+    for item in values:
+        for name in item.split(","):
+            name = name.strip().lower()
+            if not name:
+                continue
+            if name == "all":
+                out.extend(d for d in ALL_DTYPES if d not in out)
+            elif name in ALL_DTYPES:
+                if name not in out:
+                    out.append(name)
+            else:
+                raise click.BadParameter(f"unknown dtype {name!r} (known: {', '.join(ALL_DTYPES)})")
+    return out
+
+
+def _shapes(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> list[str]:
+    out = []
+    for value in values:
+        try:
+            out.append(shape_label(*parse_shape(value)))
+        except UsageError as exc:
+            raise click.BadParameter(str(exc)) from None
+    return out
+
+
+def _device(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    if value is None:
+        return None
+    if value in ("cpu", "cuda") or (value.startswith("cuda:") and value[5:].isdigit()):
+        return value
+    raise click.BadParameter(f"{value!r}: expected cpu, cuda or cuda:N")
+
+
+def worker_options(
+    dtype_default: Sequence[str] = (), shapes: bool = True, device: bool = True
+) -> Callable[[F], F]:
+    """The worker's ``--dtype``, ``--shape``, ``--small`` and ``--device`` flags, validated."""
+    default_text = ",".join(dtype_default) if dtype_default else "all the GPU supports"
+    decorators = [
+        click.option(
+            "--dtype",
+            "dtypes",
+            multiple=True,
+            callback=_dtypes,
+            default=tuple(dtype_default),
+            help=f"Dtype(s), repeatable or comma separated: {','.join(ALL_DTYPES)}, or all "
+            f"[default: {default_text}].",
+        ),
+        click.option("--small", is_flag=True, help="Tiny shapes (CPU, smoke tests)."),
+    ]
+    if shapes:
+        decorators.append(
+            click.option(
+                "--shape",
+                "shapes",
+                multiple=True,
+                callback=_shapes,
+                metavar="MxNxK",
+                help="Only these shapes, repeatable [default: the suite sized to the GPU].",
+            )
+        )
+    if device:
+        decorators.append(
+            click.option(
+                "--device",
+                callback=_device,
+                default=None,
+                help="cuda:N or cpu [default: each GPU in turn, or cuda:0].",
+            )
+        )
+
+    def decorate(fn: F) -> F:
+        for decorator in reversed(decorators):
+            fn = decorator(fn)
+        return fn
+
+    return decorate

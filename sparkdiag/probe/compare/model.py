@@ -1,0 +1,391 @@
+"""The comparison's data: each side, each cycle, each kernel row, and building them from documents.
+
+For every (dtype, shape, beta) both sides' figures are kept per round; the ratio is
+median(container) / median(native), its spread the smallest and largest per-round ratio (round i
+of the container against round i of native), and the gap ``1 - ratio`` (positive: the container is
+slower). The software identity of each side (torch, CUDA, cuBLAS, driver, ...) comes from each
+worker document, so a slower library can be told from a slower environment.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sparkdiag.probe.document import WorkerDocument
+from sparkdiag.sources.gpu import decode_reasons
+
+SCHEMA = "sparkdiag-compare/1"
+DEFAULT_MAX_GAP = 0.15
+DEFAULT_ROUNDS = 3
+DEFAULT_WARMUP_ROUNDS = 1
+
+EXIT_OK = 0  # every measured gap within --max-gap
+EXIT_GAP = 1  # the worst gap exceeds --max-gap
+EXIT_USAGE = 2  # bad command line (click's own usage errors exit 2 as well)
+EXIT_FAILED = 3  # a side failed to run, or nothing was measured on both sides
+
+Role = Literal["native", "container"]
+FailureKind = Literal[
+    "runtime_missing",  # the container runtime binary (or native interpreter) does not exist
+    "runtime_unusable",  # it cannot run containers (daemon down, permissions, no GPU hook)
+    "image_missing",
+    "no_interpreter",  # the image has no such Python
+    "no_gpu",
+    "no_torch",
+    "timeout",
+    "not_json",
+    "busy",
+    "error",
+]
+
+# Components of the worker's ``software`` block, in the order they are shown.
+IDENTITY_KEYS = (
+    "torch",
+    "cuda",
+    "cublas",
+    "driver",
+    "python",
+    "gpu_name",
+    "compute_capability",
+    "gpu_uuid",
+    "device",
+)
+# Libraries that by themselves can make the same kernel faster or slower.
+LIBRARY_KEYS = ("torch", "cuda", "cublas")
+
+
+@dataclass(frozen=True)
+class Side:
+    """One side as it ran: its command, software identity and the GPU conditions it saw.
+
+    software: the worker's ``software`` block (torch, cuda, cublas, driver, python, gpu_name,
+    compute_capability, gpu_uuid, device), from the first measured document; empty when none.
+    conditions: ``max_gpu_temperature_celsius`` (highest over the measured rounds),
+    ``mean_sm_clock_hertz`` (median of the rounds' means), ``clock_event_reasons`` (names of
+    every NVML clock event reason seen); None where NVML did not say (CPU, no NVML).
+    """
+
+    role: Role
+    command: tuple[str, ...]
+    software: Mapping[str, Any]
+    conditions: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Cycle:
+    """One worker run: ``label`` is "warm-up 1" or "round 2/3"; figures by :attr:`Row.key`."""
+
+    label: str
+    warmup: bool
+    round: int  # 1-based, counted separately for warm-up and measured rounds
+    side: Role
+    result: str  # the runner's: ok, timeout, error, unsupported, skipped_busy
+    reason: str | None
+    returncode: int | None
+    wall_seconds: float
+    figures: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class Failure:
+    """Why a side could not be measured, and what to do about it."""
+
+    side: Role
+    kind: FailureKind
+    message: str
+    detail: str | None  # the runner's own one-line reason
+    label: str  # the cycle that failed
+    stderr_tail: str
+
+
+@dataclass(frozen=True)
+class Difference:
+    component: str
+    native: Any
+    container: Any
+
+
+@dataclass(frozen=True)
+class Row:
+    """One kernel on both sides. Figures are TFLOPS (TOPS for int8/int4, GB/s for bandwidth).
+
+    ``native`` and ``container`` hold one figure per measured round (None where that round
+    did not measure it); the status is ``ok`` when every round measured it, else the first other
+    status seen (``unsupported``, ``error``, ``absent``) with its reason.
+    """
+
+    dtype: str
+    shape: str
+    kind: str
+    beta: int
+    unit: str
+    native: tuple[float | None, ...]
+    container: tuple[float | None, ...]
+    native_status: str
+    container_status: str
+    native_reason: str | None
+    container_reason: str | None
+
+    @property
+    def key(self) -> str:
+        return row_key(self.dtype, self.shape, self.beta)
+
+    @property
+    def native_median(self) -> float | None:
+        return _median(self.native)
+
+    @property
+    def container_median(self) -> float | None:
+        return _median(self.container)
+
+    @property
+    def ratio(self) -> float | None:
+        """median(container) / median(native); None unless both sides measured it."""
+        n, c = self.native_median, self.container_median
+        if n is None or c is None or n <= 0:
+            return None
+        return c / n
+
+    @property
+    def round_ratios(self) -> tuple[float, ...]:
+        return tuple(
+            c / n
+            for n, c in zip(self.native, self.container, strict=False)
+            if n is not None and c is not None and n > 0
+        )
+
+    @property
+    def ratio_min(self) -> float | None:
+        return min(self.round_ratios) if self.round_ratios else None
+
+    @property
+    def ratio_max(self) -> float | None:
+        return max(self.round_ratios) if self.round_ratios else None
+
+    @property
+    def gap(self) -> float | None:
+        """1 - ratio: 0.2 means the container delivers 20 % less than native."""
+        ratio = self.ratio
+        return None if ratio is None else 1.0 - ratio
+
+    def noisy(self, max_gap: float) -> bool:
+        """True when the per-round ratios fall on both sides of the threshold."""
+        low, high = self.ratio_min, self.ratio_max
+        return low is not None and high is not None and low < 1.0 - max_gap < high
+
+    def verdict(self, max_gap: float) -> str:
+        """ok, slower (gap above max_gap), faster (container ahead by more), n/a."""
+        gap = self.gap
+        if gap is None:
+            return "n/a"
+        if gap > max_gap:
+            return "slower"
+        if gap < -max_gap:
+            return "faster"
+        return "ok"
+
+    def note(self) -> str | None:
+        """Why the row has no ratio, in one line."""
+        if self.ratio is not None:
+            return None
+        if self.native_status == self.container_status == "unsupported":
+            return f"unsupported on both sides: {self.native_reason or self.container_reason}"
+        parts = []
+        for role, status, reason in (
+            ("native", self.native_status, self.native_reason),
+            ("container", self.container_status, self.container_reason),
+        ):
+            if status != "ok":
+                parts.append(f"{role} {status}" + (f": {reason}" if reason else ""))
+        return "; ".join(parts) or None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The outcome of :func:`compare`; ``exit_code(max_gap)`` is the command's exit status."""
+
+    native: Side
+    container: Side
+    rows: tuple[Row, ...]
+    cycles: tuple[Cycle, ...]
+    failures: tuple[Failure, ...]
+    rounds: int
+    warmup_rounds: int
+    worker_args: tuple[str, ...]
+    container_args: tuple[str, ...]
+
+    @property
+    def failed(self) -> bool:
+        return bool(self.failures)
+
+    @property
+    def measured_rows(self) -> tuple[Row, ...]:
+        return tuple(r for r in self.rows if r.ratio is not None)
+
+    @property
+    def worst_row(self) -> Row | None:
+        rows = self.measured_rows
+        return max(rows, key=lambda r: r.gap or 0.0) if rows else None
+
+    @property
+    def worst_gap(self) -> float | None:
+        """The largest gap over every kernel measured on both sides (None when there is none)."""
+        row = self.worst_row
+        return None if row is None else row.gap
+
+    @property
+    def differences(self) -> tuple[Difference, ...]:
+        """Software components whose value differs between the sides (both must be known)."""
+        if not self.native.software or not self.container.software:
+            return ()
+        out = []
+        for key in IDENTITY_KEYS:
+            a, b = self.native.software.get(key), self.container.software.get(key)
+            if a != b:
+                out.append(Difference(key, a, b))
+        return tuple(out)
+
+    @property
+    def library_differences(self) -> tuple[Difference, ...]:
+        return tuple(d for d in self.differences if d.component in LIBRARY_KEYS)
+
+    def verdict(self, max_gap: float) -> str:
+        """failed, no-data, gap or ok."""
+        if self.failures:
+            return "failed"
+        gap = self.worst_gap
+        if gap is None:
+            return "no-data"
+        return "gap" if gap > max_gap else "ok"
+
+    def exit_code(self, max_gap: float) -> int:
+        return {"failed": EXIT_FAILED, "no-data": EXIT_FAILED, "gap": EXIT_GAP}.get(
+            self.verdict(max_gap), EXIT_OK
+        )
+
+
+def row_key(dtype: str, shape: str, beta: int) -> str:
+    """``bf16 8192x8192x8192``, with `` beta=1`` for the accumulate runs."""
+    return f"{dtype} {shape}" + (f" beta={beta}" if beta else "")
+
+
+def figures(doc: WorkerDocument | None) -> dict[str, float]:
+    """Every measured figure of a document, by row key (bandwidth in GB/s)."""
+    if doc is None:
+        return {}
+    out = {r.label: r.tflops for r in doc.results if r.tflops is not None}
+    if doc.bandwidth is not None and doc.bandwidth.bytes_per_second is not None:
+        out[row_key("bandwidth", "copy", 0)] = doc.bandwidth.bytes_per_second / 1e9
+    return out
+
+
+@dataclass
+class _Entry:
+    dtype: str
+    shape: str
+    kind: str
+    beta: int
+    unit: str
+
+
+def _entries(doc: WorkerDocument) -> dict[str, tuple[_Entry, str, str | None, float | None]]:
+    """key -> (entry, status, reason, figure) for one document."""
+    out: dict[str, tuple[_Entry, str, str | None, float | None]] = {}
+    for r in doc.results:
+        unit = "TOPS" if r.dtype in ("int8", "int4") else "TFLOPS"
+        entry = _Entry(r.dtype, r.shape, r.kind, r.beta, unit)
+        figure = r.tflops if r.status == "ok" else None
+        out[r.label] = (entry, r.status, r.reason, figure)
+    bw = doc.bandwidth
+    if bw is not None:
+        entry = _Entry("bandwidth", "copy", "bandwidth", 0, "GB/s")
+        figure = bw.bytes_per_second / 1e9 if bw.bytes_per_second is not None else None
+        out[row_key("bandwidth", "copy", 0)] = (entry, bw.status, bw.reason, figure)
+    return out
+
+
+def build_rows(
+    native_docs: Sequence[WorkerDocument], container_docs: Sequence[WorkerDocument]
+) -> tuple[Row, ...]:
+    native = [_entries(d) for d in native_docs]
+    container = [_entries(d) for d in container_docs]
+    order: dict[str, _Entry] = {}
+    for per_round in (*native, *container):
+        for key, (entry, *_rest) in per_round.items():
+            order.setdefault(key, entry)
+
+    def side(per_rounds: list[dict[str, Any]], key: str) -> tuple[list[float | None], str, Any]:
+        values: list[float | None] = []
+        status, reason = "ok", None
+        for per_round in per_rounds:
+            item = per_round.get(key)
+            if item is None:
+                values.append(None)
+                if status == "ok":
+                    status, reason = "absent", "not in this side's results"
+                continue
+            _entry, st, why, figure = item
+            values.append(figure if st == "ok" else None)
+            if st != "ok" and status == "ok":
+                status, reason = st, why
+        return values, status, reason
+
+    rows = []
+    for key, entry in order.items():
+        n_values, n_status, n_reason = side(native, key)
+        c_values, c_status, c_reason = side(container, key)
+        rows.append(
+            Row(
+                dtype=entry.dtype,
+                shape=entry.shape,
+                kind=entry.kind,
+                beta=entry.beta,
+                unit=entry.unit,
+                native=tuple(n_values),
+                container=tuple(c_values),
+                native_status=n_status,
+                container_status=c_status,
+                native_reason=n_reason,
+                container_reason=c_reason,
+            )
+        )
+    return tuple(rows)
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return statistics.median(present) if present else None
+
+
+def build_side(
+    role: Role,
+    command: tuple[str, ...],
+    docs: Sequence[WorkerDocument],
+    first: WorkerDocument | None,
+) -> Side:
+    """A side's identity from its first measured document (else its first document at all)."""
+    source = docs[0] if docs else first
+    software = source.software.as_dict() if source is not None else {}
+    temps = [t for d in docs if (t := d.conditions.max_gpu_temperature_celsius) is not None]
+    clocks = [c for d in docs if (c := d.conditions.mean_sm_clock_hertz) is not None]
+    masks = [m for d in docs if (m := d.conditions.clock_event_reasons_seen) is not None]
+    others = {p for d in docs for p in d.busy.other_pids}
+    mask = None
+    if masks:
+        mask = 0
+        for m in masks:
+            mask |= m
+    return Side(
+        role=role,
+        command=command,
+        software=software,
+        conditions={
+            "max_gpu_temperature_celsius": max(temps) if temps else None,
+            "mean_sm_clock_hertz": statistics.median(clocks) if clocks else None,
+            "clock_event_reasons": None if mask is None else decode_reasons(mask),
+            "other_pids": sorted(others),
+        },
+    )

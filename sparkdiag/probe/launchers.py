@@ -1,0 +1,96 @@
+"""Launchers: how one probe cycle on one GPU is run (the real worker, in a container, replayed).
+
+A launcher is called with the GPU and an ``on_start(pid)`` callback (so that the daemon keeps its
+own worker out of the busy checks) and returns the cycle. The daemon's scheduler, ``probe`` and
+``check`` all run their cycles through one of these.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Protocol
+
+from sparkdiag.probe.compare.run import container_cycle
+from sparkdiag.probe.document import DocumentError, WorkerDocument, parse_document
+from sparkdiag.probe.request import WorkerRequest
+from sparkdiag.probe.runner import ProbeCycle, classify, run_worker
+from sparkdiag.telemetry.snapshot import GpuSample
+
+
+class Launcher(Protocol):
+    def __call__(self, gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle: ...
+
+
+class WorkerLauncher:
+    """Runs the real worker on one GPU, chosen by uuid through CUDA_VISIBLE_DEVICES."""
+
+    def __init__(self, python: Sequence[str], timeout: float, request: WorkerRequest) -> None:
+        self.python = tuple(python)
+        self.timeout = timeout
+        self.request = request if request.device is not None else request.on_device("cuda:0")
+
+    def __call__(self, gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle:
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu.identity.uuid)
+        return run_worker(self.python, self.request, self.timeout, env=env, on_start=on_start)
+
+
+class ContainerLauncher:
+    """Runs the worker inside a container, exactly as ``sparkdiag compare`` does: its source goes
+    to ``[*command, "-"]`` on standard input (``docker run -i --rm --gpus all IMAGE python3``),
+    so the image needs only torch, and a failing container is diagnosed the same way (image
+    missing, no GPU inside, ...). With ``--gpus all`` the container sees every GPU; the worker
+    orders CUDA devices by PCI bus id, so ``cuda:N`` there is NVML's GPU N here."""
+
+    def __init__(self, command: Sequence[str], timeout: float, request: WorkerRequest) -> None:
+        argv = list(command)
+        if argv and argv[-1] == "-":
+            argv.pop()  # the runner adds the "-" itself
+        if not argv:
+            raise ValueError("the container command is empty")
+        self.command = tuple(argv)
+        self.timeout = timeout
+        self.request = replace(request, probe_when="always")
+
+    def __call__(self, gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle:
+        request = self.request.on_device(f"cuda:{gpu.identity.index}")
+        return container_cycle(self.command, request, self.timeout, on_start=on_start)
+
+
+class FixtureLauncher:
+    """Replays worker documents recorded on real GPUs (``--probe.fixture``), one per cycle.
+
+    The file is a worker document, or ``{"format": "sparkdiag-probe-fixture/1", "cycles":
+    [doc, ...]}`` whose documents are replayed in turn, the last one repeating. Raises
+    ValueError (naming the file) when it cannot be used.
+    """
+
+    def __init__(self, path: Path) -> None:
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise ValueError(f"cannot read probe fixture {path}: {exc.strerror or exc}") from None
+        except (ValueError, RecursionError) as exc:
+            raise ValueError(f"probe fixture {path} is not valid JSON: {exc}") from None
+        cycles = doc.get("cycles") if isinstance(doc, dict) and "cycles" in doc else [doc]
+        if not isinstance(cycles, list):
+            raise ValueError(f"probe fixture {path}: 'cycles' must be a list of worker documents")
+        if not cycles:
+            raise ValueError(f"probe fixture {path}: no cycles")
+        try:
+            self.cycles: list[WorkerDocument] = [parse_document(c) for c in cycles]
+        except DocumentError as exc:
+            raise ValueError(f"probe fixture {path}: not a worker document: {exc}") from None
+        self.counts: dict[str, int] = {}  # per GPU uuid: each GPU replays the cycles in turn
+
+    def __call__(self, gpu: GpuSample | None, on_start: Callable[[int], None]) -> ProbeCycle:
+        key = gpu.identity.uuid if gpu is not None else ""
+        count = self.counts.get(key, 0)
+        doc = replace(self.cycles[min(count, len(self.cycles) - 1)], finished_at=time.time())
+        self.counts[key] = count + 1
+        result, reason = classify(0, doc, b"{}", "")
+        return ProbeCycle(result, reason, doc, "", 0, 0.0, None)
