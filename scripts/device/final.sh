@@ -2,13 +2,7 @@
 # On the lent GPU machine: sparkdiag check idle and under load (timed), compare native against
 # native and against a handicapped side, 20 consecutive probes (spread), the telemetry soak
 # without the probe, and the per-query NVML cost. Results under $OUT.
-set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+. "$(dirname "$0")/setup.sh"
 exec > >(tee -a "$OUT/log.txt") 2>&1
 sd() { python3 -m sparkdiag "$@"; }
 STATE=/tmp/sd-state; rm -rf $STATE; PY=$(command -v python3); TIMEFORMAT="wall %R s"

@@ -2,13 +2,7 @@
 # On the lent GPU machine: the telemetry benchmark, the probe's default suite, 20 consecutive
 # probes (spread), probe against a long sustained sweep, and the probe with a second process
 # loading the GPU. Results under $OUT.
-set -u
-OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+. "$(dirname "$0")/setup.sh"
 exec > >(tee -a "$OUT/log.txt") 2>&1
 sd() { python3 -m sparkdiag "$@"; }
 STATE=/tmp/sd-state; rm -rf $STATE

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Literal
 
-from sparkdiag.probe.document import WorkerDocument
+from sparkdiag.probe.document import Software, WorkerDocument
 from sparkdiag.sources.gpu import decode_reasons
 
 SCHEMA = "sparkdiag-compare/1"
@@ -42,17 +42,7 @@ FailureKind = Literal[
 ]
 
 # Components of the worker's ``software`` block, in the order they are shown.
-IDENTITY_KEYS = (
-    "torch",
-    "cuda",
-    "cublas",
-    "driver",
-    "python",
-    "gpu_name",
-    "compute_capability",
-    "gpu_uuid",
-    "device",
-)
+IDENTITY_KEYS = tuple(f.name for f in fields(Software))
 # Libraries that by themselves can make the same kernel faster or slower.
 LIBRARY_KEYS = ("torch", "cuda", "cublas")
 
