@@ -1,3 +1,3 @@
-from sparkdiag.cli import main
+from sparkdiag.entry import main
 
 main()

@@ -4,19 +4,21 @@ from __future__ import annotations
 
 import errno
 import logging
-import signal
+import socket
 import threading
-from types import FrameType
 
-from sparkdiag.config import Settings, parse_listen
+from sparkdiag.config import ConfigError, Settings, parse_listen
 from sparkdiag.exporter.http import ExporterServer, health_check
 from sparkdiag.exporter.probe import ProbeCollector
 from sparkdiag.exporter.registry import build_registry, render
-from sparkdiag.exporter.webconfig import load_web_config
+from sparkdiag.exporter.webconfig import WebConfig, load_web_config
+from sparkdiag.lifecycle import LIFECYCLE, Lifecycle
+from sparkdiag.probe.runner import kill_running_workers
 from sparkdiag.probe.scheduler import build_schedulers
 from sparkdiag.probe.state import ProbeState
 from sparkdiag.sdnotify import Notifier
 from sparkdiag.telemetry.build import build_poller
+from sparkdiag.telemetry.poller import Poller
 
 log = logging.getLogger("sparkdiag")
 
@@ -37,13 +39,40 @@ def dump(settings: Settings) -> bytes:
         poller.gpu.stop()
 
 
-def serve(settings: Settings) -> None:
-    """Run until SIGTERM or SIGINT."""
+def serve(settings: Settings, life: Lifecycle | None = None) -> None:
+    """Run until SIGTERM, SIGINT or SIGQUIT (see :mod:`sparkdiag.lifecycle`).
+
+    A stop asked for while it starts is honoured as soon as the step in progress returns. On
+    every way out the running probe workers' process groups are killed, so no worker outlives
+    the daemon (a worker also exits by itself once its parent is gone: see worker.py).
+    """
+    life = life or LIFECYCLE.install()
     address = parse_listen(settings.listen)
     web = None
     if settings.web_config_file is not None:
         web = load_web_config(settings.web_config_file)  # WebConfigError: a configuration error
     poller = build_poller(settings)
+    try:
+        _serve(settings, life, poller, address, web)
+    finally:
+        stopped = kill_running_workers()
+        if stopped:
+            log.info("stopped %d running probe worker(s)", stopped)
+        poller.gpu.stop()
+    if life.stopped_by:
+        log.info("stopped (%s)", life.stopped_by)
+
+
+def _serve(
+    settings: Settings,
+    life: Lifecycle,
+    poller: Poller,
+    address: tuple[str, int],
+    web: WebConfig | None,
+) -> None:
+    stop = life.stop
+    if stop.is_set():
+        return
     probe_state = ProbeState()
     schedulers = build_schedulers(settings, poller, probe_state)
     poller.excluded_pids = lambda: frozenset().union(*(s.excluded_pids() for s in schedulers))
@@ -54,58 +83,66 @@ def serve(settings: Settings) -> None:
         healthy = health_check(lambda: poller.latest, settings.poll_interval)
         server = ExporterServer(address, registry, healthy, web, settings.web_max_requests)
     except OSError as exc:
-        poller.gpu.stop()
+        if isinstance(exc, socket.gaierror):  # a configuration error: a restart cannot fix it
+            raise ConfigError(f"listen: cannot resolve {address[0]!r}: {exc.strerror}") from None
         if exc.errno == errno.EADDRINUSE:
             raise StartupError(
                 f"cannot listen on {settings.listen}: the address is already in use "
                 "(another sparkdiag? choose another with --listen)"
             ) from None
         raise StartupError(f"cannot listen on {settings.listen}: {exc.strerror or exc}") from None
-
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        log.info("received %s, stopping", signal.Signals(signum).name)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-
     notifier = Notifier()
-    first = poller.poll_once()
-    if not first.pcie_links:
-        log.warning("no PCI link found under %s: host PCIe links skipped", settings.sysfs)
-    server.serve_in_thread()
-    poller.add_listener(lambda _snap: notifier.watchdog())
-    gpus = sum(1 for g in first.gpus if g.up)
-    notifier.ready(
-        f"serving {settings.listen}; NVML {'up' if first.nvml_up else 'down'}, {gpus} GPU(s)"
-    )
-    host_text, port = server.server_address[:2]
-    log.info(
-        "serving %s://%s:%s/metrics (poll every %.3g s)",
-        "https" if web is not None and web.ssl_context is not None else "http",
-        host_text,
-        port,
-        settings.poll_interval,
-    )
-    poll_thread = threading.Thread(
-        target=poller.run,
-        args=(stop,),
-        kwargs={"initial_delay": poller.interval},
-        name="poller",
-        daemon=True,
-    )
-    poll_thread.start()
-    for sched in schedulers:
-        name = f"probe-{sched.context}"
-        threading.Thread(target=sched.run, args=(stop,), name=name, daemon=True).start()
+    threads: list[threading.Thread] = []
     try:
+        first = poller.poll_once()
+        if stop.is_set():
+            return
+        if not first.pcie_links:
+            log.warning("no PCI link found under %s: host PCIe links skipped", settings.sysfs)
+        server.serve_in_thread()
+        poller.add_listener(lambda _snap: notifier.watchdog())
+        gpus = sum(1 for g in first.gpus if g.up)
+        notifier.ready(
+            f"serving {settings.listen}; NVML {'up' if first.nvml_up else 'down'}, {gpus} GPU(s)"
+        )
+        host_text, port = server.server_address[:2]
+        log.info(
+            "serving %s://%s:%s/metrics (poll every %.3g s)",
+            "https" if web is not None and web.ssl_context is not None else "http",
+            host_text,
+            port,
+            settings.poll_interval,
+        )
+        life.status = lambda: _status(poller, probe_state)
+        threads.append(
+            threading.Thread(
+                target=poller.run,
+                args=(stop,),
+                kwargs={"initial_delay": poller.interval},
+                name="poller",
+                daemon=True,
+            )
+        )
+        for sched in schedulers:
+            name = f"probe-{sched.context}"
+            threads.append(threading.Thread(target=sched.run, args=(stop,), name=name, daemon=True))
+        for thread in threads:
+            thread.start()
         stop.wait()
     finally:
         notifier.stopping()
         server.shutdown()
         server.server_close()
-        poll_thread.join(timeout=5)
-        poller.gpu.stop()
+        kill_running_workers()  # a probe thread blocked on its worker returns at once
+        for thread in threads:
+            thread.join(timeout=5)
         notifier.close()
+
+
+def _status(poller: Poller, state: ProbeState) -> str:
+    snap = poller.latest
+    gpus = "no poll yet" if snap is None else f"{sum(1 for g in snap.gpus if g.up)} GPU(s) up"
+    view = state.view()
+    cycles = sum(view.runs.values())
+    ok = sum(n for (_g, _u, _c, result), n in view.runs.items() if result == "ok")
+    return f"poll {poller.poll_count}, {gpus}, {cycles} probe cycle(s) ({ok} ok)"

@@ -41,10 +41,13 @@ from sparkdiag.probe.runner import DEFAULT_TIMEOUT, ProbeCycle, ProbeResult, run
 # one; anything the image printed around it (the NGC entrypoint prints its banner on standard
 # output) goes to standard error. Output without such a line is forwarded unchanged, so that it
 # is still reported as "not the worker's JSON". It runs in the worker's process group: the
-# runner's timeout kills it together with the container command and whatever that started.
+# runner's timeout kills it together with the container command and whatever that started; and
+# should sparkdiag itself die (kill -9), the relay sees its parent change and ends its group
+# (SIGTERM first, which docker and podman pass on to the container; SIGKILL 5 s later).
 _RELAY = r"""
 import json, os, selectors, signal, subprocess, sys, time
 SCHEMA, cmd = sys.argv[1], sys.argv[2:]
+parent = os.getppid()
 try:
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE)
 except OSError as exc:
@@ -56,6 +59,14 @@ sel.register(fd, selectors.EVENT_READ)
 buf = bytearray()
 exited = None
 while True:
+    if os.getppid() != parent:  # sparkdiag died (kill -9): end the whole group, relay last
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        os.killpg(0, signal.SIGTERM)
+        try:
+            child.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+        os.killpg(0, signal.SIGKILL)
     if exited is None and child.poll() is not None:
         exited = time.monotonic()
     if exited is not None and time.monotonic() - exited > 1.0:

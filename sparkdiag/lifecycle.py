@@ -1,0 +1,67 @@
+"""Signals of the daemon, installed before anything slow (imports, NVML start, the first poll).
+
+* SIGTERM, SIGINT, SIGQUIT: stop. Answer no more scrapes, kill the running probe workers'
+  process groups, exit 0.
+* SIGHUP: log that the configuration is not reloaded (restart to apply a change), and go on.
+* SIGUSR1: log one status line (polls, GPUs up, probe cycles), and go on.
+
+SIGHUP does not reload: the daemon's settings reach the poller, the probe schedulers and the HTTP
+server at start, and a restart (0.3 s under systemd, baselines kept in the state directory) applies
+any change with no half-applied state. Everything here imports only the standard library, so that
+``sparkdiag serve`` installs it before it imports the rest.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+
+log = logging.getLogger("sparkdiag")
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+
+
+class Lifecycle:
+    """The stop event, and what SIGUSR1 reports (the daemon sets ``status`` once it runs)."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.stopped_by: str | None = None
+        self.status: Callable[[], str] = lambda: "starting"
+
+    def install(self) -> Lifecycle:
+        """Install the handlers (main thread only; elsewhere, as in tests, nothing is done)."""
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in STOP_SIGNALS:
+            signal.signal(sig, self._on_stop)
+        signal.signal(signal.SIGHUP, self._on_hup)
+        signal.signal(signal.SIGUSR1, self._on_usr1)
+        return self
+
+    def _on_stop(self, signum: int, _frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.stopped_by is None:
+            self.stopped_by = name
+            log.info("received %s, stopping", name)
+        self.stop.set()
+
+    def _on_hup(self, _signum: int, _frame: FrameType | None) -> None:
+        log.warning(
+            "received SIGHUP: the configuration is read at start only; restart sparkdiag to "
+            "apply a change (systemctl restart sparkdiag)"
+        )
+
+    def _on_usr1(self, _signum: int, _frame: FrameType | None) -> None:
+        try:
+            text = self.status()
+        except Exception as exc:  # a status bug must not kill the daemon
+            text = f"status unavailable: {exc}"
+        log.info("status: %s", text)
+
+
+# The process's one lifecycle: ``sparkdiag serve`` installs it first thing (see sparkdiag.entry).
+LIFECYCLE = Lifecycle()

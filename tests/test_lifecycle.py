@@ -1,0 +1,146 @@
+"""The daemon's lifecycle with real processes and real signals (sparkdiag.lifecycle): stopping
+kills the running probe workers, SIGHUP and SIGUSR1 do not stop it, a stop while it starts is
+clean, and configuration errors found at start exit 2."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support import NVML, ROOT, SYSFS, alive, free_port, http_get, sparkdiag_cmd, wait_dead
+
+FAKE = ROOT / "tests" / "probe_helpers" / "fake_worker.py"
+
+
+def _serve(*args: str) -> tuple[subprocess.Popen[bytes], str]:
+    port = free_port()
+    cmd = sparkdiag_cmd(
+        "serve", "--listen", f"127.0.0.1:{port}", "--nvml-fixture", str(NVML / "h200-idle.json"),
+        "--path.sysfs", str(SYSFS / "h200-vm"), *args,
+    )  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return proc, f"http://127.0.0.1:{port}"
+
+
+def _wait_healthy(proc: subprocess.Popen[bytes], base: str) -> None:
+    end = time.monotonic() + 20
+    while time.monotonic() < end:
+        assert proc.poll() is None, proc.communicate()[1].decode()
+        try:
+            if http_get(base + "/healthz", timeout=1)[0] == 200:
+                return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise AssertionError("not healthy in time")
+
+
+def _wait_file(path: Path, seconds: float = 20.0) -> None:
+    end = time.monotonic() + seconds
+    while not path.exists():
+        assert time.monotonic() < end, f"{path} was never written"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGQUIT])
+def test_stopping_kills_the_running_worker_and_its_children(tmp_path: Path, sig: int) -> None:
+    pidfile = tmp_path / "pids"
+    proc, base = _serve(
+        "--probe.python", f"{sys.executable} {FAKE} sleep {pidfile}",
+        "--probe.first-delay", "0", "--probe.timeout", "600", "--state-dir", str(tmp_path),
+    )  # fmt: skip
+    try:
+        _wait_healthy(proc, base)
+        _wait_file(pidfile)
+        worker, grandchild = (int(x) for x in pidfile.read_text().split())
+        assert alive(worker) and alive(grandchild)
+        proc.send_signal(sig)
+        assert proc.wait(timeout=15) == 0
+        assert wait_dead([worker, grandchild]) == []
+        err = proc.communicate()[1].decode()
+        assert f"received {signal.Signals(sig).name}, stopping" in err
+        assert "stopped 1 running probe worker(s)" in err or "killed by SIGKILL" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_sighup_and_sigusr1_do_not_stop_the_daemon(tmp_path: Path) -> None:
+    proc, base = _serve("--no-probe.enabled")
+    try:
+        _wait_healthy(proc, base)
+        proc.send_signal(signal.SIGHUP)
+        proc.send_signal(signal.SIGUSR1)
+        time.sleep(0.5)
+        assert proc.poll() is None
+        assert http_get(base + "/metrics")[0] == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+        err = proc.communicate()[1].decode()
+        assert "received SIGHUP: the configuration is read at start only" in err
+        assert "status: poll " in err and "1 GPU(s) up" in err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_a_stop_while_starting_exits_cleanly() -> None:
+    for delay in (0.0, 0.05, 0.3, 0.6):
+        proc, _base = _serve("--no-probe.enabled")
+        time.sleep(delay)
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=15)
+        err = proc.communicate()[1].decode()
+        # Python's interpreter start itself (before any sparkdiag code runs) cannot be
+        # guarded: a signal that lands there ends the process by SIGTERM.
+        assert code in (0, -signal.SIGTERM), (delay, code, err)
+        assert "Traceback" not in err, err
+        if delay >= 0.3:
+            assert code == 0, (delay, err)
+
+
+def test_an_unresolvable_listen_host_is_a_configuration_error() -> None:
+    fixture = str(NVML / "h200-idle.json")
+    args = ["--listen", "no-such-host.invalid:10942", "--no-probe.enabled"]
+    proc = subprocess.run(
+        sparkdiag_cmd("serve", *args, "--nvml-fixture", fixture),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ),
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "cannot resolve 'no-such-host.invalid'" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_container_command_ends_when_sparkdiag_is_killed(tmp_path: Path) -> None:
+    """kill -9 of the process running a container cycle: the relay stops what it started."""
+    pidfile = tmp_path / "pids"
+    driver = (
+        "import sys\n"
+        "from sparkdiag.probe.compare.run import run_in_container\n"
+        "from sparkdiag.probe.request import WorkerRequest\n"
+        f"run_in_container([sys.executable, {str(FAKE)!r}, 'sleep', {str(pidfile)!r}],"
+        " WorkerRequest(), timeout=600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", driver], cwd=ROOT)
+    try:
+        _wait_file(pidfile)
+        worker, grandchild = (int(x) for x in pidfile.read_text().split())
+        proc.kill()
+        proc.wait(timeout=10)
+        assert wait_dead([worker, grandchild], seconds=10) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
