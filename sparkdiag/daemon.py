@@ -76,9 +76,9 @@ def _serve(
     probe_state = ProbeState()
     schedulers = build_schedulers(settings, poller, probe_state)
     poller.excluded_pids = lambda: frozenset().union(*(s.excluded_pids() for s in schedulers))
-    registry = build_registry(
-        lambda: poller.latest, extra=[ProbeCollector(probe_state.view)] if schedulers else []
-    )
+    keeper = next((s.store for s in schedulers if s.store is not None), None)
+    collector = ProbeCollector(probe_state.view, keeper.health if keeper else None)
+    registry = build_registry(lambda: poller.latest, extra=[collector] if schedulers else [])
     try:
         healthy = health_check(lambda: poller.latest, settings.poll_interval)
         server = ExporterServer(address, registry, healthy, web, settings.web_max_requests)

@@ -17,6 +17,7 @@ from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.probe.scheduler import ProbeScheduler
 from sparkdiag.probe.state import ProbeState
+from sparkdiag.probe.store_health import StoreKeeper
 from sparkdiag.sources.fixture import FixtureBackend
 from sparkdiag.sources.gpu import GpuSource
 from sparkdiag.telemetry.poller import Poller
@@ -60,7 +61,8 @@ class Recorder:
 def make(
     snap: Snapshot, launcher: Any, store: BaselineStore | None = None, **kw: Any
 ) -> ProbeScheduler:
-    return ProbeScheduler(launcher, ProbeState(), store, "native", lambda: snap, 300.0, **kw)
+    keeper = None if store is None else StoreKeeper(lambda: store)
+    return ProbeScheduler(launcher, ProbeState(), keeper, "native", lambda: snap, 300.0, **kw)
 
 
 def test_idle_gpu_is_probed_and_recorded(tmp_path: Path) -> None:

@@ -26,6 +26,7 @@ from sparkdiag.check.host_checks import check_context, check_governor, check_uni
 from sparkdiag.check.links import check_pcie_gpu, check_pcie_host
 from sparkdiag.check.model import CheckContext, CheckResult
 from sparkdiag.check.probe_checks import check_int4_decode, check_probe, check_sm_clock
+from sparkdiag.check.state_checks import check_baseline_store
 from sparkdiag.check.thermal import (
     check_clock_reasons,
     check_gpu_temperature,
@@ -56,6 +57,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("context", check_context),
     ("cpu-governor", check_governor),
     ("unified-memory", check_unified_memory),
+    ("baseline-store", check_baseline_store),
     ("probe", check_probe),
     ("sm-clock", check_sm_clock),
     ("int4-decode", check_int4_decode),

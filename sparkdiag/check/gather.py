@@ -16,6 +16,7 @@ from sparkdiag.check.model import CheckContext, GpuProbe, KernelLog, TorchInfo, 
 from sparkdiag.check.probe import read_store, run_probes, worker_launcher
 from sparkdiag.config import Settings
 from sparkdiag.probe.launchers import Launcher, WorkerLauncher
+from sparkdiag.probe.store_health import inspect_store
 from sparkdiag.sources.cpufreq import read_governors
 from sparkdiag.sources.kernel_log import read_kernel_log
 from sparkdiag.sources.packages import read_torch
@@ -73,7 +74,11 @@ def gather(
         )
         ctx = _with_probes(ctx, settings, sources, poller.poll_once, on_probe)
         # Read after the probe, so that an XID the load provoked is seen too.
-        return replace(ctx, kernel_log=sources.kernel_log or read_kernel_log(settings.rootfs))
+        return replace(
+            ctx,
+            kernel_log=sources.kernel_log or read_kernel_log(settings.rootfs),
+            baseline_store=inspect_store(settings.state_dir),
+        )
     finally:
         poller.gpu.stop()
 

@@ -15,17 +15,23 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from sparkdiag.exporter.base import GPU_LABELS as GPU
 from sparkdiag.probe.state import RESULTS, ProbeView
+from sparkdiag.probe.store_health import OPERATIONS, StoreHealth
 from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS
 
 GEMM = [*GPU, "dtype", "shape", "context"]
 
 
 class ProbeCollector:
-    def __init__(self, view: Callable[[], ProbeView]) -> None:
+    def __init__(
+        self, view: Callable[[], ProbeView], store: Callable[[], StoreHealth] | None = None
+    ) -> None:
         self.view = view
+        self.store = store
 
     def collect(self) -> Iterator[Metric]:
         view = self.view()
+        if self.store is not None:
+            yield from _store_families(self.store())
 
         def gauge(name: str, doc: str, labels: list[str]) -> GaugeMetricFamily:
             return GaugeMetricFamily(name, doc, labels=labels)
@@ -143,3 +149,21 @@ class ProbeCollector:
             if cycle.mean_power_watts is not None:
                 power.add_metric([gpu, uuid, context], cycle.mean_power_watts)
         yield from (duration, temperature, reasons, clock, power)
+
+
+def _store_families(health: StoreHealth) -> Iterator[Metric]:
+    up = GaugeMetricFamily(
+        "sparkdiag_baseline_store_up",
+        "1 while the baseline store can be opened and written, 0 while it cannot (full disk, "
+        "damaged or unwritable file): probes then run without learning or comparing baselines.",
+    )
+    up.add_metric([], 1.0 if health.up else 0.0)
+    yield up
+    errors = CounterMetricFamily(
+        "sparkdiag_baseline_store_errors",
+        "Failed opens and writes of the baseline store since the daemon started.",
+        labels=["operation"],
+    )
+    for operation in OPERATIONS:
+        errors.add_metric([operation], health.errors.get(operation, 0))
+    yield errors

@@ -17,12 +17,13 @@ from collections.abc import Callable
 from typing import Any
 
 from sparkdiag.config import ConfigError, Settings
-from sparkdiag.probe.baseline import BaselineStore, BaselineStoreError, open_store
+from sparkdiag.probe.baseline import BaselineStoreError, open_store
 from sparkdiag.probe.evaluate import evaluate
 from sparkdiag.probe.launchers import ContainerLauncher, FixtureLauncher, Launcher, WorkerLauncher
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.probe.state import CycleRecord, ProbeState
+from sparkdiag.probe.store_health import StoreKeeper
 from sparkdiag.telemetry.busy import busy
 from sparkdiag.telemetry.poller import Poller
 from sparkdiag.telemetry.snapshot import GpuSample, Snapshot
@@ -35,7 +36,7 @@ class ProbeScheduler:
         self,
         launcher: Launcher,
         state: ProbeState,
-        store: BaselineStore | None,
+        store: StoreKeeper | None,
         context: str,
         latest: Callable[[], Snapshot | None],
         interval: float,
@@ -117,12 +118,15 @@ class ProbeScheduler:
         doc = cycle.document
         figures: tuple[Any, ...] = ()
         if doc is not None and cycle.result in ("ok", "error"):
+            keeper = self.store
+            store = keeper.store() if keeper is not None else None
             try:
-                figures = tuple(
-                    evaluate(doc, base[1], gpu_name, self.context, self.store, record=True)
-                )
-            except Exception:  # a baseline-store failure must not lose the measurement
-                log.exception("recording probe results failed")
+                figures = tuple(evaluate(doc, base[1], gpu_name, self.context, store, record=True))
+                if keeper is not None and store is not None:
+                    keeper.succeeded()
+            except BaselineStoreError as exc:  # a full disk must not lose the measurement
+                if keeper is not None:
+                    keeper.failed("write", exc)
                 figures = tuple(evaluate(doc, base[1], gpu_name, self.context, None))
         if doc is None:
             return CycleRecord(*base, result=cycle.result, reason=cycle.reason,
@@ -207,7 +211,7 @@ def _native(settings: Settings, poller: Poller, state: ProbeState) -> ProbeSched
 
 
 def _container(
-    settings: Settings, poller: Poller, state: ProbeState, store: BaselineStore | None
+    settings: Settings, poller: Poller, state: ProbeState, store: StoreKeeper | None
 ) -> ProbeScheduler | None:
     """The container probe (``probe.container-command``), labelled context="container";
     it shares the native probe's baseline store, or opens one when that probe does not run."""
@@ -236,10 +240,6 @@ def _container(
     )
 
 
-def _store(settings: Settings) -> BaselineStore | None:
-    """The baseline database in the state directory; None (and a warning) when unusable."""
-    try:
-        return open_store(settings.state_dir, create=True)
-    except BaselineStoreError as exc:
-        log.warning("baselines unavailable (%s): probes run without a baseline", exc)
-        return None
+def _store(settings: Settings) -> StoreKeeper:
+    """The baseline database in the state directory, kept with its health (store_health.py)."""
+    return StoreKeeper(lambda: open_store(settings.state_dir, create=True))
