@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkdiag.sources.nvml_api import (
+    ANSWER_SHAPES,
     ERROR_CODES,
     GPU_IS_LOST,
     NOT_SUPPORTED,
@@ -49,10 +50,12 @@ from sparkdiag.sources.nvml_api import (
     NvmlCallError,
     NvmlEvent,
     NvmlUnavailable,
+    answer_shape_error,
     error_code,
 )
 
 FORMAT = "sparkdiag-nvml-fixture/1"
+MAX_FIXTURE_BYTES = 16 * 1024 * 1024  # recorded 8-GPU fixtures are ~100 KB
 _MAX_BASE_DEPTH = 8
 
 
@@ -72,15 +75,22 @@ VALID_KEYS = frozenset(_valid_keys())
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as fh:
+            data = fh.read(MAX_FIXTURE_BYTES + 1)
     except OSError as exc:
         raise FixtureError(f"cannot read NVML fixture {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_FIXTURE_BYTES:
+        raise FixtureError(f"NVML fixture {path} is larger than {MAX_FIXTURE_BYTES >> 20} MiB")
     try:
-        doc = json.loads(text)
+        doc = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise FixtureError(f"NVML fixture {path} is not UTF-8 text: {exc.reason}") from None
     except json.JSONDecodeError as exc:
         raise FixtureError(
             f"NVML fixture {path} is not valid JSON: {exc.msg} at line {exc.lineno}"
         ) from None
+    except RecursionError:
+        raise FixtureError(f"NVML fixture {path} is nested too deeply") from None
     if not isinstance(doc, dict):
         raise FixtureError(f"NVML fixture {path} must hold a JSON object, not {type(doc).__name__}")
     fmt = doc.get("format")
@@ -89,18 +99,25 @@ def _read_json(path: Path) -> dict[str, Any]:
     return doc
 
 
-def _check_keys(path: Path, where: str, answers: Mapping[str, Any]) -> None:
+def _check_keys(path: Path, where: str, answers: Mapping[str, Any], values: bool = True) -> None:
+    """Every key names a catalogue query; every value (with ``values``) is an NVML error or an
+    answer of the query's shape (ANSWER_SHAPES)."""
     unknown = sorted(set(answers) - VALID_KEYS)
     if unknown:
-        raise FixtureError(
-            f"NVML fixture {path}: {where} names unknown answer key(s) {', '.join(unknown)}"
-        )
+        shown = ", ".join(k[:40] for k in unknown[:5])
+        raise FixtureError(f"NVML fixture {path}: {where} names unknown answer key(s) {shown}")
     for key, value in answers.items():
-        if _is_error(value) and error_code(str(value["error"])) is None:
-            raise FixtureError(
-                f"NVML fixture {path}: {where}.{key} has unknown NVML error {value['error']!r}; "
-                "use a name such as NOT_SUPPORTED or GPU_IS_LOST, or ERROR_<code>"
-            )
+        if _is_error(value):
+            if error_code(str(value["error"])) is None:
+                raise FixtureError(
+                    f"NVML fixture {path}: {where}.{key} has unknown NVML error "
+                    f"{str(value['error'])[:40]!r}; use a name such as NOT_SUPPORTED or "
+                    "GPU_IS_LOST, or ERROR_<code>"
+                )
+            continue
+        why = answer_shape_error(key.split("/", 1)[0], value) if values else None
+        if why is not None:
+            raise FixtureError(f"NVML fixture {path}: {where}.{key}: {why}")
 
 
 def _is_error(value: Any) -> bool:
@@ -116,12 +133,29 @@ def load_fixture(path: Path, _depth: int = 0) -> dict[str, Any]:
     if "base" in doc:
         if not isinstance(doc["base"], str):
             raise FixtureError(f"NVML fixture {path}: 'base' must be a relative file name")
-        base = load_fixture(path.parent / doc["base"], _depth + 1)
+        try:
+            base = load_fixture(path.parent / doc["base"], _depth + 1)
+        except FixtureError as exc:
+            raise FixtureError(f"NVML fixture {path}: base {doc['base'][:80]!r}: {exc}") from None
 
+    host = doc.get("host", {})
+    if not isinstance(host, dict) or not all(
+        k == "memory_total" and isinstance(v, int) and not isinstance(v, bool) and v > 0
+        for k, v in host.items()
+    ):
+        raise FixtureError(
+            f"NVML fixture {path}: 'host' must be an object like {{\"memory_total\": BYTES}}"
+        )
+    driver = doc.get("driver_version", base.get("driver_version", ""))
+    if not isinstance(driver, str):
+        raise FixtureError(f"NVML fixture {path}: 'driver_version' must be a string")
+    nvml = doc.get("nvml", base.get("nvml"))
+    if nvml is not None and not (isinstance(nvml, dict) and isinstance(nvml.get("error"), str)):
+        raise FixtureError(f"NVML fixture {path}: 'nvml' must be {{\"error\": NAME}}")
     merged: dict[str, Any] = {
-        "driver_version": doc.get("driver_version", base.get("driver_version", "")),
-        "host": {**base.get("host", {}), **doc.get("host", {})},
-        "nvml": doc.get("nvml", base.get("nvml")),
+        "driver_version": driver,
+        "host": {**base.get("host", {}), **host},
+        "nvml": nvml,
         "script": list(base.get("script", [])),
     }
     base_devices: list[dict[str, Any]] = base.get("devices", [])
@@ -199,10 +233,18 @@ def _check_step(path: Path, n: int, step: Any, ndev: int) -> dict[str, Any]:
             for v in ramp.values()
         ):
             raise FixtureError(f"{where}: 'ramp' maps answer keys to [from, to] numbers")
-        _check_keys(path, f"script[{n}].ramp", ramp)
+        _check_keys(path, f"script[{n}].ramp", ramp, values=False)
+        for key in ramp:
+            if ANSWER_SHAPES.get(key.split("/", 1)[0]) != "number":
+                raise FixtureError(f"{where}: 'ramp' of {key}, which is not a number")
     if "event" in step:
         event = step["event"]
-        if not isinstance(event, dict) or not isinstance(event.get("type"), int):
+        if not (
+            isinstance(event, dict)
+            and isinstance(event.get("type"), int)
+            and isinstance(event.get("data", 0), int)
+            and isinstance(event.get("timestamp", 0.0), (int, float))
+        ):
             raise FixtureError(f"{where}: 'event' needs an integer 'type' (and 'data')")
     return {**step, "first": first, "last": last}
 

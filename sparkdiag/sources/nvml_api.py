@@ -9,6 +9,7 @@ it exactly.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -161,6 +162,75 @@ QUERIES: Mapping[str, tuple[int, ...] | None] = {
     # nvmlDeviceGetSupportedEventTypes -> bitmask
     "supported_event_types": None,
 }
+
+
+# The shape of each query's answer, as the backends return it and fixtures store it. A fixture
+# whose answer has another shape is refused when it is loaded (FixtureError), never half-used.
+#   "text": a string; "number": a finite int or float (never a bool); "numbers:N": a list of N
+#   numbers;
+#   "map:K1,K2": an object with at least those numeric keys; "processes": a list of objects,
+#   each with an integer "pid".
+ANSWER_SHAPES: Mapping[str, str] = {
+    "name": "text",
+    "uuid": "text",
+    "pci_bus_id": "text",
+    "cuda_capability": "numbers:2",
+    "temperature": "number",
+    "memory_temperature": "number",
+    "temperature_threshold": "number",
+    "clock": "number",
+    "max_clock": "number",
+    "clock_event_reasons": "number",
+    "supported_clock_event_reasons": "number",
+    "violation_ns": "number",
+    "power_mw": "number",
+    "power_limit_mw": "number",
+    "energy_mj": "number",
+    "utilization": "map:gpu,memory",
+    "memory_info": "map:total,used,free",
+    "pcie_gen": "number",
+    "pcie_max_gen": "number",
+    "pcie_width": "number",
+    "pcie_max_width": "number",
+    "pcie_replay": "number",
+    "ecc_total": "number",
+    "remapped_rows": "numbers:4",
+    "pstate": "number",
+    "compute_processes": "processes",
+    "persistence_mode": "number",
+    "compute_mode": "number",
+    "mig_mode": "numbers:2",
+    "supported_event_types": "number",
+}
+
+
+def _is_number(value: Any) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return math.isfinite(value) and abs(value) < 2**63
+
+
+def answer_shape_error(query: str, value: Any) -> str | None:
+    """Why ``value`` is not a valid answer to ``query`` (None when it is)."""
+    shape = ANSWER_SHAPES.get(query)
+    if shape is None:
+        return f"{query!r} has no declared answer shape"
+    ok: bool
+    if shape == "text":
+        ok = isinstance(value, str)
+    elif shape == "number":
+        ok = _is_number(value)
+    elif shape.startswith("numbers:"):
+        count = int(shape.split(":", 1)[1])
+        ok = isinstance(value, list) and len(value) == count and all(map(_is_number, value))
+    elif shape == "processes":
+        ok = isinstance(value, list) and all(
+            isinstance(v, dict) and isinstance(v.get("pid"), int) for v in value
+        )
+    else:  # map:K1,K2
+        keys = shape.split(":", 1)[1].split(",")
+        ok = isinstance(value, dict) and all(_is_number(value.get(k)) for k in keys)
+    return None if ok else f"expected {shape}, got {str(value)[:60]!r}"
 
 
 def answer_key(query: str, arg: int | None) -> str:

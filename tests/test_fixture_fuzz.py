@@ -1,0 +1,103 @@
+"""Property-based tests of the NVML fixture loader: any JSON either loads and replays without an
+exception, or is refused with one FixtureError naming the file and the key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sparkdiag.sources.fixture import FixtureBackend, FixtureError
+from sparkdiag.sources.gpu import GpuSource
+from sparkdiag.sources.nvml_api import ANSWER_SHAPES, QUERIES
+from tests.support import NVML
+
+BASE: dict[str, Any] = json.loads((NVML / "h200-idle.json").read_text())
+ANSWER_KEYS = sorted(BASE["devices"][0]["answers"])
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner),
+    max_leaves=12,
+)
+
+
+def _replay(path: Path) -> None:
+    """Load, start and poll a few times: everything but FixtureError is a bug."""
+    source = GpuSource(FixtureBackend(path))
+    source.start()
+    for _ in range(3):
+        source.backend.advance()
+        source.read()
+        source.events()
+    source.stop()
+
+
+def test_every_query_declares_its_answer_shape() -> None:
+    assert set(QUERIES) == set(ANSWER_SHAPES)
+
+
+@given(st.dictionaries(st.sampled_from(ANSWER_KEYS), json_values, min_size=1, max_size=4))
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_any_answers_load_or_are_refused(tmp_path: Path, changes: dict[str, Any]) -> None:
+    doc = json.loads(json.dumps(BASE))
+    doc["devices"][0]["answers"].update(changes)
+    path = tmp_path / "f.json"
+    path.write_text(json.dumps(doc, allow_nan=True))
+    try:
+        _replay(path)
+    except FixtureError as exc:
+        assert str(path) in str(exc)
+
+
+top_keys = st.sampled_from(["host", "driver_version", "nvml", "devices", "script", "base"])
+
+
+@given(st.dictionaries(top_keys, json_values, min_size=1, max_size=3))
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+def test_any_top_level_values_load_or_are_refused(tmp_path: Path, changes: dict[str, Any]) -> None:
+    doc = json.loads(json.dumps(BASE))
+    doc.update(changes)
+    path = tmp_path / "f.json"
+    path.write_text(json.dumps(doc, allow_nan=True))
+    try:
+        _replay(path)
+    except FixtureError as exc:
+        assert str(path) in str(exc)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"host": 5}, "'host' must be an object"),
+        ({"host": {"memory_total": "lots"}}, "'host' must be an object"),
+        ({"driver_version": 580}, "'driver_version' must be a string"),
+    ],
+)
+def test_wrong_typed_top_level_values_name_the_key(
+    tmp_path: Path, change: dict[str, Any], message: str
+) -> None:
+    path = tmp_path / "f.json"
+    path.write_text(json.dumps({**BASE, **change}))
+    with pytest.raises(FixtureError, match=message):
+        FixtureBackend(path)
+
+
+def test_an_oversized_or_deeply_nested_fixture_is_refused(tmp_path: Path) -> None:
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 200_000 + "]" * 200_000)
+    with pytest.raises(FixtureError, match="nested too deeply"):
+        FixtureBackend(deep)
+    big = tmp_path / "big.json"
+    with big.open("wb") as fh:
+        fh.truncate(17 * 1024 * 1024)
+    with pytest.raises(FixtureError, match="larger than 16 MiB"):
+        FixtureBackend(big)
