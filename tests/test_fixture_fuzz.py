@@ -101,3 +101,26 @@ def test_an_oversized_or_deeply_nested_fixture_is_refused(tmp_path: Path) -> Non
         fh.truncate(17 * 1024 * 1024)
     with pytest.raises(FixtureError, match="larger than 16 MiB"):
         FixtureBackend(big)
+
+
+def test_every_reader_is_bounded(tmp_path: Path) -> None:
+    """A "file" under a fake root that never ends (/dev/zero) costs a bounded read."""
+    from sparkdiag.probe.launchers import FixtureLauncher
+    from sparkdiag.sources.files import FileTooLarge, read_limited
+    from sparkdiag.sources.procfs import process_names
+    from sparkdiag.sources.sysfs import PcieSource
+
+    with pytest.raises(FileTooLarge, match="larger than 4 KiB"):
+        read_limited(Path("/dev/zero"), 4096)
+    proc = tmp_path / "proc" / "42"
+    proc.mkdir(parents=True)
+    (proc / "comm").symlink_to("/dev/zero")
+    assert process_names(tmp_path, [42]) == {}
+    device = tmp_path / "sys" / "bus" / "pci" / "devices" / "0000:01:00.0"
+    device.mkdir(parents=True)
+    for name in ("current_link_speed", "max_link_speed", "current_link_width", "class"):
+        (device / name).symlink_to("/dev/zero")
+    (link,) = PcieSource(tmp_path / "sys").read()
+    assert (link.current_speed_tps, link.max_speed_tps, link.current_width) == (None, None, None)
+    with pytest.raises(ValueError, match="larger than 16 MiB"):
+        FixtureLauncher(Path("/dev/zero"))

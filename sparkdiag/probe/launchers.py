@@ -19,6 +19,7 @@ from sparkdiag.probe.compare.run import container_cycle
 from sparkdiag.probe.document import DocumentError, WorkerDocument, parse_document
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import ProbeCycle, classify, run_worker
+from sparkdiag.sources.files import MIB, read_text_limited
 from sparkdiag.telemetry.snapshot import GpuSample
 
 
@@ -71,7 +72,7 @@ class FixtureLauncher:
 
     def __init__(self, path: Path) -> None:
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
+            doc = json.loads(read_text_limited(path, 16 * MIB))
         except OSError as exc:
             raise ValueError(f"cannot read probe fixture {path}: {exc.strerror or exc}") from None
         except (ValueError, RecursionError) as exc:

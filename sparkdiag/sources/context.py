@@ -30,6 +30,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkdiag.sources.files import MIB, read_limited, read_text_limited
 from sparkdiag.telemetry.snapshot import ExecutionContext
 
 _MANAGER_FILE = "run/host/container-manager"
@@ -77,7 +78,7 @@ def _show(relative: str) -> str:
 def _read_bytes(root: Path, relative: str, notes: list[str]) -> bytes | None:
     """File content, or ``None`` when absent; unreadable files add a note to the evidence."""
     try:
-        return (root / relative).read_bytes()
+        return read_limited(root / relative, MIB)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as exc:
@@ -233,7 +234,7 @@ def _explicit_declarations(
 def _run_is_runtime_dir(root: Path) -> bool:
     """True when ``/run`` is a tmpfs, or when the mount table cannot be read to tell."""
     try:
-        mountinfo = (root / _MOUNTINFO).read_text(encoding="utf-8", errors="replace")
+        mountinfo = read_text_limited(root / _MOUNTINFO, 4 * MIB)
     except OSError:
         return True
     return _mount_fstype(mountinfo, "/run") == "tmpfs"

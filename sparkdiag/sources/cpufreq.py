@@ -10,6 +10,8 @@ import os
 import re
 from pathlib import Path
 
+from sparkdiag.sources.files import KIB, read_text_limited
+
 _CPU_DIR = re.compile(r"^cpu(\d+)$")
 
 
@@ -35,8 +37,8 @@ def read_governors(sysfs: Path) -> tuple[dict[str, str] | None, str]:
     governors: dict[str, str] = {}
     for name in names:
         try:
-            text = (base / name / "cpufreq" / "scaling_governor").read_text(encoding="ascii")
-        except (OSError, UnicodeDecodeError):
+            text = read_text_limited(base / name / "cpufreq" / "scaling_governor", 4 * KIB)
+        except OSError:
             continue
         if text.strip():
             governors[name] = text.strip()

@@ -41,6 +41,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sparkdiag.sources.files import read_limited
 from sparkdiag.sources.nvml_api import (
     ANSWER_SHAPES,
     ERROR_CODES,
@@ -75,12 +76,9 @@ VALID_KEYS = frozenset(_valid_keys())
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        with path.open("rb") as fh:
-            data = fh.read(MAX_FIXTURE_BYTES + 1)
+        data = read_limited(path, MAX_FIXTURE_BYTES)
     except OSError as exc:
         raise FixtureError(f"cannot read NVML fixture {path}: {exc.strerror or exc}") from None
-    if len(data) > MAX_FIXTURE_BYTES:
-        raise FixtureError(f"NVML fixture {path} is larger than {MAX_FIXTURE_BYTES >> 20} MiB")
     try:
         doc = json.loads(data.decode("utf-8"))
     except UnicodeDecodeError as exc:

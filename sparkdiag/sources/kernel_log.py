@@ -18,6 +18,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkdiag.sources.files import MIB, read_text_limited
+
 KMSG_MAX_RECORDS = 200_000
 KMSG_MAX_SECONDS = 2.0
 DMESG_TIMEOUT = 3.0
@@ -49,7 +51,7 @@ def read_kernel_log(rootfs: Path) -> KernelLog:
     kmsg = rootfs / "dev" / "kmsg"
     if rootfs.resolve() != Path("/"):
         try:
-            text = kmsg.read_text(encoding="utf-8", errors="replace")
+            text = read_text_limited(kmsg, 64 * MIB)
         except OSError as exc:
             return KernelLog(None, str(kmsg), f"cannot read {kmsg}: {exc.strerror or exc}")
         return KernelLog(tuple(_message(line) for line in text.splitlines()), str(kmsg))

@@ -14,6 +14,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkdiag.sources.files import KIB, read_text_limited
+
 # ``cuda: Optional[str] = '13.0'`` (or ``= None`` for a CPU-only build) in torch/version.py.
 _TORCH_CUDA = re.compile(r"""^cuda\s*(?::[^=]*)?=\s*(?:['"]([^'"]*)['"]|None)\s*$""", re.M)
 
@@ -60,7 +62,7 @@ def torch_cuda() -> str | None:
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
     for location in locations:
         try:
-            text = (Path(location) / "version.py").read_text(encoding="utf-8")
+            text = read_text_limited(Path(location) / "version.py", 64 * KIB)
         except OSError:
             continue
         match = _TORCH_CUDA.search(text)

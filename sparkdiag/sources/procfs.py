@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from sparkdiag.sources.files import KIB, read_text_limited
+
 
 def process_names(rootfs: Path, pids: Iterable[int]) -> dict[int, str]:
     """pid -> command name, for the pids whose ``ROOT/proc/PID/comm`` is readable here.
@@ -20,9 +22,7 @@ def process_names(rootfs: Path, pids: Iterable[int]) -> dict[int, str]:
     names: dict[int, str] = {}
     for pid in pids:
         try:
-            text = (rootfs / "proc" / str(pid) / "comm").read_text(
-                encoding="utf-8", errors="replace"
-            )
+            text = read_text_limited(rootfs / "proc" / str(pid) / "comm", 4 * KIB)
         except OSError:
             continue
         if text.strip():

@@ -21,6 +21,7 @@ import re
 import time
 from pathlib import Path
 
+from sparkdiag.sources.files import KIB, read_text_limited
 from sparkdiag.telemetry.snapshot import PcieLink
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,7 @@ def classify(pci_class_hex: str) -> str:
 def _read_attr(path: Path) -> str | None:
     """One sysfs attribute, stripped; ``None`` when it is missing, unreadable or not a file."""
     try:
-        return path.read_bytes().decode("ascii", errors="replace").strip()
+        return read_text_limited(path, 4 * KIB, "ascii").strip()
     except OSError as exc:
         log.debug("cannot read %s: %s", path, exc)
         return None
