@@ -143,7 +143,15 @@ def serve(settings: Settings) -> None:
     )
     try:
         healthy = health_check(lambda: poller.latest, settings.poll_interval)
-        server = ExporterServer(address, registry, healthy, web, settings.web_max_requests)
+        server = ExporterServer(
+            address,
+            registry,
+            healthy,
+            web,
+            settings.web_max_requests,
+            max_connections=settings.web_max_connections,
+            timeout=settings.web_read_timeout,
+        )
     except OSError as exc:
         poller.gpu.stop()
         if exc.errno == errno.EADDRINUSE:
