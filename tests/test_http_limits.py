@@ -348,3 +348,28 @@ def test_tls_beyond_the_cap_of_busy_connections_is_closed(tls_web: Path) -> None
         assert server.engine.stats.refused == 1
         release.set()
         busy.join(10)
+
+
+def test_client_certificates_are_required_and_verified(tls_web: Path) -> None:
+    """client_ca_file + RequireAndVerifyClientCert hold with the handshake in start_tls."""
+    d = tls_web
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-subj", "/CN=prometheus",
+         "-keyout", str(d / "client.key"), "-out", str(d / "client.crt")],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    (d / "mtls.yml").write_text(
+        "tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n"
+        "  client_ca_file: client.crt\n  client_auth_type: RequireAndVerifyClientCert\n"
+    )
+    web = load_web_config(d / "mtls.yml")
+    with serving(web=web, timeout=2.0) as server:
+        context = ssl.create_default_context(cafile=str(d / "tls.crt"))
+        context.load_cert_chain(d / "client.crt", d / "client.key")
+        conn = http.client.HTTPSConnection("127.0.0.1", port(server), timeout=10, context=context)
+        conn.request("GET", "/healthz")
+        assert conn.getresponse().status == 200
+        conn.close()
+        with pytest.raises((ssl.SSLError, OSError)):  # no client certificate: no answer
+            https_status(server, d)
