@@ -11,6 +11,7 @@ final (no restart loop).
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
@@ -65,19 +66,32 @@ class Option:
         where = f"{origin}{self.key}"
 
         def bad(why: str) -> ConfigError:
-            return ConfigError(f"{where}: {value!r} {why}; allowed: {self.allowed()}")
+            return ConfigError(f"{where}: {echo(value)} {why}; allowed: {self.allowed()}")
 
         if value is None and self.default is None:
             return None
         if self.kind in ("float", "int"):
             if isinstance(value, bool) or not isinstance(value, (int, float, str)):
                 raise bad("is not a number")
-            try:
-                number = float(value) if self.kind == "float" else int(value)
-            except ValueError:
-                raise bad("is not a number") from None
-            if not math.isfinite(number):
-                raise bad("is not finite")
+            if isinstance(value, str):
+                text = value.strip()
+                pattern = _INTEGER if self.kind == "int" else _DECIMAL
+                if not pattern.fullmatch(text):
+                    raise bad("is not an integer" if self.kind == "int" else "is not a number")
+                value = int(text) if self.kind == "int" else float(text)
+            elif self.kind == "int" and isinstance(value, float):
+                # 0.9 is refused, not truncated to 0 (which would mean "no limit").
+                if not value.is_integer():
+                    raise bad("is not an integer")
+                value = int(value)
+            number: float = value
+            if self.kind == "float":
+                try:
+                    number = float(value)
+                except OverflowError:  # an integer beyond the float range
+                    raise bad("is out of range") from None
+                if not math.isfinite(number):
+                    raise bad("is not finite")
             if self.minimum is not None and number < self.minimum:
                 raise bad("is out of range")
             if self.maximum is not None and number > self.maximum:
@@ -313,6 +327,29 @@ OPTIONS: tuple[Option, ...] = (
         maximum=86400,
         unit="seconds",
     ),
+    Option(
+        "web.read-timeout",
+        "web_read_timeout",
+        "float",
+        10.0,
+        "Seconds a client has for each step of a connection: the TLS handshake, sending a "
+        "whole request, reading the answer; and how long an idle kept-alive connection stays "
+        "open. Slower or silent clients are disconnected.",
+        minimum=0.1,
+        maximum=3600,
+        unit="seconds",
+    ),
+    Option(
+        "web.max-connections",
+        "web_max_connections",
+        "int",
+        512,
+        "Open HTTP connections kept. At the limit a new connection closes the longest-idle "
+        "one; when none is idle it gets 503 (TLS: is closed). Keep it below the open-files "
+        "limit.",
+        minimum=1,
+        maximum=100000,
+    ),
 )
 OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
 OPTIONS_BY_ATTR = {option.attr: option for option in OPTIONS}
@@ -344,6 +381,8 @@ class Settings:
     probe_container_interval: float = DEFAULTS["probe_container_interval"]
     probe_fixture: Path | None = DEFAULTS["probe_fixture"]
     probe_first_delay: float = DEFAULTS["probe_first_delay"]
+    web_read_timeout: float = DEFAULTS["web_read_timeout"]
+    web_max_connections: int = DEFAULTS["web_max_connections"]
 
     def __post_init__(self) -> None:
         for option in OPTIONS:
@@ -358,9 +397,14 @@ assert {o.attr for o in OPTIONS} == {f.name for f in fields(Settings)}, (
 def parse_listen(value: str, where: str = "listen") -> tuple[str, int]:
     """``"127.0.0.1:10942"``, ``"[::1]:10942"`` or ``":10942"`` (all interfaces) -> (host, port)."""
     host, sep, port_text = value.rpartition(":")
-    if not sep or not port_text.isdigit():
+    if (
+        not sep
+        or not (port_text.isascii() and port_text.isdigit())
+        or not all(c.isascii() and c.isprintable() and not c.isspace() for c in host)
+    ):
         raise ConfigError(
-            f"{where}: {value!r} is not HOST:PORT; allowed: HOST:PORT, for example {DEFAULT_LISTEN}"
+            f"{where}: {echo(value)} is not HOST:PORT; allowed: HOST:PORT, "
+            f"for example {DEFAULT_LISTEN}"
         )
     port = int(port_text)
     if not 0 < port < 65536:
@@ -368,6 +412,22 @@ def parse_listen(value: str, where: str = "listen") -> tuple[str, int]:
     if host.startswith("[") and host.endswith("]"):
         host = host[1:-1]
     return host, port
+
+
+MAX_CONFIG_BYTES = 1 << 20  # a configuration is a few KiB; read no more than this
+ECHO = 80  # characters of a bad value repeated in an error message
+# Numbers given as strings (TOML "2", flags): ASCII digits only; int("٣") would be 3.
+_INTEGER = re.compile(r"[+-]?[0-9]{1,100}")
+_DECIMAL = re.compile(
+    r"[+-]?([0-9]{1,100}(\.[0-9]{0,100})?|\.[0-9]{1,100})([eE][+-]?[0-9]{1,4})?|[+-]?(inf|nan)",
+    re.IGNORECASE,
+)
+
+
+def echo(value: Any) -> str:
+    """``repr(value)`` cut to ECHO characters, for error messages."""
+    text = repr(value)
+    return text if len(text) <= ECHO else text[:ECHO] + "…"
 
 
 def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -384,19 +444,26 @@ def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def load_file(path: Path) -> dict[str, Any]:
     """Read a TOML configuration: {Settings attribute: validated value}."""
     try:
-        raw = path.read_bytes()
+        with path.open("rb") as stream:
+            raw = stream.read(MAX_CONFIG_BYTES + 1)  # /dev/zero must not fill the memory
     except OSError as exc:
         raise ConfigError(f"cannot read configuration {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; not a configuration")
     try:
-        table = tomllib.loads(raw.decode("utf-8"))
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: not valid TOML: {exc}") from None
+        flat = _flatten(tomllib.loads(raw.decode("utf-8")))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+    except ValueError as exc:  # TOMLDecodeError, or an integer of more than 4300 digits
+        raise ConfigError(f"{path}: not valid TOML: {echo(str(exc))[1:-1]}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
     values: dict[str, Any] = {}
-    for key, value in _flatten(table).items():
+    for key, value in flat.items():
         option = OPTIONS_BY_KEY.get(key)
         if option is None:
             known = ", ".join(o.key for o in OPTIONS)
-            raise ConfigError(f"{path}: {key}: unknown key; allowed keys: {known}")
+            raise ConfigError(f"{path}: {echo(key)[1:-1]}: unknown key; allowed keys: {known}")
         values[option.attr] = option.convert(value, f"{path}: ")
     return values
 
@@ -427,8 +494,12 @@ def default_config_text() -> str:
         "",
     ]
     table = ""
-    # TOML: keys of the root table come before the first [table].
-    for option in sorted(OPTIONS, key=lambda o: "." in o.key):
+    # TOML: keys of the root table come before the first [table], and each table is declared
+    # once (its keys together, tables in the order they first appear in OPTIONS).
+    first: dict[str, int] = {}
+    for index, option in enumerate(OPTIONS):
+        first.setdefault(option.key.rpartition(".")[0], index)
+    for option in sorted(OPTIONS, key=lambda o: ("." in o.key, first[o.key.rpartition(".")[0]])):
         head, _, name = option.key.rpartition(".")
         if head != table:
             lines += ["", f"[{head}]"]

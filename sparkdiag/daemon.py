@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import errno
 import logging
-import socket
 import threading
 
-from sparkdiag.config import ConfigError, Settings, parse_listen
+from sparkdiag.config import Settings, parse_listen
 from sparkdiag.exporter.http import ExporterServer, health_check
 from sparkdiag.exporter.probe import ProbeCollector
 from sparkdiag.exporter.registry import build_registry, render
@@ -81,10 +80,16 @@ def _serve(
     registry = build_registry(lambda: poller.latest, extra=[collector] if schedulers else [])
     try:
         healthy = health_check(lambda: poller.latest, settings.poll_interval)
-        server = ExporterServer(address, registry, healthy, web, settings.web_max_requests)
+        server = ExporterServer(
+            address,
+            registry,
+            healthy,
+            web,
+            settings.web_max_requests,
+            max_connections=settings.web_max_connections,
+            timeout=settings.web_read_timeout,
+        )
     except OSError as exc:
-        if isinstance(exc, socket.gaierror):  # a configuration error: a restart cannot fix it
-            raise ConfigError(f"listen: cannot resolve {address[0]!r}: {exc.strerror}") from None
         if exc.errno == errno.EADDRINUSE:
             raise StartupError(
                 f"cannot listen on {settings.listen}: the address is already in use "

@@ -119,7 +119,7 @@ def test_an_unresolvable_listen_host_is_a_configuration_error() -> None:
         env=dict(os.environ),
     )
     assert proc.returncode == 2, proc.stderr
-    assert "cannot resolve 'no-such-host.invalid'" in proc.stderr
+    assert "host 'no-such-host.invalid' does not resolve" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -15,17 +15,17 @@ Relative paths are relative to the file. Errors raise :class:`WebConfigError` na
 
 from __future__ import annotations
 
-import base64
-import hashlib
-import hmac
 import ssl
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import bcrypt
 import yaml
+
+from sparkdiag.config import echo
+from sparkdiag.exporter.basicauth import BasicAuth, hash_problem
+
+MAX_FILE_BYTES = 1 << 20  # a web config is a few hundred bytes; read no more than this
 
 _TLS_VERSIONS = {
     "TLS10": ssl.TLSVersion.TLSv1,
@@ -41,6 +41,7 @@ _CLIENT_AUTH = {
     "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
 }
 _KNOWN_TOP = {"tls_server_config", "basic_auth_users", "http_server_config"}
+_KNOWN_TLS = {"cert_file", "key_file", "min_version", "client_ca_file", "client_auth_type"}
 
 
 class WebConfigError(ValueError):
@@ -50,110 +51,115 @@ class WebConfigError(ValueError):
 @dataclass
 class WebConfig:
     ssl_context: ssl.SSLContext | None = None
-    users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash
-    _verified: dict[str, bytes] = field(default_factory=dict)  # user -> sha256(password) cache
-    _lock: threading.Lock = field(default_factory=threading.Lock)
+    users: dict[str, bytes] = field(default_factory=dict)  # user -> bcrypt hash, validated
+    auth: BasicAuth = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.auth = BasicAuth(self.users)
 
     def authorized(self, header: str | None) -> bool:
         """Check an ``Authorization: Basic ...`` header; True when no users are configured.
-
-        bcrypt is slow by design (tens of ms at cost 10); a password that verified once is
-        remembered as its SHA-256, so that Prometheus' scrape every 15 s does not pay it again.
-        """
-        if not self.users:
-            return True
-        if not header or not header.startswith("Basic "):
-            return False
-        try:
-            user, _, password = base64.b64decode(header[6:], validate=True).decode().partition(":")
-        except (ValueError, UnicodeDecodeError):
-            return False
-        stored = self.users.get(user)
-        if stored is None:
-            # Spend the same time as a real check, so a scan cannot tell users apart.
-            bcrypt.checkpw(password.encode(), _DUMMY_HASH)
-            return False
-        digest = hashlib.sha256(password.encode()).digest()
-        with self._lock:
-            cached = self._verified.get(user)
-        if cached is not None and hmac.compare_digest(cached, digest):
-            return True
-        if bcrypt.checkpw(password.encode(), stored):
-            with self._lock:
-                self._verified[user] = digest
-            return True
-        return False
-
-
-_DUMMY_HASH = bcrypt.hashpw(b"sparkdiag-no-such-user", bcrypt.gensalt(rounds=10))
+        Blocking (bcrypt); the HTTP server uses ``auth.decide`` and ``auth.verify`` instead."""
+        return self.auth.authorized(header)
 
 
 def load_web_config(path: Path) -> WebConfig:
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as stream:
+            raw = stream.read(MAX_FILE_BYTES + 1)
     except OSError as exc:
         raise WebConfigError(f"cannot read web config {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise WebConfigError(f"{path}: larger than {MAX_FILE_BYTES} bytes; not a web config")
     try:
-        doc = yaml.safe_load(text) or {}
+        doc = yaml.safe_load(raw.decode("utf-8")) or {}
+    except UnicodeDecodeError as exc:
+        raise WebConfigError(f"{path}: not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     except yaml.YAMLError as exc:
-        raise WebConfigError(f"{path}: not valid YAML: {exc}") from None
+        raise WebConfigError(f"{path}: not valid YAML: {_one_line(exc)}") from None
+    except RecursionError:
+        raise WebConfigError(f"{path}: not valid YAML: nested too deeply") from None
     if not isinstance(doc, dict):
         raise WebConfigError(f"{path}: must hold a mapping of tls_server_config, basic_auth_users")
-    unknown = sorted(set(doc) - _KNOWN_TOP)
+    unknown = sorted(str(key) for key in doc if key not in _KNOWN_TOP)
     if unknown:
         raise WebConfigError(
-            f"{path}: unknown key(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_KNOWN_TOP))}"
+            f"{path}: unknown key(s) {echo(', '.join(unknown))[1:-1]}; "
+            f"allowed: {', '.join(sorted(_KNOWN_TOP))}"
         )
-    config = WebConfig()
+    ssl_context = None
     tls = doc.get("tls_server_config")
     if tls is not None:
-        config.ssl_context = _ssl_context(path, tls)
-    users = doc.get("basic_auth_users") or {}
-    if not isinstance(users, dict):
+        ssl_context = _ssl_context(path, tls)
+    entries = doc.get("basic_auth_users") or {}
+    if not isinstance(entries, dict):
         raise WebConfigError(f"{path}: basic_auth_users must map user names to bcrypt hashes")
-    for user, hashed in users.items():
-        if not isinstance(hashed, str) or not hashed.startswith(("$2a$", "$2b$", "$2y$")):
+    users: dict[str, bytes] = {}
+    for user, hashed in entries.items():
+        name = str(user)
+        if ":" in name:
             raise WebConfigError(
-                f"{path}: basic_auth_users.{user}: not a bcrypt hash (expected $2a$, $2b$ or $2y$)"
+                f"{path}: basic_auth_users.{echo(name)}: a user name cannot contain ':'"
             )
-        config.users[str(user)] = hashed.encode()
-    return config
+        problem = hash_problem(hashed)
+        if problem is not None:
+            raise WebConfigError(
+                f"{path}: basic_auth_users.{echo(name)[1:-1]}: not a bcrypt hash ({problem}); "
+                "make one with: htpasswd -nBC 10 USER | cut -d: -f2"
+            )
+        users[name] = hashed.encode()
+    return WebConfig(ssl_context, users)
+
+
+def _one_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())[:300]
 
 
 def _ssl_context(path: Path, tls: Any) -> ssl.SSLContext:
     if not isinstance(tls, dict):
         raise WebConfigError(f"{path}: tls_server_config must be a mapping")
+    unknown = sorted(str(key) for key in tls if key not in _KNOWN_TLS)
+    if unknown:
+        # Refused rather than ignored: ignoring e.g. client_allowed_sans would accept clients
+        # the file means to keep out.
+        raise WebConfigError(
+            f"{path}: tls_server_config: key(s) {echo(', '.join(unknown))[1:-1]} not supported; "
+            f"allowed: {', '.join(sorted(_KNOWN_TLS))}"
+        )
 
     def file_key(name: str, required: bool) -> Path | None:
         value = tls.get(name)
-        if value in (None, ""):
+        if value is None or value == "":
             if required:
                 raise WebConfigError(f"{path}: tls_server_config.{name} is required")
             return None
-        candidate = Path(str(value))
+        if not isinstance(value, str) or "\0" in value:
+            raise WebConfigError(f"{path}: tls_server_config.{name} {echo(value)} is not a path")
+        candidate = Path(value)
         return candidate if candidate.is_absolute() else path.parent / candidate
 
     cert = file_key("cert_file", True)
     key = file_key("key_file", True)
     assert cert is not None and key is not None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    version = str(tls.get("min_version", "TLS12"))
-    if version not in _TLS_VERSIONS:
+    version = tls.get("min_version", "TLS12")
+    if not isinstance(version, str) or version not in _TLS_VERSIONS:
         raise WebConfigError(
-            f"{path}: tls_server_config.min_version {version!r}; allowed: "
+            f"{path}: tls_server_config.min_version {echo(version)}; allowed: "
             + ", ".join(_TLS_VERSIONS)
         )
     context.minimum_version = _TLS_VERSIONS[version]
     try:
         context.load_cert_chain(cert, key)
-    except (OSError, ssl.SSLError) as exc:
+    except (OSError, ssl.SSLError, ValueError) as exc:
         raise WebConfigError(
-            f"{path}: tls_server_config: cannot load cert_file {cert} / key_file {key}: {exc}"
+            f"{path}: tls_server_config: cannot load cert_file {echo(str(cert))} / key_file "
+            f"{echo(str(key))}: {_one_line(exc)}"
         ) from None
-    auth = str(tls.get("client_auth_type", "NoClientCert"))
-    if auth not in _CLIENT_AUTH:
+    auth = tls.get("client_auth_type", "NoClientCert")
+    if not isinstance(auth, str) or auth not in _CLIENT_AUTH:
         raise WebConfigError(
-            f"{path}: tls_server_config.client_auth_type {auth!r}; allowed: "
+            f"{path}: tls_server_config.client_auth_type {echo(auth)}; allowed: "
             + ", ".join(_CLIENT_AUTH)
         )
     context.verify_mode = _CLIENT_AUTH[auth]
@@ -163,6 +169,8 @@ def _ssl_context(path: Path, tls: Any) -> ssl.SSLContext:
     if ca is not None:
         try:
             context.load_verify_locations(cafile=ca)
-        except (OSError, ssl.SSLError) as exc:
-            raise WebConfigError(f"{path}: tls_server_config.client_ca_file {ca}: {exc}") from None
+        except (OSError, ssl.SSLError, ValueError) as exc:
+            raise WebConfigError(
+                f"{path}: tls_server_config.client_ca_file {echo(str(ca))}: {_one_line(exc)}"
+            ) from None
     return context

@@ -1,0 +1,137 @@
+"""Bad input to the configuration, the web config and the listen address: one clear line and
+exit 2, never a traceback, never an unbounded read or echo."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from sparkdiag.config import ECHO, OPTIONS_BY_KEY, ConfigError, build_settings, load_file
+from sparkdiag.exporter.webconfig import WebConfigError, load_web_config
+from tests.support import NVML
+from tests.test_cli import assert_clean_error, run_cli
+
+FIXTURE = ["--nvml-fixture", str(NVML / "h200-idle.json"), "--no-probe.enabled"]
+
+
+def toml(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "config.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    "listen", ["127.0.0.1:٣", "127.0.0.1:²", "127.0.0.1:１０９４２", "é:10942"]
+)
+def test_non_ascii_listen_values_are_refused(listen: str) -> None:
+    result = run_cli("serve", *FIXTURE, "--listen", listen)
+    assert_clean_error(result, 2, "is not HOST:PORT")
+
+
+def test_a_listen_host_that_is_no_host_name_exits_2() -> None:
+    result = run_cli("serve", *FIXTURE, "--listen", "a..b:10942")
+    assert_clean_error(result, 2, "listen: host 'a..b' is not a host name")
+
+
+def test_an_unresolvable_listen_host_exits_2() -> None:
+    try:
+        socket.getaddrinfo("sparkdiag-test.invalid", 80)
+    except socket.gaierror as exc:
+        if exc.errno != socket.EAI_NONAME:
+            pytest.skip(f"this resolver answers {exc} for .invalid")
+    else:
+        pytest.skip("this resolver resolves .invalid names")
+    result = run_cli("serve", *FIXTURE, "--listen", "sparkdiag-test.invalid:10942")
+    assert_clean_error(result, 2, "listen: host 'sparkdiag-test.invalid' does not resolve")
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[web]\nmax-requests = 0.9\n", "web.max-requests: 0.9 is not an integer"),
+        ('[web]\nmax-requests = "0.9"\n', "web.max-requests: '0.9' is not an integer"),
+        ('[web]\nmax-requests = "٣"\n', "is not an integer"),
+        ("[web]\nmax-requests = 1e5\n", "web.max-requests: 100000 is out of range"),
+        ("[web]\nmax-connections = 0\n", "web.max-connections: 0 is out of range"),
+        ("[web]\nread-timeout = 0\n", "web.read-timeout: 0 is out of range"),
+        ("poll-interval = " + "9" * 400 + "\n", "poll-interval: 999999"),
+        ("poll-interval = nan\n", "poll-interval: nan is not finite"),
+        ("a = " + "[" * 5000 + "]" * 5000 + "\n", "nested too deeply"),
+        ("a = " + "{b=" * 3000 + "1" + "}" * 3000 + "\n", "nested too deeply"),
+        ("[" + ".".join(["a"] * 3000) + "]\nx = 1\n", "nested too deeply"),
+        ("poll-interval = 1" + "0" * 5000 + "\n", "not valid TOML"),
+    ],
+)
+def test_bad_config_values(tmp_path: Path, text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_file(toml(tmp_path, text))
+    assert message in str(info.value)
+    assert len(str(info.value)) < 400 + len(str(tmp_path))
+
+
+def test_integer_options_take_integral_numbers(tmp_path: Path) -> None:
+    settings = build_settings(
+        toml(tmp_path, "[web]\nmax-requests = 2.0\nmax-connections = 9\n"), {}
+    )
+    assert settings.web_max_requests == 2 and isinstance(settings.web_max_requests, int)
+    assert settings.web_max_connections == 9
+    option = OPTIONS_BY_KEY["web.max-requests"]
+    assert option.convert(" 7 ", "") == 7
+    for bad in (0.9, "0.9", "1_0", "--5", "0x10", True, [1], "٣"):
+        with pytest.raises(ConfigError):
+            option.convert(bad, "")
+
+
+def test_integer_flag_rejects_fractions() -> None:
+    result = run_cli("serve", *FIXTURE, "--web.max-requests", "0.9")
+    assert_clean_error(result, 2, "web.max-requests")
+
+
+def test_huge_bad_values_are_echoed_in_part(tmp_path: Path) -> None:
+    huge = "x" * 100_000
+    result = run_cli("serve", *FIXTURE, "--listen", huge)
+    assert_clean_error(result, 2, "is not HOST:PORT", "'" + "x" * (ECHO - 1) + "…")
+    assert len(result.stderr) < 1000
+    with pytest.raises(ConfigError) as info:
+        load_file(toml(tmp_path, f'[probe]\nwhen = "{huge}"\n'))
+    assert len(str(info.value)) < 300 + len(str(tmp_path))
+    with pytest.raises(ConfigError) as info:
+        load_file(toml(tmp_path, f'"{huge}" = 1\n'))
+    assert len(str(info.value)) < 1000 + len(str(tmp_path))
+
+
+def test_config_from_an_endless_file_is_refused() -> None:
+    result = run_cli("serve", "--config", "/dev/zero", *FIXTURE, timeout=60)
+    assert_clean_error(result, 2, "/dev/zero: larger than 1048576 bytes")
+
+
+def test_web_config_from_an_endless_file_is_refused() -> None:
+    with pytest.raises(WebConfigError, match="larger than 1048576 bytes"):
+        load_web_config(Path("/dev/zero"))
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"\xff\xfe", "not UTF-8 text"),
+        (b"[" * 5000, "not valid YAML"),
+        (b"a: " + b"[" * 3000 + b"]" * 3000, "nested too deeply"),
+        (b"1: a\nb: c\n", "unknown key(s) 1, b"),
+        (b"tls_server_config:\n  cert_file: a\n  key_file: b\n  client_allowed_sans: [x]\n",
+         "client_allowed_sans not supported"),
+        (b"tls_server_config:\n  cert_file: [1]\n  key_file: b\n", "cert_file [1] is not a path"),
+        (b"tls_server_config:\n  cert_file: \"a\\0b\"\n  key_file: b\n", "is not a path"),
+        (b"tls_server_config:\n  cert_file: a\n  key_file: b\n  min_version: [TLS13]\n",
+         "min_version ['TLS13']"),
+        (b"basic_auth_users:\n  " + b"u" * 5000 + b": x\n", "u" * 10),
+    ],
+)  # fmt: skip
+def test_bad_web_configs(tmp_path: Path, data: bytes, message: str) -> None:
+    path = tmp_path / "web.yml"
+    path.write_bytes(data)
+    with pytest.raises(WebConfigError) as info:
+        load_web_config(path)
+    assert message in str(info.value)
+    assert len(str(info.value)) < 600 + len(str(path))
