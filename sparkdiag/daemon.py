@@ -25,10 +25,11 @@ from sparkdiag.probe.scheduler import (
 )
 from sparkdiag.probe.state import ProbeState
 from sparkdiag.sdnotify import Notifier
-from sparkdiag.sources import host
 from sparkdiag.sources.context import detect_context
+from sparkdiag.sources.dmi import read_platform
 from sparkdiag.sources.fixture import FixtureBackend
 from sparkdiag.sources.gpu import GpuSource
+from sparkdiag.sources.meminfo import read_host_memory
 from sparkdiag.sources.nvml import PynvmlBackend
 from sparkdiag.sources.nvml_api import NvmlBackend
 from sparkdiag.sources.sysfs import PcieSource
@@ -67,13 +68,15 @@ def make_poller(settings: Settings, backend: NvmlBackend | None = None) -> Polle
         log.warning("NVML answers but reports no GPU: GPU telemetry skipped")
     pcie = PcieSource(settings.sysfs)
     context = detect_context(settings.rootfs)
+    rootfs = settings.rootfs
     poller = Poller(
         gpu=gpu,
         read_pcie=pcie.read,
-        read_host=host.read_host,
+        read_host=lambda: read_host_memory(rootfs),
         context=context,
         interval=settings.poll_interval,
         pcie_interval=settings.pcie_interval,
+        platform=read_platform(settings.sysfs),
     )
     return poller
 

@@ -99,7 +99,11 @@ def check_versions(ctx: CheckContext) -> list[CheckResult]:
     else:
         torch_cuda = ctx.torch.cuda if ctx.torch else None
         origin = "installed package"
-    data = {"driver": driver_text or None, "torch": torch_version, "torch_cuda": torch_cuda}
+    data: dict[str, object] = {
+        "driver": driver_text or None,
+        "torch": torch_version,
+        "torch_cuda": torch_cuda,
+    }
     driver = parse_version(driver_text)
     if driver is None:
         return [CheckResult(NAME, "skip", "driver version unknown: NVML unavailable", data=data)]

@@ -118,6 +118,12 @@ QUERIES: Mapping[str, tuple[int, ...] | None] = {
     "clock": (0, 1, 2, 3),
     # nvmlDeviceGetMaxClockInfo -> MHz (clocks.max.sm ...)
     "max_clock": (0, 1, 2, 3),
+    # nvmlDeviceGetApplicationsClock(h, 0 graphics | 1 sm) -> MHz: the clock the GPU runs
+    # applications at unless a limit holds it lower (clocks.applications.graphics)
+    "applications_clock": (0, 1),
+    # nvmlDeviceGetDefaultApplicationsClock(h, 0 graphics | 1 sm) -> MHz: the same, as shipped
+    # (clocks.default_applications.graphics); what a healthy GPU sustains under load
+    "default_applications_clock": (0, 1),
     # nvmlDeviceGetCurrentClocksEventReasons (fallback ...ThrottleReasons) -> bitmask
     # (clocks_event_reasons.active)
     "clock_event_reasons": None,
