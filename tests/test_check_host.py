@@ -11,7 +11,7 @@ from sparkdiag.check.host_checks import check_context, check_governor, check_uni
 from sparkdiag.check.links import check_pcie_host
 from sparkdiag.check.model import CheckResult, KernelLog
 from sparkdiag.sources import cpufreq
-from sparkdiag.telemetry.snapshot import HostSample
+from sparkdiag.telemetry.snapshot import HostSample, MemoryPressure
 from tests.test_check_support import (
     NVML,
     ROOTFS,
@@ -292,6 +292,52 @@ def test_unified_memory_full_page_cache_warns_with_drop_caches() -> None:
 def test_unified_memory_low_available_warns_and_very_low_fails() -> None:
     assert _gb10(128, 25, 20, 4).startswith("warn: available 25.0 of 128.0 GB (20%)")
     assert _gb10(128, 9, 5, 3).startswith("fail: available 9.0 of 128.0 GB (7%)")
+
+
+def _spark_memory(rootfs: str) -> CheckResult:
+    """unified-memory on a GB10 whose host memory and PSI come from a fixture root."""
+    snap = poll(NVML / "gb10-idle.json", sysfs=SYSFS / "dgx-spark", rootfs=ROOTFS / rootfs)
+    return only(check_unified_memory(context(snap)))
+
+
+def test_unified_memory_of_an_idle_spark_passes() -> None:
+    r = _spark_memory("dgx-spark")
+    assert (r.status, r.finding) == (
+        "pass",
+        "available 126.5 of 130.7 GB (97%), free 121.8 GB, page cache 3.9 GB; "
+        "stalled on memory 0% (some) / 0% (full) of the last minute",
+    )
+    assert r.data["platform"] == "NVIDIA DGX Spark Founders Edition"
+
+
+def test_unified_memory_under_sustained_pressure_fails() -> None:
+    r = _spark_memory("dgx-spark-pressure")
+    assert r.status == "fail"
+    assert r.finding == (
+        "available 6.3 of 130.7 GB (5%), free 0.9 GB, page cache 2.4 GB; "
+        "stalled on memory 61% (some) / 23% (full) of the last minute"
+    )
+    assert "every task is waiting for memory" in r.action
+    assert "drop_caches" in r.action
+    assert r.data["swap_in_pages"] == 1834471.0
+
+
+def _psi(some: float, full: float) -> CheckResult:
+    memory = {"total": 128 * GB, "available": 100 * GB, "free": 90 * GB, "cached": 4 * GB}
+    host = HostSample(
+        memory_bytes=memory,
+        pressure=MemoryPressure(averages={"some": {"60s": some}, "full": {"60s": full}}),
+    )
+    snap = poll(NVML / "gb10-idle.json", sysfs=SYSFS / "dgx-spark", host=host)
+    return only(check_unified_memory(context(snap)))
+
+
+def test_unified_memory_pressure_thresholds() -> None:
+    # plenty available, but the kernel stalls on memory: PSI is what says so
+    assert _psi(0.10, 0.10).status == "fail"
+    assert _psi(0.35, 0.09).status == "warn"  # near miss of the failure: some task waits
+    assert _psi(0.10, 0.0).status == "warn"
+    assert _psi(0.09, 0.0).status == "pass"  # near miss of the warning
 
 
 def test_unified_memory_skips_on_a_dedicated_gpu_and_without_host_memory() -> None:
