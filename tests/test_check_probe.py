@@ -467,3 +467,9 @@ def test_power_under_load_is_not_judged_on_other_gpus() -> None:
     r = only(check_power_under_load(probed(poll(NVML / "h200-idle.json"))))
     assert r.status == "skip"
     assert r.finding.startswith("up to 548 W under load; the ~30 W power-safety mode is a GB10")
+
+
+def test_sm_clock_just_below_the_line_does_not_read_as_on_it() -> None:
+    status, finding, _ = _clock(NVML / "h200-idle.json", 1583e6, 0x0)  # 79.95 % of 1980 MHz
+    assert status == "fail"
+    assert finding.startswith("SM clock 1583 MHz under load (79.9% of its 1980 MHz")

@@ -217,7 +217,9 @@ def _sm_clock(ctx: CheckContext, probe: GpuProbe) -> CheckResult:
         of = f"its {of} applications clock"
         if maximum is not None and round(maximum / 1e6) != round(target / 1e6):
             of += f", max {maximum / 1e6:.0f}"
-    text = f"SM clock {observed / 1e6:.0f} MHz under load ({ratio:.0%} of {of})"
+    # 79.96 % must not read "80%" beside a failure at 80 %
+    pct = f"{ratio:.1%}" if ratio < CLOCK_FRACTION <= round(ratio, 2) else f"{ratio:.0%}"
+    text = f"SM clock {observed / 1e6:.0f} MHz under load ({pct} of {of})"
     thermal = [r for r in seen if r in FAIL_REASONS]
     if ratio >= CLOCK_FRACTION:
         if thermal:
