@@ -552,3 +552,24 @@ def test_every_scrape_is_rendered_fresh(nvml_fixture: Callable[[str], Path]) -> 
     poller.poll_once()
     assert registry.get_sample_value(name, labels) == 55.0
     assert registry.get_sample_value("sparkdiag_collector_success", {"collector": "pcie"}) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "sm_mhz", "watts"),
+    [("gb10-load", 2360, 88.0), ("gb10-slow-state", 650, 41.0), ("gb10-power-safety", 610, 24.0)],
+)
+def test_gb10_under_load_exports_what_the_slow_state_alert_compares(
+    nvml_fixture: Callable[[str], Path], name: str, sm_mhz: int, watts: float
+) -> None:
+    # poll 1 is idle, poll 2 on is the loaded state the fixture scripts
+    registry = _registry(_snapshot(nvml_fixture(name), polls=2))
+    clock = {**GB10, "clock": "sm"}
+    assert registry.get_sample_value("sparkdiag_gpu_clock_hertz", clock) == sm_mhz * 1e6
+    default = "sparkdiag_gpu_clock_default_applications_hertz"
+    assert registry.get_sample_value(default, clock) == 2418e6
+    util = {**GB10, "engine": "gpu"}
+    assert registry.get_sample_value("sparkdiag_gpu_utilization_ratio", util) == 1.0
+    assert registry.get_sample_value("sparkdiag_gpu_performance_state", GB10) == 0.0
+    assert registry.get_sample_value("sparkdiag_gpu_power_watts", GB10) == watts
+    active = _samples(registry, "sparkdiag_gpu_clock_event_active")
+    assert len(active) == 9 and set(active.values()) == {0.0}  # no reason explains the clock
