@@ -134,7 +134,7 @@ def fleet_nodes(workdir: Path) -> list[Node]:
     def node(
         instance: str,
         nvml: Path,
-        sysfs: str,
+        sysfs: str | Path,
         rootfs: str,
         probe: list[dict[str, Any]] | None,
         expected: set[str],
@@ -144,7 +144,7 @@ def fleet_nodes(workdir: Path) -> list[Node]:
         state.mkdir(parents=True)
         args = [
             "--nvml-fixture", str(nvml),
-            "--path.sysfs", str(SYSFS / sysfs),
+            "--path.sysfs", str(sysfs if isinstance(sysfs, Path) else SYSFS / sysfs),
             "--path.rootfs", str(ROOTFS / rootfs),
             "--state-dir", str(state),
             *FAST,
@@ -155,6 +155,14 @@ def fleet_nodes(workdir: Path) -> list[Node]:
             fixture = write_probe_fixture(workdir / instance / "probe.json", probe)
             args += ["--probe.fixture", str(fixture)]
         return Node(instance, tuple(args), frozenset(expected), why)
+
+    # A DGX Spark Founders Edition whose second ConnectX-7 (both functions and their root port)
+    # trained at x2: on this platform a fault (an ASUS Ascent GX10 is built that way).
+    spark_x2 = workdir / "sysfs-spark-x2"
+    shutil.copytree(SYSFS / "dgx-spark", spark_x2, symlinks=True)
+    for address in ("0002:00:00.0", "0002:01:00.0", "0002:01:00.1"):
+        width = spark_x2 / "bus" / "pci" / "devices" / address / "current_link_width"
+        width.resolve().write_text("2\n")
 
     healthy = _uuid("healthy-h200")
     thermal = _uuid("thermal-int4")
@@ -188,11 +196,25 @@ def fleet_nodes(workdir: Path) -> list[Node]:
             "idle H200, every probe healthy",
         ),
         node(
-            "lane-degraded", NVML / "gb10-idle.json", "dgx-spark", "native",
+            "lane-degraded", NVML / "gb10-idle.json", spark_x2, "dgx-spark",
             None,  # no probe document was recorded on a GB10: the probe is off on this node
             {"SparkdiagPcieLinkDegraded"},
-            "DGX Spark: the second ConnectX-7 (0002:01:00.0) and its root port (0002:00:00.0) "
-            "train at x2 of x4",
+            "DGX Spark Founders Edition: the second ConnectX-7 (0002:01:00.0/.1) and its root "
+            "port (0002:00:00.0) train at x2 of the x4 the platform is built for",
+        ),
+        node(
+            "gb10-slow-state", NVML / "gb10-slow-state.json", "asus-gx10", "dgx-spark",
+            None,
+            {"SparkdiagGpuSlowState"},
+            "ASUS Ascent GX10 in the USB-PD slow state from poll 2: busy at 650 of 2418 MHz with "
+            "no clock event reason; its second ConnectX-7 at x2 is its design (no PCIe alert)",
+        ),
+        node(
+            "gb10-memory-pressure", NVML / "gb10-idle.json", "dgx-spark", "dgx-spark-pressure",
+            None,
+            {"SparkdiagUnifiedMemoryPressure"},
+            "DGX Spark under sustained unified-memory pressure: PSI full 23 % over 60 s, "
+            "4.8 % of memory available",
         ),
         node(
             "thermal-int4", SCENARIOS / "thermal-int4.json", "h200-vm", "native",

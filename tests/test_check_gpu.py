@@ -7,6 +7,8 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from sparkdiag.check.gpu_checks import (
     check_compute_mode,
     check_gpus,
@@ -22,7 +24,13 @@ from sparkdiag.check.thermal import (
     check_gpu_temperature,
     check_memory_temperature,
 )
-from sparkdiag.check.versions import check_versions, driver_cuda, parse_version
+from sparkdiag.check.versions import (
+    MAJOR_MINIMUM,
+    TOOLKIT_DRIVERS,
+    check_versions,
+    driver_cuda,
+    parse_version,
+)
 from tests.test_check_support import (
     NVML,
     SYSFS,
@@ -114,6 +122,47 @@ def test_driver_cuda_table() -> None:
     assert driver_cuda((440, 33)) is None
     assert parse_version("580.126") == (580, 126)
     assert parse_version("n/a") is None
+
+
+def test_driver_cuda_table_rows_of_11_0_and_13_x() -> None:
+    # 11.0 GA shipped with 450.51.05; 450.80.02 is the minor-version-compatibility floor only
+    assert driver_cuda((450, 51, 5)) == (11, 0)
+    assert driver_cuda((450, 51, 4)) is None
+    assert MAJOR_MINIMUM[11] == (450, 80, 2)
+    assert driver_cuda((590, 48, 1)) == (13, 1)
+    assert driver_cuda((595, 45, 4)) == (13, 2)
+    assert driver_cuda((610, 43, 2)) == (13, 3)
+    rows = [minimum for minimum, _ in TOOLKIT_DRIVERS]
+    assert rows == sorted(rows), "the table must stay ascending"
+
+
+@pytest.mark.parametrize(
+    ("driver", "torch_cuda"),
+    [("620.12", "13.4"), ("700.1.2", "14.1"), ("615.20.03", "13.3"), ("640.0", "12.8")],
+)
+def test_a_driver_newer_than_the_table_never_warns(
+    tmp_path: Path, driver: str, torch_cuda: str
+) -> None:
+    snap = poll(nvml_fixture(tmp_path, driver_version=driver))
+    torch = TorchInfo(f"2.14.0+cu{torch_cuda.replace('.', '')}", torch_cuda, "python3")
+    r = only(check_versions(context(snap, torch=torch)))
+    assert r.status == "pass", r.finding
+    assert r.data["beyond_table"] is True
+
+
+def test_a_newer_driver_of_the_last_rows_branch_is_still_judged(tmp_path: Path) -> None:
+    # 610.x is the 13.3 branch: a torch for a later 13.x runs through minor compatibility
+    snap = poll(nvml_fixture(tmp_path, driver_version="610.60.01"))
+    torch = TorchInfo("2.14.0+cu134", "13.4", "python3")
+    r = only(check_versions(context(snap, torch=torch)))
+    assert r.status == "warn" and "minor version compatibility" in r.finding
+    assert r.data["driver_cuda"] == "13.3"
+
+
+def test_a_driver_newer_than_the_table_with_a_cpu_only_torch_still_fails(tmp_path: Path) -> None:
+    snap = poll(nvml_fixture(tmp_path, driver_version="620.12"))
+    torch = TorchInfo("2.14.0+cpu", None, "python3")
+    assert only(check_versions(context(snap, torch=torch))).status == "fail"
 
 
 def test_versions_pass_when_the_driver_supports_torch_cuda() -> None:

@@ -9,9 +9,9 @@ from pathlib import Path
 from sparkdiag.check.health import check_ecc, check_row_remap, check_xid, parse_xids
 from sparkdiag.check.host_checks import check_context, check_governor, check_unified_memory
 from sparkdiag.check.links import check_pcie_host
-from sparkdiag.check.model import KernelLog
+from sparkdiag.check.model import CheckResult, KernelLog
 from sparkdiag.sources import cpufreq
-from sparkdiag.telemetry.snapshot import HostSample
+from sparkdiag.telemetry.snapshot import HostSample, MemoryPressure
 from tests.test_check_support import (
     NVML,
     ROOTFS,
@@ -105,22 +105,89 @@ def test_parse_xids_of_kmsg_and_dmesg_lines() -> None:
 # -- host PCIe links -----------------------------------------------------------------------------
 
 
-def test_pcie_host_lane_degraded_connectx7_fails() -> None:
-    snap = poll(NVML / "gb10-idle.json", sysfs=SYSFS / "dgx-spark")
-    results = {r.finding.split()[0]: r for r in check_pcie_host(context(snap))}
-    assert set(results) == {"0000:01:00.0", "0002:01:00.0", "0004:01:00.0", "0007:01:00.0"}
-    bad = results["0002:01:00.0"]
-    assert (bad.status, bad.finding) == ("fail", "0002:01:00.0 mlx5_core x2 of x4 (Gen5)")
-    assert "firmware" in bad.action and "lspci -vv -s 0002:01:00.0" in bad.action
-    assert results["0000:01:00.0"].finding == "0000:01:00.0 mlx5_core Gen5 x4 (max)"
-    assert results["0004:01:00.0"].status == "pass"
+FE = "NVIDIA DGX Spark Founders Edition"
+
+
+def _second_cx7_at(tmp_path: Path, tree: str, lanes: int, dmi: bool = True) -> Path:
+    """A copy of a GB10 sysfs tree whose second ConnectX-7 (both functions, its root port)
+    trained at ``lanes``; without DMI when ``dmi`` is False (an unidentified machine)."""
+    root = copy_tree(SYSFS / tree, tmp_path / f"{tree}-x{lanes}")
+    for address in ("0002:00:00.0", "0002:01:00.0", "0002:01:00.1"):
+        width = root / "bus" / "pci" / "devices" / address / "current_link_width"
+        width.resolve().write_text(f"{lanes}\n")
+    if not dmi:
+        (root / "class" / "dmi" / "id").unlink()
+    return root
+
+
+def _host_links(sysfs: Path) -> dict[str, CheckResult]:
+    snap = poll(NVML / "gb10-idle.json", sysfs=sysfs)
+    return {r.finding.split()[0]: r for r in check_pcie_host(context(snap))}
+
+
+def test_pcie_host_on_a_healthy_founders_edition_passes_and_names_it() -> None:
+    results = _host_links(SYSFS / "dgx-spark")
+    assert set(results) == {
+        "0000:01:00.0", "0000:01:00.1", "0002:01:00.0", "0002:01:00.1",  # ConnectX-7
+        "0004:01:00.0", "0007:01:00.0", "0009:01:00.0",  # NVMe, 10GbE, Wi-Fi
+    }  # fmt: skip
+    assert all(r.status == "pass" for r in results.values())
+    assert (
+        results["0002:01:00.1"].finding
+        == f"0002:01:00.1 mlx5_core Gen5 x4 (max, as the {FE} is built)"
+    )
+    assert results["0002:01:00.1"].data["platform"] == FE
     assert results["0007:01:00.0"].finding == "0007:01:00.0 r8127 Gen4 x1 (max)"
+    # the Wi-Fi is a network-class device: judged like the NICs
+    assert results["0009:01:00.0"].finding == "0009:01:00.0 mt7925e Gen3 x1 (max)"
+
+
+def test_pcie_host_x2_on_a_founders_edition_is_a_fault(tmp_path: Path) -> None:
+    results = _host_links(_second_cx7_at(tmp_path, "dgx-spark", 2))
+    for address in ("0002:01:00.0", "0002:01:00.1"):
+        bad = results[address]
+        assert bad.status == "fail"
+        assert bad.finding == (
+            f"{address} mlx5_core x2 of x4 (Gen5): the {FE} trains its second ConnectX-7 root "
+            "port at x4"
+        )
+        assert "remove AC power" in bad.action and f"lspci -vv -s {address}" in bad.action
+        assert bad.data["design_width"] == 4
+    assert results["0000:01:00.0"].status == "pass"
+
+
+def test_pcie_host_x2_on_an_ascent_gx10_is_its_design(tmp_path: Path) -> None:
+    results = _host_links(SYSFS / "asus-gx10")
+    assert all(r.status == "pass" for r in results.values())
+    assert results["0002:01:00.0"].finding == (
+        "0002:01:00.0 mlx5_core Gen5 x2 of x4, as designed: the ASUS Ascent GX10 wires its second "
+        "ConnectX-7 root port with two lanes (board design, not a fault)"
+    )
+    assert results["0000:01:00.0"].finding == (
+        "0000:01:00.0 mlx5_core Gen5 x4 (max, as the ASUS Ascent GX10 is built)"
+    )
+    # narrower than the design is still a fault, on the GX10 too
+    worse = _host_links(_second_cx7_at(tmp_path, "asus-gx10", 1))["0002:01:00.0"]
+    assert worse.status == "fail"
+    assert worse.finding.endswith(
+        "the ASUS Ascent GX10 trains its second ConnectX-7 root port at x2"
+    )
+
+
+def test_pcie_host_x2_on_an_unidentified_machine_fails_without_blaming_firmware(
+    tmp_path: Path,
+) -> None:
+    bad = _host_links(_second_cx7_at(tmp_path, "dgx-spark", 2, dmi=False))["0002:01:00.0"]
+    assert (bad.status, bad.finding) == ("fail", "0002:01:00.0 mlx5_core x2 of x4 (Gen5)")
+    assert "ASUS Ascent GX10 wires its second ConnectX-7 root port x2 by design" in bad.action
+    assert "firmware fault" not in bad.action
+    assert bad.data["platform"] == "an unidentified machine (no DMI)"
 
 
 def test_pcie_host_speed_below_max_warns(tmp_path: Path) -> None:
     tree = copy_tree(SYSFS / "dgx-spark", tmp_path / "sysfs")
     nvme = tree / "bus" / "pci" / "devices" / "0004:01:00.0" / "current_link_speed"
-    nvme.resolve().write_text("16.0 GT/s PCIe\n")
+    nvme.resolve().write_text("16.0 GT/s PCIe\n")  # the Samsung PM9E1 is a Gen5 x4 drive
     snap = poll(NVML / "gb10-idle.json", sysfs=tree)
     r = next(r for r in check_pcie_host(context(snap)) if r.finding.startswith("0004:01:00.0"))
     assert (r.status, r.finding) == ("warn", "0004:01:00.0 nvme Gen4 of Gen5, x4")
@@ -225,6 +292,52 @@ def test_unified_memory_full_page_cache_warns_with_drop_caches() -> None:
 def test_unified_memory_low_available_warns_and_very_low_fails() -> None:
     assert _gb10(128, 25, 20, 4).startswith("warn: available 25.0 of 128.0 GB (20%)")
     assert _gb10(128, 9, 5, 3).startswith("fail: available 9.0 of 128.0 GB (7%)")
+
+
+def _spark_memory(rootfs: str) -> CheckResult:
+    """unified-memory on a GB10 whose host memory and PSI come from a fixture root."""
+    snap = poll(NVML / "gb10-idle.json", sysfs=SYSFS / "dgx-spark", rootfs=ROOTFS / rootfs)
+    return only(check_unified_memory(context(snap)))
+
+
+def test_unified_memory_of_an_idle_spark_passes() -> None:
+    r = _spark_memory("dgx-spark")
+    assert (r.status, r.finding) == (
+        "pass",
+        "available 126.5 of 130.7 GB (97%), free 121.8 GB, page cache 3.9 GB; "
+        "stalled on memory 0% (some) / 0% (full) of the last minute",
+    )
+    assert r.data["platform"] == "NVIDIA DGX Spark Founders Edition"
+
+
+def test_unified_memory_under_sustained_pressure_fails() -> None:
+    r = _spark_memory("dgx-spark-pressure")
+    assert r.status == "fail"
+    assert r.finding == (
+        "available 6.3 of 130.7 GB (5%), free 0.9 GB, page cache 2.4 GB; "
+        "stalled on memory 61% (some) / 23% (full) of the last minute"
+    )
+    assert "every task is waiting for memory" in r.action
+    assert "drop_caches" in r.action
+    assert r.data["swap_in_pages"] == 1834471.0
+
+
+def _psi(some: float, full: float) -> CheckResult:
+    memory = {"total": 128 * GB, "available": 100 * GB, "free": 90 * GB, "cached": 4 * GB}
+    host = HostSample(
+        memory_bytes=memory,
+        pressure=MemoryPressure(averages={"some": {"60s": some}, "full": {"60s": full}}),
+    )
+    snap = poll(NVML / "gb10-idle.json", sysfs=SYSFS / "dgx-spark", host=host)
+    return only(check_unified_memory(context(snap)))
+
+
+def test_unified_memory_pressure_thresholds() -> None:
+    # plenty available, but the kernel stalls on memory: PSI is what says so
+    assert _psi(0.10, 0.10).status == "fail"
+    assert _psi(0.35, 0.09).status == "warn"  # near miss of the failure: some task waits
+    assert _psi(0.10, 0.0).status == "warn"
+    assert _psi(0.09, 0.0).status == "pass"  # near miss of the warning
 
 
 def test_unified_memory_skips_on_a_dedicated_gpu_and_without_host_memory() -> None:

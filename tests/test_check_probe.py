@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from sparkdiag.check.gather import Sources, gather
-from sparkdiag.check.model import TorchInfo
+from sparkdiag.check.model import CheckResult, TorchInfo
+from sparkdiag.check.power import check_power_under_load
 from sparkdiag.check.probe import BASELINE_FILENAME, worker_launcher
 from sparkdiag.check.probe_checks import check_int4_decode, check_probe, check_sm_clock
 from sparkdiag.config import Settings
@@ -148,7 +149,7 @@ def _clock(
 def test_sm_clock_at_maximum_passes() -> None:
     assert _clock(NVML / "h200-idle.json", 1.932e9, 0x1)[:2] == (
         "pass",
-        "SM clock 1932 MHz under load (98% of 1980 MHz)",
+        "SM clock 1932 MHz under load (98% of its 1980 MHz applications clock)",
     )
 
 
@@ -156,28 +157,84 @@ def test_sm_clock_slow_with_no_reason_fails() -> None:
     status, finding, action = _clock(NVML / "h200-idle.json", 900e6, 0x0)
     assert status == "fail"
     assert finding == (
-        "SM clock 900 MHz under load (45% of 1980 MHz) with no clock event reason: "
+        "SM clock 900 MHz under load (45% of its 1980 MHz applications clock) with no clock "
+        "event reason: "
         "stuck in a slow state"
     )
     assert "sudo nvidia-smi -r -i 0" in action
 
 
-def test_gb10_stuck_in_a_slow_state_fails() -> None:
-    status, finding, _ = _clock(NVML / "gb10-idle.json", 850e6, 0x0)
-    assert status == "fail"
-    assert finding.startswith("SM clock 850 MHz under load (28% of 3003 MHz) with no clock event")
+def _gb10_clock(fixture: str, sysfs: str = "dgx-spark") -> CheckResult:
+    """sm-clock on a GB10 whose scripted fixture is idle at poll 1 and under load from poll 2:
+    the worker's conditions and the polls during the probe both come from the loaded state."""
+    idle = poll(NVML / fixture, sysfs=SYSFS / sysfs)
+    loaded = poll(NVML / fixture, sysfs=SYSFS / sysfs, polls=2).gpus
+    doc = probe_doc()
+    doc["conditions"].update(
+        mean_sm_clock_hertz=loaded[0].clock_hertz["sm"] * 0.97,  # the mean includes the gaps
+        clock_event_reasons_seen=loaded[0].clock_event_reasons,
+        mean_power_watts=loaded[0].power_watts,
+    )
+    return only(check_sm_clock(probed(idle, doc, load=loaded)))
+
+
+def test_healthy_gb10_at_2360_mhz_passes() -> None:
+    # judged against the 2418 MHz applications clock, no longer the 3003 MHz maximum (79 %)
+    r = _gb10_clock("gb10-load.json")
+    assert (r.status, r.finding) == (
+        "pass",
+        "SM clock 2360 MHz under load (98% of its 2418 MHz applications clock, max 3003)",
+    )
+    assert r.data["sustained_is"] == "default applications clock"
+
+
+def test_gb10_usb_pd_slow_state_fails_with_the_power_remedy() -> None:
+    r = _gb10_clock("gb10-slow-state.json")
+    assert r.status == "fail"
+    assert r.finding == (
+        "SM clock 650 MHz under load (27% of its 2418 MHz applications clock, max 3003) with no "
+        "clock event reason: the GB10 USB-PD slow state (NVIDIA DGX Spark Founders Edition)"
+    )
+    assert "remove AC power" in r.action and "USB-C power adapter" in r.action
+    assert "power the machine off" in r.action
+    assert "nvidia-smi -r -i" not in r.action  # it survives a GPU reset: not the remedy here
+    gx10 = _gb10_clock("gb10-slow-state.json", sysfs="asus-gx10")
+    assert gx10.finding.endswith("USB-PD slow state (ASUS Ascent GX10)")
+
+
+def test_sm_clock_without_an_applications_clock_is_judged_against_its_maximum(
+    tmp_path: Path,
+) -> None:
+    unsupported = {"error": "NOT_SUPPORTED"}
+    gone = {f"default_applications_clock/{d}": unsupported for d in (0, 1)}
+    snap = derived(tmp_path, "h200-idle.json", **gone)
+    doc = probe_doc()
+    doc["conditions"].update(mean_sm_clock_hertz=1.5e9, clock_event_reasons_seen=0)
+    r = only(check_sm_clock(probed(snap, doc)))
+    assert (r.status, r.finding) == (
+        "fail",
+        "SM clock 1500 MHz under load (76% of 1980 MHz) with no clock event reason: stuck in a "
+        "slow state",
+    )
+    assert r.data["sustained_is"] == "maximum"
 
 
 def test_sm_clock_slow_with_thermal_reason_fails() -> None:
     status, finding, _ = _clock(NVML / "h200-idle.json", 1.2e9, 0x21)
     assert status == "fail"
-    assert finding == "SM clock 1200 MHz under load (61% of 1980 MHz), sw_thermal_slowdown seen"
+    assert finding == (
+        "SM clock 1200 MHz under load (61% of its 1980 MHz applications clock), "
+        "sw_thermal_slowdown seen"
+    )
 
 
 def test_sm_clock_slow_with_power_cap_warns() -> None:
     status, finding, action = _clock(NVML / "h200-idle.json", 1.425e9, 0x5)
     assert status == "warn"
-    assert finding == "SM clock 1425 MHz under load (72% of 1980 MHz), power-capped at 548 of 700 W"
+    assert finding == (
+        "SM clock 1425 MHz under load (72% of its 1980 MHz applications clock), "
+        "power-capped at 548 of 700 W"
+    )
     assert "nvidia-smi -pl" in action
 
 
@@ -191,7 +248,9 @@ def test_sm_clock_uses_the_loaded_polls_too() -> None:
     loaded = poll(NVML / "h200-load.json").gpus  # 1440 MHz, utilization 100 %, sw_power_cap
     status, finding, _ = _clock(NVML / "h200-idle.json", 700e6, 0x0, load=loaded)
     assert status == "warn"
-    assert finding.startswith("SM clock 1440 MHz under load (73% of 1980 MHz), power-capped")
+    assert finding.startswith(
+        "SM clock 1440 MHz under load (73% of its 1980 MHz applications clock), power-capped"
+    )
 
 
 def test_sm_clock_not_recorded_skips() -> None:
@@ -354,3 +413,63 @@ def test_real_worker_plumbing_on_cpu(tmp_path: Path) -> None:
 def test_context_helper_defaults_are_neutral() -> None:
     ctx = context(poll(NVML / "h200-idle.json"))
     assert ctx.torch == GOOD_TORCH and ctx.probes == {}
+
+
+# -- power under load (GB10's ~30 W power-safety mode) --------------------------------------------
+
+
+def _gb10_power(fixture: str, worker_mean: float | None = None) -> CheckResult:
+    idle = poll(NVML / fixture, sysfs=SYSFS / "dgx-spark")
+    loaded = poll(NVML / fixture, sysfs=SYSFS / "dgx-spark", polls=2).gpus
+    doc = probe_doc()
+    mean = loaded[0].power_watts if worker_mean is None else worker_mean
+    doc["conditions"].update(mean_power_watts=mean)
+    return only(check_power_under_load(probed(idle, doc, load=loaded)))
+
+
+def test_gb10_in_the_power_safety_mode_fails_naming_it() -> None:
+    r = _gb10_power("gb10-power-safety.json")
+    assert r.status == "fail"
+    assert r.finding == (
+        "power never above 24 W under a full probe load: the GB10 ~30 W power-safety mode "
+        "(NVIDIA DGX Spark Founders Edition)"
+    )
+    assert "RMA" in r.action and "remove AC power" in r.action
+
+
+def test_gb10_power_under_load_passes_when_healthy_and_in_the_slow_state() -> None:
+    healthy = _gb10_power("gb10-load.json")
+    assert (healthy.status, healthy.finding) == (
+        "pass",
+        "up to 88 W under load (NVIDIA DGX Spark Founders Edition)",
+    )
+    # the USB-PD slow state keeps the power low too, but above the cap: sm-clock reports it
+    assert _gb10_power("gb10-slow-state.json").status == "pass"
+
+
+def test_gb10_power_near_the_cap(tmp_path: Path) -> None:
+    def at(watts: int) -> str:
+        path = nvml_fixture(
+            tmp_path, "gb10-power-safety.json", name=f"w{watts}.json",
+            script=[{"poll": 2, "gpu": 0, "set": {"power_mw": watts * 1000}}],
+        )  # fmt: skip
+        idle = poll(path, sysfs=SYSFS / "dgx-spark")
+        loaded = poll(path, sysfs=SYSFS / "dgx-spark", polls=2).gpus
+        doc = probe_doc()
+        doc["conditions"].update(mean_power_watts=watts - 2.0)
+        return only(check_power_under_load(probed(idle, doc, load=loaded))).status
+
+    assert at(35) == "fail"
+    assert at(36) == "pass"
+
+
+def test_power_under_load_is_not_judged_on_other_gpus() -> None:
+    r = only(check_power_under_load(probed(poll(NVML / "h200-idle.json"))))
+    assert r.status == "skip"
+    assert r.finding.startswith("up to 548 W under load; the ~30 W power-safety mode is a GB10")
+
+
+def test_sm_clock_just_below_the_line_does_not_read_as_on_it() -> None:
+    status, finding, _ = _clock(NVML / "h200-idle.json", 1583e6, 0x0)  # 79.95 % of 1980 MHz
+    assert status == "fail"
+    assert finding.startswith("SM clock 1583 MHz under load (79.9% of its 1980 MHz")

@@ -120,8 +120,12 @@ def test_record_fixture_round_trip(tmp_path: Path) -> None:
     assert "recorded 1 GPU (driver 580.159.04)" in result.stdout
     doc = json.loads(out.read_text())
     original = json.loads((NVML / "h200-idle.json").read_text())
-    assert doc["devices"] == original["devices"]
+    # the same answers; the hand-added answers' "why" is documentation, not an answer
+    assert [d["answers"] for d in doc["devices"]] == [d["answers"] for d in original["devices"]]
     assert doc["description"] == "re-recorded"
+    # the recorder asks the applications-clock queries too (the lead re-records the H200 with it)
+    answers = doc["devices"][0]["answers"]
+    assert answers["applications_clock/1"] == answers["default_applications_clock/1"] == 1980
 
 
 def test_record_fixture_without_nvml(tmp_path: Path) -> None:

@@ -37,6 +37,8 @@ DOCKER_CGROUP = "0::/docker/" + "ab" * 32 + "\n"
     ("name", "environ", "context", "runtime"),
     [
         ("native", {}, "native", "none"),
+        ("dgx-spark", {}, "native", "none"),  # native's files plus procfs memory readings
+        ("dgx-spark-pressure", {}, "native", "none"),
         ("lent-vm", {}, "native", "none"),
         ("docker", {}, "container", "docker"),
         ("podman", {}, "container", "podman"),
@@ -58,6 +60,8 @@ def test_every_fixture_root_is_covered() -> None:
     names = {path.name for path in ROOTS.iterdir() if path.is_dir()}
     assert names == {
         "native",
+        "dgx-spark",
+        "dgx-spark-pressure",
         "lent-vm",
         "docker",
         "podman",

@@ -34,7 +34,7 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 # Grafana unit ids the dashboards may use (a typo would silently show raw numbers).
 KNOWN_UNITS = {
     "none", "short", "percentunit", "celsius", "hertz", "watt", "tflops", "Bps", "s",
-    "bool_on_off",
+    "bool_on_off", "bytes",
 }  # fmt: skip
 CUSTOM_UNIT = re.compile(r"^(si|suffix|prefix):\S+$")
 BUILTIN_VARIABLES = {
@@ -50,6 +50,13 @@ PANEL_NODE = {
     # must show the ratio on the native node's dashboard too
     "Container against native": "container-gap-native",
     "XID errors": "lost-gpu",  # XID 79 before the GPU fell off the bus
+    # the width a known platform is built for: a DGX Spark (the H200 VM has no DMI)
+    "Host PCIe links (sysfs)": "lane-degraded",
+    "Platform": "gb10-slow-state",  # an ASUS Ascent GX10
+    "SM clock over its applications clock": "gb10-slow-state",
+    "Host memory (the GPU's, on unified memory)": "gb10-memory-pressure",
+    "Memory pressure (PSI, 60 s)": "gb10-memory-pressure",
+    "Swap-ins": "gb10-memory-pressure",
 }
 
 
@@ -194,6 +201,12 @@ def test_dashboards_show_what_the_contract_asks_for() -> None:
         "sparkdiag:gemm_tflops:container_over_native",
         "sparkdiag_gpu_xid_errors_total",
         "sparkdiag_gpu_ecc_errors_total",
+        "sparkdiag_platform_info",
+        "sparkdiag_gpu_clock_default_applications_hertz",
+        "sparkdiag_pcie_link_expected_width",
+        "sparkdiag_host_memory_bytes",
+        "sparkdiag_host_memory_pressure_ratio",
+        "sparkdiag_host_swap_in_pages_total",
     ):
         assert metric in exprs, metric
     (temperatures,) = [p for p in query_panels(node) if p["title"] == "Temperatures"]

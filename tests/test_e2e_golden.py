@@ -44,7 +44,7 @@ SCENARIOS = {
     "gb10-spark": [
         "--nvml-fixture", str(NVML / "gb10-idle.json"),
         "--path.sysfs", str(SYSFS / "dgx-spark"),
-        "--path.rootfs", str(ROOTFS / "native"),
+        "--path.rootfs", str(ROOTFS / "dgx-spark"),
         "--no-probe.enabled",
     ],
     "h200-x8-docker": [

@@ -13,7 +13,11 @@ The fleet, its fixtures and the expected alerts per node are defined in tests/e2
 node                        expected firing alerts
 ==========================  ===============================================================
 healthy-h200                none
-lane-degraded (GB10)        SparkdiagPcieLinkDegraded for 0002:01:00.0 and its root port
+lane-degraded (GB10)        SparkdiagPcieLinkDegraded for 0002:01:00.0/.1 and their root port
+                            (a DGX Spark Founders Edition, built for x4, at x2)
+gb10-slow-state             SparkdiagGpuSlowState (an ASUS Ascent GX10, whose x2 second
+                            ConnectX-7 is its design and fires nothing)
+gb10-memory-pressure        SparkdiagUnifiedMemoryPressure (stalls and available memory)
 thermal-int4                SparkdiagThermalInt4Degradation, SparkdiagGemmDegraded (int4),
                             SparkdiagInt4SlowerThanFp16 (1x8192x8192),
                             SparkdiagGpuMemoryTemperatureHigh, SparkdiagGpuThermalThrottling
@@ -107,10 +111,33 @@ def test_annotations_render_without_template_errors(fleet: Fleet, alerts: list[A
 def test_pcie_alert_names_the_connectx7_link_and_its_root_port(alerts: list[Alert]) -> None:
     pcie = firing(alerts, "SparkdiagPcieLinkDegraded")
     assert {(a.labels["device"], a.labels["class"], a.labels["problem"]) for a in pcie} == {
-        ("0002:01:00.0", "network", "width"),  # the second ConnectX-7 port at x2 of x4
+        ("0002:01:00.0", "network", "width"),  # the second ConnectX-7 at x2 of x4
+        ("0002:01:00.1", "network", "width"),  # its second function
         ("0002:00:00.0", "bridge", "width"),  # its root port, trained at x2 as well
     }
+    # the GX10 (gb10-slow-state) has the same x2 by design: exported, and no alert
     assert {a.instance for a in pcie} == {"lane-degraded"}
+
+
+def test_gb10_slow_state_and_memory_pressure_alerts(fleet: Fleet, alerts: list[Alert]) -> None:
+    (slow,) = firing(alerts, "SparkdiagGpuSlowState")
+    assert slow.instance == "gb10-slow-state"
+    assert slow.labels["uuid"] == "GPU-5b4c1f0e-6a2d-4e8b-9c31-0d2e7f6a9b10"
+    (rendered,) = [
+        a for a in fleet.api("alerts")["alerts"] if a["labels"]["alertname"] == slow.name
+    ]
+    assert "remove AC power" in rendered["annotations"]["description"]
+    pressure = firing(alerts, "SparkdiagUnifiedMemoryPressure")
+    assert {(a.instance, a.labels["signal"]) for a in pressure} == {
+        ("gb10-memory-pressure", "stalls"),
+        ("gb10-memory-pressure", "available"),
+    }
+    gx10 = fleet.query('sparkdiag_platform_info{instance="gb10-slow-state"}')
+    assert [s["metric"]["product"] for s in gx10] == ["GX10"]
+    design = fleet.query(
+        'sparkdiag_pcie_link_expected_width{instance="gb10-slow-state", device="0002:01:00.0"}'
+    )
+    assert [float(s["value"][1]) for s in design] == [2.0]
 
 
 def test_thermal_int4_alerts_name_int4_only(fleet: Fleet, alerts: list[Alert]) -> None:
@@ -191,7 +218,8 @@ def test_recorded_series_carry_the_node(fleet: Fleet, alerts: list[Alert]) -> No
         s["metric"]["instance"]: float(s["value"][1])
         for s in fleet.query("sparkdiag:gemm_efficiency_ratio:min_by_instance")
     }
-    # every node with a baseline: not the GB10 node (probe off), nor the lost GPU, probed once
+    # every node with a baseline: not the GB10 nodes (probe off), nor the lost GPU, probed once
     # or twice before it fell off the bus (a baseline needs three healthy runs)
-    assert set(worst) == set(fleet.targets) - {"lane-degraded", "lost-gpu"}
+    gb10 = {"lane-degraded", "gb10-slow-state", "gb10-memory-pressure"}
+    assert set(worst) == set(fleet.targets) - gb10 - {"lost-gpu"}
     assert worst["thermal-int4"] == pytest.approx(0.5, abs=0.01)

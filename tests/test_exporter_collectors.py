@@ -14,13 +14,17 @@ from prometheus_client.exposition import generate_latest
 from sparkdiag import __version__
 from sparkdiag.exporter.gpu import GpuCollector
 from sparkdiag.exporter.registry import build_registry, render
+from sparkdiag.sources.dmi import read_platform
 from sparkdiag.sources.fixture import FixtureBackend
 from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS, GpuSource
+from sparkdiag.sources.meminfo import read_host_memory
 from sparkdiag.sources.sysfs import PcieSource
 from sparkdiag.telemetry.poller import Poller
 from sparkdiag.telemetry.snapshot import ExecutionContext, HostSample, Snapshot
 
 SPARK_SYSFS = Path(__file__).parent / "fixtures" / "sysfs" / "dgx-spark"
+GX10_SYSFS = Path(__file__).parent / "fixtures" / "sysfs" / "asus-gx10"
+ROOTFS = Path(__file__).parent / "fixtures" / "rootfs"
 H200 = {"gpu": "0", "uuid": "GPU-979ad365-0b73-a0ac-74a2-3520b773d460"}
 GB10 = {"gpu": "0", "uuid": "GPU-5b4c1f0e-6a2d-4e8b-9c31-0d2e7f6a9b10"}
 NATIVE = ExecutionContext(context="native", runtime="none", evidence=("test",))
@@ -35,16 +39,19 @@ def _snapshot(
     polls: int = 1,
     excluded: frozenset[int] = frozenset(),
     context: ExecutionContext | None = NATIVE,
+    sysfs: Path = SPARK_SYSFS,
+    read_host: Callable[[], HostSample] = lambda: HOST,
 ) -> Snapshot:
     source = GpuSource(FixtureBackend(path))
     source.start()
     poller = Poller(
         source,
-        read_pcie=PcieSource(SPARK_SYSFS).read,
-        read_host=lambda: HOST,
+        read_pcie=PcieSource(sysfs).read,
+        read_host=read_host,
         context=context,
         excluded_pids=lambda: excluded,
         clock=lambda: POLL_TIME,
+        platform=read_platform(sysfs),
     )
     for _ in range(polls):
         snapshot = poller.poll_once()
@@ -97,7 +104,7 @@ def test_gb10_info(fixture_registry: Callable[..., CollectorRegistry]) -> None:
         **GB10,
         "name": "NVIDIA GB10",
         "pci_bus_id": "0000000F:01:00.0",
-        "driver_version": "580.126",
+        "driver_version": "580.126.09",
         "cuda_capability": "12.1",
         "memory_model": "unified",
     }
@@ -328,15 +335,90 @@ def test_pcie_host_links_from_spark_sysfs(
     cx7 = {"device": "0002:01:00.0", "class": "network", "driver": "mlx5_core"}
     width = "sparkdiag_pcie_link_width"
     speed = "sparkdiag_pcie_link_transfers_per_second"
-    assert registry.get_sample_value(width, {**cx7, "state": "current"}) == 2.0
+    assert registry.get_sample_value(width, {**cx7, "state": "current"}) == 4.0
     assert registry.get_sample_value(width, {**cx7, "state": "max"}) == 4.0
     assert registry.get_sample_value(speed, {**cx7, "state": "current"}) == 32e9
     assert registry.get_sample_value(speed, {**cx7, "state": "max"}) == 32e9
     gpu = {"device": "000f:01:00.0", "class": "display", "driver": "nvidia"}
-    assert registry.get_sample_value(speed, {**gpu, "state": "current"}) == 2.5e9
+    assert registry.get_sample_value(speed, {**gpu, "state": "current"}) == 32e9
+    wifi = {"device": "0009:01:00.0", "class": "network", "driver": "mt7925e"}
+    assert registry.get_sample_value(width, {**wifi, "state": "current"}) == 1.0
     devices = {dict(labels)["device"] for labels in _samples(registry, width)}
-    assert len(devices) == 10
-    assert "0009:00:00.0" not in devices  # the empty slot
+    assert len(devices) == 14
+    assert "0006:00:00.0" not in devices  # the empty root port
+
+
+def test_platform_and_the_widths_its_links_are_built_for(
+    fixture_registry: Callable[..., CollectorRegistry],
+) -> None:
+    expected = "sparkdiag_pcie_link_expected_width"
+    cx7 = {"device": "0002:01:00.0", "class": "network", "driver": "mlx5_core"}
+    port = {"device": "0002:00:00.0", "class": "bridge", "driver": "pcieport"}
+    spark = fixture_registry("gb10-idle")
+    dmi = {"vendor": "NVIDIA", "product": "NVIDIA_DGX_Spark", "board": "P4242"}
+    assert spark.get_sample_value("sparkdiag_platform_info", dmi) == 1.0
+    assert spark.get_sample_value(expected, cx7) == 4.0
+    assert spark.get_sample_value(expected, port) == 4.0
+    # only the links the platform table describes (the four ConnectX-7 functions, their ports)
+    assert len(_samples(spark, expected)) == 6
+    gx10 = fixture_registry("gb10-idle", sysfs=GX10_SYSFS)
+    dmi = {"vendor": "ASUSTeK COMPUTER INC.", "product": "GX10", "board": ""}
+    assert gx10.get_sample_value("sparkdiag_platform_info", dmi) == 1.0
+    assert gx10.get_sample_value(expected, cx7) == 2.0
+    assert gx10.get_sample_value("sparkdiag_pcie_link_width", {**cx7, "state": "current"}) == 2
+    assert gx10.get_sample_value(expected, {**cx7, "device": "0000:01:00.0"}) == 4.0
+
+
+def test_no_platform_without_dmi(fixture_registry: Callable[..., CollectorRegistry]) -> None:
+    registry = fixture_registry("h200-idle", sysfs=SPARK_SYSFS.parent / "h200-vm")
+    assert _samples(registry, "sparkdiag_platform_info") == {}
+    assert _samples(registry, "sparkdiag_pcie_link_expected_width") == {}
+
+
+def test_applications_clocks(fixture_registry: Callable[..., CollectorRegistry]) -> None:
+    apps = "sparkdiag_gpu_clock_applications_hertz"
+    default = "sparkdiag_gpu_clock_default_applications_hertz"
+    h200 = fixture_registry("h200-idle")
+    for clock in ("sm", "graphics"):
+        assert h200.get_sample_value(apps, {**H200, "clock": clock}) == 1980e6
+        assert h200.get_sample_value(default, {**H200, "clock": clock}) == 1980e6
+    gb10 = fixture_registry("gb10-idle")
+    assert gb10.get_sample_value(apps, {**GB10, "clock": "sm"}) == 2418e6
+    assert gb10.get_sample_value(default, {**GB10, "clock": "sm"}) == 2418e6
+    assert len(_samples(gb10, apps)) == 2  # sm and graphics; NVML has no memory domain here
+    clock = "sparkdiag_gpu_clock_hertz"
+    assert gb10.get_sample_value(clock, {**GB10, "clock": "memory"}) is None  # N/A on GB10
+    assert (
+        gb10.get_sample_value("sparkdiag_gpu_clock_max_hertz", {**GB10, "clock": "memory"}) is None
+    )
+    assert gb10.get_sample_value(clock, {**GB10, "clock": "sm"}) == 2418e6
+
+
+def test_memory_pressure_and_swap_ins_from_procfs(
+    fixture_registry: Callable[..., CollectorRegistry],
+) -> None:
+    registry = fixture_registry(
+        "gb10-idle", read_host=lambda: read_host_memory(ROOTFS / "dgx-spark-pressure")
+    )
+    ratio = "sparkdiag_host_memory_pressure_ratio"
+    assert registry.get_sample_value(ratio, {"kind": "full", "window": "60s"}) == 0.2306
+    assert registry.get_sample_value(ratio, {"kind": "some", "window": "10s"}) == 0.7132
+    assert len(_samples(registry, ratio)) == 6
+    stalled = "sparkdiag_host_memory_pressure_stalled_seconds_total"
+    assert registry.get_sample_value(stalled, {"kind": "full"}) == 402.118226
+    assert registry.get_sample_value("sparkdiag_host_swap_in_pages_total") == 1834471.0
+    memory = "sparkdiag_host_memory_bytes"
+    assert registry.get_sample_value(memory, {"state": "total"}) == 127600748 * 1024.0
+    assert registry.get_sample_value(memory, {"state": "available"}) == 6123520 * 1024.0
+    assert registry.get_sample_value(memory, {"state": "cached"}) == (2210344 + 180224) * 1024.0
+
+
+def test_no_pressure_series_where_the_kernel_has_no_psi(
+    fixture_registry: Callable[..., CollectorRegistry],
+) -> None:
+    registry = fixture_registry("gb10-idle")  # HOST: memory only
+    assert _samples(registry, "sparkdiag_host_memory_pressure_ratio") == {}
+    assert _samples(registry, "sparkdiag_host_swap_in_pages_total") == {}
 
 
 # ---- exporter and environment -----------------------------------------------------------------
@@ -470,3 +552,24 @@ def test_every_scrape_is_rendered_fresh(nvml_fixture: Callable[[str], Path]) -> 
     poller.poll_once()
     assert registry.get_sample_value(name, labels) == 55.0
     assert registry.get_sample_value("sparkdiag_collector_success", {"collector": "pcie"}) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "sm_mhz", "watts"),
+    [("gb10-load", 2360, 88.0), ("gb10-slow-state", 650, 41.0), ("gb10-power-safety", 610, 24.0)],
+)
+def test_gb10_under_load_exports_what_the_slow_state_alert_compares(
+    nvml_fixture: Callable[[str], Path], name: str, sm_mhz: int, watts: float
+) -> None:
+    # poll 1 is idle, poll 2 on is the loaded state the fixture scripts
+    registry = _registry(_snapshot(nvml_fixture(name), polls=2))
+    clock = {**GB10, "clock": "sm"}
+    assert registry.get_sample_value("sparkdiag_gpu_clock_hertz", clock) == sm_mhz * 1e6
+    default = "sparkdiag_gpu_clock_default_applications_hertz"
+    assert registry.get_sample_value(default, clock) == 2418e6
+    util = {**GB10, "engine": "gpu"}
+    assert registry.get_sample_value("sparkdiag_gpu_utilization_ratio", util) == 1.0
+    assert registry.get_sample_value("sparkdiag_gpu_performance_state", GB10) == 0.0
+    assert registry.get_sample_value("sparkdiag_gpu_power_watts", GB10) == watts
+    active = _samples(registry, "sparkdiag_gpu_clock_event_active")
+    assert len(active) == 9 and set(active.values()) == {0.0}  # no reason explains the clock

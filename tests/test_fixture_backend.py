@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from sparkdiag.sources.fixture import FixtureBackend, FixtureError, load_fixture
+from sparkdiag.sources.fixture import VALID_KEYS, FixtureBackend, FixtureError, load_fixture
 from sparkdiag.sources.gpu import GpuSource
 from sparkdiag.sources.nvml_api import (
     EVENT_XID_CRITICAL,
@@ -23,7 +23,17 @@ from sparkdiag.sources.nvml_api import (
 )
 from sparkdiag.sources.record import record, write_atomic
 
-ALL_FIXTURES = ["h200-idle", "h200-load", "h200-scripted", "h200-x8", "gb10-idle", "gb10-memtotal"]
+ALL_FIXTURES = [
+    "h200-idle",
+    "h200-load",
+    "h200-scripted",
+    "h200-x8",
+    "gb10-idle",
+    "gb10-memtotal",
+    "gb10-load",
+    "gb10-slow-state",
+    "gb10-power-safety",
+]
 
 
 def _answer(backend: Any, index: int, query: str, arg: int | None) -> tuple[str, Any]:
@@ -245,22 +255,25 @@ def test_fixture_error_is_a_value_error() -> None:
 def test_base_resolves_relative_to_the_fixture_directory(
     nvml_fixture: Callable[[str], Path],
 ) -> None:
-    doc = load_fixture(nvml_fixture("gb10-memtotal"))  # gb10-memtotal -> gb10-idle -> h200-idle
-    assert doc["driver_version"] == "580.126"
-    assert doc["host"] == {"memory_total": 128849018880}
+    doc = load_fixture(nvml_fixture("gb10-slow-state"))  # gb10-slow-state -> gb10-idle
+    assert doc["driver_version"] == "580.126.09"
+    assert doc["host"]["memory_total"] == 127600748 * 1024
     (device,) = doc["devices"]
     assert device["answers"]["name"] == "NVIDIA GB10"
-    assert device["answers"]["memory_info"]["total"] == 128849018880
-    assert device["answers"]["energy_mj"] == 2832762  # kept from the H200 recording
+    assert device["answers"]["energy_mj"] == 1843000  # kept from gb10-idle
+    (step,) = doc["script"]
+    assert step["set"]["clock/1"] == 650
+    doc = load_fixture(nvml_fixture("gb10-memtotal"))
+    assert doc["devices"][0]["answers"]["memory_info"]["total"] == 127600748 * 1024
 
 
 def test_query_answers_and_errors(nvml_fixture: Callable[[str], Path]) -> None:
     backend = FixtureBackend(nvml_fixture("gb10-idle"))
     backend.init()
     assert backend.device_count() == 1
-    assert backend.driver_version() == "580.126"
-    assert backend.host_memory_total() == 128849018880
-    assert backend.query(0, "clock", 1) == 345
+    assert backend.driver_version() == "580.126.09"
+    assert backend.host_memory_total() == 127600748 * 1024
+    assert backend.query(0, "clock", 1) == 2418
     assert backend.query(0, "name") == "NVIDIA GB10"
     with pytest.raises(NvmlCallError) as info:
         backend.query(0, "power_limit_mw")
@@ -435,8 +448,10 @@ def test_record_stores_errors_by_name(nvml_fixture: Callable[[str], Path]) -> No
     assert answers["temperature_threshold/1"] == {"error": "NOT_SUPPORTED"}
     assert answers["temperature_threshold/0"] == 105
     assert answers["cuda_capability"] == [12, 1]
-    assert doc["driver_version"] == "580.126"
-    assert doc["host"] == {"memory_total": 128849018880}
+    assert doc["driver_version"] == "580.126.09"
+    assert doc["host"] == {"memory_total": 127600748 * 1024}
+    assert answers["clock/2"] == answers["max_clock/2"] == {"error": "NOT_SUPPORTED"}
+    assert answers["applications_clock/1"] == answers["default_applications_clock/1"] == 2418
 
 
 def test_record_without_nvml_raises(nvml_fixture: Callable[[str], Path]) -> None:
@@ -522,3 +537,68 @@ def test_single_poll_ramp_reaches_its_end_value(write_fixture: Callable[..., Pat
     backend = FixtureBackend(path)
     _advance_to(backend, 3)
     assert backend.query(0, "temperature", 0) == 90
+
+
+# ---- the GB10 fixtures: written from public reports, every answer sourced ---------------------
+
+GB10_SCRIPTED = ("gb10-load", "gb10-slow-state", "gb10-power-safety")
+
+
+def _raw(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text(encoding="utf-8"))  # type: ignore[no-any-return]
+
+
+def test_gb10_idle_gives_a_source_for_every_answer(nvml_fixture: Callable[[str], Path]) -> None:
+    doc = _raw(nvml_fixture("gb10-idle"))
+    assert "base" not in doc  # not derived from the H200 recording any more
+    (device,) = doc["devices"]
+    assert set(device["why"]) == set(device["answers"]) == VALID_KEYS
+    assert all(device["why"][key].strip() for key in device["why"])
+    assert doc["host"]["why"]
+
+
+def test_gb10_idle_answers_as_real_sparks_report(nvml_fixture: Callable[[str], Path]) -> None:
+    backend = FixtureBackend(nvml_fixture("gb10-idle"))
+    assert backend.driver_version() == "580.126.09"
+    assert backend.host_memory_total() == 127600748 * 1024  # MemTotal 127600748 kB
+    ask = lambda query, arg=None: _answer(backend, 0, query, arg)  # noqa: E731
+    unsupported = ("error", NOT_SUPPORTED)
+    assert ask("name") == ("ok", "NVIDIA GB10")
+    assert ask("pci_bus_id") == ("ok", "0000000F:01:00.0")
+    assert ask("cuda_capability") == ("ok", [12, 1])
+    assert ask("clock", 2) == ask("max_clock", 2) == unsupported  # memory clock N/A
+    assert ask("max_clock", 1) == ("ok", 3003)
+    assert ask("applications_clock", 1) == ("ok", 2418)
+    assert ask("memory_info") == ask("power_limit_mw") == ask("mig_mode") == unsupported
+    assert ask("ecc_total", 0) == ask("ecc_total", 1) == unsupported
+    assert ask("pstate") == ("ok", 8) and ask("power_mw") == ("ok", 3000)
+
+
+@pytest.mark.parametrize("name", GB10_SCRIPTED)
+def test_gb10_failure_fixtures_say_why_for_every_scripted_answer(
+    nvml_fixture: Callable[[str], Path], name: str
+) -> None:
+    doc = _raw(nvml_fixture(name))
+    assert doc["base"] == "gb10-idle.json"
+    for step in doc["script"]:
+        assert set(step["set"]) <= set(step["why"]), name
+    backend = FixtureBackend(nvml_fixture(name))
+    _advance_to(backend, 1)
+    assert backend.query(0, "pstate") == 8  # poll 1: idle
+    _advance_to(backend, 2)
+    assert backend.query(0, "pstate") == 0  # from poll 2: under load
+    assert backend.query(0, "utilization")["gpu"] == 100
+
+
+def test_h200_answers_added_by_hand_say_so(nvml_fixture: Callable[[str], Path]) -> None:
+    added = {
+        "applications_clock/0",
+        "applications_clock/1",
+        "default_applications_clock/0",
+        "default_applications_clock/1",
+    }
+    for name in ("h200-idle", "h200-load"):
+        (device,) = _raw(nvml_fixture(name))["devices"]
+        assert set(device["why"]) == added, name
+        assert all(device["answers"][key] == 1980 for key in added)
+        assert "by hand" in device["why"]["applications_clock/0"]

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from sparkdiag.sources.fixture import FixtureBackend
-from sparkdiag.sources.gpu import GpuSource, decode_reasons
+from sparkdiag.sources.gpu import STATIC_QUERIES, GpuSource, decode_reasons
 from sparkdiag.telemetry.snapshot import GpuIdentity, GpuSample
 
 H200_UUID = "GPU-979ad365-0b73-a0ac-74a2-3520b773d460"
@@ -198,7 +198,7 @@ def test_gb10_identity_is_unified(started_source: Callable[[str], GpuSource]) ->
             uuid=GB10_UUID,
             name="NVIDIA GB10",
             pci_bus_id="0000000F:01:00.0",
-            driver_version="580.126",
+            driver_version="580.126.09",
             cuda_capability="12.1",
             memory_model="unified",
         )
@@ -221,7 +221,19 @@ def test_gb10_leaves_unsupported_values_out(started_source: Callable[[str], GpuS
     assert sample.remapped_rows == {}
     assert sample.mig_mode is None
     assert sample.performance_state == 8
-    assert sample.clock_max_hertz["sm"] == 3003e6
+    assert sample.clock_max_hertz == {"sm": 3003e6, "graphics": 3003e6}  # memory, video: N/A
+    assert sample.clock_hertz == {"sm": 2418e6, "graphics": 2418e6}
+    assert sample.clock_applications_hertz == {"sm": 2418e6, "graphics": 2418e6}
+    assert sample.clock_default_applications_hertz == {"sm": 2418e6, "graphics": 2418e6}
+
+
+def test_applications_clocks_are_read_with_the_static_fields(
+    started_source: Callable[[str], GpuSource],
+) -> None:
+    sample = _read_one(started_source("h200-idle"))
+    assert sample.clock_applications_hertz == {"sm": 1980e6, "graphics": 1980e6}
+    assert sample.clock_default_applications_hertz == {"sm": 1980e6, "graphics": 1980e6}
+    assert {"applications_clock", "default_applications_clock"} <= STATIC_QUERIES
 
 
 def test_gb10_memory_total_equal_to_host_is_still_unified(
@@ -229,8 +241,8 @@ def test_gb10_memory_total_equal_to_host_is_still_unified(
 ) -> None:
     source = started_source("gb10-memtotal")
     # The fixture really answers memory info, with the host's MemTotal as the total.
-    assert source.backend.query(0, "memory_info")["total"] == 128849018880
-    assert source.backend.host_memory_total() == 128849018880
+    assert source.backend.query(0, "memory_info")["total"] == 127600748 * 1024
+    assert source.backend.host_memory_total() == 127600748 * 1024
     assert source.identities[0].memory_model == "unified"
     sample = _read_one(source)
     assert sample.memory_bytes == {}

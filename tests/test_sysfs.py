@@ -13,6 +13,7 @@ from sparkdiag.telemetry.snapshot import PcieLink
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sysfs"
 SPARK = FIXTURES / "dgx-spark"
+GX10 = FIXTURES / "asus-gx10"
 H200_VM = FIXTURES / "h200-vm"
 GT = 1e9
 
@@ -31,18 +32,35 @@ def _link(
     )
 
 
+# The DGX Spark Founders Edition as tests/fixtures/sysfs/dgx-spark/README.txt lists it (every
+# value's source is there): ConnectX-7 as four functions at Gen5 x4 behind two 10de:22ce root
+# ports, the NVMe in domain 0004, the Realtek 10GbE and the MT7925 Wi-Fi behind Gen4 x1 root
+# ports, the GPU behind 10de:22d1. The empty Gen4 x1 root port 0006:00:00.0 is left out.
 SPARK_LINKS = (
     _link("0000:00:00.0", "bridge", "pcieport", 32e9, 4, 32e9, 4),
     _link("0000:01:00.0", "network", "mlx5_core", 32e9, 4, 32e9, 4),
-    _link("0002:00:00.0", "bridge", "pcieport", 32e9, 2, 32e9, 4),
-    _link("0002:01:00.0", "network", "mlx5_core", 32e9, 2, 32e9, 4),
+    _link("0000:01:00.1", "network", "mlx5_core", 32e9, 4, 32e9, 4),
+    _link("0002:00:00.0", "bridge", "pcieport", 32e9, 4, 32e9, 4),
+    _link("0002:01:00.0", "network", "mlx5_core", 32e9, 4, 32e9, 4),
+    _link("0002:01:00.1", "network", "mlx5_core", 32e9, 4, 32e9, 4),
     _link("0004:00:00.0", "bridge", "pcieport", 32e9, 4, 32e9, 4),
     _link("0004:01:00.0", "nvme", "nvme", 32e9, 4, 32e9, 4),
     _link("0007:00:00.0", "bridge", "pcieport", 16e9, 1, 16e9, 1),
     _link("0007:01:00.0", "network", "r8127", 16e9, 1, 16e9, 1),
-    _link("000f:00:00.0", "bridge", "pcieport", 2.5e9, 1, 2.5e9, 1),
-    _link("000f:01:00.0", "display", "nvidia", 2.5e9, 1, 2.5e9, 1),
+    _link("0009:00:00.0", "bridge", "pcieport", 8e9, 1, 16e9, 1),
+    _link("0009:01:00.0", "network", "mt7925e", 8e9, 1, 8e9, 1),
+    _link("000f:00:00.0", "bridge", "pcieport", 32e9, 4, 32e9, 4),
+    _link("000f:01:00.0", "display", "nvidia", 32e9, 4, 32e9, 4),
 )
+# The ASUS Ascent GX10: the same devices, its second ConnectX-7 root port wired x2 by design.
+_X2 = {"0002:00:00.0", "0002:01:00.0", "0002:01:00.1"}
+GX10_LINKS = tuple(
+    PcieLink(
+        link.address, link.device_class, link.driver, link.current_speed_tps,
+        link.max_speed_tps, 2 if link.address in _X2 else link.current_width, link.max_width,
+    )
+    for link in SPARK_LINKS
+)  # fmt: skip
 
 
 def _make_device(root: Path, address: str, files: dict[str, str]) -> Path:
@@ -141,34 +159,58 @@ def test_spark_tree_reads_every_link_exactly() -> None:
     assert PcieSource(SPARK).read() == SPARK_LINKS
 
 
-def test_spark_second_connectx7_endpoint_trained_at_x2() -> None:
-    links = {link.address: link for link in PcieSource(SPARK).read()}
-    cx7_b = links["0002:01:00.0"]
-    assert cx7_b.device_class == "network"
-    assert cx7_b.driver == "mlx5_core"
-    assert cx7_b.current_width == 2
-    assert cx7_b.max_width == 4
-    assert cx7_b.current_speed_tps == 32 * GT
-    assert cx7_b.max_speed_tps == 32 * GT
-    cx7_a = links["0000:01:00.0"]
-    assert (cx7_a.current_width, cx7_a.max_width) == (4, 4)
+def test_gx10_tree_is_the_spark_with_its_second_connectx7_at_x2() -> None:
+    assert PcieSource(GX10).read() == GX10_LINKS
+    links = {link.address: link for link in PcieSource(GX10).read()}
+    for address in ("0002:01:00.0", "0002:01:00.1"):
+        cx7 = links[address]
+        assert (cx7.device_class, cx7.driver) == ("network", "mlx5_core")
+        assert (cx7.current_width, cx7.max_width) == (2, 4)
+        assert cx7.current_speed_tps == cx7.max_speed_tps == 32 * GT
+    assert (links["0000:01:00.0"].current_width, links["0000:01:00.0"].max_width) == (4, 4)
 
 
-def test_spark_gpu_link_is_gen1_x1_in_sysfs() -> None:
-    gpu = read_link(SPARK / "bus" / "pci" / "devices" / "000f:01:00.0")
-    assert gpu == _link("000f:01:00.0", "display", "nvidia", 2.5e9, 1, 2.5e9, 1)
-
-
-def test_spark_skips_empty_bridge_and_linkless_device() -> None:
+def test_spark_reports_every_device_and_id_of_the_public_lspci() -> None:
     devices = SPARK / "bus" / "pci" / "devices"
-    assert (devices / "0009:00:00.0" / "current_link_width").read_text() == "0\n"
-    assert read_link(devices / "0009:00:00.0") is None  # root port of an empty slot
-    assert not (devices / "0001:00:00.0" / "current_link_speed").exists()
-    assert read_link(devices / "0001:00:00.0") is None  # no PCIe capability
+
+    def ids(address: str) -> tuple[str, str, str]:
+        return tuple(  # type: ignore[return-value]
+            (devices / address / name).read_text().strip() for name in ("vendor", "device", "class")
+        )
+
+    for address in ("0000:01:00.0", "0000:01:00.1", "0002:01:00.0", "0002:01:00.1"):
+        assert ids(address) == ("0x15b3", "0x1021", "0x020000")  # ConnectX-7
+    for address in ("0000:00:00.0", "0002:00:00.0", "0004:00:00.0"):
+        assert ids(address)[:2] == ("0x10de", "0x22ce")  # GB10 Gen5 x4 root ports
+    for address in ("0006:00:00.0", "0007:00:00.0", "0009:00:00.0"):
+        assert ids(address)[:2] == ("0x10de", "0x22d0")  # GB10 Gen4 x1 root ports
+    assert ids("000f:00:00.0")[:2] == ("0x10de", "0x22d1")
+    assert ids("0004:01:00.0") == ("0x144d", "0xa810", "0x010802")  # Samsung PM9E1
+    assert ids("0007:01:00.0") == ("0x10ec", "0x8127", "0x020000")  # Realtek, r8127
+    assert ids("0009:01:00.0") == ("0x14c3", "0x7925", "0x028000")  # MT7925 Wi-Fi, mt7925e
+    assert ids("000f:01:00.0") == ("0x10de", "0x2e12", "0x030000")  # the GPU, VGA class
+    assert sorted(os.listdir(devices)) == sorted(
+        [link.address for link in SPARK_LINKS] + ["0006:00:00.0"]
+    )
+
+
+def test_spark_wifi_is_a_network_link() -> None:
+    wifi = read_link(SPARK / "bus" / "pci" / "devices" / "0009:01:00.0")
+    assert wifi == _link("0009:01:00.0", "network", "mt7925e", 8e9, 1, 8e9, 1)
+
+
+def test_spark_skips_the_empty_root_port() -> None:
+    devices = SPARK / "bus" / "pci" / "devices"
+    assert (devices / "0006:00:00.0" / "current_link_width").read_text() == "0\n"
+    assert read_link(devices / "0006:00:00.0") is None  # Gen4 x1 root port with nothing behind
     addresses = [link.address for link in PcieSource(SPARK).read()]
-    assert "0009:00:00.0" not in addresses
-    assert "0001:00:00.0" not in addresses
-    assert len(os.listdir(devices)) == len(addresses) + 2
+    assert "0006:00:00.0" not in addresses
+    assert len(os.listdir(devices)) == len(addresses) + 1
+
+
+def test_device_without_pcie_capability_is_skipped(tmp_path: Path) -> None:
+    device = _make_device(tmp_path, "0001:00:00.0", {"class": "0x088000\n", "vendor": "0x10de\n"})
+    assert read_link(device) is None  # conventional PCI function: no link files at all
 
 
 def test_spark_tree_uses_relative_symlinks_like_sysfs() -> None:
@@ -178,7 +220,7 @@ def test_spark_tree_uses_relative_symlinks_like_sysfs() -> None:
     driver = entry / "driver"
     assert os.readlink(driver) == "../../../../bus/pci/drivers/nvme"
     assert driver.resolve() == (SPARK / "bus" / "pci" / "drivers" / "nvme").resolve()
-    for name in ("nvidia", "mlx5_core", "nvme", "r8127", "pcieport"):
+    for name in ("nvidia", "mlx5_core", "nvme", "r8127", "mt7925e", "pcieport"):
         assert (SPARK / "bus" / "pci" / "drivers" / name).is_dir()
 
 
@@ -285,7 +327,7 @@ def test_real_sys_reads_without_raising() -> None:
 def test_real_sys_uses_udev_list(monkeypatch: pytest.MonkeyPatch) -> None:
     fake = [SPARK / "bus" / "pci" / "devices" / "0002:01:00.0"]
     monkeypatch.setattr(udev, "list_pci_device_paths", lambda: fake)
-    assert PcieSource(Path("/sys")).read() == (SPARK_LINKS[3],)
+    assert PcieSource(Path("/sys")).read() == (SPARK_LINKS[4],)
 
 
 def test_real_sys_falls_back_to_listing_when_udev_fails(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,7 +5,8 @@ Each check is ``(CheckContext) -> list[CheckResult]`` and lives with its kind:
 (temperatures, clock event reasons), :mod:`~sparkdiag.check.links` (PCIe links of the GPU and
 the host), :mod:`~sparkdiag.check.health` (ECC, row remapping, XID),
 :mod:`~sparkdiag.check.host_checks` (context, governor, unified memory),
-:mod:`~sparkdiag.check.versions` and :mod:`~sparkdiag.check.probe_checks` (under load).
+:mod:`~sparkdiag.check.versions`, :mod:`~sparkdiag.check.probe_checks` and
+:mod:`~sparkdiag.check.power` (under load).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from sparkdiag.check.health import check_ecc, check_row_remap, check_xid
 from sparkdiag.check.host_checks import check_context, check_governor, check_unified_memory
 from sparkdiag.check.links import check_pcie_gpu, check_pcie_host
 from sparkdiag.check.model import CheckContext, CheckResult
+from sparkdiag.check.power import check_power_under_load
 from sparkdiag.check.probe_checks import check_int4_decode, check_probe, check_sm_clock
 from sparkdiag.check.state_checks import check_baseline_store
 from sparkdiag.check.thermal import (
@@ -60,10 +62,11 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("baseline-store", check_baseline_store),
     ("probe", check_probe),
     ("sm-clock", check_sm_clock),
+    ("power-under-load", check_power_under_load),
     ("int4-decode", check_int4_decode),
 )
 # Checks that need the GPU under load; --quick reports them as skipped.
-LOAD_CHECKS = frozenset({"probe", "sm-clock", "int4-decode"})
+LOAD_CHECKS = frozenset({"probe", "sm-clock", "power-under-load", "int4-decode"})
 
 
 def run_checks(

@@ -1,15 +1,24 @@
-"""Machine-wide checks: execution context, CPU frequency governor, unified-memory headroom."""
+"""Machine-wide checks: execution context, CPU frequency governor, unified-memory headroom and
+pressure."""
 
 from __future__ import annotations
 
 from collections import Counter
 
 from sparkdiag.check.model import CheckContext, CheckResult
+from sparkdiag.platforms import describe
 
 # Unified memory (GB10): the GPU allocates from host memory.
 UNIFIED_FAIL_AVAILABLE = 0.10
 UNIFIED_WARN_AVAILABLE = 0.25
 UNIFIED_WARN_CACHE = 0.20
+# Memory pressure (PSI, share of the last 60 s). "full" means every non-idle task was stalled
+# waiting for memory: at 10 % the machine loses a tenth of its time to reclaim and swap, the
+# thrashing that precedes the NV_ERR_NO_MEMORY hangs GB10 owners had to power-cycle (the
+# SparkdiagUnifiedMemoryPressure alert uses the same figure). "some" means at least one task
+# waited: at 10 % reclaim competes with the work being measured, so results are noisy.
+PSI_FULL_FAIL = 0.10
+PSI_SOME_WARN = 0.10
 DROP_CACHES = "sync; echo 3 | sudo tee /proc/sys/vm/drop_caches"
 GB = 1e9
 
@@ -63,7 +72,8 @@ def check_governor(ctx: CheckContext) -> list[CheckResult]:
 
 
 def check_unified_memory(ctx: CheckContext) -> list[CheckResult]:
-    """On a unified-memory GPU (GB10), host memory is GPU memory: free memory and page cache."""
+    """On a unified-memory GPU (GB10), host memory is GPU memory: available memory, page cache and
+    memory pressure (PSI)."""
     name = "unified-memory"
     unified = [g for g in ctx.gpus_up() if g.identity.memory_model == "unified"]
     if not unified:
@@ -75,17 +85,43 @@ def check_unified_memory(ctx: CheckContext) -> list[CheckResult]:
     if not total or available is None:
         return [CheckResult(name, "skip", "host memory not readable")]
     free, cached = memory.get("free"), memory.get("cached")
-    data = {"total": total, "available": available, "free": free, "cached": cached}
+    pressure = host.pressure if host is not None else None
+    some = pressure.averages.get("some", {}).get("60s") if pressure is not None else None
+    full = pressure.averages.get("full", {}).get("60s") if pressure is not None else None
+    data = {"total": total, "available": available, "free": free, "cached": cached,
+            "psi_some_60s": some, "psi_full_60s": full,
+            "swap_in_pages": host.swap_in_pages if host is not None else None,
+            "platform": describe(ctx.snapshot.platform)}  # fmt: skip
     text = f"available {available / GB:.1f} of {total / GB:.1f} GB ({available / total:.0%})"
     if free is not None:
         text += f", free {free / GB:.1f} GB"
     if cached is not None:
         text += f", page cache {cached / GB:.1f} GB"
+    if some is not None and full is not None:
+        text += f"; stalled on memory {some:.0%} (some) / {full:.0%} (full) of the last minute"
     stop = "stop what holds the memory (sustained unified-memory pressure has wedged GB10 hosts)"
+    if full is not None and full >= PSI_FULL_FAIL:
+        return [
+            CheckResult(
+                name, "fail", text,
+                f"{stop}: every task is waiting for memory; free it before benchmarking (lower "
+                f"the framework's GPU memory share or batch size), then {DROP_CACHES}",
+                data=data,
+            )
+        ]  # fmt: skip
     if available < UNIFIED_FAIL_AVAILABLE * total:
         return [CheckResult(name, "fail", text, f"{stop}, then {DROP_CACHES}", data=data)]
     if available < UNIFIED_WARN_AVAILABLE * total:
         return [CheckResult(name, "warn", text, f"{stop}, then {DROP_CACHES}", data=data)]
+    if some is not None and some >= PSI_SOME_WARN:
+        return [
+            CheckResult(
+                name, "warn", text,
+                "the kernel is reclaiming memory while work runs (results will be noisy): "
+                f"find what grows (ps -eo rss,comm --sort=-rss | head), then {DROP_CACHES}",
+                data=data,
+            )
+        ]  # fmt: skip
     if cached is not None and cached >= UNIFIED_WARN_CACHE * total:
         return [
             CheckResult(

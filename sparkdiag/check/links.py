@@ -1,11 +1,14 @@
 """PCIe links: the GPU's (from NVML, checked under load) and the host's NIC and NVMe links (from
-sysfs)."""
+sysfs), the latter against what the platform is built for where sparkdiag knows the machine
+(:mod:`sparkdiag.platforms`: an ASUS Ascent GX10's second ConnectX-7 at x2 is its design, the
+same x2 on a DGX Spark Founders Edition is a fault)."""
 
 from __future__ import annotations
 
 from sparkdiag.check.gpu_checks import per_gpu
 from sparkdiag.check.model import CheckContext, CheckResult
 from sparkdiag.check.model import gpu_index as _idx
+from sparkdiag.platforms import Platform, describe, identify
 from sparkdiag.telemetry.snapshot import GpuSample, PcieLink
 
 HOST_CLASSES = ("network", "nvme")
@@ -94,8 +97,9 @@ def _speed(tps: float | None) -> str:
     return f"Gen{gen}" if gen is not None else f"{tps / 1e9:g} GT/s"
 
 
-def _link_result(link: PcieLink) -> CheckResult:
+def _link_result(link: PcieLink, platform: Platform | None, machine: str) -> CheckResult:
     label = f"{link.address} {link.driver or link.device_class}"
+    design = platform.design(link.address) if platform is not None else None
     data = {
         "address": link.address,
         "class": link.device_class,
@@ -104,18 +108,36 @@ def _link_result(link: PcieLink) -> CheckResult:
         "max_speed_tps": link.max_speed_tps,
         "width": link.current_width,
         "max_width": link.max_width,
+        "platform": machine,
+        "design_width": design.width if design is not None else None,
     }
-    if link.driver == "mlx5_core":
+    lspci = f"sudo lspci -vv -s {link.address} shows LnkCap against LnkSta"
+    if design is not None:
         fix = (
-            "update the system firmware (a DGX Spark firmware fault trains the second ConnectX-7 "
-            "endpoint at x2), cold-boot, reseat the card where it is socketed"
+            f"the {machine} is built to train its {design.what} at x{design.width}: power the "
+            "machine off, remove AC power for a minute and start it again; update the OS and "
+            "the system firmware; if it stays narrower, contact the vendor's support"
+        )
+    elif link.driver == "mlx5_core":
+        fix = (
+            f"{machine}: check how this board wires the ConnectX-7 (the ASUS Ascent GX10 wires "
+            "its second ConnectX-7 root port x2 by design); otherwise cold-boot (remove AC "
+            "power), update the system firmware and reseat the card where it is socketed"
         )
     else:
         fix = "reseat the device / check its slot, the BIOS PCIe settings and its firmware"
-    action = f"{fix}; sudo lspci -vv -s {link.address} shows LnkCap against LnkSta"
+    action = f"{fix}; {lspci}"
     cur_w, max_w = link.current_width, link.max_width
     cur_s, max_s = link.current_speed_tps, link.max_speed_tps
-    if cur_w is not None and max_w is not None and cur_w < max_w:
+    if design is not None and cur_w is not None and cur_w < design.width:
+        return CheckResult(
+            "pcie-host", "fail",
+            f"{label} x{cur_w} of x{max_w or design.width} ({_speed(cur_s)}): the {machine} "
+            f"trains its {design.what} at x{design.width}",
+            action, data=data,
+        )  # fmt: skip
+    by_design = design is not None and cur_w is not None and max_w is not None and cur_w < max_w
+    if not by_design and cur_w is not None and max_w is not None and cur_w < max_w:
         return CheckResult("pcie-host", "fail", f"{label} x{cur_w} of x{max_w} ({_speed(cur_s)})",
                            action, data=data)  # fmt: skip
     width = f"x{cur_w}" if cur_w is not None else "width unknown"
@@ -127,12 +149,24 @@ def _link_result(link: PcieLink) -> CheckResult:
         )  # fmt: skip
     if cur_w is None and cur_s is None:
         return CheckResult("pcie-host", "skip", f"{label}: link not readable", data=data)
-    return CheckResult("pcie-host", "pass", f"{label} {_speed(cur_s)} {width} (max)", data=data)
+    if by_design:
+        assert design is not None
+        why = design.note or design.what
+        return CheckResult(
+            "pcie-host", "pass", f"{label} {_speed(cur_s)} {width} of x{max_w}, as designed: {why}",
+            data=data,
+        )  # fmt: skip
+    built = f", as the {machine} is built" if design is not None else ""
+    return CheckResult("pcie-host", "pass", f"{label} {_speed(cur_s)} {width} (max{built})",
+                       data=data)  # fmt: skip
 
 
 def check_pcie_host(ctx: CheckContext) -> list[CheckResult]:
-    """Each NIC and NVMe link at its maximum width (else fail) and speed (else warn)."""
+    """Each NIC and NVMe link at its maximum width (else fail) and speed (else warn); on a known
+    platform, at the width its board is built for (narrower fails, the design passes)."""
     links = [link for link in ctx.snapshot.pcie_links if link.device_class in HOST_CLASSES]
     if not links:
         return [CheckResult("pcie-host", "skip", "no NIC or NVMe PCIe link found in sysfs")]
-    return [_link_result(link) for link in links]
+    platform = identify(ctx.snapshot.platform)
+    machine = describe(ctx.snapshot.platform)
+    return [_link_result(link, platform, machine) for link in links]

@@ -7,7 +7,10 @@ major than the driver's cannot use the GPU at all.
 
 Sources: NVIDIA CUDA Toolkit release notes, "CUDA Toolkit and Corresponding Driver Versions"
 (Linux x86_64 minimum driver of each toolkit's GA release), and the CUDA Compatibility guide,
-"Minor Version Compatibility" (CUDA 13.x needs a driver >= 580, 12.x >= 525, 11.x >= 450).
+"Minor Version Compatibility" (CUDA 13.x needs a driver >= 580, 12.x >= 525, 11.x >= 450.80.02).
+
+A driver from a branch newer than the table's last row is not judged against the table: the
+CUDA it shipped with is not known here, and guessing would warn about a healthy machine.
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ import re
 from sparkdiag.check.model import CheckContext, CheckResult
 from sparkdiag.probe.document import Software
 
-# (minimum Linux driver, CUDA toolkit it shipped with), ascending.
+# (minimum Linux driver, CUDA toolkit it shipped with), ascending. The minimum is the GA
+# release's driver (11.0 GA: 450.51.05; 450.80.02 is the floor for minor version compatibility,
+# kept in MAJOR_MINIMUM below, not the driver 11.0 shipped with).
 TOOLKIT_DRIVERS: tuple[tuple[tuple[int, ...], tuple[int, int]], ...] = (
-    ((450, 80, 2), (11, 0)),
+    ((450, 51, 5), (11, 0)),
     ((455, 23), (11, 1)),
     ((460, 27, 3), (11, 2)),
     ((465, 19, 1), (11, 3)),
@@ -39,6 +44,10 @@ TOOLKIT_DRIVERS: tuple[tuple[tuple[int, ...], tuple[int, int]], ...] = (
     ((575, 51, 3), (12, 9)),
     ((580, 65, 6), (13, 0)),
     ((590, 44, 1), (13, 1)),
+    ((595, 45, 4), (13, 2)),
+    # 13.3: from secondary sources (distribution package lists and driver release announcements
+    # naming 610.43.02 with CUDA 13.3), not yet checked against NVIDIA's own table.
+    ((610, 43, 2), (13, 3)),
 )
 # Minimum driver for minor version compatibility within a CUDA major.
 MAJOR_MINIMUM: dict[int, tuple[int, ...]] = {11: (450, 80, 2), 12: (525, 60, 13), 13: (580,)}
@@ -52,6 +61,12 @@ def parse_version(text: str | None) -> tuple[int, ...] | None:
         return None
     match = re.match(r"^\s*(\d+(?:\.\d+)*)", text)
     return tuple(int(p) for p in match.group(1).split(".")) if match else None
+
+
+def beyond_table(driver: tuple[int, ...]) -> bool:
+    """True for a driver from a branch newer than the table's last row (``620.x`` when the last
+    row is 610.43.02): the CUDA it shipped with is not known here."""
+    return bool(driver) and driver[0] > TOOLKIT_DRIVERS[-1][0][0]
 
 
 def driver_cuda(driver: tuple[int, ...]) -> tuple[int, int] | None:
@@ -81,15 +96,27 @@ def check_versions(ctx: CheckContext) -> list[CheckResult]:
     else:
         torch_cuda = ctx.torch.cuda if ctx.torch else None
         origin = "installed package"
-    data = {"driver": driver_text or None, "torch": torch_version, "torch_cuda": torch_cuda}
+    data: dict[str, object] = {
+        "driver": driver_text or None,
+        "torch": torch_version,
+        "torch_cuda": torch_cuda,
+    }
     driver = parse_version(driver_text)
     if driver is None:
         return [CheckResult(NAME, "skip", "driver version unknown: NVML unavailable", data=data)]
     supported = driver_cuda(driver)
     data["driver_cuda"] = None if supported is None else _show(supported)
-    driver_part = f"driver {driver_text}" + (
-        f" (CUDA ≤ {_show(supported)})" if supported else " (older than CUDA 11)"
-    )
+    newer = beyond_table(driver)
+    data["beyond_table"] = newer
+    if newer:
+        driver_part = (
+            f"driver {driver_text} (a branch newer than sparkdiag's table, which ends at "
+            f"CUDA {_show(TOOLKIT_DRIVERS[-1][1])})"
+        )
+    else:
+        driver_part = f"driver {driver_text}" + (
+            f" (CUDA ≤ {_show(supported)})" if supported else " (older than CUDA 11)"
+        )
     if not torch_version:
         python = ctx.torch.python if ctx.torch else "this Python"
         return [
@@ -125,6 +152,12 @@ def check_versions(ctx: CheckContext) -> list[CheckResult]:
     major_min = MAJOR_MINIMUM.get(wanted[0])
     if supported is not None and wanted[:2] <= supported:
         return [CheckResult(NAME, "pass", f"{driver_part} supports {torch_part}", data=data)]
+    if newer:
+        # Not known here, so not judged: a warning would be a guess about a newer driver.
+        return [
+            CheckResult(NAME, "pass", f"{driver_part} is taken to support {torch_part}",
+                        data=data)
+        ]  # fmt: skip
     if major_min is not None and driver < major_min:
         return [
             CheckResult(

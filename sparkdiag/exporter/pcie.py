@@ -1,4 +1,5 @@
-"""Host PCIe links read from sysfs: ``sparkdiag_pcie_link_*``."""
+"""Host PCIe links read from sysfs: ``sparkdiag_pcie_link_*``, and on a known platform the width
+each link is built for (:mod:`sparkdiag.platforms`)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Iterator
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from sparkdiag.exporter.base import SnapshotProvider
+from sparkdiag.platforms import identify
 
 LABELS = ["device", "class", "driver", "state"]
 
@@ -29,8 +31,18 @@ class PcieCollector:
             "PCIe link width in lanes, current and maximum.",
             labels=LABELS,
         )
+        expected = GaugeMetricFamily(
+            "sparkdiag_pcie_link_expected_width",
+            "Lanes this platform's board is built to train the link at (present only where "
+            "sparkdiag knows the platform); a link at this width or wider is as designed.",
+            labels=LABELS[:3],
+        )
+        platform = identify(snap.platform)
         for link in snap.pcie_links:
             base = [link.address, link.device_class, link.driver]
+            design = platform.design(link.address) if platform is not None else None
+            if design is not None:
+                expected.add_metric(base, design.width)
             for state, value in (("current", link.current_speed_tps), ("max", link.max_speed_tps)):
                 if value is not None:
                     speed.add_metric([*base, state], value)
@@ -39,3 +51,4 @@ class PcieCollector:
                     width.add_metric([*base, state], lanes)
         yield speed
         yield width
+        yield expected

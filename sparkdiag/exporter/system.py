@@ -5,10 +5,11 @@ from __future__ import annotations
 import platform
 from collections.abc import Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from sparkdiag import __version__
 from sparkdiag.exporter.base import SnapshotProvider
+from sparkdiag.telemetry.snapshot import HostSample
 
 
 class SystemCollector:
@@ -58,6 +59,16 @@ class SystemCollector:
             ctx.add_metric([snap.context.context, snap.context.runtime], 1)
             yield ctx
 
+        if snap.platform is not None:
+            platform_info = GaugeMetricFamily(
+                "sparkdiag_platform_info",
+                "The machine as DMI names it (sys_vendor, product_name, board_name); value is 1.",
+                labels=["vendor", "product", "board"],
+            )
+            dmi = snap.platform
+            platform_info.add_metric([dmi.vendor, dmi.product, dmi.board], 1)
+            yield platform_info
+
         if snap.host is not None and snap.host.memory_bytes:
             mem = GaugeMetricFamily(
                 "sparkdiag_host_memory_bytes",
@@ -68,9 +79,42 @@ class SystemCollector:
             for state, value in sorted(snap.host.memory_bytes.items()):
                 mem.add_metric([state], value)
             yield mem
+        if snap.host is not None:
+            yield from _pressure(snap.host)
 
         yield GaugeMetricFamily(
             "sparkdiag_last_poll_timestamp_seconds",
             "Unix time of the telemetry poll this scrape renders.",
             value=snap.timestamp,
+        )
+
+
+def _pressure(host: HostSample) -> Iterator[Metric]:
+    """Memory pressure (PSI) and swap-ins: on unified memory (GB10) these say the GPU's memory is
+    short before allocations fail."""
+    if host.pressure is not None:
+        ratio = GaugeMetricFamily(
+            "sparkdiag_host_memory_pressure_ratio",
+            "Share of wall time tasks were stalled waiting for memory (PSI, "
+            "/proc/pressure/memory), over the kernel's 10, 60 and 300 s windows: some = at least "
+            "one task, full = all non-idle tasks.",
+            labels=["kind", "window"],
+        )
+        for kind, windows in sorted(host.pressure.averages.items()):
+            for window, value in sorted(windows.items(), key=lambda kv: int(kv[0][:-1])):
+                ratio.add_metric([kind, window], value)
+        yield ratio
+        stalled = CounterMetricFamily(
+            "sparkdiag_host_memory_pressure_stalled_seconds",
+            "Time tasks were stalled waiting for memory since boot (PSI total), by kind.",
+            labels=["kind"],
+        )
+        for kind, seconds in sorted(host.pressure.stalled_seconds.items()):
+            stalled.add_metric([kind], seconds)
+        yield stalled
+    if host.swap_in_pages is not None:
+        yield CounterMetricFamily(
+            "sparkdiag_host_swap_in_pages",
+            "Pages swapped in since boot (pswpin of /proc/vmstat); its rate is vmstat's si.",
+            value=host.swap_in_pages,
         )

@@ -96,9 +96,9 @@ _DGX_SPARK_PAGE = (
     'the sparsity feature" (2025), https://www.nvidia.com/en-us/products/workstations/dgx-spark/'
 )
 _SPARK_MAMF = (
-    "Public DGX Spark write-ups of measured maximum achievable matmul FLOPS (2025), "
-    "as collected in sparkdiag's design notes (shared/CONTEXT.md, 'The problem'); "
-    "the original write-up was not located"
+    "StorageReview, NVIDIA DGX Spark review (2025): mamf-finder run on a DGX Spark, "
+    "bf16 99.8 and fp8 207.7 TFLOPS, https://www.storagereview.com (the review's exact page "
+    "address was not located from here)"
 )
 
 _HALVED = "half of the datasheet's with-sparsity figure of {sparse:g}"

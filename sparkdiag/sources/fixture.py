@@ -8,13 +8,14 @@ A fixture is a JSON document (format ``sparkdiag-nvml-fixture/1``)::
       "base": "h200-idle.json",            # optional: start from another fixture (relative path)
       "nvml": {"error": "LIBRARY_NOT_FOUND"},  # optional: NVML unavailable altogether
       "driver_version": "580.159.04",
-      "host": {"memory_total": 135089500160},
+      "host": {"memory_total": 135089500160, "why": "where the figure comes from"},
       "devices": [
-        {"answers": {"name": "NVIDIA H200", "clock/1": 1980, "fan": {"error": "NOT_SUPPORTED"}}},
+        {"answers": {"name": "NVIDIA H200", "clock/1": 1980, "fan": {"error": "NOT_SUPPORTED"}},
+         "why": {"clock/1": "where an answer written by hand comes from"}},
         {"from": 0, "set": {"uuid": "GPU-..."}, "why": {"uuid": "a second device"}}
       ],
       "script": [
-        {"poll": 5, "gpu": 0, "set": {"clock_event_reasons": 32}},
+        {"poll": 5, "gpu": 0, "set": {"clock_event_reasons": 32}, "why": {...}},
         {"poll": [3, 10], "gpu": 0, "ramp": {"memory_temperature": [60, 95]}},
         {"poll": 8, "gpu": 0, "event": {"type": 8, "data": 79}},
         {"poll": 20, "gpu": 0, "lost": true}
@@ -24,7 +25,9 @@ A fixture is a JSON document (format ``sparkdiag-nvml-fixture/1``)::
 Answers are keyed as :func:`sparkdiag.sources.nvml_api.answer_key` builds them; an answer of
 ``{"error": NAME}`` raises that NVML error; a query with no answer is NOT_SUPPORTED. Derived
 devices (``from``) copy a device of the base and ``set`` answers over it, with a ``why`` per
-change so that each difference from the recording is documented in the file.
+change so that each difference from the recording is documented in the file. ``why`` (on a
+device, a script step or ``host``) is documentation only: the loader ignores it, and a fixture
+written by hand from public reports (``gb10-idle.json``) gives one for every answer.
 
 Scripted steps take effect at the poll they name (the first poll is 1) and stay in effect; a ramp
 moves linearly from its first value at the first poll to its last at the last poll, then holds
@@ -138,7 +141,8 @@ def load_fixture(path: Path, _depth: int = 0) -> dict[str, Any]:
 
     host = doc.get("host", {})
     if not isinstance(host, dict) or not all(
-        k == "memory_total" and isinstance(v, int) and not isinstance(v, bool) and v > 0
+        (k == "memory_total" and isinstance(v, int) and not isinstance(v, bool) and v > 0)
+        or (k == "why" and isinstance(v, str))
         for k, v in host.items()
     ):
         raise FixtureError(

@@ -35,6 +35,7 @@ log = logging.getLogger(__name__)
 MHZ = 1e6
 THRESHOLDS = {0: "shutdown", 1: "slowdown", 2: "memory_max", 3: "gpu_max"}
 CLOCKS = {0: "graphics", 1: "sm", 2: "memory", 3: "video"}
+APPLICATION_CLOCKS = {0: "graphics", 1: "sm"}  # the domains the applications clock is read for
 POLICIES = {
     0: "power",
     1: "thermal",
@@ -93,6 +94,8 @@ STATIC_QUERIES = frozenset(
     {
         "temperature_threshold",
         "max_clock",
+        "applications_clock",
+        "default_applications_clock",
         "supported_clock_event_reasons",
         "pcie_max_gen",
         "pcie_max_width",
@@ -272,6 +275,15 @@ class GpuSource:
         max_clocks = _positive(
             _scaled({name: ask("max_clock", k) for k, name in CLOCKS.items()}, MHZ)
         )
+        app_clocks = _positive(
+            _scaled({n: ask("applications_clock", k) for k, n in APPLICATION_CLOCKS.items()}, MHZ)
+        )
+        default_app_clocks = _positive(
+            _scaled(
+                {n: ask("default_applications_clock", k) for k, n in APPLICATION_CLOCKS.items()},
+                MHZ,
+            )
+        )
         violations = _scaled({name: ask("violation_ns", k) for k, name in POLICIES.items()}, 1e-9)
 
         util = ask("utilization")
@@ -315,6 +327,8 @@ class GpuSource:
             threshold_celsius=thresholds,
             clock_hertz=clocks,
             clock_max_hertz=max_clocks,
+            clock_applications_hertz=app_clocks,
+            clock_default_applications_hertz=default_app_clocks,
             clock_event_reasons=_int(ask("clock_event_reasons")),
             supported_clock_event_reasons=_int(ask("supported_clock_event_reasons")),
             violation_seconds=violations,

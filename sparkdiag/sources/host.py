@@ -1,12 +1,14 @@
-"""Host readings through psutil: the only module that imports ``psutil``."""
+"""Host readings through psutil: the only module that imports ``psutil``.
+
+Host memory for the exporter and the checks is read from procfs under ``--path.rootfs``
+(:mod:`sparkdiag.sources.meminfo`), so that a fixture root can stand in for the machine.
+"""
 
 from __future__ import annotations
 
 import os
 
 import psutil
-
-from sparkdiag.telemetry.snapshot import HostSample
 
 
 def memory_total() -> int | None:
@@ -15,20 +17,6 @@ def memory_total() -> int | None:
         return int(psutil.virtual_memory().total)
     except (OSError, RuntimeError):
         return None
-
-
-def read_host() -> HostSample:
-    """Host memory in bytes (``free -b``): total, available, free, and page cache (``cached``).
-
-    On a unified-memory machine (GB10) this memory is also the GPU's, so available memory and
-    page cache are GPU health signals there.
-    """
-    vm = psutil.virtual_memory()
-    values = {"total": float(vm.total), "available": float(vm.available), "free": float(vm.free)}
-    cached = getattr(vm, "cached", None)
-    if cached is not None:
-        values["cached"] = float(cached)
-    return HostSample(memory_bytes=values)
 
 
 def process_resources(pid: int | None = None) -> tuple[float, float]:

@@ -197,6 +197,8 @@ class PynvmlBackend:
             "temperature_threshold": with_arg(nv.nvmlDeviceGetTemperatureThreshold),
             "clock": with_arg(nv.nvmlDeviceGetClockInfo),
             "max_clock": with_arg(nv.nvmlDeviceGetMaxClockInfo),
+            "applications_clock": with_arg(nv.nvmlDeviceGetApplicationsClock),
+            "default_applications_clock": with_arg(nv.nvmlDeviceGetDefaultApplicationsClock),
             "clock_event_reasons": reasons,
             "supported_clock_event_reasons": supported_reasons,
             "violation_ns": violation,

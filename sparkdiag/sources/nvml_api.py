@@ -119,6 +119,12 @@ QUERIES: Mapping[str, tuple[int, ...] | None] = {
     "clock": (0, 1, 2, 3),
     # nvmlDeviceGetMaxClockInfo -> MHz (clocks.max.sm ...)
     "max_clock": (0, 1, 2, 3),
+    # nvmlDeviceGetApplicationsClock(h, 0 graphics | 1 sm) -> MHz: the clock the GPU runs
+    # applications at unless a limit holds it lower (clocks.applications.graphics)
+    "applications_clock": (0, 1),
+    # nvmlDeviceGetDefaultApplicationsClock(h, 0 graphics | 1 sm) -> MHz: the same, as shipped
+    # (clocks.default_applications.graphics); what a healthy GPU sustains under load
+    "default_applications_clock": (0, 1),
     # nvmlDeviceGetCurrentClocksEventReasons (fallback ...ThrottleReasons) -> bitmask
     # (clocks_event_reasons.active)
     "clock_event_reasons": None,
@@ -201,6 +207,8 @@ ANSWER_SHAPES: Mapping[str, str] = {
     "compute_mode": "number",
     "mig_mode": "numbers:2",
     "supported_event_types": "number",
+    "applications_clock": "number",
+    "default_applications_clock": "number",
 }
 
 

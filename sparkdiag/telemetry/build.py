@@ -9,10 +9,11 @@ from __future__ import annotations
 import logging
 
 from sparkdiag.config import Settings
-from sparkdiag.sources import host
 from sparkdiag.sources.backends import make_backend
 from sparkdiag.sources.context import detect_context
+from sparkdiag.sources.dmi import read_platform
 from sparkdiag.sources.gpu import GpuSource
+from sparkdiag.sources.meminfo import read_host_memory
 from sparkdiag.sources.nvml_api import NvmlBackend
 from sparkdiag.sources.sysfs import PcieSource
 from sparkdiag.telemetry.poller import Poller
@@ -35,11 +36,13 @@ def build_poller(settings: Settings, backend: NvmlBackend | None = None) -> Poll
         )
     elif not gpu.identities:
         log.warning("NVML answers but reports no GPU: GPU telemetry skipped")
+    rootfs = settings.rootfs
     return Poller(
         gpu=gpu,
         read_pcie=PcieSource(settings.sysfs).read,
-        read_host=host.read_host,
-        context=detect_context(settings.rootfs),
+        read_host=lambda: read_host_memory(rootfs),
+        context=detect_context(rootfs),
         interval=settings.poll_interval,
         pcie_interval=settings.pcie_interval,
+        platform=read_platform(settings.sysfs),
     )

@@ -20,6 +20,7 @@ from sparkdiag.telemetry.snapshot import (
     GpuSample,
     HostSample,
     PcieLink,
+    PlatformIdentity,
     Snapshot,
     XidCounts,
 )
@@ -40,6 +41,7 @@ class Poller:
         pcie_interval: float = 10.0,
         excluded_pids: Callable[[], frozenset[int]] = frozenset,
         clock: Callable[[], float] = time.time,
+        platform: PlatformIdentity | None = None,
     ) -> None:
         self.gpu = gpu
         self.read_pcie = read_pcie
@@ -49,6 +51,7 @@ class Poller:
         self.pcie_interval = pcie_interval
         self.excluded_pids = excluded_pids
         self.clock = clock
+        self.platform = platform
         self.latest: Snapshot | None = None
         self.poll_count = 0
         self._xid_counts: dict[tuple[int, int], int] = {}
@@ -119,6 +122,7 @@ class Poller:
             host=host,
             collectors=MappingProxyType(statuses),
             excluded_pids=self.excluded_pids(),
+            platform=self.platform,
         )
         self.latest = snapshot
         for fn in self._listeners:

@@ -39,6 +39,10 @@ class GpuSample:
         default_factory=dict
     )  # "sm", "memory", "graphics", "video"
     clock_max_hertz: Mapping[str, float] = field(default_factory=dict)
+    # "graphics", "sm": the applications clock (what the GPU runs work at unless a limit holds
+    # it lower) and its default; GB10: 2418 MHz of a 3003 MHz maximum
+    clock_applications_hertz: Mapping[str, float] = field(default_factory=dict)
+    clock_default_applications_hertz: Mapping[str, float] = field(default_factory=dict)
     clock_event_reasons: int | None = None  # raw NVML bitmask
     supported_clock_event_reasons: int | None = None
     violation_seconds: Mapping[str, float] = field(
@@ -104,12 +108,40 @@ class ExecutionContext:
 
 
 @dataclass(frozen=True)
+class PlatformIdentity:
+    """The machine as DMI names it (``cat /sys/class/dmi/id/{sys_vendor,product_name,board_name}``);
+    ``""`` where a string is not readable."""
+
+    vendor: str  # "NVIDIA", "ASUSTeK COMPUTER INC."
+    product: str  # "NVIDIA_DGX_Spark", "GX10"
+    board: str  # "P4242"
+
+
+@dataclass(frozen=True)
+class MemoryPressure:
+    """Memory pressure stall information (``cat /proc/pressure/memory``).
+
+    ``some``: at least one task was stalled waiting for memory; ``full``: every non-idle task was.
+    """
+
+    # "some"/"full" -> window ("10s", "60s", "300s") -> share of wall time stalled, 0..1
+    averages: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    # "some"/"full" -> stall time since boot, seconds
+    stalled_seconds: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class HostSample:
-    """Host memory, read through psutil (``free -b``)."""
+    """Host memory from procfs (``free -b``), swap-ins and memory pressure.
+
+    On a unified-memory GPU (GB10) this memory is the GPU's memory too.
+    """
 
     memory_bytes: Mapping[str, float] = field(
         default_factory=dict
     )  # "total", "available", "free", "cached"
+    swap_in_pages: float | None = None  # pswpin of /proc/vmstat: pages swapped in since boot
+    pressure: MemoryPressure | None = None  # None where the kernel has no PSI
 
 
 @dataclass(frozen=True)
@@ -134,3 +166,4 @@ class Snapshot:
     host: HostSample | None
     collectors: Mapping[str, CollectorStatus]
     excluded_pids: frozenset[int] = frozenset()  # sparkdiag's own probe workers
+    platform: PlatformIdentity | None = None  # DMI identity, read once at start; None without DMI

@@ -35,6 +35,14 @@ FIELDS = {
     "clocks.mem": (lambda g: _mhz(g.clock_hertz.get("memory")), ("rel", 0.05)),
     "clocks.gr": (lambda g: _mhz(g.clock_hertz.get("graphics")), ("rel", 0.05)),
     "clocks.max.sm": (lambda g: _mhz(g.clock_max_hertz.get("sm")), ("rel", 0.05)),
+    "clocks.applications.graphics": (
+        lambda g: _mhz(g.clock_applications_hertz.get("graphics")),
+        ("exact", 0),
+    ),
+    "clocks.default_applications.graphics": (
+        lambda g: _mhz(g.clock_default_applications_hertz.get("graphics")),
+        ("exact", 0),
+    ),
     "power.draw": (lambda g: g.power_watts, ("rel", 0.05)),
     "enforced.power.limit": (lambda g: g.power_limit_watts, ("rel", 0.05)),
     "pcie.link.gen.current": (lambda g: g.pcie_generation.get("current"), ("exact", 0)),

@@ -1,0 +1,116 @@
+"""Host memory and memory pressure read from procfs, under a configurable root (``--path.rootfs``)::
+
+    ROOT/proc/meminfo          MemTotal, MemAvailable, MemFree, Cached, SReclaimable (kB)
+    ROOT/proc/vmstat           pswpin: pages swapped in since boot
+    ROOT/proc/pressure/memory  PSI: "some avg10=0.00 avg60=0.00 avg300=0.00 total=0" and "full ..."
+
+On a unified-memory machine (GB10) this memory is also the GPU's: the page cache competes with
+CUDA allocations and sustained pressure has wedged hosts, so these are GPU health signals there.
+Point the root at a fake tree (``tests/fixtures/rootfs/dgx-spark``) to run without the machine.
+A file that is missing or garbled leaves its readings out; only a root that does not exist
+raises (a mistyped ``--path.rootfs`` shows as a failed collector, not as an empty machine).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from sparkdiag.telemetry.snapshot import HostSample, MemoryPressure
+
+KIB = 1024.0
+_PSI_LINE = re.compile(r"^(some|full)\s+(.*)$")
+_PSI_FIELD = re.compile(r"^(avg10|avg60|avg300|total)=(\d+(?:\.\d+)?)$")
+_WINDOWS = {"avg10": "10s", "avg60": "60s", "avg300": "300s"}
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="ascii", errors="replace")
+    except OSError:
+        return None
+
+
+def parse_meminfo(text: str) -> dict[str, float]:
+    """Host memory in bytes from ``/proc/meminfo`` text: ``total``, ``available``, ``free`` and
+    ``cached`` (Cached + SReclaimable, as ``free`` and psutil count the page cache).
+
+    Unit: bytes. Same reading as ``free -b`` (total, free, available; buff/cache less Buffers).
+    A field the text lacks is left out; ``cached`` needs ``Cached``.
+    """
+    kb: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        fields = rest.split()
+        if fields and fields[0].isdigit():
+            kb[name.strip()] = float(fields[0])
+    out: dict[str, float] = {}
+    for key, name in (("total", "MemTotal"), ("available", "MemAvailable"), ("free", "MemFree")):
+        if name in kb:
+            out[key] = kb[name] * KIB
+    if "Cached" in kb:
+        out["cached"] = (kb["Cached"] + kb.get("SReclaimable", 0.0)) * KIB
+    return out
+
+
+def parse_swap_in(text: str) -> float | None:
+    """Pages swapped in since boot: ``pswpin`` of ``/proc/vmstat``.
+
+    Unit: pages (the kernel's page size). Same reading as ``grep pswpin /proc/vmstat``;
+    ``vmstat 1``'s ``si`` column is its rate. None when the field is missing.
+    """
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[0] == "pswpin" and fields[1].isdigit():
+            return float(fields[1])
+    return None
+
+
+def parse_pressure(text: str) -> MemoryPressure | None:
+    """PSI of ``/proc/pressure/memory``: for ``some`` (at least one task stalled on memory) and
+    ``full`` (every non-idle task stalled), the share of the last 10, 60 and 300 s, and the total
+    stall time since boot.
+
+    Units: ratios 0..1 (the kernel prints percent), seconds (it prints microseconds). Same
+    reading as ``cat /proc/pressure/memory``. None when no line parses (a kernel without PSI,
+    or PSI disabled with ``psi=0``: the file is then missing or unreadable).
+    """
+    averages: dict[str, dict[str, float]] = {}
+    stalled: dict[str, float] = {}
+    for line in text.splitlines():
+        match = _PSI_LINE.match(line.strip())
+        if match is None:
+            continue
+        kind = match.group(1)
+        for field in match.group(2).split():
+            parsed = _PSI_FIELD.match(field)
+            if parsed is None:
+                continue
+            name, value = parsed.group(1), float(parsed.group(2))
+            if name == "total":
+                stalled[kind] = value / 1e6
+            else:
+                averages.setdefault(kind, {})[_WINDOWS[name]] = value / 100.0
+    if not averages and not stalled:
+        return None
+    return MemoryPressure(averages=averages, stalled_seconds=stalled)
+
+
+def read_host_memory(rootfs: Path) -> HostSample:
+    """Host memory, swap-in counter and memory pressure under ``rootfs`` (see the module).
+
+    Units: bytes, pages, ratios 0..1 and seconds. Same readings as ``free -b``,
+    ``grep pswpin /proc/vmstat`` and ``cat /proc/pressure/memory``. Raises FileNotFoundError
+    when ``rootfs`` is not a directory.
+    """
+    if not rootfs.is_dir():
+        raise FileNotFoundError(f"rootfs {rootfs} is not a directory")
+    proc = rootfs / "proc"
+    meminfo = _read(proc / "meminfo")
+    vmstat = _read(proc / "vmstat")
+    pressure = _read(proc / "pressure" / "memory")
+    return HostSample(
+        memory_bytes=parse_meminfo(meminfo) if meminfo is not None else {},
+        swap_in_pages=parse_swap_in(vmstat) if vmstat is not None else None,
+        pressure=parse_pressure(pressure) if pressure is not None else None,
+    )
