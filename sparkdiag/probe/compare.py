@@ -23,6 +23,7 @@ The container command is an argument list and is never given to a shell.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import shutil
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from sparkdiag.probe.engine import guards, run_guarded
 from sparkdiag.probe.runner import ProbeCycle, run_worker
 from sparkdiag.sources.gpu import decode_reasons
 
@@ -142,7 +144,9 @@ sys.exit(code)
 _IMAGE_MISSING = re.compile(
     r"pull access denied|manifest unknown|no such image|repository does not exist|"
     r"image not known|failed to resolve reference|name unknown|could not open image|"
-    r"requested access to the resource is denied|unable to find image.*\n?.*(?:not found|denied)",
+    r"requested access to the resource is denied|unable to find image.*\n?.*(?:not found|denied)|"
+    # podman when the pull itself fails (no registry reachable): the image is not here
+    r"initializing source docker://",
     re.I,
 )
 _IMAGE_NAME = (
@@ -152,6 +156,7 @@ _IMAGE_NAME = (
     re.compile(r"no such image: (\S+)", re.I),
     re.compile(r"Error: (\S+): image not known", re.I),
     re.compile(r"could not open image (\S+?):", re.I),
+    re.compile(r"initializing source docker://(\S+?): ", re.I),
 )
 _PULLING = re.compile(r"unable to find image|pulling from|pulling fs layer|trying to pull", re.I)
 _NO_TORCH = re.compile(r"No module named '?torch'?|cannot import torch", re.I)
@@ -571,13 +576,9 @@ def compare(
                     if "--device" in container_args:
                         device = container_args[container_args.index("--device") + 1]
                         progress(f"both sides probe {device} (the device native chose)")
-                cycle = _run(
-                    (sys.executable, "-I", "-c", _RELAY, *container_cmd),
-                    container_args,
-                    True,
-                    timeout,
-                    kill_grace,
-                )
+                relayed = functools.partial(_relayed, container_args, timeout, kill_grace)
+                # a container that outlives a timed-out cycle is killed
+                cycle = run_guarded(container_cmd, relayed)
                 command = container_cmd
             cycles.append(
                 Cycle(
@@ -645,6 +646,13 @@ def _run(
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
         raise
+
+
+def _relayed(
+    args: Sequence[str], timeout: float, kill_grace: float, container: Sequence[str]
+) -> ProbeCycle:
+    """The container side: its command behind the relay (see ``_RELAY``)."""
+    return _run((sys.executable, "-I", "-c", _RELAY, *container), args, True, timeout, kill_grace)
 
 
 def _has_option(args: Sequence[str], name: str) -> bool:
@@ -721,7 +729,9 @@ def diagnose(
                     f"; {runtime} was still pulling the image: pull it first"
                     f" ({_pull_hint(runtime, _image_name(stderr, command))}) or raise --timeout"
                 )
-            if runtime in _DOCKER_LIKE:
+            if guards(command):
+                message += f" and the container stopped ({runtime} kill)"
+            elif runtime in _DOCKER_LIKE:
                 message += (
                     f" (the engine may keep the container running: check '{runtime} ps'"
                     " and run with --rm)"

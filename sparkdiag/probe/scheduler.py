@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from sparkdiag.probe.baseline import BaselineStore
+from sparkdiag.probe.engine import run_guarded
 from sparkdiag.probe.evaluate import evaluate
 from sparkdiag.probe.runner import ProbeCycle, classify, run_worker
 from sparkdiag.probe.state import CycleRecord, ProbeState
@@ -73,7 +74,10 @@ class ContainerLauncher:
 
     def __call__(self, gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle:
         args = ["--device", f"cuda:{gpu.identity.index}", *self.args]
-        return run_worker(self.command, args, self.timeout, stdin_script=True, on_start=on_start)
+        return run_guarded(  # a container that outlives a timed-out cycle is killed
+            self.command,
+            lambda argv: run_worker(argv, args, self.timeout, stdin_script=True, on_start=on_start),
+        )
 
 
 class FixtureLauncher:
