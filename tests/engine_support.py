@@ -10,7 +10,8 @@ the build, installed with ``--no-index``).
 Images are tagged by what they are made of (package list; Containerfile, source tree and build
 arguments), so a second test run on the same machine reuses them; within a run each is built at
 most once (the session object below memoises). Images of ours older than an hour and not
-current are removed at the start of a session (an image still used by a container is kept).
+current, and the untagged build stages that podman keeps, are removed at the start of a session
+(an image still used by a container is kept).
 
 Without podman, mmdebstrap or root the tests that need them skip, saying why; with CI=true they
 fail instead (``.ci/run`` installs the packages).
@@ -202,7 +203,10 @@ class Images:
         return self._built["systemd"]
 
     def _prune(self) -> None:
-        """Remove our images that are neither recent nor in use (best effort)."""
+        """Remove our images that are neither recent nor in use (best effort), and the
+        untagged build stages that podman build keeps (they carry our label)."""
+        podman("image", "prune", "--force", "--filter", f"label={LABEL}=1",
+               "--filter", f"until={STALE_AFTER_SECONDS}s", check=False)  # fmt: skip
         listing = podman(
             "images", "--format", "json", "--filter", f"reference={REPO}-*", check=False
         )
