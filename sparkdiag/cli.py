@@ -127,30 +127,15 @@ def config_check(file: Path) -> None:
     click.echo(f"{file}: ok (listen {settings.listen}, poll every {settings.poll_interval:g} s)")
 
 
-@main.command("assets")
-@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--force", is_flag=True, help="Overwrite files that already exist.")
-def assets(directory: Path, force: bool) -> None:
-    """Write the shipped Prometheus rules, Grafana dashboards and provisioning files, the
-    systemd unit and a commented default config.toml into DIRECTORY (for pip installs)."""
-    from sparkdiag.assets import write_assets
-
-    try:
-        written = write_assets(directory, force)
-    except (FileExistsError, OSError) as exc:
-        raise click.ClickException(str(exc)) from None
-    for path in written:
-        click.echo(path)
-
-
 def _register() -> None:
+    from sparkdiag.assets_command import assets
     from sparkdiag.check.command import check
     from sparkdiag.probe.commands.baseline import baseline
     from sparkdiag.probe.commands.bench import bench
     from sparkdiag.probe.commands.probe import probe
     from sparkdiag.probe.compare.command import compare
 
-    for command in (check, probe, bench, compare, baseline):
+    for command in (check, probe, bench, compare, baseline, assets):
         main.add_command(command)
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from sparkdiag.sources.fixture import FORMAT, FixtureBackend
 from sparkdiag.sources.gpu import GpuSource
+from tests.engine_support import Images, require_engine
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NVML_FIXTURES = FIXTURES / "nvml"
@@ -65,3 +66,11 @@ def write_fixture(tmp_path: Path) -> Callable[..., Path]:
         return path
 
     return write
+
+
+@pytest.fixture(scope="session")
+def images(tmp_path_factory: pytest.TempPathFactory) -> Images:
+    """The container images of this run (podman), each built on first use and then shared;
+    skips (fails in CI) without podman, mmdebstrap or root."""
+    require_engine()
+    return Images(tmp_path_factory.mktemp("images"))

@@ -18,6 +18,7 @@ from typing import Any
 
 from sparkdiag.probe.compare.model import Comparison, Failure, FailureKind, Role, figures
 from sparkdiag.probe.document import WorkerDocument
+from sparkdiag.probe.engine import guards
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.sources.gpu import THROTTLE_REASONS
 
@@ -28,7 +29,9 @@ _DOCKER_LIKE = ("docker", "podman", "nerdctl")
 _IMAGE_MISSING = re.compile(
     r"pull access denied|manifest unknown|no such image|repository does not exist|"
     r"image not known|failed to resolve reference|name unknown|could not open image|"
-    r"requested access to the resource is denied|unable to find image.*\n?.*(?:not found|denied)",
+    r"requested access to the resource is denied|unable to find image.*\n?.*(?:not found|denied)|"
+    # podman when the pull itself fails (no registry reachable): the image is not here
+    r"initializing source docker://",
     re.I,
 )
 _IMAGE_NAME = (
@@ -38,6 +41,7 @@ _IMAGE_NAME = (
     re.compile(r"no such image: (\S+)", re.I),
     re.compile(r"Error: (\S+): image not known", re.I),
     re.compile(r"could not open image (\S+?):", re.I),
+    re.compile(r"initializing source docker://(\S+?): ", re.I),
 )
 _PULLING = re.compile(r"unable to find image|pulling from|pulling fs layer|trying to pull", re.I)
 _NO_TORCH = re.compile(r"No module named '?torch'?|cannot import torch", re.I)
@@ -115,7 +119,9 @@ def diagnose(
                     f" ({_pull_hint(runtime, _image_name(stderr, command))})"
                     " or raise --probe.timeout"
                 )
-            if runtime in _DOCKER_LIKE:
+            if guards(command):
+                message += f" and the container stopped ({runtime} kill)"
+            elif runtime in _DOCKER_LIKE:
                 message += (
                     f" (the engine may keep the container running: check '{runtime} ps'"
                     " and run with --rm)"

@@ -33,6 +33,7 @@ from sparkdiag.probe.compare.model import (
     figures,
 )
 from sparkdiag.probe.document import SCHEMA, WorkerDocument
+from sparkdiag.probe.engine import run_guarded
 from sparkdiag.probe.request import DEFAULT_REQUEST, WorkerRequest
 from sparkdiag.probe.runner import DEFAULT_TIMEOUT, ProbeCycle, ProbeResult, run_worker
 
@@ -129,16 +130,21 @@ def run_in_container(
     on_start: Callable[[int], None] | None = None,
 ) -> ProbeCycle:
     """One worker cycle inside the container: its source on standard input, through the relay
-    that keeps only the worker's document on standard output."""
-    relay = (sys.executable, "-I", "-c", _RELAY, SCHEMA, *container_command(command))
-    return run_worker(
-        relay,
-        request,
-        timeout=timeout,
-        stdin_script=True,
-        kill_grace=kill_grace,
-        on_start=on_start,
-    )
+    that keeps only the worker's document on standard output; a container that outlives an
+    abandoned cycle is stopped (engine.run_guarded)."""
+
+    def relayed(argv: Sequence[str]) -> ProbeCycle:
+        relay = (sys.executable, "-I", "-c", _RELAY, SCHEMA, *argv)
+        return run_worker(
+            relay,
+            request,
+            timeout=timeout,
+            stdin_script=True,
+            kill_grace=kill_grace,
+            on_start=on_start,
+        )
+
+    return run_guarded(container_command(command), relayed)
 
 
 def container_cycle(

@@ -1,0 +1,114 @@
+"""``sparkdiag assets``: write the shipped ops files, or Kubernetes manifests, into a folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from sparkdiag.kubernetes import (
+    DEFAULT_IMAGE,
+    DEFAULT_NAMESPACE,
+    DEFAULT_RUNTIME_CLASS,
+    KubernetesOptions,
+    ManifestError,
+    parse_labels,
+    write_manifests,
+)
+
+_KUBERNETES_ONLY = ("namespace", "image", "label", "host_pid", "runtime_class")
+
+
+@click.command("assets")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--force", is_flag=True, help="Overwrite files that already exist.")
+@click.option(
+    "--kubernetes",
+    is_flag=True,
+    help="Write Kubernetes manifests instead: DaemonSet, Service, ServiceMonitor, "
+    "PrometheusRule and Grafana dashboard ConfigMaps (apply with kubectl apply -f DIRECTORY).",
+)
+@click.option(
+    "--namespace",
+    default=None,
+    metavar="NAME",
+    help=f"Namespace of the manifests [default: {DEFAULT_NAMESPACE}].",
+)
+@click.option(
+    "--image",
+    default=None,
+    metavar="IMAGE",
+    help=f"sparkdiag image built from the Containerfile and pushed where the nodes pull from "
+    f"[default: {DEFAULT_IMAGE}].",
+)
+@click.option(
+    "--label",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Extra label on every object, repeatable; kube-prometheus-stack selects "
+    "ServiceMonitors and PrometheusRules by release=<its Helm release>.",
+)
+@click.option(
+    "--host-pid",
+    is_flag=True,
+    default=None,
+    help="Run in the host's PID namespace, so that GPU processes (host PIDs in NVML) are "
+    "told apart from the probe worker.",
+)
+@click.option(
+    "--runtime-class",
+    default=None,
+    metavar="NAME",
+    help=f"RuntimeClass that hands the node's GPUs to the pod; '' for the node's default "
+    f"runtime [default: {DEFAULT_RUNTIME_CLASS}, as the GPU Operator installs it].",
+)
+def assets(
+    directory: Path,
+    force: bool,
+    kubernetes: bool,
+    namespace: str | None,
+    image: str | None,
+    label: tuple[str, ...],
+    host_pid: bool | None,
+    runtime_class: str | None,
+) -> None:
+    """Write the shipped Prometheus rules, Grafana dashboards and provisioning files, the
+    systemd unit and a commented default config.toml into DIRECTORY (for pip installs); with
+    --kubernetes, the Kubernetes manifests instead."""
+    given = {
+        "namespace": namespace,
+        "image": image,
+        "label": label or None,
+        "host_pid": host_pid,
+        "runtime_class": runtime_class,
+    }
+    if not kubernetes:
+        extra = [name for name in _KUBERNETES_ONLY if given[name] is not None]
+        if extra:
+            flag = "--" + extra[0].replace("_", "-")
+            raise click.UsageError(f"{flag} applies to Kubernetes manifests: add --kubernetes")
+        from sparkdiag.assets import write_assets
+
+        try:
+            written = write_assets(directory, force)
+        except (FileExistsError, OSError) as exc:
+            raise click.ClickException(str(exc)) from None
+    else:
+        try:
+            options = KubernetesOptions(
+                namespace=namespace or DEFAULT_NAMESPACE,
+                image=image or DEFAULT_IMAGE,
+                labels=parse_labels(label),
+                host_pid=bool(host_pid),
+                runtime_class=DEFAULT_RUNTIME_CLASS
+                if runtime_class is None
+                else runtime_class or None,
+            )
+        except ManifestError as exc:
+            raise click.UsageError(str(exc)) from None
+        try:
+            written = write_manifests(directory, options, force)
+        except (FileExistsError, OSError) as exc:
+            raise click.ClickException(str(exc)) from None
+    for path in written:
+        click.echo(path)
