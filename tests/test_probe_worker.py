@@ -254,16 +254,16 @@ def test_relative_error_catches_a_wrong_result(w: ModuleType) -> None:
     bad[3] *= 1.1  # one wrong row is enough
     err = w.max_row_relative_error(torch, bad.to(torch.bfloat16), ref)
     assert err == pytest.approx(0.1, rel=0.05)
-    assert not w.within_bound(err, w.ERROR_BOUNDS["bf16"])
+    assert not w.within_bound(err, w.DTYPES["bf16"].error_bound)
     good = w.max_row_relative_error(torch, ref.to(torch.bfloat16), ref)
-    assert w.within_bound(good, w.ERROR_BOUNDS["bf16"])
+    assert w.within_bound(good, w.DTYPES["bf16"].error_bound)
     nan = ref.clone()
     nan[0, 0] = math.nan
     assert w.max_row_relative_error(torch, nan, ref) == math.inf
     assert not w.within_bound(math.nan, 1.0)
     assert not w.within_bound(None, 1.0)
-    assert w.within_bound(0.0, w.ERROR_BOUNDS["int8"])
-    assert not w.within_bound(1e-9, w.ERROR_BOUNDS["int8"])
+    assert w.within_bound(0.0, w.DTYPES["int8"].error_bound)
+    assert not w.within_bound(1e-9, w.DTYPES["int8"].error_bound)
 
 
 def _cpu_info(w: ModuleType) -> Any:
@@ -379,6 +379,34 @@ def test_gates(w: ModuleType) -> None:
     assert w.gate(info((12, 1)), "nvfp4") is None
     assert w.gate(_cpu_info(w), "bf16") is None
     assert "cpu" in w.gate(_cpu_info(w), "tf32")
+
+
+def test_dtype_table(w: ModuleType) -> None:
+    assert (
+        w.ALL_DTYPES == tuple(w.DTYPES) == ("bf16", "fp16", "tf32", "fp8", "int8", "int4", "nvfp4")
+    )
+    assert w.DTYPES["int8"].error_bound == 0.0  # int32 accumulation is exact
+    assert [d for d, s in w.DTYPES.items() if s.beta_variant] == ["bf16"]
+    assert [d for d, s in w.DTYPES.items() if s.matmul_precision] == ["tf32"]
+    assert w.DTYPES["int4"].compute_edge(8192) == 4096
+    assert w.DTYPES["int4"].compute_edge(1024) == 1024
+    for spec in w.DTYPES.values():
+        assert spec.decode_m == tuple(sorted(spec.decode_m)) and spec.decode_m[0] == 1
+
+
+def test_a_new_dtype_is_one_table_entry(w: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp64 added with one DtypeSpec (reusing the float prepare function) runs end to end."""
+    table = dict(w.DTYPES)
+    table["fp64"] = w.DtypeSpec(1e-9, (1,), w._gate_any, w._prepare_float("float64"))
+    monkeypatch.setattr(w, "DTYPES", table)
+    info = _cpu_info(w)
+    specs = w.plan_suite(info, ["fp64"], True, [])
+    assert [(s.kind, s.beta) for s in specs] == [("compute", 0), ("llm", 0), ("decode", 0)]
+    args = w.parse_args(["--device", "cpu", "--warmup", "1", "--iters", "2"])
+    budget = w.Budget(1.0, 1)
+    result = w.run_kernel(info, specs[0], args, budget, w.BusyState(None, set(), 0.1))
+    assert result["status"] == "ok", result
+    assert result["error_bound"] == 1e-9 and result["max_rel_error"] <= 1e-9
 
 
 def test_parse_args(w: ModuleType) -> None:

@@ -42,35 +42,12 @@ from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 SCHEMA = "sparkdiag-probe/1"
-ALL_DTYPES = ("bf16", "fp16", "tf32", "fp8", "int8", "int4", "nvfp4")
 LLM_SHAPE = (4096, 11008, 4096)
 SMALL_COMPUTE = (256, 256, 256)
 SMALL_LLM = (256, 688, 256)
 DECODE_NK = 8192
 SMALL_DECODE_NK = 256
 
-# Bound on the largest per-row relative error ||out_i - ref_i|| / ||ref_i||
-# against a float64 reference computed from the same (quantised) inputs.
-ERROR_BOUNDS = {
-    "bf16": 2e-2,
-    "fp16": 2e-2,
-    "tf32": 5e-3,
-    "fp8": 5e-2,
-    "int8": 0.0,  # int32 accumulation is exact
-    "int4": 2e-2,
-    "nvfp4": 2.5e-1,
-}
-# Candidate M for the decode shape, smallest first: the first one the kernel
-# accepts is used (torch._int_mm on CUDA rejects M <= 16, for instance).
-DECODE_M = {
-    "bf16": (1,),
-    "fp16": (1,),
-    "tf32": (1,),
-    "fp8": (1, 16, 32),
-    "int8": (1, 16, 32),
-    "int4": (1,),
-    "nvfp4": (1, 16, 32, 128),
-}
 INT4_GROUP = 128
 ASSUMED_L2_BYTES = 60 * 1024 * 1024  # H200; used where torch does not say
 MAX_ROTATION_BYTES = 2 * 1024**3
@@ -212,7 +189,7 @@ def classify_exception(exc: BaseException) -> tuple[str, str]:
 
 
 def classify_kernel_exception(dtype: str, exc: BaseException) -> tuple[str, str]:
-    """Like classify_exception, but nvfp4's young API counts as unsupported.
+    """Like classify_exception, but a dtype whose API is young counts a rejection as unsupported.
 
     The nvfp4 call cannot be exercised without a Blackwell GPU, and torch has
     changed what it accepts (scale layouts, _scaled_mm_v2); a rejected call
@@ -220,8 +197,14 @@ def classify_kernel_exception(dtype: str, exc: BaseException) -> tuple[str, str]
     wrong result (checked separately), stays an error.
     """
     status, reason = classify_exception(exc)
-    if dtype == "nvfp4" and status == "error" and "cuda error" not in reason.lower():
-        return "unsupported", f"nvfp4 call rejected: {reason}"
+    spec = DTYPES.get(dtype)
+    if (
+        spec is not None
+        and spec.rejection_is_unsupported
+        and status == "error"
+        and "cuda error" not in reason.lower()
+    ):
+        return "unsupported", f"{dtype} call rejected: {reason}"
     return status, reason
 
 
@@ -594,44 +577,75 @@ class DeviceInfo:
     torch_version: tuple[int, int]
 
 
+def _cc_text(info: DeviceInfo) -> str:
+    cc = info.capability
+    return f"{cc[0]}.{cc[1]}" if cc else "n/a"
+
+
+def _gate_any(info: DeviceInfo) -> str | None:
+    return None
+
+
+def _gate_tf32(info: DeviceInfo) -> str | None:
+    if not info.is_cuda:
+        return "tf32 is a CUDA tensor-core mode; not available on cpu"
+    if info.capability is not None and info.capability < (8, 0):
+        return f"tf32 needs compute capability 8.0+, device has {_cc_text(info)}"
+    return None
+
+
+def _gate_fp8(info: DeviceInfo) -> str | None:
+    torch = info.torch
+    if not info.is_cuda:
+        return "fp8 probe runs on CUDA GPUs of compute capability 8.9+ only, not on cpu"
+    if info.capability is not None and info.capability < (8, 9):
+        return f"fp8 (torch._scaled_mm) needs compute capability 8.9+, device has {_cc_text(info)}"
+    if not (hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")):
+        return f"torch {torch.__version__} has no float8_e4m3fn/_scaled_mm"
+    return None
+
+
+def _gate_int8(info: DeviceInfo) -> str | None:
+    if not hasattr(info.torch, "_int_mm"):
+        return f"torch {info.torch.__version__} has no torch._int_mm"
+    return None
+
+
+def _gate_int4(info: DeviceInfo) -> str | None:
+    torch = info.torch
+    if info.is_cuda:
+        if not hasattr(torch, "_weight_int4pack_mm"):
+            return f"torch {torch.__version__} has no torch._weight_int4pack_mm"
+        if info.capability is not None and info.capability < (8, 0):
+            return (
+                f"int4 weight-only GEMM needs compute capability 8.0+, device has {_cc_text(info)}"
+            )
+    elif not hasattr(torch, "_weight_int4pack_mm_for_cpu"):
+        return f"torch {torch.__version__} has no CPU int4 kernel (_weight_int4pack_mm_for_cpu)"
+    return None
+
+
+def _gate_nvfp4(info: DeviceInfo) -> str | None:
+    torch = info.torch
+    if not info.is_cuda:
+        return "nvfp4 needs a CUDA GPU of compute capability 10.0+, not cpu"
+    if info.capability is not None and info.capability < (10, 0):
+        return f"nvfp4 needs compute capability 10.0+ (Blackwell), device has {_cc_text(info)}"
+    if info.torch_version < (2, 8):
+        return f"nvfp4 needs torch 2.8+, have {torch.__version__}"
+    if not hasattr(torch, "float4_e2m1fn_x2"):
+        return f"torch {torch.__version__} has no float4_e2m1fn_x2"
+    return None
+
+
 def gate(info: DeviceInfo, dtype: str) -> str | None:
     """Reason why the dtype cannot run here, or None when it should be tried."""
-    torch = info.torch
-    cc = info.capability
-    ccs = f"{cc[0]}.{cc[1]}" if cc else "n/a"
-    if dtype == "tf32":
-        if not info.is_cuda:
-            return "tf32 is a CUDA tensor-core mode; not available on cpu"
-        if cc is not None and cc < (8, 0):
-            return f"tf32 needs compute capability 8.0+, device has {ccs}"
-    elif dtype == "fp8":
-        if not info.is_cuda:
-            return "fp8 probe runs on CUDA GPUs of compute capability 8.9+ only, not on cpu"
-        if cc is not None and cc < (8, 9):
-            return f"fp8 (torch._scaled_mm) needs compute capability 8.9+, device has {ccs}"
-        if not (hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")):
-            return f"torch {torch.__version__} has no float8_e4m3fn/_scaled_mm"
-    elif dtype == "int8":
-        if not hasattr(torch, "_int_mm"):
-            return f"torch {torch.__version__} has no torch._int_mm"
-    elif dtype == "int4":
-        if info.is_cuda:
-            if not hasattr(torch, "_weight_int4pack_mm"):
-                return f"torch {torch.__version__} has no torch._weight_int4pack_mm"
-            if cc is not None and cc < (8, 0):
-                return f"int4 weight-only GEMM needs compute capability 8.0+, device has {ccs}"
-        elif not hasattr(torch, "_weight_int4pack_mm_for_cpu"):
-            return f"torch {torch.__version__} has no CPU int4 kernel (_weight_int4pack_mm_for_cpu)"
-    elif dtype == "nvfp4":
-        if not info.is_cuda:
-            return "nvfp4 needs a CUDA GPU of compute capability 10.0+, not cpu"
-        if cc is not None and cc < (10, 0):
-            return f"nvfp4 needs compute capability 10.0+ (Blackwell), device has {ccs}"
-        if info.torch_version < (2, 8):
-            return f"nvfp4 needs torch 2.8+, have {torch.__version__}"
-        if not hasattr(torch, "float4_e2m1fn_x2"):
-            return f"torch {torch.__version__} has no float4_e2m1fn_x2"
-    return None
+    return DTYPES[dtype].gate(info)
+
+
+def prepare(info: DeviceInfo, spec: KernelSpec, m: int) -> Prepared:
+    """The kernel of ``spec`` at M=``m``: argument sets, the op and its float64 reference."""
+    return DTYPES[spec.dtype].prepare(info, spec, m)
 
 
 def _rows(torch: Any, m: int, device: str) -> Any:
@@ -640,15 +654,14 @@ def _rows(torch: Any, m: int, device: str) -> Any:
     return idx.to(device)
 
 
-def prepare(info: DeviceInfo, spec: KernelSpec, m: int) -> Prepared:
-    torch = info.torch
-    dev = info.device
-    n, k = spec.n, spec.k
-    d = spec.dtype
-    f64 = torch.float64
+def _prepare_float(torch_dtype: str) -> Callable[[DeviceInfo, KernelSpec, int], Prepared]:
+    """bf16, fp16 and tf32 (float32 under "high" matmul precision): torch.mm / torch.addmm."""
 
-    if d in ("bf16", "fp16", "tf32"):
-        dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32}[d]
+    def prepare_float(info: DeviceInfo, spec: KernelSpec, m: int) -> Prepared:
+        torch = info.torch
+        dev, n, k = info.device, spec.n, spec.k
+        dt = getattr(torch, torch_dtype)
+        f64 = torch.float64
 
         def make() -> tuple[Any, ...]:
             a = torch.randn(m, k, device=dev, dtype=dt)
@@ -673,50 +686,52 @@ def prepare(info: DeviceInfo, spec: KernelSpec, m: int) -> Prepared:
 
         return Prepared(make, mm_beta, ref_beta) if spec.beta else Prepared(make, mm, ref)
 
-    if d == "fp8":
-        e4m3 = torch.float8_e4m3fn
-        one = torch.ones((), device=dev, dtype=torch.float32)
+    return prepare_float
 
-        def make_fp8() -> tuple[Any, ...]:
-            a = torch.randn(m, k, device=dev).to(e4m3)
-            w = torch.randn(n, k, device=dev).to(e4m3)
-            return (a, w)
 
-        def fn_fp8(a: Any, w: Any) -> Any:
-            out = torch._scaled_mm(
-                a, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True
-            )
-            return out[0] if isinstance(out, tuple) else out  # torch < 2.5 returned (out, amax)
+def _prepare_fp8(info: DeviceInfo, spec: KernelSpec, m: int) -> Prepared:
+    """e4m3 inputs, unit scales, bf16 output: torch._scaled_mm with fast accumulation."""
+    torch = info.torch
+    dev, n, k = info.device, spec.n, spec.k
+    e4m3 = torch.float8_e4m3fn
+    one = torch.ones((), device=dev, dtype=torch.float32)
 
-        def ref_fp8(s: tuple[Any, ...], rows: Any) -> Any:
-            a, w = s
-            return a[rows].to(f64) @ w.to(f64).t()
+    def make() -> tuple[Any, ...]:
+        a = torch.randn(m, k, device=dev).to(e4m3)
+        w = torch.randn(n, k, device=dev).to(e4m3)
+        return (a, w)
 
-        return Prepared(make_fp8, fn_fp8, ref_fp8)
+    def fn(a: Any, w: Any) -> Any:
+        out = torch._scaled_mm(
+            a, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True
+        )
+        return out[0] if isinstance(out, tuple) else out  # torch < 2.5 returned (out, amax)
 
-    if d == "int8":
+    def ref(s: tuple[Any, ...], rows: Any) -> Any:
+        a, w = s
+        return a[rows].to(torch.float64) @ w.to(torch.float64).t()
 
-        def make_i8() -> tuple[Any, ...]:
-            a = (torch.randn(m, k, device=dev) * 40).round().clamp(-127, 127).to(torch.int8)
-            w = (torch.randn(n, k, device=dev) * 40).round().clamp(-127, 127).to(torch.int8)
-            return (a, w)
+    return Prepared(make, fn, ref)
 
-        def fn_i8(a: Any, w: Any) -> Any:
-            return torch._int_mm(a, w.t())
 
-        def ref_i8(s: tuple[Any, ...], rows: Any) -> Any:
-            a, w = s
-            return a[rows].to(f64) @ w.to(f64).t()
+def _prepare_int8(info: DeviceInfo, spec: KernelSpec, m: int) -> Prepared:
+    """int8 inputs, int32 accumulation: torch._int_mm (A row-major, B column-major)."""
+    torch = info.torch
+    dev, n, k = info.device, spec.n, spec.k
 
-        return Prepared(make_i8, fn_i8, ref_i8)
+    def make() -> tuple[Any, ...]:
+        a = (torch.randn(m, k, device=dev) * 40).round().clamp(-127, 127).to(torch.int8)
+        w = (torch.randn(n, k, device=dev) * 40).round().clamp(-127, 127).to(torch.int8)
+        return (a, w)
 
-    if d == "int4":
-        return _prepare_int4(info, m, n, k)
+    def fn(a: Any, w: Any) -> Any:
+        return torch._int_mm(a, w.t())
 
-    if d == "nvfp4":
-        return _prepare_nvfp4(info, m, n, k)
+    def ref(s: tuple[Any, ...], rows: Any) -> Any:
+        a, w = s
+        return a[rows].to(torch.float64) @ w.to(torch.float64).t()
 
-    raise ValueError(f"unknown dtype {d}")
+    return Prepared(make, fn, ref)
 
 
 def _quantize_int4(torch: Any, w: Any, group: int) -> tuple[Any, Any, Any]:
@@ -739,9 +754,10 @@ def _quantize_int4(torch: Any, w: Any, group: int) -> tuple[Any, Any, Any]:
     return q.reshape(n, k).to(torch.int32), sz, deq
 
 
-def _prepare_int4(info: DeviceInfo, m: int, n: int, k: int) -> Prepared:
+def _prepare_int4(info: DeviceInfo, spec: KernelSpec, m: int) -> Prepared:
+    """Weight-only int4 (group 128, bf16 activations): torch._weight_int4pack_mm."""
     torch = info.torch
-    dev = info.device
+    dev, n, k = info.device, spec.n, spec.k
     if k % INT4_GROUP:
         raise ValueError(f"int4 needs K divisible by the group size {INT4_GROUP}")
     deq_cache: dict[int, Any] = {}
@@ -789,7 +805,7 @@ def _prepare_int4(info: DeviceInfo, m: int, n: int, k: int) -> Prepared:
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
-def _prepare_nvfp4(info: DeviceInfo, m: int, n: int, k: int) -> Prepared:
+def _prepare_nvfp4(info: DeviceInfo, spec: KernelSpec, m: int) -> Prepared:
     """NVFP4: e2m1 values packed two per byte along K, e4m3 scales per 16 elements.
 
     All block scales are 1.0, so the swizzled ("blocked") scale layout cannot
@@ -798,7 +814,7 @@ def _prepare_nvfp4(info: DeviceInfo, m: int, n: int, k: int) -> Prepared:
     needs the decoded e2m1 values.
     """
     torch = info.torch
-    dev = info.device
+    dev, n, k = info.device, spec.n, spec.k
     if k % 32:
         raise ValueError("nvfp4 needs K divisible by 32")
     table = torch.tensor(list(_E2M1) + [-v for v in _E2M1], device=dev, dtype=torch.float64)
@@ -838,6 +854,62 @@ def _prepare_nvfp4(info: DeviceInfo, m: int, n: int, k: int) -> Prepared:
         return a_val[rows] @ w_val.t()
 
     return Prepared(make, fn, ref, decoded.clear)
+
+
+# --------------------------------------------------------------------------
+# the dtype table
+
+
+def _same_edge(edge: int) -> int:
+    return edge
+
+
+def _int4_edge(edge: int) -> int:
+    # weight-only int4 runs ~25x slower than bf16 at large M on Hopper: a smaller cube
+    return max(1024, edge // 2)
+
+
+@dataclass(frozen=True)
+class DtypeSpec:
+    """Everything the worker knows about one dtype.
+
+    Adding a dtype is one entry in DTYPES plus its prepare function (and a gate
+    when it does not run everywhere).
+
+    error_bound: bound on the largest per-row relative error ||out_i - ref_i|| / ||ref_i||
+        against a float64 reference computed from the same (quantised) inputs
+    decode_m: candidate M for the decode shape, smallest first: the first one the kernel
+        accepts is used (torch._int_mm on CUDA rejects M <= 16, for instance)
+    gate: why the dtype cannot run on this device, or None when it should be tried
+    prepare: builds the kernel (argument sets, op, reference) for a spec at a given M
+    compute_edge: the compute-bound cube's edge for this dtype, given the device's edge
+    beta_variant: also probe the compute shape with beta=1 (C = A B + C)
+    matmul_precision: torch float32 matmul precision the kernel runs under, if any
+    rejection_is_unsupported: a young API, whose rejected calls count as unsupported
+    """
+
+    error_bound: float
+    decode_m: tuple[int, ...]
+    gate: Callable[[DeviceInfo], str | None]
+    prepare: Callable[[DeviceInfo, KernelSpec, int], Prepared]
+    compute_edge: Callable[[int], int] = _same_edge
+    beta_variant: bool = False
+    matmul_precision: str | None = None
+    rejection_is_unsupported: bool = False
+
+
+DTYPES: dict[str, DtypeSpec] = {
+    "bf16": DtypeSpec(2e-2, (1,), _gate_any, _prepare_float("bfloat16"), beta_variant=True),
+    "fp16": DtypeSpec(2e-2, (1,), _gate_any, _prepare_float("float16")),
+    "tf32": DtypeSpec(5e-3, (1,), _gate_tf32, _prepare_float("float32"), matmul_precision="high"),
+    "fp8": DtypeSpec(5e-2, (1, 16, 32), _gate_fp8, _prepare_fp8),
+    "int8": DtypeSpec(0.0, (1, 16, 32), _gate_int8, _prepare_int8),  # int32 sums are exact
+    "int4": DtypeSpec(2e-2, (1,), _gate_int4, _prepare_int4, compute_edge=_int4_edge),
+    "nvfp4": DtypeSpec(
+        2.5e-1, (1, 16, 32, 128), _gate_nvfp4, _prepare_nvfp4, rejection_is_unsupported=True
+    ),
+}
+ALL_DTYPES = tuple(DTYPES)
 
 
 # --------------------------------------------------------------------------
@@ -927,15 +999,15 @@ def plan_suite(
         cube = compute_cube(info.capability or (0, 0), info.sm_count)
         cube_shape, llm, nk = (cube, cube, cube), LLM_SHAPE, DECODE_NK
     for dtype in dtypes:
+        table = DTYPES[dtype]
         cm, cn, ck = cube_shape
-        if dtype == "int4" and not small:
-            # weight-only int4 runs ~25x slower than bf16 at large M on Hopper
-            cm, cn, ck = (max(1024, cm // 2),) * 3
+        if not small:
+            cm = cn = ck = table.compute_edge(cm)
         specs.append(KernelSpec(dtype, "compute", (cm,), cn, ck))
-        if dtype == "bf16":
+        if table.beta_variant:
             specs.append(KernelSpec(dtype, "compute", (cm,), cn, ck, beta=1))
         specs.append(KernelSpec(dtype, "llm", (llm[0],), llm[1], llm[2]))
-        specs.append(KernelSpec(dtype, "decode", DECODE_M[dtype], nk, nk))
+        specs.append(KernelSpec(dtype, "decode", table.decode_m, nk, nk))
     return specs
 
 
@@ -954,7 +1026,7 @@ def _result(spec: KernelSpec, m: int, status: str, reason: str | None) -> dict[s
         "warmup": 0,
         "buffer_sets": 0,
         "max_rel_error": None,
-        "error_bound": ERROR_BOUNDS[spec.dtype],
+        "error_bound": DTYPES[spec.dtype].error_bound,
     }
 
 
@@ -991,15 +1063,16 @@ def run_kernel(
     reason = gate(info, spec.dtype)
     if reason is not None:
         return _result(spec, m, "unsupported", reason)
-    bound = ERROR_BOUNDS[spec.dtype]
+    bound = DTYPES[spec.dtype].error_bound
+    precision_needed = DTYPES[spec.dtype].matmul_precision
     sets: list[tuple[Any, ...]] = []
     prepared: Prepared | None = None
     out: Any = None
     last_exc: BaseException | None = None
     precision = torch.get_float32_matmul_precision()
     try:
-        if spec.dtype == "tf32":
-            torch.set_float32_matmul_precision("high")
+        if precision_needed is not None:
+            torch.set_float32_matmul_precision(precision_needed)
         # first M the kernel accepts (decode shapes), set 0, and its result
         for m in spec.m_candidates:
             try:
@@ -1068,7 +1141,7 @@ def run_kernel(
         return _result(spec, m, status, why)
     finally:
         budget.done(KIND_WEIGHTS.get(spec.kind, 1.0))
-        if spec.dtype == "tf32":
+        if precision_needed is not None:
             torch.set_float32_matmul_precision(precision)
         sets.clear()
         if info.is_cuda:
