@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from sparkdiag.probe.runner import run_worker, worker_path
+from sparkdiag.probe.runner import worker_path
 
 torch = pytest.importorskip("torch")
 
@@ -33,8 +33,13 @@ RESULT_KEYS = {
     "beta",
     "status",
     "reason",
-    "tflops",
+    "delivered",
+    "peak",
+    "total_ms",
     "median_ms",
+    "min_ms",
+    "gaps_ms",
+    "queued_ahead",
     "iters",
     "max_rel_error",
     "error_bound",
@@ -98,9 +103,11 @@ def test_stdout_is_exactly_one_json_document(
     assert "sparkdiag-probe: bf16 compute 256x256x256" in proc.stderr
 
 
-def test_document_schema(cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
+def test_document_schema(
+    w: ModuleType, cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]]
+) -> None:
     _, doc = cpu_run
-    assert doc["schema"] == "sparkdiag-probe/1"
+    assert doc["schema"] == "sparkdiag-probe/2" == w.SCHEMA
     assert doc["status"] == "ok" and doc["reason"] is None
     assert doc["software"].keys() >= SOFTWARE_KEYS
     assert doc["software"]["device"] == "cpu"
@@ -114,6 +121,7 @@ def test_document_schema(cpu_run: tuple[subprocess.CompletedProcess[str], dict[s
     assert doc["gpu_busy_seconds"] > 0
     for r in doc["results"]:
         assert r.keys() >= RESULT_KEYS, r
+        assert "tflops" not in r  # schema 2: delivered and peak
         assert r["status"] in ("ok", "unsupported", "error")
         assert r["kind"] in ("compute", "llm", "decode")
         assert r["beta"] in (0, 1)
@@ -136,7 +144,7 @@ def test_bf16_results_are_ok_and_correct(
     }
     for r in bf16:
         assert r["status"] == "ok", r
-        assert r["tflops"] > 0 and r["median_ms"] > 0
+        assert r["delivered"] > 0 and r["peak"] > 0 and r["median_ms"] > 0
         assert r["iters"] >= 5 and r["warmup"] == 10
         assert 0 <= r["max_rel_error"] <= r["error_bound"]
     shapes = {r["kind"]: r["shape"] for r in bf16}
@@ -151,7 +159,7 @@ def test_cuda_only_dtypes_are_unsupported_with_reason(
         if r["dtype"] in ("tf32", "fp8", "nvfp4"):
             assert r["status"] == "unsupported", r
             assert r["reason"] and "cpu" in r["reason"]
-            assert r["tflops"] is None
+            assert r["delivered"] is None and r["peak"] is None and r["total_ms"] is None
 
 
 def test_int_dtypes_never_error(
@@ -162,7 +170,7 @@ def test_int_dtypes_never_error(
         if r["dtype"] in ("int8", "int4", "fp16"):
             assert r["status"] in ("ok", "unsupported"), r
             if r["status"] == "ok":
-                assert r["tflops"] > 0
+                assert r["delivered"] > 0 and r["peak"] > 0
                 assert r["max_rel_error"] <= r["error_bound"]
             else:
                 assert r["reason"]
@@ -175,21 +183,48 @@ def test_bandwidth(cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, An
     bw = doc["bandwidth"]
     assert bw["status"] == "ok"
     assert bw["bytes"] == 2 * 16 * 1024**2  # read plus written
-    assert bw["bytes_per_second"] > 0 and bw["median_ms"] > 0
+    assert "bytes_per_second" not in bw
+    assert bw["delivered"] > 0 and bw["peak"] > 0 and bw["median_ms"] > 0
+    # delivered is every copy's bytes over the batch's total time
+    assert bw["delivered"] == pytest.approx(bw["bytes"] * bw["iters"] / (bw["total_ms"] / 1e3))
+    assert bw["peak"] == pytest.approx(bw["bytes"] / (bw["median_ms"] / 1e3))
+    assert bw["total_ms"] >= bw["median_ms"] * (bw["iters"] // 2)  # half the copies >= median
+
+
+def test_delivered_and_peak_are_what_the_timings_say(
+    cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
+) -> None:
+    """On CPU every iteration is timed with perf_counter inside the batch's total."""
+    _, doc = cpu_run
+    timed = [r for r in doc["results"] if r["status"] == "ok"]
+    assert len(timed) >= 8  # bf16 x4, fp16 x3 and the int kernels
+    for r in timed:
+        m, n, k = (int(x) for x in r["shape"].split("x"))
+        work = 2.0 * m * n * k
+        assert r["gaps_ms"] >= 0, r  # total_ms >= the sum of the per-iteration times
+        assert r["total_ms"] >= r["min_ms"] * r["iters"]
+        assert r["delivered"] == pytest.approx(work * r["iters"] / (r["total_ms"] / 1e3) / 1e12)
+        assert r["peak"] == pytest.approx(work / (r["median_ms"] / 1e3) / 1e12)
+        # delivered can exceed peak only by as much as the mean can fall below the median
+        assert r["delivered"] <= work / (r["min_ms"] / 1e3) / 1e12
+        assert r["queued_ahead"] is None  # a CUDA notion
+    assert doc["gpu_busy_seconds"] >= sum(r["total_ms"] for r in timed) / 1e3
 
 
 def test_stdin_with_cleared_environment() -> None:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-    cycle = run_worker(
-        args=["--small", "--dtype", "bf16,int4", "--dtype", "fp8", "--budget-seconds", "0.2"],
-        stdin_script=True,
+    args = ["--small", "--dtype", "bf16,int4", "--dtype", "fp8", "--budget-seconds", "0.2"]
+    proc = subprocess.run(
+        [sys.executable, "-", *args],
+        input=WORKER.read_text(),
+        capture_output=True,
+        text=True,
         env=env,
         timeout=120,
     )
-    assert cycle.result == "ok", (cycle.reason, cycle.stderr_tail)
-    assert cycle.returncode == 0
-    doc = cycle.document
-    assert doc is not None
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    doc = json.loads(proc.stdout)
+    assert doc["status"] == "ok", doc["reason"]
     assert doc["software"]["device"] == ("cuda:0" if torch.cuda.is_available() else "cpu")
     assert {r["dtype"] for r in doc["results"]} == {"bf16", "int4", "fp8"}
     assert all(r["status"] != "error" for r in doc["results"])
@@ -304,7 +339,7 @@ def test_a_broken_kernel_is_an_error_not_fast(
     result = w.run_kernel(_cpu_info(w), spec, args, budget, w.BusyState(None, set(), 0.1))
     assert result["status"] == "error"
     assert result["reason"].startswith("wrong result")
-    assert result["tflops"] is None and result["median_ms"] is None
+    assert result["delivered"] is None and result["peak"] is None and result["median_ms"] is None
     assert budget.busy == 0.0  # never timed
 
 
@@ -344,6 +379,70 @@ def test_choose_iters(w: ModuleType) -> None:
     assert w.choose_iters(None, [9.0] + [2.0] * 9, 0.04, 0.0) == 20
     assert w.choose_iters(None, [9.0] + [20.0] * 9, 0.04, 0.0) == 5  # floor MIN_ITERS
     assert w.choose_iters(None, [], 1.0, 0.0) == 5
+
+
+def test_figures(w: ModuleType) -> None:
+    # 4 iterations of 2 GFLOP, 1 ms each, 2 ms of gaps: delivered over 6 ms, peak over 1 ms
+    delivered, peak = w.figures(2e9, [1.0, 1.0, 1.0, 1.0], 6.0)
+    assert delivered == pytest.approx(4 * 2e9 / 6e-3)
+    assert peak == pytest.approx(2e12)
+    # one slow iteration moves delivered, not peak
+    delivered, peak = w.figures(2e9, [1.0, 1.0, 1.0, 5.0], 8.0)
+    assert peak == pytest.approx(2e12) and delivered == pytest.approx(1e12)
+    assert all(math.isnan(x) for x in w.figures(2e9, [], 1.0))
+    assert all(math.isnan(x) for x in w.figures(2e9, [1.0], 0.0))
+
+
+def test_batch_gaps(w: ModuleType) -> None:
+    assert w.Batch([1.0, 2.0], 3.5).gaps_ms == pytest.approx(0.5)
+    assert w.Batch([], 0.0).gaps_ms == 0.0
+
+
+def test_time_batch_on_cpu_encloses_every_iteration(w: ModuleType) -> None:
+    calls: list[int] = []
+
+    def fn(x: int) -> None:
+        calls.append(x)
+        sum(range(2000))
+
+    batch = w.time_batch(_cpu_info(w), fn, [(0,), (1,), (2,)], 7, start=2)
+    assert calls == [2, 0, 1, 2, 0, 1, 2]  # rotates through the sets from start
+    assert len(batch.iter_ms) == 7 and all(t > 0 for t in batch.iter_ms)
+    assert batch.total_ms >= math.fsum(batch.iter_ms)
+    assert batch.queued_ahead is None
+    assert w.time_batch(_cpu_info(w), fn, [(0,)], 0).iter_ms == []
+
+
+def test_launch_model(w: ModuleType) -> None:
+    model = w.LaunchModel(launch_us=60.0, max_lead_ms=100.0)
+    # before anything is measured: every iteration's launch, with margin, ahead of the GPU
+    assert model.lead_ms(100) == pytest.approx(100 * 90e-3 + w.LEAD_FLOOR_MS)
+    model.observe(20.0, 36.0)  # decode: 20 us to enqueue, 36 us on the GPU
+    assert model.lead_ms(1000) == pytest.approx(w.LEAD_FLOOR_MS)  # GPU is slower: no lead
+    model.observe(40.0, 23.0)  # a launch-bound kernel: CPU 40 us, GPU 23 us
+    assert model.lead_ms(500) == pytest.approx(500 * (60.0 - 23.0) / 1e3 + w.LEAD_FLOOR_MS)
+    assert model.lead_ms(100000) == 100.0  # capped
+    model.observe(None, 0.0)  # nothing measured: unchanged
+    assert model.launch_us == 40.0 and model.gpu_us == 23.0
+    assert w.sleep_cycles(10.0, 2e9) == 20_000_000
+    assert w.sleep_cycles(-1.0, 2e9) == 0
+
+
+def test_parse_kind_values(w: ModuleType) -> None:
+    defaults = {"compute": 4.0, "llm": 1.5, "decode": 0.5}
+    assert w.parse_kind_values(None, defaults, "--x") == defaults
+    assert w.parse_kind_values("2", defaults, "--x") == dict.fromkeys(defaults, 2.0)
+    got = w.parse_kind_values("compute=8, decode=1", defaults, "--x")
+    assert got == {"compute": 8.0, "llm": 1.5, "decode": 1.0}
+    for bad in ("gpu=1", "compute", "compute=x", "compute=-1", "nan"):
+        with pytest.raises(w.UsageError, match="--x"):
+            w.parse_kind_values(bad, defaults, "--x")
+    args = w.parse_args(["--kind-weights", "compute=6", "--warmup-ms", "decode=5"])
+    assert args.kind_weights["compute"] == 6.0 and args.kind_weights["llm"] == 1.5
+    assert args.warmup_ms["decode"] == 5.0 and args.warmup_ms["compute"] == 25.0
+    for bad_args in (["--budget-fraction", "0"], ["--min-iters", "5", "--max-iters", "4"]):
+        with pytest.raises(w.UsageError):
+            w.parse_args(bad_args)
 
 
 def test_shape_planning(w: ModuleType) -> None:
@@ -496,6 +595,16 @@ def _cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def _worker(args: list[str], timeout: float = 120) -> dict[str, Any]:
+    """Run the worker and return its document (independent of the runner's schema check)."""
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), *args], capture_output=True, text=True, timeout=timeout
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    return doc
+
+
 def _start_load(seconds: float) -> subprocess.Popen[str]:
     load = subprocess.Popen(
         [sys.executable, str(GPU_LOAD), str(seconds)],
@@ -512,11 +621,9 @@ def _start_load(seconds: float) -> subprocess.Popen[str]:
 def test_gpu_full_suite() -> None:
     if not _cuda():
         pytest.skip("no CUDA device")
-    cycle = run_worker(timeout=120)
-    print(json.dumps(cycle.document, indent=1))
-    assert cycle.result == "ok", (cycle.reason, cycle.stderr_tail)
-    doc = cycle.document
-    assert doc is not None
+    doc = _worker([])
+    print(json.dumps(doc, indent=1))
+    assert doc["status"] == "ok", doc["reason"]
     cc = tuple(int(x) for x in doc["software"]["compute_capability"].split("."))
     assert doc["software"]["gpu_uuid"].startswith("GPU-")
     by = {(r["dtype"], r["kind"], r["beta"]): r for r in doc["results"]}
@@ -524,8 +631,11 @@ def test_gpu_full_suite() -> None:
         assert r["status"] != "error", r
         if r["status"] == "ok":
             assert r["max_rel_error"] <= r["error_bound"], r
-            assert r["tflops"] > 0
-        print(key, r["shape"], r["status"], r["tflops"], r["max_rel_error"], r["reason"])
+            assert r["delivered"] > 0 and r["peak"] > 0
+            # idle: the batch runs back to back, so little is lost between iterations
+            assert 0.6 * r["peak"] <= r["delivered"] <= 1.1 * r["peak"], r
+            assert r["queued_ahead"] is True, r
+        print(key, r["shape"], r["status"], r["delivered"], r["peak"], r["reason"])
     assert by["bf16", "compute", 0]["status"] == "ok"
     assert by["bf16", "compute", 1]["status"] == "ok"
     assert by["int4", "decode", 0]["shape"].startswith("1x")
@@ -546,24 +656,23 @@ def test_gpu_skips_when_another_process_computes() -> None:
         pytest.skip("no CUDA device")
     load = _start_load(60)
     try:
-        cycle = run_worker(args=["--dtype", "bf16", "--no-bandwidth"], timeout=120)
-        print(cycle.reason)
-        assert cycle.result == "skipped_busy", (cycle.reason, cycle.stderr_tail)
-        assert cycle.document is not None
-        assert load.pid in cycle.document["busy"]["other_pids"]
-        always = run_worker(
-            args=["--dtype", "bf16", "--no-bandwidth", "--probe-when", "always"], timeout=120
+        busy = _worker(["--dtype", "bf16", "--no-bandwidth"])
+        print(busy["reason"])
+        assert busy["status"] == "skipped_busy", busy["reason"]
+        assert load.pid in busy["busy"]["other_pids"]
+        always = _worker(["--dtype", "bf16", "--no-bandwidth", "--probe-when", "always"])
+        assert always["status"] == "ok", always["reason"]
+        print("under load:", [(r["delivered"], r["peak"]) for r in always["results"]])
+        decode = next(r for r in always["results"] if r["kind"] == "decode")
+        # short kernels run whole inside their time slices: only the batch total sees the loss
+        assert decode["delivered"] < 0.9 * decode["peak"], decode
+        excluded = _worker(
+            [
+                *("--dtype", "bf16", "--no-bandwidth"),
+                *("--exclude-pid", str(load.pid), "--busy-utilization", "1.0"),
+            ]
         )
-        assert always.result == "ok", always.reason
-        print("under load:", [r["tflops"] for r in always.document["results"]])  # type: ignore[index]
-        excluded = run_worker(
-            args=[
-                *("--dtype", "bf16", "--no-bandwidth", "--exclude-pid", str(load.pid)),
-                *("--busy-utilization", "1.0"),
-            ],
-            timeout=120,
-        )
-        assert excluded.result == "ok", excluded.reason
+        assert excluded["status"] == "ok", excluded["reason"]
     finally:
         load.kill()
         load.wait()

@@ -8,7 +8,7 @@ any Python interpreter that has torch on standard input::
     python3 worker.py --device cuda:0
     python3 - --device cuda:0 < worker.py          # e.g. inside a container
 
-It prints exactly one JSON document (schema ``sparkdiag-probe/1``) on
+It prints exactly one JSON document (schema ``sparkdiag-probe/2``) on
 standard output; everything else (torch warnings, diagnostics) goes to
 standard error. The exit status is 0 whenever the document was printed, even
 when kernels were unsupported or failed their correctness check; it is
@@ -16,10 +16,61 @@ non-zero only when the worker itself broke (it still tries to print a
 document with status "error" and the traceback as the reason).
 
 The method follows mamf-finder: normal random inputs (never zeros), warm-up
-iterations, CUDA events around every iteration, the median of the timed
-iterations, input buffers rotated beyond the L2 cache for memory-bound
-(decode) shapes, and a correctness spot check of every kernel against a
-float64 reference so a broken kernel can never look fast.
+iterations, CUDA events around every iteration, input buffers rotated beyond
+the L2 cache for memory-bound (decode) shapes, and a correctness spot check of
+every kernel against a float64 reference so a broken kernel can never look
+fast.
+
+Delivered and peak
+------------------
+Each kernel is timed in one batch of back-to-back iterations. Two figures come
+from it (TFLOPS; TOPS for int8; bytes/s for the device copy):
+
+- ``delivered``: the work of all iterations over the batch's total elapsed
+  time, from one CUDA event before the first iteration to one after the last,
+  gaps included. It is what a user of a shared or time-sliced GPU gets, and
+  what efficiency, baselines and alerts use. On an H200 beside a process
+  running a bf16 8192^3 loop it fell to 0.41-0.63 of idle, where the median
+  of short kernels did not move at all (they run whole inside their time
+  slices).
+- ``peak``: the work of one iteration over the median iteration time,
+  comparable with mamf-finder.
+
+So that the batch measures the GPU and not Python, the stream is first held
+by a sleep kernel long enough for the CPU to enqueue the whole batch
+(LaunchModel, ``--launch-us``, ``--max-prequeue-ms``); ``queued_ahead`` in a
+result says whether it was. On CPU both figures come from perf_counter, and
+the total encloses every iteration.
+
+Spread of a total-time figure on a power-capped GPU
+---------------------------------------------------
+The total is a mean over the batch: unlike the median it counts every slow
+iteration, so its cycle-to-cycle spread depends on what the batch spans.
+
+1. Long enough in time, not in count. Under a bf16 or fp8 8192^3 load an
+   H200 runs into its power cap (sw_power_cap) and the controller moves the
+   SM clock over tens of milliseconds; a batch that spans several of its
+   swings averages over the same mixture every cycle. The budget is shared
+   by weight (``--kind-weights``, default compute 4, llm 1.5, decode 0.5,
+   bandwidth 1) so compute-bound kernels get the longest batches;
+   ``--budget-fraction`` is the part of ``--budget-seconds`` planned for.
+2. Short kernels need many iterations: a decode batch of 300 iterations of
+   30 us lasts 9 ms, and one hiccup of a few hundred microseconds moves it by
+   several percent. ``--max-iters`` (1000) lets a decode batch fill its share.
+3. The state a batch starts in. An idle GPU ramps its clocks up during the
+   first kernels (``--spinup-ms`` of untimed matmuls first, not in the hot
+   suite); and a compute kernel that follows low-power decode kernels first
+   runs at boost until the controller clamps again (fp8 and tf32 8192^3 read
+   10-12 % above their medians in some idle cycles). The warm-up floor per
+   kind (``--warmup-ms``) lets a kernel run into the regime it is timed in; a
+   longer compute warm-up trades timed iterations for a steadier start.
+4. Gaps that are not the GPU's: the prequeue hold keeps the CPU's launch
+   overhead out, and Python's garbage collector is paused while a batch is
+   enqueued.
+
+What no knob removes: cycles minutes apart start from different temperatures,
+and a cold GPU boosts longer. All of the above are arguments so that they can
+be tuned on the device without editing this file.
 """
 
 from __future__ import annotations
@@ -27,6 +78,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import gc
 import json
 import math
 import os
@@ -37,11 +89,11 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-SCHEMA = "sparkdiag-probe/1"
+SCHEMA = "sparkdiag-probe/2"
 LLM_SHAPE = (4096, 11008, 4096)
 SMALL_COMPUTE = (256, 256, 256)
 SMALL_LLM = (256, 688, 256)
@@ -53,12 +105,20 @@ ASSUMED_L2_BYTES = 60 * 1024 * 1024  # H200; used where torch does not say
 MAX_ROTATION_BYTES = 2 * 1024**3
 REF_ROWS = 64
 MIN_ITERS = 5
-MAX_ITERS = 300
+MAX_ITERS = 1000
 PROGRESS_PREFIX = "sparkdiag-progress "
 MAX_WARMUP_ITERS = 500
 # Share of the time budget per kernel kind (see Budget).
-KIND_WEIGHTS = {"compute": 4.0, "llm": 1.5, "decode": 0.5}
-BUDGET_PLANNING_FRACTION = 0.80  # plan for 75 % of the budget, keep headroom
+# Share of the time budget per kernel kind and for the device copy (see Budget, --kind-weights).
+KIND_WEIGHTS = {"compute": 4.0, "llm": 1.5, "decode": 0.5, "bandwidth": 1.0}
+# Warm-up floor per kind in GPU milliseconds (see --warmup-ms).
+WARMUP_MS = {"compute": 25.0, "llm": 25.0, "decode": 25.0, "bandwidth": 0.0}
+BUDGET_PLANNING_FRACTION = 0.80  # plan for 80 % of the budget, keep headroom
+LAUNCH_US = 60.0  # CPU time to enqueue one iteration assumed before it is measured
+MAX_PREQUEUE_MS = 100.0  # longest the GPU is held while a batch is enqueued
+LEAD_FLOOR_MS = 0.2
+LAUNCH_PROBE_ITERS = 16  # iterations over which the CPU's enqueue time is measured
+SLEEP_CLOCK_HZ = 3.2e9  # above any GPU's SM clock: a prequeue sleep is never too short
 NVML_SAMPLE_PERIOD = 0.05
 NVML_FI_DEV_MEMORY_TEMP = 82
 UNSUPPORTED_PATTERNS = (
@@ -104,9 +164,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=10, help="warm-up iterations (default 10)")
     p.add_argument(
         "--warmup-ms",
-        type=float,
-        default=25.0,
-        help="also warm up each kernel for at least this much GPU time (default 25 ms)",
+        default=None,
+        metavar="MS|KIND=MS,...",
+        help="also warm up each kernel for at least this much GPU time, for every kind or per "
+        "kind (compute, llm, decode, bandwidth; default "
+        + ",".join(f"{k}={v:g}" for k, v in WARMUP_MS.items())
+        + ")",
     )
     p.add_argument(
         "--spinup-ms",
@@ -117,6 +180,47 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--iters", type=int, default=None, help="timed iterations (default: sized to the budget)"
+    )
+    p.add_argument(
+        "--min-iters",
+        type=int,
+        default=MIN_ITERS,
+        help=f"fewest timed iterations of a kernel sized to the budget (default {MIN_ITERS})",
+    )
+    p.add_argument(
+        "--max-iters",
+        type=int,
+        default=MAX_ITERS,
+        help=f"most timed iterations of a kernel sized to the budget (default {MAX_ITERS})",
+    )
+    p.add_argument(
+        "--kind-weights",
+        default=None,
+        metavar="W|KIND=W,...",
+        help="share of the budget per kernel kind (default "
+        + ",".join(f"{k}={v:g}" for k, v in KIND_WEIGHTS.items())
+        + ")",
+    )
+    p.add_argument(
+        "--budget-fraction",
+        type=float,
+        default=BUDGET_PLANNING_FRACTION,
+        help="part of --budget-seconds the iteration counts are planned for, the rest is "
+        f"headroom for warm-ups and minimum counts (default {BUDGET_PLANNING_FRACTION:g})",
+    )
+    p.add_argument(
+        "--launch-us",
+        type=float,
+        default=LAUNCH_US,
+        help="CPU microseconds to enqueue one iteration, assumed until measured: sizes the "
+        f"sleep that holds the GPU while a batch is enqueued (default {LAUNCH_US:g})",
+    )
+    p.add_argument(
+        "--max-prequeue-ms",
+        type=float,
+        default=MAX_PREQUEUE_MS,
+        help="longest the GPU is held while a batch is enqueued; 0 disables the hold "
+        f"(default {MAX_PREQUEUE_MS:g})",
     )
     p.add_argument("--probe-when", choices=("idle", "always"), default="idle")
     p.add_argument("--busy-utilization", type=float, default=0.1, help="0..1 (default 0.1)")
@@ -152,6 +256,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         raise UsageError("--busy-utilization must be within 0..1")
     if args.budget_seconds <= 0:
         raise UsageError("--budget-seconds must be positive")
+    if not 0.0 < args.budget_fraction <= 1.0:
+        raise UsageError("--budget-fraction must be within (0, 1]")
+    if args.min_iters < 1 or args.max_iters < args.min_iters:
+        raise UsageError("--min-iters must be >= 1 and --max-iters >= --min-iters")
+    if args.launch_us < 0 or args.max_prequeue_ms < 0:
+        raise UsageError("--launch-us and --max-prequeue-ms must be >= 0")
+    args.kind_weights = parse_kind_values(args.kind_weights, KIND_WEIGHTS, "--kind-weights")
+    args.warmup_ms = parse_kind_values(args.warmup_ms, WARMUP_MS, "--warmup-ms")
     return args
 
 
@@ -395,6 +507,11 @@ class Nvml:
             return None
         return float(raw)
 
+    def max_sm_clock_mhz(self) -> int | None:
+        """Highest SM clock in MHz (nvidia-smi --query-gpu=clocks.max.sm)."""
+        value = self._call("nvmlDeviceGetMaxClockInfo", self.handle, 1)  # NVML_CLOCK_SM
+        return None if value is None else int(value)
+
     def sample(self) -> dict[str, float | int | None]:
         temp = self._call("nvmlDeviceGetTemperature", self.handle, 0)  # NVML_TEMPERATURE_GPU
         clock = self._call("nvmlDeviceGetClockInfo", self.handle, 1)  # NVML_CLOCK_SM, MHz
@@ -575,6 +692,7 @@ class DeviceInfo:
     sm_count: int
     l2_bytes: int
     torch_version: tuple[int, int]
+    max_clock_hz: float = SLEEP_CLOCK_HZ  # the SM clock prequeue sleeps are sized for
 
 
 def _cc_text(info: DeviceInfo) -> str:
@@ -941,42 +1059,176 @@ def spin_up(info: DeviceInfo, milliseconds: float) -> float:
     return spent / 1e3
 
 
-def time_iterations(
+@dataclass
+class Batch:
+    """One batch of back-to-back iterations of one kernel.
+
+    iter_ms: per-iteration milliseconds (CUDA events around each iteration; perf_counter on CPU)
+    total_ms: from just before the first iteration to just after the last, gaps included
+    queued_ahead: CUDA only: the CPU had enqueued the whole batch before the GPU reached its
+        first iteration, so no gap in it is the CPU's launch overhead; None when unknown
+    """
+
+    iter_ms: list[float]
+    total_ms: float
+    queued_ahead: bool | None = None
+
+    @property
+    def gaps_ms(self) -> float:
+        return self.total_ms - math.fsum(self.iter_ms)
+
+
+@dataclass
+class LaunchModel:
+    """How long the GPU is held before a batch so that the CPU can enqueue all of it first.
+
+    A sleep kernel holds the stream while the CPU enqueues the batch; then the iterations run
+    back to back and the total time measures the GPU, not Python's launch overhead. For no
+    iteration to wait on the CPU the sleep must last count * (cpu - gpu), cpu being the CPU
+    time to enqueue one iteration (two events and the kernel) and gpu the kernel's own time:
+    cpu is measured on the first iterations of every batch (``launch_us`` until then), gpu is
+    the previous batch's median. ``margin`` covers the CPU's jitter; ``max_lead_ms`` caps the
+    sleep (``queued_ahead`` in the result says whether it was enough).
+    """
+
+    launch_us: float
+    max_lead_ms: float
+    gpu_us: float = 0.0
+    margin: float = 1.5
+
+    def lead_ms(self, count: int) -> float:
+        per_iteration_us = max(0.0, self.launch_us * self.margin - self.gpu_us)
+        return min(self.max_lead_ms, count * per_iteration_us / 1e3 + LEAD_FLOOR_MS)
+
+    def observe(self, launch_us: float | None, gpu_us: float | None) -> None:
+        if launch_us is not None and launch_us > 0:
+            self.launch_us = launch_us
+        if gpu_us is not None and gpu_us > 0:
+            self.gpu_us = gpu_us
+
+
+def sleep_cycles(milliseconds: float, clock_hz: float) -> int:
+    """Cycles for torch.cuda._sleep to hold the GPU at least ``milliseconds`` at ``clock_hz``.
+
+    The sleep counts SM cycles; at a lower clock than ``clock_hz`` it lasts longer, never
+    shorter, so ``clock_hz`` should be the highest clock the GPU may run at.
+    """
+    return max(0, int(milliseconds * 1e-3 * clock_hz))
+
+
+def time_batch(
     info: DeviceInfo,
     fn: Callable[..., Any],
     sets: Sequence[tuple[Any, ...]],
     count: int,
     start: int = 0,
-    prequeue: bool = False,
-) -> list[float]:
-    """Per-iteration milliseconds: CUDA events on a GPU, perf_counter on CPU.
+    launch: LaunchModel | None = None,
+) -> Batch:
+    """Run ``count`` iterations back to back, rotating through ``sets`` from ``start``.
 
-    With prequeue the GPU is first kept busy by a sleep kernel, so that the
-    CPU can enqueue all iterations ahead and short (decode) kernels run back
-    to back instead of waiting on Python's launch overhead.
+    On CPU every iteration is timed with perf_counter and the total encloses them all. On a GPU
+    CUDA events are recorded around every iteration; the total runs from the first iteration's
+    start event to the last one's end event, so it counts every gap between iterations (time
+    slices another process took, for one). With ``launch`` the GPU is first held by a sleep
+    kernel while the CPU enqueues the batch (see LaunchModel). The garbage collector is paused
+    while the batch is enqueued.
     """
     torch = info.torch
     if count <= 0:
-        return []
-    if not info.is_cuda:
-        out = []
+        return Batch([], 0.0, None)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        if not info.is_cuda:
+            out = []
+            first = time.perf_counter()
+            for i in range(count):
+                args = sets[(start + i) % len(sets)]
+                t0 = time.perf_counter()
+                fn(*args)
+                out.append((time.perf_counter() - t0) * 1e3)
+            total = (time.perf_counter() - first) * 1e3
+            return Batch(out, total, None)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+        held: Any = None
+        if launch is not None and hasattr(torch.cuda, "_sleep"):
+            held = torch.cuda.Event(enable_timing=True)
+            held.record()
+            torch.cuda._sleep(sleep_cycles(launch.lead_ms(count), info.max_clock_hz))
+        probe = min(count, LAUNCH_PROBE_ITERS)
+        t0 = time.perf_counter()
+        t_probe = t0
         for i in range(count):
             args = sets[(start + i) % len(sets)]
-            t0 = time.perf_counter()
+            starts[i].record()
             fn(*args)
-            out.append((time.perf_counter() - t0) * 1e3)
-        return out
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
-    if prequeue and hasattr(torch.cuda, "_sleep"):
-        torch.cuda._sleep(int(min(count * 60e-6, 0.05) * 2e9))  # cycles at ~2 GHz
-    for i in range(count):
-        args = sets[(start + i) % len(sets)]
-        starts[i].record()
-        fn(*args)
-        ends[i].record()
-    torch.cuda.synchronize()
-    return [float(starts[i].elapsed_time(ends[i])) for i in range(count)]
+            ends[i].record()
+            if i + 1 == probe:
+                t_probe = time.perf_counter()
+        enqueued_ms = (time.perf_counter() - t0) * 1e3
+        torch.cuda.synchronize()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    iter_ms = [float(starts[i].elapsed_time(ends[i])) for i in range(count)]
+    total = float(starts[0].elapsed_time(ends[-1]))
+    ahead: bool | None = None
+    if held is not None:
+        ahead = enqueued_ms <= float(held.elapsed_time(starts[0]))
+    if launch is not None:
+        launch.observe((t_probe - t0) * 1e6 / probe, statistics.median(iter_ms) * 1e3)
+    return Batch(iter_ms, total, ahead)
+
+
+def figures(work: float, iter_ms: Sequence[float], total_ms: float) -> tuple[float, float]:
+    """(delivered, peak) in work units per second.
+
+    delivered: the work of all iterations over their total elapsed time, gaps included (what a
+    user of a shared or time-sliced GPU gets); peak: the work of one iteration over the median
+    iteration time (comparable with mamf-finder). Both nan when there is no timing.
+    """
+    if not iter_ms or total_ms <= 0:
+        return math.nan, math.nan
+    median_ms = statistics.median(iter_ms)
+    delivered = work * len(iter_ms) / (total_ms / 1e3)
+    peak = work / (median_ms / 1e3) if median_ms > 0 else math.nan
+    return delivered, peak
+
+
+def parse_kind_values(
+    text: str | None, defaults: dict[str, float], what: str, minimum: float = 0.0
+) -> dict[str, float]:
+    """'4' (every kind) or 'compute=4,decode=0.5' (the rest keep their defaults)."""
+    values = dict(defaults)
+    if text is None or not text.strip():
+        return values
+    text = text.strip()
+    if "=" not in text:
+        value = _kind_number(text, what, minimum)
+        return {kind: value for kind in values}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        kind, sep, number = item.partition("=")
+        kind = kind.strip().lower()
+        if not sep or kind not in values:
+            raise UsageError(
+                f"bad {what} item {item.strip()!r}: expected KIND=NUMBER with KIND one of "
+                + ", ".join(values)
+            )
+        values[kind] = _kind_number(number, what, minimum)
+    return values
+
+
+def _kind_number(text: str, what: str, minimum: float) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"bad {what} value {text.strip()!r}: not a number") from None
+    if not math.isfinite(value) or value < minimum:
+        raise UsageError(f"bad {what} value {text.strip()!r}: must be >= {minimum:g}")
+    return value
 
 
 # --------------------------------------------------------------------------
@@ -1012,6 +1264,13 @@ def plan_suite(
 
 
 def _result(spec: KernelSpec, m: int, status: str, reason: str | None) -> dict[str, Any]:
+    """A kernel's entry in the document; the figures stay None unless it was timed.
+
+    delivered: TFLOPS (TOPS for int8) over the timed batch's total time, gaps included
+    peak: TFLOPS (TOPS) from the median iteration time
+    total_ms: the timed batches' total elapsed time; gaps_ms: the part of it between iterations
+    queued_ahead: every timed batch was enqueued before the GPU began it (CUDA), else None
+    """
     return {
         "dtype": spec.dtype,
         "shape": shape_label(m, spec.n, spec.k),
@@ -1019,9 +1278,13 @@ def _result(spec: KernelSpec, m: int, status: str, reason: str | None) -> dict[s
         "beta": spec.beta,
         "status": status,
         "reason": reason,
-        "tflops": None,
+        "delivered": None,
+        "peak": None,
+        "total_ms": None,
         "median_ms": None,
         "min_ms": None,
+        "gaps_ms": None,
+        "queued_ahead": None,
         "iters": 0,
         "warmup": 0,
         "buffer_sets": 0,
@@ -1033,16 +1296,18 @@ def _result(spec: KernelSpec, m: int, status: str, reason: str | None) -> dict[s
 @dataclass
 class Budget:
     """GPU-busy time left for the kernels still to run, shared out by weight: compute-bound
-    kernels get more (their median must span the power-cap controller's swings), memory-bound
-    ones less (many short iterations fit in little time)."""
+    kernels get more (their batch must span the power-cap controller's swings), memory-bound
+    ones less (many short iterations fit in little time). Plans for ``fraction`` of the
+    seconds, keeping headroom for warm-ups and minimum iteration counts."""
 
     seconds: float
     kernels_left: int
     busy: float = 0.0
     weight_left: float = 0.0
+    fraction: float = BUDGET_PLANNING_FRACTION
 
     def share(self, weight: float = 1.0) -> float:
-        target = self.seconds * BUDGET_PLANNING_FRACTION
+        target = self.seconds * self.fraction
         total = self.weight_left if self.weight_left > 0 else max(1, self.kernels_left)
         return max(0.0, target - self.busy) * weight / total
 
@@ -1055,109 +1320,221 @@ class BusyDuringRun(Exception):
     pass
 
 
+def _check_busy(busy: BusyState, args: argparse.Namespace) -> None:
+    why_busy = busy.check_during()
+    if why_busy and args.probe_when == "idle":
+        raise BusyDuringRun(why_busy)
+
+
+class KernelRun:
+    """One kernel through its life: set up and checked once, warmed up, timed in batches.
+
+    Every batch's GPU time is charged to ``budget.busy``. ``summary()`` gives the kernel's
+    document entry; ``release()`` drops its buffers.
+    """
+
+    def __init__(
+        self, info: DeviceInfo, spec: KernelSpec, args: argparse.Namespace, budget: Budget
+    ) -> None:
+        self.info = info
+        self.spec = spec
+        self.args = args
+        self.budget = budget
+        self.table = DTYPES[spec.dtype]
+        self.m = spec.m_candidates[0]
+        self.result = _result(spec, self.m, "ok", None)
+        self.prepared: Prepared | None = None
+        self.sets: list[tuple[Any, ...]] = []
+        self.launch = LaunchModel(args.launch_us, args.max_prequeue_ms)
+        self.position = 0
+        self.warm_ms: list[float] = []
+        self.iter_ms: list[float] = []
+        self.total_ms = 0.0
+        self.ahead: list[bool] = []
+
+    @property
+    def ready(self) -> bool:
+        return self.prepared is not None and self.result["status"] == "ok"
+
+    @property
+    def work(self) -> float:
+        """Operations of one iteration: 2 M N K."""
+        return 2.0 * self.m * self.spec.n * self.spec.k
+
+    @contextlib.contextmanager
+    def _precision(self) -> Iterator[None]:
+        torch = self.info.torch
+        needed = self.table.matmul_precision
+        if needed is None:
+            yield
+            return
+        before = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision(needed)
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(before)
+
+    def _fail(self, status: str, reason: str | None) -> bool:
+        self.result = _result(self.spec, self.m, status, reason)
+        self.release()
+        return False
+
+    def setup(self) -> bool:
+        """Gate, the first M the kernel accepts, a correctness check, rotation sets.
+
+        Returns True when the kernel is ready to time; otherwise the result says why not.
+        """
+        info, spec, torch = self.info, self.spec, self.info.torch
+        reason = gate(info, spec.dtype)
+        if reason is not None:
+            return self._fail("unsupported", reason)
+        try:
+            with self._precision():
+                out: Any = None
+                last_exc: BaseException | None = None
+                for m in spec.m_candidates:
+                    self.m = m
+                    try:
+                        self.prepared = prepare(info, spec, m)
+                        self.sets = [self.prepared.make_set()]
+                        out = self.prepared.fn(*self.sets[0])
+                        if info.is_cuda:
+                            torch.cuda.synchronize()
+                        last_exc = None
+                        break
+                    except Exception as exc:
+                        last_exc = exc
+                        self.prepared, self.sets, out = None, [], None
+                if last_exc is not None or self.prepared is None:
+                    failure = last_exc or RuntimeError("no candidate M")
+                    return self._fail(*classify_kernel_exception(spec.dtype, failure))
+                self.result = _result(spec, self.m, "ok", None)
+                rows = _rows(torch, self.m, info.device)
+                err = max_row_relative_error(
+                    torch, out[rows], self.prepared.reference(self.sets[0], rows)
+                )
+                self.prepared.release()
+                del out
+                bound = self.table.error_bound
+                if not within_bound(err, bound):
+                    self._fail(
+                        "error",
+                        f"wrong result: max row relative error {err:.3g} exceeds bound {bound:.3g}",
+                    )
+                    self.result["max_rel_error"] = err
+                    return False
+                self.result["max_rel_error"] = err
+                if spec.kind == "decode" and info.is_cuda:
+                    set_bytes = sum(t.numel() * t.element_size() for t in self.sets[0])
+                    for _ in range(rotation_sets(set_bytes, info.l2_bytes) - 1):
+                        self.sets.append(self.prepared.make_set())
+                self.result["buffer_sets"] = len(self.sets)
+                return True
+        except Exception as exc:
+            return self._fail(*classify_exception(exc))
+
+    def _batch(self, count: int) -> Batch:
+        assert self.prepared is not None
+        with self._precision():
+            batch = time_batch(
+                self.info, self.prepared.fn, self.sets, count, self.position, self.launch
+            )
+        self.position = (self.position + count) % len(self.sets)
+        self.budget.busy += batch.total_ms / 1e3
+        return batch
+
+    def warm_up(self, count: int, floor_ms: float) -> None:
+        """``count`` iterations, then more until the warm-up lasted ``floor_ms`` (GPU only)."""
+        spent = 0.0
+        if count > 0:
+            batch = self._batch(count)
+            self.warm_ms += batch.iter_ms
+            spent += batch.total_ms
+        while self.info.is_cuda and spent < floor_ms and len(self.warm_ms) < MAX_WARMUP_ITERS:
+            per = statistics.median(self.warm_ms) if self.warm_ms else 0.0
+            more = 1 if per <= 0 else max(1, int((floor_ms - spent) / max(per, 1e-3)))
+            more = min(more, MAX_WARMUP_ITERS - len(self.warm_ms))
+            batch = self._batch(more)
+            self.warm_ms += batch.iter_ms
+            spent += batch.total_ms
+
+    def measure(self, count: int) -> Batch:
+        """One timed batch of ``count`` back-to-back iterations, added to the kernel's figures."""
+        batch = self._batch(count)
+        self.iter_ms += batch.iter_ms
+        self.total_ms += batch.total_ms
+        if batch.queued_ahead is not None:
+            self.ahead.append(batch.queued_ahead)
+        return batch
+
+    def summary(self) -> dict[str, Any]:
+        result = dict(self.result)
+        if result["status"] != "ok" or not self.iter_ms:
+            return result
+        delivered, peak = figures(self.work, self.iter_ms, self.total_ms)
+        result.update(
+            delivered=delivered / 1e12,
+            peak=peak / 1e12,
+            total_ms=self.total_ms,
+            median_ms=statistics.median(self.iter_ms),
+            min_ms=min(self.iter_ms),
+            gaps_ms=self.total_ms - math.fsum(self.iter_ms),
+            queued_ahead=all(self.ahead) if self.ahead else None,
+            iters=len(self.iter_ms),
+            warmup=len(self.warm_ms),
+        )
+        return result
+
+    def release(self) -> None:
+        self.sets.clear()
+        if self.prepared is not None:
+            self.prepared.release()
+        self.prepared = None
+
+
 def run_kernel(
     info: DeviceInfo, spec: KernelSpec, args: argparse.Namespace, budget: Budget, busy: BusyState
 ) -> dict[str, Any]:
-    torch = info.torch
-    m = spec.m_candidates[0]
-    reason = gate(info, spec.dtype)
-    if reason is not None:
-        return _result(spec, m, "unsupported", reason)
-    bound = DTYPES[spec.dtype].error_bound
-    precision_needed = DTYPES[spec.dtype].matmul_precision
-    sets: list[tuple[Any, ...]] = []
-    prepared: Prepared | None = None
-    out: Any = None
-    last_exc: BaseException | None = None
-    precision = torch.get_float32_matmul_precision()
+    """Set up, check, warm up and time one kernel in one back-to-back batch."""
+    weight = args.kind_weights.get(spec.kind, 1.0)
+    run = KernelRun(info, spec, args, budget)
     try:
-        if precision_needed is not None:
-            torch.set_float32_matmul_precision(precision_needed)
-        # first M the kernel accepts (decode shapes), set 0, and its result
-        for m in spec.m_candidates:
-            try:
-                prepared = prepare(info, spec, m)
-                sets = [prepared.make_set()]
-                out = prepared.fn(*sets[0])
-                if info.is_cuda:
-                    torch.cuda.synchronize()
-                last_exc = None
-                break
-            except Exception as exc:
-                last_exc = exc
-                prepared, sets, out = None, [], None
-        if last_exc is not None or prepared is None:
-            failure = last_exc or RuntimeError("no candidate M")
-            status, why = classify_kernel_exception(spec.dtype, failure)
-            return _result(spec, m, status, why)
-        result = _result(spec, m, "ok", None)
-        rows = _rows(torch, m, info.device)
-        err = max_row_relative_error(torch, out[rows], prepared.reference(sets[0], rows))
-        result["max_rel_error"] = err
-        prepared.release()
-        del out
-        if not within_bound(err, bound):
-            result["status"] = "error"
-            result["reason"] = (
-                f"wrong result: max row relative error {err:.3g} exceeds bound {bound:.3g}"
-            )
-            return result
-        if spec.kind == "decode" and info.is_cuda:
-            set_bytes = sum(t.numel() * t.element_size() for t in sets[0])
-            for _ in range(rotation_sets(set_bytes, info.l2_bytes) - 1):
-                sets.append(prepared.make_set())
-        result["buffer_sets"] = len(sets)
-        why_busy = busy.check_during()
-        if why_busy and args.probe_when == "idle":
-            raise BusyDuringRun(why_busy)
-        prequeue = spec.kind == "decode"
-        warm = time_iterations(info, prepared.fn, sets, args.warmup, 0, prequeue)
-        # Warm up for at least --warmup-ms as well, so clocks and power settle before timing.
-        while info.is_cuda and sum(warm) < args.warmup_ms and len(warm) < MAX_WARMUP_ITERS:
-            more = max(1, int((args.warmup_ms - sum(warm)) / max(statistics.median(warm), 1e-3)))
-            more = min(more, MAX_WARMUP_ITERS - len(warm))
-            warm += time_iterations(info, prepared.fn, sets, more, len(warm), prequeue)
-        warm_s = sum(warm) / 1e3
-        budget.busy += warm_s
-        iters = choose_iters(args.iters, warm, budget.share(KIND_WEIGHTS.get(spec.kind, 1.0)), 0.0)
-        timed = time_iterations(info, prepared.fn, sets, iters, args.warmup, prequeue)
-        budget.busy += sum(timed) / 1e3
-        why_busy = busy.check_during()
-        if why_busy and args.probe_when == "idle":
-            raise BusyDuringRun(why_busy)
-        median_ms = statistics.median(timed)
-        result.update(
-            iters=iters,
-            warmup=len(warm),
-            median_ms=median_ms,
-            min_ms=min(timed),
-            tflops=(2.0 * m * spec.n * spec.k) / (median_ms / 1e3) / 1e12 if median_ms else None,
-        )
-        return result
+        if not run.setup():
+            return run.summary()
+        _check_busy(busy, args)
+        run.warm_up(args.warmup, args.warmup_ms.get(spec.kind, 0.0))
+        share = budget.share(weight)
+        iters = choose_iters(args.iters, run.warm_ms, share, 0.0, args.min_iters, args.max_iters)
+        run.measure(iters)
+        _check_busy(busy, args)
+        return run.summary()
     except BusyDuringRun:
         raise
     except Exception as exc:
         status, why = classify_exception(exc)
-        return _result(spec, m, status, why)
+        return _result(spec, run.m, status, why)
     finally:
-        budget.done(KIND_WEIGHTS.get(spec.kind, 1.0))
-        if precision_needed is not None:
-            torch.set_float32_matmul_precision(precision)
-        sets.clear()
+        budget.done(weight)
+        run.release()
         if info.is_cuda:
-            torch.cuda.empty_cache()
+            info.torch.cuda.empty_cache()
 
 
 def run_bandwidth(
     info: DeviceInfo, args: argparse.Namespace, budget: Budget, small: bool
 ) -> dict[str, Any]:
+    """Device-to-device copy: delivered and peak in bytes/s (bytes read plus bytes written)."""
     torch = info.torch
+    weight = args.kind_weights.get("bandwidth", 1.0)
     result: dict[str, Any] = {
         "status": "ok",
         "reason": None,
-        "bytes_per_second": None,
+        "delivered": None,
+        "peak": None,
         "bytes": None,
         "median_ms": None,
+        "total_ms": None,
         "iters": 0,
     }
     try:
@@ -1182,19 +1559,22 @@ def run_bandwidth(
         ):
             result.update(status="error", reason="device copy produced wrong data")
             return result
-        warm = time_iterations(info, copy, sets, args.warmup)
-        warm_s = sum(warm) / 1e3
-        budget.busy += warm_s
-        iters = choose_iters(args.iters, warm, budget.share(), 0.0)
-        timed = time_iterations(info, copy, sets, iters)
-        budget.busy += sum(timed) / 1e3
-        median_ms = statistics.median(timed)
+        launch = LaunchModel(args.launch_us, args.max_prequeue_ms)
+        warm = time_batch(info, copy, sets, max(1, args.warmup), 0, launch)
+        budget.busy += warm.total_ms / 1e3
+        share = budget.share(weight)
+        iters = choose_iters(args.iters, warm.iter_ms, share, 0.0, args.min_iters, args.max_iters)
+        timed = time_batch(info, copy, sets, iters, 0, launch)
+        budget.busy += timed.total_ms / 1e3
         moved = 2 * n * 4  # bytes read plus bytes written
+        delivered, peak = figures(moved, timed.iter_ms, timed.total_ms)
         result.update(
             bytes=moved,
-            median_ms=median_ms,
+            delivered=delivered,
+            peak=peak,
+            median_ms=statistics.median(timed.iter_ms),
+            total_ms=timed.total_ms,
             iters=iters,
-            bytes_per_second=moved / (median_ms / 1e3) if median_ms else None,
         )
         return result
     except Exception as exc:
@@ -1202,7 +1582,7 @@ def run_bandwidth(
         result.update(status=status, reason=why)
         return result
     finally:
-        budget.done()
+        budget.done(weight)
         if info.is_cuda:
             torch.cuda.empty_cache()
 
@@ -1290,6 +1670,21 @@ def _log(message: str) -> None:
     print(f"sparkdiag-probe: {message}", file=sys.stderr, flush=True)
 
 
+def progress(item: dict[str, Any]) -> None:
+    """One progress line on stderr: PROGRESS_PREFIX and a JSON object."""
+    line = json.dumps(_jsonable(item), allow_nan=False)
+    print(PROGRESS_PREFIX + line, file=sys.stderr, flush=True)
+
+
+def max_sm_clock_hz(props: Any, nvml: Nvml | None) -> float:
+    """The GPU's highest SM clock in Hz (torch's clock_rate, else NVML), else SLEEP_CLOCK_HZ."""
+    khz = getattr(props, "clock_rate", None)
+    if isinstance(khz, (int, float)) and khz > 0:
+        return float(khz) * 1e3
+    mhz = nvml.max_sm_clock_mhz() if nvml is not None else None
+    return float(mhz) * 1e6 if mhz else SLEEP_CLOCK_HZ
+
+
 def _now() -> float:
     return time.time()
 
@@ -1361,6 +1756,14 @@ def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
         "busy_utilization": args.busy_utilization,
         "small": small,
         "dtypes": args.dtype,
+        "warmup_ms": args.warmup_ms,
+        "spinup_ms": args.spinup_ms,
+        "kind_weights": args.kind_weights,
+        "budget_fraction": args.budget_fraction,
+        "min_iters": args.min_iters,
+        "max_iters": args.max_iters,
+        "launch_us": args.launch_us,
+        "max_prequeue_ms": args.max_prequeue_ms,
     }
     cuda_index = 0
     if is_cuda:
@@ -1392,7 +1795,7 @@ def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
 
         torch.manual_seed(args.seed)
         capability: tuple[int, int] | None = None
-        sm_count, l2 = 0, ASSUMED_L2_BYTES
+        sm_count, l2, clock_hz = 0, ASSUMED_L2_BYTES, SLEEP_CLOCK_HZ
         if is_cuda:
             before = (nvml.compute_pids() if nvml else None) or set()
             torch.cuda.set_device(cuda_index)
@@ -1401,6 +1804,7 @@ def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
             capability = (int(props.major), int(props.minor))
             sm_count = int(props.multi_processor_count)
             l2 = int(getattr(props, "L2_cache_size", 0) or ASSUMED_L2_BYTES)
+            clock_hz = max_sm_clock_hz(props, nvml)
             if nvml is not None:
                 uuid = getattr(props, "uuid", None)
                 want = None if uuid is None else _bare_uuid(str(uuid))
@@ -1418,11 +1822,17 @@ def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
             sm_count=sm_count,
             l2_bytes=l2,
             torch_version=torch_version_tuple(str(torch.__version__)),
+            max_clock_hz=clock_hz,
         )
         specs = plan_suite(info, args.dtype, small, args.shape)
-        budget = Budget(args.budget_seconds, len(specs) + (1 if args.bandwidth else 0))
-        budget.weight_left = sum(KIND_WEIGHTS.get(s.kind, 1.0) for s in specs) + (
-            1.0 if args.bandwidth else 0.0
+        weights = args.kind_weights
+        budget = Budget(
+            args.budget_seconds,
+            len(specs) + (1 if args.bandwidth else 0),
+            fraction=args.budget_fraction,
+        )
+        budget.weight_left = sum(weights.get(s.kind, 1.0) for s in specs) + (
+            weights.get("bandwidth", 1.0) if args.bandwidth else 0.0
         )
         sampler = ConditionSampler(nvml)
         sampler.start()
@@ -1433,8 +1843,7 @@ def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
                 _log(f"{spec.dtype} {spec.kind} {spec.m_candidates[0]}x{spec.n}x{spec.k}")
                 doc["results"].append(run_kernel(info, spec, args, budget, busy))
                 if args.progress:
-                    line = json.dumps({"done": done, "total": len(specs), **doc["results"][-1]})
-                    print(PROGRESS_PREFIX + line, file=sys.stderr, flush=True)
+                    progress({"done": done, "total": len(specs), **doc["results"][-1]})
             if args.bandwidth:
                 doc["bandwidth"] = run_bandwidth(info, args, budget, small)
         except BusyDuringRun as exc:
