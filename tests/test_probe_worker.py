@@ -261,6 +261,84 @@ def test_custom_shape_and_fixed_iters() -> None:
     assert got == {("64x128x256", "compute", 7, 3), ("2x128x256", "decode", 7, 3)}
 
 
+@pytest.fixture(scope="module")
+def hot_doc() -> dict[str, Any]:
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), "--device", "cpu", "--small", "--suite", "hot"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    return doc
+
+
+def test_hot_suite_shape_and_budget(
+    hot_doc: dict[str, Any], cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]]
+) -> None:
+    doc = hot_doc
+    assert doc["schema"] == "sparkdiag-probe/2" and doc["suite"] == "hot"
+    assert doc["status"] == "ok", doc["reason"]
+    config = doc["config"]
+    assert config["probe_when"] == "always"  # a busy GPU is measured, not skipped
+    assert config["spinup_ms"] == 0 and config["budget_seconds"] == 0.1
+    assert doc["bandwidth"] is None
+    # the same result shape as the default suite's
+    default_keys = {frozenset(r) for r in cpu_run[1]["results"]}
+    assert {frozenset(r) for r in doc["results"]} == default_keys
+    got = [(r["dtype"], r["kind"]) for r in doc["results"]]
+    dtypes = ["int4", "bf16", "fp16", "fp8", "nvfp4"]
+    assert got == [(d, "decode") for d in dtypes] + [(d, "llm") for d in dtypes]
+    ok = [r for r in doc["results"] if r["status"] == "ok"]
+    assert {r["dtype"] for r in ok} == {"int4", "bf16", "fp16"}  # fp8 and nvfp4: not on cpu
+    for r in ok:
+        assert r["delivered"] > 0 and r["peak"] > 0 and r["gaps_ms"] >= 0
+        assert r["warmup"] >= 1
+        if r["kind"] == "decode":
+            assert r["batches"] == min(3, r["iters"])  # interleaved rounds
+    timed = sum(r["total_ms"] for r in ok) / 1e3
+    assert timed <= doc["gpu_busy_seconds"] <= 0.25  # ~0.1 s planned; CPU timing is noisy
+    ratios = doc["ratios"]
+    assert set(ratios) == {"int4/bf16", "int4/fp16"}
+    by = {(r["dtype"], r["kind"]): r for r in ok}
+    assert ratios["int4/bf16"] == pytest.approx(
+        by["int4", "decode"]["delivered"] / by["bf16", "decode"]["delivered"]
+    )
+
+
+def test_check_suite_and_explicit_overrides() -> None:
+    proc = subprocess.run(
+        [
+            *(sys.executable, str(WORKER), "--device", "cpu", "--small", "--suite", "check"),
+            *("--dtype", "bf16,int4", "--budget-seconds", "0.3", "--rounds", "2"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(proc.stdout)
+    assert doc["suite"] == "check" and doc["status"] == "ok"
+    assert doc["config"]["budget_seconds"] == 0.3 and doc["config"]["rounds"] == 2
+    assert doc["config"]["probe_when"] == "idle"
+    kinds = [(r["dtype"], r["kind"], r["beta"]) for r in doc["results"]]
+    # compute and llm kernels alone in dtype order, then the decode kernels together
+    assert kinds == [
+        ("bf16", "compute", 0),
+        ("bf16", "compute", 1),
+        ("bf16", "llm", 0),
+        ("int4", "compute", 0),
+        ("int4", "llm", 0),
+        ("bf16", "decode", 0),
+        ("int4", "decode", 0),
+    ]
+    for r in doc["results"]:
+        assert r["status"] == "ok", r
+        assert r["batches"] == (min(2, r["iters"]) if r["kind"] == "decode" else 1)
+    assert doc["ratios"]["int4/bf16"] is not None and doc["ratios"]["int4/fp16"] is None
+
+
 def test_worker_imports_only_the_standard_library_at_top_level() -> None:
     tree = ast.parse(WORKER.read_text())
     names: set[str] = set()
@@ -445,6 +523,101 @@ def test_parse_kind_values(w: ModuleType) -> None:
             w.parse_args(bad_args)
 
 
+def test_suite_defaults(w: ModuleType) -> None:
+    hot = w.parse_args(["--suite", "hot"])
+    assert hot.dtype == ["int4", "bf16", "fp16", "fp8", "nvfp4"]
+    assert (hot.probe_when, hot.spinup_ms, hot.budget_seconds) == ("always", 0.0, 0.1)
+    assert hot.bandwidth is False and hot.rounds == 3 and hot.min_iters == 1
+    assert hot.warmup_ms["decode"] == 1.0
+    forced = w.parse_args(["--suite", "hot", "--probe-when", "idle", "--spinup-ms", "20"])
+    assert forced.probe_when == "idle" and forced.spinup_ms == 20.0
+    default = w.parse_args([])
+    assert default.suite == "default" and default.dtype == list(w.ALL_DTYPES)
+    assert (default.probe_when, default.spinup_ms, default.rounds) == ("idle", 150.0, 1)
+    check = w.parse_args(["--suite", "check"])
+    assert check.dtype == ["bf16", "fp16", "int4"] and check.budget_seconds == 1.0
+    with pytest.raises(w.UsageError):
+        w.parse_args(["--suite", "warm"])
+    with pytest.raises(w.UsageError):
+        w.parse_args(["--rounds", "0"])
+
+
+def test_grouping_helpers(w: ModuleType) -> None:
+    spec = w.KernelSpec
+    specs = [
+        spec("bf16", "compute", (64,), 64, 64),
+        spec("bf16", "llm", (64,), 64, 64),
+        spec("bf16", "decode", (1,), 64, 64),
+        spec("int4", "llm", (64,), 64, 128),
+        spec("int4", "decode", (1,), 64, 128),
+    ]
+    alone = w.plan_groups(specs, ())
+    assert alone == [[s] for s in specs]
+    groups = w.plan_groups(specs, ("decode",))
+    assert [[(s.dtype, s.kind) for s in g] for g in groups] == [
+        [("bf16", "compute")],
+        [("bf16", "llm")],
+        [("int4", "llm")],
+        [("bf16", "decode"), ("int4", "decode")],
+    ]
+    hot = w.plan_groups(specs, ("decode", "llm"))
+    assert [[s.kind for s in g] for g in hot] == [["compute"], ["decode"] * 2, ["llm"] * 2]
+    assert w.rotated([0, 1, 2], 0) == [0, 1, 2]
+    assert w.rotated([0, 1, 2], 4) == [1, 2, 0]
+    assert w.rotated([], 3) == []
+    assert w.split_rounds(10, 3) == [4, 3, 3]
+    assert w.split_rounds(2, 3) == [1, 1]
+    assert w.split_rounds(5, 1) == [5]
+
+
+def test_decode_ratios(w: ModuleType) -> None:
+    def r(dtype: str, delivered: float | None, shape: str = "1x8192x8192") -> dict[str, Any]:
+        status = "ok" if delivered else "unsupported"
+        return {"dtype": dtype, "kind": "decode", "shape": shape, "status": status,
+                "delivered": delivered}  # fmt: skip
+
+    got = w.decode_ratios([r("int4", 6.0), r("bf16", 3.75), r("fp16", 3.0)])
+    assert got == {"int4/bf16": pytest.approx(1.6), "int4/fp16": pytest.approx(2.0)}
+    assert w.decode_ratios([r("int4", 6.0), r("fp16", None)]) == {
+        "int4/bf16": None,
+        "int4/fp16": None,
+    }
+    # different decode M (nvfp4-like) or other kinds never pair
+    other = w.decode_ratios([r("int4", 6.0, "16x8192x8192"), r("bf16", 3.0)])
+    assert other["int4/bf16"] is None
+    llm = {"dtype": "bf16", "kind": "llm", "shape": "1x8192x8192", "status": "ok", "delivered": 1}
+    assert w.decode_ratios([r("int4", 6.0), llm])["int4/bf16"] is None
+
+
+def test_group_warms_all_then_times_in_rotated_rounds(
+    w: ModuleType, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[tuple[str, str]] = []
+    real_warm, real_measure = w.KernelRun.warm_up, w.KernelRun.measure
+
+    def warm_up(self: Any, count: int, floor_ms: float) -> None:
+        calls.append(("warm", self.spec.dtype))
+        real_warm(self, count, floor_ms)
+
+    def measure(self: Any, count: int) -> Any:
+        calls.append(("time", self.spec.dtype))
+        return real_measure(self, count)
+
+    monkeypatch.setattr(w.KernelRun, "warm_up", warm_up)
+    monkeypatch.setattr(w.KernelRun, "measure", measure)
+    args = w.parse_args(["--device", "cpu", "--suite", "hot", "--iters", "6"])
+    specs = [w.KernelSpec(d, "decode", (1,), 64, 128) for d in ("int4", "bf16", "fp8", "fp16")]
+    budget = w.Budget(0.1, len(specs))
+    results = w.run_group(_cpu_info(w), specs, args, budget, w.BusyState(None, set(), 0.1), 3)
+    assert [r["status"] for r in results] == ["ok", "ok", "unsupported", "ok"]
+    assert [r["iters"] for r in results] == [6, 6, 0, 6]
+    assert [r["batches"] for r in results] == [3, 3, 0, 3]
+    assert calls[:3] == [("warm", "int4"), ("warm", "bf16"), ("warm", "fp16")]
+    rounds = [d for what, d in calls[3:]]
+    assert rounds == ["int4", "bf16", "fp16", "bf16", "fp16", "int4", "fp16", "int4", "bf16"]
+    assert budget.kernels_left == 0 and budget.busy > 0
+
+
 def test_shape_planning(w: ModuleType) -> None:
     assert w.compute_cube((9, 0), 132) == 8192  # H100/H200
     assert w.compute_cube((12, 1), 48) == 4096  # GB10
@@ -465,6 +638,13 @@ def test_shape_planning(w: ModuleType) -> None:
     assert by["int8", "decode", 0].m_candidates[0] == 1  # smallest accepted M is probed
     assert by["int4", "compute", 0].k == 4096
     assert len(specs) == 7 * 3 + 1
+    hot = w.plan_suite(h200, ["int4", "bf16"], False, [], ("decode", "llm"))
+    assert [(s.dtype, s.kind) for s in hot] == [
+        ("int4", "llm"),
+        ("int4", "decode"),
+        ("bf16", "llm"),
+        ("bf16", "decode"),
+    ]
 
 
 def test_gates(w: ModuleType) -> None:
@@ -648,6 +828,21 @@ def test_gpu_full_suite() -> None:
         assert doc["conditions"]["samples"] > 0
         assert doc["conditions"]["max_gpu_temperature_celsius"] is not None
     assert doc["gpu_busy_seconds"] <= 2.0
+
+
+@pytest.mark.gpu
+def test_gpu_hot_suite() -> None:
+    if not _cuda():
+        pytest.skip("no CUDA device")
+    doc = _worker(["--suite", "hot"])
+    print(json.dumps(doc, indent=1))
+    assert doc["status"] == "ok", doc["reason"]
+    assert doc["gpu_busy_seconds"] <= 0.15, doc["gpu_busy_seconds"]  # ~100 ms planned
+    for r in doc["results"]:
+        assert r["status"] != "error", r
+    ratios = doc["ratios"]
+    print(ratios)
+    assert ratios["int4/bf16"] is not None and ratios["int4/bf16"] > 1.0  # H200: 1.6-1.9
 
 
 @pytest.mark.gpu

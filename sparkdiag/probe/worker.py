@@ -21,6 +21,26 @@ the L2 cache for memory-bound (decode) shapes, and a correctness spot check of
 every kernel against a float64 reference so a broken kernel can never look
 fast.
 
+Suites (``--suite``; SUITES holds each one's defaults, explicit arguments win)
+-------------------------------------------------------------------------------
+- ``default``: the periodic probe. Every dtype at the compute-bound cube (bf16
+  also with beta=1), the LLM shape 4096x11008x4096 and a decode shape (M=1),
+  one batch per kernel in dtype order, then the device copy; 150 ms spin-up,
+  2 s of GPU time; skips a GPU another process computes on.
+- ``hot``: the short probe for a hot or busy GPU. Decode and LLM shapes of
+  int4, bf16, fp16, fp8 and nvfp4 (unsupported ones say why), about 100 ms of
+  GPU time, no spin-up, measured even when the GPU is busy. The decode
+  kernels are set up and warmed up together, then timed in interleaved rounds
+  (rotated order), so int4 against bf16/fp16 (``ratios``) is one comparison
+  under the same conditions: contention lowers both sides of it, the heat
+  that collapses 4-bit GEMMs lowers int4 alone.
+- ``check``: what ``sparkdiag check`` judges: bf16, fp16 and int4 at every
+  shape, the decode kernels interleaved as in ``hot``, 1 s of GPU time.
+
+Every result has the same keys whatever the suite; ``gpu_busy_seconds`` is
+the GPU time of the spin-up, warm-ups and timed batches (not the setup and the
+one untimed call each kernel's correctness check makes).
+
 Delivered and peak
 ------------------
 Each kernel is timed in one batch of back-to-back iterations. Two figures come
@@ -152,8 +172,19 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The worker's arguments; those left out take the defaults of the ``--suite`` (SUITES)."""
     p = _Parser(prog="sparkdiag-probe-worker", description=__doc__.splitlines()[0])
+    per_suite = "default: per --suite, see SUITES"
     p.add_argument("--device", default=None, help="cuda:N or cpu (default: cuda if available)")
+    p.add_argument(
+        "--suite",
+        choices=("default", "hot", "check"),
+        default="default",
+        help="default: every dtype at the compute, LLM and decode shapes, device copy and "
+        "host-device copies (the periodic probe); hot: decode and LLM shapes of int4, bf16, "
+        "fp16, fp8, nvfp4 within ~100 ms, no spin-up, even on a busy GPU; check: bf16, fp16 "
+        "and int4 for sparkdiag check",
+    )
     p.add_argument(
         "--dtype",
         action="append",
@@ -161,22 +192,20 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="dtype(s) to probe, repeatable or comma separated: " + ",".join(ALL_DTYPES),
     )
     p.add_argument("--shape", action="append", default=None, help="MxNxK, repeatable")
-    p.add_argument("--warmup", type=int, default=10, help="warm-up iterations (default 10)")
+    p.add_argument("--warmup", type=int, default=None, help=f"warm-up iterations ({per_suite})")
     p.add_argument(
         "--warmup-ms",
         default=None,
         metavar="MS|KIND=MS,...",
         help="also warm up each kernel for at least this much GPU time, for every kind or per "
-        "kind (compute, llm, decode, bandwidth; default "
-        + ",".join(f"{k}={v:g}" for k, v in WARMUP_MS.items())
-        + ")",
+        f"kind (compute, llm, decode, bandwidth; {per_suite})",
     )
     p.add_argument(
         "--spinup-ms",
         type=float,
-        default=150.0,
+        default=None,
         help="GPU time of untimed matmuls before the first kernel, to bring clocks up from "
-        "idle (default 150 ms; 0 to skip)",
+        f"idle (0 to skip; {per_suite})",
     )
     p.add_argument(
         "--iters", type=int, default=None, help="timed iterations (default: sized to the budget)"
@@ -184,14 +213,21 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument(
         "--min-iters",
         type=int,
-        default=MIN_ITERS,
-        help=f"fewest timed iterations of a kernel sized to the budget (default {MIN_ITERS})",
+        default=None,
+        help=f"fewest timed iterations of a kernel sized to the budget ({per_suite})",
     )
     p.add_argument(
         "--max-iters",
         type=int,
         default=MAX_ITERS,
         help=f"most timed iterations of a kernel sized to the budget (default {MAX_ITERS})",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="interleaved rounds in which kernels timed together (the decode shapes of the "
+        f"hot and check suites) are timed ({per_suite})",
     )
     p.add_argument(
         "--kind-weights",
@@ -222,21 +258,36 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="longest the GPU is held while a batch is enqueued; 0 disables the hold "
         f"(default {MAX_PREQUEUE_MS:g})",
     )
-    p.add_argument("--probe-when", choices=("idle", "always"), default="idle")
+    p.add_argument("--probe-when", choices=("idle", "always"), default=None, help=per_suite)
     p.add_argument("--busy-utilization", type=float, default=0.1, help="0..1 (default 0.1)")
     p.add_argument("--exclude-pid", type=int, action="append", default=[])
     p.add_argument("--small", action="store_true", help="tiny shapes (CPU, CI, smoke tests)")
-    p.add_argument("--budget-seconds", type=float, default=2.0, help="GPU-busy time budget")
-    p.add_argument("--bandwidth", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--budget-seconds", type=float, default=None, help=f"GPU-busy time budget ({per_suite})"
+    )
+    p.add_argument(
+        "--bandwidth",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"the device-to-device copy ({per_suite})",
+    )
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=1,
+        help="torch threads with --device cpu (default 1: CPU runs are tests and smoke runs, "
+        "and one thread keeps them quick and steady on a shared machine)",
+    )
     p.add_argument(
         "--progress",
         action="store_true",
         help=f"after each kernel, print '{PROGRESS_PREFIX}<json>' on stderr",
     )
     args = p.parse_args(list(argv))
+    suite = SUITES[args.suite]
     dtypes: list[str] = []
-    for item in args.dtype or ["all"]:
+    for item in args.dtype or [",".join(suite.dtypes)]:
         for name in item.split(","):
             name = name.strip().lower()
             if not name:
@@ -250,6 +301,17 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                 raise UsageError(f"unknown dtype {name!r} (known: {', '.join(ALL_DTYPES)})")
     args.dtype = dtypes
     args.shape = [parse_shape(s) for s in args.shape or []]
+    for name in (
+        "warmup",
+        "spinup_ms",
+        "min_iters",
+        "rounds",
+        "probe_when",
+        "budget_seconds",
+        "bandwidth",
+    ):
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(suite, name))
     if args.warmup < 0 or (args.iters is not None and args.iters < 1):
         raise UsageError("--warmup must be >= 0 and --iters >= 1")
     if not 0.0 <= args.busy_utilization <= 1.0:
@@ -260,10 +322,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         raise UsageError("--budget-fraction must be within (0, 1]")
     if args.min_iters < 1 or args.max_iters < args.min_iters:
         raise UsageError("--min-iters must be >= 1 and --max-iters >= --min-iters")
-    if args.launch_us < 0 or args.max_prequeue_ms < 0:
-        raise UsageError("--launch-us and --max-prequeue-ms must be >= 0")
+    if args.rounds < 1:
+        raise UsageError("--rounds must be >= 1")
+    if args.launch_us < 0 or args.max_prequeue_ms < 0 or args.spinup_ms < 0:
+        raise UsageError("--launch-us, --max-prequeue-ms and --spinup-ms must be >= 0")
     args.kind_weights = parse_kind_values(args.kind_weights, KIND_WEIGHTS, "--kind-weights")
-    args.warmup_ms = parse_kind_values(args.warmup_ms, WARMUP_MS, "--warmup-ms")
+    args.warmup_ms = parse_kind_values(args.warmup_ms, dict(suite.warmup_ms), "--warmup-ms")
     return args
 
 
@@ -1031,6 +1095,128 @@ ALL_DTYPES = tuple(DTYPES)
 
 
 # --------------------------------------------------------------------------
+# suites
+
+
+@dataclass(frozen=True)
+class SuiteSpec:
+    """What a suite probes and its defaults; an explicit argument overrides each default.
+
+    dtypes, kinds: what is planned (kinds: compute with its beta variants, llm, decode)
+    together: kinds whose kernels are set up together and then timed back to back in
+        ``rounds`` interleaved rounds (each round in a rotated order), so that their figures
+        and ratios are taken under the same conditions (heat, a competing process)
+    """
+
+    dtypes: tuple[str, ...]
+    kinds: tuple[str, ...]
+    together: tuple[str, ...]
+    rounds: int
+    budget_seconds: float
+    spinup_ms: float
+    probe_when: str
+    bandwidth: bool
+    warmup: int
+    warmup_ms: tuple[tuple[str, float], ...]
+    min_iters: int
+
+
+SUITES: dict[str, SuiteSpec] = {
+    # the periodic probe: every dtype and shape, one batch per kernel in dtype order
+    "default": SuiteSpec(
+        dtypes=ALL_DTYPES,
+        kinds=("compute", "llm", "decode"),
+        together=(),
+        rounds=1,
+        budget_seconds=2.0,
+        spinup_ms=150.0,
+        probe_when="idle",
+        bandwidth=True,
+        warmup=10,
+        warmup_ms=tuple(WARMUP_MS.items()),
+        min_iters=MIN_ITERS,
+    ),
+    # a hot or busy GPU, measured now: no spin-up (it would heat or wait), about 100 ms of
+    # GPU time; the decode kernels interleaved so int4 against bf16/fp16 is one comparison
+    "hot": SuiteSpec(
+        dtypes=("int4", "bf16", "fp16", "fp8", "nvfp4"),
+        kinds=("decode", "llm"),
+        together=("decode", "llm"),
+        rounds=3,
+        budget_seconds=0.1,
+        spinup_ms=0.0,
+        probe_when="always",
+        bandwidth=False,
+        warmup=1,
+        warmup_ms=(("compute", 2.0), ("llm", 2.0), ("decode", 1.0), ("bandwidth", 0.0)),
+        min_iters=1,
+    ),
+    # sparkdiag check: the dtypes it judges, decode kernels interleaved for the int4 ratio
+    "check": SuiteSpec(
+        dtypes=("bf16", "fp16", "int4"),
+        kinds=("compute", "llm", "decode"),
+        together=("decode",),
+        rounds=3,
+        budget_seconds=1.0,
+        spinup_ms=150.0,
+        probe_when="idle",
+        bandwidth=False,
+        warmup=10,
+        warmup_ms=tuple(WARMUP_MS.items()),
+        min_iters=MIN_ITERS,
+    ),
+}
+
+
+def plan_groups(specs: Sequence[KernelSpec], together: Sequence[str]) -> list[list[KernelSpec]]:
+    """Kernels in the order they run, as groups timed together.
+
+    Kernels of a kind not in ``together`` run alone, first, in plan order; then one group
+    per kind in ``together`` (in that order) holds all kernels of that kind.
+    """
+    groups: list[list[KernelSpec]] = [[s] for s in specs if s.kind not in together]
+    for kind in together:
+        group = [s for s in specs if s.kind == kind]
+        if group:
+            groups.append(group)
+    return groups
+
+
+def rotated(items: Sequence[int], shift: int) -> list[int]:
+    """``items`` rotated left by ``shift`` (the order of one interleaved round)."""
+    if not items:
+        return []
+    shift %= len(items)
+    return list(items[shift:]) + list(items[:shift])
+
+
+def split_rounds(count: int, rounds: int) -> list[int]:
+    """``count`` iterations over ``rounds`` rounds, as evenly as possible, none empty."""
+    rounds = max(1, min(rounds, count))
+    base, extra = divmod(count, rounds)
+    return [base + (1 if r < extra else 0) for r in range(rounds)]
+
+
+def decode_ratios(results: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """int4 over bf16 and over fp16, delivered, at the same decode shape (None when missing).
+
+    Contention lowers both sides of a ratio measured back to back; heat that collapses 4-bit
+    GEMMs lowers int4 alone.
+    """
+    decode = {
+        r["dtype"]: r
+        for r in results
+        if r.get("kind") == "decode" and r.get("status") == "ok" and r.get("delivered")
+    }
+    out: dict[str, float | None] = {}
+    for other in ("bf16", "fp16"):
+        a, b = decode.get("int4"), decode.get(other)
+        ok = a is not None and b is not None and a["shape"] == b["shape"]
+        out[f"int4/{other}"] = a["delivered"] / b["delivered"] if ok and a and b else None
+    return out
+
+
+# --------------------------------------------------------------------------
 # timing
 
 
@@ -1236,8 +1422,15 @@ def _kind_number(text: str, what: str, minimum: float) -> float:
 
 
 def plan_suite(
-    info: DeviceInfo, dtypes: Sequence[str], small: bool, shapes: Sequence[Any]
+    info: DeviceInfo,
+    dtypes: Sequence[str],
+    small: bool,
+    shapes: Sequence[Any],
+    kinds: Sequence[str] = ("compute", "llm", "decode"),
 ) -> list[KernelSpec]:
+    """The kernels to probe, per dtype: the compute cube (and its beta=1 variant where the
+    dtype has one), the LLM shape and the decode shape, those of ``kinds`` only. Custom
+    ``shapes`` replace them all, each classified as decode (M <= 32), llm or compute."""
     specs: list[KernelSpec] = []
     if shapes:
         for dtype in dtypes:
@@ -1255,11 +1448,14 @@ def plan_suite(
         cm, cn, ck = cube_shape
         if not small:
             cm = cn = ck = table.compute_edge(cm)
-        specs.append(KernelSpec(dtype, "compute", (cm,), cn, ck))
-        if table.beta_variant:
-            specs.append(KernelSpec(dtype, "compute", (cm,), cn, ck, beta=1))
-        specs.append(KernelSpec(dtype, "llm", (llm[0],), llm[1], llm[2]))
-        specs.append(KernelSpec(dtype, "decode", table.decode_m, nk, nk))
+        if "compute" in kinds:
+            specs.append(KernelSpec(dtype, "compute", (cm,), cn, ck))
+            if table.beta_variant:
+                specs.append(KernelSpec(dtype, "compute", (cm,), cn, ck, beta=1))
+        if "llm" in kinds:
+            specs.append(KernelSpec(dtype, "llm", (llm[0],), llm[1], llm[2]))
+        if "decode" in kinds:
+            specs.append(KernelSpec(dtype, "decode", table.decode_m, nk, nk))
     return specs
 
 
@@ -1270,6 +1466,7 @@ def _result(spec: KernelSpec, m: int, status: str, reason: str | None) -> dict[s
     peak: TFLOPS (TOPS) from the median iteration time
     total_ms: the timed batches' total elapsed time; gaps_ms: the part of it between iterations
     queued_ahead: every timed batch was enqueued before the GPU began it (CUDA), else None
+    batches: how many back-to-back batches the timed iterations ran in (rounds)
     """
     return {
         "dtype": spec.dtype,
@@ -1286,6 +1483,7 @@ def _result(spec: KernelSpec, m: int, status: str, reason: str | None) -> dict[s
         "gaps_ms": None,
         "queued_ahead": None,
         "iters": 0,
+        "batches": 0,
         "warmup": 0,
         "buffer_sets": 0,
         "max_rel_error": None,
@@ -1350,6 +1548,7 @@ class KernelRun:
         self.warm_ms: list[float] = []
         self.iter_ms: list[float] = []
         self.total_ms = 0.0
+        self.batches = 0
         self.ahead: list[bool] = []
 
     @property
@@ -1464,6 +1663,7 @@ class KernelRun:
         batch = self._batch(count)
         self.iter_ms += batch.iter_ms
         self.total_ms += batch.total_ms
+        self.batches += 1
         if batch.queued_ahead is not None:
             self.ahead.append(batch.queued_ahead)
         return batch
@@ -1482,6 +1682,7 @@ class KernelRun:
             gaps_ms=self.total_ms - math.fsum(self.iter_ms),
             queued_ahead=all(self.ahead) if self.ahead else None,
             iters=len(self.iter_ms),
+            batches=self.batches,
             warmup=len(self.warm_ms),
         )
         return result
@@ -1493,32 +1694,84 @@ class KernelRun:
         self.prepared = None
 
 
+def run_group(
+    info: DeviceInfo,
+    specs: Sequence[KernelSpec],
+    args: argparse.Namespace,
+    budget: Budget,
+    busy: BusyState,
+    rounds: int = 1,
+) -> list[dict[str, Any]]:
+    """Set up and check every kernel of the group, warm each up, then time them all.
+
+    The iteration counts are shared out of the budget once every warm-up is paid; with several
+    rounds each kernel's iterations are split into ``rounds`` batches, and every round runs the
+    kernels in a rotated order, so that no kernel always follows the same one.
+    """
+    runs = [KernelRun(info, spec, args, budget) for spec in specs]
+    weights = [args.kind_weights.get(spec.kind, 1.0) for spec in specs]
+    settled = [False] * len(runs)
+
+    def settle(i: int) -> None:
+        if not settled[i]:
+            settled[i] = True
+            budget.done(weights[i])
+
+    def failed(i: int, exc: Exception) -> None:
+        runs[i]._fail(*classify_exception(exc))
+        settle(i)
+
+    try:
+        live: list[int] = []
+        for i, run in enumerate(runs):
+            spec = run.spec
+            _log(f"{spec.dtype} {spec.kind} {spec.m_candidates[0]}x{spec.n}x{spec.k}")
+            if run.setup():
+                live.append(i)
+            else:
+                settle(i)
+        if live:
+            _check_busy(busy, args)
+        for i in list(live):
+            try:
+                runs[i].warm_up(args.warmup, args.warmup_ms.get(runs[i].spec.kind, 0.0))
+            except Exception as exc:
+                failed(i, exc)
+                live.remove(i)
+        shares = {i: budget.share(weights[i]) for i in live}
+        plans = {
+            i: split_rounds(
+                choose_iters(
+                    args.iters, runs[i].warm_ms, shares[i], 0.0, args.min_iters, args.max_iters
+                ),
+                rounds,
+            )
+            for i in live
+        }
+        for r in range(max((len(plan) for plan in plans.values()), default=0)):
+            for i in rotated(live, r):
+                if i in plans and r < len(plans[i]):
+                    try:
+                        runs[i].measure(plans[i][r])
+                    except Exception as exc:
+                        failed(i, exc)
+                        del plans[i]
+        if live:
+            _check_busy(busy, args)
+        return [run.summary() for run in runs]
+    finally:
+        for i, run in enumerate(runs):
+            settle(i)
+            run.release()
+        if info.is_cuda:
+            info.torch.cuda.empty_cache()
+
+
 def run_kernel(
     info: DeviceInfo, spec: KernelSpec, args: argparse.Namespace, budget: Budget, busy: BusyState
 ) -> dict[str, Any]:
     """Set up, check, warm up and time one kernel in one back-to-back batch."""
-    weight = args.kind_weights.get(spec.kind, 1.0)
-    run = KernelRun(info, spec, args, budget)
-    try:
-        if not run.setup():
-            return run.summary()
-        _check_busy(busy, args)
-        run.warm_up(args.warmup, args.warmup_ms.get(spec.kind, 0.0))
-        share = budget.share(weight)
-        iters = choose_iters(args.iters, run.warm_ms, share, 0.0, args.min_iters, args.max_iters)
-        run.measure(iters)
-        _check_busy(busy, args)
-        return run.summary()
-    except BusyDuringRun:
-        raise
-    except Exception as exc:
-        status, why = classify_exception(exc)
-        return _result(spec, run.m, status, why)
-    finally:
-        budget.done(weight)
-        run.release()
-        if info.is_cuda:
-            info.torch.cuda.empty_cache()
+    return run_group(info, [spec], args, budget, busy, rounds=1)[0]
 
 
 def run_bandwidth(
@@ -1705,7 +1958,9 @@ def _empty_document(started: float) -> dict[str, Any]:
             "gpu_uuid": None,
             "device": None,
         },
+        "suite": None,
         "results": [],
+        "ratios": {},
         "bandwidth": None,
         "conditions": summarize_conditions([]),
         "busy": {"other_pids": [], "utilization": None, "nvml": False},
@@ -1748,7 +2003,12 @@ def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
     if not is_cuda and device != "cpu":
         raise UsageError(f"--device must be cuda[:N] or cpu, not {device!r}")
     small = args.small or not is_cuda
+    if not is_cuda and args.cpu_threads > 0:
+        torch.set_num_threads(args.cpu_threads)
+    doc["suite"] = args.suite
     doc["config"] = {
+        "suite": args.suite,
+        "rounds": args.rounds,
         "warmup": args.warmup,
         "iters": args.iters,
         "budget_seconds": args.budget_seconds,
@@ -1824,7 +2084,9 @@ def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
             torch_version=torch_version_tuple(str(torch.__version__)),
             max_clock_hz=clock_hz,
         )
-        specs = plan_suite(info, args.dtype, small, args.shape)
+        suite = SUITES[args.suite]
+        specs = plan_suite(info, args.dtype, small, args.shape, suite.kinds)
+        groups = plan_groups(specs, suite.together)
         weights = args.kind_weights
         budget = Budget(
             args.budget_seconds,
@@ -1839,17 +2101,20 @@ def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
         try:
             if info.is_cuda and args.spinup_ms > 0:
                 budget.busy += spin_up(info, args.spinup_ms)
-            for done, spec in enumerate(specs, start=1):
-                _log(f"{spec.dtype} {spec.kind} {spec.m_candidates[0]}x{spec.n}x{spec.k}")
-                doc["results"].append(run_kernel(info, spec, args, budget, busy))
-                if args.progress:
-                    progress({"done": done, "total": len(specs), **doc["results"][-1]})
+            for group in groups:
+                together = len(group) > 1 or group[0].kind in suite.together
+                rounds = args.rounds if together else 1
+                for result in run_group(info, group, args, budget, busy, rounds):
+                    doc["results"].append(result)
+                    if args.progress:
+                        progress({"done": len(doc["results"]), "total": len(specs), **result})
             if args.bandwidth:
                 doc["bandwidth"] = run_bandwidth(info, args, budget, small)
         except BusyDuringRun as exc:
             doc["status"], doc["reason"] = "skipped_busy", str(exc)
         finally:
             doc["conditions"] = sampler.stop()
+            doc["ratios"] = decode_ratios(doc["results"])
             doc["gpu_busy_seconds"] = budget.busy
             doc["busy"]["other_pids"] = busy.other_pids
             doc["software"] = software_identity(torch, info, device, nvml)
