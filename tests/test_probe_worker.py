@@ -211,6 +211,66 @@ def test_delivered_and_peak_are_what_the_timings_say(
     assert doc["gpu_busy_seconds"] >= sum(r["total_ms"] for r in timed) / 1e3
 
 
+TRANSFER_KEYS = {
+    "direction",
+    "memory",
+    "size_bytes",
+    "copies",
+    "status",
+    "reason",
+    "delivered",
+    "total_ms",
+}
+
+
+def test_transfers_on_cpu_are_unsupported_with_a_reason(
+    cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]], hot_doc: dict[str, Any]
+) -> None:
+    _, doc = cpu_run
+    transfers = doc["transfers"]
+    assert [(t["memory"], t["size_bytes"], t["direction"]) for t in transfers] == [
+        (memory, size, direction)
+        for memory in ("pinned", "pageable")
+        for size in (64 * 1024, 16 * 1024**2)  # 256 MiB without --small
+        for direction in ("h2d", "d2h")
+    ]
+    for t in transfers:
+        assert set(t) == TRANSFER_KEYS
+        assert t["copies"] == (200 if t["size_bytes"] == 64 * 1024 else 2)
+        assert t["status"] == "unsupported" and "CUDA" in t["reason"]
+        assert t["delivered"] is None and t["total_ms"] is None
+    assert doc["status"] == "ok"  # unsupported copies do not fail the cycle
+    assert hot_doc["transfers"] == []  # the hot suite leaves them out
+
+
+def test_measure_copies_checks_the_data_and_charges_the_budget(w: ModuleType) -> None:
+    info = _cpu_info(w)
+    src = torch.arange(8192, dtype=torch.int64)
+    dst = torch.zeros_like(src)
+    budget = w.Budget(1.0, 1)
+    entry = w._transfer_entry("h2d", "pageable", src.numel() * 8, 50, "ok", None)
+    got = w.measure_copies(
+        info, lambda: dst.copy_(src), lambda: bool(torch.equal(dst, src)), entry, budget
+    )
+    assert got is entry and entry["status"] == "ok"
+    assert entry["delivered"] == pytest.approx(65536 * 50 / (entry["total_ms"] / 1e3))
+    assert budget.busy >= entry["total_ms"] / 1e3  # the checked copy is charged too
+    # a copy that moves the wrong bytes is an error, never a bandwidth
+    broken = w._transfer_entry("d2h", "pinned", 65536, 50, "ok", None)
+    w.measure_copies(
+        info,
+        lambda: dst.copy_(src.flip(0)),
+        lambda: bool(torch.equal(dst, src)),
+        broken,
+        w.Budget(1.0, 1),
+    )
+    assert broken["status"] == "error" and "d2h copy produced wrong data" in broken["reason"]
+    assert broken["delivered"] is None
+    doc = {"results": [], "bandwidth": None, "transfers": [entry, broken]}
+    status, reason = w.overall_status(doc)
+    assert status == "error" and "pinned d2h 65536 B copies" in reason
+
+
 def test_stdin_with_cleared_environment() -> None:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     args = ["--small", "--dtype", "bf16,int4", "--dtype", "fp8", "--budget-seconds", "0.2"]
@@ -249,6 +309,7 @@ def test_custom_shape_and_fixed_iters() -> None:
             *(sys.executable, str(WORKER), "--device", "cpu", "--dtype", "bf16"),
             *("--shape", "64x128x256", "--shape", "2x128x256", "--iters", "7", "--warmup", "3"),
             "--no-bandwidth",
+            "--no-transfers",
         ],
         capture_output=True,
         text=True,
@@ -256,7 +317,7 @@ def test_custom_shape_and_fixed_iters() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     doc = json.loads(proc.stdout)
-    assert doc["bandwidth"] is None
+    assert doc["bandwidth"] is None and doc["transfers"] == []
     got = {(r["shape"], r["kind"], r["iters"], r["warmup"]) for r in doc["results"]}
     assert got == {("64x128x256", "compute", 7, 3), ("2x128x256", "decode", 7, 3)}
 
@@ -521,6 +582,25 @@ def test_parse_kind_values(w: ModuleType) -> None:
     for bad_args in (["--budget-fraction", "0"], ["--min-iters", "5", "--max-iters", "4"]):
         with pytest.raises(w.UsageError):
             w.parse_args(bad_args)
+
+
+def test_transfer_plan(w: ModuleType) -> None:
+    args = w.parse_args(["--transfer-small-copies", "10", "--transfer-large-copies", "3"])
+    assert args.transfers is True
+    plan = w.transfer_plan(args, small=False)
+    assert len(plan) == 8
+    assert plan[:4] == [
+        ("pinned", 64 * 1024, 10, "h2d"),
+        ("pinned", 64 * 1024, 10, "d2h"),
+        ("pinned", 256 * 1024**2, 3, "h2d"),
+        ("pinned", 256 * 1024**2, 3, "d2h"),
+    ]
+    assert {m for m, *_ in plan[4:]} == {"pageable"}
+    assert w.parse_args(["--no-transfers"]).transfers is False
+    assert w.parse_args(["--suite", "hot"]).transfers is False
+    assert w.parse_args(["--suite", "hot", "--transfers"]).transfers is True
+    with pytest.raises(w.UsageError):
+        w.parse_args(["--transfer-small-copies", "0"])
 
 
 def test_suite_defaults(w: ModuleType) -> None:
@@ -824,6 +904,12 @@ def test_gpu_full_suite() -> None:
     if cc < (10, 0):
         assert by["nvfp4", "compute", 0]["status"] == "unsupported"
     assert doc["bandwidth"]["status"] == "ok"
+    assert doc["bandwidth"]["delivered"] <= 1.1 * doc["bandwidth"]["peak"]
+    assert len(doc["transfers"]) == 8
+    for t in doc["transfers"]:
+        print(t["memory"], t["direction"], t["size_bytes"], t["delivered"], t["total_ms"])
+        assert t["status"] == "ok", t
+        assert 1e8 < t["delivered"] < 1e12  # PCIe Gen5 x16: 64 GB/s per direction in theory
     if doc["busy"]["nvml"]:
         assert doc["conditions"]["samples"] > 0
         assert doc["conditions"]["max_gpu_temperature_celsius"] is not None
@@ -851,11 +937,12 @@ def test_gpu_skips_when_another_process_computes() -> None:
         pytest.skip("no CUDA device")
     load = _start_load(60)
     try:
-        busy = _worker(["--dtype", "bf16", "--no-bandwidth"])
+        busy = _worker(["--dtype", "bf16", "--no-bandwidth", "--no-transfers"])
         print(busy["reason"])
         assert busy["status"] == "skipped_busy", busy["reason"]
         assert load.pid in busy["busy"]["other_pids"]
-        always = _worker(["--dtype", "bf16", "--no-bandwidth", "--probe-when", "always"])
+        quiet = ["--dtype", "bf16", "--no-bandwidth", "--no-transfers"]
+        always = _worker([*quiet, "--probe-when", "always"])
         assert always["status"] == "ok", always["reason"]
         print("under load:", [(r["delivered"], r["peak"]) for r in always["results"]])
         decode = next(r for r in always["results"] if r["kind"] == "decode")
@@ -863,7 +950,7 @@ def test_gpu_skips_when_another_process_computes() -> None:
         assert decode["delivered"] < 0.9 * decode["peak"], decode
         excluded = _worker(
             [
-                *("--dtype", "bf16", "--no-bandwidth"),
+                *("--dtype", "bf16", "--no-bandwidth", "--no-transfers"),
                 *("--exclude-pid", str(load.pid), "--busy-utilization", "1.0"),
             ]
         )
@@ -887,7 +974,10 @@ def test_gpu_skips_when_another_process_starts_mid_cycle() -> None:
     assert load.stdin is not None and load.stdout is not None
     assert load.stdout.readline().strip() == "imported"
     worker = subprocess.Popen(
-        [sys.executable, str(WORKER), "--dtype", "bf16", "--iters", "300", "--no-bandwidth"],
+        [
+            *(sys.executable, str(WORKER), "--dtype", "bf16", "--iters", "300"),
+            *("--no-bandwidth", "--no-transfers"),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -37,9 +37,19 @@ Suites (``--suite``; SUITES holds each one's defaults, explicit arguments win)
 - ``check``: what ``sparkdiag check`` judges: bf16, fp16 and int4 at every
   shape, the decode kernels interleaved as in ``hot``, 1 s of GPU time.
 
+Host-device copies (``transfers``; on in the default and check suites,
+``--no-transfers`` to leave out): pinned and pageable host memory, 200 copies
+of 64 KiB and 2 of 256 MiB, host to device and back, each kind's data checked
+once; ``delivered`` in bytes/s over the total time of the copy loop, launch
+cost included, as an application sees it. They run first, so their GPU time
+is paid before the kernels share the rest of the budget. On a discrete GPU
+they measure the PCIe link (Gen5 x16: 64 GB/s per direction in theory); on
+GB10 small pageable copies were reported ~50x slower than pinned. With
+``--device cpu`` they are reported unsupported.
+
 Every result has the same keys whatever the suite; ``gpu_busy_seconds`` is
-the GPU time of the spin-up, warm-ups and timed batches (not the setup and the
-one untimed call each kernel's correctness check makes).
+the GPU time of the copies, the spin-up, warm-ups and timed batches (not the
+setup and the one untimed call each kernel's correctness check makes).
 
 Delivered and peak
 ------------------
@@ -138,6 +148,11 @@ LAUNCH_US = 60.0  # CPU time to enqueue one iteration assumed before it is measu
 MAX_PREQUEUE_MS = 100.0  # longest the GPU is held while a batch is enqueued
 LEAD_FLOOR_MS = 0.2
 LAUNCH_PROBE_ITERS = 16  # iterations over which the CPU's enqueue time is measured
+TRANSFER_SMALL_BYTES = 64 * 1024  # many small host-device copies
+TRANSFER_LARGE_BYTES = 256 * 1024**2  # a few large ones
+SMALL_TRANSFER_LARGE_BYTES = 16 * 1024**2  # the large copies with --small
+TRANSFER_SMALL_COPIES = 200
+TRANSFER_LARGE_COPIES = 2
 SLEEP_CLOCK_HZ = 3.2e9  # above any GPU's SM clock: a prequeue sleep is never too short
 NVML_SAMPLE_PERIOD = 0.05
 NVML_FI_DEV_MEMORY_TEMP = 82
@@ -271,6 +286,27 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         default=None,
         help=f"the device-to-device copy ({per_suite})",
     )
+    p.add_argument(
+        "--transfers",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="host-device copies: pinned and pageable, small and large, both directions "
+        f"({per_suite})",
+    )
+    p.add_argument(
+        "--transfer-small-copies",
+        type=int,
+        default=TRANSFER_SMALL_COPIES,
+        help=f"timed {TRANSFER_SMALL_BYTES // 1024} KiB copies per direction and memory "
+        f"(default {TRANSFER_SMALL_COPIES})",
+    )
+    p.add_argument(
+        "--transfer-large-copies",
+        type=int,
+        default=TRANSFER_LARGE_COPIES,
+        help=f"timed {TRANSFER_LARGE_BYTES // 1024**2} MiB copies per direction and memory "
+        f"(default {TRANSFER_LARGE_COPIES})",
+    )
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument(
         "--cpu-threads",
@@ -309,6 +345,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "probe_when",
         "budget_seconds",
         "bandwidth",
+        "transfers",
     ):
         if getattr(args, name) is None:
             setattr(args, name, getattr(suite, name))
@@ -324,6 +361,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         raise UsageError("--min-iters must be >= 1 and --max-iters >= --min-iters")
     if args.rounds < 1:
         raise UsageError("--rounds must be >= 1")
+    if args.transfer_small_copies < 1 or args.transfer_large_copies < 1:
+        raise UsageError("--transfer-small-copies and --transfer-large-copies must be >= 1")
     if args.launch_us < 0 or args.max_prequeue_ms < 0 or args.spinup_ms < 0:
         raise UsageError("--launch-us, --max-prequeue-ms and --spinup-ms must be >= 0")
     args.kind_weights = parse_kind_values(args.kind_weights, KIND_WEIGHTS, "--kind-weights")
@@ -1116,6 +1155,7 @@ class SuiteSpec:
     spinup_ms: float
     probe_when: str
     bandwidth: bool
+    transfers: bool
     warmup: int
     warmup_ms: tuple[tuple[str, float], ...]
     min_iters: int
@@ -1132,6 +1172,7 @@ SUITES: dict[str, SuiteSpec] = {
         spinup_ms=150.0,
         probe_when="idle",
         bandwidth=True,
+        transfers=True,
         warmup=10,
         warmup_ms=tuple(WARMUP_MS.items()),
         min_iters=MIN_ITERS,
@@ -1147,6 +1188,7 @@ SUITES: dict[str, SuiteSpec] = {
         spinup_ms=0.0,
         probe_when="always",
         bandwidth=False,
+        transfers=False,
         warmup=1,
         warmup_ms=(("compute", 2.0), ("llm", 2.0), ("decode", 1.0), ("bandwidth", 0.0)),
         min_iters=1,
@@ -1161,6 +1203,7 @@ SUITES: dict[str, SuiteSpec] = {
         spinup_ms=150.0,
         probe_when="idle",
         bandwidth=False,
+        transfers=True,
         warmup=10,
         warmup_ms=tuple(WARMUP_MS.items()),
         min_iters=MIN_ITERS,
@@ -1840,6 +1883,150 @@ def run_bandwidth(
             torch.cuda.empty_cache()
 
 
+def _transfer_entry(
+    direction: str, memory: str, size: int, copies: int, status: str, reason: str | None
+) -> dict[str, Any]:
+    """A host-device copy's entry: delivered in bytes/s over total_ms (all copies, gaps in)."""
+    return {
+        "direction": direction,
+        "memory": memory,
+        "size_bytes": size,
+        "copies": copies,
+        "status": status,
+        "reason": reason,
+        "delivered": None,
+        "total_ms": None,
+    }
+
+
+def transfer_plan(args: argparse.Namespace, small: bool) -> list[tuple[str, int, int, str]]:
+    """(memory, size, copies, direction) in the order they run: pinned first, then pageable;
+    many small copies, then a few large ones; host to device, then device to host."""
+    large = SMALL_TRANSFER_LARGE_BYTES if small else TRANSFER_LARGE_BYTES
+    plan = []
+    for memory in ("pinned", "pageable"):
+        for size, copies in (
+            (TRANSFER_SMALL_BYTES, args.transfer_small_copies),
+            (large, args.transfer_large_copies),
+        ):
+            for direction in ("h2d", "d2h"):
+                plan.append((memory, size, copies, direction))
+    return plan
+
+
+def measure_copies(
+    info: DeviceInfo,
+    copy: Callable[[], Any],
+    verify: Callable[[], bool],
+    entry: dict[str, Any],
+    budget: Budget,
+) -> dict[str, Any]:
+    """One untimed copy whose data ``verify`` checks, then ``entry["copies"]`` timed copies.
+
+    Timed as an application's copy loop sees it: from an event before the first copy to one
+    after the last (perf_counter on CPU), the CPU's launch cost included, no prequeue hold.
+    Both the checked copy and the timed ones are charged to the budget.
+    """
+    torch = info.torch
+    size, copies = entry["size_bytes"], entry["copies"]
+
+    def timed(count: int) -> float:
+        if not info.is_cuda:
+            t0 = time.perf_counter()
+            for _ in range(count):
+                copy()
+            return (time.perf_counter() - t0) * 1e3
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(count):
+            copy()
+        end.record()
+        torch.cuda.synchronize()
+        return float(start.elapsed_time(end))
+
+    first = timed(1)
+    budget.busy += first / 1e3
+    if not verify():
+        entry.update(status="error", reason=f"{entry['direction']} copy produced wrong data")
+        return entry
+    total = timed(copies)
+    budget.busy += total / 1e3
+    entry.update(total_ms=total, delivered=size * copies / (total / 1e3) if total > 0 else None)
+    return entry
+
+
+def _copy_pair(
+    torch: Any, direction: str, truth: Any, host_truth: Any, pinned: bool
+) -> tuple[Callable[[], Any], Callable[[], bool]]:
+    """The copy of one direction and the check of its data.
+
+    ``truth`` is random data on the device and ``host_truth`` the same data in host memory:
+    h2d copies host_truth into a device buffer and compares it with truth on the device; d2h
+    copies truth into a zeroed host buffer and compares it with host_truth.
+    """
+    if direction == "h2d":
+        dev = torch.empty_like(truth)
+
+        def copy_h2d() -> Any:
+            return dev.copy_(host_truth, non_blocking=True)
+
+        def verify_h2d() -> bool:
+            return bool(torch.equal(dev, truth))
+
+        return copy_h2d, verify_h2d
+    host = torch.zeros(truth.numel(), dtype=truth.dtype, pin_memory=pinned)
+
+    def copy_d2h() -> Any:
+        return host.copy_(truth, non_blocking=True)
+
+    def verify_d2h() -> bool:
+        torch.cuda.synchronize()
+        return bool(torch.equal(host, host_truth))
+
+    return copy_d2h, verify_d2h
+
+
+def _one_transfer(info: DeviceInfo, entry: dict[str, Any], budget: Budget) -> None:
+    """Allocate, fill, check and time one kind of copy; its buffers go when it returns."""
+    torch = info.torch
+    pinned = entry["memory"] == "pinned"
+    words = entry["size_bytes"] // 8
+    truth = torch.randint(-(2**62), 2**62, (words,), device=info.device, dtype=torch.int64)
+    host_truth = torch.empty(words, dtype=torch.int64, pin_memory=pinned)
+    host_truth.copy_(truth)
+    copy, verify = _copy_pair(torch, entry["direction"], truth, host_truth, pinned)
+    measure_copies(info, copy, verify, entry, budget)
+
+
+def run_transfers(
+    info: DeviceInfo, args: argparse.Namespace, budget: Budget, small: bool
+) -> list[dict[str, Any]]:
+    """Host-device copies: pinned and pageable host memory, small and large, both directions.
+
+    The data of each kind of copy is checked once against what was sent. On a GPU without
+    unified memory this measures the PCIe link in transfer terms (Gen5 x16: 64 GB/s per
+    direction in theory); on GB10 small pageable copies were reported ~50x slower than pinned.
+    """
+    plan = transfer_plan(args, small)
+    if not info.is_cuda:
+        why = "host-device copies need a CUDA device; --device cpu has none"
+        return [_transfer_entry(d, m, s, c, "unsupported", why) for m, s, c, d in plan]
+    entries: list[dict[str, Any]] = []
+    for memory, size, copies, direction in plan:
+        entry = _transfer_entry(direction, memory, size, copies, "ok", None)
+        entries.append(entry)
+        try:
+            _one_transfer(info, entry, budget)
+        except Exception as exc:
+            status, why = classify_exception(exc)
+            entry.update(status=status, reason=why)
+        finally:
+            info.torch.cuda.synchronize()
+            info.torch.cuda.empty_cache()
+    return entries
+
+
 # --------------------------------------------------------------------------
 # identity
 
@@ -1962,6 +2149,7 @@ def _empty_document(started: float) -> dict[str, Any]:
         "results": [],
         "ratios": {},
         "bandwidth": None,
+        "transfers": [],
         "conditions": summarize_conditions([]),
         "busy": {"other_pids": [], "utilization": None, "nvml": False},
         "gpu_busy_seconds": 0.0,
@@ -1971,13 +2159,20 @@ def _empty_document(started: float) -> dict[str, Any]:
     }
 
 
+def _item_name(item: dict[str, Any]) -> str:
+    if "direction" in item:
+        return f"{item['memory']} {item['direction']} {item['size_bytes']} B copies"
+    return f"{item.get('dtype', 'bandwidth')} {item.get('shape', '')}".strip()
+
+
 def overall_status(doc: dict[str, Any]) -> tuple[str, str | None]:
     results = doc.get("results") or []
     bandwidth = doc.get("bandwidth")
-    items = list(results) + ([bandwidth] if bandwidth else [])
+    transfers = doc.get("transfers") or []
+    items = list(results) + ([bandwidth] if bandwidth else []) + list(transfers)
     failed = [r for r in items if r.get("status") == "error"]
     if failed:
-        names = [f"{r.get('dtype', 'bandwidth')} {r.get('shape', '')}".strip() for r in failed]
+        names = [_item_name(r) for r in failed]
         return "error", f"{len(failed)} kernel(s) failed: " + ", ".join(names)
     if items and all(r.get("status") == "unsupported" for r in items):
         return "unsupported", "no requested kernel is supported here"
@@ -2024,6 +2219,9 @@ def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
         "max_iters": args.max_iters,
         "launch_us": args.launch_us,
         "max_prequeue_ms": args.max_prequeue_ms,
+        "transfers": args.transfers,
+        "transfer_small_copies": args.transfer_small_copies,
+        "transfer_large_copies": args.transfer_large_copies,
     }
     cuda_index = 0
     if is_cuda:
@@ -2099,6 +2297,8 @@ def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
         sampler = ConditionSampler(nvml)
         sampler.start()
         try:
+            if args.transfers:  # first: their GPU time is paid before the kernels share the rest
+                doc["transfers"] = run_transfers(info, args, budget, small)
             if info.is_cuda and args.spinup_ms > 0:
                 budget.busy += spin_up(info, args.spinup_ms)
             for group in groups:
