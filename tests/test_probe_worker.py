@@ -11,8 +11,10 @@ import importlib.util
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -400,6 +402,87 @@ def test_check_suite_and_explicit_overrides() -> None:
     assert doc["ratios"]["int4/bf16"] is not None and doc["ratios"]["int4/fp16"] is None
 
 
+SOAK_ARGS = ["--device", "cpu", "--small", "--window-seconds", "0.5"]
+
+
+def _progress_lines(stderr: str) -> list[dict[str, Any]]:
+    prefix = "sparkdiag-progress "
+    return [
+        json.loads(line[len(prefix) :]) for line in stderr.splitlines() if line.startswith(prefix)
+    ]
+
+
+def test_soak_runs_its_windows_and_completes() -> None:
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), *SOAK_ARGS, "--soak-seconds", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(proc.stdout)
+    assert doc["schema"] == "sparkdiag-probe/2" and doc["suite"] == "soak"
+    assert doc["status"] == "ok" and doc["results"] == []
+    soak = doc["soak"]
+    assert soak["stopped"] == "completed" and soak["reason"] is None
+    assert 2.0 <= soak["elapsed_seconds"] < time.monotonic() - started
+    windows = soak["windows"]
+    assert [w["index"] for w in windows] == list(range(len(windows)))
+    assert len(windows) >= 4  # the cold one, then every 0.5 s of a 2 s load
+    assert windows[0]["phase"] == "cold" and windows[0]["elapsed_seconds"] == 0.0
+    assert windows[0]["load_delivered"] is None
+    elapsed = [w["elapsed_seconds"] for w in windows]
+    assert elapsed == sorted(elapsed) and elapsed[-1] >= 2.0
+    for w in windows[1:]:
+        assert w["phase"] == "load" and w["load_delivered"] > 0
+        assert w["load_conditions"]["samples"] == 0  # no NVML on cpu: unknown, not zero
+    for w in windows:
+        got = [(r["dtype"], r["kind"]) for r in w["results"]]
+        dtypes = ["int4", "bf16", "fp16", "fp8", "nvfp4"]
+        assert got == [(d, "decode") for d in dtypes] + [(d, "llm") for d in dtypes]
+        for r in w["results"]:
+            if r["dtype"] in ("int4", "bf16", "fp16"):
+                assert r["status"] == "ok" and r["delivered"] > 0, r
+        assert w["ratios"]["int4/bf16"] is not None
+        assert w["conditions"]["max_gpu_temperature_celsius"] is None
+    load = soak["load"]
+    assert load["shape"] == "256x256x256" and load["iterations"] > 0 and load["delivered"] > 0
+    assert doc["gpu_busy_seconds"] >= load["seconds"]
+    # one progress line per window, each the window as the document has it
+    lines = _progress_lines(proc.stderr)
+    assert [line["soak_window"] for line in lines] == windows
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_soak_stops_on_a_signal_and_still_prints_its_document(sig: signal.Signals) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, str(WORKER), *SOAK_ARGS, "--soak-seconds", "120"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            if line.startswith("sparkdiag-progress "):
+                break  # the cold window is measured and the load is starting
+        sent = time.monotonic()
+        proc.send_signal(sig)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert time.monotonic() - sent < 30
+    assert proc.returncode == 0
+    doc = json.loads(out)
+    soak = doc["soak"]
+    assert soak["stopped"] == "interrupted", soak
+    assert soak["reason"] == f"{sig.name} received"
+    assert len(soak["windows"]) >= 1 and soak["elapsed_seconds"] < 60
+    assert doc["status"] == "ok"
+
+
 def test_worker_imports_only_the_standard_library_at_top_level() -> None:
     tree = ast.parse(WORKER.read_text())
     names: set[str] = set()
@@ -698,6 +781,117 @@ def test_group_warms_all_then_times_in_rotated_rounds(
     assert budget.kernels_left == 0 and budget.busy > 0
 
 
+def test_soak_stop_reason(w: ModuleType) -> None:
+    limits = {"gpu_slowdown_celsius": 89.0, "memory_max_celsius": 95.0}
+
+    def sample(gpu: float | None, mem: float | None, reasons: int | None = 0x4) -> Any:
+        return {"gpu_temperature": gpu, "memory_temperature": mem, "reasons": reasons}
+
+    assert w.soak_stop_reason(sample(83.0, 89.0), limits, 5.0) is None
+    stopped, why = w.soak_stop_reason(sample(84.0, 60.0), limits, 5.0)
+    assert stopped == "threshold" and why == "GPU 84 °C within 5 °C of its slowdown threshold 89 °C"
+    stopped, why = w.soak_stop_reason(sample(70.0, 90.0), limits, 5.0)
+    assert stopped == "threshold" and why.startswith("memory 90 °C")
+    assert w.soak_stop_reason(sample(30.0, None, 0x44), limits, 5.0)[0] == "hw_thermal_slowdown"
+    assert w.soak_stop_reason(sample(30.0, None, 0x8), limits, 5.0) == (
+        "hw_slowdown",
+        "hardware slowdown (clock event reasons 0x8)",
+    )
+    # unknown readings or limits never stop it (GB10 has no memory temperature)
+    assert w.soak_stop_reason(sample(None, None, None), limits, 5.0) is None
+    assert w.soak_stop_reason(sample(99.0, 99.0), dict.fromkeys(limits), 5.0) is None
+
+
+class HeatingNvml:
+    """An NVML stand-in whose GPU warms up by one degree per sample."""
+
+    def __init__(self, start: float, reasons: int = 0x1, slowdown: float | None = 89.0) -> None:
+        self.temperature = start
+        self.reasons = reasons
+        self.slowdown = slowdown
+
+    def sample(self) -> dict[str, float | int | None]:
+        self.temperature += 1.0
+        return {
+            "gpu_temperature": self.temperature,
+            "memory_temperature": None,
+            "reasons": self.reasons,
+            "sm_clock_hz": 1.98e9,
+            "memory_clock_hz": 3.2e9,
+            "power_w": 650.0,
+        }
+
+    def thresholds(self) -> dict[str, float | None]:
+        return {"gpu_slowdown_celsius": self.slowdown, "memory_max_celsius": None}
+
+
+@pytest.mark.parametrize(
+    ("nvml_args", "stopped"),
+    [((78.0,), "threshold"), ((40.0, 0x40), "hw_thermal_slowdown"), ((40.0, 0x8), "hw_slowdown")],
+)
+def test_soak_stops_before_the_heat(
+    w: ModuleType, nvml_args: tuple[Any, ...], stopped: str
+) -> None:
+    nvml = HeatingNvml(*nvml_args)
+    args = w.parse_args([*SOAK_ARGS, "--soak-seconds", "60", "--window-seconds", "0.2"])
+    doc = w._empty_document(0.0)
+    started = time.monotonic()
+    w.run_soak(_cpu_info(w), args, nvml, doc, True, w.StopRequest())
+    assert time.monotonic() - started < 30
+    soak = doc["soak"]
+    assert soak["stopped"] == stopped, soak["reason"]
+    assert doc["status"] == "ok"
+    assert soak["thresholds"] == {"gpu_slowdown_celsius": 89.0, "memory_max_celsius": None}
+    if stopped == "threshold":  # at the first sample a margin below the limit
+        assert soak["reason"] == "GPU 84 °C within 5 °C of its slowdown threshold 89 °C"
+    conditions = doc["conditions"]
+    assert conditions["samples"] > 0 and conditions["mean_memory_clock_hertz"] == 3.2e9
+    for window in soak["windows"]:
+        assert window["conditions"]["samples"] >= 2  # one before and one after, at least
+        assert window["conditions"]["max_gpu_temperature_celsius"] is not None
+
+
+def test_soak_without_a_slowdown_threshold_uses_the_fallback(w: ModuleType) -> None:
+    assert w.soak_thresholds(HeatingNvml(40.0, slowdown=None)) == {
+        "gpu_slowdown_celsius": w.FALLBACK_GPU_LIMIT_CELSIUS,
+        "memory_max_celsius": None,
+    }
+    assert w.soak_thresholds(None) == {"gpu_slowdown_celsius": None, "memory_max_celsius": None}
+
+
+def test_soak_error_still_leaves_a_document(w: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    released: list[str] = []
+    real_release = w.KernelRun.release
+
+    def release(self: Any) -> None:
+        released.append(self.spec.dtype)
+        real_release(self)
+
+    def broken_chunk(self: Any, seconds: float) -> float:
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(w.KernelRun, "release", release)
+    monkeypatch.setattr(w.SoakLoad, "chunk", broken_chunk)
+    args = w.parse_args([*SOAK_ARGS, "--soak-seconds", "60"])
+    doc = w._empty_document(0.0)
+    w.run_soak(_cpu_info(w), args, None, doc, True, w.StopRequest())
+    soak = doc["soak"]
+    assert soak["stopped"] == "error" and "illegal memory access" in soak["reason"]
+    assert doc["status"] == "error" and doc["reason"].startswith("soak failed")
+    assert len(soak["windows"]) == 1  # the cold window ran before the load broke
+    assert sorted(set(released)) == ["bf16", "fp16", "fp8", "int4", "nvfp4"]
+    assert soak["load"]["iterations"] == 0
+
+
+def test_soak_arguments(w: ModuleType) -> None:
+    a = w.parse_args(["--soak-seconds", "30"])
+    assert a.suite == "hot" and a.window_seconds == 5.0 and a.soak_margin_celsius == 5.0
+    assert w.parse_args(["--soak-seconds", "30", "--suite", "check"]).suite == "check"
+    for bad in (["--soak-seconds", "0"], ["--window-seconds", "0"], ["--soak-load-edge", "0"]):
+        with pytest.raises(w.UsageError):
+            w.parse_args(bad)
+
+
 def test_shape_planning(w: ModuleType) -> None:
     assert w.compute_cube((9, 0), 132) == 8192  # H100/H200
     assert w.compute_cube((12, 1), 48) == 4096  # GB10
@@ -929,6 +1123,33 @@ def test_gpu_hot_suite() -> None:
     ratios = doc["ratios"]
     print(ratios)
     assert ratios["int4/bf16"] is not None and ratios["int4/bf16"] > 1.0  # H200: 1.6-1.9
+
+
+@pytest.mark.gpu
+def test_gpu_soak() -> None:
+    if not _cuda():
+        pytest.skip("no CUDA device")
+    proc = subprocess.run(
+        [sys.executable, str(WORKER), "--soak-seconds", "20", "--window-seconds", "5"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc = json.loads(proc.stdout)
+    soak = doc["soak"]
+    for window in soak["windows"]:
+        c = window["conditions"]
+        print(window["index"], round(window["elapsed_seconds"], 1), window["ratios"],
+              c["max_gpu_temperature_celsius"], c["max_memory_temperature_celsius"],
+              c["mean_sm_clock_hertz"], c["clock_event_reasons_seen"])  # fmt: skip
+    print(soak["load"], soak["stopped"], soak["reason"])
+    assert soak["stopped"] in ("completed", "threshold"), soak["reason"]
+    assert soak["thresholds"]["gpu_slowdown_celsius"] is not None
+    assert len(soak["windows"]) >= 2
+    assert soak["load"]["delivered"] > 100  # TFLOPS of sustained bf16
+    assert soak["windows"][-1]["load_conditions"]["samples"] > 10
+    assert len(_progress_lines(proc.stderr)) == len(soak["windows"])
 
 
 @pytest.mark.gpu

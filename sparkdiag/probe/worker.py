@@ -47,6 +47,19 @@ they measure the PCIe link (Gen5 x16: 64 GB/s per direction in theory); on
 GB10 small pageable copies were reported ~50x slower than pinned. With
 ``--device cpu`` they are reported unsupported.
 
+Soak (``--soak-seconds S``, ``--window-seconds W``): sustained bf16 matmuls on
+the compute cube for S seconds, and a measurement window of the hot suite's
+kernels before the load (cold) and every W seconds during it (set up once,
+same iteration counts in every window). Each window prints one progress line
+``{"soak_window": {...}}`` with the elapsed seconds, every kernel's result,
+the int4 ratios and the NVML conditions of the measurement and of the load
+period before it; the document's ``soak`` section holds all windows and why
+the soak stopped: ``completed``, ``threshold`` (a margin below the GPU's
+slowdown threshold or the memory's maximum temperature, read from NVML),
+``hw_thermal_slowdown`` (reason 0x40), ``hw_slowdown`` (0x8),
+``interrupted`` (SIGINT or SIGTERM) or ``error``. On every way out the GPU
+is synchronized and every buffer freed before the document is printed.
+
 Every result has the same keys whatever the suite; ``gpu_busy_seconds`` is
 the GPU time of the copies, the spin-up, warm-ups and timed batches (not the
 setup and the one untimed call each kernel's correctness check makes).
@@ -114,6 +127,7 @@ import math
 import os
 import platform
 import re
+import signal
 import statistics
 import sys
 import threading
@@ -153,6 +167,12 @@ TRANSFER_LARGE_BYTES = 256 * 1024**2  # a few large ones
 SMALL_TRANSFER_LARGE_BYTES = 16 * 1024**2  # the large copies with --small
 TRANSFER_SMALL_COPIES = 200
 TRANSFER_LARGE_COPIES = 2
+SOAK_WINDOW_SECONDS = 5.0
+SOAK_MARGIN_CELSIUS = 5.0  # a soak stops this far below a thermal limit
+SOAK_CHUNK_MS = 100.0  # load between two checks of the stop conditions
+FALLBACK_GPU_LIMIT_CELSIUS = 85.0  # when NVML gives no slowdown threshold
+HW_SLOWDOWN = 0x8  # clock event reasons (nvmlClocksEventReason*)
+HW_THERMAL_SLOWDOWN = 0x40
 SLEEP_CLOCK_HZ = 3.2e9  # above any GPU's SM clock: a prequeue sleep is never too short
 NVML_SAMPLE_PERIOD = 0.05
 NVML_FI_DEV_MEMORY_TEMP = 82
@@ -194,11 +214,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument(
         "--suite",
         choices=("default", "hot", "check"),
-        default="default",
+        default=None,
         help="default: every dtype at the compute, LLM and decode shapes, device copy and "
         "host-device copies (the periodic probe); hot: decode and LLM shapes of int4, bf16, "
         "fp16, fp8, nvfp4 within ~100 ms, no spin-up, even on a busy GPU; check: bf16, fp16 "
-        "and int4 for sparkdiag check",
+        "and int4 for sparkdiag check (default: default, hot with --soak-seconds)",
     )
     p.add_argument(
         "--dtype",
@@ -307,6 +327,38 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help=f"timed {TRANSFER_LARGE_BYTES // 1024**2} MiB copies per direction and memory "
         f"(default {TRANSFER_LARGE_COPIES})",
     )
+    p.add_argument(
+        "--soak-seconds",
+        type=float,
+        default=None,
+        help="soak instead of one cycle: sustained bf16 matmuls for this long, with a "
+        "measurement window of the hot suite's kernels before and every --window-seconds",
+    )
+    p.add_argument(
+        "--window-seconds",
+        type=float,
+        default=SOAK_WINDOW_SECONDS,
+        help=f"seconds between two soak measurement windows (default {SOAK_WINDOW_SECONDS:g})",
+    )
+    p.add_argument(
+        "--soak-margin-celsius",
+        type=float,
+        default=SOAK_MARGIN_CELSIUS,
+        help="stop the soak this far below the GPU's slowdown threshold and the memory's "
+        f"maximum temperature (default {SOAK_MARGIN_CELSIUS:g})",
+    )
+    p.add_argument(
+        "--soak-chunk-ms",
+        type=float,
+        default=SOAK_CHUNK_MS,
+        help=f"load between two checks of the stop conditions (default {SOAK_CHUNK_MS:g} ms)",
+    )
+    p.add_argument(
+        "--soak-load-edge",
+        type=int,
+        default=None,
+        help="edge of the soak's bf16 load cube (default: the compute cube, 256 with --small)",
+    )
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument(
         "--cpu-threads",
@@ -321,6 +373,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help=f"after each kernel, print '{PROGRESS_PREFIX}<json>' on stderr",
     )
     args = p.parse_args(list(argv))
+    if args.suite is None:
+        args.suite = "default" if args.soak_seconds is None else "hot"
     suite = SUITES[args.suite]
     dtypes: list[str] = []
     for item in args.dtype or [",".join(suite.dtypes)]:
@@ -361,6 +415,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         raise UsageError("--min-iters must be >= 1 and --max-iters >= --min-iters")
     if args.rounds < 1:
         raise UsageError("--rounds must be >= 1")
+    if args.soak_seconds is not None and not args.soak_seconds > 0:
+        raise UsageError("--soak-seconds must be positive")
+    if not args.window_seconds > 0 or args.soak_chunk_ms <= 0 or args.soak_margin_celsius < 0:
+        raise UsageError(
+            "--window-seconds and --soak-chunk-ms must be positive, --soak-margin-celsius >= 0"
+        )
+    if args.soak_load_edge is not None and args.soak_load_edge < 1:
+        raise UsageError("--soak-load-edge must be >= 1")
     if args.transfer_small_copies < 1 or args.transfer_large_copies < 1:
         raise UsageError("--transfer-small-copies and --transfer-large-copies must be >= 1")
     if args.launch_us < 0 or args.max_prequeue_ms < 0 or args.spinup_ms < 0:
@@ -618,6 +680,7 @@ class Nvml:
     def sample(self) -> dict[str, float | int | None]:
         temp = self._call("nvmlDeviceGetTemperature", self.handle, 0)  # NVML_TEMPERATURE_GPU
         clock = self._call("nvmlDeviceGetClockInfo", self.handle, 1)  # NVML_CLOCK_SM, MHz
+        mem_clock = self._call("nvmlDeviceGetClockInfo", self.handle, 2)  # NVML_CLOCK_MEM, MHz
         power = self._call("nvmlDeviceGetPowerUsage", self.handle)  # mW
         reasons = None if self._reasons_fn is None else _safe(self._reasons_fn, self.handle)
         return {
@@ -625,7 +688,18 @@ class Nvml:
             "memory_temperature": self.memory_temperature(),
             "reasons": None if reasons is None else int(reasons),
             "sm_clock_hz": None if clock is None else float(clock) * 1e6,
+            "memory_clock_hz": None if not mem_clock else float(mem_clock) * 1e6,
             "power_w": None if power is None else float(power) / 1000.0,
+        }
+
+    def thresholds(self) -> dict[str, float | None]:
+        """GPU slowdown and memory maximum temperatures in °C, None where NVML has none
+        (nvidia-smi -q -d TEMPERATURE: "GPU Slowdown Temp", "Memory Max Operating Temp")."""
+        slowdown = self._call("nvmlDeviceGetTemperatureThreshold", self.handle, 1)
+        memory_max = self._call("nvmlDeviceGetTemperatureThreshold", self.handle, 2)
+        return {
+            "gpu_slowdown_celsius": float(slowdown) if slowdown else None,
+            "memory_max_celsius": float(memory_max) if memory_max else None,
         }
 
     def shutdown(self) -> None:
@@ -669,6 +743,10 @@ class ConditionSampler:
         self._thread = threading.Thread(target=self._loop, name="nvml-sampler", daemon=True)
         self._thread.start()
 
+    def take(self) -> None:
+        """One sample now (also between the background thread's)."""
+        self._take()
+
     def _take(self) -> None:
         if self.nvml is not None:
             try:
@@ -694,6 +772,7 @@ def summarize_conditions(samples: Sequence[dict[str, float | int | None]]) -> di
 
     gpu_t, mem_t = values("gpu_temperature"), values("memory_temperature")
     clocks, power = values("sm_clock_hz"), values("power_w")
+    mem_clocks = values("memory_clock_hz")
     reasons = [int(v) for s in samples if (v := s.get("reasons")) is not None]
     seen = 0
     for r in reasons:
@@ -703,7 +782,10 @@ def summarize_conditions(samples: Sequence[dict[str, float | int | None]]) -> di
         "max_memory_temperature_celsius": max(mem_t) if mem_t else None,
         "clock_event_reasons_seen": seen if reasons else None,
         "mean_sm_clock_hertz": statistics.fmean(clocks) if clocks else None,
+        "min_sm_clock_hertz": min(clocks) if clocks else None,
+        "mean_memory_clock_hertz": statistics.fmean(mem_clocks) if mem_clocks else None,
         "mean_power_watts": statistics.fmean(power) if power else None,
+        "max_power_watts": max(power) if power else None,
         "samples": len(samples),
     }
 
@@ -1711,6 +1793,12 @@ class KernelRun:
             self.ahead.append(batch.queued_ahead)
         return batch
 
+    def reset_timing(self) -> None:
+        """Forget the warm-up and timed iterations (a soak measures the kernel again)."""
+        self.warm_ms, self.iter_ms, self.ahead = [], [], []
+        self.total_ms = 0.0
+        self.batches = 0
+
     def summary(self) -> dict[str, Any]:
         result = dict(self.result)
         if result["status"] != "ok" or not self.iter_ms:
@@ -1737,51 +1825,29 @@ class KernelRun:
         self.prepared = None
 
 
-def run_group(
-    info: DeviceInfo,
-    specs: Sequence[KernelSpec],
+def time_runs(
+    runs: Sequence[KernelRun],
+    live: list[int],
     args: argparse.Namespace,
     budget: Budget,
-    busy: BusyState,
-    rounds: int = 1,
-) -> list[dict[str, Any]]:
-    """Set up and check every kernel of the group, warm each up, then time them all.
+    rounds: int,
+    plans: dict[int, list[int]] | None = None,
+) -> dict[int, list[int]]:
+    """Warm up every live run, then time them all in interleaved rounds.
 
-    The iteration counts are shared out of the budget once every warm-up is paid; with several
-    rounds each kernel's iterations are split into ``rounds`` batches, and every round runs the
-    kernels in a rotated order, so that no kernel always follows the same one.
+    Without ``plans`` the iteration counts are shared out of ``budget`` once every warm-up is
+    paid, and split into ``rounds`` batches; each round runs the kernels in a rotated order, so
+    that no kernel always follows the same one. A run that fails is dropped from ``live``.
+    Returns the plans used (per run, the iterations of each round), to repeat them.
     """
-    runs = [KernelRun(info, spec, args, budget) for spec in specs]
-    weights = [args.kind_weights.get(spec.kind, 1.0) for spec in specs]
-    settled = [False] * len(runs)
-
-    def settle(i: int) -> None:
-        if not settled[i]:
-            settled[i] = True
-            budget.done(weights[i])
-
-    def failed(i: int, exc: Exception) -> None:
-        runs[i]._fail(*classify_exception(exc))
-        settle(i)
-
-    try:
-        live: list[int] = []
-        for i, run in enumerate(runs):
-            spec = run.spec
-            _log(f"{spec.dtype} {spec.kind} {spec.m_candidates[0]}x{spec.n}x{spec.k}")
-            if run.setup():
-                live.append(i)
-            else:
-                settle(i)
-        if live:
-            _check_busy(busy, args)
-        for i in list(live):
-            try:
-                runs[i].warm_up(args.warmup, args.warmup_ms.get(runs[i].spec.kind, 0.0))
-            except Exception as exc:
-                failed(i, exc)
-                live.remove(i)
-        shares = {i: budget.share(weights[i]) for i in live}
+    for i in list(live):
+        try:
+            runs[i].warm_up(args.warmup, args.warmup_ms.get(runs[i].spec.kind, 0.0))
+        except Exception as exc:
+            runs[i]._fail(*classify_exception(exc))
+            live.remove(i)
+    if plans is None:
+        shares = {i: budget.share(args.kind_weights.get(runs[i].spec.kind, 1.0)) for i in live}
         plans = {
             i: split_rounds(
                 choose_iters(
@@ -1791,15 +1857,49 @@ def run_group(
             )
             for i in live
         }
-        for r in range(max((len(plan) for plan in plans.values()), default=0)):
-            for i in rotated(live, r):
-                if i in plans and r < len(plans[i]):
-                    try:
-                        runs[i].measure(plans[i][r])
-                    except Exception as exc:
-                        failed(i, exc)
-                        del plans[i]
+    todo = {i: plan for i, plan in plans.items() if i in live}
+    for r in range(max((len(plan) for plan in todo.values()), default=0)):
+        for i in rotated(live, r):
+            if i in todo and r < len(todo[i]):
+                try:
+                    runs[i].measure(todo[i][r])
+                except Exception as exc:
+                    runs[i]._fail(*classify_exception(exc))
+                    live.remove(i)
+                    del todo[i]
+    return plans
+
+
+def run_group(
+    info: DeviceInfo,
+    specs: Sequence[KernelSpec],
+    args: argparse.Namespace,
+    budget: Budget,
+    busy: BusyState,
+    rounds: int = 1,
+) -> list[dict[str, Any]]:
+    """Set up and check every kernel of the group, warm each up, then time them all
+    (time_runs); the group's kernels are charged to ``budget`` and settled in it."""
+    runs = [KernelRun(info, spec, args, budget) for spec in specs]
+    settled: set[int] = set()
+
+    def settle(i: int) -> None:
+        if i not in settled:
+            settled.add(i)
+            budget.done(args.kind_weights.get(runs[i].spec.kind, 1.0))
+
+    try:
+        live: list[int] = []
+        for i, run in enumerate(runs):
+            spec = run.spec
+            _log(f"{spec.dtype} {spec.kind} {spec.m_candidates[0]}x{spec.n}x{spec.k}")
+            if run.setup():
+                live.append(i)
+            else:
+                settle(i)  # its share goes to the kernels that run
         if live:
+            _check_busy(busy, args)
+            time_runs(runs, live, args, budget, rounds)
             _check_busy(busy, args)
         return [run.summary() for run in runs]
     finally:
@@ -2028,6 +2128,336 @@ def run_transfers(
 
 
 # --------------------------------------------------------------------------
+# soak
+
+
+class StopRequest:
+    """Set by SIGINT or SIGTERM during a soak; the loop stops cleanly at its next check."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        try:
+            self.signal_name = signal.Signals(signum).name
+        except ValueError:
+            self.signal_name = f"signal {signum}"
+
+    @property
+    def requested(self) -> bool:
+        return self.signal_name is not None
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: StopRequest) -> Iterator[None]:
+    """SIGINT and SIGTERM set ``stop`` instead of ending the process (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def soak_thresholds(nvml: Nvml | None) -> dict[str, float | None]:
+    """The limits the soak stays a margin below: NVML's, else a fixed GPU limit."""
+    found = nvml.thresholds() if nvml is not None else {}
+    gpu = found.get("gpu_slowdown_celsius")
+    return {
+        "gpu_slowdown_celsius": gpu if gpu else (FALLBACK_GPU_LIMIT_CELSIUS if nvml else None),
+        "memory_max_celsius": found.get("memory_max_celsius"),
+    }
+
+
+def soak_stop_reason(
+    sample: dict[str, float | int | None], limits: dict[str, float | None], margin: float
+) -> tuple[str, str] | None:
+    """Why a soak must stop at this NVML sample, or None: (stopped, one-line reason)."""
+    reasons = sample.get("reasons")
+    if reasons is not None:
+        if int(reasons) & HW_THERMAL_SLOWDOWN:
+            return (
+                "hw_thermal_slowdown",
+                f"hardware thermal slowdown (clock event reasons {int(reasons):#x})",
+            )
+        if int(reasons) & HW_SLOWDOWN:
+            return "hw_slowdown", f"hardware slowdown (clock event reasons {int(reasons):#x})"
+    for key, limit_key, what, limit_name in (
+        ("gpu_temperature", "gpu_slowdown_celsius", "GPU", "slowdown threshold"),
+        ("memory_temperature", "memory_max_celsius", "memory", "maximum operating temperature"),
+    ):
+        value, limit = sample.get(key), limits.get(limit_key)
+        if value is not None and limit is not None and float(value) >= limit - margin:
+            return "threshold", (
+                f"{what} {float(value):.0f} °C within {margin:g} °C of its {limit_name} "
+                f"{limit:.0f} °C"
+            )
+    return None
+
+
+class SoakLoad:
+    """Sustained bf16 matmuls on one cube, in chunks that end with a synchronize."""
+
+    def __init__(self, info: DeviceInfo, edge: int) -> None:
+        torch = info.torch
+        self.info = info
+        self.edge = edge
+        self.a = torch.randn(edge, edge, device=info.device, dtype=torch.bfloat16)
+        self.b = torch.randn(edge, edge, device=info.device, dtype=torch.bfloat16)
+        self.out = torch.empty(edge, edge, device=info.device, dtype=torch.bfloat16)
+        self.per_iteration = 0.0  # seconds, measured
+        self.iterations = 0
+        self.seconds = 0.0
+
+    def chunk(self, seconds: float) -> float:
+        """About ``seconds`` of matmuls (at least one); returns the seconds they took."""
+        torch = self.info.torch
+        count = 1 if self.per_iteration <= 0 else max(1, int(seconds / self.per_iteration))
+        t0 = time.perf_counter()
+        for _ in range(count):
+            torch.mm(self.a, self.b, out=self.out)
+        if self.info.is_cuda:
+            torch.cuda.synchronize()
+        spent = time.perf_counter() - t0
+        self.per_iteration = spent / count
+        self.iterations += count
+        self.seconds += spent
+        return spent
+
+    @property
+    def work(self) -> float:
+        return 2.0 * self.edge**3
+
+    def summary(self) -> dict[str, Any]:
+        rate = self.work * self.iterations / self.seconds / 1e12 if self.seconds > 0 else None
+        return {
+            "dtype": "bf16",
+            "shape": shape_label(self.edge, self.edge, self.edge),
+            "iterations": self.iterations,
+            "seconds": self.seconds,
+            "delivered": rate,
+        }
+
+    def release(self) -> None:
+        self.a = self.b = self.out = None
+
+
+class Soak:
+    """Sustained load with a measurement window every ``window_seconds`` (see run_soak)."""
+
+    def __init__(
+        self,
+        info: DeviceInfo,
+        args: argparse.Namespace,
+        nvml: Nvml | None,
+        small: bool,
+        stop: StopRequest,
+    ) -> None:
+        self.info = info
+        self.args = args
+        self.stop = stop
+        self.sampler = ConditionSampler(nvml)
+        self.limits = soak_thresholds(nvml)
+        self.busy = 0.0
+        self.groups: list[list[KernelRun]] = []
+        self.plans: list[dict[int, list[int]] | None] = []
+        self.load: SoakLoad | None = None
+        self.checked = 0  # samples already checked for a reason to stop
+        self.window_start = 0  # first sample of the running window's load period
+        self.load_before = (0, 0.0)  # load iterations and seconds before this period
+        if args.soak_load_edge:
+            self.edge = args.soak_load_edge
+        elif small or not info.is_cuda:
+            self.edge = SMALL_COMPUTE[0]
+        else:
+            self.edge = compute_cube(info.capability or (0, 0), info.sm_count)
+        self.section: dict[str, Any] = {
+            "seconds": args.soak_seconds,
+            "window_seconds": args.window_seconds,
+            "margin_celsius": args.soak_margin_celsius,
+            "thresholds": self.limits,
+            "load": None,
+            "windows": [],
+            "stopped": None,
+            "reason": None,
+            "elapsed_seconds": 0.0,
+        }
+
+    def setup(self, small: bool) -> None:
+        suite = SUITES[self.args.suite]
+        specs = plan_suite(self.info, self.args.dtype, small, self.args.shape, suite.kinds)
+        budget = Budget(self.args.budget_seconds, len(specs))
+        for group in plan_groups(specs, suite.together):
+            runs = [KernelRun(self.info, spec, self.args, budget) for spec in group]
+            for run in runs:
+                spec = run.spec
+                _log(f"soak: {spec.dtype} {spec.kind} {spec.m_candidates[0]}x{spec.n}x{spec.k}")
+                run.setup()
+            self.groups.append(runs)
+            self.plans.append(None)
+        self.load = SoakLoad(self.info, self.edge)
+
+    def check(self) -> tuple[str, str | None] | None:
+        """A reason to stop: a signal, or a sample taken since the last check."""
+        if self.stop.requested:
+            return "interrupted", f"{self.stop.signal_name} received"
+        samples = self.sampler.samples
+        end = len(samples)
+        for sample in samples[self.checked : end]:
+            why = soak_stop_reason(sample, self.limits, self.args.soak_margin_celsius)
+            if why is not None:
+                self.checked = end
+                return why
+        self.checked = end
+        return None
+
+    def window(self, index: int, phase: str, elapsed: float) -> dict[str, Any]:
+        """Measure every kernel that set up, in the groups and rounds of the suite."""
+        load_samples = self.sampler.samples[self.window_start :]
+        self.sampler.take()
+        first = len(self.sampler.samples)
+        budget = Budget(self.args.budget_seconds, 0)
+        budget.weight_left = sum(
+            self.args.kind_weights.get(run.spec.kind, 1.0)
+            for runs in self.groups
+            for run in runs
+            if run.ready
+        )
+        results: list[dict[str, Any]] = []
+        for g, runs in enumerate(self.groups):
+            live = [i for i, run in enumerate(runs) if run.ready]
+            for run in runs:
+                run.budget = budget
+                run.reset_timing()
+            rounds = self.args.rounds if len(runs) > 1 else 1
+            self.plans[g] = time_runs(runs, live, self.args, budget, rounds, self.plans[g])
+            for run in runs:
+                if run.ready:
+                    budget.done(self.args.kind_weights.get(run.spec.kind, 1.0))
+                results.append(run.summary())
+        self.busy += budget.busy
+        self.sampler.take()
+        load = self.load
+        done_iters, done_seconds = self.load_before
+        load_rate = None
+        if load is not None and load.seconds > done_seconds:
+            load_rate = (
+                load.work * (load.iterations - done_iters) / (load.seconds - done_seconds) / 1e12
+            )
+            self.load_before = (load.iterations, load.seconds)
+        window = {
+            "index": index,
+            "phase": phase,
+            "elapsed_seconds": elapsed,
+            "results": results,
+            "ratios": decode_ratios(results),
+            "conditions": summarize_conditions(self.sampler.samples[first - 1 :]),
+            "load_conditions": summarize_conditions(load_samples) if phase == "load" else None,
+            "load_delivered": load_rate,
+        }
+        self.window_start = len(self.sampler.samples)
+        self.section["windows"].append(window)
+        progress({"soak_window": window})
+        return window
+
+    def loop(self) -> None:
+        args = self.args
+        section = self.section
+        why: tuple[str, str | None] | None = self.check()
+        if why is None:
+            self.window(0, "cold", 0.0)
+        started = time.monotonic()
+        deadline = started + args.soak_seconds
+        next_window = started + args.window_seconds
+        index = 1
+        while why is None:
+            why = self.check()
+            if why is not None:
+                break
+            now = time.monotonic()
+            if now >= next_window or now >= deadline:
+                self.window(index, "load", now - started)
+                index += 1
+                next_window = max(next_window + args.window_seconds, time.monotonic())
+                if now >= deadline:
+                    why = ("completed", None)
+                continue
+            assert self.load is not None
+            chunk = min(args.soak_chunk_ms / 1e3, min(next_window, deadline) - now)
+            self.busy += self.load.chunk(max(chunk, 0.0))
+            section["elapsed_seconds"] = time.monotonic() - started
+        section["stopped"], section["reason"] = why
+        section["elapsed_seconds"] = time.monotonic() - started
+
+    def close(self) -> None:
+        """Leave the GPU idle: nothing queued, every buffer freed."""
+        torch = self.info.torch
+        if self.info.is_cuda:
+            with contextlib.suppress(Exception):
+                torch.cuda.synchronize()
+        if self.load is not None:
+            self.section["load"] = self.load.summary()
+            self.load.release()
+            self.load = None
+        for runs in self.groups:
+            for run in runs:
+                run.release()
+        self.groups.clear()
+        if self.info.is_cuda:
+            with contextlib.suppress(Exception):
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+
+
+def run_soak(
+    info: DeviceInfo,
+    args: argparse.Namespace,
+    nvml: Nvml | None,
+    doc: dict[str, Any],
+    small: bool,
+    stop: StopRequest,
+) -> None:
+    """Sustained bf16 load for ``--soak-seconds``, measuring the suite's kernels (hot by
+    default) in a window before the load and every ``--window-seconds`` during it.
+
+    Each window prints one progress line (``{"soak_window": {...}}``): elapsed seconds, every
+    kernel's result (delivered), the int4 ratios, and the NVML conditions of the measurement
+    and of the load period before it. The soak stops a margin below the GPU's slowdown and the
+    memory's maximum temperature, on a hardware (thermal) slowdown, on SIGINT or SIGTERM, and
+    on an error; whatever the way out, the GPU is left idle and the document says why it
+    stopped (``soak.stopped``: completed, threshold, hw_thermal_slowdown, hw_slowdown,
+    interrupted, error).
+    """
+    soak = Soak(info, args, nvml, small, stop)
+    doc["soak"] = soak.section
+    if info.is_cuda and nvml is None:
+        soak.section["stopped"] = "error"
+        soak.section["reason"] = (
+            "a soak needs NVML to watch the temperatures (install nvidia-ml-py in this Python)"
+        )
+        doc["status"], doc["reason"] = "error", soak.section["reason"]
+        return
+    soak.sampler.start()
+    try:
+        soak.setup(small)
+        soak.loop()
+    except Exception as exc:
+        soak.section["stopped"] = "error"
+        soak.section["reason"] = classify_exception(exc)[1]
+    finally:
+        soak.close()
+        doc["conditions"] = soak.sampler.stop()
+        doc["gpu_busy_seconds"] = soak.busy
+    if soak.section["stopped"] == "error":
+        doc["status"], doc["reason"] = "error", f"soak failed: {soak.section['reason']}"
+    else:
+        doc["status"], doc["reason"] = "ok", None
+
+
+# --------------------------------------------------------------------------
 # identity
 
 
@@ -2150,6 +2580,7 @@ def _empty_document(started: float) -> dict[str, Any]:
         "ratios": {},
         "bandwidth": None,
         "transfers": [],
+        "soak": None,
         "conditions": summarize_conditions([]),
         "busy": {"other_pids": [], "utilization": None, "nvml": False},
         "gpu_busy_seconds": 0.0,
@@ -2182,6 +2613,16 @@ def overall_status(doc: dict[str, Any]) -> tuple[str, str | None]:
 
 
 def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
+    """One cycle of the suite, or a soak; fills ``doc``."""
+    if args.soak_seconds is None:
+        _run(args, doc, None)
+        return
+    stop = StopRequest()
+    with stop_on_signals(stop):  # from the start: a Ctrl-C during torch's import counts too
+        _run(args, doc, stop)
+
+
+def _run(args: argparse.Namespace, doc: dict[str, Any], stop: StopRequest | None) -> None:
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA index == NVML index
     try:
         import torch
@@ -2200,7 +2641,7 @@ def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
     small = args.small or not is_cuda
     if not is_cuda and args.cpu_threads > 0:
         torch.set_num_threads(args.cpu_threads)
-    doc["suite"] = args.suite
+    doc["suite"] = args.suite if stop is None else "soak"
     doc["config"] = {
         "suite": args.suite,
         "rounds": args.rounds,
@@ -2222,6 +2663,8 @@ def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
         "transfers": args.transfers,
         "transfer_small_copies": args.transfer_small_copies,
         "transfer_large_copies": args.transfer_large_copies,
+        "soak_seconds": args.soak_seconds,
+        "window_seconds": args.window_seconds,
     }
     cuda_index = 0
     if is_cuda:
@@ -2282,6 +2725,10 @@ def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
             torch_version=torch_version_tuple(str(torch.__version__)),
             max_clock_hz=clock_hz,
         )
+        if stop is not None:
+            run_soak(info, args, nvml, doc, small, stop)
+            doc["software"] = software_identity(torch, info, device, nvml)
+            return
         suite = SUITES[args.suite]
         specs = plan_suite(info, args.dtype, small, args.shape, suite.kinds)
         groups = plan_groups(specs, suite.together)
