@@ -723,6 +723,15 @@ def test_grouping_helpers(w: ModuleType) -> None:
         [("int4", "llm")],
         [("bf16", "decode"), ("int4", "decode")],
     ]
+    by_kind = w.order_by_kind(specs)
+    assert [(s.dtype, s.kind) for s in by_kind] == [
+        ("bf16", "compute"),
+        ("bf16", "llm"),
+        ("int4", "llm"),
+        ("bf16", "decode"),
+        ("int4", "decode"),
+    ]
+    assert w.parse_args(["--order", "kind"]).order == "kind"
     hot = w.plan_groups(specs, ("decode", "llm"))
     assert [[s.kind for s in g] for g in hot] == [["compute"], ["decode"] * 2, ["llm"] * 2]
     assert w.rotated([0, 1, 2], 0) == [0, 1, 2]
@@ -881,6 +890,16 @@ def test_soak_error_still_leaves_a_document(w: ModuleType, monkeypatch: pytest.M
     assert len(soak["windows"]) == 1  # the cold window ran before the load broke
     assert sorted(set(released)) == ["bf16", "fp16", "fp8", "int4", "nvfp4"]
     assert soak["load"]["iterations"] == 0
+
+
+def test_soak_on_a_gpu_without_nvml_refuses(w: ModuleType) -> None:
+    """Without temperatures the soak cannot keep its safety margin: it does not start."""
+    gpu = w.DeviceInfo(torch, "cuda:0", True, (9, 0), 132, 60 * 1024**2, (2, 11))
+    args = w.parse_args(["--soak-seconds", "600"])
+    doc = w._empty_document(0.0)
+    w.run_soak(gpu, args, None, doc, False, w.StopRequest())
+    assert doc["status"] == "error" and "needs NVML" in doc["reason"]
+    assert doc["soak"]["stopped"] == "error" and doc["soak"]["windows"] == []
 
 
 def test_soak_arguments(w: ModuleType) -> None:
