@@ -1483,7 +1483,7 @@ def time_batch(
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
         held: Any = None
-        if launch is not None and hasattr(torch.cuda, "_sleep"):
+        if launch is not None and launch.max_lead_ms > 0 and hasattr(torch.cuda, "_sleep"):
             held = torch.cuda.Event(enable_timing=True)
             held.record()
             torch.cuda._sleep(sleep_cycles(launch.lead_ms(count), info.max_clock_hz))
