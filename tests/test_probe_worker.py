@@ -635,6 +635,94 @@ def test_time_batch_on_cpu_encloses_every_iteration(w: ModuleType) -> None:
     assert w.time_batch(_cpu_info(w), fn, [(0,)], 0).iter_ms == []
 
 
+class SimulatedStream:
+    """A CUDA stream as a timeline in milliseconds: what the GPU branch of time_batch sees."""
+
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.synchronized = 0
+        self.slept_cycles: list[int] = []
+        self.records = 0
+        self.slices: dict[int, float] = {}  # record number -> ms the GPU is away before it
+
+    def run(self, ms: float) -> None:
+        self.t += ms
+
+
+class SimulatedCuda:
+    def __init__(self, stream: SimulatedStream) -> None:
+        self.stream = stream
+        outer = self
+
+        class Event:
+            def __init__(self, enable_timing: bool = False) -> None:
+                assert enable_timing
+                self.t: float | None = None
+
+            def record(self) -> None:
+                stream = outer.stream
+                stream.run(stream.slices.get(stream.records, 0.0))
+                stream.records += 1
+                self.t = stream.t
+
+            def elapsed_time(self, other: Event) -> float:
+                assert self.t is not None and other.t is not None
+                return other.t - self.t
+
+        self.Event = Event
+
+    def _sleep(self, cycles: int) -> None:
+        self.stream.slept_cycles.append(cycles)
+        self.stream.run(cycles / 1e9 * 1e3)  # the simulated GPU runs at 1 GHz
+
+    def synchronize(self) -> None:
+        self.stream.synchronized += 1
+
+
+def test_time_batch_on_a_simulated_gpu(w: ModuleType) -> None:
+    """Per-iteration events for the median, the total from the first start to the last end."""
+    stream = SimulatedStream()
+    fake_torch = type("FakeTorch", (), {"cuda": SimulatedCuda(stream)})()
+    info = w.DeviceInfo(fake_torch, "cuda:0", True, (9, 0), 132, 60 * 1024**2, (2, 11), 1e9)
+
+    def kernel(ms: float) -> None:
+        stream.run(ms)
+
+    # records: the hold 0, then start/end 1/2, 3/4, 5/6, 7/8: another process's time slice
+    # before the third iteration's start, and one inside the fourth iteration
+    stream.slices = {5: 5.0, 8: 3.0}
+    launch = w.LaunchModel(launch_us=60.0, max_lead_ms=100.0)
+    batch = w.time_batch(info, kernel, [(1.0,), (2.0,)], 4, start=1, launch=launch)
+    assert batch.iter_ms == [2.0, 1.0, 2.0, 4.0]  # rotating from set 1; the last one sliced
+    assert batch.total_ms == pytest.approx(9.0 + 5.0)  # every slice counts in the total
+    assert batch.gaps_ms == pytest.approx(5.0)
+    stream.slices = {}
+    # the hold before the batch: 4 iterations x 1.5 x 60 us + the floor, at 1 GHz
+    assert stream.slept_cycles == [int((4 * 90e-3 + w.LEAD_FLOOR_MS) * 1e-3 * 1e9)]
+    assert batch.queued_ahead is True  # enqueueing 4 calls takes far less than 0.56 ms
+    assert stream.synchronized == 1
+    assert launch.gpu_us == pytest.approx(2000.0)  # the median iteration, for the next hold
+    delivered, peak = w.figures(1e9, batch.iter_ms, batch.total_ms)
+    assert delivered == pytest.approx(4e9 / 14e-3) and peak == pytest.approx(1e9 / 2e-3)
+    # no hold asked for: nothing slept, queued_ahead unknown
+    plain = w.time_batch(info, kernel, [(1.0,)], 2, launch=None)
+    assert plain.queued_ahead is None and len(stream.slept_cycles) == 1
+    off = w.LaunchModel(launch_us=60.0, max_lead_ms=0.0)
+    assert w.time_batch(info, kernel, [(1.0,)], 2, launch=off).queued_ahead is None
+
+
+def test_measure_copies_on_a_simulated_gpu(w: ModuleType) -> None:
+    stream = SimulatedStream()
+    fake_torch = type("FakeTorch", (), {"cuda": SimulatedCuda(stream)})()
+    info = w.DeviceInfo(fake_torch, "cuda:0", True, (9, 0), 132, 60 * 1024**2, (2, 11), 1e9)
+    budget = w.Budget(2.0, 1)
+    entry = w._transfer_entry("h2d", "pinned", 256 * 1024**2, 2, "ok", None)
+    w.measure_copies(info, lambda: stream.run(5.0), lambda: True, entry, budget)
+    assert entry["total_ms"] == pytest.approx(10.0)  # two copies, from one event to the other
+    assert entry["delivered"] == pytest.approx(2 * 256 * 1024**2 / 10e-3)  # ~53.7 GB/s
+    assert budget.busy == pytest.approx(15e-3)  # the checked copy and the two timed ones
+
+
 def test_launch_model(w: ModuleType) -> None:
     model = w.LaunchModel(launch_us=60.0, max_lead_ms=100.0)
     # before anything is measured: every iteration's launch, with margin, ahead of the GPU
