@@ -216,7 +216,20 @@ class _Parser(argparse.ArgumentParser):
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     """The worker's arguments; those left out take the defaults of the ``--suite`` (SUITES)."""
     p = _Parser(prog="sparkdiag-probe-worker", description=__doc__.splitlines()[0])
-    per_suite = "default: per --suite, see SUITES"
+
+    def per_suite(name: str) -> str:
+        """'per suite: default 10; hot 1; check 10' from SUITES."""
+
+        def text(value: Any) -> str:
+            if isinstance(value, bool):
+                return "on" if value else "off"
+            if isinstance(value, tuple):
+                return ",".join(f"{k}={v:g}" for k, v in value)
+            return f"{value:g}" if isinstance(value, float) else str(value)
+
+        values = [f"{suite} {text(getattr(spec, name))}" for suite, spec in SUITES.items()]
+        return "per suite: " + "; ".join(values)
+
     p.add_argument("--device", default=None, help="cuda:N or cpu (default: cuda if available)")
     p.add_argument(
         "--suite",
@@ -234,20 +247,22 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="dtype(s) to probe, repeatable or comma separated: " + ",".join(ALL_DTYPES),
     )
     p.add_argument("--shape", action="append", default=None, help="MxNxK, repeatable")
-    p.add_argument("--warmup", type=int, default=None, help=f"warm-up iterations ({per_suite})")
+    p.add_argument(
+        "--warmup", type=int, default=None, help=f"warm-up iterations ({per_suite('warmup')})"
+    )
     p.add_argument(
         "--warmup-ms",
         default=None,
         metavar="MS|KIND=MS,...",
         help="also warm up each kernel for at least this much GPU time, for every kind or per "
-        f"kind (compute, llm, decode, bandwidth; {per_suite})",
+        f"kind (compute, llm, decode, bandwidth; {per_suite('warmup_ms')})",
     )
     p.add_argument(
         "--spinup-ms",
         type=float,
         default=None,
         help="GPU time of untimed matmuls before the first kernel, to bring clocks up from "
-        f"idle (0 to skip; {per_suite})",
+        f"idle (0 to skip; {per_suite('spinup_ms')})",
     )
     p.add_argument(
         "--iters", type=int, default=None, help="timed iterations (default: sized to the budget)"
@@ -256,7 +271,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "--min-iters",
         type=int,
         default=None,
-        help=f"fewest timed iterations of a kernel sized to the budget ({per_suite})",
+        help=f"fewest timed iterations of a kernel sized to the budget ({per_suite('min_iters')})",
     )
     p.add_argument(
         "--max-iters",
@@ -269,7 +284,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         type=int,
         default=None,
         help="interleaved rounds in which kernels timed together (the decode shapes of the "
-        f"hot and check suites) are timed ({per_suite})",
+        f"hot and check suites) are timed ({per_suite('rounds')})",
     )
     p.add_argument(
         "--order",
@@ -307,25 +322,30 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="longest the GPU is held while a batch is enqueued; 0 disables the hold "
         f"(default {MAX_PREQUEUE_MS:g})",
     )
-    p.add_argument("--probe-when", choices=("idle", "always"), default=None, help=per_suite)
+    p.add_argument(
+        "--probe-when", choices=("idle", "always"), default=None, help=per_suite("probe_when")
+    )
     p.add_argument("--busy-utilization", type=float, default=0.1, help="0..1 (default 0.1)")
     p.add_argument("--exclude-pid", type=int, action="append", default=[])
     p.add_argument("--small", action="store_true", help="tiny shapes (CPU, CI, smoke tests)")
     p.add_argument(
-        "--budget-seconds", type=float, default=None, help=f"GPU-busy time budget ({per_suite})"
+        "--budget-seconds",
+        type=float,
+        default=None,
+        help=f"GPU-busy time budget ({per_suite('budget_seconds')})",
     )
     p.add_argument(
         "--bandwidth",
         action=argparse.BooleanOptionalAction,
         default=None,
-        help=f"the device-to-device copy ({per_suite})",
+        help=f"the device-to-device copy ({per_suite('bandwidth')})",
     )
     p.add_argument(
         "--transfers",
         action=argparse.BooleanOptionalAction,
         default=None,
         help="host-device copies: pinned and pageable, small and large, both directions "
-        f"({per_suite})",
+        f"({per_suite('transfers')})",
     )
     p.add_argument(
         "--transfer-small-copies",
