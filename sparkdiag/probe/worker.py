@@ -61,8 +61,9 @@ slowdown threshold or the memory's maximum temperature, read from NVML),
 is synchronized and every buffer freed before the document is printed.
 
 Every result has the same keys whatever the suite; ``gpu_busy_seconds`` is
-the GPU time of the copies, the spin-up, warm-ups and timed batches (not the
-setup and the one untimed call each kernel's correctness check makes).
+the GPU time of the copies, the spin-up, warm-ups and timed batches, gaps
+included (not the setup, the one untimed call each kernel's correctness check
+makes, nor the sleep that holds the stream while a batch is enqueued).
 
 Delivered and peak
 ------------------
