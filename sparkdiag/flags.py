@@ -21,7 +21,13 @@ from typing import Any, TypeVar
 import click
 
 from sparkdiag.config import OPTIONS, OPTIONS_BY_ATTR, ConfigError, Option, Settings, build_settings
-from sparkdiag.probe.worker import ALL_DTYPES, UsageError, parse_shape, shape_label
+from sparkdiag.probe.worker import (
+    ALL_DTYPES,
+    UsageError,
+    parse_dtypes,
+    parse_shape,
+    shape_label,
+)
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -121,20 +127,10 @@ def _split(option: Option, value: str) -> list[str]:
 
 def _dtypes(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> list[str]:
     """Repeatable and comma separated: ``--dtype bf16,fp8 --dtype int4``; ``all`` for all."""
-    out: list[str] = []
-    for item in values:
-        for name in item.split(","):
-            name = name.strip().lower()
-            if not name:
-                continue
-            if name == "all":
-                out.extend(d for d in ALL_DTYPES if d not in out)
-            elif name in ALL_DTYPES:
-                if name not in out:
-                    out.append(name)
-            else:
-                raise click.BadParameter(f"unknown dtype {name!r} (known: {', '.join(ALL_DTYPES)})")
-    return out
+    try:
+        return parse_dtypes(values)
+    except UsageError as exc:
+        raise click.BadParameter(str(exc)) from None
 
 
 def _shapes(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> list[str]:

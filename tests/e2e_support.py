@@ -92,7 +92,8 @@ def probe_document(
         if result["status"] != "ok":
             continue
         factor = jitter * (scale or {}).get(result["dtype"], 1.0)
-        result["tflops"] *= factor
+        result["delivered"] *= factor
+        result["peak"] *= factor
         result["median_ms"] /= factor
         result["min_ms"] /= factor
     doc["conditions"].update(conditions or {})

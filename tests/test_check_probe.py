@@ -59,27 +59,29 @@ def test_probe_passes_against_the_reference() -> None:
     r = only(check_probe(probed(poll(NVML / "h200-idle.json"))))
     assert r.status == "pass"
     assert r.finding == (
-        "at 8192x8192x8192: bf16 686 TFLOPS (0.86 of MAMF 794); "
-        "fp16 655 TFLOPS (0.66 of datasheet 990)"
+        "at 8192x8192x8192: bf16 686 TFLOPS delivered, peak 686 (0.86 of MAMF 794); "
+        "fp16 655 TFLOPS delivered, peak 655 (0.66 of datasheet 990)"
     )
 
 
 def test_probe_far_below_the_mamf_reference_warns() -> None:
     doc = probe_doc()
-    result(doc, "bf16", "compute")["tflops"] = 400.0
+    result(doc, "bf16", "compute")["delivered"] = 400.0
     r = only(check_probe(probed(poll(NVML / "h200-idle.json"), doc)))
     assert r.status == "warn"
-    assert "bf16 400 TFLOPS (0.50 of MAMF 794)" in r.finding
+    assert "bf16 400 TFLOPS delivered, peak 686 (0.50 of MAMF 794)" in r.finding
 
 
 def test_probe_below_the_stored_baseline_fails(tmp_path: Path) -> None:
     store = _store(tmp_path, 760.0)
     doc = probe_doc()
-    result(doc, "bf16", "compute")["tflops"] = 600.0
+    result(doc, "bf16", "compute")["delivered"] = 600.0
     r = only(check_probe(probed(poll(NVML / "h200-idle.json"), doc, store=store)))
     store.close()
     assert r.status == "fail"
-    assert "bf16 600 TFLOPS (0.76 of MAMF 794, 0.79 of baseline 760)" in r.finding
+    assert (
+        "bf16 600 TFLOPS delivered, peak 686 (0.76 of MAMF 794, 0.79 of baseline 760)" in r.finding
+    )
     assert r.data["figures"][0]["baseline"] == 760.0
 
 
@@ -94,7 +96,7 @@ def test_probe_without_anything_to_compare_passes_and_says_so(tmp_path: Path) ->
     snap = derived(tmp_path, name="NVIDIA RTX PRO 6000")
     r = only(check_probe(probed(snap)))
     assert r.status == "pass"
-    assert "bf16 686 TFLOPS (no baseline or reference)" in r.finding
+    assert "bf16 686 TFLOPS delivered, peak 686 (no baseline or reference)" in r.finding
 
 
 def test_probe_wrong_result_fails() -> None:
@@ -271,7 +273,7 @@ def test_int4_faster_than_16_bit_at_decode_passes() -> None:
 
 def test_int4_slower_than_16_bit_at_decode_warns() -> None:
     doc = probe_doc()
-    result(doc, "int4", "decode")["tflops"] = 2.9
+    result(doc, "int4", "decode")["delivered"] = 2.9
     r = only(check_int4_decode(probed(poll(NVML / "h200-idle.json"), doc)))
     assert r.status == "warn"
     assert r.finding == (

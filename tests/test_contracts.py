@@ -87,8 +87,8 @@ def test_recorded_document_parses_into_typed_fields() -> None:
     assert doc.software.gpu_name == "NVIDIA H200"
     assert doc.software.identity()[1].startswith("2.")
     bf16 = next(r for r in doc.results if r.label == "bf16 8192x8192x8192")
-    assert bf16.kind == "compute" and bf16.tflops is not None and bf16.tflops > 500
-    assert doc.bandwidth is not None and (doc.bandwidth.bytes_per_second or 0) > 1e12
+    assert bf16.kind == "compute" and bf16.delivered is not None and bf16.delivered > 500
+    assert doc.bandwidth is not None and (doc.bandwidth.delivered or 0) > 1e12
     assert doc.conditions.temperatures().keys() <= {"gpu", "memory"}
     assert doc.raw is raw
 
@@ -115,7 +115,8 @@ json_values = st.recursive(
 )
 keys = st.sampled_from(
     ["status", "reason", "software", "results", "bandwidth", "conditions", "busy",
-     "gpu_busy_seconds", "finished_at", "dtype", "shape", "tflops", "beta", "other_pids"]
+     "gpu_busy_seconds", "finished_at", "dtype", "shape", "delivered", "peak", "beta",
+     "other_pids", "transfers", "ratios", "soak", "windows"]
 )  # fmt: skip
 
 
@@ -126,7 +127,7 @@ def test_any_json_with_the_schema_parses_without_raising(body: dict[str, Any]) -
     doc = parse_document({**body, "schema": SCHEMA})
     for r in doc.results:
         assert isinstance(r.dtype, str) and isinstance(r.beta, int)
-        assert r.tflops is None or r.tflops > 0
+        assert r.delivered is None or r.delivered > 0
     assert all(isinstance(p, int) for p in doc.busy.other_pids)
     parse_progress(PROGRESS_PREFIX + json.dumps(body))
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sparkdiag.probe.baseline import BaselineKey, BaselineStore
+from sparkdiag.probe.worker import SCHEMA
 from tests.support import NVML, PROBE, ROOT, sparkdiag_cmd
 
 
@@ -38,7 +39,7 @@ def test_probe_replays_a_recorded_cycle_and_learns_a_baseline(tmp_path: Path) ->
     bf16 = next(
         f for f in gpu["figures"] if (f["dtype"], f["kind"], f["beta"]) == ("bf16", "compute", 0)
     )
-    assert bf16["tflops"] == pytest.approx(700.72, abs=0.01)
+    assert bf16["delivered_tflops"] == pytest.approx(700.72, abs=0.01)
     assert bf16["baseline_tflops"] == pytest.approx(700.72, abs=0.01)
     assert bf16["efficiency"] == pytest.approx(1.0)
     assert bf16["reference"]["kind"] == "mamf" and bf16["reference"]["tflops"] == 794.5
@@ -61,7 +62,7 @@ def test_probe_runs_the_real_worker_on_cpu(tmp_path: Path) -> None:
     (gpu,) = json.loads(result.stdout)["gpus"]
     assert gpu["result"] == "ok" and gpu["uuid"] is None  # no NVML: no baseline either
     assert {f["shape"] for f in gpu["figures"]} == {"256x256x256", "256x688x256", "1x256x256"}
-    assert all(f["tflops"] > 0 for f in gpu["figures"])
+    assert all(f["delivered_tflops"] > 0 for f in gpu["figures"])
 
 
 def test_probe_usage_errors() -> None:
@@ -79,8 +80,8 @@ def test_bench_sweeps_with_csv_and_json(tmp_path: Path) -> None:
     assert "bf16: best" in result.stdout and "over 3 shapes" in result.stdout
     rows = list(csv.DictReader(out_csv.open()))
     assert [r["shape"] for r in rows] == ["64x64x64", "128x128x128", "192x192x192"]
-    assert all(r["status"] == "ok" and float(r["tflops"]) > 0 for r in rows)
-    assert json.loads(out_json.read_text())["schema"] == "sparkdiag-probe/1"
+    assert all(r["status"] == "ok" and float(r["delivered_tflops"]) > 0 for r in rows)
+    assert json.loads(out_json.read_text())["schema"] == SCHEMA
 
 
 def test_bench_rejects_a_bad_range() -> None:

@@ -77,7 +77,7 @@ def test_idle_gpu_is_probed_and_recorded(tmp_path: Path) -> None:
         bf16 = next(
             f for f in record.figures if (f.dtype, f.kind, f.beta) == ("bf16", "compute", 0)
         )
-        assert bf16.tflops == pytest.approx(700.72, abs=0.01)  # as recorded on the H200
+        assert bf16.delivered == pytest.approx(700.72, abs=0.01)  # as recorded on the H200
         assert bf16.baseline is None  # learning: fewer than 3 healthy runs
         sched.run_cycle()
         (third,) = sched.run_cycle()

@@ -27,11 +27,10 @@ from sparkdiag.telemetry.snapshot import GpuSample, Snapshot
 log = logging.getLogger(__name__)
 
 BASELINE_FILENAME = DEFAULT_FILENAME  # where the daemon keeps its baselines
-# A short run: bf16 and fp16 for throughput, int4 for the 4-bit comparison at the decode
-# shape; the worker adds the compute, LLM and decode shapes of each dtype.
-CHECK_REQUEST = WorkerRequest(
-    dtypes=("bf16", "fp16", "int4"), budget_seconds=1.0, bandwidth=False, probe_when="idle"
-)
+# The worker's check suite: bf16 and fp16 for throughput, int4 for the 4-bit comparison at the
+# decode shape (timed in interleaved rounds with them), every shape, the host-device copies,
+# about 1 s of GPU time.
+CHECK_REQUEST = WorkerRequest(suite="check", probe_when="idle")
 LOAD_POLL_SECONDS = 0.5
 
 

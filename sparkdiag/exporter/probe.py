@@ -58,12 +58,19 @@ class ProbeCollector:
 
         tflops = gauge(
             "sparkdiag_gemm_tflops",
-            "Achieved throughput of the last successful probe, TFLOPS (TOPS for int8).",
+            "Delivered throughput of the last successful probe: the work of back-to-back "
+            "iterations over their total time, gaps included (TFLOPS; TOPS for integer dtypes).",
+            GEMM,
+        )
+        peak = gauge(
+            "sparkdiag_gemm_peak_tflops",
+            "Peak throughput of the last successful probe: from the median iteration, comparable "
+            "with mamf-finder (TFLOPS; TOPS for integer dtypes). Never alerted on alone.",
             GEMM,
         )
         accumulate = gauge(
             "sparkdiag_gemm_accumulate_tflops",
-            "Achieved throughput of the last successful probe with beta=1 (C += A @ B).",
+            "Delivered throughput of the last successful probe with beta=1 (C += A @ B).",
             GEMM,
         )
         baseline = gauge(
@@ -79,7 +86,8 @@ class ProbeCollector:
         )
         bandwidth = gauge(
             "sparkdiag_memory_bandwidth_bytes_per_second",
-            "Device memory copy bandwidth, bytes read plus written per second.",
+            "Device memory copy bandwidth delivered by back-to-back copies, bytes read plus "
+            "written per second.",
             [*GPU, "context"],
         )
         last_success = gauge(
@@ -92,13 +100,15 @@ class ProbeCollector:
             if cycle.bandwidth_bytes_per_second is not None:
                 bandwidth.add_metric([gpu, uuid, context], cycle.bandwidth_bytes_per_second)
             for fig in cycle.figures:
-                if fig.tflops is None:
+                if fig.delivered is None:
                     continue
                 labels = [gpu, uuid, fig.dtype, fig.shape, context]
                 if fig.beta:
-                    accumulate.add_metric(labels, fig.tflops)
+                    accumulate.add_metric(labels, fig.delivered)
                     continue
-                tflops.add_metric(labels, fig.tflops)
+                tflops.add_metric(labels, fig.delivered)
+                if fig.peak is not None:
+                    peak.add_metric(labels, fig.peak)
                 if fig.baseline is not None:
                     baseline.add_metric(labels, fig.baseline.tflops)
                 ratio = fig.efficiency
@@ -106,7 +116,8 @@ class ProbeCollector:
                     efficiency.add_metric(labels, ratio)
                 if fig.reference is not None and fig.kind == "compute":
                     reference.add_metric(labels, fig.reference.tflops)
-        yield from (tflops, accumulate, baseline, efficiency, reference, bandwidth, last_success)
+        yield from (tflops, peak, accumulate, baseline, efficiency, reference, bandwidth)
+        yield last_success
 
         duration = gauge(
             "sparkdiag_probe_duration_seconds",

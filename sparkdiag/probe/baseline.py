@@ -50,12 +50,19 @@ BaselineSource = Literal["learned", "pinned"]
 
 DEFAULT_FILENAME = "baselines.sqlite"
 CONTEXTS = ("native", "container")
-KEY_COLUMNS = ("gpu_uuid", "dtype", "shape", "context", "driver", "torch", "cuda")
+KEY_COLUMNS = ("gpu_uuid", "dtype", "shape", "context", "driver", "torch", "cuda", "method")
+# How a figure was measured. "delivered": the total time of back-to-back iterations, gaps
+# included (worker schema 2); "median": the median iteration (schema 1, before 2026-12). A
+# baseline is only ever compared with figures of its own method: the two differ on a shared GPU.
+METHODS = ("delivered", "median")
+METHOD = "delivered"
 
 _SHAPE = re.compile(r"^[0-9]+(?:x[0-9]+)+$")
 _KEY_WHERE = " AND ".join(f"{column} = ?" for column in KEY_COLUMNS)
 _KEY_LIST = ", ".join(KEY_COLUMNS)
 _BASELINE_COLUMNS = f"{_KEY_LIST}, tflops, source, runs, created_at, updated_at, note"
+# The key as schema version 1 had it (migrations are never edited, so they spell it out).
+_V1_KEY_LIST = "gpu_uuid, dtype, shape, context, driver, torch, cuda"
 
 # Each entry moves the schema from version i to i + 1 (PRAGMA user_version).
 # Append new migrations; never edit a released one.
@@ -71,7 +78,7 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             at REAL NOT NULL,
             conditions TEXT
         )""",
-        f"CREATE INDEX runs_by_key ON runs ({_KEY_LIST}, healthy, id)",
+        f"CREATE INDEX runs_by_key ON runs ({_V1_KEY_LIST}, healthy, id)",
         f"""CREATE TABLE baselines (
             gpu_uuid TEXT NOT NULL, dtype TEXT NOT NULL, shape TEXT NOT NULL,
             context TEXT NOT NULL, driver TEXT NOT NULL, torch TEXT NOT NULL,
@@ -82,8 +89,30 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
             created_at REAL NOT NULL,
             updated_at REAL NOT NULL,
             note TEXT NOT NULL DEFAULT '',
-            PRIMARY KEY ({_KEY_LIST})
+            PRIMARY KEY ({_V1_KEY_LIST})
         ) WITHOUT ROWID""",
+    ),
+    # 2: the measuring method joins the key; what was there was measured by the median.
+    (
+        "ALTER TABLE runs ADD COLUMN method TEXT NOT NULL DEFAULT 'median'",
+        "DROP INDEX runs_by_key",
+        f"CREATE INDEX runs_by_key ON runs ({_V1_KEY_LIST}, method, healthy, id)",
+        f"""CREATE TABLE baselines_2 (
+            gpu_uuid TEXT NOT NULL, dtype TEXT NOT NULL, shape TEXT NOT NULL,
+            context TEXT NOT NULL, driver TEXT NOT NULL, torch TEXT NOT NULL,
+            cuda TEXT NOT NULL, method TEXT NOT NULL,
+            tflops REAL NOT NULL CHECK (tflops > 0),
+            source TEXT NOT NULL CHECK (source IN ('learned', 'pinned')),
+            runs INTEGER NOT NULL CHECK (runs >= 0),
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            note TEXT NOT NULL DEFAULT '',
+            PRIMARY KEY ({_V1_KEY_LIST}, method)
+        ) WITHOUT ROWID""",
+        f"""INSERT INTO baselines_2 SELECT {_V1_KEY_LIST}, 'median', tflops, source, runs,
+            created_at, updated_at, note FROM baselines""",
+        "DROP TABLE baselines",
+        "ALTER TABLE baselines_2 RENAME TO baselines",
     ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
@@ -102,6 +131,7 @@ class BaselineKey:
     shape: ``MxNxK`` such as ``8192x8192x8192``
     context: ``native`` or ``container``
     driver, torch, cuda: versions; empty string when unknown
+    method: how the figures were measured (``delivered``, or ``median`` for old baselines)
     """
 
     gpu_uuid: str
@@ -111,8 +141,11 @@ class BaselineKey:
     driver: str
     torch: str
     cuda: str
+    method: str = METHOD
 
     def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"BaselineKey.method must be one of {', '.join(METHODS)}")
         for name in KEY_COLUMNS:
             value = getattr(self, name)
             if not isinstance(value, str):
@@ -366,7 +399,7 @@ class BaselineStore:
         with self._write() as conn:
             conn.execute(
                 f"INSERT INTO runs ({_KEY_LIST}, tflops, healthy, at, conditions) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f"VALUES ({_placeholders(4)})",
                 (*key.as_row(), value, int(healthy), when, conditions_text),
             )
             current = _select_baseline(conn, key)
@@ -529,9 +562,14 @@ def _select_baseline(conn: sqlite3.Connection, key: BaselineKey) -> Baseline | N
     return None if row is None else _baseline_from_row(row)
 
 
+def _placeholders(extra: int) -> str:
+    """``?, ?, ...`` for the key columns and ``extra`` more."""
+    return ", ".join("?" * (len(KEY_COLUMNS) + extra))
+
+
 def _upsert(conn: sqlite3.Connection, baseline: Baseline) -> None:
     conn.execute(
-        f"INSERT INTO baselines ({_BASELINE_COLUMNS}) VALUES ({', '.join('?' * 13)})"
+        f"INSERT INTO baselines ({_BASELINE_COLUMNS}) VALUES ({_placeholders(6)})"
         f" ON CONFLICT ({_KEY_LIST}) DO UPDATE SET tflops = excluded.tflops,"
         " source = excluded.source, runs = excluded.runs,"
         " updated_at = excluded.updated_at, note = excluded.note",
@@ -548,18 +586,18 @@ def _upsert(conn: sqlite3.Connection, baseline: Baseline) -> None:
 
 
 def _baseline_from_row(row: tuple[Any, ...]) -> Baseline:
-    key = BaselineKey(*(str(value) for value in row[:7]))
-    source = str(row[8])
+    key = BaselineKey(*(str(value) for value in row[: len(KEY_COLUMNS)]))
+    source = str(row[9])
     if source not in ("learned", "pinned"):
         raise BaselineStoreError(f"unknown baseline source {source!r} in the database")
     return Baseline(
         key=key,
-        tflops=float(row[7]),
+        tflops=float(row[8]),
         source="pinned" if source == "pinned" else "learned",
-        runs=int(row[9]),
-        created_at=float(row[10]),
-        updated_at=float(row[11]),
-        note=str(row[12]),
+        runs=int(row[10]),
+        created_at=float(row[11]),
+        updated_at=float(row[12]),
+        note=str(row[13]),
     )
 
 

@@ -30,7 +30,10 @@ __all__ = [
     "DocumentError",
     "KernelResult",
     "Progress",
+    "Soak",
+    "SoakWindow",
     "Software",
+    "Transfer",
     "WorkerDocument",
     "find_document",
     "parse_document",
@@ -53,6 +56,10 @@ def _int(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, int):
         return None
     return value
+
+
+def _bool(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
 
 
 def _str(value: Any) -> str | None:
@@ -92,7 +99,12 @@ class Software:
 
 @dataclass(frozen=True)
 class KernelResult:
-    """One kernel: throughput in TFLOPS (tera-operations per second for integer dtypes)."""
+    """One kernel; throughput in TFLOPS (tera-operations per second for integer dtypes).
+
+    delivered: the work of the timed back-to-back iterations over their total elapsed time,
+        gaps included (what a user of a shared GPU gets; efficiency and baselines use it)
+    peak: the work of one iteration over the median iteration time (comparable with mamf-finder)
+    """
 
     dtype: str
     shape: str  # MxNxK
@@ -100,9 +112,13 @@ class KernelResult:
     beta: int  # 1: C += A @ B (kept apart from beta=0)
     status: str  # ok, unsupported, error
     reason: str | None
-    tflops: float | None
+    delivered: float | None
+    peak: float | None = None
+    total_ms: float | None = None
     median_ms: float | None = None
     min_ms: float | None = None
+    gaps_ms: float | None = None
+    queued_ahead: bool | None = None
     iters: int = 0
     max_rel_error: float | None = None
     error_bound: float | None = None
@@ -122,9 +138,15 @@ class KernelResult:
             beta=_int(raw.get("beta")) or 0,
             status=status,
             reason=_str(raw.get("reason")),
-            tflops=_positive(raw.get("tflops")) if status == "ok" else None,
+            delivered=_positive(raw.get("delivered")) if status == "ok" else None,
+            peak=_positive(raw.get("peak")) if status == "ok" else None,
+            total_ms=_float(raw.get("total_ms")),
             median_ms=_float(raw.get("median_ms")),
             min_ms=_float(raw.get("min_ms")),
+            gaps_ms=_float(raw.get("gaps_ms")),
+            queued_ahead=raw.get("queued_ahead")
+            if isinstance(raw.get("queued_ahead"), bool)
+            else None,
             iters=_int(raw.get("iters")) or 0,
             max_rel_error=_float(raw.get("max_rel_error")),
             error_bound=_float(raw.get("error_bound")),
@@ -143,19 +165,62 @@ def _positive(value: Any) -> float | None:
 
 @dataclass(frozen=True)
 class Bandwidth:
-    """Device memory copy: bytes read plus written per second."""
+    """Device memory copy, bytes read plus written per second: delivered (total time of the
+    back-to-back copies) and peak (median copy)."""
 
     status: str
     reason: str | None
-    bytes_per_second: float | None
+    delivered: float | None
+    peak: float | None = None
 
     @classmethod
     def parse(cls, raw: Any) -> Bandwidth | None:
         if not isinstance(raw, Mapping):
             return None
         status = _str(raw.get("status")) or "error"
-        value = _positive(raw.get("bytes_per_second")) if status == "ok" else None
-        return cls(status, _str(raw.get("reason")), value)
+        ok = status == "ok"
+        delivered = _positive(raw.get("delivered")) if ok else None
+        peak = _positive(raw.get("peak")) if ok else None
+        return cls(status, _str(raw.get("reason")), delivered, peak)
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """Host-device copies of one kind: ``delivered`` bytes per second over all the copies."""
+
+    direction: str  # h2d, d2h
+    memory: str  # pinned, pageable
+    size_bytes: int
+    copies: int
+    status: str
+    reason: str | None
+    delivered: float | None
+
+    @classmethod
+    def parse(cls, raw: Any) -> Transfer | None:
+        if not isinstance(raw, Mapping):
+            return None
+        direction, memory = _str(raw.get("direction")), _str(raw.get("memory"))
+        size = _int(raw.get("size_bytes"))
+        if direction is None or memory is None or size is None or size <= 0:
+            return None
+        status = _str(raw.get("status")) or "error"
+        return cls(
+            direction=direction,
+            memory=memory,
+            size_bytes=size,
+            copies=_int(raw.get("copies")) or 0,
+            status=status,
+            reason=_str(raw.get("reason")),
+            delivered=_positive(raw.get("delivered")) if status == "ok" else None,
+        )
+
+    @property
+    def label(self) -> str:
+        """``h2d pinned 64KiB``."""
+        size = self.size_bytes
+        shown = f"{size >> 20}MiB" if size >= 1 << 20 else f"{size >> 10}KiB"
+        return f"{self.direction} {self.memory} {shown}"
 
 
 @dataclass(frozen=True)
@@ -166,18 +231,23 @@ class Conditions:
     max_memory_temperature_celsius: float | None = None
     clock_event_reasons_seen: int | None = None  # NVML bitmask, OR of every sample
     mean_sm_clock_hertz: float | None = None
+    min_sm_clock_hertz: float | None = None
+    mean_memory_clock_hertz: float | None = None
     mean_power_watts: float | None = None
+    max_power_watts: float | None = None
     samples: int = 0
 
     @classmethod
     def parse(cls, raw: Any) -> Conditions:
         block = _map(raw)
+        values: dict[str, Any] = {
+            f.name: _float(block.get(f.name))
+            for f in fields(cls)
+            if f.name not in ("clock_event_reasons_seen", "samples")
+        }
         return cls(
-            max_gpu_temperature_celsius=_float(block.get("max_gpu_temperature_celsius")),
-            max_memory_temperature_celsius=_float(block.get("max_memory_temperature_celsius")),
+            **values,
             clock_event_reasons_seen=_int(block.get("clock_event_reasons_seen")),
-            mean_sm_clock_hertz=_float(block.get("mean_sm_clock_hertz")),
-            mean_power_watts=_float(block.get("mean_power_watts")),
             samples=_int(block.get("samples")) or 0,
         )
 
@@ -214,6 +284,76 @@ class BusyRecord:
         )
 
 
+def _ratios(raw: Any) -> dict[str, float]:
+    """{"int4/bf16": 1.6, ...}: the ratios that were measured (positive, finite)."""
+    return {k: v for k, r in _map(raw).items() if isinstance(k, str) and (v := _positive(r))}
+
+
+@dataclass(frozen=True)
+class SoakWindow:
+    """One measurement window of a soak: the kernels, their int4 ratios and the conditions."""
+
+    index: int
+    phase: str  # cold (before the load), load
+    elapsed_seconds: float
+    results: tuple[KernelResult, ...]
+    ratios: Mapping[str, float]
+    conditions: Conditions
+    load_conditions: Conditions | None
+    load_delivered: float | None  # TFLOPS of the sustained load since the window before
+
+    @classmethod
+    def parse(cls, raw: Any) -> SoakWindow | None:
+        if not isinstance(raw, Mapping):
+            return None
+        index, elapsed = _int(raw.get("index")), _float(raw.get("elapsed_seconds"))
+        if index is None or elapsed is None:
+            return None
+        results = raw.get("results")
+        load = raw.get("load_conditions")
+        return cls(
+            index=index,
+            phase=_str(raw.get("phase")) or "load",
+            elapsed_seconds=elapsed,
+            results=_results(results),
+            ratios=_ratios(raw.get("ratios")),
+            conditions=Conditions.parse(raw.get("conditions")),
+            load_conditions=Conditions.parse(load) if isinstance(load, Mapping) else None,
+            load_delivered=_positive(raw.get("load_delivered")),
+        )
+
+
+@dataclass(frozen=True)
+class Soak:
+    """A soak run: its windows, and why it stopped (completed, threshold, hw_thermal_slowdown,
+    hw_slowdown, interrupted, error)."""
+
+    windows: tuple[SoakWindow, ...]
+    stopped: str | None
+    reason: str | None
+    elapsed_seconds: float | None
+    thresholds: Mapping[str, float]
+
+    @classmethod
+    def parse(cls, raw: Any) -> Soak | None:
+        if not isinstance(raw, Mapping):
+            return None
+        windows = raw.get("windows")
+        parsed = [SoakWindow.parse(w) for w in windows] if isinstance(windows, list) else []
+        return cls(
+            windows=tuple(w for w in parsed if w is not None),
+            stopped=_str(raw.get("stopped")),
+            reason=_str(raw.get("reason")),
+            elapsed_seconds=_float(raw.get("elapsed_seconds")),
+            thresholds=_ratios(raw.get("thresholds")),
+        )
+
+
+def _results(raw: Any) -> tuple[KernelResult, ...]:
+    items = raw if isinstance(raw, list) else []
+    return tuple(r for r in map(KernelResult.parse, items) if r is not None)
+
+
 @dataclass(frozen=True)
 class WorkerDocument:
     """One cycle of the worker. ``raw`` is the JSON object as printed (for ``--json`` output)."""
@@ -221,8 +361,12 @@ class WorkerDocument:
     status: str  # ok, error, unsupported, skipped_busy (the worker's own view)
     reason: str | None
     software: Software = field(default_factory=Software)
+    suite: str | None = None  # default, hot, check, soak
     results: tuple[KernelResult, ...] = ()
+    ratios: Mapping[str, float] = field(default_factory=dict)  # int4/bf16, int4/fp16 (decode)
     bandwidth: Bandwidth | None = None
+    transfers: tuple[Transfer, ...] = ()
+    soak: Soak | None = None
     conditions: Conditions = field(default_factory=Conditions)
     busy: BusyRecord = field(default_factory=BusyRecord)
     gpu_busy_seconds: float | None = None
@@ -232,7 +376,7 @@ class WorkerDocument:
 
     def measured(self) -> tuple[KernelResult, ...]:
         """The results that measured a figure."""
-        return tuple(r for r in self.results if r.tflops is not None)
+        return tuple(r for r in self.results if r.delivered is not None)
 
     def failed(self) -> tuple[str, ...]:
         """Labels of the kernels (and the copy) that failed: an error, not "unsupported"."""
@@ -257,15 +401,19 @@ def parse_document(raw: Any) -> WorkerDocument:
         raise DocumentError("not a JSON object")
     if raw.get("schema") != SCHEMA:
         raise DocumentError(f"schema {str(raw.get('schema'))[:40]!r} is not {SCHEMA!r}")
-    results = raw.get("results")
+    transfers = raw.get("transfers")
     return WorkerDocument(
         status=_str(raw.get("status")) or "error",
         reason=_str(raw.get("reason")),
         software=Software.parse(raw.get("software")),
-        results=tuple(
-            r for r in map(KernelResult.parse, results if isinstance(results, list) else []) if r
-        ),
+        suite=_str(raw.get("suite")),
+        results=_results(raw.get("results")),
+        ratios=_ratios(raw.get("ratios")),
         bandwidth=Bandwidth.parse(raw.get("bandwidth")),
+        transfers=tuple(
+            t for t in map(Transfer.parse, transfers if isinstance(transfers, list) else []) if t
+        ),
+        soak=Soak.parse(raw.get("soak")),
         conditions=Conditions.parse(raw.get("conditions")),
         busy=BusyRecord.parse(raw.get("busy")),
         gpu_busy_seconds=_float(raw.get("gpu_busy_seconds")),
@@ -298,11 +446,13 @@ def find_document(stdout: bytes) -> WorkerDocument | None:
 
 @dataclass(frozen=True)
 class Progress:
-    """One ``--progress`` line: a kernel finished, ``done`` of ``total``."""
+    """One progress line: a kernel finished (``done`` of ``total``, ``result``), or a soak's
+    measurement window ended (``window``)."""
 
-    done: int
-    total: int
-    result: KernelResult
+    done: int = 0
+    total: int = 0
+    result: KernelResult | None = None
+    window: SoakWindow | None = None
 
 
 def parse_progress(line: str) -> Progress | None:
@@ -313,10 +463,13 @@ def parse_progress(line: str) -> Progress | None:
         item = json.loads(line[len(PROGRESS_PREFIX) :])
     except (ValueError, RecursionError):
         return None
-    result = KernelResult.parse(item)
-    if result is None:
+    if not isinstance(item, Mapping):
         return None
+    if "soak_window" in item:
+        window = SoakWindow.parse(item["soak_window"])
+        return None if window is None else Progress(window=window)
+    result = KernelResult.parse(item)
     done, total = _int(item.get("done")), _int(item.get("total"))
-    if done is None or total is None:
+    if result is None or done is None or total is None:
         return None
     return Progress(done, total, result)

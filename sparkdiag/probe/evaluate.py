@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sparkdiag.probe.baseline import Baseline, BaselineKey, BaselineStore
+from sparkdiag.probe.baseline import METHOD, Baseline, BaselineKey, BaselineStore
 from sparkdiag.probe.document import WorkerDocument
 from sparkdiag.probe.reference import Reference, lookup
 from sparkdiag.sources.gpu import UNHEALTHY_REASONS, reasons_mask
@@ -22,7 +22,12 @@ MIN_REFERENCE_FRACTION = 0.5
 
 @dataclass(frozen=True)
 class GemmFigure:
-    """One kernel's result: throughput (TFLOPS, or TOPS for integer dtypes) and comparisons."""
+    """One kernel's result: throughput (TFLOPS, or TOPS for integer dtypes) and comparisons.
+
+    delivered: total time of the back-to-back iterations, gaps included: what efficiency,
+        baselines and alerts use (``sparkdiag_gemm_tflops``)
+    peak: from the median iteration, comparable with mamf-finder (``sparkdiag_gemm_peak_tflops``)
+    """
 
     dtype: str
     shape: str
@@ -30,24 +35,25 @@ class GemmFigure:
     beta: int
     status: str  # ok, unsupported, error
     reason: str | None
-    tflops: float | None
+    delivered: float | None
+    peak: float | None
     baseline: Baseline | None
     reference: Reference | None
     healthy: bool
 
     @property
     def efficiency(self) -> float | None:
-        """Throughput over the baseline (1.0 = as healthy)."""
-        if self.tflops is None or self.baseline is None:
+        """Delivered throughput over the baseline (1.0 = as healthy)."""
+        if self.delivered is None or self.baseline is None:
             return None
-        return self.tflops / self.baseline.tflops
+        return self.delivered / self.baseline.tflops
 
     @property
     def reference_efficiency(self) -> float | None:
-        """Throughput over the published reference (compute-bound shapes only)."""
-        if self.tflops is None or self.reference is None or self.kind != "compute":
+        """Delivered throughput over the published reference (compute-bound shapes only)."""
+        if self.delivered is None or self.reference is None or self.kind != "compute":
             return None
-        return self.tflops / self.reference.tflops
+        return self.delivered / self.reference.tflops
 
 
 def conditions_unhealthy(doc: WorkerDocument) -> bool:
@@ -73,7 +79,7 @@ def evaluate(
     hot = conditions_unhealthy(doc)
     figures: list[GemmFigure] = []
     for result in doc.results:
-        dtype, kind, beta, tflops = result.dtype, result.kind, result.beta, result.tflops
+        dtype, kind, beta, tflops = result.dtype, result.kind, result.beta, result.delivered
         reference = lookup(gpu_name, dtype) if gpu_name else None
         healthy = tflops is not None and not hot
         if (
@@ -96,6 +102,7 @@ def evaluate(
                 driver=driver,
                 torch=torch_version,
                 cuda=cuda,
+                method=METHOD,
             )
             if record:
                 conditions = doc.conditions.as_dict()
@@ -110,7 +117,8 @@ def evaluate(
                 beta=beta,
                 status=result.status,
                 reason=result.reason,
-                tflops=tflops,
+                delivered=tflops,
+                peak=result.peak,
                 baseline=baseline,
                 reference=reference,
                 healthy=healthy,

@@ -14,15 +14,19 @@ from dataclasses import dataclass, replace
 @dataclass(frozen=True)
 class WorkerRequest:
     device: str | None = None  # cuda:N or cpu; None: the worker picks cuda:0 or cpu
-    dtypes: tuple[str, ...] = ()  # () = every dtype
+    suite: str | None = None  # default, hot, check (worker.SUITES); None: default
+    dtypes: tuple[str, ...] = ()  # () = the suite's dtypes
     shapes: tuple[str, ...] = ()  # MxNxK; () = the suite sized to the GPU
     small: bool = False
-    probe_when: str = "idle"
+    probe_when: str | None = None  # idle, always; None: the suite's
     busy_utilization: float | None = None
     budget_seconds: float | None = None
     iters: int | None = None
     warmup: int | None = None
-    bandwidth: bool = True
+    bandwidth: bool | None = None  # None: the suite's
+    transfers: bool | None = None  # None: the suite's
+    soak_seconds: float | None = None  # a soak instead of a suite (see worker.py)
+    window_seconds: float | None = None
     progress: bool = False
     exclude_pids: tuple[int, ...] = ()
 
@@ -31,23 +35,30 @@ class WorkerRequest:
         args: list[str] = []
         if self.device is not None:
             args += ["--device", self.device]
+        if self.suite is not None:
+            args += ["--suite", self.suite]
         for dtype in self.dtypes:
             args += ["--dtype", dtype]
         for shape in self.shapes:
             args += ["--shape", shape]
         if self.small:
             args.append("--small")
-        args += ["--probe-when", self.probe_when]
-        if self.busy_utilization is not None:
-            args += ["--busy-utilization", f"{self.busy_utilization:g}"]
-        if self.budget_seconds is not None:
-            args += ["--budget-seconds", f"{self.budget_seconds:g}"]
-        if self.iters is not None:
-            args += ["--iters", str(self.iters)]
-        if self.warmup is not None:
-            args += ["--warmup", str(self.warmup)]
-        if not self.bandwidth:
-            args.append("--no-bandwidth")
+        if self.probe_when is not None:
+            args += ["--probe-when", self.probe_when]
+        numbers = (
+            ("--busy-utilization", self.busy_utilization),
+            ("--budget-seconds", self.budget_seconds),
+            ("--iters", self.iters),
+            ("--warmup", self.warmup),
+            ("--soak-seconds", self.soak_seconds),
+            ("--window-seconds", self.window_seconds),
+        )
+        for flag, value in numbers:
+            if value is not None:
+                args += [flag, f"{value:g}"]
+        for flag, on in (("bandwidth", self.bandwidth), ("transfers", self.transfers)):
+            if on is not None:
+                args.append(f"--{flag}" if on else f"--no-{flag}")
         if self.progress:
             args.append("--progress")
         for pid in self.exclude_pids:

@@ -140,7 +140,7 @@ class ProbeScheduler:
             finished_at=doc.finished_at or time.time(),
             busy_seconds=doc.gpu_busy_seconds,
             figures=figures,
-            bandwidth_bytes_per_second=bandwidth.bytes_per_second if bandwidth else None,
+            bandwidth_bytes_per_second=bandwidth.delivered if bandwidth else None,
             max_temperature_celsius=conditions.temperatures(),
             clock_event_reasons_seen=conditions.clock_event_reasons_seen,
             mean_sm_clock_hertz=conditions.mean_sm_clock_hertz,

@@ -8,7 +8,7 @@ any Python interpreter that has torch on standard input::
     python3 worker.py --device cuda:0
     python3 - --device cuda:0 < worker.py          # e.g. inside a container
 
-It prints exactly one JSON document (schema ``sparkdiag-probe/1``) on
+It prints exactly one JSON document (schema ``sparkdiag-probe/2``) on
 standard output; everything else (torch warnings, diagnostics) goes to
 standard error. The exit status is 0 whenever the document was printed, even
 when kernels were unsupported or failed their correctness check; it is
@@ -16,10 +16,112 @@ non-zero only when the worker itself broke (it still tries to print a
 document with status "error" and the traceback as the reason).
 
 The method follows mamf-finder: normal random inputs (never zeros), warm-up
-iterations, CUDA events around every iteration, the median of the timed
-iterations, input buffers rotated beyond the L2 cache for memory-bound
-(decode) shapes, and a correctness spot check of every kernel against a
-float64 reference so a broken kernel can never look fast.
+iterations, CUDA events around every iteration, input buffers rotated beyond
+the L2 cache for memory-bound (decode) shapes, and a correctness spot check of
+every kernel against a float64 reference so a broken kernel can never look
+fast.
+
+Suites (``--suite``; SUITES holds each one's defaults, explicit arguments win)
+-------------------------------------------------------------------------------
+- ``default``: the periodic probe. Every dtype at the compute-bound cube (bf16
+  also with beta=1), the LLM shape 4096x11008x4096 and a decode shape (M=1),
+  one batch per kernel in dtype order, then the device copy; 150 ms spin-up,
+  2 s of GPU time; skips a GPU another process computes on.
+- ``hot``: the short probe for a hot or busy GPU. Decode and LLM shapes of
+  int4, bf16, fp16, fp8 and nvfp4 (unsupported ones say why), about 100 ms of
+  GPU time, no spin-up, measured even when the GPU is busy. The decode
+  kernels are set up and warmed up together, then timed in interleaved rounds
+  (rotated order), so int4 against bf16/fp16 (``ratios``) is one comparison
+  under the same conditions: contention lowers both sides of it, the heat
+  that collapses 4-bit GEMMs lowers int4 alone.
+- ``check``: what ``sparkdiag check`` judges: bf16, fp16 and int4 at every
+  shape, the decode kernels interleaved as in ``hot``, 1 s of GPU time.
+
+Host-device copies (``transfers``; on in the default and check suites,
+``--no-transfers`` to leave out): pinned and pageable host memory, 200 copies
+of 64 KiB and 2 of 256 MiB, host to device and back, each kind's data checked
+once; ``delivered`` in bytes/s over the total time of the copy loop, launch
+cost included, as an application sees it. They run first, so their GPU time
+is paid before the kernels share the rest of the budget. On a discrete GPU
+they measure the PCIe link (Gen5 x16: 64 GB/s per direction in theory); on
+GB10 small pageable copies were reported ~50x slower than pinned. With
+``--device cpu`` they are reported unsupported.
+
+Soak (``--soak-seconds S``, ``--window-seconds W``): sustained bf16 matmuls on
+the compute cube for S seconds, and a measurement window of the hot suite's
+kernels before the load (cold) and every W seconds during it (set up once,
+same iteration counts in every window). Each window prints one progress line
+``{"soak_window": {...}}`` with the elapsed seconds, every kernel's result,
+the int4 ratios and the NVML conditions of the measurement and of the load
+period before it; the document's ``soak`` section holds all windows and why
+the soak stopped: ``completed``, ``threshold`` (a margin below the GPU's
+slowdown threshold or the memory's maximum temperature, read from NVML),
+``hw_thermal_slowdown`` (reason 0x40), ``hw_slowdown`` (0x8),
+``interrupted`` (SIGINT or SIGTERM) or ``error``. On every way out the GPU
+is synchronized and every buffer freed before the document is printed.
+
+Every result has the same keys whatever the suite; ``gpu_busy_seconds`` is
+the GPU time of the copies, the spin-up, warm-ups and timed batches, gaps
+included (not the setup, the one untimed call each kernel's correctness check
+makes, nor the sleep that holds the stream while a batch is enqueued).
+
+Delivered and peak
+------------------
+Each kernel is timed in one batch of back-to-back iterations. Two figures come
+from it (TFLOPS; TOPS for int8; bytes/s for the device copy):
+
+- ``delivered``: the work of all iterations over the batch's total elapsed
+  time, from one CUDA event before the first iteration to one after the last,
+  gaps included. It is what a user of a shared or time-sliced GPU gets, and
+  what efficiency, baselines and alerts use. On an H200 beside a process
+  running a bf16 8192^3 loop it fell to 0.41-0.63 of idle, where the median
+  of short kernels did not move at all (they run whole inside their time
+  slices).
+- ``peak``: the work of one iteration over the median iteration time,
+  comparable with mamf-finder.
+
+So that the batch measures the GPU and not Python, the stream is first held
+by a sleep kernel long enough for the CPU to enqueue the whole batch
+(LaunchModel, ``--launch-us``, ``--max-prequeue-ms``); ``queued_ahead`` in a
+result says whether it was. On CPU both figures come from perf_counter, and
+the total encloses every iteration.
+
+Spread of a total-time figure on a power-capped GPU
+---------------------------------------------------
+The total is a mean over the batch: unlike the median it counts every slow
+iteration, so its cycle-to-cycle spread depends on what the batch spans.
+
+1. Long enough in time, not in count. Under a bf16 or fp8 8192^3 load an
+   H200 runs into its power cap (sw_power_cap) and the controller moves the
+   SM clock over tens of milliseconds; a batch that spans several of its
+   swings averages over the same mixture every cycle. The budget is shared
+   by weight (``--kind-weights``, default compute 4, llm 1.5, decode 0.5,
+   bandwidth 1) so compute-bound kernels get the longest batches;
+   ``--budget-fraction`` is the part of ``--budget-seconds`` planned for.
+2. Short kernels need many iterations: a decode batch of 300 iterations of
+   30 us lasts 9 ms, and one hiccup of a few hundred microseconds moves it by
+   several percent. ``--max-iters`` (1000) lets a decode batch fill its share.
+3. The state a batch starts in. An idle GPU ramps its clocks up during the
+   first kernels (``--spinup-ms`` of untimed matmuls first, not in the hot
+   suite); and a compute kernel that follows low-power decode kernels first
+   runs at boost until the controller clamps again (fp8 and tf32 8192^3 read
+   10-12 % above their medians in some idle cycles). The warm-up floor per
+   kind (``--warmup-ms``) lets a kernel run into the regime it is timed in; a
+   longer compute warm-up trades timed iterations for a steadier start.
+4. Gaps that are not the GPU's: the prequeue hold keeps the CPU's launch
+   overhead out, and Python's garbage collector is paused while a batch is
+   enqueued. The stream's queue is finite (about a thousand commands; every
+   iteration takes three): a long batch of kernels shorter than their launch
+   can still run dry after the hold, and ``queued_ahead`` then reads false;
+   a lower ``--max-iters`` keeps such a batch inside the queue.
+5. Order: ``--order kind`` runs every compute shape first, then the LLM and
+   the decode shapes. On the H200 it lowered the compute CVs (fp8 8192^3
+   4.2 % to 2.5 %) but raised the LLM ones and made decode unstable with the
+   median; it is a switch to try again with the total-time figure.
+
+What no knob removes: cycles minutes apart start from different temperatures,
+and a cold GPU boosts longer. All of the above are arguments so that they can
+be tuned on the device without editing this file.
 """
 
 from __future__ import annotations
@@ -27,61 +129,59 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import gc
 import json
 import math
 import os
 import platform
 import re
+import signal
 import statistics
 import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
-SCHEMA = "sparkdiag-probe/1"
-ALL_DTYPES = ("bf16", "fp16", "tf32", "fp8", "int8", "int4", "nvfp4")
+SCHEMA = "sparkdiag-probe/2"
 LLM_SHAPE = (4096, 11008, 4096)
 SMALL_COMPUTE = (256, 256, 256)
 SMALL_LLM = (256, 688, 256)
 DECODE_NK = 8192
 SMALL_DECODE_NK = 256
 
-# Bound on the largest per-row relative error ||out_i - ref_i|| / ||ref_i||
-# against a float64 reference computed from the same (quantised) inputs.
-ERROR_BOUNDS = {
-    "bf16": 2e-2,
-    "fp16": 2e-2,
-    "tf32": 5e-3,
-    "fp8": 5e-2,
-    "int8": 0.0,  # int32 accumulation is exact
-    "int4": 2e-2,
-    "nvfp4": 2.5e-1,
-}
-# Candidate M for the decode shape, smallest first: the first one the kernel
-# accepts is used (torch._int_mm on CUDA rejects M <= 16, for instance).
-DECODE_M = {
-    "bf16": (1,),
-    "fp16": (1,),
-    "tf32": (1,),
-    "fp8": (1, 16, 32),
-    "int8": (1, 16, 32),
-    "int4": (1,),
-    "nvfp4": (1, 16, 32, 128),
-}
 INT4_GROUP = 128
 ASSUMED_L2_BYTES = 60 * 1024 * 1024  # H200; used where torch does not say
 MAX_ROTATION_BYTES = 2 * 1024**3
 REF_ROWS = 64
 MIN_ITERS = 5
-MAX_ITERS = 300
+MAX_ITERS = 1000
 PROGRESS_PREFIX = "sparkdiag-progress "
 MAX_WARMUP_ITERS = 500
 # Share of the time budget per kernel kind (see Budget).
-KIND_WEIGHTS = {"compute": 4.0, "llm": 1.5, "decode": 0.5}
-BUDGET_PLANNING_FRACTION = 0.80  # plan for 75 % of the budget, keep headroom
+# Share of the time budget per kernel kind and for the device copy (see Budget, --kind-weights).
+KIND_WEIGHTS = {"compute": 4.0, "llm": 1.5, "decode": 0.5, "bandwidth": 1.0}
+# Warm-up floor per kind in GPU milliseconds (see --warmup-ms).
+WARMUP_MS = {"compute": 25.0, "llm": 25.0, "decode": 25.0, "bandwidth": 0.0}
+BUDGET_PLANNING_FRACTION = 0.80  # plan for 80 % of the budget, keep headroom
+LAUNCH_US = 60.0  # CPU time to enqueue one iteration assumed before it is measured
+MAX_PREQUEUE_MS = 100.0  # longest the GPU is held while a batch is enqueued
+LEAD_FLOOR_MS = 0.2
+LAUNCH_PROBE_ITERS = 16  # iterations over which the CPU's enqueue time is measured
+TRANSFER_SMALL_BYTES = 64 * 1024  # many small host-device copies
+TRANSFER_LARGE_BYTES = 256 * 1024**2  # a few large ones
+SMALL_TRANSFER_LARGE_BYTES = 16 * 1024**2  # the large copies with --small
+TRANSFER_SMALL_COPIES = 200
+TRANSFER_LARGE_COPIES = 2
+SOAK_WINDOW_SECONDS = 5.0
+SOAK_MARGIN_CELSIUS = 5.0  # a soak stops this far below a thermal limit
+SOAK_CHUNK_MS = 100.0  # load between two checks of the stop conditions
+FALLBACK_GPU_LIMIT_CELSIUS = 85.0  # when NVML gives no slowdown threshold
+HW_SLOWDOWN = 0x8  # clock event reasons (nvmlClocksEventReason*)
+HW_THERMAL_SLOWDOWN = 0x40
+SLEEP_CLOCK_HZ = 3.2e9  # above any GPU's SM clock: a prequeue sleep is never too short
 NVML_SAMPLE_PERIOD = 0.05
 NVML_FI_DEV_MEMORY_TEMP = 82
 UNSUPPORTED_PATTERNS = (
@@ -115,8 +215,32 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """The worker's arguments; those left out take the defaults of the ``--suite`` (SUITES)."""
     p = _Parser(prog="sparkdiag-probe-worker", description=__doc__.splitlines()[0])
+
+    def per_suite(name: str) -> str:
+        """'per suite: default 10; hot 1; check 10' from SUITES."""
+
+        def text(value: Any) -> str:
+            if isinstance(value, bool):
+                return "on" if value else "off"
+            if isinstance(value, tuple):
+                return ",".join(f"{k}={v:g}" for k, v in value)
+            return f"{value:g}" if isinstance(value, float) else str(value)
+
+        values = [f"{suite} {text(getattr(spec, name))}" for suite, spec in SUITES.items()]
+        return "per suite: " + "; ".join(values)
+
     p.add_argument("--device", default=None, help="cuda:N or cpu (default: cuda if available)")
+    p.add_argument(
+        "--suite",
+        choices=("default", "hot", "check"),
+        default=None,
+        help="default: every dtype at the compute, LLM and decode shapes, device copy and "
+        "host-device copies (the periodic probe); hot: decode and LLM shapes of int4, bf16, "
+        "fp16, fp8, nvfp4 within ~100 ms, no spin-up, even on a busy GPU; check: bf16, fp16 "
+        "and int4 for sparkdiag check (default: default, hot with --soak-seconds)",
+    )
     p.add_argument(
         "--dtype",
         action="append",
@@ -124,38 +248,217 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         help="dtype(s) to probe, repeatable or comma separated: " + ",".join(ALL_DTYPES),
     )
     p.add_argument("--shape", action="append", default=None, help="MxNxK, repeatable")
-    p.add_argument("--warmup", type=int, default=10, help="warm-up iterations (default 10)")
+    p.add_argument(
+        "--warmup", type=int, default=None, help=f"warm-up iterations ({per_suite('warmup')})"
+    )
     p.add_argument(
         "--warmup-ms",
-        type=float,
-        default=25.0,
-        help="also warm up each kernel for at least this much GPU time (default 25 ms)",
+        default=None,
+        metavar="MS|KIND=MS,...",
+        help="also warm up each kernel for at least this much GPU time, for every kind or per "
+        f"kind (compute, llm, decode, bandwidth; {per_suite('warmup_ms')})",
     )
     p.add_argument(
         "--spinup-ms",
         type=float,
-        default=150.0,
+        default=None,
         help="GPU time of untimed matmuls before the first kernel, to bring clocks up from "
-        "idle (default 150 ms; 0 to skip)",
+        f"idle (0 to skip; {per_suite('spinup_ms')})",
     )
     p.add_argument(
         "--iters", type=int, default=None, help="timed iterations (default: sized to the budget)"
     )
-    p.add_argument("--probe-when", choices=("idle", "always"), default="idle")
+    p.add_argument(
+        "--min-iters",
+        type=int,
+        default=None,
+        help=f"fewest timed iterations of a kernel sized to the budget ({per_suite('min_iters')})",
+    )
+    p.add_argument(
+        "--max-iters",
+        type=int,
+        default=MAX_ITERS,
+        help=f"most timed iterations of a kernel sized to the budget (default {MAX_ITERS})",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="interleaved rounds in which kernels timed together (the decode shapes of the "
+        f"hot and check suites) are timed ({per_suite('rounds')})",
+    )
+    p.add_argument(
+        "--order",
+        choices=("dtype", "kind"),
+        default="dtype",
+        help="dtype: each dtype's shapes together (default); kind: every compute shape, "
+        "then the LLM shapes, then the decode shapes",
+    )
+    p.add_argument(
+        "--kind-weights",
+        default=None,
+        metavar="W|KIND=W,...",
+        help="share of the budget per kernel kind (default "
+        + ",".join(f"{k}={v:g}" for k, v in KIND_WEIGHTS.items())
+        + ")",
+    )
+    p.add_argument(
+        "--budget-fraction",
+        type=float,
+        default=BUDGET_PLANNING_FRACTION,
+        help="part of --budget-seconds the iteration counts are planned for, the rest is "
+        f"headroom for warm-ups and minimum counts (default {BUDGET_PLANNING_FRACTION:g})",
+    )
+    p.add_argument(
+        "--launch-us",
+        type=float,
+        default=LAUNCH_US,
+        help="CPU microseconds to enqueue one iteration, assumed until measured: sizes the "
+        f"sleep that holds the GPU while a batch is enqueued (default {LAUNCH_US:g})",
+    )
+    p.add_argument(
+        "--max-prequeue-ms",
+        type=float,
+        default=MAX_PREQUEUE_MS,
+        help="longest the GPU is held while a batch is enqueued; 0 disables the hold "
+        f"(default {MAX_PREQUEUE_MS:g})",
+    )
+    p.add_argument(
+        "--probe-when", choices=("idle", "always"), default=None, help=per_suite("probe_when")
+    )
     p.add_argument("--busy-utilization", type=float, default=0.1, help="0..1 (default 0.1)")
     p.add_argument("--exclude-pid", type=int, action="append", default=[])
     p.add_argument("--small", action="store_true", help="tiny shapes (CPU, CI, smoke tests)")
-    p.add_argument("--budget-seconds", type=float, default=2.0, help="GPU-busy time budget")
-    p.add_argument("--bandwidth", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument(
+        "--budget-seconds",
+        type=float,
+        default=None,
+        help=f"GPU-busy time budget ({per_suite('budget_seconds')})",
+    )
+    p.add_argument(
+        "--bandwidth",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help=f"the device-to-device copy ({per_suite('bandwidth')})",
+    )
+    p.add_argument(
+        "--transfers",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="host-device copies: pinned and pageable, small and large, both directions "
+        f"({per_suite('transfers')})",
+    )
+    p.add_argument(
+        "--transfer-small-copies",
+        type=int,
+        default=TRANSFER_SMALL_COPIES,
+        help=f"timed {TRANSFER_SMALL_BYTES // 1024} KiB copies per direction and memory "
+        f"(default {TRANSFER_SMALL_COPIES})",
+    )
+    p.add_argument(
+        "--transfer-large-copies",
+        type=int,
+        default=TRANSFER_LARGE_COPIES,
+        help=f"timed {TRANSFER_LARGE_BYTES // 1024**2} MiB copies per direction and memory "
+        f"(default {TRANSFER_LARGE_COPIES})",
+    )
+    p.add_argument(
+        "--soak-seconds",
+        type=float,
+        default=None,
+        help="soak instead of one cycle: sustained bf16 matmuls for this long, with a "
+        "measurement window of the hot suite's kernels before and every --window-seconds",
+    )
+    p.add_argument(
+        "--window-seconds",
+        type=float,
+        default=SOAK_WINDOW_SECONDS,
+        help=f"seconds between two soak measurement windows (default {SOAK_WINDOW_SECONDS:g})",
+    )
+    p.add_argument(
+        "--soak-margin-celsius",
+        type=float,
+        default=SOAK_MARGIN_CELSIUS,
+        help="stop the soak this far below the GPU's slowdown threshold and the memory's "
+        f"maximum temperature (default {SOAK_MARGIN_CELSIUS:g})",
+    )
+    p.add_argument(
+        "--soak-chunk-ms",
+        type=float,
+        default=SOAK_CHUNK_MS,
+        help=f"load between two checks of the stop conditions (default {SOAK_CHUNK_MS:g} ms)",
+    )
+    p.add_argument(
+        "--soak-load-edge",
+        type=int,
+        default=None,
+        help="edge of the soak's bf16 load cube (default: the compute cube, 256 with --small)",
+    )
     p.add_argument("--seed", type=int, default=1234)
+    p.add_argument(
+        "--cpu-threads",
+        type=int,
+        default=1,
+        help="torch threads with --device cpu (default 1: CPU runs are tests and smoke runs, "
+        "and one thread keeps them quick and steady on a shared machine)",
+    )
     p.add_argument(
         "--progress",
         action="store_true",
         help=f"after each kernel, print '{PROGRESS_PREFIX}<json>' on stderr",
     )
     args = p.parse_args(list(argv))
+    if args.suite is None:
+        args.suite = "default" if args.soak_seconds is None else "hot"
+    suite = SUITES[args.suite]
+    args.dtype = parse_dtypes(args.dtype or [",".join(suite.dtypes)])
+    args.shape = [parse_shape(s) for s in args.shape or []]
+    for name in (
+        "warmup",
+        "spinup_ms",
+        "min_iters",
+        "rounds",
+        "probe_when",
+        "budget_seconds",
+        "bandwidth",
+        "transfers",
+    ):
+        if getattr(args, name) is None:
+            setattr(args, name, getattr(suite, name))
+    if args.warmup < 0 or (args.iters is not None and args.iters < 1):
+        raise UsageError("--warmup must be >= 0 and --iters >= 1")
+    if not 0.0 <= args.busy_utilization <= 1.0:
+        raise UsageError("--busy-utilization must be within 0..1")
+    if args.budget_seconds <= 0:
+        raise UsageError("--budget-seconds must be positive")
+    if not 0.0 < args.budget_fraction <= 1.0:
+        raise UsageError("--budget-fraction must be within (0, 1]")
+    if args.min_iters < 1 or args.max_iters < args.min_iters:
+        raise UsageError("--min-iters must be >= 1 and --max-iters >= --min-iters")
+    if args.rounds < 1:
+        raise UsageError("--rounds must be >= 1")
+    if args.soak_seconds is not None and not args.soak_seconds > 0:
+        raise UsageError("--soak-seconds must be positive")
+    if not args.window_seconds > 0 or args.soak_chunk_ms <= 0 or args.soak_margin_celsius < 0:
+        raise UsageError(
+            "--window-seconds and --soak-chunk-ms must be positive, --soak-margin-celsius >= 0"
+        )
+    if args.soak_load_edge is not None and args.soak_load_edge < 1:
+        raise UsageError("--soak-load-edge must be >= 1")
+    if args.transfer_small_copies < 1 or args.transfer_large_copies < 1:
+        raise UsageError("--transfer-small-copies and --transfer-large-copies must be >= 1")
+    if args.launch_us < 0 or args.max_prequeue_ms < 0 or args.spinup_ms < 0:
+        raise UsageError("--launch-us, --max-prequeue-ms and --spinup-ms must be >= 0")
+    args.kind_weights = parse_kind_values(args.kind_weights, KIND_WEIGHTS, "--kind-weights")
+    args.warmup_ms = parse_kind_values(args.warmup_ms, dict(suite.warmup_ms), "--warmup-ms")
+    return args
+
+
+def parse_dtypes(items: Sequence[str]) -> list[str]:
+    """``["bf16,fp8", "int4"]`` -> ``["bf16", "fp8", "int4"]``, in order, once each; ``all`` is
+    every dtype. UsageError names an unknown one."""
     dtypes: list[str] = []
-    for item in args.dtype or ["all"]:
+    for item in items:
         for name in item.split(","):
             name = name.strip().lower()
             if not name:
@@ -167,15 +470,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                     dtypes.append(name)
             else:
                 raise UsageError(f"unknown dtype {name!r} (known: {', '.join(ALL_DTYPES)})")
-    args.dtype = dtypes
-    args.shape = [parse_shape(s) for s in args.shape or []]
-    if args.warmup < 0 or (args.iters is not None and args.iters < 1):
-        raise UsageError("--warmup must be >= 0 and --iters >= 1")
-    if not 0.0 <= args.busy_utilization <= 1.0:
-        raise UsageError("--busy-utilization must be within 0..1")
-    if args.budget_seconds <= 0:
-        raise UsageError("--budget-seconds must be positive")
-    return args
+    return dtypes
 
 
 def parse_shape(text: str) -> tuple[int, int, int]:
@@ -212,7 +507,7 @@ def classify_exception(exc: BaseException) -> tuple[str, str]:
 
 
 def classify_kernel_exception(dtype: str, exc: BaseException) -> tuple[str, str]:
-    """Like classify_exception, but nvfp4's young API counts as unsupported.
+    """Like classify_exception, but a dtype whose API is young counts a rejection as unsupported.
 
     The nvfp4 call cannot be exercised without a Blackwell GPU, and torch has
     changed what it accepts (scale layouts, _scaled_mm_v2); a rejected call
@@ -220,8 +515,14 @@ def classify_kernel_exception(dtype: str, exc: BaseException) -> tuple[str, str]
     wrong result (checked separately), stays an error.
     """
     status, reason = classify_exception(exc)
-    if dtype == "nvfp4" and status == "error" and "cuda error" not in reason.lower():
-        return "unsupported", f"nvfp4 call rejected: {reason}"
+    spec = DTYPES.get(dtype)
+    if (
+        spec is not None
+        and spec.rejection_is_unsupported
+        and status == "error"
+        and "cuda error" not in reason.lower()
+    ):
+        return "unsupported", f"{dtype} call rejected: {reason}"
     return status, reason
 
 
@@ -412,9 +713,15 @@ class Nvml:
             return None
         return float(raw)
 
+    def max_sm_clock_mhz(self) -> int | None:
+        """Highest SM clock in MHz (nvidia-smi --query-gpu=clocks.max.sm)."""
+        value = self._call("nvmlDeviceGetMaxClockInfo", self.handle, 1)  # NVML_CLOCK_SM
+        return None if value is None else int(value)
+
     def sample(self) -> dict[str, float | int | None]:
         temp = self._call("nvmlDeviceGetTemperature", self.handle, 0)  # NVML_TEMPERATURE_GPU
         clock = self._call("nvmlDeviceGetClockInfo", self.handle, 1)  # NVML_CLOCK_SM, MHz
+        mem_clock = self._call("nvmlDeviceGetClockInfo", self.handle, 2)  # NVML_CLOCK_MEM, MHz
         power = self._call("nvmlDeviceGetPowerUsage", self.handle)  # mW
         reasons = None if self._reasons_fn is None else _safe(self._reasons_fn, self.handle)
         return {
@@ -422,7 +729,18 @@ class Nvml:
             "memory_temperature": self.memory_temperature(),
             "reasons": None if reasons is None else int(reasons),
             "sm_clock_hz": None if clock is None else float(clock) * 1e6,
+            "memory_clock_hz": None if not mem_clock else float(mem_clock) * 1e6,
             "power_w": None if power is None else float(power) / 1000.0,
+        }
+
+    def thresholds(self) -> dict[str, float | None]:
+        """GPU slowdown and memory maximum temperatures in °C, None where NVML has none
+        (nvidia-smi -q -d TEMPERATURE: "GPU Slowdown Temp", "Memory Max Operating Temp")."""
+        slowdown = self._call("nvmlDeviceGetTemperatureThreshold", self.handle, 1)
+        memory_max = self._call("nvmlDeviceGetTemperatureThreshold", self.handle, 2)
+        return {
+            "gpu_slowdown_celsius": float(slowdown) if slowdown else None,
+            "memory_max_celsius": float(memory_max) if memory_max else None,
         }
 
     def shutdown(self) -> None:
@@ -466,6 +784,10 @@ class ConditionSampler:
         self._thread = threading.Thread(target=self._loop, name="nvml-sampler", daemon=True)
         self._thread.start()
 
+    def take(self) -> None:
+        """One sample now (also between the background thread's)."""
+        self._take()
+
     def _take(self) -> None:
         if self.nvml is not None:
             try:
@@ -491,6 +813,7 @@ def summarize_conditions(samples: Sequence[dict[str, float | int | None]]) -> di
 
     gpu_t, mem_t = values("gpu_temperature"), values("memory_temperature")
     clocks, power = values("sm_clock_hz"), values("power_w")
+    mem_clocks = values("memory_clock_hz")
     reasons = [int(v) for s in samples if (v := s.get("reasons")) is not None]
     seen = 0
     for r in reasons:
@@ -500,7 +823,10 @@ def summarize_conditions(samples: Sequence[dict[str, float | int | None]]) -> di
         "max_memory_temperature_celsius": max(mem_t) if mem_t else None,
         "clock_event_reasons_seen": seen if reasons else None,
         "mean_sm_clock_hertz": statistics.fmean(clocks) if clocks else None,
+        "min_sm_clock_hertz": min(clocks) if clocks else None,
+        "mean_memory_clock_hertz": statistics.fmean(mem_clocks) if mem_clocks else None,
         "mean_power_watts": statistics.fmean(power) if power else None,
+        "max_power_watts": max(power) if power else None,
         "samples": len(samples),
     }
 
@@ -592,46 +918,78 @@ class DeviceInfo:
     sm_count: int
     l2_bytes: int
     torch_version: tuple[int, int]
+    max_clock_hz: float = SLEEP_CLOCK_HZ  # the SM clock prequeue sleeps are sized for
+
+
+def _cc_text(info: DeviceInfo) -> str:
+    cc = info.capability
+    return f"{cc[0]}.{cc[1]}" if cc else "n/a"
+
+
+def _gate_any(info: DeviceInfo) -> str | None:
+    return None
+
+
+def _gate_tf32(info: DeviceInfo) -> str | None:
+    if not info.is_cuda:
+        return "tf32 is a CUDA tensor-core mode; not available on cpu"
+    if info.capability is not None and info.capability < (8, 0):
+        return f"tf32 needs compute capability 8.0+, device has {_cc_text(info)}"
+    return None
+
+
+def _gate_fp8(info: DeviceInfo) -> str | None:
+    torch = info.torch
+    if not info.is_cuda:
+        return "fp8 probe runs on CUDA GPUs of compute capability 8.9+ only, not on cpu"
+    if info.capability is not None and info.capability < (8, 9):
+        return f"fp8 (torch._scaled_mm) needs compute capability 8.9+, device has {_cc_text(info)}"
+    if not (hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")):
+        return f"torch {torch.__version__} has no float8_e4m3fn/_scaled_mm"
+    return None
+
+
+def _gate_int8(info: DeviceInfo) -> str | None:
+    if not hasattr(info.torch, "_int_mm"):
+        return f"torch {info.torch.__version__} has no torch._int_mm"
+    return None
+
+
+def _gate_int4(info: DeviceInfo) -> str | None:
+    torch = info.torch
+    if info.is_cuda:
+        if not hasattr(torch, "_weight_int4pack_mm"):
+            return f"torch {torch.__version__} has no torch._weight_int4pack_mm"
+        if info.capability is not None and info.capability < (8, 0):
+            return (
+                f"int4 weight-only GEMM needs compute capability 8.0+, device has {_cc_text(info)}"
+            )
+    elif not hasattr(torch, "_weight_int4pack_mm_for_cpu"):
+        return f"torch {torch.__version__} has no CPU int4 kernel (_weight_int4pack_mm_for_cpu)"
+    return None
+
+
+def _gate_nvfp4(info: DeviceInfo) -> str | None:
+    torch = info.torch
+    if not info.is_cuda:
+        return "nvfp4 needs a CUDA GPU of compute capability 10.0+, not cpu"
+    if info.capability is not None and info.capability < (10, 0):
+        return f"nvfp4 needs compute capability 10.0+ (Blackwell), device has {_cc_text(info)}"
+    if info.torch_version < (2, 8):
+        return f"nvfp4 needs torch 2.8+, have {torch.__version__}"
+    if not hasattr(torch, "float4_e2m1fn_x2"):
+        return f"torch {torch.__version__} has no float4_e2m1fn_x2"
+    return None
 
 
 def gate(info: DeviceInfo, dtype: str) -> str | None:
     """Reason why the dtype cannot run here, or None when it should be tried."""
-    torch = info.torch
-    cc = info.capability
-    ccs = f"{cc[0]}.{cc[1]}" if cc else "n/a"
-    if dtype == "tf32":
-        if not info.is_cuda:
-            return "tf32 is a CUDA tensor-core mode; not available on cpu"
-        if cc is not None and cc < (8, 0):
-            return f"tf32 needs compute capability 8.0+, device has {ccs}"
-    elif dtype == "fp8":
-        if not info.is_cuda:
-            return "fp8 probe runs on CUDA GPUs of compute capability 8.9+ only, not on cpu"
-        if cc is not None and cc < (8, 9):
-            return f"fp8 (torch._scaled_mm) needs compute capability 8.9+, device has {ccs}"
-        if not (hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")):
-            return f"torch {torch.__version__} has no float8_e4m3fn/_scaled_mm"
-    elif dtype == "int8":
-        if not hasattr(torch, "_int_mm"):
-            return f"torch {torch.__version__} has no torch._int_mm"
-    elif dtype == "int4":
-        if info.is_cuda:
-            if not hasattr(torch, "_weight_int4pack_mm"):
-                return f"torch {torch.__version__} has no torch._weight_int4pack_mm"
-            if cc is not None and cc < (8, 0):
-                return f"int4 weight-only GEMM needs compute capability 8.0+, device has {ccs}"
-        elif not hasattr(torch, "_weight_int4pack_mm_for_cpu"):
-            return f"torch {torch.__version__} has no CPU int4 kernel (_weight_int4pack_mm_for_cpu)"
-    elif dtype == "nvfp4":
-        if not info.is_cuda:
-            return "nvfp4 needs a CUDA GPU of compute capability 10.0+, not cpu"
-        if cc is not None and cc < (10, 0):
-            return f"nvfp4 needs compute capability 10.0+ (Blackwell), device has {ccs}"
-        if info.torch_version < (2, 8):
-            return f"nvfp4 needs torch 2.8+, have {torch.__version__}"
-        if not hasattr(torch, "float4_e2m1fn_x2"):
-            return f"torch {torch.__version__} has no float4_e2m1fn_x2"
-    return None
+    return DTYPES[dtype].gate(info)
+
+
+def prepare(info: DeviceInfo, spec: KernelSpec, m: int) -> Prepared:
+    """The kernel of ``spec`` at M=``m``: argument sets, the op and its float64 reference."""
+    return DTYPES[spec.dtype].prepare(info, spec, m)
 
 
 def _rows(torch: Any, m: int, device: str) -> Any:
@@ -640,15 +998,14 @@ def _rows(torch: Any, m: int, device: str) -> Any:
     return idx.to(device)
 
 
-def prepare(info: DeviceInfo, spec: KernelSpec, m: int) -> Prepared:
-    torch = info.torch
-    dev = info.device
-    n, k = spec.n, spec.k
-    d = spec.dtype
-    f64 = torch.float64
+def _prepare_float(torch_dtype: str) -> Callable[[DeviceInfo, KernelSpec, int], Prepared]:
+    """bf16, fp16 and tf32 (float32 under "high" matmul precision): torch.mm / torch.addmm."""
 
-    if d in ("bf16", "fp16", "tf32"):
-        dt = {"bf16": torch.bfloat16, "fp16": torch.float16, "tf32": torch.float32}[d]
+    def prepare_float(info: DeviceInfo, spec: KernelSpec, m: int) -> Prepared:
+        torch = info.torch
+        dev, n, k = info.device, spec.n, spec.k
+        dt = getattr(torch, torch_dtype)
+        f64 = torch.float64
 
         def make() -> tuple[Any, ...]:
             a = torch.randn(m, k, device=dev, dtype=dt)
@@ -673,50 +1030,52 @@ def prepare(info: DeviceInfo, spec: KernelSpec, m: int) -> Prepared:
 
         return Prepared(make, mm_beta, ref_beta) if spec.beta else Prepared(make, mm, ref)
 
-    if d == "fp8":
-        e4m3 = torch.float8_e4m3fn
-        one = torch.ones((), device=dev, dtype=torch.float32)
+    return prepare_float
 
-        def make_fp8() -> tuple[Any, ...]:
-            a = torch.randn(m, k, device=dev).to(e4m3)
-            w = torch.randn(n, k, device=dev).to(e4m3)
-            return (a, w)
 
-        def fn_fp8(a: Any, w: Any) -> Any:
-            out = torch._scaled_mm(
-                a, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True
-            )
-            return out[0] if isinstance(out, tuple) else out  # torch < 2.5 returned (out, amax)
+def _prepare_fp8(info: DeviceInfo, spec: KernelSpec, m: int) -> Prepared:
+    """e4m3 inputs, unit scales, bf16 output: torch._scaled_mm with fast accumulation."""
+    torch = info.torch
+    dev, n, k = info.device, spec.n, spec.k
+    e4m3 = torch.float8_e4m3fn
+    one = torch.ones((), device=dev, dtype=torch.float32)
 
-        def ref_fp8(s: tuple[Any, ...], rows: Any) -> Any:
-            a, w = s
-            return a[rows].to(f64) @ w.to(f64).t()
+    def make() -> tuple[Any, ...]:
+        a = torch.randn(m, k, device=dev).to(e4m3)
+        w = torch.randn(n, k, device=dev).to(e4m3)
+        return (a, w)
 
-        return Prepared(make_fp8, fn_fp8, ref_fp8)
+    def fn(a: Any, w: Any) -> Any:
+        out = torch._scaled_mm(
+            a, w.t(), scale_a=one, scale_b=one, out_dtype=torch.bfloat16, use_fast_accum=True
+        )
+        return out[0] if isinstance(out, tuple) else out  # torch < 2.5 returned (out, amax)
 
-    if d == "int8":
+    def ref(s: tuple[Any, ...], rows: Any) -> Any:
+        a, w = s
+        return a[rows].to(torch.float64) @ w.to(torch.float64).t()
 
-        def make_i8() -> tuple[Any, ...]:
-            a = (torch.randn(m, k, device=dev) * 40).round().clamp(-127, 127).to(torch.int8)
-            w = (torch.randn(n, k, device=dev) * 40).round().clamp(-127, 127).to(torch.int8)
-            return (a, w)
+    return Prepared(make, fn, ref)
 
-        def fn_i8(a: Any, w: Any) -> Any:
-            return torch._int_mm(a, w.t())
 
-        def ref_i8(s: tuple[Any, ...], rows: Any) -> Any:
-            a, w = s
-            return a[rows].to(f64) @ w.to(f64).t()
+def _prepare_int8(info: DeviceInfo, spec: KernelSpec, m: int) -> Prepared:
+    """int8 inputs, int32 accumulation: torch._int_mm (A row-major, B column-major)."""
+    torch = info.torch
+    dev, n, k = info.device, spec.n, spec.k
 
-        return Prepared(make_i8, fn_i8, ref_i8)
+    def make() -> tuple[Any, ...]:
+        a = (torch.randn(m, k, device=dev) * 40).round().clamp(-127, 127).to(torch.int8)
+        w = (torch.randn(n, k, device=dev) * 40).round().clamp(-127, 127).to(torch.int8)
+        return (a, w)
 
-    if d == "int4":
-        return _prepare_int4(info, m, n, k)
+    def fn(a: Any, w: Any) -> Any:
+        return torch._int_mm(a, w.t())
 
-    if d == "nvfp4":
-        return _prepare_nvfp4(info, m, n, k)
+    def ref(s: tuple[Any, ...], rows: Any) -> Any:
+        a, w = s
+        return a[rows].to(torch.float64) @ w.to(torch.float64).t()
 
-    raise ValueError(f"unknown dtype {d}")
+    return Prepared(make, fn, ref)
 
 
 def _quantize_int4(torch: Any, w: Any, group: int) -> tuple[Any, Any, Any]:
@@ -739,9 +1098,10 @@ def _quantize_int4(torch: Any, w: Any, group: int) -> tuple[Any, Any, Any]:
     return q.reshape(n, k).to(torch.int32), sz, deq
 
 
-def _prepare_int4(info: DeviceInfo, m: int, n: int, k: int) -> Prepared:
+def _prepare_int4(info: DeviceInfo, spec: KernelSpec, m: int) -> Prepared:
+    """Weight-only int4 (group 128, bf16 activations): torch._weight_int4pack_mm."""
     torch = info.torch
-    dev = info.device
+    dev, n, k = info.device, spec.n, spec.k
     if k % INT4_GROUP:
         raise ValueError(f"int4 needs K divisible by the group size {INT4_GROUP}")
     deq_cache: dict[int, Any] = {}
@@ -789,7 +1149,7 @@ def _prepare_int4(info: DeviceInfo, m: int, n: int, k: int) -> Prepared:
 _E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 
 
-def _prepare_nvfp4(info: DeviceInfo, m: int, n: int, k: int) -> Prepared:
+def _prepare_nvfp4(info: DeviceInfo, spec: KernelSpec, m: int) -> Prepared:
     """NVFP4: e2m1 values packed two per byte along K, e4m3 scales per 16 elements.
 
     All block scales are 1.0, so the swizzled ("blocked") scale layout cannot
@@ -798,7 +1158,7 @@ def _prepare_nvfp4(info: DeviceInfo, m: int, n: int, k: int) -> Prepared:
     needs the decoded e2m1 values.
     """
     torch = info.torch
-    dev = info.device
+    dev, n, k = info.device, spec.n, spec.k
     if k % 32:
         raise ValueError("nvfp4 needs K divisible by 32")
     table = torch.tensor(list(_E2M1) + [-v for v in _E2M1], device=dev, dtype=torch.float64)
@@ -841,6 +1201,194 @@ def _prepare_nvfp4(info: DeviceInfo, m: int, n: int, k: int) -> Prepared:
 
 
 # --------------------------------------------------------------------------
+# the dtype table
+
+
+def _same_edge(edge: int) -> int:
+    return edge
+
+
+def _int4_edge(edge: int) -> int:
+    # weight-only int4 runs ~25x slower than bf16 at large M on Hopper: a smaller cube
+    return max(1024, edge // 2)
+
+
+@dataclass(frozen=True)
+class DtypeSpec:
+    """Everything the worker knows about one dtype.
+
+    Adding a dtype is one entry in DTYPES plus its prepare function (and a gate
+    when it does not run everywhere).
+
+    error_bound: bound on the largest per-row relative error ||out_i - ref_i|| / ||ref_i||
+        against a float64 reference computed from the same (quantised) inputs
+    decode_m: candidate M for the decode shape, smallest first: the first one the kernel
+        accepts is used (torch._int_mm on CUDA rejects M <= 16, for instance)
+    gate: why the dtype cannot run on this device, or None when it should be tried
+    prepare: builds the kernel (argument sets, op, reference) for a spec at a given M
+    compute_edge: the compute-bound cube's edge for this dtype, given the device's edge
+    beta_variant: also probe the compute shape with beta=1 (C = A B + C)
+    matmul_precision: torch float32 matmul precision the kernel runs under, if any
+    rejection_is_unsupported: a young API, whose rejected calls count as unsupported
+    """
+
+    error_bound: float
+    decode_m: tuple[int, ...]
+    gate: Callable[[DeviceInfo], str | None]
+    prepare: Callable[[DeviceInfo, KernelSpec, int], Prepared]
+    compute_edge: Callable[[int], int] = _same_edge
+    beta_variant: bool = False
+    matmul_precision: str | None = None
+    rejection_is_unsupported: bool = False
+
+
+DTYPES: dict[str, DtypeSpec] = {
+    "bf16": DtypeSpec(2e-2, (1,), _gate_any, _prepare_float("bfloat16"), beta_variant=True),
+    "fp16": DtypeSpec(2e-2, (1,), _gate_any, _prepare_float("float16")),
+    "tf32": DtypeSpec(5e-3, (1,), _gate_tf32, _prepare_float("float32"), matmul_precision="high"),
+    "fp8": DtypeSpec(5e-2, (1, 16, 32), _gate_fp8, _prepare_fp8),
+    "int8": DtypeSpec(0.0, (1, 16, 32), _gate_int8, _prepare_int8),  # int32 sums are exact
+    "int4": DtypeSpec(2e-2, (1,), _gate_int4, _prepare_int4, compute_edge=_int4_edge),
+    "nvfp4": DtypeSpec(
+        2.5e-1, (1, 16, 32, 128), _gate_nvfp4, _prepare_nvfp4, rejection_is_unsupported=True
+    ),
+}
+ALL_DTYPES = tuple(DTYPES)
+
+
+# --------------------------------------------------------------------------
+# suites
+
+
+@dataclass(frozen=True)
+class SuiteSpec:
+    """What a suite probes and its defaults; an explicit argument overrides each default.
+
+    dtypes, kinds: what is planned (kinds: compute with its beta variants, llm, decode)
+    together: kinds whose kernels are set up together and then timed back to back in
+        ``rounds`` interleaved rounds (each round in a rotated order), so that their figures
+        and ratios are taken under the same conditions (heat, a competing process)
+    """
+
+    dtypes: tuple[str, ...]
+    kinds: tuple[str, ...]
+    together: tuple[str, ...]
+    rounds: int
+    budget_seconds: float
+    spinup_ms: float
+    probe_when: str
+    bandwidth: bool
+    transfers: bool
+    warmup: int
+    warmup_ms: tuple[tuple[str, float], ...]
+    min_iters: int
+
+
+SUITES: dict[str, SuiteSpec] = {
+    # the periodic probe: every dtype and shape, one batch per kernel in dtype order
+    "default": SuiteSpec(
+        dtypes=ALL_DTYPES,
+        kinds=("compute", "llm", "decode"),
+        together=(),
+        rounds=1,
+        budget_seconds=2.0,
+        spinup_ms=150.0,
+        probe_when="idle",
+        bandwidth=True,
+        transfers=True,
+        warmup=10,
+        warmup_ms=tuple(WARMUP_MS.items()),
+        min_iters=MIN_ITERS,
+    ),
+    # a hot or busy GPU, measured now: no spin-up (it would heat or wait), about 100 ms of
+    # GPU time; the decode kernels interleaved so int4 against bf16/fp16 is one comparison
+    "hot": SuiteSpec(
+        dtypes=("int4", "bf16", "fp16", "fp8", "nvfp4"),
+        kinds=("decode", "llm"),
+        together=("decode", "llm"),
+        rounds=3,
+        budget_seconds=0.1,
+        spinup_ms=0.0,
+        probe_when="always",
+        bandwidth=False,
+        transfers=False,
+        warmup=1,
+        warmup_ms=(("compute", 2.0), ("llm", 2.0), ("decode", 1.0), ("bandwidth", 0.0)),
+        min_iters=1,
+    ),
+    # sparkdiag check: the dtypes it judges, decode kernels interleaved for the int4 ratio
+    "check": SuiteSpec(
+        dtypes=("bf16", "fp16", "int4"),
+        kinds=("compute", "llm", "decode"),
+        together=("decode",),
+        rounds=3,
+        budget_seconds=1.0,
+        spinup_ms=150.0,
+        probe_when="idle",
+        bandwidth=False,
+        transfers=True,
+        warmup=10,
+        warmup_ms=tuple(WARMUP_MS.items()),
+        min_iters=MIN_ITERS,
+    ),
+}
+
+
+def order_by_kind(specs: Sequence[KernelSpec]) -> list[KernelSpec]:
+    """Every compute kernel first, then the LLM and the decode ones (stable within a kind)."""
+    rank = {"compute": 0, "llm": 1, "decode": 2}
+    return sorted(specs, key=lambda s: rank.get(s.kind, 3))
+
+
+def plan_groups(specs: Sequence[KernelSpec], together: Sequence[str]) -> list[list[KernelSpec]]:
+    """Kernels in the order they run, as groups timed together.
+
+    Kernels of a kind not in ``together`` run alone, first, in plan order; then one group
+    per kind in ``together`` (in that order) holds all kernels of that kind.
+    """
+    groups: list[list[KernelSpec]] = [[s] for s in specs if s.kind not in together]
+    for kind in together:
+        group = [s for s in specs if s.kind == kind]
+        if group:
+            groups.append(group)
+    return groups
+
+
+def rotated(items: Sequence[int], shift: int) -> list[int]:
+    """``items`` rotated left by ``shift`` (the order of one interleaved round)."""
+    if not items:
+        return []
+    shift %= len(items)
+    return list(items[shift:]) + list(items[:shift])
+
+
+def split_rounds(count: int, rounds: int) -> list[int]:
+    """``count`` iterations over ``rounds`` rounds, as evenly as possible, none empty."""
+    rounds = max(1, min(rounds, count))
+    base, extra = divmod(count, rounds)
+    return [base + (1 if r < extra else 0) for r in range(rounds)]
+
+
+def decode_ratios(results: Sequence[dict[str, Any]]) -> dict[str, float | None]:
+    """int4 over bf16 and over fp16, delivered, at the same decode shape (None when missing).
+
+    Contention lowers both sides of a ratio measured back to back; heat that collapses 4-bit
+    GEMMs lowers int4 alone.
+    """
+    decode = {
+        r["dtype"]: r
+        for r in results
+        if r.get("kind") == "decode" and r.get("status") == "ok" and r.get("delivered")
+    }
+    out: dict[str, float | None] = {}
+    for other in ("bf16", "fp16"):
+        a, b = decode.get("int4"), decode.get(other)
+        ok = a is not None and b is not None and a["shape"] == b["shape"]
+        out[f"int4/{other}"] = a["delivered"] / b["delivered"] if ok and a and b else None
+    return out
+
+
+# --------------------------------------------------------------------------
 # timing
 
 
@@ -869,42 +1417,176 @@ def spin_up(info: DeviceInfo, milliseconds: float) -> float:
     return spent / 1e3
 
 
-def time_iterations(
+@dataclass
+class Batch:
+    """One batch of back-to-back iterations of one kernel.
+
+    iter_ms: per-iteration milliseconds (CUDA events around each iteration; perf_counter on CPU)
+    total_ms: from just before the first iteration to just after the last, gaps included
+    queued_ahead: CUDA only: the CPU had enqueued the whole batch before the GPU reached its
+        first iteration, so no gap in it is the CPU's launch overhead; None when unknown
+    """
+
+    iter_ms: list[float]
+    total_ms: float
+    queued_ahead: bool | None = None
+
+    @property
+    def gaps_ms(self) -> float:
+        return self.total_ms - math.fsum(self.iter_ms)
+
+
+@dataclass
+class LaunchModel:
+    """How long the GPU is held before a batch so that the CPU can enqueue all of it first.
+
+    A sleep kernel holds the stream while the CPU enqueues the batch; then the iterations run
+    back to back and the total time measures the GPU, not Python's launch overhead. For no
+    iteration to wait on the CPU the sleep must last count * (cpu - gpu), cpu being the CPU
+    time to enqueue one iteration (two events and the kernel) and gpu the kernel's own time:
+    cpu is measured on the first iterations of every batch (``launch_us`` until then), gpu is
+    the previous batch's median. ``margin`` covers the CPU's jitter; ``max_lead_ms`` caps the
+    sleep (``queued_ahead`` in the result says whether it was enough).
+    """
+
+    launch_us: float
+    max_lead_ms: float
+    gpu_us: float = 0.0
+    margin: float = 1.5
+
+    def lead_ms(self, count: int) -> float:
+        per_iteration_us = max(0.0, self.launch_us * self.margin - self.gpu_us)
+        return min(self.max_lead_ms, count * per_iteration_us / 1e3 + LEAD_FLOOR_MS)
+
+    def observe(self, launch_us: float | None, gpu_us: float | None) -> None:
+        if launch_us is not None and launch_us > 0:
+            self.launch_us = launch_us
+        if gpu_us is not None and gpu_us > 0:
+            self.gpu_us = gpu_us
+
+
+def sleep_cycles(milliseconds: float, clock_hz: float) -> int:
+    """Cycles for torch.cuda._sleep to hold the GPU at least ``milliseconds`` at ``clock_hz``.
+
+    The sleep counts SM cycles; at a lower clock than ``clock_hz`` it lasts longer, never
+    shorter, so ``clock_hz`` should be the highest clock the GPU may run at.
+    """
+    return max(0, int(milliseconds * 1e-3 * clock_hz))
+
+
+def time_batch(
     info: DeviceInfo,
     fn: Callable[..., Any],
     sets: Sequence[tuple[Any, ...]],
     count: int,
     start: int = 0,
-    prequeue: bool = False,
-) -> list[float]:
-    """Per-iteration milliseconds: CUDA events on a GPU, perf_counter on CPU.
+    launch: LaunchModel | None = None,
+) -> Batch:
+    """Run ``count`` iterations back to back, rotating through ``sets`` from ``start``.
 
-    With prequeue the GPU is first kept busy by a sleep kernel, so that the
-    CPU can enqueue all iterations ahead and short (decode) kernels run back
-    to back instead of waiting on Python's launch overhead.
+    On CPU every iteration is timed with perf_counter and the total encloses them all. On a GPU
+    CUDA events are recorded around every iteration; the total runs from the first iteration's
+    start event to the last one's end event, so it counts every gap between iterations (time
+    slices another process took, for one). With ``launch`` the GPU is first held by a sleep
+    kernel while the CPU enqueues the batch (see LaunchModel). The garbage collector is paused
+    while the batch is enqueued.
     """
     torch = info.torch
     if count <= 0:
-        return []
-    if not info.is_cuda:
-        out = []
+        return Batch([], 0.0, None)
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        if not info.is_cuda:
+            out = []
+            first = time.perf_counter()
+            for i in range(count):
+                args = sets[(start + i) % len(sets)]
+                t0 = time.perf_counter()
+                fn(*args)
+                out.append((time.perf_counter() - t0) * 1e3)
+            total = (time.perf_counter() - first) * 1e3
+            return Batch(out, total, None)
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
+        held: Any = None
+        if launch is not None and launch.max_lead_ms > 0 and hasattr(torch.cuda, "_sleep"):
+            held = torch.cuda.Event(enable_timing=True)
+            held.record()
+            torch.cuda._sleep(sleep_cycles(launch.lead_ms(count), info.max_clock_hz))
+        probe = min(count, LAUNCH_PROBE_ITERS)
+        t0 = time.perf_counter()
+        t_probe = t0
         for i in range(count):
             args = sets[(start + i) % len(sets)]
-            t0 = time.perf_counter()
+            starts[i].record()
             fn(*args)
-            out.append((time.perf_counter() - t0) * 1e3)
-        return out
-    starts = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
-    ends = [torch.cuda.Event(enable_timing=True) for _ in range(count)]
-    if prequeue and hasattr(torch.cuda, "_sleep"):
-        torch.cuda._sleep(int(min(count * 60e-6, 0.05) * 2e9))  # cycles at ~2 GHz
-    for i in range(count):
-        args = sets[(start + i) % len(sets)]
-        starts[i].record()
-        fn(*args)
-        ends[i].record()
-    torch.cuda.synchronize()
-    return [float(starts[i].elapsed_time(ends[i])) for i in range(count)]
+            ends[i].record()
+            if i + 1 == probe:
+                t_probe = time.perf_counter()
+        enqueued_ms = (time.perf_counter() - t0) * 1e3
+        torch.cuda.synchronize()
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    iter_ms = [float(starts[i].elapsed_time(ends[i])) for i in range(count)]
+    total = float(starts[0].elapsed_time(ends[-1]))
+    ahead: bool | None = None
+    if held is not None:
+        ahead = enqueued_ms <= float(held.elapsed_time(starts[0]))
+    if launch is not None:
+        launch.observe((t_probe - t0) * 1e6 / probe, statistics.median(iter_ms) * 1e3)
+    return Batch(iter_ms, total, ahead)
+
+
+def figures(work: float, iter_ms: Sequence[float], total_ms: float) -> tuple[float, float]:
+    """(delivered, peak) in work units per second.
+
+    delivered: the work of all iterations over their total elapsed time, gaps included (what a
+    user of a shared or time-sliced GPU gets); peak: the work of one iteration over the median
+    iteration time (comparable with mamf-finder). Both nan when there is no timing.
+    """
+    if not iter_ms or total_ms <= 0:
+        return math.nan, math.nan
+    median_ms = statistics.median(iter_ms)
+    delivered = work * len(iter_ms) / (total_ms / 1e3)
+    peak = work / (median_ms / 1e3) if median_ms > 0 else math.nan
+    return delivered, peak
+
+
+def parse_kind_values(
+    text: str | None, defaults: dict[str, float], what: str, minimum: float = 0.0
+) -> dict[str, float]:
+    """'4' (every kind) or 'compute=4,decode=0.5' (the rest keep their defaults)."""
+    values = dict(defaults)
+    if text is None or not text.strip():
+        return values
+    text = text.strip()
+    if "=" not in text:
+        value = _kind_number(text, what, minimum)
+        return {kind: value for kind in values}
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        kind, sep, number = item.partition("=")
+        kind = kind.strip().lower()
+        if not sep or kind not in values:
+            raise UsageError(
+                f"bad {what} item {item.strip()!r}: expected KIND=NUMBER with KIND one of "
+                + ", ".join(values)
+            )
+        values[kind] = _kind_number(number, what, minimum)
+    return values
+
+
+def _kind_number(text: str, what: str, minimum: float) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise UsageError(f"bad {what} value {text.strip()!r}: not a number") from None
+    if not math.isfinite(value) or value < minimum:
+        raise UsageError(f"bad {what} value {text.strip()!r}: must be >= {minimum:g}")
+    return value
 
 
 # --------------------------------------------------------------------------
@@ -912,8 +1594,15 @@ def time_iterations(
 
 
 def plan_suite(
-    info: DeviceInfo, dtypes: Sequence[str], small: bool, shapes: Sequence[Any]
+    info: DeviceInfo,
+    dtypes: Sequence[str],
+    small: bool,
+    shapes: Sequence[Any],
+    kinds: Sequence[str] = ("compute", "llm", "decode"),
 ) -> list[KernelSpec]:
+    """The kernels to probe, per dtype: the compute cube (and its beta=1 variant where the
+    dtype has one), the LLM shape and the decode shape, those of ``kinds`` only. Custom
+    ``shapes`` replace them all, each classified as decode (M <= 32), llm or compute."""
     specs: list[KernelSpec] = []
     if shapes:
         for dtype in dtypes:
@@ -927,19 +1616,30 @@ def plan_suite(
         cube = compute_cube(info.capability or (0, 0), info.sm_count)
         cube_shape, llm, nk = (cube, cube, cube), LLM_SHAPE, DECODE_NK
     for dtype in dtypes:
+        table = DTYPES[dtype]
         cm, cn, ck = cube_shape
-        if dtype == "int4" and not small:
-            # weight-only int4 runs ~25x slower than bf16 at large M on Hopper
-            cm, cn, ck = (max(1024, cm // 2),) * 3
-        specs.append(KernelSpec(dtype, "compute", (cm,), cn, ck))
-        if dtype == "bf16":
-            specs.append(KernelSpec(dtype, "compute", (cm,), cn, ck, beta=1))
-        specs.append(KernelSpec(dtype, "llm", (llm[0],), llm[1], llm[2]))
-        specs.append(KernelSpec(dtype, "decode", DECODE_M[dtype], nk, nk))
+        if not small:
+            cm = cn = ck = table.compute_edge(cm)
+        if "compute" in kinds:
+            specs.append(KernelSpec(dtype, "compute", (cm,), cn, ck))
+            if table.beta_variant:
+                specs.append(KernelSpec(dtype, "compute", (cm,), cn, ck, beta=1))
+        if "llm" in kinds:
+            specs.append(KernelSpec(dtype, "llm", (llm[0],), llm[1], llm[2]))
+        if "decode" in kinds:
+            specs.append(KernelSpec(dtype, "decode", table.decode_m, nk, nk))
     return specs
 
 
 def _result(spec: KernelSpec, m: int, status: str, reason: str | None) -> dict[str, Any]:
+    """A kernel's entry in the document; the figures stay None unless it was timed.
+
+    delivered: TFLOPS (TOPS for int8) over the timed batch's total time, gaps included
+    peak: TFLOPS (TOPS) from the median iteration time
+    total_ms: the timed batches' total elapsed time; gaps_ms: the part of it between iterations
+    queued_ahead: every timed batch was enqueued before the GPU began it (CUDA), else None
+    batches: how many back-to-back batches the timed iterations ran in (rounds)
+    """
     return {
         "dtype": spec.dtype,
         "shape": shape_label(m, spec.n, spec.k),
@@ -947,30 +1647,37 @@ def _result(spec: KernelSpec, m: int, status: str, reason: str | None) -> dict[s
         "beta": spec.beta,
         "status": status,
         "reason": reason,
-        "tflops": None,
+        "delivered": None,
+        "peak": None,
+        "total_ms": None,
         "median_ms": None,
         "min_ms": None,
+        "gaps_ms": None,
+        "queued_ahead": None,
         "iters": 0,
+        "batches": 0,
         "warmup": 0,
         "buffer_sets": 0,
         "max_rel_error": None,
-        "error_bound": ERROR_BOUNDS[spec.dtype],
+        "error_bound": DTYPES[spec.dtype].error_bound,
     }
 
 
 @dataclass
 class Budget:
     """GPU-busy time left for the kernels still to run, shared out by weight: compute-bound
-    kernels get more (their median must span the power-cap controller's swings), memory-bound
-    ones less (many short iterations fit in little time)."""
+    kernels get more (their batch must span the power-cap controller's swings), memory-bound
+    ones less (many short iterations fit in little time). Plans for ``fraction`` of the
+    seconds, keeping headroom for warm-ups and minimum iteration counts."""
 
     seconds: float
     kernels_left: int
     busy: float = 0.0
     weight_left: float = 0.0
+    fraction: float = BUDGET_PLANNING_FRACTION
 
     def share(self, weight: float = 1.0) -> float:
-        target = self.seconds * BUDGET_PLANNING_FRACTION
+        target = self.seconds * self.fraction
         total = self.weight_left if self.weight_left > 0 else max(1, self.kernels_left)
         return max(0.0, target - self.busy) * weight / total
 
@@ -983,108 +1690,294 @@ class BusyDuringRun(Exception):
     pass
 
 
+def _check_busy(busy: BusyState, args: argparse.Namespace) -> None:
+    why_busy = busy.check_during()
+    if why_busy and args.probe_when == "idle":
+        raise BusyDuringRun(why_busy)
+
+
+class KernelRun:
+    """One kernel through its life: set up and checked once, warmed up, timed in batches.
+
+    Every batch's GPU time is charged to ``budget.busy``. ``summary()`` gives the kernel's
+    document entry; ``release()`` drops its buffers.
+    """
+
+    def __init__(
+        self, info: DeviceInfo, spec: KernelSpec, args: argparse.Namespace, budget: Budget
+    ) -> None:
+        self.info = info
+        self.spec = spec
+        self.args = args
+        self.budget = budget
+        self.table = DTYPES[spec.dtype]
+        self.m = spec.m_candidates[0]
+        self.result = _result(spec, self.m, "ok", None)
+        self.prepared: Prepared | None = None
+        self.sets: list[tuple[Any, ...]] = []
+        self.launch = LaunchModel(args.launch_us, args.max_prequeue_ms)
+        self.position = 0
+        self.warm_ms: list[float] = []
+        self.iter_ms: list[float] = []
+        self.total_ms = 0.0
+        self.batches = 0
+        self.ahead: list[bool] = []
+
+    @property
+    def ready(self) -> bool:
+        return self.prepared is not None and self.result["status"] == "ok"
+
+    @property
+    def work(self) -> float:
+        """Operations of one iteration: 2 M N K."""
+        return 2.0 * self.m * self.spec.n * self.spec.k
+
+    @contextlib.contextmanager
+    def _precision(self) -> Iterator[None]:
+        torch = self.info.torch
+        needed = self.table.matmul_precision
+        if needed is None:
+            yield
+            return
+        before = torch.get_float32_matmul_precision()
+        torch.set_float32_matmul_precision(needed)
+        try:
+            yield
+        finally:
+            torch.set_float32_matmul_precision(before)
+
+    def _fail(self, status: str, reason: str | None) -> bool:
+        self.result = _result(self.spec, self.m, status, reason)
+        self.release()
+        return False
+
+    def setup(self) -> bool:
+        """Gate, the first M the kernel accepts, a correctness check, rotation sets.
+
+        Returns True when the kernel is ready to time; otherwise the result says why not.
+        """
+        info, spec, torch = self.info, self.spec, self.info.torch
+        reason = gate(info, spec.dtype)
+        if reason is not None:
+            return self._fail("unsupported", reason)
+        try:
+            with self._precision():
+                out: Any = None
+                last_exc: BaseException | None = None
+                for m in spec.m_candidates:
+                    self.m = m
+                    try:
+                        self.prepared = prepare(info, spec, m)
+                        self.sets = [self.prepared.make_set()]
+                        out = self.prepared.fn(*self.sets[0])
+                        if info.is_cuda:
+                            torch.cuda.synchronize()
+                        last_exc = None
+                        break
+                    except Exception as exc:
+                        last_exc = exc
+                        self.prepared, self.sets, out = None, [], None
+                if last_exc is not None or self.prepared is None:
+                    failure = last_exc or RuntimeError("no candidate M")
+                    return self._fail(*classify_kernel_exception(spec.dtype, failure))
+                self.result = _result(spec, self.m, "ok", None)
+                rows = _rows(torch, self.m, info.device)
+                err = max_row_relative_error(
+                    torch, out[rows], self.prepared.reference(self.sets[0], rows)
+                )
+                self.prepared.release()
+                del out
+                bound = self.table.error_bound
+                if not within_bound(err, bound):
+                    self._fail(
+                        "error",
+                        f"wrong result: max row relative error {err:.3g} exceeds bound {bound:.3g}",
+                    )
+                    self.result["max_rel_error"] = err
+                    return False
+                self.result["max_rel_error"] = err
+                if spec.kind == "decode" and info.is_cuda:
+                    set_bytes = sum(t.numel() * t.element_size() for t in self.sets[0])
+                    for _ in range(rotation_sets(set_bytes, info.l2_bytes) - 1):
+                        self.sets.append(self.prepared.make_set())
+                self.result["buffer_sets"] = len(self.sets)
+                return True
+        except Exception as exc:
+            return self._fail(*classify_exception(exc))
+
+    def _batch(self, count: int) -> Batch:
+        assert self.prepared is not None
+        with self._precision():
+            batch = time_batch(
+                self.info, self.prepared.fn, self.sets, count, self.position, self.launch
+            )
+        self.position = (self.position + count) % len(self.sets)
+        self.budget.busy += batch.total_ms / 1e3
+        return batch
+
+    def warm_up(self, count: int, floor_ms: float) -> None:
+        """``count`` iterations, then more until the warm-up lasted ``floor_ms`` (GPU only)."""
+        spent = 0.0
+        if count > 0:
+            batch = self._batch(count)
+            self.warm_ms += batch.iter_ms
+            spent += batch.total_ms
+        while self.info.is_cuda and spent < floor_ms and len(self.warm_ms) < MAX_WARMUP_ITERS:
+            per = statistics.median(self.warm_ms) if self.warm_ms else 0.0
+            more = 1 if per <= 0 else max(1, int((floor_ms - spent) / max(per, 1e-3)))
+            more = min(more, MAX_WARMUP_ITERS - len(self.warm_ms))
+            batch = self._batch(more)
+            self.warm_ms += batch.iter_ms
+            spent += batch.total_ms
+
+    def measure(self, count: int) -> Batch:
+        """One timed batch of ``count`` back-to-back iterations, added to the kernel's figures."""
+        batch = self._batch(count)
+        self.iter_ms += batch.iter_ms
+        self.total_ms += batch.total_ms
+        self.batches += 1
+        if batch.queued_ahead is not None:
+            self.ahead.append(batch.queued_ahead)
+        return batch
+
+    def reset_timing(self) -> None:
+        """Forget the warm-up and timed iterations (a soak measures the kernel again)."""
+        self.warm_ms, self.iter_ms, self.ahead = [], [], []
+        self.total_ms = 0.0
+        self.batches = 0
+
+    def summary(self) -> dict[str, Any]:
+        result = dict(self.result)
+        if result["status"] != "ok" or not self.iter_ms:
+            return result
+        delivered, peak = figures(self.work, self.iter_ms, self.total_ms)
+        result.update(
+            delivered=delivered / 1e12,
+            peak=peak / 1e12,
+            total_ms=self.total_ms,
+            median_ms=statistics.median(self.iter_ms),
+            min_ms=min(self.iter_ms),
+            gaps_ms=self.total_ms - math.fsum(self.iter_ms),
+            queued_ahead=all(self.ahead) if self.ahead else None,
+            iters=len(self.iter_ms),
+            batches=self.batches,
+            warmup=len(self.warm_ms),
+        )
+        return result
+
+    def release(self) -> None:
+        self.sets.clear()
+        if self.prepared is not None:
+            self.prepared.release()
+        self.prepared = None
+
+
+def time_runs(
+    runs: Sequence[KernelRun],
+    live: list[int],
+    args: argparse.Namespace,
+    budget: Budget,
+    rounds: int,
+    plans: dict[int, list[int]] | None = None,
+) -> dict[int, list[int]]:
+    """Warm up every live run, then time them all in interleaved rounds.
+
+    Without ``plans`` the iteration counts are shared out of ``budget`` once every warm-up is
+    paid, and split into ``rounds`` batches; each round runs the kernels in a rotated order, so
+    that no kernel always follows the same one. A run that fails is dropped from ``live``.
+    Returns the plans used (per run, the iterations of each round), to repeat them.
+    """
+    for i in list(live):
+        try:
+            runs[i].warm_up(args.warmup, args.warmup_ms.get(runs[i].spec.kind, 0.0))
+        except Exception as exc:
+            runs[i]._fail(*classify_exception(exc))
+            live.remove(i)
+    if plans is None:
+        shares = {i: budget.share(args.kind_weights.get(runs[i].spec.kind, 1.0)) for i in live}
+        plans = {
+            i: split_rounds(
+                choose_iters(
+                    args.iters, runs[i].warm_ms, shares[i], 0.0, args.min_iters, args.max_iters
+                ),
+                rounds,
+            )
+            for i in live
+        }
+    todo = {i: plan for i, plan in plans.items() if i in live}
+    for r in range(max((len(plan) for plan in todo.values()), default=0)):
+        for i in rotated(live, r):
+            if i in todo and r < len(todo[i]):
+                try:
+                    runs[i].measure(todo[i][r])
+                except Exception as exc:
+                    runs[i]._fail(*classify_exception(exc))
+                    live.remove(i)
+                    del todo[i]
+    return plans
+
+
+def run_group(
+    info: DeviceInfo,
+    specs: Sequence[KernelSpec],
+    args: argparse.Namespace,
+    budget: Budget,
+    busy: BusyState,
+    rounds: int = 1,
+) -> list[dict[str, Any]]:
+    """Set up and check every kernel of the group, warm each up, then time them all
+    (time_runs); the group's kernels are charged to ``budget`` and settled in it."""
+    runs = [KernelRun(info, spec, args, budget) for spec in specs]
+    settled: set[int] = set()
+
+    def settle(i: int) -> None:
+        if i not in settled:
+            settled.add(i)
+            budget.done(args.kind_weights.get(runs[i].spec.kind, 1.0))
+
+    try:
+        live: list[int] = []
+        for i, run in enumerate(runs):
+            spec = run.spec
+            _log(f"{spec.dtype} {spec.kind} {spec.m_candidates[0]}x{spec.n}x{spec.k}")
+            if run.setup():
+                live.append(i)
+            else:
+                settle(i)  # its share goes to the kernels that run
+        if live:
+            _check_busy(busy, args)
+            time_runs(runs, live, args, budget, rounds)
+            _check_busy(busy, args)
+        return [run.summary() for run in runs]
+    finally:
+        for i, run in enumerate(runs):
+            settle(i)
+            run.release()
+        if info.is_cuda:
+            info.torch.cuda.empty_cache()
+
+
 def run_kernel(
     info: DeviceInfo, spec: KernelSpec, args: argparse.Namespace, budget: Budget, busy: BusyState
 ) -> dict[str, Any]:
-    torch = info.torch
-    m = spec.m_candidates[0]
-    reason = gate(info, spec.dtype)
-    if reason is not None:
-        return _result(spec, m, "unsupported", reason)
-    bound = ERROR_BOUNDS[spec.dtype]
-    sets: list[tuple[Any, ...]] = []
-    prepared: Prepared | None = None
-    out: Any = None
-    last_exc: BaseException | None = None
-    precision = torch.get_float32_matmul_precision()
-    try:
-        if spec.dtype == "tf32":
-            torch.set_float32_matmul_precision("high")
-        # first M the kernel accepts (decode shapes), set 0, and its result
-        for m in spec.m_candidates:
-            try:
-                prepared = prepare(info, spec, m)
-                sets = [prepared.make_set()]
-                out = prepared.fn(*sets[0])
-                if info.is_cuda:
-                    torch.cuda.synchronize()
-                last_exc = None
-                break
-            except Exception as exc:
-                last_exc = exc
-                prepared, sets, out = None, [], None
-        if last_exc is not None or prepared is None:
-            failure = last_exc or RuntimeError("no candidate M")
-            status, why = classify_kernel_exception(spec.dtype, failure)
-            return _result(spec, m, status, why)
-        result = _result(spec, m, "ok", None)
-        rows = _rows(torch, m, info.device)
-        err = max_row_relative_error(torch, out[rows], prepared.reference(sets[0], rows))
-        result["max_rel_error"] = err
-        prepared.release()
-        del out
-        if not within_bound(err, bound):
-            result["status"] = "error"
-            result["reason"] = (
-                f"wrong result: max row relative error {err:.3g} exceeds bound {bound:.3g}"
-            )
-            return result
-        if spec.kind == "decode" and info.is_cuda:
-            set_bytes = sum(t.numel() * t.element_size() for t in sets[0])
-            for _ in range(rotation_sets(set_bytes, info.l2_bytes) - 1):
-                sets.append(prepared.make_set())
-        result["buffer_sets"] = len(sets)
-        why_busy = busy.check_during()
-        if why_busy and args.probe_when == "idle":
-            raise BusyDuringRun(why_busy)
-        prequeue = spec.kind == "decode"
-        warm = time_iterations(info, prepared.fn, sets, args.warmup, 0, prequeue)
-        # Warm up for at least --warmup-ms as well, so clocks and power settle before timing.
-        while info.is_cuda and sum(warm) < args.warmup_ms and len(warm) < MAX_WARMUP_ITERS:
-            more = max(1, int((args.warmup_ms - sum(warm)) / max(statistics.median(warm), 1e-3)))
-            more = min(more, MAX_WARMUP_ITERS - len(warm))
-            warm += time_iterations(info, prepared.fn, sets, more, len(warm), prequeue)
-        warm_s = sum(warm) / 1e3
-        budget.busy += warm_s
-        iters = choose_iters(args.iters, warm, budget.share(KIND_WEIGHTS.get(spec.kind, 1.0)), 0.0)
-        timed = time_iterations(info, prepared.fn, sets, iters, args.warmup, prequeue)
-        budget.busy += sum(timed) / 1e3
-        why_busy = busy.check_during()
-        if why_busy and args.probe_when == "idle":
-            raise BusyDuringRun(why_busy)
-        median_ms = statistics.median(timed)
-        result.update(
-            iters=iters,
-            warmup=len(warm),
-            median_ms=median_ms,
-            min_ms=min(timed),
-            tflops=(2.0 * m * spec.n * spec.k) / (median_ms / 1e3) / 1e12 if median_ms else None,
-        )
-        return result
-    except BusyDuringRun:
-        raise
-    except Exception as exc:
-        status, why = classify_exception(exc)
-        return _result(spec, m, status, why)
-    finally:
-        budget.done(KIND_WEIGHTS.get(spec.kind, 1.0))
-        if spec.dtype == "tf32":
-            torch.set_float32_matmul_precision(precision)
-        sets.clear()
-        if info.is_cuda:
-            torch.cuda.empty_cache()
+    """Set up, check, warm up and time one kernel in one back-to-back batch."""
+    return run_group(info, [spec], args, budget, busy, rounds=1)[0]
 
 
 def run_bandwidth(
     info: DeviceInfo, args: argparse.Namespace, budget: Budget, small: bool
 ) -> dict[str, Any]:
+    """Device-to-device copy: delivered and peak in bytes/s (bytes read plus bytes written)."""
     torch = info.torch
+    weight = args.kind_weights.get("bandwidth", 1.0)
     result: dict[str, Any] = {
         "status": "ok",
         "reason": None,
-        "bytes_per_second": None,
+        "delivered": None,
+        "peak": None,
         "bytes": None,
         "median_ms": None,
+        "total_ms": None,
         "iters": 0,
     }
     try:
@@ -1109,19 +2002,22 @@ def run_bandwidth(
         ):
             result.update(status="error", reason="device copy produced wrong data")
             return result
-        warm = time_iterations(info, copy, sets, args.warmup)
-        warm_s = sum(warm) / 1e3
-        budget.busy += warm_s
-        iters = choose_iters(args.iters, warm, budget.share(), 0.0)
-        timed = time_iterations(info, copy, sets, iters)
-        budget.busy += sum(timed) / 1e3
-        median_ms = statistics.median(timed)
+        launch = LaunchModel(args.launch_us, args.max_prequeue_ms)
+        warm = time_batch(info, copy, sets, max(1, args.warmup), 0, launch)
+        budget.busy += warm.total_ms / 1e3
+        share = budget.share(weight)
+        iters = choose_iters(args.iters, warm.iter_ms, share, 0.0, args.min_iters, args.max_iters)
+        timed = time_batch(info, copy, sets, iters, 0, launch)
+        budget.busy += timed.total_ms / 1e3
         moved = 2 * n * 4  # bytes read plus bytes written
+        delivered, peak = figures(moved, timed.iter_ms, timed.total_ms)
         result.update(
             bytes=moved,
-            median_ms=median_ms,
+            delivered=delivered,
+            peak=peak,
+            median_ms=statistics.median(timed.iter_ms),
+            total_ms=timed.total_ms,
             iters=iters,
-            bytes_per_second=moved / (median_ms / 1e3) if median_ms else None,
         )
         return result
     except Exception as exc:
@@ -1129,9 +2025,483 @@ def run_bandwidth(
         result.update(status=status, reason=why)
         return result
     finally:
-        budget.done()
+        budget.done(weight)
         if info.is_cuda:
             torch.cuda.empty_cache()
+
+
+def _transfer_entry(
+    direction: str, memory: str, size: int, copies: int, status: str, reason: str | None
+) -> dict[str, Any]:
+    """A host-device copy's entry: delivered in bytes/s over total_ms (all copies, gaps in)."""
+    return {
+        "direction": direction,
+        "memory": memory,
+        "size_bytes": size,
+        "copies": copies,
+        "status": status,
+        "reason": reason,
+        "delivered": None,
+        "total_ms": None,
+    }
+
+
+def transfer_plan(args: argparse.Namespace, small: bool) -> list[tuple[str, int, int, str]]:
+    """(memory, size, copies, direction) in the order they run: pinned first, then pageable;
+    many small copies, then a few large ones; host to device, then device to host."""
+    large = SMALL_TRANSFER_LARGE_BYTES if small else TRANSFER_LARGE_BYTES
+    plan = []
+    for memory in ("pinned", "pageable"):
+        for size, copies in (
+            (TRANSFER_SMALL_BYTES, args.transfer_small_copies),
+            (large, args.transfer_large_copies),
+        ):
+            for direction in ("h2d", "d2h"):
+                plan.append((memory, size, copies, direction))
+    return plan
+
+
+def measure_copies(
+    info: DeviceInfo,
+    copy: Callable[[], Any],
+    verify: Callable[[], bool],
+    entry: dict[str, Any],
+    budget: Budget,
+) -> dict[str, Any]:
+    """One untimed copy whose data ``verify`` checks, then ``entry["copies"]`` timed copies.
+
+    Timed as an application's copy loop sees it: from an event before the first copy to one
+    after the last (perf_counter on CPU), the CPU's launch cost included, no prequeue hold.
+    Both the checked copy and the timed ones are charged to the budget.
+    """
+    torch = info.torch
+    size, copies = entry["size_bytes"], entry["copies"]
+
+    def timed(count: int) -> float:
+        if not info.is_cuda:
+            t0 = time.perf_counter()
+            for _ in range(count):
+                copy()
+            return (time.perf_counter() - t0) * 1e3
+        start = torch.cuda.Event(enable_timing=True)
+        end = torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(count):
+            copy()
+        end.record()
+        torch.cuda.synchronize()
+        return float(start.elapsed_time(end))
+
+    first = timed(1)
+    budget.busy += first / 1e3
+    if not verify():
+        entry.update(status="error", reason=f"{entry['direction']} copy produced wrong data")
+        return entry
+    total = timed(copies)
+    budget.busy += total / 1e3
+    entry.update(total_ms=total, delivered=size * copies / (total / 1e3) if total > 0 else None)
+    return entry
+
+
+def _copy_pair(
+    torch: Any, direction: str, truth: Any, host_truth: Any, pinned: bool
+) -> tuple[Callable[[], Any], Callable[[], bool]]:
+    """The copy of one direction and the check of its data.
+
+    ``truth`` is random data on the device and ``host_truth`` the same data in host memory:
+    h2d copies host_truth into a device buffer and compares it with truth on the device; d2h
+    copies truth into a zeroed host buffer and compares it with host_truth.
+    """
+    if direction == "h2d":
+        dev = torch.empty_like(truth)
+
+        def copy_h2d() -> Any:
+            return dev.copy_(host_truth, non_blocking=True)
+
+        def verify_h2d() -> bool:
+            return bool(torch.equal(dev, truth))
+
+        return copy_h2d, verify_h2d
+    host = torch.zeros(truth.numel(), dtype=truth.dtype, pin_memory=pinned)
+
+    def copy_d2h() -> Any:
+        return host.copy_(truth, non_blocking=True)
+
+    def verify_d2h() -> bool:
+        torch.cuda.synchronize()
+        return bool(torch.equal(host, host_truth))
+
+    return copy_d2h, verify_d2h
+
+
+def _one_transfer(info: DeviceInfo, entry: dict[str, Any], budget: Budget) -> None:
+    """Allocate, fill, check and time one kind of copy; its buffers go when it returns."""
+    torch = info.torch
+    pinned = entry["memory"] == "pinned"
+    words = entry["size_bytes"] // 8
+    truth = torch.randint(-(2**62), 2**62, (words,), device=info.device, dtype=torch.int64)
+    host_truth = torch.empty(words, dtype=torch.int64, pin_memory=pinned)
+    host_truth.copy_(truth)
+    copy, verify = _copy_pair(torch, entry["direction"], truth, host_truth, pinned)
+    measure_copies(info, copy, verify, entry, budget)
+
+
+def run_transfers(
+    info: DeviceInfo, args: argparse.Namespace, budget: Budget, small: bool
+) -> list[dict[str, Any]]:
+    """Host-device copies: pinned and pageable host memory, small and large, both directions.
+
+    The data of each kind of copy is checked once against what was sent. On a GPU without
+    unified memory this measures the PCIe link in transfer terms (Gen5 x16: 64 GB/s per
+    direction in theory); on GB10 small pageable copies were reported ~50x slower than pinned.
+    """
+    plan = transfer_plan(args, small)
+    if not info.is_cuda:
+        why = "host-device copies need a CUDA device; --device cpu has none"
+        return [_transfer_entry(d, m, s, c, "unsupported", why) for m, s, c, d in plan]
+    entries: list[dict[str, Any]] = []
+    for memory, size, copies, direction in plan:
+        entry = _transfer_entry(direction, memory, size, copies, "ok", None)
+        entries.append(entry)
+        try:
+            _one_transfer(info, entry, budget)
+        except Exception as exc:
+            status, why = classify_exception(exc)
+            entry.update(status=status, reason=why)
+        finally:
+            info.torch.cuda.synchronize()
+            info.torch.cuda.empty_cache()
+    return entries
+
+
+# --------------------------------------------------------------------------
+# soak
+
+
+class StopRequest:
+    """Set by SIGINT or SIGTERM during a soak; the loop stops cleanly at its next check."""
+
+    def __init__(self) -> None:
+        self.signal_name: str | None = None
+
+    def __call__(self, signum: int, frame: Any) -> None:
+        try:
+            self.signal_name = signal.Signals(signum).name
+        except ValueError:
+            self.signal_name = f"signal {signum}"
+
+    @property
+    def requested(self) -> bool:
+        return self.signal_name is not None
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: StopRequest) -> Iterator[None]:
+    """SIGINT and SIGTERM set ``stop`` instead of ending the process (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+
+
+def soak_thresholds(nvml: Nvml | None) -> dict[str, float | None]:
+    """The limits the soak stays a margin below: NVML's, else a fixed GPU limit."""
+    found = nvml.thresholds() if nvml is not None else {}
+    gpu = found.get("gpu_slowdown_celsius")
+    return {
+        "gpu_slowdown_celsius": gpu if gpu else (FALLBACK_GPU_LIMIT_CELSIUS if nvml else None),
+        "memory_max_celsius": found.get("memory_max_celsius"),
+    }
+
+
+def soak_stop_reason(
+    sample: dict[str, float | int | None], limits: dict[str, float | None], margin: float
+) -> tuple[str, str] | None:
+    """Why a soak must stop at this NVML sample, or None: (stopped, one-line reason)."""
+    reasons = sample.get("reasons")
+    if reasons is not None:
+        if int(reasons) & HW_THERMAL_SLOWDOWN:
+            return (
+                "hw_thermal_slowdown",
+                f"hardware thermal slowdown (clock event reasons {int(reasons):#x})",
+            )
+        if int(reasons) & HW_SLOWDOWN:
+            return "hw_slowdown", f"hardware slowdown (clock event reasons {int(reasons):#x})"
+    for key, limit_key, what, limit_name in (
+        ("gpu_temperature", "gpu_slowdown_celsius", "GPU", "slowdown threshold"),
+        ("memory_temperature", "memory_max_celsius", "memory", "maximum operating temperature"),
+    ):
+        value, limit = sample.get(key), limits.get(limit_key)
+        if value is not None and limit is not None and float(value) >= limit - margin:
+            return "threshold", (
+                f"{what} {float(value):.0f} °C within {margin:g} °C of its {limit_name} "
+                f"{limit:.0f} °C"
+            )
+    return None
+
+
+class SoakLoad:
+    """Sustained bf16 matmuls on one cube, in chunks that end with a synchronize."""
+
+    def __init__(self, info: DeviceInfo, edge: int) -> None:
+        torch = info.torch
+        self.info = info
+        self.edge = edge
+        self.a = torch.randn(edge, edge, device=info.device, dtype=torch.bfloat16)
+        self.b = torch.randn(edge, edge, device=info.device, dtype=torch.bfloat16)
+        self.out = torch.empty(edge, edge, device=info.device, dtype=torch.bfloat16)
+        self.per_iteration = 0.0  # seconds, measured
+        self.iterations = 0
+        self.seconds = 0.0
+
+    def chunk(self, seconds: float) -> float:
+        """About ``seconds`` of matmuls (at least one); returns the seconds they took."""
+        torch = self.info.torch
+        count = 1 if self.per_iteration <= 0 else max(1, int(seconds / self.per_iteration))
+        t0 = time.perf_counter()
+        for _ in range(count):
+            torch.mm(self.a, self.b, out=self.out)
+        if self.info.is_cuda:
+            torch.cuda.synchronize()
+        spent = time.perf_counter() - t0
+        self.per_iteration = spent / count
+        self.iterations += count
+        self.seconds += spent
+        return spent
+
+    @property
+    def work(self) -> float:
+        return 2.0 * self.edge**3
+
+    def summary(self) -> dict[str, Any]:
+        rate = self.work * self.iterations / self.seconds / 1e12 if self.seconds > 0 else None
+        return {
+            "dtype": "bf16",
+            "shape": shape_label(self.edge, self.edge, self.edge),
+            "iterations": self.iterations,
+            "seconds": self.seconds,
+            "delivered": rate,
+        }
+
+    def release(self) -> None:
+        self.a = self.b = self.out = None
+
+
+class Soak:
+    """Sustained load with a measurement window every ``window_seconds`` (see run_soak)."""
+
+    def __init__(
+        self,
+        info: DeviceInfo,
+        args: argparse.Namespace,
+        nvml: Nvml | None,
+        small: bool,
+        stop: StopRequest,
+    ) -> None:
+        self.info = info
+        self.args = args
+        self.stop = stop
+        self.sampler = ConditionSampler(nvml)
+        self.limits = soak_thresholds(nvml)
+        self.busy = 0.0
+        self.groups: list[list[KernelRun]] = []
+        self.plans: list[dict[int, list[int]] | None] = []
+        self.load: SoakLoad | None = None
+        self.checked = 0  # samples already checked for a reason to stop
+        self.window_start = 0  # first sample of the running window's load period
+        self.load_before = (0, 0.0)  # load iterations and seconds before this period
+        if args.soak_load_edge:
+            self.edge = args.soak_load_edge
+        elif small or not info.is_cuda:
+            self.edge = SMALL_COMPUTE[0]
+        else:
+            self.edge = compute_cube(info.capability or (0, 0), info.sm_count)
+        self.section: dict[str, Any] = {
+            "seconds": args.soak_seconds,
+            "window_seconds": args.window_seconds,
+            "margin_celsius": args.soak_margin_celsius,
+            "thresholds": self.limits,
+            "load": None,
+            "windows": [],
+            "stopped": None,
+            "reason": None,
+            "elapsed_seconds": 0.0,
+        }
+
+    def setup(self, small: bool) -> None:
+        suite = SUITES[self.args.suite]
+        specs = plan_suite(self.info, self.args.dtype, small, self.args.shape, suite.kinds)
+        budget = Budget(self.args.budget_seconds, len(specs))
+        for group in plan_groups(specs, suite.together):
+            runs = [KernelRun(self.info, spec, self.args, budget) for spec in group]
+            for run in runs:
+                spec = run.spec
+                _log(f"soak: {spec.dtype} {spec.kind} {spec.m_candidates[0]}x{spec.n}x{spec.k}")
+                run.setup()
+            self.groups.append(runs)
+            self.plans.append(None)
+        self.load = SoakLoad(self.info, self.edge)
+
+    def check(self) -> tuple[str, str | None] | None:
+        """A reason to stop: a signal, or a sample taken since the last check."""
+        if self.stop.requested:
+            return "interrupted", f"{self.stop.signal_name} received"
+        samples = self.sampler.samples
+        end = len(samples)
+        for sample in samples[self.checked : end]:
+            why = soak_stop_reason(sample, self.limits, self.args.soak_margin_celsius)
+            if why is not None:
+                self.checked = end
+                return why
+        self.checked = end
+        return None
+
+    def window(self, index: int, phase: str, elapsed: float) -> dict[str, Any]:
+        """Measure every kernel that set up, in the groups and rounds of the suite."""
+        load_samples = self.sampler.samples[self.window_start :]
+        self.sampler.take()
+        first = len(self.sampler.samples)
+        budget = Budget(self.args.budget_seconds, 0)
+        budget.weight_left = sum(
+            self.args.kind_weights.get(run.spec.kind, 1.0)
+            for runs in self.groups
+            for run in runs
+            if run.ready
+        )
+        results: list[dict[str, Any]] = []
+        for g, runs in enumerate(self.groups):
+            live = [i for i, run in enumerate(runs) if run.ready]
+            for run in runs:
+                run.budget = budget
+                run.reset_timing()
+            rounds = self.args.rounds if len(runs) > 1 else 1
+            self.plans[g] = time_runs(runs, live, self.args, budget, rounds, self.plans[g])
+            for run in runs:
+                if run.ready:
+                    budget.done(self.args.kind_weights.get(run.spec.kind, 1.0))
+                results.append(run.summary())
+        self.busy += budget.busy
+        self.sampler.take()
+        load = self.load
+        done_iters, done_seconds = self.load_before
+        load_rate = None
+        if load is not None and load.seconds > done_seconds:
+            load_rate = (
+                load.work * (load.iterations - done_iters) / (load.seconds - done_seconds) / 1e12
+            )
+            self.load_before = (load.iterations, load.seconds)
+        window = {
+            "index": index,
+            "phase": phase,
+            "elapsed_seconds": elapsed,
+            "results": results,
+            "ratios": decode_ratios(results),
+            "conditions": summarize_conditions(self.sampler.samples[first - 1 :]),
+            "load_conditions": summarize_conditions(load_samples) if phase == "load" else None,
+            "load_delivered": load_rate,
+        }
+        self.window_start = len(self.sampler.samples)
+        self.section["windows"].append(window)
+        progress({"soak_window": window})
+        return window
+
+    def loop(self) -> None:
+        args = self.args
+        section = self.section
+        why: tuple[str, str | None] | None = self.check()
+        if why is None:
+            self.window(0, "cold", 0.0)
+        started = time.monotonic()
+        deadline = started + args.soak_seconds
+        next_window = started + args.window_seconds
+        index = 1
+        while why is None:
+            why = self.check()
+            if why is not None:
+                break
+            now = time.monotonic()
+            if now >= next_window or now >= deadline:
+                self.window(index, "load", now - started)
+                index += 1
+                next_window = max(next_window + args.window_seconds, time.monotonic())
+                if now >= deadline:
+                    why = ("completed", None)
+                continue
+            assert self.load is not None
+            chunk = min(args.soak_chunk_ms / 1e3, min(next_window, deadline) - now)
+            self.busy += self.load.chunk(max(chunk, 0.0))
+            section["elapsed_seconds"] = time.monotonic() - started
+        section["stopped"], section["reason"] = why
+        section["elapsed_seconds"] = time.monotonic() - started
+
+    def close(self) -> None:
+        """Leave the GPU idle: nothing queued, every buffer freed."""
+        torch = self.info.torch
+        if self.info.is_cuda:
+            with contextlib.suppress(Exception):
+                torch.cuda.synchronize()
+        if self.load is not None:
+            self.section["load"] = self.load.summary()
+            self.load.release()
+            self.load = None
+        for runs in self.groups:
+            for run in runs:
+                run.release()
+        self.groups.clear()
+        if self.info.is_cuda:
+            with contextlib.suppress(Exception):
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+
+
+def run_soak(
+    info: DeviceInfo,
+    args: argparse.Namespace,
+    nvml: Nvml | None,
+    doc: dict[str, Any],
+    small: bool,
+    stop: StopRequest,
+) -> None:
+    """Sustained bf16 load for ``--soak-seconds``, measuring the suite's kernels (hot by
+    default) in a window before the load and every ``--window-seconds`` during it.
+
+    Each window prints one progress line (``{"soak_window": {...}}``): elapsed seconds, every
+    kernel's result (delivered), the int4 ratios, and the NVML conditions of the measurement
+    and of the load period before it. The soak stops a margin below the GPU's slowdown and the
+    memory's maximum temperature, on a hardware (thermal) slowdown, on SIGINT or SIGTERM, and
+    on an error; whatever the way out, the GPU is left idle and the document says why it
+    stopped (``soak.stopped``: completed, threshold, hw_thermal_slowdown, hw_slowdown,
+    interrupted, error).
+    """
+    soak = Soak(info, args, nvml, small, stop)
+    doc["soak"] = soak.section
+    if info.is_cuda and nvml is None:
+        soak.section["stopped"] = "error"
+        soak.section["reason"] = (
+            "a soak needs NVML to watch the temperatures (install nvidia-ml-py in this Python)"
+        )
+        doc["status"], doc["reason"] = "error", soak.section["reason"]
+        return
+    soak.sampler.start()
+    try:
+        soak.setup(small)
+        soak.loop()
+    except Exception as exc:
+        soak.section["stopped"] = "error"
+        soak.section["reason"] = classify_exception(exc)[1]
+    finally:
+        soak.close()
+        doc["conditions"] = soak.sampler.stop()
+        doc["gpu_busy_seconds"] = soak.busy
+    if soak.section["stopped"] == "error":
+        doc["status"], doc["reason"] = "error", f"soak failed: {soak.section['reason']}"
+    else:
+        doc["status"], doc["reason"] = "ok", None
 
 
 # --------------------------------------------------------------------------
@@ -1217,6 +2587,21 @@ def _log(message: str) -> None:
     print(f"sparkdiag-probe: {message}", file=sys.stderr, flush=True)
 
 
+def progress(item: dict[str, Any]) -> None:
+    """One progress line on stderr: PROGRESS_PREFIX and a JSON object."""
+    line = json.dumps(_jsonable(item), allow_nan=False)
+    print(PROGRESS_PREFIX + line, file=sys.stderr, flush=True)
+
+
+def max_sm_clock_hz(props: Any, nvml: Nvml | None) -> float:
+    """The GPU's highest SM clock in Hz (torch's clock_rate, else NVML), else SLEEP_CLOCK_HZ."""
+    khz = getattr(props, "clock_rate", None)
+    if isinstance(khz, (int, float)) and khz > 0:
+        return float(khz) * 1e3
+    mhz = nvml.max_sm_clock_mhz() if nvml is not None else None
+    return float(mhz) * 1e6 if mhz else SLEEP_CLOCK_HZ
+
+
 def _now() -> float:
     return time.time()
 
@@ -1237,8 +2622,12 @@ def _empty_document(started: float) -> dict[str, Any]:
             "gpu_uuid": None,
             "device": None,
         },
+        "suite": None,
         "results": [],
+        "ratios": {},
         "bandwidth": None,
+        "transfers": [],
+        "soak": None,
         "conditions": summarize_conditions([]),
         "busy": {"other_pids": [], "utilization": None, "nvml": False},
         "gpu_busy_seconds": 0.0,
@@ -1248,13 +2637,20 @@ def _empty_document(started: float) -> dict[str, Any]:
     }
 
 
+def _item_name(item: dict[str, Any]) -> str:
+    if "direction" in item:
+        return f"{item['memory']} {item['direction']} {item['size_bytes']} B copies"
+    return f"{item.get('dtype', 'bandwidth')} {item.get('shape', '')}".strip()
+
+
 def overall_status(doc: dict[str, Any]) -> tuple[str, str | None]:
     results = doc.get("results") or []
     bandwidth = doc.get("bandwidth")
-    items = list(results) + ([bandwidth] if bandwidth else [])
+    transfers = doc.get("transfers") or []
+    items = list(results) + ([bandwidth] if bandwidth else []) + list(transfers)
     failed = [r for r in items if r.get("status") == "error"]
     if failed:
-        names = [f"{r.get('dtype', 'bandwidth')} {r.get('shape', '')}".strip() for r in failed]
+        names = [_item_name(r) for r in failed]
         return "error", f"{len(failed)} kernel(s) failed: " + ", ".join(names)
     if items and all(r.get("status") == "unsupported" for r in items):
         return "unsupported", "no requested kernel is supported here"
@@ -1264,6 +2660,16 @@ def overall_status(doc: dict[str, Any]) -> tuple[str, str | None]:
 
 
 def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
+    """One cycle of the suite, or a soak; fills ``doc``."""
+    if args.soak_seconds is None:
+        _run(args, doc, None)
+        return
+    stop = StopRequest()
+    with stop_on_signals(stop):  # from the start: a Ctrl-C during torch's import counts too
+        _run(args, doc, stop)
+
+
+def _run(args: argparse.Namespace, doc: dict[str, Any], stop: StopRequest | None) -> None:
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")  # CUDA index == NVML index
     try:
         import torch
@@ -1280,7 +2686,12 @@ def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
     if not is_cuda and device != "cpu":
         raise UsageError(f"--device must be cuda[:N] or cpu, not {device!r}")
     small = args.small or not is_cuda
+    if not is_cuda and args.cpu_threads > 0:
+        torch.set_num_threads(args.cpu_threads)
+    doc["suite"] = args.suite if stop is None else "soak"
     doc["config"] = {
+        "suite": args.suite,
+        "rounds": args.rounds,
         "warmup": args.warmup,
         "iters": args.iters,
         "budget_seconds": args.budget_seconds,
@@ -1288,6 +2699,20 @@ def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
         "busy_utilization": args.busy_utilization,
         "small": small,
         "dtypes": args.dtype,
+        "warmup_ms": args.warmup_ms,
+        "spinup_ms": args.spinup_ms,
+        "kind_weights": args.kind_weights,
+        "order": args.order,
+        "budget_fraction": args.budget_fraction,
+        "min_iters": args.min_iters,
+        "max_iters": args.max_iters,
+        "launch_us": args.launch_us,
+        "max_prequeue_ms": args.max_prequeue_ms,
+        "transfers": args.transfers,
+        "transfer_small_copies": args.transfer_small_copies,
+        "transfer_large_copies": args.transfer_large_copies,
+        "soak_seconds": args.soak_seconds,
+        "window_seconds": args.window_seconds,
     }
     cuda_index = 0
     if is_cuda:
@@ -1319,7 +2744,7 @@ def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
 
         torch.manual_seed(args.seed)
         capability: tuple[int, int] | None = None
-        sm_count, l2 = 0, ASSUMED_L2_BYTES
+        sm_count, l2, clock_hz = 0, ASSUMED_L2_BYTES, SLEEP_CLOCK_HZ
         if is_cuda:
             before = (nvml.compute_pids() if nvml else None) or set()
             torch.cuda.set_device(cuda_index)
@@ -1328,6 +2753,7 @@ def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
             capability = (int(props.major), int(props.minor))
             sm_count = int(props.multi_processor_count)
             l2 = int(getattr(props, "L2_cache_size", 0) or ASSUMED_L2_BYTES)
+            clock_hz = max_sm_clock_hz(props, nvml)
             if nvml is not None:
                 uuid = getattr(props, "uuid", None)
                 want = None if uuid is None else _bare_uuid(str(uuid))
@@ -1345,29 +2771,47 @@ def run(args: argparse.Namespace, doc: dict[str, Any]) -> None:
             sm_count=sm_count,
             l2_bytes=l2,
             torch_version=torch_version_tuple(str(torch.__version__)),
+            max_clock_hz=clock_hz,
         )
-        specs = plan_suite(info, args.dtype, small, args.shape)
-        budget = Budget(args.budget_seconds, len(specs) + (1 if args.bandwidth else 0))
-        budget.weight_left = sum(KIND_WEIGHTS.get(s.kind, 1.0) for s in specs) + (
-            1.0 if args.bandwidth else 0.0
+        if stop is not None:
+            run_soak(info, args, nvml, doc, small, stop)
+            doc["software"] = software_identity(torch, info, device, nvml)
+            return
+        suite = SUITES[args.suite]
+        specs = plan_suite(info, args.dtype, small, args.shape, suite.kinds)
+        if args.order == "kind":
+            specs = order_by_kind(specs)
+        groups = plan_groups(specs, suite.together)
+        weights = args.kind_weights
+        budget = Budget(
+            args.budget_seconds,
+            len(specs) + (1 if args.bandwidth else 0),
+            fraction=args.budget_fraction,
+        )
+        budget.weight_left = sum(weights.get(s.kind, 1.0) for s in specs) + (
+            weights.get("bandwidth", 1.0) if args.bandwidth else 0.0
         )
         sampler = ConditionSampler(nvml)
         sampler.start()
         try:
+            if args.transfers:  # first: their GPU time is paid before the kernels share the rest
+                doc["transfers"] = run_transfers(info, args, budget, small)
             if info.is_cuda and args.spinup_ms > 0:
                 budget.busy += spin_up(info, args.spinup_ms)
-            for done, spec in enumerate(specs, start=1):
-                _log(f"{spec.dtype} {spec.kind} {spec.m_candidates[0]}x{spec.n}x{spec.k}")
-                doc["results"].append(run_kernel(info, spec, args, budget, busy))
-                if args.progress:
-                    line = json.dumps({"done": done, "total": len(specs), **doc["results"][-1]})
-                    print(PROGRESS_PREFIX + line, file=sys.stderr, flush=True)
+            for group in groups:
+                together = len(group) > 1 or group[0].kind in suite.together
+                rounds = args.rounds if together else 1
+                for result in run_group(info, group, args, budget, busy, rounds):
+                    doc["results"].append(result)
+                    if args.progress:
+                        progress({"done": len(doc["results"]), "total": len(specs), **result})
             if args.bandwidth:
                 doc["bandwidth"] = run_bandwidth(info, args, budget, small)
         except BusyDuringRun as exc:
             doc["status"], doc["reason"] = "skipped_busy", str(exc)
         finally:
             doc["conditions"] = sampler.stop()
+            doc["ratios"] = decode_ratios(doc["results"])
             doc["gpu_busy_seconds"] = budget.busy
             doc["busy"]["other_pids"] = busy.other_pids
             doc["software"] = software_identity(torch, info, device, nvml)

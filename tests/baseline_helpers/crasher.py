@@ -51,7 +51,7 @@ def bulk_mode(db: Path, protected: list[BaselineKey]) -> None:
     conn.execute("PRAGMA cache_size = 16")  # pages: forces dirty pages out to the WAL early
     conn.execute("BEGIN IMMEDIATE")
     where = "gpu_uuid = ? AND dtype = ? AND shape = ? AND context = ? AND driver = ? "
-    where += "AND torch = ? AND cuda = ?"
+    where += "AND torch = ? AND cuda = ? AND method = ?"
     big = "x" * 4096
     for key in protected:
         conn.execute(
@@ -63,15 +63,15 @@ def bulk_mode(db: Path, protected: list[BaselineKey]) -> None:
         if i == 300:  # about 1.2 MB written, far past the 16-page cache: spilled to the WAL
             print("in-transaction", flush=True)
         conn.execute(
-            "INSERT INTO runs (gpu_uuid, dtype, shape, context, driver, torch, cuda, tflops, "
-            "healthy, at, conditions) VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?)",
+            "INSERT INTO runs (gpu_uuid, dtype, shape, context, driver, torch, cuda, method, "
+            "tflops, healthy, at, conditions) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?)",
             (*scratch(i % 50).as_row(), 1.0 + i, float(i), json.dumps({"pad": big})),
         )
         if i % 10 == 0:
             conn.execute(
                 "INSERT INTO baselines (gpu_uuid, dtype, shape, context, driver, torch, cuda, "
-                "tflops, source, runs, created_at, updated_at, note) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 'pinned', 0, 0, 0, ?) "
+                "method, tflops, source, runs, created_at, updated_at, note) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pinned', 0, 0, 0, ?) "
                 "ON CONFLICT DO UPDATE SET tflops = excluded.tflops, note = excluded.note",
                 (*scratch(1000 + i % 300).as_row(), 1.0 + i, big),
             )

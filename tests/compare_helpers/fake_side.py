@@ -23,6 +23,8 @@ import subprocess
 import sys
 import time
 
+from sparkdiag.probe.worker import SCHEMA
+
 BANNER = """
 =============
 == PyTorch ==
@@ -64,7 +66,8 @@ def result(
         "beta": beta,
         "status": "ok" if ok else "unsupported",
         "reason": None if ok else f"{dtype} needs compute capability 10.0+ (Blackwell)",
-        "tflops": tflops,
+        "delivered": tflops,
+        "peak": None if tflops is None else tflops * 1.02,
     }
 
 
@@ -74,7 +77,7 @@ def document(mode: str, opts: dict[str, str]) -> dict[str, object]:
     device = "cuda:0" if gpu else "cpu"
     torch = opts.get("torch", "2.11.0+cu130")
     doc: dict[str, object] = {
-        "schema": "sparkdiag-probe/1",
+        "schema": SCHEMA,
         "status": "ok",
         "reason": None,
         "software": software(device, torch, "13.0" if mode != "cpu" else None, gpu),
@@ -83,7 +86,7 @@ def document(mode: str, opts: dict[str, str]) -> dict[str, object]:
             result("bf16", "1x8192x8192", "decode", tflops / 100),
             result("nvfp4", "8192x8192x8192", "compute", None),
         ],
-        "bandwidth": {"status": "ok", "reason": None, "bytes_per_second": 4.0e12},
+        "bandwidth": {"status": "ok", "reason": None, "delivered": 4.0e12, "peak": 4.1e12},
         "conditions": {
             "max_gpu_temperature_celsius": 55.0 if gpu else None,
             "mean_sm_clock_hertz": 1.98e9 if gpu else None,
@@ -111,7 +114,7 @@ def main() -> int:
             fh.write(json.dumps(sys.argv) + "\n")
     if opts.get("stdin") == "1":
         source = sys.stdin.read()
-        if "sparkdiag-probe/1" not in source or "def main(" not in source:
+        if SCHEMA not in source or "def main(" not in source:
             print("fake_side: the worker's source did not arrive on stdin", file=sys.stderr)
             return 9
     if mode == "garbage":

@@ -8,11 +8,15 @@ from typing import Any
 
 import click
 
-from sparkdiag.probe.document import Progress
+from sparkdiag.probe.document import Progress, WorkerDocument
 from sparkdiag.probe.evaluate import GemmFigure
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.sources.gpu import decode_reasons
 from sparkdiag.telemetry.snapshot import GpuIdentity
+
+# Small pageable copies this many times slower than pinned ones are worth saying (GB10 owners
+# reported about 50x with many small host-to-device copies from pageable memory).
+SLOW_PAGEABLE_RATIO = 10.0
 
 
 @dataclass(frozen=True)
@@ -29,7 +33,9 @@ def progress_printer(label: str, enabled: bool) -> Any:
 
     def show(item: Progress) -> None:
         r = item.result
-        figure = f"{r.tflops:9.1f}" if r.tflops is not None else f"{r.status:>9}"
+        if r is None:  # a soak window: not a kernel of the suite
+            return
+        figure = f"{r.delivered:9.1f}" if r.delivered is not None else f"{r.status:>9}"
         click.echo(
             f"\r{label} [{item.done}/{item.total}] {r.dtype:5} {r.shape:>18} {figure}   ",
             err=True,
@@ -70,15 +76,16 @@ def render_probe_table(runs: list[GpuRun]) -> str:
         if not run.figures or doc is None:
             continue
         rows = [
-            ("dtype", "shape", "kind", "TFLOPS", "baseline", "eff", "reference", "ref eff", "note")
-        ]
+            ("dtype", "shape", "kind", "delivered", "peak", "baseline", "eff", "reference",
+             "ref eff", "note")
+        ]  # fmt: skip
         for f in run.figures:
             ref = f.reference
             note = f.reason or ("" if f.status == "ok" else f.status)
             if f.beta:
                 note = ("beta=1 (C += A@B) " + note).strip()
             rows.append((
-                f.dtype, f.shape, f.kind, tflops(f.tflops),
+                f.dtype, f.shape, f.kind, tflops(f.delivered), tflops(f.peak),
                 tflops(f.baseline.tflops if f.baseline else None),
                 fmt(f.efficiency, ".2f"),
                 f"{ref.tflops:g} {ref.kind}" if ref and f.kind == "compute" else "-",
@@ -88,15 +95,19 @@ def render_probe_table(runs: list[GpuRun]) -> str:
         widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
         for r in rows:
             cells = [
-                c.rjust(w) if 3 <= i <= 7 else c.ljust(w)
+                c.rjust(w) if 3 <= i <= 8 else c.ljust(w)
                 for i, (c, w) in enumerate(zip(r, widths, strict=False))
             ]
             out.write("  " + "  ".join(cells) + "  " + r[-1] + "\n")
         bw = doc.bandwidth
-        if bw is not None and bw.bytes_per_second is not None:
+        if bw is not None and bw.delivered is not None:
+            peak = f", peak {bw.peak / 1e12:.2f}" if bw.peak is not None else ""
             out.write(
-                f"  memory copy bandwidth: {bw.bytes_per_second / 1e12:.2f} TB/s (read+write)\n"
+                f"  memory copy bandwidth: {bw.delivered / 1e12:.2f} TB/s delivered{peak} "
+                "(read+write)\n"
             )
+        for line in transfer_lines(doc):
+            out.write(f"  {line}\n")
         cond = doc.conditions
         if cond.samples:
             reasons = decode_reasons(cond.clock_event_reasons_seen or 0)
@@ -118,19 +129,20 @@ def render_probe_table(runs: list[GpuRun]) -> str:
 def int4_ratio(figures: list[GemmFigure]) -> str | None:
     by = {(f.dtype, f.shape): f for f in figures if f.kind == "decode" and f.beta == 0}
     for (dtype, shape), f in by.items():
-        if dtype != "int4" or f.tflops is None:
+        if dtype != "int4" or f.delivered is None:
             continue
         for other in ("bf16", "fp16"):
             o = by.get((other, shape))
-            if o is not None and o.tflops:
-                return f"int4 / {other} at decode shape {shape}: {f.tflops / o.tflops:.2f}x"
+            if o is not None and o.delivered:
+                ratio = f.delivered / o.delivered
+                return f"int4 / {other} at decode shape {shape}: {ratio:.2f}x"
     return None
 
 
 def figure_json(f: GemmFigure) -> dict[str, Any]:
     return {
         "dtype": f.dtype, "shape": f.shape, "kind": f.kind, "beta": f.beta, "status": f.status,
-        "reason": f.reason, "tflops": f.tflops,
+        "reason": f.reason, "delivered_tflops": f.delivered, "peak_tflops": f.peak,
         "baseline_tflops": f.baseline.tflops if f.baseline else None,
         "baseline_source": f.baseline.source if f.baseline else None,
         "efficiency": f.efficiency,
@@ -141,3 +153,33 @@ def figure_json(f: GemmFigure) -> dict[str, Any]:
         "reference_efficiency": f.reference_efficiency,
         "healthy": f.healthy,
     }  # fmt: skip
+
+
+def transfer_lines(doc: WorkerDocument) -> list[str]:
+    """The host-device copies, one line per memory kind: GB/s each way, small and large."""
+    measured = [t for t in doc.transfers if t.delivered is not None]
+    if not measured:
+        return []
+    lines = ["host-device copies (GB/s, h2d / d2h):"]
+    for memory in ("pinned", "pageable"):
+        parts = []
+        for size in sorted({t.size_bytes for t in measured if t.memory == memory}):
+            rates = {t.direction: t.delivered for t in measured
+                     if t.memory == memory and t.size_bytes == size}  # fmt: skip
+            shown = " / ".join(
+                "-" if rates.get(d) is None else f"{(rates[d] or 0) / 1e9:.1f}"
+                for d in ("h2d", "d2h")
+            )
+            label = next(t.label for t in measured if t.size_bytes == size).split()[-1]
+            parts.append(f"{label} {shown}")
+        if parts:
+            lines.append(f"  {memory}: " + ", ".join(parts))
+    small = {(t.memory, t.direction): t.delivered for t in measured if t.size_bytes < 1 << 20}
+    for direction in ("h2d", "d2h"):
+        pinned, pageable = small.get(("pinned", direction)), small.get(("pageable", direction))
+        if pinned and pageable and pinned / pageable >= SLOW_PAGEABLE_RATIO:
+            lines.append(
+                f"  small pageable {direction} copies are {pinned / pageable:.0f}x slower than "
+                "pinned: pin the host buffers of many small copies (pin_memory=True)"
+            )
+    return lines

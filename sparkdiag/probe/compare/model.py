@@ -266,9 +266,9 @@ def figures(doc: WorkerDocument | None) -> dict[str, float]:
     """Every measured figure of a document, by row key (bandwidth in GB/s)."""
     if doc is None:
         return {}
-    out = {r.label: r.tflops for r in doc.results if r.tflops is not None}
-    if doc.bandwidth is not None and doc.bandwidth.bytes_per_second is not None:
-        out[row_key("bandwidth", "copy", 0)] = doc.bandwidth.bytes_per_second / 1e9
+    out = {r.label: r.delivered for r in doc.results if r.delivered is not None}
+    if doc.bandwidth is not None and doc.bandwidth.delivered is not None:
+        out[row_key("bandwidth", "copy", 0)] = doc.bandwidth.delivered / 1e9
     return out
 
 
@@ -287,12 +287,12 @@ def _entries(doc: WorkerDocument) -> dict[str, tuple[_Entry, str, str | None, fl
     for r in doc.results:
         unit = "TOPS" if r.dtype in ("int8", "int4") else "TFLOPS"
         entry = _Entry(r.dtype, r.shape, r.kind, r.beta, unit)
-        figure = r.tflops if r.status == "ok" else None
+        figure = r.delivered if r.status == "ok" else None
         out[r.label] = (entry, r.status, r.reason, figure)
     bw = doc.bandwidth
     if bw is not None:
         entry = _Entry("bandwidth", "copy", "bandwidth", 0, "GB/s")
-        figure = bw.bytes_per_second / 1e9 if bw.bytes_per_second is not None else None
+        figure = bw.delivered / 1e9 if bw.delivered is not None else None
         out[row_key("bandwidth", "copy", 0)] = (entry, bw.status, bw.reason, figure)
     return out
 
