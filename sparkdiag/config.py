@@ -280,6 +280,27 @@ OPTIONS: tuple[Option, ...] = (
         maximum=86400,
         unit="seconds",
     ),
+    Option(
+        "process-metrics",
+        "process_metrics",
+        "bool",
+        False,
+        "Export per-process GPU memory and SM utilization, labelled with the process name, user, "
+        "container id and pod uid read from /proc under --path.rootfs (in a container, run it "
+        "with the host's PID namespace).",
+        scopes=frozenset({"serve", "dump"}),
+    ),
+    Option(
+        "process-metrics-top",
+        "process_metrics_top",
+        "int",
+        10,
+        "Per-process metrics for at most this many processes per GPU, those using the most GPU "
+        "memory.",
+        minimum=1,
+        maximum=1000,
+        scopes=frozenset({"serve", "dump"}),
+    ),
 )
 OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
 
@@ -306,6 +327,8 @@ class Settings:
     probe_container_interval: float = 1800.0
     probe_fixture: Path | None = None
     probe_first_delay: float = 30.0
+    process_metrics: bool = False
+    process_metrics_top: int = 10
 
     def __post_init__(self) -> None:
         for option in OPTIONS:

@@ -162,6 +162,50 @@ QUERIES: Mapping[str, tuple[int, ...] | None] = {
     "supported_event_types": None,
 }
 
+# -- Activity, interconnect and per-process queries (issue 14) ---------------------------------
+# Hopper and Blackwell GPUs have 18 NVLinks each; a link NVML does not report is NOT_SUPPORTED.
+NVLINK_LINKS: tuple[int, ...] = tuple(range(18))
+# NVML error code the real backend raises for a delta query's first call (nothing to compare with
+# yet): neither unsupported nor lost, so the GPU source asks again at the next poll.
+NOT_READY = 27
+ACTIVITY_QUERIES: Mapping[str, tuple[int, ...] | None] = {
+    # nvmlGpmMetricsGet between this call's nvmlGpmSampleGet and the previous call's, metrics
+    # SM_UTIL, SM_OCCUPANCY, ANY_TENSOR_UTIL, DRAM_BW_UTIL -> {"sm", "sm_occupancy", "tensor",
+    # "dram"} in % (dcgmi dmon -e 1002,1003,1004,1005); NOT_READY at the first call, NOT_SUPPORTED
+    # where nvmlGpmQueryDeviceSupport says the GPU has no GPM (before Hopper).
+    "gpm": None,
+    # nvmlDeviceGetSamples(h, NVML_GPU_UTILIZATION_SAMPLES, last seen) -> [[timestamp µs, %], ...]
+    # the driver's samples since the previous call (nvidia-smi -q -d UTILIZATION: "Samples")
+    "utilization_samples": None,
+    # nvmlDeviceGetProcessUtilization(h, last seen) -> [{"pid", "sm", "memory", "encoder",
+    # "decoder"}] in %, averaged per pid over the samples since the previous call; [] when there
+    # is none (nvidia-smi pmon -s u)
+    "process_utilization": None,
+    # nvmlDeviceGetPcieThroughput(h, 0 tx | 1 rx) -> KB/s over a 20 ms window; each call blocks
+    # about 20 ms (nvidia-smi dmon -s t)
+    "pcie_throughput": (0, 1),
+    # nvmlDeviceGetEncoderUtilization / ...DecoderUtilization -> [%, sampling period µs]
+    # (utilization.encoder, utilization.decoder)
+    "encoder_utilization": None,
+    "decoder_utilization": None,
+    # nvmlDeviceGetNvLinkState(h, link) -> 1 active, 0 inactive (nvidia-smi nvlink -s)
+    "nvlink_state": NVLINK_LINKS,
+    # nvmlDeviceGetNvLinkErrorCounter(h, link, NVML_NVLINK_ERROR_DL_REPLAY | _RECOVERY |
+    # _CRC_FLIT | _CRC_DATA) -> count since the counters were last reset (nvidia-smi nvlink -e)
+    "nvlink_replay_errors": NVLINK_LINKS,
+    "nvlink_recovery_errors": NVLINK_LINKS,
+    "nvlink_crc_flit_errors": NVLINK_LINKS,
+    "nvlink_crc_data_errors": NVLINK_LINKS,
+    # nvmlDeviceGetFieldValues(h, [(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX | _RX, link)]) -> KiB
+    # of payload since the driver loaded (nvidia-smi nvlink -gt d)
+    "nvlink_tx_kib": NVLINK_LINKS,
+    "nvlink_rx_kib": NVLINK_LINKS,
+}
+# Queries whose answer covers the time since the previous call to the same query and device:
+# the recorder asks them once to prime them before it records the second answer.
+DELTA_QUERIES = frozenset({"gpm", "utilization_samples", "process_utilization"})
+QUERIES = {**QUERIES, **ACTIVITY_QUERIES}
+
 
 def answer_key(query: str, arg: int | None) -> str:
     """The key a query's answer is stored under in a fixture: ``"clock/1"`` or ``"name"``."""
