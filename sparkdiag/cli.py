@@ -227,8 +227,9 @@ def _register() -> None:
     from sparkdiag.check.command import check
     from sparkdiag.probe.commands import baseline, bench, probe
     from sparkdiag.probe.compare_command import compare
+    from sparkdiag.watch.command import watch
 
-    for command in (check, probe, bench, compare, baseline):
+    for command in (check, probe, bench, compare, baseline, watch):
         main.add_command(command)
 
 

@@ -172,9 +172,12 @@ def test_process_tree_threads_and_io_of_a_real_job(tmp_path: Path) -> None:
         root = Path("/")
         assert procfs.process_tree(root, job.pid) == [job.pid, child]
         time.sleep(0.5)
-        threads = procfs.thread_cpu_seconds(root, job.pid)
+        threads = procfs.thread_times(root, job.pid)
         assert len(threads) >= 2 and job.pid in threads
-        assert max(cpu for _, cpu in threads.values()) > 0.1  # the spinning thread
+        tid = max(threads, key=lambda t: threads[t].cpu)
+        spinner = threads[tid]
+        assert tid != job.pid and spinner.cpu > 0.1  # the spinning thread, not the main one
+        assert spinner.runnable is None or spinner.runnable >= spinner.cpu
         io = procfs.process_io(root, job.pid)
         assert io is not None and io["wchar"] >= 100000
         assert procfs.cgroup_v2_path(root, job.pid) is not None or not os.path.exists(
@@ -191,8 +194,10 @@ def test_thread_names_with_spaces_and_parentheses(tmp_path: Path) -> None:
     task.mkdir(parents=True)
     fields = ["S"] + ["0"] * 10 + ["250", "50"] + ["0"] * 30
     (task / "stat").write_text("6 (pt (data) 1) " + " ".join(fields) + "\n")
-    threads = procfs.thread_cpu_seconds(tmp_path, 5)
-    assert threads == {6: ("pt (data) 1", 300 / procfs.CLOCK_TICKS)}
+    threads = procfs.thread_times(tmp_path, 5)
+    assert threads == {6: procfs.ThreadTimes("pt (data) 1", 300 / procfs.CLOCK_TICKS, None)}
+    (task / "schedstat").write_text("2500000000 500000000 1234\n")  # ns on a CPU, waiting
+    assert procfs.thread_times(tmp_path, 5)[6] == procfs.ThreadTimes("pt (data) 1", 2.5, 3.0)
 
 
 # ---- pressure ---------------------------------------------------------------------------------

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 from sparkdiag.sources import cgroup
@@ -171,12 +172,25 @@ def _stat_fields(text: str) -> tuple[str, list[str]] | None:
     return head.split("(", 1)[1], rest.split()
 
 
-def thread_cpu_seconds(rootfs: Path, pid: int) -> dict[int, tuple[str, float]]:
-    """tid -> (thread name, CPU seconds user+system) for every thread of ``pid``.
+@dataclass(frozen=True)
+class ThreadTimes:
+    """One thread's times since it started, in seconds.
 
-    Unit: seconds of CPU since the thread started. Same reading as ``ps -L -o tid,comm,time -p
-    PID`` (``ROOT/proc/PID/task/TID/stat`` fields utime and stime, in clock ticks)."""
-    out: dict[int, tuple[str, float]] = {}
+    cpu: on a CPU, user + system (``ps -L -o tid,comm,time -p PID``; ``ROOT/proc/PID/task/TID/
+      schedstat`` first field, in ns, else ``stat`` utime + stime in clock ticks)
+    runnable: on a CPU or waiting in a run queue for one (schedstat's first two fields): a
+      thread that never sleeps has one second of it per second, however busy the machine is;
+      None where the kernel has no schedstat
+    """
+
+    name: str
+    cpu: float
+    runnable: float | None
+
+
+def thread_times(rootfs: Path, pid: int) -> dict[int, ThreadTimes]:
+    """tid -> :class:`ThreadTimes` for every thread of ``pid`` that can be read now."""
+    out: dict[int, ThreadTimes] = {}
     try:
         tasks = list((rootfs / "proc" / str(pid) / "task").iterdir())
     except OSError:
@@ -189,8 +203,13 @@ def thread_cpu_seconds(rootfs: Path, pid: int) -> dict[int, tuple[str, float]]:
             continue
         name, fields = parsed
         # fields[0] is the state (stat field 3): utime and stime are stat fields 14 and 15
-        ticks = int(fields[11]) + int(fields[12])
-        out[int(task.name)] = (name, ticks / CLOCK_TICKS)
+        cpu = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        runnable = None
+        sched = (_read(task / "schedstat") or "").split()
+        if len(sched) >= 2 and sched[0].isdigit() and sched[1].isdigit():
+            cpu = int(sched[0]) / 1e9
+            runnable = (int(sched[0]) + int(sched[1])) / 1e9
+        out[int(task.name)] = ThreadTimes(name, cpu, runnable)
     return out
 
 
