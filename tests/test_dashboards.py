@@ -34,7 +34,7 @@ DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 # Grafana unit ids the dashboards may use (a typo would silently show raw numbers).
 KNOWN_UNITS = {
     "none", "short", "percentunit", "celsius", "hertz", "watt", "tflops", "Bps", "s",
-    "bool_on_off",
+    "bool_on_off", "bytes",
 }  # fmt: skip
 CUSTOM_UNIT = re.compile(r"^(si|suffix|prefix):\S+$")
 BUILTIN_VARIABLES = {
@@ -50,6 +50,21 @@ PANEL_NODE = {
     # must show the ratio on the native node's dashboard too
     "Container against native": "container-gap-native",
     "XID errors": "lost-gpu",  # XID 79 before the GPU fell off the bus
+    # GPM, PCIe throughput, NVLink, video engines and processes: the two-H200 NVLink node
+    **dict.fromkeys(
+        (
+            "GPU activity (GPM)",
+            "GPU PCIe throughput",
+            "NVLink state",
+            "NVLink traffic",
+            "NVLink errors",
+            "Video engines",
+            "GPU memory by process",
+            "SM utilization by process",
+            "Processes by container and pod",
+        ),
+        "nvlink-degraded",
+    ),
 }
 
 
@@ -194,6 +209,13 @@ def test_dashboards_show_what_the_contract_asks_for() -> None:
         "sparkdiag:gemm_tflops:container_over_native",
         "sparkdiag_gpu_xid_errors_total",
         "sparkdiag_gpu_ecc_errors_total",
+        "sparkdiag_gpu_process_memory_bytes",
+        "sparkdiag_gpu_process_sm_utilization_ratio",
+        "sparkdiag_gpu_activity_ratio",
+        "sparkdiag_gpu_nvlink_up",
+        "sparkdiag_gpu_nvlink_errors_total",
+        "sparkdiag_gpu_nvlink_data_bytes_total",
+        "sparkdiag_gpu_pcie_throughput_bytes_per_second",
     ):
         assert metric in exprs, metric
     (temperatures,) = [p for p in query_panels(node) if p["title"] == "Temperatures"]
