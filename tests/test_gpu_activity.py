@@ -448,3 +448,31 @@ def test_recorder_primes_delta_queries_and_records_the_second_answer(
     assert answers["nvlink_state/17"] == 1
     assert answers["pcie_throughput/1"] == 1730000
     assert slept == [0.5]
+
+
+class _Field:
+    def __init__(self, field: int, link: int, code: int) -> None:
+        self.nvmlReturn = code
+        self.valueType = 3  # unsigned long long
+        self.value = type("V", (), {"ullVal": field * 1000 + link})()
+
+
+class FieldNvml(FakeNvml):
+    def __init__(self) -> None:
+        super().__init__()
+        self.field_calls = 0
+
+    def nvmlDeviceGetFieldValues(self, handle: Any, wanted: list[tuple[int, int]]) -> list[_Field]:
+        self.field_calls += 1
+        return [_Field(f, link, NOT_SUPPORTED if link == 17 else 0) for f, link in wanted]
+
+
+def test_nvlink_data_of_every_link_comes_from_one_field_values_call() -> None:
+    nv = FieldNvml()
+    table = ActivityCalls(nv).dispatch()
+    assert table["nvlink_tx_kib"](HANDLE, 3) == 138 * 1000 + 3
+    assert table["nvlink_rx_kib"](HANDLE, 16) == 139 * 1000 + 16
+    with pytest.raises(NvmlCallError) as err:
+        table["nvlink_tx_kib"](HANDLE, 17)  # a link without the field: its own error
+    assert err.value.code == NOT_SUPPORTED
+    assert nv.field_calls == 1

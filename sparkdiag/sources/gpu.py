@@ -36,7 +36,7 @@ from sparkdiag.sources.nvml_api import (
     NvmlEvent,
     NvmlUnavailable,
 )
-from sparkdiag.telemetry.snapshot import GpuIdentity, GpuProcess, GpuSample
+from sparkdiag.telemetry.snapshot import GpuIdentity, GpuProcess, GpuSample, NvlinkSample
 
 log = logging.getLogger(__name__)
 
@@ -107,12 +107,19 @@ STATIC_QUERIES = frozenset(
         "persistence_mode",
         "compute_mode",
         "mig_mode",
+        # not static, but 72 calls per GPU (4 counters, 18 links); the error alert looks at
+        # 10 minutes, so once a minute is enough
+        "nvlink_replay_errors",
+        "nvlink_recovery_errors",
+        "nvlink_crc_flit_errors",
+        "nvlink_crc_data_errors",
     }
 )
 # energy_mj is here because nvmlDeviceGetTotalEnergyConsumption took 3.8 ms per call on the H200,
 # pcie_throughput because each call blocks ~20 ms (it samples a 20 ms window),
 # process_utilization because it took 1.6 ms (its answer then covers the whole slow interval),
-# and the NVLink state, error and data counters because there are 7 queries per link, 18 links.
+# and the NVLink state and data counters because there are 3 queries per link, 18 links (the
+# real backend reads the data counters of all links in one call).
 SLOW_QUERIES = frozenset(
     {
         "ecc_total",
@@ -123,10 +130,6 @@ SLOW_QUERIES = frozenset(
         "pcie_throughput",
         "process_utilization",
         "nvlink_state",
-        "nvlink_replay_errors",
-        "nvlink_recovery_errors",
-        "nvlink_crc_flit_errors",
-        "nvlink_crc_data_errors",
         "nvlink_tx_kib",
         "nvlink_rx_kib",
     }
@@ -172,6 +175,8 @@ class GpuSource:
         self.driver_version = ""
         self.identities: list[GpuIdentity] = []
         self._unsupported: set[tuple[int, str, int | None]] = set()
+        # NVLinks per device, rebuilt when the slow tier is due (126 queries per GPU)
+        self._nvlinks: dict[int, tuple[float, tuple[NvlinkSample, ...]]] = {}
 
     def start(self) -> bool:
         """Initialise NVML and read each GPU's identity; False (with a reason) without NVML."""
@@ -290,6 +295,17 @@ class GpuSource:
             log.debug("NVML events: %s", exc)
             return []
 
+    def _links(self, index: int, ask: Callable[..., Any]) -> tuple[NvlinkSample, ...]:
+        """The device's NVLinks, read again only when the slow tier is due: their 126 queries
+        are all slow ones, so in between the last answers would be assembled again for
+        nothing."""
+        cached = self._nvlinks.get(index)
+        if cached is not None and self._read_at - cached[0] < self.slow_seconds:
+            return cached[1]
+        links = read_nvlinks(ask)
+        self._nvlinks[index] = (self._read_at, links)
+        return links
+
     def _read_device(self, identity: GpuIdentity) -> GpuSample:
         try:
             return self._sample(identity)
@@ -399,7 +415,7 @@ class GpuSource:
             pcie_throughput_bytes_per_second=(
                 read_pcie_throughput(ask) if identity.memory_model == "dedicated" else {}
             ),
-            nvlinks=read_nvlinks(ask),
+            nvlinks=self._links(i, ask),
             processes=processes,
             processes_unseen=unseen,
         )

@@ -9,6 +9,8 @@ catalogue answer is a plain value:
   gets two sample buffers, allocated at its first ``gpm`` query; every call takes a new sample
   into one buffer and compares it with the previous call's, then the buffers swap roles. The
   first call only takes a sample and raises NOT_READY.
+* the NVLink throughput fields of all 18 links are read in one ``nvmlDeviceGetFieldValues``
+  call per device and handed out link by link (36 calls would cost 36 round trips);
 * ``nvmlDeviceGetSamples`` and ``nvmlDeviceGetProcessUtilization`` return what the driver
   sampled after a timestamp; the last timestamp seen per device is kept, so each call answers
   with the samples since the previous one. "No sample" (NOT_FOUND) is an empty list, not an
@@ -19,11 +21,18 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sparkdiag.sources.nvml_api import NOT_FOUND, NOT_READY, NOT_SUPPORTED, NvmlCallError
+from sparkdiag.sources.nvml_api import (
+    NOT_FOUND,
+    NOT_READY,
+    NOT_SUPPORTED,
+    NVLINK_LINKS,
+    NvmlCallError,
+)
 
 # nvml.h nvmlGpmMetricId_t
 GPM_METRICS: dict[str, int] = {"sm": 2, "sm_occupancy": 3, "tensor": 5, "dram": 10}
@@ -35,6 +44,7 @@ _NVLINK_ERROR_COUNTERS = {  # nvmlNvLinkErrorCounter_t
 }
 _NVLINK_THROUGHPUT_FIELDS = {"nvlink_tx_kib": 138, "nvlink_rx_kib": 139}  # NVML_FI_DEV_NVLINK_*
 _GPU_UTILIZATION_SAMPLES = 1  # NVML_GPU_UTILIZATION_SAMPLES
+FIELD_CACHE_SECONDS = 1.0
 _VALUE_MEMBERS = {
     0: "dVal",
     1: "uiVal",
@@ -67,6 +77,7 @@ class ActivityCalls:
         self._gpm: dict[int, _GpmBuffers] = {}
         self._samples_seen: dict[int, int] = {}
         self._process_seen: dict[int, int] = {}
+        self._fields: dict[int, tuple[float, dict[tuple[int, int], tuple[int, int]]]] = {}
 
     def close(self) -> None:
         """Free the GPM sample buffers (call before nvmlShutdown)."""
@@ -195,10 +206,28 @@ class ActivityCalls:
 
     def _link_field(self, field: int) -> Callable[[Any, int | None], int]:
         def read(handle: Any, link: int | None) -> int:
-            (value,) = self.nv.nvmlDeviceGetFieldValues(handle, [(field, int(link or 0))])
-            if int(value.nvmlReturn) != 0:
-                raise NvmlCallError(int(value.nvmlReturn))
-            member = _VALUE_MEMBERS.get(int(value.valueType), "ullVal")
-            return int(getattr(value.value, member))
+            code, value = self._link_fields(handle)[(field, int(link or 0))]
+            if code != 0:
+                raise NvmlCallError(code)
+            return value
 
         return read
+
+    def _link_fields(self, handle: Any) -> dict[tuple[int, int], tuple[int, int]]:
+        """Every link's throughput fields in one ``nvmlDeviceGetFieldValues`` call, kept for
+        ``FIELD_CACHE_SECONDS``: the GPU source asks them link by link within one poll."""
+        key = _key(handle)
+        now = time.monotonic()
+        cached = self._fields.get(key)
+        if cached is not None and now - cached[0] < FIELD_CACHE_SECONDS:
+            return cached[1]
+        wanted = [(f, link) for f in _NVLINK_THROUGHPUT_FIELDS.values() for link in NVLINK_LINKS]
+        answers: dict[tuple[int, int], tuple[int, int]] = {}
+        for (field, link), value in zip(
+            wanted, self.nv.nvmlDeviceGetFieldValues(handle, wanted), strict=True
+        ):
+            member = _VALUE_MEMBERS.get(int(value.valueType), "ullVal")
+            code = int(value.nvmlReturn)
+            answers[(field, link)] = (code, 0 if code else int(getattr(value.value, member)))
+        self._fields[key] = (now, answers)
+        return answers
