@@ -37,6 +37,7 @@ DOCKER_CGROUP = "0::/docker/" + "ab" * 32 + "\n"
     ("name", "environ", "context", "runtime"),
     [
         ("native", {}, "native", "none"),
+        ("gpu-host", {}, "native", "none"),  # native's root plus GPU processes under proc/
         ("lent-vm", {}, "native", "none"),
         ("docker", {}, "container", "docker"),
         ("podman", {}, "container", "podman"),
@@ -58,6 +59,7 @@ def test_every_fixture_root_is_covered() -> None:
     names = {path.name for path in ROOTS.iterdir() if path.is_dir()}
     assert names == {
         "native",
+        "gpu-host",
         "lent-vm",
         "docker",
         "podman",

@@ -476,3 +476,27 @@ def test_nvlink_data_of_every_link_comes_from_one_field_values_call() -> None:
         table["nvlink_tx_kib"](HANDLE, 17)  # a link without the field: its own error
     assert err.value.code == NOT_SUPPORTED
     assert nv.field_calls == 1
+
+
+def test_gb10_per_process_memory_is_its_only_gpu_memory_figure(
+    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path]
+) -> None:
+    """Unified memory: no framebuffer figures, but the processes' used memory is exported."""
+    path = write_fixture(
+        {
+            "base": str(nvml_fixture("gb10-idle")),
+            "devices": [
+                {"from": 0, "set": {"compute_processes": [{"pid": 6161, "used_memory": 42 << 30}]}}
+            ],
+        }
+    )
+    source = GpuSource(
+        FixtureBackend(path), processes=ProcessOptions(10, ProcessIdentities(ROOTFS))
+    )
+    assert source.start()
+    reg = _registry(_snapshot(source))
+    gb10 = {"gpu": "0", "uuid": "GPU-5b4c1f0e-6a2d-4e8b-9c31-0d2e7f6a9b10"}
+    assert reg.get_sample_value("sparkdiag_gpu_memory_bytes", {**gb10, "state": "used"}) is None
+    labels = {**gb10, "pid": "6161", "process": "llama-server", "user": "bob",
+              "container_id": "", "pod_uid": ""}  # fmt: skip
+    assert reg.get_sample_value("sparkdiag_gpu_process_memory_bytes", labels) == float(42 << 30)

@@ -263,3 +263,49 @@ def test_host_sampler_rates(tmp_path: Path) -> None:
     assert host.memory_stall == pytest.approx(0.1)
     assert host.swap_bps == pytest.approx(10 * os.sysconf("SC_PAGE_SIZE"))
     assert host.available_bytes == 1048576 * 1024.0
+
+
+# ---- the GPU sampler over fixtures --------------------------------------------------------------
+
+
+def _gpu_sampler(path: Path) -> Any:
+    from sparkdiag.sources.fixture import FixtureBackend
+    from sparkdiag.sources.gpu import GpuSource
+    from sparkdiag.watch.sampler import GpuSampler
+
+    source = GpuSource(FixtureBackend(path))
+    assert source.start()
+    return GpuSampler(source)
+
+
+def test_gpu_sampler_reads_driver_samples_newer_than_the_start(
+    write_fixture: Any, nvml_fixture: Any
+) -> None:
+    started = 1_800_000_000.0
+    stamps = [(started - 5) * 1e6, (started + 0.25) * 1e6, (started + 0.5) * 1e6]
+    path = write_fixture(
+        {
+            "base": str(nvml_fixture("watch-healthy")),
+            "devices": [
+                {
+                    "from": 0,
+                    "set": {
+                        "utilization_samples": [[stamps[0], 0], [stamps[1], 40], [stamps[2], 60]]
+                    },
+                }
+            ],
+        }
+    )
+    (tick,) = _gpu_sampler(path).sample(started, {506})
+    assert tick.samples == ((0.25, 0.4), (0.5, 0.6))  # the one from before the start is dropped
+    assert tick.utilization == pytest.approx(0.5)
+    assert tick.job_on_gpu  # pid 506 is the recording's compute process
+    assert tick.tensor_activity == 0.7 and tick.sm_clock_hz == 1440e6
+    assert tick.pcie_tx is None  # the recording has no PCIe throughput: unsupported, left out
+
+
+def test_gpu_sampler_without_driver_samples_uses_the_instantaneous_figure(
+    nvml_fixture: Any,
+) -> None:
+    (tick,) = _gpu_sampler(nvml_fixture("watch-healthy")).sample(1.8e9, set())
+    assert tick.samples == () and tick.utilization == 1.0 and not tick.job_on_gpu

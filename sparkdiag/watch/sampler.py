@@ -59,9 +59,12 @@ class GpuSampler:
     def _one(self, index: int, started_at: float, job_pids: set[int]) -> GpuTick:
         ask = self.source.ask
         raw = ask(index, "utilization_samples") or []
+        # the driver's buffer holds seconds from before the watch (the first call), and a
+        # recorded fixture replays the same old samples at every tick: only newer ones count
         samples = tuple(
-            (float(stamp) / 1e6 - started_at, min(max(float(value) / 100.0, 0.0), 1.0))
+            (t, min(max(float(value) / 100.0, 0.0), 1.0))
             for stamp, value in raw
+            if (t := float(stamp) / 1e6 - started_at) >= 0
         )
         if samples:
             utilization: float | None = sum(v for _, v in samples) / len(samples)
