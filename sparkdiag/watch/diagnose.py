@@ -7,7 +7,10 @@ cause, in this order:
 
 checkpoint stalls   the job wrote in a burst (at least ``WRITE_BURST_MIN`` bytes/s and
                     ``WRITE_BURST_FACTOR`` times its median rate) in this tick or the next or
-                    previous one
+                    previous one, or a burst was followed by this tick with the GPU stopped
+                    (``CHECKPOINT_IDLE``) and tasks waiting on I/O (PSI ``CHECKPOINT_IO_STALL``)
+                    for at most ``CHECKPOINT_TAIL_SECONDS``: a checkpoint fills the page cache
+                    in a burst, then waits in fsync writing nothing more
 CPU-bound launcher  a thread of the processes that hold the GPU ran at ``HOT_THREAD`` of a core
                     or more (mean of the tick and its two neighbours, which smooths the CPU
                     clock's 10 ms granularity) while the GPU worked less than
@@ -47,6 +50,9 @@ HOT_THREAD = 0.85
 LAUNCH_ACTIVITY_MAX = 0.60
 WRITE_BURST_MIN = 50e6
 WRITE_BURST_FACTOR = 4.0
+CHECKPOINT_IDLE = 0.90
+CHECKPOINT_IO_STALL = 0.02
+CHECKPOINT_TAIL_SECONDS = 30.0
 TENSOR_LOW = 0.10
 LOW_TENSOR_SHARE = 0.50
 LOW_TENSOR_BUSY_MIN = 0.20
@@ -146,6 +152,7 @@ class _View:
     gpu_thread_name: str
     write: float | None
     read: float | None
+    io_stall: float | None
 
 
 def _mean(values: Sequence[float | None]) -> float | None:
@@ -208,6 +215,7 @@ def _views(rec: Recording, gpus: tuple[int, ...]) -> list[_View]:
                 gpu_thread_name=tick.job.gpu_thread_name,
                 write=tick.job.write_bps,
                 read=tick.job.read_bps,
+                io_stall=tick.host.io_stall,
             )
         )
     return views
@@ -226,14 +234,31 @@ def _window(views: list[_View]) -> tuple[int, int] | None:
     return (busy[0], busy[-1]) if busy else None
 
 
-def _bursts(views: list[_View]) -> set[int]:
-    """Indexes of ticks in or next to a write burst."""
+def _write_bursts(views: list[_View]) -> set[int]:
+    """Indexes of the ticks in which the job wrote in a burst."""
     writes = [v.write for v in views if v.write is not None]
     if not writes:
         return set()
     floor = max(WRITE_BURST_MIN, WRITE_BURST_FACTOR * statistics.median(writes))
-    hot = {i for i, v in enumerate(views) if v.write is not None and v.write >= floor}
-    return {j for i in hot for j in (i - 1, i, i + 1) if 0 <= j < len(views)}
+    return {i for i, v in enumerate(views) if v.write is not None and v.write >= floor}
+
+
+def _checkpoint_ticks(views: list[_View], bursts: set[int]) -> set[int]:
+    """The burst ticks with their neighbours, and after each burst the ticks in which the GPU
+    stays stopped (``CHECKPOINT_IDLE``) while tasks wait on I/O (PSI; where PSI is missing,
+    on the GPU alone), for up to ``CHECKPOINT_TAIL_SECONDS``: a checkpoint fills the page cache
+    in a burst and then waits in fsync or close, writing nothing more."""
+    marked = {j for i in bursts for j in (i - 1, i, i + 1) if 0 <= j < len(views)}
+    for i in sorted(bursts):
+        tail = 0.0
+        for j in range(i + 1, len(views)):
+            v = views[j]
+            waiting = v.io_stall is None or v.io_stall >= CHECKPOINT_IO_STALL
+            if 1.0 - v.util < CHECKPOINT_IDLE or not waiting or tail >= CHECKPOINT_TAIL_SECONDS:
+                break
+            marked.add(j)
+            tail += v.dt
+    return marked
 
 
 def _runs(indexes: set[int]) -> list[list[int]]:
@@ -307,7 +332,8 @@ def diagnose(rec: Recording) -> Diagnosis:
     win = views[first : last + 1]
     start, end = win[0].t - win[0].dt, win[-1].t
     length = max(end - start, 1e-9)
-    bursts = _bursts(win)
+    bursts = _write_bursts(win)
+    stalled = _checkpoint_ticks(win, bursts)
     loss = {"input-starved": 0.0, "cpu-bound-launcher": 0.0, "checkpoint-stalls": 0.0}
     launcher_ticks: list[_View] = []
     labels: list[tuple[float, float, str]] = []
@@ -316,7 +342,7 @@ def diagnose(rec: Recording) -> Diagnosis:
         idle = max(0.0, 1.0 - v.util)
         hot = threads[i] is not None and (threads[i] or 0.0) >= HOT_THREAD
         label = None
-        if i in bursts and idle >= IDLE_MIN:
+        if i in stalled and idle >= IDLE_MIN:
             label = "checkpoint-stalls"
             loss[label] += v.dt * idle
         elif hot and v.eff < LAUNCH_ACTIVITY_MAX:
@@ -338,7 +364,7 @@ def diagnose(rec: Recording) -> Diagnosis:
     if share["cpu-bound-launcher"] >= REPORT_MIN:
         causes.append(_launcher_cause(launcher_ticks, share["cpu-bound-launcher"]))
     if share["checkpoint-stalls"] >= REPORT_MIN:
-        causes.append(_checkpoint_cause(win, bursts, share["checkpoint-stalls"]))
+        causes.append(_checkpoint_cause(win, bursts, stalled, share["checkpoint-stalls"]))
     notes: list[str] = []
     throttled = _throttle_cause(win, length, notes)
     if throttled:
@@ -428,14 +454,19 @@ def _launcher_cause(ticks: list[_View], share: float) -> Cause:
     return Cause("cpu-bound-launcher", share, evidence, ACTIONS["cpu-bound-launcher"])
 
 
-def _checkpoint_cause(win: list[_View], bursts: set[int], share: float) -> Cause:
+def _checkpoint_cause(win: list[_View], bursts: set[int], stalled: set[int], share: float) -> Cause:
     runs = _runs(bursts)
     peak = max((win[i].write or 0.0) for i in bursts)
-    idle = _mean([1.0 - win[i].util for i in bursts]) or 0.0
+    idle_ticks = [i for i in stalled if 1.0 - win[i].util >= IDLE_MIN]
+    idle = _mean([1.0 - win[i].util for i in idle_ticks]) or 0.0
     evidence = [
-        f"{len(runs)} write bursts, peak {_rate(peak)}, GPU idle {_pct(idle)} during them",
-        f"{_pct(share)} of the time lost while the job wrote",
+        f"{len(runs)} write bursts, peak {_rate(peak)}, each with the GPU idle around it "
+        f"({_pct(idle)} idle during {sum(win[i].dt for i in idle_ticks):.1f} s)",
+        f"{_pct(share)} of the time lost while the job wrote and waited for its writes",
     ]
+    io = _mean([win[i].io_stall for i in idle_ticks])
+    if io:
+        evidence.append(f"tasks stalled on I/O {_pct(io)} of that time (PSI)")
     if len(runs) >= 2:
         starts = [win[r[0]].t for r in runs]
         period = statistics.median(b - a for a, b in itertools.pairwise(starts))
