@@ -134,8 +134,9 @@ def _register() -> None:
     from sparkdiag.probe.commands.bench import bench
     from sparkdiag.probe.commands.probe import probe
     from sparkdiag.probe.compare.command import compare
+    from sparkdiag.watch.command import watch
 
-    for command in (check, probe, bench, compare, baseline, assets):
+    for command in (check, probe, bench, compare, baseline, assets, watch):
         main.add_command(command)
 
 

@@ -155,7 +155,7 @@ OPTIONS: tuple[Option, ...] = (
         "path",
         None,
         "Replay NVML answers from this fixture (recorded by record-fixture) instead of the driver.",
-        scopes=frozenset({"serve", "dump", "check", "probe", "record-fixture"}),
+        scopes=frozenset({"serve", "dump", "check", "probe", "record-fixture", "watch"}),
         command_help={"record-fixture": "(to normalise an old fixture file)"},
         metavar="FILE",
     ),
@@ -165,8 +165,12 @@ OPTIONS: tuple[Option, ...] = (
         "path",
         Path("/sys"),
         "sysfs mount point to read PCIe links from (a fake tree for tests).",
-        scopes=frozenset({"serve", "dump", "check"}),
-        command_help={"check": "check also reads the cpufreq governors under it."},
+        scopes=frozenset({"serve", "dump", "check", "watch"}),
+        command_help={
+            "check": "check also reads the cpufreq governors under it.",
+            "watch": "watch reads the job's cgroup pressure under DIR/fs/cgroup (cgroup v2), "
+            "else the host's.",
+        },
         metavar="DIR",
     ),
     Option(
@@ -175,10 +179,12 @@ OPTIONS: tuple[Option, ...] = (
         "path",
         Path("/"),
         "Root filesystem to detect the execution context (container or native) under.",
-        scopes=frozenset({"serve", "dump", "check", "probe"}),
+        scopes=frozenset({"serve", "dump", "check", "probe", "watch"}),
         command_help={
             "check": "check also reads the kernel log (ROOT/dev/kmsg; dmesg on the real root) "
-            "and process names (ROOT/proc/PID/comm) under it."
+            "and process names (ROOT/proc/PID/comm) under it.",
+            "watch": "watch reads the job (its process tree, threads, I/O) and the host's "
+            "memory pressure under ROOT/proc.",
         },
         metavar="DIR",
     ),
@@ -350,6 +356,27 @@ OPTIONS: tuple[Option, ...] = (
         minimum=1,
         maximum=100000,
     ),
+    Option(
+        "process-metrics",
+        "process_metrics",
+        "bool",
+        False,
+        "Export per-process GPU memory and SM utilization, labelled with the process name, user, "
+        "container id and pod uid read from /proc under --path.rootfs (in a container, run it "
+        "with the host's PID namespace).",
+        scopes=frozenset({"serve", "dump"}),
+    ),
+    Option(
+        "process-metrics-top",
+        "process_metrics_top",
+        "int",
+        10,
+        "Per-process metrics for at most this many processes per GPU, those using the most GPU "
+        "memory.",
+        minimum=1,
+        maximum=1000,
+        scopes=frozenset({"serve", "dump"}),
+    ),
 )
 OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
 OPTIONS_BY_ATTR = {option.attr: option for option in OPTIONS}
@@ -383,6 +410,8 @@ class Settings:
     probe_first_delay: float = DEFAULTS["probe_first_delay"]
     web_read_timeout: float = DEFAULTS["web_read_timeout"]
     web_max_connections: int = DEFAULTS["web_max_connections"]
+    process_metrics: bool = DEFAULTS["process_metrics"]
+    process_metrics_top: int = DEFAULTS["process_metrics_top"]
 
     def __post_init__(self) -> None:
         for option in OPTIONS:

@@ -140,6 +140,7 @@ def fleet_nodes(workdir: Path) -> list[Node]:
         probe: list[dict[str, Any]] | None,
         expected: set[str],
         why: str,
+        extra: tuple[str, ...] = (),
     ) -> Node:
         state = workdir / instance / "state"
         state.mkdir(parents=True)
@@ -149,6 +150,7 @@ def fleet_nodes(workdir: Path) -> list[Node]:
             "--path.rootfs", str(ROOTFS / rootfs),
             "--state-dir", str(state),
             *FAST,
+            *extra,
         ]  # fmt: skip
         if probe is None:
             args.append("--no-probe.enabled")
@@ -248,6 +250,14 @@ def fleet_nodes(workdir: Path) -> list[Node]:
                 "SparkdiagProbeStale",  # a lost GPU is not probed: its last success ages
             },
             "XID 79 at poll 2, GPU lost at poll 3 (after one successful probe)",
+        ),
+        node(
+            "nvlink-degraded", SCENARIOS / "nvlink-degraded.json", "h200-vm", "gpu-host",
+            None,
+            {"SparkdiagNvlinkDown", "SparkdiagNvlinkErrors"},
+            "two H200s over NVLink (derived fixture): link 5 of GPU 0 down, replay errors "
+            "climbing on link 3 of GPU 1; per-process metrics on (processes in gpu-host's /proc)",
+            extra=("--process-metrics",),
         ),
     ]  # fmt: skip
 

@@ -57,6 +57,21 @@ PANEL_NODE = {
     "Host memory (the GPU's, on unified memory)": "gb10-memory-pressure",
     "Memory pressure (PSI, 60 s)": "gb10-memory-pressure",
     "Swap-ins": "gb10-memory-pressure",
+    # GPM, PCIe throughput, NVLink, video engines and processes: the two-H200 NVLink node
+    **dict.fromkeys(
+        (
+            "GPU activity (GPM)",
+            "GPU PCIe throughput",
+            "NVLink state",
+            "NVLink traffic",
+            "NVLink errors",
+            "Video engines",
+            "GPU memory by process",
+            "SM utilization by process",
+            "Processes by container and pod",
+        ),
+        "nvlink-degraded",
+    ),
 }
 
 
@@ -207,6 +222,13 @@ def test_dashboards_show_what_the_contract_asks_for() -> None:
         "sparkdiag_host_memory_bytes",
         "sparkdiag_host_memory_pressure_ratio",
         "sparkdiag_host_swap_in_pages_total",
+        "sparkdiag_gpu_process_memory_bytes",
+        "sparkdiag_gpu_process_sm_utilization_ratio",
+        "sparkdiag_gpu_activity_ratio",
+        "sparkdiag_gpu_nvlink_up",
+        "sparkdiag_gpu_nvlink_errors_total",
+        "sparkdiag_gpu_nvlink_data_bytes_total",
+        "sparkdiag_gpu_pcie_throughput_bytes_per_second",
     ):
         assert metric in exprs, metric
     (temperatures,) = [p for p in query_panels(node) if p["title"] == "Temperatures"]

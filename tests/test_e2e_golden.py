@@ -53,6 +53,14 @@ SCENARIOS = {
         "--path.rootfs", str(ROOTFS / "docker"),
         "--no-probe.enabled",
     ],
+    # Two H200s over NVLink (derived fixture) with per-process metrics read from a fake /proc.
+    "h200-x2-nvlink": [
+        "--nvml-fixture", str(NVML / "h200-x2-nvlink.json"),
+        "--path.sysfs", str(SYSFS / "h200-vm"),
+        "--path.rootfs", str(ROOTFS / "gpu-host"),
+        "--process-metrics",
+        "--no-probe.enabled",
+    ],
     "no-gpu": [
         "--nvml-fixture", str(NVML / "no-nvml.json"),
         "--path.sysfs", str(SYSFS / "dgx-spark"),

@@ -25,6 +25,8 @@ container-gap-native        none
 container-gap-container     SparkdiagContainerNativeGap (bf16 and fp16, every shape)
 lost-gpu                    SparkdiagGpuLost, SparkdiagXidError (XID 79),
                             SparkdiagProbeStale (a lost GPU is no longer probed)
+nvlink-degraded             SparkdiagNvlinkDown (link 5 of GPU 0), SparkdiagNvlinkErrors
+                            (replay errors on link 3 of GPU 1)
 ==========================  ===============================================================
 
 The expected state is reached about 10 s after Prometheus starts (its first target discovery
@@ -194,6 +196,21 @@ def test_lost_gpu(fleet: Fleet, alerts: list[Alert]) -> None:
     assert up["value"][1] == "1"
 
 
+def test_nvlink_alerts_name_the_link(fleet: Fleet, alerts: list[Alert]) -> None:
+    (down,) = firing(alerts, "SparkdiagNvlinkDown")
+    (errors,) = firing(alerts, "SparkdiagNvlinkErrors")
+    assert down.instance == errors.instance == "nvlink-degraded"
+    assert (down.labels["gpu"], down.labels["link"]) == ("0", "5")
+    assert (errors.labels["gpu"], errors.labels["link"]) == ("1", "3")
+    up = fleet.query('sparkdiag_gpu_nvlink_up{instance="nvlink-degraded"} == 1')
+    assert len(up) == 2 * 18 - 1
+    # the per-process series carry the container and the pod, read from the node's /proc
+    pods = fleet.query(
+        'sparkdiag_gpu_process_memory_bytes{instance="nvlink-degraded", pod_uid!=""}'
+    )
+    assert [s["metric"]["process"] for s in pods] == ["pt_main_thread"]
+
+
 def test_quiet_nodes_are_scraped_and_probed(fleet: Fleet, alerts: list[Alert]) -> None:
     for instance in ("healthy-h200", "container-gap-native"):
         assert not [a for a in alerts if a.instance == instance and a.state == "firing"]
@@ -221,5 +238,5 @@ def test_recorded_series_carry_the_node(fleet: Fleet, alerts: list[Alert]) -> No
     # every node with a baseline: not the GB10 nodes (probe off), nor the lost GPU, probed once
     # or twice before it fell off the bus (a baseline needs three healthy runs)
     gb10 = {"lane-degraded", "gb10-slow-state", "gb10-memory-pressure"}
-    assert set(worst) == set(fleet.targets) - gb10 - {"lost-gpu"}
+    assert set(worst) == set(fleet.targets) - gb10 - {"lost-gpu", "nvlink-degraded"}
     assert worst["thermal-int4"] == pytest.approx(0.5, abs=0.01)

@@ -104,7 +104,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def run_load(seconds: float, device: str, edge: int) -> int:
     """The competing process: bf16 matmuls on ``device`` until killed or ``seconds`` pass."""
-    import torch  # noqa: TID251 - the competing process is a torch program by definition
+    import torch
 
     if device == "cpu":
         torch.set_num_threads(1)

@@ -10,6 +10,8 @@ from prometheus_client.utils import floatToGoString as _untyped_float_to_go
 
 from sparkdiag.exporter.base import SnapshotCollector, SnapshotProvider
 from sparkdiag.exporter.gpu import GpuCollector
+from sparkdiag.exporter.gpu_activity import GpuActivityCollector
+from sparkdiag.exporter.gpu_process import GpuProcessCollector
 from sparkdiag.exporter.pcie import PcieCollector
 from sparkdiag.exporter.system import SystemCollector
 
@@ -32,6 +34,8 @@ def build_registry(
     for collector in (
         SystemCollector(snapshot),
         GpuCollector(snapshot),
+        GpuActivityCollector(snapshot),
+        GpuProcessCollector(snapshot),
         PcieCollector(snapshot),
         *extra,
     ):

@@ -19,6 +19,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from sparkdiag.sources.gpu_activity import (
+    ProcessOptions,
+    read_activity,
+    read_nvlinks,
+    read_pcie_throughput,
+    read_processes,
+    read_video,
+)
 from sparkdiag.sources.nvml_api import (
     LOST_CODES,
     NOT_SUPPORTED,
@@ -28,7 +36,7 @@ from sparkdiag.sources.nvml_api import (
     NvmlEvent,
     NvmlUnavailable,
 )
-from sparkdiag.telemetry.snapshot import GpuIdentity, GpuSample
+from sparkdiag.telemetry.snapshot import GpuIdentity, GpuProcess, GpuSample, NvlinkSample
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +90,7 @@ def reasons_mask(names: frozenset[str] | set[str]) -> int:
     return sum(CLOCK_EVENT_REASONS[name] for name in names)
 
 
-class _DeviceLost(Exception):
+class DeviceLost(Exception):
     def __init__(self, error: NvmlCallError) -> None:
         super().__init__(str(error))
         self.error = error
@@ -102,10 +110,33 @@ STATIC_QUERIES = frozenset(
         "persistence_mode",
         "compute_mode",
         "mig_mode",
+        # not static, but 72 calls per GPU (4 counters, 18 links); the error alert looks at
+        # 10 minutes, so once a minute is enough
+        "nvlink_replay_errors",
+        "nvlink_recovery_errors",
+        "nvlink_crc_flit_errors",
+        "nvlink_crc_data_errors",
     }
 )
-# energy_mj is here because nvmlDeviceGetTotalEnergyConsumption took 3.8 ms per call on the H200.
-SLOW_QUERIES = frozenset({"ecc_total", "remapped_rows", "pcie_replay", "violation_ns", "energy_mj"})
+# energy_mj is here because nvmlDeviceGetTotalEnergyConsumption took 3.8 ms per call on the H200,
+# pcie_throughput because each call blocks ~20 ms (it samples a 20 ms window),
+# process_utilization because it took 1.6 ms (its answer then covers the whole slow interval),
+# and the NVLink state and data counters because there are 3 queries per link, 18 links (the
+# real backend reads the data counters of all links in one call).
+SLOW_QUERIES = frozenset(
+    {
+        "ecc_total",
+        "remapped_rows",
+        "pcie_replay",
+        "violation_ns",
+        "energy_mj",
+        "pcie_throughput",
+        "process_utilization",
+        "nvlink_state",
+        "nvlink_tx_kib",
+        "nvlink_rx_kib",
+    }
+)
 
 
 # How old a cached answer of each tier may be, in seconds, whatever the poll interval.
@@ -118,9 +149,12 @@ class GpuSource:
 
     Static queries (thresholds, maximum clocks, supported reasons, PCIe maxima, modes) are asked
     again once their last answer is ``static_seconds`` old, slow ones (ECC, row remapping, replay
-    and violation counters, energy) once it is ``slow_seconds`` old, the rest on every read; in
-    between the last answer is reused. Ages are measured at the start of each read with
-    ``clock`` (monotonic seconds), so the tiers follow time, not the number of polls.
+    and violation counters, energy, PCIe throughput, per-process utilization, NVLink) once it is
+    ``slow_seconds`` old, the rest on every read; in between the last answer is reused. Ages are
+    measured at the start of each read with ``clock`` (monotonic seconds), so the tiers follow
+    time, not the number of polls.
+
+    ``processes``: per-process metrics (opt-in); None leaves them out.
     """
 
     def __init__(
@@ -129,8 +163,11 @@ class GpuSource:
         static_seconds: float = STATIC_SECONDS,
         slow_seconds: float = SLOW_SECONDS,
         clock: Callable[[], float] = time.monotonic,
+        processes: ProcessOptions | None = None,
     ) -> None:
         self.backend = backend
+        self.processes = processes
+        self._said_unseen = False
         self.static_seconds = static_seconds
         self.slow_seconds = slow_seconds
         self.clock = clock
@@ -141,6 +178,8 @@ class GpuSource:
         self.driver_version = ""
         self.identities: list[GpuIdentity] = []
         self._unsupported: set[tuple[int, str, int | None]] = set()
+        # NVLinks per device, rebuilt when the slow tier is due (126 queries per GPU)
+        self._nvlinks: dict[int, tuple[float, tuple[NvlinkSample, ...]]] = {}
 
     def start(self) -> bool:
         """Initialise NVML and read each GPU's identity; False (with a reason) without NVML."""
@@ -163,8 +202,19 @@ class GpuSource:
             self.nvml_up = False
 
     # -- reading -----------------------------------------------------------------------------
+    def ask(self, index: int, query: str, arg: int | None = None) -> Any:
+        """One catalogue query of one device, through the tiers and the unsupported memory:
+        None when unsupported; raises :class:`DeviceLost` when the GPU is gone. For readers
+        that need less than a full :meth:`read` (``sparkdiag watch``); call :meth:`begin`
+        first at each sampling instant, so that the tiers age."""
+        return self._ask(index, query, arg)
+
+    def begin(self) -> None:
+        """Start a sampling instant: the tiers measure ages from now."""
+        self._read_at = self.clock()
+
     def _ask(self, index: int, query: str, arg: int | None = None) -> Any:
-        """One query: None when unsupported (remembered); _DeviceLost when the GPU is gone."""
+        """One query: None when unsupported (remembered); DeviceLost when the GPU is gone."""
         key = (index, query, arg)
         if key in self._unsupported:
             return None
@@ -189,7 +239,7 @@ class GpuSource:
             return self.backend.query(index, query, arg)
         except NvmlCallError as exc:
             if exc.code in LOST_CODES:
-                raise _DeviceLost(exc) from None
+                raise DeviceLost(exc) from None
             if exc.code in UNAVAILABLE_CODES:
                 self._unsupported.add(key)
             else:
@@ -200,7 +250,7 @@ class GpuSource:
         def text(query: str) -> str:
             try:
                 value = self._ask(index, query)
-            except _DeviceLost:
+            except DeviceLost:
                 return ""
             return "" if value is None else str(value)
 
@@ -209,7 +259,7 @@ class GpuSource:
             cap = self._ask(index, "cuda_capability")
             if cap is not None:
                 capability = f"{int(cap[0])}.{int(cap[1])}"
-        except _DeviceLost:
+        except DeviceLost:
             pass
         return GpuIdentity(
             index=index,
@@ -248,10 +298,21 @@ class GpuSource:
             log.debug("NVML events: %s", exc)
             return []
 
+    def _links(self, index: int, ask: Callable[..., Any]) -> tuple[NvlinkSample, ...]:
+        """The device's NVLinks, read again only when the slow tier is due: their 126 queries
+        are all slow ones, so in between the last answers would be assembled again for
+        nothing."""
+        cached = self._nvlinks.get(index)
+        if cached is not None and self._read_at - cached[0] < self.slow_seconds:
+            return cached[1]
+        links = read_nvlinks(ask)
+        self._nvlinks[index] = (self._read_at, links)
+        return links
+
     def _read_device(self, identity: GpuIdentity) -> GpuSample:
         try:
             return self._sample(identity)
-        except _DeviceLost as lost:
+        except DeviceLost as lost:
             return GpuSample(identity=identity, up=False, error=str(lost.error))
 
     def _sample(self, identity: GpuIdentity) -> GpuSample:
@@ -316,6 +377,21 @@ class GpuSource:
         )
         pstate = ask("pstate")
         procs = ask("compute_processes")
+        activity, occupancy = read_activity(ask)
+        processes: tuple[GpuProcess, ...] | None = None
+        unseen: int | None = None
+        if self.processes is not None and procs is not None:
+            processes, unseen = read_processes(ask, procs, self.processes)
+            if unseen and not self._said_unseen:
+                self._said_unseen = True
+                log.warning(
+                    "GPU %d: NVML lists %d compute process(es) that /proc here does not show: "
+                    "this sparkdiag runs in another PID namespace, so they are exported without "
+                    "name, user or container (run its container with the host's PID namespace, "
+                    "e.g. docker run --pid=host); see sparkdiag_gpu_compute_processes_unseen",
+                    i,
+                    unseen,
+                )
         persistence = ask("persistence_mode")
         compute_mode = ask("compute_mode")
         mig = ask("mig_mode")
@@ -347,6 +423,15 @@ class GpuSource:
             persistence_mode=None if persistence is None else bool(persistence),
             compute_mode=None if compute_mode is None else COMPUTE_MODES.get(int(compute_mode)),
             mig_mode=None if mig is None else bool(mig[0]),
+            activity_ratio=activity,
+            sm_occupancy_ratio=occupancy,
+            video_utilization_ratio=read_video(ask),
+            pcie_throughput_bytes_per_second=(
+                read_pcie_throughput(ask) if identity.memory_model == "dedicated" else {}
+            ),
+            nvlinks=self._links(i, ask),
+            processes=processes,
+            processes_unseen=unseen,
         )
 
 

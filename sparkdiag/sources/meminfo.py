@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from sparkdiag.sources.files import KIB as KIB_BYTES
+from sparkdiag.sources.files import read_text_limited
 from sparkdiag.telemetry.snapshot import HostSample, MemoryPressure
 
 KIB = 1024.0
@@ -24,11 +26,33 @@ _PSI_FIELD = re.compile(r"^(avg10|avg60|avg300|total)=(\d+(?:\.\d+)?)$")
 _WINDOWS = {"avg10": "10s", "avg60": "60s", "avg300": "300s"}
 
 
-def _read(path: Path) -> str | None:
+def read_proc_file(path: Path) -> str | None:
+    """A small procfs text file (bounded read); None when missing or unreadable."""
     try:
-        return path.read_text(encoding="ascii", errors="replace")
+        return read_text_limited(path, 256 * KIB_BYTES, "ascii")
     except OSError:
         return None
+
+
+def meminfo_bytes(text: str) -> dict[str, float]:
+    """Every ``/proc/meminfo`` field given in kB, as bytes (``MemTotal``, ``SwapFree`` ...)."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        name, _, rest = line.partition(":")
+        fields = rest.split()
+        if fields and fields[0].isdigit():
+            out[name.strip()] = float(fields[0]) * KIB
+    return out
+
+
+def vmstat_counters(text: str, names: tuple[str, ...]) -> dict[str, float]:
+    """The named counters of ``/proc/vmstat`` (``pswpin``, ``pswpout`` ...) that it has."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        fields = line.split()
+        if len(fields) == 2 and fields[0] in names and fields[1].isdigit():
+            out[fields[0]] = float(fields[1])
+    return out
 
 
 def parse_meminfo(text: str) -> dict[str, float]:
@@ -38,18 +62,13 @@ def parse_meminfo(text: str) -> dict[str, float]:
     Unit: bytes. Same reading as ``free -b`` (total, free, available; buff/cache less Buffers).
     A field the text lacks is left out; ``cached`` needs ``Cached``.
     """
-    kb: dict[str, float] = {}
-    for line in text.splitlines():
-        name, _, rest = line.partition(":")
-        fields = rest.split()
-        if fields and fields[0].isdigit():
-            kb[name.strip()] = float(fields[0])
+    fields = meminfo_bytes(text)
     out: dict[str, float] = {}
     for key, name in (("total", "MemTotal"), ("available", "MemAvailable"), ("free", "MemFree")):
-        if name in kb:
-            out[key] = kb[name] * KIB
-    if "Cached" in kb:
-        out["cached"] = (kb["Cached"] + kb.get("SReclaimable", 0.0)) * KIB
+        if name in fields:
+            out[key] = fields[name]
+    if "Cached" in fields:
+        out["cached"] = fields["Cached"] + fields.get("SReclaimable", 0.0)
     return out
 
 
@@ -59,11 +78,7 @@ def parse_swap_in(text: str) -> float | None:
     Unit: pages (the kernel's page size). Same reading as ``grep pswpin /proc/vmstat``;
     ``vmstat 1``'s ``si`` column is its rate. None when the field is missing.
     """
-    for line in text.splitlines():
-        fields = line.split()
-        if len(fields) == 2 and fields[0] == "pswpin" and fields[1].isdigit():
-            return float(fields[1])
-    return None
+    return vmstat_counters(text, ("pswpin",)).get("pswpin")
 
 
 def parse_pressure(text: str) -> MemoryPressure | None:
@@ -106,9 +121,9 @@ def read_host_memory(rootfs: Path) -> HostSample:
     if not rootfs.is_dir():
         raise FileNotFoundError(f"rootfs {rootfs} is not a directory")
     proc = rootfs / "proc"
-    meminfo = _read(proc / "meminfo")
-    vmstat = _read(proc / "vmstat")
-    pressure = _read(proc / "pressure" / "memory")
+    meminfo = read_proc_file(proc / "meminfo")
+    vmstat = read_proc_file(proc / "vmstat")
+    pressure = read_proc_file(proc / "pressure" / "memory")
     return HostSample(
         memory_bytes=parse_meminfo(meminfo) if meminfo is not None else {},
         swap_in_pages=parse_swap_in(vmstat) if vmstat is not None else None,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sparkdiag.sources import host
+from sparkdiag.sources.nvml_activity import ActivityCalls
 from sparkdiag.sources.nvml_api import (
     ERROR_CODES,
     EVENT_XID_CRITICAL,
@@ -47,6 +48,7 @@ class PynvmlBackend:
         self._supported_reasons_fn: Callable[[Any], int] | None = None
         self._memory_v2: bool = True
         self._dispatch: dict[str, Callable[[Any, int | None], Any]] = {}
+        self._activity: ActivityCalls | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     def init(self) -> None:
@@ -69,6 +71,9 @@ class PynvmlBackend:
         if self._nvml is None:
             return
         try:
+            if self._activity is not None:
+                self._activity.close()
+                self._activity = None
             if self._event_set is not None:
                 self._nvml.nvmlEventSetFree(self._event_set)
             self._nvml.nvmlShutdown()
@@ -221,6 +226,8 @@ class PynvmlBackend:
             "mig_mode": simple(nv.nvmlDeviceGetMigMode, list),
             "supported_event_types": simple(nv.nvmlDeviceGetSupportedEventTypes),
         }
+        self._activity = ActivityCalls(nv)
+        self._dispatch.update(self._activity.dispatch())
         missing = set(QUERIES) - set(self._dispatch)
         assert not missing, f"queries without an NVML call: {missing}"
 

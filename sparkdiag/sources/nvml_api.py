@@ -169,13 +169,58 @@ QUERIES: Mapping[str, tuple[int, ...] | None] = {
     "supported_event_types": None,
 }
 
+# -- Activity, interconnect and per-process queries (issue 14) ---------------------------------
+# Hopper and Blackwell GPUs have 18 NVLinks each; a link NVML does not report is NOT_SUPPORTED.
+NVLINK_LINKS: tuple[int, ...] = tuple(range(18))
+# NVML error code the real backend raises for a delta query's first call (nothing to compare with
+# yet): neither unsupported nor lost, so the GPU source asks again at the next poll.
+NOT_READY = 27
+ACTIVITY_QUERIES: Mapping[str, tuple[int, ...] | None] = {
+    # nvmlGpmMetricsGet between this call's nvmlGpmSampleGet and the previous call's, metrics
+    # SM_UTIL, SM_OCCUPANCY, ANY_TENSOR_UTIL, DRAM_BW_UTIL -> {"sm", "sm_occupancy", "tensor",
+    # "dram"} in % (dcgmi dmon -e 1002,1003,1004,1005); NOT_READY at the first call, NOT_SUPPORTED
+    # where nvmlGpmQueryDeviceSupport says the GPU has no GPM (before Hopper).
+    "gpm": None,
+    # nvmlDeviceGetSamples(h, NVML_GPU_UTILIZATION_SAMPLES, last seen) -> [[timestamp µs, %], ...]
+    # the driver's samples since the previous call (nvidia-smi -q -d UTILIZATION: "Samples")
+    "utilization_samples": None,
+    # nvmlDeviceGetProcessUtilization(h, last seen) -> [{"pid", "sm", "memory", "encoder",
+    # "decoder"}] in %, averaged per pid over the samples since the previous call; [] when there
+    # is none (nvidia-smi pmon -s u)
+    "process_utilization": None,
+    # nvmlDeviceGetPcieThroughput(h, 0 tx | 1 rx) -> KB/s over a 20 ms window; each call blocks
+    # about 20 ms (nvidia-smi dmon -s t)
+    "pcie_throughput": (0, 1),
+    # nvmlDeviceGetEncoderUtilization / ...DecoderUtilization -> [%, sampling period µs]
+    # (utilization.encoder, utilization.decoder)
+    "encoder_utilization": None,
+    "decoder_utilization": None,
+    # nvmlDeviceGetNvLinkState(h, link) -> 1 active, 0 inactive (nvidia-smi nvlink -s)
+    "nvlink_state": NVLINK_LINKS,
+    # nvmlDeviceGetNvLinkErrorCounter(h, link, NVML_NVLINK_ERROR_DL_REPLAY | _RECOVERY |
+    # _CRC_FLIT | _CRC_DATA) -> count since the counters were last reset (nvidia-smi nvlink -e)
+    "nvlink_replay_errors": NVLINK_LINKS,
+    "nvlink_recovery_errors": NVLINK_LINKS,
+    "nvlink_crc_flit_errors": NVLINK_LINKS,
+    "nvlink_crc_data_errors": NVLINK_LINKS,
+    # nvmlDeviceGetFieldValues(h, [(NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX | _RX, link)]) -> KiB
+    # of payload since the driver loaded (nvidia-smi nvlink -gt d)
+    "nvlink_tx_kib": NVLINK_LINKS,
+    "nvlink_rx_kib": NVLINK_LINKS,
+}
+# Queries whose answer covers the time since the previous call to the same query and device:
+# the recorder asks them once to prime them before it records the second answer.
+DELTA_QUERIES = frozenset({"gpm", "utilization_samples", "process_utilization"})
+QUERIES = {**QUERIES, **ACTIVITY_QUERIES}
+
 
 # The shape of each query's answer, as the backends return it and fixtures store it. A fixture
 # whose answer has another shape is refused when it is loaded (FixtureError), never half-used.
 #   "text": a string; "number": a finite int or float (never a bool); "numbers:N": a list of N
 #   numbers;
-#   "map:K1,K2": an object with at least those numeric keys; "processes": a list of objects,
-#   each with an integer "pid".
+#   "map:K1,K2": an object with at least those numeric keys; "numbermap": an object of numbers
+#   (any keys); "pairs": a list of [number, number]; "processes": a list of objects, each with
+#   an integer "pid".
 ANSWER_SHAPES: Mapping[str, str] = {
     "name": "text",
     "uuid": "text",
@@ -209,6 +254,20 @@ ANSWER_SHAPES: Mapping[str, str] = {
     "supported_event_types": "number",
     "applications_clock": "number",
     "default_applications_clock": "number",
+    # the activity block
+    "gpm": "numbermap",
+    "utilization_samples": "pairs",
+    "process_utilization": "processes",
+    "pcie_throughput": "number",
+    "encoder_utilization": "numbers:2",
+    "decoder_utilization": "numbers:2",
+    "nvlink_state": "number",
+    "nvlink_replay_errors": "number",
+    "nvlink_recovery_errors": "number",
+    "nvlink_crc_flit_errors": "number",
+    "nvlink_crc_data_errors": "number",
+    "nvlink_tx_kib": "number",
+    "nvlink_rx_kib": "number",
 }
 
 
@@ -231,6 +290,12 @@ def answer_shape_error(query: str, value: Any) -> str | None:
     elif shape.startswith("numbers:"):
         count = int(shape.split(":", 1)[1])
         ok = isinstance(value, list) and len(value) == count and all(map(_is_number, value))
+    elif shape == "numbermap":
+        ok = isinstance(value, dict) and all(map(_is_number, value.values()))
+    elif shape == "pairs":
+        ok = isinstance(value, list) and all(
+            isinstance(v, list) and len(v) == 2 and all(map(_is_number, v)) for v in value
+        )
     elif shape == "processes":
         ok = isinstance(value, list) and all(
             isinstance(v, dict) and isinstance(v.get("pid"), int) for v in value

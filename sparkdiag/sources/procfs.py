@@ -6,10 +6,15 @@ raises for a process that has gone or a file that cannot be read.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
+from sparkdiag.sources import cgroup
 from sparkdiag.sources.files import KIB, read_text_limited
+from sparkdiag.telemetry.snapshot import ProcessIdentity
 
 
 def process_names(rootfs: Path, pids: Iterable[int]) -> dict[int, str]:
@@ -28,3 +33,204 @@ def process_names(rootfs: Path, pids: Iterable[int]) -> dict[int, str]:
         if text.strip():
             names[pid] = text.strip()
     return names
+
+
+# -- process identity (per-process GPU metrics) -----------------------------------------------
+
+IDENTITY_SECONDS = 60.0  # a cached identity is read again after this long (a process may exec)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+
+
+def passwd_names(rootfs: Path) -> dict[int, str]:
+    """uid -> user name from ``ROOT/etc/passwd`` (``getent passwd``); {} when unreadable.
+
+    Read from the root given, not through the C library, so that a sparkdiag in a container with
+    the host's root mounted names the host's users."""
+    names: dict[int, str] = {}
+    for line in (_read(rootfs / "etc" / "passwd") or "").splitlines():
+        parts = line.split(":")
+        if len(parts) >= 3 and parts[2].isdigit():
+            names.setdefault(int(parts[2]), parts[0])
+    return names
+
+
+def effective_uid(status: str) -> int | None:
+    """The effective uid from the text of ``/proc/PID/status`` (its ``Uid:`` line)."""
+    for line in status.splitlines():
+        if line.startswith("Uid:"):
+            fields = line.split()
+            if len(fields) >= 3 and fields[2].isdigit():
+                return int(fields[2])
+    return None
+
+
+def process_identity(rootfs: Path, pid: int, users: dict[int, str]) -> ProcessIdentity | None:
+    """Name, user, container id and pod uid of ``pid``; None when ``ROOT/proc/PID`` is not
+    there (the process has gone, or lives in a PID namespace this one cannot see).
+
+    Same reading as ``ps -o comm=,user= -p PID`` and ``cat /proc/PID/cgroup``; each part that
+    cannot be read is "" (a process of another user hides nothing of these three files)."""
+    base = rootfs / "proc" / str(pid)
+    comm = _read(base / "comm")
+    status = _read(base / "status")
+    if comm is None and status is None:
+        return None
+    uid = effective_uid(status or "")
+    user = "" if uid is None else users.get(uid, str(uid))
+    container, pod = cgroup.parse(_read(base / "cgroup") or "")
+    return ProcessIdentity(
+        name=(comm or "").strip(), user=user, container_id=container, pod_uid=pod
+    )
+
+
+class ProcessIdentities:
+    """Identities of GPU processes, cached: a GPU process is asked about on every poll, and its
+    name, user and cgroup rarely change. An entry is kept for ``IDENTITY_SECONDS`` while the
+    ``ROOT/proc/PID`` directory it was read from stays the same (a reused pid gets a new one)."""
+
+    def __init__(self, rootfs: Path, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rootfs = rootfs
+        self.clock = clock
+        self._cache: dict[int, tuple[float, int, ProcessIdentity]] = {}
+        self._users: dict[int, str] | None = None
+        self._users_at = 0.0
+
+    def _user_names(self, now: float) -> dict[int, str]:
+        if self._users is None or now - self._users_at >= IDENTITY_SECONDS:
+            self._users = passwd_names(self.rootfs)
+            self._users_at = now
+        return self._users
+
+    def __call__(self, pids: Iterable[int]) -> dict[int, ProcessIdentity]:
+        """pid -> identity for the pids visible under ``ROOT/proc``; the others are left out."""
+        now = self.clock()
+        found: dict[int, ProcessIdentity] = {}
+        for pid in pids:
+            try:
+                stamp = os.stat(self.rootfs / "proc" / str(pid)).st_ctime_ns
+            except OSError:
+                self._cache.pop(pid, None)
+                continue
+            cached = self._cache.get(pid)
+            if cached is not None and cached[1] == stamp and now - cached[0] < IDENTITY_SECONDS:
+                found[pid] = cached[2]
+                continue
+            identity = process_identity(self.rootfs, pid, self._user_names(now))
+            if identity is None:
+                self._cache.pop(pid, None)
+                continue
+            self._cache[pid] = (now, stamp, identity)
+            found[pid] = identity
+        return found
+
+
+# -- a job's process tree, threads and I/O (sparkdiag watch) ----------------------------------
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def children(rootfs: Path, pid: int) -> list[int]:
+    """Direct children of ``pid`` (``ROOT/proc/PID/task/*/children``; ``pgrep -P PID``)."""
+    kids: list[int] = []
+    try:
+        tasks = list((rootfs / "proc" / str(pid) / "task").iterdir())
+    except OSError:
+        return kids
+    for task in tasks:
+        text = _read(task / "children")
+        if text:
+            kids.extend(int(p) for p in text.split() if p.isdigit())
+    return kids
+
+
+def process_tree(rootfs: Path, root: int) -> list[int]:
+    """``root`` and all its descendants that exist now, root first (``pstree -p PID``)."""
+    if not (rootfs / "proc" / str(root)).is_dir():
+        return []
+    seen = [root]
+    queue = [root]
+    while queue:
+        for kid in children(rootfs, queue.pop()):
+            if kid not in seen:
+                seen.append(kid)
+                queue.append(kid)
+    return seen
+
+
+def _stat_fields(text: str) -> tuple[str, list[str]] | None:
+    """(comm, fields after it) of a ``/proc/.../stat`` line; comm may hold spaces and ')'."""
+    head, sep, rest = text.rpartition(")")
+    if not sep or "(" not in head:
+        return None
+    return head.split("(", 1)[1], rest.split()
+
+
+@dataclass(frozen=True)
+class ThreadTimes:
+    """One thread's times since it started, in seconds.
+
+    cpu: on a CPU, user + system (``ps -L -o tid,comm,time -p PID``; ``ROOT/proc/PID/task/TID/
+      schedstat`` first field, in ns, else ``stat`` utime + stime in clock ticks)
+    runnable: on a CPU or waiting in a run queue for one (schedstat's first two fields): a
+      thread that never sleeps has one second of it per second, however busy the machine is;
+      None where the kernel has no schedstat
+    """
+
+    name: str
+    cpu: float
+    runnable: float | None
+
+
+def thread_times(rootfs: Path, pid: int) -> dict[int, ThreadTimes]:
+    """tid -> :class:`ThreadTimes` for every thread of ``pid`` that can be read now."""
+    out: dict[int, ThreadTimes] = {}
+    try:
+        tasks = list((rootfs / "proc" / str(pid) / "task").iterdir())
+    except OSError:
+        return out
+    for task in tasks:
+        if not task.name.isdigit():
+            continue
+        parsed = _stat_fields(_read(task / "stat") or "")
+        if parsed is None or len(parsed[1]) < 13:
+            continue
+        name, fields = parsed
+        # fields[0] is the state (stat field 3): utime and stime are stat fields 14 and 15
+        cpu = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+        runnable = None
+        sched = (_read(task / "schedstat") or "").split()
+        if len(sched) >= 2 and sched[0].isdigit() and sched[1].isdigit():
+            cpu = int(sched[0]) / 1e9
+            runnable = (int(sched[0]) + int(sched[1])) / 1e9
+        out[int(task.name)] = ThreadTimes(name, cpu, runnable)
+    return out
+
+
+def process_io(rootfs: Path, pid: int) -> dict[str, float] | None:
+    """Bytes a process read and wrote since it started (``cat /proc/PID/io``): ``rchar`` and
+    ``wchar`` (every read and write call, page cache included) and ``read_bytes`` and
+    ``write_bytes`` (what reached or will reach the storage). None when not readable (another
+    user's process, without CAP_SYS_PTRACE)."""
+    text = _read(rootfs / "proc" / str(pid) / "io")
+    if not text:
+        return None
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key in ("rchar", "wchar", "read_bytes", "write_bytes") and value.strip().isdigit():
+            values[key] = float(value)
+    return values or None
+
+
+def cgroup_v2_path(rootfs: Path, pid: int) -> str | None:
+    """The cgroup v2 path of ``pid`` (``0::/...`` in ``/proc/PID/cgroup``); None without one."""
+    for line in (_read(rootfs / "proc" / str(pid) / "cgroup") or "").splitlines():
+        if line.startswith("0::"):
+            return line[3:].strip() or "/"
+    return None

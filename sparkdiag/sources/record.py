@@ -2,25 +2,53 @@
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import os
 import platform
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from sparkdiag import __version__
 from sparkdiag.sources.fixture import FORMAT
-from sparkdiag.sources.nvml_api import QUERIES, NvmlBackend, NvmlCallError, answer_key
+from sparkdiag.sources.nvml_api import (
+    DELTA_QUERIES,
+    QUERIES,
+    NvmlBackend,
+    NvmlCallError,
+    answer_key,
+)
+
+# Between priming the delta queries (GPM, the sample buffers) and recording their answers.
+PRIME_SECONDS = 0.5
 
 
-def record(backend: NvmlBackend, description: str = "") -> dict[str, Any]:
-    """Ask every catalogue query of every device once; return the fixture document."""
+def record(
+    backend: NvmlBackend,
+    description: str = "",
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict[str, Any]:
+    """Ask every catalogue query of every device once; return the fixture document.
+
+    A delta query (:data:`DELTA_QUERIES`: GPM, driver samples, per-process utilization) answers
+    for the time since its previous call, and GPM answers NOT_READY at its first: each is asked
+    once on every device first, and recorded from its second call ``PRIME_SECONDS`` later.
+    """
     backend.init()
     try:
+        count = backend.device_count()
+        for index in range(count):
+            for query in sorted(DELTA_QUERIES):
+                with contextlib.suppress(NvmlCallError):
+                    backend.query(index, query, None)
+        if count:
+            sleep(PRIME_SECONDS)
         devices = []
-        for index in range(backend.device_count()):
+        for index in range(count):
             answers: dict[str, Any] = {}
             for query, args in QUERIES.items():
                 for arg in (None,) if args is None else args:

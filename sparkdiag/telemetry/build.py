@@ -13,8 +13,10 @@ from sparkdiag.sources.backends import make_backend
 from sparkdiag.sources.context import detect_context
 from sparkdiag.sources.dmi import read_platform
 from sparkdiag.sources.gpu import GpuSource
+from sparkdiag.sources.gpu_activity import ProcessOptions
 from sparkdiag.sources.meminfo import read_host_memory
 from sparkdiag.sources.nvml_api import NvmlBackend
+from sparkdiag.sources.procfs import ProcessIdentities
 from sparkdiag.sources.sysfs import PcieSource
 from sparkdiag.telemetry.poller import Poller
 
@@ -27,7 +29,10 @@ def build_poller(settings: Settings, backend: NvmlBackend | None = None) -> Poll
     Raises FixtureError for an unusable ``--nvml-fixture``. The caller stops the GPU source
     (``poller.gpu.stop()``) when done.
     """
-    gpu = GpuSource(backend or make_backend(settings.nvml_fixture))
+    processes = None
+    if settings.process_metrics:
+        processes = ProcessOptions(settings.process_metrics_top, ProcessIdentities(settings.rootfs))
+    gpu = GpuSource(backend or make_backend(settings.nvml_fixture), processes=processes)
     if not gpu.start():
         log.warning(
             "NVML unavailable (%s): GPU telemetry skipped; exporting host PCIe links, execution "

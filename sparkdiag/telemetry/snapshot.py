@@ -24,6 +24,39 @@ class GpuIdentity:
 
 
 @dataclass(frozen=True)
+class ProcessIdentity:
+    """Who a process is, read from ``/proc/PID`` (``ps -o comm=,user= -p PID``, and
+    ``cat /proc/PID/cgroup`` for the container). "" where unknown."""
+
+    name: str  # the kernel's command name (/proc/PID/comm)
+    user: str  # user name of the real uid (from ROOT/etc/passwd), else the uid as a number
+    container_id: str  # 64 hex digits of a docker, podman, containerd or cri-o container
+    pod_uid: str  # a Kubernetes pod's uid, with dashes
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    """One compute process on one GPU (``nvidia-smi --query-compute-apps`` and ``pmon``)."""
+
+    pid: int  # as NVML reports it (the host's PID namespace)
+    used_memory_bytes: float | None  # None where NVML does not say
+    sm_utilization_ratio: float | None  # over the last sample window; None without a sample
+    identity: ProcessIdentity | None  # None when /proc here does not show the pid
+
+
+@dataclass(frozen=True)
+class NvlinkSample:
+    """One NVLink of one GPU (``nvidia-smi nvlink -s -e -gt d``)."""
+
+    link: int
+    up: bool
+    errors: Mapping[str, float] = field(
+        default_factory=dict
+    )  # "replay", "recovery", "crc_flit", "crc_data": counts
+    data_bytes: Mapping[str, float] = field(default_factory=dict)  # "tx", "rx": since driver load
+
+
+@dataclass(frozen=True)
 class GpuSample:
     """One poll of one GPU. ``up`` is False once NVML reports the device lost."""
 
@@ -72,6 +105,18 @@ class GpuSample:
     compute_mode: str | None = None  # "default", "exclusive_process", "prohibited"
     mig_mode: bool | None = None
     error: str | None = None  # why ``up`` is False
+    # Activity (GPM), 0..1: "sm" (SMs busy), "tensor" (any tensor pipe), "dram" (bandwidth);
+    # empty where the GPU has no GPM
+    activity_ratio: Mapping[str, float] = field(default_factory=dict)
+    sm_occupancy_ratio: float | None = None  # resident warps over the maximum (GPM)
+    # "encoder", "decoder"
+    video_utilization_ratio: Mapping[str, float] = field(default_factory=dict)
+    # "tx", "rx": bytes per second over NVML's 20 ms window
+    pcie_throughput_bytes_per_second: Mapping[str, float] = field(default_factory=dict)
+    nvlinks: tuple[NvlinkSample, ...] = ()  # the links NVML reports a state for
+    # Per-process metrics (opt-in): None when off or when NVML gives no process list
+    processes: tuple[GpuProcess, ...] | None = None
+    processes_unseen: int | None = None  # compute processes /proc here does not show
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,346 @@
+#!/usr/bin/env python3
+"""On the lent GPU machine: synthetic torch jobs, each run alone and under ``sparkdiag watch``.
+
+    python3 scripts/device/watch_jobs.py                      # all five jobs, 20 s each
+    python3 scripts/device/watch_jobs.py --jobs healthy,fp32 --seconds 25
+
+Jobs (each prints nothing on stdout; it writes its throughput to --result):
+
+  healthy     bf16 8192^3 matmuls back to back, data on the GPU
+  starved     the same step fed by a data-loader thread that needs ~3x the step's time
+  checkpoint  the healthy loop, stopped every 5 s to torch.save 2 GiB of state and fsync it
+  launch      1-element additions: tiny kernels, the launching thread pinned on its core
+  fp32        fp32 8192^3 matmuls with TF32 off: the math on CUDA cores, tensor pipes idle
+
+Each job runs alone, then under ``python3 -m sparkdiag watch --json --record ... -- <job>``
+(the same job, the same settings); its throughput watched over alone gives the watch's
+overhead (target: at most 2 %). Written under $OUT (default /tmp/out): per job the diagnosis
+(``<job>.diagnosis.json``), the recording (``<job>.recording.json``), the timeline
+(``<job>.png``, when matplotlib is importable; otherwise render it from the recording with
+``sparkdiag watch --replay <job>.recording.json --plot <job>.png``), the watch's stderr
+(``<job>.watch.log``); and ``watch_jobs.json`` and ``watch_jobs.txt``, the table job ->
+diagnosis -> lost share -> overhead. A job that fails is reported as such and the others
+still run; the exit status is 1 when one failed.
+
+Test it on a CPU with tiny settings: ``--device cpu --scale tiny --seconds 1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import queue
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+JOBS = ("healthy", "starved", "checkpoint", "launch", "fp32")
+EXPECTED = {
+    "healthy": "healthy",
+    "starved": "input-starved",
+    "checkpoint": "checkpoint-stalls",
+    "launch": "cpu-bound-launcher",
+    "fp32": "low-tensor-activity",
+}
+# Sizes per scale: matmul edge, checkpoint bytes, loader delay factor, checkpoint period (s).
+SCALES: dict[str, dict[str, Any]] = {
+    "full": {"n": 8192, "ckpt_bytes": 2 << 30, "ckpt_every": 5.0, "steps_per_sync": 10},
+    "tiny": {"n": 128, "ckpt_bytes": 8 << 20, "ckpt_every": 0.4, "steps_per_sync": 4},
+}
+
+
+# -- the jobs (child mode) ----------------------------------------------------------------------
+
+
+def run_job(name: str, seconds: float, device: str, scale: str, result: Path) -> None:
+    import torch
+
+    size = SCALES[scale]
+    dev = torch.device(device)
+    cuda = dev.type == "cuda"
+    half = torch.bfloat16 if cuda else torch.float32
+    n = size["n"]
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize()
+
+    def timed(step: Any, per_sync: int = size["steps_per_sync"]) -> tuple[int, float]:
+        """Warm up for 1 s (or 3 steps), then run ``step`` for ``seconds``: (steps, seconds)."""
+        warm_end = time.monotonic() + min(1.0, seconds / 4)
+        while time.monotonic() < warm_end:
+            step()
+            sync()
+        steps, start = 0, time.monotonic()
+        while time.monotonic() - start < seconds:
+            for _ in range(per_sync):
+                step()
+            sync()
+            steps += per_sync
+        return steps, time.monotonic() - start
+
+    unit = "matmuls"
+    if name == "healthy":
+        a, b = (torch.randn(n, n, device=dev, dtype=half) for _ in range(2))
+        steps, elapsed = timed(lambda: a @ b)
+    elif name == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.set_float32_matmul_precision("highest")
+        a, b = (torch.randn(n, n, device=dev, dtype=torch.float32) for _ in range(2))
+        steps, elapsed = timed(lambda: a @ b, per_sync=max(1, size["steps_per_sync"] // 2))
+    elif name == "launch":
+        x = torch.zeros(1, device=dev)
+        unit = "kernels"
+
+        def tiny() -> None:
+            x.add_(1.0)
+
+        steps, elapsed = timed(tiny, per_sync=1000)
+    elif name == "starved":
+        steps, elapsed = _starved(torch, dev, half, n, seconds, sync)
+        unit = "steps"
+    elif name == "checkpoint":
+        steps, elapsed = _checkpoint(torch, dev, half, n, seconds, sync, size)
+    elif name == "broken":  # for the script's own test: a job that fails
+        raise SystemExit("this job fails on purpose")
+    else:
+        raise SystemExit(f"unknown job {name}")
+    doc = {"job": name, "steps": steps, "seconds": elapsed, "per_second": steps / elapsed,
+           "unit": unit, "device": str(dev)}  # fmt: skip
+    result.write_text(json.dumps(doc) + "\n", encoding="utf-8")
+
+
+def _starved(
+    torch: Any, dev: Any, dtype: Any, n: int, seconds: float, sync: Any
+) -> tuple[int, float]:
+    """A training step of 7 matmuls fed one batch at a time by a loader thread whose batches
+    take three times as long to prepare (it sleeps, as a loader waiting on storage does)."""
+    a = torch.randn(n, n, device=dev, dtype=dtype)
+    batch_cpu = torch.randn(n, n, dtype=dtype)
+    if dev.type == "cuda":
+        batch_cpu = batch_cpu.pin_memory()
+
+    def step(x: Any) -> None:
+        for _ in range(7):
+            x = x @ a
+        sync()
+
+    probe = batch_cpu.to(dev)
+    step(probe)
+    start = time.monotonic()
+    for _ in range(3):
+        step(probe)
+    delay = 3 * ((time.monotonic() - start) / 3)  # three times the mean step
+    batches: queue.Queue[Any] = queue.Queue(maxsize=2)
+    stop = threading.Event()
+
+    def loader() -> None:
+        while not stop.is_set():
+            time.sleep(delay)
+            batches.put(batch_cpu)
+
+    threading.Thread(target=loader, daemon=True).start()
+    steps, start = 0, time.monotonic()
+    while time.monotonic() - start < seconds:
+        step(batches.get().to(dev, non_blocking=True))
+        steps += 1
+    stop.set()
+    return steps, time.monotonic() - start
+
+
+def _checkpoint(
+    torch: Any, dev: Any, dtype: Any, n: int, seconds: float, sync: Any, size: dict[str, Any]
+) -> tuple[int, float]:
+    """The healthy loop; every ``ckpt_every`` seconds the job copies its state to the host,
+    writes it with torch.save and fsyncs it, the GPU idle meanwhile."""
+    a, b = (torch.randn(n, n, device=dev, dtype=dtype) for _ in range(2))
+    elements = size["ckpt_bytes"] // torch.tensor([], dtype=dtype).element_size()
+    state = {"weights": torch.randn(elements, device=dev, dtype=dtype)}
+    path = Path(tempfile.gettempdir()) / f"sparkdiag-watch-ckpt-{os.getpid()}.pt"
+    steps, start = 0, time.monotonic()
+    last = start
+    try:
+        while time.monotonic() - start < seconds:
+            for _ in range(size["steps_per_sync"]):
+                a @ b
+            sync()
+            steps += size["steps_per_sync"]
+            if time.monotonic() - last >= size["ckpt_every"]:
+                with path.open("wb") as fh:
+                    torch.save({k: v.cpu() for k, v in state.items()}, fh)
+                    fh.flush()
+                    os.fsync(fh.fileno())
+                last = time.monotonic()
+    finally:
+        path.unlink(missing_ok=True)
+    return steps, time.monotonic() - start
+
+
+# -- the orchestration ----------------------------------------------------------------------------
+
+
+def job_argv(args: argparse.Namespace, name: str, result: Path) -> list[str]:
+    return [
+        sys.executable, str(Path(__file__).resolve()), "job", name,
+        "--seconds", str(args.seconds), "--device", args.device, "--scale", args.scale,
+        "--result", str(result),
+    ]  # fmt: skip
+
+
+def run_once(
+    args: argparse.Namespace, name: str, watched: bool, out: Path
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str]:
+    """(the job's result, the watch's diagnosis or None, an error or "")."""
+    result = out / f".{name}.{'watched' if watched else 'alone'}.result.json"
+    result.unlink(missing_ok=True)
+    cmd = job_argv(args, name, result)
+    if watched:
+        watch = [sys.executable, "-m", "sparkdiag", "watch", "--json", "--interval",
+                 str(args.interval), "--record", str(out / f"{name}.recording.json")]  # fmt: skip
+        if importlib.util.find_spec("matplotlib") is not None:
+            watch += ["--plot", str(out / f"{name}.png")]
+        cmd = [*watch, "--", *cmd]
+    log = out / f"{name}.{'watch' if watched else 'alone'}.log"
+    try:
+        with log.open("w") as err:
+            proc = subprocess.run(
+                cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True,
+                timeout=args.seconds + args.startup_timeout,
+            )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return None, None, f"timed out after {args.seconds + args.startup_timeout:.0f} s"
+    diagnosis = None
+    if watched:
+        try:
+            diagnosis = json.loads(proc.stdout)
+            (out / f"{name}.diagnosis.json").write_text(proc.stdout, encoding="utf-8")
+        except json.JSONDecodeError:
+            return None, None, f"watch printed no JSON (exit {proc.returncode}; see {log.name})"
+    if proc.returncode != 0:
+        tail = log.read_text(errors="replace").strip().splitlines()[-1:] or [""]
+        return None, diagnosis, f"exit status {proc.returncode}: {tail[0][:120]}"
+    try:
+        return json.loads(result.read_text()), diagnosis, ""
+    except (OSError, json.JSONDecodeError) as exc:
+        return None, diagnosis, f"no result ({exc})"
+
+
+def row(name: str, alone: Any, watched: Any, diagnosis: Any, error: str) -> dict[str, Any]:
+    entry: dict[str, Any] = {"job": name, "expected": EXPECTED.get(name, "?"), "error": error}
+    if diagnosis is not None:
+        entry["diagnosis"] = diagnosis["verdict"]
+        entry["causes"] = {c["name"]: round(c["share"], 3) for c in diagnosis["causes"]}
+        entry["lost_share"] = diagnosis["causes"][0]["share"] if diagnosis["causes"] else 0.0
+    if alone and watched:
+        entry["alone_per_second"] = alone["per_second"]
+        entry["watched_per_second"] = watched["per_second"]
+        entry["unit"] = alone["unit"]
+        entry["overhead"] = 1.0 - watched["per_second"] / alone["per_second"]
+    return entry
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    head = f"{'job':<11} {'expected':<20} {'diagnosis':<20} {'lost':>6} {'overhead':>9}  notes"
+    lines = [head, "-" * len(head)]
+    for r in rows:
+        lost = f"{r['lost_share'] * 100:.0f} %" if "lost_share" in r else "-"
+        over = f"{r['overhead'] * 100:+.1f} %" if "overhead" in r else "-"
+        notes = r["error"] or ("as expected" if r.get("diagnosis") == r["expected"] else "")
+        if "causes" in r and len(r["causes"]) > 1:
+            notes += " also " + ", ".join(f"{k} {v * 100:.0f} %" for k, v in r["causes"].items()
+                                         if k != r["diagnosis"])  # fmt: skip
+        lines.append(
+            f"{r['job']:<11} {r['expected']:<20} {r.get('diagnosis', 'failed'):<20} "
+            f"{lost:>6} {over:>9}  {notes.strip()}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def preflight() -> str:
+    """Why ``python3 -m sparkdiag watch`` cannot run here ("" when it can): a missing
+    dependency must stop the script before it spends device time."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "sparkdiag", "watch", "--help"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    if proc.returncode == 0:
+        return ""
+    return (proc.stderr.strip().splitlines() or ["no output"])[-1]
+
+
+def orchestrate(args: argparse.Namespace) -> int:
+    out = Path(args.out or os.environ.get("OUT", "/tmp/out"))
+    out.mkdir(parents=True, exist_ok=True)
+    problem = preflight()
+    if problem:
+        print(f"python3 -m sparkdiag watch cannot run here: {problem}", file=sys.stderr)
+        print("install what is missing (e.g. the wheels under .whl/, as scripts/device/final.sh "
+              "does) and run again", file=sys.stderr)  # fmt: skip
+        return 2
+    names = [j for j in args.jobs.split(",") if j]
+    rows = []
+    started = time.monotonic()
+    for name in names:
+        print(f"== {name}: alone, then watched ({args.seconds:g} s each)", flush=True)
+        alone, _, error_alone = run_once(args, name, False, out)
+        watched, diagnosis, error_watched = run_once(args, name, True, out)
+        errors = (
+            error_alone and f"alone: {error_alone}",
+            error_watched and f"watched: {error_watched}",
+        )
+        error = "; ".join(e for e in errors if e)
+        rows.append(row(name, alone, watched, diagnosis, error))
+        print(table(rows[-1:]).splitlines()[-1], flush=True)
+    text = table(rows)
+    summary = {
+        "seconds_per_job": args.seconds,
+        "device": args.device,
+        "interval": args.interval,
+        "wall_seconds": time.monotonic() - started,
+        "rows": rows,
+    }
+    (out / "watch_jobs.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    (out / "watch_jobs.txt").write_text(text, encoding="utf-8")
+    print()
+    print(text, end="")
+    print(f"wall time {summary['wall_seconds']:.0f} s; files under {out}")
+    return 1 if any(r["error"] for r in rows) else 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", default=",".join(JOBS), help="comma-separated job names")
+    parser.add_argument("--seconds", type=float, default=20.0, help="timed run of each job")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--scale", choices=sorted(SCALES), default="full")
+    parser.add_argument("--interval", type=float, default=0.5, help="watch's sampling interval")
+    parser.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=120.0,
+        help="seconds allowed beyond --seconds for imports and start-up",
+    )
+    parser.add_argument("--out", default=None, help="default $OUT, else /tmp/out")
+    sub = parser.add_subparsers(dest="mode")
+    job = sub.add_parser("job", help="run one job (what the orchestration starts)")
+    job.add_argument("name")
+    job.add_argument("--seconds", type=float, required=True)
+    job.add_argument("--device", default="cuda")
+    job.add_argument("--scale", choices=sorted(SCALES), default="full")
+    job.add_argument("--result", type=Path, required=True)
+    args = parser.parse_args()
+    if args.mode == "job":
+        run_job(args.name, args.seconds, args.device, args.scale, args.result)
+        return
+    sys.exit(orchestrate(args))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,232 @@
+"""``sparkdiag watch``: follow a job, then say why it is slow.
+
+Registered in :mod:`sparkdiag.cli`. Sampling lives in :mod:`.sampler`, the loop in :mod:`.job`,
+the diagnosis (a pure function of the recording) in :mod:`.diagnose`, the output in
+:mod:`.render` and :mod:`.plot`.
+
+Exit status: the job's own when watch started it (128 + N when a signal N ended it), else 0;
+2 for bad usage, an unusable fixture or recording, or --plot without matplotlib.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+
+from sparkdiag.flags import settings_from, settings_options
+from sparkdiag.sources.backends import make_backend
+from sparkdiag.sources.fixture import FixtureError
+from sparkdiag.sources.gpu import GpuSource
+from sparkdiag.watch import plot as plotting
+from sparkdiag.watch.diagnose import Diagnosis, diagnose
+from sparkdiag.watch.job import AttachedJob, SpawnedJob, alive, follow
+from sparkdiag.watch.model import Recording, RecordingError, load
+from sparkdiag.watch.render import text, to_json
+from sparkdiag.watch.sampler import GpuSampler, HostSampler, Sampler
+
+log = logging.getLogger("sparkdiag.watch")
+PCIE_SECONDS = 2.0  # PCIe throughput blocks ~20 ms per direction: read it this often
+
+
+def _gpu_list(value: str | None) -> set[int] | None:
+    if value is None:
+        return None
+    try:
+        return {int(part) for part in value.split(",") if part.strip()}
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is not a list of GPU indices such as 0,1") from None
+
+
+def _start_gpu(fixture: Path | None, gpus: set[int] | None) -> tuple[GpuSampler | None, str]:
+    """The GPU sampler, or None with what is skipped (one line, also logged)."""
+    try:
+        source = GpuSource(make_backend(fixture), slow_seconds=PCIE_SECONDS)
+    except FixtureError as exc:
+        raise click.BadParameter(str(exc), param_hint="--nvml-fixture") from None
+    if not source.start():
+        why = (
+            f"NVML unavailable ({source.unavailable_reason}): GPU utilization, activity, "
+            "clocks, reasons, temperatures, power and PCIe throughput are not sampled; "
+            "diagnosing from the job's CPU and I/O and memory pressure only"
+        )
+        return None, why
+    sampler = GpuSampler(source, gpus)
+    if not sampler.indices:
+        source.stop()
+        return None, "no GPU to watch (NVML lists none, or --gpu names none of them)"
+    return sampler, ""
+
+
+def _report(rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: Path | None) -> None:
+    if plot_to is not None:
+        try:
+            plotting.plot(rec, diagnosis, plot_to)
+        except plotting.PlotUnavailable as exc:
+            click.echo(f"sparkdiag watch: {exc}", err=True)
+        except OSError as exc:
+            click.echo(f"sparkdiag watch: cannot write {plot_to}: {exc.strerror or exc}", err=True)
+    click.echo(to_json(rec, diagnosis) if as_json else text(rec, diagnosis), nl=False)
+
+
+@click.command(
+    "watch", context_settings={"ignore_unknown_options": False, "allow_interspersed_args": False}
+)
+@click.option("--pid", type=int, default=None, help="Watch this running process and its children.")
+@click.option(
+    "--duration",
+    type=click.FloatRange(min=0.1, max=7 * 86400),
+    default=None,
+    help="Stop watching after this many seconds (a started job keeps running; watch then waits "
+    "for it and passes its exit status through). Default: the job's whole life.",
+)
+@click.option(
+    "--interval",
+    type=click.FloatRange(min=0.05, max=60),
+    default=0.5,
+    show_default=True,
+    help="Seconds between samples of the job, its GPUs and the host (the GPU's utilization "
+    "comes at the driver's own rate, about 6 samples a second, whatever this is).",
+)
+@click.option(
+    "--gpu",
+    "gpu_list",
+    default=None,
+    metavar="0,1",
+    help="Watch only these GPU indices. Default: every GPU; the diagnosis looks at "
+    "the ones the job runs on.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the diagnosis as JSON.")
+@click.option(
+    "--plot",
+    "plot_to",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Write a timeline PNG (needs matplotlib: pip install 'sparkdiag[plot]').",
+)
+@click.option(
+    "--record",
+    "record_to",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Save every sample as JSON, to diagnose or plot later with --replay.",
+)
+@click.option(
+    "--replay",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Diagnose a recording saved with --record instead of watching a job.",
+)
+@settings_options("watch")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def watch(
+    pid: int | None,
+    duration: float | None,
+    interval: float,
+    gpu_list: str | None,
+    as_json: bool,
+    plot_to: Path | None,
+    record_to: Path | None,
+    replay: Path | None,
+    command: tuple[str, ...],
+    **given: Any,
+) -> None:
+    """Follow a job (its whole process tree) and say why it is slow.
+
+    \b
+      sparkdiag watch -- python train.py --epochs 1
+      sparkdiag watch --pid 4242 --duration 60 --plot timeline.png
+      sparkdiag watch --replay run.json --json
+
+    Samples the GPU's utilization at the driver's rate, GPM activity (SM, tensor, DRAM),
+    clocks, clock event reasons, temperatures, power and PCIe throughput, the job's CPU per
+    thread and its reads and writes, and memory pressure (PSI). At the end (the job exits,
+    --duration passes, or Ctrl-C) it prints the share of time lost to each cause it finds:
+    input-starved, CPU-bound launcher, checkpoint stalls, throttled, memory pressure, low
+    tensor activity, or healthy, each with its evidence and what to try.
+    """
+    settings = settings_from("watch", given)
+    nvml_fixture, rootfs, sysfs = settings.nvml_fixture, settings.rootfs, settings.sysfs
+    modes = sum(x is not None for x in (pid, replay)) + (1 if command else 0)
+    if modes != 1:
+        raise click.UsageError("give exactly one of --pid PID, --replay FILE or -- COMMAND ARGS...")
+    if plot_to is not None and not plotting.available():
+        raise click.UsageError(
+            f"--plot needs matplotlib, which is not installed: {plotting.INSTALL_HINT}"
+        )
+    gpus = _gpu_list(gpu_list)
+    if replay is not None:
+        try:
+            rec = load(replay)
+        except RecordingError as exc:
+            raise click.BadParameter(str(exc), param_hint="--replay") from None
+        _report(rec, diagnose(rec), as_json, plot_to)
+        return
+    if pid is not None and not alive(rootfs, pid):
+        raise click.BadParameter(
+            f"no running process {pid} under {rootfs}/proc", param_hint="--pid"
+        )
+
+    logging.basicConfig(level=logging.WARNING, format="sparkdiag watch: %(message)s")
+    gpu, skipped = _start_gpu(nvml_fixture, gpus)
+    if skipped:
+        click.echo(f"sparkdiag watch: {skipped}", err=True)
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    started_at = time.time()
+    job: SpawnedJob | AttachedJob
+    try:
+        job = SpawnedJob(command) if command else AttachedJob(pid or 0, rootfs)
+    except OSError as exc:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+        raise click.UsageError(f"cannot start {command[0]}: {exc.strerror or exc}") from None
+    try:
+        host = HostSampler(rootfs, sysfs, job.pid)
+        sampler = Sampler(gpu, host, started_at)
+        ticks, ended_by = follow(sampler, job.ended, interval, duration, stop)
+        status = job.exit_status()
+        if isinstance(job, SpawnedJob) and ended_by == "interrupt":
+            status = job.stop()
+        if isinstance(job, AttachedJob) and ended_by == "exit":
+            ended_by = "gone"
+        rec = Recording(
+            started_at=started_at,
+            interval=interval,
+            job=job.description,
+            gpus=gpu.infos() if gpu else (),
+            ticks=tuple(ticks),
+            ended_by=ended_by,
+            exit_status=status,
+            pressure_scope=host.pressure_scope,
+            skipped=(skipped,) if skipped else (),
+        )
+        if record_to is not None:
+            try:
+                rec.save(record_to)
+            except OSError as exc:
+                click.echo(f"sparkdiag watch: cannot write {record_to}: {exc}", err=True)
+        _report(rec, diagnose(rec), as_json, plot_to)
+        sys.stdout.flush()
+        if gpu is not None:
+            gpu.source.stop()
+        if isinstance(job, SpawnedJob):
+            if status is None:  # --duration passed: the job goes on; wait for it
+                status = job.wait()
+            sys.exit(status)
+    finally:
+        if gpu is not None:
+            gpu.source.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)

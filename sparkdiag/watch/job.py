@@ -1,0 +1,113 @@
+"""The job ``sparkdiag watch`` follows: a command it starts, or a running process it attaches to,
+and the loop that samples it until it ends, the duration runs out, or the user interrupts."""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from sparkdiag.sources.procfs import process_names
+from sparkdiag.watch.model import Tick
+from sparkdiag.watch.sampler import Sampler
+
+# After Ctrl-C, a started job gets this long to end after each signal (SIGINT, SIGTERM) before
+# the next one; SIGKILL last.
+STOP_GRACE_SECONDS = 5.0
+
+
+def exit_status(returncode: int) -> int:
+    """A shell's exit status for a child's return code: 128 + N for a death by signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class SpawnedJob:
+    """A command started by watch (``sparkdiag watch -- CMD ...``), in watch's process group so
+    that Ctrl-C in the terminal reaches both."""
+
+    def __init__(self, argv: Sequence[str]) -> None:
+        self.argv = list(argv)
+        self.proc = subprocess.Popen(self.argv)
+        self.pid = self.proc.pid
+        self.description = shlex.join(self.argv)
+
+    def ended(self) -> bool:
+        return self.proc.poll() is not None
+
+    def exit_status(self) -> int | None:
+        code = self.proc.poll()
+        return None if code is None else exit_status(code)
+
+    def wait(self) -> int:
+        return exit_status(self.proc.wait())
+
+    def stop(self, grace: float = STOP_GRACE_SECONDS) -> int:
+        """End the job: wait, then SIGINT, SIGTERM and SIGKILL, ``grace`` seconds apart."""
+        for sig in (None, signal.SIGINT, signal.SIGTERM):
+            if sig is not None and self.proc.poll() is None:
+                self.proc.send_signal(sig)
+            try:
+                return exit_status(self.proc.wait(timeout=grace))
+            except subprocess.TimeoutExpired:
+                continue
+        self.proc.kill()
+        return exit_status(self.proc.wait())
+
+
+def alive(rootfs: Path, pid: int) -> bool:
+    """True while ``ROOT/proc/PID`` exists and is not a zombie."""
+    try:
+        text = (rootfs / "proc" / str(pid) / "stat").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    state = text.rpartition(")")[2].split()[:1]
+    return state not in (["Z"], ["X"])
+
+
+class AttachedJob:
+    """A running process (``sparkdiag watch --pid PID``); watching ends when it does."""
+
+    def __init__(self, pid: int, rootfs: Path) -> None:
+        self.pid = pid
+        self.rootfs = rootfs
+        name = process_names(rootfs, [pid]).get(pid, "?")
+        self.description = f"pid {pid} ({name})"
+
+    def ended(self) -> bool:
+        return not alive(self.rootfs, self.pid)
+
+    def exit_status(self) -> int | None:
+        return None
+
+
+def follow(
+    sampler: Sampler,
+    ended: Callable[[], bool],
+    interval: float,
+    duration: float | None,
+    stop: threading.Event,
+    monotonic: Callable[[], float] = time.monotonic,
+) -> tuple[list[Tick], str]:
+    """Sample every ``interval`` seconds until the job ends ("exit"), ``duration`` passes
+    ("duration") or ``stop`` is set ("interrupt"). A first tick primes the counters and is
+    dropped. Never drifts, never bursts."""
+    sampler.tick()
+    ticks: list[Tick] = []
+    start = monotonic()
+    next_at = start + interval
+    while True:
+        interrupted = stop.wait(max(0.0, next_at - monotonic()))
+        ticks.append(sampler.tick())
+        if interrupted:
+            return ticks, "interrupt"
+        if ended():
+            return ticks, "exit"
+        if duration is not None and monotonic() - start >= duration:
+            return ticks, "duration"
+        next_at += interval
+        if next_at < monotonic():  # a tick overran: skip the missed ones
+            next_at = monotonic() + interval

@@ -1,0 +1,152 @@
+"""The timeline PNG of a watch (``--plot FILE``): GPU utilization and activity, clocks and
+temperatures, the job's CPU, its I/O and memory pressure, with the time lost to each cause
+shaded. matplotlib is an optional extra: ``pip install 'sparkdiag[plot]'``."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from typing import Any
+
+from sparkdiag.watch.diagnose import TITLES, Diagnosis
+from sparkdiag.watch.model import Recording
+
+INSTALL_HINT = "pip install 'sparkdiag[plot]'"
+COLOURS = {
+    "input-starved": "tab:orange",
+    "cpu-bound-launcher": "tab:purple",
+    "checkpoint-stalls": "tab:brown",
+    "throttled": "tab:red",
+    "memory-pressure": "tab:pink",
+    "low-tensor-activity": "tab:olive",
+}
+
+
+class PlotUnavailable(RuntimeError):
+    """matplotlib is not installed; the message says how to add it."""
+
+
+def available() -> bool:
+    return importlib.util.find_spec("matplotlib") is not None
+
+
+def _series(rec: Recording, gpus: tuple[int, ...], attr: str) -> tuple[list[float], list[float]]:
+    xs: list[float] = []
+    ys: list[float] = []
+    for tick in rec.ticks:
+        values = [getattr(g, attr) for g in tick.gpus if g.index in gpus]
+        present = [v for v in values if v is not None]
+        if present:
+            xs.append(tick.t)
+            ys.append(sum(present) / len(present))
+    return xs, ys
+
+
+def _job(rec: Recording, attr: str, scale: float = 1.0) -> tuple[list[float], list[float]]:
+    pairs = [
+        (t.t, getattr(t.job, attr) * scale) for t in rec.ticks if getattr(t.job, attr) is not None
+    ]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def _host(rec: Recording, attr: str, scale: float = 1.0) -> tuple[list[float], list[float]]:
+    pairs = [
+        (t.t, getattr(t.host, attr) * scale) for t in rec.ticks if getattr(t.host, attr) is not None
+    ]
+    return [p[0] for p in pairs], [p[1] for p in pairs]
+
+
+def plot(rec: Recording, diagnosis: Diagnosis, path: Path) -> None:
+    """Write the timeline to ``path`` (PNG). Raises PlotUnavailable without matplotlib."""
+    if not available():
+        raise PlotUnavailable(f"--plot needs matplotlib, which is not installed: {INSTALL_HINT}")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    gpus = diagnosis.gpus or tuple(g.index for g in rec.gpus)
+    fig, axes = plt.subplots(4, 1, figsize=(11, 10), sharex=True)
+    act, clk, cpu, io = axes
+    fig.suptitle(f"sparkdiag watch: {rec.job}\n{_headline(diagnosis)}", fontsize=10)
+
+    samples = sorted(
+        (t, v) for tick in rec.ticks for g in tick.gpus if g.index in gpus for t, v in g.samples
+    )
+    if samples:
+        act.plot([s[0] for s in samples], [s[1] * 100 for s in samples], lw=0.8,
+                 label="utilization (driver samples)")  # fmt: skip
+    else:
+        xs, ys = _series(rec, gpus, "utilization")
+        act.plot(xs, [y * 100 for y in ys], lw=1, label="utilization")
+    for attr, label in (("sm_activity", "SM activity"), ("tensor_activity", "tensor activity"),
+                        ("dram_activity", "DRAM bandwidth")):  # fmt: skip
+        xs, ys = _series(rec, gpus, attr)
+        if xs:
+            act.step(xs, [y * 100 for y in ys], where="pre", lw=1, label=label)
+    act.set_ylabel("GPU %")
+    act.set_ylim(-2, 105)
+
+    xs, ys = _series(rec, gpus, "sm_clock_hz")
+    if xs:
+        clk.step(xs, [y / 1e6 for y in ys], where="pre", color="tab:blue", label="SM clock")
+    clk.set_ylabel("MHz")
+    temp = clk.twinx()
+    for attr, label, colour in (("temperature", "GPU °C", "tab:red"),
+                                ("memory_temperature", "memory °C", "tab:orange")):  # fmt: skip
+        xs, ys = _series(rec, gpus, attr)
+        if xs:
+            temp.plot(xs, ys, color=colour, lw=1, label=label)
+    temp.set_ylabel("°C")
+    _legend(clk, temp)
+
+    for attr, label in (("cpu_cores", "job CPU (cores)"), ("gpu_thread", "busiest GPU thread"),
+                        ("other_cpu_cores", "other processes (cores)")):  # fmt: skip
+        xs, ys = _job(rec, attr)
+        if xs:
+            cpu.step(xs, ys, where="pre", lw=1, label=label)
+    cpu.set_ylabel("cores")
+
+    for attr, label in (("read_bps", "read"), ("write_bps", "written")):
+        xs, ys = _job(rec, attr, 1e-6)
+        if xs:
+            io.step(xs, ys, where="pre", lw=1, label=f"{label} MB/s")
+    io.set_ylabel("MB/s")
+    psi = io.twinx()
+    for attr, label, colour in (("memory_stall", "memory PSI %", "tab:pink"),
+                                ("io_stall", "I/O PSI %", "tab:gray")):  # fmt: skip
+        xs, ys = _host(rec, attr, 100.0)
+        if xs:
+            psi.plot(xs, ys, color=colour, lw=1, ls="--", label=label)
+    psi.set_ylabel("PSI %")
+    _legend(io, psi)
+    io.set_xlabel("seconds since the start of the watch")
+
+    for start, end, name in diagnosis.spans:
+        for ax in axes:
+            ax.axvspan(start, end, color=COLOURS.get(name, "gray"), alpha=0.15, lw=0)
+    handles = [
+        matplotlib.patches.Patch(color=COLOURS[c.name], alpha=0.3, label=TITLES[c.name])
+        for c in diagnosis.causes
+        if c.name in COLOURS
+    ]
+    act.legend(handles=act.get_legend_handles_labels()[0] + handles, fontsize=7, loc="upper right")
+    cpu.legend(fontsize=7, loc="upper right")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _legend(left: Any, right: Any) -> None:
+    h1, l1 = left.get_legend_handles_labels()
+    h2, l2 = right.get_legend_handles_labels()
+    if h1 or h2:
+        left.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper right")
+
+
+def _headline(diagnosis: Diagnosis) -> str:
+    from sparkdiag.watch.render import headline
+
+    return headline(diagnosis)

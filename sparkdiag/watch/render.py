@@ -1,0 +1,96 @@
+"""The diagnosis as text for a terminal, and as JSON for scripts (``--json``)."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from dataclasses import asdict
+from typing import Any
+
+from sparkdiag.watch.diagnose import TITLES, Diagnosis
+from sparkdiag.watch.model import Recording
+
+JSON_SCHEMA = "sparkdiag-watch/1"
+_WIDTH = 100
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:.0f} %"
+
+
+def _wrap(text: str, indent: str) -> list[str]:
+    return textwrap.wrap(text, _WIDTH, initial_indent=indent, subsequent_indent=" " * len(indent))
+
+
+def headline(diagnosis: Diagnosis) -> str:
+    if diagnosis.verdict == "healthy":
+        return "healthy: no cause of lost GPU time found"
+    if diagnosis.verdict == "gpu-unused":
+        return "the job's GPU stayed idle: nothing to diagnose"
+    if diagnosis.verdict == "no-gpu":
+        return "no GPU sampled: only memory pressure was assessed, and none was found"
+    first = diagnosis.causes[0]
+    return f"{TITLES[first.name]} ({_pct(first.share)} of the time lost)"
+
+
+def text(rec: Recording, diagnosis: Diagnosis) -> str:
+    """A report of a few lines per cause: the share lost, the evidence, what to try."""
+    gpus = (
+        ", ".join(f"GPU {g.index} ({g.name})" for g in rec.gpus if g.index in diagnosis.gpus)
+        or "no GPU"
+    )
+    status = "" if rec.exit_status is None else f", exit status {rec.exit_status}"
+    duration = rec.ticks[-1].t if rec.ticks else 0.0
+    lines = [
+        f"sparkdiag watch: {rec.job}{status}; watched {duration:.1f} s ({rec.ended_by}) on {gpus}",
+    ]
+    start, end = diagnosis.window
+    if diagnosis.gpu_busy is not None:
+        tensor = (
+            "" if diagnosis.tensor_activity is None
+            else f", tensor pipes {_pct(diagnosis.tensor_activity)} when busy"
+        )  # fmt: skip
+        lines.append(
+            f"active window {start:.1f}-{end:.1f} s: GPU busy {_pct(diagnosis.gpu_busy)}{tensor}"
+        )
+    lines += ["", f"diagnosis: {headline(diagnosis)}"]
+    for cause in diagnosis.causes:
+        lines += ["", f"  {TITLES[cause.name]:<22} {_pct(cause.share):>6} of the time lost"]
+        for item in cause.evidence:
+            lines += _wrap(item, "    - ")
+        for action in cause.actions:
+            lines += _wrap("try: " + action, "    ")
+    for action in diagnosis.healthy_actions:
+        lines += _wrap(action, "  ")
+    if diagnosis.notes:
+        lines += ["", "notes:"]
+        for note in diagnosis.notes:
+            lines += _wrap(note, "  - ")
+    if diagnosis.skipped:
+        lines += ["", "not assessed here:"]
+        for item in diagnosis.skipped:
+            lines += _wrap(item, "  - ")
+    return "\n".join(lines) + "\n"
+
+
+def document(rec: Recording, diagnosis: Diagnosis) -> dict[str, Any]:
+    """The JSON document: the job, how the watch ended, the GPUs watched, and the diagnosis
+    (``diagnosed_gpus``: the indices of those the job ran on)."""
+    found = asdict(diagnosis)
+    found["diagnosed_gpus"] = found.pop("gpus")
+    return {
+        "schema": JSON_SCHEMA,
+        "job": rec.job,
+        "exit_status": rec.exit_status,
+        "ended_by": rec.ended_by,
+        "duration_seconds": rec.ticks[-1].t if rec.ticks else 0.0,
+        "interval_seconds": rec.interval,
+        "ticks": len(rec.ticks),
+        "gpus": [asdict(g) for g in rec.gpus],
+        "headline": headline(diagnosis),
+        **found,
+    }
+
+
+def to_json(rec: Recording, diagnosis: Diagnosis) -> str:
+    return json.dumps(document(rec, diagnosis), indent=1) + "\n"

@@ -1,0 +1,271 @@
+"""Sampling for ``sparkdiag watch``: one :class:`~sparkdiag.watch.model.Tick` per call.
+
+The GPU side asks NVML through a :class:`~sparkdiag.sources.gpu.GpuSource` (so fixtures, the
+unsupported memory and the lost-GPU rule work as in the daemon): the driver's utilization
+samples since the last tick, GPM activity, SM clock, clock event reasons, temperatures, power,
+the compute processes, and PCIe throughput (each read blocks ~20 ms: every ``pcie_seconds``).
+The job side reads ``/proc`` under ``--path.rootfs``: the process tree, CPU per thread, I/O per
+process; the host side PSI (the job's cgroup's where the kernel has it), memory and swap.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from sparkdiag.sources import pressure, procfs
+from sparkdiag.sources.gpu import DeviceLost, GpuSource
+from sparkdiag.watch.model import GpuInfo, GpuTick, HostTick, JobTick, Tick
+
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def _ratio(value: Any) -> float | None:
+    return None if value is None else min(max(float(value) / 100.0, 0.0), 1.0)
+
+
+class GpuSampler:
+    """The GPUs' side of a tick. ``gpus`` limits it to those indices (None: every GPU)."""
+
+    def __init__(self, source: GpuSource, gpus: set[int] | None = None) -> None:
+        self.source = source
+        self.indices = [g.index for g in source.identities if gpus is None or g.index in gpus]
+        self.lost: set[int] = set()
+        self.job_gpus: set[int] = set()  # GPUs the job was seen on
+
+    def infos(self) -> tuple[GpuInfo, ...]:
+        return tuple(
+            GpuInfo(g.index, g.name, g.uuid, g.memory_model)
+            for g in self.source.identities
+            if g.index in self.indices
+        )
+
+    def sample(self, started_at: float, job_pids: set[int]) -> tuple[GpuTick, ...]:
+        self.source.backend.advance()
+        self.source.begin()
+        ticks = []
+        for index in self.indices:
+            if index in self.lost:
+                continue
+            try:
+                ticks.append(self._one(index, started_at, job_pids))
+            except DeviceLost:
+                self.lost.add(index)
+        return tuple(ticks)
+
+    def _one(self, index: int, started_at: float, job_pids: set[int]) -> GpuTick:
+        ask = self.source.ask
+        raw = ask(index, "utilization_samples") or []
+        # the driver's buffer holds seconds from before the watch (the first call), and a
+        # recorded fixture replays the same old samples at every tick: only newer ones count
+        samples = tuple(
+            (t, min(max(float(value) / 100.0, 0.0), 1.0))
+            for stamp, value in raw
+            if (t := float(stamp) / 1e6 - started_at) >= 0
+        )
+        if samples:
+            utilization: float | None = sum(v for _, v in samples) / len(samples)
+        else:
+            util = ask(index, "utilization")
+            utilization = None if util is None else _ratio(util["gpu"])
+        gpm = ask(index, "gpm") or {}
+        procs = ask(index, "compute_processes")
+        on_gpu = any(int(p["pid"]) in job_pids for p in procs or ())
+        if on_gpu:
+            self.job_gpus.add(index)
+        # PCIe throughput blocks ~20 ms per direction: only on the GPUs the job was seen on
+        # (on every GPU where NVML lists no processes, or when there is one GPU)
+        pcie = index in self.job_gpus or procs is None or len(self.indices) == 1
+        clock = ask(index, "clock", 1)
+        clock_max = ask(index, "max_clock", 1)
+        power = ask(index, "power_mw")
+        limit = ask(index, "power_limit_mw")
+        mem_temp = ask(index, "memory_temperature")
+        tx = ask(index, "pcie_throughput", 0) if pcie else None
+        rx = ask(index, "pcie_throughput", 1) if pcie else None
+        reasons = ask(index, "clock_event_reasons")
+        temperature = ask(index, "temperature", 0)
+        return GpuTick(
+            index=index,
+            utilization=utilization,
+            samples=samples,
+            sm_activity=_ratio(gpm.get("sm")),
+            tensor_activity=_ratio(gpm.get("tensor")),
+            dram_activity=_ratio(gpm.get("dram")),
+            sm_occupancy=_ratio(gpm.get("sm_occupancy")),
+            sm_clock_hz=None if clock is None else float(clock) * 1e6,
+            sm_clock_max_hz=None if clock_max is None else float(clock_max) * 1e6,
+            reasons=None if reasons is None else int(reasons),
+            temperature=None if temperature is None else float(temperature),
+            memory_temperature=None if not mem_temp else float(mem_temp),
+            power_w=None if power is None else float(power) / 1000.0,
+            power_limit_w=None if limit is None else float(limit) / 1000.0,
+            pcie_tx=None if tx is None else float(tx) * 1024.0,
+            pcie_rx=None if rx is None else float(rx) * 1024.0,
+            job_on_gpu=on_gpu,
+        )
+
+    def gpu_pids(self, job_pids: set[int]) -> set[int]:
+        """The job's processes among the compute processes of the last answer (cached)."""
+        found: set[int] = set()
+        for index in self.indices:
+            if index in self.lost:
+                continue
+            try:
+                procs = self.source.ask(index, "compute_processes") or []
+            except DeviceLost:
+                continue
+            found.update(int(p["pid"]) for p in procs if int(p["pid"]) in job_pids)
+        return found
+
+
+class HostSampler:
+    """The job's and the host's side of a tick, as rates over the time since the last call."""
+
+    def __init__(
+        self,
+        rootfs: Path,
+        sysfs: Path,
+        root_pid: int,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.rootfs = rootfs
+        self.sysfs = sysfs
+        self.root_pid = root_pid
+        self.clock = clock
+        self._at: float | None = None
+        self._cpu: dict[tuple[int, int], procfs.ThreadTimes] = {}
+        self._io: dict[int, tuple[float, float]] = {}
+        self._pressure: pressure.PressureSample | None = None
+        self.cgroup = procfs.cgroup_v2_path(rootfs, root_pid)
+        self.pressure_scope = "host"
+        self.pids: list[int] = []
+
+    def tree(self) -> list[int]:
+        self.pids = procfs.process_tree(self.rootfs, self.root_pid)
+        return self.pids
+
+    def sample(self, gpu_pids: set[int]) -> tuple[JobTick, HostTick]:
+        """The job and the host since the last call; call :meth:`tree` first."""
+        now = self.clock()
+        dt = None if self._at is None else max(now - self._at, 1e-6)
+        self._at = now
+        cpu: dict[tuple[int, int], procfs.ThreadTimes] = {}
+        for pid in self.pids:
+            for tid, times in procfs.thread_times(self.rootfs, pid).items():
+                cpu[(pid, tid)] = times
+        io: dict[int, tuple[float, float]] = {}
+        for pid in self.pids:
+            counters = procfs.process_io(self.rootfs, pid)
+            if counters is not None:
+                io[pid] = (counters.get("rchar", 0.0), counters.get("wchar", 0.0))
+        job = JobTick(processes=len(self.pids), threads=len(cpu))
+        if dt is not None:
+            job = self._job_rates(job, dt, cpu, io, gpu_pids)
+        self._cpu, self._io = cpu, io
+
+        sample = pressure.read_pressure(self.rootfs, self.sysfs, self.cgroup)
+        self.pressure_scope = sample.scope
+        host = HostTick(available_bytes=sample.memory_bytes.get("available"))
+        previous, self._pressure = self._pressure, sample
+        if dt is not None and previous is not None:
+            host = self._host_rates(host, dt, previous, sample)
+        return job, host
+
+    def _job_rates(
+        self,
+        job: JobTick,
+        dt: float,
+        times: dict[tuple[int, int], procfs.ThreadTimes],
+        io: dict[int, tuple[float, float]],
+        gpu_pids: set[int],
+    ) -> JobTick:
+        def rate(now: float | None, before: float | None) -> float:
+            # one thread occupies one core at most: above 1.0 is the counters' granularity
+            return min(1.0, max(0.0, ((now or 0.0) - (before or 0.0)) / dt))
+
+        old = self._cpu
+        cpu = {k: rate(t.cpu, old[k].cpu if k in old else 0.0) for k, t in times.items()}
+        # how busy a thread is: on a CPU or waiting for one (schedstat), else on a CPU
+        busy = {
+            k: rate(t.runnable, old[k].runnable if k in old else 0.0)
+            if t.runnable is not None
+            else cpu[k]
+            for k, t in times.items()
+        }
+        on_gpu = {k: r for k, r in busy.items() if k[0] in gpu_pids} or busy
+        hottest = max(on_gpu, key=lambda k: on_gpu[k], default=None)
+        reads = writes = 0.0
+        for pid, (rchar, wchar) in io.items():
+            before = self._io.get(pid, (0.0, 0.0))
+            reads += max(0.0, rchar - before[0])
+            writes += max(0.0, wchar - before[1])
+        return JobTick(
+            processes=job.processes,
+            threads=job.threads,
+            cpu_cores=sum(cpu.values()),
+            gpu_thread=None if hottest is None else on_gpu[hottest],
+            gpu_thread_name="" if hottest is None else times[hottest].name,
+            other_cpu_cores=sum(r for k, r in cpu.items() if gpu_pids and k[0] not in gpu_pids),
+            read_bps=reads / dt if io else None,
+            write_bps=writes / dt if io else None,
+        )
+
+    @staticmethod
+    def _host_rates(
+        host: HostTick,
+        dt: float,
+        before: pressure.PressureSample,
+        after: pressure.PressureSample,
+    ) -> HostTick:
+        def stall(key: str) -> float | None:
+            if key not in after.stall_seconds or key not in before.stall_seconds:
+                return None
+            return min(max((after.stall_seconds[key] - before.stall_seconds[key]) / dt, 0.0), 1.0)
+
+        swap = None
+        if after.swapped_pages and before.swapped_pages:
+            pages = sum(after.swapped_pages.values()) - sum(before.swapped_pages.values())
+            swap = max(0.0, pages) * PAGE_SIZE / dt
+        return HostTick(
+            memory_stall=stall("memory_some"),
+            memory_full=stall("memory_full"),
+            io_stall=stall("io_some"),
+            cpu_stall=stall("cpu_some"),
+            swap_bps=swap,
+            available_bytes=host.available_bytes,
+        )
+
+
+class Sampler:
+    """Both sides together; ``tick()`` returns one :class:`Tick`."""
+
+    def __init__(
+        self,
+        gpu: GpuSampler | None,
+        host: HostSampler,
+        started_at: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.gpu = gpu
+        self.host = host
+        self.started_at = started_at
+        self.clock = clock
+        self._start = clock()
+        self._last = self._start
+
+    def tick(self) -> Tick:
+        pids = set(self.host.tree())
+        gpus: tuple[GpuTick, ...] = ()
+        gpu_pids: set[int] = set()
+        if self.gpu is not None:
+            gpus = self.gpu.sample(self.started_at, pids)
+            gpu_pids = self.gpu.gpu_pids(pids)
+        job, host = self.host.sample(gpu_pids)
+        now = self.clock()
+        tick = Tick(t=now - self._start, dt=now - self._last, gpus=gpus, job=job, host=host)
+        self._last = now
+        return tick

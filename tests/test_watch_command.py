@@ -1,0 +1,311 @@
+"""``sparkdiag watch`` end to end: scripted NVML fixtures with real jobs, this machine without a
+GPU, exit statuses passed through, Ctrl-C, --pid, --record/--replay, --plot, usage errors; and
+the host sampler's rates over a fake /proc."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from sparkdiag.watch import plot as plotting
+from sparkdiag.watch.command import watch
+from sparkdiag.watch.sampler import HostSampler
+from tests.support import NVML, ROOT, sparkdiag_cmd
+
+SPIN = "import time\nend = time.time() + {s}\nwhile time.time() < end: pass\n"
+
+
+def run_watch(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        sparkdiag_cmd("watch", *args), capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+
+
+def watch_json(fixture: str, *job: str, interval: str = "0.1") -> dict[str, Any]:
+    result = run_watch(
+        "--json", "--interval", interval, "--nvml-fixture", str(NVML / f"{fixture}.json"),
+        "--", *job,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    doc: dict[str, Any] = json.loads(result.stdout)
+    return doc
+
+
+# ---- end to end on scripted fixtures ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fixture", "job", "verdict"),
+    [
+        ("watch-healthy", ["sleep", "2"], "healthy"),
+        ("watch-starved", ["sleep", "2"], "input-starved"),
+        ("watch-throttled", ["sleep", "2.5"], "throttled"),
+        ("watch-fp32", ["sleep", "2"], "low-tensor-activity"),
+        ("watch-launch", [sys.executable, "-c", SPIN.format(s=2.5)], "cpu-bound-launcher"),
+    ],
+)
+def test_diagnosis_on_scripted_fixtures(fixture: str, job: list[str], verdict: str) -> None:
+    interval = "0.2" if fixture == "watch-launch" else "0.1"
+    doc = watch_json(fixture, *job, interval=interval)
+    assert doc["schema"] == "sparkdiag-watch/1"
+    assert doc["verdict"] == verdict, doc["causes"]
+    assert doc["exit_status"] == 0 and doc["ended_by"] == "exit"
+    assert doc["gpus"][0]["name"] == "NVIDIA H200"
+    if verdict == "healthy":
+        assert doc["causes"] == []
+    else:
+        cause = doc["causes"][0]
+        assert cause["share"] > 0.1 and cause["evidence"] and cause["actions"]
+
+
+def test_text_report_names_the_cause_its_evidence_and_what_to_try() -> None:
+    result = run_watch(
+        "--interval", "0.1", "--nvml-fixture", str(NVML / "watch-starved.json"), "--", "sleep", "2"
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert out.startswith("sparkdiag watch: sleep 2, exit status 0;")
+    assert "diagnosis: input-starved (" in out and "of the time lost" in out
+    assert "- GPU idle" in out and "idle gaps in the driver's samples" not in out  # no samples
+    assert "try: give the data loader more workers" in out
+
+
+def test_without_a_gpu_it_says_what_it_skipped_and_still_diagnoses(tmp_path: Path) -> None:
+    result = run_watch(
+        "--interval", "0.1", "--nvml-fixture", str(NVML / "no-nvml.json"), "--", "sleep", "1"
+    )
+    assert result.returncode == 0
+    assert "NVML unavailable" in result.stderr and "not sampled" in result.stderr
+    assert "no GPU sampled" in result.stdout
+    assert "not assessed here:" in result.stdout
+
+
+def test_exit_status_of_the_job_is_passed_through() -> None:
+    result = run_watch(
+        "--interval", "0.1", "--nvml-fixture", str(NVML / "watch-healthy.json"),
+        "--", "sh", "-c", "sleep 0.5; exit 7",
+    )  # fmt: skip
+    assert result.returncode == 7
+    assert "sh -c 'sleep 0.5; exit 7', exit status 7" in result.stdout
+
+
+def test_ctrl_c_stops_the_job_prints_the_diagnosis_and_passes_its_status() -> None:
+    proc = subprocess.Popen(
+        sparkdiag_cmd(
+            "watch", "--interval", "0.1", "--nvml-fixture", str(NVML / "watch-healthy.json"),
+            "--json", "--", "sleep", "60",
+        ),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    time.sleep(1.5)
+    proc.send_signal(signal.SIGINT)  # to watch only: it must stop its job itself
+    out, _ = proc.communicate(timeout=30)
+    doc = json.loads(out)
+    assert doc["ended_by"] == "interrupt"
+    assert proc.returncode == 130 == doc["exit_status"]  # the job ended by SIGINT
+
+
+def test_duration_then_waits_for_the_job(tmp_path: Path) -> None:
+    start = time.monotonic()
+    result = run_watch(
+        "--interval", "0.1", "--duration", "0.5", "--json",
+        "--nvml-fixture", str(NVML / "watch-healthy.json"), "--", "sh", "-c", "sleep 2; exit 4",
+    )  # fmt: skip
+    assert result.returncode == 4
+    assert time.monotonic() - start >= 2.0
+    doc = json.loads(result.stdout)
+    assert doc["ended_by"] == "duration" and doc["exit_status"] is None
+    assert doc["duration_seconds"] < 1.5
+
+
+def test_attach_to_a_running_process() -> None:
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        result = run_watch(
+            "--pid", str(sleeper.pid), "--duration", "0.6", "--interval", "0.1",
+            "--nvml-fixture", str(NVML / "watch-healthy.json"),
+        )  # fmt: skip
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert result.returncode == 0, result.stderr
+    assert f"pid {sleeper.pid} (sleep)" in result.stdout
+    assert "(duration)" in result.stdout
+
+
+def test_record_replay_and_plot(tmp_path: Path) -> None:
+    recording, png = tmp_path / "run.json", tmp_path / "run.png"
+    result = run_watch(
+        "--interval", "0.1", "--json", "--record", str(recording), "--plot", str(png),
+        "--nvml-fixture", str(NVML / "watch-starved.json"), "--", "sleep", "1.5",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    live = json.loads(result.stdout)
+    replayed = run_watch("--replay", str(recording), "--json", "--plot", str(tmp_path / "r.png"))
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(replayed.stdout) == live
+    assert (tmp_path / "r.png").stat().st_size > 10_000
+
+
+def test_watch_does_not_need_pyudev(tmp_path: Path) -> None:
+    """The H200 has no pyudev: watch must not import it."""
+    fixture = str(NVML / "watch-healthy.json")
+    code = (
+        "import sys; sys.modules['pyudev'] = None\n"
+        "from sparkdiag.cli import main\n"
+        f"main(['watch', '--interval', '0.1', '--nvml-fixture', {fixture!r}, '--', 'true'])\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert "diagnosis:" in result.stdout
+
+
+# ---- usage errors: one line, exit 2 -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        ([], "give exactly one of --pid PID, --replay FILE or -- COMMAND"),
+        (["--pid", "1", "--", "true"], "give exactly one of"),
+        (["--pid", "999999999"], "no running process 999999999"),
+        (["--replay", "/nonexistent.json"], "cannot read /nonexistent.json"),
+        (["--gpu", "a,b", "--", "true"], "is not a list of GPU indices"),
+        (["--interval", "0", "--", "true"], "0.05"),
+        (["--nvml-fixture", "/nonexistent.json", "--", "true"], "cannot read NVML fixture"),
+    ],
+)
+def test_usage_errors(args: list[str], message: str) -> None:
+    result = CliRunner().invoke(watch, args)
+    assert result.exit_code == 2, result.output
+    assert message in result.output
+    assert "Traceback" not in result.output
+
+
+def test_bad_recording_is_a_usage_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"schema": "something else"}')
+    result = CliRunner().invoke(watch, ["--replay", str(bad)])
+    assert result.exit_code == 2 and "not a sparkdiag watch recording" in result.output
+
+
+def test_plot_without_matplotlib_fails_before_starting_the_job(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(plotting, "available", lambda: False)
+    marker = tmp_path / "ran"
+    result = CliRunner().invoke(watch, ["--plot", "x.png", "--", "touch", str(marker)])
+    assert result.exit_code == 2
+    assert "pip install 'sparkdiag[plot]'" in result.output
+    assert not marker.exists()
+
+
+# ---- the host sampler over a fake /proc ---------------------------------------------------------
+
+
+def _task(root: Path, pid: int, tid: int, name: str, ticks: int, run_ns: int, wait_ns: int) -> None:
+    task = root / "proc" / str(pid) / "task" / str(tid)
+    task.mkdir(parents=True, exist_ok=True)
+    fields = ["S"] + ["0"] * 10 + [str(ticks), "0"] + ["0"] * 30
+    (task / "stat").write_text(f"{tid} ({name}) " + " ".join(fields) + "\n")
+    (task / "schedstat").write_text(f"{run_ns} {wait_ns} 1\n")
+
+
+def _fake_job(root: Path, step: int) -> None:
+    """pid 100 (on the GPU; its launcher thread 101 busy but starved of CPU: on a CPU half the
+    time, waiting in the run queue the other half) and its loader child 200 (one busy core)."""
+    s = 10**9
+    _task(root, 100, 100, "python3", 0, step * s // 10, 0)
+    _task(root, 100, 101, "launcher", 0, step * s // 2, step * s // 2)
+    _task(root, 200, 200, "pt_data_worker", 0, step * s, 0)
+    (root / "proc" / "100" / "task" / "100" / "children").write_text("200 ")
+    for pid in (100, 200):
+        (root / "proc" / str(pid) / "io").write_text(
+            f"rchar: {step * 40_000_000 * (pid // 100)}\nwchar: {step * 1000}\n"
+            "read_bytes: 0\nwrite_bytes: 0\n"
+        )
+    pressure = root / "proc" / "pressure"
+    pressure.mkdir(parents=True, exist_ok=True)
+    (pressure / "memory").write_text(f"some avg10=0 avg60=0 avg300=0 total={step * 100000}\n")
+    (root / "proc" / "meminfo").write_text("MemAvailable: 1048576 kB\n")
+    (root / "proc" / "vmstat").write_text(f"pswpin {step * 10}\npswpout 0\n")
+
+
+def test_host_sampler_rates(tmp_path: Path) -> None:
+    now = [0.0]
+    sampler = HostSampler(tmp_path, tmp_path / "sys", 100, clock=lambda: now[0])
+    _fake_job(tmp_path, 1)
+    assert sampler.tree() == [100, 200]
+    first, _ = sampler.sample({100})
+    assert first.cpu_cores is None and first.processes == 2  # the first sample is a baseline
+    now[0] = 1.0
+    _fake_job(tmp_path, 2)
+    sampler.tree()
+    job, host = sampler.sample({100})
+    assert job.gpu_thread == pytest.approx(1.0)  # runnable all the time, though on a CPU half
+    assert job.gpu_thread_name == "launcher"
+    assert job.cpu_cores == pytest.approx(0.1 + 0.5 + 1.0)
+    assert job.other_cpu_cores == pytest.approx(1.0)  # the loader
+    assert job.read_bps == pytest.approx(40e6 + 80e6)
+    assert job.write_bps == pytest.approx(2000)
+    assert host.memory_stall == pytest.approx(0.1)
+    assert host.swap_bps == pytest.approx(10 * os.sysconf("SC_PAGE_SIZE"))
+    assert host.available_bytes == 1048576 * 1024.0
+
+
+# ---- the GPU sampler over fixtures --------------------------------------------------------------
+
+
+def _gpu_sampler(path: Path) -> Any:
+    from sparkdiag.sources.fixture import FixtureBackend
+    from sparkdiag.sources.gpu import GpuSource
+    from sparkdiag.watch.sampler import GpuSampler
+
+    source = GpuSource(FixtureBackend(path))
+    assert source.start()
+    return GpuSampler(source)
+
+
+def test_gpu_sampler_reads_driver_samples_newer_than_the_start(
+    write_fixture: Any, nvml_fixture: Any
+) -> None:
+    started = 1_800_000_000.0
+    stamps = [(started - 5) * 1e6, (started + 0.25) * 1e6, (started + 0.5) * 1e6]
+    path = write_fixture(
+        {
+            "base": str(nvml_fixture("watch-healthy")),
+            "devices": [
+                {
+                    "from": 0,
+                    "set": {
+                        "utilization_samples": [[stamps[0], 0], [stamps[1], 40], [stamps[2], 60]]
+                    },
+                }
+            ],
+        }
+    )
+    (tick,) = _gpu_sampler(path).sample(started, {506})
+    assert tick.samples == ((0.25, 0.4), (0.5, 0.6))  # the one from before the start is dropped
+    assert tick.utilization == pytest.approx(0.5)
+    assert tick.job_on_gpu  # pid 506 is the recording's compute process
+    assert tick.tensor_activity == 0.7 and tick.sm_clock_hz == 1440e6
+    assert tick.pcie_tx is None  # the recording has no PCIe throughput: unsupported, left out
+
+
+def test_gpu_sampler_without_driver_samples_uses_the_instantaneous_figure(
+    nvml_fixture: Any,
+) -> None:
+    (tick,) = _gpu_sampler(nvml_fixture("watch-healthy")).sample(1.8e9, set())
+    assert tick.samples == () and tick.utilization == 1.0 and not tick.job_on_gpu

@@ -1,0 +1,434 @@
+"""The watch diagnosis, a pure function of a recording, on synthetic timelines: one per cause
+(it must be found, with a share close to what was built in), the healthy job (no false cause,
+start-up and tear-down excluded), and near misses just under each threshold."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sparkdiag.watch import diagnose as dx
+from sparkdiag.watch.diagnose import Diagnosis, diagnose
+from sparkdiag.watch.model import (
+    GpuInfo,
+    GpuTick,
+    HostTick,
+    JobTick,
+    Recording,
+    Tick,
+    from_json,
+    load,
+)
+
+DT = 0.5
+SW_POWER_CAP = 0x4
+SW_THERMAL = 0x20
+HW_SLOWDOWN = 0x8
+H200 = GpuInfo(0, "NVIDIA H200", "GPU-test", "dedicated")
+MHZ = 1e6
+
+F = Callable[[int], float | None]
+
+
+def _const(value: float | None) -> F:
+    return lambda i: value
+
+
+C_0_99 = _const(0.99)
+C_0_90 = _const(0.90)
+C_0_70 = _const(0.70)
+C_1755_0 = _const(1755.0)
+C_62_0 = _const(62.0)
+C_1_0 = _const(1.0)
+C_2e5 = _const(2e5)
+C_1e6 = _const(1e6)
+C_0_0 = _const(0.0)
+
+
+def timeline(
+    n: int = 80,
+    util: F = C_0_99,
+    sm: F | None = C_0_90,
+    tensor: F | None = C_0_70,
+    clock: F = C_1755_0,
+    reasons: Callable[[int], int] = lambda i: SW_POWER_CAP,
+    temperature: F = C_62_0,
+    thread: F = C_1_0,  # the training loop's main thread spin-waits on the GPU
+    write: F = C_2e5,
+    read: F = C_1e6,
+    memory_stall: F = C_0_0,
+    io_stall: F = C_0_0,
+    swap: F = C_0_0,
+    warmup: int = 0,
+    teardown: int = 0,
+    samples: bool = True,
+    gpus: tuple[GpuInfo, ...] = (H200,),
+) -> Recording:
+    """``n`` ticks of ``DT`` seconds; ``warmup`` idle ticks before and ``teardown`` after (CUDA
+    initialisation, loading, saving the result: the GPU idle, the host busy)."""
+    ticks = []
+    total = warmup + n + teardown
+    for k in range(total):
+        i = k - warmup
+        active = 0 <= i < n
+        u = util(i) if active else 0.0
+        t = (k + 1) * DT
+        gpu = GpuTick(
+            index=0,
+            utilization=u,
+            samples=(
+                tuple((t - DT + j * DT / 3, u) for j in range(3))
+                if samples and u is not None
+                else ()
+            ),
+            sm_activity=(sm(i) if active else 0.0) if sm is not None else None,
+            tensor_activity=(tensor(i) if active else 0.0) if tensor is not None else None,
+            sm_clock_hz=(clock(i) if active else 345.0) * MHZ,  # type: ignore[operator]
+            sm_clock_max_hz=1980 * MHZ,
+            reasons=reasons(i) if active else 0x1,
+            temperature=temperature(i) if active else 40.0,
+            power_w=650.0 if active else 80.0,
+            power_limit_w=700.0,
+            job_on_gpu=True,
+        )
+        job = JobTick(
+            processes=1,
+            threads=30,
+            cpu_cores=1.2,
+            gpu_thread=thread(i) if active else 1.0,
+            gpu_thread_name="python3",
+            other_cpu_cores=0.0,
+            read_bps=read(i) if active else 5e7,
+            write_bps=write(i) if active else 0.0,
+        )
+        host = HostTick(
+            memory_stall=memory_stall(i) if active else 0.0,
+            memory_full=0.0,
+            io_stall=io_stall(i) if active else 0.0,
+            cpu_stall=0.0,
+            swap_bps=swap(i) if active else 0.0,
+            available_bytes=100e9,
+        )
+        ticks.append(Tick(t=t, dt=DT, gpus=(gpu,) if gpus else (), job=job, host=host))
+    return Recording(
+        started_at=1.7e9, interval=DT, job="python3 train.py", gpus=gpus, ticks=tuple(ticks)
+    )
+
+
+def names(d: Diagnosis) -> list[str]:
+    return [c.name for c in d.causes]
+
+
+def share(d: Diagnosis, name: str) -> float:
+    (cause,) = [c for c in d.causes if c.name == name]
+    return cause.share
+
+
+# ---- healthy: no false cause --------------------------------------------------------------------
+
+
+def test_healthy_training_loop_gets_no_cause() -> None:
+    """A GPU-bound bf16 loop: utilization ~99 % with a dip now and then (logging), tensor pipes
+    busy, the main thread spin-waiting at 100 % of a core, the power cap active, small writes
+    (a log), and a long start-up and tear-down with the GPU idle and the host reading."""
+    rec = timeline(
+        util=lambda i: 0.85 if i % 20 == 0 else 0.99,
+        write=lambda i: 5e7 if i % 40 == 0 else 1e5,  # a log flush, GPU busy meanwhile
+        warmup=12,
+        teardown=6,
+    )
+    d = diagnose(rec)
+    assert d.verdict == "healthy", d.causes
+    assert d.causes == ()
+    assert d.window == (12 * DT, (12 + 80) * DT)  # start-up and tear-down left out
+    assert d.gpu_busy is not None and d.gpu_busy > 0.95
+    assert any("power cap" in note for note in d.notes)  # said, but not a cause
+    assert d.healthy_actions and "nothing to fix" in d.healthy_actions[0]
+    assert d.spans == ()
+
+
+def test_healthy_without_gpm_gets_no_cause_and_says_what_it_skipped() -> None:
+    d = diagnose(timeline(sm=None, tensor=None))
+    assert d.verdict == "healthy"
+    assert any("no GPM" in s for s in d.skipped)
+
+
+# ---- one timeline per cause ---------------------------------------------------------------------
+
+
+def test_input_starved() -> None:
+    """A data loader too slow for the GPU: busy one tick, idle the next two, the main thread
+    waiting on the loader's queue (10 % of a core), the loader reading."""
+    rec = timeline(
+        util=lambda i: 0.98 if i % 3 == 0 else 0.05,
+        sm=lambda i: 0.9 if i % 3 == 0 else 0.02,
+        thread=_const(0.10),
+        read=_const(8e7),
+    )
+    d = diagnose(rec)
+    assert d.verdict == "input-starved"
+    assert names(d) == ["input-starved"]
+    assert share(d, "input-starved") == pytest.approx((2 / 3) * 0.95, abs=0.04)
+    evidence = " ".join(d.causes[0].evidence)
+    assert "idle gaps" in evidence and "reads" in evidence
+    assert any("num_workers" in a for a in d.causes[0].actions)
+    assert {s[2] for s in d.spans} == {"input-starved"}
+
+
+def test_cpu_bound_launcher() -> None:
+    """Tiny kernels: the GPU is "utilized" half the time but its SMs are 4 % active; the
+    launching thread is pinned at 99 % of a core."""
+    rec = timeline(util=_const(0.5), sm=_const(0.04), tensor=_const(0.0), thread=_const(0.99))
+    d = diagnose(rec)
+    assert d.verdict == "cpu-bound-launcher"
+    assert share(d, "cpu-bound-launcher") == pytest.approx(0.96, abs=0.02)
+    assert "low-tensor-activity" not in names(d)  # the GPU is barely busy: not a math problem
+    assert "'python3' at 99 %" in d.causes[0].evidence[0]
+    assert any("CUDA graph" in a for a in d.causes[0].actions)
+
+
+def test_cpu_bound_launcher_without_gpm_uses_utilization() -> None:
+    rec = timeline(util=_const(0.3), sm=None, tensor=None, thread=_const(1.0))
+    d = diagnose(rec)
+    assert d.verdict == "cpu-bound-launcher"
+    assert share(d, "cpu-bound-launcher") == pytest.approx(0.7, abs=0.02)
+
+
+def test_checkpoint_stalls() -> None:
+    """Every 20 ticks (10 s) the job writes 1.5 GB/s for 4 ticks with the GPU idle."""
+
+    def stalled(i: int) -> bool:
+        return 8 <= i % 20 < 12
+
+    rec = timeline(
+        util=lambda i: 0.02 if stalled(i) else 0.99,
+        sm=lambda i: 0.01 if stalled(i) else 0.9,
+        thread=lambda i: 0.4 if stalled(i) else 1.0,
+        write=lambda i: 1.5e9 if stalled(i) else 1e5,
+    )
+    d = diagnose(rec)
+    assert d.verdict == "checkpoint-stalls"
+    assert names(d) == ["checkpoint-stalls"]
+    assert share(d, "checkpoint-stalls") == pytest.approx(0.2 * 0.98, abs=0.03)
+    evidence = " ".join(d.causes[0].evidence)
+    assert "4 write bursts" in evidence and "1.5 GB/s" in evidence and "every 10.0 s" in evidence
+
+
+def test_checkpoint_stalls_include_the_fsync_after_the_burst() -> None:
+    """The job fills the page cache in one tick, then waits 2.5 s in fsync writing nothing,
+    tasks stalled on I/O: the whole idle gap is the checkpoint's, none of it input-starved."""
+
+    def gap(i: int) -> bool:
+        return 8 <= i % 20 < 14
+
+    rec = timeline(
+        util=lambda i: 0.02 if gap(i) else 0.99,
+        sm=lambda i: 0.01 if gap(i) else 0.9,
+        thread=lambda i: 0.05 if gap(i) else 1.0,
+        write=lambda i: 2.4e9 if i % 20 == 8 else 1e5,
+        io_stall=lambda i: 0.6 if gap(i) and i % 20 > 8 else 0.0,
+    )
+    d = diagnose(rec)
+    assert names(d) == ["checkpoint-stalls"], [(c.name, c.share) for c in d.causes]
+    assert share(d, "checkpoint-stalls") == pytest.approx(24 * 0.98 / 80, abs=0.01)
+    assert "stalled on I/O 50 %" in " ".join(d.causes[0].evidence)  # 5 of 6 ticks at 60 %
+
+
+def test_a_log_burst_in_a_starved_loop_does_not_turn_it_into_checkpoint_stalls() -> None:
+    """Starved at 70 % idle per tick, with one 100 MB/s log flush: only the flush's ticks may
+    count as writing; the rest stays input-starvation."""
+    rec = timeline(
+        util=_const(0.3),
+        sm=_const(0.28),
+        thread=_const(0.2),
+        write=lambda i: 1e8 if i == 20 else 1e5,
+        io_stall=_const(0.01),
+    )
+    d = diagnose(rec)
+    assert d.verdict == "input-starved"
+    assert "checkpoint-stalls" not in names(d)
+
+
+def test_throttled() -> None:
+    """Software thermal slowdown for the second half, SM clock 1100 against 1755 MHz."""
+    hot = lambda i: i >= 40  # noqa: E731
+    rec = timeline(
+        clock=lambda i: 1100.0 if hot(i) else 1755.0,
+        reasons=lambda i: SW_THERMAL | SW_POWER_CAP if hot(i) else SW_POWER_CAP,
+        temperature=lambda i: 88.0 if hot(i) else 70.0,
+    )
+    d = diagnose(rec)
+    assert d.verdict == "throttled"
+    assert share(d, "throttled") == pytest.approx(0.5 * (1 - 1100 / 1755), abs=0.01)
+    evidence = " ".join(d.causes[0].evidence)
+    assert "sw_thermal_slowdown active 50 %" in evidence
+    assert "1100 MHz" in evidence and "1755 MHz" in evidence and "88 °C" in evidence
+
+
+def test_memory_pressure() -> None:
+    rec = timeline(memory_stall=_const(0.22), swap=_const(3e7))
+    d = diagnose(rec)
+    assert names(d) == ["memory-pressure"]
+    assert share(d, "memory-pressure") == pytest.approx(0.22)
+    evidence = " ".join(d.causes[0].evidence)
+    assert "PSI some" in evidence and "swapping 30.0 MB/s" in evidence
+
+
+def test_memory_pressure_on_unified_memory_says_the_gpu_shares_it() -> None:
+    gb10 = GpuInfo(0, "NVIDIA GB10", "GPU-gb10", "unified")
+    d = diagnose(timeline(memory_stall=_const(0.3), gpus=(gb10,)))
+    assert "unified memory" in " ".join(d.causes[0].evidence)
+    assert any("drop caches" in a for a in d.causes[0].actions)
+
+
+def test_low_tensor_activity() -> None:
+    """fp32 matmuls without TF32: SMs 95 % active, tensor pipes idle."""
+    rec = timeline(sm=_const(0.95), tensor=_const(0.0))
+    d = diagnose(rec)
+    assert d.verdict == "low-tensor-activity"
+    assert share(d, "low-tensor-activity") == pytest.approx(1.0)
+    assert any("TF32" in a or "float32_matmul_precision" in a for a in d.causes[0].actions)
+
+
+def test_two_causes_are_both_reported_largest_first() -> None:
+    rec = timeline(
+        util=lambda i: 0.98 if i % 2 == 0 else 0.05,
+        thread=_const(0.1),
+        memory_stall=_const(0.12),
+    )
+    d = diagnose(rec)
+    assert names(d) == ["input-starved", "memory-pressure"]
+
+
+# ---- near misses --------------------------------------------------------------------------------
+
+
+def test_short_idle_dips_below_the_threshold_are_not_input_starvation() -> None:
+    # one tick in 12 at 5 %: 0.95 / 12 = 7.9 % of the time lost, under the 10 % threshold
+    d = diagnose(timeline(util=lambda i: 0.05 if i % 12 == 0 else 0.99, thread=_const(0.1)))
+    assert d.verdict == "healthy"
+
+
+def test_a_hot_thread_with_a_busy_gpu_is_not_a_launcher() -> None:
+    d = diagnose(timeline(util=_const(0.97), sm=_const(0.65), thread=_const(1.0)))
+    assert "cpu-bound-launcher" not in names(d)
+
+
+def test_writes_while_the_gpu_works_are_not_checkpoint_stalls() -> None:
+    d = diagnose(timeline(write=lambda i: 2e9 if i % 20 == 0 else 1e5))
+    assert d.verdict == "healthy"
+
+
+def test_power_cap_alone_is_not_throttling() -> None:
+    d = diagnose(timeline(clock=_const(1425.0), reasons=_const(SW_POWER_CAP)))  # type: ignore[arg-type]
+    assert d.verdict == "healthy"
+
+
+def test_brief_hardware_slowdown_under_the_threshold_is_not_reported() -> None:
+    # 3 ticks of 80 (3.75 %) below THROTTLE_MIN
+    d = diagnose(timeline(reasons=lambda i: HW_SLOWDOWN if i < 3 else 0))
+    assert "throttled" not in names(d)
+
+
+def test_light_memory_pressure_is_not_reported() -> None:
+    assert diagnose(timeline(memory_stall=_const(0.04))).verdict == "healthy"
+
+
+def test_moderate_tensor_activity_is_not_low() -> None:
+    assert diagnose(timeline(sm=_const(0.9), tensor=_const(0.15))).verdict == "healthy"
+
+
+def test_low_tensor_needs_most_of_the_busy_time() -> None:
+    # tensor idle 40 % of the busy time: under LOW_TENSOR_SHARE
+    d = diagnose(timeline(tensor=lambda i: 0.0 if i % 5 < 2 else 0.6))
+    assert "low-tensor-activity" not in names(d)
+
+
+# ---- edge cases ---------------------------------------------------------------------------------
+
+
+def test_gpu_never_busy() -> None:
+    d = diagnose(timeline(util=_const(0.02), sm=_const(0.0), tensor=_const(0.0)))
+    assert d.verdict == "gpu-unused"
+    assert "CUDA_VISIBLE_DEVICES" in d.notes[0]
+
+
+def test_no_gpu_sampled_assesses_memory_only() -> None:
+    rec = timeline(gpus=())
+    d = diagnose(rec)
+    assert d.verdict == "no-gpu"
+    assert any("no GPU was sampled" in s for s in d.skipped)
+    d = diagnose(timeline(gpus=(), memory_stall=_const(0.3)))
+    assert d.verdict == "memory-pressure"
+
+
+def test_diagnosis_looks_at_the_gpu_the_job_runs_on() -> None:
+    base = timeline(util=lambda i: 0.98 if i % 2 == 0 else 0.05, thread=_const(0.1))
+    idle_neighbour = GpuTick(index=1, utilization=0.0, sm_activity=0.0, tensor_activity=0.0)
+    ticks = tuple(
+        Tick(t=t.t, dt=t.dt, gpus=(*t.gpus, idle_neighbour), job=t.job, host=t.host)
+        for t in base.ticks
+    )
+    rec = Recording(
+        started_at=base.started_at,
+        interval=DT,
+        job=base.job,
+        gpus=(H200, GpuInfo(1, "NVIDIA H200", "GPU-other", "dedicated")),
+        ticks=ticks,
+    )
+    d = diagnose(rec)
+    assert d.gpus == (0,)
+    assert d.verdict == "input-starved"
+
+
+def test_thresholds_are_documented_in_the_module() -> None:
+    doc = dx.__doc__ or ""
+    for name in ("BUSY_START", "IDLE_MIN", "HOT_THREAD", "LAUNCH_ACTIVITY_MAX", "TENSOR_LOW"):
+        assert name in doc
+
+
+def test_recording_round_trips_through_json(tmp_path: Path) -> None:
+    rec = timeline(util=lambda i: 0.98 if i % 3 == 0 else 0.05, thread=_const(0.1), warmup=3)
+    path = tmp_path / "run.json"
+    rec.save(path)
+    again = load(path)
+    assert again == rec
+    assert diagnose(again) == diagnose(rec)
+    assert from_json(rec.to_json()) == rec
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_noisy_healthy_loops_get_no_false_cause(seed: int) -> None:
+    """Healthy loops with the noise a real one has: utilization 93-100 %, SM and tensor
+    activity that wander, the spin-waiting main thread between 90 and 100 % of a core, log
+    writes and reads, a trace of memory pressure, the power cap on and off."""
+    import random
+
+    rng = random.Random(seed)
+    n = 120
+    util = [rng.uniform(0.93, 1.0) for _ in range(n)]
+    sm = [rng.uniform(0.75, 0.95) for _ in range(n)]
+    tensor = [rng.uniform(0.4, 0.85) for _ in range(n)]
+    thread = [rng.uniform(0.9, 1.0) for _ in range(n)]
+    write = [rng.choice([0.0, 1e4, 2e6, 3e7]) for _ in range(n)]
+    read = [rng.uniform(0, 5e7) for _ in range(n)]
+    stall = [rng.uniform(0, 0.03) for _ in range(n)]
+    capped = [rng.random() < 0.6 for _ in range(n)]
+    rec = timeline(
+        n=n,
+        util=lambda i: util[i],
+        sm=lambda i: sm[i],
+        tensor=lambda i: tensor[i],
+        thread=lambda i: thread[i],
+        write=lambda i: write[i],
+        read=lambda i: read[i],
+        memory_stall=lambda i: stall[i],
+        reasons=lambda i: SW_POWER_CAP if capped[i] else 0,
+        clock=lambda i: 1500.0 if capped[i] else 1755.0,
+        warmup=rng.randint(0, 15),
+        teardown=rng.randint(0, 8),
+    )
+    d = diagnose(rec)
+    assert d.verdict == "healthy", [(c.name, round(c.share, 3)) for c in d.causes]
