@@ -6,7 +6,8 @@
 #      mamf-finder at 8192^3 for bf16 and fp8 right after them, sparkdiag probe and check idle
 #   b  the contention table and the hot-suite int4 ratios idle, busy and hot
 #      (probe_truth.py contention,hot), the worker's gpu-marked tests, check under load
-#   c  the default suite's bf16 and fp8 kernels measured every 10 s through 60 s of sustained
+#   c  decode batches beside a competing process, for several batch settings (decode_slices.py);
+#      the default suite's bf16 and fp8 kernels measured every 10 s through 60 s of sustained
 #      load (the worker's soak mode: mamf-finder's condition, which warms the GPU for 30 s
 #      before it measures), then synthetic jobs alone and under sparkdiag watch (watch_jobs.py)
 #   d  a 5-minute sparkdiag soak with its plots (soak.sh)
@@ -79,6 +80,8 @@ b)
   timeout 150 python3 -m pytest -m gpu tests/test_probe_worker.py -q -s -p no:cacheprovider 2>&1 | tail -30
   ;;
 c)
+  echo "== decode batches and time slices (decode_slices.py)"
+  time timeout 200 python3 scripts/device/decode_slices.py --out "$RES"
   echo "== default suite bf16 and fp8 through 60 s of sustained load"
   time timeout 120 python3 -m sparkdiag.probe.worker --suite default --dtype bf16,fp8 \
     --no-bandwidth --no-transfers --soak-seconds 60 --window-seconds 10 > "$RES/sustained-default.json"
