@@ -74,9 +74,11 @@ from it (TFLOPS; TOPS for int8; bytes/s for the device copy):
   time, from one CUDA event before the first iteration to one after the last,
   gaps included. It is what a user of a shared or time-sliced GPU gets, and
   what efficiency, baselines and alerts use. On an H200 beside a process
-  running a bf16 8192^3 loop it fell to 0.41-0.63 of idle, where the median
+  running a bf16 8192^3 loop it fell to 0.40-0.51 of idle, where the median
   of short kernels did not move at all (they run whole inside their time
-  slices).
+  slices). A batch must itself outlast a time slice: batches of 8 ms and
+  less read 0.98-1.00 of idle there, so on a GPU every batch lasts at least
+  ``--min-batch-ms`` (30) whatever its share of the budget.
 - ``peak``: the work of one iteration over the median iteration time,
   comparable with mamf-finder.
 
@@ -100,7 +102,8 @@ iteration, so its cycle-to-cycle spread depends on what the batch spans.
    ``--budget-fraction`` is the part of ``--budget-seconds`` planned for.
 2. Short kernels need many iterations: a decode batch of 300 iterations of
    30 us lasts 9 ms, and one hiccup of a few hundred microseconds moves it by
-   several percent. ``--max-iters`` (1000) lets a decode batch fill its share.
+   several percent. ``--min-batch-ms`` (30) and ``--max-iters`` (4000) let a
+   decode batch run 1000-1400 iterations.
 3. The state a batch starts in. An idle GPU ramps its clocks up during the
    first kernels (``--spinup-ms`` of untimed matmuls first, not in the hot
    suite); and a compute kernel that follows low-power decode kernels first
@@ -111,9 +114,11 @@ iteration, so its cycle-to-cycle spread depends on what the batch spans.
 4. Gaps that are not the GPU's: the prequeue hold keeps the CPU's launch
    overhead out, and Python's garbage collector is paused while a batch is
    enqueued. The stream's queue is finite (about a thousand commands; every
-   iteration takes three): a long batch of kernels shorter than their launch
-   can still run dry after the hold, and ``queued_ahead`` then reads false;
-   a lower ``--max-iters`` keeps such a batch inside the queue.
+   iteration takes three), so the CPU is often still enqueuing when the GPU
+   starts: ``queued_ahead`` then reads false, which costs nothing as long as
+   each kernel outlasts its launch (on the H200, 22-36 us decode kernels
+   lost the same 4 % to gaps in batches of 1000 and of 4000 iterations);
+   ``gaps_ms`` says what the GPU waited.
 5. Order: ``--order kind`` runs every compute shape first, then the LLM and
    the decode shapes. On the H200 it lowered the compute CVs (fp8 8192^3
    4.2 % to 2.5 %) but raised the LLM ones and made decode unstable with the
@@ -157,7 +162,11 @@ ASSUMED_L2_BYTES = 60 * 1024 * 1024  # H200; used where torch does not say
 MAX_ROTATION_BYTES = 2 * 1024**3
 REF_ROWS = 64
 MIN_ITERS = 5
-MAX_ITERS = 1000
+MAX_ITERS = 4000
+# Shortest batch on a GPU (per round): a batch shorter than a time slice can run whole inside
+# one and never see another process's work. On the H200 beside a bf16 8192^3 loop, batches of
+# 0.1-8 ms read 0.98-1.00 of idle and batches of 9 ms and longer 0.44-0.51 (2026-12-01).
+MIN_BATCH_MS = 30.0
 PROGRESS_PREFIX = "sparkdiag-progress "
 MAX_WARMUP_ITERS = 500
 # Share of the time budget per kernel kind (see Budget).
@@ -273,6 +282,15 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         type=int,
         default=None,
         help=f"fewest timed iterations of a kernel sized to the budget ({per_suite('min_iters')})",
+    )
+    p.add_argument(
+        "--min-batch-ms",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="on a GPU, time at least this long per kernel and round, so that a batch spans "
+        "more than one time slice of a shared GPU; 0 to size by the budget alone "
+        f"({per_suite('min_batch_ms')})",
     )
     p.add_argument(
         "--max-iters",
@@ -417,6 +435,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "warmup",
         "spinup_ms",
         "min_iters",
+        "min_batch_ms",
         "rounds",
         "probe_when",
         "budget_seconds",
@@ -433,6 +452,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         raise UsageError("--budget-seconds must be positive")
     if not 0.0 < args.budget_fraction <= 1.0:
         raise UsageError("--budget-fraction must be within (0, 1]")
+    if args.min_batch_ms < 0 or not math.isfinite(args.min_batch_ms):
+        raise UsageError("--min-batch-ms must be >= 0")
     if args.min_iters < 1 or args.max_iters < args.min_iters:
         raise UsageError("--min-iters must be >= 1 and --max-iters >= --min-iters")
     if args.rounds < 1:
@@ -552,8 +573,11 @@ def choose_iters(
     spent_seconds: float,
     min_iters: int = MIN_ITERS,
     max_iters: int = MAX_ITERS,
+    min_batch_ms: float = 0.0,
+    rounds: int = 1,
 ) -> int:
-    """Timed iterations for one kernel: what fits in its share of the budget."""
+    """Timed iterations for one kernel: what fits in its share of the budget, and at least
+    enough for each of ``rounds`` batches to last ``min_batch_ms`` (both within the bounds)."""
     if fixed is not None:
         return fixed
     tail = list(warm_ms[1:]) or list(warm_ms)
@@ -563,7 +587,14 @@ def choose_iters(
     if per_iter <= 0:
         return max_iters
     n = int((share_seconds - spent_seconds) / per_iter)
+    if min_batch_ms > 0:
+        n = max(n, max(1, rounds) * math.ceil(min_batch_ms / 1e3 / per_iter))
     return max(min_iters, min(max_iters, n))
+
+
+def min_batch_ms(args: argparse.Namespace, info: DeviceInfo) -> float:
+    """The batch floor in effect: ``--min-batch-ms`` on a GPU, none on CPU (no time slices)."""
+    return float(args.min_batch_ms) if info.is_cuda else 0.0
 
 
 def compute_cube(capability: tuple[int, int], sm_count: int) -> int:
@@ -1282,6 +1313,7 @@ class SuiteSpec:
     warmup: int
     warmup_ms: tuple[tuple[str, float], ...]
     min_iters: int
+    min_batch_ms: float
 
 
 SUITES: dict[str, SuiteSpec] = {
@@ -1299,6 +1331,7 @@ SUITES: dict[str, SuiteSpec] = {
         warmup=10,
         warmup_ms=tuple(WARMUP_MS.items()),
         min_iters=MIN_ITERS,
+        min_batch_ms=MIN_BATCH_MS,
     ),
     # a hot or busy GPU, measured now: no spin-up (it would heat or wait), about 100 ms of
     # GPU time; the decode kernels interleaved so int4 against bf16/fp16 is one comparison
@@ -1315,6 +1348,7 @@ SUITES: dict[str, SuiteSpec] = {
         warmup=1,
         warmup_ms=(("compute", 2.0), ("llm", 2.0), ("decode", 1.0), ("bandwidth", 0.0)),
         min_iters=1,
+        min_batch_ms=0.0,
     ),
     # sparkdiag check: the dtypes it judges, decode kernels interleaved for the int4 ratio
     "check": SuiteSpec(
@@ -1330,6 +1364,7 @@ SUITES: dict[str, SuiteSpec] = {
         warmup=10,
         warmup_ms=tuple(WARMUP_MS.items()),
         min_iters=MIN_ITERS,
+        min_batch_ms=MIN_BATCH_MS,
     ),
 }
 
@@ -1898,7 +1933,14 @@ def time_runs(
         plans = {
             i: split_rounds(
                 choose_iters(
-                    args.iters, runs[i].warm_ms, shares[i], 0.0, args.min_iters, args.max_iters
+                    args.iters,
+                    runs[i].warm_ms,
+                    shares[i],
+                    0.0,
+                    args.min_iters,
+                    args.max_iters,
+                    min_batch_ms(args, runs[i].info),
+                    rounds,
                 ),
                 rounds,
             )
@@ -2006,7 +2048,15 @@ def run_bandwidth(
         warm = time_batch(info, copy, sets, max(1, args.warmup), 0, launch)
         budget.busy += warm.total_ms / 1e3
         share = budget.share(weight)
-        iters = choose_iters(args.iters, warm.iter_ms, share, 0.0, args.min_iters, args.max_iters)
+        iters = choose_iters(
+            args.iters,
+            warm.iter_ms,
+            share,
+            0.0,
+            args.min_iters,
+            args.max_iters,
+            min_batch_ms(args, info),
+        )
         timed = time_batch(info, copy, sets, iters, 0, launch)
         budget.busy += timed.total_ms / 1e3
         moved = 2 * n * 4  # bytes read plus bytes written
@@ -2705,6 +2755,7 @@ def _run(args: argparse.Namespace, doc: dict[str, Any], stop: StopRequest | None
         "order": args.order,
         "budget_fraction": args.budget_fraction,
         "min_iters": args.min_iters,
+        "min_batch_ms": args.min_batch_ms,
         "max_iters": args.max_iters,
         "launch_us": args.launch_us,
         "max_prequeue_ms": args.max_prequeue_ms,
