@@ -10,6 +10,7 @@ from sparkdiag.config import Settings, parse_listen
 from sparkdiag.exporter.http import ExporterServer, health_check
 from sparkdiag.exporter.probe import ProbeCollector
 from sparkdiag.exporter.registry import build_registry, render
+from sparkdiag.exporter.soak import soak_collector
 from sparkdiag.exporter.webconfig import WebConfig, load_web_config
 from sparkdiag.lifecycle import LIFECYCLE, Lifecycle
 from sparkdiag.probe.runner import kill_running_workers
@@ -77,7 +78,10 @@ def _serve(
     poller.excluded_pids = lambda: frozenset().union(*(s.excluded_pids() for s in schedulers))
     keeper = next((s.store for s in schedulers if s.store is not None), None)
     collector = ProbeCollector(probe_state.view, keeper.health if keeper else None)
-    registry = build_registry(lambda: poller.latest, extra=[collector] if schedulers else [])
+    extra = [collector] if schedulers else []
+    registry = build_registry(
+        lambda: poller.latest, extra=[*extra, soak_collector(settings.state_dir)]
+    )
     try:
         healthy = health_check(lambda: poller.latest, settings.poll_interval)
         server = ExporterServer(
