@@ -343,6 +343,57 @@ OPTIONS: tuple[Option, ...] = (
         unit="seconds",
     ),
     Option(
+        "probe.hot-enabled",
+        "probe_hot_enabled",
+        "bool",
+        True,
+        "Run the short hot probe (int4, bf16, fp16, fp8 at decode and LLM shapes, about 100 ms "
+        "of GPU time) when the GPU runs hot, even while it is busy, so that 4-bit throughput is "
+        "measured when memory is hot (the thermal-int4 alert needs it).",
+    ),
+    Option(
+        "probe.hot-memory-celsius",
+        "probe_hot_memory_celsius",
+        "float",
+        80.0,
+        "Memory temperature at which the GPU counts as hot (HBM throttles above about 85 °C).",
+        minimum=20,
+        maximum=150,
+        unit="°C",
+    ),
+    Option(
+        "probe.hot-gpu-celsius",
+        "probe_hot_gpu_celsius",
+        "float",
+        85.0,
+        "GPU temperature at which the GPU counts as hot where memory has no sensor (GB10's "
+        "LPDDR5X): GB10 was reported to slow down at 91-92 °C, the H200 at 89 °C.",
+        minimum=20,
+        maximum=150,
+        unit="°C",
+    ),
+    Option(
+        "probe.hot-interval",
+        "probe_hot_interval",
+        "float",
+        120.0,
+        "Seconds between hot probes while the GPU stays hot (one also runs when it becomes "
+        "hot, and when a thermal clock event reason turns on).",
+        minimum=1,
+        maximum=86400,
+        unit="seconds",
+    ),
+    Option(
+        "probe.hot-min-interval",
+        "probe_hot_min_interval",
+        "float",
+        60.0,
+        "At most one hot probe per GPU within this many seconds, whatever triggers it.",
+        minimum=1,
+        maximum=86400,
+        unit="seconds",
+    ),
+    Option(
         "web.read-timeout",
         "web_read_timeout",
         "float",
@@ -419,6 +470,11 @@ class Settings:
     probe_first_delay: float = DEFAULTS["probe_first_delay"]
     web_read_timeout: float = DEFAULTS["web_read_timeout"]
     web_max_connections: int = DEFAULTS["web_max_connections"]
+    probe_hot_enabled: bool = DEFAULTS["probe_hot_enabled"]
+    probe_hot_memory_celsius: float = DEFAULTS["probe_hot_memory_celsius"]
+    probe_hot_gpu_celsius: float = DEFAULTS["probe_hot_gpu_celsius"]
+    probe_hot_interval: float = DEFAULTS["probe_hot_interval"]
+    probe_hot_min_interval: float = DEFAULTS["probe_hot_min_interval"]
     process_metrics: bool = DEFAULTS["process_metrics"]
     process_metrics_top: int = DEFAULTS["process_metrics_top"]
 

@@ -7,14 +7,16 @@ import logging
 import threading
 
 from sparkdiag.config import Settings, parse_listen
+from sparkdiag.exporter.base import SnapshotCollector
+from sparkdiag.exporter.hot import HotProbeCollector
 from sparkdiag.exporter.http import ExporterServer, health_check
 from sparkdiag.exporter.probe import ProbeCollector
 from sparkdiag.exporter.registry import build_registry, render
 from sparkdiag.exporter.soak import soak_collector
 from sparkdiag.exporter.webconfig import WebConfig, load_web_config
 from sparkdiag.lifecycle import LIFECYCLE, Lifecycle
+from sparkdiag.probe.build import build_schedulers
 from sparkdiag.probe.runner import kill_running_workers
-from sparkdiag.probe.scheduler import build_schedulers
 from sparkdiag.probe.state import ProbeState
 from sparkdiag.sdnotify import Notifier
 from sparkdiag.telemetry.build import build_poller
@@ -78,10 +80,11 @@ def _serve(
     poller.excluded_pids = lambda: frozenset().union(*(s.excluded_pids() for s in schedulers))
     keeper = next((s.store for s in schedulers if s.store is not None), None)
     collector = ProbeCollector(probe_state.view, keeper.health if keeper else None)
-    extra = [collector] if schedulers else []
-    registry = build_registry(
-        lambda: poller.latest, extra=[*extra, soak_collector(settings.state_dir)]
-    )
+    collectors: list[SnapshotCollector] = []
+    if schedulers:
+        collectors = [collector, HotProbeCollector(probe_state.view)]
+    collectors.append(soak_collector(settings.state_dir))
+    registry = build_registry(lambda: poller.latest, extra=collectors)
     try:
         healthy = health_check(lambda: poller.latest, settings.poll_interval)
         server = ExporterServer(
@@ -133,8 +136,9 @@ def _serve(
             )
         )
         for sched in schedulers:
-            name = f"probe-{sched.context}"
-            threads.append(threading.Thread(target=sched.run, args=(stop,), name=name, daemon=True))
+            threads.append(
+                threading.Thread(target=sched.run, args=(stop,), name=sched.name, daemon=True)
+            )
         for thread in threads:
             thread.start()
         stop.wait()

@@ -57,6 +57,8 @@ FAST = (
     "--poll-interval", "0.5",
     "--probe.interval", "1",
     "--probe.first-delay", "0",
+    "--probe.hot-interval", "2",
+    "--probe.hot-min-interval", "1",
 )  # fmt: skip
 
 
@@ -97,6 +99,35 @@ def probe_document(
         result["median_ms"] /= factor
         result["min_ms"] /= factor
     doc["conditions"].update(conditions or {})
+    doc["suite"] = "default"
+    doc["ratios"] = decode_ratios(doc["results"])
+    return doc
+
+
+def decode_ratios(results: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """int4 over bf16 and fp16 at the decode shape, as the worker computes them."""
+    decode = {r["dtype"]: r for r in results if r["kind"] == "decode" and r["status"] == "ok"}
+    return {
+        f"int4/{other}": decode["int4"]["delivered"] / decode[other]["delivered"]
+        for other in ("bf16", "fp16")
+        if "int4" in decode and other in decode
+    }
+
+
+def hot_document(
+    uuid: str, scale: Mapping[str, float], conditions: Mapping[str, Any]
+) -> dict[str, Any]:
+    """A hot-suite document made from the recording: the decode and LLM kernels of int4, bf16,
+    fp16 and fp8, each dtype's throughput times its factor in ``scale``, with ``conditions``."""
+    doc = probe_document(uuid, scale=scale, conditions=conditions)
+    doc["suite"] = "hot"
+    doc["results"] = [
+        r for r in doc["results"]
+        if r["dtype"] in ("int4", "bf16", "fp16", "fp8") and r["kind"] in ("decode", "llm")
+        and not r.get("beta")
+    ]  # fmt: skip
+    doc["bandwidth"] = None
+    doc["ratios"] = decode_ratios(doc["results"])
     return doc
 
 
@@ -185,6 +216,22 @@ def fleet_nodes(workdir: Path) -> list[Node]:
         },
     )
     thermal_cycles = [*healthy_cycles(thermal)[:5], hot]
+    # ... and the hot probe, which runs once the memory passes 80 °C, finds int4 at half its
+    # cool speed against bf16 and fp16 (heat lowers int4 alone): the thermal-int4 alert.
+    heat = {
+        "max_memory_temperature_celsius": 91.0,
+        "max_gpu_temperature_celsius": 78.0,
+        "clock_event_reasons_seen": SW_POWER_CAP | SW_THERMAL_SLOWDOWN,
+    }
+    thermal_cycles.append(hot_document(thermal, {"int4": 0.5}, heat))
+    # hot-ratio-holds: the same heat, but every dtype at half speed in the hot probe (as beside
+    # a competing process): the int4 ratio holds, so no thermal-int4 alert; the periodic probe
+    # stays healthy.
+    holds = _uuid("hot-ratio-holds")
+    holds_cycles = [
+        *healthy_cycles(holds),
+        hot_document(holds, dict.fromkeys(("int4", "bf16", "fp16", "fp8"), 0.5), heat),
+    ]
 
     # container-gap: the container reaches 0.6 of native for bf16 and fp16 (every shape), the
     # same as native for the other dtypes. 0.6 of the recorded bf16 is still above half the
@@ -230,6 +277,13 @@ def fleet_nodes(workdir: Path) -> list[Node]:
                 "SparkdiagGpuThermalThrottling",
             },
             "HBM ramps to 91 °C with sw thermal slowdown; int4 probes at 0.5 of baseline",
+        ),
+        node(
+            "hot-ratio-holds", SCENARIOS / "hot-ratio-holds.json", "h200-vm", "native",
+            holds_cycles,
+            {"SparkdiagGpuMemoryTemperatureHigh", "SparkdiagGpuThermalThrottling"},
+            "the same heat as thermal-int4; the hot probe finds every dtype at half speed, so "
+            "int4 against bf16/fp16 holds: hot, not thermally degraded",
         ),
         node(
             "container-gap-native", SCENARIOS / "container-gap.json", "h200-vm", "native",

@@ -18,9 +18,14 @@ lane-degraded (GB10)        SparkdiagPcieLinkDegraded for 0002:01:00.0/.1 and th
 gb10-slow-state             SparkdiagGpuSlowState (an ASUS Ascent GX10, whose x2 second
                             ConnectX-7 is its design and fires nothing)
 gb10-memory-pressure        SparkdiagUnifiedMemoryPressure (stalls and available memory)
-thermal-int4                SparkdiagThermalInt4Degradation, SparkdiagGemmDegraded (int4),
-                            SparkdiagInt4SlowerThanFp16 (1x8192x8192),
-                            SparkdiagGpuMemoryTemperatureHigh, SparkdiagGpuThermalThrottling
+thermal-int4                SparkdiagThermalInt4Degradation (from the hot probe: int4 at half
+                            its cool speed against bf16/fp16 while memory is at 91 °C),
+                            SparkdiagGemmDegraded (int4), SparkdiagInt4SlowerThanFp16
+                            (1x8192x8192), SparkdiagGpuMemoryTemperatureHigh,
+                            SparkdiagGpuThermalThrottling
+hot-ratio-holds             SparkdiagGpuMemoryTemperatureHigh, SparkdiagGpuThermalThrottling
+                            (the same heat; the hot probe finds every dtype slowed alike, as
+                            beside a competing process: the int4 ratio holds)
 container-gap-native        none
 container-gap-container     SparkdiagContainerNativeGap (bf16 and fp16, every shape)
 lost-gpu                    SparkdiagGpuLost, SparkdiagXidError (XID 79),
@@ -144,20 +149,33 @@ def test_gb10_slow_state_and_memory_pressure_alerts(fleet: Fleet, alerts: list[A
 
 def test_thermal_int4_alerts_name_int4_only(fleet: Fleet, alerts: list[Alert]) -> None:
     int4_shapes = {"4096x4096x4096", "4096x11008x4096", "1x8192x8192"}
-    thermal = firing(alerts, "SparkdiagThermalInt4Degradation")
-    assert {a.labels["dtype"] for a in thermal} == {"int4"}
-    assert {a.labels["shape"] for a in thermal} == int4_shapes
-    assert {a.labels["context"] for a in thermal} == {"native"}
+    thermals = firing(alerts, "SparkdiagThermalInt4Degradation")
+    assert len(thermals) == 1, thermals
+    (thermal,) = thermals
+    assert thermal.instance == "thermal-int4"  # never hot-ratio-holds, hot as well
+    assert (thermal.labels["shape"], thermal.labels["context"]) == ("1x8192x8192", "native")
+    # int4/bf16 and int4/fp16 of the hot probe over the ratios learned cool: half
+    for sample in fleet.query('sparkdiag_hot_probe_int4_ratio_efficiency{instance="thermal-int4"}'):
+        assert float(sample["value"][1]) == pytest.approx(0.5, abs=0.01), sample
+    for sample in fleet.query(
+        'sparkdiag_hot_probe_int4_ratio_efficiency{instance="hot-ratio-holds"}'
+    ):
+        assert float(sample["value"][1]) == pytest.approx(1.0, abs=0.01), sample
     degraded = firing(alerts, "SparkdiagGemmDegraded")
     assert {(a.labels["dtype"], a.labels["shape"]) for a in degraded} == {
         ("int4", shape) for shape in int4_shapes
     }
     slower = firing(alerts, "SparkdiagInt4SlowerThanFp16")
     assert [a.labels["shape"] for a in slower] == ["1x8192x8192"]  # decode shapes only
-    (hot,) = firing(alerts, "SparkdiagGpuMemoryTemperatureHigh")
-    assert hot.labels["sensor"] == "memory"
-    (throttled,) = firing(alerts, "SparkdiagGpuThermalThrottling")
-    assert throttled.labels["reason"] == "sw_thermal_slowdown"
+    for node in ("thermal-int4", "hot-ratio-holds"):
+        (hot,) = [
+            a for a in firing(alerts, "SparkdiagGpuMemoryTemperatureHigh") if a.instance == node
+        ]
+        assert hot.labels["sensor"] == "memory"
+        (throttled,) = [
+            a for a in firing(alerts, "SparkdiagGpuThermalThrottling") if a.instance == node
+        ]
+        assert throttled.labels["reason"] == "sw_thermal_slowdown"
     # the baseline was learned from the healthy cycles and frozen: int4 at half of it
     for sample in fleet.query(
         'sparkdiag_gemm_efficiency_ratio{instance="thermal-int4", dtype="int4"}'

@@ -144,3 +144,31 @@ def test_a_container_command_ends_when_sparkdiag_is_killed(tmp_path: Path) -> No
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_a_worker_ends_when_its_parent_is_killed(tmp_path: Path) -> None:
+    """kill -9 of the process that started a worker (a soak on CPU): the worker notices that
+    its parent is gone, stops, and nothing of it is left."""
+    pytest.importorskip("torch")
+    pidfile = tmp_path / "worker.pid"
+    driver = (
+        "import subprocess, sys, time\n"
+        f"w = subprocess.Popen([sys.executable, {str(ROOT / 'sparkdiag/probe/worker.py')!r},"
+        " '--device', 'cpu', '--small', '--soak-seconds', '600', '--window-seconds', '1'],"
+        " start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        f"open({str(pidfile)!r}, 'w').write(str(w.pid))\n"
+        "time.sleep(600)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", driver], cwd=ROOT)
+    try:
+        _wait_file(pidfile)
+        time.sleep(0.2)
+        worker = int(pidfile.read_text())
+        assert alive(worker)
+        proc.kill()
+        proc.wait(timeout=10)
+        assert wait_dead([worker], seconds=20) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()

@@ -9,12 +9,12 @@ every ``sparkdiag_gemm_*`` series stays one per GPU, dtype, shape and context.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from sparkdiag.exporter.base import GPU_LABELS as GPU
-from sparkdiag.probe.state import RESULTS, ProbeView
+from sparkdiag.probe.state import RESULTS, CycleRecord, ProbeView
 from sparkdiag.probe.store_health import OPERATIONS, StoreHealth
 from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS
 
@@ -124,16 +124,6 @@ class ProbeCollector:
             "GPU-busy time of the last probe cycle, seconds.",
             [*GPU, "context"],
         )
-        temperature = gauge(
-            "sparkdiag_probe_temperature_celsius",
-            "Highest temperature seen during the last probe cycle.",
-            [*GPU, "sensor", "context"],
-        )
-        reasons = gauge(
-            "sparkdiag_probe_clock_event_active",
-            "1 when the clock event reason was active at any time during the last probe cycle.",
-            [*GPU, "reason", "context"],
-        )
         clock = gauge(
             "sparkdiag_probe_sm_clock_hertz",
             "Mean SM clock during the last probe cycle.",
@@ -149,17 +139,14 @@ class ProbeCollector:
         for (gpu, uuid, context), cycle in sorted(view.last_success.items()):
             if cycle.busy_seconds is not None:
                 duration.add_metric([gpu, uuid, context], cycle.busy_seconds)
-            for sensor, value in sorted(cycle.max_temperature_celsius.items()):
-                temperature.add_metric([gpu, uuid, sensor, context], value)
-            if cycle.clock_event_reasons_seen is not None:
-                for name, bit in CLOCK_EVENT_REASONS.items():
-                    active = 1 if cycle.clock_event_reasons_seen & bit else 0
-                    reasons.add_metric([gpu, uuid, name, context], active)
             if cycle.mean_sm_clock_hertz is not None:
                 clock.add_metric([gpu, uuid, context], cycle.mean_sm_clock_hertz)
             if cycle.mean_power_watts is not None:
                 power.add_metric([gpu, uuid, context], cycle.mean_power_watts)
-        yield from (duration, temperature, reasons, clock, power)
+        yield duration
+        yield from cycle_conditions("sparkdiag_probe", "the last probe cycle", view.last_success)
+        yield from (clock, power)
+        yield from _ratio_families(view)
 
 
 def _store_families(health: StoreHealth) -> Iterator[Metric]:
@@ -178,3 +165,67 @@ def _store_families(health: StoreHealth) -> Iterator[Metric]:
     for operation in OPERATIONS:
         errors.add_metric([operation], health.errors.get(operation, 0))
     yield errors
+
+
+def cycle_conditions(
+    prefix: str, which: str, records: Mapping[tuple[str, str, str], CycleRecord]
+) -> Iterator[Metric]:
+    """``PREFIX_temperature_celsius`` and ``PREFIX_clock_event_active`` of each record: the
+    conditions of the same cycle its figures come from, so that an alert joining a figure with
+    "hot during the probe" compares one cycle with itself."""
+    temperature = GaugeMetricFamily(
+        f"{prefix}_temperature_celsius",
+        f"Highest temperature seen during {which}.",
+        labels=[*GPU, "sensor", "context"],
+    )
+    reasons = GaugeMetricFamily(
+        f"{prefix}_clock_event_active",
+        f"1 when the clock event reason was active at any time during {which}.",
+        labels=[*GPU, "reason", "context"],
+    )
+    for (gpu, uuid, context), cycle in sorted(records.items()):
+        for sensor, value in sorted(cycle.max_temperature_celsius.items()):
+            temperature.add_metric([gpu, uuid, sensor, context], value)
+        if cycle.clock_event_reasons_seen is not None:
+            for name, bit in CLOCK_EVENT_REASONS.items():
+                active = 1 if cycle.clock_event_reasons_seen & bit else 0
+                reasons.add_metric([gpu, uuid, name, context], active)
+    yield from (temperature, reasons)
+
+
+RATIO = [*GPU, "versus", "shape", "context"]
+
+
+def ratio_families(
+    prefix: str, which: str, records: Mapping[tuple[str, str, str], CycleRecord]
+) -> Iterator[Metric]:
+    """int4 over bf16/fp16 at the decode shape, its cool baseline, and their quotient."""
+    value = GaugeMetricFamily(
+        f"{prefix}_int4_ratio",
+        f"int4 over a 16-bit dtype ('versus') at the decode shape, delivered, in {which}: "
+        "contention lowers both sides of it, heat lowers int4 alone.",
+        labels=RATIO,
+    )
+    baseline = GaugeMetricFamily(
+        f"{prefix}_int4_ratio_baseline",
+        "The same ratio as learned on a cool, idle GPU (the periodic probe's cool cycles).",
+        labels=RATIO,
+    )
+    efficiency = GaugeMetricFamily(
+        f"{prefix}_int4_ratio_efficiency",
+        "The ratio over its cool baseline: 1.0 while int4 holds up as it does when cool.",
+        labels=RATIO,
+    )
+    for (gpu, uuid, context), cycle in sorted(records.items()):
+        for fig in cycle.ratios:
+            labels = [gpu, uuid, fig.versus, fig.shape, context]
+            value.add_metric(labels, fig.value)
+            if fig.baseline is not None:
+                baseline.add_metric(labels, fig.baseline.tflops)
+            if fig.efficiency is not None:
+                efficiency.add_metric(labels, fig.efficiency)
+    yield from (value, baseline, efficiency)
+
+
+def _ratio_families(view: ProbeView) -> Iterator[Metric]:
+    yield from ratio_families("sparkdiag_gemm", "the last successful probe", view.last_success)

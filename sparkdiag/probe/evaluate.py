@@ -125,3 +125,60 @@ def evaluate(
             )
         )
     return figures
+
+
+# Ratios are kept in the baseline store beside the figures, under their own "dtype".
+RATIO_PREFIX = "ratio:"
+
+
+@dataclass(frozen=True)
+class RatioFigure:
+    """int4 over a 16-bit dtype (``versus``) at the decode shape, from one cycle.
+
+    value: int4's delivered throughput over the other's, measured in the same cycle (the hot
+        suite times them in interleaved rounds): contention lowers both sides of it, the heat
+        that collapses 4-bit GEMMs lowers int4 alone
+    baseline: the same ratio as learned on a cool GPU (the regular probe's cycles)
+    """
+
+    versus: str
+    shape: str
+    value: float
+    baseline: Baseline | None
+
+    @property
+    def efficiency(self) -> float | None:
+        """The ratio over its cool baseline (1.0: int4 holds up as when cool)."""
+        return None if self.baseline is None else self.value / self.baseline.tflops
+
+
+def evaluate_ratios(
+    doc: WorkerDocument,
+    uuid: str,
+    context: str,
+    store: BaselineStore | None,
+    record: bool,
+    cool: bool,
+) -> list[RatioFigure]:
+    """The document's int4 ratios with their cool baselines; with ``record``, a cycle that ran
+    ``cool`` (no unhealthy reason, memory below the hot threshold) teaches them."""
+    int4 = next((r for r in doc.results if r.dtype == "int4" and r.kind == "decode"), None)
+    if int4 is None:
+        return []
+    driver, torch_version, cuda = doc.software.identity()
+    figures = []
+    for name, value in sorted(doc.ratios.items()):
+        numerator, _, versus = name.partition("/")
+        if numerator != "int4" or not versus:
+            continue
+        baseline: Baseline | None = None
+        if store is not None and uuid:
+            key = BaselineKey(uuid, RATIO_PREFIX + name, int4.shape, context,
+                              driver, torch_version, cuda, METHOD)  # fmt: skip
+            if record:
+                healthy = cool and not conditions_unhealthy(doc)
+                baseline = store.record_run(key, value, healthy)
+            else:
+                baseline = store.get(key)
+        figures.append(RatioFigure(versus, int4.shape, value, baseline))
+    return figures

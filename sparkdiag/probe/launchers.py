@@ -71,11 +71,12 @@ class FixtureLauncher:
     """Replays worker documents recorded on real GPUs (``--probe.fixture``), one per cycle.
 
     The file is a worker document, or ``{"format": "sparkdiag-probe-fixture/1", "cycles":
-    [doc, ...]}`` whose documents are replayed in turn, the last one repeating. Raises
-    ValueError (naming the file) when it cannot be used.
+    [doc, ...]}`` whose documents of ``suite`` (the worker's ``suite``; a document without one
+    is of the default suite) are replayed in turn, the last one repeating. Raises ValueError
+    (naming the file) when it cannot be used or holds no document of that suite.
     """
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, suite: str = "default") -> None:
         try:
             doc = json.loads(read_text_limited(path, 16 * MIB))
         except OSError as exc:
@@ -88,9 +89,14 @@ class FixtureLauncher:
         if not cycles:
             raise ValueError(f"probe fixture {path}: no cycles")
         try:
-            self.cycles: list[WorkerDocument] = [parse_document(c) for c in cycles]
+            documents = [parse_document(c) for c in cycles]
         except DocumentError as exc:
             raise ValueError(f"probe fixture {path}: not a worker document: {exc}") from None
+        self.cycles: list[WorkerDocument] = [
+            d for d in documents if (d.suite or "default") == suite
+        ]
+        if not self.cycles:
+            raise ValueError(f"probe fixture {path}: no cycle of the {suite} suite")
         self.counts: dict[str, int] = {}  # per GPU uuid: each GPU replays the cycles in turn
 
     def __call__(self, gpu: GpuSample | None, on_start: Callable[[int], None]) -> ProbeCycle:

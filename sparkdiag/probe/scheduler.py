@@ -7,28 +7,91 @@ without starting a worker, and the worker checks again before and between its ke
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import random
-import sys
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from sparkdiag.config import ConfigError, Settings
-from sparkdiag.probe.baseline import BaselineStoreError, open_store
-from sparkdiag.probe.evaluate import evaluate
-from sparkdiag.probe.launchers import ContainerLauncher, FixtureLauncher, Launcher, WorkerLauncher
-from sparkdiag.probe.request import WorkerRequest
+from sparkdiag.config import DEFAULTS
+from sparkdiag.probe.baseline import BaselineStoreError
+from sparkdiag.probe.evaluate import GemmFigure, RatioFigure, evaluate, evaluate_ratios
+from sparkdiag.probe.launchers import Launcher
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.probe.state import CycleRecord, ProbeState
 from sparkdiag.probe.store_health import StoreKeeper
 from sparkdiag.telemetry.busy import busy
-from sparkdiag.telemetry.poller import Poller
 from sparkdiag.telemetry.snapshot import GpuSample, Snapshot
 
 log = logging.getLogger(__name__)
+
+
+class GpuLocks:
+    """One lock per GPU (by uuid): a probe worker (periodic, container or hot) has the GPU to
+    itself, so that no probe's figures share it with another probe's."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def get(self, uuid: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(uuid, threading.Lock())
+
+
+def record_cycle(
+    cycle: ProbeCycle,
+    base: tuple[str, str, str],
+    gpu_name: str,
+    keeper: StoreKeeper | None,
+    learn: bool,
+    cool_below: float,
+    **extra: Any,
+) -> CycleRecord:
+    """A finished cycle as the daemon keeps it: figures and int4 ratios against their baselines
+    (taught by the cycle with ``learn``; the ratios only when it ran cool: memory below
+    ``cool_below`` °C). A store that fails is reported to ``keeper`` and never loses the
+    measurement. ``extra`` goes into the record (a hot probe's trigger, busy)."""
+    uuid, context = base[1], base[2]
+    doc = cycle.document
+    if doc is None:
+        return CycleRecord(*base, result=cycle.result, reason=cycle.reason,
+                           finished_at=time.time(), busy_seconds=None, **extra)  # fmt: skip
+    memory = doc.conditions.max_memory_temperature_celsius
+    cool = memory is None or memory < cool_below
+    figures: tuple[GemmFigure, ...] = ()
+    ratios: tuple[RatioFigure, ...] = ()
+    if cycle.result in ("ok", "error"):
+        store = keeper.store() if keeper is not None else None
+        try:
+            figures = tuple(evaluate(doc, uuid, gpu_name, context, store, record=learn))
+            ratios = tuple(evaluate_ratios(doc, uuid, context, store, learn, cool))
+            if keeper is not None and store is not None and learn:
+                keeper.succeeded()
+        except BaselineStoreError as exc:  # a full disk must not lose the measurement
+            if keeper is not None:
+                keeper.failed("write", exc)
+            figures = tuple(evaluate(doc, uuid, gpu_name, context, None))
+            ratios = tuple(evaluate_ratios(doc, uuid, context, None, False, cool))
+    conditions = doc.conditions
+    bandwidth = doc.bandwidth
+    return CycleRecord(
+        *base,
+        result=cycle.result,
+        reason=cycle.reason,
+        finished_at=doc.finished_at or time.time(),
+        busy_seconds=doc.gpu_busy_seconds,
+        figures=figures,
+        bandwidth_bytes_per_second=bandwidth.delivered if bandwidth else None,
+        max_temperature_celsius=conditions.temperatures(),
+        clock_event_reasons_seen=conditions.clock_event_reasons_seen,
+        mean_sm_clock_hertz=conditions.mean_sm_clock_hertz,
+        mean_power_watts=conditions.mean_power_watts,
+        software=doc.software.as_dict(),
+        ratios=ratios,
+        **extra,
+    )
 
 
 class ProbeScheduler:
@@ -45,8 +108,13 @@ class ProbeScheduler:
         busy_utilization: float = 0.1,
         first_delay: float | None = None,
         rng: random.Random | None = None,
+        cool_below: float = DEFAULTS["probe_hot_memory_celsius"],
+        locks: GpuLocks | None = None,
     ) -> None:
         self.launcher = launcher
+        self.locks = locks or GpuLocks()
+        self.name = f"probe-{context}"
+        self.cool_below = cool_below
         self.state = state
         self.store = store
         self.context = context
@@ -103,50 +171,19 @@ class ProbeScheduler:
                 self._pids.add(pid)
 
         try:
-            cycle = self.launcher(gpu, started)
+            with self.locks.get(ident.uuid):
+                cycle = self.launcher(gpu, started)
         finally:
             with self._pids_lock:
                 self._pids.clear()
-        record = self._record(cycle, base, ident.name)
+        record = record_cycle(
+            cycle, base, ident.name, self.store, learn=True, cool_below=self.cool_below
+        )
         self.state.record(record)
         level = logging.INFO if cycle.result in ("ok", "skipped_busy") else logging.WARNING
         log.log(level, "probe GPU %d: %s%s", ident.index, cycle.result,
                 f" ({cycle.reason})" if cycle.reason else "")  # fmt: skip
         return record
-
-    def _record(self, cycle: ProbeCycle, base: tuple[str, str, str], gpu_name: str) -> CycleRecord:
-        doc = cycle.document
-        figures: tuple[Any, ...] = ()
-        if doc is not None and cycle.result in ("ok", "error"):
-            keeper = self.store
-            store = keeper.store() if keeper is not None else None
-            try:
-                figures = tuple(evaluate(doc, base[1], gpu_name, self.context, store, record=True))
-                if keeper is not None and store is not None:
-                    keeper.succeeded()
-            except BaselineStoreError as exc:  # a full disk must not lose the measurement
-                if keeper is not None:
-                    keeper.failed("write", exc)
-                figures = tuple(evaluate(doc, base[1], gpu_name, self.context, None))
-        if doc is None:
-            return CycleRecord(*base, result=cycle.result, reason=cycle.reason,
-                               finished_at=time.time(), busy_seconds=None)  # fmt: skip
-        conditions = doc.conditions
-        bandwidth = doc.bandwidth
-        return CycleRecord(
-            *base,
-            result=cycle.result,
-            reason=cycle.reason,
-            finished_at=doc.finished_at or time.time(),
-            busy_seconds=doc.gpu_busy_seconds,
-            figures=figures,
-            bandwidth_bytes_per_second=bandwidth.delivered if bandwidth else None,
-            max_temperature_celsius=conditions.temperatures(),
-            clock_event_reasons_seen=conditions.clock_event_reasons_seen,
-            mean_sm_clock_hertz=conditions.mean_sm_clock_hertz,
-            mean_power_watts=conditions.mean_power_watts,
-            software=doc.software.as_dict(),
-        )
 
     def next_delay(self) -> float:
         return self.interval * (1.0 + self.rng.uniform(0.0, self.jitter))
@@ -159,87 +196,3 @@ class ProbeScheduler:
             except Exception:
                 log.exception("probe cycle failed")
             delay = self.next_delay()
-
-
-def build_schedulers(settings: Settings, poller: Poller, state: ProbeState) -> list[ProbeScheduler]:
-    """The daemon's probe schedulers (native, and container when configured), each with one
-    log line saying why it does not run. A bad probe setting raises ConfigError."""
-    native = _native(settings, poller, state)
-    container = _container(settings, poller, state, native.store if native else None)
-    return [s for s in (native, container) if s is not None]
-
-
-def _native(settings: Settings, poller: Poller, state: ProbeState) -> ProbeScheduler | None:
-    """The probe scheduler, or None (with one log line saying why) when probing cannot run."""
-    if not settings.probe_enabled:
-        return None
-    if not poller.gpu.identities:
-        log.warning("no GPU: GEMM probes skipped")
-        return None
-    launcher: Launcher
-    if settings.probe_fixture is not None:
-        try:
-            launcher = FixtureLauncher(settings.probe_fixture)
-        except ValueError as exc:
-            raise ConfigError(f"probe.fixture: {exc}") from None
-    else:
-        python = settings.probe_python or (sys.executable,)
-        if settings.probe_python is None and importlib.util.find_spec("torch") is None:
-            log.warning(
-                "torch is not installed for %s: GEMM probes skipped "
-                "(install them with: pip install 'sparkdiag[probe]')",
-                sys.executable,
-            )
-            return None
-        request = WorkerRequest(
-            probe_when=settings.probe_when, busy_utilization=settings.probe_busy_utilization
-        )
-        launcher = WorkerLauncher(python, settings.probe_timeout, request)
-    store = _store(settings)
-    context = poller.context.context if poller.context else "native"
-    return ProbeScheduler(
-        launcher,
-        state,
-        store,
-        context,
-        lambda: poller.latest,
-        settings.probe_interval,
-        when=settings.probe_when,
-        busy_utilization=settings.probe_busy_utilization,
-        first_delay=settings.probe_first_delay,
-    )
-
-
-def _container(
-    settings: Settings, poller: Poller, state: ProbeState, store: StoreKeeper | None
-) -> ProbeScheduler | None:
-    """The container probe (``probe.container-command``), labelled context="container";
-    it shares the native probe's baseline store, or opens one when that probe does not run."""
-    if not settings.probe_enabled or not settings.probe_container_command:
-        return None
-    if not poller.gpu.identities:
-        return None
-    if store is None:
-        store = _store(settings)
-    try:
-        launcher = ContainerLauncher(
-            settings.probe_container_command, settings.probe_timeout, WorkerRequest()
-        )
-    except ValueError as exc:
-        raise ConfigError(f"probe.container-command: {exc}") from None
-    return ProbeScheduler(
-        launcher,
-        state,
-        store,
-        "container",
-        lambda: poller.latest,
-        settings.probe_container_interval,
-        when=settings.probe_when,
-        busy_utilization=settings.probe_busy_utilization,
-        first_delay=settings.probe_first_delay + 60.0,  # after the native cycle, not beside it
-    )
-
-
-def _store(settings: Settings) -> StoreKeeper:
-    """The baseline database in the state directory, kept with its health (store_health.py)."""
-    return StoreKeeper(lambda: open_store(settings.state_dir, create=True))

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from sparkdiag.probe.evaluate import GemmFigure
+from sparkdiag.probe.evaluate import GemmFigure, RatioFigure
 
 RESULTS = ("ok", "skipped_busy", "timeout", "error", "unsupported")
 
@@ -31,6 +31,9 @@ class CycleRecord:
     mean_sm_clock_hertz: float | None = None
     mean_power_watts: float | None = None
     software: Mapping[str, Any] = field(default_factory=dict)
+    ratios: tuple[RatioFigure, ...] = ()  # int4 over bf16/fp16 at the decode shape
+    trigger: str | None = None  # hot probes: threshold, thermal_reason, hot_rate
+    busy: bool | None = None  # hot probes: another process or high utilization as it started
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,9 @@ class ProbeView:
     runs: Mapping[tuple[str, str, str, str], int]  # (gpu, uuid, context, result) -> count
     last: Mapping[tuple[str, str, str], CycleRecord]  # (gpu, uuid, context) -> last cycle
     last_success: Mapping[tuple[str, str, str], CycleRecord]
+    hot_runs: Mapping[tuple[str, str, str, str, str], int] = field(default_factory=dict)
+    # (gpu, uuid, context, trigger, result) -> count
+    hot_last: Mapping[tuple[str, str, str], CycleRecord] = field(default_factory=dict)
 
 
 class ProbeState:
@@ -50,6 +56,8 @@ class ProbeState:
         self._runs: dict[tuple[str, str, str, str], int] = {}
         self._last: dict[tuple[str, str, str], CycleRecord] = {}
         self._last_success: dict[tuple[str, str, str], CycleRecord] = {}
+        self._hot_runs: dict[tuple[str, str, str, str, str], int] = {}
+        self._hot_last: dict[tuple[str, str, str], CycleRecord] = {}
 
     def set_interval(self, context: str, seconds: float) -> None:
         with self._lock:
@@ -64,6 +72,15 @@ class ProbeState:
             if cycle.result == "ok":
                 self._last_success[key] = cycle
 
+    def record_hot(self, cycle: CycleRecord) -> None:
+        """A hot probe: counted by trigger and result; the last ok one is kept."""
+        key = (cycle.gpu, cycle.uuid, cycle.context)
+        with self._lock:
+            run_key = (*key, cycle.trigger or "", cycle.result)
+            self._hot_runs[run_key] = self._hot_runs.get(run_key, 0) + 1
+            if cycle.result == "ok":
+                self._hot_last[key] = cycle
+
     def view(self) -> ProbeView:
         with self._lock:
             return ProbeView(
@@ -71,4 +88,6 @@ class ProbeState:
                 runs=MappingProxyType(dict(self._runs)),
                 last=MappingProxyType(dict(self._last)),
                 last_success=MappingProxyType(dict(self._last_success)),
+                hot_runs=MappingProxyType(dict(self._hot_runs)),
+                hot_last=MappingProxyType(dict(self._hot_last)),
             )

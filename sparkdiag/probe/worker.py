@@ -2822,8 +2822,32 @@ def _run(args: argparse.Namespace, doc: dict[str, Any], stop: StopRequest | None
             nvml.shutdown()
 
 
+def watch_parent(period: float = 0.5) -> threading.Thread:
+    """End this worker (SIGTERM to itself) once its parent is gone.
+
+    The runner starts a worker in its own session and kills its process group at the timeout;
+    should the process that started it die first (sparkdiag killed with SIGKILL), nothing would
+    enforce the timeout any more. A soak then stops as on Ctrl-C (the GPU left idle); any
+    other run ends at once. Parentless from the start (PID 1's child), nothing is watched.
+    """
+    parent = os.getppid()
+
+    def loop() -> None:
+        while parent > 1:
+            time.sleep(period)
+            if os.getppid() != parent:
+                _log(f"parent {parent} is gone: stopping")
+                os.kill(os.getpid(), signal.SIGTERM)
+                return
+
+    thread = threading.Thread(target=loop, name="parent-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     started = _now()
+    watch_parent()
     # Keep stdout for the one JSON document: anything else that writes to
     # file descriptor 1 (torch, CUDA libraries, print) lands on stderr.
     out_fd = os.dup(1)
