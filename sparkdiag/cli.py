@@ -134,9 +134,10 @@ def _register() -> None:
     from sparkdiag.probe.commands.bench import bench
     from sparkdiag.probe.commands.probe import probe
     from sparkdiag.probe.compare.command import compare
+    from sparkdiag.soak.command import soak
     from sparkdiag.watch.command import watch
 
-    for command in (check, probe, bench, compare, baseline, assets, watch):
+    for command in (check, probe, bench, compare, baseline, assets, watch, soak):
         main.add_command(command)
 
 

@@ -155,8 +155,11 @@ OPTIONS: tuple[Option, ...] = (
         "path",
         None,
         "Replay NVML answers from this fixture (recorded by record-fixture) instead of the driver.",
-        scopes=frozenset({"serve", "dump", "check", "probe", "record-fixture", "watch"}),
-        command_help={"record-fixture": "(to normalise an old fixture file)"},
+        scopes=frozenset({"serve", "dump", "check", "probe", "record-fixture", "watch", "soak"}),
+        command_help={
+            "record-fixture": "(to normalise an old fixture file)",
+            "soak": "(lists the GPUs to soak; the workers still need the real GPUs)",
+        },
         metavar="FILE",
     ),
     Option(
@@ -195,7 +198,7 @@ OPTIONS: tuple[Option, ...] = (
         "info",
         "Logging verbosity on stderr.",
         choices=("debug", "info", "warning", "error"),
-        scopes=frozenset({"serve", "dump", "check", "probe"}),
+        scopes=frozenset({"serve", "dump", "check", "probe", "soak"}),
         # check is quiet by default: every problem a log line would mention is a row of its report.
         command_default={"check": "error"},
     ),
@@ -206,9 +209,10 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "Directory for the baseline database; default $STATE_DIRECTORY under systemd, else "
         "$XDG_STATE_HOME/sparkdiag.",
-        scopes=frozenset({"serve", "check", "probe", "baseline"}),
+        scopes=frozenset({"serve", "check", "probe", "baseline", "soak"}),
         command_help={
-            "check": "check only reads baselines.sqlite there: it never creates nor teaches one."
+            "check": "check only reads baselines.sqlite there: it never creates nor teaches one.",
+            "soak": "soak keeps the latest verdict per GPU there, in soak.json.",
         },
         metavar="DIR",
     ),
@@ -253,8 +257,11 @@ OPTIONS: tuple[Option, ...] = (
         "idle",
         "idle: skip a cycle while another process computes on the GPU; always: run anyway.",
         choices=("idle", "always"),
-        scopes=frozenset({"serve", "probe", "compare"}),
-        command_help={"compare": "(idle stops the comparison when another process uses it)"},
+        scopes=frozenset({"serve", "probe", "compare", "soak"}),
+        command_help={
+            "compare": "(idle stops the comparison when another process uses it)",
+            "soak": "(idle: a GPU another process computes on is not soaked)",
+        },
     ),
     Option(
         "probe.busy-utilization",
@@ -264,7 +271,7 @@ OPTIONS: tuple[Option, ...] = (
         "GPU utilization (0..1) above which the GPU counts as busy.",
         minimum=0,
         maximum=1,
-        scopes=frozenset({"serve", "probe", "check"}),
+        scopes=frozenset({"serve", "probe", "check", "soak"}),
     ),
     Option(
         "probe.timeout",
@@ -275,13 +282,15 @@ OPTIONS: tuple[Option, ...] = (
         minimum=1,
         maximum=3600,
         unit="seconds",
-        scopes=frozenset({"serve", "probe", "check", "compare", "bench"}),
+        scopes=frozenset({"serve", "probe", "check", "compare", "bench", "soak"}),
         # check's short suite takes about a second of GPU time; compare's cycles include a
-        # container start; a bench sweep is one long worker run.
-        command_default={"check": 25.0, "compare": 120.0, "bench": 1800.0},
+        # container start; a bench sweep is one long worker run; a soak's worker gets its
+        # --duration and --window on top.
+        command_default={"check": 25.0, "compare": 120.0, "bench": 1800.0, "soak": 120.0},
         command_help={
             "compare": "(per cycle, container start included)",
             "bench": "(for the whole sweep)",
+            "soak": "(on top of --duration and one --window: the setup and the way out)",
         },
         metavar="SECONDS",
     ),

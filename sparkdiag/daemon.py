@@ -12,6 +12,7 @@ from sparkdiag.exporter.hot import HotProbeCollector
 from sparkdiag.exporter.http import ExporterServer, health_check
 from sparkdiag.exporter.probe import ProbeCollector
 from sparkdiag.exporter.registry import build_registry, render
+from sparkdiag.exporter.soak import soak_collector
 from sparkdiag.exporter.webconfig import WebConfig, load_web_config
 from sparkdiag.lifecycle import LIFECYCLE, Lifecycle
 from sparkdiag.probe.build import build_schedulers
@@ -82,6 +83,7 @@ def _serve(
     collectors: list[SnapshotCollector] = []
     if schedulers:
         collectors = [collector, HotProbeCollector(probe_state.view)]
+    collectors.append(soak_collector(settings.state_dir))
     registry = build_registry(lambda: poller.latest, extra=collectors)
     try:
         healthy = health_check(lambda: poller.latest, settings.poll_interval)

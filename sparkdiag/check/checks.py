@@ -6,7 +6,8 @@ Each check is ``(CheckContext) -> list[CheckResult]`` and lives with its kind:
 the host), :mod:`~sparkdiag.check.health` (ECC, row remapping, XID),
 :mod:`~sparkdiag.check.host_checks` (context, governor, unified memory),
 :mod:`~sparkdiag.check.versions`, :mod:`~sparkdiag.check.probe_checks` and
-:mod:`~sparkdiag.check.power` (under load).
+:mod:`~sparkdiag.check.power` (under load) and :mod:`~sparkdiag.check.soak_check` (the latest
+``sparkdiag soak``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from sparkdiag.check.links import check_pcie_gpu, check_pcie_host
 from sparkdiag.check.model import CheckContext, CheckResult
 from sparkdiag.check.power import check_power_under_load
 from sparkdiag.check.probe_checks import check_int4_decode, check_probe, check_sm_clock
+from sparkdiag.check.soak_check import check_soak
 from sparkdiag.check.state_checks import check_baseline_store
 from sparkdiag.check.thermal import (
     check_clock_reasons,
@@ -64,6 +66,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("sm-clock", check_sm_clock),
     ("power-under-load", check_power_under_load),
     ("int4-decode", check_int4_decode),
+    ("soak", check_soak),
 )
 # Checks that need the GPU under load; --quick reports them as skipped.
 LOAD_CHECKS = frozenset({"probe", "sm-clock", "power-under-load", "int4-decode"})

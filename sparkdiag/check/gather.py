@@ -17,6 +17,7 @@ from sparkdiag.check.probe import read_store, run_probes, worker_launcher
 from sparkdiag.config import Settings
 from sparkdiag.probe.launchers import Launcher, WorkerLauncher
 from sparkdiag.probe.store_health import inspect_store
+from sparkdiag.soak.state import inspect_state
 from sparkdiag.sources.cpufreq import read_governors
 from sparkdiag.sources.kernel_log import read_kernel_log
 from sparkdiag.sources.packages import read_torch
@@ -78,6 +79,7 @@ def gather(
             ctx,
             kernel_log=sources.kernel_log or read_kernel_log(settings.rootfs),
             baseline_store=inspect_store(settings.state_dir),
+            soak=inspect_state(settings.state_dir),
         )
     finally:
         poller.gpu.stop()

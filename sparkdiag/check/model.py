@@ -17,6 +17,7 @@ from sparkdiag.probe.document import WorkerDocument
 from sparkdiag.probe.evaluate import GemmFigure
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.probe.store_health import StoreReport
+from sparkdiag.soak.state import StateReport as SoakStateReport
 from sparkdiag.sources.kernel_log import KernelLog as KernelLog
 from sparkdiag.sources.packages import TorchInfo as TorchInfo
 from sparkdiag.telemetry.busy import Busy, busy, other_pids
@@ -109,6 +110,7 @@ class CheckContext:
         ``governor_note``)
     kernel_log: the kernel log for XID events
     baseline_store: what was found of the baseline store (None: not looked at)
+    soak: what was found of the latest soak per GPU (None: not looked at)
     process_names: pid -> command name, for the pids NVML reports
     own_pids: pids that are sparkdiag's own (never "another process on the GPU")
     """
@@ -123,6 +125,7 @@ class CheckContext:
     governor_note: str = ""
     kernel_log: KernelLog | None = None
     baseline_store: StoreReport | None = None
+    soak: SoakStateReport | None = None
     process_names: Mapping[int, str] = field(default_factory=dict)
     own_pids: frozenset[int] = frozenset()
     busy_utilization: float = 0.10

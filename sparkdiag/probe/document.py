@@ -392,7 +392,9 @@ class WorkerDocument:
         return bool(items) and all(s == "unsupported" for s in items)
 
     def has_items(self) -> bool:
-        return bool(self.results) or self.bandwidth is not None
+        """Something was measured: a kernel, the copy, or a soak's window."""
+        soaked = self.soak is not None and bool(self.soak.windows)
+        return bool(self.results) or self.bandwidth is not None or soaked
 
 
 def parse_document(raw: Any) -> WorkerDocument:

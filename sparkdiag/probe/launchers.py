@@ -27,6 +27,11 @@ class Launcher(Protocol):
     def __call__(self, gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle: ...
 
 
+def pinned_env(uuid: str) -> dict[str, str]:
+    """This process's environment with only the GPU ``uuid`` visible to CUDA (as ``cuda:0``)."""
+    return dict(os.environ, CUDA_VISIBLE_DEVICES=uuid)
+
+
 class WorkerLauncher:
     """Runs the real worker on one GPU, chosen by uuid through CUDA_VISIBLE_DEVICES."""
 
@@ -36,7 +41,7 @@ class WorkerLauncher:
         self.request = request if request.device is not None else request.on_device("cuda:0")
 
     def __call__(self, gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle:
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu.identity.uuid)
+        env = pinned_env(gpu.identity.uuid)
         return run_worker(self.python, self.request, self.timeout, env=env, on_start=on_start)
 
 

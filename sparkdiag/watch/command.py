@@ -158,9 +158,7 @@ def watch(
     if modes != 1:
         raise click.UsageError("give exactly one of --pid PID, --replay FILE or -- COMMAND ARGS...")
     if plot_to is not None and not plotting.available():
-        raise click.UsageError(
-            f"--plot needs matplotlib, which is not installed: {plotting.INSTALL_HINT}"
-        )
+        raise click.UsageError(plotting.missing_message())
     gpus = _gpu_list(gpu_list)
     if replay is not None:
         try:

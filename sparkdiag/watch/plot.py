@@ -4,14 +4,16 @@ shaded. matplotlib is an optional extra: ``pip install 'sparkdiag[plot]'``."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from typing import Any
 
+from sparkdiag.plotting import INSTALL_HINT as INSTALL_HINT
+from sparkdiag.plotting import PlotUnavailable as PlotUnavailable
+from sparkdiag.plotting import available as available
+from sparkdiag.plotting import missing_message as missing_message
+from sparkdiag.plotting import twin_legend
 from sparkdiag.watch.diagnose import TITLES, Diagnosis
 from sparkdiag.watch.model import Recording
 
-INSTALL_HINT = "pip install 'sparkdiag[plot]'"
 COLOURS = {
     "input-starved": "tab:orange",
     "cpu-bound-launcher": "tab:purple",
@@ -20,14 +22,6 @@ COLOURS = {
     "memory-pressure": "tab:pink",
     "low-tensor-activity": "tab:olive",
 }
-
-
-class PlotUnavailable(RuntimeError):
-    """matplotlib is not installed; the message says how to add it."""
-
-
-def available() -> bool:
-    return importlib.util.find_spec("matplotlib") is not None
 
 
 def _series(rec: Recording, gpus: tuple[int, ...], attr: str) -> tuple[list[float], list[float]]:
@@ -59,7 +53,7 @@ def _host(rec: Recording, attr: str, scale: float = 1.0) -> tuple[list[float], l
 def plot(rec: Recording, diagnosis: Diagnosis, path: Path) -> None:
     """Write the timeline to ``path`` (PNG). Raises PlotUnavailable without matplotlib."""
     if not available():
-        raise PlotUnavailable(f"--plot needs matplotlib, which is not installed: {INSTALL_HINT}")
+        raise PlotUnavailable(missing_message())
     import matplotlib
 
     matplotlib.use("Agg")
@@ -98,7 +92,7 @@ def plot(rec: Recording, diagnosis: Diagnosis, path: Path) -> None:
         if xs:
             temp.plot(xs, ys, color=colour, lw=1, label=label)
     temp.set_ylabel("°C")
-    _legend(clk, temp)
+    twin_legend(clk, temp)
 
     for attr, label in (("cpu_cores", "job CPU (cores)"), ("gpu_thread", "busiest GPU thread"),
                         ("other_cpu_cores", "other processes (cores)")):  # fmt: skip
@@ -119,7 +113,7 @@ def plot(rec: Recording, diagnosis: Diagnosis, path: Path) -> None:
         if xs:
             psi.plot(xs, ys, color=colour, lw=1, ls="--", label=label)
     psi.set_ylabel("PSI %")
-    _legend(io, psi)
+    twin_legend(io, psi)
     io.set_xlabel("seconds since the start of the watch")
 
     for start, end, name in diagnosis.spans:
@@ -137,13 +131,6 @@ def plot(rec: Recording, diagnosis: Diagnosis, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def _legend(left: Any, right: Any) -> None:
-    h1, l1 = left.get_legend_handles_labels()
-    h2, l2 = right.get_legend_handles_labels()
-    if h1 or h2:
-        left.legend(h1 + h2, l1 + l2, fontsize=7, loc="upper right")
 
 
 def _headline(diagnosis: Diagnosis) -> str:

@@ -1,0 +1,262 @@
+"""The latest soak's verdict per GPU, kept in the state directory beside baselines.sqlite.
+
+``sparkdiag soak`` writes ``soak.json`` (atomically: a temporary file in the same directory,
+fsync, rename); the daemon exports it (``sparkdiag_soak_*``, :mod:`sparkdiag.exporter.soak`) and
+``sparkdiag check`` reports its age and result (:mod:`sparkdiag.check.soak_check`). A soak
+replaces the entries of the GPUs it ran on (by uuid) and keeps the others, so that soaking GPU 1
+does not forget GPU 0's verdict. Reading never trusts the file: a damaged one is an error with
+its path, a wrong-typed value is dropped.
+
+This module imports nothing but the standard library and :mod:`sparkdiag.statedir`, so that the
+exporter and the check can read the file without the soak command's dependencies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from sparkdiag.statedir import StateDirError, ensure_state_directory, state_directory
+
+FILENAME = "soak.json"
+SCHEMA = "sparkdiag-soak-state/1"
+MAX_BYTES = 1 << 20  # a few KiB per GPU; read no more than this
+
+
+class SoakStateError(Exception):
+    """The state file cannot be read or written; the message names the path and why."""
+
+
+@dataclass(frozen=True)
+class KernelState:
+    """One kernel's verdict (see :class:`sparkdiag.soak.verdict.Verdict`); TFLOPS (TOPS for
+    int8), temperatures in °C on the entry's ``sensor``."""
+
+    dtype: str
+    shape: str
+    kind: str
+    status: str  # held, fell, no-cold, no-load, unsupported
+    cold: float | None = None
+    hottest: float | None = None
+    hottest_celsius: float | None = None
+    lowest_fraction: float | None = None
+    fell_fraction: float | None = None
+    fell_celsius: float | None = None
+    max_celsius: float | None = None
+
+    @property
+    def hottest_fraction(self) -> float | None:
+        if self.cold is None or self.hottest is None:
+            return None
+        return self.hottest / self.cold
+
+    @property
+    def label(self) -> str:
+        return f"{self.dtype} {self.shape}"
+
+
+@dataclass(frozen=True)
+class GpuState:
+    """The latest soak of one GPU (``gpu`` is the NVML index as text, ``cpu`` for a CPU run;
+    ``uuid`` is empty for a CPU run)."""
+
+    gpu: str
+    uuid: str
+    name: str
+    finished_at: float  # Unix seconds
+    duration_seconds: float  # asked for (--duration)
+    elapsed_seconds: float | None  # of load, until it stopped
+    stopped: str  # completed, threshold, hw_thermal_slowdown, hw_slowdown, interrupted, error
+    reason: str | None
+    sensor: str | None  # memory, gpu; None: no temperature was read
+    max_celsius: float | None
+    kernels: tuple[KernelState, ...] = ()
+
+    @property
+    def degraded(self) -> tuple[KernelState, ...]:
+        return tuple(k for k in self.kernels if k.status == "fell")
+
+    @property
+    def judged(self) -> tuple[KernelState, ...]:
+        return tuple(k for k in self.kernels if k.status in ("held", "fell"))
+
+    @property
+    def key(self) -> str:
+        return self.uuid or self.gpu
+
+
+@dataclass(frozen=True)
+class SoakState:
+    gpus: tuple[GpuState, ...] = ()
+
+
+@dataclass(frozen=True)
+class StateReport:
+    """What ``check`` found: ``ok`` (with the state), ``absent`` (no soak yet) or ``unusable``
+    (``detail`` says why)."""
+
+    state: Literal["ok", "absent", "unusable"]
+    path: Path | None
+    detail: str
+    soak: SoakState | None = None
+
+
+def state_path(state_dir: Path | None) -> Path:
+    """``soak.json`` in ``state_dir`` (default: the state directory); StateDirError when there is
+    no state directory to be found."""
+    return (state_dir or state_directory()) / FILENAME
+
+
+def read_state(path: Path) -> SoakState | None:
+    """The state file, or None when there is none; SoakStateError when it cannot be used."""
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise SoakStateError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_BYTES:
+        raise SoakStateError(f"{path}: larger than {MAX_BYTES} bytes; not a soak state file")
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise SoakStateError(f"{path} is damaged: not JSON ({exc})") from None
+    return parse_state(doc, path)
+
+
+def parse_state(doc: Any, path: Path | str = "soak state") -> SoakState:
+    """A decoded JSON value as a state; SoakStateError when it is not one."""
+    if not isinstance(doc, Mapping) or doc.get("schema") != SCHEMA:
+        raise SoakStateError(f"{path} is not a soak state file (schema {SCHEMA})")
+    gpus = doc.get("gpus")
+    parsed = (_gpu(g) for g in (gpus if isinstance(gpus, list) else []))
+    return SoakState(tuple(g for g in parsed if g is not None))
+
+
+def write_state(path: Path, entries: Iterable[GpuState]) -> SoakState:
+    """Replace the entries of these GPUs (by uuid; ``cpu`` for a CPU run), keep the others, and
+    write the file atomically. Returns what was written; SoakStateError when it cannot be."""
+    new = list(entries)
+    try:
+        old = read_state(path)
+    except SoakStateError:
+        old = None  # a damaged file is replaced by this soak's verdict
+    keys = {e.key for e in new}
+    kept = [g for g in (old.gpus if old else ()) if g.key not in keys]
+    state = SoakState(tuple(sorted([*kept, *new], key=lambda g: (not g.gpu.isdigit(), g.gpu))))
+    body = {"schema": SCHEMA, "gpus": [_gpu_json(g) for g in state.gpus]}
+    data = (json.dumps(body, indent=1, allow_nan=False) + "\n").encode("utf-8")
+    try:
+        ensure_state_directory(path.parent)
+    except StateDirError as exc:
+        raise SoakStateError(str(exc)) from None
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".soak.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        tmp = None
+        with contextlib.suppress(OSError):  # the rename itself, on filesystems that need it
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+    except OSError as exc:
+        raise SoakStateError(f"cannot write {path}: {exc.strerror or exc}") from None
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    return state
+
+
+def inspect_state(state_dir: Path | None) -> StateReport:
+    """What ``check`` reports: the state, none yet, or why it cannot be read."""
+    try:
+        path = state_path(state_dir)
+    except StateDirError as exc:
+        return StateReport("unusable", None, str(exc))
+    try:
+        state = read_state(path)
+    except SoakStateError as exc:
+        return StateReport("unusable", path, str(exc))
+    if state is None or not state.gpus:
+        return StateReport("absent", path, f"no soak has been run yet ({path} does not exist)")
+    return StateReport("ok", path, f"{len(state.gpus)} GPU(s)", state)
+
+
+# -- parsing ------------------------------------------------------------------------------------
+
+
+def _float(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    number = float(value)
+    return number if math.isfinite(number) else None
+
+
+def _str(value: Any) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _kernel(raw: Any) -> KernelState | None:
+    if not isinstance(raw, Mapping):
+        return None
+    dtype, shape, status = _str(raw.get("dtype")), _str(raw.get("shape")), _str(raw.get("status"))
+    if not dtype or shape is None or not status:
+        return None
+    return KernelState(
+        dtype=dtype,
+        shape=shape,
+        kind=_str(raw.get("kind")) or "",
+        status=status,
+        cold=_float(raw.get("cold")),
+        hottest=_float(raw.get("hottest")),
+        hottest_celsius=_float(raw.get("hottest_celsius")),
+        lowest_fraction=_float(raw.get("lowest_fraction")),
+        fell_fraction=_float(raw.get("fell_fraction")),
+        fell_celsius=_float(raw.get("fell_celsius")),
+        max_celsius=_float(raw.get("max_celsius")),
+    )
+
+
+def _gpu(raw: Any) -> GpuState | None:
+    if not isinstance(raw, Mapping):
+        return None
+    gpu, finished = _str(raw.get("gpu")), _float(raw.get("finished_at"))
+    stopped = _str(raw.get("stopped"))
+    if not gpu or finished is None or not stopped:
+        return None
+    kernels = raw.get("kernels")
+    parsed = (_kernel(k) for k in (kernels if isinstance(kernels, list) else []))
+    return GpuState(
+        gpu=gpu,
+        uuid=_str(raw.get("uuid")) or "",
+        name=_str(raw.get("name")) or "",
+        finished_at=finished,
+        duration_seconds=_float(raw.get("duration_seconds")) or 0.0,
+        elapsed_seconds=_float(raw.get("elapsed_seconds")),
+        stopped=stopped,
+        reason=_str(raw.get("reason")),
+        sensor=_str(raw.get("sensor")),
+        max_celsius=_float(raw.get("max_celsius")),
+        kernels=tuple(k for k in parsed if k is not None),
+    )
+
+
+def _gpu_json(gpu: GpuState) -> dict[str, Any]:
+    body = asdict(gpu)
+    body["kernels"] = [asdict(k) for k in gpu.kernels]
+    return body

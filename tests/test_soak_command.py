@@ -1,0 +1,274 @@
+"""``sparkdiag soak`` end to end on CPU torch (``--device cpu --small``, short windows): the JSON
+record, the CSV, the PNGs, the state file; Ctrl-C leaving a partial record and no worker alive;
+the runner's parallel workers, its second-signal and grace kills on stand-in workers; the plots
+of a GPU soak; usage errors and the message without matplotlib."""
+
+from __future__ import annotations
+
+import csv
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from sparkdiag import plotting
+from sparkdiag.flags import settings_from
+from sparkdiag.probe.request import WorkerRequest
+from sparkdiag.soak import plot as soak_plot
+from sparkdiag.soak.command import exit_status, parse_duration, soak
+from sparkdiag.soak.model import CSV_COLUMNS, Target
+from sparkdiag.soak.run import Job, SoakRunner
+from sparkdiag.soak.state import FILENAME, read_state
+from tests.soak_helpers import gpu_soak, heating, report
+from tests.support import NVML, ROOT, alive, sparkdiag_cmd, wait_dead
+
+FAKE = Path(__file__).parent / "probe_helpers" / "fake_soak_worker.py"
+CPU = ["--device", "cpu", "--small", "--window", "0.5"]
+PNG = b"\x89PNG"
+
+
+def run_soak(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(sparkdiag_cmd("soak", *args), capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, check=False)  # fmt: skip
+
+
+def test_cpu_soak_writes_the_record_csv_plots_and_state(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("matplotlib")
+    state = tmp_path / "state"
+    result = run_soak(*CPU, "--duration", "2", "--json", str(tmp_path / "soak.json"),
+                      "--csv", str(tmp_path / "soak.csv"), "--plot", f"{tmp_path}/plots/",
+                      "--state-dir", str(state))  # fmt: skip
+    record = json.loads((tmp_path / "soak.json").read_text())
+    assert record["schema"] == "sparkdiag-soak/1" and record["interrupted"] is None
+    (gpu,) = record["gpus"]
+    assert gpu["gpu"] == "cpu" and gpu["device"] == "cpu" and gpu["stopped"] == "completed"
+    assert gpu["result"] == "ok" and gpu["sensor"] is None
+    windows = gpu["windows"]
+    assert windows[0]["phase"] == "cold" and len(windows) >= 3
+    assert windows[-1]["elapsed_seconds"] >= 2.0
+    delivered = {(r["dtype"], r["shape"]): r["delivered"] for r in windows[-1]["results"]}
+    assert all(delivered[(d, s)] > 0 for d, s in delivered if d in ("int4", "bf16", "fp16"))
+    assert delivered[("fp8", "1x256x256")] is None  # not on a CPU
+    verdicts = {(v["dtype"], v["shape"]): v for v in gpu["verdicts"]}
+    assert len(verdicts) == 10  # 5 dtypes at a decode and an LLM shape
+    judged = [v for v in verdicts.values() if v["status"] in ("held", "fell")]
+    assert len(judged) == 6 and all(v["cold"] > 0 and v["hottest"] > 0 for v in judged)
+    assert verdicts[("nvfp4", "1x256x256")]["status"] == "unsupported"
+    fell = any(v["status"] == "fell" for v in judged)  # CPU figures are noisy: either may happen
+    assert result.returncode == (1 if fell else 0), result.stderr
+    # the text: a verdict line per kernel, the unsupported ones together, why it stopped
+    assert "int4 1x256x256" in result.stdout and "not measured: fp8, nvfp4" in result.stdout
+    assert "stopped: completed after 2 s of load" in result.stdout
+    assert "cpu window 1" in result.stderr  # one line per window outside a terminal
+    with (tmp_path / "soak.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert list(rows[0]) == list(CSV_COLUMNS)
+    assert len(rows) == 10 * len(windows)
+    int4 = [r for r in rows if r["dtype"] == "int4" and r["shape"] == "1x256x256"]
+    assert float(int4[0]["of_cold"]) == 1.0 and float(int4[-1]["delivered_tflops"]) > 0
+    assert float(int4[-1]["int4_bf16"]) > 0
+    for name in ("soak-time.png", "soak-temperature.png"):
+        assert (tmp_path / "plots" / name).read_bytes()[:4] == PNG
+    saved = read_state(state / FILENAME)
+    assert saved is not None
+    (entry,) = saved.gpus
+    assert entry.gpu == "cpu" and entry.stopped == "completed" and len(entry.judged) == 6
+
+
+def test_json_alone_prints_the_record_and_no_record_keeps_no_state(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    state = tmp_path / "state"
+    result = run_soak(*CPU, "--duration", "1", "--dtype", "int4,bf16", "--json", "--no-record",
+                      "--state-dir", str(state))  # fmt: skip
+    record = json.loads(result.stdout)
+    (gpu,) = record["gpus"]
+    assert {v["dtype"] for v in gpu["verdicts"]} == {"int4", "bf16"}
+    assert not state.exists()
+
+
+def test_ctrl_c_stops_cleanly_with_a_partial_record_and_no_worker_left(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    record, table = tmp_path / "soak.json", tmp_path / "soak.csv"
+    proc = subprocess.Popen(
+        sparkdiag_cmd("soak", *CPU, "--duration", "120", "--json", str(record), "--csv",
+                      str(table), "--state-dir", str(tmp_path / "state")),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    seen = []
+    deadline = time.monotonic() + 120
+    for line in proc.stderr:  # wait for the first window under load
+        seen.append(line)
+        if "cpu window 1" in line or time.monotonic() > deadline:
+            break
+    started = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert time.monotonic() - started < 30, "the worker did not stop promptly"
+    assert proc.returncode == 130, "".join(seen) + err
+    body = json.loads(record.read_text())
+    assert body["interrupted"] == "SIGINT"
+    (gpu,) = body["gpus"]
+    # the worker stopped by itself (its document, exit 0), not killed
+    assert gpu["stopped"] == "interrupted" and gpu["reason"] == "SIGINT received"
+    assert gpu["result"] == "ok" and len(gpu["windows"]) >= 2
+    assert gpu["elapsed_seconds"] < 60
+    assert wait_dead([gpu["worker_pid"]], 5) == []
+    assert len(table.read_text().splitlines()) == 1 + 10 * len(gpu["windows"])
+    assert "stopped: interrupted: SIGINT received" in out
+    saved = read_state(tmp_path / "state" / FILENAME)
+    assert saved is not None and saved.gpus[0].stopped == "interrupted"
+
+
+# -- the runner, on stand-in workers ------------------------------------------------------------
+
+
+def fake_runner(modes: list[str], grace: float = 30.0) -> SoakRunner:
+    """A runner whose job i runs the stand-in in ``modes[i]``."""
+    jobs = [Job(Target(f"GPU {i}", i, f"GPU-{i}"), WorkerRequest(soak_seconds=60),
+                python=(sys.executable, str(FAKE), mode))
+            for i, mode in enumerate(modes)]  # fmt: skip
+    return SoakRunner(jobs, timeout=60, grace=grace)
+
+
+def interrupt_after(runner: SoakRunner, windows: int) -> Any:
+    seen: list[int] = []
+
+    def on_window(i: int, _w: object) -> None:
+        seen.append(i)
+        if len(seen) == windows:
+            runner.interrupt()
+
+    return on_window
+
+
+def test_every_gpu_soaks_at_once_and_one_interrupt_stops_them_all() -> None:
+    runner = fake_runner(["polite", "polite"])
+    started = time.monotonic()
+    outcomes = runner.run(on_window=interrupt_after(runner, 6))
+    assert time.monotonic() - started < 20
+    assert runner.interrupted == "SIGINT" and not runner.killed
+    for gpu in outcomes:
+        assert gpu.stopped == "interrupted" and gpu.reason == "SIGINT received"
+        assert gpu.result == "ok" and len(gpu.windows) >= 2
+        assert gpu.verdict.sensor == "memory"
+        assert gpu.worker_pid is not None and not alive(gpu.worker_pid)
+    assert outcomes[0].worker_pid != outcomes[1].worker_pid
+    assert exit_status(tuple(outcomes), True, True) == 130
+
+
+def test_a_worker_that_ignores_the_interrupt_is_killed_after_the_grace() -> None:
+    runner = fake_runner(["stubborn"], grace=0.5)
+    (gpu,) = runner.run(on_window=interrupt_after(runner, 1))
+    assert runner.killed
+    assert gpu.stopped == "interrupted" and "killed" in (gpu.reason or "")
+    assert len(gpu.windows) == 1  # from its progress line: it printed no document
+    assert gpu.worker_pid is not None and not alive(gpu.worker_pid)
+
+
+def test_a_second_interrupt_kills_at_once() -> None:
+    runner = fake_runner(["stubborn"])
+    seen: list[int] = []
+
+    def on_window(i: int, _w: object) -> None:
+        seen.append(i)
+        runner.interrupt()
+        runner.interrupt("SIGTERM")
+
+    started = time.monotonic()
+    (gpu,) = runner.run(on_window=on_window)
+    assert time.monotonic() - started < 10 and runner.killed
+    assert runner.interrupted == "SIGINT" and gpu.stopped == "interrupted"
+
+
+def test_a_busy_gpu_is_not_soaked() -> None:
+    (gpu,) = fake_runner(["busy"]).run()
+    assert gpu.stopped == "skipped" and "other compute processes" in (gpu.reason or "")
+    assert exit_status((gpu,), False, True) == 1
+
+
+# -- plots of a GPU soak, usage, exit status -------------------------------------------------
+
+
+def test_plots_of_gpu_soaks_one_pair_per_gpu(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    hot = heating(int4=[6.4, 6.3, 5.5, 4.2], bf16=[4.0, 4.0, 3.9, 3.9], memory=[45, 70, 86, 91],
+                  gpu=[40, 60, 72, 78])  # fmt: skip
+    spark = heating(int4=[3.0, 2.9, 2.9], bf16=[1.5, 1.5, 1.5], memory=[None] * 3,
+                    gpu=[38, 55, 71])  # fmt: skip
+    paths = soak_plot.plot(report(gpu_soak(hot), gpu_soak(spark, index=1)), tmp_path / "h200.png")
+    assert [p.name for p in paths] == [
+        "h200-gpu0-time.png", "h200-gpu0-temperature.png",
+        "h200-gpu1-time.png", "h200-gpu1-temperature.png",
+    ]  # fmt: skip
+    assert all(p.read_bytes()[:4] == PNG for p in paths)
+
+
+def test_plot_without_matplotlib_is_a_usage_error_before_any_load(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(plotting, "available", lambda: False)
+    result = CliRunner().invoke(soak, [*CPU, "--duration", "1", "--plot", str(tmp_path),
+                                       "--state-dir", str(tmp_path)])  # fmt: skip
+    assert result.exit_code == 2
+    assert "--plot needs matplotlib, which is not installed: pip install 'sparkdiag[plot]'" in (
+        result.output
+    )
+    assert "soaking" not in result.output and not (tmp_path / FILENAME).exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--duration", "ten"], "give seconds, or a duration like 90s, 10m or 1h30m"),
+        (["--duration", "0"], "must be more than 0"),
+        (["--duration", "25h"], "at most 24 h"),
+        (["--window", "0"], "--window"),
+        (["--gpu", "x"], "give all, N or N,M"),
+        (["--device", "cpu", "--gpu", "0"], "give --device or --gpu, not both"),
+        (["--gpu", "5", "--nvml-fixture", str(NVML / "h200-idle.json")],
+         "no GPU with index 5 (NVML sees: 0)"),
+        (["--dtype", "fp64"], "--dtype"),
+        (["--probe.timeout", "0"], "probe.timeout"),
+    ],
+)  # fmt: skip
+def test_usage_errors(args: list[str], needle: str) -> None:
+    result = CliRunner().invoke(soak, args)
+    assert result.exit_code == 2, result.output
+    assert needle in result.output and "Traceback" not in result.output
+
+
+def test_no_gpu_is_one_line() -> None:
+    result = CliRunner().invoke(soak, ["--nvml-fixture", str(NVML / "no-nvml.json")])
+    assert result.exit_code == 1
+    assert "no GPU to soak" in result.output and "--device cpu --small" in result.output
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("600", 600), ("90s", 90), ("10m", 600), ("1h30m", 5400), ("1.5h", 5400), ("2m30s", 150)],
+)
+def test_durations(text: str, seconds: float) -> None:
+    assert parse_duration(text) == seconds
+
+
+def test_help_explains() -> None:
+    result = CliRunner().invoke(soak, ["--help"])
+    assert result.exit_code == 0
+    for needle in ("--duration", "--window", "--gpu", "--json [FILE]", "--csv FILE",
+                   "--plot DIR|PREFIX", "--state-dir", "--probe.timeout", "Exit status",
+                   "Ctrl-C", "memory"):  # fmt: skip
+        assert needle in result.output, needle
+
+
+def test_soak_takes_its_settings_from_the_option_table() -> None:
+    settings = settings_from("soak", {})
+    assert settings.probe_timeout == 120.0 and settings.probe_when == "idle"
+    assert settings.log_level == "info" and settings.state_dir is None

@@ -1,0 +1,43 @@
+"""scripts/device/soak.sh (run on the H200 by the lead) on this machine's CPU with a tiny soak:
+every file it promises under $OUT, the served sparkdiag_soak_* series and check's soak row."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support import ROOT
+
+SCRIPT = ROOT / "scripts" / "device" / "soak.sh"
+
+
+def test_device_script_on_cpu(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "out"
+    env = dict(os.environ, OUT=str(out), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    result = subprocess.run(
+        ["bash", str(SCRIPT), "--device", "cpu", "--small", "--duration", "2", "--window", "0.5"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env, check=False,
+    )  # fmt: skip
+    record = json.loads((out / "soak.json").read_text())
+    (gpu,) = record["gpus"]
+    assert gpu["stopped"] == "completed", result.stdout + result.stderr
+    fell = any(v["status"] == "fell" for v in gpu["verdicts"])
+    assert result.returncode == (1 if fell else 0), result.stdout + result.stderr
+    verdict = (out / "verdict.txt").read_text()
+    assert "stopped: completed after 2 s of load" in verdict
+    assert f"soak rc={result.returncode}" in result.stdout
+    assert (out / "soak.csv").read_text().startswith("gpu,uuid,window,phase,elapsed_seconds")
+    for name in ("soak-time.png", "soak-temperature.png"):
+        assert (out / name).read_bytes()[:4] == b"\x89PNG"
+    assert json.loads((out / "soak-state.json").read_text())["gpus"][0]["gpu"] == "cpu"
+    metrics = (out / "soak-metrics.prom").read_text()
+    assert 'sparkdiag_soak_info{gpu="cpu",sensor="",stopped="completed",uuid=""} 1.0' in metrics
+    assert "soak" in result.stdout.split("== sparkdiag check --quick")[1]
+    assert verdict in (out / "log.txt").read_text()

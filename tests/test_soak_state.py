@@ -1,0 +1,269 @@
+"""The latest soak per GPU in the state directory: written atomically and merged by GPU, exported
+by the daemon's collector (sparkdiag_soak_*), and reported by ``sparkdiag check``."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sparkdiag.check.model import CheckResult
+from sparkdiag.check.soak_check import age, check_soak
+from sparkdiag.exporter.registry import render
+from sparkdiag.exporter.soak import SoakCollector, soak_collector
+from sparkdiag.soak.state import (
+    FILENAME,
+    GpuState,
+    SoakState,
+    SoakStateError,
+    StateReport,
+    inspect_state,
+    read_state,
+    state_path,
+    write_state,
+)
+from sparkdiag.telemetry.snapshot import Snapshot
+from tests.soak_helpers import DECODE, fell, gpu_state, held
+from tests.support import NVML, ROOTFS, SYSFS, http_get, promtool, running_daemon, sparkdiag_cmd
+from tests.test_check_support import context, poll
+
+H200_UUID = "GPU-979ad365-0b73-a0ac-74a2-3520b773d460"  # tests/fixtures/nvml/h200-idle.json
+
+
+# -- the file -------------------------------------------------------------------------------------
+
+
+def test_write_merges_by_gpu_and_reads_back(tmp_path: Path) -> None:
+    path = state_path(tmp_path / "state")
+    assert path.name == FILENAME and read_state(path) is None
+    write_state(path, [gpu_state("0", "GPU-a", kernels=[held()]), gpu_state("1", "GPU-b")])
+    # a later soak of GPU 1 only replaces GPU 1's entry; GPU 0's stays
+    write_state(path, [gpu_state("1", "GPU-b", finished_at=1.8e9, kernels=[fell()])])
+    state = read_state(path)
+    assert state is not None
+    assert [(g.gpu, g.finished_at) for g in state.gpus] == [("0", 1.7e9), ("1", 1.8e9)]
+    assert state.gpus[0].kernels == (held(),)
+    assert state.gpus[1].degraded == (fell(),)
+    assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
+    assert [p.name for p in path.parent.iterdir()] == [FILENAME]  # no temporary file left
+
+
+def test_a_damaged_file_is_an_error_naming_it_and_is_replaced_by_the_next_soak(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / FILENAME
+    path.write_text("{not json")
+    with pytest.raises(SoakStateError, match=re.escape(str(path))):
+        read_state(path)
+    report = inspect_state(tmp_path)
+    assert report.state == "unusable" and "damaged" in report.detail
+    path.write_text(json.dumps({"schema": "something-else"}))
+    assert "not a soak state file" in inspect_state(tmp_path).detail
+    write_state(path, [gpu_state()])
+    assert inspect_state(tmp_path).state == "ok"
+
+
+def test_wrong_typed_entries_are_dropped(tmp_path: Path) -> None:
+    path = tmp_path / FILENAME
+    write_state(path, [gpu_state(kernels=[held()])])
+    good = json.loads(path.read_text())
+    good["gpus"].append({"gpu": 3, "finished_at": "yesterday"})
+    good["gpus"][0]["kernels"].append({"dtype": None})
+    good["gpus"][0]["max_celsius"] = "hot"
+    path.write_text(json.dumps(good))
+    state = read_state(path)
+    assert state is not None and len(state.gpus) == 1
+    assert state.gpus[0].kernels == (held(),) and state.gpus[0].max_celsius is None
+
+
+def test_write_fails_with_one_line_when_the_directory_cannot_be_made(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(SoakStateError, match="file"):
+        write_state(blocker / FILENAME, [gpu_state()])
+
+
+# -- the collector --------------------------------------------------------------------------------
+
+
+def registry_for(collector: SoakCollector) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)  # type: ignore[arg-type]
+    return registry
+
+
+def test_collector_exports_the_latest_verdicts(tmp_path: Path) -> None:
+    path = tmp_path / FILENAME
+    collector = SoakCollector(path)
+    registry = registry_for(collector)
+    assert registry.get_sample_value("sparkdiag_soak_last_timestamp_seconds",
+                                     {"gpu": "0", "uuid": "GPU-a"}) is None  # fmt: skip
+    write_state(path, [gpu_state("0", "GPU-a", kernels=[held(), fell()], max_celsius=91.0)])
+    gpu = {"gpu": "0", "uuid": "GPU-a"}
+    bf16 = {**gpu, "dtype": "bf16", "shape": DECODE}
+    int4 = {**gpu, "dtype": "int4", "shape": DECODE}
+    value = registry.get_sample_value
+    assert value("sparkdiag_soak_last_timestamp_seconds", gpu) == 1.7e9
+    assert value("sparkdiag_soak_duration_seconds", gpu) == 300.0
+    assert value("sparkdiag_soak_info", {**gpu, "stopped": "completed", "sensor": "memory"}) == 1
+    assert value("sparkdiag_soak_max_celsius", {**gpu, "sensor": "memory"}) == 91.0
+    assert value("sparkdiag_soak_cold_tflops", bf16) == 4.0
+    assert value("sparkdiag_soak_hottest_tflops", bf16) == 3.9
+    assert value("sparkdiag_soak_hottest_ratio", bf16) == pytest.approx(3.9 / 4.0)
+    assert value("sparkdiag_soak_lowest_ratio", bf16) == 0.97
+    assert value("sparkdiag_soak_degraded", bf16) == 0.0
+    assert value("sparkdiag_soak_fell_celsius", {**bf16, "sensor": "memory"}) is None
+    assert value("sparkdiag_soak_degraded", int4) == 1.0
+    assert value("sparkdiag_soak_fell_celsius", {**int4, "sensor": "memory"}) == 87.0
+    # a new soak is picked up at the next scrape; a removed file exports nothing
+    write_state(path, [gpu_state("0", "GPU-a", finished_at=1.9e9, kernels=[held("int4")])])
+    assert value("sparkdiag_soak_last_timestamp_seconds", gpu) == 1.9e9
+    assert value("sparkdiag_soak_degraded", int4) == 0.0
+    path.unlink()
+    assert value("sparkdiag_soak_last_timestamp_seconds", gpu) is None
+
+
+def test_collector_skips_a_damaged_file_and_a_missing_state_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / FILENAME
+    path.write_text("[]")
+    assert list(registry_for(SoakCollector(path)).collect()) == []
+    for name in ("STATE_DIRECTORY", "XDG_STATE_HOME", "HOME"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr("sparkdiag.statedir.pwd.getpwuid", _no_password_entry)
+    assert soak_collector(None).path is None
+
+
+def _no_password_entry(uid: int) -> None:
+    raise KeyError(uid)
+
+
+def test_the_daemon_serves_the_soak_verdicts(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    write_state(state / FILENAME, [gpu_state("0", H200_UUID, kernels=[held(), fell()])])
+    args = ["--nvml-fixture", str(NVML / "h200-idle.json"), "--path.sysfs", str(SYSFS / "h200-vm"),
+            "--path.rootfs", str(ROOTFS / "native"), "--no-probe.enabled",
+            "--state-dir", str(state)]  # fmt: skip
+    with running_daemon(args) as base:
+        status, _, body = http_get(base + "/metrics")
+    assert status == 200
+    text = body.decode()
+    labels = f'dtype="int4",gpu="0",shape="{DECODE}",uuid="{H200_UUID}"'
+    assert f"sparkdiag_soak_degraded{{{labels}}} 1.0" in text
+    assert 'sparkdiag_soak_info{gpu="0",sensor="memory",stopped="completed"' in text
+    lint = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    assert "sparkdiag_soak" not in lint.stdout + lint.stderr, lint.stdout + lint.stderr
+
+
+def test_exposition_of_a_cpu_test_soak(tmp_path: Path) -> None:
+    path = tmp_path / FILENAME
+    write_state(path, [gpu_state("cpu", "", kernels=[held()], sensor=None, max_celsius=None)])
+    text = render(registry_for(SoakCollector(path))).decode()
+    assert 'sparkdiag_soak_info{gpu="cpu",sensor="",stopped="completed",uuid=""} 1.0' in text
+    assert "sparkdiag_soak_max_celsius{" not in text  # no temperature: no sample
+
+
+# -- the check ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def h200() -> Snapshot:
+    return poll(NVML / "h200-idle.json")
+
+
+def soak_check(snapshot: Snapshot, report: StateReport) -> list[CheckResult]:
+    snap = replace(snapshot, timestamp=1.7e9 + 3 * 3600)
+    return check_soak(context(snap, soak=report))
+
+
+def ok(*gpus: GpuState) -> StateReport:
+    return StateReport("ok", Path("/state/soak.json"), "", SoakState(gpus))
+
+
+def test_check_passes_when_every_kernel_held(h200: Snapshot) -> None:
+    uuid = h200.gpus[0].identity.uuid
+    (result,) = soak_check(
+        h200, ok(gpu_state("0", uuid, kernels=[held("bf16"), held("int4", 0.95)]))
+    )
+    assert result.status == "pass" and result.gpu == "0"
+    assert result.finding == (
+        "soak 3 h ago (completed after 300 s, memory up to 61 °C): 2 kernels held 0.9 of cold "
+        f"(lowest 0.95, int4 {DECODE})"
+    )
+    assert result.data["age_seconds"] == 3 * 3600
+
+
+def test_check_warns_when_a_kernel_fell(h200: Snapshot) -> None:
+    uuid = h200.gpus[0].identity.uuid
+    (result,) = soak_check(h200, ok(gpu_state("0", uuid, kernels=[held(), fell()])))
+    assert result.status == "warn"
+    assert f"int4 {DECODE} fell to 0.84 of cold at 87 °C memory" in result.finding
+    assert result.finding.startswith("soak 3 h ago") and "cooling" in result.action
+    assert result.data["degraded"] == [f"int4 {DECODE}"]
+
+
+@pytest.mark.parametrize(
+    ("entry", "status", "needle"),
+    [
+        (gpu_state(stopped="error", reason="CUDA out of memory"), "warn",
+         "soak 3 h ago failed: CUDA out of memory"),
+        (gpu_state(stopped="hw_thermal_slowdown", reason="clock event reasons 0x40",
+                   kernels=[held()]), "warn", "stopped by a hardware slowdown"),
+        (gpu_state(stopped="interrupted", reason="SIGINT received"), "skip",
+         "measured nothing to judge (SIGINT received)"),
+        (gpu_state(stopped="threshold", kernels=[held()]), "pass", "(threshold after 300 s"),
+        (gpu_state(sensor="gpu", kernels=[held()]), "pass", "GPU up to 61 °C"),
+    ],
+)  # fmt: skip
+def test_check_other_outcomes(h200: Snapshot, entry: GpuState, status: str, needle: str) -> None:
+    (result,) = soak_check(h200, ok(replace(entry, uuid=H200_UUID)))
+    assert result.status == status and needle in result.finding, result.finding
+
+
+def test_check_skips_without_a_soak_and_warns_on_a_damaged_file(
+    h200: Snapshot, tmp_path: Path
+) -> None:
+    (result,) = soak_check(h200, inspect_state(tmp_path))
+    assert result.status == "skip" and "no soak has been run yet" in result.finding
+    assert "sparkdiag soak" in result.action
+    (tmp_path / FILENAME).write_text("garbage")
+    (result,) = soak_check(h200, inspect_state(tmp_path))
+    assert result.status == "warn" and "damaged" in result.finding
+
+
+def test_check_names_gpus_without_a_soak_and_cpu_test_runs(h200: Snapshot) -> None:
+    results = soak_check(h200, ok(gpu_state("cpu", "", kernels=[held()], sensor=None,
+                                            max_celsius=None)))  # fmt: skip
+    cpu, gpu0 = results
+    assert cpu.gpu is None and cpu.status == "pass"
+    assert cpu.finding.startswith("CPU soak 3 h ago") and "--device cpu test" in cpu.finding
+    assert gpu0.gpu == "0" and gpu0.status == "skip" and gpu0.finding == "no soak of this GPU yet"
+
+
+@pytest.mark.parametrize(
+    ("seconds", "text"),
+    [(5, "just now"), (-30, "just now"), (600, "10 min ago"), (5 * 3600, "5 h ago"),
+     (3 * 86400, "3 days ago")],
+)  # fmt: skip
+def test_age(seconds: float, text: str) -> None:
+    assert age(seconds) == text
+
+
+def test_check_command_reads_the_state_directory(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    write_state(state / FILENAME, [gpu_state("0", H200_UUID, kernels=[fell()])])
+    result = subprocess.run(
+        sparkdiag_cmd("check", "--quick", "--json", "--nvml-fixture", str(NVML / "h200-idle.json"),
+                      "--state-dir", str(state)),
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    report = json.loads(result.stdout)
+    (soak,) = [r for r in report["checks"] if r["name"] == "soak"]
+    assert soak["status"] == "warn" and "fell to 0.84 of cold" in soak["finding"]

@@ -1,0 +1,156 @@
+"""The soak's verdict as a pure function over synthetic windows: held, fell at a temperature, the
+GPU temperature where the memory has no sensor, and the cases with nothing to judge; the text
+that says so; and the records written from it (JSON, CSV rows, state entries)."""
+
+from __future__ import annotations
+
+import pytest
+
+from sparkdiag.soak.model import CSV_COLUMNS, csv_rows, record_json, state_entry
+from sparkdiag.soak.render import NO_MEMORY_SENSOR, fraction, gpu_text, stopped_line, verdict_text
+from sparkdiag.soak.verdict import judge, pick_sensor
+from tests.soak_helpers import DECODE, gpu_soak, heating, report, window
+
+
+def kernel(windows: list, dtype: str, sensor=None):  # type: ignore[no-untyped-def]
+    verdict = judge(windows, sensor)
+    (found,) = [v for v in verdict.kernels if v.dtype == dtype]
+    return verdict, found
+
+
+def test_held_reports_the_lowest_fraction_and_the_hottest_memory() -> None:
+    windows = heating(int4=[6.4, 6.35, 6.3, 6.27], bf16=[4.0, 4.0, 3.98, 3.97],
+                      memory=[40, 50, 58, 61])  # fmt: skip
+    verdict, int4 = kernel(windows, "int4")
+    assert verdict.sensor == "memory"
+    assert (verdict.min_celsius, verdict.max_celsius) == (40, 61)
+    assert int4.status == "held" and int4.cold == 6.4
+    assert int4.hottest == 6.27 and int4.hottest_celsius == 61
+    assert int4.lowest_fraction == pytest.approx(6.27 / 6.4)
+    assert int4.fell_celsius is None and not verdict.degraded
+    assert verdict_text(int4, verdict.sensor) == "held 0.98 of cold up to 61 °C memory"
+
+
+def test_fell_at_the_first_window_below_nine_tenths_of_cold() -> None:
+    # int4 collapses as memory passes 85 °C; bf16 holds; the hottest window is not the first
+    # below 0.9, and a window that recovers does not undo the fall
+    windows = heating(int4=[6.4, 6.3, 5.9, 5.5, 4.2, 5.9], bf16=[4.0, 4.0, 3.95, 3.9, 3.88, 3.9],
+                      memory=[45, 70, 82, 86, 91, 88])  # fmt: skip
+    verdict, int4 = kernel(windows, "int4")
+    assert int4.status == "fell"
+    assert int4.fell_celsius == 86 and int4.fell_elapsed == 15.0
+    assert int4.fell_fraction == pytest.approx(5.5 / 6.4)
+    assert int4.hottest == 4.2 and int4.hottest_celsius == 91
+    assert int4.lowest_fraction == pytest.approx(4.2 / 6.4)
+    assert [v.dtype for v in verdict.degraded] == ["int4"]
+    _, bf16 = kernel(windows, "bf16")
+    assert bf16.status == "held"
+    assert verdict_text(int4, "memory") == "fell to 0.86 of cold at 86 °C memory after 15 s"
+    # the int4/bf16 ratio falls too; it is judged the same way but never counts as degraded
+    (ratio,) = verdict.ratios
+    assert ratio.dtype == "int4/bf16" and ratio.kind == "ratio" and ratio.status == "fell"
+
+
+def test_exactly_nine_tenths_still_holds() -> None:
+    windows = heating(int4=[10.0, 9.0], bf16=[4.0, 4.0], memory=[40, 80])
+    _, int4 = kernel(windows, "int4")
+    assert int4.status == "held" and int4.lowest_fraction == pytest.approx(0.9)
+
+
+def test_gpu_temperature_when_the_memory_has_no_sensor() -> None:
+    # GB10: no memory temperature at all; the GPU's is used, and the text says so
+    windows = heating(int4=[3.0, 2.95, 2.5], bf16=[1.5, 1.5, 1.5], memory=[None] * 3,
+                      gpu=[38, 55, 71])  # fmt: skip
+    assert pick_sensor(windows) == "gpu"
+    verdict, int4 = kernel(windows, "int4")
+    assert verdict.sensor == "gpu" and int4.fell_celsius == 71
+    assert verdict_text(int4, verdict.sensor) == "fell to 0.83 of cold at 71 °C GPU after 10 s"
+    text = gpu_text(gpu_soak(windows))
+    assert NO_MEMORY_SENSOR in text and "GPU 38 -> 71 °C" in text
+
+
+def test_memory_wins_over_gpu_and_the_load_period_fills_a_silent_measurement() -> None:
+    windows = heating(int4=[6.4, 6.4], bf16=[4.0, 4.0], memory=[40, None], gpu=[35, 60])
+    windows[1] = window(1, {"int4": 6.4, "bf16": 4.0}, memory=None, gpu=60, load_memory=66)
+    verdict, int4 = kernel(windows, "int4")
+    assert verdict.sensor == "memory"
+    assert int4.hottest_celsius == 66 and verdict.max_celsius == 66
+
+
+def test_no_temperature_at_all_judges_by_time() -> None:
+    windows = heating(int4=[1.0, 0.99, 0.5], bf16=[1.0, 1.0, 1.0], memory=[None] * 3)
+    verdict, int4 = kernel(windows, "int4")
+    assert verdict.sensor is None and int4.hottest == 0.5  # the latest window
+    assert verdict_text(int4, None) == "fell to 0.50 of cold after 10 s (no temperature reading)"
+    _, bf16 = kernel(windows, "bf16")
+    assert verdict_text(bf16, None) == "held 1.00 of cold (no temperature reading)"
+
+
+def test_nothing_to_judge() -> None:
+    # interrupted during the cold window: no cold figure; right after it: no load window
+    no_cold = [window(1, {"int4": 6.0}, memory=60)]
+    assert kernel(no_cold, "int4")[1].status == "no-cold"
+    no_load = [window(0, {"int4": 6.0}, memory=40)]
+    _, int4 = kernel(no_load, "int4")
+    assert int4.status == "no-load" and int4.cold == 6.0
+    assert verdict_text(int4, "memory") == "no window under load"
+    unsupported = [window(0, {"nvfp4": None}), window(1, {"nvfp4": None})]
+    verdict, nvfp4 = kernel(unsupported, "nvfp4")
+    assert nvfp4.status == "unsupported" and nvfp4.note == "nvfp4 is not here"
+    assert verdict.judged == () and verdict.degraded == ()
+
+
+def test_windows_out_of_order_are_judged_in_order() -> None:
+    windows = heating(int4=[6.4, 5.0, 6.4], bf16=[4.0] * 3, memory=[40, 90, 60])
+    _, int4 = kernel(list(reversed(windows)), "int4")
+    assert int4.cold == 6.4 and int4.fell_celsius == 90
+
+
+@pytest.mark.parametrize(
+    ("stopped", "reason", "expected"),
+    [
+        ("completed", None, "stopped: completed after 10 s of load, 3 windows"),
+        ("threshold", "memory 90 °C within 5 °C of its maximum operating temperature 95 °C",
+         "stopped: near a thermal limit: memory 90 °C within 5 °C"),
+        ("hw_thermal_slowdown", "hardware thermal slowdown (clock event reasons 0x40)",
+         "stopped: hardware thermal slowdown: hardware thermal slowdown (clock event"),
+        ("interrupted", "SIGINT received",
+         "stopped: interrupted: SIGINT received after 10 s of load; the record holds the 3 "
+         "windows measured"),
+        ("error", "soak failed: CUDA out of memory", "stopped: error: soak failed"),
+        ("skipped", "GPU busy: pid 42", "not soaked: GPU busy: pid 42 (--probe.when always"),
+    ],
+)  # fmt: skip
+def test_one_line_says_why_it_stopped(stopped: str, reason: str | None, expected: str) -> None:
+    windows = heating(int4=[6.4, 6.3, 6.2], bf16=[4.0] * 3, memory=[40, 50, 60])
+    line = stopped_line(gpu_soak(windows, stopped, reason))
+    assert line.startswith(expected) and "\n" not in line
+
+
+def test_records_carry_every_window_and_kernel() -> None:
+    windows = heating(int4=[6.4, 5.5], bf16=[4.0, 3.9], memory=[45, 86], gpu=[40, 70])
+    soak = gpu_soak(windows)
+    body = record_json(report(soak))
+    (gpu,) = body["gpus"]
+    assert body["schema"] == "sparkdiag-soak/1" and gpu["sensor"] == "memory"
+    assert [v["status"] for v in gpu["verdicts"]] == ["fell", "held"]
+    assert gpu["verdicts"][0]["fell_celsius"] == 86
+    assert len(gpu["windows"]) == 2 and gpu["windows"][1]["ratios"]["int4/bf16"] > 1
+    rows = [dict(zip(CSV_COLUMNS, row, strict=True)) for row in csv_rows(report(soak))]
+    assert len(rows) == 4  # two windows, two kernels
+    hot_int4 = rows[2]
+    assert (hot_int4["dtype"], hot_int4["shape"], hot_int4["phase"]) == ("int4", DECODE, "load")
+    assert hot_int4["of_cold"] == pytest.approx(5.5 / 6.4)
+    assert hot_int4["memory_temperature_celsius"] == 86
+    assert hot_int4["gpu_temperature_celsius"] == 70
+    assert hot_int4["sm_clock_mhz"] == pytest.approx(1980) and hot_int4["power_watts"] == 450
+    entry = state_entry(soak, 1.7e9, 300.0)
+    assert entry.gpu == "0" and entry.uuid.startswith("GPU-") and entry.sensor == "memory"
+    assert [k.label for k in entry.degraded] == [f"int4 {DECODE}"]
+
+
+def test_a_fall_never_reads_as_the_threshold() -> None:
+    assert fraction(0.897) == "0.897" and fraction(0.9) == "0.90" and fraction(0.84) == "0.84"
+    windows = heating(int4=[1.0, 0.897], bf16=[1.0, 1.0], memory=[40, 80])
+    _, int4 = kernel(windows, "int4")
+    assert verdict_text(int4, "memory").startswith("fell to 0.897 of cold at 80 °C")
