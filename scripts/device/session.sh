@@ -10,7 +10,8 @@
 #      the default suite's bf16 and fp8 kernels measured every 10 s through 60 s of sustained
 #      load (the worker's soak mode: mamf-finder's condition, which warms the GPU for 30 s
 #      before it measures), then synthetic jobs alone and under sparkdiag watch (watch_jobs.py)
-#   d  a 5-minute sparkdiag soak with its plots (soak.sh)
+#   d  the contention table again after the batch floor (--min-batch-ms), a 5-minute
+#      sparkdiag soak with its plots (soak.sh), the worker's gpu-marked tests
 #
 # Usage on the device: bash scripts/device/session.sh a   (carry .whl, and .mamf for part a:
 # mamf-finder.py from stas00/ml-engineering, compute/accelerator/benchmarks, not committed here).
@@ -89,7 +90,14 @@ c)
   OUT="$RES" bash scripts/device/watch_jobs.sh
   ;;
 d)
-  OUT="$RES" bash scripts/device/soak.sh
+  echo "== the contention table again, batches of at least 30 ms (--min-batch-ms)"
+  time timeout 150 python3 scripts/device/probe_truth.py --parts contention --contention-rounds 2 \
+    --part-seconds 140 --out "$RES"
+  echo "== 5-minute soak"
+  mkdir -p "$RES/soak"
+  OUT="$RES/soak" bash scripts/device/soak.sh
+  echo "== the worker's gpu-marked tests"
+  timeout 100 python3 -m pytest -m gpu tests/test_probe_worker.py -q -p no:cacheprovider 2>&1 | tail -30
   ;;
 esac
 echo "== $(date -u +%FT%TZ) end of part $part"

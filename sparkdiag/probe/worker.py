@@ -272,7 +272,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         type=float,
         default=None,
         help="GPU time of untimed matmuls before the first kernel, to bring clocks up from "
-        f"idle (0 to skip; {per_suite('spinup_ms')})",
+        f"idle, and before a soak's cold window (0 to skip; {per_suite('spinup_ms')}; "
+        f"a soak {SUITES['default'].spinup_ms:g})",
     )
     p.add_argument(
         "--iters", type=int, default=None, help="timed iterations (default: sized to the budget)"
@@ -428,6 +429,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     args = p.parse_args(list(argv))
     if args.suite is None:
         args.suite = "default" if args.soak_seconds is None else "hot"
+    if args.soak_seconds is not None and args.spinup_ms is None:
+        # every later window is judged against the cold one: measure it at working clocks
+        args.spinup_ms = SUITES["default"].spinup_ms
     suite = SUITES[args.suite]
     args.dtype = parse_dtypes(args.dtype or [",".join(suite.dtypes)])
     args.shape = [parse_shape(s) for s in args.shape or []]
@@ -2465,6 +2469,8 @@ class Soak:
         section = self.section
         why: tuple[str, str | None] | None = self.check()
         if why is None:
+            if self.info.is_cuda and args.spinup_ms > 0:
+                self.busy += spin_up(self.info, args.spinup_ms)
             self.window(0, "cold", 0.0)
         started = time.monotonic()
         deadline = started + args.soak_seconds
