@@ -85,8 +85,13 @@ from it (TFLOPS; TOPS for int8; bytes/s for the device copy):
 So that the batch measures the GPU and not Python, the stream is first held
 by a sleep kernel long enough for the CPU to enqueue the whole batch
 (LaunchModel, ``--launch-us``, ``--max-prequeue-ms``); ``queued_ahead`` in a
-result says whether it was. On CPU both figures come from perf_counter, and
-the total encloses every iteration.
+result says whether it was. That is not enough for decode kernels of 20-30 us,
+which Python launches barely faster than the GPU runs them (fp8 and int4
+decode lost 13-25 % of an idle H200 to launch gaps in 30 ms batches): on a
+GPU each decode batch is captured as a CUDA graph and replayed once between
+two events (``--graphs``, ``timing: graph`` in the result); its median and
+peak come from a short event-timed batch run beside it. On CPU both figures
+come from perf_counter, and the total encloses every iteration.
 
 Spread of a total-time figure on a power-capped GPU
 ---------------------------------------------------
@@ -167,6 +172,9 @@ MAX_ITERS = 4000
 # one and never see another process's work. On the H200 beside a bf16 8192^3 loop, batches of
 # 0.1-8 ms read 0.98-1.00 of idle and batches of 9 ms and longer 0.44-0.51 (2026-12-01).
 MIN_BATCH_MS = 30.0
+# Decode kernels on a GPU (--graphs): delivered from one CUDA graph replay of the batch, peak from
+# an event-timed batch of at most this many iterations (three commands each: within the queue).
+PEAK_BATCH_ITERS = 256
 PROGRESS_PREFIX = "sparkdiag-progress "
 MAX_WARMUP_ITERS = 500
 # Share of the time budget per kernel kind (see Budget).
@@ -283,6 +291,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         type=int,
         default=None,
         help=f"fewest timed iterations of a kernel sized to the budget ({per_suite('min_iters')})",
+    )
+    p.add_argument(
+        "--graphs",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="on a GPU, time each decode batch as one CUDA graph replay, so that kernels "
+        "shorter than their launch run back to back (peak and the median then come from an "
+        f"event-timed batch of at most {PEAK_BATCH_ITERS} iterations beside it; default on)",
     )
     p.add_argument(
         "--min-batch-ms",
@@ -1578,17 +1594,51 @@ def time_batch(
     return Batch(iter_ms, total, ahead)
 
 
-def figures(work: float, iter_ms: Sequence[float], total_ms: float) -> tuple[float, float]:
+def time_graph(
+    info: DeviceInfo,
+    fn: Callable[..., Any],
+    sets: Sequence[tuple[Any, ...]],
+    count: int,
+    start: int,
+) -> float:
+    """Milliseconds of one CUDA graph replay of ``count`` iterations (rotating through ``sets``
+    from ``start``), between two events: the batch with no launch gap of the CPU's in it.
+
+    Capturing costs CPU time only; the replay runs the iterations back to back whatever their
+    launch cost, and a time slice another process takes still falls inside the total. Raises
+    whatever torch raises when the kernel cannot be captured.
+    """
+    torch = info.torch
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for i in range(count):
+            fn(*sets[(start + i) % len(sets)])
+    begin = torch.cuda.Event(enable_timing=True)
+    end = torch.cuda.Event(enable_timing=True)
+    try:
+        begin.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        return float(begin.elapsed_time(end))
+    finally:
+        graph.reset()
+
+
+def figures(
+    work: float, iter_ms: Sequence[float], total_ms: float, count: int | None = None
+) -> tuple[float, float]:
     """(delivered, peak) in work units per second.
 
-    delivered: the work of all iterations over their total elapsed time, gaps included (what a
-    user of a shared or time-sliced GPU gets); peak: the work of one iteration over the median
-    iteration time (comparable with mamf-finder). Both nan when there is no timing.
+    delivered: the work of all ``count`` iterations (default: those of ``iter_ms``) over their
+    total elapsed time, gaps included (what a user of a shared or time-sliced GPU gets); peak:
+    the work of one iteration over the median of ``iter_ms`` (comparable with mamf-finder).
+    Both nan when there is no timing.
     """
     if not iter_ms or total_ms <= 0:
         return math.nan, math.nan
     median_ms = statistics.median(iter_ms)
-    delivered = work * len(iter_ms) / (total_ms / 1e3)
+    delivered = work * (len(iter_ms) if count is None else count) / (total_ms / 1e3)
     peak = work / (median_ms / 1e3) if median_ms > 0 else math.nan
     return delivered, peak
 
@@ -1678,6 +1728,9 @@ def _result(spec: KernelSpec, m: int, status: str, reason: str | None) -> dict[s
     total_ms: the timed batches' total elapsed time; gaps_ms: the part of it between iterations
     queued_ahead: every timed batch was enqueued before the GPU began it (CUDA), else None
     batches: how many back-to-back batches the timed iterations ran in (rounds)
+    timing: "events" (per-iteration CUDA events; perf_counter on CPU) or "graph" (delivered
+        from CUDA graph replays, peak and the median from a short event-timed batch beside
+        each; gaps_ms and queued_ahead then None)
     """
     return {
         "dtype": spec.dtype,
@@ -1695,6 +1748,7 @@ def _result(spec: KernelSpec, m: int, status: str, reason: str | None) -> dict[s
         "queued_ahead": None,
         "iters": 0,
         "batches": 0,
+        "timing": None,
         "warmup": 0,
         "buffer_sets": 0,
         "max_rel_error": None,
@@ -1761,6 +1815,10 @@ class KernelRun:
         self.total_ms = 0.0
         self.batches = 0
         self.ahead: list[bool] = []
+        self.timed = 0  # iterations in total_ms (the graph's, not the peak batch's)
+        self.graphed = 0  # timed batches replayed as a CUDA graph
+        # decode kernels on a GPU are timed as graph replays until one fails to capture
+        self.graph = bool(getattr(args, "graphs", False)) and info.is_cuda and spec.kind == "decode"
 
     @property
     def ready(self) -> bool:
@@ -1869,37 +1927,68 @@ class KernelRun:
             self.warm_ms += batch.iter_ms
             spent += batch.total_ms
 
-    def measure(self, count: int) -> Batch:
-        """One timed batch of ``count`` back-to-back iterations, added to the kernel's figures."""
+    def measure(self, count: int) -> None:
+        """One timed batch of ``count`` back-to-back iterations, added to the kernel's figures:
+        a CUDA graph replay and a short event-timed batch for the median (decode kernels on a
+        GPU), else one event-timed batch."""
+        if self.graph and count > 0:
+            total = self._graph_batch(count)
+            if total is not None:
+                peak = self._batch(min(count, PEAK_BATCH_ITERS))
+                self.iter_ms += peak.iter_ms
+                self.total_ms += total
+                self.timed += count
+                self.batches += 1
+                self.graphed += 1
+                return
         batch = self._batch(count)
         self.iter_ms += batch.iter_ms
         self.total_ms += batch.total_ms
+        self.timed += len(batch.iter_ms)
         self.batches += 1
         if batch.queued_ahead is not None:
             self.ahead.append(batch.queued_ahead)
-        return batch
+
+    def _graph_batch(self, count: int) -> float | None:
+        """The graph replay's milliseconds, or None (and events from now on) when the kernel
+        cannot be captured."""
+        assert self.prepared is not None
+        try:
+            with self._precision():
+                total = time_graph(self.info, self.prepared.fn, self.sets, count, self.position)
+        except Exception as exc:
+            self.graph = False
+            _log(f"{self.spec.dtype} {self.spec.kind}: no CUDA graph ({exc}); timed with events")
+            with contextlib.suppress(Exception):
+                self.info.torch.cuda.synchronize()
+            return None
+        self.position = (self.position + count) % len(self.sets)
+        self.budget.busy += total / 1e3
+        return total
 
     def reset_timing(self) -> None:
         """Forget the warm-up and timed iterations (a soak measures the kernel again)."""
         self.warm_ms, self.iter_ms, self.ahead = [], [], []
         self.total_ms = 0.0
-        self.batches = 0
+        self.batches = self.timed = self.graphed = 0
 
     def summary(self) -> dict[str, Any]:
         result = dict(self.result)
         if result["status"] != "ok" or not self.iter_ms:
             return result
-        delivered, peak = figures(self.work, self.iter_ms, self.total_ms)
+        delivered, peak = figures(self.work, self.iter_ms, self.total_ms, self.timed)
+        graphed = self.graphed > 0
         result.update(
             delivered=delivered / 1e12,
             peak=peak / 1e12,
             total_ms=self.total_ms,
             median_ms=statistics.median(self.iter_ms),
             min_ms=min(self.iter_ms),
-            gaps_ms=self.total_ms - math.fsum(self.iter_ms),
-            queued_ahead=all(self.ahead) if self.ahead else None,
-            iters=len(self.iter_ms),
+            gaps_ms=None if graphed else self.total_ms - math.fsum(self.iter_ms),
+            queued_ahead=all(self.ahead) if self.ahead and not graphed else None,
+            iters=self.timed,
             batches=self.batches,
+            timing="graph" if graphed else "events",
             warmup=len(self.warm_ms),
         )
         return result
@@ -2762,6 +2851,7 @@ def _run(args: argparse.Namespace, doc: dict[str, Any], stop: StopRequest | None
         "budget_fraction": args.budget_fraction,
         "min_iters": args.min_iters,
         "min_batch_ms": args.min_batch_ms,
+        "graphs": args.graphs,
         "max_iters": args.max_iters,
         "launch_us": args.launch_us,
         "max_prequeue_ms": args.max_prequeue_ms,
