@@ -174,7 +174,7 @@ MAX_ITERS = 4000
 MIN_BATCH_MS = 30.0
 # Decode kernels on a GPU (--graphs): delivered from one CUDA graph replay of the batch, peak from
 # an event-timed batch of at most this many iterations (three commands each: within the queue).
-PEAK_BATCH_ITERS = 256
+PEAK_BATCH_ITERS = 128
 PROGRESS_PREFIX = "sparkdiag-progress "
 MAX_WARMUP_ITERS = 500
 # Share of the time budget per kernel kind (see Budget).
