@@ -236,6 +236,42 @@ def test_checkpoint_stalls_include_the_fsync_after_the_burst() -> None:
     assert "stalled on I/O 50 %" in " ".join(d.causes[0].evidence)  # 5 of 6 ticks at 60 %
 
 
+def test_checkpoint_stalls_include_the_serialisation_before_the_burst() -> None:
+    """torch.save first copies the state to the host and pickles it, one core at 100 % and
+    the GPU stopped for 2.5 s, then writes it in one burst: as on the H200 (2026-12-01, the
+    checkpoint job of watch_jobs.py), the whole stop is the checkpoint's, not a launcher's."""
+
+    def gap(i: int) -> bool:
+        return 8 <= i % 20 < 14
+
+    rec = timeline(
+        util=lambda i: 0.03 if gap(i) else 0.99,
+        sm=lambda i: 0.01 if gap(i) else 0.9,
+        thread=lambda i: 1.0,  # serialising, then the main loop's spin-wait
+        write=lambda i: 2.4e9 if i % 20 == 13 else 1e5,
+    )
+    d = diagnose(rec)
+    assert names(d) == ["checkpoint-stalls"], [(c.name, c.share) for c in d.causes]
+    assert share(d, "checkpoint-stalls") == pytest.approx(24 * 0.97 / 80, abs=0.01)
+
+
+def test_a_launcher_stop_far_from_any_write_stays_a_launcher() -> None:
+    """The same stop with the GPU working a little (a launcher starving it) before a burst
+    does not extend the checkpoint backwards: only a fully stopped GPU does."""
+
+    def gap(i: int) -> bool:
+        return 8 <= i % 20 < 14
+
+    rec = timeline(
+        util=lambda i: 0.3 if gap(i) else 0.99,
+        sm=lambda i: 0.2 if gap(i) else 0.9,
+        thread=lambda i: 1.0,
+        write=lambda i: 2.4e9 if i % 20 == 14 else 1e5,
+    )
+    d = diagnose(rec)
+    assert "cpu-bound-launcher" in names(d), [(c.name, c.share) for c in d.causes]
+
+
 def test_a_log_burst_in_a_starved_loop_does_not_turn_it_into_checkpoint_stalls() -> None:
     """Starved at 70 % idle per tick, with one 100 MB/s log flush: only the flush's ticks may
     count as writing; the rest stays input-starvation."""

@@ -10,7 +10,11 @@ checkpoint stalls   the job wrote in a burst (at least ``WRITE_BURST_MIN`` bytes
                     previous one, or a burst was followed by this tick with the GPU stopped
                     (``CHECKPOINT_IDLE``) and tasks waiting on I/O (PSI ``CHECKPOINT_IO_STALL``)
                     for at most ``CHECKPOINT_TAIL_SECONDS``: a checkpoint fills the page cache
-                    in a burst, then waits in fsync writing nothing more
+                    in a burst, then waits in fsync writing nothing more; and the ticks right
+                    before a burst with the GPU stopped (``CHECKPOINT_IDLE``), for at most
+                    ``CHECKPOINT_LEAD_SECONDS``: the state copied to the host and serialised
+                    (torch.save keeps a core busy while the GPU waits), which is the
+                    checkpoint's, not a launcher's
 CPU-bound launcher  a thread of the processes that hold the GPU ran at ``HOT_THREAD`` of a core
                     or more (mean of the tick and its two neighbours, which smooths the CPU
                     clock's 10 ms granularity) while the GPU worked less than
@@ -53,6 +57,7 @@ WRITE_BURST_FACTOR = 4.0
 CHECKPOINT_IDLE = 0.90
 CHECKPOINT_IO_STALL = 0.02
 CHECKPOINT_TAIL_SECONDS = 30.0
+CHECKPOINT_LEAD_SECONDS = 30.0
 TENSOR_LOW = 0.10
 LOW_TENSOR_SHARE = 0.50
 LOW_TENSOR_BUSY_MIN = 0.20
@@ -244,11 +249,21 @@ def _write_bursts(views: list[_View]) -> set[int]:
 
 
 def _checkpoint_ticks(views: list[_View], bursts: set[int]) -> set[int]:
-    """The burst ticks with their neighbours, and after each burst the ticks in which the GPU
-    stays stopped (``CHECKPOINT_IDLE``) while tasks wait on I/O (PSI; where PSI is missing,
-    on the GPU alone), for up to ``CHECKPOINT_TAIL_SECONDS``: a checkpoint fills the page cache
-    in a burst and then waits in fsync or close, writing nothing more."""
+    """The burst ticks with their neighbours; before each burst the ticks in which the GPU was
+    already stopped (``CHECKPOINT_IDLE``), for up to ``CHECKPOINT_LEAD_SECONDS``: the state
+    copied to the host and serialised before it is written; and after each burst the ticks in
+    which the GPU stays stopped while tasks wait on I/O (PSI; where PSI is missing, on the GPU
+    alone), for up to ``CHECKPOINT_TAIL_SECONDS``: a checkpoint fills the page cache in a burst
+    and then waits in fsync or close, writing nothing more."""
     marked = {j for i in bursts for j in (i - 1, i, i + 1) if 0 <= j < len(views)}
+    for i in sorted(bursts):
+        lead = 0.0
+        for j in range(i - 1, -1, -1):
+            v = views[j]
+            if 1.0 - v.util < CHECKPOINT_IDLE or lead >= CHECKPOINT_LEAD_SECONDS:
+                break
+            marked.add(j)
+            lead += v.dt
     for i in sorted(bursts):
         tail = 0.0
         for j in range(i + 1, len(views)):
