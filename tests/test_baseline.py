@@ -22,13 +22,13 @@ import pytest
 
 from sparkdiag.probe.baseline import (
     DEFAULT_FILENAME,
-    SCHEMA_VERSION,
     Baseline,
     BaselineKey,
     BaselineStore,
     BaselineStoreError,
     default_path,
 )
+from sparkdiag.probe.store_sql import SCHEMA_VERSION
 
 HELPERS = Path(__file__).parent / "baseline_helpers"
 REPO = Path(__file__).resolve().parent.parent

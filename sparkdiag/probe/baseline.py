@@ -29,8 +29,6 @@ Inspect with ``sqlite3 $STATE_DIRECTORY/baselines.sqlite 'SELECT * FROM baseline
 from __future__ import annotations
 
 import builtins
-import contextlib
-import json
 import math
 import os
 import re
@@ -42,15 +40,31 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, TypeGuard
+from typing import Any, Literal
 
+from sparkdiag.probe.store_sql import (
+    BASELINE_COLUMNS,
+    KEY_COLUMNS,
+    KEY_LIST,
+    KEY_WHERE,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    check_tflops,
+    check_time,
+    conditions_from_json,
+    conditions_json,
+    filters,
+    is_busy,
+    is_real,
+    placeholders,
+    transaction,
+)
 from sparkdiag.statedir import StateDirError, ensure_state_directory, state_directory
 
 BaselineSource = Literal["learned", "pinned"]
 
 DEFAULT_FILENAME = "baselines.sqlite"
 CONTEXTS = ("native", "container")
-KEY_COLUMNS = ("gpu_uuid", "dtype", "shape", "context", "driver", "torch", "cuda", "method")
 # How a figure was measured. "delivered": the total time of back-to-back iterations, gaps
 # included (worker schema 2); "median": the median iteration (schema 1, before 2026-12). A
 # baseline is only ever compared with figures of its own method: the two differ on a shared GPU.
@@ -58,64 +72,6 @@ METHODS = ("delivered", "median")
 METHOD = "delivered"
 
 _SHAPE = re.compile(r"^[0-9]+(?:x[0-9]+)+$")
-_KEY_WHERE = " AND ".join(f"{column} = ?" for column in KEY_COLUMNS)
-_KEY_LIST = ", ".join(KEY_COLUMNS)
-_BASELINE_COLUMNS = f"{_KEY_LIST}, tflops, source, runs, created_at, updated_at, note"
-# The key as schema version 1 had it (migrations are never edited, so they spell it out).
-_V1_KEY_LIST = "gpu_uuid, dtype, shape, context, driver, torch, cuda"
-
-# Each entry moves the schema from version i to i + 1 (PRAGMA user_version).
-# Append new migrations; never edit a released one.
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    (
-        """CREATE TABLE runs (
-            id INTEGER PRIMARY KEY,
-            gpu_uuid TEXT NOT NULL, dtype TEXT NOT NULL, shape TEXT NOT NULL,
-            context TEXT NOT NULL, driver TEXT NOT NULL, torch TEXT NOT NULL,
-            cuda TEXT NOT NULL,
-            tflops REAL NOT NULL CHECK (tflops > 0),
-            healthy INTEGER NOT NULL CHECK (healthy IN (0, 1)),
-            at REAL NOT NULL,
-            conditions TEXT
-        )""",
-        f"CREATE INDEX runs_by_key ON runs ({_V1_KEY_LIST}, healthy, id)",
-        f"""CREATE TABLE baselines (
-            gpu_uuid TEXT NOT NULL, dtype TEXT NOT NULL, shape TEXT NOT NULL,
-            context TEXT NOT NULL, driver TEXT NOT NULL, torch TEXT NOT NULL,
-            cuda TEXT NOT NULL,
-            tflops REAL NOT NULL CHECK (tflops > 0),
-            source TEXT NOT NULL CHECK (source IN ('learned', 'pinned')),
-            runs INTEGER NOT NULL CHECK (runs >= 0),
-            created_at REAL NOT NULL,
-            updated_at REAL NOT NULL,
-            note TEXT NOT NULL DEFAULT '',
-            PRIMARY KEY ({_V1_KEY_LIST})
-        ) WITHOUT ROWID""",
-    ),
-    # 2: the measuring method joins the key; what was there was measured by the median.
-    (
-        "ALTER TABLE runs ADD COLUMN method TEXT NOT NULL DEFAULT 'median'",
-        "DROP INDEX runs_by_key",
-        f"CREATE INDEX runs_by_key ON runs ({_V1_KEY_LIST}, method, healthy, id)",
-        f"""CREATE TABLE baselines_2 (
-            gpu_uuid TEXT NOT NULL, dtype TEXT NOT NULL, shape TEXT NOT NULL,
-            context TEXT NOT NULL, driver TEXT NOT NULL, torch TEXT NOT NULL,
-            cuda TEXT NOT NULL, method TEXT NOT NULL,
-            tflops REAL NOT NULL CHECK (tflops > 0),
-            source TEXT NOT NULL CHECK (source IN ('learned', 'pinned')),
-            runs INTEGER NOT NULL CHECK (runs >= 0),
-            created_at REAL NOT NULL,
-            updated_at REAL NOT NULL,
-            note TEXT NOT NULL DEFAULT '',
-            PRIMARY KEY ({_V1_KEY_LIST}, method)
-        ) WITHOUT ROWID""",
-        f"""INSERT INTO baselines_2 SELECT {_V1_KEY_LIST}, 'median', tflops, source, runs,
-            created_at, updated_at, note FROM baselines""",
-        "DROP TABLE baselines",
-        "ALTER TABLE baselines_2 RENAME TO baselines",
-    ),
-)
-SCHEMA_VERSION = len(_MIGRATIONS)
 
 
 class BaselineStoreError(Exception):
@@ -243,7 +199,7 @@ class BaselineStore:
             raise ValueError(f"learn_runs must be an integer, got {learn_runs!r}")
         if learn_runs < min_runs:
             raise ValueError(f"learn_runs ({learn_runs}) must be >= min_runs ({min_runs})")
-        if not _is_real(busy_timeout_s) or not math.isfinite(busy_timeout_s):
+        if not is_real(busy_timeout_s) or not math.isfinite(busy_timeout_s):
             raise ValueError(f"busy_timeout_s must be a finite number, got {busy_timeout_s!r}")
         if busy_timeout_s < 0:
             raise ValueError(f"busy_timeout_s must be >= 0, got {busy_timeout_s!r}")
@@ -309,7 +265,7 @@ class BaselineStore:
                 if mode != "wal":
                     mode = str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
             except sqlite3.OperationalError as exc:
-                if not _is_busy(exc) or time.monotonic() >= deadline:
+                if not is_busy(exc) or time.monotonic() >= deadline:
                     raise
                 time.sleep(0.01)
                 continue
@@ -329,7 +285,7 @@ class BaselineStore:
                 f"baseline store {self.path} has schema version {version}, newer than the "
                 f"{SCHEMA_VERSION} this sparkdiag understands; upgrade sparkdiag"
             )
-        with _transaction(conn):
+        with transaction(conn):
             # Another process may have migrated while we waited for the lock.
             version = int(conn.execute("PRAGMA user_version").fetchone()[0])
             if version == 0:
@@ -341,7 +297,7 @@ class BaselineStore:
                         f"{self.path} is an SQLite database but not a sparkdiag baseline store"
                     )
             for step in range(version, SCHEMA_VERSION):
-                for statement in _MIGRATIONS[step]:
+                for statement in MIGRATIONS[step]:
                     conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
@@ -358,7 +314,7 @@ class BaselineStore:
         with self._lock:
             conn = self._connection()
             try:
-                with _transaction(conn):
+                with transaction(conn):
                     yield conn
             except sqlite3.Error as exc:
                 raise BaselineStoreError(f"baseline store {self.path}: {exc}") from exc
@@ -391,15 +347,15 @@ class BaselineStore:
         this run, or None while it is still learning.
         """
         _check_key(key)
-        value = _check_tflops(tflops)
+        value = check_tflops(tflops)
         if not isinstance(healthy, bool):
             raise ValueError(f"healthy must be a bool, got {healthy!r}")
-        when = time.time() if at is None else _check_time(at, "at")
-        conditions_text = _conditions_json(conditions)
+        when = time.time() if at is None else check_time(at, "at")
+        conditions_text = conditions_json(conditions)
         with self._write() as conn:
             conn.execute(
-                f"INSERT INTO runs ({_KEY_LIST}, tflops, healthy, at, conditions) "
-                f"VALUES ({_placeholders(4)})",
+                f"INSERT INTO runs ({KEY_LIST}, tflops, healthy, at, conditions) "
+                f"VALUES ({placeholders(4)})",
                 (*key.as_row(), value, int(healthy), when, conditions_text),
             )
             current = _select_baseline(conn, key)
@@ -412,7 +368,7 @@ class BaselineStore:
             values = [
                 float(row[0])
                 for row in conn.execute(
-                    f"SELECT tflops FROM runs WHERE {_KEY_WHERE} AND healthy = 1 "
+                    f"SELECT tflops FROM runs WHERE {KEY_WHERE} AND healthy = 1 "
                     "ORDER BY id LIMIT ?",
                     (*key.as_row(), self.learn_runs),
                 )
@@ -435,7 +391,7 @@ class BaselineStore:
     def pin(self, key: BaselineKey, tflops: float, note: str = "") -> Baseline:
         """Set the key's baseline to ``tflops`` (TFLOPS); later runs never move it."""
         _check_key(key)
-        value = _check_tflops(tflops)
+        value = check_tflops(tflops)
         if not isinstance(note, str):
             raise ValueError(f"note must be a string, got {note!r}")
         with self._write() as conn:
@@ -464,10 +420,10 @@ class BaselineStore:
 
         Ordered by GPU, dtype, shape, context, then creation time.
         """
-        where, params = _filters(gpu_uuid=gpu_uuid)
+        where, params = filters(gpu_uuid=gpu_uuid)
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT {_BASELINE_COLUMNS} FROM baselines{where} "
+                f"SELECT {BASELINE_COLUMNS} FROM baselines{where} "
                 "ORDER BY gpu_uuid, dtype, shape, context, created_at, driver, torch, cuda",
                 params,
             ).fetchall()
@@ -484,7 +440,7 @@ class BaselineStore:
         No filter resets everything. Returns the number of baselines removed
         (runs of keys that were still learning are removed too).
         """
-        where, params = _filters(gpu_uuid=gpu_uuid, dtype=dtype, shape=shape)
+        where, params = filters(gpu_uuid=gpu_uuid, dtype=dtype, shape=shape)
         with self._write() as conn:
             removed = conn.execute(f"DELETE FROM baselines{where}", params).rowcount
             conn.execute(f"DELETE FROM runs{where}", params)
@@ -497,7 +453,7 @@ class BaselineStore:
             raise ValueError(f"limit must be a positive integer, got {limit!r}")
         with self._read() as conn:
             rows = conn.execute(
-                f"SELECT id, tflops, healthy, at, conditions FROM runs WHERE {_KEY_WHERE} "
+                f"SELECT id, tflops, healthy, at, conditions FROM runs WHERE {KEY_WHERE} "
                 "ORDER BY id DESC LIMIT ?",
                 (*key.as_row(), limit),
             ).fetchall()
@@ -508,7 +464,7 @@ class BaselineStore:
                 tflops=float(row[1]),
                 healthy=bool(row[2]),
                 at=float(row[3]),
-                conditions=_conditions_from_json(row[4]),
+                conditions=conditions_from_json(row[4]),
             )
             for row in rows
         ]
@@ -540,37 +496,17 @@ class BaselineStore:
 # -- helpers -----------------------------------------------------------------
 
 
-@contextmanager
-def _transaction(conn: sqlite3.Connection) -> Iterator[None]:
-    """``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any exception."""
-    conn.execute("BEGIN IMMEDIATE")
-    try:
-        yield
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            # The original error says more; SQLite rolls back on close anyway.
-            with contextlib.suppress(sqlite3.Error):
-                conn.execute("ROLLBACK")
-        raise
-
-
 def _select_baseline(conn: sqlite3.Connection, key: BaselineKey) -> Baseline | None:
     row = conn.execute(
-        f"SELECT {_BASELINE_COLUMNS} FROM baselines WHERE {_KEY_WHERE}", key.as_row()
+        f"SELECT {BASELINE_COLUMNS} FROM baselines WHERE {KEY_WHERE}", key.as_row()
     ).fetchone()
     return None if row is None else _baseline_from_row(row)
 
 
-def _placeholders(extra: int) -> str:
-    """``?, ?, ...`` for the key columns and ``extra`` more."""
-    return ", ".join("?" * (len(KEY_COLUMNS) + extra))
-
-
 def _upsert(conn: sqlite3.Connection, baseline: Baseline) -> None:
     conn.execute(
-        f"INSERT INTO baselines ({_BASELINE_COLUMNS}) VALUES ({_placeholders(6)})"
-        f" ON CONFLICT ({_KEY_LIST}) DO UPDATE SET tflops = excluded.tflops,"
+        f"INSERT INTO baselines ({BASELINE_COLUMNS}) VALUES ({placeholders(6)})"
+        f" ON CONFLICT ({KEY_LIST}) DO UPDATE SET tflops = excluded.tflops,"
         " source = excluded.source, runs = excluded.runs,"
         " updated_at = excluded.updated_at, note = excluded.note",
         (
@@ -601,68 +537,6 @@ def _baseline_from_row(row: tuple[Any, ...]) -> Baseline:
     )
 
 
-def _filters(**filters: str | None) -> tuple[str, tuple[str, ...]]:
-    clauses: builtins.list[str] = []
-    params: builtins.list[str] = []
-    for column, value in filters.items():
-        if value is None:
-            continue
-        if not isinstance(value, str) or not value.strip():
-            raise ValueError(f"{column} filter must be a non-empty string, got {value!r}")
-        clauses.append(f"{column} = ?")
-        params.append(value)
-    where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
-    return where, tuple(params)
-
-
-def _is_real(value: object) -> TypeGuard[int | float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
 def _check_key(key: object) -> None:
     if not isinstance(key, BaselineKey):
         raise ValueError(f"key must be a BaselineKey, got {type(key).__name__}")
-
-
-def _check_tflops(value: object) -> float:
-    if not _is_real(value):
-        raise ValueError(f"tflops must be a number, got {value!r}")
-    number = float(value)
-    if not math.isfinite(number) or number <= 0:
-        raise ValueError(f"tflops must be finite and > 0, got {value!r}")
-    return number
-
-
-def _check_time(value: object, name: str) -> float:
-    if not _is_real(value):
-        raise ValueError(f"{name} must be a unix time in seconds, got {value!r}")
-    number = float(value)
-    if not math.isfinite(number) or number < 0:
-        raise ValueError(f"{name} must be a finite unix time >= 0, got {value!r}")
-    return number
-
-
-def _conditions_json(conditions: Mapping[str, Any] | None) -> str | None:
-    if conditions is None:
-        return None
-    if not isinstance(conditions, Mapping):
-        raise ValueError(f"conditions must be a mapping, got {type(conditions).__name__}")
-    try:
-        return json.dumps(dict(conditions), sort_keys=True, allow_nan=False)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"conditions must be JSON-serialisable: {exc}") from exc
-
-
-def _conditions_from_json(text: object) -> dict[str, Any] | None:
-    if text is None:
-        return None
-    try:
-        value = json.loads(str(text))
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _is_busy(exc: sqlite3.OperationalError) -> bool:
-    message = str(exc).lower()
-    return "locked" in message or "busy" in message
