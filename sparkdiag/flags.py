@@ -67,6 +67,18 @@ def click_option(option: Option, command: str) -> Callable[[F], F]:
     )
 
 
+def file_option(flag: str, dest: str, help: str, metavar: str = "FILE") -> Callable[[F], F]:
+    """``--flag FILE``: a file path (not a directory) given to the command as ``dest``, or None."""
+    return click.option(
+        flag,
+        dest,
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        metavar=metavar,
+        help=help,
+    )
+
+
 def settings_options(command: str, config_file: bool = False) -> Callable[[F], F]:
     """Every setting ``command`` takes, as click flags (plus ``--config`` when asked)."""
 
@@ -75,12 +87,10 @@ def settings_options(command: str, config_file: bool = False) -> Callable[[F], F
             if command in option.scopes:
                 fn = click_option(option, command)(fn)
         if config_file:
-            fn = click.option(
+            fn = file_option(
                 "--config",
                 "config",
-                type=click.Path(dir_okay=False, path_type=Path),
-                default=None,
-                help="TOML configuration file (keys as in 'sparkdiag config default'); flags win "
+                "TOML configuration file (keys as in 'sparkdiag config default'); flags win "
                 "over it.",
             )(fn)
         return fn

@@ -20,3 +20,21 @@ def gpu_labels(identity: GpuIdentity) -> list[str]:
 
 class SnapshotCollector(Protocol):
     def collect(self) -> Iterator[Metric]: ...
+
+
+class FromSnapshot:
+    """A collector of the latest telemetry snapshot; nothing before the first poll.
+
+    Subclasses build fresh metric families from one snapshot in :meth:`families`.
+    """
+
+    def __init__(self, snapshot: SnapshotProvider) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snapshot()
+        if snap is not None:
+            yield from self.families(snap)
+
+    def families(self, snap: Snapshot) -> Iterator[Metric]:
+        raise NotImplementedError

@@ -11,9 +11,9 @@ from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from sparkdiag.exporter.base import GPU_LABELS, SnapshotProvider, gpu_labels
+from sparkdiag.exporter.base import GPU_LABELS, FromSnapshot, gpu_labels
 from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS
-from sparkdiag.telemetry.snapshot import GpuSample
+from sparkdiag.telemetry.snapshot import GpuSample, Snapshot
 
 ALL_REASONS_MASK = sum(CLOCK_EVENT_REASONS.values())
 
@@ -149,13 +149,9 @@ def _family(
     return GaugeMetricFamily(name, doc, labels=labels)
 
 
-class GpuCollector:
-    def __init__(self, snapshot: SnapshotProvider) -> None:
-        self.snapshot = snapshot
-
-    def collect(self) -> Iterator[Metric]:
-        snap = self.snapshot()
-        if snap is None or not snap.gpus:
+class GpuCollector(FromSnapshot):
+    def families(self, snap: Snapshot) -> Iterator[Metric]:
+        if not snap.gpus:
             return
         gpus = snap.gpus
         up_gpus = [g for g in gpus if g.up]

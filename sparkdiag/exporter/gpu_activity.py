@@ -11,17 +11,12 @@ from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from sparkdiag.exporter.base import GPU_LABELS, SnapshotProvider, gpu_labels
+from sparkdiag.exporter.base import GPU_LABELS, FromSnapshot, gpu_labels
+from sparkdiag.telemetry.snapshot import Snapshot
 
 
-class GpuActivityCollector:
-    def __init__(self, snapshot: SnapshotProvider) -> None:
-        self.snapshot = snapshot
-
-    def collect(self) -> Iterator[Metric]:
-        snap = self.snapshot()
-        if snap is None:
-            return
+class GpuActivityCollector(FromSnapshot):
+    def families(self, snap: Snapshot) -> Iterator[Metric]:
         gpus = [g for g in snap.gpus if g.up]
 
         activity = GaugeMetricFamily(

@@ -13,19 +13,14 @@ from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from sparkdiag.exporter.base import GPU_LABELS, SnapshotProvider, gpu_labels
+from sparkdiag.exporter.base import GPU_LABELS, FromSnapshot, gpu_labels
+from sparkdiag.telemetry.snapshot import Snapshot
 
 PROCESS_LABELS = [*GPU_LABELS, "pid", "process", "user", "container_id", "pod_uid"]
 
 
-class GpuProcessCollector:
-    def __init__(self, snapshot: SnapshotProvider) -> None:
-        self.snapshot = snapshot
-
-    def collect(self) -> Iterator[Metric]:
-        snap = self.snapshot()
-        if snap is None:
-            return
+class GpuProcessCollector(FromSnapshot):
+    def families(self, snap: Snapshot) -> Iterator[Metric]:
         memory = GaugeMetricFamily(
             "sparkdiag_gpu_process_memory_bytes",
             "GPU memory used by one compute process, in bytes (the top processes by memory).",

@@ -7,19 +7,16 @@ from collections.abc import Iterator
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
-from sparkdiag.exporter.base import SnapshotProvider
+from sparkdiag.exporter.base import FromSnapshot
 from sparkdiag.platforms import identify
+from sparkdiag.telemetry.snapshot import Snapshot
 
 LABELS = ["device", "class", "driver", "state"]
 
 
-class PcieCollector:
-    def __init__(self, snapshot: SnapshotProvider) -> None:
-        self.snapshot = snapshot
-
-    def collect(self) -> Iterator[Metric]:
-        snap = self.snapshot()
-        if snap is None or not snap.pcie_links:
+class PcieCollector(FromSnapshot):
+    def families(self, snap: Snapshot) -> Iterator[Metric]:
+        if not snap.pcie_links:
             return
         speed = GaugeMetricFamily(
             "sparkdiag_pcie_link_transfers_per_second",

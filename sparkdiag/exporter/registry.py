@@ -39,7 +39,7 @@ def build_registry(
         PcieCollector(snapshot),
         *extra,
     ):
-        registry.register(_NonEmpty(collector))  # type: ignore[arg-type]
+        registry.register(_NonEmpty(collector))
     return registry
 
 

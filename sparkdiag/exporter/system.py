@@ -8,18 +8,12 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from sparkdiag import __version__
-from sparkdiag.exporter.base import SnapshotProvider
-from sparkdiag.telemetry.snapshot import HostSample
+from sparkdiag.exporter.base import FromSnapshot
+from sparkdiag.telemetry.snapshot import HostSample, Snapshot
 
 
-class SystemCollector:
-    def __init__(self, snapshot: SnapshotProvider) -> None:
-        self.snapshot = snapshot
-
-    def collect(self) -> Iterator[Metric]:
-        snap = self.snapshot()
-        if snap is None:
-            return
+class SystemCollector(FromSnapshot):
+    def families(self, snap: Snapshot) -> Iterator[Metric]:
         info = GaugeMetricFamily(
             "sparkdiag_build_info",
             "sparkdiag build identity; value is 1.",

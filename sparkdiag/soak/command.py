@@ -16,7 +16,7 @@ from typing import Any
 import click
 
 from sparkdiag import plotting
-from sparkdiag.flags import settings_from, settings_options, worker_options
+from sparkdiag.flags import file_option, settings_from, settings_options, worker_options
 from sparkdiag.probe.commands.probe import gpus_seen
 from sparkdiag.probe.document import SoakWindow
 from sparkdiag.probe.launchers import pinned_env
@@ -243,14 +243,7 @@ def exit_status(gpus: tuple[GpuSoak, ...], interrupted: bool, files_ok: bool) ->
     metavar="[FILE]",
     help="Write the JSON record to FILE; --json alone prints it instead of the text.",
 )
-@click.option(
-    "--csv",
-    "csv_to",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    metavar="FILE",
-    help="Write one row per window and kernel to FILE.",
-)
+@file_option("--csv", "csv_to", "Write one row per window and kernel to FILE.")
 @click.option(
     "--plot",
     "plot_to",

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from sparkdiag.soak.verdict import KernelFigures
 from sparkdiag.statedir import StateDirError, ensure_state_directory, state_directory
 
 FILENAME = "soak.json"
@@ -35,7 +36,7 @@ class SoakStateError(Exception):
 
 
 @dataclass(frozen=True)
-class KernelState:
+class KernelState(KernelFigures):
     """One kernel's verdict (see :class:`sparkdiag.soak.verdict.Verdict`); TFLOPS (TOPS for
     int8), temperatures in °C on the entry's ``sensor``."""
 
@@ -50,16 +51,6 @@ class KernelState:
     fell_fraction: float | None = None
     fell_celsius: float | None = None
     max_celsius: float | None = None
-
-    @property
-    def hottest_fraction(self) -> float | None:
-        if self.cold is None or self.hottest is None:
-            return None
-        return self.hottest / self.cold
-
-    @property
-    def label(self) -> str:
-        return f"{self.dtype} {self.shape}"
 
 
 @dataclass(frozen=True)

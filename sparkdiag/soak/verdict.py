@@ -32,8 +32,28 @@ class Point:
     celsius: float | None
 
 
+class KernelFigures:
+    """What a kernel's verdict and its kept state both answer: its label, and its hottest
+    delivered figure over its cold one."""
+
+    dtype: str
+    shape: str
+    cold: float | None
+    hottest: float | None
+
+    @property
+    def label(self) -> str:
+        return f"{self.dtype} {self.shape}"
+
+    @property
+    def hottest_fraction(self) -> float | None:
+        if self.cold is None or self.hottest is None:
+            return None
+        return self.hottest / self.cold
+
+
 @dataclass(frozen=True)
-class Verdict:
+class Verdict(KernelFigures):
     """One kernel (``int4`` at ``1x8192x8192``, kind ``decode``) or one int4 ratio (``int4/bf16``,
     shape ``decode``, kind ``ratio``) over the soak.
 
@@ -63,16 +83,6 @@ class Verdict:
     max_celsius: float | None = None
     note: str | None = None
     points: tuple[Point, ...] = ()
-
-    @property
-    def label(self) -> str:
-        return f"{self.dtype} {self.shape}"
-
-    @property
-    def hottest_fraction(self) -> float | None:
-        if self.cold is None or self.hottest is None:
-            return None
-        return self.hottest / self.cold
 
     @property
     def degraded(self) -> bool:

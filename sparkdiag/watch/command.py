@@ -21,7 +21,7 @@ from typing import Any
 
 import click
 
-from sparkdiag.flags import settings_from, settings_options
+from sparkdiag.flags import file_option, settings_from, settings_options
 from sparkdiag.sources.backends import make_backend
 from sparkdiag.sources.fixture import FixtureError
 from sparkdiag.sources.gpu import GpuSource
@@ -104,25 +104,14 @@ def _report(rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: Path |
     "the ones the job runs on.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the diagnosis as JSON.")
-@click.option(
-    "--plot",
-    "plot_to",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write a timeline PNG (needs matplotlib: pip install 'sparkdiag[plot]').",
+@file_option(
+    "--plot", "plot_to", "Write a timeline PNG (needs matplotlib: pip install 'sparkdiag[plot]')."
 )
-@click.option(
-    "--record",
-    "record_to",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Save every sample as JSON, to diagnose or plot later with --replay.",
+@file_option(
+    "--record", "record_to", "Save every sample as JSON, to diagnose or plot later with --replay."
 )
-@click.option(
-    "--replay",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Diagnose a recording saved with --record instead of watching a job.",
+@file_option(
+    "--replay", "replay", "Diagnose a recording saved with --record instead of watching a job."
 )
 @settings_options("watch")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)

@@ -11,7 +11,7 @@ from typing import Any
 
 import click
 
-from sparkdiag.flags import settings_from, settings_options, worker_options
+from sparkdiag.flags import file_option, settings_from, settings_options, worker_options
 from sparkdiag.probe.commands.probe import EXIT_FAILED
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import run_worker
@@ -63,20 +63,8 @@ def parse_range(text: str) -> list[int]:
     "--warmup", type=click.IntRange(min=0), default=10, show_default=True,
     help="Warm-up iterations per shape.",
 )  # fmt: skip
-@click.option(
-    "--csv",
-    "csv_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write every result to this CSV file.",
-)
-@click.option(
-    "--json",
-    "json_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Write the worker documents to this JSON file.",
-)
+@file_option("--csv", "csv_path", "Write every result to this CSV file.")
+@file_option("--json", "json_path", "Write the worker documents to this JSON file.")
 @settings_options("bench")
 def bench(
     dtypes: list[str], small: bool, device: str | None, m_range: str, n_range: str | None,
