@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sparkdiag.probe.launchers import Launcher
-from sparkdiag.probe.scheduler import GpuLocks, record_cycle
+from sparkdiag.probe.scheduler import GpuLocks, RunningWorkers, record_cycle
 from sparkdiag.probe.state import CycleRecord, ProbeState
 from sparkdiag.probe.store_health import StoreKeeper
 from sparkdiag.sources.gpu import THERMAL_REASONS, reasons_mask
@@ -96,14 +96,12 @@ class HotProbeScheduler:
         self.check_every = check_every
         self.clock = clock
         self._heat: dict[str, _Heat] = {}
-        self._pids: set[int] = set()
-        self._pids_lock = threading.Lock()
+        self.workers = RunningWorkers()
         self.name = f"hot-probe-{context}"
 
     def excluded_pids(self) -> frozenset[int]:
         """The hot probe's workers running now: not counted as other compute processes."""
-        with self._pids_lock:
-            return frozenset(self._pids)
+        return self.workers.pids()
 
     def due(self, gpu: GpuSample, now: float) -> str | None:
         """The trigger that makes a hot probe of ``gpu`` due now, or None (updates its heat)."""
@@ -151,15 +149,7 @@ class HotProbeScheduler:
         ident = gpu.identity
         evidence = busy(gpu, snapshot.excluded_pids, self.limits.busy_utilization)
 
-        def started(pid: int) -> None:
-            with self._pids_lock:
-                self._pids.add(pid)
-
-        try:
-            cycle = self.launcher(gpu, started)
-        finally:
-            with self._pids_lock:
-                self._pids.clear()
+        cycle = self.workers.run(self.launcher, gpu)
         base = (str(ident.index), ident.uuid, self.context)
         record = record_cycle(
             cycle, base, ident.name, self.store, learn=False,

@@ -40,6 +40,30 @@ class GpuLocks:
             return self._locks.setdefault(uuid, threading.Lock())
 
 
+class RunningWorkers:
+    """The pids of a scheduler's workers running now, which the busy rule must not count as
+    other compute processes; ``run`` launches one and tracks its pid until it ends."""
+
+    def __init__(self) -> None:
+        self._pids: set[int] = set()
+        self._lock = threading.Lock()
+
+    def pids(self) -> frozenset[int]:
+        with self._lock:
+            return frozenset(self._pids)
+
+    def run(self, launcher: Launcher, gpu: GpuSample) -> ProbeCycle:
+        def started(pid: int) -> None:
+            with self._lock:
+                self._pids.add(pid)
+
+        try:
+            return launcher(gpu, started)
+        finally:
+            with self._lock:
+                self._pids.clear()
+
+
 def record_cycle(
     cycle: ProbeCycle,
     base: tuple[str, str, str],
@@ -125,14 +149,12 @@ class ProbeScheduler:
         self.busy_utilization = busy_utilization
         self.first_delay = min(interval, 30.0) if first_delay is None else first_delay
         self.rng = rng or random.Random()
-        self._pids: set[int] = set()
-        self._pids_lock = threading.Lock()
+        self.workers = RunningWorkers()
         state.set_interval(context, interval)
 
     def excluded_pids(self) -> frozenset[int]:
         """The probe workers running now: not counted as other compute processes."""
-        with self._pids_lock:
-            return frozenset(self._pids)
+        return self.workers.pids()
 
     def busy_reason(self, gpu: GpuSample, snapshot: Snapshot) -> str | None:
         """Why the GPU counts as busy in the latest telemetry, or None when it is idle."""
@@ -166,16 +188,8 @@ class ProbeScheduler:
                 log.info("probe GPU %d skipped: %s", ident.index, busy)
                 return record
 
-        def started(pid: int) -> None:
-            with self._pids_lock:
-                self._pids.add(pid)
-
-        try:
-            with self.locks.get(ident.uuid):
-                cycle = self.launcher(gpu, started)
-        finally:
-            with self._pids_lock:
-                self._pids.clear()
+        with self.locks.get(ident.uuid):
+            cycle = self.workers.run(self.launcher, gpu)
         record = record_cycle(
             cycle, base, ident.name, self.store, learn=True, cool_below=self.cool_below
         )
