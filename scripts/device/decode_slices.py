@@ -32,8 +32,16 @@ SETTINGS = {
     "max-iters 4000": ["--max-iters", "4000", "--budget-seconds", "4"],
     "no hold, max-iters 1000": ["--max-prequeue-ms", "0"],
 }
-DECODE = ["--shape", "1x8192x8192", "--dtype", "bf16,fp8,int4", "--no-bandwidth",
-          "--no-transfers", "--probe-when", "always"]
+DECODE = [
+    "--shape",
+    "1x8192x8192",
+    "--dtype",
+    "bf16,fp8,int4",
+    "--no-bandwidth",
+    "--no-transfers",
+    "--probe-when",
+    "always",
+]
 
 
 def worker(args: list[str]) -> dict[str, Any]:
@@ -46,8 +54,20 @@ def worker(args: list[str]) -> dict[str, Any]:
 
 
 def rows(doc: dict[str, Any]) -> list[dict[str, Any]]:
-    keep = ("dtype", "shape", "kind", "beta", "status", "delivered", "peak", "total_ms",
-            "gaps_ms", "iters", "batches", "queued_ahead")
+    keep = (
+        "dtype",
+        "shape",
+        "kind",
+        "beta",
+        "status",
+        "delivered",
+        "peak",
+        "total_ms",
+        "gaps_ms",
+        "iters",
+        "batches",
+        "queued_ahead",
+    )
     return [{k: r.get(k) for k in keep} for r in doc.get("results", [])]
 
 
@@ -61,8 +81,12 @@ def main() -> int:
     lines: list[str] = []
     for name, extra in SETTINGS.items():
         runs = [{"condition": "idle", "results": rows(worker([*DECODE, *extra]))}]
-        load = subprocess.Popen([sys.executable, str(LOAD), "120"], stdout=subprocess.PIPE,
-                                text=True, start_new_session=True)
+        load = subprocess.Popen(
+            [sys.executable, str(LOAD), "120"],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
             assert load.stdout is not None and load.stdout.readline().strip() == "ready"
             for _ in range(args.repeats):
@@ -75,25 +99,38 @@ def main() -> int:
         idle = {r["dtype"]: r for r in runs[0]["results"]}
         for dtype in ("bf16", "fp8", "int4"):
             base = idle.get(dtype) or {}
-            busy = [next((r for r in run["results"] if r["dtype"] == dtype), {})
-                    for run in runs[1:]]
-            ratios = [b["delivered"] / base["delivered"] for b in busy
-                      if b.get("delivered") and base.get("delivered")]
+            busy = [
+                next((r for r in run["results"] if r["dtype"] == dtype), {}) for run in runs[1:]
+            ]
+            ratios = [
+                b["delivered"] / base["delivered"]
+                for b in busy
+                if b.get("delivered") and base.get("delivered")
+            ]
             med = f" (median {statistics.median(ratios):.2f})" if ratios else ""
             lines.append(
                 f"{dtype:5} idle {base.get('delivered') or 0:6.3f} TFLOPS over "
                 f"{base.get('total_ms') or 0:6.1f} ms ({base.get('iters')} iters, ahead "
                 f"{base.get('queued_ahead')}); busy/idle "
-                + " ".join(f"{x:.2f}" for x in ratios) + med)
-            lines.append("      busy batches: " + ", ".join(
-                f"{b.get('total_ms') or 0:.1f} ms ahead {b.get('queued_ahead')}" for b in busy))
+                + " ".join(f"{x:.2f}" for x in ratios)
+                + med
+            )
+            lines.append(
+                "      busy batches: "
+                + ", ".join(
+                    f"{b.get('total_ms') or 0:.1f} ms ahead {b.get('queued_ahead')}" for b in busy
+                )
+            )
     doc = worker([])
     record["default_idle"] = rows(doc)
     lines.append("== default suite idle: kernels whose batch was not queued ahead")
     behind = [r for r in record["default_idle"] if r["queued_ahead"] is False]
-    lines += [f"{r['dtype']} {r['shape']} beta={r['beta']}: {r['iters']} iters over "
-              f"{r['total_ms']:.1f} ms, gaps {r['gaps_ms']:.2f} ms, delivered "
-              f"{r['delivered']:.4g} peak {r['peak']:.4g}" for r in behind] or ["(none)"]
+    lines += [
+        f"{r['dtype']} {r['shape']} beta={r['beta']}: {r['iters']} iters over "
+        f"{r['total_ms']:.1f} ms, gaps {r['gaps_ms']:.2f} ms, delivered "
+        f"{r['delivered']:.4g} peak {r['peak']:.4g}"
+        for r in behind
+    ] or ["(none)"]
     record["finished_at"] = time.time()
     (args.out / "decode_slices.json").write_text(json.dumps(record, indent=1) + "\n")
     (args.out / "decode_slices.txt").write_text("\n".join(lines) + "\n")
