@@ -133,6 +133,21 @@ def test_record_fixture_round_trip(tmp_path: Path) -> None:
     assert answers["applications_clock/1"] == answers["default_applications_clock/1"] == 1980
 
 
+def test_record_fixture_of_an_older_recording_adds_the_newer_queries(tmp_path: Path) -> None:
+    """The 2026-11-29 recording predates the activity queries: re-recorded, every answer it has
+    is kept and the queries added to the catalogue since read as unsupported."""
+    out = tmp_path / "again.json"
+    old = NVML / "h200-idle-2026-11-29.json"
+    result = run_cli("record-fixture", str(out), "--nvml-fixture", str(old))
+    assert result.returncode == 0, result.stderr
+    (again,) = json.loads(out.read_text())["devices"]
+    (recorded,) = json.loads(old.read_text())["devices"]
+    assert {k: again["answers"][k] for k in recorded["answers"]} == recorded["answers"]
+    added = set(again["answers"]) - set(recorded["answers"])
+    assert "gpm" in added and "nvlink_state/0" in added and "pcie_throughput/0" in added
+    assert all(again["answers"][k] == {"error": "NOT_SUPPORTED"} for k in added)
+
+
 def test_record_fixture_without_nvml(tmp_path: Path) -> None:
     out = tmp_path / "x.json"
     result = run_cli("record-fixture", str(out), "--nvml-fixture", str(NVML / "no-nvml.json"))

@@ -26,6 +26,8 @@ from sparkdiag.sources.record import record, write_atomic
 ALL_FIXTURES = [
     "h200-idle",
     "h200-load",
+    "h200-idle-2026-11-29",
+    "h200-load-2026-11-29",
     "h200-scripted",
     "h200-x8",
     "gb10-idle",
@@ -590,15 +592,19 @@ def test_gb10_failure_fixtures_say_why_for_every_scripted_answer(
     assert backend.query(0, "utilization")["gpu"] == 100
 
 
+APPLICATIONS_CLOCKS = {
+    "applications_clock/0",
+    "applications_clock/1",
+    "default_applications_clock/0",
+    "default_applications_clock/1",
+}
+
+
 def test_h200_answers_added_by_hand_say_so(nvml_fixture: Callable[[str], Path]) -> None:
-    added = {
-        "applications_clock/0",
-        "applications_clock/1",
-        "default_applications_clock/0",
-        "default_applications_clock/1",
-    }
-    for name in ("h200-idle", "h200-load"):
+    """The 2026-11-29 recordings predate the applications-clock queries: those answers were
+    added by hand, and each says so in ``why``."""
+    for name in ("h200-idle-2026-11-29", "h200-load-2026-11-29"):
         (device,) = _raw(nvml_fixture(name))["devices"]
-        assert set(device["why"]) == added, name
-        assert all(device["answers"][key] == 1980 for key in added)
+        assert set(device["why"]) == APPLICATIONS_CLOCKS, name
+        assert all(device["answers"][key] == 1980 for key in APPLICATIONS_CLOCKS)
         assert "by hand" in device["why"]["applications_clock/0"]

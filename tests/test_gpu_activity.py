@@ -101,9 +101,9 @@ def test_nvlinks_per_link(nvml_fixture: Callable[[str], Path]) -> None:
 def test_recorded_h200_without_the_new_answers_reports_none_of_them(
     nvml_fixture: Callable[[str], Path],
 ) -> None:
-    """The single-GPU recording predates these queries: every one is unsupported there, so the
+    """The 2026-11-29 recording predates these queries: every one is unsupported there, so the
     sample leaves them out (no activity, no NVLink), never 0."""
-    source, backend = _source(nvml_fixture, "h200-idle")
+    source, backend = _source(nvml_fixture, "h200-idle-2026-11-29")
     sample = source.read()[0]
     assert sample.activity_ratio == {} and sample.sm_occupancy_ratio is None
     assert sample.nvlinks == () and sample.pcie_throughput_bytes_per_second == {}
