@@ -344,7 +344,7 @@ def test_clock_reasons_hw_slowdown_and_power_brake_fail(tmp_path: Path) -> None:
 def test_clock_reasons_power_cap_at_idle_warns(tmp_path: Path) -> None:
     status, finding, action = _reasons(tmp_path, 0x5)
     assert status == "warn"
-    assert finding == "gpu_idle, sw_power_cap (0x5): power cap active at idle (79 of 700 W)"
+    assert finding == "gpu_idle, sw_power_cap (0x5): power cap active at idle (78 of 700 W)"
     assert "sudo nvidia-smi -pl" in action
 
 

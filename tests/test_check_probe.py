@@ -247,11 +247,11 @@ def test_sm_clock_fast_but_thermal_reason_seen_warns() -> None:
 
 def test_sm_clock_uses_the_loaded_polls_too() -> None:
     # The worker's mean includes the gaps between kernels; a poll under load saw the peak.
-    loaded = poll(NVML / "h200-load.json").gpus  # 1440 MHz, utilization 100 %, sw_power_cap
+    loaded = poll(NVML / "h200-load.json").gpus  # 1455 MHz, utilization 99 %, sw_power_cap
     status, finding, _ = _clock(NVML / "h200-idle.json", 700e6, 0x0, load=loaded)
     assert status == "warn"
     assert finding.startswith(
-        "SM clock 1440 MHz under load (73% of its 1980 MHz applications clock), power-capped"
+        "SM clock 1455 MHz under load (73% of its 1980 MHz applications clock), power-capped"
     )
 
 

@@ -122,15 +122,28 @@ def test_record_fixture_round_trip(tmp_path: Path) -> None:
     original = json.loads((NVML / "h200-idle.json").read_text())
     (again,) = doc["devices"]
     (recorded,) = original["devices"]
-    # every recorded answer is kept; queries added to the catalogue after the recording (the
-    # activity block) read as unsupported, as the fixture backend answers them
+    # the recording answers the whole catalogue (activity block and NVLink errors included):
+    # re-recorded, every answer comes back as it was, errors by name
+    assert again["answers"] == recorded["answers"]
+    assert again["answers"]["nvlink_state/0"] == {"error": "NOT_SUPPORTED"}
+    assert again["answers"]["pcie_throughput/0"] == 1587
+    assert doc["description"] == "re-recorded"
+    assert doc["devices"][0]["answers"]["default_applications_clock/1"] == 1980
+
+
+def test_record_fixture_of_an_older_recording_adds_the_newer_queries(tmp_path: Path) -> None:
+    """The 2026-11-29 recording predates the activity queries: re-recorded, every answer it has
+    is kept and the queries added to the catalogue since read as unsupported."""
+    out = tmp_path / "again.json"
+    old = NVML / "h200-idle-2026-11-29.json"
+    result = run_cli("record-fixture", str(out), "--nvml-fixture", str(old))
+    assert result.returncode == 0, result.stderr
+    (again,) = json.loads(out.read_text())["devices"]
+    (recorded,) = json.loads(old.read_text())["devices"]
     assert {k: again["answers"][k] for k in recorded["answers"]} == recorded["answers"]
     added = set(again["answers"]) - set(recorded["answers"])
-    assert added and all(again["answers"][k] == {"error": "NOT_SUPPORTED"} for k in added)
-    assert doc["description"] == "re-recorded"
-    # the recorder asks the applications-clock queries too (the lead re-records the H200 with it)
-    answers = doc["devices"][0]["answers"]
-    assert answers["applications_clock/1"] == answers["default_applications_clock/1"] == 1980
+    assert "gpm" in added and "nvlink_state/0" in added and "pcie_throughput/0" in added
+    assert all(again["answers"][k] == {"error": "NOT_SUPPORTED"} for k in added)
 
 
 def test_record_fixture_without_nvml(tmp_path: Path) -> None:

@@ -114,8 +114,8 @@ def test_gb10_info(fixture_registry: Callable[..., CollectorRegistry]) -> None:
 def test_temperatures_and_thresholds(fixture_registry: Callable[..., CollectorRegistry]) -> None:
     registry = fixture_registry("h200-idle")
     temp = "sparkdiag_gpu_temperature_celsius"
-    assert registry.get_sample_value(temp, {**H200, "sensor": "gpu"}) == 40.0
-    assert registry.get_sample_value(temp, {**H200, "sensor": "memory"}) == 43.0
+    assert registry.get_sample_value(temp, {**H200, "sensor": "gpu"}) == 36.0
+    assert registry.get_sample_value(temp, {**H200, "sensor": "memory"}) == 39.0
     threshold = "sparkdiag_gpu_temperature_threshold_celsius"
     expected = {"shutdown": 95.0, "slowdown": 89.0, "memory_max": 95.0, "gpu_max": 87.0}
     for name, value in expected.items():
@@ -180,7 +180,7 @@ def test_violation_counter(fixture_registry: Callable[..., CollectorRegistry]) -
     registry = fixture_registry("h200-idle")
     name = "sparkdiag_gpu_violation_seconds_total"
     assert registry.get_sample_value(name, {**H200, "policy": "low_utilization"}) == pytest.approx(
-        23.156822432, rel=1e-12
+        24.348871232, rel=1e-12
     )
     assert registry.get_sample_value(name, {**H200, "policy": "power"}) == 0.0
     assert len(_samples(registry, name)) == 6
@@ -194,10 +194,10 @@ def test_violation_counter(fixture_registry: Callable[..., CollectorRegistry]) -
 
 def test_power_and_energy(fixture_registry: Callable[..., CollectorRegistry]) -> None:
     registry = fixture_registry("h200-idle")
-    assert registry.get_sample_value("sparkdiag_gpu_power_watts", H200) == pytest.approx(79.018)
+    assert registry.get_sample_value("sparkdiag_gpu_power_watts", H200) == pytest.approx(77.935)
     assert registry.get_sample_value("sparkdiag_gpu_power_limit_watts", H200) == 700.0
     assert registry.get_sample_value("sparkdiag_gpu_energy_joules_total", H200) == pytest.approx(
-        2832.762, rel=1e-12
+        2832.298, rel=1e-12
     )
     assert registry.get_sample_value("sparkdiag_gpu_energy_joules", H200) is None
 
@@ -205,7 +205,7 @@ def test_power_and_energy(fixture_registry: Callable[..., CollectorRegistry]) ->
 def test_utilization(fixture_registry: Callable[..., CollectorRegistry]) -> None:
     registry = fixture_registry("h200-load")
     name = "sparkdiag_gpu_utilization_ratio"
-    assert registry.get_sample_value(name, {**H200, "engine": "gpu"}) == 1.0
+    assert registry.get_sample_value(name, {**H200, "engine": "gpu"}) == 0.99
     assert registry.get_sample_value(name, {**H200, "engine": "memory"}) == 0.24
 
 
@@ -262,8 +262,8 @@ def test_compute_processes_exclude_own_probe(nvml_fixture: Callable[[str], Path]
     name = "sparkdiag_gpu_compute_processes"
     load = nvml_fixture("h200-load")
     assert _registry(_snapshot(load)).get_sample_value(name, H200) == 1.0
-    assert _registry(_snapshot(load, excluded=frozenset({506}))).get_sample_value(name, H200) == 0.0
-    assert _registry(_snapshot(load, excluded=frozenset({507}))).get_sample_value(name, H200) == 1.0
+    assert _registry(_snapshot(load, excluded=frozenset({547}))).get_sample_value(name, H200) == 0.0
+    assert _registry(_snapshot(load, excluded=frozenset({548}))).get_sample_value(name, H200) == 1.0
     idle = nvml_fixture("h200-idle")
     assert _registry(_snapshot(idle)).get_sample_value(name, H200) == 0.0
 
@@ -548,7 +548,7 @@ def test_every_scrape_is_rendered_fresh(nvml_fixture: Callable[[str], Path]) -> 
     name = "sparkdiag_gpu_temperature_celsius"
     labels = {**H200, "sensor": "memory"}
     poller.poll_once()
-    assert registry.get_sample_value(name, labels) == 43.0
+    assert registry.get_sample_value(name, labels) == 39.0  # the idle recording
     poller.poll_once()
     assert registry.get_sample_value(name, labels) == 55.0
     assert registry.get_sample_value("sparkdiag_collector_success", {"collector": "pcie"}) is None

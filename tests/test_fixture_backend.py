@@ -26,6 +26,8 @@ from sparkdiag.sources.record import record, write_atomic
 ALL_FIXTURES = [
     "h200-idle",
     "h200-load",
+    "h200-idle-2026-11-29",
+    "h200-load-2026-11-29",
     "h200-scripted",
     "h200-x8",
     "gb10-idle",
@@ -308,8 +310,8 @@ def test_derived_devices_do_not_share_answers(nvml_fixture: Callable[[str], Path
 
 def test_float_ramp_interpolates_and_holds(nvml_fixture: Callable[[str], Path]) -> None:
     backend = FixtureBackend(nvml_fixture("h200-scripted"))
-    assert backend.query(0, "memory_temperature") == 43.0  # poll 0: the recording
-    expected = {1: 43.0, 2: 55.0, 4: 64.25, 6: 73.5, 10: 92.0, 11: 92.0}
+    assert backend.query(0, "memory_temperature") == 39.0  # poll 0: the recording
+    expected = {1: 39.0, 2: 55.0, 4: 64.25, 6: 73.5, 10: 92.0, 11: 92.0}
     for poll, value in expected.items():
         _advance_to(backend, poll)
         assert backend.query(0, "memory_temperature") == pytest.approx(value, abs=1e-12), poll
@@ -318,7 +320,7 @@ def test_float_ramp_interpolates_and_holds(nvml_fixture: Callable[[str], Path]) 
 def test_integer_ramp_rounds(nvml_fixture: Callable[[str], Path]) -> None:
     backend = FixtureBackend(nvml_fixture("h200-scripted"))
     # temperature/0 ramps 50 -> 84 over polls 2..10: 50 + 4.25 per poll.
-    expected = {1: 40, 2: 50, 3: 54, 5: 63, 6: 67, 7: 71, 9: 80, 10: 84, 11: 84}
+    expected = {1: 36, 2: 50, 3: 54, 5: 63, 6: 67, 7: 71, 9: 80, 10: 84, 11: 84}
     for poll, value in expected.items():
         _advance_to(backend, poll)
         answer = backend.query(0, "temperature", 0)
@@ -590,15 +592,33 @@ def test_gb10_failure_fixtures_say_why_for_every_scripted_answer(
     assert backend.query(0, "utilization")["gpu"] == 100
 
 
+APPLICATIONS_CLOCKS = {
+    "applications_clock/0",
+    "applications_clock/1",
+    "default_applications_clock/0",
+    "default_applications_clock/1",
+}
+
+
 def test_h200_answers_added_by_hand_say_so(nvml_fixture: Callable[[str], Path]) -> None:
-    added = {
-        "applications_clock/0",
-        "applications_clock/1",
-        "default_applications_clock/0",
-        "default_applications_clock/1",
-    }
-    for name in ("h200-idle", "h200-load"):
+    """The 2026-11-29 recordings predate the applications-clock queries: those answers were
+    added by hand, and each says so in ``why``."""
+    for name in ("h200-idle-2026-11-29", "h200-load-2026-11-29"):
         (device,) = _raw(nvml_fixture(name))["devices"]
-        assert set(device["why"]) == added, name
-        assert all(device["answers"][key] == 1980 for key in added)
+        assert set(device["why"]) == APPLICATIONS_CLOCKS, name
+        assert all(device["answers"][key] == 1980 for key in APPLICATIONS_CLOCKS)
         assert "by hand" in device["why"]["applications_clock/0"]
+
+
+def test_h200_recordings_answer_everything_themselves(nvml_fixture: Callable[[str], Path]) -> None:
+    """The 2026-12-01 recordings answer the whole catalogue as recorded, nothing added by hand;
+    they measured the applications clocks the older recordings had assumed (1980 MHz)."""
+    n_keys = sum(1 if args is None else len(args) for args in QUERIES.values())
+    for name in ("h200-idle", "h200-load"):
+        doc = _raw(nvml_fixture(name))
+        assert "base" not in doc and "script" not in doc, name
+        assert doc["recorded"]["at"].startswith("2026-12-01"), name
+        (device,) = doc["devices"]
+        assert "why" not in device and "by hand" not in doc["description"], name
+        assert len(device["answers"]) == n_keys, name
+        assert all(device["answers"][key] == 1980 for key in APPLICATIONS_CLOCKS), name

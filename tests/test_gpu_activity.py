@@ -101,9 +101,9 @@ def test_nvlinks_per_link(nvml_fixture: Callable[[str], Path]) -> None:
 def test_recorded_h200_without_the_new_answers_reports_none_of_them(
     nvml_fixture: Callable[[str], Path],
 ) -> None:
-    """The single-GPU recording predates these queries: every one is unsupported there, so the
+    """The 2026-11-29 recording predates these queries: every one is unsupported there, so the
     sample leaves them out (no activity, no NVLink), never 0."""
-    source, backend = _source(nvml_fixture, "h200-idle")
+    source, backend = _source(nvml_fixture, "h200-idle-2026-11-29")
     sample = source.read()[0]
     assert sample.activity_ratio == {} and sample.sm_occupancy_ratio is None
     assert sample.nvlinks == () and sample.pcie_throughput_bytes_per_second == {}
@@ -113,6 +113,43 @@ def test_recorded_h200_without_the_new_answers_reports_none_of_them(
     backend.asked.clear()
     source.read()
     assert not [key for key in backend.asked if key[1].startswith("nvlink")]
+
+
+def test_recorded_h200_under_load_reports_its_activity(
+    nvml_fixture: Callable[[str], Path],
+) -> None:
+    """The 2026-12-01 recording after 20 s of bf16 matmuls: GPM, PCIe throughput, video engines
+    and the one compute process as the H200 answered; its NVLink queries answered NOT_SUPPORTED
+    (a single PCIe H200), so no link is reported and none is asked again."""
+    source, backend = _source(nvml_fixture, "h200-load")
+    sample = source.read()[0]
+    assert sample.activity_ratio == {
+        "sm": pytest.approx(0.9625, abs=1e-4),
+        "tensor": pytest.approx(0.9342, abs=1e-4),
+        "dram": pytest.approx(0.1748, abs=1e-4),
+    }
+    assert sample.sm_occupancy_ratio == pytest.approx(0.1422, abs=1e-4)
+    assert sample.video_utilization_ratio == {"encoder": 0.0, "decoder": 0.0}
+    assert sample.pcie_throughput_bytes_per_second == {"tx": 7273 * 1024.0, "rx": 15947 * 1024.0}
+    assert sample.nvlinks == ()
+    assert sample.processes is not None
+    (process,) = sample.processes
+    assert process.pid == 547 and process.used_memory_bytes == 1050673152.0
+    assert process.sm_utilization_ratio == 0.99
+    backend.asked.clear()
+    source.read()
+    assert not [key for key in backend.asked if key[1].startswith("nvlink")]
+
+
+def test_recorded_h200_idle_reports_idle_activity(nvml_fixture: Callable[[str], Path]) -> None:
+    """Idle, the recording's GPM answers are 0 (DRAM a trace), not absent: the H200 has GPM."""
+    source, _ = _source(nvml_fixture, "h200-idle")
+    sample = source.read()[0]
+    assert sample.activity_ratio["sm"] == 0.0 and sample.activity_ratio["tensor"] == 0.0
+    assert 0.0 < sample.activity_ratio["dram"] < 1e-5
+    assert sample.sm_occupancy_ratio == 0.0
+    assert sample.pcie_throughput_bytes_per_second == {"tx": 1587 * 1024.0, "rx": 595 * 1024.0}
+    assert sample.processes == () and sample.nvlinks == ()
 
 
 def test_unified_memory_gpu_has_no_nvml_pcie_throughput(

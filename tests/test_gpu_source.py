@@ -71,7 +71,7 @@ def test_h200_idle_identity(started_source: Callable[[str], GpuSource]) -> None:
 
 def test_h200_idle_temperatures_and_thresholds(started_source: Callable[[str], GpuSource]) -> None:
     sample = _read_one(started_source("h200-idle"))
-    assert sample.temperature_celsius == {"gpu": 40.0, "memory": 43.0}
+    assert sample.temperature_celsius == {"gpu": 36.0, "memory": 39.0}
     assert sample.threshold_celsius == {
         "shutdown": 95.0,
         "slowdown": 89.0,
@@ -109,16 +109,16 @@ def test_h200_idle_clock_events_and_violations(started_source: Callable[[str], G
         "low_utilization",
         "reliability",
     }
-    assert sample.violation_seconds["low_utilization"] == pytest.approx(23.156822432, rel=1e-12)
+    assert sample.violation_seconds["low_utilization"] == pytest.approx(24.348871232, rel=1e-12)
     for policy in ("power", "thermal", "sync_boost", "board_limit", "reliability"):
         assert sample.violation_seconds[policy] == 0.0
 
 
 def test_h200_idle_power_energy_utilization(started_source: Callable[[str], GpuSource]) -> None:
     sample = _read_one(started_source("h200-idle"))
-    assert sample.power_watts == pytest.approx(79.018, rel=1e-12)
+    assert sample.power_watts == pytest.approx(77.935, rel=1e-12)
     assert sample.power_limit_watts == 700.0
-    assert sample.energy_joules == pytest.approx(2832.762, rel=1e-12)
+    assert sample.energy_joules == pytest.approx(2832.298, rel=1e-12)
     assert sample.utilization_ratio == {"gpu": 0.0, "memory": 0.0}
 
 
@@ -151,11 +151,11 @@ def test_h200_load(started_source: Callable[[str], GpuSource]) -> None:
     sample = _read_one(started_source("h200-load"))
     assert sample.clock_event_reasons == 4
     assert decode_reasons(4) == ["sw_power_cap"]
-    assert sample.clock_hertz["sm"] == 1440e6
-    assert sample.compute_pids == (506,)
-    assert sample.utilization_ratio == {"gpu": 1.0, "memory": 0.24}
-    assert sample.power_watts == pytest.approx(690.822, rel=1e-12)
-    assert sample.temperature_celsius == {"gpu": 65.0, "memory": 57.0}
+    assert sample.clock_hertz["sm"] == 1455e6
+    assert sample.compute_pids == (547,)
+    assert sample.utilization_ratio == {"gpu": 0.99, "memory": 0.24}
+    assert sample.power_watts == pytest.approx(692.307, rel=1e-12)
+    assert sample.temperature_celsius == {"gpu": 60.0, "memory": 52.0}
     assert sample.memory_bytes["used"] == 1059913728.0
 
 
@@ -405,13 +405,13 @@ def test_lost_gpu_does_not_stop_other_devices(
 
     first = _poll(source)
     assert [s.up for s in first] == [True, True]
-    assert first[1].temperature_celsius == {"gpu": 40.0, "memory": 43.0}
+    assert first[1].temperature_celsius == {"gpu": 36.0, "memory": 39.0}
 
     for _ in range(3):
         gpu0, gpu1 = _poll(source)
         assert gpu0.up is True
-        assert gpu0.temperature_celsius == {"gpu": 40.0, "memory": 43.0}
-        assert gpu0.power_watts == pytest.approx(79.018)
+        assert gpu0.temperature_celsius == {"gpu": 36.0, "memory": 39.0}
+        assert gpu0.power_watts == pytest.approx(77.935)
         assert gpu1.up is False
         assert gpu1.identity.uuid == SECOND_UUID
         assert gpu1.identity.pci_bus_id == "00000000:00:07.0"
@@ -466,7 +466,7 @@ def test_stop_marks_nvml_down(started_source: Callable[[str], GpuSource]) -> Non
 def test_scripted_changes_reach_the_sample(started_source: Callable[[str], GpuSource]) -> None:
     source = started_source("h200-scripted")
     (poll1,) = _poll(source)
-    assert poll1.temperature_celsius == {"gpu": 40.0, "memory": 43.0}
+    assert poll1.temperature_celsius == {"gpu": 36.0, "memory": 39.0}
     assert poll1.pcie_width == {"current": 16.0, "max": 16.0}
     (poll6,) = _poll(source, 5)
     assert poll6.pcie_width == {"current": 8.0, "max": 16.0}

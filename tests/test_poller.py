@@ -79,7 +79,7 @@ def test_snapshot_contents(make_poller: Callable[..., Poller]) -> None:
     assert snap.timestamp == 1000.0
     assert snap.nvml_up is True
     assert snap.driver_version == "580.159.04"
-    assert len(snap.gpus) == 1 and snap.gpus[0].temperature_celsius["gpu"] == 40.0
+    assert len(snap.gpus) == 1 and snap.gpus[0].temperature_celsius["gpu"] == 36.0
     assert snap.pcie_links == (LINK,)
     assert snap.host is HOST
     assert snap.context is NATIVE
@@ -101,7 +101,7 @@ def test_old_snapshot_unchanged_by_later_polls(make_poller: Callable[..., Poller
     assert first.poll == 1
     assert first.xid.counts == {}
     assert first.xid.last_timestamp == {}
-    assert first.gpus[0].temperature_celsius == {"gpu": 40.0, "memory": 43.0}
+    assert first.gpus[0].temperature_celsius == {"gpu": 36.0, "memory": 39.0}
     assert first.gpus[0].pcie_width == {"current": 16.0, "max": 16.0}
     assert first.gpus[0].clock_event_reasons == 1
     # The snapshot at poll 5 keeps its own count even after later XIDs would be added.
@@ -182,7 +182,7 @@ def test_failing_host_read(make_poller: Callable[..., Poller]) -> None:
     assert snap.host is None
     assert snap.collectors["nvml"].success is True
     assert snap.collectors["pcie"].success is True
-    assert snap.gpus[0].temperature_celsius["gpu"] == 40.0
+    assert snap.gpus[0].temperature_celsius["gpu"] == 36.0
     assert poller.poll_once().poll == 2
 
 

@@ -90,10 +90,10 @@ def test_idle_gpu_is_probed_and_recorded(tmp_path: Path) -> None:
 
 def test_busy_gpu_is_skipped_without_starting_a_worker(tmp_path: Path) -> None:
     launcher = Recorder()
-    busy = snapshot("h200-load", tmp_path)  # pid 506 computing, utilization 100 %
+    busy = snapshot("h200-load", tmp_path)  # pid 547 computing, utilization 99 %
     (record,) = make(busy, launcher).run_cycle()
     assert record.result == "skipped_busy"
-    assert "pid 506" in (record.reason or "")
+    assert "pid 547" in (record.reason or "")
     assert launcher.calls == []
 
 
@@ -111,10 +111,10 @@ def test_always_mode_probes_a_busy_gpu(tmp_path: Path) -> None:
 
 def test_own_worker_is_not_another_process(tmp_path: Path) -> None:
     load = snapshot("h200-load", tmp_path)
-    own = Snapshot(**{**load.__dict__, "excluded_pids": frozenset({506})})
+    own = Snapshot(**{**load.__dict__, "excluded_pids": frozenset({547})})
     sched = make(own, Recorder())
     gpu = own.gpus[0]
-    # utilization is still 100 %: busy for that reason, not because of pid 506
+    # utilization is still 99 %: busy for that reason, not because of pid 547
     reason = sched.busy_reason(gpu, own)
     assert reason is not None and "pid" not in reason and "utilization" in reason
 

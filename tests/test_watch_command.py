@@ -296,16 +296,43 @@ def test_gpu_sampler_reads_driver_samples_newer_than_the_start(
             ],
         }
     )
-    (tick,) = _gpu_sampler(path).sample(started, {506})
+    (tick,) = _gpu_sampler(path).sample(started, {547})
     assert tick.samples == ((0.25, 0.4), (0.5, 0.6))  # the one from before the start is dropped
     assert tick.utilization == pytest.approx(0.5)
-    assert tick.job_on_gpu  # pid 506 is the recording's compute process
-    assert tick.tensor_activity == 0.7 and tick.sm_clock_hz == 1440e6
-    assert tick.pcie_tx is None  # the recording has no PCIe throughput: unsupported, left out
+    assert tick.job_on_gpu  # pid 547 is the recording's compute process
+    assert tick.tensor_activity == 0.7 and tick.sm_clock_hz == 1455e6
+    # the recording's PCIe throughput (KiB/s), in bytes per second
+    assert tick.pcie_tx == 7273 * 1024.0 and tick.pcie_rx == 15947 * 1024.0
 
 
 def test_gpu_sampler_without_driver_samples_uses_the_instantaneous_figure(
-    nvml_fixture: Any,
+    write_fixture: Any, nvml_fixture: Any
 ) -> None:
-    (tick,) = _gpu_sampler(nvml_fixture("watch-healthy")).sample(1.8e9, set())
-    assert tick.samples == () and tick.utilization == 1.0 and not tick.job_on_gpu
+    # the recording's driver samples are emptied: NVML had none since the last read
+    path = write_fixture(
+        {
+            "base": str(nvml_fixture("watch-healthy")),
+            "devices": [{"from": 0, "set": {"utilization_samples": []}}],
+        }
+    )
+    (tick,) = _gpu_sampler(path).sample(1.8e9, set())
+    assert tick.samples == () and tick.utilization == 0.99 and not tick.job_on_gpu
+
+
+def test_gpu_sampler_leaves_unsupported_pcie_throughput_out(
+    write_fixture: Any, nvml_fixture: Any
+) -> None:
+    unsupported = {"error": "NOT_SUPPORTED"}
+    path = write_fixture(
+        {
+            "base": str(nvml_fixture("watch-healthy")),
+            "devices": [
+                {
+                    "from": 0,
+                    "set": {"pcie_throughput/0": unsupported, "pcie_throughput/1": unsupported},
+                }
+            ],
+        }
+    )
+    (tick,) = _gpu_sampler(path).sample(1.8e9, set())
+    assert tick.pcie_tx is None and tick.pcie_rx is None  # left out, never 0
