@@ -142,17 +142,29 @@ def _starved(
     stop = threading.Event()
 
     def loader() -> None:
-        while not stop.is_set():
-            time.sleep(delay)
-            batches.put(batch_cpu)
+        while not stop.wait(delay):
+            while not stop.is_set():
+                try:
+                    batches.put(batch_cpu, timeout=0.05)
+                    break
+                except queue.Full:
+                    continue
 
-    threading.Thread(target=loader, daemon=True).start()
-    steps, start = 0, time.monotonic()
-    while time.monotonic() - start < seconds:
-        step(batches.get().to(dev, non_blocking=True))
-        steps += 1
-    stop.set()
-    return steps, time.monotonic() - start
+    # The loader is joined before returning: a thread still alive while the interpreter (and
+    # torch's thread pools) shut down made the process abort now and then ("terminate called
+    # without an active exception").
+    thread = threading.Thread(target=loader, name="loader")
+    thread.start()
+    try:
+        steps, start = 0, time.monotonic()
+        while time.monotonic() - start < seconds:
+            step(batches.get().to(dev, non_blocking=True))
+            steps += 1
+        elapsed = time.monotonic() - start
+    finally:
+        stop.set()
+        thread.join()
+    return steps, elapsed
 
 
 def _checkpoint(
