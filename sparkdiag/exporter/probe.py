@@ -202,8 +202,8 @@ def ratio_families(
     """int4 over bf16/fp16 at the decode shape, its cool baseline, and their quotient."""
     value = GaugeMetricFamily(
         f"{prefix}_int4_ratio",
-        f"int4 over a 16-bit dtype ('versus') at the decode shape, delivered, in {which}: "
-        "contention lowers both sides of it, heat lowers int4 alone.",
+        f"int4 over a 16-bit dtype ('versus') at the decode shape, from the median iterations, "
+        f"in {which}: contention leaves it, heat that slows int4 lowers it.",
         labels=RATIO,
     )
     baseline = GaugeMetricFamily(

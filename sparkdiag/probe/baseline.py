@@ -66,8 +66,9 @@ BaselineSource = Literal["learned", "pinned"]
 DEFAULT_FILENAME = "baselines.sqlite"
 CONTEXTS = ("native", "container")
 # How a figure was measured. "delivered": the total time of back-to-back iterations, gaps
-# included (worker schema 2); "median": the median iteration (schema 1, before 2026-12). A
-# baseline is only ever compared with figures of its own method: the two differ on a shared GPU.
+# included (worker schema 2); "median": the median iteration (GEMM figures of schema 1, before
+# 2026-12; the int4 ratios since 2026-12-01). A baseline is only ever compared with figures of
+# its own method: the two differ on a shared GPU.
 METHODS = ("delivered", "median")
 METHOD = "delivered"
 
@@ -87,7 +88,8 @@ class BaselineKey:
     shape: ``MxNxK`` such as ``8192x8192x8192``
     context: ``native`` or ``container``
     driver, torch, cuda: versions; empty string when unknown
-    method: how the figures were measured (``delivered``, or ``median`` for old baselines)
+    method: how the figures were measured (``delivered``; ``median`` for old GEMM baselines
+        and for the int4 ratios)
     """
 
     gpu_uuid: str

@@ -127,17 +127,20 @@ def evaluate(
     return figures
 
 
-# Ratios are kept in the baseline store beside the figures, under their own "dtype".
+# Ratios are kept in the baseline store beside the figures, under their own "dtype", and with
+# the method they are measured by: the median iteration (worker.decode_ratios), so ratios learned
+# from delivered figures before 2026-12-01 are never compared with them.
 RATIO_PREFIX = "ratio:"
+RATIO_METHOD = "median"
 
 
 @dataclass(frozen=True)
 class RatioFigure:
     """int4 over a 16-bit dtype (``versus``) at the decode shape, from one cycle.
 
-    value: int4's delivered throughput over the other's, measured in the same cycle (the hot
-        suite times them in interleaved rounds): contention lowers both sides of it, the heat
-        that collapses 4-bit GEMMs lowers int4 alone
+    value: int4's throughput over the other's from their median iterations, measured in the
+        same cycle (the hot suite times them in interleaved rounds): contention leaves the median
+        of a decode kernel alone, the heat that collapses 4-bit GEMMs lowers int4's
     baseline: the same ratio as learned on a cool GPU (the regular probe's cycles)
     """
 
@@ -174,7 +177,7 @@ def evaluate_ratios(
         baseline: Baseline | None = None
         if store is not None and uuid:
             key = BaselineKey(uuid, RATIO_PREFIX + name, int4.shape, context,
-                              driver, torch_version, cuda, METHOD)  # fmt: skip
+                              driver, torch_version, cuda, RATIO_METHOD)  # fmt: skip
             if record:
                 healthy = cool and not conditions_unhealthy(doc)
                 baseline = store.record_run(key, value, healthy)

@@ -12,8 +12,9 @@ no spin-up, measured even beside other work) when a GPU:
 * stays hot, every ``probe.hot-interval`` seconds (trigger ``hot_rate``);
 
 and never more often than once per ``probe.hot-min-interval`` per GPU. The quantity it is judged
-by is int4 over bf16/fp16 at the decode shape, timed back to back in interleaved rounds:
-contention lowers both sides of that ratio, heat lowers int4 alone. The ratio is compared with
+by is int4 over bf16/fp16 at the decode shape, from their median iterations, timed back to back
+in interleaved rounds: contention leaves a decode kernel's median iteration alone (it runs whole
+inside a time slice), heat slows every int4 iteration. The ratio is compared with
 the same ratio learned on a cool GPU (:func:`sparkdiag.probe.evaluate.evaluate_ratios`, taught by
 the periodic probe's cool cycles); a hot probe never teaches a baseline.
 """
