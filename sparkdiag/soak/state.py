@@ -19,11 +19,11 @@ import math
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from sparkdiag.soak.verdict import KernelFigures
+from sparkdiag.soak.verdict import KernelFigures, Verdict
 from sparkdiag.statedir import StateDirError, ensure_state_directory, state_directory
 
 FILENAME = "soak.json"
@@ -51,6 +51,11 @@ class KernelState(KernelFigures):
     fell_fraction: float | None = None
     fell_celsius: float | None = None
     max_celsius: float | None = None
+
+    @classmethod
+    def kept(cls, verdict: Verdict) -> KernelState:
+        """What the state file keeps of a kernel's verdict: the fields the two share."""
+        return cls(**{f.name: getattr(verdict, f.name) for f in fields(cls)})
 
 
 @dataclass(frozen=True)
