@@ -2,14 +2,7 @@
 # Run on the lent GPU machine (device tool): record NVML fixtures idle and under load, compare
 # sparkdiag with nvidia-smi (the gpu-marked test), and collect the evidence that the context and
 # sysfs fixtures are modelled on. Everything lands under $OUT.
-set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
-export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+. "$(dirname "$0")/setup.sh"
 log="$OUT/log.txt"
 exec > >(tee -a "$log") 2>&1
 
@@ -27,22 +20,12 @@ echo "== nvidia-smi agreement (idle and under a bf16 matmul load)"
 SPARKDIAG_COMPARE_OUT="$OUT/compare.md" python3 -m pytest -m gpu tests/gpu -q -s -p no:cacheprovider 2>&1 | tail -40
 
 echo "== record under load"
-python3 - 45 <<'PY' &
-import sys, time, torch
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-end = time.time() + float(sys.argv[1])
-while time.time() < end:
-    for _ in range(20):
-        a @ b
-    torch.cuda.synchronize()
-PY
-load=$!
+load 45; pid=$!
 sleep 20
 python3 -m sparkdiag record-fixture "$OUT/h200-load.json" \
   --description "NVIDIA H200 on the lent machine after 20 s of continuous bf16 8192^3 matmuls"
 nvidia-smi --query-gpu=clocks.sm,power.draw,clocks_event_reasons.active,temperature.gpu,temperature.memory --format=csv
-kill $load; wait $load 2>/dev/null
+kill $pid; wait $pid 2>/dev/null
 
 echo "== context and sysfs evidence" 
 {

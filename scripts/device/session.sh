@@ -28,19 +28,6 @@ sd() { python3 -m sparkdiag "$@"; }
 STATE=/tmp/sd-state
 TIMEFORMAT="wall %R s"
 
-load() {  # a competing process: bf16 8192^3 matmuls for $1 seconds
-  python3 - "$1" <<'PY' &
-import sys, time, torch
-a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-end = time.time() + float(sys.argv[1])
-while time.time() < end:
-    for _ in range(20):
-        a @ b
-    torch.cuda.synchronize()
-PY
-}
-
 echo "== $(date -u +%FT%TZ) part $part"
 nvidia-smi --query-gpu=name,driver_version,temperature.gpu,temperature.memory,power.draw,clocks.sm --format=csv
 python3 -c 'import torch, pynvml; print("torch", torch.__version__, "cuda", torch.version.cuda)'

@@ -16,6 +16,7 @@ Relative paths are relative to the file. Errors raise :class:`WebConfigError` na
 from __future__ import annotations
 
 import ssl
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -138,17 +139,19 @@ def _ssl_context(path: Path, tls: Any) -> ssl.SSLContext:
         candidate = Path(value)
         return candidate if candidate.is_absolute() else path.parent / candidate
 
+    def choice(name: str, default: str, allowed: Mapping[str, object]) -> str:
+        value = tls.get(name, default)
+        if not isinstance(value, str) or value not in allowed:
+            raise WebConfigError(
+                f"{path}: tls_server_config.{name} {echo(value)}; allowed: " + ", ".join(allowed)
+            )
+        return value
+
     cert = file_key("cert_file", True)
     key = file_key("key_file", True)
     assert cert is not None and key is not None
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    version = tls.get("min_version", "TLS12")
-    if not isinstance(version, str) or version not in _TLS_VERSIONS:
-        raise WebConfigError(
-            f"{path}: tls_server_config.min_version {echo(version)}; allowed: "
-            + ", ".join(_TLS_VERSIONS)
-        )
-    context.minimum_version = _TLS_VERSIONS[version]
+    context.minimum_version = _TLS_VERSIONS[choice("min_version", "TLS12", _TLS_VERSIONS)]
     try:
         context.load_cert_chain(cert, key)
     except (OSError, ssl.SSLError, ValueError) as exc:
@@ -156,12 +159,7 @@ def _ssl_context(path: Path, tls: Any) -> ssl.SSLContext:
             f"{path}: tls_server_config: cannot load cert_file {echo(str(cert))} / key_file "
             f"{echo(str(key))}: {_one_line(exc)}"
         ) from None
-    auth = tls.get("client_auth_type", "NoClientCert")
-    if not isinstance(auth, str) or auth not in _CLIENT_AUTH:
-        raise WebConfigError(
-            f"{path}: tls_server_config.client_auth_type {echo(auth)}; allowed: "
-            + ", ".join(_CLIENT_AUTH)
-        )
+    auth = choice("client_auth_type", "NoClientCert", _CLIENT_AUTH)
     context.verify_mode = _CLIENT_AUTH[auth]
     ca = file_key(
         "client_ca_file", auth in ("RequireAndVerifyClientCert", "VerifyClientCertIfGiven")

@@ -14,11 +14,11 @@ imports only the standard library.
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from sparkdiag.jsonvalues import as_float, as_int, as_map, as_str
 from sparkdiag.probe.worker import PROGRESS_PREFIX, SCHEMA
 
 __all__ = [
@@ -45,31 +45,6 @@ class DocumentError(ValueError):
     """The input is not a worker document of this schema."""
 
 
-def _float(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
-
-
-def _int(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None
-    return value
-
-
-def _bool(value: Any) -> bool | None:
-    return value if isinstance(value, bool) else None
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
-def _map(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 @dataclass(frozen=True)
 class Software:
     """What ran the worker: versions and the device. Every field may be None (unknown)."""
@@ -86,8 +61,8 @@ class Software:
 
     @classmethod
     def parse(cls, raw: Any) -> Software:
-        block = _map(raw)
-        return cls(**{f.name: _str(block.get(f.name)) for f in fields(cls)})
+        block = as_map(raw)
+        return cls(**{f.name: as_str(block.get(f.name)) for f in fields(cls)})
 
     def identity(self) -> tuple[str, str, str]:
         """(driver, torch, cuda), empty strings where unknown: what a baseline is learned under."""
@@ -127,29 +102,29 @@ class KernelResult:
     def parse(cls, raw: Any) -> KernelResult | None:
         if not isinstance(raw, Mapping):
             return None
-        dtype, shape = _str(raw.get("dtype")), _str(raw.get("shape"))
+        dtype, shape = as_str(raw.get("dtype")), as_str(raw.get("shape"))
         if not dtype or not shape:
             return None
-        status = _str(raw.get("status")) or "error"
+        status = as_str(raw.get("status")) or "error"
         return cls(
             dtype=dtype,
             shape=shape,
-            kind=_str(raw.get("kind")) or "",
-            beta=_int(raw.get("beta")) or 0,
+            kind=as_str(raw.get("kind")) or "",
+            beta=as_int(raw.get("beta")) or 0,
             status=status,
-            reason=_str(raw.get("reason")),
+            reason=as_str(raw.get("reason")),
             delivered=_positive(raw.get("delivered")) if status == "ok" else None,
             peak=_positive(raw.get("peak")) if status == "ok" else None,
-            total_ms=_float(raw.get("total_ms")),
-            median_ms=_float(raw.get("median_ms")),
-            min_ms=_float(raw.get("min_ms")),
-            gaps_ms=_float(raw.get("gaps_ms")),
+            total_ms=as_float(raw.get("total_ms")),
+            median_ms=as_float(raw.get("median_ms")),
+            min_ms=as_float(raw.get("min_ms")),
+            gaps_ms=as_float(raw.get("gaps_ms")),
             queued_ahead=raw.get("queued_ahead")
             if isinstance(raw.get("queued_ahead"), bool)
             else None,
-            iters=_int(raw.get("iters")) or 0,
-            max_rel_error=_float(raw.get("max_rel_error")),
-            error_bound=_float(raw.get("error_bound")),
+            iters=as_int(raw.get("iters")) or 0,
+            max_rel_error=as_float(raw.get("max_rel_error")),
+            error_bound=as_float(raw.get("error_bound")),
         )
 
     @property
@@ -159,7 +134,7 @@ class KernelResult:
 
 
 def _positive(value: Any) -> float | None:
-    number = _float(value)
+    number = as_float(value)
     return number if number is not None and number > 0 else None
 
 
@@ -177,11 +152,11 @@ class Bandwidth:
     def parse(cls, raw: Any) -> Bandwidth | None:
         if not isinstance(raw, Mapping):
             return None
-        status = _str(raw.get("status")) or "error"
+        status = as_str(raw.get("status")) or "error"
         ok = status == "ok"
         delivered = _positive(raw.get("delivered")) if ok else None
         peak = _positive(raw.get("peak")) if ok else None
-        return cls(status, _str(raw.get("reason")), delivered, peak)
+        return cls(status, as_str(raw.get("reason")), delivered, peak)
 
 
 @dataclass(frozen=True)
@@ -200,18 +175,18 @@ class Transfer:
     def parse(cls, raw: Any) -> Transfer | None:
         if not isinstance(raw, Mapping):
             return None
-        direction, memory = _str(raw.get("direction")), _str(raw.get("memory"))
-        size = _int(raw.get("size_bytes"))
+        direction, memory = as_str(raw.get("direction")), as_str(raw.get("memory"))
+        size = as_int(raw.get("size_bytes"))
         if direction is None or memory is None or size is None or size <= 0:
             return None
-        status = _str(raw.get("status")) or "error"
+        status = as_str(raw.get("status")) or "error"
         return cls(
             direction=direction,
             memory=memory,
             size_bytes=size,
-            copies=_int(raw.get("copies")) or 0,
+            copies=as_int(raw.get("copies")) or 0,
             status=status,
-            reason=_str(raw.get("reason")),
+            reason=as_str(raw.get("reason")),
             delivered=_positive(raw.get("delivered")) if status == "ok" else None,
         )
 
@@ -239,16 +214,16 @@ class Conditions:
 
     @classmethod
     def parse(cls, raw: Any) -> Conditions:
-        block = _map(raw)
+        block = as_map(raw)
         values: dict[str, Any] = {
-            f.name: _float(block.get(f.name))
+            f.name: as_float(block.get(f.name))
             for f in fields(cls)
             if f.name not in ("clock_event_reasons_seen", "samples")
         }
         return cls(
             **values,
-            clock_event_reasons_seen=_int(block.get("clock_event_reasons_seen")),
-            samples=_int(block.get("samples")) or 0,
+            clock_event_reasons_seen=as_int(block.get("clock_event_reasons_seen")),
+            samples=as_int(block.get("samples")) or 0,
         )
 
     def temperatures(self) -> dict[str, float]:
@@ -273,20 +248,20 @@ class BusyRecord:
 
     @classmethod
     def parse(cls, raw: Any) -> BusyRecord:
-        block = _map(raw)
+        block = as_map(raw)
         pids = block.get("other_pids")
         return cls(
-            other_pids=tuple(p for p in pids if _int(p) is not None)
+            other_pids=tuple(p for p in pids if as_int(p) is not None)
             if isinstance(pids, list)
             else (),
-            utilization=_float(block.get("utilization")),
+            utilization=as_float(block.get("utilization")),
             nvml=block.get("nvml") is True,
         )
 
 
 def _ratios(raw: Any) -> dict[str, float]:
     """{"int4/bf16": 1.6, ...}: the ratios that were measured (positive, finite)."""
-    return {k: v for k, r in _map(raw).items() if isinstance(k, str) and (v := _positive(r))}
+    return {k: v for k, r in as_map(raw).items() if isinstance(k, str) and (v := _positive(r))}
 
 
 @dataclass(frozen=True)
@@ -306,14 +281,14 @@ class SoakWindow:
     def parse(cls, raw: Any) -> SoakWindow | None:
         if not isinstance(raw, Mapping):
             return None
-        index, elapsed = _int(raw.get("index")), _float(raw.get("elapsed_seconds"))
+        index, elapsed = as_int(raw.get("index")), as_float(raw.get("elapsed_seconds"))
         if index is None or elapsed is None:
             return None
         results = raw.get("results")
         load = raw.get("load_conditions")
         return cls(
             index=index,
-            phase=_str(raw.get("phase")) or "load",
+            phase=as_str(raw.get("phase")) or "load",
             elapsed_seconds=elapsed,
             results=_results(results),
             ratios=_ratios(raw.get("ratios")),
@@ -342,9 +317,9 @@ class Soak:
         parsed = [SoakWindow.parse(w) for w in windows] if isinstance(windows, list) else []
         return cls(
             windows=tuple(w for w in parsed if w is not None),
-            stopped=_str(raw.get("stopped")),
-            reason=_str(raw.get("reason")),
-            elapsed_seconds=_float(raw.get("elapsed_seconds")),
+            stopped=as_str(raw.get("stopped")),
+            reason=as_str(raw.get("reason")),
+            elapsed_seconds=as_float(raw.get("elapsed_seconds")),
             thresholds=_ratios(raw.get("thresholds")),
         )
 
@@ -405,10 +380,10 @@ def parse_document(raw: Any) -> WorkerDocument:
         raise DocumentError(f"schema {str(raw.get('schema'))[:40]!r} is not {SCHEMA!r}")
     transfers = raw.get("transfers")
     return WorkerDocument(
-        status=_str(raw.get("status")) or "error",
-        reason=_str(raw.get("reason")),
+        status=as_str(raw.get("status")) or "error",
+        reason=as_str(raw.get("reason")),
         software=Software.parse(raw.get("software")),
-        suite=_str(raw.get("suite")),
+        suite=as_str(raw.get("suite")),
         results=_results(raw.get("results")),
         ratios=_ratios(raw.get("ratios")),
         bandwidth=Bandwidth.parse(raw.get("bandwidth")),
@@ -418,9 +393,9 @@ def parse_document(raw: Any) -> WorkerDocument:
         soak=Soak.parse(raw.get("soak")),
         conditions=Conditions.parse(raw.get("conditions")),
         busy=BusyRecord.parse(raw.get("busy")),
-        gpu_busy_seconds=_float(raw.get("gpu_busy_seconds")),
-        started_at=_float(raw.get("started_at")),
-        finished_at=_float(raw.get("finished_at")),
+        gpu_busy_seconds=as_float(raw.get("gpu_busy_seconds")),
+        started_at=as_float(raw.get("started_at")),
+        finished_at=as_float(raw.get("finished_at")),
         raw=raw,
     )
 
@@ -471,7 +446,7 @@ def parse_progress(line: str) -> Progress | None:
         window = SoakWindow.parse(item["soak_window"])
         return None if window is None else Progress(window=window)
     result = KernelResult.parse(item)
-    done, total = _int(item.get("done")), _int(item.get("total"))
+    done, total = as_int(item.get("done")), as_int(item.get("total"))
     if result is None or done is None or total is None:
         return None
     return Progress(done, total, result)

@@ -205,20 +205,5 @@ def state_entry(g: GpuSoak, finished_at: float, duration: float) -> GpuState:
         reason=g.reason,
         sensor=g.verdict.sensor,
         max_celsius=g.verdict.max_celsius,
-        kernels=tuple(
-            KernelState(
-                dtype=v.dtype,
-                shape=v.shape,
-                kind=v.kind,
-                status=v.status,
-                cold=v.cold,
-                hottest=v.hottest,
-                hottest_celsius=v.hottest_celsius,
-                lowest_fraction=v.lowest_fraction,
-                fell_fraction=v.fell_fraction,
-                fell_celsius=v.fell_celsius,
-                max_celsius=v.max_celsius,
-            )
-            for v in g.verdict.kernels
-        ),
+        kernels=tuple(KernelState.kept(v) for v in g.verdict.kernels),
     )

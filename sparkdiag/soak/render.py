@@ -59,6 +59,14 @@ def verdict_text(v: Verdict, sensor: Sensor | None) -> str:
     return v.note or v.status
 
 
+# How a soak that stopped early says why (anything not named here stopped on an error).
+_STOPPED_WHY = {
+    "threshold": "near a thermal limit",
+    "hw_thermal_slowdown": "hardware thermal slowdown",
+    "hw_slowdown": "hardware slowdown",
+}
+
+
 def stopped_line(g: GpuSoak) -> str:
     """Why the soak stopped, in one line."""
     n = len(g.windows)
@@ -67,19 +75,14 @@ def stopped_line(g: GpuSoak) -> str:
     why = f": {g.reason}" if g.reason else ""
     if g.stopped == "completed":
         return f"stopped: completed{ran}, {windows}"
-    if g.stopped == "threshold":
-        return f"stopped: near a thermal limit{why}{ran}, {windows}"
-    if g.stopped == "hw_thermal_slowdown":
-        return f"stopped: hardware thermal slowdown{why}{ran}, {windows}"
-    if g.stopped == "hw_slowdown":
-        return f"stopped: hardware slowdown{why}{ran}, {windows}"
     if g.stopped == "interrupted":
         return f"stopped: interrupted{why}{ran}; the record holds the {windows} measured"
     if g.stopped == "skipped":
         return f"not soaked{why} (--probe.when always soaks a busy GPU anyway)"
     if g.stopped == "unsupported":
         return f"not soaked{why}"
-    return f"stopped: error{why}{ran}, {windows}"
+    what = _STOPPED_WHY.get(g.stopped, "error")
+    return f"stopped: {what}{why}{ran}, {windows}"
 
 
 def header(g: GpuSoak) -> str:

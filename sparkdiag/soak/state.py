@@ -7,23 +7,24 @@ replaces the entries of the GPUs it ran on (by uuid) and keeps the others, so th
 does not forget GPU 0's verdict. Reading never trusts the file: a damaged one is an error with
 its path, a wrong-typed value is dropped.
 
-This module imports nothing but the standard library and :mod:`sparkdiag.statedir`, so that the
-exporter and the check can read the file without the soak command's dependencies.
+This module imports no third-party package (only the standard library, :mod:`sparkdiag.statedir`,
+:mod:`sparkdiag.jsonvalues` and the verdict's dataclasses), so that the exporter and the check can
+read the file without the soak command's dependencies.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import tempfile
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
-from sparkdiag.soak.verdict import KernelFigures
+from sparkdiag.jsonvalues import as_float, as_str
+from sparkdiag.soak.verdict import KernelFigures, Verdict
 from sparkdiag.statedir import StateDirError, ensure_state_directory, state_directory
 
 FILENAME = "soak.json"
@@ -51,6 +52,11 @@ class KernelState(KernelFigures):
     fell_fraction: float | None = None
     fell_celsius: float | None = None
     max_celsius: float | None = None
+
+    @classmethod
+    def kept(cls, verdict: Verdict) -> KernelState:
+        """What the state file keeps of a kernel's verdict: the fields the two share."""
+        return cls(**{f.name: getattr(verdict, f.name) for f in fields(cls)})
 
 
 @dataclass(frozen=True)
@@ -191,58 +197,47 @@ def inspect_state(state_dir: Path | None) -> StateReport:
 # -- parsing ------------------------------------------------------------------------------------
 
 
-def _float(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    number = float(value)
-    return number if math.isfinite(number) else None
-
-
-def _str(value: Any) -> str | None:
-    return value if isinstance(value, str) else None
-
-
 def _kernel(raw: Any) -> KernelState | None:
     if not isinstance(raw, Mapping):
         return None
-    dtype, shape, status = _str(raw.get("dtype")), _str(raw.get("shape")), _str(raw.get("status"))
+    dtype, shape, status = (as_str(raw.get(key)) for key in ("dtype", "shape", "status"))
     if not dtype or shape is None or not status:
         return None
     return KernelState(
         dtype=dtype,
         shape=shape,
-        kind=_str(raw.get("kind")) or "",
+        kind=as_str(raw.get("kind")) or "",
         status=status,
-        cold=_float(raw.get("cold")),
-        hottest=_float(raw.get("hottest")),
-        hottest_celsius=_float(raw.get("hottest_celsius")),
-        lowest_fraction=_float(raw.get("lowest_fraction")),
-        fell_fraction=_float(raw.get("fell_fraction")),
-        fell_celsius=_float(raw.get("fell_celsius")),
-        max_celsius=_float(raw.get("max_celsius")),
+        cold=as_float(raw.get("cold")),
+        hottest=as_float(raw.get("hottest")),
+        hottest_celsius=as_float(raw.get("hottest_celsius")),
+        lowest_fraction=as_float(raw.get("lowest_fraction")),
+        fell_fraction=as_float(raw.get("fell_fraction")),
+        fell_celsius=as_float(raw.get("fell_celsius")),
+        max_celsius=as_float(raw.get("max_celsius")),
     )
 
 
 def _gpu(raw: Any) -> GpuState | None:
     if not isinstance(raw, Mapping):
         return None
-    gpu, finished = _str(raw.get("gpu")), _float(raw.get("finished_at"))
-    stopped = _str(raw.get("stopped"))
+    gpu, finished = as_str(raw.get("gpu")), as_float(raw.get("finished_at"))
+    stopped = as_str(raw.get("stopped"))
     if not gpu or finished is None or not stopped:
         return None
     kernels = raw.get("kernels")
     parsed = (_kernel(k) for k in (kernels if isinstance(kernels, list) else []))
     return GpuState(
         gpu=gpu,
-        uuid=_str(raw.get("uuid")) or "",
-        name=_str(raw.get("name")) or "",
+        uuid=as_str(raw.get("uuid")) or "",
+        name=as_str(raw.get("name")) or "",
         finished_at=finished,
-        duration_seconds=_float(raw.get("duration_seconds")) or 0.0,
-        elapsed_seconds=_float(raw.get("elapsed_seconds")),
+        duration_seconds=as_float(raw.get("duration_seconds")) or 0.0,
+        elapsed_seconds=as_float(raw.get("elapsed_seconds")),
         stopped=stopped,
-        reason=_str(raw.get("reason")),
-        sensor=_str(raw.get("sensor")),
-        max_celsius=_float(raw.get("max_celsius")),
+        reason=as_str(raw.get("reason")),
+        sensor=as_str(raw.get("sensor")),
+        max_celsius=as_float(raw.get("max_celsius")),
         kernels=tuple(k for k in parsed if k is not None),
     )
 
