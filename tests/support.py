@@ -57,6 +57,13 @@ def sparkdiag_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "sparkdiag", *args]
 
 
+def run_python(script: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python SCRIPT ARGS`` in this interpreter, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
 def http_get(
     url: str, timeout: float = 5.0, auth: tuple[str, str] | None = None
 ) -> tuple[int, str, bytes]:
