@@ -31,6 +31,7 @@ from sparkdiag.sources.procfs import ProcessIdentities
 from sparkdiag.sources.record import record
 from sparkdiag.telemetry.poller import Poller
 from sparkdiag.telemetry.snapshot import ProcessIdentity, Snapshot
+from tests.support import CountingBackend
 
 ROOTFS = Path(__file__).parent / "fixtures" / "rootfs" / "gpu-host"
 GPU0 = {"gpu": "0", "uuid": "GPU-979ad365-0b73-a0ac-74a2-3520b773d4c0"}
@@ -38,16 +39,6 @@ GPU1 = {"gpu": "1", "uuid": "GPU-979ad365-0b73-a0ac-74a2-3520b773d4c1"}
 DOCKER = "4c1d5e2f9a7b3c8d0e6f1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d"
 K8S = "9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f9e8d"
 POD = "3f2e1d0c-b9a8-4f7e-8d6c-5b4a39281706"
-
-
-class CountingBackend(FixtureBackend):
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.asked: Counter[tuple[int, str, int | None]] = Counter()
-
-    def query(self, index: int, query: str, arg: int | None = None) -> Any:
-        self.asked[(index, query, arg)] += 1
-        return super().query(index, query, arg)
 
 
 class Clock:

@@ -3,32 +3,19 @@
 from __future__ import annotations
 
 import os
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from sparkdiag.sources.fixture import FixtureBackend
 from sparkdiag.sources.gpu import STATIC_QUERIES, GpuSource, decode_reasons
 from sparkdiag.telemetry.snapshot import GpuIdentity, GpuSample
+from tests.support import CountingBackend
 
 H200_UUID = "GPU-979ad365-0b73-a0ac-74a2-3520b773d460"
 GB10_UUID = "GPU-5b4c1f0e-6a2d-4e8b-9c31-0d2e7f6a9b10"
 SECOND_UUID = "GPU-00000000-0000-0000-0000-000000000001"
-
-
-class CountingBackend(FixtureBackend):
-    """A FixtureBackend that counts every query it is asked, keyed (index, query, arg)."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.asked: Counter[tuple[int, str, int | None]] = Counter()
-
-    def query(self, index: int, query: str, arg: int | None = None) -> Any:
-        self.asked[(index, query, arg)] += 1
-        return super().query(index, query, arg)
 
 
 def _read_one(source: GpuSource) -> GpuSample:

@@ -6,8 +6,6 @@ import base64
 import http.client
 import socket
 import ssl
-import subprocess
-import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -18,7 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from sparkdiag.exporter.http import ExporterServer
 from sparkdiag.exporter.webconfig import WebConfigError, load_web_config
-from tests.support import NVML, SYSFS, required_tool, running_daemon
+from tests.support import NVML, SYSFS, running_daemon, self_signed_cert, serving
 
 FIXTURE_ARGS = [
     "--nvml-fixture",
@@ -30,14 +28,8 @@ FIXTURE_ARGS = [
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    required_tool("openssl", "openssl")
     d = tmp_path_factory.mktemp("tls")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-         "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-         "-keyout", str(d / "tls.key"), "-out", str(d / "tls.crt")],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    self_signed_cert(d)
     return d
 
 
@@ -132,12 +124,7 @@ def test_bad_web_config_exits_2(tmp_path: Path) -> None:
 
 
 def test_requests_beyond_the_cap_get_503() -> None:
-    server = ExporterServer(
-        ("127.0.0.1", 0), CollectorRegistry(), lambda: (True, "ok"), max_requests=1
-    )
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(max_requests=1) as server:
         port = server.server_address[1]
         assert server.slots is not None
         assert server.slots.acquire(blocking=False)  # one request in flight
@@ -150,9 +137,6 @@ def test_requests_beyond_the_cap_get_503() -> None:
         conn.request("GET", "/healthz")
         assert conn.getresponse().status == 200
         conn.close()
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_ipv6_loopback_listen() -> None:
