@@ -65,6 +65,18 @@ def wait_dead(pids: Sequence[int], seconds: float = 5.0) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
+def terminate(proc: subprocess.Popen[Any], seconds: float = 10) -> None:
+    """Stop a child that still runs: SIGTERM, then SIGKILL if it has not ended after ``seconds``;
+    it is reaped either way."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -174,13 +186,7 @@ def running_daemon(
             time.sleep(0.05)
         yield base
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate(proc)
         if proc.stdout:
             proc.stdout.close()
         if proc.stderr:
