@@ -15,7 +15,6 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sparkdiag.exporter.http import ExporterServer
-from sparkdiag.exporter.webconfig import WebConfigError, load_web_config
 from tests.support import NVML, SYSFS, running_daemon, self_signed_cert, serving
 
 FIXTURE_ARGS = [
@@ -94,24 +93,6 @@ def test_basic_auth_without_tls(certs: Path) -> None:
             urllib.request.urlopen(req, timeout=5)
         assert info.value.code == 401
         assert info.value.headers["WWW-Authenticate"].startswith('Basic realm="sparkdiag"')
-
-
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("tls_server_config:\n  key_file: x.key\n", "tls_server_config.cert_file is required"),
-        ("tls_server_config:\n  cert_file: no.crt\n  key_file: no.key\n", "cannot load cert_file"),
-        ("basic_auth_users:\n  bob: plaintext\n", "basic_auth_users.bob: not a bcrypt hash"),
-        ("tls_config: {}\n", "unknown key(s) tls_config"),
-        ("basic_auth_users: [\n", "not valid YAML"),
-    ],
-)
-def test_bad_web_config(tmp_path: Path, text: str, message: str) -> None:
-    path = tmp_path / "web.yml"
-    path.write_text(text)
-    with pytest.raises(WebConfigError) as info:
-        load_web_config(path)
-    assert message in str(info.value)
 
 
 def test_bad_web_config_exits_2(tmp_path: Path) -> None:
