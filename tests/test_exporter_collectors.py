@@ -154,13 +154,10 @@ def test_clock_event_active_under_load(fixture_registry: Callable[..., Collector
 
 
 def test_clock_event_series_limited_to_supported_reasons(
-    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path]
+    derive_fixture: Callable[..., Path],
 ) -> None:
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("h200-idle")),
-            "devices": [{"from": 0, "set": {"supported_clock_event_reasons": 0x25}}],
-        }
+    path = derive_fixture(
+        "h200-idle", devices=[{"from": 0, "set": {"supported_clock_event_reasons": 0x25}}]
     )
     registry = _registry(_snapshot(path))
     reasons = {

@@ -144,13 +144,10 @@ def test_recorded_h200_idle_reports_idle_activity(nvml_fixture: Callable[[str], 
 
 
 def test_unified_memory_gpu_has_no_nvml_pcie_throughput(
-    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path]
+    derive_fixture: Callable[..., Path],
 ) -> None:
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("gb10-idle")),
-            "devices": [{"from": 0, "set": {"pcie_throughput/0": 5, "pcie_throughput/1": 5}}],
-        }
+    path = derive_fixture(
+        "gb10-idle", devices=[{"from": 0, "set": {"pcie_throughput/0": 5, "pcie_throughput/1": 5}}]
     )
     source = GpuSource(FixtureBackend(path))
     assert source.start()
@@ -267,20 +264,16 @@ def test_exported_process_series_and_exclusions(nvml_fixture: Callable[[str], Pa
     assert pids == {"4242", "5151", "7171"}
 
 
-def test_series_of_a_process_that_ended_disappear(
-    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path]
-) -> None:
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("h200-x2-nvlink")),
-            "script": [
-                {
-                    "poll": 2,
-                    "gpu": 0,
-                    "set": {"compute_processes": [{"pid": 4242, "used_memory": 5}]},
-                }
-            ],
-        }
+def test_series_of_a_process_that_ended_disappear(derive_fixture: Callable[..., Path]) -> None:
+    path = derive_fixture(
+        "h200-x2-nvlink",
+        script=[
+            {
+                "poll": 2,
+                "gpu": 0,
+                "set": {"compute_processes": [{"pid": 4242, "used_memory": 5}]},
+            }
+        ],
     )
     source = GpuSource(
         FixtureBackend(path), processes=ProcessOptions(10, ProcessIdentities(ROOTFS))
@@ -507,16 +500,14 @@ def test_nvlink_data_of_every_link_comes_from_one_field_values_call() -> None:
 
 
 def test_gb10_per_process_memory_is_its_only_gpu_memory_figure(
-    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path]
+    derive_fixture: Callable[..., Path],
 ) -> None:
     """Unified memory: no framebuffer figures, but the processes' used memory is exported."""
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("gb10-idle")),
-            "devices": [
-                {"from": 0, "set": {"compute_processes": [{"pid": 6161, "used_memory": 42 << 30}]}}
-            ],
-        }
+    path = derive_fixture(
+        "gb10-idle",
+        devices=[
+            {"from": 0, "set": {"compute_processes": [{"pid": 6161, "used_memory": 42 << 30}]}}
+        ],
     )
     source = GpuSource(
         FixtureBackend(path), processes=ProcessOptions(10, ProcessIdentities(ROOTFS))

@@ -236,11 +236,9 @@ def test_gb10_memory_total_equal_to_host_is_still_unified(
     assert sample.pcie_generation == {}
 
 
-def test_memory_total_far_from_host_total_is_dedicated(
-    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path]
-) -> None:
+def test_memory_total_far_from_host_total_is_dedicated(derive_fixture: Callable[..., Path]) -> None:
     # 150.75 GB of HBM against a host of 135.15 GB: 11.5 % apart, well outside the 2 % tolerance.
-    path = write_fixture({"base": str(nvml_fixture("h200-idle"))})
+    path = derive_fixture("h200-idle")
     source = GpuSource(FixtureBackend(path))
     assert source.start()
     assert source.identities[0].memory_model == "dedicated"
@@ -298,17 +296,11 @@ def test_unsupported_queries_are_asked_once(nvml_fixture: Callable[[str], Path])
     ],
 )
 def test_which_errors_are_remembered_as_unsupported(
-    write_fixture: Callable[..., Path],
-    nvml_fixture: Callable[[str], Path],
+    derive_fixture: Callable[..., Path],
     error: str,
     times_asked: int,
 ) -> None:
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("h200-idle")),
-            "devices": [{"from": 0, "set": {"power_mw": {"error": error}}}],
-        }
-    )
+    path = derive_fixture("h200-idle", devices=[{"from": 0, "set": {"power_mw": {"error": error}}}])
     backend = CountingBackend(path)
     source = GpuSource(backend)
     assert source.start()
@@ -406,15 +398,10 @@ def test_lost_gpu_does_not_stop_other_devices(
 
 
 def test_gpu_lost_before_start_keeps_index_with_empty_identity(
-    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path]
+    derive_fixture: Callable[..., Path],
 ) -> None:
     # The script is stepped to poll 1 (GPU lost) before start() reads the identities.
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("h200-idle")),
-            "script": [{"poll": 1, "gpu": 0, "lost": True}],
-        }
-    )
+    path = derive_fixture("h200-idle", script=[{"poll": 1, "gpu": 0, "lost": True}])
     backend = FixtureBackend(path)
     backend.advance()
     source = GpuSource(backend)
