@@ -68,6 +68,20 @@ def write_fixture(tmp_path: Path) -> Callable[..., Path]:
     return write
 
 
+@pytest.fixture
+def derive_fixture(
+    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path]
+) -> Callable[..., Path]:
+    """``derive_fixture("h200-idle", devices=[...], script=[...])`` writes (as
+    :func:`write_fixture` does) a fixture whose ``base`` is that recorded NVML fixture, with the
+    other top-level keys given."""
+
+    def write(base: str, **fields: Any) -> Path:
+        return write_fixture({"base": str(nvml_fixture(base)), **fields})
+
+    return write
+
+
 @pytest.fixture(scope="session")
 def images(tmp_path_factory: pytest.TempPathFactory) -> Images:
     """The container images of this run (podman), each built on first use and then shared;

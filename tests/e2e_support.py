@@ -23,7 +23,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import time
 import urllib.parse
@@ -35,7 +34,17 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.support import FIXTURES, NVML, ROOT, ROOTFS, SYSFS, free_port, http_get, sparkdiag_cmd
+from tests.support import (
+    FIXTURES,
+    NVML,
+    ROOT,
+    ROOTFS,
+    SYSFS,
+    free_port,
+    http_get,
+    sparkdiag_cmd,
+    terminate,
+)
 
 SCENARIOS = FIXTURES / "scenarios"
 PROBE_RECORDING = FIXTURES / "probe" / "h200-default.json"
@@ -394,13 +403,7 @@ class Process:
         return "\n".join(text.splitlines()[-lines:])
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
 
 
 def _spawn(stack: contextlib.ExitStack, name: str, cmd: Sequence[str], log: Path) -> Process:

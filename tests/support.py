@@ -14,10 +14,16 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
+from prometheus_client import CollectorRegistry
+
+from sparkdiag.exporter.http import ExporterServer
+from sparkdiag.sources.fixture import FixtureBackend
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -25,6 +31,18 @@ NVML = FIXTURES / "nvml"
 SYSFS = FIXTURES / "sysfs"
 ROOTFS = FIXTURES / "rootfs"
 PROBE = FIXTURES / "probe"
+
+
+class CountingBackend(FixtureBackend):
+    """A FixtureBackend that counts every query it is asked, keyed (index, query, arg)."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.asked: Counter[tuple[int, str, int | None]] = Counter()
+
+    def query(self, index: int, query: str, arg: int | None = None) -> Any:
+        self.asked[(index, query, arg)] += 1
+        return super().query(index, query, arg)
 
 
 def alive(pid: int) -> bool:
@@ -47,6 +65,18 @@ def wait_dead(pids: Sequence[int], seconds: float = 5.0) -> list[int]:
     return [p for p in pids if alive(p)]
 
 
+def terminate(proc: subprocess.Popen[Any], seconds: float = 10) -> None:
+    """Stop a child that still runs: SIGTERM, then SIGKILL if it has not ended after ``seconds``;
+    it is reaped either way."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -55,6 +85,13 @@ def free_port() -> int:
 
 def sparkdiag_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "sparkdiag", *args]
+
+
+def run_python(script: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``python SCRIPT ARGS`` in this interpreter, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def http_get(
@@ -70,6 +107,46 @@ def http_get(
             return resp.status, resp.headers.get("Content-Type", ""), resp.read()
     except urllib.error.HTTPError as err:
         return err.code, err.headers.get("Content-Type", ""), err.read()
+
+
+def healthy_ok() -> tuple[bool, str]:
+    """A health check that always passes."""
+    return True, "ok"
+
+
+@contextlib.contextmanager
+def serving(
+    healthy: Callable[[], tuple[bool, str]] = healthy_ok, **kwargs: Any
+) -> Iterator[ExporterServer]:
+    """An :class:`ExporterServer` over an empty registry on a free loopback port, served in a
+    thread; ``kwargs`` go to the server. On exit it is shut down and its thread has ended."""
+    server = ExporterServer(("127.0.0.1", 0), CollectorRegistry(), healthy, **kwargs)
+    thread = server.serve_in_thread()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+
+
+def self_signed_cert(
+    directory: Path,
+    name: str = "tls",
+    subject: str = "localhost",
+    alt_names: str | None = "IP:127.0.0.1,DNS:localhost",
+) -> None:
+    """Write ``NAME.key`` and ``NAME.crt`` into ``directory``: a self-signed RSA certificate for
+    CN=SUBJECT (valid two days); skips without openssl (fails in CI)."""
+    openssl = required_tool("openssl", "openssl")
+    extensions = [] if alt_names is None else ["-addext", f"subjectAltName={alt_names}"]
+    subprocess.run(
+        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+         "-subj", f"/CN={subject}", *extensions,
+         "-keyout", str(directory / f"{name}.key"), "-out", str(directory / f"{name}.crt")],
+        check=True, capture_output=True,
+    )  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -109,13 +186,7 @@ def running_daemon(
             time.sleep(0.05)
         yield base
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        terminate(proc)
         if proc.stdout:
             proc.stdout.close()
         if proc.stderr:

@@ -10,12 +10,12 @@ import http.client
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import bcrypt
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from prometheus_client import CollectorRegistry
 
 from sparkdiag.exporter import http as exporter_http
 from sparkdiag.exporter.basicauth import (
@@ -27,6 +27,7 @@ from sparkdiag.exporter.basicauth import (
 )
 from sparkdiag.exporter.http import ExporterServer
 from sparkdiag.exporter.webconfig import WebConfig, WebConfigError, load_web_config
+from tests.support import serving
 from tests.test_cli import assert_clean_error, run_cli
 
 PASSWORD = "s3cret"
@@ -39,22 +40,9 @@ def header(user: str, password: str | bytes, scheme: str = "Basic") -> str:
 
 
 @contextlib.contextmanager
-def auth_server(**kwargs: object) -> Iterator[ExporterServer]:
-    web = WebConfig(users={"prometheus": HASH})
-    server = ExporterServer(
-        ("127.0.0.1", 0),
-        CollectorRegistry(),
-        lambda: (True, "ok"),
-        web,
-        **kwargs,  # type: ignore[arg-type]
-    )
-    thread = server.serve_in_thread()
-    try:
+def auth_server(**kwargs: Any) -> Iterator[ExporterServer]:
+    with serving(web=WebConfig(users={"prometheus": HASH}), **kwargs) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(10)
 
 
 def status(server: ExporterServer, authorization: str | None) -> int:

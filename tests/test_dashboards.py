@@ -197,54 +197,56 @@ def test_variables(name: str) -> None:
             assert panel["repeat"] in found, panel["title"]
 
 
-def test_dashboards_show_what_the_contract_asks_for() -> None:
-    node = load(NODE)
-    exprs = " ".join(t["expr"] for p in query_panels(node) for t in p["targets"])
-    for metric in (
-        "sparkdiag_gpu_temperature_celsius",
-        "sparkdiag_gpu_clock_hertz",
-        "sparkdiag_gpu_clock_max_hertz",
-        "sparkdiag_gpu_clock_event_active",
-        "sparkdiag_gpu_power_watts",
-        "sparkdiag_gpu_power_limit_watts",
-        "sparkdiag_gpu_pcie_link_width",
-        "sparkdiag_pcie_link_width",
-        "sparkdiag_pcie_link_transfers_per_second",
-        "sparkdiag_gemm_tflops",
-        "sparkdiag_gemm_baseline_tflops",
-        "sparkdiag_gemm_efficiency_ratio",
-        "sparkdiag:gemm_tflops:container_over_native",
-        "sparkdiag_gpu_xid_errors_total",
-        "sparkdiag_gpu_ecc_errors_total",
-        "sparkdiag_platform_info",
-        "sparkdiag_gpu_clock_default_applications_hertz",
-        "sparkdiag_pcie_link_expected_width",
-        "sparkdiag_host_memory_bytes",
-        "sparkdiag_host_memory_pressure_ratio",
-        "sparkdiag_host_swap_in_pages_total",
-        "sparkdiag_gpu_process_memory_bytes",
-        "sparkdiag_gpu_process_sm_utilization_ratio",
-        "sparkdiag_gpu_activity_ratio",
-        "sparkdiag_gpu_nvlink_up",
-        "sparkdiag_gpu_nvlink_errors_total",
-        "sparkdiag_gpu_nvlink_data_bytes_total",
-        "sparkdiag_gpu_pcie_throughput_bytes_per_second",
-    ):
-        assert metric in exprs, metric
-    (temperatures,) = [p for p in query_panels(node) if p["title"] == "Temperatures"]
+# What each dashboard must query (a metric, recording rule or alert selector in some panel).
+NODE_SHOWS = (
+    "sparkdiag_gpu_temperature_celsius",
+    "sparkdiag_gpu_clock_hertz",
+    "sparkdiag_gpu_clock_max_hertz",
+    "sparkdiag_gpu_clock_event_active",
+    "sparkdiag_gpu_power_watts",
+    "sparkdiag_gpu_power_limit_watts",
+    "sparkdiag_gpu_pcie_link_width",
+    "sparkdiag_pcie_link_width",
+    "sparkdiag_pcie_link_transfers_per_second",
+    "sparkdiag_gemm_tflops",
+    "sparkdiag_gemm_baseline_tflops",
+    "sparkdiag_gemm_efficiency_ratio",
+    "sparkdiag:gemm_tflops:container_over_native",
+    "sparkdiag_gpu_xid_errors_total",
+    "sparkdiag_gpu_ecc_errors_total",
+    "sparkdiag_platform_info",
+    "sparkdiag_gpu_clock_default_applications_hertz",
+    "sparkdiag_pcie_link_expected_width",
+    "sparkdiag_host_memory_bytes",
+    "sparkdiag_host_memory_pressure_ratio",
+    "sparkdiag_host_swap_in_pages_total",
+    "sparkdiag_gpu_process_memory_bytes",
+    "sparkdiag_gpu_process_sm_utilization_ratio",
+    "sparkdiag_gpu_activity_ratio",
+    "sparkdiag_gpu_nvlink_up",
+    "sparkdiag_gpu_nvlink_errors_total",
+    "sparkdiag_gpu_nvlink_data_bytes_total",
+    "sparkdiag_gpu_pcie_throughput_bytes_per_second",
+)
+FLEET_SHOWS = (
+    "sparkdiag_nvml_up",
+    "sparkdiag_gpu_up",
+    "sparkdiag:gemm_efficiency_ratio:min_by_instance",
+    'ALERTS{alertstate="firing", alertname=~"Sparkdiag.*"',
+)
+
+
+@pytest.mark.parametrize(("name", "wanted"), [(NODE, NODE_SHOWS), (FLEET, FLEET_SHOWS)])
+def test_dashboards_show_what_the_contract_asks_for(name: str, wanted: tuple[str, ...]) -> None:
+    exprs = " ".join(t["expr"] for p in query_panels(load(name)) for t in p["targets"])
+    assert [metric for metric in wanted if metric not in exprs] == []
+
+
+def test_node_temperatures_mark_the_85_degree_line() -> None:
+    (temperatures,) = [p for p in query_panels(load(NODE)) if p["title"] == "Temperatures"]
     defaults = temperatures["fieldConfig"]["defaults"]
     assert defaults["custom"]["thresholdsStyle"]["mode"] == "line"
     assert 85 in [step["value"] for step in defaults["thresholds"]["steps"]]
-
-    fleet = load(FLEET)
-    exprs = " ".join(t["expr"] for p in query_panels(fleet) for t in p["targets"])
-    for metric in (
-        "sparkdiag_nvml_up",
-        "sparkdiag_gpu_up",
-        "sparkdiag:gemm_efficiency_ratio:min_by_instance",
-        'ALERTS{alertstate="firing", alertname=~"Sparkdiag.*"',
-    ):
-        assert metric in exprs, metric
 
 
 def test_recording_rules_used_by_the_dashboards_exist() -> None:

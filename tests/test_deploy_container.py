@@ -13,7 +13,6 @@ import json
 import os
 import re
 import shlex
-import signal
 import subprocess
 import time
 import uuid
@@ -32,7 +31,7 @@ from tests.engine_support import (
     podman,
     wait_for,
 )
-from tests.support import NVML, ROOT, free_port, http_get, sparkdiag_cmd
+from tests.support import NVML, ROOT, free_port, http_get, sparkdiag_cmd, terminate
 
 PYTHON_IN_IMAGE = "/opt/sparkdiag/bin/python"
 
@@ -204,12 +203,7 @@ def container_daemons(images: Images, tmp_path: Path) -> Iterator[list[tuple[str
         yield [(url, log) for url, log, _ in started]
     finally:
         for _, _, proc in started:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            terminate(proc, seconds=20)
 
 
 def _container_runs(url: str) -> dict[str, float]:

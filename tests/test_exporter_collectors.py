@@ -83,32 +83,26 @@ def fixture_registry(nvml_fixture: Callable[[str], Path]) -> Callable[..., Colle
 # ---- GPU identity and state -------------------------------------------------------------------
 
 
-def test_gpu_info_and_up(fixture_registry: Callable[..., CollectorRegistry]) -> None:
-    registry = fixture_registry("h200-idle")
-    info = {
-        **H200,
-        "name": "NVIDIA H200",
-        "pci_bus_id": "00000000:00:06.0",
-        "driver_version": "580.159.04",
-        "cuda_capability": "9.0",
-        "memory_model": "dedicated",
-    }
-    assert registry.get_sample_value("sparkdiag_gpu_info", info) == 1.0
+@pytest.mark.parametrize(
+    ("fixture", "gpu", "info"),
+    [
+        ("h200-idle", H200, ("NVIDIA H200", "00000000:00:06.0", "580.159.04", "9.0", "dedicated")),
+        ("gb10-idle", GB10, ("NVIDIA GB10", "0000000F:01:00.0", "580.126.09", "12.1", "unified")),
+    ],
+    ids=["h200", "gb10"],
+)
+def test_gpu_info_and_up(
+    fixture_registry: Callable[..., CollectorRegistry],
+    fixture: str,
+    gpu: dict[str, str],
+    info: tuple[str, str, str, str, str],
+) -> None:
+    registry = fixture_registry(fixture)
+    keys = ("name", "pci_bus_id", "driver_version", "cuda_capability", "memory_model")
+    labels = {**gpu, **dict(zip(keys, info, strict=True))}
+    assert registry.get_sample_value("sparkdiag_gpu_info", labels) == 1.0
     assert len(_samples(registry, "sparkdiag_gpu_info")) == 1
-    assert registry.get_sample_value("sparkdiag_gpu_up", H200) == 1.0
-
-
-def test_gb10_info(fixture_registry: Callable[..., CollectorRegistry]) -> None:
-    registry = fixture_registry("gb10-idle")
-    info = {
-        **GB10,
-        "name": "NVIDIA GB10",
-        "pci_bus_id": "0000000F:01:00.0",
-        "driver_version": "580.126.09",
-        "cuda_capability": "12.1",
-        "memory_model": "unified",
-    }
-    assert registry.get_sample_value("sparkdiag_gpu_info", info) == 1.0
+    assert registry.get_sample_value("sparkdiag_gpu_up", gpu) == 1.0
 
 
 def test_temperatures_and_thresholds(fixture_registry: Callable[..., CollectorRegistry]) -> None:
@@ -160,13 +154,10 @@ def test_clock_event_active_under_load(fixture_registry: Callable[..., Collector
 
 
 def test_clock_event_series_limited_to_supported_reasons(
-    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path]
+    derive_fixture: Callable[..., Path],
 ) -> None:
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("h200-idle")),
-            "devices": [{"from": 0, "set": {"supported_clock_event_reasons": 0x25}}],
-        }
+    path = derive_fixture(
+        "h200-idle", devices=[{"from": 0, "set": {"supported_clock_event_reasons": 0x25}}]
     )
     registry = _registry(_snapshot(path))
     reasons = {

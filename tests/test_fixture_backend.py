@@ -97,14 +97,9 @@ def test_not_an_object(write_fixture: Callable[..., Path]) -> None:
         FixtureBackend(path)
 
 
-def test_unknown_answer_key_in_set(
-    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path]
-) -> None:
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("h200-idle")),
-            "devices": [{"from": 0, "set": {"fan_speed": 40, "clock/9": 1}}],
-        }
+def test_unknown_answer_key_in_set(derive_fixture: Callable[..., Path]) -> None:
+    path = derive_fixture(
+        "h200-idle", devices=[{"from": 0, "set": {"fan_speed": 40, "clock/9": 1}}]
     )
     with pytest.raises(
         FixtureError, match=r"devices\[0\] names unknown answer key\(s\) clock/9, fan_speed$"
@@ -120,43 +115,22 @@ def test_unknown_answer_key_in_answers(write_fixture: Callable[..., Path]) -> No
         FixtureBackend(path)
 
 
-def test_unknown_answer_key_in_script_set(
-    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path]
-) -> None:
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("h200-idle")),
-            "script": [{"poll": 1, "gpu": 0, "set": {"clock_reasons": 32}}],
-        }
-    )
+def test_unknown_answer_key_in_script_set(derive_fixture: Callable[..., Path]) -> None:
+    path = derive_fixture("h200-idle", script=[{"poll": 1, "gpu": 0, "set": {"clock_reasons": 32}}])
     with pytest.raises(FixtureError, match=r"script\[0\]\.set names unknown answer key"):
         FixtureBackend(path)
 
 
 @pytest.mark.parametrize("poll", [0, -1, "5", [5, 3], [1], [1, 2, 3], None, 1.5])
-def test_bad_poll(
-    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path], poll: Any
-) -> None:
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("h200-idle")),
-            "script": [{"poll": poll, "gpu": 0, "lost": True}],
-        }
-    )
+def test_bad_poll(derive_fixture: Callable[..., Path], poll: Any) -> None:
+    path = derive_fixture("h200-idle", script=[{"poll": poll, "gpu": 0, "lost": True}])
     with pytest.raises(FixtureError, match=r"script\[0\]: 'poll' must be a poll number >= 1"):
         FixtureBackend(path)
 
 
 @pytest.mark.parametrize("gpu", [1, -1, None, "0"])
-def test_gpu_out_of_range(
-    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path], gpu: Any
-) -> None:
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("h200-idle")),
-            "script": [{"poll": 1, "gpu": gpu, "lost": True}],
-        }
-    )
+def test_gpu_out_of_range(derive_fixture: Callable[..., Path], gpu: Any) -> None:
+    path = derive_fixture("h200-idle", script=[{"poll": 1, "gpu": gpu, "lost": True}])
     with pytest.raises(FixtureError, match=r"'gpu' must be a device index below 1$"):
         FixtureBackend(path)
 
@@ -171,45 +145,31 @@ def test_gpu_out_of_range(
     ids=["set+lost", "ramp+event", "none"],
 )
 def test_step_needs_exactly_one_action(
-    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path], step: dict[str, Any]
+    derive_fixture: Callable[..., Path], step: dict[str, Any]
 ) -> None:
-    path = write_fixture(
-        {"base": str(nvml_fixture("h200-idle")), "script": [{"poll": 1, "gpu": 0, **step}]}
-    )
+    path = derive_fixture("h200-idle", script=[{"poll": 1, "gpu": 0, **step}])
     with pytest.raises(FixtureError, match=r"needs exactly one of set, ramp, event, lost"):
         FixtureBackend(path)
 
 
-def test_bad_ramp(write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path]) -> None:
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("h200-idle")),
-            "script": [{"poll": [1, 3], "gpu": 0, "ramp": {"temperature/0": [40]}}],
-        }
+def test_bad_ramp(derive_fixture: Callable[..., Path]) -> None:
+    path = derive_fixture(
+        "h200-idle", script=[{"poll": [1, 3], "gpu": 0, "ramp": {"temperature/0": [40]}}]
     )
     with pytest.raises(FixtureError, match=r"'ramp' maps answer keys to \[from, to\] numbers"):
         FixtureBackend(path)
 
 
-def test_event_needs_integer_type(
-    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path]
-) -> None:
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("h200-idle")),
-            "script": [{"poll": 1, "gpu": 0, "event": {"type": "xid", "data": 79}}],
-        }
+def test_event_needs_integer_type(derive_fixture: Callable[..., Path]) -> None:
+    path = derive_fixture(
+        "h200-idle", script=[{"poll": 1, "gpu": 0, "event": {"type": "xid", "data": 79}}]
     )
     with pytest.raises(FixtureError, match=r"'event' needs an integer 'type'"):
         FixtureBackend(path)
 
 
-def test_from_index_out_of_range(
-    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path]
-) -> None:
-    path = write_fixture(
-        {"base": str(nvml_fixture("h200-idle")), "devices": [{"from": 0}, {"from": 1}]}
-    )
+def test_from_index_out_of_range(derive_fixture: Callable[..., Path]) -> None:
+    path = derive_fixture("h200-idle", devices=[{"from": 0}, {"from": 1}])
     with pytest.raises(
         FixtureError, match=r"devices\[1\]\.from=1 is not a device of the base \(1 devices\)"
     ):
@@ -362,16 +322,10 @@ def test_xid_event_delivered_once_at_poll_5(nvml_fixture: Callable[[str], Path])
     assert before <= event.timestamp <= after
 
 
-def test_event_timestamp_from_fixture(
-    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path]
-) -> None:
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("h200-idle")),
-            "script": [
-                {"poll": 2, "gpu": 0, "event": {"type": 8, "data": 48, "timestamp": 1700000000.5}}
-            ],
-        }
+def test_event_timestamp_from_fixture(derive_fixture: Callable[..., Path]) -> None:
+    path = derive_fixture(
+        "h200-idle",
+        script=[{"poll": 2, "gpu": 0, "event": {"type": 8, "data": 48, "timestamp": 1700000000.5}}],
     )
     backend = FixtureBackend(path)
     _advance_to(backend, 2)
@@ -401,15 +355,8 @@ def test_lost_at_poll_12(nvml_fixture: Callable[[str], Path]) -> None:
     assert backend.device_count() == 1  # still enumerated, no longer answering
 
 
-def test_script_of_base_is_inherited(
-    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path]
-) -> None:
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("h200-scripted")),
-            "script": [{"poll": 3, "gpu": 0, "set": {"pstate": 2}}],
-        }
-    )
+def test_script_of_base_is_inherited(derive_fixture: Callable[..., Path]) -> None:
+    path = derive_fixture("h200-scripted", script=[{"poll": 3, "gpu": 0, "set": {"pstate": 2}}])
     backend = FixtureBackend(path)
     _advance_to(backend, 6)
     assert backend.query(0, "pstate") == 2

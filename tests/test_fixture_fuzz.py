@@ -37,6 +37,15 @@ def _replay(path: Path) -> None:
     source.stop()
 
 
+def _load_or_refuse(path: Path, doc: dict[str, Any]) -> None:
+    """Write ``doc`` to ``path`` and replay it: it loads, or FixtureError names the file."""
+    path.write_text(json.dumps(doc, allow_nan=True))
+    try:
+        _replay(path)
+    except FixtureError as exc:
+        assert str(path) in str(exc)
+
+
 def test_every_query_declares_its_answer_shape() -> None:
     assert set(QUERIES) == set(ANSWER_SHAPES)
 
@@ -48,12 +57,7 @@ def test_every_query_declares_its_answer_shape() -> None:
 def test_any_answers_load_or_are_refused(tmp_path: Path, changes: dict[str, Any]) -> None:
     doc = json.loads(json.dumps(BASE))
     doc["devices"][0]["answers"].update(changes)
-    path = tmp_path / "f.json"
-    path.write_text(json.dumps(doc, allow_nan=True))
-    try:
-        _replay(path)
-    except FixtureError as exc:
-        assert str(path) in str(exc)
+    _load_or_refuse(tmp_path / "f.json", doc)
 
 
 top_keys = st.sampled_from(["host", "driver_version", "nvml", "devices", "script", "base"])
@@ -66,12 +70,7 @@ top_keys = st.sampled_from(["host", "driver_version", "nvml", "devices", "script
 def test_any_top_level_values_load_or_are_refused(tmp_path: Path, changes: dict[str, Any]) -> None:
     doc = json.loads(json.dumps(BASE))
     doc.update(changes)
-    path = tmp_path / "f.json"
-    path.write_text(json.dumps(doc, allow_nan=True))
-    try:
-        _replay(path)
-    except FixtureError as exc:
-        assert str(path) in str(exc)
+    _load_or_refuse(tmp_path / "f.json", doc)
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ from sparkdiag.sources.procfs import ProcessIdentities
 from sparkdiag.sources.record import record
 from sparkdiag.telemetry.poller import Poller
 from sparkdiag.telemetry.snapshot import ProcessIdentity, Snapshot
+from tests.support import CountingBackend
 
 ROOTFS = Path(__file__).parent / "fixtures" / "rootfs" / "gpu-host"
 GPU0 = {"gpu": "0", "uuid": "GPU-979ad365-0b73-a0ac-74a2-3520b773d4c0"}
@@ -38,16 +39,6 @@ GPU1 = {"gpu": "1", "uuid": "GPU-979ad365-0b73-a0ac-74a2-3520b773d4c1"}
 DOCKER = "4c1d5e2f9a7b3c8d0e6f1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d"
 K8S = "9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f9e8d"
 POD = "3f2e1d0c-b9a8-4f7e-8d6c-5b4a39281706"
-
-
-class CountingBackend(FixtureBackend):
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.asked: Counter[tuple[int, str, int | None]] = Counter()
-
-    def query(self, index: int, query: str, arg: int | None = None) -> Any:
-        self.asked[(index, query, arg)] += 1
-        return super().query(index, query, arg)
 
 
 class Clock:
@@ -153,13 +144,10 @@ def test_recorded_h200_idle_reports_idle_activity(nvml_fixture: Callable[[str], 
 
 
 def test_unified_memory_gpu_has_no_nvml_pcie_throughput(
-    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path]
+    derive_fixture: Callable[..., Path],
 ) -> None:
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("gb10-idle")),
-            "devices": [{"from": 0, "set": {"pcie_throughput/0": 5, "pcie_throughput/1": 5}}],
-        }
+    path = derive_fixture(
+        "gb10-idle", devices=[{"from": 0, "set": {"pcie_throughput/0": 5, "pcie_throughput/1": 5}}]
     )
     source = GpuSource(FixtureBackend(path))
     assert source.start()
@@ -276,20 +264,16 @@ def test_exported_process_series_and_exclusions(nvml_fixture: Callable[[str], Pa
     assert pids == {"4242", "5151", "7171"}
 
 
-def test_series_of_a_process_that_ended_disappear(
-    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path]
-) -> None:
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("h200-x2-nvlink")),
-            "script": [
-                {
-                    "poll": 2,
-                    "gpu": 0,
-                    "set": {"compute_processes": [{"pid": 4242, "used_memory": 5}]},
-                }
-            ],
-        }
+def test_series_of_a_process_that_ended_disappear(derive_fixture: Callable[..., Path]) -> None:
+    path = derive_fixture(
+        "h200-x2-nvlink",
+        script=[
+            {
+                "poll": 2,
+                "gpu": 0,
+                "set": {"compute_processes": [{"pid": 4242, "used_memory": 5}]},
+            }
+        ],
     )
     source = GpuSource(
         FixtureBackend(path), processes=ProcessOptions(10, ProcessIdentities(ROOTFS))
@@ -516,16 +500,14 @@ def test_nvlink_data_of_every_link_comes_from_one_field_values_call() -> None:
 
 
 def test_gb10_per_process_memory_is_its_only_gpu_memory_figure(
-    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path]
+    derive_fixture: Callable[..., Path],
 ) -> None:
     """Unified memory: no framebuffer figures, but the processes' used memory is exported."""
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("gb10-idle")),
-            "devices": [
-                {"from": 0, "set": {"compute_processes": [{"pid": 6161, "used_memory": 42 << 30}]}}
-            ],
-        }
+    path = derive_fixture(
+        "gb10-idle",
+        devices=[
+            {"from": 0, "set": {"compute_processes": [{"pid": 6161, "used_memory": 42 << 30}]}}
+        ],
     )
     source = GpuSource(
         FixtureBackend(path), processes=ProcessOptions(10, ProcessIdentities(ROOTFS))

@@ -3,32 +3,19 @@
 from __future__ import annotations
 
 import os
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from sparkdiag.sources.fixture import FixtureBackend
 from sparkdiag.sources.gpu import STATIC_QUERIES, GpuSource, decode_reasons
 from sparkdiag.telemetry.snapshot import GpuIdentity, GpuSample
+from tests.support import CountingBackend
 
 H200_UUID = "GPU-979ad365-0b73-a0ac-74a2-3520b773d460"
 GB10_UUID = "GPU-5b4c1f0e-6a2d-4e8b-9c31-0d2e7f6a9b10"
 SECOND_UUID = "GPU-00000000-0000-0000-0000-000000000001"
-
-
-class CountingBackend(FixtureBackend):
-    """A FixtureBackend that counts every query it is asked, keyed (index, query, arg)."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.asked: Counter[tuple[int, str, int | None]] = Counter()
-
-    def query(self, index: int, query: str, arg: int | None = None) -> Any:
-        self.asked[(index, query, arg)] += 1
-        return super().query(index, query, arg)
 
 
 def _read_one(source: GpuSource) -> GpuSample:
@@ -249,11 +236,9 @@ def test_gb10_memory_total_equal_to_host_is_still_unified(
     assert sample.pcie_generation == {}
 
 
-def test_memory_total_far_from_host_total_is_dedicated(
-    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path]
-) -> None:
+def test_memory_total_far_from_host_total_is_dedicated(derive_fixture: Callable[..., Path]) -> None:
     # 150.75 GB of HBM against a host of 135.15 GB: 11.5 % apart, well outside the 2 % tolerance.
-    path = write_fixture({"base": str(nvml_fixture("h200-idle"))})
+    path = derive_fixture("h200-idle")
     source = GpuSource(FixtureBackend(path))
     assert source.start()
     assert source.identities[0].memory_model == "dedicated"
@@ -311,17 +296,11 @@ def test_unsupported_queries_are_asked_once(nvml_fixture: Callable[[str], Path])
     ],
 )
 def test_which_errors_are_remembered_as_unsupported(
-    write_fixture: Callable[..., Path],
-    nvml_fixture: Callable[[str], Path],
+    derive_fixture: Callable[..., Path],
     error: str,
     times_asked: int,
 ) -> None:
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("h200-idle")),
-            "devices": [{"from": 0, "set": {"power_mw": {"error": error}}}],
-        }
-    )
+    path = derive_fixture("h200-idle", devices=[{"from": 0, "set": {"power_mw": {"error": error}}}])
     backend = CountingBackend(path)
     source = GpuSource(backend)
     assert source.start()
@@ -419,15 +398,10 @@ def test_lost_gpu_does_not_stop_other_devices(
 
 
 def test_gpu_lost_before_start_keeps_index_with_empty_identity(
-    write_fixture: Callable[..., Path], nvml_fixture: Callable[[str], Path]
+    derive_fixture: Callable[..., Path],
 ) -> None:
     # The script is stepped to poll 1 (GPU lost) before start() reads the identities.
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("h200-idle")),
-            "script": [{"poll": 1, "gpu": 0, "lost": True}],
-        }
-    )
+    path = derive_fixture("h200-idle", script=[{"poll": 1, "gpu": 0, "lost": True}])
     backend = FixtureBackend(path)
     backend.advance()
     source = GpuSource(backend)

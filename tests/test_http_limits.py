@@ -12,10 +12,9 @@ import http.client
 import select
 import socket
 import ssl
-import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,24 +23,21 @@ from prometheus_client import CollectorRegistry
 from sparkdiag.config import ConfigError
 from sparkdiag.exporter.http import ExporterServer, ListenError
 from sparkdiag.exporter.webconfig import load_web_config
-from tests.support import required_tool
-
-OK: Callable[[], tuple[bool, str]] = lambda: (True, "ok")  # noqa: E731
+from tests.support import healthy_ok, self_signed_cert, serving
 
 
-@contextlib.contextmanager
-def serving(
-    healthy: Callable[[], tuple[bool, str]] = OK, **kwargs: object
-) -> Iterator[ExporterServer]:
-    server = ExporterServer(("127.0.0.1", 0), CollectorRegistry(), healthy, **kwargs)  # type: ignore[arg-type]
-    thread = server.serve_in_thread()
-    try:
-        yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
-        assert not thread.is_alive()
+class SlowHealth:
+    """A health check that holds every request until ``release`` is set; ``started`` is
+    released once per request that reached it."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.started = threading.Semaphore(0)
+
+    def __call__(self) -> tuple[bool, str]:
+        self.started.release()
+        self.release.wait(10)
+        return True, "ok"
 
 
 def port(server: ExporterServer) -> int:
@@ -145,21 +141,14 @@ def test_at_the_cap_the_longest_idle_connection_makes_room() -> None:
 
 
 def test_beyond_the_cap_of_busy_connections_new_ones_get_503() -> None:
-    release = threading.Event()
-    started = threading.Semaphore(0)
-
-    def slow() -> tuple[bool, str]:
-        started.release()
-        release.wait(10)
-        return True, "ok"
-
+    slow = SlowHealth()
     with serving(slow, max_connections=2) as server:
         results: list[int] = []
         busy = [threading.Thread(target=lambda: results.append(get(server))) for _ in range(2)]
         for thread in busy:
             thread.start()
         for _ in range(2):
-            assert started.acquire(timeout=10)  # both requests are in the handler
+            assert slow.started.acquire(timeout=10)  # both requests are in the handler
         with connect(server) as sock:
             sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
             data, took = read_until_closed(sock)
@@ -167,7 +156,7 @@ def test_beyond_the_cap_of_busy_connections_new_ones_get_503() -> None:
         assert b"too many open connections" in data
         assert took < 5
         assert server.engine.stats.refused == 1
-        release.set()
+        slow.release.set()
         for thread in busy:
             thread.join(10)
         assert results == [200, 200]
@@ -250,7 +239,7 @@ def test_request_body_is_skipped_and_the_connection_kept() -> None:
 
 
 def test_shutdown_closes_open_connections() -> None:
-    server = ExporterServer(("127.0.0.1", 0), CollectorRegistry(), OK, timeout=60)
+    server = ExporterServer(("127.0.0.1", 0), CollectorRegistry(), healthy_ok, timeout=60)
     thread = server.serve_in_thread()
     sock = connect(server)
     wait_for(lambda: len(server.engine.connections) == 1)
@@ -267,14 +256,14 @@ def test_unresolvable_listen_host_is_a_configuration_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     with pytest.raises(ListenError, match=r"listen: host 'a\.\.b' is not a host name"):
-        ExporterServer(("a..b", 0), CollectorRegistry(), OK)
+        ExporterServer(("a..b", 0), CollectorRegistry(), healthy_ok)
 
     def no_such_host(*_args: object) -> None:
         raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
     monkeypatch.setattr(socket, "getaddrinfo", no_such_host)
     with pytest.raises(ConfigError, match=r"host 'gone\.example' does not resolve"):
-        ExporterServer(("gone.example", 0), CollectorRegistry(), OK)
+        ExporterServer(("gone.example", 0), CollectorRegistry(), healthy_ok)
 
 
 def test_dns_not_reachable_yet_stays_a_startup_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -283,7 +272,7 @@ def test_dns_not_reachable_yet_stays_a_startup_error(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(socket, "getaddrinfo", dns_down)
     with pytest.raises(OSError) as info:  # the daemon maps it to exit 1: systemd retries
-        ExporterServer(("metrics.example", 0), CollectorRegistry(), OK)
+        ExporterServer(("metrics.example", 0), CollectorRegistry(), healthy_ok)
     assert not isinstance(info.value, ConfigError)
 
 
@@ -292,14 +281,8 @@ def test_dns_not_reachable_yet_stays_a_startup_error(monkeypatch: pytest.MonkeyP
 
 @pytest.fixture(scope="module")
 def tls_web(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    required_tool("openssl", "openssl")
     d = tmp_path_factory.mktemp("tls-limits")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-         "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
-         "-keyout", str(d / "tls.key"), "-out", str(d / "tls.crt")],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    self_signed_cert(d, alt_names="IP:127.0.0.1")
     (d / "web.yml").write_text("tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n")
     return d
 
@@ -330,35 +313,23 @@ def test_stalled_tls_handshakes_do_not_block_others_and_time_out(tls_web: Path) 
 
 
 def test_tls_beyond_the_cap_of_busy_connections_is_closed(tls_web: Path) -> None:
-    release = threading.Event()
-    started = threading.Semaphore(0)
-
-    def slow() -> tuple[bool, str]:
-        started.release()
-        release.wait(10)
-        return True, "ok"
-
+    slow = SlowHealth()
     web = load_web_config(tls_web / "web.yml")
     with serving(slow, web=web, max_connections=1) as server:
         busy = threading.Thread(target=https_status, args=(server, tls_web))
         busy.start()
-        assert started.acquire(timeout=10)
+        assert slow.started.acquire(timeout=10)
         with pytest.raises((ssl.SSLError, OSError)):
             https_status(server, tls_web)
         assert server.engine.stats.refused == 1
-        release.set()
+        slow.release.set()
         busy.join(10)
 
 
 def test_client_certificates_are_required_and_verified(tls_web: Path) -> None:
     """client_ca_file + RequireAndVerifyClientCert hold with the handshake in start_tls."""
     d = tls_web
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-         "-subj", "/CN=prometheus",
-         "-keyout", str(d / "client.key"), "-out", str(d / "client.crt")],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    self_signed_cert(d, "client", subject="prometheus", alt_names=None)
     (d / "mtls.yml").write_text(
         "tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n"
         "  client_ca_file: client.crt\n  client_auth_type: RequireAndVerifyClientCert\n"

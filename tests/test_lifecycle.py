@@ -4,11 +4,13 @@ clean, and configuration errors found at start exit 2."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -123,6 +125,20 @@ def test_an_unresolvable_listen_host_is_a_configuration_error() -> None:
     assert "Traceback" not in proc.stderr
 
 
+@contextlib.contextmanager
+def _driver(code: str, pidfile: Path) -> Iterator[subprocess.Popen[bytes]]:
+    """``python -c CODE`` in the repository, yielded once it has written ``pidfile``; killed on
+    the way out if it still runs."""
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+    try:
+        _wait_file(pidfile)
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_a_container_command_ends_when_sparkdiag_is_killed(tmp_path: Path) -> None:
     """kill -9 of the process running a container cycle: the relay stops what it started."""
     pidfile = tmp_path / "pids"
@@ -133,17 +149,11 @@ def test_a_container_command_ends_when_sparkdiag_is_killed(tmp_path: Path) -> No
         f"run_in_container([sys.executable, {str(FAKE)!r}, 'sleep', {str(pidfile)!r}],"
         " WorkerRequest(), timeout=600)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", driver], cwd=ROOT)
-    try:
-        _wait_file(pidfile)
+    with _driver(driver, pidfile) as proc:
         worker, grandchild = (int(x) for x in pidfile.read_text().split())
         proc.kill()
         proc.wait(timeout=10)
         assert wait_dead([worker, grandchild], seconds=10) == []
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_a_worker_ends_when_its_parent_is_killed(tmp_path: Path) -> None:
@@ -159,16 +169,10 @@ def test_a_worker_ends_when_its_parent_is_killed(tmp_path: Path) -> None:
         f"open({str(pidfile)!r}, 'w').write(str(w.pid))\n"
         "time.sleep(600)\n"
     )
-    proc = subprocess.Popen([sys.executable, "-c", driver], cwd=ROOT)
-    try:
-        _wait_file(pidfile)
+    with _driver(driver, pidfile) as proc:
         time.sleep(0.2)
         worker = int(pidfile.read_text())
         assert alive(worker)
         proc.kill()
         proc.wait(timeout=10)
         assert wait_dead([worker], seconds=20) == []
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()

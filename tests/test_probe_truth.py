@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +16,8 @@ from types import ModuleType
 from typing import Any
 
 import pytest
+
+from tests.support import alive, run_python
 
 pytest.importorskip("torch")
 
@@ -40,32 +40,19 @@ def pt() -> Iterator[ModuleType]:
     sys.modules.pop("probe_truth_script", None)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # a zombie is dead for our purpose; the script reaps its children, so none should remain
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(") ")[1].split()[0] != "Z"
-    except OSError:
-        return False
+def _run(out: Path, *args: str, timeout: float = 120) -> tuple[str, dict[str, Any]]:
+    """Run the script with ``--out OUT``; its stdout and the record it wrote there."""
+    proc = run_python(SCRIPT, *args, "--out", str(out), timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc.stdout, json.loads((out / "probe_truth.json").read_text())
 
 
 @pytest.fixture(scope="module")
 def full_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[dict[str, Any], str]:
     out = tmp_path_factory.mktemp("truth")
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), *TINY, "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    record = json.loads((out / "probe_truth.json").read_text())
+    stdout, record = _run(out, *TINY, timeout=600)
     table = (out / "probe_truth.txt").read_text()
-    assert table in proc.stdout  # the tables are printed too
+    assert table in stdout  # the tables are printed too
     return record, table
 
 
@@ -118,53 +105,29 @@ def test_hot_part(full_run: tuple[dict[str, Any], str]) -> None:
     assert "== hot suite" in table and "soak (the worker's own bf16 load" in table
     # every competing process was stopped and reaped
     assert len(record["load_pids"]) == 3  # contention, hot busy, hot heat
-    assert not any(_alive(pid) for pid in record["load_pids"])
+    assert not any(alive(pid) for pid in record["load_pids"])
 
 
 def test_time_limit_keeps_what_was_measured(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [
-            *(sys.executable, str(SCRIPT), *TINY, "--parts", "a", "--cycles", "50"),
-            *("--part-seconds", "12", "--out", str(tmp_path)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    record = json.loads((tmp_path / "probe_truth.json").read_text())
+    stdout, record = _run(tmp_path, *TINY, "--parts", "a", "--cycles", "50", "--part-seconds", "12")
     idle = record["parts"]["idle"]
     assert idle["stopped"] == "time limit"
     assert 1 <= len(idle["cycles"]) < 50
     assert idle["table"]["rows"]["bf16 256x256x256"]["n"] == len(idle["cycles"])
-    assert "idle: time limit" in proc.stdout
+    assert "idle: time limit" in stdout
 
 
 def test_a_broken_part_does_not_stop_the_others(tmp_path: Path) -> None:
-    proc = subprocess.run(
-        [
-            *(sys.executable, str(SCRIPT), "--device", "cpu", "--parts", "idle,contention"),
-            *("--python", "/nonexistent/python3", "--out", str(tmp_path)),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    record = json.loads((tmp_path / "probe_truth.json").read_text())
+    args = ["--device", "cpu", "--parts", "idle,contention", "--python", "/nonexistent/python3"]
+    _, record = _run(tmp_path, *args)
     for name in ("idle", "contention"):
         assert "FileNotFoundError" in record["parts"][name]["error"]
     assert "finished_at" in record
-    assert not any(_alive(pid) for pid in record.get("load_pids", []))
+    assert not any(alive(pid) for pid in record.get("load_pids", []))
 
 
 def test_bad_part_name_is_a_usage_error() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--parts", "idle,warm"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_python(SCRIPT, "--parts", "idle,warm", timeout=60)
     assert proc.returncode == 2 and "unknown part 'warm'" in proc.stderr
 
 

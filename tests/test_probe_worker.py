@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from sparkdiag.probe.runner import worker_path
+from tests.support import run_python
 
 torch = pytest.importorskip("torch")
 
@@ -82,16 +83,25 @@ def w() -> Iterator[ModuleType]:
     sys.modules.pop(name, None)
 
 
+def _run_worker(
+    args: list[str], timeout: float = 120
+) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+    """Run the worker, which must exit 0; the process and its document (read here, independent
+    of the runner's schema check)."""
+    proc = run_python(WORKER, *args, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    doc: dict[str, Any] = json.loads(proc.stdout)
+    return proc, doc
+
+
+def _worker(args: list[str], timeout: float = 120) -> dict[str, Any]:
+    """The document of a worker run that exits 0."""
+    return _run_worker(args, timeout)[1]
+
+
 @pytest.fixture(scope="module")
 def cpu_run() -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
-    proc = subprocess.run(
-        [sys.executable, str(WORKER), *CPU_ARGS],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc, json.loads(proc.stdout)
+    return _run_worker(CPU_ARGS)
 
 
 # ---------------------------------------------------------------- end to end
@@ -295,12 +305,7 @@ def test_stdin_with_cleared_environment() -> None:
 
 
 def test_bad_arguments_still_print_one_document() -> None:
-    proc = subprocess.run(
-        [sys.executable, str(WORKER), "--shape", "12x3"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = run_python(WORKER, "--shape", "12x3", timeout=60)
     assert proc.returncode == 2
     doc = json.loads(proc.stdout)
     assert doc["status"] == "error"
@@ -308,19 +313,14 @@ def test_bad_arguments_still_print_one_document() -> None:
 
 
 def test_custom_shape_and_fixed_iters() -> None:
-    proc = subprocess.run(
+    doc = _worker(
         [
-            *(sys.executable, str(WORKER), "--device", "cpu", "--dtype", "bf16"),
+            *("--device", "cpu", "--dtype", "bf16"),
             *("--shape", "64x128x256", "--shape", "2x128x256", "--iters", "7", "--warmup", "3"),
             "--no-bandwidth",
             "--no-transfers",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+        ]
     )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    doc = json.loads(proc.stdout)
     assert doc["bandwidth"] is None and doc["transfers"] == []
     got = {(r["shape"], r["kind"], r["iters"], r["warmup"]) for r in doc["results"]}
     assert got == {("64x128x256", "compute", 7, 3), ("2x128x256", "decode", 7, 3)}
@@ -328,15 +328,7 @@ def test_custom_shape_and_fixed_iters() -> None:
 
 @pytest.fixture(scope="module")
 def hot_doc() -> dict[str, Any]:
-    proc = subprocess.run(
-        [sys.executable, str(WORKER), "--device", "cpu", "--small", "--suite", "hot"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    doc: dict[str, Any] = json.loads(proc.stdout)
-    return doc
+    return _worker(["--device", "cpu", "--small", "--suite", "hot"])
 
 
 def test_hot_suite_shape_and_budget(
@@ -373,17 +365,12 @@ def test_hot_suite_shape_and_budget(
 
 
 def test_check_suite_and_explicit_overrides() -> None:
-    proc = subprocess.run(
+    doc = _worker(
         [
-            *(sys.executable, str(WORKER), "--device", "cpu", "--small", "--suite", "check"),
+            *("--device", "cpu", "--small", "--suite", "check"),
             *("--dtype", "bf16,int4", "--budget-seconds", "0.3", "--rounds", "2"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+        ]
     )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    doc = json.loads(proc.stdout)
     assert doc["suite"] == "check" and doc["status"] == "ok"
     assert doc["config"]["budget_seconds"] == 0.3 and doc["config"]["rounds"] == 2
     assert doc["config"]["probe_when"] == "idle"
@@ -416,14 +403,7 @@ def _progress_lines(stderr: str) -> list[dict[str, Any]]:
 
 def test_soak_runs_its_windows_and_completes() -> None:
     started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, str(WORKER), *SOAK_ARGS, "--soak-seconds", "2"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    doc = json.loads(proc.stdout)
+    proc, doc = _run_worker([*SOAK_ARGS, "--soak-seconds", "2"])
     assert doc["schema"] == "sparkdiag-probe/2" and doc["suite"] == "soak"
     assert doc["status"] == "ok" and doc["results"] == []
     soak = doc["soak"]
@@ -1289,16 +1269,6 @@ def _cuda() -> bool:
     return bool(torch.cuda.is_available())
 
 
-def _worker(args: list[str], timeout: float = 120) -> dict[str, Any]:
-    """Run the worker and return its document (independent of the runner's schema check)."""
-    proc = subprocess.run(
-        [sys.executable, str(WORKER), *args], capture_output=True, text=True, timeout=timeout
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    doc: dict[str, Any] = json.loads(proc.stdout)
-    return doc
-
-
 def _start_load(seconds: float) -> subprocess.Popen[str]:
     load = subprocess.Popen(
         [sys.executable, str(GPU_LOAD), str(seconds)],
@@ -1378,14 +1348,7 @@ def test_gpu_hot_suite() -> None:
 def test_gpu_soak() -> None:
     if not _cuda():
         pytest.skip("no CUDA device")
-    proc = subprocess.run(
-        [sys.executable, str(WORKER), "--soak-seconds", "20", "--window-seconds", "5"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    doc = json.loads(proc.stdout)
+    proc, doc = _run_worker(["--soak-seconds", "20", "--window-seconds", "5"])
     soak = doc["soak"]
     for window in soak["windows"]:
         c = window["conditions"]

@@ -88,23 +88,24 @@ def _fake_torch(tmp_path: Path, cuda_line: str) -> type:
     return Spec
 
 
-def test_torch_info_reads_version_and_cuda_without_importing(tmp_path: Path) -> None:
-    spec = _fake_torch(tmp_path, "cuda: Optional[str] = '13.0'")
+@pytest.mark.parametrize(
+    ("version", "cuda_line", "cuda"),
+    [
+        ("2.11.0+cu130", "cuda: Optional[str] = '13.0'", "13.0"),
+        ("2.11.0+cpu", "cuda: Optional[str] = None", None),  # a CPU build has no CUDA
+    ],
+    ids=["cuda", "cpu"],
+)
+def test_torch_info_reads_version_and_cuda_without_importing(
+    tmp_path: Path, version: str, cuda_line: str, cuda: str | None
+) -> None:
+    spec = _fake_torch(tmp_path, cuda_line)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(importlib.metadata, "version", lambda name: "2.11.0+cu130")
+        mp.setattr(importlib.metadata, "version", lambda name: version)
         mp.setattr(importlib.util, "find_spec", lambda name: spec())
         info = packages.read_torch("py")
-    assert (info.version, info.cuda) == ("2.11.0+cu130", "13.0")
+    assert (info.version, info.cuda) == (version, cuda)
     assert info.python == "py"
-
-
-def test_torch_cpu_build_has_no_cuda(tmp_path: Path) -> None:
-    spec = _fake_torch(tmp_path, "cuda: Optional[str] = None")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(importlib.metadata, "version", lambda name: "2.11.0+cpu")
-        mp.setattr(importlib.util, "find_spec", lambda name: spec())
-        info = packages.read_torch("py")
-    assert (info.version, info.cuda) == ("2.11.0+cpu", None)
 
 
 def test_torch_not_installed_looks_no_further() -> None:

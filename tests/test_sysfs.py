@@ -21,15 +21,9 @@ GT = 1e9
 def _link(
     address: str, cls: str, driver: str, speed: float, width: int, max_speed: float, max_width: int
 ) -> PcieLink:
-    return PcieLink(
-        address=address,
-        device_class=cls,
-        driver=driver,
-        current_speed_tps=speed,
-        max_speed_tps=max_speed,
-        current_width=width,
-        max_width=max_width,
-    )
+    """A link in the table's order: speed and width, then their maxima (PcieLink's own order is
+    current and max speed, then current and max width)."""
+    return PcieLink(address, cls, driver, speed, max_speed, width, max_width)
 
 
 # The DGX Spark Founders Edition as tests/fixtures/sysfs/dgx-spark/README.txt lists it (every

@@ -278,23 +278,17 @@ def _gpu_sampler(path: Path) -> Any:
     return GpuSampler(source)
 
 
-def test_gpu_sampler_reads_driver_samples_newer_than_the_start(
-    write_fixture: Any, nvml_fixture: Any
-) -> None:
+def test_gpu_sampler_reads_driver_samples_newer_than_the_start(derive_fixture: Any) -> None:
     started = 1_800_000_000.0
     stamps = [(started - 5) * 1e6, (started + 0.25) * 1e6, (started + 0.5) * 1e6]
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("watch-healthy")),
-            "devices": [
-                {
-                    "from": 0,
-                    "set": {
-                        "utilization_samples": [[stamps[0], 0], [stamps[1], 40], [stamps[2], 60]]
-                    },
-                }
-            ],
-        }
+    path = derive_fixture(
+        "watch-healthy",
+        devices=[
+            {
+                "from": 0,
+                "set": {"utilization_samples": [[stamps[0], 0], [stamps[1], 40], [stamps[2], 60]]},
+            }
+        ],
     )
     (tick,) = _gpu_sampler(path).sample(started, {547})
     assert tick.samples == ((0.25, 0.4), (0.5, 0.6))  # the one from before the start is dropped
@@ -306,33 +300,26 @@ def test_gpu_sampler_reads_driver_samples_newer_than_the_start(
 
 
 def test_gpu_sampler_without_driver_samples_uses_the_instantaneous_figure(
-    write_fixture: Any, nvml_fixture: Any
+    derive_fixture: Any,
 ) -> None:
     # the recording's driver samples are emptied: NVML had none since the last read
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("watch-healthy")),
-            "devices": [{"from": 0, "set": {"utilization_samples": []}}],
-        }
+    path = derive_fixture(
+        "watch-healthy", devices=[{"from": 0, "set": {"utilization_samples": []}}]
     )
     (tick,) = _gpu_sampler(path).sample(1.8e9, set())
     assert tick.samples == () and tick.utilization == 0.99 and not tick.job_on_gpu
 
 
-def test_gpu_sampler_leaves_unsupported_pcie_throughput_out(
-    write_fixture: Any, nvml_fixture: Any
-) -> None:
+def test_gpu_sampler_leaves_unsupported_pcie_throughput_out(derive_fixture: Any) -> None:
     unsupported = {"error": "NOT_SUPPORTED"}
-    path = write_fixture(
-        {
-            "base": str(nvml_fixture("watch-healthy")),
-            "devices": [
-                {
-                    "from": 0,
-                    "set": {"pcie_throughput/0": unsupported, "pcie_throughput/1": unsupported},
-                }
-            ],
-        }
+    path = derive_fixture(
+        "watch-healthy",
+        devices=[
+            {
+                "from": 0,
+                "set": {"pcie_throughput/0": unsupported, "pcie_throughput/1": unsupported},
+            }
+        ],
     )
     (tick,) = _gpu_sampler(path).sample(1.8e9, set())
     assert tick.pcie_tx is None and tick.pcie_rx is None  # left out, never 0

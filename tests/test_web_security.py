@@ -6,8 +6,6 @@ import base64
 import http.client
 import socket
 import ssl
-import subprocess
-import threading
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -17,8 +15,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sparkdiag.exporter.http import ExporterServer
-from sparkdiag.exporter.webconfig import WebConfigError, load_web_config
-from tests.support import NVML, SYSFS, required_tool, running_daemon
+from tests.support import NVML, SYSFS, running_daemon, self_signed_cert, serving
 
 FIXTURE_ARGS = [
     "--nvml-fixture",
@@ -30,14 +27,8 @@ FIXTURE_ARGS = [
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    required_tool("openssl", "openssl")
     d = tmp_path_factory.mktemp("tls")
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-         "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost",
-         "-keyout", str(d / "tls.key"), "-out", str(d / "tls.crt")],
-        check=True, capture_output=True,
-    )  # fmt: skip
+    self_signed_cert(d)
     return d
 
 
@@ -104,24 +95,6 @@ def test_basic_auth_without_tls(certs: Path) -> None:
         assert info.value.headers["WWW-Authenticate"].startswith('Basic realm="sparkdiag"')
 
 
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("tls_server_config:\n  key_file: x.key\n", "tls_server_config.cert_file is required"),
-        ("tls_server_config:\n  cert_file: no.crt\n  key_file: no.key\n", "cannot load cert_file"),
-        ("basic_auth_users:\n  bob: plaintext\n", "basic_auth_users.bob: not a bcrypt hash"),
-        ("tls_config: {}\n", "unknown key(s) tls_config"),
-        ("basic_auth_users: [\n", "not valid YAML"),
-    ],
-)
-def test_bad_web_config(tmp_path: Path, text: str, message: str) -> None:
-    path = tmp_path / "web.yml"
-    path.write_text(text)
-    with pytest.raises(WebConfigError) as info:
-        load_web_config(path)
-    assert message in str(info.value)
-
-
 def test_bad_web_config_exits_2(tmp_path: Path) -> None:
     from tests.test_cli import assert_clean_error, run_cli
 
@@ -132,12 +105,7 @@ def test_bad_web_config_exits_2(tmp_path: Path) -> None:
 
 
 def test_requests_beyond_the_cap_get_503() -> None:
-    server = ExporterServer(
-        ("127.0.0.1", 0), CollectorRegistry(), lambda: (True, "ok"), max_requests=1
-    )
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with serving(max_requests=1) as server:
         port = server.server_address[1]
         assert server.slots is not None
         assert server.slots.acquire(blocking=False)  # one request in flight
@@ -150,9 +118,6 @@ def test_requests_beyond_the_cap_get_503() -> None:
         conn.request("GET", "/healthz")
         assert conn.getresponse().status == 200
         conn.close()
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_ipv6_loopback_listen() -> None:
