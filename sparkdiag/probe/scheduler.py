@@ -53,15 +53,18 @@ class RunningWorkers:
             return frozenset(self._pids)
 
     def run(self, launcher: Launcher, gpu: GpuSample) -> ProbeCycle:
+        mine: set[int] = set()
+
         def started(pid: int) -> None:
             with self._lock:
+                mine.add(pid)
                 self._pids.add(pid)
 
         try:
             return launcher(gpu, started)
         finally:
             with self._lock:
-                self._pids.clear()
+                self._pids -= mine
 
 
 def record_cycle(

@@ -10,7 +10,7 @@ from sparkdiag.plotting import INSTALL_HINT as INSTALL_HINT
 from sparkdiag.plotting import PlotUnavailable as PlotUnavailable
 from sparkdiag.plotting import available as available
 from sparkdiag.plotting import missing_message as missing_message
-from sparkdiag.plotting import twin_legend
+from sparkdiag.plotting import pyplot, twin_legend
 from sparkdiag.watch.diagnose import TITLES, Diagnosis
 from sparkdiag.watch.model import Recording
 
@@ -52,12 +52,8 @@ def _host(rec: Recording, attr: str, scale: float = 1.0) -> tuple[list[float], l
 
 def plot(rec: Recording, diagnosis: Diagnosis, path: Path) -> None:
     """Write the timeline to ``path`` (PNG). Raises PlotUnavailable without matplotlib."""
-    if not available():
-        raise PlotUnavailable(missing_message())
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
+    from matplotlib.patches import Patch
 
     gpus = diagnosis.gpus or tuple(g.index for g in rec.gpus)
     fig, axes = plt.subplots(4, 1, figsize=(11, 10), sharex=True)
@@ -120,7 +116,7 @@ def plot(rec: Recording, diagnosis: Diagnosis, path: Path) -> None:
         for ax in axes:
             ax.axvspan(start, end, color=COLOURS.get(name, "gray"), alpha=0.15, lw=0)
     handles = [
-        matplotlib.patches.Patch(color=COLOURS[c.name], alpha=0.3, label=TITLES[c.name])
+        Patch(color=COLOURS[c.name], alpha=0.3, label=TITLES[c.name])
         for c in diagnosis.causes
         if c.name in COLOURS
     ]
