@@ -129,7 +129,7 @@ def run_worker(
     except BaseException:
         # Interrupted (KeyboardInterrupt, or SystemExit from a signal handler): the worker runs
         # in its own session and would outlive us; its group goes first.
-        _killpg(proc.pid, signal.SIGKILL)
+        killpg(proc.pid, signal.SIGKILL)
         with contextlib.suppress(Exception):
             proc.wait(timeout=kill_grace)
         raise
@@ -172,7 +172,7 @@ def kill_running_workers() -> int:
     with _LIVE_LOCK:
         groups = sorted(_LIVE)
     for pgid in groups:
-        _killpg(pgid, signal.SIGKILL)
+        killpg(pgid, signal.SIGKILL)
     return len(groups)
 
 
@@ -278,7 +278,8 @@ def _progress(line: bytes | bytearray, callback: Callable[[Progress], None]) -> 
         callback(progress)
 
 
-def _killpg(pgid: int, sig: signal.Signals) -> None:
+def killpg(pgid: int, sig: signal.Signals) -> None:
+    """Send ``sig`` to the process group ``pgid``; one that is gone already is no error."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
 
@@ -286,13 +287,13 @@ def _killpg(pgid: int, sig: signal.Signals) -> None:
 def _finish(proc: subprocess.Popen[bytes], timed_out: bool, grace: float) -> int:
     """Stop whatever is left of the worker's process group and reap the worker."""
     if timed_out:
-        _killpg(proc.pid, signal.SIGTERM)
+        killpg(proc.pid, signal.SIGTERM)
         end = time.monotonic() + grace
         while not _exited(proc.pid) and time.monotonic() < end:
             time.sleep(0.05)
     # The worker is not reaped yet, so its PID still names its process group:
     # nothing it started (in its session) may outlive the cycle.
-    _killpg(proc.pid, signal.SIGKILL)
+    killpg(proc.pid, signal.SIGKILL)
     return proc.wait()
 
 

@@ -12,8 +12,6 @@ its progress lines. Windows reach ``on_window`` in this (the main) thread, as th
 
 from __future__ import annotations
 
-import contextlib
-import os
 import queue
 import signal
 import sys
@@ -25,7 +23,7 @@ from types import FrameType
 
 from sparkdiag.probe.document import Progress, SoakWindow
 from sparkdiag.probe.request import WorkerRequest
-from sparkdiag.probe.runner import ProbeCycle, run_worker
+from sparkdiag.probe.runner import ProbeCycle, killpg, run_worker
 from sparkdiag.soak.model import GpuSoak, Target
 from sparkdiag.soak.verdict import judge
 
@@ -74,7 +72,7 @@ class SoakRunner:
             self._pids[i] = pid
             killed, interrupted = self.killed, self.interrupted is not None
         if killed or interrupted:  # the interrupt came before this worker started
-            _killpg(pid, signal.SIGKILL if killed else signal.SIGINT)
+            killpg(pid, signal.SIGKILL if killed else signal.SIGINT)
 
     def _progress(self, i: int, item: Progress) -> None:
         if item.window is not None:
@@ -121,7 +119,7 @@ class SoakRunner:
                     self.killed = True
                 pids = list(self._pids.values())
             for pid in pids:
-                _killpg(pid, signal.SIGINT if first else signal.SIGKILL)
+                killpg(pid, signal.SIGINT if first else signal.SIGKILL)
         at = self._interrupted_at
         if at is not None and not self.killed and time.monotonic() - at > self.grace:
             self.kill()
@@ -132,7 +130,7 @@ class SoakRunner:
             self.killed = True
             pids = list(self._pids.values())
         for pid in pids:
-            _killpg(pid, signal.SIGKILL)
+            killpg(pid, signal.SIGKILL)
 
     def interrupt(self, name: str = "SIGINT") -> None:
         """As if the command got ``name`` (tests, and callers without signals)."""
@@ -223,8 +221,3 @@ def _install(handler: Callable[[int, FrameType | None], None]) -> Handlers:
 def _restore(handlers: Handlers) -> None:
     for sig, before in handlers.items():
         signal.signal(sig, before)  # type: ignore[arg-type]
-
-
-def _killpg(pgid: int, sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pgid, sig)
