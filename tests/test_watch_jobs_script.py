@@ -21,16 +21,20 @@ def test_jobs_alone_and_watched_on_cpu_with_a_failing_job(tmp_path: Path) -> Non
     out = tmp_path / "out"
     result = subprocess.run(
         [sys.executable, str(SCRIPT), "--device", "cpu", "--scale", "tiny", "--seconds", "0.5",
-         "--interval", "0.1", "--jobs", "broken,launch", "--out", str(out)],
+         "--interval", "0.1", "--jobs", "broken,launch", "--pairs", "2", "--pin", "0",
+         "--out", str(out)],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )  # fmt: skip
     assert result.returncode == 1, result.stdout + result.stderr  # one job failed
     summary = json.loads((out / "watch_jobs.json").read_text())
     broken, launch = summary["rows"]
     assert "this job fails on purpose" in broken["error"]
+    assert "overheads" not in broken  # stopped after the failing pair
     assert launch["error"] == ""
     assert launch["alone_per_second"] > 0 and launch["watched_per_second"] > 0
-    assert launch["unit"] == "kernels" and "overhead" in launch
+    assert launch["unit"] == "kernels" and len(launch["overheads"]) == 2  # --pairs 2
+    assert launch["overhead"] == pytest.approx(sum(launch["overheads"]) / 2)  # their median
+    assert summary["pin"] == 0 and summary["pairs"] == 2
     assert launch["diagnosis"] == "no-gpu"  # no NVML on this machine
     diagnosis = json.loads((out / "launch.diagnosis.json").read_text())
     assert diagnosis["schema"] == "sparkdiag-watch/1" and diagnosis["exit_status"] == 0

@@ -12,9 +12,13 @@ Jobs (each prints nothing on stdout; it writes its throughput to --result):
   launch      1-element additions: tiny kernels, the launching thread pinned on its core
   fp32        fp32 8192^3 matmuls with TF32 off: the math on CUDA cores, tensor pipes idle
 
-Each job runs alone, then under ``python3 -m sparkdiag watch --json --record ... -- <job>``
-(the same job, the same settings); its throughput watched over alone gives the watch's
-overhead (target: at most 2 %). Written under $OUT (default /tmp/out): per job the diagnosis
+Each job runs alone and under ``python3 -m sparkdiag watch --json --record ... -- <job>``
+(the same job, the same settings), ``--pairs`` times, the order alternating (alone first in
+even pairs, watched first in odd ones) so that drift cancels; the watch's overhead is the
+median over the pairs of 1 - watched/alone (target: at most 2 %). A launch-bound job's
+throughput alone varied from 127 000 to 152 000 kernels a second between runs on the H200, so
+one pair cannot resolve 2 %. ``--pin CPU`` runs each job on that CPU only (both ways).
+Written under $OUT (default /tmp/out): per job the diagnosis
 (``<job>.diagnosis.json``), the recording (``<job>.recording.json``), the timeline
 (``<job>.png``, when matplotlib is importable; otherwise render it from the recording with
 ``sparkdiag watch --replay <job>.recording.json --plot <job>.png``), the watch's stderr
@@ -32,6 +36,7 @@ import importlib.util
 import json
 import os
 import queue
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -59,7 +64,11 @@ SCALES: dict[str, dict[str, Any]] = {
 # -- the jobs (child mode) ----------------------------------------------------------------------
 
 
-def run_job(name: str, seconds: float, device: str, scale: str, result: Path) -> None:
+def run_job(
+    name: str, seconds: float, device: str, scale: str, result: Path, pin: int | None = None
+) -> None:
+    if pin is not None:
+        os.sched_setaffinity(0, {pin})
     import torch
 
     size = SCALES[scale]
@@ -202,7 +211,7 @@ def job_argv(args: argparse.Namespace, name: str, result: Path) -> list[str]:
     return [
         sys.executable, str(Path(__file__).resolve()), "job", name,
         "--seconds", str(args.seconds), "--device", args.device, "--scale", args.scale,
-        "--result", str(result),
+        "--result", str(result), *(["--pin", str(args.pin)] if args.pin is not None else []),
     ]  # fmt: skip
 
 
@@ -244,17 +253,21 @@ def run_once(
         return None, diagnosis, f"no result ({exc})"
 
 
-def row(name: str, alone: Any, watched: Any, diagnosis: Any, error: str) -> dict[str, Any]:
+def row(name: str, pairs: list[tuple[Any, Any]], diagnosis: Any, error: str) -> dict[str, Any]:
+    """One job's line: the last diagnosis, and the overhead as the median over the pairs
+    (alone, watched) that both gave a result."""
     entry: dict[str, Any] = {"job": name, "expected": EXPECTED.get(name, "?"), "error": error}
     if diagnosis is not None:
         entry["diagnosis"] = diagnosis["verdict"]
         entry["causes"] = {c["name"]: round(c["share"], 3) for c in diagnosis["causes"]}
         entry["lost_share"] = diagnosis["causes"][0]["share"] if diagnosis["causes"] else 0.0
-    if alone and watched:
-        entry["alone_per_second"] = alone["per_second"]
-        entry["watched_per_second"] = watched["per_second"]
-        entry["unit"] = alone["unit"]
-        entry["overhead"] = 1.0 - watched["per_second"] / alone["per_second"]
+    done = [(a, w) for a, w in pairs if a and w]
+    if done:
+        entry["alone_per_second"] = statistics.median(a["per_second"] for a, _ in done)
+        entry["watched_per_second"] = statistics.median(w["per_second"] for _, w in done)
+        entry["unit"] = done[0][0]["unit"]
+        entry["overheads"] = [1.0 - w["per_second"] / a["per_second"] for a, w in done]
+        entry["overhead"] = statistics.median(entry["overheads"])
     return entry
 
 
@@ -265,6 +278,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         lost = f"{r['lost_share'] * 100:.0f} %" if "lost_share" in r else "-"
         over = f"{r['overhead'] * 100:+.1f} %" if "overhead" in r else "-"
         notes = r["error"] or ("as expected" if r.get("diagnosis") == r["expected"] else "")
+        if len(r.get("overheads", ())) > 1:
+            low, high = min(r["overheads"]), max(r["overheads"])
+            notes += f" ({len(r['overheads'])} pairs: {low * 100:+.1f} to {high * 100:+.1f} %)"
         if "causes" in r and len(r["causes"]) > 1:
             notes += " also " + ", ".join(f"{k} {v * 100:.0f} %" for k, v in r["causes"].items()
                                          if k != r["diagnosis"])  # fmt: skip
@@ -300,21 +316,32 @@ def orchestrate(args: argparse.Namespace) -> int:
     rows = []
     started = time.monotonic()
     for name in names:
-        print(f"== {name}: alone, then watched ({args.seconds:g} s each)", flush=True)
-        alone, _, error_alone = run_once(args, name, False, out)
-        watched, diagnosis, error_watched = run_once(args, name, True, out)
-        errors = (
-            error_alone and f"alone: {error_alone}",
-            error_watched and f"watched: {error_watched}",
-        )
-        error = "; ".join(e for e in errors if e)
-        rows.append(row(name, alone, watched, diagnosis, error))
+        print(f"== {name}: alone and watched, {args.pairs} pair(s) of {args.seconds:g} s runs",
+              flush=True)  # fmt: skip
+        pairs: list[tuple[Any, Any]] = []
+        errors: list[str] = []
+        diagnosis = None
+        for n in range(args.pairs):
+            got: dict[bool, Any] = {}
+            for watched in (False, True) if n % 2 == 0 else (True, False):
+                result, doc, problem = run_once(args, name, watched, out)
+                got[watched] = result
+                if doc is not None:
+                    diagnosis = doc
+                if problem:
+                    errors.append(f"{'watched' if watched else 'alone'}: {problem}")
+            pairs.append((got[False], got[True]))
+            if errors:
+                break
+        rows.append(row(name, pairs, diagnosis, "; ".join(errors)))
         print(table(rows[-1:]).splitlines()[-1], flush=True)
     text = table(rows)
     summary = {
         "seconds_per_job": args.seconds,
         "device": args.device,
         "interval": args.interval,
+        "pairs": args.pairs,
+        "pin": args.pin,
         "wall_seconds": time.monotonic() - started,
         "rows": rows,
     }
@@ -333,6 +360,8 @@ def main() -> None:
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--scale", choices=sorted(SCALES), default="full")
     parser.add_argument("--interval", type=float, default=0.5, help="watch's sampling interval")
+    parser.add_argument("--pairs", type=int, default=1, help="alone/watched pairs per job")
+    parser.add_argument("--pin", type=int, default=None, help="run each job on this CPU only")
     parser.add_argument(
         "--startup-timeout",
         type=float,
@@ -347,9 +376,10 @@ def main() -> None:
     job.add_argument("--device", default="cuda")
     job.add_argument("--scale", choices=sorted(SCALES), default="full")
     job.add_argument("--result", type=Path, required=True)
+    job.add_argument("--pin", type=int, default=None)
     args = parser.parse_args()
     if args.mode == "job":
-        run_job(args.name, args.seconds, args.device, args.scale, args.result)
+        run_job(args.name, args.seconds, args.device, args.scale, args.result, args.pin)
         return
     sys.exit(orchestrate(args))
 
