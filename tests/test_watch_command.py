@@ -323,3 +323,12 @@ def test_gpu_sampler_leaves_unsupported_pcie_throughput_out(derive_fixture: Any)
     )
     (tick,) = _gpu_sampler(path).sample(1.8e9, set())
     assert tick.pcie_tx is None and tick.pcie_rx is None  # left out, never 0
+
+
+def test_a_long_command_line_is_cut_in_the_middle_of_the_plot_title() -> None:
+    job = "/opt/torch/.venv/bin/python3 " + "x" * 200 + " --result /tmp/res/jobs/r.json"
+    title = plotting.shorten(job)
+    assert len(title) == plotting.TITLE_CHARS
+    assert title.startswith("/opt/torch/.venv/bin/python3 ") and title.endswith("/r.json")
+    assert "…" in title
+    assert plotting.shorten("python train.py") == "python train.py"

@@ -1,7 +1,8 @@
 """The watch diagnosis on the recordings of real jobs on the lent H200 (2026-12-01,
-scripts/device/watch_jobs.py, docs/device/2026-12-01/part-c): each synthetic job must get the
-cause it was built with, as the device run reported or, for the checkpoint job, as the
-diagnosis now reads it (the device run called its serialisation a CPU-bound launcher)."""
+scripts/device/watch_jobs.py, docs/device/2026-12-01/part-c and part-f): each synthetic job must
+get the cause it was built with, as the device runs reported or, for part c's checkpoint job,
+as the diagnosis now reads it (that run called its serialisation a CPU-bound launcher; part f,
+with the diagnosis as it stands, named the checkpoint itself)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ import pytest
 from sparkdiag.watch.diagnose import diagnose
 from sparkdiag.watch.model import load
 
-RECORDINGS = Path(__file__).parents[1] / "docs" / "device" / "2026-12-01" / "part-c"
+DEVICE = Path(__file__).parents[1] / "docs" / "device" / "2026-12-01"
+RECORDINGS = DEVICE / "part-c"
+# part f: the same jobs recorded again (10 s runs; the launch job 6 s)
+PART_F = {
+    job: DEVICE / "part-f" / ("launch" if job == "launch" else "jobs") / f"{job}.recording.json"
+    for job in ("healthy", "starved", "checkpoint", "launch", "fp32")
+}
 EXPECTED = {
     "healthy": ("healthy", set()),
     "starved": ("input-starved", {"input-starved"}),
@@ -22,10 +29,12 @@ EXPECTED = {
 }
 
 
+@pytest.mark.parametrize("part", ["c", "f"])
 @pytest.mark.parametrize("job", sorted(EXPECTED))
-def test_h200_job_recordings(job: str) -> None:
+def test_h200_job_recordings(job: str, part: str) -> None:
     verdict, causes = EXPECTED[job]
-    d = diagnose(load(RECORDINGS / f"{job}.recording.json"))
+    path = RECORDINGS / f"{job}.recording.json" if part == "c" else PART_F[job]
+    d = diagnose(load(path))
     assert d.verdict == verdict, [(c.name, round(c.share, 3)) for c in d.causes]
     assert {c.name for c in d.causes} == causes
     assert d.gpus == (0,)

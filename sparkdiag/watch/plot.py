@@ -50,6 +50,18 @@ def _host(rec: Recording, attr: str, scale: float = 1.0) -> tuple[list[float], l
     return [p[0] for p in pairs], [p[1] for p in pairs]
 
 
+TITLE_CHARS = 110  # what fits above an 11-inch figure at 10 points
+
+
+def shorten(text: str, width: int = TITLE_CHARS) -> str:
+    """``text`` cut in the middle with an ellipsis when it is longer than ``width`` (a job's
+    command line runs off the figure otherwise; its start and end tell it apart)."""
+    if len(text) <= width:
+        return text
+    head = (width - 1) // 2
+    return f"{text[:head]}…{text[len(text) - (width - 1 - head) :]}"
+
+
 def plot(rec: Recording, diagnosis: Diagnosis, path: Path) -> None:
     """Write the timeline to ``path`` (PNG). Raises PlotUnavailable without matplotlib."""
     plt = pyplot()
@@ -58,7 +70,7 @@ def plot(rec: Recording, diagnosis: Diagnosis, path: Path) -> None:
     gpus = diagnosis.gpus or tuple(g.index for g in rec.gpus)
     fig, axes = plt.subplots(4, 1, figsize=(11, 10), sharex=True)
     act, clk, cpu, io = axes
-    fig.suptitle(f"sparkdiag watch: {rec.job}\n{_headline(diagnosis)}", fontsize=10)
+    fig.suptitle(f"sparkdiag watch: {shorten(rec.job)}\n{_headline(diagnosis)}", fontsize=10)
 
     samples = sorted(
         (t, v) for tick in rec.ticks for g in tick.gpus if g.index in gpus for t, v in g.samples
