@@ -282,6 +282,22 @@ def test_int4_slower_than_16_bit_at_decode_warns() -> None:
     assert "memory temperature" in r.action
 
 
+def test_int4_ratio_from_the_worker_shows_the_median_figures_it_divides() -> None:
+    """A worker document with ratios (taken from the median iterations) is judged by that
+    ratio, and the finding shows the two peaks, so the figures divide to the ratio shown
+    (on the H200 delivered figures of 6.66 and 3.95 beside a 1.58x ratio read as a mistake)."""
+    doc = probe_doc()
+    result(doc, "int4", "decode")["peak"] = 5.84
+    result(doc, "bf16", "decode")["peak"] = 3.65
+    doc["ratios"] = {"int4/bf16": 1.6, "int4/fp16": 1.75}
+    r = only(check_int4_decode(probed(poll(NVML / "h200-idle.json"), doc)))
+    assert (r.status, r.finding) == (
+        "pass",
+        "int4 1.60× bf16 at decode 1x8192x8192 (5.84 against 3.65 TFLOPS, median iterations)",
+    )
+    assert r.data["ratio"] == 1.6 and r.data["interleaved"] is True
+
+
 def test_int4_unsupported_skips_with_its_reason() -> None:
     doc = probe_doc()
     result(doc, "int4", "decode").update(
