@@ -134,8 +134,14 @@ def int4_ratio(figures: list[GemmFigure]) -> str | None:
         for other in ("bf16", "fp16"):
             o = by.get((other, shape))
             if o is not None and o.delivered:
-                ratio = f.delivered / o.delivered
-                return f"int4 / {other} at decode shape {shape}: {ratio:.2f}x"
+                delivered = f"{f.delivered / o.delivered:.2f}x"
+                if not (f.peak and o.peak):
+                    return f"int4 / {other} at decode shape {shape}: {delivered} delivered"
+                # the hot probe, soak and alert compare the median iterations' ratio
+                return (
+                    f"int4 / {other} at decode shape {shape}: {f.peak / o.peak:.2f}x from the "
+                    f"median iterations ({delivered} delivered)"
+                )
     return None
 
 
