@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -17,8 +17,6 @@ from sparkdiag.check.command import check
 from sparkdiag.check.gather import Sources
 from sparkdiag.check.model import CheckResult, KernelLog, exit_code, worst
 from sparkdiag.check.report import document, gpu_list, merge, summary, table
-from sparkdiag.probe.runner import ProbeCycle
-from sparkdiag.telemetry.snapshot import GpuSample
 from tests.test_check_support import (
     GOOD_TORCH,
     NVML,
@@ -27,16 +25,12 @@ from tests.test_check_support import (
     SYSFS,
     context,
     empty_sysfs,
+    never_launch,
     nvml_fixture,
     poll,
 )
 
-
-def _never(gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle:
-    raise AssertionError("the worker must not run")
-
-
-QUIET = Sources(launcher=_never, torch=GOOD_TORCH, kernel_log=KernelLog((), "test"))
+QUIET = Sources(launcher=never_launch, torch=GOOD_TORCH, kernel_log=KernelLog((), "test"))
 REPLAY = Sources(torch=GOOD_TORCH, kernel_log=KernelLog((), "test"))
 
 
@@ -266,7 +260,8 @@ def test_probe_fixture_replays_a_worker_document(tmp_path: Path) -> None:
 def test_quick_on_fixtures_is_well_under_3_seconds(tmp_path: Path) -> None:
     args = _base(tmp_path, NVML / "h200-x8.json")
     started = time.monotonic()
-    result = invoke([*args, "--quick"], Sources(launcher=_never))  # real torch and kernel readers
+    # real torch and kernel readers
+    result = invoke([*args, "--quick"], Sources(launcher=never_launch))
     elapsed = time.monotonic() - started
     assert result.exit_code in (0, 1, 2), result.output
     assert elapsed < 1.5, elapsed

@@ -9,29 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from sparkdiag.check.gpu_checks import (
-    check_compute_mode,
-    check_gpus,
-    check_idle,
-    check_mig,
-    check_nvml,
-    check_persistence,
-)
-from sparkdiag.check.links import check_pcie_gpu
 from sparkdiag.check.model import GpuProbe, TorchInfo
-from sparkdiag.check.thermal import (
-    check_clock_reasons,
-    check_gpu_temperature,
-    check_memory_temperature,
-)
 from sparkdiag.check.versions import (
     MAJOR_MINIMUM,
     TOOLKIT_DRIVERS,
-    check_versions,
     driver_cuda,
     parse_version,
 )
 from tests.test_check_support import (
+    CHECK,
     NVML,
     SYSFS,
     context,
@@ -51,20 +37,20 @@ NOT_SUPPORTED = {"error": "NOT_SUPPORTED"}
 
 
 def test_nvml_passes_with_driver(tmp_path: Path) -> None:
-    r = only(check_nvml(context(poll(NVML / "h200-idle.json"))))
+    r = only(CHECK["nvml"](context(poll(NVML / "h200-idle.json"))))
     assert (r.status, r.finding) == ("pass", "NVML up, driver 580.159.04")
 
 
 def test_nvml_missing_on_a_machine_without_gpu_is_a_skip(tmp_path: Path) -> None:
     snap = poll(NVML / "no-nvml.json", sysfs=empty_sysfs(tmp_path))
-    r = only(check_nvml(context(snap)))
+    r = only(CHECK["nvml"](context(snap)))
     assert r.status == "skip"
     assert "LIBRARY_NOT_FOUND" in r.finding and "GPU checks skipped" in r.finding
 
 
 def test_nvml_missing_fails_when_gpus_are_expected(tmp_path: Path) -> None:
     snap = poll(NVML / "no-nvml.json", sysfs=empty_sysfs(tmp_path))
-    r = only(check_nvml(context(snap, expect_gpus=1)))
+    r = only(CHECK["nvml"](context(snap, expect_gpus=1)))
     assert r.status == "fail" and "--expect-gpus 1" in r.finding
     assert "nvidia-smi" in r.action
 
@@ -72,30 +58,30 @@ def test_nvml_missing_fails_when_gpus_are_expected(tmp_path: Path) -> None:
 def test_nvml_missing_fails_when_the_nvidia_driver_is_bound(tmp_path: Path) -> None:
     # The lent H200 VM's sysfs: the GPU at 0000:00:06.0 is bound to the nvidia driver.
     snap = poll(NVML / "no-nvml.json", sysfs=SYSFS / "h200-vm")
-    r = only(check_nvml(context(snap)))
+    r = only(CHECK["nvml"](context(snap)))
     assert r.status == "fail"
     assert "nvidia driver is bound to 0000:00:06.0" in r.finding
 
 
 def test_gpus_pass_and_count_as_expected() -> None:
     snap = poll(NVML / "h200-x8.json")
-    r = only(check_gpus(context(snap, expect_gpus=8)))
+    r = only(CHECK["gpus"](context(snap, expect_gpus=8)))
     assert (r.status, r.finding) == ("pass", "8 GPUs visible: 8× NVIDIA H200 (as expected)")
 
 
 def test_gpus_fewer_than_expected_fail() -> None:
-    r = only(check_gpus(context(poll(NVML / "h200-idle.json"), expect_gpus=2)))
+    r = only(CHECK["gpus"](context(poll(NVML / "h200-idle.json"), expect_gpus=2)))
     assert (r.status, r.finding) == ("fail", "1 GPU visible: NVIDIA H200, 2 expected")
 
 
 def test_gpus_more_than_expected_warn() -> None:
-    r = only(check_gpus(context(poll(NVML / "h200-x8.json"), expect_gpus=4)))
+    r = only(CHECK["gpus"](context(poll(NVML / "h200-x8.json"), expect_gpus=4)))
     assert r.status == "warn" and r.finding.endswith("only 4 expected")
 
 
 def test_gpus_lost_gpu_fails(tmp_path: Path) -> None:
     fixture = nvml_fixture(tmp_path, script=[{"poll": 1, "gpu": 0, "lost": True}])
-    r = only(check_gpus(context(poll(fixture))))
+    r = only(CHECK["gpus"](context(poll(fixture))))
     assert r.status == "fail"
     assert r.finding.startswith("GPU 0 (00000000:00:06.0) lost")
     assert "XID 79" in r.action
@@ -103,12 +89,12 @@ def test_gpus_lost_gpu_fails(tmp_path: Path) -> None:
 
 def test_gpus_without_nvml_skip(tmp_path: Path) -> None:
     snap = poll(NVML / "no-nvml.json", sysfs=empty_sysfs(tmp_path))
-    assert only(check_gpus(context(snap))).status == "skip"
+    assert only(CHECK["gpus"](context(snap))).status == "skip"
 
 
 def test_per_gpu_checks_skip_a_lost_gpu(tmp_path: Path) -> None:
     fixture = nvml_fixture(tmp_path, script=[{"poll": 1, "gpu": 0, "lost": True}])
-    r = only(check_idle(context(poll(fixture))))
+    r = only(CHECK["idle"](context(poll(fixture))))
     assert r.status == "skip" and r.finding.startswith("GPU lost") and r.gpu == "0"
 
 
@@ -145,7 +131,7 @@ def test_a_driver_newer_than_the_table_never_warns(
 ) -> None:
     snap = poll(nvml_fixture(tmp_path, driver_version=driver))
     torch = TorchInfo(f"2.14.0+cu{torch_cuda.replace('.', '')}", torch_cuda, "python3")
-    r = only(check_versions(context(snap, torch=torch)))
+    r = only(CHECK["versions"](context(snap, torch=torch)))
     assert r.status == "pass", r.finding
     assert r.data["beyond_table"] is True
 
@@ -154,7 +140,7 @@ def test_a_newer_driver_of_the_last_rows_branch_is_still_judged(tmp_path: Path) 
     # 610.x is the 13.3 branch: a torch for a later 13.x runs through minor compatibility
     snap = poll(nvml_fixture(tmp_path, driver_version="610.60.01"))
     torch = TorchInfo("2.14.0+cu134", "13.4", "python3")
-    r = only(check_versions(context(snap, torch=torch)))
+    r = only(CHECK["versions"](context(snap, torch=torch)))
     assert r.status == "warn" and "minor version compatibility" in r.finding
     assert r.data["driver_cuda"] == "13.3"
 
@@ -162,11 +148,11 @@ def test_a_newer_driver_of_the_last_rows_branch_is_still_judged(tmp_path: Path) 
 def test_a_driver_newer_than_the_table_with_a_cpu_only_torch_still_fails(tmp_path: Path) -> None:
     snap = poll(nvml_fixture(tmp_path, driver_version="620.12"))
     torch = TorchInfo("2.14.0+cpu", None, "python3")
-    assert only(check_versions(context(snap, torch=torch))).status == "fail"
+    assert only(CHECK["versions"](context(snap, torch=torch))).status == "fail"
 
 
 def test_versions_pass_when_the_driver_supports_torch_cuda() -> None:
-    r = only(check_versions(context(poll(NVML / "h200-idle.json"))))
+    r = only(CHECK["versions"](context(poll(NVML / "h200-idle.json"))))
     assert r.status == "pass"
     assert r.finding == (
         "driver 580.159.04 (CUDA ≤ 13.0) supports torch 2.11.0+cu130 built for CUDA 13.0 "
@@ -176,7 +162,7 @@ def test_versions_pass_when_the_driver_supports_torch_cuda() -> None:
 
 def test_versions_fail_when_torch_cuda_major_is_newer_than_the_driver(tmp_path: Path) -> None:
     snap = poll(nvml_fixture(tmp_path, driver_version="570.124.06"))
-    r = only(check_versions(context(snap)))
+    r = only(CHECK["versions"](context(snap)))
     assert r.status == "fail"
     assert "driver 570.124.06 (CUDA ≤ 12.8) is too old for torch 2.11.0+cu130" in r.finding
     assert "needs driver ≥ 580" in r.finding
@@ -186,21 +172,21 @@ def test_versions_fail_when_torch_cuda_major_is_newer_than_the_driver(tmp_path: 
 def test_versions_warn_on_minor_version_compatibility(tmp_path: Path) -> None:
     snap = poll(nvml_fixture(tmp_path, driver_version="570.124.06"))
     torch = TorchInfo("2.8.0+cu129", "12.9", "python3")
-    r = only(check_versions(context(snap, torch=torch)))
+    r = only(CHECK["versions"](context(snap, torch=torch)))
     assert r.status == "warn"
     assert "minor version compatibility" in r.finding
 
 
 def test_versions_fail_for_a_cpu_only_torch_on_a_gpu_machine() -> None:
     torch = TorchInfo("2.13.0+cpu", None, "python3")
-    r = only(check_versions(context(poll(NVML / "h200-idle.json"), torch=torch)))
+    r = only(CHECK["versions"](context(poll(NVML / "h200-idle.json"), torch=torch)))
     assert r.status == "fail"
     assert "torch 2.13.0+cpu is a CPU-only build" in r.finding
 
 
 def test_versions_skip_without_torch() -> None:
     torch = TorchInfo(None, None, "/usr/bin/python3")
-    r = only(check_versions(context(poll(NVML / "h200-idle.json"), torch=torch)))
+    r = only(CHECK["versions"](context(poll(NVML / "h200-idle.json"), torch=torch)))
     assert r.status == "skip"
     assert "torch not installed for /usr/bin/python3" in r.finding
     assert "driver 580.159.04 (CUDA ≤ 13.0)" in r.finding
@@ -208,14 +194,14 @@ def test_versions_skip_without_torch() -> None:
 
 def test_versions_skip_without_driver(tmp_path: Path) -> None:
     snap = poll(NVML / "no-nvml.json", sysfs=empty_sysfs(tmp_path))
-    assert only(check_versions(context(snap))).status == "skip"
+    assert only(CHECK["versions"](context(snap))).status == "skip"
 
 
 def test_versions_prefer_the_probe_workers_software_block() -> None:
     doc = probe_doc()
     doc["software"]["torch"], doc["software"]["cuda"] = "2.12.0+cu132", "13.2"
     snap = poll(NVML / "h200-idle.json")
-    r = only(check_versions(probed(snap, doc)))
+    r = only(CHECK["versions"](probed(snap, doc)))
     assert r.status == "warn"  # 13.2 is newer than driver 580's 13.0: minor compatibility
     assert "torch 2.12.0+cu132 built for CUDA 13.2 (probe worker)" in r.finding
 
@@ -224,7 +210,7 @@ def test_versions_prefer_the_probe_workers_software_block() -> None:
 
 
 def test_idle_passes_on_an_idle_gpu() -> None:
-    r = only(check_idle(context(poll(NVML / "h200-idle.json"))))
+    r = only(CHECK["idle"](context(poll(NVML / "h200-idle.json"))))
     assert (r.status, r.finding) == ("pass", "no other compute process, utilization 0%")
 
 
@@ -234,7 +220,7 @@ def test_idle_fails_on_a_busy_gpu(tmp_path: Path) -> None:
         compute_processes=[{"pid": 4242, "used_memory": 1}],
         utilization={"gpu": 87, "memory": 30},
     )
-    r = only(check_idle(context(snap, process_names={4242: "python"})))
+    r = only(CHECK["idle"](context(snap, process_names={4242: "python"})))
     assert r.status == "fail"
     assert r.finding == "pid 4242 (python) computing on the GPU, utilization 87%"
     assert r.action.startswith("stop pid 4242 (python): kill 4242")
@@ -242,20 +228,20 @@ def test_idle_fails_on_a_busy_gpu(tmp_path: Path) -> None:
 
 def test_idle_ignores_sparkdiags_own_process(tmp_path: Path) -> None:
     snap = derived(tmp_path, compute_processes=[{"pid": 4242, "used_memory": 1}])
-    r = only(check_idle(context(snap, own_pids=frozenset({4242}))))
+    r = only(CHECK["idle"](context(snap, own_pids=frozenset({4242}))))
     assert r.status == "pass"
 
 
 def test_idle_warns_on_utilization_without_a_visible_process(tmp_path: Path) -> None:
     snap = derived(tmp_path, utilization={"gpu": 45, "memory": 10})
-    r = only(check_idle(context(snap)))
+    r = only(CHECK["idle"](context(snap)))
     assert r.status == "warn"
     assert r.finding == "utilization 45% with no compute process visible here"
 
 
 def test_idle_skips_when_nothing_is_reported(tmp_path: Path) -> None:
     snap = derived(tmp_path, compute_processes=NOT_SUPPORTED, utilization=NOT_SUPPORTED)
-    assert only(check_idle(context(snap))).status == "skip"
+    assert only(CHECK["idle"](context(snap))).status == "skip"
 
 
 # -- temperatures --------------------------------------------------------------------------------
@@ -264,7 +250,7 @@ def test_idle_skips_when_nothing_is_reported(tmp_path: Path) -> None:
 def test_gpu_temperature_outcomes(tmp_path: Path) -> None:
     def run(temp: int) -> tuple[str, str]:
         snap = poll(nvml_fixture(tmp_path, set={"temperature/0": temp}, name=f"t{temp}.json"))
-        r = only(check_gpu_temperature(context(snap)))
+        r = only(CHECK["gpu-temperature"](context(snap)))
         return r.status, r.finding
 
     assert run(40) == ("pass", "GPU 40 °C (slowdown 89 °C)")
@@ -273,19 +259,19 @@ def test_gpu_temperature_outcomes(tmp_path: Path) -> None:
 
 
 def test_gpu_temperature_of_gb10_against_its_shutdown_threshold(tmp_path: Path) -> None:
-    r = only(check_gpu_temperature(context(poll(NVML / "gb10-idle.json"))))
+    r = only(CHECK["gpu-temperature"](context(poll(NVML / "gb10-idle.json"))))
     assert (r.status, r.finding) == (
         "pass",
         "GPU 36 °C (shutdown 105 °C, no slowdown threshold reported)",
     )
     hot = derived(tmp_path, "gb10-idle.json", **{"temperature/0": 92})
-    r = only(check_gpu_temperature(context(hot)))
+    r = only(CHECK["gpu-temperature"](context(hot)))
     assert r.status == "fail" and r.finding.startswith("GPU 92 °C ≥ 90 °C (shutdown 105 °C")
 
 
 def test_gpu_temperature_skips_when_not_reported(tmp_path: Path) -> None:
     snap = derived(tmp_path, **{"temperature/0": NOT_SUPPORTED})
-    assert only(check_gpu_temperature(context(snap))).status == "skip"
+    assert only(CHECK["gpu-temperature"](context(snap))).status == "skip"
 
 
 def test_memory_temperature_outcomes(tmp_path: Path) -> None:
@@ -293,7 +279,7 @@ def test_memory_temperature_outcomes(tmp_path: Path) -> None:
         fixture = nvml_fixture(
             tmp_path, set={"memory_temperature": temp, **more}, name=f"m{temp}{len(more)}.json"
         )
-        r = only(check_memory_temperature(context(poll(fixture))))
+        r = only(CHECK["memory-temperature"](context(poll(fixture))))
         return r.status, r.finding, r.action
 
     assert run(43.0)[:2] == ("pass", "memory 43 °C (limit 95 °C)")
@@ -306,7 +292,7 @@ def test_memory_temperature_outcomes(tmp_path: Path) -> None:
 
 
 def test_memory_temperature_of_gb10_is_not_reported() -> None:
-    r = only(check_memory_temperature(context(poll(NVML / "gb10-idle.json"))))
+    r = only(CHECK["memory-temperature"](context(poll(NVML / "gb10-idle.json"))))
     assert r.status == "skip"
     assert "unified LPDDR5X memory has no sensor" in r.finding
 
@@ -318,7 +304,7 @@ def _reasons(tmp_path: Path, mask: int, **more: object) -> tuple[str, str, str]:
     fixture = nvml_fixture(
         tmp_path, set={"clock_event_reasons": mask, **more}, name=f"r{mask}{len(more)}.json"
     )
-    r = only(check_clock_reasons(context(poll(fixture))))
+    r = only(CHECK["clock-reasons"](context(poll(fixture))))
     return r.status, r.finding, r.action
 
 
@@ -365,25 +351,25 @@ def test_clock_reasons_application_clocks_warn(tmp_path: Path) -> None:
 
 def test_clock_reasons_skip_when_not_reported(tmp_path: Path) -> None:
     snap = derived(tmp_path, clock_event_reasons=NOT_SUPPORTED)
-    assert only(check_clock_reasons(context(snap))).status == "skip"
+    assert only(CHECK["clock-reasons"](context(snap))).status == "skip"
 
 
 # -- the GPU's PCIe link -------------------------------------------------------------------------
 
 
 def test_pcie_gpu_at_maximum_passes() -> None:
-    r = only(check_pcie_gpu(context(poll(NVML / "h200-idle.json"))))
+    r = only(CHECK["pcie-gpu"](context(poll(NVML / "h200-idle.json"))))
     assert (r.status, r.finding) == ("pass", "00000000:00:06.0 Gen5 x16 (max)")
 
 
 def test_pcie_gpu_lane_degraded_fails(tmp_path: Path) -> None:
-    r = only(check_pcie_gpu(context(derived(tmp_path, pcie_width=8))))
+    r = only(CHECK["pcie-gpu"](context(derived(tmp_path, pcie_width=8))))
     assert (r.status, r.finding) == ("fail", "00000000:00:06.0 x8 of x16")
     assert "lspci -vv -s 0000:00:06.0" in r.action
 
 
 def test_pcie_gpu_low_speed_at_idle_is_legitimate(tmp_path: Path) -> None:
-    r = only(check_pcie_gpu(context(derived(tmp_path, pcie_gen=1))))
+    r = only(CHECK["pcie-gpu"](context(derived(tmp_path, pcie_gen=1))))
     assert r.status == "pass"
     assert r.finding.startswith("00000000:00:06.0 Gen1 of Gen5 at idle, x16")
 
@@ -393,7 +379,7 @@ def test_pcie_gpu_low_speed_under_load_fails(tmp_path: Path) -> None:
     loaded = poll(nvml_fixture(tmp_path, set={"pcie_gen": 4}, name="load.json"))
     gpu = idle.gpus[0]
     ctx = context(idle, probes={0: GpuProbe(gpu, load=(idle.gpus[0], loaded.gpus[0]))})
-    r = only(check_pcie_gpu(ctx))
+    r = only(CHECK["pcie-gpu"](ctx))
     assert (r.status, r.finding) == ("fail", "00000000:00:06.0 Gen4 of Gen5 under load, x16")
 
 
@@ -401,12 +387,12 @@ def test_pcie_gpu_full_speed_under_load_passes(tmp_path: Path) -> None:
     idle = derived(tmp_path, pcie_gen=1)
     loaded = poll(NVML / "h200-load.json")
     ctx = context(idle, probes={0: GpuProbe(idle.gpus[0], load=(loaded.gpus[0],))})
-    r = only(check_pcie_gpu(ctx))
+    r = only(CHECK["pcie-gpu"](ctx))
     assert (r.status, r.finding) == ("pass", "00000000:00:06.0 Gen5 x16 under load (Gen1 at idle)")
 
 
 def test_pcie_gpu_of_gb10_is_skipped() -> None:
-    r = only(check_pcie_gpu(context(poll(NVML / "gb10-idle.json"))))
+    r = only(CHECK["pcie-gpu"](context(poll(NVML / "gb10-idle.json"))))
     assert r.status == "skip" and "integrated GPU" in r.finding
 
 
@@ -414,21 +400,21 @@ def test_pcie_gpu_of_gb10_is_skipped() -> None:
 
 
 def test_persistence_outcomes(tmp_path: Path) -> None:
-    assert only(check_persistence(context(poll(NVML / "h200-idle.json")))).status == "pass"
-    r = only(check_persistence(context(derived(tmp_path, persistence_mode=0))))
+    assert only(CHECK["persistence"](context(poll(NVML / "h200-idle.json")))).status == "pass"
+    r = only(CHECK["persistence"](context(derived(tmp_path, persistence_mode=0))))
     assert r.status == "warn" and r.finding.startswith("persistence mode off")
     assert r.action.startswith("sudo nvidia-smi -i 0 -pm 1")
     off = poll(nvml_fixture(tmp_path, set={"persistence_mode": NOT_SUPPORTED}, name="p.json"))
-    assert only(check_persistence(context(off))).status == "skip"
+    assert only(CHECK["persistence"](context(off))).status == "skip"
 
 
 def test_compute_mode_outcomes(tmp_path: Path) -> None:
-    r = only(check_compute_mode(context(poll(NVML / "h200-idle.json"))))
+    r = only(CHECK["compute-mode"](context(poll(NVML / "h200-idle.json"))))
     assert (r.status, r.finding) == ("pass", "compute mode default")
-    r = only(check_compute_mode(context(derived(tmp_path, compute_mode=2))))
+    r = only(CHECK["compute-mode"](context(derived(tmp_path, compute_mode=2))))
     assert r.status == "fail" and "prohibited" in r.finding and "-c DEFAULT" in r.action
     excl = poll(nvml_fixture(tmp_path, set={"compute_mode": 3}, name="x.json"))
-    r = only(check_compute_mode(context(excl)))
+    r = only(CHECK["compute-mode"](context(excl)))
     assert (r.status, r.finding) == (
         "pass",
         "compute mode exclusive_process (one process at a time)",
@@ -436,16 +422,16 @@ def test_compute_mode_outcomes(tmp_path: Path) -> None:
 
 
 def test_mig_outcomes(tmp_path: Path) -> None:
-    assert only(check_mig(context(poll(NVML / "h200-idle.json")))).finding == "MIG off"
-    r = only(check_mig(context(derived(tmp_path, mig_mode=[1, 1]))))
+    assert only(CHECK["mig"](context(poll(NVML / "h200-idle.json")))).finding == "MIG off"
+    r = only(CHECK["mig"](context(derived(tmp_path, mig_mode=[1, 1]))))
     assert r.status == "warn" and r.finding.startswith("MIG on")
     assert "-mig 0" in r.action
-    r = only(check_mig(context(poll(NVML / "gb10-idle.json"))))
+    r = only(CHECK["mig"](context(poll(NVML / "gb10-idle.json"))))
     assert (r.status, r.finding) == ("skip", "MIG not supported")
 
 
 def test_multi_gpu_results_are_one_per_gpu() -> None:
-    results = check_gpu_temperature(context(poll(NVML / "h200-x8.json")))
+    results = CHECK["gpu-temperature"](context(poll(NVML / "h200-x8.json")))
     assert [r.gpu for r in results] == [str(i) for i in range(8)]
 
 

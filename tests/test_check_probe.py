@@ -3,13 +3,14 @@ under load, int4 at the decode shape; gathering (who gets probed); and the real 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from sparkdiag.check.gather import Sources, gather
-from sparkdiag.check.model import CheckResult, TorchInfo
+from sparkdiag.check.model import CheckContext, CheckResult, TorchInfo
 from sparkdiag.check.power import check_power_under_load
 from sparkdiag.check.probe import BASELINE_FILENAME, worker_launcher
 from sparkdiag.check.probe_checks import check_int4_decode, check_probe, check_sm_clock
@@ -22,17 +23,18 @@ from tests.test_check_support import (
     GOOD_TORCH,
     NVML,
     PROBE_FIXTURE,
-    ROOTFS,
     SYSFS,
     context,
     cycle_of,
     derived,
+    never_launch,
     nvml_fixture,
     only,
     poll,
     probe_doc,
     probed,
     result,
+    settings,
 )
 
 
@@ -148,36 +150,75 @@ def _clock(
     return r.status, r.finding, r.action
 
 
-def test_sm_clock_at_maximum_passes() -> None:
-    assert _clock(NVML / "h200-idle.json", 1.932e9, 0x1)[:2] == (
-        "pass",
-        "SM clock 1932 MHz under load (98% of its 1980 MHz applications clock)",
-    )
+@pytest.mark.parametrize(
+    ("mean", "seen", "status", "finding", "action"),
+    [
+        pytest.param(
+            1.932e9, 0x1, "pass",
+            "SM clock 1932 MHz under load (98% of its 1980 MHz applications clock)",
+            "",
+            id="at-maximum-passes",
+        ),
+        pytest.param(
+            900e6, 0x0, "fail",
+            "SM clock 900 MHz under load (45% of its 1980 MHz applications clock) with no clock "
+            "event reason: stuck in a slow state",
+            "sudo nvidia-smi -r -i 0",
+            id="slow-with-no-reason-fails",
+        ),
+        pytest.param(
+            1.2e9, 0x21, "fail",
+            "SM clock 1200 MHz under load (61% of its 1980 MHz applications clock), "
+            "sw_thermal_slowdown seen",
+            "",
+            id="slow-with-thermal-reason-fails",
+        ),
+        pytest.param(
+            1.425e9, 0x5, "warn",
+            "SM clock 1425 MHz under load (72% of its 1980 MHz applications clock), "
+            "power-capped at 548 of 700 W",
+            "nvidia-smi -pl",
+            id="slow-with-power-cap-warns",
+        ),
+    ],
+)  # fmt: skip
+def test_sm_clock_of_an_h200(
+    mean: float, seen: int, status: str, finding: str, action: str
+) -> None:
+    """The H200 at rest, its worker reporting ``mean`` SM clock and ``seen`` event reasons;
+    ``action`` is a part of the advice (empty: not checked)."""
+    got_status, got_finding, got_action = _clock(NVML / "h200-idle.json", mean, seen)
+    assert (got_status, got_finding) == (status, finding)
+    assert action in got_action
 
 
-def test_sm_clock_slow_with_no_reason_fails() -> None:
-    status, finding, action = _clock(NVML / "h200-idle.json", 900e6, 0x0)
-    assert status == "fail"
-    assert finding == (
-        "SM clock 900 MHz under load (45% of its 1980 MHz applications clock) with no clock "
-        "event reason: "
-        "stuck in a slow state"
-    )
-    assert "sudo nvidia-smi -r -i 0" in action
+def _under_load(
+    fixture: Path,
+    conditions: Callable[[GpuSample], Mapping[str, Any]],
+    sysfs: str = "dgx-spark",
+) -> CheckContext:
+    """A GB10 probed on a scripted fixture that is idle at poll 1 and under load from poll 2:
+    the polls during the probe are the loaded ones, and the worker's ``conditions`` are made
+    from the loaded GPU 0."""
+    idle = poll(fixture, sysfs=SYSFS / sysfs)
+    loaded = poll(fixture, sysfs=SYSFS / sysfs, polls=2).gpus
+    doc = probe_doc()
+    doc["conditions"].update(conditions(loaded[0]))
+    return probed(idle, doc, load=loaded)
 
 
 def _gb10_clock(fixture: str, sysfs: str = "dgx-spark") -> CheckResult:
-    """sm-clock on a GB10 whose scripted fixture is idle at poll 1 and under load from poll 2:
-    the worker's conditions and the polls during the probe both come from the loaded state."""
-    idle = poll(NVML / fixture, sysfs=SYSFS / sysfs)
-    loaded = poll(NVML / fixture, sysfs=SYSFS / sysfs, polls=2).gpus
-    doc = probe_doc()
-    doc["conditions"].update(
-        mean_sm_clock_hertz=loaded[0].clock_hertz["sm"] * 0.97,  # the mean includes the gaps
-        clock_event_reasons_seen=loaded[0].clock_event_reasons,
-        mean_power_watts=loaded[0].power_watts,
-    )
-    return only(check_sm_clock(probed(idle, doc, load=loaded)))
+    """sm-clock on a GB10 under load: the worker's conditions and the polls during the probe
+    both come from the loaded state."""
+
+    def conditions(gpu: GpuSample) -> dict[str, Any]:
+        return {
+            "mean_sm_clock_hertz": gpu.clock_hertz["sm"] * 0.97,  # the mean includes the gaps
+            "clock_event_reasons_seen": gpu.clock_event_reasons,
+            "mean_power_watts": gpu.power_watts,
+        }
+
+    return only(check_sm_clock(_under_load(NVML / fixture, conditions, sysfs)))
 
 
 def test_healthy_gb10_at_2360_mhz_passes() -> None:
@@ -219,25 +260,6 @@ def test_sm_clock_without_an_applications_clock_is_judged_against_its_maximum(
         "slow state",
     )
     assert r.data["sustained_is"] == "maximum"
-
-
-def test_sm_clock_slow_with_thermal_reason_fails() -> None:
-    status, finding, _ = _clock(NVML / "h200-idle.json", 1.2e9, 0x21)
-    assert status == "fail"
-    assert finding == (
-        "SM clock 1200 MHz under load (61% of its 1980 MHz applications clock), "
-        "sw_thermal_slowdown seen"
-    )
-
-
-def test_sm_clock_slow_with_power_cap_warns() -> None:
-    status, finding, action = _clock(NVML / "h200-idle.json", 1.425e9, 0x5)
-    assert status == "warn"
-    assert finding == (
-        "SM clock 1425 MHz under load (72% of its 1980 MHz applications clock), "
-        "power-capped at 548 of 700 W"
-    )
-    assert "nvidia-smi -pl" in action
 
 
 def test_sm_clock_fast_but_thermal_reason_seen_warns() -> None:
@@ -311,24 +333,15 @@ def test_int4_unsupported_skips_with_its_reason() -> None:
 # -- gathering -----------------------------------------------------------------------------------
 
 
-def _never(gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle:
-    raise AssertionError(f"the worker must not run (GPU {gpu.identity.index})")
-
-
 def _settings(fixture: Path, tmp_path: Path) -> Settings:
-    return Settings(
-        nvml_fixture=fixture,
-        sysfs=SYSFS / "h200-vm",
-        rootfs=ROOTFS / "native",
-        state_dir=tmp_path / "state",
-    )
+    return settings(fixture, state_dir=tmp_path / "state")
 
 
 def test_quick_never_runs_the_worker(tmp_path: Path) -> None:
     ctx = gather(
         _settings(NVML / "h200-x8.json", tmp_path),
         quick=True,
-        sources=Sources(launcher=_never, torch=GOOD_TORCH),
+        sources=Sources(launcher=never_launch, torch=GOOD_TORCH),
     )
     assert ctx.probes == {} and ctx.probe_skipped is not None
     r = only(check_probe(ctx))
@@ -337,7 +350,9 @@ def test_quick_never_runs_the_worker(tmp_path: Path) -> None:
 
 def test_busy_gpu_is_not_probed(tmp_path: Path) -> None:
     fixture = nvml_fixture(tmp_path, set={"compute_processes": [{"pid": 4242, "used_memory": 1}]})
-    ctx = gather(_settings(fixture, tmp_path), sources=Sources(launcher=_never, torch=GOOD_TORCH))
+    ctx = gather(
+        _settings(fixture, tmp_path), sources=Sources(launcher=never_launch, torch=GOOD_TORCH)
+    )
     r = only(check_probe(ctx))
     assert r.status == "skip" and r.finding == "not probed: GPU busy: pid 4242"
 
@@ -436,17 +451,15 @@ def test_context_helper_defaults_are_neutral() -> None:
 # -- power under load (GB10's ~30 W power-safety mode) --------------------------------------------
 
 
-def _gb10_power(fixture: str, worker_mean: float | None = None) -> CheckResult:
-    idle = poll(NVML / fixture, sysfs=SYSFS / "dgx-spark")
-    loaded = poll(NVML / fixture, sysfs=SYSFS / "dgx-spark", polls=2).gpus
-    doc = probe_doc()
-    mean = loaded[0].power_watts if worker_mean is None else worker_mean
-    doc["conditions"].update(mean_power_watts=mean)
-    return only(check_power_under_load(probed(idle, doc, load=loaded)))
+def _gb10_power(fixture: Path, worker_mean: float | None = None) -> CheckResult:
+    def conditions(gpu: GpuSample) -> dict[str, Any]:
+        return {"mean_power_watts": gpu.power_watts if worker_mean is None else worker_mean}
+
+    return only(check_power_under_load(_under_load(fixture, conditions)))
 
 
 def test_gb10_in_the_power_safety_mode_fails_naming_it() -> None:
-    r = _gb10_power("gb10-power-safety.json")
+    r = _gb10_power(NVML / "gb10-power-safety.json")
     assert r.status == "fail"
     assert r.finding == (
         "power never above 24 W under a full probe load: the GB10 ~30 W power-safety mode "
@@ -456,13 +469,13 @@ def test_gb10_in_the_power_safety_mode_fails_naming_it() -> None:
 
 
 def test_gb10_power_under_load_passes_when_healthy_and_in_the_slow_state() -> None:
-    healthy = _gb10_power("gb10-load.json")
+    healthy = _gb10_power(NVML / "gb10-load.json")
     assert (healthy.status, healthy.finding) == (
         "pass",
         "up to 88 W under load (NVIDIA DGX Spark Founders Edition)",
     )
     # the USB-PD slow state keeps the power low too, but above the cap: sm-clock reports it
-    assert _gb10_power("gb10-slow-state.json").status == "pass"
+    assert _gb10_power(NVML / "gb10-slow-state.json").status == "pass"
 
 
 def test_gb10_power_near_the_cap(tmp_path: Path) -> None:
@@ -471,11 +484,7 @@ def test_gb10_power_near_the_cap(tmp_path: Path) -> None:
             tmp_path, "gb10-power-safety.json", name=f"w{watts}.json",
             script=[{"poll": 2, "gpu": 0, "set": {"power_mw": watts * 1000}}],
         )  # fmt: skip
-        idle = poll(path, sysfs=SYSFS / "dgx-spark")
-        loaded = poll(path, sysfs=SYSFS / "dgx-spark", polls=2).gpus
-        doc = probe_doc()
-        doc["conditions"].update(mean_power_watts=watts - 2.0)
-        return only(check_power_under_load(probed(idle, doc, load=loaded))).status
+        return _gb10_power(path, worker_mean=watts - 2.0).status
 
     assert at(35) == "fail"
     assert at(36) == "pass"

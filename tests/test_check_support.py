@@ -6,11 +6,12 @@ from __future__ import annotations
 import copy
 import json
 import shutil
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from sparkdiag.check.checks import CHECKS, Check
 from sparkdiag.check.model import CheckContext, CheckResult, GpuProbe, KernelLog, TorchInfo
 from sparkdiag.config import Settings
 from sparkdiag.probe.baseline import BaselineStore
@@ -26,6 +27,9 @@ SYSFS = FIXTURES / "sysfs"
 ROOTFS = FIXTURES / "rootfs"
 PROBE_FIXTURE = FIXTURES / "check" / "h200-probe.json"
 GOOD_TORCH = TorchInfo("2.11.0+cu130", "13.0", "/usr/bin/python3")
+CHECK: dict[str, Check] = dict(CHECKS)
+"""Each check under the name ``sparkdiag check`` reports it by: the tests run what the command
+runs under that name."""
 
 
 def nvml_fixture(
@@ -55,6 +59,16 @@ def empty_sysfs(tmp_path: Path) -> Path:
     return root
 
 
+def settings(
+    fixture: Path, sysfs: Path | None = None, rootfs: Path = ROOTFS / "native", **changes: Any
+) -> Settings:
+    """The daemon's settings on an NVML fixture, the H200 VM's sysfs and a native root unless
+    told otherwise."""
+    return Settings(
+        nvml_fixture=fixture, sysfs=sysfs or SYSFS / "h200-vm", rootfs=rootfs, **changes
+    )
+
+
 def poll(
     fixture: Path,
     sysfs: Path | None = None,
@@ -63,8 +77,7 @@ def poll(
     host: HostSample | None = None,
 ) -> Snapshot:
     """One snapshot (the last of ``polls``) through the daemon's own wiring."""
-    settings = Settings(nvml_fixture=fixture, sysfs=sysfs or SYSFS / "h200-vm", rootfs=rootfs)
-    poller = make_poller(settings)
+    poller = make_poller(settings(fixture, sysfs, rootfs))
     try:
         snap = poller.poll_once()
         for _ in range(polls - 1):
@@ -124,6 +137,11 @@ def cycle_of(doc: dict[str, Any] | None, result: str | None = None, reason: str 
         got, why = classify(0, parsed, b"{}", "")
         return ProbeCycle(got, why, parsed, "", 0, 7.4, 4242)
     return ProbeCycle(result, reason, parsed, "", None, 25.0, 4242)  # type: ignore[arg-type]
+
+
+def never_launch(gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle:
+    """The probe launcher of a run that must not probe: it fails the test if called."""
+    raise AssertionError(f"the worker must not run (GPU {gpu.identity.index})")
 
 
 def probed(

@@ -104,6 +104,12 @@ def cpu_run() -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     return _run_worker(CPU_ARGS)
 
 
+@pytest.fixture(scope="module")
+def cpu_doc(cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> dict[str, Any]:
+    """The document of the default suite's run on the CPU."""
+    return cpu_run[1]
+
+
 # ---------------------------------------------------------------- end to end
 
 
@@ -117,23 +123,20 @@ def test_stdout_is_exactly_one_json_document(
     assert "sparkdiag-probe: bf16 compute 256x256x256" in proc.stderr
 
 
-def test_document_schema(
-    w: ModuleType, cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]]
-) -> None:
-    _, doc = cpu_run
-    assert doc["schema"] == "sparkdiag-probe/2" == w.SCHEMA
-    assert doc["status"] == "ok" and doc["reason"] is None
-    assert doc["software"].keys() >= SOFTWARE_KEYS
-    assert doc["software"]["device"] == "cpu"
-    assert doc["software"]["torch"] == torch.__version__
-    assert doc["software"]["python"].count(".") == 2
-    assert doc["conditions"].keys() >= CONDITION_KEYS
-    assert doc["conditions"]["samples"] == 0  # no NVML on CPU: unknown, not zero
-    assert doc["conditions"]["max_gpu_temperature_celsius"] is None
-    assert doc["busy"] == {"other_pids": [], "utilization": None, "nvml": False}
-    assert doc["started_at"] <= doc["finished_at"]
-    assert doc["gpu_busy_seconds"] > 0
-    for r in doc["results"]:
+def test_document_schema(w: ModuleType, cpu_doc: dict[str, Any]) -> None:
+    assert cpu_doc["schema"] == "sparkdiag-probe/2" == w.SCHEMA
+    assert cpu_doc["status"] == "ok" and cpu_doc["reason"] is None
+    assert cpu_doc["software"].keys() >= SOFTWARE_KEYS
+    assert cpu_doc["software"]["device"] == "cpu"
+    assert cpu_doc["software"]["torch"] == torch.__version__
+    assert cpu_doc["software"]["python"].count(".") == 2
+    assert cpu_doc["conditions"].keys() >= CONDITION_KEYS
+    assert cpu_doc["conditions"]["samples"] == 0  # no NVML on CPU: unknown, not zero
+    assert cpu_doc["conditions"]["max_gpu_temperature_celsius"] is None
+    assert cpu_doc["busy"] == {"other_pids": [], "utilization": None, "nvml": False}
+    assert cpu_doc["started_at"] <= cpu_doc["finished_at"]
+    assert cpu_doc["gpu_busy_seconds"] > 0
+    for r in cpu_doc["results"]:
         assert r.keys() >= RESULT_KEYS, r
         assert "tflops" not in r  # schema 2: delivered and peak
         assert r["status"] in ("ok", "unsupported", "error")
@@ -141,15 +144,12 @@ def test_document_schema(
         assert r["beta"] in (0, 1)
         m, n, k = (int(x) for x in r["shape"].split("x"))
         assert m > 0 and n > 0 and k > 0
-    dtypes = {r["dtype"] for r in doc["results"]}
+    dtypes = {r["dtype"] for r in cpu_doc["results"]}
     assert dtypes == {"bf16", "fp16", "tf32", "fp8", "int8", "int4", "nvfp4"}
 
 
-def test_bf16_results_are_ok_and_correct(
-    cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
-) -> None:
-    _, doc = cpu_run
-    bf16 = [r for r in doc["results"] if r["dtype"] == "bf16"]
+def test_bf16_results_are_ok_and_correct(cpu_doc: dict[str, Any]) -> None:
+    bf16 = [r for r in cpu_doc["results"] if r["dtype"] == "bf16"]
     assert {(r["kind"], r["beta"]) for r in bf16} == {
         ("compute", 0),
         ("compute", 1),
@@ -165,22 +165,16 @@ def test_bf16_results_are_ok_and_correct(
     assert shapes == {"compute": "256x256x256", "llm": "256x688x256", "decode": "1x256x256"}
 
 
-def test_cuda_only_dtypes_are_unsupported_with_reason(
-    cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
-) -> None:
-    _, doc = cpu_run
-    for r in doc["results"]:
+def test_cuda_only_dtypes_are_unsupported_with_reason(cpu_doc: dict[str, Any]) -> None:
+    for r in cpu_doc["results"]:
         if r["dtype"] in ("tf32", "fp8", "nvfp4"):
             assert r["status"] == "unsupported", r
             assert r["reason"] and "cpu" in r["reason"]
             assert r["delivered"] is None and r["peak"] is None and r["total_ms"] is None
 
 
-def test_int_dtypes_never_error(
-    cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
-) -> None:
-    _, doc = cpu_run
-    for r in doc["results"]:
+def test_int_dtypes_never_error(cpu_doc: dict[str, Any]) -> None:
+    for r in cpu_doc["results"]:
         if r["dtype"] in ("int8", "int4", "fp16"):
             assert r["status"] in ("ok", "unsupported"), r
             if r["status"] == "ok":
@@ -188,13 +182,12 @@ def test_int_dtypes_never_error(
                 assert r["max_rel_error"] <= r["error_bound"]
             else:
                 assert r["reason"]
-    int4_decode = [r for r in doc["results"] if r["dtype"] == "int4" and r["kind"] == "decode"]
+    int4_decode = [r for r in cpu_doc["results"] if r["dtype"] == "int4" and r["kind"] == "decode"]
     assert int4_decode and int4_decode[0]["shape"].startswith("1x")
 
 
-def test_bandwidth(cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]]) -> None:
-    _, doc = cpu_run
-    bw = doc["bandwidth"]
+def test_bandwidth(cpu_doc: dict[str, Any]) -> None:
+    bw = cpu_doc["bandwidth"]
     assert bw["status"] == "ok"
     assert bw["bytes"] == 2 * 16 * 1024**2  # read plus written
     assert "bytes_per_second" not in bw
@@ -205,12 +198,9 @@ def test_bandwidth(cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, An
     assert bw["total_ms"] >= bw["median_ms"] * (bw["iters"] // 2)  # half the copies >= median
 
 
-def test_delivered_and_peak_are_what_the_timings_say(
-    cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]],
-) -> None:
+def test_delivered_and_peak_are_what_the_timings_say(cpu_doc: dict[str, Any]) -> None:
     """On CPU every iteration is timed with perf_counter inside the batch's total."""
-    _, doc = cpu_run
-    timed = [r for r in doc["results"] if r["status"] == "ok"]
+    timed = [r for r in cpu_doc["results"] if r["status"] == "ok"]
     assert len(timed) >= 8  # bf16 x4, fp16 x3 and the int kernels
     for r in timed:
         m, n, k = (int(x) for x in r["shape"].split("x"))
@@ -222,7 +212,7 @@ def test_delivered_and_peak_are_what_the_timings_say(
         # delivered can exceed peak only by as much as the mean can fall below the median
         assert r["delivered"] <= work / (r["min_ms"] / 1e3) / 1e12
         assert r["queued_ahead"] is None  # a CUDA notion
-    assert doc["gpu_busy_seconds"] >= sum(r["total_ms"] for r in timed) / 1e3
+    assert cpu_doc["gpu_busy_seconds"] >= sum(r["total_ms"] for r in timed) / 1e3
 
 
 TRANSFER_KEYS = {
@@ -238,10 +228,9 @@ TRANSFER_KEYS = {
 
 
 def test_transfers_on_cpu_are_unsupported_with_a_reason(
-    cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]], hot_doc: dict[str, Any]
+    cpu_doc: dict[str, Any], hot_doc: dict[str, Any]
 ) -> None:
-    _, doc = cpu_run
-    transfers = doc["transfers"]
+    transfers = cpu_doc["transfers"]
     assert [(t["memory"], t["size_bytes"], t["direction"]) for t in transfers] == [
         (memory, size, direction)
         for memory in ("pinned", "pageable")
@@ -253,7 +242,7 @@ def test_transfers_on_cpu_are_unsupported_with_a_reason(
         assert t["copies"] == (200 if t["size_bytes"] == 64 * 1024 else 2)
         assert t["status"] == "unsupported" and "CUDA" in t["reason"]
         assert t["delivered"] is None and t["total_ms"] is None
-    assert doc["status"] == "ok"  # unsupported copies do not fail the cycle
+    assert cpu_doc["status"] == "ok"  # unsupported copies do not fail the cycle
     assert hot_doc["transfers"] == []  # the hot suite leaves them out
 
 
@@ -331,9 +320,7 @@ def hot_doc() -> dict[str, Any]:
     return _worker(["--device", "cpu", "--small", "--suite", "hot"])
 
 
-def test_hot_suite_shape_and_budget(
-    hot_doc: dict[str, Any], cpu_run: tuple[subprocess.CompletedProcess[str], dict[str, Any]]
-) -> None:
+def test_hot_suite_shape_and_budget(hot_doc: dict[str, Any], cpu_doc: dict[str, Any]) -> None:
     doc = hot_doc
     assert doc["schema"] == "sparkdiag-probe/2" and doc["suite"] == "hot"
     assert doc["status"] == "ok", doc["reason"]
@@ -342,7 +329,7 @@ def test_hot_suite_shape_and_budget(
     assert config["spinup_ms"] == 0 and config["budget_seconds"] == 0.1
     assert doc["bandwidth"] is None
     # the same result shape as the default suite's
-    default_keys = {frozenset(r) for r in cpu_run[1]["results"]}
+    default_keys = {frozenset(r) for r in cpu_doc["results"]}
     assert {frozenset(r) for r in doc["results"]} == default_keys
     got = [(r["dtype"], r["kind"]) for r in doc["results"]]
     dtypes = ["int4", "bf16", "fp16", "fp8", "nvfp4"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
@@ -30,6 +31,7 @@ H200 = GpuInfo(0, "NVIDIA H200", "GPU-test", "dedicated")
 MHZ = 1e6
 
 F = Callable[[int], float | None]
+T = TypeVar("T")
 
 
 def _const(value: float | None) -> F:
@@ -117,6 +119,30 @@ def timeline(
     )
 
 
+def periodic(start: int, stop: int, period: int = 20) -> Callable[[int], bool]:
+    """True on ticks ``start`` to ``stop`` - 1 of every ``period``."""
+    return lambda i: start <= i % period < stop
+
+
+def during(ticks: Callable[[int], bool], inside: T, outside: T) -> Callable[[int], T]:
+    """``inside`` on the ticks where ``ticks`` holds, ``outside`` on the others."""
+    return lambda i: inside if ticks(i) else outside
+
+
+def stop_then_burst(util: float, sm: float, thread: float, burst: int, **series: F) -> Recording:
+    """A busy job whose GPU falls to ``util`` and ``sm`` on ticks 8-13 of every 20 (a 3 s stop
+    every 10 s), its main thread at ``thread`` meanwhile, and that writes 2.4 GB/s on the one
+    tick ``burst`` of every 20; ``series`` as :func:`timeline`'s."""
+    stop = periodic(8, 14)
+    return timeline(
+        util=during(stop, util, 0.99),
+        sm=during(stop, sm, 0.9),
+        thread=during(stop, thread, 1.0),
+        write=during(periodic(burst, burst + 1), 2.4e9, 1e5),
+        **series,
+    )
+
+
 def names(d: Diagnosis) -> list[str]:
     return [c.name for c in d.causes]
 
@@ -198,15 +224,12 @@ def test_cpu_bound_launcher_without_gpm_uses_utilization() -> None:
 
 def test_checkpoint_stalls() -> None:
     """Every 20 ticks (10 s) the job writes 1.5 GB/s for 4 ticks with the GPU idle."""
-
-    def stalled(i: int) -> bool:
-        return 8 <= i % 20 < 12
-
+    stalled = periodic(8, 12)
     rec = timeline(
-        util=lambda i: 0.02 if stalled(i) else 0.99,
-        sm=lambda i: 0.01 if stalled(i) else 0.9,
-        thread=lambda i: 0.4 if stalled(i) else 1.0,
-        write=lambda i: 1.5e9 if stalled(i) else 1e5,
+        util=during(stalled, 0.02, 0.99),
+        sm=during(stalled, 0.01, 0.9),
+        thread=during(stalled, 0.4, 1.0),
+        write=during(stalled, 1.5e9, 1e5),
     )
     d = diagnose(rec)
     assert d.verdict == "checkpoint-stalls"
@@ -219,16 +242,8 @@ def test_checkpoint_stalls() -> None:
 def test_checkpoint_stalls_include_the_fsync_after_the_burst() -> None:
     """The job fills the page cache in one tick, then waits 2.5 s in fsync writing nothing,
     tasks stalled on I/O: the whole idle gap is the checkpoint's, none of it input-starved."""
-
-    def gap(i: int) -> bool:
-        return 8 <= i % 20 < 14
-
-    rec = timeline(
-        util=lambda i: 0.02 if gap(i) else 0.99,
-        sm=lambda i: 0.01 if gap(i) else 0.9,
-        thread=lambda i: 0.05 if gap(i) else 1.0,
-        write=lambda i: 2.4e9 if i % 20 == 8 else 1e5,
-        io_stall=lambda i: 0.6 if gap(i) and i % 20 > 8 else 0.0,
+    rec = stop_then_burst(
+        0.02, 0.01, thread=0.05, burst=8, io_stall=during(periodic(9, 14), 0.6, 0.0)
     )
     d = diagnose(rec)
     assert names(d) == ["checkpoint-stalls"], [(c.name, c.share) for c in d.causes]
@@ -240,16 +255,8 @@ def test_checkpoint_stalls_include_the_serialisation_before_the_burst() -> None:
     """torch.save first copies the state to the host and pickles it, one core at 100 % and
     the GPU stopped for 2.5 s, then writes it in one burst: as on the H200 (2026-12-01, the
     checkpoint job of watch_jobs.py), the whole stop is the checkpoint's, not a launcher's."""
-
-    def gap(i: int) -> bool:
-        return 8 <= i % 20 < 14
-
-    rec = timeline(
-        util=lambda i: 0.03 if gap(i) else 0.99,
-        sm=lambda i: 0.01 if gap(i) else 0.9,
-        thread=lambda i: 1.0,  # serialising, then the main loop's spin-wait
-        write=lambda i: 2.4e9 if i % 20 == 13 else 1e5,
-    )
+    # the thread at 100 %: serialising, then the main loop's spin-wait
+    rec = stop_then_burst(0.03, 0.01, thread=1.0, burst=13)
     d = diagnose(rec)
     assert names(d) == ["checkpoint-stalls"], [(c.name, c.share) for c in d.causes]
     assert share(d, "checkpoint-stalls") == pytest.approx(24 * 0.97 / 80, abs=0.01)
@@ -258,16 +265,7 @@ def test_checkpoint_stalls_include_the_serialisation_before_the_burst() -> None:
 def test_a_launcher_stop_far_from_any_write_stays_a_launcher() -> None:
     """The same stop with the GPU working a little (a launcher starving it) before a burst
     does not extend the checkpoint backwards: only a fully stopped GPU does."""
-
-    def gap(i: int) -> bool:
-        return 8 <= i % 20 < 14
-
-    rec = timeline(
-        util=lambda i: 0.3 if gap(i) else 0.99,
-        sm=lambda i: 0.2 if gap(i) else 0.9,
-        thread=lambda i: 1.0,
-        write=lambda i: 2.4e9 if i % 20 == 14 else 1e5,
-    )
+    rec = stop_then_burst(0.3, 0.2, thread=1.0, burst=14)
     d = diagnose(rec)
     assert "cpu-bound-launcher" in names(d), [(c.name, c.share) for c in d.causes]
 
@@ -291,9 +289,9 @@ def test_throttled() -> None:
     """Software thermal slowdown for the second half, SM clock 1100 against 1755 MHz."""
     hot = lambda i: i >= 40  # noqa: E731
     rec = timeline(
-        clock=lambda i: 1100.0 if hot(i) else 1755.0,
-        reasons=lambda i: SW_THERMAL | SW_POWER_CAP if hot(i) else SW_POWER_CAP,
-        temperature=lambda i: 88.0 if hot(i) else 70.0,
+        clock=during(hot, 1100.0, 1755.0),
+        reasons=during(hot, SW_THERMAL | SW_POWER_CAP, SW_POWER_CAP),
+        temperature=during(hot, 88.0, 70.0),
     )
     d = diagnose(rec)
     assert d.verdict == "throttled"
