@@ -83,15 +83,22 @@ def _is_ascent_gx10(dmi: PlatformIdentity) -> bool:
 _CX7_FIRST = ("0000:00:00.0", "0000:01:00.0", "0000:01:00.1")
 _CX7_SECOND = ("0002:00:00.0", "0002:01:00.0", "0002:01:00.1")
 
+
+def _gb10_links(second_width: int, second_note: str = "") -> tuple[LinkDesign, ...]:
+    """A GB10 board's two ConnectX-7 root ports, both built for PCIe Gen5: the first four lanes
+    wide, the second ``second_width`` (``second_note`` says why when it is narrower)."""
+    return (
+        LinkDesign(_CX7_FIRST, "first ConnectX-7 root port", 4, GEN5),
+        LinkDesign(_CX7_SECOND, "second ConnectX-7 root port", second_width, GEN5, second_note),
+    )
+
+
 PLATFORMS: tuple[Platform, ...] = (
     Platform(
         key="dgx-spark",
         name="NVIDIA DGX Spark Founders Edition",
         matches=_is_dgx_spark,
-        links=(
-            LinkDesign(_CX7_FIRST, "first ConnectX-7 root port", 4, GEN5),
-            LinkDesign(_CX7_SECOND, "second ConnectX-7 root port", 4, GEN5),
-        ),
+        links=_gb10_links(4),
         source=(
             "ServeTheHome, 'The NVIDIA GB10 ConnectX-7 200GbE networking is really different' "
             "(two PCIe Gen5 x4 links, 0000:01:00.0/.1 and 0002:01:00.0/.1); DMI strings from "
@@ -102,16 +109,10 @@ PLATFORMS: tuple[Platform, ...] = (
         key="asus-ascent-gx10",
         name="ASUS Ascent GX10",
         matches=_is_ascent_gx10,
-        links=(
-            LinkDesign(_CX7_FIRST, "first ConnectX-7 root port", 4, GEN5),
-            LinkDesign(
-                _CX7_SECOND,
-                "second ConnectX-7 root port",
-                2,
-                GEN5,
-                "the ASUS Ascent GX10 wires its second ConnectX-7 root port with two lanes "
-                "(board design, not a fault)",
-            ),
+        links=_gb10_links(
+            2,
+            "the ASUS Ascent GX10 wires its second ConnectX-7 root port with two lanes "
+            "(board design, not a fault)",
         ),
         source=(
             "owners' reports of the GX10's second ConnectX-7 root port at x2 (shared/CONTEXT.md); "

@@ -44,7 +44,7 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -558,6 +558,20 @@ def _f(value: Any, digits: int | None = None) -> str:
     return f"{value:.4g}" if digits is None else f"{value:.{digits}f}"
 
 
+def _table(columns: Sequence[tuple[str, int]], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A header line of the column names, then one line a row: each cell padded to its column's
+    width, the first left-aligned and the others right-aligned."""
+
+    def line(cells: Sequence[str]) -> str:
+        aligned = (
+            f"{cell:{'<' if i == 0 else '>'}{width}}"
+            for i, (cell, (_, width)) in enumerate(zip(cells, columns, strict=True))
+        )
+        return " ".join(aligned)
+
+    return [line([name for name, _ in columns]), *(line(row) for row in rows)]
+
+
 def render(record: dict[str, Any]) -> str:
     lines: list[str] = []
     parts = record.get("parts", {})
@@ -565,17 +579,16 @@ def render(record: dict[str, Any]) -> str:
     if "table" in idle:
         t = idle["table"]
         lines.append(f"== idle: {len(idle['cycles'])} default-suite cycles (TFLOPS; GB/s)")
-        lines.append(
-            f"{'row':34} {'n':>3} {'delivered':>10} {'cv %':>6} {'min':>9} {'max':>9} "
-            f"{'peak':>10} {'cv %':>6}"
-        )
-        for key, r in sorted(t["rows"].items()):
-            lines.append(
-                f"{key:34} {r['n']:3d} {_f(r['delivered_median']):>10} "
-                f"{_f(r['delivered_cv_percent'], 2):>6} {_f(r['delivered_min']):>9} "
-                f"{_f(r['delivered_max']):>9} {_f(r['peak_median']):>10} "
-                f"{_f(r['peak_cv_percent'], 2):>6}"
-            )
+        lines += _table(
+            [("row", 34), ("n", 3), ("delivered", 10), ("cv %", 6), ("min", 9), ("max", 9),
+             ("peak", 10), ("cv %", 6)],
+            [
+                (key, str(r["n"]), _f(r["delivered_median"]), _f(r["delivered_cv_percent"], 2),
+                 _f(r["delivered_min"]), _f(r["delivered_max"]), _f(r["peak_median"]),
+                 _f(r["peak_cv_percent"], 2))
+                for key, r in sorted(t["rows"].items())
+            ],
+        )  # fmt: skip
         lines.append(
             f"GPU-busy seconds per cycle: median {_f(t['gpu_busy_median'], 3)}, "
             f"max {_f(t['gpu_busy_max'], 3)}"
@@ -584,16 +597,16 @@ def render(record: dict[str, Any]) -> str:
     if "table" in contention:
         lines.append("")
         lines.append("== contention: beside a bf16 matmul loop / idle (--probe-when always)")
-        lines.append(
-            f"{'row':34} {'idle del':>10} {'busy del':>10} {'ratio':>6} "
-            f"{'idle peak':>10} {'busy peak':>10} {'ratio':>6}"
-        )
-        for key, r in sorted(contention["table"].items()):
-            lines.append(
-                f"{key:34} {_f(r['idle_delivered']):>10} {_f(r['busy_delivered']):>10} "
-                f"{_f(r['delivered_ratio'], 2):>6} {_f(r['idle_peak']):>10} "
-                f"{_f(r['busy_peak']):>10} {_f(r['peak_ratio'], 2):>6}"
-            )
+        lines += _table(
+            [("row", 34), ("idle del", 10), ("busy del", 10), ("ratio", 6), ("idle peak", 10),
+             ("busy peak", 10), ("ratio", 6)],
+            [
+                (key, _f(r["idle_delivered"]), _f(r["busy_delivered"]),
+                 _f(r["delivered_ratio"], 2), _f(r["idle_peak"]), _f(r["busy_peak"]),
+                 _f(r["peak_ratio"], 2))
+                for key, r in sorted(contention["table"].items())
+            ],
+        )  # fmt: skip
     hot = parts.get("hot", {})
     if "table" in hot:
         lines.append("")

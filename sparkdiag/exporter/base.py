@@ -1,11 +1,12 @@
-"""What every collector shares: the snapshot provider and the GPU label helpers."""
+"""What every collector shares: the snapshot provider, the GPU label helpers and
+:func:`by_label`."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import Protocol
+from collections.abc import Callable, Iterator, Mapping
+from typing import Protocol, TypeVar
 
-from prometheus_client.core import Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from sparkdiag.telemetry.snapshot import GpuIdentity, Snapshot
 
@@ -16,6 +17,16 @@ GPU_LABELS = ["gpu", "uuid"]
 def gpu_labels(identity: GpuIdentity) -> list[str]:
     """Label values that every GPU series carries: the NVML index as a string, and the uuid."""
     return [str(identity.index), identity.uuid]
+
+
+Family = TypeVar("Family", GaugeMetricFamily, CounterMetricFamily)
+
+
+def by_label(family: Family, values: Mapping[str, float]) -> Family:
+    """``family`` (of one label) with a series a key of ``values``, in key order."""
+    for key, value in sorted(values.items()):
+        family.add_metric([key], value)
+    return family
 
 
 class SnapshotCollector(Protocol):

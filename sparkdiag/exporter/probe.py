@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Mapping
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from sparkdiag.exporter.base import GPU_LABELS as GPU
+from sparkdiag.exporter.base import by_label
 from sparkdiag.probe.state import RESULTS, CycleRecord, ProbeView
 from sparkdiag.probe.store_health import OPERATIONS, StoreHealth
 from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS
@@ -41,9 +42,7 @@ class ProbeCollector:
             "Configured seconds between probe cycles (present while the probe is enabled).",
             ["context"],
         )
-        for context, seconds in sorted(view.intervals.items()):
-            interval.add_metric([context], seconds)
-        yield interval
+        yield by_label(interval, view.intervals)
 
         runs = CounterMetricFamily(
             "sparkdiag_probe_runs", "Probe cycles by outcome.", labels=[*GPU, "context", "result"]
@@ -84,21 +83,7 @@ class ProbeCollector:
             "Published reference for this GPU model and dtype (MAMF or datasheet dense peak).",
             GEMM,
         )
-        bandwidth = gauge(
-            "sparkdiag_memory_bandwidth_bytes_per_second",
-            "Device memory copy bandwidth delivered by back-to-back copies, bytes read plus "
-            "written per second.",
-            [*GPU, "context"],
-        )
-        last_success = gauge(
-            "sparkdiag_probe_last_success_timestamp_seconds",
-            "Unix time at the end of the last successful probe.",
-            [*GPU, "context"],
-        )
         for (gpu, uuid, context), cycle in sorted(view.last_success.items()):
-            last_success.add_metric([gpu, uuid, context], cycle.finished_at)
-            if cycle.bandwidth_bytes_per_second is not None:
-                bandwidth.add_metric([gpu, uuid, context], cycle.bandwidth_bytes_per_second)
             for fig in cycle.figures:
                 if fig.delivered is None:
                     continue
@@ -116,36 +101,46 @@ class ProbeCollector:
                     efficiency.add_metric(labels, ratio)
                 if fig.reference is not None and fig.kind == "compute":
                     reference.add_metric(labels, fig.reference.tflops)
-        yield from (tflops, peak, accumulate, baseline, efficiency, reference, bandwidth)
-        yield last_success
+        yield from (tflops, peak, accumulate, baseline, efficiency, reference)
 
-        duration = gauge(
-            "sparkdiag_probe_duration_seconds",
-            "GPU-busy time of the last probe cycle, seconds.",
-            [*GPU, "context"],
+        def per_cycle(name: str, doc: str, value: Callable[[CycleRecord], float | None]) -> Metric:
+            """One series a GPU and context: ``value`` of its last successful cycle, if any."""
+            family = gauge(name, doc, [*GPU, "context"])
+            for key, cycle in sorted(view.last_success.items()):
+                number = value(cycle)
+                if number is not None:
+                    family.add_metric(list(key), number)
+            return family
+
+        yield per_cycle(
+            "sparkdiag_memory_bandwidth_bytes_per_second",
+            "Device memory copy bandwidth delivered by back-to-back copies, bytes read plus "
+            "written per second.",
+            lambda cycle: cycle.bandwidth_bytes_per_second,
         )
-        clock = gauge(
-            "sparkdiag_probe_sm_clock_hertz",
-            "Mean SM clock during the last probe cycle.",
-            [*GPU, "context"],
-        )
-        power = gauge(
-            "sparkdiag_probe_power_watts",
-            "Mean power during the last probe cycle.",
-            [*GPU, "context"],
+        yield per_cycle(
+            "sparkdiag_probe_last_success_timestamp_seconds",
+            "Unix time at the end of the last successful probe.",
+            lambda cycle: cycle.finished_at,
         )
         # The conditions of the same cycle the throughput figures come from, so that an alert
         # joining efficiency with "hot during the probe" compares one cycle with itself.
-        for (gpu, uuid, context), cycle in sorted(view.last_success.items()):
-            if cycle.busy_seconds is not None:
-                duration.add_metric([gpu, uuid, context], cycle.busy_seconds)
-            if cycle.mean_sm_clock_hertz is not None:
-                clock.add_metric([gpu, uuid, context], cycle.mean_sm_clock_hertz)
-            if cycle.mean_power_watts is not None:
-                power.add_metric([gpu, uuid, context], cycle.mean_power_watts)
-        yield duration
+        yield per_cycle(
+            "sparkdiag_probe_duration_seconds",
+            "GPU-busy time of the last probe cycle, seconds.",
+            lambda cycle: cycle.busy_seconds,
+        )
         yield from cycle_conditions("sparkdiag_probe", "the last probe cycle", view.last_success)
-        yield from (clock, power)
+        yield per_cycle(
+            "sparkdiag_probe_sm_clock_hertz",
+            "Mean SM clock during the last probe cycle.",
+            lambda cycle: cycle.mean_sm_clock_hertz,
+        )
+        yield per_cycle(
+            "sparkdiag_probe_power_watts",
+            "Mean power during the last probe cycle.",
+            lambda cycle: cycle.mean_power_watts,
+        )
         yield from _ratio_families(view)
 
 

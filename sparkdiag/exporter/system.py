@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from sparkdiag import __version__
-from sparkdiag.exporter.base import FromSnapshot
+from sparkdiag.exporter.base import FromSnapshot, by_label
 from sparkdiag.telemetry.snapshot import HostSample, Snapshot
 
 
@@ -70,9 +70,7 @@ class SystemCollector(FromSnapshot):
                 "(GB10) this is also the GPU's memory.",
                 labels=["state"],
             )
-            for state, value in sorted(snap.host.memory_bytes.items()):
-                mem.add_metric([state], value)
-            yield mem
+            yield by_label(mem, snap.host.memory_bytes)
         if snap.host is not None:
             yield from _pressure(snap.host)
 
@@ -103,9 +101,7 @@ def _pressure(host: HostSample) -> Iterator[Metric]:
             "Time tasks were stalled waiting for memory since boot (PSI total), by kind.",
             labels=["kind"],
         )
-        for kind, seconds in sorted(host.pressure.stalled_seconds.items()):
-            stalled.add_metric([kind], seconds)
-        yield stalled
+        yield by_label(stalled, host.pressure.stalled_seconds)
     if host.swap_in_pages is not None:
         yield CounterMetricFamily(
             "sparkdiag_host_swap_in_pages",

@@ -82,12 +82,7 @@ def load_web_config(path: Path) -> WebConfig:
         raise WebConfigError(f"{path}: not valid YAML: nested too deeply") from None
     if not isinstance(doc, dict):
         raise WebConfigError(f"{path}: must hold a mapping of tls_server_config, basic_auth_users")
-    unknown = sorted(str(key) for key in doc if key not in _KNOWN_TOP)
-    if unknown:
-        raise WebConfigError(
-            f"{path}: unknown key(s) {echo(', '.join(unknown))[1:-1]}; "
-            f"allowed: {', '.join(sorted(_KNOWN_TOP))}"
-        )
+    _refuse_unknown(path, doc, _KNOWN_TOP, "unknown key(s) {}")
     ssl_context = None
     tls = doc.get("tls_server_config")
     if tls is not None:
@@ -112,6 +107,17 @@ def load_web_config(path: Path) -> WebConfig:
     return WebConfig(ssl_context, users)
 
 
+def _refuse_unknown(path: Path, block: dict[Any, Any], known: set[str], problem: str) -> None:
+    """Raise :class:`WebConfigError` when ``block`` has a key outside ``known``: ``problem``
+    with the unknown keys in place of ``{}``, then the allowed ones."""
+    unknown = sorted(str(key) for key in block if key not in known)
+    if unknown:
+        listed = echo(", ".join(unknown))[1:-1]
+        raise WebConfigError(
+            f"{path}: {problem.format(listed)}; allowed: {', '.join(sorted(known))}"
+        )
+
+
 def _one_line(exc: Exception) -> str:
     return " ".join(str(exc).split())[:300]
 
@@ -119,14 +125,9 @@ def _one_line(exc: Exception) -> str:
 def _ssl_context(path: Path, tls: Any) -> ssl.SSLContext:
     if not isinstance(tls, dict):
         raise WebConfigError(f"{path}: tls_server_config must be a mapping")
-    unknown = sorted(str(key) for key in tls if key not in _KNOWN_TLS)
-    if unknown:
-        # Refused rather than ignored: ignoring e.g. client_allowed_sans would accept clients
-        # the file means to keep out.
-        raise WebConfigError(
-            f"{path}: tls_server_config: key(s) {echo(', '.join(unknown))[1:-1]} not supported; "
-            f"allowed: {', '.join(sorted(_KNOWN_TLS))}"
-        )
+    # Refused rather than ignored: ignoring e.g. client_allowed_sans would accept clients the
+    # file means to keep out.
+    _refuse_unknown(path, tls, _KNOWN_TLS, "tls_server_config: key(s) {} not supported")
 
     def file_key(name: str, required: bool) -> Path | None:
         value = tls.get(name)

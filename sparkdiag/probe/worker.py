@@ -984,27 +984,43 @@ def _cc_text(info: DeviceInfo) -> str:
     return f"{cc[0]}.{cc[1]}" if cc else "n/a"
 
 
+def _cc_below(info: DeviceInfo, need: tuple[int, int], needs: str) -> str | None:
+    """``needs`` ("tf32 needs compute capability 8.0+") with what the device has, when its
+    compute capability is known and below ``need``; else None."""
+    if info.capability is not None and info.capability < need:
+        return f"{needs}, device has {_cc_text(info)}"
+    return None
+
+
+def _cuda_gate(info: DeviceInfo, need: tuple[int, int], on_cpu: str, needs: str) -> str | None:
+    """The reason a CUDA-only mode cannot run: ``on_cpu`` on a CPU, :func:`_cc_below` on a GPU."""
+    return on_cpu if not info.is_cuda else _cc_below(info, need, needs)
+
+
 def _gate_any(info: DeviceInfo) -> str | None:
     return None
 
 
 def _gate_tf32(info: DeviceInfo) -> str | None:
-    if not info.is_cuda:
-        return "tf32 is a CUDA tensor-core mode; not available on cpu"
-    if info.capability is not None and info.capability < (8, 0):
-        return f"tf32 needs compute capability 8.0+, device has {_cc_text(info)}"
-    return None
+    return _cuda_gate(
+        info,
+        (8, 0),
+        "tf32 is a CUDA tensor-core mode; not available on cpu",
+        "tf32 needs compute capability 8.0+",
+    )
 
 
 def _gate_fp8(info: DeviceInfo) -> str | None:
     torch = info.torch
-    if not info.is_cuda:
-        return "fp8 probe runs on CUDA GPUs of compute capability 8.9+ only, not on cpu"
-    if info.capability is not None and info.capability < (8, 9):
-        return f"fp8 (torch._scaled_mm) needs compute capability 8.9+, device has {_cc_text(info)}"
-    if not (hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")):
-        return f"torch {torch.__version__} has no float8_e4m3fn/_scaled_mm"
-    return None
+    reason = _cuda_gate(
+        info,
+        (8, 9),
+        "fp8 probe runs on CUDA GPUs of compute capability 8.9+ only, not on cpu",
+        "fp8 (torch._scaled_mm) needs compute capability 8.9+",
+    )
+    if reason is None and not (hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")):
+        reason = f"torch {torch.__version__} has no float8_e4m3fn/_scaled_mm"
+    return reason
 
 
 def _gate_int8(info: DeviceInfo) -> str | None:
@@ -1018,21 +1034,22 @@ def _gate_int4(info: DeviceInfo) -> str | None:
     if info.is_cuda:
         if not hasattr(torch, "_weight_int4pack_mm"):
             return f"torch {torch.__version__} has no torch._weight_int4pack_mm"
-        if info.capability is not None and info.capability < (8, 0):
-            return (
-                f"int4 weight-only GEMM needs compute capability 8.0+, device has {_cc_text(info)}"
-            )
-    elif not hasattr(torch, "_weight_int4pack_mm_for_cpu"):
+        return _cc_below(info, (8, 0), "int4 weight-only GEMM needs compute capability 8.0+")
+    if not hasattr(torch, "_weight_int4pack_mm_for_cpu"):
         return f"torch {torch.__version__} has no CPU int4 kernel (_weight_int4pack_mm_for_cpu)"
     return None
 
 
 def _gate_nvfp4(info: DeviceInfo) -> str | None:
     torch = info.torch
-    if not info.is_cuda:
-        return "nvfp4 needs a CUDA GPU of compute capability 10.0+, not cpu"
-    if info.capability is not None and info.capability < (10, 0):
-        return f"nvfp4 needs compute capability 10.0+ (Blackwell), device has {_cc_text(info)}"
+    reason = _cuda_gate(
+        info,
+        (10, 0),
+        "nvfp4 needs a CUDA GPU of compute capability 10.0+, not cpu",
+        "nvfp4 needs compute capability 10.0+ (Blackwell)",
+    )
+    if reason is not None:
+        return reason
     if info.torch_version < (2, 8):
         return f"nvfp4 needs torch 2.8+, have {torch.__version__}"
     if not hasattr(torch, "float4_e2m1fn_x2"):
