@@ -41,16 +41,6 @@ class KernelState(KernelFigures):
     """One kernel's verdict (see :class:`sparkdiag.soak.verdict.Verdict`); TFLOPS (TOPS for
     int8), temperatures in °C on the entry's ``sensor``."""
 
-    dtype: str
-    shape: str
-    kind: str
-    status: str  # held, fell, no-cold, no-load, unsupported
-    cold: float | None = None
-    hottest: float | None = None
-    hottest_celsius: float | None = None
-    lowest_fraction: float | None = None
-    fell_fraction: float | None = None
-    fell_celsius: float | None = None
     max_celsius: float | None = None
 
     @classmethod

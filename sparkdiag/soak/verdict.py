@@ -32,14 +32,22 @@ class Point:
     celsius: float | None
 
 
+@dataclass(frozen=True)
 class KernelFigures:
-    """What a kernel's verdict and its kept state both answer: its label, and its hottest
-    delivered figure over its cold one."""
+    """What a kernel's verdict and its kept state (:class:`sparkdiag.soak.state.KernelState`)
+    share: the fields below (see :class:`Verdict`), its label, and its hottest delivered figure
+    over its cold one."""
 
     dtype: str
     shape: str
-    cold: float | None
-    hottest: float | None
+    kind: str
+    status: str
+    cold: float | None = None
+    hottest: float | None = None
+    hottest_celsius: float | None = None
+    lowest_fraction: float | None = None
+    fell_fraction: float | None = None
+    fell_celsius: float | None = None
 
     @property
     def label(self) -> str:
@@ -69,16 +77,7 @@ class Verdict(KernelFigures):
     points: every window that measured it, in order
     """
 
-    dtype: str
-    shape: str
-    kind: str
-    status: Status
-    cold: float | None = None
-    hottest: float | None = None
-    hottest_celsius: float | None = None
-    lowest_fraction: float | None = None
-    fell_fraction: float | None = None
-    fell_celsius: float | None = None
+    status: Status  # narrower than KernelFigures' (a state file may hold others)
     fell_elapsed: float | None = None
     max_celsius: float | None = None
     note: str | None = None
