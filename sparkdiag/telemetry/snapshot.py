@@ -50,9 +50,8 @@ class NvlinkSample:
 
     link: int
     up: bool
-    errors: Mapping[str, float] = field(
-        default_factory=dict
-    )  # "replay", "recovery", "crc_flit", "crc_data": counts
+    # "replay", "recovery", "crc_flit", "crc_data": counts
+    errors: Mapping[str, float] = field(default_factory=dict)
     data_bytes: Mapping[str, float] = field(default_factory=dict)  # "tx", "rx": since driver load
 
 
@@ -62,15 +61,12 @@ class GpuSample:
 
     identity: GpuIdentity
     up: bool
-    temperature_celsius: Mapping[str, float] = field(
-        default_factory=dict
-    )  # sensor -> value ("gpu", "memory")
-    threshold_celsius: Mapping[str, float] = field(
-        default_factory=dict
-    )  # "shutdown", "slowdown", "memory_max", ...
-    clock_hertz: Mapping[str, float] = field(
-        default_factory=dict
-    )  # "sm", "memory", "graphics", "video"
+    # sensor -> value ("gpu", "memory")
+    temperature_celsius: Mapping[str, float] = field(default_factory=dict)
+    # "shutdown", "slowdown", "memory_max", ...
+    threshold_celsius: Mapping[str, float] = field(default_factory=dict)
+    # "sm", "memory", "graphics", "video"
+    clock_hertz: Mapping[str, float] = field(default_factory=dict)
     clock_max_hertz: Mapping[str, float] = field(default_factory=dict)
     # "graphics", "sm": the applications clock (what the GPU runs work at unless a limit holds
     # it lower) and its default; GB10: 2418 MHz of a 3003 MHz maximum
@@ -78,17 +74,15 @@ class GpuSample:
     clock_default_applications_hertz: Mapping[str, float] = field(default_factory=dict)
     clock_event_reasons: int | None = None  # raw NVML bitmask
     supported_clock_event_reasons: int | None = None
-    violation_seconds: Mapping[str, float] = field(
-        default_factory=dict
-    )  # policy -> cumulative seconds
+    # policy -> cumulative seconds
+    violation_seconds: Mapping[str, float] = field(default_factory=dict)
     power_watts: float | None = None
     power_limit_watts: float | None = None
     energy_joules: float | None = None
     # "gpu", "memory"
     utilization_ratio: Mapping[str, float] = field(default_factory=dict)
-    memory_bytes: Mapping[str, float] = field(
-        default_factory=dict
-    )  # "total", "used", "free"; empty when unified
+    # "total", "used", "free"; empty when unified
+    memory_bytes: Mapping[str, float] = field(default_factory=dict)
     # "current", "max"
     pcie_generation: Mapping[str, float] = field(default_factory=dict)
     # "current", "max"
@@ -96,9 +90,8 @@ class GpuSample:
     pcie_replay_errors: float | None = None
     # "corrected", "uncorrected"
     ecc_errors: Mapping[str, float] = field(default_factory=dict)
-    remapped_rows: Mapping[str, float] = field(
-        default_factory=dict
-    )  # "corrected", "uncorrected", "pending", "failure"
+    # "corrected", "uncorrected", "pending", "failure"
+    remapped_rows: Mapping[str, float] = field(default_factory=dict)
     performance_state: int | None = None
     compute_pids: tuple[int, ...] | None = None  # None when the process list is unsupported
     persistence_mode: bool | None = None
@@ -182,9 +175,9 @@ class HostSample:
     On a unified-memory GPU (GB10) this memory is the GPU's memory too.
     """
 
-    memory_bytes: Mapping[str, float] = field(
-        default_factory=dict
-    )  # "total", "available", "free", "cached"
+    # "total", "available", "free", "cached"
+
+    memory_bytes: Mapping[str, float] = field(default_factory=dict)
     swap_in_pages: float | None = None  # pswpin of /proc/vmstat: pages swapped in since boot
     pressure: MemoryPressure | None = None  # None where the kernel has no PSI
 
