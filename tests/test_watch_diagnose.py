@@ -389,6 +389,17 @@ def test_gpu_never_busy() -> None:
     assert "CUDA_VISIBLE_DEVICES" in d.notes[0]
 
 
+def test_launch_loop_that_never_reaches_the_busy_threshold() -> None:
+    """Tiny kernels launched as fast as one thread can: the GPU 15 % utilized, SMs nearly idle.
+    With the thread hot that is a launcher; with it cool, nothing drives the GPU."""
+    d = diagnose(timeline(util=_const(0.15), sm=_const(0.001), tensor=_const(0.0)))
+    assert d.verdict == "cpu-bound-launcher" and d.causes[0].share >= 0.9
+    cool = diagnose(
+        timeline(util=_const(0.15), sm=_const(0.001), tensor=_const(0.0), thread=_const(0.3))
+    )
+    assert cool.verdict == "gpu-unused"
+
+
 def test_no_gpu_sampled_assesses_memory_only() -> None:
     rec = timeline(gpus=())
     d = diagnose(rec)

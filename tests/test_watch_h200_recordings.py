@@ -46,3 +46,14 @@ def test_h200_checkpoint_share_covers_the_serialisation() -> None:
     write bursts and fsync alone gave."""
     d = diagnose(load(RECORDINGS / "checkpoint.recording.json"))
     assert 0.3 <= d.causes[0].share <= 0.6
+
+
+def test_h200_launch_loop_under_the_busy_threshold_is_a_launcher() -> None:
+    """Pinned to one CPU the launch job ran 89 000 kernels a second, the GPU 17-18 % utilized:
+    never the 20 % that opens the active window, so the device run called the GPU unused. The
+    ticks where the job held the GPU with a hot thread are its window (part g)."""
+    d = diagnose(load(DEVICE / "part-g" / "launch-pinned" / "launch.recording.json"))
+    assert d.verdict == "cpu-bound-launcher", d.notes
+    assert [c.name for c in d.causes] == ["cpu-bound-launcher"]
+    assert d.causes[0].share >= 0.9
+    assert d.window[0] >= 4.0 and d.window[1] <= 12.6  # start-up and tear-down left out
