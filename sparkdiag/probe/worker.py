@@ -93,8 +93,9 @@ GPU each decode batch is captured as a CUDA graph (an eighth of it, replayed
 until the batch lasts the floor) and timed between two events (``--graphs``,
 ``timing: graph`` in the result); its median and peak come from a short
 event-timed batch run beside it, whose per-iteration events make the peak of
-a decode kernel read low (idle on the H200, delivered 1.01-1.14x peak). On CPU both figures
-come from perf_counter, and the total encloses every iteration.
+a decode kernel read low (idle on the H200, delivered 1.01-1.14x peak). On
+CPU both figures come from perf_counter, and the total encloses every
+iteration.
 
 Spread of a total-time figure on a power-capped GPU
 ---------------------------------------------------
