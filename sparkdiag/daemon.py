@@ -9,18 +9,18 @@ import threading
 from sparkdiag.config import Settings, parse_listen
 from sparkdiag.exporter.base import SnapshotCollector
 from sparkdiag.exporter.hot import HotProbeCollector
-from sparkdiag.exporter.http import ExporterServer, health_check
 from sparkdiag.exporter.probe import ProbeCollector
 from sparkdiag.exporter.registry import build_registry, render
 from sparkdiag.exporter.soak import soak_collector
-from sparkdiag.exporter.webconfig import WebConfig, load_web_config
 from sparkdiag.lifecycle import LIFECYCLE, Lifecycle
-from sparkdiag.probe.build import build_schedulers
 from sparkdiag.probe.runner import kill_running_workers
-from sparkdiag.probe.state import ProbeState
+from sparkdiag.scheduling.probe_state import ProbeState
+from sparkdiag.scheduling.wiring import build_schedulers
 from sparkdiag.sdnotify import Notifier
 from sparkdiag.telemetry.build import build_poller
 from sparkdiag.telemetry.poller import Poller
+from sparkdiag.web.http import ExporterServer, health_check
+from sparkdiag.web.webconfig import WebConfig, load_web_config
 
 log = logging.getLogger("sparkdiag")
 

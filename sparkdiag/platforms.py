@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sparkdiag.telemetry.snapshot import PlatformIdentity
+from sparkdiag.snapshot import PlatformIdentity
 
 GEN5 = 32e9  # transfers per second
 

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sparkdiag.exporter.http import ExporterServer
 from sparkdiag.sources.fixture import FixtureBackend
+from sparkdiag.web.http import ExporterServer
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = ROOT / "tests" / "fixtures"

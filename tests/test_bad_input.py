@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from sparkdiag.config import ECHO, OPTIONS_BY_KEY, ConfigError, build_settings, load_file
-from sparkdiag.exporter.webconfig import WebConfigError, load_web_config
+from sparkdiag.web.webconfig import WebConfigError, load_web_config
 from tests.support import NVML
 from tests.test_cli import assert_clean_error, run_cli
 

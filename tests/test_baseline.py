@@ -20,7 +20,8 @@ from typing import Any
 
 import pytest
 
-from sparkdiag.probe.baseline import (
+from sparkdiag.baseline.schema import SCHEMA_VERSION
+from sparkdiag.baseline.store import (
     DEFAULT_FILENAME,
     Baseline,
     BaselineKey,
@@ -28,7 +29,6 @@ from sparkdiag.probe.baseline import (
     BaselineStoreError,
     default_path,
 )
-from sparkdiag.probe.store_sql import SCHEMA_VERSION
 
 HELPERS = Path(__file__).parent / "baseline_helpers"
 REPO = Path(__file__).resolve().parent.parent

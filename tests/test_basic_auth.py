@@ -18,15 +18,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkdiag.exporter import http as exporter_http
-from sparkdiag.exporter.basicauth import (
+from sparkdiag.web.basicauth import (
     MAX_PASSWORD_BYTES,
     BasicAuth,
     Credential,
     hash_problem,
     parse_basic,
 )
-from sparkdiag.exporter.http import ExporterServer
-from sparkdiag.exporter.webconfig import WebConfig, WebConfigError, load_web_config
+from sparkdiag.web.http import ExporterServer
+from sparkdiag.web.webconfig import WebConfig, WebConfigError, load_web_config
 from tests.support import serving
 from tests.test_cli import assert_clean_error, run_cli
 

@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner, Result
 
 from sparkdiag.check import checks as checks_module
-from sparkdiag.check.checks import CHECKS, LOAD_CHECKS, run_checks
-from sparkdiag.check.command import check
+from sparkdiag.check.catalog import CHECKS, LOAD_CHECKS, run_checks
 from sparkdiag.check.gather import Sources
 from sparkdiag.check.model import CheckResult, KernelLog, exit_code, worst
 from sparkdiag.check.report import document, gpu_list, merge, summary, table
+from sparkdiag.commands.check import check
 from tests.test_check_support import (
     GOOD_TORCH,
     NVML,

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from sparkdiag.check.model import GpuProbe, TorchInfo
-from sparkdiag.check.versions import (
+from sparkdiag.check.version_checks import (
     MAJOR_MINIMUM,
     TOOLKIT_DRIVERS,
     driver_cuda,

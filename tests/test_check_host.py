@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparkdiag.check.health import check_ecc, check_row_remap, check_xid, parse_xids
+from sparkdiag.check.health_checks import check_ecc, check_row_remap, check_xid, parse_xids
 from sparkdiag.check.host_checks import check_context, check_governor, check_unified_memory
-from sparkdiag.check.links import check_pcie_host
+from sparkdiag.check.link_checks import check_pcie_host
 from sparkdiag.check.model import CheckResult, KernelLog
+from sparkdiag.snapshot import HostSample, MemoryPressure
 from sparkdiag.sources import cpufreq
-from sparkdiag.telemetry.snapshot import HostSample, MemoryPressure
 from tests.test_check_support import (
     NVML,
     ROOTFS,

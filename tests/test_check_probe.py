@@ -9,16 +9,16 @@ from typing import Any
 
 import pytest
 
+from sparkdiag.baseline.store import BaselineKey, BaselineStore
 from sparkdiag.check.gather import Sources, gather
 from sparkdiag.check.model import CheckContext, CheckResult, TorchInfo
-from sparkdiag.check.power import check_power_under_load
-from sparkdiag.check.probe import BASELINE_FILENAME, worker_launcher
+from sparkdiag.check.power_checks import check_power_under_load
 from sparkdiag.check.probe_checks import check_int4_decode, check_probe, check_sm_clock
+from sparkdiag.check.probe_run import BASELINE_FILENAME, worker_launcher
 from sparkdiag.config import Settings
-from sparkdiag.probe.baseline import BaselineKey, BaselineStore
 from sparkdiag.probe.launchers import FixtureLauncher
 from sparkdiag.probe.runner import ProbeCycle
-from sparkdiag.telemetry.snapshot import GpuSample
+from sparkdiag.snapshot import GpuSample
 from tests.test_check_support import (
     GOOD_TORCH,
     NVML,

@@ -11,15 +11,15 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from sparkdiag.check.checks import CHECKS, Check
+from sparkdiag.baseline.evaluate import GemmFigure, evaluate
+from sparkdiag.baseline.store import BaselineStore
+from sparkdiag.check.catalog import CHECKS, Check
 from sparkdiag.check.model import CheckContext, CheckResult, GpuProbe, KernelLog, TorchInfo
 from sparkdiag.config import Settings
-from sparkdiag.probe.baseline import BaselineStore
 from sparkdiag.probe.document import parse_document
-from sparkdiag.probe.evaluate import GemmFigure, evaluate
 from sparkdiag.probe.runner import ProbeCycle, classify
+from sparkdiag.snapshot import GpuSample, HostSample, Snapshot
 from sparkdiag.telemetry.build import build_poller as make_poller
-from sparkdiag.telemetry.snapshot import GpuSample, HostSample, Snapshot
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NVML = FIXTURES / "nvml"

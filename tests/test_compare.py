@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from sparkdiag.probe import compare as cmp
-from sparkdiag.probe.compare import report
-from sparkdiag.probe.compare.command import compare as compare_command
-from sparkdiag.probe.compare.command import container_argv
+from sparkdiag import compare as cmp
+from sparkdiag.commands.compare import compare as compare_command
+from sparkdiag.commands.compare import container_argv
+from sparkdiag.compare import report
 from sparkdiag.probe.runner import ProbeCycle, ProbeResult
 from tests.support import wait_dead
 
@@ -51,7 +51,7 @@ def container_side(mode: str, *opts: str) -> list[str]:
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sparkdiag.probe.compare.command", *args],
+        [sys.executable, "-m", "sparkdiag.commands.compare", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -549,7 +549,7 @@ def test_sigterm_kills_the_running_side(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "sparkdiag.probe.compare.command",
+            "sparkdiag.commands.compare",
             "--probe.timeout",
             "60",
             "--native-python",
@@ -741,7 +741,7 @@ def test_diagnose_runtime_messages(
 def test_diagnosis_names_another_process_on_the_gpu() -> None:
     """Seen on the lent H200: a second process loading the GPU only during the container rounds
     lowered their clock too; the cause to name is the other process, not heat."""
-    from sparkdiag.probe.compare.diagnosis import _sharing_text, _throttle_text
+    from sparkdiag.compare.causes import _sharing_text, _throttle_text
 
     native = {
         "mean_sm_clock_hertz": 1838e6,

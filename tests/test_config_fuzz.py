@@ -22,7 +22,7 @@ from sparkdiag.config import (
     build_settings,
     parse_listen,
 )
-from sparkdiag.exporter.webconfig import WebConfig, WebConfigError, load_web_config
+from sparkdiag.web.webconfig import WebConfig, WebConfigError, load_web_config
 
 FUZZ = settings(
     max_examples=400,

@@ -15,9 +15,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sparkdiag.baseline.store import BaselineStoreError, open_store
 from sparkdiag.config import OPTIONS
 from sparkdiag.flags import settings_from
-from sparkdiag.probe.baseline import BaselineStoreError, open_store
 from sparkdiag.probe.document import (
     SCHEMA,
     DocumentError,
@@ -28,8 +28,8 @@ from sparkdiag.probe.document import (
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import kill_running_workers, run_worker
 from sparkdiag.probe.worker import ALL_DTYPES, PROGRESS_PREFIX, parse_args
+from sparkdiag.snapshot import GpuIdentity, GpuSample
 from sparkdiag.telemetry.busy import busy
-from sparkdiag.telemetry.snapshot import GpuIdentity, GpuSample
 from tests.support import PROBE, alive, wait_dead
 
 FAKE = Path(__file__).parent / "probe_helpers" / "fake_worker.py"

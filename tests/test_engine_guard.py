@@ -1,4 +1,4 @@
-"""sparkdiag.probe.engine: a container left running by an abandoned cycle is killed.
+"""sparkdiag.probe.container: a container left running by an abandoned cycle is killed.
 
 A stand-in engine (an executable named podman that records its argv and writes the cidfile it
 is given) shows what is called; tests/test_deploy_container.py shows it against real podman.
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkdiag.probe.engine import ContainerGuard, guards, run_guarded
+from sparkdiag.probe.container import ContainerGuard, guards, run_guarded
 from sparkdiag.probe.runner import ProbeCycle
 
 ENGINE = """

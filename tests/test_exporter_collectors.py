@@ -14,13 +14,13 @@ from prometheus_client.exposition import generate_latest
 from sparkdiag import __version__
 from sparkdiag.exporter.gpu import GpuCollector
 from sparkdiag.exporter.registry import build_registry, render
+from sparkdiag.snapshot import ExecutionContext, HostSample, Snapshot
 from sparkdiag.sources.dmi import read_platform
 from sparkdiag.sources.fixture import FixtureBackend
 from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS, GpuSource
 from sparkdiag.sources.meminfo import read_host_memory
 from sparkdiag.sources.sysfs import PcieSource
 from sparkdiag.telemetry.poller import Poller
-from sparkdiag.telemetry.snapshot import ExecutionContext, HostSample, Snapshot
 
 SPARK_SYSFS = Path(__file__).parent / "fixtures" / "sysfs" / "dgx-spark"
 GX10_SYSFS = Path(__file__).parent / "fixtures" / "sysfs" / "asus-gx10"

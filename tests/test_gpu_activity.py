@@ -14,6 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sparkdiag.exporter.registry import build_registry
+from sparkdiag.snapshot import ProcessIdentity, Snapshot
 from sparkdiag.sources.fixture import FixtureBackend
 from sparkdiag.sources.gpu import GpuSource
 from sparkdiag.sources.gpu_activity import ProcessOptions
@@ -30,7 +31,6 @@ from sparkdiag.sources.nvml_api import (
 from sparkdiag.sources.procfs import ProcessIdentities
 from sparkdiag.sources.record import record
 from sparkdiag.telemetry.poller import Poller
-from sparkdiag.telemetry.snapshot import ProcessIdentity, Snapshot
 from tests.support import CountingBackend
 
 ROOTFS = Path(__file__).parent / "fixtures" / "rootfs" / "gpu-host"

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from sparkdiag.snapshot import GpuIdentity, GpuSample
 from sparkdiag.sources.fixture import FixtureBackend
 from sparkdiag.sources.gpu import STATIC_QUERIES, GpuSource, decode_reasons
-from sparkdiag.telemetry.snapshot import GpuIdentity, GpuSample
 from tests.support import CountingBackend
 
 H200_UUID = "GPU-979ad365-0b73-a0ac-74a2-3520b773d460"

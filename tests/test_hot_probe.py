@@ -1,5 +1,5 @@
-"""The hot probe (sparkdiag.probe.hot): when it runs, what it records and exports, and the int4
-ratio's cool baseline that only cool periodic cycles teach."""
+"""The hot probe (sparkdiag.scheduling.hot_probe): when it runs, what it records and exports,
+and the int4 ratio's cool baseline that only cool periodic cycles teach."""
 
 from __future__ import annotations
 
@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sparkdiag.baseline.keeper import StoreKeeper
+from sparkdiag.baseline.store import BaselineStore
 from sparkdiag.exporter.hot import HotProbeCollector
-from sparkdiag.probe.baseline import BaselineStore
-from sparkdiag.probe.hot import HotLimits, HotProbeScheduler, heat
 from sparkdiag.probe.launchers import FixtureLauncher
 from sparkdiag.probe.runner import ProbeCycle
-from sparkdiag.probe.scheduler import GpuLocks, ProbeScheduler
-from sparkdiag.probe.state import ProbeState
-from sparkdiag.probe.store_health import StoreKeeper
-from sparkdiag.telemetry.snapshot import GpuSample, Snapshot
+from sparkdiag.scheduling.hot_probe import HotLimits, HotProbeScheduler, heat
+from sparkdiag.scheduling.probe_state import ProbeState
+from sparkdiag.scheduling.scheduler import GpuLocks, ProbeScheduler
+from sparkdiag.snapshot import GpuSample, Snapshot
 from tests.e2e_support import hot_document, probe_document, write_probe_fixture
 from tests.test_scheduler import snapshot
 

@@ -21,8 +21,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sparkdiag.config import ConfigError
-from sparkdiag.exporter.http import ExporterServer, ListenError
-from sparkdiag.exporter.webconfig import load_web_config
+from sparkdiag.web.http import ExporterServer, ListenError
+from sparkdiag.web.webconfig import load_web_config
 from tests.support import healthy_ok, self_signed_cert, serving
 
 

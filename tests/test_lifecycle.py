@@ -144,7 +144,7 @@ def test_a_container_command_ends_when_sparkdiag_is_killed(tmp_path: Path) -> No
     pidfile = tmp_path / "pids"
     driver = (
         "import sys\n"
-        "from sparkdiag.probe.compare.run import run_in_container\n"
+        "from sparkdiag.compare.rounds import run_in_container\n"
         "from sparkdiag.probe.request import WorkerRequest\n"
         f"run_in_container([sys.executable, {str(FAKE)!r}, 'sleep', {str(pidfile)!r}],"
         " WorkerRequest(), timeout=600)\n"

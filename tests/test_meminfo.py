@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from sparkdiag.snapshot import MemoryPressure
 from sparkdiag.sources.meminfo import (
     parse_meminfo,
     parse_pressure,
     parse_swap_in,
     read_host_memory,
 )
-from sparkdiag.telemetry.snapshot import MemoryPressure
 
 ROOTFS = Path(__file__).parent / "fixtures" / "rootfs"
 KIB = 1024.0

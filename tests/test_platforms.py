@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from sparkdiag.platforms import PLATFORMS, describe, identify
+from sparkdiag.snapshot import PlatformIdentity
 from sparkdiag.sources.dmi import read_platform
-from sparkdiag.telemetry.snapshot import PlatformIdentity
 
 SYSFS = Path(__file__).parent / "fixtures" / "sysfs"
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from sparkdiag.snapshot import ExecutionContext, HostSample, PcieLink, Snapshot
 from sparkdiag.sources.fixture import FixtureBackend
 from sparkdiag.sources.gpu import GpuSource
 from sparkdiag.telemetry.poller import Poller
-from sparkdiag.telemetry.snapshot import ExecutionContext, HostSample, PcieLink, Snapshot
 
 NATIVE = ExecutionContext(context="native", runtime="none")
 HOST = HostSample(memory_bytes={"total": 1e9, "available": 5e8})

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkdiag.probe.baseline import BaselineKey, BaselineStore
+from sparkdiag.baseline.store import BaselineKey, BaselineStore
 from sparkdiag.probe.worker import SCHEMA
 from tests.support import NVML, PROBE, ROOT, sparkdiag_cmd
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from sparkdiag.probe.reference import (
+from sparkdiag.baseline.reference import (
     REFERENCES,
     Reference,
     efficiency,

@@ -11,17 +11,17 @@ from typing import Any
 
 import pytest
 
-from sparkdiag.probe.baseline import BaselineStore
+from sparkdiag.baseline.keeper import StoreKeeper
+from sparkdiag.baseline.store import BaselineStore
 from sparkdiag.probe.launchers import ContainerLauncher, FixtureLauncher
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import ProbeCycle
-from sparkdiag.probe.scheduler import ProbeScheduler
-from sparkdiag.probe.state import ProbeState
-from sparkdiag.probe.store_health import StoreKeeper
+from sparkdiag.scheduling.probe_state import ProbeState
+from sparkdiag.scheduling.scheduler import ProbeScheduler
+from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.sources.fixture import FixtureBackend
 from sparkdiag.sources.gpu import GpuSource
 from sparkdiag.telemetry.poller import Poller
-from sparkdiag.telemetry.snapshot import GpuSample, Snapshot
 from tests.support import NVML, PROBE
 
 

@@ -18,10 +18,10 @@ import pytest
 from click.testing import CliRunner
 
 from sparkdiag import plotting
+from sparkdiag.commands.soak import exit_status, parse_duration, soak
 from sparkdiag.flags import settings_from
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.soak import plot as soak_plot
-from sparkdiag.soak.command import exit_status, parse_duration, soak
 from sparkdiag.soak.model import CSV_COLUMNS, Target
 from sparkdiag.soak.run import Job, SoakRunner
 from sparkdiag.soak.state import FILENAME, read_state

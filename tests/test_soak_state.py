@@ -13,9 +13,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sparkdiag.check.model import CheckResult
-from sparkdiag.check.soak_check import age, check_soak
+from sparkdiag.check.soak_checks import age, check_soak
 from sparkdiag.exporter.registry import render
 from sparkdiag.exporter.soak import SoakCollector, soak_collector
+from sparkdiag.snapshot import Snapshot
 from sparkdiag.soak.state import (
     FILENAME,
     GpuState,
@@ -27,7 +28,6 @@ from sparkdiag.soak.state import (
     state_path,
     write_state,
 )
-from sparkdiag.telemetry.snapshot import Snapshot
 from tests.soak_helpers import DECODE, fell, gpu_state, held
 from tests.support import NVML, ROOTFS, SYSFS, http_get, promtool, running_daemon, sparkdiag_cmd
 from tests.test_check_support import context, poll

@@ -14,8 +14,8 @@ import pytest
 from sparkdiag.check.gather import Sources, gather
 from sparkdiag.config import Settings
 from sparkdiag.probe.runner import ProbeCycle
+from sparkdiag.snapshot import GpuSample
 from sparkdiag.sources import cpufreq, kernel_log, packages, procfs
-from sparkdiag.telemetry.snapshot import GpuSample
 from tests.test_check_support import GOOD_TORCH, empty_sysfs, nvml_fixture
 
 XID_79 = (

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sparkdiag.check.state_checks import check_baseline_store
+from sparkdiag.baseline.keeper import StoreKeeper, inspect_store
+from sparkdiag.baseline.store import BaselineStore, open_store
+from sparkdiag.check.store_checks import check_baseline_store
 from sparkdiag.exporter.probe import ProbeCollector
-from sparkdiag.probe.baseline import BaselineStore, open_store
 from sparkdiag.probe.launchers import FixtureLauncher
-from sparkdiag.probe.scheduler import ProbeScheduler
-from sparkdiag.probe.state import ProbeState
-from sparkdiag.probe.store_health import StoreKeeper, inspect_store
+from sparkdiag.scheduling.probe_state import ProbeState
+from sparkdiag.scheduling.scheduler import ProbeScheduler
 from tests.support import NVML, PROBE, http_get, running_daemon
 from tests.test_check_support import context, poll
 from tests.test_scheduler import snapshot

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
+from sparkdiag.commands.watch import watch
 from sparkdiag.watch import plot as plotting
-from sparkdiag.watch.command import watch
 from sparkdiag.watch.sampler import HostSampler
 from tests.support import NVML, ROOT, sparkdiag_cmd
 

@@ -14,7 +14,7 @@ import bcrypt
 import pytest
 from prometheus_client import CollectorRegistry
 
-from sparkdiag.exporter.http import ExporterServer
+from sparkdiag.web.http import ExporterServer
 from tests.support import NVML, SYSFS, running_daemon, self_signed_cert, serving
 
 FIXTURE_ARGS = [

@@ -53,9 +53,9 @@ def job_argv(job: str, seconds: float, device: str, scale: str, result: Path) ->
 
 def sampler_loop(variant: str, pid: int, interval: float, stop: threading.Event) -> dict[str, Any]:
     """Sample ``pid`` every ``interval`` s as ``variant`` says until ``stop``; timings."""
+    from sparkdiag.commands.watch import PCIE_SECONDS
     from sparkdiag.sources.backends import make_backend
     from sparkdiag.sources.gpu import GpuSource
-    from sparkdiag.watch.command import PCIE_SECONDS
     from sparkdiag.watch.sampler import GpuSampler, HostSampler
 
     source = GpuSource(make_backend(None), slow_seconds=PCIE_SECONDS)

@@ -12,18 +12,18 @@ import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
+from sparkdiag.baseline.keeper import inspect_store
 from sparkdiag.check.model import CheckContext, GpuProbe, KernelLog, TorchInfo, no_gpu_reason
-from sparkdiag.check.probe import read_store, run_probes, worker_launcher
+from sparkdiag.check.probe_run import read_store, run_probes, worker_launcher
 from sparkdiag.config import Settings
 from sparkdiag.probe.launchers import Launcher, WorkerLauncher
-from sparkdiag.probe.store_health import inspect_store
+from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.soak.state import inspect_state
 from sparkdiag.sources.cpufreq import read_governors
 from sparkdiag.sources.kernel_log import read_kernel_log
 from sparkdiag.sources.packages import read_torch
 from sparkdiag.sources.procfs import process_names
 from sparkdiag.telemetry.build import build_poller
-from sparkdiag.telemetry.snapshot import GpuSample, Snapshot
 
 QUICK_SKIP = "--quick: nothing that loads the GPU runs (run without --quick to probe)"
 

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from sparkdiag.check.model import CheckContext, CheckResult, no_gpu_reason
 from sparkdiag.check.model import gpu_index as _idx
-from sparkdiag.telemetry.snapshot import GpuSample
+from sparkdiag.snapshot import GpuSample
 
 GpuCheck = Callable[[CheckContext, GpuSample], CheckResult]
 

@@ -13,15 +13,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from sparkdiag.baseline.evaluate import GemmFigure
+from sparkdiag.baseline.keeper import StoreReport
 from sparkdiag.probe.document import WorkerDocument
-from sparkdiag.probe.evaluate import GemmFigure
 from sparkdiag.probe.runner import ProbeCycle
-from sparkdiag.probe.store_health import StoreReport
+from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.soak.state import StateReport as SoakStateReport
 from sparkdiag.sources.kernel_log import KernelLog as KernelLog
 from sparkdiag.sources.packages import TorchInfo as TorchInfo
 from sparkdiag.telemetry.busy import Busy, busy, other_pids
-from sparkdiag.telemetry.snapshot import GpuSample, Snapshot
 
 Status = Literal["pass", "warn", "fail", "skip"]
 STATUSES: tuple[Status, ...] = ("pass", "warn", "fail", "skip")

@@ -8,14 +8,14 @@ import shlex
 import sys
 from collections.abc import Callable
 
+from sparkdiag.baseline.evaluate import GemmFigure
+from sparkdiag.baseline.reference import GB10, gpu_model
 from sparkdiag.check.model import CheckContext, CheckResult, GpuProbe, Status, no_gpu_reason, worst
 from sparkdiag.platforms import describe
 from sparkdiag.probe.document import Conditions
-from sparkdiag.probe.evaluate import GemmFigure
-from sparkdiag.probe.reference import GB10, gpu_model
 from sparkdiag.probe.runner import worker_path
+from sparkdiag.snapshot import GpuSample
 from sparkdiag.sources.gpu import UNHEALTHY_REASONS, decode_reasons
-from sparkdiag.telemetry.snapshot import GpuSample
 
 BASELINE_FAIL = 0.85  # below this fraction of the stored baseline: fail
 MAMF_WARN = 0.60  # below this fraction of a published MAMF figure: warn

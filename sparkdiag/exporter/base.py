@@ -8,7 +8,7 @@ from typing import Protocol, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from sparkdiag.telemetry.snapshot import GpuIdentity, Snapshot
+from sparkdiag.snapshot import GpuIdentity, Snapshot
 
 SnapshotProvider = Callable[[], "Snapshot | None"]
 GPU_LABELS = ["gpu", "uuid"]

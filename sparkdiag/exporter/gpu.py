@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator, Mapping
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from sparkdiag.exporter.base import GPU_LABELS, FromSnapshot, gpu_labels
+from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS
-from sparkdiag.telemetry.snapshot import GpuSample, Snapshot
 
 ALL_REASONS_MASK = sum(CLOCK_EVENT_REASONS.values())
 

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from sparkdiag.exporter.base import GPU_LABELS, FromSnapshot, gpu_labels
-from sparkdiag.telemetry.snapshot import Snapshot
+from sparkdiag.snapshot import Snapshot
 
 
 class GpuActivityCollector(FromSnapshot):

@@ -1,4 +1,5 @@
-"""The hot probe (sparkdiag.probe.hot): what it measured on a hot or busy GPU, and why it ran.
+"""The hot probe (:mod:`sparkdiag.scheduling.hot_probe`): what it measured on a hot or busy GPU,
+and why it ran.
 
 Every series comes from the last successful hot probe of each GPU, with the conditions of that
 same probe, so that ``SparkdiagThermalInt4Degradation`` joins a ratio with the heat it was
@@ -14,8 +15,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from sparkdiag.exporter.base import GPU_LABELS as GPU
 from sparkdiag.exporter.probe import GEMM, cycle_conditions, ratio_families
-from sparkdiag.probe.hot import TRIGGERS
-from sparkdiag.probe.state import RESULTS, ProbeView
+from sparkdiag.scheduling.hot_probe import TRIGGERS
+from sparkdiag.scheduling.probe_state import RESULTS, ProbeView
 
 WHICH = "the last hot probe"
 

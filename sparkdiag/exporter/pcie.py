@@ -9,7 +9,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 
 from sparkdiag.exporter.base import FromSnapshot
 from sparkdiag.platforms import identify
-from sparkdiag.telemetry.snapshot import Snapshot
+from sparkdiag.snapshot import Snapshot
 
 LABELS = ["device", "class", "driver", "state"]
 

@@ -13,10 +13,10 @@ from collections.abc import Callable, Iterator, Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from sparkdiag.baseline.keeper import OPERATIONS, StoreHealth
 from sparkdiag.exporter.base import GPU_LABELS as GPU
 from sparkdiag.exporter.base import by_label
-from sparkdiag.probe.state import RESULTS, CycleRecord, ProbeView
-from sparkdiag.probe.store_health import OPERATIONS, StoreHealth
+from sparkdiag.scheduling.probe_state import RESULTS, CycleRecord, ProbeView
 from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS
 
 GEMM = [*GPU, "dtype", "shape", "context"]

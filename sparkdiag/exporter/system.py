@@ -9,7 +9,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from sparkdiag import __version__
 from sparkdiag.exporter.base import FromSnapshot, by_label
-from sparkdiag.telemetry.snapshot import HostSample, Snapshot
+from sparkdiag.snapshot import HostSample, Snapshot
 
 
 class SystemCollector(FromSnapshot):

@@ -1,8 +1,11 @@
-"""GEMM and memory-bandwidth probes.
+"""The GEMM and memory-bandwidth probe worker, and how it runs.
 
-``worker.py`` is a self-contained script that imports torch and runs the
-suite; ``runner.py`` starts it in a subprocess and classifies each cycle.
-The daemon imports only the runner: torch never loads in the daemon process.
+``worker.py`` is a self-contained script (standard library at module level, torch inside its
+functions, the only importer of torch) that runs the suite and prints one JSON document;
+``document.py`` parses that document into frozen dataclasses; ``request.py`` builds its command
+line. It runs natively (``runner.py``: its own process group, killed at the timeout), in a
+container (``container.py`` with ``relay.py``), or replayed from a recording (``launchers.py``).
+The daemon imports only these runners: torch never loads in the daemon process.
 """
 
 from sparkdiag.probe.runner import ProbeCycle, ProbeResult, run_worker, worker_path, worker_source

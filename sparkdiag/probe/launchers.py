@@ -15,12 +15,11 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
-from sparkdiag.probe.compare.run import container_cycle
 from sparkdiag.probe.document import DocumentError, WorkerDocument, parse_document
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import ProbeCycle, classify, run_worker
+from sparkdiag.snapshot import GpuSample
 from sparkdiag.sources.files import MIB, read_text_limited
-from sparkdiag.telemetry.snapshot import GpuSample
 
 
 class Launcher(Protocol):
@@ -43,28 +42,6 @@ class WorkerLauncher:
     def __call__(self, gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle:
         env = pinned_env(gpu.identity.uuid)
         return run_worker(self.python, self.request, self.timeout, env=env, on_start=on_start)
-
-
-class ContainerLauncher:
-    """Runs the worker inside a container, exactly as ``sparkdiag compare`` does: its source goes
-    to ``[*command, "-"]`` on standard input (``docker run -i --rm --gpus all IMAGE python3``),
-    so the image needs only torch, and a failing container is diagnosed the same way (image
-    missing, no GPU inside, ...). With ``--gpus all`` the container sees every GPU; the worker
-    orders CUDA devices by PCI bus id, so ``cuda:N`` there is NVML's GPU N here."""
-
-    def __init__(self, command: Sequence[str], timeout: float, request: WorkerRequest) -> None:
-        argv = list(command)
-        if argv and argv[-1] == "-":
-            argv.pop()  # the runner adds the "-" itself
-        if not argv:
-            raise ValueError("the container command is empty")
-        self.command = tuple(argv)
-        self.timeout = timeout
-        self.request = replace(request, probe_when="always")
-
-    def __call__(self, gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle:
-        request = self.request.on_device(f"cuda:{gpu.identity.index}")
-        return container_cycle(self.command, request, self.timeout, on_start=on_start)
 
 
 class FixtureLauncher:

@@ -2,7 +2,7 @@
 
 ``sparkdiag soak`` writes ``soak.json`` (atomically: a temporary file in the same directory,
 fsync, rename); the daemon exports it (``sparkdiag_soak_*``, :mod:`sparkdiag.exporter.soak`) and
-``sparkdiag check`` reports its age and result (:mod:`sparkdiag.check.soak_check`). A soak
+``sparkdiag check`` reports its age and result (:mod:`sparkdiag.check.soak_checks`). A soak
 replaces the entries of the GPUs it ran on (by uuid) and keeps the others, so that soaking GPU 1
 does not forget GPU 0's verdict. Reading never trusts the file: a damaged one is an error with
 its path, a wrong-typed value is dropped.

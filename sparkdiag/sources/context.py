@@ -30,8 +30,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkdiag.snapshot import ExecutionContext
 from sparkdiag.sources.files import MIB, read_limited, read_text_limited
-from sparkdiag.telemetry.snapshot import ExecutionContext
 
 _MANAGER_FILE = "run/host/container-manager"
 _SYSTEMD_FILE = "run/systemd/container"

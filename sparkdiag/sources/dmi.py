@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparkdiag.telemetry.snapshot import PlatformIdentity
+from sparkdiag.snapshot import PlatformIdentity
 
 _FILES = {"vendor": "sys_vendor", "product": "product_name", "board": "board_name"}
 

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from sparkdiag.snapshot import GpuIdentity, GpuProcess, GpuSample, NvlinkSample
 from sparkdiag.sources.gpu_activity import (
     ProcessOptions,
     read_activity,
@@ -36,7 +37,6 @@ from sparkdiag.sources.nvml_api import (
     NvmlEvent,
     NvmlUnavailable,
 )
-from sparkdiag.telemetry.snapshot import GpuIdentity, GpuProcess, GpuSample, NvlinkSample
 
 log = logging.getLogger(__name__)
 

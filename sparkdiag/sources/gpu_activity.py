@@ -13,8 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sparkdiag.snapshot import GpuProcess, NvlinkSample, ProcessIdentity
 from sparkdiag.sources.nvml_api import NVLINK_LINKS
-from sparkdiag.telemetry.snapshot import GpuProcess, NvlinkSample, ProcessIdentity
 
 log = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from sparkdiag.snapshot import HostSample, MemoryPressure
 from sparkdiag.sources.files import KIB as KIB_BYTES
 from sparkdiag.sources.files import read_text_limited
-from sparkdiag.telemetry.snapshot import HostSample, MemoryPressure
 
 KIB = 1024.0
 _PSI_LINE = re.compile(r"^(some|full)\s+(.*)$")

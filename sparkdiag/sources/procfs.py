@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from sparkdiag.snapshot import ProcessIdentity
 from sparkdiag.sources import cgroup
 from sparkdiag.sources.files import KIB, read_text_limited
-from sparkdiag.telemetry.snapshot import ProcessIdentity
 
 
 def process_names(rootfs: Path, pids: Iterable[int]) -> dict[int, str]:

@@ -21,8 +21,8 @@ import re
 import time
 from pathlib import Path
 
+from sparkdiag.snapshot import PcieLink
 from sparkdiag.sources.files import KIB, read_text_limited
-from sparkdiag.telemetry.snapshot import PcieLink
 
 log = logging.getLogger(__name__)
 

@@ -1,1 +1,2 @@
-"""Immutable telemetry snapshots and the poller that produces them."""
+"""The poller that samples the sources into immutable snapshots (:mod:`sparkdiag.snapshot`),
+its wiring, and the one busy rule."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sparkdiag.telemetry.snapshot import GpuSample
+from sparkdiag.snapshot import GpuSample
 
 
 @dataclass(frozen=True)

@@ -12,9 +12,7 @@ import time
 from collections.abc import Callable
 from types import MappingProxyType
 
-from sparkdiag.sources.gpu import GpuSource
-from sparkdiag.sources.nvml_api import EVENT_XID_CRITICAL
-from sparkdiag.telemetry.snapshot import (
+from sparkdiag.snapshot import (
     CollectorStatus,
     ExecutionContext,
     GpuSample,
@@ -24,6 +22,8 @@ from sparkdiag.telemetry.snapshot import (
     Snapshot,
     XidCounts,
 )
+from sparkdiag.sources.gpu import GpuSource
+from sparkdiag.sources.nvml_api import EVENT_XID_CRITICAL
 
 log = logging.getLogger(__name__)
 

@@ -24,7 +24,7 @@ import sys
 from itertools import count
 from pathlib import Path
 
-from sparkdiag.probe.baseline import BaselineKey, BaselineStore
+from sparkdiag.baseline.store import BaselineKey, BaselineStore
 
 
 def scratch(i: int) -> BaselineKey:

@@ -13,7 +13,7 @@ import json
 import sys
 from pathlib import Path
 
-from sparkdiag.probe.baseline import BaselineKey, BaselineStore
+from sparkdiag.baseline.store import BaselineKey, BaselineStore
 
 
 def key(gpu_uuid: str) -> BaselineKey:

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from sparkdiag.snapshot import GpuSample
 from sparkdiag.sources.gpu import GpuSource
 from sparkdiag.sources.nvml import PynvmlBackend
-from sparkdiag.telemetry.snapshot import GpuSample
 
 pytestmark = pytest.mark.gpu
 

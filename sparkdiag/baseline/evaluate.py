@@ -1,0 +1,187 @@
+"""Turn one worker document into figures compared with the baseline and the reference.
+
+Shared by the daemon's scheduler, ``sparkdiag probe`` and ``sparkdiag check``: one place decides
+which runs are healthy enough to teach a baseline, and how efficiency is computed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparkdiag.baseline.reference import Reference, lookup
+from sparkdiag.baseline.store import METHOD, Baseline, BaselineKey, BaselineStore
+from sparkdiag.probe.document import WorkerDocument
+from sparkdiag.sources.gpu import UNHEALTHY_REASONS, reasons_mask
+
+# Clock event reasons that make a run unfit to learn a baseline from.
+UNHEALTHY_MASK = reasons_mask(UNHEALTHY_REASONS)
+# A compute-bound run below this fraction of a published measured MAMF never counts as healthy,
+# so a GPU stuck in a slow state from the start cannot teach itself a low baseline.
+MIN_REFERENCE_FRACTION = 0.5
+
+
+@dataclass(frozen=True)
+class GemmFigure:
+    """One kernel's result: throughput (TFLOPS, or TOPS for integer dtypes) and comparisons.
+
+    delivered: total time of the back-to-back iterations, gaps included: what efficiency,
+        baselines and alerts use (``sparkdiag_gemm_tflops``)
+    peak: from the median iteration, comparable with mamf-finder (``sparkdiag_gemm_peak_tflops``)
+    """
+
+    dtype: str
+    shape: str
+    kind: str  # compute, llm, decode
+    beta: int
+    status: str  # ok, unsupported, error
+    reason: str | None
+    delivered: float | None
+    peak: float | None
+    baseline: Baseline | None
+    reference: Reference | None
+    healthy: bool
+
+    @property
+    def efficiency(self) -> float | None:
+        """Delivered throughput over the baseline (1.0 = as healthy)."""
+        if self.delivered is None or self.baseline is None:
+            return None
+        return self.delivered / self.baseline.tflops
+
+    @property
+    def reference_efficiency(self) -> float | None:
+        """Delivered throughput over the published reference (compute-bound shapes only)."""
+        if self.delivered is None or self.reference is None or self.kind != "compute":
+            return None
+        return self.delivered / self.reference.tflops
+
+
+def conditions_unhealthy(doc: WorkerDocument) -> bool:
+    seen = doc.conditions.clock_event_reasons_seen
+    return bool(seen is not None and seen & UNHEALTHY_MASK)
+
+
+def baseline_dtype(dtype: str, beta: int) -> str:
+    """Baselines of the accumulate (beta=1) runs are kept apart from the plain ones."""
+    return dtype if beta == 0 else f"{dtype}:beta{beta}"
+
+
+def evaluate(
+    doc: WorkerDocument,
+    uuid: str,
+    gpu_name: str,
+    context: str,
+    store: BaselineStore | None,
+    record: bool = True,
+) -> list[GemmFigure]:
+    """Every result of ``doc`` with its baseline and reference; records ok runs when asked."""
+    driver, torch_version, cuda = doc.software.identity()
+    hot = conditions_unhealthy(doc)
+    figures: list[GemmFigure] = []
+    for result in doc.results:
+        dtype, kind, beta, tflops = result.dtype, result.kind, result.beta, result.delivered
+        reference = lookup(gpu_name, dtype) if gpu_name else None
+        healthy = tflops is not None and not hot
+        if (
+            healthy
+            and tflops is not None
+            and reference is not None
+            and reference.kind == "mamf"  # a datasheet peak is no floor (H200 int8: 47 % of it)
+            and kind == "compute"
+            and beta == 0
+            and tflops < MIN_REFERENCE_FRACTION * reference.tflops
+        ):
+            healthy = False
+        baseline: Baseline | None = None
+        if store is not None and uuid and tflops is not None:
+            key = BaselineKey(
+                gpu_uuid=uuid,
+                dtype=baseline_dtype(dtype, beta),
+                shape=result.shape,
+                context=context,
+                driver=driver,
+                torch=torch_version,
+                cuda=cuda,
+                method=METHOD,
+            )
+            if record:
+                conditions = doc.conditions.as_dict()
+                baseline = store.record_run(key, tflops, healthy, conditions=conditions)
+            else:
+                baseline = store.get(key)
+        figures.append(
+            GemmFigure(
+                dtype=dtype,
+                shape=result.shape,
+                kind=kind,
+                beta=beta,
+                status=result.status,
+                reason=result.reason,
+                delivered=tflops,
+                peak=result.peak,
+                baseline=baseline,
+                reference=reference,
+                healthy=healthy,
+            )
+        )
+    return figures
+
+
+# Ratios are kept in the baseline store beside the figures, under their own "dtype", and with
+# the method they are measured by: the median iteration (worker.decode_ratios), so ratios learned
+# from delivered figures before 2026-12-01 are never compared with them.
+RATIO_PREFIX = "ratio:"
+RATIO_METHOD = "median"
+
+
+@dataclass(frozen=True)
+class RatioFigure:
+    """int4 over a 16-bit dtype (``versus``) at the decode shape, from one cycle.
+
+    value: int4's throughput over the other's from their median iterations, measured in the
+        same cycle (the hot suite times them in interleaved rounds): contention leaves the median
+        of a decode kernel alone, the heat that collapses 4-bit GEMMs lowers int4's
+    baseline: the same ratio as learned on a cool GPU (the regular probe's cycles)
+    """
+
+    versus: str
+    shape: str
+    value: float
+    baseline: Baseline | None
+
+    @property
+    def efficiency(self) -> float | None:
+        """The ratio over its cool baseline (1.0: int4 holds up as when cool)."""
+        return None if self.baseline is None else self.value / self.baseline.tflops
+
+
+def evaluate_ratios(
+    doc: WorkerDocument,
+    uuid: str,
+    context: str,
+    store: BaselineStore | None,
+    record: bool,
+    cool: bool,
+) -> list[RatioFigure]:
+    """The document's int4 ratios with their cool baselines; with ``record``, a cycle that ran
+    ``cool`` (no unhealthy reason, memory below the hot threshold) teaches them."""
+    int4 = next((r for r in doc.results if r.dtype == "int4" and r.kind == "decode"), None)
+    if int4 is None:
+        return []
+    driver, torch_version, cuda = doc.software.identity()
+    figures = []
+    for name, value in sorted(doc.ratios.items()):
+        numerator, _, versus = name.partition("/")
+        if numerator != "int4" or not versus:
+            continue
+        baseline: Baseline | None = None
+        if store is not None and uuid:
+            key = BaselineKey(uuid, RATIO_PREFIX + name, int4.shape, context,
+                              driver, torch_version, cuda, RATIO_METHOD)  # fmt: skip
+            if record:
+                healthy = cool and not conditions_unhealthy(doc)
+                baseline = store.record_run(key, value, healthy)
+            else:
+                baseline = store.get(key)
+        figures.append(RatioFigure(versus, int4.shape, value, baseline))
+    return figures

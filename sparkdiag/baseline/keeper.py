@@ -1,0 +1,129 @@
+"""The baseline store's health: visible, logged once per change, and recovered from by itself.
+
+A full disk, a read-only or corrupt file, or a state directory that disappeared must not stay
+invisible while the probe keeps counting successful cycles. The daemon keeps its store in a
+:class:`StoreKeeper`: an open or a write that fails is counted (by operation), logged once when the
+store goes from usable to unusable (and once when it comes back), and retried at the next probe
+cycle, so the daemon recovers when space returns. ``sparkdiag_baseline_store_up`` and
+``sparkdiag_baseline_store_errors_total`` export it; ``check`` reports the same through
+:func:`inspect_store`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+
+from sparkdiag.baseline.store import BaselineStore, BaselineStoreError, open_store
+
+log = logging.getLogger(__name__)
+
+OPERATIONS = ("open", "write")
+
+
+@dataclass(frozen=True)
+class StoreHealth:
+    """up: the last open and write succeeded; errors: failures by operation since start;
+    reason: why the store is unusable now (None while it is up)."""
+
+    up: bool
+    errors: Mapping[str, int] = field(default_factory=dict)
+    reason: str | None = None
+
+
+class StoreKeeper:
+    """The daemon's baseline store (shared by its probe schedulers), and its health."""
+
+    def __init__(self, opener: Callable[[], BaselineStore]) -> None:
+        self._opener = opener
+        self._lock = threading.Lock()
+        self._store: BaselineStore | None = None
+        self._errors = dict.fromkeys(OPERATIONS, 0)
+        self._reason: str | None = None
+        self._up = True
+        self.store()  # open at start, so that a bad store is visible before the first cycle
+
+    def store(self) -> BaselineStore | None:
+        """The open store, opening it (again) when needed; None while it cannot be opened."""
+        with self._lock:
+            if self._store is not None:
+                return self._store
+        try:
+            store = self._opener()
+            problems = store.integrity_check()
+            if problems != "ok":
+                store.close()
+                raise BaselineStoreError(f"baseline store {store.path} is damaged: {problems}")
+        except BaselineStoreError as exc:
+            self.failed("open", exc)
+            return None
+        with self._lock:
+            self._store = store
+        self.succeeded()
+        return store
+
+    def succeeded(self) -> None:
+        with self._lock:
+            came_back = not self._up
+            self._up, self._reason = True, None
+        if came_back:
+            log.warning("baseline store usable again: baselines are learned and compared")
+
+    def failed(self, operation: str, exc: Exception) -> None:
+        """Count the failure; log it when the store was usable until now."""
+        with self._lock:
+            self._errors[operation] = self._errors.get(operation, 0) + 1
+            went_down = self._up
+            self._up, self._reason = False, f"{operation}: {exc}"
+            if operation == "open" and self._store is not None:
+                self._store.close()
+                self._store = None
+        if went_down:
+            log.warning(
+                "baseline store unusable (%s): probes go on without learning or comparing "
+                "baselines; sparkdiag retries at every cycle",
+                self._reason,
+            )
+
+    def health(self) -> StoreHealth:
+        with self._lock:
+            return StoreHealth(self._up, MappingProxyType(dict(self._errors)), self._reason)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._store is not None:
+                self._store.close()
+                self._store = None
+
+
+@dataclass(frozen=True)
+class StoreReport:
+    """What ``check`` found of the store: ``state`` is ok, absent or unusable."""
+
+    state: str
+    path: Path | None
+    detail: str
+    baselines: int = 0
+
+
+def inspect_store(state_dir: Path | None) -> StoreReport:
+    """Open the store read-only-ish (never creating it), check its integrity, count baselines."""
+    try:
+        store = open_store(state_dir, create=False)
+    except BaselineStoreError as exc:
+        absent = str(exc).startswith("no baselines yet")
+        return StoreReport("absent" if absent else "unusable", None, str(exc))
+    try:
+        problems = store.integrity_check()
+        if problems != "ok":
+            return StoreReport("unusable", store.path, f"damaged: {problems.splitlines()[0]}")
+        count = len(store.list())
+        return StoreReport("ok", store.path, f"{count} baseline(s)", count)
+    except BaselineStoreError as exc:
+        return StoreReport("unusable", store.path, str(exc))
+    finally:
+        store.close()

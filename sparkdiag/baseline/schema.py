@@ -1,0 +1,159 @@
+"""The baseline store's SQL: the key columns, the schema as a list of migrations, the
+transaction helper and the checks on values before they are written.
+
+Schema versions live in ``PRAGMA user_version``; each migration moves the file from version i
+to i + 1 and is never edited once released (see :mod:`sparkdiag.baseline.store`).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import json
+import math
+import sqlite3
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, TypeGuard
+
+KEY_COLUMNS = ("gpu_uuid", "dtype", "shape", "context", "driver", "torch", "cuda", "method")
+KEY_WHERE = " AND ".join(f"{column} = ?" for column in KEY_COLUMNS)
+KEY_LIST = ", ".join(KEY_COLUMNS)
+BASELINE_COLUMNS = f"{KEY_LIST}, tflops, source, runs, created_at, updated_at, note"
+# The key as schema version 1 had it (migrations are never edited, so they spell it out).
+_V1KEY_LIST = "gpu_uuid, dtype, shape, context, driver, torch, cuda"
+
+# Each entry moves the schema from version i to i + 1 (PRAGMA user_version).
+# Append new migrations; never edit a released one.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (
+        """CREATE TABLE runs (
+            id INTEGER PRIMARY KEY,
+            gpu_uuid TEXT NOT NULL, dtype TEXT NOT NULL, shape TEXT NOT NULL,
+            context TEXT NOT NULL, driver TEXT NOT NULL, torch TEXT NOT NULL,
+            cuda TEXT NOT NULL,
+            tflops REAL NOT NULL CHECK (tflops > 0),
+            healthy INTEGER NOT NULL CHECK (healthy IN (0, 1)),
+            at REAL NOT NULL,
+            conditions TEXT
+        )""",
+        f"CREATE INDEX runs_by_key ON runs ({_V1KEY_LIST}, healthy, id)",
+        f"""CREATE TABLE baselines (
+            gpu_uuid TEXT NOT NULL, dtype TEXT NOT NULL, shape TEXT NOT NULL,
+            context TEXT NOT NULL, driver TEXT NOT NULL, torch TEXT NOT NULL,
+            cuda TEXT NOT NULL,
+            tflops REAL NOT NULL CHECK (tflops > 0),
+            source TEXT NOT NULL CHECK (source IN ('learned', 'pinned')),
+            runs INTEGER NOT NULL CHECK (runs >= 0),
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            note TEXT NOT NULL DEFAULT '',
+            PRIMARY KEY ({_V1KEY_LIST})
+        ) WITHOUT ROWID""",
+    ),
+    # 2: the measuring method joins the key; what was there was measured by the median.
+    (
+        "ALTER TABLE runs ADD COLUMN method TEXT NOT NULL DEFAULT 'median'",
+        "DROP INDEX runs_by_key",
+        f"CREATE INDEX runs_by_key ON runs ({_V1KEY_LIST}, method, healthy, id)",
+        f"""CREATE TABLE baselines_2 (
+            gpu_uuid TEXT NOT NULL, dtype TEXT NOT NULL, shape TEXT NOT NULL,
+            context TEXT NOT NULL, driver TEXT NOT NULL, torch TEXT NOT NULL,
+            cuda TEXT NOT NULL, method TEXT NOT NULL,
+            tflops REAL NOT NULL CHECK (tflops > 0),
+            source TEXT NOT NULL CHECK (source IN ('learned', 'pinned')),
+            runs INTEGER NOT NULL CHECK (runs >= 0),
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            note TEXT NOT NULL DEFAULT '',
+            PRIMARY KEY ({_V1KEY_LIST}, method)
+        ) WITHOUT ROWID""",
+        f"""INSERT INTO baselines_2 SELECT {_V1KEY_LIST}, 'median', tflops, source, runs,
+            created_at, updated_at, note FROM baselines""",
+        "DROP TABLE baselines",
+        "ALTER TABLE baselines_2 RENAME TO baselines",
+    ),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@contextmanager
+def transaction(conn: sqlite3.Connection) -> Iterator[None]:
+    """``BEGIN IMMEDIATE`` ... ``COMMIT``, rolled back on any exception."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            # The original error says more; SQLite rolls back on close anyway.
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+        raise
+
+
+def placeholders(extra: int) -> str:
+    """``?, ?, ...`` for the key columns and ``extra`` more."""
+    return ", ".join("?" * (len(KEY_COLUMNS) + extra))
+
+
+def filters(**filters: str | None) -> tuple[str, tuple[str, ...]]:
+    clauses: builtins.list[str] = []
+    params: builtins.list[str] = []
+    for column, value in filters.items():
+        if value is None:
+            continue
+        if not isinstance(value, str) or not value.strip():
+            raise ValueError(f"{column} filter must be a non-empty string, got {value!r}")
+        clauses.append(f"{column} = ?")
+        params.append(value)
+    where = f" WHERE {' AND '.join(clauses)}" if clauses else ""
+    return where, tuple(params)
+
+
+def is_real(value: object) -> TypeGuard[int | float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def check_tflops(value: object) -> float:
+    if not is_real(value):
+        raise ValueError(f"tflops must be a number, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number <= 0:
+        raise ValueError(f"tflops must be finite and > 0, got {value!r}")
+    return number
+
+
+def check_time(value: object, name: str) -> float:
+    if not is_real(value):
+        raise ValueError(f"{name} must be a unix time in seconds, got {value!r}")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"{name} must be a finite unix time >= 0, got {value!r}")
+    return number
+
+
+def conditions_json(conditions: Mapping[str, Any] | None) -> str | None:
+    if conditions is None:
+        return None
+    if not isinstance(conditions, Mapping):
+        raise ValueError(f"conditions must be a mapping, got {type(conditions).__name__}")
+    try:
+        return json.dumps(dict(conditions), sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"conditions must be JSON-serialisable: {exc}") from exc
+
+
+def conditions_from_json(text: object) -> dict[str, Any] | None:
+    if text is None:
+        return None
+    try:
+        value = json.loads(str(text))
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
+
+
+def is_busy(exc: sqlite3.OperationalError) -> bool:
+    message = str(exc).lower()
+    return "locked" in message or "busy" in message

@@ -1,0 +1,544 @@
+"""Healthy GEMM baselines, kept in an SQLite file in the state directory.
+
+A baseline is what "healthy" throughput means for one GPU running one probe
+(dtype, shape) in one context (native or container) under one software
+identity (driver, torch, CUDA). Every probe result is recorded as a run; the
+baseline is either
+
+* learned: the median of the first healthy runs. It exists once ``min_runs``
+  healthy runs are in, follows the median until ``learn_runs`` went into it,
+  and is then frozen, so later runs (a GPU that slowly degrades) never drag
+  it down; or
+* pinned by the user (``sparkdiag baseline pin``), which overrides learning
+  and survives later runs until it is reset.
+
+New software is a new key, so it learns a new baseline while the old one is
+kept (and listed) for comparison. ``reset`` deletes baselines and their runs
+so learning starts again.
+
+Durability: WAL journal, ``synchronous=FULL``, and every write is a single
+``BEGIN IMMEDIATE`` transaction, so a crash or ``kill -9`` mid-write leaves
+the last committed state intact. Several processes may write at once (the
+daemon records, the CLI pins); SQLite serialises them and waits up to
+``busy_timeout_s`` for the write lock. Within one process a store object
+holds one connection guarded by a lock, so threads may share it.
+
+Inspect with ``sqlite3 $STATE_DIRECTORY/baselines.sqlite 'SELECT * FROM baselines'``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import math
+import os
+import re
+import sqlite3
+import statistics
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from sparkdiag.baseline.schema import (
+    BASELINE_COLUMNS,
+    KEY_COLUMNS,
+    KEY_LIST,
+    KEY_WHERE,
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    check_tflops,
+    check_time,
+    conditions_from_json,
+    conditions_json,
+    filters,
+    is_busy,
+    is_real,
+    placeholders,
+    transaction,
+)
+from sparkdiag.statedir import StateDirError, ensure_state_directory, state_directory
+
+BaselineSource = Literal["learned", "pinned"]
+
+DEFAULT_FILENAME = "baselines.sqlite"
+CONTEXTS = ("native", "container")
+# How a figure was measured. "delivered": the total time of back-to-back iterations, gaps
+# included (worker schema 2); "median": the median iteration (GEMM figures of schema 1, before
+# 2026-12; the int4 ratios since 2026-12-01). A baseline is only ever compared with figures of
+# its own method: the two differ on a shared GPU.
+METHODS = ("delivered", "median")
+METHOD = "delivered"
+
+_SHAPE = re.compile(r"^[0-9]+(?:x[0-9]+)+$")
+
+
+class BaselineStoreError(Exception):
+    """The baseline database cannot be opened, read or written."""
+
+
+@dataclass(frozen=True)
+class BaselineKey:
+    """What a baseline is for: one probe on one GPU under one software identity.
+
+    gpu_uuid: NVML UUID (``nvidia-smi --query-gpu=uuid``)
+    dtype: probe dtype label (``bf16``, ``fp8``, ...)
+    shape: ``MxNxK`` such as ``8192x8192x8192``
+    context: ``native`` or ``container``
+    driver, torch, cuda: versions; empty string when unknown
+    method: how the figures were measured (``delivered``; ``median`` for old GEMM baselines
+        and for the int4 ratios)
+    """
+
+    gpu_uuid: str
+    dtype: str
+    shape: str
+    context: str
+    driver: str
+    torch: str
+    cuda: str
+    method: str = METHOD
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise ValueError(f"BaselineKey.method must be one of {', '.join(METHODS)}")
+        for name in KEY_COLUMNS:
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise ValueError(f"BaselineKey.{name} must be a string, got {value!r}")
+        for name in ("gpu_uuid", "dtype", "shape"):
+            if not getattr(self, name).strip():
+                raise ValueError(f"BaselineKey.{name} must not be empty")
+        if not _SHAPE.match(self.shape):
+            raise ValueError(f"BaselineKey.shape must look like 8192x8192x8192, got {self.shape!r}")
+        if self.context not in CONTEXTS:
+            raise ValueError(
+                f"BaselineKey.context must be one of {', '.join(CONTEXTS)}, got {self.context!r}"
+            )
+
+    def as_row(self) -> tuple[str, ...]:
+        return tuple(getattr(self, name) for name in KEY_COLUMNS)
+
+
+@dataclass(frozen=True)
+class Baseline:
+    """The healthy throughput a probe is compared with.
+
+    tflops: TFLOPS (tera-operations per second for integer dtypes)
+    source: ``learned`` (median of healthy runs) or ``pinned`` (set by the user)
+    runs: healthy runs that went into a learned baseline (0 when pinned)
+    created_at, updated_at: unix time in seconds
+    """
+
+    key: BaselineKey
+    tflops: float
+    source: BaselineSource
+    runs: int
+    created_at: float
+    updated_at: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One recorded probe result (newest first from :meth:`BaselineStore.runs`)."""
+
+    id: int
+    key: BaselineKey
+    tflops: float
+    healthy: bool
+    at: float
+    conditions: dict[str, Any] | None
+
+
+def default_path(environ: Mapping[str, str] | None = None) -> Path:
+    """``<state directory>/baselines.sqlite``; the directory is not created here."""
+    return state_directory(environ) / DEFAULT_FILENAME
+
+
+def open_store(state_dir: Path | None, create: bool) -> BaselineStore:
+    """The baseline store in ``state_dir`` (default: the state directory, see statedir).
+
+    With ``create`` the directory and the database are created when missing (the daemon and
+    ``sparkdiag probe``, which teach baselines); without it a missing database is an error
+    (``check`` and ``baseline show|pin|reset`` only read what was learned). Every failure is a
+    :class:`BaselineStoreError` whose message names the path and why.
+    """
+    try:
+        directory = state_dir or state_directory()
+        if create:
+            ensure_state_directory(directory)
+    except StateDirError as exc:
+        raise BaselineStoreError(str(exc)) from None
+    path = directory / DEFAULT_FILENAME
+    if not create and not path.exists():
+        raise BaselineStoreError(f"no baselines yet: {path} does not exist")
+    return BaselineStore(path)
+
+
+class BaselineStore:
+    """SQLite-backed baselines; see the module docstring for the rules.
+
+    ``learn_runs``: healthy runs after which a learned baseline is frozen.
+    ``min_runs``: healthy runs needed before any baseline exists.
+    ``busy_timeout_s``: how long a write waits for another writer.
+    Raises :class:`BaselineStoreError` (naming the path) when the file cannot
+    be opened as a baseline store, ``ValueError`` for bad arguments.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        learn_runs: int = 5,
+        min_runs: int = 3,
+        busy_timeout_s: float = 10.0,
+    ) -> None:
+        if isinstance(min_runs, bool) or not isinstance(min_runs, int) or min_runs < 1:
+            raise ValueError(f"min_runs must be an integer >= 1, got {min_runs!r}")
+        if isinstance(learn_runs, bool) or not isinstance(learn_runs, int):
+            raise ValueError(f"learn_runs must be an integer, got {learn_runs!r}")
+        if learn_runs < min_runs:
+            raise ValueError(f"learn_runs ({learn_runs}) must be >= min_runs ({min_runs})")
+        if not is_real(busy_timeout_s) or not math.isfinite(busy_timeout_s):
+            raise ValueError(f"busy_timeout_s must be a finite number, got {busy_timeout_s!r}")
+        if busy_timeout_s < 0:
+            raise ValueError(f"busy_timeout_s must be >= 0, got {busy_timeout_s!r}")
+        self.path = Path(path)
+        self.learn_runs = learn_runs
+        self.min_runs = min_runs
+        self.busy_timeout_s = float(busy_timeout_s)
+        self._lock = threading.RLock()
+        self._conn: sqlite3.Connection | None = self._open()
+
+    # -- opening -----------------------------------------------------------
+
+    def _open(self) -> sqlite3.Connection:
+        parent = self.path.parent
+        if not parent.is_dir():
+            raise BaselineStoreError(
+                f"cannot open baseline store {self.path}: directory {parent} does not exist"
+            )
+        if self.path.exists() and not self.path.is_file():
+            raise BaselineStoreError(f"cannot open baseline store {self.path}: not a regular file")
+        try:
+            conn = sqlite3.connect(
+                str(self.path),
+                timeout=self.busy_timeout_s,
+                isolation_level=None,  # transactions are explicit: BEGIN IMMEDIATE ... COMMIT
+                check_same_thread=False,  # guarded by self._lock instead
+            )
+        except sqlite3.Error as exc:
+            raise BaselineStoreError(
+                f"cannot open baseline store {self.path}: {exc}{self._access_hint()}"
+            ) from exc
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            self._use_wal(conn)
+            conn.execute("PRAGMA synchronous = FULL")
+            self._migrate(conn)
+        except BaselineStoreError:
+            conn.close()
+            raise
+        except sqlite3.Error as exc:
+            conn.close()
+            raise BaselineStoreError(
+                f"cannot open baseline store {self.path}: {exc}{self._access_hint()}"
+            ) from exc
+        return conn
+
+    def _access_hint(self) -> str:
+        """SQLite says "unable to open database file"; say which permission is missing."""
+        parent = self.path.parent
+        if self.path.exists() and not os.access(self.path, os.R_OK | os.W_OK):
+            return f" (no read/write permission on the file for uid {os.getuid()})"
+        if not os.access(parent, os.W_OK | os.X_OK):
+            return f" (directory {parent} is not writable for uid {os.getuid()})"
+        return ""
+
+    def _use_wal(self, conn: sqlite3.Connection) -> None:
+        # Switching to WAL takes an exclusive lock and does not always go
+        # through the busy handler, so retry it until the busy timeout.
+        deadline = time.monotonic() + self.busy_timeout_s
+        while True:
+            try:
+                mode = str(conn.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+                if mode != "wal":
+                    mode = str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]).lower()
+            except sqlite3.OperationalError as exc:
+                if not is_busy(exc) or time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.01)
+                continue
+            if mode != "wal":
+                raise BaselineStoreError(
+                    f"cannot open baseline store {self.path}: journal mode is {mode!r}, "
+                    "WAL is required (is the file system read-only or without shared memory?)"
+                )
+            return
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        if version == SCHEMA_VERSION:
+            return
+        if version > SCHEMA_VERSION:
+            raise BaselineStoreError(
+                f"baseline store {self.path} has schema version {version}, newer than the "
+                f"{SCHEMA_VERSION} this sparkdiag understands; upgrade sparkdiag"
+            )
+        with transaction(conn):
+            # Another process may have migrated while we waited for the lock.
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+            if version == 0:
+                objects = conn.execute(
+                    "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
+                ).fetchone()[0]
+                if objects:
+                    raise BaselineStoreError(
+                        f"{self.path} is an SQLite database but not a sparkdiag baseline store"
+                    )
+            for step in range(version, SCHEMA_VERSION):
+                for statement in MIGRATIONS[step]:
+                    conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    # -- plumbing ----------------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise BaselineStoreError(f"baseline store {self.path} is closed")
+        return self._conn
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        """One write transaction under the object lock; sqlite errors become ours."""
+        with self._lock:
+            conn = self._connection()
+            try:
+                with transaction(conn):
+                    yield conn
+            except sqlite3.Error as exc:
+                raise BaselineStoreError(f"baseline store {self.path}: {exc}") from exc
+
+    @contextmanager
+    def _read(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            conn = self._connection()
+            try:
+                yield conn
+            except sqlite3.Error as exc:
+                raise BaselineStoreError(f"baseline store {self.path}: {exc}") from exc
+
+    # -- public API --------------------------------------------------------
+
+    def record_run(
+        self,
+        key: BaselineKey,
+        tflops: float,
+        healthy: bool,
+        at: float | None = None,
+        conditions: Mapping[str, Any] | None = None,
+    ) -> Baseline | None:
+        """Store one probe result and update the learned baseline.
+
+        ``tflops`` in TFLOPS; ``healthy`` says whether the run may count
+        towards a baseline (unhealthy runs are kept for display only); ``at``
+        is unix time (default: now); ``conditions`` is any JSON-serialisable
+        mapping (temperatures, clocks, ...). Returns the key's baseline after
+        this run, or None while it is still learning.
+        """
+        _check_key(key)
+        value = check_tflops(tflops)
+        if not isinstance(healthy, bool):
+            raise ValueError(f"healthy must be a bool, got {healthy!r}")
+        when = time.time() if at is None else check_time(at, "at")
+        conditions_text = conditions_json(conditions)
+        with self._write() as conn:
+            conn.execute(
+                f"INSERT INTO runs ({KEY_LIST}, tflops, healthy, at, conditions) "
+                f"VALUES ({placeholders(4)})",
+                (*key.as_row(), value, int(healthy), when, conditions_text),
+            )
+            current = _select_baseline(conn, key)
+            if current is not None and (
+                current.source == "pinned" or current.runs >= self.learn_runs
+            ):
+                return current  # pinned, or learned and frozen
+            if not healthy:
+                return current
+            values = [
+                float(row[0])
+                for row in conn.execute(
+                    f"SELECT tflops FROM runs WHERE {KEY_WHERE} AND healthy = 1 "
+                    "ORDER BY id LIMIT ?",
+                    (*key.as_row(), self.learn_runs),
+                )
+            ]
+            if len(values) < self.min_runs:
+                return current
+            now = time.time()
+            learned = Baseline(
+                key=key,
+                tflops=float(statistics.median(values)),
+                source="learned",
+                runs=len(values),
+                created_at=current.created_at if current is not None else now,
+                updated_at=now,
+                note=current.note if current is not None else "",
+            )
+            _upsert(conn, learned)
+            return learned
+
+    def pin(self, key: BaselineKey, tflops: float, note: str = "") -> Baseline:
+        """Set the key's baseline to ``tflops`` (TFLOPS); later runs never move it."""
+        _check_key(key)
+        value = check_tflops(tflops)
+        if not isinstance(note, str):
+            raise ValueError(f"note must be a string, got {note!r}")
+        with self._write() as conn:
+            current = _select_baseline(conn, key)
+            now = time.time()
+            pinned = Baseline(
+                key=key,
+                tflops=value,
+                source="pinned",
+                runs=0,
+                created_at=current.created_at if current is not None else now,
+                updated_at=now,
+                note=note,
+            )
+            _upsert(conn, pinned)
+            return pinned
+
+    def get(self, key: BaselineKey) -> Baseline | None:
+        """The key's baseline, or None when there is none (yet)."""
+        _check_key(key)
+        with self._read() as conn:
+            return _select_baseline(conn, key)
+
+    def list(self, gpu_uuid: str | None = None) -> builtins.list[Baseline]:
+        """Every baseline (of one GPU when ``gpu_uuid`` is given), old software included.
+
+        Ordered by GPU, dtype, shape, context, then creation time.
+        """
+        where, params = filters(gpu_uuid=gpu_uuid)
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT {BASELINE_COLUMNS} FROM baselines{where} "
+                "ORDER BY gpu_uuid, dtype, shape, context, created_at, driver, torch, cuda",
+                params,
+            ).fetchall()
+        return [_baseline_from_row(row) for row in rows]
+
+    def reset(
+        self,
+        gpu_uuid: str | None = None,
+        dtype: str | None = None,
+        shape: str | None = None,
+    ) -> int:
+        """Delete matching baselines and their runs so learning starts again.
+
+        No filter resets everything. Returns the number of baselines removed
+        (runs of keys that were still learning are removed too).
+        """
+        where, params = filters(gpu_uuid=gpu_uuid, dtype=dtype, shape=shape)
+        with self._write() as conn:
+            removed = conn.execute(f"DELETE FROM baselines{where}", params).rowcount
+            conn.execute(f"DELETE FROM runs{where}", params)
+            return int(removed)
+
+    def runs(self, key: BaselineKey, limit: int = 20) -> builtins.list[RunRecord]:
+        """The key's most recent runs, newest first, at most ``limit``."""
+        _check_key(key)
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be a positive integer, got {limit!r}")
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT id, tflops, healthy, at, conditions FROM runs WHERE {KEY_WHERE} "
+                "ORDER BY id DESC LIMIT ?",
+                (*key.as_row(), limit),
+            ).fetchall()
+        return [
+            RunRecord(
+                id=int(row[0]),
+                key=key,
+                tflops=float(row[1]),
+                healthy=bool(row[2]),
+                at=float(row[3]),
+                conditions=conditions_from_json(row[4]),
+            )
+            for row in rows
+        ]
+
+    def integrity_check(self) -> str:
+        """``PRAGMA integrity_check``: "ok", or the problems found, one per line."""
+        with self._read() as conn:
+            rows = conn.execute("PRAGMA integrity_check").fetchall()
+        return "\n".join(str(row[0]) for row in rows)
+
+    def close(self) -> None:
+        """Close the connection; safe to call twice."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __enter__(self) -> BaselineStore:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._conn is None else "open"
+        return f"BaselineStore({str(self.path)!r}, {state})"
+
+
+# -- helpers -----------------------------------------------------------------
+
+
+def _select_baseline(conn: sqlite3.Connection, key: BaselineKey) -> Baseline | None:
+    row = conn.execute(
+        f"SELECT {BASELINE_COLUMNS} FROM baselines WHERE {KEY_WHERE}", key.as_row()
+    ).fetchone()
+    return None if row is None else _baseline_from_row(row)
+
+
+def _upsert(conn: sqlite3.Connection, baseline: Baseline) -> None:
+    conn.execute(
+        f"INSERT INTO baselines ({BASELINE_COLUMNS}) VALUES ({placeholders(6)})"
+        f" ON CONFLICT ({KEY_LIST}) DO UPDATE SET tflops = excluded.tflops,"
+        " source = excluded.source, runs = excluded.runs,"
+        " updated_at = excluded.updated_at, note = excluded.note",
+        (
+            *baseline.key.as_row(),
+            baseline.tflops,
+            baseline.source,
+            baseline.runs,
+            baseline.created_at,
+            baseline.updated_at,
+            baseline.note,
+        ),
+    )
+
+
+def _baseline_from_row(row: tuple[Any, ...]) -> Baseline:
+    key = BaselineKey(*(str(value) for value in row[: len(KEY_COLUMNS)]))
+    source = str(row[9])
+    if source not in ("learned", "pinned"):
+        raise BaselineStoreError(f"unknown baseline source {source!r} in the database")
+    return Baseline(
+        key=key,
+        tflops=float(row[8]),
+        source="pinned" if source == "pinned" else "learned",
+        runs=int(row[10]),
+        created_at=float(row[11]),
+        updated_at=float(row[12]),
+        note=str(row[13]),
+    )
+
+
+def _check_key(key: object) -> None:
+    if not isinstance(key, BaselineKey):
+        raise ValueError(f"key must be a BaselineKey, got {type(key).__name__}")

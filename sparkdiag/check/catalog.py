@@ -1,0 +1,91 @@
+"""The list of checks, in the order they are reported, and the loop that runs them.
+
+Each check is ``(CheckContext) -> list[CheckResult]`` and lives in the ``*_checks`` module of its
+kind: ``gpu_checks`` (presence, idle, modes), ``thermal_checks`` (temperatures, clock event
+reasons), ``link_checks`` (PCIe links of the GPU and the host), ``health_checks`` (ECC, row
+remapping, XID), ``host_checks`` (context, governor, unified memory), ``version_checks``,
+``probe_checks`` and ``power_checks`` (under load), ``soak_checks`` (the latest ``sparkdiag
+soak``) and ``store_checks`` (the baseline store). The other modules of the package are the
+machinery: ``model``, ``gather``, ``probe_run``, this catalogue and ``report``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from sparkdiag.check.gpu_checks import (
+    check_compute_mode,
+    check_gpus,
+    check_idle,
+    check_mig,
+    check_nvml,
+    check_persistence,
+)
+from sparkdiag.check.health_checks import check_ecc, check_row_remap, check_xid
+from sparkdiag.check.host_checks import check_context, check_governor, check_unified_memory
+from sparkdiag.check.link_checks import check_pcie_gpu, check_pcie_host
+from sparkdiag.check.model import CheckContext, CheckResult
+from sparkdiag.check.power_checks import check_power_under_load
+from sparkdiag.check.probe_checks import check_int4_decode, check_probe, check_sm_clock
+from sparkdiag.check.soak_checks import check_soak
+from sparkdiag.check.store_checks import check_baseline_store
+from sparkdiag.check.thermal_checks import (
+    check_clock_reasons,
+    check_gpu_temperature,
+    check_memory_temperature,
+)
+from sparkdiag.check.version_checks import check_versions
+
+log = logging.getLogger(__name__)
+
+Check = Callable[[CheckContext], list[CheckResult]]
+
+CHECKS: tuple[tuple[str, Check], ...] = (
+    ("nvml", check_nvml),
+    ("gpus", check_gpus),
+    ("versions", check_versions),
+    ("idle", check_idle),
+    ("gpu-temperature", check_gpu_temperature),
+    ("memory-temperature", check_memory_temperature),
+    ("clock-reasons", check_clock_reasons),
+    ("pcie-gpu", check_pcie_gpu),
+    ("pcie-host", check_pcie_host),
+    ("ecc", check_ecc),
+    ("row-remap", check_row_remap),
+    ("xid", check_xid),
+    ("persistence", check_persistence),
+    ("compute-mode", check_compute_mode),
+    ("mig", check_mig),
+    ("context", check_context),
+    ("cpu-governor", check_governor),
+    ("unified-memory", check_unified_memory),
+    ("baseline-store", check_baseline_store),
+    ("probe", check_probe),
+    ("sm-clock", check_sm_clock),
+    ("power-under-load", check_power_under_load),
+    ("int4-decode", check_int4_decode),
+    ("soak", check_soak),
+)
+# Checks that need the GPU under load; --quick reports them as skipped.
+LOAD_CHECKS = frozenset({"probe", "sm-clock", "power-under-load", "int4-decode"})
+
+
+def run_checks(
+    ctx: CheckContext, checks: tuple[tuple[str, Check], ...] = CHECKS
+) -> list[CheckResult]:
+    """Every check's results in order. A check that raises is reported as a warning (a sparkdiag
+    bug must not hide the other checks, nor pass silently)."""
+    results: list[CheckResult] = []
+    for name, check in checks:
+        try:
+            results.extend(check(ctx))
+        except Exception as exc:
+            log.debug("check %s raised", name, exc_info=True)
+            results.append(
+                CheckResult(
+                    name, "warn", f"the check itself failed: {type(exc).__name__}: {exc}",
+                    "a sparkdiag bug: please report it with the output of --log-level debug",
+                )
+            )  # fmt: skip
+    return results

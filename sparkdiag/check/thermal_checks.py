@@ -1,0 +1,164 @@
+"""Temperatures and clock event reasons, per GPU."""
+
+from __future__ import annotations
+
+from sparkdiag.check.gpu_checks import per_gpu
+from sparkdiag.check.model import CheckContext, CheckResult
+from sparkdiag.check.model import gpu_index as _idx
+from sparkdiag.snapshot import GpuSample
+from sparkdiag.sources.gpu import UNHEALTHY_REASONS, decode_reasons
+
+MEMORY_HOT_C = 85.0  # HBM: the memory controller throttles above this (CONTEXT.md)
+MEMORY_WARM_C = 80.0
+GPU_MARGIN_C = 5.0  # warn this close to the slowdown threshold
+# Without a slowdown threshold (GB10 reports only shutdown, near 105 °C).
+SHUTDOWN_FAIL_MARGIN_C = 15.0
+SHUTDOWN_WARN_MARGIN_C = 25.0
+FALLBACK_FAIL_C, FALLBACK_WARN_C = 90.0, 80.0
+
+# What each unhealthy reason (sources.gpu.UNHEALTHY_REASONS, on which check fails) means.
+FAIL_REASONS = {
+    "hw_slowdown": "hardware slowdown (power or thermal emergency)",
+    "sw_thermal_slowdown": "thermal slowdown (software)",
+    "hw_thermal_slowdown": "thermal slowdown (hardware)",
+    "hw_power_brake_slowdown": "power brake (external power-supply signal)",
+}
+THERMAL_ACTION = (
+    "cool the GPU: check airflow, fans and inlet temperature; wait until the reason clears "
+    "(nvidia-smi -q -d PERFORMANCE) before benchmarking"
+)
+REASON_ACTIONS = {
+    "hw_slowdown": "check power cables and cooling; nvidia-smi -q -d PERFORMANCE shows the cause",
+    "sw_thermal_slowdown": THERMAL_ACTION,
+    "hw_thermal_slowdown": THERMAL_ACTION,
+    "hw_power_brake_slowdown": "the power supply or BMC asserts the power brake: check the PSUs "
+    "and the chassis power capping",
+}
+
+
+def _c(value: float) -> str:
+    return f"{value:.0f} °C"
+
+
+# -- temperatures ------------------------------------------------------------------------------
+
+
+def _gpu_temperature(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    name = "gpu-temperature"
+    temp = gpu.temperature_celsius.get("gpu")
+    if temp is None:
+        return CheckResult(name, "skip", "GPU temperature not reported", gpu=_idx(gpu))
+    slowdown = gpu.threshold_celsius.get("slowdown")
+    shutdown = gpu.threshold_celsius.get("shutdown")
+    data = {"celsius": temp, "slowdown": slowdown, "shutdown": shutdown}
+    action = (
+        "improve airflow / check fans and inlet temperature; let the GPU cool down before "
+        "benchmarking"
+    )
+    if slowdown is not None:
+        if temp >= slowdown:
+            return CheckResult(name, "fail", f"GPU {_c(temp)} ≥ slowdown {_c(slowdown)}",
+                               action, _idx(gpu), data)  # fmt: skip
+        if temp >= slowdown - GPU_MARGIN_C:
+            return CheckResult(name, "warn",
+                               f"GPU {_c(temp)}, within {GPU_MARGIN_C:.0f} °C of slowdown "
+                               f"{_c(slowdown)}", action, _idx(gpu), data)  # fmt: skip
+        return CheckResult(name, "pass", f"GPU {_c(temp)} (slowdown {_c(slowdown)})",
+                           gpu=_idx(gpu), data=data)  # fmt: skip
+    if shutdown is not None:
+        fail_at, warn_at = shutdown - SHUTDOWN_FAIL_MARGIN_C, shutdown - SHUTDOWN_WARN_MARGIN_C
+        limit = f"shutdown {_c(shutdown)}, no slowdown threshold reported"
+    else:
+        fail_at, warn_at = FALLBACK_FAIL_C, FALLBACK_WARN_C
+        limit = "no threshold reported"
+    if temp >= fail_at:
+        return CheckResult(name, "fail", f"GPU {_c(temp)} ≥ {_c(fail_at)} ({limit})",
+                           action, _idx(gpu), data)  # fmt: skip
+    if temp >= warn_at:
+        return CheckResult(name, "warn", f"GPU {_c(temp)} ≥ {_c(warn_at)} ({limit})",
+                           action, _idx(gpu), data)  # fmt: skip
+    return CheckResult(name, "pass", f"GPU {_c(temp)} ({limit})", gpu=_idx(gpu), data=data)
+
+
+def check_gpu_temperature(ctx: CheckContext) -> list[CheckResult]:
+    """GPU temperature against its slowdown threshold (fail at it, warn 5 °C below)."""
+    return per_gpu("gpu-temperature", ctx, _gpu_temperature)
+
+
+def _memory_temperature(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    name = "memory-temperature"
+    temp = gpu.temperature_celsius.get("memory")
+    if temp is None:
+        why = (
+            "unified LPDDR5X memory has no sensor"
+            if gpu.identity.memory_model == "unified"
+            else "NVML does not report it on this GPU"
+        )
+        return CheckResult(name, "skip", f"memory temperature not reported ({why})", gpu=_idx(gpu))
+    limit = gpu.threshold_celsius.get("memory_max")
+    data = {"celsius": temp, "memory_max": limit, "hot": MEMORY_HOT_C}
+    action = (
+        f"improve airflow / check fans; wait until memory < {MEMORY_WARM_C:.0f} °C before "
+        "benchmarking (hot memory throttles: 4-bit and memory-bound kernels collapse)"
+    )
+    if limit is not None and temp >= limit:
+        return CheckResult(name, "fail", f"memory {_c(temp)} ≥ its limit {_c(limit)}",
+                           action, _idx(gpu), data)  # fmt: skip
+    if temp >= MEMORY_HOT_C:
+        return CheckResult(name, "fail", f"memory {_c(temp)} ≥ {_c(MEMORY_HOT_C)}",
+                           action, _idx(gpu), data)  # fmt: skip
+    if temp >= MEMORY_WARM_C:
+        return CheckResult(name, "warn",
+                           f"memory {_c(temp)}, close to {_c(MEMORY_HOT_C)}", action, _idx(gpu),
+                           data)  # fmt: skip
+    shown = f" (limit {_c(limit)})" if limit is not None else ""
+    return CheckResult(name, "pass", f"memory {_c(temp)}{shown}", gpu=_idx(gpu), data=data)
+
+
+def check_memory_temperature(ctx: CheckContext) -> list[CheckResult]:
+    """Memory temperature against 85 °C and its own limit (warn from 80 °C)."""
+    return per_gpu("memory-temperature", ctx, _memory_temperature)
+
+
+# -- clock event reasons ----------------------------------------------------------------------
+
+
+def _clock_reasons(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    name = "clock-reasons"
+    mask = gpu.clock_event_reasons
+    if mask is None:
+        return CheckResult(name, "skip", "clock event reasons not reported", gpu=_idx(gpu))
+    names = decode_reasons(mask)
+    data = {"mask": mask, "reasons": names}
+    shown = f"{', '.join(names) or 'none'} (0x{mask:x})"
+    failing = [r for r in names if r in FAIL_REASONS]
+    if failing:
+        temps = ", ".join(f"{k} {_c(v)}" for k, v in gpu.temperature_celsius.items())
+        what = "; ".join(FAIL_REASONS[r] for r in failing)
+        return CheckResult(name, "fail", f"{shown}: {what}" + (f" at {temps}" if temps else ""),
+                           REASON_ACTIONS[failing[0]], _idx(gpu), data)  # fmt: skip
+    if "sw_power_cap" in names and ctx.busy(gpu) is None:
+        power = ""
+        if gpu.power_watts is not None and gpu.power_limit_watts is not None:
+            power = f" ({gpu.power_watts:.0f} of {gpu.power_limit_watts:.0f} W)"
+        return CheckResult(
+            name, "warn", f"{shown}: power cap active at idle{power}",
+            "check the power limit (nvidia-smi -q -d POWER) and restore the default: "
+            "sudo nvidia-smi -pl <default limit in W>",
+            _idx(gpu), data,
+        )  # fmt: skip
+    if "applications_clocks_setting" in names:
+        return CheckResult(name, "warn", f"{shown}: application clocks hold the GPU below max",
+                           "sudo nvidia-smi -rac (reset application clocks)", _idx(gpu),
+                           data)  # fmt: skip
+    note = " (power cap under load is normal)" if "sw_power_cap" in names else ""
+    return CheckResult(name, "pass", shown + note, gpu=_idx(gpu), data=data)
+
+
+def check_clock_reasons(ctx: CheckContext) -> list[CheckResult]:
+    """Clock event reasons: thermal, hardware slowdown and power brake fail; power cap at idle
+    and application clocks warn; gpu_idle is fine."""
+    return per_gpu("clock-reasons", ctx, _clock_reasons)
+
+
+assert set(FAIL_REASONS) == UNHEALTHY_REASONS

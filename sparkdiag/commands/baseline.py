@@ -1,0 +1,123 @@
+"""``sparkdiag baseline show|pin|reset``: the learned baselines the probe is compared with."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import click
+
+from sparkdiag.baseline.store import BaselineStore
+from sparkdiag.commands.probe import store_or_exit
+from sparkdiag.flags import settings_from, settings_options
+
+
+@click.group()
+def baseline() -> None:
+    """Show, pin or reset the healthy baselines the probe is compared with."""
+
+
+def _filtered(store: BaselineStore, uuid: str | None, dtype: str | None, shape: str | None,
+              context: str | None) -> list[Any]:  # fmt: skip
+    return [
+        b for b in store.list()
+        if (uuid is None or b.key.gpu_uuid.startswith(uuid))
+        and (dtype is None or b.key.dtype == dtype)
+        and (shape is None or b.key.shape == shape)
+        and (context is None or b.key.context == context)
+    ]  # fmt: skip
+
+
+_FILTERS = [
+    click.option("--uuid", default=None, help="GPU uuid (a prefix is enough)."),
+    click.option("--dtype", default=None, help="dtype, e.g. bf16 (bf16:beta1 for accumulate)."),
+    click.option("--shape", default=None, help="MxNxK."),
+    click.option("--context", type=click.Choice(["native", "container"]), default=None),
+]
+
+
+def _with_filters(fn: Callable[..., Any]) -> Callable[..., Any]:
+    for option in reversed(_FILTERS):
+        fn = option(fn)
+    return settings_options("baseline")(fn)
+
+
+@baseline.command("show")
+@_with_filters
+@click.option("--json", "as_json", is_flag=True)
+def baseline_show(uuid: str | None, dtype: str | None, shape: str | None, context: str | None,
+                  as_json: bool, **given: Any) -> None:  # fmt: skip
+    """List baselines (every software identity: old ones are kept)."""
+    with store_or_exit(settings_from("baseline", given).state_dir, create=False) as store:
+        rows = _filtered(store, uuid, dtype, shape, context)
+    if as_json:
+        click.echo(json.dumps([
+            {**b.key.__dict__, "tflops": b.tflops, "source": b.source, "runs": b.runs,
+             "created_at": b.created_at, "updated_at": b.updated_at, "note": b.note}
+            for b in rows
+        ], indent=1))  # fmt: skip
+        return
+    if not rows:
+        click.echo("no baselines match")
+        return
+    for b in rows:
+        k = b.key
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(b.updated_at))
+        note = f"  # {b.note}" if b.note else ""
+        click.echo(
+            f"{k.gpu_uuid[:12]}.. {k.dtype:10} {k.shape:>18} {k.context:9} {b.tflops:9.1f} "
+            f"{b.source:7} runs={b.runs} driver={k.driver} torch={k.torch} cuda={k.cuda} "
+            f"{when}{note}"
+        )
+
+
+@baseline.command("pin")
+@_with_filters
+@click.option(
+    "--tflops", type=float, default=None, help="Value to pin; default: keep the current value."
+)
+@click.option("--note", default="", help="Why (shown by show).")
+@click.option("--all", "all_matches", is_flag=True, help="Pin every matching baseline.")
+def baseline_pin(
+    uuid: str | None,
+    dtype: str | None,
+    shape: str | None,
+    context: str | None,
+    tflops: float | None,
+    note: str,
+    all_matches: bool,
+    **given: Any,
+) -> None:
+    """Pin baselines: later runs never move a pinned baseline."""
+    with store_or_exit(settings_from("baseline", given).state_dir, create=False) as store:
+        rows = _filtered(store, uuid, dtype, shape, context)
+        if not rows:
+            raise click.ClickException("no baseline matches; run 'sparkdiag probe' first")
+        if len(rows) > 1 and not all_matches:
+            raise click.ClickException(
+                f"{len(rows)} baselines match; narrow the filters or pass --all"
+            )
+        for b in rows:
+            pinned = store.pin(b.key, tflops if tflops is not None else b.tflops, note)
+            k = pinned.key
+            click.echo(f"pinned {k.dtype} {k.shape} {k.context} at {pinned.tflops:.1f}")
+
+
+@baseline.command("reset")
+@_with_filters
+@click.option("--all", "all_matches", is_flag=True, help="Required when no filter is given.")
+def baseline_reset(uuid: str | None, dtype: str | None, shape: str | None, context: str | None,
+                   all_matches: bool, **given: Any) -> None:  # fmt: skip
+    """Forget baselines and their runs, so that they are learned again from the next runs."""
+    if not (uuid or dtype or shape or context or all_matches):
+        raise click.UsageError(
+            "give --uuid/--dtype/--shape/--context, or --all to reset everything"
+        )
+    with store_or_exit(settings_from("baseline", given).state_dir, create=False) as store:
+        keys = [b.key for b in _filtered(store, uuid, dtype, shape, context)]
+        removed = 0
+        for key in keys:
+            removed += store.reset(key.gpu_uuid, key.dtype, key.shape)
+    click.echo(f"removed {removed} baseline(s)")

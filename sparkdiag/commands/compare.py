@@ -1,0 +1,249 @@
+"""``sparkdiag compare``: the same probe natively and in a container, and the gap between them.
+
+The click command object :data:`compare` is registered on the main group in ``cli.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shlex
+import signal
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from types import FrameType
+from typing import Any
+
+import click
+
+from sparkdiag.compare import model, report
+from sparkdiag.compare.rounds import compare as run_comparison
+from sparkdiag.flags import settings_from, settings_options, worker_options
+from sparkdiag.probe.request import WorkerRequest
+
+
+def _fraction(ctx: click.Context, param: click.Parameter, value: Any) -> float:
+    """0.15, or 15%: a fraction in [0, 1)."""
+    if isinstance(value, float):
+        return value
+    text = str(value).strip()
+    try:
+        number = float(text[:-1]) / 100.0 if text.endswith("%") else float(text)
+    except ValueError:
+        raise click.BadParameter(
+            f"{value!r} is not a fraction such as 0.15 or a percentage such as 15%"
+        ) from None
+    if not 0.0 <= number < 1.0:
+        raise click.BadParameter(
+            f"{value!r} must lie in [0, 1) (a fraction: 0.15, or a percentage: 15%)"
+        )
+    return number
+
+
+def container_argv(cmd: Sequence[str]) -> list[str]:
+    """CMD as given: an argument list, or one quoted string split like a shell would (shlex).
+
+    Nothing is ever run through a shell: a single argument holding whitespace is split with
+    :func:`shlex.split` into words, and every word is then one argument of the command.
+    """
+    words = list(cmd)
+    if len(words) == 1 and any(ch.isspace() for ch in words[0]):
+        try:
+            words = shlex.split(words[0])
+        except ValueError as exc:
+            raise click.UsageError(f"cannot split the container command: {exc}") from None
+    if not words or words == ["-"]:
+        raise click.UsageError(
+            "give the container command after --container (or after --), for example:\n"
+            "  sparkdiag compare --container docker run -i --rm --gpus all IMAGE python3 -"
+        )
+    return words
+
+
+@contextlib.contextmanager
+def _sigterm_as_exit() -> Iterator[None]:
+    """SIGTERM raises SystemExit(143), so the running side's process group is killed with us."""
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+EPILOG = """\b
+Exit status:
+  0  every kernel measured on both sides is within --max-gap
+  1  the worst gap exceeds --max-gap (the container is slower)
+  2  usage error
+  3  a side failed to run (runtime or image missing, no GPU or no torch inside,
+     hang, output that is not the worker's JSON), or nothing was measured on both
+"""
+
+
+@click.command(
+    "compare",
+    context_settings={
+        "allow_interspersed_args": False,
+        "help_option_names": ["-h", "--help"],
+        "max_content_width": 100,
+    },
+    epilog=EPILOG,
+)
+@click.option(
+    "--container",
+    "container_flag",
+    is_flag=True,
+    help="Everything after this flag is CMD, the container command (so put the other options "
+    "before it). '--' works the same way.",
+)
+@click.option(
+    "--rounds",
+    type=click.IntRange(min=1),
+    default=model.DEFAULT_ROUNDS,
+    show_default=True,
+    help="Measured rounds; each is one native and one container cycle.",
+)
+@click.option(
+    "--warmup-rounds",
+    type=click.IntRange(min=0),
+    default=model.DEFAULT_WARMUP_ROUNDS,
+    show_default=True,
+    help="Unmeasured rounds first (a cold GPU runs fast for its first seconds).",
+)
+@click.option(
+    "--max-gap",
+    callback=_fraction,
+    metavar="FRACTION",
+    default="0.15",
+    show_default=True,
+    help="Largest acceptable gap, as a fraction (0.15) or a percentage (15%).",
+)
+@worker_options()
+@click.option(
+    "--budget-seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="GPU-busy time per cycle [worker default: 2].",
+)
+@click.option(
+    "--iters",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Timed iterations per kernel [default: sized to the budget].",
+)
+@click.option(
+    "--bandwidth/--no-bandwidth",
+    default=True,
+    show_default=True,
+    help="Also compare device memory copy bandwidth.",
+)
+@settings_options("compare")
+@click.option(
+    "--native-python",
+    default=None,
+    help="Native interpreter with torch, one string split like a shell would (no shell runs it) "
+    "[default: this Python].",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document (for scripts).")
+@click.argument("cmd", nargs=-1, type=click.UNPROCESSED, metavar="--container CMD...")
+def compare(
+    container_flag: bool,
+    rounds: int,
+    warmup_rounds: int,
+    max_gap: float,
+    dtypes: list[str],
+    shapes: list[str],
+    small: bool,
+    device: str | None,
+    budget_seconds: float | None,
+    iters: int | None,
+    bandwidth: bool,
+    native_python: str | None,
+    as_json: bool,
+    cmd: tuple[str, ...],
+    **given: Any,
+) -> None:
+    """Run the same GEMM probe natively and in a container, and say how large the gap is.
+
+    CMD starts a Python interpreter inside the container that reads its script from standard
+    input. sparkdiag sends its self-contained probe worker there, so nothing has to be
+    installed in the image besides PyTorch. Native and container cycles alternate (after one
+    warm-up round: native, container, native, container, ...), so drift cancels. For every
+    dtype and shape it prints both figures, the ratio container/native with its spread over
+    the rounds, and the software identity of each side (torch, CUDA, cuBLAS, driver), so a
+    slower library can be told from a slower environment.
+
+    CMD is an argument list, never a shell string: write it after --container (or after --),
+    as the last thing on the line. One quoted string is also accepted and split into words like
+    a shell would (shlex), without running a shell. The trailing '-' (Python's "read the
+    script from standard input") is optional. Keep -i (docker, podman: it passes standard input
+    through) and leave out -t.
+
+    \b
+    NGC PyTorch container against a native install on a DGX Spark:
+      sparkdiag compare --native-python ~/venv/bin/python --dtype bf16,fp8 \\
+          --container docker run -i --rm --gpus all --ipc=host \\
+          nvcr.io/nvidia/pytorch:25.09-py3 python3 -
+    Podman:    ... --container podman run -i --rm --device nvidia.com/gpu=all IMAGE python3 -
+    Apptainer: ... --container apptainer exec --nv pytorch.sif python3 -
+    Enroot:    ... --container enroot start pytorch python3 -
+    """
+    settings = settings_from("compare", given)
+    words = container_argv(cmd)
+    try:
+        native = shlex.split(native_python) if native_python else [sys.executable]
+    except ValueError as exc:
+        raise click.UsageError(f"--native-python: cannot split it: {exc}") from None
+    if not native:
+        raise click.UsageError("--native-python is empty")
+    request = WorkerRequest(
+        device=device,
+        dtypes=tuple(dtypes),
+        shapes=tuple(shapes),
+        small=small,
+        probe_when=settings.probe_when,
+        budget_seconds=budget_seconds,
+        iters=iters,
+        bandwidth=bandwidth,
+    )
+
+    def progress(message: str) -> None:
+        click.echo(f"sparkdiag compare: {message}", err=True)
+
+    try:
+        with _sigterm_as_exit():
+            result = run_comparison(
+                words,
+                native=native,
+                rounds=rounds,
+                request=request,
+                timeout=settings.probe_timeout,
+                on_progress=progress,
+                warmup_rounds=warmup_rounds,
+            )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    except KeyboardInterrupt:
+        click.echo("sparkdiag compare: interrupted; the cycle in progress was stopped", err=True)
+        sys.exit(130)
+
+    code = result.exit_code(max_gap)
+    if as_json:
+        click.echo(json.dumps(report.to_dict(result, max_gap), indent=2, allow_nan=False))
+    elif result.failed:
+        click.echo(report.render_failure(result), err=True)
+    else:
+        click.echo(report.render(result, max_gap))
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    compare()

@@ -1,0 +1,43 @@
+"""``sparkdiag record-fixture``: every NVML answer sparkdiag uses, recorded for replay."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from sparkdiag.flags import settings_from, settings_options
+from sparkdiag.sources.fixture import FixtureError
+
+
+@click.command("record-fixture")
+@click.argument("output", type=click.Path(dir_okay=False, writable=True, path_type=Path))
+@click.option(
+    "--description", default="", help="What the machine was doing (idle, under load ...)."
+)
+@settings_options("record-fixture")
+def record_fixture(output: Path, description: str, **given: Any) -> None:
+    """Record every NVML answer sparkdiag uses, errors included, into OUTPUT (JSON).
+
+    Run it on a real GPU; replay the file with --nvml-fixture on any machine.
+    """
+    from sparkdiag.sources.backends import make_backend
+    from sparkdiag.sources.nvml_api import NvmlUnavailable
+    from sparkdiag.sources.record import record, write_atomic
+
+    try:
+        backend = make_backend(settings_from("record-fixture", given).nvml_fixture)
+        doc = record(backend, description)
+    except FixtureError as exc:
+        raise click.BadParameter(str(exc), param_hint="--nvml-fixture") from None
+    except NvmlUnavailable as exc:
+        raise click.ClickException(f"cannot record: NVML is unavailable here ({exc})") from None
+    try:
+        write_atomic(output, doc)
+    except OSError as exc:
+        raise click.ClickException(f"cannot write {output}: {exc.strerror or exc}") from None
+    n = len(doc["devices"])
+    click.echo(
+        f"recorded {n} GPU{'s' if n != 1 else ''} (driver {doc['driver_version']}) to {output}"
+    )

@@ -1,0 +1,333 @@
+"""``sparkdiag soak``: sustained load with measurement windows, the thermal-int4 experiment as one
+command (see :mod:`sparkdiag.soak`)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+from sparkdiag import plotting
+from sparkdiag.commands.probe import gpus_seen
+from sparkdiag.flags import file_option, settings_from, settings_options, worker_options
+from sparkdiag.probe.document import SoakWindow
+from sparkdiag.probe.launchers import pinned_env
+from sparkdiag.probe.request import WorkerRequest
+from sparkdiag.probe.worker import SOAK_WINDOW_SECONDS
+from sparkdiag.soak import plot as soak_plot
+from sparkdiag.soak.model import (
+    CSV_COLUMNS,
+    NOT_RUN,
+    GpuSoak,
+    SoakReport,
+    Target,
+    csv_rows,
+    record_json,
+    state_entry,
+)
+from sparkdiag.soak.render import SENSOR_WORDS, text
+from sparkdiag.soak.run import Job, SoakRunner
+from sparkdiag.soak.state import SoakStateError, state_path, write_state
+from sparkdiag.statedir import StateDirError
+
+EXIT_OK, EXIT_DEGRADED, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 3, 130
+MAX_DURATION = 24 * 3600.0
+_DURATION = re.compile(r"(?:(\d+(?:\.\d*)?)h)?(?:(\d+(?:\.\d*)?)m)?(?:(\d+(?:\.\d*)?)s?)?")
+
+
+def parse_duration(text: str) -> float:
+    """``600``, ``600s``, ``10m``, ``1h30m``, ``1.5h`` -> seconds (positive, at most a day)."""
+    match = _DURATION.fullmatch(text.strip().lower())
+    if not text.strip() or match is None or not any(match.groups()):
+        raise click.BadParameter(f"{text!r}: give seconds, or a duration like 90s, 10m or 1h30m")
+    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
+    total = hours * 3600 + minutes * 60 + seconds
+    if not 0 < total <= MAX_DURATION:
+        raise click.BadParameter(f"{text!r}: must be more than 0 and at most 24 h")
+    return total
+
+
+def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
+    return parse_duration(value)
+
+
+def _gpu_choice(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...] | None:
+    """``all`` (None) or NVML indices: ``0``, ``0,2``."""
+    if value.strip().lower() == "all":
+        return None
+    try:
+        indices = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: give all, N or N,M,...") from None
+    if any(i < 0 for i in indices):
+        raise click.BadParameter(f"{value!r}: GPU indices are >= 0")
+    return indices
+
+
+def _jobs(
+    device: str | None, gpus: tuple[int, ...] | None, request: WorkerRequest, fixture: Path | None
+) -> list[Job]:
+    if device is not None:
+        if gpus is not None:
+            raise click.UsageError("give --device or --gpu, not both")
+        return [Job(Target(label=device), request.on_device(device))]
+    samples, why = gpus_seen(fixture)
+    if gpus is not None:
+        chosen = [g for g in samples if g.identity.index in gpus]
+        missing = sorted(set(gpus) - {g.identity.index for g in chosen})
+        if missing:
+            seen = ", ".join(str(g.identity.index) for g in samples) or "none"
+            raise click.BadParameter(
+                f"no GPU with index {', '.join(map(str, missing))} (NVML sees: {seen})",
+                param_hint="--gpu",
+            )
+        samples = chosen
+    if not samples:
+        raise click.ClickException(
+            f"no GPU to soak: {why or 'NVML lists none'} (--device cpu --small soaks the CPU, "
+            "for tests)"
+        )
+    return [
+        Job(
+            Target(f"GPU {g.identity.index}", g.identity.index, g.identity.uuid, g.identity.name),
+            request.on_device("cuda:0"),
+            pinned_env(g.identity.uuid),
+        )
+        for g in samples
+    ]
+
+
+class _Progress:
+    """On a terminal a progress bar (seconds of load of the furthest worker, and the latest
+    window); elsewhere (a log, a pipe) one line per window."""
+
+    def __init__(self, jobs: list[Job], duration: float) -> None:
+        self.jobs = jobs
+        self.tty = sys.stderr.isatty()
+        self.bar: Any = None
+        self.length = max(1, math.ceil(duration))
+        self.position = 0
+        self.status = ""
+
+    def __enter__(self) -> _Progress:
+        if self.tty:
+            self.bar = click.progressbar(
+                length=self.length, label="soak", file=sys.stderr, show_eta=True,
+                item_show_func=lambda _item: self.status,
+            ).__enter__()  # fmt: skip
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def window(self, i: int, w: SoakWindow) -> None:
+        temps = w.conditions.temperatures()
+        shown = [f"{temps[s]:.0f} °C {SENSOR_WORDS[s]}" for s in ("memory", "gpu") if s in temps]
+        for name, ratio in sorted(w.ratios.items()):
+            shown.append(f"{name} {ratio:.2f}")
+        self.status = (
+            f"{self.jobs[i].target.label} window {w.index} ({w.elapsed_seconds:.1f} s): "
+            + (", ".join(shown) or "measured")
+        )
+        if self.bar is None:
+            click.echo(self.status, err=True)
+            return
+        target = min(int(w.elapsed_seconds), self.length)
+        self.bar.update(max(target - self.position, 0))
+        self.position = max(self.position, target)
+
+
+def _write_outputs(
+    report: SoakReport,
+    json_to: Path | None,
+    csv_to: Path | None,
+    plot_to: str | None,
+    record: bool,
+    state_dir: Path | None,
+) -> bool:
+    """Every file asked for; a file that cannot be written is one line on stderr (returns
+    False), never a reason to lose the others."""
+    ok = True
+
+    def failed(what: str, exc: Exception) -> None:
+        nonlocal ok
+        ok = False
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        click.echo(f"sparkdiag soak: cannot write {what}: {detail}", err=True)
+
+    if json_to is not None and str(json_to) != "-":
+        try:
+            json_to.write_text(json.dumps(record_json(report), indent=1) + "\n")
+        except OSError as exc:
+            failed(str(json_to), exc)
+    if csv_to is not None:
+        try:
+            with csv_to.open("w", newline="") as fh:
+                writer = csv.writer(fh)
+                writer.writerow(CSV_COLUMNS)
+                writer.writerows(csv_rows(report))
+        except OSError as exc:
+            failed(str(csv_to), exc)
+    if plot_to is not None:
+        try:
+            for path in soak_plot.plot(report, plot_to):
+                click.echo(f"wrote {path}", err=True)
+        except (OSError, plotting.PlotUnavailable) as exc:
+            failed(f"the plots ({plot_to})", exc)
+    ran = [g for g in report.gpus if g.stopped not in NOT_RUN]
+    if record and ran:
+        try:
+            path = state_path(state_dir)
+            write_state(path, [state_entry(g, report.finished_at, report.duration_seconds)
+                               for g in ran])  # fmt: skip
+        except (StateDirError, SoakStateError) as exc:
+            failed("the soak state", exc)
+    return ok
+
+
+def exit_status(gpus: tuple[GpuSoak, ...], interrupted: bool, files_ok: bool) -> int:
+    """3 a worker failed; 130 interrupted; 1 a kernel fell, a GPU was not soaked or a file was
+    not written; else 0."""
+    if any(g.stopped == "error" for g in gpus):
+        return EXIT_FAILED
+    if interrupted or any(g.stopped == "interrupted" for g in gpus):
+        return EXIT_INTERRUPTED
+    if not files_ok or any(g.stopped in NOT_RUN or g.verdict.degraded for g in gpus):
+        return EXIT_DEGRADED
+    return EXIT_OK
+
+
+@click.command()
+@click.option(
+    "--duration",
+    default="10m",
+    show_default=True,
+    callback=_duration,
+    help="How long to load the GPU: seconds, or 90s, 10m, 1h30m (at most 24 h).",
+)
+@click.option(
+    "--window",
+    "window",
+    type=click.FloatRange(min=0.1, max=3600),
+    default=SOAK_WINDOW_SECONDS,
+    show_default=True,
+    metavar="SECONDS",
+    help="Seconds of load between two measurement windows.",
+)
+@click.option(
+    "--gpu",
+    "gpus",
+    default="all",
+    show_default=True,
+    callback=_gpu_choice,
+    metavar="N|N,M|all",
+    help="NVML index(es) of the GPUs to soak, all at once (one worker per GPU).",
+)
+@worker_options(shapes=False)
+@click.option(
+    "--json",
+    "json_to",
+    is_flag=False,
+    flag_value="-",
+    default=None,
+    type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+    metavar="[FILE]",
+    help="Write the JSON record to FILE; --json alone prints it instead of the text.",
+)
+@file_option("--csv", "csv_to", "Write one row per window and kernel to FILE.")
+@click.option(
+    "--plot",
+    "plot_to",
+    type=click.Path(),  # a string: a trailing slash means a directory
+    default=None,
+    metavar="DIR|PREFIX",
+    help="Write PREFIX-time.png and PREFIX-temperature.png (DIR/soak-*.png for a directory); "
+    f"needs matplotlib: {plotting.INSTALL_HINT}.",
+)
+@click.option(
+    "--record/--no-record",
+    default=True,
+    show_default=True,
+    help="Keep the verdict in the state directory (soak.json), which the daemon exports and "
+    "check reports.",
+)
+@settings_options("soak")
+def soak(
+    duration: float, window: float, gpus: tuple[int, ...] | None, dtypes: list[str],
+    small: bool, device: str | None, json_to: Path | None, csv_to: Path | None,
+    plot_to: str | None, record: bool, **given: Any,
+) -> None:  # fmt: skip
+    """Sustained load with measurement windows: does throughput hold when the GPU is hot?
+
+    Runs bf16 matmuls on every chosen GPU at once for --duration, and measures the hot suite's
+    kernels (int4, bf16, fp16, fp8 and nvfp4 where supported, at a decode and an LLM shape,
+    interleaved, with the int4/bf16 and int4/fp16 ratios) once before the load (cold) and every
+    --window seconds during it, with the memory and GPU temperature, SM and memory clocks, clock
+    event reasons and power of each window.
+
+    It ends with a verdict per kernel: its cold rate, its hottest rate, and the memory
+    temperature at which it first fell below 0.9 of cold, or that it held ("held 0.98 of cold
+    up to 61 °C memory"); on a GPU without a memory sensor (GB10) the GPU temperature is used
+    and the output says so. The latest verdict per GPU is kept in the state directory, exported
+    by the daemon (sparkdiag_soak_*) and reported by sparkdiag check.
+
+    Safety: each worker stops 5 °C below the GPU's slowdown threshold and the memory's maximum
+    operating temperature, on any hardware (thermal) slowdown, and on Ctrl-C or SIGTERM (a
+    second one kills the workers); the GPU is left idle and the windows measured so far are
+    still written. Why it stopped is the last line per GPU.
+
+    Exit status: 0 every kernel held; 1 a kernel fell below 0.9 of cold, a GPU was not soaked
+    (busy, unsupported) or an output could not be written; 2 usage error; 3 a worker failed;
+    130 interrupted.
+    """
+    settings = settings_from("soak", given)
+    logging.basicConfig(
+        level=getattr(logging, settings.log_level.upper()),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    if plot_to is not None and not plotting.available():
+        raise click.UsageError(plotting.missing_message())
+    request = WorkerRequest(
+        dtypes=tuple(dtypes),
+        small=small,
+        probe_when=settings.probe_when,
+        busy_utilization=settings.probe_busy_utilization,
+        soak_seconds=duration,
+        window_seconds=window,
+        progress=True,
+    )
+    jobs = _jobs(device, gpus, request, settings.nvml_fixture)
+    names = ", ".join(j.target.label for j in jobs)
+    click.echo(
+        f"soaking {names} for {duration:g} s (a measurement window every {window:g} s); "
+        "Ctrl-C stops it cleanly",
+        err=True,
+    )
+    runner = SoakRunner(jobs, timeout=duration + window + settings.probe_timeout)
+    started = time.time()
+    with _Progress(jobs, duration) as progress:
+        outcomes = runner.run(on_window=progress.window)
+    report = SoakReport(
+        started_at=started,
+        finished_at=time.time(),
+        duration_seconds=duration,
+        window_seconds=window,
+        interrupted=runner.interrupted,
+        gpus=tuple(outcomes),
+    )
+    files_ok = _write_outputs(report, json_to, csv_to, plot_to, record, settings.state_dir)
+    if json_to is not None and str(json_to) == "-":
+        click.echo(json.dumps(record_json(report), indent=1))
+    else:
+        click.echo(text(report), nl=False)
+    sys.exit(exit_status(report.gpus, runner.interrupted is not None, files_ok))

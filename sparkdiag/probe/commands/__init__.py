@@ -1,1 +1,0 @@
-"""The probe from a terminal: ``sparkdiag probe``, ``bench`` and ``baseline``, one module each."""

@@ -1,0 +1,215 @@
+"""The daemon's probe scheduler: a cycle every interval (with jitter), one GPU after another.
+
+Never steals the GPU: with ``when="idle"`` a GPU that the latest telemetry shows busy (a compute
+process other than sparkdiag's own worker, or utilization above the threshold) is skipped
+without starting a worker, and the worker checks again before and between its kernels.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sparkdiag.baseline.evaluate import GemmFigure, RatioFigure, evaluate, evaluate_ratios
+from sparkdiag.baseline.keeper import StoreKeeper
+from sparkdiag.baseline.store import BaselineStoreError
+from sparkdiag.config import DEFAULTS
+from sparkdiag.probe.launchers import Launcher
+from sparkdiag.probe.runner import ProbeCycle
+from sparkdiag.scheduling.probe_state import CycleRecord, ProbeState
+from sparkdiag.snapshot import GpuSample, Snapshot
+from sparkdiag.telemetry.busy import busy
+
+log = logging.getLogger(__name__)
+
+
+class GpuLocks:
+    """One lock per GPU (by uuid): a probe worker (periodic, container or hot) has the GPU to
+    itself, so that no probe's figures share it with another probe's."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, threading.Lock] = {}
+        self._guard = threading.Lock()
+
+    def get(self, uuid: str) -> threading.Lock:
+        with self._guard:
+            return self._locks.setdefault(uuid, threading.Lock())
+
+
+class RunningWorkers:
+    """The pids of a scheduler's workers running now, which the busy rule must not count as
+    other compute processes; ``run`` launches one and tracks its pid until it ends."""
+
+    def __init__(self) -> None:
+        self._pids: set[int] = set()
+        self._lock = threading.Lock()
+
+    def pids(self) -> frozenset[int]:
+        with self._lock:
+            return frozenset(self._pids)
+
+    def run(self, launcher: Launcher, gpu: GpuSample) -> ProbeCycle:
+        mine: set[int] = set()
+
+        def started(pid: int) -> None:
+            with self._lock:
+                mine.add(pid)
+                self._pids.add(pid)
+
+        try:
+            return launcher(gpu, started)
+        finally:
+            with self._lock:
+                self._pids -= mine
+
+
+def record_cycle(
+    cycle: ProbeCycle,
+    base: tuple[str, str, str],
+    gpu_name: str,
+    keeper: StoreKeeper | None,
+    learn: bool,
+    cool_below: float,
+    **extra: Any,
+) -> CycleRecord:
+    """A finished cycle as the daemon keeps it: figures and int4 ratios against their baselines
+    (taught by the cycle with ``learn``; the ratios only when it ran cool: memory below
+    ``cool_below`` °C). A store that fails is reported to ``keeper`` and never loses the
+    measurement. ``extra`` goes into the record (a hot probe's trigger, busy)."""
+    uuid, context = base[1], base[2]
+    doc = cycle.document
+    if doc is None:
+        return CycleRecord(*base, result=cycle.result, reason=cycle.reason,
+                           finished_at=time.time(), busy_seconds=None, **extra)  # fmt: skip
+    memory = doc.conditions.max_memory_temperature_celsius
+    cool = memory is None or memory < cool_below
+    figures: tuple[GemmFigure, ...] = ()
+    ratios: tuple[RatioFigure, ...] = ()
+    if cycle.result in ("ok", "error"):
+        store = keeper.store() if keeper is not None else None
+        try:
+            figures = tuple(evaluate(doc, uuid, gpu_name, context, store, record=learn))
+            ratios = tuple(evaluate_ratios(doc, uuid, context, store, learn, cool))
+            if keeper is not None and store is not None and learn:
+                keeper.succeeded()
+        except BaselineStoreError as exc:  # a full disk must not lose the measurement
+            if keeper is not None:
+                keeper.failed("write", exc)
+            figures = tuple(evaluate(doc, uuid, gpu_name, context, None))
+            ratios = tuple(evaluate_ratios(doc, uuid, context, None, False, cool))
+    conditions = doc.conditions
+    bandwidth = doc.bandwidth
+    return CycleRecord(
+        *base,
+        result=cycle.result,
+        reason=cycle.reason,
+        finished_at=doc.finished_at or time.time(),
+        busy_seconds=doc.gpu_busy_seconds,
+        figures=figures,
+        bandwidth_bytes_per_second=bandwidth.delivered if bandwidth else None,
+        max_temperature_celsius=conditions.temperatures(),
+        clock_event_reasons_seen=conditions.clock_event_reasons_seen,
+        mean_sm_clock_hertz=conditions.mean_sm_clock_hertz,
+        mean_power_watts=conditions.mean_power_watts,
+        software=doc.software.as_dict(),
+        ratios=ratios,
+        **extra,
+    )
+
+
+class ProbeScheduler:
+    def __init__(
+        self,
+        launcher: Launcher,
+        state: ProbeState,
+        store: StoreKeeper | None,
+        context: str,
+        latest: Callable[[], Snapshot | None],
+        interval: float,
+        jitter: float = 0.1,
+        when: str = "idle",
+        busy_utilization: float = 0.1,
+        first_delay: float | None = None,
+        rng: random.Random | None = None,
+        cool_below: float = DEFAULTS["probe_hot_memory_celsius"],
+        locks: GpuLocks | None = None,
+    ) -> None:
+        self.launcher = launcher
+        self.locks = locks or GpuLocks()
+        self.name = f"probe-{context}"
+        self.cool_below = cool_below
+        self.state = state
+        self.store = store
+        self.context = context
+        self.latest = latest
+        self.interval = interval
+        self.jitter = jitter
+        self.when = when
+        self.busy_utilization = busy_utilization
+        self.first_delay = min(interval, 30.0) if first_delay is None else first_delay
+        self.rng = rng or random.Random()
+        self.workers = RunningWorkers()
+        state.set_interval(context, interval)
+
+    def excluded_pids(self) -> frozenset[int]:
+        """The probe workers running now: not counted as other compute processes."""
+        return self.workers.pids()
+
+    def busy_reason(self, gpu: GpuSample, snapshot: Snapshot) -> str | None:
+        """Why the GPU counts as busy in the latest telemetry, or None when it is idle."""
+        evidence = busy(gpu, snapshot.excluded_pids, self.busy_utilization)
+        if evidence is None:
+            return None
+        if evidence.other_pids:
+            return f"other compute process(es) on the GPU: {evidence.describe()}"
+        return f"GPU {evidence.describe()} above {self.busy_utilization:.0%}"
+
+    def run_cycle(self) -> list[CycleRecord]:
+        snapshot = self.latest()
+        if snapshot is None:
+            return []
+        records = []
+        for gpu in snapshot.gpus:
+            if not gpu.up:
+                continue
+            records.append(self._probe(gpu, snapshot))
+        return records
+
+    def _probe(self, gpu: GpuSample, snapshot: Snapshot) -> CycleRecord:
+        ident = gpu.identity
+        base = (str(ident.index), ident.uuid, self.context)
+        if self.when == "idle":
+            busy = self.busy_reason(gpu, snapshot)
+            if busy is not None:
+                record = CycleRecord(*base, result="skipped_busy", reason=busy,
+                                     finished_at=time.time(), busy_seconds=None)  # fmt: skip
+                self.state.record(record)
+                log.info("probe GPU %d skipped: %s", ident.index, busy)
+                return record
+
+        with self.locks.get(ident.uuid):
+            cycle = self.workers.run(self.launcher, gpu)
+        record = record_cycle(
+            cycle, base, ident.name, self.store, learn=True, cool_below=self.cool_below
+        )
+        self.state.record(record)
+        level = logging.INFO if cycle.result in ("ok", "skipped_busy") else logging.WARNING
+        log.log(level, "probe GPU %d: %s%s", ident.index, cycle.result,
+                f" ({cycle.reason})" if cycle.reason else "")  # fmt: skip
+        return record
+
+    def next_delay(self) -> float:
+        return self.interval * (1.0 + self.rng.uniform(0.0, self.jitter))
+
+    def run(self, stop: threading.Event) -> None:
+        delay = self.first_delay
+        while not stop.wait(delay):
+            try:
+                self.run_cycle()
+            except Exception:
+                log.exception("probe cycle failed")
+            delay = self.next_delay()

@@ -1,0 +1,152 @@
+"""The daemon's probes, built from the settings: the periodic probe, its hot probe and the
+container probe, sharing one baseline store and one lock per GPU."""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import sys
+
+from sparkdiag.baseline.keeper import StoreKeeper
+from sparkdiag.baseline.store import open_store
+from sparkdiag.compare.container_probe import ContainerLauncher
+from sparkdiag.config import ConfigError, Settings
+from sparkdiag.probe.launchers import FixtureLauncher, Launcher, WorkerLauncher
+from sparkdiag.probe.request import WorkerRequest
+from sparkdiag.scheduling.hot_probe import HotLimits, HotProbeScheduler
+from sparkdiag.scheduling.probe_state import ProbeState
+from sparkdiag.scheduling.scheduler import GpuLocks, ProbeScheduler
+from sparkdiag.telemetry.poller import Poller
+
+log = logging.getLogger(__name__)
+
+
+def build_schedulers(
+    settings: Settings, poller: Poller, state: ProbeState
+) -> list[ProbeScheduler | HotProbeScheduler]:
+    """The daemon's probe schedulers (the periodic probe, its hot probe, and the container
+    probe when configured), each with one log line saying why it does not run. They share one
+    baseline store and one lock per GPU. A bad probe setting raises ConfigError."""
+    locks = GpuLocks()
+    native = _native(settings, poller, state, locks)
+    store = native.store if native else None
+    hot = _hot(settings, poller, state, store, locks) if native else None
+    container = _container(settings, poller, state, store, locks)
+    return [s for s in (native, hot, container) if s is not None]
+
+
+def _native(
+    settings: Settings, poller: Poller, state: ProbeState, locks: GpuLocks
+) -> ProbeScheduler | None:
+    """The probe scheduler, or None (with one log line saying why) when probing cannot run."""
+    if not settings.probe_enabled:
+        return None
+    if not poller.gpu.identities:
+        log.warning("no GPU: GEMM probes skipped")
+        return None
+    launcher: Launcher
+    if settings.probe_fixture is not None:
+        try:
+            launcher = FixtureLauncher(settings.probe_fixture)
+        except ValueError as exc:
+            raise ConfigError(f"probe.fixture: {exc}") from None
+    else:
+        python = settings.probe_python or (sys.executable,)
+        if settings.probe_python is None and importlib.util.find_spec("torch") is None:
+            log.warning(
+                "torch is not installed for %s: GEMM probes skipped "
+                "(install them with: pip install 'sparkdiag[probe]')",
+                sys.executable,
+            )
+            return None
+        request = WorkerRequest(
+            probe_when=settings.probe_when, busy_utilization=settings.probe_busy_utilization
+        )
+        launcher = WorkerLauncher(python, settings.probe_timeout, request)
+    store = _store(settings)
+    context = poller.context.context if poller.context else "native"
+    return ProbeScheduler(
+        launcher,
+        state,
+        store,
+        context,
+        lambda: poller.latest,
+        settings.probe_interval,
+        when=settings.probe_when,
+        busy_utilization=settings.probe_busy_utilization,
+        first_delay=settings.probe_first_delay,
+        cool_below=settings.probe_hot_memory_celsius,
+        locks=locks,
+    )
+
+
+def _hot(
+    settings: Settings,
+    poller: Poller,
+    state: ProbeState,
+    store: StoreKeeper | None,
+    locks: GpuLocks,
+) -> HotProbeScheduler | None:
+    """The hot probe beside the periodic one (off with ``--no-probe.hot-enabled``)."""
+    if not settings.probe_hot_enabled:
+        return None
+    launcher: Launcher
+    if settings.probe_fixture is not None:
+        try:
+            launcher = FixtureLauncher(settings.probe_fixture, suite="hot")
+        except ValueError:
+            log.info("the probe fixture holds no hot-suite cycle: hot probes skipped")
+            return None
+    else:
+        python = settings.probe_python or (sys.executable,)
+        launcher = WorkerLauncher(python, settings.probe_timeout, WorkerRequest(suite="hot"))
+    limits = HotLimits(
+        memory_celsius=settings.probe_hot_memory_celsius,
+        gpu_celsius=settings.probe_hot_gpu_celsius,
+        interval=settings.probe_hot_interval,
+        min_interval=settings.probe_hot_min_interval,
+        busy_utilization=settings.probe_busy_utilization,
+    )
+    context = poller.context.context if poller.context else "native"
+    return HotProbeScheduler(launcher, state, store, context, lambda: poller.latest, limits, locks)
+
+
+def _container(
+    settings: Settings,
+    poller: Poller,
+    state: ProbeState,
+    store: StoreKeeper | None,
+    locks: GpuLocks,
+) -> ProbeScheduler | None:
+    """The container probe (``probe.container-command``), labelled context="container";
+    it shares the native probe's baseline store, or opens one when that probe does not run."""
+    if not settings.probe_enabled or not settings.probe_container_command:
+        return None
+    if not poller.gpu.identities:
+        return None
+    if store is None:
+        store = _store(settings)
+    try:
+        launcher = ContainerLauncher(
+            settings.probe_container_command, settings.probe_timeout, WorkerRequest()
+        )
+    except ValueError as exc:
+        raise ConfigError(f"probe.container-command: {exc}") from None
+    return ProbeScheduler(
+        launcher,
+        state,
+        store,
+        "container",
+        lambda: poller.latest,
+        settings.probe_container_interval,
+        when=settings.probe_when,
+        busy_utilization=settings.probe_busy_utilization,
+        first_delay=settings.probe_first_delay + 60.0,  # after the native cycle, not beside it
+        cool_below=settings.probe_hot_memory_celsius,
+        locks=locks,
+    )
+
+
+def _store(settings: Settings) -> StoreKeeper:
+    """The baseline database in the state directory, kept with its health (store_health.py)."""
+    return StoreKeeper(lambda: open_store(settings.state_dir, create=True))
