@@ -12,7 +12,7 @@ import pytest
 
 from sparkdiag.sources.fixture import FORMAT, FixtureBackend
 from sparkdiag.sources.gpu import GpuSource
-from tests.engine_support import Images, require_engine
+from tests.support.engine import Images, require_engine
 
 FIXTURES = Path(__file__).parent / "fixtures"
 NVML_FIXTURES = FIXTURES / "nvml"

@@ -10,8 +10,7 @@ import pytest
 
 from sparkdiag.config import ECHO, OPTIONS_BY_KEY, ConfigError, build_settings, load_file
 from sparkdiag.web.webconfig import WebConfigError, load_web_config
-from tests.support import NVML
-from tests.test_cli import assert_clean_error, run_cli
+from tests.support import NVML, assert_clean_error, run_cli
 
 FIXTURE = ["--nvml-fixture", str(NVML / "h200-idle.json"), "--no-probe.enabled"]
 

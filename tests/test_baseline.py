@@ -30,7 +30,7 @@ from sparkdiag.baseline.store import (
     default_path,
 )
 
-HELPERS = Path(__file__).parent / "baseline_helpers"
+HELPERS = Path(__file__).parent / "support" / "baseline_scripts"
 REPO = Path(__file__).resolve().parent.parent
 
 

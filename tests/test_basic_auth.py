@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkdiag.exporter import http as exporter_http
+from sparkdiag.web import http as exporter_http
 from sparkdiag.web.basicauth import (
     MAX_PASSWORD_BYTES,
     BasicAuth,
@@ -27,8 +27,7 @@ from sparkdiag.web.basicauth import (
 )
 from sparkdiag.web.http import ExporterServer
 from sparkdiag.web.webconfig import WebConfig, WebConfigError, load_web_config
-from tests.support import serving
-from tests.test_cli import assert_clean_error, run_cli
+from tests.support import assert_clean_error, run_cli, serving
 
 PASSWORD = "s3cret"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4))

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner, Result
 
-from sparkdiag.check import checks as checks_module
+from sparkdiag.check import catalog as checks_module
 from sparkdiag.check.catalog import CHECKS, LOAD_CHECKS, run_checks
 from sparkdiag.check.gather import Sources
 from sparkdiag.check.model import CheckResult, KernelLog, exit_code, worst
 from sparkdiag.check.report import document, gpu_list, merge, summary, table
 from sparkdiag.commands.check import check
-from tests.test_check_support import (
+from tests.support.check import (
     GOOD_TORCH,
     NVML,
     PROBE_FIXTURE,

@@ -16,7 +16,7 @@ from sparkdiag.check.version_checks import (
     driver_cuda,
     parse_version,
 )
-from tests.test_check_support import (
+from tests.support.check import (
     CHECK,
     NVML,
     SYSFS,

@@ -12,7 +12,7 @@ from sparkdiag.check.link_checks import check_pcie_host
 from sparkdiag.check.model import CheckResult, KernelLog
 from sparkdiag.snapshot import HostSample, MemoryPressure
 from sparkdiag.sources import cpufreq
-from tests.test_check_support import (
+from tests.support.check import (
     NVML,
     ROOTFS,
     SYSFS,

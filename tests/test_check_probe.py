@@ -19,7 +19,7 @@ from sparkdiag.config import Settings
 from sparkdiag.probe.launchers import FixtureLauncher
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.snapshot import GpuSample
-from tests.test_check_support import (
+from tests.support.check import (
     GOOD_TORCH,
     NVML,
     PROBE_FIXTURE,

@@ -4,27 +4,13 @@ from __future__ import annotations
 
 import json
 import socket
-import subprocess
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
 from sparkdiag.cli import main
-from tests.support import NVML, ROOT, ROOTFS, SYSFS, sparkdiag_cmd
-
-
-def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        sparkdiag_cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=ROOT
-    )
-
-
-def assert_clean_error(result: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
-    assert result.returncode == code, result.stderr
-    assert "Traceback" not in result.stderr
-    for needle in needles:
-        assert needle in result.stderr, result.stderr
+from tests.support import NVML, ROOTFS, SYSFS, assert_clean_error, run_cli
 
 
 @pytest.mark.parametrize("command", ["dump", "serve"])

@@ -4,7 +4,7 @@ No Docker engine here (nor in CI): the "container" is a stand-in command that st
 interpreter environment, a second virtual environment with its own torch, under a cleared
 environment (``env -i``), and the worker reaches it on standard input exactly as it would reach
 ``docker run -i IMAGE python3 -``. The failure modes use stand-in scripts in
-``tests/compare_helpers``. Nothing mocks subprocess.
+``tests/support/compare_scripts``. Nothing mocks subprocess.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from sparkdiag.compare import report
 from sparkdiag.probe.runner import ProbeCycle, ProbeResult
 from tests.support import wait_dead
 
-HELPERS = Path(__file__).parent / "compare_helpers"
+HELPERS = Path(__file__).parent / "support" / "compare_scripts"
 FAKE_SIDE = HELPERS / "fake_side.py"
 FAKE_RUNTIME = HELPERS / "fake_runtime.py"
 # The stand-in container's cleared environment. One intra-op thread on both sides: with two

@@ -32,7 +32,7 @@ from sparkdiag.snapshot import GpuIdentity, GpuSample
 from sparkdiag.telemetry.busy import busy
 from tests.support import PROBE, alive, wait_dead
 
-FAKE = Path(__file__).parent / "probe_helpers" / "fake_worker.py"
+FAKE = Path(__file__).parent / "support" / "probe_scripts" / "fake_worker.py"
 
 # -- the worker's command line ----------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """The Grafana dashboards (grafana/dashboards/*.json) are code: structural checks, and every
 panel's every query run against the real Prometheus that scraped the sparkdiag fleet of
-tests/test_e2e_prometheus.py (started once for both modules, see tests/e2e_support.py).
+tests/test_e2e_prometheus.py (started once for both modules, see tests/support/e2e.py).
 
 Grafana's variables are replaced by concrete values before a query is sent: ``$instance`` by the
 node a panel is checked on (:data:`PANEL_NODE`, chosen so that every panel has data), ``$gpu`` by
@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.e2e_support import Fleet, shared_fleet
 from tests.support import ROOT
+from tests.support.e2e import Fleet, shared_fleet
 
 GRAFANA = ROOT / "grafana"
 DASHBOARDS = GRAFANA / "dashboards"

@@ -1,7 +1,7 @@
 """The container image (Containerfile) and a real container engine (podman) for ``compare`` and
 the daemon's container probe.
 
-The images are built once a run by tests/engine_support.py: the shipped Containerfile on a
+The images are built once a run by tests/support/engine.py: the shipped Containerfile on a
 Debian base made by mmdebstrap, offline from the wheels pip makes here, without and with the
 probe extra (CPU torch). The probe image is also the "PyTorch container" that ``compare`` and
 ``probe.container-command`` talk to, through ``podman run -i``.
@@ -21,7 +21,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.engine_support import (
+from tests.support import NVML, ROOT, free_port, http_get, sparkdiag_cmd, terminate
+from tests.support.engine import (
     ENGINE,
     LABEL,
     RUN_LIMITS,
@@ -31,7 +32,6 @@ from tests.engine_support import (
     podman,
     wait_for,
 )
-from tests.support import NVML, ROOT, free_port, http_get, sparkdiag_cmd, terminate
 
 PYTHON_IN_IMAGE = "/opt/sparkdiag/bin/python"
 

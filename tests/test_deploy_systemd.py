@@ -19,8 +19,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.engine_support import Images, container, podman, wait_for
 from tests.support import NVML, PROBE, ROOT
+from tests.support.engine import Images, container, podman, wait_for
 
 UNIT = "sparkdiag"
 DROPIN = "/etc/systemd/system/sparkdiag.service.d/test.conf"

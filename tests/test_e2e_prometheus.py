@@ -5,9 +5,9 @@ alerts firing on exactly the expected nodes, checked through Prometheus' HTTP AP
 Prometheus scrapes and evaluates every second. It loads a temporary copy of
 ``prometheus/sparkdiag-rules.yml`` in which only the ``for:`` durations are shortened (every one
 becomes ``3s``; ``for: 10m`` cannot fire in CI); the expressions, ``[1h]`` ranges included, are
-the shipped ones (:func:`tests.e2e_support.shortened_rules` checks that nothing else changed).
+the shipped ones (:func:`tests.support.e2e.shortened_rules` checks that nothing else changed).
 
-The fleet, its fixtures and the expected alerts per node are defined in tests/e2e_support.py:
+The fleet, its fixtures and the expected alerts per node are defined in tests/support/e2e.py:
 
 ==========================  ===============================================================
 node                        expected firing alerts
@@ -47,7 +47,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.e2e_support import FOR_IN_TEST, Alert, Fleet, rule_names, shared_fleet
+from tests.support.e2e import FOR_IN_TEST, Alert, Fleet, rule_names, shared_fleet
 
 pytestmark = pytest.mark.promtool
 

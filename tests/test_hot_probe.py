@@ -20,8 +20,8 @@ from sparkdiag.scheduling.hot_probe import HotLimits, HotProbeScheduler, heat
 from sparkdiag.scheduling.probe_state import ProbeState
 from sparkdiag.scheduling.scheduler import GpuLocks, ProbeScheduler
 from sparkdiag.snapshot import GpuSample, Snapshot
-from tests.e2e_support import hot_document, probe_document, write_probe_fixture
-from tests.test_scheduler import snapshot
+from tests.support import fixture_snapshot as snapshot
+from tests.support.e2e import hot_document, probe_document, write_probe_fixture
 
 UUID = "GPU-979ad365-0b73-a0ac-74a2-3520b773d460"
 HEAT = {"max_memory_temperature_celsius": 91.0, "clock_event_reasons_seen": 0x20}

@@ -17,7 +17,7 @@ import pytest
 
 from tests.support import NVML, ROOT, SYSFS, alive, free_port, http_get, sparkdiag_cmd, wait_dead
 
-FAKE = ROOT / "tests" / "probe_helpers" / "fake_worker.py"
+FAKE = ROOT / "tests" / "support" / "probe_scripts" / "fake_worker.py"
 
 
 def _serve(*args: str) -> tuple[subprocess.Popen[bytes], str]:

@@ -18,7 +18,7 @@ from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import ProbeCycle, run_worker, worker_path, worker_source
 from tests.support import wait_dead
 
-FAKE = Path(__file__).parent / "probe_helpers" / "fake_worker.py"
+FAKE = Path(__file__).parent / "support" / "probe_scripts" / "fake_worker.py"
 
 
 def fake(mode: str, *args: str) -> list[str]:

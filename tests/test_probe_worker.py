@@ -1285,7 +1285,7 @@ def test_busy_detection(w: ModuleType) -> None:
 # ---------------------------------------------------------------- real GPU
 # Run on the lent GPU machine with `pytest -m gpu`; CI deselects them.
 
-GPU_LOAD = Path(__file__).parent / "probe_helpers" / "gpu_load.py"
+GPU_LOAD = Path(__file__).parent / "support" / "probe_scripts" / "gpu_load.py"
 
 
 def _cuda() -> bool:

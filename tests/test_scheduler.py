@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import random
 import sys
 import threading
@@ -13,7 +12,8 @@ import pytest
 
 from sparkdiag.baseline.keeper import StoreKeeper
 from sparkdiag.baseline.store import BaselineStore
-from sparkdiag.probe.launchers import ContainerLauncher, FixtureLauncher
+from sparkdiag.compare.container_probe import ContainerLauncher
+from sparkdiag.probe.launchers import FixtureLauncher
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.scheduling.probe_state import ProbeState
@@ -23,26 +23,7 @@ from sparkdiag.sources.fixture import FixtureBackend
 from sparkdiag.sources.gpu import GpuSource
 from sparkdiag.telemetry.poller import Poller
 from tests.support import NVML, PROBE
-
-
-def snapshot(fixture: str, tmp_path: Path, overrides: dict[str, Any] | None = None) -> Snapshot:
-    path = NVML / f"{fixture}.json"
-    if overrides:
-        derived = tmp_path / "derived.json"
-        derived.write_text(
-            json.dumps(
-                {
-                    "format": "sparkdiag-nvml-fixture/1",
-                    "base": str(path),
-                    "devices": [{"from": 0, "set": overrides}],
-                }
-            )
-        )
-        path = derived
-    source = GpuSource(FixtureBackend(path))
-    assert source.start()
-    poller = Poller(source, None, None, None)
-    return poller.poll_once()
+from tests.support import fixture_snapshot as snapshot
 
 
 class Recorder:

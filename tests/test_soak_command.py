@@ -25,10 +25,10 @@ from sparkdiag.soak import plot as soak_plot
 from sparkdiag.soak.model import CSV_COLUMNS, Target
 from sparkdiag.soak.run import Job, SoakRunner
 from sparkdiag.soak.state import FILENAME, read_state
-from tests.soak_helpers import gpu_soak, heating, report
 from tests.support import NVML, ROOT, alive, sparkdiag_cmd, wait_dead
+from tests.support.soak import gpu_soak, heating, report
 
-FAKE = Path(__file__).parent / "probe_helpers" / "fake_soak_worker.py"
+FAKE = Path(__file__).parent / "support" / "probe_scripts" / "fake_soak_worker.py"
 CPU = ["--device", "cpu", "--small", "--window", "0.5"]
 PNG = b"\x89PNG"
 

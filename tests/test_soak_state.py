@@ -28,9 +28,9 @@ from sparkdiag.soak.state import (
     state_path,
     write_state,
 )
-from tests.soak_helpers import DECODE, fell, gpu_state, held
 from tests.support import NVML, ROOTFS, SYSFS, http_get, promtool, running_daemon, sparkdiag_cmd
-from tests.test_check_support import context, poll
+from tests.support.check import context, poll
+from tests.support.soak import DECODE, fell, gpu_state, held
 
 H200_UUID = "GPU-979ad365-0b73-a0ac-74a2-3520b773d460"  # tests/fixtures/nvml/h200-idle.json
 

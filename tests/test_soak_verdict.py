@@ -9,7 +9,7 @@ import pytest
 from sparkdiag.soak.model import CSV_COLUMNS, csv_rows, record_json, state_entry
 from sparkdiag.soak.render import NO_MEMORY_SENSOR, fraction, gpu_text, stopped_line, verdict_text
 from sparkdiag.soak.verdict import judge, pick_sensor
-from tests.soak_helpers import DECODE, gpu_soak, heating, report, window
+from tests.support.soak import DECODE, gpu_soak, heating, report, window
 
 
 def kernel(windows: list, dtype: str, sensor=None):  # type: ignore[no-untyped-def]

@@ -16,7 +16,7 @@ from sparkdiag.config import Settings
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.snapshot import GpuSample
 from sparkdiag.sources import cpufreq, kernel_log, packages, procfs
-from tests.test_check_support import GOOD_TORCH, empty_sysfs, nvml_fixture
+from tests.support.check import GOOD_TORCH, empty_sysfs, nvml_fixture
 
 XID_79 = (
     "NVRM: Xid (PCI:0000:00:06): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus."

@@ -20,8 +20,8 @@ from sparkdiag.probe.launchers import FixtureLauncher
 from sparkdiag.scheduling.probe_state import ProbeState
 from sparkdiag.scheduling.scheduler import ProbeScheduler
 from tests.support import NVML, PROBE, http_get, running_daemon
-from tests.test_check_support import context, poll
-from tests.test_scheduler import snapshot
+from tests.support import fixture_snapshot as snapshot
+from tests.support.check import context, poll
 
 
 def _full(store: BaselineStore, full: bool) -> None:

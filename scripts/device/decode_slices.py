@@ -26,7 +26,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKER = [sys.executable, str(ROOT / "sparkdiag" / "probe" / "worker.py")]
-LOAD = ROOT / "tests" / "probe_helpers" / "gpu_load.py"
+LOAD = ROOT / "tests" / "support" / "probe_scripts" / "gpu_load.py"
 SETTINGS = {
     "max-iters 1000 (default)": [],
     "max-iters 4000": ["--max-iters", "4000", "--budget-seconds", "4"],

@@ -16,7 +16,7 @@ echo "== sparkdiag check, idle"
 cat "$OUT/check-idle.txt"
 
 echo "== sparkdiag check, while a second process loads the GPU"
-python3 tests/probe_helpers/gpu_load.py 90 > /tmp/load.out 2>&1 &
+python3 tests/support/probe_scripts/gpu_load.py 90 > /tmp/load.out 2>&1 &
 load=$!
 for _ in $(seq 1 100); do grep -q ready /tmp/load.out 2>/dev/null && break; sleep 0.2; done
 sleep 3

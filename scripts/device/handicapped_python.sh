@@ -5,7 +5,7 @@
 # Usage: sparkdiag compare --probe-when always -- scripts/device/handicapped_python.sh python3 -
 set -u
 here=$(cd "$(dirname "$0")/../.." && pwd)
-python3 "$here/tests/probe_helpers/gpu_load.py" 120 > /tmp/handicap-load.out 2>&1 &
+python3 "$here/tests/support/probe_scripts/gpu_load.py" 120 > /tmp/handicap-load.out 2>&1 &
 load=$!
 for _ in $(seq 1 100); do grep -q ready /tmp/handicap-load.out 2>/dev/null && break; sleep 0.1; done
 OMP_NUM_THREADS=1 taskset -c 0 "$@"

@@ -28,7 +28,7 @@ echo "== long sustained sweep of the compute shapes (bf16, fp8 8192^3)"
 sd bench --dtype bf16 --dtype fp8 --m 8192 --iters 10000 --json "$OUT/sustained.json" 2>/dev/null
 
 echo "== probe while a second process runs matmuls"
-python3 tests/probe_helpers/gpu_load.py 60 > /tmp/load.out 2>&1 &
+python3 tests/support/probe_scripts/gpu_load.py 60 > /tmp/load.out 2>&1 &
 load=$!
 for _ in $(seq 1 100); do grep -q ready /tmp/load.out 2>/dev/null && break; sleep 0.2; done
 sleep 3

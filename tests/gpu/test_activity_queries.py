@@ -2,7 +2,7 @@
 
 Marked ``gpu``: CI has no GPU and skips it; run it on the lent H200 with ``pytest -m gpu``.
 It checks the shapes and ranges of the answers, under a matmul load from a second process
-(tests/probe_helpers/gpu_load.py) so that GPM, the driver's samples and the per-process
+(tests/support/probe_scripts/gpu_load.py) so that GPM, the driver's samples and the per-process
 utilization have something to show; NVLink and the video engines may be unsupported
 (NOT_SUPPORTED is an answer, not a failure), GPM must answer on Hopper and later.
 """
@@ -27,7 +27,7 @@ from sparkdiag.sources.nvml_api import (
 )
 
 pytestmark = pytest.mark.gpu
-LOAD = Path(__file__).resolve().parent.parent / "probe_helpers" / "gpu_load.py"
+LOAD = Path(__file__).resolve().parent.parent / "support" / "probe_scripts" / "gpu_load.py"
 
 
 @pytest.fixture(scope="module")

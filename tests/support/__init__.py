@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -22,10 +23,13 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from sparkdiag.snapshot import Snapshot
 from sparkdiag.sources.fixture import FixtureBackend
+from sparkdiag.sources.gpu import GpuSource
+from sparkdiag.telemetry.poller import Poller
 from sparkdiag.web.http import ExporterServer
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 NVML = FIXTURES / "nvml"
 SYSFS = FIXTURES / "sysfs"
@@ -227,3 +231,39 @@ def normalise(exposition: str) -> str:
             line = f"{match.group(1)}{match.group(2) or ''} <volatile>"
         lines.append(line)
     return "\n".join(lines) + "\n"
+
+
+def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        sparkdiag_cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
+
+
+def assert_clean_error(result: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr
+    for needle in needles:
+        assert needle in result.stderr, result.stderr
+
+
+def fixture_snapshot(
+    fixture: str, tmp_path: Path, overrides: dict[str, Any] | None = None
+) -> Snapshot:
+    """One poll of the GPU source over NVML fixture ``fixture`` (``overrides`` set on GPU 0)."""
+    path = NVML / f"{fixture}.json"
+    if overrides:
+        derived = tmp_path / "derived.json"
+        derived.write_text(
+            json.dumps(
+                {
+                    "format": "sparkdiag-nvml-fixture/1",
+                    "base": str(path),
+                    "devices": [{"from": 0, "set": overrides}],
+                }
+            )
+        )
+        path = derived
+    source = GpuSource(FixtureBackend(path))
+    assert source.start()
+    poller = Poller(source, None, None, None)
+    return poller.poll_once()
