@@ -5,12 +5,35 @@ Each command lives in its own module under :mod:`sparkdiag.commands`.
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from sparkdiag import __version__
+from sparkdiag.errors import SparkdiagError
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _Failed(click.ClickException):
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code  # type: ignore[misc]  # click declares it a class variable
+
+
+class _Group(click.Group):
+    """The command group: a :class:`SparkdiagError` raised anywhere below becomes one line on
+    standard error and its exit status, here and nowhere else."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SparkdiagError as exc:
+            raise _Failed(exc.line(), int(exc.exit_code)) from None
+
+
+@click.group(
+    cls=_Group,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(__version__, prog_name="sparkdiag")
 def main() -> None:
     """GPU health and performance-regression diagnostics.

@@ -150,3 +150,31 @@ def test_help_explains_every_command() -> None:
     serve_help = runner.invoke(main, ["serve", "--help"]).output
     assert "127.0.0.1:10942" in serve_help
     assert "--path.sysfs" in serve_help
+
+
+def test_a_sparkdiag_error_is_one_line_and_its_exit_status() -> None:
+    """Raised anywhere below a command, translated once by the group (sparkdiag.cli)."""
+    import click
+    from click.testing import CliRunner
+
+    from sparkdiag.cli import main
+    from sparkdiag.errors import Exit, SparkdiagError, UsageError
+
+    @click.command("raise-for-test")
+    @click.argument("kind")
+    def raiser(kind: str) -> None:
+        if kind == "usage":
+            raise UsageError("no such file: x.json", flag="--nvml-fixture")
+        raise SparkdiagError("the worker timed out after 5 s")
+
+    main.add_command(raiser)
+    try:
+        runner = CliRunner()
+        usage = runner.invoke(main, ["raise-for-test", "usage"])
+        failed = runner.invoke(main, ["raise-for-test", "failed"])
+    finally:
+        main.commands.pop("raise-for-test")
+    assert usage.exit_code == Exit.USAGE == 2
+    assert usage.output == "Error: Invalid value for '--nvml-fixture': no such file: x.json\n"
+    assert failed.exit_code == Exit.FAILED == 3
+    assert failed.output == "Error: the worker timed out after 5 s\n"
