@@ -21,7 +21,7 @@ from sparkdiag.probe.runner import ProbeCycle, classify
 from sparkdiag.snapshot import GpuSample, HostSample, Snapshot
 from sparkdiag.telemetry.build import build_poller as make_poller
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NVML = FIXTURES / "nvml"
 SYSFS = FIXTURES / "sysfs"
 ROOTFS = FIXTURES / "rootfs"
