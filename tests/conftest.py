@@ -88,3 +88,18 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Images:
     skips (fails in CI) without podman, mmdebstrap or root."""
     require_engine()
     return Images(tmp_path_factory.mktemp("images"))
+
+
+# The slow kinds: each is a marker, and every test of one of them is also `slow`, so that
+# `pytest -m "not slow"` runs the rest in a few minutes (README, "Development"). A test that
+# uses one of these fixtures runs the real probe worker (CPU torch) in a subprocess.
+SLOW_KINDS = ("container", "systemd", "prometheus", "worker")
+WORKER_FIXTURES = frozenset({"cpu_run", "cpu_doc", "hot_doc", "torch_venv"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if WORKER_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.worker)
+        if any(item.get_closest_marker(kind) for kind in SLOW_KINDS):
+            item.add_marker(pytest.mark.slow)

@@ -409,6 +409,7 @@ def test_a_crashing_launcher_is_reported_not_raised(tmp_path: Path) -> None:
 # -- the real worker -----------------------------------------------------------------------------
 
 
+@pytest.mark.worker
 def test_real_worker_on_a_machine_without_cuda_reports_unsupported(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     ctx = gather(_settings(NVML / "h200-idle.json", tmp_path), sources=Sources(torch=GOOD_TORCH))
@@ -422,6 +423,7 @@ def test_real_worker_on_a_machine_without_cuda_reports_unsupported(tmp_path: Pat
     assert only(check_sm_clock(ctx)).status == "skip"
 
 
+@pytest.mark.worker
 def test_real_worker_plumbing_on_cpu(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     launcher = worker_launcher(120.0, device="cpu", small=True)

@@ -313,6 +313,7 @@ def values_for(dashboard: str, panel: dict[str, Any]) -> dict[str, str]:
     return {"instance": node, "gpu": "0", **BUILTIN_VARIABLES}
 
 
+@pytest.mark.prometheus
 @pytest.mark.promtool
 @pytest.mark.parametrize(("dashboard", "panel_id"), _panel_params())
 def test_every_panel_query_returns_data(fleet: Fleet, dashboard: str, panel_id: int) -> None:

@@ -33,6 +33,8 @@ from tests.support.engine import (
     wait_for,
 )
 
+pytestmark = pytest.mark.container
+
 PYTHON_IN_IMAGE = "/opt/sparkdiag/bin/python"
 
 

@@ -22,6 +22,8 @@ import pytest
 from tests.support import NVML, PROBE, ROOT
 from tests.support.engine import Images, container, podman, wait_for
 
+pytestmark = [pytest.mark.systemd, pytest.mark.container]
+
 UNIT = "sparkdiag"
 DROPIN = "/etc/systemd/system/sparkdiag.service.d/test.conf"
 CONFIG = "/etc/sparkdiag/config.toml"

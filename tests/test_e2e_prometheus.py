@@ -49,7 +49,7 @@ import pytest
 
 from tests.support.e2e import FOR_IN_TEST, Alert, Fleet, rule_names, shared_fleet
 
-pytestmark = pytest.mark.promtool
+pytestmark = [pytest.mark.promtool, pytest.mark.prometheus]
 
 
 @pytest.fixture(scope="module")

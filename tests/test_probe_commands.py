@@ -63,6 +63,7 @@ def test_probe_replays_a_recorded_cycle_and_learns_a_baseline(tmp_path: Path) ->
         assert len(store.list()) >= 19  # every measured kernel, beta=1 apart
 
 
+@pytest.mark.worker
 def test_probe_runs_the_real_worker_on_cpu(tmp_path: Path) -> None:
     result = run("probe", "--small", "--dtype", "bf16", "--json", "--state-dir", str(tmp_path),
                  "--nvml-fixture", str(NVML / "no-nvml.json"))  # fmt: skip
@@ -80,6 +81,7 @@ def test_probe_usage_errors() -> None:
     assert missing.returncode == 2 and "no GPU with index 5" in missing.stderr
 
 
+@pytest.mark.worker
 def test_bench_sweeps_with_csv_and_json(tmp_path: Path) -> None:
     out_csv, out_json = tmp_path / "b.csv", tmp_path / "b.json"
     result = run("bench", "--device", "cpu", "--m", "64:192:64", "--iters", "3", "--warmup", "2",

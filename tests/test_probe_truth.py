@@ -19,6 +19,8 @@ import pytest
 
 from tests.support import alive, run_python
 
+pytestmark = pytest.mark.worker
+
 pytest.importorskip("torch")
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "device" / "probe_truth.py"

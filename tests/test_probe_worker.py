@@ -274,6 +274,7 @@ def test_measure_copies_checks_the_data_and_charges_the_budget(w: ModuleType) ->
     assert status == "error" and "pinned d2h 65536 B copies" in reason
 
 
+@pytest.mark.worker
 def test_stdin_with_cleared_environment() -> None:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     args = ["--small", "--dtype", "bf16,int4", "--dtype", "fp8", "--budget-seconds", "0.2"]
@@ -293,6 +294,7 @@ def test_stdin_with_cleared_environment() -> None:
     assert all(r["status"] != "error" for r in doc["results"])
 
 
+@pytest.mark.worker
 def test_bad_arguments_still_print_one_document() -> None:
     proc = run_python(WORKER, "--shape", "12x3", timeout=60)
     assert proc.returncode == 2
@@ -301,6 +303,7 @@ def test_bad_arguments_still_print_one_document() -> None:
     assert "bad shape" in doc["reason"]
 
 
+@pytest.mark.worker
 def test_custom_shape_and_fixed_iters() -> None:
     doc = _worker(
         [
@@ -351,6 +354,7 @@ def test_hot_suite_shape_and_budget(hot_doc: dict[str, Any], cpu_doc: dict[str, 
     )
 
 
+@pytest.mark.worker
 def test_check_suite_and_explicit_overrides() -> None:
     doc = _worker(
         [
@@ -388,6 +392,7 @@ def _progress_lines(stderr: str) -> list[dict[str, Any]]:
     ]
 
 
+@pytest.mark.worker
 def test_soak_runs_its_windows_and_completes() -> None:
     started = time.monotonic()
     proc, doc = _run_worker([*SOAK_ARGS, "--soak-seconds", "2"])
@@ -423,6 +428,7 @@ def test_soak_runs_its_windows_and_completes() -> None:
     assert [line["soak_window"] for line in lines] == windows
 
 
+@pytest.mark.worker
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_soak_stops_on_a_signal_and_still_prints_its_document(sig: signal.Signals) -> None:
     proc = subprocess.Popen(

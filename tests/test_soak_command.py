@@ -38,6 +38,7 @@ def run_soak(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[st
                           timeout=timeout, cwd=ROOT, check=False)  # fmt: skip
 
 
+@pytest.mark.worker
 def test_cpu_soak_writes_the_record_csv_plots_and_state(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("matplotlib")
@@ -82,6 +83,7 @@ def test_cpu_soak_writes_the_record_csv_plots_and_state(tmp_path: Path) -> None:
     assert entry.gpu == "cpu" and entry.stopped == "completed" and len(entry.judged) == 6
 
 
+@pytest.mark.worker
 def test_json_alone_prints_the_record_and_no_record_keeps_no_state(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     state = tmp_path / "state"

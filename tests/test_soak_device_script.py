@@ -13,6 +13,8 @@ import pytest
 
 from tests.support import ROOT
 
+pytestmark = pytest.mark.worker
+
 SCRIPT = ROOT / "scripts" / "device" / "soak.sh"
 
 
