@@ -130,6 +130,7 @@ class Stats:
     timed_out: int = 0  # closed by the timeout (handshake, request, idle or write)
     out_of_fds: int = 0  # accept() failures for want of file descriptors
     fd_episodes: int = 0  # runs of such failures, each logged once
+    tls_started: int = 0  # connections that sent a ClientHello (and so got TLS state)
 
 
 @dataclass(eq=False)
@@ -446,6 +447,7 @@ class HttpServer:
             if tls is None:  # the web config changed into an unusable one: refused until fixed
                 return None
             channel = _Tls(conn.sock, tls.context)
+            self.stats.tls_started += 1
             await channel.handshake(first)
         if tls.allowed_sans is not None and not _san_allowed(channel.obj, tls.allowed_sans):
             log.debug("%s: client certificate carries none of client_allowed_sans", conn.peer)
