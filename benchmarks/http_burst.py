@@ -7,6 +7,12 @@ shows the numbers). Runs ``sparkdiag serve`` on the 8-GPU NVML fixture, loopback
     python benchmarks/http_burst.py                      # this checkout
     python benchmarks/http_burst.py --src /tmp/orig      # another checkout (e.g. the old code)
 
+* static: the 8-GPU scrape against a static server of the same bytes on the same HTTP layer
+  (sparkdiag's HttpServer serving the body it got), in alternating rounds: p50/p99 and the
+  ratio (issue 23's target: at most 1.5x); back-to-back scrapes share a snapshot's render,
+  so it also prints scrapes spaced past the poll interval (each renders anew);
+* tls-idle: with TLS, RSS before, beside T silent connections (default 700), beside T
+  connections that finished a handshake and then stay idle, and after they close;
 * burst: N simultaneous scrapes of /metrics (default 200), each its own connection: how many
   got 200, 503, another answer or none, and the slowest;
 * idle: M connections that send nothing (default 1000): the server's threads and RSS beside
@@ -30,6 +36,7 @@ import resource
 import selectors
 import signal
 import socket
+import ssl
 import statistics
 import subprocess
 import sys
@@ -228,6 +235,98 @@ def idle(port: int, pid: int, count: int, watch: float) -> None:
     print(f"server after: {threads2} threads, RSS {rss2:.1f} MiB")
 
 
+def static_compare(src: Path, python: str, rounds: int, per_round: int, spaced: int) -> None:
+    print(f"== 8-GPU scrape against a static server of the same bytes ({rounds} rounds of "
+          f"{per_round}, alternating)")  # fmt: skip
+    sys.path.insert(0, str(src))
+    from sparkdiag.web.serving import HttpServer, Limits, Response
+
+    with daemon(src, python, []) as (port, _pid):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+        conn.request("GET", "/metrics")
+        body = conn.getresponse().read()
+        conn.close()
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        sock.listen(1024)
+        static_port = int(sock.getsockname()[1])
+
+        async def handler(_request: object) -> Response:
+            return Response(200, body, "text/plain; version=0.0.4; charset=utf-8")
+
+        import asyncio
+
+        loop = asyncio.new_event_loop()
+        stop = asyncio.Event()
+        engine = HttpServer(sock, handler, Limits())
+        thread = threading.Thread(target=loop.run_until_complete, args=(engine.serve(stop),))
+        thread.start()
+        try:
+            times: dict[str, list[float]] = {"sparkdiag": [], "static": []}
+            for r in range(rounds):
+                order = [("sparkdiag", port), ("static", static_port)]
+                for name, target in order if r % 2 == 0 else order[::-1]:
+                    times[name] += [scrape(target, 10)[1] for _ in range(per_round)]
+            p50 = {k: statistics.median(v) for k, v in times.items()}
+            p99 = {k: sorted(v)[round(0.99 * (len(v) - 1))] for k, v in times.items()}
+            for name in times:
+                print(f"  {name:<10} p50 {ms(p50[name])}, p99 {ms(p99[name])} ({len(body)} bytes)")
+            print(f"  sparkdiag / static: p50 {p50['sparkdiag'] / p50['static']:.2f}x, "
+                  f"p99 {p99['sparkdiag'] / p99['static']:.2f}x")  # fmt: skip
+            if spaced:
+                cold = []
+                for _ in range(spaced):
+                    time.sleep(1.1)  # past the 1 s poll: a new snapshot, so a new render
+                    cold.append(scrape(port, 10)[1])
+                    scrape(static_port, 10)
+                ratio = statistics.median(cold) / p50["static"]
+                print(f"  {spaced} scrapes each of a new snapshot: {summary(cold)}; "
+                      f"against static p50: {ratio:.2f}x")  # fmt: skip
+        finally:
+            loop.call_soon_threadsafe(stop.set)
+            thread.join(10)
+            sock.close()
+
+
+def tls_idle(src: Path, python: str, count: int) -> None:
+    print(f"== {count} idle TLS connections")
+    with tempfile.TemporaryDirectory(prefix="http-burst-tls-") as tmp:
+        d = Path(tmp)
+        subprocess.run(
+            ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+             "-subj", "/CN=localhost", "-addext", "subjectAltName=IP:127.0.0.1",
+             "-keyout", str(d / "tls.key"), "-out", str(d / "tls.crt")],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        web = d / "web.yml"
+        web.write_text("tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n")
+        extra = ["--web.config.file", str(web), "--web.max-connections", str(count + 100),
+                 "--web.read-timeout", "120"]  # fmt: skip
+        with daemon(src, python, extra) as (port, pid):
+            _, rss0 = proc_status(pid)
+            silent = [socket.create_connection(("127.0.0.1", port)) for _ in range(count)]
+            time.sleep(1.0)
+            _, rss1 = proc_status(pid)
+            for sock in silent:
+                sock.close()
+            time.sleep(1.0)
+            context = ssl.create_default_context(cafile=str(d / "tls.crt"))
+            shaken = []
+            for _ in range(count):
+                raw = socket.create_connection(("127.0.0.1", port))
+                shaken.append(context.wrap_socket(raw, server_hostname="127.0.0.1"))
+            time.sleep(1.0)
+            _, rss2 = proc_status(pid)
+            for sock in shaken:
+                sock.close()
+            time.sleep(1.5)
+            _, rss3 = proc_status(pid)
+        print(f"  RSS before {rss0:.1f} MiB; beside {count} silent {rss1:.1f} "
+              f"(+{(rss1 - rss0) * 1024 / count:.1f} KiB each); beside {count} handshaken and "
+              f"idle {rss2:.1f} (+{(rss2 - rss0) * 1024 / count:.1f} KiB each); after they "
+              f"closed {rss3:.1f} MiB")  # fmt: skip
+
+
 def partial(port: int, watch: float) -> None:
     print("== a partial request, an HTTP/0.9 request line")
     for name, data in (
@@ -315,6 +414,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--src", type=Path, default=ROOT, help="checkout whose sparkdiag to run")
     parser.add_argument("--python", default=sys.executable, help="interpreter for the daemon")
+    parser.add_argument("--rounds", type=int, default=10, help="static comparison rounds")
+    parser.add_argument("--per-round", type=int, default=30)
+    parser.add_argument("--spaced", type=int, default=10, help="scrapes of a fresh snapshot")
+    parser.add_argument("--tls-idle", type=int, default=700)
+    parser.add_argument("--skip", action="append", default=[],
+                        help="static, burst, idle, tls-idle or auth (repeatable)")  # fmt: skip
     parser.add_argument("--burst", type=int, default=200)
     parser.add_argument("--burst-timeout", type=float, default=60.0)
     parser.add_argument("--idle", type=int, default=1000)
@@ -333,11 +438,19 @@ def main() -> None:
     print(f"sparkdiag from {args.src} ({commit or 'not a git checkout'}); open files {want}")
     print(f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}")
 
-    with daemon(args.src, args.python, []) as (port, pid):
-        burst(port, args.burst, args.burst_timeout)
-    with daemon(args.src, args.python, []) as (port, pid):
-        idle(port, pid, args.idle, args.idle_watch)
-        partial(port, min(args.idle_watch, 20.0))
+    if "static" not in args.skip:
+        static_compare(args.src, args.python, args.rounds, args.per_round, args.spaced)
+    if "burst" not in args.skip:
+        with daemon(args.src, args.python, []) as (port, pid):
+            burst(port, args.burst, args.burst_timeout)
+    if "tls-idle" not in args.skip:
+        tls_idle(args.src, args.python, args.tls_idle)
+    if "idle" not in args.skip:
+        with daemon(args.src, args.python, []) as (port, pid):
+            idle(port, pid, args.idle, args.idle_watch)
+            partial(port, min(args.idle_watch, 20.0))
+    if "auth" in args.skip:
+        return
     with tempfile.TemporaryDirectory(prefix="http-burst-web-") as tmp:
         hashed = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=10)).decode()
         web = Path(tmp) / "web.yml"

@@ -20,7 +20,7 @@ from sparkdiag.sdnotify import Notifier
 from sparkdiag.telemetry.build import build_poller
 from sparkdiag.telemetry.poller import Poller
 from sparkdiag.web.http import ExporterServer, health_check
-from sparkdiag.web.webconfig import WebConfig, load_web_config
+from sparkdiag.web.webconfig import LiveWebConfig, load_web_config
 
 log = logging.getLogger("sparkdiag")
 
@@ -52,7 +52,8 @@ def serve(settings: Settings, life: Lifecycle | None = None) -> None:
     address = parse_listen(settings.listen)
     web = None
     if settings.web_config_file is not None:
-        web = load_web_config(settings.web_config_file)  # WebConfigError: a configuration error
+        path = settings.web_config_file  # WebConfigError below: a configuration error, exit 2
+        web = LiveWebConfig(path, load_web_config(path))
     poller = build_poller(settings)
     try:
         _serve(settings, life, poller, address, web)
@@ -70,7 +71,7 @@ def _serve(
     life: Lifecycle,
     poller: Poller,
     address: tuple[str, int],
-    web: WebConfig | None,
+    web: LiveWebConfig | None,
 ) -> None:
     stop = life.stop
     if stop.is_set():
@@ -95,6 +96,7 @@ def _serve(
             settings.web_max_requests,
             max_connections=settings.web_max_connections,
             timeout=settings.web_read_timeout,
+            generation=lambda: poller.latest,
         )
     except OSError as exc:
         if exc.errno == errno.EADDRINUSE:
@@ -120,7 +122,7 @@ def _serve(
         host_text, port = server.server_address[:2]
         log.info(
             "serving %s://%s:%s/metrics (poll every %.3g s)",
-            "https" if web is not None and web.ssl_context is not None else "http",
+            "https" if server.web.tls is not None else "http",
             host_text,
             port,
             settings.poll_interval,

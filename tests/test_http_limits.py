@@ -204,21 +204,35 @@ def test_scrapes_beside_hundreds_of_idle_sockets() -> None:
             sock.close()
 
 
+H = b"Host: x\r\n"
+
+
 @pytest.mark.parametrize(
     ("head", "status"),
     [
-        (b"GET / HTTP/2.0\r\n\r\n", b"505"),
+        (b"GET / HTTP/2.0\r\n" + H + b"\r\n", b"505"),
         (b"BREW\r\n\r\n", b"400"),
-        (b"GET /metrics HTTP/1.1\r\nX-Big: " + b"a" * 9000 + b"\r\n\r\n", b"431"),
-        (b"GET / HTTP/1.1\r\n" + b"X-A: b\r\n" * 101 + b"\r\n", b"431"),
-        (b"GET / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n", b"501"),
-        (b"GET / HTTP/1.1\r\nContent-Length: 99999999\r\n\r\n", b"413"),
-        (b"GET / HTTP/1.1\r\nContent-Length: -1\r\n\r\n", b"400"),
+        (b"GET /metrics HTTP/1.1\r\n" + H + b"X-Big: " + b"a" * 9000 + b"\r\n\r\n", b"431"),
+        (b"GET /metrics HTTP/1.1\r\n" + H + b"X-Big: " + b"a" * 40000 + b"\r\n\r\n", b"431"),
+        (b"GET / HTTP/1.1\r\n" + H + b"X-A: b\r\n" * 101 + b"\r\n", b"431"),
+        (b"GET / HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\n", b"501"),
+        (b"GET / HTTP/1.1\r\n" + H + b"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+         b"501"),  # smuggling: both framings
+        (b"GET / HTTP/1.1\r\n" + H + b"Content-Length: 3\r\nContent-Length: 4\r\n\r\n", b"400"),
+        (b"GET / HTTP/1.1\r\n" + H + b"Content-Length: 99999999\r\n\r\n", b"413"),
+        (b"GET / HTTP/1.1\r\n" + H + b"Content-Length: -1\r\n\r\n", b"400"),
         (b"GET / HTTP/1.1\r\n folded\r\n\r\n", b"400"),
         (b"GET / HTTP/1.1\r\nNoColon\r\n\r\n", b"400"),
-        (b"DELETE /metrics HTTP/1.1\r\n\r\n", b"405"),
+        (b"GET / HTTP/1.1\r\n\r\n", b"400"),  # no Host
+        (b"GET / HTTP/1.1\r\n" + H + H + b"\r\n", b"400"),  # two Hosts
+        (b"GET / HTTP/1.1\r\n" + H + b"X A: b\r\n\r\n", b"400"),  # not a token
+        (b"GET / HTTP/1.1\r\n" + H + b"X-A : b\r\n\r\n", b"400"),  # space before the colon
+        (b"GET / HTTP/1.1\r\n" + H + b"X-A: b\x01c\r\n\r\n", b"400"),  # a control character
+        (b"GET / HTTP/1.1\r\n" + H + b"X-A: b\x00c\r\n\r\n", b"400"),
+        (b"GET /\xe9 HTTP/1.1\r\n" + H + b"\r\n", b"400"),
+        (b"DELETE /metrics HTTP/1.1\r\n" + H + b"\r\n", b"405"),
     ],
-)
+)  # fmt: skip
 def test_bad_request_heads_are_refused(head: bytes, status: bytes) -> None:
     with serving() as server, connect(server) as sock:
         sock.sendall(head)
@@ -226,16 +240,23 @@ def test_bad_request_heads_are_refused(head: bytes, status: bytes) -> None:
         assert data.startswith(b"HTTP/1.1 " + status + b" "), data[:80]
 
 
+def test_absolute_form_targets_are_served() -> None:
+    with serving() as server, connect(server) as sock:
+        sock.sendall(b"GET http://x:1/healthz?a=b HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        data, _ = read_until_closed(sock)
+        assert data.startswith(b"HTTP/1.1 200 ") and data.endswith(b"ok\n")
+
+
 def test_request_body_is_skipped_and_the_connection_kept() -> None:
     with serving() as server, connect(server) as sock:
-        sock.sendall(b"GET /healthz HTTP/1.1\r\nContent-Length: 5\r\n\r\nhello")
-        sock.sendall(b"HEAD /healthz HTTP/1.0\r\nConnection: keep-alive\r\n\r\n")
-        sock.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello")
+        sock.sendall(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # pipelined
+        sock.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")  # HTTP/1.0: the last on the connection
         data, _ = read_until_closed(sock)
         answers = data.split(b"HTTP/1.1 ")[1:]
         assert [a[:3] for a in answers] == [b"200", b"200", b"200"]
-        assert b"Connection: keep-alive" in answers[1] and not answers[1].endswith(b"ok\n")
-        assert b"Connection: close" in answers[2] and answers[2].endswith(b"ok\n")
+        assert not answers[1].endswith(b"ok\n")  # HEAD: no body
+        assert b"connection: close" in answers[2].lower() and answers[2].endswith(b"ok\n")
 
 
 def test_shutdown_closes_open_connections() -> None:

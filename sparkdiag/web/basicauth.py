@@ -18,7 +18,9 @@ Answered at once:
   that verified (Prometheus then pays bcrypt once, not every scrape) and, in a bounded LRU, the
   ones that failed (a client retrying a wrong password pays once).
 
-An unknown user costs the same bcrypt as a known one, so timing does not tell users apart.
+An unknown user costs the bcrypt of the slowest configured user, so timing does not tell users
+apart (exporter-toolkit uses one fixed cost-10 hash, which a cost-12 user's timing gives away).
+Costs above :data:`MAX_BCRYPT_COST` are refused at load.
 Hashes are checked whole at load (:func:`hash_problem`), so a login can never make bcrypt raise.
 """
 
@@ -41,6 +43,12 @@ import bcrypt
 log = logging.getLogger(__name__)
 
 MAX_PASSWORD_BYTES = 72
+# The highest bcrypt cost accepted. Each step doubles the time of a check: on the shared 2-core
+# development machine a check took 146 ms at cost 10, 489 ms at 12 and 2.0 s at 14 (median of a
+# few, loaded; docs/web.md). At 14 the first scrape after a start, and an unknown user's attempt
+# (costed like the slowest user), still finish inside Prometheus' default 10 s scrape timeout.
+# exporter-toolkit takes up to 31: above 14 the file is refused, naming the user.
+MAX_BCRYPT_COST = 14
 REMEMBER_FAILED = 1024  # wrong credentials remembered (LRU)
 REMEMBER_VERIFIED = 64  # right credentials remembered (normally one per user)
 
@@ -63,8 +71,8 @@ def hash_problem(hashed: object) -> str | None:
     match = _HASH.fullmatch(hashed)
     if match is None:
         return "malformed: expected $2y$CC$ and 53 characters of salt and hash"
-    if not 4 <= int(match["cost"]) <= 31:
-        return f"cost {match['cost']} is out of range; allowed: 04 to 31"
+    if not 4 <= int(match["cost"]) <= MAX_BCRYPT_COST:
+        return f"cost {match['cost']} is out of range; allowed: 04 to {MAX_BCRYPT_COST}"
     return None
 
 
@@ -106,10 +114,11 @@ class BasicAuth:
         self._verified: OrderedDict[bytes, None] = OrderedDict()
         self._failed: OrderedDict[bytes, None] = OrderedDict()
         self._lock = threading.Lock()
-        costs = sorted(int(h[4:6]) for h in self.users.values()) or [10]
-        # For unknown users: a hash of the usual cost that no password matches (its hash part
-        # is not what any password gives for that salt, barring a 2^-184 accident).
-        self._dummy = bcrypt.gensalt(rounds=costs[len(costs) // 2]) + b"." * 31
+        # For unknown users: a hash of the highest configured cost that no password matches (its
+        # hash part is not what any password gives for that salt, barring a 2^-184 accident), so
+        # an unknown user costs what the slowest configured user costs and timing tells nothing.
+        cost = max((int(h[4:6]) for h in self.users.values()), default=10)
+        self._dummy = bcrypt.gensalt(rounds=cost) + b"." * 31
         self.bcrypt_runs = 0
 
     @property

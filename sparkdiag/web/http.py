@@ -2,10 +2,13 @@
 
 :class:`ExporterServer` binds the listen socket when constructed (so a port in use is an error
 at start) and serves in one thread running an asyncio loop (:mod:`sparkdiag.web.serving`
-holds the connection limits and timeouts). Per request: basic auth first (answers from the
-credential cache at once; bcrypt in a pool of ``AUTH_WORKERS`` threads with at most
-``AUTH_QUEUE`` waiting, beyond which 503), then at most ``max_requests`` requests in flight
-(more get 503), rendered in a pool of ``RENDER_WORKERS`` threads.
+holds the connection limits and timeouts). Per request, in exporter-toolkit's order: the web
+config as it is now (:class:`~sparkdiag.web.webconfig.LiveWebConfig`; 500 while a change left
+it unusable), its ``rate_limit`` (429), basic auth (answers from the credential cache at once;
+bcrypt in a pool of ``AUTH_WORKERS`` threads with at most ``AUTH_QUEUE`` waiting, beyond which
+503), then at most ``max_requests`` requests in flight (more get 503), rendered in a pool of
+``RENDER_WORKERS`` threads through :class:`~sparkdiag.web.scrape.RenderCache`. Every answer of
+the handler carries ``http_server_config.headers``. Defaults of the limits: ``config.OPTIONS``.
 """
 
 from __future__ import annotations
@@ -18,16 +21,18 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from prometheus_client import CollectorRegistry
-from prometheus_client.exposition import choose_encoder
+from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
 from sparkdiag import __version__
-from sparkdiag.config import ConfigError, echo
+from sparkdiag.config import DEFAULTS, ConfigError, echo
 from sparkdiag.exporter.registry import render
-from sparkdiag.web.serving import HttpServer, Limits, Request, Response, text
-from sparkdiag.web.webconfig import WebConfig
+from sparkdiag.web import scrape
+from sparkdiag.web.serving import HttpServer, Limits, Request, Response, Tls, text
+from sparkdiag.web.webconfig import LiveWebConfig, RateLimit, WebConfig
 
 log = logging.getLogger(__name__)
 
@@ -78,38 +83,67 @@ def listen_socket(address: tuple[str, int], backlog: int) -> socket.socket:
     return sock
 
 
+class _Bucket:
+    """Go's ``rate.Limiter``: ``burst`` tokens at start, one more each ``interval``."""
+
+    def __init__(self, limit: RateLimit, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit = limit
+        self.clock = clock
+        self.tokens = float(limit.burst)
+        self.last = clock()
+
+    def allow(self) -> bool:
+        now = self.clock()
+        self.tokens = min(self.limit.burst, self.tokens + (now - self.last) / self.limit.interval)
+        self.last = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return True
+        return False
+
+
 class ExporterServer:
-    """HTTP(S) server for the exporter; TLS and basic auth from ``web``."""
+    """HTTP(S) server for the exporter; TLS, basic auth, headers and rate limit from ``web``
+    (a :class:`LiveWebConfig` follows the file as it changes). ``generation`` returns the
+    current snapshot: ``/metrics`` renders once per snapshot (no cache without it)."""
 
     def __init__(
         self,
         address: tuple[str, int],
         registry: CollectorRegistry,
         healthy: Callable[[], tuple[bool, str]],
-        web: WebConfig | None = None,
-        max_requests: int = 40,
+        web: WebConfig | LiveWebConfig | None = None,
+        max_requests: int = DEFAULTS["web_max_requests"],
         *,
-        max_connections: int = 512,
-        timeout: float = 10.0,
-        backlog: int = 1024,
+        max_connections: int = DEFAULTS["web_max_connections"],
+        timeout: float = DEFAULTS["web_read_timeout"],
+        backlog: int = Limits.backlog,
+        generation: Callable[[], object] | None = None,
     ) -> None:
         self.registry = registry
         self.healthy = healthy
-        self.web = web or WebConfig()
+        first = web.current() if isinstance(web, LiveWebConfig) else web
+        self.web: WebConfig = first or WebConfig()
+        self._web = web.current if isinstance(web, LiveWebConfig) else (lambda: self.web)
         self.slots = threading.BoundedSemaphore(max_requests) if max_requests > 0 else None
         self.timeout = timeout
         self.socket = listen_socket(address, backlog)
         self.server_address: tuple[Any, ...] = self.socket.getsockname()
+        self.cache = scrape.RenderCache(
+            {scrape.TEXT: lambda: render(registry), scrape.OPENMETRICS: self._openmetrics},
+            generation,
+        )
         self.engine = HttpServer(
             self.socket,
             self._handle,
             Limits(timeout=timeout, max_connections=max_connections, backlog=backlog),
-            ssl_context=self.web.ssl_context,
+            tls=self._tls if self.web.tls is not None else None,
             server_name=f"sparkdiag/{__version__}",
         )
         self._render_pool = ThreadPoolExecutor(RENDER_WORKERS, thread_name_prefix="http-render")
         self._auth_pool = ThreadPoolExecutor(AUTH_WORKERS, thread_name_prefix="http-auth")
         self._auth_waiting = 0
+        self._bucket: _Bucket | None = None
         self._loop = asyncio.new_event_loop()
         self._stop = asyncio.Event()
         self._serving = threading.Event()
@@ -149,11 +183,29 @@ class ExporterServer:
 
     # -- requests ------------------------------------------------------------------------------
 
+    def _tls(self) -> Tls | None:
+        web = self._web()
+        return None if web is None else web.tls
+
     async def _handle(self, request: Request) -> Response:
+        web = self._web()
+        if web is None:
+            return text(500, "the web config changed and is unusable: see the daemon's log")
+        response = await self._answer(web, request)
+        if web.headers:
+            response = replace(response, headers=response.headers + web.headers)
+        return response
+
+    async def _answer(self, web: WebConfig, request: Request) -> Response:
+        if web.rate_limit is not None:
+            if self._bucket is None or self._bucket.limit != web.rate_limit:
+                self._bucket = _Bucket(web.rate_limit)
+            if not self._bucket.allow():
+                return text(429, "too many requests", headers=(("Retry-After", "1"),))
         if request.method not in ("GET", "HEAD"):
             return text(405, "only GET and HEAD", headers=(("Allow", "GET, HEAD"),))
-        if self.web.auth.enabled:
-            allowed = await self._authorize(request.headers.get("authorization"))
+        if web.auth.enabled:
+            allowed = await self._authorize(web, request.headers.get("authorization"))
             if allowed is None:
                 return text(503, "too many logins in progress", headers=(("Retry-After", "1"),))
             if not allowed:
@@ -172,9 +224,9 @@ class ExporterServer:
             if slots is not None:
                 slots.release()
 
-    async def _authorize(self, header: str | None) -> bool | None:
+    async def _authorize(self, web: WebConfig, header: str | None) -> bool | None:
         """True or False; None when bcrypt is too busy to check in time (answer 503)."""
-        auth = self.web.auth
+        auth = web.auth
         answer = auth.decide(header)
         if isinstance(answer, bool):
             return answer
@@ -202,18 +254,23 @@ class ExporterServer:
                 _, detail = self.healthy()
                 body = _LANDING.format(version=__version__, health=html.escape(detail))
                 return Response(200, body.encode(), "text/html; charset=utf-8")
-        except Exception:
-            log.exception("serving %s failed", path)
+        except Exception as exc:
+            log.error("serving %s failed: %s: %s", path, type(exc).__name__, exc)
+            log.debug("serving %s failed", path, exc_info=True)
             return text(500, "internal error")
         return text(404, "not found: try /metrics")
 
     def _metrics(self, request: Request) -> Response:
-        encoder, content_type = choose_encoder(request.headers.get("accept", ""))
-        if content_type.startswith("text/plain"):
-            body = render(self.registry)  # the fast encoder for the text format
-        else:
-            body = encoder(self.registry)
-        return Response(200, body, content_type)
+        fmt = scrape.choose_format(request.headers.get("accept"))
+        compress = scrape.accepts_gzip(request.headers.get("accept-encoding"))
+        body = self.cache.body(fmt, compress)
+        headers: tuple[tuple[str, str], ...] = (("Vary", "Accept-Encoding"),)
+        if compress:
+            headers += (("Content-Encoding", "gzip"),)
+        return Response(200, body, scrape.CONTENT_TYPES[fmt], headers)
+
+    def _openmetrics(self) -> bytes:
+        return bytes(openmetrics_latest(self.registry))  # type: ignore[no-untyped-call]
 
 
 _LANDING = """<!doctype html>
