@@ -12,7 +12,9 @@ Prints figures; asserts nothing (performance goals live here, not in timed tests
 * nvidia-smi: p50/p99 of ``nvidia-smi --query-gpu=<the same fields> --format=csv`` in the same
   run, and the ratio to the real-GPU scrape (skipped where nvidia-smi is absent);
 * soak: the daemon's peak RSS and CPU share (percent of one core) over --soak seconds at the
-  default 1 s polling, scraped every 15 s like a Prometheus would.
+  default 1 s polling, scraped every 15 s like a Prometheus would;
+* --compat-dcgm: for each fixture, a daemon without and one with ``--compat.dcgm``, scraped in
+  alternating pairs: p50 of each and the median of the per-pair ratios.
 """
 
 from __future__ import annotations
@@ -107,6 +109,35 @@ def time_nvidia_smi(n: int) -> dict[str, float] | None:
     return percentiles(samples)
 
 
+def time_compat_pairs(args: list[str], n: int) -> dict[str, float]:
+    """Scrapes of a daemon without and one with --compat.dcgm, alternating (noisy machines)."""
+    daemons = [start_daemon(args), start_daemon([*args, "--compat.dcgm"])]
+    try:
+        ports = [port for _, port in daemons]
+        for port in ports:
+            get(port, "/metrics")  # warm
+        samples: list[list[float]] = [[], []]
+        for index in range(2 * n):
+            which = (index + index // 2) % 2  # off on, on off, off on ...
+            start = time.perf_counter()
+            status, _ = get(ports[which], "/metrics")
+            samples[which].append(time.perf_counter() - start)
+            assert status == 200
+        ratios = sorted(on / off for off, on in zip(*samples, strict=True))
+        return {
+            "off_p50_ms": percentiles(samples[0])["p50_ms"],
+            "on_p50_ms": percentiles(samples[1])["p50_ms"],
+            "on_over_off_median": ratios[len(ratios) // 2],
+            "off_bytes": get(ports[0], "/metrics")[1],
+            "on_bytes": get(ports[1], "/metrics")[1],
+            "pairs": n,
+        }
+    finally:
+        for proc, _ in daemons:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=10)
+
+
 def soak(args: list[str], seconds: float) -> dict[str, float]:
     proc, port = start_daemon(args)
     try:
@@ -150,6 +181,9 @@ def main() -> None:
         help="extra serve argument for the soak daemon (repeatable), "
         "e.g. --soak-arg=--no-probe.enabled",
     )
+    parser.add_argument(
+        "--compat-dcgm", action="store_true", help="also time --compat.dcgm against off, in pairs"
+    )
     opts = parser.parse_args()
 
     results: dict[str, Any] = {"scrape": {}, "host": os.uname().nodename}
@@ -163,6 +197,10 @@ def main() -> None:
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=10)
+    if opts.compat_dcgm:
+        results["compat_dcgm"] = {
+            name: time_compat_pairs(args, opts.scrapes) for name, args in targets
+        }
     smi = time_nvidia_smi(opts.smi_runs)
     results["nvidia_smi"] = smi
     if opts.soak > 0:
@@ -174,6 +212,12 @@ def main() -> None:
     print(f"{'target':<16} {'p50 ms':>8} {'p99 ms':>8} {'bytes':>8}")
     for name, fig in results["scrape"].items():
         print(f"{name:<16} {fig['p50_ms']:8.2f} {fig['p99_ms']:8.2f} {fig['bytes']:8d}")
+    for name, fig in results.get("compat_dcgm", {}).items():
+        print(
+            f"{name} --compat.dcgm: p50 {fig['off_p50_ms']:.2f} ms off, {fig['on_p50_ms']:.2f} ms "
+            f"on, on/off {fig['on_over_off_median']:.3f} (median of {fig['pairs']} pairs); "
+            f"{fig['off_bytes']} -> {fig['on_bytes']} bytes"
+        )
     if smi:
         print(f"{'nvidia-smi':<16} {smi['p50_ms']:8.2f} {smi['p99_ms']:8.2f}")
         real = results["scrape"].get("real-gpu")

@@ -437,6 +437,16 @@ OPTIONS: tuple[Option, ...] = (
         maximum=1000,
         scopes=frozenset({"serve", "dump"}),
     ),
+    Option(
+        "compat.dcgm",
+        "compat_dcgm",
+        "bool",
+        False,
+        "Also export dcgm-exporter's fields under its names, units and labels "
+        "(DCGM_FI_DEV_GPU_TEMP, DCGM_FI_DEV_FB_USED, ...), beside the sparkdiag series, so that "
+        "dashboards and alerts written for dcgm-exporter work unchanged (docs/metrics.md).",
+        scopes=frozenset({"serve", "dump"}),
+    ),
 )
 OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
 OPTIONS_BY_ATTR = {option.attr: option for option in OPTIONS}
@@ -477,6 +487,7 @@ class Settings:
     probe_hot_min_interval: float = DEFAULTS["probe_hot_min_interval"]
     process_metrics: bool = DEFAULTS["process_metrics"]
     process_metrics_top: int = DEFAULTS["process_metrics_top"]
+    compat_dcgm: bool = DEFAULTS["compat_dcgm"]
 
     def __post_init__(self) -> None:
         for option in OPTIONS:

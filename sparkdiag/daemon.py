@@ -36,7 +36,7 @@ def dump(settings: Settings) -> bytes:
         snap = poller.poll_once()
         if not snap.pcie_links:
             log.warning("no PCI link found under %s: host PCIe links skipped", settings.sysfs)
-        return render(build_registry(lambda: poller.latest))
+        return render(build_registry(lambda: poller.latest, compat_dcgm=settings.compat_dcgm))
     finally:
         poller.gpu.stop()
 
@@ -85,7 +85,9 @@ def _serve(
     if schedulers:
         collectors = [collector, HotProbeCollector(probe_state.view)]
     collectors.append(soak_collector(settings.state_dir))
-    registry = build_registry(lambda: poller.latest, extra=collectors)
+    registry = build_registry(
+        lambda: poller.latest, extra=collectors, compat_dcgm=settings.compat_dcgm
+    )
     try:
         healthy = health_check(lambda: poller.latest, settings.poll_interval)
         server = ExporterServer(

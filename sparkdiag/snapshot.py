@@ -118,6 +118,7 @@ class XidCounts:
 
     counts: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (gpu, xid) -> n
     last_timestamp: Mapping[int, float] = field(default_factory=dict)  # gpu -> unix seconds
+    last_code: Mapping[int, int] = field(default_factory=dict)  # gpu -> XID of the last event
 
 
 @dataclass(frozen=True)

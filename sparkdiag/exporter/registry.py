@@ -9,11 +9,13 @@ from prometheus_client.core import Metric
 from prometheus_client.utils import floatToGoString as _untyped_float_to_go
 
 from sparkdiag.exporter.base import SnapshotCollector, SnapshotProvider
+from sparkdiag.exporter.dcgm import DcgmCollector
 from sparkdiag.exporter.gpu import GpuCollector
 from sparkdiag.exporter.gpu_activity import GpuActivityCollector
 from sparkdiag.exporter.gpu_process import GpuProcessCollector
 from sparkdiag.exporter.pcie import PcieCollector
 from sparkdiag.exporter.system import SystemCollector
+from sparkdiag.sources.hostname import node_name
 
 
 class _NonEmpty:
@@ -27,10 +29,14 @@ class _NonEmpty:
 
 
 def build_registry(
-    snapshot: SnapshotProvider, extra: Iterable[SnapshotCollector] = ()
+    snapshot: SnapshotProvider,
+    extra: Iterable[SnapshotCollector] = (),
+    compat_dcgm: bool = False,
 ) -> CollectorRegistry:
-    """A fresh registry (nothing registers at import time) holding sparkdiag's collectors."""
+    """A fresh registry (nothing registers at import time) holding sparkdiag's collectors, and
+    with ``compat_dcgm`` dcgm-exporter's series after them (``--compat.dcgm``)."""
     registry = CollectorRegistry(auto_describe=False)
+    compat = (DcgmCollector(snapshot, node_name()),) if compat_dcgm else ()
     for collector in (
         SystemCollector(snapshot),
         GpuCollector(snapshot),
@@ -38,6 +44,7 @@ def build_registry(
         GpuProcessCollector(snapshot),
         PcieCollector(snapshot),
         *extra,
+        *compat,
     ):
         registry.register(_NonEmpty(collector))
     return registry

@@ -56,6 +56,7 @@ class Poller:
         self.poll_count = 0
         self._xid_counts: dict[tuple[int, int], int] = {}
         self._xid_last: dict[int, float] = {}
+        self._xid_last_code: dict[int, int] = {}
         self._pcie: tuple[PcieLink, ...] = ()
         self._pcie_status = CollectorStatus(True, 0.0)
         self._pcie_read_at = float("-inf")
@@ -116,6 +117,7 @@ class Poller:
             xid=XidCounts(
                 counts=MappingProxyType(dict(self._xid_counts)),
                 last_timestamp=MappingProxyType(dict(self._xid_last)),
+                last_code=MappingProxyType(dict(self._xid_last_code)),
             ),
             pcie_links=self._pcie,
             context=self.context,
@@ -138,6 +140,7 @@ class Poller:
                 key = (event.gpu, event.data)
                 self._xid_counts[key] = self._xid_counts.get(key, 0) + 1
                 self._xid_last[event.gpu] = event.timestamp
+                self._xid_last_code[event.gpu] = event.data
                 log.warning("GPU %d: XID %d", event.gpu, event.data)
 
     def run(self, stop: threading.Event, initial_delay: float = 0.0) -> None:

@@ -515,11 +515,11 @@ class Fleet:
 
 
 @contextlib.contextmanager
-def start_fleet(workdir: Path) -> Iterator[Fleet]:
-    """Start every node's daemon and a Prometheus that scrapes them; stop all of them on exit,
-    also when starting fails half-way."""
+def start_fleet(workdir: Path, nodes: list[Node] | None = None) -> Iterator[Fleet]:
+    """Start every node's daemon (``nodes``, else :func:`fleet_nodes`) and a Prometheus that
+    scrapes them; stop all of them on exit, also when starting fails half-way."""
     prometheus = prometheus_binary()
-    nodes = fleet_nodes(workdir)
+    nodes = fleet_nodes(workdir) if nodes is None else nodes
     with contextlib.ExitStack() as stack:
         deadline = time.monotonic() + 30
         daemons: list[tuple[Process, str]] = []
