@@ -79,6 +79,44 @@ def file_option(flag: str, dest: str, help: str, metavar: str = "FILE") -> Calla
     )
 
 
+def parse_gpus(values: Sequence[str]) -> tuple[int, ...] | None:
+    """``--gpu`` as given (repeatable): ``all`` or nothing -> None (every GPU); ``N``, ``N,M``
+    and ``--gpu 0 --gpu 2`` -> NVML indices, in order, once each. ValueError says what is wrong.
+    """
+    words = [w.strip().lower() for value in values for w in value.split(",") if w.strip()]
+    if not words or words == ["all"]:
+        return None
+    if "all" in words:
+        raise ValueError("give all or GPU indices, not both")
+    indices: list[int] = []
+    for word in words:
+        if not (word.isascii() and word.isdigit()):
+            raise ValueError(f"{word!r} is not a GPU index: give all, N or N,M (NVML indices)")
+        if int(word) not in indices:
+            indices.append(int(word))
+    return tuple(indices)
+
+
+def _gpus(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> Any:
+    try:
+        return parse_gpus(values)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def gpu_option(help: str) -> Callable[[F], F]:
+    """``--gpu all|N|N,M`` (repeatable), given to the command as ``gpus``: a tuple of NVML
+    indices, or None for every GPU. The same flag for every command that takes GPUs."""
+    return click.option(
+        "--gpu",
+        "gpus",
+        multiple=True,
+        callback=_gpus,
+        metavar="all|N|N,M",
+        help=f"{help} NVML indices, comma separated or repeated (--gpu 0 --gpu 2) [default: all].",
+    )
+
+
 def settings_options(command: str, config_file: bool = False) -> Callable[[F], F]:
     """Every setting ``command`` takes, as click flags (plus ``--config`` when asked)."""
 
@@ -98,17 +136,13 @@ def settings_options(command: str, config_file: bool = False) -> Callable[[F], F
     return decorate
 
 
-def settings_from(
-    command: str,
-    given: dict[str, Any],
-    config: Path | None = None,
-    error: type[click.UsageError] = click.UsageError,
-) -> Settings:
+def settings_from(command: str, given: dict[str, Any], config: Path | None = None) -> Settings:
     """Settings for ``command`` from its defaults, ``config`` and the flags given.
 
     ``given`` holds the command's keyword arguments; the setting flags are taken out of it (so
-    what remains is the command's own arguments). A bad value raises ``error`` (exit 2; check
-    passes its own, which exits 3) with the flag, the value and what is allowed.
+    what remains is the command's own arguments). A bad value raises
+    :class:`~sparkdiag.config.ConfigError` (a usage error: exit 2) with the flag, the value and
+    what is allowed.
     """
     flags: dict[str, Any] = {}
     for attr in list(given):
@@ -116,13 +150,10 @@ def settings_from(
             value = given.pop(attr)
             if value is not None:
                 flags[attr] = value
-    try:
-        for attr, value in flags.items():
-            if OPTIONS_BY_ATTR[attr].kind == "argv" and isinstance(value, str):
-                flags[attr] = _split(OPTIONS_BY_ATTR[attr], value)
-        return build_settings(config, flags, command)
-    except ConfigError as exc:
-        raise error(str(exc)) from None
+    for attr, value in flags.items():
+        if OPTIONS_BY_ATTR[attr].kind == "argv" and isinstance(value, str):
+            flags[attr] = _split(OPTIONS_BY_ATTR[attr], value)
+    return build_settings(config, flags, command)
 
 
 def _split(option: Option, value: str) -> list[str]:

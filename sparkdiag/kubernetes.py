@@ -28,6 +28,7 @@ from typing import Any
 import yaml
 
 from sparkdiag import __version__
+from sparkdiag.errors import UsageError
 
 APP = "sparkdiag"
 PORT = 10942
@@ -48,7 +49,7 @@ _LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NA
 _LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
 
 
-class ManifestError(ValueError):
+class ManifestError(UsageError, ValueError):
     """An option that would make invalid manifests; the message says which and why."""
 
 

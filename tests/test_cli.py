@@ -135,7 +135,7 @@ def test_record_fixture_of_an_older_recording_adds_the_newer_queries(tmp_path: P
 def test_record_fixture_without_nvml(tmp_path: Path) -> None:
     out = tmp_path / "x.json"
     result = run_cli("record-fixture", str(out), "--nvml-fixture", str(NVML / "no-nvml.json"))
-    assert_clean_error(result, 1, "cannot record: NVML is unavailable")
+    assert_clean_error(result, 3, "cannot record: NVML is unavailable")
     assert not out.exists()
 
 

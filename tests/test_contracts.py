@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import click
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkdiag.baseline.store import BaselineStoreError, open_store
 from sparkdiag.config import OPTIONS
+from sparkdiag.errors import UsageError
 from sparkdiag.flags import settings_from
 from sparkdiag.probe.document import (
     SCHEMA,
@@ -164,9 +164,9 @@ def test_every_command_default_and_help_names_a_command_that_takes_it() -> None:
 
 
 def test_an_unclosed_quote_is_a_usage_error() -> None:
-    with pytest.raises(click.UsageError, match=r"--probe\.python: cannot split"):
+    with pytest.raises(UsageError, match=r"--probe\.python: cannot split"):
         settings_from("serve", {"probe_python": "python3 'unclosed"})
-    with pytest.raises(click.UsageError, match=r"probe\.timeout"):
+    with pytest.raises(UsageError, match=r"probe\.timeout"):
         settings_from("compare", {"probe_timeout": 0.5})
 
 

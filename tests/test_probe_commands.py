@@ -112,7 +112,7 @@ def test_baseline_show_pin_reset(tmp_path: Path) -> None:
     rows = {r["dtype"]: r for r in json.loads(shown.stdout)}
     assert rows["bf16"]["tflops"] == 700.0 and rows["bf16"]["source"] == "learned"
     ambiguous = run("baseline", "pin", *state, "--uuid", "GPU-abc")
-    assert ambiguous.returncode == 1 and "2 baselines match" in ambiguous.stderr
+    assert ambiguous.returncode == 2 and "2 baselines match" in ambiguous.stderr
     pinned = run("baseline", "pin", *state, "--dtype", "bf16", "--tflops", "720", "--note", "ok")
     assert pinned.returncode == 0 and "pinned bf16 8192x8192x8192 native at 720.0" in pinned.stdout
     with BaselineStore(tmp_path / "baselines.sqlite") as store:
@@ -128,4 +128,4 @@ def test_baseline_show_pin_reset(tmp_path: Path) -> None:
 
 def test_baseline_show_without_a_store(tmp_path: Path) -> None:
     result = run("baseline", "show", "--state-dir", str(tmp_path / "none"))
-    assert result.returncode == 1 and "no baselines yet" in result.stderr
+    assert result.returncode == 3 and "no baselines yet" in result.stderr

@@ -19,6 +19,7 @@ import click
 
 from sparkdiag.compare import model, report
 from sparkdiag.compare.rounds import compare as run_comparison
+from sparkdiag.errors import Exit, UsageError
 from sparkdiag.flags import settings_from, settings_options, worker_options
 from sparkdiag.probe.request import WorkerRequest
 
@@ -52,9 +53,9 @@ def container_argv(cmd: Sequence[str]) -> list[str]:
         try:
             words = shlex.split(words[0])
         except ValueError as exc:
-            raise click.UsageError(f"cannot split the container command: {exc}") from None
+            raise UsageError(f"cannot split the container command: {exc}") from None
     if not words or words == ["-"]:
-        raise click.UsageError(
+        raise UsageError(
             "give the container command after --container (or after --), for example:\n"
             "  sparkdiag compare --container docker run -i --rm --gpus all IMAGE python3 -"
         )
@@ -80,11 +81,12 @@ def _sigterm_as_exit() -> Iterator[None]:
 
 EPILOG = """\b
 Exit status:
-  0  every kernel measured on both sides is within --max-gap
-  1  the worst gap exceeds --max-gap (the container is slower)
-  2  usage error
-  3  a side failed to run (runtime or image missing, no GPU or no torch inside,
-     hang, output that is not the worker's JSON), or nothing was measured on both
+  0    every kernel measured on both sides is within --max-gap
+  1    the worst gap exceeds --max-gap (the container is slower)
+  2    usage error
+  3    a side failed to run (runtime or image missing, no GPU or no torch inside,
+       hang, output that is not the worker's JSON), or nothing was measured on both
+  130  interrupted (Ctrl-C)
 """
 
 
@@ -201,9 +203,9 @@ def compare(
     try:
         native = shlex.split(native_python) if native_python else [sys.executable]
     except ValueError as exc:
-        raise click.UsageError(f"--native-python: cannot split it: {exc}") from None
+        raise UsageError(f"cannot split it: {exc}", flag="--native-python") from None
     if not native:
-        raise click.UsageError("--native-python is empty")
+        raise UsageError("an empty command", flag="--native-python")
     request = WorkerRequest(
         device=device,
         dtypes=tuple(dtypes),
@@ -229,11 +231,9 @@ def compare(
                 on_progress=progress,
                 warmup_rounds=warmup_rounds,
             )
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
     except KeyboardInterrupt:
         click.echo("sparkdiag compare: interrupted; the cycle in progress was stopped", err=True)
-        sys.exit(130)
+        sys.exit(Exit.INTERRUPTED)
 
     code = result.exit_code(max_gap)
     if as_json:
@@ -243,7 +243,3 @@ def compare(
     else:
         click.echo(report.render(result, max_gap))
     sys.exit(code)
-
-
-if __name__ == "__main__":
-    compare()

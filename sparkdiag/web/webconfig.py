@@ -24,6 +24,7 @@ from typing import Any
 import yaml
 
 from sparkdiag.config import echo
+from sparkdiag.errors import UsageError
 from sparkdiag.web.basicauth import BasicAuth, hash_problem
 
 MAX_FILE_BYTES = 1 << 20  # a web config is a few hundred bytes; read no more than this
@@ -45,8 +46,10 @@ _KNOWN_TOP = {"tls_server_config", "basic_auth_users", "http_server_config"}
 _KNOWN_TLS = {"cert_file", "key_file", "min_version", "client_ca_file", "client_auth_type"}
 
 
-class WebConfigError(ValueError):
+class WebConfigError(UsageError, ValueError):
     """The web configuration file is unusable; the message names the file and the key."""
+
+    flag = "--web.config.file"
 
 
 @dataclass
