@@ -45,7 +45,7 @@ def _range(ctx: click.Context, param: click.Parameter, value: str | None) -> lis
 
 
 @click.command()
-@worker_options(dtype_default=("bf16",), shapes=False)
+@worker_options("--dtype", "--small", "--device", dtypes=("bf16",))
 @click.option(
     "--m",
     "m_range",
@@ -62,14 +62,7 @@ def _range(ctx: click.Context, param: click.Parameter, value: str | None) -> lis
     "--k", "k_range", default=None, callback=_range,
     help="K sizes (default: the same as M, square shapes).",
 )  # fmt: skip
-@click.option(
-    "--iters", type=click.IntRange(min=1), default=50, show_default=True,
-    help="Timed iterations per shape.",
-)  # fmt: skip
-@click.option(
-    "--warmup", type=click.IntRange(min=0), default=10, show_default=True,
-    help="Warm-up iterations per shape.",
-)  # fmt: skip
+@worker_options("--iters", "--warmup", iters=50, warmup=10)
 @file_option("--csv", "csv_path", "Write every result to this CSV file.")
 @file_option("--json", "json_path", "Write the worker documents to this JSON file.")
 @settings_options("bench")

@@ -20,7 +20,7 @@ import click
 from sparkdiag.compare import model, report
 from sparkdiag.compare.rounds import compare as run_comparison
 from sparkdiag.errors import Exit, UsageError
-from sparkdiag.flags import settings_from, settings_options, worker_options
+from sparkdiag.flags import settings_from, settings_options, worker_option, worker_options
 from sparkdiag.probe.request import WorkerRequest
 
 
@@ -128,25 +128,8 @@ Exit status:
     show_default=True,
     help="Largest acceptable gap, as a fraction (0.15) or a percentage (15%).",
 )
-@worker_options()
-@click.option(
-    "--budget-seconds",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="GPU-busy time per cycle [worker default: 2].",
-)
-@click.option(
-    "--iters",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Timed iterations per kernel [default: sized to the budget].",
-)
-@click.option(
-    "--bandwidth/--no-bandwidth",
-    default=True,
-    show_default=True,
-    help="Also compare device memory copy bandwidth.",
-)
+@worker_options("--dtype", "--small", "--shape", "--device", "--budget-seconds", "--iters")
+@worker_option("--bandwidth", True, help="Also compare device memory copy bandwidth.")
 @settings_options("compare")
 @click.option(
     "--native-python",

@@ -35,7 +35,7 @@ def _context(rootfs: Path) -> str:
 
 
 @click.command()
-@worker_options(device=False)
+@worker_options("--dtype", "--small", "--shape")
 @gpu_option("The GPUs to probe, one after another.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
 @click.option(

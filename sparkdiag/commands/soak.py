@@ -22,12 +22,13 @@ from sparkdiag.flags import (
     gpu_option,
     settings_from,
     settings_options,
+    worker_option,
     worker_options,
 )
 from sparkdiag.probe.document import SoakWindow
 from sparkdiag.probe.launchers import pinned_env
 from sparkdiag.probe.request import WorkerRequest
-from sparkdiag.probe.worker import SOAK_WINDOW_SECONDS
+from sparkdiag.probe.worker import SOAK_WINDOW_SECONDS, SUITES
 from sparkdiag.soak import plot as soak_plot
 from sparkdiag.soak.model import (
     CSV_COLUMNS,
@@ -207,7 +208,8 @@ def exit_status(gpus: tuple[GpuSoak, ...], interrupted: bool, files_ok: bool) ->
     help="Seconds of load between two measurement windows.",
 )
 @gpu_option("The GPUs to soak, all at once (one worker per GPU).")
-@worker_options(shapes=False)
+@worker_option("--dtype", shown="the hot suite's, " + ",".join(SUITES["hot"].dtypes))
+@worker_options("--small", "--device")
 @click.option(
     "--json",
     "json_to",
