@@ -28,10 +28,11 @@ from typing import Any
 import yaml
 
 from sparkdiag import __version__
+from sparkdiag.config import DEFAULT_PORT
 from sparkdiag.errors import UsageError
 
 APP = "sparkdiag"
-PORT = 10942
+PORT = DEFAULT_PORT
 # The image's user (Containerfile: USER 10942:10942): numeric, so runAsNonRoot can check it.
 USER_ID = 10942
 STATE_PATH = "/var/lib/sparkdiag"

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 from sparkdiag.baseline.evaluate import GemmFigure
 from sparkdiag.baseline.keeper import StoreReport
+from sparkdiag.config import DEFAULTS
 from sparkdiag.errors import Exit
 from sparkdiag.probe.document import WorkerDocument
 from sparkdiag.probe.runner import ProbeCycle
@@ -129,7 +130,7 @@ class CheckContext:
     soak: SoakStateReport | None = None
     process_names: Mapping[int, str] = field(default_factory=dict)
     own_pids: frozenset[int] = frozenset()
-    busy_utilization: float = 0.10
+    busy_utilization: float = DEFAULTS["probe_busy_utilization"]
 
     def gpus_up(self) -> tuple[GpuSample, ...]:
         return tuple(g for g in self.snapshot.gpus if g.up)
