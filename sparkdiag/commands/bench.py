@@ -15,6 +15,7 @@ from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.flags import file_option, settings_from, settings_options, worker_options
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import run_worker
+from sparkdiag.probe.worker import throughput_unit
 
 CSV_COLUMNS = (
     "dtype", "shape", "status", "peak_tflops", "delivered_tflops", "median_ms", "total_ms",
@@ -137,7 +138,8 @@ def bench(
         # mamf-finder's figure is per iteration: the peak (median iteration) is comparable
         best = max(ok, key=lambda r: r.peak or 0.0)
         median = statistics.median(r.peak or 0.0 for r in ok)
-        click.echo(f"{dtype}: best {best.peak:.1f} TFLOPS at {best.shape} (MAMF); "
+        unit = throughput_unit(dtype)
+        click.echo(f"{dtype}: best {best.peak:.1f} {unit} at {best.shape} (MAMF); "
                    f"median {median:.1f} over {len(ok)} shapes")  # fmt: skip
     if cycle.result in ("error", "timeout"):
         click.echo(f"warning: {cycle.reason}", err=True)

@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from sparkdiag.errors import Exit
 from sparkdiag.probe.document import Software, WorkerDocument
+from sparkdiag.probe.worker import throughput_unit
 from sparkdiag.sources.gpu import decode_reasons
 
 SCHEMA = "sparkdiag-compare/1"
@@ -285,8 +286,7 @@ def _entries(doc: WorkerDocument) -> dict[str, tuple[_Entry, str, str | None, fl
     """key -> (entry, status, reason, figure) for one document."""
     out: dict[str, tuple[_Entry, str, str | None, float | None]] = {}
     for r in doc.results:
-        unit = "TOPS" if r.dtype in ("int8", "int4") else "TFLOPS"
-        entry = _Entry(r.dtype, r.shape, r.kind, r.beta, unit)
+        entry = _Entry(r.dtype, r.shape, r.kind, r.beta, throughput_unit(r.dtype))
         figure = r.delivered if r.status == "ok" else None
         out[r.label] = (entry, r.status, r.reason, figure)
     bw = doc.bandwidth

@@ -69,7 +69,7 @@ makes, nor the sleep that holds the stream while a batch is enqueued).
 Delivered and peak
 ------------------
 Each kernel is timed in one batch of back-to-back iterations. Two figures come
-from it (TFLOPS; TOPS for int8; bytes/s for the device copy):
+from it (TFLOPS, TOPS for int8 and int4: DtypeSpec.unit; bytes/s for the device copy):
 
 - ``delivered``: the work of all iterations over the batch's total elapsed
   time, from one CUDA event before the first iteration to one after the last,
@@ -1085,6 +1085,10 @@ class DtypeSpec:
     beta_variant: also probe the compute shape with beta=1 (C = A B + C)
     matmul_precision: torch float32 matmul precision the kernel runs under, if any
     rejection_is_unsupported: a young API, whose rejected calls count as unsupported
+    unit: what its throughput is counted in, 2*M*N*K operations a second either way: TFLOPS,
+        or TOPS for the integer dtypes (int8's integer multiply; int4 is weight-only, its
+        multiply runs in bf16 after dequantisation, and is still counted as an integer dtype,
+        as the public metric contract says). Every renderer and docs/metrics.md read it here.
     """
 
     error_bound: float
@@ -1095,6 +1099,7 @@ class DtypeSpec:
     beta_variant: bool = False
     matmul_precision: str | None = None
     rejection_is_unsupported: bool = False
+    unit: str = "TFLOPS"
 
 
 DTYPES: dict[str, DtypeSpec] = {
@@ -1102,13 +1107,20 @@ DTYPES: dict[str, DtypeSpec] = {
     "fp16": DtypeSpec(2e-2, (1,), _gate_any, _prepare_float("float16")),
     "tf32": DtypeSpec(5e-3, (1,), _gate_tf32, _prepare_float("float32"), matmul_precision="high"),
     "fp8": DtypeSpec(5e-2, (1, 16, 32), _gate_fp8, _prepare_fp8),
-    "int8": DtypeSpec(0.0, (1, 16, 32), _gate_int8, _prepare_int8),  # int32 sums are exact
-    "int4": DtypeSpec(2e-2, (1,), _gate_int4, _prepare_int4, compute_edge=_int4_edge),
+    "int8": DtypeSpec(0.0, (1, 16, 32), _gate_int8, _prepare_int8, unit="TOPS"),  # exact sums
+    "int4": DtypeSpec(2e-2, (1,), _gate_int4, _prepare_int4, compute_edge=_int4_edge, unit="TOPS"),
     "nvfp4": DtypeSpec(
         2.5e-1, (1, 16, 32, 128), _gate_nvfp4, _prepare_nvfp4, rejection_is_unsupported=True
     ),
 }
 ALL_DTYPES = tuple(DTYPES)
+
+
+def throughput_unit(dtype: str) -> str:
+    """``TOPS`` or ``TFLOPS`` for a dtype (DtypeSpec.unit); TFLOPS for one this worker does not
+    know (a document of another version)."""
+    spec = DTYPES.get(dtype)
+    return spec.unit if spec is not None else "TFLOPS"
 
 
 # --------------------------------------------------------------------------
@@ -1762,7 +1774,7 @@ def plan_suite(
 def _result(spec: KernelSpec, m: int, status: str, reason: str | None) -> dict[str, Any]:
     """A kernel's entry in the document; the figures stay None unless it was timed.
 
-    delivered: TFLOPS (TOPS for int8) over the timed batch's total time, gaps included
+    delivered: TFLOPS (TOPS for integer dtypes) over the timed batch's total time, gaps included
     peak: TFLOPS (TOPS) from the median iteration time
     total_ms: the timed batches' total elapsed time; gaps_ms: the part of it between iterations
     queued_ahead: every timed batch was enqueued before the GPU began it (CUDA), else None

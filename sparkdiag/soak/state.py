@@ -40,7 +40,7 @@ class SoakStateError(SparkdiagError):
 @dataclass(frozen=True)
 class KernelState(KernelFigures):
     """One kernel's verdict (see :class:`sparkdiag.soak.verdict.Verdict`); TFLOPS (TOPS for
-    int8), temperatures in °C on the entry's ``sensor``."""
+    integer dtypes), temperatures in °C on the entry's ``sensor``."""
 
     max_celsius: float | None = None
 
