@@ -34,10 +34,22 @@ def _context(rootfs: Path) -> str:
     return detect_context(rootfs).context
 
 
+# /2: each figure's "healthy" became "counts_toward_baseline" (what it always meant: the run may
+# teach the baseline; it read true on a figure at 0.45 of its baseline beside another process).
+REPORT_SCHEMA = "sparkdiag-probe-report/2"
+
+
 @click.command()
 @worker_options("--dtype", "--small", "--shape")
 @gpu_option("The GPUs to probe, one after another.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help=f"Print one JSON document ({REPORT_SCHEMA}) instead of tables; a figure's "
+    "counts_toward_baseline says whether the run may teach the baseline (no heat or power "
+    "reason during the cycle), not whether the figure is as fast as its baseline.",
+)
 @click.option(
     "--record/--no-record",
     default=True,
@@ -108,7 +120,7 @@ def probe(
             store.close()
     if as_json:
         report = {
-            "schema": "sparkdiag-probe-report/1",
+            "schema": REPORT_SCHEMA,
             "context": context,
             "gpus": [
                 {
