@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from sparkdiag import __version__
-from sparkdiag.errors import SparkdiagError
+from sparkdiag.errors import Exit, SparkdiagError
 
 
 class _Failed(click.ClickException):
@@ -21,13 +21,16 @@ class _Failed(click.ClickException):
 
 class _Group(click.Group):
     """The command group: a :class:`SparkdiagError` raised anywhere below becomes one line on
-    standard error and its exit status, here and nowhere else."""
+    standard error and its exit status, here and nowhere else; Ctrl-C that no command handles
+    itself exits INTERRUPTED (130), not click's 1."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except SparkdiagError as exc:
             raise _Failed(exc.line(), int(exc.exit_code)) from None
+        except KeyboardInterrupt:
+            raise _Failed("interrupted", Exit.INTERRUPTED) from None
 
 
 @click.group(

@@ -18,11 +18,13 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from sparkdiag.errors import UsageError
+
 DEFAULT_PORT = 10942  # outside 9100-9999, which the Prometheus port allocation list has used up
 DEFAULT_LISTEN = f"127.0.0.1:{DEFAULT_PORT}"
 
 
-class ConfigError(ValueError):
+class ConfigError(UsageError, ValueError):
     """A setting has a bad value; the message names the setting, the value and what is allowed."""
 
 

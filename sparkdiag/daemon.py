@@ -7,6 +7,7 @@ import logging
 import threading
 
 from sparkdiag.config import Settings, parse_listen
+from sparkdiag.errors import Exit, SparkdiagError
 from sparkdiag.exporter.base import SnapshotCollector
 from sparkdiag.exporter.hot import HotProbeCollector
 from sparkdiag.exporter.probe import ProbeCollector
@@ -25,8 +26,14 @@ from sparkdiag.web.webconfig import LiveWebConfig, load_web_config
 log = logging.getLogger("sparkdiag")
 
 
-class StartupError(Exception):
-    """The daemon cannot start (port in use, ...); the message says why."""
+class StartupError(SparkdiagError):
+    """The daemon cannot start (port in use, ...); the message says why.
+
+    Exit status 1, not 3: ``serve`` has documented 1 for "cannot start" from the first release
+    (README, ``serve --help``), and the unit restarts on it as on 3 (only 2 is final).
+    """
+
+    exit_code = Exit.ATTENTION
 
 
 def dump(settings: Settings) -> bytes:

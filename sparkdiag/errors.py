@@ -18,7 +18,11 @@ code  name         meaning
 Code below the command layer raises a :class:`SparkdiagError` (or a subclass): it carries its exit
 status and, where one flag is to blame, that flag. The command line translates it once, at the
 edge (:mod:`sparkdiag.cli`), into one line on standard error and the exit status; no command
-translates errors itself.
+translates errors itself. A command's own body raises them too (:class:`UsageError` for what
+was asked, :class:`SparkdiagError` for what could not be done); only click's parse stage (a
+flag's ``callback`` or ``type``) raises ``click.BadParameter``, which click shows with the usage
+line and also exits 2. An error that says which flag it is about in its own words leaves
+``flag`` unset, so that the flag is not named twice.
 """
 
 from __future__ import annotations

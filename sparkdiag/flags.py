@@ -6,9 +6,10 @@ command's own default and help where the Option gives one. Commands call :func:`
 to add the flags and :func:`settings_from` to turn what was given into
 :class:`~sparkdiag.config.Settings` (defaults, then ``--config``, then flags).
 
-The probe worker's own flags (``--dtype``, ``--shape``, ``--small``, ``--device``), taken by
-``probe``, ``bench``, ``compare`` and ``soak``, come from :func:`worker_options`, validated by the
-worker module's own parsers, so that a value the worker would reject is a usage error here.
+The probe worker's own flags (``--dtype``, ``--shape``, ``--small``, ``--device``, ``--iters``
+...), taken by ``probe``, ``bench``, ``compare`` and ``soak``, come from :func:`worker_options`:
+each is declared once, in the worker's ``FLAGS`` table, and validated by the worker module's own
+parsers and minimums, so that a value the worker would reject is a usage error here.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ import click
 
 from sparkdiag.config import OPTIONS, OPTIONS_BY_ATTR, ConfigError, Option, Settings, build_settings
 from sparkdiag.probe.worker import (
-    ALL_DTYPES,
+    FLAGS_BY_NAME,
+    Flag,
     UsageError,
     parse_dtypes,
     parse_shape,
@@ -79,6 +81,44 @@ def file_option(flag: str, dest: str, help: str, metavar: str = "FILE") -> Calla
     )
 
 
+def parse_gpus(values: Sequence[str]) -> tuple[int, ...] | None:
+    """``--gpu`` as given (repeatable): ``all`` or nothing -> None (every GPU); ``N``, ``N,M``
+    and ``--gpu 0 --gpu 2`` -> NVML indices, in order, once each. ValueError says what is wrong.
+    """
+    words = [w.strip().lower() for value in values for w in value.split(",") if w.strip()]
+    if not words or words == ["all"]:
+        return None
+    if "all" in words:
+        raise ValueError("give all or GPU indices, not both")
+    indices: list[int] = []
+    for word in words:
+        if not (word.isascii() and word.isdigit()):
+            raise ValueError(f"{word!r} is not a GPU index: give all, N or N,M (NVML indices)")
+        if int(word) not in indices:
+            indices.append(int(word))
+    return tuple(indices)
+
+
+def _gpus(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> Any:
+    try:
+        return parse_gpus(values)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def gpu_option(help: str) -> Callable[[F], F]:
+    """``--gpu all|N|N,M`` (repeatable), given to the command as ``gpus``: a tuple of NVML
+    indices, or None for every GPU. The same flag for every command that takes GPUs."""
+    return click.option(
+        "--gpu",
+        "gpus",
+        multiple=True,
+        callback=_gpus,
+        metavar="all|N|N,M",
+        help=f"{help} NVML indices, comma separated or repeated (--gpu 0 --gpu 2) [default: all].",
+    )
+
+
 def settings_options(command: str, config_file: bool = False) -> Callable[[F], F]:
     """Every setting ``command`` takes, as click flags (plus ``--config`` when asked)."""
 
@@ -98,17 +138,13 @@ def settings_options(command: str, config_file: bool = False) -> Callable[[F], F
     return decorate
 
 
-def settings_from(
-    command: str,
-    given: dict[str, Any],
-    config: Path | None = None,
-    error: type[click.UsageError] = click.UsageError,
-) -> Settings:
+def settings_from(command: str, given: dict[str, Any], config: Path | None = None) -> Settings:
     """Settings for ``command`` from its defaults, ``config`` and the flags given.
 
     ``given`` holds the command's keyword arguments; the setting flags are taken out of it (so
-    what remains is the command's own arguments). A bad value raises ``error`` (exit 2; check
-    passes its own, which exits 3) with the flag, the value and what is allowed.
+    what remains is the command's own arguments). A bad value raises
+    :class:`~sparkdiag.config.ConfigError` (a usage error: exit 2) with the flag, the value and
+    what is allowed.
     """
     flags: dict[str, Any] = {}
     for attr in list(given):
@@ -116,13 +152,10 @@ def settings_from(
             value = given.pop(attr)
             if value is not None:
                 flags[attr] = value
-    try:
-        for attr, value in flags.items():
-            if OPTIONS_BY_ATTR[attr].kind == "argv" and isinstance(value, str):
-                flags[attr] = _split(OPTIONS_BY_ATTR[attr], value)
-        return build_settings(config, flags, command)
-    except ConfigError as exc:
-        raise error(str(exc)) from None
+    for attr, value in flags.items():
+        if OPTIONS_BY_ATTR[attr].kind == "argv" and isinstance(value, str):
+            flags[attr] = _split(OPTIONS_BY_ATTR[attr], value)
+    return build_settings(config, flags, command)
 
 
 def _split(option: Option, value: str) -> list[str]:
@@ -161,43 +194,59 @@ def _device(ctx: click.Context, param: click.Parameter, value: str | None) -> st
     raise click.BadParameter(f"{value!r}: expected cpu, cuda or cuda:N")
 
 
-def worker_options(
-    dtype_default: Sequence[str] = (), shapes: bool = True, device: bool = True
+# The worker parses these after argparse; the click flag checks the same rule at once.
+_CALLBACKS: dict[str, Callable[..., Any]] = {
+    "--dtype": _dtypes,
+    "--shape": _shapes,
+    "--device": _device,
+}
+
+
+def _click_type(flag: Flag) -> Any:
+    if flag.kind == "int":
+        return click.IntRange(min=None if flag.minimum is None else int(flag.minimum))
+    if flag.kind == "float":
+        return click.FloatRange(min=flag.minimum, min_open=flag.above)
+    return click.Choice(flag.choices) if flag.kind == "choice" else str
+
+
+def worker_option(
+    name: str, default: Any = None, help: str | None = None, shown: str | None = None
 ) -> Callable[[F], F]:
-    """The worker's ``--dtype``, ``--shape``, ``--small`` and ``--device`` flags, validated."""
-    default_text = ",".join(dtype_default) if dtype_default else "all the GPU supports"
-    decorators = [
-        click.option(
-            "--dtype",
-            "dtypes",
-            multiple=True,
-            callback=_dtypes,
-            default=tuple(dtype_default),
-            help=f"Dtype(s), repeatable or comma separated: {','.join(ALL_DTYPES)}, or all "
-            f"[default: {default_text}].",
-        ),
-        click.option("--small", is_flag=True, help="Tiny shapes (CPU, smoke tests)."),
-    ]
-    if shapes:
-        decorators.append(
-            click.option(
-                "--shape",
-                "shapes",
-                multiple=True,
-                callback=_shapes,
-                metavar="MxNxK",
-                help="Only these shapes, repeatable [default: the suite sized to the GPU].",
-            )
-        )
-    if device:
-        decorators.append(
-            click.option(
-                "--device",
-                callback=_device,
-                default=None,
-                help="cuda:N or cpu [default: each GPU in turn, or cuda:0].",
-            )
-        )
+    """The click flag of the worker's flag ``name`` (``--dtype``), declared in ``worker.FLAGS``:
+    its spelling, kind, minimum and help from there, given to the command as ``Flag.field``.
+    ``default`` is the command's own (None: the worker decides), ``help`` replaces the worker's
+    sentence where the command means something narrower, ``shown`` the default it shows."""
+    flag = FLAGS_BY_NAME[name]
+    text = help or flag.help
+    if default is not None and shown is None:
+        shown = ",".join(default) if isinstance(default, (list, tuple)) else _shown(default)
+    shown = shown or flag.cli_default
+    if flag.kind == "switch":
+        return click.option(name, flag.field, is_flag=True, help=text)
+    if shown:
+        text = f"{text} [default: {shown}]"
+    if flag.kind == "toggle":
+        return click.option(f"{name}/--no-{name[2:]}", flag.field, default=default, help=text)
+    return click.option(
+        name,
+        flag.field,
+        type=_click_type(flag),
+        multiple=flag.repeat,
+        default=tuple(default or ()) if flag.repeat else default,
+        callback=_CALLBACKS.get(name),
+        metavar=flag.metavar,
+        help=text,
+    )
+
+
+def worker_options(*names: str, **defaults: Any) -> Callable[[F], F]:
+    """The worker's flags ``names`` (``"--dtype", "--small"``) for a command; ``defaults`` maps a
+    flag's field (``dtypes=("bf16",)``) to the command's own default."""
+    by_field = {FLAGS_BY_NAME[name].field: name for name in names}
+    unknown = set(defaults) - set(by_field)
+    assert not unknown, f"defaults for flags not asked for: {unknown}"
+    decorators = [worker_option(name, defaults.get(FLAGS_BY_NAME[name].field)) for name in names]
 
     def decorate(fn: F) -> F:
         for decorator in reversed(decorators):

@@ -28,9 +28,11 @@ from typing import Any
 import yaml
 
 from sparkdiag import __version__
+from sparkdiag.config import DEFAULT_PORT
+from sparkdiag.errors import UsageError
 
 APP = "sparkdiag"
-PORT = 10942
+PORT = DEFAULT_PORT
 # The image's user (Containerfile: USER 10942:10942): numeric, so runAsNonRoot can check it.
 USER_ID = 10942
 STATE_PATH = "/var/lib/sparkdiag"
@@ -48,7 +50,7 @@ _LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NA
 _LABEL_VALUE = re.compile(rf"^({_LABEL_NAME})?$")
 
 
-class ManifestError(ValueError):
+class ManifestError(UsageError, ValueError):
     """An option that would make invalid manifests; the message says which and why."""
 
 

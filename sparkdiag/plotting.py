@@ -6,11 +6,13 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
+from sparkdiag.errors import UsageError
+
 INSTALL_HINT = "pip install 'sparkdiag[plot]'"
 
 
-class PlotUnavailable(RuntimeError):
-    """matplotlib is not installed; the message says how to add it."""
+class PlotUnavailable(UsageError, RuntimeError):
+    """matplotlib is not installed; the message names the flag and says how to add it."""
 
 
 def available() -> bool:
@@ -23,10 +25,16 @@ def missing_message(flag: str = "--plot") -> str:
     return f"{flag} needs matplotlib, which is not installed: {INSTALL_HINT}"
 
 
-def pyplot(flag: str = "--plot") -> Any:
-    """``matplotlib.pyplot`` on the Agg backend (no display needed); PlotUnavailable without it."""
+def require(flag: str = "--plot") -> None:
+    """Raise PlotUnavailable (a usage error) when matplotlib is missing: a command asked for
+    ``flag`` refuses it before any work starts."""
     if not available():
         raise PlotUnavailable(missing_message(flag))
+
+
+def pyplot(flag: str = "--plot") -> Any:
+    """``matplotlib.pyplot`` on the Agg backend (no display needed); PlotUnavailable without it."""
+    require(flag)
     import matplotlib
 
     matplotlib.use("Agg")

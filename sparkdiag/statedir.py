@@ -23,12 +23,15 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
+from sparkdiag.errors import SparkdiagError
+
 APP_NAME = "sparkdiag"
 DIRECTORY_MODE = 0o700
 
 
-class StateDirError(Exception):
-    """The state directory cannot be found, created or used."""
+class StateDirError(SparkdiagError):
+    """The state directory cannot be found, created or used (exit 3; the message names the
+    path)."""
 
 
 def state_directory(environ: Mapping[str, str] | None = None) -> Path:

@@ -289,7 +289,7 @@ def test_int4_faster_than_16_bit_at_decode_passes() -> None:
     r = only(check_int4_decode(probed(poll(NVML / "h200-idle.json"))))
     assert (r.status, r.finding) == (
         "pass",
-        "int4 1.81× bf16 at decode 1x8192x8192 (6.52 against 3.61 TFLOPS)",
+        "int4 1.81× bf16 at decode 1x8192x8192 (6.52 TOPS against 3.61 TFLOPS)",
     )
 
 
@@ -299,7 +299,7 @@ def test_int4_slower_than_16_bit_at_decode_warns() -> None:
     r = only(check_int4_decode(probed(poll(NVML / "h200-idle.json"), doc)))
     assert r.status == "warn"
     assert r.finding == (
-        "int4 slower than bf16 at decode 1x8192x8192: 0.80× (2.9 against 3.61 TFLOPS)"
+        "int4 slower than bf16 at decode 1x8192x8192: 0.80× (2.9 TOPS against 3.61 TFLOPS)"
     )
     assert "memory temperature" in r.action
 
@@ -315,7 +315,7 @@ def test_int4_ratio_from_the_worker_shows_the_median_figures_it_divides() -> Non
     r = only(check_int4_decode(probed(poll(NVML / "h200-idle.json"), doc)))
     assert (r.status, r.finding) == (
         "pass",
-        "int4 1.60× bf16 at decode 1x8192x8192 (5.84 against 3.65 TFLOPS, median iterations)",
+        "int4 1.60× bf16 at decode 1x8192x8192 (5.84 TOPS against 3.65 TFLOPS, median iterations)",
     )
     assert r.data["ratio"] == 1.6 and r.data["interleaved"] is True
 

@@ -135,7 +135,7 @@ def test_record_fixture_of_an_older_recording_adds_the_newer_queries(tmp_path: P
 def test_record_fixture_without_nvml(tmp_path: Path) -> None:
     out = tmp_path / "x.json"
     result = run_cli("record-fixture", str(out), "--nvml-fixture", str(NVML / "no-nvml.json"))
-    assert_clean_error(result, 1, "cannot record: NVML is unavailable")
+    assert_clean_error(result, 3, "cannot record: NVML is unavailable")
     assert not out.exists()
 
 
@@ -178,3 +178,34 @@ def test_a_sparkdiag_error_is_one_line_and_its_exit_status() -> None:
     assert usage.output == "Error: Invalid value for '--nvml-fixture': no such file: x.json\n"
     assert failed.exit_code == Exit.FAILED == 3
     assert failed.output == "Error: the worker timed out after 5 s\n"
+
+
+def test_ctrl_c_that_no_command_handles_exits_130() -> None:
+    import click
+
+    from sparkdiag.errors import Exit
+
+    @click.command("interrupt-for-test")
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    main.add_command(interrupted)
+    try:
+        result = CliRunner().invoke(main, ["interrupt-for-test"])
+    finally:
+        main.commands.pop("interrupt-for-test")
+    assert result.exit_code == Exit.INTERRUPTED == 130
+    assert result.output == "Error: interrupted\n"
+
+
+def test_gpu_flag_spellings() -> None:
+    from sparkdiag.flags import parse_gpus
+
+    assert parse_gpus(()) is None and parse_gpus(["all"]) is None and parse_gpus(["ALL"]) is None
+    assert parse_gpus(["0"]) == (0,)
+    assert parse_gpus(["2,0"]) == (2, 0)
+    assert parse_gpus(["0", "1", "0"]) == (0, 1)  # repeated, once each
+    assert parse_gpus(["0, 1,"]) == (0, 1)
+    for bad in (["-1"], ["a"], ["all", "1"], ["١"]):
+        with pytest.raises(ValueError):
+            parse_gpus(bad)

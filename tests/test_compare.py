@@ -23,9 +23,10 @@ import pytest
 from click.testing import CliRunner
 
 from sparkdiag import compare as cmp
-from sparkdiag.commands.compare import compare as compare_command
+from sparkdiag.cli import main
 from sparkdiag.commands.compare import container_argv
 from sparkdiag.compare import report
+from sparkdiag.errors import Exit
 from sparkdiag.probe.runner import ProbeCycle, ProbeResult
 from tests.support import wait_dead
 
@@ -51,7 +52,7 @@ def container_side(mode: str, *opts: str) -> list[str]:
 
 def cli(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "sparkdiag.commands.compare", *args],
+        [sys.executable, "-m", "sparkdiag", "compare", *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -273,7 +274,7 @@ def test_runtime_binary_missing_fails_before_any_cycle() -> None:
     (failure,) = result.failures
     assert failure.kind == "runtime_missing"
     assert "container runtime 'sparkdiag-no-such-runtime' not found on PATH" in failure.message
-    assert result.exit_code(0.15) == cmp.EXIT_FAILED
+    assert result.exit_code(0.15) == Exit.FAILED
 
 
 def test_runtime_start_failure_reported_by_the_runner_is_classified() -> None:
@@ -472,8 +473,8 @@ def test_ngc_banner_on_stdout_is_tolerated_and_gap_reported() -> None:
     assert rows["nvfp4 8192x8192x8192"].ratio is None
     assert "unsupported on both sides" in (rows["nvfp4 8192x8192x8192"].note() or "")
     assert result.worst_gap == pytest.approx(0.2)
-    assert result.exit_code(0.15) == cmp.EXIT_GAP
-    assert result.exit_code(0.25) == cmp.EXIT_OK
+    assert result.exit_code(0.15) == Exit.ATTENTION
+    assert result.exit_code(0.25) == Exit.OK
     assert [d.component for d in result.differences] == ["torch"]
     why = cmp.explain(result, 0.15)
     assert "different libraries (torch 2.11.0+cu130 vs 2.9.0a0+50eac81)" in why
@@ -484,7 +485,7 @@ def test_same_libraries_gap_blames_the_environment() -> None:
         container_side("gpu", "tflops=500"), native=side("gpu", "tflops=700"), rounds=1
     )
     assert result.differences == ()
-    assert result.exit_code(0.15) == cmp.EXIT_GAP
+    assert result.exit_code(0.15) == Exit.ATTENTION
     assert "container environment itself" in cmp.explain(result, 0.15)
 
 
@@ -549,7 +550,8 @@ def test_sigterm_kills_the_running_side(tmp_path: Path) -> None:
         [
             sys.executable,
             "-m",
-            "sparkdiag.commands.compare",
+            "sparkdiag",
+            "compare",
             "--probe.timeout",
             "60",
             "--native-python",
@@ -609,7 +611,7 @@ def test_container_argv_forms() -> None:
 def test_cli_takes_everything_after_the_marker_as_cmd(marker: str) -> None:
     runner = CliRunner()
     cmd = ["sparkdiag-no-such-docker", "run", "-i", "--rm", "--gpus", "all", "--json", "-"]
-    result = runner.invoke(compare_command, ["--json", "--rounds", "1", marker, *cmd])
+    result = runner.invoke(main, ["compare", "--json", "--rounds", "1", marker, *cmd])
     assert result.exit_code == 3, result.output
     doc = json.loads(result.stdout)
     # "-i", "--rm", "--json" belong to CMD, not to sparkdiag; the trailing "-" is dropped
@@ -631,13 +633,13 @@ def test_cli_takes_everything_after_the_marker_as_cmd(marker: str) -> None:
     ],
 )
 def test_usage_errors_exit_2(args: list[str]) -> None:
-    result = CliRunner().invoke(compare_command, args)
+    result = CliRunner().invoke(main, ["compare", *args])
     assert result.exit_code == 2, result.output
 
 
 def test_max_gap_accepts_percentages() -> None:
     result = CliRunner().invoke(
-        compare_command, ["--json", "--max-gap", "20%", "--", "sparkdiag-no-such-docker"]
+        main, ["compare", "--json", "--max-gap", "20%", "--", "sparkdiag-no-such-docker"]
     )
     assert json.loads(result.stdout)["max_gap"] == pytest.approx(0.2)
 

@@ -10,13 +10,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import click
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sparkdiag.baseline.store import BaselineStoreError, open_store
 from sparkdiag.config import OPTIONS
+from sparkdiag.errors import UsageError
 from sparkdiag.flags import settings_from
 from sparkdiag.probe.document import (
     SCHEMA,
@@ -27,7 +27,7 @@ from sparkdiag.probe.document import (
 )
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import kill_running_workers, run_worker
-from sparkdiag.probe.worker import ALL_DTYPES, PROGRESS_PREFIX, parse_args
+from sparkdiag.probe.worker import ALL_DTYPES, PROGRESS_PREFIX, SUITES, parse_args
 from sparkdiag.snapshot import GpuIdentity, GpuSample
 from sparkdiag.telemetry.busy import busy
 from tests.support import PROBE, alive, wait_dead
@@ -50,7 +50,11 @@ requests = st.builds(
     budget_seconds=st.none() | st.sampled_from([0.1, 1.0, 2.0, 30.0]),
     iters=st.none() | st.integers(1, 300),
     warmup=st.none() | st.integers(0, 50),
-    bandwidth=st.booleans(),
+    bandwidth=st.none() | st.booleans(),
+    transfers=st.none() | st.booleans(),
+    suite=st.sampled_from([None, "default", "hot", "check"]),
+    soak_seconds=st.none() | st.floats(0.001, 86400),
+    window_seconds=st.none() | st.floats(0.001, 3600),
     progress=st.booleans(),
     exclude_pids=st.lists(st.integers(1, 2**22), max_size=3).map(tuple),
 )
@@ -61,11 +65,13 @@ requests = st.builds(
 def test_every_request_is_read_back_by_the_worker(request: WorkerRequest) -> None:
     args = parse_args(request.argv())
     assert args.device == request.device
-    assert args.dtype == (list(request.dtypes) or list(ALL_DTYPES))
+    suite = request.suite or ("default" if request.soak_seconds is None else "hot")
+    assert args.dtype == (list(request.dtypes) or list(SUITES[suite].dtypes))
     assert ["x".join(map(str, s)) for s in args.shape] == list(request.shapes)
     assert args.small is request.small
     assert args.probe_when == request.probe_when
-    assert args.bandwidth is request.bandwidth
+    assert args.bandwidth is (SUITES[suite].bandwidth if request.bandwidth is None
+                              else request.bandwidth)  # fmt: skip
     assert args.progress is request.progress
     assert args.exclude_pid == list(request.exclude_pids)
     if request.busy_utilization is not None:
@@ -76,6 +82,39 @@ def test_every_request_is_read_back_by_the_worker(request: WorkerRequest) -> Non
         assert args.iters == request.iters
     if request.warmup is not None:
         assert args.warmup == request.warmup
+    assert args.transfers is (SUITES[suite].transfers if request.transfers is None
+                              else request.transfers)  # fmt: skip
+    for name in ("soak_seconds", "window_seconds"):  # every float reads back exactly
+        if getattr(request, name) is not None:
+            assert getattr(args, name) == getattr(request, name)
+    assert args.suite == suite
+
+
+def test_every_request_field_is_a_worker_flag_and_every_click_flag_the_workers() -> None:
+    """One declaration (worker.FLAGS): the request writes it, the worker parses it, and each
+    worker flag a command shows is spelled, typed and bounded as the worker takes it."""
+    from dataclasses import fields
+
+    from click.testing import CliRunner
+
+    from sparkdiag.cli import main
+    from sparkdiag.probe.worker import FLAGS, FLAGS_BY_NAME
+
+    by_field = {flag.field: flag for flag in FLAGS}
+    assert {f.name for f in fields(WorkerRequest)} <= set(by_field)
+    exposed = {
+        "probe": ("--dtype", "--small", "--shape"),
+        "bench": ("--dtype", "--small", "--device", "--iters", "--warmup"),
+        "soak": ("--dtype", "--small", "--device"),
+        "compare": ("--dtype", "--shape", "--budget-seconds", "--iters"),
+    }
+    for command, names in exposed.items():
+        shown = CliRunner().invoke(main, [command, "--help"]).output
+        for name in names:
+            assert name in shown, (command, name)
+            assert FLAGS_BY_NAME[name].help.split(":")[0].split(",")[0] in shown, (command, name)
+    refused = CliRunner().invoke(main, ["bench", "--iters", "0"])  # the worker's minimum
+    assert refused.exit_code == 2 and "--iters" in refused.output
 
 
 # -- the worker's document ---------------------------------------------------------------------
@@ -164,9 +203,9 @@ def test_every_command_default_and_help_names_a_command_that_takes_it() -> None:
 
 
 def test_an_unclosed_quote_is_a_usage_error() -> None:
-    with pytest.raises(click.UsageError, match=r"--probe\.python: cannot split"):
+    with pytest.raises(UsageError, match=r"--probe\.python: cannot split"):
         settings_from("serve", {"probe_python": "python3 'unclosed"})
-    with pytest.raises(click.UsageError, match=r"probe\.timeout"):
+    with pytest.raises(UsageError, match=r"probe\.timeout"):
         settings_from("compare", {"probe_timeout": 0.5})
 
 

@@ -298,7 +298,7 @@ def test_assets_command_kubernetes_and_plain(tmp_path: Path) -> None:
         "labels": {**monitor["metadata"]["labels"], "release": "kps"},
     }
     again = run("--kubernetes", str(tmp_path / "k8s"))
-    assert again.returncode == 1 and "pass --force" in again.stderr
+    assert again.returncode == 2 and "pass --force" in again.stderr
     plain = run(str(tmp_path / "plain"))
     assert plain.returncode == 0, plain.stderr
     assert (tmp_path / "plain" / "systemd" / "sparkdiag.service").is_file()

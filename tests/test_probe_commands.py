@@ -46,6 +46,10 @@ def test_probe_replays_a_recorded_cycle_and_learns_a_baseline(tmp_path: Path) ->
     assert bf16["baseline_tflops"] == pytest.approx(725.47, abs=0.01)
     assert bf16["efficiency"] == pytest.approx(1.0)
     assert bf16["reference"]["kind"] == "mamf" and bf16["reference"]["tflops"] == 794.5
+    # the run may teach the baseline: no heat or power reason, above the MAMF floor (schema /1
+    # named it "healthy", which read as the kernel's health)
+    assert doc["schema"] == "sparkdiag-probe-report/2"
+    assert bf16["counts_toward_baseline"] is True and "healthy" not in bf16
     nvfp4 = [f for f in gpu["figures"] if f["dtype"] == "nvfp4"]
     assert nvfp4 and all(f["status"] == "unsupported" and f["reason"] for f in nvfp4)
     # the table: one row per kernel, the decode comparison and the conditions
@@ -114,7 +118,7 @@ def test_baseline_show_pin_reset(tmp_path: Path) -> None:
     rows = {r["dtype"]: r for r in json.loads(shown.stdout)}
     assert rows["bf16"]["tflops"] == 700.0 and rows["bf16"]["source"] == "learned"
     ambiguous = run("baseline", "pin", *state, "--uuid", "GPU-abc")
-    assert ambiguous.returncode == 1 and "2 baselines match" in ambiguous.stderr
+    assert ambiguous.returncode == 2 and "2 baselines match" in ambiguous.stderr
     pinned = run("baseline", "pin", *state, "--dtype", "bf16", "--tflops", "720", "--note", "ok")
     assert pinned.returncode == 0 and "pinned bf16 8192x8192x8192 native at 720.0" in pinned.stdout
     with BaselineStore(tmp_path / "baselines.sqlite") as store:
@@ -130,4 +134,22 @@ def test_baseline_show_pin_reset(tmp_path: Path) -> None:
 
 def test_baseline_show_without_a_store(tmp_path: Path) -> None:
     result = run("baseline", "show", "--state-dir", str(tmp_path / "none"))
-    assert result.returncode == 1 and "no baselines yet" in result.stderr
+    assert result.returncode == 3 and "no baselines yet" in result.stderr
+
+
+def test_a_figure_counts_toward_the_baseline_only_without_a_heat_or_power_reason() -> None:
+    from sparkdiag.baseline.evaluate import evaluate
+    from sparkdiag.probe.document import parse_document
+
+    def figure(reasons: int) -> bool:
+        doc = parse_document({
+            "schema": SCHEMA, "status": "ok",
+            "results": [{"dtype": "bf16", "shape": "1x8192x8192", "kind": "decode", "beta": 0,
+                         "status": "ok", "delivered": 3.0, "peak": 3.0}],
+            "conditions": {"clock_event_reasons_seen": reasons, "samples": 3},
+        })  # fmt: skip
+        (f,) = evaluate(doc, "GPU-x", "", "native", None)
+        return f.counts_toward_baseline
+
+    assert figure(0x1) is True  # gpu_idle
+    assert figure(0x40) is False  # hw_thermal_slowdown

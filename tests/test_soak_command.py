@@ -18,7 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 from sparkdiag import plotting
-from sparkdiag.commands.soak import exit_status, parse_duration, soak
+from sparkdiag.cli import main
+from sparkdiag.commands.soak import exit_status, parse_duration
 from sparkdiag.flags import settings_from
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.soak import plot as soak_plot
@@ -217,7 +218,7 @@ def test_plot_without_matplotlib_is_a_usage_error_before_any_load(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(plotting, "available", lambda: False)
-    result = CliRunner().invoke(soak, [*CPU, "--duration", "1", "--plot", str(tmp_path),
+    result = CliRunner().invoke(main, ["soak", *CPU, "--duration", "1", "--plot", str(tmp_path),
                                        "--state-dir", str(tmp_path)])  # fmt: skip
     assert result.exit_code == 2
     assert "--plot needs matplotlib, which is not installed: pip install 'sparkdiag[plot]'" in (
@@ -234,6 +235,7 @@ def test_plot_without_matplotlib_is_a_usage_error_before_any_load(
         (["--duration", "25h"], "at most 24 h"),
         (["--window", "0"], "--window"),
         (["--gpu", "x"], "give all, N or N,M"),
+        (["--gpu", "all,0"], "give all or GPU indices, not both"),
         (["--device", "cpu", "--gpu", "0"], "give --device or --gpu, not both"),
         (["--gpu", "5", "--nvml-fixture", str(NVML / "h200-idle.json")],
          "no GPU with index 5 (NVML sees: 0)"),
@@ -242,13 +244,13 @@ def test_plot_without_matplotlib_is_a_usage_error_before_any_load(
     ],
 )  # fmt: skip
 def test_usage_errors(args: list[str], needle: str) -> None:
-    result = CliRunner().invoke(soak, args)
+    result = CliRunner().invoke(main, ["soak", *args])
     assert result.exit_code == 2, result.output
     assert needle in result.output and "Traceback" not in result.output
 
 
 def test_no_gpu_is_one_line() -> None:
-    result = CliRunner().invoke(soak, ["--nvml-fixture", str(NVML / "no-nvml.json")])
+    result = CliRunner().invoke(main, ["soak", "--nvml-fixture", str(NVML / "no-nvml.json")])
     assert result.exit_code == 1
     assert "no GPU to soak" in result.output and "--device cpu --small" in result.output
 
@@ -262,7 +264,7 @@ def test_durations(text: str, seconds: float) -> None:
 
 
 def test_help_explains() -> None:
-    result = CliRunner().invoke(soak, ["--help"])
+    result = CliRunner().invoke(main, ["soak", "--help"])
     assert result.exit_code == 0
     for needle in ("--duration", "--window", "--gpu", "--json [FILE]", "--csv FILE",
                    "--plot DIR|PREFIX", "--state-dir", "--probe.timeout", "Exit status",

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from sparkdiag.commands.watch import watch
+from sparkdiag.cli import main
 from sparkdiag.watch import plot as plotting
 from sparkdiag.watch.sampler import HostSampler
 from tests.support import NVML, ROOT, sparkdiag_cmd
@@ -182,13 +182,17 @@ def test_watch_does_not_need_pyudev(tmp_path: Path) -> None:
         (["--pid", "1", "--", "true"], "give exactly one of"),
         (["--pid", "999999999"], "no running process 999999999"),
         (["--replay", "/nonexistent.json"], "cannot read /nonexistent.json"),
-        (["--gpu", "a,b", "--", "true"], "is not a list of GPU indices"),
+        (["--gpu", "a,b", "--", "true"], "'a' is not a GPU index"),
+        (
+            ["--gpu", "5", "--nvml-fixture", str(NVML / "h200-idle.json"), "--", "true"],
+            "no GPU with index 5 (NVML sees: 0)",
+        ),
         (["--interval", "0", "--", "true"], "0.05"),
         (["--nvml-fixture", "/nonexistent.json", "--", "true"], "cannot read NVML fixture"),
     ],
 )
 def test_usage_errors(args: list[str], message: str) -> None:
-    result = CliRunner().invoke(watch, args)
+    result = CliRunner().invoke(main, ["watch", *args])
     assert result.exit_code == 2, result.output
     assert message in result.output
     assert "Traceback" not in result.output
@@ -197,16 +201,16 @@ def test_usage_errors(args: list[str], message: str) -> None:
 def test_bad_recording_is_a_usage_error(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"schema": "something else"}')
-    result = CliRunner().invoke(watch, ["--replay", str(bad)])
+    result = CliRunner().invoke(main, ["watch", "--replay", str(bad)])
     assert result.exit_code == 2 and "not a sparkdiag watch recording" in result.output
 
 
 def test_plot_without_matplotlib_fails_before_starting_the_job(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(plotting, "available", lambda: False)
+    monkeypatch.setattr("sparkdiag.plotting.available", lambda: False)
     marker = tmp_path / "ran"
-    result = CliRunner().invoke(watch, ["--plot", "x.png", "--", "touch", str(marker)])
+    result = CliRunner().invoke(main, ["watch", "--plot", "x.png", "--", "touch", str(marker)])
     assert result.exit_code == 2
     assert "pip install 'sparkdiag[plot]'" in result.output
     assert not marker.exists()

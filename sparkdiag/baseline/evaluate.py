@@ -27,6 +27,13 @@ class GemmFigure:
     delivered: total time of the back-to-back iterations, gaps included: what efficiency,
         baselines and alerts use (``sparkdiag_gemm_tflops``)
     peak: from the median iteration, comparable with mamf-finder (``sparkdiag_gemm_peak_tflops``)
+    counts_toward_baseline: the run may teach the baseline (whether or not this one was asked to
+        record): it was measured, no heat, hardware slowdown or power-brake reason was active
+        during the cycle, and a compute shape is not below MIN_REFERENCE_FRACTION of the
+        published MAMF. It says nothing of contention or of the figure against its baseline: a
+        figure at half its baseline beside another process still counts (a learned baseline is
+        the median of the first such runs, then frozen: baseline.store). Named ``healthy``
+        before, which read as the kernel's health.
     """
 
     dtype: str
@@ -39,7 +46,7 @@ class GemmFigure:
     peak: float | None
     baseline: Baseline | None
     reference: Reference | None
-    healthy: bool
+    counts_toward_baseline: bool
 
     @property
     def efficiency(self) -> float | None:
@@ -81,9 +88,9 @@ def evaluate(
     for result in doc.results:
         dtype, kind, beta, tflops = result.dtype, result.kind, result.beta, result.delivered
         reference = lookup(gpu_name, dtype) if gpu_name else None
-        healthy = tflops is not None and not hot
+        counts = tflops is not None and not hot
         if (
-            healthy
+            counts
             and tflops is not None
             and reference is not None
             and reference.kind == "mamf"  # a datasheet peak is no floor (H200 int8: 47 % of it)
@@ -91,7 +98,7 @@ def evaluate(
             and beta == 0
             and tflops < MIN_REFERENCE_FRACTION * reference.tflops
         ):
-            healthy = False
+            counts = False
         baseline: Baseline | None = None
         if store is not None and uuid and tflops is not None:
             key = BaselineKey(
@@ -106,7 +113,7 @@ def evaluate(
             )
             if record:
                 conditions = doc.conditions.as_dict()
-                baseline = store.record_run(key, tflops, healthy, conditions=conditions)
+                baseline = store.record_run(key, tflops, counts, conditions=conditions)
             else:
                 baseline = store.get(key)
         figures.append(
@@ -121,7 +128,7 @@ def evaluate(
                 peak=result.peak,
                 baseline=baseline,
                 reference=reference,
-                healthy=healthy,
+                counts_toward_baseline=counts,
             )
         )
     return figures

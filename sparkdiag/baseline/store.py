@@ -59,6 +59,7 @@ from sparkdiag.baseline.schema import (
     placeholders,
     transaction,
 )
+from sparkdiag.errors import SparkdiagError
 from sparkdiag.statedir import StateDirError, ensure_state_directory, state_directory
 
 BaselineSource = Literal["learned", "pinned"]
@@ -75,8 +76,9 @@ METHOD = "delivered"
 _SHAPE = re.compile(r"^[0-9]+(?:x[0-9]+)+$")
 
 
-class BaselineStoreError(Exception):
-    """The baseline database cannot be opened, read or written."""
+class BaselineStoreError(SparkdiagError):
+    """The baseline database cannot be opened, read or written (exit 3: the work cannot be
+    done; the message names the file)."""
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from sparkdiag.baseline.evaluate import GemmFigure
 from sparkdiag.baseline.keeper import StoreReport
+from sparkdiag.config import DEFAULTS
+from sparkdiag.errors import Exit
 from sparkdiag.probe.document import WorkerDocument
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.snapshot import GpuSample, Snapshot
@@ -27,8 +29,8 @@ Status = Literal["pass", "warn", "fail", "skip"]
 STATUSES: tuple[Status, ...] = ("pass", "warn", "fail", "skip")
 # Rank for "worst": skip never makes a run worse than pass.
 _RANK = {"skip": 0, "pass": 1, "warn": 2, "fail": 3}
-EXIT_CODES = {"pass": 0, "skip": 0, "warn": 1, "fail": 2}
-EXIT_USAGE = 3  # bad flag, unreadable fixture: the check could not run (Nagios' UNKNOWN)
+# The exit status of a run, from the worst status (sparkdiag.errors.Exit: a failed check is FAILED).
+EXIT_CODES = {"pass": Exit.OK, "skip": Exit.OK, "warn": Exit.ATTENTION, "fail": Exit.FAILED}
 
 
 @dataclass(frozen=True)
@@ -69,8 +71,8 @@ def worst(statuses: list[Status] | tuple[Status, ...]) -> Status:
 
 
 def exit_code(statuses: list[Status] | tuple[Status, ...]) -> int:
-    """0 when everything passed or was skipped, 1 for a warning, 2 for a failure."""
-    return EXIT_CODES[worst(statuses)]
+    """0 when everything passed or was skipped, 1 for a warning, 3 for a failure."""
+    return int(EXIT_CODES[worst(statuses)])
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,7 @@ class CheckContext:
     soak: SoakStateReport | None = None
     process_names: Mapping[int, str] = field(default_factory=dict)
     own_pids: frozenset[int] = frozenset()
-    busy_utilization: float = 0.10
+    busy_utilization: float = DEFAULTS["probe_busy_utilization"]
 
     def gpus_up(self) -> tuple[GpuSample, ...]:
         return tuple(g for g in self.snapshot.gpus if g.up)

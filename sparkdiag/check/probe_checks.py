@@ -14,6 +14,7 @@ from sparkdiag.check.model import CheckContext, CheckResult, GpuProbe, Status, n
 from sparkdiag.platforms import describe
 from sparkdiag.probe.document import Conditions
 from sparkdiag.probe.runner import worker_path
+from sparkdiag.probe.worker import throughput_unit
 from sparkdiag.snapshot import GpuSample
 from sparkdiag.sources.gpu import UNHEALTHY_REASONS, decode_reasons
 
@@ -91,7 +92,7 @@ def _figure(fig: GemmFigure) -> tuple[Status, str]:
         notes.append(f"{eff:.2f} of baseline {_tf(fig.baseline.tflops)}")
         if eff < BASELINE_FAIL:
             status = "fail"
-    unit = "TOPS" if fig.dtype.startswith("int") else "TFLOPS"
+    unit = throughput_unit(fig.dtype)
     peak = f", peak {_tf(fig.peak)}" if fig.peak is not None else ""
     shown = f"{fig.dtype} {_tf(fig.delivered)} {unit} delivered{peak}"
     return status, shown + (f" ({', '.join(notes)})" if notes else " (no baseline or reference)")
@@ -296,10 +297,13 @@ def _int4_decode(ctx: CheckContext, probe: GpuProbe) -> CheckResult:
     data = {"shape": int4.shape, "int4_tflops": int4.delivered, "other": best.dtype,
             "other_tflops": best.delivered, "ratio": ratio,
             "interleaved": measured is not None}  # fmt: skip
-    values = f"{_tf(int4.delivered)} against {_tf(best.delivered)} TFLOPS"
+    units = throughput_unit("int4"), throughput_unit(best.dtype)
+    values = f"{_tf(int4.delivered)} {units[0]} against {_tf(best.delivered)} {units[1]}"
     if measured is not None and int4.peak and best.peak:
         # the worker's ratio is taken from the median iterations: show the figures it divides
-        values = f"{_tf(int4.peak)} against {_tf(best.peak)} TFLOPS, median iterations"
+        values = (
+            f"{_tf(int4.peak)} {units[0]} against {_tf(best.peak)} {units[1]}, median iterations"
+        )
     if ratio < 1.0:
         return CheckResult(
             name, "warn",

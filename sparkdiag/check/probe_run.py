@@ -19,6 +19,7 @@ from pathlib import Path
 from sparkdiag.baseline.evaluate import GemmFigure, evaluate
 from sparkdiag.baseline.store import DEFAULT_FILENAME, BaselineStore, BaselineStoreError, open_store
 from sparkdiag.check.model import GpuProbe
+from sparkdiag.config import DEFAULTS
 from sparkdiag.probe.launchers import Launcher, WorkerLauncher
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import ProbeCycle
@@ -36,7 +37,7 @@ LOAD_POLL_SECONDS = 0.5
 
 def worker_launcher(
     timeout: float,
-    busy_utilization: float = 0.10,
+    busy_utilization: float = DEFAULTS["probe_busy_utilization"],
     device: str | None = None,
     small: bool = False,
     python: Sequence[str] = (sys.executable,),

@@ -2,21 +2,35 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
 
+from sparkdiag.errors import SparkdiagError, UsageError
 from sparkdiag.kubernetes import (
     DEFAULT_IMAGE,
     DEFAULT_NAMESPACE,
     DEFAULT_RUNTIME_CLASS,
     KubernetesOptions,
-    ManifestError,
     parse_labels,
     write_manifests,
 )
 
 _KUBERNETES_ONLY = ("namespace", "image", "label", "host_pid", "runtime_class")
+
+
+@contextlib.contextmanager
+def _writing() -> Iterator[None]:
+    """A file that exists without --force is a usage error (exit 2); one that cannot be written
+    fails the command (exit 3)."""
+    try:
+        yield
+    except FileExistsError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise SparkdiagError(str(exc)) from None
 
 
 @click.command("assets")
@@ -74,7 +88,11 @@ def assets(
 ) -> None:
     """Write the shipped Prometheus rules, Grafana dashboards and provisioning files, the
     systemd unit and a commented default config.toml into DIRECTORY (for pip installs); with
-    --kubernetes, the Kubernetes manifests instead."""
+    --kubernetes, the Kubernetes manifests instead.
+
+    Exit status: 0 written; 2 a usage error (a file that exists without --force, a bad
+    --label, --image, --namespace or --runtime-class); 3 a file cannot be written.
+    """
     given = {
         "namespace": namespace,
         "image": image,
@@ -86,29 +104,20 @@ def assets(
         extra = [name for name in _KUBERNETES_ONLY if given[name] is not None]
         if extra:
             flag = "--" + extra[0].replace("_", "-")
-            raise click.UsageError(f"{flag} applies to Kubernetes manifests: add --kubernetes")
+            raise UsageError(f"{flag} applies to Kubernetes manifests: add --kubernetes")
         from sparkdiag.assets import write_assets
 
-        try:
+        with _writing():
             written = write_assets(directory, force)
-        except (FileExistsError, OSError) as exc:
-            raise click.ClickException(str(exc)) from None
     else:
-        try:
-            options = KubernetesOptions(
-                namespace=namespace or DEFAULT_NAMESPACE,
-                image=image or DEFAULT_IMAGE,
-                labels=parse_labels(label),
-                host_pid=bool(host_pid),
-                runtime_class=DEFAULT_RUNTIME_CLASS
-                if runtime_class is None
-                else runtime_class or None,
-            )
-        except ManifestError as exc:
-            raise click.UsageError(str(exc)) from None
-        try:
+        options = KubernetesOptions(  # ManifestError: a usage error
+            namespace=namespace or DEFAULT_NAMESPACE,
+            image=image or DEFAULT_IMAGE,
+            labels=parse_labels(label),
+            host_pid=bool(host_pid),
+            runtime_class=DEFAULT_RUNTIME_CLASS if runtime_class is None else runtime_class or None,
+        )
+        with _writing():
             written = write_manifests(directory, options, force)
-        except (FileExistsError, OSError) as exc:
-            raise click.ClickException(str(exc)) from None
     for path in written:
         click.echo(path)

@@ -9,14 +9,18 @@ from typing import Any
 
 import click
 
-from sparkdiag.baseline.store import BaselineStore
-from sparkdiag.commands.probe import store_or_exit
+from sparkdiag.baseline.store import BaselineStore, open_store
+from sparkdiag.errors import UsageError
 from sparkdiag.flags import settings_from, settings_options
 
 
 @click.group()
 def baseline() -> None:
-    """Show, pin or reset the healthy baselines the probe is compared with."""
+    """Show, pin or reset the healthy baselines the probe is compared with.
+
+    Exit status: 0 done; 2 a usage error (no filter for reset, filters that match no baseline
+    or several for pin); 3 the baseline store cannot be opened (none learned yet, permissions).
+    """
 
 
 def _filtered(store: BaselineStore, uuid: str | None, dtype: str | None, shape: str | None,
@@ -50,7 +54,7 @@ def _with_filters(fn: Callable[..., Any]) -> Callable[..., Any]:
 def baseline_show(uuid: str | None, dtype: str | None, shape: str | None, context: str | None,
                   as_json: bool, **given: Any) -> None:  # fmt: skip
     """List baselines (every software identity: old ones are kept)."""
-    with store_or_exit(settings_from("baseline", given).state_dir, create=False) as store:
+    with open_store(settings_from("baseline", given).state_dir, create=False) as store:
         rows = _filtered(store, uuid, dtype, shape, context)
     if as_json:
         click.echo(json.dumps([
@@ -91,14 +95,12 @@ def baseline_pin(
     **given: Any,
 ) -> None:
     """Pin baselines: later runs never move a pinned baseline."""
-    with store_or_exit(settings_from("baseline", given).state_dir, create=False) as store:
+    with open_store(settings_from("baseline", given).state_dir, create=False) as store:
         rows = _filtered(store, uuid, dtype, shape, context)
         if not rows:
-            raise click.ClickException("no baseline matches; run 'sparkdiag probe' first")
+            raise UsageError("no baseline matches; run 'sparkdiag probe' first")
         if len(rows) > 1 and not all_matches:
-            raise click.ClickException(
-                f"{len(rows)} baselines match; narrow the filters or pass --all"
-            )
+            raise UsageError(f"{len(rows)} baselines match; narrow the filters or pass --all")
         for b in rows:
             pinned = store.pin(b.key, tflops if tflops is not None else b.tflops, note)
             k = pinned.key
@@ -112,10 +114,8 @@ def baseline_reset(uuid: str | None, dtype: str | None, shape: str | None, conte
                    all_matches: bool, **given: Any) -> None:  # fmt: skip
     """Forget baselines and their runs, so that they are learned again from the next runs."""
     if not (uuid or dtype or shape or context or all_matches):
-        raise click.UsageError(
-            "give --uuid/--dtype/--shape/--context, or --all to reset everything"
-        )
-    with store_or_exit(settings_from("baseline", given).state_dir, create=False) as store:
+        raise UsageError("give --uuid/--dtype/--shape/--context, or --all to reset everything")
+    with open_store(settings_from("baseline", given).state_dir, create=False) as store:
         keys = [b.key for b in _filtered(store, uuid, dtype, shape, context)]
         removed = 0
         for key in keys:

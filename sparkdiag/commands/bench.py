@@ -11,10 +11,11 @@ from typing import Any
 
 import click
 
-from sparkdiag.commands.probe import EXIT_FAILED
+from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.flags import file_option, settings_from, settings_options, worker_options
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import run_worker
+from sparkdiag.probe.worker import throughput_unit
 
 CSV_COLUMNS = (
     "dtype", "shape", "status", "peak_tflops", "delivered_tflops", "median_ms", "total_ms",
@@ -40,36 +41,36 @@ def parse_range(text: str) -> list[int]:
         ) from None
 
 
+def _range(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
+    return None if value is None else parse_range(value)
+
+
 @click.command()
-@worker_options(dtype_default=("bf16",), shapes=False)
+@worker_options("--dtype", "--small", "--device", dtypes=("bf16",))
 @click.option(
     "--m",
     "m_range",
     default="1024:16384:1024",
     show_default=True,
+    callback=_range,
     help="M sizes: N, list or START:STOP:STEP.",
 )
 @click.option(
-    "--n", "n_range", default=None, help="N sizes (default: the same as M, square shapes)."
-)
-@click.option(
-    "--k", "k_range", default=None, help="K sizes (default: the same as M, square shapes)."
-)
-@click.option(
-    "--iters", type=click.IntRange(min=1), default=50, show_default=True,
-    help="Timed iterations per shape.",
+    "--n", "n_range", default=None, callback=_range,
+    help="N sizes (default: the same as M, square shapes).",
 )  # fmt: skip
 @click.option(
-    "--warmup", type=click.IntRange(min=0), default=10, show_default=True,
-    help="Warm-up iterations per shape.",
+    "--k", "k_range", default=None, callback=_range,
+    help="K sizes (default: the same as M, square shapes).",
 )  # fmt: skip
+@worker_options("--iters", "--warmup", iters=50, warmup=10)
 @file_option("--csv", "csv_path", "Write every result to this CSV file.")
 @file_option("--json", "json_path", "Write the worker documents to this JSON file.")
 @settings_options("bench")
 def bench(
-    dtypes: list[str], small: bool, device: str | None, m_range: str, n_range: str | None,
-    k_range: str | None, iters: int, warmup: int, csv_path: Path | None, json_path: Path | None,
-    **given: Any,
+    dtypes: list[str], small: bool, device: str | None, m_range: list[int],
+    n_range: list[int] | None, k_range: list[int] | None, iters: int, warmup: int,
+    csv_path: Path | None, json_path: Path | None, **given: Any,
 ) -> None:  # fmt: skip
     """A longer mamf-style sweep: the best achievable matmul throughput over a range of shapes.
 
@@ -77,19 +78,20 @@ def bench(
     their product). Runs in one worker subprocess, with a progress bar; the GPU is not checked
     for other users (this is a benchmark you start on purpose). Prints the best shape per dtype
     (the MAMF) and the median over the sweep.
+
+    Exit status: 0 swept; 2 usage error; 3 the worker failed or timed out (what it measured
+    before is still written and printed).
     """
     settings = settings_from("bench", given)
-    ms = parse_range(m_range)
+    ms = m_range
     if n_range is None and k_range is None:
         shapes = [f"{m}x{m}x{m}" for m in ms]
     else:
-        ns = parse_range(n_range) if n_range else ms
-        ks = parse_range(k_range) if k_range else ms
+        ns = n_range or ms
+        ks = k_range or ms
         shapes = [f"{m}x{n}x{k}" for m in ms for n in ns for k in ks]
     if len(shapes) * len(dtypes) > 5000:
-        raise click.BadParameter(
-            f"{len(shapes) * len(dtypes)} kernels is too many; narrow the ranges"
-        )
+        raise UsageError(f"{len(shapes) * len(dtypes)} kernels is too many; narrow the ranges")
     timeout = settings.probe_timeout
     request = WorkerRequest(
         device=device,
@@ -123,7 +125,7 @@ def bench(
                      r.iters, r.max_rel_error, r.reason]
                 )  # fmt: skip
     if cycle.result in ("error", "timeout") and not results:
-        raise click.ClickException(f"sweep failed: {cycle.reason}")
+        raise SparkdiagError(f"sweep failed: {cycle.reason}")
     if doc is not None:
         sw = doc.software
         click.echo(f"{sw.gpu_name or sw.device}: torch {sw.torch}, CUDA {sw.cuda}")
@@ -136,8 +138,9 @@ def bench(
         # mamf-finder's figure is per iteration: the peak (median iteration) is comparable
         best = max(ok, key=lambda r: r.peak or 0.0)
         median = statistics.median(r.peak or 0.0 for r in ok)
-        click.echo(f"{dtype}: best {best.peak:.1f} TFLOPS at {best.shape} (MAMF); "
+        unit = throughput_unit(dtype)
+        click.echo(f"{dtype}: best {best.peak:.1f} {unit} at {best.shape} (MAMF); "
                    f"median {median:.1f} over {len(ok)} shapes")  # fmt: skip
     if cycle.result in ("error", "timeout"):
         click.echo(f"warning: {cycle.reason}", err=True)
-        sys.exit(EXIT_FAILED)
+        sys.exit(Exit.FAILED)

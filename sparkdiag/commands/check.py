@@ -7,7 +7,6 @@ the click context object: ``CliRunner().invoke(check, args, obj=Sources(...))``.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import time
@@ -19,28 +18,12 @@ import click
 
 from sparkdiag.check.catalog import run_checks
 from sparkdiag.check.gather import Sources, gather
-from sparkdiag.check.model import EXIT_USAGE, exit_code
+from sparkdiag.check.model import exit_code
 from sparkdiag.check.report import render_json, table
+from sparkdiag.commands.common import setup_logging
 from sparkdiag.flags import settings_from, settings_options
 from sparkdiag.probe.launchers import FixtureLauncher
 from sparkdiag.snapshot import GpuSample
-from sparkdiag.sources.fixture import FixtureError
-
-
-class CheckUsageError(click.UsageError):
-    """Bad usage: exit status 3, so that 2 keeps meaning "a check failed"."""
-
-    exit_code = EXIT_USAGE
-
-
-class CheckCommand(click.Command):
-    """A click command whose usage errors (bad flags, bad values) exit 3, not click's 2."""
-
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
-        try:
-            return super().parse_args(ctx, args)
-        except click.UsageError as exc:
-            raise CheckUsageError(exc.format_message(), exc.ctx) from None
 
 
 def _progress(gpus: Sequence[GpuSample], timeout: float) -> None:
@@ -54,7 +37,7 @@ def _progress(gpus: Sequence[GpuSample], timeout: float) -> None:
     click.echo(f"probing {what}, up to {timeout:g} s…", err=True)
 
 
-@click.command("check", cls=CheckCommand)
+@click.command("check")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead of a table.")
 @click.option(
     "--quick",
@@ -95,28 +78,23 @@ def check(
     Exit status:
       0  every check passed (skipped checks do not count)
       1  at least one warning, no failure
-      2  at least one failure
-      3  the check could not run (bad flag or value, unreadable fixture)
+      2  the check could not run: a bad flag or value, an unreadable fixture
+      3  at least one check failed
+    (Changed: a failed check used to exit 2, and a usage error 3.)
     """
     started = time.monotonic()
-    settings = settings_from("check", given, error=CheckUsageError)
-    _setup_logging(settings.log_level)
+    settings = settings_from("check", given)
+    setup_logging(settings.log_level)
     sources = ctx.find_object(Sources) or Sources()
     if settings.probe_fixture is not None:
-        try:
-            sources = replace(sources, launcher=FixtureLauncher(settings.probe_fixture))
-        except ValueError as exc:
-            raise CheckUsageError(f"--probe.fixture: {exc}") from None
-    try:
-        context = gather(
-            settings,
-            quick=quick,
-            expect_gpus=expect_gpus,
-            sources=sources,
-            on_probe=lambda gpus: _progress(gpus, settings.probe_timeout),
-        )
-    except FixtureError as exc:
-        raise CheckUsageError(f"--nvml-fixture: {exc}") from None
+        sources = replace(sources, launcher=FixtureLauncher(settings.probe_fixture))
+    context = gather(
+        settings,
+        quick=quick,
+        expect_gpus=expect_gpus,
+        sources=sources,
+        on_probe=lambda gpus: _progress(gpus, settings.probe_timeout),
+    )
     results = run_checks(context)
     duration = time.monotonic() - started
     if as_json:
@@ -125,12 +103,3 @@ def check(
         colour = not os.environ.get("NO_COLOR")
         click.echo(table(results, duration, colour=colour), nl=False, color=None)
     ctx.exit(exit_code([r.status for r in results]))
-
-
-def _setup_logging(level: str) -> None:
-    """Quiet by default: every problem a log line would mention is a row of the report."""
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )

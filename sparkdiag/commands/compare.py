@@ -19,7 +19,8 @@ import click
 
 from sparkdiag.compare import model, report
 from sparkdiag.compare.rounds import compare as run_comparison
-from sparkdiag.flags import settings_from, settings_options, worker_options
+from sparkdiag.errors import Exit, UsageError
+from sparkdiag.flags import settings_from, settings_options, worker_option, worker_options
 from sparkdiag.probe.request import WorkerRequest
 
 
@@ -52,9 +53,9 @@ def container_argv(cmd: Sequence[str]) -> list[str]:
         try:
             words = shlex.split(words[0])
         except ValueError as exc:
-            raise click.UsageError(f"cannot split the container command: {exc}") from None
+            raise UsageError(f"cannot split the container command: {exc}") from None
     if not words or words == ["-"]:
-        raise click.UsageError(
+        raise UsageError(
             "give the container command after --container (or after --), for example:\n"
             "  sparkdiag compare --container docker run -i --rm --gpus all IMAGE python3 -"
         )
@@ -80,11 +81,12 @@ def _sigterm_as_exit() -> Iterator[None]:
 
 EPILOG = """\b
 Exit status:
-  0  every kernel measured on both sides is within --max-gap
-  1  the worst gap exceeds --max-gap (the container is slower)
-  2  usage error
-  3  a side failed to run (runtime or image missing, no GPU or no torch inside,
-     hang, output that is not the worker's JSON), or nothing was measured on both
+  0    every kernel measured on both sides is within --max-gap
+  1    the worst gap exceeds --max-gap (the container is slower)
+  2    usage error
+  3    a side failed to run (runtime or image missing, no GPU or no torch inside,
+       hang, output that is not the worker's JSON), or nothing was measured on both
+  130  interrupted (Ctrl-C)
 """
 
 
@@ -126,25 +128,8 @@ Exit status:
     show_default=True,
     help="Largest acceptable gap, as a fraction (0.15) or a percentage (15%).",
 )
-@worker_options()
-@click.option(
-    "--budget-seconds",
-    type=click.FloatRange(min=0, min_open=True),
-    default=None,
-    help="GPU-busy time per cycle [worker default: 2].",
-)
-@click.option(
-    "--iters",
-    type=click.IntRange(min=1),
-    default=None,
-    help="Timed iterations per kernel [default: sized to the budget].",
-)
-@click.option(
-    "--bandwidth/--no-bandwidth",
-    default=True,
-    show_default=True,
-    help="Also compare device memory copy bandwidth.",
-)
+@worker_options("--dtype", "--small", "--shape", "--device", "--budget-seconds", "--iters")
+@worker_option("--bandwidth", True, help="Also compare device memory copy bandwidth.")
 @settings_options("compare")
 @click.option(
     "--native-python",
@@ -201,9 +186,9 @@ def compare(
     try:
         native = shlex.split(native_python) if native_python else [sys.executable]
     except ValueError as exc:
-        raise click.UsageError(f"--native-python: cannot split it: {exc}") from None
+        raise UsageError(f"cannot split it: {exc}", flag="--native-python") from None
     if not native:
-        raise click.UsageError("--native-python is empty")
+        raise UsageError("an empty command", flag="--native-python")
     request = WorkerRequest(
         device=device,
         dtypes=tuple(dtypes),
@@ -229,11 +214,9 @@ def compare(
                 on_progress=progress,
                 warmup_rounds=warmup_rounds,
             )
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
     except KeyboardInterrupt:
         click.echo("sparkdiag compare: interrupted; the cycle in progress was stopped", err=True)
-        sys.exit(130)
+        sys.exit(Exit.INTERRUPTED)
 
     code = result.exit_code(max_gap)
     if as_json:
@@ -243,7 +226,3 @@ def compare(
     else:
         click.echo(report.render(result, max_gap))
     sys.exit(code)
-
-
-if __name__ == "__main__":
-    compare()

@@ -12,7 +12,11 @@ from sparkdiag.flags import settings_from
 
 @click.group()
 def config() -> None:
-    """Configuration helpers."""
+    """Configuration helpers.
+
+    Exit status: 0 done; 2 the configuration file is wrong (config check names the key, the
+    value and what is allowed).
+    """
 
 
 @config.command("default")

@@ -7,8 +7,8 @@ from typing import Any
 
 import click
 
+from sparkdiag.errors import SparkdiagError
 from sparkdiag.flags import settings_from, settings_options
-from sparkdiag.sources.fixture import FixtureError
 
 
 @click.command("record-fixture")
@@ -21,22 +21,23 @@ def record_fixture(output: Path, description: str, **given: Any) -> None:
     """Record every NVML answer sparkdiag uses, errors included, into OUTPUT (JSON).
 
     Run it on a real GPU; replay the file with --nvml-fixture on any machine.
+
+    Exit status: 0 recorded; 2 a bad flag or fixture; 3 NVML is unavailable or OUTPUT cannot
+    be written.
     """
     from sparkdiag.sources.backends import make_backend
     from sparkdiag.sources.nvml_api import NvmlUnavailable
     from sparkdiag.sources.record import record, write_atomic
 
+    backend = make_backend(settings_from("record-fixture", given).nvml_fixture)
     try:
-        backend = make_backend(settings_from("record-fixture", given).nvml_fixture)
         doc = record(backend, description)
-    except FixtureError as exc:
-        raise click.BadParameter(str(exc), param_hint="--nvml-fixture") from None
     except NvmlUnavailable as exc:
-        raise click.ClickException(f"cannot record: NVML is unavailable here ({exc})") from None
+        raise SparkdiagError(f"cannot record: NVML is unavailable here ({exc})") from None
     try:
         write_atomic(output, doc)
     except OSError as exc:
-        raise click.ClickException(f"cannot write {output}: {exc.strerror or exc}") from None
+        raise SparkdiagError(f"cannot write {output}: {exc.strerror or exc}") from None
     n = len(doc["devices"])
     click.echo(
         f"recorded {n} GPU{'s' if n != 1 else ''} (driver {doc['driver_version']}) to {output}"

@@ -12,47 +12,20 @@ from typing import Any
 import click
 
 from sparkdiag.baseline.evaluate import GemmFigure, evaluate
-from sparkdiag.baseline.store import BaselineStore, BaselineStoreError, open_store
+from sparkdiag.baseline.store import open_store
+from sparkdiag.commands.common import gpus_seen, setup_logging
 from sparkdiag.commands.probe_table import (
     GpuRun,
     figure_json,
     progress_printer,
     render_probe_table,
 )
-from sparkdiag.flags import settings_from, settings_options, worker_options
+from sparkdiag.errors import Exit
+from sparkdiag.flags import gpu_option, settings_from, settings_options, worker_options
 from sparkdiag.probe.launchers import FixtureLauncher
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import ProbeCycle, run_worker
 from sparkdiag.snapshot import GpuSample
-
-EXIT_OK, EXIT_NOT_RUN, EXIT_FAILED = 0, 1, 3
-
-
-def store_or_exit(state_dir: Path | None, create: bool = True) -> BaselineStore:
-    """The baseline store, or a one-line error (exit 1)."""
-    try:
-        return open_store(state_dir, create)
-    except BaselineStoreError as exc:
-        raise click.ClickException(str(exc)) from None
-
-
-def gpus_seen(nvml_fixture: Path | None) -> tuple[list[GpuSample], str | None]:
-    """The GPUs NVML sees (one poll, for their uuid, name and busy state); why not, if none."""
-    from sparkdiag.sources.backends import make_backend
-    from sparkdiag.sources.fixture import FixtureError
-    from sparkdiag.sources.gpu import GpuSource
-
-    try:
-        source = GpuSource(make_backend(nvml_fixture))
-    except FixtureError as exc:
-        raise click.BadParameter(str(exc), param_hint="--nvml-fixture") from None
-    if not source.start():
-        return [], source.unavailable_reason
-    try:
-        source.backend.advance()
-        return [g for g in source.read() if g.up], None
-    finally:
-        source.stop()
 
 
 def _context(rootfs: Path) -> str:
@@ -61,12 +34,22 @@ def _context(rootfs: Path) -> str:
     return detect_context(rootfs).context
 
 
+# /2: each figure's "healthy" became "counts_toward_baseline" (what it always meant: the run may
+# teach the baseline; it read true on a figure at 0.45 of its baseline beside another process).
+REPORT_SCHEMA = "sparkdiag-probe-report/2"
+
+
 @click.command()
-@worker_options(device=False)
+@worker_options("--dtype", "--small", "--shape")
+@gpu_option("The GPUs to probe, one after another.")
 @click.option(
-    "--gpu", "gpus", multiple=True, type=int, help="NVML index (repeatable); default all."
+    "--json",
+    "as_json",
+    is_flag=True,
+    help=f"Print one JSON document ({REPORT_SCHEMA}) instead of tables; a figure's "
+    "counts_toward_baseline says whether the run may teach the baseline (no heat or power "
+    "reason during the cycle), not whether the figure is as fast as its baseline.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of tables.")
 @click.option(
     "--record/--no-record",
     default=True,
@@ -75,7 +58,7 @@ def _context(rootfs: Path) -> str:
 )
 @settings_options("probe")
 def probe(
-    dtypes: list[str], shapes: list[str], small: bool, gpus: tuple[int, ...], as_json: bool,
+    dtypes: list[str], shapes: list[str], small: bool, gpus: tuple[int, ...] | None, as_json: bool,
     record: bool, **given: Any,
 ) -> None:  # fmt: skip
     """Run one probe cycle now and compare it with the baseline and the reference.
@@ -88,13 +71,8 @@ def probe(
     3 the worker failed or timed out.
     """
     settings = settings_from("probe", given)
-    samples, why = gpus_seen(settings.nvml_fixture)
-    if gpus:
-        samples = [g for g in samples if g.identity.index in gpus]
-        if not samples:
-            raise click.BadParameter(
-                f"no GPU with index {', '.join(map(str, gpus))}", param_hint="--gpu"
-            )
+    setup_logging(settings.log_level)
+    samples, why = gpus_seen(settings.nvml_fixture, gpus)
     context = _context(settings.rootfs)
     request = WorkerRequest(
         dtypes=tuple(dtypes),
@@ -104,11 +82,8 @@ def probe(
         busy_utilization=settings.probe_busy_utilization,
         progress=True,
     )
-    try:
-        fixture = FixtureLauncher(settings.probe_fixture) if settings.probe_fixture else None
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="--probe.fixture") from None
-    store = store_or_exit(settings.state_dir) if record or settings.state_dir else None
+    fixture = FixtureLauncher(settings.probe_fixture) if settings.probe_fixture else None
+    store = open_store(settings.state_dir, create=True) if record or settings.state_dir else None
     runs: list[GpuRun] = []
     targets: list[GpuSample | None] = list(samples) if samples else [None]
     if not samples and why and not as_json:
@@ -145,7 +120,7 @@ def probe(
             store.close()
     if as_json:
         report = {
-            "schema": "sparkdiag-probe-report/1",
+            "schema": REPORT_SCHEMA,
             "context": context,
             "gpus": [
                 {
@@ -168,7 +143,5 @@ def probe(
         click.echo(render_probe_table(runs), nl=False)
     results = {r.cycle.result for r in runs}
     if results & {"error", "timeout"}:
-        sys.exit(EXIT_FAILED)
-    if results <= {"ok"}:
-        sys.exit(EXIT_OK)
-    sys.exit(EXIT_NOT_RUN)
+        sys.exit(Exit.FAILED)
+    sys.exit(Exit.OK if results <= {"ok"} else Exit.ATTENTION)

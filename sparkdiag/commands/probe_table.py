@@ -157,7 +157,7 @@ def figure_json(f: GemmFigure) -> dict[str, Any]:
             "gpu_model": f.reference.gpu_model, "source": f.reference.source,
         },
         "reference_efficiency": f.reference_efficiency,
-        "healthy": f.healthy,
+        "counts_toward_baseline": f.counts_toward_baseline,
     }  # fmt: skip
 
 

@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-import logging
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from sparkdiag.config import ConfigError
+from sparkdiag.commands.common import setup_logging
 from sparkdiag.flags import settings_from, settings_options
-from sparkdiag.sources.fixture import FixtureError
-from sparkdiag.web.webconfig import WebConfigError
-
-
-def setup_logging(level: str) -> None:
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
 
 
 @click.command()
@@ -35,27 +24,21 @@ def serve(config: Path | None, **given: Any) -> None:
 
     settings = settings_from("serve", given, config)
     setup_logging(settings.log_level)
-    try:
-        daemon.serve(settings)
-    except FixtureError as exc:
-        raise click.BadParameter(str(exc), param_hint="--nvml-fixture") from None
-    except (WebConfigError, ConfigError) as exc:
-        raise click.UsageError(str(exc)) from None
-    except daemon.StartupError as exc:
-        raise click.ClickException(str(exc)) from None
+    daemon.serve(settings)
 
 
 @click.command()
 @settings_options("dump")
 def dump(**given: Any) -> None:
-    """Poll once and print the metrics in the Prometheus text format to stdout."""
+    """Poll once and print the metrics in the Prometheus text format to stdout.
+
+    Exit status: 0 printed (a machine without a GPU still prints its host metrics), 2 for a
+    bad flag or fixture.
+    """
     from sparkdiag import daemon
 
     settings = settings_from("dump", given)
     setup_logging(settings.log_level)
-    try:
-        body = daemon.dump(settings)
-    except FixtureError as exc:
-        raise click.BadParameter(str(exc), param_hint="--nvml-fixture") from None
+    body = daemon.dump(settings)
     sys.stdout.buffer.write(body)
     sys.stdout.flush()

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import logging
 import math
 import re
 import sys
@@ -16,12 +15,20 @@ from typing import Any
 import click
 
 from sparkdiag import plotting
-from sparkdiag.commands.probe import gpus_seen
-from sparkdiag.flags import file_option, settings_from, settings_options, worker_options
+from sparkdiag.commands.common import gpus_seen, setup_logging
+from sparkdiag.errors import Exit, SparkdiagError, UsageError
+from sparkdiag.flags import (
+    file_option,
+    gpu_option,
+    settings_from,
+    settings_options,
+    worker_option,
+    worker_options,
+)
 from sparkdiag.probe.document import SoakWindow
 from sparkdiag.probe.launchers import pinned_env
 from sparkdiag.probe.request import WorkerRequest
-from sparkdiag.probe.worker import SOAK_WINDOW_SECONDS
+from sparkdiag.probe.worker import SOAK_WINDOW_SECONDS, SUITES
 from sparkdiag.soak import plot as soak_plot
 from sparkdiag.soak.model import (
     CSV_COLUMNS,
@@ -38,7 +45,6 @@ from sparkdiag.soak.run import Job, SoakRunner
 from sparkdiag.soak.state import SoakStateError, state_path, write_state
 from sparkdiag.statedir import StateDirError
 
-EXIT_OK, EXIT_DEGRADED, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 3, 130
 MAX_DURATION = 24 * 3600.0
 _DURATION = re.compile(r"(?:(\d+(?:\.\d*)?)h)?(?:(\d+(?:\.\d*)?)m)?(?:(\d+(?:\.\d*)?)s?)?")
 
@@ -59,41 +65,19 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str) -> float:
     return parse_duration(value)
 
 
-def _gpu_choice(ctx: click.Context, param: click.Parameter, value: str) -> tuple[int, ...] | None:
-    """``all`` (None) or NVML indices: ``0``, ``0,2``."""
-    if value.strip().lower() == "all":
-        return None
-    try:
-        indices = tuple(int(part) for part in value.split(","))
-    except ValueError:
-        raise click.BadParameter(f"{value!r}: give all, N or N,M,...") from None
-    if any(i < 0 for i in indices):
-        raise click.BadParameter(f"{value!r}: GPU indices are >= 0")
-    return indices
-
-
 def _jobs(
     device: str | None, gpus: tuple[int, ...] | None, request: WorkerRequest, fixture: Path | None
 ) -> list[Job]:
     if device is not None:
         if gpus is not None:
-            raise click.UsageError("give --device or --gpu, not both")
+            raise UsageError("give --device or --gpu, not both")
         return [Job(Target(label=device), request.on_device(device))]
-    samples, why = gpus_seen(fixture)
-    if gpus is not None:
-        chosen = [g for g in samples if g.identity.index in gpus]
-        missing = sorted(set(gpus) - {g.identity.index for g in chosen})
-        if missing:
-            seen = ", ".join(str(g.identity.index) for g in samples) or "none"
-            raise click.BadParameter(
-                f"no GPU with index {', '.join(map(str, missing))} (NVML sees: {seen})",
-                param_hint="--gpu",
-            )
-        samples = chosen
+    samples, why = gpus_seen(fixture, gpus)
     if not samples:
-        raise click.ClickException(
+        raise SparkdiagError(
             f"no GPU to soak: {why or 'NVML lists none'} (--device cpu --small soaks the CPU, "
-            "for tests)"
+            "for tests)",
+            exit_code=Exit.ATTENTION,  # as a GPU that is not soaked (busy, unsupported)
         )
     return [
         Job(
@@ -194,16 +178,16 @@ def _write_outputs(
     return ok
 
 
-def exit_status(gpus: tuple[GpuSoak, ...], interrupted: bool, files_ok: bool) -> int:
-    """3 a worker failed; 130 interrupted; 1 a kernel fell, a GPU was not soaked or a file was
-    not written; else 0."""
+def exit_status(gpus: tuple[GpuSoak, ...], interrupted: bool, files_ok: bool) -> Exit:
+    """FAILED a worker failed; INTERRUPTED; ATTENTION a kernel fell, a GPU was not soaked or a
+    file was not written; else OK."""
     if any(g.stopped == "error" for g in gpus):
-        return EXIT_FAILED
+        return Exit.FAILED
     if interrupted or any(g.stopped == "interrupted" for g in gpus):
-        return EXIT_INTERRUPTED
+        return Exit.INTERRUPTED
     if not files_ok or any(g.stopped in NOT_RUN or g.verdict.degraded for g in gpus):
-        return EXIT_DEGRADED
-    return EXIT_OK
+        return Exit.ATTENTION
+    return Exit.OK
 
 
 @click.command()
@@ -223,16 +207,9 @@ def exit_status(gpus: tuple[GpuSoak, ...], interrupted: bool, files_ok: bool) ->
     metavar="SECONDS",
     help="Seconds of load between two measurement windows.",
 )
-@click.option(
-    "--gpu",
-    "gpus",
-    default="all",
-    show_default=True,
-    callback=_gpu_choice,
-    metavar="N|N,M|all",
-    help="NVML index(es) of the GPUs to soak, all at once (one worker per GPU).",
-)
-@worker_options(shapes=False)
+@gpu_option("The GPUs to soak, all at once (one worker per GPU).")
+@worker_option("--dtype", shown="the hot suite's, " + ",".join(SUITES["hot"].dtypes))
+@worker_options("--small", "--device")
 @click.option(
     "--json",
     "json_to",
@@ -290,13 +267,9 @@ def soak(
     130 interrupted.
     """
     settings = settings_from("soak", given)
-    logging.basicConfig(
-        level=getattr(logging, settings.log_level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-    if plot_to is not None and not plotting.available():
-        raise click.UsageError(plotting.missing_message())
+    setup_logging(settings.log_level)
+    if plot_to is not None:
+        plotting.require("--plot")
     request = WorkerRequest(
         dtypes=tuple(dtypes),
         small=small,

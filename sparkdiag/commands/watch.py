@@ -5,7 +5,8 @@ the diagnosis (a pure function of the recording) in :mod:`.diagnose`, the output
 :mod:`.render` and :mod:`.plot`.
 
 Exit status: the job's own when watch started it (128 + N when a signal N ended it), else 0;
-2 for bad usage, an unusable fixture or recording, or --plot without matplotlib.
+2 for bad usage, an unusable fixture or recording, or --plot without matplotlib (the errors of
+:mod:`sparkdiag.errors`, translated by the command group).
 """
 
 from __future__ import annotations
@@ -21,14 +22,16 @@ from typing import Any
 
 import click
 
-from sparkdiag.flags import file_option, settings_from, settings_options
+from sparkdiag.commands.common import check_gpu_indices, setup_logging
+from sparkdiag.errors import UsageError
+from sparkdiag.flags import file_option, gpu_option, settings_from, settings_options
+from sparkdiag.plotting import require as require_plotting
 from sparkdiag.sources.backends import make_backend
-from sparkdiag.sources.fixture import FixtureError
 from sparkdiag.sources.gpu import GpuSource
 from sparkdiag.watch import plot as plotting
 from sparkdiag.watch.diagnose import Diagnosis, diagnose
 from sparkdiag.watch.job import AttachedJob, SpawnedJob, alive, follow
-from sparkdiag.watch.model import Recording, RecordingError, load
+from sparkdiag.watch.model import Recording, load
 from sparkdiag.watch.render import text, to_json
 from sparkdiag.watch.sampler import GpuSampler, HostSampler, Sampler
 
@@ -36,21 +39,10 @@ log = logging.getLogger("sparkdiag.watch")
 PCIE_SECONDS = 2.0  # PCIe throughput blocks ~20 ms per direction: read it this often
 
 
-def _gpu_list(value: str | None) -> set[int] | None:
-    if value is None:
-        return None
-    try:
-        return {int(part) for part in value.split(",") if part.strip()}
-    except ValueError:
-        raise click.BadParameter(f"{value!r} is not a list of GPU indices such as 0,1") from None
-
-
-def _start_gpu(fixture: Path | None, gpus: set[int] | None) -> tuple[GpuSampler | None, str]:
-    """The GPU sampler, or None with what is skipped (one line, also logged)."""
-    try:
-        source = GpuSource(make_backend(fixture), slow_seconds=PCIE_SECONDS)
-    except FixtureError as exc:
-        raise click.BadParameter(str(exc), param_hint="--nvml-fixture") from None
+def _start_gpu(fixture: Path | None, gpus: tuple[int, ...] | None) -> tuple[GpuSampler | None, str]:
+    """The GPU sampler, or None with what is skipped (one line, also logged). FixtureError for
+    an unusable fixture; a --gpu index NVML does not list is a usage error."""
+    source = GpuSource(make_backend(fixture), slow_seconds=PCIE_SECONDS)
     if not source.start():
         why = (
             f"NVML unavailable ({source.unavailable_reason}): GPU utilization, activity, "
@@ -58,10 +50,15 @@ def _start_gpu(fixture: Path | None, gpus: set[int] | None) -> tuple[GpuSampler 
             "diagnosing from the job's CPU and I/O and memory pressure only"
         )
         return None, why
-    sampler = GpuSampler(source, gpus)
+    try:
+        check_gpu_indices([g.index for g in source.identities], gpus)
+    except UsageError:
+        source.stop()
+        raise
+    sampler = GpuSampler(source, None if gpus is None else set(gpus))
     if not sampler.indices:
         source.stop()
-        return None, "no GPU to watch (NVML lists none, or --gpu names none of them)"
+        return None, "no GPU to watch (NVML lists none)"
     return sampler, ""
 
 
@@ -95,14 +92,7 @@ def _report(rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: Path |
     help="Seconds between samples of the job, its GPUs and the host (the GPU's utilization "
     "comes at the driver's own rate, about 6 samples a second, whatever this is).",
 )
-@click.option(
-    "--gpu",
-    "gpu_list",
-    default=None,
-    metavar="0,1",
-    help="Watch only these GPU indices. Default: every GPU; the diagnosis looks at "
-    "the ones the job runs on.",
-)
+@gpu_option("Watch only these GPUs; the diagnosis looks at the ones the job runs on.")
 @click.option("--json", "as_json", is_flag=True, help="Print the diagnosis as JSON.")
 @file_option(
     "--plot", "plot_to", "Write a timeline PNG (needs matplotlib: pip install 'sparkdiag[plot]')."
@@ -119,7 +109,7 @@ def watch(
     pid: int | None,
     duration: float | None,
     interval: float,
-    gpu_list: str | None,
+    gpus: tuple[int, ...] | None,
     as_json: bool,
     plot_to: Path | None,
     record_to: Path | None,
@@ -140,28 +130,25 @@ def watch(
     --duration passes, or Ctrl-C) it prints the share of time lost to each cause it finds:
     input-starved, CPU-bound launcher, checkpoint stalls, throttled, memory pressure, low
     tensor activity, or healthy, each with its evidence and what to try.
+
+    Exit status: the job's own when watch started it (128 + N when signal N ended it), else 0;
+    2 usage error (a bad flag, fixture or recording, --plot without matplotlib).
     """
     settings = settings_from("watch", given)
     nvml_fixture, rootfs, sysfs = settings.nvml_fixture, settings.rootfs, settings.sysfs
     modes = sum(x is not None for x in (pid, replay)) + (1 if command else 0)
     if modes != 1:
-        raise click.UsageError("give exactly one of --pid PID, --replay FILE or -- COMMAND ARGS...")
-    if plot_to is not None and not plotting.available():
-        raise click.UsageError(plotting.missing_message())
-    gpus = _gpu_list(gpu_list)
+        raise UsageError("give exactly one of --pid PID, --replay FILE or -- COMMAND ARGS...")
+    if plot_to is not None:
+        require_plotting("--plot")
     if replay is not None:
-        try:
-            rec = load(replay)
-        except RecordingError as exc:
-            raise click.BadParameter(str(exc), param_hint="--replay") from None
+        rec = load(replay)  # RecordingError: a usage error naming --replay
         _report(rec, diagnose(rec), as_json, plot_to)
         return
     if pid is not None and not alive(rootfs, pid):
-        raise click.BadParameter(
-            f"no running process {pid} under {rootfs}/proc", param_hint="--pid"
-        )
+        raise UsageError(f"no running process {pid} under {rootfs}/proc", flag="--pid")
 
-    logging.basicConfig(level=logging.WARNING, format="sparkdiag watch: %(message)s")
+    setup_logging("warning", prefix="sparkdiag watch")
     gpu, skipped = _start_gpu(nvml_fixture, gpus)
     if skipped:
         click.echo(f"sparkdiag watch: {skipped}", err=True)
@@ -178,7 +165,7 @@ def watch(
     except OSError as exc:
         for s, handler in previous.items():
             signal.signal(s, handler)
-        raise click.UsageError(f"cannot start {command[0]}: {exc.strerror or exc}") from None
+        raise UsageError(f"cannot start {command[0]}: {exc.strerror or exc}") from None
     try:
         host = HostSampler(rootfs, sysfs, job.pid)
         sampler = Sampler(gpu, host, started_at)

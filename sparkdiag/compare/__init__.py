@@ -9,23 +9,11 @@ JSON). The container side runs through :mod:`sparkdiag.probe.container`; the cli
 
 from sparkdiag.compare.causes import diagnose, explain
 from sparkdiag.compare.container_probe import container_cycle
-from sparkdiag.compare.model import (
-    EXIT_FAILED,
-    EXIT_GAP,
-    EXIT_OK,
-    EXIT_USAGE,
-    Comparison,
-    Failure,
-    Row,
-)
+from sparkdiag.compare.model import Comparison, Failure, Row
 from sparkdiag.compare.rounds import compare
 from sparkdiag.probe.container import container_command
 
 __all__ = [
-    "EXIT_FAILED",
-    "EXIT_GAP",
-    "EXIT_OK",
-    "EXIT_USAGE",
     "Comparison",
     "Failure",
     "Row",

@@ -14,18 +14,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
+from sparkdiag.errors import Exit
 from sparkdiag.probe.document import Software, WorkerDocument
+from sparkdiag.probe.worker import throughput_unit
 from sparkdiag.sources.gpu import decode_reasons
 
 SCHEMA = "sparkdiag-compare/1"
 DEFAULT_MAX_GAP = 0.15
 DEFAULT_ROUNDS = 3
 DEFAULT_WARMUP_ROUNDS = 1
-
-EXIT_OK = 0  # every measured gap within --max-gap
-EXIT_GAP = 1  # the worst gap exceeds --max-gap
-EXIT_USAGE = 2  # bad command line (click's own usage errors exit 2 as well)
-EXIT_FAILED = 3  # a side failed to run, or nothing was measured on both sides
 
 Role = Literal["native", "container"]
 FailureKind = Literal[
@@ -252,9 +249,13 @@ class Comparison:
         return "gap" if gap > max_gap else "ok"
 
     def exit_code(self, max_gap: float) -> int:
-        return {"failed": EXIT_FAILED, "no-data": EXIT_FAILED, "gap": EXIT_GAP}.get(
-            self.verdict(max_gap), EXIT_OK
-        )
+        """The command's exit status (:class:`sparkdiag.errors.Exit`): OK when every measured gap
+        is within ``max_gap``, ATTENTION when the worst exceeds it, FAILED when a side failed to
+        run or nothing was measured on both sides."""
+        verdict = self.verdict(max_gap)
+        if verdict in ("failed", "no-data"):
+            return Exit.FAILED
+        return Exit.ATTENTION if verdict == "gap" else Exit.OK
 
 
 def row_key(dtype: str, shape: str, beta: int) -> str:
@@ -285,8 +286,7 @@ def _entries(doc: WorkerDocument) -> dict[str, tuple[_Entry, str, str | None, fl
     """key -> (entry, status, reason, figure) for one document."""
     out: dict[str, tuple[_Entry, str, str | None, float | None]] = {}
     for r in doc.results:
-        unit = "TOPS" if r.dtype in ("int8", "int4") else "TFLOPS"
-        entry = _Entry(r.dtype, r.shape, r.kind, r.beta, unit)
+        entry = _Entry(r.dtype, r.shape, r.kind, r.beta, throughput_unit(r.dtype))
         figure = r.delivered if r.status == "ok" else None
         out[r.label] = (entry, r.status, r.reason, figure)
     bw = doc.bandwidth

@@ -15,11 +15,18 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
+from sparkdiag.errors import UsageError
 from sparkdiag.probe.document import DocumentError, WorkerDocument, parse_document
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import ProbeCycle, classify, run_worker
 from sparkdiag.snapshot import GpuSample
 from sparkdiag.sources.files import MIB, read_text_limited
+
+
+class ProbeFixtureError(UsageError, ValueError):
+    """A ``--probe.fixture`` file cannot be replayed; the message names the file and why."""
+
+    flag = "--probe.fixture"
 
 
 class Launcher(Protocol):
@@ -49,31 +56,32 @@ class FixtureLauncher:
 
     The file is a worker document, or ``{"format": "sparkdiag-probe-fixture/1", "cycles":
     [doc, ...]}`` whose documents of ``suite`` (the worker's ``suite``; a document without one
-    is of the default suite) are replayed in turn, the last one repeating. Raises ValueError
-    (naming the file) when it cannot be used or holds no document of that suite.
+    is of the default suite) are replayed in turn, the last one repeating. Raises
+    :class:`ProbeFixtureError` (naming the file) when it cannot be used or holds no document of
+    that suite.
     """
 
     def __init__(self, path: Path, suite: str = "default") -> None:
         try:
             doc = json.loads(read_text_limited(path, 16 * MIB))
         except OSError as exc:
-            raise ValueError(f"cannot read probe fixture {path}: {exc.strerror or exc}") from None
+            raise ProbeFixtureError(f"cannot read {path}: {exc.strerror or exc}") from None
         except (ValueError, RecursionError) as exc:
-            raise ValueError(f"probe fixture {path} is not valid JSON: {exc}") from None
+            raise ProbeFixtureError(f"{path} is not valid JSON: {exc}") from None
         cycles = doc.get("cycles") if isinstance(doc, dict) and "cycles" in doc else [doc]
         if not isinstance(cycles, list):
-            raise ValueError(f"probe fixture {path}: 'cycles' must be a list of worker documents")
+            raise ProbeFixtureError(f"{path}: 'cycles' must be a list of worker documents")
         if not cycles:
-            raise ValueError(f"probe fixture {path}: no cycles")
+            raise ProbeFixtureError(f"{path}: no cycles")
         try:
             documents = [parse_document(c) for c in cycles]
         except DocumentError as exc:
-            raise ValueError(f"probe fixture {path}: not a worker document: {exc}") from None
+            raise ProbeFixtureError(f"{path}: not a worker document: {exc}") from None
         self.cycles: list[WorkerDocument] = [
             d for d in documents if (d.suite or "default") == suite
         ]
         if not self.cycles:
-            raise ValueError(f"probe fixture {path}: no cycle of the {suite} suite")
+            raise ProbeFixtureError(f"{path}: no cycle of the {suite} suite")
         self.counts: dict[str, int] = {}  # per GPU uuid: each GPU replays the cycles in turn
 
     def __call__(self, gpu: GpuSample | None, on_start: Callable[[int], None]) -> ProbeCycle:

@@ -1,14 +1,17 @@
 """What a probe cycle asks the worker to do, and the one place its command line is built.
 
 The daemon's scheduler, ``probe``, ``bench``, ``check``, ``compare`` (and ``soak``) describe their
-run as a :class:`WorkerRequest`; :meth:`WorkerRequest.argv` turns it into the worker's flags
-(``worker.parse_args`` reads them back: a test holds the two in step). A field left at None is
-left out, so the worker's own default applies.
+run as a :class:`WorkerRequest`; :meth:`WorkerRequest.argv` turns it into the worker's flags,
+each field written by the worker's own declaration of the flag (``worker.FLAGS``), which
+``worker.parse_args`` reads back (a test holds the two in step). A field left at None is left
+out, so the worker's own default applies.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
+
+from sparkdiag.probe.worker import FLAGS
 
 
 @dataclass(frozen=True)
@@ -31,39 +34,10 @@ class WorkerRequest:
     exclude_pids: tuple[int, ...] = ()
 
     def argv(self) -> list[str]:
-        """The worker's command-line arguments for this request."""
-        args: list[str] = []
-        if self.device is not None:
-            args += ["--device", self.device]
-        if self.suite is not None:
-            args += ["--suite", self.suite]
-        for dtype in self.dtypes:
-            args += ["--dtype", dtype]
-        for shape in self.shapes:
-            args += ["--shape", shape]
-        if self.small:
-            args.append("--small")
-        if self.probe_when is not None:
-            args += ["--probe-when", self.probe_when]
-        numbers = (
-            ("--busy-utilization", self.busy_utilization),
-            ("--budget-seconds", self.budget_seconds),
-            ("--iters", self.iters),
-            ("--warmup", self.warmup),
-            ("--soak-seconds", self.soak_seconds),
-            ("--window-seconds", self.window_seconds),
-        )
-        for flag, value in numbers:
-            if value is not None:
-                args += [flag, f"{value:g}"]
-        for flag, on in (("bandwidth", self.bandwidth), ("transfers", self.transfers)):
-            if on is not None:
-                args.append(f"--{flag}" if on else f"--no-{flag}")
-        if self.progress:
-            args.append("--progress")
-        for pid in self.exclude_pids:
-            args += ["--exclude-pid", str(pid)]
-        return args
+        """The worker's command-line arguments for this request: each field is the worker flag
+        of the same name (``worker.FLAGS``: ``dtypes`` is ``--dtype``, given once per value)."""
+        by_field = {flag.field: flag for flag in FLAGS}
+        return [arg for f in fields(self) for arg in by_field[f.name].argv(getattr(self, f.name))]
 
     def on_device(self, device: str) -> WorkerRequest:
         return replace(self, device=device)

@@ -69,7 +69,7 @@ makes, nor the sleep that holds the stream while a batch is enqueued).
 Delivered and peak
 ------------------
 Each kernel is timed in one batch of back-to-back iterations. Two figures come
-from it (TFLOPS; TOPS for int8; bytes/s for the device copy):
+from it (TFLOPS, TOPS for int8 and int4: DtypeSpec.unit; bytes/s for the device copy):
 
 - ``delivered``: the work of all iterations over the batch's total elapsed
   time, from one CUDA event before the first iteration to one after the last,
@@ -240,216 +240,11 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    """The worker's arguments; those left out take the defaults of the ``--suite`` (SUITES)."""
+    """The worker's arguments (declared once, in FLAGS); those left out take the defaults of the
+    ``--suite`` (SUITES)."""
     p = _Parser(prog="sparkdiag-probe-worker", description=__doc__.splitlines()[0])
-
-    def per_suite(name: str) -> str:
-        """'per suite: default 10; hot 1; check 10' from SUITES."""
-
-        def text(value: Any) -> str:
-            if isinstance(value, bool):
-                return "on" if value else "off"
-            if isinstance(value, tuple):
-                return ",".join(f"{k}={v:g}" for k, v in value)
-            return f"{value:g}" if isinstance(value, float) else str(value)
-
-        values = [f"{suite} {text(getattr(spec, name))}" for suite, spec in SUITES.items()]
-        return "per suite: " + "; ".join(values)
-
-    p.add_argument("--device", default=None, help="cuda:N or cpu (default: cuda if available)")
-    p.add_argument(
-        "--suite",
-        choices=("default", "hot", "check"),
-        default=None,
-        help="default: every dtype at the compute, LLM and decode shapes, device copy and "
-        "host-device copies (the periodic probe); hot: decode and LLM shapes of int4, bf16, "
-        "fp16, fp8, nvfp4 within ~100 ms, no spin-up, even on a busy GPU; check: bf16, fp16 "
-        "and int4 for sparkdiag check (default: default, hot with --soak-seconds)",
-    )
-    p.add_argument(
-        "--dtype",
-        action="append",
-        default=None,
-        help="dtype(s) to probe, repeatable or comma separated: " + ",".join(ALL_DTYPES),
-    )
-    p.add_argument("--shape", action="append", default=None, help="MxNxK, repeatable")
-    p.add_argument(
-        "--warmup", type=int, default=None, help=f"warm-up iterations ({per_suite('warmup')})"
-    )
-    p.add_argument(
-        "--warmup-ms",
-        default=None,
-        metavar="MS|KIND=MS,...",
-        help="also warm up each kernel for at least this much GPU time, for every kind or per "
-        f"kind (compute, llm, decode, bandwidth; {per_suite('warmup_ms')})",
-    )
-    p.add_argument(
-        "--spinup-ms",
-        type=float,
-        default=None,
-        help="GPU time of untimed matmuls before the first kernel, to bring clocks up from "
-        f"idle, and before a soak's cold window (0 to skip; {per_suite('spinup_ms')}; "
-        f"a soak {SUITES['default'].spinup_ms:g})",
-    )
-    p.add_argument(
-        "--iters", type=int, default=None, help="timed iterations (default: sized to the budget)"
-    )
-    p.add_argument(
-        "--min-iters",
-        type=int,
-        default=None,
-        help=f"fewest timed iterations of a kernel sized to the budget ({per_suite('min_iters')})",
-    )
-    p.add_argument(
-        "--graphs",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="on a GPU, time each decode batch as one CUDA graph replay, so that kernels "
-        "shorter than their launch run back to back (peak and the median then come from an "
-        f"event-timed batch of at most {PEAK_BATCH_ITERS} iterations beside it; default on)",
-    )
-    p.add_argument(
-        "--min-batch-ms",
-        type=float,
-        default=None,
-        metavar="MS",
-        help="on a GPU, time at least this long per kernel and round, so that a batch spans "
-        "more than one time slice of a shared GPU; 0 to size by the budget alone "
-        f"({per_suite('min_batch_ms')})",
-    )
-    p.add_argument(
-        "--max-iters",
-        type=int,
-        default=MAX_ITERS,
-        help=f"most timed iterations of a kernel sized to the budget (default {MAX_ITERS})",
-    )
-    p.add_argument(
-        "--rounds",
-        type=int,
-        default=None,
-        help="interleaved rounds in which kernels timed together (the decode shapes of the "
-        f"hot and check suites) are timed ({per_suite('rounds')})",
-    )
-    p.add_argument(
-        "--order",
-        choices=("dtype", "kind"),
-        default="dtype",
-        help="dtype: each dtype's shapes together (default); kind: every compute shape, "
-        "then the LLM shapes, then the decode shapes",
-    )
-    p.add_argument(
-        "--kind-weights",
-        default=None,
-        metavar="W|KIND=W,...",
-        help="share of the budget per kernel kind (default "
-        + ",".join(f"{k}={v:g}" for k, v in KIND_WEIGHTS.items())
-        + ")",
-    )
-    p.add_argument(
-        "--budget-fraction",
-        type=float,
-        default=BUDGET_PLANNING_FRACTION,
-        help="part of --budget-seconds the iteration counts are planned for, the rest is "
-        f"headroom for warm-ups and minimum counts (default {BUDGET_PLANNING_FRACTION:g})",
-    )
-    p.add_argument(
-        "--launch-us",
-        type=float,
-        default=LAUNCH_US,
-        help="CPU microseconds to enqueue one iteration, assumed until measured: sizes the "
-        f"sleep that holds the GPU while a batch is enqueued (default {LAUNCH_US:g})",
-    )
-    p.add_argument(
-        "--max-prequeue-ms",
-        type=float,
-        default=MAX_PREQUEUE_MS,
-        help="longest the GPU is held while a batch is enqueued; 0 disables the hold "
-        f"(default {MAX_PREQUEUE_MS:g})",
-    )
-    p.add_argument(
-        "--probe-when", choices=("idle", "always"), default=None, help=per_suite("probe_when")
-    )
-    p.add_argument("--busy-utilization", type=float, default=0.1, help="0..1 (default 0.1)")
-    p.add_argument("--exclude-pid", type=int, action="append", default=[])
-    p.add_argument("--small", action="store_true", help="tiny shapes (CPU, CI, smoke tests)")
-    p.add_argument(
-        "--budget-seconds",
-        type=float,
-        default=None,
-        help=f"GPU-busy time budget ({per_suite('budget_seconds')})",
-    )
-    p.add_argument(
-        "--bandwidth",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help=f"the device-to-device copy ({per_suite('bandwidth')})",
-    )
-    p.add_argument(
-        "--transfers",
-        action=argparse.BooleanOptionalAction,
-        default=None,
-        help="host-device copies: pinned and pageable, small and large, both directions "
-        f"({per_suite('transfers')})",
-    )
-    p.add_argument(
-        "--transfer-small-copies",
-        type=int,
-        default=TRANSFER_SMALL_COPIES,
-        help=f"timed {TRANSFER_SMALL_BYTES // 1024} KiB copies per direction and memory "
-        f"(default {TRANSFER_SMALL_COPIES})",
-    )
-    p.add_argument(
-        "--transfer-large-copies",
-        type=int,
-        default=TRANSFER_LARGE_COPIES,
-        help=f"timed {TRANSFER_LARGE_BYTES // 1024**2} MiB copies per direction and memory "
-        f"(default {TRANSFER_LARGE_COPIES})",
-    )
-    p.add_argument(
-        "--soak-seconds",
-        type=float,
-        default=None,
-        help="soak instead of one cycle: sustained bf16 matmuls for this long, with a "
-        "measurement window of the hot suite's kernels before and every --window-seconds",
-    )
-    p.add_argument(
-        "--window-seconds",
-        type=float,
-        default=SOAK_WINDOW_SECONDS,
-        help=f"seconds between two soak measurement windows (default {SOAK_WINDOW_SECONDS:g})",
-    )
-    p.add_argument(
-        "--soak-margin-celsius",
-        type=float,
-        default=SOAK_MARGIN_CELSIUS,
-        help="stop the soak this far below the GPU's slowdown threshold and the memory's "
-        f"maximum temperature (default {SOAK_MARGIN_CELSIUS:g})",
-    )
-    p.add_argument(
-        "--soak-chunk-ms",
-        type=float,
-        default=SOAK_CHUNK_MS,
-        help=f"load between two checks of the stop conditions (default {SOAK_CHUNK_MS:g} ms)",
-    )
-    p.add_argument(
-        "--soak-load-edge",
-        type=int,
-        default=None,
-        help="edge of the soak's bf16 load cube (default: the compute cube, 256 with --small)",
-    )
-    p.add_argument("--seed", type=int, default=1234)
-    p.add_argument(
-        "--cpu-threads",
-        type=int,
-        default=1,
-        help="torch threads with --device cpu (default 1: CPU runs are tests and smoke runs, "
-        "and one thread keeps them quick and steady on a shared machine)",
-    )
-    p.add_argument(
-        "--progress",
-        action="store_true",
-        help=f"after each kernel, print '{PROGRESS_PREFIX}<json>' on stderr",
-    )
+    for flag in FLAGS:
+        p.add_argument(flag.name, **flag.argparse())
     args = p.parse_args(list(argv))
     if args.suite is None:
         args.suite = "default" if args.soak_seconds is None else "hot"
@@ -472,32 +267,16 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     ):
         if getattr(args, name) is None:
             setattr(args, name, getattr(suite, name))
-    if args.warmup < 0 or (args.iters is not None and args.iters < 1):
-        raise UsageError("--warmup must be >= 0 and --iters >= 1")
+    for flag in FLAGS:  # each flag's minimum, from the table
+        flag.check(getattr(args, flag.dest))
     if not 0.0 <= args.busy_utilization <= 1.0:
         raise UsageError("--busy-utilization must be within 0..1")
-    if args.budget_seconds <= 0:
-        raise UsageError("--budget-seconds must be positive")
     if not 0.0 < args.budget_fraction <= 1.0:
         raise UsageError("--budget-fraction must be within (0, 1]")
-    if args.min_batch_ms < 0 or not math.isfinite(args.min_batch_ms):
-        raise UsageError("--min-batch-ms must be >= 0")
-    if args.min_iters < 1 or args.max_iters < args.min_iters:
-        raise UsageError("--min-iters must be >= 1 and --max-iters >= --min-iters")
-    if args.rounds < 1:
-        raise UsageError("--rounds must be >= 1")
-    if args.soak_seconds is not None and not args.soak_seconds > 0:
-        raise UsageError("--soak-seconds must be positive")
-    if not args.window_seconds > 0 or args.soak_chunk_ms <= 0 or args.soak_margin_celsius < 0:
-        raise UsageError(
-            "--window-seconds and --soak-chunk-ms must be positive, --soak-margin-celsius >= 0"
-        )
-    if args.soak_load_edge is not None and args.soak_load_edge < 1:
-        raise UsageError("--soak-load-edge must be >= 1")
-    if args.transfer_small_copies < 1 or args.transfer_large_copies < 1:
-        raise UsageError("--transfer-small-copies and --transfer-large-copies must be >= 1")
-    if args.launch_us < 0 or args.max_prequeue_ms < 0 or args.spinup_ms < 0:
-        raise UsageError("--launch-us, --max-prequeue-ms and --spinup-ms must be >= 0")
+    if not math.isfinite(args.min_batch_ms):
+        raise UsageError("--min-batch-ms must be finite")
+    if args.max_iters < args.min_iters:
+        raise UsageError("--max-iters must be >= --min-iters")
     args.kind_weights = parse_kind_values(args.kind_weights, KIND_WEIGHTS, "--kind-weights")
     args.warmup_ms = parse_kind_values(args.warmup_ms, dict(suite.warmup_ms), "--warmup-ms")
     return args
@@ -1306,6 +1085,10 @@ class DtypeSpec:
     beta_variant: also probe the compute shape with beta=1 (C = A B + C)
     matmul_precision: torch float32 matmul precision the kernel runs under, if any
     rejection_is_unsupported: a young API, whose rejected calls count as unsupported
+    unit: what its throughput is counted in, 2*M*N*K operations a second either way: TFLOPS,
+        or TOPS for the integer dtypes (int8's integer multiply; int4 is weight-only, its
+        multiply runs in bf16 after dequantisation, and is still counted as an integer dtype,
+        as the public metric contract says). Every renderer and docs/metrics.md read it here.
     """
 
     error_bound: float
@@ -1316,6 +1099,7 @@ class DtypeSpec:
     beta_variant: bool = False
     matmul_precision: str | None = None
     rejection_is_unsupported: bool = False
+    unit: str = "TFLOPS"
 
 
 DTYPES: dict[str, DtypeSpec] = {
@@ -1323,13 +1107,20 @@ DTYPES: dict[str, DtypeSpec] = {
     "fp16": DtypeSpec(2e-2, (1,), _gate_any, _prepare_float("float16")),
     "tf32": DtypeSpec(5e-3, (1,), _gate_tf32, _prepare_float("float32"), matmul_precision="high"),
     "fp8": DtypeSpec(5e-2, (1, 16, 32), _gate_fp8, _prepare_fp8),
-    "int8": DtypeSpec(0.0, (1, 16, 32), _gate_int8, _prepare_int8),  # int32 sums are exact
-    "int4": DtypeSpec(2e-2, (1,), _gate_int4, _prepare_int4, compute_edge=_int4_edge),
+    "int8": DtypeSpec(0.0, (1, 16, 32), _gate_int8, _prepare_int8, unit="TOPS"),  # exact sums
+    "int4": DtypeSpec(2e-2, (1,), _gate_int4, _prepare_int4, compute_edge=_int4_edge, unit="TOPS"),
     "nvfp4": DtypeSpec(
         2.5e-1, (1, 16, 32, 128), _gate_nvfp4, _prepare_nvfp4, rejection_is_unsupported=True
     ),
 }
 ALL_DTYPES = tuple(DTYPES)
+
+
+def throughput_unit(dtype: str) -> str:
+    """``TOPS`` or ``TFLOPS`` for a dtype (DtypeSpec.unit); TFLOPS for one this worker does not
+    know (a document of another version)."""
+    spec = DTYPES.get(dtype)
+    return spec.unit if spec is not None else "TFLOPS"
 
 
 # --------------------------------------------------------------------------
@@ -1412,6 +1203,214 @@ SUITES: dict[str, SuiteSpec] = {
         min_batch_ms=MIN_BATCH_MS,
     ),
 }
+
+
+# --------------------------------------------------------------------------
+# the command line, declared once: parse_args builds its options from FLAGS, sparkdiag's
+# WorkerRequest.argv (probe/request.py) writes them (a field per flag, named Flag.field), and
+# flags.worker_options (sparkdiag/flags.py) makes the click flags of those a command exposes.
+
+BUSY_UTILIZATION = 0.10  # sparkdiag's probe.busy-utilization default (a test holds them equal)
+
+
+def _per_suite(name: str) -> str:
+    """'per suite: default 10; hot 1; check 10' from SUITES."""
+
+    def text(value: Any) -> str:
+        if isinstance(value, bool):
+            return "on" if value else "off"
+        if isinstance(value, tuple):
+            return ",".join(f"{k}={v:g}" for k, v in value)
+        return f"{value:g}" if isinstance(value, float) else str(value)
+
+    return "per suite: " + "; ".join(
+        f"{suite} {text(getattr(spec, name))}" for suite, spec in SUITES.items()
+    )
+
+
+@dataclass(frozen=True)
+class Flag:
+    """One flag of the worker.
+
+    kind: int, float, text, choice, switch (present or not) or toggle (--x and --no-x)
+    help: what it does, one sentence (shown by the worker and by sparkdiag's flags)
+    default: the worker's own default (None: the suite's, or "not given")
+    default_help: how the worker's --help states that default
+    cli_default: how a sparkdiag command that exposes the flag states it, when the command
+        sets none of its own
+    repeat: given once per value (argparse ``append``); its request field is plural
+    minimum, above: the smallest value allowed (``above``: the value must exceed it)
+    """
+
+    name: str
+    kind: str
+    help: str
+    default: Any = None
+    default_help: str = ""
+    cli_default: str = ""
+    repeat: bool = False
+    choices: tuple[str, ...] = ()
+    metavar: str | None = None
+    minimum: float | None = None
+    above: bool = False
+
+    @property
+    def dest(self) -> str:
+        """The argparse attribute: ``--exclude-pid`` -> ``exclude_pid``."""
+        return self.name[2:].replace("-", "_")
+
+    @property
+    def field(self) -> str:
+        """The WorkerRequest field and the click parameter: plural for a repeated flag."""
+        return self.dest + ("s" if self.repeat else "")
+
+    def argparse(self) -> dict[str, Any]:
+        """The keyword arguments of ``ArgumentParser.add_argument`` for this flag."""
+        shown = f" ({self.default_help})" if self.default_help else ""
+        kwargs: dict[str, Any] = {"help": self.help + shown, "default": self.default}
+        if self.kind == "switch":
+            kwargs.update(action="store_true", default=bool(self.default))
+        elif self.kind == "toggle":
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = {"int": int, "float": float}.get(self.kind, str)
+            if self.repeat:
+                kwargs["action"] = "append"
+        if self.choices:
+            kwargs["choices"] = self.choices
+        if self.metavar:
+            kwargs["metavar"] = self.metavar
+        return kwargs
+
+    def argv(self, value: Any) -> list[str]:
+        """The arguments that give this flag ``value`` (None, False or () leave it out)."""
+        if self.repeat:
+            return [part for item in value for part in (self.name, _argument(item))]
+        if self.kind == "switch":
+            return [self.name] if value else []
+        if value is None:
+            return []
+        if self.kind == "toggle":
+            return [self.name if value else "--no-" + self.name[2:]]
+        return [self.name, _argument(value)]
+
+    def check(self, value: Any) -> None:
+        """UsageError when a given number is below its minimum."""
+        if self.minimum is None or value is None:
+            return
+        for item in value if self.repeat else [value]:
+            if not (item > self.minimum if self.above else item >= self.minimum):  # NaN too
+                need = "more than" if self.above else "at least"
+                raise UsageError(f"{self.name} must be {need} {self.minimum:g}")
+
+
+def _argument(value: Any) -> str:
+    """A number as text that reads back to the same value (``2`` for 2.0, ``0.1``)."""
+    if isinstance(value, float):
+        text = f"{value:g}"
+        return text if float(text) == value else repr(value)
+    return str(value)
+
+
+FLAGS: tuple[Flag, ...] = (
+    Flag("--device", "text", "cuda:N or cpu.", default_help="default: cuda if available",
+         cli_default="each GPU in turn, or cuda:0"),
+    Flag("--suite", "choice", "default: every dtype at the compute, LLM and decode shapes, "
+         "device copy and host-device copies (the periodic probe); hot: decode and LLM shapes "
+         "of int4, bf16, fp16, fp8, nvfp4 within ~100 ms, no spin-up, even on a busy GPU; "
+         "check: bf16, fp16 and int4 for sparkdiag check.",
+         default_help="default: default, hot with --soak-seconds",
+         choices=("default", "hot", "check")),
+    Flag("--dtype", "text", "Dtype(s) to probe, repeatable or comma separated: "
+         + ",".join(ALL_DTYPES) + ", or all.", default_help="default: the suite's",
+         cli_default="all the GPU supports", repeat=True),
+    Flag("--shape", "text", "Only these shapes, repeatable.", metavar="MxNxK",
+         default_help="default: the suite's, sized to the GPU",
+         cli_default="the suite sized to the GPU", repeat=True),
+    Flag("--warmup", "int", "Warm-up iterations per kernel.", default_help=_per_suite("warmup"),
+         minimum=0),
+    Flag("--warmup-ms", "text", "Also warm up each kernel for at least this much GPU time, for "
+         "every kind or per kind (compute, llm, decode, bandwidth).",
+         default_help=_per_suite("warmup_ms"), metavar="MS|KIND=MS,..."),
+    Flag("--spinup-ms", "float", "GPU time of untimed matmuls before the first kernel, to bring "
+         "clocks up from idle, and before a soak's cold window (0 to skip).",
+         default_help=f"{_per_suite('spinup_ms')}; a soak {SUITES['default'].spinup_ms:g}",
+         minimum=0),
+    Flag("--iters", "int", "Timed iterations per kernel.", cli_default="sized to the budget",
+         default_help="default: sized to the budget", minimum=1),
+    Flag("--min-iters", "int", "Fewest timed iterations of a kernel sized to the budget.",
+         default_help=_per_suite("min_iters"), minimum=1),
+    Flag("--graphs", "toggle", "On a GPU, time each decode batch as one CUDA graph replay, so "
+         "that kernels shorter than their launch run back to back (peak and the median then "
+         "come from an event-timed batch of at most "
+         f"{PEAK_BATCH_ITERS} iterations beside it).", default=True, default_help="default on"),
+    Flag("--min-batch-ms", "float", "On a GPU, time at least this long per kernel and round, so "
+         "that a batch spans more than one time slice of a shared GPU; 0 to size by the budget "
+         "alone.", default_help=_per_suite("min_batch_ms"), metavar="MS", minimum=0),
+    Flag("--max-iters", "int", "Most timed iterations of a kernel sized to the budget.",
+         default=MAX_ITERS, default_help=f"default {MAX_ITERS}"),
+    Flag("--rounds", "int", "Interleaved rounds in which kernels timed together (the decode "
+         "shapes of the hot and check suites) are timed.", default_help=_per_suite("rounds"),
+         minimum=1),
+    Flag("--order", "choice", "dtype: each dtype's shapes together; kind: every compute shape, "
+         "then the LLM shapes, then the decode shapes.", default="dtype",
+         default_help="default dtype", choices=("dtype", "kind")),
+    Flag("--kind-weights", "text", "Share of the budget per kernel kind.",
+         default_help="default " + ",".join(f"{k}={v:g}" for k, v in KIND_WEIGHTS.items()),
+         metavar="W|KIND=W,..."),
+    Flag("--budget-fraction", "float", "Part of --budget-seconds the iteration counts are "
+         "planned for, the rest is headroom for warm-ups and minimum counts.",
+         default=BUDGET_PLANNING_FRACTION, default_help=f"default {BUDGET_PLANNING_FRACTION:g}"),
+    Flag("--launch-us", "float", "CPU microseconds to enqueue one iteration, assumed until "
+         "measured: sizes the sleep that holds the GPU while a batch is enqueued.",
+         default=LAUNCH_US, default_help=f"default {LAUNCH_US:g}", minimum=0),
+    Flag("--max-prequeue-ms", "float", "Longest the GPU is held while a batch is enqueued; 0 "
+         "disables the hold.", default=MAX_PREQUEUE_MS,
+         default_help=f"default {MAX_PREQUEUE_MS:g}", minimum=0),
+    Flag("--probe-when", "choice", "idle: skip a GPU another process computes on; always: run "
+         "anyway.", default_help=_per_suite("probe_when"), choices=("idle", "always")),
+    Flag("--busy-utilization", "float", "GPU utilization (0..1) above which the GPU counts as "
+         "busy.", default=BUSY_UTILIZATION, default_help=f"default {BUSY_UTILIZATION:g}",
+         minimum=0),
+    Flag("--exclude-pid", "int", "A process of the caller's (its probe), never counted as "
+         "another one on the GPU; repeatable.", default=[], repeat=True),
+    Flag("--small", "switch", "Tiny shapes (CPU, CI, smoke tests)."),
+    Flag("--budget-seconds", "float", "GPU-busy time budget of the cycle, in seconds.",
+         default_help=_per_suite("budget_seconds"), cli_default="2, the worker's",
+         minimum=0, above=True),
+    Flag("--bandwidth", "toggle", "The device-to-device copy.",
+         default_help=_per_suite("bandwidth")),
+    Flag("--transfers", "toggle", "Host-device copies: pinned and pageable, small and large, "
+         "both directions.", default_help=_per_suite("transfers")),
+    Flag("--transfer-small-copies", "int", f"Timed {TRANSFER_SMALL_BYTES // 1024} KiB copies "
+         "per direction and memory.", default=TRANSFER_SMALL_COPIES,
+         default_help=f"default {TRANSFER_SMALL_COPIES}", minimum=1),
+    Flag("--transfer-large-copies", "int", f"Timed {TRANSFER_LARGE_BYTES // 1024**2} MiB copies "
+         "per direction and memory.", default=TRANSFER_LARGE_COPIES,
+         default_help=f"default {TRANSFER_LARGE_COPIES}", minimum=1),
+    Flag("--soak-seconds", "float", "Soak instead of one cycle: sustained bf16 matmuls for this "
+         "long, with a measurement window of the hot suite's kernels before and every "
+         "--window-seconds.", minimum=0, above=True),
+    Flag("--window-seconds", "float", "Seconds between two soak measurement windows.",
+         default=SOAK_WINDOW_SECONDS, default_help=f"default {SOAK_WINDOW_SECONDS:g}",
+         minimum=0, above=True),
+    Flag("--soak-margin-celsius", "float", "Stop the soak this far below the GPU's slowdown "
+         "threshold and the memory's maximum temperature.", default=SOAK_MARGIN_CELSIUS,
+         default_help=f"default {SOAK_MARGIN_CELSIUS:g}", minimum=0),
+    Flag("--soak-chunk-ms", "float", "Load between two checks of the stop conditions.",
+         default=SOAK_CHUNK_MS, default_help=f"default {SOAK_CHUNK_MS:g} ms", minimum=0,
+         above=True),
+    Flag("--soak-load-edge", "int", "Edge of the soak's bf16 load cube.",
+         default_help="default: the compute cube, 256 with --small", minimum=1),
+    Flag("--seed", "int", "Seed of the random inputs.", default=1234,
+         default_help="default 1234"),
+    Flag("--cpu-threads", "int", "Torch threads with --device cpu.", default=1,
+         default_help="default 1: CPU runs are tests and smoke runs, and one thread keeps them "
+         "quick and steady on a shared machine"),
+    Flag("--progress", "switch", f"After each kernel, print '{PROGRESS_PREFIX}<json>' on "
+         "stderr."),
+)  # fmt: skip
+FLAGS_BY_NAME = {flag.name: flag for flag in FLAGS}
 
 
 def order_by_kind(specs: Sequence[KernelSpec]) -> list[KernelSpec]:
@@ -1775,7 +1774,7 @@ def plan_suite(
 def _result(spec: KernelSpec, m: int, status: str, reason: str | None) -> dict[str, Any]:
     """A kernel's entry in the document; the figures stay None unless it was timed.
 
-    delivered: TFLOPS (TOPS for int8) over the timed batch's total time, gaps included
+    delivered: TFLOPS (TOPS for integer dtypes) over the timed batch's total time, gaps included
     peak: TFLOPS (TOPS) from the median iteration time
     total_ms: the timed batches' total elapsed time; gaps_ms: the part of it between iterations
     queued_ahead: every timed batch was enqueued before the GPU began it (CUDA), else None

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from sparkdiag.baseline.keeper import StoreKeeper
+from sparkdiag.config import DEFAULTS
 from sparkdiag.probe.launchers import Launcher
 from sparkdiag.scheduling.probe_state import CycleRecord, ProbeState
 from sparkdiag.scheduling.scheduler import GpuLocks, RunningWorkers, record_cycle
@@ -44,13 +45,14 @@ THERMAL_MASK = reasons_mask(THERMAL_REASONS)
 
 @dataclass(frozen=True)
 class HotLimits:
-    """When a GPU counts as hot, and how often it is probed then (seconds)."""
+    """When a GPU counts as hot, and how often it is probed then (seconds); the defaults are the
+    settings' (config.OPTIONS: probe.hot-memory-celsius, ...)."""
 
-    memory_celsius: float = 80.0
-    gpu_celsius: float = 85.0
-    interval: float = 120.0
-    min_interval: float = 60.0
-    busy_utilization: float = 0.10
+    memory_celsius: float = DEFAULTS["probe_hot_memory_celsius"]
+    gpu_celsius: float = DEFAULTS["probe_hot_gpu_celsius"]
+    interval: float = DEFAULTS["probe_hot_interval"]
+    min_interval: float = DEFAULTS["probe_hot_min_interval"]
+    busy_utilization: float = DEFAULTS["probe_busy_utilization"]
 
 
 def heat(gpu: GpuSample, limits: HotLimits) -> tuple[bool, bool]:

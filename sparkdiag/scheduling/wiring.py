@@ -11,7 +11,12 @@ from sparkdiag.baseline.keeper import StoreKeeper
 from sparkdiag.baseline.store import open_store
 from sparkdiag.compare.container_probe import ContainerLauncher
 from sparkdiag.config import ConfigError, Settings
-from sparkdiag.probe.launchers import FixtureLauncher, Launcher, WorkerLauncher
+from sparkdiag.probe.launchers import (
+    FixtureLauncher,
+    Launcher,
+    ProbeFixtureError,
+    WorkerLauncher,
+)
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.scheduling.hot_probe import HotLimits, HotProbeScheduler
 from sparkdiag.scheduling.probe_state import ProbeState
@@ -26,7 +31,8 @@ def build_schedulers(
 ) -> list[ProbeScheduler | HotProbeScheduler]:
     """The daemon's probe schedulers (the periodic probe, its hot probe, and the container
     probe when configured), each with one log line saying why it does not run. They share one
-    baseline store and one lock per GPU. A bad probe setting raises ConfigError."""
+    baseline store and one lock per GPU. A bad probe setting raises ConfigError (an unusable
+    probe fixture ProbeFixtureError)."""
     locks = GpuLocks()
     native = _native(settings, poller, state, locks)
     store = native.store if native else None
@@ -46,10 +52,7 @@ def _native(
         return None
     launcher: Launcher
     if settings.probe_fixture is not None:
-        try:
-            launcher = FixtureLauncher(settings.probe_fixture)
-        except ValueError as exc:
-            raise ConfigError(f"probe.fixture: {exc}") from None
+        launcher = FixtureLauncher(settings.probe_fixture)  # ProbeFixtureError: exit 2
     else:
         python = settings.probe_python or (sys.executable,)
         if settings.probe_python is None and importlib.util.find_spec("torch") is None:
@@ -94,7 +97,7 @@ def _hot(
     if settings.probe_fixture is not None:
         try:
             launcher = FixtureLauncher(settings.probe_fixture, suite="hot")
-        except ValueError:
+        except ProbeFixtureError:
             log.info("the probe fixture holds no hot-suite cycle: hot probes skipped")
             return None
     else:

@@ -3,6 +3,7 @@ stopped, in one line."""
 
 from __future__ import annotations
 
+from sparkdiag.probe.worker import throughput_unit
 from sparkdiag.soak.model import GpuSoak, SoakReport
 from sparkdiag.soak.verdict import FALL_FRACTION, Sensor, Verdict
 
@@ -23,7 +24,7 @@ def celsius(value: float | None, sensor: Sensor | str | None) -> str:
 def unit(dtype: str) -> str:
     if "/" in dtype:
         return ""  # a ratio
-    return "TOPS" if dtype == "int8" else "TFLOPS"
+    return throughput_unit(dtype)
 
 
 def figure(value: float | None) -> str:

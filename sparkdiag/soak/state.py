@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Literal
 
+from sparkdiag.errors import SparkdiagError
 from sparkdiag.jsonvalues import as_float, as_str
 from sparkdiag.soak.verdict import KernelFigures, Verdict
 from sparkdiag.statedir import StateDirError, ensure_state_directory, state_directory
@@ -32,14 +33,14 @@ SCHEMA = "sparkdiag-soak-state/1"
 MAX_BYTES = 1 << 20  # a few KiB per GPU; read no more than this
 
 
-class SoakStateError(Exception):
+class SoakStateError(SparkdiagError):
     """The state file cannot be read or written; the message names the path and why."""
 
 
 @dataclass(frozen=True)
 class KernelState(KernelFigures):
     """One kernel's verdict (see :class:`sparkdiag.soak.verdict.Verdict`); TFLOPS (TOPS for
-    int8), temperatures in °C on the entry's ``sensor``."""
+    integer dtypes), temperatures in °C on the entry's ``sensor``."""
 
     max_celsius: float | None = None
 

@@ -67,7 +67,8 @@ class Verdict(KernelFigures):
 
     status: held (never below FALL_FRACTION of cold under load), fell, no-cold (no cold
         measurement to compare with), no-load (no window under load), unsupported (never measured)
-    cold: delivered in the cold window (TFLOPS; TOPS for int8; a plain number for a ratio)
+    cold: delivered in the cold window (TFLOPS, or TOPS for integer dtypes; a plain number for a
+        ratio)
     hottest: delivered in the hottest window that measured it, at ``hottest_celsius``
     lowest_fraction: the lowest delivered / cold over the windows under load
     fell_fraction, fell_celsius, fell_elapsed: the first window under load below FALL_FRACTION

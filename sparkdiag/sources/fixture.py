@@ -44,6 +44,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sparkdiag.errors import UsageError
 from sparkdiag.sources.files import read_limited
 from sparkdiag.sources.nvml_api import (
     ANSWER_SHAPES,
@@ -63,8 +64,10 @@ MAX_FIXTURE_BYTES = 16 * 1024 * 1024  # recorded 8-GPU fixtures are ~100 KB
 _MAX_BASE_DEPTH = 8
 
 
-class FixtureError(ValueError):
+class FixtureError(UsageError, ValueError):
     """A fixture file cannot be used; the message names the file and what is wrong."""
+
+    flag = "--nvml-fixture"
 
 
 def _valid_keys() -> set[str]:

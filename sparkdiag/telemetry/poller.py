@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from types import MappingProxyType
 
+from sparkdiag.config import DEFAULTS
 from sparkdiag.snapshot import (
     CollectorStatus,
     ExecutionContext,
@@ -37,8 +38,8 @@ class Poller:
         read_pcie: Callable[[], tuple[PcieLink, ...]] | None,
         read_host: Callable[[], HostSample] | None,
         context: ExecutionContext | None,
-        interval: float = 1.0,
-        pcie_interval: float = 10.0,
+        interval: float = DEFAULTS["poll_interval"],
+        pcie_interval: float = DEFAULTS["pcie_interval"],
         excluded_pids: Callable[[], frozenset[int]] = frozenset,
         clock: Callable[[], float] = time.time,
         platform: PlatformIdentity | None = None,

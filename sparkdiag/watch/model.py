@@ -10,6 +10,8 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from sparkdiag.errors import UsageError
+
 SCHEMA = "sparkdiag-watch-recording/1"
 
 
@@ -126,8 +128,10 @@ class Recording:
         path.write_text(json.dumps(self.to_json(), separators=(",", ":")) + "\n", "utf-8")
 
 
-class RecordingError(ValueError):
+class RecordingError(UsageError, ValueError):
     """A recording file cannot be read; the message says which and why."""
+
+    flag = "--replay"
 
 
 def _build(cls: Any, data: Any) -> Any:

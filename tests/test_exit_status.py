@@ -1,0 +1,148 @@
+"""The exit status of every command, from the one table (sparkdiag.errors.Exit), through the
+command group as a user runs it: a usage error is 2 with one line naming what is wrong, the work
+that cannot be done 3, "look at it" 1, and each command's own meanings (README, --help)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from sparkdiag.check.gather import Sources
+from sparkdiag.check.model import KernelLog
+from sparkdiag.cli import main
+from sparkdiag.errors import Exit
+from sparkdiag.probe.worker import SCHEMA
+from tests.support import NVML, PROBE, ROOT, ROOTFS, SYSFS
+from tests.support.check import GOOD_TORCH, never_launch, nvml_fixture
+
+IDLE = str(NVML / "h200-idle.json")
+NO_NVML = str(NVML / "no-nvml.json")
+RECORDING = ROOT / "docs" / "device" / "2026-12-01" / "part-c" / "healthy.recording.json"
+QUIET = Sources(launcher=never_launch, torch=GOOD_TORCH, kernel_log=KernelLog((), "test"))
+
+Args = Callable[[Path], list[str]]
+
+
+def _check(tmp: Path, fixture: str = IDLE, rootfs: str = "native") -> list[str]:
+    sysfs = tmp / "sysfs"
+    shutil.copytree(SYSFS / "h200-vm", sysfs, symlinks=True)
+    for n in range(2):  # the CPUs on the performance governor, so that nothing warns
+        governor = sysfs / "devices" / "system" / "cpu" / f"cpu{n}" / "cpufreq"
+        governor.mkdir(parents=True)
+        (governor / "scaling_governor").write_text("performance\n")
+    return ["check", "--quick", "--nvml-fixture", fixture, "--path.sysfs", str(sysfs),
+            "--path.rootfs", str(ROOTFS / rootfs), "--state-dir", str(tmp / "state")]  # fmt: skip
+
+
+def _probe_fixture(tmp: Path, status: str) -> str:
+    path = tmp / f"{status}.json"
+    doc = {"schema": SCHEMA, "status": status, "reason": f"a {status} cycle", "results": []}
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def _probe(tmp: Path, fixture: str) -> list[str]:
+    return ["probe", "--nvml-fixture", IDLE, "--probe.fixture", fixture, "--state-dir",
+            str(tmp / "state")]  # fmt: skip
+
+
+def _config(tmp: Path, text: str) -> list[str]:
+    path = tmp / "config.toml"
+    path.write_text(text)
+    return ["config", "check", str(path)]
+
+
+def _assets_twice(tmp: Path) -> list[str]:
+    assert CliRunner().invoke(main, ["assets", str(tmp / "out")]).exit_code == 0
+    return ["assets", str(tmp / "out")]
+
+
+def _store(tmp: Path) -> list[str]:
+    state = tmp / "state"
+    assert CliRunner().invoke(main, _probe(tmp, str(PROBE / "h200-default.json"))).exit_code == 0
+    return ["--state-dir", str(state)]
+
+
+CASES: list[tuple[str, Args, int, str]] = [
+    # serve: 0 a clean stop (tests/test_lifecycle.py), 1 cannot start (port in use:
+    # tests/test_cli.py runs it as a process), 2 configuration or usage error
+    ("serve usage", lambda t: ["serve", "--poll-interval", "0"], Exit.USAGE, "poll-interval"),
+    ("serve config", lambda t: ["serve", "--config", str(t / "none.toml")], Exit.USAGE,
+     "cannot read configuration"),
+    ("dump ok", lambda t: ["dump", "--nvml-fixture", IDLE, "--path.sysfs", str(SYSFS / "h200-vm")],
+     Exit.OK, ""),
+    ("dump bad fixture", lambda t: ["dump", "--nvml-fixture", str(t / "none.json")], Exit.USAGE,
+     "Invalid value for '--nvml-fixture'"),
+    ("record-fixture ok", lambda t: ["record-fixture", str(t / "x.json"), "--nvml-fixture", IDLE],
+     Exit.OK, ""),
+    ("record-fixture no nvml",
+     lambda t: ["record-fixture", str(t / "x.json"), "--nvml-fixture", NO_NVML], Exit.FAILED,
+     "cannot record: NVML is unavailable"),
+    ("config ok", lambda t: _config(t, "poll-interval = 2.0\n"), Exit.OK, ""),
+    ("config bad key", lambda t: _config(t, "poll-intervall = 2.0\n"), Exit.USAGE,
+     "unknown key"),
+    ("check pass", lambda t: _check(t), Exit.OK, ""),
+    ("check warn", lambda t: _check(t, rootfs="docker"), Exit.ATTENTION, ""),
+    ("check fail", lambda t: _check(t, str(nvml_fixture(t, set={"memory_temperature": 91.0}))),
+     Exit.FAILED, ""),
+    ("check usage", lambda t: ["check", "--probe.fixture", str(t / "none.json")], Exit.USAGE,
+     "Invalid value for '--probe.fixture'"),
+    ("probe ok", lambda t: _probe(t, str(PROBE / "h200-default.json")), Exit.OK, ""),
+    ("probe busy", lambda t: _probe(t, _probe_fixture(t, "skipped_busy")), Exit.ATTENTION, ""),
+    ("probe error", lambda t: _probe(t, _probe_fixture(t, "error")), Exit.FAILED, ""),
+    ("probe usage", lambda t: ["probe", "--nvml-fixture", IDLE, "--gpu", "3"], Exit.USAGE,
+     "no GPU with index 3 (NVML sees: 0)"),
+    ("bench usage", lambda t: ["bench", "--m", "0"], Exit.USAGE, "START:STOP:STEP"),
+    ("compare usage", lambda t: ["compare", "--max-gap", "2"], Exit.USAGE, "[0, 1)"),
+    ("baseline show", lambda t: ["baseline", "show", *_store(t)], Exit.OK, ""),
+    ("baseline show no store", lambda t: ["baseline", "show", "--state-dir", str(t)],
+     Exit.FAILED, "no baselines yet"),
+    ("baseline pin no match", lambda t: ["baseline", "pin", *_store(t)], Exit.USAGE,
+     "no baseline matches"),  # one probe teaches none (three do: test_probe_commands.py)
+    ("baseline reset usage", lambda t: ["baseline", "reset", "--state-dir", str(t)], Exit.USAGE,
+     "--all to reset everything"),
+    ("assets ok", lambda t: ["assets", str(t / "out")], Exit.OK, ""),
+    ("assets exists", _assets_twice, Exit.USAGE, "(pass --force)"),
+    ("assets bad label", lambda t: ["assets", "--kubernetes", "--label", "x", str(t)],
+     Exit.USAGE, "is not KEY=VALUE"),
+    ("watch replay", lambda t: ["watch", "--replay", str(RECORDING)], Exit.OK, ""),
+    ("watch usage", lambda t: ["watch"], Exit.USAGE, "give exactly one of"),
+    ("watch bad recording", lambda t: ["watch", "--replay", str(t / "none.json")], Exit.USAGE,
+     "Invalid value for '--replay'"),
+    ("watch passes the job's own", lambda t: ["watch", "--nvml-fixture", IDLE, "--interval",
+     "0.05", "--", "sh", "-c", "exit 7"], 7, ""),
+    ("soak usage", lambda t: ["soak", "--gpu", "x"], Exit.USAGE, "is not a GPU index"),
+    ("soak no gpu", lambda t: ["soak", "--nvml-fixture", NO_NVML], Exit.ATTENTION,
+     "no GPU to soak"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "status", "needle"),
+    [pytest.param(args, status, needle, id=name) for name, args, status, needle in CASES],
+)
+def test_exit_status(tmp_path: Path, args: Args, status: int, needle: str) -> None:
+    result = CliRunner().invoke(main, args(tmp_path), obj=QUIET)
+    assert result.exit_code == status, result.output
+    assert needle in result.output
+    assert "Traceback" not in result.output
+    if status == Exit.USAGE and "Usage:" not in result.output:  # raised below click's parsing
+        assert result.output.startswith("Error: ") and result.output.count("\n") == 1
+
+
+def test_every_command_is_covered() -> None:
+    """A new command gets its rows here: every registered command appears in CASES."""
+    named = {name.split()[0] for name, *_ in CASES}
+    assert named == set(main.commands)
+
+
+def test_every_help_states_its_exit_statuses() -> None:
+    runner = CliRunner()
+    for name in main.commands:
+        shown = runner.invoke(main, [name, "--help"]).output
+        assert "Exit status" in shown or "exit 2" in shown, name
