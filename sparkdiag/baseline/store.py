@@ -390,6 +390,35 @@ class BaselineStore:
             _upsert(conn, learned)
             return learned
 
+    def learning(self, baseline: Baseline | None) -> bool:
+        """Whether runs still teach this baseline: none yet, or learned from fewer than
+        ``learn_runs`` healthy runs (a pinned or frozen baseline is not learning)."""
+        return baseline is None or (
+            baseline.source == "learned" and baseline.runs < self.learn_runs
+        )
+
+    def latest_runs(self, gpu_uuid: str | None = None) -> builtins.list[RunRecord]:
+        """The most recent run of every key (of one GPU when ``gpu_uuid`` is given), by key."""
+        where, params = filters(gpu_uuid=gpu_uuid)
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT id, {KEY_LIST}, tflops, healthy, at, conditions FROM runs WHERE id IN "
+                f"(SELECT max(id) FROM runs{where} GROUP BY {KEY_LIST}) ORDER BY {KEY_LIST}",
+                params,
+            ).fetchall()
+        width = len(KEY_COLUMNS)
+        return [
+            RunRecord(
+                id=int(row[0]),
+                key=BaselineKey(*(str(v) for v in row[1 : 1 + width])),
+                tflops=float(row[1 + width]),
+                healthy=bool(row[2 + width]),
+                at=float(row[3 + width]),
+                conditions=conditions_from_json(row[4 + width]),
+            )
+            for row in rows
+        ]
+
     def pin(self, key: BaselineKey, tflops: float, note: str = "") -> Baseline:
         """Set the key's baseline to ``tflops`` (TFLOPS); later runs never move it."""
         _check_key(key)
