@@ -175,8 +175,18 @@ class Node:
 
 
 def _uuid(scenario: str) -> str:
+    return scenario_uuids(scenario)[0]
+
+
+def scenario_uuids(scenario: str) -> list[str]:
     doc = json.loads((SCENARIOS / f"{scenario}.json").read_text(encoding="utf-8"))
-    return str(doc["devices"][0]["set"]["uuid"])
+    return [str(device["set"]["uuid"]) for device in doc["devices"]]
+
+
+# Every dtype the worker probes: a factor on all of them slows a GPU at every kernel.
+ALL_DTYPES = ("bf16", "fp16", "tf32", "fp8", "int8", "int4", "nvfp4")
+# The GPU of node slower-than-peers that delivers 0.9 of its three neighbours.
+SLOWER_GPU = 2
 
 
 def fleet_nodes(workdir: Path) -> list[Node]:
@@ -260,6 +270,20 @@ def fleet_nodes(workdir: Path) -> list[Node]:
         ),
     ]
 
+    # slower-than-peers: four H200s in one node, GPU 2 delivering 0.9 of the others at every
+    # kernel from its first cycle (each GPU replays the cycles that name its uuid). Among the
+    # fleet's nine probed native H200s its hour median is 10 % below the group's median:
+    # SparkdiagGpuSlowerThanPeers for that GPU alone. In its node it has peers, so its learning
+    # baseline is held (far below them and below 0.85 of the bf16 MAMF): no GemmDegraded.
+    slower = scenario_uuids("slower-than-peers")
+    slower_cycles = [
+        cycle
+        for i, uuid in enumerate(slower)
+        for cycle in healthy_cycles(
+            uuid, dict.fromkeys(ALL_DTYPES, 0.9) if i == SLOWER_GPU else None
+        )
+    ]
+
     # container-gap: the container reaches 0.6 of native for bf16 and fp16 (every shape), the
     # same as native for the other dtypes. 0.6 of the recorded bf16 is still above half the
     # published H200 MAMF, so the container learns its own baseline from these runs and its
@@ -302,6 +326,7 @@ def fleet_nodes(workdir: Path) -> list[Node]:
                 "SparkdiagInt4SlowerThanFp16",  # int4 decode at 0.5 falls below fp16 and bf16
                 "SparkdiagGpuMemoryTemperatureHigh",
                 "SparkdiagGpuThermalThrottling",
+                "SparkdiagGpuSlowerThanPeers",  # int4 at half of the other H200s' (the fleet's)
             },
             "HBM ramps to 91 °C with sw thermal slowdown; int4 probes at 0.5 of baseline",
         ),
@@ -312,6 +337,13 @@ def fleet_nodes(workdir: Path) -> list[Node]:
             "the same heat as thermal-int4 and a competing process: the hot probe's delivered "
             "decode figures fall unevenly (int4/bf16 delivered 0.66 of cool), their median "
             "iterations hold, so int4 against bf16/fp16 holds: hot, not thermally degraded",
+        ),
+        node(
+            "slower-than-peers", SCENARIOS / "slower-than-peers.json", "h200-vm", "native",
+            slower_cycles, {"SparkdiagGpuSlowerThanPeers"},
+            f"four idle H200s, GPU {SLOWER_GPU} at 0.9 of the others at every kernel: slower "
+            "than its peers in the node and in the fleet",
+            extra=("--probe.interval", "2"),  # four GPUs a cycle: half the probe rate
         ),
         node(
             "container-gap-native", SCENARIOS / "container-gap.json", "h200-vm", "native",
