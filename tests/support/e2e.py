@@ -399,6 +399,28 @@ def shortened_rules(text: str, duration: str = FOR_IN_TEST) -> str:
     return short
 
 
+def shortened_window(text: str, group: str, window: str, duration: str) -> str:
+    """The rules with every ``[WINDOW]`` range of the rules of ``group`` set to ``[DURATION]``;
+    nothing else changes (checked: the parsed rules are equal once the ranges are put back, and
+    every such range of the group changed)."""
+    doc = yaml.safe_load(text)
+    (rules,) = [g["rules"] for g in doc["groups"] if g["name"] == group]
+    assert any(f"[{window}]" in r["expr"] for r in rules), f"no [{window}] range in {group}"
+    assert f"[{duration}]" not in text
+    # replace inside the group's text only
+    start = text.index(f"- name: {group}\n")
+    end = text.find("\n  - name: ", start + 1)
+    end = len(text) if end < 0 else end
+    body = text[start:end].replace(f"[{window}]", f"[{duration}]")
+    short = text[:start] + body + text[end:]
+    changed = yaml.safe_load(short)
+    restored = yaml.safe_load(short.replace(f"[{duration}]", f"[{window}]"))
+    assert restored == doc, "only the ranges may change"
+    (after,) = [g["rules"] for g in changed["groups"] if g["name"] == group]
+    assert all(f"[{window}]" not in r["expr"] for r in after), "every range changed"
+    return short
+
+
 def rule_names(text: str) -> list[str]:
     doc = yaml.safe_load(text)
     return [r.get("alert") or r["record"] for g in doc["groups"] for r in g["rules"]]
