@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 from sparkdiag.baseline.keeper import StoreKeeper, inspect_store
 from sparkdiag.baseline.learning import Held, below_peers, below_reference
 from sparkdiag.baseline.reference import lookup
-from sparkdiag.baseline.store import BaselineStore, open_store
+from sparkdiag.baseline.store import BaselineKey, BaselineStore, open_store
 from sparkdiag.check.peer_checks import check_baseline_learning, check_peers
 from sparkdiag.exporter.peers import PeerCollector
 from sparkdiag.exporter.probe import ProbeCollector
@@ -347,3 +347,18 @@ def test_check_peers_skips_without_probes(tmp_path: Path) -> None:
     snap = snapshot("h200-x8", tmp_path)
     (row,) = check_peers(context(snap, probe_skipped="--quick: nothing that loads the GPU runs"))
     assert row.status == "skip" and "--quick" in row.finding
+
+
+def test_latest_runs_gives_each_keys_newest_run_from_the_recent_ones(tmp_path: Path) -> None:
+    store = BaselineStore(tmp_path / "b.sqlite")
+    keys = [BaselineKey(X8[0], d, "8192x8192x8192", "native", "580", "2.11", "13.0")
+            for d in ("bf16", "fp16")]  # fmt: skip
+    for n in range(3):
+        for key in keys:
+            store.record_run(key, 700.0 + n, True, at=1000.0 + n)
+    latest = store.latest_runs()
+    assert [(r.key.dtype, r.tflops) for r in latest] == [("bf16", 702.0), ("fp16", 702.0)]
+    # only the last two runs are looked at: both keys' newest are among them
+    assert [r.tflops for r in store.latest_runs(recent=2)] == [702.0, 702.0]
+    assert [r.key.dtype for r in store.latest_runs(recent=1)] == ["fp16"]
+    store.close()
