@@ -55,6 +55,7 @@ def _register() -> None:
     from sparkdiag.commands.compare import compare
     from sparkdiag.commands.configure import config
     from sparkdiag.commands.fixture import record_fixture
+    from sparkdiag.commands.fleet import fleet
     from sparkdiag.commands.probe import probe
     from sparkdiag.commands.serve import dump, serve
     from sparkdiag.commands.soak import soak
@@ -62,7 +63,7 @@ def _register() -> None:
 
     for command in (
         serve, dump, record_fixture, config, check, probe, bench, compare, baseline, assets, watch,
-        soak,
+        soak, fleet,
     ):  # fmt: skip
         main.add_command(command)
 

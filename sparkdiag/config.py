@@ -449,6 +449,124 @@ OPTIONS: tuple[Option, ...] = (
         "dashboards and alerts written for dcgm-exporter work unchanged (docs/metrics.md).",
         scopes=frozenset({"serve", "dump"}),
     ),
+    # sparkdiag fleet: the Prometheus it asks, with promtool's TLS and basic-auth settings.
+    *(
+        Option(
+            key,
+            attr,
+            kind,
+            default,
+            text,
+            scopes=frozenset({"fleet"}),
+            metavar=metavar,
+            minimum=low,
+            maximum=high,
+            unit=unit,
+        )
+        for key, attr, kind, default, text, metavar, low, high, unit in (
+            (
+                "prometheus",
+                "prometheus_url",
+                "str",
+                "http://localhost:9090",
+                "The Prometheus that scrapes the sparkdiag daemons (its HTTP API is all fleet "
+                "uses).",
+                "URL",
+                None,
+                None,
+                "",
+            ),
+            (
+                "http.config.file",
+                "http_config_file",
+                "path",
+                None,
+                "Prometheus' HTTP client configuration, as promtool's --http.config.file reads it "
+                "(basic_auth, authorization, tls_config); the prometheus-* settings win over it.",
+                "FILE",
+                None,
+                None,
+                "",
+            ),
+            (
+                "prometheus-ca-file",
+                "prometheus_ca_file",
+                "path",
+                None,
+                "CA certificate(s) to verify an https Prometheus with.",
+                "FILE",
+                None,
+                None,
+                "",
+            ),
+            (
+                "prometheus-cert-file",
+                "prometheus_cert_file",
+                "path",
+                None,
+                "Client certificate for TLS client authentication.",
+                "FILE",
+                None,
+                None,
+                "",
+            ),
+            (
+                "prometheus-key-file",
+                "prometheus_key_file",
+                "path",
+                None,
+                "Key of the client certificate.",
+                "FILE",
+                None,
+                None,
+                "",
+            ),
+            (
+                "prometheus-insecure-skip-verify",
+                "prometheus_insecure_skip_verify",
+                "bool",
+                False,
+                "Do not verify the Prometheus certificate (tests only).",
+                None,
+                None,
+                None,
+                "",
+            ),
+            (
+                "prometheus-username",
+                "prometheus_username",
+                "str",
+                None,
+                "Basic-auth username.",
+                "NAME",
+                None,
+                None,
+                "",
+            ),
+            (
+                "prometheus-password-file",
+                "prometheus_password_file",
+                "path",
+                None,
+                "File holding the basic-auth password (never on the command line).",
+                "FILE",
+                None,
+                None,
+                "",
+            ),
+            (
+                "prometheus-timeout",
+                "prometheus_timeout",
+                "float",
+                15.0,
+                "Seconds each query may take.",
+                "SECONDS",
+                0.1,
+                600,
+                "seconds",
+            ),
+        )
+    ),
 )
 OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}
 OPTIONS_BY_ATTR = {option.attr: option for option in OPTIONS}
@@ -490,6 +608,15 @@ class Settings:
     process_metrics: bool = DEFAULTS["process_metrics"]
     process_metrics_top: int = DEFAULTS["process_metrics_top"]
     compat_dcgm: bool = DEFAULTS["compat_dcgm"]
+    prometheus_url: str = DEFAULTS["prometheus_url"]
+    http_config_file: Path | None = DEFAULTS["http_config_file"]
+    prometheus_ca_file: Path | None = DEFAULTS["prometheus_ca_file"]
+    prometheus_cert_file: Path | None = DEFAULTS["prometheus_cert_file"]
+    prometheus_key_file: Path | None = DEFAULTS["prometheus_key_file"]
+    prometheus_insecure_skip_verify: bool = DEFAULTS["prometheus_insecure_skip_verify"]
+    prometheus_username: str | None = DEFAULTS["prometheus_username"]
+    prometheus_password_file: Path | None = DEFAULTS["prometheus_password_file"]
+    prometheus_timeout: float = DEFAULTS["prometheus_timeout"]
 
     def __post_init__(self) -> None:
         for option in OPTIONS:

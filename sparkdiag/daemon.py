@@ -10,6 +10,7 @@ from sparkdiag.config import Settings, parse_listen
 from sparkdiag.errors import Exit, SparkdiagError
 from sparkdiag.exporter.base import SnapshotCollector
 from sparkdiag.exporter.hot import HotProbeCollector
+from sparkdiag.exporter.peers import PeerCollector
 from sparkdiag.exporter.probe import ProbeCollector
 from sparkdiag.exporter.registry import build_registry, render
 from sparkdiag.exporter.soak import soak_collector
@@ -90,7 +91,11 @@ def _serve(
     collector = ProbeCollector(probe_state.view, keeper.health if keeper else None)
     collectors: list[SnapshotCollector] = []
     if schedulers:
-        collectors = [collector, HotProbeCollector(probe_state.view)]
+        collectors = [
+            collector,
+            HotProbeCollector(probe_state.view),
+            PeerCollector(probe_state.view),
+        ]
     collectors.append(soak_collector(settings.state_dir))
     registry = build_registry(
         lambda: poller.latest, extra=collectors, compat_dcgm=settings.compat_dcgm

@@ -57,6 +57,15 @@ PANEL_NODE = {
     "Host memory (the GPU's, on unified memory)": "gb10-memory-pressure",
     "Memory pressure (PSI, 60 s)": "gb10-memory-pressure",
     "Swap-ins": "gb10-memory-pressure",
+    # four H200s in one node, GPU 2 slower than the others (its baseline held out of learning)
+    **dict.fromkeys(
+        (
+            "Against the other GPUs of this node",
+            "Against its peers in the fleet (hour medians)",
+            "Baselines held out of learning",
+        ),
+        "slower-than-peers",
+    ),
     # GPM, PCIe throughput, NVLink, video engines and processes: the two-H200 NVLink node
     **dict.fromkeys(
         (
@@ -227,12 +236,18 @@ NODE_SHOWS = (
     "sparkdiag_gpu_nvlink_errors_total",
     "sparkdiag_gpu_nvlink_data_bytes_total",
     "sparkdiag_gpu_pcie_throughput_bytes_per_second",
+    "sparkdiag_gemm_node_peer_ratio",
+    "sparkdiag:gemm_tflops:peer_ratio",
+    "sparkdiag_gemm_baseline_held",
 )
 FLEET_SHOWS = (
     "sparkdiag_nvml_up",
     "sparkdiag_gpu_up",
     "sparkdiag:gemm_efficiency_ratio:min_by_instance",
     'ALERTS{alertstate="firing", alertname=~"Sparkdiag.*"',
+    "sparkdiag:gemm_tflops:peer_ratio",
+    "sparkdiag:gemm_tflops:peer_score",
+    "sparkdiag:gemm_tflops:peer_group_gpus",
 )
 
 

@@ -22,7 +22,10 @@ thermal-int4                SparkdiagThermalInt4Degradation (from the hot probe:
                             its cool speed against bf16/fp16 while memory is at 91 °C),
                             SparkdiagGemmDegraded (int4), SparkdiagInt4SlowerThanFp16
                             (1x8192x8192), SparkdiagGpuMemoryTemperatureHigh,
-                            SparkdiagGpuThermalThrottling
+                            SparkdiagGpuThermalThrottling, SparkdiagGpuSlowerThanPeers (int4
+                            at half of the other H200s' at its compute shapes)
+slower-than-peers           SparkdiagGpuSlowerThanPeers for GPU 2 alone (four H200s, GPU 2 at
+                            0.9 of the others: 10 % below the nine probed H200s' median)
 hot-ratio-holds             SparkdiagGpuMemoryTemperatureHigh, SparkdiagGpuThermalThrottling
                             (the same heat; the hot probe finds every dtype slowed alike, as
                             beside a competing process: the int4 ratio holds)
@@ -47,7 +50,15 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support.e2e import FOR_IN_TEST, Alert, Fleet, rule_names, shared_fleet
+from tests.support.e2e import (
+    FOR_IN_TEST,
+    SLOWER_GPU,
+    Alert,
+    Fleet,
+    rule_names,
+    scenario_uuids,
+    shared_fleet,
+)
 
 pytestmark = [pytest.mark.promtool, pytest.mark.prometheus]
 
@@ -258,3 +269,25 @@ def test_recorded_series_carry_the_node(fleet: Fleet, alerts: list[Alert]) -> No
     gb10 = {"lane-degraded", "gb10-slow-state", "gb10-memory-pressure"}
     assert set(worst) == set(fleet.targets) - gb10 - {"lost-gpu", "nvlink-degraded"}
     assert worst["thermal-int4"] == pytest.approx(0.5, abs=0.01)
+
+
+def test_slower_than_peers_names_the_slow_gpu_and_int4_of_the_hot_one(
+    fleet: Fleet, alerts: list[Alert]
+) -> None:
+    peers = firing(alerts, "SparkdiagGpuSlowerThanPeers")
+    slow = {a.labels["uuid"] for a in peers if a.instance == "slower-than-peers"}
+    assert slow == {scenario_uuids("slower-than-peers")[SLOWER_GPU]}
+    # every compute-bound kernel of it (the cube and the LLM shape of six dtypes), no decode
+    kernels = {(a.labels["dtype"], a.labels["shape"]) for a in peers if a.labels["uuid"] in slow}
+    assert len(kernels) == 12 and ("bf16", "1x8192x8192") not in kernels
+    hot = {(a.labels["dtype"], a.labels["shape"]) for a in peers if a.instance == "thermal-int4"}
+    assert hot == {("int4", "4096x4096x4096"), ("int4", "4096x11008x4096")}
+    # in the node: the slow GPU's baseline is held, its neighbours' learned
+    held = fleet.query('sparkdiag_gemm_baseline_held{instance="slower-than-peers"} == 1')
+    assert {s["metric"]["gpu"] for s in held} == {str(SLOWER_GPU)}
+    ratio = fleet.query(
+        'sparkdiag_gemm_node_peer_ratio{instance="slower-than-peers", dtype="bf16",'
+        ' shape="8192x8192x8192"}'
+    )
+    by_gpu = {s["metric"]["gpu"]: float(s["value"][1]) for s in ratio}
+    assert by_gpu.pop(str(SLOWER_GPU)) < 0.93 and min(by_gpu.values()) >= 0.99

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sparkdiag.baseline.learning import Held, PeerValues, below_peers, below_reference
 from sparkdiag.baseline.reference import Reference, lookup
 from sparkdiag.baseline.store import METHOD, Baseline, BaselineKey, BaselineStore
 from sparkdiag.probe.document import WorkerDocument
@@ -15,9 +16,6 @@ from sparkdiag.sources.gpu import UNHEALTHY_REASONS, reasons_mask
 
 # Clock event reasons that make a run unfit to learn a baseline from.
 UNHEALTHY_MASK = reasons_mask(UNHEALTHY_REASONS)
-# A compute-bound run below this fraction of a published measured MAMF never counts as healthy,
-# so a GPU stuck in a slow state from the start cannot teach itself a low baseline.
-MIN_REFERENCE_FRACTION = 0.5
 
 
 @dataclass(frozen=True)
@@ -29,11 +27,12 @@ class GemmFigure:
     peak: from the median iteration, comparable with mamf-finder (``sparkdiag_gemm_peak_tflops``)
     counts_toward_baseline: the run may teach the baseline (whether or not this one was asked to
         record): it was measured, no heat, hardware slowdown or power-brake reason was active
-        during the cycle, and a compute shape is not below MIN_REFERENCE_FRACTION of the
-        published MAMF. It says nothing of contention or of the figure against its baseline: a
-        figure at half its baseline beside another process still counts (a learned baseline is
-        the median of the first such runs, then frozen: baseline.store). Named ``healthy``
-        before, which read as the kernel's health.
+        during the cycle, and it was not held out (baseline.learning: a compute shape below
+        MIN_REFERENCE_FRACTION of the published MAMF, or, while the baseline is learned, far
+        below its peers and the reference). It says nothing of contention or of the figure
+        against its baseline: a figure at half its baseline beside another process still counts
+        (a learned baseline is the median of the first such runs, then frozen: baseline.store).
+        Named ``healthy`` before, which read as the kernel's health.
     """
 
     dtype: str
@@ -47,6 +46,10 @@ class GemmFigure:
     baseline: Baseline | None
     reference: Reference | None
     counts_toward_baseline: bool
+    # Learning (baseline/learning.py): ``learning`` while the baseline is not yet frozen nor
+    # pinned (known only when the cycle was recorded); ``held`` when this run was kept out of it.
+    learning: bool = False
+    held: Held | None = None
 
     @property
     def efficiency(self) -> float | None:
@@ -80,8 +83,13 @@ def evaluate(
     context: str,
     store: BaselineStore | None,
     record: bool = True,
+    peers: PeerValues | None = None,
 ) -> list[GemmFigure]:
-    """Every result of ``doc`` with its baseline and reference; records ok runs when asked."""
+    """Every result of ``doc`` with its baseline and reference; records ok runs when asked.
+
+    ``peers``: the healthy figures of this GPU's peers in the daemon, per (dtype, shape, beta);
+    while a baseline is learned, a run far below them and the reference is held out of it
+    (:mod:`sparkdiag.baseline.learning`)."""
     driver, torch_version, cuda = doc.software.identity()
     hot = conditions_unhealthy(doc)
     figures: list[GemmFigure] = []
@@ -89,16 +97,11 @@ def evaluate(
         dtype, kind, beta, tflops = result.dtype, result.kind, result.beta, result.delivered
         reference = lookup(gpu_name, dtype) if gpu_name else None
         counts = tflops is not None and not hot
-        if (
-            counts
-            and tflops is not None
-            and reference is not None
-            and reference.kind == "mamf"  # a datasheet peak is no floor (H200 int8: 47 % of it)
-            and kind == "compute"
-            and beta == 0
-            and tflops < MIN_REFERENCE_FRACTION * reference.tflops
-        ):
-            counts = False
+        held = None
+        if counts and tflops is not None:
+            held = below_reference(tflops, kind, beta, reference)
+            counts = held is None
+        learning = False
         baseline: Baseline | None = None
         if store is not None and uuid and tflops is not None:
             key = BaselineKey(
@@ -113,7 +116,15 @@ def evaluate(
             )
             if record:
                 conditions = doc.conditions.as_dict()
+                if counts and peers is not None and store.learning(store.get(key)):
+                    held = below_peers(
+                        tflops, kind, beta, reference, peers.get((dtype, result.shape, beta), ())
+                    )
+                    counts = held is None
+                if held is not None:
+                    conditions["held"] = held.as_dict()
                 baseline = store.record_run(key, tflops, counts, conditions=conditions)
+                learning = store.learning(baseline)
             else:
                 baseline = store.get(key)
         figures.append(
@@ -129,6 +140,8 @@ def evaluate(
                 baseline=baseline,
                 reference=reference,
                 counts_toward_baseline=counts,
+                learning=learning,
+                held=held,
             )
         )
     return figures

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from sparkdiag.baseline.store import BaselineStore, BaselineStoreError, open_store
+from sparkdiag.baseline.learning import Held
+from sparkdiag.baseline.store import BaselineKey, BaselineStore, BaselineStoreError, open_store
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,15 @@ class StoreKeeper:
 
 
 @dataclass(frozen=True)
+class HeldRun:
+    """A kernel whose last run was held out of the baseline it was learning."""
+
+    key: BaselineKey
+    held: Held
+    at: float
+
+
+@dataclass(frozen=True)
 class StoreReport:
     """What ``check`` found of the store: ``state`` is ok, absent or unusable."""
 
@@ -108,6 +118,19 @@ class StoreReport:
     path: Path | None
     detail: str
     baselines: int = 0
+    # the kernels whose learning baseline the daemon's last run held out (baseline/learning.py)
+    held: tuple[HeldRun, ...] = ()
+
+
+def held_runs(store: BaselineStore) -> tuple[HeldRun, ...]:
+    """The keys whose latest run was held and whose baseline is still learning (not pinned
+    since, nor frozen)."""
+    found = []
+    for run in store.latest_runs():
+        held = Held.from_dict((run.conditions or {}).get("held"))
+        if held is not None and store.learning(store.get(run.key)):
+            found.append(HeldRun(run.key, held, run.at))
+    return tuple(found)
 
 
 def inspect_store(state_dir: Path | None) -> StoreReport:
@@ -122,7 +145,7 @@ def inspect_store(state_dir: Path | None) -> StoreReport:
         if problems != "ok":
             return StoreReport("unusable", store.path, f"damaged: {problems.splitlines()[0]}")
         count = len(store.list())
-        return StoreReport("ok", store.path, f"{count} baseline(s)", count)
+        return StoreReport("ok", store.path, f"{count} baseline(s)", count, held_runs(store))
     except BaselineStoreError as exc:
         return StoreReport("unusable", store.path, str(exc))
     finally:

@@ -392,6 +392,37 @@ class BaselineStore:
             _upsert(conn, learned)
             return learned
 
+    def learning(self, baseline: Baseline | None) -> bool:
+        """Whether runs still teach this baseline: none yet, or learned from fewer than
+        ``learn_runs`` healthy runs (a pinned or frozen baseline is not learning)."""
+        return baseline is None or (
+            baseline.source == "learned" and baseline.runs < self.learn_runs
+        )
+
+    def latest_runs(self, recent: int = 5000) -> builtins.list[RunRecord]:
+        """The most recent run of every key among the last ``recent`` runs (a daemon probing
+        eight GPUs records about 180 a cycle), by key: bounded however long the store grows."""
+        with self._read() as conn:
+            rows = conn.execute(
+                f"SELECT id, {KEY_LIST}, tflops, healthy, at, conditions FROM runs "
+                "ORDER BY id DESC LIMIT ?",
+                (recent,),
+            ).fetchall()
+        width = len(KEY_COLUMNS)
+        latest: dict[BaselineKey, RunRecord] = {}
+        for row in rows:
+            key = BaselineKey(*(str(v) for v in row[1 : 1 + width]))
+            if key not in latest:
+                latest[key] = RunRecord(
+                    id=int(row[0]),
+                    key=key,
+                    tflops=float(row[1 + width]),
+                    healthy=bool(row[2 + width]),
+                    at=float(row[3 + width]),
+                    conditions=conditions_from_json(row[4 + width]),
+                )
+        return sorted(latest.values(), key=lambda r: r.key.as_row())
+
     def pin(self, key: BaselineKey, tflops: float, note: str = "") -> Baseline:
         """Set the key's baseline to ``tflops`` (TFLOPS); later runs never move it."""
         _check_key(key)

@@ -4,7 +4,8 @@ Each check is ``(CheckContext) -> list[CheckResult]`` and lives in the ``*_check
 kind: ``gpu_checks`` (presence, idle, modes), ``thermal_checks`` (temperatures, clock event
 reasons), ``link_checks`` (PCIe links of the GPU and the host), ``health_checks`` (ECC, row
 remapping, XID), ``host_checks`` (context, governor, unified memory), ``version_checks``,
-``probe_checks`` and ``power_checks`` (under load), ``soak_checks`` (the latest ``sparkdiag
+``probe_checks``, ``power_checks`` and ``peer_checks`` (under load; ``peer_checks`` also reads
+the baseline store's held learning), ``soak_checks`` (the latest ``sparkdiag
 soak``) and ``store_checks`` (the baseline store). The other modules of the package are the
 machinery: ``model``, ``gather``, ``probe_run``, this catalogue and ``report``.
 """
@@ -26,6 +27,7 @@ from sparkdiag.check.health_checks import check_ecc, check_row_remap, check_xid
 from sparkdiag.check.host_checks import check_context, check_governor, check_unified_memory
 from sparkdiag.check.link_checks import check_pcie_gpu, check_pcie_host
 from sparkdiag.check.model import CheckContext, CheckResult
+from sparkdiag.check.peer_checks import check_baseline_learning, check_peers
 from sparkdiag.check.power_checks import check_power_under_load
 from sparkdiag.check.probe_checks import check_int4_decode, check_probe, check_sm_clock
 from sparkdiag.check.soak_checks import check_soak
@@ -61,14 +63,16 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("cpu-governor", check_governor),
     ("unified-memory", check_unified_memory),
     ("baseline-store", check_baseline_store),
+    ("baseline-learning", check_baseline_learning),
     ("probe", check_probe),
     ("sm-clock", check_sm_clock),
     ("power-under-load", check_power_under_load),
     ("int4-decode", check_int4_decode),
+    ("peers", check_peers),
     ("soak", check_soak),
 )
 # Checks that need the GPU under load; --quick reports them as skipped.
-LOAD_CHECKS = frozenset({"probe", "sm-clock", "power-under-load", "int4-decode"})
+LOAD_CHECKS = frozenset({"probe", "sm-clock", "power-under-load", "int4-decode", "peers"})
 
 
 def run_checks(

@@ -142,6 +142,26 @@ class ProbeCollector:
             lambda cycle: cycle.mean_power_watts,
         )
         yield from _ratio_families(view)
+        yield software_family(view.last_success)
+
+
+SOFTWARE = ("torch", "cuda", "cublas", "driver")
+
+
+def software_family(records: Mapping[tuple[str, str, str], CycleRecord]) -> Metric:
+    """``sparkdiag_probe_software_info``: what the last successful probe of each GPU and context
+    ran with (the worker's own report; "" where it could not tell), so that the fleet rules
+    compare a GPU only with peers measured by the same torch, CUDA and driver."""
+    info = GaugeMetricFamily(
+        "sparkdiag_probe_software_info",
+        "Software the last successful probe of this GPU ran with (torch, CUDA, cuBLAS, driver; "
+        "empty where unknown). Value 1.",
+        labels=[*GPU, "context", *SOFTWARE],
+    )
+    for (gpu, uuid, context), cycle in sorted(records.items()):
+        versions = [str(cycle.software.get(name) or "") for name in SOFTWARE]
+        info.add_metric([gpu, uuid, context, *versions], 1.0)
+    return info
 
 
 def _store_families(health: StoreHealth) -> Iterator[Metric]:

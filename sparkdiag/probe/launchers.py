@@ -56,7 +56,9 @@ class FixtureLauncher:
 
     The file is a worker document, or ``{"format": "sparkdiag-probe-fixture/1", "cycles":
     [doc, ...]}`` whose documents of ``suite`` (the worker's ``suite``; a document without one
-    is of the default suite) are replayed in turn, the last one repeating. Raises
+    is of the default suite) are replayed in turn, the last one repeating. A GPU whose uuid some
+    documents name (``software.gpu_uuid``) replays those only, so that one file can give each
+    GPU of a node its own figures; a GPU no document names replays them all. Raises
     :class:`ProbeFixtureError` (naming the file) when it cannot be used or holds no document of
     that suite.
     """
@@ -87,7 +89,8 @@ class FixtureLauncher:
     def __call__(self, gpu: GpuSample | None, on_start: Callable[[int], None]) -> ProbeCycle:
         key = gpu.identity.uuid if gpu is not None else ""
         count = self.counts.get(key, 0)
-        doc = replace(self.cycles[min(count, len(self.cycles) - 1)], finished_at=time.time())
+        cycles = [d for d in self.cycles if key and d.software.gpu_uuid == key] or self.cycles
+        doc = replace(cycles[min(count, len(cycles) - 1)], finished_at=time.time())
         self.counts[key] = count + 1
         result, reason = classify(0, doc, b"{}", "")
         return ProbeCycle(result, reason, doc, "", 0, 0.0, None)

@@ -34,6 +34,7 @@ class CycleRecord:
     ratios: tuple[RatioFigure, ...] = ()  # int4 over bf16/fp16 at the decode shape
     trigger: str | None = None  # hot probes: threshold, thermal_reason, hot_rate
     busy: bool | None = None  # hot probes: another process or high utilization as it started
+    gpu_name: str = ""  # NVML name ("NVIDIA H200"): GPUs of one name in a node are peers
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from sparkdiag.baseline.store import BaselineStoreError
 from sparkdiag.config import DEFAULTS
 from sparkdiag.probe.launchers import Launcher
 from sparkdiag.probe.runner import ProbeCycle
-from sparkdiag.scheduling.probe_state import CycleRecord, ProbeState
+from sparkdiag.scheduling.probe_state import CycleRecord, ProbeState, ProbeView
 from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.telemetry.busy import busy
 
@@ -67,6 +67,24 @@ class RunningWorkers:
                 self._pids -= mine
 
 
+def peer_values(
+    view: ProbeView, uuid: str, gpu_name: str, context: str, software: tuple[str, str, str]
+) -> dict[tuple[str, str, int], list[float]]:
+    """The healthy figures of this GPU's peers in the daemon: the other GPUs of the same name,
+    context and probe software (driver, torch, cuda), from their last successful cycles."""
+    values: dict[tuple[str, str, int], list[float]] = {}
+    for (_gpu, other, ctx), record in sorted(view.last_success.items()):
+        if other == uuid or ctx != context or record.gpu_name != gpu_name or not gpu_name:
+            continue
+        theirs = tuple(str(record.software.get(k) or "") for k in ("driver", "torch", "cuda"))
+        if theirs != software:
+            continue
+        for fig in record.figures:
+            if fig.counts_toward_baseline and fig.delivered is not None:
+                values.setdefault((fig.dtype, fig.shape, fig.beta), []).append(fig.delivered)
+    return values
+
+
 def record_cycle(
     cycle: ProbeCycle,
     base: tuple[str, str, str],
@@ -74,25 +92,33 @@ def record_cycle(
     keeper: StoreKeeper | None,
     learn: bool,
     cool_below: float,
+    peers: ProbeView | None = None,
     **extra: Any,
 ) -> CycleRecord:
     """A finished cycle as the daemon keeps it: figures and int4 ratios against their baselines
     (taught by the cycle with ``learn``; the ratios only when it ran cool: memory below
-    ``cool_below`` °C). A store that fails is reported to ``keeper`` and never loses the
-    measurement. ``extra`` goes into the record (a hot probe's trigger, busy)."""
+    ``cool_below`` °C). ``peers``: the probe state whose other GPUs a learning baseline is held
+    against (baseline/learning.py). A store that fails is reported to ``keeper`` and never loses
+    the measurement. ``extra`` goes into the record (a hot probe's trigger, busy)."""
     uuid, context = base[1], base[2]
     doc = cycle.document
     if doc is None:
         return CycleRecord(*base, result=cycle.result, reason=cycle.reason,
-                           finished_at=time.time(), busy_seconds=None, **extra)  # fmt: skip
+                           finished_at=time.time(), busy_seconds=None, gpu_name=gpu_name,
+                           **extra)  # fmt: skip
     memory = doc.conditions.max_memory_temperature_celsius
     cool = memory is None or memory < cool_below
     figures: tuple[GemmFigure, ...] = ()
     ratios: tuple[RatioFigure, ...] = ()
     if cycle.result in ("ok", "error"):
         store = keeper.store() if keeper is not None else None
+        values = None
+        if peers is not None and learn:
+            values = peer_values(peers, uuid, gpu_name, context, doc.software.identity())
         try:
-            figures = tuple(evaluate(doc, uuid, gpu_name, context, store, record=learn))
+            figures = tuple(
+                evaluate(doc, uuid, gpu_name, context, store, record=learn, peers=values)
+            )
             ratios = tuple(evaluate_ratios(doc, uuid, context, store, learn, cool))
             if keeper is not None and store is not None and learn:
                 keeper.succeeded()
@@ -117,8 +143,33 @@ def record_cycle(
         mean_power_watts=conditions.mean_power_watts,
         software=doc.software.as_dict(),
         ratios=ratios,
+        gpu_name=gpu_name,
         **extra,
     )
+
+
+class HeldLog:
+    """Logs a baseline held out of learning once when the hold starts, and once when it ends."""
+
+    def __init__(self) -> None:
+        self._held: set[tuple[str, str, str, int]] = set()
+
+    def update(self, index: int, record: CycleRecord) -> None:
+        for fig in record.figures:
+            key = (record.uuid, fig.dtype, fig.shape, fig.beta)
+            kernel = f"{fig.dtype} {fig.shape}" + (f" beta={fig.beta}" if fig.beta else "")
+            if fig.held is not None and key not in self._held:
+                self._held.add(key)
+                log.warning(
+                    "GPU %d (%s) %s: %.4g delivered is %s; not learned as its baseline (held "
+                    "until it comes back up: fix the GPU, or pin a baseline with sparkdiag "
+                    "baseline pin)",
+                    index, record.uuid, kernel, fig.held.delivered, fig.held.describe(),
+                )  # fmt: skip
+            elif fig.held is None and fig.delivered is not None and key in self._held:
+                self._held.discard(key)
+                log.info("GPU %d (%s) %s: no longer held; runs teach its baseline again",
+                         index, record.uuid, kernel)  # fmt: skip
 
 
 class ProbeScheduler:
@@ -153,6 +204,7 @@ class ProbeScheduler:
         self.first_delay = min(interval, 30.0) if first_delay is None else first_delay
         self.rng = rng or random.Random()
         self.workers = RunningWorkers()
+        self.holds = HeldLog()
         state.set_interval(context, interval)
 
     def excluded_pids(self) -> frozenset[int]:
@@ -194,9 +246,11 @@ class ProbeScheduler:
         with self.locks.get(ident.uuid):
             cycle = self.workers.run(self.launcher, gpu)
         record = record_cycle(
-            cycle, base, ident.name, self.store, learn=True, cool_below=self.cool_below
-        )
+            cycle, base, ident.name, self.store, learn=True, cool_below=self.cool_below,
+            peers=self.state.view(),
+        )  # fmt: skip
         self.state.record(record)
+        self.holds.update(ident.index, record)
         level = logging.INFO if cycle.result in ("ok", "skipped_busy") else logging.WARNING
         log.log(level, "probe GPU %d: %s%s", ident.index, cycle.result,
                 f" ({cycle.reason})" if cycle.reason else "")  # fmt: skip

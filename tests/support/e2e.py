@@ -175,8 +175,18 @@ class Node:
 
 
 def _uuid(scenario: str) -> str:
+    return scenario_uuids(scenario)[0]
+
+
+def scenario_uuids(scenario: str) -> list[str]:
     doc = json.loads((SCENARIOS / f"{scenario}.json").read_text(encoding="utf-8"))
-    return str(doc["devices"][0]["set"]["uuid"])
+    return [str(device["set"]["uuid"]) for device in doc["devices"]]
+
+
+# Every dtype the worker probes: a factor on all of them slows a GPU at every kernel.
+ALL_DTYPES = ("bf16", "fp16", "tf32", "fp8", "int8", "int4", "nvfp4")
+# The GPU of node slower-than-peers that delivers 0.9 of its three neighbours.
+SLOWER_GPU = 2
 
 
 def fleet_nodes(workdir: Path) -> list[Node]:
@@ -260,6 +270,20 @@ def fleet_nodes(workdir: Path) -> list[Node]:
         ),
     ]
 
+    # slower-than-peers: four H200s in one node, GPU 2 delivering 0.9 of the others at every
+    # kernel from its first cycle (each GPU replays the cycles that name its uuid). Among the
+    # fleet's nine probed native H200s its hour median is 10 % below the group's median:
+    # SparkdiagGpuSlowerThanPeers for that GPU alone. In its node it has peers, so its learning
+    # baseline is held (far below them and below 0.85 of the bf16 MAMF): no GemmDegraded.
+    slower = scenario_uuids("slower-than-peers")
+    slower_cycles = [
+        cycle
+        for i, uuid in enumerate(slower)
+        for cycle in healthy_cycles(
+            uuid, dict.fromkeys(ALL_DTYPES, 0.9) if i == SLOWER_GPU else None
+        )
+    ]
+
     # container-gap: the container reaches 0.6 of native for bf16 and fp16 (every shape), the
     # same as native for the other dtypes. 0.6 of the recorded bf16 is still above half the
     # published H200 MAMF, so the container learns its own baseline from these runs and its
@@ -302,6 +326,7 @@ def fleet_nodes(workdir: Path) -> list[Node]:
                 "SparkdiagInt4SlowerThanFp16",  # int4 decode at 0.5 falls below fp16 and bf16
                 "SparkdiagGpuMemoryTemperatureHigh",
                 "SparkdiagGpuThermalThrottling",
+                "SparkdiagGpuSlowerThanPeers",  # int4 at half of the other H200s' (the fleet's)
             },
             "HBM ramps to 91 °C with sw thermal slowdown; int4 probes at 0.5 of baseline",
         ),
@@ -312,6 +337,13 @@ def fleet_nodes(workdir: Path) -> list[Node]:
             "the same heat as thermal-int4 and a competing process: the hot probe's delivered "
             "decode figures fall unevenly (int4/bf16 delivered 0.66 of cool), their median "
             "iterations hold, so int4 against bf16/fp16 holds: hot, not thermally degraded",
+        ),
+        node(
+            "slower-than-peers", SCENARIOS / "slower-than-peers.json", "h200-vm", "native",
+            slower_cycles, {"SparkdiagGpuSlowerThanPeers"},
+            f"four idle H200s, GPU {SLOWER_GPU} at 0.9 of the others at every kernel: slower "
+            "than its peers in the node and in the fleet",
+            extra=("--probe.interval", "2"),  # four GPUs a cycle: half the probe rate
         ),
         node(
             "container-gap-native", SCENARIOS / "container-gap.json", "h200-vm", "native",
@@ -364,6 +396,28 @@ def shortened_rules(text: str, duration: str = FOR_IN_TEST) -> str:
     assert without_for(original) == without_for(changed), "only for: may change"
     alerts = [r for g in changed["groups"] for r in g["rules"] if "alert" in r]
     assert alerts and all(r.get("for") == duration for r in alerts), "every alert's for: changed"
+    return short
+
+
+def shortened_window(text: str, group: str, window: str, duration: str) -> str:
+    """The rules with every ``[WINDOW]`` range of the rules of ``group`` set to ``[DURATION]``;
+    nothing else changes (checked: the parsed rules are equal once the ranges are put back, and
+    every such range of the group changed)."""
+    doc = yaml.safe_load(text)
+    (rules,) = [g["rules"] for g in doc["groups"] if g["name"] == group]
+    assert any(f"[{window}]" in r["expr"] for r in rules), f"no [{window}] range in {group}"
+    assert f"[{duration}]" not in text
+    # replace inside the group's text only
+    start = text.index(f"- name: {group}\n")
+    end = text.find("\n  - name: ", start + 1)
+    end = len(text) if end < 0 else end
+    body = text[start:end].replace(f"[{window}]", f"[{duration}]")
+    short = text[:start] + body + text[end:]
+    changed = yaml.safe_load(short)
+    restored = yaml.safe_load(short.replace(f"[{duration}]", f"[{window}]"))
+    assert restored == doc, "only the ranges may change"
+    (after,) = [g["rules"] for g in changed["groups"] if g["name"] == group]
+    assert all(f"[{window}]" not in r["expr"] for r in after), "every range changed"
     return short
 
 

@@ -1,0 +1,157 @@
+"""The GPUs of one model in this host against each other, and baselines held out of learning.
+
+``peers`` (under load): the short probe's delivered figures of every GPU, kernel by kernel
+(compute-bound kernels only), each over the median of the other GPUs of the same model; a GPU
+is judged by the median of its kernels, and the slowest one fails at 7 % below the rest, warns
+at 3.5 % (sparkdiag/peers/compare.py, Azure's thresholds). ``baseline-learning``: the kernels
+whose baseline the daemon is still learning and whose last run it held out, as far below its
+peers and the published reference (sparkdiag/baseline/learning.py).
+"""
+
+from __future__ import annotations
+
+import time
+
+from sparkdiag.baseline.keeper import HeldRun
+from sparkdiag.check.model import CheckContext, CheckResult, no_gpu_reason
+from sparkdiag.peers.compare import FAIL_BELOW, WARN_BELOW
+from sparkdiag.peers.node import NodeVerdict, PeerFigure, judge_node
+
+NAME = "peers"
+LEARNING = "baseline-learning"
+
+
+def _figures(ctx: CheckContext) -> list[PeerFigure]:
+    context = ctx.snapshot.context.context if ctx.snapshot.context else "native"
+    out = []
+    for index, probe in sorted(ctx.probes.items()):
+        doc = probe.document
+        if doc is None or probe.cycle is None or probe.cycle.result not in ("ok", "error"):
+            continue
+        ident = probe.gpu.identity
+        for fig in probe.figures:
+            if fig.status == "ok" and fig.delivered is not None:
+                out.append(
+                    PeerFigure(str(index), ident.uuid, ident.name, context,
+                               doc.software.identity(), fig.dtype, fig.shape, fig.beta,
+                               fig.kind, fig.delivered)
+                )  # fmt: skip
+    return out
+
+
+def _tf(value: float) -> str:
+    return f"{value:.0f}" if value >= 10 else f"{value:.3g}"
+
+
+def _result(found: NodeVerdict) -> CheckResult:
+    (index, uuid), ratio = found.slowest
+    status = found.status
+    others = len(found.gpus) - 1
+    kernels = found.kernel_ratios((index, uuid))
+    me = (index, uuid)
+    shown = ", ".join(
+        f"{k.dtype} {k.shape} {_tf(k.values[me])} against {_tf(k.rest_median(me))}"
+        for k, _ in kernels[:2]
+    )
+    data = {
+        "model": found.model,
+        "context": found.context,
+        "gpus": {gpu: r for (gpu, _u), r in sorted(found.ratios.items())},
+        "slowest": index,
+        "slowest_uuid": uuid,
+        "ratio": ratio,
+        "warn_below": WARN_BELOW,
+        "fail_below": FAIL_BELOW,
+        "kernels": [
+            {"dtype": k.dtype, "shape": k.shape, "tflops": k.values[(index, uuid)],
+             "rest_median_tflops": k.rest_median((index, uuid)), "ratio": r}
+            for k, r in kernels
+        ],
+    }  # fmt: skip
+    if status == "pass":
+        finding = (
+            f"{len(found.gpus)} {found.model} within {1 - WARN_BELOW:.1%} of each other "
+            f"(slowest: GPU {index} at {ratio:.3f} of the others' median)"
+        )
+        return CheckResult(NAME, "pass", finding, data=data)
+    finding = (
+        f"GPU {index} ({found.model}) {1 - ratio:.1%} below the median of the other {others} "
+        f"({shown}; median of {len(kernels)} kernel(s))"
+    )
+    if status == "fail":
+        action = (
+            f"GPU {index} is slower than identical GPUs beside it under the same software: read "
+            "its sm-clock, power-under-load, temperature and clock-reasons rows; compare "
+            f"nvidia-smi -q -d PERFORMANCE,POWER,CLOCK -i {index} with another GPU; reset it "
+            f"(sudo nvidia-smi -r -i {index}) or reseat it; if it stays 7 % slower, drain the "
+            "node and RMA the GPU"
+        )
+    else:
+        action = (
+            f"watch GPU {index}: rerun sparkdiag check on an idle machine; 3.5 % below its "
+            "peers is a warning, 7 % means replace it"
+        )
+    return CheckResult(NAME, status, finding, action, index, data)
+
+
+def check_peers(ctx: CheckContext) -> list[CheckResult]:
+    """The slowest GPU of each model against the median of the others: 7 % below fails, 3.5 %
+    warns (a GPU judged by the median of its compute-bound kernels)."""
+    if not ctx.gpus_up():
+        return [CheckResult(NAME, "skip", no_gpu_reason(ctx.snapshot))]
+    if ctx.probe_skipped is not None:
+        return [CheckResult(NAME, "skip", ctx.probe_skipped)]
+    verdicts = judge_node(_figures(ctx))
+    if not verdicts:
+        probed = sum(1 for p in ctx.probes.values() if p.figures)
+        why = (
+            "one GPU probed: no peer in this host to compare with"
+            if probed <= 1
+            else "no two GPUs of one model have a compute-bound result to compare"
+        )
+        return [CheckResult(NAME, "skip", why)]
+    return [_result(v) for v in verdicts]
+
+
+def _held_result(ctx: CheckContext, uuid: str, runs: list[HeldRun]) -> CheckResult:
+    index = next(
+        (str(g.identity.index) for g in ctx.snapshot.gpus if g.identity.uuid == uuid), None
+    )
+    who = f"GPU {index}" if index is not None else f"GPU {uuid}"
+    first = runs[0]
+    age = max(0.0, time.time() - max(r.at for r in runs))
+    kernel = f"{first.key.dtype} {first.key.shape}"
+    more = f" and {len(runs) - 1} other kernel(s)" if len(runs) > 1 else ""
+    finding = (
+        f"{who}: the {kernel}{more} baseline is not learned: its last run "
+        f"({_tf(first.held.delivered)}, {age / 60:.0f} min ago) is {first.held.describe()}"
+    )
+    action = (
+        "this GPU was slow from the start, so sparkdiag does not learn its slowness as healthy: "
+        "read the peers, sm-clock and power-under-load rows and fix it (its runs then teach the "
+        "baseline); if it is meant to be slower, pin one: sparkdiag baseline pin "
+        f"--uuid {uuid} --dtype {first.key.dtype} --shape {first.key.shape} --tflops VALUE"
+    )
+    data = {
+        "uuid": uuid,
+        "held": [
+            {"dtype": r.key.dtype, "shape": r.key.shape, "context": r.key.context, "at": r.at,
+             **r.held.as_dict()}
+            for r in runs
+        ],
+    }  # fmt: skip
+    return CheckResult(LEARNING, "warn", finding, action, index, data)
+
+
+def check_baseline_learning(ctx: CheckContext) -> list[CheckResult]:
+    """A baseline the daemon holds out of learning (far below the peers and the reference) warns,
+    one row per GPU."""
+    report = ctx.baseline_store
+    if report is None or report.state != "ok":
+        return [CheckResult(LEARNING, "skip", "no usable baseline store (see baseline-store)")]
+    if not report.held:
+        return [CheckResult(LEARNING, "pass", "no baseline held out of learning")]
+    by_gpu: dict[str, list[HeldRun]] = {}
+    for run in report.held:
+        by_gpu.setdefault(run.key.gpu_uuid, []).append(run)
+    return [_held_result(ctx, uuid, runs) for uuid, runs in sorted(by_gpu.items())]

@@ -1,0 +1,309 @@
+"""The fleet view of ``sparkdiag fleet``: every GPU a Prometheus scrapes, ranked by its ratio to its
+peers, its peer groups, the outliers and what to do, from Prometheus' own series.
+
+The figures are the ``sparkdiag-peers`` recording rules (prometheus/sparkdiag-rules.yml): each
+GPU's hour median at each compute shape over its group's median, and the robust score. Where that
+Prometheus does not load sparkdiag's rules, the same expressions are sent as queries, read from
+the rules file shipped in the package, so that both ways compute the same thing. A GPU is judged
+by its worst compute-bound kernel, as the alert is (one alert per kernel): at least 7 % below in
+a group of 4 GPUs or more is an outlier (``SparkdiagGpuSlowerThanPeers`` fires after 30 minutes of
+it), 3.5 % a warning; a GPU in a smaller group is listed, not judged.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from importlib.resources import files
+from typing import Any, Protocol
+
+import yaml
+
+from sparkdiag.peers.compare import FAIL_BELOW, MIN_FLEET_GROUP, WARN_BELOW
+from sparkdiag.peers.promapi import PrometheusError, Sample
+
+RULE_GROUP = "sparkdiag-peers"
+PREFIX = "sparkdiag:gemm_tflops:"
+RATIO, SCORE, MEDIAN = PREFIX + "peer_ratio", PREFIX + "peer_score", PREFIX + "median_1h"
+GROUP_MEDIAN, GROUP_GPUS = PREFIX + "peer_median_1h", PREFIX + "peer_group_gpus"
+ALERT = "SparkdiagGpuSlowerThanPeers"
+GROUP_LABELS = ("name", "torch", "cuda", "driver", "context")
+_RECORD = re.compile(r"sparkdiag:gemm_tflops:[a-z0-9_]+")
+_BARE_GROUP = re.compile(r"\b(group_left|group_right)(\s+)(?=sparkdiag:gemm_tflops:)")
+
+
+class Querier(Protocol):
+    base: str
+
+    def query(self, expr: str) -> list[Sample]: ...
+
+
+def shipped_rules() -> str:
+    """The rules file shipped in the package (sparkdiag/data links to prometheus/)."""
+    node = files("sparkdiag") / "data" / "prometheus" / "sparkdiag-rules.yml"
+    return node.read_text(encoding="utf-8")
+
+
+def expanded(rules: str) -> dict[str, str]:
+    """Each recording rule of the peers group as one expression, the records it reads replaced
+    by their own expressions, so that a Prometheus without the rules can evaluate it."""
+    (group,) = [g for g in yaml.safe_load(rules)["groups"] if g["name"] == RULE_GROUP]
+    # ``group_left NAME`` becomes ``group_left () (EXPR)``: a parenthesis right after
+    # group_left would be read as its label list
+    records = {
+        r["record"]: _BARE_GROUP.sub(r"\1 ()\2", str(r["expr"]).strip())
+        for r in group["rules"]
+        if "record" in r
+    }
+    done: dict[str, str] = {}
+
+    def expand(name: str) -> str:
+        if name not in done:
+            done[name] = _RECORD.sub(
+                lambda m: f"({expand(m.group(0))})" if m.group(0) in records else m.group(0),
+                records[name],
+            )
+        return done[name]
+
+    return {name: expand(name) for name in records}
+
+
+GroupKey = tuple[str, str, str, str, str]  # name, torch, cuda, driver, context
+Kernel = tuple[str, str]  # dtype, shape
+
+
+@dataclass(frozen=True)
+class Group:
+    model: str
+    torch: str
+    cuda: str
+    driver: str
+    context: str
+    gpus: int  # GPUs at its most widely measured kernel
+    kernels: Mapping[Kernel, tuple[int, float]]  # (dtype, shape) -> (GPUs, median TFLOPS)
+
+    @property
+    def judged(self) -> bool:
+        return self.gpus >= MIN_FLEET_GROUP
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model, "torch": self.torch, "cuda": self.cuda, "driver": self.driver,
+            "context": self.context, "gpus": self.gpus, "judged": self.judged,
+            "kernels": [
+                {"dtype": d, "shape": s, "gpus": n, "median_tflops": m}
+                for (d, s), (n, m) in sorted(self.kernels.items())
+            ],
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GpuRow:
+    """One GPU: its worst compute-bound kernel against its group."""
+
+    instance: str
+    gpu: str
+    uuid: str
+    group: GroupKey
+    dtype: str
+    shape: str
+    ratio: float
+    score: float | None
+    tflops: float | None
+    group_median: float | None
+    group_gpus: int
+    kernels_below: int  # kernels at least 7 % below, in groups that are judged
+    kernels: int
+    alert: str  # firing, pending or ""
+
+    @property
+    def status(self) -> str:
+        """outlier, warn, ok, or too_small (a group of fewer than 4 GPUs is not judged)."""
+        if self.group_gpus < MIN_FLEET_GROUP:
+            return "too_small"
+        if self.ratio <= FAIL_BELOW:
+            return "outlier"
+        return "warn" if self.ratio <= WARN_BELOW else "ok"
+
+    def as_json(self) -> dict[str, Any]:
+        name, torch, cuda, driver, context = self.group
+        return {
+            "instance": self.instance, "gpu": self.gpu, "uuid": self.uuid, "model": name,
+            "torch": torch, "cuda": cuda, "driver": driver, "context": context,
+            "status": self.status, "ratio": self.ratio, "score": self.score,
+            "worst_kernel": {"dtype": self.dtype, "shape": self.shape},
+            "tflops": self.tflops, "group_median_tflops": self.group_median,
+            "group_gpus": self.group_gpus, "kernels_below_7_percent": self.kernels_below,
+            "kernels": self.kernels, "alert": self.alert or None,
+        }  # fmt: skip
+
+
+@dataclass(frozen=True)
+class FleetView:
+    prometheus: str
+    source: str  # recorded (the rules' series) or computed (the rules' expressions, sent)
+    groups: tuple[Group, ...]
+    gpus: tuple[GpuRow, ...]  # ranked, slowest first
+    actions: tuple[str, ...] = field(default=())
+
+    @property
+    def outliers(self) -> tuple[GpuRow, ...]:
+        return tuple(g for g in self.gpus if g.status == "outlier")
+
+    @property
+    def warnings(self) -> tuple[GpuRow, ...]:
+        return tuple(g for g in self.gpus if g.status == "warn")
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "prometheus": self.prometheus,
+            "source": self.source,
+            "thresholds": {"outlier_below": FAIL_BELOW, "warn_below": WARN_BELOW,
+                           "min_group_gpus": MIN_FLEET_GROUP},
+            "groups": [g.as_json() for g in self.groups],
+            "gpus": [g.as_json() for g in self.gpus],
+            "outliers": [g.as_json() for g in self.outliers],
+            "actions": list(self.actions),
+        }  # fmt: skip
+
+
+def _group(labels: Mapping[str, str]) -> GroupKey:
+    name, torch, cuda, driver, context = (labels.get(k, "") for k in GROUP_LABELS)
+    return (name, torch, cuda, driver, context)
+
+
+def _gpu(labels: Mapping[str, str]) -> tuple[str, str, str]:
+    return (labels.get("instance", ""), labels.get("gpu", ""), labels.get("uuid", ""))
+
+
+def _kernel(labels: Mapping[str, str]) -> Kernel:
+    return (labels.get("dtype", ""), labels.get("shape", ""))
+
+
+def fleet_view(client: Querier, computed: bool = False, rules: str | None = None) -> FleetView:
+    """Ask ``client``; ``computed`` sends the rules' expressions even where the recorded series
+    exist (tests compare the two). PrometheusError when there is nothing to rank."""
+    source = "computed" if computed else "recorded"
+    queries = {n: n for n in (RATIO, SCORE, MEDIAN, GROUP_MEDIAN, GROUP_GPUS)}
+    answers = {} if computed else {RATIO: client.query(RATIO)}
+    if not answers.get(RATIO):
+        if not computed:
+            _explain_absence(client)
+        source = "computed"
+        queries = expanded(rules if rules is not None else shipped_rules())
+    for name in (RATIO, SCORE, MEDIAN, GROUP_MEDIAN, GROUP_GPUS):
+        if name not in answers:
+            answers[name] = client.query(queries[name])
+    if not answers[RATIO]:
+        raise PrometheusError(
+            f"Prometheus at {client.base} has probe figures but no GPU joins its "
+            "sparkdiag_gpu_info and sparkdiag_probe_software_info: daemons older than the "
+            "peer comparison export no software info; upgrade them"
+        )
+    alerts = client.query(f'ALERTS{{alertname="{ALERT}"}}')
+    return build_view(client.base, source, answers, alerts)
+
+
+def _explain_absence(client: Querier) -> None:
+    """No recorded ratio: fine when the daemons' figures are there (compute them); else say why."""
+    daemons = client.query("count(sparkdiag_build_info)")
+    if not daemons or daemons[0].value == 0:
+        raise PrometheusError(
+            f"Prometheus at {client.base} has no sparkdiag series: add the sparkdiag daemons to "
+            "its scrape configuration (port 10942) and wait for a scrape"
+        )
+    figures = client.query("count(sparkdiag_gemm_tflops)")
+    if not figures or figures[0].value == 0:
+        raise PrometheusError(
+            f"Prometheus at {client.base} scrapes {daemons[0].value:.0f} sparkdiag daemon(s) "
+            "but none exports a probe figure (sparkdiag_gemm_tflops): the probe is off "
+            "(--no-probe.enabled), has no torch, or has not run yet"
+        )
+
+
+def build_view(
+    base: str, source: str, answers: Mapping[str, list[Sample]], alerts: list[Sample]
+) -> FleetView:
+    """The view from the answers of the five queries and ALERTS."""
+    by_gpu_kernel: dict[str, dict[tuple[tuple[str, str, str], Kernel], float]] = {}
+    for name in (RATIO, SCORE, MEDIAN):
+        by_gpu_kernel[name] = {(_gpu(s.labels), _kernel(s.labels)): s.value for s in answers[name]}
+    sizes = {(_group(s.labels), _kernel(s.labels)): int(s.value) for s in answers[GROUP_GPUS]}
+    medians = {(_group(s.labels), _kernel(s.labels)): s.value for s in answers[GROUP_MEDIAN]}
+    groups_of: dict[tuple[str, str, str], GroupKey] = {}
+    kernels_of: dict[tuple[str, str, str], list[tuple[Kernel, float, GroupKey]]] = defaultdict(list)
+    for sample in answers[RATIO]:
+        gpu, kernel, group = _gpu(sample.labels), _kernel(sample.labels), _group(sample.labels)
+        groups_of[gpu] = group
+        kernels_of[gpu].append((kernel, sample.value, group))
+    state: dict[tuple[str, str], str] = {}
+    for alert in alerts:
+        key = (alert.labels.get("instance", ""), alert.labels.get("uuid", ""))
+        if alert.labels.get("alertstate") == "firing" or key not in state:
+            state[key] = alert.labels.get("alertstate", "")
+
+    rows = []
+    for gpu, kernels in kernels_of.items():
+        judged = [k for k in kernels if sizes.get((k[2], k[0]), 0) >= MIN_FLEET_GROUP]
+        (dtype, shape), ratio, group = min(judged or kernels, key=lambda k: (k[1], k[0]))
+        rows.append(
+            GpuRow(
+                instance=gpu[0], gpu=gpu[1], uuid=gpu[2], group=group, dtype=dtype, shape=shape,
+                ratio=ratio,
+                score=by_gpu_kernel[SCORE].get((gpu, (dtype, shape))),
+                tflops=by_gpu_kernel[MEDIAN].get((gpu, (dtype, shape))),
+                group_median=medians.get((group, (dtype, shape))),
+                group_gpus=sizes.get((group, (dtype, shape)), 0),
+                kernels_below=sum(1 for k in judged if k[1] <= FAIL_BELOW),
+                kernels=len(kernels),
+                alert=state.get((gpu[0], gpu[2]), ""),
+            )
+        )  # fmt: skip
+    rows.sort(key=lambda r: (r.ratio, r.instance, r.gpu, r.uuid))
+
+    grouped: dict[GroupKey, dict[Kernel, tuple[int, float]]] = defaultdict(dict)
+    for (group, kernel), count in sizes.items():
+        grouped[group][kernel] = (count, medians.get((group, kernel), float("nan")))
+    groups = tuple(
+        Group(*key, gpus=max(n for n, _ in kernels.values()), kernels=kernels)
+        for key, kernels in sorted(grouped.items())
+    )
+    view = FleetView(base, source, groups, tuple(rows))
+    return FleetView(base, source, groups, tuple(rows), actions(view))
+
+
+def actions(view: FleetView) -> tuple[str, ...]:
+    out = []
+    for row in view.outliers:
+        out.append(
+            f"{row.instance} GPU {row.gpu} ({row.uuid}) delivers {row.ratio:.1%} of its "
+            f"{row.group_gpus} peers' {row.dtype} at {row.shape}: drain {row.instance} (a node "
+            "is judged by its slowest GPU), run `sparkdiag check` there (its peers row names the "
+            "GPU; sm-clock, power-under-load, temperature and clock-reasons say why), reset or "
+            "reseat the GPU, and RMA it if it stays 7 % slower"
+        )
+    for row in view.warnings:
+        out.append(
+            f"{row.instance} GPU {row.gpu} ({row.uuid}) is {1 - row.ratio:.1%} below its peers "
+            f"at {row.dtype} {row.shape}: watch it; rerun `sparkdiag check` there when it is idle"
+        )
+    small = [g for g in view.groups if not g.judged]
+    if small:
+        shown = "; ".join(f"{g.model} {g.context} torch {g.torch or '?'}: {g.gpus} GPU(s)"
+                          for g in small)  # fmt: skip
+        out.append(
+            f"{len(small)} group(s) too small to judge (fewer than {MIN_FLEET_GROUP} GPUs of one "
+            f"model, probe software and context; {shown}): no GPU there is called an outlier; "
+            "compare the GPUs inside a node with `sparkdiag check`"
+        )
+    if not view.outliers and not view.warnings:
+        judged = sum(1 for g in view.groups if g.judged)
+        out.append(
+            f"no GPU is 3.5 % or more below its peers in the {judged} group(s) large enough to "
+            "judge: nothing to do"
+            if judged
+            else "no group is large enough to judge: nothing is called an outlier"
+        )
+    return tuple(out)

@@ -1,0 +1,181 @@
+"""``sparkdiag fleet`` against a stand-in Prometheus API (answers chosen per query): the cases a
+real fleet rarely shows on demand (no sparkdiag series, daemons without probe figures, a lone
+GPU, garbage answers), and the rules' expressions expanded for a Prometheus without the rules.
+The real thing, nine daemons and two Prometheus servers, is tests/test_e2e_peers.py."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import threading
+import urllib.parse
+from collections.abc import Callable, Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkdiag.peers.fleet import RULE_GROUP, expanded, shipped_rules
+from tests.support import ROOT, run_cli
+
+Answer = Callable[[str], tuple[int, bytes]]
+H200 = {"name": "NVIDIA H200", "torch": "2.11.0+cu130", "cuda": "13.0", "driver": "580.159.04",
+        "context": "native"}  # fmt: skip
+GPU = {"instance": "h200:10942", "job": "sparkdiag", "gpu": "0",
+       "uuid": "GPU-979ad365-0b73-a0ac-74a2-3520b773d460"}  # fmt: skip
+KERNEL = {"dtype": "bf16", "shape": "8192x8192x8192"}
+
+
+def vector(*samples: tuple[dict[str, str], float]) -> bytes:
+    result = [{"metric": m, "value": [1700000000.0, str(v)]} for m, v in samples]
+    return json.dumps(
+        {"status": "success", "data": {"resultType": "vector", "result": result}}
+    ).encode()
+
+
+@contextlib.contextmanager
+def stand_in(answer: Answer) -> Iterator[str]:
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
+            status, body = answer(query.get("query", [""])[0])
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def fleet(url: str, *args: str) -> tuple[int, str, str]:
+    result = run_cli("fleet", "--prometheus", url, *args)
+    return result.returncode, result.stdout, result.stderr
+
+
+def one_line(stderr: str) -> str:
+    (line,) = stderr.strip().splitlines()
+    return line
+
+
+def test_no_sparkdiag_series_is_a_clear_error() -> None:
+    with stand_in(lambda q: (200, vector())) as url:
+        code, out, err = fleet(url)
+    assert code == 3 and out == ""
+    assert one_line(err) == (
+        f"Error: Prometheus at {url} has no sparkdiag series: add the sparkdiag daemons to its "
+        "scrape configuration (port 10942) and wait for a scrape"
+    )
+
+
+def test_daemons_without_probe_figures_say_why() -> None:
+    def answer(query: str) -> tuple[int, bytes]:
+        return 200, vector(({}, 3.0)) if query == "count(sparkdiag_build_info)" else vector()
+
+    with stand_in(answer) as url:
+        code, _, err = fleet(url)
+    assert code == 3
+    assert "scrapes 3 sparkdiag daemon(s) but none exports a probe figure" in one_line(err)
+
+
+def test_one_gpu_is_too_small_a_group_and_no_outlier() -> None:
+    """What the lent H200 shows: one GPU, its group of one, nothing judged."""
+    labels = {**GPU, **KERNEL, **H200}
+    answers = {
+        "sparkdiag:gemm_tflops:peer_ratio": vector((labels, 1.0)),
+        "sparkdiag:gemm_tflops:peer_score": vector((labels, 0.0)),
+        "sparkdiag:gemm_tflops:median_1h": vector((labels, 725.0)),
+        "sparkdiag:gemm_tflops:peer_median_1h": vector(({**H200, **KERNEL}, 725.0)),
+        "sparkdiag:gemm_tflops:peer_group_gpus": vector(({**H200, **KERNEL}, 1.0)),
+    }
+    with stand_in(lambda q: (200, answers.get(q, vector()))) as url:
+        code, out, err = fleet(url, "--json")
+        text_code, text, _ = fleet(url)
+    assert code == 0 == text_code, err
+    report = json.loads(out)
+    assert report["outliers"] == []
+    assert [g["status"] for g in report["gpus"]] == ["too_small"]
+    assert report["groups"][0]["gpus"] == 1 and report["groups"][0]["judged"] is False
+    assert "1 group(s) too small to judge (fewer than 4 GPUs" in report["actions"][0]
+    assert "not judged" in text and "Outliers:\n  none" in text
+
+
+def test_an_outlier_and_a_warning_rank_first_and_exit_one() -> None:
+    uuids = [f"GPU-{i}" for i in range(5)]
+    ratios = [1.01, 0.99, 1.0, 0.95, 0.9]
+    rows = [({**GPU, "instance": f"n{i}:10942", "uuid": u, **KERNEL, **H200}, r)
+            for i, (u, r) in enumerate(zip(uuids, ratios, strict=True))]  # fmt: skip
+    answers = {
+        "sparkdiag:gemm_tflops:peer_ratio": vector(*rows),
+        "sparkdiag:gemm_tflops:peer_score": vector(*[(m, (r - 1) * 100) for m, r in rows]),
+        "sparkdiag:gemm_tflops:median_1h": vector(*[(m, 725 * r) for m, r in rows]),
+        "sparkdiag:gemm_tflops:peer_median_1h": vector(({**H200, **KERNEL}, 725.0)),
+        "sparkdiag:gemm_tflops:peer_group_gpus": vector(({**H200, **KERNEL}, 5.0)),
+    }
+    with stand_in(lambda q: (200, answers.get(q, vector()))) as url:
+        code, out, _ = fleet(url, "--json")
+    report = json.loads(out)
+    assert code == 1
+    assert [(g["uuid"], g["status"]) for g in report["gpus"][:3]] == [
+        ("GPU-4", "outlier"), ("GPU-3", "warn"), ("GPU-1", "ok"),
+    ]  # fmt: skip
+    assert [o["uuid"] for o in report["outliers"]] == ["GPU-4"]
+    assert report["actions"][0].startswith("n4:10942 GPU 0 (GPU-4) delivers 90.0% of its 5 peers")
+    assert report["actions"][1].startswith("n3:10942 GPU 0 (GPU-3) is 5.0% below its peers")
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "needle"),
+    [
+        (200, b"<html>not prometheus</html>", "did not answer JSON: is the URL Prometheus'?"),
+        (400, json.dumps({"status": "error", "error": "parse error"}).encode(),
+         "answered HTTP 400 Bad Request: parse error"),
+        (401, b"Unauthorized", "refused the query (HTTP 401 Unauthorized): it wants credentials"),
+        (200, json.dumps({"status": "success", "data": {"resultType": "matrix",
+                                                        "result": []}}).encode(),
+         "answered a matrix, not an instant vector"),
+    ],
+)  # fmt: skip
+def test_answers_that_are_no_answer_are_one_line_and_exit_three(
+    status: int, body: bytes, needle: str
+) -> None:
+    with stand_in(lambda q: (status, body)) as url:
+        code, out, err = fleet(url)
+    assert code == 3 and out == ""
+    assert needle in one_line(err)
+
+
+def test_a_bad_http_config_file_is_a_usage_error(tmp_path: Path) -> None:
+    config = tmp_path / "http.yml"
+    config.write_text("basic_auth:\n  user: me\n", encoding="utf-8")
+    code, _, err = fleet("http://127.0.0.1:9", "--http.config.file", str(config))
+    assert code == 2
+    assert "basic_auth: unknown key 'user' (known: password, password_file, username)" in err
+    code, _, err = fleet("http://127.0.0.1:9", "--prometheus-cert-file", str(config))
+    assert code == 2 and "needs both its cert file and its key file" in err
+
+
+def test_the_rules_expand_into_queries_that_need_no_recorded_series() -> None:
+    queries = expanded(shipped_rules())
+    assert shipped_rules() == (ROOT / "prometheus" / "sparkdiag-rules.yml").read_text("utf-8")
+    assert set(queries) == {
+        "sparkdiag:gemm_tflops:median_1h", "sparkdiag:gemm_tflops:peer_median_1h",
+        "sparkdiag:gemm_tflops:peer_group_gpus", "sparkdiag:gemm_tflops:peer_ratio",
+        "sparkdiag:gemm_tflops:peer_mad_1h", "sparkdiag:gemm_tflops:peer_score",
+    }  # fmt: skip
+    for name, expr in queries.items():
+        assert "sparkdiag:gemm_tflops:" not in expr, (name, RULE_GROUP)
+        assert "sparkdiag_gemm_tflops" in expr and "sparkdiag_probe_software_info" in expr
+    assert re.search(r"group_left \(\)\s+\(", queries["sparkdiag:gemm_tflops:peer_ratio"])
