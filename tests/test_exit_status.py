@@ -119,6 +119,10 @@ CASES: list[tuple[str, Args, int, str]] = [
     ("soak usage", lambda t: ["soak", "--gpu", "x"], Exit.USAGE, "is not a GPU index"),
     ("soak no gpu", lambda t: ["soak", "--nvml-fixture", NO_NVML], Exit.ATTENTION,
      "no GPU to soak"),
+    ("fleet bad timeout", lambda t: ["fleet", "--prometheus-timeout", "0"], Exit.USAGE,
+     "--prometheus-timeout"),
+    ("fleet unreachable", lambda t: ["fleet", "--prometheus", "http://127.0.0.1:9",
+     "--prometheus-timeout", "2"], Exit.FAILED, "127.0.0.1:9"),
 ]  # fmt: skip
 
 

@@ -309,7 +309,7 @@ def rows(report: dict[str, Any], name: str) -> list[dict[str, Any]]:
 def test_check_fails_the_gpu_ten_percent_slower_than_its_seven_peers(tmp_path: Path) -> None:
     code, report = run_check(tmp_path, per_gpu_fixture(tmp_path / "p.json", {SLOW: 0.9}))
     (row,) = rows(report, "peers")
-    assert code == 2 and row["status"] == "fail" and row["gpu"] == str(SLOW)
+    assert code == 3 and row["status"] == "fail" and row["gpu"] == str(SLOW)
     assert row["finding"].startswith(
         f"GPU {SLOW} (NVIDIA H200) 10.0% below the median of the other 7"
     )

@@ -2,7 +2,7 @@
 # On the lent H200 (issue 22): a GPU judged against its peers.
 #
 #   1. the node comparison of `sparkdiag check` on fixtures of eight H200s (the recorded H200
-#      document replayed per GPU): GPU 5 at 0.9 of the others (peers fails naming GPU 5, exit 2),
+#      document replayed per GPU): GPU 5 at 0.9 of the others (peers fails naming GPU 5, exit 3),
 #      GPU 2 at 0.95 (warns), all eight within ±2 % (passes);
 #   2. `sparkdiag check` on the real GPU: one GPU, so peers skips ("no peer"), and
 #      baseline-learning reads the store the check found;
