@@ -5,7 +5,8 @@ kind: ``gpu_checks`` (presence, idle, modes), ``thermal_checks`` (temperatures, 
 reasons), ``link_checks`` (PCIe links of the GPU and the host), ``health_checks`` (ECC, row
 remapping, XID), ``host_checks`` (context, governor, unified memory), ``version_checks``,
 ``probe_checks`` and ``power_checks`` (under load), ``soak_checks`` (the latest ``sparkdiag
-soak``) and ``store_checks`` (the baseline store). The other modules of the package are the
+soak``), ``store_checks`` (the baseline store) and ``network_checks`` (ConnectX-7 lint, link to
+``--peer``). The other modules of the package are the
 machinery: ``model``, ``gather``, ``probe_run``, this catalogue and ``report``.
 """
 
@@ -26,6 +27,7 @@ from sparkdiag.check.health_checks import check_ecc, check_row_remap, check_xid
 from sparkdiag.check.host_checks import check_context, check_governor, check_unified_memory
 from sparkdiag.check.link_checks import check_pcie_gpu, check_pcie_host
 from sparkdiag.check.model import CheckContext, CheckResult
+from sparkdiag.check.network_checks import check_cx7_config, check_link_peer
 from sparkdiag.check.power_checks import check_power_under_load
 from sparkdiag.check.probe_checks import check_int4_decode, check_probe, check_sm_clock
 from sparkdiag.check.soak_checks import check_soak
@@ -66,6 +68,8 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("power-under-load", check_power_under_load),
     ("int4-decode", check_int4_decode),
     ("soak", check_soak),
+    ("cx7-config", check_cx7_config),
+    ("link-peer", check_link_peer),
 )
 # Checks that need the GPU under load; --quick reports them as skipped.
 LOAD_CHECKS = frozenset({"probe", "sm-clock", "power-under-load", "int4-decode"})

@@ -114,6 +114,7 @@ def check(
             expect_gpus=expect_gpus,
             sources=sources,
             on_probe=lambda gpus: _progress(gpus, settings.probe_timeout),
+            on_peer=lambda line: click.echo(line, err=True) if sys.stderr.isatty() else None,
         )
     except FixtureError as exc:
         raise CheckUsageError(f"--nvml-fixture: {exc}") from None
