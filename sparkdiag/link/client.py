@@ -57,7 +57,12 @@ def measure_link(
         if all(p.failed for p in plans):
             raise LinkError("; ".join(p.failed or "" for p in plans))
         chosen = ToolChoice(tools.installed(), as_map(control.hello.get("tools")))
-        paths = [_measure(control, plan, options, chosen, started, progress) for plan in plans]
+        try:
+            paths = [_measure(control, plan, options, chosen, started, progress) for plan in plans]
+        except (OSError, TimeoutError, ProtocolError, ConnectionError) as exc:
+            raise LinkError(
+                f"{peer}: the session with its 'link serve' broke off during the test ({exc})"
+            ) from None
         with contextlib.suppress(OSError, TimeoutError, ProtocolError, ConnectionError):
             control.ask({"op": "bye"}, timeout=5.0)
     finally:

@@ -41,7 +41,7 @@ source) and the fix. The rules, and where their figures come from:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from sparkdiag.link.readings import FabricReadings
@@ -89,13 +89,7 @@ class Finding:
     fix: str
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "code": self.code,
-            "subject": self.subject,
-            "finding": self.finding,
-            "figure": self.figure,
-            "fix": self.fix,
-        }
+        return asdict(self)
 
 
 @dataclass(frozen=True)

@@ -117,10 +117,12 @@ class PathMeasure:
         counter = Counter()
         deadline = time.monotonic() + seconds
         if direction == "to-peer":
-            workers = [threading.Thread(target=send_until, args=(s, deadline)) for s in socks]
+            workers = [
+                threading.Thread(target=send_until, args=(s, deadline), daemon=True) for s in socks
+            ]
         else:
             workers = [
-                threading.Thread(target=receive, args=(s, counter, b"", seconds + 30))
+                threading.Thread(target=receive, args=(s, counter, b"", seconds + 30), daemon=True)
                 for s in socks
             ]
         for worker in workers:
@@ -165,68 +167,37 @@ class PathMeasure:
         return Throughput(tools.IPERF3, direction, gbps, seconds, streams, error)
 
     def ib_write_bw(self, direction: str) -> Throughput:
+        """RDMA writes from the sending side's device into the receiving side's: the peer's
+        ``ib_write_bw`` is the server for "to peer", this machine's for "from peer"."""
         seconds = self.options.seconds
         mine, theirs = self.plan.local.rdma[0], self.plan.peer.rdma[0]
-        if direction == "to-peer":
-            answer = self.control.ask(
-                {
-                    "op": "tool",
-                    "tool": tools.IB_WRITE_BW,
-                    "role": "server",
-                    "device": theirs,
-                    "seconds": seconds,
-                }
+        request = {"op": "tool", "tool": tools.IB_WRITE_BW, "device": theirs, "seconds": seconds}
+
+        def result(gbps: float | None, error: str) -> Throughput:
+            return Throughput(
+                tools.IB_WRITE_BW, direction, gbps, seconds, None, None if gbps else error
             )
+
+        if direction == "to-peer":
+            answer = self.control.ask({**request, "role": "server"})
             port = as_int(answer.get("port"))
             if port is None:
-                return Throughput(
-                    tools.IB_WRITE_BW,
-                    direction,
-                    None,
-                    seconds,
-                    None,
-                    str(answer.get("error", "no port")),
-                )
-            argv = tools.ib_write_bw(mine, port, seconds, self.plan.peer_address)
-            run = tools.run(argv, seconds + 20)
-            gbps = tools.parse_ib_write_bw(run.output)
-            return Throughput(
-                tools.IB_WRITE_BW,
-                direction,
-                gbps,
-                seconds,
-                None,
-                None if gbps else f"no result (exit {run.returncode})",
+                return result(None, str(answer.get("error", "no port")))
+            run = tools.run(
+                tools.ib_write_bw(mine, port, seconds, self.plan.peer_address), seconds + 20
             )
+            return result(tools.parse_ib_write_bw(run.output), f"no result (exit {run.returncode})")
         port = tools.free_port("0.0.0.0")
         server = tools.Process(tools.ib_write_bw(mine, port, seconds))
         if not server.wait_listening("0.0.0.0", port, 5.0):
             server.kill()
-            return Throughput(
-                tools.IB_WRITE_BW, direction, None, seconds, None, "ib_write_bw did not start here"
-            )
+            return result(None, "ib_write_bw did not start here")
         answer = self.control.ask(
-            {
-                "op": "tool",
-                "tool": tools.IB_WRITE_BW,
-                "role": "client",
-                "device": theirs,
-                "address": self.source,
-                "port": port,
-                "seconds": seconds,
-            },
+            {**request, "role": "client", "address": self.source, "port": port},
             timeout=seconds + 30,
         )
         local = tools.parse_ib_write_bw(server.finish(5.0).output)
-        gbps = local or as_float(answer.get("gbps"))
-        return Throughput(
-            tools.IB_WRITE_BW,
-            direction,
-            gbps,
-            seconds,
-            None,
-            None if gbps else str(answer.get("error", "no result")),
-        )
+        return result(local or as_float(answer.get("gbps")), str(answer.get("error", "no result")))
 
 
 @dataclass
