@@ -56,6 +56,7 @@ def _register() -> None:
     from sparkdiag.commands.configure import config
     from sparkdiag.commands.fixture import record_fixture
     from sparkdiag.commands.fleet import fleet
+    from sparkdiag.commands.link import link
     from sparkdiag.commands.probe import probe
     from sparkdiag.commands.serve import dump, serve
     from sparkdiag.commands.soak import soak
@@ -63,7 +64,7 @@ def _register() -> None:
 
     for command in (
         serve, dump, record_fixture, config, check, probe, bench, compare, baseline, assets, watch,
-        soak, fleet,
+        soak, fleet, link,
     ):  # fmt: skip
         main.add_command(command)
 

@@ -170,11 +170,13 @@ OPTIONS: tuple[Option, ...] = (
         "path",
         Path("/sys"),
         "sysfs mount point to read PCIe links from (a fake tree for tests).",
-        scopes=frozenset({"serve", "dump", "check", "watch"}),
+        scopes=frozenset({"serve", "dump", "check", "watch", "link"}),
         command_help={
             "check": "check also reads the cpufreq governors under it.",
             "watch": "watch reads the job's cgroup pressure under DIR/fs/cgroup (cgroup v2), "
             "else the host's.",
+            "link": "link reads the network interfaces, ConnectX-7 functions and RDMA devices "
+            "under it.",
         },
         metavar="DIR",
     ),
@@ -184,8 +186,10 @@ OPTIONS: tuple[Option, ...] = (
         "path",
         Path("/"),
         "Root filesystem to detect the execution context (container or native) under.",
-        scopes=frozenset({"serve", "dump", "check", "probe", "watch"}),
+        scopes=frozenset({"serve", "dump", "check", "probe", "watch", "link"}),
         command_help={
+            "link": "link reads /proc/meminfo, /proc/cmdline, /etc/nccl.conf and the system's "
+            "NCCL libraries under it.",
             "check": "check also reads the kernel log (ROOT/dev/kmsg; dmesg on the real root) "
             "and process names (ROOT/proc/PID/comm) under it.",
             "watch": "watch reads the job (its process tree, threads, I/O) and the host's "
@@ -419,6 +423,16 @@ OPTIONS: tuple[Option, ...] = (
         maximum=100000,
     ),
     Option(
+        "peer",
+        "peer",
+        "str",
+        None,
+        "Also measure the link to this host (HOST or HOST:PORT), which runs 'sparkdiag link "
+        "serve': a short 'sparkdiag link test' (2 s per direction and path, at most 30 s).",
+        scopes=frozenset({"check"}),
+        metavar="HOST",
+    ),
+    Option(
         "process-metrics",
         "process_metrics",
         "bool",
@@ -605,6 +619,7 @@ class Settings:
     probe_hot_gpu_celsius: float = DEFAULTS["probe_hot_gpu_celsius"]
     probe_hot_interval: float = DEFAULTS["probe_hot_interval"]
     probe_hot_min_interval: float = DEFAULTS["probe_hot_min_interval"]
+    peer: str | None = DEFAULTS["peer"]
     process_metrics: bool = DEFAULTS["process_metrics"]
     process_metrics_top: int = DEFAULTS["process_metrics_top"]
     compat_dcgm: bool = DEFAULTS["compat_dcgm"]

@@ -39,6 +39,7 @@ DOCKER_CGROUP = "0::/docker/" + "ab" * 32 + "\n"
         ("native", {}, "native", "none"),
         ("dgx-spark", {}, "native", "none"),  # native's files plus procfs memory readings
         ("dgx-spark-pressure", {}, "native", "none"),
+        ("dgx-spark-nccl", {}, "native", "none"),  # dgx-spark's, misconfigured for NCCL
         ("gpu-host", {}, "native", "none"),  # native's root plus GPU processes under proc/
         ("lent-vm", {}, "native", "none"),
         ("docker", {}, "container", "docker"),
@@ -63,6 +64,7 @@ def test_every_fixture_root_is_covered() -> None:
         "native",
         "dgx-spark",
         "dgx-spark-pressure",
+        "dgx-spark-nccl",
         "gpu-host",
         "lent-vm",
         "docker",

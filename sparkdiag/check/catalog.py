@@ -5,8 +5,9 @@ kind: ``gpu_checks`` (presence, idle, modes), ``thermal_checks`` (temperatures, 
 reasons), ``link_checks`` (PCIe links of the GPU and the host), ``health_checks`` (ECC, row
 remapping, XID), ``host_checks`` (context, governor, unified memory), ``version_checks``,
 ``probe_checks``, ``power_checks`` and ``peer_checks`` (under load; ``peer_checks`` also reads
-the baseline store's held learning), ``soak_checks`` (the latest ``sparkdiag
-soak``) and ``store_checks`` (the baseline store). The other modules of the package are the
+the baseline store's held learning), ``soak_checks`` (the latest ``sparkdiag soak``),
+``store_checks`` (the baseline store) and ``network_checks`` (ConnectX-7 lint, link to
+``--peer``). The other modules of the package are the
 machinery: ``model``, ``gather``, ``probe_run``, this catalogue and ``report``.
 """
 
@@ -27,6 +28,7 @@ from sparkdiag.check.health_checks import check_ecc, check_row_remap, check_xid
 from sparkdiag.check.host_checks import check_context, check_governor, check_unified_memory
 from sparkdiag.check.link_checks import check_pcie_gpu, check_pcie_host
 from sparkdiag.check.model import CheckContext, CheckResult
+from sparkdiag.check.network_checks import check_cx7_config, check_link_peer
 from sparkdiag.check.peer_checks import check_baseline_learning, check_peers
 from sparkdiag.check.power_checks import check_power_under_load
 from sparkdiag.check.probe_checks import check_int4_decode, check_probe, check_sm_clock
@@ -70,6 +72,8 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("int4-decode", check_int4_decode),
     ("peers", check_peers),
     ("soak", check_soak),
+    ("cx7-config", check_cx7_config),
+    ("link-peer", check_link_peer),
 )
 # Checks that need the GPU under load; --quick reports them as skipped.
 LOAD_CHECKS = frozenset({"probe", "sm-clock", "power-under-load", "int4-decode", "peers"})

@@ -8,6 +8,7 @@ configured ``--path.sysfs`` / ``--path.rootfs``; this module only puts them toge
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -16,6 +17,10 @@ from sparkdiag.baseline.keeper import inspect_store
 from sparkdiag.check.model import CheckContext, GpuProbe, KernelLog, TorchInfo, no_gpu_reason
 from sparkdiag.check.probe_run import read_store, run_probes, worker_launcher
 from sparkdiag.config import Settings
+from sparkdiag.errors import SparkdiagError
+from sparkdiag.link.client import Options, measure_link
+from sparkdiag.link.readings import read_fabric
+from sparkdiag.link.session import split_peer
 from sparkdiag.probe.launchers import Launcher, WorkerLauncher
 from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.soak.state import inspect_state
@@ -55,6 +60,7 @@ def gather(
     expect_gpus: int | None = None,
     sources: Sources = Sources(),
     on_probe: Callable[[Sequence[GpuSample]], None] | None = None,
+    on_peer: Callable[[str], None] | None = None,
 ) -> CheckContext:
     """Poll once, probe every idle GPU (unless ``quick``), read the host; FixtureError passes up."""
     poller = build_poller(settings)
@@ -75,14 +81,44 @@ def gather(
         )
         ctx = _with_probes(ctx, settings, sources, poller.poll_once, on_probe)
         # Read after the probe, so that an XID the load provoked is seen too.
-        return replace(
+        ctx = replace(
             ctx,
             kernel_log=sources.kernel_log or read_kernel_log(settings.rootfs),
             baseline_store=inspect_store(settings.state_dir),
             soak=inspect_state(settings.state_dir),
         )
+        return _with_link(ctx, settings, on_peer)
     finally:
         poller.gpu.stop()
+
+
+# check --peer: a short link test, bounded (2 s per method, direction and path; 30 s in all).
+PEER_OPTIONS = Options(seconds=2.0, use_tools=False, budget=30.0)
+
+
+def _with_link(
+    ctx: CheckContext, settings: Settings, on_peer: Callable[[str], None] | None
+) -> CheckContext:
+    """The ConnectX-7 readings, and the link test against ``--peer`` (not with --quick)."""
+    with contextlib.suppress(FileNotFoundError):  # a missing sysfs root: the PCIe rows say so
+        ctx = replace(ctx, fabric=read_fabric(settings.sysfs, settings.rootfs, os.environ))
+    if settings.peer is None or ctx.quick:
+        return ctx
+    host, port = split_peer(settings.peer)  # a malformed --peer is a usage error
+    try:
+        report = measure_link(
+            host,
+            replace(PEER_OPTIONS, port=port),
+            settings.sysfs,
+            settings.rootfs,
+            os.environ,
+            progress=on_peer or (lambda line: None),
+        )
+    except SparkdiagError as exc:
+        return replace(ctx, peer_error=exc.line())
+    except FileNotFoundError as exc:
+        return replace(ctx, peer_error=str(exc))
+    return replace(ctx, peer_link=report)
 
 
 def _with_probes(

@@ -17,6 +17,8 @@ from sparkdiag.baseline.evaluate import GemmFigure
 from sparkdiag.baseline.keeper import StoreReport
 from sparkdiag.config import DEFAULTS
 from sparkdiag.errors import Exit
+from sparkdiag.link.model import LinkReport
+from sparkdiag.link.readings import FabricReadings
 from sparkdiag.probe.document import WorkerDocument
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.snapshot import GpuSample, Snapshot
@@ -115,6 +117,8 @@ class CheckContext:
     soak: what was found of the latest soak per GPU (None: not looked at)
     process_names: pid -> command name, for the pids NVML reports
     own_pids: pids that are sparkdiag's own (never "another process on the GPU")
+    fabric: the ConnectX-7 functions, NCCL settings and libraries, CMA (None: not read)
+    peer_link: the short link test against ``--peer``; peer_error: why it could not be done
     """
 
     snapshot: Snapshot
@@ -131,6 +135,9 @@ class CheckContext:
     process_names: Mapping[int, str] = field(default_factory=dict)
     own_pids: frozenset[int] = frozenset()
     busy_utilization: float = DEFAULTS["probe_busy_utilization"]
+    fabric: FabricReadings | None = None
+    peer_link: LinkReport | None = None
+    peer_error: str | None = None
 
     def gpus_up(self) -> tuple[GpuSample, ...]:
         return tuple(g for g in self.snapshot.gpus if g.up)

@@ -94,6 +94,7 @@ def check(
         expect_gpus=expect_gpus,
         sources=sources,
         on_probe=lambda gpus: _progress(gpus, settings.probe_timeout),
+        on_peer=lambda line: click.echo(line, err=True) if sys.stderr.isatty() else None,
     )
     results = run_checks(context)
     duration = time.monotonic() - started

@@ -1,0 +1,266 @@
+"""``sparkdiag link``: two machines over ConnectX-7 (``serve``, ``test``, ``lint``); see
+:mod:`sparkdiag.link` and docs/link.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+import click
+
+from sparkdiag.config import ConfigError, parse_listen
+from sparkdiag.errors import Exit, UsageError
+from sparkdiag.flags import settings_from, settings_options
+from sparkdiag.link.client import Options, measure_link
+from sparkdiag.link.lint import lint as run_lint
+from sparkdiag.link.model import DIRECTIONS
+from sparkdiag.link.readings import read_fabric
+from sparkdiag.link.render import lint_text, report_text
+from sparkdiag.link.server import LinkServer, listen_socket
+from sparkdiag.link.wire import MAX_SECONDS, MAX_STREAMS, PORT
+
+
+def _settings(given: dict[str, Any]) -> Any:
+    return settings_from("link", given)
+
+
+@click.group("link")
+def link() -> None:
+    """Two machines over ConnectX-7 (two DGX Sparks, or any pair): measure the link, lint the
+    NCCL and RDMA setup.
+
+    \b
+      sparkdiag link serve          on one machine: the listening side (TCP port 10943)
+      sparkdiag link test PEER      on the other: measure every ConnectX-7 path to PEER
+      sparkdiag link lint           this machine's MTU, NCCL_IB_HCA/NCCL_SOCKET_IFNAME,
+                                    CmaTotal and NCCL libraries, each finding with its fix
+
+    'sparkdiag check --peer PEER' runs a short 'link test' as one of its rows.
+    """
+
+
+@link.command("serve")
+@click.option(
+    "--listen",
+    default=f":{PORT}",
+    show_default=True,
+    metavar="HOST:PORT",
+    help="Address and port to listen on; ':PORT' listens on every address.",
+)
+@click.option("--once", is_flag=True, help="Exit after one measuring session.")
+@settings_options("link")
+def serve(listen: str, once: bool, **given: Any) -> None:
+    """The listening side of 'sparkdiag link test': answer one measuring machine at a time.
+
+    It counts what arrives, sends back on the connections that ask (at most 64 streams for
+    60 s), and starts 'iperf3 -s' or 'ib_write_bw' for the measuring side when they are
+    installed. Anyone who reaches the port can run a test: run it while you test, on a
+    trusted link, and stop it with Ctrl-C.
+
+    \b
+    Exit status:
+      0  stopped with Ctrl-C or SIGTERM between sessions, or --once done
+      2  bad flag
+      3  the port cannot be had (in use, or not allowed)
+      130 stopped during a session
+    """
+    settings = _settings(given)
+    try:
+        host, port = parse_listen(listen, "--listen")
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+    sock = listen_socket(host, port)
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: Any) -> None:
+        stop.set()
+
+    previous = signal.signal(signal.SIGTERM, on_signal)
+    server = LinkServer(
+        sock,
+        settings.sysfs,
+        settings.rootfs,
+        dict(os.environ),
+        say=lambda line: click.echo(line, err=True),
+        once=once,
+    )
+    click.echo(f"sparkdiag link serve: listening on {listen} (TCP); Ctrl-C stops", err=True)
+    interrupted = False
+    try:
+        server.serve(stop)
+    except KeyboardInterrupt:
+        interrupted = True
+    finally:
+        busy = server.busy
+        server.close()
+        signal.signal(signal.SIGTERM, previous)
+    if (interrupted or stop.is_set()) and busy:
+        sys.exit(int(Exit.INTERRUPTED))
+
+
+@link.command("test")
+@click.argument("peer")
+@click.option(
+    "--port",
+    type=click.IntRange(1, 65535),
+    default=PORT,
+    show_default=True,
+    help="The port the peer's 'link serve' listens on.",
+)
+@click.option(
+    "--duration",
+    "seconds",
+    type=click.FloatRange(0.5, MAX_SECONDS),
+    default=3.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Seconds of each throughput measurement (each method, each direction, each path).",
+)
+@click.option(
+    "--streams",
+    type=click.IntRange(1, MAX_STREAMS),
+    default=8,
+    show_default=True,
+    help="Parallel TCP streams.",
+)
+@click.option(
+    "--direction",
+    type=click.Choice(["both", *DIRECTIONS]),
+    default="both",
+    show_default=True,
+    help="to-peer: this machine sends; from-peer: the peer sends. An endpoint can be degraded "
+    "in one direction only.",
+)
+@click.option(
+    "--interface",
+    "interfaces",
+    multiple=True,
+    metavar="IF",
+    help="Measure over this interface only (repeatable); any interface, not only ConnectX-7.",
+)
+@click.option(
+    "--address-only",
+    is_flag=True,
+    help="Measure only the route to PEER itself, not each ConnectX-7 interface.",
+)
+@click.option("--no-tools", is_flag=True, help="Do not run iperf3 or ib_write_bw.")
+@click.option(
+    "--connect-timeout",
+    type=click.FloatRange(0.1, 60),
+    default=3.0,
+    show_default=True,
+    metavar="SECONDS",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead of text.")
+@settings_options("link")
+@click.pass_context
+def test(
+    ctx: click.Context,
+    /,
+    peer: str,
+    port: int,
+    seconds: float,
+    streams: int,
+    direction: str,
+    interfaces: tuple[str, ...],
+    address_only: bool,
+    no_tools: bool,
+    connect_timeout: float,
+    as_json: bool,
+    **given: Any,
+) -> None:
+    """Measure the link to PEER, which runs 'sparkdiag link serve'.
+
+    Over each ConnectX-7 interface of this machine that has a carrier (paired with the peer's
+    address on the same network), or over --interface, or the route to PEER where this machine
+    has no ConnectX-7 (or with --address-only): the TCP round-trip latency, the throughput of
+    --streams parallel TCP streams in each direction, then iperf3 (TCP) and ib_write_bw (RDMA)
+    where both machines have them. Each path is judged against its ceiling, the rate the
+    interfaces negotiated (/sys/class/net/IF/speed) or the PCIe link behind them if lower:
+    fit at half of it or more, else degraded, with the likely cause (from both machines'
+    lint) and what to do. Traffic goes to PEER and to addresses PEER reports for itself on
+    this machine's networks, only after they answer as the same 'link serve'.
+
+    \b
+    Exit status:
+      0  fit: every path reached half of its ceiling
+      1  degraded (or a path whose rate neither end knows)
+      2  bad input: a bad flag, a PEER name that does not resolve, an --interface that
+         does not exist
+      3  failed: the peer unreachable, refusing the port, not running 'link serve' or busy;
+         no carrier on the interfaces; nothing measured on a path
+      130 interrupted
+    """
+    settings = _settings(given)
+    options = Options(
+        port=port,
+        seconds=seconds,
+        streams=streams,
+        directions=DIRECTIONS if direction == "both" else (direction,),
+        interfaces=interfaces,
+        address_only=address_only,
+        use_tools=not no_tools,
+        connect_timeout=connect_timeout,
+    )
+    show = sys.stderr.isatty()
+    try:
+        report = measure_link(
+            peer,
+            options,
+            settings.sysfs,
+            settings.rootfs,
+            dict(os.environ),
+            progress=lambda line: click.echo(line, err=True) if show else None,
+        )
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc), flag="--path.sysfs") from None
+    except KeyboardInterrupt:
+        click.echo("interrupted", err=True)
+        ctx.exit(int(Exit.INTERRUPTED))
+    if as_json:
+        click.echo(json.dumps(report.as_json(), indent=2))
+    else:
+        click.echo(report_text(report), nl=False)
+    ctx.exit(report.exit_code)
+
+
+@link.command("lint")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead of text.")
+@settings_options("link")
+@click.pass_context
+def lint(ctx: click.Context, /, as_json: bool, **given: Any) -> None:
+    """Lint this machine's ConnectX-7 and NCCL setup.
+
+    MTU of the ConnectX-7 interfaces that have a carrier; NCCL_IB_HCA and NCCL_SOCKET_IFNAME
+    (environment, $NCCL_CONF_FILE or ~/.nccl.conf, /etc/nccl.conf: NCCL's own order) against
+    the devices present, and on a GB10 machine whether both PCIe halves of a cabled port are
+    named; CmaTotal against CmaFree in /proc/meminfo; every libnccl.so the probe's Python can
+    see (pip's and the system's). Each finding comes with the public figure behind it and the
+    fix.
+
+    \b
+    Exit status:
+      0  no finding
+      1  at least one finding
+      2  bad flag, or --path.sysfs is not a directory
+    """
+    settings = _settings(given)
+    try:
+        readings = read_fabric(settings.sysfs, settings.rootfs, dict(os.environ))
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc), flag="--path.sysfs") from None
+    findings = run_lint(readings)
+    if as_json:
+        doc = {
+            "format": "sparkdiag-link-lint/1",
+            "findings": [f.as_json() for f in findings],
+            "readings": readings.as_json(),
+        }
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        click.echo(lint_text(readings, findings), nl=False)
+    ctx.exit(int(Exit.ATTENTION if findings else Exit.OK))

@@ -1,0 +1,225 @@
+"""Measuring one path: the latency, the throughput of sparkdiag's own TCP streams in each
+direction, and ``iperf3`` and ``ib_write_bw`` where both machines have them."""
+
+from __future__ import annotations
+
+import itertools
+import socket
+import statistics
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkdiag.jsonvalues import as_float, as_int
+from sparkdiag.link import tools
+from sparkdiag.link.model import Latency, Throughput
+from sparkdiag.link.paths import Plan
+from sparkdiag.link.session import Control, Options, connect_error, endpoint, open_socket
+from sparkdiag.link.streams import Counter, receive, send_until
+from sparkdiag.link.wire import HELLO_TIMEOUT, PING_BYTES, LineReader, ProtocolError, hello, send
+
+TCP = "tcp-sockets"
+PING_SECONDS = 0.5
+PING_MAX = 2000
+
+
+def _latency(sock: socket.socket, reader: LineReader) -> Latency | None:
+    message = b"p" * PING_BYTES
+    samples: list[float] = []
+    sock.settimeout(5.0)
+    pending = reader.rest
+    deadline = time.monotonic() + PING_SECONDS
+    for index in itertools.count():
+        if index >= PING_MAX or time.monotonic() > deadline:
+            break
+        start = time.perf_counter()
+        sock.sendall(message)
+        got = len(pending)
+        pending = b""
+        while got < PING_BYTES:
+            chunk = sock.recv(PING_BYTES - got)
+            if not chunk:
+                return None
+            got += len(chunk)
+        if index >= 10:  # warm-up
+            samples.append((time.perf_counter() - start) * 1e6)
+    if not samples:
+        return None
+    ordered = sorted(samples)
+    return Latency(
+        median_us=statistics.median(ordered),
+        p99_us=ordered[max(0, -(-len(ordered) * 99 // 100) - 1)],
+        min_us=ordered[0],
+        round_trips=len(ordered),
+    )
+
+
+class PathMeasure:
+    """Measures one planned path over the session's control connection."""
+
+    def __init__(self, control: Control, plan: Plan, options: Options) -> None:
+        self.control = control
+        self.plan = plan
+        self.options = options
+        self.ids = itertools.count(1)
+        self.device = plan.local.interface
+        self.source = plan.local.address
+
+    def _open(self, timeout: float) -> socket.socket:
+        return open_socket(
+            self.plan.peer_address, self.options.port, timeout, self.source, self.device
+        )
+
+    def ping(self) -> tuple[Latency | None, str | None]:
+        where = endpoint(self.plan.peer_address, self.options.port)
+        try:
+            sock = self._open(self.options.connect_timeout)
+        except OSError as exc:
+            return None, connect_error(exc, where, self.options.connect_timeout)
+        with sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            reader = LineReader(sock)
+            try:
+                send(sock, hello("ping", session=self.control.token))
+                answer = reader.read(HELLO_TIMEOUT)
+            except (TimeoutError, ProtocolError, ConnectionError, OSError) as exc:
+                return None, f"{where} did not answer as the peer's 'link serve' ({exc})"
+            if answer.get("session") != self.control.token:
+                return None, (
+                    f"{where} answered, but not as the same 'link serve' process as "
+                    "the peer named: nothing was sent to it"
+                )
+            try:
+                return _latency(sock, reader), None
+            except OSError as exc:
+                return None, f"{where}: the latency exchange failed ({exc})"
+
+    def tcp(self, direction: str) -> Throughput:
+        seconds, streams = self.options.seconds, self.options.streams
+        test = f"t{next(self.ids)}"
+        kind = "sink" if direction == "to-peer" else "source"
+        ready = self.control.ask({"op": kind, "test": test, "streams": streams, "seconds": seconds})
+        if ready.get("error"):
+            return Throughput(TCP, direction, None, seconds, streams, str(ready["error"]))
+        socks = []
+        try:
+            for _ in range(streams):
+                sock = self._open(self.options.connect_timeout)
+                socks.append(sock)
+                send(sock, hello("data", session=self.control.token, test=test))
+        except OSError as exc:
+            for sock in socks:
+                sock.close()
+            self.control.ask({"op": "result", "test": test})
+            return Throughput(TCP, direction, None, seconds, streams, f"data connection: {exc}")
+        counter = Counter()
+        deadline = time.monotonic() + seconds
+        if direction == "to-peer":
+            workers = [
+                threading.Thread(target=send_until, args=(s, deadline), daemon=True) for s in socks
+            ]
+        else:
+            workers = [
+                threading.Thread(target=receive, args=(s, counter, b"", seconds + 30), daemon=True)
+                for s in socks
+            ]
+        for worker in workers:
+            worker.start()
+        for worker in workers:
+            worker.join(seconds + 40)
+        for sock in socks:
+            sock.close()
+        result = self.control.ask({"op": "result", "test": test}, timeout=seconds + 30)
+        if direction == "to-peer":
+            counted = as_int(result.get("bytes")) or 0
+            window = as_float(result.get("seconds")) or 0.0
+            gbps = counted * 8 / window / 1e9 if counted and window > 0 else None
+        else:
+            gbps = counter.gbps()
+            window = counter.seconds
+        error = None if gbps else str(result.get("error") or "no bytes arrived")
+        return Throughput(TCP, direction, gbps, window or seconds, streams, error)
+
+    def iperf3(self, direction: str) -> Throughput:
+        seconds, streams = self.options.seconds, self.options.streams
+        answer = self.control.ask(
+            {
+                "op": "tool",
+                "tool": tools.IPERF3,
+                "address": self.plan.peer_address,
+                "seconds": seconds,
+            }
+        )
+        port = as_int(answer.get("port"))
+        if port is None:
+            return Throughput(
+                tools.IPERF3, direction, None, seconds, streams, str(answer.get("error", "no port"))
+            )
+        argv = tools.iperf3_client(
+            self.plan.peer_address, port, seconds, streams, direction == "from-peer", self.source
+        )
+        run = tools.run(argv, seconds + 15)
+        gbps, error = tools.parse_iperf3(run.output)
+        if run.returncode is None:
+            error = f"iperf3 ran past {seconds + 15:g} s and was killed"
+        return Throughput(tools.IPERF3, direction, gbps, seconds, streams, error)
+
+    def ib_write_bw(self, direction: str) -> Throughput:
+        """RDMA writes from the sending side's device into the receiving side's: the peer's
+        ``ib_write_bw`` is the server for "to peer", this machine's for "from peer"."""
+        seconds = self.options.seconds
+        mine, theirs = self.plan.local.rdma[0], self.plan.peer.rdma[0]
+        request = {"op": "tool", "tool": tools.IB_WRITE_BW, "device": theirs, "seconds": seconds}
+
+        def result(gbps: float | None, error: str) -> Throughput:
+            return Throughput(
+                tools.IB_WRITE_BW, direction, gbps, seconds, None, None if gbps else error
+            )
+
+        if direction == "to-peer":
+            answer = self.control.ask({**request, "role": "server"})
+            port = as_int(answer.get("port"))
+            if port is None:
+                return result(None, str(answer.get("error", "no port")))
+            run = tools.run(
+                tools.ib_write_bw(mine, port, seconds, self.plan.peer_address), seconds + 20
+            )
+            return result(tools.parse_ib_write_bw(run.output), f"no result (exit {run.returncode})")
+        port = tools.free_port("0.0.0.0")
+        server = tools.Process(tools.ib_write_bw(mine, port, seconds))
+        if not server.wait_listening("0.0.0.0", port, 5.0):
+            server.kill()
+            return result(None, "ib_write_bw did not start here")
+        answer = self.control.ask(
+            {**request, "role": "client", "address": self.source, "port": port},
+            timeout=seconds + 30,
+        )
+        local = tools.parse_ib_write_bw(server.finish(5.0).output)
+        return result(local or as_float(answer.get("gbps")), str(answer.get("error", "no result")))
+
+
+@dataclass
+class ToolChoice:
+    """Which tools run on which paths, in words for the report."""
+
+    here: Mapping[str, bool]
+    there: Mapping[str, Any]
+    status: dict[str, str] = field(default_factory=dict)
+
+    def usable(self, tool: str, path: Plan, options: Options) -> bool:
+        if not options.use_tools:
+            self.status.setdefault(tool, "not run (--no-tools)")
+            return False
+        if not self.here.get(tool):
+            self.status.setdefault(tool, "not installed here")
+            return False
+        if self.there.get(tool) is not True:
+            self.status.setdefault(tool, "not installed on the peer")
+            return False
+        if tool == tools.IB_WRITE_BW and not (path.local.rdma and path.peer.rdma):
+            self.status.setdefault(tool, "no RDMA device at both ends of the path")
+            return False
+        self.status[tool] = "ran"
+        return True

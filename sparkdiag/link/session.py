@@ -1,0 +1,189 @@
+"""The measuring side's connections: the control session with the peer's ``link serve`` (its
+hello read and checked) and the data sockets, bound to the path's interface and address; each
+failure to connect said in one line."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import socket
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkdiag.errors import Exit, SparkdiagError, UsageError
+from sparkdiag.link.model import DIRECTIONS
+from sparkdiag.link.wire import (
+    HELLO_TIMEOUT,
+    PORT,
+    LineReader,
+    ProtocolError,
+    hello,
+    is_hello,
+    send,
+)
+
+
+class LinkError(SparkdiagError):
+    """The test could not be done: the peer unreachable, refusing, not ``link serve``, busy,
+    or no path with a carrier."""
+
+    exit_code = Exit.FAILED
+
+
+@dataclass(frozen=True)
+class Options:
+    """port: the peer's; seconds: per method and direction; streams: parallel TCP streams;
+    directions: ``to-peer``, ``from-peer``; interfaces: only these local interfaces;
+    address_only: only the route to PEER; use_tools: run iperf3/ib_write_bw where both sides
+    have them; connect_timeout: seconds; budget: stop starting measurements after this many
+    seconds (None: no bound)."""
+
+    port: int = PORT
+    seconds: float = 3.0
+    streams: int = 8
+    directions: tuple[str, ...] = DIRECTIONS
+    interfaces: tuple[str, ...] = ()
+    address_only: bool = False
+    use_tools: bool = True
+    connect_timeout: float = 3.0
+    budget: float | None = None
+
+
+def endpoint(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def connect_error(exc: OSError, where: str, timeout: float) -> str:
+    """One line for a failed connect to ``where``."""
+    if isinstance(exc, ConnectionRefusedError):
+        return (
+            f"{where} refused the connection: nothing listens on that port there; start "
+            "'sparkdiag link serve' on the peer (or give the port it listens on with --port)"
+        )
+    if isinstance(exc, TimeoutError):
+        return (
+            f"{where} did not answer within {timeout:g} s: the host is down or unreachable, or "
+            "a firewall drops the port"
+        )
+    if exc.errno in (errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EADDRNOTAVAIL):
+        return (
+            f"{where} is unreachable ({exc.strerror}): no host answers at that address; check "
+            "the address and that both ends of the cable are up (ip -br addr)"
+        )
+    return f"{where}: {exc.strerror or exc}"
+
+
+def split_peer(text: str) -> tuple[str, int]:
+    """``HOST``, ``HOST:PORT``, ``[V6]:PORT`` or a bare IPv6 address -> (host, port)."""
+    text = text.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    else:
+        host, port_text = text, ""
+    if not host or (port_text and not (port_text.isdigit() and 0 < int(port_text) < 65536)):
+        raise UsageError(f"{text!r}: give HOST or HOST:PORT", flag="--peer")
+    return host, int(port_text) if port_text else PORT
+
+
+def resolve(peer: str, port: int) -> tuple[int, tuple[Any, ...]]:
+    """(family, socket address) of ``peer``; UsageError (exit 2) for a name that does not
+    resolve."""
+    try:
+        info = socket.getaddrinfo(peer, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        if exc.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+            raise UsageError(
+                f"{peer!r}: not an address, and no such host name ({exc.strerror})", flag="PEER"
+            ) from None
+        raise LinkError(f"{peer}: the name cannot be resolved now ({exc.strerror})") from None
+    except UnicodeError as exc:
+        raise UsageError(f"{peer!r}: not a host name ({exc})", flag="PEER") from None
+    family, _, _, _, address = info[0]
+    return family, address
+
+
+def open_socket(
+    address: str,
+    port: int,
+    timeout: float,
+    source: str | None = None,
+    device: str | None = None,
+) -> socket.socket:
+    """A TCP connection to ``address:port``, from ``source`` and through ``device`` when given
+    (SO_BINDTODEVICE, where this process may; else the source address alone picks the route)."""
+    family = socket.AF_INET6 if ":" in address else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        if device:
+            with contextlib.suppress(PermissionError, OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, device.encode())
+        if source:
+            sock.bind((source, 0))
+        sock.settimeout(timeout)
+        sock.connect((address, port))
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+@dataclass
+class Control:
+    sock: socket.socket
+    reader: LineReader
+    hello: Mapping[str, Any]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def token(self) -> str:
+        return str(self.hello.get("session", ""))
+
+    def ask(self, request: dict[str, Any], timeout: float = 30.0) -> Mapping[str, Any]:
+        with self.lock:
+            send(self.sock, request)
+            return self.reader.read(timeout)
+
+
+def open_control(peer: str, port: int, timeout: float) -> Control:
+    """Connect to the peer's ``link serve`` and read its hello; LinkError in one line when it
+    is not there, refuses, is something else, or is busy."""
+    family, address = resolve(peer, port)
+    where = endpoint(peer, port)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.settimeout(timeout)
+    try:
+        sock.connect(address)
+    except OSError as exc:
+        sock.close()
+        raise LinkError(connect_error(exc, where, timeout)) from None
+    reader = LineReader(sock)
+    try:
+        send(sock, hello("control"))
+        answer = reader.read(HELLO_TIMEOUT)
+    except TimeoutError:
+        sock.close()
+        raise LinkError(
+            f"{where} accepted the connection but sent nothing within {HELLO_TIMEOUT:g} s: it "
+            "is not 'sparkdiag link serve' (another service on that port?)"
+        ) from None
+    except (ProtocolError, ConnectionError, OSError) as exc:
+        sock.close()
+        raise LinkError(
+            f"{where} answered, but not as 'sparkdiag link serve' ({exc}): another service "
+            "listens on that port"
+        ) from None
+    if not is_hello(answer):
+        sock.close()
+        raise LinkError(
+            f"{where} answered, but not as 'sparkdiag link serve' (a JSON line without "
+            "sparkdiag-link 1: another version, or another service)"
+        )
+    if answer.get("error"):
+        sock.close()
+        raise LinkError(f"{where}: {answer['error']}; try again when it is done")
+    return Control(sock, reader, answer)
