@@ -557,10 +557,16 @@ def test_h200_answers_added_by_hand_say_so(nvml_fixture: Callable[[str], Path]) 
         assert "by hand" in device["why"]["applications_clock/0"]
 
 
+# Queries declared after the 2026-12-01 recordings: they replay NOT_SUPPORTED from those (left
+# out), until the H200 is recorded again (scripts/device/stall.py records it).
+DECLARED_AFTER_2026_12_01 = {"recovery_action", "fabric_info"}
+
+
 def test_h200_recordings_answer_everything_themselves(nvml_fixture: Callable[[str], Path]) -> None:
-    """The 2026-12-01 recordings answer the whole catalogue as recorded, nothing added by hand;
-    they measured the applications clocks the older recordings had assumed (1980 MHz)."""
-    n_keys = len(VALID_KEYS)
+    """The 2026-12-01 recordings answer the whole catalogue of their day as recorded, nothing
+    added by hand; they measured the applications clocks the older recordings had assumed
+    (1980 MHz)."""
+    n_keys = len(VALID_KEYS - DECLARED_AFTER_2026_12_01)
     for name in ("h200-idle", "h200-load"):
         doc = _raw(nvml_fixture(name))
         assert "base" not in doc and "script" not in doc, name

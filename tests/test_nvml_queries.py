@@ -30,6 +30,7 @@ from sparkdiag.sources.nvml_api import NOT_READY, NvmlCallError
 from sparkdiag.sources.nvml_calls import NvmlCalls
 from sparkdiag.sources.nvml_queries import (
     CATALOGUE,
+    NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
     NVML_FI_DEV_MEMORY_TEMP,
     QUERIES,
     SAMPLED,
@@ -90,7 +91,8 @@ def test_the_gpu_source_asks_each_query_by_its_declared_tier(
     sampled = {q.name for q in SAMPLED}
     poll = asked_after(1.0)
     assert {tiers[q] for q in poll} == {"poll"}
-    assert {q for q in sampled if tiers[q] == "poll"} <= poll
+    recorded = {key.split("/")[0] for key in backend.doc["devices"][0]["answers"]}
+    assert {q for q in sampled & recorded if tiers[q] == "poll"} <= poll
     slow = asked_after(10.0)
     assert {tiers[q] for q in slow} == {"poll", "slow"}
     assert "ecc_total" in slow and "temperature_threshold" not in slow
@@ -194,7 +196,19 @@ class FakePynvml:
 
     def nvmlDeviceGetFieldValues(self, h: Any, fields: list[Any]) -> list[Any]:
         self.calls.append(("nvmlDeviceGetFieldValues", (fields,)))
-        return [_field(41 if f == NVML_FI_DEV_MEMORY_TEMP else 1000) for f in fields]
+        answers = {NVML_FI_DEV_MEMORY_TEMP: 41, NVML_FI_DEV_GET_GPU_RECOVERY_ACTION: 1}
+        return [_field(answers.get(f, 1000)) for f in fields]
+
+    class c_nvmlGpuFabricInfo_v3_t(ctypes.Structure):  # nvidia-ml-py names it so
+        _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_uint8 * 16),
+                    ("status", ctypes.c_uint), ("cliqueId", ctypes.c_uint32),
+                    ("state", ctypes.c_uint), ("healthMask", ctypes.c_uint32),
+                    ("healthSummary", ctypes.c_uint8)]  # fmt: skip
+
+    def nvmlDeviceGetGpuFabricInfoV(self, h: Any, info: Any) -> int:
+        struct = info._obj  # a ctypes.byref() of the struct
+        struct.state, struct.status, struct.healthSummary = 3, 0, 1
+        return 0
 
     def nvmlDeviceGetViolationStatus(self, h: Any, policy: int) -> Any:
         return SimpleNamespace(violationTime=123)
@@ -288,6 +302,11 @@ def test_the_answers_of_every_call_build_a_sample() -> None:
     assert sample.utilization_ratio == {"gpu": 0.99, "memory": 0.24}
     assert sample.pcie_throughput_bytes_per_second == {"tx": 7 * 1024.0, "rx": 7 * 1024.0}
     assert sample.compute_mode is None  # 7 is no compute mode NVML defines: left out
+    assert sample.recovery_action == "gpu_reset"
+    assert sample.fabric is not None and (sample.fabric.state, sample.fabric.health) == (
+        "completed",
+        "healthy",
+    )
 
 
 def test_recorded_fixtures_replay_through_the_declarations(

@@ -113,6 +113,7 @@ class CheckContext:
     soak: what was found of the latest soak per GPU (None: not looked at)
     process_names: pid -> command name, for the pids NVML reports
     own_pids: pids that are sparkdiag's own (never "another process on the GPU")
+    stall_samples: the busy GPUs' samples over a few seconds (``check/stall_checks.py``)
     """
 
     snapshot: Snapshot
@@ -129,6 +130,8 @@ class CheckContext:
     process_names: Mapping[int, str] = field(default_factory=dict)
     own_pids: frozenset[int] = frozenset()
     busy_utilization: float = 0.10
+    # GPU index -> samples taken over a few seconds of the GPUs busy at the first poll (stall)
+    stall_samples: Mapping[int, tuple[GpuSample, ...]] = field(default_factory=dict)
 
     def gpus_up(self) -> tuple[GpuSample, ...]:
         return tuple(g for g in self.snapshot.gpus if g.up)

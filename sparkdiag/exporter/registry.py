@@ -11,6 +11,7 @@ from prometheus_client.utils import floatToGoString as _untyped_float_to_go
 from sparkdiag.exporter.base import SnapshotCollector, SnapshotProvider
 from sparkdiag.exporter.gpu import GpuCollector
 from sparkdiag.exporter.gpu_activity import GpuActivityCollector
+from sparkdiag.exporter.gpu_health import GpuHealthCollector
 from sparkdiag.exporter.gpu_process import GpuProcessCollector
 from sparkdiag.exporter.pcie import PcieCollector
 from sparkdiag.exporter.system import SystemCollector
@@ -35,6 +36,7 @@ def build_registry(
         SystemCollector(snapshot),
         GpuCollector(snapshot),
         GpuActivityCollector(snapshot),
+        GpuHealthCollector(snapshot),
         GpuProcessCollector(snapshot),
         PcieCollector(snapshot),
         *extra,

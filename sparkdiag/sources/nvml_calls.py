@@ -86,6 +86,7 @@ class NvmlCalls:
             nv, "nvmlDeviceGetSupportedClocksEventReasons", None
         ) or getattr(nv, "nvmlDeviceGetSupportedClocksThrottleReasons", None)
         self._memory_v2 = hasattr(nv, "nvmlMemory_v2")
+        self._fabric_structs = ["c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfo_v2_t"]
         self._gpm: dict[int, _GpmBuffers] = {}
         self._samples_seen: dict[int, int] = {}
         self._process_seen: dict[int, int] = {}
@@ -141,6 +142,38 @@ class NvmlCalls:
         if name is None:
             raise NvmlCallError(NOT_SUPPORTED, f"unknown NVML value type {int(value.valueType)}")
         return float(getattr(value.value, name))
+
+    def fabric_info(self, handle: Any) -> dict[str, int]:
+        """The GPU's NVLink fabric registration (``nvidia-smi -q``: "Fabric"): state, the
+        registration's NVML return code, and where the driver has it (v3) the health mask and
+        summary. ``nvmlDeviceGetGpuFabricInfoV`` with the v3 struct, falling back to v2, then
+        to the deprecated ``nvmlDeviceGetGpuFabricInfo``; versions the driver refuses are not
+        tried again."""
+        nv = self.nv
+        for struct_name in self._fabric_structs:
+            struct = getattr(nv, struct_name, None)
+            if struct is None or not hasattr(nv, "nvmlDeviceGetGpuFabricInfoV"):
+                continue
+            info = struct()
+            try:
+                nv.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+            except nv.NVMLError as exc:
+                if int(exc.value) not in (
+                    FUNCTION_NOT_FOUND,
+                    ERROR_CODES["ARGUMENT_VERSION_MISMATCH"],
+                ):
+                    raise
+                self._fabric_structs = [s for s in self._fabric_structs if s != struct_name]
+                continue
+            return {
+                "state": int(info.state),
+                "status": int(info.status),
+                "health_mask": int(info.healthMask),
+                "health_summary": int(getattr(info, "healthSummary", 0)),
+            }
+        info = nv.c_nvmlGpuFabricInfo_t()
+        nv.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+        return {"state": int(info.state), "status": int(info.status)}
 
     def compute_processes(self, handle: Any) -> list[dict[str, int | None]]:
         out: list[dict[str, int | None]] = []

@@ -31,8 +31,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from sparkdiag.snapshot import FabricState
 from sparkdiag.sources.gpu_activity import KIB, percent_ratio
-from sparkdiag.sources.nvml_api import NVLINK_LINKS
+from sparkdiag.sources.nvml_api import ERROR_NAMES, EVENT_XID_CRITICAL, NVLINK_LINKS
 from sparkdiag.sources.nvml_calls import NVLINK_THROUGHPUT_FIELDS, NvmlCalls, text
 
 Tier = Literal["poll", "slow", "static"]
@@ -94,6 +95,32 @@ def _memory(answer: Any) -> dict[str, float]:
 
 def _remapped(rows: Any) -> dict[str, float]:
     return dict(zip(REMAPPED_ROWS, map(float, rows), strict=False))
+
+
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION = 230  # nvml.h
+# nvmlDeviceGpuRecoveryAction_t
+RECOVERY_ACTIONS = {
+    0: "none",
+    1: "gpu_reset",
+    2: "node_reboot",
+    3: "drain_p2p",
+    4: "drain_and_reset",
+    5: "recover_imex_domain",
+    6: "bus_reset",
+    7: "system_reboot",
+}
+# nvmlGpuFabricState_t (0: not supported) and NVML_GPU_FABRIC_HEALTH_SUMMARY_* (0: not supported)
+FABRIC_STATES = {1: "not_started", 2: "in_progress", 3: "completed"}
+FABRIC_HEALTH = {1: "healthy", 2: "unhealthy", 3: "limited_capacity"}
+
+
+def _fabric(answer: Any) -> FabricState | None:
+    state = FABRIC_STATES.get(int(answer["state"]))
+    if state is None:
+        return None
+    code = int(answer["status"])
+    status = "SUCCESS" if code == 0 else ERROR_NAMES.get(code, f"ERROR_{code}")
+    return FabricState(state, status, FABRIC_HEALTH.get(int(answer.get("health_summary", 0))))
 
 
 THRESHOLDS = {0: "shutdown", 1: "slowdown", 2: "memory_max", 3: "gpu_max"}
@@ -379,11 +406,33 @@ QUERIES: tuple[Query, ...] = (
         field="mig_mode",
         convert=lambda mode: bool(mode[0]),
     ),
-    # bitmask
+    # nvmlDeviceGpuRecoveryAction_t (nvidia-smi --query-gpu=gpu_recovery_action): what the
+    # driver says the GPU needs after an error; the field is NOT_SUPPORTED on older drivers
+    Query(
+        "recovery_action",
+        lambda c, h, _: int(c.field_value(h, NVML_FI_DEV_GET_GPU_RECOVERY_ACTION)),
+        "number",
+        field="recovery_action",
+        convert=lambda code: RECOVERY_ACTIONS.get(int(code), "unknown"),
+    ),
+    # {"state", "status", "health_mask", "health_summary"} (nvidia-smi -q: "Fabric"); state 0
+    # (NVML_GPU_FABRIC_STATE_NOT_SUPPORTED) on a GPU that joins no NVLink fabric: left out
+    Query(
+        "fabric_info",
+        lambda c, h, _: c.fabric_info(h),
+        "map:state,status",
+        tier="slow",
+        field="fabric",
+        convert=_fabric,
+    ),
+    # bitmask; what the daemon's XID counting needs is the XID-critical bit
     Query(
         "supported_event_types",
         lambda c, h, _: int(c.nv.nvmlDeviceGetSupportedEventTypes(h)),
         "number",
+        tier="static",
+        field="xid_events_supported",
+        convert=lambda mask: bool(int(mask) & EVENT_XID_CRITICAL),
     ),
     # -- activity, interconnect and per-process queries (issue 14) --
     # nvmlGpmMetricsGet between this call's sample and the previous call's: SM_UTIL,
