@@ -76,17 +76,16 @@ READINGS = {
 # -- the loads (run as subprocesses of this script: --load spin|train SECONDS) -----------------
 
 
-def spin(seconds: float) -> None:
+def spin(until: float) -> None:
     import torch
 
     torch.empty(1, device="cuda")
-    end = time.time() + seconds
-    while time.time() < end:
+    while time.time() < until:  # the phase's end, whatever torch's import took
         torch.cuda._sleep(500_000_000)  # ~0.25 s of spinning at ~2 GHz, nothing computed
         torch.cuda.synchronize()
 
 
-def train(seconds: float) -> None:
+def train(until: float) -> None:
     import torch
     import torchvision
 
@@ -94,8 +93,8 @@ def train(seconds: float) -> None:
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.randn(128, 3, 224, 224, device="cuda")
     y = torch.randint(0, 1000, (128,), device="cuda")
-    end, steps = time.time() + seconds, 0
-    while time.time() < end:
+    began, steps = time.time(), 0
+    while time.time() < until:
         with torch.autocast("cuda", dtype=torch.bfloat16):
             loss = torch.nn.functional.cross_entropy(model(x), y)
         opt.zero_grad(set_to_none=True)
@@ -105,7 +104,7 @@ def train(seconds: float) -> None:
         if steps % 20 == 0:
             torch.cuda.synchronize()
     torch.cuda.synchronize()
-    print(f"trained {steps} steps of ResNet-18, batch 128, in {seconds:.0f} s")
+    print(f"trained {steps} steps of ResNet-18, batch 128, in {time.time() - began:.0f} s")
 
 
 # -- fixture mode: the phases scripted into one NVML fixture ------------------------------------
@@ -246,8 +245,9 @@ def run(opts: argparse.Namespace) -> int:
                 load = None
                 if not opts.fixture and phase in ("spin", "train"):
                     log = (work / f"load-{phase}.log").open("w")
+                    until = str(time.time() + seconds)
                     load = subprocess.Popen(
-                        [sys.executable, __file__, "--load", phase, "--seconds", str(seconds)],
+                        [sys.executable, __file__, "--load", phase, "--until", until],
                         stdout=log, stderr=subprocess.STDOUT, cwd=ROOT, env=env,
                     )  # fmt: skip
                 firing: set[str] = set()
@@ -358,13 +358,13 @@ def main() -> int:
     parser.add_argument("--stalled-for", default="30s", help="SparkdiagGpuStalled's for:")
     parser.add_argument("--prometheus", default=None, help="binary (default $PROMETHEUS)")
     parser.add_argument("--load", choices=("spin", "train"), help=argparse.SUPPRESS)
-    parser.add_argument("--seconds", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--until", type=float, default=0.0, help=argparse.SUPPRESS)
     opts = parser.parse_args()
     if opts.load == "spin":
-        spin(opts.seconds)
+        spin(opts.until)
         return 0
     if opts.load == "train":
-        train(opts.seconds)
+        train(opts.until)
         return 0
     return run(opts)
 
