@@ -13,7 +13,8 @@ import time
 
 from sparkdiag.sources.gpu import GpuSource
 from sparkdiag.sources.nvml import PynvmlBackend
-from sparkdiag.sources.nvml_api import QUERIES, NvmlCallError
+from sparkdiag.sources.nvml_api import NvmlCallError
+from sparkdiag.sources.nvml_queries import QUERIES
 
 
 def main() -> None:
@@ -24,8 +25,9 @@ def main() -> None:
     backend = PynvmlBackend()
     backend.init()
     rows = []
-    for query, args in QUERIES.items():
-        for arg in (None,) if args is None else args:
+    for declared in QUERIES:
+        query = declared.name
+        for arg in declared.arguments():
             try:
                 backend.query(0, query, arg)
                 ok = "ok"

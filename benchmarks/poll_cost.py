@@ -39,10 +39,14 @@ sys.path.insert(0, str(ROOT))
 from sparkdiag.sources.fixture import FixtureBackend  # noqa: E402
 from sparkdiag.sources.gpu import GpuSource  # noqa: E402
 from sparkdiag.sources.gpu_activity import ProcessOptions  # noqa: E402
-from sparkdiag.sources.nvml_api import ACTIVITY_QUERIES, NOT_SUPPORTED, NvmlCallError  # noqa: E402
+from sparkdiag.sources.nvml_api import NOT_SUPPORTED, NvmlCallError  # noqa: E402
+from sparkdiag.sources.nvml_queries import QUERIES  # noqa: E402
 from sparkdiag.sources.procfs import ProcessIdentities  # noqa: E402
 
 NVML = ROOT / "tests" / "fixtures" / "nvml"
+# The activity block issue 14 added: the catalogue from GPM on.
+_NAMES = [q.name for q in QUERIES]
+ACTIVITY_QUERIES = frozenset(_NAMES[_NAMES.index("gpm") :])
 ROOTFS = ROOT / "tests" / "fixtures" / "rootfs" / "gpu-host"
 
 

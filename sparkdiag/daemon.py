@@ -21,6 +21,7 @@ from sparkdiag.scheduling.wiring import build_schedulers
 from sparkdiag.sdnotify import Notifier
 from sparkdiag.telemetry.build import build_poller
 from sparkdiag.telemetry.poller import Poller
+from sparkdiag.telemetry.stall import StallLog
 from sparkdiag.web.http import ExporterServer, health_check
 from sparkdiag.web.webconfig import LiveWebConfig, load_web_config
 
@@ -129,6 +130,7 @@ def _serve(
             log.warning("no PCI link found under %s: host PCIe links skipped", settings.sysfs)
         server.serve_in_thread()
         poller.add_listener(lambda _snap: notifier.watchdog())
+        poller.add_listener(StallLog())  # one log line per stalled-GPU episode
         gpus = sum(1 for g in first.gpus if g.up)
         notifier.ready(
             f"serving {settings.listen}; NVML {'up' if first.nvml_up else 'down'}, {gpus} GPU(s)"

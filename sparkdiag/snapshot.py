@@ -56,6 +56,16 @@ class NvlinkSample:
 
 
 @dataclass(frozen=True)
+class FabricState:
+    """The GPU's NVLink fabric registration with the fabric manager (NVSwitch systems;
+    ``nvidia-smi --query-gpu=fabric.state,fabric.status``)."""
+
+    state: str  # "not_started", "in_progress", "completed"
+    status: str  # the registration's NVML result: "SUCCESS", or an error name once completed
+    health: str | None  # "healthy", "unhealthy", "limited_capacity"; None where not reported
+
+
+@dataclass(frozen=True)
 class GpuSample:
     """One poll of one GPU. ``up`` is False once NVML reports the device lost."""
 
@@ -110,6 +120,13 @@ class GpuSample:
     # Per-process metrics (opt-in): None when off or when NVML gives no process list
     processes: tuple[GpuProcess, ...] | None = None
     processes_unseen: int | None = None  # compute processes /proc here does not show
+    # What the driver says the GPU needs (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; nvidia-smi -q
+    # "GPU Recovery Action"): "none", "gpu_reset", "node_reboot", "drain_p2p",
+    # "drain_and_reset", "recover_imex_domain", "bus_reset", "system_reboot" or "unknown";
+    # None where the driver does not report it
+    recovery_action: str | None = None
+    fabric: FabricState | None = None  # None where the GPU joins no NVLink fabric
+    xid_events_supported: bool | None = None  # NVML delivers XID events for it (counted)
 
 
 @dataclass(frozen=True)
@@ -119,6 +136,10 @@ class XidCounts:
     counts: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (gpu, xid) -> n
     last_timestamp: Mapping[int, float] = field(default_factory=dict)  # gpu -> unix seconds
     last_code: Mapping[int, int] = field(default_factory=dict)  # gpu -> XID of the last event
+    # (gpu, tier) -> incidents: XIDs of one tier less than 3 minutes apart are one incident
+    incidents: Mapping[tuple[int, str], int] = field(default_factory=dict)
+    # (gpu, tier) -> unix seconds of the last XID of that tier
+    incident_last: Mapping[tuple[int, str], float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -206,3 +227,6 @@ class Snapshot:
     collectors: Mapping[str, CollectorStatus]
     excluded_pids: frozenset[int] = frozenset()  # sparkdiag's own probe workers
     platform: PlatformIdentity | None = None  # DMI identity, read once at start; None without DMI
+    # PCI addresses of the NVIDIA GPU functions sysfs lists (vendor 0x10de, class 0x0300 or
+    # 0x0302), whatever NVML says; None where sysfs was not read
+    gpu_pci_devices: tuple[str, ...] | None = None

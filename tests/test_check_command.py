@@ -163,7 +163,7 @@ def test_json_document(tmp_path: Path) -> None:
     assert (doc["status"], doc["exit_code"], result.exit_code) == ("warn", 1, 1)
     assert doc["quick"] is True and doc["duration_seconds"] >= 0
     names = [c["name"] for c in doc["checks"]]
-    assert names[:3] == ["nvml", "gpus", "versions"]
+    assert names[:4] == ["nvml", "gpus", "gpus-on-bus", "versions"]
     assert set(names) == {name for name, _ in CHECKS}
     ctx_row = next(c for c in doc["checks"] if c["name"] == "context")
     assert ctx_row["status"] == "warn" and ctx_row["data"]["runtime"] == "docker"

@@ -79,8 +79,10 @@ def test_xid_hardware_event_fails_and_names_the_gpu() -> None:
     log = KernelLog((XID_79,), "/dev/kmsg")
     r = only(check_xid(context(poll(NVML / "h200-idle.json"), kernel_log=log)))
     assert r.status == "fail"
-    assert r.finding == "XID 79 ×1 (0000:00:06, GPU 0): GPU fell off the bus (since boot)"
-    assert "reboot" in r.action and "xid-errors" in r.action
+    assert r.finding == (
+        "XID 79 ×1 (0000:00:06, GPU 0): GPU has fallen off the bus [critical] (since boot)"
+    )
+    assert "power the machine off and on" in r.action and "xid-errors" in r.action
 
 
 def test_xid_application_event_warns() -> None:

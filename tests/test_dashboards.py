@@ -50,6 +50,10 @@ PANEL_NODE = {
     # must show the ratio on the native node's dashboard too
     "Container against native": "container-gap-native",
     "XID errors": "lost-gpu",  # XID 79 before the GPU fell off the bus
+    "XID incidents by severity": "lost-gpu",
+    # recovery action and fabric state: the NVLink pair's scenario answers both
+    "Recovery action and NVLink fabric": "nvlink-degraded",
+    "Busy against moving (the stall signature)": "nvlink-degraded",  # GPM
     # the width a known platform is built for: a DGX Spark (the H200 VM has no DMI)
     "Host PCIe links (sysfs)": "lane-degraded",
     "Platform": "gb10-slow-state",  # an ASUS Ascent GX10
@@ -239,6 +243,10 @@ NODE_SHOWS = (
     "sparkdiag_gemm_node_peer_ratio",
     "sparkdiag:gemm_tflops:peer_ratio",
     "sparkdiag_gemm_baseline_held",
+    "sparkdiag_gpu_pci_devices",
+    "sparkdiag_gpu_recovery_action",
+    "sparkdiag_gpu_fabric_state",
+    "sparkdiag_gpu_xid_incidents_total",
 )
 FLEET_SHOWS = (
     "sparkdiag_nvml_up",

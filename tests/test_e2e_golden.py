@@ -129,5 +129,11 @@ def test_no_gpu_says_what_it_skipped() -> None:
         _, _, body = http_get(base + "/metrics")
     text = body.decode()
     assert "sparkdiag_nvml_up 0.0" in text
-    assert "sparkdiag_gpu_" not in text
+    # no NVML reading; only the count of GPUs on the PCI bus, read from sysfs (a GB10 there),
+    # which is what makes SparkdiagGpuMissing fire without NVML
+    gpu_lines = [line for line in text.splitlines() if "sparkdiag_gpu_" in line]
+    assert {line.split()[0] if line[0] != "#" else line.split()[2] for line in gpu_lines} == {
+        "sparkdiag_gpu_pci_devices"
+    }
+    assert "sparkdiag_gpu_pci_devices 1.0" in text
     assert "sparkdiag_pcie_link_width{" in text

@@ -32,7 +32,8 @@ hot-ratio-holds             SparkdiagGpuMemoryTemperatureHigh, SparkdiagGpuTherm
 container-gap-native        none
 container-gap-container     SparkdiagContainerNativeGap (bf16 and fp16, every shape)
 lost-gpu                    SparkdiagGpuLost, SparkdiagXidError (XID 79),
-                            SparkdiagProbeStale (a lost GPU is no longer probed)
+                            SparkdiagProbeStale (a lost GPU is no longer probed),
+                            SparkdiagGpuMissing (on the bus, no longer answering NVML)
 nvlink-degraded             SparkdiagNvlinkDown (link 5 of GPU 0), SparkdiagNvlinkErrors
                             (replay errors on link 3 of GPU 1)
 ==========================  ===============================================================
@@ -216,6 +217,9 @@ def test_container_gap_is_caught_by_the_cross_context_rule(
 def test_lost_gpu(fleet: Fleet, alerts: list[Alert]) -> None:
     (lost,) = firing(alerts, "SparkdiagGpuLost")
     (xid,) = firing(alerts, "SparkdiagXidError")
+    assert xid.labels["severity"] == "critical"  # 79: the catalog's RESTART_BM
+    (missing,) = firing(alerts, "SparkdiagGpuMissing")
+    assert missing.instance == "lost-gpu"
     (stale,) = firing(alerts, "SparkdiagProbeStale")
     assert lost.instance == xid.instance == stale.instance == "lost-gpu"
     assert lost.labels["uuid"] == xid.labels["uuid"] == stale.labels["uuid"]

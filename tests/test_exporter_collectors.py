@@ -264,7 +264,7 @@ def test_compute_processes_exclude_own_probe(nvml_fixture: Callable[[str], Path]
 
 def test_xid_counter(nvml_fixture: Callable[[str], Path]) -> None:
     scripted = nvml_fixture("h200-scripted")
-    xid = {**H200, "xid": "79"}
+    xid = {**H200, "xid": "79", "severity": "critical", "action": "restart_bm"}
     before_xid = _registry(_snapshot(scripted, polls=4))
     assert before_xid.get_sample_value("sparkdiag_gpu_xid_errors_total", xid) is None
     assert before_xid.get_sample_value("sparkdiag_gpu_xid_last_timestamp_seconds", H200) is None
@@ -292,12 +292,14 @@ def test_lost_gpu(nvml_fixture: Callable[[str], Path]) -> None:
     per_gpu = {
         s.name for family in registry.collect() for s in family.samples if s.labels.get("gpu")
     }
-    # Identity, up, and the XID counter (a counter must not vanish and restart) stay.
+    # Identity, up, and the XID counters (a counter must not vanish and restart) stay.
     assert per_gpu == {
         "sparkdiag_gpu_info",
         "sparkdiag_gpu_up",
         "sparkdiag_gpu_xid_errors_total",
         "sparkdiag_gpu_xid_last_timestamp_seconds",
+        "sparkdiag_gpu_xid_incidents_total",
+        "sparkdiag_gpu_xid_incident_last_timestamp_seconds",
     }
     assert registry.get_sample_value("sparkdiag_nvml_up") == 1.0
 

@@ -16,11 +16,11 @@ from sparkdiag.sources.nvml_api import (
     EVENT_XID_CRITICAL,
     GPU_IS_LOST,
     NOT_SUPPORTED,
-    QUERIES,
     NvmlCallError,
     NvmlEvent,
     NvmlUnavailable,
 )
+from sparkdiag.sources.nvml_queries import QUERIES
 from sparkdiag.sources.record import record, write_atomic
 
 ALL_FIXTURES = [
@@ -48,10 +48,10 @@ def _answer(backend: Any, index: int, query: str, arg: int | None) -> tuple[str,
 
 def _all_answers(backend: Any) -> dict[tuple[int, str, int | None], tuple[str, Any]]:
     return {
-        (index, query, arg): _answer(backend, index, query, arg)
+        (index, query.name, arg): _answer(backend, index, query.name, arg)
         for index in range(backend.device_count())
-        for query, args in QUERIES.items()
-        for arg in ((None,) if args is None else args)
+        for query in QUERIES
+        for arg in query.arguments()
     }
 
 
@@ -385,7 +385,7 @@ def test_record_round_trips(tmp_path: Path, nvml_fixture: Callable[[str], Path],
     assert saved["description"] == f"re-recorded {name}"
     assert set(saved["recorded"]) == {"at", "by", "machine", "kernel"}
     # Every catalogue key is recorded for every device, answered or not.
-    n_keys = sum(1 if args is None else len(args) for args in QUERIES.values())
+    n_keys = len(VALID_KEYS)
     assert all(len(dev["answers"]) == n_keys for dev in saved["devices"])
 
 
@@ -557,10 +557,16 @@ def test_h200_answers_added_by_hand_say_so(nvml_fixture: Callable[[str], Path]) 
         assert "by hand" in device["why"]["applications_clock/0"]
 
 
+# Queries declared after the 2026-12-01 recordings: they replay NOT_SUPPORTED from those (left
+# out), until the H200 is recorded again (scripts/device/stall.py records it).
+DECLARED_AFTER_2026_12_01 = {"recovery_action", "fabric_info"}
+
+
 def test_h200_recordings_answer_everything_themselves(nvml_fixture: Callable[[str], Path]) -> None:
-    """The 2026-12-01 recordings answer the whole catalogue as recorded, nothing added by hand;
-    they measured the applications clocks the older recordings had assumed (1980 MHz)."""
-    n_keys = sum(1 if args is None else len(args) for args in QUERIES.values())
+    """The 2026-12-01 recordings answer the whole catalogue of their day as recorded, nothing
+    added by hand; they measured the applications clocks the older recordings had assumed
+    (1980 MHz)."""
+    n_keys = len(VALID_KEYS - DECLARED_AFTER_2026_12_01)
     for name in ("h200-idle", "h200-load"):
         doc = _raw(nvml_fixture(name))
         assert "base" not in doc and "script" not in doc, name

@@ -18,16 +18,9 @@ from sparkdiag.snapshot import ProcessIdentity, Snapshot
 from sparkdiag.sources.fixture import FixtureBackend
 from sparkdiag.sources.gpu import GpuSource
 from sparkdiag.sources.gpu_activity import ProcessOptions
-from sparkdiag.sources.nvml_activity import ActivityCalls
-from sparkdiag.sources.nvml_api import (
-    ACTIVITY_QUERIES,
-    DELTA_QUERIES,
-    NOT_FOUND,
-    NOT_READY,
-    NOT_SUPPORTED,
-    QUERIES,
-    NvmlCallError,
-)
+from sparkdiag.sources.nvml_api import NOT_FOUND, NOT_READY, NOT_SUPPORTED, NvmlCallError
+from sparkdiag.sources.nvml_calls import NvmlCalls
+from sparkdiag.sources.nvml_queries import CATALOGUE, DELTA_QUERIES
 from sparkdiag.sources.procfs import ProcessIdentities
 from sparkdiag.sources.record import record
 from sparkdiag.telemetry.poller import Poller
@@ -336,8 +329,8 @@ class _ProcSample:
 
 
 class FakeNvml:
-    """The pynvml calls ActivityCalls makes, with a scripted GPU: GPM values per sample pair,
-    a driver sample buffer, and per-process samples."""
+    """The pynvml calls NvmlCalls makes for the activity block, with a scripted GPU: GPM values
+    per sample pair, a driver sample buffer, and per-process samples."""
 
     NVMLError = FakeNvmlError
     NVML_GPM_METRICS_GET_VERSION = 1
@@ -392,14 +385,14 @@ HANDLE = ctypes.c_void_p(0x1234)
 
 def test_gpm_first_call_is_not_ready_then_ratios_between_consecutive_samples() -> None:
     nv = FakeNvml()
-    calls = ActivityCalls(nv)
+    calls = NvmlCalls(nv)
     with pytest.raises(NvmlCallError) as first:
-        calls.gpm(HANDLE, None)
+        calls.gpm(HANDLE)
     assert first.value.code == NOT_READY
-    second = calls.gpm(HANDLE, None)
+    second = calls.gpm(HANDLE)
     # metric id + 10 x samples taken; DRAM answered NOT_SUPPORTED and is left out
     assert second == {"sm": 22.0, "sm_occupancy": 23.0, "tensor": 25.0}
-    third = calls.gpm(HANDLE, None)
+    third = calls.gpm(HANDLE)
     assert third["sm"] == 32.0
     # each comparison is (previous sample, this one): the two buffers alternate
     assert nv.pairs == [(101, 100), (100, 101)]
@@ -408,39 +401,38 @@ def test_gpm_first_call_is_not_ready_then_ratios_between_consecutive_samples() -
 
 
 def test_gpm_unsupported_device() -> None:
-    calls = ActivityCalls(FakeNvml(gpm_supported=False))
+    calls = NvmlCalls(FakeNvml(gpm_supported=False))
     with pytest.raises(NvmlCallError) as err:
-        calls.gpm(HANDLE, None)
+        calls.gpm(HANDLE)
     assert err.value.code == NOT_SUPPORTED
 
 
 def test_driver_samples_are_returned_once_and_none_is_empty() -> None:
     nv = FakeNvml()
-    calls = ActivityCalls(nv)
-    assert calls.utilization_samples(HANDLE, None) == []  # NOT_FOUND: no sample yet
+    calls = NvmlCalls(nv)
+    assert calls.utilization_samples(HANDLE) == []  # NOT_FOUND: no sample yet
     nv.buffer = [_Sample(1_000, 40), _Sample(2_000, 60)]
-    assert calls.utilization_samples(HANDLE, None) == [[1000, 40.0], [2000, 60.0]]
+    assert calls.utilization_samples(HANDLE) == [[1000, 40.0], [2000, 60.0]]
     nv.buffer.append(_Sample(3_000, 100))
-    assert calls.utilization_samples(HANDLE, None) == [[3000, 100.0]]
+    assert calls.utilization_samples(HANDLE) == [[3000, 100.0]]
 
 
 def test_process_utilization_is_averaged_per_pid_since_the_last_call() -> None:
     nv = FakeNvml()
-    calls = ActivityCalls(nv)
-    assert calls.process_utilization(HANDLE, None) == []
+    calls = NvmlCalls(nv)
+    assert calls.process_utilization(HANDLE) == []
     nv.proc_buffer = [_ProcSample(7, 10, 50), _ProcSample(7, 20, 70), _ProcSample(9, 20, 5)]
-    answer = calls.process_utilization(HANDLE, None)
+    answer = calls.process_utilization(HANDLE)
     assert [(a["pid"], a["sm"]) for a in answer] == [(7, 60.0), (9, 5.0)]
-    assert calls.process_utilization(HANDLE, None) == []  # nothing newer
+    assert calls.process_utilization(HANDLE) == []  # nothing newer
 
 
 # ---- the catalogue and the recorder -------------------------------------------------------------
 
 
-def test_activity_block_is_in_the_catalogue_and_deltas_are_part_of_it() -> None:
-    assert set(ACTIVITY_QUERIES) <= set(QUERIES)
-    assert set(ACTIVITY_QUERIES) >= DELTA_QUERIES
-    assert len(ACTIVITY_QUERIES["nvlink_state"] or ()) == 18
+def test_the_delta_queries_are_the_ones_that_answer_since_the_previous_call() -> None:
+    assert {"gpm", "utilization_samples", "process_utilization"} == DELTA_QUERIES
+    assert len(CATALOGUE["nvlink_state"].arguments()) == 18
 
 
 class _DeltaBackend(FixtureBackend):
@@ -490,11 +482,11 @@ class FieldNvml(FakeNvml):
 
 def test_nvlink_data_of_every_link_comes_from_one_field_values_call() -> None:
     nv = FieldNvml()
-    table = ActivityCalls(nv).dispatch()
-    assert table["nvlink_tx_kib"](HANDLE, 3) == 138 * 1000 + 3
-    assert table["nvlink_rx_kib"](HANDLE, 16) == 139 * 1000 + 16
+    calls = NvmlCalls(nv)
+    assert CATALOGUE["nvlink_tx_kib"].call(calls, HANDLE, 3) == 138 * 1000 + 3
+    assert CATALOGUE["nvlink_rx_kib"].call(calls, HANDLE, 16) == 139 * 1000 + 16
     with pytest.raises(NvmlCallError) as err:
-        table["nvlink_tx_kib"](HANDLE, 17)  # a link without the field: its own error
+        CATALOGUE["nvlink_tx_kib"].call(calls, HANDLE, 17)  # a link without the field
     assert err.value.code == NOT_SUPPORTED
     assert nv.field_calls == 1
 

@@ -10,7 +10,8 @@ import pytest
 
 from sparkdiag.snapshot import GpuIdentity, GpuSample
 from sparkdiag.sources.fixture import FixtureBackend
-from sparkdiag.sources.gpu import STATIC_QUERIES, GpuSource, decode_reasons
+from sparkdiag.sources.gpu import GpuSource, decode_reasons
+from sparkdiag.sources.nvml_queries import CATALOGUE
 from tests.support import CountingBackend
 
 H200_UUID = "GPU-979ad365-0b73-a0ac-74a2-3520b773d460"
@@ -220,7 +221,8 @@ def test_applications_clocks_are_read_with_the_static_fields(
     sample = _read_one(started_source("h200-idle"))
     assert sample.clock_applications_hertz == {"sm": 1980e6, "graphics": 1980e6}
     assert sample.clock_default_applications_hertz == {"sm": 1980e6, "graphics": 1980e6}
-    assert {"applications_clock", "default_applications_clock"} <= STATIC_QUERIES
+    assert CATALOGUE["applications_clock"].tier == CATALOGUE["default_applications_clock"].tier
+    assert CATALOGUE["applications_clock"].tier == "static"
 
 
 def test_gb10_memory_total_equal_to_host_is_still_unified(

@@ -24,7 +24,8 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         " assets",
         "sources platforms",  # the only code that touches hardware or the OS
         "telemetry probe",  # the poller; the probe worker and how it runs
-        "flags baseline soak watch compare peers link",  # what the commands and the daemon are made of
+        # what the commands and the daemon are made of
+        "flags baseline soak watch compare peers link",
         "scheduling check",
         "exporter",  # collectors
         "web",  # the HTTP server that serves the collectors

@@ -3,11 +3,12 @@
 Each check is ``(CheckContext) -> list[CheckResult]`` and lives in the ``*_checks`` module of its
 kind: ``gpu_checks`` (presence, idle, modes), ``thermal_checks`` (temperatures, clock event
 reasons), ``link_checks`` (PCIe links of the GPU and the host), ``health_checks`` (ECC, row
-remapping, XID), ``host_checks`` (context, governor, unified memory), ``version_checks``,
-``probe_checks``, ``power_checks`` and ``peer_checks`` (under load; ``peer_checks`` also reads
-the baseline store's held learning), ``soak_checks`` (the latest ``sparkdiag soak``),
-``store_checks`` (the baseline store) and ``network_checks`` (ConnectX-7 lint, link to
-``--peer``). The other modules of the package are the
+remapping, XID, recovery action, NVLink fabric), ``stall_checks`` (busy while nothing moves),
+``host_checks`` (context, governor, unified memory), ``version_checks``, ``probe_checks``,
+``power_checks`` and ``peer_checks`` (under load; ``peer_checks`` also reads the baseline
+store's held learning), ``soak_checks`` (the latest ``sparkdiag soak``), ``store_checks`` (the
+baseline store) and ``network_checks`` (ConnectX-7 lint, link to ``--peer``). The other modules
+of the package are the
 machinery: ``model``, ``gather``, ``probe_run``, this catalogue and ``report``.
 """
 
@@ -19,12 +20,19 @@ from collections.abc import Callable
 from sparkdiag.check.gpu_checks import (
     check_compute_mode,
     check_gpus,
+    check_gpus_on_bus,
     check_idle,
     check_mig,
     check_nvml,
     check_persistence,
 )
-from sparkdiag.check.health_checks import check_ecc, check_row_remap, check_xid
+from sparkdiag.check.health_checks import (
+    check_ecc,
+    check_fabric,
+    check_recovery_action,
+    check_row_remap,
+    check_xid,
+)
 from sparkdiag.check.host_checks import check_context, check_governor, check_unified_memory
 from sparkdiag.check.link_checks import check_pcie_gpu, check_pcie_host
 from sparkdiag.check.model import CheckContext, CheckResult
@@ -33,6 +41,7 @@ from sparkdiag.check.peer_checks import check_baseline_learning, check_peers
 from sparkdiag.check.power_checks import check_power_under_load
 from sparkdiag.check.probe_checks import check_int4_decode, check_probe, check_sm_clock
 from sparkdiag.check.soak_checks import check_soak
+from sparkdiag.check.stall_checks import check_stall
 from sparkdiag.check.store_checks import check_baseline_store
 from sparkdiag.check.thermal_checks import (
     check_clock_reasons,
@@ -48,8 +57,10 @@ Check = Callable[[CheckContext], list[CheckResult]]
 CHECKS: tuple[tuple[str, Check], ...] = (
     ("nvml", check_nvml),
     ("gpus", check_gpus),
+    ("gpus-on-bus", check_gpus_on_bus),
     ("versions", check_versions),
     ("idle", check_idle),
+    ("stall", check_stall),
     ("gpu-temperature", check_gpu_temperature),
     ("memory-temperature", check_memory_temperature),
     ("clock-reasons", check_clock_reasons),
@@ -58,6 +69,8 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("ecc", check_ecc),
     ("row-remap", check_row_remap),
     ("xid", check_xid),
+    ("recovery-action", check_recovery_action),
+    ("fabric", check_fabric),
     ("persistence", check_persistence),
     ("compute-mode", check_compute_mode),
     ("mig", check_mig),

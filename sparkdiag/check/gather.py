@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from sparkdiag.baseline.keeper import inspect_store
 from sparkdiag.check.model import CheckContext, GpuProbe, KernelLog, TorchInfo, no_gpu_reason
 from sparkdiag.check.probe_run import read_store, run_probes, worker_launcher
+from sparkdiag.check.stall_checks import sample_busy_gpus
 from sparkdiag.config import Settings
 from sparkdiag.errors import SparkdiagError
 from sparkdiag.link.client import Options, measure_link
@@ -41,11 +43,13 @@ class Sources:
     torch: the installed torch (default: :func:`sparkdiag.sources.packages.read_torch`)
     kernel_log: the kernel log (default: :func:`sparkdiag.sources.kernel_log.read_kernel_log`,
         ``/dev/kmsg`` or ``dmesg`` under ``--path.rootfs``)
+    sleep: waits between the stall check's samples (default: :func:`time.sleep`)
     """
 
     launcher: Launcher | None = None
     torch: TorchInfo | None = None
     kernel_log: KernelLog | None = None
+    sleep: Callable[[float], None] = time.sleep  # between the stall check's samples
 
 
 def busy_reason(ctx: CheckContext, gpu: GpuSample) -> str | None:
@@ -79,6 +83,9 @@ def gather(
             own_pids=frozenset({os.getpid()}),
             busy_utilization=settings.probe_busy_utilization,
         )
+        # Before the probe: a GPU busy enough to be stalled is sampled for a few seconds.
+        stalls = sample_busy_gpus(snapshot, poller.poll_once, sources.sleep)
+        ctx = replace(ctx, stall_samples=stalls)
         ctx = _with_probes(ctx, settings, sources, poller.poll_once, on_probe)
         # Read after the probe, so that an XID the load provoked is seen too.
         ctx = replace(

@@ -101,6 +101,56 @@ def check_gpus(ctx: CheckContext) -> list[CheckResult]:
     return [CheckResult("gpus", "pass", seen + suffix, data=data)]
 
 
+def pci_key(address: str) -> tuple[int, int, int, int] | None:
+    """(domain, bus, device, function) of a PCI address as NVML (``00000000:18:00.0``, GB10
+    ``0000000F:01:00.0``) or sysfs (``0000:18:00.0``) writes it; None when it is neither."""
+    parts = address.strip().replace(".", ":").split(":")
+    if len(parts) != 4:
+        return None
+    try:
+        domain, bus, device, function = (int(p, 16) for p in parts)
+    except ValueError:
+        return None
+    return domain, bus, device, function
+
+
+def check_gpus_on_bus(ctx: CheckContext) -> list[CheckResult]:
+    """Every NVIDIA GPU function on the PCI bus (sysfs) is a GPU NVML lists: a GPU the driver
+    did not bring up, or lost, fails by its PCI address, with no configuration."""
+    snap = ctx.snapshot
+    on_bus = snap.gpu_pci_devices
+    if on_bus is None:
+        return [
+            CheckResult("gpus-on-bus", "skip",
+                        "the NVIDIA GPU functions on the PCI bus were not read (no sysfs, or a "
+                        "container without /proc/driver/nvidia/gpus)")
+        ]  # fmt: skip
+    listed = {pci_key(g.identity.pci_bus_id) for g in snap.gpus}
+    missing = [address for address in on_bus if pci_key(address) not in listed]
+    data = {"pci": list(on_bus), "nvml": [g.identity.pci_bus_id for g in snap.gpus],
+            "missing": missing}  # fmt: skip
+    n = len(on_bus)
+    counted = f"{n} NVIDIA GPU function{'s' if n != 1 else ''} on the PCI bus"
+    if not on_bus:
+        return [CheckResult("gpus-on-bus", "skip", "no NVIDIA GPU on the PCI bus", data=data)]
+    if missing:
+        shown = ", ".join(missing[:4]) + (
+            f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+        )
+        return [
+            CheckResult(
+                "gpus-on-bus", "fail",
+                f"{counted}, {len(missing)} not listed by NVML: {shown}",
+                f"the driver did not bring it up, or lost it: read sudo dmesg | grep -iE "
+                f"'NVRM|Xid' for {missing[0]} and lspci -vv -s {missing[0]}; reboot (or reset "
+                "it once NVML lists it); if it stays missing, reseat the GPU and check its power "
+                "cables, and have it serviced if it persists",
+                data=data,
+            )
+        ]  # fmt: skip
+    return [CheckResult("gpus-on-bus", "pass", f"{counted}, every one listed by NVML", data=data)]
+
+
 # -- idle ------------------------------------------------------------------------------------
 
 

@@ -1,4 +1,5 @@
-"""GPU health: uncorrected ECC errors, row remapping, XID events in the kernel log."""
+"""GPU health: uncorrected ECC errors, row remapping, XID events in the kernel log (by the tiers of
+NVIDIA's XID catalog), the recovery action the driver asks for, the NVLink fabric registration."""
 
 from __future__ import annotations
 
@@ -9,41 +10,11 @@ from sparkdiag.check.gpu_checks import per_gpu
 from sparkdiag.check.model import CheckContext, CheckResult, Status
 from sparkdiag.check.model import gpu_index as _idx
 from sparkdiag.snapshot import GpuSample
+from sparkdiag.sources.xid import CATALOG_URL, parse_kernel_xids
+from sparkdiag.sources.xid import describe as describe_xid
 
-XID_DOCS = "https://docs.nvidia.com/deploy/xid-errors/"
-_XID = re.compile(r"NVRM: Xid \(PCI:([0-9A-Fa-f]+):([0-9A-Fa-f]+):([0-9A-Fa-f]+)[^)]*\): (\d+)")
+parse_xids = parse_kernel_xids  # the name tests and older callers use
 
-# XIDs that mean the hardware (or its firmware) is in trouble: fail.
-HARDWARE_XIDS = {
-    48: "double-bit ECC error",
-    61: "internal micro-controller breakpoint",
-    62: "internal micro-controller halt",
-    64: "row remapping failure",
-    74: "NVLink error",
-    79: "GPU fell off the bus",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-    140: "unrecovered ECC error",
-    154: "GPU recovery action required",
-}
-# Other XIDs warn: mostly a faulting application, or an event the GPU contained.
-OTHER_XIDS = {
-    13: "graphics engine exception (often an application fault)",
-    31: "GPU memory page fault (often an application fault)",
-    43: "GPU stopped processing (often an application fault)",
-    45: "preemptive cleanup after an earlier error",
-    63: "ECC page retirement or row remapping event",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-}
-XID_ACTIONS = {
-    79: "reboot (or sudo nvidia-smi -r); if it recurs, check power cables, seating and cooling",
-    74: "check the links (nvidia-smi nvlink -s) and reset the GPU (sudo nvidia-smi -r)",
-    119: "reset the GPU (sudo nvidia-smi -r) or reboot; update the driver if it recurs",
-    120: "reset the GPU (sudo nvidia-smi -r) or reboot; update the driver if it recurs",
-    154: "do the recovery action nvidia-smi -q shows (GPU reset or reboot)",
-}
 MEMORY_ACTION = "reset the GPU (sudo nvidia-smi -r) or reboot; if it recurs, request service"
 
 
@@ -127,19 +98,14 @@ def _gpu_bus_keys(ctx: CheckContext) -> dict[tuple[int, int, int], int]:
     return keys
 
 
-def parse_xids(lines: tuple[str, ...]) -> list[tuple[str, int]]:
-    """(PCI address as the kernel prints it, XID) for every ``NVRM: Xid`` line."""
-    found = []
-    for line in lines:
-        match = _XID.search(line)
-        if match:
-            domain, bus, device, xid = match.groups()
-            found.append((f"{domain}:{bus}:{device}", int(xid)))
-    return found
+_RANK = {"critical": 0, "warning": 1, "info": 2}
+_STATUS: dict[str, Status] = {"critical": "fail", "warning": "warn", "info": "pass"}
 
 
 def check_xid(ctx: CheckContext) -> list[CheckResult]:
-    """XID events in the kernel log since boot: hardware XIDs fail, others warn."""
+    """XID events in the kernel log since boot, by the tier NVIDIA's XID catalog gives each code
+    (:mod:`sparkdiag.sources.xid`): a critical one fails, a warning one warns, informational
+    ones pass; the action is the catalog's for the worst code seen."""
     log = ctx.kernel_log
     if log is None or log.lines is None:
         why = log.unreadable if log is not None else "not read"
@@ -152,26 +118,107 @@ def check_xid(ctx: CheckContext) -> list[CheckResult]:
         return [CheckResult("xid", "pass", f"no XID event in the kernel log ({log.source})")]
     gpu_of = _gpu_bus_keys(ctx)
     counts = Counter(xids)
+    ranked = sorted(
+        counts.items(), key=lambda item: (_RANK[describe_xid(item[0][1]).tier], -item[1])
+    )
     parts = []
-    for (address, xid), n in counts.most_common():
-        what = HARDWARE_XIDS.get(xid) or OTHER_XIDS.get(xid) or "see the XID catalogue"
+    for (address, code), n in ranked:
+        info = describe_xid(code)
         index = gpu_of.get(_bus_key(*address.split(":")))
         where = f"{address}" + (f", GPU {index}" if index is not None else "")
-        parts.append(f"XID {xid} ×{n} ({where}): {what}")
-    hardware = sorted({x for _, x in counts if x in HARDWARE_XIDS})
-    status: Status = "fail" if hardware else "warn"
-    if hardware:
-        action = XID_ACTIONS.get(hardware[0], MEMORY_ACTION)
-    else:
-        action = (
-            "application XIDs point at a crashed job; if they recur without one, reset the GPU "
-            "(sudo nvidia-smi -r)"
-        )
+        parts.append(f"XID {code} ×{n} ({where}): {info.meaning} [{info.tier}]")
+    (worst_address, worst_code), _ = ranked[0]
+    worst = describe_xid(worst_code)
+    index = gpu_of.get(_bus_key(*worst_address.split(":")))
+    action = ""
+    if worst.tier != "info":
+        action = f"XID {worst_code}: {worst.action('N' if index is None else index)}; {CATALOG_URL}"
     data = {
-        "events": [{"pci": a, "xid": x, "count": n} for (a, x), n in counts.items()],
+        "events": [
+            {"pci": a, "xid": x, "count": n, "severity": describe_xid(x).tier,
+             "action": describe_xid(x).bucket}
+            for (a, x), n in counts.items()
+        ],
         "source": log.source,
-    }
-    return [
-        CheckResult("xid", status, "; ".join(parts) + " (since boot)", f"{action}; {XID_DOCS}",
-                    data=data)
-    ]  # fmt: skip
+    }  # fmt: skip
+    suffix = " (since boot)" if worst.tier != "info" else " (since boot; informational only)"
+    return [CheckResult("xid", _STATUS[worst.tier], "; ".join(parts) + suffix, action, data=data)]
+
+
+# -- the driver's recovery action, the NVLink fabric ---------------------------------------------
+
+RECOVERY_ACTION_TODO = {
+    "gpu_reset": "stop the GPU's processes and reset it: sudo nvidia-smi -r -i {gpu}",
+    "node_reboot": "drain the node and reboot it",
+    "drain_p2p": "stop peer-to-peer (NVLink) traffic to this GPU: drain the jobs that use it",
+    "drain_and_reset": "drain the jobs that use it, then reset it: sudo nvidia-smi -r -i {gpu}",
+    "recover_imex_domain": "recover the IMEX domain (restart the nvidia-imex service of the "
+    "domain)",
+    "bus_reset": "reset the GPU's PCIe bus: drain it, then reboot if a bus reset is not "
+    "available to you",
+    "system_reboot": "drain the node and reboot it",
+    "unknown": "read nvidia-smi -q ('GPU Recovery Action') and do what it says",
+}
+
+
+def _recovery(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    action = gpu.recovery_action
+    if action is None:
+        return CheckResult("recovery-action", "skip",
+                           "the driver reports no recovery action for this GPU",
+                           gpu=_idx(gpu))  # fmt: skip
+    data = {"recovery_action": action}
+    if action == "none":
+        return CheckResult("recovery-action", "pass", "the driver asks for no recovery action",
+                           gpu=_idx(gpu), data=data)  # fmt: skip
+    todo = RECOVERY_ACTION_TODO.get(action, RECOVERY_ACTION_TODO["unknown"])
+    return CheckResult(
+        "recovery-action", "fail",
+        f"the driver asks for a recovery action: {action.replace('_', ' ')}",
+        todo.format(gpu=gpu.identity.index) + "; the GPU is not usable until then",
+        _idx(gpu), data,
+    )  # fmt: skip
+
+
+def check_recovery_action(ctx: CheckContext) -> list[CheckResult]:
+    """The recovery action the driver asks for (none, reset, reboot, drain ...): any but none
+    fails, with what to do."""
+    return per_gpu("recovery-action", ctx, _recovery)
+
+
+FABRIC_ACTION = (
+    "check the fabric manager (systemctl status nvidia-fabricmanager; its log in "
+    "/var/log/fabricmanager.log) and nvidia-smi -q | grep -A4 Fabric; restart it, then reset "
+    "the GPUs (sudo nvidia-smi -r) or reboot"
+)
+
+
+def _fabric(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    fabric = gpu.fabric
+    if fabric is None:
+        return CheckResult("fabric", "skip", "the GPU joins no NVLink fabric (no NVSwitch)",
+                           gpu=_idx(gpu))  # fmt: skip
+    data = {"state": fabric.state, "status": fabric.status, "health": fabric.health}
+    health = f", health {fabric.health.replace('_', ' ')}" if fabric.health else ""
+    if fabric.state != "completed":
+        return CheckResult(
+            "fabric", "fail",
+            f"NVLink fabric registration {fabric.state.replace('_', ' ')}: the GPU cannot run "
+            "work over NVLink yet" + health,
+            FABRIC_ACTION, _idx(gpu), data,
+        )  # fmt: skip
+    if fabric.status != "SUCCESS":
+        return CheckResult("fabric", "fail",
+                           f"NVLink fabric registration failed ({fabric.status}){health}",
+                           FABRIC_ACTION, _idx(gpu), data)  # fmt: skip
+    if fabric.health in ("unhealthy", "limited_capacity"):
+        return CheckResult("fabric", "fail", f"NVLink fabric registered{health}",
+                           FABRIC_ACTION, _idx(gpu), data)  # fmt: skip
+    return CheckResult("fabric", "pass", f"NVLink fabric registered{health}",
+                       gpu=_idx(gpu), data=data)  # fmt: skip
+
+
+def check_fabric(ctx: CheckContext) -> list[CheckResult]:
+    """The NVLink fabric registration (NVSwitch systems): anything but completed, successful and
+    healthy fails."""
+    return per_gpu("fabric", ctx, _fabric)

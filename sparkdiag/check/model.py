@@ -119,6 +119,7 @@ class CheckContext:
     own_pids: pids that are sparkdiag's own (never "another process on the GPU")
     fabric: the ConnectX-7 functions, NCCL settings and libraries, CMA (None: not read)
     peer_link: the short link test against ``--peer``; peer_error: why it could not be done
+    stall_samples: the busy GPUs' samples over a few seconds (``check/stall_checks.py``)
     """
 
     snapshot: Snapshot
@@ -138,6 +139,8 @@ class CheckContext:
     fabric: FabricReadings | None = None
     peer_link: LinkReport | None = None
     peer_error: str | None = None
+    # GPU index -> samples taken over a few seconds of the GPUs busy at the first poll (stall)
+    stall_samples: Mapping[int, tuple[GpuSample, ...]] = field(default_factory=dict)
 
     def gpus_up(self) -> tuple[GpuSample, ...]:
         return tuple(g for g in self.snapshot.gpus if g.up)

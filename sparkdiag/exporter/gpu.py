@@ -14,6 +14,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from sparkdiag.exporter.base import GPU_LABELS, FromSnapshot, gpu_labels
 from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS
+from sparkdiag.sources.xid import describe as describe_xid
 
 ALL_REASONS_MASK = sum(CLOCK_EVENT_REASONS.values())
 
@@ -236,8 +237,9 @@ class GpuCollector(FromSnapshot):
 
         xid = CounterMetricFamily(
             "sparkdiag_gpu_xid_errors",
-            "XID events seen since the daemon started.",
-            labels=[*GPU_LABELS, "xid"],
+            "XID events seen since the daemon started, with the severity tier and the immediate "
+            "action NVIDIA's XID catalog gives the code.",
+            labels=[*GPU_LABELS, "xid", "severity", "action"],
         )
         xid_last = GaugeMetricFamily(
             "sparkdiag_gpu_xid_last_timestamp_seconds",
@@ -247,7 +249,10 @@ class GpuCollector(FromSnapshot):
         by_index = {g.identity.index: g.identity for g in gpus}
         for (index, code), count in sorted(snap.xid.counts.items()):
             if index in by_index:
-                xid.add_metric([*gpu_labels(by_index[index]), str(code)], count)
+                known = describe_xid(code)
+                xid.add_metric(
+                    [*gpu_labels(by_index[index]), str(code), known.tier, known.bucket], count
+                )
         for index, ts in sorted(snap.xid.last_timestamp.items()):
             if index in by_index:
                 xid_last.add_metric(gpu_labels(by_index[index]), ts)

@@ -12,6 +12,7 @@ from sparkdiag.exporter.base import SnapshotCollector, SnapshotProvider
 from sparkdiag.exporter.dcgm import DcgmCollector
 from sparkdiag.exporter.gpu import GpuCollector
 from sparkdiag.exporter.gpu_activity import GpuActivityCollector
+from sparkdiag.exporter.gpu_health import GpuHealthCollector
 from sparkdiag.exporter.gpu_process import GpuProcessCollector
 from sparkdiag.exporter.pcie import PcieCollector
 from sparkdiag.exporter.system import SystemCollector
@@ -41,6 +42,7 @@ def build_registry(
         SystemCollector(snapshot),
         GpuCollector(snapshot),
         GpuActivityCollector(snapshot),
+        GpuHealthCollector(snapshot),
         GpuProcessCollector(snapshot),
         PcieCollector(snapshot),
         *extra,

@@ -204,6 +204,8 @@ SOAK_WINDOW_SECONDS = 5.0
 SOAK_MARGIN_CELSIUS = 5.0  # a soak stops this far below a thermal limit
 SOAK_CHUNK_MS = 100.0  # load between two checks of the stop conditions
 FALLBACK_GPU_LIMIT_CELSIUS = 85.0  # when NVML gives no slowdown threshold
+# HW_SLOWDOWN, HW_THERMAL_SLOWDOWN and NVML_FI_DEV_MEMORY_TEMP repeat sources/' NVML numbers
+# (this script is self-contained): tests/test_nvml_queries.py holds them equal.
 HW_SLOWDOWN = 0x8  # clock event reasons (nvmlClocksEventReason*)
 HW_THERMAL_SLOWDOWN = 0x40
 SLEEP_CLOCK_HZ = 3.2e9  # above any GPU's SM clock: a prequeue sleep is never too short

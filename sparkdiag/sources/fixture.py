@@ -47,17 +47,16 @@ from typing import Any
 from sparkdiag.errors import UsageError
 from sparkdiag.sources.files import read_limited
 from sparkdiag.sources.nvml_api import (
-    ANSWER_SHAPES,
     ERROR_CODES,
     GPU_IS_LOST,
     NOT_SUPPORTED,
-    QUERIES,
     NvmlCallError,
     NvmlEvent,
     NvmlUnavailable,
-    answer_shape_error,
+    answer_key,
     error_code,
 )
+from sparkdiag.sources.nvml_queries import CATALOGUE, answer_keys, answer_shape_error
 
 FORMAT = "sparkdiag-nvml-fixture/1"
 MAX_FIXTURE_BYTES = 16 * 1024 * 1024  # recorded 8-GPU fixtures are ~100 KB
@@ -70,14 +69,7 @@ class FixtureError(UsageError, ValueError):
     flag = "--nvml-fixture"
 
 
-def _valid_keys() -> set[str]:
-    keys: set[str] = set()
-    for query, args in QUERIES.items():
-        keys.update([query] if args is None else [f"{query}/{a}" for a in args])
-    return keys
-
-
-VALID_KEYS = frozenset(_valid_keys())
+VALID_KEYS = answer_keys()
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -105,7 +97,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 def _check_keys(path: Path, where: str, answers: Mapping[str, Any], values: bool = True) -> None:
     """Every key names a catalogue query; every value (with ``values``) is an NVML error or an
-    answer of the query's shape (ANSWER_SHAPES)."""
+    answer of the query's declared shape."""
     unknown = sorted(set(answers) - VALID_KEYS)
     if unknown:
         shown = ", ".join(k[:40] for k in unknown[:5])
@@ -240,7 +232,7 @@ def _check_step(path: Path, n: int, step: Any, ndev: int) -> dict[str, Any]:
             raise FixtureError(f"{where}: 'ramp' maps answer keys to [from, to] numbers")
         _check_keys(path, f"script[{n}].ramp", ramp, values=False)
         for key in ramp:
-            if ANSWER_SHAPES.get(key.split("/", 1)[0]) != "number":
+            if CATALOGUE[key.split("/", 1)[0]].shape != "number":
                 raise FixtureError(f"{where}: 'ramp' of {key}, which is not a number")
     if "event" in step:
         event = step["event"]
@@ -305,13 +297,13 @@ class FixtureBackend:
         return len(self._current)
 
     def query(self, index: int, query: str, arg: int | None = None) -> Any:
-        if query not in QUERIES:
+        if query not in CATALOGUE:
             raise KeyError(f"unknown NVML query {query!r}")
         if not 0 <= index < len(self._current):
             raise NvmlCallError(ERROR_CODES["INVALID_ARGUMENT"])
         if index in self._lost:
             raise NvmlCallError(GPU_IS_LOST)
-        key = query if arg is None else f"{query}/{arg}"
+        key = answer_key(query, arg)
         if key not in self._current[index]:
             raise NvmlCallError(NOT_SUPPORTED)
         value = self._current[index][key]

@@ -24,9 +24,7 @@ from sparkdiag.sources.gpu_activity import (
     ProcessOptions,
     read_activity,
     read_nvlinks,
-    read_pcie_throughput,
     read_processes,
-    read_video,
 )
 from sparkdiag.sources.nvml_api import (
     LOST_CODES,
@@ -37,22 +35,10 @@ from sparkdiag.sources.nvml_api import (
     NvmlEvent,
     NvmlUnavailable,
 )
+from sparkdiag.sources.nvml_queries import CATALOGUE, sample_fields
 
 log = logging.getLogger(__name__)
 
-MHZ = 1e6
-THRESHOLDS = {0: "shutdown", 1: "slowdown", 2: "memory_max", 3: "gpu_max"}
-CLOCKS = {0: "graphics", 1: "sm", 2: "memory", 3: "video"}
-APPLICATION_CLOCKS = {0: "graphics", 1: "sm"}  # the domains the applications clock is read for
-POLICIES = {
-    0: "power",
-    1: "thermal",
-    2: "sync_boost",
-    3: "board_limit",
-    4: "low_utilization",
-    5: "reliability",
-}
-COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
 # Decoded clock event (throttle) reasons, nvml.h nvmlClocksEventReason*.
 CLOCK_EVENT_REASONS: dict[str, int] = {
     "gpu_idle": 0x1,
@@ -96,49 +82,6 @@ class DeviceLost(Exception):
         self.error = error
 
 
-# Queries whose answers change rarely or never are asked less often than every poll, to keep
-# the daemon's cost down (each NVML call is 5-100 µs; a poll of one H200 asks ~45 of them).
-STATIC_QUERIES = frozenset(
-    {
-        "temperature_threshold",
-        "max_clock",
-        "applications_clock",
-        "default_applications_clock",
-        "supported_clock_event_reasons",
-        "pcie_max_gen",
-        "pcie_max_width",
-        "persistence_mode",
-        "compute_mode",
-        "mig_mode",
-        # not static, but 72 calls per GPU (4 counters, 18 links); the error alert looks at
-        # 10 minutes, so once a minute is enough
-        "nvlink_replay_errors",
-        "nvlink_recovery_errors",
-        "nvlink_crc_flit_errors",
-        "nvlink_crc_data_errors",
-    }
-)
-# energy_mj is here because nvmlDeviceGetTotalEnergyConsumption took 3.8 ms per call on the H200,
-# pcie_throughput because each call blocks ~20 ms (it samples a 20 ms window),
-# process_utilization because it took 1.6 ms (its answer then covers the whole slow interval),
-# and the NVLink state and data counters because there are 3 queries per link, 18 links (the
-# real backend reads the data counters of all links in one call).
-SLOW_QUERIES = frozenset(
-    {
-        "ecc_total",
-        "remapped_rows",
-        "pcie_replay",
-        "violation_ns",
-        "energy_mj",
-        "pcie_throughput",
-        "process_utilization",
-        "nvlink_state",
-        "nvlink_tx_kib",
-        "nvlink_rx_kib",
-    }
-)
-
-
 # How old a cached answer of each tier may be, in seconds, whatever the poll interval.
 STATIC_SECONDS = 60.0
 SLOW_SECONDS = 10.0
@@ -147,9 +90,10 @@ SLOW_SECONDS = 10.0
 class GpuSource:
     """Reads every GPU through an :class:`NvmlBackend`. Not thread-safe: one poller owns it.
 
-    Static queries (thresholds, maximum clocks, supported reasons, PCIe maxima, modes) are asked
-    again once their last answer is ``static_seconds`` old, slow ones (ECC, row remapping, replay
-    and violation counters, energy, PCIe throughput, per-process utilization, NVLink) once it is
+    Each query's tier is in its declaration (``sources/nvml_queries.py``): static ones
+    (thresholds, maximum clocks, supported reasons, PCIe maxima, modes) are asked again once their
+    last answer is ``static_seconds`` old, slow ones (ECC, row remapping, replay and violation
+    counters, energy, PCIe throughput, per-process utilization, NVLink) once it is
     ``slow_seconds`` old, the rest on every read; in between the last answer is reused. Ages are
     measured at the start of each read with ``clock`` (monotonic seconds), so the tiers follow
     time, not the number of polls.
@@ -171,6 +115,10 @@ class GpuSource:
         self.static_seconds = static_seconds
         self.slow_seconds = slow_seconds
         self.clock = clock
+        # Queries whose answers change rarely or never are asked less often than every poll, to
+        # keep the daemon's cost down (each NVML call is 5-100 µs; a poll of one H200 asks ~45
+        # of them); each query's tier is in its declaration (sources/nvml_queries.py).
+        self._max_age = {"poll": 0.0, "slow": slow_seconds, "static": static_seconds}
         self._read_at = 0.0
         self._cache: dict[tuple[int, str, int | None], tuple[float, Any]] = {}
         self.nvml_up = False
@@ -218,13 +166,7 @@ class GpuSource:
         key = (index, query, arg)
         if key in self._unsupported:
             return None
-        max_age = (
-            self.static_seconds
-            if query in STATIC_QUERIES
-            else self.slow_seconds
-            if query in SLOW_QUERIES
-            else 0.0
-        )
+        max_age = self._max_age[CATALOGUE[query].tier]
         cached = self._cache.get(key)
         if cached is not None and self._read_at - cached[0] < max_age:
             return cached[1]
@@ -321,61 +263,7 @@ class GpuSource:
 
         # uuid first: a lost GPU fails here and costs one call per poll.
         ask("uuid")
-        temps: dict[str, float] = {}
-        gpu_temp = ask("temperature", 0)
-        if gpu_temp is not None:
-            temps["gpu"] = float(gpu_temp)
-        mem_temp = ask("memory_temperature")
-        if mem_temp is not None and float(mem_temp) > 0:
-            temps["memory"] = float(mem_temp)
-
-        thresholds = _positive(
-            {name: ask("temperature_threshold", k) for k, name in THRESHOLDS.items()}
-        )
-        clocks = _scaled({name: ask("clock", k) for k, name in CLOCKS.items()}, MHZ)
-        max_clocks = _positive(
-            _scaled({name: ask("max_clock", k) for k, name in CLOCKS.items()}, MHZ)
-        )
-        app_clocks = _positive(
-            _scaled({n: ask("applications_clock", k) for k, n in APPLICATION_CLOCKS.items()}, MHZ)
-        )
-        default_app_clocks = _positive(
-            _scaled(
-                {n: ask("default_applications_clock", k) for k, n in APPLICATION_CLOCKS.items()},
-                MHZ,
-            )
-        )
-        violations = _scaled({name: ask("violation_ns", k) for k, name in POLICIES.items()}, 1e-9)
-
-        util = ask("utilization")
-        utilization = {} if util is None else {k: float(util[k]) / 100.0 for k in ("gpu", "memory")}
-
-        memory: dict[str, float] = {}
-        if identity.memory_model == "dedicated":
-            info = ask("memory_info")
-            if info is not None:
-                memory = {k: float(info[k]) for k in ("total", "used", "free")}
-
-        pcie_gen: dict[str, float] = {}
-        pcie_width: dict[str, float] = {}
-        if identity.memory_model == "dedicated":
-            pcie_gen = _positive({"current": ask("pcie_gen"), "max": ask("pcie_max_gen")})
-            pcie_width = _positive({"current": ask("pcie_width"), "max": ask("pcie_max_width")})
-
-        ecc = _present({"corrected": ask("ecc_total", 0), "uncorrected": ask("ecc_total", 1)})
-        rows = ask("remapped_rows")
-        remapped = (
-            {}
-            if rows is None
-            else dict(
-                zip(
-                    ("corrected", "uncorrected", "pending", "failure"),
-                    map(float, rows),
-                    strict=False,
-                )
-            )
-        )
-        pstate = ask("pstate")
+        declared = sample_fields(ask, dedicated=identity.memory_model == "dedicated")
         procs = ask("compute_processes")
         activity, occupancy = read_activity(ask)
         processes: tuple[GpuProcess, ...] | None = None
@@ -392,64 +280,14 @@ class GpuSource:
                     i,
                     unseen,
                 )
-        persistence = ask("persistence_mode")
-        compute_mode = ask("compute_mode")
-        mig = ask("mig_mode")
-
         return GpuSample(
             identity=identity,
             up=True,
-            temperature_celsius=temps,
-            threshold_celsius=thresholds,
-            clock_hertz=clocks,
-            clock_max_hertz=max_clocks,
-            clock_applications_hertz=app_clocks,
-            clock_default_applications_hertz=default_app_clocks,
-            clock_event_reasons=_int(ask("clock_event_reasons")),
-            supported_clock_event_reasons=_int(ask("supported_clock_event_reasons")),
-            violation_seconds=violations,
-            power_watts=_milli(ask("power_mw")),
-            power_limit_watts=_milli(ask("power_limit_mw")),
-            energy_joules=_milli(ask("energy_mj")),
-            utilization_ratio=utilization,
-            memory_bytes=memory,
-            pcie_generation=pcie_gen,
-            pcie_width=pcie_width,
-            pcie_replay_errors=None if (r := ask("pcie_replay")) is None else float(r),
-            ecc_errors=ecc,
-            remapped_rows=remapped,
-            performance_state=None if pstate is None or int(pstate) > 15 else int(pstate),
             compute_pids=None if procs is None else tuple(int(p["pid"]) for p in procs),
-            persistence_mode=None if persistence is None else bool(persistence),
-            compute_mode=None if compute_mode is None else COMPUTE_MODES.get(int(compute_mode)),
-            mig_mode=None if mig is None else bool(mig[0]),
             activity_ratio=activity,
             sm_occupancy_ratio=occupancy,
-            video_utilization_ratio=read_video(ask),
-            pcie_throughput_bytes_per_second=(
-                read_pcie_throughput(ask) if identity.memory_model == "dedicated" else {}
-            ),
             nvlinks=self._links(i, ask),
             processes=processes,
             processes_unseen=unseen,
+            **declared,
         )
-
-
-def _present(values: dict[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in values.items() if v is not None}
-
-
-def _positive(values: dict[str, Any]) -> dict[str, float]:
-    return {k: float(v) for k, v in values.items() if v is not None and float(v) > 0}
-
-
-def _scaled(values: dict[str, Any], factor: float) -> dict[str, float]:
-    return {k: float(v) * factor for k, v in values.items() if v is not None}
-
-
-def _milli(value: Any) -> float | None:
-    return None if value is None else float(value) / 1000.0
-
-
-def _int(value: Any) -> int | None:
-    return None if value is None else int(value)

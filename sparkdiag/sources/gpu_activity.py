@@ -1,5 +1,7 @@
-"""The GPU source's activity, interconnect and per-process readings, turned from catalogue
-answers (:data:`sparkdiag.sources.nvml_api.ACTIVITY_QUERIES`) into snapshot values.
+"""The GPU source's activity, interconnect and per-process readings that one declaration cannot
+map to one snapshot field (GPM's four metrics, 126 NVLink answers per GPU, the processes),
+turned from catalogue answers (:data:`sparkdiag.sources.nvml_queries.CATALOGUE`) into snapshot
+values.
 
 Each function takes ``ask(query, arg=None)``, the GPU source's cached, unsupported-aware query
 of one device, and returns base units: ratios 0..1, bytes, bytes per second. What NVML does not
@@ -32,7 +34,8 @@ NVLINK_DATA = {"tx": "nvlink_tx_kib", "rx": "nvlink_rx_kib"}
 KIB = 1024.0
 
 
-def _ratio(percent: Any) -> float:
+def percent_ratio(percent: Any) -> float:
+    """An NVML percentage as a ratio, clamped to 0..1."""
     return min(max(float(percent) / 100.0, 0.0), 1.0)
 
 
@@ -41,29 +44,9 @@ def read_activity(ask: Ask) -> tuple[dict[str, float], float | None]:
     gpm = ask("gpm")
     if not isinstance(gpm, Mapping):
         return {}, None
-    activity = {key: _ratio(gpm[name]) for name, key in GPM_ACTIVITY.items() if name in gpm}
+    activity = {key: percent_ratio(gpm[name]) for name, key in GPM_ACTIVITY.items() if name in gpm}
     occupancy = gpm.get("sm_occupancy")
-    return activity, None if occupancy is None else _ratio(occupancy)
-
-
-def read_video(ask: Ask) -> dict[str, float]:
-    """Encoder and decoder utilization, 0..1 (``nvidia-smi --query-gpu=utilization.encoder``)."""
-    out: dict[str, float] = {}
-    for engine in ("encoder", "decoder"):
-        answer = ask(f"{engine}_utilization")
-        if answer is not None:
-            out[engine] = _ratio(answer[0])
-    return out
-
-
-def read_pcie_throughput(ask: Ask) -> dict[str, float]:
-    """PCIe bytes per second "tx" and "rx" over NVML's 20 ms window (its KB are KiB)."""
-    out: dict[str, float] = {}
-    for arg, direction in ((0, "tx"), (1, "rx")):
-        value = ask("pcie_throughput", arg)
-        if value is not None:
-            out[direction] = float(value) * KIB
-    return out
+    return activity, None if occupancy is None else percent_ratio(occupancy)
 
 
 def read_nvlinks(ask: Ask) -> tuple[NvlinkSample, ...]:
@@ -110,7 +93,7 @@ def read_processes(
     identities = options.describe(pids)
     unseen = sum(1 for pid in pids if pid not in identities)
     util = ask("process_utilization") or []
-    sm = {int(u["pid"]): _ratio(u["sm"]) for u in util if "sm" in u}
+    sm = {int(u["pid"]): percent_ratio(u["sm"]) for u in util if "sm" in u}
 
     def memory(p: Mapping[str, Any]) -> float:
         used = p.get("used_memory")

@@ -234,3 +234,17 @@ def cgroup_v2_path(rootfs: Path, pid: int) -> str | None:
         if line.startswith("0::"):
             return line[3:].strip() or "/"
     return None
+
+
+def driver_gpus(rootfs: Path) -> frozenset[str] | None:
+    """PCI addresses (``0000:18:00.0``, lower case) of the GPUs the nvidia driver lists in
+    ``ROOT/proc/driver/nvidia/gpus``; None where that directory is not readable.
+
+    Same reading as ``ls /proc/driver/nvidia/gpus``. In a container the NVIDIA container
+    toolkit mounts only the GPUs the container is given there, while sysfs still lists the
+    host's: this is what a container's sysfs count is compared against.
+    """
+    try:
+        return frozenset(e.name.lower() for e in (rootfs / "proc/driver/nvidia/gpus").iterdir())
+    except OSError:
+        return None

@@ -15,13 +15,8 @@ from typing import Any
 
 from sparkdiag import __version__
 from sparkdiag.sources.fixture import FORMAT
-from sparkdiag.sources.nvml_api import (
-    DELTA_QUERIES,
-    QUERIES,
-    NvmlBackend,
-    NvmlCallError,
-    answer_key,
-)
+from sparkdiag.sources.nvml_api import NvmlBackend, NvmlCallError, answer_key
+from sparkdiag.sources.nvml_queries import DELTA_QUERIES, QUERIES
 
 # Between priming the delta queries (GPM, the sample buffers) and recording their answers.
 PRIME_SECONDS = 0.5
@@ -32,9 +27,10 @@ def record(
     description: str = "",
     sleep: Callable[[float], None] = time.sleep,
 ) -> dict[str, Any]:
-    """Ask every catalogue query of every device once; return the fixture document.
+    """Ask every catalogue query of every device once (every argument it declares); return the
+    fixture document.
 
-    A delta query (:data:`DELTA_QUERIES`: GPM, driver samples, per-process utilization) answers
+    A delta query (declared ``delta``: GPM, driver samples, per-process utilization) answers
     for the time since its previous call, and GPM answers NOT_READY at its first: each is asked
     once on every device first, and recorded from its second call ``PRIME_SECONDS`` later.
     """
@@ -50,11 +46,11 @@ def record(
         devices = []
         for index in range(count):
             answers: dict[str, Any] = {}
-            for query, args in QUERIES.items():
-                for arg in (None,) if args is None else args:
-                    key = answer_key(query, arg)
+            for declared in QUERIES:
+                for arg in declared.arguments():
+                    key = answer_key(declared.name, arg)
                     try:
-                        answers[key] = backend.query(index, query, arg)
+                        answers[key] = backend.query(index, declared.name, arg)
                     except NvmlCallError as exc:
                         answers[key] = {"error": exc.name}
             devices.append({"answers": answers})

@@ -129,6 +129,30 @@ def read_link(device_dir: Path) -> PcieLink | None:
     return link
 
 
+NVIDIA_VENDOR = 0x10DE
+# PCI class codes (class and subclass) of a GPU: VGA-compatible and 3D controllers.
+GPU_CLASSES = frozenset({0x0300, 0x0302})
+
+
+def is_nvidia_gpu(device_dir: Path) -> bool:
+    """Whether a PCI function is an NVIDIA GPU: vendor 0x10de and class 0x0300xx or 0x0302xx.
+
+    Same reading as ``cat /sys/bus/pci/devices/ADDR/{vendor,class}`` or
+    ``lspci -d 10de: -n`` (classes 0300 and 0302). NVIDIA's bridges (a GB10's root ports,
+    10de:22ce, class 0x0604) and NVSwitches (class 0x0680) are not GPUs.
+    """
+    vendor, class_code = _read_attr(device_dir / "vendor"), _read_attr(device_dir / "class")
+    try:
+        return (
+            vendor is not None
+            and class_code is not None
+            and int(vendor, 16) == NVIDIA_VENDOR
+            and int(class_code, 16) >> 8 in GPU_CLASSES
+        )
+    except ValueError:
+        return False
+
+
 def _is_real_sysfs(root: Path) -> bool:
     try:
         return root.resolve() == Path("/sys").resolve()
@@ -169,6 +193,13 @@ class PcieSource:
             if link is not None:
                 by_address[link.address] = link
         return tuple(by_address[address] for address in sorted(by_address))
+
+    def gpu_functions(self) -> tuple[str, ...]:
+        """PCI addresses of the NVIDIA GPU functions on the bus (:func:`is_nvidia_gpu`), sorted,
+        whatever NVML says of them: a GPU the driver failed to bring up, or lost, is still
+        listed here. Same reading as ``lspci -D -d 10de: | grep -E '(VGA|3D) controller'``.
+        Raises as :meth:`read` does."""
+        return tuple(sorted(d.name for d in self._device_dirs() if is_nvidia_gpu(d)))
 
     def _device_dirs(self) -> list[Path]:
         """The PCI device directories, enumerated again at most every :attr:`enumerate_every`

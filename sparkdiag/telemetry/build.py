@@ -7,6 +7,8 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
+from pathlib import Path
 
 from sparkdiag.config import Settings
 from sparkdiag.sources.backends import make_backend
@@ -16,7 +18,7 @@ from sparkdiag.sources.gpu import GpuSource
 from sparkdiag.sources.gpu_activity import ProcessOptions
 from sparkdiag.sources.meminfo import read_host_memory
 from sparkdiag.sources.nvml_api import NvmlBackend
-from sparkdiag.sources.procfs import ProcessIdentities
+from sparkdiag.sources.procfs import ProcessIdentities, driver_gpus
 from sparkdiag.sources.sysfs import PcieSource
 from sparkdiag.telemetry.poller import Poller
 
@@ -42,12 +44,34 @@ def build_poller(settings: Settings, backend: NvmlBackend | None = None) -> Poll
     elif not gpu.identities:
         log.warning("NVML answers but reports no GPU: GPU telemetry skipped")
     rootfs = settings.rootfs
+    pcie = PcieSource(settings.sysfs)
+    context = detect_context(rootfs)
     return Poller(
         gpu=gpu,
-        read_pcie=PcieSource(settings.sysfs).read,
+        read_pcie=pcie.read,
+        read_gpu_functions=_gpu_functions(pcie, rootfs, context.context == "container"),
         read_host=lambda: read_host_memory(rootfs),
-        context=detect_context(rootfs),
+        context=context,
         interval=settings.poll_interval,
         pcie_interval=settings.pcie_interval,
         platform=read_platform(settings.sysfs),
     )
+
+
+def _gpu_functions(
+    pcie: PcieSource, rootfs: Path, container: bool
+) -> Callable[[], tuple[str, ...] | None]:
+    """The NVIDIA GPU functions to compare with NVML's count: every one sysfs lists on the host;
+    in a container only those the container is given (sysfs there shows the host's bus, the
+    NVIDIA toolkit mounts the given GPUs in /proc/driver/nvidia/gpus), and none (not exported)
+    where the container shows no such list."""
+    if not container:
+        return pcie.gpu_functions
+
+    def given() -> tuple[str, ...] | None:
+        visible = driver_gpus(rootfs)
+        if visible is None:
+            return None
+        return tuple(a for a in pcie.gpu_functions() if a.lower() in visible)
+
+    return given

@@ -1,7 +1,8 @@
 """The poller: samples every source on an interval into an immutable :class:`Snapshot`.
 
 Scrapes read :attr:`Poller.latest` (one reference read, no lock) and never wait on hardware. Events
-that happen between polls (XID errors) are counted here, so that none is lost between scrapes.
+that happen between polls (XID errors) are counted here, so that none is lost between scrapes,
+and grouped into incidents per GPU and tier (:mod:`sparkdiag.sources.xid`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from sparkdiag.snapshot import (
     Snapshot,
     XidCounts,
 )
+from sparkdiag.sources import xid
 from sparkdiag.sources.gpu import GpuSource
 from sparkdiag.sources.nvml_api import EVENT_XID_CRITICAL
 
@@ -43,6 +45,7 @@ class Poller:
         excluded_pids: Callable[[], frozenset[int]] = frozenset,
         clock: Callable[[], float] = time.time,
         platform: PlatformIdentity | None = None,
+        read_gpu_functions: Callable[[], tuple[str, ...] | None] | None = None,
     ) -> None:
         self.gpu = gpu
         self.read_pcie = read_pcie
@@ -53,6 +56,10 @@ class Poller:
         self.excluded_pids = excluded_pids
         self.clock = clock
         self.platform = platform
+        self.read_gpu_functions = read_gpu_functions
+        self._gpu_functions: tuple[str, ...] | None = None
+        self._incidents: dict[tuple[int, str], int] = {}
+        self._incident_last: dict[tuple[int, str], float] = {}
         self.latest: Snapshot | None = None
         self.poll_count = 0
         self._xid_counts: dict[tuple[int, int], int] = {}
@@ -89,6 +96,8 @@ class Poller:
             start = time.perf_counter()
             try:
                 self._pcie = self.read_pcie()
+                if self.read_gpu_functions is not None:
+                    self._gpu_functions = self.read_gpu_functions()
                 self._pcie_status = CollectorStatus(True, time.perf_counter() - start)
             except Exception as exc:
                 # The last links read stay exported (a transient sysfs error should not make
@@ -119,6 +128,8 @@ class Poller:
                 counts=MappingProxyType(dict(self._xid_counts)),
                 last_timestamp=MappingProxyType(dict(self._xid_last)),
                 last_code=MappingProxyType(dict(self._xid_last_code)),
+                incidents=MappingProxyType(dict(self._incidents)),
+                incident_last=MappingProxyType(dict(self._incident_last)),
             ),
             pcie_links=self._pcie,
             context=self.context,
@@ -126,6 +137,7 @@ class Poller:
             collectors=MappingProxyType(statuses),
             excluded_pids=self.excluded_pids(),
             platform=self.platform,
+            gpu_pci_devices=self._gpu_functions,
         )
         self.latest = snapshot
         for fn in self._listeners:
@@ -142,7 +154,21 @@ class Poller:
                 self._xid_counts[key] = self._xid_counts.get(key, 0) + 1
                 self._xid_last[event.gpu] = event.timestamp
                 self._xid_last_code[event.gpu] = event.data
-                log.warning("GPU %d: XID %d", event.gpu, event.data)
+                info = xid.describe(event.data)
+                incident = (event.gpu, info.tier)
+                if event.timestamp - self._incident_last.get(incident, float("-inf")) >= (
+                    xid.INCIDENT_GAP_SECONDS
+                ):
+                    self._incidents[incident] = self._incidents.get(incident, 0) + 1
+                self._incident_last[incident] = event.timestamp
+                log.warning(
+                    "GPU %d: XID %d (%s, %s): %s",
+                    event.gpu,
+                    event.data,
+                    info.meaning,
+                    info.tier,
+                    info.action(event.gpu),
+                )
 
     def run(self, stop: threading.Event, initial_delay: float = 0.0) -> None:
         """Poll every :attr:`interval` seconds until ``stop`` is set. Never drifts, never bursts.

@@ -1,10 +1,15 @@
-"""The real NVML calls behind the activity, interconnect and per-process queries
-(:data:`sparkdiag.sources.nvml_api.ACTIVITY_QUERIES`).
+"""The stateful side of the real NVML calls: what the catalogue's pynvml calls
+(:data:`sparkdiag.sources.nvml_queries.CATALOGUE`) need to keep between calls.
 
 It is handed the ``pynvml`` module object by :class:`sparkdiag.sources.nvml.PynvmlBackend` (the
-only module that imports it) and keeps the state that NVML's delta APIs need, so that every
-catalogue answer is a plain value:
+only module that imports it), so that every catalogue answer is a plain value:
 
+* versioned functions are looked up once and the answer kept: the clock event reasons
+  (``nvmlDeviceGetCurrentClocksEventReasons``, falling back to the deprecated
+  ``...ThrottleReasons``) and ``nvmlDeviceGetMemoryInfo`` v2 (falling back to v1 once v2 is
+  refused);
+* one field value (``nvmlDeviceGetFieldValues``) is decoded by its ``valueType``, its own return
+  code raised as the call's error;
 * GPM (``nvmlGpmMetricsGet``) compares two samples taken with ``nvmlGpmSampleGet``. Each device
   gets two sample buffers, allocated at its first ``gpm`` query; every call takes a new sample
   into one buffer and compares it with the previous call's, then the buffers swap roles. The
@@ -27,6 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkdiag.sources.nvml_api import (
+    ERROR_CODES,
+    FUNCTION_NOT_FOUND,
     NOT_FOUND,
     NOT_READY,
     NOT_SUPPORTED,
@@ -36,13 +43,7 @@ from sparkdiag.sources.nvml_api import (
 
 # nvml.h nvmlGpmMetricId_t
 GPM_METRICS: dict[str, int] = {"sm": 2, "sm_occupancy": 3, "tensor": 5, "dram": 10}
-_NVLINK_ERROR_COUNTERS = {  # nvmlNvLinkErrorCounter_t
-    "nvlink_replay_errors": 0,
-    "nvlink_recovery_errors": 1,
-    "nvlink_crc_flit_errors": 2,
-    "nvlink_crc_data_errors": 3,
-}
-_NVLINK_THROUGHPUT_FIELDS = {"nvlink_tx_kib": 138, "nvlink_rx_kib": 139}  # NVML_FI_DEV_NVLINK_*
+NVLINK_THROUGHPUT_FIELDS = (138, 139)  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _RX
 _GPU_UTILIZATION_SAMPLES = 1  # NVML_GPU_UTILIZATION_SAMPLES
 FIELD_CACHE_SECONDS = 1.0
 _VALUE_MEMBERS = {
@@ -55,11 +56,14 @@ _VALUE_MEMBERS = {
     6: "usVal",
 }
 
-Dispatch = dict[str, Callable[[Any, int | None], Any]]
-
 
 def _key(handle: Any) -> int:
     return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+
+
+def text(value: Any) -> str:
+    """A string NVML returned as bytes (older nvidia-ml-py) or str."""
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 @dataclass
@@ -69,11 +73,20 @@ class _GpmBuffers:
     primed: bool = False
 
 
-class ActivityCalls:
-    """The dispatch entries of the activity block, with the state they need between calls."""
+class NvmlCalls:
+    """The pynvml module (``nv``) and the state the catalogue's calls keep between calls."""
 
     def __init__(self, nv: Any) -> None:
         self.nv = nv
+        # nvmlDeviceGetCurrentClocksEventReasons replaced ...ThrottleReasons (deprecated, R535).
+        self._reasons_fn: Callable[[Any], int] | None = getattr(
+            nv, "nvmlDeviceGetCurrentClocksEventReasons", None
+        ) or getattr(nv, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
+        self._supported_reasons_fn: Callable[[Any], int] | None = getattr(
+            nv, "nvmlDeviceGetSupportedClocksEventReasons", None
+        ) or getattr(nv, "nvmlDeviceGetSupportedClocksThrottleReasons", None)
+        self._memory_v2 = hasattr(nv, "nvmlMemory_v2")
+        self._fabric_structs = ["c_nvmlGpuFabricInfo_v3_t", "c_nvmlGpuFabricInfo_v2_t"]
         self._gpm: dict[int, _GpmBuffers] = {}
         self._samples_seen: dict[int, int] = {}
         self._process_seen: dict[int, int] = {}
@@ -87,29 +100,90 @@ class ActivityCalls:
                     self.nv.nvmlGpmSampleFree(sample)
         self._gpm.clear()
 
-    def dispatch(self) -> Dispatch:
+    # -- versioned functions ------------------------------------------------------------------
+    def clock_event_reasons(self, handle: Any) -> int:
+        if self._reasons_fn is None:
+            raise NvmlCallError(FUNCTION_NOT_FOUND)
+        return int(self._reasons_fn(handle))
+
+    def supported_clock_event_reasons(self, handle: Any) -> int:
+        if self._supported_reasons_fn is None:
+            raise NvmlCallError(FUNCTION_NOT_FOUND)
+        return int(self._supported_reasons_fn(handle))
+
+    def memory_info(self, handle: Any) -> dict[str, int]:
         nv = self.nv
-        table: Dispatch = {
-            "gpm": self.gpm,
-            "utilization_samples": self.utilization_samples,
-            "process_utilization": self.process_utilization,
-            "pcie_throughput": lambda h, arg: int(nv.nvmlDeviceGetPcieThroughput(h, int(arg or 0))),
-            "encoder_utilization": lambda h, _: [
-                int(v) for v in nv.nvmlDeviceGetEncoderUtilization(h)
-            ],
-            "decoder_utilization": lambda h, _: [
-                int(v) for v in nv.nvmlDeviceGetDecoderUtilization(h)
-            ],
-            "nvlink_state": lambda h, arg: int(nv.nvmlDeviceGetNvLinkState(h, int(arg or 0))),
-        }
-        for query, counter in _NVLINK_ERROR_COUNTERS.items():
-            table[query] = self._error_counter(counter)
-        for query, field in _NVLINK_THROUGHPUT_FIELDS.items():
-            table[query] = self._link_field(field)
-        return table
+        if self._memory_v2:
+            try:
+                m = nv.nvmlDeviceGetMemoryInfo(handle, version=nv.nvmlMemory_v2)
+                return {
+                    "total": int(m.total),
+                    "used": int(m.used),
+                    "free": int(m.free),
+                    "reserved": int(m.reserved),
+                }
+            except nv.NVMLError as exc:
+                if int(exc.value) not in (
+                    FUNCTION_NOT_FOUND,
+                    ERROR_CODES["ARGUMENT_VERSION_MISMATCH"],
+                ):
+                    raise
+                self._memory_v2 = False
+        m = nv.nvmlDeviceGetMemoryInfo(handle)
+        return {"total": int(m.total), "used": int(m.used), "free": int(m.free)}
+
+    def field_value(self, handle: Any, field: int) -> float:
+        """One ``nvmlDeviceGetFieldValues`` field, decoded by its ``valueType``; the field's own
+        return code (NOT_SUPPORTED where the driver lacks it) raised as the call's error."""
+        (value,) = self.nv.nvmlDeviceGetFieldValues(handle, [field])
+        if int(value.nvmlReturn) != 0:
+            raise NvmlCallError(int(value.nvmlReturn))
+        name = _VALUE_MEMBERS.get(int(value.valueType))
+        if name is None:
+            raise NvmlCallError(NOT_SUPPORTED, f"unknown NVML value type {int(value.valueType)}")
+        return float(getattr(value.value, name))
+
+    def fabric_info(self, handle: Any) -> dict[str, int]:
+        """The GPU's NVLink fabric registration (``nvidia-smi -q``: "Fabric"): state, the
+        registration's NVML return code, and where the driver has it (v3) the health mask and
+        summary. ``nvmlDeviceGetGpuFabricInfoV`` with the v3 struct, falling back to v2, then
+        to the deprecated ``nvmlDeviceGetGpuFabricInfo``; versions the driver refuses are not
+        tried again."""
+        nv = self.nv
+        for struct_name in self._fabric_structs:
+            struct = getattr(nv, struct_name, None)
+            if struct is None or not hasattr(nv, "nvmlDeviceGetGpuFabricInfoV"):
+                continue
+            info = struct()
+            try:
+                nv.nvmlDeviceGetGpuFabricInfoV(handle, ctypes.byref(info))
+            except nv.NVMLError as exc:
+                if int(exc.value) not in (
+                    FUNCTION_NOT_FOUND,
+                    ERROR_CODES["ARGUMENT_VERSION_MISMATCH"],
+                ):
+                    raise
+                self._fabric_structs = [s for s in self._fabric_structs if s != struct_name]
+                continue
+            return {
+                "state": int(info.state),
+                "status": int(info.status),
+                "health_mask": int(info.healthMask),
+                "health_summary": int(getattr(info, "healthSummary", 0)),
+            }
+        info = nv.c_nvmlGpuFabricInfo_t()
+        nv.nvmlDeviceGetGpuFabricInfo(handle, ctypes.byref(info))
+        return {"state": int(info.state), "status": int(info.status)}
+
+    def compute_processes(self, handle: Any) -> list[dict[str, int | None]]:
+        out: list[dict[str, int | None]] = []
+        for p in self.nv.nvmlDeviceGetComputeRunningProcesses(handle):
+            used = getattr(p, "usedGpuMemory", None)
+            out.append({"pid": int(p.pid), "used_memory": None if used is None else int(used)})
+        return out
 
     # -- GPM ----------------------------------------------------------------------------------
-    def gpm(self, handle: Any, _: int | None) -> dict[str, float]:
+    def gpm(self, handle: Any) -> dict[str, float]:
         nv = self.nv
         key = _key(handle)
         buffers = self._gpm.get(key)
@@ -142,7 +216,7 @@ class ActivityCalls:
         }
 
     # -- sample buffers -----------------------------------------------------------------------
-    def utilization_samples(self, handle: Any, _: int | None) -> list[list[float]]:
+    def utilization_samples(self, handle: Any) -> list[list[float]]:
         nv = self.nv
         key = _key(handle)
         since = self._samples_seen.get(key, 0)
@@ -162,7 +236,7 @@ class ActivityCalls:
             self._samples_seen[key] = max(int(t) for t, _ in out)
         return out
 
-    def process_utilization(self, handle: Any, _: int | None) -> list[dict[str, float]]:
+    def process_utilization(self, handle: Any) -> list[dict[str, float]]:
         nv = self.nv
         key = _key(handle)
         since = self._process_seen.get(key, 0)
@@ -198,20 +272,13 @@ class ActivityCalls:
         ]
 
     # -- NVLink -------------------------------------------------------------------------------
-    def _error_counter(self, counter: int) -> Callable[[Any, int | None], int]:
-        def read(handle: Any, link: int | None) -> int:
-            return int(self.nv.nvmlDeviceGetNvLinkErrorCounter(handle, int(link or 0), counter))
-
-        return read
-
-    def _link_field(self, field: int) -> Callable[[Any, int | None], int]:
-        def read(handle: Any, link: int | None) -> int:
-            code, value = self._link_fields(handle)[(field, int(link or 0))]
-            if code != 0:
-                raise NvmlCallError(code)
-            return value
-
-        return read
+    def nvlink_throughput(self, handle: Any, field: int, link: int) -> int:
+        """One link's throughput field (KiB since the driver loaded), from the one call that
+        reads every link's (:meth:`_link_fields`)."""
+        code, value = self._link_fields(handle)[(field, link)]
+        if code != 0:
+            raise NvmlCallError(code)
+        return value
 
     def _link_fields(self, handle: Any) -> dict[tuple[int, int], tuple[int, int]]:
         """Every link's throughput fields in one ``nvmlDeviceGetFieldValues`` call, kept for
@@ -221,7 +288,7 @@ class ActivityCalls:
         cached = self._fields.get(key)
         if cached is not None and now - cached[0] < FIELD_CACHE_SECONDS:
             return cached[1]
-        wanted = [(f, link) for f in _NVLINK_THROUGHPUT_FIELDS.values() for link in NVLINK_LINKS]
+        wanted = [(f, link) for f in NVLINK_THROUGHPUT_FIELDS for link in NVLINK_LINKS]
         answers: dict[tuple[int, int], tuple[int, int]] = {}
         for (field, link), value in zip(
             wanted, self.nv.nvmlDeviceGetFieldValues(handle, wanted), strict=True
