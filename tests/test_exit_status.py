@@ -121,6 +121,10 @@ CASES: list[tuple[str, Args, int, str]] = [
      "no GPU to soak"),
     ("fleet bad timeout", lambda t: ["fleet", "--prometheus-timeout", "0"], Exit.USAGE,
      "--prometheus-timeout"),
+    ("link bad duration", lambda t: ["link", "test", "127.0.0.1", "--duration", "0"],
+     Exit.USAGE, "--duration"),
+    ("link refused", lambda t: ["link", "test", "127.0.0.1", "--port", "9", "--address-only",
+     "--connect-timeout", "2"], Exit.FAILED, "127.0.0.1"),
     ("fleet unreachable", lambda t: ["fleet", "--prometheus", "http://127.0.0.1:9",
      "--prometheus-timeout", "2"], Exit.FAILED, "127.0.0.1:9"),
 ]  # fmt: skip

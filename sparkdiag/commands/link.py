@@ -40,6 +40,9 @@ def link() -> None:
                                     CmaTotal and NCCL libraries, each finding with its fix
 
     'sparkdiag check --peer PEER' runs a short 'link test' as one of its rows.
+
+    Exit status (each subcommand's --help says more): 0 fit / no finding; 1 degraded / lint
+    findings; 2 a usage error; 3 the link test failed (unreachable, refused, no carrier).
     """
 
 
