@@ -269,9 +269,15 @@ def test_extra_alerts_and_recordings_are_prefixed() -> None:
             assert rule["record"].startswith("sparkdiag:"), rule
 
 
-@pytest.mark.parametrize("name", [rule["alert"] for rule in alert_rules()])
-def test_alert_has_severity_for_and_annotations(name: str) -> None:
-    (rule,) = (rule for rule in alert_rules() if rule["alert"] == name)
+@pytest.mark.parametrize(
+    "rule",
+    [
+        pytest.param(r, id=f"{r['alert']}-{r.get('labels', {}).get('severity')}")
+        for r in alert_rules()
+    ],
+)
+def test_alert_has_severity_for_and_annotations(rule: dict[str, Any]) -> None:
+    name = rule["alert"]
     assert rule.get("labels", {}).get("severity") in {"warning", "critical"}
     assert re.fullmatch(r"\d+[smh]", rule.get("for") or ""), f"{name} needs a 'for'"
     annotations = rule.get("annotations") or {}
