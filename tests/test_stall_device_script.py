@@ -76,6 +76,7 @@ def test_the_verdict_needs_every_phase_right() -> None:
 
 
 @pytest.mark.skipif(shutil.which("prometheus") is None, reason="needs the prometheus binary")
+@pytest.mark.prometheus
 def test_the_script_on_fixtures(tmp_path: Path) -> None:
     env = dict(os.environ, OUT=str(tmp_path), PYTHONPATH=str(ROOT))
     done = subprocess.run(
