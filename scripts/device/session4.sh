@@ -4,7 +4,7 @@
 #   bash scripts/device/session4.sh scrape peers      # issue 23 (scrape vs nvitop-exporter), 22
 #   bash scripts/device/session4.sh watch             # issue 19 (the watch jobs)
 # Carried: .carry/prometheus.xz (Debian's prometheus 2.42 binary, xz) and .whl/ (nvitop and
-# nvitop-exporter 1.7.2 wheels). Each part writes its own archive under $OUT; this script adds
+# nvitop-exporter 1.7.2 wheels, bcrypt 5.0.0). Each part writes its own archive under $OUT; this script adds
 # env.txt (the machine, driver, torch) and the log of every part.
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -19,17 +19,18 @@ if [ -f .carry/prometheus.xz ] && [ ! -x /tmp/prometheus ]; then
   xz -dc .carry/prometheus.xz > /tmp/prometheus && chmod +x /tmp/prometheus
 fi
 export PROMETHEUS=/tmp/prometheus
+# bcrypt (sparkdiag's dependency) and nvitop-exporter are not on the image: carried as wheels
+python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD
 for part in "$@"; do
   echo "=== $part $(date -u +%T)"
   start=$(date +%s)
   case $part in
     stall) python3 scripts/device/stall.py ;;
     dcgm) python3 scripts/device/dcgm_agreement.py --rounds 3 ;;
-    scrape)
-      python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl
-      PYTHONPATH=/tmp/site:$PWD python3 scripts/device/scrape_peers.py --out "$OUT" ;;
+    scrape) python3 scripts/device/scrape_peers.py --out "$OUT" ;;
     peers) bash scripts/device/peers_h200.sh ;;
-    watch) python3 scripts/device/watch_jobs.py ${WATCH_ARGS:-} --out "$OUT" ;;
+    watch) bash scripts/device/watch_jobs.sh --seconds 15 --budget 470 --startup-timeout 45 ;;
     *) echo "unknown part $part" ;;
   esac
   echo "=== $part rc=$? in $(( $(date +%s) - start )) s"
