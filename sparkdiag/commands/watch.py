@@ -198,6 +198,7 @@ def watch(
             exit_status=status,
             pressure_scope=host.pressure_scope,
             skipped=(skipped,) if skipped else (),
+            job_cpus=host.job_cpus,
         )
         if record_to is not None:
             try:
