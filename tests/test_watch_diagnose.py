@@ -370,3 +370,19 @@ def test_noisy_healthy_loops_get_no_false_cause(seed: int) -> None:
     )
     d = diagnose(rec)
     assert d.verdict == "healthy", [(c.name, round(c.share, 3)) for c in d.causes]
+
+
+def test_checkpoints_so_frequent_that_most_ticks_write_are_still_bursts() -> None:
+    """A Trainer saving every few steps: 3 ticks of every 5 write 1.5 GB/s with the GPU
+    stopped. Against the median of every tick (a checkpoint's own rate) none would be a burst;
+    against the rate while the GPU works, each is."""
+    saving = periodic(0, 3, period=5)
+    rec = timeline(
+        util=during(saving, 0.02, 0.99),
+        sm=during(saving, 0.01, 0.9),
+        thread=during(saving, 1.0, 1.0),
+        write=during(saving, 1.5e9, 1e5),
+    )
+    d = diagnose(rec)
+    assert names(d) == ["checkpoint-stalls"], [(c.name, round(c.share, 3)) for c in d.causes]
+    assert share(d, "checkpoint-stalls") == pytest.approx(0.6 * (1 - 0.02 / 0.99), abs=0.03)

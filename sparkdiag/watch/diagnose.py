@@ -14,8 +14,9 @@ touched the GPU reads "gpu-unused".
 **Each tick's lost time** goes to at most one cause, in this order:
 
 checkpoint stalls   the job wrote in a burst (at least ``WRITE_BURST_MIN`` bytes/s and
-                    ``WRITE_BURST_FACTOR`` times its median rate) in this tick or the next or
-                    previous one, or a burst was followed by this tick with the GPU stopped
+                    ``WRITE_BURST_FACTOR`` times its rate while the GPU worked) in this tick or
+                    the next or previous one, or a burst was followed by this tick with the GPU
+                    stopped
                     (``CHECKPOINT_IDLE``) and tasks waiting on I/O (PSI ``CHECKPOINT_IO_STALL``)
                     for at most ``CHECKPOINT_TAIL_SECONDS``: a checkpoint fills the page cache
                     in a burst, then waits in fsync writing nothing more; and the ticks right
@@ -139,11 +140,16 @@ def _window(vs: list[View]) -> tuple[int, int] | None:
 
 
 def _write_bursts(vs: list[View]) -> set[int]:
-    """Indexes of the ticks in which the job wrote in a burst."""
+    """Indexes of the ticks in which the job wrote in a burst: ``WRITE_BURST_FACTOR`` times
+    its usual rate, the median over the ticks in which the GPU worked (at least half the
+    tick; all ticks where it never did). A job that checkpoints often writes in half its
+    ticks, and the median of them all would be a checkpoint's own rate."""
     writes = [v.write for v in vs if v.write is not None]
     if not writes:
         return set()
-    floor = max(WRITE_BURST_MIN, WRITE_BURST_FACTOR * statistics.median(writes))
+    working = [v.write for v in vs if v.write is not None and v.util >= 0.5]
+    usual = statistics.median(working or writes)
+    floor = max(WRITE_BURST_MIN, WRITE_BURST_FACTOR * usual)
     return {i for i, v in enumerate(vs) if v.write is not None and v.write >= floor}
 
 
