@@ -17,7 +17,7 @@ import pytest
 from sparkdiag.watch.diagnose import diagnose
 from sparkdiag.watch.model import GpuInfo, ProcessLoad, Recording
 from sparkdiag.watch.render import headline, text
-from tests.support.watch import C_0_0, const, during, names, periodic, share, timeline
+from tests.support.watch import C_0_0, F, const, during, names, periodic, share, timeline
 
 MAIN = ProcessLoad(547, "python3", 0.12, 0.0, on_gpu=True)
 
@@ -199,3 +199,24 @@ def test_kernels_that_keep_few_sms_busy_are_their_own_finding() -> None:
 def test_busy_kernels_filling_the_gpu_are_not_few_sms() -> None:
     rec = timeline(util=const(0.99), sm=const(0.45), dram=const(0.5), tensor=const(0.3))
     assert diagnose(rec).verdict == "healthy"
+
+
+def test_a_stall_that_begins_and_ends_inside_ticks_counts_those_halves() -> None:
+    """1.5 s of spin in every 3.5 s, not aligned with the 0.5 s ticks: half a tick, two whole
+    ones, half a tick (SMs at half the job's computing level in the halves). The truth is
+    1.5 / 3.5; the whole ticks alone would give 1.0 / 3.5."""
+
+    def phase(i: int) -> str:
+        return {0: "half", 1: "spin", 2: "spin", 3: "half"}.get(i % 7, "compute")
+
+    def by_phase(spin: float, half: float, compute: float) -> F:
+        return lambda i: {"spin": spin, "half": half, "compute": compute}[phase(i)]
+
+    rec = timeline(
+        n=70, util=by_phase(1.0, 1.0, 0.99), sm=by_phase(0.0076, 0.45, 0.9),
+        dram=by_phase(4e-6, 0.15, 0.3), tensor=by_phase(0.0, 0.35, 0.7),
+        power=by_phase(123.0, 390.0, 650.0), thread=const(1.0), warmup=4,
+    )  # fmt: skip
+    d = diagnose(rec)
+    assert names(d) == ["stalled-kernel"]
+    assert share(d, "stalled-kernel") == pytest.approx(1.5 / 3.5, abs=0.02)

@@ -48,7 +48,9 @@ worked: per tick ``dt * (1 - utilization / U)``, where ``U`` is the job's unimpe
 utilization (the median utilization of the window's ticks no cause claimed, where those are at
 least ``UNIMPEDED_MIN_SHARE`` of the window, else 1), summed over the cause's ticks and divided
 by the window's length. A stalled kernel loses its ticks' kernel time (``dt * min(1, util /
-U)``), a launcher the time the GPU did not work (``dt * (1 - SM activity)``).
+U)``), and in the ticks where a stall began or ended the share of the tick it took (``1 -
+work / usual``: GPM SM activity, else memory utilization, against the job's when it computes);
+a launcher loses the time the GPU did not work (``dt * (1 - SM activity)``).
 
 **Independently of idle time:**
 
@@ -268,6 +270,38 @@ def _loss(v: View, label: str, unimpeded: float) -> float:
     return v.dt * (1.0 - v.eff)  # the launcher
 
 
+def _work(v: View) -> float | None:
+    """How hard the GPU worked in the tick: GPM SM activity, else NVML memory utilization."""
+    return v.sm if v.sm is not None else v.memory_util
+
+
+def _stall_edges(win: list[View], labels: list[str | None]) -> dict[int, float]:
+    """The ticks on either side of a stalled stretch in which the stall began or ended: busy,
+    claimed by no cause, working less than the job does when it computes (the median of its
+    busy unclaimed ticks). Index -> the share of the tick stalled, ``1 - work / usual``."""
+    computing = [
+        w
+        for v, label in zip(win, labels, strict=True)
+        if label is None and v.util >= STALL_UTIL and (w := _work(v)) is not None
+    ]
+    if not computing:
+        return {}
+    usual = statistics.median(computing)
+    edges: dict[int, float] = {}
+    for i, label in enumerate(labels):
+        if label != "stalled-kernel":
+            continue
+        for j in (i - 1, i + 1):
+            if not 0 <= j < len(win) or labels[j] is not None or win[j].util < STALL_UTIL:
+                continue
+            work = _work(win[j])
+            if work is not None and usual > 0:
+                fraction = max(0.0, min(1.0, 1.0 - work / usual))
+                if fraction >= IDLE_MIN:
+                    edges[j] = fraction
+    return edges
+
+
 def diagnose(rec: Recording) -> Diagnosis:
     """The diagnosis of a recording (see the module docstring for the rules)."""
     gpus = job_gpus(rec)
@@ -320,9 +354,13 @@ def diagnose(rec: Recording) -> Diagnosis:
     loss: dict[str, float] = {}
     ticks: dict[str, list[int]] = {}
     spans: list[tuple[float, float, str]] = []
+    edges = _stall_edges(win, labels)
     for i, (v, label) in enumerate(zip(win, labels, strict=True)):
         if v.reasons & UNHEALTHY_MASK and v.util >= 0.5:
             spans.append((v.t - v.dt, v.t, "throttled"))
+        if i in edges:  # part of the tick stalled, the rest computed
+            loss["stalled-kernel"] = loss.get("stalled-kernel", 0.0) + v.dt * edges[i]
+            spans.append((v.t - v.dt, v.t, "stalled-kernel"))
         if label is None:
             continue
         loss[label] = loss.get(label, 0.0) + _loss(v, label, unimpeded)
