@@ -22,6 +22,7 @@ from tests.support.watch import (
     during,
     names,
     periodic,
+    saving,
     share,
     stop_then_burst,
     timeline,
@@ -99,14 +100,7 @@ def test_cpu_bound_launcher_without_gpm_uses_utilization() -> None:
 
 def test_checkpoint_stalls() -> None:
     """Every 20 ticks (10 s) the job writes 1.5 GB/s for 4 ticks with the GPU idle."""
-    stalled = periodic(8, 12)
-    rec = timeline(
-        util=during(stalled, 0.02, 0.99),
-        sm=during(stalled, 0.01, 0.9),
-        thread=during(stalled, 0.4, 1.0),
-        write=during(stalled, 1.5e9, 1e5),
-    )
-    d = diagnose(rec)
+    d = diagnose(saving(periodic(8, 12), thread=0.4))
     assert d.verdict == "checkpoint-stalls"
     assert names(d) == ["checkpoint-stalls"]
     assert share(d, "checkpoint-stalls") == pytest.approx(0.2 * 0.98, abs=0.03)
@@ -376,13 +370,6 @@ def test_checkpoints_so_frequent_that_most_ticks_write_are_still_bursts() -> Non
     """A Trainer saving every few steps: 3 ticks of every 5 write 1.5 GB/s with the GPU
     stopped. Against the median of every tick (a checkpoint's own rate) none would be a burst;
     against the rate while the GPU works, each is."""
-    saving = periodic(0, 3, period=5)
-    rec = timeline(
-        util=during(saving, 0.02, 0.99),
-        sm=during(saving, 0.01, 0.9),
-        thread=during(saving, 1.0, 1.0),
-        write=during(saving, 1.5e9, 1e5),
-    )
-    d = diagnose(rec)
+    d = diagnose(saving(periodic(0, 3, period=5), thread=1.0))
     assert names(d) == ["checkpoint-stalls"], [(c.name, round(c.share, 3)) for c in d.causes]
     assert share(d, "checkpoint-stalls") == pytest.approx(0.6 * (1 - 0.02 / 0.99), abs=0.03)

@@ -138,8 +138,9 @@ def watch(
     clocks, clock event reasons, temperatures, power and PCIe throughput, the job's CPU per
     thread and its reads and writes, and memory pressure (PSI). At the end (the job exits,
     --duration passes, or Ctrl-C) it prints the share of time lost to each cause it finds:
-    input-starved, CPU-bound launcher, checkpoint stalls, throttled, memory pressure, low
-    tensor activity, or healthy, each with its evidence and what to try.
+    input-starved, stalled kernel, CPU-bound launcher, checkpoint stalls, throttled, memory
+    pressure, kernels that keep few SMs busy, low tensor activity, or healthy, each with its
+    evidence and what to try (docs/watch.md defines them).
     """
     settings = settings_from("watch", given)
     nvml_fixture, rootfs, sysfs = settings.nvml_fixture, settings.rootfs, settings.sysfs

@@ -166,3 +166,14 @@ def names(d: Diagnosis) -> list[str]:
 def share(d: Diagnosis, name: str) -> float:
     (cause,) = [c for c in d.causes if c.name == name]
     return cause.share
+
+
+def saving(ticks: Callable[[int], bool], thread: float) -> Recording:
+    """A busy job that stops on ``ticks`` (GPU 2 %, SMs 1 %) writing 1.5 GB/s, its main thread
+    at ``thread`` meanwhile."""
+    return timeline(
+        util=during(ticks, 0.02, 0.99),
+        sm=during(ticks, 0.01, 0.9),
+        thread=during(ticks, thread, 1.0),
+        write=during(ticks, 1.5e9, 1e5),
+    )
