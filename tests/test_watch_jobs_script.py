@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,25 @@ def test_a_job_with_a_defect_runs_alone_without_it_and_the_truth_is_its_throughp
     with tarfile.open(archive) as tar:
         packed = set(tar.getnames())
     assert {"watch_jobs.json", "watch_jobs.txt", "spin.recording.json"} <= packed
+
+
+def test_a_run_past_its_time_is_killed_with_its_whole_process_group(tmp_path: Path) -> None:
+    """A hung job under watch: at the timeout the job (a grandchild) dies too, not only watch."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import watch_jobs
+
+    marker = tmp_path / "pid"
+    child = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    with (tmp_path / "err").open("w") as err, pytest.raises(subprocess.TimeoutExpired):
+        watch_jobs.run_group([sys.executable, "-c", parent], err, timeout=3)
+    pid = int(marker.read_text())
+    for _ in range(50):
+        if (
+            not Path(f"/proc/{pid}").exists()
+            or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        ):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the grandchild {pid} outlived the timeout")

@@ -44,10 +44,12 @@ Test it on a CPU with tiny settings: ``--device cpu --scale tiny --seconds 1``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
 import queue
+import signal
 import statistics
 import subprocess
 import sys
@@ -255,6 +257,22 @@ def job_argv(args: argparse.Namespace, name: str, result: Path, clean: bool = Fa
     ]  # fmt: skip
 
 
+def run_group(cmd: list[str], err: Any, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``cmd`` in a session of its own; at the timeout its whole process group is killed (the
+    watched job and its loader workers too, not only watch) and TimeoutExpired raised."""
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
+
+
 def run_once(
     args: argparse.Namespace, name: str, watched: bool, out: Path
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str]:
@@ -271,10 +289,7 @@ def run_once(
     log = out / f"{name}.{'watch' if watched else 'alone'}.log"
     try:
         with log.open("w") as err:
-            proc = subprocess.run(
-                cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True,
-                timeout=args.seconds + args.startup_timeout,
-            )  # fmt: skip
+            proc = run_group(cmd, err, args.seconds + args.startup_timeout)
     except subprocess.TimeoutExpired:
         return None, None, f"timed out after {args.seconds + args.startup_timeout:.0f} s"
     diagnosis = None
