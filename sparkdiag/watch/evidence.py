@@ -342,9 +342,11 @@ def checkpoint_cause(ctx: Context, bursts: set[int], idx: list[int], share: floa
     bursts_in_order = runs(bursts)
     peak = max((win[i].write or 0.0) for i in bursts)
     idle = mean([1.0 - win[i].util for i in idx]) or 0.0
+    n = len(bursts_in_order)
     evidence = [
-        f"{len(bursts_in_order)} write bursts, peak {rate(peak)}, each with the GPU idle around "
-        f"it ({pct(idle)} idle during {_seconds(ctx, idx):.1f} s)",
+        f"{n} write burst{'s' if n > 1 else ''}, peak {rate(peak)}, "
+        f"{'each ' if n > 1 else ''}with the GPU idle around it "
+        f"({pct(idle)} idle during {_seconds(ctx, idx):.1f} s)",
         f"{pct(share)} of the time lost while the job wrote and waited for its writes",
     ]
     io = mean([win[i].io_stall for i in idx])
