@@ -75,8 +75,10 @@ def test_text_report_names_the_cause_its_evidence_and_what_to_try() -> None:
     out = result.stdout
     assert out.startswith("sparkdiag watch: sleep 2, exit status 0;")
     assert "diagnosis: input-starved (" in out and "of the time lost" in out
-    assert "- GPU idle" in out and "idle gaps in the driver's samples" not in out  # no samples
-    assert "try: give the data loader more workers" in out
+    assert "- the GPU waited" in out and "idle gaps in the driver's samples" not in out  # none
+    # `sleep` uses no CPU and reads nothing while the GPU waits: find what it waits for
+    assert "nobody in the job was busy" in out
+    assert "try: find what the job waits for" in out
 
 
 def test_without_a_gpu_it_says_what_it_skipped_and_still_diagnoses(tmp_path: Path) -> None:
@@ -267,6 +269,24 @@ def test_host_sampler_rates(tmp_path: Path) -> None:
     assert host.memory_stall == pytest.approx(0.1)
     assert host.swap_bps == pytest.approx(10 * os.sysconf("SC_PAGE_SIZE"))
     assert host.available_bytes == 1048576 * 1024.0
+    # per process, busiest first: the loader (no GPU, one core, reading) and the GPU process
+    loader, main = job.loads
+    assert (loader.pid, loader.name, loader.on_gpu) == (200, "pt_data_worker", False)
+    assert loader.cpu_cores == pytest.approx(1.0) and loader.read_bps == pytest.approx(80e6)
+    assert (main.pid, main.on_gpu) == (100, True) and main.cpu_cores == pytest.approx(0.6)
+
+
+def test_job_cpus_from_the_affinity_list(tmp_path: Path) -> None:
+    from sparkdiag.sources.procfs import allowed_cpus
+
+    status = tmp_path / "proc" / "100" / "status"
+    status.parent.mkdir(parents=True)
+    status.write_text("Name:\tpython3\nCpus_allowed:\tffff\nCpus_allowed_list:\t0-7,12,14-15\n")
+    assert allowed_cpus(tmp_path, 100) == 11
+    assert HostSampler(tmp_path, tmp_path / "sys", 100).job_cpus == 11
+    status.write_text("Cpus_allowed_list:\tgarbage\n")
+    assert allowed_cpus(tmp_path, 100) is None
+    assert allowed_cpus(tmp_path, 999) is None  # gone
 
 
 # ---- the GPU sampler over fixtures --------------------------------------------------------------
@@ -298,6 +318,8 @@ def test_gpu_sampler_reads_driver_samples_newer_than_the_start(derive_fixture: A
     assert tick.samples == ((0.25, 0.4), (0.5, 0.6))  # the one from before the start is dropped
     assert tick.utilization == pytest.approx(0.5)
     assert tick.job_on_gpu  # pid 547 is the recording's compute process
+    assert tick.job_memory_bytes == 1050673152  # what NVML says it holds
+    assert tick.memory_utilization == 0.24  # utilization.memory of the recording
     assert tick.tensor_activity == 0.7 and tick.sm_clock_hz == 1455e6
     # the recording's PCIe throughput (KiB/s), in bytes per second
     assert tick.pcie_tx == 7273 * 1024.0 and tick.pcie_rx == 15947 * 1024.0
@@ -312,6 +334,7 @@ def test_gpu_sampler_without_driver_samples_uses_the_instantaneous_figure(
     )
     (tick,) = _gpu_sampler(path).sample(1.8e9, set())
     assert tick.samples == () and tick.utilization == 0.99 and not tick.job_on_gpu
+    assert tick.job_memory_bytes is None  # none of the job's processes holds memory there
 
 
 def test_gpu_sampler_leaves_unsupported_pcie_throughput_out(derive_fixture: Any) -> None:

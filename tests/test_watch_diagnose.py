@@ -4,153 +4,29 @@ start-up and tear-down excluded), and near misses just under each threshold."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
 from sparkdiag.watch import diagnose as dx
-from sparkdiag.watch.diagnose import Diagnosis, diagnose
-from sparkdiag.watch.model import (
-    GpuInfo,
-    GpuTick,
-    HostTick,
-    JobTick,
-    Recording,
-    Tick,
-    from_json,
-    load,
+from sparkdiag.watch.diagnose import diagnose
+from sparkdiag.watch.model import GpuInfo, GpuTick, Recording, Tick, from_json, load
+from tests.support.watch import (
+    C_0_0,
+    DT,
+    H200,
+    HW_SLOWDOWN,
+    SW_POWER_CAP,
+    SW_THERMAL,
+    const,
+    during,
+    names,
+    periodic,
+    saving,
+    share,
+    stop_then_burst,
+    timeline,
 )
-
-DT = 0.5
-SW_POWER_CAP = 0x4
-SW_THERMAL = 0x20
-HW_SLOWDOWN = 0x8
-H200 = GpuInfo(0, "NVIDIA H200", "GPU-test", "dedicated")
-MHZ = 1e6
-
-F = Callable[[int], float | None]
-T = TypeVar("T")
-
-
-def _const(value: float | None) -> F:
-    return lambda i: value
-
-
-C_0_99 = _const(0.99)
-C_0_90 = _const(0.90)
-C_0_70 = _const(0.70)
-C_1755_0 = _const(1755.0)
-C_62_0 = _const(62.0)
-C_1_0 = _const(1.0)
-C_2e5 = _const(2e5)
-C_1e6 = _const(1e6)
-C_0_0 = _const(0.0)
-
-
-def timeline(
-    n: int = 80,
-    util: F = C_0_99,
-    sm: F | None = C_0_90,
-    tensor: F | None = C_0_70,
-    clock: F = C_1755_0,
-    reasons: Callable[[int], int] = lambda i: SW_POWER_CAP,
-    temperature: F = C_62_0,
-    thread: F = C_1_0,  # the training loop's main thread spin-waits on the GPU
-    write: F = C_2e5,
-    read: F = C_1e6,
-    memory_stall: F = C_0_0,
-    io_stall: F = C_0_0,
-    swap: F = C_0_0,
-    warmup: int = 0,
-    teardown: int = 0,
-    samples: bool = True,
-    gpus: tuple[GpuInfo, ...] = (H200,),
-) -> Recording:
-    """``n`` ticks of ``DT`` seconds; ``warmup`` idle ticks before and ``teardown`` after (CUDA
-    initialisation, loading, saving the result: the GPU idle, the host busy)."""
-    ticks = []
-    total = warmup + n + teardown
-    for k in range(total):
-        i = k - warmup
-        active = 0 <= i < n
-        u = util(i) if active else 0.0
-        t = (k + 1) * DT
-        gpu = GpuTick(
-            index=0,
-            utilization=u,
-            samples=(
-                tuple((t - DT + j * DT / 3, u) for j in range(3))
-                if samples and u is not None
-                else ()
-            ),
-            sm_activity=(sm(i) if active else 0.0) if sm is not None else None,
-            tensor_activity=(tensor(i) if active else 0.0) if tensor is not None else None,
-            sm_clock_hz=(clock(i) if active else 345.0) * MHZ,  # type: ignore[operator]
-            sm_clock_max_hz=1980 * MHZ,
-            reasons=reasons(i) if active else 0x1,
-            temperature=temperature(i) if active else 40.0,
-            power_w=650.0 if active else 80.0,
-            power_limit_w=700.0,
-            job_on_gpu=True,
-        )
-        job = JobTick(
-            processes=1,
-            threads=30,
-            cpu_cores=1.2,
-            gpu_thread=thread(i) if active else 1.0,
-            gpu_thread_name="python3",
-            other_cpu_cores=0.0,
-            read_bps=read(i) if active else 5e7,
-            write_bps=write(i) if active else 0.0,
-        )
-        host = HostTick(
-            memory_stall=memory_stall(i) if active else 0.0,
-            memory_full=0.0,
-            io_stall=io_stall(i) if active else 0.0,
-            cpu_stall=0.0,
-            swap_bps=swap(i) if active else 0.0,
-            available_bytes=100e9,
-        )
-        ticks.append(Tick(t=t, dt=DT, gpus=(gpu,) if gpus else (), job=job, host=host))
-    return Recording(
-        started_at=1.7e9, interval=DT, job="python3 train.py", gpus=gpus, ticks=tuple(ticks)
-    )
-
-
-def periodic(start: int, stop: int, period: int = 20) -> Callable[[int], bool]:
-    """True on ticks ``start`` to ``stop`` - 1 of every ``period``."""
-    return lambda i: start <= i % period < stop
-
-
-def during(ticks: Callable[[int], bool], inside: T, outside: T) -> Callable[[int], T]:
-    """``inside`` on the ticks where ``ticks`` holds, ``outside`` on the others."""
-    return lambda i: inside if ticks(i) else outside
-
-
-def stop_then_burst(util: float, sm: float, thread: float, burst: int, **series: F) -> Recording:
-    """A busy job whose GPU falls to ``util`` and ``sm`` on ticks 8-13 of every 20 (a 3 s stop
-    every 10 s), its main thread at ``thread`` meanwhile, and that writes 2.4 GB/s on the one
-    tick ``burst`` of every 20; ``series`` as :func:`timeline`'s."""
-    stop = periodic(8, 14)
-    return timeline(
-        util=during(stop, util, 0.99),
-        sm=during(stop, sm, 0.9),
-        thread=during(stop, thread, 1.0),
-        write=during(periodic(burst, burst + 1), 2.4e9, 1e5),
-        **series,
-    )
-
-
-def names(d: Diagnosis) -> list[str]:
-    return [c.name for c in d.causes]
-
-
-def share(d: Diagnosis, name: str) -> float:
-    (cause,) = [c for c in d.causes if c.name == name]
-    return cause.share
-
 
 # ---- healthy: no false cause --------------------------------------------------------------------
 
@@ -190,15 +66,15 @@ def test_input_starved() -> None:
     rec = timeline(
         util=lambda i: 0.98 if i % 3 == 0 else 0.05,
         sm=lambda i: 0.9 if i % 3 == 0 else 0.02,
-        thread=_const(0.10),
-        read=_const(8e7),
+        thread=const(0.10),
+        read=const(8e7),
     )
     d = diagnose(rec)
     assert d.verdict == "input-starved"
     assert names(d) == ["input-starved"]
     assert share(d, "input-starved") == pytest.approx((2 / 3) * 0.95, abs=0.04)
     evidence = " ".join(d.causes[0].evidence)
-    assert "idle gaps" in evidence and "reads" in evidence
+    assert "idle gaps" in evidence and "the job read 80.0 MB/s" in evidence
     assert any("num_workers" in a for a in d.causes[0].actions)
     assert {s[2] for s in d.spans} == {"input-starved"}
 
@@ -206,7 +82,7 @@ def test_input_starved() -> None:
 def test_cpu_bound_launcher() -> None:
     """Tiny kernels: the GPU is "utilized" half the time but its SMs are 4 % active; the
     launching thread is pinned at 99 % of a core."""
-    rec = timeline(util=_const(0.5), sm=_const(0.04), tensor=_const(0.0), thread=_const(0.99))
+    rec = timeline(util=const(0.5), sm=const(0.04), tensor=const(0.0), thread=const(0.99))
     d = diagnose(rec)
     assert d.verdict == "cpu-bound-launcher"
     assert share(d, "cpu-bound-launcher") == pytest.approx(0.96, abs=0.02)
@@ -216,7 +92,7 @@ def test_cpu_bound_launcher() -> None:
 
 
 def test_cpu_bound_launcher_without_gpm_uses_utilization() -> None:
-    rec = timeline(util=_const(0.3), sm=None, tensor=None, thread=_const(1.0))
+    rec = timeline(util=const(0.3), sm=None, tensor=None, thread=const(1.0))
     d = diagnose(rec)
     assert d.verdict == "cpu-bound-launcher"
     assert share(d, "cpu-bound-launcher") == pytest.approx(0.7, abs=0.02)
@@ -224,14 +100,7 @@ def test_cpu_bound_launcher_without_gpm_uses_utilization() -> None:
 
 def test_checkpoint_stalls() -> None:
     """Every 20 ticks (10 s) the job writes 1.5 GB/s for 4 ticks with the GPU idle."""
-    stalled = periodic(8, 12)
-    rec = timeline(
-        util=during(stalled, 0.02, 0.99),
-        sm=during(stalled, 0.01, 0.9),
-        thread=during(stalled, 0.4, 1.0),
-        write=during(stalled, 1.5e9, 1e5),
-    )
-    d = diagnose(rec)
+    d = diagnose(saving(periodic(8, 12), thread=0.4))
     assert d.verdict == "checkpoint-stalls"
     assert names(d) == ["checkpoint-stalls"]
     assert share(d, "checkpoint-stalls") == pytest.approx(0.2 * 0.98, abs=0.03)
@@ -263,9 +132,10 @@ def test_checkpoint_stalls_include_the_serialisation_before_the_burst() -> None:
 
 
 def test_a_launcher_stop_far_from_any_write_stays_a_launcher() -> None:
-    """The same stop with the GPU working a little (a launcher starving it) before a burst
-    does not extend the checkpoint backwards: only a fully stopped GPU does."""
-    rec = stop_then_burst(0.3, 0.2, thread=1.0, burst=14)
+    """The same stop with the GPU working a little (a launcher starving it: tiny kernels, SMs
+    2 % active at 30 % utilization) before a burst does not extend the checkpoint backwards:
+    only a fully stopped GPU does."""
+    rec = stop_then_burst(0.3, 0.02, thread=1.0, burst=14)
     d = diagnose(rec)
     assert "cpu-bound-launcher" in names(d), [(c.name, c.share) for c in d.causes]
 
@@ -274,11 +144,11 @@ def test_a_log_burst_in_a_starved_loop_does_not_turn_it_into_checkpoint_stalls()
     """Starved at 70 % idle per tick, with one 100 MB/s log flush: only the flush's ticks may
     count as writing; the rest stays input-starvation."""
     rec = timeline(
-        util=_const(0.3),
-        sm=_const(0.28),
-        thread=_const(0.2),
+        util=const(0.3),
+        sm=const(0.28),
+        thread=const(0.2),
         write=lambda i: 1e8 if i == 20 else 1e5,
-        io_stall=_const(0.01),
+        io_stall=const(0.01),
     )
     d = diagnose(rec)
     assert d.verdict == "input-starved"
@@ -302,7 +172,7 @@ def test_throttled() -> None:
 
 
 def test_memory_pressure() -> None:
-    rec = timeline(memory_stall=_const(0.22), swap=_const(3e7))
+    rec = timeline(memory_stall=const(0.22), swap=const(3e7))
     d = diagnose(rec)
     assert names(d) == ["memory-pressure"]
     assert share(d, "memory-pressure") == pytest.approx(0.22)
@@ -312,14 +182,14 @@ def test_memory_pressure() -> None:
 
 def test_memory_pressure_on_unified_memory_says_the_gpu_shares_it() -> None:
     gb10 = GpuInfo(0, "NVIDIA GB10", "GPU-gb10", "unified")
-    d = diagnose(timeline(memory_stall=_const(0.3), gpus=(gb10,)))
+    d = diagnose(timeline(memory_stall=const(0.3), gpus=(gb10,)))
     assert "unified memory" in " ".join(d.causes[0].evidence)
     assert any("drop caches" in a for a in d.causes[0].actions)
 
 
 def test_low_tensor_activity() -> None:
     """fp32 matmuls without TF32: SMs 95 % active, tensor pipes idle."""
-    rec = timeline(sm=_const(0.95), tensor=_const(0.0))
+    rec = timeline(sm=const(0.95), tensor=const(0.0))
     d = diagnose(rec)
     assert d.verdict == "low-tensor-activity"
     assert share(d, "low-tensor-activity") == pytest.approx(1.0)
@@ -329,8 +199,8 @@ def test_low_tensor_activity() -> None:
 def test_two_causes_are_both_reported_largest_first() -> None:
     rec = timeline(
         util=lambda i: 0.98 if i % 2 == 0 else 0.05,
-        thread=_const(0.1),
-        memory_stall=_const(0.12),
+        thread=const(0.1),
+        memory_stall=const(0.12),
     )
     d = diagnose(rec)
     assert names(d) == ["input-starved", "memory-pressure"]
@@ -341,12 +211,12 @@ def test_two_causes_are_both_reported_largest_first() -> None:
 
 def test_short_idle_dips_below_the_threshold_are_not_input_starvation() -> None:
     # one tick in 12 at 5 %: 0.95 / 12 = 7.9 % of the time lost, under the 10 % threshold
-    d = diagnose(timeline(util=lambda i: 0.05 if i % 12 == 0 else 0.99, thread=_const(0.1)))
+    d = diagnose(timeline(util=lambda i: 0.05 if i % 12 == 0 else 0.99, thread=const(0.1)))
     assert d.verdict == "healthy"
 
 
 def test_a_hot_thread_with_a_busy_gpu_is_not_a_launcher() -> None:
-    d = diagnose(timeline(util=_const(0.97), sm=_const(0.65), thread=_const(1.0)))
+    d = diagnose(timeline(util=const(0.97), sm=const(0.65), thread=const(1.0)))
     assert "cpu-bound-launcher" not in names(d)
 
 
@@ -356,7 +226,7 @@ def test_writes_while_the_gpu_works_are_not_checkpoint_stalls() -> None:
 
 
 def test_power_cap_alone_is_not_throttling() -> None:
-    d = diagnose(timeline(clock=_const(1425.0), reasons=_const(SW_POWER_CAP)))  # type: ignore[arg-type]
+    d = diagnose(timeline(clock=const(1425.0), reasons=const(SW_POWER_CAP)))  # type: ignore[arg-type]
     assert d.verdict == "healthy"
 
 
@@ -367,11 +237,11 @@ def test_brief_hardware_slowdown_under_the_threshold_is_not_reported() -> None:
 
 
 def test_light_memory_pressure_is_not_reported() -> None:
-    assert diagnose(timeline(memory_stall=_const(0.04))).verdict == "healthy"
+    assert diagnose(timeline(memory_stall=const(0.04))).verdict == "healthy"
 
 
 def test_moderate_tensor_activity_is_not_low() -> None:
-    assert diagnose(timeline(sm=_const(0.9), tensor=_const(0.15))).verdict == "healthy"
+    assert diagnose(timeline(sm=const(0.9), tensor=const(0.15))).verdict == "healthy"
 
 
 def test_low_tensor_needs_most_of_the_busy_time() -> None:
@@ -383,21 +253,36 @@ def test_low_tensor_needs_most_of_the_busy_time() -> None:
 # ---- edge cases ---------------------------------------------------------------------------------
 
 
-def test_gpu_never_busy() -> None:
-    d = diagnose(timeline(util=_const(0.02), sm=_const(0.0), tensor=_const(0.0)))
+def test_gpu_unused_only_when_the_job_never_touched_it() -> None:
+    """No process of the job on the GPU, no memory held, no kernel: "gpu-unused". The same job
+    holding the GPU with kernels 2 % of the time is diagnosed (a thread at 100 % of a core
+    running big kernels now and then: input it prepares itself)."""
+    d = diagnose(timeline(util=C_0_0, sm=C_0_0, tensor=C_0_0, on_gpu=False))
     assert d.verdict == "gpu-unused"
-    assert "CUDA_VISIBLE_DEVICES" in d.notes[0]
+    assert "never touched GPU 0" in d.notes[0] and "CUDA_VISIBLE_DEVICES" in d.notes[0]
+    held = diagnose(timeline(util=const(0.02), sm=const(0.018), tensor=const(0.01)))
+    assert held.verdict == "input-starved"
+    assert share(held, "input-starved") == pytest.approx(0.98, abs=0.01)
+
+
+def test_a_job_holding_the_gpu_without_a_kernel_is_diagnosed_over_those_ticks() -> None:
+    """CUDA initialised, memory held, then the job waits (its first batch never comes)."""
+    d = diagnose(timeline(util=C_0_0, sm=C_0_0, tensor=C_0_0, thread=const(0.02), warmup=4))
+    assert d.verdict == "input-starved"
+    assert d.window == (0.0, (4 + 80) * DT)  # every tick in which the job held the GPU
+    assert "nobody in the job was busy" in " ".join(d.causes[0].evidence)
 
 
 def test_launch_loop_that_never_reaches_the_busy_threshold() -> None:
     """Tiny kernels launched as fast as one thread can: the GPU 15 % utilized, SMs nearly idle.
     With the thread hot that is a launcher; with it cool, nothing drives the GPU."""
-    d = diagnose(timeline(util=_const(0.15), sm=_const(0.001), tensor=_const(0.0)))
+    d = diagnose(timeline(util=const(0.15), sm=const(0.001), tensor=const(0.0)))
     assert d.verdict == "cpu-bound-launcher" and d.causes[0].share >= 0.9
     cool = diagnose(
-        timeline(util=_const(0.15), sm=_const(0.001), tensor=_const(0.0), thread=_const(0.3))
+        timeline(util=const(0.15), sm=const(0.001), tensor=const(0.0), thread=const(0.3))
     )
-    assert cool.verdict == "gpu-unused"
+    assert cool.verdict == "input-starved"  # the job held the GPU: it waited for something
+    assert share(cool, "input-starved") == pytest.approx(0.85, abs=0.01)
 
 
 def test_no_gpu_sampled_assesses_memory_only() -> None:
@@ -405,12 +290,12 @@ def test_no_gpu_sampled_assesses_memory_only() -> None:
     d = diagnose(rec)
     assert d.verdict == "no-gpu"
     assert any("no GPU was sampled" in s for s in d.skipped)
-    d = diagnose(timeline(gpus=(), memory_stall=_const(0.3)))
+    d = diagnose(timeline(gpus=(), memory_stall=const(0.3)))
     assert d.verdict == "memory-pressure"
 
 
 def test_diagnosis_looks_at_the_gpu_the_job_runs_on() -> None:
-    base = timeline(util=lambda i: 0.98 if i % 2 == 0 else 0.05, thread=_const(0.1))
+    base = timeline(util=lambda i: 0.98 if i % 2 == 0 else 0.05, thread=const(0.1))
     idle_neighbour = GpuTick(index=1, utilization=0.0, sm_activity=0.0, tensor_activity=0.0)
     ticks = tuple(
         Tick(t=t.t, dt=t.dt, gpus=(*t.gpus, idle_neighbour), job=t.job, host=t.host)
@@ -430,12 +315,14 @@ def test_diagnosis_looks_at_the_gpu_the_job_runs_on() -> None:
 
 def test_thresholds_are_documented_in_the_module() -> None:
     doc = dx.__doc__ or ""
-    for name in ("BUSY_START", "IDLE_MIN", "HOT_THREAD", "LAUNCH_ACTIVITY_MAX", "TENSOR_LOW"):
+    names = ("WINDOW_LEVEL", "IDLE_MIN", "HOT_THREAD", "LAUNCH_ACTIVITY_MAX", "TENSOR_LOW",
+             "STALL_UTIL", "STALL_SM", "STALL_DRAM", "FEW_SM_MAX", "TINY_KERNELS")  # fmt: skip
+    for name in names:
         assert name in doc
 
 
 def test_recording_round_trips_through_json(tmp_path: Path) -> None:
-    rec = timeline(util=lambda i: 0.98 if i % 3 == 0 else 0.05, thread=_const(0.1), warmup=3)
+    rec = timeline(util=lambda i: 0.98 if i % 3 == 0 else 0.05, thread=const(0.1), warmup=3)
     path = tmp_path / "run.json"
     rec.save(path)
     again = load(path)
@@ -477,3 +364,12 @@ def test_noisy_healthy_loops_get_no_false_cause(seed: int) -> None:
     )
     d = diagnose(rec)
     assert d.verdict == "healthy", [(c.name, round(c.share, 3)) for c in d.causes]
+
+
+def test_checkpoints_so_frequent_that_most_ticks_write_are_still_bursts() -> None:
+    """A Trainer saving every few steps: 3 ticks of every 5 write 1.5 GB/s with the GPU
+    stopped. Against the median of every tick (a checkpoint's own rate) none would be a burst;
+    against the rate while the GPU works, each is."""
+    d = diagnose(saving(periodic(0, 3, period=5), thread=1.0))
+    assert names(d) == ["checkpoint-stalls"], [(c.name, round(c.share, 3)) for c in d.causes]
+    assert share(d, "checkpoint-stalls") == pytest.approx(0.6 * (1 - 0.02 / 0.99), abs=0.03)

@@ -6,6 +6,7 @@ with the diagnosis as it stands, named the checkpoint itself)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -57,3 +58,20 @@ def test_h200_launch_loop_under_the_busy_threshold_is_a_launcher() -> None:
     assert [c.name for c in d.causes] == ["cpu-bound-launcher"]
     assert d.causes[0].share >= 0.9
     assert d.window[0] >= 4.0 and d.window[1] <= 12.6  # start-up and tear-down left out
+
+
+@pytest.mark.parametrize("part", ["c", "f"])
+@pytest.mark.parametrize(("job", "work"), [("starved", 7), ("checkpoint", 1), ("fp32", 1)])
+def test_h200_shares_come_within_015_of_the_throughput_truth(
+    part: str, job: str, work: int
+) -> None:
+    """The same runs' truth from their own throughput (watch_jobs.json): the healthy job is the
+    job without its defect (starved: 7 matmuls a step, fed at once; checkpoint: never saving;
+    fp32: bf16 instead), both watched, so truth = 1 - work x job / healthy. The share of the
+    cause watch gives must come within 0.15 (issue 19)."""
+    folder = RECORDINGS if part == "c" else DEVICE / "part-f" / "jobs"
+    rows = {r["job"]: r for r in json.loads((folder / "watch_jobs.json").read_text())["rows"]}
+    truth = 1.0 - work * rows[job]["watched_per_second"] / rows["healthy"]["watched_per_second"]
+    d = diagnose(load(folder / f"{job}.recording.json"))
+    (cause,) = [c for c in d.causes if c.name == EXPECTED[job][0]]
+    assert abs(cause.share - truth) <= 0.15, (round(cause.share, 3), round(truth, 3))

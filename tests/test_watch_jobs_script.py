@@ -1,12 +1,17 @@
 """scripts/device/watch_jobs.py (run on the H200 by the lead) on this machine's CPU with tiny
 settings: every job runs alone and watched, the table and files are written, and a failing job
-is reported without stopping the others."""
+is reported without stopping the others. The framework jobs (scripts/device/framework_jobs.py)
+need timm, torchvision, transformers and Lightning: where those are missing (CI) their tests
+skip."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
+import tarfile
+import time
 from pathlib import Path
 
 import pytest
@@ -43,7 +48,9 @@ def test_jobs_alone_and_watched_on_cpu_with_a_failing_job(tmp_path: Path) -> Non
     assert (out / "launch.recording.json").is_file()
     assert (out / "launch.png").read_bytes()[:4] == b"\x89PNG"
     text = (out / "watch_jobs.txt").read_text()
-    assert text.splitlines()[0].split()[:5] == ["job", "expected", "diagnosis", "lost", "overhead"]
+    assert text.splitlines()[0].split()[:6] == [
+        "job", "truth", "expected", "diagnosis", "share", "overhead"
+    ]  # fmt: skip
     assert "launch" in text and "cpu-bound-launcher" in text
     assert text in result.stdout
 
@@ -59,3 +66,90 @@ def test_each_job_runs_alone_on_cpu(tmp_path: Path) -> None:
         )  # fmt: skip
         doc = json.loads(path.read_text())
         assert doc["job"] == name and doc["steps"] > 0 and doc["per_second"] > 0
+
+
+NEEDS = {
+    "resnet-loader": ("timm", "torchvision"),
+    "sleepy-loop": ("timm",),
+    "gpt2-checkpoint": ("transformers", "accelerate"),
+    "spin": ("timm",),
+    "resnet-fp32": ("timm",),
+    "resnet": ("timm",),
+    "lightning-gpt2": ("lightning", "transformers"),
+}
+
+
+def _need(job: str) -> None:
+    pytest.importorskip("torch")
+    for module in NEEDS[job]:
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{job} needs {module}")
+
+
+@pytest.mark.parametrize("clean", [False, True])
+@pytest.mark.parametrize("job", sorted(NEEDS))
+def test_each_framework_job_runs_with_and_without_its_defect(
+    job: str, clean: bool, tmp_path: Path
+) -> None:
+    _need(job)
+    path = tmp_path / "result.json"
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "job", job, "--seconds", "0.3", "--device", "cpu",
+         "--scale", "tiny", "--result", str(path), *(["--clean"] if clean else [])],
+        check=True, timeout=240, cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.stdout == ""  # under watch, stdout is watch's JSON: the frameworks print elsewhere
+    doc = json.loads(path.read_text())
+    assert doc["job"] == job and doc["clean"] is clean
+    assert doc["steps"] > 0 and doc["per_second"] > 0
+    assert doc["unit"] == ("tokens" if "gpt2" in job else "images")
+    if job == "gpt2-checkpoint":
+        assert doc["save_steps"] == (None if clean else 15)
+    if job == "sleepy-loop":
+        assert (doc["sleep_seconds"] == 0) is clean
+
+
+def test_a_job_with_a_defect_runs_alone_without_it_and_the_truth_is_its_throughput(
+    tmp_path: Path,
+) -> None:
+    """spin alone is clean, watched it spins: truth = 1 - watched/alone; packed in one archive.
+    (Its value is not asserted: on this shared 2-core machine the two runs differ by more.)"""
+    _need("spin")
+    out, archive = tmp_path / "out", tmp_path / "res" / "watch_jobs.tgz"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--scale", "tiny", "--seconds", "2.5",
+         "--interval", "0.2", "--jobs", "spin", "--out", str(out), "--archive", str(archive)],
+        capture_output=True, text=True, timeout=400, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    (spin,) = json.loads((out / "watch_jobs.json").read_text())["rows"]
+    alone = json.loads((out / "spin.alone.json").read_text())
+    watched = json.loads((out / "spin.watched.json").read_text())
+    assert alone["clean"] and alone["spins"] == 0 and watched["spins"] >= 1
+    assert spin["truth"] == pytest.approx(1 - watched["per_second"] / alone["per_second"])
+    assert "overhead" not in spin  # the two runs are not the same job
+    with tarfile.open(archive) as tar:
+        packed = set(tar.getnames())
+    assert {"watch_jobs.json", "watch_jobs.txt", "spin.recording.json"} <= packed
+
+
+def test_a_run_past_its_time_is_killed_with_its_whole_process_group(tmp_path: Path) -> None:
+    """A hung job under watch: at the timeout the job (a grandchild) dies too, not only watch."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    import watch_jobs
+
+    marker = tmp_path / "pid"
+    child = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    parent = f"import subprocess, sys; subprocess.run([sys.executable, '-c', {child!r}])"
+    with (tmp_path / "err").open("w") as err, pytest.raises(subprocess.TimeoutExpired):
+        watch_jobs.run_group([sys.executable, "-c", parent], err, timeout=3)
+    pid = int(marker.read_text())
+    for _ in range(50):
+        if (
+            not Path(f"/proc/{pid}").exists()
+            or "Z" in Path(f"/proc/{pid}/stat").read_text().split()[2]
+        ):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError(f"the grandchild {pid} outlived the timeout")

@@ -1,10 +1,19 @@
 #!/usr/bin/env python3
-"""On the lent GPU machine: synthetic torch jobs, each run alone and under ``sparkdiag watch``.
+"""On the lent GPU machine: training jobs, each run alone and under ``sparkdiag watch``.
 
-    python3 scripts/device/watch_jobs.py                      # all five jobs, 20 s each
-    python3 scripts/device/watch_jobs.py --jobs healthy,fp32 --seconds 25
+    python3 scripts/device/watch_jobs.py --seconds 15 --out /tmp/wj \
+        --archive $OUT/watch_jobs.tgz                        # the framework jobs
+    python3 scripts/device/watch_jobs.py --jobs healthy,fp32 --seconds 25   # synthetic ones
 
-Jobs (each prints nothing on stdout; it writes its throughput to --result):
+Framework jobs (scripts/device/framework_jobs.py: timm, torchvision, transformers, Lightning;
+random data, random weights): resnet-loader, sleepy-loop, gpt2-checkpoint, spin, resnet-fp32
+(each built with a defect), resnet and lightning-gpt2 (healthy). A job with a defect runs
+alone *without* it (``job NAME --clean``) and under watch *with* it, so that its true lost
+share is 1 - watched/alone throughput, to set beside the share watch reports; a healthy job
+runs the same both ways, which measures the watch's overhead.
+
+Synthetic jobs (torch only; each prints nothing on stdout, it writes its throughput to
+--result), run the same both ways (their overhead):
 
   healthy     bf16 8192^3 matmuls back to back, data on the GPU
   starved     the same step fed by a data-loader thread that needs ~3x the step's time
@@ -12,19 +21,22 @@ Jobs (each prints nothing on stdout; it writes its throughput to --result):
   launch      1-element additions: tiny kernels, the launching thread pinned on its core
   fp32        fp32 8192^3 matmuls with TF32 off: the math on CUDA cores, tensor pipes idle
 
-Each job runs alone and under ``python3 -m sparkdiag watch --json --record ... -- <job>``
-(the same job, the same settings), ``--pairs`` times, the order alternating (alone first in
-even pairs, watched first in odd ones) so that drift cancels; the watch's overhead is the
-median over the pairs of 1 - watched/alone (target: at most 2 %). A launch-bound job's
-throughput alone varied from 127 000 to 152 000 kernels a second between runs on the H200, so
-one pair cannot resolve 2 %. ``--pin CPU`` runs each job on that CPU only (both ways).
-Written under $OUT (default /tmp/out): per job the diagnosis
+Each job runs alone and under ``python3 -m sparkdiag watch --json --record ... -- <job>``,
+``--pairs`` times, the order alternating (alone first in even pairs, watched first in odd
+ones) so that drift cancels; the watch's overhead is the median over the pairs of
+1 - watched/alone (target: at most 2 %). A launch-bound job's throughput alone varied from
+127 000 to 152 000 kernels a second between runs on the H200, so one pair cannot resolve 2 %.
+``--pin CPU`` runs each job on that CPU only (both ways). ``--budget S`` starts no run that
+would likely end after S seconds of wall time (the device's limit per call).
+Written under --out (default $OUT, else /tmp/out): per job the diagnosis
 (``<job>.diagnosis.json``), the recording (``<job>.recording.json``), the timeline
 (``<job>.png``, when matplotlib is importable; otherwise render it from the recording with
-``sparkdiag watch --replay <job>.recording.json --plot <job>.png``), the watch's stderr
-(``<job>.watch.log``); and ``watch_jobs.json`` and ``watch_jobs.txt``, the table job ->
-diagnosis -> lost share -> overhead. A job that fails is reported as such and the others
-still run; the exit status is 1 when one failed.
+``sparkdiag watch --replay <job>.recording.json --plot <job>.png``), the logs
+(``<job>.watch.log``, ``<job>.alone.log``), the jobs' throughput documents
+(``<job>.alone.json``, ``<job>.watched.json``); and ``watch_jobs.json`` and ``watch_jobs.txt``,
+the table job -> truth -> diagnosis -> share -> overhead. With ``--archive FILE`` everything is
+packed into that one tar archive after each job. A job that fails is reported as such and the
+others still run; the exit status is 1 when one failed.
 
 Test it on a CPU with tiny settings: ``--device cpu --scale tiny --seconds 1``.
 """
@@ -32,13 +44,16 @@ Test it on a CPU with tiny settings: ``--device cpu --scale tiny --seconds 1``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
 import queue
+import signal
 import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import threading
 import time
@@ -46,6 +61,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from framework_jobs import FRAMEWORK_JOBS  # noqa: E402  (beside this script)
+
 JOBS = ("healthy", "starved", "checkpoint", "launch", "fp32")
 EXPECTED = {
     "healthy": "healthy",
@@ -53,7 +71,16 @@ EXPECTED = {
     "checkpoint": "checkpoint-stalls",
     "launch": "cpu-bound-launcher",
     "fp32": "low-tensor-activity",
+    "resnet-loader": "input-starved",
+    "sleepy-loop": "input-starved",
+    "gpt2-checkpoint": "checkpoint-stalls",
+    "spin": "stalled-kernel",
+    "resnet-fp32": "low-tensor-activity",
+    "resnet": "healthy",
+    "lightning-gpt2": "healthy",
 }
+# jobs whose alone run leaves the defect out: their truth is 1 - watched/alone
+CLEAN_ALONE = frozenset({"resnet-loader", "sleepy-loop", "gpt2-checkpoint", "spin", "resnet-fp32"})
 # Sizes per scale: matmul edge, checkpoint bytes, loader delay factor, checkpoint period (s).
 SCALES: dict[str, dict[str, Any]] = {
     "full": {"n": 8192, "ckpt_bytes": 2 << 30, "ckpt_every": 5.0, "steps_per_sync": 10},
@@ -65,10 +92,24 @@ SCALES: dict[str, dict[str, Any]] = {
 
 
 def run_job(
-    name: str, seconds: float, device: str, scale: str, result: Path, pin: int | None = None
+    name: str,
+    seconds: float,
+    device: str,
+    scale: str,
+    result: Path,
+    pin: int | None = None,
+    clean: bool = False,
 ) -> None:
     if pin is not None:
         os.sched_setaffinity(0, {pin})
+    if name in FRAMEWORK_JOBS:
+        import framework_jobs
+
+        fscale = "tiny" if scale == "tiny" else "full"
+        doc = framework_jobs.run(name, seconds, device, fscale, clean)
+        doc = {"job": name, "clean": clean, "device": device, **doc}
+        result.write_text(json.dumps(doc) + "\n", encoding="utf-8")
+        return
     import torch
 
     size = SCALES[scale]
@@ -207,21 +248,38 @@ def _checkpoint(
 # -- the orchestration ----------------------------------------------------------------------------
 
 
-def job_argv(args: argparse.Namespace, name: str, result: Path) -> list[str]:
+def job_argv(args: argparse.Namespace, name: str, result: Path, clean: bool = False) -> list[str]:
     return [
         sys.executable, str(Path(__file__).resolve()), "job", name,
         "--seconds", str(args.seconds), "--device", args.device, "--scale", args.scale,
         "--result", str(result), *(["--pin", str(args.pin)] if args.pin is not None else []),
+        *(["--clean"] if clean else []),
     ]  # fmt: skip
+
+
+def run_group(cmd: list[str], err: Any, timeout: float) -> subprocess.CompletedProcess[str]:
+    """``cmd`` in a session of its own; at the timeout its whole process group is killed (the
+    watched job and its loader workers too, not only watch) and TimeoutExpired raised."""
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
 
 
 def run_once(
     args: argparse.Namespace, name: str, watched: bool, out: Path
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str]:
     """(the job's result, the watch's diagnosis or None, an error or "")."""
-    result = out / f".{name}.{'watched' if watched else 'alone'}.result.json"
+    result = out / f"{name}.{'watched' if watched else 'alone'}.json"
     result.unlink(missing_ok=True)
-    cmd = job_argv(args, name, result)
+    cmd = job_argv(args, name, result, clean=not watched and name in CLEAN_ALONE)
     if watched:
         watch = [sys.executable, "-m", "sparkdiag", "watch", "--json", "--interval",
                  str(args.interval), "--record", str(out / f"{name}.recording.json")]  # fmt: skip
@@ -231,10 +289,7 @@ def run_once(
     log = out / f"{name}.{'watch' if watched else 'alone'}.log"
     try:
         with log.open("w") as err:
-            proc = subprocess.run(
-                cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True,
-                timeout=args.seconds + args.startup_timeout,
-            )  # fmt: skip
+            proc = run_group(cmd, err, args.seconds + args.startup_timeout)
     except subprocess.TimeoutExpired:
         return None, None, f"timed out after {args.seconds + args.startup_timeout:.0f} s"
     diagnosis = None
@@ -254,41 +309,105 @@ def run_once(
 
 
 def row(name: str, pairs: list[tuple[Any, Any]], diagnosis: Any, error: str) -> dict[str, Any]:
-    """One job's line: the last diagnosis, and the overhead as the median over the pairs
-    (alone, watched) that both gave a result."""
-    entry: dict[str, Any] = {"job": name, "expected": EXPECTED.get(name, "?"), "error": error}
+    """One job's line: the last diagnosis, the share of the expected cause (else of the first),
+    and over the pairs (alone, watched) that both gave a result: for a job whose alone run left
+    its defect out the truth, 1 - watched/alone (median); for the others the overhead, the
+    same figure for the same job."""
+    expected = EXPECTED.get(name, "?")
+    entry: dict[str, Any] = {"job": name, "expected": expected, "error": error}
     if diagnosis is not None:
+        causes = {c["name"]: c for c in diagnosis["causes"]}
         entry["diagnosis"] = diagnosis["verdict"]
-        entry["causes"] = {c["name"]: round(c["share"], 3) for c in diagnosis["causes"]}
-        entry["lost_share"] = diagnosis["causes"][0]["share"] if diagnosis["causes"] else 0.0
+        entry["causes"] = {k: round(c["share"], 3) for k, c in causes.items()}
+        chosen = causes.get(expected) or (diagnosis["causes"] or [None])[0]
+        entry["lost_share"] = chosen["share"] if chosen else 0.0
+        entry["share_is_lost_time"] = bool(chosen["lost"]) if chosen and "lost" in chosen else True
     done = [(a, w) for a, w in pairs if a and w]
     if done:
         entry["alone_per_second"] = statistics.median(a["per_second"] for a, _ in done)
         entry["watched_per_second"] = statistics.median(w["per_second"] for _, w in done)
         entry["unit"] = done[0][0]["unit"]
-        entry["overheads"] = [1.0 - w["per_second"] / a["per_second"] for a, w in done]
-        entry["overhead"] = statistics.median(entry["overheads"])
+        ratios = [1.0 - w["per_second"] / a["per_second"] for a, w in done]
+        if name in CLEAN_ALONE:
+            entry["truths"] = ratios
+            entry["truth"] = statistics.median(ratios)
+        else:
+            entry["truth"] = 0.0 if expected == "healthy" else None
+            entry["overheads"] = ratios
+            entry["overhead"] = statistics.median(ratios)
+        if entry.get("truth") is not None and "lost_share" in entry:
+            entry["share_minus_truth"] = entry["lost_share"] - entry["truth"]
     return entry
 
 
 def table(rows: list[dict[str, Any]]) -> str:
-    head = f"{'job':<11} {'expected':<20} {'diagnosis':<20} {'lost':>6} {'overhead':>9}  notes"
+    head = (f"{'job':<16} {'truth':>6} {'expected':<20} {'diagnosis':<20} {'share':>6} "
+            f"{'overhead':>9}  notes")  # fmt: skip
     lines = [head, "-" * len(head)]
     for r in rows:
         lost = f"{r['lost_share'] * 100:.0f} %" if "lost_share" in r else "-"
+        if "lost_share" in r and not r.get("share_is_lost_time", True):
+            lost += "*"
+        truth = f"{r['truth'] * 100:.0f} %" if r.get("truth") is not None else "-"
         over = f"{r['overhead'] * 100:+.1f} %" if "overhead" in r else "-"
         notes = r["error"] or ("as expected" if r.get("diagnosis") == r["expected"] else "")
-        if len(r.get("overheads", ())) > 1:
-            low, high = min(r["overheads"]), max(r["overheads"])
-            notes += f" ({len(r['overheads'])} pairs: {low * 100:+.1f} to {high * 100:+.1f} %)"
+        if "share_minus_truth" in r and r["truth"] > 0:
+            notes += f"; share - truth {r['share_minus_truth'] * 100:+.0f} points"
+        for key in ("overheads", "truths"):
+            if len(r.get(key, ())) > 1:
+                low, high = min(r[key]), max(r[key])
+                notes += f" ({len(r[key])} pairs: {low * 100:+.1f} to {high * 100:+.1f} %)"
         if "causes" in r and len(r["causes"]) > 1:
-            notes += " also " + ", ".join(f"{k} {v * 100:.0f} %" for k, v in r["causes"].items()
-                                         if k != r["diagnosis"])  # fmt: skip
+            notes += "; also " + ", ".join(f"{k} {v * 100:.0f} %" for k, v in r["causes"].items()
+                                          if k != r["diagnosis"])  # fmt: skip
+        if "alone_per_second" in r:
+            notes += (f"; {r['alone_per_second']:.0f} {r['unit']}/s alone, "
+                      f"{r['watched_per_second']:.0f} watched")  # fmt: skip
         lines.append(
-            f"{r['job']:<11} {r['expected']:<20} {r.get('diagnosis', 'failed'):<20} "
-            f"{lost:>6} {over:>9}  {notes.strip()}"
+            f"{r['job']:<16} {truth:>6} {r['expected']:<20} {r.get('diagnosis', 'failed'):<20} "
+            f"{lost:>6} {over:>9}  {notes.strip('; ')}"
         )
+    lines.append(
+        "truth: 1 - watched/alone throughput, the alone run without the defect (healthy jobs: 0);"
+        " share: the expected cause's (* a share of the time with that finding, not lost time)"
+    )
     return "\n".join(lines) + "\n"
+
+
+def pack(out: Path, archive: Path | None) -> None:
+    """Everything under ``out`` into ``archive`` (tar, gzip), written whole or not at all."""
+    if archive is None:
+        return
+    archive.parent.mkdir(parents=True, exist_ok=True)
+    partial = archive.with_name(archive.name + ".partial")
+    with tarfile.open(partial, "w:gz") as tar:
+        for path in sorted(out.iterdir()):
+            if path.resolve() not in (archive.resolve(), partial.resolve()):
+                tar.add(path, arcname=path.name)
+    partial.replace(archive)
+
+
+def versions() -> dict[str, str]:
+    """The frameworks' versions and the GPU, as the jobs' interpreter sees them."""
+    code = (
+        "import importlib, json\n"
+        "v = {}\n"
+        "for m in ('torch', 'torchvision', 'timm', 'transformers', 'lightning'):\n"
+        "    try:\n"
+        "        v[m] = importlib.import_module(m).__version__\n"
+        "    except Exception as e:\n"
+        "        v[m] = 'missing: ' + type(e).__name__\n"
+        "import torch\n"
+        "v['gpu'] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'none'\n"
+        "print(json.dumps(v))\n"
+    )
+    try:
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=120)  # fmt: skip
+        found: dict[str, str] = json.loads(proc.stdout)
+        return found
+    except (subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+        return {"error": str(exc)}
 
 
 def preflight() -> str:
@@ -306,6 +425,7 @@ def preflight() -> str:
 def orchestrate(args: argparse.Namespace) -> int:
     out = Path(args.out or os.environ.get("OUT", "/tmp/out"))
     out.mkdir(parents=True, exist_ok=True)
+    archive = Path(args.archive) if args.archive else None
     problem = preflight()
     if problem:
         print(f"python3 -m sparkdiag watch cannot run here: {problem}", file=sys.stderr)
@@ -313,8 +433,11 @@ def orchestrate(args: argparse.Namespace) -> int:
               "does) and run again", file=sys.stderr)  # fmt: skip
         return 2
     names = [j for j in args.jobs.split(",") if j]
-    rows = []
+    rows: list[dict[str, Any]] = []
     started = time.monotonic()
+    env = versions()
+    print("versions:", json.dumps(env), flush=True)
+    longest = 0.0  # the longest run so far, seconds
     for name in names:
         print(f"== {name}: alone and watched, {args.pairs} pair(s) of {args.seconds:g} s runs",
               flush=True)  # fmt: skip
@@ -324,7 +447,17 @@ def orchestrate(args: argparse.Namespace) -> int:
         for n in range(args.pairs):
             got: dict[bool, Any] = {}
             for watched in (False, True) if n % 2 == 0 else (True, False):
+                elapsed = time.monotonic() - started
+                guess = max(longest, args.seconds + 10.0)
+                if args.budget is not None and elapsed + guess > args.budget:
+                    errors.append(
+                        f"not run: {elapsed:.0f} s used of the {args.budget:.0f} s budget"
+                    )
+                    got[watched] = None
+                    continue
+                began = time.monotonic()
                 result, doc, problem = run_once(args, name, watched, out)
+                longest = max(longest, time.monotonic() - began)
                 got[watched] = result
                 if doc is not None:
                     diagnosis = doc
@@ -334,29 +467,49 @@ def orchestrate(args: argparse.Namespace) -> int:
             if errors:
                 break
         rows.append(row(name, pairs, diagnosis, "; ".join(errors)))
-        print(table(rows[-1:]).splitlines()[-1], flush=True)
-    text = table(rows)
+        print(table(rows[-1:]).splitlines()[-2], flush=True)
+        write_summary(args, out, rows, started, env)
+        pack(out, archive)
+    text = (out / "watch_jobs.txt").read_text(encoding="utf-8")
+    print()
+    print(text, end="")
+    wall = time.monotonic() - started
+    print(
+        f"wall time {wall:.0f} s; files under {out}" + (f", packed in {archive}" if archive else "")
+    )
+    return 1 if any(r["error"] for r in rows) else 0
+
+
+def write_summary(
+    args: argparse.Namespace,
+    out: Path,
+    rows: list[dict[str, Any]],
+    started: float,
+    env: dict[str, str],
+) -> None:
     summary = {
         "seconds_per_job": args.seconds,
         "device": args.device,
+        "scale": args.scale,
         "interval": args.interval,
         "pairs": args.pairs,
         "pin": args.pin,
+        "versions": env,
         "wall_seconds": time.monotonic() - started,
         "rows": rows,
     }
     (out / "watch_jobs.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-    (out / "watch_jobs.txt").write_text(text, encoding="utf-8")
-    print()
-    print(text, end="")
-    print(f"wall time {summary['wall_seconds']:.0f} s; files under {out}")
-    return 1 if any(r["error"] for r in rows) else 0
+    (out / "watch_jobs.txt").write_text(table(rows), encoding="utf-8")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--jobs", default=",".join(JOBS), help="comma-separated job names")
-    parser.add_argument("--seconds", type=float, default=20.0, help="timed run of each job")
+    parser.add_argument(
+        "--jobs",
+        default=",".join(FRAMEWORK_JOBS),
+        help=f"comma-separated job names: {', '.join(FRAMEWORK_JOBS + JOBS)}",
+    )
+    parser.add_argument("--seconds", type=float, default=15.0, help="timed run of each job")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--scale", choices=sorted(SCALES), default="full")
     parser.add_argument("--interval", type=float, default=0.5, help="watch's sampling interval")
@@ -369,6 +522,10 @@ def main() -> None:
         help="seconds allowed beyond --seconds for imports and start-up",
     )
     parser.add_argument("--out", default=None, help="default $OUT, else /tmp/out")
+    parser.add_argument("--archive", default=None, help="pack --out into this tar.gz")
+    parser.add_argument(
+        "--budget", type=float, default=None, help="start no run likely to end after S seconds"
+    )
     sub = parser.add_subparsers(dest="mode")
     job = sub.add_parser("job", help="run one job (what the orchestration starts)")
     job.add_argument("name")
@@ -377,9 +534,14 @@ def main() -> None:
     job.add_argument("--scale", choices=sorted(SCALES), default="full")
     job.add_argument("--result", type=Path, required=True)
     job.add_argument("--pin", type=int, default=None)
+    job.add_argument("--clean", action="store_true", help="leave the job's defect out")
     args = parser.parse_args()
     if args.mode == "job":
-        run_job(args.name, args.seconds, args.device, args.scale, args.result, args.pin)
+        # under watch the job shares watch's stdout, which must hold watch's JSON alone: what
+        # the frameworks print there (Trainer prints its metrics) goes to stderr instead
+        sys.stdout.flush()
+        os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+        run_job(args.name, args.seconds, args.device, args.scale, args.result, args.pin, args.clean)
         return
     sys.exit(orchestrate(args))
 

@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# On the lent GPU machine: scripts/device/watch_jobs.py (synthetic jobs alone and under
+# On the lent GPU machine: scripts/device/watch_jobs.py (training jobs alone and under
 # sparkdiag watch) with the wheels under .whl/ installed first, as the other device scripts do
-# (bcrypt for the CLI's import; matplotlib and its dependencies for the timeline PNGs, which
-# are otherwise rendered later from the recordings). Results and log.txt under $OUT.
+# (bcrypt and the like for the CLI's import). Arguments go to watch_jobs.py; by default the
+# framework jobs. The run's files go to /tmp/watch_jobs and are packed into ONE archive,
+# $OUT/watch_jobs.tgz (after each job, so a run cut short still brings back what it did); the
+# log is $OUT/log.txt.
+#
+#   bash scripts/device/watch_jobs.sh --seconds 15 --budget 510
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -12,8 +16,8 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 OUT
 exec > >(tee -a "$OUT/log.txt") 2>&1
 nvidia-smi --query-gpu=name,driver_version,temperature.gpu,power.draw --format=csv,noheader
-python3 -c 'import torch, pynvml; print("torch", torch.__version__, "nvidia-ml-py", pynvml.__version__ if hasattr(pynvml, "__version__") else "?")'
+nproc; free -g | head -2; df -h /tmp | tail -1
 python3 -c 'import matplotlib' 2>/dev/null && echo "matplotlib: timeline PNGs written" \
   || echo "matplotlib missing: render the PNGs from the recordings (sparkdiag watch --replay R --plot P)"
-python3 scripts/device/watch_jobs.py --out "$OUT" "$@"
+python3 scripts/device/watch_jobs.py --out /tmp/watch_jobs --archive "$OUT/watch_jobs.tgz" "$@"
 echo "rc=$?"

@@ -128,8 +128,9 @@ def watch(
     clocks, clock event reasons, temperatures, power and PCIe throughput, the job's CPU per
     thread and its reads and writes, and memory pressure (PSI). At the end (the job exits,
     --duration passes, or Ctrl-C) it prints the share of time lost to each cause it finds:
-    input-starved, CPU-bound launcher, checkpoint stalls, throttled, memory pressure, low
-    tensor activity, or healthy, each with its evidence and what to try.
+    input-starved, stalled kernel, CPU-bound launcher, checkpoint stalls, throttled, memory
+    pressure, kernels that keep few SMs busy, low tensor activity, or healthy, each with its
+    evidence and what to try (docs/watch.md defines them).
 
     Exit status: the job's own when watch started it (128 + N when signal N ended it), else 0;
     2 usage error (a bad flag, fixture or recording, --plot without matplotlib).
@@ -185,6 +186,7 @@ def watch(
             exit_status=status,
             pressure_scope=host.pressure_scope,
             skipped=(skipped,) if skipped else (),
+            job_cpus=host.job_cpus,
         )
         if record_to is not None:
             try:

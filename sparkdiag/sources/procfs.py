@@ -248,3 +248,20 @@ def driver_gpus(rootfs: Path) -> frozenset[str] | None:
         return frozenset(e.name.lower() for e in (rootfs / "proc/driver/nvidia/gpus").iterdir())
     except OSError:
         return None
+
+
+def allowed_cpus(rootfs: Path, pid: int) -> int | None:
+    """How many CPUs ``pid`` may run on (``Cpus_allowed_list`` in ``/proc/PID/status``, as
+    ``taskset -cp PID`` shows it); None when unreadable. A cgroup CPU quota is not counted."""
+    for line in (_read(rootfs / "proc" / str(pid) / "status") or "").splitlines():
+        key, _, value = line.partition(":")
+        if key != "Cpus_allowed_list":
+            continue
+        count = 0
+        for part in value.strip().split(","):
+            low, _, high = part.partition("-")
+            if not low.strip().isdigit() or (high and not high.strip().isdigit()):
+                return None
+            count += int(high or low) - int(low) + 1
+        return count or None
+    return None

@@ -1,134 +1,118 @@
 """Why a job is slow: a pure function of a :class:`~sparkdiag.watch.model.Recording`.
 
-The diagnosis looks at the *active window*: from the first tick at which the job's GPUs were at
-least ``BUSY_START`` utilized to the last (start-up and tear-down, CUDA initialisation, loading
-a model, are no fault of the loop); where no tick reaches ``BUSY_START``, from the first to the
-last tick in which the job held the GPU, kept it at least ``LAUNCH_BUSY_MIN`` busy and ran a
-thread hot (a launch-bound loop of tiny kernels). Inside it, each tick's idle GPU time is given
-to at most one cause, in this order:
+docs/watch.md defines every cause and share and gives the figures measured on the H200.
+
+**The window.** A job that held the GPU (NVML lists one of its processes, or memory it holds)
+or, where NVML cannot name its processes (another PID namespace), whose GPU ran kernels, is
+diagnosed over its life: from the first to the last tick at which the GPU's utilization reached
+``WINDOW_LEVEL`` of the job's typical utilization (the median of the ticks in which it ran any
+kernel, ``views.ACTIVE_MIN``). A job starved to 7 % is diagnosed as well as one at 99 %;
+start-up and tear-down (imports, CUDA initialisation, a final save) stay out. A job that held
+the GPU but never ran a kernel is diagnosed over the ticks it held it. Only a job that never
+touched the GPU reads "gpu-unused".
+
+**Each tick's lost time** goes to at most one cause, in this order:
 
 checkpoint stalls   the job wrote in a burst (at least ``WRITE_BURST_MIN`` bytes/s and
-                    ``WRITE_BURST_FACTOR`` times its median rate) in this tick or the next or
-                    previous one, or a burst was followed by this tick with the GPU stopped
+                    ``WRITE_BURST_FACTOR`` times its rate while the GPU worked) in this tick or
+                    the next or previous one, or a burst was followed by this tick with the GPU
+                    stopped
                     (``CHECKPOINT_IDLE``) and tasks waiting on I/O (PSI ``CHECKPOINT_IO_STALL``)
                     for at most ``CHECKPOINT_TAIL_SECONDS``: a checkpoint fills the page cache
                     in a burst, then waits in fsync writing nothing more; and the ticks right
                     before a burst with the GPU stopped (``CHECKPOINT_IDLE``), for at most
                     ``CHECKPOINT_LEAD_SECONDS``: the state copied to the host and serialised
-                    (torch.save keeps a core busy while the GPU waits), which is the
-                    checkpoint's, not a launcher's
+stalled kernel      the GPU read busy (utilization at least ``STALL_UTIL``) while GPM showed SMs
+                    under ``STALL_SM``, DRAM under ``STALL_DRAM`` and tensor pipes under
+                    ``STALL_TENSOR``: a kernel resident and doing nothing, as a collective
+                    waiting for a peer, or a spin, does. Without GPM: NVML memory utilization
+                    at most ``STALL_MEMORY_UTIL`` with the power near idle (``STALL_POWER`` of
+                    the way from idle to the limit, or under ``STALL_POWER_OF_BUSY`` of the
+                    power while the job computed)
+few SMs busy        kernels ran (utilization at least ``FEW_SM_UTIL``) but kept SMs under
+                    ``FEW_SM_MAX`` active while DRAM or tensor pipes worked (``FEW_SM_WORKING``):
+                    too small a batch, a serial kernel (GPM only). A finding, not lost time:
+                    its share is the SM time left idle while kernels ran
 CPU-bound launcher  a thread of the processes that hold the GPU ran at ``HOT_THREAD`` of a core
                     or more (mean of the tick and its two neighbours, which smooths the CPU
                     clock's 10 ms granularity) while the GPU worked less than
-                    ``LAUNCH_ACTIVITY_MAX`` (GPM SM
-                    activity where the GPU has GPM, else utilization); the lost time is what
-                    the GPU did not work
-input-starved       the GPU was idle at least ``IDLE_MIN`` of the tick while the job's GPU
-                    threads were not busy: it waited on a data loader or on I/O
+                    ``LAUNCH_ACTIVITY_MAX`` and its kernels were tiny (GPM SM activity under
+                    ``TINY_KERNELS`` of utilization; where the GPU has no GPM, every such tick);
+                    the lost time is what the GPU did not work
+input-starved       the GPU was idle at least ``IDLE_MIN`` of the tick, nothing above applying:
+                    it waited for the job's host side (loader processes, the training thread
+                    preparing data, reads, or something outside the job)
 
-and, independently of idle time:
+**A lost share** (input-starved, checkpoint stalls) is the time the GPU would otherwise have
+worked: per tick ``dt * (1 - utilization / U)``, where ``U`` is the job's unimpeded
+utilization (the median utilization of the window's ticks no cause claimed, where those are at
+least ``UNIMPEDED_MIN_SHARE`` of the window, else 1), summed over the cause's ticks and divided
+by the window's length. A stalled kernel loses its ticks' kernel time (``dt * min(1, util /
+U)``), and in the ticks where a stall began or ended the share of the tick it took (``1 -
+work / usual``: GPM SM activity, else memory utilization, against the job's when it computes);
+a launcher loses the time the GPU did not work (``dt * (1 - SM activity)``).
+
+**Independently of idle time:**
 
 throttled           a thermal, hardware-slowdown or power-brake clock reason while the GPU was
                     busy; the lost time is the clock's shortfall from the median unthrottled
                     busy clock (the power cap is reported as a note: it is the GPU at its limit)
 memory pressure     memory PSI ("some" stall time of the host, or of the job's cgroup)
 low tensor activity the GPU busy (activity >= 0.5) with tensor pipes under ``TENSOR_LOW``, for at
-                    least ``LOW_TENSOR_SHARE`` of its busy time (GPM only)
+                    least ``LOW_TENSOR_SHARE`` of its busy time (GPM only); its share is the
+                    time computing with tensor pipes idle
 
-A share is that cause's lost time over the window's length. Causes below their threshold
-(``REPORT_MIN`` and the rules above) are not reported; a job with none is healthy. Shares of
+Causes below their threshold (``REPORT_MIN``, ``STALL_REPORT_MIN``, ``FEW_SM_REPORT_MIN`` and
+the rules in :mod:`.evidence`) are not reported; a job with none is healthy. Shares of
 different causes may overlap (a throttled tick can also be memory-stalled).
 """
 
 from __future__ import annotations
 
-import itertools
 import statistics
-from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sparkdiag.sources.gpu import UNHEALTHY_REASONS, decode_reasons, reasons_mask
-from sparkdiag.watch.model import GpuTick, Recording
+from sparkdiag.watch import evidence as ev
+from sparkdiag.watch.causes import ACTIONS as ACTIONS
+from sparkdiag.watch.causes import TITLES as TITLES
+from sparkdiag.watch.causes import Cause, mean, pct
+from sparkdiag.watch.evidence import HOT_THREAD, IDLE_MIN, UNHEALTHY_MASK
+from sparkdiag.watch.model import Recording
+from sparkdiag.watch.views import ACTIVE_MIN, View, job_gpus, smoothed, views
 
-BUSY_START = 0.20
-LAUNCH_BUSY_MIN = 0.05  # a launch-bound loop that never reaches BUSY_START: see _window
-IDLE_MIN = 0.10
-HOT_THREAD = 0.85
+__all__ = ["ACTIONS", "TITLES", "Cause", "Diagnosis", "diagnose", "job_gpus"]
+
+WINDOW_LEVEL = 0.5
 LAUNCH_ACTIVITY_MAX = 0.60
+TINY_KERNELS = 0.25
+STALL_UTIL = 0.90
+STALL_SM = 0.25
+STALL_DRAM = 0.01
+STALL_TENSOR = 0.01
+STALL_MEMORY_UTIL = 0.02
+STALL_POWER = 0.25
+STALL_POWER_OF_BUSY = 0.70
+FEW_SM_UTIL = 0.80
+FEW_SM_MAX = 0.30
+FEW_SM_WORKING = 0.01
 WRITE_BURST_MIN = 50e6
 WRITE_BURST_FACTOR = 4.0
 CHECKPOINT_IDLE = 0.90
 CHECKPOINT_IO_STALL = 0.02
 CHECKPOINT_TAIL_SECONDS = 30.0
 CHECKPOINT_LEAD_SECONDS = 30.0
-TENSOR_LOW = 0.10
-LOW_TENSOR_SHARE = 0.50
-LOW_TENSOR_BUSY_MIN = 0.20
+UNIMPEDED_MIN_SHARE = 0.20
 REPORT_MIN = 0.10  # input-starved, launcher, checkpoint
-THROTTLE_MIN = 0.05  # of the busy ticks
-MEMORY_MIN = 0.05
-UNHEALTHY_MASK = reasons_mask(UNHEALTHY_REASONS)
-POWER_CAP = reasons_mask({"sw_power_cap"})
-
-ACTIONS: dict[str, tuple[str, ...]] = {
-    "input-starved": (
-        "give the data loader more workers (DataLoader num_workers), with pin_memory=True, "
-        "persistent_workers=True and a larger prefetch_factor",
-        "cache the dataset in memory or on local NVMe; decode and augment on the GPU (DALI, "
-        "torchvision.transforms.v2 on CUDA tensors)",
-        "overlap the host-to-device copy with compute (non_blocking=True from pinned memory)",
-    ),
-    "cpu-bound-launcher": (
-        "launch fewer, larger kernels: a larger batch, torch.compile to fuse small operations",
-        "capture the step in a CUDA graph (torch.compile(mode='reduce-overhead') or "
-        "torch.cuda.graphs) so the CPU no longer launches each kernel",
-        "remove host syncs from the loop (.item(), .cpu(), printing tensors every step)",
-    ),
-    "checkpoint-stalls": (
-        "checkpoint asynchronously (torch.distributed.checkpoint.async_save, or copy the state "
-        "to pinned CPU memory and write it from a background thread)",
-        "checkpoint less often, and to fast local storage (NVMe) rather than a network share",
-    ),
-    "throttled": (
-        "check cooling and airflow (fans, intakes, inlet temperature) and the power supply; "
-        "run sparkdiag check and nvidia-smi -q -d PERFORMANCE,TEMPERATURE",
-        "compare the temperatures with the slowdown threshold; on a DGX Spark give it free "
-        "space around it",
-    ),
-    "memory-pressure": (
-        "use less host memory (smaller batches or prefetch queues, fewer loader workers) and "
-        "keep swap out of the training path",
-        "on unified memory (DGX Spark) the page cache competes with CUDA: drop caches before "
-        "the run (sync; echo 3 | sudo tee /proc/sys/vm/drop_caches)",
-    ),
-    "low-tensor-activity": (
-        "put the math on tensor cores: torch.set_float32_matmul_precision('high') (TF32) or "
-        "train in bf16 with torch.autocast",
-        "keep matrix dimensions multiples of 8 (16 for fp8) so the fast kernels apply",
-    ),
-}
-TITLES = {
-    "input-starved": "input-starved",
-    "cpu-bound-launcher": "CPU-bound launcher",
-    "checkpoint-stalls": "checkpoint stalls",
-    "throttled": "throttled",
-    "memory-pressure": "memory pressure",
-    "low-tensor-activity": "low tensor activity",
-}
-
-
-@dataclass(frozen=True)
-class Cause:
-    name: str  # a key of ACTIONS
-    share: float  # lost time over the window, 0..1
-    evidence: tuple[str, ...]
-    actions: tuple[str, ...]
+STALL_REPORT_MIN = 0.05  # a stalled kernel: a hang matters even when short
+STALL_MIN_TICKS = 2
+FEW_SM_REPORT_MIN = 0.20
 
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """verdict: "healthy", the name of the largest cause, "gpu-unused" (the job's GPUs never
-    became busy) or "no-gpu" (nothing was sampled on a GPU: only host causes are assessed)."""
+    """verdict: "healthy", the name of the largest cause, "gpu-unused" (the job never touched
+    its GPUs) or "no-gpu" (nothing was sampled on a GPU: only host causes are assessed).
+    ``unimpeded``: the utilization the lost shares are measured against (see the module)."""
 
     verdict: str
     causes: tuple[Cause, ...]
@@ -141,152 +125,56 @@ class Diagnosis:
     healthy_actions: tuple[str, ...] = ()
     # when each tick-attributed cause struck: (start, end, cause), contiguous ticks merged
     spans: tuple[tuple[float, float, str], ...] = ()
+    unimpeded: float | None = None
 
 
-@dataclass(frozen=True)
-class _View:
-    """One tick over the job's GPUs: means, the reasons of any, the hottest temperature."""
-
-    t: float
-    dt: float
-    util: float
-    eff: float  # GPM SM activity, else utilization
-    tensor: float | None
-    clock: float | None
-    clock_max: float | None
-    reasons: int
-    temperature: float | None
-    gpu_thread: float | None
-    gpu_thread_name: str
-    write: float | None
-    read: float | None
-    io_stall: float | None
-    on_gpu: bool = False  # a process of the job is among the GPUs' compute processes
+def _window(vs: list[View]) -> tuple[int, int] | None:
+    """First and last index of the active window (module docstring), None when the job never
+    touched the GPU."""
+    seen = any(v.held for v in vs)
+    held = [i for i, v in enumerate(vs) if v.held or not seen]
+    active = [i for i in held if vs[i].active]
+    if not active:
+        return (held[0], held[-1]) if seen and held else None
+    level = max(ACTIVE_MIN, WINDOW_LEVEL * statistics.median(vs[i].util for i in active))
+    opened = [i for i in active if vs[i].util >= level]
+    return opened[0], opened[-1]
 
 
-def _mean(values: Sequence[float | None]) -> float | None:
-    present = [v for v in values if v is not None]
-    return sum(present) / len(present) if present else None
-
-
-def _pct(x: float) -> str:
-    return f"{x * 100:.0f} %"
-
-
-def _rate(bps: float) -> str:
-    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
-        if bps >= scale:
-            return f"{bps / scale:.1f} {unit}"
-    return f"{bps:.0f} B/s"
-
-
-def job_gpus(rec: Recording) -> tuple[int, ...]:
-    """The GPUs the job ran on; where that is unknown, those that were busy at some tick, else
-    every GPU."""
-    on = sorted({g.index for t in rec.ticks for g in t.gpus if g.job_on_gpu})
-    if on:
-        return tuple(on)
-    busy = sorted(
-        {
-            g.index
-            for t in rec.ticks
-            for g in t.gpus
-            if g.utilization is not None and g.utilization >= BUSY_START
-        }
-    )
-    return tuple(busy) if busy else tuple(g.index for g in rec.gpus)
-
-
-def _views(rec: Recording, gpus: tuple[int, ...]) -> list[_View]:
-    views = []
-    for tick in rec.ticks:
-        mine: list[GpuTick] = [g for g in tick.gpus if g.index in gpus]
-        util = _mean([g.utilization for g in mine])
-        if util is None:
-            continue
-        sm = _mean([g.sm_activity for g in mine])
-        reasons = 0
-        for g in mine:
-            reasons |= g.reasons or 0
-        temps = [g.temperature for g in mine if g.temperature is not None]
-        views.append(
-            _View(
-                t=tick.t,
-                dt=tick.dt,
-                util=util,
-                eff=util if sm is None else sm,
-                tensor=_mean([g.tensor_activity for g in mine]),
-                clock=_mean([g.sm_clock_hz for g in mine]),
-                clock_max=_mean([g.sm_clock_max_hz for g in mine]),
-                reasons=reasons,
-                temperature=max(temps) if temps else None,
-                gpu_thread=tick.job.gpu_thread,
-                gpu_thread_name=tick.job.gpu_thread_name,
-                write=tick.job.write_bps,
-                read=tick.job.read_bps,
-                io_stall=tick.host.io_stall,
-                on_gpu=any(g.job_on_gpu for g in mine),
-            )
-        )
-    return views
-
-
-def _smoothed(values: list[float | None]) -> list[float | None]:
-    """Each value as the mean of itself and its neighbours (None where it is None)."""
-    out: list[float | None] = []
-    for i, value in enumerate(values):
-        out.append(None if value is None else _mean(values[max(0, i - 1) : i + 2]))
-    return out
-
-
-def _window(views: list[_View]) -> tuple[int, int] | None:
-    """First and last index of the active window, or None when the job never used its GPUs.
-
-    A launch-bound loop of tiny kernels may keep the GPU under ``BUSY_START`` all along (on the
-    H200, 1-element additions at 89 000 kernels a second read 17-18 % utilization): where no
-    tick reaches it, the window is the ticks in which the job held the GPU, kept it at least
-    ``LAUNCH_BUSY_MIN`` busy and one of its threads was hot (``HOT_THREAD``)."""
-    busy = [i for i, v in enumerate(views) if v.util >= BUSY_START]
-    if busy:
-        return busy[0], busy[-1]
-    threads = _smoothed([v.gpu_thread for v in views])
-    driving = [
-        i
-        for i, v in enumerate(views)
-        if v.on_gpu and v.util >= LAUNCH_BUSY_MIN and (threads[i] or 0.0) >= HOT_THREAD
-    ]
-    return (driving[0], driving[-1]) if driving else None
-
-
-def _write_bursts(views: list[_View]) -> set[int]:
-    """Indexes of the ticks in which the job wrote in a burst."""
-    writes = [v.write for v in views if v.write is not None]
+def _write_bursts(vs: list[View]) -> set[int]:
+    """Indexes of the ticks in which the job wrote in a burst: ``WRITE_BURST_FACTOR`` times
+    its usual rate, the median over the ticks in which the GPU worked (at least half the
+    tick; all ticks where it never did). A job that checkpoints often writes in half its
+    ticks, and the median of them all would be a checkpoint's own rate."""
+    writes = [v.write for v in vs if v.write is not None]
     if not writes:
         return set()
-    floor = max(WRITE_BURST_MIN, WRITE_BURST_FACTOR * statistics.median(writes))
-    return {i for i, v in enumerate(views) if v.write is not None and v.write >= floor}
+    working = [v.write for v in vs if v.write is not None and v.util >= 0.5]
+    usual = statistics.median(working or writes)
+    floor = max(WRITE_BURST_MIN, WRITE_BURST_FACTOR * usual)
+    return {i for i, v in enumerate(vs) if v.write is not None and v.write >= floor}
 
 
-def _checkpoint_ticks(views: list[_View], bursts: set[int]) -> set[int]:
+def _checkpoint_ticks(vs: list[View], bursts: set[int]) -> set[int]:
     """The burst ticks with their neighbours; before each burst the ticks in which the GPU was
     already stopped (``CHECKPOINT_IDLE``), for up to ``CHECKPOINT_LEAD_SECONDS``: the state
     copied to the host and serialised before it is written; and after each burst the ticks in
     which the GPU stays stopped while tasks wait on I/O (PSI; where PSI is missing, on the GPU
     alone), for up to ``CHECKPOINT_TAIL_SECONDS``: a checkpoint fills the page cache in a burst
     and then waits in fsync or close, writing nothing more."""
-    marked = {j for i in bursts for j in (i - 1, i, i + 1) if 0 <= j < len(views)}
+    marked = {j for i in bursts for j in (i - 1, i, i + 1) if 0 <= j < len(vs)}
     for i in sorted(bursts):
         lead = 0.0
         for j in range(i - 1, -1, -1):
-            v = views[j]
+            v = vs[j]
             if 1.0 - v.util < CHECKPOINT_IDLE or lead >= CHECKPOINT_LEAD_SECONDS:
                 break
             marked.add(j)
             lead += v.dt
     for i in sorted(bursts):
         tail = 0.0
-        for j in range(i + 1, len(views)):
-            v = views[j]
+        for j in range(i + 1, len(vs)):
+            v = vs[j]
             waiting = v.io_stall is None or v.io_stall >= CHECKPOINT_IO_STALL
             if 1.0 - v.util < CHECKPOINT_IDLE or not waiting or tail >= CHECKPOINT_TAIL_SECONDS:
                 break
@@ -295,44 +183,132 @@ def _checkpoint_ticks(views: list[_View], bursts: set[int]) -> set[int]:
     return marked
 
 
-def _runs(indexes: set[int]) -> list[list[int]]:
-    runs: list[list[int]] = []
-    for i in sorted(indexes):
-        if runs and i == runs[-1][-1] + 1:
-            runs[-1].append(i)
-        else:
-            runs.append([i])
-    return runs
+def _stalled(v: View, idle_power: float | None, busy_power: float | None) -> bool:
+    """Busy, and nothing in the GPU works (module docstring)."""
+    if v.util < STALL_UTIL:
+        return False
+    if v.sm is not None:
+        return v.sm < STALL_SM and (v.dram or 0.0) < STALL_DRAM and (v.tensor or 0.0) < STALL_TENSOR
+    if v.memory_util is None or v.memory_util > STALL_MEMORY_UTIL:
+        return False
+    if v.power is None:
+        return True
+    if v.power_limit is not None and idle_power is not None and v.power_limit > idle_power:
+        return v.power - idle_power <= STALL_POWER * (v.power_limit - idle_power)
+    if busy_power is not None:
+        return v.power <= STALL_POWER_OF_BUSY * busy_power
+    return True
 
 
-def _idle_gaps(rec: Recording, gpus: tuple[int, ...], start: float, end: float) -> list[float]:
-    """Lengths of the stretches the driver's samples show the GPUs idle (under 10 %)."""
-    samples = sorted(
-        (t, v)
-        for tick in rec.ticks
-        for g in tick.gpus
-        if g.index in gpus
-        for t, v in g.samples
-        if start <= t <= end
+def _few_sms(v: View) -> bool:
+    return (
+        v.sm is not None
+        and v.util >= FEW_SM_UTIL
+        and v.sm < FEW_SM_MAX
+        and max(v.dram or 0.0, v.tensor or 0.0) >= FEW_SM_WORKING
     )
-    gaps: list[float] = []
-    began: float | None = None
-    for t, v in samples:
-        if v < IDLE_MIN and began is None:
-            began = t
-        elif v >= IDLE_MIN and began is not None:
-            gaps.append(t - began)
-            began = None
-    return [g for g in gaps if g > 0]
+
+
+def _tiny(v: View) -> bool:
+    """The kernels barely occupy the SMs while they run (always so without GPM)."""
+    return v.sm is None or v.sm < TINY_KERNELS * v.util
+
+
+def _powers(vs: list[View], win: list[View]) -> tuple[float | None, float | None]:
+    """The GPUs' lowest power over the recording, and their median power in the window's
+    ticks that computed (SM activity at least one half; without GPM utilization, with the
+    memory working: a stalled tick is not the job computing)."""
+    seen = [v.power for v in vs if v.power is not None]
+    busy = [
+        v.power
+        for v in win
+        if v.power is not None
+        and v.eff >= 0.5
+        and (v.sm is not None or (v.memory_util or 1.0) > STALL_MEMORY_UTIL)
+    ]
+    return (min(seen) if seen else None), (statistics.median(busy) if busy else None)
+
+
+def _label(
+    i: int,
+    v: View,
+    stalled: set[int],
+    threads: list[float | None],
+    idle_power: float | None,
+    busy_power: float | None,
+) -> str | None:
+    idle = 1.0 - v.util
+    hot = (threads[i] or 0.0) >= HOT_THREAD
+    if i in stalled and idle >= IDLE_MIN:
+        return "checkpoint-stalls"
+    if _stalled(v, idle_power, busy_power):
+        return "stalled-kernel"
+    if _few_sms(v):
+        return "few-sms"
+    if hot and v.eff < LAUNCH_ACTIVITY_MAX and _tiny(v):
+        return "cpu-bound-launcher"
+    if idle >= IDLE_MIN:
+        return "input-starved"
+    return None
+
+
+def _unimpeded(win: list[View], labels: list[str | None]) -> float:
+    clean = [v.util for v, label in zip(win, labels, strict=True) if label is None]
+    if len(clean) < UNIMPEDED_MIN_SHARE * len(win):
+        return 1.0
+    return min(1.0, max(statistics.median(clean), 0.5))
+
+
+def _loss(v: View, label: str, unimpeded: float) -> float:
+    """The tick's lost seconds for a cause attributed per tick (module docstring)."""
+    if label in ("input-starved", "checkpoint-stalls"):
+        return v.dt * max(0.0, 1.0 - v.util / unimpeded)
+    if label == "stalled-kernel":
+        return v.dt * min(1.0, v.util / unimpeded)
+    if label == "few-sms":
+        return v.dt * max(0.0, v.util - (v.sm or 0.0))
+    return v.dt * (1.0 - v.eff)  # the launcher
+
+
+def _work(v: View) -> float | None:
+    """How hard the GPU worked in the tick: GPM SM activity, else NVML memory utilization."""
+    return v.sm if v.sm is not None else v.memory_util
+
+
+def _stall_edges(win: list[View], labels: list[str | None]) -> dict[int, float]:
+    """The ticks on either side of a stalled stretch in which the stall began or ended: busy,
+    claimed by no cause, working less than the job does when it computes (the median of its
+    busy unclaimed ticks). Index -> the share of the tick stalled, ``1 - work / usual``."""
+    computing = [
+        w
+        for v, label in zip(win, labels, strict=True)
+        if label is None and v.util >= STALL_UTIL and (w := _work(v)) is not None
+    ]
+    if not computing:
+        return {}
+    usual = statistics.median(computing)
+    edges: dict[int, float] = {}
+    for i, label in enumerate(labels):
+        if label != "stalled-kernel":
+            continue
+        for j in (i - 1, i + 1):
+            if not 0 <= j < len(win) or labels[j] is not None or win[j].util < STALL_UTIL:
+                continue
+            work = _work(win[j])
+            if work is not None and usual > 0:
+                fraction = max(0.0, min(1.0, 1.0 - work / usual))
+                if fraction >= IDLE_MIN:
+                    edges[j] = fraction
+    return edges
 
 
 def diagnose(rec: Recording) -> Diagnosis:
     """The diagnosis of a recording (see the module docstring for the rules)."""
     gpus = job_gpus(rec)
-    views = _views(rec, gpus)
+    vs = views(rec, gpus)
     skipped = list(rec.skipped)
-    if not views:
-        host = _memory_cause(rec, 0.0, rec.ticks[-1].t if rec.ticks else 0.0)
+    if not vs:
+        host = ev.memory_cause(rec, 0.0, rec.ticks[-1].t if rec.ticks else 0.0)
         return Diagnosis(
             verdict=host.name if host else "no-gpu",
             causes=(host,) if host else (),
@@ -343,90 +319,103 @@ def diagnose(rec: Recording) -> Diagnosis:
             notes=(),
             skipped=(
                 *skipped,
-                "no GPU was sampled: input, launcher, checkpoint, throttling and tensor "
+                "no GPU was sampled: input, launcher, checkpoint, stall, throttling and tensor "
                 "causes are not assessed",
             ),
         )
-    found = _window(views)
+    found = _window(vs)
     if found is None:
         return Diagnosis(
             verdict="gpu-unused",
             causes=(),
-            window=(views[0].t - views[0].dt, views[-1].t),
+            window=(vs[0].t - vs[0].dt, vs[-1].t),
             gpus=gpus,
-            gpu_busy=_mean([v.util for v in views]),
+            gpu_busy=mean([v.util for v in vs]),
             tensor_activity=None,
             notes=(
-                f"GPU {', '.join(map(str, gpus))} never reached {_pct(BUSY_START)} utilization: "
-                "check that the job runs on this GPU (device placement, CUDA_VISIBLE_DEVICES)",
+                f"the job never touched GPU {', '.join(map(str, gpus))}: none of its processes "
+                "held it and no kernel ran; check that the job runs on this GPU (device "
+                "placement, CUDA_VISIBLE_DEVICES)",
             ),
             skipped=tuple(skipped),
         )
     first, last = found
-    win = views[first : last + 1]
+    win = vs[first : last + 1]
     start, end = win[0].t - win[0].dt, win[-1].t
     length = max(end - start, 1e-9)
+    idle_power, busy_power = _powers(vs, win)
     bursts = _write_bursts(win)
     stalled = _checkpoint_ticks(win, bursts)
-    loss = {"input-starved": 0.0, "cpu-bound-launcher": 0.0, "checkpoint-stalls": 0.0}
-    launcher_ticks: list[_View] = []
-    labels: list[tuple[float, float, str]] = []
-    threads = _smoothed([v.gpu_thread for v in win])
-    for i, v in enumerate(win):
-        idle = max(0.0, 1.0 - v.util)
-        hot = threads[i] is not None and (threads[i] or 0.0) >= HOT_THREAD
-        label = None
-        if i in stalled and idle >= IDLE_MIN:
-            label = "checkpoint-stalls"
-            loss[label] += v.dt * idle
-        elif hot and v.eff < LAUNCH_ACTIVITY_MAX:
-            label = "cpu-bound-launcher"
-            loss[label] += v.dt * (1.0 - v.eff)
-            launcher_ticks.append(v)
-        elif idle >= IDLE_MIN:
-            label = "input-starved"
-            loss[label] += v.dt * idle
+    threads = smoothed([v.gpu_thread for v in win])
+    labels = [_label(i, v, stalled, threads, idle_power, busy_power) for i, v in enumerate(win)]
+    unimpeded = _unimpeded(win, labels)
+    ctx = ev.Context(rec, gpus, win, threads, start, end, idle_power, busy_power)
+
+    loss: dict[str, float] = {}
+    ticks: dict[str, list[int]] = {}
+    spans: list[tuple[float, float, str]] = []
+    edges = _stall_edges(win, labels)
+    for i, (v, label) in enumerate(zip(win, labels, strict=True)):
         if v.reasons & UNHEALTHY_MASK and v.util >= 0.5:
-            labels.append((v.t - v.dt, v.t, "throttled"))
-        if label:
-            labels.append((v.t - v.dt, v.t, label))
+            spans.append((v.t - v.dt, v.t, "throttled"))
+        if i in edges:  # part of the tick stalled, the rest computed
+            loss["stalled-kernel"] = loss.get("stalled-kernel", 0.0) + v.dt * edges[i]
+            spans.append((v.t - v.dt, v.t, "stalled-kernel"))
+        if label is None:
+            continue
+        loss[label] = loss.get(label, 0.0) + _loss(v, label, unimpeded)
+        ticks.setdefault(label, []).append(i)
+        spans.append((v.t - v.dt, v.t, label))
+    share = {k: val / length for k, val in loss.items()}
 
     causes: list[Cause] = []
-    share = {k: val / length for k, val in loss.items()}
-    if share["input-starved"] >= REPORT_MIN:
-        causes.append(_input_cause(rec, gpus, win, start, end, share["input-starved"]))
-    if share["cpu-bound-launcher"] >= REPORT_MIN:
-        causes.append(_launcher_cause(launcher_ticks, share["cpu-bound-launcher"]))
-    if share["checkpoint-stalls"] >= REPORT_MIN:
-        causes.append(_checkpoint_cause(win, bursts, stalled, share["checkpoint-stalls"]))
+    if share.get("input-starved", 0.0) >= REPORT_MIN:
+        causes.append(ev.input_cause(ctx, ticks["input-starved"], share["input-starved"]))
+    if (
+        share.get("stalled-kernel", 0.0) >= STALL_REPORT_MIN
+        and len(ticks["stalled-kernel"]) >= STALL_MIN_TICKS
+    ):
+        causes.append(ev.stalled_cause(ctx, ticks["stalled-kernel"], share["stalled-kernel"]))
+    if share.get("few-sms", 0.0) >= FEW_SM_REPORT_MIN:
+        causes.append(ev.few_sms_cause(ctx, ticks["few-sms"], share["few-sms"]))
+    if share.get("cpu-bound-launcher", 0.0) >= REPORT_MIN:
+        causes.append(
+            ev.launcher_cause(ctx, ticks["cpu-bound-launcher"], share["cpu-bound-launcher"])
+        )
+    if share.get("checkpoint-stalls", 0.0) >= REPORT_MIN:
+        causes.append(
+            ev.checkpoint_cause(ctx, bursts, ticks["checkpoint-stalls"], share["checkpoint-stalls"])
+        )
     notes: list[str] = []
-    throttled = _throttle_cause(win, length, notes)
+    throttled = ev.throttle_cause(win, length, notes)
     if throttled:
         causes.append(throttled)
-    memory = _memory_cause(rec, start, end)
+    memory = ev.memory_cause(rec, start, end)
     if memory:
         causes.append(memory)
     busy = [v for v in win if v.eff >= 0.5]
     tensor_values = [v.tensor for v in busy if v.tensor is not None]
     tensor_mean = sum(tensor_values) / len(tensor_values) if tensor_values else None
     if any(v.tensor is not None for v in win):
-        low = _low_tensor_cause(busy, length)
+        low = ev.low_tensor_cause(busy, length)
         if low:
             causes.append(low)
     else:
         skipped.append(
             "tensor and SM activity: no GPM on this GPU (before Hopper, or not exposed); "
-            "low tensor activity not assessed, the launcher rule uses utilization"
+            "low tensor activity and few busy SMs not assessed, the launcher and stall rules "
+            "use utilization, memory utilization and power"
         )
     causes.sort(key=lambda c: -c.share)
-    busy_share = _mean([v.util for v in win])
+    busy_share = mean([v.util for v in win])
     healthy_actions: tuple[str, ...] = ()
     if not causes:
         healthy_actions = (
-            f"nothing to fix: the GPU was busy {_pct(busy_share or 0)} of the time"
-            + ("" if tensor_mean is None else f", tensor pipes {_pct(tensor_mean)}")
+            f"nothing to fix: the GPU was busy {pct(busy_share or 0)} of the time"
+            + ("" if tensor_mean is None else f", tensor pipes {pct(tensor_mean)}")
             + "; to go faster, scale the batch or the model, or compare with sparkdiag probe",
         )
+    reported = {c.name for c in causes}
     return Diagnosis(
         verdict=causes[0].name if causes else "healthy",
         causes=tuple(causes),
@@ -437,7 +426,8 @@ def diagnose(rec: Recording) -> Diagnosis:
         notes=tuple(notes),
         skipped=tuple(skipped),
         healthy_actions=healthy_actions,
-        spans=_merge([span for span in labels if span[2] in {c.name for c in causes}]),
+        spans=_merge([span for span in spans if span[2] in reported]),
+        unimpeded=unimpeded,
     )
 
 
@@ -449,140 +439,3 @@ def _merge(spans: list[tuple[float, float, str]]) -> tuple[tuple[float, float, s
         else:
             merged.append((start, end, name))
     return tuple(sorted(merged))
-
-
-def _input_cause(
-    rec: Recording,
-    gpus: tuple[int, ...],
-    win: list[_View],
-    start: float,
-    end: float,
-    share: float,
-) -> Cause:
-    idle = [v for v in win if 1.0 - v.util >= IDLE_MIN]
-    evidence = [f"GPU idle {_pct(share)} of the time while the job's GPU threads waited"]
-    gaps = _idle_gaps(rec, gpus, start, end)
-    if gaps:
-        evidence.append(
-            f"{len(gaps)} idle gaps in the driver's samples, median {statistics.median(gaps):.2f} s"
-        )
-    threads = [v.gpu_thread for v in idle if v.gpu_thread is not None]
-    if threads:
-        evidence.append(f"busiest GPU thread meanwhile: {_pct(max(threads))} of a core")
-    reads = [v.read for v in idle if v.read is not None]
-    if reads:
-        evidence.append(f"reads meanwhile: {_rate(statistics.median(reads))} (median)")
-    return Cause("input-starved", share, tuple(evidence), ACTIONS["input-starved"])
-
-
-def _launcher_cause(ticks: list[_View], share: float) -> Cause:
-    names = [v.gpu_thread_name for v in ticks if v.gpu_thread_name]
-    name = statistics.mode(names) if names else "?"
-    cpu = statistics.median([v.gpu_thread or 0.0 for v in ticks])
-    eff = statistics.median([v.eff for v in ticks])
-    util = statistics.median([v.util for v in ticks])
-    evidence = (
-        f"thread {name!r} at {_pct(cpu)} of a core during {len(ticks)} ticks",
-        f"meanwhile the GPU worked {_pct(eff)} of the time (utilization {_pct(util)})",
-    )
-    return Cause("cpu-bound-launcher", share, evidence, ACTIONS["cpu-bound-launcher"])
-
-
-def _checkpoint_cause(win: list[_View], bursts: set[int], stalled: set[int], share: float) -> Cause:
-    runs = _runs(bursts)
-    peak = max((win[i].write or 0.0) for i in bursts)
-    idle_ticks = [i for i in stalled if 1.0 - win[i].util >= IDLE_MIN]
-    idle = _mean([1.0 - win[i].util for i in idle_ticks]) or 0.0
-    evidence = [
-        f"{len(runs)} write bursts, peak {_rate(peak)}, each with the GPU idle around it "
-        f"({_pct(idle)} idle during {sum(win[i].dt for i in idle_ticks):.1f} s)",
-        f"{_pct(share)} of the time lost while the job wrote and waited for its writes",
-    ]
-    io = _mean([win[i].io_stall for i in idle_ticks])
-    if io:
-        evidence.append(f"tasks stalled on I/O {_pct(io)} of that time (PSI)")
-    if len(runs) >= 2:
-        starts = [win[r[0]].t for r in runs]
-        period = statistics.median(b - a for a, b in itertools.pairwise(starts))
-        evidence.append(f"one every {period:.1f} s")
-    return Cause("checkpoint-stalls", share, tuple(evidence), ACTIONS["checkpoint-stalls"])
-
-
-def _throttle_cause(win: list[_View], length: float, notes: list[str]) -> Cause | None:
-    busy = [v for v in win if v.util >= 0.5]
-    if not busy:
-        return None
-    throttled = [v for v in busy if v.reasons & UNHEALTHY_MASK]
-    capped = [v for v in busy if v.reasons & POWER_CAP and not v.reasons & UNHEALTHY_MASK]
-    clean = [v.clock for v in busy if not v.reasons & UNHEALTHY_MASK and v.clock is not None]
-    maxima = [v.clock_max for v in busy if v.clock_max is not None]
-    reference = statistics.median(clean) if clean else (max(maxima) if maxima else None)
-    if capped and len(capped) / len(busy) >= THROTTLE_MIN:
-        clock = _mean([v.clock for v in capped])
-        notes.append(
-            f"power cap (sw_power_cap) active {_pct(len(capped) / len(busy))} of the busy time"
-            + ("" if clock is None else f", SM clock {clock / 1e6:.0f} MHz")
-            + ": the GPU at its power limit, not a fault"
-        )
-    if not throttled or len(throttled) / len(busy) < THROTTLE_MIN:
-        return None
-    lost = 0.0
-    for v in throttled:
-        if reference and v.clock is not None:
-            lost += v.dt * max(0.0, 1.0 - v.clock / reference)
-    share = lost / length
-    names = sorted({n for v in throttled for n in decode_reasons(v.reasons & UNHEALTHY_MASK)})
-    clock = _mean([v.clock for v in throttled])
-    temps = [v.temperature for v in throttled if v.temperature is not None]
-    evidence = [f"{', '.join(names)} active {_pct(len(throttled) / len(busy))} of the busy time"]
-    if clock is not None and reference:
-        evidence.append(
-            f"SM clock {clock / 1e6:.0f} MHz then, against {reference / 1e6:.0f} MHz otherwise"
-        )
-    if temps:
-        evidence.append(f"GPU up to {max(temps):.0f} °C")
-    return Cause("throttled", share, tuple(evidence), ACTIONS["throttled"])
-
-
-def _memory_cause(rec: Recording, start: float, end: float) -> Cause | None:
-    ticks = [t for t in rec.ticks if start < t.t <= end + 1e-9]
-    stalls = [(t.dt, t.host.memory_stall) for t in ticks if t.host.memory_stall is not None]
-    if not stalls:
-        return None
-    total = sum(dt for dt, _ in stalls)
-    share = sum(dt * s for dt, s in stalls) / total if total else 0.0
-    if share < MEMORY_MIN:
-        return None
-    scope = "the job's cgroup" if rec.pressure_scope == "cgroup" else "the host"
-    evidence = [f"tasks of {scope} stalled on memory {_pct(share)} of the time (PSI some)"]
-    full = _mean([t.host.memory_full for t in ticks])
-    if full:
-        evidence.append(f"every task stalled {_pct(full)} of the time (PSI full)")
-    swap = _mean([t.host.swap_bps for t in ticks])
-    if swap:
-        evidence.append(f"swapping {_rate(swap)} on average")
-    available = [t.host.available_bytes for t in ticks if t.host.available_bytes is not None]
-    if available:
-        evidence.append(f"available memory down to {min(available) / 2**30:.1f} GiB")
-    if any(g.memory_model == "unified" for g in rec.gpus):
-        evidence.append("the GPU shares this memory (unified memory)")
-    return Cause("memory-pressure", share, tuple(evidence), ACTIONS["memory-pressure"])
-
-
-def _low_tensor_cause(busy: list[_View], length: float) -> Cause | None:
-    busy_time = sum(v.dt for v in busy)
-    if busy_time < LOW_TENSOR_BUSY_MIN * length:
-        return None
-    low = [v for v in busy if v.tensor is not None and v.tensor < TENSOR_LOW]
-    low_time = sum(v.dt for v in low)
-    if low_time < LOW_TENSOR_SHARE * busy_time:
-        return None
-    tensor = _mean([v.tensor for v in low]) or 0.0
-    sm = _mean([v.eff for v in low]) or 0.0
-    evidence = (
-        f"tensor pipes {_pct(tensor)} busy during {_pct(low_time / busy_time)} of the GPU's "
-        f"busy time, while SMs were {_pct(sm)} active",
-        "the math runs on the CUDA cores (fp32 without TF32, or operations without a "
-        "tensor-core kernel)",
-    )
-    return Cause("low-tensor-activity", low_time / length, evidence, ACTIONS["low-tensor-activity"])

@@ -26,6 +26,11 @@ class GpuTick:
     reasons: the NVML clock event reasons bitmask at the end of the tick
     pcie_tx, pcie_rx: bytes per second over NVML's 20 ms window (read every few seconds)
     job_on_gpu: a process of the job is among the GPU's compute processes
+    memory_utilization: NVML's memory utilization at the end of the tick (0..1): the share of
+      its last sample period in which device memory was read or written (nvidia-smi
+      utilization.memory); the stall rule's DRAM figure where the GPU has no GPM
+    job_memory_bytes: GPU memory held by the job's processes (NVML's compute processes), where
+      the driver reports it
     """
 
     index: int
@@ -45,6 +50,21 @@ class GpuTick:
     pcie_tx: float | None = None
     pcie_rx: float | None = None
     job_on_gpu: bool = False
+    memory_utilization: float | None = None
+    job_memory_bytes: float | None = None
+
+
+@dataclass(frozen=True)
+class ProcessLoad:
+    """One process of the job during one tick: its CPU (seconds per second, all threads), its
+    reads (bytes per second, rchar) and whether it holds a GPU. ``name`` is its main thread's
+    (PyTorch names its DataLoader workers ``pt_data_worker``)."""
+
+    pid: int
+    name: str
+    cpu_cores: float
+    read_bps: float | None = None
+    on_gpu: bool = False
 
 
 @dataclass(frozen=True)
@@ -59,6 +79,8 @@ class JobTick:
     other_cpu_cores: CPU of the tree's processes that are not on the GPU (data loader workers)
     read_bps, write_bps: bytes per second read and written by the tree (/proc/PID/io rchar and
       wchar: every read and write call, page cache included)
+    loads: the busiest processes of the tree (at most ``sampler.TOP_PROCESSES``, those using
+      some CPU or reading), busiest first
     """
 
     processes: int = 0
@@ -69,6 +91,7 @@ class JobTick:
     other_cpu_cores: float | None = None
     read_bps: float | None = None
     write_bps: float | None = None
+    loads: tuple[ProcessLoad, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -109,7 +132,8 @@ class GpuInfo:
 @dataclass(frozen=True)
 class Recording:
     """A whole watch. ``ended_by``: "exit" (the job ended), "duration", "interrupt" (Ctrl-C),
-    "gone" (the watched pid disappeared). ``skipped``: what could not be sampled here, and why."""
+    "gone" (the watched pid disappeared). ``skipped``: what could not be sampled here, and why.
+    ``job_cpus``: how many CPUs the job may run on (its affinity at the start), None unknown."""
 
     started_at: float  # unix seconds
     interval: float
@@ -120,6 +144,7 @@ class Recording:
     exit_status: int | None = None
     pressure_scope: str = "host"  # "cgroup" when PSI is the job's cgroup's
     skipped: tuple[str, ...] = ()
+    job_cpus: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
@@ -148,6 +173,11 @@ def _gpu_tick(data: Any) -> GpuTick:
     )
 
 
+def _job_tick(data: Any) -> JobTick:
+    tick: JobTick = _build(JobTick, data)
+    return JobTick(**{**asdict(tick), "loads": tuple(_build(ProcessLoad, p) for p in tick.loads)})
+
+
 def from_json(doc: Any) -> Recording:
     """A :class:`Recording` from :meth:`Recording.to_json`'s document; RecordingError if bad."""
     if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
@@ -158,7 +188,7 @@ def from_json(doc: Any) -> Recording:
                 t=float(t["t"]),
                 dt=float(t["dt"]),
                 gpus=tuple(_gpu_tick(g) for g in t.get("gpus", ())),
-                job=_build(JobTick, t.get("job", {})),
+                job=_job_tick(t.get("job", {})),
                 host=_build(HostTick, t.get("host", {})),
             )
             for t in doc["ticks"]
@@ -173,6 +203,7 @@ def from_json(doc: Any) -> Recording:
             exit_status=doc.get("exit_status"),
             pressure_scope=str(doc.get("pressure_scope", "host")),
             skipped=tuple(str(s) for s in doc.get("skipped", ())),
+            job_cpus=None if doc.get("job_cpus") is None else int(doc["job_cpus"]),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise RecordingError(f"malformed watch recording: {exc}") from None

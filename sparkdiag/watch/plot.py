@@ -11,11 +11,14 @@ from sparkdiag.plotting import PlotUnavailable as PlotUnavailable
 from sparkdiag.plotting import available as available
 from sparkdiag.plotting import missing_message as missing_message
 from sparkdiag.plotting import pyplot, twin_legend
-from sparkdiag.watch.diagnose import TITLES, Diagnosis
+from sparkdiag.watch.causes import TITLES
+from sparkdiag.watch.diagnose import Diagnosis
 from sparkdiag.watch.model import Recording
 
 COLOURS = {
     "input-starved": "tab:orange",
+    "stalled-kernel": "tab:gray",
+    "few-sms": "tab:cyan",
     "cpu-bound-launcher": "tab:purple",
     "checkpoint-stalls": "tab:brown",
     "throttled": "tab:red",
@@ -82,7 +85,8 @@ def plot(rec: Recording, diagnosis: Diagnosis, path: Path) -> None:
         xs, ys = _series(rec, gpus, "utilization")
         act.plot(xs, [y * 100 for y in ys], lw=1, label="utilization")
     for attr, label in (("sm_activity", "SM activity"), ("tensor_activity", "tensor activity"),
-                        ("dram_activity", "DRAM bandwidth")):  # fmt: skip
+                        ("dram_activity", "DRAM bandwidth"),
+                        ("memory_utilization", "memory utilization (NVML)")):  # fmt: skip
         xs, ys = _series(rec, gpus, attr)
         if xs:
             act.step(xs, [y * 100 for y in ys], where="pre", lw=1, label=label)

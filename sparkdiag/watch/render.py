@@ -7,7 +7,8 @@ import textwrap
 from dataclasses import asdict
 from typing import Any
 
-from sparkdiag.watch.diagnose import TITLES, Diagnosis
+from sparkdiag.watch.causes import TITLES, meaning
+from sparkdiag.watch.diagnose import Diagnosis
 from sparkdiag.watch.model import Recording
 
 JSON_SCHEMA = "sparkdiag-watch/1"
@@ -26,11 +27,11 @@ def headline(diagnosis: Diagnosis) -> str:
     if diagnosis.verdict == "healthy":
         return "healthy: no cause of lost GPU time found"
     if diagnosis.verdict == "gpu-unused":
-        return "the job's GPU stayed idle: nothing to diagnose"
+        return "the job never touched its GPU: nothing to diagnose"
     if diagnosis.verdict == "no-gpu":
         return "no GPU sampled: only memory pressure was assessed, and none was found"
     first = diagnosis.causes[0]
-    return f"{TITLES[first.name]} ({_pct(first.share)} of the time lost)"
+    return f"{TITLES[first.name]} ({_pct(first.share)} {meaning(first.name)})"
 
 
 def text(rec: Recording, diagnosis: Diagnosis) -> str:
@@ -55,7 +56,7 @@ def text(rec: Recording, diagnosis: Diagnosis) -> str:
         )
     lines += ["", f"diagnosis: {headline(diagnosis)}"]
     for cause in diagnosis.causes:
-        lines += ["", f"  {TITLES[cause.name]:<22} {_pct(cause.share):>6} of the time lost"]
+        lines += ["", f"  {TITLES[cause.name]:<26} {_pct(cause.share):>6} {meaning(cause.name)}"]
         for item in cause.evidence:
             lines += _wrap(item, "    - ")
         for action in cause.actions:

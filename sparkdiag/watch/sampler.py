@@ -18,9 +18,11 @@ from typing import Any
 
 from sparkdiag.sources import pressure, procfs
 from sparkdiag.sources.gpu import DeviceLost, GpuSource
-from sparkdiag.watch.model import GpuInfo, GpuTick, HostTick, JobTick, Tick
+from sparkdiag.watch.model import GpuInfo, GpuTick, HostTick, JobTick, ProcessLoad, Tick
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+TOP_PROCESSES = 8  # per tick, the busiest processes of the job kept in the recording
+LOAD_MIN = 0.01  # a process using less CPU than this (cores) and reading nothing is left out
 
 
 def _ratio(value: Any) -> float | None:
@@ -66,14 +68,16 @@ class GpuSampler:
             for stamp, value in raw
             if (t := float(stamp) / 1e6 - started_at) >= 0
         )
+        rates = ask(index, "utilization")
         if samples:
             utilization: float | None = sum(v for _, v in samples) / len(samples)
         else:
-            util = ask(index, "utilization")
-            utilization = None if util is None else _ratio(util["gpu"])
+            utilization = None if rates is None else _ratio(rates.get("gpu"))
         gpm = ask(index, "gpm") or {}
         procs = ask(index, "compute_processes")
-        on_gpu = any(int(p["pid"]) in job_pids for p in procs or ())
+        mine = [p for p in procs or () if int(p["pid"]) in job_pids]
+        on_gpu = bool(mine)
+        held = [p["used_memory"] for p in mine if p.get("used_memory") is not None]
         if on_gpu:
             self.job_gpus.add(index)
         # PCIe throughput blocks ~20 ms per direction: only on the GPUs the job was seen on
@@ -106,6 +110,8 @@ class GpuSampler:
             pcie_tx=None if tx is None else float(tx) * 1024.0,
             pcie_rx=None if rx is None else float(rx) * 1024.0,
             job_on_gpu=on_gpu,
+            memory_utilization=None if rates is None else _ratio(rates.get("memory")),
+            job_memory_bytes=float(sum(held)) if held else None,
         )
 
     def gpu_pids(self, job_pids: set[int]) -> set[int]:
@@ -143,6 +149,7 @@ class HostSampler:
         self.cgroup = procfs.cgroup_v2_path(rootfs, root_pid)
         self.pressure_scope = "host"
         self.pids: list[int] = []
+        self.job_cpus = procfs.allowed_cpus(rootfs, root_pid)
 
     def tree(self) -> list[int]:
         self.pids = procfs.process_tree(self.rootfs, self.root_pid)
@@ -199,8 +206,10 @@ class HostSampler:
         on_gpu = {k: r for k, r in busy.items() if k[0] in gpu_pids} or busy
         hottest = max(on_gpu, key=lambda k: on_gpu[k], default=None)
         reads = writes = 0.0
+        read_by: dict[int, float] = {}
         for pid, (rchar, wchar) in io.items():
             before = self._io.get(pid, (0.0, 0.0))
+            read_by[pid] = max(0.0, rchar - before[0]) / dt
             reads += max(0.0, rchar - before[0])
             writes += max(0.0, wchar - before[1])
         return JobTick(
@@ -212,6 +221,7 @@ class HostSampler:
             other_cpu_cores=sum(r for k, r in cpu.items() if gpu_pids and k[0] not in gpu_pids),
             read_bps=reads / dt if io else None,
             write_bps=writes / dt if io else None,
+            loads=_loads(times, cpu, read_by, gpu_pids),
         )
 
     @staticmethod
@@ -238,6 +248,35 @@ class HostSampler:
             swap_bps=swap,
             available_bytes=host.available_bytes,
         )
+
+
+def _loads(
+    times: dict[tuple[int, int], procfs.ThreadTimes],
+    cpu: dict[tuple[int, int], float],
+    read_by: dict[int, float],
+    gpu_pids: set[int],
+) -> tuple[ProcessLoad, ...]:
+    """The busiest processes (CPU over all their threads), at most ``TOP_PROCESSES``."""
+    per_pid: dict[int, float] = {}
+    for (pid, _tid), rate in cpu.items():
+        per_pid[pid] = per_pid.get(pid, 0.0) + rate
+    names = {pid: t.name for (pid, tid), t in times.items() if pid == tid}
+    kept = [
+        pid
+        for pid in per_pid
+        if per_pid[pid] >= LOAD_MIN or read_by.get(pid, 0.0) > 0.0 or pid in gpu_pids
+    ]
+    kept.sort(key=lambda pid: -per_pid[pid])
+    return tuple(
+        ProcessLoad(
+            pid=pid,
+            name=names.get(pid, "?"),
+            cpu_cores=round(per_pid[pid], 4),
+            read_bps=read_by.get(pid),
+            on_gpu=pid in gpu_pids,
+        )
+        for pid in kept[:TOP_PROCESSES]
+    )
 
 
 class Sampler:

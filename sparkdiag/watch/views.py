@@ -1,0 +1,121 @@
+"""A recording seen the way the diagnosis reads it: one :class:`View` per tick over the GPUs the
+job ran on (means over those GPUs, the reasons of any, the hottest temperature), with the job's
+side of the same tick."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparkdiag.watch.causes import mean
+from sparkdiag.watch.model import GpuTick, ProcessLoad, Recording
+
+ACTIVE_MIN = 0.01  # utilization (or SM activity) of a tick in which the GPU ran some kernel
+
+
+@dataclass(frozen=True)
+class View:
+    """One tick. ``eff`` is GPM SM activity where the GPU has GPM, else utilization; ``sm``,
+    ``tensor`` and ``dram`` are GPM's (None without). ``held``: the job was seen holding the GPU
+    this tick (among its compute processes, or holding memory on it)."""
+
+    t: float
+    dt: float
+    util: float
+    eff: float
+    sm: float | None = None
+    tensor: float | None = None
+    dram: float | None = None
+    memory_util: float | None = None
+    clock: float | None = None
+    clock_max: float | None = None
+    reasons: int = 0
+    temperature: float | None = None
+    power: float | None = None
+    power_limit: float | None = None
+    pcie_rx: float | None = None
+    gpu_thread: float | None = None
+    gpu_thread_name: str = ""
+    cpu_cores: float | None = None
+    loads: tuple[ProcessLoad, ...] = ()
+    write: float | None = None
+    read: float | None = None
+    io_stall: float | None = None
+    cpu_stall: float | None = None
+    on_gpu: bool = False
+    held: bool = False
+
+    @property
+    def active(self) -> bool:
+        """The GPU ran some kernel during the tick."""
+        return self.util >= ACTIVE_MIN or (self.sm or 0.0) >= ACTIVE_MIN
+
+
+def job_gpus(rec: Recording) -> tuple[int, ...]:
+    """The GPUs the job ran on; where that is unknown (NVML lists none of its processes: another
+    PID namespace, a container), those that ran kernels at some tick, else every GPU."""
+    on = sorted({g.index for t in rec.ticks for g in t.gpus if g.job_on_gpu or g.job_memory_bytes})
+    if on:
+        return tuple(on)
+    busy = sorted(
+        {
+            g.index
+            for t in rec.ticks
+            for g in t.gpus
+            if g.utilization is not None and g.utilization >= ACTIVE_MIN
+        }
+    )
+    return tuple(busy) if busy else tuple(g.index for g in rec.gpus)
+
+
+def views(rec: Recording, gpus: tuple[int, ...]) -> list[View]:
+    out = []
+    for tick in rec.ticks:
+        mine: list[GpuTick] = [g for g in tick.gpus if g.index in gpus]
+        util = mean([g.utilization for g in mine])
+        if util is None:
+            continue
+        sm = mean([g.sm_activity for g in mine])
+        reasons = 0
+        for g in mine:
+            reasons |= g.reasons or 0
+        temps = [g.temperature for g in mine if g.temperature is not None]
+        powers = [g.power_w for g in mine if g.power_w is not None]
+        limits = [g.power_limit_w for g in mine if g.power_limit_w is not None]
+        out.append(
+            View(
+                t=tick.t,
+                dt=tick.dt,
+                util=util,
+                eff=util if sm is None else sm,
+                sm=sm,
+                tensor=mean([g.tensor_activity for g in mine]),
+                dram=mean([g.dram_activity for g in mine]),
+                memory_util=mean([g.memory_utilization for g in mine]),
+                clock=mean([g.sm_clock_hz for g in mine]),
+                clock_max=mean([g.sm_clock_max_hz for g in mine]),
+                reasons=reasons,
+                temperature=max(temps) if temps else None,
+                power=sum(powers) if powers else None,
+                power_limit=sum(limits) if len(limits) == len(powers) and limits else None,
+                pcie_rx=mean([g.pcie_rx for g in mine]),
+                gpu_thread=tick.job.gpu_thread,
+                gpu_thread_name=tick.job.gpu_thread_name,
+                cpu_cores=tick.job.cpu_cores,
+                loads=tick.job.loads,
+                write=tick.job.write_bps,
+                read=tick.job.read_bps,
+                io_stall=tick.host.io_stall,
+                cpu_stall=tick.host.cpu_stall,
+                on_gpu=any(g.job_on_gpu for g in mine),
+                held=any(g.job_on_gpu or bool(g.job_memory_bytes) for g in mine),
+            )
+        )
+    return out
+
+
+def smoothed(values: list[float | None]) -> list[float | None]:
+    """Each value as the mean of itself and its neighbours (None where it is None)."""
+    out: list[float | None] = []
+    for i, value in enumerate(values):
+        out.append(None if value is None else mean(values[max(0, i - 1) : i + 2]))
+    return out
