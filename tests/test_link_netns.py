@@ -245,4 +245,4 @@ def test_check_with_a_peer_that_refuses(pair: Pair) -> None:
     peer = rows[1]
     assert peer["status"] == "fail"
     assert peer["finding"].startswith(f"{pair.server_ip}:10949 refused the connection")
-    assert result.returncode == 2  # check's own table: at least one failure
+    assert result.returncode == 3  # errors.Exit.FAILED: at least one check failed
