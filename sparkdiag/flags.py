@@ -14,14 +14,13 @@ parsers and minimums, so that a value the worker would reject is a usage error h
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
-from sparkdiag.config import OPTIONS, OPTIONS_BY_ATTR, ConfigError, Option, Settings, build_settings
+from sparkdiag.config import OPTIONS, OPTIONS_BY_ATTR, Option, Settings, build_settings
 from sparkdiag.probe.worker import (
     FLAGS_BY_NAME,
     Flag,
@@ -152,17 +151,7 @@ def settings_from(command: str, given: dict[str, Any], config: Path | None = Non
             value = given.pop(attr)
             if value is not None:
                 flags[attr] = value
-    for attr, value in flags.items():
-        if OPTIONS_BY_ATTR[attr].kind == "argv" and isinstance(value, str):
-            flags[attr] = _split(OPTIONS_BY_ATTR[attr], value)
     return build_settings(config, flags, command)
-
-
-def _split(option: Option, value: str) -> list[str]:
-    try:
-        return shlex.split(value)
-    except ValueError as exc:  # an unclosed quote
-        raise ConfigError(f"--{option.key}: cannot split {value[:80]!r}: {exc}") from None
 
 
 # -- the worker's flags ---------------------------------------------------------------------

@@ -10,12 +10,14 @@ import pytest
 
 from sparkdiag.config import (
     OPTIONS,
+    OPTIONS_BY_ATTR,
     ConfigError,
     Settings,
     build_settings,
     default_config_text,
     load_file,
 )
+from sparkdiag.flags import settings_from
 from tests.support import ROOT, sparkdiag_cmd
 
 
@@ -53,7 +55,8 @@ def test_flags_win_over_the_file(tmp_path: Path) -> None:
         ('poll-interval = "fast"', "poll-interval: 'fast' is not a number"),
         ("pol-interval = 1", "pol-interval: unknown key; allowed keys: listen, poll-interval"),
         ('[probe]\nwhen = "sometimes"', "probe.when: 'sometimes' is not allowed; allowed: one of"),
-        ('[probe]\npython = "python3 -"', "probe.python: 'python3 -' is a string"),
+        ('[probe]\npython = "python3 \'x"', 'probe.python: "python3 \'x" cannot be split'),
+        ('[probe]\ninterval = "5 minutes"', "probe.interval: '5 minutes' is not a number"),
         ("[probe]\nenabled = 1", "probe.enabled: 1 is not a boolean"),
         ('listen = "localhost"', "listen: 'localhost' is not HOST:PORT"),
         ("poll-interval = ", "not valid TOML"),
@@ -114,3 +117,47 @@ def test_config_default_and_check_commands(tmp_path: Path) -> None:
     bad = write(tmp_path, "listen = 5\n")
     result = run("config", "check", str(bad))
     assert result.returncode == 2 and "listen: 5 is not a string" in result.stderr
+
+
+def test_each_line_of_the_default_config_uncommented_alone_loads(tmp_path: Path) -> None:
+    """A user uncomments one line of ``config default`` to change it: each line must load as is
+    (an unset key written ``""`` means not set), to the option's default."""
+    table = ""
+    lines = default_config_text().splitlines()
+    tried = 0
+    for line in lines:
+        if line.startswith("["):
+            table = line
+        elif line.startswith("# ") and " = " in line and not line.startswith("# sparkdiag"):
+            body = line[2:]
+            if " Allowed: " in body:  # a help line that happens to hold " = "
+                continue
+            path = write(tmp_path, f"{table}\n{body}\n")
+            values = load_file(path)
+            ((attr, value),) = values.items()
+            option = OPTIONS_BY_ATTR[attr]
+            expected = (
+                option.default if option.default is None else option.convert(option.default, "")
+            )
+            assert value == expected, body
+            tried += 1
+    assert tried == len(OPTIONS)
+
+
+def test_durations_with_units_in_the_file_and_flags(tmp_path: Path) -> None:
+    path = write(tmp_path, '[probe]\ninterval = "5m"\ntimeout = "1m30s"\n')
+    settings = build_settings(path, {"poll_interval": "2s"})
+    assert (settings.probe_interval, settings.probe_timeout) == (300.0, 90.0)
+    assert settings.poll_interval == 2.0
+
+
+def test_an_argument_list_as_one_string_reads_the_same_in_the_file_and_as_a_flag(
+    tmp_path: Path,
+) -> None:
+    path = write(tmp_path, '[probe]\npython = "python3 -X utf8"\n')
+    from_file = build_settings(path, {})
+    listed = write(tmp_path, '[probe]\npython = ["python3", "-X", "utf8"]\n')
+    from_list = build_settings(listed, {})
+    from_flag = settings_from("serve", {"probe_python": "python3 -X utf8"})
+    assert from_file.probe_python == from_list.probe_python == from_flag.probe_python
+    assert from_file.probe_python == ("python3", "-X", "utf8")

@@ -1,0 +1,195 @@
+"""Settings: embedded defaults, a TOML file, and flags, in rising precedence.
+
+Every option is declared once in :data:`OPTIONS`; the command-line flags, the TOML keys and the
+commented default configuration (``sparkdiag config default``) are all generated from it. A TOML
+key is the flag's name without the dashes in front (``poll-interval = 2.0``; ``path.sysfs`` is the
+key ``sysfs`` in table ``[path]``). A bad value raises :class:`ConfigError` naming the key, the
+value and what is allowed; the CLI turns it into exit status 2, which the systemd unit treats as
+final (no restart loop).
+"""
+
+from __future__ import annotations
+
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from sparkdiag.config.option import (
+    DEFAULT_LISTEN,
+    DEFAULT_PORT,
+    ECHO,
+    ConfigError,
+    Option,
+    duration_seconds,
+    echo,
+    parse_listen,
+)
+from sparkdiag.config.table import DEFAULTS, OPTIONS, OPTIONS_BY_ATTR, OPTIONS_BY_KEY
+
+__all__ = [
+    "DEFAULTS",
+    "DEFAULT_LISTEN",
+    "DEFAULT_PORT",
+    "ECHO",
+    "OPTIONS",
+    "OPTIONS_BY_ATTR",
+    "OPTIONS_BY_KEY",
+    "ConfigError",
+    "Option",
+    "Settings",
+    "build_settings",
+    "default_config_text",
+    "duration_seconds",
+    "echo",
+    "load_file",
+    "parse_listen",
+]
+
+
+@dataclass(frozen=True)
+class Settings:
+    listen: str = DEFAULTS["listen"]
+    poll_interval: float = DEFAULTS["poll_interval"]
+    pcie_interval: float = DEFAULTS["pcie_interval"]
+    nvml_fixture: Path | None = DEFAULTS["nvml_fixture"]
+    sysfs: Path = DEFAULTS["sysfs"]
+    rootfs: Path = DEFAULTS["rootfs"]
+    log_level: str = DEFAULTS["log_level"]
+    state_dir: Path | None = DEFAULTS["state_dir"]
+    web_config_file: Path | None = DEFAULTS["web_config_file"]
+    web_max_requests: int = DEFAULTS["web_max_requests"]
+    probe_enabled: bool = DEFAULTS["probe_enabled"]
+    probe_interval: float = DEFAULTS["probe_interval"]
+    probe_when: str = DEFAULTS["probe_when"]
+    probe_busy_utilization: float = DEFAULTS["probe_busy_utilization"]
+    probe_timeout: float = DEFAULTS["probe_timeout"]
+    probe_python: tuple[str, ...] | None = DEFAULTS["probe_python"]
+    probe_container_command: tuple[str, ...] | None = DEFAULTS["probe_container_command"]
+    probe_container_interval: float = DEFAULTS["probe_container_interval"]
+    probe_fixture: Path | None = DEFAULTS["probe_fixture"]
+    probe_first_delay: float = DEFAULTS["probe_first_delay"]
+    web_read_timeout: float = DEFAULTS["web_read_timeout"]
+    web_max_connections: int = DEFAULTS["web_max_connections"]
+    probe_hot_enabled: bool = DEFAULTS["probe_hot_enabled"]
+    probe_hot_memory_celsius: float = DEFAULTS["probe_hot_memory_celsius"]
+    probe_hot_gpu_celsius: float = DEFAULTS["probe_hot_gpu_celsius"]
+    probe_hot_interval: float = DEFAULTS["probe_hot_interval"]
+    probe_hot_min_interval: float = DEFAULTS["probe_hot_min_interval"]
+    peer: str | None = DEFAULTS["peer"]
+    process_metrics: bool = DEFAULTS["process_metrics"]
+    process_metrics_top: int = DEFAULTS["process_metrics_top"]
+    compat_dcgm: bool = DEFAULTS["compat_dcgm"]
+    prometheus_url: str = DEFAULTS["prometheus_url"]
+    http_config_file: Path | None = DEFAULTS["http_config_file"]
+    prometheus_ca_file: Path | None = DEFAULTS["prometheus_ca_file"]
+    prometheus_cert_file: Path | None = DEFAULTS["prometheus_cert_file"]
+    prometheus_key_file: Path | None = DEFAULTS["prometheus_key_file"]
+    prometheus_insecure_skip_verify: bool = DEFAULTS["prometheus_insecure_skip_verify"]
+    prometheus_username: str | None = DEFAULTS["prometheus_username"]
+    prometheus_password_file: Path | None = DEFAULTS["prometheus_password_file"]
+    prometheus_timeout: float = DEFAULTS["prometheus_timeout"]
+
+    def __post_init__(self) -> None:
+        for option in OPTIONS:
+            option.convert(getattr(self, option.attr), "")
+
+
+assert {o.attr for o in OPTIONS} == {f.name for f in fields(Settings)}, (
+    "OPTIONS and Settings differ"
+)
+
+
+MAX_CONFIG_BYTES = 1 << 20  # a configuration is a few KiB; read no more than this
+
+
+def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, name + "."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def load_file(path: Path) -> dict[str, Any]:
+    """Read a TOML configuration: {Settings attribute: validated value}."""
+    try:
+        with path.open("rb") as stream:
+            raw = stream.read(MAX_CONFIG_BYTES + 1)  # /dev/zero must not fill the memory
+    except OSError as exc:
+        raise ConfigError(f"cannot read configuration {path}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; not a configuration")
+    try:
+        flat = _flatten(tomllib.loads(raw.decode("utf-8")))
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+    except ValueError as exc:  # TOMLDecodeError, or an integer of more than 4300 digits
+        raise ConfigError(f"{path}: not valid TOML: {echo(str(exc))[1:-1]}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
+    values: dict[str, Any] = {}
+    for key, value in flat.items():
+        option = OPTIONS_BY_KEY.get(key)
+        if option is None:
+            known = ", ".join(o.key for o in OPTIONS)
+            raise ConfigError(f"{path}: {echo(key)[1:-1]}: unknown key; allowed keys: {known}")
+        values[option.attr] = option.convert(value, f"{path}: ")
+    return values
+
+
+def build_settings(
+    config_file: Path | None, flags: Mapping[str, Any], command: str = "serve"
+) -> Settings:
+    """The command's defaults, then the file, then the flags given ({attribute: value}).
+
+    Raises :class:`ConfigError` for a bad value, an unreadable file or an unknown key.
+    """
+    values: dict[str, Any] = {
+        o.attr: o.command_default[command] for o in OPTIONS if command in o.command_default
+    }
+    if config_file is not None:
+        values.update(load_file(config_file))
+    for attr, value in flags.items():
+        values[attr] = OPTIONS_BY_ATTR[attr].convert(value, "--")
+    return replace(Settings(), **values)
+
+
+def default_config_text() -> str:
+    """The default configuration as commented TOML: every key, its default and what it does."""
+    lines = [
+        "# sparkdiag configuration (TOML). Every key is also a command-line flag",
+        "# (--KEY, with a dot for a [table] key, e.g. --probe.interval); flags win over this file.",
+        "# Uncomment a line to change it.",
+        "",
+    ]
+    table = ""
+    # TOML: keys of the root table come before the first [table], and each table is declared
+    # once (its keys together, tables in the order they first appear in OPTIONS).
+    first: dict[str, int] = {}
+    for index, option in enumerate(OPTIONS):
+        first.setdefault(option.key.rpartition(".")[0], index)
+    for option in sorted(OPTIONS, key=lambda o: ("." in o.key, first[o.key.rpartition(".")[0]])):
+        head, _, name = option.key.rpartition(".")
+        if head != table:
+            lines += ["", f"[{head}]"]
+            table = head
+        lines.append(f"# {option.help} Allowed: {option.allowed()}.")
+        lines.append(f"# {name} = {_toml_value(option.default)}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_value(value: Any) -> str:
+    if value is None:
+        return '""  # not set'
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(f'"{v}"' for v in value) + "]"
+    return f'"{value}"'
