@@ -212,7 +212,9 @@ def test_plot_without_matplotlib_fails_before_starting_the_job(
 ) -> None:
     monkeypatch.setattr("sparkdiag.plotting.available", lambda: False)
     marker = tmp_path / "ran"
-    result = CliRunner().invoke(main, ["watch", "--plot", "x.png", "--", "touch", str(marker)])
+    result = CliRunner().invoke(
+        main, ["watch", "--plot", str(tmp_path / "x.png"), "--", "touch", str(marker)]
+    )
     assert result.exit_code == 2
     assert "pip install 'sparkdiag[plot]'" in result.output
     assert not marker.exists()
