@@ -9,6 +9,7 @@ and from a wheel with what the systemd service needs, and the CPU smoke runs.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shlex
@@ -20,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import click
+import psutil
 import pytest
 
 from sparkdiag.cli import main as cli_group
@@ -278,10 +280,26 @@ def test_the_cpu_smoke_runs_pass_from_a_fresh_clone(
     env = {**os.environ, "PYTHONPATH": str(clone), "XDG_STATE_HOME": str(tmp_path)}
     env.pop("STATE_DIRECTORY", None)
     start = time.monotonic()
-    done = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "sparkdiag", *words],
-        cwd=clone, env=env, capture_output=True, text=True, timeout=SMOKE_SECONDS * 2,
+        cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=SMOKE_SECONDS * 2)
+    except subprocess.TimeoutExpired:
+        # its worker runs in a session of its own: reap it too, whatever the command does
+        workers = psutil.Process(proc.pid).children(recursive=True)
+        terminate(proc)  # SIGTERM, then SIGKILL after 10 s
+        out, err = proc.communicate()
+        left = [w.pid for w in workers if w.is_running()]
+        for worker in workers:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                worker.kill()
+        pytest.fail(
+            f"{lines[index]} still ran after {SMOKE_SECONDS * 2:.0f} s "
+            f"(workers left running after it stopped: {left}): {err[-2000:]}"
+        )
+    done = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     took = time.monotonic() - start
     assert done.returncode == 0, (lines[index], done.stdout[-3000:], done.stderr[-3000:])
     assert "Traceback" not in done.stderr
