@@ -61,8 +61,8 @@ def test_probe_passes_against_the_reference() -> None:
     r = only(check_probe(probed(poll(NVML / "h200-idle.json"))))
     assert r.status == "pass"
     assert r.finding == (
-        "at 8192x8192x8192: bf16 686 TFLOPS delivered, peak 686 (0.86 of MAMF 794); "
-        "fp16 655 TFLOPS delivered, peak 655 (0.66 of datasheet 990)"
+        "at 8192x8192x8192: bf16 686 TFLOPS delivered, peak 686 (0.86 of MAMF 794.5); "
+        "fp16 655 TFLOPS delivered, peak 655 (0.66 of datasheet 989.5)"
     )
 
 
@@ -71,7 +71,7 @@ def test_probe_far_below_the_mamf_reference_warns() -> None:
     result(doc, "bf16", "compute")["delivered"] = 400.0
     r = only(check_probe(probed(poll(NVML / "h200-idle.json"), doc)))
     assert r.status == "warn"
-    assert "bf16 400 TFLOPS delivered, peak 686 (0.50 of MAMF 794)" in r.finding
+    assert "bf16 400 TFLOPS delivered, peak 686 (0.50 of MAMF 794.5)" in r.finding
 
 
 def test_probe_below_the_stored_baseline_fails(tmp_path: Path) -> None:
@@ -82,7 +82,8 @@ def test_probe_below_the_stored_baseline_fails(tmp_path: Path) -> None:
     store.close()
     assert r.status == "fail"
     assert (
-        "bf16 600 TFLOPS delivered, peak 686 (0.76 of MAMF 794, 0.79 of baseline 760)" in r.finding
+        "bf16 600 TFLOPS delivered, peak 686 (0.76 of MAMF 794.5, 0.79 of baseline 760)"
+        in r.finding
     )
     assert r.data["figures"][0]["baseline"] == 760.0
 
@@ -441,7 +442,7 @@ def test_real_worker_plumbing_on_cpu(tmp_path: Path) -> None:
     assert {("bf16", "compute"), ("fp16", "decode"), ("int4", "decode")} <= kinds
     r = only(check_probe(ctx))
     # A CPU is far below an H200's MAMF figure: the comparison itself is what is tested.
-    assert r.status == "warn" and "of MAMF 794" in r.finding
+    assert r.status == "warn" and "of MAMF 794.5" in r.finding
     assert only(check_int4_decode(ctx)).status in ("pass", "warn", "skip")
 
 

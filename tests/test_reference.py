@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import re
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +18,7 @@ from sparkdiag.baseline.reference import (
     lookup_all,
     normalize_dtype,
 )
+from tests.support import NVML, PROBE, ROOT, sparkdiag_cmd
 
 MODELS = {
     "H100 SXM",
@@ -197,3 +201,38 @@ def test_efficiency() -> None:
     ref = lookup("NVIDIA H200", "bf16")
     assert ref is not None
     assert efficiency(686.0, ref) == pytest.approx(686.0 / 794.5)
+
+
+def test_each_figure_has_one_name() -> None:
+    """``MAMF 794.5`` / ``datasheet 989.5``: the name check, probe and the docs print."""
+    h200 = lookup("NVIDIA H200", "bf16")
+    assert h200 is not None and h200.label == "MAMF 794.5"
+    fp16 = lookup("NVIDIA H200", "fp16")
+    assert fp16 is not None and fp16.label == "datasheet 989.5"
+    # one figure per GPU model and dtype of each kind, so the name picks out one figure
+    keys = [(r.gpu_model, r.dtype, r.kind) for r in REFERENCES]
+    assert len(keys) == len(set(keys))
+
+
+def test_probe_check_and_docs_name_the_h200_reference_the_same(tmp_path: Path) -> None:
+    """Issue 21 item 10: one reference figure per GPU model, named the same by probe, check,
+    the README and docs/probe.md; mamf-finder's run at 8192³ on the lent H200 is never it."""
+    fixtures = ["--nvml-fixture", str(NVML / "h200-idle.json")]
+    fixtures += ["--probe.fixture", str(PROBE / "h200-default.json"), "--state-dir", str(tmp_path)]
+    probe = subprocess.run(sparkdiag_cmd("probe", *fixtures), capture_output=True, text=True)
+    check = subprocess.run(sparkdiag_cmd("check", *fixtures), capture_output=True, text=True)
+    assert probe.returncode == 0, probe.stderr
+    assert "MAMF 794.5" in probe.stdout and "MAMF 1453.4" in probe.stdout
+    assert "0.91 of MAMF 794.5" in check.stdout and "0.93 of MAMF 1453.4" in check.stdout
+    docs = (ROOT / "docs" / "probe.md").read_text() + (ROOT / "README.md").read_text()
+    assert "MAMF 794.5" in docs
+    assert "MAMF 666" not in docs and "MAMF 665" not in docs
+
+
+def test_the_docs_table_of_reference_figures_is_the_code_table() -> None:
+    """docs/probe.md's table names each MAMF figure as the code does, and no other."""
+    page = (ROOT / "docs" / "probe.md").read_text()
+    table = page[page.index("| GPU model (NVML name) |") :].split("\n\n")[0]
+    shown = set(re.findall(r"MAMF [\d.]+", table))
+    mamf = {r.label for r in REFERENCES if r.kind == "mamf"}
+    assert shown == mamf

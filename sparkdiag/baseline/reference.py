@@ -56,6 +56,13 @@ class Reference:
     source: str
     note: str = ""
 
+    @property
+    def label(self) -> str:
+        """The figure's one name, as ``check``, ``probe`` and the docs print it:
+        ``MAMF 794.5`` (a measured MAMF) or ``datasheet 989.5`` (a dense datasheet peak),
+        in the dtype's unit. One figure per GPU model and dtype (:func:`lookup`)."""
+        return f"{'MAMF' if self.kind == 'mamf' else 'datasheet'} {self.tflops:g}"
+
 
 # -- sources -------------------------------------------------------------------
 

@@ -83,8 +83,7 @@ def _figure(fig: GemmFigure) -> tuple[Status, str]:
     notes = []
     ref_eff = fig.reference_efficiency
     if fig.reference is not None and ref_eff is not None:
-        kind = "MAMF" if fig.reference.kind == "mamf" else "datasheet"
-        notes.append(f"{ref_eff:.2f} of {kind} {_tf(fig.reference.tflops)}")
+        notes.append(f"{ref_eff:.2f} of {fig.reference.label}")
         if fig.reference.kind == "mamf" and ref_eff < MAMF_WARN:
             status = "warn"
     eff = fig.efficiency

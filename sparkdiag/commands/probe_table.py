@@ -88,7 +88,7 @@ def render_probe_table(runs: list[GpuRun]) -> str:
                 f.dtype, f.shape, f.kind, tflops(f.delivered), tflops(f.peak),
                 tflops(f.baseline.tflops if f.baseline else None),
                 fmt(f.efficiency, ".2f"),
-                f"{ref.tflops:g} {ref.kind}" if ref and f.kind == "compute" else "-",
+                ref.label if ref and f.kind == "compute" else "-",
                 fmt(f.reference_efficiency, ".2f"),
                 note[:60],
             ))  # fmt: skip
