@@ -247,6 +247,13 @@ def normalise(exposition: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def machine_args(sysfs: str | Path, rootfs: str = "native") -> tuple[str, ...]:
+    """``--path.sysfs``, ``--path.rootfs`` for a recorded machine: ``sysfs`` a tree under
+    tests/fixtures/sysfs (or a path), ``rootfs`` one under tests/fixtures/rootfs."""
+    tree = SYSFS / sysfs if isinstance(sysfs, str) else sysfs
+    return ("--path.sysfs", str(tree), "--path.rootfs", str(ROOTFS / rootfs))
+
+
 def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         sparkdiag_cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=ROOT
