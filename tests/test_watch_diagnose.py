@@ -12,7 +12,6 @@ from sparkdiag.watch import diagnose as dx
 from sparkdiag.watch.diagnose import diagnose
 from sparkdiag.watch.model import GpuInfo, GpuTick, Recording, Tick, from_json, load
 from tests.support.watch import (
-    C_0_0,
     DT,
     H200,
     HW_SLOWDOWN,
@@ -257,7 +256,7 @@ def test_gpu_unused_only_when_the_job_never_touched_it() -> None:
     """No process of the job on the GPU, no memory held, no kernel: "gpu-unused". The same job
     holding the GPU with kernels 2 % of the time is diagnosed (a thread at 100 % of a core
     running big kernels now and then: input it prepares itself)."""
-    d = diagnose(timeline(util=C_0_0, sm=C_0_0, tensor=C_0_0, on_gpu=False))
+    d = diagnose(timeline(util=0.0, sm=0.0, tensor=0.0, on_gpu=False))
     assert d.verdict == "gpu-unused"
     assert "never touched GPU 0" in d.notes[0] and "CUDA_VISIBLE_DEVICES" in d.notes[0]
     held = diagnose(timeline(util=const(0.02), sm=const(0.018), tensor=const(0.01)))
@@ -267,7 +266,7 @@ def test_gpu_unused_only_when_the_job_never_touched_it() -> None:
 
 def test_a_job_holding_the_gpu_without_a_kernel_is_diagnosed_over_those_ticks() -> None:
     """CUDA initialised, memory held, then the job waits (its first batch never comes)."""
-    d = diagnose(timeline(util=C_0_0, sm=C_0_0, tensor=C_0_0, thread=const(0.02), warmup=4))
+    d = diagnose(timeline(util=0.0, sm=0.0, tensor=0.0, thread=const(0.02), warmup=4))
     assert d.verdict == "input-starved"
     assert d.window == (0.0, (4 + 80) * DT)  # every tick in which the job held the GPU
     assert "nobody in the job was busy" in " ".join(d.causes[0].evidence)

@@ -17,7 +17,7 @@ import pytest
 from sparkdiag.watch.diagnose import diagnose
 from sparkdiag.watch.model import GpuInfo, ProcessLoad, Recording
 from sparkdiag.watch.render import headline, text
-from tests.support.watch import C_0_0, F, const, during, names, periodic, share, timeline
+from tests.support.watch import F, const, during, names, periodic, share, timeline
 
 MAIN = ProcessLoad(547, "python3", 0.12, 0.0, on_gpu=True)
 
@@ -73,7 +73,7 @@ def test_a_loop_sleeping_for_its_data_under_twenty_percent() -> None:
     """A step of 17 ms, then 100 ms asleep waiting for data: 14 % utilization, nobody busy."""
     rec = timeline(
         util=const(0.14), sm=const(0.12), tensor=const(0.09), thread=const(0.03),
-        read=C_0_0, cpu=const(0.15), loads=lambda i: (MAIN,), warmup=6,
+        read=0.0, cpu=const(0.15), loads=lambda i: (MAIN,), warmup=6,
     )  # fmt: skip
     d = diagnose(rec)
     assert names(d) == ["input-starved"]
@@ -143,7 +143,7 @@ def test_a_spinning_kernel_is_a_stall_not_a_launcher() -> None:
 
 def test_a_hang_from_the_start_is_one_long_stall() -> None:
     d = diagnose(spinning(util=const(1.0), sm=const(0.0076), dram=const(4e-6),
-                          tensor=C_0_0, power=const(123.0)))  # fmt: skip
+                          tensor=0.0, power=const(123.0)))  # fmt: skip
     assert d.verdict == "stalled-kernel" and share(d, "stalled-kernel") == pytest.approx(1.0)
     assert "one stretch of 40.0 s" in " ".join(d.causes[0].evidence)
 
@@ -164,7 +164,7 @@ def test_a_hung_collective_without_gpm_from_utilization_memory_and_power() -> No
     assert "power 20 W, against 45 W while the job computed and 11 W idle" in evidence
     # the same ticks at full power are a busy kernel with no memory traffic, not a stall
     busy = timeline(
-        util=const(0.96), sm=None, tensor=None, dram=None, memory_util=C_0_0,
+        util=const(0.96), sm=None, tensor=None, dram=None, memory_util=0.0,
         power=const(45.0), power_limit=None, idle_power=11.0, gpus=(gb10,), warmup=4,
     )  # fmt: skip
     assert "stalled-kernel" not in names(diagnose(busy))
