@@ -8,6 +8,9 @@ import functools
 from collections.abc import Callable
 from typing import TypeVar
 
+import pytest
+
+from sparkdiag.watch.causes import Cause
 from sparkdiag.watch.diagnose import Diagnosis
 from sparkdiag.watch.model import (
     GpuInfo,
@@ -161,6 +164,15 @@ def stop_then_burst(util: float, sm: float, thread: float, burst: int, **series:
 
 def names(d: Diagnosis) -> list[str]:
     return [c.name for c in d.causes]
+
+
+def sole_cause(d: Diagnosis, name: str, about: float | None = None, within: float = 0.01) -> Cause:
+    """The one cause of ``d``, which must be ``name`` (at a share of ``about`` ± ``within``)."""
+    assert names(d) == [name], [(c.name, round(c.share, 3)) for c in d.causes]
+    cause = d.causes[0]
+    if about is not None:
+        assert cause.share == pytest.approx(about, abs=within)
+    return cause
 
 
 def share(d: Diagnosis, name: str) -> float:
