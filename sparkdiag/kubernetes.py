@@ -115,26 +115,26 @@ def _meta(options: KubernetesOptions, name: str, component: str) -> dict[str, An
     return {"name": name, "namespace": options.namespace, "labels": _labels(options, component)}
 
 
+def _object(api_version: str, kind: str, metadata: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    """A Kubernetes object: its apiVersion, kind and metadata, then ``fields`` (spec, data, ...)
+    in the order given (the order the manifests are written in)."""
+    return {"apiVersion": api_version, "kind": kind, "metadata": metadata, **fields}
+
+
 def namespace(options: KubernetesOptions) -> dict[str, Any]:
     """hostPath volumes (/sys, the state) and hostPID need the "privileged" Pod Security level."""
     labels = {
         "pod-security.kubernetes.io/enforce": "privileged",
         **options.labels,
     }
-    return {
-        "apiVersion": "v1",
-        "kind": "Namespace",
-        "metadata": {"name": options.namespace, "labels": labels},
-    }
+    return _object("v1", "Namespace", {"name": options.namespace, "labels": labels})
 
 
 def service_account(options: KubernetesOptions) -> dict[str, Any]:
-    return {
-        "apiVersion": "v1",
-        "kind": "ServiceAccount",
-        "metadata": _meta(options, APP, "exporter"),
-        "automountServiceAccountToken": False,  # sparkdiag never talks to the API server
-    }
+    # sparkdiag never talks to the API server
+    return _object(
+        "v1", "ServiceAccount", _meta(options, APP, "exporter"), automountServiceAccountToken=False
+    )
 
 
 def daemon_set(options: KubernetesOptions) -> dict[str, Any]:
@@ -246,66 +246,54 @@ def daemon_set(options: KubernetesOptions) -> dict[str, Any]:
         # NVML names GPU processes by host PID: with the host's PID namespace the daemon can
         # tell its own probe worker from another job's process.
         pod_spec = {"hostPID": True, **pod_spec}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "DaemonSet",
-        "metadata": _meta(options, APP, "exporter"),
-        "spec": {
-            "selector": {"matchLabels": _selector()},
-            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
-            "template": {"metadata": {"labels": _labels(options, "exporter")}, "spec": pod_spec},
-        },
+    spec = {
+        "selector": {"matchLabels": _selector()},
+        "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+        "template": {"metadata": {"labels": _labels(options, "exporter")}, "spec": pod_spec},
     }
+    return _object("apps/v1", "DaemonSet", _meta(options, APP, "exporter"), spec=spec)
 
 
 def service(options: KubernetesOptions) -> dict[str, Any]:
     """Headless: Prometheus scrapes each pod (one per node), nothing is load-balanced."""
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _meta(options, APP, "exporter"),
-        "spec": {
-            "clusterIP": "None",
-            "selector": _selector(),
-            "ports": [
-                {"name": "metrics", "port": PORT, "targetPort": "metrics", "protocol": "TCP"}
-            ],
-        },
+    spec = {
+        "clusterIP": "None",
+        "selector": _selector(),
+        "ports": [{"name": "metrics", "port": PORT, "targetPort": "metrics", "protocol": "TCP"}],
     }
+    return _object("v1", "Service", _meta(options, APP, "exporter"), spec=spec)
 
 
 def service_monitor(options: KubernetesOptions) -> dict[str, Any]:
     """``instance`` becomes the node name (the dashboards' and alerts' node identity, stable
     across pod restarts); ``pod`` keeps the pod."""
-    return {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "ServiceMonitor",
-        "metadata": _meta(options, APP, "exporter"),
-        "spec": {
-            "selector": {"matchLabels": _selector()},
-            "namespaceSelector": {"matchNames": [options.namespace]},
-            "endpoints": [
-                {
-                    "port": "metrics",
-                    "path": "/metrics",
-                    "interval": SCRAPE_INTERVAL,
-                    "scrapeTimeout": "10s",
-                    "relabelings": [
-                        {
-                            "sourceLabels": ["__meta_kubernetes_pod_node_name"],
-                            "targetLabel": "instance",
-                            "action": "replace",
-                        },
-                        {
-                            "sourceLabels": ["__meta_kubernetes_pod_name"],
-                            "targetLabel": "pod",
-                            "action": "replace",
-                        },
-                    ],
-                }
-            ],
-        },
+    spec = {
+        "selector": {"matchLabels": _selector()},
+        "namespaceSelector": {"matchNames": [options.namespace]},
+        "endpoints": [
+            {
+                "port": "metrics",
+                "path": "/metrics",
+                "interval": SCRAPE_INTERVAL,
+                "scrapeTimeout": "10s",
+                "relabelings": [
+                    {
+                        "sourceLabels": ["__meta_kubernetes_pod_node_name"],
+                        "targetLabel": "instance",
+                        "action": "replace",
+                    },
+                    {
+                        "sourceLabels": ["__meta_kubernetes_pod_name"],
+                        "targetLabel": "pod",
+                        "action": "replace",
+                    },
+                ],
+            }
+        ],
     }
+    return _object(
+        "monitoring.coreos.com/v1", "ServiceMonitor", _meta(options, APP, "exporter"), spec=spec
+    )
 
 
 def _data(relative: str) -> str:
@@ -320,12 +308,12 @@ def shipped_rule_groups() -> list[dict[str, Any]]:
 
 
 def prometheus_rule(options: KubernetesOptions) -> dict[str, Any]:
-    return {
-        "apiVersion": "monitoring.coreos.com/v1",
-        "kind": "PrometheusRule",
-        "metadata": _meta(options, APP, "alerting"),
-        "spec": {"groups": shipped_rule_groups()},
-    }
+    return _object(
+        "monitoring.coreos.com/v1",
+        "PrometheusRule",
+        _meta(options, APP, "alerting"),
+        spec={"groups": shipped_rule_groups()},
+    )
 
 
 def dashboard_names() -> list[str]:
@@ -341,7 +329,7 @@ def dashboard_config_map(options: KubernetesOptions, filename: str) -> dict[str,
     # Read by the sidecar when it is told to (kube-prometheus-stack:
     # grafana.sidecar.dashboards.folderAnnotation=grafana_folder).
     meta["annotations"] = {"grafana_folder": APP}
-    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": meta, "data": {filename: text}}
+    return _object("v1", "ConfigMap", meta, data={filename: text})
 
 
 def manifests(options: KubernetesOptions) -> list[tuple[str, dict[str, Any]]]:

@@ -17,6 +17,7 @@ from sparkdiag.check.gather import Sources
 from sparkdiag.check.model import CheckResult, KernelLog, exit_code, worst
 from sparkdiag.check.report import document, gpu_list, merge, summary, table
 from sparkdiag.cli import main
+from tests.support import machine_args
 from tests.support.check import (
     GOOD_TORCH,
     NVML,
@@ -198,10 +199,7 @@ def test_no_gpu_machine_skips_gpu_checks_and_runs_host_checks(tmp_path: Path) ->
     args = [
         "--nvml-fixture",
         str(NVML / "no-nvml.json"),
-        "--path.sysfs",
-        str(sysfs),
-        "--path.rootfs",
-        str(ROOTFS / "native"),
+        *machine_args(sysfs),
         "--json",
     ]
     result = invoke(args)

@@ -10,7 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from sparkdiag.cli import main
-from tests.support import NVML, ROOTFS, SYSFS, assert_clean_error, run_cli
+from tests.support import NVML, SYSFS, assert_clean_error, machine_args, run_cli
 
 
 @pytest.mark.parametrize("command", ["dump", "serve"])
@@ -83,10 +83,7 @@ def test_dump_without_gpu_says_what_it_skipped() -> None:
         "dump",
         "--nvml-fixture",
         str(NVML / "no-nvml.json"),
-        "--path.sysfs",
-        str(SYSFS / "dgx-spark"),
-        "--path.rootfs",
-        str(ROOTFS / "native"),
+        *machine_args("dgx-spark"),
     )
     assert result.returncode == 0, result.stderr
     assert "sparkdiag_nvml_up 0.0" in result.stdout

@@ -35,6 +35,12 @@ def _poll(source: GpuSource, times: int = 1) -> tuple[GpuSample, ...]:
 # ---- H200, idle (a real recording) ------------------------------------------------------------
 
 
+@pytest.fixture
+def h200_idle(started_source: Callable[[str], GpuSource]) -> GpuSample:
+    """GPU 0 of the recorded idle H200, read once."""
+    return _read_one(started_source("h200-idle"))
+
+
 def test_h200_idle_identity(started_source: Callable[[str], GpuSource]) -> None:
     source = started_source("h200-idle")
     assert source.nvml_up is True
@@ -57,10 +63,9 @@ def test_h200_idle_identity(started_source: Callable[[str], GpuSource]) -> None:
     assert sample.error is None
 
 
-def test_h200_idle_temperatures_and_thresholds(started_source: Callable[[str], GpuSource]) -> None:
-    sample = _read_one(started_source("h200-idle"))
-    assert sample.temperature_celsius == {"gpu": 36.0, "memory": 39.0}
-    assert sample.threshold_celsius == {
+def test_h200_idle_temperatures_and_thresholds(h200_idle: GpuSample) -> None:
+    assert h200_idle.temperature_celsius == {"gpu": 36.0, "memory": 39.0}
+    assert h200_idle.threshold_celsius == {
         "shutdown": 95.0,
         "slowdown": 89.0,
         "memory_max": 95.0,
@@ -68,15 +73,14 @@ def test_h200_idle_temperatures_and_thresholds(started_source: Callable[[str], G
     }
 
 
-def test_h200_idle_clocks_in_hertz(started_source: Callable[[str], GpuSource]) -> None:
-    sample = _read_one(started_source("h200-idle"))
-    assert sample.clock_hertz == {
+def test_h200_idle_clocks_in_hertz(h200_idle: GpuSample) -> None:
+    assert h200_idle.clock_hertz == {
         "graphics": 345e6,
         "sm": 345e6,
         "memory": 3201e6,
         "video": 765e6,
     }
-    assert sample.clock_max_hertz == {
+    assert h200_idle.clock_max_hertz == {
         "graphics": 1980e6,
         "sm": 1980e6,
         "memory": 3201e6,
@@ -84,12 +88,11 @@ def test_h200_idle_clocks_in_hertz(started_source: Callable[[str], GpuSource]) -
     }
 
 
-def test_h200_idle_clock_events_and_violations(started_source: Callable[[str], GpuSource]) -> None:
-    sample = _read_one(started_source("h200-idle"))
-    assert sample.clock_event_reasons == 1
-    assert sample.supported_clock_event_reasons == 511
-    assert decode_reasons(sample.clock_event_reasons) == ["gpu_idle"]
-    assert set(sample.violation_seconds) == {
+def test_h200_idle_clock_events_and_violations(h200_idle: GpuSample) -> None:
+    assert h200_idle.clock_event_reasons == 1
+    assert h200_idle.supported_clock_event_reasons == 511
+    assert decode_reasons(h200_idle.clock_event_reasons) == ["gpu_idle"]
+    assert set(h200_idle.violation_seconds) == {
         "power",
         "thermal",
         "sync_boost",
@@ -97,28 +100,26 @@ def test_h200_idle_clock_events_and_violations(started_source: Callable[[str], G
         "low_utilization",
         "reliability",
     }
-    assert sample.violation_seconds["low_utilization"] == pytest.approx(24.348871232, rel=1e-12)
+    assert h200_idle.violation_seconds["low_utilization"] == pytest.approx(24.348871232, rel=1e-12)
     for policy in ("power", "thermal", "sync_boost", "board_limit", "reliability"):
-        assert sample.violation_seconds[policy] == 0.0
+        assert h200_idle.violation_seconds[policy] == 0.0
 
 
-def test_h200_idle_power_energy_utilization(started_source: Callable[[str], GpuSource]) -> None:
-    sample = _read_one(started_source("h200-idle"))
-    assert sample.power_watts == pytest.approx(77.935, rel=1e-12)
-    assert sample.power_limit_watts == 700.0
-    assert sample.energy_joules == pytest.approx(2832.298, rel=1e-12)
-    assert sample.utilization_ratio == {"gpu": 0.0, "memory": 0.0}
+def test_h200_idle_power_energy_utilization(h200_idle: GpuSample) -> None:
+    assert h200_idle.power_watts == pytest.approx(77.935, rel=1e-12)
+    assert h200_idle.power_limit_watts == 700.0
+    assert h200_idle.energy_joules == pytest.approx(2832.298, rel=1e-12)
+    assert h200_idle.utilization_ratio == {"gpu": 0.0, "memory": 0.0}
 
 
-def test_h200_idle_memory_pcie_ecc(started_source: Callable[[str], GpuSource]) -> None:
-    sample = _read_one(started_source("h200-idle"))
+def test_h200_idle_memory_pcie_ecc(h200_idle: GpuSample) -> None:
     # "reserved" is in the recording but not exported.
-    assert sample.memory_bytes == {"total": 150754820096.0, "used": 0.0, "free": 150109880320.0}
-    assert sample.pcie_generation == {"current": 5.0, "max": 5.0}
-    assert sample.pcie_width == {"current": 16.0, "max": 16.0}
-    assert sample.pcie_replay_errors == 1.0
-    assert sample.ecc_errors == {"corrected": 0.0, "uncorrected": 0.0}
-    assert sample.remapped_rows == {
+    assert h200_idle.memory_bytes == {"total": 150754820096.0, "used": 0.0, "free": 150109880320.0}
+    assert h200_idle.pcie_generation == {"current": 5.0, "max": 5.0}
+    assert h200_idle.pcie_width == {"current": 16.0, "max": 16.0}
+    assert h200_idle.pcie_replay_errors == 1.0
+    assert h200_idle.ecc_errors == {"corrected": 0.0, "uncorrected": 0.0}
+    assert h200_idle.remapped_rows == {
         "corrected": 0.0,
         "uncorrected": 0.0,
         "pending": 0.0,
@@ -126,13 +127,12 @@ def test_h200_idle_memory_pcie_ecc(started_source: Callable[[str], GpuSource]) -
     }
 
 
-def test_h200_idle_state_and_modes(started_source: Callable[[str], GpuSource]) -> None:
-    sample = _read_one(started_source("h200-idle"))
-    assert sample.performance_state == 0
-    assert sample.compute_pids == ()
-    assert sample.persistence_mode is True
-    assert sample.compute_mode == "default"
-    assert sample.mig_mode is False
+def test_h200_idle_state_and_modes(h200_idle: GpuSample) -> None:
+    assert h200_idle.performance_state == 0
+    assert h200_idle.compute_pids == ()
+    assert h200_idle.persistence_mode is True
+    assert h200_idle.compute_mode == "default"
+    assert h200_idle.mig_mode is False
 
 
 def test_h200_load(started_source: Callable[[str], GpuSource]) -> None:
@@ -215,12 +215,9 @@ def test_gb10_leaves_unsupported_values_out(started_source: Callable[[str], GpuS
     assert sample.clock_default_applications_hertz == {"sm": 2418e6, "graphics": 2418e6}
 
 
-def test_applications_clocks_are_read_with_the_static_fields(
-    started_source: Callable[[str], GpuSource],
-) -> None:
-    sample = _read_one(started_source("h200-idle"))
-    assert sample.clock_applications_hertz == {"sm": 1980e6, "graphics": 1980e6}
-    assert sample.clock_default_applications_hertz == {"sm": 1980e6, "graphics": 1980e6}
+def test_applications_clocks_are_read_with_the_static_fields(h200_idle: GpuSample) -> None:
+    assert h200_idle.clock_applications_hertz == {"sm": 1980e6, "graphics": 1980e6}
+    assert h200_idle.clock_default_applications_hertz == {"sm": 1980e6, "graphics": 1980e6}
     assert CATALOGUE["applications_clock"].tier == CATALOGUE["default_applications_clock"].tier
     assert CATALOGUE["applications_clock"].tier == "static"
 

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from sparkdiag.config import ConfigError
 from sparkdiag.web.http import ExporterServer, ListenError
 from sparkdiag.web.webconfig import load_web_config
-from tests.support import healthy_ok, self_signed_cert, serving
+from tests.support import healthy_ok, self_signed_cert, serving, tls_web_config
 
 
 class SlowHealth:
@@ -302,10 +302,7 @@ def test_dns_not_reachable_yet_stays_a_startup_error(monkeypatch: pytest.MonkeyP
 
 @pytest.fixture(scope="module")
 def tls_web(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("tls-limits")
-    self_signed_cert(d, alt_names="IP:127.0.0.1")
-    (d / "web.yml").write_text("tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n")
-    return d
+    return tls_web_config(tmp_path_factory.mktemp("tls-limits"))
 
 
 def https_status(server: ExporterServer, certs: Path) -> int:

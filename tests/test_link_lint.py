@@ -18,7 +18,7 @@ from sparkdiag.link.lint import lint, parse_nccl_list
 from sparkdiag.link.readings import FabricReadings, read_fabric
 from sparkdiag.sources.nccl import find_libraries, parse_conf, read_nccl_settings
 from sparkdiag.sources.netif import read_connectx7
-from tests.support import ROOTFS, SYSFS, fixture_snapshot, run_cli
+from tests.support import ROOTFS, SYSFS, fixture_snapshot, machine_args, run_cli
 from tests.support.check import copy_tree
 
 SPARK = SYSFS / "dgx-spark"
@@ -242,14 +242,7 @@ def test_link_lint_command() -> None:
     doc = json.loads(run_cli("link", "lint", "--json", *args).stdout)
     assert [f["code"] for f in doc["findings"]] == ["mtu", "hca-one-half", "cma-kho", "nccl-two"]
     assert doc["readings"]["cma_total_bytes"] == 0.0
-    clean = run_cli(
-        "link",
-        "lint",
-        "--path.sysfs",
-        str(SYSFS / "h200-vm"),
-        "--path.rootfs",
-        str(ROOTFS / "native"),
-    )
+    clean = run_cli("link", "lint", *machine_args("h200-vm"))
     assert clean.returncode == 0, clean.stdout
     assert "no ConnectX-7 (PCI 15b3:1021) on this machine" in clean.stdout
     assert clean.stdout.rstrip().endswith("no findings")

@@ -12,7 +12,6 @@ from sparkdiag.watch import diagnose as dx
 from sparkdiag.watch.diagnose import diagnose
 from sparkdiag.watch.model import GpuInfo, GpuTick, Recording, Tick, from_json, load
 from tests.support.watch import (
-    C_0_0,
     DT,
     H200,
     HW_SLOWDOWN,
@@ -24,6 +23,7 @@ from tests.support.watch import (
     periodic,
     saving,
     share,
+    sole_cause,
     stop_then_burst,
     timeline,
 )
@@ -71,9 +71,7 @@ def test_input_starved() -> None:
     )
     d = diagnose(rec)
     assert d.verdict == "input-starved"
-    assert names(d) == ["input-starved"]
-    assert share(d, "input-starved") == pytest.approx((2 / 3) * 0.95, abs=0.04)
-    evidence = " ".join(d.causes[0].evidence)
+    evidence = " ".join(sole_cause(d, "input-starved", (2 / 3) * 0.95, within=0.04).evidence)
     assert "idle gaps" in evidence and "the job read 80.0 MB/s" in evidence
     assert any("num_workers" in a for a in d.causes[0].actions)
     assert {s[2] for s in d.spans} == {"input-starved"}
@@ -102,9 +100,7 @@ def test_checkpoint_stalls() -> None:
     """Every 20 ticks (10 s) the job writes 1.5 GB/s for 4 ticks with the GPU idle."""
     d = diagnose(saving(periodic(8, 12), thread=0.4))
     assert d.verdict == "checkpoint-stalls"
-    assert names(d) == ["checkpoint-stalls"]
-    assert share(d, "checkpoint-stalls") == pytest.approx(0.2 * 0.98, abs=0.03)
-    evidence = " ".join(d.causes[0].evidence)
+    evidence = " ".join(sole_cause(d, "checkpoint-stalls", 0.2 * 0.98, within=0.03).evidence)
     assert "4 write bursts" in evidence and "1.5 GB/s" in evidence and "every 10.0 s" in evidence
 
 
@@ -114,10 +110,8 @@ def test_checkpoint_stalls_include_the_fsync_after_the_burst() -> None:
     rec = stop_then_burst(
         0.02, 0.01, thread=0.05, burst=8, io_stall=during(periodic(9, 14), 0.6, 0.0)
     )
-    d = diagnose(rec)
-    assert names(d) == ["checkpoint-stalls"], [(c.name, c.share) for c in d.causes]
-    assert share(d, "checkpoint-stalls") == pytest.approx(24 * 0.98 / 80, abs=0.01)
-    assert "stalled on I/O 50 %" in " ".join(d.causes[0].evidence)  # 5 of 6 ticks at 60 %
+    cause = sole_cause(diagnose(rec), "checkpoint-stalls", 24 * 0.98 / 80)
+    assert "stalled on I/O 50 %" in " ".join(cause.evidence)  # 5 of 6 ticks at 60 %
 
 
 def test_checkpoint_stalls_include_the_serialisation_before_the_burst() -> None:
@@ -126,9 +120,7 @@ def test_checkpoint_stalls_include_the_serialisation_before_the_burst() -> None:
     checkpoint job of watch_jobs.py), the whole stop is the checkpoint's, not a launcher's."""
     # the thread at 100 %: serialising, then the main loop's spin-wait
     rec = stop_then_burst(0.03, 0.01, thread=1.0, burst=13)
-    d = diagnose(rec)
-    assert names(d) == ["checkpoint-stalls"], [(c.name, c.share) for c in d.causes]
-    assert share(d, "checkpoint-stalls") == pytest.approx(24 * 0.97 / 80, abs=0.01)
+    sole_cause(diagnose(rec), "checkpoint-stalls", 24 * 0.97 / 80)
 
 
 def test_a_launcher_stop_far_from_any_write_stays_a_launcher() -> None:
@@ -173,10 +165,7 @@ def test_throttled() -> None:
 
 def test_memory_pressure() -> None:
     rec = timeline(memory_stall=const(0.22), swap=const(3e7))
-    d = diagnose(rec)
-    assert names(d) == ["memory-pressure"]
-    assert share(d, "memory-pressure") == pytest.approx(0.22)
-    evidence = " ".join(d.causes[0].evidence)
+    evidence = " ".join(sole_cause(diagnose(rec), "memory-pressure", 0.22, within=1e-9).evidence)
     assert "PSI some" in evidence and "swapping 30.0 MB/s" in evidence
 
 
@@ -257,7 +246,7 @@ def test_gpu_unused_only_when_the_job_never_touched_it() -> None:
     """No process of the job on the GPU, no memory held, no kernel: "gpu-unused". The same job
     holding the GPU with kernels 2 % of the time is diagnosed (a thread at 100 % of a core
     running big kernels now and then: input it prepares itself)."""
-    d = diagnose(timeline(util=C_0_0, sm=C_0_0, tensor=C_0_0, on_gpu=False))
+    d = diagnose(timeline(util=0.0, sm=0.0, tensor=0.0, on_gpu=False))
     assert d.verdict == "gpu-unused"
     assert "never touched GPU 0" in d.notes[0] and "CUDA_VISIBLE_DEVICES" in d.notes[0]
     held = diagnose(timeline(util=const(0.02), sm=const(0.018), tensor=const(0.01)))
@@ -267,7 +256,7 @@ def test_gpu_unused_only_when_the_job_never_touched_it() -> None:
 
 def test_a_job_holding_the_gpu_without_a_kernel_is_diagnosed_over_those_ticks() -> None:
     """CUDA initialised, memory held, then the job waits (its first batch never comes)."""
-    d = diagnose(timeline(util=C_0_0, sm=C_0_0, tensor=C_0_0, thread=const(0.02), warmup=4))
+    d = diagnose(timeline(util=0.0, sm=0.0, tensor=0.0, thread=const(0.02), warmup=4))
     assert d.verdict == "input-starved"
     assert d.window == (0.0, (4 + 80) * DT)  # every tick in which the job held the GPU
     assert "nobody in the job was busy" in " ".join(d.causes[0].evidence)

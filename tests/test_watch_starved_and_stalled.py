@@ -17,7 +17,7 @@ import pytest
 from sparkdiag.watch.diagnose import diagnose
 from sparkdiag.watch.model import GpuInfo, ProcessLoad, Recording
 from sparkdiag.watch.render import headline, text
-from tests.support.watch import C_0_0, F, const, during, names, periodic, share, timeline
+from tests.support.watch import F, const, during, names, periodic, share, sole_cause, timeline
 
 MAIN = ProcessLoad(547, "python3", 0.12, 0.0, on_gpu=True)
 
@@ -48,8 +48,7 @@ def resnet_starved(job_cpus: int | None = 16) -> Recording:
 def test_resnet_starved_by_two_loaders_at_seven_percent() -> None:
     d = diagnose(resnet_starved())
     assert d.verdict == "input-starved", d.notes
-    assert names(d) == ["input-starved"]
-    assert share(d, "input-starved") == pytest.approx(1 - 277 / 3783, abs=0.03)
+    sole_cause(d, "input-starved", 1 - 277 / 3783, within=0.03)
     assert d.window == (8 * 0.5, (8 + 80) * 0.5)  # from its first kernels, not at 20 %
     evidence = " ".join(d.causes[0].evidence)
     assert "2 loader processes (pt_data_worker) at 100 %, 100 % of a core" in evidence
@@ -73,24 +72,20 @@ def test_a_loop_sleeping_for_its_data_under_twenty_percent() -> None:
     """A step of 17 ms, then 100 ms asleep waiting for data: 14 % utilization, nobody busy."""
     rec = timeline(
         util=const(0.14), sm=const(0.12), tensor=const(0.09), thread=const(0.03),
-        read=C_0_0, cpu=const(0.15), loads=lambda i: (MAIN,), warmup=6,
+        read=0.0, cpu=const(0.15), loads=lambda i: (MAIN,), warmup=6,
     )  # fmt: skip
-    d = diagnose(rec)
-    assert names(d) == ["input-starved"]
-    assert share(d, "input-starved") == pytest.approx(0.86, abs=0.01)
-    assert "nobody in the job was busy" in " ".join(d.causes[0].evidence)
-    assert d.causes[0].actions[0].startswith("find what the job waits for: py-spy dump")
+    cause = sole_cause(diagnose(rec), "input-starved", 0.86)
+    assert "nobody in the job was busy" in " ".join(cause.evidence)
+    assert cause.actions[0].startswith("find what the job waits for: py-spy dump")
 
 
 def test_the_training_thread_preparing_batches_itself() -> None:
     """num_workers=0: the main thread at 100 % of a core, big kernels (SMs 22 % active at 25 %
     utilization) between batches: input it prepares itself, not a launcher."""
     rec = timeline(util=const(0.25), sm=const(0.22), tensor=const(0.15), thread=const(1.0))
-    d = diagnose(rec)
-    assert names(d) == ["input-starved"]
-    assert share(d, "input-starved") == pytest.approx(0.75, abs=0.01)
-    assert "prepares the data (or runs other host code) itself" in " ".join(d.causes[0].evidence)
-    assert d.causes[0].actions[0].startswith("prepare batches in worker processes")
+    cause = sole_cause(diagnose(rec), "input-starved", 0.75)
+    assert "prepares the data (or runs other host code) itself" in " ".join(cause.evidence)
+    assert cause.actions[0].startswith("prepare batches in worker processes")
 
 
 def test_loaders_waiting_on_storage() -> None:
@@ -98,11 +93,10 @@ def test_loaders_waiting_on_storage() -> None:
         util=const(0.3), sm=const(0.27), thread=const(0.05), read=const(3e8),
         io_stall=const(0.35), loads=lambda i: workers(0.2, n=4, read=7.5e7), job_cpus=16,
     )  # fmt: skip
-    d = diagnose(rec)
-    assert names(d) == ["input-starved"]
-    evidence = " ".join(d.causes[0].evidence)
+    cause = sole_cause(diagnose(rec), "input-starved")
+    evidence = " ".join(cause.evidence)
     assert "the job read 300.0 MB/s" in evidence and "stalled on I/O 35 %" in evidence
-    assert d.causes[0].actions[0].startswith("read faster")
+    assert cause.actions[0].startswith("read faster")
 
 
 # ---- the stalled kernel -------------------------------------------------------------------------
@@ -128,9 +122,7 @@ def spinning(**series: Any) -> Recording:
 def test_a_spinning_kernel_is_a_stall_not_a_launcher() -> None:
     d = diagnose(spinning())
     assert d.verdict == "stalled-kernel", [(c.name, round(c.share, 3)) for c in d.causes]
-    assert names(d) == ["stalled-kernel"]
-    assert share(d, "stalled-kernel") == pytest.approx(0.3, abs=0.02)
-    evidence = " ".join(d.causes[0].evidence)
+    evidence = " ".join(sole_cause(d, "stalled-kernel", 0.3, within=0.02).evidence)
     assert "busy 100 % (NVML utilization) for 12.0 s" in evidence
     assert "SM activity 0.76 %, DRAM 0.0004 %, tensor pipes 0 %" in evidence
     assert "power 123 W of 700, against 650 W while the job computed and 80 W idle" in evidence
@@ -143,7 +135,7 @@ def test_a_spinning_kernel_is_a_stall_not_a_launcher() -> None:
 
 def test_a_hang_from_the_start_is_one_long_stall() -> None:
     d = diagnose(spinning(util=const(1.0), sm=const(0.0076), dram=const(4e-6),
-                          tensor=C_0_0, power=const(123.0)))  # fmt: skip
+                          tensor=0.0, power=const(123.0)))  # fmt: skip
     assert d.verdict == "stalled-kernel" and share(d, "stalled-kernel") == pytest.approx(1.0)
     assert "one stretch of 40.0 s" in " ".join(d.causes[0].evidence)
 
@@ -157,14 +149,12 @@ def test_a_hung_collective_without_gpm_from_utilization_memory_and_power() -> No
         memory_util=during(SPIN, 0.0, 0.35), power=during(SPIN, 20.0, 45.0),
         power_limit=None, idle_power=11.0, thread=const(1.0), gpus=(gb10,), warmup=4,
     )  # fmt: skip
-    d = diagnose(rec)
-    assert names(d) == ["stalled-kernel"], [(c.name, round(c.share, 3)) for c in d.causes]
-    evidence = " ".join(d.causes[0].evidence)
+    evidence = " ".join(sole_cause(diagnose(rec), "stalled-kernel").evidence)
     assert "memory utilization 0 % (no GPM here" in evidence
     assert "power 20 W, against 45 W while the job computed and 11 W idle" in evidence
     # the same ticks at full power are a busy kernel with no memory traffic, not a stall
     busy = timeline(
-        util=const(0.96), sm=None, tensor=None, dram=None, memory_util=C_0_0,
+        util=const(0.96), sm=None, tensor=None, dram=None, memory_util=0.0,
         power=const(45.0), power_limit=None, idle_power=11.0, gpus=(gb10,), warmup=4,
     )  # fmt: skip
     assert "stalled-kernel" not in names(diagnose(busy))
@@ -185,9 +175,8 @@ def test_kernels_that_keep_few_sms_busy_are_their_own_finding() -> None:
     tensor pipes working, the host thread spin-waiting."""
     rec = timeline(util=const(0.99), sm=const(0.12), dram=const(0.35), tensor=const(0.05))
     d = diagnose(rec)
-    assert names(d) == ["few-sms"], [(c.name, round(c.share, 3)) for c in d.causes]
-    cause = d.causes[0]
-    assert cause.share == pytest.approx(0.87, abs=0.01) and not cause.lost
+    cause = sole_cause(d, "few-sms", 0.87)
+    assert not cause.lost
     assert "kept SMs only 12 % active, while DRAM was 35 % and tensor pipes 5 %" in " ".join(
         cause.evidence
     )
@@ -218,5 +207,4 @@ def test_a_stall_that_begins_and_ends_inside_ticks_counts_those_halves() -> None
         power=by_phase(123.0, 390.0, 650.0), thread=const(1.0), warmup=4,
     )  # fmt: skip
     d = diagnose(rec)
-    assert names(d) == ["stalled-kernel"]
-    assert share(d, "stalled-kernel") == pytest.approx(1.5 / 3.5, abs=0.02)
+    sole_cause(d, "stalled-kernel", 1.5 / 3.5, within=0.02)

@@ -32,7 +32,7 @@ from sparkdiag.web.http import ExporterServer
 from sparkdiag.web.scrape import RenderCache, accepts_gzip, choose_format
 from sparkdiag.web.serving import Limits
 from sparkdiag.web.webconfig import load_web_config
-from tests.support import assert_clean_error, run_cli, self_signed_cert
+from tests.support import assert_clean_error, run_cli, tls_web_config
 from tests.support import serving as serving_cm
 
 WEB = Path(serving.__file__).parent
@@ -179,10 +179,7 @@ def test_the_cache_expires_even_if_the_snapshot_stalls() -> None:
 
 @pytest.fixture(scope="module")
 def tls_web(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    d = tmp_path_factory.mktemp("audit-tls")
-    self_signed_cert(d, alt_names="IP:127.0.0.1")
-    (d / "web.yml").write_text("tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n")
-    return d
+    return tls_web_config(tmp_path_factory.mktemp("audit-tls"))
 
 
 def test_evicting_tls_connections_mid_handshake_logs_nothing(

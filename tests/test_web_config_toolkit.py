@@ -8,7 +8,6 @@ why). Certificates are made here with openssl, not copied.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import http.client
 import shutil
@@ -23,7 +22,7 @@ import pytest
 from sparkdiag.web import webconfig
 from sparkdiag.web.http import ExporterServer
 from sparkdiag.web.webconfig import LiveWebConfig, WebConfig, WebConfigError, load_web_config
-from tests.support import self_signed_cert, serving
+from tests.support import basic_auth, self_signed_cert, serving
 
 
 @pytest.fixture(scope="module")
@@ -185,6 +184,14 @@ def client_context(
     return context
 
 
+def healthz(
+    conn: http.client.HTTPConnection, auth: tuple[str, str] | None
+) -> http.client.HTTPResponse:
+    """GET /healthz on ``conn``, with basic authentication when ``auth`` is given."""
+    conn.request("GET", "/healthz", headers={"Authorization": basic_auth(auth)} if auth else {})
+    return conn.getresponse()
+
+
 def https(
     server: ExporterServer, context: ssl.SSLContext, auth: tuple[str, str] | None = None
 ) -> tuple[int, dict[str, str], str | None, str | None]:
@@ -192,12 +199,8 @@ def https(
     conn = http.client.HTTPSConnection(
         "127.0.0.1", server.server_address[1], timeout=10, context=context
     )
-    headers = {}
-    if auth:
-        headers["Authorization"] = "Basic " + base64.b64encode(":".join(auth).encode()).decode()
     try:
-        conn.request("GET", "/healthz", headers=headers)
-        response = conn.getresponse()
+        response = healthz(conn, auth)
         response.read()
         sock = conn.sock
         assert isinstance(sock, ssl.SSLSocket)
@@ -209,12 +212,8 @@ def https(
 
 def plain(server: ExporterServer, auth: tuple[str, str] | None = None) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
-    headers = {}
-    if auth:
-        headers["Authorization"] = "Basic " + base64.b64encode(":".join(auth).encode()).decode()
     try:
-        conn.request("GET", "/healthz", headers=headers)
-        response = conn.getresponse()
+        response = healthz(conn, auth)
         return response.status, response.read()
     finally:
         conn.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import http.client
 import socket
 import ssl
@@ -15,7 +14,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sparkdiag.web.http import ExporterServer
-from tests.support import NVML, SYSFS, running_daemon, self_signed_cert, serving
+from tests.support import NVML, SYSFS, basic_auth, running_daemon, self_signed_cert, serving
 
 FIXTURE_ARGS = [
     "--nvml-fixture",
@@ -50,8 +49,7 @@ def https_get(base: str, certs: Path, auth: tuple[str, str] | None = None) -> in
     context = ssl.create_default_context(cafile=str(certs / "tls.crt"))
     request = urllib.request.Request(base + "/metrics")
     if auth:
-        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
-        request.add_header("Authorization", f"Basic {token}")
+        request.add_header("Authorization", basic_auth(auth))
     try:
         with urllib.request.urlopen(request, context=context, timeout=10) as resp:
             body = resp.read()

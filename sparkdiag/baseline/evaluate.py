@@ -76,6 +76,14 @@ def baseline_dtype(dtype: str, beta: int) -> str:
     return dtype if beta == 0 else f"{dtype}:beta{beta}"
 
 
+def store_key(
+    doc: WorkerDocument, uuid: str, dtype: str, shape: str, context: str, method: str
+) -> BaselineKey:
+    """The baseline store's key of a figure of ``doc``: the GPU, the store's dtype and the
+    shape, the context, the probe software that measured it (driver, torch, CUDA), the method."""
+    return BaselineKey(uuid, dtype, shape, context, *doc.software.identity(), method)
+
+
 def evaluate(
     doc: WorkerDocument,
     uuid: str,
@@ -90,7 +98,6 @@ def evaluate(
     ``peers``: the healthy figures of this GPU's peers in the daemon, per (dtype, shape, beta);
     while a baseline is learned, a run far below them and the reference is held out of it
     (:mod:`sparkdiag.baseline.learning`)."""
-    driver, torch_version, cuda = doc.software.identity()
     hot = conditions_unhealthy(doc)
     figures: list[GemmFigure] = []
     for result in doc.results:
@@ -104,16 +111,7 @@ def evaluate(
         learning = False
         baseline: Baseline | None = None
         if store is not None and uuid and tflops is not None:
-            key = BaselineKey(
-                gpu_uuid=uuid,
-                dtype=baseline_dtype(dtype, beta),
-                shape=result.shape,
-                context=context,
-                driver=driver,
-                torch=torch_version,
-                cuda=cuda,
-                method=METHOD,
-            )
+            key = store_key(doc, uuid, baseline_dtype(dtype, beta), result.shape, context, METHOD)
             if record:
                 conditions = doc.conditions.as_dict()
                 if counts and peers is not None and store.learning(store.get(key)):
@@ -188,7 +186,6 @@ def evaluate_ratios(
     int4 = next((r for r in doc.results if r.dtype == "int4" and r.kind == "decode"), None)
     if int4 is None:
         return []
-    driver, torch_version, cuda = doc.software.identity()
     figures = []
     for name, value in sorted(doc.ratios.items()):
         numerator, _, versus = name.partition("/")
@@ -196,8 +193,7 @@ def evaluate_ratios(
             continue
         baseline: Baseline | None = None
         if store is not None and uuid:
-            key = BaselineKey(uuid, RATIO_PREFIX + name, int4.shape, context,
-                              driver, torch_version, cuda, RATIO_METHOD)  # fmt: skip
+            key = store_key(doc, uuid, RATIO_PREFIX + name, int4.shape, context, RATIO_METHOD)
             if record:
                 healthy = cool and not conditions_unhealthy(doc)
                 baseline = store.record_run(key, value, healthy)

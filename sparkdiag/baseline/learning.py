@@ -26,7 +26,7 @@ and the baseline is learned from them; a GPU meant to be slower gets its baselin
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from sparkdiag.baseline.reference import Reference
@@ -80,13 +80,8 @@ class Held:
         return " and ".join(parts)
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "against": self.against,
-            "delivered": self.delivered,
-            "peer_median": self.peer_median,
-            "peers": self.peers,
-            "reference": self.reference,
-        }
+        """Every field by name, as :meth:`from_dict` reads it back."""
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, raw: Any) -> Held | None:

@@ -22,15 +22,26 @@ KEY_LIST = ", ".join(KEY_COLUMNS)
 BASELINE_COLUMNS = f"{KEY_LIST}, tflops, source, runs, created_at, updated_at, note"
 # The key as schema version 1 had it (migrations are never edited, so they spell it out).
 _V1KEY_LIST = "gpu_uuid, dtype, shape, context, driver, torch, cuda"
+# Version 1's column definitions, for the migrations that create a table with them (runs and
+# baselines in 1, baselines again in 2): frozen like the migrations themselves.
+_V1KEY_DDL = """\
+            gpu_uuid TEXT NOT NULL, dtype TEXT NOT NULL, shape TEXT NOT NULL,
+            context TEXT NOT NULL, driver TEXT NOT NULL, torch TEXT NOT NULL,"""
+_V1BASELINE_DDL = """\
+            tflops REAL NOT NULL CHECK (tflops > 0),
+            source TEXT NOT NULL CHECK (source IN ('learned', 'pinned')),
+            runs INTEGER NOT NULL CHECK (runs >= 0),
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            note TEXT NOT NULL DEFAULT '',"""
 
 # Each entry moves the schema from version i to i + 1 (PRAGMA user_version).
 # Append new migrations; never edit a released one.
 MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (
-        """CREATE TABLE runs (
+        f"""CREATE TABLE runs (
             id INTEGER PRIMARY KEY,
-            gpu_uuid TEXT NOT NULL, dtype TEXT NOT NULL, shape TEXT NOT NULL,
-            context TEXT NOT NULL, driver TEXT NOT NULL, torch TEXT NOT NULL,
+{_V1KEY_DDL}
             cuda TEXT NOT NULL,
             tflops REAL NOT NULL CHECK (tflops > 0),
             healthy INTEGER NOT NULL CHECK (healthy IN (0, 1)),
@@ -39,15 +50,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         )""",
         f"CREATE INDEX runs_by_key ON runs ({_V1KEY_LIST}, healthy, id)",
         f"""CREATE TABLE baselines (
-            gpu_uuid TEXT NOT NULL, dtype TEXT NOT NULL, shape TEXT NOT NULL,
-            context TEXT NOT NULL, driver TEXT NOT NULL, torch TEXT NOT NULL,
+{_V1KEY_DDL}
             cuda TEXT NOT NULL,
-            tflops REAL NOT NULL CHECK (tflops > 0),
-            source TEXT NOT NULL CHECK (source IN ('learned', 'pinned')),
-            runs INTEGER NOT NULL CHECK (runs >= 0),
-            created_at REAL NOT NULL,
-            updated_at REAL NOT NULL,
-            note TEXT NOT NULL DEFAULT '',
+{_V1BASELINE_DDL}
             PRIMARY KEY ({_V1KEY_LIST})
         ) WITHOUT ROWID""",
     ),
@@ -57,15 +62,9 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "DROP INDEX runs_by_key",
         f"CREATE INDEX runs_by_key ON runs ({_V1KEY_LIST}, method, healthy, id)",
         f"""CREATE TABLE baselines_2 (
-            gpu_uuid TEXT NOT NULL, dtype TEXT NOT NULL, shape TEXT NOT NULL,
-            context TEXT NOT NULL, driver TEXT NOT NULL, torch TEXT NOT NULL,
+{_V1KEY_DDL}
             cuda TEXT NOT NULL, method TEXT NOT NULL,
-            tflops REAL NOT NULL CHECK (tflops > 0),
-            source TEXT NOT NULL CHECK (source IN ('learned', 'pinned')),
-            runs INTEGER NOT NULL CHECK (runs >= 0),
-            created_at REAL NOT NULL,
-            updated_at REAL NOT NULL,
-            note TEXT NOT NULL DEFAULT '',
+{_V1BASELINE_DDL}
             PRIMARY KEY ({_V1KEY_LIST}, method)
         ) WITHOUT ROWID""",
         f"""INSERT INTO baselines_2 SELECT {_V1KEY_LIST}, 'median', tflops, source, runs,

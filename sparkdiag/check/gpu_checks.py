@@ -1,5 +1,6 @@
 """Per-GPU deployment checks on one NVML poll: presence, idleness, and the GPU's modes
-(persistence, compute mode, MIG); and :func:`per_gpu`, which the other per-GPU checks share.
+(persistence, compute mode, MIG); and :func:`per_gpu` and :func:`each_gpu`, which the other
+per-GPU checks share.
 
 Each function takes the :class:`CheckContext` and returns one result per GPU (or one skip when
 there is no GPU); none of them touches the hardware.
@@ -30,6 +31,18 @@ def per_gpu(name: str, ctx: CheckContext, check: GpuCheck) -> list[CheckResult]:
         else:
             results.append(check(ctx, gpu))
     return results
+
+
+def each_gpu(name: str, check: GpuCheck) -> Callable[[CheckContext], list[CheckResult]]:
+    """The check named ``name`` that runs ``check`` on every GPU (:func:`per_gpu`), with
+    ``check``'s docstring (what it wants)."""
+
+    def run(ctx: CheckContext) -> list[CheckResult]:
+        return per_gpu(name, ctx, check)
+
+    run.__doc__ = check.__doc__
+    run.__name__ = run.__qualname__ = f"check_{name.replace('-', '_')}"
+    return run
 
 
 # -- presence ---------------------------------------------------------------------------------
@@ -155,6 +168,7 @@ def check_gpus_on_bus(ctx: CheckContext) -> list[CheckResult]:
 
 
 def _idle(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    """No other compute process on the GPU, utilization low."""
     evidence = ctx.busy(gpu)
     others = list(evidence.other_pids) if evidence else []
     util = gpu.utilization_ratio.get("gpu")
@@ -188,15 +202,14 @@ def _idle(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
                        data=data)  # fmt: skip
 
 
-def check_idle(ctx: CheckContext) -> list[CheckResult]:
-    """No other compute process on the GPU, utilization low."""
-    return per_gpu("idle", ctx, _idle)
+check_idle = each_gpu("idle", _idle)
 
 
 # -- modes ------------------------------------------------------------------------------------
 
 
 def _persistence(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    """Persistence mode on."""
     mode = gpu.persistence_mode
     if mode is None:
         return CheckResult("persistence", "skip", "persistence mode not reported", gpu=_idx(gpu))
@@ -212,12 +225,11 @@ def _persistence(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
                        data={"enabled": True})  # fmt: skip
 
 
-def check_persistence(ctx: CheckContext) -> list[CheckResult]:
-    """Persistence mode on."""
-    return per_gpu("persistence", ctx, _persistence)
+check_persistence = each_gpu("persistence", _persistence)
 
 
 def _compute_mode(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    """Compute mode allows compute (prohibited fails)."""
     mode = gpu.compute_mode
     if mode is None:
         return CheckResult("compute-mode", "skip", "compute mode not reported", gpu=_idx(gpu))
@@ -231,12 +243,11 @@ def _compute_mode(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
                        data={"mode": mode})  # fmt: skip
 
 
-def check_compute_mode(ctx: CheckContext) -> list[CheckResult]:
-    """Compute mode allows compute (prohibited fails)."""
-    return per_gpu("compute-mode", ctx, _compute_mode)
+check_compute_mode = each_gpu("compute-mode", _compute_mode)
 
 
 def _mig(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    """MIG off (on warns: a benchmark would measure one slice)."""
     mode = gpu.mig_mode
     if mode is None:
         return CheckResult("mig", "skip", "MIG not supported", gpu=_idx(gpu))
@@ -250,6 +261,4 @@ def _mig(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
     return CheckResult("mig", "pass", "MIG off", gpu=_idx(gpu), data={"enabled": False})
 
 
-def check_mig(ctx: CheckContext) -> list[CheckResult]:
-    """MIG off (on warns: a benchmark would measure one slice)."""
-    return per_gpu("mig", ctx, _mig)
+check_mig = each_gpu("mig", _mig)

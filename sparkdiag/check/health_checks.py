@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from sparkdiag.check.gpu_checks import per_gpu
+from sparkdiag.check.gpu_checks import each_gpu
 from sparkdiag.check.model import CheckContext, CheckResult, Status
 from sparkdiag.check.model import gpu_index as _idx
 from sparkdiag.snapshot import GpuSample
@@ -22,6 +22,7 @@ MEMORY_ACTION = "reset the GPU (sudo nvidia-smi -r) or reboot; if it recurs, req
 
 
 def _ecc(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    """Uncorrected ECC errors: fail, or warn when row remapping has repaired them."""
     errors = gpu.ecc_errors
     if "uncorrected" not in errors:
         return CheckResult("ecc", "skip", "ECC counters not reported (ECC off or unsupported)",
@@ -44,15 +45,14 @@ def _ecc(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
     return CheckResult("ecc", "fail", counts, MEMORY_ACTION, _idx(gpu), data)
 
 
-def check_ecc(ctx: CheckContext) -> list[CheckResult]:
-    """Uncorrected ECC errors: fail, or warn when row remapping has repaired them."""
-    return per_gpu("ecc", ctx, _ecc)
+check_ecc = each_gpu("ecc", _ecc)
 
 
 # -- row remapping -------------------------------------------------------------------------------
 
 
 def _row_remap(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    """A pending remap (reset needed) or a failed one (service needed) fails."""
     rows = gpu.remapped_rows
     if not rows:
         return CheckResult("row-remap", "skip", "row remapping not reported (no HBM remapping)",
@@ -77,9 +77,7 @@ def _row_remap(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
                        gpu=_idx(gpu), data=data)  # fmt: skip
 
 
-def check_row_remap(ctx: CheckContext) -> list[CheckResult]:
-    """A pending remap (reset needed) or a failed one (service needed) fails."""
-    return per_gpu("row-remap", ctx, _row_remap)
+check_row_remap = each_gpu("row-remap", _row_remap)
 
 
 # -- XID -----------------------------------------------------------------------------------------
@@ -162,6 +160,8 @@ RECOVERY_ACTION_TODO = {
 
 
 def _recovery(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    """The recovery action the driver asks for (none, reset, reboot, drain ...): any but
+    none fails, with what to do."""
     action = gpu.recovery_action
     if action is None:
         return CheckResult("recovery-action", "skip",
@@ -180,10 +180,7 @@ def _recovery(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
     )  # fmt: skip
 
 
-def check_recovery_action(ctx: CheckContext) -> list[CheckResult]:
-    """The recovery action the driver asks for (none, reset, reboot, drain ...): any but none
-    fails, with what to do."""
-    return per_gpu("recovery-action", ctx, _recovery)
+check_recovery_action = each_gpu("recovery-action", _recovery)
 
 
 FABRIC_ACTION = (
@@ -194,6 +191,8 @@ FABRIC_ACTION = (
 
 
 def _fabric(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    """The NVLink fabric registration (NVSwitch systems): anything but completed, successful
+    and healthy fails."""
     fabric = gpu.fabric
     if fabric is None:
         return CheckResult("fabric", "skip", "the GPU joins no NVLink fabric (no NVSwitch)",
@@ -218,7 +217,4 @@ def _fabric(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
                        gpu=_idx(gpu), data=data)  # fmt: skip
 
 
-def check_fabric(ctx: CheckContext) -> list[CheckResult]:
-    """The NVLink fabric registration (NVSwitch systems): anything but completed, successful and
-    healthy fails."""
-    return per_gpu("fabric", ctx, _fabric)
+check_fabric = each_gpu("fabric", _fabric)

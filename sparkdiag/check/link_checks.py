@@ -5,7 +5,7 @@ same x2 on a DGX Spark Founders Edition is a fault)."""
 
 from __future__ import annotations
 
-from sparkdiag.check.gpu_checks import per_gpu
+from sparkdiag.check.gpu_checks import each_gpu
 from sparkdiag.check.model import CheckContext, CheckResult
 from sparkdiag.check.model import gpu_index as _idx
 from sparkdiag.platforms import Platform, describe, identify
@@ -19,6 +19,7 @@ _GENERATIONS = {2.5e9: 1, 5e9: 2, 8e9: 3, 16e9: 4, 32e9: 5, 64e9: 6}
 
 
 def _pcie_gpu(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    """The GPU's link at its maximum width, and at its maximum speed under load."""
     name = "pcie-gpu"
     gen, width = gpu.pcie_generation, gpu.pcie_width
     if not gen and not width:
@@ -82,9 +83,7 @@ def _hex(text: str) -> bool:
     return True
 
 
-def check_pcie_gpu(ctx: CheckContext) -> list[CheckResult]:
-    """The GPU's link at its maximum width, and at its maximum speed under load."""
-    return per_gpu("pcie-gpu", ctx, _pcie_gpu)
+check_pcie_gpu = each_gpu("pcie-gpu", _pcie_gpu)
 
 
 # -- host links (NIC, NVMe) ----------------------------------------------------------------------

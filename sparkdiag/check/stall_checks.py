@@ -12,7 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from sparkdiag.check.gpu_checks import per_gpu
+from sparkdiag.check.gpu_checks import each_gpu
 from sparkdiag.check.model import CheckContext, CheckResult
 from sparkdiag.check.model import gpu_index as _idx
 from sparkdiag.snapshot import GpuSample, Snapshot
@@ -44,6 +44,7 @@ def sample_busy_gpus(
 
 
 def _stall(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    """A GPU at >= 90 % utilization whose SMs, DRAM and tensor pipes do nothing fails."""
     util = gpu.utilization_ratio.get("gpu")
     if util is None:
         return CheckResult("stall", "skip", "NVML reports no utilization for this GPU",
@@ -86,6 +87,4 @@ def _stall(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
     return CheckResult("stall", "pass", found, gpu=_idx(gpu), data=data)
 
 
-def check_stall(ctx: CheckContext) -> list[CheckResult]:
-    """A GPU at >= 90 % utilization whose SMs, DRAM and tensor pipes do nothing fails."""
-    return per_gpu("stall", ctx, _stall)
+check_stall = each_gpu("stall", _stall)

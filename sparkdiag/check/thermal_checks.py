@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparkdiag.check.gpu_checks import per_gpu
+from sparkdiag.check.gpu_checks import each_gpu
 from sparkdiag.check.model import CheckContext, CheckResult
 from sparkdiag.check.model import gpu_index as _idx
 from sparkdiag.snapshot import GpuSample
@@ -44,6 +44,7 @@ def _c(value: float) -> str:
 
 
 def _gpu_temperature(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    """GPU temperature against its slowdown threshold (fail at it, warn 5 °C below)."""
     name = "gpu-temperature"
     temp = gpu.temperature_celsius.get("gpu")
     if temp is None:
@@ -80,12 +81,11 @@ def _gpu_temperature(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
     return CheckResult(name, "pass", f"GPU {_c(temp)} ({limit})", gpu=_idx(gpu), data=data)
 
 
-def check_gpu_temperature(ctx: CheckContext) -> list[CheckResult]:
-    """GPU temperature against its slowdown threshold (fail at it, warn 5 °C below)."""
-    return per_gpu("gpu-temperature", ctx, _gpu_temperature)
+check_gpu_temperature = each_gpu("gpu-temperature", _gpu_temperature)
 
 
 def _memory_temperature(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    """Memory temperature against 85 °C and its own limit (warn from 80 °C)."""
     name = "memory-temperature"
     temp = gpu.temperature_celsius.get("memory")
     if temp is None:
@@ -115,15 +115,15 @@ def _memory_temperature(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
     return CheckResult(name, "pass", f"memory {_c(temp)}{shown}", gpu=_idx(gpu), data=data)
 
 
-def check_memory_temperature(ctx: CheckContext) -> list[CheckResult]:
-    """Memory temperature against 85 °C and its own limit (warn from 80 °C)."""
-    return per_gpu("memory-temperature", ctx, _memory_temperature)
+check_memory_temperature = each_gpu("memory-temperature", _memory_temperature)
 
 
 # -- clock event reasons ----------------------------------------------------------------------
 
 
 def _clock_reasons(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
+    """Clock event reasons: thermal, hardware slowdown and power brake fail; power cap at
+    idle and application clocks warn; gpu_idle is fine."""
     name = "clock-reasons"
     mask = gpu.clock_event_reasons
     if mask is None:
@@ -155,10 +155,7 @@ def _clock_reasons(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
     return CheckResult(name, "pass", shown + note, gpu=_idx(gpu), data=data)
 
 
-def check_clock_reasons(ctx: CheckContext) -> list[CheckResult]:
-    """Clock event reasons: thermal, hardware slowdown and power brake fail; power cap at idle
-    and application clocks warn; gpu_idle is fine."""
-    return per_gpu("clock-reasons", ctx, _clock_reasons)
+check_clock_reasons = each_gpu("clock-reasons", _clock_reasons)
 
 
 assert set(FAIL_REASONS) == UNHEALTHY_REASONS

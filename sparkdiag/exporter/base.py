@@ -1,5 +1,5 @@
-"""What every collector shares: the snapshot provider, the GPU label helpers and
-:func:`by_label`."""
+"""What every collector shares: the snapshot provider, the GPU label helpers,
+:func:`by_label`, and the two collector bases (of the latest snapshot, of the probe state)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Protocol, TypeVar
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from sparkdiag.scheduling.probe_state import ProbeView
 from sparkdiag.snapshot import GpuIdentity, Snapshot
 
 SnapshotProvider = Callable[[], "Snapshot | None"]
@@ -48,4 +49,20 @@ class FromSnapshot:
             yield from self.families(snap)
 
     def families(self, snap: Snapshot) -> Iterator[Metric]:
+        raise NotImplementedError
+
+
+class FromProbeView:
+    """A collector of the probe state (:class:`ProbeView`, read once per scrape).
+
+    Subclasses build fresh metric families from that one view in :meth:`families`.
+    """
+
+    def __init__(self, view: Callable[[], ProbeView]) -> None:
+        self.view = view
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self.families(self.view())
+
+    def families(self, view: ProbeView) -> Iterator[Metric]:
         raise NotImplementedError

@@ -9,11 +9,12 @@ the alert reads: contention alone does not move it, heat that collapses 4-bit GE
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from sparkdiag.exporter.base import GPU_LABELS as GPU
+from sparkdiag.exporter.base import FromProbeView
 from sparkdiag.exporter.probe import GEMM, cycle_conditions, ratio_families
 from sparkdiag.scheduling.hot_probe import TRIGGERS
 from sparkdiag.scheduling.probe_state import RESULTS, ProbeView
@@ -21,12 +22,8 @@ from sparkdiag.scheduling.probe_state import RESULTS, ProbeView
 WHICH = "the last hot probe"
 
 
-class HotProbeCollector:
-    def __init__(self, view: Callable[[], ProbeView]) -> None:
-        self.view = view
-
-    def collect(self) -> Iterator[Metric]:
-        view = self.view()
+class HotProbeCollector(FromProbeView):
+    def families(self, view: ProbeView) -> Iterator[Metric]:
         runs = CounterMetricFamily(
             "sparkdiag_hot_probe_runs",
             "Hot probes by what triggered them (threshold, thermal_reason, hot_rate) and outcome.",

@@ -15,11 +15,12 @@ baseline/learning.py), 0 when it counted; absent once the baseline is frozen or 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from sparkdiag.exporter.base import GPU_LABELS as GPU
+from sparkdiag.exporter.base import FromProbeView
 from sparkdiag.peers.compare import COMPUTE_KINDS
 from sparkdiag.peers.node import PeerFigure, compare_kernels
 from sparkdiag.scheduling.probe_state import CycleRecord, ProbeView
@@ -43,12 +44,8 @@ def peer_figures(records: Mapping[tuple[str, str, str], CycleRecord]) -> list[Pe
     return out
 
 
-class PeerCollector:
-    def __init__(self, view: Callable[[], ProbeView]) -> None:
-        self.view = view
-
-    def collect(self) -> Iterator[Metric]:
-        view = self.view()
+class PeerCollector(FromProbeView):
+    def families(self, view: ProbeView) -> Iterator[Metric]:
         ratio = GaugeMetricFamily(
             "sparkdiag_gemm_node_peer_ratio",
             "Delivered throughput of this GPU's last successful probe over the median of the "

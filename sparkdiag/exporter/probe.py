@@ -15,22 +15,21 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from sparkdiag.baseline.keeper import OPERATIONS, StoreHealth
 from sparkdiag.exporter.base import GPU_LABELS as GPU
-from sparkdiag.exporter.base import by_label
+from sparkdiag.exporter.base import FromProbeView, by_label
 from sparkdiag.scheduling.probe_state import RESULTS, CycleRecord, ProbeView
 from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS
 
 GEMM = [*GPU, "dtype", "shape", "context"]
 
 
-class ProbeCollector:
+class ProbeCollector(FromProbeView):
     def __init__(
         self, view: Callable[[], ProbeView], store: Callable[[], StoreHealth] | None = None
     ) -> None:
-        self.view = view
+        super().__init__(view)
         self.store = store
 
-    def collect(self) -> Iterator[Metric]:
-        view = self.view()
+    def families(self, view: ProbeView) -> Iterator[Metric]:
         if self.store is not None:
             yield from _store_families(self.store())
 

@@ -156,7 +156,7 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
 SCHEMA = "sparkdiag-probe/2"
@@ -1154,23 +1154,24 @@ class SuiteSpec:
     min_batch_ms: float
 
 
+# the periodic probe: every dtype and shape, one batch per kernel in dtype order
+_DEFAULT_SUITE = SuiteSpec(
+    dtypes=ALL_DTYPES,
+    kinds=("compute", "llm", "decode"),
+    together=(),
+    rounds=1,
+    budget_seconds=2.0,
+    spinup_ms=150.0,
+    probe_when="idle",
+    bandwidth=True,
+    transfers=True,
+    warmup=10,
+    warmup_ms=tuple(WARMUP_MS.items()),
+    min_iters=MIN_ITERS,
+    min_batch_ms=MIN_BATCH_MS,
+)
 SUITES: dict[str, SuiteSpec] = {
-    # the periodic probe: every dtype and shape, one batch per kernel in dtype order
-    "default": SuiteSpec(
-        dtypes=ALL_DTYPES,
-        kinds=("compute", "llm", "decode"),
-        together=(),
-        rounds=1,
-        budget_seconds=2.0,
-        spinup_ms=150.0,
-        probe_when="idle",
-        bandwidth=True,
-        transfers=True,
-        warmup=10,
-        warmup_ms=tuple(WARMUP_MS.items()),
-        min_iters=MIN_ITERS,
-        min_batch_ms=MIN_BATCH_MS,
-    ),
+    "default": _DEFAULT_SUITE,
     # a hot or busy GPU, measured now: no spin-up (it would heat or wait), about 100 ms of
     # GPU time; the decode kernels interleaved so int4 against bf16/fp16 is one comparison
     "hot": SuiteSpec(
@@ -1188,21 +1189,15 @@ SUITES: dict[str, SuiteSpec] = {
         min_iters=1,
         min_batch_ms=0.0,
     ),
-    # sparkdiag check: the dtypes it judges, decode kernels interleaved for the int4 ratio
-    "check": SuiteSpec(
+    # sparkdiag check: the periodic probe narrowed to the dtypes it judges, the decode kernels
+    # interleaved for the int4 ratio, half the time per kernel, no bandwidth
+    "check": replace(
+        _DEFAULT_SUITE,
         dtypes=("bf16", "fp16", "int4"),
-        kinds=("compute", "llm", "decode"),
         together=("decode",),
         rounds=3,
         budget_seconds=1.0,
-        spinup_ms=150.0,
-        probe_when="idle",
         bandwidth=False,
-        transfers=True,
-        warmup=10,
-        warmup_ms=tuple(WARMUP_MS.items()),
-        min_iters=MIN_ITERS,
-        min_batch_ms=MIN_BATCH_MS,
     ),
 }
 

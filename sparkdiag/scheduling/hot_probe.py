@@ -26,13 +26,12 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import ClassVar
 
-from sparkdiag.baseline.keeper import StoreKeeper
 from sparkdiag.config import DEFAULTS
-from sparkdiag.probe.launchers import Launcher
-from sparkdiag.scheduling.probe_state import CycleRecord, ProbeState
-from sparkdiag.scheduling.scheduler import GpuLocks, RunningWorkers, record_cycle
+from sparkdiag.scheduling.probe_state import CycleRecord
+from sparkdiag.scheduling.scheduler import GpuLocks, ProbeLoop, record_cycle
 from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.sources.gpu import THERMAL_REASONS, reasons_mask
 from sparkdiag.telemetry.busy import busy
@@ -74,37 +73,16 @@ class _Heat:
     last_run: float = -math.inf
 
 
-class HotProbeScheduler:
+@dataclass(eq=False)
+class HotProbeScheduler(ProbeLoop):
     """Watches the latest telemetry of every GPU and runs the hot probe when one is due."""
 
-    def __init__(
-        self,
-        launcher: Launcher,
-        state: ProbeState,
-        store: StoreKeeper | None,
-        context: str,
-        latest: Callable[[], Snapshot | None],
-        limits: HotLimits,
-        locks: GpuLocks,
-        check_every: float = 1.0,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.launcher = launcher
-        self.state = state
-        self.store = store
-        self.context = context
-        self.latest = latest
-        self.limits = limits
-        self.locks = locks
-        self.check_every = check_every
-        self.clock = clock
-        self._heat: dict[str, _Heat] = {}
-        self.workers = RunningWorkers()
-        self.name = f"hot-probe-{context}"
-
-    def excluded_pids(self) -> frozenset[int]:
-        """The hot probe's workers running now: not counted as other compute processes."""
-        return self.workers.pids()
+    prefix: ClassVar[str] = "hot-probe"
+    limits: HotLimits
+    locks: GpuLocks
+    check_every: float = 1.0
+    clock: Callable[[], float] = time.monotonic
+    _heat: dict[str, _Heat] = field(init=False, default_factory=dict)
 
     def due(self, gpu: GpuSample, now: float) -> str | None:
         """The trigger that makes a hot probe of ``gpu`` due now, or None (updates its heat)."""

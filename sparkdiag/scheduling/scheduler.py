@@ -12,7 +12,8 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from sparkdiag.baseline.evaluate import GemmFigure, RatioFigure, evaluate, evaluate_ratios
 from sparkdiag.baseline.keeper import StoreKeeper
@@ -172,44 +173,46 @@ class HeldLog:
                          index, record.uuid, kernel)  # fmt: skip
 
 
-class ProbeScheduler:
-    def __init__(
-        self,
-        launcher: Launcher,
-        state: ProbeState,
-        store: StoreKeeper | None,
-        context: str,
-        latest: Callable[[], Snapshot | None],
-        interval: float,
-        jitter: float = 0.1,
-        when: str = DEFAULTS["probe_when"],
-        busy_utilization: float = DEFAULTS["probe_busy_utilization"],
-        first_delay: float | None = None,
-        rng: random.Random | None = None,
-        cool_below: float = DEFAULTS["probe_hot_memory_celsius"],
-        locks: GpuLocks | None = None,
-    ) -> None:
-        self.launcher = launcher
-        self.locks = locks or GpuLocks()
-        self.name = f"probe-{context}"
-        self.cool_below = cool_below
-        self.state = state
-        self.store = store
-        self.context = context
-        self.latest = latest
-        self.interval = interval
-        self.jitter = jitter
-        self.when = when
-        self.busy_utilization = busy_utilization
-        self.first_delay = min(interval, 30.0) if first_delay is None else first_delay
-        self.rng = rng or random.Random()
-        self.workers = RunningWorkers()
-        self.holds = HeldLog()
-        state.set_interval(context, interval)
+@dataclass(eq=False)
+class ProbeLoop:
+    """What the periodic and the hot probe share: the launcher, where records go (the probe
+    state, the baseline store), the probe context, the latest telemetry, one lock per GPU and
+    the workers running now. ``name`` is the thread's: ``prefix`` and the context."""
+
+    prefix: ClassVar[str] = "probe"
+    launcher: Launcher
+    state: ProbeState
+    store: StoreKeeper | None
+    context: str
+    latest: Callable[[], Snapshot | None]
+    workers: RunningWorkers = field(init=False, default_factory=RunningWorkers)
+    name: str = field(init=False, default="")
+
+    def __post_init__(self) -> None:
+        self.name = f"{self.prefix}-{self.context}"
 
     def excluded_pids(self) -> frozenset[int]:
         """The probe workers running now: not counted as other compute processes."""
         return self.workers.pids()
+
+
+@dataclass(eq=False)
+class ProbeScheduler(ProbeLoop):
+    interval: float
+    jitter: float = 0.1
+    when: str = DEFAULTS["probe_when"]
+    busy_utilization: float = DEFAULTS["probe_busy_utilization"]
+    first_delay: float | None = None
+    rng: random.Random = field(default_factory=random.Random)
+    cool_below: float = DEFAULTS["probe_hot_memory_celsius"]
+    locks: GpuLocks = field(default_factory=GpuLocks)
+    holds: HeldLog = field(init=False, default_factory=HeldLog)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.first_delay is None:
+            self.first_delay = min(self.interval, 30.0)
+        self.state.set_interval(self.context, self.interval)
 
     def busy_reason(self, gpu: GpuSample, snapshot: Snapshot) -> str | None:
         """Why the GPU counts as busy in the latest telemetry, or None when it is idle."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from sparkdiag.snapshot import GpuIdentity, GpuProcess, GpuSample, NvlinkSample
@@ -87,6 +88,7 @@ STATIC_SECONDS = 60.0
 SLOW_SECONDS = 10.0
 
 
+@dataclass(eq=False)
 class GpuSource:
     """Reads every GPU through an :class:`NvmlBackend`. Not thread-safe: one poller owns it.
 
@@ -101,33 +103,33 @@ class GpuSource:
     ``processes``: per-process metrics (opt-in); None leaves them out.
     """
 
-    def __init__(
-        self,
-        backend: NvmlBackend,
-        static_seconds: float = STATIC_SECONDS,
-        slow_seconds: float = SLOW_SECONDS,
-        clock: Callable[[], float] = time.monotonic,
-        processes: ProcessOptions | None = None,
-    ) -> None:
-        self.backend = backend
-        self.processes = processes
-        self._said_unseen = False
-        self.static_seconds = static_seconds
-        self.slow_seconds = slow_seconds
-        self.clock = clock
+    backend: NvmlBackend
+    static_seconds: float = STATIC_SECONDS
+    slow_seconds: float = SLOW_SECONDS
+    clock: Callable[[], float] = time.monotonic
+    processes: ProcessOptions | None = None
+    # what start() and the reads learn and keep
+    nvml_up: bool = field(init=False, default=False)
+    unavailable_reason: str | None = field(init=False, default=None)
+    driver_version: str = field(init=False, default="")
+    identities: list[GpuIdentity] = field(init=False, default_factory=list)
+    _said_unseen: bool = field(init=False, default=False)
+    _max_age: dict[str, float] = field(init=False, default_factory=dict)
+    _read_at: float = field(init=False, default=0.0)
+    _cache: dict[tuple[int, str, int | None], tuple[float, Any]] = field(
+        init=False, default_factory=dict
+    )
+    _unsupported: set[tuple[int, str, int | None]] = field(init=False, default_factory=set)
+    # NVLinks per device, rebuilt when the slow tier is due (126 queries per GPU)
+    _nvlinks: dict[int, tuple[float, tuple[NvlinkSample, ...]]] = field(
+        init=False, default_factory=dict
+    )
+
+    def __post_init__(self) -> None:
         # Queries whose answers change rarely or never are asked less often than every poll, to
         # keep the daemon's cost down (each NVML call is 5-100 µs; a poll of one H200 asks ~45
         # of them); each query's tier is in its declaration (sources/nvml_queries.py).
-        self._max_age = {"poll": 0.0, "slow": slow_seconds, "static": static_seconds}
-        self._read_at = 0.0
-        self._cache: dict[tuple[int, str, int | None], tuple[float, Any]] = {}
-        self.nvml_up = False
-        self.unavailable_reason: str | None = None
-        self.driver_version = ""
-        self.identities: list[GpuIdentity] = []
-        self._unsupported: set[tuple[int, str, int | None]] = set()
-        # NVLinks per device, rebuilt when the slow tier is due (126 queries per GPU)
-        self._nvlinks: dict[int, tuple[float, tuple[NvlinkSample, ...]]] = {}
+        self._max_age = {"poll": 0.0, "slow": self.slow_seconds, "static": self.static_seconds}
 
     def start(self) -> bool:
         """Initialise NVML and read each GPU's identity; False (with a reason) without NVML."""

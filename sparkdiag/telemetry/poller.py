@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from sparkdiag.config import DEFAULTS
@@ -31,44 +32,33 @@ from sparkdiag.sources.nvml_api import EVENT_XID_CRITICAL
 log = logging.getLogger(__name__)
 
 
+@dataclass(eq=False)
 class Poller:
     """Owns the sources; :meth:`poll_once` builds a new snapshot, :meth:`run` loops it."""
 
-    def __init__(
-        self,
-        gpu: GpuSource,
-        read_pcie: Callable[[], tuple[PcieLink, ...]] | None,
-        read_host: Callable[[], HostSample] | None,
-        context: ExecutionContext | None,
-        interval: float = DEFAULTS["poll_interval"],
-        pcie_interval: float = DEFAULTS["pcie_interval"],
-        excluded_pids: Callable[[], frozenset[int]] = frozenset,
-        clock: Callable[[], float] = time.time,
-        platform: PlatformIdentity | None = None,
-        read_gpu_functions: Callable[[], tuple[str, ...] | None] | None = None,
-    ) -> None:
-        self.gpu = gpu
-        self.read_pcie = read_pcie
-        self.read_host = read_host
-        self.context = context
-        self.interval = interval
-        self.pcie_interval = pcie_interval
-        self.excluded_pids = excluded_pids
-        self.clock = clock
-        self.platform = platform
-        self.read_gpu_functions = read_gpu_functions
-        self._gpu_functions: tuple[str, ...] | None = None
-        self._incidents: dict[tuple[int, str], int] = {}
-        self._incident_last: dict[tuple[int, str], float] = {}
-        self.latest: Snapshot | None = None
-        self.poll_count = 0
-        self._xid_counts: dict[tuple[int, int], int] = {}
-        self._xid_last: dict[int, float] = {}
-        self._xid_last_code: dict[int, int] = {}
-        self._pcie: tuple[PcieLink, ...] = ()
-        self._pcie_status = CollectorStatus(True, 0.0)
-        self._pcie_read_at = float("-inf")
-        self._listeners: list[Callable[[Snapshot], object]] = []
+    gpu: GpuSource
+    read_pcie: Callable[[], tuple[PcieLink, ...]] | None
+    read_host: Callable[[], HostSample] | None
+    context: ExecutionContext | None
+    interval: float = DEFAULTS["poll_interval"]
+    pcie_interval: float = DEFAULTS["pcie_interval"]
+    excluded_pids: Callable[[], frozenset[int]] = frozenset
+    clock: Callable[[], float] = time.time
+    platform: PlatformIdentity | None = None
+    read_gpu_functions: Callable[[], tuple[str, ...] | None] | None = None
+    # what the polls keep between them
+    latest: Snapshot | None = field(init=False, default=None)
+    poll_count: int = field(init=False, default=0)
+    _gpu_functions: tuple[str, ...] | None = field(init=False, default=None)
+    _incidents: dict[tuple[int, str], int] = field(init=False, default_factory=dict)
+    _incident_last: dict[tuple[int, str], float] = field(init=False, default_factory=dict)
+    _xid_counts: dict[tuple[int, int], int] = field(init=False, default_factory=dict)
+    _xid_last: dict[int, float] = field(init=False, default_factory=dict)
+    _xid_last_code: dict[int, int] = field(init=False, default_factory=dict)
+    _pcie: tuple[PcieLink, ...] = field(init=False, default=())
+    _pcie_status: CollectorStatus = field(init=False, default=CollectorStatus(True, 0.0))
+    _pcie_read_at: float = field(init=False, default=float("-inf"))
+    _listeners: list[Callable[[Snapshot], object]] = field(init=False, default_factory=list)
 
     def add_listener(self, fn: Callable[[Snapshot], object]) -> None:
         """Call ``fn(snapshot)`` after every poll (the watchdog, the probe scheduler)."""

@@ -98,14 +98,18 @@ def run_python(script: Path, *args: str, timeout: float = 120) -> subprocess.Com
     )
 
 
+def basic_auth(auth: tuple[str, str]) -> str:
+    """The ``Authorization`` header value for HTTP basic authentication as (user, password)."""
+    return "Basic " + base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
+
+
 def http_get(
     url: str, timeout: float = 5.0, auth: tuple[str, str] | None = None
 ) -> tuple[int, str, bytes]:
     """(status, content type, body) of a GET; HTTP errors are returned, not raised."""
     request = urllib.request.Request(url)
     if auth is not None:
-        token = base64.b64encode(f"{auth[0]}:{auth[1]}".encode()).decode()
-        request.add_header("Authorization", f"Basic {token}")
+        request.add_header("Authorization", basic_auth(auth))
     try:
         with urllib.request.urlopen(request, timeout=timeout) as resp:
             return resp.status, resp.headers.get("Content-Type", ""), resp.read()
@@ -151,6 +155,16 @@ def self_signed_cert(
          "-keyout", str(directory / f"{name}.key"), "-out", str(directory / f"{name}.crt")],
         check=True, capture_output=True,
     )  # fmt: skip
+
+
+def tls_web_config(directory: Path) -> Path:
+    """``directory`` with a self-signed certificate for 127.0.0.1 (tls.crt, tls.key) and a
+    ``web.yml`` serving TLS with it (the exporter-toolkit file)."""
+    self_signed_cert(directory, alt_names="IP:127.0.0.1")
+    (directory / "web.yml").write_text(
+        "tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n"
+    )
+    return directory
 
 
 @contextlib.contextmanager
@@ -231,6 +245,13 @@ def normalise(exposition: str) -> str:
             line = f"{match.group(1)}{match.group(2) or ''} <volatile>"
         lines.append(line)
     return "\n".join(lines) + "\n"
+
+
+def machine_args(sysfs: str | Path, rootfs: str = "native") -> tuple[str, ...]:
+    """``--path.sysfs``, ``--path.rootfs`` for a recorded machine: ``sysfs`` a tree under
+    tests/fixtures/sysfs (or a path), ``rootfs`` one under tests/fixtures/rootfs."""
+    tree = SYSFS / sysfs if isinstance(sysfs, str) else sysfs
+    return ("--path.sysfs", str(tree), "--path.rootfs", str(ROOTFS / rootfs))
 
 
 def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:

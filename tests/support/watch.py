@@ -1,11 +1,16 @@
 """Synthetic watch recordings for the diagnosis tests: :func:`timeline` builds one from a
-function per series (tick index -> value), with the job's start-up and tear-down around it."""
+function per series (tick index -> value) or one value for every tick, with the job's start-up
+and tear-down around it."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import TypeVar
 
+import pytest
+
+from sparkdiag.watch.causes import Cause
 from sparkdiag.watch.diagnose import Diagnosis
 from sparkdiag.watch.model import (
     GpuInfo,
@@ -32,41 +37,37 @@ def const(value: float | None) -> F:
     return lambda i: value
 
 
-C_0_99 = const(0.99)
-C_0_90 = const(0.90)
-C_0_70 = const(0.70)
-C_1755_0 = const(1755.0)
-C_62_0 = const(62.0)
-C_1_0 = const(1.0)
-C_2e5 = const(2e5)
-C_1e6 = const(1e6)
-C_0_0 = const(0.0)
-C_0_30 = const(0.30)
-C_650_0 = const(650.0)
-C_1_2 = const(1.2)
+Series = F | float | None  # a function of the tick index, or one value for every tick
+
+
+def _at(series: Series, idle: float | None, i: int, active: bool) -> float | None:
+    """``series`` at tick ``i`` while the job runs (``active``), ``idle`` before and after."""
+    if not active:
+        return idle
+    return series(i) if callable(series) else series
 
 
 def timeline(
     n: int = 80,
-    util: F = C_0_99,
-    sm: F | None = C_0_90,
-    tensor: F | None = C_0_70,
-    clock: F = C_1755_0,
+    util: Series = 0.99,
+    sm: Series = 0.90,
+    tensor: Series = 0.70,
+    clock: Series = 1755.0,
     reasons: Callable[[int], int] = lambda i: SW_POWER_CAP,
-    temperature: F = C_62_0,
-    thread: F = C_1_0,  # the training loop's main thread spin-waits on the GPU
-    write: F = C_2e5,
-    read: F = C_1e6,
-    memory_stall: F = C_0_0,
-    io_stall: F = C_0_0,
-    swap: F = C_0_0,
-    dram: F | None = C_0_30,
-    memory_util: F = C_0_30,
-    power: F = C_650_0,
+    temperature: Series = 62.0,
+    thread: Series = 1.0,  # the training loop's main thread spin-waits on the GPU
+    write: Series = 2e5,
+    read: Series = 1e6,
+    memory_stall: Series = 0.0,
+    io_stall: Series = 0.0,
+    swap: Series = 0.0,
+    dram: Series = 0.30,
+    memory_util: Series = 0.30,
+    power: Series = 650.0,
     power_limit: float | None = 700.0,
     idle_power: float = 80.0,
     loads: Callable[[int], tuple[ProcessLoad, ...]] = lambda i: (),
-    cpu: F = C_1_2,
+    cpu: Series = 1.2,
     warmup: int = 0,
     teardown: int = 0,
     samples: bool = True,
@@ -82,7 +83,9 @@ def timeline(
     for k in range(total):
         i = k - warmup
         active = 0 <= i < n
-        u = util(i) if active else 0.0
+
+        at = functools.partial(_at, i=i, active=active)
+        u = at(util, 0.0)
         t = (k + 1) * DT
         gpu = GpuTick(
             index=0,
@@ -92,15 +95,15 @@ def timeline(
                 if samples and u is not None
                 else ()
             ),
-            sm_activity=(sm(i) if active else 0.0) if sm is not None else None,
-            tensor_activity=(tensor(i) if active else 0.0) if tensor is not None else None,
-            dram_activity=(dram(i) if active else 0.0) if dram is not None else None,
-            memory_utilization=memory_util(i) if active else 0.0,
-            sm_clock_hz=(clock(i) if active else 345.0) * MHZ,  # type: ignore[operator]
+            sm_activity=None if sm is None else at(sm, 0.0),
+            tensor_activity=None if tensor is None else at(tensor, 0.0),
+            dram_activity=None if dram is None else at(dram, 0.0),
+            memory_utilization=at(memory_util, 0.0),
+            sm_clock_hz=at(clock, 345.0) * MHZ,  # type: ignore[operator]
             sm_clock_max_hz=1980 * MHZ,
             reasons=reasons(i) if active else 0x1,
-            temperature=temperature(i) if active else 40.0,
-            power_w=power(i) if active else idle_power,
+            temperature=at(temperature, 40.0),
+            power_w=at(power, idle_power),
             power_limit_w=power_limit,
             job_on_gpu=on_gpu,
             job_memory_bytes=7.6e9 if on_gpu else None,
@@ -108,20 +111,20 @@ def timeline(
         job = JobTick(
             processes=1,
             threads=30,
-            cpu_cores=cpu(i) if active else 1.2,
-            gpu_thread=thread(i) if active else 1.0,
+            cpu_cores=at(cpu, 1.2),
+            gpu_thread=at(thread, 1.0),
             gpu_thread_name="python3",
             other_cpu_cores=0.0,
-            read_bps=read(i) if active else 5e7,
-            write_bps=write(i) if active else 0.0,
+            read_bps=at(read, 5e7),
+            write_bps=at(write, 0.0),
             loads=loads(i) if active else (),
         )
         host = HostTick(
-            memory_stall=memory_stall(i) if active else 0.0,
+            memory_stall=at(memory_stall, 0.0),
             memory_full=0.0,
-            io_stall=io_stall(i) if active else 0.0,
+            io_stall=at(io_stall, 0.0),
             cpu_stall=0.0,
-            swap_bps=swap(i) if active else 0.0,
+            swap_bps=at(swap, 0.0),
             available_bytes=100e9,
         )
         ticks.append(Tick(t=t, dt=DT, gpus=(gpu,) if gpus else (), job=job, host=host))
@@ -161,6 +164,15 @@ def stop_then_burst(util: float, sm: float, thread: float, burst: int, **series:
 
 def names(d: Diagnosis) -> list[str]:
     return [c.name for c in d.causes]
+
+
+def sole_cause(d: Diagnosis, name: str, about: float | None = None, within: float = 0.01) -> Cause:
+    """The one cause of ``d``, which must be ``name`` (at a share of ``about`` ± ``within``)."""
+    assert names(d) == [name], [(c.name, round(c.share, 3)) for c in d.causes]
+    cause = d.causes[0]
+    if about is not None:
+        assert cause.share == pytest.approx(about, abs=within)
+    return cause
 
 
 def share(d: Diagnosis, name: str) -> float:
