@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import csv
 import json
+import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -96,6 +99,60 @@ def test_bench_sweeps_with_csv_and_json(tmp_path: Path) -> None:
     assert [r["shape"] for r in rows] == ["64x64x64", "128x128x128", "192x192x192"]
     assert all(r["status"] == "ok" and float(r["delivered_tflops"]) > 0 for r in rows)
     assert json.loads(out_json.read_text())["schema"] == SCHEMA
+
+
+@pytest.mark.worker
+def test_bench_small_sweeps_small_cubes_and_its_count_reaches_its_total(tmp_path: Path) -> None:
+    """Issue 21: ``bench --device cpu --small`` swept 16 cubes up to 16384³ (5 of 32 after
+    197 s), and its bar counted a beta=1 pass that never runs with explicit shapes."""
+    pytest.importorskip("torch")
+    out_csv = tmp_path / "b.csv"
+    started = time.monotonic()
+    result = run("bench", "--device", "cpu", "--small", "--csv", str(out_csv))
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert took < 60, f"bench --small took {took:.1f} s"
+    rows = list(csv.DictReader(out_csv.open()))
+    shapes = ["128x128x128", "256x256x256", "384x384x384", "512x512x512"]
+    assert [r["shape"] for r in rows] == shapes
+    counts = re.findall(r"bench \[(\d+)/(\d+)\]", result.stderr)
+    assert counts == [(str(i), "4") for i in range(1, 5)], result.stderr
+    assert "swept 4 kernels" in result.stdout and "over 4 shapes" in result.stdout
+
+
+@pytest.mark.worker
+def test_bench_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    out_csv, out_json = tmp_path / "b.csv", tmp_path / "b.json"
+    proc = subprocess.Popen(
+        sparkdiag_cmd("bench", "--device", "cpu", "--m", "64,96,128,8192", "--iters", "3",
+                      "--warmup", "1", "--csv", str(out_csv), "--json", str(out_json)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:  # wait for the third kernel; the 8192 cube takes far longer
+        seen.append(line)
+        if "bench [3/4]" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, "".join(seen) + err
+    assert "interrupted after 3 of 4 kernels" in err
+    rows = list(csv.DictReader(out_csv.open()))
+    assert [r["shape"] for r in rows] == ["64x64x64", "96x96x96", "128x128x128"]
+    body = json.loads(out_json.read_text())
+    assert body["schema"] == "sparkdiag-bench-partial/1" and body["done"] == 3
+    assert [r["shape"] for r in body["results"]] == [r["shape"] for r in rows]
+    assert "bf16: best" in out and "over 3 shapes" in out
+
+
+@pytest.mark.parametrize("flag", ["--csv", "--json"])
+def test_bench_checks_its_output_paths_before_the_sweep(flag: str) -> None:
+    result = run("bench", "--device", "cpu", "--small", flag, "/nonexistent/dir/b.out")
+    assert result.returncode == 2, result.stderr
+    assert f"'{flag}': folder /nonexistent/dir does not exist" in result.stderr
+    assert "bench [" not in result.stderr and "Traceback" not in result.stderr
 
 
 def test_bench_rejects_a_bad_range() -> None:
