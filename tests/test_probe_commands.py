@@ -11,9 +11,12 @@ import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from sparkdiag.baseline.store import BaselineKey, BaselineStore
+from sparkdiag.cli import main
 from sparkdiag.probe.worker import SCHEMA
+from sparkdiag.sources import packages
 from tests.support import NVML, PROBE, ROOT, sparkdiag_cmd
 
 
@@ -81,11 +84,42 @@ def test_probe_runs_the_real_worker_on_cpu(tmp_path: Path) -> None:
     assert all(f["delivered_tflops"] > 0 for f in gpu["figures"])
 
 
+@pytest.mark.worker
+def test_probe_device_cpu_runs_the_worker_on_the_cpu_beside_a_gpu(tmp_path: Path) -> None:
+    """Issue 21: probe had no --device (bench, soak and compare do); with it the worker runs on
+    that device even where NVML lists a GPU, and no baseline is taught from it."""
+    pytest.importorskip("torch")
+    started = time.monotonic()
+    result = run("probe", "--device", "cpu", "--small", "--json", "--state-dir", str(tmp_path),
+                 "--nvml-fixture", str(NVML / "h200-idle.json"))  # fmt: skip
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert took < 60, f"probe --device cpu --small took {took:.1f} s"
+    (run_,) = json.loads(result.stdout)["gpus"]
+    assert run_["gpu"] is None and run_["result"] == "ok"
+    assert run_["worker"]["software"]["device"] == "cpu"
+    assert all(f["baseline_tflops"] is None for f in run_["figures"])
+    assert not (tmp_path / "baselines.sqlite").exists()
+
+
+def test_probe_without_torch_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 21: without torch probe printed "torch None, CUDA None" and no hint."""
+    monkeypatch.setattr(packages, "installed_version", lambda _name: None)
+    result = CliRunner().invoke(main, ["probe", "--device", "cpu", "--small"])
+    assert result.exit_code == 3, result.output
+    assert "torch is not installed for" in result.output
+    assert "-m pip install torch" in result.output and "torch None" not in result.output
+
+
 def test_probe_usage_errors() -> None:
     bad = run("probe", "--shape", "8192x8192", "--nvml-fixture", str(NVML / "h200-idle.json"))
     assert bad.returncode == 2 and "expected MxNxK" in bad.stderr
     missing = run("probe", "--gpu", "5", "--nvml-fixture", str(NVML / "h200-idle.json"))
     assert missing.returncode == 2 and "no GPU with index 5" in missing.stderr
+    both = run("probe", "--device", "cpu", "--gpu", "0")
+    assert both.returncode == 2 and "give --device or --gpu, not both" in both.stderr
+    bad = run("probe", "--device", "gpu")
+    assert bad.returncode == 2 and "expected cpu, cuda or cuda:N" in bad.stderr
 
 
 @pytest.mark.worker
