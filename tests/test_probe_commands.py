@@ -224,8 +224,20 @@ def test_baseline_show_pin_reset(tmp_path: Path) -> None:
 
 
 def test_baseline_show_without_a_store(tmp_path: Path) -> None:
-    result = run("baseline", "show", "--state-dir", str(tmp_path / "none"))
-    assert result.returncode == 3 and "no baselines yet" in result.stderr
+    """Issue 21: on a fresh machine show exited 1 with "Error:", but 0 on an empty store; now
+    both exit 0 and nothing is created. pin and reset still need a store."""
+    none = tmp_path / "none"
+    result = run("baseline", "show", "--state-dir", str(none))
+    assert result.returncode == 0 and "Error" not in result.stderr, result.stderr
+    assert result.stdout == (
+        f"no baselines yet ({none}/baselines.sqlite does not exist): 'sparkdiag probe' or the "
+        "daemon learns them\n"
+    )
+    as_json = run("baseline", "show", "--json", "--state-dir", str(none))
+    assert as_json.returncode == 0 and json.loads(as_json.stdout) == []
+    assert not none.exists()
+    pin = run("baseline", "pin", "--state-dir", str(none))
+    assert pin.returncode == 3 and "no baselines yet" in pin.stderr
 
 
 def test_a_figure_counts_toward_the_baseline_only_without_a_heat_or_power_reason() -> None:
