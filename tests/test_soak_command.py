@@ -139,7 +139,12 @@ def test_json_alone_prints_the_record_and_no_record_keeps_no_state(tmp_path: Pat
     assert not state.exists()
 
 
-def test_ctrl_c_stops_cleanly_with_a_partial_record_and_no_worker_left(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_stops_cleanly_with_a_partial_record_and_no_worker_left(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Ctrl-C and SIGTERM alike; each is reported by its own name (issue 21: a SIGTERM was
+    passed on as SIGINT and the record said "SIGINT received")."""
     pytest.importorskip("torch")
     record, table = tmp_path / "soak.json", tmp_path / "soak.csv"
     proc = subprocess.Popen(
@@ -155,20 +160,20 @@ def test_ctrl_c_stops_cleanly_with_a_partial_record_and_no_worker_left(tmp_path:
         if "cpu window 1" in line or time.monotonic() > deadline:
             break
     started = time.monotonic()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
     assert time.monotonic() - started < 30, "the worker did not stop promptly"
     assert proc.returncode == 130, "".join(seen) + err
     body = json.loads(record.read_text())
-    assert body["interrupted"] == "SIGINT"
+    assert body["interrupted"] == sig.name
     (gpu,) = body["gpus"]
     # the worker stopped by itself (its document, exit 0), not killed
-    assert gpu["stopped"] == "interrupted" and gpu["reason"] == "SIGINT received"
+    assert gpu["stopped"] == "interrupted" and gpu["reason"] == f"{sig.name} received"
     assert gpu["result"] == "ok" and len(gpu["windows"]) >= 2
     assert gpu["elapsed_seconds"] < 60
     assert wait_dead([gpu["worker_pid"]], 5) == []
     assert len(table.read_text().splitlines()) == 1 + 10 * len(gpu["windows"])
-    assert "stopped: interrupted: SIGINT received" in out
+    assert f"stopped: interrupted: {sig.name} received" in out
     saved = read_state(tmp_path / "state" / FILENAME)
     assert saved is not None and saved.gpus[0].stopped == "interrupted"
 
