@@ -136,13 +136,17 @@ def test_bench_sweeps_with_csv_and_json(tmp_path: Path) -> None:
 
 
 @pytest.mark.worker
-def test_bench_small_sweeps_small_cubes_and_its_count_reaches_its_total(tmp_path: Path) -> None:
+@pytest.mark.parametrize("small", [["--small"], []], ids=["small", "cpu"])
+def test_bench_small_sweeps_small_cubes_and_its_count_reaches_its_total(
+    tmp_path: Path, small: list[str]
+) -> None:
     """Issue 21: ``bench --device cpu --small`` swept 16 cubes up to 16384³ (5 of 32 after
-    197 s), and its bar counted a beta=1 pass that never runs with explicit shapes."""
+    197 s), and its bar counted a beta=1 pass that never runs with explicit shapes. A CPU
+    sweeps the small cubes with or without --small."""
     pytest.importorskip("torch")
     out_csv = tmp_path / "b.csv"
     started = time.monotonic()
-    result = run("bench", "--device", "cpu", "--small", "--csv", str(out_csv))
+    result = run("bench", "--device", "cpu", *small, "--csv", str(out_csv))
     took = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     assert took < 60, f"bench --small took {took:.1f} s"

@@ -153,7 +153,8 @@ def _interrupted(
     "m_range",
     default=None,
     callback=_range,
-    help=f"M sizes: N, list or START:STOP:STEP. [default: {M_RANGE}; {SMALL_M_RANGE} with --small]",
+    help=f"M sizes: N, list or START:STOP:STEP. [default: {M_RANGE}; {SMALL_M_RANGE} with "
+    "--small or --device cpu]",
 )
 @click.option(
     "--n", "n_range", default=None, callback=_range,
@@ -179,7 +180,8 @@ def bench(
     for other users (this is a benchmark you start on purpose). Prints the best shape per dtype
     (the MAMF) and the median over the sweep.
 
-    --small sweeps small cubes (128 to 512, seconds on a CPU) unless --m is given. Ctrl-C
+    --small and --device cpu sweep small cubes (128 to 512, seconds on a CPU) unless --m is
+    given. Ctrl-C
     stops the sweep: the kernels measured so far are written (--csv, --json) and printed.
 
     Exit status: 0 swept; 2 usage error (output paths are checked before the sweep); 3 the
@@ -189,7 +191,10 @@ def bench(
     settings = settings_from("bench", given)
     check_output_path(csv_path, "--csv")
     check_output_path(json_path, "--json")
-    ms = m_range if m_range is not None else parse_range(SMALL_M_RANGE if small else M_RANGE)
+    # a CPU sweeps the small cubes too: the worker sizes everything small there, and 16384³ on
+    # a CPU would take hours
+    tiny = small or device == "cpu"
+    ms = m_range if m_range is not None else parse_range(SMALL_M_RANGE if tiny else M_RANGE)
     if n_range is None and k_range is None:
         shapes = [f"{m}x{m}x{m}" for m in ms]
     else:
