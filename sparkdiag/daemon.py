@@ -38,6 +38,11 @@ class StartupError(SparkdiagError):
     exit_code = Exit.ATTENTION
 
 
+def url_host(host: str) -> str:
+    """A host as a URL writes it: an IPv6 address in brackets (``[::1]``), others as they are."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
 def dump(settings: Settings) -> bytes:
     """One poll rendered in the Prometheus text format."""
     poller = build_poller(settings)
@@ -136,10 +141,18 @@ def _serve(
             f"serving {settings.listen}; NVML {'up' if first.nvml_up else 'down'}, {gpus} GPU(s)"
         )
         host_text, port = server.server_address[:2]
+        if not address[0]:
+            log.info(
+                "--listen %s binds every interface (%s): other machines can scrape it; "
+                "--listen 127.0.0.1:%s serves this machine only",
+                settings.listen,
+                host_text,
+                port,
+            )
         log.info(
             "serving %s://%s:%s/metrics (poll every %.3g s)",
             "https" if server.web.tls is not None else "http",
-            host_text,
+            url_host(str(host_text)),
             port,
             settings.poll_interval,
         )

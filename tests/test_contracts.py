@@ -103,7 +103,7 @@ def test_every_request_field_is_a_worker_flag_and_every_click_flag_the_workers()
     by_field = {flag.field: flag for flag in FLAGS}
     assert {f.name for f in fields(WorkerRequest)} <= set(by_field)
     exposed = {
-        "probe": ("--dtype", "--small", "--shape"),
+        "probe": ("--dtype", "--small", "--shape", "--device"),
         "bench": ("--dtype", "--small", "--device", "--iters", "--warmup"),
         "soak": ("--dtype", "--small", "--device"),
         "compare": ("--dtype", "--shape", "--budget-seconds", "--iters"),

@@ -101,6 +101,8 @@ CASES: list[tuple[str, Args, int, str]] = [
     ("compare usage", lambda t: ["compare", "--max-gap", "2"], Exit.USAGE, "[0, 1)"),
     ("baseline show", lambda t: ["baseline", "show", *_store(t)], Exit.OK, ""),
     ("baseline show no store", lambda t: ["baseline", "show", "--state-dir", str(t)],
+     Exit.OK, "no baselines yet"),  # a fresh machine: as an empty store (issue 21)
+    ("baseline pin no store", lambda t: ["baseline", "pin", "--state-dir", str(t)],
      Exit.FAILED, "no baselines yet"),
     ("baseline pin no match", lambda t: ["baseline", "pin", *_store(t)], Exit.USAGE,
      "no baseline matches"),  # one probe teaches none (three do: test_probe_commands.py)

@@ -4,13 +4,19 @@ from __future__ import annotations
 
 import csv
 import json
+import re
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
 from sparkdiag.baseline.store import BaselineKey, BaselineStore
+from sparkdiag.cli import main
 from sparkdiag.probe.worker import SCHEMA
+from sparkdiag.sources import packages
 from tests.support import NVML, PROBE, ROOT, sparkdiag_cmd
 
 
@@ -78,11 +84,42 @@ def test_probe_runs_the_real_worker_on_cpu(tmp_path: Path) -> None:
     assert all(f["delivered_tflops"] > 0 for f in gpu["figures"])
 
 
+@pytest.mark.worker
+def test_probe_device_cpu_runs_the_worker_on_the_cpu_beside_a_gpu(tmp_path: Path) -> None:
+    """Issue 21: probe had no --device (bench, soak and compare do); with it the worker runs on
+    that device even where NVML lists a GPU, and no baseline is taught from it."""
+    pytest.importorskip("torch")
+    started = time.monotonic()
+    result = run("probe", "--device", "cpu", "--small", "--json", "--state-dir", str(tmp_path),
+                 "--nvml-fixture", str(NVML / "h200-idle.json"))  # fmt: skip
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert took < 60, f"probe --device cpu --small took {took:.1f} s"
+    (run_,) = json.loads(result.stdout)["gpus"]
+    assert run_["gpu"] is None and run_["result"] == "ok"
+    assert run_["worker"]["software"]["device"] == "cpu"
+    assert all(f["baseline_tflops"] is None for f in run_["figures"])
+    assert not (tmp_path / "baselines.sqlite").exists()
+
+
+def test_probe_without_torch_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 21: without torch probe printed "torch None, CUDA None" and no hint."""
+    monkeypatch.setattr(packages, "installed_version", lambda _name: None)
+    result = CliRunner().invoke(main, ["probe", "--device", "cpu", "--small"])
+    assert result.exit_code == 3, result.output
+    assert "torch is not installed for" in result.output
+    assert "-m pip install torch" in result.output and "torch None" not in result.output
+
+
 def test_probe_usage_errors() -> None:
     bad = run("probe", "--shape", "8192x8192", "--nvml-fixture", str(NVML / "h200-idle.json"))
     assert bad.returncode == 2 and "expected MxNxK" in bad.stderr
     missing = run("probe", "--gpu", "5", "--nvml-fixture", str(NVML / "h200-idle.json"))
     assert missing.returncode == 2 and "no GPU with index 5" in missing.stderr
+    both = run("probe", "--device", "cpu", "--gpu", "0")
+    assert both.returncode == 2 and "give --device or --gpu, not both" in both.stderr
+    bad = run("probe", "--device", "gpu")
+    assert bad.returncode == 2 and "expected cpu, cuda or cuda:N" in bad.stderr
 
 
 @pytest.mark.worker
@@ -96,6 +133,64 @@ def test_bench_sweeps_with_csv_and_json(tmp_path: Path) -> None:
     assert [r["shape"] for r in rows] == ["64x64x64", "128x128x128", "192x192x192"]
     assert all(r["status"] == "ok" and float(r["delivered_tflops"]) > 0 for r in rows)
     assert json.loads(out_json.read_text())["schema"] == SCHEMA
+
+
+@pytest.mark.worker
+@pytest.mark.parametrize("small", [["--small"], []], ids=["small", "cpu"])
+def test_bench_small_sweeps_small_cubes_and_its_count_reaches_its_total(
+    tmp_path: Path, small: list[str]
+) -> None:
+    """Issue 21: ``bench --device cpu --small`` swept 16 cubes up to 16384³ (5 of 32 after
+    197 s), and its bar counted a beta=1 pass that never runs with explicit shapes. A CPU
+    sweeps the small cubes with or without --small."""
+    pytest.importorskip("torch")
+    out_csv = tmp_path / "b.csv"
+    started = time.monotonic()
+    result = run("bench", "--device", "cpu", *small, "--csv", str(out_csv))
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stderr
+    assert took < 60, f"bench --small took {took:.1f} s"
+    rows = list(csv.DictReader(out_csv.open()))
+    shapes = ["128x128x128", "256x256x256", "384x384x384", "512x512x512"]
+    assert [r["shape"] for r in rows] == shapes
+    counts = re.findall(r"bench \[(\d+)/(\d+)\]", result.stderr)
+    assert counts == [(str(i), "4") for i in range(1, 5)], result.stderr
+    assert "swept 4 kernels" in result.stdout and "over 4 shapes" in result.stdout
+
+
+@pytest.mark.worker
+def test_bench_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    out_csv, out_json = tmp_path / "b.csv", tmp_path / "b.json"
+    proc = subprocess.Popen(
+        sparkdiag_cmd("bench", "--device", "cpu", "--m", "64,96,128,8192", "--iters", "3",
+                      "--warmup", "1", "--csv", str(out_csv), "--json", str(out_json)),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    seen = []
+    for line in proc.stderr:  # wait for the third kernel; the 8192 cube takes far longer
+        seen.append(line)
+        if "bench [3/4]" in line:
+            break
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, "".join(seen) + err
+    assert "interrupted after 3 of 4 kernels" in err
+    rows = list(csv.DictReader(out_csv.open()))
+    assert [r["shape"] for r in rows] == ["64x64x64", "96x96x96", "128x128x128"]
+    body = json.loads(out_json.read_text())
+    assert body["schema"] == "sparkdiag-bench-partial/1" and body["done"] == 3
+    assert [r["shape"] for r in body["results"]] == [r["shape"] for r in rows]
+    assert "bf16: best" in out and "over 3 shapes" in out
+
+
+@pytest.mark.parametrize("flag", ["--csv", "--json"])
+def test_bench_checks_its_output_paths_before_the_sweep(flag: str) -> None:
+    result = run("bench", "--device", "cpu", "--small", flag, "/nonexistent/dir/b.out")
+    assert result.returncode == 2, result.stderr
+    assert f"'{flag}': folder /nonexistent/dir does not exist" in result.stderr
+    assert "bench [" not in result.stderr and "Traceback" not in result.stderr
 
 
 def test_bench_rejects_a_bad_range() -> None:
@@ -133,8 +228,20 @@ def test_baseline_show_pin_reset(tmp_path: Path) -> None:
 
 
 def test_baseline_show_without_a_store(tmp_path: Path) -> None:
-    result = run("baseline", "show", "--state-dir", str(tmp_path / "none"))
-    assert result.returncode == 3 and "no baselines yet" in result.stderr
+    """Issue 21: on a fresh machine show exited 1 with "Error:", but 0 on an empty store; now
+    both exit 0 and nothing is created. pin and reset still need a store."""
+    none = tmp_path / "none"
+    result = run("baseline", "show", "--state-dir", str(none))
+    assert result.returncode == 0 and "Error" not in result.stderr, result.stderr
+    assert result.stdout == (
+        f"no baselines yet ({none}/baselines.sqlite does not exist): 'sparkdiag probe' or the "
+        "daemon learns them\n"
+    )
+    as_json = run("baseline", "show", "--json", "--state-dir", str(none))
+    assert as_json.returncode == 0 and json.loads(as_json.stdout) == []
+    assert not none.exists()
+    pin = run("baseline", "pin", "--state-dir", str(none))
+    assert pin.returncode == 3 and "no baselines yet" in pin.stderr
 
 
 def test_a_figure_counts_toward_the_baseline_only_without_a_heat_or_power_reason() -> None:

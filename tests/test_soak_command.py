@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from click.testing import CliRunner
 
 from sparkdiag import plotting
 from sparkdiag.cli import main
+from sparkdiag.commands import soak as soak_command
 from sparkdiag.commands.soak import exit_status, parse_duration
 from sparkdiag.flags import settings_from
 from sparkdiag.probe.request import WorkerRequest
@@ -26,7 +28,15 @@ from sparkdiag.soak import plot as soak_plot
 from sparkdiag.soak.model import CSV_COLUMNS, Target
 from sparkdiag.soak.run import Job, SoakRunner
 from sparkdiag.soak.state import FILENAME, read_state
-from tests.support import NVML, ROOT, alive, sparkdiag_cmd, wait_dead
+from tests.support import (
+    NVML,
+    ROOT,
+    alive,
+    http_get,
+    running_daemon,
+    sparkdiag_cmd,
+    wait_dead,
+)
 from tests.support.soak import gpu_soak, heating, report
 
 FAKE = Path(__file__).parent / "support" / "probe_scripts" / "fake_soak_worker.py"
@@ -60,11 +70,11 @@ def test_cpu_soak_writes_the_record_csv_plots_and_state(tmp_path: Path) -> None:
     assert delivered[("fp8", "1x256x256")] is None  # not on a CPU
     verdicts = {(v["dtype"], v["shape"]): v for v in gpu["verdicts"]}
     assert len(verdicts) == 10  # 5 dtypes at a decode and an LLM shape
-    judged = [v for v in verdicts.values() if v["status"] in ("held", "fell")]
-    assert len(judged) == 6 and all(v["cold"] > 0 and v["hottest"] > 0 for v in judged)
+    ran = [v for v in verdicts.values() if v["status"] == "ran"]  # a CPU: no thermal verdict
+    assert len(ran) == 6 and all(v["cold"] > 0 and v["hottest"] > 0 for v in ran)
+    assert all("no thermal verdict" in v["note"] for v in ran)
     assert verdicts[("nvfp4", "1x256x256")]["status"] == "unsupported"
-    fell = any(v["status"] == "fell" for v in judged)  # CPU figures are noisy: either may happen
-    assert result.returncode == (1 if fell else 0), result.stderr
+    assert result.returncode == 0, result.stderr  # however noisy the CPU
     # the text: a verdict line per kernel, the unsupported ones together, why it stopped
     assert "int4 1x256x256" in result.stdout and "not measured: fp8, nvfp4" in result.stdout
     assert "stopped: completed after 2 s of load" in result.stdout
@@ -81,7 +91,40 @@ def test_cpu_soak_writes_the_record_csv_plots_and_state(tmp_path: Path) -> None:
     saved = read_state(state / FILENAME)
     assert saved is not None
     (entry,) = saved.gpus
-    assert entry.gpu == "cpu" and entry.stopped == "completed" and len(entry.judged) == 6
+    assert entry.gpu == "cpu" and entry.stopped == "completed" and entry.judged == ()
+    assert len([k for k in entry.kernels if k.status == "ran"]) == 6
+
+
+@pytest.mark.worker
+def test_the_readme_cpu_smoke_soak_passes_and_its_record_poses_as_no_gpu(tmp_path: Path) -> None:
+    """Issue 21: ``soak --device cpu --small --duration 10 --window 1`` exited 1 in 7 of 7 runs
+    (CPU noise read as a thermal fall), check then warned about cooling on a machine without a
+    GPU, and the daemon served sparkdiag_soak_*{gpu="cpu"}."""
+    pytest.importorskip("torch")
+    state = tmp_path / "state"
+    started = time.monotonic()
+    result = run_soak("--device", "cpu", "--small", "--duration", "10", "--window", "1",
+                      "--state-dir", str(state))  # fmt: skip
+    took = time.monotonic() - started
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert took < 60, f"the CPU smoke soak took {took:.1f} s"
+    assert "fell" not in result.stdout.replace("0.9 of cold: fell", "")
+    assert "ran at" in result.stdout and "no thermal verdict" in result.stdout
+    assert "s left" in result.stderr  # the soak's own clock: cpu window 1 (1.0 s, 9 s left)
+    check = subprocess.run(
+        sparkdiag_cmd("check", "--quick", "--json", "--state-dir", str(state), "--nvml-fixture",
+                      str(NVML / "no-nvml.json")),
+        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
+    )  # fmt: skip
+    rows = [r for r in json.loads(check.stdout)["checks"] if r["name"] == "soak"]
+    assert [r["status"] for r in rows] == ["skip"], rows
+    assert "CPU test soak" in rows[0]["finding"] and "cooling" not in json.dumps(rows)
+    with running_daemon(["--nvml-fixture", str(NVML / "no-nvml.json"), "--no-probe.enabled",
+                         "--state-dir", str(state)]) as base:  # fmt: skip
+        status, _, body = http_get(base + "/metrics")
+    assert status == 200
+    served = [line for line in body.decode().splitlines() if line.startswith("sparkdiag_soak")]
+    assert served == []  # as dump, which reads no soak
 
 
 @pytest.mark.worker
@@ -96,7 +139,12 @@ def test_json_alone_prints_the_record_and_no_record_keeps_no_state(tmp_path: Pat
     assert not state.exists()
 
 
-def test_ctrl_c_stops_cleanly_with_a_partial_record_and_no_worker_left(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_stops_cleanly_with_a_partial_record_and_no_worker_left(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """Ctrl-C and SIGTERM alike; each is reported by its own name (issue 21: a SIGTERM was
+    passed on as SIGINT and the record said "SIGINT received")."""
     pytest.importorskip("torch")
     record, table = tmp_path / "soak.json", tmp_path / "soak.csv"
     proc = subprocess.Popen(
@@ -112,20 +160,20 @@ def test_ctrl_c_stops_cleanly_with_a_partial_record_and_no_worker_left(tmp_path:
         if "cpu window 1" in line or time.monotonic() > deadline:
             break
     started = time.monotonic()
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
     assert time.monotonic() - started < 30, "the worker did not stop promptly"
     assert proc.returncode == 130, "".join(seen) + err
     body = json.loads(record.read_text())
-    assert body["interrupted"] == "SIGINT"
+    assert body["interrupted"] == sig.name
     (gpu,) = body["gpus"]
     # the worker stopped by itself (its document, exit 0), not killed
-    assert gpu["stopped"] == "interrupted" and gpu["reason"] == "SIGINT received"
+    assert gpu["stopped"] == "interrupted" and gpu["reason"] == f"{sig.name} received"
     assert gpu["result"] == "ok" and len(gpu["windows"]) >= 2
     assert gpu["elapsed_seconds"] < 60
     assert wait_dead([gpu["worker_pid"]], 5) == []
     assert len(table.read_text().splitlines()) == 1 + 10 * len(gpu["windows"])
-    assert "stopped: interrupted: SIGINT received" in out
+    assert f"stopped: interrupted: {sig.name} received" in out
     saved = read_state(tmp_path / "state" / FILENAME)
     assert saved is not None and saved.gpus[0].stopped == "interrupted"
 
@@ -165,6 +213,21 @@ def test_every_gpu_soaks_at_once_and_one_interrupt_stops_them_all() -> None:
         assert gpu.worker_pid is not None and not alive(gpu.worker_pid)
     assert outcomes[0].worker_pid != outcomes[1].worker_pid
     assert exit_status(tuple(outcomes), True, True) == 130
+
+
+def test_sigterm_is_passed_on_and_reported_as_sigterm() -> None:
+    """Issue 21: a SIGTERM was passed on as SIGINT, so the record said "SIGINT received"."""
+    runner = fake_runner(["polite"])
+    seen: list[int] = []
+
+    def on_window(i: int, _w: object) -> None:
+        seen.append(i)
+        if len(seen) == 3:
+            runner.interrupt("SIGTERM")
+
+    (gpu,) = runner.run(on_window=on_window)
+    assert runner.interrupted == "SIGTERM" and not runner.killed
+    assert gpu.stopped == "interrupted" and gpu.reason == "SIGTERM received"
 
 
 def test_a_worker_that_ignores_the_interrupt_is_killed_after_the_grace() -> None:
@@ -247,6 +310,48 @@ def test_usage_errors(args: list[str], needle: str) -> None:
     result = CliRunner().invoke(main, ["soak", *args])
     assert result.exit_code == 2, result.output
     assert needle in result.output and "Traceback" not in result.output
+
+
+def test_a_missing_nvml_fixture_is_refused_with_device_cpu(tmp_path: Path) -> None:
+    result = CliRunner().invoke(main, ["soak", *CPU, "--duration", "1", "--nvml-fixture",
+                                       str(tmp_path / "missing.json"),
+                                       "--state-dir", str(tmp_path)])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert "--nvml-fixture" in result.output and "missing.json" in result.output
+    assert "soaking" not in result.output and not (tmp_path / FILENAME).exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--csv", "/nonexistent/dir/soak.csv"], "'--csv': folder /nonexistent/dir does not exist"),
+        (["--csv", "{tmp}"], "'--csv': File '{tmp}' is a directory"),  # click's own check
+        (["--json", "/nonexistent/soak.json"], "'--json': folder /nonexistent does not exist"),
+        (["--plot", "/nonexistent/dir"], "'--plot': folder /nonexistent does not exist"),
+        (["--plot", "/nonexistent/dir/"], "'--plot': folder /nonexistent does not exist"),
+    ],
+)  # fmt: skip
+def test_output_paths_are_checked_before_any_load(
+    tmp_path: Path, args: list[str], needle: str
+) -> None:
+    """Issue 21: a bad --csv failed after the soak ran, --plot made any folder it was given."""
+    pytest.importorskip("matplotlib")
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    result = CliRunner().invoke(main, ["soak", *CPU, "--duration", "1", *args,
+                                       "--state-dir", str(tmp_path)])  # fmt: skip
+    assert result.exit_code == 2, result.output
+    assert needle.replace("{tmp}", str(tmp_path)) in result.output
+    assert "soaking" not in result.output and not (tmp_path / FILENAME).exists()
+    assert not Path("/nonexistent").exists()
+
+
+def test_the_progress_says_the_seconds_of_load_left() -> None:
+    """Issue 21: click's ETA counted the worker's start as load (33 s left at 10 % of 10 s)."""
+    hot = heating(int4=[6.4, 6.3], bf16=[4.0, 4.0], memory=[40, 50])
+    job = Job(Target("GPU 0", 0, "GPU-0"), WorkerRequest(soak_seconds=10))
+    progress = soak_command._Progress([job], 10.0, tty=False)
+    progress.window(0, replace(hot[1], elapsed_seconds=1.0))
+    assert "(1.0 s, 9 s left)" in progress.status
 
 
 def test_no_gpu_is_one_line() -> None:

@@ -1,5 +1,6 @@
 """scripts/device/soak.sh (run on the H200 by the lead) on this machine's CPU with a tiny soak:
-every file it promises under $OUT, the served sparkdiag_soak_* series and check's soak row."""
+every file it promises under $OUT, the served sparkdiag_soak_* series (none for a CPU) and
+check's soak row."""
 
 from __future__ import annotations
 
@@ -30,8 +31,8 @@ def test_device_script_on_cpu(tmp_path: Path) -> None:
     record = json.loads((out / "soak.json").read_text())
     (gpu,) = record["gpus"]
     assert gpu["stopped"] == "completed", result.stdout + result.stderr
-    fell = any(v["status"] == "fell" for v in gpu["verdicts"])
-    assert result.returncode == (1 if fell else 0), result.stdout + result.stderr
+    assert {v["status"] for v in gpu["verdicts"]} <= {"ran", "unsupported"}  # a CPU: no verdict
+    assert result.returncode == 0, result.stdout + result.stderr
     verdict = (out / "verdict.txt").read_text()
     assert "stopped: completed after 2 s of load" in verdict
     assert f"soak rc={result.returncode}" in result.stdout
@@ -39,7 +40,7 @@ def test_device_script_on_cpu(tmp_path: Path) -> None:
     for name in ("soak-time.png", "soak-temperature.png"):
         assert (out / name).read_bytes()[:4] == b"\x89PNG"
     assert json.loads((out / "soak-state.json").read_text())["gpus"][0]["gpu"] == "cpu"
-    metrics = (out / "soak-metrics.prom").read_text()
-    assert 'sparkdiag_soak_info{gpu="cpu",sensor="",stopped="completed",uuid=""} 1.0' in metrics
-    assert "soak" in result.stdout.split("== sparkdiag check --quick")[1]
+    assert (out / "soak-metrics.prom").read_text() == ""  # a CPU soak is no GPU's: not served
+    check_rows = result.stdout.split("== sparkdiag check --quick")[1]
+    assert "CPU test soak" in check_rows and "cooling" not in check_rows
     assert verdict in (out / "log.txt").read_text()

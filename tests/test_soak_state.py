@@ -162,12 +162,23 @@ def test_the_daemon_serves_the_soak_verdicts(tmp_path: Path) -> None:
     assert "sparkdiag_soak" not in lint.stdout + lint.stderr, lint.stdout + lint.stderr
 
 
-def test_exposition_of_a_cpu_test_soak(tmp_path: Path) -> None:
+def test_a_cpu_test_soak_is_not_exported_as_a_gpu(tmp_path: Path) -> None:
+    """A --device cpu soak measured a CPU's noise: the daemon serves no gpu="cpu" series (as
+    dump, which reads no soak), even from an old record whose CPU kernels "fell"."""
     path = tmp_path / FILENAME
-    write_state(path, [gpu_state("cpu", "", kernels=[held()], sensor=None, max_celsius=None)])
+    cpu = gpu_state("cpu", "", kernels=[held(), fell()], sensor=None, max_celsius=None)
+    write_state(path, [cpu, gpu_state("0", H200_UUID, kernels=[held()])])
     text = render(registry_for(SoakCollector(path))).decode()
-    assert 'sparkdiag_soak_info{gpu="cpu",sensor="",stopped="completed",uuid=""} 1.0' in text
-    assert "sparkdiag_soak_max_celsius{" not in text  # no temperature: no sample
+    assert 'gpu="cpu"' not in text
+    assert (
+        f'sparkdiag_soak_info{{gpu="0",sensor="memory",stopped="completed",uuid="{H200_UUID}"}}'
+        in (text)
+    )
+    path.unlink()
+    write_state(path, [cpu])  # a machine without a GPU: no soak sample at all
+    samples = [line for line in render(registry_for(SoakCollector(path))).decode().splitlines()
+               if line.startswith("sparkdiag_soak_")]  # fmt: skip
+    assert samples == []
 
 
 # -- the check ------------------------------------------------------------------------------------
@@ -239,11 +250,16 @@ def test_check_skips_without_a_soak_and_warns_on_a_damaged_file(
 
 
 def test_check_names_gpus_without_a_soak_and_cpu_test_runs(h200: Snapshot) -> None:
-    results = soak_check(h200, ok(gpu_state("cpu", "", kernels=[held()], sensor=None,
-                                            max_celsius=None)))  # fmt: skip
-    cpu, gpu0 = results
-    assert cpu.gpu is None and cpu.status == "pass"
-    assert cpu.finding.startswith("CPU soak 3 h ago") and "--device cpu test" in cpu.finding
+    """A --device cpu record is a smoke test that ran: a skip row, never a GPU's, and never the
+    cooling advice, even from an old record whose CPU kernels "fell"."""
+    entry = gpu_state("cpu", "", kernels=[held(), fell()], sensor=None, max_celsius=None)
+    cpu, gpu0 = soak_check(h200, ok(entry))
+    assert cpu.gpu is None and cpu.status == "skip" and cpu.action == ""
+    assert cpu.finding == (
+        "CPU test soak 3 h ago (completed after 300 s): 2 kernels ran; a CPU soak (--device cpu) "
+        "is a smoke test with no thermal verdict"
+    )
+    assert "cooling" not in cpu.finding + cpu.action and cpu.data["thermal"] is False
     assert gpu0.gpu == "0" and gpu0.status == "skip" and gpu0.finding == "no soak of this GPU yet"
 
 

@@ -4,6 +4,8 @@ that says so; and the records written from it (JSON, CSV rows, state entries).""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from sparkdiag.soak.model import CSV_COLUMNS, csv_rows, record_json, state_entry
@@ -154,3 +156,22 @@ def test_a_fall_never_reads_as_the_threshold() -> None:
     windows = heating(int4=[1.0, 0.897], bf16=[1.0, 1.0], memory=[40, 80])
     _, int4 = kernel(windows, "int4")
     assert verdict_text(int4, "memory").startswith("fell to 0.897 of cold at 80 °C")
+
+
+def test_a_cpu_soak_ran_without_a_thermal_verdict() -> None:
+    """A CPU measures its own noise, not heat (issue 21: 7 of 7 CPU smoke soaks "fell" to
+    0.34-0.90 of cold): without ``thermal`` every kernel and ratio measured under load ran, with
+    the range of its fractions of cold, and none is degraded."""
+    windows = heating(int4=[6.4, 2.2, 7.0, 5.1], bf16=[4.0, 1.4, 4.2, 3.9],
+                      memory=[None] * 4)  # fmt: skip
+    assert judge(windows).degraded  # judged as a GPU, the noise would read as a fall
+    verdict = judge(windows, thermal=False)
+    assert verdict.thermal is False and verdict.degraded == () and verdict.judged == ()
+    int4 = next(v for v in verdict.kernels if v.dtype == "int4")
+    assert int4.status == "ran" and int4.fell_fraction is None and int4.cold == 6.4
+    assert int4.lowest_fraction == pytest.approx(2.2 / 6.4)
+    assert verdict_text(int4, None) == "ran at 0.34-1.09 of cold (a CPU soak: no thermal verdict)"
+    assert {r.status for r in verdict.ratios} == {"ran"}
+    soak = gpu_soak(windows, index=None)
+    entry = state_entry(replace(soak, verdict=verdict), 1.7e9, 10.0)
+    assert entry.is_cpu and entry.degraded == () and {k.status for k in entry.kernels} == {"ran"}

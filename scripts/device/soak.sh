@@ -4,7 +4,7 @@
 #   soak.json (the record: every window), soak.csv (a row per window and kernel),
 #   soak-time.png and soak-temperature.png (soak-gpuN-*.png with several GPUs),
 #   verdict.txt (the text verdict), soak-state.json (the state file), soak-metrics.prom
-#   (sparkdiag_soak_* as served), nvidia-smi.txt (before and after: the GPU left idle), log.txt.
+#   (sparkdiag_soak_* as served; none for a --device cpu test soak), nvidia-smi.txt (before and after: the GPU left idle), log.txt.
 # Arguments go to sparkdiag soak after the defaults, so they win: --duration 600, --gpu 0;
 # the tests run it with --device cpu --small --duration 2 --window 0.5.
 cd "$(dirname "$0")/../.." || exit 2
@@ -25,7 +25,7 @@ echo "== sparkdiag soak"
 python3 -m sparkdiag soak --duration 300 --json "$OUT/soak.json" --csv "$OUT/soak.csv" \
   "${PLOT[@]}" --state-dir "$STATE" "$@" | tee "$OUT/verdict.txt"
 rc=${PIPESTATUS[0]}
-echo "soak rc=$rc (0 every kernel held; 1 a kernel fell, or a GPU was not soaked; 3 a worker failed; 130 interrupted)"
+echo "soak rc=$rc (0 every kernel held, or a CPU soak ran; 1 a kernel fell, or a GPU was not soaked; 3 a worker failed; 130 interrupted)"
 { echo "== after"; smi; } | tee -a "$OUT/nvidia-smi.txt"
 cp "$STATE/soak.json" "$OUT/soak-state.json" 2>/dev/null || echo "no state file written"
 

@@ -2,7 +2,9 @@
 
 It reads ``soak.json`` in the state directory (never the GPU): pass when every kernel held at
 least 0.9 of its cold throughput, warn when one fell below (or the soak failed, or stopped on a
-hardware slowdown), skip when no soak was run yet.
+hardware slowdown), skip when no soak was run yet. A ``--device cpu`` test soak is shown as what
+it is, a smoke test that ran (skip): a CPU measures its own noise, not heat, so it never warns
+about cooling.
 """
 
 from __future__ import annotations
@@ -90,6 +92,23 @@ def _judge(g: GpuState, now: float, gpu: str | None) -> CheckResult:
     )  # fmt: skip
 
 
+def _cpu_run(g: GpuState, now: float) -> CheckResult:
+    """A ``--device cpu`` test soak: what ran, no verdict."""
+    ran = f" after {g.elapsed_seconds:.0f} s" if g.elapsed_seconds is not None else ""
+    measured = [k for k in g.kernels if k.lowest_fraction is not None]
+    what = f"{len(measured)} kernels ran" if measured else "measured nothing"
+    if g.stopped == "error":
+        what = f"failed: {g.reason or 'no reason given'}"
+    data = {"finished_at": g.finished_at, "age_seconds": now - g.finished_at,
+            "stopped": g.stopped, "reason": g.reason, "thermal": False}  # fmt: skip
+    return CheckResult(
+        NAME, "skip",
+        f"CPU test soak {age(now - g.finished_at)} ({g.stopped}{ran}): {what}; a CPU soak "
+        "(--device cpu) is a smoke test with no thermal verdict",
+        data=data,
+    )  # fmt: skip
+
+
 def check_soak(ctx: CheckContext) -> list[CheckResult]:
     """Per GPU, the latest soak's verdict and age (see the module docstring)."""
     report = ctx.soak
@@ -110,17 +129,12 @@ def check_soak(ctx: CheckContext) -> list[CheckResult]:
     by_uuid = {g.identity.uuid: g for g in ctx.snapshot.gpus}
     results = []
     for entry in report.soak.gpus:
+        if entry.is_cpu:
+            results.append(_cpu_run(entry, now))
+            continue
         seen = by_uuid.pop(entry.uuid, None) if entry.uuid else None
-        gpu = str(seen.identity.index) if seen is not None else None
-        if gpu is None and entry.gpu != "cpu":
-            gpu = entry.gpu
-        result = _judge(entry, now, gpu)
-        if entry.gpu == "cpu":
-            result = CheckResult(
-                result.name, result.status, f"CPU {result.finding} (a --device cpu test run)",
-                result.action, None, result.data,
-            )  # fmt: skip
-        results.append(result)
+        gpu = str(seen.identity.index) if seen is not None else entry.gpu
+        results.append(_judge(entry, now, gpu))
     for sample in by_uuid.values():
         if sample.up:
             index = str(sample.identity.index)

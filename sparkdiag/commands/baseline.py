@@ -5,22 +5,35 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import click
 
-from sparkdiag.baseline.store import BaselineStore, open_store
+from sparkdiag.baseline.store import DEFAULT_FILENAME, BaselineStore, open_store
 from sparkdiag.errors import UsageError
 from sparkdiag.flags import settings_from, settings_options
+from sparkdiag.statedir import StateDirError, state_directory
 
 
 @click.group()
 def baseline() -> None:
     """Show, pin or reset the healthy baselines the probe is compared with.
 
-    Exit status: 0 done; 2 a usage error (no filter for reset, filters that match no baseline
-    or several for pin); 3 the baseline store cannot be opened (none learned yet, permissions).
+    Exit status: 0 done (show: also when none was learned yet); 2 a usage error (no filter for
+    reset, filters that match no baseline or several for pin); 3 the baseline store cannot be
+    opened (pin and reset: none learned yet; permissions).
     """
+
+
+def _not_learned_yet(state_dir: Path | None) -> Path | None:
+    """The store's path when there is none yet (a fresh machine), else None (it exists, or the
+    state directory cannot be found: open_store says why)."""
+    try:
+        path = (state_dir or state_directory()) / DEFAULT_FILENAME
+    except StateDirError:
+        return None
+    return None if path.exists() else path
 
 
 def _filtered(store: BaselineStore, uuid: str | None, dtype: str | None, shape: str | None,
@@ -54,7 +67,16 @@ def _with_filters(fn: Callable[..., Any]) -> Callable[..., Any]:
 def baseline_show(uuid: str | None, dtype: str | None, shape: str | None, context: str | None,
                   as_json: bool, **given: Any) -> None:  # fmt: skip
     """List baselines (every software identity: old ones are kept)."""
-    with open_store(settings_from("baseline", given).state_dir, create=False) as store:
+    state_dir = settings_from("baseline", given).state_dir
+    missing = _not_learned_yet(state_dir)
+    if missing is not None:  # a fresh machine: as an empty store, not an error
+        if as_json:
+            click.echo("[]")
+        else:
+            click.echo(f"no baselines yet ({missing} does not exist): 'sparkdiag probe' or the "
+                       "daemon learns them")  # fmt: skip
+        return
+    with open_store(state_dir, create=False) as store:
         rows = _filtered(store, uuid, dtype, shape, context)
     if as_json:
         click.echo(json.dumps([

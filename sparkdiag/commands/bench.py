@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import statistics
 import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import click
 
+from sparkdiag.commands.common import check_output_path
 from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.flags import file_option, settings_from, settings_options, worker_options
+from sparkdiag.probe.document import KernelResult, Progress
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import run_worker
 from sparkdiag.probe.worker import throughput_unit
@@ -21,6 +26,9 @@ CSV_COLUMNS = (
     "dtype", "shape", "status", "peak_tflops", "delivered_tflops", "median_ms", "total_ms",
     "iters", "max_rel_error", "reason",
 )  # fmt: skip
+M_RANGE = "1024:16384:1024"  # mamf-finder's square sweep
+SMALL_M_RANGE = "128:512:128"  # --small: four cubes a CPU sweeps in seconds
+PARTIAL_SCHEMA = "sparkdiag-bench-partial/1"  # --json after Ctrl-C: the kernels measured
 
 
 def parse_range(text: str) -> list[int]:
@@ -45,15 +53,108 @@ def _range(ctx: click.Context, param: click.Parameter, value: str | None) -> lis
     return None if value is None else parse_range(value)
 
 
+class _Sweep:
+    """The kernels measured so far (from the worker's progress lines, so that Ctrl-C keeps
+    them), shown as a bar on a terminal and one line per kernel elsewhere. The count and the
+    total are the worker's own: a pass that does not run is never counted."""
+
+    def __init__(self, total: int, tty: bool) -> None:
+        self.total = total
+        self.done = 0
+        self.results: list[KernelResult] = []
+        self.bar: Any = None
+        self.tty = tty
+
+    def __enter__(self) -> _Sweep:
+        if self.tty:
+            self.bar = click.progressbar(
+                length=self.total, label="sweeping", file=sys.stderr, show_pos=True
+            ).__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.bar is not None:
+            self.bar.__exit__(*exc)
+
+    def __call__(self, item: Progress) -> None:
+        if item.result is None:
+            return
+        self.results.append(item.result)
+        self.total = max(item.total, item.done)
+        step = item.done - self.done
+        self.done = item.done
+        r = item.result
+        figure = f"{r.peak:.3g} {throughput_unit(r.dtype)}" if r.peak is not None else r.status
+        if self.bar is not None:
+            self.bar.length = self.total
+            self.bar.update(max(step, 0))
+        else:
+            click.echo(f"bench [{self.done}/{self.total}] {r.dtype} {r.shape}: {figure}", err=True)
+
+
+def _write_csv(path: Path, results: Sequence[KernelResult]) -> None:
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(CSV_COLUMNS)
+        for r in results:
+            writer.writerow(
+                [r.dtype, r.shape, r.status, r.peak, r.delivered, r.median_ms, r.total_ms,
+                 r.iters, r.max_rel_error, r.reason]
+            )  # fmt: skip
+
+
+def _figure(value: float | None) -> str:
+    """Three significant digits below 100 (CPU figures are small: 0.193, not 0.2)."""
+    if value is None:
+        return "-"
+    return f"{value:.1f}" if value >= 100 else f"{value:.3g}"
+
+
+def _summary(dtypes: Sequence[str], results: Sequence[KernelResult]) -> None:
+    for dtype in dtypes:
+        ok = [r for r in results if r.dtype == dtype and r.peak is not None]
+        if not ok:
+            reasons = {r.reason for r in results if r.dtype == dtype}
+            click.echo(f"{dtype}: no result ({'; '.join(str(x) for x in reasons)})")
+            continue
+        # mamf-finder's figure is per iteration: the peak (median iteration) is comparable
+        best = max(ok, key=lambda r: r.peak or 0.0)
+        median = statistics.median(r.peak or 0.0 for r in ok)
+        unit = throughput_unit(dtype)
+        click.echo(f"{dtype}: best {_figure(best.peak)} {unit} at {best.shape} (MAMF); "
+                   f"median {_figure(median)} over {len(ok)} shapes")  # fmt: skip
+
+
+def _interrupted(
+    sweep: _Sweep, dtypes: Sequence[str], csv_path: Path | None, json_path: Path | None
+) -> None:
+    """Ctrl-C: write and print the kernels measured so far, exit INTERRUPTED."""
+    results = [r for r in sweep.results if r.beta == 0]
+    if csv_path:
+        _write_csv(csv_path, results)
+    if json_path:
+        body = {
+            "schema": PARTIAL_SCHEMA,
+            "interrupted": "SIGINT",
+            "done": sweep.done,
+            "total": sweep.total,
+            "results": [dataclasses.asdict(r) for r in results],
+        }
+        json_path.write_text(json.dumps(body, indent=1))
+    click.echo(f"interrupted after {sweep.done} of {sweep.total} kernels", err=True)
+    _summary(dtypes, results)
+    sys.exit(Exit.INTERRUPTED)
+
+
 @click.command()
 @worker_options("--dtype", "--small", "--device", dtypes=("bf16",))
 @click.option(
     "--m",
     "m_range",
-    default="1024:16384:1024",
-    show_default=True,
+    default=None,
     callback=_range,
-    help="M sizes: N, list or START:STOP:STEP.",
+    help=f"M sizes: N, list or START:STOP:STEP. [default: {M_RANGE}; {SMALL_M_RANGE} with "
+    "--small or --device cpu]",
 )
 @click.option(
     "--n", "n_range", default=None, callback=_range,
@@ -68,7 +169,7 @@ def _range(ctx: click.Context, param: click.Parameter, value: str | None) -> lis
 @file_option("--json", "json_path", "Write the worker documents to this JSON file.")
 @settings_options("bench")
 def bench(
-    dtypes: list[str], small: bool, device: str | None, m_range: list[int],
+    dtypes: list[str], small: bool, device: str | None, m_range: list[int] | None,
     n_range: list[int] | None, k_range: list[int] | None, iters: int, warmup: int,
     csv_path: Path | None, json_path: Path | None, **given: Any,
 ) -> None:  # fmt: skip
@@ -79,11 +180,21 @@ def bench(
     for other users (this is a benchmark you start on purpose). Prints the best shape per dtype
     (the MAMF) and the median over the sweep.
 
-    Exit status: 0 swept; 2 usage error; 3 the worker failed or timed out (what it measured
-    before is still written and printed).
+    --small and --device cpu sweep small cubes (128 to 512, seconds on a CPU) unless --m is
+    given. Ctrl-C
+    stops the sweep: the kernels measured so far are written (--csv, --json) and printed.
+
+    Exit status: 0 swept; 2 usage error (output paths are checked before the sweep); 3 the
+    worker failed or timed out (what it measured before is still written and printed);
+    130 interrupted.
     """
     settings = settings_from("bench", given)
-    ms = m_range
+    check_output_path(csv_path, "--csv")
+    check_output_path(json_path, "--json")
+    # a CPU sweeps the small cubes too: the worker sizes everything small there, and 16384³ on
+    # a CPU would take hours
+    tiny = small or device == "cpu"
+    ms = m_range if m_range is not None else parse_range(SMALL_M_RANGE if tiny else M_RANGE)
     if n_range is None and k_range is None:
         shapes = [f"{m}x{m}x{m}" for m in ms]
     else:
@@ -106,41 +217,27 @@ def bench(
         warmup=warmup,
         budget_seconds=max(timeout, 1.0),
     )
-    total = len(shapes) * len(dtypes) + (len(shapes) if "bf16" in dtypes else 0)
-    with click.progressbar(length=total, label="sweeping", file=sys.stderr, show_pos=True) as bar:
-        cycle = run_worker(
-            request=request, timeout=timeout, on_progress=lambda _item: bar.update(1)
-        )
+    # explicit shapes: one pass per shape and dtype, no beta=1 variant (worker.plan_suite)
+    sweep = _Sweep(len(shapes) * len(dtypes), sys.stderr.isatty())
+    started = time.monotonic()
+    try:
+        with sweep:
+            cycle = run_worker(request=request, timeout=timeout, on_progress=sweep)
+    except KeyboardInterrupt:  # the worker's group is already killed (run_worker)
+        _interrupted(sweep, dtypes, csv_path, json_path)
     doc = cycle.document
     results = [r for r in doc.results if r.beta == 0] if doc else []
     if json_path and doc is not None:
         json_path.write_text(json.dumps(dict(doc.raw), indent=1))
     if csv_path:
-        with csv_path.open("w", newline="") as fh:
-            writer = csv.writer(fh)
-            writer.writerow(CSV_COLUMNS)
-            for r in results:
-                writer.writerow(
-                    [r.dtype, r.shape, r.status, r.peak, r.delivered, r.median_ms, r.total_ms,
-                     r.iters, r.max_rel_error, r.reason]
-                )  # fmt: skip
+        _write_csv(csv_path, results)
     if cycle.result in ("error", "timeout") and not results:
         raise SparkdiagError(f"sweep failed: {cycle.reason}")
     if doc is not None:
         sw = doc.software
         click.echo(f"{sw.gpu_name or sw.device}: torch {sw.torch}, CUDA {sw.cuda}")
-    for dtype in dtypes:
-        ok = [r for r in results if r.dtype == dtype and r.peak is not None]
-        if not ok:
-            reasons = {r.reason for r in results if r.dtype == dtype}
-            click.echo(f"{dtype}: no result ({'; '.join(str(x) for x in reasons)})")
-            continue
-        # mamf-finder's figure is per iteration: the peak (median iteration) is comparable
-        best = max(ok, key=lambda r: r.peak or 0.0)
-        median = statistics.median(r.peak or 0.0 for r in ok)
-        unit = throughput_unit(dtype)
-        click.echo(f"{dtype}: best {best.peak:.1f} {unit} at {best.shape} (MAMF); "
-                   f"median {median:.1f} over {len(ok)} shapes")  # fmt: skip
+    click.echo(f"swept {len(results)} kernels in {time.monotonic() - started:.1f} s")
+    _summary(dtypes, results)
     if cycle.result in ("error", "timeout"):
         click.echo(f"warning: {cycle.reason}", err=True)
         sys.exit(Exit.FAILED)

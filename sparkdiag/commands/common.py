@@ -1,10 +1,11 @@
-"""What several commands do the same way at run time: set up logging, find the GPUs ``--gpu``
-names. (Their flags come from :mod:`sparkdiag.flags`; errors are raised, never translated here:
-:mod:`sparkdiag.errors`.)"""
+"""What several commands do the same way at run time: set up logging, find the GPUs ``--gpu`` names,
+check the output paths before any work starts. (Their flags come from :mod:`sparkdiag.flags`; errors
+are raised, never translated here: :mod:`sparkdiag.errors`.)"""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,6 +27,43 @@ def setup_logging(level: str, prefix: str | None = None) -> None:
         format=LOG_FORMAT if prefix is None else f"{prefix}: %(message)s",
         stream=sys.stderr,
     )
+
+
+def check_output_path(path: Path | str | None, flag: str) -> None:
+    """A file the command will write at the end, checked before the work starts: its folder
+    must exist (nothing is created for it) and be writable, and the path must not be a folder
+    (nor an existing file that cannot be written). A usage error naming ``flag`` otherwise;
+    None and ``-`` (standard output) pass."""
+    if path is None or str(path) == "-":
+        return
+    target = Path(path)
+    if target.is_dir():
+        raise UsageError(f"{target} is a folder; give a file name", flag=flag)
+    _writable_folder(target.parent, flag, f"for {target.name}")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise UsageError(f"cannot write {target}: permission denied", flag=flag)
+
+
+def check_output_folder(folder: Path | str, flag: str) -> None:
+    """A folder the command will write files in, created at the end if missing: it, or else
+    its parent (one level is created, never a whole chain such as /nonexistent/dir), must be a
+    writable folder. A usage error naming ``flag`` otherwise."""
+    target = Path(folder)
+    if target.exists():
+        _writable_folder(target, flag, "")
+        return
+    _writable_folder(target.parent, flag, f"to create {target.name} in")
+
+
+def _writable_folder(folder: Path, flag: str, what: str) -> None:
+    shown = str(folder) or "."
+    where = f" ({what})" if what else ""
+    if not folder.exists():
+        raise UsageError(f"folder {shown} does not exist{where}", flag=flag)
+    if not folder.is_dir():
+        raise UsageError(f"{shown} is not a folder{where}", flag=flag)
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write in folder {shown}: permission denied", flag=flag)
 
 
 def check_gpu_indices(listed: Sequence[int], chosen: tuple[int, ...] | None) -> None:

@@ -20,11 +20,11 @@ from sparkdiag.commands.probe_table import (
     progress_printer,
     render_probe_table,
 )
-from sparkdiag.errors import Exit
+from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.flags import gpu_option, settings_from, settings_options, worker_options
 from sparkdiag.probe.launchers import FixtureLauncher
 from sparkdiag.probe.request import WorkerRequest
-from sparkdiag.probe.runner import ProbeCycle, run_worker
+from sparkdiag.probe.runner import NO_TORCH_PREFIX, ProbeCycle, run_worker, torch_install_hint
 from sparkdiag.snapshot import GpuSample
 
 
@@ -39,8 +39,21 @@ def _context(rootfs: Path) -> str:
 REPORT_SCHEMA = "sparkdiag-probe-report/2"
 
 
+def _require_torch() -> None:
+    """The worker imports torch: without it, one line that says how to install it (as check
+    does), instead of a table of "torch None, CUDA None"."""
+    from sparkdiag.sources.packages import read_torch
+
+    torch = read_torch()
+    if torch.version is None:
+        raise SparkdiagError(
+            f"torch is not installed for {torch.python}, and the probe needs it: "
+            + torch_install_hint(torch.python)
+        )
+
+
 @click.command()
-@worker_options("--dtype", "--small", "--shape")
+@worker_options("--dtype", "--small", "--shape", "--device")
 @gpu_option("The GPUs to probe, one after another.")
 @click.option(
     "--json",
@@ -58,8 +71,8 @@ REPORT_SCHEMA = "sparkdiag-probe-report/2"
 )
 @settings_options("probe")
 def probe(
-    dtypes: list[str], shapes: list[str], small: bool, gpus: tuple[int, ...] | None, as_json: bool,
-    record: bool, **given: Any,
+    dtypes: list[str], shapes: list[str], small: bool, device: str | None,
+    gpus: tuple[int, ...] | None, as_json: bool, record: bool, **given: Any,
 ) -> None:  # fmt: skip
     """Run one probe cycle now and compare it with the baseline and the reference.
 
@@ -67,14 +80,25 @@ def probe(
     subprocess, and prints throughput, the stored baseline, efficiency, and the published
     reference for the GPU model.
 
+    --device cpu (or cuda:N) runs one cycle on that torch device, without NVML and without a
+    baseline (a smoke test: --device cpu --small takes seconds).
+
     Exit status: 0 measured; 1 skipped (GPU busy) or nothing supported; 2 usage error;
-    3 the worker failed or timed out.
+    3 the worker failed or timed out, or torch is not installed.
     """
     settings = settings_from("probe", given)
     setup_logging(settings.log_level)
-    samples, why = gpus_seen(settings.nvml_fixture, gpus)
+    if device is not None and gpus is not None:
+        raise UsageError("give --device or --gpu, not both")
+    if settings.probe_fixture is None:
+        _require_torch()
+    if device is None:
+        samples, why = gpus_seen(settings.nvml_fixture, gpus)
+    else:  # one cycle on that device: no GPU identity, so no baseline either
+        samples, why = [], None
     context = _context(settings.rootfs)
     request = WorkerRequest(
+        device=device,
         dtypes=tuple(dtypes),
         shapes=tuple(shapes),
         small=small,
@@ -83,7 +107,8 @@ def probe(
         progress=True,
     )
     fixture = FixtureLauncher(settings.probe_fixture) if settings.probe_fixture else None
-    store = open_store(settings.state_dir, create=True) if record or settings.state_dir else None
+    wants_store = device is None and (record or settings.state_dir is not None)
+    store = open_store(settings.state_dir, create=True) if wants_store else None
     runs: list[GpuRun] = []
     targets: list[GpuSample | None] = list(samples) if samples else [None]
     if not samples and why and not as_json:
@@ -92,7 +117,7 @@ def probe(
         )
     try:
         for gpu in targets:
-            label = f"GPU {gpu.identity.index}" if gpu else "probe"
+            label = f"GPU {gpu.identity.index}" if gpu else (device or "probe")
             cycle: ProbeCycle
             if fixture is not None:
                 cycle = fixture(gpu, lambda _pid: None)
@@ -141,6 +166,9 @@ def probe(
         click.echo(json.dumps(report, indent=1))
     else:
         click.echo(render_probe_table(runs), nl=False)
+    no_torch = [r.cycle.reason for r in runs if (r.cycle.reason or "").startswith(NO_TORCH_PREFIX)]
+    if no_torch and not as_json:  # the worker's Python is not this one (a fixture, a container)
+        click.echo(f"{no_torch[0]}: {torch_install_hint()}", err=True)
     results = {r.cycle.result for r in runs}
     if results & {"error", "timeout"}:
         sys.exit(Exit.FAILED)

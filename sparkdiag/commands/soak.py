@@ -15,7 +15,12 @@ from typing import Any
 import click
 
 from sparkdiag import plotting
-from sparkdiag.commands.common import gpus_seen, setup_logging
+from sparkdiag.commands.common import (
+    check_output_folder,
+    check_output_path,
+    gpus_seen,
+    setup_logging,
+)
 from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.flags import (
     file_option,
@@ -71,6 +76,10 @@ def _jobs(
     if device is not None:
         if gpus is not None:
             raise UsageError("give --device or --gpu, not both")
+        if fixture is not None:  # not used on a device, but a fixture that is not there is wrong
+            from sparkdiag.sources.fixture import load_fixture
+
+            load_fixture(fixture)  # FixtureError: a usage error naming --nvml-fixture
         return [Job(Target(label=device), request.on_device(device))]
     samples, why = gpus_seen(fixture, gpus)
     if not samples:
@@ -91,11 +100,14 @@ def _jobs(
 
 class _Progress:
     """On a terminal a progress bar (seconds of load of the furthest worker, and the latest
-    window); elsewhere (a log, a pipe) one line per window."""
+    window); elsewhere (a log, a pipe) one line per window. Both say the seconds of load left,
+    from the soak's own clock (click's ETA would count the worker's start and the cold window as
+    load: 33 s left at 10 % of a 10 s soak)."""
 
-    def __init__(self, jobs: list[Job], duration: float) -> None:
+    def __init__(self, jobs: list[Job], duration: float, tty: bool | None = None) -> None:
         self.jobs = jobs
-        self.tty = sys.stderr.isatty()
+        self.duration = duration
+        self.tty = sys.stderr.isatty() if tty is None else tty
         self.bar: Any = None
         self.length = max(1, math.ceil(duration))
         self.position = 0
@@ -104,7 +116,7 @@ class _Progress:
     def __enter__(self) -> _Progress:
         if self.tty:
             self.bar = click.progressbar(
-                length=self.length, label="soak", file=sys.stderr, show_eta=True,
+                length=self.length, label="soak", file=sys.stderr, show_eta=False,
                 item_show_func=lambda _item: self.status,
             ).__enter__()  # fmt: skip
         return self
@@ -118,9 +130,10 @@ class _Progress:
         shown = [f"{temps[s]:.0f} °C {SENSOR_WORDS[s]}" for s in ("memory", "gpu") if s in temps]
         for name, ratio in sorted(w.ratios.items()):
             shown.append(f"{name} {ratio:.2f}")
+        left = max(self.duration - w.elapsed_seconds, 0.0)
         self.status = (
-            f"{self.jobs[i].target.label} window {w.index} ({w.elapsed_seconds:.1f} s): "
-            + (", ".join(shown) or "measured")
+            f"{self.jobs[i].target.label} window {w.index} ({w.elapsed_seconds:.1f} s, "
+            f"{left:.0f} s left): " + (", ".join(shown) or "measured")
         )
         if self.bar is None:
             click.echo(self.status, err=True)
@@ -262,14 +275,25 @@ def soak(
     second one kills the workers); the GPU is left idle and the windows measured so far are
     still written. Why it stopped is the last line per GPU.
 
-    Exit status: 0 every kernel held; 1 a kernel fell below 0.9 of cold, a GPU was not soaked
-    (busy, unsupported) or an output could not be written; 2 usage error; 3 a worker failed;
-    130 interrupted.
+    --device cpu --small is a smoke test of the command: a CPU measures its own noise, not
+    heat, so its kernels "ran" (with the range of their fractions of cold) and get no verdict;
+    its record is shown by check as a test run and not exported by the daemon.
+
+    Exit status: 0 every kernel held (a CPU soak: ran); 1 a kernel fell below 0.9 of cold, a
+    GPU was not soaked (busy, unsupported) or an output could not be written; 2 usage error
+    (checked before any load, output paths included); 3 a worker failed; 130 interrupted.
     """
     settings = settings_from("soak", given)
     setup_logging(settings.log_level)
+    check_output_path(json_to, "--json")
+    check_output_path(csv_to, "--csv")
     if plot_to is not None:
         plotting.require("--plot")
+        prefix = soak_plot.prefix_for(plot_to)
+        if soak_plot.is_folder(plot_to):
+            check_output_folder(prefix.parent, "--plot")  # DIR/: created if its parent exists
+        else:
+            check_output_path(prefix.with_name(f"{prefix.name}-time.png"), "--plot")
     request = WorkerRequest(
         dtypes=tuple(dtypes),
         small=small,

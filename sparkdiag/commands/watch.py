@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from sparkdiag.commands.common import check_gpu_indices, setup_logging
+from sparkdiag.commands.common import check_gpu_indices, check_output_path, setup_logging
 from sparkdiag.errors import UsageError
 from sparkdiag.flags import file_option, gpu_option, settings_from, settings_options
 from sparkdiag.plotting import require as require_plotting
@@ -142,6 +142,8 @@ def watch(
         raise UsageError("give exactly one of --pid PID, --replay FILE or -- COMMAND ARGS...")
     if plot_to is not None:
         require_plotting("--plot")
+    check_output_path(plot_to, "--plot")  # before the job runs, not after it ended
+    check_output_path(record_to, "--record")
     if replay is not None:
         rec = load(replay)  # RecordingError: a usage error naming --replay
         _report(rec, diagnose(rec), as_json, plot_to)

@@ -1,8 +1,11 @@
 """The latest soak per GPU (``sparkdiag soak``), from ``soak.json`` in the state directory.
 
 The file is read again only when it changed (its size, inode or modification time), so a scrape
-costs one ``stat``. Nothing is exported before the first soak; a file that cannot be read is
-logged once per change and exports nothing (``sparkdiag check`` reports it).
+costs one ``stat``. Only GPUs are exported: a ``--device cpu`` test soak (``gpu="cpu"``, kept in the
+file for ``check``) measured a CPU's noise, not a GPU's heat, and ``dump`` (which reads no soak) and
+the daemon agree that a machine without a GPU exports no ``sparkdiag_soak_*`` series. Nothing is
+exported before the first soak; a file that cannot be read is logged once per change and exports
+nothing (``sparkdiag check`` reports it).
 """
 
 from __future__ import annotations
@@ -63,7 +66,7 @@ class SoakCollector:
 
         last = gauge(
             "sparkdiag_soak_last_timestamp_seconds",
-            'Unix time the latest soak of this GPU ended (gpu="cpu" for a --device cpu test).',
+            "Unix time the latest soak of this GPU ended.",
             GPU,
         )
         duration = gauge(
@@ -116,6 +119,8 @@ class SoakCollector:
             [*KERNEL, "sensor"],
         )
         for g in state.gpus:
+            if g.is_cpu:
+                continue  # a smoke test of the command, not a GPU (see the module docstring)
             labels = [g.gpu, g.uuid]
             sensor = g.sensor or ""
             last.add_metric(labels, g.finished_at)

@@ -60,6 +60,17 @@ class ProbeCycle:
     worker_pid: int | None
 
 
+NO_TORCH_PREFIX = "cannot import torch"  # the worker's reason when its Python has no torch
+
+
+def torch_install_hint(python: str = sys.executable) -> str:
+    """What to do when the worker's Python has no torch: one line, for any command."""
+    return (
+        f"install it into the Python that runs the worker: {python} -m pip install torch "
+        "(the build for your GPU's CUDA: https://pytorch.org/get-started/locally/)"
+    )
+
+
 def worker_path() -> Path:
     """Path of the self-contained worker script."""
     return Path(__file__).with_name("worker.py")

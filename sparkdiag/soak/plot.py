@@ -25,21 +25,28 @@ COLOURS = {"int4": "tab:red", "bf16": "tab:blue", "fp16": "tab:green", "fp8": "t
            "nvfp4": "tab:orange", "int8": "tab:brown", "tf32": "tab:gray"}  # fmt: skip
 
 
+def is_folder(target: str | Path) -> bool:
+    """``--plot`` names a directory: an existing one, or one given with a trailing slash."""
+    return Path(target).is_dir() or str(target).endswith("/")
+
+
 def prefix_for(target: str | Path) -> Path:
     """``--plot`` as a file prefix: a directory (existing, or given with a trailing slash) gets
     ``soak`` in it; a ``.png`` suffix is dropped."""
     path = Path(target)
-    if path.is_dir() or str(target).endswith("/"):
+    if is_folder(target):
         return path / "soak"
     return path.with_suffix("") if path.suffix.lower() == ".png" else path
 
 
 def plot(report: SoakReport, target: str | Path) -> list[Path]:
     """Write the PNGs; returns their paths. PlotUnavailable without matplotlib, OSError when a
-    file cannot be written."""
+    file cannot be written. A directory (``DIR/``) that is missing is created, its parent never,
+    nor the folder of a prefix (a typo must not make a chain of folders)."""
     plt = pyplot()
     prefix = prefix_for(target)
-    prefix.parent.mkdir(parents=True, exist_ok=True)
+    if is_folder(target):
+        prefix.parent.mkdir(exist_ok=True)
     written: list[Path] = []
     gpus = [g for g in report.gpus if g.windows]
     for g in gpus:

@@ -1,13 +1,14 @@
 """Run the worker's soak on every target at once (one worker per GPU), and stop them cleanly.
 
-Each worker runs in its own session (:func:`sparkdiag.probe.runner.run_worker`), so a Ctrl-C in
-the terminal reaches this process only. The first SIGINT or SIGTERM is passed on to every worker
-as SIGINT: the worker stops at its next check (within about ``--soak-chunk-ms``, or once the
-window it is measuring ends), synchronizes the GPU, frees its buffers and prints its document
-with ``stopped: interrupted``. A second signal, or a worker still running
-:data:`INTERRUPT_GRACE_SECONDS` after the first, gets its process group killed (the driver frees
-a dead process's context, so the GPU is idle either way); its record then holds the windows of
-its progress lines. Windows reach ``on_window`` in this (the main) thread, as they are measured.
+Each worker runs in its own session (:func:`sparkdiag.probe.runner.run_worker`), so a Ctrl-C in the
+terminal reaches this process only. The first SIGINT or SIGTERM is passed on to every worker as the
+same signal (so that its record says which one stopped it): the worker stops at its next check
+(within about ``--soak-chunk-ms``, or once the window it is measuring ends), synchronizes the GPU,
+frees its buffers and prints its document with ``stopped: interrupted``. A second signal, or a
+worker still running :data:`INTERRUPT_GRACE_SECONDS` after the first, gets its process group killed
+(the driver frees a dead process's context, so the GPU is idle either way); its record then holds
+the windows of its progress lines. Windows reach ``on_window`` in this (the main) thread, as they
+are measured.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ class SoakRunner:
             self._pids[i] = pid
             killed, interrupted = self.killed, self.interrupted is not None
         if killed or interrupted:  # the interrupt came before this worker started
-            killpg(pid, signal.SIGKILL if killed else signal.SIGINT)
+            killpg(pid, signal.SIGKILL if killed else _passed_on(self.interrupted))
 
     def _progress(self, i: int, item: Progress) -> None:
         if item.window is not None:
@@ -119,7 +120,7 @@ class SoakRunner:
                     self.killed = True
                 pids = list(self._pids.values())
             for pid in pids:
-                killpg(pid, signal.SIGINT if first else signal.SIGKILL)
+                killpg(pid, _passed_on(name) if first else signal.SIGKILL)
         at = self._interrupted_at
         if at is not None and not self.killed and time.monotonic() - at > self.grace:
             self.kill()
@@ -198,7 +199,7 @@ class SoakRunner:
             reason=reason,
             elapsed_seconds=elapsed,
             windows=windows,
-            verdict=judge(windows),
+            verdict=judge(windows, thermal=job.request.device != "cpu"),
             result=cycle.result,
             worker_reason=cycle.reason,
             worker_pid=cycle.worker_pid,
@@ -206,6 +207,12 @@ class SoakRunner:
             software=doc.software if doc is not None else None,
             thresholds=thresholds,
         )
+
+
+def _passed_on(name: str | None) -> signal.Signals:
+    """The signal a worker gets for the one received: SIGTERM for SIGTERM, else SIGINT (both
+    stop the worker cleanly)."""
+    return signal.SIGTERM if name == "SIGTERM" else signal.SIGINT
 
 
 Handlers = dict[signal.Signals, object]

@@ -79,6 +79,11 @@ class GpuState:
     def key(self) -> str:
         return self.uuid or self.gpu
 
+    @property
+    def is_cpu(self) -> bool:
+        """A ``--device cpu`` test soak: it has no thermal verdict and is no GPU's record."""
+        return self.gpu == "cpu"
+
 
 @dataclass(frozen=True)
 class SoakState:

@@ -7,6 +7,11 @@ its measurement (the sustained load before it when the measurement has none). Th
 temperature is used where the GPU has one; where it has none (GB10: its LPDDR5X has no sensor,
 NVML reads 0, which the worker reports as absent) the GPU temperature is used, and the verdict
 says so (``sensor``).
+
+A soak of a CPU (``--device cpu``, a smoke test) measures the CPU's run-to-run noise, not heat:
+it has no thermal verdict (``thermal=False``). Its kernels are ``ran``, never ``fell``, and say
+the range of their fractions of cold, so that a CPU never reports a slowdown nor warns about
+cooling.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ from sparkdiag.probe.document import SoakWindow
 FALL_FRACTION = 0.9  # a kernel "fell" in the first window below this fraction of its cold rate
 
 Sensor = Literal["memory", "gpu"]
-Status = Literal["held", "fell", "no-cold", "no-load", "unsupported"]
+Status = Literal["held", "fell", "ran", "no-cold", "no-load", "unsupported"]
+NO_THERMAL = "a CPU soak: no thermal verdict"
 
 
 @dataclass(frozen=True)
@@ -65,8 +71,9 @@ class Verdict(KernelFigures):
     """One kernel (``int4`` at ``1x8192x8192``, kind ``decode``) or one int4 ratio (``int4/bf16``,
     shape ``decode``, kind ``ratio``) over the soak.
 
-    status: held (never below FALL_FRACTION of cold under load), fell, no-cold (no cold
-        measurement to compare with), no-load (no window under load), unsupported (never measured)
+    status: held (never below FALL_FRACTION of cold under load), fell, ran (measured under load
+        on a CPU: no thermal verdict), no-cold (no cold measurement to compare with), no-load
+        (no window under load), unsupported (never measured)
     cold: delivered in the cold window (TFLOPS, or TOPS for integer dtypes; a plain number for a
         ratio)
     hottest: delivered in the hottest window that measured it, at ``hottest_celsius``
@@ -98,6 +105,7 @@ class SoakVerdict:
     ratios: tuple[Verdict, ...]
     min_celsius: float | None = None
     max_celsius: float | None = None
+    thermal: bool = True  # False: a CPU soak, whose kernels ran without a verdict
 
     @property
     def degraded(self) -> tuple[Verdict, ...]:
@@ -134,13 +142,16 @@ def window_celsius(window: SoakWindow, sensor: Sensor | None) -> float | None:
     return value
 
 
-def judge(windows: Sequence[SoakWindow], sensor: Sensor | None = None) -> SoakVerdict:
+def judge(
+    windows: Sequence[SoakWindow], sensor: Sensor | None = None, thermal: bool = True
+) -> SoakVerdict:
     """The verdict of every kernel and int4 ratio over ``windows`` (in the order measured).
 
     ``sensor`` defaults to :func:`pick_sensor`. The cold rate is the window before the load
     (phase ``cold``); the hottest rate is the window with the highest temperature that measured
     the kernel (the latest one without temperatures); a kernel fell at the first window under
-    load below FALL_FRACTION of its cold rate.
+    load below FALL_FRACTION of its cold rate. Without ``thermal`` (a CPU soak) a kernel measured
+    under load ``ran``: the same figures, no verdict.
     """
     ordered = sorted(windows, key=lambda w: (w.index, w.elapsed_seconds))
     if sensor is None:
@@ -165,11 +176,15 @@ def judge(windows: Sequence[SoakWindow], sensor: Sensor | None = None) -> SoakVe
     return SoakVerdict(
         sensor=sensor,
         kernels=tuple(
-            _series(key, values, by_window, reasons.get(key)) for key, values in kernels.items()
+            _series(key, values, by_window, reasons.get(key), thermal)
+            for key, values in kernels.items()
         ),
-        ratios=tuple(_series(key, values, by_window, None) for key, values in ratios.items()),
+        ratios=tuple(
+            _series(key, values, by_window, None, thermal) for key, values in ratios.items()
+        ),
         min_celsius=min(present) if present else None,
         max_celsius=max(present) if present else None,
+        thermal=thermal,
     )
 
 
@@ -178,6 +193,7 @@ def _series(
     values: list[tuple[SoakWindow, float | None]],
     celsius: dict[int, float | None],
     reason: str | None,
+    thermal: bool = True,
 ) -> Verdict:
     dtype, shape, kind = key
     points = tuple(
@@ -210,6 +226,12 @@ def _series(
         return replace(base, status="no-load", cold=cold, note="no window under load")
     fractions = [(w, v / cold) for w, v in loaded]
     lowest = min(f for _, f in fractions)
+    if not thermal:
+        highest = max(f for _, f in fractions)
+        return replace(
+            base, status="ran", cold=cold, lowest_fraction=lowest,
+            note=f"ran at {lowest:.2f}-{highest:.2f} of cold ({NO_THERMAL})",
+        )  # fmt: skip
     fell = next(((w, f) for w, f in fractions if f < FALL_FRACTION), None)
     if fell is None:
         return replace(base, status="held", cold=cold, lowest_fraction=lowest, note=None)
