@@ -1,4 +1,4 @@
-"""matplotlib, an optional extra (``pip install 'sparkdiag[plot]'``), for the PNGs that ``watch``
+"""matplotlib, an optional extra (``pip install matplotlib``), for the PNGs that ``watch``
 and ``soak`` write: whether it is there, the one message when it is not, and a headless pyplot."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from typing import Any
 
 from sparkdiag.errors import UsageError
 
-INSTALL_HINT = "pip install 'sparkdiag[plot]'"
+INSTALL_HINT = "pip install matplotlib (from a checkout: pip install -e '.[plot]')"
 
 
 class PlotUnavailable(UsageError, RuntimeError):

@@ -24,6 +24,7 @@ from sparkdiag.link.client import Options, measure_link
 from sparkdiag.link.readings import read_fabric
 from sparkdiag.link.session import split_peer
 from sparkdiag.probe.launchers import Launcher, WorkerLauncher
+from sparkdiag.probe.runner import torch_install_hint
 from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.soak.state import inspect_state
 from sparkdiag.sources.cpufreq import read_governors
@@ -146,7 +147,7 @@ def _with_probes(
         return replace(
             ctx,
             probe_skipped=f"torch is not installed for {python} "
-            "(install it with: pip install 'sparkdiag[probe]')",
+            f"({torch_install_hint(torch.python) if torch is not None else torch_install_hint()})",
         )
     probes: dict[int, GpuProbe] = {}
     eligible = []

@@ -19,6 +19,7 @@ import re
 
 from sparkdiag.check.model import CheckContext, CheckResult
 from sparkdiag.probe.document import Software
+from sparkdiag.probe.runner import torch_install_hint
 
 # (minimum Linux driver, CUDA toolkit it shipped with), ascending. The minimum is the GA
 # release's driver (11.0 GA: 450.51.05; 450.80.02 is the floor for minor version compatibility,
@@ -123,7 +124,7 @@ def check_versions(ctx: CheckContext) -> list[CheckResult]:
             CheckResult(
                 NAME, "skip",
                 f"{driver_part}; torch not installed for {python}: nothing to compare",
-                "install torch for the probe: pip install 'sparkdiag[probe]'",
+                torch_install_hint(ctx.torch.python) if ctx.torch else torch_install_hint(),
                 data=data,
             )
         ]  # fmt: skip

@@ -18,6 +18,7 @@ from sparkdiag.probe.launchers import (
     WorkerLauncher,
 )
 from sparkdiag.probe.request import WorkerRequest
+from sparkdiag.probe.runner import torch_install_hint
 from sparkdiag.scheduling.hot_probe import HotLimits, HotProbeScheduler
 from sparkdiag.scheduling.probe_state import ProbeState
 from sparkdiag.scheduling.scheduler import GpuLocks, ProbeScheduler
@@ -56,11 +57,7 @@ def _native(
     else:
         python = settings.probe_python or (sys.executable,)
         if settings.probe_python is None and importlib.util.find_spec("torch") is None:
-            log.warning(
-                "torch is not installed for %s: GEMM probes skipped "
-                "(install them with: pip install 'sparkdiag[probe]')",
-                sys.executable,
-            )
+            log.warning("torch is not installed: GEMM probes skipped (%s)", torch_install_hint())
             return None
         request = WorkerRequest(
             probe_when=settings.probe_when, busy_utilization=settings.probe_busy_utilization
