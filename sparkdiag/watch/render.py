@@ -3,24 +3,19 @@
 from __future__ import annotations
 
 import json
-import textwrap
 from dataclasses import asdict
 from typing import Any
 
+from sparkdiag import terminal
 from sparkdiag.watch.causes import TITLES, meaning
 from sparkdiag.watch.diagnose import Diagnosis
 from sparkdiag.watch.model import Recording
 
 JSON_SCHEMA = "sparkdiag-watch/1"
-_WIDTH = 100
 
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:.0f} %"
-
-
-def _wrap(text: str, indent: str) -> list[str]:
-    return textwrap.wrap(text, _WIDTH, initial_indent=indent, subsequent_indent=" " * len(indent))
 
 
 def headline(diagnosis: Diagnosis) -> str:
@@ -34,33 +29,42 @@ def headline(diagnosis: Diagnosis) -> str:
     return f"{TITLES[first.name]} ({_pct(first.share)} {meaning(first.name)})"
 
 
-def text(rec: Recording, diagnosis: Diagnosis) -> str:
-    """A report of a few lines per cause: the share lost, the evidence, what to try."""
+def text(rec: Recording, diagnosis: Diagnosis, width: int | None = None) -> str:
+    """A report of a few lines per cause: the share lost, the evidence, what to try; within
+    ``width`` columns (the terminal's by default)."""
+    width = terminal.width() if width is None else width
+
+    def _wrap(text: str, indent: str) -> list[str]:
+        return terminal.wrap(text, width, indent)
+
     gpus = (
         ", ".join(f"GPU {g.index} ({g.name})" for g in rec.gpus if g.index in diagnosis.gpus)
         or "no GPU"
     )
     status = "" if rec.exit_status is None else f", exit status {rec.exit_status}"
     duration = rec.ticks[-1].t if rec.ticks else 0.0
-    lines = [
+    lines = terminal.wrap(
         f"sparkdiag watch: {rec.job}{status}; watched {duration:.1f} s ({rec.ended_by}) on {gpus}",
-    ]
+        width, "", "    ",
+    )  # fmt: skip
     start, end = diagnosis.window
     if diagnosis.gpu_busy is not None:
         tensor = (
             "" if diagnosis.tensor_activity is None
             else f", tensor pipes {_pct(diagnosis.tensor_activity)} when busy"
         )  # fmt: skip
-        lines.append(
-            f"active window {start:.1f}-{end:.1f} s: GPU busy {_pct(diagnosis.gpu_busy)}{tensor}"
+        lines += _wrap(
+            f"active window {start:.1f}-{end:.1f} s: GPU busy {_pct(diagnosis.gpu_busy)}{tensor}",
+            "",
         )
-    lines += ["", f"diagnosis: {headline(diagnosis)}"]
+    lines += ["", *terminal.wrap(f"diagnosis: {headline(diagnosis)}", width, "", "  ")]
     for cause in diagnosis.causes:
-        lines += ["", f"  {TITLES[cause.name]:<26} {_pct(cause.share):>6} {meaning(cause.name)}"]
+        lines.append("")
+        lines += _wrap(meaning(cause.name), f"  {TITLES[cause.name]:<26} {_pct(cause.share):>6} ")
         for item in cause.evidence:
             lines += _wrap(item, "    - ")
         for action in cause.actions:
-            lines += _wrap("try: " + action, "    ")
+            lines += _wrap(action, "    try: ")
     for action in diagnosis.healthy_actions:
         lines += _wrap(action, "  ")
     if diagnosis.notes:

@@ -1,0 +1,150 @@
+"""Text that fits the terminal it is printed to.
+
+Every text renderer takes a ``width`` (columns) and lays its lines out within it: prose wraps at
+full words with a hanging indent (never mid-word: a word longer than the line, a path or a URL,
+stays whole on a line of its own), tables keep their columns and wrap their last, free-text
+column, or, where even the fixed columns do not fit, list each row as ``name value`` pairs.
+:func:`width` is the width to use for a stream: the width its terminal reports, or
+:data:`DEFAULT_WIDTH` when it is not a terminal (piped, redirected, click's CliRunner), so that
+what scripts read does not depend on the terminal of whoever ran them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+import textwrap
+from collections.abc import Collection, Sequence
+from typing import TextIO
+
+DEFAULT_WIDTH = 100  # not a terminal
+MIN_WIDTH = 40  # narrower terminals are laid out as if this wide
+MIN_TEXT = 24  # a wrapped column narrower than this moves its text under the row
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def width(stream: TextIO | None = None) -> int:
+    """The columns to lay text out in for ``stream`` (standard output by default): $COLUMNS or
+    the terminal's width when it is a terminal, :data:`DEFAULT_WIDTH` otherwise."""
+    stream = sys.stdout if stream is None else stream
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):  # closed, or not a file
+        tty = False
+    if not tty:
+        return DEFAULT_WIDTH
+    columns = 0
+    env = os.environ.get("COLUMNS", "")
+    if env.isdigit():
+        columns = int(env)
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(stream.fileno()).columns
+        except (AttributeError, ValueError, OSError):
+            columns = shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
+    if columns <= 0:
+        return DEFAULT_WIDTH
+    return max(MIN_WIDTH, columns)
+
+
+def visible(text: str) -> int:
+    """The columns ``text`` takes, colour codes left out."""
+    return len(_ANSI.sub("", text))
+
+
+def wrap(text: str, width: int, indent: str = "", hanging: str | None = None) -> list[str]:
+    """``text`` in lines of at most ``width`` columns, broken between words only: the first
+    line starts with ``indent``, the others with ``hanging`` (as many spaces as ``indent`` by
+    default). A word longer than a line stays whole. Always at least one line."""
+    hanging = " " * visible(indent) if hanging is None else hanging
+    # wrap with a plain stand-in for a coloured indent, so that its codes take no columns
+    plain = " " * visible(indent)
+    lines = textwrap.wrap(
+        text,
+        width=max(width, visible(plain) + 1, len(hanging) + 1),
+        initial_indent=plain,
+        subsequent_indent=hanging,
+        break_long_words=False,
+        break_on_hyphens=False,
+    )
+    if not lines:
+        return [indent.rstrip()]
+    lines[0] = indent + lines[0][len(plain) :]
+    return lines
+
+
+def hang(prefix: str, text: str, width: int, hanging: int | None = None) -> list[str]:
+    """``prefix`` then ``text``, the text's later lines indented under its start (or by
+    ``hanging`` columns); where that leaves fewer than :data:`MIN_TEXT` columns, the text is
+    indented by four columns instead."""
+    indent = visible(prefix) if hanging is None else hanging
+    if width - indent < MIN_TEXT:
+        indent = min(4, indent)
+    return wrap(text, width, prefix, " " * indent)
+
+
+def fill(text: str, width: int, indent: str = "", hanging: str | None = None) -> str:
+    """:func:`wrap` joined into one string (no trailing newline)."""
+    return "\n".join(wrap(text, width, indent, hanging))
+
+
+def table(
+    header: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    width: int,
+    right: Collection[int] = (),
+    indent: str = "",
+    free: bool = False,
+) -> list[str]:
+    """An aligned table within ``width`` columns: ``right`` names the columns aligned right;
+    with ``free`` the last column is prose that wraps under itself. Where the fixed columns do
+    not fit with two spaces between them, they get one; where they still do not, every row is
+    listed on its own as ``header value`` pairs, wrapped."""
+    every = [list(header), *[list(r) for r in rows]]
+    fixed = len(header) - 1 if free else len(header)
+    widths = [max(visible(r[i]) for r in every) for i in range(fixed)]
+    for gap in ("  ", " "):
+        used = len(indent) + sum(widths) + len(gap) * max(fixed - 1, 0)
+        if free:
+            used += len(gap)
+        if used <= width and (not free or width - used >= MIN_TEXT or fixed == 0):
+            return _aligned(every, widths, gap, right, indent, free, width)
+    return _listed(header, rows, width, indent)
+
+
+def _pad(cell: str, size: int, right: bool) -> str:
+    space = " " * max(size - visible(cell), 0)
+    return space + cell if right else cell + space
+
+
+def _aligned(
+    every: list[list[str]],
+    widths: list[int],
+    gap: str,
+    right: Collection[int],
+    indent: str,
+    free: bool,
+    width: int,
+) -> list[str]:
+    lines = []
+    for row in every:
+        cells = [_pad(c, widths[i], i in right) for i, c in enumerate(row[: len(widths)])]
+        line = indent + gap.join(cells)
+        if free and row[-1]:
+            lines += wrap(row[-1], width, line + gap)
+        else:
+            lines.append(line.rstrip())
+    return lines
+
+
+def _listed(
+    header: Sequence[str], rows: Sequence[Sequence[str]], width: int, indent: str
+) -> list[str]:
+    lines = []
+    for row in rows:
+        pairs = [f"{h} {c}" if h else c for h, c in zip(header[1:], row[1:], strict=False) if c]
+        lines += wrap(f"{row[0]}: " + ", ".join(pairs), width, indent, indent + "    ")
+    return lines
