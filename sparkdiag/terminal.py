@@ -24,6 +24,12 @@ MIN_WIDTH = 40  # narrower terminals are laid out as if this wide
 MIN_TEXT = 24  # a wrapped column narrower than this moves its text under the row
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+NBSP = "\xa0"  # a space that wrap() keeps (put back as a plain space)
+# spaces never broken: a figure and its unit (91 °C, 20.0 %, 4.2 TB/s), GPU 0
+_GLUE = re.compile(
+    r"(?<=\d) (?=(?:°C|%|s|ms|µs|W|MHz|GHz|kB|MB|GB|B/s|MB/s|GB/s|Gb/s|TB/s|TFLOPS|TOPS|cores?)"
+    r"(?:[\s,;:.)]|$))|(?<=\bGPU) (?=\d)"
+)
 
 
 def width(stream: TextIO | None = None) -> int:
@@ -63,7 +69,7 @@ def wrap(text: str, width: int, indent: str = "", hanging: str | None = None) ->
     # wrap with a plain stand-in for a coloured indent, so that its codes take no columns
     plain = " " * visible(indent)
     lines = textwrap.wrap(
-        text,
+        _GLUE.sub(NBSP, text),
         width=max(width, visible(plain) + 1, len(hanging) + 1),
         initial_indent=plain,
         subsequent_indent=hanging,
@@ -73,7 +79,7 @@ def wrap(text: str, width: int, indent: str = "", hanging: str | None = None) ->
     if not lines:
         return [indent.rstrip()]
     lines[0] = indent + lines[0][len(plain) :]
-    return lines
+    return [line.replace(NBSP, " ") for line in lines]
 
 
 def hang(prefix: str, text: str, width: int, hanging: int | None = None) -> list[str]:
@@ -145,6 +151,62 @@ def _listed(
 ) -> list[str]:
     lines = []
     for row in rows:
-        pairs = [f"{h} {c}" if h else c for h, c in zip(header[1:], row[1:], strict=False) if c]
+        # a header and its value stay on one line (the value's own spaces too, when short)
+        pairs = [
+            (f"{h} {c}" if h else c).replace(" ", NBSP) if len(h) + len(c) < 40 else f"{h} {c}"
+            for h, c in zip(header[1:], row[1:], strict=False)
+            if c
+        ]
         lines += wrap(f"{row[0]}: " + ", ".join(pairs), width, indent, indent + "    ")
     return lines
+
+
+def fit(text: str, width: int) -> str:
+    """``text`` on one line of fewer than ``width`` columns: cut after its last whole word
+    that fits, with an ellipsis (for a status line, which must not wrap)."""
+    if len(text) < width:
+        return text
+    cut = text[: max(width - 2, 1)]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > 0 else cut).rstrip(" ,;·") + " …"
+
+
+class StatusLine:
+    """One line of progress on a terminal, rewritten in place with a carriage return and
+    erased by :meth:`clear`. Silent where ``stream`` is not a terminal (piped, redirected,
+    CliRunner): nothing of it ever reaches a file. At most one write per ``every`` seconds,
+    whatever the rate of :meth:`show`."""
+
+    def __init__(self, stream: TextIO, every: float = 0.2) -> None:
+        self.stream = stream
+        try:
+            self.enabled = stream.isatty()
+        except (AttributeError, ValueError):
+            self.enabled = False
+        self.every = every
+        self._shown = 0  # columns of what is on the line now
+        self._last: float | None = None
+
+    def show(self, text: str, now: float) -> None:
+        """Put ``text`` on the line (cut to the terminal's width) unless one was put there less
+        than ``every`` seconds before ``now``."""
+        if not self.enabled or (self._last is not None and now - self._last < self.every):
+            return
+        self._last = now
+        line = fit(text, width(self.stream))
+        pad = " " * max(self._shown - len(line), 0)  # what is left of a longer line before
+        self._write(f"\r{line}{pad}" + (f"\r{line}" if pad else ""))
+        self._shown = len(line)
+
+    def clear(self) -> None:
+        """Erase the line and leave the cursor at its start (nothing when nothing is shown)."""
+        if self.enabled and self._shown:
+            self._write("\r" + " " * self._shown + "\r")
+        self._shown = 0
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):  # the terminal went away: say nothing more
+            self.enabled = False

@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from sparkdiag import terminal
 from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.flags import file_option, settings_from, settings_options, worker_options
 from sparkdiag.probe.request import WorkerRequest
@@ -126,21 +127,25 @@ def bench(
                 )  # fmt: skip
     if cycle.result in ("error", "timeout") and not results:
         raise SparkdiagError(f"sweep failed: {cycle.reason}")
+    width = terminal.width()
     if doc is not None:
         sw = doc.software
-        click.echo(f"{sw.gpu_name or sw.device}: torch {sw.torch}, CUDA {sw.cuda}")
+        click.echo(terminal.fill(f"{sw.gpu_name or sw.device}: torch {sw.torch}, CUDA {sw.cuda}",
+                                 width, "", "    "))  # fmt: skip
     for dtype in dtypes:
         ok = [r for r in results if r.dtype == dtype and r.peak is not None]
         if not ok:
             reasons = {r.reason for r in results if r.dtype == dtype}
-            click.echo(f"{dtype}: no result ({'; '.join(str(x) for x in reasons)})")
+            why = "; ".join(str(x) for x in reasons)
+            click.echo(terminal.fill(f"{dtype}: no result ({why})", width, "", "    "))
             continue
         # mamf-finder's figure is per iteration: the peak (median iteration) is comparable
         best = max(ok, key=lambda r: r.peak or 0.0)
         median = statistics.median(r.peak or 0.0 for r in ok)
         unit = throughput_unit(dtype)
-        click.echo(f"{dtype}: best {best.peak:.1f} {unit} at {best.shape} (MAMF); "
-                   f"median {median:.1f} over {len(ok)} shapes")  # fmt: skip
+        click.echo(terminal.fill(f"{dtype}: best {best.peak:.1f} {unit} at {best.shape} (MAMF); "
+                                 f"median {median:.1f} over {len(ok)} shapes", width, "",
+                                 "    "))  # fmt: skip
     if cycle.result in ("error", "timeout"):
         click.echo(f"warning: {cycle.reason}", err=True)
         sys.exit(Exit.FAILED)

@@ -9,13 +9,28 @@ from typing import Any
 from sparkdiag import terminal
 from sparkdiag.watch.causes import TITLES, meaning
 from sparkdiag.watch.diagnose import Diagnosis
-from sparkdiag.watch.model import Recording
+from sparkdiag.watch.model import Recording, Tick
 
 JSON_SCHEMA = "sparkdiag-watch/1"
 
 
 def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:.0f} %"
+
+
+def status(tick: Tick, ticks: int) -> str:
+    """The live status line while watching: time watched, ticks, each GPU's utilization and
+    whether the job is on it, the job's CPU: ``watching 12 s, 24 samples · GPU 0 87 % busy, the
+    job on it · job CPU 1.3 cores``."""
+    parts = [f"watching {tick.t:.0f} s, {ticks} sample{'s' if ticks != 1 else ''}"]
+    for g in tick.gpus:
+        on = "the job on it" if g.job_on_gpu or g.job_memory_bytes else "the job not on it"
+        parts.append(f"GPU {g.index} {_pct(g.utilization)} busy, {on}")
+    if not tick.gpus:
+        parts.append("no GPU sampled")
+    if tick.job.cpu_cores is not None:
+        parts.append(f"job CPU {tick.job.cpu_cores:.1f} cores")
+    return " · ".join(parts)
 
 
 def headline(diagnosis: Diagnosis) -> str:
@@ -37,14 +52,13 @@ def text(rec: Recording, diagnosis: Diagnosis, width: int | None = None) -> str:
     def _wrap(text: str, indent: str) -> list[str]:
         return terminal.wrap(text, width, indent)
 
-    gpus = (
-        ", ".join(f"GPU {g.index} ({g.name})" for g in rec.gpus if g.index in diagnosis.gpus)
-        or "no GPU"
-    )
-    status = "" if rec.exit_status is None else f", exit status {rec.exit_status}"
+    gpus = ", ".join(f"GPU {g.index} ({g.name})" for g in rec.gpus if g.index in diagnosis.gpus)
+    where = f" on {gpus}" if gpus else ", no GPU sampled" if not rec.gpus else ""
+    exit_status = "" if rec.exit_status is None else f", exit status {rec.exit_status}"
     duration = rec.ticks[-1].t if rec.ticks else 0.0
     lines = terminal.wrap(
-        f"sparkdiag watch: {rec.job}{status}; watched {duration:.1f} s ({rec.ended_by}) on {gpus}",
+        f"sparkdiag watch: {rec.job}{exit_status}; watched {duration:.1f} s ({rec.ended_by})"
+        f"{where}",
         width, "", "    ",
     )  # fmt: skip
     start, end = diagnosis.window
