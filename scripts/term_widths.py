@@ -1,12 +1,13 @@
 """The widest line each text command prints, in a terminal of N columns and piped.
 
-    PYTHONPATH=$PWD .venv/bin/python scripts/term_widths.py 100 120
+    PYTHONPATH=$PWD .venv/bin/python scripts/term_widths.py 100 120 [--save DIR]
 
 Runs every command for real on the fixtures of tests/ (the NVML and probe fixtures, a stand-in
 side for ``compare``, a stand-in Prometheus for ``fleet``, a soak state that fell for ``check``'s
-soak row), once with its standard output on a pseudo-terminal of each width and once piped, and
-prints the widest line of each. ``soak``'s text is rendered from a synthetic report (a real soak
-is a CPU load this machine cannot spare) and ``link test``'s from a synthetic report.
+soak row), once with standard output and error on a pseudo-terminal of each width and once
+piped, and prints the widest line of each (both streams; a line rewritten in place with a
+carriage return counts as one line each time). ``soak``'s text is rendered from a synthetic
+report: a real soak is a CPU load this machine cannot spare.
 """
 
 from __future__ import annotations
@@ -32,17 +33,18 @@ PY = sys.executable
 
 def widest(text: str) -> int:
     """The widest line's columns, colour codes left out."""
-    plain = re.sub(r"\x1b\[[0-9;]*m", "", text.replace("\r", ""))
+    # a carriage return starts the line again (a progress or status line rewritten in place)
+    plain = re.sub(r"\x1b\[\??[0-9;]*[A-Za-z]", "", text.replace("\r\n", "\n").replace("\r", "\n"))
     return max((len(line) for line in plain.splitlines()), default=0)
 
 
 def on_pty(argv: list[str], columns: int, env: dict[str, str]) -> str:
-    """Stdout on a pseudo-terminal ``columns`` wide (stderr discarded)."""
+    """What a terminal ``columns`` wide shows: stdout and stderr both on it."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
     env = {k: v for k, v in env.items() if k not in ("COLUMNS", "LINES")}
     proc = subprocess.Popen(
-        argv, stdout=slave, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, cwd=ROOT, env=env
+        argv, stdout=slave, stderr=slave, stdin=subprocess.DEVNULL, cwd=ROOT, env=env
     )
     os.close(slave)
     chunks = []
@@ -60,8 +62,9 @@ def on_pty(argv: list[str], columns: int, env: dict[str, str]) -> str:
 
 
 def piped(argv: list[str], env: dict[str, str]) -> str:
+    """Standard output and standard error, each to a pipe, one after the other."""
     done = subprocess.run(argv, capture_output=True, text=True, cwd=ROOT, env=env, check=False)
-    return done.stdout
+    return done.stdout + done.stderr
 
 
 def sparkdiag(*args: str) -> list[str]:

@@ -404,3 +404,31 @@ def _plotted(rec: Recording, path: Path) -> list[Any]:
         plt.close = real_close  # type: ignore[assignment]
     assert path.read_bytes()[:4] == b"\x89PNG"
     return kept
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_link_test_report_fits(width: int) -> None:
+    from sparkdiag.link.model import End, Latency, LinkReport, PathResult, Throughput
+    from sparkdiag.link.render import report_text
+
+    here = End("enp1s0f1np1", "192.168.100.10", 1500, 200000, 126.0, "x2 of x4", cx7=True)
+    peer = End("enp1s0f1np1", "192.168.100.11", 9000, 200000, 252.0, cx7=True)
+    path = PathResult(
+        here, peer, "degraded",
+        "73.4 Gb/s here to the peer, 0.58 of the 126 Gb/s this path can carry (the PCIe link "
+        "behind enp1s0f1np1 trained at x2 of x4)",
+        action="reseat the ConnectX-7 or the cable and run 'sparkdiag link lint' on both machines; "
+        "see https://docs.nvidia.com/dgx/dgx-spark/networking-and-connectivity.html",
+        cause="the PCIe link behind enp1s0f1np1 trained below its maximum (x2 of x4)",
+        latency=Latency(38.0, 120.0, 30.0, 2000),
+        throughput=(Throughput("tcp-sockets", "here-to-peer", 73.4, 5.0, streams=8),
+                    Throughput("iperf3", "here-to-peer", None, 5.0, error="iperf3 not installed "
+                               "here: apt install iperf3 (or give --no-tools)")),
+        notes=("MTU 1500 here against 9000 on the peer: TCP segments are cut to the smaller",),
+    )  # fmt: skip
+    report = LinkReport("192.168.100.11", 10949, (path,), 12.3, "spark-b", "0.9.0",
+                        tools={"iperf3": "missing", "ib_write_bw": "missing"},
+                        notes=("the peer runs another sparkdiag version (0.9.0): both ends "
+                               "measured the same way",))  # fmt: skip
+    assert_fits(report_text(report, width), width, report_text(report, UNBOUNDED))
+    assert max(len(line) for line in report_text(report, UNBOUNDED).splitlines()) > width
