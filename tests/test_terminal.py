@@ -251,6 +251,13 @@ def test_probe_with_baselines_still_fits(tmp_path: Path, at_width: Callable[[int
     for width in (80, 100):
         at_width(width)
         assert_fits(cli(*args), width, wide)
+    show = ["baseline", "show", "--state-dir", str(tmp_path)]  # the baselines just learned
+    at_width(UNBOUNDED)
+    wide = cli(*show)
+    assert " TOPS learned " in wide and " TFLOPS learned " in wide  # with their unit
+    for width in (80, 100):
+        at_width(width)
+        assert_fits(cli(*show), width, wide)
 
 
 @pytest.mark.parametrize("width", [80, 100])
