@@ -439,3 +439,17 @@ def test_link_test_report_fits(width: int) -> None:
                                "measured the same way",))  # fmt: skip
     assert_fits(report_text(report, width), width, report_text(report, UNBOUNDED))
     assert max(len(line) for line in report_text(report, UNBOUNDED).splitlines()) > width
+
+
+def test_watch_without_a_gpu_or_psi_says_nothing_was_assessed() -> None:
+    from sparkdiag.watch.render import headline
+    from sparkdiag.watch.render import text as watch_text
+
+    ticks = tuple(Tick(t=0.5 * i, dt=0.5, job=JobTick(cpu_cores=1.0)) for i in range(1, 5))
+    rec = Recording(started_at=1.7e9, interval=0.5, job="python train.py", gpus=(), ticks=ticks,
+                    ended_by="exit", exit_status=0, pressure_scope="host")  # fmt: skip
+    diagnosis = diagnose(rec)
+    assert diagnosis.verdict == "no-gpu"
+    said = "no GPU sampled and no memory pressure (PSI) read: nothing could be assessed"
+    assert headline(diagnosis, rec) == said
+    assert f"diagnosis: {said}" in watch_text(rec, diagnosis, 100)

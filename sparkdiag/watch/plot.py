@@ -80,7 +80,7 @@ def plot(rec: Recording, diagnosis: Diagnosis, path: Path) -> None:
     else:  # nothing sampled on a GPU: no empty GPU panels
         fig, axes = plt.subplots(2, 1, figsize=(11, 5.5), sharex=True)
         cpu, io = axes
-    fig.suptitle(f"sparkdiag watch: {shorten(rec.job)}\n{_headline(diagnosis)}", fontsize=10)
+    fig.suptitle(f"sparkdiag watch: {shorten(rec.job)}\n{_headline(diagnosis, rec)}", fontsize=10)
     if sampled:
         _gpu_panels(rec, gpus, act, clk)
     _job_panels(rec, cpu, io)
@@ -172,7 +172,7 @@ def _job_panels(rec: Recording, cpu: Any, io: Any) -> None:
     io.set_xlabel("seconds since the start of the watch")
 
 
-def _headline(diagnosis: Diagnosis) -> str:
+def _headline(diagnosis: Diagnosis, rec: Recording) -> str:
     from sparkdiag.watch.render import headline
 
-    return headline(diagnosis)
+    return headline(diagnosis, rec)

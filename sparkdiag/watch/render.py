@@ -33,12 +33,16 @@ def status(tick: Tick, ticks: int) -> str:
     return " · ".join(parts)
 
 
-def headline(diagnosis: Diagnosis) -> str:
+def headline(diagnosis: Diagnosis, rec: Recording | None = None) -> str:
+    """The diagnosis in one line; with the recording, a watch without a GPU that could not read
+    memory pressure either says that nothing was assessed."""
     if diagnosis.verdict == "healthy":
         return "healthy: no cause of lost GPU time found"
     if diagnosis.verdict == "gpu-unused":
         return "the job never touched its GPU: nothing to diagnose"
     if diagnosis.verdict == "no-gpu":
+        if rec is not None and all(t.host.memory_stall is None for t in rec.ticks):
+            return "no GPU sampled and no memory pressure (PSI) read: nothing could be assessed"
         return "no GPU sampled: only memory pressure was assessed, and none was found"
     first = diagnosis.causes[0]
     return f"{TITLES[first.name]} ({_pct(first.share)} {meaning(first.name)})"
@@ -71,7 +75,7 @@ def text(rec: Recording, diagnosis: Diagnosis, width: int | None = None) -> str:
             f"active window {start:.1f}-{end:.1f} s: GPU busy {_pct(diagnosis.gpu_busy)}{tensor}",
             "",
         )
-    lines += ["", *terminal.wrap(f"diagnosis: {headline(diagnosis)}", width, "", "  ")]
+    lines += ["", *terminal.wrap(f"diagnosis: {headline(diagnosis, rec)}", width, "", "  ")]
     for cause in diagnosis.causes:
         lines.append("")
         lines += _wrap(meaning(cause.name), f"  {TITLES[cause.name]:<26} {_pct(cause.share):>6} ")
@@ -106,7 +110,7 @@ def document(rec: Recording, diagnosis: Diagnosis) -> dict[str, Any]:
         "interval_seconds": rec.interval,
         "ticks": len(rec.ticks),
         "gpus": [asdict(g) for g in rec.gpus],
-        "headline": headline(diagnosis),
+        "headline": headline(diagnosis, rec),
         **found,
     }
 
