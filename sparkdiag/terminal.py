@@ -104,11 +104,17 @@ def table(
     right: Collection[int] = (),
     indent: str = "",
     free: bool = False,
+    under: tuple[str, Sequence[str]] | None = None,
+    key: int = 0,
 ) -> list[str]:
     """An aligned table within ``width`` columns: ``right`` names the columns aligned right;
-    with ``free`` the last column is prose that wraps under itself. Where the fixed columns do
-    not fit with two spaces between them, they get one; where they still do not, every row is
-    listed on its own as ``header value`` pairs, wrapped."""
+    with ``free`` the last column is prose that wraps under itself; ``under`` (a header and one
+    value per row) puts a long value on a line of its own under its row (a uuid). Where the
+    fixed columns do not fit with two spaces between them, they get one; where they still do
+    not, every row is listed on its own as ``header value`` pairs, wrapped, after its ``key``
+    column's value."""
+    if under is not None and free:
+        raise ValueError("a table with a free-text column has no line under its rows")
     every = [list(header), *[list(r) for r in rows]]
     fixed = len(header) - 1 if free else len(header)
     widths = [max(visible(r[i]) for r in every) for i in range(fixed)]
@@ -117,8 +123,20 @@ def table(
         if free:
             used += len(gap)
         if used <= width and (not free or width - used >= MIN_TEXT or fixed == 0):
-            return _aligned(every, widths, gap, right, indent, free, width)
-    return _listed(header, rows, width, indent)
+            lines = _aligned(every, widths, gap, right, indent, free, width)
+            if under is None:
+                return lines
+            below = indent + " " * min(4, width // 10)
+            return [lines[0]] + [
+                part
+                for line, value in zip(lines[1:], under[1], strict=True)
+                for part in (line, *wrap(value, width, below))
+            ]
+    if under is not None:  # listed: the value under the row becomes its last pair
+        label, values = under
+        return _listed([*header, label], [[*r, v] for r, v in zip(rows, values, strict=True)],
+                       width, indent, key)  # fmt: skip
+    return _listed(header, rows, width, indent, key)
 
 
 def _pad(cell: str, size: int, right: bool) -> str:
@@ -147,17 +165,17 @@ def _aligned(
 
 
 def _listed(
-    header: Sequence[str], rows: Sequence[Sequence[str]], width: int, indent: str
+    header: Sequence[str], rows: Sequence[Sequence[str]], width: int, indent: str, key: int
 ) -> list[str]:
     lines = []
     for row in rows:
-        # a header and its value stay on one line (the value's own spaces too, when short)
+        # a header stays with its value (and the value's own spaces, when it is short)
         pairs = [
-            (f"{h} {c}" if h else c).replace(" ", NBSP) if len(h) + len(c) < 40 else f"{h} {c}"
-            for h, c in zip(header[1:], row[1:], strict=False)
-            if c
+            (f"{h}{NBSP}" if h else "") + (c.replace(" ", NBSP) if len(h) + len(c) < 40 else c)
+            for i, (h, c) in enumerate(zip(header, row, strict=False))
+            if c and i != key
         ]
-        lines += wrap(f"{row[0]}: " + ", ".join(pairs), width, indent, indent + "    ")
+        lines += wrap(f"{row[key]}: " + ", ".join(pairs), width, indent, indent + "    ")
     return lines
 
 

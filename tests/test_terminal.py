@@ -453,3 +453,16 @@ def test_watch_without_a_gpu_or_psi_says_nothing_was_assessed() -> None:
     said = "no GPU sampled and no memory pressure (PSI) read: nothing could be assessed"
     assert headline(diagnosis, rec) == said
     assert f"diagnosis: {said}" in watch_text(rec, diagnosis, 100)
+
+
+def test_a_long_value_goes_under_its_row_or_last_when_listed() -> None:
+    header, rows = ("ratio", "instance"), [("0.900", "node-3:10942"), ("1.010", "node-0:10942")]
+    uuids = ["GPU-979ad365-0b73-a0ac-74a2-3520b773d463", "GPU-979ad365-0b73-a0ac-74a2-3520b773d460"]
+    assert terminal.table(header, rows, 60, right={0}, under=("uuid", uuids)) == [
+        "ratio  instance", "0.900  node-3:10942", "    " + uuids[0],
+        "1.010  node-0:10942", "    " + uuids[1],
+    ]  # fmt: skip
+    assert terminal.table(header, rows, 16, under=("uuid", uuids), key=1) == [
+        "node-3:10942:", "    ratio 0.900,", f"    uuid {uuids[0]}",
+        "node-0:10942:", "    ratio 1.010,", f"    uuid {uuids[1]}",
+    ]  # fmt: skip

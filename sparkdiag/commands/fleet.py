@@ -27,14 +27,15 @@ def _tf(value: float | None) -> str:
     return f"{value:.0f}" if value >= 10 else f"{value:.3g}"
 
 
-HEADER = ("instance", "gpu", "ratio", "score", "status", "uuid", "kernel", "TFLOPS", "group",
-          "GPUs", "alert")  # fmt: skip
+HEADER = ("ratio", "score", "status", "instance", "gpu", "kernel", "TFLOPS", "group", "GPUs",
+          "alert")  # fmt: skip
 
 
 def _row(row: GpuRow) -> list[str]:
+    """The row of one GPU (its uuid goes on a line under it)."""
     score = "-" if row.score is None else f"{row.score:+.1f}"
     return [
-        row.instance, row.gpu, f"{row.ratio:.3f}", score, STATUS[row.status], row.uuid,
+        f"{row.ratio:.3f}", score, STATUS[row.status], row.instance, row.gpu,
         f"{row.dtype} {row.shape}", _tf(row.tflops), _tf(row.group_median), str(row.group_gpus),
         row.alert or "-",
     ]  # fmt: skip
@@ -73,8 +74,9 @@ def render(view: FleetView, width: int | None = None) -> str:
         f"group's median; outlier at or below {FAIL_BELOW}, warning at or below {WARN_BELOW}):"
     )
     lines += terminal.table(
-        HEADER, [_row(row) for row in view.gpus], width, right={1, 2, 3, 7, 8, 9}, indent="  "
-    )
+        HEADER, [_row(row) for row in view.gpus], width, right={0, 1, 4, 6, 7, 8}, indent="  ",
+        under=("uuid", [row.uuid for row in view.gpus]), key=3,
+    )  # fmt: skip
     lines += ["", "Outliers:"]
     for r in view.outliers:
         lines += para(
