@@ -173,7 +173,7 @@ def _listed(
         pairs = [
             (f"{h}{NBSP}" if h else "") + (c.replace(" ", NBSP) if len(h) + len(c) < 40 else c)
             for i, (h, c) in enumerate(zip(header, row, strict=False))
-            if c and i != key
+            if c and c != "-" and i != key  # a dash says "none": a list leaves it out
         ]
         lines += wrap(f"{row[key]}: " + ", ".join(pairs), width, indent, indent + "    ")
     return lines
