@@ -540,7 +540,8 @@ def test_cli_failure_human_goes_to_stderr(tmp_path: Path) -> None:
     )
     assert done.returncode == 3
     assert done.stdout == ""
-    assert f"image not found: {image} (docker pull {image})" in done.stderr
+    said = " ".join(done.stderr.split())  # the words, as wrapped to the terminal's width
+    assert f"image not found: {image} (docker pull {image})" in said
     assert "| docker: Error response from daemon" in done.stderr
 
 

@@ -67,7 +67,7 @@ def test_gpu_temperature_when_the_memory_has_no_sensor() -> None:
     verdict, int4 = kernel(windows, "int4")
     assert verdict.sensor == "gpu" and int4.fell_celsius == 71
     assert verdict_text(int4, verdict.sensor) == "fell to 0.83 of cold at 71 °C GPU after 10 s"
-    text = gpu_text(gpu_soak(windows))
+    text = " ".join(gpu_text(gpu_soak(windows)).split())  # the words, as wrapped to any width
     assert NO_MEMORY_SENSOR in text and "GPU 38 -> 71 °C" in text
 
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import click
 
+from sparkdiag import terminal
 from sparkdiag.check.model import STATUSES, CheckResult, Status, exit_code, worst
 
 SCHEMA = "sparkdiag-check/1"
@@ -70,23 +71,29 @@ def merge(results: Sequence[CheckResult]) -> list[tuple[CheckResult, str]]:
     return [(result, gpu_list(gpus) if gpus else "-") for result, gpus in rows]
 
 
-def table(results: Sequence[CheckResult], duration: float, colour: bool = False) -> str:
-    """The results as an aligned table, each action on its own line under its finding; per-GPU
+def table(
+    results: Sequence[CheckResult], duration: float, colour: bool = False, width: int | None = None
+) -> str:
+    """The results as an aligned table within ``width`` columns (the terminal's by default):
+    each finding wraps under itself, each action on its own lines under its finding; per-GPU
     rows that say the same thing on several GPUs are shown once (GPU column "0-7")."""
+    width = terminal.width() if width is None else width
     merged = merge(results)
     rows = [(r.status.upper(), r.name, gpus, r.finding) for r, gpus in merged]
-    widths = [max(len(h), *(len(row[i]) for row in rows)) for i, h in enumerate(HEADERS[:3])]
+    widths = [max(len(HEADERS[i]), *(len(row[i]) for row in rows)) for i in range(3)]
     indent = sum(widths) + len(GAP) * 3
+    if width - indent < terminal.MIN_TEXT:
+        indent = 4  # too narrow for a column: the finding continues under the row
     lines = [GAP.join(h.ljust(w) for h, w in zip(HEADERS[:3], widths, strict=True))
              + GAP + HEADERS[3]]  # fmt: skip
     for (result, _), row in zip(merged, rows, strict=True):
         status = _style(row[0].ljust(widths[0]), result.status, colour)
-        cells = [status, row[1].ljust(widths[1]), row[2].ljust(widths[2]), row[3]]
-        lines.append(GAP.join(cells))
+        cells = [status, row[1].ljust(widths[1]), row[2].ljust(widths[2]), ""]
+        lines += terminal.hang(GAP.join(cells), row[3], width, indent)
         if result.action and result.status != "pass":
-            lines.append(" " * indent + "→ " + result.action)
+            lines += terminal.wrap(result.action, width, " " * indent + "→ ")
     lines.append("")
-    lines.append(summary(results, duration))
+    lines += terminal.wrap(summary(results, duration), width)
     return "\n".join(lines) + "\n"
 
 

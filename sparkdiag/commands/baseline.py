@@ -10,9 +10,11 @@ from typing import Any
 
 import click
 
+from sparkdiag import terminal
 from sparkdiag.baseline.store import DEFAULT_FILENAME, BaselineStore, open_store
 from sparkdiag.errors import UsageError
 from sparkdiag.flags import settings_from, settings_options
+from sparkdiag.probe.worker import throughput_unit
 from sparkdiag.statedir import StateDirError, state_directory
 
 
@@ -88,15 +90,19 @@ def baseline_show(uuid: str | None, dtype: str | None, shape: str | None, contex
     if not rows:
         click.echo("no baselines match")
         return
+    width = terminal.width()
     for b in rows:
         k = b.key
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(b.updated_at))
         note = f"  # {b.note}" if b.note else ""
-        click.echo(
-            f"{k.gpu_uuid[:12]}.. {k.dtype:10} {k.shape:>18} {k.context:9} {b.tflops:9.1f} "
+        unit = "" if k.dtype.startswith("ratio:") else f" {throughput_unit(k.dtype)}"
+        line = (
+            f"{k.gpu_uuid[:12]}.. {k.dtype:10} {k.shape:>18} {k.context:9} {b.tflops:9.1f}{unit} "
             f"{b.source:7} runs={b.runs} driver={k.driver} torch={k.torch} cuda={k.cuda} "
             f"{when}{note}"
         )
+        # the key and the figure on the first line; the software and the dates wrap under it
+        click.echo(terminal.fill(line, width, "", "    ") if len(line) > width else line)
 
 
 @baseline.command("pin")

@@ -14,6 +14,7 @@ from typing import Any
 
 import click
 
+from sparkdiag import terminal
 from sparkdiag.commands.common import check_output_path
 from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.flags import file_option, settings_from, settings_options, worker_options
@@ -111,18 +112,21 @@ def _figure(value: float | None) -> str:
 
 
 def _summary(dtypes: Sequence[str], results: Sequence[KernelResult]) -> None:
+    width = terminal.width()
     for dtype in dtypes:
         ok = [r for r in results if r.dtype == dtype and r.peak is not None]
         if not ok:
             reasons = {r.reason for r in results if r.dtype == dtype}
-            click.echo(f"{dtype}: no result ({'; '.join(str(x) for x in reasons)})")
+            why = "; ".join(str(x) for x in reasons)
+            click.echo(terminal.fill(f"{dtype}: no result ({why})", width, "", "    "))
             continue
         # mamf-finder's figure is per iteration: the peak (median iteration) is comparable
         best = max(ok, key=lambda r: r.peak or 0.0)
         median = statistics.median(r.peak or 0.0 for r in ok)
         unit = throughput_unit(dtype)
-        click.echo(f"{dtype}: best {_figure(best.peak)} {unit} at {best.shape} (MAMF); "
-                   f"median {_figure(median)} over {len(ok)} shapes")  # fmt: skip
+        line = (f"{dtype}: best {_figure(best.peak)} {unit} at {best.shape} (this GPU's MAMF); "
+                f"median {_figure(median)} over {len(ok)} shapes")  # fmt: skip
+        click.echo(terminal.fill(line, width, "", "    "))
 
 
 def _interrupted(
@@ -235,7 +239,8 @@ def bench(
         raise SparkdiagError(f"sweep failed: {cycle.reason}")
     if doc is not None:
         sw = doc.software
-        click.echo(f"{sw.gpu_name or sw.device}: torch {sw.torch}, CUDA {sw.cuda}")
+        name = f"{sw.gpu_name or sw.device}: torch {sw.torch}, CUDA {sw.cuda}"
+        click.echo(terminal.fill(name, terminal.width(), "", "    "))
     click.echo(f"swept {len(results)} kernels in {time.monotonic() - started:.1f} s")
     _summary(dtypes, results)
     if cycle.result in ("error", "timeout"):

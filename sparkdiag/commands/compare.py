@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from sparkdiag import terminal
 from sparkdiag.compare import model, report
 from sparkdiag.compare.rounds import compare as run_comparison
 from sparkdiag.errors import Exit, UsageError
@@ -222,7 +223,7 @@ def compare(
     if as_json:
         click.echo(json.dumps(report.to_dict(result, max_gap), indent=2, allow_nan=False))
     elif result.failed:
-        click.echo(report.render_failure(result), err=True)
+        click.echo(report.render_failure(result, terminal.width(sys.stderr)), err=True)
     else:
         click.echo(report.render(result, max_gap))
     sys.exit(code)

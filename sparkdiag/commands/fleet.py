@@ -11,6 +11,7 @@ from typing import Any
 
 import click
 
+from sparkdiag import terminal
 from sparkdiag.errors import Exit
 from sparkdiag.flags import settings_from, settings_options
 from sparkdiag.peers.compare import FAIL_BELOW, MIN_FLEET_GROUP, WARN_BELOW
@@ -26,51 +27,69 @@ def _tf(value: float | None) -> str:
     return f"{value:.0f}" if value >= 10 else f"{value:.3g}"
 
 
-def _row(row: GpuRow) -> str:
+HEADER = ("ratio", "score", "status", "instance", "gpu", "kernel", "TFLOPS", "group", "GPUs",
+          "alert")  # fmt: skip
+
+
+def _row(row: GpuRow) -> list[str]:
+    """The row of one GPU (its uuid goes on a line under it)."""
     score = "-" if row.score is None else f"{row.score:+.1f}"
-    kernel = f"{row.dtype} {row.shape}"
-    return (
-        f"  {row.ratio:6.3f} {score:>6}  {STATUS[row.status]:<10} {row.instance:<24} "
-        f"{row.gpu:>3}  {row.uuid:<40} {kernel:<20} {_tf(row.tflops):>6} {_tf(row.group_median):>6}"
-        f" {row.group_gpus:>4}  {row.alert or '-'}"
-    )
+    return [
+        f"{row.ratio:.3f}", score, STATUS[row.status], row.instance, row.gpu,
+        f"{row.dtype} {row.shape}", _tf(row.tflops), _tf(row.group_median), str(row.group_gpus),
+        row.alert or "-",
+    ]  # fmt: skip
 
 
-def render(view: FleetView) -> str:
-    """The text report: groups, every GPU ranked, the outliers and what to do."""
-    lines = [
+def render(view: FleetView, width: int | None = None) -> str:
+    """The text report within ``width`` columns (the terminal's by default): groups, every GPU
+    ranked, the outliers and what to do."""
+    width = terminal.width() if width is None else width
+
+    def para(text: str, indent: str = "", hanging: str | None = None) -> list[str]:
+        return terminal.wrap(text, width, indent, hanging)
+
+    lines = para(
         f"sparkdiag fleet: {view.prometheus} ({len(view.gpus)} GPU(s) in {len(view.groups)} "
         f"peer group(s); {len(view.outliers)} outlier(s), {len(view.warnings)} warning(s))",
-    ]
+        "", "    ",
+    )  # fmt: skip
     if view.source == "computed":
-        lines.append(
-            "  (sparkdiag's recording rules are not loaded there: computed from the raw series "
-            "with the same expressions; load prometheus/sparkdiag-rules.yml for the alert)"
+        lines += para(
+            "(sparkdiag's recording rules are not loaded there: computed from the raw series "
+            "with the same expressions; load prometheus/sparkdiag-rules.yml for the alert)",
+            "  ",
         )
     lines += ["", "Peer groups (model, probe software, context):"]
     for group in view.groups:
         judged = "" if group.judged else f"  too small to judge (fewer than {MIN_FLEET_GROUP})"
-        lines.append(
-            f"  {group.model}  torch {group.torch or '?'}  CUDA {group.cuda or '?'}  driver "
-            f"{group.driver or '?'}  {group.context}: {group.gpus} GPU(s){judged}"
-        )
-    lines += [
-        "",
+        lines += para(
+            f"{group.model}  torch {group.torch or '?'}  CUDA {group.cuda or '?'}  driver "
+            f"{group.driver or '?'}  {group.context}: {group.gpus} GPU(s){judged}",
+            "  ", "      ",
+        )  # fmt: skip
+    lines.append("")
+    lines += para(
         "GPUs, slowest first (each GPU's worst compute-bound kernel: its hour median over its "
-        f"group's median; outlier at or below {FAIL_BELOW}, warning at or below {WARN_BELOW}):",
-        f"  {'ratio':>6} {'score':>6}  {'status':<10} {'instance':<24} {'gpu':>3}  {'uuid':<40} "
-        f"{'kernel':<20} {'TFLOPS':>6} {'group':>6} {'GPUs':>4}  alert",
-    ]
-    lines += [_row(row) for row in view.gpus]
+        f"group's median; outlier at or below {FAIL_BELOW}, warning at or below {WARN_BELOW}):"
+    )
+    lines += terminal.table(
+        HEADER, [_row(row) for row in view.gpus], width, right={0, 1, 4, 6, 7, 8}, indent="  ",
+        under=("uuid", [row.uuid for row in view.gpus]), key=3,
+    )  # fmt: skip
     lines += ["", "Outliers:"]
-    lines += [
-        f"  {r.instance} GPU {r.gpu} ({r.uuid}): {1 - r.ratio:.1%} below its {r.group_gpus} "
-        f"peers at {r.dtype} {r.shape} ({r.kernels_below} of {r.kernels} kernels 7 % or more "
-        f"below){'; ' + 'SparkdiagGpuSlowerThanPeers ' + r.alert if r.alert else ''}"
-        for r in view.outliers
-    ] or ["  none"]
+    for r in view.outliers:
+        lines += para(
+            f"{r.instance} GPU {r.gpu} ({r.uuid}): {1 - r.ratio:.1%} below its {r.group_gpus} "
+            f"peers at {r.dtype} {r.shape} ({r.kernels_below} of {r.kernels} kernels 7 % or more "
+            f"below){'; ' + 'SparkdiagGpuSlowerThanPeers ' + r.alert if r.alert else ''}",
+            "  ", "    ",
+        )  # fmt: skip
+    if not view.outliers:
+        lines.append("  none")
     lines += ["", "What to do:"]
-    lines += [f"  - {action}" for action in view.actions]
+    for action in view.actions:
+        lines += para(action, "  - ")
     return "\n".join(lines) + "\n"
 
 

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from typing import Any
 
 import click
 
+from sparkdiag import terminal
 from sparkdiag.baseline.evaluate import GemmFigure
 from sparkdiag.probe.document import Progress, WorkerDocument
 from sparkdiag.probe.runner import ProbeCycle
+from sparkdiag.probe.worker import throughput_unit
 from sparkdiag.snapshot import GpuIdentity
 from sparkdiag.sources.gpu import decode_reasons
 
@@ -56,74 +57,116 @@ def tflops(value: float | None) -> str:
     return f"{value:.1f}" if value >= 100 else f"{value:.3g}"
 
 
-def render_probe_table(runs: list[GpuRun]) -> str:
-    out = io.StringIO()
+def render_probe_table(runs: list[GpuRun], width: int | None = None) -> str:
+    """Per GPU: its head line, the software, one row per kernel within ``width`` columns (the
+    terminal's by default) with the figures' unit, the notes in full below the table, then
+    the bandwidth, the copies and the conditions during the probe."""
+    width = terminal.width() if width is None else width
+    lines: list[str] = []
     for run in runs:
         ident = run.identity
         doc = run.cycle.document
         head = f"GPU {ident.index} {ident.name} {ident.uuid}" if ident else "default device"
-        out.write(
-            f"{head}: {run.cycle.result}"
-            + (f" ({run.cycle.reason})" if run.cycle.reason else "")
-            + "\n"
-        )
+        reason = f" ({run.cycle.reason})" if run.cycle.reason else ""
+        lines += terminal.wrap(f"{head}: {run.cycle.result}{reason}", width, "", "    ")
         if doc is not None:
             sw = doc.software
-            out.write(
-                f"  torch {sw.torch}, CUDA {sw.cuda}, cuBLAS {sw.cublas}, "
-                f"driver {sw.driver}, {sw.gpu_name or sw.device}\n"
-            )
+            lines += terminal.wrap(
+                f"torch {sw.torch}, CUDA {sw.cuda}, cuBLAS {sw.cublas}, "
+                f"driver {sw.driver}, {sw.gpu_name or sw.device}",
+                width, "  ", "    ",
+            )  # fmt: skip
         if not run.figures or doc is None:
             continue
-        rows = [
-            ("dtype", "shape", "kind", "delivered", "peak", "baseline", "eff", "reference",
-             "ref eff", "note")
-        ]  # fmt: skip
-        for f in run.figures:
-            ref = f.reference
-            note = f.reason or ("" if f.status == "ok" else f.status)
-            if f.beta:
-                note = ("beta=1 (C += A@B) " + note).strip()
-            rows.append((
-                f.dtype, f.shape, f.kind, tflops(f.delivered), tflops(f.peak),
-                tflops(f.baseline.tflops if f.baseline else None),
-                fmt(f.efficiency, ".2f"),
-                ref.label if ref and f.kind == "compute" else "-",
-                fmt(f.reference_efficiency, ".2f"),
-                note[:60],
-            ))  # fmt: skip
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
-        for r in rows:
-            cells = [
-                c.rjust(w) if 3 <= i <= 8 else c.ljust(w)
-                for i, (c, w) in enumerate(zip(r, widths, strict=False))
-            ]
-            out.write("  " + "  ".join(cells) + "  " + r[-1] + "\n")
+        lines += figure_table(run.figures, width)
         bw = doc.bandwidth
         if bw is not None and bw.delivered is not None:
             peak = f", peak {bw.peak / 1e12:.2f}" if bw.peak is not None else ""
-            out.write(
-                f"  memory copy bandwidth: {bw.delivered / 1e12:.2f} TB/s delivered{peak} "
-                "(read+write)\n"
-            )
+            lines += terminal.wrap(
+                f"memory copy bandwidth: {bw.delivered / 1e12:.2f} TB/s delivered{peak} "
+                "(read+write)",
+                width, "  ", "    ",
+            )  # fmt: skip
         for line in transfer_lines(doc):
-            out.write(f"  {line}\n")
+            deeper = "  " * (1 + (len(line) - len(line.lstrip(" "))) // 2)
+            lines += terminal.wrap(line.strip(), width, "  " + deeper[2:], deeper + "    ")
         cond = doc.conditions
         if cond.samples:
             reasons = decode_reasons(cond.clock_event_reasons_seen or 0)
             sm = cond.mean_sm_clock_hertz
-            out.write(
-                f"  during the probe: GPU max {fmt(cond.max_gpu_temperature_celsius, '.0f')} °C, "
+            lines += terminal.wrap(
+                f"during the probe: GPU max {fmt(cond.max_gpu_temperature_celsius, '.0f')} °C, "
                 f"memory max {fmt(cond.max_memory_temperature_celsius, '.0f')} °C, SM clock mean "
                 f"{fmt(None if sm is None else sm / 1e6, '.0f')} MHz, power mean "
-                f"{fmt(cond.mean_power_watts, '.0f')} W, reasons: {', '.join(reasons) or 'none'}\n"
-            )
+                f"{fmt(cond.mean_power_watts, '.0f')} W, reasons: {', '.join(reasons) or 'none'}",
+                width, "  ", "    ",
+            )  # fmt: skip
         if doc.gpu_busy_seconds is not None:
-            out.write(f"  GPU-busy time of the cycle: {doc.gpu_busy_seconds:.2f} s\n")
+            lines.append(f"  GPU-busy time of the cycle: {doc.gpu_busy_seconds:.2f} s")
         decode = int4_ratio(run.figures)
         if decode:
-            out.write(f"  {decode}\n")
-    return out.getvalue()
+            lines += terminal.wrap(decode, width, "  ", "    ")
+    return "".join(line + "\n" for line in lines)
+
+
+TABLE_HEADER = ("dtype", "shape", "kind", "unit", "delivered", "peak", "baseline", "eff", "ref",
+                "of ref", "note")  # fmt: skip
+_RIGHT = {4, 5, 6, 7, 8, 9}
+
+
+def figure_table(figures: list[GemmFigure], width: int) -> list[str]:
+    """One row per kernel; a note is a number in the row and its whole text below the table
+    (one number per distinct text); the baseline columns are left out while no kernel has a
+    baseline (said in a line), and the references' kinds are named below."""
+    notes: dict[str, int] = {}
+    rows = []
+    for f in figures:
+        ref = f.reference if f.kind == "compute" else None
+        note = f.reason or ("" if f.status == "ok" else f.status)
+        if f.beta:
+            note = ("beta=1: C += A@B, the accumulating GEMM. " + note).strip()
+        mark = f"[{notes.setdefault(note, len(notes) + 1)}]" if note else ""
+        rows.append([
+            f.dtype, f.shape, f.kind, throughput_unit(f.dtype), tflops(f.delivered),
+            tflops(f.peak), tflops(f.baseline.tflops if f.baseline else None),
+            fmt(f.efficiency, ".2f"), "-" if ref is None else f"{ref.tflops:g}",
+            fmt(f.reference_efficiency, ".2f"), mark,
+        ])  # fmt: skip
+    header = list(TABLE_HEADER)
+    learned = any(f.baseline is not None for f in figures)
+    if not learned:  # two columns of dashes: say it once instead
+        header = header[:6] + header[8:]
+        rows = [r[:6] + r[8:] for r in rows]
+    right = _RIGHT if learned else {4, 5, 6, 7}
+    lines = terminal.table(header, rows, width, right=right, indent="  ")
+    for note, number in notes.items():
+        lines += terminal.wrap(note, width, f"  [{number}] ")
+    if not learned:
+        lines += terminal.wrap(
+            "no baseline stored for these kernels yet: the probe learns one from its runs "
+            "(--record), then shows it and eff (delivered over baseline)",
+            width, "  ",
+        )  # fmt: skip
+    named: dict[str, str] = {}  # dtype -> its reference's one name (Reference.label)
+    for f in figures:
+        if f.reference is not None and f.kind == "compute":
+            named.setdefault(f.dtype, f.reference.label)
+    if named:
+        model = next(f.reference.gpu_model for f in figures if f.reference is not None)
+        kinds = sorted({REFERENCE_KINDS[f.reference.kind] for f in figures if f.reference})
+        lines += terminal.wrap(
+            f"ref: the published {model} figure at compute shapes: "
+            + ", ".join(f"{dtype} {label}" for dtype, label in named.items())
+            + f" ({'; '.join(kinds)})",
+            width, "  ",
+        )  # fmt: skip
+    return lines
+
+
+REFERENCE_KINDS = {
+    "mamf": "MAMF: the best measured by mamf-finder",
+    "datasheet_dense": "datasheet: the dense peak",
+}
 
 
 def int4_ratio(figures: list[GemmFigure]) -> str | None:

@@ -22,6 +22,7 @@ from typing import Any
 
 import click
 
+from sparkdiag import terminal
 from sparkdiag.commands.common import check_gpu_indices, check_output_path, setup_logging
 from sparkdiag.errors import UsageError
 from sparkdiag.flags import file_option, gpu_option, settings_from, settings_options
@@ -32,6 +33,7 @@ from sparkdiag.watch import plot as plotting
 from sparkdiag.watch.diagnose import Diagnosis, diagnose
 from sparkdiag.watch.job import AttachedJob, SpawnedJob, alive, follow
 from sparkdiag.watch.model import Recording, load
+from sparkdiag.watch.render import status as status_text
 from sparkdiag.watch.render import text, to_json
 from sparkdiag.watch.sampler import GpuSampler, HostSampler, Sampler
 
@@ -46,8 +48,8 @@ def _start_gpu(fixture: Path | None, gpus: tuple[int, ...] | None) -> tuple[GpuS
     if not source.start():
         why = (
             f"NVML unavailable ({source.unavailable_reason}): GPU utilization, activity, "
-            "clocks, reasons, temperatures, power and PCIe throughput are not sampled; "
-            "diagnosing from the job's CPU and I/O and memory pressure only"
+            "clocks, reasons, temperatures, power and PCIe throughput are not sampled, so "
+            "only memory pressure is diagnosed (the job's CPU and I/O are recorded, not judged)"
         )
         return None, why
     try:
@@ -130,7 +132,9 @@ def watch(
     --duration passes, or Ctrl-C) it prints the share of time lost to each cause it finds:
     input-starved, stalled kernel, CPU-bound launcher, checkpoint stalls, throttled, memory
     pressure, kernels that keep few SMs busy, low tensor activity, or healthy, each with its
-    evidence and what to try (docs/watch.md defines them).
+    evidence and what to try (docs/watch.md defines them). While it samples, a status line on
+    standard error (a terminal only) shows the time watched, the samples taken, each GPU's
+    utilization and whether the job is on it.
 
     Exit status: the job's own when watch started it (128 + N when signal N ended it), else 0;
     2 usage error (a bad flag, fixture or recording, --plot without matplotlib).
@@ -154,7 +158,8 @@ def watch(
     setup_logging("warning", prefix="sparkdiag watch")
     gpu, skipped = _start_gpu(nvml_fixture, gpus)
     if skipped:
-        click.echo(f"sparkdiag watch: {skipped}", err=True)
+        click.echo(terminal.fill(skipped, terminal.width(sys.stderr), "sparkdiag watch: ", "    "),
+                   err=True)  # fmt: skip
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -162,6 +167,7 @@ def watch(
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
     started_at = time.time()
+    live = terminal.StatusLine(sys.stderr)  # silent unless stderr is a terminal
     job: SpawnedJob | AttachedJob
     try:
         job = SpawnedJob(command) if command else AttachedJob(pid or 0, rootfs)
@@ -172,7 +178,11 @@ def watch(
     try:
         host = HostSampler(rootfs, sysfs, job.pid)
         sampler = Sampler(gpu, host, started_at)
-        ticks, ended_by = follow(sampler, job.ended, interval, duration, stop)
+        ticks, ended_by = follow(
+            sampler, job.ended, interval, duration, stop,
+            on_tick=lambda tick, n: live.show(status_text(tick, n), time.monotonic()),
+        )  # fmt: skip
+        live.clear()
         status = job.exit_status()
         if isinstance(job, SpawnedJob) and ended_by == "interrupt":
             status = job.stop()
@@ -204,6 +214,7 @@ def watch(
                 status = job.wait()
             sys.exit(status)
     finally:
+        live.clear()
         if gpu is not None:
             gpu.source.stop()
         for s, handler in previous.items():

@@ -6,6 +6,7 @@ import shlex
 from collections.abc import Sequence
 from typing import Any
 
+from sparkdiag import terminal
 from sparkdiag.compare.causes import explain
 from sparkdiag.compare.model import (
     IDENTITY_KEYS,
@@ -108,18 +109,6 @@ def _pct(value: float | None) -> str:
     return "n/a" if value is None else f"{value * 100:.1f} %"
 
 
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
-    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    lines = []
-    for row in [header, *rows]:
-        cells = [
-            str(c).rjust(widths[i]) if i in right else str(c).ljust(widths[i])
-            for i, c in enumerate(row)
-        ]
-        lines.append("  ".join(cells).rstrip())
-    return lines
-
-
 def _shown(value: Any) -> str:
     if value is None:
         return "-"
@@ -128,13 +117,24 @@ def _shown(value: Any) -> str:
     return str(value)
 
 
-def render(result: Comparison, max_gap: float) -> str:
-    """The human report: figures, software identities, conditions, worst gap and why."""
+def render(result: Comparison, max_gap: float, width: int | None = None) -> str:
+    """The human report: figures, software identities, conditions, worst gap and why; within
+    ``width`` columns (the terminal's by default)."""
+    width = terminal.width() if width is None else width
+
+    def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
+        return terminal.table(header, rows, width, right=right)
+
+    def para(text: str, indent: str = "", hanging: str = "    ") -> list[str]:
+        return terminal.wrap(text, width, indent, hanging)
+
     out = [
-        f"sparkdiag compare: {result.rounds} measured round(s) after {result.warmup_rounds} "
-        "warm-up round(s), native and container alternately",
-        f"native:    {shlex.join(result.native.command)}",
-        f"container: {shlex.join(result.container.command)} -",
+        *para(
+            f"sparkdiag compare: {result.rounds} measured round(s) after "
+            f"{result.warmup_rounds} warm-up round(s), native and container alternately"
+        ),
+        *para(shlex.join(result.native.command), "native:    ", " " * 11),
+        *para(f"{shlex.join(result.container.command)} -", "container: ", " " * 11),
         "",
     ]
     rows = []
@@ -167,7 +167,7 @@ def render(result: Comparison, max_gap: float) -> str:
         )
         note = row.note()
         if note:
-            notes.append(f"  {row.key}: {note}")
+            notes += para(note, f"  {row.key}: ")
     header = ["dtype", "shape", "kind", "unit", "native", "container", "ratio", "spread", "gap"]
     out += _table([*header, "verdict"], rows, right={4, 5, 6, 8})
     if notes:
@@ -177,7 +177,9 @@ def render(result: Comparison, max_gap: float) -> str:
     ident_rows = []
     for key in IDENTITY_KEYS:
         a, b = result.native.software.get(key), result.container.software.get(key)
-        ident_rows.append([key, _shown(a), _shown(b), "*" if key in differing else ""])
+        same = key not in differing and a == b and a is not None
+        ident_rows.append([key, _shown(a), "same" if same else _shown(b),
+                           "*" if key in differing else ""])  # fmt: skip
     out += [""]
     out += _table(["software", "native", "container", ""], ident_rows, right=set())
     if differing:
@@ -185,9 +187,9 @@ def render(result: Comparison, max_gap: float) -> str:
         line = "differ (*): " + ", ".join(d.component for d in result.differences)
         if libs:
             line += f"; different libraries ({', '.join(libs)}) can explain a gap by themselves"
-        out.append(line)
+        out += para(line)
     else:
-        out.append("same software on both sides: a gap comes from the environment")
+        out += para("same software on both sides: a gap comes from the environment")
 
     n_cond, c_cond = result.native.conditions, result.container.conditions
     if any(v is not None for v in (*n_cond.values(), *c_cond.values())):
@@ -222,35 +224,38 @@ def render(result: Comparison, max_gap: float) -> str:
     worst = result.worst_row
     verdict = result.verdict(max_gap)
     if worst is None:
-        out.append("worst gap: n/a (no kernel measured on both sides)")
+        out += para("worst gap: n/a (no kernel measured on both sides)")
     elif verdict == "gap":
-        out.append(
+        out += para(
             f"worst gap: {_pct(result.worst_gap)} ({worst.key}) exceeds --max-gap "
             f"{max_gap * 100:g} %: the container is SLOWER"
         )
     else:
-        out.append(
+        out += para(
             f"worst gap: {_pct(result.worst_gap)} ({worst.key}) within --max-gap "
             f"{max_gap * 100:g} %: OK"
         )
-    out.append(f"why: {explain(result, max_gap)}")
+    out += para(explain(result, max_gap), "why: ", "     ")
     return "\n".join(out)
 
 
-def render_failure(result: Comparison) -> str:
-    """What failed, where, why, and what to do; the last lines of that side's stderr."""
+def render_failure(result: Comparison, width: int | None = None) -> str:
+    """What failed, where, why, and what to do; the last lines of that side's stderr (as it
+    wrote them, each cut at 200 characters)."""
+    width = terminal.width() if width is None else width
     out = []
     for failure in result.failures:
-        out.append(
+        out += terminal.wrap(
             f"sparkdiag compare: the {failure.side} side failed ({failure.label}): "
-            f"{failure.message}"
-        )
+            f"{failure.message}",
+            width, "", "    ",
+        )  # fmt: skip
         command = result.container.command if failure.side == "container" else None
         command = command or result.native.command
         suffix = " -" if failure.side == "container" else ""
-        out.append(f"  command: {shlex.join(command)}{suffix}")
+        out += terminal.wrap(f"{shlex.join(command)}{suffix}", width, "  command: ", " " * 11)
         if failure.detail:
-            out.append(f"  runner: {failure.detail}")
+            out += terminal.wrap(failure.detail, width, "  runner: ", " " * 10)
         tail = [line for line in failure.stderr_tail.splitlines() if line.strip()][-8:]
         if tail:
             out.append("  last lines of its standard error:")

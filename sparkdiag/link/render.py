@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from sparkdiag import terminal
 from sparkdiag.link.lint import Finding
 from sparkdiag.link.model import DIRECTIONS, End, LinkReport, PathResult
 from sparkdiag.link.readings import FabricReadings
@@ -27,22 +28,29 @@ def _end(end: End) -> str:
     return ", ".join(parts) or "rate unknown"
 
 
-def _path(path: PathResult) -> list[str]:
+def _field(label: str, text: str, width: int) -> list[str]:
+    """``  label       text``, the text wrapped under itself."""
+    return terminal.hang(f"  {label:<11} ", text, width)
+
+
+def _path(path: PathResult, width: int) -> list[str]:
     local, peer = path.local, path.peer
     head = f"{local.interface or '?'} {local.address or ''} -> {peer.address or '?'}"
     if peer.interface:
         head += f" ({peer.interface})"
     lines = [head.replace("  ", " ")]
     if path.verdict == "failed" and not path.throughput:
-        lines.append(f"  failed      {path.finding}")
+        lines += _field("failed", path.finding, width)
         return lines
-    lines.append(f"  here        {_end(local)}")
-    lines.append(f"  peer        {_end(peer)}")
+    lines += _field("here", _end(local), width)
+    lines += _field("peer", _end(peer), width)
     if path.latency is not None:
         lat = path.latency
-        lines.append(
-            f"  latency     median {lat.median_us:.0f} µs, p99 {lat.p99_us:.0f} µs, min "
-            f"{lat.min_us:.0f} µs ({lat.round_trips} TCP round trips)"
+        lines += _field(
+            "latency",
+            f"median {lat.median_us:.0f} µs, p99 {lat.p99_us:.0f} µs, min "
+            f"{lat.min_us:.0f} µs ({lat.round_trips} TCP round trips)",
+            width,
         )
     for direction in DIRECTIONS:
         shown = []
@@ -56,13 +64,14 @@ def _path(path: PathResult) -> list[str]:
                 else f"{t.method} failed: {t.error}"
             )
         if shown:
-            lines.append(f"  {direction.replace('-', ' '):<11} " + " · ".join(shown))
-    lines.append(f"  {path.verdict:<11} {path.finding}")
+            lines += _field(direction.replace("-", " "), " · ".join(shown), width)
+    lines += _field(path.verdict, path.finding, width)
     if path.cause:
-        lines.append(f"  cause       {path.cause}")
+        lines += _field("cause", path.cause, width)
     if path.action:
-        lines.append(f"  do          {path.action}")
-    lines += [f"  note        {note}" for note in path.notes]
+        lines += _field("do", path.action, width)
+    for note in path.notes:
+        lines += _field("note", note, width)
     return lines
 
 
@@ -70,41 +79,50 @@ def _codes(findings: Sequence[Mapping[str, Any]]) -> str:
     return ", ".join(str(f.get("code")) for f in findings) or "none"
 
 
-def report_text(report: LinkReport) -> str:
+def report_text(report: LinkReport, width: int | None = None) -> str:
+    """The link test's report within ``width`` columns (the terminal's by default)."""
+    width = terminal.width() if width is None else width
     host = (
         f" (host {report.peer_host}, sparkdiag {report.peer_version})" if report.peer_host else ""
     )
-    lines = [f"peer {report.peer}:{report.port}{host}"]
+    lines = terminal.wrap(f"peer {report.peer}:{report.port}{host}", width, "", "    ")
     for path in report.paths:
-        lines += _path(path)
+        lines += _path(path, width)
     tools = "; ".join(f"{tool} {status}" for tool, status in report.tools.items())
-    lines.append(f"tools: tcp-sockets ran{'; ' + tools if tools else ''}")
-    lines.append(
-        f"lint here: {_codes(report.lint_local)}; lint on the peer: {_codes(report.lint_peer)}"
-    )
-    lines += [f"note: {note}" for note in report.notes]
+    lines += terminal.wrap(f"tcp-sockets ran{'; ' + tools if tools else ''}", width, "tools: ")
+    lines += terminal.wrap(
+        f"lint here: {_codes(report.lint_local)}; lint on the peer: {_codes(report.lint_peer)}",
+        width, "", "    ",
+    )  # fmt: skip
+    for note in report.notes:
+        lines += terminal.wrap(note, width, "note: ")
     lines.append(
         f"verdict: {report.verdict} ({report.seconds:.1f} s, exit status {report.exit_code})"
     )
     return "\n".join(lines) + "\n"
 
 
-def readings_text(readings: FabricReadings) -> list[str]:
-    lines = []
+def readings_text(readings: FabricReadings, width: int | None = None) -> list[str]:
+    width = terminal.width() if width is None else width
+    lines: list[str] = []
+
+    def para(text: str) -> None:
+        lines.extend(terminal.wrap(text, width, "", "    "))
+
     if readings.functions:
         for f in readings.functions:
             names = ", ".join(
                 f"{i.name} ({'up' if i.up else 'no carrier'}, MTU {i.mtu})" for i in f.interfaces
             )
             rdma = ", ".join(f.rdma) or "no RDMA device"
-            lines.append(f"ConnectX-7 {f.address}: {names or 'no interface'}; {rdma}")
+            para(f"ConnectX-7 {f.address}: {names or 'no interface'}; {rdma}")
     else:
-        lines.append("no ConnectX-7 (PCI 15b3:1021) on this machine")
+        para("no ConnectX-7 (PCI 15b3:1021) on this machine")
     for name, setting in readings.nccl.effective.items():
-        lines.append(f"{name}={setting.value} ({setting.origin})")
+        para(f"{name}={setting.value} ({setting.origin})")
     for lib in readings.libraries:
         version = lib.version or "unknown version"
-        lines.append(
+        para(
             f"NCCL {version} ({lib.origin}{', ' + lib.package if lib.package else ''}): {lib.path}"
         )
     if readings.cma_total_bytes is not None:
@@ -113,17 +131,22 @@ def readings_text(readings: FabricReadings) -> list[str]:
             if readings.cma_free_bytes is not None
             else ""
         )
-        lines.append(f"CmaTotal {readings.cma_total_bytes / 1024:.0f} kB{free}")
+        para(f"CmaTotal {readings.cma_total_bytes / 1024:.0f} kB{free}")
     return lines
 
 
-def lint_text(readings: FabricReadings, findings: Sequence[Finding]) -> str:
-    lines = readings_text(readings)
+def lint_text(
+    readings: FabricReadings, findings: Sequence[Finding], width: int | None = None
+) -> str:
+    """The fabric's readings and the lint's findings within ``width`` columns (the terminal's by
+    default): each finding, why (the measured figure) and the fix."""
+    width = terminal.width() if width is None else width
+    lines = readings_text(readings, width)
     lines.append("")
     if not findings:
         lines.append("no findings")
     for finding in findings:
-        lines.append(f"{finding.code}: {finding.finding}")
-        lines.append(f"  why: {finding.figure}")
-        lines.append(f"  fix: {finding.fix}")
+        lines += terminal.wrap(f"{finding.code}: {finding.finding}", width, "", "    ")
+        lines += terminal.wrap(finding.figure, width, "  why: ")
+        lines += terminal.wrap(finding.fix, width, "  fix: ")
     return "\n".join(lines) + "\n"

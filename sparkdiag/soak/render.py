@@ -3,6 +3,7 @@ stopped, in one line."""
 
 from __future__ import annotations
 
+from sparkdiag import terminal
 from sparkdiag.probe.worker import throughput_unit
 from sparkdiag.soak.model import GpuSoak, SoakReport
 from sparkdiag.soak.verdict import FALL_FRACTION, Sensor, Verdict
@@ -98,38 +99,42 @@ def header(g: GpuSoak) -> str:
     return f"{who}{name}{uuid}{temps}"
 
 
-def _row(v: Verdict, sensor: Sensor | None) -> str:
+def _row(v: Verdict, sensor: Sensor | None) -> list[str]:
     at = celsius(v.hottest_celsius, sensor) if v.hottest_celsius is not None else ""
     fraction = v.hottest_fraction
     hottest = figure(v.hottest) + (f" ({fraction:.2f})" if fraction is not None else "")
-    return (
-        f"  {v.label:24} {figure(v.cold):>9} {hottest:>17} {unit(v.dtype):6} {at:>13}  "
-        f"{verdict_text(v, sensor)}"
-    )
+    return [v.label, figure(v.cold), hottest, unit(v.dtype), at, verdict_text(v, sensor)]
 
 
-def gpu_text(g: GpuSoak) -> str:
-    lines = [header(g)]
+HEADER = ("kernel", "cold", "hottest", "unit", "hottest at", "verdict")
+
+
+def gpu_text(g: GpuSoak, width: int | None = None) -> str:
+    """One GPU's header, its verdict table within ``width`` columns (the terminal's by default)
+    and why it stopped."""
+    width = terminal.width() if width is None else width
+    lines = terminal.wrap(header(g), width, "", "    ")
     v = g.verdict
     if v.sensor == "gpu":
-        lines.append(f"  {NO_MEMORY_SENSOR}")
+        lines += terminal.wrap(NO_MEMORY_SENSOR, width, "  ")
     measured = [k for k in v.kernels if k.status != "unsupported"]
     if measured or v.ratios:
-        lines.append(
-            f"  {'kernel':24} {'cold':>9} {'hottest (of cold)':>17} {'':6} {'hottest at':>13}  "
-            f"verdict (below {FALL_FRACTION:g} of cold: fell)"
-        )
-        lines += [_row(k, v.sensor) for k in measured]
-        lines += [_row(r, v.sensor) for r in v.ratios]
+        rows = [_row(k, v.sensor) for k in measured] + [_row(r, v.sensor) for r in v.ratios]
+        lines += terminal.table(HEADER, rows, width, right={1, 2, 4}, indent="  ", free=True)
+        lines += terminal.wrap(
+            "hottest: the figure at the hottest window (its fraction of cold); a kernel below "
+            f"{FALL_FRACTION:g} of cold fell",
+            width, "  ",
+        )  # fmt: skip
     unsupported = [k for k in v.kernels if k.status == "unsupported"]
     if unsupported:
         reasons = sorted({k.note or "unsupported" for k in unsupported})
         names = ", ".join(dict.fromkeys(k.dtype for k in unsupported))
-        lines.append(f"  not measured: {names} ({'; '.join(reasons)[:200]})")
-    lines.append(f"  {stopped_line(g)}")
+        lines += terminal.wrap(f"not measured: {names} ({'; '.join(reasons)})", width, "  ")
+    lines += terminal.wrap(stopped_line(g), width, "  ")
     return "\n".join(lines) + "\n"
 
 
-def text(report: SoakReport) -> str:
+def text(report: SoakReport, width: int | None = None) -> str:
     """The whole report: every GPU's verdict and why it stopped."""
-    return "\n".join(gpu_text(g) for g in report.gpus)
+    return "\n".join(gpu_text(g, width) for g in report.gpus)

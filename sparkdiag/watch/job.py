@@ -91,10 +91,12 @@ def follow(
     duration: float | None,
     stop: threading.Event,
     monotonic: Callable[[], float] = time.monotonic,
+    on_tick: Callable[[Tick, int], None] | None = None,
 ) -> tuple[list[Tick], str]:
     """Sample every ``interval`` seconds until the job ends ("exit"), ``duration`` passes
     ("duration") or ``stop`` is set ("interrupt"). A first tick primes the counters and is
-    dropped. Never drifts, never bursts."""
+    dropped. Never drifts, never bursts. ``on_tick(tick, ticks so far)`` sees each tick kept
+    (the live status line)."""
     sampler.tick()
     ticks: list[Tick] = []
     start = monotonic()
@@ -102,6 +104,8 @@ def follow(
     while True:
         interrupted = stop.wait(max(0.0, next_at - monotonic()))
         ticks.append(sampler.tick())
+        if on_tick is not None:
+            on_tick(ticks[-1], len(ticks))
         if interrupted:
             return ticks, "interrupt"
         if ended():

@@ -5,6 +5,7 @@ shaded. matplotlib is an optional extra: ``pip install 'sparkdiag[plot]'``."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from sparkdiag.plotting import INSTALL_HINT as INSTALL_HINT
 from sparkdiag.plotting import PlotUnavailable as PlotUnavailable
@@ -59,6 +60,7 @@ TITLE_CHARS = 110  # what fits above an 11-inch figure at 10 points
 def shorten(text: str, width: int = TITLE_CHARS) -> str:
     """``text`` cut in the middle with an ellipsis when it is longer than ``width`` (a job's
     command line runs off the figure otherwise; its start and end tell it apart)."""
+    text = " ".join(text.split())  # a -c script's newlines would stack the title
     if len(text) <= width:
         return text
     head = (width - 1) // 2
@@ -71,9 +73,45 @@ def plot(rec: Recording, diagnosis: Diagnosis, path: Path) -> None:
     from matplotlib.patches import Patch
 
     gpus = diagnosis.gpus or tuple(g.index for g in rec.gpus)
-    fig, axes = plt.subplots(4, 1, figsize=(11, 10), sharex=True)
-    act, clk, cpu, io = axes
-    fig.suptitle(f"sparkdiag watch: {shorten(rec.job)}\n{_headline(diagnosis)}", fontsize=10)
+    sampled = any(g.index in gpus for tick in rec.ticks for g in tick.gpus)
+    if sampled:
+        fig, axes = plt.subplots(4, 1, figsize=(11, 10), sharex=True)
+        act, clk, cpu, io = axes
+    else:  # nothing sampled on a GPU: no empty GPU panels
+        fig, axes = plt.subplots(2, 1, figsize=(11, 5.5), sharex=True)
+        cpu, io = axes
+    fig.suptitle(f"sparkdiag watch: {shorten(rec.job)}\n{_headline(diagnosis, rec)}", fontsize=10)
+    if sampled:
+        _gpu_panels(rec, gpus, act, clk)
+    _job_panels(rec, cpu, io)
+    for start, end, name in diagnosis.spans:
+        for ax in axes:
+            ax.axvspan(start, end, color=COLOURS.get(name, "gray"), alpha=0.15, lw=0)
+    handles = [
+        Patch(color=COLOURS[c.name], alpha=0.3, label=TITLES[c.name])
+        for c in diagnosis.causes
+        if c.name in COLOURS
+    ]
+    top = axes[0]
+    top.legend(handles=top.get_legend_handles_labels()[0] + handles, fontsize=7, loc="upper right")
+    if sampled:
+        cpu.legend(fontsize=7, loc="upper right")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def thread_label(rec: Recording) -> str:
+    """What the job's busiest-thread series is: a thread of the processes on the GPU where the
+    job was seen on one, else of the whole job (the sampler's rule)."""
+    on_gpu = any(g.job_on_gpu or g.job_memory_bytes for tick in rec.ticks for g in tick.gpus)
+    whose = "of the GPU processes" if on_gpu else "of the job"
+    return f"busiest thread {whose} (running or runnable)"
+
+
+def _gpu_panels(rec: Recording, gpus: tuple[int, ...], act: Any, clk: Any) -> None:
 
     samples = sorted(
         (t, v) for tick in rec.ticks for g in tick.gpus if g.index in gpus for t, v in g.samples
@@ -106,8 +144,13 @@ def plot(rec: Recording, diagnosis: Diagnosis, path: Path) -> None:
     temp.set_ylabel("°C")
     twin_legend(clk, temp)
 
-    for attr, label in (("cpu_cores", "job CPU (cores)"), ("gpu_thread", "busiest GPU thread"),
-                        ("other_cpu_cores", "other processes (cores)")):  # fmt: skip
+
+def _job_panels(rec: Recording, cpu: Any, io: Any) -> None:
+    series = [("cpu_cores", "job CPU (cores)"), ("gpu_thread", thread_label(rec))]
+    if any(g.job_on_gpu for tick in rec.ticks for g in tick.gpus):
+        # the processes not on the GPU: only known where some are
+        series.append(("other_cpu_cores", "processes not on the GPU (cores)"))
+    for attr, label in series:
         xs, ys = _job(rec, attr)
         if xs:
             cpu.step(xs, ys, where="pre", lw=1, label=label)
@@ -128,24 +171,8 @@ def plot(rec: Recording, diagnosis: Diagnosis, path: Path) -> None:
     twin_legend(io, psi)
     io.set_xlabel("seconds since the start of the watch")
 
-    for start, end, name in diagnosis.spans:
-        for ax in axes:
-            ax.axvspan(start, end, color=COLOURS.get(name, "gray"), alpha=0.15, lw=0)
-    handles = [
-        Patch(color=COLOURS[c.name], alpha=0.3, label=TITLES[c.name])
-        for c in diagnosis.causes
-        if c.name in COLOURS
-    ]
-    act.legend(handles=act.get_legend_handles_labels()[0] + handles, fontsize=7, loc="upper right")
-    cpu.legend(fontsize=7, loc="upper right")
-    for ax in axes:
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
-
-def _headline(diagnosis: Diagnosis) -> str:
+def _headline(diagnosis: Diagnosis, rec: Recording) -> str:
     from sparkdiag.watch.render import headline
 
-    return headline(diagnosis)
+    return headline(diagnosis, rec)
