@@ -100,15 +100,21 @@ def test_exit_status_of_the_job_is_passed_through() -> None:
     assert "sh -c 'sleep 0.5; exit 7', exit status 7" in result.stdout
 
 
-def test_ctrl_c_stops_the_job_prints_the_diagnosis_and_passes_its_status() -> None:
+def test_ctrl_c_stops_the_job_prints_the_diagnosis_and_passes_its_status(tmp_path: Path) -> None:
+    started = tmp_path / "started"
     proc = subprocess.Popen(
         sparkdiag_cmd(
             "watch", "--interval", "0.1", "--nvml-fixture", str(NVML / "watch-healthy.json"),
-            "--json", "--", "sleep", "60",
+            "--json", "--", "sh", "-c", f"touch {started}; exec sleep 60",
         ),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
-    time.sleep(1.5)
+    # Ctrl-C once watch runs its job (a fixed sleep raced sparkdiag's import on a loaded machine)
+    deadline = time.monotonic() + 60
+    while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert started.exists(), proc.communicate()
+    time.sleep(0.3)  # a few ticks sampled
     proc.send_signal(signal.SIGINT)  # to watch only: it must stop its job itself
     out, _ = proc.communicate(timeout=30)
     doc = json.loads(out)
