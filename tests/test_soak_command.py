@@ -96,6 +96,7 @@ def test_json_alone_prints_the_record_and_no_record_keeps_no_state(tmp_path: Pat
     assert not state.exists()
 
 
+@pytest.mark.worker
 def test_ctrl_c_stops_cleanly_with_a_partial_record_and_no_worker_left(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     record, table = tmp_path / "soak.json", tmp_path / "soak.csv"
