@@ -108,7 +108,14 @@ def test_ctrl_c_stops_the_job_prints_the_diagnosis_and_passes_its_status() -> No
         ),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
-    time.sleep(1.5)
+    # watch's handler is in place once its job runs: wait for the job, not a guessed time
+    # (1.5 s was not enough for Python and sparkdiag to start on a loaded machine)
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children")
+    deadline = time.monotonic() + 60
+    while not children.read_text().split() and time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    time.sleep(0.5)  # a few 0.1 s ticks
     proc.send_signal(signal.SIGINT)  # to watch only: it must stop its job itself
     out, _ = proc.communicate(timeout=30)
     doc = json.loads(out)
