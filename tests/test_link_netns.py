@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.support import NVML, ROOTFS, assert_clean_error
-from tests.support.netns import Pair, veth_pair, wait_for_line
+from tests.support.netns import Pair, ended, veth_pair, wait_for_line
 
 pytestmark = pytest.mark.network
 
@@ -46,8 +46,7 @@ def shared() -> Iterator[Pair]:
         try:
             yield made
         finally:
-            server.terminate()
-            server.wait(timeout=30)
+            ended(server, stop=True)
 
 
 def _test(pair: Pair, seconds: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
@@ -77,7 +76,7 @@ def _by(path: dict[str, Any], method: str, direction: str) -> float | None:
 def test_fit_without_a_limit(pair: Pair) -> None:
     server = pair.serve("--once")
     result, doc = _test(pair, "1")  # iperf3 runs whole seconds: 1 s, ours the same
-    server.wait(timeout=30)
+    ended(server)
     (path,) = doc["paths"]
     # both ends read from the namespace's own sysfs, and the path is the veth pair
     assert path["local"]["interface"] == pair.client_if
@@ -113,7 +112,7 @@ def test_degraded_at_a_tenth_of_the_rate(pair: Pair) -> None:
     pair.limit("1gbit")  # a tenth of the veth's 10 Gb/s, both directions
     server = pair.serve("--once")
     result, doc = _test(pair, "0.5")  # the shortest --duration: 62 MB at 1 Gb/s, burst 256 kB
-    server.wait(timeout=30)
+    ended(server)
     (path,) = doc["paths"]
     assert (path["verdict"], doc["verdict"], result.returncode) == ("degraded", "degraded", 1)
     assert all(t["gbps"] <= 1.1 for t in path["throughput"] if "gbps" in t), path["throughput"]
@@ -174,7 +173,7 @@ def test_a_peer_not_running_the_listening_side(shared: Pair) -> None:
         )
     finally:
         other.kill()
-        other.wait()
+        ended(other)
     assert_clean_error(
         result,
         3,
@@ -189,8 +188,7 @@ def test_an_interface_with_no_carrier(pair: Pair) -> None:
     result = pair.sparkdiag(
         pair.client, "link", "test", pair.server_ip, "--interface", pair.client_if
     )
-    server.terminate()
-    server.wait(timeout=30)
+    ended(server, stop=True)
     assert_clean_error(result, 3, f"{pair.client_if} has no carrier", "NO-CARRIER")
     assert len(result.stderr.strip().splitlines()) == 1
 
@@ -238,10 +236,9 @@ def test_a_busy_listening_side(pair: Pair) -> None:
     finally:
         if holder.poll() is None:
             holder.kill()
-            holder.wait()
-        server.terminate()
-        server.wait(timeout=30)
-    assert server.returncode == 0, "SIGTERM between sessions ends link serve with 0"
+        ended(holder)
+        code = ended(server, stop=True)
+    assert code == 0, "SIGTERM between sessions ends link serve with 0"
 
 
 def _check(pair: Pair, peer: str) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:

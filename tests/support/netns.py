@@ -97,6 +97,18 @@ class Pair:
         _ip("-n", namespace, "link", "set", interface, "down")
 
 
+def ended(proc: subprocess.Popen[str], stop: bool = False) -> int:
+    """Wait for ``proc`` (SIGTERM first with ``stop``), close its pipes; its exit status."""
+    if stop:
+        proc.terminate()
+    try:
+        return proc.wait(timeout=30)
+    finally:
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
 def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float = 30) -> str:
     """The first line of ``proc``'s stderr that holds ``needle``, read in a thread so that a
     process that never says it fails the test after ``timeout`` seconds instead of hanging it."""
