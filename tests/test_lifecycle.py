@@ -156,6 +156,7 @@ def test_a_container_command_ends_when_sparkdiag_is_killed(tmp_path: Path) -> No
         assert wait_dead([worker, grandchild], seconds=10) == []
 
 
+@pytest.mark.worker
 def test_a_worker_ends_when_its_parent_is_killed(tmp_path: Path) -> None:
     """kill -9 of the process that started a worker (a soak on CPU): the worker notices that
     its parent is gone, stops, and nothing of it is left."""

@@ -2,8 +2,11 @@
 a veth pair whose sysfs speed (10000 Mb/s) is the ceiling: fit without a limit, degraded with
 ``tc`` shaping the pair to a tenth of it, and each bad input as one line with its exit status.
 
-Every test makes its own namespaces and removes them (tests/support/netns.py); they are skipped,
-with the reason, where namespaces cannot be made.
+A test that shapes the pair, takes an end down or needs its own ``link serve`` (``--once``, the
+busy one) makes its own namespaces; the others share one pair and one ``link serve`` for the
+module (tests/support/netns.py removes them). Each measurement is the shortest that still shows
+its point (``--duration``, ``--connect-timeout``). Skipped, with the reason, where namespaces
+cannot be made. The tests are of the slow kind ``network`` (tests/conftest.py).
 """
 
 from __future__ import annotations
@@ -17,30 +20,46 @@ from typing import Any
 
 import pytest
 
-from tests.support import NVML, ROOTFS, assert_clean_error, sparkdiag_cmd
-from tests.support.netns import Pair, veth_pair
+from tests.support import NVML, ROOTFS, assert_clean_error
+from tests.support.netns import Pair, ended, veth_pair, wait_for_line
+
+pytestmark = pytest.mark.network
 
 VETH_GBPS = 10.0  # /sys/class/net/vethX/speed of a veth: 10000 Mb/s
+NOBODY_PORT = 10949  # nothing listens there in any pair
+OTHER_PORT = 10951  # the stand-in for another service, on the shared pair
 
 
 @pytest.fixture
 def pair() -> Iterator[Pair]:
+    """A pair of this test's own, to shape, take down or serve on as it likes."""
     with veth_pair() as made:
         yield made
 
 
-def _test(pair: Pair, *args: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
+@pytest.fixture(scope="module")
+def shared() -> Iterator[Pair]:
+    """One pair for the module's tests that leave it as they found it, with one ``link serve``
+    (not ``--once``) on the default port."""
+    with veth_pair() as made:
+        server = made.serve()
+        try:
+            yield made
+        finally:
+            ended(server, stop=True)
+
+
+def _test(pair: Pair, seconds: str) -> tuple[subprocess.CompletedProcess[str], dict[str, Any]]:
     result = pair.sparkdiag(
         pair.client,
         "link",
         "test",
         pair.server_ip,
         "--duration",
-        "1",
+        seconds,
         "--streams",
         "4",
         "--json",
-        *args,
     )
     assert "Traceback" not in result.stderr, result.stderr
     return result, json.loads(result.stdout)
@@ -56,8 +75,8 @@ def _by(path: dict[str, Any], method: str, direction: str) -> float | None:
 
 def test_fit_without_a_limit(pair: Pair) -> None:
     server = pair.serve("--once")
-    result, doc = _test(pair)
-    server.wait(timeout=30)
+    result, doc = _test(pair, "1")  # iperf3 runs whole seconds: 1 s, ours the same
+    ended(server)
     (path,) = doc["paths"]
     # both ends read from the namespace's own sysfs, and the path is the veth pair
     assert path["local"]["interface"] == pair.client_if
@@ -92,8 +111,8 @@ def test_fit_without_a_limit(pair: Pair) -> None:
 def test_degraded_at_a_tenth_of_the_rate(pair: Pair) -> None:
     pair.limit("1gbit")  # a tenth of the veth's 10 Gb/s, both directions
     server = pair.serve("--once")
-    result, doc = _test(pair)
-    server.wait(timeout=30)
+    result, doc = _test(pair, "0.5")  # the shortest --duration: 62 MB at 1 Gb/s, burst 256 kB
+    ended(server)
     (path,) = doc["paths"]
     assert (path["verdict"], doc["verdict"], result.returncode) == ("degraded", "degraded", 1)
     assert all(t["gbps"] <= 1.1 for t in path["throughput"] if "gbps" in t), path["throughput"]
@@ -103,12 +122,11 @@ def test_degraded_at_a_tenth_of_the_rate(pair: Pair) -> None:
     assert "ethtool -S" in path["action"]
 
 
-def test_the_text_report_names_the_path_and_the_verdict(pair: Pair) -> None:
-    server = pair.serve("--once")
+def test_the_text_report_names_the_path_and_the_verdict(shared: Pair) -> None:
+    pair = shared
     result = pair.sparkdiag(
         pair.client, "link", "test", pair.server_ip, "--duration", "0.5", "--no-tools"
     )
-    server.wait(timeout=30)
     assert result.returncode in (0, 1), result.stderr
     out = result.stdout
     assert f"{pair.client_if} {pair.client_ip} -> {pair.server_ip} ({pair.server_if})" in out
@@ -117,40 +135,45 @@ def test_the_text_report_names_the_path_and_the_verdict(pair: Pair) -> None:
     assert out.rstrip().splitlines()[-1].startswith("verdict: ")
 
 
-def test_a_refused_port(pair: Pair) -> None:
-    result = pair.sparkdiag(pair.client, "link", "test", pair.server_ip, "--port", "10949")
+def test_a_refused_port(shared: Pair) -> None:
+    pair = shared
+    port = str(NOBODY_PORT)
+    result = pair.sparkdiag(pair.client, "link", "test", pair.server_ip, "--port", port)
     assert_clean_error(
-        result, 3, f"{pair.server_ip}:10949 refused the connection", "sparkdiag link serve"
+        result, 3, f"{pair.server_ip}:{port} refused the connection", "sparkdiag link serve"
     )
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_an_unreachable_peer(pair: Pair) -> None:
+def test_an_unreachable_peer(shared: Pair) -> None:
+    pair = shared
     nobody = pair.server_ip.rsplit(".", 1)[0] + ".99"
-    result = pair.sparkdiag(pair.client, "link", "test", nobody, "--connect-timeout", "2")
+    result = pair.sparkdiag(pair.client, "link", "test", nobody, "--connect-timeout", "1")
     assert result.returncode == 3, result.stderr
     assert "Traceback" not in result.stderr
     line = result.stderr.strip()
     assert len(line.splitlines()) == 1
     assert line.startswith(f"Error: {nobody}:10943 ")
-    assert "unreachable" in line or "did not answer within 2 s" in line
+    assert "unreachable" in line or "did not answer within 1 s" in line
 
 
-def test_a_peer_not_running_the_listening_side(pair: Pair) -> None:
+def test_a_peer_not_running_the_listening_side(shared: Pair) -> None:
+    pair = shared
     # another service on the port: it greets like an SSH server
     script = (
-        "import socket; s = socket.create_server(('0.0.0.0', 10943)); print('up', flush=True)\n"
+        f"import socket; s = socket.create_server(('0.0.0.0', {OTHER_PORT}))\n"
+        "print('up', flush=True)\n"
         "while True:\n c, _ = s.accept(); c.sendall(b'SSH-2.0-OpenSSH_9.6\\r\\n'); c.close()"
     )
-    other = subprocess.Popen(
-        pair.argv(pair.server, sys.executable, "-c", script), stdout=subprocess.PIPE, text=True
-    )
+    other = pair.popen(pair.server, sys.executable, "-c", script)
     try:
         assert other.stdout is not None and other.stdout.readline().strip() == "up"
-        result = pair.sparkdiag(pair.client, "link", "test", pair.server_ip)
+        result = pair.sparkdiag(
+            pair.client, "link", "test", pair.server_ip, "--port", str(OTHER_PORT)
+        )
     finally:
         other.kill()
-        other.wait()
+        ended(other)
     assert_clean_error(
         result,
         3,
@@ -165,45 +188,57 @@ def test_an_interface_with_no_carrier(pair: Pair) -> None:
     result = pair.sparkdiag(
         pair.client, "link", "test", pair.server_ip, "--interface", pair.client_if
     )
-    server.terminate()
-    server.wait(timeout=30)
+    ended(server, stop=True)
     assert_clean_error(result, 3, f"{pair.client_if} has no carrier", "NO-CARRIER")
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_an_interface_that_does_not_exist(pair: Pair) -> None:
+def test_an_interface_that_does_not_exist(shared: Pair) -> None:
+    pair = shared
     result = pair.sparkdiag(pair.client, "link", "test", pair.server_ip, "--interface", "eth9")
     assert_clean_error(result, 2, "'--interface'", "eth9: no such interface here", pair.client_if)
 
 
-def test_a_peer_name_that_does_not_resolve(pair: Pair) -> None:
+def test_a_peer_name_that_does_not_resolve(shared: Pair) -> None:
+    pair = shared
     # a name with spaces fails in the resolver itself (EAI_NONAME), without asking any DNS
     result = pair.sparkdiag(pair.client, "link", "test", "no such host")
     assert_clean_error(result, 2, "'no such host': not an address, and no such host name")
 
 
+# The first session, held open by the protocol itself: the control connection and its hello
+# (sparkdiag's own client code), then nothing until a line on stdin, then "bye".
+HOLD = """
+import sys
+from sparkdiag.link.session import open_control
+control = open_control(sys.argv[1], int(sys.argv[2]), 3.0)
+print("held", flush=True)
+sys.stdin.readline()
+print(control.ask({"op": "bye"}, timeout=5.0), flush=True)
+control.sock.close()
+"""
+
+
 def test_a_busy_listening_side(pair: Pair) -> None:
     """A second measuring machine is turned away while a session runs."""
     server = pair.serve()
-    first = subprocess.Popen(
-        pair.argv(pair.client, *sparkdiag_cmd("link", "test", pair.server_ip, "--duration", "3")),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    holder = pair.popen(pair.client, sys.executable, "-c", HOLD, pair.server_ip, "10943")
     try:
-        for _ in range(100):
-            second = pair.sparkdiag(pair.client, "link", "test", pair.server_ip)
-            if second.returncode == 3 and "busy" in second.stderr:
-                break
-        else:
-            pytest.fail("the second test was never turned away as busy")
-        assert_clean_error(second, 3, "busy: a test from", "try again when it is done")
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        second = pair.sparkdiag(pair.client, "link", "test", pair.server_ip)
+        assert_clean_error(
+            second, 3, f"busy: a test from {pair.client_ip} is running", "try again when it is done"
+        )
+        out, _ = holder.communicate("\n", timeout=30)
+        assert (holder.returncode, out.strip()) == (0, "{'ok': True}")
+        # the session has ended on the server's side too before it is stopped
+        wait_for_line(server, "ended after")
     finally:
-        first.wait(timeout=60)
-        server.terminate()
-        server.wait(timeout=30)
-    assert server.returncode == 0, "SIGTERM between sessions ends link serve with 0"
+        if holder.poll() is None:
+            holder.kill()
+        ended(holder)
+        code = ended(server, stop=True)
+    assert code == 0, "SIGTERM between sessions ends link serve with 0"
 
 
 def _check(pair: Pair, peer: str) -> tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]:
@@ -223,10 +258,9 @@ def _check(pair: Pair, peer: str) -> tuple[subprocess.CompletedProcess[str], lis
     return result, [r for r in rows if r["name"] in ("cx7-config", "link-peer")]
 
 
-def test_check_with_a_peer(pair: Pair) -> None:
-    server = pair.serve("--once")
+def test_check_with_a_peer(shared: Pair) -> None:
+    pair = shared
     _, rows = _check(pair, pair.server_ip)
-    server.wait(timeout=60)
     config, peer = rows
     assert (config["status"], config["finding"]) == (
         "skip",
@@ -240,9 +274,10 @@ def test_check_with_a_peer(pair: Pair) -> None:
     assert peer["status"] == {"fit": "pass", "degraded": "warn"}[peer["data"]["verdict"]]
 
 
-def test_check_with_a_peer_that_refuses(pair: Pair) -> None:
-    result, rows = _check(pair, f"{pair.server_ip}:10949")
+def test_check_with_a_peer_that_refuses(shared: Pair) -> None:
+    pair = shared
+    result, rows = _check(pair, f"{pair.server_ip}:{NOBODY_PORT}")
     peer = rows[1]
     assert peer["status"] == "fail"
-    assert peer["finding"].startswith(f"{pair.server_ip}:10949 refused the connection")
+    assert peer["finding"].startswith(f"{pair.server_ip}:{NOBODY_PORT} refused the connection")
     assert result.returncode == 3  # errors.Exit.FAILED: at least one check failed

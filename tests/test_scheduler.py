@@ -125,6 +125,7 @@ def test_jitter_and_stop(tmp_path: Path) -> None:
     assert not thread.is_alive()
 
 
+@pytest.mark.worker
 def test_container_launcher_delivers_the_worker_on_stdin(tmp_path: Path) -> None:
     """A stand-in container (this interpreter under env -i) reading the worker from stdin."""
     launcher = ContainerLauncher(

@@ -139,6 +139,7 @@ def test_json_alone_prints_the_record_and_no_record_keeps_no_state(tmp_path: Pat
     assert not state.exists()
 
 
+@pytest.mark.worker
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_ctrl_c_stops_cleanly_with_a_partial_record_and_no_worker_left(
     tmp_path: Path, sig: signal.Signals

@@ -1,9 +1,10 @@
 """Two network namespaces joined by a veth pair, for the ``sparkdiag link`` tests.
 
-Each test makes its own pair (names carry the pid and a counter, so that tests running at the
-same time on one machine never meet) and removes it when it ends, whatever happens: every
-process still in the namespaces (all started by the test) is killed, then the namespaces are
-deleted, which deletes the veth pair. ``ip netns exec`` mounts a fresh sysfs for the namespace,
+Each pair (made for one test, or for a module's tests that leave it as they found it) has
+names that carry the pid and a counter, so that tests running at the same time on one machine
+never meet, and is removed when its user ends, whatever happens: every process still in the
+namespaces (all started by the tests) is killed, then the namespaces are deleted, which deletes
+the veth pair. ``ip netns exec`` mounts a fresh sysfs for the namespace,
 so ``/sys/class/net`` there shows the namespace's veth end, which reports a speed (10000 Mb/s).
 Where namespaces cannot be made (not root, no iproute2, a sandbox without CAP_SYS_ADMIN) the
 test is skipped and says why.
@@ -13,9 +14,11 @@ from __future__ import annotations
 
 import itertools
 import os
+import queue
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
@@ -73,6 +76,16 @@ class Pair:
         assert "listening on" in line, line + proc.stderr.read()
         return proc
 
+    def popen(self, namespace: str, *argv: str) -> subprocess.Popen[str]:
+        """``argv`` in ``namespace``, its stdin and stdout pipes (text)."""
+        return subprocess.Popen(
+            self.argv(namespace, *argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
+
     def limit(self, rate: str) -> None:
         """Shape both ends to ``rate`` (``1gbit``) with a token bucket filter."""
         for namespace, interface in ((self.server, self.server_if), (self.client, self.client_if)):
@@ -82,6 +95,41 @@ class Pair:
 
     def down(self, namespace: str, interface: str) -> None:
         _ip("-n", namespace, "link", "set", interface, "down")
+
+
+def ended(proc: subprocess.Popen[str], stop: bool = False) -> int:
+    """Wait for ``proc`` (SIGTERM first with ``stop``), close its pipes; its exit status."""
+    if stop:
+        proc.terminate()
+    try:
+        return proc.wait(timeout=30)
+    finally:
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def wait_for_line(proc: subprocess.Popen[str], needle: str, timeout: float = 30) -> str:
+    """The first line of ``proc``'s stderr that holds ``needle``, read in a thread so that a
+    process that never says it fails the test after ``timeout`` seconds instead of hanging it."""
+    assert proc.stderr is not None
+    stream = proc.stderr
+    lines: queue.Queue[str] = queue.Queue()
+
+    def read() -> None:
+        for line in stream:
+            if needle in line:
+                lines.put(line)
+                return
+        lines.put("")
+
+    threading.Thread(target=read, daemon=True).start()
+    try:
+        line = lines.get(timeout=timeout)
+    except queue.Empty:
+        pytest.fail(f"no line with {needle!r} within {timeout:g} s")
+    assert line, f"the process ended (exit {proc.poll()}) without a line with {needle!r}"
+    return line
 
 
 def _cleanup(namespaces: Sequence[str]) -> None:
