@@ -31,7 +31,10 @@ from sparkdiag import __version__
 from sparkdiag.config import DEFAULTS, ConfigError, echo
 from sparkdiag.exporter.registry import render
 from sparkdiag.web import scrape
-from sparkdiag.web.serving import HttpServer, Limits, Request, Response, Tls, text
+from sparkdiag.web.channels import Tls
+from sparkdiag.web.limits import Limits
+from sparkdiag.web.messages import Request, Response, text
+from sparkdiag.web.serving import HttpServer
 from sparkdiag.web.webconfig import LiveWebConfig, RateLimit, WebConfig
 
 log = logging.getLogger(__name__)
