@@ -7,8 +7,10 @@ config as it is now (:class:`~sparkdiag.web.webconfig.LiveWebConfig`; 500 while 
 it unusable), its ``rate_limit`` (429), basic auth (answers from the credential cache at once;
 bcrypt in a pool of ``AUTH_WORKERS`` threads with at most ``AUTH_QUEUE`` waiting, beyond which
 503), then at most ``max_requests`` requests in flight (more get 503), rendered in a pool of
-``RENDER_WORKERS`` threads through :class:`~sparkdiag.web.scrape.RenderCache`. Every answer of
-the handler carries ``http_server_config.headers``. Defaults of the limits: ``config.OPTIONS``.
+``RENDER_WORKERS`` threads through :class:`~sparkdiag.web.scrape.RenderCache`, which
+:meth:`ExporterServer.published` (the poller's listener) fills ahead for each new snapshot.
+Every answer of the handler carries ``http_server_config.headers``. Defaults of the limits:
+``config.OPTIONS``.
 """
 
 from __future__ import annotations
@@ -108,7 +110,8 @@ class _Bucket:
 class ExporterServer:
     """HTTP(S) server for the exporter; TLS, basic auth, headers and rate limit from ``web``
     (a :class:`LiveWebConfig` follows the file as it changes). ``generation`` returns the
-    current snapshot: ``/metrics`` renders once per snapshot (no cache without it)."""
+    current snapshot: ``/metrics`` renders once per snapshot (no cache without it), ahead of
+    the scrapes when :meth:`published` is called for each new one."""
 
     def __init__(
         self,
@@ -136,6 +139,7 @@ class ExporterServer:
             {scrape.TEXT: lambda: render(registry), scrape.OPENMETRICS: self._openmetrics},
             generation,
         )
+        self.prerenderer = scrape.Prerenderer(self.cache)
         self.engine = HttpServer(
             self.socket,
             self._handle,
@@ -177,8 +181,14 @@ class ExporterServer:
         if self._serving.is_set():
             self._done.wait(timeout=10)
 
+    def published(self, _snapshot: object = None) -> None:
+        """A new snapshot is the latest (the poller's listener): render ``/metrics`` ahead in
+        the background, in the formats and encodings scrapes have been asking for."""
+        self.prerenderer.published()
+
     def server_close(self) -> None:
         self.socket.close()
+        self.prerenderer.close()
         self._render_pool.shutdown(wait=False, cancel_futures=True)
         self._auth_pool.shutdown(wait=False, cancel_futures=True)
         if not self._loop.is_running():

@@ -10,11 +10,19 @@
   by every scrape of that snapshot, including scrapes that arrive while it renders (two
   Prometheus replicas, a burst); an entry is also dropped after ``MAX_AGE`` seconds, so state
   that changes between polls (probe results) shows within that time even if polling stalls.
+* Render ahead (:class:`Prerenderer`): each new snapshot wakes a thread that renders, at once,
+  every format and encoding a scrape asked for in the last ``WARM_FOR`` seconds (Prometheus:
+  text, gzip), so the first scrape after a poll finds its bytes made. It goes through the same
+  entry as a scrape: a scrape that arrives while it renders waits for that render, and a scrape
+  always asks for the newest snapshot's entry, so nothing served is older than the newest
+  snapshot. Nobody scraping: nothing rendered ahead. A render that fails is logged (once per
+  run of failures) and not kept: the scrape renders again, and gets 500 if that fails too.
 """
 
 from __future__ import annotations
 
 import gzip
+import logging
 import math
 import threading
 import time
@@ -30,6 +38,9 @@ CONTENT_TYPES = {
 MAX_AGE = 5.0  # seconds an entry is served at most, whatever the snapshot
 GZIP_LEVEL = 6  # docs/web.md: size and cost by level on the 8-GPU scrape
 MAX_PARTS = 64  # media ranges or codings looked at in one header
+WARM_FOR = 600.0  # seconds after a scrape asked for a format and encoding that it is rendered ahead
+
+log = logging.getLogger(__name__)
 
 
 def _q(params: list[str]) -> tuple[float, dict[str, str]]:
@@ -114,11 +125,31 @@ class RenderCache:
         self.clock = clock
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
+        self._asked: dict[tuple[str, bool], float] = {}  # (format, gzip) -> last asked
         self.renders = 0  # renders done (for tests and benchmarks)
         self.compressions = 0
 
     def body(self, fmt: str, compress: bool) -> bytes:
-        entry = self._entry(fmt)
+        self._asked[fmt, compress] = self.clock()
+        return self._fill(self._entry(fmt), fmt, compress)
+
+    def prerender(self) -> int:
+        """Make the current snapshot's bodies of every format and encoding asked for in the
+        last ``WARM_FOR`` seconds, now, unless a scrape did already; returns how many bodies
+        this call made (renders and compressions). Raises what a renderer raises."""
+        if self.generation is None:
+            return 0
+        now = self.clock()
+        wanted: dict[str, bool] = {}  # format -> whether gzip was asked for too
+        for (fmt, compress), asked in list(self._asked.items()):
+            if now - asked <= WARM_FOR:
+                wanted[fmt] = wanted.get(fmt, False) or compress
+        before = self.renders + self.compressions
+        for fmt, compress in wanted.items():
+            self._fill(self._entry(fmt), fmt, compress)
+        return self.renders + self.compressions - before
+
+    def _fill(self, entry: _Entry, fmt: str, compress: bool) -> bytes:
         with entry.lock:
             if entry.plain is None:
                 entry.plain = self.renderers[fmt]()
@@ -141,3 +172,60 @@ class RenderCache:
                 entry = _Entry(generation, now)
                 self._entries[fmt] = entry
             return entry
+
+
+class Prerenderer:
+    """Runs :meth:`RenderCache.prerender` in its own thread after each :meth:`published` (the
+    poller's listener: it only wakes the thread); wake-ups during a render make one more."""
+
+    def __init__(self, cache: RenderCache) -> None:
+        self.cache = cache
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._failing = False
+        self.runs = 0  # prerenders finished, failed ones included (for tests)
+
+    def published(self, _snapshot: object = None) -> None:
+        """A new snapshot is the latest: render it ahead (the thread starts at the first)."""
+        if self.cache.generation is None:
+            return
+        with self._lock:
+            if self._closed:
+                return
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="http-prerender",
+                                                daemon=True)  # fmt: skip
+                self._thread.start()
+        self._wake.set()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        self._wake.set()
+        if thread is not None:
+            thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._closed:
+                return
+            try:
+                self.cache.prerender()
+            except Exception as exc:
+                level = logging.DEBUG if self._failing else logging.ERROR
+                log.log(level, "rendering /metrics ahead failed: %s: %s (each scrape renders "
+                        "again; more failures of this run at debug level)", type(exc).__name__,
+                        exc)  # fmt: skip
+                log.debug("rendering /metrics ahead failed", exc_info=True)
+                self._failing = True
+            else:
+                if self._failing:
+                    log.info("rendering /metrics ahead works again")
+                self._failing = False
+            finally:
+                self.runs += 1
