@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -235,3 +236,28 @@ def test_without_a_generation_nothing_is_rendered_ahead() -> None:
     prerenderer.published()
     prerenderer.close()
     assert cache.prerender() == 0 and made == [1] and prerenderer.runs == 0
+
+
+def test_a_body_made_already_is_answered_without_the_render_pool(
+    served: tuple[ExporterServer, Poller, PollGauge], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, poller, _ = served
+    routed: list[str] = []
+    route = server._route
+
+    def counting(request: Any) -> Any:
+        routed.append(request.path)
+        return route(request)
+
+    monkeypatch.setattr(server, "_route", counting)
+    get(server, PROMETHEUS)  # nothing made yet: rendered in the pool
+    assert routed == ["/metrics"]
+    get(server, PROMETHEUS)  # the same snapshot: its bytes, on the event loop
+    poll = poll_and_wait(server, poller)
+    status, body = get(server, PROMETHEUS)  # rendered ahead: on the event loop too
+    assert status == 200 and shown(body) == poll
+    assert routed == ["/metrics"]
+    poll = poller.poll(publish=False)  # a new snapshot nobody rendered yet: the pool again
+    assert shown(get(server, PROMETHEUS)[1]) == poll and routed == ["/metrics"] * 2
+    get(server, {"Accept": "application/openmetrics-text; version=1.0.0"})  # not made yet
+    assert len(routed) == 3

@@ -8,7 +8,8 @@ it unusable), its ``rate_limit`` (429), basic auth (answers from the credential 
 bcrypt in a pool of ``AUTH_WORKERS`` threads with at most ``AUTH_QUEUE`` waiting, beyond which
 503), then at most ``max_requests`` requests in flight (more get 503), rendered in a pool of
 ``RENDER_WORKERS`` threads through :class:`~sparkdiag.web.scrape.RenderCache`, which
-:meth:`ExporterServer.published` (the poller's listener) fills ahead for each new snapshot.
+:meth:`ExporterServer.published` (the poller's listener) fills ahead for each new snapshot; a
+body made already is answered on the event loop without going through the pool.
 Every answer of the handler carries ``http_server_config.headers``. Defaults of the limits:
 ``config.OPTIONS``.
 """
@@ -231,6 +232,9 @@ class ExporterServer:
         if slots is not None and not slots.acquire(blocking=False):
             return text(503, "too many concurrent requests", headers=(("Retry-After", "1"),))
         try:
+            ready = self._ready(request)
+            if ready is not None:
+                return ready
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self._render_pool, self._route, request)
         finally:
@@ -273,17 +277,36 @@ class ExporterServer:
             return text(500, "internal error")
         return text(404, "not found: try /metrics")
 
+    def _ready(self, request: Request) -> Response | None:
+        """``/metrics`` when the newest snapshot's body is made already (rendered ahead, or by
+        an earlier scrape): answered on the event loop, no thread hand-off; else None."""
+        if request.path != "/metrics":
+            return None
+        try:
+            fmt, compress = self._variant(request)
+            body = self.cache.ready(fmt, compress)
+        except Exception:  # a bug: the pool's path answers 500 and logs it
+            return None
+        return None if body is None else _metrics_response(fmt, compress, body)
+
     def _metrics(self, request: Request) -> Response:
+        fmt, compress = self._variant(request)
+        return _metrics_response(fmt, compress, self.cache.body(fmt, compress))
+
+    @staticmethod
+    def _variant(request: Request) -> tuple[str, bool]:
         fmt = scrape.choose_format(request.headers.get("accept"))
-        compress = scrape.accepts_gzip(request.headers.get("accept-encoding"))
-        body = self.cache.body(fmt, compress)
-        headers: tuple[tuple[str, str], ...] = (("Vary", "Accept-Encoding"),)
-        if compress:
-            headers += (("Content-Encoding", "gzip"),)
-        return Response(200, body, scrape.CONTENT_TYPES[fmt], headers)
+        return fmt, scrape.accepts_gzip(request.headers.get("accept-encoding"))
 
     def _openmetrics(self) -> bytes:
         return bytes(openmetrics_latest(self.registry))  # type: ignore[no-untyped-call]
+
+
+def _metrics_response(fmt: str, compress: bool, body: bytes) -> Response:
+    headers: tuple[tuple[str, str], ...] = (("Vary", "Accept-Encoding"),)
+    if compress:
+        headers += (("Content-Encoding", "gzip"),)
+    return Response(200, body, scrape.CONTENT_TYPES[fmt], headers)
 
 
 _LANDING = """<!doctype html>

@@ -10,6 +10,8 @@
   by every scrape of that snapshot, including scrapes that arrive while it renders (two
   Prometheus replicas, a burst); an entry is also dropped after ``MAX_AGE`` seconds, so state
   that changes between polls (probe results) shows within that time even if polling stalls.
+* A body already made for the newest snapshot (:meth:`RenderCache.ready`) is served by the event
+  loop at once, without a hand-off to the render pool.
 * Render ahead (:class:`Prerenderer`): each new snapshot wakes a thread that renders, at once,
   every format and encoding a scrape asked for in the last ``WARM_FOR`` seconds (Prometheus:
   text, gzip), so the first scrape after a poll finds its bytes made. It goes through the same
@@ -132,6 +134,21 @@ class RenderCache:
     def body(self, fmt: str, compress: bool) -> bytes:
         self._asked[fmt, compress] = self.clock()
         return self._fill(self._entry(fmt), fmt, compress)
+
+    def ready(self, fmt: str, compress: bool) -> bytes | None:
+        """The newest snapshot's body if it is made already, else None; never renders and never
+        waits (the event loop serves it inline)."""
+        if self.generation is None:
+            return None
+        self._asked[fmt, compress] = self.clock()
+        generation = self.generation()
+        with self._lock:
+            entry = self._entries.get(fmt)
+        if entry is None or entry.generation is not generation:
+            return None
+        if self.clock() - entry.made > MAX_AGE:
+            return None
+        return entry.compressed if compress else entry.plain
 
     def prerender(self) -> int:
         """Make the current snapshot's bodies of every format and encoding asked for in the
