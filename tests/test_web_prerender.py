@@ -61,7 +61,10 @@ class Poller:
 
 
 @pytest.fixture
-def served() -> Iterator[tuple[ExporterServer, Poller, PollGauge]]:
+def served(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[ExporterServer, Poller, PollGauge]]:
+    """A server whose every snapshot is due for a render ahead (polls and scrapes milliseconds
+    apart would otherwise read as a scraper not due yet: RenderCache.due, tested alone below)."""
+    monkeypatch.setattr(scrape, "DUE_POLLS", 1e9)
     gauge = PollGauge()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(gauge)  # type: ignore[arg-type]
@@ -261,3 +264,64 @@ def test_a_body_made_already_is_answered_without_the_render_pool(
     assert shown(get(server, PROMETHEUS)[1]) == poll and routed == ["/metrics"] * 2
     get(server, {"Accept": "application/openmetrics-text; version=1.0.0"})  # not made yet
     assert len(routed) == 3
+
+
+def test_a_regular_scraper_is_rendered_ahead_only_for_the_polls_before_its_next_scrape() -> None:
+    now = [0.0]
+    cache = RenderCache({scrape.TEXT: lambda: b"x"}, lambda: None, clock=lambda: now[0])
+    assert cache.due(1.0)  # nobody scraped: due (nothing asked for, nothing rendered anyway)
+    for t in (0.0, 0.02, 15.0, 30.0, 30.3):  # every 15 s, with a second scraper close behind
+        now[0] = t
+        cache.body(scrape.TEXT, True)
+    due = []
+    for tenth in range(303, 460):
+        now[0] = tenth / 10
+        due.append((now[0], cache.due(1.0)))
+    # the last scrape (30.3) + the shortest gap of a poll or more (0.02 -> 15.0) - 2 polls
+    assert next(t for t, d in due if d) == 43.3
+    assert all(d for t, d in due if t >= 43.3)
+    now[0] = 40.0
+    cache.body(scrape.TEXT, True)  # an irregular scrape: the shortest gap is 9.7 s now
+    now[0] = 46.5
+    assert not cache.due(1.0) and cache.due(2.0)  # 40 + 9.7 - 2 poll intervals
+    now[0] = 40.5
+    cache.body(scrape.TEXT, True)  # 0.5 s after: under a poll interval, not a gap
+    now[0] = 48.0
+    assert not cache.due(1.0)  # 40.5 + 9.7 - 2 = 48.2
+    now[0] = 48.3
+    assert cache.due(1.0)
+
+
+def test_a_poller_slower_than_the_scrapes_renders_every_snapshot_ahead() -> None:
+    now = [0.0]
+    cache = RenderCache({scrape.TEXT: lambda: b"x"}, lambda: None, clock=lambda: now[0])
+    for t in (0.0, 5.0, 10.0):
+        now[0] = t
+        cache.body(scrape.TEXT, False)
+    now[0] = 10.1
+    assert cache.due(3.0)  # 5 s scrapes, 3 s polls: 10 + 5 - 6 < 10.1
+    assert cache.due(0.0)  # the poll interval not known yet
+
+
+def test_a_regular_scraper_skips_the_renders_ahead_nobody_will_scrape(
+    served: tuple[ExporterServer, Poller, PollGauge], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, poller, gauge = served
+    monkeypatch.setattr(scrape, "DUE_POLLS", 2.0)  # the real rule (the fixture turns it off)
+    period, poll = 0.6, 0.05
+    for _ in range(3):  # a scraper every 0.6 s
+        started = time.monotonic()
+        get(server, PROMETHEUS)
+        time.sleep(max(0.0, period - (time.monotonic() - started)))
+    last = time.monotonic()
+    get(server, PROMETHEUS)
+    renders = server.cache.renders
+    while time.monotonic() - last < period - 0.02:  # polls every 0.05 s until the next scrape
+        poll_and_wait(server, poller)
+        time.sleep(poll)
+    assert server.prerenderer.skipped >= 3  # right after the scrape: not rendered ahead
+    assert server.cache.renders - renders < server.prerenderer.runs
+    made = server.cache.renders
+    status, body = get(server, PROMETHEUS)  # the next scrape: rendered ahead, in time
+    assert status == 200 and shown(body) == gauge.poll
+    assert server.cache.renders == made
