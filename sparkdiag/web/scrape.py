@@ -148,7 +148,6 @@ class RenderCache:
         waits (the event loop serves it inline)."""
         if self.generation is None:
             return None
-        self._note(fmt, compress)
         generation = self.generation()
         with self._lock:
             entry = self._entries.get(fmt)
@@ -156,7 +155,10 @@ class RenderCache:
             return None
         if self.clock() - entry.made > MAX_AGE:
             return None
-        return entry.compressed if compress else entry.plain
+        made = entry.compressed if compress else entry.plain
+        if made is not None:  # else the scrape goes on to body(), which notes it
+            self._note(fmt, compress)
+        return made
 
     def _note(self, fmt: str, compress: bool) -> None:
         now = self.clock()
@@ -187,7 +189,9 @@ class RenderCache:
             return 0
         now = self.clock()
         wanted: dict[str, bool] = {}  # format -> whether gzip was asked for too
-        for (fmt, compress), asked in list(self._asked.items()):
+        with self._lock:
+            asked_for = list(self._asked.items())
+        for (fmt, compress), asked in asked_for:
             if now - asked <= WARM_FOR:
                 wanted[fmt] = wanted.get(fmt, False) or compress
         before = self.renders + self.compressions
