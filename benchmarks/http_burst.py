@@ -9,8 +9,10 @@ shows the numbers). Runs ``sparkdiag serve`` on the 8-GPU NVML fixture, loopback
 
 * static: the 8-GPU scrape against a static server of the same bytes on the same HTTP layer
   (sparkdiag's HttpServer serving the body it got), in alternating rounds: p50/p99 and the
-  ratio (issue 23's target: at most 1.5x); back-to-back scrapes share a snapshot's render,
-  so it also prints scrapes spaced past the poll interval (each renders anew);
+  ratio (issue 23's target: at most 1.5x) for back-to-back scrapes; then rounds, one or two
+  poll intervals apart, of the first scrape of a new snapshot (checked by its poll timestamp)
+  and a back-to-back one, then the static server's first after a pause and back-to-back, plain
+  and as Prometheus asks (gzip): the ratios, measured in the same rounds;
 * tls-idle: with TLS, RSS before, beside T silent connections (default 700), beside T
   connections that finished a handshake and then stay idle, and after they close;
 * burst: N simultaneous scrapes of /metrics (default 200), each its own connection: how many
@@ -30,8 +32,10 @@ from __future__ import annotations
 import argparse
 import base64
 import contextlib
+import gzip
 import http.client
 import os
+import random
 import resource
 import selectors
 import signal
@@ -46,6 +50,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import bcrypt
 
@@ -235,6 +240,46 @@ def idle(port: int, pid: int, count: int, watch: float) -> None:
     print(f"server after: {threads2} threads, RSS {rss2:.1f} MiB")
 
 
+PROMETHEUS = {  # what Prometheus 2.42 sends with each scrape
+    "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+    "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "Accept-Encoding": "gzip",
+}
+VARIANTS = {"text": {}, "prometheus (text, gzip)": PROMETHEUS}
+
+
+def fetch(port: int, headers: dict[str, str]) -> tuple[float, bytes]:
+    """One GET /metrics on a fresh connection: (seconds, body decompressed)."""
+    start = time.monotonic()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/metrics", headers=headers)
+        resp = conn.getresponse()
+        body = resp.read()
+        took = time.monotonic() - start
+        if resp.status != 200:
+            raise SystemExit(f"/metrics answered {resp.status}")
+        if resp.getheader("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        return took, body
+    finally:
+        conn.close()
+
+
+def poll_time(body: bytes) -> float:
+    """The poll a scrape rendered (sparkdiag_last_poll_timestamp_seconds); 0 for the static."""
+    for line in body.splitlines():
+        if line.startswith(b"sparkdiag_last_poll_timestamp_seconds "):
+            return float(line.split()[1])
+    return 0.0
+
+
+def figures(times: list[float]) -> str:
+    ordered = sorted(times)
+    p90 = ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+    return f"p50 {ms(statistics.median(ordered))}, p90 {ms(p90)}, max {ms(ordered[-1])}"
+
+
 def static_compare(src: Path, python: str, rounds: int, per_round: int, spaced: int) -> None:
     print(f"== 8-GPU scrape against a static server of the same bytes ({rounds} rounds of "
           f"{per_round}, alternating)")  # fmt: skip
@@ -242,17 +287,18 @@ def static_compare(src: Path, python: str, rounds: int, per_round: int, spaced: 
     from sparkdiag.web.serving import HttpServer, Limits, Response
 
     with daemon(src, python, []) as (port, _pid):
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-        conn.request("GET", "/metrics")
-        body = conn.getresponse().read()
-        conn.close()
+        _, body = fetch(port, {})
+        zipped = gzip.compress(body, 6, mtime=0)
         sock = socket.socket()
         sock.bind(("127.0.0.1", 0))
         sock.listen(1024)
         static_port = int(sock.getsockname()[1])
 
-        async def handler(_request: object) -> Response:
-            return Response(200, body, "text/plain; version=0.0.4; charset=utf-8")
+        async def handler(request: Any) -> Response:
+            kind = "text/plain; version=0.0.4; charset=utf-8"
+            if "gzip" in request.headers.get("accept-encoding", ""):
+                return Response(200, zipped, kind, (("Content-Encoding", "gzip"),))
+            return Response(200, body, kind)
 
         import asyncio
 
@@ -274,18 +320,53 @@ def static_compare(src: Path, python: str, rounds: int, per_round: int, spaced: 
             print(f"  sparkdiag / static: p50 {p50['sparkdiag'] / p50['static']:.2f}x, "
                   f"p99 {p99['sparkdiag'] / p99['static']:.2f}x")  # fmt: skip
             if spaced:
-                cold = []
-                for _ in range(spaced):
-                    time.sleep(1.1)  # past the 1 s poll: a new snapshot, so a new render
-                    cold.append(scrape(port, 10)[1])
-                    scrape(static_port, 10)
-                ratio = statistics.median(cold) / p50["static"]
-                print(f"  {spaced} scrapes each of a new snapshot: {summary(cold)}; "
-                      f"against static p50: {ratio:.2f}x")  # fmt: skip
+                fresh_rounds(port, static_port, spaced)
         finally:
             loop.call_soon_threadsafe(stop.set)
             thread.join(10)
             sock.close()
+
+
+def fresh_rounds(port: int, static_port: int, count: int) -> None:
+    """Each round: wait 1-2 poll intervals (a random phase against the 1 s poll, as a
+    Prometheus' scrapes fall), then the first scrape of the new snapshot and a second one right
+    after it (back-to-back); then, after a pause of its own (0.3-1 s), the same two of the
+    static server: a first request after a pause is slower on any server (the process and its
+    caches wake up), so the first scrape is compared with the static server's first."""
+    rng = random.Random(23)
+    print(f"== {count} rounds per variant: the first scrape of a new snapshot and a back-to-back "
+          "one; the same two of the static server, after a pause")  # fmt: skip
+    for variant, headers in VARIANTS.items():
+        fresh: list[float] = []
+        again: list[float] = []
+        static_first: list[float] = []
+        static_again: list[float] = []
+        stale = 0
+        last = 0.0
+        for _ in range(count):
+            time.sleep(1.0 + rng.random())
+            took, body = fetch(port, headers)
+            seen = poll_time(body)
+            if seen <= last:
+                stale += 1  # no poll since the last round: not a new snapshot, left out
+            else:
+                fresh.append(took)
+            last = seen
+            again.append(fetch(port, headers)[0])
+            time.sleep(0.3 + 0.7 * rng.random())
+            static_first.append(fetch(static_port, headers)[0])
+            static_again.append(fetch(static_port, headers)[0])
+        f50, a50 = statistics.median(fresh), statistics.median(again)
+        sf50, sa50 = statistics.median(static_first), statistics.median(static_again)
+        print(f"  {variant}: {len(fresh)} first scrapes of a new snapshot ({stale} left out: "
+              "no new poll)")  # fmt: skip
+        print(f"    first of a snapshot       {figures(fresh)}")
+        print(f"    back-to-back              {figures(again)}")
+        print(f"    static, first after pause {figures(static_first)}")
+        print(f"    static, back-to-back      {figures(static_again)}")
+        print(f"    first / back-to-back p50 {f50 / a50:.2f}x; first / static first p50 "
+              f"{f50 / sf50:.2f}x; back-to-back / static back-to-back p50 "
+              f"{a50 / sa50:.2f}x")  # fmt: skip
 
 
 def tls_idle(src: Path, python: str, count: int) -> None:
@@ -416,7 +497,7 @@ def main() -> None:
     parser.add_argument("--python", default=sys.executable, help="interpreter for the daemon")
     parser.add_argument("--rounds", type=int, default=10, help="static comparison rounds")
     parser.add_argument("--per-round", type=int, default=30)
-    parser.add_argument("--spaced", type=int, default=10, help="scrapes of a fresh snapshot")
+    parser.add_argument("--spaced", type=int, default=30, help="fresh-snapshot rounds per variant")
     parser.add_argument("--tls-idle", type=int, default=700)
     parser.add_argument("--skip", action="append", default=[],
                         help="static, burst, idle, tls-idle or auth (repeatable)")  # fmt: skip

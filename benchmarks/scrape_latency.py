@@ -4,11 +4,15 @@
 Prints figures; asserts nothing (performance goals live here, not in timed tests).
 
     python benchmarks/scrape_latency.py --fixture tests/fixtures/nvml/h200-x8.json --real \
-        --scrapes 500 --soak 60 --json out.json
+        --scrapes 500 --fresh 30 --soak 60 --json out.json
 
 * scrape latency: p50/p99 of sequential GETs of /metrics over one keep-alive-less connection
   each (as Prometheus does per scrape), for every target (each fixture given, and the real GPU
   with --real);
+* --fresh N: N rounds, each 1-2 poll intervals after the last (a random phase, as Prometheus'
+  scrapes fall against the 1 s poll), of the first scrape of a new snapshot (checked by its
+  ``sparkdiag_last_poll_timestamp_seconds``) and a back-to-back scrape of the same snapshot,
+  both as Prometheus 2.42 asks (gzip): p50/p99 of each and the ratio;
 * nvidia-smi: p50/p99 of ``nvidia-smi --query-gpu=<the same fields> --format=csv`` in the same
   run, and the ratio to the real-GPU scrape (skipped where nvidia-smi is absent);
 * soak: the daemon's peak RSS and CPU share (percent of one core) over --soak seconds at the
@@ -20,9 +24,11 @@ Prints figures; asserts nothing (performance goals live here, not in timed tests
 from __future__ import annotations
 
 import argparse
+import gzip
 import http.client
 import json
 import os
+import random
 import shutil
 import signal
 import socket
@@ -73,6 +79,52 @@ def get(port: int, path: str) -> tuple[int, int]:
         return resp.status, len(resp.read())
     finally:
         conn.close()
+
+
+PROMETHEUS = {  # what Prometheus 2.42 sends with each scrape
+    "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
+    "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+    "Accept-Encoding": "gzip",
+}
+
+
+def get_poll(port: int) -> tuple[float, float]:
+    """One Prometheus-like GET /metrics: (seconds, the poll timestamp it shows)."""
+    start = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/metrics", headers=PROMETHEUS)
+        resp = conn.getresponse()
+        body = resp.read()
+        took = time.perf_counter() - start
+        assert resp.status == 200, resp.status
+    finally:
+        conn.close()
+    if resp.getheader("Content-Encoding") == "gzip":
+        body = gzip.decompress(body)
+    for line in body.splitlines():
+        if line.startswith(b"sparkdiag_last_poll_timestamp_seconds "):
+            return took, float(line.split()[1])
+    raise SystemExit("no sparkdiag_last_poll_timestamp_seconds in the scrape")
+
+
+def time_fresh(port: int, rounds: int) -> dict[str, Any]:
+    """First scrapes of a new snapshot against back-to-back ones, in the same rounds."""
+    rng = random.Random(23)
+    first: list[float] = []
+    again: list[float] = []
+    last = get_poll(port)[1]
+    for _ in range(rounds):
+        time.sleep(1.0 + rng.random())
+        took, seen = get_poll(port)
+        if seen > last:  # else no poll since the last round: not a new snapshot
+            first.append(took)
+        last = seen
+        again.append(get_poll(port)[0])
+    f, a = percentiles(first), percentiles(again)
+    return {"first": f, "back_to_back": a, "left_out": rounds - len(first),
+            "first_over_back_to_back_p50": f["p50_ms"] / a["p50_ms"],
+            "first_over_back_to_back_p99": f["p99_ms"] / a["p99_ms"]}  # fmt: skip
 
 
 def percentiles(samples: list[float]) -> dict[str, float]:
@@ -171,6 +223,7 @@ def main() -> None:
     parser.add_argument("--fixture", action="append", default=[], help="NVML fixture target")
     parser.add_argument("--real", action="store_true", help="also benchmark the real GPU")
     parser.add_argument("--scrapes", type=int, default=500)
+    parser.add_argument("--fresh", type=int, default=0, help="rounds of a new snapshot's scrape")
     parser.add_argument("--smi-runs", type=int, default=30)
     parser.add_argument("--soak", type=float, default=60.0, help="seconds; 0 to skip")
     parser.add_argument("--json", type=Path, help="write the figures here too")
@@ -194,6 +247,8 @@ def main() -> None:
         proc, port = start_daemon(args)
         try:
             results["scrape"][name] = time_scrapes(port, opts.scrapes)
+            if opts.fresh:
+                results.setdefault("fresh", {})[name] = time_fresh(port, opts.fresh)
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(timeout=10)
@@ -212,6 +267,15 @@ def main() -> None:
     print(f"{'target':<16} {'p50 ms':>8} {'p99 ms':>8} {'bytes':>8}")
     for name, fig in results["scrape"].items():
         print(f"{name:<16} {fig['p50_ms']:8.2f} {fig['p99_ms']:8.2f} {fig['bytes']:8d}")
+    for name, fig in results.get("fresh", {}).items():
+        f, a = fig["first"], fig["back_to_back"]
+        print(
+            f"{name} (gzip): first scrape of a new snapshot p50 {f['p50_ms']:.2f} / p99 "
+            f"{f['p99_ms']:.2f} ms (n={f['n']}, {fig['left_out']} left out: no new poll); "
+            f"back-to-back {a['p50_ms']:.2f} / {a['p99_ms']:.2f} ms; first / back-to-back "
+            f"p50 {fig['first_over_back_to_back_p50']:.2f}x, "
+            f"p99 {fig['first_over_back_to_back_p99']:.2f}x"
+        )
     for name, fig in results.get("compat_dcgm", {}).items():
         print(
             f"{name} --compat.dcgm: p50 {fig['off_p50_ms']:.2f} ms off, {fig['on_p50_ms']:.2f} ms "

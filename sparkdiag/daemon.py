@@ -134,6 +134,7 @@ def _serve(
         if not first.pcie_links:
             log.warning("no PCI link found under %s: host PCIe links skipped", settings.sysfs)
         server.serve_in_thread()
+        poller.add_listener(server.published)  # /metrics rendered ahead for each new snapshot
         poller.add_listener(lambda _snap: notifier.watchdog())
         poller.add_listener(StallLog())  # one log line per stalled-GPU episode
         gpus = sum(1 for g in first.gpus if g.up)

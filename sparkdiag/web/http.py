@@ -7,8 +7,11 @@ config as it is now (:class:`~sparkdiag.web.webconfig.LiveWebConfig`; 500 while 
 it unusable), its ``rate_limit`` (429), basic auth (answers from the credential cache at once;
 bcrypt in a pool of ``AUTH_WORKERS`` threads with at most ``AUTH_QUEUE`` waiting, beyond which
 503), then at most ``max_requests`` requests in flight (more get 503), rendered in a pool of
-``RENDER_WORKERS`` threads through :class:`~sparkdiag.web.scrape.RenderCache`. Every answer of
-the handler carries ``http_server_config.headers``. Defaults of the limits: ``config.OPTIONS``.
+``RENDER_WORKERS`` threads through :class:`~sparkdiag.web.scrape.RenderCache`, which
+:meth:`ExporterServer.published` (the poller's listener) fills ahead for each new snapshot; a
+body made already is answered on the event loop without going through the pool.
+Every answer of the handler carries ``http_server_config.headers``. Defaults of the limits:
+``config.OPTIONS``.
 """
 
 from __future__ import annotations
@@ -31,7 +34,10 @@ from sparkdiag import __version__
 from sparkdiag.config import DEFAULTS, ConfigError, echo
 from sparkdiag.exporter.registry import render
 from sparkdiag.web import scrape
-from sparkdiag.web.serving import HttpServer, Limits, Request, Response, Tls, text
+from sparkdiag.web.channels import Tls
+from sparkdiag.web.limits import Limits
+from sparkdiag.web.messages import Request, Response, text
+from sparkdiag.web.serving import HttpServer
 from sparkdiag.web.webconfig import LiveWebConfig, RateLimit, WebConfig
 
 log = logging.getLogger(__name__)
@@ -105,7 +111,8 @@ class _Bucket:
 class ExporterServer:
     """HTTP(S) server for the exporter; TLS, basic auth, headers and rate limit from ``web``
     (a :class:`LiveWebConfig` follows the file as it changes). ``generation`` returns the
-    current snapshot: ``/metrics`` renders once per snapshot (no cache without it)."""
+    current snapshot: ``/metrics`` renders once per snapshot (no cache without it), ahead of
+    the scrapes when :meth:`published` is called for each new one."""
 
     def __init__(
         self,
@@ -133,6 +140,7 @@ class ExporterServer:
             {scrape.TEXT: lambda: render(registry), scrape.OPENMETRICS: self._openmetrics},
             generation,
         )
+        self.prerenderer = scrape.Prerenderer(self.cache)
         self.engine = HttpServer(
             self.socket,
             self._handle,
@@ -174,8 +182,14 @@ class ExporterServer:
         if self._serving.is_set():
             self._done.wait(timeout=10)
 
+    def published(self, _snapshot: object = None) -> None:
+        """A new snapshot is the latest (the poller's listener): render ``/metrics`` ahead in
+        the background, in the formats and encodings scrapes have been asking for."""
+        self.prerenderer.published()
+
     def server_close(self) -> None:
         self.socket.close()
+        self.prerenderer.close()
         self._render_pool.shutdown(wait=False, cancel_futures=True)
         self._auth_pool.shutdown(wait=False, cancel_futures=True)
         if not self._loop.is_running():
@@ -218,6 +232,9 @@ class ExporterServer:
         if slots is not None and not slots.acquire(blocking=False):
             return text(503, "too many concurrent requests", headers=(("Retry-After", "1"),))
         try:
+            ready = self._ready(request)
+            if ready is not None:
+                return ready
             loop = asyncio.get_running_loop()
             return await loop.run_in_executor(self._render_pool, self._route, request)
         finally:
@@ -260,17 +277,36 @@ class ExporterServer:
             return text(500, "internal error")
         return text(404, "not found: try /metrics")
 
+    def _ready(self, request: Request) -> Response | None:
+        """``/metrics`` when the newest snapshot's body is made already (rendered ahead, or by
+        an earlier scrape): answered on the event loop, no thread hand-off; else None."""
+        if request.path != "/metrics":
+            return None
+        try:
+            fmt, compress = self._variant(request)
+            body = self.cache.ready(fmt, compress)
+        except Exception:  # a bug: the pool's path answers 500 and logs it
+            return None
+        return None if body is None else _metrics_response(fmt, compress, body)
+
     def _metrics(self, request: Request) -> Response:
+        fmt, compress = self._variant(request)
+        return _metrics_response(fmt, compress, self.cache.body(fmt, compress))
+
+    @staticmethod
+    def _variant(request: Request) -> tuple[str, bool]:
         fmt = scrape.choose_format(request.headers.get("accept"))
-        compress = scrape.accepts_gzip(request.headers.get("accept-encoding"))
-        body = self.cache.body(fmt, compress)
-        headers: tuple[tuple[str, str], ...] = (("Vary", "Accept-Encoding"),)
-        if compress:
-            headers += (("Content-Encoding", "gzip"),)
-        return Response(200, body, scrape.CONTENT_TYPES[fmt], headers)
+        return fmt, scrape.accepts_gzip(request.headers.get("accept-encoding"))
 
     def _openmetrics(self) -> bytes:
         return bytes(openmetrics_latest(self.registry))  # type: ignore[no-untyped-call]
+
+
+def _metrics_response(fmt: str, compress: bool, body: bytes) -> Response:
+    headers: tuple[tuple[str, str], ...] = (("Vary", "Accept-Encoding"),)
+    if compress:
+        headers += (("Content-Encoding", "gzip"),)
+    return Response(200, body, scrape.CONTENT_TYPES[fmt], headers)
 
 
 _LANDING = """<!doctype html>

@@ -10,14 +10,29 @@
   by every scrape of that snapshot, including scrapes that arrive while it renders (two
   Prometheus replicas, a burst); an entry is also dropped after ``MAX_AGE`` seconds, so state
   that changes between polls (probe results) shows within that time even if polling stalls.
+* A body already made for the newest snapshot (:meth:`RenderCache.ready`) is served by the event
+  loop at once, without a hand-off to the render pool.
+* Render ahead (:class:`Prerenderer`): each new snapshot wakes a thread that renders, at once,
+  every format and encoding a scrape asked for in the last ``WARM_FOR`` seconds (Prometheus:
+  text, gzip), so the first scrape after a poll finds its bytes made. It goes through the same
+  entry as a scrape: a scrape that arrives while it renders waits for that render, and a scrape
+  always asks for the newest snapshot's entry, so nothing served is older than the newest
+  snapshot. Nobody scraping: nothing rendered ahead. A regular scraper (Prometheus every 15 s
+  against the 1 s poll) is rendered ahead only for the polls that can precede its next scrape
+  (:meth:`RenderCache.due`): about two renders per scrape, not fifteen. A render that fails is
+  logged (once per run of failures) and not kept: the scrape renders again, and gets 500 if
+  that fails too.
 """
 
 from __future__ import annotations
 
 import gzip
+import itertools
+import logging
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
@@ -30,6 +45,11 @@ CONTENT_TYPES = {
 MAX_AGE = 5.0  # seconds an entry is served at most, whatever the snapshot
 GZIP_LEVEL = 6  # docs/web.md: size and cost by level on the 8-GPU scrape
 MAX_PARTS = 64  # media ranges or codings looked at in one header
+WARM_FOR = 600.0  # seconds after a scrape asked for a format and encoding that it is rendered ahead
+SCRAPES_KEPT = 16  # recent scrape times kept to tell when the next one is due
+DUE_POLLS = 2.0  # render ahead this many poll intervals before the next scrape can come
+
+log = logging.getLogger(__name__)
 
 
 def _q(params: list[str]) -> tuple[float, dict[str, str]]:
@@ -114,11 +134,72 @@ class RenderCache:
         self.clock = clock
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
+        self._asked: dict[tuple[str, bool], float] = {}  # (format, gzip) -> last asked
+        self._scrapes: deque[float] = deque(maxlen=SCRAPES_KEPT)  # when scrapes came
         self.renders = 0  # renders done (for tests and benchmarks)
         self.compressions = 0
 
     def body(self, fmt: str, compress: bool) -> bytes:
-        entry = self._entry(fmt)
+        self._note(fmt, compress)
+        return self._fill(self._entry(fmt), fmt, compress)
+
+    def ready(self, fmt: str, compress: bool) -> bytes | None:
+        """The newest snapshot's body if it is made already, else None; never renders and never
+        waits (the event loop serves it inline)."""
+        if self.generation is None:
+            return None
+        generation = self.generation()
+        with self._lock:
+            entry = self._entries.get(fmt)
+        if entry is None or entry.generation is not generation:
+            return None
+        if self.clock() - entry.made > MAX_AGE:
+            return None
+        made = entry.compressed if compress else entry.plain
+        if made is not None:  # else the scrape goes on to body(), which notes it
+            self._note(fmt, compress)
+        return made
+
+    def _note(self, fmt: str, compress: bool) -> None:
+        now = self.clock()
+        with self._lock:
+            self._asked[fmt, compress] = now
+            self._scrapes.append(now)
+
+    def due(self, poll_interval: float) -> bool:
+        """Whether a snapshot published now may be the one the next scrape gets: the time since
+        the last scrape is at least the shortest gap between recent scrapes (gaps under one poll
+        interval left out: those scrapes share a snapshot) less ``DUE_POLLS`` poll intervals.
+        A scraper as regular as Prometheus is rendered ahead for the last polls before its
+        scrape only; with no gap or no poll interval known yet, or irregular scrapes, always."""
+        if poll_interval <= 0:  # not known yet (the first snapshot published)
+            return True
+        with self._lock:
+            times = list(self._scrapes)
+        gaps = [b - a for a, b in itertools.pairwise(times) if b - a >= poll_interval]
+        if not gaps:
+            return True
+        return self.clock() - times[-1] >= min(gaps) - DUE_POLLS * poll_interval
+
+    def prerender(self) -> int:
+        """Make the current snapshot's bodies of every format and encoding asked for in the
+        last ``WARM_FOR`` seconds, now, unless a scrape did already; returns how many bodies
+        this call made (renders and compressions). Raises what a renderer raises."""
+        if self.generation is None:
+            return 0
+        now = self.clock()
+        wanted: dict[str, bool] = {}  # format -> whether gzip was asked for too
+        with self._lock:
+            asked_for = list(self._asked.items())
+        for (fmt, compress), asked in asked_for:
+            if now - asked <= WARM_FOR:
+                wanted[fmt] = wanted.get(fmt, False) or compress
+        before = self.renders + self.compressions
+        for fmt, compress in wanted.items():
+            self._fill(self._entry(fmt), fmt, compress)
+        return self.renders + self.compressions - before
+
+    def _fill(self, entry: _Entry, fmt: str, compress: bool) -> bytes:
         with entry.lock:
             if entry.plain is None:
                 entry.plain = self.renderers[fmt]()
@@ -141,3 +222,71 @@ class RenderCache:
                 entry = _Entry(generation, now)
                 self._entries[fmt] = entry
             return entry
+
+
+class Prerenderer:
+    """Runs :meth:`RenderCache.prerender` in its own thread after each :meth:`published` (the
+    poller's listener: it only wakes the thread); wake-ups during a render make one more."""
+
+    def __init__(self, cache: RenderCache) -> None:
+        self.cache = cache
+        self._wake = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+        self._failing = False
+        self._published: deque[float] = deque(maxlen=2)  # the last two publications
+        self.runs = 0  # wake-ups handled, failed and skipped ones included (for tests)
+        self.skipped = 0  # wake-ups when no scrape was due (nothing rendered)
+
+    def published(self, _snapshot: object = None) -> None:
+        """A new snapshot is the latest: render it ahead (the thread starts at the first)."""
+        if self.cache.generation is None:
+            return
+        with self._lock:
+            if self._closed:
+                return
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="http-prerender",
+                                                daemon=True)  # fmt: skip
+                self._thread.start()
+            self._published.append(self.cache.clock())
+        self._wake.set()
+
+    def _poll_interval(self) -> float:
+        with self._lock:
+            times = list(self._published)
+        return times[1] - times[0] if len(times) == 2 else 0.0
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            thread = self._thread
+        self._wake.set()
+        if thread is not None:
+            thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._closed:
+                return
+            try:
+                if self.cache.due(self._poll_interval()):
+                    self.cache.prerender()
+                else:
+                    self.skipped += 1
+            except Exception as exc:
+                level = logging.DEBUG if self._failing else logging.ERROR
+                log.log(level, "rendering /metrics ahead failed: %s: %s (each scrape renders "
+                        "again; more failures of this run at debug level)", type(exc).__name__,
+                        exc)  # fmt: skip
+                log.debug("rendering /metrics ahead failed", exc_info=True)
+                self._failing = True
+            else:
+                if self._failing:
+                    log.info("rendering /metrics ahead works again")
+                self._failing = False
+            finally:
+                self.runs += 1

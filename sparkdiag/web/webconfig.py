@@ -51,7 +51,7 @@ import yaml
 from sparkdiag.config import echo
 from sparkdiag.errors import UsageError
 from sparkdiag.web.basicauth import BasicAuth, hash_problem
-from sparkdiag.web.serving import Tls
+from sparkdiag.web.channels import Tls
 
 log = logging.getLogger(__name__)
 
