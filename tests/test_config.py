@@ -53,7 +53,8 @@ def test_flags_win_over_the_file(tmp_path: Path) -> None:
     [
         ("poll-interval = 0", "poll-interval: 0 is out of range; allowed: 0.05 to 3600 seconds"),
         ('poll-interval = "fast"', "poll-interval: 'fast' is not a number"),
-        ("pol-interval = 1", "pol-interval: unknown key; allowed keys: listen, poll-interval"),
+        ("pol-interval = 1", "pol-interval: unknown key; did you mean poll-interval"),
+        ("zzz = 1", "zzz: unknown key; every key is listed by 'sparkdiag config default'"),
         ('[probe]\nwhen = "sometimes"', "probe.when: 'sometimes' is not allowed; allowed: one of"),
         ('[probe]\npython = "python3 \'x"', 'probe.python: "python3 \'x" cannot be split'),
         ('[probe]\ninterval = "5 minutes"', "probe.interval: '5 minutes' is not a number"),

@@ -10,6 +10,7 @@ final (no restart loop).
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
@@ -136,8 +137,12 @@ def load_file(path: Path) -> dict[str, Any]:
     for key, value in flat.items():
         option = OPTIONS_BY_KEY.get(key)
         if option is None:
-            known = ", ".join(o.key for o in OPTIONS)
-            raise ConfigError(f"{path}: {echo(key)[1:-1]}: unknown key; allowed keys: {known}")
+            close = difflib.get_close_matches(key, list(OPTIONS_BY_KEY), n=3, cutoff=0.6)
+            hint = f"did you mean {' or '.join(close)}? " if close else ""
+            raise ConfigError(
+                f"{path}: {echo(key)[1:-1]}: unknown key; {hint}"
+                "every key is listed by 'sparkdiag config default'"
+            )
         values[option.attr] = option.convert(value, f"{path}: ")
     return values
 
