@@ -148,9 +148,9 @@ def main() -> None:
 
 
 def fleet_command() -> tuple[list[str], Callable[[], None]]:
-    """``fleet`` against the stand-in Prometheus of tests/test_fleet.py: five H200s with real
+    """``fleet`` against the stand-in Prometheus of tests/support/fleet.py: five H200s with real
     uuids, one an outlier, one a warning."""
-    from tests.test_fleet import GPU, H200, KERNEL, stand_in, vector
+    from tests.support.fleet import GPU, H200, KERNEL, peer_answers, stand_in, vector
 
     uuids = [f"GPU-979ad365-0b73-a0ac-74a2-3520b773d46{i}" for i in range(5)]
     ratios = [1.01, 0.99, 1.0, 0.95, 0.9]
@@ -158,13 +158,7 @@ def fleet_command() -> tuple[list[str], Callable[[], None]]:
         ({**GPU, "instance": f"node-{i}.cluster.example:10942", "uuid": u, **KERNEL, **H200}, r)
         for i, (u, r) in enumerate(zip(uuids, ratios, strict=True))
     ]
-    answers = {
-        "sparkdiag:gemm_tflops:peer_ratio": vector(*rows),
-        "sparkdiag:gemm_tflops:peer_score": vector(*[(m, (r - 1) * 100) for m, r in rows]),
-        "sparkdiag:gemm_tflops:median_1h": vector(*[(m, 725 * r) for m, r in rows]),
-        "sparkdiag:gemm_tflops:peer_median_1h": vector(({**H200, **KERNEL}, 725.0)),
-        "sparkdiag:gemm_tflops:peer_group_gpus": vector(({**H200, **KERNEL}, 5.0)),
-    }
+    answers = peer_answers(rows)
     server = stand_in(lambda q: (200, answers.get(q, vector())))
     url = server.__enter__()
     return sparkdiag("fleet", "--prometheus", url), lambda: server.__exit__(None, None, None)

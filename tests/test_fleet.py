@@ -5,59 +5,15 @@ The real thing, nine daemons and two Prometheus servers, is tests/test_e2e_peers
 
 from __future__ import annotations
 
-import contextlib
 import json
 import re
-import threading
-import urllib.parse
-from collections.abc import Callable, Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from sparkdiag.peers.fleet import RULE_GROUP, expanded, shipped_rules
 from tests.support import ROOT, run_cli
-
-Answer = Callable[[str], tuple[int, bytes]]
-H200 = {"name": "NVIDIA H200", "torch": "2.11.0+cu130", "cuda": "13.0", "driver": "580.159.04",
-        "context": "native"}  # fmt: skip
-GPU = {"instance": "h200:10942", "job": "sparkdiag", "gpu": "0",
-       "uuid": "GPU-979ad365-0b73-a0ac-74a2-3520b773d460"}  # fmt: skip
-KERNEL = {"dtype": "bf16", "shape": "8192x8192x8192"}
-
-
-def vector(*samples: tuple[dict[str, str], float]) -> bytes:
-    result = [{"metric": m, "value": [1700000000.0, str(v)]} for m, v in samples]
-    return json.dumps(
-        {"status": "success", "data": {"resultType": "vector", "result": result}}
-    ).encode()
-
-
-@contextlib.contextmanager
-def stand_in(answer: Answer) -> Iterator[str]:
-    class Handler(BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            query = urllib.parse.parse_qs(urllib.parse.urlsplit(self.path).query)
-            status, body = answer(query.get("query", [""])[0])
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
+from tests.support.fleet import GPU, H200, KERNEL, peer_answers, stand_in, vector
 
 
 def fleet(url: str, *args: str) -> tuple[int, str, str]:
@@ -117,13 +73,7 @@ def test_an_outlier_and_a_warning_rank_first_and_exit_one() -> None:
     ratios = [1.01, 0.99, 1.0, 0.95, 0.9]
     rows = [({**GPU, "instance": f"n{i}:10942", "uuid": u, **KERNEL, **H200}, r)
             for i, (u, r) in enumerate(zip(uuids, ratios, strict=True))]  # fmt: skip
-    answers = {
-        "sparkdiag:gemm_tflops:peer_ratio": vector(*rows),
-        "sparkdiag:gemm_tflops:peer_score": vector(*[(m, (r - 1) * 100) for m, r in rows]),
-        "sparkdiag:gemm_tflops:median_1h": vector(*[(m, 725 * r) for m, r in rows]),
-        "sparkdiag:gemm_tflops:peer_median_1h": vector(({**H200, **KERNEL}, 725.0)),
-        "sparkdiag:gemm_tflops:peer_group_gpus": vector(({**H200, **KERNEL}, 5.0)),
-    }
+    answers = peer_answers(rows)
     with stand_in(lambda q: (200, answers.get(q, vector()))) as url:
         code, out, _ = fleet(url, "--json")
     report = json.loads(out)

@@ -274,7 +274,7 @@ def test_soak_text_fits(width: int) -> None:
 
 @pytest.mark.parametrize("width", [80, 100])
 def test_fleet_fits(width: int, at_width: Callable[[int], None]) -> None:
-    from tests.test_fleet import GPU, H200, KERNEL, stand_in, vector
+    from tests.support.fleet import GPU, H200, KERNEL, peer_answers, stand_in, vector
 
     labels = {**GPU, **KERNEL, **H200}
     rows = [
@@ -282,13 +282,7 @@ def test_fleet_fits(width: int, at_width: Callable[[int], None]) -> None:
          ratio)
         for i, ratio in enumerate([1.01, 0.99, 1.0, 0.9])
     ]  # fmt: skip
-    answers = {
-        "sparkdiag:gemm_tflops:peer_ratio": vector(*rows),
-        "sparkdiag:gemm_tflops:peer_score": vector(*[(m, (r - 1) * 100) for m, r in rows]),
-        "sparkdiag:gemm_tflops:median_1h": vector(*[(m, 725 * r) for m, r in rows]),
-        "sparkdiag:gemm_tflops:peer_median_1h": vector(({**H200, **KERNEL}, 725.0)),
-        "sparkdiag:gemm_tflops:peer_group_gpus": vector(({**H200, **KERNEL}, 4.0)),
-    }
+    answers = peer_answers(rows)
     with stand_in(lambda q: (200, answers.get(q, vector()))) as url:
         at_width(UNBOUNDED)
         wide = cli("fleet", "--prometheus", url)
