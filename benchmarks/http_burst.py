@@ -38,7 +38,6 @@ import os
 import random
 import resource
 import selectors
-import signal
 import socket
 import ssl
 import statistics
@@ -55,6 +54,9 @@ from typing import Any
 import bcrypt
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # benchmarks.common
+from benchmarks.common import stop  # noqa: E402
+
 FIXTURE = ROOT / "tests" / "fixtures" / "nvml" / "h200-x8.json"
 USER, PASSWORD = "prometheus", "correct horse"
 
@@ -135,12 +137,7 @@ def daemon(src: Path, python: str, extra: list[str]) -> Iterator[tuple[int, int]
             time.sleep(0.5)  # the first poll
             yield port, proc.pid
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+            stop(proc)
 
 
 def together(count: int, work: Callable[[int], tuple[str, float]]) -> list[tuple[str, float]]:

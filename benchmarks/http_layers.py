@@ -25,7 +25,6 @@ import http.client
 import importlib.util
 import os
 import resource
-import signal
 import socket
 import statistics
 import subprocess
@@ -38,6 +37,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # benchmarks.common
+from benchmarks.common import stop  # noqa: E402
+
 FIXTURE = ROOT / "tests" / "fixtures" / "nvml" / "h200-x8.json"
 LAYERS = ("old-asyncio", "h11", "aiohttp")
 
@@ -106,12 +108,7 @@ def server(kind: str, body_file: Path, old_module: Path) -> Iterator[tuple[int, 
             time.sleep(0.05)
         yield port, proc.pid
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
 
 
 def get(port: int, timeout: float = 30) -> tuple[int, int]:

@@ -41,13 +41,8 @@ from typing import Any
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
-SMI_FIELDS = (
-    "temperature.gpu,temperature.memory,clocks.sm,clocks.mem,clocks.gr,clocks.video,"
-    "clocks.max.sm,clocks.max.mem,clocks_event_reasons.active,power.draw,enforced.power.limit,"
-    "utilization.gpu,utilization.memory,memory.total,memory.used,memory.free,"
-    "pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,"
-    "ecc.errors.corrected.aggregate.total,ecc.errors.uncorrected.aggregate.total,pstate"
-)
+sys.path.insert(0, str(ROOT))  # benchmarks.common
+from benchmarks.common import SMI_FIELDS  # noqa: E402
 
 
 def free_port() -> int:

@@ -33,7 +33,6 @@ import http.client
 import io
 import json
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -47,9 +46,9 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
-
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from benchmarks.common import stop  # noqa: E402
 from sparkdiag.exporter.dcgm import FIELDS, XID_ERRORS  # noqa: E402
 
 SETTLE_SECONDS = 2.0  # after the daemon is healthy: four polls, GPM in
@@ -206,16 +205,6 @@ def start_serve(opts: argparse.Namespace, work: Path) -> tuple[subprocess.Popen[
         time.sleep(0.1)
     proc.kill()
     raise SystemExit(f"sparkdiag serve not healthy within {START_TIMEOUT:.0f} s")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 # ---------------------------------------------------------------------------- the run

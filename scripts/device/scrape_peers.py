@@ -34,7 +34,6 @@ import io
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -46,13 +45,9 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-SMI_FIELDS = (
-    "temperature.gpu,temperature.memory,clocks.sm,clocks.mem,clocks.gr,clocks.video,"
-    "clocks.max.sm,clocks.max.mem,clocks_event_reasons.active,power.draw,enforced.power.limit,"
-    "utilization.gpu,utilization.memory,memory.total,memory.used,memory.free,"
-    "pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current,pcie.link.width.max,"
-    "ecc.errors.corrected.aggregate.total,ecc.errors.uncorrected.aggregate.total,pstate"
-)
+sys.path.insert(0, str(ROOT))  # benchmarks.common
+from benchmarks.common import SMI_FIELDS, stop  # noqa: E402
+
 PROMETHEUS_HEADERS = {
     "Accept": "application/openmetrics-text;version=1.0.0,application/openmetrics-text;"
     "version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
@@ -96,12 +91,7 @@ def exporter(name: str, cmd: list[str], port: int, logs: Path) -> Iterator[subpr
         time.sleep(1.5)  # past the first polls
         yield proc
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop(proc)
         log.close()
 
 
