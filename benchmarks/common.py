@@ -6,8 +6,11 @@ it there)."""
 
 from __future__ import annotations
 
+import gzip
+import http.client
 import signal
 import subprocess
+import time
 from typing import Any
 
 # nvidia-smi --query-gpu fields the scrape benchmarks time against sparkdiag's own scrape
@@ -30,3 +33,30 @@ def stop(proc: subprocess.Popen[Any], seconds: float = 10) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def fetch(port: int, headers: dict[str, str]) -> tuple[float, bytes]:
+    """One GET /metrics on a fresh connection to 127.0.0.1:``port``: (seconds until the body was
+    read, the body decompressed). Anything but 200 ends the benchmark."""
+    start = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/metrics", headers=headers)
+        resp = conn.getresponse()
+        body = resp.read()
+        took = time.perf_counter() - start
+        if resp.status != 200:
+            raise SystemExit(f"/metrics answered {resp.status}")
+        if resp.getheader("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        return took, body
+    finally:
+        conn.close()
+
+
+def poll_time(body: bytes) -> float | None:
+    """The poll a scrape rendered (sparkdiag_last_poll_timestamp_seconds); None if it has none."""
+    for line in body.splitlines():
+        if line.startswith(b"sparkdiag_last_poll_timestamp_seconds "):
+            return float(line.split()[1])
+    return None

@@ -55,7 +55,8 @@ import bcrypt
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # benchmarks.common
-from benchmarks.common import stop  # noqa: E402
+from benchmarks.common import fetch, stop  # noqa: E402
+from benchmarks.common import poll_time as common_poll_time  # noqa: E402
 
 FIXTURE = ROOT / "tests" / "fixtures" / "nvml" / "h200-x8.json"
 USER, PASSWORD = "prometheus", "correct horse"
@@ -245,30 +246,9 @@ PROMETHEUS = {  # what Prometheus 2.42 sends with each scrape
 VARIANTS = {"text": {}, "prometheus (text, gzip)": PROMETHEUS}
 
 
-def fetch(port: int, headers: dict[str, str]) -> tuple[float, bytes]:
-    """One GET /metrics on a fresh connection: (seconds, body decompressed)."""
-    start = time.monotonic()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", "/metrics", headers=headers)
-        resp = conn.getresponse()
-        body = resp.read()
-        took = time.monotonic() - start
-        if resp.status != 200:
-            raise SystemExit(f"/metrics answered {resp.status}")
-        if resp.getheader("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
-        return took, body
-    finally:
-        conn.close()
-
-
 def poll_time(body: bytes) -> float:
-    """The poll a scrape rendered (sparkdiag_last_poll_timestamp_seconds); 0 for the static."""
-    for line in body.splitlines():
-        if line.startswith(b"sparkdiag_last_poll_timestamp_seconds "):
-            return float(line.split()[1])
-    return 0.0
+    """The poll a scrape rendered; 0 for the static server's copy."""
+    return common_poll_time(body) or 0.0
 
 
 def figures(times: list[float]) -> str:

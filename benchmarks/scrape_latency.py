@@ -24,7 +24,6 @@ Prints figures; asserts nothing (performance goals live here, not in timed tests
 from __future__ import annotations
 
 import argparse
-import gzip
 import http.client
 import json
 import os
@@ -42,7 +41,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # benchmarks.common
-from benchmarks.common import SMI_FIELDS  # noqa: E402
+from benchmarks.common import SMI_FIELDS, fetch, poll_time  # noqa: E402
 
 
 def free_port() -> int:
@@ -85,22 +84,11 @@ PROMETHEUS = {  # what Prometheus 2.42 sends with each scrape
 
 def get_poll(port: int) -> tuple[float, float]:
     """One Prometheus-like GET /metrics: (seconds, the poll timestamp it shows)."""
-    start = time.perf_counter()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
-    try:
-        conn.request("GET", "/metrics", headers=PROMETHEUS)
-        resp = conn.getresponse()
-        body = resp.read()
-        took = time.perf_counter() - start
-        assert resp.status == 200, resp.status
-    finally:
-        conn.close()
-    if resp.getheader("Content-Encoding") == "gzip":
-        body = gzip.decompress(body)
-    for line in body.splitlines():
-        if line.startswith(b"sparkdiag_last_poll_timestamp_seconds "):
-            return took, float(line.split()[1])
-    raise SystemExit("no sparkdiag_last_poll_timestamp_seconds in the scrape")
+    took, body = fetch(port, PROMETHEUS)
+    shown = poll_time(body)
+    if shown is None:
+        raise SystemExit("no sparkdiag_last_poll_timestamp_seconds in the scrape")
+    return took, shown
 
 
 def time_fresh(port: int, rounds: int) -> dict[str, Any]:
