@@ -15,11 +15,10 @@ from typing import Any
 import click
 
 from sparkdiag import terminal
-from sparkdiag.commands.common import check_output_path
+from sparkdiag.commands.common import check_output_path, worker_request
 from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.flags import file_option, settings_from, settings_options, worker_options
 from sparkdiag.probe.document import KernelResult, Progress
-from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import run_worker
 from sparkdiag.probe.worker import throughput_unit
 
@@ -208,11 +207,12 @@ def bench(
     if len(shapes) * len(dtypes) > 5000:
         raise UsageError(f"{len(shapes) * len(dtypes)} kernels is too many; narrow the ranges")
     timeout = settings.probe_timeout
-    request = WorkerRequest(
-        device=device,
-        dtypes=tuple(dtypes),
-        shapes=tuple(shapes),
-        small=small,
+    request = worker_request(
+        settings,
+        device,
+        dtypes,
+        shapes,
+        small,
         probe_when="always",
         bandwidth=False,
         transfers=False,

@@ -9,8 +9,11 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
+from sparkdiag.config import Settings
 from sparkdiag.errors import UsageError
+from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.snapshot import GpuSample
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -100,3 +103,20 @@ def gpus_seen(
         return choose_gpus([g for g in source.read() if g.up], chosen), None
     finally:
         source.stop()
+
+
+def worker_request(
+    settings: Settings,
+    device: str | None,
+    dtypes: Sequence[str],
+    shapes: Sequence[str],
+    small: bool,
+    probe_when: str | None = None,
+    **more: Any,
+) -> WorkerRequest:
+    """The worker request a command's worker flags make (``--device``, ``--dtype``, ``--shape``,
+    ``--small``), with the settings' ``probe.when`` unless the command fixes its own."""
+    return WorkerRequest(
+        device=device, dtypes=tuple(dtypes), shapes=tuple(shapes), small=small,
+        probe_when=settings.probe_when if probe_when is None else probe_when, **more,
+    )  # fmt: skip

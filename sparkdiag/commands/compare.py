@@ -18,11 +18,11 @@ from typing import Any
 import click
 
 from sparkdiag import terminal
+from sparkdiag.commands.common import worker_request
 from sparkdiag.compare import model, report
 from sparkdiag.compare.rounds import compare as run_comparison
 from sparkdiag.errors import Exit, UsageError
 from sparkdiag.flags import settings_from, settings_options, worker_option, worker_options
-from sparkdiag.probe.request import WorkerRequest
 
 
 def _fraction(ctx: click.Context, param: click.Parameter, value: Any) -> float:
@@ -190,16 +190,10 @@ def compare(
         raise UsageError(f"cannot split it: {exc}", flag="--native-python") from None
     if not native:
         raise UsageError("an empty command", flag="--native-python")
-    request = WorkerRequest(
-        device=device,
-        dtypes=tuple(dtypes),
-        shapes=tuple(shapes),
-        small=small,
-        probe_when=settings.probe_when,
-        budget_seconds=budget_seconds,
-        iters=iters,
-        bandwidth=bandwidth,
-    )
+    request = worker_request(
+        settings, device, dtypes, shapes, small,
+        budget_seconds=budget_seconds, iters=iters, bandwidth=bandwidth,
+    )  # fmt: skip
 
     def progress(message: str) -> None:
         click.echo(f"sparkdiag compare: {message}", err=True)

@@ -13,7 +13,7 @@ import click
 
 from sparkdiag.baseline.evaluate import GemmFigure, evaluate
 from sparkdiag.baseline.store import open_store
-from sparkdiag.commands.common import gpus_seen, setup_logging
+from sparkdiag.commands.common import gpus_seen, setup_logging, worker_request
 from sparkdiag.commands.probe_table import (
     GpuRun,
     figure_json,
@@ -23,7 +23,6 @@ from sparkdiag.commands.probe_table import (
 from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.flags import gpu_option, settings_from, settings_options, worker_options
 from sparkdiag.probe.launchers import FixtureLauncher
-from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import NO_TORCH_PREFIX, ProbeCycle, run_worker, torch_install_hint
 from sparkdiag.snapshot import GpuSample
 
@@ -97,15 +96,10 @@ def probe(
     else:  # one cycle on that device: no GPU identity, so no baseline either
         samples, why = [], None
     context = _context(settings.rootfs)
-    request = WorkerRequest(
-        device=device,
-        dtypes=tuple(dtypes),
-        shapes=tuple(shapes),
-        small=small,
-        probe_when=settings.probe_when,
-        busy_utilization=settings.probe_busy_utilization,
-        progress=True,
-    )
+    request = worker_request(
+        settings, device, dtypes, shapes, small,
+        busy_utilization=settings.probe_busy_utilization, progress=True,
+    )  # fmt: skip
     fixture = FixtureLauncher(settings.probe_fixture) if settings.probe_fixture else None
     wants_store = device is None and (record or settings.state_dir is not None)
     store = open_store(settings.state_dir, create=True) if wants_store else None
