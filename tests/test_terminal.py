@@ -178,6 +178,11 @@ def cli(*args: str) -> str:
     return result.stdout
 
 
+def words(text: str) -> str:
+    """The text's words joined by single spaces: what wrapping must never change."""
+    return " ".join(text.split())
+
+
 def _check(tmp_path: Path) -> list[str]:
     state = tmp_path / "state"
     state.mkdir(exist_ok=True)
@@ -223,10 +228,9 @@ def test_check_keeps_the_soak_warning_and_its_action_whole(
     tmp_path: Path, at_width: Callable[[int], None]
 ) -> None:
     at_width(80)
-    out = cli(*_check(tmp_path))
-    words = " ".join(out.split())
-    assert "int4 1x8192x8192 fell to 0.84 of cold at 87 °C memory" in words
-    assert "→ these kernels lose throughput as the GPU heats up: check cooling" in words
+    said = words(cli(*_check(tmp_path)))
+    assert "int4 1x8192x8192 fell to 0.84 of cold at 87 °C memory" in said
+    assert "→ these kernels lose throughput as the GPU heats up: check cooling" in said
 
 
 def test_probe_notes_are_whole_and_the_table_has_units(
@@ -234,8 +238,7 @@ def test_probe_notes_are_whole_and_the_table_has_units(
 ) -> None:
     at_width(80)
     out = cli(*_probe(tmp_path))
-    words = " ".join(out.split())
-    assert "[2] nvfp4 needs compute capability 10.0+ (Blackwell), device has 9.0" in words
+    assert "[2] nvfp4 needs compute capability 10.0+ (Blackwell), device has 9.0" in words(out)
     header = next(line for line in out.splitlines() if line.lstrip().startswith("dtype"))
     assert header.split()[:4] == ["dtype", "shape", "kind", "unit"]
     rows = [line.split() for line in out.splitlines() if line.startswith("  int8 ")]
@@ -369,14 +372,14 @@ def test_watch_without_a_gpu_says_one_thing(tmp_path: Path) -> None:
         capture_output=True, text=True, cwd=ROOT, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    said = " ".join(done.stderr.split())
+    said = words(done.stderr)
     assert "are not sampled, so only memory pressure is diagnosed" in said
     assert "diagnosing from the job's CPU" not in said
     first, *_ = done.stdout.splitlines()
-    words = " ".join(done.stdout.split())
-    assert words.split("; watched ")[1].split(" diagnosis:")[0].endswith("no GPU sampled")
-    assert "diagnosis: no GPU sampled: only memory pressure was assessed" in words
-    assert "on no GPU" not in words and first.startswith("sparkdiag watch: ")
+    report = words(done.stdout)
+    assert report.split("; watched ")[1].split(" diagnosis:")[0].endswith("no GPU sampled")
+    assert "diagnosis: no GPU sampled: only memory pressure was assessed" in report
+    assert "on no GPU" not in report and first.startswith("sparkdiag watch: ")
 
     (fig,) = _plotted(load(recording), tmp_path / "run.png")
     labels = [line.get_label() for ax in fig.axes for line in ax.get_lines()]
