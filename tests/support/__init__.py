@@ -8,7 +8,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -23,6 +22,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from benchmarks.common import stop as terminate  # SIGTERM, SIGKILL after 10 s
 from sparkdiag.snapshot import Snapshot
 from sparkdiag.sources.fixture import FixtureBackend
 from sparkdiag.sources.gpu import GpuSource
@@ -67,18 +67,6 @@ def wait_dead(pids: Sequence[int], seconds: float = 5.0) -> list[int]:
             return []
         time.sleep(0.05)
     return [p for p in pids if alive(p)]
-
-
-def terminate(proc: subprocess.Popen[Any], seconds: float = 10) -> None:
-    """Stop a child that still runs: SIGTERM, then SIGKILL if it has not ended after ``seconds``;
-    it is reaped either way."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=seconds)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def free_port() -> int:
