@@ -1,10 +1,13 @@
 """The ``sparkdiag`` command line: the click group, and the one place every command is registered.
 
-Each command lives in its own module under :mod:`sparkdiag.commands`.
+Each command lives in its own module under :mod:`sparkdiag.commands`, imported when the command
+is run (or listed by ``--help``): ``sparkdiag serve`` does not pay for importing ``check``,
+``watch`` or ``link``.
 """
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 import click
@@ -19,10 +22,40 @@ class _Failed(click.ClickException):
         self.exit_code = exit_code  # type: ignore[misc]  # click declares it a class variable
 
 
+# Every command: its name, and the module under sparkdiag.commands and the attribute that hold it.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "serve": ("serve", "serve"),
+    "dump": ("serve", "dump"),
+    "record-fixture": ("fixture", "record_fixture"),
+    "config": ("configure", "config"),
+    "check": ("check", "check"),
+    "probe": ("probe", "probe"),
+    "bench": ("bench", "bench"),
+    "compare": ("compare", "compare"),
+    "baseline": ("baseline", "baseline"),
+    "assets": ("assets", "assets"),
+    "watch": ("watch", "watch"),
+    "soak": ("soak", "soak"),
+    "fleet": ("fleet", "fleet"),
+    "link": ("link", "link"),
+}
+
+
 class _Group(click.Group):
     """The command group: a :class:`SparkdiagError` raised anywhere below becomes one line on
     standard error and its exit status, here and nowhere else; Ctrl-C that no command handles
-    itself exits INTERRUPTED (130), not click's 1."""
+    itself exits INTERRUPTED (130), not click's 1. Commands are imported when first asked for
+    (:data:`COMMANDS`)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted(set(COMMANDS) | set(self.commands))
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in self.commands and cmd_name in COMMANDS:
+            module, attr = COMMANDS[cmd_name]
+            command = getattr(importlib.import_module(f"sparkdiag.commands.{module}"), attr)
+            self.add_command(command, cmd_name)
+        return self.commands.get(cmd_name)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -46,30 +79,6 @@ def main() -> None:
     it still exports host metrics, with sparkdiag_nvml_up 0.
     """
 
-
-def _register() -> None:
-    from sparkdiag.commands.assets import assets
-    from sparkdiag.commands.baseline import baseline
-    from sparkdiag.commands.bench import bench
-    from sparkdiag.commands.check import check
-    from sparkdiag.commands.compare import compare
-    from sparkdiag.commands.configure import config
-    from sparkdiag.commands.fixture import record_fixture
-    from sparkdiag.commands.fleet import fleet
-    from sparkdiag.commands.link import link
-    from sparkdiag.commands.probe import probe
-    from sparkdiag.commands.serve import dump, serve
-    from sparkdiag.commands.soak import soak
-    from sparkdiag.commands.watch import watch
-
-    for command in (
-        serve, dump, record_fixture, config, check, probe, bench, compare, baseline, assets, watch,
-        soak, fleet, link,
-    ):  # fmt: skip
-        main.add_command(command)
-
-
-_register()
 
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -26,7 +26,7 @@ import pytest
 
 from sparkdiag.cli import main as cli_group
 from sparkdiag.errors import Exit
-from tests.support import ROOT, free_port, http_get, sparkdiag_cmd, terminate
+from tests.support import ROOT, free_port, http_get, sparkdiag_cmd, subcommands, terminate
 
 README = ROOT / "README.md"
 TEXT = README.read_text()
@@ -106,7 +106,7 @@ def test_every_link_of_the_docs_pages_exists() -> None:
 
 def test_every_command_has_a_row_with_an_example() -> None:
     rows = re.findall(r"^\| `([a-z-]+)` \| (.+) \| `(sparkdiag [^`]+)` \|$", TEXT, flags=re.M)
-    assert sorted(name for name, _, _ in rows) == sorted(cli_group.commands)
+    assert sorted(name for name, _, _ in rows) == sorted(subcommands(cli_group))
     for name, _, example in rows:
         assert example.split()[1] == name
 
@@ -114,8 +114,8 @@ def test_every_command_has_a_row_with_an_example() -> None:
 def command_for(words: list[str]) -> tuple[click.Command, list[str]]:
     """The click command a README invocation names, and its remaining words."""
     cmd: click.Command = cli_group
-    while isinstance(cmd, click.Group) and words and words[0] in cmd.commands:
-        cmd, words = cmd.commands[words[0]], words[1:]
+    while isinstance(cmd, click.Group) and words and words[0] in subcommands(cmd):
+        cmd, words = subcommands(cmd)[words[0]], words[1:]
     return cmd, words
 
 

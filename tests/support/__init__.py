@@ -242,6 +242,14 @@ def machine_args(sysfs: str | Path, rootfs: str = "native") -> tuple[str, ...]:
     return ("--path.sysfs", str(tree), "--path.rootfs", str(ROOTFS / rootfs))
 
 
+def subcommands(group: Any) -> dict[str, Any]:
+    """A click group's commands by name, each imported (the top group loads them when asked)."""
+    import click
+
+    ctx = click.Context(group)
+    return {name: group.get_command(ctx, name) for name in group.list_commands(ctx)}
+
+
 def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         sparkdiag_cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=ROOT
