@@ -42,17 +42,28 @@ class Lifecycle:
         signal.signal(signal.SIGUSR1, self._on_usr1)
         return self
 
+    # A handler runs in the main thread between two bytecodes, possibly in the middle of that
+    # thread's own write to stderr: logging from it there raises "reentrant call" and the line is
+    # lost (seen in CI: SIGHUP then SIGUSR1 at once). The handlers log from a thread of their own,
+    # which waits for the stream's lock instead.
+    @staticmethod
+    def _log_later(level: int, message: str, *args: object) -> None:
+        threading.Thread(
+            target=log.log, args=(level, message, *args), name="sparkdiag-signal", daemon=False
+        ).start()
+
     def _on_stop(self, signum: int, _frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         if self.stopped_by is None:
             self.stopped_by = name
-            log.info("received %s, stopping", name)
+            self._log_later(logging.INFO, "received %s, stopping", name)
         self.stop.set()
 
     def _on_hup(self, _signum: int, _frame: FrameType | None) -> None:
-        log.warning(
+        self._log_later(
+            logging.WARNING,
             "received SIGHUP: the configuration is read at start only; restart sparkdiag to "
-            "apply a change (systemctl restart sparkdiag)"
+            "apply a change (systemctl restart sparkdiag)",
         )
 
     def _on_usr1(self, _signum: int, _frame: FrameType | None) -> None:
@@ -60,7 +71,7 @@ class Lifecycle:
             text = self.status()
         except Exception as exc:  # a status bug must not kill the daemon
             text = f"status unavailable: {exc}"
-        log.info("status: %s", text)
+        self._log_later(logging.INFO, "status: %s", text)
 
 
 # The process's one lifecycle: ``sparkdiag serve`` installs it first thing (see sparkdiag.entry).

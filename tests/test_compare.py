@@ -251,9 +251,11 @@ def test_real_second_environment_human(torch_venv: Path) -> None:
     assert "128x128x128" in out and "TFLOPS" in out
     assert "software" in out and "torch" in out
     torch_line = next(line for line in out.splitlines() if line.startswith("torch "))
+    native_torch, venv_torch = importlib.metadata.version("torch"), _version_in(python, "torch")
+    # the software table says "same" where both sides agree
     assert torch_line.split()[1:3] == [
-        importlib.metadata.version("torch"),
-        _version_in(python, "torch"),
+        native_torch,
+        "same" if venv_torch == native_torch else venv_torch,
     ]
     assert "worst gap:" in out and "why:" in out
     assert "round 1/1: container…" in done.stderr

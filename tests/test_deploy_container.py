@@ -134,7 +134,8 @@ def test_compare_image_missing(images: Images) -> None:
     missing = f"localhost/sparkdiag-test-missing:{uuid.uuid4().hex[:8]}"
     done = compare(*SMALL, "--rounds", "1", "--container", *engine_run(), missing, "python3", "-")
     assert done.returncode == 3, done.stderr
-    assert f"image not found: {missing} (podman pull {missing})" in done.stderr, done.stderr
+    said = " ".join(done.stderr.split())  # wrapped to the width of standard error
+    assert f"image not found: {missing} (podman pull {missing})" in said, done.stderr
     assert "Traceback" not in done.stderr
 
 
@@ -143,7 +144,8 @@ def test_compare_no_torch_in_the_image(images: Images) -> None:
     done = compare(*SMALL, "--rounds", "1", "--container",
                    *engine_run("--entrypoint", PYTHON_IN_IMAGE), image, "-")  # fmt: skip
     assert done.returncode == 3, done.stderr
-    assert "the interpreter inside the container has no torch" in done.stderr, done.stderr
+    said = " ".join(done.stderr.split())  # wrapped to the width of standard error
+    assert "the interpreter inside the container has no torch" in said, done.stderr
 
 
 def test_compare_hang_kills_the_container(images: Images) -> None:
@@ -156,8 +158,9 @@ def test_compare_hang_kills_the_container(images: Images) -> None:
                    "--container", *engine_run("--label", tag), base, "sh", "-c", "sleep 600",
                    "sh")  # fmt: skip
     assert done.returncode == 3, done.stderr
-    assert "container did not answer within 8 s" in done.stderr, done.stderr
-    assert "the container stopped (podman kill)" in done.stderr, done.stderr
+    said = " ".join(done.stderr.split())  # wrapped to the width of standard error
+    assert "container did not answer within 8 s" in said, done.stderr
+    assert "the container stopped (podman kill)" in said, done.stderr
     left = wait_for(lambda: not containers_with_label(tag), 15)
     assert left, f"containers left running: {containers_with_label(tag)}"
     assert time.monotonic() - started < 60

@@ -280,8 +280,10 @@ def test_fleet_lists_the_slow_gpu_first_as_the_one_outlier(
 
     text = run_cli("fleet", "--prometheus", peers.a)
     assert text.returncode == 1
-    rows = text.stdout.split("GPUs, slowest first")[1].splitlines()[2:]
-    assert uuid(SLOW) in rows[0] and "OUTLIER" in rows[0]
+    lines = text.stdout.split("GPUs, slowest first")[1].splitlines()
+    head = next(i for i, line in enumerate(lines) if line.split()[:1] == ["ratio"])
+    # the first row under the header, then its uuid on the line under it
+    assert "OUTLIER" in lines[head + 1] and uuid(SLOW) in lines[head + 2], text.stdout
     assert f"node-{SLOW}:10942 GPU 0 ({uuid(SLOW)}): 10.0% below its 9 peers" in text.stdout
 
 

@@ -121,11 +121,11 @@ def gpu_text(g: GpuSoak, width: int | None = None) -> str:
     if measured or v.ratios:
         rows = [_row(k, v.sensor) for k in measured] + [_row(r, v.sensor) for r in v.ratios]
         lines += terminal.table(HEADER, rows, width, right={1, 2, 4}, indent="  ", free=True)
+        judged = any(k.status in ("held", "fell") for k in measured)  # not a CPU smoke soak
+        rule = f"; a kernel below {FALL_FRACTION:g} of cold fell" if judged else ""
         lines += terminal.wrap(
-            "hottest: the figure at the hottest window (its fraction of cold); a kernel below "
-            f"{FALL_FRACTION:g} of cold fell",
-            width, "  ",
-        )  # fmt: skip
+            f"hottest: the figure at the hottest window (its fraction of cold){rule}", width, "  "
+        )
     unsupported = [k for k in v.kernels if k.status == "unsupported"]
     if unsupported:
         reasons = sorted({k.note or "unsupported" for k in unsupported})
