@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import re
 import sys
 import time
 from pathlib import Path
@@ -21,6 +20,7 @@ from sparkdiag.commands.common import (
     gpus_seen,
     setup_logging,
 )
+from sparkdiag.config import duration_seconds
 from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.flags import (
     file_option,
@@ -51,16 +51,13 @@ from sparkdiag.soak.state import SoakStateError, state_path, write_state
 from sparkdiag.statedir import StateDirError
 
 MAX_DURATION = 24 * 3600.0
-_DURATION = re.compile(r"(?:(\d+(?:\.\d*)?)h)?(?:(\d+(?:\.\d*)?)m)?(?:(\d+(?:\.\d*)?)s?)?")
 
 
 def parse_duration(text: str) -> float:
     """``600``, ``600s``, ``10m``, ``1h30m``, ``1.5h`` -> seconds (positive, at most a day)."""
-    match = _DURATION.fullmatch(text.strip().lower())
-    if not text.strip() or match is None or not any(match.groups()):
+    total = duration_seconds(text)
+    if total is None:
         raise click.BadParameter(f"{text!r}: give seconds, or a duration like 90s, 10m or 1h30m")
-    hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
-    total = hours * 3600 + minutes * 60 + seconds
     if not 0 < total <= MAX_DURATION:
         raise click.BadParameter(f"{text!r}: must be more than 0 and at most 24 h")
     return total

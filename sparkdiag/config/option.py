@@ -164,13 +164,13 @@ def echo(value: Any) -> str:
     return text if len(text) <= ECHO else text[:ECHO] + "…"
 
 
-# A duration as a number of seconds or with units: 90s, 10m, 1h30m, 1.5h.
-_DURATION = re.compile(r"(?:(\d+(?:\.\d*)?)h)?(?:(\d+(?:\.\d*)?)m)?(?:(\d+(?:\.\d*)?)s)?")
+# A duration as a number of seconds or with units: 600, 90s, 10m, 1h30m, 1.5h.
+_DURATION = re.compile(r"(?:(\d+(?:\.\d*)?)h)?(?:(\d+(?:\.\d*)?)m)?(?:(\d+(?:\.\d*)?)s?)?")
 
 
 def duration_seconds(text: str) -> float | None:
-    """``"90s"``, ``"10m"``, ``"1h30m"``, ``"1.5h"`` -> seconds; None when ``text`` is not such a
-    duration (a plain number is left to the caller's number rules)."""
+    """``"600"``, ``"90s"``, ``"10m"``, ``"1h30m"``, ``"1.5h"`` -> seconds; None when ``text`` is
+    not such a duration (signs, exponents and the like are left to the caller's number rules)."""
     match = _DURATION.fullmatch(text.strip().lower())
     if match is None or not any(match.groups()):
         return None
