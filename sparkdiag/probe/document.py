@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sparkdiag.jsonvalues import as_float, as_int, as_map, as_str
-from sparkdiag.probe.worker import PROGRESS_PREFIX, SCHEMA
+from sparkdiag.probe.worker.contract import PROGRESS_PREFIX, SCHEMA
 
 __all__ = [
     "PROGRESS_PREFIX",

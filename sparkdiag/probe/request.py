@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from sparkdiag.probe.worker import FLAGS
+from sparkdiag.probe.worker.contract import FLAGS
 
 
 @dataclass(frozen=True)
