@@ -28,7 +28,7 @@ class WorkerRequest:
     warmup: int | None = None
     bandwidth: bool | None = None  # None: the suite's
     transfers: bool | None = None  # None: the suite's
-    soak_seconds: float | None = None  # a soak instead of a suite (see worker.py)
+    soak_seconds: float | None = None  # a soak instead of a suite (worker/soak.py)
     window_seconds: float | None = None
     progress: bool = False
     exclude_pids: tuple[int, ...] = ()
