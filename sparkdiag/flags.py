@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 import click
 
 from sparkdiag.config import OPTIONS, OPTIONS_BY_ATTR, Option, Settings, build_settings
-from sparkdiag.probe.worker import (
+from sparkdiag.probe.worker.contract import (
     FLAGS_BY_NAME,
     Flag,
     UsageError,

@@ -27,7 +27,7 @@ from sparkdiag.probe.document import (
 )
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import kill_running_workers, run_worker
-from sparkdiag.probe.worker import ALL_DTYPES, PROGRESS_PREFIX, SUITES, parse_args
+from sparkdiag.probe.worker.contract import ALL_DTYPES, PROGRESS_PREFIX, SUITES, parse_args
 from sparkdiag.snapshot import GpuIdentity, GpuSample
 from sparkdiag.telemetry.busy import busy
 from tests.support import PROBE, alive, wait_dead
@@ -98,7 +98,7 @@ def test_every_request_field_is_a_worker_flag_and_every_click_flag_the_workers()
     from click.testing import CliRunner
 
     from sparkdiag.cli import main
-    from sparkdiag.probe.worker import FLAGS, FLAGS_BY_NAME
+    from sparkdiag.probe.worker.contract import FLAGS, FLAGS_BY_NAME
 
     by_field = {flag.field: flag for flag in FLAGS}
     assert {f.name for f in fields(WorkerRequest)} <= set(by_field)

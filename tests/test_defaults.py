@@ -16,7 +16,8 @@ from sparkdiag import kubernetes
 from sparkdiag.check.model import CheckContext
 from sparkdiag.check.probe_run import worker_launcher
 from sparkdiag.config import OPTIONS_BY_KEY, parse_listen
-from sparkdiag.probe import runner, worker
+from sparkdiag.probe import runner
+from sparkdiag.probe.worker import contract
 from sparkdiag.scheduling.hot_probe import HotLimits
 from sparkdiag.scheduling.scheduler import ProbeScheduler
 from sparkdiag.telemetry.poller import Poller
@@ -49,9 +50,9 @@ CASES: list[tuple[str, Callable[[], Any], str]] = [
     ("check worker_launcher busy_utilization",
      lambda: _parameter(worker_launcher, "busy_utilization"), "probe.busy-utilization"),
     ("runner.DEFAULT_TIMEOUT", lambda: runner.DEFAULT_TIMEOUT, "probe.timeout"),
-    ("worker --busy-utilization", lambda: worker.FLAGS_BY_NAME["--busy-utilization"].default,
+    ("worker --busy-utilization", lambda: contract.FLAGS_BY_NAME["--busy-utilization"].default,
      "probe.busy-utilization"),
-    ("worker default suite's probe-when", lambda: worker.SUITES["default"].probe_when,
+    ("worker default suite's probe-when", lambda: contract.SUITES["default"].probe_when,
      "probe.when"),
 ]  # fmt: skip
 
@@ -70,5 +71,5 @@ def test_the_manifests_port_is_the_listen_default() -> None:
 def test_the_worker_reads_its_busy_default_back_unchanged() -> None:
     """What a request without --busy-utilization gets is the daemon's threshold."""
     assert (
-        worker.parse_args([]).busy_utilization == OPTIONS_BY_KEY["probe.busy-utilization"].default
+        contract.parse_args([]).busy_utilization == OPTIONS_BY_KEY["probe.busy-utilization"].default
     )

@@ -16,7 +16,7 @@ from sparkdiag.check.gather import Sources
 from sparkdiag.check.model import KernelLog
 from sparkdiag.cli import main
 from sparkdiag.errors import Exit
-from sparkdiag.probe.worker import SCHEMA
+from sparkdiag.probe.worker.contract import SCHEMA
 from tests.support import NVML, PROBE, ROOT, ROOTFS, SYSFS, subcommands
 from tests.support.check import GOOD_TORCH, never_launch, nvml_fixture
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import time
 from collections.abc import Callable
@@ -30,6 +31,7 @@ ALL_FIXTURES = [
     "h200-load-2026-11-29",
     "h200-scripted",
     "h200-x8",
+    "h200-x2-complete",
     "gb10-idle",
     "gb10-memtotal",
     "gb10-load",
@@ -557,21 +559,56 @@ def test_h200_answers_added_by_hand_say_so(nvml_fixture: Callable[[str], Path]) 
         assert "by hand" in device["why"]["applications_clock/0"]
 
 
-# Queries declared after the 2026-12-01 recordings: they replay NOT_SUPPORTED from those (left
-# out), until the H200 is recorded again (scripts/device/stall.py records it).
-DECLARED_AFTER_2026_12_01 = {"recovery_action", "fabric_info"}
+# ---- the rules a new NVML query meets (docs/architecture.md: How to add a metric) ------------
+#
+# 1. gb10-idle.json answers it, with its source in `why` (test_gb10_idle_gives_a_source_...).
+# 2. h200-x2-complete.json answers it with a value on both GPUs, saying in `why` where the answer
+#    comes from, so that the golden scrape h200-x2-complete shows its metric
+#    (tests/test_metrics_doc.py holds every metric to a fixture that shows it).
+# 3. A recording is never edited: a query declared after it was recorded is left out of it (it
+#    replays NOT_SUPPORTED), and the complete fixture answers it; re-recording replaces it.
+# Every other fixture replays NOT_SUPPORTED for the query unless its story needs an answer.
+
+COMPLETE = "h200-x2-complete"
 
 
-def test_h200_recordings_answer_everything_themselves(nvml_fixture: Callable[[str], Path]) -> None:
+def _explained(device: dict[str, Any]) -> set[str]:
+    """The keys a derived device sets that its ``why`` explains (a why key may be a glob)."""
+    reasons = device.get("why", {})
+    return {key for key in device.get("set", {}) if any(fnmatch.fnmatch(key, w) for w in reasons)}
+
+
+def test_the_complete_fixture_answers_every_query_with_a_value(
+    nvml_fixture: Callable[[str], Path],
+) -> None:
+    backend = FixtureBackend(nvml_fixture(COMPLETE))
+    assert backend.device_count() == 2
+    errors = [key for key, (kind, _) in _all_answers(backend).items() if kind == "error"]
+    unanswered = sorted({query if arg is None else f"{query}/{arg}" for _, query, arg in errors})
+    assert not unanswered, f"{COMPLETE}.json must answer {unanswered} with a value (and a why)"
+    doc = _raw(nvml_fixture(COMPLETE))
+    for device in doc["devices"]:
+        assert set(device["set"]) == _explained(device), "every answer it adds says why"
+    assert doc["script"] and all(step["why"].strip() for step in doc["script"])
+
+
+def test_h200_recordings_are_not_edited_and_lack_only_what_the_complete_fixture_adds(
+    nvml_fixture: Callable[[str], Path],
+) -> None:
     """The 2026-12-01 recordings answer the whole catalogue of their day as recorded, nothing
-    added by hand; they measured the applications clocks the older recordings had assumed
-    (1980 MHz)."""
-    n_keys = len(VALID_KEYS - DECLARED_AFTER_2026_12_01)
+    added by hand (they measured the applications clocks the older recordings had assumed,
+    1980 MHz); a query declared since is left out of them and answered by the complete
+    fixture, with its why."""
+    added = set.intersection(*(_explained(d) for d in _raw(nvml_fixture(COMPLETE))["devices"]))
     for name in ("h200-idle", "h200-load"):
         doc = _raw(nvml_fixture(name))
         assert "base" not in doc and "script" not in doc, name
         assert doc["recorded"]["at"].startswith("2026-12-01"), name
         (device,) = doc["devices"]
         assert "why" not in device and "by hand" not in doc["description"], name
-        assert len(device["answers"]) == n_keys, name
+        lacking = VALID_KEYS - set(device["answers"])
+        assert lacking <= added, (
+            f"{name}.json lacks {sorted(lacking - added)}: answer them in {COMPLETE}.json, each "
+            "with a why (a recording is not edited)"
+        )
         assert all(device["answers"][key] == 1980 for key in APPLICATIONS_CLOCKS), name

@@ -164,7 +164,7 @@ def test_a_worker_ends_when_its_parent_is_killed(tmp_path: Path) -> None:
     pidfile = tmp_path / "worker.pid"
     driver = (
         "import subprocess, sys, time\n"
-        f"w = subprocess.Popen([sys.executable, {str(ROOT / 'sparkdiag/probe/worker.py')!r},"
+        f"w = subprocess.Popen([sys.executable, {str(ROOT / 'sparkdiag/probe/worker')!r},"
         " '--device', 'cpu', '--small', '--soak-seconds', '600', '--window-seconds', '1'],"
         " start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
         f"open({str(pidfile)!r}, 'w').write(str(w.pid))\n"

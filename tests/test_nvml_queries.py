@@ -4,9 +4,9 @@ repeats from it.
 The catalogue is read by the real backend (each declaration's pynvml call), the fixture replay
 (keys and shapes), the recorder (arguments, delta) and the GPU source (tier, snapshot field):
 these tests hold the declarations consistent with each other, with the snapshot and with what
-each pynvml call returns. probe/worker.py must stay self-contained (it is sent over stdin into
-containers), so it repeats a few NVML numbers; the last tests hold them equal to the sources'
-and to nvidia-ml-py's own.
+each pynvml call returns. The probe worker must stay one self-contained script (it is sent over
+stdin into containers), so probe/worker/nvml.py repeats a few NVML numbers; the last tests hold
+them equal to the sources' and to nvidia-ml-py's own.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 import pynvml
 import pytest
 
-from sparkdiag.probe import worker
+from sparkdiag.probe.worker import nvml as worker
 from sparkdiag.snapshot import GpuIdentity, GpuSample
 from sparkdiag.sources.fixture import VALID_KEYS, FixtureBackend
 from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS, GpuSource
@@ -321,7 +321,7 @@ def test_recorded_fixtures_replay_through_the_declarations(
     assert sample.temperature_celsius.keys() == {"gpu", "memory"}
 
 
-# -- the constants probe/worker.py repeats -------------------------------------------------------
+# -- the constants probe/worker/nvml.py repeats --------------------------------------------------
 
 
 def test_worker_memory_temperature_field_is_nvmls() -> None:

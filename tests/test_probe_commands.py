@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from sparkdiag.baseline.store import BaselineKey, BaselineStore
 from sparkdiag.cli import main
-from sparkdiag.probe.worker import SCHEMA
+from sparkdiag.probe.worker.contract import SCHEMA
 from sparkdiag.sources import packages
 from tests.support import NVML, PROBE, ROOT, sparkdiag_cmd
 

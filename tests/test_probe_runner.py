@@ -34,8 +34,8 @@ def read_pids(path: Path) -> list[int]:
 
 
 def test_worker_path_and_source() -> None:
-    assert worker_path().name == "worker.py"
-    assert worker_path().is_file()
+    assert worker_path().name == "worker"
+    assert (worker_path() / "__main__.py").is_file()  # the package runs as one script
     assert SCHEMA in worker_source()
 
 

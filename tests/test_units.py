@@ -16,7 +16,7 @@ from sparkdiag.cli import main
 from sparkdiag.compare.model import _entries
 from sparkdiag.probe.document import parse_document
 from sparkdiag.probe.runner import ProbeCycle
-from sparkdiag.probe.worker import DTYPES, SCHEMA, throughput_unit
+from sparkdiag.probe.worker.contract import DTYPES, SCHEMA, throughput_unit
 from sparkdiag.soak import render
 from tests.support import ROOT
 

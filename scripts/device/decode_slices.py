@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
-WORKER = [sys.executable, str(ROOT / "sparkdiag" / "probe" / "worker.py")]
+WORKER = [sys.executable, str(ROOT / "sparkdiag" / "probe" / "worker")]
 LOAD = ROOT / "tests" / "support" / "probe_scripts" / "gpu_load.py"
 SETTINGS = {
     "max-iters 1000 (default)": [],

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Ground truth for the probe worker's figures, measured on the lent GPU in one run.
 
-Runs ``sparkdiag/probe/worker.py`` from this repository as a subprocess (no sparkdiag install
+Runs ``sparkdiag/probe/worker`` from this repository as a subprocess (no sparkdiag install
 needed; torch, and nvidia-ml-py for temperatures, in the Python that runs this script):
 
 - idle: consecutive default-suite cycles on the idle GPU (default 20): per dtype and shape the
@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
-WORKER = REPO / "sparkdiag" / "probe" / "worker.py"
+WORKER = REPO / "sparkdiag" / "probe" / "worker"  # the package runs as one script
 PARTS = ("idle", "contention", "hot")
 ALIASES = {"a": "idle", "b": "contention", "c": "hot"}
 WORKER_TIMEOUT = 180.0  # one worker run, at most

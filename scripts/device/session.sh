@@ -71,7 +71,7 @@ c)
   echo "== decode batches and time slices (decode_slices.py)"
   time timeout 200 python3 scripts/device/decode_slices.py --out "$RES"
   echo "== default suite bf16 and fp8 through 60 s of sustained load"
-  time timeout 120 python3 sparkdiag/probe/worker.py --suite default --dtype bf16,fp8 \
+  time timeout 120 python3 sparkdiag/probe/worker --suite default --dtype bf16,fp8 \
     --no-bandwidth --no-transfers --soak-seconds 60 --window-seconds 10 > "$RES/sustained-default.json"
   echo "worker rc=$?"
   OUT="$RES" bash scripts/device/watch_jobs.sh

@@ -14,7 +14,7 @@ from sparkdiag.check.model import CheckContext, CheckResult, GpuProbe, Status, n
 from sparkdiag.platforms import describe
 from sparkdiag.probe.document import Conditions
 from sparkdiag.probe.runner import worker_path
-from sparkdiag.probe.worker import throughput_unit
+from sparkdiag.probe.worker.contract import throughput_unit
 from sparkdiag.snapshot import GpuSample
 from sparkdiag.sources.gpu import UNHEALTHY_REASONS, decode_reasons
 

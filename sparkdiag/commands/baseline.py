@@ -14,7 +14,7 @@ from sparkdiag import terminal
 from sparkdiag.baseline.store import DEFAULT_FILENAME, BaselineStore, open_store
 from sparkdiag.errors import UsageError
 from sparkdiag.flags import settings_from, settings_options
-from sparkdiag.probe.worker import throughput_unit
+from sparkdiag.probe.worker.contract import throughput_unit
 from sparkdiag.statedir import StateDirError, state_directory
 
 

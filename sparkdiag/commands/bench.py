@@ -20,7 +20,7 @@ from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.flags import file_option, settings_from, settings_options, worker_options
 from sparkdiag.probe.document import KernelResult, Progress
 from sparkdiag.probe.runner import run_worker
-from sparkdiag.probe.worker import throughput_unit
+from sparkdiag.probe.worker.contract import throughput_unit
 
 CSV_COLUMNS = (
     "dtype", "shape", "status", "peak_tflops", "delivered_tflops", "median_ms", "total_ms",

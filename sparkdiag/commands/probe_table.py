@@ -11,7 +11,7 @@ from sparkdiag import terminal
 from sparkdiag.baseline.evaluate import GemmFigure
 from sparkdiag.probe.document import Progress, WorkerDocument
 from sparkdiag.probe.runner import ProbeCycle
-from sparkdiag.probe.worker import throughput_unit
+from sparkdiag.probe.worker.contract import throughput_unit
 from sparkdiag.snapshot import GpuIdentity
 from sparkdiag.sources.gpu import decode_reasons
 

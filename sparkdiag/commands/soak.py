@@ -33,7 +33,7 @@ from sparkdiag.flags import (
 from sparkdiag.probe.document import SoakWindow
 from sparkdiag.probe.launchers import pinned_env
 from sparkdiag.probe.request import WorkerRequest
-from sparkdiag.probe.worker import SOAK_WINDOW_SECONDS, SUITES
+from sparkdiag.probe.worker.contract import SOAK_WINDOW_SECONDS, SUITES
 from sparkdiag.soak import plot as soak_plot
 from sparkdiag.soak.model import (
     CSV_COLUMNS,

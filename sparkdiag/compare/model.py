@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from sparkdiag.errors import Exit
 from sparkdiag.probe.document import Software, WorkerDocument
-from sparkdiag.probe.worker import throughput_unit
+from sparkdiag.probe.worker.contract import throughput_unit
 from sparkdiag.sources.gpu import decode_reasons
 
 SCHEMA = "sparkdiag-compare/1"

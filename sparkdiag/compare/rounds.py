@@ -1,6 +1,6 @@
 """The run loop of ``sparkdiag compare``.
 
-:func:`compare` runs the probe worker natively (``[*native, worker.py, *args]``) and inside a
+:func:`compare` runs the probe worker natively (``[*native, probe/worker, *args]``) and inside a
 container (the container command with the worker's source on standard input, so nothing has to be
 installed in the image), in alternating cycles: native, container, native, container, ... One
 warm-up pair comes first and is not counted (a cold GPU runs faster for its first seconds, and

@@ -1,11 +1,13 @@
 """The GEMM and memory-bandwidth probe worker, and how it runs.
 
-``worker.py`` is a self-contained script (standard library at module level, torch inside its
-functions, the only importer of torch) that runs the suite and prints one JSON document;
-``document.py`` parses that document into frozen dataclasses; ``request.py`` builds its command
-line. It runs natively (``runner.py``: its own process group, killed at the timeout), in a
-container (``container.py`` with ``relay.py``), or replayed from a recording (``launchers.py``).
-The daemon imports only these runners: torch never loads in the daemon process.
+``worker/`` is a package of rooms run as one self-contained script (``script.py`` assembles it:
+standard library at module level, torch inside its functions, the only importer of torch) that runs
+the suite or a soak and prints one JSON document; ``worker/contract.py`` is what both sides share
+(schema, flags, dtypes, suites); ``document.py`` parses that document into frozen dataclasses;
+``request.py`` builds its command line. It runs natively (``runner.py``: its own process group,
+killed at the timeout), in a container (``container.py`` with ``relay.py``), or replayed from a
+recording (``launchers.py``). The daemon imports only these runners: torch never loads in the
+daemon process.
 """
 
 from sparkdiag.probe.runner import ProbeCycle, ProbeResult, run_worker, worker_path, worker_source

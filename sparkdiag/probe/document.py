@@ -1,6 +1,6 @@
 """The probe worker's JSON document, parsed once into frozen dataclasses.
 
-The worker (``worker.py``) prints one JSON document per cycle (schema ``worker.SCHEMA``); every
+The worker (``worker/``) prints one JSON document per cycle (schema ``contract.SCHEMA``); every
 reader (the runner's classification, the daemon's scheduler, ``evaluate``, ``probe``, ``check``,
 ``compare``) reads these dataclasses, never the raw keys. Parsing never trusts the input: a
 document comes from a subprocess that may be another version of the worker, a container image or
@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from sparkdiag.jsonvalues import as_float, as_int, as_map, as_str
-from sparkdiag.probe.worker import PROGRESS_PREFIX, SCHEMA
+from sparkdiag.probe.worker.contract import PROGRESS_PREFIX, SCHEMA
 
 __all__ = [
     "PROGRESS_PREFIX",

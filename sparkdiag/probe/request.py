@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from sparkdiag.probe.worker import FLAGS
+from sparkdiag.probe.worker.contract import FLAGS
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,7 @@ class WorkerRequest:
     warmup: int | None = None
     bandwidth: bool | None = None  # None: the suite's
     transfers: bool | None = None  # None: the suite's
-    soak_seconds: float | None = None  # a soak instead of a suite (see worker.py)
+    soak_seconds: float | None = None  # a soak instead of a suite (worker/soak.py)
     window_seconds: float | None = None
     progress: bool = False
     exclude_pids: tuple[int, ...] = ()

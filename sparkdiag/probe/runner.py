@@ -1,7 +1,7 @@
 """Run the probe worker in a subprocess and classify the cycle.
 
-The daemon never imports torch: each probe cycle starts ``worker.py`` in a
-fresh interpreter (or feeds it on standard input to an interpreter inside a
+The daemon never imports torch: each probe cycle starts the worker (``worker/``, run as one
+script) in a fresh interpreter (or feeds it on standard input to an interpreter inside a
 container), reads the one JSON document it prints, and kills the worker's
 whole process group when it outlives its timeout.
 """
@@ -26,6 +26,7 @@ from typing import Literal
 from sparkdiag.config import OPTIONS_BY_KEY
 from sparkdiag.probe.document import Progress, WorkerDocument, find_document, parse_progress
 from sparkdiag.probe.request import DEFAULT_REQUEST, WorkerRequest
+from sparkdiag.probe.script import assemble
 
 ProbeResult = Literal["ok", "timeout", "error", "unsupported", "skipped_busy"]
 
@@ -72,13 +73,14 @@ def torch_install_hint(python: str = sys.executable) -> str:
 
 
 def worker_path() -> Path:
-    """Path of the self-contained worker script."""
-    return Path(__file__).with_name("worker.py")
+    """The worker package, which runs as one script: ``python3 PATH ARGS`` (its __main__.py
+    assembles the script from the package's rooms: probe/script.py)."""
+    return Path(__file__).with_name("worker")
 
 
 def worker_source() -> str:
-    """Source text of the worker, for ``python -`` (e.g. inside a container)."""
-    return worker_path().read_text(encoding="utf-8")
+    """The worker as one self-contained script, for ``python -`` (e.g. inside a container)."""
+    return assemble()
 
 
 def run_worker(

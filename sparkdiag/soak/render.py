@@ -4,7 +4,7 @@ stopped, in one line."""
 from __future__ import annotations
 
 from sparkdiag import terminal
-from sparkdiag.probe.worker import throughput_unit
+from sparkdiag.probe.worker.contract import throughput_unit
 from sparkdiag.soak.model import GpuSoak, SoakReport
 from sparkdiag.soak.verdict import FALL_FRACTION, Sensor, Verdict
 

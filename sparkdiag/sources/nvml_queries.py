@@ -40,7 +40,7 @@ Tier = Literal["poll", "slow", "static"]
 Call = Callable[[NvmlCalls, Any, int], Any]
 Ask = Callable[..., Any]
 
-NVML_FI_DEV_MEMORY_TEMP = 82  # nvml.h; probe/worker.py repeats it (tests/test_nvml_queries.py)
+NVML_FI_DEV_MEMORY_TEMP = 82  # nvml.h; probe/worker/nvml.py repeats it (tests/test_nvml_queries.py)
 MHZ = 1e6
 COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
 REMAPPED_ROWS = ("corrected", "uncorrected", "pending", "failure")

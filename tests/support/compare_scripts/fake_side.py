@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-from sparkdiag.probe.worker import SCHEMA
+from sparkdiag.probe.worker.contract import SCHEMA
 
 BANNER = """
 =============

@@ -16,7 +16,7 @@ import signal
 import sys
 import time
 
-from sparkdiag.probe.worker import PROGRESS_PREFIX, SCHEMA
+from sparkdiag.probe.worker.contract import PROGRESS_PREFIX, SCHEMA
 
 STOP: list[str] = []
 

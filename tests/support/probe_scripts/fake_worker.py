@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from sparkdiag.probe.worker import SCHEMA
+from sparkdiag.probe.worker.contract import SCHEMA
 
 SLEEPER = "import time\nwhile True: time.sleep(1)\n"
 
@@ -71,7 +71,8 @@ def spawn_sleeper() -> int:
 def main() -> int:
     mode = sys.argv[1]
     rest = sys.argv[2:]
-    end = next((i for i, a in enumerate(rest) if a == "-" or a.endswith("worker.py")), len(rest))
+    worker = (i for i, a in enumerate(rest) if a == "-" or os.path.basename(a) == "worker")
+    end = next(worker, len(rest))
     args = rest[:end]
     if mode == "sleep":  # args: PIDFILE [--ignore-term]
         if "--ignore-term" in args:
