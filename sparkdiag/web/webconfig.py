@@ -46,8 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from sparkdiag import safeload
 from sparkdiag.config import echo
 from sparkdiag.errors import UsageError
 from sparkdiag.web.basicauth import BasicAuth, hash_problem
@@ -238,20 +237,11 @@ class _Where:
 
 def _read(path: Path) -> dict[Any, Any]:
     try:
-        with path.open("rb") as stream:
-            raw = stream.read(MAX_FILE_BYTES + 1)
+        doc = safeload.load_yaml(path, MAX_FILE_BYTES) or {}
     except OSError as exc:
         raise WebConfigError(f"cannot read web config {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise WebConfigError(f"{path}: larger than {MAX_FILE_BYTES} bytes; not a web config")
-    try:
-        doc = yaml.safe_load(raw.decode("utf-8")) or {}
-    except UnicodeDecodeError as exc:
-        raise WebConfigError(f"{path}: not UTF-8 text: {exc.reason} at byte {exc.start}") from None
-    except yaml.YAMLError as exc:
-        raise WebConfigError(f"{path}: not valid YAML: {_one_line(exc)}") from None
-    except RecursionError:
-        raise WebConfigError(f"{path}: not valid YAML: nested too deeply") from None
+    except safeload.LoadError as exc:
+        raise WebConfigError(f"{path}: {exc}") from None
     if not isinstance(doc, dict):
         raise WebConfigError(f"{path}: must hold a mapping of " + ", ".join(sorted(_TOP)))
     return doc
