@@ -15,6 +15,8 @@ reads through here, so that whatever the input, the answer is the document or on
   3.11 raises ValueError past 4300 digits; a 400-digit byte count raised OverflowError when it
   was turned into a rate), and so are the non-finite floats (``NaN``, ``Infinity``, ``1e999``).
 
+Also :func:`load_cert_chain`: a TLS key that is encrypted is refused at once, never prompted for.
+
 Standard library and PyYAML only (layer 1).
 """
 
@@ -24,6 +26,7 @@ import json
 import math
 import os
 import re
+import ssl
 import stat
 import tomllib
 from itertools import accumulate
@@ -272,3 +275,27 @@ def _toml_float(literal: str) -> float:
     if len(literal) > MAX_NUMBER_CHARS:
         raise LoadError(f"a number written in {len(literal)} characters")
     return float(literal)
+
+
+# -- TLS keys ----------------------------------------------------------------------------------------
+
+
+class EncryptedKey(LoadError):
+    """A private key that needs a pass phrase: sparkdiag never asks for one."""
+
+
+def _refuse_passphrase(*_args: object) -> bytes:
+    raise EncryptedKey("encrypted")
+
+
+def load_cert_chain(context: ssl.SSLContext, cert: str | Path, key: str | Path) -> None:
+    """``context.load_cert_chain(cert, key)``, except that an encrypted key raises
+    :class:`EncryptedKey` at once: without a password callback OpenSSL asks the terminal
+    ("Enter PEM pass phrase:") and waits, at start and at every reload of the files."""
+    try:
+        context.load_cert_chain(cert, key, _refuse_passphrase)
+    except EncryptedKey:
+        raise EncryptedKey(
+            f"{key} is encrypted: sparkdiag does not ask for pass phrases; decrypt it "
+            f"(openssl pkey -in {key} -out KEY; chmod 600 KEY) and name that file"
+        ) from None

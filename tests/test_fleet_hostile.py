@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import pty
-import select
 import socket
 import ssl
 import subprocess
@@ -29,7 +26,7 @@ from sparkdiag.errors import SparkdiagError
 from sparkdiag.peers.fleet import fleet_view
 from sparkdiag.peers.httpget import redirect_allowed
 from sparkdiag.peers.promapi import Connection, PrometheusClient, parse_answer
-from tests.support import ROOT, run_cli, self_signed_cert, sparkdiag_cmd
+from tests.support import run_cli, self_signed_cert, sparkdiag_cmd
 from tests.support.fleet import (
     GPU,
     H200,
@@ -40,6 +37,7 @@ from tests.support.fleet import (
     raw_server,
     vector,
 )
+from tests.support.tty import OnTerminal
 
 RATIO = "sparkdiag:gemm_tflops:peer_ratio"
 
@@ -370,36 +368,6 @@ def test_escape_sequences_in_labels_and_error_text_are_shown_escaped() -> None:
 # -- an encrypted key is refused, never prompted for ----------------------------------------------
 
 
-def run_on_a_terminal(argv: list[str], timeout: float) -> tuple[bool, str]:
-    """Run ``argv`` with a pseudo-terminal as its controlling terminal (where OpenSSL would ask
-    for a pass phrase); (ended by itself within ``timeout`` s, what it printed)."""
-    pid, fd = pty.fork()
-    if pid == 0:  # the child
-        os.chdir(ROOT)
-        os.execvp(argv[0], argv)
-    out = b""
-    deadline = time.monotonic() + timeout
-    ended = False
-    try:
-        while time.monotonic() < deadline:
-            ready, _, _ = select.select([fd], [], [], 0.2)
-            if ready:
-                try:
-                    chunk = os.read(fd, 4096)
-                except OSError:  # EIO: the child closed the terminal
-                    chunk = b""
-                if not chunk:
-                    ended = True
-                    break
-                out += chunk
-    finally:
-        if not ended:
-            os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        os.close(fd)
-    return ended, out.decode(errors="replace")
-
-
 @pytest.fixture(scope="module")
 def encrypted_key(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     directory = tmp_path_factory.mktemp("encrypted")
@@ -420,10 +388,13 @@ def test_an_encrypted_client_key_is_refused_not_prompted_for(
         "fleet", "--prometheus", "https://127.0.0.1:9",
         "--prometheus-cert-file", str(cert), "--prometheus-key-file", str(key),
     )  # fmt: skip
-    ended, out = run_on_a_terminal(argv, 20)
-    assert ended, f"still running after 20 s: {out!r}"
-    assert "PEM pass phrase" not in out
-    assert f"{key} is encrypted: sparkdiag does not ask for pass phrases" in out
+    run = OnTerminal(argv)
+    try:
+        assert run.wait(20) == 2, f"still running after 20 s: {run.output!r}"
+    finally:
+        run.stop()
+    assert "PEM pass phrase" not in run.output
+    assert f"{key} is encrypted: sparkdiag does not ask for pass phrases" in run.output
 
 
 # -- a fuzz of the answer and its framing ---------------------------------------------------------

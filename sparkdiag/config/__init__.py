@@ -79,6 +79,7 @@ class Settings:
     probe_hot_interval: float = DEFAULTS["probe_hot_interval"]
     probe_hot_min_interval: float = DEFAULTS["probe_hot_min_interval"]
     peer: str | None = DEFAULTS["peer"]
+    link_secret_file: Path | None = DEFAULTS["link_secret_file"]
     process_metrics: bool = DEFAULTS["process_metrics"]
     process_metrics_top: int = DEFAULTS["process_metrics_top"]
     compat_dcgm: bool = DEFAULTS["compat_dcgm"]

@@ -185,14 +185,6 @@ class Sample:
     value: float
 
 
-def _no_passphrase(*_args: object) -> bytes:
-    raise _Encrypted
-
-
-class _Encrypted(Exception):
-    """The key file is encrypted: sparkdiag never prompts for a pass phrase."""
-
-
 class PrometheusClient:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
@@ -204,15 +196,9 @@ class PrometheusClient:
         try:
             context = ssl.create_default_context(cafile=str(conn.ca_file) if conn.ca_file else None)
             if conn.cert_file is not None and conn.key_file is not None:
-                # a callback that refuses: OpenSSL would otherwise ask the terminal for the
-                # pass phrase of an encrypted key ("Enter PEM pass phrase:") and wait
-                context.load_cert_chain(str(conn.cert_file), str(conn.key_file), _no_passphrase)
-        except _Encrypted:
-            raise UsageError(
-                f"{conn.key_file} is encrypted: sparkdiag does not ask for pass phrases; "
-                f"decrypt it (openssl pkey -in {conn.key_file} -out KEY) and give that file",
-                flag="--prometheus-key-file",
-            ) from None
+                safeload.load_cert_chain(context, conn.cert_file, conn.key_file)
+        except safeload.EncryptedKey as exc:
+            raise UsageError(str(exc), flag="--prometheus-key-file") from None
         except (OSError, ssl.SSLError) as exc:
             raise UsageError(f"TLS files: {exc}", flag="--prometheus-ca-file") from None
         if conn.insecure_skip_verify:
