@@ -77,7 +77,7 @@ def prometheus(head: bytes, sock: socket.socket) -> None:
     sock.sendall(answer("200 OK", healthy(query_of(head)), "Content-Type: application/json"))
 
 
-# -- credentials never leave with a redirect ------------------------------------------------------
+# -- credentials never leave with a redirect -------------------------------------------------------
 
 
 def test_a_redirect_to_another_host_is_not_followed_and_gets_no_credentials(
@@ -199,7 +199,7 @@ def test_a_server_sending_one_byte_a_second_is_cut_off_at_the_timeout() -> None:
     assert took < 15, took
 
 
-# -- malformed HTTP and JSON: one line each -------------------------------------------------------
+# -- malformed HTTP and JSON: one line each --------------------------------------------------------
 
 _DEEP = b'{"status": "success", "data": ' + b"[" * 5000 + b"]" * 5000 + b"}"
 _DIGITS = (
@@ -251,7 +251,7 @@ def test_more_than_100_headers_are_read() -> None:
     assert strict_json(result.stdout)["gpus"][0]["uuid"] == GPU["uuid"]
 
 
-# -- values read strictly: NaN and Inf named as bad data -----------------------------------------
+# -- values read strictly: NaN and Inf named as bad data -------------------------------------------
 
 
 def _prom(answers: dict[str, bytes]) -> Callable[[bytes, socket.socket], None]:
@@ -344,7 +344,7 @@ def test_prometheus_numbers_are_read() -> None:
         assert sample.value == number or (math.isnan(number) and math.isnan(sample.value))
 
 
-# -- control sequences from outside never reach the terminal raw ---------------------------------
+# -- control sequences from outside never reach the terminal raw -----------------------------------
 
 
 def test_escape_sequences_in_labels_and_error_text_are_shown_escaped() -> None:
@@ -365,7 +365,7 @@ def test_escape_sequences_in_labels_and_error_text_are_shown_escaped() -> None:
     assert "bad\\x1b]0;owned\\x07\\x1b[2J\\u202eevil" in line
 
 
-# -- an encrypted key is refused, never prompted for ----------------------------------------------
+# -- an encrypted key is refused, never prompted for -----------------------------------------------
 
 
 @pytest.fixture(scope="module")
@@ -397,7 +397,7 @@ def test_an_encrypted_client_key_is_refused_not_prompted_for(
     assert f"{key} is encrypted: sparkdiag does not ask for pass phrases" in run.output
 
 
-# -- a fuzz of the answer and its framing ---------------------------------------------------------
+# -- a fuzz of the answer and its framing ----------------------------------------------------------
 
 _scalars = st.one_of(
     st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=8),

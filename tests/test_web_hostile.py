@@ -8,6 +8,7 @@ every request hung)."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import shutil
 import socket
 import ssl
@@ -77,7 +78,7 @@ def test_pipelining_is_right_whatever_the_read_boundaries(cuts: list[int]) -> No
     read of its own on the server."""
     stream = HEALTHZ * 20
     bounds = [0, *sorted(set(cuts)), len(stream)]
-    pieces = [stream[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    pieces = [stream[a:b] for a, b in itertools.pairwise(bounds) if b > a]
     with serving() as server:
         answers = statuses(exchange(server, pieces, pause=0.002))
     assert answers == [b"200"] * 20
@@ -113,7 +114,7 @@ def test_refusals_say_what_is_wrong_in_plain_words() -> None:
     assert not _body(coding).startswith("bad request")
 
 
-# -- an encrypted TLS key: refused at start, and refused (not waited on) when swapped in ----------
+# -- an encrypted TLS key: refused at start, and refused (not waited on) when swapped in -----------
 
 
 @pytest.fixture(scope="module")
@@ -158,19 +159,23 @@ def test_an_encrypted_key_swapped_in_while_serving_fails_closed_at_once(
     context = ssl.create_default_context(cafile=str(keys / "tls.crt"))
     try:
         assert run.wait_for("serving https://", 30), run.output
-        with socket.create_connection(("127.0.0.1", listen), timeout=10) as raw:
-            with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
-                tls.sendall(HEALTHZ)
-                assert tls.recv(100).startswith(b"HTTP/1.1 200 ")
+        with (
+            socket.create_connection(("127.0.0.1", listen), timeout=10) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        ):
+            tls.sendall(HEALTHZ)
+            assert tls.recv(100).startswith(b"HTTP/1.1 200 ")
         shutil.copy(tmp_path / "encrypted.key", tmp_path / "tls.key")
         time.sleep(1.5)  # the files are looked at once a second
         started = time.monotonic()
-        with pytest.raises((ssl.SSLError, OSError)):
-            with socket.create_connection(("127.0.0.1", listen), timeout=10) as raw:
-                with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
-                    tls.sendall(HEALTHZ)
-                    if not tls.recv(100):
-                        raise ConnectionError("closed")
+        with (
+            pytest.raises((ssl.SSLError, OSError)),
+            socket.create_connection(("127.0.0.1", listen), timeout=10) as raw,
+            context.wrap_socket(raw, server_hostname="127.0.0.1") as tls,
+        ):
+            tls.sendall(HEALTHZ)
+            if not tls.recv(100):
+                raise ConnectionError("closed")
         assert time.monotonic() - started < 5, "waited instead of refusing"
         assert run.wait_for("is encrypted", 10), run.output
         assert "PEM pass phrase" not in run.output

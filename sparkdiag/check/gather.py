@@ -20,9 +20,9 @@ from sparkdiag.check.probe_run import read_store, run_probes, worker_launcher
 from sparkdiag.check.stall_checks import sample_busy_gpus
 from sparkdiag.config import Settings
 from sparkdiag.errors import SparkdiagError
+from sparkdiag.link import auth
 from sparkdiag.link.client import Options, measure_link
 from sparkdiag.link.readings import read_fabric
-from sparkdiag.link import auth
 from sparkdiag.link.session import split_peer
 from sparkdiag.probe.launchers import Launcher, WorkerLauncher
 from sparkdiag.probe.runner import torch_install_hint

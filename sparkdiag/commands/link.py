@@ -74,10 +74,14 @@ def _listeners(listen: str | None, settings: Any) -> tuple[list[socket.socket], 
     found = link_addresses(readings, interface_addresses())
     if not found:
         cx7 = ", ".join(i.name for f in readings.functions for i in f.interfaces)
-        why = f"its ConnectX-7 interfaces ({cx7}) have" if cx7 else "it has no ConnectX-7 and"
+        why = (
+            f"the ConnectX-7 interfaces ({cx7}) have no IP address to listen on: give the one "
+            "of the link an address (netplan, or ip addr add ADDR/24 dev IF), or"
+            if cx7
+            else "this machine has no ConnectX-7 interface to listen on:"
+        )
         raise UsageError(
-            f"this machine listens where the link is, and {why} no IP address: give one to an "
-            "interface of the link, or say where to listen with --listen ADDRESS:PORT "
+            f"{why} give --listen ADDRESS:PORT, the address the peer reaches this machine at "
             f"(':{PORT}' listens on every address)",
             flag="--listen",
         )
@@ -122,7 +126,12 @@ def serve(listen: str | None, once: bool, **given: Any) -> None:
     """
     settings = _settings(given)
     path = secret_path(settings)
-    made = auth.make_secret(path)
+    if auth.make_secret(path):
+        click.echo(
+            f"sparkdiag link serve: made a new link secret in {path}; copy it to the measuring "
+            f"machine, to the same place (scp {path} PEER:{path}), mode 0600",
+            err=True,
+        )
     secret = auth.read_secret(path)
     socks, where = _listeners(listen, settings)
     stop = threading.Event()
@@ -140,12 +149,6 @@ def serve(listen: str | None, once: bool, **given: Any) -> None:
         say=lambda line: click.echo(terminal.safe(line), err=True),
         once=once,
     )
-    if made:
-        click.echo(
-            f"sparkdiag link serve: made a new link secret in {path}; copy it to the measuring "
-            f"machine, to the same place (scp {path} PEER:{path}), mode 0600",
-            err=True,
-        )
     click.echo(f"sparkdiag link serve: listening on {where} (TCP); Ctrl-C stops", err=True)
     interrupted = False
     try:

@@ -44,6 +44,7 @@ MAX_TESTS = 4  # a link test uses one at a time
 MAX_TOOLS = 2  # a link test runs one tool server at a time
 MAX_TOOL_RUNS = 32  # four paths, two tools, two directions: 16
 TOOL_GRACE = 30.0
+RESULT_WAIT = 15.0  # seconds a result waits for its test's streams to end
 SINK_GRACE = 15.0  # a data connection counts for its test's seconds and this long after
 PING_LIMIT = (PING_MAX + 64) * PING_BYTES  # bytes echoed on one ping connection
 

@@ -162,7 +162,11 @@ class PathMeasure:
         port = as_int(answer.get("port"))
         if port is None:
             return Throughput(
-                tools.IPERF3, direction, None, seconds, streams,
+                tools.IPERF3,
+                direction,
+                None,
+                seconds,
+                streams,
                 str(answer.get("error", "no port"))[:200],
             )
         argv = tools.iperf3_client(

@@ -32,10 +32,9 @@ from typing import Any
 from sparkdiag import __version__
 from sparkdiag.errors import SparkdiagError
 from sparkdiag.jsonvalues import as_float, as_int, as_str
-from sparkdiag.link import auth, tools
+from sparkdiag.link import auth, bounds, tools
 from sparkdiag.link.bounds import (
     ACCEPT_PAUSE,
-    CONTROL_IDLE,
     MAX_SESSION_CONNECTIONS,
     MAX_TESTS,
     MAX_TOOL_RUNS,
@@ -73,6 +72,7 @@ from sparkdiag.sources.netif import (
 log = logging.getLogger(__name__)
 
 _BROKEN = (TimeoutError, ConnectionError, ProtocolError, OSError)
+SAY_EVERY = 10.0  # seconds between two lines of one kind (refused, out of descriptors)
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -147,6 +147,7 @@ class LinkServer:
         self.pending = Pending()
         self.accept_failures = 0  # accept() calls that failed, for tests and the benchmark
         self._pause = 0.0
+        self._told: dict[str, tuple[float, int]] = {}
 
     @property
     def busy(self) -> bool:
@@ -183,11 +184,11 @@ class LinkServer:
         except OSError as exc:
             self.accept_failures += 1
             if exc.errno in OUT_OF_FDS:
-                if not self._pause:
-                    self.say(
-                        f"out of file descriptors ({exc.strerror}): accepting paused and "
-                        "retried, the oldest unproved connection closed to make room"
-                    )
+                self._tell(
+                    "fds",
+                    f"out of file descriptors ({exc.strerror}): accepting paused and retried, "
+                    "the oldest unproved connection closed to make room",
+                )
                 self.pending.evict_one()
                 self._pause = min(ACCEPT_PAUSE[1], max(ACCEPT_PAUSE[0], self._pause * 2))
                 time.sleep(self._pause)
@@ -274,6 +275,22 @@ class LinkServer:
         session.addresses.add(peer)
         return session
 
+    def _refused(self, peer: str) -> None:
+        self._tell("refused", f"{peer}: refused: it did not prove it holds the link secret")
+
+    def _tell(self, kind: str, line: str) -> None:
+        """``line``, unless a line of its ``kind`` was said less than :data:`SAY_EVERY` seconds
+        ago (a flood must not flood the terminal or the log): then it is counted, and the
+        next line of the kind says how many were left unsaid."""
+        now = time.monotonic()
+        with self._lock:
+            said, unsaid = self._told.get(kind, (-SAY_EVERY, 0))
+            if now - said < SAY_EVERY:
+                self._told[kind] = (said, unsaid + 1)
+                return
+            self._told[kind] = (now, 0)
+        self.say(line + (f" ({unsaid} more like it since the last such line)" if unsaid else ""))
+
     def _proved(
         self, conn: socket.socket, reader: LineReader, opening: Mapping[str, Any], deadline: float
     ) -> str | None:
@@ -301,7 +318,7 @@ class LinkServer:
         conn, peer = entry.sock, entry.peer
         proof = self._proved(conn, reader, opening, deadline)
         if proof is None:
-            self.say(f"{peer}: refused: it did not prove it holds the link secret")
+            self._refused(peer)
             return
         with self._lock:
             busy = self._session
@@ -319,7 +336,7 @@ class LinkServer:
             send(conn, {**self._hello(session, conn), "proof": proof})
             while True:
                 try:
-                    request = reader.read(CONTROL_IDLE)
+                    request = reader.read(bounds.CONTROL_IDLE)
                 except _BROKEN:
                     return
                 if request.get("op") == "bye":
@@ -374,7 +391,9 @@ class LinkServer:
             if test is None:
                 return {"error": "no such test"}
             with test.cond:
-                test.cond.wait_for(lambda: test.finished >= test.streams, timeout=15.0)
+                test.cond.wait_for(
+                    lambda: test.finished >= test.streams, timeout=bounds.RESULT_WAIT
+                )
             return {
                 "bytes": test.counter.bytes if test.kind == "sink" else test.sent,
                 "seconds": test.counter.seconds,

@@ -439,7 +439,10 @@ def _ciphers(where: _Where, tls: dict[Any, Any], context: ssl.SSLContext) -> Non
 # Go's HTTP/2 server refuses to start on a TLS 1.2 cipher list without one of these (RFC 7540
 # 9.2.2; net/http's http2ConfigureServer), so exporter-toolkit refuses such a list while
 # http2 is on: sparkdiag speaks HTTP/1.1 only, but refuses the same files.
-_HTTP2_REQUIRED = ("TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256", "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256")
+_HTTP2_REQUIRED = (
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+)
 
 
 def _http2_ciphers(where: _Where, tls: dict[Any, Any], context: ssl.SSLContext) -> None:
