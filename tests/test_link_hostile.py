@@ -6,6 +6,7 @@ a 400-digit byte count, impossible ceilings) refused in one line; the protocol f
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import resource
@@ -13,9 +14,9 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -42,16 +43,29 @@ def start(server: LinkServer) -> tuple[threading.Event, threading.Thread]:
     return stop, thread
 
 
+S = TypeVar("S", bound=LinkServer)
+
+
+@contextlib.contextmanager
+def running(kind: type[S], tmp_path: Path) -> Iterator[tuple[S, Path]]:
+    """A ``kind`` of listening side on 127.0.0.1 in a thread, over a loopback dressed as a
+    ConnectX-7 (its sysfs returned beside it); stopped and closed afterwards."""
+    sysfs = _loopback_as_cx7(tmp_path / "sysfs")
+    server = kind(listen_socket("127.0.0.1", 0), sysfs, NATIVE, {}, SECRET)
+    stop, thread = start(server)
+    try:
+        yield server, sysfs
+    finally:
+        stop.set()
+        thread.join(5)
+        server.close()
+    assert not thread.is_alive()
+
+
 @pytest.fixture
 def served(tmp_path: Path) -> Iterator[tuple[LinkServer, Path]]:
-    sysfs = _loopback_as_cx7(tmp_path / "sysfs")
-    server = LinkServer(listen_socket("127.0.0.1", 0), sysfs, NATIVE, {}, SECRET)
-    stop, thread = start(server)
-    yield server, sysfs
-    stop.set()
-    thread.join(5)
-    server.close()
-    assert not thread.is_alive()
+    with running(LinkServer, tmp_path) as found:
+        yield found
 
 
 def connect(server: LinkServer, source: str = "127.0.0.1") -> socket.socket:
@@ -126,25 +140,39 @@ def test_the_proof_holds_in_both_directions(served: tuple[LinkServer, Path]) -> 
         impostor.close()
 
 
-def test_a_fake_listening_side_cannot_pass_for_the_peer() -> None:
-    """It answers the challenge protocol but cannot make the proof: nothing is measured."""
+@contextlib.contextmanager
+def fake_peer(last: Callable[[str, str], bytes]) -> Iterator[int]:
+    """A listening side speaking protocol 2 by hand: a challenge, the proof read (not checked),
+    then the line ``last(the measuring side's nonce, its own)``; its port."""
     listener = socket.create_server(("127.0.0.1", 0))
 
-    def fake() -> None:
-        conn, _ = listener.accept()
-        with conn:
-            reader = LineReader(conn)
-            reader.read(5)
-            send(conn, {"sparkdiag-link": 2, "challenge": auth.nonce()})
-            reader.read(5)
-            send(conn, {"sparkdiag-link": 2, "proof": "f" * 64, "session": "x", "host": "evil"})
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            conn, _ = listener.accept()
+            with conn:
+                reader = LineReader(conn)
+                opening = reader.read(5)
+                mine = auth.nonce()
+                send(conn, {"sparkdiag-link": 2, "challenge": mine})
+                reader.read(5)
+                conn.sendall(last(opening["nonce"], mine))
+                time.sleep(1)
 
-    threading.Thread(target=fake, daemon=True).start()
+    threading.Thread(target=serve, daemon=True).start()
     try:
-        with pytest.raises(LinkError, match="did not prove it holds the link secret"):
-            open_control("127.0.0.1", listener.getsockname()[1], 3.0, SECRET)
+        yield listener.getsockname()[1]
     finally:
         listener.close()
+
+
+def test_a_fake_listening_side_cannot_pass_for_the_peer() -> None:
+    """It answers the challenge protocol but cannot make the proof: nothing is measured."""
+
+    def made_up(theirs: str, mine: str) -> bytes:
+        return encode({"sparkdiag-link": 2, "proof": "f" * 64, "session": "x", "host": "evil"})
+
+    with fake_peer(made_up) as port, pytest.raises(LinkError, match="did not prove it holds"):
+        open_control("127.0.0.1", port, 3.0, SECRET)
 
 
 def test_the_secret_file(tmp_path: Path) -> None:
@@ -349,13 +377,8 @@ class Hostile(LinkServer):
 
 @pytest.fixture
 def hostile(tmp_path: Path) -> Iterator[tuple[Hostile, Path]]:
-    sysfs = _loopback_as_cx7(tmp_path / "sysfs")
-    server = Hostile(listen_socket("127.0.0.1", 0), sysfs, NATIVE, {}, SECRET)
-    stop, thread = start(server)
-    yield server, sysfs
-    stop.set()
-    thread.join(5)
-    server.close()
+    with running(Hostile, tmp_path) as found:
+        yield found
 
 
 def _options(server: LinkServer) -> Options:
@@ -394,28 +417,14 @@ def test_impossible_ceilings_from_the_peer_are_dropped(
 
 
 def test_deep_json_from_a_peer_is_refused_in_one_line() -> None:
-    listener = socket.create_server(("127.0.0.1", 0))
+    def deep(theirs: str, mine: str) -> bytes:
+        good = auth.proof(SECRET, "server", theirs, mine)
+        return (b'{"sparkdiag-link": 2, "proof": "' + good.encode() + b'", "x": '
+                + b"[" * 5000 + b"]" * 5000 + b"}\n")  # fmt: skip
 
-    def deep() -> None:
-        conn, _ = listener.accept()
-        with conn:
-            reader = LineReader(conn)
-            opening = reader.read(5)
-            mine = auth.nonce()
-            send(conn, {"sparkdiag-link": 2, "challenge": mine})
-            reader.read(5)
-            good = auth.proof(SECRET, "server", opening["nonce"], mine)
-            conn.sendall(b'{"sparkdiag-link": 2, "proof": "' + good.encode() + b'", "x": '
-                         + b"[" * 5000 + b"]" * 5000 + b"}\n")  # fmt: skip
-            time.sleep(1)
-
-    threading.Thread(target=deep, daemon=True).start()
-    try:
-        with pytest.raises(LinkError, match="nested too deeply") as caught:
-            open_control("127.0.0.1", listener.getsockname()[1], 3.0, SECRET)
-        assert "\n" not in caught.value.line()
-    finally:
-        listener.close()
+    with fake_peer(deep) as port, pytest.raises(LinkError, match="nested too deeply") as caught:
+        open_control("127.0.0.1", port, 3.0, SECRET)
+    assert "\n" not in caught.value.line()
 
 
 # -- a fuzz of the protocol ------------------------------------------------------------------------

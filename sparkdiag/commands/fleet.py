@@ -124,8 +124,10 @@ def fleet(ctx: click.Context, /, as_json: bool, config: Any, **given: Any) -> No
       2  a bad flag or file
       3  Prometheus unreachable, refusing the query, or holding no sparkdiag series
     """
-    settings = settings_from("fleet", given, config)
+    url = given.get("prometheus_url")
     try:
+        settings = settings_from("fleet", given, config)
+        url = settings.prometheus_url
         conn = connection(
             settings.prometheus_url,
             settings.prometheus_timeout,
@@ -140,8 +142,8 @@ def fleet(ctx: click.Context, /, as_json: bool, config: Any, **given: Any) -> No
         view = fleet_view(PrometheusClient(conn))
     except SparkdiagError as exc:
         if as_json:  # a document on standard output whatever happened; the line on stderr too
-            failed = {"format": FORMAT, "prometheus": settings.prometheus_url,
-                      "error": exc.line(), "exit_status": int(exc.exit_code)}  # fmt: skip
+            failed = {"format": FORMAT, "prometheus": url, "error": exc.line(),
+                      "exit_status": int(exc.exit_code)}  # fmt: skip
             click.echo(json.dumps(failed, indent=1))
         raise
     status = Exit.ATTENTION if view.outliers or view.warnings or view.bad_data else Exit.OK
