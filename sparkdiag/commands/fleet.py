@@ -120,9 +120,11 @@ def fleet(ctx: click.Context, /, as_json: bool, config: Any, **given: Any) -> No
     \b
     Exit status:
       0  no GPU 3.5 % or more below its peers (or no group large enough to judge)
-      1  an outlier or a warning, or bad data (a ratio Prometheus holds as NaN or infinite)
+      1  an outlier or a warning, or bad data (a ratio that Prometheus holds as
+         NaN or infinite)
       2  a bad flag or file
-      3  Prometheus unreachable, refusing the query, or holding no sparkdiag series
+      3  Prometheus unreachable, refusing the query, or holding no sparkdiag
+         series
     """
     url = given.get("prometheus_url")
     try:

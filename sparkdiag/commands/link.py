@@ -101,8 +101,8 @@ def _listeners(listen: str | None, settings: Any) -> tuple[list[socket.socket], 
     "--listen",
     default=None,
     metavar="HOST:PORT",
-    help=f"Address and port to listen on ('{PORT}' and every address of this machine's "
-    f"ConnectX-7 interfaces when not given); ':PORT' listens on every address.",
+    help=f"Address and port to listen on (not given: port {PORT} on each address of this "
+    "machine's ConnectX-7 interfaces); ':PORT' listens on every address.",
 )
 @click.option("--once", is_flag=True, help="Exit after one measuring session.")
 @settings_options("link")
@@ -120,7 +120,8 @@ def serve(listen: str | None, once: bool, **given: Any) -> None:
     \b
     Exit status:
       0  stopped with Ctrl-C or SIGTERM between sessions, or --once done
-      2  bad flag; no ConnectX-7 address and no --listen; a secret file others can read
+      2  bad flag; no ConnectX-7 address and no --listen; a secret file that
+         others can read
       3  the port cannot be had (in use, or not allowed)
       130 stopped during a session
     """
@@ -253,10 +254,12 @@ def test(
     Exit status:
       0  fit: every path reached half of its ceiling
       1  degraded (or a path whose rate neither end knows)
-      2  bad input: a bad flag, a PEER name that does not resolve, an --interface that
-         does not exist, no link secret here (or one others can read)
-      3  failed: the peer unreachable, refusing the port, not running 'link serve' or busy,
-         holding another link secret; no carrier on the interfaces; nothing measured
+      2  bad input: a bad flag, a PEER name that does not resolve, an
+         --interface that does not exist, no link secret here (or one that
+         others can read)
+      3  failed: the peer unreachable, refusing the port, not running 'link
+         serve' or busy, holding another link secret; no carrier on the
+         interfaces; nothing measured
       130 interrupted
     """
     settings = _settings(given)
