@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-from sparkdiag import __version__
+from sparkdiag import __version__, terminal
 from sparkdiag.errors import Exit, SparkdiagError
 
 
@@ -61,7 +61,7 @@ class _Group(click.Group):
         try:
             return super().invoke(ctx)
         except SparkdiagError as exc:
-            raise _Failed(exc.line(), int(exc.exit_code)) from None
+            raise _Failed(terminal.safe(exc.line()), int(exc.exit_code)) from None
         except KeyboardInterrupt:
             raise _Failed("interrupted", Exit.INTERRUPTED) from None
 

@@ -7,6 +7,12 @@ column, or, where even the fixed columns do not fit, list each row as ``name val
 :func:`width` is the width to use for a stream: the width its terminal reports, or
 :data:`DEFAULT_WIDTH` when it is not a terminal (piped, redirected, click's CliRunner), so that
 what scripts read does not depend on the terminal of whoever ran them.
+
+Text from outside (label values from a Prometheus, its error text, a peer's messages, fixture
+strings) may hold terminal control sequences: ``ESC ] 0 ; title BEL`` retitles the window, others
+move the cursor or rewrite what is on the screen. :func:`safe` shows every control character
+as an escape (``\\x1b``) instead; :func:`wrap` and :func:`table`, through which the renderers lay
+out their text, apply it, and so does the one place that prints an error line (``cli``).
 """
 
 from __future__ import annotations
@@ -30,6 +36,23 @@ _GLUE = re.compile(
     r"(?<=\d) (?=(?:°C|%|s|ms|µs|W|MHz|GHz|kB|MB|GB|B/s|MB/s|GB/s|Gb/s|TB/s|TFLOPS|TOPS|cores?)"
     r"(?:[\s,;:.)]|$))|(?<=\bGPU) (?=\d)"
 )
+
+
+# C0 and C1 controls and DEL, and the Unicode controls that reorder text (bidi overrides and
+# isolates, as in Trojan Source)
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+_SPACES = re.compile("[\t\n\r\x0b\x0c]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    code = ord(match.group(0))
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+def safe(text: str) -> str:
+    """``text`` with every control character shown as an escape (``ESC`` as ``\\x1b``, a bidi
+    override as ``\\u202e``, a newline as ``\\x0a``): nothing in it can act on a terminal."""
+    return _UNSAFE.sub(_escape, text)
 
 
 def width(stream: TextIO | None = None) -> int:
@@ -64,7 +87,9 @@ def visible(text: str) -> int:
 def wrap(text: str, width: int, indent: str = "", hanging: str | None = None) -> list[str]:
     """``text`` in lines of at most ``width`` columns, broken between words only: the first
     line starts with ``indent``, the others with ``hanging`` (as many spaces as ``indent`` by
-    default). A word longer than a line stays whole. Always at least one line."""
+    default). A word longer than a line stays whole. Always at least one line. The text is
+    made :func:`safe` (its tabs and line breaks become spaces, as textwrap makes them)."""
+    text = safe(_SPACES.sub(" ", text))
     hanging = " " * visible(indent) if hanging is None else hanging
     # wrap with a plain stand-in for a coloured indent, so that its codes take no columns
     plain = " " * visible(indent)
@@ -115,6 +140,9 @@ def table(
     column's value."""
     if under is not None and free:
         raise ValueError("a table with a free-text column has no line under its rows")
+    rows = [[safe(cell) for cell in row] for row in rows]
+    if under is not None:
+        under = (under[0], [safe(value) for value in under[1]])
     every = [list(header), *[list(r) for r in rows]]
     fixed = len(header) - 1 if free else len(header)
     widths = [max(visible(r[i]) for r in every) for i in range(fixed)]
@@ -182,6 +210,7 @@ def _listed(
 def fit(text: str, width: int) -> str:
     """``text`` on one line of fewer than ``width`` columns: cut after its last whole word
     that fits, with an ellipsis (for a status line, which must not wrap)."""
+    text = safe(text)
     if len(text) < width:
         return text
     cut = text[: max(width - 2, 1)]

@@ -103,11 +103,11 @@ def test_huge_bad_values_are_echoed_in_part(tmp_path: Path) -> None:
 
 def test_config_from_an_endless_file_is_refused() -> None:
     result = run_cli("serve", "--config", "/dev/zero", *FIXTURE, timeout=60)
-    assert_clean_error(result, 2, "/dev/zero: larger than 1048576 bytes")
+    assert_clean_error(result, 2, "/dev/zero: not a regular file (a character device)")
 
 
 def test_web_config_from_an_endless_file_is_refused() -> None:
-    with pytest.raises(WebConfigError, match="larger than 1048576 bytes"):
+    with pytest.raises(WebConfigError, match=r"not a regular file \(a character device\)"):
         load_web_config(Path("/dev/zero"))
 
 
@@ -115,7 +115,7 @@ def test_web_config_from_an_endless_file_is_refused() -> None:
     ("data", "message"),
     [
         (b"\xff\xfe", "not UTF-8 text"),
-        (b"[" * 5000, "not valid YAML"),
+        (b"[" * 5000, "nested too deeply"),
         (b"a: " + b"[" * 3000 + b"]" * 3000, "nested too deeply"),
         (b"1: a\nb: c\n", "unknown key(s) 1, b"),
         (b"tls_server_config:\n  cert_file: a\n  key_file: b\n  min_version: TLS10\n",

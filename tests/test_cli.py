@@ -23,7 +23,7 @@ def test_malformed_fixture(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "sparkdiag-nvml-fixture/1",\n "devices": [,]}')
     result = run_cli("dump", "--nvml-fixture", str(bad))
-    assert_clean_error(result, 2, "is not valid JSON", "line 2")
+    assert_clean_error(result, 2, "not valid JSON", "line 2")
 
 
 def test_fixture_with_unknown_key(tmp_path: Path) -> None:

@@ -57,6 +57,14 @@ def _config(tmp: Path, text: str) -> list[str]:
     return ["config", "check", str(path)]
 
 
+def _secret(tmp: Path) -> list[str]:
+    """A link secret made as 'link serve' makes it (mode 0600)."""
+    path = tmp / "link.secret"
+    path.write_text("0123456789abcdef" * 4 + "\n")
+    path.chmod(0o600)
+    return ["--link.secret-file", str(path)]
+
+
 def _assets_twice(tmp: Path) -> list[str]:
     assert CliRunner().invoke(main, ["assets", str(tmp / "out")]).exit_code == 0
     return ["assets", str(tmp / "out")]
@@ -126,7 +134,9 @@ CASES: list[tuple[str, Args, int, str]] = [
     ("link bad duration", lambda t: ["link", "test", "127.0.0.1", "--duration", "0"],
      Exit.USAGE, "--duration"),
     ("link refused", lambda t: ["link", "test", "127.0.0.1", "--port", "9", "--address-only",
-     "--connect-timeout", "2"], Exit.FAILED, "127.0.0.1"),
+     "--connect-timeout", "2", *_secret(t)], Exit.FAILED, "127.0.0.1"),
+    ("link no secret", lambda t: ["link", "test", "127.0.0.1", "--link.secret-file",
+     str(t / "none")], Exit.USAGE, "no link secret at"),
     ("fleet unreachable", lambda t: ["fleet", "--prometheus", "http://127.0.0.1:9",
      "--prometheus-timeout", "2"], Exit.FAILED, "127.0.0.1:9"),
 ]  # fmt: skip

@@ -74,7 +74,7 @@ def test_missing_file(tmp_path: Path) -> None:
 def test_invalid_json_names_the_line(tmp_path: Path) -> None:
     path = tmp_path / "broken.json"
     path.write_text('{\n "format": "sparkdiag-nvml-fixture/1",\n "devices": [,]\n}\n')
-    with pytest.raises(FixtureError, match=r"broken\.json is not valid JSON: .* at line 3$"):
+    with pytest.raises(FixtureError, match=r"broken\.json: not valid JSON: .* at line 3$"):
         FixtureBackend(path)
 
 

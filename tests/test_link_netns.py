@@ -210,8 +210,9 @@ def test_a_peer_name_that_does_not_resolve(shared: Pair) -> None:
 # (sparkdiag's own client code), then nothing until a line on stdin, then "bye".
 HOLD = """
 import sys
+from sparkdiag.link.auth import default_path, read_secret
 from sparkdiag.link.session import open_control
-control = open_control(sys.argv[1], int(sys.argv[2]), 3.0)
+control = open_control(sys.argv[1], int(sys.argv[2]), 3.0, read_secret(default_path()))
 print("held", flush=True)
 sys.stdin.readline()
 print(control.ask({"op": "bye"}, timeout=5.0), flush=True)

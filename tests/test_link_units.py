@@ -34,6 +34,7 @@ from sparkdiag.sources.netif import (
 from tests.support import ROOTFS
 
 STANDINS = Path(__file__).parent / "support" / "link_scripts"
+SECRET = b"0123456789abcdef" * 4  # the link secret both sides hold
 # A DGX Spark ConnectX-7 interface: 200 GbE on PCIe Gen5 x4 (126 Gb/s), MTU 9000.
 SPARK_END = End("enp1s0f1np1", "192.168.200.13", 9000, 200000, 126.03, None, True, ("rocep1s0f1",))
 
@@ -180,7 +181,7 @@ def test_a_silent_service_on_the_port(monkeypatch: pytest.MonkeyPatch) -> None:
         with pytest.raises(
             LinkError, match=r"accepted the connection but sent nothing within 0\.3 s"
         ):
-            open_control("127.0.0.1", port, 2.0)
+            open_control("127.0.0.1", port, 2.0, SECRET)
     finally:
         for conn in accepted:
             conn.close()
@@ -225,7 +226,7 @@ def _loopback_as_cx7(root: Path) -> Path:
 @pytest.fixture
 def loopback_server(tmp_path: Path) -> Iterator[tuple[LinkServer, Path]]:
     sysfs = _loopback_as_cx7(tmp_path / "sysfs")
-    server = LinkServer(listen_socket("127.0.0.1", 0), sysfs, ROOTFS / "native", {})
+    server = LinkServer(listen_socket("127.0.0.1", 0), sysfs, ROOTFS / "native", {}, SECRET)
     stop = threading.Event()
     thread = threading.Thread(target=server.serve, args=(stop,), daemon=True)
     thread.start()
@@ -244,7 +245,7 @@ def test_a_whole_session_with_every_method(
     seen: list[str] = []
     report = measure_link(
         "127.0.0.1",
-        Options(port=server.port, seconds=0.5, streams=2),
+        Options(port=server.port, seconds=0.5, streams=2, secret=SECRET),
         sysfs,
         ROOTFS / "native",
         {},
@@ -271,7 +272,9 @@ def test_a_whole_session_with_every_method(
 
 def test_a_budget_bounds_the_run(loopback_server: tuple[LinkServer, Path]) -> None:
     server, sysfs = loopback_server
-    options = Options(port=server.port, seconds=1.0, streams=1, use_tools=False, budget=1.8)
+    options = Options(
+        port=server.port, seconds=1.0, streams=1, use_tools=False, budget=1.8, secret=SECRET
+    )
     report = measure_link("127.0.0.1", options, sysfs, ROOTFS / "native", {})
     (path,) = report.paths
     assert len(path.throughput) == 1 and path.throughput[0].direction == "to-peer"

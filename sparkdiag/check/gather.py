@@ -20,6 +20,7 @@ from sparkdiag.check.probe_run import read_store, run_probes, worker_launcher
 from sparkdiag.check.stall_checks import sample_busy_gpus
 from sparkdiag.config import Settings
 from sparkdiag.errors import SparkdiagError
+from sparkdiag.link import auth
 from sparkdiag.link.client import Options, measure_link
 from sparkdiag.link.readings import read_fabric
 from sparkdiag.link.session import split_peer
@@ -113,10 +114,12 @@ def _with_link(
     if settings.peer is None or ctx.quick:
         return ctx
     host, port = split_peer(settings.peer)  # a malformed --peer is a usage error
+    secret_file = settings.link_secret_file or auth.default_path()
     try:
+        secret = auth.read_secret(secret_file)
         report = measure_link(
             host,
-            replace(PEER_OPTIONS, port=port),
+            replace(PEER_OPTIONS, port=port, secret=secret),
             settings.sysfs,
             settings.rootfs,
             os.environ,

@@ -12,13 +12,15 @@ from typing import Any
 import click
 
 from sparkdiag import terminal
-from sparkdiag.errors import Exit
+from sparkdiag.errors import Exit, SparkdiagError
 from sparkdiag.flags import settings_from, settings_options
 from sparkdiag.peers.compare import FAIL_BELOW, MIN_FLEET_GROUP, WARN_BELOW
 from sparkdiag.peers.fleet import FleetView, GpuRow, fleet_view
 from sparkdiag.peers.promapi import PrometheusClient, connection
 
-STATUS = {"outlier": "OUTLIER", "warn": "warn", "ok": "ok", "too_small": "not judged"}
+STATUS = {"outlier": "OUTLIER", "warn": "warn", "ok": "ok", "too_small": "not judged",
+          "bad_data": "BAD DATA"}  # fmt: skip
+FORMAT = "sparkdiag-fleet/1"
 
 
 def _tf(value: float | None) -> str:
@@ -34,8 +36,9 @@ HEADER = ("ratio", "score", "status", "instance", "gpu", "kernel", "TFLOPS", "gr
 def _row(row: GpuRow) -> list[str]:
     """The row of one GPU (its uuid goes on a line under it)."""
     score = "-" if row.score is None else f"{row.score:+.1f}"
+    ratio = "-" if row.ratio is None else f"{row.ratio:.3f}"
     return [
-        f"{row.ratio:.3f}", score, STATUS[row.status], row.instance, row.gpu,
+        ratio, score, STATUS[row.status], row.instance, row.gpu,
         f"{row.dtype} {row.shape}", _tf(row.tflops), _tf(row.group_median), str(row.group_gpus),
         row.alert or "-",
     ]  # fmt: skip
@@ -51,7 +54,8 @@ def render(view: FleetView, width: int | None = None) -> str:
 
     lines = para(
         f"sparkdiag fleet: {view.prometheus} ({len(view.gpus)} GPU(s) in {len(view.groups)} "
-        f"peer group(s); {len(view.outliers)} outlier(s), {len(view.warnings)} warning(s))",
+        f"peer group(s); {len(view.outliers)} outlier(s), {len(view.warnings)} warning(s)"
+        + (f", {len(view.bad_data)} with bad data" if view.bad_data else "") + ")",
         "", "    ",
     )  # fmt: skip
     if view.source == "computed":
@@ -80,7 +84,8 @@ def render(view: FleetView, width: int | None = None) -> str:
     lines += ["", "Outliers:"]
     for r in view.outliers:
         lines += para(
-            f"{r.instance} GPU {r.gpu} ({r.uuid}): {1 - r.ratio:.1%} below its {r.group_gpus} "
+            f"{r.instance} GPU {r.gpu} ({r.uuid}): {1 - (r.ratio or 0):.1%} below its "
+            f"{r.group_gpus} "
             f"peers at {r.dtype} {r.shape} ({r.kernels_below} of {r.kernels} kernels 7 % or more "
             f"below){'; ' + 'SparkdiagGpuSlowerThanPeers ' + r.alert if r.alert else ''}",
             "  ", "    ",
@@ -94,7 +99,12 @@ def render(view: FleetView, width: int | None = None) -> str:
 
 
 @click.command("fleet")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print one JSON document instead (on a failure too: its error and exit status).",
+)
 @settings_options("fleet", config_file=True)
 @click.pass_context
 def fleet(ctx: click.Context, /, as_json: bool, config: Any, **given: Any) -> None:
@@ -110,25 +120,38 @@ def fleet(ctx: click.Context, /, as_json: bool, config: Any, **given: Any) -> No
     \b
     Exit status:
       0  no GPU 3.5 % or more below its peers (or no group large enough to judge)
-      1  an outlier or a warning
+      1  an outlier or a warning, or bad data (a ratio that Prometheus holds as
+         NaN or infinite)
       2  a bad flag or file
-      3  Prometheus unreachable, refusing the query, or holding no sparkdiag series
+      3  Prometheus unreachable, refusing the query, or holding no sparkdiag
+         series
     """
-    settings = settings_from("fleet", given, config)
-    conn = connection(
-        settings.prometheus_url,
-        settings.prometheus_timeout,
-        http_config=settings.http_config_file,
-        ca_file=settings.prometheus_ca_file,
-        cert_file=settings.prometheus_cert_file,
-        key_file=settings.prometheus_key_file,
-        insecure_skip_verify=settings.prometheus_insecure_skip_verify or None,
-        username=settings.prometheus_username,
-        password_file=settings.prometheus_password_file,
-    )
-    view = fleet_view(PrometheusClient(conn))
+    url = given.get("prometheus_url")
+    try:
+        settings = settings_from("fleet", given, config)
+        url = settings.prometheus_url
+        conn = connection(
+            settings.prometheus_url,
+            settings.prometheus_timeout,
+            http_config=settings.http_config_file,
+            ca_file=settings.prometheus_ca_file,
+            cert_file=settings.prometheus_cert_file,
+            key_file=settings.prometheus_key_file,
+            insecure_skip_verify=settings.prometheus_insecure_skip_verify or None,
+            username=settings.prometheus_username,
+            password_file=settings.prometheus_password_file,
+        )
+        view = fleet_view(PrometheusClient(conn))
+    except SparkdiagError as exc:
+        if as_json:  # a document on standard output whatever happened; the line on stderr too
+            failed = {"format": FORMAT, "prometheus": url, "error": exc.line(),
+                      "exit_status": int(exc.exit_code)}  # fmt: skip
+            click.echo(json.dumps(failed, indent=1))
+        raise
+    status = Exit.ATTENTION if view.outliers or view.warnings or view.bad_data else Exit.OK
     if as_json:
-        click.echo(json.dumps(view.as_json(), indent=1))
+        doc = {"format": FORMAT, **view.as_json(), "exit_status": int(status)}
+        click.echo(json.dumps(doc, indent=1, allow_nan=False))  # NaN is no JSON: never written
     else:
         click.echo(render(view), nl=False)
-    ctx.exit(Exit.ATTENTION if view.outliers or view.warnings else Exit.OK)
+    ctx.exit(status)

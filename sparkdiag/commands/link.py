@@ -6,22 +6,27 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import click
 
+from sparkdiag import terminal
 from sparkdiag.config import ConfigError, parse_listen
 from sparkdiag.errors import Exit, UsageError
 from sparkdiag.flags import settings_from, settings_options
+from sparkdiag.link import auth
 from sparkdiag.link.client import Options, measure_link
 from sparkdiag.link.lint import lint as run_lint
 from sparkdiag.link.model import DIRECTIONS
 from sparkdiag.link.readings import read_fabric
 from sparkdiag.link.render import lint_text, report_text
-from sparkdiag.link.server import LinkServer, listen_socket
+from sparkdiag.link.server import LinkServer, link_addresses, listen_socket
 from sparkdiag.link.wire import MAX_SECONDS, MAX_STREAMS, PORT
+from sparkdiag.sources.netif import interface_addresses
 
 
 def _settings(given: dict[str, Any]) -> Any:
@@ -34,8 +39,10 @@ def link() -> None:
     NCCL and RDMA setup.
 
     \b
-      sparkdiag link serve          on one machine: the listening side (TCP port 10943)
-      sparkdiag link test PEER      on the other: measure every ConnectX-7 path to PEER
+      sparkdiag link serve          on one machine: the listening side (TCP port 10943 on
+                                    its ConnectX-7 addresses); it makes the link secret
+      sparkdiag link test PEER      on the other, with the secret copied there: measure
+                                    every ConnectX-7 path to PEER
       sparkdiag link lint           this machine's MTU, NCCL_IB_HCA/NCCL_SOCKET_IFNAME,
                                     CmaTotal and NCCL libraries, each finding with its fix
 
@@ -46,37 +53,88 @@ def link() -> None:
     """
 
 
+def secret_path(settings: Any) -> Path:
+    path: Path | None = settings.link_secret_file
+    return auth.default_path() if path is None else path
+
+
+def _listeners(listen: str | None, settings: Any) -> tuple[list[socket.socket], str]:
+    """The listening sockets: where ``--listen`` says, else on every address of this machine's
+    ConnectX-7 interfaces (UsageError when they have none); and where, in words."""
+    if listen is not None:
+        try:
+            host, port = parse_listen(listen, "--listen")
+        except ConfigError as exc:
+            raise UsageError(str(exc)) from None
+        return [listen_socket(host, port)], listen
+    try:
+        readings = read_fabric(settings.sysfs, settings.rootfs, dict(os.environ))
+    except FileNotFoundError as exc:
+        raise UsageError(str(exc), flag="--path.sysfs") from None
+    found = link_addresses(readings, interface_addresses())
+    if not found:
+        cx7 = ", ".join(i.name for f in readings.functions for i in f.interfaces)
+        why = (
+            f"the ConnectX-7 interfaces ({cx7}) have no IP address to listen on: give the one "
+            "of the link an address (netplan, or ip addr add ADDR/24 dev IF), or"
+            if cx7
+            else "this machine has no ConnectX-7 interface to listen on:"
+        )
+        raise UsageError(
+            f"{why} give --listen ADDRESS:PORT, the address the peer reaches this machine at "
+            f"(':{PORT}' listens on every address)",
+            flag="--listen",
+        )
+    socks: list[socket.socket] = []
+    try:
+        for address in found:
+            socks.append(listen_socket(address, PORT))
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
+    return socks, ", ".join(f"[{a}]:{PORT}" if ":" in a else f"{a}:{PORT}" for a in found)
+
+
 @link.command("serve")
 @click.option(
     "--listen",
-    default=f":{PORT}",
-    show_default=True,
+    default=None,
     metavar="HOST:PORT",
-    help="Address and port to listen on; ':PORT' listens on every address.",
+    help=f"Address and port to listen on (not given: port {PORT} on each address of this "
+    "machine's ConnectX-7 interfaces); ':PORT' listens on every address.",
 )
 @click.option("--once", is_flag=True, help="Exit after one measuring session.")
 @settings_options("link")
-def serve(listen: str, once: bool, **given: Any) -> None:
+def serve(listen: str | None, once: bool, **given: Any) -> None:
     """The listening side of 'sparkdiag link test': answer one measuring machine at a time.
 
-    It counts what arrives, sends back on the connections that ask (at most 64 streams for
-    60 s), and starts 'iperf3 -s' or 'ib_write_bw' for the measuring side when they are
-    installed. Anyone who reaches the port can run a test: run it while you test, on a
-    trusted link, and stop it with Ctrl-C.
+    Only a machine that holds the same link secret is answered: the file
+    ~/.config/sparkdiag/link.secret (or --link.secret-file), which this command makes where
+    none is; copy it to the measuring machine (scp, mode 0600). Before that proof nothing is
+    measured or told. It listens on the addresses of this machine's ConnectX-7 interfaces
+    (or --listen), counts what arrives, sends back on the connections that ask (at most 64
+    streams for 60 s), and starts 'iperf3 -s' or 'ib_write_bw' for the measuring side when
+    they are installed, within bounds on connections, tests, tools and time (docs/link.md).
 
     \b
     Exit status:
       0  stopped with Ctrl-C or SIGTERM between sessions, or --once done
-      2  bad flag
+      2  bad flag; no ConnectX-7 address and no --listen; a secret file that
+         others can read
       3  the port cannot be had (in use, or not allowed)
       130 stopped during a session
     """
     settings = _settings(given)
-    try:
-        host, port = parse_listen(listen, "--listen")
-    except ConfigError as exc:
-        raise UsageError(str(exc)) from None
-    sock = listen_socket(host, port)
+    path = secret_path(settings)
+    if auth.make_secret(path):
+        click.echo(
+            f"sparkdiag link serve: made a new link secret in {path}; copy it to the measuring "
+            f"machine, to the same place (scp {path} PEER:{path}), mode 0600",
+            err=True,
+        )
+    secret = auth.read_secret(path)
+    socks, where = _listeners(listen, settings)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: Any) -> None:
@@ -84,14 +142,15 @@ def serve(listen: str, once: bool, **given: Any) -> None:
 
     previous = signal.signal(signal.SIGTERM, on_signal)
     server = LinkServer(
-        sock,
+        socks,
         settings.sysfs,
         settings.rootfs,
         dict(os.environ),
-        say=lambda line: click.echo(line, err=True),
+        secret,
+        say=lambda line: click.echo(terminal.safe(line), err=True),
         once=once,
     )
-    click.echo(f"sparkdiag link serve: listening on {listen} (TCP); Ctrl-C stops", err=True)
+    click.echo(f"sparkdiag link serve: listening on {where} (TCP); Ctrl-C stops", err=True)
     interrupted = False
     try:
         server.serve(stop)
@@ -178,6 +237,9 @@ def test(
 ) -> None:
     """Measure the link to PEER, which runs 'sparkdiag link serve'.
 
+    This machine needs the link secret that 'link serve' made on PEER, at the same place
+    (~/.config/sparkdiag/link.secret, or --link.secret-file), mode 0600.
+
     Over each ConnectX-7 interface of this machine that has a carrier (paired with the peer's
     address on the same network), or over --interface, or the route to PEER where this machine
     has no ConnectX-7 (or with --address-only): the TCP round-trip latency, the throughput of
@@ -192,10 +254,12 @@ def test(
     Exit status:
       0  fit: every path reached half of its ceiling
       1  degraded (or a path whose rate neither end knows)
-      2  bad input: a bad flag, a PEER name that does not resolve, an --interface that
-         does not exist
-      3  failed: the peer unreachable, refusing the port, not running 'link serve' or busy;
-         no carrier on the interfaces; nothing measured on a path
+      2  bad input: a bad flag, a PEER name that does not resolve, an
+         --interface that does not exist, no link secret here (or one that
+         others can read)
+      3  failed: the peer unreachable, refusing the port, not running 'link
+         serve' or busy, holding another link secret; no carrier on the
+         interfaces; nothing measured
       130 interrupted
     """
     settings = _settings(given)
@@ -208,6 +272,7 @@ def test(
         address_only=address_only,
         use_tools=not no_tools,
         connect_timeout=connect_timeout,
+        secret=auth.read_secret(secret_path(settings)),
     )
     show = sys.stderr.isatty()
     try:

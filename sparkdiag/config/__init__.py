@@ -11,12 +11,12 @@ final (no restart loop).
 from __future__ import annotations
 
 import difflib
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from sparkdiag import safeload
 from sparkdiag.config.option import (
     DEFAULT_LISTEN,
     DEFAULT_PORT,
@@ -79,6 +79,7 @@ class Settings:
     probe_hot_interval: float = DEFAULTS["probe_hot_interval"]
     probe_hot_min_interval: float = DEFAULTS["probe_hot_min_interval"]
     peer: str | None = DEFAULTS["peer"]
+    link_secret_file: Path | None = DEFAULTS["link_secret_file"]
     process_metrics: bool = DEFAULTS["process_metrics"]
     process_metrics_top: int = DEFAULTS["process_metrics_top"]
     compat_dcgm: bool = DEFAULTS["compat_dcgm"]
@@ -119,20 +120,12 @@ def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def load_file(path: Path) -> dict[str, Any]:
     """Read a TOML configuration: {Settings attribute: validated value}."""
     try:
-        with path.open("rb") as stream:
-            raw = stream.read(MAX_CONFIG_BYTES + 1)  # /dev/zero must not fill the memory
+        # bounded, and never a FIFO or a device (/dev/zero must not fill the memory)
+        flat = _flatten(safeload.parse_toml(safeload.read_file(path, MAX_CONFIG_BYTES)))
     except OSError as exc:
         raise ConfigError(f"cannot read configuration {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_CONFIG_BYTES:
-        raise ConfigError(f"{path}: larger than {MAX_CONFIG_BYTES} bytes; not a configuration")
-    try:
-        flat = _flatten(tomllib.loads(raw.decode("utf-8")))
-    except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text: {exc.reason} at byte {exc.start}") from None
-    except ValueError as exc:  # TOMLDecodeError, or an integer of more than 4300 digits
-        raise ConfigError(f"{path}: not valid TOML: {echo(str(exc))[1:-1]}") from None
-    except RecursionError:
-        raise ConfigError(f"{path}: not valid TOML: nested too deeply") from None
+    except safeload.LoadError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
     values: dict[str, Any] = {}
     for key, value in flat.items():
         option = OPTIONS_BY_KEY.get(key)

@@ -320,6 +320,17 @@ OPTIONS: tuple[Option, ...] = (
         metavar="HOST",
     ),
     Option(
+        "link.secret-file",
+        "link_secret_file",
+        "path",
+        None,
+        "The link secret shared by the two machines of 'sparkdiag link' (default "
+        "~/.config/sparkdiag/link.secret): 'link serve' makes it where none is; copy it to the "
+        "measuring machine, mode 0600.",
+        scopes=frozenset({"link", "check"}),
+        metavar="FILE",
+    ),
+    Option(
         "process-metrics",
         "process_metrics",
         "bool",

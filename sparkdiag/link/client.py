@@ -1,7 +1,8 @@
 """``sparkdiag link test PEER``: the measuring side.
 
-1. A control connection to PEER (the name or address given, and nothing else) and its hello:
-   the peer's session token, its ConnectX-7 interfaces and addresses, its tools and its lint.
+1. A control connection to PEER (the name or address given, and nothing else), on which both
+   sides prove they hold the link secret (:mod:`sparkdiag.link.auth`), and its hello: the
+   peer's session token, its ConnectX-7 interfaces and addresses, its tools and its lint.
 2. The paths: each ConnectX-7 interface of this machine that has a carrier, paired with the
    peer's address on the same network (the interface of the same name first: two Sparks name
    theirs alike); ``--interface`` picks interfaces; where this machine has no ConnectX-7, or with
@@ -50,7 +51,7 @@ def measure_link(
     started = time.monotonic()
     readings = read_fabric(sysfs, rootfs, environ)
     selection = select_interfaces(options, readings)
-    control = open_control(peer, options.port, options.connect_timeout)
+    control = open_control(peer, options.port, options.connect_timeout, options.secret)
     try:
         addresses = interface_addresses()
         plans = plan_paths(control, selection, readings, addresses, sysfs)

@@ -60,17 +60,38 @@ def describe(
     return out
 
 
+# What a peer may report for an interface: anything outside is dropped as if not reported (a
+# ceiling of "inf Gb/s" or 1e27 Gb/s would make any rate look slow, a tiny one any rate fit).
+MAX_SPEED_MBPS = 3_200_000  # 3.2 Tb/s: twice the fastest Ethernet standard (1.6 TbE)
+MAX_PCIE_GBPS = 2_000.0  # PCIe 7.0 x16 carries about 1000 Gb/s per direction
+MTU_RANGE = (68, 65_536)  # IPv4's minimum; the largest a Linux interface takes
+MAX_TEXT = 64  # characters of an interface name, PCIe note or RDMA device name
+
+
+def _bounded(value: float | None, low: float, high: float) -> float | None:
+    return value if value is not None and low <= value <= high else None
+
+
+def _short(value: str | None) -> str | None:
+    return value if value is not None and len(value) <= MAX_TEXT else None
+
+
 def peer_end(entry: Mapping[str, Any], address: str | None) -> End:
-    """An End from one interface of the peer's hello (fields of the wrong type are dropped)."""
+    """An End from one interface of the peer's hello: fields of the wrong type, or outside
+    what any interface can be, are dropped."""
     rdma = entry.get("rdma")
+    mtu = _bounded(as_int(entry.get("mtu")), *MTU_RANGE)
+    speed = _bounded(as_int(entry.get("speed_mbps")), 1, MAX_SPEED_MBPS)
     return End(
-        interface=as_str(entry.get("interface")),
+        interface=_short(as_str(entry.get("interface"))),
         address=address,
-        mtu=as_int(entry.get("mtu")),
-        speed_mbps=as_int(entry.get("speed_mbps")),
-        pcie_gbps=as_float(entry.get("pcie_gbps")),
-        pcie_short=as_str(entry.get("pcie_below_max")),
+        mtu=None if mtu is None else int(mtu),
+        speed_mbps=None if speed is None else int(speed),
+        pcie_gbps=_bounded(as_float(entry.get("pcie_gbps")), 0.001, MAX_PCIE_GBPS),
+        pcie_short=_short(as_str(entry.get("pcie_below_max"))),
         cx7=entry.get("connectx7") is True,
-        rdma=tuple(r for r in rdma if isinstance(r, str)) if isinstance(rdma, list) else (),
+        rdma=tuple(r for r in rdma[:16] if isinstance(r, str) and len(r) <= MAX_TEXT)
+        if isinstance(rdma, list)
+        else (),
         up=entry.get("carrier") if isinstance(entry.get("carrier"), bool) else None,
     )

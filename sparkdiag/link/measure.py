@@ -18,11 +18,18 @@ from sparkdiag.link.model import Latency, Throughput
 from sparkdiag.link.paths import Plan
 from sparkdiag.link.session import Control, Options, connect_error, endpoint, open_socket
 from sparkdiag.link.streams import Counter, receive, send_until
-from sparkdiag.link.wire import HELLO_TIMEOUT, PING_BYTES, LineReader, ProtocolError, hello, send
+from sparkdiag.link.wire import (
+    HELLO_TIMEOUT,
+    PING_BYTES,
+    PING_MAX,
+    LineReader,
+    ProtocolError,
+    hello,
+    send,
+)
 
 TCP = "tcp-sockets"
 PING_SECONDS = 0.5
-PING_MAX = 2000
 
 
 def _latency(sock: socket.socket, reader: LineReader) -> Latency | None:
@@ -102,7 +109,7 @@ class PathMeasure:
         kind = "sink" if direction == "to-peer" else "source"
         ready = self.control.ask({"op": kind, "test": test, "streams": streams, "seconds": seconds})
         if ready.get("error"):
-            return Throughput(TCP, direction, None, seconds, streams, str(ready["error"]))
+            return Throughput(TCP, direction, None, seconds, streams, str(ready["error"])[:200])
         socks = []
         try:
             for _ in range(streams):
@@ -116,10 +123,13 @@ class PathMeasure:
             return Throughput(TCP, direction, None, seconds, streams, f"data connection: {exc}")
         counter = Counter()
         deadline = time.monotonic() + seconds
+        sent: list[int] = []
+
+        def sender(sock: socket.socket) -> None:
+            sent.append(send_until(sock, deadline))
+
         if direction == "to-peer":
-            workers = [
-                threading.Thread(target=send_until, args=(s, deadline), daemon=True) for s in socks
-            ]
+            workers = [threading.Thread(target=sender, args=(s,), daemon=True) for s in socks]
         else:
             workers = [
                 threading.Thread(target=receive, args=(s, counter, b"", seconds + 30), daemon=True)
@@ -133,13 +143,10 @@ class PathMeasure:
             sock.close()
         result = self.control.ask({"op": "result", "test": test}, timeout=seconds + 30)
         if direction == "to-peer":
-            counted = as_int(result.get("bytes")) or 0
-            window = as_float(result.get("seconds")) or 0.0
-            gbps = counted * 8 / window / 1e9 if counted and window > 0 else None
+            gbps, window, error = _counted(result, sum(sent), seconds)
         else:
-            gbps = counter.gbps()
-            window = counter.seconds
-        error = None if gbps else str(result.get("error") or "no bytes arrived")
+            gbps, window = counter.gbps(), counter.seconds
+            error = None if gbps else "no bytes arrived"
         return Throughput(TCP, direction, gbps, window or seconds, streams, error)
 
     def iperf3(self, direction: str) -> Throughput:
@@ -155,7 +162,12 @@ class PathMeasure:
         port = as_int(answer.get("port"))
         if port is None:
             return Throughput(
-                tools.IPERF3, direction, None, seconds, streams, str(answer.get("error", "no port"))
+                tools.IPERF3,
+                direction,
+                None,
+                seconds,
+                streams,
+                str(answer.get("error", "no port"))[:200],
             )
         argv = tools.iperf3_client(
             self.plan.peer_address, port, seconds, streams, direction == "from-peer", self.source
@@ -182,7 +194,7 @@ class PathMeasure:
             answer = self.control.ask({**request, "role": "server"})
             port = as_int(answer.get("port"))
             if port is None:
-                return result(None, str(answer.get("error", "no port")))
+                return result(None, str(answer.get("error", "no port"))[:200])
             run = tools.run(
                 tools.ib_write_bw(mine, port, seconds, self.plan.peer_address), seconds + 20
             )
@@ -197,7 +209,30 @@ class PathMeasure:
             timeout=seconds + 30,
         )
         local = tools.parse_ib_write_bw(server.finish(5.0).output)
-        return result(local or as_float(answer.get("gbps")), str(answer.get("error", "no result")))
+        reported = as_float(answer.get("gbps"))
+        if reported is not None and not 0 < reported <= MAX_GBPS:
+            reported = None  # not a rate any link has: the peer's figure is not taken
+        error = str(answer.get("error", "no result"))[:200]
+        return result(local or reported, error)
+
+
+MAX_GBPS = 3200.0  # no link carries more (twice 1.6 TbE): a peer's figure above is refused
+
+
+def _counted(
+    result: Mapping[str, Any], sent: int, seconds: float
+) -> tuple[float | None, float, str | None]:
+    """(Gb/s, window, error) from what the peer says it counted of the ``sent`` bytes: a count
+    above what was sent, or a window outside the measurement, is refused, not believed."""
+    counted = as_int(result.get("bytes"))
+    window = as_float(result.get("seconds")) or 0.0
+    if result.get("error") or counted is None:
+        return None, 0.0, str(result.get("error") or "the peer counted nothing")[:200]
+    if not 0 <= counted <= sent:
+        return None, 0.0, f"the peer reported {str(counted)[:30]} bytes, more than the {sent} sent"
+    if not 0 < window <= seconds + 30:
+        return None, 0.0, "no bytes arrived" if not counted else "the peer reported no window"
+    return counted * 8 / window / 1e9, window, None
 
 
 @dataclass

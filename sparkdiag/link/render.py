@@ -38,7 +38,7 @@ def _path(path: PathResult, width: int) -> list[str]:
     head = f"{local.interface or '?'} {local.address or ''} -> {peer.address or '?'}"
     if peer.interface:
         head += f" ({peer.interface})"
-    lines = [head.replace("  ", " ")]
+    lines = [terminal.safe(head.replace("  ", " "))]  # the peer's names come from the peer
     if path.verdict == "failed" and not path.throughput:
         lines += _field("failed", path.finding, width)
         return lines

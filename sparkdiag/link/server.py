@@ -1,32 +1,57 @@
 """``sparkdiag link serve``: the listening side. It answers one measuring session at a time
-(see :mod:`sparkdiag.link.wire`), counts what arrives on data connections, sends for as long as
-it is asked to (at most :data:`~sparkdiag.link.wire.MAX_SECONDS`, on at most
-:data:`~sparkdiag.link.wire.MAX_STREAMS` connections, only back on the connection that asked),
-and starts ``iperf3 -s -1`` or ``ib_write_bw`` when asked and installed. It runs ``ib_write_bw``
-as a client only toward an address the session's own connections came from.
+(see :mod:`sparkdiag.link.wire`), opened only by a machine that proves it holds the same link
+secret (:mod:`sparkdiag.link.auth`), and before that proof it says nothing but a challenge: no
+host name, interface, address, tool or lint finding. Then it counts what arrives on data
+connections, sends for as long as it is asked to (at most :data:`~sparkdiag.link.wire.MAX_SECONDS`,
+on at most :data:`~sparkdiag.link.wire.MAX_STREAMS` connections, only back on the connection that
+asked), and starts ``iperf3 -s -1`` or ``ib_write_bw`` when asked and installed. It runs
+``ib_write_bw`` as a client only toward an address the session's own connections came from.
+
+Everything a client can make it hold or spawn is bounded (:mod:`sparkdiag.link.bounds`):
+connections that have not proved themselves yet (per address and in all), the session's
+connections, tests set up at once, tools alive at once and in all, bytes echoed on a ping
+connection, how long a data connection counts, how long a session may stay silent and last in
+all. Tools past their time are killed and reaped. An ``accept`` that fails (out of file
+descriptors, or anything else) pauses and goes on; it never ends the server.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import secrets
+import selectors
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from sparkdiag import __version__
 from sparkdiag.errors import SparkdiagError
 from sparkdiag.jsonvalues import as_float, as_int, as_str
-from sparkdiag.link import tools
+from sparkdiag.link import auth, bounds, tools
+from sparkdiag.link.bounds import (
+    ACCEPT_PAUSE,
+    MAX_SESSION_CONNECTIONS,
+    MAX_TESTS,
+    MAX_TOOL_RUNS,
+    MAX_TOOLS,
+    OUT_OF_FDS,
+    PING_LIMIT,
+    SINK_GRACE,
+    TOOL_GRACE,
+    Conn,
+    Pending,
+    Session,
+    Test,
+)
 from sparkdiag.link.ends import describe
 from sparkdiag.link.lint import lint
-from sparkdiag.link.readings import read_fabric
-from sparkdiag.link.streams import Counter, receive, send_until
+from sparkdiag.link.readings import FabricReadings, read_fabric
+from sparkdiag.link.streams import receive, send_until
 from sparkdiag.link.wire import (
     HELLO_TIMEOUT,
     MAX_SECONDS,
@@ -37,35 +62,17 @@ from sparkdiag.link.wire import (
     is_hello,
     send,
 )
-from sparkdiag.sources.netif import interface_addresses, interface_of, plain_address
+from sparkdiag.sources.netif import (
+    InterfaceAddress,
+    interface_addresses,
+    interface_of,
+    plain_address,
+)
 
 log = logging.getLogger(__name__)
 
-CONTROL_IDLE = 120.0  # seconds a session may stay silent
-MAX_CONNECTIONS = 2 * MAX_STREAMS + 8
-
-
-@dataclass
-class _Test:
-    kind: str  # "sink" (count what arrives) or "source" (send)
-    streams: int
-    seconds: float = 0.0
-    counter: Counter = field(default_factory=Counter)
-    sent: int = 0
-    connected: int = 0
-    finished: int = 0
-    start: float | None = None
-    cond: threading.Condition = field(default_factory=threading.Condition)
-
-
-@dataclass
-class _Session:
-    token: str
-    peer: str
-    started: float
-    tests: dict[str, _Test] = field(default_factory=dict)
-    addresses: set[str] = field(default_factory=set)  # where this session's connections came from
-    processes: list[tools.Process] = field(default_factory=list)
+_BROKEN = (TimeoutError, ConnectionError, ProtocolError, OSError)
+SAY_EVERY = 10.0  # seconds between two lines of one kind (refused, out of descriptors)
 
 
 def listen_socket(host: str, port: int) -> socket.socket:
@@ -92,7 +99,7 @@ def listen_socket(host: str, port: int) -> socket.socket:
         if family == socket.AF_INET6 and not host:
             sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
         sock.bind(address)
-        sock.listen(MAX_CONNECTIONS)
+        sock.listen(64)
     except OSError as exc:
         sock.close()
         raise SparkdiagError(
@@ -101,29 +108,46 @@ def listen_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
+def link_addresses(readings: FabricReadings, addresses: Sequence[InterfaceAddress]) -> list[str]:
+    """The addresses of this machine's ConnectX-7 interfaces that a peer can reach: IPv4, and
+    IPv6 that needs no scope (not fe80::/10)."""
+    names = {i.name for f in readings.functions for i in f.interfaces}
+    return [
+        a.address
+        for a in addresses
+        if a.interface in names and (a.network.version == 4 or not a.network.ip.is_link_local)
+    ]
+
+
 class LinkServer:
-    """The listening side. ``serve(stop)`` accepts until ``stop`` is set (or, with ``once``,
-    until one session has ended); ``say`` receives one line per session for the terminal."""
+    """The listening side on ``socks``. ``serve(stop)`` accepts until ``stop`` is set (or, with
+    ``once``, until one session has ended); ``say`` receives one line per event worth a line on
+    the terminal (a session, a refused secret, running out of file descriptors)."""
 
     def __init__(
         self,
-        sock: socket.socket,
+        socks: socket.socket | Sequence[socket.socket],
         sysfs: Path,
         rootfs: Path,
         environ: Mapping[str, str],
+        secret: bytes,
         say: Callable[[str], None] = lambda line: None,
         once: bool = False,
     ) -> None:
-        self.sock = sock
+        self.socks = [socks] if isinstance(socks, socket.socket) else list(socks)
         self.sysfs = sysfs
         self.rootfs = rootfs
         self.environ = environ
+        self.secret = secret
         self.say = say
         self.once = once
         self._lock = threading.Lock()
-        self._session: _Session | None = None
+        self._session: Session | None = None
         self._sessions_done = 0
-        self._open = 0
+        self.pending = Pending()
+        self.accept_failures = 0  # accept() calls that failed, for tests and the benchmark
+        self._pause = 0.0
+        self._told: dict[str, tuple[float, int]] = {}
 
     @property
     def busy(self) -> bool:
@@ -132,103 +156,203 @@ class LinkServer:
 
     @property
     def port(self) -> int:
-        port: int = self.sock.getsockname()[1]
+        port: int = self.socks[0].getsockname()[1]
         return port
 
     def serve(self, stop: threading.Event) -> None:
-        self.sock.settimeout(0.2)
-        while not stop.is_set():
-            if self.once and self._sessions_done:
-                return
-            try:
-                conn, peer = self.sock.accept()
-            except TimeoutError:
-                continue
-            except OSError:
-                if stop.is_set():
+        selector = selectors.DefaultSelector()
+        for sock in self.socks:
+            sock.setblocking(False)
+            selector.register(sock, selectors.EVENT_READ)
+        try:
+            while not stop.is_set():
+                if self.once and self._sessions_done:
                     return
-                raise
-            with self._lock:
-                if self._open >= MAX_CONNECTIONS:
-                    conn.close()
-                    continue
-                self._open += 1
-            args = (conn, plain_address(peer[0]))
-            threading.Thread(target=self._handle, args=args, daemon=True).start()
+                self._housekeeping()
+                for key, _ in selector.select(0.2):
+                    listener = key.fileobj
+                    assert isinstance(listener, socket.socket)
+                    self._accept(listener)
+        finally:
+            selector.close()
+
+    def _accept(self, listener: socket.socket) -> None:
+        try:
+            conn, peer = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self.accept_failures += 1
+            if exc.errno in OUT_OF_FDS:
+                self._tell(
+                    "fds",
+                    f"out of file descriptors ({exc.strerror}): accepting paused and retried, "
+                    "the oldest unproved connection closed to make room",
+                )
+                self.pending.evict_one()
+                self._pause = min(ACCEPT_PAUSE[1], max(ACCEPT_PAUSE[0], self._pause * 2))
+                time.sleep(self._pause)
+            elif exc.errno not in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
+                log.warning("accept failed: %s", exc.strerror or exc)
+                time.sleep(ACCEPT_PAUSE[0])
+            return
+        self._pause = 0.0
+        conn.setblocking(True)
+        entry = Conn(conn, plain_address(peer[0]))
+        self.pending.add(entry)
+        try:
+            threading.Thread(target=self._handle, args=(entry,), daemon=True).start()
+        except RuntimeError:  # no thread to be had: the connection goes
+            self.pending.remove(entry)
+            conn.close()
+
+    def _housekeeping(self) -> None:
+        """Tools past their time killed (and every ended tool reaped); a session past its
+        total time ended."""
+        with self._lock:
+            session = self._session
+        if session is None:
+            return
+        now = time.monotonic()
+        session.reap(now)
+        if session.over(now):
+            session.close_control()
 
     def close(self) -> None:
         with self._lock:
             session = self._session
         if session is not None:
-            for process in session.processes:
-                process.kill()
-        self.sock.close()
+            session.end()
+        self.pending.close_all()
+        for sock in self.socks:
+            sock.close()
 
     # -- one connection --------------------------------------------------------------------
 
-    def _handle(self, conn: socket.socket, peer: str) -> None:
+    def _handle(self, entry: Conn) -> None:
         try:
-            with conn:
-                reader = LineReader(conn)
-                try:
-                    opening = reader.read(HELLO_TIMEOUT)
-                except (ProtocolError, TimeoutError, ConnectionError, OSError):
-                    return
-                if not is_hello(opening):
-                    return
-                kind = opening.get("kind")
-                if kind == "control":
-                    self._control(conn, reader, peer)
-                elif kind == "ping":
-                    self._ping(conn, reader, opening, peer)
-                elif kind == "data":
-                    self._data(conn, reader, opening, peer)
+            self._converse(entry)
         except Exception:  # a bug must not take the listener down
-            log.debug("connection from %s failed", peer, exc_info=True)
-        finally:
+            log.debug("connection from %s failed", entry.peer, exc_info=True)
+        finally:  # forgotten before it is closed, so that nobody shuts down a reused descriptor
+            self.pending.remove(entry)
             with self._lock:
-                self._open -= 1
+                session = self._session
+            if session is not None:
+                session.forget(entry)
+            entry.sock.close()
 
-    def _session_for(self, message: Mapping[str, Any], peer: str) -> _Session | None:
+    def _converse(self, entry: Conn) -> None:
+        conn, peer = entry.sock, entry.peer
+        reader = LineReader(conn)
+        deadline = time.monotonic() + HELLO_TIMEOUT  # to open and, for control, to prove
+        try:
+            opening = reader.read(HELLO_TIMEOUT)
+        except _BROKEN:
+            return
+        if not is_hello(opening):
+            return
+        kind = opening.get("kind")
+        if kind == "control":
+            self._control(entry, reader, opening, deadline)
+        elif kind in ("ping", "data"):
+            session = self._session_for(opening, peer)
+            if session is None or not session.adopt(entry, self.pending):
+                return
+            if kind == "ping":
+                self._ping(conn, reader, session)
+            else:
+                self._data(conn, reader, opening, session)
+
+    def _session_for(self, message: Mapping[str, Any], peer: str) -> Session | None:
         with self._lock:
             session = self._session
-        if session is None or not secrets.compare_digest(
-            str(message.get("session", "")), session.token
-        ):
+        token = message.get("session")
+        if session is None or not isinstance(token, str):
+            return None
+        if not secrets.compare_digest(token.encode(), session.token.encode()):
             return None
         session.addresses.add(peer)
         return session
 
-    def _control(self, conn: socket.socket, reader: LineReader, peer: str) -> None:
+    def _refused(self, peer: str) -> None:
+        self._tell("refused", f"{peer}: refused: it did not prove it holds the link secret")
+
+    def _tell(self, kind: str, line: str) -> None:
+        """``line``, unless a line of its ``kind`` was said less than :data:`SAY_EVERY` seconds
+        ago (a flood must not flood the terminal or the log): then it is counted, and the
+        next line of the kind says how many were left unsaid."""
+        now = time.monotonic()
+        with self._lock:
+            said, unsaid = self._told.get(kind, (-SAY_EVERY, 0))
+            if now - said < SAY_EVERY:
+                self._told[kind] = (said, unsaid + 1)
+                return
+            self._told[kind] = (now, 0)
+        self.say(line + (f" ({unsaid} more like it since the last such line)" if unsaid else ""))
+
+    def _proved(
+        self, conn: socket.socket, reader: LineReader, opening: Mapping[str, Any], deadline: float
+    ) -> str | None:
+        """The challenge and response (:mod:`sparkdiag.link.auth`); the proof this side sends
+        back, or None when the other side did not prove it holds the secret."""
+        theirs = opening.get("nonce")
+        if not auth.valid_nonce(theirs):
+            return None
+        assert isinstance(theirs, str)
+        mine = auth.nonce()
+        send(conn, {"sparkdiag-link": 2, "challenge": mine})
+        try:
+            answer = reader.read(max(deadline - time.monotonic(), 0.01))
+        except _BROKEN:
+            return None
+        if not auth.valid(self.secret, "client", mine, theirs, answer.get("proof")):
+            send(conn, {"sparkdiag-link": 2, "error": "authentication failed: the link secrets "
+                        "of the two machines differ"})  # fmt: skip
+            return None
+        return auth.proof(self.secret, "server", theirs, mine)
+
+    def _control(
+        self, entry: Conn, reader: LineReader, opening: Mapping[str, Any], deadline: float
+    ) -> None:
+        conn, peer = entry.sock, entry.peer
+        proof = self._proved(conn, reader, opening, deadline)
+        if proof is None:
+            self._refused(peer)
+            return
         with self._lock:
             busy = self._session
             if busy is None:
-                session = _Session(secrets.token_hex(16), peer, time.monotonic(), addresses={peer})
+                session = Session(secrets.token_hex(16), peer, time.monotonic(), {peer})
                 self._session = session
         if busy is not None:
-            send(conn, {"sparkdiag-link": 1, "error": f"busy: a test from {busy.peer} is running"})
+            send(conn, {"sparkdiag-link": 2, "proof": proof,
+                        "error": f"busy: a test from {busy.peer} is running"})  # fmt: skip
             return
+        self.pending.remove(entry)
+        session.control = conn
         self.say(f"session from {peer}: started")
         try:
-            send(conn, self._hello(session, conn))
+            send(conn, {**self._hello(session, conn), "proof": proof})
             while True:
                 try:
-                    request = reader.read(CONTROL_IDLE)
-                except (TimeoutError, ConnectionError, ProtocolError, OSError):
+                    request = reader.read(bounds.CONTROL_IDLE)
+                except _BROKEN:
                     return
                 if request.get("op") == "bye":
                     send(conn, {"ok": True})
                     return
                 send(conn, self._request(session, request))
         finally:
-            for process in session.processes:
-                process.kill()
+            session.end()
             with self._lock:
                 self._session = None
                 self._sessions_done += 1
-            self.say(f"session from {peer}: ended after {time.monotonic() - session.started:.1f} s")
+            took = time.monotonic() - session.started
+            why = " (its time was up)" if session.expired else ""
+            self.say(f"session from {peer}: ended after {took:.1f} s{why}")
 
-    def _hello(self, session: _Session, conn: socket.socket) -> dict[str, Any]:
+    def _hello(self, session: Session, conn: socket.socket) -> dict[str, Any]:
         readings = read_fabric(self.sysfs, self.rootfs, self.environ)
         addresses = interface_addresses()
         arrived = interface_of(conn.getsockname()[0], addresses)
@@ -236,7 +360,7 @@ class LinkServer:
         if arrived is not None:
             names.append(arrived)
         return {
-            "sparkdiag-link": 1,
+            "sparkdiag-link": 2,
             "session": session.token,
             "host": socket.gethostname(),
             "version": __version__,
@@ -246,7 +370,7 @@ class LinkServer:
             "lint": [finding.as_json() for finding in lint(readings)],
         }
 
-    def _request(self, session: _Session, request: Mapping[str, Any]) -> dict[str, Any]:
+    def _request(self, session: Session, request: Mapping[str, Any]) -> dict[str, Any]:
         op = request.get("op")
         test_id = as_str(request.get("test"))
         if op in ("sink", "source"):
@@ -258,14 +382,18 @@ class LinkServer:
                 return {"error": f"at most {MAX_STREAMS} streams and {MAX_SECONDS:g} s"}
             if op == "source" and seconds <= 0:
                 return {"error": "a source needs 'seconds'"}
-            session.tests[test_id] = _Test(op, streams, seconds)
+            if test_id not in session.tests and len(session.tests) >= MAX_TESTS:
+                return {"error": f"at most {MAX_TESTS} tests at once: ask for a result first"}
+            session.tests[test_id] = Test(op, streams, seconds)
             return {"ok": True}
         if op == "result":
             test = session.tests.pop(test_id or "", None)
             if test is None:
                 return {"error": "no such test"}
             with test.cond:
-                test.cond.wait_for(lambda: test.finished >= test.streams, timeout=15.0)
+                test.cond.wait_for(
+                    lambda: test.finished >= test.streams, timeout=bounds.RESULT_WAIT
+                )
             return {
                 "bytes": test.counter.bytes if test.kind == "sink" else test.sent,
                 "seconds": test.counter.seconds,
@@ -274,60 +402,82 @@ class LinkServer:
             }
         if op == "tool":
             return self._tool(session, request)
-        return {"error": f"unknown op {op!r}"}
+        return {"error": f"unknown op {str(op)[:40]!r}"}
 
-    def _tool(self, session: _Session, request: Mapping[str, Any]) -> dict[str, Any]:
+    def _tool(self, session: Session, request: Mapping[str, Any]) -> dict[str, Any]:
         tool = request.get("tool")
         if tool not in tools.TOOLS or not tools.installed()[str(tool)]:
-            return {"error": f"{tool} is not installed on {socket.gethostname()}"}
-        seconds = min(as_float(request.get("seconds")) or 3.0, MAX_SECONDS)
+            return {"error": f"{str(tool)[:40]} is not installed on {socket.gethostname()}"}
+        seconds = as_float(request.get("seconds")) or 3.0
+        if not 0 < seconds <= MAX_SECONDS:
+            return {"error": f"a tool runs for more than 0 and at most {MAX_SECONDS:g} s"}
+        session.reap(time.monotonic())
+        if session.tool_runs >= MAX_TOOL_RUNS:
+            return {"error": f"at most {MAX_TOOL_RUNS} tool runs in one session"}
+        if len(session.processes) >= MAX_TOOLS:
+            return {"error": f"at most {MAX_TOOLS} tools at once: one started earlier still runs"}
         if tool == tools.IPERF3:
             address = as_str(request.get("address")) or ""
             if address not in {a.address for a in interface_addresses()}:
-                return {"error": f"{address!r} is not an address of {socket.gethostname()}"}
-            port = tools.free_port(address)
-            process = tools.Process(tools.iperf3_server(address, port))
-            session.processes.append(process)
-            if not process.wait_listening(address, port, 5.0):
-                return {"error": "iperf3 -s did not start: " + process.finish(1.0).output[-200:]}
-            return {"port": port}
+                return {"error": f"{address[:60]!r} is not an address of {socket.gethostname()}"}
+            return self._start(session, address, tools.iperf3_server, seconds)
         device = as_str(request.get("device")) or ""
         if device not in read_fabric(self.sysfs, self.rootfs, self.environ).rdma_devices():
-            return {"error": f"{device!r} is not an RDMA device of {socket.gethostname()}"}
+            return {"error": f"{device[:60]!r} is not an RDMA device of {socket.gethostname()}"}
         if request.get("role") == "client":
             address = as_str(request.get("address")) or ""
             target = as_int(request.get("port"))
-            if address not in session.addresses or target is None:
+            if address not in session.addresses or target is None or not 0 < target < 65536:
                 return {"error": "ib_write_bw runs as a client only toward this session's peer"}
-            run = tools.run(tools.ib_write_bw(device, target, seconds, address), seconds + 20)
+            session.tool_runs += 1
+            try:
+                run = tools.run(tools.ib_write_bw(device, target, seconds, address), seconds + 20)
+            except OSError as exc:
+                return {"error": f"ib_write_bw could not be started: {exc.strerror or exc}"}
             return {"gbps": tools.parse_ib_write_bw(run.output), "returncode": run.returncode}
-        port = tools.free_port("0.0.0.0")
-        process = tools.Process(tools.ib_write_bw(device, port, seconds))
+
+        def server(address: str, port: int) -> list[str]:
+            return tools.ib_write_bw(device, port, seconds)
+
+        return self._start(session, "0.0.0.0", server, seconds)
+
+    def _start(
+        self,
+        session: Session,
+        address: str,
+        argv: Callable[[str, int], list[str]],
+        seconds: float,
+    ) -> dict[str, Any]:
+        """A tool's one-shot server on a free port of ``address``, killed if it is still there
+        :data:`TOOL_GRACE` seconds after its measurement should have ended."""
+        session.tool_runs += 1
+        try:
+            port = tools.free_port(address)
+            process = tools.Process(argv(address, port), lifetime=seconds + TOOL_GRACE)
+        except OSError as exc:
+            return {"error": f"the tool could not be started: {exc.strerror or exc}"}
         session.processes.append(process)
-        if not process.wait_listening("0.0.0.0", port, 5.0):
-            return {"error": "ib_write_bw did not start: " + process.finish(1.0).output[-200:]}
+        if not process.wait_listening(address, port, 5.0):
+            output = process.finish(1.0).output[-200:]
+            return {"error": f"{process.argv[0]} did not start: {output}"}
         return {"port": port}
 
-    def _ping(
-        self, conn: socket.socket, reader: LineReader, opening: Mapping[str, Any], peer: str
-    ) -> None:
-        session = self._session_for(opening, peer)
-        if session is None:
-            return
+    def _ping(self, conn: socket.socket, reader: LineReader, session: Session) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn.sendall(encode({"sparkdiag-link": 1, "session": session.token}))
+        conn.sendall(encode({"sparkdiag-link": 2, "session": session.token}))
+        echoed = len(reader.rest)
         if reader.rest:
-            conn.sendall(reader.rest)
+            conn.sendall(reader.rest[:PING_LIMIT])
         conn.settimeout(30.0)
         with contextlib.suppress(OSError):
-            while data := conn.recv(4096):
+            while echoed < PING_LIMIT and (data := conn.recv(4096)):
                 conn.sendall(data)
+                echoed += len(data)
 
     def _data(
-        self, conn: socket.socket, reader: LineReader, opening: Mapping[str, Any], peer: str
+        self, conn: socket.socket, reader: LineReader, opening: Mapping[str, Any], session: Session
     ) -> None:
-        session = self._session_for(opening, peer)
-        test = session.tests.get(as_str(opening.get("test")) or "") if session else None
+        test = session.tests.get(as_str(opening.get("test")) or "")
         if test is None:
             return
         with test.cond:
@@ -339,7 +489,8 @@ class LinkServer:
             test.cond.notify_all()
         try:
             if test.kind == "sink":
-                receive(conn, test.counter, reader.rest, idle=30.0)
+                until = time.monotonic() + (test.seconds or MAX_SECONDS) + SINK_GRACE
+                receive(conn, test.counter, reader.rest, idle=30.0, until=until)
             else:
                 with test.cond:
                     test.cond.wait_for(lambda: test.start is not None, timeout=10.0)
@@ -354,3 +505,6 @@ class LinkServer:
             with test.cond:
                 test.finished += 1
                 test.cond.notify_all()
+
+
+__all__ = ["MAX_SESSION_CONNECTIONS", "LinkServer", "link_addresses", "listen_socket"]

@@ -1,6 +1,6 @@
-"""The measuring side's connections: the control session with the peer's ``link serve`` (its
-hello read and checked) and the data sockets, bound to the path's interface and address; each
-failure to connect said in one line."""
+"""The measuring side's connections: the control session with the peer's ``link serve`` (both
+sides proving they hold the link secret, then its hello read and checked) and the data sockets,
+bound to the path's interface and address; each failure to connect said in one line."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkdiag.errors import Exit, SparkdiagError, UsageError
+from sparkdiag.link import auth
 from sparkdiag.link.model import DIRECTIONS
 from sparkdiag.link.wire import (
     HELLO_TIMEOUT,
@@ -38,7 +39,7 @@ class Options:
     directions: ``to-peer``, ``from-peer``; interfaces: only these local interfaces;
     address_only: only the route to PEER; use_tools: run iperf3/ib_write_bw where both sides
     have them; connect_timeout: seconds; budget: stop starting measurements after this many
-    seconds (None: no bound)."""
+    seconds (None: no bound); secret: the link secret both machines hold."""
 
     port: int = PORT
     seconds: float = 3.0
@@ -49,6 +50,7 @@ class Options:
     use_tools: bool = True
     connect_timeout: float = 3.0
     budget: float | None = None
+    secret: bytes = field(default=b"", repr=False)
 
 
 def endpoint(host: str, port: int) -> str:
@@ -149,9 +151,10 @@ class Control:
             return self.reader.read(timeout)
 
 
-def open_control(peer: str, port: int, timeout: float) -> Control:
-    """Connect to the peer's ``link serve`` and read its hello; LinkError in one line when it
-    is not there, refuses, is something else, or is busy."""
+def open_control(peer: str, port: int, timeout: float, secret: bytes) -> Control:
+    """Connect to the peer's ``link serve``, prove this side holds ``secret`` and check that it
+    does too, then read its hello; LinkError in one line when it is not there, refuses, is
+    something else, holds another secret, or is busy."""
     family, address = resolve(peer, port)
     where = endpoint(peer, port)
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -161,29 +164,58 @@ def open_control(peer: str, port: int, timeout: float) -> Control:
     except OSError as exc:
         sock.close()
         raise LinkError(connect_error(exc, where, timeout)) from None
-    reader = LineReader(sock)
     try:
-        send(sock, hello("control"))
-        answer = reader.read(HELLO_TIMEOUT)
-    except TimeoutError:
+        reader, answer = _open(sock, where, secret)
+    except BaseException:
         sock.close()
+        raise
+    return Control(sock, reader, answer)
+
+
+def _open(sock: socket.socket, where: str, secret: bytes) -> tuple[LineReader, dict[str, Any]]:
+    reader = LineReader(sock)
+    mine = auth.nonce()
+    try:
+        send(sock, hello("control", nonce=mine))
+        challenge = reader.read(HELLO_TIMEOUT)
+        if is_hello(challenge) and auth.valid_nonce(challenge.get("challenge")):
+            theirs = str(challenge["challenge"])
+            send(sock, {"proof": auth.proof(secret, "client", theirs, mine)})
+            answer = reader.read(HELLO_TIMEOUT)
+        else:
+            answer = challenge
+    except TimeoutError:
         raise LinkError(
             f"{where} accepted the connection but sent nothing within {HELLO_TIMEOUT:g} s: it "
             "is not 'sparkdiag link serve' (another service on that port?)"
         ) from None
     except (ProtocolError, ConnectionError, OSError) as exc:
-        sock.close()
         raise LinkError(
             f"{where} answered, but not as 'sparkdiag link serve' ({exc}): another service "
             "listens on that port"
         ) from None
-    if not is_hello(answer):
-        sock.close()
+    if challenge.get("sparkdiag-link") == 1:
+        raise LinkError(
+            f"{where} runs the 'sparkdiag link serve' of an older sparkdiag (protocol 1, "
+            "without the link secret): update sparkdiag there"
+        )
+    if not is_hello(challenge) or not is_hello(answer):
         raise LinkError(
             f"{where} answered, but not as 'sparkdiag link serve' (a JSON line without "
-            "sparkdiag-link 1: another version, or another service)"
+            "sparkdiag-link 2: another version, or another service)"
+        )
+    if "challenge" not in challenge:
+        raise LinkError(f"{where} answered without the challenge of 'sparkdiag link serve'")
+    if not auth.valid(secret, "server", mine, str(challenge["challenge"]), answer.get("proof")):
+        if str(answer.get("error", "")).startswith("authentication failed"):
+            raise LinkError(
+                f"{where} refused this machine's link secret: the two secret files differ; "
+                "copy the peer's (see 'sparkdiag link serve' there) to this machine"
+            )
+        raise LinkError(
+            f"{where} did not prove it holds the link secret: it is not your peer's "
+            "'sparkdiag link serve'; nothing was measured"
         )
     if answer.get("error"):
-        sock.close()
-        raise LinkError(f"{where}: {answer['error']}; try again when it is done")
-    return Control(sock, reader, answer)
+        raise LinkError(f"{where}: {str(answer['error'])[:200]}; try again when it is done")
+    return reader, answer

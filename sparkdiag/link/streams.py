@@ -45,15 +45,18 @@ class Counter:
         return self.bytes * 8 / seconds / 1e9 if seconds > 0 and self.bytes else None
 
 
-def receive(sock: socket.socket, counter: Counter, initial: bytes, idle: float) -> None:
-    """Count every byte until the sender closes (or ``idle`` seconds pass with nothing)."""
+def receive(
+    sock: socket.socket, counter: Counter, initial: bytes, idle: float, until: float | None = None
+) -> None:
+    """Count every byte until the sender closes, ``idle`` seconds pass with nothing, or the
+    monotonic time ``until`` (a sender that never stops is not counted forever)."""
     if initial:
         counter.add(len(initial), time.monotonic())
     buffer = bytearray(CHUNK)
     view = memoryview(buffer)
     sock.settimeout(idle)
     try:
-        while True:
+        while until is None or time.monotonic() < until:
             got = sock.recv_into(view)
             if not got:
                 return

@@ -68,10 +68,14 @@ class ToolRun:
 
 class Process:
     """A tool running in its own session, its output collected; :meth:`finish` waits for it up
-    to a deadline and kills its process group past it."""
+    to a deadline and kills its process group past it. ``lifetime`` (seconds) is how long it may
+    run at all: :meth:`overdue` says when that has passed. A killed tool is waited for (no
+    zombie) and its pipe closed. Raises OSError when it cannot be started (EMFILE, ENOENT)."""
 
-    def __init__(self, argv: Sequence[str]) -> None:
+    def __init__(self, argv: Sequence[str], lifetime: float | None = None) -> None:
         self.argv = tuple(argv)
+        self.started = time.monotonic()
+        self.lifetime = lifetime
         self.proc = subprocess.Popen(
             self.argv,
             stdin=subprocess.DEVNULL,
@@ -79,6 +83,13 @@ class Process:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+
+    def alive(self) -> bool:
+        """Still running (a tool that ended is reaped by this call)."""
+        return self.proc.poll() is None
+
+    def overdue(self, now: float) -> bool:
+        return self.lifetime is not None and now - self.started > self.lifetime
 
     def wait_listening(self, address: str, port: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -95,7 +106,7 @@ class Process:
             out, _ = self.proc.communicate(timeout=max(timeout, 0.1))
             code: int | None = self.proc.returncode
         except subprocess.TimeoutExpired:
-            self.kill()
+            self._kill_group()
             out, _ = self.proc.communicate()
             code = None
         except BaseException:  # Ctrl-C: the tool runs in its own session, so end it here
@@ -103,9 +114,19 @@ class Process:
             raise
         return ToolRun(self.argv, code, out[-OUTPUT_LIMIT:].decode(errors="replace"))
 
-    def kill(self) -> None:
+    def _kill_group(self) -> None:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, signal.SIGKILL)
+
+    def kill(self) -> None:
+        """Kill its process group, reap it and close its pipe."""
+        if self.proc.returncode is None:
+            self._kill_group()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(timeout=5.0)
+        if self.proc.stdout is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdout.close()
 
 
 def run(argv: Sequence[str], timeout: float) -> ToolRun:

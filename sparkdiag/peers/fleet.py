@@ -8,10 +8,16 @@ the rules file shipped in the package, so that both ways compute the same thing.
 by its worst compute-bound kernel, as the alert is (one alert per kernel): at least 7 % below in
 a group of 4 GPUs or more is an outlier (``SparkdiagGpuSlowerThanPeers`` fires after 30 minutes of
 it), 3.5 % a warning; a GPU in a smaller group is listed, not judged.
+
+Prometheus can hold NaN or an infinity (a ratio over a median of 0, a probe that wrote one): such
+a value is bad data, named as such with the GPU and the kernel, never ranked as healthy. A GPU
+whose every ratio is bad data has the status ``bad_data``; one with finite ratios is judged by
+them and keeps its bad kernels listed (``bad_data`` rather than ``ok`` when they are all fine).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from collections import defaultdict
 from collections.abc import Mapping
@@ -82,7 +88,7 @@ class Group:
     driver: str
     context: str
     gpus: int  # GPUs at its most widely measured kernel
-    kernels: Mapping[Kernel, tuple[int, float]]  # (dtype, shape) -> (GPUs, median TFLOPS)
+    kernels: Mapping[Kernel, tuple[int, float | None]]  # (dtype, shape) -> (GPUs, median TFLOPS)
 
     @property
     def judged(self) -> bool:
@@ -109,7 +115,7 @@ class GpuRow:
     group: GroupKey
     dtype: str
     shape: str
-    ratio: float
+    ratio: float | None  # None: every ratio Prometheus holds for it is NaN or infinite
     score: float | None
     tflops: float | None
     group_median: float | None
@@ -117,15 +123,21 @@ class GpuRow:
     kernels_below: int  # kernels at least 7 % below, in groups that are judged
     kernels: int
     alert: str  # firing, pending or ""
+    bad: tuple[str, ...] = ()  # "dtype shape: NaN" for each ratio that is no finite number
 
     @property
     def status(self) -> str:
-        """outlier, warn, ok, or too_small (a group of fewer than 4 GPUs is not judged)."""
-        if self.group_gpus < MIN_FLEET_GROUP:
-            return "too_small"
-        if self.ratio <= FAIL_BELOW:
+        """outlier, warn, ok, too_small (a group of fewer than 4 GPUs is not judged), or
+        bad_data (a ratio that is NaN or infinite, and nothing worse)."""
+        if self.ratio is None:
+            return "bad_data"
+        if self.group_gpus >= MIN_FLEET_GROUP and self.ratio <= FAIL_BELOW:
             return "outlier"
-        return "warn" if self.ratio <= WARN_BELOW else "ok"
+        if self.group_gpus >= MIN_FLEET_GROUP and self.ratio <= WARN_BELOW:
+            return "warn"
+        if self.bad:
+            return "bad_data"
+        return "too_small" if self.group_gpus < MIN_FLEET_GROUP else "ok"
 
     def as_json(self) -> dict[str, Any]:
         name, torch, cuda, driver, context = self.group
@@ -137,6 +149,7 @@ class GpuRow:
             "tflops": self.tflops, "group_median_tflops": self.group_median,
             "group_gpus": self.group_gpus, "kernels_below_7_percent": self.kernels_below,
             "kernels": self.kernels, "alert": self.alert or None,
+            "bad_data": list(self.bad),
         }  # fmt: skip
 
 
@@ -145,8 +158,9 @@ class FleetView:
     prometheus: str
     source: str  # recorded (the rules' series) or computed (the rules' expressions, sent)
     groups: tuple[Group, ...]
-    gpus: tuple[GpuRow, ...]  # ranked, slowest first
+    gpus: tuple[GpuRow, ...]  # ranked, slowest first (bad data first of all)
     actions: tuple[str, ...] = field(default=())
+    bad_groups: tuple[str, ...] = ()  # groups whose size or median is no finite number
 
     @property
     def outliers(self) -> tuple[GpuRow, ...]:
@@ -155,6 +169,10 @@ class FleetView:
     @property
     def warnings(self) -> tuple[GpuRow, ...]:
         return tuple(g for g in self.gpus if g.status == "warn")
+
+    @property
+    def bad_data(self) -> tuple[GpuRow, ...]:
+        return tuple(g for g in self.gpus if g.status == "bad_data")
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -165,6 +183,8 @@ class FleetView:
             "groups": [g.as_json() for g in self.groups],
             "gpus": [g.as_json() for g in self.gpus],
             "outliers": [g.as_json() for g in self.outliers],
+            "bad_data": [g.as_json() for g in self.bad_data],
+            "bad_groups": list(self.bad_groups),
             "actions": list(self.actions),
         }  # fmt: skip
 
@@ -208,36 +228,71 @@ def fleet_view(client: Querier, computed: bool = False, rules: str | None = None
 
 def _explain_absence(client: Querier) -> None:
     """No recorded ratio: fine when the daemons' figures are there (compute them); else say why."""
-    daemons = client.query("count(sparkdiag_build_info)")
-    if not daemons or daemons[0].value == 0:
+    daemons = _count(client.query("count(sparkdiag_build_info)"))
+    if not daemons:
         raise PrometheusError(
             f"Prometheus at {client.base} has no sparkdiag series: add the sparkdiag daemons to "
             "its scrape configuration (port 10942) and wait for a scrape"
         )
-    figures = client.query("count(sparkdiag_gemm_tflops)")
-    if not figures or figures[0].value == 0:
+    if not _count(client.query("count(sparkdiag_gemm_tflops)")):
         raise PrometheusError(
-            f"Prometheus at {client.base} scrapes {daemons[0].value:.0f} sparkdiag daemon(s) "
+            f"Prometheus at {client.base} scrapes {daemons} sparkdiag daemon(s) "
             "but none exports a probe figure (sparkdiag_gemm_tflops): the probe is off "
             "(--no-probe.enabled), has no torch, or has not run yet"
         )
+
+
+def _count(samples: list[Sample]) -> int:
+    """The count a ``count(...)`` query answered; 0 for none, NaN or an infinity."""
+    if not samples or not math.isfinite(samples[0].value) or samples[0].value < 0:
+        return 0
+    return int(samples[0].value)
+
+
+def _finite(value: float | None) -> float | None:
+    return value if value is not None and math.isfinite(value) else None
+
+
+def _shown(value: float) -> str:
+    return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
+
+
+def _size(value: float) -> int | None:
+    """A group's GPU count: a whole non-negative number, else None (bad data)."""
+    if not math.isfinite(value) or value < 0 or value != int(value):
+        return None
+    return int(value)
 
 
 def build_view(
     base: str, source: str, answers: Mapping[str, list[Sample]], alerts: list[Sample]
 ) -> FleetView:
     """The view from the answers of the five queries and ALERTS."""
-    by_gpu_kernel: dict[str, dict[tuple[tuple[str, str, str], Kernel], float]] = {}
+    by_gpu_kernel: dict[str, dict[tuple[tuple[str, str, str], Kernel], float | None]] = {}
     for name in (RATIO, SCORE, MEDIAN):
-        by_gpu_kernel[name] = {(_gpu(s.labels), _kernel(s.labels)): s.value for s in answers[name]}
-    sizes = {(_group(s.labels), _kernel(s.labels)): int(s.value) for s in answers[GROUP_GPUS]}
-    medians = {(_group(s.labels), _kernel(s.labels)): s.value for s in answers[GROUP_MEDIAN]}
-    groups_of: dict[tuple[str, str, str], GroupKey] = {}
+        by_gpu_kernel[name] = {
+            (_gpu(s.labels), _kernel(s.labels)): _finite(s.value) for s in answers[name]
+        }
+    sizes: dict[tuple[GroupKey, Kernel], int] = {}
+    bad_groups: list[str] = []
+    for s in answers[GROUP_GPUS]:
+        where = (_group(s.labels), _kernel(s.labels))
+        size = _size(s.value)
+        if size is None:
+            bad_groups.append(f"{' '.join(where[0][:1] + where[1])}: group size {s.value:g}")
+        sizes[where] = size or 0
+    medians = {(_group(s.labels), _kernel(s.labels)): _finite(s.value)
+               for s in answers[GROUP_MEDIAN]}  # fmt: skip
     kernels_of: dict[tuple[str, str, str], list[tuple[Kernel, float, GroupKey]]] = defaultdict(list)
+    bad_of: dict[tuple[str, str, str], list[tuple[Kernel, str]]] = defaultdict(list)
+    group_of: dict[tuple[str, str, str], GroupKey] = {}
     for sample in answers[RATIO]:
         gpu, kernel, group = _gpu(sample.labels), _kernel(sample.labels), _group(sample.labels)
-        groups_of[gpu] = group
-        kernels_of[gpu].append((kernel, sample.value, group))
+        group_of.setdefault(gpu, group)
+        if math.isfinite(sample.value):
+            kernels_of[gpu].append((kernel, sample.value, group))
+        else:
+            bad_of[gpu].append((kernel, _shown(sample.value)))
     state: dict[tuple[str, str], str] = {}
     for alert in alerts:
         key = (alert.labels.get("instance", ""), alert.labels.get("uuid", ""))
@@ -245,9 +300,15 @@ def build_view(
             state[key] = alert.labels.get("alertstate", "")
 
     rows = []
-    for gpu, kernels in kernels_of.items():
+    for gpu, group in group_of.items():
+        kernels = kernels_of.get(gpu, [])
+        bad_kernels = sorted(bad_of.get(gpu, []))
+        bad = tuple(f"{d} {s}: {value}" for (d, s), value in bad_kernels)
         judged = [k for k in kernels if sizes.get((k[2], k[0]), 0) >= MIN_FLEET_GROUP]
-        (dtype, shape), ratio, group = min(judged or kernels, key=lambda k: (k[1], k[0]))
+        if kernels:
+            (dtype, shape), ratio, group = min(judged or kernels, key=lambda k: (k[1], k[0]))
+        else:
+            (dtype, shape), ratio = bad_kernels[0][0], None
         rows.append(
             GpuRow(
                 instance=gpu[0], gpu=gpu[1], uuid=gpu[2], group=group, dtype=dtype, shape=shape,
@@ -257,28 +318,42 @@ def build_view(
                 group_median=medians.get((group, (dtype, shape))),
                 group_gpus=sizes.get((group, (dtype, shape)), 0),
                 kernels_below=sum(1 for k in judged if k[1] <= FAIL_BELOW),
-                kernels=len(kernels),
+                kernels=len(kernels) + len(bad),
                 alert=state.get((gpu[0], gpu[2]), ""),
+                bad=bad,
             )
         )  # fmt: skip
-    rows.sort(key=lambda r: (r.ratio, r.instance, r.gpu, r.uuid))
+    rows.sort(key=lambda r: (-math.inf if r.ratio is None else r.ratio, r.instance, r.gpu, r.uuid))
 
-    grouped: dict[GroupKey, dict[Kernel, tuple[int, float]]] = defaultdict(dict)
+    grouped: dict[GroupKey, dict[Kernel, tuple[int, float | None]]] = defaultdict(dict)
     for (group, kernel), count in sizes.items():
-        grouped[group][kernel] = (count, medians.get((group, kernel), float("nan")))
+        grouped[group][kernel] = (count, medians.get((group, kernel)))
     groups = tuple(
         Group(*key, gpus=max(n for n, _ in kernels.values()), kernels=kernels)
         for key, kernels in sorted(grouped.items())
     )
-    view = FleetView(base, source, groups, tuple(rows))
-    return FleetView(base, source, groups, tuple(rows), actions(view))
+    view = FleetView(base, source, groups, tuple(rows), bad_groups=tuple(bad_groups))
+    return FleetView(base, source, groups, tuple(rows), actions(view), tuple(bad_groups))
 
 
 def actions(view: FleetView) -> tuple[str, ...]:
     out = []
+    for row in view.gpus:
+        if row.bad:
+            out.append(
+                f"{row.instance} GPU {row.gpu} ({row.uuid}): Prometheus holds no finite ratio "
+                f"to its peers at {', '.join(row.bad)}: bad data, not ranked as healthy; read "
+                "its sparkdiag_gemm_tflops series and its daemon's log (a probe figure of 0 or "
+                "a group median of 0 gives NaN or an infinity)"
+            )
+    if view.bad_groups:
+        out.append(
+            f"bad data for {len(view.bad_groups)} peer group(s) ({'; '.join(view.bad_groups)}): "
+            "not judged; check the sparkdiag-peers recording rules there"
+        )
     for row in view.outliers:
         out.append(
-            f"{row.instance} GPU {row.gpu} ({row.uuid}) delivers {row.ratio:.1%} of its "
+            f"{row.instance} GPU {row.gpu} ({row.uuid}) delivers {row.ratio or 0:.1%} of its "
             f"{row.group_gpus} peers' {row.dtype} at {row.shape}: drain {row.instance} (a node "
             "is judged by its slowest GPU), run `sparkdiag check` there (its peers row names the "
             "GPU; sm-clock, power-under-load, temperature and clock-reasons say why), reset or "
@@ -286,8 +361,9 @@ def actions(view: FleetView) -> tuple[str, ...]:
         )
     for row in view.warnings:
         out.append(
-            f"{row.instance} GPU {row.gpu} ({row.uuid}) is {1 - row.ratio:.1%} below its peers "
-            f"at {row.dtype} {row.shape}: watch it; rerun `sparkdiag check` there when it is idle"
+            f"{row.instance} GPU {row.gpu} ({row.uuid}) is {1 - (row.ratio or 0):.1%} below its "
+            f"peers at {row.dtype} {row.shape}: watch it; rerun `sparkdiag check` there when it "
+            "is idle"
         )
     small = [g for g in view.groups if not g.judged]
     if small:
@@ -298,7 +374,7 @@ def actions(view: FleetView) -> tuple[str, ...]:
             f"model, probe software and context; {shown}): no GPU there is called an outlier; "
             "compare the GPUs inside a node with `sparkdiag check`"
         )
-    if not view.outliers and not view.warnings:
+    if not view.outliers and not view.warnings and not view.bad_data:
         judged = sum(1 for g in view.groups if g.judged)
         out.append(
             f"no GPU is 3.5 % or more below its peers in the {judged} group(s) large enough to "

@@ -11,22 +11,26 @@ the command with exit status 3.
 from __future__ import annotations
 
 import base64
-import contextlib
-import json
+import math
+import re
 import ssl
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from sparkdiag import safeload
 from sparkdiag.errors import Exit, SparkdiagError, UsageError
+from sparkdiag.peers.httpget import FetchError, get
 
 MAX_ANSWER_BYTES = 64 << 20  # a fleet of 1000 GPUs answers a few MiB; never read more than this
+MAX_CONFIG_BYTES = 1 << 20  # an HTTP config is a few hundred bytes
+MAX_SECRET_BYTES = 1 << 16
+# A sample value as Prometheus writes it (Go's strconv.FormatFloat, 'f' or 'e'), or one of its
+# three special values; nothing that Python's float() also takes ("1_000", " 12", "infinity").
+_VALUE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
+_SPECIAL = {"NaN": math.nan, "+Inf": math.inf, "-Inf": -math.inf, "Inf": math.inf}
 
 
 class PrometheusError(SparkdiagError):
@@ -58,19 +62,23 @@ class Connection:
             raise UsageError("a client certificate needs both its cert file and its key file")
         if self.username is not None and self.bearer is not None:
             raise UsageError("give basic auth or an authorization token, not both")
+        if self.bearer is not None and not (self.bearer.isascii() and self.bearer.isprintable()):
+            raise UsageError("the authorization token must be printable ASCII (it is a header)")
 
 
 def read_secret(path: Path, flag: str) -> str:
-    """A password or token file, trailing whitespace removed (as Prometheus reads them)."""
+    """A password or token file, trailing whitespace removed (as Prometheus reads them): a
+    regular file of at most 64 KiB, UTF-8, without control characters (it goes into a header)."""
     try:
-        with path.open("rb") as stream:
-            raw = stream.read(1 << 16)
+        raw = safeload.read_file(path, MAX_SECRET_BYTES)
+        secret = safeload.text(raw).strip()
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}", flag=flag) from None
-    try:
-        return raw.decode("utf-8").strip()
-    except UnicodeDecodeError:
-        raise UsageError(f"{path} is not UTF-8 text", flag=flag) from None
+    except safeload.LoadError as exc:
+        raise UsageError(f"{path}: {exc}", flag=flag) from None
+    if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in secret):
+        raise UsageError(f"{path}: a control character in the secret", flag=flag)
+    return secret
 
 
 _HTTP_KEYS = {"basic_auth", "authorization", "tls_config", "bearer_token", "bearer_token_file"}
@@ -97,11 +105,11 @@ def from_http_config(path: Path, url: str, timeout: float) -> Connection:
     """A connection from promtool's ``--http.config.file``; paths in it are relative to it."""
     flag = "--http.config.file"
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        doc = safeload.load_yaml(path, MAX_CONFIG_BYTES) or {}
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}", flag=flag) from None
-    except (yaml.YAMLError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path} is not YAML: {str(exc).splitlines()[0]}", flag=flag) from None
+    except safeload.LoadError as exc:
+        raise UsageError(f"{path}: {exc}", flag=flag) from None
     top = _table(doc, _HTTP_KEYS, "the file", path)
     basic = _table(top.get("basic_auth"), _BASIC_KEYS, "basic_auth", path)
     auth = _table(top.get("authorization"), _AUTHORIZATION_KEYS, "authorization", path)
@@ -188,7 +196,9 @@ class PrometheusClient:
         try:
             context = ssl.create_default_context(cafile=str(conn.ca_file) if conn.ca_file else None)
             if conn.cert_file is not None and conn.key_file is not None:
-                context.load_cert_chain(str(conn.cert_file), str(conn.key_file))
+                safeload.load_cert_chain(context, conn.cert_file, conn.key_file)
+        except safeload.EncryptedKey as exc:
+            raise UsageError(str(exc), flag="--prometheus-key-file") from None
         except (OSError, ssl.SSLError) as exc:
             raise UsageError(f"TLS files: {exc}", flag="--prometheus-ca-file") from None
         if conn.insecure_skip_verify:
@@ -206,73 +216,112 @@ class PrometheusClient:
         return headers
 
     def query(self, expr: str) -> list[Sample]:
-        """An instant query; the vector's samples (a scalar as one sample without labels)."""
+        """An instant query; the vector's samples (a scalar as one sample without labels).
+        ``conn.timeout`` bounds the whole query (connecting, TLS, every byte of the answer)."""
         url = f"{self.base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
-        request = urllib.request.Request(url, headers=self._headers())
         where = f"Prometheus at {self.base}"
         try:
-            with urllib.request.urlopen(  # http and https only (Connection checks)
-                request, timeout=self.conn.timeout, context=self._context
-            ) as answer:
-                body = answer.read(MAX_ANSWER_BYTES + 1)
-        except urllib.error.HTTPError as exc:
-            raise PrometheusError(self._http_error(where, exc)) from None
-        except urllib.error.URLError as exc:
-            raise PrometheusError(self._unreachable(where, exc.reason)) from None
-        except (TimeoutError, OSError) as exc:
-            raise PrometheusError(self._unreachable(where, exc)) from None
-        if len(body) > MAX_ANSWER_BYTES:
-            raise PrometheusError(f"{where} answered more than {MAX_ANSWER_BYTES >> 20} MiB")
-        return parse_answer(where, body)
+            answer = get(
+                url, self._headers(), self.conn.timeout, self._context, MAX_ANSWER_BYTES,
+                self.conn.server_name,
+            )  # fmt: skip
+        except FetchError as exc:
+            raise PrometheusError(self._failed(where, exc)) from None
+        if answer.status != 200:
+            raise PrometheusError(
+                self._http_error(where, answer.status, answer.reason, answer.body)
+            )
+        return parse_answer(where, answer.body)
 
-    def _http_error(self, where: str, exc: urllib.error.HTTPError) -> str:
-        if exc.code in (401, 403):
+    def _http_error(self, where: str, status: int, reason: str, body: bytes) -> str:
+        if status in (401, 403):
             given = (
                 "credentials were refused"
                 if "Authorization" in self._headers()
                 else ("it wants credentials")
             )
             return (
-                f"{where} refused the query (HTTP {exc.code} {exc.reason}): {given}; give "
+                f"{where} refused the query (HTTP {status} {reason}): {given}; give "
                 "--prometheus-username and --prometheus-password-file (or --http.config.file)"
             )
         detail = ""
-        with contextlib.suppress(ValueError, AttributeError, OSError):
-            detail = str(json.loads(exc.read(1 << 16)).get("error", ""))
-        return f"{where} answered HTTP {exc.code} {exc.reason}" + (f": {detail}" if detail else "")
+        try:
+            doc = safeload.parse_json(body[: 1 << 16])
+        except safeload.LoadError:
+            doc = None
+        if isinstance(doc, Mapping) and isinstance(doc.get("error"), str):
+            detail = " ".join(doc["error"].split())[:300]
+        return f"{where} answered HTTP {status} {reason}" + (f": {detail}" if detail else "")
 
-    def _unreachable(self, where: str, reason: object) -> str:
-        text = str(reason)
-        if isinstance(reason, ssl.SSLCertVerificationError) or "CERTIFICATE_VERIFY_FAILED" in text:
+    def _failed(self, where: str, exc: FetchError) -> str:
+        text = str(exc)
+        if exc.kind in ("malformed", "too_large", "redirect"):
+            return f"{where} {text}"
+        if exc.kind == "timeout":
+            return f"{where}: {text}; raise --prometheus-timeout, or check that it is not slow"
+        if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
             hint = "give its CA with --prometheus-ca-file (or --prometheus-insecure-skip-verify)"
-        elif isinstance(reason, ssl.SSLError):
+        elif exc.kind == "tls":
             hint = "check the URL's scheme (http or https) and the TLS files"
         else:
             hint = "check the URL, that Prometheus runs and that this host may reach it"
-        return f"cannot reach {where}: {text or type(reason).__name__}; {hint}"
+        return f"cannot reach {where}: {text}; {hint}"
 
 
 def parse_answer(where: str, body: bytes) -> list[Sample]:
-    """The samples of an API answer; PrometheusError for an error or a body that is not one."""
+    """The samples of an API answer, read strictly: a label value is a string, a sample's
+    value a string in Prometheus' number format (NaN and the infinities are kept as such: the
+    caller names them as bad data). PrometheusError for an error or a body that is not one."""
     try:
-        doc = json.loads(body)
-    except ValueError:
-        raise PrometheusError(f"{where} did not answer JSON: is the URL Prometheus'?") from None
+        doc = safeload.parse_json(body)
+    except safeload.LoadError as exc:
+        if str(exc).startswith(("not valid JSON", "not UTF-8")):
+            raise PrometheusError(f"{where} did not answer JSON: is the URL Prometheus'?") from None
+        raise PrometheusError(f"{where} answered JSON that is not read: {exc}") from None
     if not isinstance(doc, Mapping) or doc.get("status") != "success":
         error = doc.get("error") if isinstance(doc, Mapping) else None
-        raise PrometheusError(f"{where} answered an error: {error or 'no status'}")
+        shown = " ".join(error.split())[:300] if isinstance(error, str) else "no status"
+        raise PrometheusError(f"{where} answered an error: {shown}")
     data = doc.get("data")
     if not isinstance(data, Mapping):
         raise PrometheusError(f"{where} answered no data: is the URL Prometheus'?")
     kind, result = data.get("resultType"), data.get("result")
-    try:
-        if kind == "scalar":
-            return [Sample({}, float(result[1]))]  # type: ignore[index]
-        if kind != "vector" or not isinstance(result, list):
-            raise PrometheusError(f"{where} answered a {kind}, not an instant vector")
-        return [
-            Sample({str(k): str(v) for k, v in item["metric"].items()}, float(item["value"][1]))
-            for item in result
-        ]
-    except (KeyError, TypeError, ValueError, IndexError, AttributeError):
-        raise PrometheusError(f"{where} answered a vector this sparkdiag cannot read") from None
+    if kind == "scalar":
+        return [Sample({}, _value(where, result))]
+    if kind != "vector" or not isinstance(result, list):
+        shown = kind if isinstance(kind, str) else "answer"
+        raise PrometheusError(f"{where} answered a {shown[:40]}, not an instant vector")
+    samples = []
+    for item in result:
+        metric = item.get("metric") if isinstance(item, Mapping) else None
+        if not isinstance(metric, Mapping) or not all(isinstance(v, str) for v in metric.values()):
+            raise PrometheusError(f"{where} answered a sample whose labels are not strings")
+        samples.append(Sample(dict(metric), _value(where, item.get("value"))))
+    return samples
+
+
+def _value(where: str, pair: Any) -> float:
+    """The value of ``[timestamp, "value"]``, strictly (see :func:`parse_answer`)."""
+    if (
+        not isinstance(pair, list)
+        or len(pair) != 2
+        or isinstance(pair[0], bool)
+        or not isinstance(pair[0], (int, float))
+        or not isinstance(pair[1], str)
+    ):
+        raise PrometheusError(
+            f'{where} answered a sample that is not [timestamp, "value"]: {_shown_json(pair)}'
+        )
+    text = pair[1]
+    if text in _SPECIAL:
+        return _SPECIAL[text]
+    if not _VALUE.fullmatch(text):
+        raise PrometheusError(f"{where} answered the value {text[:40]!r}, not a number")
+    number = float(text)
+    if not math.isfinite(number):  # 1e999
+        raise PrometheusError(f"{where} answered the value {text[:40]!r}, out of range")
+    return number
+
+
+def _shown_json(value: Any) -> str:
+    return repr(value)[:60]

@@ -38,14 +38,13 @@ An event is delivered once, at its poll. ``lost`` makes every query fail with GP
 from __future__ import annotations
 
 import copy
-import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from sparkdiag import safeload
 from sparkdiag.errors import UsageError
-from sparkdiag.sources.files import read_limited
 from sparkdiag.sources.nvml_api import (
     ERROR_CODES,
     GPU_IS_LOST,
@@ -74,19 +73,11 @@ VALID_KEYS = answer_keys()
 
 def _read_json(path: Path) -> dict[str, Any]:
     try:
-        data = read_limited(path, MAX_FIXTURE_BYTES)
+        doc = safeload.load_json(path, MAX_FIXTURE_BYTES)
     except OSError as exc:
         raise FixtureError(f"cannot read NVML fixture {path}: {exc.strerror or exc}") from None
-    try:
-        doc = json.loads(data.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise FixtureError(f"NVML fixture {path} is not UTF-8 text: {exc.reason}") from None
-    except json.JSONDecodeError as exc:
-        raise FixtureError(
-            f"NVML fixture {path} is not valid JSON: {exc.msg} at line {exc.lineno}"
-        ) from None
-    except RecursionError:
-        raise FixtureError(f"NVML fixture {path} is nested too deeply") from None
+    except safeload.LoadError as exc:
+        raise FixtureError(f"NVML fixture {path}: {exc}") from None
     if not isinstance(doc, dict):
         raise FixtureError(f"NVML fixture {path} must hold a JSON object, not {type(doc).__name__}")
     fmt = doc.get("format")

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from sparkdiag import safeload
 from sparkdiag.errors import UsageError
 
 SCHEMA = "sparkdiag-watch-recording/1"
@@ -209,15 +210,16 @@ def from_json(doc: Any) -> Recording:
         raise RecordingError(f"malformed watch recording: {exc}") from None
 
 
+MAX_RECORDING_BYTES = 64 << 20  # an hour of ticks at 1 s is a few MiB
+
+
 def load(path: Path) -> Recording:
     try:
-        text = path.read_text(encoding="utf-8")
+        doc = safeload.load_json(path, MAX_RECORDING_BYTES)
     except OSError as exc:
         raise RecordingError(f"cannot read {path}: {exc.strerror or exc}") from None
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise RecordingError(f"{path} is not JSON: {exc.msg} at line {exc.lineno}") from None
+    except safeload.LoadError as exc:
+        raise RecordingError(f"{path}: {exc}") from None
     try:
         return from_json(doc)
     except RecordingError as exc:

@@ -16,6 +16,11 @@ from urllib.parse import urlsplit
 
 import h11
 
+from sparkdiag.peers.httpget import plain
+
+__all__ = ["MAX_BODY", "MAX_HEAD", "MAX_HEADERS", "MAX_LINE", "Handler", "Request", "Response",
+           "header_dict", "phrase", "plain", "problem", "refusal", "text"]  # fmt: skip
+
 MAX_HEAD = 16384  # the request line and every header line together
 MAX_LINE = 8192  # one header value
 MAX_HEADERS = 100
@@ -52,6 +57,12 @@ def text(
 ) -> Response:
     """A plain-text response with one line of text."""
     return Response(status, (message + "\n").encode(), headers=headers, close=close)
+
+
+def refusal(status: int, detail: str) -> Response:
+    """A request refused with ``status``: its reason phrase, then the detail in plain words
+    (``400`` says "bad request: ...", ``501`` "not implemented: ..."); the connection closes."""
+    return text(status, f"{phrase(status).lower() or 'refused'}: {detail}"[:300], close=True)
 
 
 Handler = Callable[[Request], Awaitable[Response]]

@@ -77,7 +77,9 @@ from sparkdiag.web.messages import (
     Response,
     header_dict,
     phrase,
+    plain,
     problem,
+    refusal,
     text,
 )
 
@@ -299,12 +301,15 @@ class HttpServer:
 
     async def _converse(self, conn: Connection, channel: Channel) -> None:
         timeout = self.limits.timeout
-        parser = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
+        pending = b""  # bytes of the next request that came with the previous one (pipelining)
         while True:
+            # a parser per request: what followed the last request is fed to the new one first,
+            # so the request is read from its first byte whatever the read boundaries were
+            parser = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
             conn.wait()
             try:
                 async with asyncio.timeout(timeout):
-                    request = await self._read_request(parser, channel, conn)
+                    request = await self._read_request(parser, channel, conn, pending)
             except TimeoutError:
                 if conn.partial:  # a partial request: say why before closing
                     self.stats.timed_out += 1
@@ -327,15 +332,17 @@ class HttpServer:
                       response.status)  # fmt: skip
             if not keep:
                 return
-            parser.start_next_cycle()
+            pending = parser.trailing_data[0]
 
     async def _read_request(
-        self, parser: h11.Connection, channel: Channel, conn: Connection
+        self, parser: h11.Connection, channel: Channel, conn: Connection, pending: bytes = b""
     ) -> Request | Response | None:
         """One request (its body read and dropped); None at a clean end of the connection, a
-        :class:`Response` for a request that must be refused (the connection then closes)."""
+        :class:`Response` for a request that must be refused (the connection then closes).
+        ``pending``: bytes received already, fed before anything is read. Empty lines before
+        the request line are skipped (RFC 9112 section 2.2)."""
         head: h11.Request | None = None
-        first_line: bytes | None = b""  # until its end is seen
+        head_bytes = b""  # the request head as received so far, up to MAX_LINE bytes
         received = 0
         body = 0
         while True:
@@ -344,22 +351,27 @@ class HttpServer:
             except h11.RemoteProtocolError as exc:
                 if parser.their_state is h11.ERROR and not conn.partial:
                     return None
-                return text(exc.error_status_hint, f"bad request: {exc}"[:200], close=True)
+                return refusal(exc.error_status_hint, plain(str(exc)))
             if event is h11.NEED_DATA:
-                data = await channel.recv()
-                if not data and not conn.partial:
-                    return None
-                if not data and head is None:
-                    raise Closed("end of stream inside the request head")
-                conn.partial = True
+                if pending:
+                    data, pending = pending, b""
+                else:
+                    data = await channel.recv()
+                    if not data and not conn.partial:
+                        return None
+                    if not data and head is None:
+                        raise Closed("end of stream inside the request head")
                 if head is None:
-                    if first_line is not None and len(first_line) < MAX_LINE:
-                        first_line += data[: MAX_LINE - len(first_line)]
-                        if b"\n" in first_line:
-                            if len(first_line.split(b"\n", 1)[0].split()) == 2:
-                                # h11 would wait for a blank line that HTTP/0.9 never sends
-                                return text(400, "HTTP/0.9 is not supported", close=True)
-                            first_line = None
+                    if not head_bytes:
+                        data = data.lstrip(b"\r\n")  # empty lines before the request line
+                        if not data:
+                            continue
+                    conn.partial = True
+                    head_bytes += data[: max(MAX_LINE - len(head_bytes), 0)]
+                    line, newline, _ = head_bytes.partition(b"\n")
+                    if newline and len(line.split()) == 2:
+                        # h11 would wait for a blank line that HTTP/0.9 never sends
+                        return text(400, "HTTP/0.9 is not supported", close=True)
                     received += len(data)
                     if received > MAX_HEAD + READ_CHUNK:
                         return text(431, "request head too large", close=True)

@@ -46,8 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
+from sparkdiag import safeload
 from sparkdiag.config import echo
 from sparkdiag.errors import UsageError
 from sparkdiag.web.basicauth import BasicAuth, hash_problem
@@ -162,7 +161,9 @@ def load_web_config(path: Path) -> WebConfig:
         if not isinstance(block, dict):
             raise where.error("tls_server_config", "must be a mapping")
         tls = _tls(where, block, files)
-    headers = _http(where, doc.get("http_server_config"))
+    headers, http2 = _http(where, doc.get("http_server_config"))
+    if tls is not None and http2 and isinstance(block, dict):
+        _http2_ciphers(where, block, tls.context)
     rate = _rate_limit(where, doc.get("rate_limit"))
     users = _users(where, doc.get("basic_auth_users"))
     return WebConfig(tls, users, headers, rate, tuple(files))
@@ -238,20 +239,11 @@ class _Where:
 
 def _read(path: Path) -> dict[Any, Any]:
     try:
-        with path.open("rb") as stream:
-            raw = stream.read(MAX_FILE_BYTES + 1)
+        doc = safeload.load_yaml(path, MAX_FILE_BYTES) or {}
     except OSError as exc:
         raise WebConfigError(f"cannot read web config {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise WebConfigError(f"{path}: larger than {MAX_FILE_BYTES} bytes; not a web config")
-    try:
-        doc = yaml.safe_load(raw.decode("utf-8")) or {}
-    except UnicodeDecodeError as exc:
-        raise WebConfigError(f"{path}: not UTF-8 text: {exc.reason} at byte {exc.start}") from None
-    except yaml.YAMLError as exc:
-        raise WebConfigError(f"{path}: not valid YAML: {_one_line(exc)}") from None
-    except RecursionError:
-        raise WebConfigError(f"{path}: not valid YAML: nested too deeply") from None
+    except safeload.LoadError as exc:
+        raise WebConfigError(f"{path}: {exc}") from None
     if not isinstance(doc, dict):
         raise WebConfigError(f"{path}: must hold a mapping of " + ", ".join(sorted(_TOP)))
     return doc
@@ -327,7 +319,11 @@ def _tls(where: _Where, tls: dict[Any, Any], files: list[Path]) -> Tls | None:
     context.minimum_version, context.maximum_version = versions
     context.options |= ssl.OP_NO_RENEGOTIATION  # Go's crypto/tls never renegotiates
     try:
-        context.load_cert_chain(cert, private)
+        # a callback that refuses: OpenSSL would otherwise ask the terminal for the pass phrase
+        # of an encrypted key ("Enter PEM pass phrase:"), at start and at every reload
+        safeload.load_cert_chain(context, cert, private)
+    except safeload.EncryptedKey as exc:
+        raise where.error(key + "key_file", str(exc)) from None
     except (OSError, ssl.SSLError, ValueError) as exc:
         raise where.error(
             key + "cert_file",
@@ -440,6 +436,28 @@ def _ciphers(where: _Where, tls: dict[Any, Any], context: ssl.SSLContext) -> Non
         raise where.error(key, f"not available in this OpenSSL: {_one_line(exc)}") from None
 
 
+# Go's HTTP/2 server refuses to start on a TLS 1.2 cipher list without one of these (RFC 7540
+# 9.2.2; net/http's http2ConfigureServer), so exporter-toolkit refuses such a list while
+# http2 is on: sparkdiag speaks HTTP/1.1 only, but refuses the same files.
+_HTTP2_REQUIRED = (
+    "TLS_ECDHE_RSA_WITH_AES_128_GCM_SHA256",
+    "TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA256",
+)
+
+
+def _http2_ciphers(where: _Where, tls: dict[Any, Any], context: ssl.SSLContext) -> None:
+    suites = tls.get("cipher_suites")
+    if not suites or context.minimum_version >= ssl.TLSVersion.TLSv1_3:
+        return
+    if not any(name in _HTTP2_REQUIRED for name in suites):
+        raise where.error(
+            "tls_server_config.cipher_suites",
+            "lacks an HTTP/2-required AES_128_GCM_SHA256 suite while http2 is on "
+            f"(http_server_config.http2, true by default): add {_HTTP2_REQUIRED[0]} or "
+            f"{_HTTP2_REQUIRED[1]}, or set http2: false (exporter-toolkit refuses it too)",
+        )
+
+
 def _curve(where: _Where, tls: dict[Any, Any], context: ssl.SSLContext) -> None:
     key = "tls_server_config.curve_preferences"
     curves = tls.get("curve_preferences")
@@ -467,9 +485,10 @@ def _normal_san(name: str) -> str:
     return name
 
 
-def _http(where: _Where, block: Any) -> tuple[tuple[str, str], ...]:
+def _http(where: _Where, block: Any) -> tuple[tuple[tuple[str, str], ...], bool]:
+    """The headers, and whether HTTP/2 is on (exporter-toolkit's default)."""
     if block is None:
-        return ()
+        return (), True
     if not isinstance(block, dict):
         raise where.error("http_server_config", "must be a mapping")
     _refuse_unknown(where, block, _HTTP_KEYS, "http_server_config")
@@ -498,7 +517,7 @@ def _http(where: _Where, block: Any) -> tuple[tuple[str, str], ...]:
                 key, f"invalid value for {name}. Expected one of: {', '.join(allowed)}"
             )
         out.append((name, text))
-    return tuple(out)
+    return tuple(out), http2
 
 
 def _rate_limit(where: _Where, block: Any) -> RateLimit | None:

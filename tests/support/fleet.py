@@ -1,14 +1,18 @@
-"""A stand-in Prometheus HTTP API for ``sparkdiag fleet`` (answers chosen per query) and the
-peer rules' answers for a list of GPUs: tests/test_fleet.py, tests/test_terminal.py and
+"""A stand-in Prometheus HTTP API for ``sparkdiag fleet`` (answers chosen per query), a hostile
+one that writes raw bytes (:func:`raw_server`), and the peer rules' answers for a list of GPUs:
+tests/test_fleet.py, tests/test_fleet_hostile.py, tests/test_terminal.py and
 scripts/term_widths.py share them."""
 
 from __future__ import annotations
 
 import contextlib
 import json
+import socket
+import ssl
 import threading
 import urllib.parse
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -66,3 +70,83 @@ def peer_answers(rows: Sequence[Sample], group: int | None = None) -> dict[str, 
         "sparkdiag:gemm_tflops:peer_median_1h": vector(({**H200, **KERNEL}, 725.0)),
         "sparkdiag:gemm_tflops:peer_group_gpus": vector(({**H200, **KERNEL}, float(size))),
     }
+
+
+Raw = Callable[[bytes, socket.socket], None]
+
+
+@contextlib.contextmanager
+def raw_server(respond: Raw, tls: ssl.SSLContext | None = None) -> Iterator[RawServer]:
+    """A hostile stand-in at the byte level: for each connection, ``respond(request head,
+    socket)`` writes whatever it likes (a malformed status line, a redirect, one byte a
+    second); the heads it was sent are kept in ``heads``. TLS with ``tls``."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.2)
+    server = RawServer(listener.getsockname()[1], tls is not None)
+    stop = threading.Event()
+
+    def one(conn: socket.socket) -> None:
+        with contextlib.suppress(OSError, ssl.SSLError), conn:
+            if tls is not None:
+                conn = tls.wrap_socket(conn, server_side=True)
+            conn.settimeout(10)
+            head = b""
+            while b"\r\n\r\n" not in head and len(head) < 65536:
+                chunk = conn.recv(4096)
+                if not chunk:
+                    return
+                head += chunk
+            server.heads.append(head)
+            respond(head, conn)
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            threading.Thread(target=one, args=(conn,), daemon=True).start()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        stop.set()
+        thread.join(5)
+        listener.close()
+
+
+@dataclass
+class RawServer:
+    port: int
+    tls: bool
+    heads: list[bytes] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    def authorizations(self) -> list[bytes]:
+        """The Authorization header of every request it was sent."""
+        found = []
+        for head in self.heads:
+            for line in head.split(b"\r\n"):
+                name, _, value = line.partition(b":")
+                if name.strip().lower() == b"authorization":
+                    found.append(value.strip())
+        return found
+
+
+def answer(status: str, body: bytes, *headers: str) -> bytes:
+    """A whole HTTP/1.1 response with a Content-Length."""
+    lines = [f"HTTP/1.1 {status}", *headers, f"Content-Length: {len(body)}", "Connection: close"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def query_of(head: bytes) -> str:
+    """The ``query`` parameter of the request line in ``head``."""
+    target = head.split(b" ", 2)[1].decode("latin-1")
+    return urllib.parse.parse_qs(urllib.parse.urlsplit(target).query).get("query", [""])[0]

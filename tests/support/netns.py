@@ -18,6 +18,7 @@ import queue
 import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -46,16 +47,22 @@ class Pair:
     client_if: str
     server_ip: str
     client_ip: str
+    config_home: str  # $XDG_CONFIG_HOME of both ends: 'link serve' makes the secret there
 
     def argv(self, namespace: str, *argv: str) -> list[str]:
         return ["ip", "netns", "exec", namespace, *argv]
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "XDG_CONFIG_HOME": self.config_home}
 
     def run(
         self, namespace: str, argv: Sequence[str], timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            self.argv(namespace, *argv), capture_output=True, text=True, timeout=timeout, cwd=ROOT
-        )
+            self.argv(namespace, *argv), capture_output=True, text=True, timeout=timeout,
+            cwd=ROOT, env=self.env,
+        )  # fmt: skip
 
     def sparkdiag(
         self, namespace: str, *args: str, timeout: float = 120
@@ -63,16 +70,22 @@ class Pair:
         return self.run(namespace, sparkdiag_cmd(*args), timeout)
 
     def serve(self, *args: str) -> subprocess.Popen[str]:
-        """``sparkdiag link serve`` in the server namespace, once it listens."""
+        """``sparkdiag link serve`` in the server namespace (on the veth's address unless
+        ``--listen`` is given: a veth is no ConnectX-7), once it listens."""
+        if "--listen" not in args:
+            args = (*args, "--listen", f"{self.server_ip}:10943")
         proc = subprocess.Popen(
             self.argv(self.server, *sparkdiag_cmd("link", "serve", *args)),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
             cwd=ROOT,
+            env=self.env,
         )
         assert proc.stderr is not None
         line = proc.stderr.readline()
+        while "made a new link secret" in line:
+            line = proc.stderr.readline()
         assert "listening on" in line, line + proc.stderr.read()
         return proc
 
@@ -84,6 +97,7 @@ class Pair:
             stdout=subprocess.PIPE,
             text=True,
             cwd=ROOT,
+            env=self.env,
         )
 
     def limit(self, rate: str) -> None:
@@ -164,6 +178,7 @@ def veth_pair() -> Iterator[Pair]:
         client_if=f"sdc{tag}"[:15],
         server_ip=f"10.231.{octet}.1",
         client_ip=f"10.231.{octet}.2",
+        config_home=tempfile.mkdtemp(prefix="sdlink-config-"),
     )
     made: list[str] = []
     try:
@@ -182,8 +197,10 @@ def veth_pair() -> Iterator[Pair]:
     except subprocess.CalledProcessError as exc:
         _ip("link", "del", pair.server_if, check=False)
         _cleanup(made)
+        shutil.rmtree(pair.config_home, ignore_errors=True)
         pytest.skip(f"network namespaces cannot be made here: {exc.stderr.strip()}")
     try:
         yield pair
     finally:
         _cleanup(made)
+        shutil.rmtree(pair.config_home, ignore_errors=True)

@@ -1,0 +1,117 @@
+"""Who may use a ``link serve``: the machines that hold the same secret file.
+
+Setting it up takes one copy. ``sparkdiag link serve`` makes the file where none is (64
+hexadecimal characters from ``secrets``, mode 0600, in ``~/.config/sparkdiag/link.secret`` or
+the path ``--link.secret-file`` gives) and says so; copy it to the measuring machine, to the same
+place (``scp``), and ``link test`` (and ``check --peer``) read it there. A file that others can
+read is refused, as ssh refuses such a key.
+
+On the wire (:mod:`sparkdiag.link.wire`), HMAC-SHA256 challenge and response in both
+directions, so that neither side learns anything from the other before it has proved it holds
+the secret, and the secret never travels::
+
+    measuring side  -> {"sparkdiag-link": 2, "kind": "control", "nonce": C}
+    listening side  -> {"sparkdiag-link": 2, "challenge": S}             (nothing else)
+    measuring side  -> {"proof": HMAC(secret, "client" S C)}
+    listening side  -> {"sparkdiag-link": 2, "proof": HMAC(secret, "server" C S), hello...}
+
+``S`` and ``C`` are 32 random bytes each (hexadecimal), fresh per connection, so a recorded
+proof answers no later challenge. The listening side checks the proof before it reads its
+fabric, runs its lint or looks at whether it is busy.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+import stat
+from pathlib import Path
+
+from sparkdiag import safeload
+from sparkdiag.errors import UsageError
+
+NONCE_BYTES = 32
+MIN_SECRET = 16  # characters of a secret written by hand; the one made here has 64
+MAX_SECRET_BYTES = 4096
+FLAG = "--link.secret-file"
+
+
+def default_path(environ: dict[str, str] | None = None) -> Path:
+    """``$XDG_CONFIG_HOME/sparkdiag/link.secret`` (``~/.config`` when unset)."""
+    env = os.environ if environ is None else environ
+    base = env.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "sparkdiag" / "link.secret"
+
+
+def read_secret(path: Path) -> bytes:
+    """The secret in ``path``; UsageError (exit 2) in one line when it is missing, readable by
+    others, not a regular file, too long or too short."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        raise UsageError(
+            f"no link secret at {path}: copy the one 'sparkdiag link serve' made on the peer "
+            f"to this machine (scp PEER:{path} {path}; chmod 600 {path})",
+            flag=FLAG,
+        ) from None
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}", flag=FLAG) from None
+    if stat.S_ISREG(mode) and mode & 0o077:
+        raise UsageError(
+            f"{path} can be read by other users (mode {stat.S_IMODE(mode):03o}): chmod 600 {path}",
+            flag=FLAG,
+        )
+    try:
+        secret = safeload.text(safeload.read_file(path, MAX_SECRET_BYTES)).strip()
+    except OSError as exc:
+        raise UsageError(f"cannot read {path}: {exc.strerror or exc}", flag=FLAG) from None
+    except safeload.LoadError as exc:
+        raise UsageError(f"{path}: {exc}", flag=FLAG) from None
+    if len(secret) < MIN_SECRET:
+        raise UsageError(
+            f"{path}: a secret of {len(secret)} characters is too short (at least {MIN_SECRET}; "
+            "remove the file and 'sparkdiag link serve' makes one of 64)",
+            flag=FLAG,
+        )
+    return secret.encode()
+
+
+def make_secret(path: Path) -> bool:
+    """Write a new secret to ``path`` unless a file is there; whether one was made."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    except OSError as exc:
+        raise UsageError(f"cannot write {path}: {exc.strerror or exc}", flag=FLAG) from None
+    with os.fdopen(fd, "w") as stream:
+        stream.write(secrets.token_hex(32) + "\n")
+    return True
+
+
+def nonce() -> str:
+    return secrets.token_hex(NONCE_BYTES)
+
+
+def proof(secret: bytes, role: str, first: str, second: str) -> str:
+    """HMAC-SHA256 of ``role``, then the two nonces, under ``secret``."""
+    message = f"sparkdiag-link {role} {first} {second}".encode()
+    return hmac.new(secret, message, hashlib.sha256).hexdigest()
+
+
+def valid(secret: bytes, role: str, first: str, second: str, given: object) -> bool:
+    """Whether ``given`` is the proof of ``role`` (compared in constant time)."""
+    if not isinstance(given, str) or len(given) != 64:
+        return False
+    return hmac.compare_digest(proof(secret, role, first, second), given)
+
+
+def valid_nonce(value: object) -> bool:
+    return (
+        isinstance(value, str)
+        and len(value) == 2 * NONCE_BYTES
+        and all(c in "0123456789abcdef" for c in value)
+    )

@@ -1,0 +1,251 @@
+"""One HTTP(S) GET with every bound a query to a server we do not control needs.
+
+The response is parsed by h11 (the same parser the exporter's server uses), so a malformed
+answer (a bad status line, a bad chunk, an over-long head) is one :class:`FetchError` line, not
+a traceback from ``http.client``. One deadline covers the whole exchange: name resolution aside,
+connecting, the TLS handshake, sending and every byte of the answer; a server that sends one
+byte a second is cut off at the deadline by a timer that shuts the socket down, whatever the
+per-call timeouts would allow. The body is read up to a limit.
+
+Redirects are followed only where credentials cannot leak: to the same host, with the same
+scheme and port, or from ``http`` to ``https`` on the same host. A redirect to another host, and
+any redirect from ``https`` to ``http``, is refused with the place it pointed to (Go's
+``net/http``, which promtool and Grafana use, drops the ``Authorization`` header on a redirect
+to another host; refusing is stricter: neither the header, the query nor a client certificate
+goes anywhere the user did not name).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import socket
+import ssl
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+
+import h11
+
+MAX_HEAD = 64 << 10  # a response head (status line and headers) larger than this is refused
+MAX_REDIRECTS = 5
+REDIRECTS = (301, 302, 303, 307, 308)
+
+
+class FetchError(Exception):
+    """The answer could not be had; the message is one line that ends with a hint where one
+    helps. ``kind`` is ``unreachable``, ``timeout``, ``tls``, ``malformed``, ``too_large`` or
+    ``redirect``."""
+
+    def __init__(self, message: str, kind: str) -> None:
+        super().__init__(message)
+        self.kind = kind
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    reason: str
+    body: bytes
+    url: str  # where it came from, after redirects
+
+
+def _origin(url: urllib.parse.SplitResult) -> tuple[str, str, int]:
+    port = url.port or (443 if url.scheme == "https" else 80)
+    return url.scheme, (url.hostname or "").lower(), port
+
+
+def redirect_allowed(source: str, target: str) -> str | None:
+    """None when a redirect from ``source`` to ``target`` may be followed with the request's
+    credentials, else why not."""
+    old, new = urllib.parse.urlsplit(source), urllib.parse.urlsplit(target)
+    if new.scheme not in ("http", "https") or not new.hostname:
+        return "not an http:// or https:// URL"
+    (old_scheme, old_host, _), (new_scheme, new_host, _) = _origin(old), _origin(new)
+    if old_scheme == "https" and new_scheme == "http":
+        return "from https to http: the credentials and the answer would travel unencrypted"
+    if new_host != old_host:
+        return "to another host: the credentials must not go there"
+    if new_scheme == old_scheme and _origin(new) != _origin(old):
+        return "to another port of the host: another service"
+    return None
+
+
+class _Deadline:
+    """Shuts the socket down when the time is up, so that no read or write outlives it."""
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+        self.seconds = seconds
+        self.expired = False
+        self._timer: threading.Timer | None = None
+
+    def left(self) -> float:
+        left = self.end - time.monotonic()
+        if left <= 0:
+            self.expired = True
+            raise TimeoutError
+        return left
+
+    def guard(self, sock: socket.socket) -> None:
+        def expire() -> None:
+            self.expired = True
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+        self._timer = threading.Timer(max(self.end - time.monotonic(), 0.0), expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+
+def get(
+    url: str,
+    headers: dict[str, str],
+    timeout: float,
+    context: ssl.SSLContext | None,
+    max_body: int,
+    server_name: str | None = None,
+) -> Answer:
+    """GET ``url`` within ``timeout`` seconds in all, redirects included (see the module);
+    FetchError in one line on any failure. ``context`` is used for https."""
+    deadline = _Deadline(timeout)
+    current = url
+    for _ in range(MAX_REDIRECTS + 1):
+        answer, location = _one(current, headers, deadline, context, max_body, server_name)
+        if location is None:
+            return answer
+        target = urllib.parse.urljoin(current, location)
+        why = redirect_allowed(current, target)
+        if why is not None:
+            raise FetchError(
+                f"redirected (HTTP {answer.status}) to {_shown(target)}, not followed: {why}; "
+                "if that is where the server is, give that URL",
+                "redirect",
+            )
+        current = target
+    raise FetchError(f"more than {MAX_REDIRECTS} redirects, the last to {_shown(current)}",
+                     "redirect")  # fmt: skip
+
+
+def _shown(url: str) -> str:
+    """A URL for a message: without user and password, cut to 200 characters."""
+    parts = urllib.parse.urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parts._replace(netloc=host))[:200]
+
+
+def _connect(parts: urllib.parse.SplitResult, deadline: _Deadline) -> socket.socket:
+    host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        return socket.create_connection((host, port), timeout=deadline.left())
+    except TimeoutError:
+        raise
+    except socket.gaierror as exc:
+        raise FetchError(f"the host name {host!r} does not resolve ({exc.strerror})",
+                         "unreachable") from None  # fmt: skip
+    except OSError as exc:
+        raise FetchError(str(exc.strerror or exc), "unreachable") from None
+
+
+def _one(
+    url: str,
+    headers: dict[str, str],
+    deadline: _Deadline,
+    context: ssl.SSLContext | None,
+    max_body: int,
+    server_name: str | None,
+) -> tuple[Answer, str | None]:
+    parts = urllib.parse.urlsplit(url)
+    target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    try:
+        raw = _connect(parts, deadline)
+    except TimeoutError:
+        raise FetchError(f"no connection within {deadline.seconds:g} s", "timeout") from None
+    deadline.guard(raw)
+    sock: socket.socket = raw
+    try:
+        if parts.scheme == "https":
+            if context is None:
+                raise FetchError("https without a TLS context", "tls")
+            raw.settimeout(deadline.left())
+            sock = context.wrap_socket(raw, server_hostname=server_name or parts.hostname)
+        return _exchange(sock, parts, target, headers, deadline, max_body)
+    except (TimeoutError, OSError) as exc:
+        if deadline.expired or isinstance(exc, TimeoutError):
+            raise FetchError(
+                f"no complete answer within {deadline.seconds:g} s (the whole exchange)", "timeout"
+            ) from None
+        if isinstance(exc, ssl.SSLError):
+            raise FetchError(f"TLS: {exc.reason or exc}", "tls") from exc
+        raise FetchError(str(exc.strerror or exc), "unreachable") from None
+    finally:
+        deadline.cancel()
+        sock.close()
+        raw.close()
+
+
+def _exchange(
+    sock: socket.socket,
+    parts: urllib.parse.SplitResult,
+    target: str,
+    headers: dict[str, str],
+    deadline: _Deadline,
+    max_body: int,
+) -> tuple[Answer, str | None]:
+    conn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
+    host = parts.netloc.rpartition("@")[2]
+    request = h11.Request(
+        method="GET",
+        target=target.encode("ascii", "strict"),
+        headers=[("Host", host), *headers.items(), ("Connection", "close")],
+    )
+    sock.settimeout(deadline.left())
+    sock.sendall(conn.send(request) + conn.send(h11.EndOfMessage()))
+    response: h11.Response | None = None
+    body = bytearray()
+    while True:
+        try:
+            event = conn.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise FetchError(f"answered malformed HTTP ({plain(str(exc))})", "malformed") from None
+        if event is h11.NEED_DATA:
+            sock.settimeout(deadline.left())
+            data = sock.recv(65536)
+            if deadline.expired:  # the timer shut the socket down: that is the empty read
+                raise TimeoutError
+            conn.receive_data(data)
+            continue
+        if isinstance(event, h11.Response):
+            response = event
+        elif isinstance(event, h11.Data):
+            body += event.data
+            if len(body) > max_body:
+                raise FetchError(f"answered more than {max_body >> 20} MiB", "too_large")
+        elif isinstance(event, h11.EndOfMessage) and response is not None:
+            break
+        elif isinstance(event, h11.ConnectionClosed):
+            raise FetchError("closed the connection before the whole answer", "malformed")
+        elif isinstance(event, h11.InformationalResponse):
+            continue
+    status = response.status_code
+    reason = response.reason.decode("latin-1")
+    location = None
+    if status in REDIRECTS:
+        found = [v for k, v in response.headers if k == b"location"]
+        if found:
+            location = found[0].decode("latin-1")
+    return Answer(status, reason, bytes(body), urllib.parse.urlunsplit(parts)), location
+
+
+_BYTES_REPR = re.compile(r"""bytearray\(b('|")(.*?)\1\)|\bb('|")(.*?)\3""")
+
+
+def plain(message: str) -> str:
+    """h11's message in words: a ``bytearray(b'X Y: v')`` in it shown as ``'X Y: v'`` (the
+    exporter's server says its 400s with it too)."""
+    return _BYTES_REPR.sub(lambda m: f"'{m.group(2) or m.group(4) or ''}'", message)[:200]
