@@ -78,7 +78,8 @@ def check(
     \b
     Exit status:
       0  every check passed (skipped checks do not count)
-      1  at least one warning and no failure, or nothing judged (no GPU was checked)
+      1  at least one warning and no failure, or nothing judged (no GPU was
+         checked)
       2  the check could not run: a bad flag or value, an unreadable fixture
       3  at least one check failed
     """

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkdiag.config import Settings
-from sparkdiag.errors import UsageError
+from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.snapshot import GpuSample
 
@@ -120,3 +120,34 @@ def worker_request(
         device=device, dtypes=tuple(dtypes), shapes=tuple(shapes), small=small,
         probe_when=settings.probe_when if probe_when is None else probe_when, **more,
     )  # fmt: skip
+
+
+# PyTorch's own CPU-only index (pytorch.org, "Get started"): from the public index, torch on
+# Linux x86-64 is the CUDA build and pulls several GB of nvidia-* wheels.
+CPU_TORCH = "the CPU-only build: add --index-url https://download.pytorch.org/whl/cpu"
+
+
+def require_torch(command: str) -> None:
+    """The worker imports torch: without it ``probe``, ``bench`` and ``soak`` say so in the same
+    one line, how to install it, and exit FAILED (3), before anything else is printed or run
+    (they used to say it three ways: a line, "sweep failed: worker exited 1", and "soaking cpu
+    for 10 s" before the import error)."""
+    from sparkdiag.probe.runner import torch_install_hint
+    from sparkdiag.sources.packages import read_torch
+
+    torch = read_torch()
+    if torch.version is None:
+        raise SparkdiagError(
+            f"torch is not installed for {torch.python}, and sparkdiag {command} needs it: "
+            + torch_install_hint(torch.python)
+            + f"; on a machine without a GPU, {CPU_TORCH}"
+        )
+
+
+def no_gpu(verb: str, why: str | None, cpu_run: str) -> SparkdiagError:
+    """The one refusal of a command that loads a GPU when NVML sees none (``soak``, ``bench``):
+    why there is none, and the CPU run that smoke-tests the command instead. ATTENTION (1), as
+    a GPU that is not measured (busy, unsupported)."""
+    return SparkdiagError(
+        f"no GPU to {verb}: {why or 'NVML lists none'} ({cpu_run})", exit_code=Exit.ATTENTION
+    )

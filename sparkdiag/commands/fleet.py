@@ -112,7 +112,8 @@ def fleet(ctx: click.Context, /, as_json: bool, config: Any, **given: Any) -> No
       0  no GPU 3.5 % or more below its peers (or no group large enough to judge)
       1  an outlier or a warning
       2  a bad flag or file
-      3  Prometheus unreachable, refusing the query, or holding no sparkdiag series
+      3  Prometheus unreachable, refusing the query, or holding no sparkdiag
+         series
     """
     settings = settings_from("fleet", given, config)
     conn = connection(

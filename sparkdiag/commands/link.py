@@ -34,10 +34,13 @@ def link() -> None:
     NCCL and RDMA setup.
 
     \b
-      sparkdiag link serve          on one machine: the listening side (TCP port 10943)
-      sparkdiag link test PEER      on the other: measure every ConnectX-7 path to PEER
-      sparkdiag link lint           this machine's MTU, NCCL_IB_HCA/NCCL_SOCKET_IFNAME,
-                                    CmaTotal and NCCL libraries, each finding with its fix
+      sparkdiag link serve      on one machine: the listening side (TCP port
+                                10943)
+      sparkdiag link test PEER  on the other: measure every ConnectX-7 path to
+                                PEER
+      sparkdiag link lint       this machine's MTU, NCCL_IB_HCA and
+                                NCCL_SOCKET_IFNAME, CmaTotal and NCCL
+                                libraries, each finding with its fix
 
     'sparkdiag check --peer PEER' runs a short 'link test' as one of its rows.
 
@@ -192,10 +195,11 @@ def test(
     Exit status:
       0  fit: every path reached half of its ceiling
       1  degraded (or a path whose rate neither end knows)
-      2  bad input: a bad flag, a PEER name that does not resolve, an --interface that
-         does not exist
-      3  failed: the peer unreachable, refusing the port, not running 'link serve' or busy;
-         no carrier on the interfaces; nothing measured on a path
+      2  bad input: a bad flag, a PEER name that does not resolve, an
+         --interface that does not exist
+      3  failed: the peer unreachable, refusing the port, not running 'link
+         serve' or busy; no carrier on the interfaces; nothing measured on a
+         path
       130 interrupted
     """
     settings = _settings(given)
