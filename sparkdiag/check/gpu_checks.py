@@ -42,6 +42,7 @@ def each_gpu(name: str, check: GpuCheck) -> Callable[[CheckContext], list[CheckR
 
     run.__doc__ = check.__doc__
     run.__name__ = run.__qualname__ = f"check_{name.replace('-', '_')}"
+    run.__module__ = check.__module__  # its kind in docs/check.md: thermal, health, stall ...
     return run
 
 
