@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 import importlib
 import sys
-from typing import IO, Any
+from typing import IO, Any, TextIO, cast
 
 import click
 
@@ -31,7 +31,7 @@ class _Failed(click.ClickException):
         stream = sys.stderr if file is None else file
         line = f"Error: {self.format_message()}"
         if stream.isatty():
-            line = terminal.fill(line, terminal.width(stream), "", "    ")
+            line = terminal.fill(line, terminal.width(cast(TextIO, stream)), "", "    ")
         click.echo(line, file=stream)
 
 

@@ -189,7 +189,7 @@ def fit(text: str, width: int) -> str:
     return (cut[:space] if space > 0 else cut).rstrip(" ,;·") + " …"
 
 
-BAR = 20  # columns inside a progress bar's brackets
+BAR = 12  # cells inside a progress bar's brackets (the line's text gets the rest)
 
 
 def bar(done: float, total: float, columns: int = BAR) -> str:

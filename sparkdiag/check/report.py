@@ -44,7 +44,7 @@ def summary(results: Sequence[CheckResult], duration: float) -> str:
     unchecked = f"no GPU was checked ({why})"
     if status == "skip":
         return f"{parts} in {duration:.1f} s: nothing judged: {unchecked}"
-    return f"{parts} in {duration:.1f} s: {VERDICTS[status]} ({unchecked})"
+    return f"{parts} in {duration:.1f} s: {VERDICTS[status]}; {unchecked}"
 
 
 def _style(text: str, status: Status, colour: bool) -> str:

@@ -267,8 +267,9 @@ def bench(
         raise SparkdiagError(f"nothing swept: {cycle.reason}", exit_code=Exit.ATTENTION)
     if doc is not None:
         sw = doc.software
-        name = f"{sw.gpu_name or sw.device}: torch {sw.torch}, CUDA {sw.cuda}"
-        click.echo(terminal.fill(name, terminal.width(), "", "    "))
+        what = sw.gpu_name or ("CPU" if sw.device == "cpu" else sw.device)
+        known = [f"torch {sw.torch}"] + ([f"CUDA {sw.cuda}"] if sw.cuda else [])
+        click.echo(terminal.fill(f"{what}: {', '.join(known)}", terminal.width(), "", "    "))
     click.echo(f"swept {len(results)} kernels in {time.monotonic() - started:.1f} s")
     _summary(dtypes, results, device)
     if cycle.result in ("error", "timeout"):

@@ -16,6 +16,7 @@ from typing import Any
 
 import click
 
+from sparkdiag import terminal
 from sparkdiag.check.catalog import run_checks
 from sparkdiag.check.gather import Sources, gather
 from sparkdiag.check.model import run_exit_code
@@ -34,7 +35,8 @@ def _progress(gpus: Sequence[GpuSample], timeout: float) -> None:
         what = f"GPU {gpus[0].identity.index} ({names[0]})"
     else:
         what = f"{len(gpus)} GPUs ({', '.join(names)}) at once"
-    click.echo(f"probing {what}, up to {timeout:g} s…", err=True)
+    click.echo(terminal.fill(f"probing {what}, up to {timeout:g} s…", terminal.width(sys.stderr)),
+               err=True)  # fmt: skip
 
 
 @click.command("check")

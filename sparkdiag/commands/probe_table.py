@@ -96,8 +96,10 @@ def render_probe_table(runs: list[GpuRun], width: int | None = None) -> str:
             sw = doc.software
             known = [("torch", sw.torch), ("CUDA", sw.cuda), ("cuBLAS", sw.cublas),
                      ("driver", sw.driver)]  # fmt: skip
-            what = ", ".join(f"{name} {value}" for name, value in known if value is not None)
-            lines += terminal.wrap(f"{what}, {sw.gpu_name or sw.device}", width, "  ", "    ")
+            shown = [f"{name} {value}" for name, value in known if value is not None]
+            if sw.gpu_name or (sw.device and sw.device != "cpu"):  # the head names the CPU
+                shown.append(sw.gpu_name or str(sw.device))
+            lines += terminal.wrap(", ".join(shown), width, "  ", "    ")
         if not run.figures or doc is None:
             continue
         lines += figure_table(run.figures, width, cpu=on_cpu(doc))

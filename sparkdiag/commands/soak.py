@@ -132,8 +132,10 @@ class _Progress:
             click.echo(terminal.fill(self.status, terminal.width(self.stream), "", "    "),
                        err=True)  # fmt: skip
             return
-        head = f"soak {terminal.bar(self.furthest, self.duration)}"
-        self.line.show(f"{head} {self.status}", time.monotonic())
+        # the bar says how far: the line keeps the window, the seconds left and the readings
+        head = f"soak {terminal.bar(self.furthest, self.duration)} {self.jobs[i].target.label}"
+        where = f"window {w.index}, {left:.0f} s left"
+        self.line.show(f"{head} {where}: " + (", ".join(shown) or "measured"), time.monotonic())
 
 
 def _write_outputs(
