@@ -103,17 +103,11 @@ SOAK_LIVE = (
     "reason='memory at 91 °C, within 4 °C of its slowdown threshold'); "
     "print(text(report(g)), end='')"
 )
-# A recorded H200 cycle at 0.48 of what it delivered, with pid 4242 on the GPU: the probe beside
-# another job (CONTEXT.md: 0.45-0.51 of baseline beside a ViT training job).
-BESIDE_JOB = (
-    "import json, sys; d = json.load(open(sys.argv[1])); "
-    "[r.update(delivered=r['delivered'] * 0.48) for r in d['results'] if r.get('delivered')]; "
-    "d['busy']['other_pids'] = [4242]; json.dump(d, open(sys.argv[2], 'w'))"
-)
 
 
 def commands(tmp: Path) -> dict[str, list[str]]:
     from sparkdiag.soak.state import write_state
+    from tests.support import scaled_cycle
     from tests.support.soak import fell, gpu_state, held
     from tests.test_compare import FAKE_SIDE
 
@@ -125,8 +119,8 @@ def commands(tmp: Path) -> dict[str, list[str]]:
     no_nvml = str(FIX / "nvml" / "no-nvml.json")
     recorded = str(FIX / "probe" / "h200-default.json")
     learned = tmp / "learned"
-    beside = tmp / "beside-job.json"
-    subprocess.run([PY, "-c", BESIDE_JOB, recorded, str(beside)], check=True)
+    # the recorded cycle at 0.48 with pid 4242 on the GPU: the probe beside another job
+    beside = scaled_cycle(tmp / "beside-job.json", 0.48, [4242])
     for _ in range(3):  # three healthy runs teach the baselines the probe beside a job is held to
         subprocess.run(
             sparkdiag("probe", "--nvml-fixture", idle, "--probe.fixture", recorded, "--json",

@@ -17,7 +17,7 @@ from sparkdiag.check.model import KernelLog
 from sparkdiag.cli import main
 from sparkdiag.errors import Exit
 from sparkdiag.probe.worker import SCHEMA
-from tests.support import NVML, PROBE, ROOT, ROOTFS, SYSFS, subcommands
+from tests.support import NVML, PROBE, ROOT, ROOTFS, SYSFS, scaled_cycle, subcommands
 from tests.support.check import GOOD_TORCH, never_launch, nvml_fixture
 
 IDLE = str(NVML / "h200-idle.json")
@@ -65,13 +65,8 @@ def _probe_slower(tmp: Path) -> list[str]:
     recorded = str(PROBE / "h200-default.json")
     for _ in range(3):
         assert CliRunner().invoke(main, _probe(tmp, recorded)).exit_code == 0
-    doc = json.loads(Path(recorded).read_text())
-    for r in doc["results"]:
-        if r.get("delivered"):
-            r["delivered"] *= 0.48
-    doc["busy"]["other_pids"] = [4242]
-    (tmp / "beside.json").write_text(json.dumps(doc))
-    return [*_probe(tmp, str(tmp / "beside.json")), "--no-record"]
+    beside = scaled_cycle(tmp / "beside.json", 0.48, [4242])
+    return [*_probe(tmp, str(beside)), "--no-record"]
 
 
 def _config(tmp: Path, text: str) -> list[str]:

@@ -17,7 +17,7 @@ from sparkdiag.baseline.store import BaselineKey, BaselineStore
 from sparkdiag.cli import main
 from sparkdiag.probe.worker import SCHEMA
 from sparkdiag.sources import packages
-from tests.support import NVML, PROBE, ROOT, sparkdiag_cmd
+from tests.support import NVML, PROBE, ROOT, scaled_cycle, sparkdiag_cmd
 
 
 def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -276,17 +276,7 @@ def _learned(tmp_path: Path) -> list[str]:
 
 
 def _scaled(tmp_path: Path, factor: float, pids: list[int], **software: object) -> str:
-    """The recorded cycle with every delivered figure times ``factor`` and ``pids`` seen on the
-    GPU (beside a ViT training job the H200 read 0.45-0.51 of its baselines: CONTEXT.md)."""
-    doc = json.loads((PROBE / "h200-default.json").read_text())
-    for r in doc["results"]:
-        if r.get("delivered"):
-            r["delivered"] *= factor
-    doc["busy"]["other_pids"] = pids
-    doc["software"].update(software)
-    path = tmp_path / f"scaled-{factor}.json"
-    path.write_text(json.dumps(doc))
-    return str(path)
+    return str(scaled_cycle(tmp_path / f"scaled-{factor}.json", factor, pids, **software))
 
 
 def test_probe_beside_another_process_is_slower_and_says_who(tmp_path: Path) -> None:
