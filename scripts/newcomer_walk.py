@@ -149,7 +149,9 @@ def run_step(command: str, width: int, repo: str, interrupt: float | None) -> di
             tmux("send-keys", "-t", name, "C-c")
             sent = True
         screen = tmux("capture-pane", "-p", "-J", "-S", "-", "-t", name)
-        if not screen:  # the session ended (a step that exits the shell)
+        ended = subprocess.run(["tmux", "-L", "sparkdiag-walk", "has-session", "-t", name],
+                               capture_output=True, check=False).returncode  # fmt: skip
+        if ended:  # the session ended (a step that exits the shell)
             break
         if re.search(re.escape(MARK) + r"\d+\]", screen.split(typed[-20:], 1)[-1]):
             break
@@ -177,6 +179,9 @@ def run_step(command: str, width: int, repo: str, interrupt: float | None) -> di
 def walk(repo: str, python: str, width: int) -> list[dict[str, object]]:
     notorch = no_torch_env(python)
     out = []
+    # one idle session keeps the tmux server up between steps: a step's session started while
+    # the server of the one before was exiting got no screen (seen: 2 of 46 steps, exit None)
+    tmux("new-session", "-d", "-s", "keeper", "-x", "40", "-y", "5")
     with tempfile.TemporaryDirectory() as tmp:
         subprocess.run([python, "-c", BESIDE_JOB, str(ROOT / PROBE), f"{tmp}/beside-job.json"],
                        check=True)  # fmt: skip
@@ -184,29 +189,50 @@ def walk(repo: str, python: str, width: int) -> list[dict[str, object]]:
             shown = command.replace(python, "python").replace(notorch, "python-without-torch")
             shown = shown.replace(tmp, "$TMP")
             result = run_step(command, width, repo, interrupt)
+            if result["exit"] is None:  # no screen came back: once more
+                result = run_step(command, width, repo, interrupt)
             result["screen"] = str(result["screen"]).replace(tmp, "$TMP")
             out.append({"step": step, "command": shown, **result})
             print(f"{width:4} {step[:60]:60} exit {result['exit']} widest {result['widest']}",
                   flush=True)  # fmt: skip
+    tmux("kill-server")
     return out
 
 
-def markdown(
-    before: dict[int, list[dict[str, object]]], after: dict[int, list[dict[str, object]]]
-) -> str:
+Walk = dict[int, list[dict[str, object]]]
+SHOWN = 45  # screen lines shown per step in the page (the JSON beside it keeps every line)
+
+
+def _cell(step: dict[str, object], width: int) -> str:
+    widest = int(str(step["widest"]))
+    over = " **wider**" if widest > width else ""
+    return f"exit {step['exit']}, {widest}{over}"
+
+
+def _screen(step: dict[str, object]) -> str:
+    lines = str(step["screen"]).splitlines()
+    cut = lines[:SHOWN]
+    if len(lines) > SHOWN:
+        cut.append(f"… ({len(lines) - SHOWN} more lines in the JSON)")
+    return "\n".join("    " + line if line else "" for line in cut) or "    (nothing)"
+
+
+def markdown(before: Walk, after: Walk) -> str:
+    """The table of every step (exit status and widest line, before and after, at each width),
+    then each step's screen at the narrowest width, before and after."""
     widths = sorted(before)
     head = "| step | " + " | ".join(f"before {w} | after {w}" for w in widths) + " |"
     lines = [head, "|---" * (1 + 2 * len(widths)) + "|"]
-    names = [str(s["step"]) for s in before[widths[0]]]
-    for i, name in enumerate(names):
-        cells = []
-        for w in widths:
-            for walked in (before[w], after[w]):
-                s = walked[i] if i < len(walked) else {"exit": None, "widest": 0}
-                over = " **over**" if int(str(s["widest"])) > w else ""
-                cells.append(f"exit {s['exit']}, {s['widest']} cols{over}")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+    for i, step in enumerate(before[widths[0]]):
+        cells = [_cell(walked[w][i], w) for w in widths for walked in (before, after)]
+        lines.append(f"| {step['step']} | " + " | ".join(cells) + " |")
+    narrow = widths[0]
+    for i, step in enumerate(before[narrow]):
+        lines += ["", f"### {step['step']}", "", f"`{step['command']}`", ""]
+        for label, walked in (("before", before), ("after", after)):
+            shown = walked[narrow][i]
+            lines += [f"{label}, {narrow} columns: {_cell(shown, narrow)}", "", _screen(shown), ""]
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def main() -> None:
