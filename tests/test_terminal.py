@@ -588,3 +588,23 @@ def test_every_command_fits_its_terminal_live_output_included() -> None:
     table = json.loads(done.stdout.splitlines()[-1])
     for name in ("soak (live)", "bench (CPU, live)", "probe (CPU, live)", "check (no GPU)"):
         assert name in table, name
+
+
+def test_log_lines_wrap_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """serve's first log lines ran to 219 columns at 80 (the quick start's first screen)."""
+    import logging
+
+    from sparkdiag.commands.common import _TerminalFormatter
+
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(sys, "stderr", FakeTty())
+    message = (
+        "NVML unavailable (nvmlInit failed: NVML Shared Library Not Found): GPU telemetry "
+        "skipped; exporting host PCIe links, execution context and host memory, with "
+        "sparkdiag_nvml_up 0"
+    )
+    record = logging.LogRecord("sparkdiag", logging.WARNING, __file__, 1, message, None, None)
+    shown = _TerminalFormatter("%(levelname)s %(name)s: %(message)s").format(record)
+    assert len(shown.splitlines()) == 3 and all(len(line) <= 80 for line in shown.splitlines())
+    assert words(shown) == f"WARNING sparkdiag: {message}"
+    assert shown.splitlines()[1].startswith("    ")

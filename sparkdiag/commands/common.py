@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sparkdiag import terminal
 from sparkdiag.config import Settings
 from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.probe.request import WorkerRequest
@@ -19,17 +20,34 @@ from sparkdiag.snapshot import GpuSample
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
+class _TerminalFormatter(logging.Formatter):
+    """On a terminal a log record wraps at words within its width, later lines indented (the
+    daemon's first lines ran to 219 columns at 80: "NVML unavailable (...): GPU telemetry
+    skipped; exporting ..."); in a pipe, a file or journald each record stays one line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        width = terminal.width(sys.stderr)
+        return "\n".join(part for line in text.splitlines()
+                         for part in terminal.wrap(line, width, "", "    "))  # fmt: skip
+
+
 def setup_logging(level: str, prefix: str | None = None) -> None:
     """Log lines at ``level`` (a ``--log-level`` choice) and above on standard error.
 
     ``prefix`` gives short lines for an interactive command ("sparkdiag watch: message")
     instead of the daemon's timestamped ones.
     """
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format=LOG_FORMAT if prefix is None else f"{prefix}: %(message)s",
-        stream=sys.stderr,
-    )
+    fmt = LOG_FORMAT if prefix is None else f"{prefix}: %(message)s"
+    logging.basicConfig(level=getattr(logging, level.upper()), format=fmt, stream=sys.stderr)
+    try:
+        tty = sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    if tty:
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stderr:
+                handler.setFormatter(_TerminalFormatter(fmt))
 
 
 def check_output_path(path: Path | str | None, flag: str) -> None:

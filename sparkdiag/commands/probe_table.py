@@ -191,7 +191,8 @@ def figure_table(figures: list[GemmFigure], width: int, cpu: bool = False) -> li
         lines += terminal.wrap(note, width, f"  [{number}] ")
     below = [f for f in figures if f.peak is not None and f.delivered and f.peak < f.delivered]
     if below:
-        why = _PEAK_BELOW.format(n=len(below)) + ("" if cpu else _PEAK_BELOW_GPU)
+        counted = f"{len(below)} row{'s' if len(below) != 1 else ''}"
+        why = _PEAK_BELOW.format(n=counted) + ("" if cpu else _PEAK_BELOW_GPU)
         lines += terminal.wrap(why, width, "  ")
     named: dict[str, str] = {}  # dtype -> its reference's one name (Reference.label)
     for f in figures:
@@ -213,7 +214,7 @@ def figure_table(figures: list[GemmFigure], width: int, cpu: bool = False) -> li
 # times them as probe/worker.py says ("Delivered and peak"); on the H200 idle decode batches
 # delivered 1.01-1.14x their peak.
 _PEAK_BELOW = (
-    "peak below delivered ({n} rows): delivered is the batch's mean iteration (its total "
+    "peak below delivered ({n}): delivered is the batch's mean iteration (its total "
     "time), peak its median one; the mean is the faster where a few iterations ran fast"
 )
 _PEAK_BELOW_GPU = (
