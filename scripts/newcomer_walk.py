@@ -225,7 +225,8 @@ def markdown(before: Walk, after: Walk) -> str:
     lines = [head, "|---" * (1 + 2 * len(widths)) + "|"]
     for i, step in enumerate(before[widths[0]]):
         cells = [_cell(walked[w][i], w) for w in widths for walked in (before, after)]
-        lines.append(f"| {step['step']} | " + " | ".join(cells) + " |")
+        name = str(step["step"]).replace("|", "\\|")  # a pipe in a step's name, not a cell
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     narrow = widths[0]
     for i, step in enumerate(before[narrow]):
         lines += ["", f"### {step['step']}", "", f"`{step['command']}`", ""]
