@@ -7,8 +7,10 @@ is run (or listed by ``--help``): ``sparkdiag serve`` does not pay for importing
 
 from __future__ import annotations
 
+import difflib
 import importlib
-from typing import Any
+import sys
+from typing import IO, Any, TextIO, cast
 
 import click
 
@@ -17,9 +19,20 @@ from sparkdiag.errors import Exit, SparkdiagError
 
 
 class _Failed(click.ClickException):
+    """A :class:`SparkdiagError` as click shows it: ``Error: message`` on standard error, one
+    line in a pipe or a log, wrapped at words to the width of a terminal (a 280-column line
+    was wrapped mid-word by the terminal itself)."""
+
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message)
         self.exit_code = exit_code  # type: ignore[misc]  # click declares it a class variable
+
+    def show(self, file: IO[Any] | None = None) -> None:
+        stream = sys.stderr if file is None else file
+        line = f"Error: {self.format_message()}"
+        if stream.isatty():
+            line = terminal.fill(line, terminal.width(cast(TextIO, stream)), "", "    ")
+        click.echo(line, file=stream)
 
 
 # Every command: its name, and the module under sparkdiag.commands and the attribute that hold it.
@@ -56,6 +69,19 @@ class _Group(click.Group):
             command = getattr(importlib.import_module(f"sparkdiag.commands.{module}"), attr)
             self.add_command(command, cmd_name)
         return self.commands.get(cmd_name)
+
+    def resolve_command(
+        self, ctx: click.Context, args: list[str]
+    ) -> tuple[str | None, click.Command | None, list[str]]:
+        # click suggests a close name from the commands it has loaded, which here (lazy) are
+        # none: give it every name, so that "sparkdiag chek" asks "Did you mean 'check'?"
+        name = click.utils.make_str(args[0]) if args else ""
+        known = self.list_commands(ctx)
+        if name and not name.startswith("-") and name not in known and not ctx.resilient_parsing:
+            close = difflib.get_close_matches(name, known)
+            hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
+            raise click.UsageError(f"No such command {name!r}.{hint}", ctx)
+        return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:

@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import click
 
 from sparkdiag.config import OPTIONS, OPTIONS_BY_ATTR, Option, Settings, build_settings
+from sparkdiag.errors import UsageError as SparkdiagUsageError
 from sparkdiag.probe.worker.contract import (
     FLAGS_BY_NAME,
     Flag,
@@ -151,7 +152,24 @@ def settings_from(command: str, given: dict[str, Any], config: Path | None = Non
             value = given.pop(attr)
             if value is not None:
                 flags[attr] = value
-    return build_settings(config, flags, command)
+    settings = build_settings(config, flags, command)
+    _check_directories(settings, command)
+    return settings
+
+
+def _check_directories(settings: Settings, command: str) -> None:
+    """A directory option given (flag or file) that is not a directory is a usage error, for
+    every command that takes it: ``dump`` and ``check`` read nothing from a mistyped
+    ``--path.sysfs`` and said nothing (exit 0 with skips), where ``link lint`` exited 2. Only a
+    value that was given is checked, never a default."""
+    for option in OPTIONS:
+        if not option.existing_dir:
+            continue
+        value = getattr(settings, option.attr)
+        if value is None or value == option.default_for(command) or Path(value).is_dir():
+            continue
+        why = "does not exist" if not Path(value).exists() else "is not a directory"
+        raise SparkdiagUsageError(f"{value} {why}; give a directory", flag=f"--{option.key}")
 
 
 # -- the worker's flags ---------------------------------------------------------------------

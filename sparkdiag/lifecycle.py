@@ -1,7 +1,9 @@
 """Signals of the daemon, installed before anything slow (imports, NVML start, the first poll).
 
 * SIGTERM, SIGINT, SIGQUIT: stop. Answer no more scrapes, kill the running probe workers'
-  process groups, exit 0.
+  process groups, exit 0: stopping is how the daemon ends, not an interruption of work (the 130
+  other commands exit with on Ctrl-C; README, "Exit status"), and Ctrl-C in a terminal and
+  systemd's SIGTERM end it the same way.
 * SIGHUP: log that the configuration is not reloaded (restart to apply a change), and go on.
 * SIGUSR1: log one status line (polls, GPUs up, probe cycles), and go on.
 

@@ -218,11 +218,24 @@ def fit(text: str, width: int) -> str:
     return (cut[:space] if space > 0 else cut).rstrip(" ,;·") + " …"
 
 
+BAR = 12  # cells inside a progress bar's brackets (the line's text gets the rest)
+
+
+def bar(done: float, total: float, columns: int = BAR) -> str:
+    """``[#######-------------] 35 %``: ``done`` of ``total`` as a bar of ``columns`` cells and
+    a percentage, for the head of a :class:`StatusLine` (which cuts the line's tail to fit)."""
+    fraction = min(max(done / total, 0.0), 1.0) if total > 0 else 0.0
+    filled = round(fraction * columns)
+    return f"[{'#' * filled}{'-' * (columns - filled)}] {fraction:4.0%}"
+
+
 class StatusLine:
     """One line of progress on a terminal, rewritten in place with a carriage return and
     erased by :meth:`clear`. Silent where ``stream`` is not a terminal (piped, redirected,
     CliRunner): nothing of it ever reaches a file. At most one write per ``every`` seconds,
-    whatever the rate of :meth:`show`."""
+    whatever the rate of :meth:`show`. The one progress line of every command (``watch``'s
+    status, ``soak``'s windows, ``bench``'s and ``probe``'s kernels): cut to the terminal's
+    width, so that it never wraps and never leaves a piece of itself behind."""
 
     def __init__(self, stream: TextIO, every: float = 0.2) -> None:
         self.stream = stream

@@ -225,14 +225,54 @@ def test_no_gpu_machine_skips_gpu_checks_and_runs_host_checks(tmp_path: Path) ->
     ]
     for name in gpu_checks:
         assert rows[name]["status"] == "skip", rows[name]
-    assert "NVML unavailable" in rows["idle"]["finding"]
+    # issue 32: the NVML error is said once, by the nvml row; the GPU rows point at it
+    assert "NVML_ERROR_LIBRARY_NOT_FOUND" in rows["nvml"]["finding"]
+    repeating = [c["name"] for c in doc["checks"] if "LIBRARY_NOT_FOUND" in c["finding"]]
+    assert repeating == ["nvml"]
+    for name in gpu_checks[:-1]:
+        assert rows[name]["finding"] == "not run without a GPU (see nvml)", rows[name]
+        assert rows[name]["data"]["see"] == "nvml"
     assert rows["pcie-host"]["status"] == "pass"
     assert rows["pcie-host"]["finding"] == "0000:01:00.0 nvme Gen4 x4 (max)"
     assert rows["context"]["status"] == "pass"
     assert rows["xid"]["status"] == "pass"
-    assert result.exit_code == 0
-    table_out = invoke(args[:-1]).output
-    assert table_out.rstrip().endswith("fit to benchmark (no GPU was checked)")
+    # nothing was judged: not "pass", and "look at it"
+    assert (doc["status"], doc["judged"], doc["exit_code"]) == ("skip", False, 1)
+    assert result.exit_code == 1
+    table = invoke(args[:-1])
+    assert table.exit_code == 1
+    lines = table.output.rstrip().splitlines()
+    assert " ".join(lines[-2:]).endswith("nothing judged: no GPU was checked (see nvml)")
+    assert "fit to benchmark" not in table.output
+    # one row for the NVML error, one for every row that refers to it
+    collapsed = [line for line in lines if line.startswith("SKIP    ") and "GPU checks" in line]
+    assert len(collapsed) == 1 and "(see nvml): gpus, versions, idle" in collapsed[0]
+    assert sum("LIBRARY_NOT_FOUND" in line for line in lines) == 1
+
+
+def test_no_gpu_table_fits_80_columns_in_half_the_lines(tmp_path: Path) -> None:
+    """Issue 32: at 80 columns the no-GPU report was 65 lines, twenty rows repeating the NVML
+    error; now one row says it and one row lists the checks it skipped."""
+    args = ["--nvml-fixture", str(NVML / "no-nvml.json"), *machine_args(empty_sysfs(tmp_path)),
+            "--quick", "--state-dir", str(tmp_path / "state")]  # fmt: skip
+    doc = json.loads(invoke([*args, "--json"]).output)
+    results = [CheckResult(c["name"], c["status"], c["finding"], c["action"], c["gpu"],
+                           c["data"]) for c in doc["checks"]]  # fmt: skip
+    lines = table(results, 0.1, width=80).splitlines()
+    # wider only where one word (the temporary sysfs path) is longer than the line
+    assert all(len(line) <= 80 or len(line.split()) == 1 for line in lines), lines
+    assert len(lines) <= 30, "\n".join(lines)  # 65 before (issue 32), 22 on this machine
+    assert len(doc["checks"]) == len(CHECKS)  # --json keeps every row
+
+
+def test_expecting_no_gpu_judges_the_host(tmp_path: Path) -> None:
+    """--expect-gpus 0 says a machine without a GPU is what is wanted: the gpus row passes and
+    the run is judged on its host rows."""
+    args = ["--nvml-fixture", str(NVML / "no-nvml.json"), *machine_args(empty_sysfs(tmp_path)),
+            "--quick", "--expect-gpus", "0", "--json"]  # fmt: skip
+    doc = json.loads(invoke(args).output)
+    rows = {c["name"]: c for c in doc["checks"]}
+    assert rows["gpus"]["status"] == "pass" and doc["judged"] is True
 
 
 def test_probe_fixture_replays_a_worker_document(tmp_path: Path) -> None:
@@ -261,7 +301,7 @@ def test_quick_on_fixtures_is_well_under_3_seconds(tmp_path: Path) -> None:
 
 
 def test_worst_and_exit_code() -> None:
-    assert worst([]) == "skip" and exit_code([]) == 0
+    assert worst([]) == "skip" and exit_code([]) == 1  # nothing judged: look at it
     assert worst(["skip", "pass"]) == "pass" and exit_code(["skip", "pass"]) == 0
     assert exit_code(["pass", "warn", "skip"]) == 1
     assert exit_code(["warn", "fail"]) == 3
@@ -297,6 +337,7 @@ def test_document_shape() -> None:
     assert doc == {
         "schema": "sparkdiag-check/1",
         "status": "fail",
+        "judged": True,
         "exit_code": 3,
         "duration_seconds": 1.235,
         "quick": False,

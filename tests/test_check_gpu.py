@@ -45,7 +45,8 @@ def test_nvml_missing_on_a_machine_without_gpu_is_a_skip(tmp_path: Path) -> None
     snap = poll(NVML / "no-nvml.json", sysfs=empty_sysfs(tmp_path))
     r = only(CHECK["nvml"](context(snap)))
     assert r.status == "skip"
-    assert "LIBRARY_NOT_FOUND" in r.finding and "GPU checks skipped" in r.finding
+    assert "LIBRARY_NOT_FOUND" in r.finding and r.finding.endswith("no NVIDIA driver here")
+    assert "install the NVIDIA driver" in r.action
 
 
 def test_nvml_missing_fails_when_gpus_are_expected(tmp_path: Path) -> None:

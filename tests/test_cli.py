@@ -209,3 +209,132 @@ def test_gpu_flag_spellings() -> None:
     for bad in (["-1"], ["a"], ["all", "1"], ["١"]):
         with pytest.raises(ValueError):
             parse_gpus(bad)
+
+
+# -- issue 32: the newcomer's second hour ------------------------------------------------------
+
+
+def _every_command() -> list[list[str]]:
+    """Every command's words (``["link", "lint"]`` for a group's subcommands)."""
+    import click
+
+    from tests.support import subcommands
+
+    found: list[list[str]] = []
+    for name, command in subcommands(main).items():
+        found.append([name])
+        if isinstance(command, click.Group):
+            found += [[name, sub] for sub in command.list_commands(click.Context(command))]
+    return found
+
+
+def test_a_mistyped_command_asks_did_you_mean() -> None:
+    """The group imports commands when asked (cli.COMMANDS), so click's own suggestion, made from
+    the commands loaded so far, had none to offer."""
+    runner = CliRunner()
+    typo = runner.invoke(main, ["chek"])
+    assert typo.exit_code == 2 and "No such command 'chek'. Did you mean 'check'?" in typo.output
+    far = runner.invoke(main, ["zzz"])
+    assert far.exit_code == 2 and "No such command 'zzz'." in far.output
+    assert "Did you mean" not in far.output
+    sub = runner.invoke(main, ["baseline", "shwo"])
+    assert sub.exit_code == 2 and "Did you mean 'show'?" in sub.output
+    assert runner.invoke(main, ["check", "--help"]).exit_code == 0  # a real name still works
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_every_help_fits_the_terminal(columns: int) -> None:
+    """compare, link and fleet help was 81-91 columns wide at 80 (their unwrapped blocks)."""
+    runner = CliRunner()
+    for words in [[], *_every_command()]:
+        result = runner.invoke(main, [*words, "--help"], env={"COLUMNS": str(columns)})
+        assert result.exit_code == 0, (words, result.output)
+        wide = [line for line in result.output.splitlines() if len(line) > columns]
+        assert not wide, (words, wide)
+
+
+def test_helps_name_installs_that_exist_and_carry_no_changelog() -> None:
+    """sparkdiag is not on PyPI (README): 'pip install sparkdiag[plot]' cannot work."""
+    from sparkdiag.plotting import INSTALL_HINT
+
+    runner = CliRunner()
+    for words in _every_command():
+        shown = " ".join(runner.invoke(main, [*words, "--help"]).output.split())
+        assert "sparkdiag[plot]" not in shown, words
+        assert "(Changed:" not in shown and "used to exit" not in shown, words
+    watch = " ".join(runner.invoke(main, ["watch", "--help"]).output.split())
+    assert f"needs matplotlib: {INSTALL_HINT}" in watch
+
+
+def test_serve_says_ctrl_c_exits_0() -> None:
+    """A decision (issue 32): serve's stop, Ctrl-C or SIGTERM, is its normal end: 0, as
+    tests/test_lifecycle.py measures; the README's exit table says so beside 130."""
+    from tests.test_readme import sections
+
+    shown = " ".join(CliRunner().invoke(main, ["serve", "--help"]).output.split())
+    assert "0 after a clean stop, by SIGTERM, Ctrl-C (SIGINT) or SIGQUIT alike" in shown
+    table = sections()["Exit status"]
+    row_130 = next(line for line in table.splitlines() if line.startswith("| 130 |"))
+    assert "not `serve`, which exits 0" in row_130
+    row_0 = next(line for line in table.splitlines() if line.startswith("| 0 |"))
+    assert "for `serve`, stopped by Ctrl-C or SIGTERM" in row_0
+
+
+def _directory_cases() -> list[tuple[str, list[str]]]:
+    from sparkdiag.config import OPTIONS
+
+    # a group's settings are its subcommands'; watch needs a job or a recording to get to them
+    words = {"link": ["link", "lint"], "watch": ["watch", "--replay", "x.json"]}
+    return [
+        (f"--{option.key}", words.get(command, [command]))
+        for option in OPTIONS
+        if option.existing_dir
+        for command in sorted(option.scopes)
+    ]
+
+
+@pytest.mark.parametrize(("flag", "words"), _directory_cases())
+def test_a_directory_that_is_not_one_is_exit_2_for_every_command(
+    flag: str, words: list[str], tmp_path: Path
+) -> None:
+    """dump and check read nothing from a mistyped --path.sysfs and exited 0 with skips, where
+    link lint exited 2: every command that takes the flag checks it, once (flags.py)."""
+    cases = ((tmp_path / "typo", "does not exist"), (Path(__file__), "is not a directory"))
+    for given, why in cases:
+        result = CliRunner().invoke(main, [*words, flag, str(given)])
+        assert result.exit_code == 2, (words, result.output)
+        said = f"Error: Invalid value for {flag!r}: {given} {why}; give a directory\n"
+        assert result.output == said
+
+
+def test_a_directory_in_the_configuration_file_is_checked_too(tmp_path: Path) -> None:
+    config = tmp_path / "config.toml"
+    config.write_text(f'[path]\nsysfs = "{tmp_path / "typo"}"\n')
+    result = CliRunner().invoke(main, ["config", "check", str(config)])
+    assert result.exit_code == 2 and "'--path.sysfs'" in result.output
+    ok = CliRunner().invoke(main, ["dump", "--path.sysfs", str(tmp_path), "--nvml-fixture",
+                                   str(NVML / "no-nvml.json")])  # fmt: skip
+    assert ok.exit_code == 0, ok.output  # an existing directory, even an empty one, is fine
+
+
+def test_an_error_wraps_on_a_terminal_and_is_one_line_in_a_pipe(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The missing-torch line was 280 columns, broken mid-word by the terminal itself."""
+    import io
+
+    from sparkdiag.cli import _Failed
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    message = "torch is not installed for /usr/bin/python3, and sparkdiag probe needs it: " * 3
+    monkeypatch.setenv("COLUMNS", "80")
+    tty, pipe = Tty(), io.StringIO()
+    _Failed(message.strip(), 3).show(tty)
+    _Failed(message.strip(), 3).show(pipe)
+    assert pipe.getvalue() == f"Error: {message.strip()}\n"
+    shown = tty.getvalue().splitlines()
+    assert len(shown) > 1 and all(len(line) <= 80 for line in shown)
+    assert " ".join(tty.getvalue().split()) == " ".join(pipe.getvalue().split())

@@ -162,3 +162,17 @@ def test_an_argument_list_as_one_string_reads_the_same_in_the_file_and_as_a_flag
     from_flag = settings_from("serve", {"probe_python": "python3 -X utf8"})
     assert from_file.probe_python == from_list.probe_python == from_flag.probe_python
     assert from_file.probe_python == ("python3", "-X", "utf8")
+
+
+def test_the_default_config_fits_80_columns() -> None:
+    """Issue 32: its comments ran to 300 characters on one line."""
+    for line in default_config_text().splitlines():
+        assert len(line) <= 80, line
+
+
+def test_an_option_with_several_defaults_says_why_in_its_help() -> None:
+    """probe.timeout has a default per command (60, 25, 120, 1800): its help names each."""
+    for option in OPTIONS:
+        for command, value in option.command_default.items():
+            if option.kind == "float":
+                assert f"{command} {value:g}" in option.help, (option.key, command)

@@ -17,7 +17,7 @@ from sparkdiag.check.model import KernelLog
 from sparkdiag.cli import main
 from sparkdiag.errors import Exit
 from sparkdiag.probe.worker.contract import SCHEMA
-from tests.support import NVML, PROBE, ROOT, ROOTFS, SYSFS, subcommands
+from tests.support import NVML, PROBE, ROOT, ROOTFS, SYSFS, scaled_cycle, subcommands
 from tests.support.check import GOOD_TORCH, never_launch, nvml_fixture
 
 IDLE = str(NVML / "h200-idle.json")
@@ -39,6 +39,14 @@ def _check(tmp: Path, fixture: str = IDLE, rootfs: str = "native") -> list[str]:
             "--path.rootfs", str(ROOTFS / rootfs), "--state-dir", str(tmp / "state")]  # fmt: skip
 
 
+def _check_no_gpu(tmp: Path) -> list[str]:
+    """A machine without a GPU: no NVML, no NVIDIA function on the PCI bus."""
+    sysfs = tmp / "sysfs"
+    (sysfs / "bus" / "pci" / "devices").mkdir(parents=True)
+    return ["check", "--quick", "--nvml-fixture", NO_NVML, "--path.sysfs", str(sysfs),
+            "--state-dir", str(tmp / "state")]  # fmt: skip
+
+
 def _probe_fixture(tmp: Path, status: str) -> str:
     path = tmp / f"{status}.json"
     doc = {"schema": SCHEMA, "status": status, "reason": f"a {status} cycle", "results": []}
@@ -49,6 +57,16 @@ def _probe_fixture(tmp: Path, status: str) -> str:
 def _probe(tmp: Path, fixture: str) -> list[str]:
     return ["probe", "--nvml-fixture", IDLE, "--probe.fixture", fixture, "--state-dir",
             str(tmp / "state")]  # fmt: skip
+
+
+def _probe_slower(tmp: Path) -> list[str]:
+    """The recorded H200 cycle taught as the baseline, then the same cycle at 0.48 of it with
+    pid 4242 on the GPU: what the probe read beside a ViT training job (CONTEXT.md)."""
+    recorded = str(PROBE / "h200-default.json")
+    for _ in range(3):
+        assert CliRunner().invoke(main, _probe(tmp, recorded)).exit_code == 0
+    beside = scaled_cycle(tmp / "beside.json", 0.48, [4242])
+    return [*_probe(tmp, str(beside)), "--no-record"]
 
 
 def _config(tmp: Path, text: str) -> list[str]:
@@ -106,6 +124,15 @@ CASES: list[tuple[str, Args, int, str]] = [
     ("probe usage", lambda t: ["probe", "--nvml-fixture", IDLE, "--gpu", "3"], Exit.USAGE,
      "no GPU with index 3 (NVML sees: 0)"),
     ("bench usage", lambda t: ["bench", "--m", "0"], Exit.USAGE, "START:STOP:STEP"),
+    # issue 32: bench refuses without a GPU as soak does (it swept GPU shapes on the CPU)
+    ("bench no gpu", lambda t: ["bench", "--nvml-fixture", NO_NVML], Exit.ATTENTION,
+     "no GPU to bench"),
+    ("probe slower", lambda t: _probe_slower(t), Exit.ATTENTION, "while pid 4242 used the GPU"),
+    ("check no gpu", lambda t: _check_no_gpu(t), Exit.ATTENTION, "nothing judged"),
+    ("dump bad sysfs", lambda t: ["dump", "--path.sysfs", str(t / "none")], Exit.USAGE,
+     "Invalid value for '--path.sysfs'"),
+    ("check bad rootfs", lambda t: ["check", "--path.rootfs", str(t / "none")], Exit.USAGE,
+     "Invalid value for '--path.rootfs'"),
     ("compare usage", lambda t: ["compare", "--max-gap", "2"], Exit.USAGE, "[0, 1)"),
     ("baseline show", lambda t: ["baseline", "show", *_store(t)], Exit.OK, ""),
     ("baseline show no store", lambda t: ["baseline", "show", "--state-dir", str(t)],

@@ -17,7 +17,7 @@ from sparkdiag.baseline.store import BaselineKey, BaselineStore
 from sparkdiag.cli import main
 from sparkdiag.probe.worker.contract import SCHEMA
 from sparkdiag.sources import packages
-from tests.support import NVML, PROBE, ROOT, sparkdiag_cmd
+from tests.support import NVML, PROBE, ROOT, scaled_cycle, sparkdiag_cmd
 
 
 def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -260,3 +260,153 @@ def test_a_figure_counts_toward_the_baseline_only_without_a_heat_or_power_reason
 
     assert figure(0x1) is True  # gpu_idle
     assert figure(0x40) is False  # hw_thermal_slowdown
+
+
+# -- issue 32: a verdict per GPU, one missing-torch line, CPU runs worded for a CPU -------------
+
+
+def _learned(tmp_path: Path) -> list[str]:
+    """The recorded H200 cycle, taught three times: its baselines are its own figures."""
+    args = ["probe", "--nvml-fixture", str(NVML / "h200-idle.json"), "--state-dir", str(tmp_path)]
+    for _ in range(3):
+        recorded = ["--probe.fixture", str(PROBE / "h200-default.json"), "--json"]
+        taught = CliRunner().invoke(main, [*args, *recorded])
+        assert taught.exit_code == 0, taught.output
+    return args
+
+
+def _scaled(tmp_path: Path, factor: float, pids: list[int], **software: object) -> str:
+    return str(scaled_cycle(tmp_path / f"scaled-{factor}.json", factor, pids, **software))
+
+
+def test_probe_beside_another_process_is_slower_and_says_who(tmp_path: Path) -> None:
+    """The one-shot probe never judged: beside a real ViT job every figure read 0.45-0.51 of its
+    baseline and it said ok, exit 0."""
+    args = _learned(tmp_path / "state")
+    beside = _scaled(tmp_path, 0.48, [4242])
+    recorded = str(PROBE / "h200-default.json")
+    idle = CliRunner().invoke(main, [*args, "--no-record", "--probe.fixture", recorded])
+    slow = CliRunner().invoke(main, [*args, "--no-record", "--probe.fixture", beside])
+    assert idle.exit_code == 0, idle.output
+    assert "verdict: as fast as its baseline, within the probe's 10 % noise band" in idle.output
+    assert slow.exit_code == 1, slow.output
+    said = " ".join(slow.output.split())
+    assert (
+        "verdict: slower than its baseline: 19 of 19 kernels below 0.90 of it, past the "
+        "probe's 10 % noise band; the lowest" in said
+    )
+    assert said.endswith("at 0.48; while pid 4242 used the GPU")
+    # the table itself is unchanged: the same rows and columns, other figures
+    table = [line.split()[:4] for line in slow.output.splitlines() if line.startswith("  bf16 ")]
+    assert table == [line.split()[:4] for line in idle.output.splitlines()
+                     if line.startswith("  bf16 ")]  # fmt: skip
+    as_json = CliRunner().invoke(main, [*args, "--no-record", "--json", "--probe.fixture", beside])
+    doc = json.loads(as_json.output)
+    verdict = doc["gpus"][0]["verdict"]
+    assert (verdict["status"], verdict["noise_band"], verdict["judged"]) == ("slower", 0.1, 19)
+    assert verdict["beside"] == "pid 4242" and verdict["lowest_efficiency"] == pytest.approx(0.48)
+
+
+def test_probe_without_a_baseline_is_not_judged(tmp_path: Path) -> None:
+    args = [
+        "probe",
+        "--nvml-fixture",
+        str(NVML / "h200-idle.json"),
+        "--no-record",
+        "--state-dir",
+        str(tmp_path),
+        "--probe.fixture",
+        str(PROBE / "h200-default.json"),
+    ]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.output.split())
+    assert "verdict: not judged: no baseline stored for these kernels yet" in said
+    assert not (tmp_path / "baselines.sqlite").exists()  # --no-record creates nothing
+
+
+def test_the_noise_band_edges() -> None:
+    from sparkdiag.baseline.evaluate import GemmFigure
+    from sparkdiag.baseline.store import Baseline
+    from sparkdiag.baseline.verdict import NOISE_BAND, SLOWER_BELOW, judge
+
+    key = BaselineKey("GPU-1", "bf16", "8192x8192x8192", "native", "d", "t", "c", "delivered")
+
+    def figure(eff: float) -> GemmFigure:
+        base = Baseline(key, 700.0, "learned", 5, 0.0, 0.0)
+        return GemmFigure("bf16", "8192x8192x8192", "compute", 0, "ok", None, 700.0 * eff,
+                          700.0, base, None, True)  # fmt: skip
+
+    assert (NOISE_BAND, SLOWER_BELOW) == (0.10, 0.90)
+    assert judge([figure(0.95), figure(0.901)], "").status == "as fast"
+    slower = judge([figure(0.95), figure(0.89)], "")
+    assert slower.status == "slower" and len(slower.slower) == 1
+    assert slower.lowest is not None and slower.lowest.efficiency == pytest.approx(0.89)
+    none = judge([], "no baseline yet")
+    assert (none.status, none.why_not) == ("not judged", "no baseline yet")
+
+
+def test_a_cpu_run_is_worded_for_a_cpu(tmp_path: Path) -> None:
+    """No "default device", no "GPU-busy time", no "None" versions, no baseline it cannot keep."""
+    cpu = _scaled(tmp_path, 1.0, [], device="cpu", gpu_name=None, cuda=None, cublas=None,
+                  driver=None)  # fmt: skip
+    result = CliRunner().invoke(main, ["probe", "--device", "cpu", "--probe.fixture", cpu])
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert out.startswith("CPU (torch device cpu): ok\n")
+    assert "default device" not in out and "GPU-busy" not in out and "None" not in out
+    assert "  CPU-busy time of the cycle: " in out
+    assert "no baseline stored" not in out and "(--record)" not in out
+    said = " ".join(out.split())
+    assert (
+        "verdict: not judged: a run on a torch device (--device, or without NVML) has no GPU "
+        "identity" in said
+    )
+    # the recording's bf16 batch delivered a little more than its median iteration: said why
+    assert "peak below delivered (" in said and "the batch's mean iteration" in said
+
+
+def test_bench_summary_calls_the_best_a_mamf_on_a_gpu_only(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from sparkdiag.commands.bench import _summary
+    from sparkdiag.probe.document import KernelResult
+
+    results = [KernelResult("bf16", "128x128x128", "compute", 0, "ok", None, 0.19, peak=0.2)]
+    _summary(["bf16"], results, "cpu")
+    _summary(["bf16"], results, "cuda")
+    cpu, gpu = capsys.readouterr().out.splitlines()[:2]
+    assert "(the best on the CPU)" in cpu and "MAMF" not in cpu
+    assert "(this GPU's MAMF)" in gpu
+
+
+@pytest.mark.parametrize("command", ["probe", "bench", "soak"])
+def test_missing_torch_is_said_one_way(command: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """probe said a clear line (exit 3); bench "sweep failed: worker exited 1: cannot import
+    torch"; soak first "soaking cpu for 10 s ...", then the import error."""
+    monkeypatch.setattr(packages, "installed_version", lambda _name: None)
+    result = CliRunner().invoke(main, [command, "--device", "cpu", "--small"])
+    assert result.exit_code == 3, result.output
+    assert result.output.startswith("Error: torch is not installed for ")
+    assert f"and sparkdiag {command} needs it: install it into the Python" in result.output
+    assert "--index-url https://download.pytorch.org/whl/cpu" in result.output
+    assert result.output.count("\n") == 1  # nothing before it, nothing after
+    assert "soaking" not in result.output and "sweep failed" not in result.output
+
+
+def test_bench_without_a_gpu_refuses_as_soak_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    """bench with no flags on a machine without a GPU swept 1024³ to 16384³ bf16 on the CPU:
+    9 of 16 kernels after 10 minutes."""
+    from sparkdiag.commands import bench as bench_module
+
+    def never(**_kwargs: object) -> None:
+        raise AssertionError("no worker without a GPU")
+
+    monkeypatch.setattr(bench_module, "run_worker", never)
+    no_nvml = str(NVML / "no-nvml.json")
+    for command in ("bench", "soak"):
+        result = CliRunner().invoke(main, [command, "--nvml-fixture", no_nvml])
+        assert result.exit_code == 1, result.output
+        verb = command
+        assert result.output.startswith(f"Error: no GPU to {verb}: nvmlInit failed")
+        assert "--device cpu --small" in result.output

@@ -149,6 +149,50 @@ def test_the_test_command_is_what_ci_runs() -> None:
     assert 'pytest -m "not slow"' in TEXT
 
 
+def test_what_torch_a_machine_without_a_gpu_downloads_is_said() -> None:
+    """Issue 32: scripts/test called torch==2.13.0 "the CPU build"; from PyPI on Linux x86-64 it
+    is the CUDA build with several GB of nvidia-* wheels. The CPU-only index PyTorch documents is
+    given, opt-in, and the plain pinned install (what CI's local wheel answers) stays as it was."""
+    cpu_index = "https://download.pytorch.org/whl/cpu"
+    script = (ROOT / "scripts" / "test").read_text()
+    assert "the CPU build; an unpinned" not in script
+    assert f"SPARKDIAG_TORCH_INDEX={cpu_index} ./scripts/test" in script
+    assert '"${torch_index[@]}" torch==2.13.0' in script and "torch_index=()" in script
+    quick, install = sections()["Quick start"], sections()["Install"]
+    assert f"SPARKDIAG_TORCH_INDEX={cpu_index} ./scripts/test" in quick
+    assert "CUDA build" in quick and "several GB" in quick
+    assert f"--index-url {cpu_index} torch" in install
+
+
+def test_the_scripts_test_default_is_the_plain_pinned_install(tmp_path: Path) -> None:
+    """Without SPARKDIAG_TORCH_INDEX the pip line is exactly the old one; with it, the index."""
+    import shutil
+
+    fake = tmp_path / "repo"
+    (fake / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "test", fake / "scripts" / "test")
+    pip = fake / ".venv" / "bin" / "pip"
+    pip.parent.mkdir(parents=True)
+    log = tmp_path / "pip.log"
+    pip.write_text(f'#!/bin/sh\necho "$@" >> {log}\nexit 1\n')  # stop at the first install
+    pip.chmod(0o755)
+    venv = tmp_path / "bin"
+    venv.mkdir()
+    (venv / "python3").write_text("#!/bin/sh\nexit 0\n")  # "python3 -m venv .venv": nothing
+    (venv / "python3").chmod(0o755)
+    env = {"PATH": f"{venv}:/usr/bin:/bin"}
+    for extra, expected in (
+        ({}, "install --quiet --disable-pip-version-check torch==2.13.0"),
+        ({"SPARKDIAG_TORCH_INDEX": "https://example.invalid/cpu"},
+         "install --quiet --disable-pip-version-check --index-url https://example.invalid/cpu "
+         "torch==2.13.0"),
+    ):  # fmt: skip
+        log.write_text("")
+        subprocess.run(["bash", str(fake / "scripts" / "test")], env={**env, **extra},
+                       capture_output=True, check=False)  # fmt: skip
+        assert log.read_text().splitlines() == [expected]
+
+
 def test_the_fixture_examples_run(tmp_path: Path) -> None:
     lines = [ln for ln in code_lines(sections()["Settings and fixtures"]) if "fixture" in ln]
     assert len(lines) == 2

@@ -465,3 +465,146 @@ def test_a_long_value_goes_under_its_row_or_last_when_listed() -> None:
         "node-3:10942:", "    ratio 0.900,", f"    uuid {uuids[0]}",
         "node-0:10942:", "    ratio 1.010,", f"    uuid {uuids[1]}",
     ]  # fmt: skip
+
+
+# -- progress lines: one mechanism (terminal.StatusLine), never wider than the terminal --------
+
+
+def test_a_bar_says_how_far() -> None:
+    assert terminal.bar(0, 10) == "[------------]   0%"
+    assert terminal.bar(5, 10) == "[######------]  50%"
+    assert terminal.bar(12, 10) == "[############] 100%"  # past the end: full, not more
+    assert terminal.bar(1, 0) == "[------------]   0%"
+
+
+def _shown(tty: FakeTty) -> list[str]:
+    """Every state of a line rewritten in place (what a terminal shows, one after the other)."""
+    return [part for part in tty.getvalue().split("\r") if part.strip()]
+
+
+@pytest.mark.parametrize("columns", [40, 80, 120])
+def test_soak_progress_is_one_line_within_the_terminal(
+    monkeypatch: pytest.MonkeyPatch, columns: int
+) -> None:
+    """Issue 32: soak's click progress bar was about 115 columns on a CPU (more on a GPU with
+    temperatures), so every update at 80 columns left a cut line behind."""
+    from sparkdiag.commands.soak import _Progress
+    from sparkdiag.probe.request import WorkerRequest
+    from sparkdiag.soak.model import Target
+    from sparkdiag.soak.run import Job
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    windows = heating([6.4, 6.3, 4.0], [4.0, 4.0, 3.9], [55.0, 80.0, 91.0], [50.0, 75.0, 86.0])
+    tty = FakeTty()
+    job = Job(Target("GPU 0", 0, "GPU-0", "NVIDIA H200"), WorkerRequest(soak_seconds=600))
+    with _Progress([job], 600.0, stream=tty) as progress:
+        for w in windows:
+            progress.window(0, w)
+    shown = _shown(tty)
+    assert "\n" not in tty.getvalue() and len(shown) == len(windows)
+    assert all(len(line.rstrip()) < columns for line in shown), shown
+    assert shown[0].startswith("soak [------------]   0% GPU 0 window")
+    if columns >= 80:
+        assert "GPU 0 window 0, 600 s left: 55 °C memory" in shown[0]
+    if columns >= 120:
+        assert shown[-1].rstrip().endswith("91 °C memory, 86 °C GPU, int4/bf16 1.03")
+    assert tty.getvalue().endswith("\r")  # erased before the report
+
+
+def test_soak_progress_off_a_terminal_is_one_wrapped_line_per_window(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from sparkdiag.commands.soak import _Progress
+    from sparkdiag.probe.request import WorkerRequest
+    from sparkdiag.soak.model import Target
+    from sparkdiag.soak.run import Job
+
+    windows = heating([6.4, 4.0], [4.0, 3.9], [55.0, 91.0], [50.0, 86.0])
+    job = Job(Target("GPU 0", 0, "GPU-0"), WorkerRequest(soak_seconds=10))
+    with _Progress([job], 10.0, tty=False, stream=io.StringIO()) as progress:
+        for w in windows:
+            progress.window(0, w)
+    err = capsys.readouterr().err
+    assert "GPU 0 window 1 (5.0 s, 5 s left): 91 °C memory, 86 °C GPU" in words(err)
+    assert all(len(line) <= terminal.DEFAULT_WIDTH for line in err.splitlines())
+
+
+def _kernel(done: int, total: int, shape: str = "16384x16384x16384") -> Any:
+    from sparkdiag.probe.document import KernelResult, Progress
+
+    result = KernelResult("bf16", shape, "compute", 0, "ok", None, 0.193, peak=0.195)
+    return Progress(done, total, result)
+
+
+@pytest.mark.parametrize("columns", [40, 80])
+def test_bench_and_probe_progress_are_one_line_within_the_terminal(
+    monkeypatch: pytest.MonkeyPatch, columns: int
+) -> None:
+    from sparkdiag.commands.bench import _Sweep
+    from sparkdiag.commands.probe_table import KernelProgress
+
+    monkeypatch.setenv("COLUMNS", str(columns))
+    bench, probe = FakeTty(), FakeTty()
+    with _Sweep(16, stream=bench) as sweep:
+        for i in range(1, 17):
+            sweep(_kernel(i, 16))
+    progress = KernelProgress("GPU 0", stream=probe)
+    for i in range(1, 5):
+        progress(_kernel(i, 4))
+    progress.close()
+    for tty, head in ((bench, "bench ["), (probe, "GPU 0 [")):
+        shown = _shown(tty)
+        assert shown and all(line.startswith(head) for line in shown)
+        assert all(len(line.rstrip()) < columns for line in shown), shown
+        assert "\n" not in tty.getvalue() and tty.getvalue().endswith("\r")
+    assert "16/16" in _shown(bench)[-1] or columns < 40
+    assert len(sweep.results) == 16  # what Ctrl-C keeps
+
+
+def test_the_kernel_lines_off_a_terminal_are_one_per_kernel(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from sparkdiag.commands.bench import _Sweep
+
+    with _Sweep(2, stream=io.StringIO()) as sweep:
+        sweep(_kernel(1, 2, "128x128x128"))
+        sweep(_kernel(2, 2, "256x256x256"))
+    assert capsys.readouterr().err.splitlines() == [
+        "bench [1/2] bf16 128x128x128: 0.195 TFLOPS",
+        "bench [2/2] bf16 256x256x256: 0.195 TFLOPS",
+    ]
+
+
+@pytest.mark.worker
+def test_every_command_fits_its_terminal_live_output_included() -> None:
+    """scripts/term_widths.py renders every command (progress and status lines included) on a
+    pseudo-terminal of 80 and 120 columns and fails on a line wider than its terminal."""
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "term_widths.py"), "80", "120"],
+        capture_output=True, text=True, cwd=ROOT, timeout=600, check=False,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    table = json.loads(done.stdout.splitlines()[-1])
+    for name in ("soak (live)", "bench (CPU, live)", "probe (CPU, live)", "check (no GPU)"):
+        assert name in table, name
+
+
+def test_log_lines_wrap_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """serve's first log lines ran to 219 columns at 80 (the quick start's first screen)."""
+    import logging
+
+    from sparkdiag.commands.common import _TerminalFormatter
+
+    monkeypatch.setenv("COLUMNS", "80")
+    monkeypatch.setattr(sys, "stderr", FakeTty())
+    message = (
+        "NVML unavailable (nvmlInit failed: NVML Shared Library Not Found): GPU telemetry "
+        "skipped; exporting host PCIe links, execution context and host memory, with "
+        "sparkdiag_nvml_up 0"
+    )
+    record = logging.LogRecord("sparkdiag", logging.WARNING, __file__, 1, message, None, None)
+    shown = _TerminalFormatter("%(levelname)s %(name)s: %(message)s").format(record)
+    assert len(shown.splitlines()) == 3 and all(len(line) <= 80 for line in shown.splitlines())
+    assert words(shown) == f"WARNING sparkdiag: {message}"
+    assert shown.splitlines()[1].startswith("    ")

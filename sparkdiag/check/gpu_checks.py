@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
-from sparkdiag.check.model import CheckContext, CheckResult, no_gpu_reason
+from sparkdiag.check.model import CheckContext, CheckResult, no_gpu_reason, no_gpu_skip
 from sparkdiag.check.model import gpu_index as _idx
 from sparkdiag.snapshot import GpuSample
 
@@ -21,7 +21,7 @@ GpuCheck = Callable[[CheckContext, GpuSample], CheckResult]
 def per_gpu(name: str, ctx: CheckContext, check: GpuCheck) -> list[CheckResult]:
     """Run ``check`` on every GPU that is up; a lost GPU or no GPU at all is a skip."""
     if not ctx.snapshot.gpus:
-        return [CheckResult(name, "skip", no_gpu_reason(ctx.snapshot))]
+        return [no_gpu_skip(name, ctx.snapshot)]
     results = []
     for gpu in ctx.snapshot.gpus:
         if not gpu.up:
@@ -42,6 +42,7 @@ def each_gpu(name: str, check: GpuCheck) -> Callable[[CheckContext], list[CheckR
 
     run.__doc__ = check.__doc__
     run.__name__ = run.__qualname__ = f"check_{name.replace('-', '_')}"
+    run.__module__ = check.__module__  # its kind in docs/check.md: thermal, health, stall ...
     return run
 
 
@@ -69,7 +70,11 @@ def check_nvml(ctx: CheckContext) -> list[CheckResult]:
         ]  # fmt: skip
     if ctx.expect_gpus:
         return [CheckResult("nvml", "fail", f"{why}, yet --expect-gpus {ctx.expect_gpus}", action)]
-    return [CheckResult("nvml", "skip", f"{why}: no NVIDIA driver here; GPU checks skipped")]
+    return [
+        CheckResult("nvml", "skip", f"{why}: no NVIDIA driver here",
+                    "none without an NVIDIA GPU; on a GPU machine, install the NVIDIA driver "
+                    "until nvidia-smi answers")
+    ]  # fmt: skip
 
 
 def check_gpus(ctx: CheckContext) -> list[CheckResult]:
@@ -106,10 +111,12 @@ def check_gpus(ctx: CheckContext) -> list[CheckResult]:
             CheckResult("gpus", "warn", f"{seen}, only {expected} expected",
                         "check --expect-gpus, or which GPUs this job should see", data=data)
         ]  # fmt: skip
+    if not up and expected == 0:
+        return [CheckResult("gpus", "pass", f"{seen} (as expected)", data=data)]
     if not up:
         if expected:
             return [CheckResult("gpus", "fail", f"{seen}, {expected} expected", data=data)]
-        return [CheckResult("gpus", "skip", no_gpu_reason(snap), data=data)]
+        return [no_gpu_skip("gpus", snap, **data)]
     suffix = " (as expected)" if expected is not None else ""
     return [CheckResult("gpus", "pass", seen + suffix, data=data)]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from sparkdiag.check.model import CheckContext, CheckResult
+from sparkdiag.check.model import CheckContext, CheckResult, no_gpu_skip
 from sparkdiag.platforms import describe
 
 # Unified memory (GB10): the GPU allocates from host memory.
@@ -76,8 +76,10 @@ def check_unified_memory(ctx: CheckContext) -> list[CheckResult]:
     memory pressure (PSI)."""
     name = "unified-memory"
     unified = [g for g in ctx.gpus_up() if g.identity.memory_model == "unified"]
+    if not ctx.gpus_up():
+        return [no_gpu_skip(name, ctx.snapshot)]
     if not unified:
-        why = "GPU has its own memory" if ctx.gpus_up() else "no GPU"
+        why = "GPU has its own memory"
         return [CheckResult(name, "skip", f"not a unified-memory machine ({why})")]
     host = ctx.snapshot.host
     memory = host.memory_bytes if host is not None else {}

@@ -9,7 +9,7 @@ dataclasses (:mod:`sparkdiag.sources.kernel_log`, :mod:`sparkdiag.sources.packag
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -31,8 +31,10 @@ Status = Literal["pass", "warn", "fail", "skip"]
 STATUSES: tuple[Status, ...] = ("pass", "warn", "fail", "skip")
 # Rank for "worst": skip never makes a run worse than pass.
 _RANK = {"skip": 0, "pass": 1, "warn": 2, "fail": 3}
-# The exit status of a run, from the worst status (sparkdiag.errors.Exit: a failed check is FAILED).
-EXIT_CODES = {"pass": Exit.OK, "skip": Exit.OK, "warn": Exit.ATTENTION, "fail": Exit.FAILED}
+# The exit status of a run, from its status (sparkdiag.errors.Exit: a failed check is FAILED). A
+# run that judged nothing (every check skipped, or no GPU checked: run_status) is "look at it":
+# a machine without a GPU used to end "fit to benchmark" with exit 0 and "status": "pass".
+EXIT_CODES = {"pass": Exit.OK, "skip": Exit.ATTENTION, "warn": Exit.ATTENTION, "fail": Exit.FAILED}
 
 
 @dataclass(frozen=True)
@@ -73,8 +75,27 @@ def worst(statuses: list[Status] | tuple[Status, ...]) -> Status:
 
 
 def exit_code(statuses: list[Status] | tuple[Status, ...]) -> int:
-    """0 when everything passed or was skipped, 1 for a warning, 3 for a failure."""
+    """0 when everything passed (some may be skipped), 1 for a warning or when every check was
+    skipped, 3 for a failure."""
     return int(EXIT_CODES[worst(statuses)])
+
+
+def gpu_unchecked(results: Sequence[CheckResult]) -> bool:
+    """No GPU was checked: the ``gpus`` row is there and skipped (no NVML, or none listed)."""
+    gpus = [r for r in results if r.name == "gpus"]
+    return bool(gpus) and all(r.status == "skip" for r in gpus)
+
+
+def run_status(results: Sequence[CheckResult]) -> Status:
+    """The status of a whole run: the worst of its results, except that a run with no GPU
+    checked is ``skip`` (nothing judged) where the host rows alone would say ``pass``."""
+    status = worst([r.status for r in results])
+    return "skip" if status == "pass" and gpu_unchecked(results) else status
+
+
+def run_exit_code(results: Sequence[CheckResult]) -> int:
+    """The exit status of a run (:data:`EXIT_CODES` of :func:`run_status`)."""
+    return int(EXIT_CODES[run_status(results)])
 
 
 @dataclass(frozen=True)
@@ -156,6 +177,23 @@ class CheckContext:
     def describe_pid(self, pid: int) -> str:
         name = self.process_names.get(pid)
         return f"pid {pid} ({name})" if name else f"pid {pid}"
+
+
+SEE = "see"  # a result's data key naming the row that says why it was skipped
+
+
+def no_gpu_skip(name: str, snapshot: Snapshot, **data: Any) -> CheckResult:
+    """The skip of a GPU check on a machine with no GPU to check. The ``nvml`` row (NVML is
+    down) or the ``gpus`` row (NVML lists none) says why, once; this row refers to it by name
+    (``data["see"]``), and the table shows every row that refers to the same one as one row
+    (``check/report.py``). Where GPUs are listed but every one is lost, the reason is its own."""
+    if not snapshot.nvml_up:
+        return CheckResult(name, "skip", "not run without a GPU (see nvml)",
+                           data={**data, SEE: "nvml"})  # fmt: skip
+    if not snapshot.gpus and name != "gpus":
+        return CheckResult(name, "skip", "not run without a GPU (see gpus)",
+                           data={**data, SEE: "gpus"})  # fmt: skip
+    return CheckResult(name, "skip", no_gpu_reason(snapshot), data=data)
 
 
 def no_gpu_reason(snapshot: Snapshot) -> str:

@@ -9,6 +9,9 @@ from sparkdiag.link.lint import lint
 
 
 def check_cx7_config(ctx: CheckContext) -> list[CheckResult]:
+    """The ConnectX-7 setup, as ``sparkdiag link lint`` reads it: MTU, NCCL_IB_HCA and
+    NCCL_SOCKET_IFNAME, CmaTotal and the NCCL libraries; each finding warns with its fix, no
+    ConnectX-7 skips."""
     name = "cx7-config"
     readings = ctx.fabric
     if readings is None:
@@ -42,6 +45,8 @@ def check_cx7_config(ctx: CheckContext) -> list[CheckResult]:
 
 
 def check_link_peer(ctx: CheckContext) -> list[CheckResult]:
+    """A short ``sparkdiag link test`` to ``--peer`` (not with ``--quick``): each path fit
+    passes, degraded or unrated warns, failed or unreachable fails."""
     name = "link-peer"
     if ctx.peer_error is not None:
         return [

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 
 from sparkdiag.baseline.keeper import HeldRun
-from sparkdiag.check.model import CheckContext, CheckResult, no_gpu_reason
+from sparkdiag.check.model import CheckContext, CheckResult, no_gpu_skip
 from sparkdiag.peers.compare import FAIL_BELOW, WARN_BELOW
 from sparkdiag.peers.node import NodeVerdict, PeerFigure, judge_node
 
@@ -98,7 +98,7 @@ def check_peers(ctx: CheckContext) -> list[CheckResult]:
     """The slowest GPU of each model against the median of the others: 7 % below fails, 3.5 %
     warns (a GPU judged by the median of its compute-bound kernels)."""
     if not ctx.gpus_up():
-        return [CheckResult(NAME, "skip", no_gpu_reason(ctx.snapshot))]
+        return [no_gpu_skip(NAME, ctx.snapshot)]
     if ctx.probe_skipped is not None:
         return [CheckResult(NAME, "skip", ctx.probe_skipped)]
     verdicts = judge_node(_figures(ctx))
@@ -147,6 +147,8 @@ def check_baseline_learning(ctx: CheckContext) -> list[CheckResult]:
     """A baseline the daemon holds out of learning (far below the peers and the reference) warns,
     one row per GPU."""
     report = ctx.baseline_store
+    if (report is None or report.state != "ok") and not ctx.gpus_up():
+        return [no_gpu_skip(LEARNING, ctx.snapshot)]
     if report is None or report.state != "ok":
         return [CheckResult(LEARNING, "skip", "no usable baseline store (see baseline-store)")]
     if not report.held:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from sparkdiag.baseline.evaluate import GemmFigure
 from sparkdiag.baseline.reference import GB10, gpu_model
-from sparkdiag.check.model import CheckContext, CheckResult, GpuProbe, Status, no_gpu_reason, worst
+from sparkdiag.check.model import CheckContext, CheckResult, GpuProbe, Status, no_gpu_skip, worst
 from sparkdiag.platforms import describe
 from sparkdiag.probe.document import Conditions
 from sparkdiag.probe.runner import worker_path
@@ -40,7 +40,7 @@ ProbeCheck = Callable[[CheckContext, GpuProbe], CheckResult]
 def per_probe(name: str, ctx: CheckContext, check: ProbeCheck) -> list[CheckResult]:
     """Run ``check`` on every probed GPU; a GPU without a probe result is a skip with why."""
     if not ctx.gpus_up():
-        return [CheckResult(name, "skip", no_gpu_reason(ctx.snapshot))]
+        return [no_gpu_skip(name, ctx.snapshot)]
     if ctx.probe_skipped is not None:
         return [CheckResult(name, "skip", ctx.probe_skipped)]
     results = []

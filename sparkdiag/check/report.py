@@ -10,7 +10,15 @@ from typing import Any
 import click
 
 from sparkdiag import terminal
-from sparkdiag.check.model import STATUSES, CheckResult, Status, exit_code, worst
+from sparkdiag.check.model import (
+    SEE,
+    STATUSES,
+    CheckResult,
+    Status,
+    gpu_unchecked,
+    run_exit_code,
+    run_status,
+)
 
 SCHEMA = "sparkdiag-check/1"
 COLOURS = {"pass": "green", "warn": "yellow", "fail": "red", "skip": "bright_black"}
@@ -18,7 +26,7 @@ HEADERS = ("STATUS", "CHECK", "GPU", "FINDING")
 GAP = "  "
 VERDICTS = {
     "pass": "fit to benchmark",
-    "skip": "nothing could be checked",
+    "skip": "nothing judged: every check was skipped",
     "warn": "fit to benchmark with care: read the warnings",
     "fail": "not fit to benchmark: fix the failures first",
 }
@@ -28,10 +36,15 @@ def summary(results: Sequence[CheckResult], duration: float) -> str:
     """The counts, the time taken and the verdict: ``12 pass, 2 warn, ... in 4.2 s: ...``."""
     counts = Counter(r.status for r in results)
     parts = ", ".join(f"{counts.get(s, 0)} {s}" for s in STATUSES)
-    status = worst([r.status for r in results])
-    gpus = [r for r in results if r.name == "gpus"]
-    unchecked = " (no GPU was checked)" if gpus and all(r.status == "skip" for r in gpus) else ""
-    return f"{parts} in {duration:.1f} s: {VERDICTS[status]}{unchecked}"
+    status = run_status(results)
+    if not gpu_unchecked(results):
+        return f"{parts} in {duration:.1f} s: {VERDICTS[status]}"
+    gpus = next(r for r in results if r.name == "gpus")
+    why = f"see {gpus.data[SEE]}" if SEE in gpus.data else gpus.finding
+    unchecked = f"no GPU was checked ({why})"
+    if status == "skip":
+        return f"{parts} in {duration:.1f} s: nothing judged: {unchecked}"
+    return f"{parts} in {duration:.1f} s: {VERDICTS[status]}; {unchecked}"
 
 
 def _style(text: str, status: Status, colour: bool) -> str:
@@ -53,6 +66,34 @@ def gpu_list(indices: Sequence[str]) -> str:
         if n is not None:
             start = prev = n
     return ",".join(spans)
+
+
+def collapse(results: Sequence[CheckResult]) -> list[CheckResult]:
+    """The rows skipped by reference to another row (``data["see"]``: the GPU rows of a machine
+    without a GPU point at ``nvml``), as one row after the row they name: "20 GPU checks, not
+    run without a GPU (see nvml): gpus, versions, idle, ...", instead of twenty rows that
+    repeat the same reason. ``--json`` keeps every row."""
+    names = {r.name for r in results}
+    referring: dict[str, list[CheckResult]] = {}
+    for r in results:
+        ref = r.data.get(SEE)
+        if r.status == "skip" and r.gpu is None and isinstance(ref, str) and ref in names:
+            referring.setdefault(ref, []).append(r)
+    referring = {ref: rows for ref, rows in referring.items() if len(rows) > 1}
+    gathered = {id(r) for rows in referring.values() for r in rows}
+    out: list[CheckResult] = []
+    for r in results:
+        if id(r) in gathered:
+            continue
+        out.append(r)
+        rows = referring.get(r.name)
+        if rows:
+            listed = ", ".join(row.name for row in rows)
+            out.append(
+                CheckResult(f"{len(rows)} GPU checks", "skip",
+                            f"not run without a GPU (see {r.name}): {listed}")
+            )  # fmt: skip
+    return out
 
 
 def merge(results: Sequence[CheckResult]) -> list[tuple[CheckResult, str]]:
@@ -78,7 +119,7 @@ def table(
     each finding wraps under itself, each action on its own lines under its finding; per-GPU
     rows that say the same thing on several GPUs are shown once (GPU column "0-7")."""
     width = terminal.width() if width is None else width
-    merged = merge(results)
+    merged = merge(collapse(results))
     rows = [(r.status.upper(), r.name, gpus, r.finding) for r, gpus in merged]
     widths = [max(len(HEADERS[i]), *(len(row[i]) for row in rows)) for i in range(3)]
     indent = sum(widths) + len(GAP) * 3
@@ -98,13 +139,16 @@ def table(
 
 
 def document(results: Sequence[CheckResult], duration: float, quick: bool) -> dict[str, Any]:
-    """The JSON document (schema ``sparkdiag-check/1``)."""
-    status = worst([r.status for r in results])
+    """The JSON document (schema ``sparkdiag-check/1``): ``status`` is the run's
+    (:func:`run_status`: ``skip`` when nothing was judged, as on a machine without a GPU),
+    ``judged`` false then; every row is listed, those skipped by reference with ``data.see``."""
+    status = run_status(results)
     counts = Counter(r.status for r in results)
     return {
         "schema": SCHEMA,
         "status": status,
-        "exit_code": exit_code([r.status for r in results]),
+        "judged": status != "skip",
+        "exit_code": run_exit_code(results),
         "duration_seconds": round(duration, 3),
         "quick": quick,
         "counts": {s: counts.get(s, 0) for s in STATUSES},

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkdiag.check.model import CheckContext, CheckResult
+from sparkdiag.check.model import CheckContext, CheckResult, no_gpu_skip
 from sparkdiag.check.thermal_checks import THERMAL_ACTION
 from sparkdiag.soak.render import SENSOR_WORDS, fraction
 from sparkdiag.soak.state import GpuState, KernelState
@@ -110,10 +110,14 @@ def _cpu_run(g: GpuState, now: float) -> CheckResult:
 
 
 def check_soak(ctx: CheckContext) -> list[CheckResult]:
-    """Per GPU, the latest soak's verdict and age (see the module docstring)."""
+    """Per GPU, the latest ``sparkdiag soak`` (``soak.json`` in the state directory) and its
+    age: every kernel held at least 0.9 of its cold throughput passes; one fell below, the soak
+    failed or stopped on a hardware slowdown warns; none yet, or a CPU test soak, skips."""
     report = ctx.soak
     if report is None:
         return [CheckResult(NAME, "skip", "the soak state was not looked at")]
+    if report.state == "absent" and not ctx.gpus_up():  # nothing to soak here
+        return [no_gpu_skip(NAME, ctx.snapshot)]
     if report.state == "absent":
         return [CheckResult(NAME, "skip", report.detail, f"{RUN_SOAK} to see whether "
                             "throughput holds when the GPU is hot")]  # fmt: skip

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparkdiag.check.model import CheckContext, CheckResult
+from sparkdiag.check.model import CheckContext, CheckResult, no_gpu_skip
 
 NAME = "baseline-store"
 
@@ -18,6 +18,8 @@ def check_baseline_store(ctx: CheckContext) -> list[CheckResult]:
             "baselines": report.baselines}  # fmt: skip
     if report.state == "ok":
         return [CheckResult(NAME, "pass", f"{report.detail} in {report.path}", data=data)]
+    if report.state == "absent" and not ctx.gpus_up():  # nothing to learn one from here
+        return [no_gpu_skip(NAME, ctx.snapshot, **data)]
     if report.state == "absent":
         return [
             CheckResult(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 
-from sparkdiag.check.model import CheckContext, CheckResult
+from sparkdiag.check.model import CheckContext, CheckResult, no_gpu_skip
 from sparkdiag.probe.document import Software
 from sparkdiag.probe.runner import torch_install_hint
 
@@ -103,8 +103,10 @@ def check_versions(ctx: CheckContext) -> list[CheckResult]:
         "torch_cuda": torch_cuda,
     }
     driver = parse_version(driver_text)
+    if driver is None and not ctx.snapshot.nvml_up:
+        return [no_gpu_skip(NAME, ctx.snapshot, **data)]
     if driver is None:
-        return [CheckResult(NAME, "skip", "driver version unknown: NVML unavailable", data=data)]
+        return [CheckResult(NAME, "skip", "driver version unknown: NVML gave none", data=data)]
     supported = driver_cuda(driver)
     data["driver_cuda"] = None if supported is None else _show(supported)
     newer = beyond_table(driver)

@@ -10,12 +10,18 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import click
 
 from sparkdiag import terminal
-from sparkdiag.commands.common import check_output_path, worker_request
+from sparkdiag.commands.common import (
+    check_output_path,
+    gpus_seen,
+    no_gpu,
+    require_torch,
+    worker_request,
+)
 from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.flags import file_option, settings_from, settings_options, worker_options
 from sparkdiag.probe.document import KernelResult, Progress
@@ -55,41 +61,42 @@ def _range(ctx: click.Context, param: click.Parameter, value: str | None) -> lis
 
 class _Sweep:
     """The kernels measured so far (from the worker's progress lines, so that Ctrl-C keeps
-    them), shown as a bar on a terminal and one line per kernel elsewhere. The count and the
-    total are the worker's own: a pass that does not run is never counted."""
+    them), shown on a terminal as one status line (:class:`terminal.StatusLine`: a bar, the
+    count, the seconds since the start and the latest kernel, cut to the terminal's width) and
+    as one line per kernel elsewhere. The count and the total are the worker's own: a pass that
+    does not run is never counted. No ETA: a sweep's kernels grow as the cube of M, so the time
+    per kernel so far says little of the time left."""
 
-    def __init__(self, total: int, tty: bool) -> None:
+    def __init__(self, total: int, stream: TextIO | None = None) -> None:
         self.total = total
         self.done = 0
         self.results: list[KernelResult] = []
-        self.bar: Any = None
-        self.tty = tty
+        self.line = terminal.StatusLine(sys.stderr if stream is None else stream, every=0.0)
+        self.started = time.monotonic()
 
     def __enter__(self) -> _Sweep:
-        if self.tty:
-            self.bar = click.progressbar(
-                length=self.total, label="sweeping", file=sys.stderr, show_pos=True
-            ).__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
+        self.line.clear()
 
     def __call__(self, item: Progress) -> None:
         if item.result is None:
             return
         self.results.append(item.result)
         self.total = max(item.total, item.done)
-        step = item.done - self.done
         self.done = item.done
         r = item.result
         figure = f"{r.peak:.3g} {throughput_unit(r.dtype)}" if r.peak is not None else r.status
-        if self.bar is not None:
-            self.bar.length = self.total
-            self.bar.update(max(step, 0))
-        else:
-            click.echo(f"bench [{self.done}/{self.total}] {r.dtype} {r.shape}: {figure}", err=True)
+        latest = f"{r.dtype} {r.shape}: {figure}"
+        if not self.line.enabled:
+            click.echo(f"bench [{self.done}/{self.total}] {latest}", err=True)
+            return
+        now = time.monotonic()
+        bar = terminal.bar(self.done, self.total)
+        self.line.show(
+            f"bench {bar} {self.done}/{self.total}, {now - self.started:.0f} s · {latest}", now
+        )
 
 
 def _write_csv(path: Path, results: Sequence[KernelResult]) -> None:
@@ -110,7 +117,10 @@ def _figure(value: float | None) -> str:
     return f"{value:.1f}" if value >= 100 else f"{value:.3g}"
 
 
-def _summary(dtypes: Sequence[str], results: Sequence[KernelResult]) -> None:
+def _summary(dtypes: Sequence[str], results: Sequence[KernelResult], device: str) -> None:
+    """Per dtype the best shape and the median over the sweep; the best is this GPU's MAMF (the
+    maximum achievable matmul throughput, as mamf-finder names it) on a GPU, and only the best
+    of the shapes tried on a CPU."""
     width = terminal.width()
     for dtype in dtypes:
         ok = [r for r in results if r.dtype == dtype and r.peak is not None]
@@ -123,14 +133,17 @@ def _summary(dtypes: Sequence[str], results: Sequence[KernelResult]) -> None:
         best = max(ok, key=lambda r: r.peak or 0.0)
         median = statistics.median(r.peak or 0.0 for r in ok)
         unit = throughput_unit(dtype)
-        line = (f"{dtype}: best {_figure(best.peak)} {unit} at {best.shape} (this GPU's MAMF); "
+        on = "CPU" if device == "cpu" else device
+        what = "this GPU's MAMF" if device.startswith("cuda") else f"the best on the {on}"
+        line = (f"{dtype}: best {_figure(best.peak)} {unit} at {best.shape} ({what}); "
                 f"median {_figure(median)} over {len(ok)} shapes")  # fmt: skip
         click.echo(terminal.fill(line, width, "", "    "))
 
 
 def _interrupted(
-    sweep: _Sweep, dtypes: Sequence[str], csv_path: Path | None, json_path: Path | None
-) -> None:
+    sweep: _Sweep, dtypes: Sequence[str], csv_path: Path | None, json_path: Path | None,
+    device: str,
+) -> None:  # fmt: skip
     """Ctrl-C: write and print the kernels measured so far, exit INTERRUPTED."""
     results = [r for r in sweep.results if r.beta == 0]
     if csv_path:
@@ -145,7 +158,7 @@ def _interrupted(
         }
         json_path.write_text(json.dumps(body, indent=1))
     click.echo(f"interrupted after {sweep.done} of {sweep.total} kernels", err=True)
-    _summary(dtypes, results)
+    _summary(dtypes, results, device)
     sys.exit(Exit.INTERRUPTED)
 
 
@@ -179,24 +192,37 @@ def bench(
     """A longer mamf-style sweep: the best achievable matmul throughput over a range of shapes.
 
     Square shapes by default (M=N=K from --m); give --n and --k for the full grid (it grows as
-    their product). Runs in one worker subprocess, with a progress bar; the GPU is not checked
-    for other users (this is a benchmark you start on purpose). Prints the best shape per dtype
-    (the MAMF) and the median over the sweep.
+    their product). Runs in one worker subprocess on the GPU (CUDA's first device), with a
+    progress line; the GPU is not checked for other users (this is a benchmark you start on
+    purpose). Prints the best shape per dtype (this GPU's MAMF) and the median over the sweep.
 
-    --small and --device cpu sweep small cubes (128 to 512, seconds on a CPU) unless --m is
-    given. Ctrl-C
-    stops the sweep: the kernels measured so far are written (--csv, --json) and printed.
+    Without a GPU bench refuses (exit 1), as soak does, rather than sweep GPU-sized shapes on
+    the CPU for hours: --device cpu --small sweeps small cubes (128 to 512, seconds on a CPU;
+    --device cpu alone takes the same cubes unless --m is given), a smoke test. Ctrl-C stops
+    the sweep: the kernels measured so far are written (--csv, --json) and printed.
 
-    Exit status: 0 swept; 2 usage error (output paths are checked before the sweep); 3 the
-    worker failed or timed out (what it measured before is still written and printed);
-    130 interrupted.
+    \b
+    Exit status:
+      0    swept
+      1    no GPU (NVML sees none; give --device cpu), or torch cannot use the
+           device
+      2    usage error (output paths are checked before the sweep)
+      3    torch is not installed, or the worker failed or timed out (what it
+           measured before is still written and printed)
+      130  interrupted
     """
     settings = settings_from("bench", given)
     check_output_path(csv_path, "--csv")
     check_output_path(json_path, "--json")
+    require_torch("bench")
     # a CPU sweeps the small cubes too: the worker sizes everything small there, and 16384³ on
     # a CPU would take hours
     tiny = small or device == "cpu"
+    if device is None:  # the GPU, or a refusal: never a quiet sweep of GPU shapes on the CPU
+        samples, why = gpus_seen(settings.nvml_fixture)
+        if not samples:
+            raise no_gpu("bench", why, "--device cpu --small sweeps small cubes on the CPU")
+        device = "cuda"
     ms = m_range if m_range is not None else parse_range(SMALL_M_RANGE if tiny else M_RANGE)
     if n_range is None and k_range is None:
         shapes = [f"{m}x{m}x{m}" for m in ms]
@@ -222,13 +248,13 @@ def bench(
         budget_seconds=max(timeout, 1.0),
     )
     # explicit shapes: one pass per shape and dtype, no beta=1 variant (worker.plan_suite)
-    sweep = _Sweep(len(shapes) * len(dtypes), sys.stderr.isatty())
+    sweep = _Sweep(len(shapes) * len(dtypes))
     started = time.monotonic()
     try:
         with sweep:
             cycle = run_worker(request=request, timeout=timeout, on_progress=sweep)
     except KeyboardInterrupt:  # the worker's group is already killed (run_worker)
-        _interrupted(sweep, dtypes, csv_path, json_path)
+        _interrupted(sweep, dtypes, csv_path, json_path, device)
     doc = cycle.document
     results = [r for r in doc.results if r.beta == 0] if doc else []
     if json_path and doc is not None:
@@ -237,12 +263,15 @@ def bench(
         _write_csv(csv_path, results)
     if cycle.result in ("error", "timeout") and not results:
         raise SparkdiagError(f"sweep failed: {cycle.reason}")
+    if cycle.result == "unsupported" and not results:
+        raise SparkdiagError(f"nothing swept: {cycle.reason}", exit_code=Exit.ATTENTION)
     if doc is not None:
         sw = doc.software
-        name = f"{sw.gpu_name or sw.device}: torch {sw.torch}, CUDA {sw.cuda}"
-        click.echo(terminal.fill(name, terminal.width(), "", "    "))
+        what = sw.gpu_name or ("CPU" if sw.device == "cpu" else sw.device)
+        known = [f"torch {sw.torch}"] + ([f"CUDA {sw.cuda}"] if sw.cuda else [])
+        click.echo(terminal.fill(f"{what}: {', '.join(known)}", terminal.width(), "", "    "))
     click.echo(f"swept {len(results)} kernels in {time.monotonic() - started:.1f} s")
-    _summary(dtypes, results)
+    _summary(dtypes, results, device)
     if cycle.result in ("error", "timeout"):
         click.echo(f"warning: {cycle.reason}", err=True)
         sys.exit(Exit.FAILED)

@@ -16,9 +16,10 @@ from typing import Any
 
 import click
 
+from sparkdiag import terminal
 from sparkdiag.check.catalog import run_checks
 from sparkdiag.check.gather import Sources, gather
-from sparkdiag.check.model import exit_code
+from sparkdiag.check.model import run_exit_code
 from sparkdiag.check.report import render_json, table
 from sparkdiag.commands.common import setup_logging
 from sparkdiag.flags import settings_from, settings_options
@@ -34,7 +35,8 @@ def _progress(gpus: Sequence[GpuSample], timeout: float) -> None:
         what = f"GPU {gpus[0].identity.index} ({names[0]})"
     else:
         what = f"{len(gpus)} GPUs ({', '.join(names)}) at once"
-    click.echo(f"probing {what}, up to {timeout:g} s…", err=True)
+    click.echo(terminal.fill(f"probing {what}, up to {timeout:g} s…", terminal.width(sys.stderr)),
+               err=True)  # fmt: skip
 
 
 @click.command("check")
@@ -71,16 +73,17 @@ def check(
     once, about a second of GPU time each) against its stored baseline and the published
     reference for its model, the SM clock and PCIe link under that load, and int4 against
     bf16/fp16 at the decode shape. Each check says pass, warn, fail or skip, what it
-    measured, and what to do. Without a GPU, the GPU checks are
-    skipped and the host checks still run.
+    measured, and what to do. Without a GPU the GPU checks are skipped (one row says why), the
+    host checks still run, and the run judges nothing: it exits 1, "status": "skip" in --json.
+    Every check: docs/check.md.
 
     \b
     Exit status:
       0  every check passed (skipped checks do not count)
-      1  at least one warning, no failure
+      1  at least one warning and no failure, or nothing judged (no GPU was
+         checked)
       2  the check could not run: a bad flag or value, an unreadable fixture
       3  at least one check failed
-    (Changed: a failed check used to exit 2, and a usage error 3.)
     """
     started = time.monotonic()
     settings = settings_from("check", given)
@@ -103,4 +106,4 @@ def check(
     else:
         colour = not os.environ.get("NO_COLOR")
         click.echo(table(results, duration, colour=colour), nl=False, color=None)
-    ctx.exit(exit_code([r.status for r in results]))
+    ctx.exit(run_exit_code(results))

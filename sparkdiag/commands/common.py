@@ -11,12 +11,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from sparkdiag import terminal
 from sparkdiag.config import Settings
-from sparkdiag.errors import UsageError
+from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.snapshot import GpuSample
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class _TerminalFormatter(logging.Formatter):
+    """On a terminal a log record wraps at words within its width, later lines indented (the
+    daemon's first lines ran to 219 columns at 80: "NVML unavailable (...): GPU telemetry
+    skipped; exporting ..."); in a pipe, a file or journald each record stays one line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        width = terminal.width(sys.stderr)
+        return "\n".join(part for line in text.splitlines()
+                         for part in terminal.wrap(line, width, "", "    "))  # fmt: skip
 
 
 def setup_logging(level: str, prefix: str | None = None) -> None:
@@ -25,11 +38,16 @@ def setup_logging(level: str, prefix: str | None = None) -> None:
     ``prefix`` gives short lines for an interactive command ("sparkdiag watch: message")
     instead of the daemon's timestamped ones.
     """
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format=LOG_FORMAT if prefix is None else f"{prefix}: %(message)s",
-        stream=sys.stderr,
-    )
+    fmt = LOG_FORMAT if prefix is None else f"{prefix}: %(message)s"
+    logging.basicConfig(level=getattr(logging, level.upper()), format=fmt, stream=sys.stderr)
+    try:
+        tty = sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    if tty:
+        for handler in logging.getLogger().handlers:
+            if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stderr:
+                handler.setFormatter(_TerminalFormatter(fmt))
 
 
 def check_output_path(path: Path | str | None, flag: str) -> None:
@@ -120,3 +138,34 @@ def worker_request(
         device=device, dtypes=tuple(dtypes), shapes=tuple(shapes), small=small,
         probe_when=settings.probe_when if probe_when is None else probe_when, **more,
     )  # fmt: skip
+
+
+# PyTorch's own CPU-only index (pytorch.org, "Get started"): from the public index, torch on
+# Linux x86-64 is the CUDA build and pulls several GB of nvidia-* wheels.
+CPU_TORCH = "the CPU-only build: add --index-url https://download.pytorch.org/whl/cpu"
+
+
+def require_torch(command: str) -> None:
+    """The worker imports torch: without it ``probe``, ``bench`` and ``soak`` say so in the same
+    one line, how to install it, and exit FAILED (3), before anything else is printed or run
+    (they used to say it three ways: a line, "sweep failed: worker exited 1", and "soaking cpu
+    for 10 s" before the import error)."""
+    from sparkdiag.probe.runner import torch_install_hint
+    from sparkdiag.sources.packages import read_torch
+
+    torch = read_torch()
+    if torch.version is None:
+        raise SparkdiagError(
+            f"torch is not installed for {torch.python}, and sparkdiag {command} needs it: "
+            + torch_install_hint(torch.python)
+            + f"; on a machine without a GPU, {CPU_TORCH}"
+        )
+
+
+def no_gpu(verb: str, why: str | None, cpu_run: str) -> SparkdiagError:
+    """The one refusal of a command that loads a GPU when NVML sees none (``soak``, ``bench``):
+    why there is none, and the CPU run that smoke-tests the command instead. ATTENTION (1), as
+    a GPU that is not measured (busy, unsupported)."""
+    return SparkdiagError(
+        f"no GPU to {verb}: {why or 'NVML lists none'} ({cpu_run})", exit_code=Exit.ATTENTION
+    )

@@ -85,8 +85,9 @@ Exit status:
   0    every kernel measured on both sides is within --max-gap
   1    the worst gap exceeds --max-gap (the container is slower)
   2    usage error
-  3    a side failed to run (runtime or image missing, no GPU or no torch inside,
-       hang, output that is not the worker's JSON), or nothing was measured on both
+  3    a side failed to run (runtime or image missing, no GPU or no torch
+       inside, hang, output that is not the worker's JSON), or nothing was
+       measured on both
   130  interrupted (Ctrl-C)
 """
 
@@ -178,7 +179,8 @@ def compare(
       sparkdiag compare --native-python ~/venv/bin/python --dtype bf16,fp8 \\
           --container docker run -i --rm --gpus all --ipc=host \\
           nvcr.io/nvidia/pytorch:25.09-py3 python3 -
-    Podman:    ... --container podman run -i --rm --device nvidia.com/gpu=all IMAGE python3 -
+    Podman:    ... --container podman run -i --rm \\
+                   --device nvidia.com/gpu=all IMAGE python3 -
     Apptainer: ... --container apptainer exec --nv pytorch.sif python3 -
     Enroot:    ... --container enroot start pytorch python3 -
     """

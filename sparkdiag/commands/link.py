@@ -39,12 +39,14 @@ def link() -> None:
     NCCL and RDMA setup.
 
     \b
-      sparkdiag link serve          on one machine: the listening side (TCP port 10943 on
-                                    its ConnectX-7 addresses); it makes the link secret
-      sparkdiag link test PEER      on the other, with the secret copied there: measure
-                                    every ConnectX-7 path to PEER
-      sparkdiag link lint           this machine's MTU, NCCL_IB_HCA/NCCL_SOCKET_IFNAME,
-                                    CmaTotal and NCCL libraries, each finding with its fix
+      sparkdiag link serve      on one machine: the listening side (TCP port
+                                10943 on its ConnectX-7 addresses); it makes
+                                the link secret
+      sparkdiag link test PEER  on the other, with the secret copied there:
+                                measure every ConnectX-7 path to PEER
+      sparkdiag link lint       this machine's MTU, NCCL_IB_HCA and
+                                NCCL_SOCKET_IFNAME, CmaTotal and NCCL
+                                libraries, each finding with its fix
 
     'sparkdiag check --peer PEER' runs a short 'link test' as one of its rows.
 

@@ -11,20 +11,32 @@ from typing import Any
 
 import click
 
+from sparkdiag import terminal
 from sparkdiag.baseline.evaluate import GemmFigure, evaluate
-from sparkdiag.baseline.store import open_store
-from sparkdiag.commands.common import gpus_seen, setup_logging, worker_request
+from sparkdiag.baseline.store import (
+    DEFAULT_FILENAME,
+    BaselineStore,
+    BaselineStoreError,
+    open_store,
+)
+from sparkdiag.baseline.verdict import NOISE_BAND, SLOWER_BELOW, judge
+from sparkdiag.commands.common import gpus_seen, require_torch, setup_logging, worker_request
 from sparkdiag.commands.probe_table import (
     GpuRun,
+    KernelProgress,
     figure_json,
-    progress_printer,
+    kernel_label,
     render_probe_table,
+    verdict_text,
 )
-from sparkdiag.errors import Exit, SparkdiagError, UsageError
+from sparkdiag.config import Settings
+from sparkdiag.errors import Exit, UsageError
 from sparkdiag.flags import gpu_option, settings_from, settings_options, worker_options
+from sparkdiag.probe.document import WorkerDocument
 from sparkdiag.probe.launchers import FixtureLauncher
 from sparkdiag.probe.runner import NO_TORCH_PREFIX, ProbeCycle, run_worker, torch_install_hint
 from sparkdiag.snapshot import GpuSample
+from sparkdiag.statedir import state_directory
 
 
 def _context(rootfs: Path) -> str:
@@ -38,17 +50,32 @@ def _context(rootfs: Path) -> str:
 REPORT_SCHEMA = "sparkdiag-probe-report/2"
 
 
-def _require_torch() -> None:
-    """The worker imports torch: without it, one line that says how to install it (as check
-    does), instead of a table of "torch None, CUDA None"."""
-    from sparkdiag.sources.packages import read_torch
+def _open_store(settings: Settings, record: bool) -> tuple[BaselineStore | None, str]:
+    """The baseline store to compare with (and, with ``record``, to teach), and why a GPU's
+    figures have no baseline when it is not there: with --no-record an existing store is read,
+    none is created."""
+    if record:
+        return open_store(settings.state_dir, create=True), ""
+    path = (settings.state_dir or state_directory()) / DEFAULT_FILENAME
+    if not path.exists():  # nothing learned yet: the usual "no baseline" verdict
+        return None, ""
+    try:
+        return open_store(settings.state_dir, create=False), ""
+    except BaselineStoreError as exc:
+        return None, f"the baseline store cannot be read ({exc})"
 
-    torch = read_torch()
-    if torch.version is None:
-        raise SparkdiagError(
-            f"torch is not installed for {torch.python}, and the probe needs it: "
-            + torch_install_hint(torch.python)
-        )
+
+def _beside(doc: WorkerDocument | None, rootfs: Path) -> str:
+    """Who else used the GPU while the worker ran, from its own record: ``pid 4242 (python3)``."""
+    from sparkdiag.sources.procfs import process_names
+
+    pids = list(doc.busy.other_pids) if doc is not None else []
+    if not pids:
+        return ""
+    names = process_names(rootfs, pids)
+    shown = [f"pid {p} ({names[p]})" if p in names else f"pid {p}" for p in pids[:3]]
+    more = f" and {len(pids) - 3} more" if len(pids) > 3 else ""
+    return ", ".join(shown) + more
 
 
 @click.command()
@@ -66,7 +93,8 @@ def _require_torch() -> None:
     "--record/--no-record",
     default=True,
     show_default=True,
-    help="Record the results in the baseline store (teaches a new baseline).",
+    help="Record the results in the baseline store (teaches a new baseline); --no-record "
+    "still compares with the stored baselines.",
 )
 @settings_options("probe")
 def probe(
@@ -77,20 +105,30 @@ def probe(
 
     Measures every dtype and shape of the suite (or those chosen) on each GPU in a worker
     subprocess, and prints throughput, the stored baseline, efficiency, and the published
-    reference for the GPU model.
+    reference for the GPU model. Then a verdict per GPU: slower than its baseline when a
+    kernel delivers less than 0.90 of it (the probe's noise band: 10 %, three
+    times the 3.5 % spread of a short probe on an idle H200, docs/probe.md), naming any other
+    process that used the GPU meanwhile; as fast; or not judged (no baseline yet).
 
     --device cpu (or cuda:N) runs one cycle on that torch device, without NVML and without a
-    baseline (a smoke test: --device cpu --small takes seconds).
+    baseline (a smoke test: --device cpu --small takes seconds). Without NVML the probe runs
+    on torch's default device the same way.
 
-    Exit status: 0 measured; 1 skipped (GPU busy) or nothing supported; 2 usage error;
-    3 the worker failed or timed out, or torch is not installed.
+    \b
+    Exit status:
+      0  measured, and no GPU slower than its baseline (or no baseline to
+         compare with)
+      1  a GPU slower than its baseline by more than the noise band, skipped
+         (GPU busy), or nothing supported
+      2  usage error
+      3  the worker failed or timed out, or torch is not installed
     """
     settings = settings_from("probe", given)
     setup_logging(settings.log_level)
     if device is not None and gpus is not None:
         raise UsageError("give --device or --gpu, not both")
     if settings.probe_fixture is None:
-        _require_torch()
+        require_torch("probe")
     if device is None:
         samples, why = gpus_seen(settings.nvml_fixture, gpus)
     else:  # one cycle on that device: no GPU identity, so no baseline either
@@ -101,14 +139,12 @@ def probe(
         busy_utilization=settings.probe_busy_utilization, progress=True,
     )  # fmt: skip
     fixture = FixtureLauncher(settings.probe_fixture) if settings.probe_fixture else None
-    wants_store = device is None and (record or settings.state_dir is not None)
-    store = open_store(settings.state_dir, create=True) if wants_store else None
+    store, no_store = _open_store(settings, record) if samples else (None, "")
     runs: list[GpuRun] = []
     targets: list[GpuSample | None] = list(samples) if samples else [None]
     if not samples and why and not as_json:
-        click.echo(
-            f"NVML unavailable ({why}): probing the default torch device, no baseline", err=True
-        )
+        line = f"NVML unavailable ({why}): probing torch's default device, without a baseline"
+        click.echo(terminal.fill(line, terminal.width(sys.stderr)), err=True)
     try:
         for gpu in targets:
             label = f"GPU {gpu.identity.index}" if gpu else (device or "probe")
@@ -121,10 +157,13 @@ def probe(
                 if gpu is not None:
                     env["CUDA_VISIBLE_DEVICES"] = gpu.identity.uuid
                     run_request = dataclasses.replace(request, device="cuda:0")
-                show = progress_printer(label, not as_json and sys.stderr.isatty())
-                cycle = run_worker(
-                    request=run_request, timeout=settings.probe_timeout, env=env, on_progress=show
-                )
+                show = None if as_json else KernelProgress(label)
+                try:
+                    cycle = run_worker(request=run_request, timeout=settings.probe_timeout,
+                                       env=env, on_progress=show)  # fmt: skip
+                finally:
+                    if show is not None:
+                        show.close()
             figures: list[GemmFigure] = []
             doc = cycle.document
             if doc is not None and cycle.result in ("ok", "error", "skipped_busy"):
@@ -133,7 +172,9 @@ def probe(
                 learn = record and cycle.result == "ok"
                 target = store if gpu else None
                 figures = evaluate(doc, uuid, name, context, target, record=learn)
-            runs.append(GpuRun(gpu.identity if gpu else None, cycle, figures))
+            verdict = judge(figures, _no_baseline(gpu, no_store)) if figures else None
+            beside = _beside(doc, settings.rootfs)
+            runs.append(GpuRun(gpu.identity if gpu else None, cycle, figures, verdict, beside))
     finally:
         if store is not None:
             store.close()
@@ -153,6 +194,7 @@ def probe(
                     "stderr_tail": r.cycle.stderr_tail
                     if r.cycle.result in ("error", "timeout")
                     else "",
+                    "verdict": verdict_json(r),
                 }
                 for r in runs
             ],
@@ -166,4 +208,38 @@ def probe(
     results = {r.cycle.result for r in runs}
     if results & {"error", "timeout"}:
         sys.exit(Exit.FAILED)
-    sys.exit(Exit.OK if results <= {"ok"} else Exit.ATTENTION)
+    slower = any(r.verdict is not None and r.verdict.status == "slower" for r in runs)
+    sys.exit(Exit.OK if results <= {"ok"} and not slower else Exit.ATTENTION)
+
+
+def _no_baseline(gpu: GpuSample | None, no_store: str) -> str:
+    """Why a run's figures have no baseline to be judged against."""
+    if gpu is None:
+        return (
+            "a run on a torch device (--device, or without NVML) has no GPU identity to keep a "
+            "baseline for: a smoke test of the worker"
+        )
+    if no_store:
+        return no_store
+    return (
+        "no baseline stored for these kernels yet: the probe learns one from its runs "
+        "(--record), then shows it and eff (delivered over baseline)"
+    )
+
+
+def verdict_json(run: GpuRun) -> dict[str, Any] | None:
+    """A run's verdict in ``--json``: status, the noise band, the kernels below it."""
+    v = run.verdict
+    if v is None:
+        return None
+    return {
+        "status": v.status,
+        "noise_band": NOISE_BAND,
+        "slower_below": SLOWER_BELOW,
+        "judged": len(v.judged),
+        "slower": [kernel_label(f) for f in v.slower],
+        "lowest_efficiency": v.lowest.efficiency if v.lowest else None,
+        "why_not": v.why_not,
+        "beside": run.beside or None,
+        "text": verdict_text(v, run.beside),
+    }

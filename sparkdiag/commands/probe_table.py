@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+import time
 from dataclasses import dataclass
-from typing import Any
-
-import click
+from typing import Any, TextIO
 
 from sparkdiag import terminal
 from sparkdiag.baseline.evaluate import GemmFigure
+from sparkdiag.baseline.verdict import NOISE_BAND, SLOWER_BELOW, CycleVerdict
 from sparkdiag.probe.document import Progress, WorkerDocument
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.probe.worker.contract import throughput_unit
@@ -22,28 +23,50 @@ SLOW_PAGEABLE_RATIO = 10.0
 
 @dataclass(frozen=True)
 class GpuRun:
+    """One GPU's cycle (``identity`` None: a run on a torch device, with no NVML identity), its
+    figures, its verdict against the baselines, and who else used the GPU meanwhile
+    (``beside``: ``pid 4242 (python3)``, from the worker's own record)."""
+
     identity: GpuIdentity | None
     cycle: ProbeCycle
     figures: list[GemmFigure]
+    verdict: CycleVerdict | None = None
+    beside: str = ""
 
 
-def progress_printer(label: str, enabled: bool) -> Any:
-    """A progress callback that rewrites one stderr line per kernel (None when not wanted)."""
-    if not enabled:
-        return None
+class KernelProgress:
+    """``probe``'s progress on a terminal: one status line (:class:`terminal.StatusLine`, cut to
+    the terminal's width) naming the latest kernel, erased by :meth:`close` before the table."""
 
-    def show(item: Progress) -> None:
+    def __init__(self, label: str, stream: TextIO | None = None) -> None:
+        self.label = label
+        self.line = terminal.StatusLine(sys.stderr if stream is None else stream, every=0.0)
+
+    def __call__(self, item: Progress) -> None:
         r = item.result
         if r is None:  # a soak window: not a kernel of the suite
             return
-        figure = f"{r.delivered:9.1f}" if r.delivered is not None else f"{r.status:>9}"
-        click.echo(
-            f"\r{label} [{item.done}/{item.total}] {r.dtype:5} {r.shape:>18} {figure}   ",
-            err=True,
-            nl=item.done == item.total,
+        figure = tflops(r.delivered) if r.delivered is not None else r.status
+        bar = terminal.bar(item.done, item.total)
+        self.line.show(
+            f"{self.label} {bar} {item.done}/{item.total} · {r.dtype} {r.shape}: {figure}",
+            time.monotonic(),
         )
 
-    return show
+    def close(self) -> None:
+        self.line.clear()
+
+
+def device_head(doc: WorkerDocument | None) -> str:
+    """What a run without a GPU identity ran on: ``CPU (torch device cpu)``."""
+    device = doc.software.device if doc is not None else None
+    if device == "cpu":
+        return "CPU (torch device cpu)"
+    return f"torch device {device}" if device else "torch's default device"
+
+
+def on_cpu(doc: WorkerDocument | None) -> bool:
+    return doc is not None and doc.software.device == "cpu"
 
 
 def fmt(value: float | None, spec: str = ".1f") -> str:
@@ -66,19 +89,20 @@ def render_probe_table(runs: list[GpuRun], width: int | None = None) -> str:
     for run in runs:
         ident = run.identity
         doc = run.cycle.document
-        head = f"GPU {ident.index} {ident.name} {ident.uuid}" if ident else "default device"
+        head = f"GPU {ident.index} {ident.name} {ident.uuid}" if ident else device_head(doc)
         reason = f" ({run.cycle.reason})" if run.cycle.reason else ""
         lines += terminal.wrap(f"{head}: {run.cycle.result}{reason}", width, "", "    ")
         if doc is not None:
             sw = doc.software
-            lines += terminal.wrap(
-                f"torch {sw.torch}, CUDA {sw.cuda}, cuBLAS {sw.cublas}, "
-                f"driver {sw.driver}, {sw.gpu_name or sw.device}",
-                width, "  ", "    ",
-            )  # fmt: skip
+            known = [("torch", sw.torch), ("CUDA", sw.cuda), ("cuBLAS", sw.cublas),
+                     ("driver", sw.driver)]  # fmt: skip
+            shown = [f"{name} {value}" for name, value in known if value is not None]
+            if sw.gpu_name or (sw.device and sw.device != "cpu"):  # the head names the CPU
+                shown.append(sw.gpu_name or str(sw.device))
+            lines += terminal.wrap(", ".join(shown), width, "  ", "    ")
         if not run.figures or doc is None:
             continue
-        lines += figure_table(run.figures, width)
+        lines += figure_table(run.figures, width, cpu=on_cpu(doc))
         bw = doc.bandwidth
         if bw is not None and bw.delivered is not None:
             peak = f", peak {bw.peak / 1e12:.2f}" if bw.peak is not None else ""
@@ -102,11 +126,33 @@ def render_probe_table(runs: list[GpuRun], width: int | None = None) -> str:
                 width, "  ", "    ",
             )  # fmt: skip
         if doc.gpu_busy_seconds is not None:
-            lines.append(f"  GPU-busy time of the cycle: {doc.gpu_busy_seconds:.2f} s")
+            busy = "CPU" if on_cpu(doc) else "GPU"
+            lines.append(f"  {busy}-busy time of the cycle: {doc.gpu_busy_seconds:.2f} s")
         decode = int4_ratio(run.figures)
         if decode:
             lines += terminal.wrap(decode, width, "  ", "    ")
+        if run.verdict is not None:
+            lines += terminal.wrap(verdict_text(run.verdict, run.beside), width, "", "    ")
     return "".join(line + "\n" for line in lines)
+
+
+def verdict_text(v: CycleVerdict, beside: str = "") -> str:
+    """``verdict: slower than its baseline: 19 of 19 kernels below 0.90 of it ...``."""
+    meanwhile = f"; while {beside} used the GPU" if beside else ""
+    low = v.lowest
+    if v.status == "not judged" or low is None:
+        return f"verdict: not judged: {v.why_not}{meanwhile}"
+    lowest = f"the lowest {kernel_label(low)} at {low.efficiency or 0.0:.2f}"
+    band = f"the probe's {NOISE_BAND * 100:.0f} % noise band"
+    if v.status == "slower":
+        return (f"verdict: slower than its baseline: {len(v.slower)} of {len(v.judged)} kernels "
+                f"below {SLOWER_BELOW:.2f} of it, past {band}; {lowest}{meanwhile}")  # fmt: skip
+    return (f"verdict: as fast as its baseline, within {band}: {len(v.judged)} kernels at "
+            f"{SLOWER_BELOW:.2f} of it or above ({lowest}){meanwhile}")  # fmt: skip
+
+
+def kernel_label(f: GemmFigure) -> str:
+    return f"{f.dtype} {f.shape}" + (f" beta={f.beta}" if f.beta else "")
 
 
 TABLE_HEADER = ("dtype", "shape", "kind", "unit", "delivered", "peak", "baseline", "eff", "ref",
@@ -114,10 +160,12 @@ TABLE_HEADER = ("dtype", "shape", "kind", "unit", "delivered", "peak", "baseline
 _RIGHT = {4, 5, 6, 7, 8, 9}
 
 
-def figure_table(figures: list[GemmFigure], width: int) -> list[str]:
+def figure_table(figures: list[GemmFigure], width: int, cpu: bool = False) -> list[str]:
     """One row per kernel; a note is a number in the row and its whole text below the table
     (one number per distinct text); the baseline columns are left out while no kernel has a
-    baseline (said in a line), and the references' kinds are named below."""
+    baseline (the verdict below the GPU's lines says why); where a peak reads below its
+    delivered figure the table says why (on a ``cpu`` or a GPU), and the references' kinds are
+    named below."""
     notes: dict[str, int] = {}
     rows = []
     for f in figures:
@@ -141,12 +189,11 @@ def figure_table(figures: list[GemmFigure], width: int) -> list[str]:
     lines = terminal.table(header, rows, width, right=right, indent="  ")
     for note, number in notes.items():
         lines += terminal.wrap(note, width, f"  [{number}] ")
-    if not learned:
-        lines += terminal.wrap(
-            "no baseline stored for these kernels yet: the probe learns one from its runs "
-            "(--record), then shows it and eff (delivered over baseline)",
-            width, "  ",
-        )  # fmt: skip
+    below = [f for f in figures if f.peak is not None and f.delivered and f.peak < f.delivered]
+    if below:
+        counted = f"{len(below)} row{'s' if len(below) != 1 else ''}"
+        why = _PEAK_BELOW.format(n=counted) + ("" if cpu else _PEAK_BELOW_GPU)
+        lines += terminal.wrap(why, width, "  ")
     named: dict[str, str] = {}  # dtype -> its reference's one name (Reference.label)
     for f in figures:
         if f.reference is not None and f.kind == "compute":
@@ -161,6 +208,19 @@ def figure_table(figures: list[GemmFigure], width: int) -> list[str]:
             width, "  ",
         )  # fmt: skip
     return lines
+
+
+# Why a peak (the median iteration) can read below delivered (the batch's total time): the worker
+# times them as probe/worker.py says ("Delivered and peak"); on the H200 idle decode batches
+# delivered 1.01-1.14x their peak.
+_PEAK_BELOW = (
+    "peak below delivered ({n}): delivered is the batch's mean iteration (its total "
+    "time), peak its median one; the mean is the faster where a few iterations ran fast"
+)
+_PEAK_BELOW_GPU = (
+    "; a decode kernel's peak comes from a short batch with events around each iteration, "
+    "which reads low beside its batch replayed as a CUDA graph"
+)
 
 
 REFERENCE_KINDS = {

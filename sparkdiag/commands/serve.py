@@ -17,7 +17,9 @@ from sparkdiag.flags import settings_from, settings_options
 def serve(config: Path | None, **given: Any) -> None:
     """Run the exporter daemon until SIGTERM or Ctrl-C.
 
-    Exit status: 0 after a clean stop, 1 when it cannot start (port in use), 2 for a
+    Exit status: 0 after a clean stop, by SIGTERM, Ctrl-C (SIGINT) or SIGQUIT alike (stopping is
+    how a daemon ends, and systemd counts 0 a success; the other commands exit 130 on Ctrl-C
+    because it cut their work short), 1 when it cannot start (port in use), 2 for a
     configuration or usage error (the systemd unit does not restart on 2).
     """
     from sparkdiag import daemon

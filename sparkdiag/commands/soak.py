@@ -5,23 +5,24 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import click
 
-from sparkdiag import plotting
+from sparkdiag import plotting, terminal
 from sparkdiag.commands.common import (
     check_output_folder,
     check_output_path,
     gpus_seen,
+    no_gpu,
+    require_torch,
     setup_logging,
 )
 from sparkdiag.config import duration_seconds
-from sparkdiag.errors import Exit, SparkdiagError, UsageError
+from sparkdiag.errors import Exit, UsageError
 from sparkdiag.flags import (
     file_option,
     gpu_option,
@@ -80,11 +81,7 @@ def _jobs(
         return [Job(Target(label=device), request.on_device(device))]
     samples, why = gpus_seen(fixture, gpus)
     if not samples:
-        raise SparkdiagError(
-            f"no GPU to soak: {why or 'NVML lists none'} (--device cpu --small soaks the CPU, "
-            "for tests)",
-            exit_code=Exit.ATTENTION,  # as a GPU that is not soaked (busy, unsupported)
-        )
+        raise no_gpu("soak", why, "--device cpu --small soaks the CPU, for tests")
     return [
         Job(
             Target(f"GPU {g.identity.index}", g.identity.index, g.identity.uuid, g.identity.name),
@@ -96,31 +93,29 @@ def _jobs(
 
 
 class _Progress:
-    """On a terminal a progress bar (seconds of load of the furthest worker, and the latest
-    window); elsewhere (a log, a pipe) one line per window. Both say the seconds of load left,
-    from the soak's own clock (click's ETA would count the worker's start and the cold window as
-    load: 33 s left at 10 % of a 10 s soak)."""
+    """On a terminal one status line (:class:`terminal.StatusLine`, cut to the terminal's width):
+    a bar of the seconds of load of the furthest worker and the latest window; elsewhere (a log,
+    a pipe) one line per window, wrapped at its width. Both say the seconds of load left, from
+    the soak's own clock (click's ETA counted the worker's start and the cold window as load:
+    33 s left at 10 % of a 10 s soak)."""
 
-    def __init__(self, jobs: list[Job], duration: float, tty: bool | None = None) -> None:
+    def __init__(
+        self, jobs: list[Job], duration: float, tty: bool | None = None,
+        stream: TextIO | None = None,
+    ) -> None:  # fmt: skip
         self.jobs = jobs
         self.duration = duration
-        self.tty = sys.stderr.isatty() if tty is None else tty
-        self.bar: Any = None
-        self.length = max(1, math.ceil(duration))
-        self.position = 0
+        self.stream = sys.stderr if stream is None else stream
+        self.line = terminal.StatusLine(self.stream, every=0.0)
+        self.tty = self.line.enabled if tty is None else tty
+        self.furthest = 0.0
         self.status = ""
 
     def __enter__(self) -> _Progress:
-        if self.tty:
-            self.bar = click.progressbar(
-                length=self.length, label="soak", file=sys.stderr, show_eta=False,
-                item_show_func=lambda _item: self.status,
-            ).__enter__()  # fmt: skip
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.bar is not None:
-            self.bar.__exit__(*exc)
+        self.line.clear()
 
     def window(self, i: int, w: SoakWindow) -> None:
         temps = w.conditions.temperatures()
@@ -132,12 +127,15 @@ class _Progress:
             f"{self.jobs[i].target.label} window {w.index} ({w.elapsed_seconds:.1f} s, "
             f"{left:.0f} s left): " + (", ".join(shown) or "measured")
         )
-        if self.bar is None:
-            click.echo(self.status, err=True)
+        self.furthest = max(self.furthest, w.elapsed_seconds)
+        if not self.tty:
+            click.echo(terminal.fill(self.status, terminal.width(self.stream), "", "    "),
+                       err=True)  # fmt: skip
             return
-        target = min(int(w.elapsed_seconds), self.length)
-        self.bar.update(max(target - self.position, 0))
-        self.position = max(self.position, target)
+        # the bar says how far: the line keeps the window, the seconds left and the readings
+        head = f"soak {terminal.bar(self.furthest, self.duration)} {self.jobs[i].target.label}"
+        where = f"window {w.index}, {left:.0f} s left"
+        self.line.show(f"{head} {where}: " + (", ".join(shown) or "measured"), time.monotonic())
 
 
 def _write_outputs(
@@ -291,6 +289,7 @@ def soak(
             check_output_folder(prefix.parent, "--plot")  # DIR/: created if its parent exists
         else:
             check_output_path(prefix.with_name(f"{prefix.name}-time.png"), "--plot")
+    require_torch("soak")
     request = WorkerRequest(
         dtypes=tuple(dtypes),
         small=small,
@@ -303,8 +302,11 @@ def soak(
     jobs = _jobs(device, gpus, request, settings.nvml_fixture)
     names = ", ".join(j.target.label for j in jobs)
     click.echo(
-        f"soaking {names} for {duration:g} s (a measurement window every {window:g} s); "
-        "Ctrl-C stops it cleanly",
+        terminal.fill(
+            f"soaking {names} for {duration:g} s (a measurement window every {window:g} s); "
+            "Ctrl-C stops it cleanly",
+            terminal.width(sys.stderr),
+        ),
         err=True,
     )
     runner = SoakRunner(jobs, timeout=duration + window + settings.probe_timeout)

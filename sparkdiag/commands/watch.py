@@ -26,6 +26,7 @@ from sparkdiag import terminal
 from sparkdiag.commands.common import check_gpu_indices, check_output_path, setup_logging
 from sparkdiag.errors import UsageError
 from sparkdiag.flags import file_option, gpu_option, settings_from, settings_options
+from sparkdiag.plotting import INSTALL_HINT
 from sparkdiag.plotting import require as require_plotting
 from sparkdiag.sources.backends import make_backend
 from sparkdiag.sources.gpu import GpuSource
@@ -96,9 +97,7 @@ def _report(rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: Path |
 )
 @gpu_option("Watch only these GPUs; the diagnosis looks at the ones the job runs on.")
 @click.option("--json", "as_json", is_flag=True, help="Print the diagnosis as JSON.")
-@file_option(
-    "--plot", "plot_to", "Write a timeline PNG (needs matplotlib: pip install 'sparkdiag[plot]')."
-)
+@file_option("--plot", "plot_to", f"Write a timeline PNG (needs matplotlib: {INSTALL_HINT}).")
 @file_option(
     "--record", "record_to", "Save every sample as JSON, to diagnose or plot later with --replay."
 )

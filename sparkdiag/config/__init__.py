@@ -28,6 +28,7 @@ from sparkdiag.config.option import (
     parse_listen,
 )
 from sparkdiag.config.table import DEFAULTS, OPTIONS, OPTIONS_BY_ATTR, OPTIONS_BY_KEY
+from sparkdiag.terminal import wrap
 
 __all__ = [
     "DEFAULTS",
@@ -157,11 +158,15 @@ def build_settings(
     return replace(Settings(), **values)
 
 
+CONFIG_COLUMNS = 79  # the default configuration's comments fit an 80-column editor
+
+
 def default_config_text() -> str:
     """The default configuration as commented TOML: every key, its default and what it does."""
     lines = [
         "# sparkdiag configuration (TOML). Every key is also a command-line flag",
-        "# (--KEY, with a dot for a [table] key, e.g. --probe.interval); flags win over this file.",
+        "# (--KEY, with a dot for a [table] key, e.g. --probe.interval); flags win",
+        "# over this file.",
         "# Uncomment a line to change it.",
         "",
     ]
@@ -176,7 +181,8 @@ def default_config_text() -> str:
         if head != table:
             lines += ["", f"[{head}]"]
             table = head
-        lines.append(f"# {option.help} Allowed: {option.allowed()}.")
+        # within 80 columns (a help of 300 characters on one line read badly in an editor)
+        lines += wrap(f"{option.help} Allowed: {option.allowed()}.", CONFIG_COLUMNS, "# ", "# ")
         lines.append(f"# {name} = {_toml_value(option.default)}")
     return "\n".join(lines) + "\n"
 

@@ -40,6 +40,9 @@ class Option:
     command_default: Mapping[str, Any] = field(default_factory=dict)
     command_help: Mapping[str, str] = field(default_factory=dict)
     metavar: str | None = None
+    # A directory that must exist when a value is given (flag or file): --path.sysfs and
+    # --path.rootfs, where a typo read nothing and said nothing (flags.settings_from checks it).
+    existing_dir: bool = False
 
     def default_for(self, command: str) -> Any:
         return self.command_default.get(command, self.default)

@@ -44,10 +44,13 @@ OPTIONS: tuple[Option, ...] = (
         "path",
         None,
         "Replay NVML answers from this fixture (recorded by record-fixture) instead of the driver.",
-        scopes=frozenset({"serve", "dump", "check", "probe", "record-fixture", "watch", "soak"}),
+        scopes=frozenset(
+            {"serve", "dump", "check", "probe", "record-fixture", "watch", "soak", "bench"}
+        ),
         command_help={
             "record-fixture": "(to normalise an old fixture file)",
             "soak": "(lists the GPUs to soak; the workers still need the real GPUs)",
+            "bench": "(says whether there is a GPU to sweep; the sweep needs the real GPU)",
         },
         metavar="FILE",
     ),
@@ -66,6 +69,7 @@ OPTIONS: tuple[Option, ...] = (
             "under it.",
         },
         metavar="DIR",
+        existing_dir=True,
     ),
     Option(
         "path.rootfs",
@@ -83,6 +87,7 @@ OPTIONS: tuple[Option, ...] = (
             "memory pressure under ROOT/proc.",
         },
         metavar="DIR",
+        existing_dir=True,
     ),
     Option(
         "log-level",
@@ -171,7 +176,10 @@ OPTIONS: tuple[Option, ...] = (
         "probe_timeout",
         "float",
         60.0,
-        "Seconds after which a probe worker is killed (with its process group).",
+        "Seconds after which a probe worker is killed (with its process group). Each command "
+        "has its own default, sized to its worker: serve and probe 60 (one cycle), check 25 (a "
+        "suite of about a second of GPU time), compare 120 (a container start per cycle), soak "
+        "120 (on top of the load), bench 1800 (one worker for the whole sweep).",
         minimum=1,
         maximum=3600,
         unit="seconds",

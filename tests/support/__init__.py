@@ -235,6 +235,21 @@ def normalise(exposition: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def scaled_cycle(out: Path, factor: float, pids: Sequence[int] = (), **software: object) -> Path:
+    """The recorded H200 cycle (tests/fixtures/probe/h200-default.json) with every delivered
+    figure times ``factor`` and ``pids`` seen on the GPU, written to ``out``: at 0.48 with a pid,
+    what the probe read beside a ViT training job (CONTEXT.md: 0.45-0.51 of its baselines).
+    ``software`` replaces fields of its software block (``device="cpu"`` for a CPU run)."""
+    doc = json.loads((PROBE / "h200-default.json").read_text())
+    for result in doc["results"]:
+        if result.get("delivered"):
+            result["delivered"] *= factor
+    doc["busy"]["other_pids"] = list(pids)
+    doc["software"].update(software)
+    out.write_text(json.dumps(doc))
+    return out
+
+
 def machine_args(sysfs: str | Path, rootfs: str = "native") -> tuple[str, ...]:
     """``--path.sysfs``, ``--path.rootfs`` for a recorded machine: ``sysfs`` a tree under
     tests/fixtures/sysfs (or a path), ``rootfs`` one under tests/fixtures/rootfs."""
