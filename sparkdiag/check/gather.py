@@ -23,14 +23,17 @@ from sparkdiag.errors import SparkdiagError
 from sparkdiag.link.client import Options, measure_link
 from sparkdiag.link.readings import read_fabric
 from sparkdiag.link.session import split_peer
+from sparkdiag.native.watch import cache_path, environment
 from sparkdiag.probe.launchers import Launcher, WorkerLauncher
 from sparkdiag.probe.runner import torch_install_hint
 from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.soak.state import inspect_state
 from sparkdiag.sources.cpufreq import read_governors
+from sparkdiag.sources.cuda_libraries import ScanCache, scan
 from sparkdiag.sources.kernel_log import read_kernel_log
 from sparkdiag.sources.packages import read_torch
-from sparkdiag.sources.procfs import process_names
+from sparkdiag.sources.procfs import device_holders, process_names
+from sparkdiag.sources.pyenv import NotAnEnvironment
 from sparkdiag.telemetry.build import build_poller
 
 QUICK_SKIP = "--quick: nothing that loads the GPU runs (run without --quick to probe)"
@@ -95,9 +98,23 @@ def gather(
             baseline_store=inspect_store(settings.state_dir),
             soak=inspect_state(settings.state_dir),
         )
-        return _with_link(ctx, settings, on_peer)
+        return _with_link(_with_software(ctx, settings), settings, on_peer)
     finally:
         poller.gpu.stop()
+
+
+def _with_software(ctx: CheckContext, settings: Settings) -> CheckContext:
+    """The libraries with GPU code (native-code) and, on unified memory, the processes holding
+    the GPU (gpu-memory). The library scan reads headers only and keeps a cache in the state
+    directory, so a second check reads only what changed."""
+    unified = any(g.identity.memory_model == "unified" for g in ctx.gpus_up())
+    holders = tuple(device_holders(settings.rootfs)) if unified else None
+    ctx = replace(ctx, device_holders=holders)
+    try:
+        found = scan(environment(settings.rootfs, None), ScanCache(cache_path(settings.state_dir)))
+    except (NotAnEnvironment, OSError) as exc:
+        return replace(ctx, libraries_note=f"the libraries could not be read: {exc}")
+    return replace(ctx, libraries=found)
 
 
 # check --peer: a short link test, bounded (2 s per method, direction and path; 30 s in all).

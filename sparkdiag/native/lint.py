@@ -84,7 +84,8 @@ def _names(targets: Sequence[str]) -> str:
 def judge_library(library: CudaLibrary, gpu: Gpu) -> LibraryVerdict:
     """The status and line for ``library`` on ``gpu`` (the module's rules)."""
     verdict = judge(library.report, gpu.capability)
-    label = f"{library.name} ({library.package or 'no package'})"
+    owner = " ".join(p for p in (library.package, library.version) if p) or "no package"
+    label = f"{library.name} ({owner})"
     carries = f"SASS {_names(verdict.sass)}; PTX {_names(verdict.ptx)}"
     todo = advice(library.package, gpu.capability)
     if verdict.mode == "none":
@@ -105,9 +106,10 @@ def judge_library(library: CudaLibrary, gpu: Gpu) -> LibraryVerdict:
     if not verdict.exact and verdict.specific_elsewhere and not verdict.specific:
         return LibraryVerdict(
             library, gpu, verdict, "warn",
-            f"{label}: runs {verdict.target} SASS (no {gpu.sm}); its arch-specific builds "
-            f"({_names(verdict.specific_elsewhere)}) do not load on {gpu.sm}, so the "
-            "tensor-core paths built only that way fall back here",
+            f"{label}: runs {verdict.target} SASS, none for {gpu.sm} itself; its "
+            f"arch-specific builds ({_names(verdict.specific_elsewhere)}) are for other GPUs "
+            f"and none ({gpu.sm}a or a family target) loads here, so the tensor-core paths "
+            "built only that way fall back",
             todo,
         )  # fmt: skip
     how = "" if verdict.exact else " (an earlier minor of the same major runs here)"
