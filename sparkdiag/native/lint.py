@@ -52,14 +52,21 @@ class Gpu:
 
 @dataclass(frozen=True)
 class LibraryVerdict:
-    """One library on one GPU: the verdict, its status, one line saying why, what to do."""
+    """One library on one GPU: the verdict, its status, why (``reason``; ``finding`` names
+    the library first), what to do."""
 
     library: CudaLibrary
     gpu: Gpu
     verdict: Verdict
     status: Status
-    finding: str
+    reason: str
     action: str
+
+    @property
+    def finding(self) -> str:
+        lib = self.library
+        owner = " ".join(p for p in (lib.package, lib.version) if p) or "no package"
+        return f"{lib.name} ({owner}): {self.reason}"
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -84,21 +91,19 @@ def _names(targets: Sequence[str]) -> str:
 def judge_library(library: CudaLibrary, gpu: Gpu) -> LibraryVerdict:
     """The status and line for ``library`` on ``gpu`` (the module's rules)."""
     verdict = judge(library.report, gpu.capability)
-    owner = " ".join(p for p in (library.package, library.version) if p) or "no package"
-    label = f"{library.name} ({owner})"
     carries = f"SASS {_names(verdict.sass)}; PTX {_names(verdict.ptx)}"
     todo = advice(library.package, gpu.capability)
     if verdict.mode == "none":
         return LibraryVerdict(
             library, gpu, verdict, "fail",
-            f"{label}: nothing {gpu.sm} loads ({carries}): its kernels fail with 'no kernel "
+            f"nothing {gpu.sm} loads ({carries}): its kernels fail with 'no kernel "
             "image is available for execution on the device'",
             todo,
         )  # fmt: skip
     if verdict.mode == "ptx-jit":
         return LibraryVerdict(
             library, gpu, verdict, "warn",
-            f"{label}: no SASS {gpu.sm} loads, only PTX {verdict.target}, which the driver "
+            f"no SASS {gpu.sm} loads, only PTX {verdict.target}, which the driver "
             f"compiles at the first start ({carries}); the kernels use nothing newer than "
             f"{verdict.target}",
             todo,
@@ -106,16 +111,14 @@ def judge_library(library: CudaLibrary, gpu: Gpu) -> LibraryVerdict:
     if not verdict.exact and verdict.specific_elsewhere and not verdict.specific:
         return LibraryVerdict(
             library, gpu, verdict, "warn",
-            f"{label}: runs {verdict.target} SASS, none for {gpu.sm} itself; its "
+            f"runs {verdict.target} SASS, none for {gpu.sm} itself; its "
             f"arch-specific builds ({_names(verdict.specific_elsewhere)}) are for other GPUs "
             f"and none ({gpu.sm}a or a family target) loads here, so the tensor-core paths "
             "built only that way fall back",
             todo,
         )  # fmt: skip
     how = "" if verdict.exact else " (an earlier minor of the same major runs here)"
-    return LibraryVerdict(
-        library, gpu, verdict, "pass", f"{label}: native, {verdict.target}{how}", ""
-    )
+    return LibraryVerdict(library, gpu, verdict, "pass", f"native, {verdict.target}{how}", "")
 
 
 def lint(scan: LibraryScan, gpus: Iterable[Gpu]) -> list[LibraryVerdict]:
