@@ -47,6 +47,15 @@ SCENARIOS = {
         "--path.rootfs", str(ROOTFS / "dgx-spark"),
         "--no-probe.enabled",
     ],
+    # A GB10 whose page cache holds 62 of 121.7 GiB, vLLM's engine holding the GPU, and torch-,
+    # vLLM- (vllm#50925, #40923), flash-attn- and cuBLAS-like libraries installed
+    # (tests/fixtures/rootfs/README.txt).
+    "gb10-vllm": [
+        "--nvml-fixture", str(NVML / "gb10-idle.json"),
+        "--path.sysfs", str(SYSFS / "dgx-spark"),
+        "--path.rootfs", str(ROOTFS / "dgx-spark-vllm"),
+        "--no-probe.enabled",
+    ],
     "h200-x8-docker": [
         "--nvml-fixture", str(NVML / "h200-x8.json"),
         "--path.sysfs", str(SYSFS / "h200-vm"),
@@ -76,12 +85,17 @@ def scrape(
     state = tmp_path_factory.mktemp("state")
     with running_daemon([*SCENARIOS[request.param], "--state-dir", str(state)]) as base:
         deadline = time.monotonic() + 20
-        while True:  # a scenario with a probe: wait until its first cycle is in
+        # wait until the CUDA library scan (its own thread) and, in a scenario with a probe,
+        # the first probe cycle are in
+        while True:
             status, content_type, body = http_get(base + "/metrics")
             probing = "--probe.fixture" in SCENARIOS[request.param]
-            if not probing or b"sparkdiag_probe_last_success_timestamp_seconds" in body:
+            scanned = b"sparkdiag_cuda_library_scan_timestamp_seconds" in body
+            if scanned and (
+                not probing or b"sparkdiag_probe_last_success_timestamp_seconds" in body
+            ):
                 break
-            assert time.monotonic() < deadline, "the replayed probe cycle never arrived"
+            assert time.monotonic() < deadline, "the library scan or the probe cycle never came"
             time.sleep(0.1)
     assert status == 200
     assert content_type.startswith("text/plain; version=0.0.4")

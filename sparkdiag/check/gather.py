@@ -124,12 +124,15 @@ PEER_OPTIONS = Options(seconds=2.0, use_tools=False, budget=30.0)
 def _with_link(
     ctx: CheckContext, settings: Settings, on_peer: Callable[[str], None] | None
 ) -> CheckContext:
-    """The ConnectX-7 readings, and the link test against ``--peer`` (not with --quick)."""
+    """The ConnectX-7 readings (with the route to ``--peer``), and the link test against it
+    (not with --quick). A malformed --peer is a usage error."""
+    peer = split_peer(settings.peer)[0] if settings.peer is not None else None
     with contextlib.suppress(FileNotFoundError):  # a missing sysfs root: the PCIe rows say so
-        ctx = replace(ctx, fabric=read_fabric(settings.sysfs, settings.rootfs, os.environ))
+        fabric = read_fabric(settings.sysfs, settings.rootfs, os.environ, peer=peer)
+        ctx = replace(ctx, fabric=fabric)
     if settings.peer is None or ctx.quick:
         return ctx
-    host, port = split_peer(settings.peer)  # a malformed --peer is a usage error
+    host, port = split_peer(settings.peer)
     try:
         report = measure_link(
             host,
