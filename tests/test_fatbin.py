@@ -7,6 +7,7 @@ Each fixture's ``NAME.cuobjdump.txt`` is cuobjdump 13.4's ``--list-elf --list-pt
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -199,3 +200,31 @@ def test_cuobjdump_listing_parses_info_lines() -> None:
     )
     sass, ptx = cuobjdump_listing(text)
     assert sass == {"sm_90a": 1} and ptx == {"compute_80": 1}
+
+
+TRACES = sorted((FIXTURES / "traces").glob("*.json.gz"))
+
+
+@pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.name)
+def test_traces_of_real_libraries_replay_and_agree_with_cuobjdump(trace: Path) -> None:
+    doc = json.loads(gzip.decompress(trace.read_bytes()))
+    report = fatbin.replay(doc)
+    assert report is not None and report.as_json() == doc["report"]
+    assert report.relocatable  # bitsandbytes builds with -rdc
+    listing = (FIXTURES / "traces" / trace.name.replace(".json.gz", ".cuobjdump.txt")).read_text()
+    sass, ptx = cuobjdump_listing(listing)
+    if "fatal" in listing:  # cuobjdump 13.4 stops after the first cubin of this one
+        assert sum(sass.values()) == 1 and sass <= as_cuobjdump(report)[0]
+        assert len(report.sass) == 7
+    else:
+        assert as_cuobjdump(report) == (sass, ptx)
+
+
+def test_the_real_libraries_compression() -> None:
+    # the device-linked cubins are stored plain up to CUDA 12.8 and zstd-compressed by 13.2
+    kinds = {}
+    for trace in TRACES:
+        report = fatbin.replay(json.loads(gzip.decompress(trace.read_bytes())))
+        assert report is not None
+        kinds[trace.name.split("_cuda")[1][:3]] = set(report.compression)
+    assert kinds == {"118": {"none"}, "121": {"none"}, "128": {"none"}, "132": {"zstd"}}
