@@ -12,13 +12,12 @@ GPUDirect RDMA is not supported (NVIDIA developer forum thread 348787).
 
 from __future__ import annotations
 
-import json
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from sparkdiag.sources.files import KIB, read_text_limited
+from sparkdiag.sources.pyenv import run_json
 
 RDMA_SUPPORTED = 116
 DMA_BUF_SUPPORTED = 124
@@ -73,19 +72,8 @@ def cuda_attributes(
     Same reading as a program calling ``cuDeviceGetAttribute(&v,
     CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_SUPPORTED, dev)``; ``nvidia-smi`` shows none of them.
     """
+    rows, why = run_json([python, "-c", ATTRIBUTES_SCRIPT], timeout)
     try:
-        done = subprocess.run(
-            [python, "-c", ATTRIBUTES_SCRIPT],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"the CUDA driver was not asked: {exc}"
-    try:
-        rows = json.loads(done.stdout.strip().splitlines()[-1])
         return tuple(
             GpuDirect(
                 int(row["index"]),
@@ -97,10 +85,8 @@ def cuda_attributes(
             )
             for row in rows
         )
-    except (ValueError, IndexError, KeyError, TypeError):
-        lines = done.stderr.strip().splitlines()
-        why = lines[-1] if lines else f"exit status {done.returncode}"
-        return f"the CUDA driver did not answer: {why}"
+    except (KeyError, TypeError, ValueError):
+        return f"the CUDA driver did not answer: {why or 'an unexpected answer'}"
 
 
 def gpu_models(rootfs: Path) -> tuple[str, ...]:

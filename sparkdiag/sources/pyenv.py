@@ -18,6 +18,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sparkdiag.sources.files import MIB, read_text_limited
 
@@ -58,15 +59,13 @@ class PythonEnvironment:
             return str(path)
 
 
-def interpreter_paths(python: Sequence[str], timeout: float = 30.0) -> list[Path]:
-    """The ``sys.path`` directories of the interpreter command ``python`` that exist here.
-
-    Same reading as ``python -c 'import sys; print(sys.path)'``. Raises NotAnEnvironment when
-    it cannot run, fails or prints something else.
-    """
+def run_json(argv: Sequence[str], timeout: float) -> tuple[Any, str | None]:
+    """Run ``argv`` (standard input closed) and parse the last line it prints as JSON:
+    (value, None), or (None, why) when it could not run, timed out, exited non-zero or printed
+    no JSON (why: the last line of its standard error, else its exit status)."""
     try:
         done = subprocess.run(
-            [*python, "-c", PATH_SCRIPT],
+            list(argv),
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -74,13 +73,25 @@ def interpreter_paths(python: Sequence[str], timeout: float = 30.0) -> list[Path
             stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise NotAnEnvironment(f"{' '.join(python)} did not run: {exc}") from None
-    try:
-        paths = json.loads(done.stdout.strip().splitlines()[-1]) if done.stdout.strip() else None
-    except (ValueError, IndexError):
-        paths = None
-    if done.returncode != 0 or not isinstance(paths, list):
-        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return None, f"{' '.join(argv)} did not run: {exc}"
+    lines = done.stdout.strip().splitlines()
+    if done.returncode == 0 and lines:
+        try:
+            return json.loads(lines[-1]), None
+        except ValueError:
+            pass
+    errors = done.stderr.strip().splitlines()
+    return None, errors[-1] if errors else f"exit status {done.returncode}"
+
+
+def interpreter_paths(python: Sequence[str], timeout: float = 30.0) -> list[Path]:
+    """The ``sys.path`` directories of the interpreter command ``python`` that exist here.
+
+    Same reading as ``python -c 'import sys; print(sys.path)'``. Raises NotAnEnvironment when
+    it cannot run, fails or prints something else.
+    """
+    paths, why = run_json([*python, "-c", PATH_SCRIPT], timeout)
+    if not isinstance(paths, list):
         raise NotAnEnvironment(f"{' '.join(python)} did not give its sys.path: {why}")
     return [Path(p) for p in paths if isinstance(p, str) and Path(p).is_dir()]
 
@@ -212,24 +223,12 @@ def torch_build(python: Sequence[str], timeout: float = 120.0) -> TorchBuild | s
     """Import torch in a subprocess of ``python`` (seconds: torch's import) and read its build;
     the reason as text when it cannot (no torch, a timeout). Same reading as
     ``python -c 'import torch; print(torch.cuda.get_arch_list())'`` on a GPU machine."""
+    doc, why = run_json([*python, "-c", TORCH_SCRIPT], timeout)
     try:
-        done = subprocess.run(
-            [*python, "-c", TORCH_SCRIPT],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"{' '.join(python)} did not run: {exc}"
-    try:
-        doc = json.loads(done.stdout.strip().splitlines()[-1])
         return TorchBuild(
             str(doc["version"]),
             None if doc["cuda"] is None else str(doc["cuda"]),
             tuple(str(a) for a in doc["arch_list"]),
         )
-    except (ValueError, IndexError, KeyError, TypeError):
-        lines = done.stderr.strip().splitlines()
-        return lines[-1] if lines else f"exit status {done.returncode}"
+    except (KeyError, TypeError):
+        return why or "torch answered something else"
