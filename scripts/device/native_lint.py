@@ -155,7 +155,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--site", type=Path, help="scan this environment instead of this Python")
     parser.add_argument("--cuobjdump", help="the cuobjdump to compare with")
     parser.add_argument("--capability", action="append", default=[], help="X.Y, without NVML")
-    parser.add_argument("--seconds", type=float, default=50.0, help="time budget (default 50)")
+    parser.add_argument(
+        "--seconds",
+        type=float,
+        default=50.0,
+        help="time budget of the whole run (default 50): cuobjdump gets what the scan, torch's "
+        "import (at most 20 s) and the CUDA attributes (10 s) leave",
+    )
     args = parser.parse_args(argv)
     started = time.monotonic()
     deadline = started + args.seconds
@@ -176,13 +182,14 @@ def main(argv: list[str] | None = None) -> int:
         gpus.append(Gpu("", "", "GB10 (what if)", GB10))
     verdicts = lint(result, gpus)
     _write(out / "verdicts.json", [v.as_json() | {"sm": v.gpu.sm} for v in verdicts])
-    rows = _compare(env, result, _cuobjdump(args.cuobjdump), out, deadline - 8)
-    _write(out / "cuobjdump.json", rows)
-    kept = _traces(env, result, out, deadline - 3)
-    direct = cuda_attributes() if not args.site else "not asked (--site)"
+    # the bounded subprocesses first (torch's import takes seconds), cuobjdump in what is left
+    direct = cuda_attributes(timeout=10.0) if not args.site else "not asked (--site)"
     _write(out / "gpudirect.json", direct if isinstance(direct, str) else [vars(d) for d in direct])
-    build = torch_build(env.python) if env.python and time.monotonic() < deadline else None
+    build = torch_build(env.python, timeout=20.0) if env.python else None
     _write(out / "torch.json", build if isinstance(build, str) or build is None else vars(build))
+    rows = _compare(env, result, _cuobjdump(args.cuobjdump), out, deadline - 6)
+    _write(out / "cuobjdump.json", rows)
+    kept = _traces(env, result, out, deadline - 1)
     table = _table(rows, verdicts, gpus)
     summary = (
         f"{len(result.libraries)} libraries with GPU code of {result.files} shared libraries, "
