@@ -24,6 +24,7 @@ from sparkdiag.native.render import NativeReport, text
 from sparkdiag.native.watch import cache_path, environment
 from sparkdiag.sources.cuda_libraries import ScanCache, scan
 from sparkdiag.sources.pyenv import NotAnEnvironment, PythonEnvironment, resolve, torch_build
+from sparkdiag.statedir import StateDirError, ensure_state_directory
 from sparkdiag.telemetry.build import build_poller
 
 EXIT = {"pass": Exit.OK, "warn": Exit.ATTENTION, "fail": Exit.FAILED}
@@ -122,7 +123,13 @@ def native(
         )  # fmt: skip
     except NotAnEnvironment as exc:
         raise UsageError(str(exc), flag="--python") from None
-    cache = ScanCache(None if no_cache else cache_path(settings.state_dir))
+    cached = None if no_cache else cache_path(settings.state_dir)
+    if cached is not None:
+        try:  # the cache spares the next run the reads; without a state directory, no cache
+            ensure_state_directory(cached.parent)
+        except StateDirError:
+            cached = None
+    cache = ScanCache(cached)
     found = scan(env, cache)
     build, note = None, "--no-torch"
     if not no_torch and env.python is not None:

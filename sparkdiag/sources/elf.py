@@ -13,6 +13,7 @@ machines sparkdiag runs on) are read; anything else is :class:`NotElf`.
 
 from __future__ import annotations
 
+import os
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -153,18 +154,26 @@ def is_shared_library_name(name: str) -> bool:
 
 def walk_libraries(root: Path) -> Iterator[Path]:
     """Every regular file under ``root`` whose name is a shared library's, symlinks not
-    followed (a wheel's ``libx.so.12`` -> ``libx.so.12.1`` is read once, as the file)."""
-    stack = [root]
+    followed (a wheel's ``libx.so.12`` -> ``libx.so.12.1`` is read once, as the file).
+
+    With ``os.scandir``, whose entries carry the file type readdir gives: a site-packages with
+    torch holds tens of thousands of files, and a stat of each cost 1.8 s of a 2.3 s scan here.
+    """
+    stack = [str(root)]
     while stack:
         directory = stack.pop()
         try:
-            entries = sorted(directory.iterdir())
+            with os.scandir(directory) as it:
+                entries = sorted(it, key=lambda e: e.name)
         except OSError:
             continue
         for entry in entries:
-            if entry.is_symlink():
+            try:
+                if entry.is_symlink():
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    stack.append(entry.path)
+                elif is_shared_library_name(entry.name) and entry.is_file(follow_symlinks=False):
+                    yield Path(entry.path)
+            except OSError:
                 continue
-            if entry.is_dir():
-                stack.append(entry)
-            elif is_shared_library_name(entry.name) and entry.is_file():
-                yield entry

@@ -248,7 +248,7 @@ def _next_container(reader: Reader, pos: int, end: int, start: int) -> int | Non
 
 def walk(reader: Reader) -> FatbinReport | None:
     """The fat binaries of the ELF file behind ``reader``; None when it has no ``.nv_fatbin``
-    and no ``__nv_relfatbin`` (no CUDA device code). Raises :class:`NotElf`."""
+    and no ``__nv_relfatbin`` (no CUDA device code). Raises :class:`sparkdiag.sources.elf.NotElf`."""
     sections = section_map(read_sections(reader))
     main, relocatable = sections.get(SECTION), sections.get(RELOCATABLE_SECTION)
     if main is None and relocatable is None:
@@ -275,7 +275,7 @@ def read_fatbin(path: Path) -> FatbinReport | None:
     """:func:`walk` of the file at ``path`` (seeks and reads headers only).
 
     Same reading as ``cuobjdump --list-elf --list-ptx PATH``. Raises OSError (unreadable) and
-    :class:`NotElf`.
+    :class:`sparkdiag.sources.elf.NotElf`.
     """
     with path.open("rb") as fh:
         return walk(FileReader(fh))
