@@ -248,7 +248,8 @@ def _next_container(reader: Reader, pos: int, end: int, start: int) -> int | Non
 
 def walk(reader: Reader) -> FatbinReport | None:
     """The fat binaries of the ELF file behind ``reader``; None when it has no ``.nv_fatbin``
-    and no ``__nv_relfatbin`` (no CUDA device code). Raises :class:`sparkdiag.sources.elf.NotElf`."""
+    and no ``__nv_relfatbin`` (no CUDA device code). Raises
+    :class:`sparkdiag.sources.elf.NotElf`."""
     sections = section_map(read_sections(reader))
     main, relocatable = sections.get(SECTION), sections.get(RELOCATABLE_SECTION)
     if main is None and relocatable is None:
