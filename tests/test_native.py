@@ -331,6 +331,16 @@ def test_the_collector_exports_one_series_per_library_and_gpu() -> None:
     assert registry.get_sample_value("sparkdiag_cuda_library_scan_duration_seconds") is not None
 
 
+def test_a_probe_python_with_arguments_is_never_run(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    wrapper = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    watch = LibraryWatch(lambda: environment(Path("/"), wrapper), None)
+    watch.scan_once()
+    assert watch.latest is None and "is a command, not an interpreter" in (watch.error or "")
+    assert not marker.exists()
+    assert environment(Path("/"), [sys.executable]).python == (sys.executable,)
+
+
 def test_a_watch_that_cannot_find_its_environment_says_why() -> None:
     def missing() -> pyenv.PythonEnvironment:
         raise pyenv.NotAnEnvironment("nowhere")

@@ -32,10 +32,20 @@ RESCAN_SECONDS = 6 * 3600.0  # installs change rarely; a restart rescans at once
 
 
 def environment(rootfs: Path, python: Sequence[str] | None) -> PythonEnvironment:
-    """The environment whose libraries the probe worker loads (see the module)."""
+    """The environment whose libraries the probe worker loads (see the module).
+
+    A ``--probe.python`` of one word (an interpreter) is asked for its ``sys.path``; one with
+    arguments (``conda run -n env python``, a wrapper script) is not run: it may do anything
+    but answer, so NotAnEnvironment says to name the environment instead (``sparkdiag native
+    --python``)."""
     if rootfs.resolve() != Path("/"):
         return PythonEnvironment(f"root {rootfs}", tuple(site_dirs_under(rootfs)), None, rootfs)
     if python and tuple(python) != (sys.executable,):
+        if len(python) > 1:
+            raise NotAnEnvironment(
+                f"--probe.python {' '.join(python)!r} is a command, not an interpreter: its "
+                "libraries are not scanned (sparkdiag native --python PATH names them)"
+            )
         return for_python(python, "the probe worker's")
     return this_python()
 
