@@ -51,6 +51,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "soak": ("soak", "soak"),
     "fleet": ("fleet", "fleet"),
     "link": ("link", "link"),
+    "native": ("native", "native"),
 }
 
 

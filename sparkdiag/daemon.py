@@ -10,11 +10,13 @@ from sparkdiag.config import Settings, parse_listen
 from sparkdiag.errors import Exit, SparkdiagError
 from sparkdiag.exporter.base import SnapshotCollector
 from sparkdiag.exporter.hot import HotProbeCollector
+from sparkdiag.exporter.native import NativeCollector
 from sparkdiag.exporter.peers import PeerCollector
 from sparkdiag.exporter.probe import ProbeCollector
 from sparkdiag.exporter.registry import build_registry, render
 from sparkdiag.exporter.soak import soak_collector
 from sparkdiag.lifecycle import LIFECYCLE, Lifecycle
+from sparkdiag.native.watch import LibraryWatch, environment
 from sparkdiag.probe.runner import kill_running_workers
 from sparkdiag.scheduling.probe_state import ProbeState
 from sparkdiag.scheduling.wiring import build_schedulers
@@ -103,6 +105,10 @@ def _serve(
             PeerCollector(probe_state.view),
         ]
     collectors.append(soak_collector(settings.state_dir))
+    libraries = LibraryWatch(
+        lambda: environment(settings.rootfs, settings.probe_python), settings.state_dir
+    )
+    collectors.append(NativeCollector(lambda: poller.latest, libraries))
     registry = build_registry(
         lambda: poller.latest, extra=collectors, compat_dcgm=settings.compat_dcgm
     )
@@ -171,6 +177,10 @@ def _serve(
             threads.append(
                 threading.Thread(target=sched.run, args=(stop,), name=sched.name, daemon=True)
             )
+        # the CUDA library scan: once now, then every few hours, never in a scrape
+        threads.append(
+            threading.Thread(target=libraries.run, args=(stop,), name="libraries", daemon=True)
+        )
         for thread in threads:
             thread.start()
         stop.wait()

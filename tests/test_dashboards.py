@@ -61,6 +61,9 @@ PANEL_NODE = {
     "Host memory (the GPU's, on unified memory)": "gb10-memory-pressure",
     "Memory pressure (PSI, 60 s)": "gb10-memory-pressure",
     "Swap-ins": "gb10-memory-pressure",
+    # a GB10 with vLLM installed and the page cache holding half its memory (dgx-spark-vllm)
+    "Memory a new allocation can get": "gb10-slow-state",
+    "CUDA libraries without native code": "gb10-slow-state",
     # four H200s in one node, GPU 2 slower than the others (its baseline held out of learning)
     **dict.fromkeys(
         (

@@ -44,6 +44,10 @@ SCENARIOS = {
     # The H200 with one probe cycle replayed from the worker document recorded on it.
     "h200-idle": [*on("h200-idle", "h200-vm", "lent-vm"), *PROBE_ONCE],
     "gb10-spark": [*on("gb10-idle", "dgx-spark", "dgx-spark"), "--no-probe.enabled"],
+    # A GB10 whose page cache holds 62 of 121.7 GiB, vLLM's engine holding the GPU, and torch-,
+    # vLLM- (vllm#50925, #40923), flash-attn- and cuBLAS-like libraries installed
+    # (tests/fixtures/rootfs/README.txt).
+    "gb10-vllm": [*on("gb10-idle", "dgx-spark", "dgx-spark-vllm"), "--no-probe.enabled"],
     "h200-x8-docker": [*on("h200-x8", "h200-vm", "docker"), "--no-probe.enabled"],
     # Two H200s over NVLink (derived fixture) with per-process metrics read from a fake /proc.
     "h200-x2-nvlink": [
@@ -84,11 +88,14 @@ def scrape(
         env.setenv("NODE_NAME", NODE_NAME)
         with running_daemon([*SCENARIOS[request.param], "--state-dir", str(state)]) as base:
             deadline = time.monotonic() + 30
-            while True:  # a scenario with a probe: wait until each GPU's first cycle is in
+            # wait until the CUDA library scan (its own thread) and, in a scenario with a probe,
+            # each GPU's first cycle are in
+            while True:
                 status, content_type, body = http_get(base + "/metrics")
-                if body.count(PROBE_DONE) >= PROBED_GPUS.get(request.param, 0):
+                scanned = b"sparkdiag_cuda_library_scan_timestamp_seconds" in body
+                if scanned and body.count(PROBE_DONE) >= PROBED_GPUS.get(request.param, 0):
                     break
-                assert time.monotonic() < deadline, "the replayed probe cycles never arrived"
+                assert time.monotonic() < deadline, "the library scan or probe cycles never came"
                 time.sleep(0.1)
     assert status == 200
     assert content_type.startswith("text/plain; version=0.0.4")

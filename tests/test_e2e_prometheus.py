@@ -16,7 +16,9 @@ healthy-h200                none
 lane-degraded (GB10)        SparkdiagPcieLinkDegraded for 0002:01:00.0/.1 and their root port
                             (a DGX Spark Founders Edition, built for x4, at x2)
 gb10-slow-state             SparkdiagGpuSlowState (an ASUS Ascent GX10, whose x2 second
-                            ConnectX-7 is its design and fires nothing)
+                            ConnectX-7 is its design and fires nothing),
+                            SparkdiagSoftwareNotNative (vllm and flash-attn: no native code
+                            for sm_121 in its rootfs dgx-spark-vllm)
 gb10-memory-pressure        SparkdiagUnifiedMemoryPressure (stalls and available memory)
 thermal-int4                SparkdiagThermalInt4Degradation (from the hot probe: int4 at half
                             its cool speed against bf16/fp16 while memory is at 91 °C),

@@ -88,6 +88,15 @@ def _assets_twice(tmp: Path) -> list[str]:
     return ["assets", str(tmp / "out")]
 
 
+def _site(tmp: Path, library: str) -> list[str]:
+    """``native`` on a package directory holding one fixture library, judged for GB10."""
+    site = tmp / "site-packages" / "kernels"
+    site.mkdir(parents=True)
+    shutil.copy(ROOT / "tests" / "fixtures" / "fatbin" / f"{library}.so", site / "_ops.so")
+    return ["native", "--python", str(site.parent), "--capability", "12.1",
+            "--state-dir", str(tmp)]  # fmt: skip
+
+
 def _store(tmp: Path) -> list[str]:
     state = tmp / "state"
     assert CliRunner().invoke(main, _probe(tmp, str(PROBE / "h200-default.json"))).exit_code == 0
@@ -164,6 +173,11 @@ CASES: list[tuple[str, Args, int, str]] = [
      "--connect-timeout", "2", *_secret(t)], Exit.FAILED, "127.0.0.1"),
     ("link no secret", lambda t: ["link", "test", "127.0.0.1", "--link.secret-file",
      str(t / "none")], Exit.USAGE, "no link secret at"),
+    ("native ok", lambda t: _site(t, "sm121a"), Exit.OK, "1 native"),
+    ("native ptx-jit", lambda t: _site(t, "ptx80"), Exit.ATTENTION, "through PTX JIT"),
+    ("native none", lambda t: _site(t, "flash-attn-like"), Exit.FAILED, "cannot run"),
+    ("native usage", lambda t: ["native", "--capability", "twelve"], Exit.USAGE,
+     "expected MAJOR.MINOR"),
     ("fleet unreachable", lambda t: ["fleet", "--prometheus", "http://127.0.0.1:9",
      "--prometheus-timeout", "2"], Exit.FAILED, "127.0.0.1:9"),
 ]  # fmt: skip

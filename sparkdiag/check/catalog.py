@@ -4,7 +4,9 @@ Each check is ``(CheckContext) -> list[CheckResult]`` and lives in the ``*_check
 kind: ``gpu_checks`` (presence, idle, modes), ``thermal_checks`` (temperatures, clock event
 reasons), ``link_checks`` (PCIe links of the GPU and the host), ``health_checks`` (ECC, row
 remapping, XID, recovery action, NVLink fabric), ``stall_checks`` (busy while nothing moves),
-``host_checks`` (context, governor, unified memory), ``version_checks``, ``probe_checks``,
+``host_checks`` (context, governor, unified memory), ``memory_checks`` (what a new allocation
+can get), ``native_checks`` (the software's native code, the dtype order under load),
+``version_checks``, ``probe_checks``,
 ``power_checks`` and ``peer_checks`` (under load; ``peer_checks`` also reads the baseline
 store's held learning), ``soak_checks`` (the latest ``sparkdiag soak``), ``store_checks`` (the
 baseline store) and ``network_checks`` (ConnectX-7 lint, link to ``--peer``). The other modules
@@ -35,7 +37,9 @@ from sparkdiag.check.health_checks import (
 )
 from sparkdiag.check.host_checks import check_context, check_governor, check_unified_memory
 from sparkdiag.check.link_checks import check_pcie_gpu, check_pcie_host
+from sparkdiag.check.memory_checks import check_gpu_memory
 from sparkdiag.check.model import CheckContext, CheckResult
+from sparkdiag.check.native_checks import check_dtype_order, check_native_code
 from sparkdiag.check.network_checks import check_cx7_config, check_link_peer
 from sparkdiag.check.peer_checks import check_baseline_learning, check_peers
 from sparkdiag.check.power_checks import check_power_under_load
@@ -77,19 +81,24 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("context", check_context),
     ("cpu-governor", check_governor),
     ("unified-memory", check_unified_memory),
+    ("gpu-memory", check_gpu_memory),
+    ("native-code", check_native_code),
     ("baseline-store", check_baseline_store),
     ("baseline-learning", check_baseline_learning),
     ("probe", check_probe),
     ("sm-clock", check_sm_clock),
     ("power-under-load", check_power_under_load),
     ("int4-decode", check_int4_decode),
+    ("dtype-order", check_dtype_order),
     ("peers", check_peers),
     ("soak", check_soak),
     ("cx7-config", check_cx7_config),
     ("link-peer", check_link_peer),
 )
 # Checks that need the GPU under load; --quick reports them as skipped.
-LOAD_CHECKS = frozenset({"probe", "sm-clock", "power-under-load", "int4-decode", "peers"})
+LOAD_CHECKS = frozenset(
+    {"probe", "sm-clock", "power-under-load", "int4-decode", "dtype-order", "peers"}
+)
 
 
 def run_checks(

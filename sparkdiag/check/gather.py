@@ -24,14 +24,17 @@ from sparkdiag.link import auth
 from sparkdiag.link.client import Options, measure_link
 from sparkdiag.link.readings import read_fabric
 from sparkdiag.link.session import split_peer
+from sparkdiag.native.watch import cache_path, environment
 from sparkdiag.probe.launchers import Launcher, WorkerLauncher
 from sparkdiag.probe.runner import torch_install_hint
 from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.soak.state import inspect_state
 from sparkdiag.sources.cpufreq import read_governors
+from sparkdiag.sources.cuda_libraries import ScanCache, scan
 from sparkdiag.sources.kernel_log import read_kernel_log
 from sparkdiag.sources.packages import read_torch
-from sparkdiag.sources.procfs import process_names
+from sparkdiag.sources.procfs import device_holders, process_names
+from sparkdiag.sources.pyenv import NotAnEnvironment
 from sparkdiag.telemetry.build import build_poller
 
 QUICK_SKIP = "--quick: nothing that loads the GPU runs (run without --quick to probe)"
@@ -96,9 +99,23 @@ def gather(
             baseline_store=inspect_store(settings.state_dir),
             soak=inspect_state(settings.state_dir),
         )
-        return _with_link(ctx, settings, on_peer)
+        return _with_link(_with_software(ctx, settings), settings, on_peer)
     finally:
         poller.gpu.stop()
+
+
+def _with_software(ctx: CheckContext, settings: Settings) -> CheckContext:
+    """The libraries with GPU code (native-code) and, on unified memory, the processes holding
+    the GPU (gpu-memory). The library scan reads headers only and keeps a cache in the state
+    directory, so a second check reads only what changed."""
+    unified = any(g.identity.memory_model == "unified" for g in ctx.gpus_up())
+    holders = tuple(device_holders(settings.rootfs)) if unified else None
+    ctx = replace(ctx, device_holders=holders)
+    try:
+        found = scan(environment(settings.rootfs, None), ScanCache(cache_path(settings.state_dir)))
+    except (NotAnEnvironment, OSError) as exc:
+        return replace(ctx, libraries_note=f"the libraries could not be read: {exc}")
+    return replace(ctx, libraries=found)
 
 
 # check --peer: a short link test, bounded (2 s per method, direction and path; 30 s in all).
@@ -108,9 +125,12 @@ PEER_OPTIONS = Options(seconds=2.0, use_tools=False, budget=30.0)
 def _with_link(
     ctx: CheckContext, settings: Settings, on_peer: Callable[[str], None] | None
 ) -> CheckContext:
-    """The ConnectX-7 readings, and the link test against ``--peer`` (not with --quick)."""
+    """The ConnectX-7 readings (with the route to ``--peer``), and the link test against it
+    (not with --quick). A malformed --peer is a usage error."""
+    peer = split_peer(settings.peer)[0] if settings.peer is not None else None
     with contextlib.suppress(FileNotFoundError):  # a missing sysfs root: the PCIe rows say so
-        ctx = replace(ctx, fabric=read_fabric(settings.sysfs, settings.rootfs, os.environ))
+        fabric = read_fabric(settings.sysfs, settings.rootfs, os.environ, peer=peer)
+        ctx = replace(ctx, fabric=fabric)
     if settings.peer is None or ctx.quick:
         return ctx
     host, port = split_peer(settings.peer)  # a malformed --peer is a usage error

@@ -124,7 +124,13 @@ def check_unified_memory(ctx: CheckContext) -> list[CheckResult]:
                 data=data,
             )
         ]  # fmt: skip
-    if cached is not None and cached >= UNIFIED_WARN_CACHE * total:
+    # The page cache's own advice (how large a model fits now) is the gpu-memory row's where
+    # /proc/meminfo gave what it needs (memory_checks.py); this row keeps it otherwise.
+    if (
+        cached is not None
+        and cached >= UNIFIED_WARN_CACHE * total
+        and (host is None or host.obtainable_bytes is None)
+    ):
         return [
             CheckResult(
                 name, "warn", text,

@@ -23,8 +23,10 @@ from sparkdiag.probe.document import WorkerDocument
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.soak.state import StateReport as SoakStateReport
+from sparkdiag.sources.cuda_libraries import LibraryScan
 from sparkdiag.sources.kernel_log import KernelLog as KernelLog
 from sparkdiag.sources.packages import TorchInfo as TorchInfo
+from sparkdiag.sources.procfs import DeviceHolder
 from sparkdiag.telemetry.busy import Busy, busy, other_pids
 
 Status = Literal["pass", "warn", "fail", "skip"]
@@ -141,6 +143,9 @@ class CheckContext:
     fabric: the ConnectX-7 functions, NCCL settings and libraries, CMA (None: not read)
     peer_link: the short link test against ``--peer``; peer_error: why it could not be done
     stall_samples: the busy GPUs' samples over a few seconds (``check/stall_checks.py``)
+    libraries: the libraries with GPU code in the probe worker's Python (None: not read, why in
+        ``libraries_note``)
+    device_holders: processes with an NVIDIA device file open (read on unified memory only)
     """
 
     snapshot: Snapshot
@@ -162,6 +167,9 @@ class CheckContext:
     peer_error: str | None = None
     # GPU index -> samples taken over a few seconds of the GPUs busy at the first poll (stall)
     stall_samples: Mapping[int, tuple[GpuSample, ...]] = field(default_factory=dict)
+    libraries: LibraryScan | None = None
+    libraries_note: str = ""
+    device_holders: tuple[DeviceHolder, ...] | None = None
 
     def gpus_up(self) -> tuple[GpuSample, ...]:
         return tuple(g for g in self.snapshot.gpus if g.up)

@@ -300,17 +300,28 @@ def test(
 
 @link.command("lint")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead of text.")
+@click.option(
+    "--peer",
+    metavar="HOST",
+    default=None,
+    help="Also check that the route to HOST leaves through a ConnectX-7 interface.",
+)
 @settings_options("link")
 @click.pass_context
-def lint(ctx: click.Context, /, as_json: bool, **given: Any) -> None:
+def lint(ctx: click.Context, /, as_json: bool, peer: str | None, **given: Any) -> None:
     """Lint this machine's ConnectX-7 and NCCL setup.
 
     MTU of the ConnectX-7 interfaces that have a carrier; NCCL_IB_HCA and NCCL_SOCKET_IFNAME
     (environment, $NCCL_CONF_FILE or ~/.nccl.conf, /etc/nccl.conf: NCCL's own order) against
     the devices present, and on a GB10 machine whether both PCIe halves of a cabled port are
     named; CmaTotal against CmaFree in /proc/meminfo; every libnccl.so the probe's Python can
-    see (pip's and the system's). Each finding comes with the public figure behind it and the
-    fix.
+    see (pip's and the system's); the interface NCCL's sockets take against the ConnectX-7's
+    (NCCL_SOCKET_IFNAME, a management, 10GbE or Wi-Fi port up beside them, the route to
+    --peer); GPUDirect RDMA: whether this GPU supports it at all (the CUDA device attributes;
+    on GB10 it does not, by design, and a failing nvidia-peermem is expected there), settings
+    that force it (NCCL_NET_GDR_LEVEL, NCCL_NET_GDR_READ, NCCL_DMABUF_ENABLE,
+    NCCL_GDRCOPY_ENABLE), and whether it is in use where it can be (nvidia_peermem, dma-buf).
+    Each finding comes with the public figure behind it and the fix.
 
     \b
     Exit status:
@@ -320,7 +331,7 @@ def lint(ctx: click.Context, /, as_json: bool, **given: Any) -> None:
     """
     settings = _settings(given)
     try:
-        readings = read_fabric(settings.sysfs, settings.rootfs, dict(os.environ))
+        readings = read_fabric(settings.sysfs, settings.rootfs, dict(os.environ), peer=peer)
     except FileNotFoundError as exc:
         raise UsageError(str(exc), flag="--path.sysfs") from None
     findings = run_lint(readings)

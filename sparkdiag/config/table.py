@@ -45,7 +45,17 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "Replay NVML answers from this fixture (recorded by record-fixture) instead of the driver.",
         scopes=frozenset(
-            {"serve", "dump", "check", "probe", "record-fixture", "watch", "soak", "bench"}
+            {
+                "serve",
+                "dump",
+                "check",
+                "probe",
+                "record-fixture",
+                "watch",
+                "soak",
+                "bench",
+                "native",
+            }
         ),
         command_help={
             "record-fixture": "(to normalise an old fixture file)",
@@ -77,8 +87,9 @@ OPTIONS: tuple[Option, ...] = (
         "path",
         Path("/"),
         "Root filesystem to detect the execution context (container or native) under.",
-        scopes=frozenset({"serve", "dump", "check", "probe", "watch", "link"}),
+        scopes=frozenset({"serve", "dump", "check", "probe", "watch", "link", "native"}),
         command_help={
+            "native": "native scans the Pythons under it when it is not /.",
             "link": "link reads /proc/meminfo, /proc/cmdline, /etc/nccl.conf and the system's "
             "NCCL libraries under it.",
             "check": "check also reads the kernel log (ROOT/dev/kmsg; dmesg on the real root) "
@@ -107,8 +118,9 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "Directory for the baseline database; default $STATE_DIRECTORY under systemd, else "
         "$XDG_STATE_HOME/sparkdiag.",
-        scopes=frozenset({"serve", "check", "probe", "baseline", "soak"}),
+        scopes=frozenset({"serve", "check", "probe", "baseline", "soak", "native"}),
         command_help={
+            "native": "native keeps its scan cache there, in cuda-libraries.json.",
             "check": "check only reads baselines.sqlite there: it never creates nor teaches one.",
             "soak": "soak keeps the latest verdict per GPU there, in soak.json.",
         },
@@ -201,7 +213,7 @@ OPTIONS: tuple[Option, ...] = (
         "argv",
         None,
         "Interpreter that runs the probe worker, as an argument list; default this Python.",
-        scopes=frozenset({"serve"}),
+        scopes=frozenset({"serve", "native"}),
     ),
     Option(
         "probe.container-command",

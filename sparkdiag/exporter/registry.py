@@ -14,6 +14,7 @@ from sparkdiag.exporter.gpu import GpuCollector
 from sparkdiag.exporter.gpu_activity import GpuActivityCollector
 from sparkdiag.exporter.gpu_health import GpuHealthCollector
 from sparkdiag.exporter.gpu_process import GpuProcessCollector
+from sparkdiag.exporter.memory import GpuMemoryCollector
 from sparkdiag.exporter.pcie import PcieCollector
 from sparkdiag.exporter.system import SystemCollector
 from sparkdiag.sources.hostname import node_name
@@ -44,6 +45,7 @@ def build_registry(
         GpuActivityCollector(snapshot),
         GpuHealthCollector(snapshot),
         GpuProcessCollector(snapshot),
+        GpuMemoryCollector(snapshot),
         PcieCollector(snapshot),
         *extra,
         *compat,

@@ -41,9 +41,12 @@ source) and the fix. The rules, and where their figures come from:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from typing import Any
 
+from sparkdiag.link.findings import Finding as Finding
+from sparkdiag.link.gpudirect import gpudirect
+from sparkdiag.link.interfaces import interfaces
+from sparkdiag.link.nccl_list import NcclList as NcclList
+from sparkdiag.link.nccl_list import parse_nccl_list as parse_nccl_list
 from sparkdiag.link.readings import FabricReadings
 from sparkdiag.sources.netif import NetInterface
 
@@ -74,57 +77,6 @@ TWO_NCCL_FIGURE = (
     "~20 W); with the system's symlinked over it, a clean 60-min soak "
     "(vllm-project/vllm#41725, #42354)"
 )
-
-
-@dataclass(frozen=True)
-class Finding:
-    """code: the rule (``mtu``); subject: what it is about (``enp1s0f1np1``, ``NCCL_IB_HCA``);
-    finding: what was read, one line; figure: the public figure behind it, with its source;
-    fix: what to do."""
-
-    code: str
-    subject: str
-    finding: str
-    figure: str
-    fix: str
-
-    def as_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(frozen=True)
-class NcclList:
-    """An NCCL interface or HCA list (``^=mlx5_0:1,mlx5_1``): ``exclude`` (``^``), ``exact``
-    (``=``), entries of (name, port or None)."""
-
-    exclude: bool
-    exact: bool
-    entries: tuple[tuple[str, int | None], ...]
-
-    def selects(self, name: str, port: int | None = None) -> bool:
-        """Whether NCCL would use ``name`` (port ``port``), as its ``matchIfList`` decides."""
-        return self.exclude != any(self.matches(entry, name, port) for entry in self.entries)
-
-    def matches(self, entry: tuple[str, int | None], name: str, port: int | None) -> bool:
-        want, want_port = entry
-        hit = name == want if self.exact else name.startswith(want)
-        return hit and (want_port is None or port is None or want_port == port)
-
-
-def parse_nccl_list(value: str) -> NcclList:
-    """``NCCL_IB_HCA``/``NCCL_SOCKET_IFNAME`` syntax: a leading ``^`` excludes, then a leading
-    ``=`` asks for exact names; entries are comma separated, each ``name`` or ``name:port``."""
-    text = value.strip()
-    exclude = text.startswith("^")
-    text = text[1:] if exclude else text
-    exact = text.startswith("=")
-    text = text[1:] if exact else text
-    entries = []
-    for part in text.split(","):
-        name, _, port = part.strip().partition(":")
-        if name:
-            entries.append((name, int(port) if port.isdigit() else None))
-    return NcclList(exclude, exact, tuple(entries))
 
 
 def _where(origin: str) -> str:
@@ -379,12 +331,16 @@ def _conf_keys(readings: FabricReadings) -> list[Finding]:
 
 
 def lint(readings: FabricReadings) -> list[Finding]:
-    """Every finding, in a fixed order: MTU, HCAs, socket interface, CMA, libraries, files."""
+    """Every finding, in a fixed order: MTU, HCAs, socket interface (and which one NCCL takes,
+    :mod:`sparkdiag.link.interfaces`), CMA, libraries, files, GPUDirect RDMA
+    (:mod:`sparkdiag.link.gpudirect`)."""
     return [
         *_mtu(readings),
         *_hca(readings),
         *_ifname(readings),
+        *interfaces(readings),
         *_cma(readings),
         *_libraries(readings),
         *_conf_keys(readings),
+        *gpudirect(readings),
     ]

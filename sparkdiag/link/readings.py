@@ -9,13 +9,28 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sparkdiag.sources.gpudirect import (
+    GpuDirect,
+    cuda_attributes,
+    gpu_models,
+    module_loaded,
+    modules_configured,
+)
 from sparkdiag.sources.meminfo import meminfo_bytes, read_proc_file
 from sparkdiag.sources.nccl import NcclLibrary, NcclSettings, find_libraries, read_nccl_settings
-from sparkdiag.sources.netif import NetInterface, NicFunction, read_connectx7, read_interfaces
+from sparkdiag.sources.netif import (
+    NetInterface,
+    NicFunction,
+    interface_kind,
+    read_connectx7,
+    read_interfaces,
+    route_interface,
+)
+from sparkdiag.sources.pyenv import site_dirs_under
 
 
 @dataclass(frozen=True)
@@ -23,7 +38,12 @@ class FabricReadings:
     """functions: the ConnectX-7 PCI functions; interfaces: every network interface by name;
     nccl: NCCL's settings as it would see them; libraries: every libnccl.so in sight;
     cma_total_bytes / cma_free_bytes: ``CmaTotal`` / ``CmaFree`` of /proc/meminfo (None: absent);
-    cmdline: the kernel command line (/proc/cmdline)."""
+    cmdline: the kernel command line (/proc/cmdline);
+    gpudirect: each CUDA device's GPUDirect attributes (empty: not read, why in
+    ``gpudirect_note``); gpu_models: the GPUs the driver lists (/proc/driver/nvidia/gpus);
+    peermem_loaded: nvidia_peermem is loaded (None: unknown); peermem_boot: files that load it
+    at boot; kinds: interface -> (driver, Wi-Fi); peer_route: (peer address, the interface the
+    routing table takes to it) for ``--peer``."""
 
     functions: tuple[NicFunction, ...]
     interfaces: Mapping[str, NetInterface]
@@ -32,6 +52,13 @@ class FabricReadings:
     cma_total_bytes: float | None
     cma_free_bytes: float | None
     cmdline: str | None
+    gpudirect: tuple[GpuDirect, ...] = ()
+    gpudirect_note: str = ""
+    gpu_models: tuple[str, ...] = ()
+    peermem_loaded: bool | None = None
+    peermem_boot: tuple[str, ...] = ()
+    kinds: Mapping[str, tuple[str | None, bool]] = field(default_factory=dict)
+    peer_route: tuple[str, str | None] | None = None
 
     def rdma_devices(self) -> dict[str, tuple[NicFunction, bool]]:
         """RDMA device name -> (its function, its port is ACTIVE)."""
@@ -73,24 +100,30 @@ class FabricReadings:
                 else {}
             ),
             **({"cma_free_bytes": self.cma_free_bytes} if self.cma_free_bytes is not None else {}),
-        }
+            "gpudirect": [
+                {"gpu": g.index, "name": g.name, "rdma_supported": g.rdma,
+                 "dmabuf_supported": g.dmabuf, "host_alloc_dmabuf_supported": g.host_dmabuf}
+                for g in self.gpudirect
+            ],
+            "gpudirect_note": self.gpudirect_note,
+            "gpu_models": list(self.gpu_models),
+            "nvidia_peermem_loaded": self.peermem_loaded,
+            "nvidia_peermem_at_boot": list(self.peermem_boot),
+            **(
+                {"peer_route": {"peer": self.peer_route[0], "interface": self.peer_route[1]}}
+                if self.peer_route is not None
+                else {}
+            ),
+        }  # fmt: skip
 
 
 def python_site_dirs(rootfs: Path) -> list[Path]:
     """Where the probe's Python finds packages: this interpreter's ``sys.path`` on the real root;
     under any other root (a fixture tree) the usual ``site-packages``/``dist-packages``
-    directories of every Python 3 there."""
+    directories of every Python 3 there (:func:`sparkdiag.sources.pyenv.site_dirs_under`)."""
     if rootfs.resolve() == Path("/"):
         return [Path(p) for p in sys.path if p and Path(p).is_dir()]
-    found = []
-    for pattern in (
-        "usr/lib/python3*/site-packages",
-        "usr/lib/python3*/dist-packages",
-        "usr/local/lib/python3*/site-packages",
-        "usr/local/lib/python3*/dist-packages",
-    ):
-        found += sorted(rootfs.glob(pattern))
-    return found
+    return site_dirs_under(rootfs)
 
 
 def read_fabric(
@@ -98,9 +131,13 @@ def read_fabric(
     rootfs: Path,
     environ: Mapping[str, str],
     site_dirs: Sequence[Path] | None = None,
+    peer: str | None = None,
 ) -> FabricReadings:
     """Read the ConnectX-7 functions and interfaces (sysfs), NCCL's settings (``environ`` and the
-    configuration files under ``rootfs``), the NCCL libraries, CMA and the kernel command line.
+    configuration files under ``rootfs``), the NCCL libraries, CMA and the kernel command line,
+    GPUDirect RDMA (the CUDA attributes, asked in a subprocess on the real root only; the
+    driver's GPU list; nvidia_peermem), each interface's driver, and the route to ``peer``
+    (on the real root only).
 
     Raises FileNotFoundError when ``sysfs`` is not a directory.
     """
@@ -108,9 +145,17 @@ def read_fabric(
     fields = meminfo_bytes(meminfo) if meminfo is not None else {}
     library_path = environ.get("LD_LIBRARY_PATH", "") if rootfs.resolve() == Path("/") else ""
     cmdline = read_proc_file(rootfs / "proc" / "cmdline")
+    real = rootfs.resolve() == Path("/")
+    interfaces = read_interfaces(sysfs)
+    functions = read_connectx7(sysfs)
+    attributes: tuple[GpuDirect, ...] | str = (
+        cuda_attributes() if real and functions else "not asked: no ConnectX-7 here"
+    )
+    if not real:
+        attributes = "not asked: --path.rootfs is not /"
     return FabricReadings(
-        functions=read_connectx7(sysfs),
-        interfaces=read_interfaces(sysfs),
+        functions=functions,
+        interfaces=interfaces,
         nccl=read_nccl_settings(rootfs, environ),
         libraries=find_libraries(
             rootfs,
@@ -120,4 +165,11 @@ def read_fabric(
         cma_total_bytes=fields.get("CmaTotal"),
         cma_free_bytes=fields.get("CmaFree"),
         cmdline=cmdline.strip() if cmdline is not None else None,
+        gpudirect=attributes if not isinstance(attributes, str) else (),
+        gpudirect_note=attributes if isinstance(attributes, str) else "",
+        gpu_models=gpu_models(rootfs),
+        peermem_loaded=module_loaded(sysfs, "nvidia_peermem"),
+        peermem_boot=modules_configured(rootfs, "nvidia-peermem"),
+        kinds={name: interface_kind(sysfs, name) for name in interfaces},
+        peer_route=route_interface(peer) if peer and real else None,
     )

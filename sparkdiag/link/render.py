@@ -6,7 +6,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sparkdiag import terminal
-from sparkdiag.link.lint import Finding
+from sparkdiag.link.findings import Finding
+from sparkdiag.link.gpudirect import state as gpudirect_state
 from sparkdiag.link.model import DIRECTIONS, End, LinkReport, PathResult
 from sparkdiag.link.readings import FabricReadings
 
@@ -132,6 +133,8 @@ def readings_text(readings: FabricReadings, width: int | None = None) -> list[st
             else ""
         )
         para(f"CmaTotal {readings.cma_total_bytes / 1024:.0f} kB{free}")
+    if readings.functions:
+        para(gpudirect_state(readings))
     return lines
 
 

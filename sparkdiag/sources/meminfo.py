@@ -1,6 +1,7 @@
 """Host memory and memory pressure read from procfs, under a configurable root (``--path.rootfs``)::
 
-    ROOT/proc/meminfo          MemTotal, MemAvailable, MemFree, Cached, SReclaimable (kB)
+    ROOT/proc/meminfo          MemTotal, MemAvailable, MemFree, Cached, SReclaimable, the file
+                               LRU lists, Dirty, Writeback, Mapped, Shmem, Unevictable (kB)
     ROOT/proc/vmstat           pswpin: pages swapped in since boot
     ROOT/proc/pressure/memory  PSI: "some avg10=0.00 avg60=0.00 avg300=0.00 total=0" and "full ..."
 
@@ -14,6 +15,7 @@ raises (a mistyped ``--path.rootfs`` shows as a failed collector, not as an empt
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from sparkdiag.snapshot import HostSample, MemoryPressure
@@ -72,6 +74,49 @@ def parse_meminfo(text: str) -> dict[str, float]:
     return out
 
 
+# The /proc/meminfo fields obtainable() needs (all in kB, every kernel since 2.6.28).
+_OBTAINABLE_FIELDS = ("MemFree", "Active(file)", "Inactive(file)", "Dirty", "Writeback", "Mapped")
+
+
+def obtainable(fields: Mapping[str, float]) -> tuple[float | None, dict[str, float]]:
+    r"""Memory a new allocation can get now, and the page cache's parts, from
+    :func:`meminfo_bytes` fields.
+
+    obtainable = MemFree + max(0, Active(file) + Inactive(file) - Dirty - Writeback - Mapped)
+
+    The file LRU lists (``Active(file)``, ``Inactive(file)``) hold the page cache the kernel can
+    drop; of those, dirty pages and pages under writeback must reach the disk first, and mapped
+    pages (``Mapped``: a process's mmap of a file, such as a model loaded with safetensors'
+    mmap) are in use and come back only by unmapping them. Tmpfs and shared memory
+    (``Shmem``), ``Unevictable`` and ``Mlocked`` pages are not on the file lists at all, so
+    they are never counted. ``Mapped`` also counts mapped shared memory, which is not on the
+    file lists, so the figure errs low, never high. Unlike the kernel's ``MemAvailable`` it
+    leaves out reclaimable slab and the dirty and mapped part of the cache: a CUDA allocation
+    on a unified-memory GPU (GB10) has failed with NV_ERR_NO_MEMORY while the page cache held
+    the memory (tobias-weiss.org, "Taming OOM on DGX Spark"; sovgrid.org, "Five DGX Spark
+    disasters": an OOM at 95 GB until ``echo 3 > /proc/sys/vm/drop_caches``).
+
+    Unit: bytes. Same reading as ``awk '/^(MemFree|Active\(file\)|Inactive\(file\)|Dirty|
+    Writeback|Mapped):/' /proc/meminfo``. (None, parts) when a field is missing; the parts
+    hold what could be read: ``total`` (Cached + Buffers), ``reclaimable``, ``dirty``
+    (Dirty + Writeback), ``mapped``, ``shmem``, ``unevictable``.
+    """
+    parts: dict[str, float] = {}
+    if "Cached" in fields:
+        parts["total"] = fields["Cached"] + fields.get("Buffers", 0.0)
+    for key, name in (("mapped", "Mapped"), ("shmem", "Shmem"), ("unevictable", "Unevictable")):
+        if name in fields:
+            parts[key] = fields[name]
+    if "Dirty" in fields:
+        parts["dirty"] = fields["Dirty"] + fields.get("Writeback", 0.0)
+    if any(name not in fields for name in _OBTAINABLE_FIELDS):
+        return None, parts
+    lru = fields["Active(file)"] + fields["Inactive(file)"]
+    reclaimable = max(0.0, lru - fields["Dirty"] - fields["Writeback"] - fields["Mapped"])
+    parts["reclaimable"] = reclaimable
+    return fields["MemFree"] + reclaimable, parts
+
+
 def parse_swap_in(text: str) -> float | None:
     """Pages swapped in since boot: ``pswpin`` of ``/proc/vmstat``.
 
@@ -124,8 +169,11 @@ def read_host_memory(rootfs: Path) -> HostSample:
     meminfo = read_proc_file(proc / "meminfo")
     vmstat = read_proc_file(proc / "vmstat")
     pressure = read_proc_file(proc / "pressure" / "memory")
+    got, cache = obtainable(meminfo_bytes(meminfo)) if meminfo is not None else (None, {})
     return HostSample(
         memory_bytes=parse_meminfo(meminfo) if meminfo is not None else {},
         swap_in_pages=parse_swap_in(vmstat) if vmstat is not None else None,
         pressure=parse_pressure(pressure) if pressure is not None else None,
+        obtainable_bytes=got,
+        page_cache_bytes=cache,
     )

@@ -24,7 +24,15 @@ from pathlib import Path
 
 from sparkdiag.sources.files import KIB, read_text_limited
 
-SETTINGS = ("NCCL_IB_HCA", "NCCL_SOCKET_IFNAME")
+SETTINGS = (
+    "NCCL_IB_HCA",
+    "NCCL_SOCKET_IFNAME",
+    # GPUDirect RDMA: set, they make NCCL try it (link/gpudirect.py)
+    "NCCL_NET_GDR_LEVEL",
+    "NCCL_NET_GDR_READ",
+    "NCCL_DMABUF_ENABLE",
+    "NCCL_GDRCOPY_ENABLE",
+)
 _LIBRARY = re.compile(r"^libnccl\.so(\.\d+)*$")
 _VERSION = re.compile(r"^libnccl\.so\.(\d+\.\d+\.\d+)$")
 # Where Debian/Ubuntu, the CUDA repositories and NGC images put libnccl2.
@@ -96,7 +104,8 @@ def _under(rootfs: Path, path: str) -> Path:
 def read_nccl_settings(
     rootfs: Path, environ: Mapping[str, str], home: str | None = None
 ) -> NcclSettings:
-    """NCCL_IB_HCA and NCCL_SOCKET_IFNAME as NCCL would see them, and the files that set any.
+    """The :data:`SETTINGS` (NCCL_IB_HCA, NCCL_SOCKET_IFNAME, the GPUDirect ones) as NCCL would
+    see them, and the files that set any.
 
     Same reading as ``env | grep ^NCCL_`` and ``cat ~/.nccl.conf /etc/nccl.conf`` (or
     ``$NCCL_CONF_FILE`` instead of the first). ``home`` is the user's home directory (default

@@ -323,3 +323,45 @@ def interface_of(address: str, addresses: list[InterfaceAddress]) -> str | None:
         if entry.network.ip == wanted:
             return entry.interface
     return None
+
+
+def interface_kind(sysfs: Path, name: str) -> tuple[str | None, bool]:
+    """(driver, wireless) of interface ``name``: the driver bound to its PCI function
+    (``mlx5_core``, ``r8127``, ``mt7925e``; None for a virtual interface) and whether it is
+    Wi-Fi (``class/net/IF/wireless`` or ``phy80211`` exists).
+
+    Same reading as ``ethtool -i IF`` (driver:) and ``iw dev`` (the Wi-Fi interfaces).
+    """
+    base = sysfs / "class" / "net" / name
+    wireless = (base / "wireless").exists() or (base / "phy80211").exists()
+    pci = _pci_parent(base)
+    if pci is None:
+        return None, wireless
+    try:
+        driver: str | None = os.readlink(sysfs / "bus" / "pci" / "devices" / pci / "driver")
+    except OSError:
+        driver = None
+    return (driver.rstrip("/").rsplit("/", 1)[-1] if driver else None), wireless
+
+
+def route_interface(host: str) -> tuple[str, str | None] | None:
+    """(peer address, the interface this machine's routing table sends to it by) for ``host``;
+    None when the name does not resolve or no route leads there. A UDP socket is connected
+    (the kernel picks the route and the source address; nothing is sent) and its source address
+    is matched against the interfaces' addresses.
+
+    Same reading as ``ip route get ADDRESS`` (its ``dev``).
+    """
+    try:
+        infos = socket.getaddrinfo(host, 9, type=socket.SOCK_DGRAM)
+    except (OSError, UnicodeError):
+        return None
+    for family, kind, proto, _name, address in infos:
+        try:
+            with socket.socket(family, kind, proto) as sock:
+                sock.connect(address)
+                local = str(sock.getsockname()[0])
+        except OSError:
+            continue
+        return plain_address(str(address[0])), interface_of(local, interface_addresses())
+    return None

@@ -265,3 +265,90 @@ def allowed_cpus(rootfs: Path, pid: int) -> int | None:
             count += int(high or low) - int(low) + 1
         return count or None
     return None
+
+
+# -- processes holding the GPU, from /proc (where NVML reports no per-process memory) ---------
+
+NVIDIA_DEVICE = "/dev/nvidia"  # /dev/nvidia0, /dev/nvidiactl, /dev/nvidia-uvm, /dev/nvidia-caps/...
+
+
+@dataclass(frozen=True)
+class DeviceHolder:
+    """A process with an NVIDIA device file open.
+
+    devices: the device files it holds open (``/dev/nvidia0``, ``/dev/nvidia-uvm`` ...)
+    rss_bytes: its resident memory (``Rss`` of ``/proc/PID/smaps_rollup``, else ``VmRSS`` of
+        ``status``); on a unified-memory GPU (GB10) this is memory the GPU cannot have
+    mapped_bytes: the size of its mappings of NVIDIA device files (``/proc/PID/maps``): address
+        space, not necessarily resident
+    None where the file is not readable (another user's process without CAP_SYS_PTRACE).
+    """
+
+    pid: int
+    name: str
+    devices: tuple[str, ...]
+    rss_bytes: float | None
+    mapped_bytes: float | None
+
+
+def _open_devices(base: Path) -> tuple[str, ...] | None:
+    try:
+        fds = list((base / "fd").iterdir())
+    except OSError:
+        return None
+    held = set()
+    for fd in fds:
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith(NVIDIA_DEVICE):
+            held.add(target)
+    return tuple(sorted(held))
+
+
+def _rss(base: Path) -> float | None:
+    for name, key in (("smaps_rollup", "Rss:"), ("status", "VmRSS:")):
+        for line in (_read(base / name) or "").splitlines():
+            fields = line.split()
+            if len(fields) >= 2 and fields[0] == key and fields[1].isdigit():
+                return float(fields[1]) * 1024
+    return None
+
+
+def _device_mappings(base: Path) -> float | None:
+    text = _read(base / "maps")
+    if text is None:
+        return None
+    total = 0
+    for line in text.splitlines():
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith(NVIDIA_DEVICE):
+            low, _, high = fields[0].partition("-")
+            try:
+                total += int(high, 16) - int(low, 16)
+            except ValueError:
+                continue
+    return float(total)
+
+
+def device_holders(rootfs: Path) -> list[DeviceHolder]:
+    """Every process under ``ROOT/proc`` with an NVIDIA device file open, largest RSS first.
+
+    Same reading as ``fuser -v /dev/nvidia*`` (or ``lsof /dev/nvidia*``) with ``ps -o rss``
+    and ``grep nvidia /proc/PID/maps``. Costs a readlink per open file of every process: run it
+    for a check, not on every poll.
+    """
+    found = []
+    try:
+        pids = [int(p.name) for p in (rootfs / "proc").iterdir() if p.name.isdigit()]
+    except OSError:
+        return []
+    for pid in sorted(pids):
+        base = rootfs / "proc" / str(pid)
+        devices = _open_devices(base)
+        if not devices:
+            continue
+        name = (_read(base / "comm") or "").strip()
+        found.append(DeviceHolder(pid, name, devices, _rss(base), _device_mappings(base)))
+    return sorted(found, key=lambda h: -(h.rss_bytes or 0.0))

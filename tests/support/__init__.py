@@ -219,7 +219,9 @@ def promtool() -> str:
 VOLATILE = re.compile(
     r"^(sparkdiag_collector_duration_seconds|sparkdiag_last_poll_timestamp_seconds"
     r"|sparkdiag_gpu_xid_last_timestamp_seconds"
-    r"|sparkdiag_probe_last_success_timestamp_seconds)(\{.*\})? .*$"
+    r"|sparkdiag_probe_last_success_timestamp_seconds"
+    r"|sparkdiag_cuda_library_scan_timestamp_seconds|sparkdiag_cuda_library_scan_duration_seconds"
+    r")(\{.*\})? .*$"
 )
 
 

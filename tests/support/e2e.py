@@ -304,11 +304,12 @@ def fleet_nodes(workdir: Path) -> list[Node]:
             "port (0002:00:00.0) train at x2 of the x4 the platform is built for",
         ),
         node(
-            "gb10-slow-state", NVML / "gb10-slow-state.json", "asus-gx10", "dgx-spark",
+            "gb10-slow-state", NVML / "gb10-slow-state.json", "asus-gx10", "dgx-spark-vllm",
             None,
-            {"SparkdiagGpuSlowState"},
+            {"SparkdiagGpuSlowState", "SparkdiagSoftwareNotNative"},
             "ASUS Ascent GX10 in the USB-PD slow state from poll 2: busy at 650 of 2418 MHz with "
-            "no clock event reason; its second ConnectX-7 at x2 is its design (no PCIe alert)",
+            "no clock event reason; its second ConnectX-7 at x2 is its design (no PCIe alert); "
+            "vLLM and flash-attn installed without native code for sm_121 (dgx-spark-vllm)",
         ),
         node(
             "gb10-memory-pressure", NVML / "gb10-idle.json", "dgx-spark", "dgx-spark-pressure",

@@ -1,0 +1,124 @@
+"""``sparkdiag native`` as text (within the terminal's width) and as JSON."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sparkdiag import terminal
+from sparkdiag.native.compat import Mode, judge
+from sparkdiag.native.lint import Gpu, LibraryVerdict, arch_list_report
+from sparkdiag.sources.cuda_libraries import LibraryScan, scan_json
+from sparkdiag.sources.pyenv import TorchBuild
+
+FORMAT = "sparkdiag-native/1"
+MODE_WORDS: dict[Mode, str] = {
+    "native": "native",
+    "ptx-jit": "through PTX JIT",
+    "none": "cannot run",
+}
+
+
+@dataclass(frozen=True)
+class NativeReport:
+    """What ``sparkdiag native`` found: the scan, the GPUs judged for, each library's verdict
+    on each, and torch's arch list (or why it was not read)."""
+
+    scan: LibraryScan
+    gpus: tuple[Gpu, ...]
+    verdicts: tuple[LibraryVerdict, ...]
+    torch: TorchBuild | None
+    torch_note: str
+
+    @property
+    def status(self) -> str:
+        """fail, warn or pass: the worst verdict (pass when there is none)."""
+        seen = {v.status for v in self.verdicts}
+        return "fail" if "fail" in seen else "warn" if "warn" in seen else "pass"
+
+    def torch_verdicts(self) -> list[tuple[Gpu, str, str]]:
+        """(GPU, mode, target) of torch's arch list on each GPU."""
+        if self.torch is None or not self.torch.arch_list:
+            return []
+        report = arch_list_report(self.torch.arch_list)
+        out: list[tuple[Gpu, str, str]] = []
+        for gpu in self.gpus:
+            verdict = judge(report, gpu.capability)
+            out.append((gpu, verdict.mode, verdict.target))
+        return out
+
+    def as_json(self) -> dict[str, Any]:
+        torch: dict[str, Any] | None = None
+        if self.torch is not None:
+            torch = {
+                "version": self.torch.version,
+                "cuda": self.torch.cuda,
+                "arch_list": list(self.torch.arch_list),
+                "on": [
+                    {"gpu": gpu.index, "mode": mode, "target": target}
+                    for gpu, mode, target in self.torch_verdicts()
+                ],
+            }
+        return {
+            "format": FORMAT,
+            "status": self.status,
+            "gpus": [
+                {"gpu": g.index, "uuid": g.uuid, "name": g.name, "sm": g.sm} for g in self.gpus
+            ],
+            "verdicts": [v.as_json() for v in self.verdicts],
+            "torch": torch,
+            "torch_note": self.torch_note,
+            "scan": scan_json(self.scan),
+        }
+
+
+def text(report: NativeReport, width: int, show_all: bool = False) -> str:
+    """The report for people: the scan, torch's arch list, then per GPU a count by mode and a
+    block for each library that is not native (every library with ``show_all``)."""
+    scan = report.scan
+    lines = terminal.wrap(
+        f"{scan.environment}: {len(scan.site_dirs)} package directories, {scan.files} shared "
+        f"libraries, {len(scan.libraries)} with GPU code ({scan.files - scan.cached} read, "
+        f"{scan.cached} from the cache, {scan.seconds:.1f} s)",
+        width,
+    )
+    if report.torch is not None:
+        arch = " ".join(report.torch.arch_list) or "no CUDA architectures (a CPU build)"
+        lines += terminal.wrap(f"torch {report.torch.version} built for {arch}", width)
+        for gpu, mode, target in report.torch_verdicts():
+            how = f" from {target}" if target else ""
+            lines += terminal.wrap(f"  on GPU {gpu.index} ({gpu.sm}): {mode}{how}", width)
+    elif report.torch_note:
+        lines += terminal.wrap(f"torch's arch list not read: {report.torch_note}", width)
+    for path, why in sorted(scan.unreadable.items()):
+        lines += terminal.wrap(f"not readable: {path}: {why}", width)
+    for gpu in report.gpus:
+        mine = [v for v in report.verdicts if v.gpu == gpu]
+        counts = Counter(v.verdict.mode for v in mine)
+        summary = ", ".join(f"{counts[m]} {MODE_WORDS[m]}" for m in MODE_WORDS if counts[m])
+        lines.append("")
+        which = f"GPU {gpu.index} {gpu.name}" if gpu.index else gpu.name
+        lines += terminal.wrap(f"{which} ({gpu.sm}): {summary or 'no library'}", width)
+        shown = mine if show_all else [v for v in mine if v.status != "pass"]
+        lines += _blocks(shown, width)
+        hidden = len(mine) - len(shown)
+        if hidden:
+            lines.append(f"  ({hidden} native, not listed: --all lists them)")
+    return "\n".join(lines) + "\n"
+
+
+def _blocks(verdicts: Sequence[LibraryVerdict], width: int) -> list[str]:
+    lines: list[str] = []
+    for v in sorted(verdicts, key=lambda v: ({"fail": 0, "warn": 1, "pass": 2}[v.status],
+                                             v.library.package, v.library.relative)):  # fmt: skip
+        owner = " ".join(p for p in (v.library.package, v.library.version) if p)
+        lines += terminal.wrap(
+            f"{v.status.upper():<4}  {owner}: {v.library.relative}", width, "  ", "        "
+        )
+        if v.status == "pass":
+            continue
+        lines += terminal.wrap(v.reason, width, "        ")
+        lines += terminal.wrap(v.action, width, "        → ", "          ")
+    return lines

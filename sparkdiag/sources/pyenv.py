@@ -1,0 +1,234 @@
+"""Which Python environment to look at, and where its packages are: the probe worker's
+interpreter, one given by path (an interpreter, a virtual environment, a ``site-packages``
+directory), or an unpacked root (a container image's).
+
+An interpreter is asked for its ``sys.path`` in a subprocess (``python -c``: about 20 ms, no
+import of anything but the standard library); the rest is read from the file system. The
+distributions that own files come from their ``*.dist-info/RECORD`` (``importlib.metadata``,
+without importing the packages).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkdiag.sources.files import MIB, read_text_limited
+
+PATH_SCRIPT = "import json, sys; print(json.dumps([p for p in sys.path if p]))"
+# Where Debian/Ubuntu Pythons, python.org builds, NGC images and conda put packages.
+ROOT_PATTERNS = (
+    "usr/lib/python3*/site-packages",
+    "usr/lib/python3*/dist-packages",
+    "usr/local/lib/python3*/site-packages",
+    "usr/local/lib/python3*/dist-packages",
+    "opt/*/lib/python3*/site-packages",
+)
+
+
+class NotAnEnvironment(ValueError):
+    """The path or interpreter given is not a Python environment (the message says why)."""
+
+
+@dataclass(frozen=True)
+class PythonEnvironment:
+    """described: what it is, for people ("/usr/bin/python3", "venv /opt/venv", "root /mnt");
+    site_dirs: its package directories, existing ones only; python: the interpreter command when
+    there is one to run (None for a site directory or a root); root: the root its paths are
+    shown relative to ("/" unless a root was given)."""
+
+    described: str
+    site_dirs: tuple[Path, ...]
+    python: tuple[str, ...] | None
+    root: Path = Path("/")
+
+    def show(self, path: Path) -> str:
+        """``path`` as the machine under ``root`` names it."""
+        if self.root == Path("/"):
+            return str(path)
+        try:
+            return "/" + str(path.relative_to(self.root))
+        except ValueError:
+            return str(path)
+
+
+def run_json(argv: Sequence[str], timeout: float) -> tuple[Any, str | None]:
+    """Run ``argv`` (standard input closed) and parse the last line it prints as JSON:
+    (value, None), or (None, why) when it could not run, timed out, exited non-zero or printed
+    no JSON (why: the last line of its standard error, else its exit status)."""
+    try:
+        done = subprocess.run(
+            list(argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"{' '.join(argv)} did not run: {exc}"
+    lines = done.stdout.strip().splitlines()
+    if done.returncode == 0 and lines:
+        try:
+            return json.loads(lines[-1]), None
+        except ValueError:
+            pass
+    errors = done.stderr.strip().splitlines()
+    return None, errors[-1] if errors else f"exit status {done.returncode}"
+
+
+def interpreter_paths(python: Sequence[str], timeout: float = 30.0) -> list[Path]:
+    """The ``sys.path`` directories of the interpreter command ``python`` that exist here.
+
+    Same reading as ``python -c 'import sys; print(sys.path)'``. Raises NotAnEnvironment when
+    it cannot run, fails or prints something else.
+    """
+    paths, why = run_json([*python, "-c", PATH_SCRIPT], timeout)
+    if not isinstance(paths, list):
+        raise NotAnEnvironment(f"{' '.join(python)} did not give its sys.path: {why}")
+    return [Path(p) for p in paths if isinstance(p, str) and Path(p).is_dir()]
+
+
+def site_dirs_under(root: Path) -> list[Path]:
+    """The package directories of every Python 3 under ``root`` (``ROOT_PATTERNS``)."""
+    found: list[Path] = []
+    for pattern in ROOT_PATTERNS:
+        found += sorted(root.glob(pattern))
+    return found
+
+
+def _is_site_dir(path: Path) -> bool:
+    if path.name in ("site-packages", "dist-packages"):
+        return True
+    try:
+        return any(p.suffix == ".dist-info" for p in path.iterdir())
+    except OSError:
+        return False
+
+
+def for_python(python: Sequence[str], label: str = "") -> PythonEnvironment:
+    """The environment of the interpreter command ``python`` (the probe worker's)."""
+    dirs = [d for d in interpreter_paths(python) if _is_site_dir(d)]
+    shown = " ".join(python) + (f" ({label})" if label else "")
+    return PythonEnvironment(shown, tuple(dict.fromkeys(dirs)), tuple(python))
+
+
+def resolve(path: Path) -> PythonEnvironment:
+    """``--python PATH``: an interpreter, a virtual environment (``pyvenv.cfg``), a package
+    directory (``site-packages``, ``dist-packages`` or one holding ``*.dist-info``), or a root
+    with Pythons under it (an unpacked container image). Raises NotAnEnvironment."""
+    if not path.exists():
+        raise NotAnEnvironment(f"{path} does not exist")
+    if path.is_file():
+        if not os.access(path, os.X_OK):
+            raise NotAnEnvironment(f"{path} is a file but not an executable interpreter")
+        return for_python((str(path),))
+    if (path / "pyvenv.cfg").is_file():
+        for name in ("python3", "python"):
+            exe = path / "bin" / name
+            if exe.exists():
+                env = for_python((str(exe),))
+                return PythonEnvironment(f"venv {path}", env.site_dirs, env.python)
+        dirs = sorted(path.glob("lib/python3*/site-packages"))
+        return PythonEnvironment(f"venv {path}", tuple(dirs), None)
+    if _is_site_dir(path):
+        return PythonEnvironment(f"packages {path}", (path,), None)
+    dirs = site_dirs_under(path)
+    if not dirs:
+        raise NotAnEnvironment(
+            f"{path} is not an interpreter, a venv, a site-packages directory or a root with "
+            "Pythons under it (looked for " + ", ".join(ROOT_PATTERNS) + ")"
+        )
+    return PythonEnvironment(f"root {path}", tuple(dirs), None, path)
+
+
+def this_python() -> PythonEnvironment:
+    """This interpreter's environment, without a subprocess."""
+    dirs = [Path(p) for p in sys.path if p and Path(p).is_dir() and _is_site_dir(Path(p))]
+    return PythonEnvironment(sys.executable, tuple(dict.fromkeys(dirs)), (sys.executable,))
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The distribution a file belongs to (``torch`` 2.11.0+cu130)."""
+
+    package: str
+    version: str
+
+
+def file_owners(site: Path, suffixes: tuple[str, ...] = (".so",)) -> dict[Path, Owner]:
+    """Resolved file path -> owning distribution, for the files in ``site``'s RECORDs whose
+    name is a shared library's (ends ``.so`` or holds ``.so.``).
+
+    Same reading as ``python -m pip show -f PACKAGE``. A RECORD larger than 64 MiB is skipped.
+    """
+    owners: dict[Path, Owner] = {}
+    try:
+        dists = list(importlib.metadata.distributions(path=[str(site)]))
+    except OSError:
+        return owners
+    for dist in dists:
+        name = (dist.metadata["Name"] or "").strip()
+        record = _record(dist)
+        if not name or record is None:
+            continue
+        owner = Owner(name.lower().replace("_", "-"), dist.version or "")
+        for line in record.splitlines():
+            relative = line.rsplit(",", 2)[0] if line.count(",") >= 2 else line
+            base = relative.rsplit("/", 1)[-1]
+            if not (base.endswith(suffixes) or ".so." in base):
+                continue
+            owners[(site / relative).resolve()] = owner
+    return owners
+
+
+def _record(dist: importlib.metadata.Distribution) -> str | None:
+    located = getattr(dist, "_path", None)  # PathDistribution keeps its .dist-info directory
+    if isinstance(located, Path):
+        try:
+            return read_text_limited(located / "RECORD", 64 * MIB)
+        except OSError:
+            return None
+    return dist.read_text("RECORD")
+
+
+TORCH_SCRIPT = (
+    "import json, torch\n"
+    "flags = getattr(torch._C, '_cuda_getArchFlags', lambda: None)()\n"
+    "print(json.dumps({'version': torch.__version__, 'cuda': torch.version.cuda,"
+    " 'arch_list': (flags or '').split()}))\n"
+)
+
+
+@dataclass(frozen=True)
+class TorchBuild:
+    """What the interpreter's torch was built for: ``arch_list`` is what
+    ``torch.cuda.get_arch_list()`` returns on a GPU machine (``['sm_80', ..., 'compute_120']``),
+    read from ``torch._C._cuda_getArchFlags()``, which answers without a GPU too; [] for a
+    CPU build."""
+
+    version: str
+    cuda: str | None
+    arch_list: tuple[str, ...]
+
+
+def torch_build(python: Sequence[str], timeout: float = 120.0) -> TorchBuild | str:
+    """Import torch in a subprocess of ``python`` (seconds: torch's import) and read its build;
+    the reason as text when it cannot (no torch, a timeout). Same reading as
+    ``python -c 'import torch; print(torch.cuda.get_arch_list())'`` on a GPU machine."""
+    doc, why = run_json([*python, "-c", TORCH_SCRIPT], timeout)
+    try:
+        return TorchBuild(
+            str(doc["version"]),
+            None if doc["cuda"] is None else str(doc["cuda"]),
+            tuple(str(a) for a in doc["arch_list"]),
+        )
+    except (KeyError, TypeError):
+        return why or "torch answered something else"

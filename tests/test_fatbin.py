@@ -1,0 +1,230 @@
+"""The fat binary reader against cuobjdump, on libraries nvcc built (tests/fixtures/fatbin/).
+
+Each fixture's ``NAME.cuobjdump.txt`` is cuobjdump 13.4's ``--list-elf --list-ptx`` listing of
+``NAME.so`` as ``build.sh`` recorded it; where a cuobjdump is installed (CUOBJDUMP, PATH,
+/usr/local/cuda/bin) the listing is also taken live.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+
+from sparkdiag.sources import fatbin
+from sparkdiag.sources.elf import FileReader, NotElf, read_sections, walk_libraries
+from sparkdiag.sources.fatbin import Target, as_cuobjdump, cuobjdump_listing, read_fatbin
+
+FIXTURES = Path(__file__).parent / "fixtures" / "fatbin"
+LIBRARIES = sorted(p for p in FIXTURES.glob("*.so") if p.name != "no-cuda.so")
+
+
+def _cuobjdump() -> str | None:
+    for candidate in (
+        os.environ.get("CUOBJDUMP"),
+        shutil.which("cuobjdump"),
+        "/usr/local/cuda/bin/cuobjdump",
+    ):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate
+    return None
+
+
+@pytest.mark.parametrize("library", LIBRARIES, ids=lambda p: p.name)
+def test_listing_agrees_with_recorded_cuobjdump(library: Path) -> None:
+    report = read_fatbin(library)
+    assert report is not None and report.problems == ()
+    recorded = (FIXTURES / (library.name[:-3] + ".cuobjdump.txt")).read_text()
+    sass, ptx = cuobjdump_listing(recorded)
+    assert sass or ptx  # the recording lists something
+    assert as_cuobjdump(report) == (sass, ptx)
+
+
+@pytest.mark.skipif(_cuobjdump() is None, reason="no cuobjdump installed")
+@pytest.mark.parametrize("library", LIBRARIES, ids=lambda p: p.name)
+def test_listing_agrees_with_live_cuobjdump(library: Path) -> None:
+    binary = _cuobjdump()
+    assert binary is not None
+    run = fatbin.run_cuobjdump(binary, library)
+    assert run.error is None
+    report = read_fatbin(library)
+    assert report is not None
+    assert as_cuobjdump(report) == cuobjdump_listing(run.text)
+
+
+def test_variants_and_kinds_are_told_apart() -> None:
+    def targets(name: str) -> list[str]:
+        report = read_fatbin(FIXTURES / f"{name}.so")
+        assert report is not None
+        return [t.name for t in report.targets()]
+
+    assert targets("sm90a") == ["sm_90a"]
+    assert targets("sm90") == ["sm_90"]
+    assert targets("sm121a") == ["sm_121a"]
+    assert targets("sm120f") == ["sm_120f"]  # cuobjdump 13.4 lists it as sm_120
+    assert targets("ptx120f") == ["compute_120f"]
+    assert targets("ptx121a") == ["compute_121a"]
+    assert targets("sm80-ptx80") == ["sm_80", "compute_80"]
+    assert "sm_120" in (FIXTURES / "sm120f.cuobjdump.txt").read_text()
+
+
+def test_compression_is_read_from_the_entry_flags() -> None:
+    plain = read_fatbin(FIXTURES / "sm80-ptx80.so")
+    packed = read_fatbin(FIXTURES / "sm80-ptx80-zstd.so")
+    assert plain is not None and packed is not None
+    assert plain.compression == {"none": 2}
+    assert packed.compression == {"zstd": 2}
+    assert packed.fatbin_bytes < plain.fatbin_bytes
+    assert plain.ptx_isa == {"compute_80": "9.0"}  # CUDA 13.0 writes PTX ISA 9.0
+
+
+def test_two_translation_units_are_two_containers() -> None:
+    report = read_fatbin(FIXTURES / "vllm-moe-published.so")
+    assert report is not None
+    assert report.containers == 2
+    assert report.sass["sm_120"] == 2 and report.ptx == {"compute_80": 2}
+    assert "sm_121" not in report.sass and "sm_121a" not in report.sass
+
+
+def test_relocatable_code_is_counted_apart() -> None:
+    # cuobjdump lists only the device-linked cubin; the -rdc input (with its PTX) is not loaded
+    report = read_fatbin(FIXTURES / "rdc-sm90.so")
+    assert report is not None
+    assert report.sass == {"sm_90": 1} and report.ptx == {}
+    assert report.relocatable == {"sm_90": 1, "compute_90": 1}
+
+
+def test_a_library_without_device_code() -> None:
+    assert read_fatbin(FIXTURES / "no-cuda.so") is None
+
+
+def test_not_an_elf_file(tmp_path: Path) -> None:
+    text = tmp_path / "libtext.so"
+    text.write_text("INPUT(libc.so.6)\n")  # a linker script named like a library
+    with pytest.raises(NotElf):
+        read_fatbin(text)
+
+
+def test_a_truncated_library_is_not_elf(tmp_path: Path) -> None:
+    cut = tmp_path / "cut.so"
+    cut.write_bytes((FIXTURES / "sm90.so").read_bytes()[:3000])
+    with pytest.raises(NotElf):
+        read_fatbin(cut)
+
+
+def test_a_damaged_container_is_a_problem_not_a_crash(tmp_path: Path) -> None:
+    data = bytearray((FIXTURES / "vllm-moe-published.so").read_bytes())
+    with (FIXTURES / "vllm-moe-published.so").open("rb") as fh:
+        section = {s.name: s for s in read_sections(FileReader(fh))}[".nv_fatbin"]
+    struct.pack_into("<Q", data, section.offset + 8, 1 << 40)  # first container's size
+    damaged = tmp_path / "damaged.so"
+    damaged.write_bytes(bytes(data))
+    report = read_fatbin(damaged)
+    assert report is not None
+    assert report.sass == {} and report.problems
+    assert "runs past the section" in report.problems[0]
+
+
+class _Bytes:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def read(self, offset: int, size: int) -> bytes:
+        return self.data[offset : offset + size]
+
+
+def test_padding_between_containers_is_skipped() -> None:
+    with (FIXTURES / "vllm-moe-published.so").open("rb") as fh:
+        reader = FileReader(fh)
+        section = {s.name: s for s in read_sections(reader)}[".nv_fatbin"]
+        raw = reader.read(section.offset, section.size)
+    size = struct.unpack_from("<HQ", raw, 6)
+    first_end = 16 + size[1]
+    padded = raw[:first_end] + bytes(5000) + raw[first_end:]  # more than one search chunk
+    walk = fatbin._Walk()
+    walk.section(_Bytes(padded), 0, len(padded), ".nv_fatbin")
+    assert walk.containers == 2 and walk.problems == []
+    assert walk.sass["sm_90a"] == 2
+
+
+def test_reads_headers_only() -> None:
+    library = FIXTURES / "vllm-moe-published.so"
+    with library.open("rb") as fh:
+        reader = FileReader(fh)
+        fatbin.walk(reader)
+    # ELF header, section table, names; per container one header; per entry one header
+    assert reader.reads <= 3 + 2 + 18 + 2
+    assert reader.bytes < library.stat().st_size
+
+
+def test_a_trace_replays_to_the_same_report(tmp_path: Path) -> None:
+    library = FIXTURES / "vllm-moe-source.so"
+    doc = fatbin.trace_document(library)
+    again = fatbin.replay(json.loads(json.dumps(doc)))
+    assert again is not None and doc["report"] == again.as_json()
+    assert len(json.dumps(doc["reads"])) < library.stat().st_size * 2
+    with pytest.raises(ValueError):
+        fatbin.replay({"format": "other"})
+
+
+def test_target_names() -> None:
+    assert Target.parse("sm_121a") == Target(121, "a", False)
+    assert Target.parse("compute_80").name == "compute_80"
+    assert Target.parse("sm_120f").capability == (12, 0)
+    assert Target.parse("sm_100").capability == (10, 0)
+    for bad in ("sm_", "sm_x", "gfx90a", "compute"):
+        with pytest.raises(ValueError):
+            Target.parse(bad)
+    assert sorted([Target.parse("compute_80"), Target.parse("sm_90")])[0].name == "compute_80"
+
+
+def test_walk_libraries_finds_files_not_links(tmp_path: Path) -> None:
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libx.so.12.1").write_bytes(b"x")
+    (tmp_path / "lib" / "libx.so.12").symlink_to("libx.so.12.1")
+    (tmp_path / "mod.cpython-312-x86_64-linux-gnu.so").write_bytes(b"x")
+    (tmp_path / "notes.txt").write_text("x")
+    found = sorted(p.name for p in walk_libraries(tmp_path))
+    assert found == ["libx.so.12.1", "mod.cpython-312-x86_64-linux-gnu.so"]
+
+
+def test_cuobjdump_listing_parses_info_lines() -> None:
+    text = (
+        "ELF file    1: x.1.sm_90a.cubin\nPTX file    1: x.1.sm_80.ptx\n"
+        "cuobjdump info    : No PTX file found\n"
+    )
+    sass, ptx = cuobjdump_listing(text)
+    assert sass == {"sm_90a": 1} and ptx == {"compute_80": 1}
+
+
+TRACES = sorted((FIXTURES / "traces").glob("*.json.gz"))
+
+
+@pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.name)
+def test_traces_of_real_libraries_replay_and_agree_with_cuobjdump(trace: Path) -> None:
+    doc = json.loads(gzip.decompress(trace.read_bytes()))
+    report = fatbin.replay(doc)
+    assert report is not None and report.as_json() == doc["report"]
+    assert report.relocatable  # bitsandbytes builds with -rdc
+    listing = (FIXTURES / "traces" / trace.name.replace(".json.gz", ".cuobjdump.txt")).read_text()
+    sass, ptx = cuobjdump_listing(listing)
+    if "fatal" in listing:  # cuobjdump 13.4 stops after the first cubin of this one
+        assert sum(sass.values()) == 1 and sass <= as_cuobjdump(report)[0]
+        assert len(report.sass) == 7
+    else:
+        assert as_cuobjdump(report) == (sass, ptx)
+
+
+def test_the_real_libraries_compression() -> None:
+    # the device-linked cubins are stored plain up to CUDA 12.8 and zstd-compressed by 13.2
+    kinds = {}
+    for trace in TRACES:
+        report = fatbin.replay(json.loads(gzip.decompress(trace.read_bytes())))
+        assert report is not None
+        kinds[trace.name.split("_cuda")[1][:3]] = set(report.compression)
+    assert kinds == {"118": {"none"}, "121": {"none"}, "128": {"none"}, "132": {"zstd"}}

@@ -1,0 +1,393 @@
+"""The architecture lint: CUDA's binary compatibility rules, every verdict on the fat binary
+fixtures (tests/fixtures/fatbin/), the scan of a Python environment with its cache, the dtype
+order, the check rows, the collector and ``sparkdiag native``."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sparkdiag.baseline.evaluate import GemmFigure
+from sparkdiag.check.model import GpuProbe
+from sparkdiag.check.native_checks import check_dtype_order, check_native_code
+from sparkdiag.exporter.native import NativeCollector
+from sparkdiag.native import dtypes
+from sparkdiag.native.compat import judge, loads, parse_capability
+from sparkdiag.native.lint import Gpu, arch_list_report, judge_library, lint
+from sparkdiag.native.render import NativeReport, text
+from sparkdiag.native.watch import LibraryWatch, environment
+from sparkdiag.sources import pyenv
+from sparkdiag.sources.cuda_libraries import CudaLibrary, ScanCache, scan
+from sparkdiag.sources.fatbin import Target, read_fatbin
+from tests.support import ROOT, ROOTFS
+from tests.support.check import NVML, SYSFS, context, only, poll
+
+FATBIN = ROOT / "tests" / "fixtures" / "fatbin"
+SPARK_ROOT = ROOTFS / "dgx-spark-vllm"
+GB10 = Gpu("0", "GPU-gb10", "NVIDIA GB10", (12, 1))
+H200 = Gpu("0", "GPU-h200", "NVIDIA H200", (9, 0))
+RTX = Gpu("0", "GPU-rtx", "RTX PRO 6000", (12, 0))
+B200 = Gpu("0", "GPU-b200", "B200", (10, 0))
+B300 = Gpu("0", "GPU-b300", "B300", (10, 3))
+
+
+def library(name: str) -> CudaLibrary:
+    report = read_fatbin(FATBIN / f"{name}.so")
+    assert report is not None
+    return CudaLibrary(name, name + ".so", "pkg", "1.0", 1, report)
+
+
+# -- the rules -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("target", "capability", "expected"),
+    [
+        ("sm_80", (8, 6), True),  # a later minor of the same major
+        ("sm_86", (8, 0), False),  # never an earlier one
+        ("sm_80", (9, 0), False),  # never another major
+        ("sm_120", (12, 1), True),  # GB10 runs plain sm_120
+        ("sm_90a", (9, 0), True),
+        ("sm_120a", (12, 1), False),  # arch-specific: its own arch only
+        ("sm_121a", (12, 1), True),
+        ("sm_100f", (10, 3), True),  # family: later members of the family
+        ("sm_103f", (10, 0), False),
+        ("sm_120f", (12, 1), True),
+        ("sm_100f", (12, 0), False),
+        ("compute_80", (12, 1), True),  # PTX: any later GPU
+        ("compute_90", (8, 9), False),
+        ("compute_90a", (10, 0), False),  # arch-specific PTX: its own arch only
+        ("compute_120f", (12, 1), True),
+        ("compute_120f", (13, 0), False),
+    ],
+)
+def test_loads(target: str, capability: tuple[int, int], expected: bool) -> None:
+    assert loads(Target.parse(target), capability) is expected
+
+
+def test_parse_capability() -> None:
+    assert parse_capability("12.1") == (12, 1)
+    assert parse_capability("") is None and parse_capability("9") is None
+
+
+@pytest.mark.parametrize(
+    ("fixture", "gpu", "status", "mode", "target"),
+    [
+        ("sm121a", GB10, "pass", "native", "sm_121a"),
+        ("sm121", GB10, "pass", "native", "sm_121"),
+        ("sm120f", GB10, "pass", "native", "sm_120f"),  # the family covers 12.1
+        ("sm120", GB10, "pass", "native", "sm_120"),  # nothing arch-specific built: pass
+        ("sm120a", GB10, "fail", "none", ""),  # RTX PRO's arch-specific code: not GB10's
+        ("sm120a", RTX, "pass", "native", "sm_120a"),
+        ("ptx80", GB10, "warn", "ptx-jit", "compute_80"),  # vllm PR #40923's Marlin MoE
+        ("ptx120f", GB10, "warn", "ptx-jit", "compute_120f"),
+        ("ptx121a", GB10, "warn", "ptx-jit", "compute_121a"),
+        ("ptx121a", RTX, "fail", "none", ""),
+        ("vllm-moe-published", GB10, "warn", "native", "sm_120"),  # vllm#50925
+        ("vllm-moe-published", H200, "pass", "native", "sm_90a"),
+        ("vllm-moe-source", GB10, "pass", "native", "sm_121a"),
+        ("vllm-moe-source", RTX, "warn", "ptx-jit", "compute_80"),
+        ("sm90a", H200, "pass", "native", "sm_90a"),
+        ("sm90", H200, "pass", "native", "sm_90"),
+        ("sm80-ptx80", H200, "warn", "ptx-jit", "compute_80"),
+        ("sm100a", B300, "fail", "none", ""),
+        ("sm100a", B200, "pass", "native", "sm_100a"),
+        ("flash-attn-like", GB10, "fail", "none", ""),  # Dao-AILab/flash-attention#1969
+        ("torch-like", GB10, "pass", "native", "sm_120"),
+        ("rdc-sm90", H200, "pass", "native", "sm_90"),
+    ],
+)
+def test_every_verdict_on_the_fixtures(
+    fixture: str, gpu: Gpu, status: str, mode: str, target: str
+) -> None:
+    verdict = judge_library(library(fixture), gpu)
+    assert (verdict.status, verdict.verdict.mode, verdict.verdict.target) == (status, mode, target)
+    if status != "pass":
+        assert verdict.action  # says what to install instead
+
+
+def test_the_vllm_published_warning_names_what_is_missing() -> None:
+    verdict = judge_library(library("vllm-moe-published"), GB10)
+    assert verdict.verdict.specific_elsewhere == ("sm_90a",)
+    assert not verdict.verdict.exact and not verdict.verdict.specific
+    assert "none for sm_121 itself" in verdict.reason
+    assert "sm_121a or a family target" in verdict.reason
+
+
+def test_advice_by_package() -> None:
+    lib = library("ptx80")
+    vllm = judge_library(replace(lib, package="vllm"), GB10).action
+    assert 'TORCH_CUDA_ARCH_LIST="12.1a"' in vllm and "vllm-project/vllm#50925" in vllm
+    cublas = judge_library(replace(lib, package="nvidia-cublas"), GB10).action
+    assert cublas.startswith("pip install -U nvidia-cublas")
+    other = judge_library(replace(lib, package="mykernels"), H200).action
+    assert 'TORCH_CUDA_ARCH_LIST="9.0a"' in other and "sm_90" in other
+    assert "kernels-community#866" in other
+
+
+def test_torch_arch_list_is_judged_by_the_same_rules() -> None:
+    report = arch_list_report(["sm_80", "sm_90", "sm_100", "sm_120", "compute_120", "bogus"])
+    assert judge(report, (12, 1)).target == "sm_120"
+    assert judge(report, (9, 0)).mode == "native"
+    assert judge(report, (8, 9)).target == "sm_80"
+    assert judge(arch_list_report(["sm_80", "compute_80"]), (12, 1)).mode == "ptx-jit"
+
+
+# -- the environment and the scan -------------------------------------------------------------
+
+
+def test_scan_of_the_spark_root_maps_libraries_to_packages(tmp_path: Path) -> None:
+    env = environment(SPARK_ROOT, None)
+    assert env.site_dirs == (SPARK_ROOT / "usr/local/lib/python3.12/dist-packages",)
+    cache = ScanCache(tmp_path / "cache.json")
+    found = scan(env, cache)
+    assert found.files == 6  # libc10.so has no device code
+    by_path = {lib.relative: lib for lib in found.libraries}
+    assert sorted(by_path) == [
+        "flash_attn_2_cuda.cpython-312-aarch64-linux-gnu.so",
+        "nvidia/cu13/lib/libcublasLt.so.13",
+        "torch/lib/libtorch_cuda.so",
+        "vllm/_moe_C.abi3.so",
+        "vllm/_moe_C_stable_libtorch.abi3.so",
+    ]
+    moe = by_path["vllm/_moe_C_stable_libtorch.abi3.so"]
+    assert (moe.package, moe.version, moe.listed) == ("vllm", "0.11.1", True)
+    assert moe.path == "/usr/local/lib/python3.12/dist-packages/vllm/_moe_C_stable_libtorch.abi3.so"
+    assert by_path["flash_attn_2_cuda.cpython-312-aarch64-linux-gnu.so"].package == "flash-attn"
+    assert found.cached == 0
+    again = scan(env, ScanCache(tmp_path / "cache.json"))
+    assert again.cached == 6 and again.libraries == found.libraries
+
+
+def test_the_cache_rereads_a_changed_library_and_forgets_a_removed_one(tmp_path: Path) -> None:
+    site = tmp_path / "site-packages"
+    shutil.copytree(SPARK_ROOT / "usr/local/lib/python3.12/dist-packages", site)
+    env = pyenv.resolve(site)
+    cache_file = tmp_path / "cache.json"
+    scan(env, ScanCache(cache_file))
+    (site / "vllm" / "_moe_C.abi3.so").write_bytes((FATBIN / "sm121a.so").read_bytes())
+    (site / "torch" / "lib" / "libc10.so").unlink()
+    second = scan(env, ScanCache(cache_file))
+    assert second.cached == 4
+    moe = next(lib for lib in second.libraries if lib.relative == "vllm/_moe_C.abi3.so")
+    assert moe.report.sass == {"sm_121a": 1}
+    doc = json.loads(cache_file.read_text())
+    assert len(doc["libraries"]) == 5
+    cache_file.write_text("not json")
+    assert scan(env, ScanCache(cache_file)).cached == 0  # a broken cache costs a rescan
+
+
+def test_a_library_no_record_lists_is_named_by_its_directory(tmp_path: Path) -> None:
+    site = tmp_path / "site-packages"
+    (site / "mykernels").mkdir(parents=True)
+    shutil.copy(FATBIN / "sm90.so", site / "mykernels" / "_ops.so")
+    (site / "linker-script.so").write_text("INPUT(libc.so.6)\n")
+    found = scan(pyenv.resolve(site))
+    (lib,) = found.libraries
+    assert (lib.package, lib.version, lib.listed) == ("mykernels", "", False)
+    assert found.unreadable == {}  # a text file named .so is no library, not an error
+
+
+def test_resolve_each_kind_of_environment(tmp_path: Path) -> None:
+    assert pyenv.resolve(Path(sys.executable)).python == (sys.executable,)
+    assert pyenv.resolve(SPARK_ROOT).root == SPARK_ROOT
+    venv = tmp_path / "venv"
+    (venv / "lib" / "python3.12" / "site-packages").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    assert pyenv.resolve(venv).site_dirs == (venv / "lib/python3.12/site-packages",)
+    with pytest.raises(pyenv.NotAnEnvironment, match="does not exist"):
+        pyenv.resolve(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(pyenv.NotAnEnvironment, match="not an interpreter"):
+        pyenv.resolve(tmp_path / "empty")
+    with pytest.raises(pyenv.NotAnEnvironment):
+        pyenv.interpreter_paths(["/bin/false"])
+
+
+def test_an_interpreter_is_asked_for_its_path() -> None:
+    env = pyenv.for_python([sys.executable])
+    assert env.site_dirs and all(d.is_dir() for d in env.site_dirs)
+
+
+def test_torch_build_reads_an_answer_or_says_why(tmp_path: Path) -> None:
+    fake = tmp_path / "python"
+    fake.write_text(
+        '#!/bin/sh\necho \'{"version": "2.11.0+cu130", "cuda": "13.0", '
+        '"arch_list": ["sm_90", "sm_120", "compute_120"]}\'\n'
+    )
+    fake.chmod(0o755)
+    build = pyenv.torch_build([str(fake)])
+    assert isinstance(build, pyenv.TorchBuild) and build.arch_list[-1] == "compute_120"
+    broken = tmp_path / "broken"
+    broken.write_text("#!/bin/sh\necho 'ModuleNotFoundError: No module named torch' >&2\nexit 1\n")
+    broken.chmod(0o755)
+    assert pyenv.torch_build([str(broken)]) == "ModuleNotFoundError: No module named torch"
+
+
+# -- the dtype order ------------------------------------------------------------------------
+
+
+def test_the_dtype_table_decides_which_pairs_are_judged() -> None:
+    assert dtypes.runs_natively("fp8", (8, 9)) and not dtypes.runs_natively("fp8", (8, 6))
+    assert dtypes.runs_natively("nvfp4", (12, 1)) and not dtypes.runs_natively("nvfp4", (9, 0))
+    assert not dtypes.runs_natively("fp64", (9, 0))
+    figures = [
+        ("nvfp4", "8192x8192x8192", 150.0),
+        ("fp8", "8192x8192x8192", 207.7),
+        ("bf16", "8192x8192x8192", 99.8),
+        ("nvfp4", "1x8192x8192", 0.5),
+        ("fp8", "1x8192x8192", 0.9),
+    ]
+    gb10 = dtypes.orders(figures, (12, 1))
+    assert [(o.dtype, o.wider, o.slower) for o in gb10] == [
+        ("nvfp4", "fp8", True),
+        ("fp8", "bf16", False),
+    ]
+    assert [o.dtype for o in dtypes.orders(figures, (9, 0))] == ["fp8"]  # no nvfp4 on Hopper
+
+
+def _probe(gpu_sample: object, figures: list[tuple[str, float]]) -> GpuProbe:
+    return GpuProbe(
+        gpu_sample,  # type: ignore[arg-type]
+        figures=tuple(
+            GemmFigure(d, "8192x8192x8192", "compute", 0, "ok", None, v, v, None, None, True)
+            for d, v in figures
+        ),
+    )
+
+
+def test_dtype_order_row() -> None:
+    snap = poll(NVML / "gb10-idle.json", sysfs=SYSFS / "dgx-spark")
+    gpu = snap.gpus[0]
+    slow = context(snap, probes={0: _probe(gpu, [("nvfp4", 150), ("fp8", 207.7), ("bf16", 99.8)])})
+    r = only(check_dtype_order(slow))
+    assert r.status == "warn" and r.finding.startswith("nvfp4 delivers 0.72x of fp8")
+    assert "sm_121a" in r.action
+    fine = context(snap, probes={0: _probe(gpu, [("nvfp4", 415), ("fp8", 207.7), ("bf16", 99.8)])})
+    assert only(check_dtype_order(fine)).status == "pass"
+    alone = context(snap, probes={0: _probe(gpu, [("bf16", 99.8)])})
+    assert only(check_dtype_order(alone)).status == "skip"
+
+
+# -- check, exporter, command ---------------------------------------------------------------
+
+
+def _spark_context() -> object:
+    snap = poll(NVML / "gb10-idle.json", sysfs=SYSFS / "dgx-spark", rootfs=SPARK_ROOT)
+    return context(snap, libraries=scan(environment(SPARK_ROOT, None)))
+
+
+def test_native_code_rows_on_the_spark_root() -> None:
+    rows = check_native_code(_spark_context())  # type: ignore[arg-type]
+    assert [(r.status, r.data["libraries"][0]["package"]) for r in rows] == [
+        ("fail", "flash-attn"),
+        ("warn", "vllm"),
+    ]
+    vllm = rows[1]
+    assert vllm.gpu == "0" and "+1 more" in vllm.finding
+    assert len(vllm.data["libraries"]) == 2
+    assert "vllm-project/vllm#50925" in vllm.action
+
+
+def test_native_code_passes_and_skips() -> None:
+    snap = poll(NVML / "gb10-idle.json", sysfs=SYSFS / "dgx-spark")
+    good = scan(pyenv.resolve(SPARK_ROOT / "usr/local/lib/python3.12/dist-packages"))
+    kept = tuple(lib for lib in good.libraries if lib.package in ("torch", "nvidia-cublas"))
+    r = only(check_native_code(context(snap, libraries=replace(good, libraries=kept))))
+    assert (r.status, r.finding.startswith("all 2 libraries")) == ("pass", True)
+    empty = replace(good, libraries=())
+    assert only(check_native_code(context(snap, libraries=empty))).status == "skip"
+    r = only(check_native_code(context(snap, libraries_note="the libraries could not be read")))
+    assert (r.status, r.finding) == ("skip", "the libraries could not be read")
+
+
+def test_the_collector_exports_one_series_per_library_and_gpu() -> None:
+    snap = poll(NVML / "gb10-idle.json", sysfs=SYSFS / "dgx-spark", rootfs=SPARK_ROOT)
+    watch = LibraryWatch(lambda: environment(SPARK_ROOT, None), None)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NativeCollector(lambda: snap, watch))
+    assert registry.get_sample_value("sparkdiag_cuda_library_scan_timestamp_seconds") is None
+    watch.scan_once()
+    uuid = snap.gpus[0].identity.uuid
+
+    def mode(library: str, mode: str, target: str, package: str = "vllm") -> float | None:
+        labels = {"gpu": "0", "uuid": uuid, "package": package, "library": library,
+                  "mode": mode, "target": target}  # fmt: skip
+        return registry.get_sample_value("sparkdiag_cuda_library_info", labels)
+
+    assert mode("vllm/_moe_C.abi3.so", "ptx-jit", "compute_80") == 1
+    assert mode("vllm/_moe_C_stable_libtorch.abi3.so", "native", "sm_120") == 1
+    assert mode("torch/lib/libtorch_cuda.so", "native", "sm_120", "torch") == 1
+    flash = "flash_attn_2_cuda.cpython-312-aarch64-linux-gnu.so"
+    assert mode(flash, "none", "", "flash-attn") == 1
+    assert registry.get_sample_value("sparkdiag_cuda_library_scan_duration_seconds") is not None
+
+
+def test_a_probe_python_with_arguments_is_never_run(tmp_path: Path) -> None:
+    marker = tmp_path / "ran"
+    wrapper = [sys.executable, "-c", f"open({str(marker)!r}, 'w')"]
+    watch = LibraryWatch(lambda: environment(Path("/"), wrapper), None)
+    watch.scan_once()
+    assert watch.latest is None and "is a command, not an interpreter" in (watch.error or "")
+    assert not marker.exists()
+    assert environment(Path("/"), [sys.executable]).python == (sys.executable,)
+
+
+def test_a_watch_that_cannot_find_its_environment_says_why() -> None:
+    def missing() -> pyenv.PythonEnvironment:
+        raise pyenv.NotAnEnvironment("nowhere")
+
+    watch = LibraryWatch(missing, None)
+    watch.scan_once()
+    assert watch.latest is None and watch.error == "nowhere"
+
+
+def _native(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80"}
+    return subprocess.run(
+        [sys.executable, "-m", "sparkdiag", "native", *args],
+        capture_output=True, text=True, timeout=60, env=env, check=False,
+    )  # fmt: skip
+
+
+def test_native_command_on_the_spark_root(tmp_path: Path) -> None:
+    common = ("--path.rootfs", str(SPARK_ROOT), "--state-dir", str(tmp_path))
+    done = _native("--nvml-fixture", str(NVML / "gb10-idle.json"), *common)
+    assert done.returncode == 3, done.stderr
+    lines = done.stdout.splitlines()
+    assert all(len(line) <= 100 for line in lines)  # not a terminal: 100 columns
+    assert "GPU 0 NVIDIA GB10 (sm_121): 3 native, 1 through PTX JIT, 1 cannot run" in lines
+    assert any(line.startswith("  FAIL  flash-attn 2.8.3") for line in lines)
+    assert "(2 native, not listed: --all lists them)" in done.stdout
+    doc = json.loads(_native("--capability", "9.0", "--json", *common).stdout)
+    assert doc["format"] == "sparkdiag-native/1" and doc["status"] == "fail"  # cuBLAS: sm_121
+    assert {v["package"]: v["mode"] for v in doc["verdicts"]}["nvidia-cublas"] == "none"
+    assert doc["scan"]["cached"] == 6  # the first run's cache
+
+
+def test_the_text_fits_80_columns() -> None:
+    found = scan(environment(SPARK_ROOT, None))
+    build = pyenv.TorchBuild("2.9.0+cu130", "13.0", ("sm_80", "sm_90", "sm_120", "compute_120"))
+    report = NativeReport(found, (GB10, H200), tuple(lint(found, (GB10, H200))), build, "")
+    shown = text(report, 80, show_all=True)
+    assert max(len(line) for line in shown.splitlines()) <= 80
+    assert "  on GPU 0 (sm_121): native from sm_120" in shown
+    assert "PASS  torch 2.9.0+cu130: torch/lib/libtorch_cuda.so" in shown
+    assert report.status == "fail"
+    assert report.as_json()["torch"]["on"][0] == {"gpu": "0", "mode": "native", "target": "sm_120"}
+
+
+def test_native_command_bad_input() -> None:
+    done = _native("--capability", "twelve")
+    assert done.returncode == 2 and "expected MAJOR.MINOR" in done.stderr
+    assert "Traceback" not in done.stderr
+    done = _native("--capability", "9.0", "--python", "/nonexistent")
+    assert done.returncode == 2 and "does not exist" in done.stderr
