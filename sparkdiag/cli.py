@@ -38,6 +38,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "soak": ("soak", "soak"),
     "fleet": ("fleet", "fleet"),
     "link": ("link", "link"),
+    "storage": ("storage", "storage"),
 }
 
 

@@ -25,6 +25,7 @@ from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.soak.state import StateReport as SoakStateReport
 from sparkdiag.sources.kernel_log import KernelLog as KernelLog
 from sparkdiag.sources.packages import TorchInfo as TorchInfo
+from sparkdiag.storage.evaluate import StorageReport
 from sparkdiag.telemetry.busy import Busy, busy, other_pids
 
 Status = Literal["pass", "warn", "fail", "skip"]
@@ -101,6 +102,16 @@ class GpuProbe:
 
 
 @dataclass(frozen=True)
+class StorageProbe:
+    """``check --storage DIR``: the probe's report, or why there is none (``refused``: nothing
+    was written, the directory would be hurt or cannot be measured)."""
+
+    report: StorageReport | None
+    error: str | None = None
+    refused: bool = False
+
+
+@dataclass(frozen=True)
 class CheckContext:
     """Everything the checks read, gathered once.
 
@@ -120,6 +131,7 @@ class CheckContext:
     fabric: the ConnectX-7 functions, NCCL settings and libraries, CMA (None: not read)
     peer_link: the short link test against ``--peer``; peer_error: why it could not be done
     stall_samples: the busy GPUs' samples over a few seconds (``check/stall_checks.py``)
+    storage: the storage probe of ``--storage DIR`` (``check/storage_checks.py``)
     """
 
     snapshot: Snapshot
@@ -141,6 +153,8 @@ class CheckContext:
     peer_error: str | None = None
     # GPU index -> samples taken over a few seconds of the GPUs busy at the first poll (stall)
     stall_samples: Mapping[int, tuple[GpuSample, ...]] = field(default_factory=dict)
+    # check --storage DIR: the storage probe of that directory; None when not asked for
+    storage: StorageProbe | None = None
 
     def gpus_up(self) -> tuple[GpuSample, ...]:
         return tuple(g for g in self.snapshot.gpus if g.up)

@@ -14,6 +14,7 @@ from sparkdiag.exporter.gpu import GpuCollector
 from sparkdiag.exporter.gpu_activity import GpuActivityCollector
 from sparkdiag.exporter.gpu_health import GpuHealthCollector
 from sparkdiag.exporter.gpu_process import GpuProcessCollector
+from sparkdiag.exporter.nvme import NvmeCollector
 from sparkdiag.exporter.pcie import PcieCollector
 from sparkdiag.exporter.system import SystemCollector
 from sparkdiag.sources.hostname import node_name
@@ -45,6 +46,7 @@ def build_registry(
         GpuHealthCollector(snapshot),
         GpuProcessCollector(snapshot),
         PcieCollector(snapshot),
+        NvmeCollector(snapshot),
         *extra,
         *compat,
     ):
