@@ -6,8 +6,8 @@ lines go to stderr. What it does, in order:
 
 1. refuses what would hurt, before it writes a byte: DIR missing, not a directory, a symlink
    (it names where it leads), a block or character device, a read-only filesystem, a
-   filesystem that would keep less than the margin free after the test file (``--min-free``;
-   by default 5 % of its size plus 64 MiB), a filesystem without O_DIRECT;
+   filesystem without O_DIRECT, one that would keep less than the margin free after the test
+   file (``--min-free``; by default 5 % of its size plus 64 MiB);
 2. opens the test file with ``O_TMPFILE`` (Linux 3.11+, ext4, xfs, btrfs, tmpfs): a file with
    no name, which the kernel frees when the last descriptor closes, so that no way out, not
    even SIGKILL, leaves anything behind. Where the filesystem has no ``O_TMPFILE`` it creates
@@ -95,17 +95,20 @@ def _check_directory(path: str) -> None:
         raise Refused(f"{path} is not a directory")
 
 
+def _check_writable(dirfd: int, path: str) -> None:
+    if os.fstatvfs(dirfd).f_flag & os.ST_RDONLY:
+        raise Refused(f"{path} is on a read-only filesystem: nothing can be written there")
+
+
 def _check_space(dirfd: int, path: str, size: int, min_free: int | None) -> None:
     fs = os.fstatvfs(dirfd)
-    if fs.f_flag & os.ST_RDONLY:
-        raise Refused(f"{path} is on a read-only filesystem: nothing can be written there")
     total, free = fs.f_blocks * fs.f_frsize, fs.f_bavail * fs.f_frsize
     margin = default_margin(total) if min_free is None else min_free
     if free - size < margin:
+        why = " (5 % of the filesystem plus 64 MiB)" if min_free is None else ""
         raise Refused(
             f"{path} has {free / MIB:.0f} MiB free: a {size / MIB:.0f} MiB test file would leave "
-            f"less than {margin / MIB:.0f} MiB (5 % of the filesystem plus 64 MiB); free space "
-            "or give a smaller --size"
+            f"less than {margin / MIB:.0f} MiB{why}; free space or give a smaller --size"
         )
 
 
@@ -235,9 +238,15 @@ def measure(args: argparse.Namespace, notes: list[str]) -> dict[str, Any]:
         raise Refused(f"--size must be at least --threads x --block ({threads * block} bytes)")
     size = share * threads
     try:
-        _check_space(dirfd, path, size, args.min_free)
-        fd, tmpfile = open_test_file(dirfd, path, notes)
+        _check_writable(dirfd, path)
+        fd, tmpfile = open_test_file(dirfd, path, notes)  # no data yet: O_DIRECT, permissions
     except BaseException:
+        os.close(dirfd)
+        raise
+    try:
+        _check_space(dirfd, path, size, args.min_free)
+    except BaseException:
+        os.close(fd)
         os.close(dirfd)
         raise
     try:
