@@ -11,6 +11,7 @@ and review the diff before committing it.
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -66,7 +67,17 @@ SCENARIOS = {
         "--path.sysfs", str(SYSFS / "dgx-spark"),
         "--path.rootfs", str(ROOTFS / "native"),
     ],
+    # A datacenter U.2 NVMe drive (sysfs tree and its public smartctl JSON) and a storage probe's
+    # state file recorded on the development VM (tests/fixtures/state/storage-vda).
+    "nvme-drives": [
+        "--nvml-fixture", str(NVML / "no-nvml.json"),
+        "--path.sysfs", str(SYSFS / "nvme-u2"),
+        "--path.rootfs", str(ROOTFS / "native"),
+        "--nvme.fixture", str(ROOT / "tests" / "fixtures" / "nvme" / "datacenter-u2"),
+    ],
 }  # fmt: skip
+# Files copied into a scenario's state directory before the daemon starts.
+STATE = {"nvme-drives": ROOT / "tests" / "fixtures" / "state" / "storage-vda" / "storage.json"}
 
 
 @pytest.fixture(scope="module", params=sorted(SCENARIOS))
@@ -74,6 +85,8 @@ def scrape(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> tuple[str, str]:
     state = tmp_path_factory.mktemp("state")
+    if request.param in STATE:
+        shutil.copy(STATE[request.param], state)
     with running_daemon([*SCENARIOS[request.param], "--state-dir", str(state)]) as base:
         deadline = time.monotonic() + 20
         while True:  # a scenario with a probe: wait until its first cycle is in

@@ -59,7 +59,7 @@ def floatToGoString(value: float) -> str:
     return str(_untyped_float_to_go(value))  # type: ignore[no-untyped-call]
 
 
-_TYPES = {"counter": "counter", "gauge": "gauge", "unknown": "untyped"}
+_TYPES = {"counter": "counter", "gauge": "gauge", "summary": "summary", "unknown": "untyped"}
 
 
 def _escape_value(value: str) -> str:

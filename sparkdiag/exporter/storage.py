@@ -50,10 +50,11 @@ class StorageCollector:
             "or pinned; absent while it is learned.",
             labels=FIGURE,
         )
-        latency = GaugeMetricFamily(
+        latency = Metric(
             "sparkdiag_storage_read_latency_seconds",
-            "4 KiB random reads (O_DIRECT, one at a time) of the last probe: quantiles.",
-            labels=["mountpoint", "device", "quantile"],
+            "4 KiB random reads (O_DIRECT, one at a time) of the last probe: quantiles, how "
+            "many were timed and their latencies added up.",
+            "summary",
         )
         written = GaugeMetricFamily(
             "sparkdiag_storage_probe_written_bytes",
@@ -73,8 +74,12 @@ class StorageCollector:
                     previous.add_metric(labels, figure.previous)
                 if figure.baseline is not None:
                     baseline.add_metric(labels, figure.baseline)
+            where = {"mountpoint": probe.mountpoint, "device": probe.device}
             for quantile, seconds in sorted(probe.latency.items()):
-                latency.add_metric([probe.mountpoint, probe.device, quantile], seconds)
+                latency.add_sample(latency.name, {**where, "quantile": quantile}, seconds)
+            if probe.latency and probe.latency_count is not None and probe.latency_sum is not None:
+                latency.add_sample(latency.name + "_count", where, probe.latency_count)
+                latency.add_sample(latency.name + "_sum", where, probe.latency_sum)
             if probe.bytes_written is not None:
                 written.add_metric([probe.mountpoint], probe.bytes_written)
             when.add_metric([probe.mountpoint], probe.finished_at)

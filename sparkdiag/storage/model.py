@@ -45,6 +45,7 @@ class Latency:
     p50: float
     p99: float
     max: float
+    sum: float | None = None  # the reads' latencies added up (a summary's _sum)
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ def parse_document(doc: Any) -> ProbeDocument:
     latency = None
     if ops and block and all(v is not None for v in values):
         seconds, p50, p99, slowest = (float(v or 0.0) for v in values)
-        latency = Latency(ops, seconds, block, p50, p99, slowest)
+        latency = Latency(ops, seconds, block, p50, p99, slowest, as_float(rnd.get("sum")))
     notes = raw.get("notes")
     return ProbeDocument(
         status=status or "error",

@@ -57,6 +57,8 @@ class KeptProbe:
     latency: Mapping[str, float]  # "0.5", "0.99" -> seconds
     bytes_written: float | None = None
     seconds: float | None = None
+    latency_count: float | None = None  # the 4 KiB reads timed
+    latency_sum: float | None = None  # their latencies added up, seconds
 
 
 def state_path(state_dir: Path | None) -> Path:
@@ -119,6 +121,8 @@ def _probe(raw: Any) -> KeptProbe | None:
         latency=latency,
         bytes_written=as_float(item.get("bytes_written")),
         seconds=as_float(item.get("seconds")),
+        latency_count=as_float(item.get("latency_count")),
+        latency_sum=as_float(item.get("latency_sum")),
     )
 
 
@@ -137,11 +141,12 @@ def kept(report: StorageReport, before: KeptProbe | None) -> KeptProbe:
     latency = {} if doc.random_read is None else {
         "0.5": doc.random_read.p50, "0.99": doc.random_read.p99
     }  # fmt: skip
-    target = report.target
+    target, rnd = report.target, doc.random_read
     return KeptProbe(
         target.mountpoint or target.directory, target.device, target.kind, target.directory,
         doc.finished_at, figures, latency, float(doc.bytes_written),
         doc.finished_at - doc.started_at,
+        float(rnd.ops) if rnd is not None else None, rnd.sum if rnd is not None else None,
     )  # fmt: skip
 
 
@@ -177,6 +182,7 @@ def _json(probe: KeptProbe) -> dict[str, Any]:
             {"direction": f.direction, "path": f.path, "bytes_per_second": f.bytes_per_second,
              "previous": f.previous, "baseline": f.baseline} for f in probe.figures
         ],
-        "latency": dict(probe.latency), "bytes_written": probe.bytes_written,
+        "latency": dict(probe.latency), "latency_count": probe.latency_count,
+        "latency_sum": probe.latency_sum, "bytes_written": probe.bytes_written,
         "seconds": probe.seconds,
     }  # fmt: skip
