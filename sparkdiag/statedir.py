@@ -18,6 +18,7 @@ that names the path and the operating system's reason.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pwd
 import stat
@@ -137,3 +138,22 @@ def write_atomically(path: Path, data: bytes) -> None:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+def read_json_state(path: Path, limit: int, what: str) -> tuple[object, str | None] | None:
+    """A state file's decoded JSON (at most ``limit`` bytes), or why it cannot be used:
+    ``(doc, None)``, ``(None, reason)``, or None when there is no file. ``what`` names the file's
+    kind in the reason (``a soak state file``)."""
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(limit + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return None, f"cannot read {path}: {exc.strerror or exc}"
+    if len(raw) > limit:
+        return None, f"{path}: larger than {limit} bytes; not {what}"
+    try:
+        return json.loads(raw.decode("utf-8")), None
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        return None, f"{path} is damaged: not JSON ({exc})"

@@ -23,7 +23,12 @@ from typing import Any, Literal
 from sparkdiag.errors import SparkdiagError
 from sparkdiag.jsonvalues import as_float, as_str
 from sparkdiag.soak.verdict import KernelFigures, Verdict
-from sparkdiag.statedir import StateDirError, state_directory, write_atomically
+from sparkdiag.statedir import (
+    StateDirError,
+    read_json_state,
+    state_directory,
+    write_atomically,
+)
 
 FILENAME = "soak.json"
 SCHEMA = "sparkdiag-soak-state/1"
@@ -106,19 +111,12 @@ def state_path(state_dir: Path | None) -> Path:
 
 def read_state(path: Path) -> SoakState | None:
     """The state file, or None when there is none; SoakStateError when it cannot be used."""
-    try:
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_BYTES + 1)
-    except FileNotFoundError:
+    found = read_json_state(path, MAX_BYTES, "a soak state file")
+    if found is None:
         return None
-    except OSError as exc:
-        raise SoakStateError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_BYTES:
-        raise SoakStateError(f"{path}: larger than {MAX_BYTES} bytes; not a soak state file")
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise SoakStateError(f"{path} is damaged: not JSON ({exc})") from None
+    doc, why = found
+    if why is not None:
+        raise SoakStateError(why)
     return parse_state(doc, path)
 
 

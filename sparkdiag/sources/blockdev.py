@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sparkdiag.sources.files import KIB, read_text_limited
+from sparkdiag.sources.sysfs import read_attr
 
 _PCI = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _NVME_CONTROLLER = re.compile(r"/nvme/(nvme\d+)(?:/|$)")
@@ -54,13 +54,6 @@ class BlockChain:
     pci_addresses: tuple[str, ...] = ()
     layers: tuple[str, ...] = ()
     backing_file: str | None = None
-
-
-def _text(path: Path) -> str | None:
-    try:
-        return read_text_limited(path, 4 * KIB).strip()
-    except OSError:
-        return None
 
 
 def _real(path: Path) -> Path | None:
@@ -124,18 +117,18 @@ def _chain(sysfs: Path, real: Path, depth: int) -> BlockChain:
         disk = _chain(sysfs, real.parent, depth + 1)
         return replace(disk, device=name, layers=(f"{name} partition", *disk.layers))
     if (real / "dm").is_dir():
-        uuid = _text(real / "dm" / "uuid") or ""
+        uuid = read_attr(real / "dm" / "uuid") or ""
         what = next((kind for prefix, kind in _DM_KINDS if uuid.startswith(prefix)), "dm")
-        label = _text(real / "dm" / "name")
+        label = read_attr(real / "dm" / "name")
         top = BlockChain(name, "dm", layers=(f"{name} {what}" + (f" ({label})" if label else ""),))
         return _merge(top, _slaves(sysfs, real, depth))
     if (real / "md").is_dir():
-        level = _text(real / "md" / "level") or "md"
+        level = read_attr(real / "md" / "level") or "md"
         return _merge(
             BlockChain(name, "md", layers=(f"{name} {level}",)), _slaves(sysfs, real, depth)
         )
     if (real / "loop").is_dir():
-        backing = _text(real / "loop" / "backing_file")
+        backing = read_attr(real / "loop" / "backing_file")
         layer = f"{name} loop" + (f" on {backing}" if backing else "")
         return BlockChain(name, "loop", layers=(layer,), backing_file=backing)
     return _disk(sysfs, real)
@@ -183,7 +176,7 @@ def controller_pci(sysfs: Path, controller: str) -> str | None:
     real = _real(sysfs / "class" / "nvme" / controller / "device")
     if real is not None and _PCI.match(real.name):
         return real.name
-    address = _text(sysfs / "class" / "nvme" / controller / "address")
+    address = read_attr(sysfs / "class" / "nvme" / controller / "address")
     return address if address and _PCI.match(address) else None
 
 
@@ -191,7 +184,7 @@ def io_bytes(sysfs: Path, name: str) -> tuple[int, int] | None:
     """Bytes read and written through block device ``name`` since boot (``stat`` fields 3 and
     7 are 512-byte sectors, whatever the device's block size); None when unreadable.
     ``awk '{print $3*512, $7*512}' /sys/class/block/NAME/stat``."""
-    text = _text(sysfs / "class" / "block" / name / "stat")
+    text = read_attr(sysfs / "class" / "block" / name / "stat")
     fields = text.split() if text else []
     if len(fields) < 7 or not (fields[2].isdigit() and fields[6].isdigit()):
         return None

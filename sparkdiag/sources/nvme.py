@@ -28,8 +28,8 @@ from pathlib import Path
 
 from sparkdiag.snapshot import NvmeController
 from sparkdiag.sources.blockdev import controller_pci
-from sparkdiag.sources.files import KIB, read_text_limited
 from sparkdiag.sources.nvme_tools import HealthReader, HealthReading
+from sparkdiag.sources.sysfs import read_attr
 
 log = logging.getLogger(__name__)
 
@@ -39,15 +39,8 @@ _SENSOR_LABEL = re.compile(r"^Sensor (\d+)$")
 HEALTH_INTERVAL = 60.0  # seconds between health-log reads (the log changes by the minute)
 
 
-def _text(path: Path) -> str | None:
-    try:
-        return read_text_limited(path, 4 * KIB).strip()
-    except OSError:
-        return None
-
-
 def _millidegrees(path: Path) -> float | None:
-    text = _text(path)
+    text = read_attr(path)
     if text is None or not text.lstrip("-").isdigit():
         return None
     value = int(text) / 1000.0
@@ -76,7 +69,7 @@ def read_temperatures(controller_dir: Path) -> tuple[dict[str, float], dict[str,
             continue
         for name in inputs:
             index = int(_TEMP_INPUT.match(name).group(1))  # type: ignore[union-attr]
-            label = _text(hwmon / f"temp{index}_label") or ""
+            label = read_attr(hwmon / f"temp{index}_label") or ""
             numbered = _SENSOR_LABEL.match(label)
             if label.lower() == "composite" or (not label and index == 1):
                 sensor = "composite"
@@ -105,10 +98,10 @@ def read_controller(sysfs: Path, name: str) -> NvmeController | None:
     temperatures, thresholds = read_temperatures(directory)
     return NvmeController(
         name=name,
-        model=_text(directory / "model") or "",
-        firmware=_text(directory / "firmware_rev") or "",
+        model=read_attr(directory / "model") or "",
+        firmware=read_attr(directory / "firmware_rev") or "",
         pci_address=controller_pci(sysfs, name) or "",
-        transport=_text(directory / "transport") or "",
+        transport=read_attr(directory / "transport") or "",
         temperature_celsius=temperatures,
         threshold_celsius=thresholds,
     )

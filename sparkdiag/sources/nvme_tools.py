@@ -72,16 +72,6 @@ def _celsius(value: Any) -> float | None:
     return number - 273.0 if number >= _KELVIN_FROM else number
 
 
-def _ratio(value: Any) -> float | None:
-    number = as_float(value)
-    return None if number is None else number / 100.0
-
-
-def _minutes(value: Any) -> float | None:
-    number = as_float(value)
-    return None if number is None else number * 60.0
-
-
 def _counted(pairs: Mapping[str, Any]) -> dict[str, float]:
     return {level: v for level, raw in pairs.items() if (v := as_float(raw)) is not None}
 
@@ -104,32 +94,54 @@ def parse_smartctl(doc: Any, source: str = "smartctl") -> HealthReading:
             temperatures[str(index + 1)] = value
     limits = as_map(root.get("nvme_composite_temperature_threshold"))
     thresholds = {k: v for k in ("warning", "critical") if (v := _celsius(limits.get(k)))}
-    health = NvmeHealth(
-        critical_warning=as_int(smart.get("critical_warning")),
-        media_errors=as_float(smart.get("media_errors")),
-        error_log_entries=as_float(smart.get("num_err_log_entries")),
-        percentage_used_ratio=_ratio(smart.get("percentage_used")),
-        available_spare_ratio=_ratio(smart.get("available_spare")),
-        available_spare_threshold_ratio=_ratio(smart.get("available_spare_threshold")),
-        unsafe_shutdowns=as_float(smart.get("unsafe_shutdowns")),
-        power_on_seconds=None if (h := as_float(smart.get("power_on_hours"))) is None else h * 3600,
-        written_bytes=_units(smart.get("data_units_written")),
-        warning_temperature_seconds=_minutes(smart.get("warning_temp_time")),
-        critical_temperature_seconds=_minutes(smart.get("critical_comp_time")),
-        thermal_transitions=_counted({
-            n: smart.get(f"thermal_mgmt_temperature_{n}_transition_count") for n in ("1", "2")
-        }),
-        thermal_seconds=_counted({
-            n: smart.get(f"thermal_mgmt_temperature_{n}_total_time") for n in ("1", "2")
-        }),
-        source=source,
-    )  # fmt: skip
+    health = _health(smart, SMARTCTL_KEYS, source, as_int(smart.get("critical_warning")))
     return HealthReading(health, thresholds, temperatures)
 
 
-def _units(value: Any) -> float | None:
-    number = as_float(value)
-    return None if number is None else number * _DATA_UNIT
+# NvmeHealth field -> (the tool's key, the factor to base units: percent to ratio, hours and
+# minutes to seconds, data units of 512,000 bytes to bytes)
+_FIELDS = (
+    ("media_errors", 1.0), ("error_log_entries", 1.0), ("percentage_used_ratio", 0.01),
+    ("available_spare_ratio", 0.01), ("available_spare_threshold_ratio", 0.01),
+    ("unsafe_shutdowns", 1.0), ("power_on_seconds", 3600.0), ("written_bytes", _DATA_UNIT),
+    ("warning_temperature_seconds", 60.0), ("critical_temperature_seconds", 60.0),
+)  # fmt: skip
+SMARTCTL_KEYS = dict(zip((f for f, _ in _FIELDS), (
+    "media_errors", "num_err_log_entries", "percentage_used", "available_spare",
+    "available_spare_threshold", "unsafe_shutdowns", "power_on_hours", "data_units_written",
+    "warning_temp_time", "critical_comp_time",
+), strict=True)) | {
+    "transitions": "thermal_mgmt_temperature_{n}_transition_count",
+    "thermal_seconds": "thermal_mgmt_temperature_{n}_total_time",
+}  # fmt: skip
+NVME_CLI_KEYS = dict(zip((f for f, _ in _FIELDS), (
+    "media_errors", "num_err_log_entries", "percent_used", "avail_spare", "spare_thresh",
+    "unsafe_shutdowns", "power_on_hours", "data_units_written", "warning_temp_time",
+    "critical_comp_time",
+), strict=True)) | {
+    "transitions": "thm_temp{n}_trans_count", "thermal_seconds": "thm_temp{n}_total_time",
+}  # fmt: skip
+
+
+def _health(
+    smart: Mapping[str, Any], keys: Mapping[str, str], source: str, warning: int | None
+) -> NvmeHealth:
+    """The log's fields in base units, each read under the tool's own key."""
+    values: dict[str, Any] = {}
+    for name, factor in _FIELDS:
+        number = as_float(smart.get(keys[name]))
+        values[name] = None if number is None else number * factor
+    levels = {
+        kind: _counted({n: smart.get(keys[kind].format(n=n)) for n in ("1", "2")})
+        for kind in ("transitions", "thermal_seconds")
+    }
+    return NvmeHealth(
+        critical_warning=warning,
+        thermal_transitions=levels["transitions"],
+        thermal_seconds=levels["thermal_seconds"],
+        source=source,
+        **values,
+    )
 
 
 def parse_nvme_cli(doc: Any, source: str = "nvme-cli") -> HealthReading:
@@ -144,22 +156,7 @@ def parse_nvme_cli(doc: Any, source: str = "nvme-cli") -> HealthReading:
     for index in range(1, 9):
         if (value := _celsius(smart.get(f"temperature_sensor_{index}"))) is not None:
             temperatures[str(index)] = value
-    health = NvmeHealth(
-        critical_warning=as_int(warning),
-        media_errors=as_float(smart.get("media_errors")),
-        error_log_entries=as_float(smart.get("num_err_log_entries")),
-        percentage_used_ratio=_ratio(smart.get("percent_used", smart.get("percentage_used"))),
-        available_spare_ratio=_ratio(smart.get("avail_spare")),
-        available_spare_threshold_ratio=_ratio(smart.get("spare_thresh")),
-        unsafe_shutdowns=as_float(smart.get("unsafe_shutdowns")),
-        power_on_seconds=None if (h := as_float(smart.get("power_on_hours"))) is None else h * 3600,
-        written_bytes=_units(smart.get("data_units_written")),
-        warning_temperature_seconds=_minutes(smart.get("warning_temp_time")),
-        critical_temperature_seconds=_minutes(smart.get("critical_comp_time")),
-        thermal_transitions=_counted({n: smart.get(f"thm_temp{n}_trans_count") for n in "12"}),
-        thermal_seconds=_counted({n: smart.get(f"thm_temp{n}_total_time") for n in "12"}),
-        source=source,
-    )
+    health = _health(smart, NVME_CLI_KEYS, source, as_int(warning))
     return HealthReading(health, {}, temperatures)
 
 

@@ -32,7 +32,8 @@ Each phase ends at its byte bound or its time bound, whichever comes first: the 
 Document (``schema`` ``sparkdiag-storage/1``): ``status`` ok / refused / error, ``reason``,
 ``directory``, ``tmpfile``, ``size``, ``block``, ``threads``, ``write`` and ``read`` (``bytes``,
 ``seconds``), ``flush_seconds``, ``random_read`` (``ops``, ``seconds``, ``block``, ``p50``,
-``p99``, ``max``, ``sum`` of the reads' latencies: seconds), ``bytes_written``, ``notes``. Exit status 0 ok, 2 refused, 3 error.
+``p99``, ``max``, ``sum`` of the reads' latencies: seconds), ``bytes_written``, ``notes``.
+Exit status 0 ok, 2 refused, 3 error.
 """
 
 from __future__ import annotations

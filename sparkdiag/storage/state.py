@@ -18,7 +18,12 @@ from typing import Any
 
 from sparkdiag.errors import SparkdiagError
 from sparkdiag.jsonvalues import as_float, as_map, as_str
-from sparkdiag.statedir import StateDirError, state_directory, write_atomically
+from sparkdiag.statedir import (
+    StateDirError,
+    read_json_state,
+    state_directory,
+    write_atomically,
+)
 from sparkdiag.storage.evaluate import StorageReport
 from sparkdiag.storage.model import DIRECTIONS, PATHS
 
@@ -68,19 +73,12 @@ def state_path(state_dir: Path | None) -> Path:
 
 def read_state(path: Path) -> tuple[KeptProbe, ...] | None:
     """The kept probes, or None when there is no file; StorageStateError when it is unusable."""
-    try:
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_BYTES + 1)
-    except FileNotFoundError:
+    found = read_json_state(path, MAX_BYTES, "a storage state file")
+    if found is None:
         return None
-    except OSError as exc:
-        raise StorageStateError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_BYTES:
-        raise StorageStateError(f"{path}: larger than {MAX_BYTES} bytes; not a storage state file")
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError) as exc:
-        raise StorageStateError(f"{path} is damaged: not JSON ({exc})") from None
+    doc, why = found
+    if why is not None:
+        raise StorageStateError(why)
     if not isinstance(doc, Mapping) or doc.get("schema") != SCHEMA:
         raise StorageStateError(f"{path} is not a storage state file (schema {SCHEMA})")
     mounts = doc.get("mounts")
