@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from sparkdiag.check.model import CheckContext
 from sparkdiag.check.storage_checks import check_nvme_health, check_nvme_temperature
 from sparkdiag.exporter.nvme import NvmeCollector
 from sparkdiag.snapshot import NvmeController, NvmeHealth
+from sparkdiag.sources import nvme as nvme_source
 from sparkdiag.sources.blockdev import block_chain, io_bytes, named_chain
 from sparkdiag.sources.mounts import find_mount, parse_mountinfo
 from sparkdiag.sources.nvme import NvmeSource, controller_names, read_controller
@@ -261,7 +263,26 @@ def test_the_source_reads_health_at_once_first_then_in_the_background() -> None:
     first = source.read()  # the first read waits: dump and check see health
     assert first[0].health is not None and first[0].health.source == "fixture"
     second = source.read()  # stale at once (interval 0): refreshed in a thread, not waited for
-    assert second[0].health is not None and len(calls) == 2
+    assert second[0].health is not None  # the last reading, while the tool runs
+    gate.set()
+    assert source.read(wait=True)[0].health is not None and len(calls) >= 2
+
+
+def test_a_hung_tool_holds_the_first_read_only_briefly(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(nvme_source, "FIRST_WAIT", 0.2)
+    gate = threading.Event()
+
+    def hung(name: str) -> HealthReading:
+        gate.wait(10)
+        return fixture_reader(NVME / "datacenter-u2")(name)
+
+    started = time.monotonic()
+    [drive] = NvmeSource(U2, hung).read()
+    assert time.monotonic() - started < 2
+    assert (
+        drive.health is None and drive.health_note == "SMART log not read yet (the tool still runs)"
+    )
+    assert drive.temperature_celsius["composite"] == 21.85  # sysfs does not wait for the tool
     gate.set()
 
 

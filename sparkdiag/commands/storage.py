@@ -16,7 +16,7 @@ from sparkdiag.commands.common import setup_logging
 from sparkdiag.errors import Exit
 from sparkdiag.flags import settings_from, settings_options
 from sparkdiag.sources.nvme import read_controller
-from sparkdiag.statedir import state_directory
+from sparkdiag.statedir import ensure_state_directory, state_directory
 from sparkdiag.storage.render import size, temperatures, text
 from sparkdiag.storage.run import ProbeRequest, Progress
 from sparkdiag.storage.session import Where, probe_directory
@@ -59,8 +59,10 @@ def storage(
     settings = settings_from("storage", given)
     setup_logging(settings.log_level)
     where = Where(settings.sysfs, settings.rootfs, settings.state_dir)
+    if directory is None:  # the state directory, made as every command that writes there does
+        directory = ensure_state_directory(settings.state_dir or state_directory())
     request = ProbeRequest(
-        directory or settings.state_dir or state_directory(),
+        directory,
         size=settings.storage_size,
         seconds=settings.storage_duration,
     )
@@ -81,10 +83,11 @@ def storage(
     before = started[0].nvme if started else ()
     after = tuple(c for b in before if (c := read_controller(settings.sysfs, b.name)))
     if as_json:
+        ends = {a.name: a.temperature_celsius.get("composite") for a in after}
         doc = {"schema": SCHEMA, **report.as_json(), "drive_temperatures": [
             {"controller": b.name, "before_celsius": b.temperature_celsius.get("composite"),
-             "after_celsius": a.temperature_celsius.get("composite")}
-            for b, a in zip(before, after, strict=False)
+             "after_celsius": ends.get(b.name)}
+            for b in before
         ]}  # fmt: skip
         click.echo(json.dumps(doc, indent=1, allow_nan=False))
     else:

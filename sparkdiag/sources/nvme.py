@@ -37,6 +37,10 @@ _CONTROLLER = re.compile(r"^nvme\d+$")
 _TEMP_INPUT = re.compile(r"^temp(\d+)_input$")
 _SENSOR_LABEL = re.compile(r"^Sensor (\d+)$")
 HEALTH_INTERVAL = 60.0  # seconds between health-log reads (the log changes by the minute)
+# How long the first read waits for the tools: smartctl -a answers an NVMe drive in tens of
+# milliseconds; a drive that hangs (the DGX Spark's did under a heavy gdsio load) must not hold
+# the daemon's start or check (each tool is killed after TOOL_TIMEOUT anyway).
+FIRST_WAIT = 3.0
 
 
 def _millidegrees(path: Path) -> float | None:
@@ -120,7 +124,7 @@ def with_health(controller: NvmeController, reading: HealthReading | None) -> Nv
     """The controller with the log's health; its thresholds and sensors fill what hwmon lacks
     (hwmon wins: it is read every poll, the log once a minute)."""
     if reading is None:
-        return controller
+        return replace(controller, health_note="SMART log not read yet (the tool still runs)")
     return replace(
         controller,
         temperature_celsius={**reading.temperatures, **controller.temperature_celsius},
@@ -132,9 +136,9 @@ def with_health(controller: NvmeController, reading: HealthReading | None) -> Nv
 
 class NvmeSource:
     """Every NVMe controller under ``sysfs``; the health log from ``reader`` (None: no tool,
-    ``skipped`` says why), read again at most every ``interval`` seconds: the first time at once,
-    later in a thread of its own unless ``wait`` is asked for, so that a poll never waits on a
-    tool."""
+    ``skipped`` says why), read again at most every ``interval`` seconds in a thread of its own,
+    so that a poll never waits on a tool; the first read waits up to :data:`FIRST_WAIT` seconds
+    for it, ``wait`` until it is done."""
 
     def __init__(
         self,
@@ -161,11 +165,13 @@ class NvmeSource:
             note = f"SMART health skipped: {self.skipped}" if self.skipped else None
             return tuple(replace(c, health_note=note) for c in controllers)
         names = tuple(c.name for c in controllers)
-        if wait or self._read_at == float("-inf"):  # the first read (dump, check) waits
-            self._read_at = time.monotonic()
-            self._refresh(names)
-        else:
-            self._refresh_later(names)
+        first = self._read_at == float("-inf")
+        self._refresh_later(names)
+        if wait or first:  # the first read (dump, check) waits, but not for a hung drive
+            with self._lock:
+                running = self._refreshing
+            if running is not None:
+                running.join(timeout=None if wait else FIRST_WAIT)
         with self._lock:
             readings = dict(self._readings)
         return tuple(with_health(c, readings.get(c.name)) for c in controllers)

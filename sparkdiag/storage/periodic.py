@@ -40,9 +40,9 @@ class StoragePeriodic:
     name: str = "storage-probe"
 
     def request(self) -> ProbeRequest:
-        directory = self.settings.storage_directory or self.settings.state_dir
+        directory = self.settings.storage_directory or self.settings.state_dir or state_directory()
         return ProbeRequest(
-            directory or state_directory(),
+            directory,
             size=self.settings.storage_size,
             seconds=self.settings.storage_duration,
         )
