@@ -52,6 +52,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "fleet": ("fleet", "fleet"),
     "link": ("link", "link"),
     "native": ("native", "native"),
+    "storage": ("storage", "storage"),
 }
 
 

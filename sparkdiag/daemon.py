@@ -5,6 +5,7 @@ from __future__ import annotations
 import errno
 import logging
 import threading
+from collections.abc import Callable
 
 from sparkdiag.config import Settings, parse_listen
 from sparkdiag.errors import Exit, SparkdiagError
@@ -15,12 +16,15 @@ from sparkdiag.exporter.peers import PeerCollector
 from sparkdiag.exporter.probe import ProbeCollector
 from sparkdiag.exporter.registry import build_registry, render
 from sparkdiag.exporter.soak import soak_collector
+from sparkdiag.exporter.storage import storage_collector
 from sparkdiag.lifecycle import LIFECYCLE, Lifecycle
 from sparkdiag.native.watch import LibraryWatch, environment
 from sparkdiag.probe.runner import kill_running_workers
 from sparkdiag.scheduling.probe_state import ProbeState
 from sparkdiag.scheduling.wiring import build_schedulers
 from sparkdiag.sdnotify import Notifier
+from sparkdiag.storage import run as storage_run
+from sparkdiag.storage.periodic import StoragePeriodic
 from sparkdiag.telemetry.build import build_poller
 from sparkdiag.telemetry.poller import Poller
 from sparkdiag.telemetry.stall import StallLog
@@ -74,7 +78,7 @@ def serve(settings: Settings, life: Lifecycle | None = None) -> None:
     try:
         _serve(settings, life, poller, address, web)
     finally:
-        stopped = kill_running_workers()
+        stopped = kill_running_workers() + storage_run.kill_running()
         if stopped:
             log.info("stopped %d running probe worker(s)", stopped)
         poller.gpu.stop()
@@ -109,6 +113,7 @@ def _serve(
         lambda: environment(settings.rootfs, settings.probe_python), settings.state_dir
     )
     collectors.append(NativeCollector(lambda: poller.latest, libraries))
+    collectors.append(storage_collector(settings.state_dir))
     registry = build_registry(
         lambda: poller.latest, extra=collectors, compat_dcgm=settings.compat_dcgm
     )
@@ -173,14 +178,16 @@ def _serve(
                 daemon=True,
             )
         )
-        for sched in schedulers:
-            threads.append(
-                threading.Thread(target=sched.run, args=(stop,), name=sched.name, daemon=True)
-            )
+        loops: list[tuple[str, Callable[[threading.Event], None]]] = [
+            (sched.name, sched.run) for sched in schedulers
+        ]
+        if settings.storage_enabled:  # off by default: it writes (config/table.py)
+            storage = StoragePeriodic(settings, lambda: poller.latest)
+            loops.append((storage.name, storage.run))
         # the CUDA library scan: once now, then every few hours, never in a scrape
-        threads.append(
-            threading.Thread(target=libraries.run, args=(stop,), name="libraries", daemon=True)
-        )
+        loops.append(("libraries", libraries.run))
+        for name, loop in loops:
+            threads.append(threading.Thread(target=loop, args=(stop,), name=name, daemon=True))
         for thread in threads:
             thread.start()
         stop.wait()
@@ -189,6 +196,7 @@ def _serve(
         server.shutdown()
         server.server_close()
         kill_running_workers()  # a probe thread blocked on its worker returns at once
+        storage_run.kill_running()
         for thread in threads:
             thread.join(timeout=5)
         notifier.close()

@@ -64,6 +64,8 @@ def click_option(option: Option, command: str) -> Callable[[F], F]:
     if option.kind == "bool":
         return click.option(f"{flag}/--no-{option.key}", option.attr, default=None, help=help_text)
     kind = click.Choice(option.choices) if option.kind == "choice" else _TYPES[option.kind]
+    if option.unit == "bytes":
+        kind = str  # "256M", "1G": Option.convert reads the unit
     return click.option(
         flag, option.attr, type=kind, default=None, help=help_text, metavar=option.metavar
     )

@@ -159,6 +159,58 @@ class PcieLink:
 
 
 @dataclass(frozen=True)
+class NvmeHealth:
+    """An NVMe drive's SMART / health log (log page 02h) as ``smartctl --json -a /dev/nvme0`` or
+    ``nvme smart-log -o json /dev/nvme0`` reports it, in base units. None: not reported.
+
+    critical_warning: the bitmask (0 healthy; bit 0 spare below threshold, 1 temperature,
+        2 reliability degraded, 3 read-only, 4 volatile backup failed, 5 PMR unreliable)
+    percentage_used_ratio: endurance used, 0..1 and beyond (the log's percent / 100)
+    available_spare_ratio, available_spare_threshold_ratio: 0..1
+    warning_temperature_seconds, critical_temperature_seconds: lifetime time at or above the
+        warning (WCTEMP) and critical (CCTEMP) composite temperatures (the log counts minutes)
+    thermal_transitions, thermal_seconds: "1", "2" -> the drive's own thermal management
+        (TMT1 light, TMT2 heavy throttling): times entered and seconds spent
+    source: "smartctl", "nvme-cli" or "fixture"
+    """
+
+    critical_warning: int | None = None
+    media_errors: float | None = None
+    error_log_entries: float | None = None
+    percentage_used_ratio: float | None = None
+    available_spare_ratio: float | None = None
+    available_spare_threshold_ratio: float | None = None
+    unsafe_shutdowns: float | None = None
+    power_on_seconds: float | None = None
+    written_bytes: float | None = None
+    warning_temperature_seconds: float | None = None
+    critical_temperature_seconds: float | None = None
+    thermal_transitions: Mapping[str, float] = field(default_factory=dict)
+    thermal_seconds: Mapping[str, float] = field(default_factory=dict)
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class NvmeController:
+    """One NVMe controller (``/sys/class/nvme/nvme0``), its temperatures and its health log.
+
+    temperature_celsius: sensor -> value ("composite", "1", "2", ...) from hwmon, else the log
+    threshold_celsius: "warning" (WCTEMP), "critical" (CCTEMP)
+    health: None where no SMART log was read (``health_note`` says why)
+    """
+
+    name: str  # "nvme0"
+    model: str  # "" where unreadable
+    firmware: str
+    pci_address: str  # "" for a controller on another transport
+    transport: str  # "pcie", "tcp", "rdma", "fc", "loop"; "" unknown
+    temperature_celsius: Mapping[str, float] = field(default_factory=dict)
+    threshold_celsius: Mapping[str, float] = field(default_factory=dict)
+    health: NvmeHealth | None = None
+    health_note: str | None = None
+
+
+@dataclass(frozen=True)
 class ExecutionContext:
     """Where this process runs: ``context`` is native/container, ``runtime`` who runs it."""
 
@@ -236,3 +288,5 @@ class Snapshot:
     # PCI addresses of the NVIDIA GPU functions sysfs lists (vendor 0x10de, class 0x0300 or
     # 0x0302), whatever NVML says; None where sysfs was not read
     gpu_pci_devices: tuple[str, ...] | None = None
+    # NVMe controllers (sysfs and, where installed, smartctl or nvme-cli); None where not read
+    nvme: tuple[NvmeController, ...] | None = None

@@ -17,9 +17,12 @@ that names the path and the operating system's reason.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import pwd
 import stat
+import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -108,3 +111,49 @@ def ensure_state_directory(path: Path) -> Path:
 def _error(path: Path, what: str, exc: OSError) -> StateDirError:
     reason = exc.strerror or str(exc)
     return StateDirError(f"{what} state directory {path}: {reason}")
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` so that a reader sees the old file or the new one, never
+    half of one: a temporary file in the same directory, fsync, rename, fsync of the directory.
+    The directory is created (0700) when missing. StateDirError for a missing directory that
+    cannot be made; OSError when the file cannot be written (the temporary file is removed)."""
+    ensure_state_directory(path.parent)
+    tmp: str | None = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+        tmp = None
+        with contextlib.suppress(OSError):  # the rename itself, on filesystems that need it
+            dir_fd = os.open(path.parent, os.O_RDONLY)
+            try:
+                os.fsync(dir_fd)
+            finally:
+                os.close(dir_fd)
+    finally:
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+
+def read_json_state(path: Path, limit: int, what: str) -> tuple[object, str | None] | None:
+    """A state file's decoded JSON (at most ``limit`` bytes), or why it cannot be used:
+    ``(doc, None)``, ``(None, reason)``, or None when there is no file. ``what`` names the file's
+    kind in the reason (``a soak state file``)."""
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(limit + 1)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return None, f"cannot read {path}: {exc.strerror or exc}"
+    if len(raw) > limit:
+        return None, f"{path}: larger than {limit} bytes; not {what}"
+    try:
+        return json.loads(raw.decode("utf-8")), None
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        return None, f"{path} is damaged: not JSON ({exc})"

@@ -93,7 +93,7 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Images:
 # The slow kinds: each is a marker, and every test of one of them is also `slow`, so that
 # `pytest -m "not slow"` runs the rest in a few minutes (README, "Tests"). A test that
 # uses one of these fixtures runs the real probe worker (CPU torch) in a subprocess.
-SLOW_KINDS = ("container", "systemd", "prometheus", "worker", "network")
+SLOW_KINDS = ("container", "systemd", "prometheus", "worker", "network", "storage")
 WORKER_FIXTURES = frozenset({"cpu_run", "cpu_doc", "hot_doc", "torch_venv"})
 
 

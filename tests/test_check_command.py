@@ -261,7 +261,8 @@ def test_no_gpu_table_fits_80_columns_in_half_the_lines(tmp_path: Path) -> None:
     lines = table(results, 0.1, width=80).splitlines()
     # wider only where one word (the temporary sysfs path) is longer than the line
     assert all(len(line) <= 80 or len(line.split()) == 1 for line in lines), lines
-    assert len(lines) <= 30, "\n".join(lines)  # 65 before (issue 32), 22 on this machine
+    # 65 before (issue 32): at most half; 22 on this machine then, 31 with the storage rows
+    assert len(lines) <= 32, "\n".join(lines)
     assert len(doc["checks"]) == len(CHECKS)  # --json keeps every row
 
 

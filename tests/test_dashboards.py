@@ -57,6 +57,17 @@ PANEL_NODE = {
     # the width a known platform is built for: a DGX Spark (the H200 VM has no DMI)
     "Host PCIe links (sysfs)": "lane-degraded",
     "Platform": "gb10-slow-state",  # an ASUS Ascent GX10
+    # a U.2 NVMe drive with its SMART log and a storage.json (tests/support/e2e.py)
+    **dict.fromkeys(
+        (
+            "Storage throughput against its baseline",
+            "4 KiB random read latency",
+            "NVMe temperatures against their warning threshold",
+            "NVMe time above its warning temperature",
+            "NVMe health",
+        ),
+        "nvme-worn-hot",
+    ),
     "SM clock over its applications clock": "gb10-slow-state",
     "Host memory (the GPU's, on unified memory)": "gb10-memory-pressure",
     "Memory pressure (PSI, 60 s)": "gb10-memory-pressure",

@@ -67,9 +67,29 @@ SCENARIOS = {
         *PROBE_ONCE,
         "--probe.when=always",  # its GPUs run compute processes: probe them all the same
     ],
+    # A datacenter U.2 NVMe drive (sysfs tree and its public smartctl JSON) and a storage probe's
+    # state file recorded on the development VM (tests/fixtures/state/storage-vda).
+    "nvme-drives": [
+        *on("no-nvml", "nvme-u2", "native"),
+        "--nvme.fixture",
+        str(ROOT / "tests" / "fixtures" / "nvme" / "datacenter-u2"),
+    ],
+    # A client M.2 drive read through nvme-cli (tests/fixtures/nvme/README.md: nvme-cli#556's
+    # log in nvme-cli's JSON keys), whose log carries the thermal management counters that
+    # smartctl leaves out while they are 0.
+    "nvme-client": [
+        *on("no-nvml", "nvme-client-m2", "native"),
+        "--nvme.fixture",
+        str(ROOT / "tests" / "fixtures" / "nvme" / "nvme-cli"),
+    ],
 }
 # Files put in a scenario's state directory before the daemon starts.
-STATE_FILES = {"h200-x2-complete": {"soak.json": SOAK / "h200-soak-state.json"}}
+STATE_FILES = {
+    "h200-x2-complete": {"soak.json": SOAK / "h200-soak-state.json"},
+    "nvme-drives": {
+        "storage.json": ROOT / "tests" / "fixtures" / "state" / "storage-vda" / "storage.json"
+    },
+}
 # Probe cycles a scenario waits for (one per GPU) before it is scraped.
 PROBED_GPUS = {"h200-idle": 1, "h200-x2-complete": 2}
 PROBE_DONE = b"\nsparkdiag_probe_last_success_timestamp_seconds{"

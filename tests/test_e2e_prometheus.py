@@ -271,9 +271,11 @@ def test_recorded_series_carry_the_node(fleet: Fleet, alerts: list[Alert]) -> No
         for s in fleet.query("sparkdiag:gemm_efficiency_ratio:min_by_instance")
     }
     # every node with a baseline: not the GB10 nodes (probe off), nor the lost GPU, probed once
-    # or twice before it fell off the bus (a baseline needs three healthy runs)
+    # or twice before it fell off the bus (a baseline needs three healthy runs), nor the nodes
+    # whose probe is off (nvlink-degraded, nvme-worn-hot)
     gb10 = {"lane-degraded", "gb10-slow-state", "gb10-memory-pressure"}
-    assert set(worst) == set(fleet.targets) - gb10 - {"lost-gpu", "nvlink-degraded"}
+    off = {"lost-gpu", "nvlink-degraded", "nvme-worn-hot"}
+    assert set(worst) == set(fleet.targets) - gb10 - off
     assert worst["thermal-int4"] == pytest.approx(0.5, abs=0.01)
 
 

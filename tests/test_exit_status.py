@@ -12,11 +12,14 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from sparkdiag.baseline.storage_store import StorageKey
+from sparkdiag.baseline.store import open_store
 from sparkdiag.check.gather import Sources
 from sparkdiag.check.model import KernelLog
 from sparkdiag.cli import main
 from sparkdiag.errors import Exit
 from sparkdiag.probe.worker.contract import SCHEMA
+from sparkdiag.storage.target import locate
 from tests.support import NVML, PROBE, ROOT, ROOTFS, SYSFS, scaled_cycle, subcommands
 from tests.support.check import GOOD_TORCH, never_launch, nvml_fixture
 
@@ -103,6 +106,22 @@ def _store(tmp: Path) -> list[str]:
     return ["--state-dir", str(state)]
 
 
+STORAGE_SMALL = ("--storage.size", "16M", "--storage.duration", "2")
+
+
+def _slow_storage(tmp: Path) -> list[str]:
+    """Baselines pinned far above any disk: the probe's figures are slow against them."""
+    data = tmp / "data"
+    data.mkdir()
+    found = locate(data)
+    with open_store(tmp / "s", create=True) as store:
+        for direction in ("read", "write"):
+            key = StorageKey("", found.mountpoint, found.device, direction, "host",
+                             "o_direct:1048576x8")  # fmt: skip
+            store.pin_storage(key, 1e15)
+    return ["storage", str(data), *STORAGE_SMALL, "--state-dir", str(tmp / "s")]
+
+
 CASES: list[tuple[str, Args, int, str]] = [
     # serve: 0 a clean stop (tests/test_lifecycle.py), 1 cannot start (port in use:
     # tests/test_cli.py runs it as a process), 2 configuration or usage error
@@ -180,6 +199,13 @@ CASES: list[tuple[str, Args, int, str]] = [
      "expected MAJOR.MINOR"),
     ("fleet unreachable", lambda t: ["fleet", "--prometheus", "http://127.0.0.1:9",
      "--prometheus-timeout", "2"], Exit.FAILED, "127.0.0.1:9"),
+    ("storage ok", lambda t: ["storage", str(t), *STORAGE_SMALL, "--state-dir", str(t / "s")],
+     Exit.OK, "cost: wrote 16 MiB"),
+    ("storage slow", lambda t: _slow_storage(t), Exit.ATTENTION, "SLOW: read and write"),
+    ("storage refused", lambda t: ["storage", "/dev/null", *STORAGE_SMALL], Exit.USAGE,
+     "never writes to a raw device"),
+    ("storage bad size", lambda t: ["storage", str(t), "--storage.size", "1M"], Exit.USAGE,
+     "16 MiB to 64 GiB"),
 ]  # fmt: skip
 
 

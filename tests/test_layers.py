@@ -26,7 +26,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         "sources platforms",  # the only code that touches hardware or the OS
         "telemetry probe",  # the poller; the probe worker and how it runs
         # what the commands and the daemon are made of
-        "flags baseline soak watch compare peers link native",
+        "flags baseline soak watch compare peers link native storage",
         "scheduling check",
         "exporter",  # collectors
         "web",  # the HTTP server that serves the collectors

@@ -72,6 +72,32 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "DROP TABLE baselines",
         "ALTER TABLE baselines_2 RENAME TO baselines",
     ),
+    # 3: storage figures (sparkdiag storage, the daemon's storage probe, check --storage), in
+    # tables of their own: a drive, a mount, a direction, a path (host, gpu, gds) and a method.
+    (
+        """CREATE TABLE storage_runs (
+            id INTEGER PRIMARY KEY,
+            drive TEXT NOT NULL, mountpoint TEXT NOT NULL, device TEXT NOT NULL,
+            direction TEXT NOT NULL, path TEXT NOT NULL, method TEXT NOT NULL,
+            bytes_per_second REAL NOT NULL CHECK (bytes_per_second > 0),
+            healthy INTEGER NOT NULL CHECK (healthy IN (0, 1)),
+            at REAL NOT NULL,
+            conditions TEXT
+        )""",
+        "CREATE INDEX storage_runs_by_key ON storage_runs"
+        " (drive, mountpoint, device, direction, path, method, healthy, id)",
+        """CREATE TABLE storage_baselines (
+            drive TEXT NOT NULL, mountpoint TEXT NOT NULL, device TEXT NOT NULL,
+            direction TEXT NOT NULL, path TEXT NOT NULL, method TEXT NOT NULL,
+            bytes_per_second REAL NOT NULL CHECK (bytes_per_second > 0),
+            source TEXT NOT NULL CHECK (source IN ('learned', 'pinned')),
+            runs INTEGER NOT NULL CHECK (runs >= 0),
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            note TEXT NOT NULL DEFAULT '',
+            PRIMARY KEY (drive, mountpoint, device, direction, path, method)
+        ) WITHOUT ROWID""",
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

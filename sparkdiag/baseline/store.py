@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from sparkdiag.baseline import storage_store
 from sparkdiag.baseline.schema import (
     BASELINE_COLUMNS,
     KEY_COLUMNS,
@@ -59,6 +60,7 @@ from sparkdiag.baseline.schema import (
     placeholders,
     transaction,
 )
+from sparkdiag.baseline.storage_store import StorageBaseline, StorageKey
 from sparkdiag.errors import SparkdiagError
 from sparkdiag.statedir import StateDirError, ensure_state_directory, state_directory
 
@@ -503,6 +505,37 @@ class BaselineStore:
             )
             for row in rows
         ]
+
+    # -- storage baselines (baseline/storage_store.py) --------------------------
+
+    def record_storage(
+        self, key: StorageKey, bytes_per_second: float, healthy: bool, at: float | None = None
+    ) -> StorageBaseline | None:
+        """Keep one storage figure (bytes/s) and learn from it: the GEMM rules (median of the
+        first healthy runs, frozen after ``learn_runs``) in the storage tables."""
+        with self._write() as conn:
+            return storage_store.record(
+                conn, key, bytes_per_second, healthy, self.learn_runs, self.min_runs, at
+            )
+
+    def storage_baseline(self, key: StorageKey) -> StorageBaseline | None:
+        """The key's storage baseline, or None while it is learned."""
+        with self._read() as conn:
+            return storage_store.select(conn, key)
+
+    def storage_baselines(self) -> builtins.list[StorageBaseline]:
+        with self._read() as conn:
+            return storage_store.select_all(conn)
+
+    def pin_storage(
+        self, key: StorageKey, bytes_per_second: float, note: str = ""
+    ) -> StorageBaseline:
+        with self._write() as conn:
+            return storage_store.pin(conn, key, bytes_per_second, note)
+
+    def reset_storage(self, mountpoint: str | None = None) -> int:
+        with self._write() as conn:
+            return storage_store.reset(conn, mountpoint)
 
     def integrity_check(self) -> str:
         """``PRAGMA integrity_check``: "ok", or the problems found, one per line."""

@@ -9,7 +9,8 @@ can get), ``native_checks`` (the software's native code, the dtype order under l
 ``version_checks``, ``probe_checks``,
 ``power_checks`` and ``peer_checks`` (under load; ``peer_checks`` also reads the baseline
 store's held learning), ``soak_checks`` (the latest ``sparkdiag soak``), ``store_checks`` (the
-baseline store) and ``network_checks`` (ConnectX-7 lint, link to ``--peer``). The other modules
+baseline store), ``storage_checks`` (NVMe health and temperature; a directory's speed with
+``--storage DIR``) and ``network_checks`` (ConnectX-7 lint, link to ``--peer``). The other modules
 of the package are the
 machinery: ``model``, ``gather``, ``probe_run``, this catalogue and ``report``.
 """
@@ -46,6 +47,11 @@ from sparkdiag.check.power_checks import check_power_under_load
 from sparkdiag.check.probe_checks import check_int4_decode, check_probe, check_sm_clock
 from sparkdiag.check.soak_checks import check_soak
 from sparkdiag.check.stall_checks import check_stall
+from sparkdiag.check.storage_checks import (
+    check_nvme_health,
+    check_nvme_temperature,
+    check_storage_speed,
+)
 from sparkdiag.check.store_checks import check_baseline_store
 from sparkdiag.check.thermal_checks import (
     check_clock_reasons,
@@ -70,6 +76,8 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("clock-reasons", check_clock_reasons),
     ("pcie-gpu", check_pcie_gpu),
     ("pcie-host", check_pcie_host),
+    ("nvme-health", check_nvme_health),
+    ("nvme-temperature", check_nvme_temperature),
     ("ecc", check_ecc),
     ("row-remap", check_row_remap),
     ("xid", check_xid),
@@ -92,6 +100,7 @@ CHECKS: tuple[tuple[str, Check], ...] = (
     ("dtype-order", check_dtype_order),
     ("peers", check_peers),
     ("soak", check_soak),
+    ("storage-speed", check_storage_speed),
     ("cx7-config", check_cx7_config),
     ("link-peer", check_link_peer),
 )

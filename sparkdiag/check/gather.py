@@ -13,13 +13,21 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from sparkdiag.baseline.keeper import inspect_store
-from sparkdiag.check.model import CheckContext, GpuProbe, KernelLog, TorchInfo, no_gpu_reason
+from sparkdiag.check.model import (
+    CheckContext,
+    GpuProbe,
+    KernelLog,
+    StorageProbe,
+    TorchInfo,
+    no_gpu_reason,
+)
 from sparkdiag.check.probe_run import read_store, run_probes, worker_launcher
 from sparkdiag.check.stall_checks import sample_busy_gpus
 from sparkdiag.config import Settings
-from sparkdiag.errors import SparkdiagError
+from sparkdiag.errors import Exit, SparkdiagError
 from sparkdiag.link import auth
 from sparkdiag.link.client import Options, measure_link
 from sparkdiag.link.readings import read_fabric
@@ -35,6 +43,8 @@ from sparkdiag.sources.kernel_log import read_kernel_log
 from sparkdiag.sources.packages import read_torch
 from sparkdiag.sources.procfs import device_holders, process_names
 from sparkdiag.sources.pyenv import NotAnEnvironment
+from sparkdiag.storage.run import ProbeRequest
+from sparkdiag.storage.session import Where, probe_directory
 from sparkdiag.telemetry.build import build_poller
 
 QUICK_SKIP = "--quick: nothing that loads the GPU runs (run without --quick to probe)"
@@ -70,8 +80,10 @@ def gather(
     sources: Sources = Sources(),
     on_probe: Callable[[Sequence[GpuSample]], None] | None = None,
     on_peer: Callable[[str], None] | None = None,
+    storage: Path | None = None,
 ) -> CheckContext:
-    """Poll once, probe every idle GPU (unless ``quick``), read the host; FixtureError passes up."""
+    """Poll once, probe every idle GPU (unless ``quick``), read the host, and with ``storage`` a
+    directory's read and write speed (it writes; never recorded); FixtureError passes up."""
     poller = build_poller(settings)
     try:
         snapshot = poller.poll_once()
@@ -99,7 +111,10 @@ def gather(
             baseline_store=inspect_store(settings.state_dir),
             soak=inspect_state(settings.state_dir),
         )
-        return _with_link(_with_software(ctx, settings), settings, on_peer)
+        ctx = _with_software(ctx, settings)
+        if storage is not None:
+            ctx = replace(ctx, storage=storage_probe(storage, settings))
+        return _with_link(ctx, settings, on_peer)
     finally:
         poller.gpu.stop()
 
@@ -116,6 +131,17 @@ def _with_software(ctx: CheckContext, settings: Settings) -> CheckContext:
     except (NotAnEnvironment, OSError) as exc:
         return replace(ctx, libraries_note=f"the libraries could not be read: {exc}")
     return replace(ctx, libraries=found)
+
+
+def storage_probe(directory: Path, settings: Settings) -> StorageProbe:
+    """``check --storage DIR``: the storage probe, bounded by ``--storage.size`` and
+    ``--storage.duration`` (check's defaults: 256 MiB, 8 s); never recorded."""
+    request = ProbeRequest(directory, settings.storage_size, settings.storage_duration)
+    where = Where(settings.sysfs, settings.rootfs, settings.state_dir)
+    try:
+        return StorageProbe(probe_directory(request, where, record=False))
+    except SparkdiagError as exc:
+        return StorageProbe(None, exc.message, refused=exc.exit_code == Exit.USAGE)
 
 
 # check --peer: a short link test, bounded (2 s per method, direction and path; 30 s in all).

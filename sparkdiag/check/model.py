@@ -27,6 +27,7 @@ from sparkdiag.sources.cuda_libraries import LibraryScan
 from sparkdiag.sources.kernel_log import KernelLog as KernelLog
 from sparkdiag.sources.packages import TorchInfo as TorchInfo
 from sparkdiag.sources.procfs import DeviceHolder
+from sparkdiag.storage.evaluate import StorageReport
 from sparkdiag.telemetry.busy import Busy, busy, other_pids
 
 Status = Literal["pass", "warn", "fail", "skip"]
@@ -124,6 +125,16 @@ class GpuProbe:
 
 
 @dataclass(frozen=True)
+class StorageProbe:
+    """``check --storage DIR``: the probe's report, or why there is none (``refused``: nothing
+    was written, the directory would be hurt or cannot be measured)."""
+
+    report: StorageReport | None
+    error: str | None = None
+    refused: bool = False
+
+
+@dataclass(frozen=True)
 class CheckContext:
     """Everything the checks read, gathered once.
 
@@ -146,6 +157,7 @@ class CheckContext:
     libraries: the libraries with GPU code in the probe worker's Python (None: not read, why in
         ``libraries_note``)
     device_holders: processes with an NVIDIA device file open (read on unified memory only)
+    storage: the storage probe of ``--storage DIR`` (``check/storage_checks.py``)
     """
 
     snapshot: Snapshot
@@ -170,6 +182,8 @@ class CheckContext:
     libraries: LibraryScan | None = None
     libraries_note: str = ""
     device_holders: tuple[DeviceHolder, ...] | None = None
+    # check --storage DIR: the storage probe of that directory; None when not asked for
+    storage: StorageProbe | None = None
 
     def gpus_up(self) -> tuple[GpuSample, ...]:
         return tuple(g for g in self.snapshot.gpus if g.up)

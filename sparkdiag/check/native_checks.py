@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from sparkdiag.check.model import CheckContext, CheckResult, GpuProbe, worst
+from sparkdiag.check.model import CheckContext, CheckResult, GpuProbe, no_gpu_skip, worst
 from sparkdiag.check.probe_checks import per_probe
 from sparkdiag.native.compat import parse_capability
 from sparkdiag.native.dtypes import SLOWER, orders
@@ -35,6 +35,8 @@ def check_native_code(ctx: CheckContext) -> list[CheckResult]:
         return [CheckResult(NAME, "skip", ctx.libraries_note or "the libraries were not read")]
     gpus = lint_gpus(ctx)
     if not gpus:
+        if not ctx.snapshot.nvml_up or not ctx.snapshot.gpus:
+            return [no_gpu_skip(NAME, ctx.snapshot)]
         return [CheckResult(NAME, "skip", "no GPU with a known compute capability")]
     if not scan.libraries:
         return [

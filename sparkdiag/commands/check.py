@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import click
@@ -54,6 +55,16 @@ def _progress(gpus: Sequence[GpuSample], timeout: float) -> None:
     metavar="N",
     help="Fail unless N GPUs are visible (and NVML itself loads).",
 )
+@click.option(
+    "--storage",
+    "storage_dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    metavar="DIR",
+    help="Also measure DIR's read and write speed against its drive and baseline (the "
+    "checkpoint or data set directory). WRITES a test file of --storage.size (O_TMPFILE, "
+    "gone however it ends).",
+)
 @settings_options("check")
 @click.pass_context
 def check(
@@ -62,6 +73,7 @@ def check(
     as_json: bool,
     quick: bool,
     expect_gpus: int | None,
+    storage_dir: Path | None,
     **given: Any,
 ) -> None:
     """Check whether this machine is fit to benchmark right now.
@@ -72,10 +84,11 @@ def check(
     governor, unified-memory headroom; then a short GEMM probe on every idle GPU (all GPUs at
     once, about a second of GPU time each) against its stored baseline and the published
     reference for its model, the SM clock and PCIe link under that load, and int4 against
-    bf16/fp16 at the decode shape. Each check says pass, warn, fail or skip, what it
-    measured, and what to do. Without a GPU the GPU checks are skipped (one row says why), the
-    host checks still run, and the run judges nothing: it exits 1, "status": "skip" in --json.
-    Every check: docs/check.md.
+    bf16/fp16 at the decode shape; the NVMe drives' SMART health and temperature; with
+    --storage DIR, DIR's read and write speed. Each check says pass, warn, fail or skip, what
+    it measured, and what to do. Without a GPU the GPU checks are skipped (one row says why),
+    the host checks still run, and the run judges nothing: it exits 1, "status": "skip" in
+    --json. Every check: docs/check.md.
 
     \b
     Exit status:
@@ -98,6 +111,7 @@ def check(
         sources=sources,
         on_probe=lambda gpus: _progress(gpus, settings.probe_timeout),
         on_peer=lambda line: click.echo(line, err=True) if sys.stderr.isatty() else None,
+        storage=storage_dir,
     )
     results = run_checks(context)
     duration = time.monotonic() - started

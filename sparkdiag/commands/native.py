@@ -107,8 +107,8 @@ def native(
     \b
     Exit status:
       0  every library runs natively
-      1  a library runs only through PTX JIT, or lacks the arch-specific code for this GPU
-         that it builds for others
+      1  a library runs only through PTX JIT, or lacks the arch-specific
+         code for this GPU that it builds for others
       2  bad flag, or --python is not a Python environment
       3  a library has no code this GPU can load
     """

@@ -93,6 +93,13 @@ class Settings:
     prometheus_username: str | None = DEFAULTS["prometheus_username"]
     prometheus_password_file: Path | None = DEFAULTS["prometheus_password_file"]
     prometheus_timeout: float = DEFAULTS["prometheus_timeout"]
+    storage_enabled: bool = DEFAULTS["storage_enabled"]
+    storage_directory: Path | None = DEFAULTS["storage_directory"]
+    storage_interval: float = DEFAULTS["storage_interval"]
+    storage_size: int = DEFAULTS["storage_size"]
+    storage_duration: float = DEFAULTS["storage_duration"]
+    nvme_smart: bool = DEFAULTS["nvme_smart"]
+    nvme_fixture: Path | None = DEFAULTS["nvme_fixture"]
 
     def __post_init__(self) -> None:
         for option in OPTIONS:

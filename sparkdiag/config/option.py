@@ -50,6 +50,8 @@ class Option:
     def allowed(self) -> str:
         if self.kind == "choice":
             return "one of " + ", ".join(self.choices)
+        if self.kind in ("float", "int") and self.unit == "bytes":
+            return f"{_bytes(self.minimum)} to {_bytes(self.maximum)} (K, M, G: binary units)"
         if self.kind in ("float", "int"):
             unit = f" {self.unit}" if self.unit else ""
             return f"{self.minimum:g} to {self.maximum:g}{unit}"
@@ -79,8 +81,11 @@ class Option:
                 text = value.strip()
                 pattern = _INTEGER if self.kind == "int" else _DECIMAL
                 seconds = duration_seconds(text) if self.unit == "seconds" else None
+                size = size_bytes(text) if self.unit == "bytes" else None
                 if seconds is not None:  # "5m", "90s", "1h30m", as --duration takes them
                     value = seconds
+                elif size is not None:  # "256M", "1G", "1.5GiB"
+                    value = size
                 elif not pattern.fullmatch(text):
                     raise bad("is not an integer" if self.kind == "int" else "is not a number")
                 else:
@@ -179,3 +184,26 @@ def duration_seconds(text: str) -> float | None:
         return None
     hours, minutes, seconds = (float(g) if g else 0.0 for g in match.groups())
     return hours * 3600 + minutes * 60 + seconds
+
+
+# A size in bytes, plain or with a binary unit: 1073741824, 1G, 1GiB, 256M, 1.5G, 64k.
+_SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?")
+
+
+def size_bytes(text: str) -> int | None:
+    """``"256M"``, ``"1G"``, ``"1GiB"``, ``"1.5g"``, ``"4096"`` -> bytes (K, M, G, T are powers of
+    1024); None when ``text`` is not such a size."""
+    match = _SIZE.fullmatch(text.strip().lower())
+    if match is None:
+        return None
+    scale = 1024 ** "kmgt".find(match.group(2)) * 1024 if match.group(2) else 1
+    return int(float(match.group(1)) * scale)
+
+
+def _bytes(value: float | None) -> str:
+    if value is None:
+        return "?"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if value >= scale and value % scale == 0:
+            return f"{value / scale:g} {unit}"
+    return f"{value:g} bytes"

@@ -70,7 +70,7 @@ OPTIONS: tuple[Option, ...] = (
         "path",
         Path("/sys"),
         "sysfs mount point to read PCIe links from (a fake tree for tests).",
-        scopes=frozenset({"serve", "dump", "check", "watch", "link"}),
+        scopes=frozenset({"serve", "dump", "check", "watch", "link", "storage"}),
         command_help={
             "check": "check also reads the cpufreq governors under it.",
             "watch": "watch reads the job's cgroup pressure under DIR/fs/cgroup (cgroup v2), "
@@ -87,7 +87,7 @@ OPTIONS: tuple[Option, ...] = (
         "path",
         Path("/"),
         "Root filesystem to detect the execution context (container or native) under.",
-        scopes=frozenset({"serve", "dump", "check", "probe", "watch", "link", "native"}),
+        scopes=frozenset({"serve", "dump", "check", "probe", "watch", "link", "native", "storage"}),
         command_help={
             "native": "native scans the Pythons under it when it is not /.",
             "link": "link reads /proc/meminfo, /proc/cmdline, /etc/nccl.conf and the system's "
@@ -107,7 +107,7 @@ OPTIONS: tuple[Option, ...] = (
         "info",
         "Logging verbosity on stderr.",
         choices=("debug", "info", "warning", "error"),
-        scopes=frozenset({"serve", "dump", "check", "probe", "soak"}),
+        scopes=frozenset({"serve", "dump", "check", "probe", "soak", "storage"}),
         # check is quiet by default: every problem a log line would mention is a row of its report.
         command_default={"check": "error"},
     ),
@@ -118,7 +118,7 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "Directory for the baseline database; default $STATE_DIRECTORY under systemd, else "
         "$XDG_STATE_HOME/sparkdiag.",
-        scopes=frozenset({"serve", "check", "probe", "baseline", "soak", "native"}),
+        scopes=frozenset({"serve", "check", "probe", "baseline", "soak", "native", "storage"}),
         command_help={
             "native": "native keeps its scan cache there, in cuda-libraries.json.",
             "check": "check only reads baselines.sqlite there: it never creates nor teaches one.",
@@ -380,6 +380,84 @@ OPTIONS: tuple[Option, ...] = (
         "(DCGM_FI_DEV_GPU_TEMP, DCGM_FI_DEV_FB_USED, ...), beside the sparkdiag series, so that "
         "dashboards and alerts written for dcgm-exporter work unchanged (docs/metrics.md).",
         scopes=frozenset({"serve", "dump"}),
+    ),
+    Option(
+        "storage.enabled",
+        "storage_enabled",
+        "bool",
+        False,
+        "Run the periodic storage probe. Off by default because it WRITES: every "
+        "storage.interval it writes a test file of storage.size into storage.directory (with "
+        "O_DIRECT, removed however it ends) and reads it back, skipped while a GPU is busy.",
+    ),
+    Option(
+        "storage.directory",
+        "storage_directory",
+        "path",
+        None,
+        "Directory the periodic storage probe measures (the checkpoint or data set's); default "
+        "the state directory.",
+        metavar="DIR",
+    ),
+    Option(
+        "storage.interval",
+        "storage_interval",
+        "float",
+        21600.0,
+        "Seconds between periodic storage probes (SparkdiagStorageSlow needs two in a row).",
+        minimum=600,
+        maximum=30 * 86400,
+        unit="seconds",
+    ),
+    Option(
+        "storage.size",
+        "storage_size",
+        "int",
+        1 << 30,
+        "Bytes the storage probe writes (its test file), then reads back; the filesystem keeps "
+        "at least 5 % of its size plus 64 MiB free or the probe refuses. Defaults: 256 MiB for "
+        "check (it runs before a benchmark), 1 GiB elsewhere.",
+        minimum=16 << 20,
+        maximum=64 << 30,
+        unit="bytes",
+        scopes=frozenset({"serve", "storage", "check"}),
+        command_default={"check": 256 << 20},
+        metavar="BYTES",
+    ),
+    Option(
+        "storage.duration",
+        "storage_duration",
+        "float",
+        20.0,
+        "Seconds the storage probe may take at most (45 % writing, 35 % reading, 20 % random "
+        "4 KiB reads); a phase also ends when its bytes are done. Defaults: check 8 (it runs "
+        "before a benchmark), 20 elsewhere.",
+        minimum=1,
+        maximum=600,
+        unit="seconds",
+        scopes=frozenset({"serve", "storage", "check"}),
+        command_default={"check": 8.0},
+        metavar="SECONDS",
+    ),
+    Option(
+        "nvme.smart",
+        "nvme_smart",
+        "bool",
+        True,
+        "Read each NVMe drive's SMART/health log (critical warning, media errors, wear, "
+        "thermal throttling) with smartctl or nvme-cli where installed; needs root. Temperatures "
+        "come from sysfs either way.",
+        scopes=frozenset({"serve", "dump", "check", "storage"}),
+    ),
+    Option(
+        "nvme.fixture",
+        "nvme_fixture",
+        "path",
+        None,
+        "Read the NVMe health logs from recorded tool output in this directory "
+        "(nvme0.smartctl.json or nvme0.nvme-cli.json) instead of running the tools.",
+        scopes=frozenset({"serve", "dump", "check", "storage"}),
+        metavar="DIR",
     ),
     # sparkdiag fleet: the Prometheus it asks, with promtool's TLS and basic-auth settings.
     *(

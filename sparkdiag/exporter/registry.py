@@ -15,6 +15,7 @@ from sparkdiag.exporter.gpu_activity import GpuActivityCollector
 from sparkdiag.exporter.gpu_health import GpuHealthCollector
 from sparkdiag.exporter.gpu_process import GpuProcessCollector
 from sparkdiag.exporter.memory import GpuMemoryCollector
+from sparkdiag.exporter.nvme import NvmeCollector
 from sparkdiag.exporter.pcie import PcieCollector
 from sparkdiag.exporter.system import SystemCollector
 from sparkdiag.sources.hostname import node_name
@@ -47,6 +48,7 @@ def build_registry(
         GpuProcessCollector(snapshot),
         GpuMemoryCollector(snapshot),
         PcieCollector(snapshot),
+        NvmeCollector(snapshot),
         *extra,
         *compat,
     ):
@@ -59,7 +61,7 @@ def floatToGoString(value: float) -> str:
     return str(_untyped_float_to_go(value))  # type: ignore[no-untyped-call]
 
 
-_TYPES = {"counter": "counter", "gauge": "gauge", "unknown": "untyped"}
+_TYPES = {"counter": "counter", "gauge": "gauge", "summary": "summary", "unknown": "untyped"}
 
 
 def _escape_value(value: str) -> str:

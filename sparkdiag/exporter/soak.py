@@ -11,15 +11,14 @@ nothing (``sparkdiag check`` reports it).
 from __future__ import annotations
 
 import logging
-import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from sparkdiag.exporter.base import GPU_LABELS as GPU
-from sparkdiag.soak.state import SoakState, SoakStateError, read_state, state_path
+from sparkdiag.exporter.filecache import FileCache
+from sparkdiag.soak.state import SoakState, read_state, state_path
 from sparkdiag.statedir import StateDirError
 
 log = logging.getLogger(__name__)
@@ -30,31 +29,11 @@ KERNEL = [*GPU, "dtype", "shape"]
 class SoakCollector:
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self._lock = threading.Lock()
-        self._key: tuple[int, int, int] | None = None
-        self._state: SoakState | None = None
+        self._file = FileCache(path, read_state, "soak verdicts")
 
     def state(self) -> SoakState | None:
         """The file's content, read again when it changed; None when absent or unreadable."""
-        if self.path is None:
-            return None
-        try:
-            st = os.stat(self.path)
-        except OSError:
-            with self._lock:
-                self._key, self._state = None, None
-            return None
-        key = (st.st_ino, st.st_size, st.st_mtime_ns)
-        with self._lock:
-            if key == self._key:
-                return self._state
-            try:
-                self._state = read_state(self.path)
-            except SoakStateError as exc:
-                log.warning("soak verdicts not exported: %s", exc)
-                self._state = None
-            self._key = key
-            return self._state
+        return self._file.get()
 
     def collect(self) -> Iterator[Metric]:
         state = self.state()

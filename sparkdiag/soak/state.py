@@ -14,10 +14,7 @@ read the file without the soak command's dependencies.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -26,7 +23,12 @@ from typing import Any, Literal
 from sparkdiag.errors import SparkdiagError
 from sparkdiag.jsonvalues import as_float, as_str
 from sparkdiag.soak.verdict import KernelFigures, Verdict
-from sparkdiag.statedir import StateDirError, ensure_state_directory, state_directory
+from sparkdiag.statedir import (
+    StateDirError,
+    read_json_state,
+    state_directory,
+    write_atomically,
+)
 
 FILENAME = "soak.json"
 SCHEMA = "sparkdiag-soak-state/1"
@@ -109,19 +111,12 @@ def state_path(state_dir: Path | None) -> Path:
 
 def read_state(path: Path) -> SoakState | None:
     """The state file, or None when there is none; SoakStateError when it cannot be used."""
-    try:
-        with path.open("rb") as fh:
-            raw = fh.read(MAX_BYTES + 1)
-    except FileNotFoundError:
+    found = read_json_state(path, MAX_BYTES, "a soak state file")
+    if found is None:
         return None
-    except OSError as exc:
-        raise SoakStateError(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_BYTES:
-        raise SoakStateError(f"{path}: larger than {MAX_BYTES} bytes; not a soak state file")
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        raise SoakStateError(f"{path} is damaged: not JSON ({exc})") from None
+    doc, why = found
+    if why is not None:
+        raise SoakStateError(why)
     return parse_state(doc, path)
 
 
@@ -148,30 +143,11 @@ def write_state(path: Path, entries: Iterable[GpuState]) -> SoakState:
     body = {"schema": SCHEMA, "gpus": [_gpu_json(g) for g in state.gpus]}
     data = (json.dumps(body, indent=1, allow_nan=False) + "\n").encode("utf-8")
     try:
-        ensure_state_directory(path.parent)
+        write_atomically(path, data)
     except StateDirError as exc:
         raise SoakStateError(str(exc)) from None
-    tmp: str | None = None
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".soak.", suffix=".tmp", dir=path.parent)
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        tmp = None
-        with contextlib.suppress(OSError):  # the rename itself, on filesystems that need it
-            dir_fd = os.open(path.parent, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
     except OSError as exc:
         raise SoakStateError(f"cannot write {path}: {exc.strerror or exc}") from None
-    finally:
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
     return state
 
 

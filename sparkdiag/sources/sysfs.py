@@ -81,7 +81,7 @@ def classify(pci_class_hex: str) -> str:
     return _BASE_CLASS.get(base, "other")
 
 
-def _read_attr(path: Path) -> str | None:
+def read_attr(path: Path) -> str | None:
     """One sysfs attribute, stripped; ``None`` when it is missing, unreadable or not a file."""
     try:
         return read_text_limited(path, 4 * KIB, "ascii").strip()
@@ -112,17 +112,17 @@ def read_link(device_dir: Path) -> PcieLink | None:
     """
     if not any(os.path.lexists(device_dir / name) for name in _LINK_FILES):
         return None
-    current_speed = _read_attr(device_dir / "current_link_speed")
-    max_speed = _read_attr(device_dir / "max_link_speed")
-    class_code = _read_attr(device_dir / "class")
+    current_speed = read_attr(device_dir / "current_link_speed")
+    max_speed = read_attr(device_dir / "max_link_speed")
+    class_code = read_attr(device_dir / "class")
     link = PcieLink(
         address=device_dir.name,
         device_class=classify(class_code) if class_code is not None else "other",
         driver=_driver_name(device_dir),
         current_speed_tps=parse_link_speed(current_speed) if current_speed is not None else None,
         max_speed_tps=parse_link_speed(max_speed) if max_speed is not None else None,
-        current_width=_parse_width(_read_attr(device_dir / "current_link_width")),
-        max_width=_parse_width(_read_attr(device_dir / "max_link_width")),
+        current_width=_parse_width(read_attr(device_dir / "current_link_width")),
+        max_width=_parse_width(read_attr(device_dir / "max_link_width")),
     )
     if link.device_class == "bridge" and link.current_width == 0:
         return None
@@ -141,7 +141,7 @@ def is_nvidia_gpu(device_dir: Path) -> bool:
     ``lspci -d 10de: -n`` (classes 0300 and 0302). NVIDIA's bridges (a GB10's root ports,
     10de:22ce, class 0x0604) and NVSwitches (class 0x0680) are not GPUs.
     """
-    vendor, class_code = _read_attr(device_dir / "vendor"), _read_attr(device_dir / "class")
+    vendor, class_code = read_attr(device_dir / "vendor"), read_attr(device_dir / "class")
     try:
         return (
             vendor is not None

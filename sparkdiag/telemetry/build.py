@@ -17,6 +17,8 @@ from sparkdiag.sources.dmi import read_platform
 from sparkdiag.sources.gpu import GpuSource
 from sparkdiag.sources.gpu_activity import ProcessOptions
 from sparkdiag.sources.meminfo import read_host_memory
+from sparkdiag.sources.nvme import NvmeSource
+from sparkdiag.sources.nvme_tools import HealthReader, fixture_reader, tool_reader
 from sparkdiag.sources.nvml_api import NvmlBackend
 from sparkdiag.sources.procfs import ProcessIdentities, driver_gpus
 from sparkdiag.sources.sysfs import PcieSource
@@ -55,7 +57,24 @@ def build_poller(settings: Settings, backend: NvmlBackend | None = None) -> Poll
         interval=settings.poll_interval,
         pcie_interval=settings.pcie_interval,
         platform=read_platform(settings.sysfs),
+        read_nvme=nvme_source(settings).read,
     )
+
+
+def nvme_source(settings: Settings) -> NvmeSource:
+    """NVMe drives under ``--path.sysfs``; their health logs from ``--nvme.fixture``, else from
+    smartctl or nvme-cli where installed and ``--nvme.smart`` is on (said once when skipped)."""
+    reader: HealthReader | None
+    if settings.nvme_fixture is not None:
+        reader, skipped = fixture_reader(settings.nvme_fixture), ""
+    elif not settings.nvme_smart:
+        reader, skipped = None, "--no-nvme.smart"
+    else:
+        reader, skipped = tool_reader(settings.rootfs, settings.sysfs)
+    source = NvmeSource(settings.sysfs, reader, skipped)
+    if reader is None and settings.nvme_smart:
+        log.info("NVMe SMART health skipped: %s (temperatures still read from sysfs)", skipped)
+    return source
 
 
 def _gpu_functions(

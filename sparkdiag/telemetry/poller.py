@@ -20,6 +20,7 @@ from sparkdiag.snapshot import (
     ExecutionContext,
     GpuSample,
     HostSample,
+    NvmeController,
     PcieLink,
     PlatformIdentity,
     Snapshot,
@@ -46,6 +47,9 @@ class Poller:
     clock: Callable[[], float] = time.time
     platform: PlatformIdentity | None = None
     read_gpu_functions: Callable[[], tuple[str, ...] | None] | None = None
+    # NVMe controllers (sysfs temperatures; the health log refreshed by the source itself in a
+    # thread of its own), read on the PCIe links' tier
+    read_nvme: Callable[[], tuple[NvmeController, ...]] | None = None
     # what the polls keep between them
     latest: Snapshot | None = field(init=False, default=None)
     poll_count: int = field(init=False, default=0)
@@ -59,6 +63,9 @@ class Poller:
     _pcie_status: CollectorStatus = field(init=False, default=CollectorStatus(True, 0.0))
     _pcie_read_at: float = field(init=False, default=float("-inf"))
     _listeners: list[Callable[[Snapshot], object]] = field(init=False, default_factory=list)
+    _nvme: tuple[NvmeController, ...] | None = field(init=False, default=None)
+    _nvme_status: CollectorStatus = field(init=False, default=CollectorStatus(True, 0.0))
+    _nvme_read_at: float = field(init=False, default=float("-inf"))
 
     def add_listener(self, fn: Callable[[Snapshot], object]) -> None:
         """Call ``fn(snapshot)`` after every poll (the watchdog, the probe scheduler)."""
@@ -98,6 +105,9 @@ class Poller:
         if self.read_pcie is not None:
             statuses["pcie"] = self._pcie_status
 
+        if self.read_nvme is not None:
+            statuses["nvme"] = self._poll_nvme(now_mono)
+
         host: HostSample | None = None
         if self.read_host is not None:
             start = time.perf_counter()
@@ -128,6 +138,7 @@ class Poller:
             excluded_pids=self.excluded_pids(),
             platform=self.platform,
             gpu_pci_devices=self._gpu_functions,
+            nvme=self._nvme,
         )
         self.latest = snapshot
         for fn in self._listeners:
@@ -136,6 +147,21 @@ class Poller:
             except Exception:
                 log.exception("poll listener failed")
         return snapshot
+
+    def _poll_nvme(self, now_mono: float) -> CollectorStatus:
+        """The NVMe controllers, at most every ``pcie_interval`` seconds; on a failure the last
+        reading stays exported and the status says why."""
+        assert self.read_nvme is not None
+        if now_mono - self._nvme_read_at >= self.pcie_interval:
+            self._nvme_read_at = now_mono
+            start = time.perf_counter()
+            try:
+                self._nvme = self.read_nvme()
+                self._nvme_status = CollectorStatus(True, time.perf_counter() - start)
+            except Exception as exc:
+                log.warning("reading NVMe drives failed: %s", exc)
+                self._nvme_status = CollectorStatus(False, time.perf_counter() - start, repr(exc))
+        return self._nvme_status
 
     def _count_events(self) -> None:
         for event in self.gpu.events():

@@ -203,7 +203,7 @@ def fleet_nodes(workdir: Path) -> list[Node]:
         extra: tuple[str, ...] = (),
     ) -> Node:
         state = workdir / instance / "state"
-        state.mkdir(parents=True)
+        state.mkdir(parents=True, exist_ok=True)
         args = [
             "--nvml-fixture", str(nvml),
             "--path.sysfs", str(sysfs if isinstance(sysfs, Path) else SYSFS / sysfs),
@@ -226,6 +226,8 @@ def fleet_nodes(workdir: Path) -> list[Node]:
     for address in ("0002:00:00.0", "0002:01:00.0", "0002:01:00.1"):
         width = spark_x2 / "bus" / "pci" / "devices" / address / "current_link_width"
         width.resolve().write_text("2\n")
+
+    nvme_tree, nvme_health = _worn_hot_drive(workdir)
 
     healthy = _uuid("healthy-h200")
     thermal = _uuid("thermal-int4")
@@ -376,7 +378,40 @@ def fleet_nodes(workdir: Path) -> list[Node]:
             "climbing on link 3 of GPU 1; per-process metrics on (processes in gpu-host's /proc)",
             extra=("--process-metrics",),
         ),
+        node(
+            "nvme-worn-hot", SCENARIOS / "healthy-h200.json", nvme_tree, "native",
+            None,
+            {"SparkdiagNvmeCriticalWarning", "SparkdiagNvmeHot", "SparkdiagNvmeWearing",
+             "SparkdiagStorageSlow"},
+            "the public U.2 drive (tests/fixtures/nvme) made worn and hot: composite 81.85 °C of "
+            "a 79.85 °C warning threshold, critical-warning bit 2 (temperature), 92 % of its "
+            "endurance used; its last two storage probes wrote at 0.5 and 0.6 of the baseline",
+            extra=("--nvme.fixture", str(nvme_health)),
+        ),
     ]  # fmt: skip
+
+
+def _worn_hot_drive(workdir: Path) -> tuple[Path, Path]:
+    """The U.2 drive's sysfs tree and smartctl JSON, derived: hot (composite above its warning
+    threshold), worn (92 % used) and warning (bit 2, temperature); and, in the node's state
+    directory, a storage.json whose last two probes wrote at 0.5 and 0.6 of the baseline (the
+    one recorded on the development VM, tests/fixtures/state/storage-vda, with write scaled)."""
+    tree = workdir / "sysfs-nvme-worn-hot"
+    shutil.copytree(SYSFS / "nvme-u2", tree, symlinks=True)
+    (tree / "class" / "nvme" / "nvme0" / "hwmon1" / "temp1_input").resolve().write_text("81850\n")
+    health = workdir / "nvme-worn-hot-health"
+    health.mkdir()
+    doc = json.loads((FIXTURES / "nvme" / "datacenter-u2" / "nvme0.smartctl.json").read_text())
+    doc["nvme_smart_health_information_log"] |= {"critical_warning": 2, "percentage_used": 92}
+    (health / "nvme0.smartctl.json").write_text(json.dumps(doc))
+    state = json.loads((FIXTURES / "state" / "storage-vda" / "storage.json").read_text())
+    for figure in state["mounts"][0]["figures"]:
+        if figure["direction"] == "write":
+            figure["bytes_per_second"] = 0.5 * figure["baseline"]
+            figure["previous"] = 0.6 * figure["baseline"]
+    (workdir / "nvme-worn-hot" / "state").mkdir(parents=True)
+    (workdir / "nvme-worn-hot" / "state" / "storage.json").write_text(json.dumps(state))
+    return tree, health
 
 
 # -- rules and Prometheus -------------------------------------------------------------------------

@@ -1,0 +1,207 @@
+"""A probe's figures held against the drive's ceiling and the baseline learned on this machine.
+
+One rule, shared by ``sparkdiag storage``, ``check --storage``, the daemon and the alert
+``SparkdiagStorageSlow``: a figure under :data:`SLOW_RATIO` of its baseline is slow. A run
+learns the baseline only when it was healthy: nothing else moved more than
+:data:`OTHER_IO_SHARE` of the probe's own bytes through the device while it ran (another job's
+reads would make the drive look slow, and a learned baseline is frozen).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sparkdiag.baseline.storage_store import StorageBaseline, StorageKey
+from sparkdiag.baseline.store import BaselineStore
+from sparkdiag.storage.model import ProbeDocument, Throughput
+from sparkdiag.storage.target import StorageTarget
+
+SLOW_RATIO = 0.7  # METRICS.md: SparkdiagStorageSlow, under 0.7 of the baseline
+OTHER_IO_SHARE = 0.10
+Verdict = Literal["fit", "slow", "learning"]
+
+
+def method(doc: ProbeDocument) -> str:
+    """How the figures were measured, part of the baseline key: ``o_direct:1048576x8``."""
+    return f"o_direct:{doc.block}x{doc.threads}"
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One throughput with its baseline (None while learned) and the link's ceiling."""
+
+    throughput: Throughput
+    baseline: StorageBaseline | None
+    ceiling: float | None
+    rated: float | None
+
+    @property
+    def value(self) -> float | None:
+        return self.throughput.bytes_per_second
+
+    @property
+    def ratio(self) -> float | None:
+        if self.value is None or self.baseline is None:
+            return None
+        return self.value / self.baseline.bytes_per_second
+
+    @property
+    def verdict(self) -> Verdict:
+        ratio = self.ratio
+        if ratio is None:
+            return "learning"
+        return "slow" if ratio < SLOW_RATIO else "fit"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "direction": self.throughput.direction,
+            "path": self.throughput.path,
+            "bytes": self.throughput.bytes,
+            "seconds": self.throughput.seconds,
+            "bytes_per_second": self.value,
+            "baseline_bytes_per_second": self.baseline.bytes_per_second if self.baseline else None,
+            "baseline_source": self.baseline.source if self.baseline else None,
+            "baseline_runs": self.baseline.runs if self.baseline else None,
+            "ratio": self.ratio,
+            "ceiling_bytes_per_second": self.ceiling,
+            "rated_bytes_per_second": self.rated,
+            "verdict": self.verdict,
+        }
+
+
+@dataclass(frozen=True)
+class StorageReport:
+    """One probe of one directory, judged.
+
+    other_io_bytes: bytes something else moved through the device while the probe ran (None:
+        the device's counters could not be read)
+    recorded: the figures were kept in the baseline store; learned_from: and they were healthy
+    store_note: why the baseline store was not used, or None
+    """
+
+    target: StorageTarget
+    document: ProbeDocument
+    figures: tuple[Figure, ...]
+    other_io_bytes: int | None = None
+    recorded: bool = False
+    learned_from: bool = False
+    store_note: str | None = None
+
+    def figure(self, direction: str, path: str = "host") -> Figure | None:
+        return next(
+            (f for f in self.figures
+             if f.throughput.direction == direction and f.throughput.path == path), None
+        )  # fmt: skip
+
+    @property
+    def verdict(self) -> Verdict:
+        verdicts = {f.verdict for f in self.figures}
+        return "slow" if "slow" in verdicts else "learning" if "learning" in verdicts else "fit"
+
+    def as_json(self) -> dict[str, Any]:
+        doc, target = self.document, self.target
+        latency = doc.random_read
+        return {
+            "directory": target.directory,
+            "mountpoint": target.mountpoint,
+            "device": target.device,
+            "fstype": target.mount.fstype if target.mount else None,
+            "kind": target.kind,
+            "drives": [
+                {
+                    "controller": c.name,
+                    "model": c.model,
+                    "firmware": c.firmware,
+                    "pci_address": c.pci_address,
+                }
+                for c in target.nvme
+            ],
+            "layers": list(target.chain.layers) if target.chain else [],
+            "ceiling_bytes_per_second": target.ceiling,
+            "verdict": self.verdict,
+            "figures": [f.as_json() for f in self.figures],
+            "random_read": None
+            if latency is None
+            else {
+                "ops": latency.ops,
+                "block": latency.block,
+                "p50_seconds": latency.p50,
+                "p99_seconds": latency.p99,
+                "max_seconds": latency.max,
+            },
+            "size": doc.size,
+            "block": doc.block,
+            "threads": doc.threads,
+            "tmpfile": doc.tmpfile,
+            "bytes_written": doc.bytes_written,
+            "seconds": doc.finished_at - doc.started_at,
+            "flush_seconds": doc.flush_seconds,
+            "finished_at": doc.finished_at,
+            "other_io_bytes": self.other_io_bytes,
+            "recorded": self.recorded,
+            "learned_from": self.learned_from,
+            "store_note": self.store_note,
+            "notes": list(doc.notes),
+        }
+
+
+def other_io(
+    doc: ProbeDocument, before: tuple[int, int] | None, after: tuple[int, int] | None
+) -> int | None:
+    """Bytes the device moved during the probe beyond the probe's own reads and writes."""
+    if before is None or after is None:
+        return None
+    ours_read = sum(t.bytes for t in doc.throughput if t.direction == "read")
+    if doc.random_read is not None:
+        ours_read += doc.random_read.ops * doc.random_read.block
+    read, written = after[0] - before[0], after[1] - before[1]
+    return max(0, read - ours_read) + max(0, written - doc.bytes_written)
+
+
+def keys(target: StorageTarget, doc: ProbeDocument) -> dict[tuple[str, str], StorageKey]:
+    """The baseline key of each figure of ``doc``: (direction, path) -> key."""
+    drive = ",".join(sorted({c.model for c in target.nvme if c.model}))
+    return {
+        (t.direction, t.path): StorageKey(
+            drive, target.mountpoint or target.directory, target.device or "unknown",
+            t.direction, t.path, method(doc),
+        )
+        for t in doc.throughput
+    }  # fmt: skip
+
+
+def evaluate(
+    target: StorageTarget,
+    doc: ProbeDocument,
+    store: BaselineStore | None,
+    record: bool,
+    other_io_bytes: int | None = None,
+    store_note: str | None = None,
+) -> StorageReport:
+    """Each figure with its baseline; with ``record`` (and a store) the figures are kept, and
+    teach the baseline when the run was healthy."""
+    ours = doc.bytes_written + sum(t.bytes for t in doc.throughput if t.direction == "read")
+    healthy = other_io_bytes is None or other_io_bytes <= OTHER_IO_SHARE * max(ours, 1)
+    rated = target.rated
+    figures = []
+    recorded = False
+    for (direction, _path), key in keys(target, doc).items():
+        throughput = doc.figure(direction, _path)
+        assert throughput is not None
+        baseline = None
+        if store is not None:
+            # Judged against what was known before this run; the first baseline a run completes
+            # is its own median with the runs before it.
+            baseline = store.storage_baseline(key)
+            value = throughput.bytes_per_second
+            if record and value is not None:
+                after = store.record_storage(key, value, healthy, doc.finished_at or None)
+                baseline = baseline or after
+                recorded = True
+        ceiling = target.ceiling
+        rated_value = None if rated is None else rated.read if direction == "read" else rated.write
+        figures.append(Figure(throughput, baseline, ceiling, rated_value))
+    return StorageReport(
+        target, doc, tuple(figures), other_io_bytes, recorded, recorded and healthy, store_note
+    )

@@ -1,0 +1,420 @@
+"""The storage probe's measuring program: standard library only, run as a script in a subprocess.
+
+``python measure.py DIR --size BYTES --block BYTES --threads N --seconds S`` writes a test file
+in DIR and reads it back, then prints one JSON document on stdout (schema below); progress
+lines go to stderr. What it does, in order:
+
+1. refuses what would hurt, before it writes a byte: DIR missing, not a directory, a symlink
+   (it names where it leads), a block or character device, a read-only filesystem, a
+   filesystem without O_DIRECT, one that would keep less than the margin free after the test
+   file (``--min-free``; by default 5 % of its size plus 64 MiB);
+2. opens the test file with ``O_TMPFILE`` (Linux 3.11+, ext4, xfs, btrfs, tmpfs): a file with
+   no name, which the kernel frees when the last descriptor closes, so that no way out, not
+   even SIGKILL, leaves anything behind. Where the filesystem has no ``O_TMPFILE`` it creates
+   ``.sparkdiag-storage-PID-RANDOM.tmp`` with ``O_EXCL | O_NOFOLLOW`` (never through a symlink)
+   and unlinks it at once, before writing; the document says which it used;
+3. reserves the space (``posix_fallocate``, as fio does by default), so that a full filesystem
+   fails here and not half way;
+4. sequential write: ``--threads`` threads, each writing its own contiguous share of the file
+   once, in ``--block`` blocks with ``os.pwrite`` from a page-aligned ``mmap`` buffer
+   (``O_DIRECT`` needs aligned memory; random bytes, so that a compressing controller cannot
+   cheat), then one ``fdatasync`` timed apart;
+5. sequential read: the same threads read their shares with ``os.preadv`` into aligned buffers,
+   again and again until the read's share of ``--seconds`` is spent (at most 8 passes);
+6. random reads: one thread, 4 KiB at aligned random offsets of the written part (queue depth
+   1, the latency an unbatched reader sees), for the rest of the time or ``--random-ops``.
+
+Each phase ends at its byte bound or its time bound, whichever comes first: the write gets
+45 % of ``--seconds``, the read 35 %, the random reads 20 %. The same flags in fio:
+``--ioengine=psync --direct=1 --bs=BLOCK --numjobs=THREADS --iodepth=1 --size=SHARE
+--offset_increment=SHARE --fallocate=posix``.
+
+Document (``schema`` ``sparkdiag-storage/1``): ``status`` ok / refused / error, ``reason``,
+``directory``, ``tmpfile``, ``size``, ``block``, ``threads``, ``write`` and ``read`` (``bytes``,
+``seconds``), ``flush_seconds``, ``random_read`` (``ops``, ``seconds``, ``block``, ``p50``,
+``p99``, ``max``, ``sum`` of the reads' latencies: seconds), ``bytes_written``, ``notes``.
+Exit status 0 ok, 2 refused, 3 error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import json
+import mmap
+import os
+import random
+import stat
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+SCHEMA = "sparkdiag-storage/1"
+PROGRESS_PREFIX = "sparkdiag-storage-progress "
+MIB = 1 << 20
+RANDOM_BLOCK = 4096
+SHARES = {"write": 0.45, "read": 0.35, "random": 0.20}
+MAX_READ_PASSES = 8
+PROGRESS_EVERY = 1.0  # seconds between progress lines
+_NOT_SUPPORTED = (errno.EOPNOTSUPP, errno.EISDIR, errno.ENOTSUP)
+
+
+class Refused(Exception):
+    """Nothing was written: the target would be hurt, or cannot be measured (exit 2)."""
+
+
+class Failed(Exception):
+    """The probe started and could not finish (exit 3); the test file is gone."""
+
+
+def default_margin(total: int) -> int:
+    """Bytes a filesystem of ``total`` bytes keeps free after the test file: 5 % plus 64 MiB."""
+    return total // 20 + 64 * MIB
+
+
+def _check_directory(path: str) -> None:
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise Refused(f"{path} does not exist") from None
+    except OSError as exc:
+        raise Refused(f"cannot look at {path}: {exc.strerror}") from None
+    if stat.S_ISLNK(st.st_mode):
+        target = os.readlink(path)
+        raise Refused(
+            f"{path} is a symlink to {target}: the probe writes only into the directory it is "
+            f"given, not where a link leads; give {os.path.realpath(path)} itself"
+        )
+    if stat.S_ISBLK(st.st_mode) or stat.S_ISCHR(st.st_mode):
+        raise Refused(
+            f"{path} is a device: sparkdiag never writes to a raw device; give a directory on a "
+            "filesystem of that drive"
+        )
+    if not stat.S_ISDIR(st.st_mode):
+        raise Refused(f"{path} is not a directory")
+
+
+def _check_writable(dirfd: int, path: str) -> None:
+    if os.fstatvfs(dirfd).f_flag & os.ST_RDONLY:
+        raise Refused(f"{path} is on a read-only filesystem: nothing can be written there")
+
+
+def _check_space(dirfd: int, path: str, size: int, min_free: int | None) -> None:
+    fs = os.fstatvfs(dirfd)
+    total, free = fs.f_blocks * fs.f_frsize, fs.f_bavail * fs.f_frsize
+    margin = default_margin(total) if min_free is None else min_free
+    if free - size < margin:
+        why = " (5 % of the filesystem plus 64 MiB)" if min_free is None else ""
+        raise Refused(
+            f"{path} has {free / MIB:.0f} MiB free: a {size / MIB:.0f} MiB test file would leave "
+            f"less than {margin / MIB:.0f} MiB{why}; free space or give a smaller --size"
+        )
+
+
+def open_test_file(dirfd: int, path: str, notes: list[str]) -> tuple[int, bool]:
+    """The test file, opened ``O_RDWR | O_DIRECT`` and already without a name: (fd, whether it
+    is an ``O_TMPFILE``)."""
+    flags = os.O_RDWR | os.O_DIRECT | os.O_CLOEXEC
+    try:
+        return os.open(".", flags | os.O_TMPFILE, 0o600, dir_fd=dirfd), True
+    except OSError as exc:
+        if exc.errno == errno.EINVAL and _tmpfile_without_direct(dirfd):
+            raise Refused(_no_direct(path)) from None
+        if exc.errno not in (*_NOT_SUPPORTED, errno.EINVAL):
+            raise _open_error(exc, path) from None
+    notes.append("no O_TMPFILE on this filesystem: a named file, unlinked before writing")
+    name = f".sparkdiag-storage-{os.getpid()}-{random.getrandbits(48):012x}.tmp"
+    try:
+        fd = os.open(name, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dirfd)
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:
+            raise Refused(_no_direct(path)) from None
+        raise _open_error(exc, path) from None
+    try:
+        os.unlink(name, dir_fd=dirfd)
+    except OSError as exc:
+        os.close(fd)
+        try:
+            os.unlink(name, dir_fd=dirfd)
+        except OSError:
+            raise Refused(
+                f"cannot remove the test file {os.path.join(path, name)} it just created "
+                f"({exc.strerror}): remove it by hand; nothing was written to it"
+            ) from None
+        raise Refused(f"{path}: a file created there cannot be removed ({exc.strerror})") from None
+    return fd, False
+
+
+def _tmpfile_without_direct(dirfd: int) -> bool:
+    try:
+        os.close(os.open(".", os.O_RDWR | os.O_TMPFILE | os.O_CLOEXEC, 0o600, dir_fd=dirfd))
+    except OSError:
+        return False
+    return True
+
+
+def _no_direct(path: str) -> str:
+    return (
+        f"the filesystem of {path} does not take O_DIRECT: its figures would be the page "
+        "cache's, not the drive's"
+    )
+
+
+def _open_error(exc: OSError, path: str) -> Exception:
+    if exc.errno == errno.EROFS:
+        return Refused(f"{path} is on a read-only filesystem: nothing can be written there")
+    if exc.errno in (errno.EACCES, errno.EPERM):
+        return Refused(f"cannot create a file in {path}: {exc.strerror} (uid {os.getuid()})")
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return Refused(f"{path}: no space left for a test file ({exc.strerror})")
+    if exc.errno == errno.ENOENT:
+        return Failed(f"{path} was removed before the probe could start")
+    return Failed(f"cannot create a test file in {path}: {exc.strerror}")
+
+
+class _Phase:
+    """Counters one phase's threads add to (one slot each) and the progress it prints."""
+
+    def __init__(self, name: str, threads: int, progress: bool) -> None:
+        self.name, self.done, self.progress = name, [0] * threads, progress
+        self.errors: list[OSError] = []
+        self.started = time.monotonic()
+        self._next = self.started + PROGRESS_EVERY
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        if self.progress and now >= self._next:
+            self._next = now + PROGRESS_EVERY
+            line = {"phase": self.name, "bytes": sum(self.done), "seconds": now - self.started}
+            sys.stderr.write(PROGRESS_PREFIX + json.dumps(line) + "\n")
+            sys.stderr.flush()
+
+
+def _threads(count: int, body: Callable[[int], None], phase: _Phase) -> float:
+    """Run ``body(i)`` in ``count`` threads from one start; seconds until the last ends."""
+    start = threading.Barrier(count + 1)
+
+    def run(index: int) -> None:
+        start.wait()
+        try:
+            body(index)
+        except OSError as exc:
+            phase.errors.append(exc)
+
+    workers = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(count)]
+    for worker in workers:
+        worker.start()
+    start.wait()
+    began = time.perf_counter()
+    phase.started = time.monotonic()
+    while alive := [w for w in workers if w.is_alive()]:
+        alive[0].join(timeout=0.1)
+        phase.tick()
+    return time.perf_counter() - began
+
+
+def _raise_first(phase: _Phase, path: str) -> None:
+    if not phase.errors:
+        return
+    exc = phase.errors[0]
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        raise Failed(f"{path}: the filesystem filled up during the {phase.name} ({exc.strerror})")
+    if exc.errno == errno.EROFS:
+        raise Failed(f"{path}: the filesystem turned read-only during the {phase.name}")
+    raise Failed(f"{path}: {phase.name} failed: {exc.strerror or exc}")
+
+
+def measure(args: argparse.Namespace, notes: list[str]) -> dict[str, Any]:
+    path = os.path.abspath(args.directory)
+    _check_directory(path)
+    try:
+        dirfd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise Refused(f"cannot open {path}: {exc.strerror}") from None
+    threads, block = args.threads, args.block
+    share = (args.size // threads) // block * block
+    if share == 0:
+        raise Refused(f"--size must be at least --threads x --block ({threads * block} bytes)")
+    size = share * threads
+    try:
+        _check_writable(dirfd, path)
+        fd, tmpfile = open_test_file(dirfd, path, notes)  # no data yet: O_DIRECT, permissions
+    except BaseException:
+        os.close(dirfd)
+        raise
+    try:
+        _check_space(dirfd, path, size, args.min_free)
+    except BaseException:
+        os.close(fd)
+        os.close(dirfd)
+        raise
+    try:
+        return _measure_file(args, path, dirfd, fd, tmpfile, share, notes)
+    finally:
+        os.close(fd)
+        os.close(dirfd)
+
+
+def _gone(dirfd: int, path: str) -> None:
+    if os.fstat(dirfd).st_nlink == 0:
+        raise Failed(f"{path} was removed while the probe ran; its test file went with it")
+
+
+def _measure_file(
+    args: argparse.Namespace, path: str, dirfd: int, fd: int, tmpfile: bool, share: int,
+    notes: list[str],
+) -> dict[str, Any]:  # fmt: skip
+    threads, block, budget = args.threads, args.block, args.seconds
+    size = share * threads
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise Failed(
+                f"{path}: no room for a {size / MIB:.0f} MiB test file ({exc.strerror})"
+            ) from None
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise Failed(f"{path}: cannot reserve the test file: {exc.strerror}") from None
+        notes.append("the filesystem cannot reserve space ahead (no fallocate)")
+    buffers = [mmap.mmap(-1, block) for _ in range(threads)]
+    for buf in buffers:
+        buf.write(os.urandom(block))
+    written = [0] * threads
+
+    def write(index: int) -> None:
+        start, deadline = index * share, time.monotonic() + budget * SHARES["write"]
+        for offset in range(start, start + share, block):
+            os.pwrite(fd, buffers[index], offset)
+            written[index] = phase.done[index] = offset + block - start
+            if time.monotonic() >= deadline:
+                break
+
+    phase = _Phase("write", threads, args.progress)
+    write_seconds = _threads(threads, write, phase)
+    _raise_first(phase, path)
+    flush_started = time.perf_counter()
+    os.fdatasync(fd)
+    flush_seconds = time.perf_counter() - flush_started
+    _gone(dirfd, path)
+
+    def read(index: int) -> None:
+        start, deadline = index * share, time.monotonic() + budget * SHARES["read"]
+        view = [buffers[index]]
+        for _ in range(MAX_READ_PASSES):
+            for offset in range(start, start + written[index], block):
+                os.preadv(fd, view, offset)
+                phase.done[index] += block
+                if time.monotonic() >= deadline:
+                    return
+
+    phase = _Phase("read", threads, args.progress)
+    read_seconds = _threads(threads, read, phase)
+    _raise_first(phase, path)
+    read_bytes = sum(phase.done)
+    _gone(dirfd, path)
+    random_read = _random_reads(fd, share, written, budget * SHARES["random"], args.random_ops)
+    _gone(dirfd, path)
+    for buf in buffers:
+        buf.close()
+    return {
+        "directory": path,
+        "tmpfile": tmpfile,
+        "size": size,
+        "block": block,
+        "threads": threads,
+        "write": {"bytes": sum(written), "seconds": write_seconds},
+        "flush_seconds": flush_seconds,
+        "read": {"bytes": read_bytes, "seconds": read_seconds},
+        "random_read": random_read,
+        "bytes_written": sum(written),
+    }
+
+
+def _random_reads(
+    fd: int, share: int, written: list[int], seconds: float, max_ops: int
+) -> dict[str, Any] | None:
+    """4 KiB reads at random aligned offsets of what was written, one at a time."""
+    extents = [(i * share, n // RANDOM_BLOCK) for i, n in enumerate(written) if n >= RANDOM_BLOCK]
+    if not extents or max_ops <= 0:
+        return None
+    buf = mmap.mmap(-1, RANDOM_BLOCK)
+    view = [buf]
+    rng = random.Random(0x5D)
+    latencies: list[int] = []
+    began = time.perf_counter()
+    deadline = time.monotonic() + seconds
+    try:
+        while len(latencies) < max_ops and (len(latencies) % 64 or time.monotonic() < deadline):
+            start, blocks = extents[rng.randrange(len(extents))]
+            offset = start + rng.randrange(blocks) * RANDOM_BLOCK
+            t0 = time.perf_counter_ns()
+            os.preadv(fd, view, offset)
+            latencies.append(time.perf_counter_ns() - t0)
+    finally:
+        buf.close()
+    elapsed = time.perf_counter() - began
+    latencies.sort()
+
+    def quantile(q: float) -> float:
+        return latencies[min(len(latencies) - 1, int(q * len(latencies)))] / 1e9
+
+    return {
+        "ops": len(latencies), "seconds": elapsed, "block": RANDOM_BLOCK,
+        "p50": quantile(0.5), "p99": quantile(0.99), "max": latencies[-1] / 1e9,
+        "sum": sum(latencies) / 1e9,
+    }  # fmt: skip
+
+
+def _positive(kind: type[int] | type[float]) -> Callable[[str], Any]:
+    def convert(text: str) -> Any:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+
+    return convert
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="sparkdiag-storage-measure")
+    parser.add_argument("directory")
+    parser.add_argument("--size", type=_positive(int), default=1 << 30, help="bytes")
+    parser.add_argument("--block", type=_positive(int), default=MIB, help="bytes, 4 KiB multiple")
+    parser.add_argument("--threads", type=_positive(int), default=8)
+    parser.add_argument("--seconds", type=_positive(float), default=20.0)
+    parser.add_argument("--random-ops", type=int, default=20000)
+    parser.add_argument("--min-free", type=int, default=None, help="bytes to leave free")
+    parser.add_argument("--progress", action="store_true")
+    args = parser.parse_args(argv)
+    if args.block % RANDOM_BLOCK:
+        parser.error("--block must be a multiple of 4096 (O_DIRECT)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    notes: list[str] = []
+    started = time.time()
+    doc: dict[str, Any] = {"schema": SCHEMA, "status": "ok", "reason": None}
+    try:
+        doc.update(measure(args, notes))
+        code = 0
+    except Refused as exc:
+        doc.update(status="refused", reason=str(exc))
+        code = 2
+    except Failed as exc:
+        doc.update(status="error", reason=str(exc))
+        code = 3
+    except OSError as exc:
+        doc.update(status="error", reason=f"{args.directory}: {exc.strerror or exc}")
+        code = 3
+    doc.update(notes=notes, started_at=started, finished_at=time.time())
+    sys.stdout.write(json.dumps(doc) + "\n")
+    sys.stdout.flush()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

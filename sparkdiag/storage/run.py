@@ -1,0 +1,171 @@
+"""Run the measuring program in a subprocess of its own session, and kill it at its timeout.
+
+The program (:mod:`sparkdiag.storage.measure`) is started as a script with this Python, in a new
+session, so that its whole process group can be killed: at the timeout SIGTERM, then SIGKILL
+after a grace period; at once with SIGKILL when the caller is interrupted (Ctrl-C, SIGTERM). Its
+test file has no name (``O_TMPFILE``), so a killed probe leaves nothing behind. The daemon ends
+running probes when it stops (:func:`kill_running`), as it does the GEMM workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkdiag.errors import Exit, SparkdiagError
+from sparkdiag.storage import measure
+from sparkdiag.storage.model import DocumentError, ProbeDocument, parse_document
+
+KILL_GRACE = 2.0
+STARTUP_SECONDS = 15.0  # on top of the probe's own --seconds: the interpreter, fallocate, flush
+_OUT_LIMIT = 1 << 20
+
+
+class StorageProbeError(SparkdiagError):
+    """The probe could not measure (exit 3), or refused the target (exit 2, a usage error)."""
+
+
+@dataclass(frozen=True)
+class ProbeRequest:
+    """One run of the probe: where, how much (``size`` bytes, ``seconds`` at most), how."""
+
+    directory: Path
+    size: int = 1 << 30
+    seconds: float = 20.0
+    block: int = 1 << 20
+    threads: int = 8
+    random_ops: int = 20000
+    min_free: int | None = None
+
+    def argv(self) -> list[str]:
+        args = [
+            str(self.directory), "--size", str(self.size), "--seconds", f"{self.seconds:g}",
+            "--block", str(self.block), "--threads", str(self.threads),
+            "--random-ops", str(self.random_ops), "--progress",
+        ]  # fmt: skip
+        if self.min_free is not None:
+            args += ["--min-free", str(self.min_free)]
+        return args
+
+
+@dataclass(frozen=True)
+class Progress:
+    phase: str  # write, read
+    bytes: int
+    seconds: float
+
+
+_LIVE: set[int] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def kill_running() -> int:
+    """SIGKILL every running probe's process group; how many there were."""
+    with _LIVE_LOCK:
+        groups = sorted(_LIVE)
+    for pgid in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pgid, signal.SIGKILL)
+    return len(groups)
+
+
+def _progress_reader(
+    stream: Any, on_progress: Callable[[Progress], None] | None, tail: list[str]
+) -> None:
+    for raw in stream:
+        line = raw.decode("utf-8", "replace").rstrip("\n")
+        if not line.startswith(measure.PROGRESS_PREFIX):
+            tail.append(line)
+            del tail[:-20]
+            continue
+        if on_progress is None:
+            continue
+        try:
+            item = json.loads(line[len(measure.PROGRESS_PREFIX) :])
+            on_progress(Progress(str(item["phase"]), int(item["bytes"]), float(item["seconds"])))
+        except (ValueError, KeyError, TypeError):
+            continue
+
+
+def run_probe(
+    request: ProbeRequest,
+    on_progress: Callable[[Progress], None] | None = None,
+    timeout: float | None = None,
+) -> ProbeDocument:
+    """Measure ``request.directory``; the parsed document when the probe measured. A refused
+    target raises StorageProbeError with exit status 2 (nothing was written), a failure with 3.
+    ``timeout`` defaults to the probe's own seconds plus :data:`STARTUP_SECONDS`."""
+    limit = request.seconds + STARTUP_SECONDS if timeout is None else timeout
+    cmd = [sys.executable, measure.__file__, *request.argv()]
+    proc = subprocess.Popen(
+        cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True, close_fds=True,
+    )  # fmt: skip
+    with _LIVE_LOCK:
+        _LIVE.add(proc.pid)
+    tail: list[str] = []
+    out: list[bytes] = []
+    readers = [
+        threading.Thread(
+            target=_progress_reader, args=(proc.stderr, on_progress, tail), daemon=True
+        ),
+        threading.Thread(target=lambda: out.append(proc.stdout.read(_OUT_LIMIT)), daemon=True),  # type: ignore[union-attr]
+    ]
+    for reader in readers:
+        reader.start()
+    timed_out = False
+    try:
+        try:
+            proc.wait(timeout=limit)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            _stop(proc, signal.SIGTERM)
+            try:
+                proc.wait(timeout=KILL_GRACE)
+            except subprocess.TimeoutExpired:
+                _stop(proc, signal.SIGKILL)
+                proc.wait()
+    except BaseException:
+        _stop(proc, signal.SIGKILL)
+        with contextlib.suppress(Exception):
+            proc.wait(timeout=KILL_GRACE)
+        raise
+    finally:
+        _stop(proc, signal.SIGKILL)  # anything the probe left in its group
+        with _LIVE_LOCK:
+            _LIVE.discard(proc.pid)
+        for reader in readers:
+            reader.join(timeout=1.0)
+    if timed_out:
+        raise StorageProbeError(
+            f"the storage probe of {request.directory} did not finish within {limit:g} s and was "
+            "killed (its test file went with it): is the drive hung or very slow?"
+        )
+    return _document(proc.returncode, b"".join(out), tail, request.directory)
+
+
+def _stop(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def _document(code: int, stdout: bytes, tail: list[str], directory: Path) -> ProbeDocument:
+    try:
+        doc = parse_document(json.loads(stdout.decode("utf-8", "replace").strip().splitlines()[-1]))
+    except (ValueError, IndexError, DocumentError):
+        detail = tail[-1] if tail else f"exit status {code}"
+        raise StorageProbeError(f"the storage probe of {directory} failed: {detail}") from None
+    if doc.status == "refused":
+        raise StorageProbeError(f"refused: {doc.reason}", exit_code=Exit.USAGE)
+    if doc.status != "ok":
+        raise StorageProbeError(f"the storage probe failed: {doc.reason}")
+    return doc

@@ -1,0 +1,71 @@
+"""One storage probe from start to verdict: locate the directory, run the measuring program,
+count what else moved through the device meanwhile, compare with the baseline, keep the result.
+
+``sparkdiag storage``, ``check --storage`` and the daemon's periodic probe all go through
+:func:`probe_directory`, so that they measure, judge and record the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from sparkdiag.baseline.store import BaselineStore, BaselineStoreError, open_store
+from sparkdiag.errors import SparkdiagError
+from sparkdiag.sources.blockdev import io_bytes
+from sparkdiag.storage.evaluate import StorageReport, evaluate, other_io
+from sparkdiag.storage.run import ProbeRequest, Progress, run_probe
+from sparkdiag.storage.state import record_report, state_path
+from sparkdiag.storage.target import StorageTarget, locate
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Where:
+    """The roots every reading is taken under, and the state directory."""
+
+    sysfs: Path = Path("/sys")
+    rootfs: Path = Path("/")
+    state_dir: Path | None = None
+
+
+def _store(where: Where, record: bool) -> tuple[BaselineStore | None, str | None]:
+    try:
+        return open_store(where.state_dir, create=record), None
+    except BaselineStoreError as exc:
+        return None, exc.message
+
+
+def probe_directory(
+    request: ProbeRequest,
+    where: Where = Where(),
+    record: bool = True,
+    on_progress: Callable[[Progress], None] | None = None,
+    on_start: Callable[[StorageTarget], None] | None = None,
+) -> StorageReport:
+    """Measure ``request.directory`` and judge it. With ``record`` the figures go into the
+    baseline store (teaching it when healthy) and ``storage.json``; without, the store is only
+    read. Raises StorageProbeError when the probe refuses or fails (nothing is recorded)."""
+    target = locate(request.directory, where.sysfs, where.rootfs)
+    if on_start is not None:
+        on_start(target)
+    device = target.chain.device if target.chain is not None else None
+    before = io_bytes(where.sysfs, device) if device else None
+    doc = run_probe(request, on_progress)
+    after = io_bytes(where.sysfs, device) if device else None
+    store, note = _store(where, record)
+    try:
+        report = evaluate(target, doc, store, record, other_io(doc, before, after), note)
+    finally:
+        if store is not None:
+            store.close()
+    if record:
+        try:
+            record_report(state_path(where.state_dir), report)
+        except (SparkdiagError, OSError) as exc:
+            log.warning("storage result not kept: %s", exc)
+            report = replace(report, store_note=f"{report.store_note or ''} {exc}".strip())
+    return report

@@ -1,0 +1,250 @@
+"""A storage probe's figures judged: the storage baselines in the store, the one slow rule, the
+state file with each figure's previous value, the collector, the text and JSON a user reads, the
+check row, the daemon's periodic probe, the CLI's exit statuses and the settings."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from sparkdiag.baseline.storage_store import StorageKey
+from sparkdiag.baseline.store import BaselineStore, open_store
+from sparkdiag.check.model import CheckContext, StorageProbe
+from sparkdiag.check.storage_checks import check_storage_speed
+from sparkdiag.config import ConfigError, build_settings
+from sparkdiag.exporter.storage import StorageCollector
+from sparkdiag.snapshot import PcieLink
+from sparkdiag.sources.blockdev import BlockChain
+from sparkdiag.sources.mounts import Mount
+from sparkdiag.storage.ceiling import link_bytes_per_second, rated
+from sparkdiag.storage.evaluate import evaluate, keys, other_io
+from sparkdiag.storage.model import Latency, ProbeDocument, Throughput
+from sparkdiag.storage.periodic import StoragePeriodic
+from sparkdiag.storage.render import text
+from sparkdiag.storage.state import StorageStateError, read_state, record_report
+from sparkdiag.storage.target import StorageTarget, locate
+from tests.support import fixture_snapshot, run_cli
+
+GB = 1e9
+SPARK_LINK = PcieLink("0004:01:00.0", "nvme", "nvme", 32e9, 32e9, 4, 4)
+
+
+def target(links: tuple[PcieLink, ...] = (SPARK_LINK,)) -> StorageTarget:
+    mount = Mount("/data", "ext4", "/dev/nvme0n1p2", 259, 2, False)
+    chain = BlockChain("nvme0n1p2", "nvme", ("nvme0n1",), ("nvme0",), ("0004:01:00.0",),
+                       ("nvme0n1p2 partition", "nvme0n1 nvme disk"))  # fmt: skip
+    return StorageTarget("/data/ckpt", mount, chain, links, ())
+
+
+def doc(write: float, read: float, at: float = 1000.0) -> ProbeDocument:
+    """A probe of 1 GiB that moved at ``write`` and ``read`` GB/s."""
+    size = 1 << 30
+    return ProbeDocument(
+        "ok", None, "/data/ckpt", True, size, 1 << 20, 8,
+        (Throughput("read", "host", 4 * size, 4 * size / (read * GB)),
+         Throughput("write", "host", size, size / (write * GB))),
+        0.01, Latency(2000, 1.0, 4096, 70e-6, 180e-6, 2e-3), size, at - 10, at,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> BaselineStore:
+    return open_store(tmp_path, create=True)
+
+
+def test_pcie_ceilings() -> None:
+    assert link_bytes_per_second(32e9, 4) == pytest.approx(15.75e9, rel=1e-3)  # Gen5 x4
+    assert link_bytes_per_second(16e9, 4) == pytest.approx(7.877e9, rel=1e-3)
+    assert link_bytes_per_second(2.5e9, 1) == 250e6  # Gen1: 8b/10b
+    assert link_bytes_per_second(None, 4) is None and link_bytes_per_second(32e9, 0) is None
+    assert target().ceiling == pytest.approx(15.75e9, rel=1e-3)
+    spark = rated("SAMSUNG MZAL84T0HDLB-00BTW")  # any PM9E1 part number
+    assert spark is not None and spark.read == 14.5e9 and rated("WDC PC SN740") is None
+
+
+def test_three_healthy_runs_learn_the_median_and_five_freeze_it(store: BaselineStore) -> None:
+    key = StorageKey("", "/data", "nvme0n1p2", "write", "host", "o_direct:1048576x8")
+    assert store.record_storage(key, 8e9, True) is None
+    assert store.record_storage(key, 1e9, False) is None  # unhealthy: kept, not learned
+    assert store.record_storage(key, 9e9, True) is None
+    learned = store.record_storage(key, 7e9, True)
+    assert learned is not None and learned.bytes_per_second == 8e9 and learned.runs == 3
+    store.record_storage(key, 10e9, True)
+    frozen = store.record_storage(key, 10e9, True)
+    assert frozen is not None and frozen.runs == 5 and frozen.bytes_per_second == 9e9
+    assert store.record_storage(key, 1e9, True).bytes_per_second == 9e9  # type: ignore[union-attr]
+    pinned = store.pin_storage(key, 6e9, "after the firmware update")
+    assert store.record_storage(key, 1e9, True) == pinned
+    assert [b.key for b in store.storage_baselines()] == [key]
+    assert store.reset_storage("/data") == 1 and store.storage_baseline(key) is None
+    with pytest.raises(ValueError):
+        store.record_storage(key, float("nan"), True)
+    with pytest.raises(ValueError):
+        StorageKey("", "", "nvme0n1p2", "write", "host", "m")
+
+
+def test_a_figure_under_0_7_of_its_baseline_is_slow(store: BaselineStore) -> None:
+    for at in (1.0, 2.0, 3.0):
+        report = evaluate(target(), doc(8.0, 11.0, at), store, record=True)
+    assert report.verdict == "fit" and report.learned_from
+    slow = evaluate(target(), doc(5.5, 11.0, 4.0), store, record=False)
+    write = slow.figure("write")
+    assert write is not None and write.ratio == pytest.approx(5.5 / 8.0) and write.verdict == "slow"
+    assert slow.verdict == "slow" and not slow.recorded
+    at_limit = evaluate(target(), doc(5.6, 11.0, 5.0), store, record=False)
+    assert at_limit.verdict == "fit"  # 0.7 exactly is not under 0.7
+
+
+def test_a_run_beside_other_io_is_not_learned_from(store: BaselineStore) -> None:
+    probe = doc(8.0, 11.0)
+    ours_read = 4 * (1 << 30) + 2000 * 4096
+    noisy = other_io(probe, (0, 0), (ours_read + (1 << 30), 1 << 30))
+    assert noisy == 1 << 30
+    report = evaluate(target(), probe, store, record=True, other_io_bytes=noisy)
+    assert report.recorded and not report.learned_from
+    key = keys(target(), probe)[("write", "host")]
+    assert store.storage_baseline(key) is None
+    assert other_io(probe, None, (1, 1)) is None
+
+
+def test_the_state_keeps_the_previous_figure_and_the_collector_exports_it(
+    store: BaselineStore, tmp_path: Path
+) -> None:
+    path = tmp_path / "storage.json"
+    for at, write in ((1.0, 8.0), (2.0, 8.2), (3.0, 7.8), (4.0, 5.0)):
+        record_report(path, evaluate(target(), doc(write, 11.0, at), store, record=True))
+    [kept] = read_state(path) or ()
+    write = next(f for f in kept.figures if f.direction == "write")
+    assert write.bytes_per_second == pytest.approx(5.0 * GB) and write.previous == pytest.approx(
+        7.8 * GB
+    )
+    assert write.baseline == pytest.approx(8.0 * GB)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StorageCollector(path))
+    labels = {"mountpoint": "/data", "device": "nvme0n1p2", "direction": "write", "path": "host"}
+    get = registry.get_sample_value
+    assert get("sparkdiag_storage_throughput_bytes_per_second", labels) == pytest.approx(5 * GB)
+    assert get("sparkdiag_storage_previous_throughput_bytes_per_second", labels) == pytest.approx(
+        7.8 * GB
+    )
+    assert get("sparkdiag_storage_baseline_bytes_per_second", labels) == pytest.approx(8 * GB)
+    p99 = {"mountpoint": "/data", "device": "nvme0n1p2", "quantile": "0.99"}
+    assert get("sparkdiag_storage_read_latency_seconds", p99) == 180e-6
+    assert get("sparkdiag_storage_probe_timestamp_seconds", {"mountpoint": "/data"}) == 4.0
+    assert get("sparkdiag_storage_probe_written_bytes", {"mountpoint": "/data"}) == 1 << 30
+    # nothing measured along the GPU paths: no series for them
+    assert get("sparkdiag_storage_throughput_bytes_per_second", {**labels, "path": "gpu"}) is None
+
+
+def test_a_damaged_state_file_is_an_error_and_is_replaced(
+    store: BaselineStore, tmp_path: Path
+) -> None:
+    path = tmp_path / "storage.json"
+    path.write_text("{half")
+    with pytest.raises(StorageStateError, match="is damaged"):
+        read_state(path)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(StorageCollector(path))
+    assert list(registry.collect()) == []
+    record_report(path, evaluate(target(), doc(8.0, 11.0), store, record=False))
+    assert len(read_state(path) or ()) == 1
+    assert read_state(tmp_path / "none.json") is None
+
+
+def test_the_text_fits_80_columns_and_says_cost_and_ceiling(store: BaselineStore) -> None:
+    report = evaluate(target(), doc(8.0, 11.0), store, record=True)
+    shown = text(report, 80)
+    assert all(len(line) <= 80 for line in shown.splitlines()), shown
+    assert "8 GB/s" in shown and "51% of 15.8 GB/s" in shown  # write 8 of a 15.75 GB/s link
+    assert "p50 70 µs, p99 180 µs" in shown
+    assert "cost: wrote 1 GiB" in shown and "O_TMPFILE" in shown
+    json.dumps(report.as_json(), allow_nan=False)
+
+
+def test_storage_speed_rows(store: BaselineStore, tmp_path: Path) -> None:
+    snap = fixture_snapshot("h200-idle", tmp_path)
+
+    def row(probe: StorageProbe | None) -> tuple[str, str]:
+        [result] = check_storage_speed(CheckContext(snapshot=snap, storage=probe))
+        return result.status, result.finding
+
+    assert row(None)[0] == "skip"
+    assert row(StorageProbe(None, "refused: /x is a device", refused=True))[0] == "warn"
+    assert row(StorageProbe(None, "the storage probe ... did not finish"))[0] == "fail"
+    learning = evaluate(target(), doc(8.0, 11.0), None, record=False)
+    assert row(StorageProbe(learning)) == (
+        "pass", "/data/ckpt on nvme0n1p2: read 11 GB/s, write 8 GB/s, link 15.8 GB/s, 4 KiB "
+        "p99 180 µs (no baseline yet)",
+    )  # fmt: skip
+    for at in (1.0, 2.0, 3.0):
+        evaluate(target(), doc(8.0, 11.0, at), store, record=True)
+    status, finding = row(StorageProbe(evaluate(target(), doc(2.0, 11.0), store, record=False)))
+    assert status == "warn" and finding.startswith("slow write (under 0.7 of baseline)")
+    assert "write 2 GB/s (0.25 of 8 GB/s)" in finding
+
+
+def test_the_periodic_probe_skips_while_a_gpu_is_busy(tmp_path: Path) -> None:
+    settings = build_settings(None, {"storage_enabled": True, "state_dir": tmp_path})
+    busy = fixture_snapshot("h200-idle", tmp_path, {"utilization": {"gpu": 95, "memory": 0}})
+    line = StoragePeriodic(settings, lambda: busy).once()
+    assert line.startswith("storage probe skipped: GPU 0 busy"), line
+    assert not (tmp_path / "storage.json").exists()
+
+
+def test_the_periodic_probe_measures_and_records(tmp_path: Path) -> None:
+    settings = build_settings(None, {"storage_enabled": True, "state_dir": tmp_path,
+                                     "storage_size": "16M", "storage_duration": "2"})  # fmt: skip
+    line = StoragePeriodic(settings, lambda: None).once()
+    assert line.startswith(f"storage probe of {tmp_path}") and "wrote 16 MiB" in line, line
+    assert (tmp_path / "storage.json").exists() and (tmp_path / "baselines.sqlite").exists()
+
+
+def test_settings_take_sizes_and_the_probe_is_off_by_default() -> None:
+    settings = build_settings(None, {}, "serve")
+    assert settings.storage_enabled is False and settings.storage_size == 1 << 30
+    assert build_settings(None, {}, "check").storage_size == 256 << 20
+    assert build_settings(None, {"storage_size": "1.5G"}, "storage").storage_size == 3 << 29
+    with pytest.raises(ConfigError, match="16 MiB to 64 GiB"):
+        build_settings(None, {"storage_size": "1M"}, "storage")
+    with pytest.raises(ConfigError, match="is not an integer"):
+        build_settings(None, {"storage_size": "12Q"}, "storage")
+
+
+def test_locate_names_this_machines_root_filesystem() -> None:
+    found = locate(Path("/tmp"))
+    assert found.mountpoint and found.mount is not None
+    assert found.kind in {"nvme", "virtio", "sata", "scsi", "dm", "md", "loop", "other", "memory",
+                          "network", "zfs", "unknown"}  # fmt: skip
+
+
+def test_cli_exit_statuses_and_json(tmp_path: Path) -> None:
+    refused = run_cli("storage", "/dev/null", "--state-dir", str(tmp_path))
+    assert refused.returncode == 2 and refused.stderr.startswith("Error: refused: /dev/null is")
+    assert "Traceback" not in refused.stderr and refused.stderr.count("\n") == 1
+    bad = run_cli("storage", str(tmp_path), "--storage.size", "lots")
+    assert bad.returncode == 2 and "storage.size" in bad.stderr
+    measured = run_cli("storage", str(tmp_path), "--json", "--state-dir", str(tmp_path / "s"),
+                       "--storage.size", "16M", "--storage.duration", "2")  # fmt: skip
+    assert measured.returncode == 0, measured.stderr
+    doc = json.loads(measured.stdout)
+    assert doc["schema"] == "sparkdiag-storage-report/1" and doc["verdict"] == "learning"
+    assert {f["direction"] for f in doc["figures"]} == {"read", "write"}
+    assert doc["bytes_written"] == 16 << 20 and doc["tmpfile"] is True
+    assert [p.name for p in tmp_path.iterdir()] == ["s"]
+    bounds = ("--storage.size", "16M", "--storage.duration", "2")
+    no_record = run_cli("storage", str(tmp_path / "s"), "--no-record", "--state-dir",
+                        str(tmp_path / "t"), *bounds)  # fmt: skip
+    assert no_record.returncode == 0 and not (tmp_path / "t").exists()
+
+
+def test_check_help_and_storage_help_say_it_writes() -> None:
+    for command in ("storage", "check"):
+        shown = run_cli(command, "--help").stdout
+        assert "WRITES" in shown, command
+    assert subprocess.run(["true"], check=False).returncode == 0
+    assert replace(target(), links=()).ceiling is None

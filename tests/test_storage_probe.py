@@ -1,0 +1,215 @@
+"""The storage probe's measuring program, run for real in a subprocess on this machine's disk:
+what it measures, what it refuses, and that its test file is gone however it ends (finished,
+timed out, killed with SIGKILL). The loop-device tests (a filesystem made for the test, a full
+one, a read-only one, a throttled one, fio beside it) are in test_storage_loop.py."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import stat
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from sparkdiag.errors import Exit
+from sparkdiag.storage import measure
+from sparkdiag.storage.model import DocumentError, parse_document
+from sparkdiag.storage.run import ProbeRequest, Progress, StorageProbeError, run_probe
+
+MIB = 1 << 20
+SMALL = {"size": 16 * MIB, "seconds": 2.0, "threads": 2, "random_ops": 300}
+
+
+def free_bytes(path: Path) -> int:
+    fs = os.statvfs(path)
+    return fs.f_bavail * fs.f_frsize
+
+
+def test_measures_write_read_and_latency_and_leaves_nothing(tmp_path: Path) -> None:
+    seen: list[Progress] = []
+    doc = run_probe(ProbeRequest(tmp_path, **SMALL), on_progress=seen.append)
+    assert doc.status == "ok" and doc.tmpfile
+    write, read = doc.figure("write"), doc.figure("read")
+    assert write is not None and write.bytes == 16 * MIB and write.bytes_per_second
+    assert read is not None and read.bytes >= 16 * MIB and read.bytes_per_second
+    assert doc.bytes_written == 16 * MIB  # the cost: one pass of the test file
+    assert doc.random_read is not None and doc.random_read.block == 4096
+    assert 0 < doc.random_read.p50 <= doc.random_read.p99 <= doc.random_read.max
+    assert doc.finished_at - doc.started_at < SMALL["seconds"] + 5
+    assert list(tmp_path.iterdir()) == []
+
+
+def _a_file(directory: Path) -> Path:
+    (directory / "file").write_text("x")
+    return directory / "file"
+
+
+@pytest.mark.parametrize(
+    ("make", "needle"),
+    [
+        (lambda d: d / "missing", "does not exist"),
+        (_a_file, "is not a directory"),
+        (lambda d: Path("/dev/null"), "is a device"),
+    ],
+    ids=["missing", "file", "char-device"],
+)
+def test_refuses_what_is_no_directory(
+    tmp_path: Path, make: Callable[[Path], Path], needle: str
+) -> None:
+    target = make(tmp_path)
+    with pytest.raises(StorageProbeError) as raised:
+        run_probe(ProbeRequest(target, **SMALL))
+    assert raised.value.exit_code == Exit.USAGE
+    assert needle in raised.value.message and "\n" not in raised.value.message
+
+
+def test_refuses_a_block_device() -> None:
+    found = [e.path for e in os.scandir("/dev") if stat.S_ISBLK(os.lstat(e.path).st_mode)]
+    if not found:
+        pytest.skip("no block device node in /dev here")
+    with pytest.raises(StorageProbeError) as raised:
+        run_probe(ProbeRequest(Path(found[0]), **SMALL))
+    assert raised.value.exit_code == Exit.USAGE
+    assert "never writes to a raw device" in raised.value.message
+
+
+def test_refuses_a_symlink_that_leads_out_and_writes_nothing_there(tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (tmp_path / "inside").mkdir()
+    link = tmp_path / "inside" / "data"
+    link.symlink_to(outside)
+    before = free_bytes(outside)
+    with pytest.raises(StorageProbeError) as raised:
+        run_probe(ProbeRequest(link, **SMALL))
+    assert raised.value.exit_code == Exit.USAGE
+    assert f"is a symlink to {outside}" in raised.value.message
+    assert list(outside.iterdir()) == [] and abs(free_bytes(outside) - before) < 8 * MIB
+
+
+def test_refuses_to_leave_less_than_the_margin_free(tmp_path: Path) -> None:
+    with pytest.raises(StorageProbeError) as raised:
+        run_probe(ProbeRequest(tmp_path, min_free=free_bytes(tmp_path), **SMALL))
+    assert raised.value.exit_code == Exit.USAGE
+    assert "free space or give a smaller --size" in raised.value.message
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_default_margin_is_five_percent_and_64_mib() -> None:
+    assert measure.default_margin(4 * 10**12) == 200 * 10**9 + 64 * MIB
+    assert measure.default_margin(512 * MIB) == 512 * MIB // 20 + 64 * MIB
+
+
+def test_refuses_a_filesystem_without_o_direct(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a ramfs needs root")
+    where = tmp_path / "ram"
+    where.mkdir()
+    if subprocess.run(["mount", "-t", "ramfs", "ramfs", str(where)], check=False).returncode:
+        pytest.skip("cannot mount a ramfs here")
+    try:
+        with pytest.raises(StorageProbeError) as raised:
+            run_probe(ProbeRequest(where, min_free=0, **SMALL))
+        assert raised.value.exit_code == Exit.USAGE
+        assert "does not take O_DIRECT" in raised.value.message
+        assert list(where.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(where)], check=False)
+
+
+def test_without_o_tmpfile_a_named_file_is_unlinked_before_writing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_open = os.open
+
+    def no_tmpfile(path: str, flags: int, *args: object, **kwargs: object) -> int:
+        if flags & os.O_TMPFILE == os.O_TMPFILE:
+            raise OSError(errno.EOPNOTSUPP, "Operation not supported")
+        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(measure.os, "open", no_tmpfile)
+    dirfd = real_open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    notes: list[str] = []
+    try:
+        fd, tmpfile = measure.open_test_file(dirfd, str(tmp_path), notes)
+        try:
+            assert not tmpfile and "no O_TMPFILE" in notes[0]
+            assert list(tmp_path.iterdir()) == []  # unlinked, still open
+            assert os.fstat(fd).st_nlink == 0
+        finally:
+            os.close(fd)
+    finally:
+        os.close(dirfd)
+
+
+def test_a_probe_past_its_timeout_is_killed_and_leaves_nothing(tmp_path: Path) -> None:
+    before = free_bytes(tmp_path)
+    started = time.monotonic()
+    with pytest.raises(StorageProbeError) as raised:
+        run_probe(ProbeRequest(tmp_path, size=256 * MIB, seconds=60, threads=2), timeout=1.5)
+    assert time.monotonic() - started < 10
+    assert raised.value.exit_code == Exit.FAILED
+    assert "did not finish within 1.5 s and was killed" in raised.value.message
+    assert list(tmp_path.iterdir()) == []
+    assert abs(free_bytes(tmp_path) - before) < 64 * MIB  # the 256 MiB went with the process
+
+
+def test_sigkill_mid_write_leaves_nothing_behind(tmp_path: Path) -> None:
+    """SIGKILL gives the program no chance to clean up: the kernel frees an O_TMPFILE."""
+    before = free_bytes(tmp_path)
+    proc = subprocess.Popen(
+        [sys.executable, measure.__file__, str(tmp_path), "--size", str(512 * MIB),
+         "--seconds", "60", "--threads", "2", "--progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        line = proc.stderr.readline().decode()  # the first progress line: it is running
+        assert line.startswith(measure.PROGRESS_PREFIX), line
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=10)
+    assert proc.returncode == -signal.SIGKILL
+    assert list(tmp_path.iterdir()) == []
+    assert abs(free_bytes(tmp_path) - before) < 64 * MIB
+
+
+def test_the_request_is_what_the_program_parses(tmp_path: Path) -> None:
+    request = ProbeRequest(tmp_path, size=3 * MIB, seconds=2.5, block=64 * 1024, threads=3,
+                           random_ops=10, min_free=0)  # fmt: skip
+    args = measure.parse_args(request.argv())
+    assert (args.directory, args.size, args.seconds, args.block, args.threads) == (
+        str(tmp_path),
+        3 * MIB,
+        2.5,
+        64 * 1024,
+        3,
+    )
+    assert (args.random_ops, args.min_free, args.progress) == (10, 0, True)
+
+
+def test_a_block_that_o_direct_cannot_use_is_a_usage_error(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, measure.__file__, str(tmp_path), "--block", "1000"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and "multiple of 4096" in done.stderr
+
+
+def test_parse_document_takes_only_its_schema() -> None:
+    with pytest.raises(DocumentError):
+        parse_document({"schema": "other", "status": "ok"})
+    doc = parse_document(json.loads(
+        '{"schema": "sparkdiag-storage/1", "status": "ok", "write": {"bytes": 10, "seconds": 0},'
+        ' "read": {"bytes": "x", "seconds": 1}, "random_read": {"ops": 0}, "notes": [1, "n"]}'
+    ))  # fmt: skip
+    write = doc.figure("write")
+    assert write is not None and write.bytes_per_second is None  # 0 s: no figure, not infinity
+    assert doc.figure("read") is None and doc.random_read is None and doc.notes == ("n",)
