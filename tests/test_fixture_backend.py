@@ -559,7 +559,7 @@ def test_h200_answers_added_by_hand_say_so(nvml_fixture: Callable[[str], Path]) 
 
 # Queries declared after the 2026-12-01 recordings: they replay NOT_SUPPORTED from those (left
 # out), until the H200 is recorded again (scripts/device/stall.py records it).
-DECLARED_AFTER_2026_12_01 = {"recovery_action", "fabric_info"}
+DECLARED_AFTER_2026_12_01 = {"recovery_action", "fabric_info", "pcie_bytes/0", "pcie_bytes/1"}
 
 
 def test_h200_recordings_answer_everything_themselves(nvml_fixture: Callable[[str], Path]) -> None:

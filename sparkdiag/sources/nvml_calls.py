@@ -44,6 +44,7 @@ from sparkdiag.sources.nvml_api import (
 # nvml.h nvmlGpmMetricId_t
 GPM_METRICS: dict[str, int] = {"sm": 2, "sm_occupancy": 3, "tensor": 5, "dram": 10}
 NVLINK_THROUGHPUT_FIELDS = (138, 139)  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _RX
+PCIE_BYTES_FIELDS = (197, 198)  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES, _RX_BYTES
 _GPU_UTILIZATION_SAMPLES = 1  # NVML_GPU_UTILIZATION_SAMPLES
 FIELD_CACHE_SECONDS = 1.0
 _VALUE_MEMBERS = {

@@ -34,7 +34,12 @@ from typing import Any, Literal
 from sparkdiag.snapshot import FabricState
 from sparkdiag.sources.gpu_activity import KIB, percent_ratio
 from sparkdiag.sources.nvml_api import ERROR_NAMES, EVENT_XID_CRITICAL, NVLINK_LINKS
-from sparkdiag.sources.nvml_calls import NVLINK_THROUGHPUT_FIELDS, NvmlCalls, text
+from sparkdiag.sources.nvml_calls import (
+    NVLINK_THROUGHPUT_FIELDS,
+    PCIE_BYTES_FIELDS,
+    NvmlCalls,
+    text,
+)
 
 Tier = Literal["poll", "slow", "static"]
 Call = Callable[[NvmlCalls, Any, int], Any]
@@ -462,6 +467,15 @@ QUERIES: tuple[Query, ...] = (
         field="pcie_throughput_bytes_per_second",
         convert=lambda kib: float(kib) * KIB,
         dedicated_only=True,
+    ),
+    # bytes sent (0, device to host) and received (1) over PCIe since the driver loaded, where
+    # the GPU counts them (field values, one cheap call each, no 20 ms window); read by watch,
+    # which turns them into a rate per tick
+    Query(
+        "pcie_bytes",
+        lambda c, h, arg: c.field_value(h, PCIE_BYTES_FIELDS[arg]),
+        "number",
+        args={0: "tx", 1: "rx"},
     ),
     # [%, sampling period µs] (utilization.encoder, utilization.decoder)
     Query(
