@@ -39,9 +39,10 @@ CPU-bound launcher  a thread of the processes that hold the GPU ran at ``HOT_THR
                     or more (mean of the tick and its two neighbours, which smooths the CPU
                     clock's 10 ms granularity) while kernels ran at least ``LAUNCH_UTIL_MIN`` of
                     the tick with gaps between them (idle at least ``IDLE_MIN``), the GPU worked
-                    less than ``LAUNCH_ACTIVITY_MAX`` and its kernels were small (GPM SM activity under ``TINY_KERNELS`` of utilization: the SMs
-                    at most half occupied while they ran; where the GPU has no GPM, every such
-                    tick); the lost time is what the GPU did not work
+                    less than ``LAUNCH_ACTIVITY_MAX`` and its kernels were small (GPM SM
+                    activity under ``TINY_KERNELS`` of utilization: the SMs at most half
+                    occupied while they ran; where the GPU has no GPM, every such tick); the
+                    lost time is what the GPU did not work
 idle                the GPU was idle at least ``IDLE_MIN`` of the tick, nothing above applying:
                     input-starved where a process of the job that does not hold the GPU worked
                     (a loader, ``LOADER_WORKING``) or where the GPU's busiest thread was busy
