@@ -13,7 +13,7 @@ from dataclasses import dataclass
 TITLES = {
     "co-tenant": "another process on the GPU",
     "input-starved": "input-starved",
-    "data-prep-in-loop": "data prepared in the training loop",
+    "data-prep-in-loop": "data prep in the loop",
     "host-sync": "host sync",
     "pageable-copies": "copies to the GPU",
     "recompiling": "recompiling",

@@ -31,6 +31,7 @@ from sparkdiag.watch.model import (
     ProcessLoad,
     Tick,
 )
+from sparkdiag.watch.stack_sampler import StackSampler, targets
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 TOP_PROCESSES = 8  # per tick, the busiest processes of the job kept in the recording
@@ -365,7 +366,10 @@ def _loads(
 
 
 class Sampler:
-    """Both sides together; ``tick()`` returns one :class:`Tick`."""
+    """Both sides together; ``tick()`` returns one :class:`Tick`. With ``stacks``, the job's
+    Python stacks are recorded beside (the processes on the GPU, else its Python processes);
+    ``start`` is the clock's reading at the recording's time 0, ``problems`` what the stack
+    sampler could not do, each once."""
 
     def __init__(
         self,
@@ -373,23 +377,29 @@ class Sampler:
         host: HostSampler,
         started_at: float,
         clock: Callable[[], float] = time.monotonic,
+        stacks: StackSampler | None = None,
     ) -> None:
         self.gpu = gpu
         self.host = host
         self.started_at = started_at
         self.clock = clock
-        self._start = clock()
-        self._last = self._start
+        self.stacks = stacks
+        self.problems: list[str] = []
+        self.start = clock()
+        self._last = self.start
 
     def tick(self) -> Tick:
-        pids = set(self.host.tree())
+        tree = self.host.tree()
+        pids = set(tree)
         gpus: tuple[GpuTick, ...] = ()
         gpu_pids: set[int] = set()
         if self.gpu is not None:
             gpus = self.gpu.sample(self.started_at, pids)
             gpu_pids = self.gpu.gpu_pids(pids)
+        if self.stacks is not None and tree:
+            self.problems += self.stacks.update(targets(self.host.rootfs, tree, gpu_pids))
         job, host = self.host.sample(gpu_pids)
         now = self.clock()
-        tick = Tick(t=now - self._start, dt=now - self._last, gpus=gpus, job=job, host=host)
+        tick = Tick(t=now - self.start, dt=now - self._last, gpus=gpus, job=job, host=host)
         self._last = now
         return tick

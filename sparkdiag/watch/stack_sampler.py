@@ -72,6 +72,7 @@ class StackSampler:
         self.problems: list[str] = []  # each said once
         self.lines = pyspy.SourceLines(rootfs)
         self.texts: dict[tuple[int, str, int], str] = {}
+        self.names: dict[int, str] = {}  # pid -> its name, read while it runs
         self.version = pyspy.version(binary) or "py-spy"
 
     def describe(self) -> str:
@@ -94,6 +95,7 @@ class StackSampler:
         for pid in pids:
             if pid not in self.targets and len(self.targets) < MAX_PROCESSES:
                 self.targets[pid] = _Target(pid)
+                self.names.update(procfs.process_names(self.rootfs, [pid]))
         before = len(self.problems)
         for target in self.targets.values():
             self._step(target, now)
