@@ -19,7 +19,8 @@ checkpoint stalls   the job wrote in a burst (at least ``WRITE_BURST_MIN`` bytes
                     stopped
                     (``CHECKPOINT_IDLE``) and tasks waiting on I/O (PSI ``CHECKPOINT_IO_STALL``)
                     for at most ``CHECKPOINT_TAIL_SECONDS``: a checkpoint fills the page cache
-                    in a burst, then waits in fsync writing nothing more; and the ticks right
+                    in a burst, then waits in fsync writing nothing more (or its thread stays
+                    busy closing it); and the ticks right
                     before a burst with the GPU stopped (``CHECKPOINT_IDLE``), for at most
                     ``CHECKPOINT_LEAD_SECONDS``: the state copied to the host and serialised;
                     on either side the one tick in which the GPU stopped part of the time
@@ -189,10 +190,10 @@ def _checkpoint_ticks(vs: list[View], bursts: set[int], threads: list[float | No
     already stopped (``CHECKPOINT_IDLE``), for up to ``CHECKPOINT_LEAD_SECONDS``: the state
     copied to the host and serialised before it is written; and after each burst the ticks in
     which the GPU stays stopped while tasks wait on I/O (PSI; where PSI is missing, on the GPU
-    alone), for up to ``CHECKPOINT_TAIL_SECONDS``: a checkpoint fills the page cache in a burst
-    and then waits in fsync or close, writing nothing more. Either way the stretch ends with the
-    tick in which the GPU stopped only part of the time while the job's thread was busy: the
-    step that ended, or began again, inside it."""
+    alone) or the job's thread is busy, for up to ``CHECKPOINT_TAIL_SECONDS``: a checkpoint
+    fills the page cache in a burst and then waits in fsync or close, writing nothing more.
+    Either way the stretch ends with the tick in which the GPU stopped only part of the time
+    while the job's thread was busy: the step that ended, or began again, inside it."""
     marked = {j for i in bursts for j in (i - 1, i, i + 1) if 0 <= j < len(vs)}
 
     def edge(j: int) -> bool:
@@ -213,6 +214,7 @@ def _checkpoint_ticks(vs: list[View], bursts: set[int], threads: list[float | No
         for j in range(i + 1, len(vs)):
             v = vs[j]
             waiting = v.io_stall is None or v.io_stall >= CHECKPOINT_IO_STALL
+            waiting = waiting or _thread_busy(v, threads[j])  # still writing, or closing
             if v.idle < CHECKPOINT_IDLE or not waiting or tail >= CHECKPOINT_TAIL_SECONDS:
                 if edge(j) and tail < CHECKPOINT_TAIL_SECONDS:
                     marked.add(j)
