@@ -43,8 +43,8 @@ CAP_SYS_PTRACE = 19  # linux/capability.h
 PR_SET_PTRACER = 0x59616D61  # linux/prctl.h ("Yama")
 TRACE_LIMIT = 256 * MIB  # a chrome trace larger than this is not read
 GRANT = (
-    "run watch as root, or grant it CAP_SYS_PTRACE (docker run --cap-add SYS_PTRACE; "
-    "Kubernetes: securityContext.capabilities.add: [SYS_PTRACE])"
+    "give watch CAP_SYS_PTRACE (root has it unless a container dropped it: docker run "
+    "--cap-add SYS_PTRACE; Kubernetes: securityContext.capabilities.add: [SYS_PTRACE])"
 )
 # Run as ``python -c PTRACER_SHIM CMD ARGS...``: lets the parent (watch) and its children (py-spy)
 # read the command's memory under Yama ptrace_scope 1, then becomes the command (same pid).
@@ -178,8 +178,7 @@ def access_problem(
     if scope == "1" and not descendant:
         return (
             "kernel.yama.ptrace_scope=1 lets a process read only its own descendants: start the "
-            "job under watch (sparkdiag watch -- CMD), set kernel.yama.ptrace_scope=0, or "
-            + GRANT.replace("run watch as root, or ", "")
+            "job under watch (sparkdiag watch -- CMD), set kernel.yama.ptrace_scope=0, or " + GRANT
         )
     return None
 

@@ -17,7 +17,7 @@ def frame_name(frame: StackFrame, cwd: str = "") -> str:
     """``function (file:line)``, the file as :func:`~.stacks.short_file` shortens it."""
     where = st.short_file(frame.file, cwd)
     line = f":{frame.line}" if frame.line else ""
-    return f"{frame.function} ({where}{line})"
+    return f"{st.function_name(frame.function)} ({where}{line})"
 
 
 def sites(
@@ -37,7 +37,7 @@ def sites(
         f = rec.frames[site]
         out.append(
             Site(
-                function=f.function,
+                function=st.function_name(f.function),
                 file=st.short_file(f.file, rec.cwd),
                 line=f.line,
                 text=f.text,

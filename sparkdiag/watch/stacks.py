@@ -130,6 +130,13 @@ def library_path(file: str) -> str | None:
     return None
 
 
+def function_name(name: str) -> str:
+    """A frame's function as a report names it: a comprehension's by the function it is in
+    (``tokenize.<locals>.<listcomp>`` is ``tokenize``: the same line)."""
+    return re.sub(r"\.?<locals>\.<(listcomp|genexpr|dictcomp|setcomp)>$|^<(listcomp|genexpr|"
+                  r"dictcomp|setcomp)>$", "", name) or name  # fmt: skip
+
+
 def short_file(file: str, cwd: str = "") -> str:
     """A frame's file as a report names it: a library's from its package root, the job's own
     relative to its working directory where it lies under it."""
