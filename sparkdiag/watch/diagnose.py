@@ -7,8 +7,9 @@ or, where NVML cannot name its processes (another PID namespace), whose GPU ran 
 diagnosed over its life: from the first to the last tick at which the GPU's utilization reached
 ``WINDOW_LEVEL`` of the job's typical utilization (the median of the ticks in which it ran any
 kernel, ``views.ACTIVE_MIN``). A job starved to 7 % is diagnosed as well as one at 99 %;
-start-up and tear-down (imports, CUDA initialisation, a final save) stay out. A job that held
-the GPU but never ran a kernel is diagnosed over the ticks it held it. Only a job that never
+start-up and tear-down (imports, CUDA initialisation, a final save) stay out, and so do the
+window's first ticks in which the job's stacks show it still importing its modules. A job that
+held the GPU but never ran a kernel is diagnosed over the ticks it held it. Only a job that never
 touched the GPU reads "gpu-unused".
 
 **Each tick's lost time** goes, by the counters, to at most one cause, in this order:
@@ -169,6 +170,26 @@ def _window(vs: list[View]) -> tuple[int, int] | None:
     level = max(ACTIVE_MIN, WINDOW_LEVEL * statistics.median(vs[i].util for i in active))
     opened = [i for i in active if vs[i].util >= level]
     return opened[0], opened[-1]
+
+
+def _started(
+    rec: Recording, readings: st.Readings | None, vs: list[View], first: int, last: int
+) -> tuple[int, int]:
+    """The window without its first ticks in which the training thread was still importing its
+    modules (half its sampled time or more; ticks before py-spy read it go with them): start-up,
+    whatever the GPU read."""
+    if readings is None:
+        return first, last
+    started = first
+    for i in range(first, last):
+        sampled = attribute.training_stacks(rec, readings, vs[i].tick)
+        total = sum(seconds for _, _, seconds in sampled)
+        if total <= 0:  # not sampled yet (py-spy attaching): as the ticks after it
+            continue
+        if sum(s for _, a, s in sampled if a == st.IMPORTING) < 0.5 * total:
+            break
+        started = i + 1
+    return started, last
 
 
 def _write_bursts(vs: list[View]) -> set[int]:
@@ -442,7 +463,8 @@ def diagnose(rec: Recording) -> Diagnosis:
             ),
             skipped=tuple(skipped),
         )
-    first, last = found
+    readings = st.read_recording(rec) if rec.stacks else None
+    first, last = _started(rec, readings, vs, *found)
     win = vs[first : last + 1]
     start, end = win[0].t - win[0].dt, win[-1].t
     length = max(end - start, 1e-9)
@@ -452,7 +474,6 @@ def diagnose(rec: Recording) -> Diagnosis:
     marked = _checkpoint_ticks(win, bursts, threads)
     labels = [_label(i, v, marked, threads, idle_power, busy_power) for i, v in enumerate(win)]
     unimpeded = _unimpeded(win, labels)
-    readings = st.read_recording(rec) if rec.stacks else None
     ctx = ev.Context(rec, gpus, win, threads, start, end, idle_power, busy_power)
 
     ledger = Ledger()

@@ -2,7 +2,9 @@
 activity and the line of the job's own code that took the time (a pure function of the
 recording, like the rest of the diagnosis).
 
-An activity is read from the frames, outermost to leaf, in this order: compiling
+An activity is read from the outermost frame that names one (where one frame could name two,
+in this order): importing modules (the job still starting: the diagnosis leaves such ticks at
+the window's start out), compiling
 (``torch._dynamo``'s frame conversion, inductor's compiler), a checkpoint (``torch.save``,
 safetensors, distributed checkpoint, a framework's ``save_checkpoint``), a collective
 (``torch.distributed``'s ``all_reduce``, ``barrier``...), the DataLoader (waiting for its worker
@@ -30,6 +32,7 @@ from dataclasses import dataclass
 
 from sparkdiag.watch.model import Recording, StackFrame
 
+IMPORTING = "importing"
 COMPILE = "compile"
 CHECKPOINT = "checkpoint"
 COLLECTIVE = "collective"
@@ -43,6 +46,7 @@ WAITING = "waiting"
 DATA_PREP = "data-prep"
 LAUNCH = "launch"
 USER = "user"
+NOTHING = "nothing"  # no Python frame at all: the interpreter starting or ending
 
 _COMPILING = (
     "torch/_dynamo/convert_frame.py",
@@ -115,6 +119,8 @@ _SITE = re.compile(r"/(site|dist)-packages/|/lib/python3[.\d]*/|^<|/torchinducto
 def library_path(file: str) -> str | None:
     """The path of a library frame from its package root (``torch/serialization.py``,
     ``threading.py``); None for the job's own code."""
+    if file.startswith("<eval_with_key>"):  # code torch.fx generated (a compiled graph)
+        return "torch/fx/generated/" + file
     if not file or file.startswith("<"):
         return file or "<native>"
     for marker in ("/site-packages/", "/dist-packages/"):
@@ -182,7 +188,7 @@ def read(frames: Sequence[StackFrame], ids: Sequence[int]) -> Reading:
             return Reading(DATA_PREP, ids[deeper[-1]] if deeper else site, ids[at])
         return found(activity, at)
     if not frames:
-        return Reading(USER, None)
+        return Reading(NOTHING, None)
     leaf = len(frames) - 1
     lib = libs[leaf]
     if lib is not None:
@@ -211,12 +217,18 @@ def read(frames: Sequence[StackFrame], ids: Sequence[int]) -> Reading:
 
 
 def _by_frames(frames: Sequence[StackFrame], libs: list[str | None]) -> tuple[str, int] | None:
-    """The activity a library (or native) frame gives, and that frame's position."""
-    for activity, rule in _RULES:
-        for i, (f, lib) in enumerate(zip(frames, libs, strict=True)):
+    """The activity a library (or native) frame gives, and that frame's position: the
+    outermost frame that gives one (a compilation that imports modules is compiling, an import
+    that runs a compiler module's code is importing)."""
+    for i, (f, lib) in enumerate(zip(frames, libs, strict=True)):
+        for activity, rule in _RULES:
             if rule(f, lib):
                 return activity, i
     return None
+
+
+def _importing(f: StackFrame, lib: str | None) -> bool:
+    return f.file.startswith("<frozen importlib") or (lib or "").startswith("importlib/")
 
 
 def _compiling(f: StackFrame, lib: str | None) -> bool:
@@ -248,10 +260,14 @@ def _logging(f: StackFrame, lib: str | None) -> bool:
 
 
 def _optimizer(f: StackFrame, lib: str | None) -> bool:
+    """The step itself (an optimizer's ``step`` or the per-tensor loops it runs), not building
+    one or its learning-rate schedule."""
+    name = _function(f.function)
     return (
         lib is not None
         and lib.startswith(_OPTIMIZERS)
         and not lib.startswith("torch/optim/lr_scheduler")
+        and (name == "step" or name.startswith(("_single_tensor", "_multi_tensor", "_fused")))
     )
 
 
@@ -265,6 +281,7 @@ def _sync(f: StackFrame, lib: str | None) -> bool:
 
 
 _RULES = (
+    (IMPORTING, _importing),
     (COMPILE, _compiling),
     (CHECKPOINT, _saving),
     (COLLECTIVE, _collective),
