@@ -105,7 +105,7 @@ def gpt2_host_sync(seconds: float, device: str, size: dict[str, Any], clean: boo
         if clean:  # the accuracy on the GPU: nothing comes back but at the meter's sync
             scores.append((out.logits.argmax(-1) == ids).float().mean())
         else:
-            logits = out.logits.float().cpu().numpy()  # watch: host-sync
+            logits = out.logits.detach().float().cpu().numpy()  # watch: host-sync
             scores.append(float((logits.argmax(-1) == labels).mean()))
         if meter.step(ids.numel()):
             return meter.result("tokens")

@@ -113,7 +113,15 @@ _LAUNCH_TEXT = re.compile(
 )
 _SLEEP_TEXT = re.compile(r"\bsleep\(")
 _PRINT_TEXT = re.compile(r"\bprint\(|\blog(ger|ging)?\.(info|debug|warning)\(")
-_SITE = re.compile(r"/(site|dist)-packages/|/lib/python3[.\d]*/|^<|/torchinductor_")
+# the libraries whose frames the rules read, found by their package folder wherever they are
+# installed (a --target folder or PYTHONPATH entry has no site-packages in its path)
+_PACKAGE_ROOT = re.compile(
+    r"/(torch|transformers|timm|lightning|pytorch_lightning|lightning_fabric|tokenizers|numpy|"
+    r"PIL|torchvision|torchaudio|accelerate|datasets|safetensors|deepspeed|triton|apex|peft|"
+    r"diffusers|wandb|tensorboard|tensorboardX|mlflow|sentencepiece|tiktoken|cv2|"
+    r"albumentations|pandas|pyarrow|torchmetrics|xformers|flash_attn|bitsandbytes|einops)/"
+    r"(?!.*/(site|dist)-packages/)"
+)
 
 
 def library_path(file: str) -> str | None:
@@ -129,6 +137,9 @@ def library_path(file: str) -> str | None:
     match = re.search(r"/lib/python3[.\d]*/(.*)$", file)
     if match:
         return match.group(1)
+    match = _PACKAGE_ROOT.search(file)  # installed elsewhere: pip --target, PYTHONPATH
+    if match:
+        return file[match.start() + 1 :]
     if "/torchinductor_" in file:
         return "torch/_inductor/generated/" + file.rsplit("/", 1)[-1]
     if file.endswith((".so", ".so.1", ".so.2")) or ".so." in file:
@@ -222,9 +233,19 @@ def _by_frames(frames: Sequence[StackFrame], libs: list[str | None]) -> tuple[st
     that runs a compiler module's code is importing)."""
     for i, (f, lib) in enumerate(zip(frames, libs, strict=True)):
         for activity, rule in _RULES:
-            if rule(f, lib):
+            if rule(f, lib) and (activity != OPTIMIZER or _only_optimizer(libs[i + 1 :])):
                 return activity, i
     return None
+
+
+def _only_optimizer(deeper: list[str | None]) -> bool:
+    """Nothing but the optimizer's own work below its frame: a closure it calls (Lightning runs
+    the whole training step inside ``optimizer.step(closure)``) is that step, not the
+    optimizer's."""
+    inside = ("torch/", *_OPTIMIZERS)
+    closure = ("torch/autograd/", "torch/nn/")
+    return all(lib is not None and lib.startswith(inside) and not lib.startswith(closure)
+               for lib in deeper)  # fmt: skip
 
 
 def _importing(f: StackFrame, lib: str | None) -> bool:
