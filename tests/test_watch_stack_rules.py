@@ -446,3 +446,55 @@ def test_schema_1_recordings_load_and_diagnose_as_before() -> None:
     rec = load(path)
     assert rec.stacks == () and rec.frames == () and rec.stack_sampler == ""
     assert diagnose(rec).verdict == "input-starved"
+
+
+# ---- frames from real frameworks (found running them on a CPU under py-spy) ---------------------
+
+
+def test_a_library_installed_outside_site_packages_is_a_library() -> None:
+    tokenizer = frame(
+        "GPT2Tokenizer.bpe", "/tmp/libs/transformers/models/gpt2/tokenization_gpt2.py"
+    )
+    stack = loop(9, "ids = encode(batch)", tokenizer)
+    assert read(stack).activity == st.DATA_PREP and read(stack).site == 1
+    assert st.short_file(tokenizer.file) == "transformers/models/gpt2/tokenization_gpt2.py"
+
+
+def test_lightning_s_step_inside_optimizer_step_is_the_step_not_the_optimizer() -> None:
+    closure = loop(
+        45, "trainer.fit(model)",
+        frame("LightningModule.optimizer_step", "lightning/pytorch/core/module.py", 1306),
+        frame("Adam.step", "torch/optim/adam.py", 227),
+        frame("_AutomaticOptimization._training_step", "lightning/pytorch/loops/automatic.py", 9),
+        frame("Module.training_step", "/job/train.py", 30, "return self.model(ids).loss"),
+        frame("Linear.forward", "torch/nn/modules/linear.py", 125),
+    )  # fmt: skip
+    assert read(closure).activity == st.LAUNCH
+    stepping = loop(45, "trainer.fit(model)", frame("Adam.step", "torch/optim/adam.py", 227),
+                    frame("_multi_tensor_adam", "torch/optim/adam.py", 600))  # fmt: skip
+    assert read(stepping).activity == st.OPTIMIZER
+    building = loop(12, "opt = torch.optim.SGD(params)",
+                    frame("SGD.__init__", "torch/optim/sgd.py", 65))  # fmt: skip
+    assert read(building).activity == st.LAUNCH  # not a step: torch code
+
+
+def test_the_outermost_frame_decides_and_an_empty_stack_is_nothing() -> None:
+    importing = frame("_find_and_load", "<frozen importlib._bootstrap>", 1176)
+    compiled = (*COMPILE, importing, frame("<module>", "torch/_inductor/lowering.py", 1))
+    assert read(compiled).activity == st.COMPILE  # a compilation that imports: compiling
+    started = (frame("<module>", "/job/train.py", 1, "import torch"), importing,
+               frame("<module>", "torch/_dynamo/convert_frame.py", 1))  # fmt: skip
+    assert read(started).activity == st.IMPORTING
+    assert read(()).activity == st.NOTHING
+
+
+def test_ticks_still_importing_at_the_window_s_start_are_start_up() -> None:
+    """A job whose GPU reads busy while it is still importing (a scripted fixture, or a busy
+    neighbour): those ticks are not its loop."""
+    importing = (frame("<module>", "/job/train.py", 1, "import transformers"),
+                 frame("_find_and_load", "<frozen importlib._bootstrap>", 1176))  # fmt: skip
+    at = lambda i: mix((importing, 1.0)) if i < 10 else mix((TOKENIZE, 1.0))  # noqa: E731
+    rec = with_stacks(timeline(util=const(0.3), sm=const(0.28), thread=const(1.0)), at)
+    d = diagnose(rec)
+    assert d.window[0] == pytest.approx(10 * 0.5)
+    assert sole_cause(d, "data-prep-in-loop").sites[0].function == "tokenize"

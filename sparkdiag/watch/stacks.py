@@ -249,7 +249,7 @@ def _only_optimizer(deeper: list[str | None]) -> bool:
 
 
 def _importing(f: StackFrame, lib: str | None) -> bool:
-    return f.file.startswith("<frozen importlib") or (lib or "").startswith("importlib/")
+    return (lib or "").startswith(("<frozen importlib", "importlib/"))
 
 
 def _compiling(f: StackFrame, lib: str | None) -> bool:

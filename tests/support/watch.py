@@ -206,7 +206,7 @@ Stack = tuple[StackFrame, ...]
 def frame(function: str, file: str, line: int = 1, text: str = "") -> StackFrame:
     """A frame; ``file`` relative to the site packages when it starts with a package name
     (``torch/serialization.py``), else the job's own (``/job/train.py``)."""
-    return StackFrame(function, file if file.startswith("/") else SITE + file, line, text)
+    return StackFrame(function, file if file.startswith(("/", "<")) else SITE + file, line, text)
 
 
 def loop(line: int, text: str, *deeper: StackFrame) -> Stack:
