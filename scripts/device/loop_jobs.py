@@ -201,56 +201,31 @@ def launch_bound(seconds: float, device: str, size: dict[str, Any], clean: bool)
             return meter.result("matmuls")
 
 
-def lightning_checkpoint(seconds: float, device: str, size: dict[str, Any], clean: bool,
-                         scale: str) -> Any:  # fmt: skip
-    import lightning as L
-    from transformers import GPT2Config, GPT2LMHeadModel
-
+def lightning_checkpoint(
+    seconds: float, device: str, size: dict[str, Any], clean: bool, scale: str
+) -> Any:
     torch, dev, sync = fw._torch(device)
-    cuda = dev.type == "cuda"
     batch, seq = size["big_batch"], size["seq"]
     meter = fw.Meter(seconds, sync, each=False)
     path = Path(tempfile.gettempdir()) / f"sparkdiag-watch-lightning-{time.monotonic_ns()}.ckpt"
     every = SAVE_EVERY[scale]
+    saves = []
 
-    class Module(L.LightningModule):  # type: ignore[misc]
-        def __init__(self) -> None:
-            super().__init__()
-            config = GPT2Config(n_positions=max(seq, 1024), **size["big_gpt"])
-            self.model = GPT2LMHeadModel(config)
+    def after_each(trainer: Any) -> None:
+        if not clean and trainer.global_step % every == 0:
+            trainer.save_checkpoint(path)  # watch: checkpoint-stalls
+            saves.append(trainer.global_step)
+        if meter.step(batch * seq):
+            trainer.should_stop = True
 
-        def training_step(self, _batch: Any, index: int) -> Any:
-            vocab = self.model.config.vocab_size
-            ids = torch.randint(0, vocab, (batch, seq), device=self.device)
-            return self.model(input_ids=ids, labels=ids).loss
-
-        def configure_optimizers(self) -> Any:
-            return torch.optim.AdamW(self.parameters(), lr=1e-4)
-
-        def train_dataloader(self) -> Any:
-            return torch.utils.data.DataLoader(range(10**7), batch_size=1)
-
-    class Every(L.Callback):  # type: ignore[misc]
-        saves = 0
-
-        def on_train_batch_end(self, trainer: Any, *a: Any) -> None:
-            if not clean and trainer.global_step % every == 0:
-                trainer.save_checkpoint(path)  # watch: checkpoint-stalls
-                Every.saves += 1
-            if meter.step(batch * seq):
-                trainer.should_stop = True
-
-    trainer = L.Trainer(
-        accelerator="gpu" if cuda else "cpu", devices=1,
-        precision="bf16-mixed" if cuda else "32-true", max_steps=10**7, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[Every()],
-    )  # fmt: skip
+    trainer, module = fw.lightning_gpt2_trainer(
+        torch, size, size["big_gpt"], batch, dev.type == "cuda", after_each
+    )
     try:
-        trainer.fit(Module())
+        trainer.fit(module)
     finally:
         path.unlink(missing_ok=True)
-    return {**meter.result("tokens"), "saves": Every.saves, "save_every": None if clean else every}
+    return {**meter.result("tokens"), "saves": len(saves), "save_every": None if clean else every}
 
 
 def compile_recompile(seconds: float, device: str, size: dict[str, Any], clean: bool) -> Any:
@@ -325,24 +300,19 @@ def run(name: str, seconds: float, device: str, scale: str, clean: bool) -> dict
 
     os.environ.update(fw.OFFLINE)
     size = _size(scale)
-    if name == "cotenant":
-        doc: dict[str, Any] = fw.resnet(seconds, device, size)
-    elif name == "gpt2-host-sync":
-        doc = gpt2_host_sync(seconds, device, size, clean)
-    elif name == "gpt2-tokenize":
-        doc = gpt2_tokenize(seconds, device, size, clean)
-    elif name == "resnet18-pageable":
-        doc = resnet18_pageable(seconds, device, size, clean)
-    elif name == "launch-bound":
-        doc = launch_bound(seconds, device, size, clean)
-    elif name == "lightning-checkpoint":
-        doc = lightning_checkpoint(seconds, device, size, clean, scale)
-    elif name == "compile-recompile":
-        doc = compile_recompile(seconds, device, size, clean)
-    elif name == "vit":
-        doc = vit(seconds, device, size)
-    else:
+    jobs: dict[str, Any] = {
+        "cotenant": lambda: fw.resnet(seconds, device, size),  # the defect is its neighbour
+        "gpt2-host-sync": lambda: gpt2_host_sync(seconds, device, size, clean),
+        "gpt2-tokenize": lambda: gpt2_tokenize(seconds, device, size, clean),
+        "resnet18-pageable": lambda: resnet18_pageable(seconds, device, size, clean),
+        "launch-bound": lambda: launch_bound(seconds, device, size, clean),
+        "lightning-checkpoint": lambda: lightning_checkpoint(seconds, device, size, clean, scale),
+        "compile-recompile": lambda: compile_recompile(seconds, device, size, clean),
+        "vit": lambda: vit(seconds, device, size),
+    }
+    if name not in jobs:
         raise SystemExit(f"unknown loop job {name}")
+    doc: dict[str, Any] = jobs[name]()
     return doc
 
 

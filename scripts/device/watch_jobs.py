@@ -111,19 +111,12 @@ def run_job(
 ) -> None:
     if pin is not None:
         os.sched_setaffinity(0, {pin})
-    if name in LOOP_JOBS:
-        import loop_jobs
-
-        fscale = "tiny" if scale == "tiny" else "full"
-        doc = loop_jobs.run(name, seconds, device, fscale, clean)
-        doc = {"job": name, "clean": clean, "device": device, **doc}
-        result.write_text(json.dumps(doc) + "\n", encoding="utf-8")
-        return
-    if name in FRAMEWORK_JOBS:
+    if name in LOOP_JOBS or name in FRAMEWORK_JOBS:
         import framework_jobs
 
+        jobs = loop_jobs if name in LOOP_JOBS else framework_jobs
         fscale = "tiny" if scale == "tiny" else "full"
-        doc = framework_jobs.run(name, seconds, device, fscale, clean)
+        doc = jobs.run(name, seconds, device, fscale, clean)
         doc = {"job": name, "clean": clean, "device": device, **doc}
         result.write_text(json.dumps(doc) + "\n", encoding="utf-8")
         return

@@ -77,10 +77,7 @@ def _per_visit(
 
 
 def _bytes(n: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n:.0f} B"
+    return rate(n).removesuffix("/s")  # the same units, without the time
 
 
 def _idle(ctx: Context, idx: list[int]) -> str:
