@@ -108,7 +108,7 @@ def test_record_fixture_round_trip(tmp_path: Path) -> None:
     # the recording answers the whole catalogue of its day (activity block and NVLink errors
     # included): re-recorded, every answer comes back as it was, errors by name; the queries
     # declared since (recovery action, fabric) read as unsupported
-    later = {"recovery_action", "fabric_info"}
+    later = {"recovery_action", "fabric_info", "pcie_bytes/0", "pcie_bytes/1"}
     assert {k: v for k, v in again["answers"].items() if k not in later} == recorded["answers"]
     assert all(again["answers"][k] == {"error": "NOT_SUPPORTED"} for k in later)
     assert again["answers"]["nvlink_state/0"] == {"error": "NOT_SUPPORTED"}
