@@ -75,8 +75,8 @@ def text(rec: Recording, diagnosis: Diagnosis, width: int | None = None) -> str:
             f"active window {start:.1f}-{end:.1f} s: GPU busy {_pct(diagnosis.gpu_busy)}{tensor}",
             "",
         )
-    if rec.stack_sampler:
-        lines += _wrap(f"Python stacks: {rec.stack_sampler}", "")
+        if rec.stack_sampler:  # what the lines named come from (no GPU: nothing to name)
+            lines += _wrap(f"Python stacks: {rec.stack_sampler}", "")
     lines += ["", *terminal.wrap(f"diagnosis: {headline(diagnosis, rec)}", width, "", "  ")]
     for cause in diagnosis.causes:
         lines.append("")
