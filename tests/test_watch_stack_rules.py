@@ -498,3 +498,17 @@ def test_ticks_still_importing_at_the_window_s_start_are_start_up() -> None:
     d = diagnose(rec)
     assert d.window[0] == pytest.approx(10 * 0.5)
     assert sole_cause(d, "data-prep-in-loop").sites[0].function == "tokenize"
+
+
+def test_launching_named_by_the_stacks_is_launch_bound_whatever_the_kernels_size() -> None:
+    """512x512 matmuls fill half the SMs while they run (SM activity 14 % at 25 %
+    utilization): not small enough for the counters, but the thread is in the matmul line all
+    the time; the loss is the time the SMs did not work, as for any launcher."""
+    rec = timeline(util=const(0.25), sm=const(0.14), tensor=const(0.1), thread=const(1.0))
+    assert diagnose(rec).verdict == "data-prep-in-loop"  # counters: a busy thread, real kernels
+    cause = sole_cause(diagnose(with_stacks(rec, lambda i: mix((MATMUL, 1.0)))),
+                       "cpu-bound-launcher", 0.86, within=0.01)  # fmt: skip
+    assert cause.sites[0].text == "y = x @ w"
+    # the same counters with the thread in its own unnamed code: data prep, not launching
+    plain = with_stacks(rec, lambda i: mix((TOKENIZE, 1.0)))
+    assert diagnose(plain).verdict == "data-prep-in-loop"

@@ -11,10 +11,12 @@ can overlap the GPU's own work (:data:`OVERLAPPING`): waiting in a sync (which l
 what it waits for is a copy, not a kernel) and launching kernels, in proportion again; where the
 thread did neither, to the cause the counters gave the tick.
 
-A tick the counters call launch-bound (a hot thread, tiny kernels) whose thread spent at least
-half its time launching is a launcher's tick whole: its loss is the time the SMs did not work,
-as without stacks. The thread's own code doing something no frame names (``USER``: pure
-Python, numpy) is launching in such a tick and preparing data in any other.
+A tick the counters call launch-bound (a hot thread, small kernels) whose thread spent at
+least half its time launching, or one in which a hot thread feeds a GPU that runs with gaps and
+spent half its time in lines that call torch, is a launcher's tick whole: its loss is the time
+the SMs did not work, as without stacks (``diagnose._parts``). The thread's own code doing
+something no frame names (``USER``: pure Python, numpy) is launching in a launch-bound tick and
+preparing data in any other.
 """
 
 from __future__ import annotations

@@ -277,14 +277,20 @@ def _tiny(v: View) -> bool:
     return v.sm is None or v.sm < TINY_KERNELS * v.util
 
 
-def _launch_bound(v: View, thread: float | None) -> bool:
+def _feeding(v: View, thread: float | None) -> bool:
+    """A hot thread feeding a GPU that runs kernels with gaps between them and works under
+    ``LAUNCH_ACTIVITY_MAX``: what a launch-bound loop looks like, whatever its kernels' size."""
     return (
         (thread or 0.0) >= HOT_THREAD
         and v.eff < LAUNCH_ACTIVITY_MAX
         and v.util >= LAUNCH_UTIL_MIN
         and v.idle >= IDLE_MIN
-        and _tiny(v)
     )
+
+
+def _launch_bound(v: View, thread: float | None) -> bool:
+    """Launch-bound by the counters: feeding the GPU small kernels."""
+    return _feeding(v, thread) and _tiny(v)
 
 
 def _powers(vs: list[View], win: list[View]) -> tuple[float | None, float | None]:
@@ -410,19 +416,29 @@ def _parts(
     v: View,
     label: str,
     unimpeded: float,
-    launch_bound: bool,
+    thread: float | None,
 ) -> list[attribute.Part]:
     """The tick's lost time by cause: the counters' label whole, or shared out over what the
-    training thread did (attribute.py) where its stacks cover the tick."""
+    training thread did (attribute.py) where its stacks cover the tick. A tick whose thread
+    spent half its time or more launching is the launcher's whole (losing the time the SMs did
+    not work) where the counters call it launch-bound, or where the thread feeds the GPU as a
+    launch-bound loop does and the stacks name torch calls (not only unnamed code) for that
+    half: the stacks tell launching from preparing data, which the kernels' size guessed."""
     loss = _loss(v, label, unimpeded)
     if readings is None or label not in HOST_LABELS:
         return [attribute.Part(label, None, loss)]
     sampled = attribute.training_stacks(rec, readings, v.tick)
     if not attribute.covered(sampled, v.dt):
         return [attribute.Part(label, None, loss)]
-    if launch_bound and attribute.launching_share(sampled) >= attribute.LAUNCHING_MIN:
+    launch_bound = _launch_bound(v, thread)
+    total = sum(sec for _, _, sec in sampled)
+    named = sum(sec for _, a, sec in sampled if a == st.LAUNCH) / total if total > 0 else 0.0
+    if (launch_bound and attribute.launching_share(sampled) >= attribute.LAUNCHING_MIN) or (
+        _feeding(v, thread) and named >= attribute.LAUNCHING_MIN
+    ):
         launching = [(s, st.LAUNCH, sec) for s, a, sec in sampled if a in (st.LAUNCH, st.USER)]
-        return attribute.split(loss, v.dt, launching, label, launching=True)
+        lost = v.dt * (1.0 - v.eff)
+        return attribute.split(lost, v.dt, launching, "cpu-bound-launcher", launching=True)
     return attribute.split(_idle_loss(v, unimpeded), v.dt, sampled, label, launch_bound)
 
 
@@ -487,8 +503,7 @@ def diagnose(rec: Recording) -> Diagnosis:
             ledger.add(i, v, attribute.Part("co-tenant", None, _cotenant_loss(v, unimpeded)))
         if label is None:
             continue
-        launch_bound = _launch_bound(v, threads[i])
-        for part in _parts(rec, readings, v, label, unimpeded, launch_bound):
+        for part in _parts(rec, readings, v, label, unimpeded, threads[i]):
             ledger.add(i, v, part)
 
     notes: list[str] = []
