@@ -1,16 +1,26 @@
 #!/usr/bin/env python3
 """On the lent GPU machine: training jobs, each run alone and under ``sparkdiag watch``.
 
-    python3 scripts/device/watch_jobs.py --seconds 15 --out /tmp/wj \
-        --archive $OUT/watch_jobs.tgz                        # the framework jobs
+    python3 scripts/device/watch_jobs.py --seconds 12 --budget 540 --out /tmp/watch \
+        --archive $OUT/watch/watch_jobs.tgz                  # issue 28's jobs (the default)
+    python3 scripts/device/watch_jobs.py --jobs resnet-loader,spin     # issue 19's
     python3 scripts/device/watch_jobs.py --jobs healthy,fp32 --seconds 25   # synthetic ones
 
-Framework jobs (scripts/device/framework_jobs.py: timm, torchvision, transformers, Lightning;
-random data, random weights): resnet-loader, sleepy-loop, gpt2-checkpoint, spin, resnet-fp32
-(each built with a defect), resnet and lightning-gpt2 (healthy). A job with a defect runs
-alone *without* it (``job NAME --clean``) and under watch *with* it, so that its true lost
-share is 1 - watched/alone throughput, to set beside the share watch reports; a healthy job
-runs the same both ways, which measures the watch's overhead.
+Issue 28's jobs (scripts/device/loop_jobs.py, the default list): a co-tenant, a host sync, data
+prepared in the loop, pageable copies, a launch-bound loop, a Lightning checkpoint, torch.compile
+recompiling (each built with a defect, the line of it marked ``# watch: NAME``), and resnet, vit
+and lightning-gpt2 (healthy). The co-tenant's defect is a neighbour process this script starts
+beside the watched run, outside the job's tree. Each row checks the verdict, the line watch
+names first against the mark, the co-tenant's pid, and the share against the truth (within
+0.10; scripts/device/watch_report.py), and ``watch_expected.json`` records what each recording
+must replay to (tests/test_watch_device_recordings.py reads it).
+
+Issue 19's framework jobs (scripts/device/framework_jobs.py: timm, torchvision, transformers,
+Lightning; random data, random weights): resnet-loader, sleepy-loop, gpt2-checkpoint, spin,
+resnet-fp32. A job with a defect runs alone *without* it (``job NAME --clean``) and under watch
+*with* it, so that its true lost share is 1 - watched/alone throughput, to set beside the share
+watch reports; a healthy job runs watched only (truth 0), or with ``--alone-healthy`` the same
+both ways, which measures the watch's overhead.
 
 Synthetic jobs (torch only; each prints nothing on stdout, it writes its throughput to
 --result), run the same both ways (their overhead):
@@ -28,17 +38,19 @@ ones) so that drift cancels; the watch's overhead is the median over the pairs o
 127 000 to 152 000 kernels a second between runs on the H200, so one pair cannot resolve 2 %.
 ``--pin CPU`` runs each job on that CPU only (both ways). ``--budget S`` starts no run that
 would likely end after S seconds of wall time (the device's limit per call).
-Written under --out (default $OUT, else /tmp/out): per job the diagnosis
+Written under --out (default $OUT/watch, else /tmp/out/watch): per job the diagnosis
 (``<job>.diagnosis.json``), the recording (``<job>.recording.json``), the timeline
 (``<job>.png``, when matplotlib is importable; otherwise render it from the recording with
 ``sparkdiag watch --replay <job>.recording.json --plot <job>.png``), the logs
 (``<job>.watch.log``, ``<job>.alone.log``), the jobs' throughput documents
 (``<job>.alone.json``, ``<job>.watched.json``); and ``watch_jobs.json`` and ``watch_jobs.txt``,
-the table job -> truth -> diagnosis -> share -> overhead. With ``--archive FILE`` everything is
+the table job -> truth -> diagnosis -> share -> overhead -> line named, and
+``watch_expected.json``. With ``--archive FILE`` everything is
 packed into that one tar archive after each job. A job that fails is reported as such and the
 others still run; the exit status is 1 when one failed.
 
-Test it on a CPU with tiny settings: ``--device cpu --scale tiny --seconds 1``.
+Test it on a CPU with tiny settings: ``--device cpu --scale tiny --seconds 1`` (with
+``--nvml-fixture tests/fixtures/nvml/watch-starved.json`` the watch has a scripted GPU).
 """
 
 from __future__ import annotations
