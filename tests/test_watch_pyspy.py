@@ -385,3 +385,12 @@ def test_a_job_of_another_user_without_cap_sys_ptrace_says_what_to_grant(tmp_pat
     assert result.stderr.count(said) == 1 and "CAP_SYS_PTRACE" in result.stderr
     doc = json.loads(result.stdout)
     assert doc["stack_sampler"] == "" and doc["verdict"] == "healthy"
+
+
+def test_a_py_spy_that_will_not_run_is_said_once(tmp_path: Path) -> None:
+    broken = tmp_path / "py-spy"
+    broken.write_text("not a program\n")  # found by a path, not executable
+    sampler = stack_sampler.StackSampler(broken, Path("/"))
+    (said,) = sampler.update([os.getpid()])
+    assert said.startswith(f"no Python stacks of pid {os.getpid()}") and "cannot run" in said
+    assert sampler.update([os.getpid()]) == [] and sampler.finish() == []

@@ -298,6 +298,8 @@ def error_message(log: str) -> str:
         message = f"{message} ({causes[-1]})"
     if "Permission denied" in message or "Operation not permitted" in message:
         message += f"; {GRANT}"
+    elif "python version" in message.lower():
+        message = f"not a Python process, or one py-spy does not know ({message})"
     return message
 
 

@@ -83,9 +83,14 @@ class StackSampler:
         )
         return f"{self.version}, {self.rate} samples a second per process, {how}"
 
-    def _recorder(self, pid: int) -> pyspy.Recorder:
-        rec = pyspy.Recorder(self.binary, pid, self.workdir, self.rate, self.native, self.clock)
-        rec.start()
+    def _recorder(self, target: _Target) -> pyspy.Recorder | None:
+        rec = pyspy.Recorder(self.binary, target.pid, self.workdir, self.rate, self.native,
+                             self.clock)  # fmt: skip
+        try:
+            rec.start()
+        except OSError as exc:  # py-spy itself would not run
+            target.error, target.tries = f"cannot run {self.binary}: {exc.strerror or exc}", RETRIES
+            return None
         return rec
 
     def update(self, pids: Iterable[int]) -> list[str]:
@@ -106,7 +111,9 @@ class StackSampler:
         if rec is None:
             if target.tries < RETRIES and now >= target.retry_at:
                 target.tries += 1
-                target.current = self._recorder(target.pid)
+                target.current = self._recorder(target)
+                if target.current is None:
+                    self._fail(target)
             return
         if not rec.running():  # the process ended, or py-spy could not read it
             target.current = None
@@ -116,11 +123,12 @@ class StackSampler:
                 if target.tries >= RETRIES:
                     self._fail(target)
         elif now - rec.origin >= CHUNK_SECONDS:
-            fresh = self._recorder(target.pid)
-            rec.stop()
-            fresh.since = rec.stopped_at
-            target.stopping.append(rec)
-            target.current = fresh
+            fresh = self._recorder(target)
+            if fresh is not None:
+                rec.stop()
+                fresh.since = rec.stopped_at
+                target.stopping.append(rec)
+                target.current = fresh
         for old in [r for r in target.stopping if not r.running()]:
             target.stopping.remove(old)
             self._collect(target, old)
