@@ -339,14 +339,14 @@ def test_a_checkpoint_without_a_write_burst_is_named_from_its_stacks() -> None:
     assert "no write burst stood out" in cause.evidence[0]
 
 
-def test_torch_compile_recompiling_names_the_call_and_counts_compilations() -> None:
+def test_torch_compile_recompiling_names_the_call_and_its_stretches() -> None:
     compiling = periodic(3, 5, period=10)
     rec = timeline(util=during(compiling, 0.05, 0.99), sm=during(compiling, 0.04, 0.9),
                    thread=const(1.0))  # fmt: skip
     rec = with_stacks(rec, lambda i: mix((COMPILE, 1.0)) if compiling(i) else mix((ITEM, 1.0)))
     cause = sole_cause(diagnose(rec), "recompiling", 0.2 * 0.95, within=0.02)
     assert cause.sites[0].text == "loss = train_step(x)"
-    assert "8 compilations seen" in " ".join(cause.evidence)
+    assert "8 stretches of compiling, the longest 1.0 s" in " ".join(cause.evidence)
 
 
 def test_waiting_for_dataloader_workers_stays_input_starved_and_names_the_loop() -> None:

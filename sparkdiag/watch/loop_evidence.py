@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 from sparkdiag.watch import stacks as st
 from sparkdiag.watch.causes import ACTIONS, Cause, Site, mean, pct, rate
-from sparkdiag.watch.evidence import Context
+from sparkdiag.watch.evidence import Context, runs
 from sparkdiag.watch.sites import lines, sites, top_stacks
 
 VISIT_MIN_SECONDS = 0.1  # a visit this long is seen at every sample rate watch uses
@@ -74,6 +74,30 @@ def _per_visit(
     if count == 0 or seconds / count < VISIT_MIN_SECONDS:
         return ""
     return f", about {_bytes(moved / count)} each time it {what} ({count} seen)"
+
+
+def _stretches(
+    ctx: Context, readings: st.Readings | None, idx: list[int], activity: str, doing: str
+) -> list[str]:
+    """ "N stretches of compiling, the longest X s": the runs of ticks in which the training
+    thread spent most of its time in ``activity`` (two close together read as one)."""
+    if readings is None:
+        return []
+    mostly = []
+    for i in idx:
+        sampled = [
+            (readings.stacks[s.stack].activity, s.seconds)
+            for s in ctx.rec.ticks[ctx.win[i].tick].stacks
+            if s.thread in readings.training
+        ]
+        total = sum(sec for _, sec in sampled)
+        if total > 0 and sum(sec for a, sec in sampled if a == activity) >= 0.5 * total:
+            mostly.append(i)
+    stretches = runs(mostly)
+    if not stretches:
+        return []
+    longest = max(sum(ctx.win[i].dt for i in r) for r in stretches)
+    return [f"{len(stretches)} stretches of {doing}, the longest {longest:.1f} s"]
 
 
 def _bytes(n: float) -> str:
@@ -186,9 +210,8 @@ def stack_cause(name: str, ctx: Context, idx: list[int], share: float, spent: Sp
     found = spent.sites(ctx, length, activity)
     evidence += lines(found, verb)
     if name == "recompiling":
-        count, _ = _visits(ctx, spent.readings, idx, set(spent.of(activity)))
-        if count:
-            evidence.append(f"{count} compilations seen (each one a stretch in the compiler)")
+        window = list(range(len(ctx.win)))  # a compilation runs on through ticks it lost none
+        evidence += _stretches(ctx, spent.readings, window, activity, "compiling")
     return _cause(name, share, evidence, found, spent, ctx)
 
 
