@@ -391,7 +391,13 @@ def test_gpm_first_call_is_not_ready_then_ratios_between_consecutive_samples() -
     assert first.value.code == NOT_READY
     second = calls.gpm(HANDLE)
     # metric id + 10 x samples taken; DRAM answered NOT_SUPPORTED and is left out
-    assert second == {"sm": 22.0, "sm_occupancy": 23.0, "tensor": 25.0}
+    assert second == {
+        "sm": 22.0,
+        "sm_occupancy": 23.0,
+        "tensor": 25.0,
+        "pcie_tx": 40.0,
+        "pcie_rx": 41.0,
+    }
     third = calls.gpm(HANDLE)
     assert third["sm"] == 32.0
     # each comparison is (previous sample, this one): the two buffers alternate

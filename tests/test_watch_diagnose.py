@@ -250,8 +250,8 @@ def test_gpu_unused_only_when_the_job_never_touched_it() -> None:
     assert d.verdict == "gpu-unused"
     assert "never touched GPU 0" in d.notes[0] and "CUDA_VISIBLE_DEVICES" in d.notes[0]
     held = diagnose(timeline(util=const(0.02), sm=const(0.018), tensor=const(0.01)))
-    assert held.verdict == "input-starved"
-    assert share(held, "input-starved") == pytest.approx(0.98, abs=0.01)
+    assert held.verdict == "data-prep-in-loop"
+    assert share(held, "data-prep-in-loop") == pytest.approx(0.98, abs=0.01)
 
 
 def test_a_job_holding_the_gpu_without_a_kernel_is_diagnosed_over_those_ticks() -> None:

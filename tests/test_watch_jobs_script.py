@@ -76,7 +76,16 @@ NEEDS = {
     "resnet-fp32": ("timm",),
     "resnet": ("timm",),
     "lightning-gpt2": ("lightning", "transformers"),
+    "cotenant": ("timm",),
+    "gpt2-host-sync": ("transformers",),
+    "gpt2-tokenize": ("transformers", "tokenizers"),
+    "resnet18-pageable": ("timm",),
+    "launch-bound": (),
+    "lightning-checkpoint": ("lightning", "transformers"),
+    "compile-recompile": (),
+    "vit": ("timm",),
 }
+UNITS = {"launch-bound": "matmuls", "compile-recompile": "tokens", "lightning-checkpoint": "tokens"}
 
 
 def _need(job: str) -> None:
@@ -102,11 +111,15 @@ def test_each_framework_job_runs_with_and_without_its_defect(
     doc = json.loads(path.read_text())
     assert doc["job"] == job and doc["clean"] is clean
     assert doc["steps"] > 0 and doc["per_second"] > 0
-    assert doc["unit"] == ("tokens" if "gpt2" in job else "images")
+    assert doc["unit"] == UNITS.get(job, "tokens" if "gpt2" in job else "images")
     if job == "gpt2-checkpoint":
         assert doc["save_steps"] == (None if clean else 15)
     if job == "sleepy-loop":
         assert (doc["sleep_seconds"] == 0) is clean
+    if job == "lightning-checkpoint":
+        assert (doc["saves"] == 0) is clean
+    if job == "compile-recompile" and not clean:
+        assert doc["lengths"] >= 1
 
 
 def test_a_job_with_a_defect_runs_alone_without_it_and_the_truth_is_its_throughput(
@@ -153,3 +166,42 @@ def test_a_run_past_its_time_is_killed_with_its_whole_process_group(tmp_path: Pa
         time.sleep(0.1)
     else:
         raise AssertionError(f"the grandchild {pid} outlived the timeout")
+
+
+def test_every_marked_defect_line_is_in_the_jobs_file() -> None:
+    sys.path.insert(0, str(SCRIPT.parent))
+    import loop_jobs
+
+    lines = (SCRIPT.parent / "loop_jobs.py").read_text().splitlines()
+    for _verdict, mark in loop_jobs.EXPECTED.values():
+        if mark is not None:
+            assert lines[loop_jobs.marked(mark) - 1].rstrip().endswith(f"# watch: {mark}")
+
+
+def test_the_loop_jobs_under_watch_name_their_lines_and_write_expectations(
+    tmp_path: Path,
+) -> None:
+    """Two torch-only jobs of issue 28 in a CPU dry run (the GPU a scripted fixture): each gets
+    its verdict and the marked line of loop_jobs.py, and watch_expected.json lists them for the
+    replay test, with no share expected (the fixture's GPU is not the job's)."""
+    pytest.importorskip("torch")
+    from sparkdiag.sources import pyspy
+
+    if pyspy.find() is None:
+        pytest.skip("py-spy is not installed here")
+    out = tmp_path / "out"
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--device", "cpu", "--scale", "tiny", "--seconds", "2",
+         "--interval", "0.2", "--jobs", "launch-bound,compile-recompile", "--nvml-fixture",
+         str(ROOT / "tests/fixtures/nvml/watch-starved.json"), "--out", str(out)],
+        capture_output=True, text=True, timeout=400, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads((out / "watch_jobs.json").read_text())["rows"]
+    for r in rows:
+        assert r["verdict_ok"] and r["line_ok"], r
+        assert r["truth"] > 0  # the clean run (one bmm, one dynamic compile) is faster
+    expected = json.loads((out / "watch_expected.json").read_text())
+    assert [j["job"] for j in expected["jobs"]] == ["launch-bound", "compile-recompile"]
+    assert all(j["truth"] is None and j["line"]["file"] == "loop_jobs.py" for j in expected["jobs"])
+    assert "right: verdict 2/2, line 2/2" in result.stdout

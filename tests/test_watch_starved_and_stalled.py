@@ -81,11 +81,14 @@ def test_a_loop_sleeping_for_its_data_under_twenty_percent() -> None:
 
 def test_the_training_thread_preparing_batches_itself() -> None:
     """num_workers=0: the main thread at 100 % of a core, big kernels (SMs 22 % active at 25 %
-    utilization) between batches: input it prepares itself, not a launcher."""
+    utilization) between batches: data it prepares itself, not a launcher, and without stacks
+    the report says it cannot tell that from other host work in the loop."""
     rec = timeline(util=const(0.25), sm=const(0.22), tensor=const(0.15), thread=const(1.0))
-    cause = sole_cause(diagnose(rec), "input-starved", 0.75)
-    assert "prepares the data (or runs other host code) itself" in " ".join(cause.evidence)
-    assert cause.actions[0].startswith("prepare batches in worker processes")
+    cause = sole_cause(diagnose(rec), "data-prep-in-loop", 0.75)
+    evidence = " ".join(cause.evidence)
+    assert "prepared data (or ran other host code) itself" in evidence
+    assert "cannot be told from other host work" in evidence and "py-spy" in evidence
+    assert cause.actions[0].startswith("prepare batches in DataLoader worker processes")
 
 
 def test_loaders_waiting_on_storage() -> None:

@@ -334,23 +334,25 @@ def gpt2_checkpoint(
             "save_steps": None if clean else SAVE_STEPS}  # fmt: skip
 
 
-def lightning_gpt2(seconds: float, device: str, size: dict[str, Any]) -> dict[str, Any]:
-    """A Lightning Trainer on GPT-2, bf16-mixed on CUDA, token batches made on the device."""
+def lightning_gpt2_trainer(
+    torch: Any, size: dict[str, Any], gpt: dict[str, Any], batch: int, cuda: bool,
+    on_batch_end: Callable[[Any], None],
+) -> tuple[Any, Any]:  # fmt: skip
+    """A Lightning Trainer (bf16-mixed on CUDA) and a module training GPT-2 (``gpt``: its config)
+    on ``batch`` x ``size["seq"]`` token batches made on the device; ``on_batch_end(trainer)``
+    after each step."""
     import lightning as L
 
-    torch, dev, sync = _torch(device)
-    cuda = dev.type == "cuda"
-    tokens = size["gpt_batch"] * size["seq"]
-    meter = Meter(seconds, sync, each=False)
+    seq = size["seq"]
 
     class Module(L.LightningModule):  # type: ignore[misc]
         def __init__(self) -> None:
             super().__init__()
-            self.model = _gpt2(size)
+            self.model = _gpt2({**size, "gpt": gpt})
 
-        def training_step(self, batch: Any, index: int) -> Any:
+        def training_step(self, _batch: Any, index: int) -> Any:
             vocab = self.model.config.vocab_size
-            ids = torch.randint(0, vocab, (size["gpt_batch"], size["seq"]), device=self.device)
+            ids = torch.randint(0, vocab, (batch, seq), device=self.device)
             return self.model(input_ids=ids, labels=ids).loss
 
         def configure_optimizers(self) -> Any:
@@ -359,18 +361,32 @@ def lightning_gpt2(seconds: float, device: str, size: dict[str, Any]) -> dict[st
         def train_dataloader(self) -> Any:
             return torch.utils.data.DataLoader(range(10**7), batch_size=1)
 
-    class Stop(L.Callback):  # type: ignore[misc]
+    class AfterEach(L.Callback):  # type: ignore[misc]
         def on_train_batch_end(self, trainer: Any, *a: Any) -> None:
-            if meter.step(tokens):
-                trainer.should_stop = True
+            on_batch_end(trainer)
 
     trainer = L.Trainer(
         accelerator="gpu" if cuda else "cpu", devices=1,
         precision="bf16-mixed" if cuda else "32-true", max_steps=10**7, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[Stop()],
+        callbacks=[AfterEach()],
     )  # fmt: skip
-    trainer.fit(Module())
+    return trainer, Module()
+
+
+def lightning_gpt2(seconds: float, device: str, size: dict[str, Any]) -> dict[str, Any]:
+    """A Lightning Trainer on GPT-2, bf16-mixed on CUDA, token batches made on the device."""
+    torch, dev, sync = _torch(device)
+    meter = Meter(seconds, sync, each=False)
+
+    def stop(trainer: Any) -> None:
+        if meter.step(size["gpt_batch"] * size["seq"]):
+            trainer.should_stop = True
+
+    trainer, module = lightning_gpt2_trainer(
+        torch, size, size["gpt"], size["gpt_batch"], dev.type == "cuda", stop
+    )
+    trainer.fit(module)
     return meter.result("tokens")
 
 

@@ -1,16 +1,26 @@
 #!/usr/bin/env python3
 """On the lent GPU machine: training jobs, each run alone and under ``sparkdiag watch``.
 
-    python3 scripts/device/watch_jobs.py --seconds 15 --out /tmp/wj \
-        --archive $OUT/watch_jobs.tgz                        # the framework jobs
+    python3 scripts/device/watch_jobs.py --seconds 12 --budget 540 --out /tmp/watch \
+        --archive $OUT/watch/watch_jobs.tgz                  # issue 28's jobs (the default)
+    python3 scripts/device/watch_jobs.py --jobs resnet-loader,spin     # issue 19's
     python3 scripts/device/watch_jobs.py --jobs healthy,fp32 --seconds 25   # synthetic ones
 
-Framework jobs (scripts/device/framework_jobs.py: timm, torchvision, transformers, Lightning;
-random data, random weights): resnet-loader, sleepy-loop, gpt2-checkpoint, spin, resnet-fp32
-(each built with a defect), resnet and lightning-gpt2 (healthy). A job with a defect runs
-alone *without* it (``job NAME --clean``) and under watch *with* it, so that its true lost
-share is 1 - watched/alone throughput, to set beside the share watch reports; a healthy job
-runs the same both ways, which measures the watch's overhead.
+Issue 28's jobs (scripts/device/loop_jobs.py, the default list): a co-tenant, a host sync, data
+prepared in the loop, pageable copies, a launch-bound loop, a Lightning checkpoint, torch.compile
+recompiling (each built with a defect, the line of it marked ``# watch: NAME``), and resnet, vit
+and lightning-gpt2 (healthy). The co-tenant's defect is a neighbour process this script starts
+beside the watched run, outside the job's tree. Each row checks the verdict, the line watch
+names first against the mark, the co-tenant's pid, and the share against the truth (within
+0.10; scripts/device/watch_report.py), and ``watch_expected.json`` records what each recording
+must replay to (tests/test_watch_device_recordings.py reads it).
+
+Issue 19's framework jobs (scripts/device/framework_jobs.py: timm, torchvision, transformers,
+Lightning; random data, random weights): resnet-loader, sleepy-loop, gpt2-checkpoint, spin,
+resnet-fp32. A job with a defect runs alone *without* it (``job NAME --clean``) and under watch
+*with* it, so that its true lost share is 1 - watched/alone throughput, to set beside the share
+watch reports; a healthy job runs watched only (truth 0), or with ``--alone-healthy`` the same
+both ways, which measures the watch's overhead.
 
 Synthetic jobs (torch only; each prints nothing on stdout, it writes its throughput to
 --result), run the same both ways (their overhead):
@@ -28,17 +38,19 @@ ones) so that drift cancels; the watch's overhead is the median over the pairs o
 127 000 to 152 000 kernels a second between runs on the H200, so one pair cannot resolve 2 %.
 ``--pin CPU`` runs each job on that CPU only (both ways). ``--budget S`` starts no run that
 would likely end after S seconds of wall time (the device's limit per call).
-Written under --out (default $OUT, else /tmp/out): per job the diagnosis
+Written under --out (default $OUT/watch, else /tmp/out/watch): per job the diagnosis
 (``<job>.diagnosis.json``), the recording (``<job>.recording.json``), the timeline
 (``<job>.png``, when matplotlib is importable; otherwise render it from the recording with
 ``sparkdiag watch --replay <job>.recording.json --plot <job>.png``), the logs
 (``<job>.watch.log``, ``<job>.alone.log``), the jobs' throughput documents
 (``<job>.alone.json``, ``<job>.watched.json``); and ``watch_jobs.json`` and ``watch_jobs.txt``,
-the table job -> truth -> diagnosis -> share -> overhead. With ``--archive FILE`` everything is
+the table job -> truth -> diagnosis -> share -> overhead -> line named, and
+``watch_expected.json``. With ``--archive FILE`` everything is
 packed into that one tar archive after each job. A job that fails is reported as such and the
 others still run; the exit status is 1 when one failed.
 
-Test it on a CPU with tiny settings: ``--device cpu --scale tiny --seconds 1``.
+Test it on a CPU with tiny settings: ``--device cpu --scale tiny --seconds 1`` (with
+``--nvml-fixture tests/fixtures/nvml/watch-starved.json`` the watch has a scripted GPU).
 """
 
 from __future__ import annotations
@@ -50,10 +62,8 @@ import json
 import os
 import queue
 import signal
-import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -62,7 +72,11 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import loop_jobs  # noqa: E402
 from framework_jobs import FRAMEWORK_JOBS  # noqa: E402  (beside this script)
+from loop_jobs import EXPECTED as LOOP_EXPECTED  # noqa: E402
+from loop_jobs import LOOP_JOBS  # noqa: E402
+from watch_report import expectations, pack, row, table  # noqa: E402
 
 JOBS = ("healthy", "starved", "checkpoint", "launch", "fp32")
 EXPECTED = {
@@ -78,9 +92,16 @@ EXPECTED = {
     "resnet-fp32": "low-tensor-activity",
     "resnet": "healthy",
     "lightning-gpt2": "healthy",
+    **{name: verdict for name, (verdict, _) in LOOP_EXPECTED.items()},
 }
 # jobs whose alone run leaves the defect out: their truth is 1 - watched/alone
-CLEAN_ALONE = frozenset({"resnet-loader", "sleepy-loop", "gpt2-checkpoint", "spin", "resnet-fp32"})
+CLEAN_ALONE = frozenset({"resnet-loader", "sleepy-loop", "gpt2-checkpoint", "spin", "resnet-fp32"}
+                        | {n for n, (v, _) in LOOP_EXPECTED.items() if v != "healthy"})  # fmt: skip
+WITH_NEIGHBOUR = frozenset({"cotenant"})  # another process on the GPU while watched
+NEIGHBOUR_START_SECONDS = 5.0  # its CUDA context and first matmuls before the job starts
+NEIGHBOURS: dict[str, int] = {}  # job -> the pid of its last neighbour
+# issue 28's run: a job per cause in the training loop's code, a co-tenant, three healthy jobs
+DEFAULT_JOBS = (*LOOP_JOBS[:-1], "resnet", "vit", "lightning-gpt2")
 # Sizes per scale: matmul edge, checkpoint bytes, loader delay factor, checkpoint period (s).
 SCALES: dict[str, dict[str, Any]] = {
     "full": {"n": 8192, "ckpt_bytes": 2 << 30, "ckpt_every": 5.0, "steps_per_sync": 10},
@@ -102,11 +123,12 @@ def run_job(
 ) -> None:
     if pin is not None:
         os.sched_setaffinity(0, {pin})
-    if name in FRAMEWORK_JOBS:
+    if name in LOOP_JOBS or name in FRAMEWORK_JOBS:
         import framework_jobs
 
+        jobs = loop_jobs if name in LOOP_JOBS else framework_jobs
         fscale = "tiny" if scale == "tiny" else "full"
-        doc = framework_jobs.run(name, seconds, device, fscale, clean)
+        doc = jobs.run(name, seconds, device, fscale, clean)
         doc = {"job": name, "clean": clean, "device": device, **doc}
         result.write_text(json.dumps(doc) + "\n", encoding="utf-8")
         return
@@ -273,10 +295,30 @@ def run_group(cmd: list[str], err: Any, timeout: float) -> subprocess.CompletedP
     return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
 
 
+def start_neighbour(args: argparse.Namespace) -> subprocess.Popen[bytes]:
+    """Another process's bf16 matmul loop on the same GPU (loop_jobs.neighbour), outside the
+    watched job's process tree: the co-tenant job's defect. Given a few seconds to start."""
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve().parent / "loop_jobs.py"), "neighbour",
+         args.device, "tiny" if args.scale == "tiny" else "full"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    time.sleep(NEIGHBOUR_START_SECONDS)
+    return proc
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 def run_once(
     args: argparse.Namespace, name: str, watched: bool, out: Path
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str]:
-    """(the job's result, the watch's diagnosis or None, an error or "")."""
+    """(the job's result, the watch's diagnosis or None, an error or ""). A job with a
+    neighbour (the co-tenant) gets it beside its watched run; its pid is kept in
+    ``NEIGHBOURS``."""
     result = out / f"{name}.{'watched' if watched else 'alone'}.json"
     result.unlink(missing_ok=True)
     cmd = job_argv(args, name, result, clean=not watched and name in CLEAN_ALONE)
@@ -285,13 +327,21 @@ def run_once(
                  str(args.interval), "--record", str(out / f"{name}.recording.json")]  # fmt: skip
         if importlib.util.find_spec("matplotlib") is not None:
             watch += ["--plot", str(out / f"{name}.png")]
+        if args.nvml_fixture:
+            watch += ["--nvml-fixture", args.nvml_fixture]
         cmd = [*watch, "--", *cmd]
     log = out / f"{name}.{'watch' if watched else 'alone'}.log"
+    neighbour = start_neighbour(args) if watched and name in WITH_NEIGHBOUR else None
+    if neighbour is not None:
+        NEIGHBOURS[name] = neighbour.pid
     try:
         with log.open("w") as err:
             proc = run_group(cmd, err, args.seconds + args.startup_timeout)
     except subprocess.TimeoutExpired:
         return None, None, f"timed out after {args.seconds + args.startup_timeout:.0f} s"
+    finally:
+        if neighbour is not None:
+            stop(neighbour)
     diagnosis = None
     if watched:
         try:
@@ -306,85 +356,6 @@ def run_once(
         return json.loads(result.read_text()), diagnosis, ""
     except (OSError, json.JSONDecodeError) as exc:
         return None, diagnosis, f"no result ({exc})"
-
-
-def row(name: str, pairs: list[tuple[Any, Any]], diagnosis: Any, error: str) -> dict[str, Any]:
-    """One job's line: the last diagnosis, the share of the expected cause (else of the first),
-    and over the pairs (alone, watched) that both gave a result: for a job whose alone run left
-    its defect out the truth, 1 - watched/alone (median); for the others the overhead, the
-    same figure for the same job."""
-    expected = EXPECTED.get(name, "?")
-    entry: dict[str, Any] = {"job": name, "expected": expected, "error": error}
-    if diagnosis is not None:
-        causes = {c["name"]: c for c in diagnosis["causes"]}
-        entry["diagnosis"] = diagnosis["verdict"]
-        entry["causes"] = {k: round(c["share"], 3) for k, c in causes.items()}
-        chosen = causes.get(expected) or (diagnosis["causes"] or [None])[0]
-        entry["lost_share"] = chosen["share"] if chosen else 0.0
-        entry["share_is_lost_time"] = bool(chosen["lost"]) if chosen and "lost" in chosen else True
-    done = [(a, w) for a, w in pairs if a and w]
-    if done:
-        entry["alone_per_second"] = statistics.median(a["per_second"] for a, _ in done)
-        entry["watched_per_second"] = statistics.median(w["per_second"] for _, w in done)
-        entry["unit"] = done[0][0]["unit"]
-        ratios = [1.0 - w["per_second"] / a["per_second"] for a, w in done]
-        if name in CLEAN_ALONE:
-            entry["truths"] = ratios
-            entry["truth"] = statistics.median(ratios)
-        else:
-            entry["truth"] = 0.0 if expected == "healthy" else None
-            entry["overheads"] = ratios
-            entry["overhead"] = statistics.median(ratios)
-        if entry.get("truth") is not None and "lost_share" in entry:
-            entry["share_minus_truth"] = entry["lost_share"] - entry["truth"]
-    return entry
-
-
-def table(rows: list[dict[str, Any]]) -> str:
-    head = (f"{'job':<16} {'truth':>6} {'expected':<20} {'diagnosis':<20} {'share':>6} "
-            f"{'overhead':>9}  notes")  # fmt: skip
-    lines = [head, "-" * len(head)]
-    for r in rows:
-        lost = f"{r['lost_share'] * 100:.0f} %" if "lost_share" in r else "-"
-        if "lost_share" in r and not r.get("share_is_lost_time", True):
-            lost += "*"
-        truth = f"{r['truth'] * 100:.0f} %" if r.get("truth") is not None else "-"
-        over = f"{r['overhead'] * 100:+.1f} %" if "overhead" in r else "-"
-        notes = r["error"] or ("as expected" if r.get("diagnosis") == r["expected"] else "")
-        if "share_minus_truth" in r and r["truth"] > 0:
-            notes += f"; share - truth {r['share_minus_truth'] * 100:+.0f} points"
-        for key in ("overheads", "truths"):
-            if len(r.get(key, ())) > 1:
-                low, high = min(r[key]), max(r[key])
-                notes += f" ({len(r[key])} pairs: {low * 100:+.1f} to {high * 100:+.1f} %)"
-        if "causes" in r and len(r["causes"]) > 1:
-            notes += "; also " + ", ".join(f"{k} {v * 100:.0f} %" for k, v in r["causes"].items()
-                                          if k != r["diagnosis"])  # fmt: skip
-        if "alone_per_second" in r:
-            notes += (f"; {r['alone_per_second']:.0f} {r['unit']}/s alone, "
-                      f"{r['watched_per_second']:.0f} watched")  # fmt: skip
-        lines.append(
-            f"{r['job']:<16} {truth:>6} {r['expected']:<20} {r.get('diagnosis', 'failed'):<20} "
-            f"{lost:>6} {over:>9}  {notes.strip('; ')}"
-        )
-    lines.append(
-        "truth: 1 - watched/alone throughput, the alone run without the defect (healthy jobs: 0);"
-        " share: the expected cause's (* a share of the time with that finding, not lost time)"
-    )
-    return "\n".join(lines) + "\n"
-
-
-def pack(out: Path, archive: Path | None) -> None:
-    """Everything under ``out`` into ``archive`` (tar, gzip), written whole or not at all."""
-    if archive is None:
-        return
-    archive.parent.mkdir(parents=True, exist_ok=True)
-    partial = archive.with_name(archive.name + ".partial")
-    with tarfile.open(partial, "w:gz") as tar:
-        for path in sorted(out.iterdir()):
-            if path.resolve() not in (archive.resolve(), partial.resolve()):
-                tar.add(path, arcname=path.name)
-    partial.replace(archive)
 
 
 def versions() -> dict[str, str]:
@@ -423,7 +394,7 @@ def preflight() -> str:
 
 
 def orchestrate(args: argparse.Namespace) -> int:
-    out = Path(args.out or os.environ.get("OUT", "/tmp/out"))
+    out = Path(args.out or Path(os.environ.get("OUT", "/tmp/out")) / "watch")
     out.mkdir(parents=True, exist_ok=True)
     archive = Path(args.archive) if args.archive else None
     problem = preflight()
@@ -439,14 +410,16 @@ def orchestrate(args: argparse.Namespace) -> int:
     print("versions:", json.dumps(env), flush=True)
     longest = 0.0  # the longest run so far, seconds
     for name in names:
-        print(f"== {name}: alone and watched, {args.pairs} pair(s) of {args.seconds:g} s runs",
-              flush=True)  # fmt: skip
+        alone = args.alone_healthy or EXPECTED.get(name) != "healthy"
+        print(f"== {name}: {'alone and ' if alone else ''}watched, {args.pairs} pair(s) of "
+              f"{args.seconds:g} s runs", flush=True)  # fmt: skip
         pairs: list[tuple[Any, Any]] = []
         errors: list[str] = []
         diagnosis = None
         for n in range(args.pairs):
-            got: dict[bool, Any] = {}
-            for watched in (False, True) if n % 2 == 0 else (True, False):
+            got: dict[bool, Any] = {False: None}
+            order = (False, True) if n % 2 == 0 else (True, False)
+            for watched in order if alone else (True,):
                 elapsed = time.monotonic() - started
                 guess = max(longest, args.seconds + 10.0)
                 if args.budget is not None and elapsed + guess > args.budget:
@@ -466,9 +439,13 @@ def orchestrate(args: argparse.Namespace) -> int:
             pairs.append((got[False], got[True]))
             if errors:
                 break
-        rows.append(row(name, pairs, diagnosis, "; ".join(errors)))
-        print(table(rows[-1:]).splitlines()[-2], flush=True)
+        marker = LOOP_EXPECTED.get(name, ("", None))[1]
+        line = None if marker is None else ("loop_jobs.py", loop_jobs.marked(marker))
+        rows.append(row(name, EXPECTED.get(name, "?"), pairs, diagnosis, "; ".join(errors),
+                        name in CLEAN_ALONE, line, NEIGHBOURS.get(name)))  # fmt: skip
+        print(table(rows[-1:]).splitlines()[2], flush=True)
         write_summary(args, out, rows, started, env)
+        expectations(rows, out, truth=args.nvml_fixture is None)
         pack(out, archive)
     text = (out / "watch_jobs.txt").read_text(encoding="utf-8")
     print()
@@ -506,10 +483,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--jobs",
-        default=",".join(FRAMEWORK_JOBS),
-        help=f"comma-separated job names: {', '.join(FRAMEWORK_JOBS + JOBS)}",
+        default=",".join(DEFAULT_JOBS),
+        help=f"comma-separated job names: {', '.join(DEFAULT_JOBS + FRAMEWORK_JOBS + JOBS)}",
     )
-    parser.add_argument("--seconds", type=float, default=15.0, help="timed run of each job")
+    parser.add_argument(
+        "--alone-healthy",
+        action="store_true",
+        help="run the healthy jobs alone too (their watch overhead); by default only watched",
+    )
+    parser.add_argument(
+        "--nvml-fixture", default=None, help="watch with this NVML fixture (a dry run on a CPU)"
+    )
+    parser.add_argument("--seconds", type=float, default=12.0, help="timed run of each job")
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--scale", choices=sorted(SCALES), default="full")
     parser.add_argument("--interval", type=float, default=0.5, help="watch's sampling interval")
@@ -521,7 +506,7 @@ def main() -> None:
         default=120.0,
         help="seconds allowed beyond --seconds for imports and start-up",
     )
-    parser.add_argument("--out", default=None, help="default $OUT, else /tmp/out")
+    parser.add_argument("--out", default=None, help="default $OUT/watch, else /tmp/out/watch")
     parser.add_argument("--archive", default=None, help="pack --out into this tar.gz")
     parser.add_argument(
         "--budget", type=float, default=None, help="start no run likely to end after S seconds"

@@ -12,6 +12,7 @@ Exit status: the job's own when watch started it (128 + N when a signal N ended 
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import threading
@@ -28,21 +29,27 @@ from sparkdiag.errors import UsageError
 from sparkdiag.flags import file_option, gpu_option, settings_from, settings_options
 from sparkdiag.plotting import INSTALL_HINT
 from sparkdiag.plotting import require as require_plotting
+from sparkdiag.sources import pyspy
 from sparkdiag.sources.backends import make_backend
 from sparkdiag.sources.gpu import GpuSource
+from sparkdiag.sources.procfs import ProcessIdentities
 from sparkdiag.watch import plot as plotting
+from sparkdiag.watch import stack_sampler
 from sparkdiag.watch.diagnose import Diagnosis, diagnose
 from sparkdiag.watch.job import AttachedJob, SpawnedJob, alive, follow
 from sparkdiag.watch.model import Recording, load
 from sparkdiag.watch.render import status as status_text
 from sparkdiag.watch.render import text, to_json
 from sparkdiag.watch.sampler import GpuSampler, HostSampler, Sampler
+from sparkdiag.watch.stack_sampler import StackSampler
 
 log = logging.getLogger("sparkdiag.watch")
 PCIE_SECONDS = 2.0  # PCIe throughput blocks ~20 ms per direction: read it this often
 
 
-def _start_gpu(fixture: Path | None, gpus: tuple[int, ...] | None) -> tuple[GpuSampler | None, str]:
+def _start_gpu(
+    fixture: Path | None, gpus: tuple[int, ...] | None, rootfs: Path
+) -> tuple[GpuSampler | None, str]:
     """The GPU sampler, or None with what is skipped (one line, also logged). FixtureError for
     an unusable fixture; a --gpu index NVML does not list is a usage error."""
     source = GpuSource(make_backend(fixture), slow_seconds=PCIE_SECONDS)
@@ -58,11 +65,45 @@ def _start_gpu(fixture: Path | None, gpus: tuple[int, ...] | None) -> tuple[GpuS
     except UsageError:
         source.stop()
         raise
-    sampler = GpuSampler(source, None if gpus is None else set(gpus))
+    sampler = GpuSampler(source, None if gpus is None else set(gpus), ProcessIdentities(rootfs))
     if not sampler.indices:
         source.stop()
         return None, "no GPU to watch (NVML lists none)"
     return sampler, ""
+
+
+NO_STACKS = "its lost time is judged from the counters alone"
+
+
+def _stack_binary(mode: str) -> tuple[Path | None, str]:
+    """The py-spy to sample the job's stacks with, or None and why not (one line)."""
+    if mode == "off":
+        return None, "the job's Python stacks: not sampled (--stacks off)"
+    binary = pyspy.find()
+    if binary is None:
+        where = f" at ${pyspy.ENV}" if pyspy.ENV in os.environ else ""
+        return None, (
+            f"py-spy not found{where}: the job's Python stacks are not sampled, so {NO_STACKS} "
+            f"(pip install 'sparkdiag[stacks]', or set {pyspy.ENV} to the py-spy binary)"
+        )
+    return binary, ""
+
+
+def _ptracer(binary: Path | None, rootfs: Path) -> bool:
+    """Start the job through the shim that declares watch its tracer: only where Yama's
+    ptrace_scope 1 would refuse py-spy otherwise."""
+    own = Path("/proc/self/status").read_text(encoding="utf-8", errors="replace")
+    return (
+        binary is not None
+        and pyspy.yama_scope(rootfs) == "1"
+        and not pyspy.has_ptrace_capability(own)
+    )
+
+
+def _say(line: str) -> None:
+    """One line of what watch cannot do, on standard error, wrapped to its width."""
+    click.echo(terminal.fill(line, terminal.width(sys.stderr), "sparkdiag watch: ", "    "),
+               err=True)  # fmt: skip
 
 
 def _report(rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: Path | None) -> None:
@@ -104,6 +145,15 @@ def _report(rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: Path |
 @file_option(
     "--replay", "replay", "Diagnose a recording saved with --record instead of watching a job."
 )
+@click.option(
+    "--stacks",
+    type=click.Choice(["auto", "off", "native"]),
+    default="auto",
+    show_default=True,
+    help="Sample the job's Python stacks with py-spy (pip install 'sparkdiag[stacks]') to name "
+    "the line of code that cost the GPU its time: auto where py-spy is found and may read the "
+    "job; native adds C/C++ frames (py-spy then stops the job at each sample); off.",
+)
 @settings_options("watch")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def watch(
@@ -115,6 +165,7 @@ def watch(
     plot_to: Path | None,
     record_to: Path | None,
     replay: Path | None,
+    stacks: str,
     command: tuple[str, ...],
     **given: Any,
 ) -> None:
@@ -126,12 +177,16 @@ def watch(
       sparkdiag watch --replay run.json --json
 
     Samples the GPU's utilization at the driver's rate, GPM activity (SM, tensor, DRAM),
-    clocks, clock event reasons, temperatures, power and PCIe throughput, the job's CPU per
-    thread and its reads and writes, and memory pressure (PSI). At the end (the job exits,
-    --duration passes, or Ctrl-C) it prints the share of time lost to each cause it finds:
-    input-starved, stalled kernel, CPU-bound launcher, checkpoint stalls, throttled, memory
-    pressure, kernels that keep few SMs busy, low tensor activity, or healthy, each with its
-    evidence and what to try (docs/watch.md defines them). While it samples, a status line on
+    clocks, clock event reasons, temperatures, power and PCIe traffic, the processes on the
+    GPU, the job's CPU per thread, its reads and writes, memory pressure (PSI) and, with
+    py-spy, the job's Python stacks. At the end (the job exits, --duration passes, or Ctrl-C)
+    it prints the share of time lost to each cause it finds: another process on the GPU,
+    input-starved, data prepared in the loop, host sync, copies to the GPU, recompiling,
+    logging, the optimizer step, a collective, stalled kernel, CPU-bound launcher, checkpoint
+    stalls, throttled, memory pressure, kernels that keep few SMs busy, low tensor activity,
+    or healthy, each with its evidence, the lines of code that took the time and what to try
+    (docs/watch.md defines them). Reading another user's job (--pid) needs root or
+    CAP_SYS_PTRACE. While it samples, a status line on
     standard error (a terminal only) shows the time watched, the samples taken, each GPU's
     utilization and whether the job is on it.
 
@@ -155,10 +210,12 @@ def watch(
         raise UsageError(f"no running process {pid} under {rootfs}/proc", flag="--pid")
 
     setup_logging("warning", prefix="sparkdiag watch")
-    gpu, skipped = _start_gpu(nvml_fixture, gpus)
-    if skipped:
-        click.echo(terminal.fill(skipped, terminal.width(sys.stderr), "sparkdiag watch: ", "    "),
-                   err=True)  # fmt: skip
+    gpu, why = _start_gpu(nvml_fixture, gpus, rootfs)
+    binary, no_stacks = _stack_binary(stacks)
+    ptracer = command != () and _ptracer(binary, rootfs)
+    skipped = [line for line in (why, no_stacks) if line]
+    for line in skipped:
+        _say(line)
     stop = threading.Event()
 
     def on_signal(signum: int, _frame: FrameType | None) -> None:
@@ -169,19 +226,39 @@ def watch(
     live = terminal.StatusLine(sys.stderr)  # silent unless stderr is a terminal
     job: SpawnedJob | AttachedJob
     try:
-        job = SpawnedJob(command) if command else AttachedJob(pid or 0, rootfs)
+        job = SpawnedJob(command, ptracer) if command else AttachedJob(pid or 0, rootfs)
     except OSError as exc:
         for s, handler in previous.items():
             signal.signal(s, handler)
         raise UsageError(f"cannot start {command[0]}: {exc.strerror or exc}") from None
+    stack = None
+    if binary is not None:
+        problem = pyspy.ptrace_problem(rootfs, job.pid, descendant=ptracer)
+        if problem:
+            skipped.append(f"cannot read the Python stacks of pid {job.pid}: {problem}")
+            skipped[-1] += f"; {NO_STACKS}"
+            _say(skipped[-1])
+        else:
+            stack = StackSampler(binary, rootfs, native=stacks == "native")
     try:
         host = HostSampler(rootfs, sysfs, job.pid)
-        sampler = Sampler(gpu, host, started_at)
+        cwd = pyspy.process_cwd(rootfs, job.pid)
+        sampler = Sampler(gpu, host, started_at, stacks=stack)
         ticks, ended_by = follow(
             sampler, job.ended, interval, duration, stop,
             on_tick=lambda tick, n: live.show(status_text(tick, n), time.monotonic()),
         )  # fmt: skip
         live.clear()
+        tables = None
+        if stack is not None:
+            sampler.problems += stack.finish()
+            tables = stack_sampler.tables(
+                stack.segments, ticks, sampler.start, stack.texts, stack.names
+            )
+            ticks = list(tables.ticks)
+        for line in sampler.problems:
+            _say(line)
+        skipped += sampler.problems
         status = job.exit_status()
         if isinstance(job, SpawnedJob) and ended_by == "interrupt":
             status = job.stop()
@@ -196,8 +273,14 @@ def watch(
             ended_by=ended_by,
             exit_status=status,
             pressure_scope=host.pressure_scope,
-            skipped=(skipped,) if skipped else (),
+            skipped=tuple(skipped),
             job_cpus=host.job_cpus,
+            frames=tables.frames if tables else (),
+            stacks=tables.stacks if tables else (),
+            threads=tables.threads if tables else (),
+            stack_sampler=stack.describe() if stack is not None else "",
+            tenants=tuple(gpu.tenants.values()) if gpu else (),
+            cwd=cwd,
         )
         if record_to is not None:
             try:
@@ -214,6 +297,8 @@ def watch(
             sys.exit(status)
     finally:
         live.clear()
+        if stack is not None:
+            stack.finish()  # py-spy stopped, its files removed, whatever happened
         if gpu is not None:
             gpu.source.stop()
         for s, handler in previous.items():

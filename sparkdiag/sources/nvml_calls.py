@@ -42,7 +42,17 @@ from sparkdiag.sources.nvml_api import (
 )
 
 # nvml.h nvmlGpmMetricId_t
-GPM_METRICS: dict[str, int] = {"sm": 2, "sm_occupancy": 3, "tensor": 5, "dram": 10}
+# pcie_tx/pcie_rx: PCIe traffic from and to the GPU in MiB/s over the two samples (Hopper and
+# later): on the H200 a pageable host-to-device loop read rx 3142, a device-to-host one tx 1308,
+# a matmul loop both under 3 (docs/device/2026-12-03/explore). watch reads them for copies.
+GPM_METRICS: dict[str, int] = {
+    "sm": 2,
+    "sm_occupancy": 3,
+    "tensor": 5,
+    "dram": 10,
+    "pcie_tx": 20,
+    "pcie_rx": 21,
+}
 NVLINK_THROUGHPUT_FIELDS = (138, 139)  # NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, _RX
 _GPU_UTILIZATION_SAMPLES = 1  # NVML_GPU_UTILIZATION_SAMPLES
 FIELD_CACHE_SECONDS = 1.0

@@ -34,7 +34,11 @@ from typing import Any, Literal
 from sparkdiag.snapshot import FabricState
 from sparkdiag.sources.gpu_activity import KIB, percent_ratio
 from sparkdiag.sources.nvml_api import ERROR_NAMES, EVENT_XID_CRITICAL, NVLINK_LINKS
-from sparkdiag.sources.nvml_calls import NVLINK_THROUGHPUT_FIELDS, NvmlCalls, text
+from sparkdiag.sources.nvml_calls import (
+    NVLINK_THROUGHPUT_FIELDS,
+    NvmlCalls,
+    text,
+)
 
 Tier = Literal["poll", "slow", "static"]
 Call = Callable[[NvmlCalls, Any, int], Any]

@@ -11,7 +11,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 TITLES = {
+    "co-tenant": "another process on the GPU",
     "input-starved": "input-starved",
+    "data-prep-in-loop": "data prep in the loop",
+    "host-sync": "host sync",
+    "pageable-copies": "copies to the GPU",
+    "recompiling": "recompiling",
+    "logging": "logging in the loop",
+    "optimizer-step": "optimizer step",
+    "collective-wait": "waiting in a collective",
     "stalled-kernel": "stalled kernel",
     "cpu-bound-launcher": "CPU-bound launcher",
     "checkpoint-stalls": "checkpoint stalls",
@@ -29,6 +37,60 @@ MEANING = {
 LOST = "of the time lost"
 
 ACTIONS: dict[str, tuple[str, ...]] = {
+    "co-tenant": (
+        "run on a GPU nobody else uses (nvidia-smi shows who is on each; CUDA_VISIBLE_DEVICES "
+        "picks one), or ask the other process's owner to move",
+        "isolate jobs that must share a GPU: MIG partitions (A100, H100, H200), or the "
+        "EXCLUSIVE_PROCESS compute mode (nvidia-smi -c EXCLUSIVE_PROCESS) so a second process "
+        "cannot start there; in Kubernetes, time-slicing shares the GPU between pods: request "
+        "a whole GPU or a MIG instance",
+    ),
+    "data-prep-in-loop": (
+        "prepare batches in DataLoader worker processes: a Dataset whose __getitem__ does this "
+        "work, DataLoader(num_workers=4 or more, persistent_workers=True, pin_memory=True)",
+        "do the work once instead of every step: tokenize or decode the dataset ahead of "
+        "training (datasets.map with batched=True, saved to disk), or cache it",
+        "use the batched, compiled path of the library (a fast tokenizer's batch encoding, "
+        "torchvision.transforms.v2 on GPU tensors) rather than a Python loop per sample",
+    ),
+    "host-sync": (
+        "keep the metric on the GPU: compute it with torch on the device tensors "
+        "((logits.argmax(-1) == labels).float().mean()) and read back one number, not the "
+        "tensor; torchmetrics accumulates on the GPU",
+        "sync less often: accumulate on the GPU and call .item()/.cpu() every 50-100 steps, "
+        "not every step",
+        "where the values must come to the host, copy them into a pinned buffer with "
+        "non_blocking=True and read them a step later, so the copy overlaps the next step",
+    ),
+    "pageable-copies": (
+        "copy from pinned memory without waiting: DataLoader(pin_memory=True) (or "
+        "tensor.pin_memory() once, for a buffer reused every step) and "
+        ".to(device, non_blocking=True), so the copy overlaps the step",
+        "copy less: keep data that fits on the GPU, send uint8 images and convert on the GPU, "
+        "prefetch the next batch on a side stream",
+    ),
+    "recompiling": (
+        "see why it recompiles: TORCH_LOGS=recompiles prints each guard that failed",
+        "make the changing dimensions dynamic (torch.compile(dynamic=True), or "
+        "torch._dynamo.mark_dynamic(x, dim)), or pad inputs to a few fixed sizes (buckets) "
+        "so the shapes stop changing",
+    ),
+    "logging": (
+        "log every N steps rather than every step, and keep what is logged on the GPU until "
+        "then (each logged tensor is a host sync)",
+        "hand logging to a background thread or an asynchronous logger",
+    ),
+    "optimizer-step": (
+        "use the fused or foreach optimizer (torch.optim.AdamW(..., fused=True)) so the step "
+        "is a few large kernels, not several per parameter",
+        "if the optimizer state lives on the CPU (offload), keep it on the GPU when it fits",
+    ),
+    "collective-wait": (
+        "find the rank the others wait for: py-spy dump --pid PID on every rank, "
+        "NCCL_DEBUG=INFO; balance the work (or the data) between ranks",
+        "overlap communication with computation (DDP buckets, FSDP prefetch) and check the "
+        "path between ranks with sparkdiag check",
+    ),
     "stalled-kernel": (
         "a collective waiting for a peer (NCCL): run every rank with NCCL_DEBUG=INFO "
         "(NCCL_DEBUG_SUBSYS=INIT,COLL) and compare each rank's last collective; py-spy dump "
@@ -80,16 +142,60 @@ ACTIONS: dict[str, tuple[str, ...]] = {
 
 
 @dataclass(frozen=True)
+class Site:
+    """A line of the job's code that took lost time (from its stacks): where, its text, the
+    library frame it was in (``via``, "" where its own line decided) and its share of the
+    window."""
+
+    function: str
+    file: str
+    line: int
+    text: str
+    share: float
+    via: str = ""
+
+
+@dataclass(frozen=True)
+class TopStack:
+    """A whole stack that took lost time: its frames ("function (file:line)", outermost
+    first) and its share of the window."""
+
+    share: float
+    frames: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Tenant:
+    """Another process on the job's GPU: who it is, the share of the GPU its kernels took while
+    the job ran (NVML's per-process samples; None without them), the memory it held at most,
+    the share of the window the job lost to it."""
+
+    pid: int
+    name: str
+    user: str
+    container_id: str
+    pod_uid: str
+    gpu_share: float | None
+    memory_bytes: float | None
+    lost: float
+
+
+@dataclass(frozen=True)
 class Cause:
     """One finding. ``share``: for the lost-time causes the time the GPU would otherwise have
     worked over the active window (0..1); for ``few-sms`` and ``low-tensor-activity`` what
-    :data:`MEANING` says. ``lost`` tells the two apart."""
+    :data:`MEANING` says. ``lost`` tells the two apart. ``sites`` and ``stacks``: the lines and
+    stacks of the job that took the time, where the job's stacks were sampled; ``tenants``:
+    the other processes of a co-tenant cause."""
 
     name: str  # a key of TITLES
     share: float
     evidence: tuple[str, ...]
     actions: tuple[str, ...]
     lost: bool = True
+    sites: tuple[Site, ...] = ()
+    stacks: tuple[TopStack, ...] = ()
+    tenants: tuple[Tenant, ...] = ()
 
 
 def meaning(name: str) -> str:

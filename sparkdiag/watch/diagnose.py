@@ -7,11 +7,12 @@ or, where NVML cannot name its processes (another PID namespace), whose GPU ran 
 diagnosed over its life: from the first to the last tick at which the GPU's utilization reached
 ``WINDOW_LEVEL`` of the job's typical utilization (the median of the ticks in which it ran any
 kernel, ``views.ACTIVE_MIN``). A job starved to 7 % is diagnosed as well as one at 99 %;
-start-up and tear-down (imports, CUDA initialisation, a final save) stay out. A job that held
-the GPU but never ran a kernel is diagnosed over the ticks it held it. Only a job that never
+start-up and tear-down (imports, CUDA initialisation, a final save) stay out, and so do the
+window's first ticks in which the job's stacks show it still importing its modules. A job that
+held the GPU but never ran a kernel is diagnosed over the ticks it held it. Only a job that never
 touched the GPU reads "gpu-unused".
 
-**Each tick's lost time** goes to at most one cause, in this order:
+**Each tick's lost time** goes, by the counters, to at most one cause, in this order:
 
 checkpoint stalls   the job wrote in a burst (at least ``WRITE_BURST_MIN`` bytes/s and
                     ``WRITE_BURST_FACTOR`` times its rate while the GPU worked) in this tick or
@@ -19,9 +20,12 @@ checkpoint stalls   the job wrote in a burst (at least ``WRITE_BURST_MIN`` bytes
                     stopped
                     (``CHECKPOINT_IDLE``) and tasks waiting on I/O (PSI ``CHECKPOINT_IO_STALL``)
                     for at most ``CHECKPOINT_TAIL_SECONDS``: a checkpoint fills the page cache
-                    in a burst, then waits in fsync writing nothing more; and the ticks right
+                    in a burst, then waits in fsync writing nothing more (or its thread stays
+                    busy closing it); and the ticks right
                     before a burst with the GPU stopped (``CHECKPOINT_IDLE``), for at most
-                    ``CHECKPOINT_LEAD_SECONDS``: the state copied to the host and serialised
+                    ``CHECKPOINT_LEAD_SECONDS``: the state copied to the host and serialised;
+                    on either side the one tick in which the GPU stopped part of the time
+                    (``IDLE_MIN``) with the job's thread busy (below) belongs to it
 stalled kernel      the GPU read busy (utilization at least ``STALL_UTIL``) while GPM showed SMs
                     under ``STALL_SM``, DRAM under ``STALL_DRAM`` and tensor pipes under
                     ``STALL_TENSOR``: a kernel resident and doing nothing, as a collective
@@ -35,22 +39,40 @@ few SMs busy        kernels ran (utilization at least ``FEW_SM_UTIL``) but kept 
                     its share is the SM time left idle while kernels ran
 CPU-bound launcher  a thread of the processes that hold the GPU ran at ``HOT_THREAD`` of a core
                     or more (mean of the tick and its two neighbours, which smooths the CPU
-                    clock's 10 ms granularity) while the GPU worked less than
-                    ``LAUNCH_ACTIVITY_MAX`` and its kernels were tiny (GPM SM activity under
-                    ``TINY_KERNELS`` of utilization; where the GPU has no GPM, every such tick);
-                    the lost time is what the GPU did not work
-input-starved       the GPU was idle at least ``IDLE_MIN`` of the tick, nothing above applying:
-                    it waited for the job's host side (loader processes, the training thread
-                    preparing data, reads, or something outside the job)
+                    clock's 10 ms granularity) while kernels ran at least ``LAUNCH_UTIL_MIN`` of
+                    the tick with gaps between them (idle at least ``IDLE_MIN``), the GPU worked
+                    less than ``LAUNCH_ACTIVITY_MAX`` and its kernels were small (GPM SM
+                    activity under ``TINY_KERNELS`` of utilization: the SMs at most half
+                    occupied while they ran; where the GPU has no GPM, every such tick); the
+                    lost time is what the GPU did not work
+idle                the GPU was idle at least ``IDLE_MIN`` of the tick, nothing above applying:
+                    input-starved where a process of the job that does not hold the GPU worked
+                    (a loader, ``LOADER_WORKING``) or where the GPU's busiest thread was busy
+                    less than ``THREAD_OF_IDLE`` of the GPU's idle time (or under
+                    ``THREAD_BUSY_MIN`` of the tick): it waited on something; else that thread
+                    worked itself: a host sync where the GPU sent the host at least
+                    ``PCIE_HEAVY`` bytes/s (a device-to-host flood), copies to the GPU where it
+                    received that much, else data prepared in the loop
 
-**A lost share** (input-starved, checkpoint stalls) is the time the GPU would otherwise have
-worked: per tick ``dt * (1 - utilization / U)``, where ``U`` is the job's unimpeded
-utilization (the median utilization of the window's ticks no cause claimed, where those are at
-least ``UNIMPEDED_MIN_SHARE`` of the window, else 1), summed over the cause's ticks and divided
-by the window's length. A stalled kernel loses its ticks' kernel time (``dt * min(1, util /
-U)``), and in the ticks where a stall began or ended the share of the tick it took (``1 -
-work / usual``: GPM SM activity, else memory utilization, against the job's when it computes);
-a launcher loses the time the GPU did not work (``dt * (1 - SM activity)``).
+**With stacks** (py-spy; :mod:`.stacks`, :mod:`.attribute`) the lost time of a tick the
+counters give to a host-side cause (any of the idle ones, the launcher, the checkpoint) goes to
+what the training thread did meanwhile: the DataLoader, its own data preparation, a host sync
+and the work on what it brought back, a copy, a checkpoint, logging, compiling, the optimizer,
+a collective, launching; each cause names the lines that took the time.
+
+**A co-tenant** (another process's kernels on the job's GPU, NVML's per-process samples) takes
+its busy time of each tick first (``dt * min(others, U - util) / U``); the job's own
+utilization is what the rules above read.
+
+**A lost share** (the idle causes, checkpoint stalls) is the time the GPU would otherwise have
+worked: per tick ``dt * (1 - (utilization + others) / U)``, where ``U`` is the job's unimpeded
+utilization (the median busy share, the job's and any co-tenant's, of the window's ticks no
+cause claimed, where those are at least ``UNIMPEDED_MIN_SHARE`` of the window, else 1), summed
+over the cause's ticks and divided by the window's length. A stalled kernel loses its ticks'
+kernel time (``dt * min(1, util / U)``), and in the ticks where a stall began or ended the
+share of the tick it took (``1 - work / usual``: GPM SM activity, else memory utilization,
+against the job's when it computes); a launcher loses the time the GPU did not work
+(``dt * (1 - SM activity)``).
 
 **Independently of idle time:**
 
@@ -62,9 +84,10 @@ low tensor activity the GPU busy (activity >= 0.5) with tensor pipes under ``TEN
                     least ``LOW_TENSOR_SHARE`` of its busy time (GPM only); its share is the
                     time computing with tensor pipes idle
 
-Causes below their threshold (``REPORT_MIN``, ``STALL_REPORT_MIN``, ``FEW_SM_REPORT_MIN`` and
-the rules in :mod:`.evidence`) are not reported; a job with none is healthy. Shares of
-different causes may overlap (a throttled tick can also be memory-stalled).
+Causes below their threshold (``REPORT_MIN``, ``STALL_REPORT_MIN``, ``FEW_SM_REPORT_MIN``,
+``COTENANT_REPORT_MIN`` in :mod:`.findings` and the rules in :mod:`.evidence`) are not
+reported; a job with none is healthy. Shares of different causes may overlap (a throttled tick
+can also be memory-stalled).
 """
 
 from __future__ import annotations
@@ -72,11 +95,15 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from sparkdiag.watch import attribute
 from sparkdiag.watch import evidence as ev
+from sparkdiag.watch import stacks as st
 from sparkdiag.watch.causes import ACTIONS as ACTIONS
 from sparkdiag.watch.causes import TITLES as TITLES
 from sparkdiag.watch.causes import Cause, mean, pct
-from sparkdiag.watch.evidence import HOT_THREAD, IDLE_MIN, UNHEALTHY_MASK
+from sparkdiag.watch.evidence import HOT_THREAD, IDLE_MIN, LOADER_WORKING, PCIE_HEAVY
+from sparkdiag.watch.evidence import UNHEALTHY_MASK as UNHEALTHY_MASK
+from sparkdiag.watch.findings import Ledger, findings
 from sparkdiag.watch.model import Recording
 from sparkdiag.watch.views import ACTIVE_MIN, View, job_gpus, smoothed, views
 
@@ -84,7 +111,10 @@ __all__ = ["ACTIONS", "TITLES", "Cause", "Diagnosis", "diagnose", "job_gpus"]
 
 WINDOW_LEVEL = 0.5
 LAUNCH_ACTIVITY_MAX = 0.60
-TINY_KERNELS = 0.25
+LAUNCH_UTIL_MIN = 0.10
+TINY_KERNELS = 0.50
+THREAD_BUSY_MIN = 0.30
+THREAD_OF_IDLE = 0.90
 STALL_UTIL = 0.90
 STALL_SM = 0.25
 STALL_DRAM = 0.01
@@ -102,10 +132,11 @@ CHECKPOINT_IO_STALL = 0.02
 CHECKPOINT_TAIL_SECONDS = 30.0
 CHECKPOINT_LEAD_SECONDS = 30.0
 UNIMPEDED_MIN_SHARE = 0.20
-REPORT_MIN = 0.10  # input-starved, launcher, checkpoint
-STALL_REPORT_MIN = 0.05  # a stalled kernel: a hang matters even when short
-STALL_MIN_TICKS = 2
-FEW_SM_REPORT_MIN = 0.20
+# the causes the counters give a tick whose lost time the stacks may share out (attribute.py)
+HOST_LABELS = frozenset(
+    {"input-starved", "data-prep-in-loop", "host-sync", "pageable-copies",
+     "cpu-bound-launcher", "checkpoint-stalls"}
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -141,6 +172,26 @@ def _window(vs: list[View]) -> tuple[int, int] | None:
     return opened[0], opened[-1]
 
 
+def _started(
+    rec: Recording, readings: st.Readings | None, vs: list[View], first: int, last: int
+) -> tuple[int, int]:
+    """The window without its first ticks in which the training thread was still importing its
+    modules (half its sampled time or more; ticks before py-spy read it go with them): start-up,
+    whatever the GPU read."""
+    if readings is None:
+        return first, last
+    started = first
+    for i in range(first, last):
+        sampled = attribute.training_stacks(rec, readings, vs[i].tick)
+        total = sum(seconds for _, _, seconds in sampled)
+        if total <= 0:  # not sampled yet (py-spy attaching): as the ticks after it
+            continue
+        if sum(s for _, a, s in sampled if a == st.IMPORTING) < 0.5 * total:
+            break
+        started = i + 1
+    return started, last
+
+
 def _write_bursts(vs: list[View]) -> set[int]:
     """Indexes of the ticks in which the job wrote in a burst: ``WRITE_BURST_FACTOR`` times
     its usual rate, the median over the ticks in which the GPU worked (at least half the
@@ -155,19 +206,27 @@ def _write_bursts(vs: list[View]) -> set[int]:
     return {i for i, v in enumerate(vs) if v.write is not None and v.write >= floor}
 
 
-def _checkpoint_ticks(vs: list[View], bursts: set[int]) -> set[int]:
+def _checkpoint_ticks(vs: list[View], bursts: set[int], threads: list[float | None]) -> set[int]:
     """The burst ticks with their neighbours; before each burst the ticks in which the GPU was
     already stopped (``CHECKPOINT_IDLE``), for up to ``CHECKPOINT_LEAD_SECONDS``: the state
     copied to the host and serialised before it is written; and after each burst the ticks in
     which the GPU stays stopped while tasks wait on I/O (PSI; where PSI is missing, on the GPU
-    alone), for up to ``CHECKPOINT_TAIL_SECONDS``: a checkpoint fills the page cache in a burst
-    and then waits in fsync or close, writing nothing more."""
+    alone) or the job's thread is busy, for up to ``CHECKPOINT_TAIL_SECONDS``: a checkpoint
+    fills the page cache in a burst and then waits in fsync or close, writing nothing more.
+    Either way the stretch ends with the tick in which the GPU stopped only part of the time
+    while the job's thread was busy: the step that ended, or began again, inside it."""
     marked = {j for i in bursts for j in (i - 1, i, i + 1) if 0 <= j < len(vs)}
+
+    def edge(j: int) -> bool:
+        return vs[j].idle >= IDLE_MIN and _thread_busy(vs[j], threads[j])
+
     for i in sorted(bursts):
         lead = 0.0
         for j in range(i - 1, -1, -1):
             v = vs[j]
-            if 1.0 - v.util < CHECKPOINT_IDLE or lead >= CHECKPOINT_LEAD_SECONDS:
+            if v.idle < CHECKPOINT_IDLE or lead >= CHECKPOINT_LEAD_SECONDS:
+                if edge(j) and lead < CHECKPOINT_LEAD_SECONDS:
+                    marked.add(j)
                 break
             marked.add(j)
             lead += v.dt
@@ -176,7 +235,10 @@ def _checkpoint_ticks(vs: list[View], bursts: set[int]) -> set[int]:
         for j in range(i + 1, len(vs)):
             v = vs[j]
             waiting = v.io_stall is None or v.io_stall >= CHECKPOINT_IO_STALL
-            if 1.0 - v.util < CHECKPOINT_IDLE or not waiting or tail >= CHECKPOINT_TAIL_SECONDS:
+            waiting = waiting or _thread_busy(v, threads[j])  # still writing, or closing
+            if v.idle < CHECKPOINT_IDLE or not waiting or tail >= CHECKPOINT_TAIL_SECONDS:
+                if edge(j) and tail < CHECKPOINT_TAIL_SECONDS:
+                    marked.add(j)
                 break
             marked.add(j)
             tail += v.dt
@@ -210,8 +272,25 @@ def _few_sms(v: View) -> bool:
 
 
 def _tiny(v: View) -> bool:
-    """The kernels barely occupy the SMs while they run (always so without GPM)."""
+    """The kernels keep the SMs at most ``TINY_KERNELS`` occupied while they run (always so
+    without GPM)."""
     return v.sm is None or v.sm < TINY_KERNELS * v.util
+
+
+def _feeding(v: View, thread: float | None) -> bool:
+    """A hot thread feeding a GPU that runs kernels with gaps between them and works under
+    ``LAUNCH_ACTIVITY_MAX``: what a launch-bound loop looks like, whatever its kernels' size."""
+    return (
+        (thread or 0.0) >= HOT_THREAD
+        and v.eff < LAUNCH_ACTIVITY_MAX
+        and v.util >= LAUNCH_UTIL_MIN
+        and v.idle >= IDLE_MIN
+    )
+
+
+def _launch_bound(v: View, thread: float | None) -> bool:
+    """Launch-bound by the counters: feeding the GPU small kernels."""
+    return _feeding(v, thread) and _tiny(v)
 
 
 def _powers(vs: list[View], win: list[View]) -> tuple[float | None, float | None]:
@@ -229,45 +308,74 @@ def _powers(vs: list[View], win: list[View]) -> tuple[float | None, float | None
     return (min(seen) if seen else None), (statistics.median(busy) if busy else None)
 
 
+def _thread_busy(v: View, thread: float | None) -> bool:
+    """The GPU's busiest thread was busy about as long as the GPU idled (``THREAD_OF_IDLE`` of
+    it, at least ``THREAD_BUSY_MIN`` of the tick): it worked, rather than waited, meanwhile."""
+    return (thread or 0.0) >= max(THREAD_BUSY_MIN, THREAD_OF_IDLE * v.idle)
+
+
+def _waiting_on(v: View, thread: float | None) -> str:
+    """What an idle tick waited on, by the counters (module docstring, "idle")."""
+    known = any(p.on_gpu for p in v.loads)
+    if any(not p.on_gpu and p.cpu_cores >= LOADER_WORKING for p in v.loads if known):
+        return "input-starved"
+    if not _thread_busy(v, thread):
+        return "input-starved"
+    if (v.pcie_tx or 0.0) >= PCIE_HEAVY and (v.pcie_tx or 0.0) >= (v.pcie_rx or 0.0):
+        return "host-sync"
+    if (v.pcie_rx or 0.0) >= PCIE_HEAVY:
+        return "pageable-copies"
+    return "data-prep-in-loop"
+
+
 def _label(
     i: int,
     v: View,
-    stalled: set[int],
+    marked: set[int],
     threads: list[float | None],
     idle_power: float | None,
     busy_power: float | None,
 ) -> str | None:
-    idle = 1.0 - v.util
-    hot = (threads[i] or 0.0) >= HOT_THREAD
-    if i in stalled and idle >= IDLE_MIN:
+    if i in marked and v.idle >= IDLE_MIN:
         return "checkpoint-stalls"
     if _stalled(v, idle_power, busy_power):
         return "stalled-kernel"
     if _few_sms(v):
         return "few-sms"
-    if hot and v.eff < LAUNCH_ACTIVITY_MAX and _tiny(v):
+    if _launch_bound(v, threads[i]):
         return "cpu-bound-launcher"
-    if idle >= IDLE_MIN:
-        return "input-starved"
+    if v.idle >= IDLE_MIN:
+        return _waiting_on(v, threads[i])
     return None
 
 
 def _unimpeded(win: list[View], labels: list[str | None]) -> float:
-    clean = [v.util for v, label in zip(win, labels, strict=True) if label is None]
+    clean = [v.util + v.others for v, label in zip(win, labels, strict=True) if label is None]
     if len(clean) < UNIMPEDED_MIN_SHARE * len(win):
         return 1.0
     return min(1.0, max(statistics.median(clean), 0.5))
 
 
+def _idle_loss(v: View, unimpeded: float) -> float:
+    """The seconds of the tick the GPU would otherwise have worked for the job: its idle time
+    against the unimpeded utilization, a co-tenant's share left out."""
+    return v.dt * max(0.0, 1.0 - (v.util + v.others) / unimpeded)
+
+
 def _loss(v: View, label: str, unimpeded: float) -> float:
     """The tick's lost seconds for a cause attributed per tick (module docstring)."""
-    if label in ("input-starved", "checkpoint-stalls"):
-        return v.dt * max(0.0, 1.0 - v.util / unimpeded)
     if label == "stalled-kernel":
         return v.dt * min(1.0, v.util / unimpeded)
     if label == "few-sms":
         return v.dt * max(0.0, v.util - (v.sm or 0.0))
-    return v.dt * (1.0 - v.eff)  # the launcher
+    if label == "cpu-bound-launcher":
+        return v.dt * (1.0 - v.eff)
+    return _idle_loss(v, unimpeded)
+
+
+def _cotenant_loss(v: View, unimpeded: float) -> float:
+    """The seconds other processes' kernels took from the job (at most what it lacked)."""
+    return v.dt * min(v.others, max(0.0, unimpeded - v.util)) / unimpeded
 
 
 def _work(v: View) -> float | None:
@@ -300,6 +408,38 @@ def _stall_edges(win: list[View], labels: list[str | None]) -> dict[int, float]:
                 if fraction >= IDLE_MIN:
                     edges[j] = fraction
     return edges
+
+
+def _parts(
+    rec: Recording,
+    readings: st.Readings | None,
+    v: View,
+    label: str,
+    unimpeded: float,
+    thread: float | None,
+) -> list[attribute.Part]:
+    """The tick's lost time by cause: the counters' label whole, or shared out over what the
+    training thread did (attribute.py) where its stacks cover the tick. A tick whose thread
+    spent half its time or more launching is the launcher's whole (losing the time the SMs did
+    not work) where the counters call it launch-bound, or where the thread feeds the GPU as a
+    launch-bound loop does and the stacks name torch calls (not only unnamed code) for that
+    half: the stacks tell launching from preparing data, which the kernels' size guessed."""
+    loss = _loss(v, label, unimpeded)
+    if readings is None or label not in HOST_LABELS:
+        return [attribute.Part(label, None, loss)]
+    sampled = attribute.training_stacks(rec, readings, v.tick)
+    if not attribute.covered(sampled, v.dt):
+        return [attribute.Part(label, None, loss)]
+    launch_bound = _launch_bound(v, thread)
+    total = sum(sec for _, _, sec in sampled)
+    named = sum(sec for _, a, sec in sampled if a == st.LAUNCH) / total if total > 0 else 0.0
+    if (launch_bound and attribute.launching_share(sampled) >= attribute.LAUNCHING_MIN) or (
+        _feeding(v, thread) and named >= attribute.LAUNCHING_MIN
+    ):
+        launching = [(s, st.LAUNCH, sec) for s, a, sec in sampled if a in (st.LAUNCH, st.USER)]
+        lost = v.dt * (1.0 - v.eff)
+        return attribute.split(lost, v.dt, launching, "cpu-bound-launcher", launching=True)
+    return attribute.split(_idle_loss(v, unimpeded), v.dt, sampled, label, launch_bound)
 
 
 def diagnose(rec: Recording) -> Diagnosis:
@@ -339,60 +479,35 @@ def diagnose(rec: Recording) -> Diagnosis:
             ),
             skipped=tuple(skipped),
         )
-    first, last = found
+    readings = st.read_recording(rec) if rec.stacks else None
+    first, last = _started(rec, readings, vs, *found)
     win = vs[first : last + 1]
     start, end = win[0].t - win[0].dt, win[-1].t
     length = max(end - start, 1e-9)
     idle_power, busy_power = _powers(vs, win)
     bursts = _write_bursts(win)
-    stalled = _checkpoint_ticks(win, bursts)
     threads = smoothed([v.gpu_thread for v in win])
-    labels = [_label(i, v, stalled, threads, idle_power, busy_power) for i, v in enumerate(win)]
+    marked = _checkpoint_ticks(win, bursts, threads)
+    labels = [_label(i, v, marked, threads, idle_power, busy_power) for i, v in enumerate(win)]
     unimpeded = _unimpeded(win, labels)
     ctx = ev.Context(rec, gpus, win, threads, start, end, idle_power, busy_power)
 
-    loss: dict[str, float] = {}
-    ticks: dict[str, list[int]] = {}
-    spans: list[tuple[float, float, str]] = []
+    ledger = Ledger()
     edges = _stall_edges(win, labels)
     for i, (v, label) in enumerate(zip(win, labels, strict=True)):
         if v.reasons & UNHEALTHY_MASK and v.util >= 0.5:
-            spans.append((v.t - v.dt, v.t, "throttled"))
+            ledger.spans.append((v.t - v.dt, v.t, "throttled"))
         if i in edges:  # part of the tick stalled, the rest computed
-            loss["stalled-kernel"] = loss.get("stalled-kernel", 0.0) + v.dt * edges[i]
-            spans.append((v.t - v.dt, v.t, "stalled-kernel"))
+            ledger.add(i, v, attribute.Part("stalled-kernel", None, v.dt * edges[i]))
+        if v.others > 0:
+            ledger.add(i, v, attribute.Part("co-tenant", None, _cotenant_loss(v, unimpeded)))
         if label is None:
             continue
-        loss[label] = loss.get(label, 0.0) + _loss(v, label, unimpeded)
-        ticks.setdefault(label, []).append(i)
-        spans.append((v.t - v.dt, v.t, label))
-    share = {k: val / length for k, val in loss.items()}
+        for part in _parts(rec, readings, v, label, unimpeded, threads[i]):
+            ledger.add(i, v, part)
 
-    causes: list[Cause] = []
-    if share.get("input-starved", 0.0) >= REPORT_MIN:
-        causes.append(ev.input_cause(ctx, ticks["input-starved"], share["input-starved"]))
-    if (
-        share.get("stalled-kernel", 0.0) >= STALL_REPORT_MIN
-        and len(ticks["stalled-kernel"]) >= STALL_MIN_TICKS
-    ):
-        causes.append(ev.stalled_cause(ctx, ticks["stalled-kernel"], share["stalled-kernel"]))
-    if share.get("few-sms", 0.0) >= FEW_SM_REPORT_MIN:
-        causes.append(ev.few_sms_cause(ctx, ticks["few-sms"], share["few-sms"]))
-    if share.get("cpu-bound-launcher", 0.0) >= REPORT_MIN:
-        causes.append(
-            ev.launcher_cause(ctx, ticks["cpu-bound-launcher"], share["cpu-bound-launcher"])
-        )
-    if share.get("checkpoint-stalls", 0.0) >= REPORT_MIN:
-        causes.append(
-            ev.checkpoint_cause(ctx, bursts, ticks["checkpoint-stalls"], share["checkpoint-stalls"])
-        )
     notes: list[str] = []
-    throttled = ev.throttle_cause(win, length, notes)
-    if throttled:
-        causes.append(throttled)
-    memory = ev.memory_cause(rec, start, end)
-    if memory:
-        causes.append(memory)
+    causes = findings(ctx, ledger, length, bursts, readings, notes)
     busy = [v for v in win if v.eff >= 0.5]
     tensor_values = [v.tensor for v in busy if v.tensor is not None]
     tensor_mean = sum(tensor_values) / len(tensor_values) if tensor_values else None
@@ -426,7 +541,7 @@ def diagnose(rec: Recording) -> Diagnosis:
         notes=tuple(notes),
         skipped=tuple(skipped),
         healthy_actions=healthy_actions,
-        spans=_merge([span for span in spans if span[2] in reported]),
+        spans=_merge([span for span in ledger.spans if span[2] in reported]),
         unimpeded=unimpeded,
     )
 

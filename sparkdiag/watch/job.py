@@ -4,14 +4,17 @@ and the loop that samples it until it ends, the duration runs out, or the user i
 from __future__ import annotations
 
 import shlex
+import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sparkdiag.sources.procfs import process_names
+from sparkdiag.sources.pyspy import PTRACER_SHIM
 from sparkdiag.watch.model import Tick
 from sparkdiag.watch.sampler import Sampler
 
@@ -27,11 +30,18 @@ def exit_status(returncode: int) -> int:
 
 class SpawnedJob:
     """A command started by watch (``sparkdiag watch -- CMD ...``), in watch's process group so
-    that Ctrl-C in the terminal reaches both."""
+    that Ctrl-C in the terminal reaches both. With ``ptracer`` it declares watch (and so the
+    py-spy watch starts) its tracer before it runs, as Yama's ``ptrace_scope`` 1 requires of a
+    process that is not the tracer's descendant; it keeps its pid (the shim execs it)."""
 
-    def __init__(self, argv: Sequence[str]) -> None:
+    def __init__(self, argv: Sequence[str], ptracer: bool = False) -> None:
         self.argv = list(argv)
-        self.proc = subprocess.Popen(self.argv)
+        run = self.argv
+        if ptracer:
+            if shutil.which(self.argv[0]) is None:  # the error Popen would give, not the shim's
+                raise FileNotFoundError(2, "No such file or directory", self.argv[0])
+            run = [sys.executable, "-c", PTRACER_SHIM, *self.argv]
+        self.proc = subprocess.Popen(run)
         self.pid = self.proc.pid
         self.description = shlex.join(self.argv)
 

@@ -1,6 +1,11 @@
 """What ``sparkdiag watch`` records: one :class:`Tick` per sampling interval, in a
 :class:`Recording` that is saved as JSON (``--record``), diagnosed (:mod:`.diagnose`) and drawn
 (:mod:`.plot`). Units are base units; ``None`` means "not measured here", never 0.
+
+Schema 2 adds the job's Python stacks (:class:`StackFrame`, :class:`ThreadInfo`, per tick
+:class:`StackTime`), the other processes on the job's GPUs (:class:`OtherProcess`,
+:class:`ProcessInfo`) and the job's own share of the GPU; a schema 1 recording loads with none
+of them.
 """
 
 from __future__ import annotations
@@ -8,12 +13,24 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from sparkdiag import safeload
 from sparkdiag.errors import UsageError
 
-SCHEMA = "sparkdiag-watch-recording/1"
+SCHEMA = "sparkdiag-watch-recording/2"
+SCHEMAS = ("sparkdiag-watch-recording/1", SCHEMA)  # what --replay reads
+
+
+@dataclass(frozen=True)
+class OtherProcess:
+    """A compute process on the GPU that is not the job's, during one tick: its SM utilization
+    (NVML's per-process samples over the tick, 0..1; None: no sample) and the GPU memory it
+    holds (None: not reported)."""
+
+    pid: int
+    sm: float | None = None
+    memory_bytes: float | None = None
 
 
 @dataclass(frozen=True)
@@ -25,13 +42,18 @@ class GpuTick:
     samples: the driver's samples themselves, (seconds since the recording started, 0..1)
     sm_activity, tensor_activity, dram_activity, sm_occupancy: GPM ratios over the tick (0..1)
     reasons: the NVML clock event reasons bitmask at the end of the tick
-    pcie_tx, pcie_rx: bytes per second over NVML's 20 ms window (read every few seconds)
+    pcie_tx, pcie_rx: bytes per second the GPU sent (device to host) and received (host to
+      device): over the tick from GPM's PCIe rates where the GPU has GPM, else over NVML's
+      20 ms window (read every few seconds)
     job_on_gpu: a process of the job is among the GPU's compute processes
     memory_utilization: NVML's memory utilization at the end of the tick (0..1): the share of
       its last sample period in which device memory was read or written (nvidia-smi
       utilization.memory); the stall rule's DRAM figure where the GPU has no GPM
     job_memory_bytes: GPU memory held by the job's processes (NVML's compute processes), where
       the driver reports it
+    job_sm: the SM utilization of the job's processes over the tick (NVML's per-process
+      samples, summed, 0..1); None where the driver gave none
+    others: the compute processes on the GPU outside the job, where NVML lists the job's own
     """
 
     index: int
@@ -53,6 +75,8 @@ class GpuTick:
     job_on_gpu: bool = False
     memory_utilization: float | None = None
     job_memory_bytes: float | None = None
+    job_sm: float | None = None
+    others: tuple[OtherProcess, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -82,6 +106,7 @@ class JobTick:
       wchar: every read and write call, page cache included)
     loads: the busiest processes of the tree (at most ``sampler.TOP_PROCESSES``, those using
       some CPU or reading), busiest first
+    gpu_thread_id: the busiest thread's id (the kernel's tid)
     """
 
     processes: int = 0
@@ -93,6 +118,7 @@ class JobTick:
     read_bps: float | None = None
     write_bps: float | None = None
     loads: tuple[ProcessLoad, ...] = ()
+    gpu_thread_id: int | None = None
 
 
 @dataclass(frozen=True)
@@ -113,6 +139,18 @@ class HostTick:
     available_bytes: float | None = None
 
 
+class StackTime(NamedTuple):
+    """A thread spent ``seconds`` of the tick in one stack (indexes into the recording's
+    ``threads`` and ``stacks``), entering it ``visits`` times in the tick (each time the sampler
+    saw it come into that stack from another: a count of the visits that lasted a sample or
+    more, so at most the true count)."""
+
+    thread: int
+    stack: int
+    seconds: float
+    visits: int = 0
+
+
 @dataclass(frozen=True)
 class Tick:
     t: float  # seconds since the recording started, at the end of the tick
@@ -120,6 +158,39 @@ class Tick:
     gpus: tuple[GpuTick, ...] = ()
     job: JobTick = field(default_factory=JobTick)
     host: HostTick = field(default_factory=HostTick)
+    stacks: tuple[StackTime, ...] = ()
+
+
+@dataclass(frozen=True)
+class StackFrame:
+    """One Python frame as py-spy read it (function, file as the job sees it, line) and the
+    text of that line (stripped; "" where the file could not be read)."""
+
+    function: str
+    file: str
+    line: int
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class ThreadInfo:
+    """A thread whose stacks were sampled: its process, its id (the kernel's tid) and name."""
+
+    pid: int
+    tid: int
+    name: str
+    process: str = ""
+
+
+@dataclass(frozen=True)
+class ProcessInfo:
+    """Who a process outside the job is (``ps -o comm=,user=``, its container and pod)."""
+
+    pid: int
+    name: str = ""
+    user: str = ""
+    container_id: str = ""
+    pod_uid: str = ""
 
 
 @dataclass(frozen=True)
@@ -134,7 +205,11 @@ class GpuInfo:
 class Recording:
     """A whole watch. ``ended_by``: "exit" (the job ended), "duration", "interrupt" (Ctrl-C),
     "gone" (the watched pid disappeared). ``skipped``: what could not be sampled here, and why.
-    ``job_cpus``: how many CPUs the job may run on (its affinity at the start), None unknown."""
+    ``job_cpus``: how many CPUs the job may run on (its affinity at the start), None unknown.
+    ``frames``, ``stacks`` (frame indexes, outermost first) and ``threads``: the tables each
+    tick's ``stacks`` point into; ``stack_sampler`` says how they were sampled ("" when they
+    were not); ``tenants``: who the other processes on the job's GPUs are; ``cwd``: the job's
+    working directory (its files are named relative to it)."""
 
     started_at: float  # unix seconds
     interval: float
@@ -146,6 +221,12 @@ class Recording:
     pressure_scope: str = "host"  # "cgroup" when PSI is the job's cgroup's
     skipped: tuple[str, ...] = ()
     job_cpus: int | None = None
+    frames: tuple[StackFrame, ...] = ()
+    stacks: tuple[tuple[int, ...], ...] = ()
+    threads: tuple[ThreadInfo, ...] = ()
+    stack_sampler: str = ""
+    tenants: tuple[ProcessInfo, ...] = ()
+    cwd: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
@@ -169,9 +250,40 @@ def _build(cls: Any, data: Any) -> Any:
 
 def _gpu_tick(data: Any) -> GpuTick:
     tick: GpuTick = _build(GpuTick, data)
-    return GpuTick(
-        **{**asdict(tick), "samples": tuple((float(t), float(v)) for t, v in tick.samples)}
+    samples = tuple((float(t), float(v)) for t, v in tick.samples)
+    others = tuple(_build(OtherProcess, o) for o in tick.others)
+    return GpuTick(**{**asdict(tick), "samples": samples, "others": others})
+
+
+def _tick(data: Any) -> Tick:
+    return Tick(
+        t=float(data["t"]),
+        dt=float(data["dt"]),
+        gpus=tuple(_gpu_tick(g) for g in data.get("gpus", ())),
+        job=_job_tick(data.get("job", {})),
+        host=_build(HostTick, data.get("host", {})),
+        stacks=tuple(
+            StackTime(int(s[0]), int(s[1]), float(s[2]), int(s[3]) if len(s) > 3 else 0)
+            for s in data.get("stacks", ())
+        ),
     )
+
+
+def _stack_tables(doc: dict[str, Any]) -> dict[str, Any]:
+    """The stack and tenant tables of a schema 2 recording (empty for schema 1), every index
+    checked: a tick may not point past a table."""
+    frames = tuple(_build(StackFrame, f) for f in doc.get("frames", ()))
+    stacks = tuple(tuple(int(i) for i in s) for s in doc.get("stacks", ()))
+    if any(not 0 <= i < len(frames) for s in stacks for i in s):
+        raise ValueError("a stack names a frame the recording does not hold")
+    return {
+        "frames": frames,
+        "stacks": stacks,
+        "threads": tuple(_build(ThreadInfo, t) for t in doc.get("threads", ())),
+        "stack_sampler": str(doc.get("stack_sampler", "")),
+        "tenants": tuple(_build(ProcessInfo, p) for p in doc.get("tenants", ())),
+        "cwd": str(doc.get("cwd", "")),
+    }
 
 
 def _job_tick(data: Any) -> JobTick:
@@ -181,19 +293,17 @@ def _job_tick(data: Any) -> JobTick:
 
 def from_json(doc: Any) -> Recording:
     """A :class:`Recording` from :meth:`Recording.to_json`'s document; RecordingError if bad."""
-    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+    if not isinstance(doc, dict) or doc.get("schema") not in SCHEMAS:
         raise RecordingError(f"not a sparkdiag watch recording (schema {SCHEMA!r} expected)")
     try:
-        ticks = tuple(
-            Tick(
-                t=float(t["t"]),
-                dt=float(t["dt"]),
-                gpus=tuple(_gpu_tick(g) for g in t.get("gpus", ())),
-                job=_job_tick(t.get("job", {})),
-                host=_build(HostTick, t.get("host", {})),
-            )
-            for t in doc["ticks"]
-        )
+        ticks = tuple(_tick(t) for t in doc["ticks"])
+        tables = _stack_tables(doc)
+        if any(
+            not (0 <= s.thread < len(tables["threads"]) and 0 <= s.stack < len(tables["stacks"]))
+            for t in ticks
+            for s in t.stacks
+        ):
+            raise ValueError("a tick names a thread or stack the recording does not hold")
         return Recording(
             started_at=float(doc["started_at"]),
             interval=float(doc["interval"]),
@@ -205,6 +315,7 @@ def from_json(doc: Any) -> Recording:
             pressure_scope=str(doc.get("pressure_scope", "host")),
             skipped=tuple(str(s) for s in doc.get("skipped", ())),
             job_cpus=None if doc.get("job_cpus") is None else int(doc["job_cpus"]),
+            **tables,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise RecordingError(f"malformed watch recording: {exc}") from None

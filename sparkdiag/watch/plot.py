@@ -1,6 +1,8 @@
 """The timeline PNG of a watch (``--plot FILE``): GPU utilization and activity, clocks and
 temperatures, the job's CPU, its I/O and memory pressure, with the time lost to each cause
-shaded. matplotlib is an optional extra: ``pip install 'sparkdiag[plot]'``."""
+shaded (the phases: a checkpoint, a compilation, a stretch of host syncs), each named in the
+legend with the line of code that took most of its time where the stacks were sampled.
+matplotlib is an optional extra: ``pip install 'sparkdiag[plot]'``."""
 
 from __future__ import annotations
 
@@ -12,11 +14,19 @@ from sparkdiag.plotting import PlotUnavailable as PlotUnavailable
 from sparkdiag.plotting import available as available
 from sparkdiag.plotting import missing_message as missing_message
 from sparkdiag.plotting import pyplot, twin_legend
-from sparkdiag.watch.causes import TITLES
+from sparkdiag.watch.causes import TITLES, Cause
 from sparkdiag.watch.diagnose import Diagnosis
 from sparkdiag.watch.model import Recording
 
 COLOURS = {
+    "co-tenant": "black",
+    "data-prep-in-loop": "gold",
+    "host-sync": "tab:blue",
+    "pageable-copies": "tab:green",
+    "recompiling": "darkviolet",
+    "logging": "lightcoral",
+    "optimizer-step": "teal",
+    "collective-wait": "slategray",
     "input-starved": "tab:orange",
     "stalled-kernel": "tab:gray",
     "few-sms": "tab:cyan",
@@ -88,7 +98,7 @@ def plot(rec: Recording, diagnosis: Diagnosis, path: Path) -> None:
         for ax in axes:
             ax.axvspan(start, end, color=COLOURS.get(name, "gray"), alpha=0.15, lw=0)
     handles = [
-        Patch(color=COLOURS[c.name], alpha=0.3, label=TITLES[c.name])
+        Patch(color=COLOURS[c.name], alpha=0.3, label=legend(c))
         for c in diagnosis.causes
         if c.name in COLOURS
     ]
@@ -101,6 +111,15 @@ def plot(rec: Recording, diagnosis: Diagnosis, path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def legend(cause: Cause) -> str:
+    """A cause's entry in the legend: its title and, where stacks named one, the line that
+    took most of its time (``host sync: train.py:50``)."""
+    if not cause.sites:
+        return TITLES[cause.name]
+    site = cause.sites[0]
+    return f"{TITLES[cause.name]}: {shorten(f'{site.file}:{site.line}', 40)}"
 
 
 def thread_label(rec: Recording) -> str:

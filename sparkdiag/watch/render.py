@@ -75,6 +75,8 @@ def text(rec: Recording, diagnosis: Diagnosis, width: int | None = None) -> str:
             f"active window {start:.1f}-{end:.1f} s: GPU busy {_pct(diagnosis.gpu_busy)}{tensor}",
             "",
         )
+        if rec.stack_sampler:  # what the lines named come from (no GPU: nothing to name)
+            lines += _wrap(f"Python stacks: {rec.stack_sampler}", "")
     lines += ["", *terminal.wrap(f"diagnosis: {headline(diagnosis, rec)}", width, "", "  ")]
     for cause in diagnosis.causes:
         lines.append("")
@@ -97,8 +99,10 @@ def text(rec: Recording, diagnosis: Diagnosis, width: int | None = None) -> str:
 
 
 def document(rec: Recording, diagnosis: Diagnosis) -> dict[str, Any]:
-    """The JSON document: the job, how the watch ended, the GPUs watched, and the diagnosis
-    (``diagnosed_gpus``: the indices of those the job ran on)."""
+    """The JSON document: the job, how the watch ended, the GPUs watched, how the job's stacks
+    were sampled ("" when they were not), and the diagnosis (``diagnosed_gpus``: the indices of
+    those the job ran on; each cause with the ``sites`` and top ``stacks`` of the job's code
+    that took its time, and a co-tenant's ``tenants``)."""
     found = asdict(diagnosis)
     found["diagnosed_gpus"] = found.pop("gpus")
     return {
@@ -109,6 +113,7 @@ def document(rec: Recording, diagnosis: Diagnosis) -> dict[str, Any]:
         "duration_seconds": rec.ticks[-1].t if rec.ticks else 0.0,
         "interval_seconds": rec.interval,
         "ticks": len(rec.ticks),
+        "stack_sampler": rec.stack_sampler,
         "gpus": [asdict(g) for g in rec.gpus],
         "headline": headline(diagnosis, rec),
         **found,

@@ -3,7 +3,9 @@
 The GPU side asks NVML through a :class:`~sparkdiag.sources.gpu.GpuSource` (so fixtures, the
 unsupported memory and the lost-GPU rule work as in the daemon): the driver's utilization
 samples since the last tick, GPM activity, SM clock, clock event reasons, temperatures, power,
-the compute processes, and PCIe throughput (each read blocks ~20 ms: every ``pcie_seconds``).
+the compute processes with their utilization (the job's and any other's: a co-tenant), and PCIe
+traffic: GPM's PCIe TX/RX rates over each tick where the GPU has GPM (Hopper and later), else
+its 20 ms throughput window (each read blocks ~20 ms: every ``pcie_seconds``).
 The job side reads ``/proc`` under ``--path.rootfs``: the process tree, CPU per thread, I/O per
 process; the host side PSI (the job's cgroup's where the kernel has it), memory and swap.
 """
@@ -16,9 +18,20 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from sparkdiag.snapshot import ProcessIdentity
 from sparkdiag.sources import pressure, procfs
 from sparkdiag.sources.gpu import DeviceLost, GpuSource
-from sparkdiag.watch.model import GpuInfo, GpuTick, HostTick, JobTick, ProcessLoad, Tick
+from sparkdiag.watch.model import (
+    GpuInfo,
+    GpuTick,
+    HostTick,
+    JobTick,
+    OtherProcess,
+    ProcessInfo,
+    ProcessLoad,
+    Tick,
+)
+from sparkdiag.watch.stack_sampler import StackSampler, targets
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 TOP_PROCESSES = 8  # per tick, the busiest processes of the job kept in the recording
@@ -29,14 +42,28 @@ def _ratio(value: Any) -> float | None:
     return None if value is None else min(max(float(value) / 100.0, 0.0), 1.0)
 
 
-class GpuSampler:
-    """The GPUs' side of a tick. ``gpus`` limits it to those indices (None: every GPU)."""
+Describe = Callable[[list[int]], dict[int, ProcessIdentity]]
 
-    def __init__(self, source: GpuSource, gpus: set[int] | None = None) -> None:
+
+class GpuSampler:
+    """The GPUs' side of a tick. ``gpus`` limits it to those indices (None: every GPU);
+    ``describe`` names the processes outside the job seen on the job's GPUs (pid -> identity,
+    :class:`~sparkdiag.sources.procfs.ProcessIdentities`), kept in :attr:`tenants`."""
+
+    def __init__(
+        self,
+        source: GpuSource,
+        gpus: set[int] | None = None,
+        describe: Describe | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.source = source
         self.indices = [g.index for g in source.identities if gpus is None or g.index in gpus]
         self.lost: set[int] = set()
         self.job_gpus: set[int] = set()  # GPUs the job was seen on
+        self.describe = describe
+        self.clock = clock
+        self.tenants: dict[int, ProcessInfo] = {}
 
     def infos(self) -> tuple[GpuInfo, ...]:
         return tuple(
@@ -80,16 +107,18 @@ class GpuSampler:
         held = [p["used_memory"] for p in mine if p.get("used_memory") is not None]
         if on_gpu:
             self.job_gpus.add(index)
-        # PCIe throughput blocks ~20 ms per direction: only on the GPUs the job was seen on
-        # (on every GPU where NVML lists no processes, or when there is one GPU)
-        pcie = index in self.job_gpus or procs is None or len(self.indices) == 1
+        job_sm, others = self._processes(index, procs or [], job_pids) if on_gpu else (None, ())
+        # the 20 ms PCIe window blocks ~20 ms per direction: only on the GPUs the job was seen
+        # on (on every GPU where NVML lists no processes, or when there is one GPU), and only
+        # where the GPU has no GPM PCIe rates
+        tx, rx = _pcie_gpm(gpm)
+        if tx is None and (index in self.job_gpus or procs is None or len(self.indices) == 1):
+            tx, rx = self._pcie_window(index)
         clock = ask(index, "clock", 1)
         clock_max = ask(index, "max_clock", 1)
         power = ask(index, "power_mw")
         limit = ask(index, "power_limit_mw")
         mem_temp = ask(index, "memory_temperature")
-        tx = ask(index, "pcie_throughput", 0) if pcie else None
-        rx = ask(index, "pcie_throughput", 1) if pcie else None
         reasons = ask(index, "clock_event_reasons")
         temperature = ask(index, "temperature", 0)
         return GpuTick(
@@ -107,11 +136,50 @@ class GpuSampler:
             memory_temperature=None if not mem_temp else float(mem_temp),
             power_w=None if power is None else float(power) / 1000.0,
             power_limit_w=None if limit is None else float(limit) / 1000.0,
-            pcie_tx=None if tx is None else float(tx) * 1024.0,
-            pcie_rx=None if rx is None else float(rx) * 1024.0,
+            pcie_tx=tx,
+            pcie_rx=rx,
             job_on_gpu=on_gpu,
             memory_utilization=None if rates is None else _ratio(rates.get("memory")),
             job_memory_bytes=float(sum(held)) if held else None,
+            job_sm=job_sm,
+            others=others,
+        )
+
+    def _processes(
+        self, index: int, procs: list[dict[str, Any]], job_pids: set[int]
+    ) -> tuple[float | None, tuple[OtherProcess, ...]]:
+        """The job's SM utilization (its processes' together) and the other compute processes,
+        from NVML's per-process samples since the last ask. A process with no sample is None:
+        NVML keeps none for a process that ran no kernel (the job's) or is not sampled here."""
+        util = self.source.ask(index, "process_utilization")
+        sm = {int(u["pid"]): _ratio(u.get("sm")) for u in util or ()}
+        job = [v for pid, v in sm.items() if pid in job_pids and v is not None]
+        others = tuple(
+            OtherProcess(
+                pid=int(p["pid"]),
+                sm=sm.get(int(p["pid"])) if util is not None else None,
+                memory_bytes=None if p.get("used_memory") is None else float(p["used_memory"]),
+            )
+            for p in procs
+            if int(p["pid"]) not in job_pids
+        )
+        new = [o.pid for o in others if o.pid not in self.tenants]
+        if new:
+            known = self.describe(new) if self.describe is not None else {}
+            for pid in new:
+                who = known.get(pid)
+                self.tenants[pid] = (
+                    ProcessInfo(pid, who.name, who.user, who.container_id, who.pod_uid)
+                    if who is not None
+                    else ProcessInfo(pid)
+                )
+        return (min(1.0, sum(job)) if job else None), others
+
+    def _pcie_window(self, index: int) -> tuple[float | None, float | None]:
+        tx = self.source.ask(index, "pcie_throughput", 0)
+        rx = self.source.ask(index, "pcie_throughput", 1)
+        return (None if tx is None else float(tx) * 1024.0), (
+            None if rx is None else float(rx) * 1024.0
         )
 
     def gpu_pids(self, job_pids: set[int]) -> set[int]:
@@ -126,6 +194,19 @@ class GpuSampler:
                 continue
             found.update(int(p["pid"]) for p in procs if int(p["pid"]) in job_pids)
         return found
+
+
+MIB = 1024.0 * 1024.0
+
+
+def _pcie_gpm(gpm: dict[str, float]) -> tuple[float | None, float | None]:
+    """Bytes per second sent (device to host) and received over the tick, from GPM's PCIe rates
+    (MiB/s); (None, None) where GPM has none. NVML's PCIe byte-counter fields were tried first
+    and dropped: on the H200 they wrap at 32 bits, several times a second under copies."""
+    tx, rx = gpm.get("pcie_tx"), gpm.get("pcie_rx")
+    if tx is None or rx is None:
+        return None, None
+    return float(tx) * MIB, float(rx) * MIB
 
 
 class HostSampler:
@@ -218,6 +299,7 @@ class HostSampler:
             cpu_cores=sum(cpu.values()),
             gpu_thread=None if hottest is None else on_gpu[hottest],
             gpu_thread_name="" if hottest is None else times[hottest].name,
+            gpu_thread_id=None if hottest is None else hottest[1],
             other_cpu_cores=sum(r for k, r in cpu.items() if gpu_pids and k[0] not in gpu_pids),
             read_bps=reads / dt if io else None,
             write_bps=writes / dt if io else None,
@@ -280,7 +362,10 @@ def _loads(
 
 
 class Sampler:
-    """Both sides together; ``tick()`` returns one :class:`Tick`."""
+    """Both sides together; ``tick()`` returns one :class:`Tick`. With ``stacks``, the job's
+    Python stacks are recorded beside (the processes on the GPU, else its Python processes);
+    ``start`` is the clock's reading at the recording's time 0, ``problems`` what the stack
+    sampler could not do, each once."""
 
     def __init__(
         self,
@@ -288,23 +373,29 @@ class Sampler:
         host: HostSampler,
         started_at: float,
         clock: Callable[[], float] = time.monotonic,
+        stacks: StackSampler | None = None,
     ) -> None:
         self.gpu = gpu
         self.host = host
         self.started_at = started_at
         self.clock = clock
-        self._start = clock()
-        self._last = self._start
+        self.stacks = stacks
+        self.problems: list[str] = []
+        self.start = clock()
+        self._last = self.start
 
     def tick(self) -> Tick:
-        pids = set(self.host.tree())
+        tree = self.host.tree()
+        pids = set(tree)
         gpus: tuple[GpuTick, ...] = ()
         gpu_pids: set[int] = set()
         if self.gpu is not None:
             gpus = self.gpu.sample(self.started_at, pids)
             gpu_pids = self.gpu.gpu_pids(pids)
+        if self.stacks is not None and tree:
+            self.problems += self.stacks.update(targets(self.host.rootfs, tree, gpu_pids))
         job, host = self.host.sample(gpu_pids)
         now = self.clock()
-        tick = Tick(t=now - self._start, dt=now - self._last, gpus=gpus, job=job, host=host)
+        tick = Tick(t=now - self.start, dt=now - self._last, gpus=gpus, job=job, host=host)
         self._last = now
         return tick

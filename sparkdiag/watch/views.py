@@ -14,9 +14,14 @@ ACTIVE_MIN = 0.01  # utilization (or SM activity) of a tick in which the GPU ran
 
 @dataclass(frozen=True)
 class View:
-    """One tick. ``eff`` is GPM SM activity where the GPU has GPM, else utilization; ``sm``,
-    ``tensor`` and ``dram`` are GPM's (None without). ``held``: the job was seen holding the GPU
-    this tick (among its compute processes, or holding memory on it)."""
+    """One tick. ``util`` is the job's own share of the GPU's busy time: its utilization less
+    what other processes' kernels took (``others``, from NVML's per-process samples; 0 where
+    none was seen or sampled), and ``eff``, ``sm``, ``tensor``, ``dram`` are the job's share of
+    GPM's device-wide figures likewise. ``eff`` is GPM SM activity where the GPU has GPM, else
+    utilization; ``sm``, ``tensor`` and ``dram`` are GPM's (None without). ``held``: the job
+    was seen holding the GPU this tick (among its compute processes, or holding memory on it).
+    ``tick``: its index in the recording's ticks. ``pcie_tx``/``pcie_rx``: bytes per second
+    device to host / host to device."""
 
     t: float
     dt: float
@@ -33,6 +38,9 @@ class View:
     power: float | None = None
     power_limit: float | None = None
     pcie_rx: float | None = None
+    pcie_tx: float | None = None
+    others: float = 0.0
+    tick: int = -1
     gpu_thread: float | None = None
     gpu_thread_name: str = ""
     cpu_cores: float | None = None
@@ -43,6 +51,11 @@ class View:
     cpu_stall: float | None = None
     on_gpu: bool = False
     held: bool = False
+
+    @property
+    def idle(self) -> float:
+        """The share of the tick in which no kernel ran, the job's or another's."""
+        return max(0.0, 1.0 - self.util - self.others)
 
     @property
     def active(self) -> bool:
@@ -67,14 +80,28 @@ def job_gpus(rec: Recording) -> tuple[int, ...]:
     return tuple(busy) if busy else tuple(g.index for g in rec.gpus)
 
 
+def _others(g: GpuTick) -> float:
+    """What other processes' kernels took of one GPU's tick (at most its utilization)."""
+    took = sum(o.sm for o in g.others if o.sm is not None)
+    return min(took, g.utilization or 0.0)
+
+
 def views(rec: Recording, gpus: tuple[int, ...]) -> list[View]:
     out = []
-    for tick in rec.ticks:
+    for index, tick in enumerate(rec.ticks):
         mine: list[GpuTick] = [g for g in tick.gpus if g.index in gpus]
-        util = mean([g.utilization for g in mine])
-        if util is None:
+        busy = mean([g.utilization for g in mine])
+        if busy is None:
             continue
-        sm = mean([g.sm_activity for g in mine])
+        others = mean([_others(g) for g in mine]) or 0.0
+        util = max(0.0, busy - others)
+        share = util / busy if busy > 0 else 1.0
+
+        def job(values: list[float | None], share: float = share) -> float | None:
+            value = mean(values)
+            return None if value is None else value * share
+
+        sm = job([g.sm_activity for g in mine])
         reasons = 0
         for g in mine:
             reasons |= g.reasons or 0
@@ -88,8 +115,8 @@ def views(rec: Recording, gpus: tuple[int, ...]) -> list[View]:
                 util=util,
                 eff=util if sm is None else sm,
                 sm=sm,
-                tensor=mean([g.tensor_activity for g in mine]),
-                dram=mean([g.dram_activity for g in mine]),
+                tensor=job([g.tensor_activity for g in mine]),
+                dram=job([g.dram_activity for g in mine]),
                 memory_util=mean([g.memory_utilization for g in mine]),
                 clock=mean([g.sm_clock_hz for g in mine]),
                 clock_max=mean([g.sm_clock_max_hz for g in mine]),
@@ -98,6 +125,9 @@ def views(rec: Recording, gpus: tuple[int, ...]) -> list[View]:
                 power=sum(powers) if powers else None,
                 power_limit=sum(limits) if len(limits) == len(powers) and limits else None,
                 pcie_rx=mean([g.pcie_rx for g in mine]),
+                pcie_tx=mean([g.pcie_tx for g in mine]),
+                others=others,
+                tick=index,
                 gpu_thread=tick.job.gpu_thread,
                 gpu_thread_name=tick.job.gpu_thread_name,
                 cpu_cores=tick.job.cpu_cores,

@@ -5,7 +5,8 @@ and tear-down around it."""
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 import pytest
@@ -17,8 +18,13 @@ from sparkdiag.watch.model import (
     GpuTick,
     HostTick,
     JobTick,
+    OtherProcess,
+    ProcessInfo,
     ProcessLoad,
     Recording,
+    StackFrame,
+    StackTime,
+    ThreadInfo,
     Tick,
 )
 
@@ -189,3 +195,75 @@ def saving(ticks: Callable[[int], bool], thread: float) -> Recording:
         thread=during(ticks, thread, 1.0),
         write=during(ticks, 1.5e9, 1e5),
     )
+
+
+# ---- stacks --------------------------------------------------------------------------------------
+
+SITE = "/usr/lib/python3/dist-packages/"  # where a library's frames live
+Stack = tuple[StackFrame, ...]
+
+
+def frame(function: str, file: str, line: int = 1, text: str = "") -> StackFrame:
+    """A frame; ``file`` relative to the site packages when it starts with a package name
+    (``torch/serialization.py``), else the job's own (``/job/train.py``)."""
+    return StackFrame(function, file if file.startswith(("/", "<")) else SITE + file, line, text)
+
+
+def loop(line: int, text: str, *deeper: StackFrame) -> Stack:
+    """The training loop at ``/job/train.py:line`` (``text``), then ``deeper`` frames."""
+    return (frame("<module>", "/job/train.py", 3, "main()"),
+            frame("main", "/job/train.py", line, text), *deeper)  # fmt: skip
+
+
+def with_stacks(
+    rec: Recording,
+    at: Callable[[int], Sequence[tuple[Stack, float]]],
+    warmup: int = 0,
+    threads: tuple[ThreadInfo, ...] = (ThreadInfo(4242, 4242, "MainThread", "python3"),),
+    thread: Callable[[int], int] = lambda i: 0,
+) -> Recording:
+    """``rec`` with the training thread's stacks: ``at(i)`` gives, for the active tick ``i``
+    (0 is the first after ``warmup``), each stack and the share of the tick spent in it (one
+    visit where the tick before was not in it); ``thread(i)`` the index of the thread."""
+    frames: dict[StackFrame, int] = {}
+    stacks: dict[tuple[int, ...], int] = {}
+    ticks = []
+    before: set[int] = set()
+    for k, tick in enumerate(rec.ticks):
+        i = k - warmup
+        times = []
+        for stack, share in at(i):
+            ids = tuple(frames.setdefault(f, len(frames)) for f in stack)
+            index = stacks.setdefault(ids, len(stacks))
+            times.append(StackTime(thread(i), index, share * tick.dt, int(index not in before)))
+        before = {t.stack for t in times}
+        ticks.append(replace(tick, stacks=tuple(times)))
+    return replace(
+        rec,
+        ticks=tuple(ticks),
+        frames=tuple(frames),
+        stacks=tuple(stacks),
+        threads=threads,
+        stack_sampler="py-spy 0.4.3, 20 samples a second per process, non-blocking",
+    )
+
+
+def others(rec: Recording, sm: Callable[[int], float | None], warmup: int = 0,
+           pid: int = 777, memory: float = 12e9) -> Recording:  # fmt: skip
+    """``rec`` with another process on GPU 0 taking ``sm(i)`` of active tick ``i``, the device's
+    utilization raised by as much (at most 1)."""
+    ticks = []
+    for k, tick in enumerate(rec.ticks):
+        i = k - warmup
+        gpus = []
+        for g in tick.gpus:
+            took = sm(i) if i >= 0 else None
+            if took is None or not g.job_on_gpu:
+                gpus.append(g)
+                continue
+            util = min(1.0, (g.utilization or 0.0) + took)
+            gpus.append(replace(g, utilization=util, others=(OtherProcess(pid, took, memory),),
+                                samples=tuple((t, util) for t, _ in g.samples)))  # fmt: skip
+        ticks.append(replace(tick, gpus=tuple(gpus)))
+    who = ProcessInfo(pid, "python3", "alice", "c0ffee" * 10 + "abcd", "")
+    return replace(rec, ticks=tuple(ticks), tenants=(who,))

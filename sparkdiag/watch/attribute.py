@@ -1,0 +1,105 @@
+"""A tick's lost GPU time given to what the training thread was doing meanwhile (its stacks in
+the recording), in place of the counters' one label.
+
+While the GPU idles, the thread that feeds it is doing something else: every second the GPU lost
+is a second the thread spent preparing data, working on results it copied back, copying,
+serialising a checkpoint, logging, compiling, in the optimizer, waiting for a collective, for
+its loader or for something else. Those activities (:data:`HOST_SIDE`) take the tick's lost time
+first, in proportion to the time the thread spent in each, but each at most its own time. What
+is left (the GPU idled longer than the thread did anything else) goes to the two activities that
+can overlap the GPU's own work (:data:`OVERLAPPING`): waiting in a sync (which loses time when
+what it waits for is a copy, not a kernel) and launching kernels, in proportion again; where the
+thread did neither, to the cause the counters gave the tick.
+
+A tick the counters call launch-bound (a hot thread, small kernels) whose thread spent at
+least half its time launching, or one in which a hot thread feeds a GPU that runs with gaps and
+spent half its time in lines that call torch, is a launcher's tick whole: its loss is the time
+the SMs did not work, as without stacks (``diagnose._parts``). The thread's own code doing
+something no frame names (``USER``: pure Python, numpy) is launching in a launch-bound tick and
+preparing data in any other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sparkdiag.watch import stacks as st
+from sparkdiag.watch.model import Recording
+
+CAUSE = {
+    st.DATALOADER: "input-starved",
+    st.WAITING: "input-starved",
+    st.DATA_PREP: "data-prep-in-loop",
+    st.AFTER_SYNC: "host-sync",
+    st.SYNC: "host-sync",
+    st.COPY: "pageable-copies",
+    st.CHECKPOINT: "checkpoint-stalls",
+    st.LOGGING: "logging",
+    st.COMPILE: "recompiling",
+    st.OPTIMIZER: "optimizer-step",
+    st.COLLECTIVE: "collective-wait",
+    st.LAUNCH: "cpu-bound-launcher",
+}
+OVERLAPPING = frozenset({st.SYNC, st.LAUNCH})
+HOST_SIDE = frozenset(CAUSE) - OVERLAPPING
+COVERAGE_MIN = 0.25  # of a tick: a thread sampled less than this leaves the tick to the counters
+LAUNCHING_MIN = 0.5  # of the sampled time launching, in a launch-bound tick: the launcher's
+
+
+@dataclass(frozen=True)
+class Part:
+    """Lost seconds given to a cause, and the stack (index) they were spent in; None: the
+    counters' label, no stack."""
+
+    cause: str
+    stack: int | None
+    seconds: float
+
+
+def training_stacks(
+    rec: Recording, readings: st.Readings, tick: int
+) -> list[tuple[int, str, float]]:
+    """(stack, activity, seconds) of the training threads during one tick of the recording."""
+    return [
+        (s.stack, readings.stacks[s.stack].activity, s.seconds)
+        for s in rec.ticks[tick].stacks
+        if s.thread in readings.training
+    ]
+
+
+def covered(sampled: list[tuple[int, str, float]], dt: float) -> bool:
+    return sum(seconds for _, _, seconds in sampled) >= COVERAGE_MIN * dt
+
+
+def launching_share(sampled: list[tuple[int, str, float]]) -> float:
+    total = sum(seconds for _, _, seconds in sampled)
+    launching = sum(s for _, a, s in sampled if a in (st.LAUNCH, st.USER))
+    return launching / total if total > 0 else 0.0
+
+
+def split(
+    loss: float, dt: float, sampled: list[tuple[int, str, float]], fallback: str, launching: bool
+) -> list[Part]:
+    """``loss`` seconds of a ``dt``-second tick shared out over the thread's activities (the
+    module docstring); ``launching``: the counters call the tick launch-bound, so the thread's
+    own unnamed code (``USER``) was launching."""
+    if loss <= 0:
+        return []
+    total = sum(seconds for _, _, seconds in sampled)
+    if total <= 0:
+        return [Part(fallback, None, loss)]
+    scale = dt / total  # the samples stand for the whole tick
+    user = st.LAUNCH if launching else st.DATA_PREP
+    resolved = [(stack, user if a == st.USER else a, s * scale) for stack, a, s in sampled]
+    host = [(stack, a, s) for stack, a, s in resolved if a in HOST_SIDE]
+    busy = sum(s for _, _, s in host)
+    parts: list[Part] = []
+    if busy >= loss:
+        return [Part(CAUSE[a], stack, loss * s / busy) for stack, a, s in host]
+    parts = [Part(CAUSE[a], stack, s) for stack, a, s in host]
+    left = loss - busy
+    overlap = [(stack, a, s) for stack, a, s in resolved if a in OVERLAPPING]
+    waited = sum(s for _, _, s in overlap)
+    if waited <= 0:
+        return [*parts, Part(fallback, None, left)]
+    return [*parts, *(Part(CAUSE[a], stack, left * s / waited) for stack, a, s in overlap)]

@@ -1,0 +1,255 @@
+"""The job's Python stacks beside the counters: py-spy (:mod:`sparkdiag.sources.pyspy`) records
+the processes that hold the GPU (before NVML names them, or without NVML, the job's Python
+processes), and at the end every stretch a thread spent in one stack is cut into the ticks it
+overlaps, so that each tick holds what each thread was doing while the counters were read.
+
+A recorder is replaced every ``CHUNK_SECONDS`` (the new one starts before the old one stops, and
+the stretches are cut where they meet): py-spy keeps a chrome trace in memory until it ends, so
+a long watch keeps at most a chunk's trace there. A recorder that fails at once (the process
+not yet a Python interpreter, a race with its start) is started again every ``RETRY_SECONDS``,
+at most ``RETRIES`` times; why the last one failed is said once.
+"""
+
+from __future__ import annotations
+
+import bisect
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from sparkdiag.sources import procfs, pyspy
+from sparkdiag.watch.model import StackFrame, StackTime, ThreadInfo, Tick
+
+STACK_RATE = 20  # samples a second (see docs/watch.md: its cost and why not more)
+CHUNK_SECONDS = 30.0
+RETRY_SECONDS = 1.0
+RETRIES = 10
+MAX_PROCESSES = 8
+LOADER_NAMES = ("pt_data_worker",)
+
+
+@dataclass
+class _Target:
+    pid: int
+    current: pyspy.Recorder | None = None
+    stopping: list[pyspy.Recorder] = field(default_factory=list)
+    tries: int = 0
+    retry_at: float = 0.0
+    worked: bool = False
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class StackTables:
+    """What the recording keeps of the stacks: its tables and the ticks pointing into them."""
+
+    frames: tuple[StackFrame, ...]
+    stacks: tuple[tuple[int, ...], ...]
+    threads: tuple[ThreadInfo, ...]
+    ticks: tuple[Tick, ...]
+
+
+class StackSampler:
+    """Records the stacks of the processes :meth:`update` names, until :meth:`finish`."""
+
+    def __init__(
+        self,
+        binary: Path,
+        rootfs: Path,
+        rate: int = STACK_RATE,
+        native: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.binary, self.rootfs, self.rate, self.native, self.clock = (
+            binary, rootfs, rate, native, clock
+        )  # fmt: skip
+        self.workdir = Path(tempfile.mkdtemp(prefix="sparkdiag-watch-stacks-"))
+        self.targets: dict[int, _Target] = {}
+        self.segments: list[pyspy.Segment] = []
+        self.problems: list[str] = []  # each said once
+        self.lines = pyspy.SourceLines(rootfs)
+        self.texts: dict[tuple[int, str, int], str] = {}
+        self.names: dict[int, str] = {}  # pid -> its name, read while it runs
+        self.version = pyspy.version(binary) or "py-spy"
+
+    def describe(self) -> str:
+        how = (
+            "with native frames, stopping the job at each sample"
+            if self.native
+            else ("non-blocking")
+        )
+        return f"{self.version}, {self.rate} samples a second per process, {how}"
+
+    def _recorder(self, target: _Target) -> pyspy.Recorder | None:
+        rec = pyspy.Recorder(self.binary, target.pid, self.workdir, self.rate, self.native,
+                             self.clock)  # fmt: skip
+        try:
+            rec.start()
+        except OSError as exc:  # py-spy itself would not run
+            target.error, target.tries = f"cannot run {self.binary}: {exc.strerror or exc}", RETRIES
+            return None
+        return rec
+
+    def update(self, pids: Iterable[int]) -> list[str]:
+        """Record ``pids`` (at most ``MAX_PROCESSES``), rotate the chunks and read the finished
+        ones; the problems newly found, each in one line."""
+        now = self.clock()
+        for pid in pids:
+            if pid not in self.targets and len(self.targets) < MAX_PROCESSES:
+                self.targets[pid] = _Target(pid)
+                self.names.update(procfs.process_names(self.rootfs, [pid]))
+        before = len(self.problems)
+        for target in self.targets.values():
+            self._step(target, now)
+        return self.problems[before:]
+
+    def _step(self, target: _Target, now: float) -> None:
+        rec = target.current
+        if rec is None:
+            if target.tries < RETRIES and now >= target.retry_at:
+                target.tries += 1
+                target.current = self._recorder(target)
+                if target.current is None:
+                    self._fail(target)
+            return
+        if not rec.running():  # the process ended, or py-spy could not read it
+            target.current = None
+            self._collect(target, rec)
+            if not target.worked and _alive(self.rootfs, target.pid):
+                target.retry_at = now + RETRY_SECONDS
+                if target.tries >= RETRIES:
+                    self._fail(target)
+        elif now - rec.origin >= CHUNK_SECONDS:
+            fresh = self._recorder(target)
+            if fresh is not None:
+                rec.stop()
+                fresh.since = rec.stopped_at
+                target.stopping.append(rec)
+                target.current = fresh
+        for old in [r for r in target.stopping if not r.running()]:
+            target.stopping.remove(old)
+            self._collect(target, old)
+
+    def _collect(self, target: _Target, rec: pyspy.Recorder) -> None:
+        try:
+            got = rec.collect()
+        except pyspy.StackError as exc:
+            target.error = str(exc)
+            return
+        target.worked = target.worked or bool(got)
+        for s in got:
+            for f in s.frames:
+                key = (s.pid, f.file, f.line)
+                if key not in self.texts:
+                    self.texts[key] = self.lines(s.pid, f.file, f.line)
+        self.segments.extend(got)
+
+    def _fail(self, target: _Target) -> None:
+        if not target.error:
+            return
+        name = procfs.process_names(self.rootfs, [target.pid]).get(target.pid, "?")
+        self.problems.append(
+            f"no Python stacks of pid {target.pid} ({name}): {target.error}; its lost time is "
+            "judged from the counters alone"
+        )
+        target.error = ""
+        target.tries = RETRIES
+
+    def finish(self) -> list[str]:
+        """Stop every recorder and read what it wrote; the problems newly found."""
+        before = len(self.problems)
+        for target in self.targets.values():
+            for rec in [*target.stopping, *([target.current] if target.current else [])]:
+                rec.stop()
+        for target in self.targets.values():
+            for rec in [*target.stopping, *([target.current] if target.current else [])]:
+                self._collect(target, rec)
+            target.stopping.clear()
+            target.current = None
+            if not target.worked:
+                self._fail(target)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+        return self.problems[before:]
+
+
+def _alive(rootfs: Path, pid: int) -> bool:
+    return (rootfs / "proc" / str(pid)).is_dir()
+
+
+def targets(rootfs: Path, tree: list[int], gpu_pids: set[int]) -> list[int]:
+    """Whose stacks to record: the job's processes on the GPU where NVML names them, else its
+    processes that run Python and are not DataLoader workers (the root first), else the root."""
+    if gpu_pids:
+        return [pid for pid in tree if pid in gpu_pids] or sorted(gpu_pids)
+    names = procfs.process_names(rootfs, tree)
+    python = [
+        pid
+        for pid in tree
+        if names.get(pid, "").startswith(("python", "pt_main_thread"))
+        and not names.get(pid, "").startswith(LOADER_NAMES)
+    ]
+    return python[:2] or tree[:1]
+
+
+def tables(
+    segments: list[pyspy.Segment],
+    ticks: list[Tick],
+    start: float,
+    texts: dict[tuple[int, str, int], str],
+    names: dict[int, str],
+) -> StackTables:
+    """The stretches cut into the ticks they overlap (``start``: the clock's reading at the
+    recording's time 0), with the tables they point into. A thread that stayed in one stack the
+    whole time (a parked worker) is left out, unless it is a process's main thread."""
+    distinct: dict[tuple[int, int], set[tuple[pyspy.Frame, ...]]] = {}
+    for s in segments:
+        distinct.setdefault((s.pid, s.tid), set()).add(s.frames)
+    kept = {key for key, stacks in distinct.items() if len(stacks) > 1 or key[0] == key[1]}
+    thread_index: dict[tuple[int, int], int] = {}
+    threads: list[ThreadInfo] = []
+    frame_index: dict[StackFrame, int] = {}
+    stack_index: dict[tuple[int, ...], int] = {}
+    ends = [t.t for t in ticks]
+    per_tick: list[dict[tuple[int, int], float]] = [{} for _ in ticks]
+    visits: list[dict[tuple[int, int], int]] = [{} for _ in ticks]
+    for s in segments:
+        key = (s.pid, s.tid)
+        if key not in kept:
+            continue
+        if key not in thread_index:
+            thread_index[key] = len(threads)
+            threads.append(ThreadInfo(s.pid, s.tid, s.thread, names.get(s.pid, "")))
+        frames = []
+        for f in s.frames:
+            frame = StackFrame(f.function, f.file, f.line, texts.get((s.pid, f.file, f.line), ""))
+            frames.append(frame_index.setdefault(frame, len(frame_index)))
+        stack = stack_index.setdefault(tuple(frames), len(stack_index))
+        begin, end = s.start - start, s.end - start
+        i = bisect.bisect_right(ends, begin)
+        if i < len(ticks):  # each stretch begins with the thread coming into its stack
+            at = (thread_index[key], stack)
+            visits[i][at] = visits[i].get(at, 0) + 1
+        while i < len(ticks) and ticks[i].t - ticks[i].dt < end:
+            overlap = min(end, ticks[i].t) - max(begin, ticks[i].t - ticks[i].dt)
+            if overlap > 0:
+                slot, at = per_tick[i], (thread_index[key], stack)
+                slot[at] = slot.get(at, 0.0) + overlap
+            i += 1
+    return StackTables(
+        frames=tuple(frame_index),
+        stacks=tuple(stack_index),
+        threads=tuple(threads),
+        ticks=tuple(
+            replace(
+                tick,
+                stacks=tuple(
+                    StackTime(thread, stack, round(seconds, 4), seen.get((thread, stack), 0))
+                    for (thread, stack), seconds in sorted(slot.items())
+                ),
+            )
+            for tick, slot, seen in zip(ticks, per_tick, visits, strict=True)
+        ),
+    )

@@ -1,0 +1,374 @@
+"""What the job's threads were doing, read from the stacks in a recording: each stack gets an
+activity and the line of the job's own code that took the time (a pure function of the
+recording, like the rest of the diagnosis).
+
+An activity is read from the outermost frame that names one (where one frame could name two,
+in this order): importing modules (the job still starting: the diagnosis leaves such ticks at
+the window's start out), compiling
+(``torch._dynamo``'s frame conversion, inductor's compiler), a checkpoint (``torch.save``,
+safetensors, distributed checkpoint, a framework's ``save_checkpoint``), a collective
+(``torch.distributed``'s ``all_reduce``, ``barrier``...), the DataLoader (waiting for its worker
+processes, or loading in the training thread when it has none), logging (``logging``, wandb,
+TensorBoard, a framework's loggers), the optimizer step (``torch.optim``, DeepSpeed's CPU Adam),
+a host sync in a library frame (``torch.cuda.synchronize``, a tensor formatted for printing,
+``Tensor.__array__``) or in a native one (``cudaStreamSynchronize``, ``_local_scalar_dense``: with
+``--stacks native``), waiting (``threading``, ``queue``, ``selectors``...). Else the leaf decides:
+a data library (tokenizers, PIL, torchvision's transforms, ...) is data preparation; a model or
+framework library (``torch``, transformers' models, timm, Lightning...) launches kernels; a line
+of the job's own code is read from its text, which the recording keeps: ``.item()``, ``.cpu()``,
+``.tolist()``, ``.numpy()``, ``synchronize()`` are a host sync, ``.cuda(`` and ``.to(...device...)``
+a copy to the GPU, ``torch.``/``model(``/``.backward(``/``@`` launching, ``sleep(`` waiting,
+``print(`` logging. Anything else the job's own code does (pure Python, numpy) is ``USER``: the
+diagnosis decides per tick whether that was launching or preparing data, and a ``USER`` stack
+inside a function that syncs, below the line that syncs, is the host working on the results it
+copied (``AFTER_SYNC``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sparkdiag.watch.model import Recording, StackFrame
+
+IMPORTING = "importing"
+COMPILE = "compile"
+CHECKPOINT = "checkpoint"
+COLLECTIVE = "collective"
+DATALOADER = "dataloader"
+LOGGING = "logging"
+OPTIMIZER = "optimizer"
+SYNC = "sync"
+AFTER_SYNC = "after-sync"
+COPY = "copy"
+WAITING = "waiting"
+DATA_PREP = "data-prep"
+LAUNCH = "launch"
+USER = "user"
+NOTHING = "nothing"  # no Python frame at all: the interpreter starting or ending
+
+_COMPILING = (
+    "torch/_dynamo/convert_frame.py",
+    "torch/_dynamo/symbolic_convert.py",
+    "torch/_dynamo/output_graph.py",
+    "torch/_inductor/compile_fx.py",
+    "torch/_inductor/codecache.py",
+    "torch/_inductor/async_compile.py",
+    "torch/_functorch/_aot_autograd/jit_compile_runtime_wrappers.py",
+)
+_SAVING_FILES = ("torch/serialization.py", "safetensors/", "torch/distributed/checkpoint/")
+_SAVING = re.compile(r"save_?checkpoint|save_pretrained|save_model|save_state\b|_save\b|save_file")
+_SAVING_TEXT = re.compile(
+    r"\btorch\.save\(|\bsave_file\(|\.save_pretrained\(|\bfsync\(|pickle\.dump|save_checkpoint\("
+)
+_COLLECTIVES = {
+    "all_reduce", "barrier", "all_gather", "all_gather_into_tensor", "all_gather_object",
+    "reduce_scatter", "reduce_scatter_tensor", "broadcast", "broadcast_object_list", "gather",
+    "scatter", "monitored_barrier", "send", "recv", "wait", "all_to_all", "all_to_all_single",
+}  # fmt: skip
+_COLLECTIVE_TEXT = re.compile(r"\bdist\.(all_reduce|barrier|all_gather|broadcast)\(|\.wait\(\)")
+_LOGGERS = (
+    "logging/", "wandb/", "torch/utils/tensorboard/", "tensorboardX/", "tensorboard/", "mlflow/",
+    "lightning/pytorch/loggers/", "lightning/fabric/loggers/", "pytorch_lightning/loggers/",
+    "aim/", "comet_ml/", "neptune/", "clearml/", "tqdm/",
+)  # fmt: skip
+_OPTIMIZERS = ("torch/optim/", "deepspeed/ops/adam/", "apex/optimizers/", "bitsandbytes/optim/")
+_SYNC_FRAMES = {
+    "torch/cuda/__init__.py": ("synchronize",),
+    "torch/cuda/streams.py": ("synchronize",),
+    "torch/_tensor.py": ("__array__", "__repr__", "__format__", "__str__", "numpy", "tolist"),
+    "torch/_tensor_str.py": ("",),
+}
+_NATIVE_SYNC = re.compile(
+    r"cudaStreamSynchronize|cuStreamSynchronize|cudaDeviceSynchronize|cuCtxSynchronize|"
+    r"cudaEventSynchronize|cuEventSynchronize|_local_scalar_dense|THPVariable_item|"
+    r"THPVariable_tolist|THPVariable_numpy|cuMemcpyDtoH|cudaMemcpy\b"
+)
+_NATIVE_LAUNCH = re.compile(r"cudaLaunchKernel|cuLaunchKernel|cudaGraphLaunch")
+_WAITS = (
+    "threading.py", "queue.py", "selectors.py", "multiprocessing/connection.py",
+    "multiprocessing/queues.py", "multiprocessing/synchronize.py", "asyncio/",
+    "concurrent/futures/", "subprocess.py", "socket.py",
+)  # fmt: skip
+_DATA_LIBRARIES = (
+    "tokenizers/", "sentencepiece/", "tiktoken/", "PIL/", "torchvision/transforms/",
+    "torchvision/io/", "torchvision/datasets/", "cv2/", "albumentations/", "datasets/",
+    "pandas/", "pyarrow/", "h5py/", "imageio/", "decord/", "torchaudio/", "librosa/",
+    "soundfile", "webdataset/", "json/", "csv.py", "torch/utils/data/",
+)  # fmt: skip
+_TOKENIZERS = re.compile(r"(^|/)tokenization_|/tokenizer")
+_MODELS = (
+    "torch/", "transformers/", "timm/", "lightning/", "pytorch_lightning/", "accelerate/",
+    "torchvision/", "triton/", "apex/", "deepspeed/", "xformers/", "flash_attn/", "peft/",
+    "diffusers/", "torchmetrics/", "einops/", "lightning_fabric/",
+)  # fmt: skip
+SYNC_TEXT = re.compile(
+    r"\.item\(\)|\.cpu\(\)|\.tolist\(\)|\.numpy\(|synchronize\(|"
+    r"\.to\(\s*(device\s*=\s*)?['\"]cpu['\"]"
+)
+COPY_TEXT = re.compile(r"\.cuda\(|\.pin_memory\(|\.to\([^)]*(cuda|device|dev\b|gpu|non_blocking)")
+_LAUNCH_TEXT = re.compile(
+    r"\btorch\.|\bF\.|\bnn\.|\bmodel\(|\.backward\(|\.step\(|\.zero_grad\(|\bforward\(|\s@\s"
+)
+_SLEEP_TEXT = re.compile(r"\bsleep\(")
+_PRINT_TEXT = re.compile(r"\bprint\(|\blog(ger|ging)?\.(info|debug|warning)\(")
+# the libraries whose frames the rules read, found by their package folder wherever they are
+# installed (a --target folder or PYTHONPATH entry has no site-packages in its path)
+_PACKAGE_ROOT = re.compile(
+    r"/(torch|transformers|timm|lightning|pytorch_lightning|lightning_fabric|tokenizers|numpy|"
+    r"PIL|torchvision|torchaudio|accelerate|datasets|safetensors|deepspeed|triton|apex|peft|"
+    r"diffusers|wandb|tensorboard|tensorboardX|mlflow|sentencepiece|tiktoken|cv2|"
+    r"albumentations|pandas|pyarrow|torchmetrics|xformers|flash_attn|bitsandbytes|einops)/"
+    r"(?!.*/(site|dist)-packages/)"
+)
+
+
+def library_path(file: str) -> str | None:
+    """The path of a library frame from its package root (``torch/serialization.py``,
+    ``threading.py``); None for the job's own code."""
+    if file.startswith("<eval_with_key>"):  # code torch.fx generated (a compiled graph)
+        return "torch/fx/generated/" + file
+    if not file or file.startswith("<"):
+        return file or "<native>"
+    for marker in ("/site-packages/", "/dist-packages/"):
+        if marker in file:
+            return file.rsplit(marker, 1)[1]
+    match = re.search(r"/lib/python3[.\d]*/(.*)$", file)
+    if match:
+        return match.group(1)
+    match = _PACKAGE_ROOT.search(file)  # installed elsewhere: pip --target, PYTHONPATH
+    if match:
+        return file[match.start() + 1 :]
+    if "/torchinductor_" in file:
+        return "torch/_inductor/generated/" + file.rsplit("/", 1)[-1]
+    if file.endswith((".so", ".so.1", ".so.2")) or ".so." in file:
+        return "<native>/" + file.rsplit("/", 1)[-1]
+    return None
+
+
+def function_name(name: str) -> str:
+    """A frame's function as a report names it: a comprehension's by the function it is in
+    (``tokenize.<locals>.<listcomp>`` is ``tokenize``: the same line)."""
+    return re.sub(r"\.?<locals>\.<(listcomp|genexpr|dictcomp|setcomp)>$|^<(listcomp|genexpr|"
+                  r"dictcomp|setcomp)>$", "", name) or name  # fmt: skip
+
+
+def short_file(file: str, cwd: str = "") -> str:
+    """A frame's file as a report names it: a library's from its package root, the job's own
+    relative to its working directory where it lies under it."""
+    lib = library_path(file)
+    if lib is not None:
+        return lib
+    if cwd and file.startswith(cwd.rstrip("/") + "/"):
+        return file[len(cwd.rstrip("/")) + 1 :]
+    return file
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A stack's activity; ``site``: the frame (index into the recording's frames) of the job's
+    own code that took the time (its innermost), else the frame that decided; ``via``: the
+    library frame that decided, where there is one."""
+
+    activity: str
+    site: int | None
+    via: int | None = None
+
+
+def _function(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def read(frames: Sequence[StackFrame], ids: Sequence[int]) -> Reading:
+    """The activity of one stack (``frames`` outermost first, ``ids`` their indexes)."""
+    libs = [library_path(f.file) for f in frames]
+    user = [i for i, lib in enumerate(libs) if lib is None]
+    site = ids[user[-1]] if user else (ids[-1] if ids else None)
+
+    def found(activity: str, at: int) -> Reading:
+        return Reading(activity, site if user else ids[at], ids[at])
+
+    marked = _by_frames(frames, libs)
+    if marked is not None:
+        activity, at = marked
+        if activity == DATALOADER and any((lib or "").startswith("torch/utils/data/_utils/fetch")
+                                          for lib in libs):  # fmt: skip
+            # no worker processes: the training thread loads the batch itself
+            deeper = [i for i in user if i > at]
+            return Reading(DATA_PREP, ids[deeper[-1]] if deeper else site, ids[at])
+        return found(activity, at)
+    if not frames:
+        return Reading(NOTHING, None)
+    leaf = len(frames) - 1
+    lib = libs[leaf]
+    if lib is not None:
+        if lib.startswith(_WAITS):
+            return found(WAITING, leaf)
+        if lib.startswith(_DATA_LIBRARIES) or _TOKENIZERS.search(lib):
+            return found(DATA_PREP, leaf)
+        if lib.startswith("<native>") and _NATIVE_LAUNCH.search(frames[leaf].function):
+            return found(LAUNCH, leaf)
+        if lib.startswith(_MODELS):
+            return found(LAUNCH, leaf)
+        return Reading(USER, site, ids[leaf])
+    text = frames[leaf].text
+    for pattern, activity in (
+        (SYNC_TEXT, SYNC),
+        (_SAVING_TEXT, CHECKPOINT),
+        (_COLLECTIVE_TEXT, COLLECTIVE),
+        (COPY_TEXT, COPY),
+        (_SLEEP_TEXT, WAITING),
+        (_PRINT_TEXT, LOGGING),
+        (_LAUNCH_TEXT, LAUNCH),
+    ):
+        if pattern.search(text):
+            return Reading(activity, site)
+    return Reading(USER, site)
+
+
+def _by_frames(frames: Sequence[StackFrame], libs: list[str | None]) -> tuple[str, int] | None:
+    """The activity a library (or native) frame gives, and that frame's position: the
+    outermost frame that gives one (a compilation that imports modules is compiling, an import
+    that runs a compiler module's code is importing)."""
+    for i, (f, lib) in enumerate(zip(frames, libs, strict=True)):
+        for activity, rule in _RULES:
+            if rule(f, lib) and (activity != OPTIMIZER or _only_optimizer(libs[i + 1 :])):
+                return activity, i
+    return None
+
+
+def _only_optimizer(deeper: list[str | None]) -> bool:
+    """Nothing but the optimizer's own work below its frame: a closure it calls (Lightning runs
+    the whole training step inside ``optimizer.step(closure)``) is that step, not the
+    optimizer's."""
+    inside = ("torch/", *_OPTIMIZERS)
+    closure = ("torch/autograd/", "torch/nn/")
+    return all(lib is not None and lib.startswith(inside) and not lib.startswith(closure)
+               for lib in deeper)  # fmt: skip
+
+
+def _importing(f: StackFrame, lib: str | None) -> bool:
+    return (lib or "").startswith(("<frozen importlib", "importlib/"))
+
+
+def _compiling(f: StackFrame, lib: str | None) -> bool:
+    return lib is not None and lib.startswith(_COMPILING)
+
+
+def _saving(f: StackFrame, lib: str | None) -> bool:
+    if lib is not None and lib.startswith(_SAVING_FILES):
+        return True
+    return bool(_SAVING.search(_function(f.function))) or (
+        lib is None and bool(_SAVING_TEXT.search(f.text))
+    )
+
+
+def _collective(f: StackFrame, lib: str | None) -> bool:
+    return (
+        lib is not None
+        and lib.startswith("torch/distributed/")
+        and _function(f.function) in _COLLECTIVES
+    )
+
+
+def _loader(f: StackFrame, lib: str | None) -> bool:
+    return lib == "torch/utils/data/dataloader.py" and _function(f.function) == "__next__"
+
+
+def _logging(f: StackFrame, lib: str | None) -> bool:
+    return lib is not None and lib.startswith(_LOGGERS)
+
+
+def _optimizer(f: StackFrame, lib: str | None) -> bool:
+    """The step itself (an optimizer's ``step`` or the per-tensor loops it runs), not building
+    one or its learning-rate schedule."""
+    name = _function(f.function)
+    return (
+        lib is not None
+        and lib.startswith(_OPTIMIZERS)
+        and not lib.startswith("torch/optim/lr_scheduler")
+        and (name == "step" or name.startswith(("_single_tensor", "_multi_tensor", "_fused")))
+    )
+
+
+def _sync(f: StackFrame, lib: str | None) -> bool:
+    if lib is None:
+        return False
+    if lib.startswith("<native>"):
+        return bool(_NATIVE_SYNC.search(f.function))
+    names = _SYNC_FRAMES.get(lib)
+    return names is not None and ("" in names or _function(f.function) in names)
+
+
+_RULES = (
+    (IMPORTING, _importing),
+    (COMPILE, _compiling),
+    (CHECKPOINT, _saving),
+    (COLLECTIVE, _collective),
+    (DATALOADER, _loader),
+    (LOGGING, _logging),
+    (OPTIMIZER, _optimizer),
+    (SYNC, _sync),
+)
+
+
+# -- a whole recording ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Readings:
+    """Every stack's reading, and the threads that run the training loop (one per process: the
+    one that spent most time in ``torch`` frames or launching, syncing and copying; a process's
+    main thread where none did)."""
+
+    stacks: tuple[Reading, ...]
+    training: frozenset[int]  # indexes into the recording's threads
+
+
+def _after_sync(rec: Recording, readings: list[Reading]) -> list[Reading]:
+    """``USER`` stacks working on what a sync brought back: a frame of the job's own code in a
+    function that syncs, at a line after the one that syncs."""
+    first: dict[tuple[str, str], int] = {}
+    for reading in readings:
+        if reading.activity == SYNC and reading.site is not None:
+            f = rec.frames[reading.site]
+            key = (f.file, f.function)
+            first[key] = min(first.get(key, f.line), f.line)
+    if not first:
+        return readings
+    out = []
+    for stack, reading in zip(rec.stacks, readings, strict=True):
+        if reading.activity == USER:
+            for i in stack:
+                f = rec.frames[i]
+                line = first.get((f.file, f.function))
+                if line is not None and f.line > line and library_path(f.file) is None:
+                    reading = Reading(AFTER_SYNC, reading.site, reading.via)
+                    break
+        out.append(reading)
+    return out
+
+
+def read_recording(rec: Recording) -> Readings:
+    readings = [read([rec.frames[i] for i in s], s) for s in rec.stacks]
+    readings = _after_sync(rec, readings)
+    score: dict[int, float] = {}
+    for tick in rec.ticks:
+        for st in tick.stacks:
+            frames = [rec.frames[i] for i in rec.stacks[st.stack]]
+            libs = [library_path(f.file) or "" for f in frames]
+            if any(lib.startswith("torch/utils/data/_utils/pin_memory") for lib in libs):
+                continue
+            working = readings[st.stack].activity in (LAUNCH, SYNC, COPY, OPTIMIZER, COMPILE)
+            if working or any(lib.startswith("torch/") for lib in libs):
+                score[st.thread] = score.get(st.thread, 0.0) + st.seconds
+    best: dict[int, int] = {}
+    # the most seconds wins; a tie (none scored) goes to the main thread (tid == pid)
+    ranked = sorted(
+        range(len(rec.threads)),
+        key=lambda i: (score.get(i, 0.0), rec.threads[i].tid == rec.threads[i].pid),
+    )
+    for index in ranked:
+        best[rec.threads[index].pid] = index
+    return Readings(tuple(readings), frozenset(best.values()))

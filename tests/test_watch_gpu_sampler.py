@@ -1,0 +1,88 @@
+"""The GPU side of a watch tick on scripted NVML fixtures: the other processes on the job's GPU
+(with their per-process utilization and who they are), the job's own share, and PCIe traffic
+from GPM's rates per tick, falling back to the 20 ms window."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from sparkdiag.sources.backends import make_backend
+from sparkdiag.sources.gpu import GpuSource
+from sparkdiag.sources.procfs import ProcessIdentities
+from sparkdiag.watch.model import OtherProcess
+from sparkdiag.watch.sampler import GpuSampler
+from tests.support import NVML
+
+JOB = 547  # the recorded job's pid in h200-load.json
+
+
+def fixture(tmp_path: Path, other: int, script: list[dict[str, Any]] | None = None) -> Path:
+    shutil.copy(NVML / "h200-load.json", tmp_path)
+    util = {"memory": 20.0, "encoder": 0.0, "decoder": 0.0}
+    doc = {
+        "format": "sparkdiag-nvml-fixture/1",
+        "description": "the H200 load recording with a second compute process beside the job",
+        "base": "h200-load.json",
+        "devices": [{
+            "from": 0,
+            "set": {
+                "compute_processes": [{"pid": JOB, "used_memory": 7_600_000_000},
+                                      {"pid": other, "used_memory": 12_000_000_000}],
+                "process_utilization": [{"pid": JOB, "sm": 46.0, **util},
+                                        {"pid": other, "sm": 53.0, **util}],
+            },
+            "why": {"compute_processes": "a co-tenant, made up",
+                    "process_utilization": "time-sliced about evenly, made up"},
+        }],
+        "script": script or [],
+    }  # fmt: skip
+    path = tmp_path / "cotenant.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
+
+
+def sampler(path: Path, now: list[float]) -> GpuSampler:
+    source = GpuSource(make_backend(path), slow_seconds=2.0)
+    assert source.start()
+    return GpuSampler(source, describe=ProcessIdentities(Path("/")), clock=lambda: now[0])
+
+
+def test_another_process_on_the_job_s_gpu_is_named_with_its_share(tmp_path: Path) -> None:
+    other = os.getpid()  # a real process, so that /proc names it
+    now = [0.0]
+    gpu = sampler(fixture(tmp_path, other), now)
+    (tick,) = gpu.sample(0.0, {JOB})
+    assert tick.job_on_gpu and tick.job_sm == 0.46
+    assert tick.others == (OtherProcess(other, 0.53, 12e9),)
+    who = gpu.tenants[other]
+    assert who.user == "root" and who.name  # ps -o comm=,user=
+    # the same GPU where NVML lists none of the job's processes: nobody is called a co-tenant
+    (alone,) = sampler(fixture(tmp_path, other), now).sample(0.0, {999_999})
+    assert not alone.job_on_gpu and alone.others == () and alone.job_sm is None
+
+
+def test_pcie_traffic_from_gpm_is_a_rate_per_tick(tmp_path: Path) -> None:
+    """GPM's PCIe rates (MiB/s; the H200 read rx 3142 under a pageable copy loop) give each
+    tick's traffic, and no 20 ms window is read."""
+    rates = {"sm": 0.0, "sm_occupancy": 0.0, "tensor": 0.0, "dram": 0.1, "pcie_tx": 190.5,
+             "pcie_rx": 3142.0}  # fmt: skip
+    step = {"poll": [1, 11], "gpu": 0, "set": {"gpm": rates}}
+    now = [0.0]
+    gpu = sampler(fixture(tmp_path, os.getpid(), [step]), now)
+    for _ in range(3):
+        now[0] += 1.0
+        (tick,) = gpu.sample(0.0, {JOB})
+        assert (tick.pcie_tx, tick.pcie_rx) == (190.5 * 1024 * 1024, 3142.0 * 1024 * 1024)
+
+
+def test_without_gpm_rates_the_window_is_read(tmp_path: Path) -> None:
+    now = [0.0]
+    gpu = sampler(fixture(tmp_path, os.getpid()), now)
+    for _ in range(3):
+        now[0] += 1.0
+        (tick,) = gpu.sample(0.0, {JOB})
+        assert (tick.pcie_tx, tick.pcie_rx) == (7273 * 1024.0, 15947 * 1024.0)

@@ -1,0 +1,396 @@
+"""The job's stacks read by the real py-spy from real Python processes on this machine: the
+source (finding py-spy, recording, the chrome trace, py-spy's errors, the ptrace rules), the
+stack sampler's chunks, and ``sparkdiag watch`` end to end on CPU jobs that sync, prepare their
+data in the loop and write a checkpoint (NVML from a scripted fixture); py-spy missing, ptrace
+refused, and the shim that lets py-spy read a job under Yama's ptrace_scope 1."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkdiag.sources import pyspy
+from sparkdiag.watch import stack_sampler
+from sparkdiag.watch.job import SpawnedJob
+from sparkdiag.watch.model import Tick, load
+from tests.support import NVML, ROOT, sparkdiag_cmd
+
+BINARY = pyspy.find()
+needs_pyspy = pytest.mark.skipif(BINARY is None, reason="py-spy is not installed here")
+
+
+def script(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body), encoding="utf-8")
+    return path
+
+
+LOOP = """\
+    import sys, time
+
+    def work(n):
+        total = 0
+        for i in range(n):
+            total += i * i
+        return total
+
+    def rest():
+        time.sleep(0.05)
+
+    end = time.monotonic() + float(sys.argv[1])
+    while time.monotonic() < end:
+        work(60000)
+        rest()
+"""
+
+
+# ---- the source ---------------------------------------------------------------------------------
+
+
+def test_find_honours_the_override_and_otherwise_finds_the_installed_binary(
+    tmp_path: Path,
+) -> None:
+    assert pyspy.find({pyspy.ENV: ""}) is None  # set and empty: none
+    assert pyspy.find({pyspy.ENV: str(tmp_path / "missing")}) is None
+    plain = tmp_path / "py-spy"
+    plain.write_text("#!/bin/sh\n")
+    assert pyspy.find({pyspy.ENV: str(plain)}) is None  # not executable
+    plain.chmod(0o755)
+    assert pyspy.find({pyspy.ENV: str(plain)}) == plain
+    if BINARY is not None:
+        assert pyspy.find({"PATH": ""}) is not None  # beside this interpreter, not on PATH
+        assert (pyspy.version(BINARY) or "").startswith("py-spy ")
+
+
+@needs_pyspy
+def test_a_recorder_reads_a_running_job_s_threads_lines_and_times(tmp_path: Path) -> None:
+    job = subprocess.Popen([sys.executable, str(script(tmp_path, "job.py", LOOP)), "2.5"])
+    try:
+        time.sleep(0.4)
+        assert BINARY is not None
+        rec = pyspy.Recorder(BINARY, job.pid, tmp_path, rate=50)
+        rec.start()
+        time.sleep(1.5)
+        rec.stop()
+        segments = rec.collect()
+    finally:
+        job.wait(timeout=30)
+    assert segments and {s.pid for s in segments} == {job.pid}
+    assert {s.tid for s in segments} == {job.pid}  # the main thread, by its OS thread id
+    leaves = {(s.frames[-1].function, s.frames[-1].line) for s in segments}
+    assert ("work", 6) in leaves and ("rest", 10) in leaves
+    seconds = sum(s.end - s.start for s in segments)
+    assert 1.0 <= seconds <= 1.6  # the stretches tile the time it sampled, cut where it stopped
+    assert all(rec.origin <= s.start < s.end <= (rec.stopped_at or 0) for s in segments)
+    assert not list(tmp_path.glob("stacks-*"))  # its files are removed
+
+
+@needs_pyspy
+def test_a_process_that_is_not_python_gives_py_spy_s_reason(tmp_path: Path) -> None:
+    job = subprocess.Popen(["sleep", "5"])
+    try:
+        assert BINARY is not None
+        rec = pyspy.Recorder(BINARY, job.pid, tmp_path, rate=20)
+        rec.start()
+        with pytest.raises(pyspy.StackError, match="python"):
+            rec.collect(timeout=20)
+    finally:
+        job.kill()
+        job.wait()
+
+
+def test_the_chrome_trace_becomes_stretches_per_thread() -> None:
+    def ev(ph: str, name: str, ts: int, tid: int = 7, file: str = "/a.py", line: int = 1) -> Any:
+        return {"ph": ph, "name": name, "ts": ts, "tid": tid, "pid": 1,
+                "args": {"filename": file, "line": line}}  # fmt: skip
+
+    events = [
+        ev("B", "thread (4242): MainThread", 0, file="", line=0),
+        ev("B", "<module>", 0),
+        ev("B", "work", 0, line=5),
+        ev("B", "thread (0x7F00): Dummy", 0, tid=8, file="", line=0),
+        ev("B", "idle", 0, tid=8),
+        ev("E", "work", 100_000, line=5),
+        ev("B", "rest", 100_000, line=9),
+        ev("E", "rest", 300_000, line=9),
+        ev("E", "<module>", 300_000),
+        ev("E", "thread (4242): MainThread", 300_000, file="", line=0),
+        ev("E", "idle", 300_000, tid=8),
+        {"ph": "X", "name": "ignored"},
+        "junk",
+    ]
+    got = pyspy.parse_chrometrace(events, origin=10.0, pid=1)
+    main = [(s.start, s.end, s.frames[-1].function) for s in got if s.tid == 4242]
+    assert main == [(10.0, 10.1, "work"), (10.1, 10.3, "rest")]
+    (dummy,) = [s for s in got if s.tid == 0x7F00]
+    assert dummy.thread == "Dummy" and dummy.frames == (pyspy.Frame("idle", "/a.py", 1),)
+    cut = pyspy.parse_chrometrace(events, origin=10.0, pid=1, since=10.05, until=10.2)
+    assert [(s.start, s.end) for s in cut if s.tid == 4242] == [(10.05, 10.1), (10.1, 10.2)]
+    assert pyspy.parse_chrometrace({"not": "a list"}, 0.0, 1) == []
+
+
+def test_py_spy_s_error_is_one_line_with_what_to_grant() -> None:
+    log = textwrap.dedent("""\
+        Error: Failed to get process executable name. Check that the process is running.
+
+        Caused by:
+            0: Permission denied (os error 13)
+            1: Permission denied (os error 13)
+
+        Stack backtrace:
+           0: <E as anyhow::context::ext::StdError>::ext_context
+    """)
+    message = pyspy.error_message(log)
+    assert message.startswith("Failed to get process executable name.")
+    assert "(Permission denied (os error 13))" in message and "CAP_SYS_PTRACE" in message
+    assert pyspy.error_message("") == "py-spy ended without a trace"
+
+
+ROOT_STATUS = "Name:\tpython3\nUid:\t0\t0\t0\t0\nCapEff:\t000001ffffffffff\n"
+NO_CAP = "Name:\tpython3\nUid:\t1000\t1000\t1000\t1000\nCapEff:\t0000000000000000\n"
+USER_JOB = "Name:\tpython3\nUid:\t1000\t1000\t1000\t1000\n"
+OTHER_JOB = "Name:\tpython3\nUid:\t1001\t1001\t1001\t1001\n"
+
+
+@pytest.mark.parametrize(
+    ("own", "target", "yama", "descendant", "expected"),
+    [
+        (ROOT_STATUS, OTHER_JOB, "1", False, None),  # CAP_SYS_PTRACE reads anyone's
+        (ROOT_STATUS, OTHER_JOB, "3", False, "ptrace_scope=3"),  # nobody may
+        (NO_CAP, USER_JOB, "2", True, "ptrace_scope=2 lets only CAP_SYS_PTRACE"),
+        (NO_CAP, OTHER_JOB, "0", False, "another user: give watch CAP_SYS_PTRACE"),
+        (NO_CAP, None, "0", False, "another user"),  # its status unreadable
+        (NO_CAP, USER_JOB, "1", False, "ptrace_scope=1 lets a process read only its own"),
+        (NO_CAP, USER_JOB, "1", True, None),  # started under watch, through the shim
+        (NO_CAP, USER_JOB, "0", False, None),
+        (NO_CAP, USER_JOB, None, False, None),  # no Yama
+    ],
+)
+def test_the_ptrace_rules(
+    own: str, target: str | None, yama: str | None, descendant: bool, expected: str | None
+) -> None:
+    problem = pyspy.access_problem(own, target, yama, descendant)
+    if expected is None:
+        assert problem is None
+    else:
+        assert problem is not None and expected in problem
+
+
+def test_source_lines_are_read_through_the_process_s_root(tmp_path: Path) -> None:
+    path = script(tmp_path, "job.py", "a = 1\n    b = 2   \n")
+    lines = pyspy.SourceLines(Path("/"))
+    assert lines(os.getpid(), str(path), 2) == "b = 2"
+    assert lines(os.getpid(), str(path), 9) == "" and lines(os.getpid(), "<frozen x>", 1) == ""
+    assert pyspy.process_cwd(Path("/"), os.getpid()) == os.getcwd()
+
+
+# ---- the stack sampler ----------------------------------------------------------------------
+
+
+@needs_pyspy
+def test_chunks_tile_the_ticks_without_counting_any_moment_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Recorders replaced every second over a 3.5 s job: each tick holds at most its own length
+    of the main thread's stacks, and the ticks after py-spy attached hold most of it."""
+    monkeypatch.setattr(stack_sampler, "CHUNK_SECONDS", 1.0)
+    job = subprocess.Popen([sys.executable, str(script(tmp_path, "job.py", LOOP)), "3.5"])
+    assert BINARY is not None
+    sampler = stack_sampler.StackSampler(BINARY, Path("/"), rate=50)
+    start = last = time.monotonic()
+    ticks: list[Tick] = []
+    try:
+        while job.poll() is None:
+            assert sampler.update([job.pid]) == []
+            time.sleep(0.25)
+            now = time.monotonic()
+            ticks.append(Tick(t=now - start, dt=now - last))
+            last = now
+        assert sampler.finish() == []
+    finally:
+        job.wait(timeout=30)
+    tables = stack_sampler.tables(sampler.segments, ticks, start, sampler.texts, sampler.names)
+    assert tables.threads[0].tid == job.pid and tables.threads[0].process.startswith("python")
+    covered = [sum(s.seconds for s in t.stacks) for t in tables.ticks]
+    assert all(c <= t.dt + 0.02 for c, t in zip(covered, tables.ticks, strict=True))
+    middle = covered[4:-2]
+    assert middle and sum(middle) >= 0.8 * sum(t.dt for t in tables.ticks[4:-2])
+    texts = {f.text for f in tables.frames}
+    assert "total += i * i" in texts and "time.sleep(0.05)" in texts
+    assert sum(s.visits for t in tables.ticks for s in t.stacks) >= 10
+
+
+def test_whose_stacks_are_recorded(tmp_path: Path) -> None:
+    root = tmp_path / "rootfs"
+    for pid, name in ((10, "bash"), (11, "python3"), (12, "pt_data_worker"), (13, "python3.11")):
+        (root / "proc" / str(pid)).mkdir(parents=True)
+        (root / "proc" / str(pid) / "comm").write_text(name + "\n")
+    assert stack_sampler.targets(root, [10, 11, 12, 13], {13}) == [13]  # on the GPU
+    assert stack_sampler.targets(root, [10, 11, 12, 13], set()) == [11, 13]  # no loaders
+    assert stack_sampler.targets(root, [10], set()) == [10]
+
+
+# ---- the shim for Yama's ptrace_scope 1 --------------------------------------------------------
+
+
+def test_a_job_started_through_the_ptracer_shim_keeps_its_pid_and_status(tmp_path: Path) -> None:
+    marker = tmp_path / "pid"
+    job = SpawnedJob(["sh", "-c", f"echo $$ > {marker}; exit 3"], ptracer=True)
+    assert job.wait() == 3
+    assert int(marker.read_text()) == job.pid
+    with pytest.raises(FileNotFoundError):
+        SpawnedJob(["no-such-command-here"], ptracer=True)
+
+
+# ---- sparkdiag watch end to end ---------------------------------------------------------------
+
+SYNC_JOB = """\
+    import sys, time
+    import numpy as np
+
+    logits = np.random.rand(1500, 500)
+    end = time.monotonic() + float(sys.argv[1])
+    while time.monotonic() < end:
+        logits += 1e-4
+        scores = logits.tolist()
+        best = max(scores[0])
+"""
+PREP_JOB = """\
+    import sys, time
+
+    VOCAB = {chr(c): c for c in range(32, 127)}
+    TEXT = "the quick brown fox jumps over the lazy dog " * 400
+
+    def tokenize(text):
+        return [VOCAB.get(c, 0) for c in text]
+
+    end = time.monotonic() + float(sys.argv[1])
+    while time.monotonic() < end:
+        ids = tokenize(TEXT)
+"""
+SAVE_JOB = """\
+    import os, pickle, sys, time
+
+    def save_checkpoint(state, path):
+        with open(path, "wb") as fh:
+            pickle.dump(state, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+
+    state = {"weights": os.urandom(20_000_000)}
+    end = time.monotonic() + float(sys.argv[1])
+    while time.monotonic() < end:
+        save_checkpoint(state, sys.argv[2])
+"""
+
+
+def watch(*args: str, env: dict[str, str] | None = None,
+          timeout: float = 120) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    return subprocess.run(sparkdiag_cmd("watch", *args), capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, env=env)  # fmt: skip
+
+
+@needs_pyspy
+@pytest.mark.parametrize(
+    ("body", "verdict", "function", "lines"),
+    [
+        (SYNC_JOB, "host-sync", "<module>", {8: "scores = logits.tolist()"}),
+        (PREP_JOB, "data-prep-in-loop", "tokenize", {7: "return [VOCAB.get(c, 0) for c in text]"}),
+        # serialising, or waiting for the write to reach the disk: both the checkpoint's
+        (SAVE_JOB, "checkpoint-stalls", "save_checkpoint",
+         {5: "pickle.dump(state, fh)", 7: "os.fsync(fh.fileno())"}),
+    ],
+)  # fmt: skip
+def test_watch_names_the_line_that_took_the_time(
+    tmp_path: Path, body: str, verdict: str, function: str, lines: dict[int, str]
+) -> None:
+    """The scripted fixture keeps the GPU idle two ticks in three; the CPU job's own stacks say
+    what it did meanwhile, and the line is named."""
+    job = script(tmp_path, "job.py", body)
+    record = tmp_path / "run.json"
+    result = watch("--json", "--interval", "0.2", "--nvml-fixture",
+                   str(NVML / "watch-starved.json"), "--record", str(record), "--",
+                   sys.executable, str(job), "3", str(tmp_path / "ckpt"))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["stack_sampler"].startswith("py-spy ") and "non-blocking" in doc["stack_sampler"]
+    assert doc["verdict"] == verdict, [(c["name"], round(c["share"], 2)) for c in doc["causes"]]
+    site = doc["causes"][0]["sites"][0]
+    assert (site["file"], site["function"]) == (str(job), function)
+    assert lines.get(site["line"]) == site["text"]
+    assert doc["causes"][0]["stacks"]
+    assert load(record).threads[0].tid == load(record).threads[0].pid  # the main thread
+    replayed = watch("--json", "--replay", str(record))
+    again = json.loads(replayed.stdout)
+    assert again["verdict"] == verdict and again["causes"] == doc["causes"]
+
+
+@needs_pyspy
+def test_without_py_spy_watch_says_so_once_and_judges_from_the_counters(tmp_path: Path) -> None:
+    job = script(tmp_path, "job.py", PREP_JOB)
+    env = {**os.environ, pyspy.ENV: str(tmp_path / "no-py-spy")}
+    result = watch("--json", "--interval", "0.2", "--nvml-fixture",
+                   str(NVML / "watch-starved.json"), "--", sys.executable, str(job), "2",
+                   env=env)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert result.stderr.count("py-spy not found at $SPARKDIAG_PYSPY") == 1
+    assert "sparkdiag[stacks]" in result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["stack_sampler"] == "" and any("py-spy not found" in s for s in doc["skipped"])
+    cause = doc["causes"][0]
+    assert cause["name"] == "data-prep-in-loop" and cause["sites"] == []  # counters: busy thread
+    off = watch("--json", "--interval", "0.2", "--stacks", "off", "--nvml-fixture",
+                str(NVML / "watch-healthy.json"), "--", "sleep", "0.5")  # fmt: skip
+    assert "--stacks off" in json.loads(off.stdout)["skipped"][-1]
+
+
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+WITHOUT_PTRACE = ["setpriv", "--bounding-set=-sys_ptrace", "--inh-caps=-sys_ptrace"]
+
+
+@needs_pyspy
+def test_a_job_of_another_user_without_cap_sys_ptrace_says_what_to_grant(tmp_path: Path) -> None:
+    """Another user's Python job, and watch (root) without CAP_SYS_PTRACE: py-spy is refused,
+    watch says once why and what to grant, and still diagnoses from the counters."""
+    if os.geteuid() != 0 or not shutil.which("setpriv") or not Path("/usr/bin/python3").exists():
+        pytest.skip("needs root, setpriv and a system python3 another user can run")
+    loop = "import time\nwhile True: sum(i * i for i in range(10000))\n"
+    job = subprocess.Popen([*NOBODY, "/usr/bin/python3", "-c", loop])
+    try:
+        time.sleep(0.5)
+        assert BINARY is not None
+        refused = subprocess.run([*WITHOUT_PTRACE, str(BINARY), "dump", "--pid", str(job.pid)],
+                                 capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert refused.returncode != 0  # py-spy itself cannot read it: the rule is right
+        result = subprocess.run(
+            [*WITHOUT_PTRACE, *sparkdiag_cmd("watch", "--json", "--pid", str(job.pid),
+                                             "--duration", "1", "--interval", "0.2",
+                                             "--nvml-fixture", str(NVML / "watch-healthy.json"))],
+            capture_output=True, text=True, timeout=120, cwd=ROOT,
+        )  # fmt: skip
+    finally:
+        job.kill()
+        job.wait()
+    assert result.returncode == 0, result.stderr
+    said = f"cannot read the Python stacks of pid {job.pid}: the job runs as another user"
+    assert result.stderr.count(said) == 1 and "CAP_SYS_PTRACE" in result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["stack_sampler"] == "" and doc["verdict"] == "healthy"
+
+
+def test_a_py_spy_that_will_not_run_is_said_once(tmp_path: Path) -> None:
+    broken = tmp_path / "py-spy"
+    broken.write_text("not a program\n")  # found by a path, not executable
+    sampler = stack_sampler.StackSampler(broken, Path("/"))
+    (said,) = sampler.update([os.getpid()])
+    assert said.startswith(f"no Python stacks of pid {os.getpid()}") and "cannot run" in said
+    assert sampler.update([os.getpid()]) == [] and sampler.finish() == []

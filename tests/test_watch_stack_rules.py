@@ -1,0 +1,514 @@
+"""The diagnosis with the job's stacks, as pure functions of synthetic recordings: what each
+stack is read as (stacks.py), how a tick's lost time is shared out (attribute.py), and the
+causes the issue's H200 jobs must get (a GPT-2 tokenizing in its loop, scoring its logits on the
+host, a ResNet fed by pageable copies, a launch-bound loop, a Lightning checkpoint, a
+recompiling torch.compile, a co-tenant, healthy jobs), with stacks and with counters alone."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from sparkdiag.watch import attribute
+from sparkdiag.watch import stacks as st
+from sparkdiag.watch.diagnose import diagnose
+from sparkdiag.watch.model import ProcessLoad, Recording, ThreadInfo, load
+from sparkdiag.watch.render import to_json
+from tests.support.watch import (
+    Stack,
+    const,
+    during,
+    frame,
+    loop,
+    names,
+    others,
+    periodic,
+    sole_cause,
+    timeline,
+    with_stacks,
+)
+
+STDLIB = "/usr/lib/python3.11/"
+# what a training loop's thread does, as py-spy shows it
+TOKENIZE = loop(
+    20, "ids = tokenize(texts[step])",
+    frame("tokenize", "/job/train.py", 11, "return [vocab[c] for c in text]"),
+)  # fmt: skip
+ITEM = loop(25, "total += loss.item()")
+MODEL = loop(22, "loss = model(ids).loss",
+             frame("GPT2LMHeadModel.forward", "transformers/models/gpt2/modeling_gpt2.py", 1200),
+             frame("Linear.forward", "torch/nn/modules/linear.py", 125))  # fmt: skip
+TO_HOST = loop(30, "scores = logits.float().cpu().numpy()")
+SCORING = loop(31, "acc = (scores.argmax(-1) == labels).mean()",
+               frame("_mean", "numpy/_core/_methods.py", 118))  # fmt: skip
+COPY = loop(18, "x = batch.cuda()")
+MATMUL = loop(40, "y = x @ w")
+SAVE = loop(
+    45, "trainer.fit(model)",
+    frame("Trainer.save_checkpoint", "lightning/pytorch/trainer/trainer.py", 1365),
+    frame("save", "torch/serialization.py", 944),
+    frame("_save", "torch/serialization.py", 1180),
+)  # fmt: skip
+COMPILE = loop(
+    40, "loss = train_step(x)",
+    frame("_TorchDynamoContext.__call__._fn", "torch/_dynamo/eval_frame.py", 655),
+    frame("ConvertFrame.__call__", "torch/_dynamo/convert_frame.py", 1432),
+    frame("_compile", "torch/_dynamo/convert_frame.py", 1107),
+)  # fmt: skip
+LOADER_WAIT = loop(
+    14, "for x, y in loader:",
+    frame("_BaseDataLoaderIter.__next__", "torch/utils/data/dataloader.py", 733),
+    frame("_MultiProcessingDataLoaderIter._next_data", "torch/utils/data/dataloader.py", 1480),
+    frame("_MultiProcessingDataLoaderIter._get_data", "torch/utils/data/dataloader.py", 1442),
+    frame("Queue.get", "multiprocessing/queues.py", 113),
+)  # fmt: skip
+LOADER_FETCH = loop(
+    14, "for x, y in loader:",
+    frame("_BaseDataLoaderIter.__next__", "torch/utils/data/dataloader.py", 733),
+    frame("_SingleProcessDataLoaderIter._next_data", "torch/utils/data/dataloader.py", 789),
+    frame("_MapDatasetFetcher.fetch", "torch/utils/data/_utils/fetch.py", 52),
+    frame("Texts.__getitem__", "/job/data.py", 12, "return self.tokenizer(self.rows[i])"),
+    frame("Tokenizer.encode", "tokenizers/implementations/base_tokenizer.py", 230),
+)  # fmt: skip
+
+
+def mix(*parts: tuple[Stack, float]) -> list[tuple[Stack, float]]:
+    return list(parts)
+
+
+def read(stack: Stack) -> st.Reading:
+    return st.read(stack, list(range(len(stack))))
+
+
+# ---- what a stack is read as --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("stack", "activity", "site"),
+    [
+        (TOKENIZE, st.USER, 2),
+        (ITEM, st.SYNC, 1),
+        (MODEL, st.LAUNCH, 1),
+        (TO_HOST, st.SYNC, 1),
+        (SCORING, st.USER, 1),
+        (COPY, st.COPY, 1),
+        (MATMUL, st.LAUNCH, 1),
+        (SAVE, st.CHECKPOINT, 1),
+        (COMPILE, st.COMPILE, 1),
+        (LOADER_WAIT, st.DATALOADER, 1),
+        (LOADER_FETCH, st.DATA_PREP, 5),
+        (loop(9, "time.sleep(0.1)"), st.WAITING, 1),
+        (loop(9, "batch = q.get()", frame("Queue.get", "/usr/lib/python3.11/queue.py", 180)),
+         st.WAITING, 1),
+        (loop(9, "print(f'loss {loss}')",
+              frame("Tensor.__format__", "torch/_tensor.py", 1050)), st.SYNC, 1),
+        (loop(9, "torch.cuda.synchronize()",
+              frame("synchronize", "torch/cuda/__init__.py", 985)), st.SYNC, 1),
+        (loop(9, "log.info('step %d', i)",
+              frame("Logger.info", STDLIB + "logging/__init__.py", 1489)), st.LOGGING, 1),
+        (loop(9, "optimizer.step()",
+              frame("Adam.step", "torch/optim/adam.py", 213)), st.OPTIMIZER, 1),
+        (loop(9, "dist.all_reduce(t)",
+              frame("all_reduce", "torch/distributed/distributed_c10d.py", 9)), st.COLLECTIVE, 1),
+        (loop(9, "save_file(state, path)",
+              frame("save_file", "safetensors/torch.py", 286)), st.CHECKPOINT, 1),
+        (loop(9, "img = aug(img)",
+              frame("ColorJitter.forward", "torchvision/transforms/transforms.py", 1280)),
+         st.DATA_PREP, 1),
+        (loop(9, "x = np.asarray(batch)", frame("cudaStreamSynchronize",
+                                                 "/usr/lib/libcudart.so.13", 0)), st.SYNC, 1),
+    ],
+)  # fmt: skip
+def test_each_stack_is_read_as_what_the_thread_did(stack: Stack, activity: str, site: int) -> None:
+    reading = read(stack)
+    assert reading.activity == activity
+    assert reading.site == site  # the innermost line of the job's own code
+
+
+def test_library_paths_and_short_names() -> None:
+    assert st.library_path("/x/lib/python3.11/site-packages/torch/serialization.py") == (
+        "torch/serialization.py"
+    )
+    assert st.library_path("/usr/lib/python3.11/threading.py") == "threading.py"
+    assert st.library_path("/job/train.py") is None
+    assert st.short_file("/job/sub/train.py", "/job") == "sub/train.py"
+    assert st.short_file("/other/train.py", "/job") == "/other/train.py"
+
+
+def _recording(at: object, **series: object) -> Recording:
+    return with_stacks(timeline(**series), at)  # type: ignore[arg-type]
+
+
+def test_host_work_after_a_sync_in_the_same_function_is_the_sync_s() -> None:
+    """numpy scoring below the line that copied the logits to the host is that sync's work,
+    not data preparation; the same numpy call in another function is not."""
+    rec = _recording(lambda i: mix((TO_HOST, 0.6), (SCORING, 0.4)))
+    readings = st.read_recording(rec)
+    by_text = {rec.frames[rec.stacks[i][-1]].text: r.activity
+               for i, r in enumerate(readings.stacks)}  # fmt: skip
+    assert by_text["scores = logits.float().cpu().numpy()"] == st.SYNC
+    assert readings.stacks[1].activity == st.AFTER_SYNC
+    elsewhere = _recording(lambda i: mix((SCORING, 1.0)))
+    assert st.read_recording(elsewhere).stacks[0].activity == st.USER
+
+
+def test_the_training_thread_is_the_one_in_torch_not_a_waiting_one() -> None:
+    threads = (ThreadInfo(4242, 4242, "MainThread"), ThreadInfo(4242, 4250, "pin_memory"),
+               ThreadInfo(4242, 4251, "logger"))  # fmt: skip
+    pin = "torch/utils/data/_utils/pin_memory.py"
+    pinning = loop(1, "run()", frame("_pin_memory_loop", pin, 50), frame("pin_memory", pin, 70))
+    rec = timeline()
+    rec = with_stacks(rec, lambda i: mix((MODEL, 1.0)), threads=threads, thread=lambda i: 0)
+    # the same ticks again from the other threads: the pinning thread and a sleeping one
+    extra = with_stacks(rec, lambda i: mix((pinning, 1.0)), threads=threads, thread=lambda i: 1)
+    assert st.read_recording(rec).training == frozenset({0})
+    assert st.read_recording(extra).training != frozenset({1})
+
+
+# ---- sharing a tick's lost time out -------------------------------------------------------------
+
+
+def test_host_side_work_takes_the_lost_time_first_each_at_most_its_own() -> None:
+    # 0.45 s of a 1 s tick lost; tokenizing 0.45 s, waiting in .item() 0.45 s, launching 0.1 s
+    parts = attribute.split(0.45, 1.0, [(0, st.USER, 0.45), (1, st.SYNC, 0.45),
+                                        (2, st.LAUNCH, 0.1)], "input-starved", False)  # fmt: skip
+    assert [(p.cause, p.stack, round(p.seconds, 3)) for p in parts] == [
+        ("data-prep-in-loop", 0, 0.45)
+    ]
+    # 0.96 s lost; scoring on the host 0.35 s, the rest waiting for the copy back
+    parts = attribute.split(0.96, 1.0, [(0, st.AFTER_SYNC, 0.35), (1, st.SYNC, 0.63),
+                                        (2, st.LAUNCH, 0.02)], "host-sync", False)  # fmt: skip
+    got = {(p.cause, p.stack): round(p.seconds, 3) for p in parts}
+    assert got == {
+        ("host-sync", 0): 0.35,
+        ("host-sync", 1): 0.591,
+        ("cpu-bound-launcher", 2): 0.019,
+    }
+    # nothing that explains idle time: the counters' label
+    assert attribute.split(0.5, 1.0, [], "input-starved", False)[0].cause == "input-starved"
+
+
+# ---- the H200 jobs, with stacks and with counters alone -----------------------------------------
+
+
+def tokenizing(stacks: bool = True) -> Recording:
+    """GPT-2 tokenizing in its loop: 45 % lost, the thread at 69 % of a core (H200, issue)."""
+    rec = timeline(util=const(0.55), sm=const(0.5), tensor=const(0.4), thread=const(0.69))
+    at = lambda i: mix((TOKENIZE, 0.45), (ITEM, 0.45), (MODEL, 0.10))  # noqa: E731
+    return with_stacks(rec, at) if stacks else rec
+
+
+def test_data_prepared_in_the_loop_names_the_line() -> None:
+    cause = sole_cause(diagnose(tokenizing()), "data-prep-in-loop", 0.45, within=0.02)
+    (site,) = cause.sites
+    assert (site.function, site.file, site.line) == ("tokenize", "/job/train.py", 11)
+    assert site.text == "return [vocab[c] for c in text]"
+    assert site.share == pytest.approx(0.45, abs=0.02)
+    assert "prepared at /job/train.py:11 (tokenize: return [vocab[c] for c in text]): 45 %" in (
+        cause.evidence
+    )
+    assert cause.stacks and cause.stacks[0].frames[-1] == "tokenize (/job/train.py:11)"
+
+
+def test_data_prepared_in_the_loop_from_counters_alone_is_not_nobody_busy() -> None:
+    cause = sole_cause(diagnose(tokenizing(stacks=False)), "data-prep-in-loop", 0.45, within=0.02)
+    assert not cause.sites and "cannot be told from other host work" in " ".join(cause.evidence)
+
+
+def scoring_on_the_host(stacks: bool = True) -> Recording:
+    """GPT-2 copying its logits to the host and scoring them with numpy: 96 % lost, a 1.5 GB/s
+    device-to-host flow while the GPU idled (H200, issue)."""
+    rec = timeline(util=const(0.04), sm=const(0.035), tensor=const(0.03), thread=const(1.0))
+    rec = replace(rec, ticks=tuple(
+        replace(t, gpus=tuple(replace(g, pcie_tx=1.5e9, pcie_rx=2e7) for g in t.gpus))
+        for t in rec.ticks
+    ))  # fmt: skip
+    at = lambda i: mix((TO_HOST, 0.63), (SCORING, 0.35), (MODEL, 0.02))  # noqa: E731
+    return with_stacks(rec, at) if stacks else rec
+
+
+def test_a_host_sync_names_the_copy_and_the_scoring() -> None:
+    d = diagnose(scoring_on_the_host())
+    assert d.verdict == "host-sync", [(c.name, round(c.share, 3)) for c in d.causes]
+    cause = d.causes[0]
+    assert cause.share == pytest.approx(0.96 * 0.98, abs=0.03)
+    lines = [(s.line, s.text) for s in cause.sites]
+    assert lines[0] == (30, "scores = logits.float().cpu().numpy()")
+    assert (31, "acc = (scores.argmax(-1) == labels).mean()") in lines
+    evidence = " ".join(cause.evidence)
+    assert "synced at /job/train.py:30" in evidence and "worked on the results" in evidence
+    assert "device to host 1.5 GB/s" in evidence
+    assert "input-starved" not in names(d) and "DataLoader" not in " ".join(cause.actions)
+
+
+def test_a_device_to_host_flood_from_counters_alone_is_a_host_sync() -> None:
+    cause = sole_cause(diagnose(scoring_on_the_host(stacks=False)), "host-sync")
+    assert cause.share == pytest.approx(0.96, abs=0.03)
+    assert "the job copies results to the host" in " ".join(cause.evidence)
+
+
+def pageable(stacks: bool = True) -> Recording:
+    """ResNet-18 fed by .cuda() of a pageable batch: 54 % lost, 3 GB/s host to device."""
+    rec = timeline(util=const(0.46), sm=const(0.42), tensor=const(0.3), thread=const(1.0))
+    rec = replace(rec, ticks=tuple(
+        replace(t, gpus=tuple(replace(g, pcie_rx=3e9, pcie_tx=1e7) for g in t.gpus))
+        for t in rec.ticks
+    ))  # fmt: skip
+    at = lambda i: mix((COPY, 0.5), (ITEM, 0.4), (MODEL, 0.1))  # noqa: E731
+    return with_stacks(rec, at) if stacks else rec
+
+
+def test_pageable_copies_say_direction_rate_and_that_the_memory_is_not_pinned() -> None:
+    d = diagnose(pageable())
+    assert d.verdict == "pageable-copies"
+    cause = d.causes[0]
+    assert cause.share == pytest.approx(0.54, abs=0.06)
+    assert cause.sites[0].text == "x = batch.cuda()"
+    evidence = " ".join(cause.evidence)
+    assert "host to device 3.0 GB/s" in evidence and "each time it copied" in evidence
+    assert "pageable memory" in evidence
+    assert cause.actions[0].startswith("copy from pinned memory")
+
+
+def test_a_host_to_device_flood_from_counters_alone_is_a_copy_cause() -> None:
+    cause = sole_cause(diagnose(pageable(stacks=False)), "pageable-copies", 0.54, within=0.02)
+    assert "nor whether its memory is pinned" in " ".join(cause.evidence)
+
+
+def test_a_flood_while_the_thread_waits_stays_input_starved() -> None:
+    """The H200's starved job: pinned 134 MB batches from a loader thread that sleeps, the main
+    thread at 42 % of a core: the copies are not the cause."""
+    rec = timeline(util=const(0.41), sm=const(0.27), thread=const(0.42))
+    rec = replace(rec, ticks=tuple(
+        replace(t, gpus=tuple(replace(g, pcie_rx=7.2e9) for g in t.gpus)) for t in rec.ticks
+    ))  # fmt: skip
+    assert diagnose(rec).verdict == "input-starved"
+
+
+def launching(stacks: bool = True) -> Recording:
+    """512x512 matmuls launched one by one: utilization 35 %, SMs 12 % (a third of each
+    kernel's time: small kernels), the thread at 100 %."""
+    rec = timeline(util=const(0.35), sm=const(0.12), tensor=const(0.1), thread=const(1.0))
+    return with_stacks(rec, lambda i: mix((MATMUL, 1.0))) if stacks else rec
+
+
+@pytest.mark.parametrize("stacks", [True, False])
+def test_a_launch_bound_loop_is_launch_bound(stacks: bool) -> None:
+    cause = sole_cause(diagnose(launching(stacks)), "cpu-bound-launcher", 0.88, within=0.01)
+    if stacks:
+        assert cause.sites[0].text == "y = x @ w"
+        assert "launched at /job/train.py:40" in " ".join(cause.evidence)
+
+
+SAVING = periodic(7, 15)  # ticks 7-14 of every 20: a checkpoint
+
+
+def checkpointing(stacks: bool = True) -> Recording:
+    """A Lightning job saving every 10 s: the step ends half-way through tick 7, serialises
+    (GPU stopped) through tick 13 with a write burst on tick 12, and starts again half-way
+    through tick 14; the thread busy throughout."""
+    util = lambda i: {7: 0.5, 14: 0.5}.get(i % 20, 0.02 if SAVING(i) else 0.99)  # noqa: E731
+    rec = timeline(
+        util=util, sm=lambda i: util(i) * 0.9, thread=const(1.0),
+        write=during(periodic(12, 13), 2.4e9, 1e5),
+    )  # fmt: skip
+    at = lambda i: mix((SAVE, 1.0)) if SAVING(i) else mix((MODEL, 0.3), (ITEM, 0.7))  # noqa: E731
+    return with_stacks(rec, at) if stacks else rec
+
+
+@pytest.mark.parametrize("stacks", [True, False])
+def test_a_checkpoint_s_serialisation_and_edges_are_the_checkpoint_s(stacks: bool) -> None:
+    truth = (6 * 0.98 + 2 * 0.5) / 20  # each tick's GPU time lost, over the window
+    cause = sole_cause(diagnose(checkpointing(stacks)), "checkpoint-stalls", truth, within=0.02)
+    if stacks:
+        site = cause.sites[0]
+        assert site.via == "Trainer.save_checkpoint (lightning/pytorch/trainer/trainer.py:1365)"
+        assert (site.line, site.text) == (45, "trainer.fit(model)")
+
+
+def test_a_checkpoint_without_a_write_burst_is_named_from_its_stacks() -> None:
+    """Written to a network store at a trickle: no burst, the stacks say torch.save."""
+    rec = checkpointing()
+    rec = replace(
+        rec, ticks=tuple(replace(t, job=replace(t.job, write_bps=1e5)) for t in rec.ticks)
+    )
+    cause = sole_cause(diagnose(rec), "checkpoint-stalls")
+    assert "no write burst stood out" in cause.evidence[0]
+
+
+def test_torch_compile_recompiling_names_the_call_and_its_stretches() -> None:
+    compiling = periodic(3, 5, period=10)
+    rec = timeline(util=during(compiling, 0.05, 0.99), sm=during(compiling, 0.04, 0.9),
+                   thread=const(1.0))  # fmt: skip
+    rec = with_stacks(rec, lambda i: mix((COMPILE, 1.0)) if compiling(i) else mix((ITEM, 1.0)))
+    cause = sole_cause(diagnose(rec), "recompiling", 0.2 * 0.95, within=0.02)
+    assert cause.sites[0].text == "loss = train_step(x)"
+    assert "8 stretches of compiling, the longest 1.0 s" in " ".join(cause.evidence)
+
+
+def test_waiting_for_dataloader_workers_stays_input_starved_and_names_the_loop() -> None:
+    rec = timeline(util=const(0.07), sm=const(0.06), thread=const(0.1),
+                   loads=lambda i: (ProcessLoad(5000, "pt_data_worker", 1.0),
+                                    ProcessLoad(4242, "python3", 0.1, on_gpu=True)))  # fmt: skip
+    rec = with_stacks(rec, lambda i: mix((LOADER_WAIT, 0.93), (MODEL, 0.07)))
+    cause = sole_cause(diagnose(rec), "input-starved")
+    assert "waited at /job/train.py:14 (main: for x, y in loader:)" in " ".join(cause.evidence)
+
+
+def test_a_dataloader_without_workers_is_data_prepared_in_the_loop() -> None:
+    rec = timeline(util=const(0.3), sm=const(0.27), thread=const(1.0))
+    rec = with_stacks(rec, lambda i: mix((LOADER_FETCH, 0.7), (MODEL, 0.3)))
+    cause = sole_cause(diagnose(rec), "data-prep-in-loop")
+    assert cause.sites[0].file == "/job/data.py" and cause.sites[0].line == 12
+
+
+@pytest.mark.parametrize("stacks", [True, False])
+def test_healthy_jobs_get_no_cause(stacks: bool) -> None:
+    rec = timeline(util=const(0.99), sm=const(0.9), thread=const(1.0))
+    if stacks:
+        rec = with_stacks(rec, lambda i: mix((MODEL, 0.3), (ITEM, 0.7)))
+    d = diagnose(rec)
+    assert d.verdict == "healthy" and d.causes == ()
+
+
+# ---- another process on the GPU -----------------------------------------------------------------
+
+
+def test_a_co_tenant_takes_its_busy_time_and_is_named() -> None:
+    """ResNet-50 beside a matmul loop: 54 % lost while NVML read 99 % busy (H200, issue)."""
+    rec = others(timeline(util=const(0.46), sm=const(0.42), thread=const(1.0)), const(0.53))
+    rec = with_stacks(rec, lambda i: mix((MODEL, 0.1), (ITEM, 0.9)))
+    d = diagnose(rec)
+    assert d.verdict == "co-tenant", [(c.name, round(c.share, 3)) for c in d.causes]
+    cause = d.causes[0]
+    assert cause.share == pytest.approx(0.54, abs=0.02)
+    (tenant,) = cause.tenants
+    assert (tenant.pid, tenant.name, tenant.user) == (777, "python3", "alice")
+    assert tenant.gpu_share == pytest.approx(0.53) and tenant.memory_bytes == 12e9
+    evidence = " ".join(cause.evidence)
+    assert "pid 777 python3 (user alice, container c0ffeec0ffee)" in evidence
+    assert "the job's own kernels ran 46 %" in evidence
+    assert names(d) == ["co-tenant"]  # its busy time is not the job's: no other cause
+
+
+def test_a_job_alone_never_gets_a_co_tenant() -> None:
+    for rec in (timeline(), tokenizing(), launching(), checkpointing()):
+        assert "co-tenant" not in names(diagnose(rec))
+
+
+def test_a_co_tenant_nvml_cannot_measure_is_a_note_not_a_cause() -> None:
+    rec = others(timeline(), const(0.0))
+    no_sample = replace(rec, ticks=tuple(
+        replace(t, gpus=tuple(replace(g, others=tuple(replace(o, sm=None) for o in g.others))
+                              for g in t.gpus)) for t in rec.ticks
+    ))  # fmt: skip
+    d = diagnose(no_sample)
+    assert d.verdict == "healthy"
+    assert any("no per-process utilization" in n and "pid 777" in n for n in d.notes)
+
+
+# ---- the recording and the JSON -----------------------------------------------------------------
+
+
+def test_json_lists_the_top_stacks_per_cause_and_a_replay_gives_the_same(tmp_path: Path) -> None:
+    rec = scoring_on_the_host()
+    path = tmp_path / "run.json"
+    rec.save(path)
+    again = load(path)
+    assert again == rec and diagnose(again) == diagnose(rec)
+    doc = json.loads(to_json(again, diagnose(again)))
+    (cause,) = [c for c in doc["causes"] if c["name"] == "host-sync"]
+    top = cause["stacks"][0]
+    assert top["frames"][-1] == "main (/job/train.py:30)" and top["share"] > 0.5
+    assert cause["sites"][0]["text"] == "scores = logits.float().cpu().numpy()"
+    assert doc["stack_sampler"].startswith("py-spy")
+
+
+def test_a_recording_pointing_past_its_tables_is_refused() -> None:
+    from sparkdiag.watch.model import RecordingError, from_json
+
+    doc = tokenizing().to_json()
+    doc["stacks"] = [[9999]]
+    with pytest.raises(RecordingError, match="names a frame"):
+        from_json(doc)
+    doc = tokenizing().to_json()
+    doc["ticks"][3]["stacks"] = [[0, 9999, 0.1, 1]]
+    with pytest.raises(RecordingError, match="names a thread or stack"):
+        from_json(doc)
+
+
+def test_schema_1_recordings_load_and_diagnose_as_before() -> None:
+    path = Path(__file__).parents[1] / "docs/device/2026-12-01/part-f/jobs/starved.recording.json"
+    assert json.loads(path.read_text())["schema"] == "sparkdiag-watch-recording/1"
+    rec = load(path)
+    assert rec.stacks == () and rec.frames == () and rec.stack_sampler == ""
+    assert diagnose(rec).verdict == "input-starved"
+
+
+# ---- frames from real frameworks (found running them on a CPU under py-spy) ---------------------
+
+
+def test_a_library_installed_outside_site_packages_is_a_library() -> None:
+    tokenizer = frame(
+        "GPT2Tokenizer.bpe", "/tmp/libs/transformers/models/gpt2/tokenization_gpt2.py"
+    )
+    stack = loop(9, "ids = encode(batch)", tokenizer)
+    assert read(stack).activity == st.DATA_PREP and read(stack).site == 1
+    assert st.short_file(tokenizer.file) == "transformers/models/gpt2/tokenization_gpt2.py"
+
+
+def test_lightning_s_step_inside_optimizer_step_is_the_step_not_the_optimizer() -> None:
+    closure = loop(
+        45, "trainer.fit(model)",
+        frame("LightningModule.optimizer_step", "lightning/pytorch/core/module.py", 1306),
+        frame("Adam.step", "torch/optim/adam.py", 227),
+        frame("_AutomaticOptimization._training_step", "lightning/pytorch/loops/automatic.py", 9),
+        frame("Module.training_step", "/job/train.py", 30, "return self.model(ids).loss"),
+        frame("Linear.forward", "torch/nn/modules/linear.py", 125),
+    )  # fmt: skip
+    assert read(closure).activity == st.LAUNCH
+    stepping = loop(45, "trainer.fit(model)", frame("Adam.step", "torch/optim/adam.py", 227),
+                    frame("_multi_tensor_adam", "torch/optim/adam.py", 600))  # fmt: skip
+    assert read(stepping).activity == st.OPTIMIZER
+    building = loop(12, "opt = torch.optim.SGD(params)",
+                    frame("SGD.__init__", "torch/optim/sgd.py", 65))  # fmt: skip
+    assert read(building).activity == st.LAUNCH  # not a step: torch code
+
+
+def test_the_outermost_frame_decides_and_an_empty_stack_is_nothing() -> None:
+    importing = frame("_find_and_load", "<frozen importlib._bootstrap>", 1176)
+    compiled = (*COMPILE, importing, frame("<module>", "torch/_inductor/lowering.py", 1))
+    assert read(compiled).activity == st.COMPILE  # a compilation that imports: compiling
+    started = (frame("<module>", "/job/train.py", 1, "import torch"), importing,
+               frame("<module>", "torch/_dynamo/convert_frame.py", 1))  # fmt: skip
+    assert read(started).activity == st.IMPORTING
+    assert read(()).activity == st.NOTHING
+
+
+def test_ticks_still_importing_at_the_window_s_start_are_start_up() -> None:
+    """A job whose GPU reads busy while it is still importing (a scripted fixture, or a busy
+    neighbour): those ticks are not its loop."""
+    importing = (frame("<module>", "/job/train.py", 1, "import transformers"),
+                 frame("_find_and_load", "<frozen importlib._bootstrap>", 1176))  # fmt: skip
+    at = lambda i: mix((importing, 1.0)) if i < 10 else mix((TOKENIZE, 1.0))  # noqa: E731
+    rec = with_stacks(timeline(util=const(0.3), sm=const(0.28), thread=const(1.0)), at)
+    d = diagnose(rec)
+    assert d.window[0] == pytest.approx(10 * 0.5)
+    assert sole_cause(d, "data-prep-in-loop").sites[0].function == "tokenize"
+
+
+def test_launching_named_by_the_stacks_is_launch_bound_whatever_the_kernels_size() -> None:
+    """512x512 matmuls fill half the SMs while they run (SM activity 14 % at 25 %
+    utilization): not small enough for the counters, but the thread is in the matmul line all
+    the time; the loss is the time the SMs did not work, as for any launcher."""
+    rec = timeline(util=const(0.25), sm=const(0.14), tensor=const(0.1), thread=const(1.0))
+    assert diagnose(rec).verdict == "data-prep-in-loop"  # counters: a busy thread, real kernels
+    cause = sole_cause(diagnose(with_stacks(rec, lambda i: mix((MATMUL, 1.0)))),
+                       "cpu-bound-launcher", 0.86, within=0.01)  # fmt: skip
+    assert cause.sites[0].text == "y = x @ w"
+    # the same counters with the thread in its own unnamed code: data prep, not launching
+    plain = with_stacks(rec, lambda i: mix((TOKENIZE, 1.0)))
+    assert diagnose(plain).verdict == "data-prep-in-loop"
