@@ -13,6 +13,7 @@ import os
 import shutil
 import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -203,14 +204,21 @@ def test_cuobjdump_listing_parses_info_lines() -> None:
 
 
 TRACES = sorted((FIXTURES / "traces").glob("*.json.gz"))
+BITSANDBYTES = [t for t in TRACES if t.name.startswith("bitsandbytes-")]
+H200_SCAN = FIXTURES.parents[2] / "docs/device/2026-12-03/call-b/native/scan.json"
+
+
+def _replay(trace: Path) -> tuple[dict[str, Any], fatbin.FatbinReport]:
+    doc = json.loads(gzip.decompress(trace.read_bytes()))
+    report = fatbin.replay(doc)
+    assert report is not None
+    return doc, report
 
 
 @pytest.mark.parametrize("trace", TRACES, ids=lambda p: p.name)
 def test_traces_of_real_libraries_replay_and_agree_with_cuobjdump(trace: Path) -> None:
-    doc = json.loads(gzip.decompress(trace.read_bytes()))
-    report = fatbin.replay(doc)
-    assert report is not None and report.as_json() == doc["report"]
-    assert report.relocatable  # bitsandbytes builds with -rdc
+    doc, report = _replay(trace)
+    assert report.as_json() == doc["report"] and report.problems == ()
     listing = (FIXTURES / "traces" / trace.name.replace(".json.gz", ".cuobjdump.txt")).read_text()
     sass, ptx = cuobjdump_listing(listing)
     if "fatal" in listing:  # cuobjdump 13.4 stops after the first cubin of this one
@@ -220,10 +228,39 @@ def test_traces_of_real_libraries_replay_and_agree_with_cuobjdump(trace: Path) -
         assert as_cuobjdump(report) == (sass, ptx)
 
 
+def test_bitsandbytes_builds_relocatable_code() -> None:
+    assert len(BITSANDBYTES) == 4
+    assert all(_replay(trace)[1].relocatable for trace in BITSANDBYTES)
+
+
+def test_the_traces_read_as_the_h200_read_its_libraries() -> None:
+    # torch's and cuDNN's traces were recorded on the H200; cuFFT's and cuFile's here, from
+    # the same wheels (nvidia-cufft 12.0.0.61, nvidia-cufile 1.15.1.6) as it had installed
+    recorded = {lib["relative"]: lib for lib in json.loads(H200_SCAN.read_text())["libraries"]}
+    seen = []
+    for trace in TRACES:
+        doc, report = _replay(trace)
+        if doc["library"] not in recorded:
+            continue
+        on_h200 = recorded[doc["library"]]
+        assert doc["size_bytes"] == on_h200["size_bytes"]
+        assert report.as_json() == {k: on_h200[k] for k in report.as_json()}
+        seen.append(doc["library"])
+    assert sorted(seen) == [
+        "nvidia/cu13/lib/libcufft.so.12",
+        "nvidia/cu13/lib/libcufftw.so.12",
+        "nvidia/cu13/lib/libcufile.so.0",
+        "nvidia/cudnn/lib/libcudnn_adv.so.9",
+        "nvidia/cudnn/lib/libcudnn_cnn.so.9",
+        "torch/lib/libtorch_cuda.so",
+        "torch/lib/libtorch_cuda_linalg.so",
+    ]
+
+
 def test_the_real_libraries_compression() -> None:
     # the device-linked cubins are stored plain up to CUDA 12.8 and zstd-compressed by 13.2
     kinds = {}
-    for trace in TRACES:
+    for trace in BITSANDBYTES:
         report = fatbin.replay(json.loads(gzip.decompress(trace.read_bytes())))
         assert report is not None
         kinds[trace.name.split("_cuda")[1][:3]] = set(report.compression)

@@ -4,6 +4,7 @@ order, the check rows, the collector and ``sparkdiag native``."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import shutil
@@ -21,12 +22,19 @@ from sparkdiag.check.native_checks import check_dtype_order, check_native_code
 from sparkdiag.exporter.native import NativeCollector
 from sparkdiag.native import dtypes
 from sparkdiag.native.compat import judge, loads, parse_capability
-from sparkdiag.native.lint import Gpu, arch_list_report, judge_library, lint
+from sparkdiag.native.lint import (
+    Gpu,
+    arch_list_report,
+    judge_library,
+    kernels_elsewhere,
+    lint,
+    not_judged,
+)
 from sparkdiag.native.render import NativeReport, text
 from sparkdiag.native.watch import LibraryWatch, environment
 from sparkdiag.sources import pyenv
-from sparkdiag.sources.cuda_libraries import CudaLibrary, ScanCache, scan
-from sparkdiag.sources.fatbin import Target, read_fatbin
+from sparkdiag.sources.cuda_libraries import CudaLibrary, LibraryScan, ScanCache, scan
+from sparkdiag.sources.fatbin import FatbinReport, Target, read_fatbin, replay
 from tests.support import ROOT, ROOTFS
 from tests.support.check import NVML, SYSFS, context, only, poll
 
@@ -127,7 +135,8 @@ def test_advice_by_package() -> None:
     vllm = judge_library(replace(lib, package="vllm"), GB10).action
     assert 'TORCH_CUDA_ARCH_LIST="12.1a"' in vllm and "vllm-project/vllm#50925" in vllm
     cublas = judge_library(replace(lib, package="nvidia-cublas"), GB10).action
-    assert cublas.startswith("pip install -U nvidia-cublas")
+    assert cublas.startswith("where torch brought nvidia-cublas (pip show torch")
+    assert "torch built for a newer CUDA" in cublas and "pip install -U nvidia-cublas" in cublas
     other = judge_library(replace(lib, package="mykernels"), H200).action
     assert 'TORCH_CUDA_ARCH_LIST="9.0a"' in other and "sm_90" in other
     assert "kernels-community#866" in other
@@ -139,6 +148,103 @@ def test_torch_arch_list_is_judged_by_the_same_rules() -> None:
     assert judge(report, (9, 0)).mode == "native"
     assert judge(report, (8, 9)).target == "sm_80"
     assert judge(arch_list_report(["sm_80", "compute_80"]), (12, 1)).mode == "ptx-jit"
+
+
+# -- the real libraries of the lent H200 (docs/device/2026-12-03/call-b/native/) --------------
+
+H200_RUN = ROOT / "docs" / "device" / "2026-12-03" / "call-b" / "native"
+TRACES = FATBIN / "traces"
+
+
+def traced(name: str) -> CudaLibrary:
+    """The library of ``traces/NAME.json.gz`` with its real path and size."""
+    doc = json.loads(gzip.decompress((TRACES / f"{name}.json.gz").read_bytes()))
+    report = replay(doc)
+    assert report is not None
+    return CudaLibrary(doc["library"], doc["library"], "pkg", "1.0", doc["size_bytes"], report)
+
+
+def fixture_file(name: str) -> CudaLibrary:
+    """A fixture library with its real size."""
+    path = FATBIN / f"{name}.so"
+    report = read_fatbin(path)
+    assert report is not None
+    return CudaLibrary(str(path), path.name, "pkg", "1.0", path.stat().st_size, report)
+
+
+@pytest.mark.parametrize(
+    ("trace", "on_h200", "on_gb10"),
+    [
+        ("torch-2.11.0-libtorch_cuda.so", "pass native sm_90a", "pass native sm_121a"),
+        ("torch-2.11.0-libtorch_cuda_linalg.so", "pass native sm_90", "pass native sm_120"),
+        ("nvidia-cudnn-cu13-9.19.0.56-libcudnn_adv.so.9", "pass native sm_90a",
+         "pass native sm_121"),
+        ("nvidia-cudnn-cu13-9.19.0.56-libcudnn_cnn.so.9", "pass native sm_90a",
+         "pass native sm_121"),
+        ("nvidia-cufile-1.15.1.6-libcufile.so.0", "warn ptx-jit compute_86",
+         "warn ptx-jit compute_86"),
+    ],
+)  # fmt: skip
+def test_the_h200_libraries_verdicts(trace: str, on_h200: str, on_gb10: str) -> None:
+    lib = traced(trace)
+    assert not kernels_elsewhere(lib)
+    for gpu, expected in ((H200, on_h200), (GB10, on_gb10)):
+        v = judge_library(lib, gpu)
+        assert f"{v.status} {v.verdict.mode} {v.verdict.target}" == expected
+
+
+def test_a_stub_fat_binary_is_not_judged() -> None:
+    # libcufft.so.12: 672 bytes of fat binary (one sm_75 cubin) in 286,542,352; its FFT
+    # kernels are fat binaries in its .ldata. libcufftw.so.12: 1,984 bytes in 991,704.
+    for name in ("nvidia-cufft-12.0.0.61-libcufft.so.12", "nvidia-cufft-12.0.0.61-libcufftw.so.12"):
+        assert kernels_elsewhere(traced(name)), name
+    assert kernels_elsewhere(fixture_file("cufft-like"))  # 920 bytes in 141,136
+    # every library with real kernels is judged: the fixtures nvcc built (488 bytes of fat
+    # binary and up, 8 % of the file and up) and libcufile's 47,320 bytes (1.5 %)
+    others = [p.stem for p in FATBIN.glob("*.so") if p.name not in ("cufft-like.so", "no-cuda.so")]
+    assert len(others) == 18
+    assert not any(kernels_elsewhere(fixture_file(name)) for name in others)
+    assert not kernels_elsewhere(traced("nvidia-cufile-1.15.1.6-libcufile.so.0"))
+
+
+def _h200_scan() -> tuple[CudaLibrary, ...]:
+    doc = json.loads((H200_RUN / "scan.json").read_text())
+    return tuple(
+        CudaLibrary(lib["path"], lib["relative"], lib["package"], lib["version"],
+                    lib["size_bytes"], FatbinReport.from_json(lib))
+        for lib in doc["libraries"]
+    )  # fmt: skip
+
+
+def test_the_recorded_h200_lint_less_cuffts_false_alarm() -> None:
+    libraries = _h200_scan()
+    assert len(libraries) == 31
+    assert [lib.relative for lib in not_judged(libraries)] == [
+        "nvidia/cu13/lib/libcufft.so.12",
+        "nvidia/cu13/lib/libcufftw.so.12",
+    ]
+    h200 = LibraryScan("/opt/torch/.venv/bin/python3", (), libraries, 846, 0, {}, 2.835)
+    verdicts = lint(h200, (H200, GB10))
+    assert len(verdicts) == 2 * 29
+    recorded = json.loads((H200_RUN / "verdicts.json").read_text())
+    then = {(v["library"], v["sm"]): (v["status"], v["mode"], v["target"]) for v in recorded}
+    now = {(v.library.path, v.gpu.sm): (v.status, v.verdict.mode, v.verdict.target)
+           for v in verdicts}  # fmt: skip
+    assert {k: then[k] for k in now} == now  # every other verdict as the H200 gave it
+    gone = {(path.rsplit("/", 1)[1], sm) for path, sm in set(then) - set(now)}
+    assert gone == {(lib, sm) for lib in ("libcufft.so.12", "libcufftw.so.12")
+                    for sm in ("sm_90", "sm_121")}  # fmt: skip
+    assert [k[0].rsplit("/", 1)[1] for k, v in now.items() if v[0] != "pass" and k[1] == "sm_90"
+            ] == ["libcufile.so.0"]  # fmt: skip
+
+
+def test_cufiles_advice_says_what_brings_sm_90_and_that_nothing_brings_sm_121() -> None:
+    lib = replace(traced("nvidia-cufile-1.15.1.6-libcufile.so.0"), package="nvidia-cufile")
+    hopper = judge_library(lib, H200).action
+    assert hopper.startswith("install a torch built for CUDA 13.1 or later")
+    assert "1.16.0.49" in hopper and "pin 1.15.1.6" in hopper
+    spark = judge_library(lib, GB10).action
+    assert spark.startswith("nothing to install: no nvidia-cufile carries SASS for sm_121")
 
 
 # -- the environment and the scan -------------------------------------------------------------
@@ -391,3 +497,59 @@ def test_native_command_bad_input() -> None:
     assert "Traceback" not in done.stderr
     done = _native("--capability", "9.0", "--python", "/nonexistent")
     assert done.returncode == 2 and "does not exist" in done.stderr
+
+
+def _site_with_a_stub(tmp_path: Path) -> Path:
+    """A site-packages with a cuFFT-shaped library and a torch-shaped one (sm_90a)."""
+    site = tmp_path / "site-packages"
+    (site / "nvidia" / "cu13" / "lib").mkdir(parents=True)
+    shutil.copy(FATBIN / "cufft-like.so", site / "nvidia/cu13/lib/libcufft.so.12")
+    (site / "torch" / "lib").mkdir(parents=True)
+    shutil.copy(FATBIN / "sm90a.so", site / "torch/lib/libtorch_cuda.so")
+    return site
+
+
+def test_a_stub_is_listed_as_not_judged_and_left_out_of_verdicts(tmp_path: Path) -> None:
+    site = _site_with_a_stub(tmp_path)
+    common = ("--python", str(site), "--capability", "9.0", "--state-dir", str(tmp_path))
+    done = _native(*common, "--no-torch")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    at = lines.index("not judged: its kernels are not in its fat binary")
+    assert lines[at + 1 : at + 3] == [
+        "  nvidia: nvidia/cu13/lib/libcufft.so.12",
+        "        920 B of fat binary (SASS sm_75) in a 0.1 MiB library",
+    ]
+    assert "compute capability 9.0 (sm_90): 1 native" in lines
+    doc = json.loads(_native(*common, "--json").stdout)
+    assert doc["status"] == "pass"
+    assert [v["library"] for v in doc["verdicts"]] == [str(site / "torch/lib/libtorch_cuda.so")]
+    (stub,) = doc["not_judged"]
+    assert stub["relative"] == "nvidia/cu13/lib/libcufft.so.12"
+    assert (stub["fatbin_bytes"], stub["size_bytes"], stub["sass"]) == (920, 141136, ["sm_75"])
+    assert stub["reason"] == "not judged: its kernels are not in its fat binary"
+
+
+def test_a_stub_is_no_check_finding_and_no_series(tmp_path: Path) -> None:
+    site = _site_with_a_stub(tmp_path)
+    found = scan(pyenv.resolve(site))
+    snap = poll(NVML / "h200-idle.json")
+    r = only(check_native_code(context(snap, libraries=found)))
+    assert r.status == "pass" and r.finding.startswith("all 1 libraries with GPU code")
+    assert r.finding.endswith("not judged, their kernels are not in their fat binaries: "
+                              "libcufft.so.12")  # fmt: skip
+    assert [s["relative"] for s in r.data["not_judged"]] == ["nvidia/cu13/lib/libcufft.so.12"]
+    stubs_only = replace(found, libraries=tuple(not_judged(found.libraries)))
+    r = only(check_native_code(context(snap, libraries=stubs_only)))
+    assert r.status == "skip" and "whose kernels are in its fat binary" in r.finding
+    watch = LibraryWatch(lambda: pyenv.resolve(site), None)
+    watch.scan_once()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NativeCollector(lambda: snap, watch))
+    series = [
+        s.labels["library"]
+        for metric in registry.collect()
+        for s in metric.samples
+        if s.name == "sparkdiag_cuda_library_info"
+    ]
+    assert series and set(series) == {"torch/lib/libtorch_cuda.so"}

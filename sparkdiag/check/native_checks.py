@@ -1,8 +1,9 @@
 """The software's native code: ``native-code`` (every library with GPU code the probe worker's
 Python can load, judged for each GPU by :mod:`sparkdiag.native.lint`: one row per package with
-a library that does not run natively, with what to install instead) and ``dtype-order`` (under
-load: a dtype the GPU runs natively on its tensor cores delivering less than a wider one,
-:mod:`sparkdiag.native.dtypes`)."""
+a library that does not run natively, with what to install instead; a library whose fat binary
+is a stub is not judged, :func:`sparkdiag.native.lint.kernels_elsewhere`) and ``dtype-order``
+(under load: a dtype the GPU runs natively on its tensor cores delivering less than a wider
+one, :mod:`sparkdiag.native.dtypes`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ from sparkdiag.check.model import CheckContext, CheckResult, GpuProbe, no_gpu_sk
 from sparkdiag.check.probe_checks import per_probe
 from sparkdiag.native.compat import parse_capability
 from sparkdiag.native.dtypes import SLOWER, orders
-from sparkdiag.native.lint import Gpu, LibraryVerdict, judge_library
+from sparkdiag.native.lint import (
+    Gpu,
+    LibraryVerdict,
+    judge_library,
+    judged,
+    not_judged,
+    stub_json,
+)
 
 NAME = "native-code"
 
@@ -46,9 +54,20 @@ def check_native_code(ctx: CheckContext) -> list[CheckResult]:
                 f"libraries in {len(scan.site_dirs)} package directories)",
             )
         ]  # fmt: skip
+    libraries, stubs = judged(scan.libraries), not_judged(scan.libraries)
+    names = ", ".join(lib.name for lib in stubs)
+    aside = f"; not judged, their kernels are not in their fat binaries: {names}" if stubs else ""
+    if not libraries:
+        return [
+            CheckResult(
+                NAME, "skip",
+                f"no library in {scan.environment} whose kernels are in its fat binary{aside}",
+                data={"not_judged": [stub_json(lib) for lib in stubs]},
+            )
+        ]  # fmt: skip
     by_package: dict[str, list[LibraryVerdict]] = defaultdict(list)
-    judged = [judge_library(lib, gpu) for lib in scan.libraries for gpu in gpus]
-    for verdict in judged:
+    verdicts = [judge_library(lib, gpu) for lib in libraries for gpu in gpus]
+    for verdict in verdicts:
         if verdict.status != "pass":
             by_package[verdict.library.package].append(verdict)
     if not by_package:
@@ -56,9 +75,12 @@ def check_native_code(ctx: CheckContext) -> list[CheckResult]:
         return [
             CheckResult(
                 NAME, "pass",
-                f"all {len(scan.libraries)} libraries with GPU code in {scan.environment} run "
-                f"natively on {sms}",
-                data={"libraries": [v.as_json() for v in judged]},
+                f"all {len(libraries)} libraries with GPU code in {scan.environment} run "
+                f"natively on {sms}{aside}",
+                data={
+                    "libraries": [v.as_json() for v in verdicts],
+                    "not_judged": [stub_json(lib) for lib in stubs],
+                },
             )
         ]  # fmt: skip
     rows = []

@@ -12,11 +12,32 @@ GENERAL = (
     "code=sm_{num} for nvcc): a kernel build that is not given one falls back to an old "
     "target (sm_52 in huggingface/kernels-community#866)"
 )
+# torch pins its nvidia-* wheels (2.14.1's cu130 wheel: cuDNN, NCCL, cuSPARSELt and NVSHMEM
+# by version, the others through cuda-toolkit[cublas,cufft,cufile,...]==13.0.3), so a
+# pip install -U of one of them alone leaves the version torch asks for.
 NVIDIA_WHEEL = (
-    "pip install -U {package}, or its wheel of a newer CUDA (nvidia-*-cu13 for -cu12): a "
-    "newer CUDA's wheel carries newer architectures (sm_120 from CUDA 12.8; nvcc 13.0 builds "
-    "sm_121 and sm_121a); keep it matched to the torch that loads it (pip show torch lists "
-    "its nvidia-* requirements)"
+    "where torch brought {package} (pip show torch: its requirements pin it), install the "
+    "torch built for a newer CUDA, whose nvidia-* wheels carry newer architectures (sm_120 "
+    "from CUDA 12.8; nvcc 13.0 builds sm_121 and sm_121a); a pip install -U {package} alone "
+    "breaks that pin. Where nothing pins it: pip install -U {package}, or its wheel of a "
+    "newer CUDA (nvidia-*-cu13 for -cu12)"
+)
+# cuFile's GPU code is five kernels of GPUDirect Storage (cuFileCopyGpu,
+# cuFileCopyGpuPosixIORetry, cuFileInlineGpu, cuFileSparseGpu, cuFileGpuWaitValue32: the
+# symbol table of its sm_86 cubin), that copy and wait. nvidia-cufile 1.15.1.6, which torch's
+# cu130 wheels pin (cuda-toolkit 13.0.3), carries SASS sm_75, sm_80, sm_86 and PTX compute_86
+# of ISA 7.1; 1.16.0.49 (CUDA 13.1's), 1.17.0.44, 1.18.0.66 and 1.20.0.107 carry SASS sm_75
+# to sm_90 and PTX compute_90, none for 10.x or 12.x (read from the PyPI wheels, 2026-12-03).
+CUFILE_HOPPER = (
+    "install a torch built for CUDA 13.1 or later: its nvidia-cufile (1.16.0.49 on) carries "
+    "sm_90; torch's cu130 wheels pin 1.15.1.6 (SASS up to sm_86), and a pip install -U "
+    "nvidia-cufile alone breaks that pin. Until then the driver compiles cuFile's five "
+    "GPUDirect Storage copy and wait kernels from PTX once, when they are first loaded"
+)
+CUFILE_LATER = (
+    "nothing to install: no nvidia-cufile carries SASS for {sm} (1.15.1.6 to 1.20.0.107: "
+    "sm_90 at most, PTX compute_90 from 1.16.0.49); the driver compiles cuFile's five "
+    "GPUDirect Storage copy and wait kernels from PTX once, when they are first loaded"
 )
 BY_PACKAGE = {
     "torch": (
@@ -49,6 +70,8 @@ def advice(package: str, capability: tuple[int, int]) -> str:
     }
     if package in BY_PACKAGE:
         return BY_PACKAGE[package].format(**fill)
+    if package == "nvidia-cufile" and capability >= (9, 0):
+        return (CUFILE_HOPPER if capability[0] == 9 else CUFILE_LATER).format(**fill)
     if package.startswith("nvidia-"):
         return NVIDIA_WHEEL.format(**fill)
     return GENERAL.format(**fill)

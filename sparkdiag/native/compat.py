@@ -98,7 +98,7 @@ class Verdict:
         }
 
 
-def _newest_first(targets: Iterable[Target]) -> tuple[str, ...]:
+def newest_first(targets: Iterable[Target]) -> tuple[str, ...]:
     return tuple(t.name for t in sorted(targets, key=_rank, reverse=True))
 
 
@@ -122,9 +122,9 @@ def judge(report: FatbinReport, capability: tuple[int, int]) -> Verdict:
         target=target,
         exact=any(t.capability == capability for t in sass),
         specific=any(loads(t, capability) for t in specific),
-        specific_elsewhere=_newest_first(t for t in specific if not loads(t, capability)),
-        sass=_newest_first(sass),
-        ptx=_newest_first(ptx),
+        specific_elsewhere=newest_first(t for t in specific if not loads(t, capability)),
+        sass=newest_first(sass),
+        ptx=newest_first(ptx),
     )
 
 

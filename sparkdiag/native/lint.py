@@ -19,6 +19,9 @@ compute capabilities (:class:`Gpu`), so that every verdict is driven by the fixt
           (mit-han-lab/fouroversix#33);
 ``pass``  otherwise: a cubin for this architecture, or an earlier minor of the same major
           (sm_120 on a 12.1 GPU) where the library builds nothing arch-specific.
+
+A library whose fat binary is a stub is not judged at all (:func:`kernels_elsewhere`): its
+kernels reach the GPU another way, so its fat binary says nothing about whether they run.
 """
 
 from __future__ import annotations
@@ -28,12 +31,31 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from sparkdiag.native.advice import advice
-from sparkdiag.native.compat import Verdict, judge, sm_name
+from sparkdiag.native.compat import Verdict, judge, newest_first, sm_name
 from sparkdiag.sources.cuda_libraries import CudaLibrary, LibraryScan
 from sparkdiag.sources.fatbin import FatbinReport, Target
+from sparkdiag.sources.files import KIB, MIB
 
 Status = Literal["pass", "warn", "fail"]
 SHOWN = 4  # targets named in a one-line finding before "..."
+
+# A stub: a fat binary of at most STUB_BYTES that is under STUB_SHARE of its library. On the
+# lent H200 (docs/device/2026-12-03/call-b/native/scan.json) nvidia-cufft 12.0.0.61's
+# libcufft.so.12 carries one sm_75 cubin in 672 bytes of .nv_fatbin, 0.0002 % of its
+# 286,542,352 bytes, and libcufftw.so.12 one in 1,984 bytes, 0.2 % of 991,704: judged by them,
+# cuFFT could not run on any GPU but 7.x. Its FFT kernels are elsewhere: 23,983 fat binary
+# containers (266 MB) in the library's .ldata section, 393 of their cubins sm_90 and 420
+# sm_120 (read from the same wheel on the development machine), which neither
+# `cuobjdump --list-elf` nor this walk of .nv_fatbin sees; libcufftw calls libcufft. The 29
+# other libraries with GPU code there carry 14,992 bytes of fat binary or more (jax's
+# _prng.so: six cubins and a PTX), and nvcc 13.0 writes 0.5 to 5.4 KB for one trivial kernel
+# and one target (tests/fixtures/fatbin/): 4 KiB holds a kernel or two for a target or two,
+# not a library's GPU code. The share keeps judged a small library that is mostly its fat
+# binary (the fixtures: 8 to 72 %); the smallest share of a library with real kernels on the
+# H200 is 1.5 % (libcufile.so.0, 47,320 bytes).
+STUB_BYTES = 4 * KIB
+STUB_SHARE = 0.01
+NOT_JUDGED = "not judged: its kernels are not in its fat binary"
 
 
 @dataclass(frozen=True)
@@ -121,9 +143,62 @@ def judge_library(library: CudaLibrary, gpu: Gpu) -> LibraryVerdict:
     return LibraryVerdict(library, gpu, verdict, "pass", f"native, {verdict.target}{how}", "")
 
 
+def kernels_elsewhere(library: CudaLibrary) -> bool:
+    """Whether ``library``'s fat binary is a stub (see ``STUB_BYTES``): its kernels are not in
+    it, and it is not judged by it."""
+    fat = library.report.fatbin_bytes
+    return fat <= STUB_BYTES and fat < STUB_SHARE * library.size_bytes
+
+
+def judged(libraries: Iterable[CudaLibrary]) -> list[CudaLibrary]:
+    """The libraries whose fat binary holds their kernels: those the lint judges."""
+    return [lib for lib in libraries if not kernels_elsewhere(lib)]
+
+
+def not_judged(libraries: Iterable[CudaLibrary]) -> list[CudaLibrary]:
+    """The libraries whose fat binary is a stub, in the scan's order."""
+    return [lib for lib in libraries if kernels_elsewhere(lib)]
+
+
+def stub_detail(library: CudaLibrary) -> str:
+    """``672 B of fat binary (SASS sm_75) in a 273.3 MiB library``."""
+    sass, ptx = _targets(library.report)
+    carries = "; ".join(
+        f"{kind} {_names(targets)}" for kind, targets in (("SASS", sass), ("PTX", ptx)) if targets
+    )
+    return (
+        f"{library.report.fatbin_bytes} B of fat binary ({carries}) in a "
+        f"{library.size_bytes / MIB:.1f} MiB library"
+    )
+
+
+def _targets(report: FatbinReport) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(SASS, PTX) target names, newest first."""
+    targets = report.targets()
+    return newest_first(t for t in targets if not t.ptx), newest_first(t for t in targets if t.ptx)
+
+
+def stub_json(library: CudaLibrary) -> dict[str, Any]:
+    """A library that is not judged, as ``sparkdiag native --json`` lists it."""
+    sass, ptx = _targets(library.report)
+    return {
+        "library": library.path,
+        "relative": library.relative,
+        "package": library.package,
+        "version": library.version,
+        "reason": NOT_JUDGED,
+        "fatbin_bytes": library.report.fatbin_bytes,
+        "size_bytes": library.size_bytes,
+        "sass": list(sass),
+        "ptx": list(ptx),
+    }
+
+
 def lint(scan: LibraryScan, gpus: Iterable[Gpu]) -> list[LibraryVerdict]:
-    """Every library of ``scan`` judged for every GPU, GPU by GPU in the scan's order."""
-    return [judge_library(lib, gpu) for gpu in gpus for lib in scan.libraries]
+    """Every library of ``scan`` it judges (not those of :func:`not_judged`) judged for every
+    GPU, GPU by GPU in the scan's order."""
+    libraries = judged(scan.libraries)
+    return [judge_library(lib, gpu) for gpu in gpus for lib in libraries]
 
 
 def arch_list_report(arch_list: Sequence[str]) -> FatbinReport:

@@ -9,8 +9,16 @@ from typing import Any
 
 from sparkdiag import terminal
 from sparkdiag.native.compat import Mode, judge
-from sparkdiag.native.lint import Gpu, LibraryVerdict, arch_list_report
-from sparkdiag.sources.cuda_libraries import LibraryScan, scan_json
+from sparkdiag.native.lint import (
+    NOT_JUDGED,
+    Gpu,
+    LibraryVerdict,
+    arch_list_report,
+    not_judged,
+    stub_detail,
+    stub_json,
+)
+from sparkdiag.sources.cuda_libraries import CudaLibrary, LibraryScan, scan_json
 from sparkdiag.sources.pyenv import TorchBuild
 
 FORMAT = "sparkdiag-native/1"
@@ -24,13 +32,18 @@ MODE_WORDS: dict[Mode, str] = {
 @dataclass(frozen=True)
 class NativeReport:
     """What ``sparkdiag native`` found: the scan, the GPUs judged for, each library's verdict
-    on each, and torch's arch list (or why it was not read)."""
+    on each, and torch's arch list (or why it was not read). The libraries whose fat binary is
+    a stub have no verdict (:attr:`not_judged`)."""
 
     scan: LibraryScan
     gpus: tuple[Gpu, ...]
     verdicts: tuple[LibraryVerdict, ...]
     torch: TorchBuild | None
     torch_note: str
+
+    @property
+    def not_judged(self) -> list[CudaLibrary]:
+        return not_judged(self.scan.libraries)
 
     @property
     def status(self) -> str:
@@ -68,6 +81,7 @@ class NativeReport:
                 {"gpu": g.index, "uuid": g.uuid, "name": g.name, "sm": g.sm} for g in self.gpus
             ],
             "verdicts": [v.as_json() for v in self.verdicts],
+            "not_judged": [stub_json(lib) for lib in self.not_judged],
             "torch": torch,
             "torch_note": self.torch_note,
             "scan": scan_json(self.scan),
@@ -94,6 +108,12 @@ def text(report: NativeReport, width: int, show_all: bool = False) -> str:
         lines += terminal.wrap(f"torch's arch list not read: {report.torch_note}", width)
     for path, why in sorted(scan.unreadable.items()):
         lines += terminal.wrap(f"not readable: {path}: {why}", width)
+    stubs = report.not_judged
+    if stubs:
+        lines += ["", *terminal.wrap(NOT_JUDGED, width)]
+    for lib in stubs:
+        lines += terminal.wrap(f"{_owner(lib)}: {lib.relative}", width, "  ", "        ")
+        lines += terminal.wrap(stub_detail(lib), width, "        ")
     for gpu in report.gpus:
         mine = [v for v in report.verdicts if v.gpu == gpu]
         counts = Counter(v.verdict.mode for v in mine)
@@ -113,12 +133,16 @@ def _blocks(verdicts: Sequence[LibraryVerdict], width: int) -> list[str]:
     lines: list[str] = []
     for v in sorted(verdicts, key=lambda v: ({"fail": 0, "warn": 1, "pass": 2}[v.status],
                                              v.library.package, v.library.relative)):  # fmt: skip
-        owner = " ".join(p for p in (v.library.package, v.library.version) if p)
         lines += terminal.wrap(
-            f"{v.status.upper():<4}  {owner}: {v.library.relative}", width, "  ", "        "
-        )
+            f"{v.status.upper():<4}  {_owner(v.library)}: {v.library.relative}", width, "  ",
+            "        ",
+        )  # fmt: skip
         if v.status == "pass":
             continue
         lines += terminal.wrap(v.reason, width, "        ")
         lines += terminal.wrap(v.action, width, "        → ", "          ")
     return lines
+
+
+def _owner(library: CudaLibrary) -> str:
+    return " ".join(p for p in (library.package, library.version) if p)
