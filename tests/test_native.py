@@ -528,6 +528,9 @@ def test_a_stub_is_listed_as_not_judged_and_left_out_of_verdicts(tmp_path: Path)
     assert stub["relative"] == "nvidia/cu13/lib/libcufft.so.12"
     assert (stub["fatbin_bytes"], stub["size_bytes"], stub["sass"]) == (920, 141136, ["sm_75"])
     assert stub["reason"] == "not judged: its kernels are not in its fat binary"
+    found = scan(pyenv.resolve(site))
+    shown = text(NativeReport(found, (H200,), tuple(lint(found, (H200,))), None, ""), 80)
+    assert max(len(line) for line in shown.splitlines()) <= 80
 
 
 def test_a_stub_is_no_check_finding_and_no_series(tmp_path: Path) -> None:
