@@ -73,6 +73,8 @@ class Settings:
     probe_first_delay: float = DEFAULTS["probe_first_delay"]
     web_read_timeout: float = DEFAULTS["web_read_timeout"]
     web_max_connections: int = DEFAULTS["web_max_connections"]
+    baseline_history_runs: int = DEFAULTS["baseline_history_runs"]
+    baseline_history_days: float = DEFAULTS["baseline_history_days"]
     probe_hot_enabled: bool = DEFAULTS["probe_hot_enabled"]
     probe_hot_memory_celsius: float = DEFAULTS["probe_hot_memory_celsius"]
     probe_hot_gpu_celsius: float = DEFAULTS["probe_hot_gpu_celsius"]

@@ -236,6 +236,29 @@ OPTIONS: tuple[Option, ...] = (
         unit="seconds",
     ),
     Option(
+        "baseline.history-runs",
+        "baseline_history_runs",
+        "int",
+        288,
+        "Probe results kept per baseline (GPU, kernel, context, software) in the state "
+        "directory's store: the newest this many (288: a day at the default probe interval), "
+        "beside the first healthy runs a baseline was learned from and the latest run, which "
+        "are always kept. Bounds the store's size; Prometheus keeps the figures' history.",
+        minimum=1,
+        maximum=100000,
+    ),
+    Option(
+        "baseline.history-days",
+        "baseline_history_days",
+        "float",
+        30.0,
+        "Days a probe result is kept at most in the store (the runs that are always kept "
+        "aside).",
+        minimum=0.01,
+        maximum=36500,
+        unit="days",
+    ),
+    Option(
         "probe.hot-enabled",
         "probe_hot_enabled",
         "bool",

@@ -7,7 +7,7 @@ import importlib.util
 import logging
 import sys
 
-from sparkdiag.baseline.keeper import StoreKeeper
+from sparkdiag.baseline.keeper import Retention, StoreKeeper
 from sparkdiag.baseline.store import open_store
 from sparkdiag.compare.container_probe import ContainerLauncher
 from sparkdiag.config import ConfigError, Settings
@@ -148,5 +148,7 @@ def _container(
 
 
 def _store(settings: Settings) -> StoreKeeper:
-    """The baseline database in the state directory, kept with its health (store_health.py)."""
-    return StoreKeeper(lambda: open_store(settings.state_dir, create=True))
+    """The baseline database in the state directory, kept with its health and its retention
+    (baseline/keeper.py)."""
+    retention = Retention(settings.baseline_history_runs, settings.baseline_history_days)
+    return StoreKeeper(lambda: open_store(settings.state_dir, create=True), retention)
