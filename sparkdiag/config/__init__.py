@@ -10,8 +10,6 @@ final (no restart loop).
 
 from __future__ import annotations
 
-import difflib
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -53,6 +51,7 @@ __all__ = [
 class Settings:
     listen: str = DEFAULTS["listen"]
     poll_interval: float = DEFAULTS["poll_interval"]
+    idle_poll_interval: float = DEFAULTS["idle_poll_interval"]
     pcie_interval: float = DEFAULTS["pcie_interval"]
     nvml_fixture: Path | None = DEFAULTS["nvml_fixture"]
     sysfs: Path = DEFAULTS["sysfs"]
@@ -120,6 +119,8 @@ def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def load_file(path: Path) -> dict[str, Any]:
     """Read a TOML configuration: {Settings attribute: validated value}."""
+    import tomllib  # only with --config
+
     try:
         with path.open("rb") as stream:
             raw = stream.read(MAX_CONFIG_BYTES + 1)  # /dev/zero must not fill the memory
@@ -139,6 +140,8 @@ def load_file(path: Path) -> dict[str, Any]:
     for key, value in flat.items():
         option = OPTIONS_BY_KEY.get(key)
         if option is None:
+            import difflib  # only to name the key that was meant
+
             close = difflib.get_close_matches(key, list(OPTIONS_BY_KEY), n=3, cutoff=0.6)
             hint = f"did you mean {' or '.join(close)}? " if close else ""
             raise ConfigError(

@@ -16,9 +16,8 @@ import threading
 from collections.abc import Iterator
 from pathlib import Path
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-
 from sparkdiag.exporter.base import GPU_LABELS as GPU
+from sparkdiag.exporter.families import GaugeMetricFamily, Metric
 from sparkdiag.soak.state import SoakState, SoakStateError, read_state, state_path
 from sparkdiag.statedir import StateDirError
 

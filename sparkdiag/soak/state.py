@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import tempfile
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -151,6 +150,8 @@ def write_state(path: Path, entries: Iterable[GpuState]) -> SoakState:
         ensure_state_directory(path.parent)
     except StateDirError as exc:
         raise SoakStateError(str(exc)) from None
+    import tempfile  # written by `sparkdiag soak`; the daemon only reads
+
     tmp: str | None = None
     try:
         fd, tmp = tempfile.mkstemp(prefix=".soak.", suffix=".tmp", dir=path.parent)

@@ -46,8 +46,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sparkdiag.config import echo
 from sparkdiag.errors import UsageError
 from sparkdiag.web.basicauth import BasicAuth, hash_problem
@@ -244,6 +242,8 @@ def _read(path: Path) -> dict[Any, Any]:
         raise WebConfigError(f"cannot read web config {path}: {exc.strerror or exc}") from None
     if len(raw) > MAX_FILE_BYTES:
         raise WebConfigError(f"{path}: larger than {MAX_FILE_BYTES} bytes; not a web config")
+    import yaml  # only a daemon with a web config reads YAML
+
     try:
         doc = yaml.safe_load(raw.decode("utf-8")) or {}
     except UnicodeDecodeError as exc:
