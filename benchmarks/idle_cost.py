@@ -10,10 +10,12 @@ CPU at most 0.25 % of a core, RSS at most 1.15x the NVML floor, one GPU, 1 s pol
 
 Everything runs at the same time, for one window of ``--seconds`` (default 120):
 
-* sparkdiag ``serve`` once per variant, each with ``--no-probe.enabled`` (the peers have no
-  probe) unless ``--probes``. On fixtures (``--fixture-set``): ``1gpu`` (h200-idle.json),
-  ``8gpu`` (h200-x8.json and its sysfs tree) and ``8gpu+dcgm+proc`` (the same with
-  ``--compat.dcgm --process-metrics``); with ``--real``: ``real`` and ``real+dcgm+proc``;
+* sparkdiag ``serve`` once per variant (``--variant`` picks), with ``--no-probe.enabled`` as the
+  peers have no probe, but ``+probe``: the default configuration, its probe scheduler and store
+  there, its first cycle after the window. On fixtures: ``1gpu`` (h200-idle.json), ``8gpu``
+  (h200-x8.json and its sysfs tree), ``8gpu+dcgm+proc`` (the same with ``--compat.dcgm
+  --process-metrics``) and ``1gpu+probe`` (the recorded H200 probe document); with ``--real``:
+  ``real``, ``real+dcgm+proc`` and ``real+probe``;
 * the peer (``--peer-cmd``, ``{port}`` replaced by a free port), if given;
 * the floors, each a Python that wakes once a second as the daemon polls: ``python`` (nothing
   imported), ``nvml`` (NVML initialised and one query a second; on fixtures: the fixture
@@ -43,6 +45,7 @@ import importlib.util
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -109,13 +112,18 @@ class Target:
     figures: dict[str, Any] = field(default_factory=dict)
 
 
-def serve_variants(opts: argparse.Namespace) -> dict[str, list[str]]:
-    """The sparkdiag variants measured, name -> serve arguments (besides --listen)."""
-    base = [] if opts.probes else ["--no-probe.enabled"]
-    if opts.probes:
-        base += ["--probe.first-delay", str(opts.seconds + 600)]  # the scheduler, no cycle
+def serve_variants(opts: argparse.Namespace, state: Path) -> dict[str, list[str]]:
+    """The sparkdiag variants measured, name -> serve arguments (besides --listen). Each runs
+    without the probe (as the peers do), but ``+probe``: the default configuration, whose probe
+    scheduler and store are there but whose first cycle comes after the window."""
+    off = ["--no-probe.enabled"]
+    probe = ["--probe.first-delay", str(int(opts.seconds) + 600), "--state-dir", str(state)]
     if opts.real:
-        variants = {"real": [], "real+dcgm+proc": ["--compat.dcgm", "--process-metrics"]}
+        variants = {
+            "real": off,
+            "real+dcgm+proc": [*off, "--compat.dcgm", "--process-metrics"],
+            "real+probe": probe,
+        }
     else:
         one = ["--nvml-fixture", str(FIXTURES / "nvml" / "h200-idle.json")]
         eight = [
@@ -130,12 +138,18 @@ def serve_variants(opts: argparse.Namespace) -> dict[str, list[str]]:
             "--path.rootfs",
             str(FIXTURES / "rootfs" / "gpu-host"),
         ]
-        variants = {"1gpu": one, "8gpu": eight, "8gpu+dcgm+proc": eight + extra}
+        replay = ["--probe.fixture", str(FIXTURES / "probe" / "h200-default.json")]
+        variants = {
+            "1gpu": [*off, *one],
+            "8gpu": [*off, *eight],
+            "8gpu+dcgm+proc": [*off, *eight, *extra],
+            "1gpu+probe": [*one, *replay, *probe],
+        }
     chosen = opts.variant or list(variants)
     unknown = [v for v in chosen if v not in variants]
     if unknown:
         raise SystemExit(f"unknown variant(s) {unknown}; these exist: {list(variants)}")
-    return {name: base + variants[name] + opts.serve_arg for name in chosen}
+    return {name: variants[name] + opts.serve_arg for name in chosen}
 
 
 def precompile(src: Path) -> None:
@@ -201,14 +215,22 @@ def ready(target: Target, logs: Path) -> None:
         time.sleep(0.1)
 
 
-def pyspy_top(raw: Path, top: int = 12) -> list[tuple[int, str]]:
-    """(samples, frame) of the frames on top of the most samples in a ``--format raw`` file."""
+# Leaf frames of a thread that waits (py-spy records with --idle, so that time in a native
+# call, an NVML ioctl, is not left out as idle): not work.
+WAITING = ("Condition.wait", "Event.wait", "Selector.select", "Thread.join", "_worker (concurrent")
+
+
+def pyspy_top(raw: Path, top: int = 15) -> list[tuple[int, str]]:
+    """(samples, frame) of the frames on top of the most samples in a ``--format raw`` file,
+    waiting threads left out; the first row counts every working sample."""
     leaves: Counter[str] = Counter()
     for line in raw.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
-        if stack and count.isdigit():
-            leaves[stack.split(";")[-1]] += int(count)
-    return [(n, frame) for frame, n in leaves.most_common(top)]
+        leaf = stack.split(";")[-1]
+        if stack and count.isdigit() and not any(w in leaf for w in WAITING):
+            leaves[leaf] += int(count)
+    total = (sum(leaves.values()), "(every sample of a working thread)")
+    return [total, *((n, frame) for frame, n in leaves.most_common(top))]
 
 
 def profile_nvml(seconds: float, fixture: str | None) -> None:
@@ -272,7 +294,6 @@ def main() -> None:
     parser.add_argument("--real", action="store_true", help="the real GPU, not fixtures")
     parser.add_argument("--variant", action="append", help="only these variants (repeatable)")
     parser.add_argument("--serve-arg", action="append", default=[], help="more serve arguments")
-    parser.add_argument("--probes", action="store_true", help="keep the probe scheduler on")
     parser.add_argument("--peer-cmd", help="the peer exporter's command; {port} is replaced")
     parser.add_argument("--no-floors", action="store_true")
     parser.add_argument("--warm-scrapes", type=int, default=3)
@@ -297,9 +318,10 @@ def main() -> None:
     for _, tree in sources:
         precompile(tree)
     one_gpu = FIXTURES / "nvml" / "h200-idle.json"
+    state = Path(tempfile.mkdtemp(prefix="idle-cost-state-"))  # +probe variants' stores
     targets: list[Target] = []
     for prefix, tree in sources:
-        for name, args in serve_variants(opts).items():
+        for name, args in serve_variants(opts, state / prefix.rstrip(":")).items():
             port = free_port()
             cmd = [
                 python,
@@ -331,7 +353,6 @@ def main() -> None:
         "seconds": opts.seconds,
         "real": opts.real,
         "scrape_every": opts.scrape_every,
-        "probes": opts.probes,
         "src": str(src),
         "base_src": str(opts.base_src or ""),
     }
@@ -363,6 +384,7 @@ def main() -> None:
                     str(int(opts.seconds)),
                     "--rate",
                     "100",
+                    "--idle",
                     "--nonblocking",
                     "--format",
                     "raw",
@@ -418,6 +440,7 @@ def main() -> None:
             for proc in (profiler, nvml, *(t.proc for t in targets)):
                 if proc is not None:
                     stop(proc)
+            shutil.rmtree(state, ignore_errors=True)
         results["processes"] = {t.name: t.figures for t in targets}
         if opts.py_spy and (logs / "py-spy.txt").exists():
             results["py_spy_top"] = pyspy_top(logs / "py-spy.txt")

@@ -33,11 +33,11 @@ OPTIONS: tuple[Option, ...] = (
         "idle_poll_interval",
         "float",
         5.0,
-        "Seconds between telemetry polls while no scrape is expected (nobody scrapes, or a "
-        "regular scraper such as Prometheus is not due yet): the polls before an expected "
-        "scrape, and every poll while scrapes come irregularly, are --poll-interval apart, so "
-        "a scrape still gets a fresh poll; the daemon's own watch (hot probe, stall log, XID "
-        "events) runs on every poll. At or below --poll-interval: every poll at that interval.",
+        "Seconds between telemetry polls while no scrape is expected (nobody scrapes, or "
+        "Prometheus' next scrape is not due yet); the two polls before an expected scrape, and "
+        "every poll while scrapes come irregularly, are --poll-interval apart. The hot probe, "
+        "the stall log and XID events follow the polls. At or below --poll-interval: every "
+        "poll is --poll-interval apart.",
         minimum=0.05,
         maximum=3600,
         unit="seconds",
@@ -266,7 +266,8 @@ OPTIONS: tuple[Option, ...] = (
         "baseline_history_days",
         "float",
         30.0,
-        "Days a probe result is kept at most in the store (the runs that are always kept aside).",
+        "Days a probe result is kept in the store at most (the latest run of each baseline "
+        "and the runs it was learned from are kept longer).",
         minimum=0.01,
         maximum=36500,
         unit="days",
