@@ -220,17 +220,36 @@ def ready(target: Target, logs: Path) -> None:
 WAITING = ("Condition.wait", "Event.wait", "Selector.select", "Thread.join", "_worker (concurrent")
 
 
+# What a working sample was doing, by the first of these frames in its stack.
+ACTIVITIES = (
+    ("Prerenderer._run", "render ahead"),
+    ("Poller.poll_once", "poll"),
+    ("HotProbeScheduler", "hot probe"),
+    ("ProbeScheduler", "probe"),
+    ("ExporterServer", "HTTP"),
+    ("BaseEventLoop", "HTTP"),
+)
+
+
 def pyspy_top(raw: Path, top: int = 15) -> list[tuple[int, str]]:
-    """(samples, frame) of the frames on top of the most samples in a ``--format raw`` file,
-    waiting threads left out; the first row counts every working sample."""
+    """(samples, what) from a ``--format raw`` file, waiting threads left out: every working
+    sample, then by activity (the thread's work: render ahead, poll ...), then the frames on
+    top of the most samples."""
     leaves: Counter[str] = Counter()
+    activities: Counter[str] = Counter()
     for line in raw.read_text(errors="replace").splitlines():
         stack, _, count = line.rpartition(" ")
         leaf = stack.split(";")[-1]
         if stack and count.isdigit() and not any(w in leaf for w in WAITING):
             leaves[leaf] += int(count)
+            what = next((name for frame, name in ACTIVITIES if frame in stack), "other")
+            activities[f"[{what}]"] += int(count)
     total = (sum(leaves.values()), "(every sample of a working thread)")
-    return [total, *((n, frame) for frame, n in leaves.most_common(top))]
+    return [
+        total,
+        *((n, what) for what, n in activities.most_common()),
+        *((n, frame) for frame, n in leaves.most_common(top)),
+    ]
 
 
 def profile_nvml(seconds: float, fixture: str | None) -> None:

@@ -67,9 +67,6 @@ class _Family(Metric):
             raise ValueError("give a family either a value or label names, not both")
         self._labelnames = tuple(labels or ())
 
-    def _labels(self, values: Sequence[str]) -> dict[str, str]:
-        return dict(zip(self._labelnames, values, strict=False))
-
 
 class GaugeMetricFamily(_Family):
     def __init__(
@@ -87,7 +84,8 @@ class GaugeMetricFamily(_Family):
     def add_metric(
         self, labels: Sequence[str], value: float, timestamp: float | None = None
     ) -> None:
-        self.samples.append(Sample(self.name, self._labels(labels), value, timestamp))
+        named = dict(zip(self._labelnames, labels))  # noqa: B905 (a scrape's hot path)
+        self.samples.append(Sample(self.name, named, value, timestamp))
 
 
 class CounterMetricFamily(_Family):
@@ -113,7 +111,7 @@ class CounterMetricFamily(_Family):
         created: float | None = None,
         timestamp: float | None = None,
     ) -> None:
-        named = self._labels(labels)
+        named = dict(zip(self._labelnames, labels))  # noqa: B905 (a scrape's hot path)
         self.samples.append(Sample(self.name + "_total", named, value, timestamp))
         if created is not None:
             self.samples.append(Sample(self.name + "_created", dict(named), created, timestamp))
