@@ -383,16 +383,23 @@ def main() -> None:
         try:
             for target in targets:
                 start(target, logs)
-            for target in targets:
-                ready(target, logs)
+            for target in list(targets):  # one that cannot start is reported, not fatal
+                try:
+                    ready(target, logs)
+                except RuntimeError as exc:
+                    print(f"{target.name}: left out: {exc}", file=sys.stderr)
+                    results.setdefault("left_out", {})[target.name] = str(exc)[-500:]
+                    assert target.proc is not None
+                    stop(target.proc)
+                    targets.remove(target)
             exporters = [t for t in targets if t.port is not None]
             for _ in range(opts.warm_scrapes):
                 for target in exporters:
                     assert target.port is not None
                     fetch(target.port, PROMETHEUS)
                 time.sleep(1.1)
-            if opts.py_spy:
-                profiled = targets[-1]
+            profiled = next((t for t in targets if t.kind == "profiled"), None)
+            if opts.py_spy and profiled is not None:
                 assert profiled.proc is not None
                 spy = [
                     opts.py_spy,
@@ -470,6 +477,8 @@ def main() -> None:
 
 def report(results: dict[str, Any]) -> None:
     procs: dict[str, dict[str, Any]] = results["processes"]
+    for name, why in results.get("left_out", {}).items():
+        print(f"{name}: left out ({why.strip().splitlines()[-1] if why.strip() else '?'})")
     floor = procs.get("nvml", {}).get("rss_mib")
     what = "the real GPU" if results["real"] else "fixtures (NVML floor = Python + fixture backend)"
     scraped = f"scraped every {results['scrape_every']:g} s" if results["scrape_every"] else "idle"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # On the lent H200 (issue 35): what the daemon costs sitting idle, against nvitop-exporter and the
 # floors measured in the same run, then the scrape figures against nvitop-exporter again (to
-# show none got worse). About 3.5 minutes; one GPU, a 1 s poll for every process.
+# show none got worse). About 3.5 minutes (at most 4: each step has a timeout); one GPU, a 1 s
+# poll for every process.
 #
 #   bash scripts/device/idle_cost.sh
 #
@@ -64,11 +65,11 @@ else
 fi
 
 echo "== 1. idle cost ($(date -u +%T))"
-timeout 200 "$PY" benchmarks/idle_cost.py "${args[@]}" > "$DIR/idle.txt" 2>&1
+timeout 170 "$PY" benchmarks/idle_cost.py "${args[@]}" > "$DIR/idle.txt" 2>&1
 echo "idle_cost.py rc=$?"
 
 echo "== 2. scrape latency against nvitop-exporter ($(date -u +%T))"
-timeout 120 "$PY" scripts/device/scrape_peers.py --out "$DIR" "${scrape[@]}" > "$DIR/scrape.txt" 2>&1
+timeout 70 "$PY" scripts/device/scrape_peers.py --out "$DIR" "${scrape[@]}" > "$DIR/scrape.txt" 2>&1
 echo "scrape_peers.py rc=$?"
 
 echo "== results ($(( $(date +%s) - started )) s)"
