@@ -6,11 +6,15 @@ it there)."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import http.client
+import os
 import signal
+import socket
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 # nvidia-smi --query-gpu fields the scrape benchmarks time against sparkdiag's own scrape
@@ -60,3 +64,37 @@ def poll_time(body: bytes) -> float | None:
         if line.startswith(b"sparkdiag_last_poll_timestamp_seconds "):
             return float(line.split()[1])
     return None
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def proc_usage(pid: int) -> tuple[float, float]:
+    """(CPU seconds user + system, RSS MiB) of a running process, from /proc."""
+    stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    cpu = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu, int(stat[21]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def wait_http(port: int, proc: subprocess.Popen[Any], seconds: float = 60, path: str = "/") -> None:
+    """Wait until 127.0.0.1:``port`` answers ``path`` with 200; RuntimeError when ``proc`` exits
+    first or ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited {proc.returncode} before answering")
+        with contextlib.suppress(OSError, http.client.HTTPException):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            try:
+                conn.request("GET", path)
+                if conn.getresponse().status == 200:
+                    return
+            finally:
+                conn.close()
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{proc.args!r} did not answer {path} within {seconds:.0f} s")
+        time.sleep(0.1)

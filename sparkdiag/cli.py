@@ -7,7 +7,6 @@ is run (or listed by ``--help``): ``sparkdiag serve`` does not pay for importing
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import sys
 from typing import IO, Any, TextIO, cast
@@ -80,6 +79,8 @@ class _Group(click.Group):
         name = click.utils.make_str(args[0]) if args else ""
         known = self.list_commands(ctx)
         if name and not name.startswith("-") and name not in known and not ctx.resilient_parsing:
+            import difflib  # only for a command that does not exist
+
             close = difflib.get_close_matches(name, known)
             hint = f" Did you mean {' or '.join(map(repr, close))}?" if close else ""
             raise click.UsageError(f"No such command {name!r}.{hint}", ctx)

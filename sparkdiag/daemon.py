@@ -4,27 +4,22 @@ from __future__ import annotations
 
 import errno
 import logging
+import sys
 import threading
 from collections.abc import Callable
 
 from sparkdiag.config import Settings, parse_listen
 from sparkdiag.errors import Exit, SparkdiagError
 from sparkdiag.exporter.base import SnapshotCollector
-from sparkdiag.exporter.hot import HotProbeCollector
 from sparkdiag.exporter.native import NativeCollector
-from sparkdiag.exporter.peers import PeerCollector
-from sparkdiag.exporter.probe import ProbeCollector
 from sparkdiag.exporter.registry import build_registry, render
 from sparkdiag.exporter.soak import soak_collector
 from sparkdiag.exporter.storage import storage_collector
 from sparkdiag.lifecycle import LIFECYCLE, Lifecycle
 from sparkdiag.native.watch import LibraryWatch, environment
-from sparkdiag.probe.runner import kill_running_workers
 from sparkdiag.scheduling.probe_state import ProbeState
-from sparkdiag.scheduling.wiring import build_schedulers
+from sparkdiag.scheduling.wiring import Probes, build_schedulers, stop_workers
 from sparkdiag.sdnotify import Notifier
-from sparkdiag.storage import run as storage_run
-from sparkdiag.storage.periodic import StoragePeriodic
 from sparkdiag.telemetry.build import build_poller
 from sparkdiag.telemetry.poller import Poller
 from sparkdiag.telemetry.stall import StallLog
@@ -78,7 +73,7 @@ def serve(settings: Settings, life: Lifecycle | None = None) -> None:
     try:
         _serve(settings, life, poller, address, web)
     finally:
-        stopped = kill_running_workers() + storage_run.kill_running()
+        stopped = stop_workers() + _stop_storage_probes()
         if stopped:
             log.info("stopped %d running probe worker(s)", stopped)
         poller.gpu.stop()
@@ -97,18 +92,10 @@ def _serve(
     if stop.is_set():
         return
     probe_state = ProbeState()
-    schedulers = build_schedulers(settings, poller, probe_state)
+    probes = build_schedulers(settings, poller, probe_state)
+    schedulers = probes.all
     poller.excluded_pids = lambda: frozenset().union(*(s.excluded_pids() for s in schedulers))
-    keeper = next((s.store for s in schedulers if s.store is not None), None)
-    collector = ProbeCollector(probe_state.view, keeper.health if keeper else None)
-    collectors: list[SnapshotCollector] = []
-    if schedulers:
-        collectors = [
-            collector,
-            HotProbeCollector(probe_state.view),
-            PeerCollector(probe_state.view),
-        ]
-    collectors.append(soak_collector(settings.state_dir))
+    collectors = [*_probe_collectors(probes, probe_state), soak_collector(settings.state_dir)]
     libraries = LibraryWatch(
         lambda: environment(settings.rootfs, settings.probe_python), settings.state_dir
     )
@@ -118,7 +105,9 @@ def _serve(
         lambda: poller.latest, extra=collectors, compat_dcgm=settings.compat_dcgm
     )
     try:
-        healthy = health_check(lambda: poller.latest, settings.poll_interval)
+        # polls nobody reads come every idle-poll-interval: /healthz allows for that
+        slowest = max(settings.poll_interval, settings.idle_poll_interval)
+        healthy = health_check(lambda: poller.latest, slowest)
         server = ExporterServer(
             address,
             registry,
@@ -137,6 +126,8 @@ def _serve(
             ) from None
         raise StartupError(f"cannot listen on {settings.listen}: {exc.strerror or exc}") from None
     notifier = Notifier()
+    if notifier.watchdog_interval is not None:  # a ping comes with a poll: often enough for it
+        poller.idle_interval = min(poller.idle_interval, notifier.watchdog_interval / 2)
     threads: list[threading.Thread] = []
     try:
         first = poller.poll_once()
@@ -145,9 +136,13 @@ def _serve(
         if not first.pcie_links:
             log.warning("no PCI link found under %s: host PCIe links skipped", settings.sysfs)
         server.serve_in_thread()
-        poller.add_listener(server.published)  # /metrics rendered ahead for each new snapshot
+        server.prerenderer.poll_interval = settings.poll_interval
+        poller.add_listener(server.published)  # /metrics rendered ahead when a scrape is due
+        poller.pace = server.cache.window  # polls nobody will scrape are spaced out
         poller.add_listener(lambda _snap: notifier.watchdog())
         poller.add_listener(StallLog())  # one log line per stalled-GPU episode
+        for hot in probes.hot:
+            poller.add_listener(hot.published)  # judged once per snapshot
         gpus = sum(1 for g in first.gpus if g.up)
         notifier.ready(
             f"serving {settings.listen}; NVML {'up' if first.nvml_up else 'down'}, {gpus} GPU(s)"
@@ -182,6 +177,8 @@ def _serve(
             (sched.name, sched.run) for sched in schedulers
         ]
         if settings.storage_enabled:  # off by default: it writes (config/table.py)
+            from sparkdiag.storage.periodic import StoragePeriodic  # only when it runs
+
             storage = StoragePeriodic(settings, lambda: poller.latest)
             loops.append((storage.name, storage.run))
         # the CUDA library scan: once now, then every few hours, never in a scrape
@@ -195,11 +192,36 @@ def _serve(
         notifier.stopping()
         server.shutdown()
         server.server_close()
-        kill_running_workers()  # a probe thread blocked on its worker returns at once
-        storage_run.kill_running()
+        stop_workers()  # a probe thread blocked on its worker returns at once
+        _stop_storage_probes()
+        for hot in probes.hot:
+            hot.interrupt()
         for thread in threads:
             thread.join(timeout=5)
         notifier.close()
+
+
+def _probe_collectors(probes: Probes, state: ProbeState) -> list[SnapshotCollector]:
+    """The probe's collectors, when a probe runs (imported only then, with what they need)."""
+    if not probes.all:
+        return []
+    from sparkdiag.exporter.hot import HotProbeCollector
+    from sparkdiag.exporter.peers import PeerCollector
+    from sparkdiag.exporter.probe import ProbeCollector
+
+    keeper = probes.store
+    return [
+        ProbeCollector(state.view, keeper.health if keeper else None),
+        HotProbeCollector(state.view),
+        PeerCollector(state.view),
+    ]
+
+
+def _stop_storage_probes() -> int:
+    """Kill the running storage probes; 0 when the storage probe was never imported (it is
+    off by default, and then neither it nor its store loads)."""
+    run = sys.modules.get("sparkdiag.storage.run")
+    return 0 if run is None else int(run.kill_running())
 
 
 def _status(poller: Poller, state: ProbeState) -> str:

@@ -16,20 +16,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from sparkdiag.config import OPTIONS, OPTIONS_BY_ATTR, Option, Settings, build_settings
 from sparkdiag.errors import UsageError as SparkdiagUsageError
-from sparkdiag.probe.worker.contract import (
-    FLAGS_BY_NAME,
-    Flag,
-    UsageError,
-    parse_dtypes,
-    parse_shape,
-    shape_label,
-)
+
+if TYPE_CHECKING:
+    from sparkdiag.probe.worker.contract import Flag
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -177,8 +172,14 @@ def _check_directories(settings: Settings, command: str) -> None:
 # -- the worker's flags ---------------------------------------------------------------------
 
 
+# The worker module (its flag table and parsers) is imported by the functions below, which only
+# the commands that run the worker call: ``serve`` takes settings flags only and never loads it.
+
+
 def _dtypes(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> list[str]:
     """Repeatable and comma separated: ``--dtype bf16,fp8 --dtype int4``; ``all`` for all."""
+    from sparkdiag.probe.worker.contract import UsageError, parse_dtypes
+
     try:
         return parse_dtypes(values)
     except UsageError as exc:
@@ -186,6 +187,8 @@ def _dtypes(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -
 
 
 def _shapes(ctx: click.Context, param: click.Parameter, values: Sequence[str]) -> list[str]:
+    from sparkdiag.probe.worker.contract import UsageError, parse_shape, shape_label
+
     out = []
     for value in values:
         try:
@@ -226,6 +229,8 @@ def worker_option(
     its spelling, kind, minimum and help from there, given to the command as ``Flag.field``.
     ``default`` is the command's own (None: the worker decides), ``help`` replaces the worker's
     sentence where the command means something narrower, ``shown`` the default it shows."""
+    from sparkdiag.probe.worker.contract import FLAGS_BY_NAME
+
     flag = FLAGS_BY_NAME[name]
     text = help or flag.help
     if default is not None and shown is None:
@@ -252,6 +257,8 @@ def worker_option(
 def worker_options(*names: str, **defaults: Any) -> Callable[[F], F]:
     """The worker's flags ``names`` (``"--dtype", "--small"``) for a command; ``defaults`` maps a
     flag's field (``dtypes=("bf16",)``) to the command's own default."""
+    from sparkdiag.probe.worker.contract import FLAGS_BY_NAME
+
     by_field = {FLAGS_BY_NAME[name].field: name for name in names}
     unknown = set(defaults) - set(by_field)
     assert not unknown, f"defaults for flags not asked for: {unknown}"

@@ -28,12 +28,9 @@ import os
 import re
 import ssl
 import stat
-import tomllib
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
-
-import yaml
 
 MAX_DEPTH = 64  # nesting levels; every format sparkdiag reads uses fewer than 10
 MAX_DIGITS = 40  # digits of an integer: 2**128 has 39; a 64-bit counter has 20
@@ -182,65 +179,14 @@ def load_json(path: Path, limit: int, max_depth: int = MAX_DEPTH) -> Any:
 # -- YAML ------------------------------------------------------------------------------------------
 
 
-class _BoundedLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, its nesting counted as it composes (the composer is the only part
-    of PyYAML that recurses), aliases refused (an alias chain of merge keys recurses too, and
-    no file sparkdiag reads needs one), integers and floats bounded as :func:`parse_json`
-    bounds them."""
-
-    max_depth = MAX_DEPTH
-    _depth = 0
-
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
-        if self.check_event(yaml.AliasEvent):
-            mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
-            raise LoadError(f"line {mark.line + 1}: aliases (*name) are not read here")
-        self._depth += 1
-        try:
-            if self._depth > self.max_depth:
-                raise LoadError(f"nested too deeply (more than {self.max_depth} levels)")
-            return super().compose_node(parent, index)
-        finally:
-            self._depth -= 1
-
-
-def _yaml_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
-    literal = str(node.value).replace("_", "")
-    if len(literal.lstrip("+-").lstrip("0")) > MAX_DIGITS:
-        raise LoadError(f"line {node.start_mark.line + 1}: an integer of more than {MAX_DIGITS} "
-                        "digits")  # fmt: skip
-    return loader.construct_yaml_int(node)
-
-
-def _yaml_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
-    value = loader.construct_yaml_float(node)
-    if not math.isfinite(value):
-        raise LoadError(f"line {node.start_mark.line + 1}: {str(node.value)[:40]} is not a "
-                        "finite number")  # fmt: skip
-    return value
-
-
-_BoundedLoader.add_constructor("tag:yaml.org,2002:int", _yaml_int)
-_BoundedLoader.add_constructor("tag:yaml.org,2002:float", _yaml_float)
-
-
 def parse_yaml(source: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
     """A YAML document (safe types only), bounded as :func:`parse_json` is; LoadError (with the
-    parser's first line) otherwise."""
-    if isinstance(source, bytes):
-        source = text(source)
-    loader = None
-    try:
-        loader = _BoundedLoader(source)  # its reader refuses control characters at once
-        loader.max_depth = max_depth
-        return loader.get_single_data()
-    except yaml.YAMLError as exc:
-        raise LoadError("not valid YAML: " + " ".join(str(exc).split())[:300]) from None
-    except RecursionError:
-        raise LoadError(f"nested too deeply (more than {max_depth} levels)") from None
-    finally:
-        if loader is not None:
-            loader.dispose()
+    parser's first line) otherwise. PyYAML is imported here, by the loader's own module
+    (:mod:`sparkdiag.safeyaml`), when a YAML file is read: the daemon without a web config never
+    loads it (docs/daemon-cost.md)."""
+    from sparkdiag.safeyaml import parse
+
+    return parse(source, max_depth)
 
 
 def load_yaml(path: Path, limit: int, max_depth: int = MAX_DEPTH) -> Any:
@@ -257,6 +203,8 @@ def parse_toml(source: str | bytes, max_depth: int = MAX_DEPTH) -> dict[str, Any
     if isinstance(source, bytes):
         source = text(source)
     _check_depth(nesting(source, _TOML_SKIP), max_depth)
+    import tomllib  # a TOML file is read only when given (docs/daemon-cost.md)
+
     try:
         document = tomllib.loads(source, parse_float=_toml_float)
     except tomllib.TOMLDecodeError as exc:

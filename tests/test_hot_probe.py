@@ -4,6 +4,8 @@ and the int4 ratio's cool baseline that only cool periodic cycles teach."""
 from __future__ import annotations
 
 import json
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -177,3 +179,37 @@ def test_a_fixture_without_the_suite_is_refused(tmp_path: Path) -> None:
         FixtureLauncher(fixture, suite="hot")
     doc = json.loads(fixture.read_text())
     assert FixtureLauncher(fixture).cycles[0].suite == doc["cycles"][0]["suite"] == "default"
+
+
+def test_the_thread_judges_each_published_snapshot_and_nothing_in_between(
+    tmp_path: Path,
+) -> None:
+    base = snapshot("h200-idle", tmp_path)
+    hot = replace(base, gpus=(_gpu(base.gpus[0], 88.0),))
+    snaps, clock = [base], [1000.0]
+    sched, calls, _ = _scheduler(tmp_path, snaps, clock)
+    judged = threading.Event()
+    judgements: list[int] = []
+    run_once = sched.run_once
+
+    def counting() -> Any:
+        judgements.append(1)
+        try:
+            return run_once()
+        finally:
+            judged.set()
+
+    sched.run_once = counting  # type: ignore[method-assign]
+    stop = threading.Event()
+    thread = threading.Thread(target=sched.run, args=(stop,), daemon=True)
+    thread.start()
+    time.sleep(0.3)
+    assert judgements == []  # no snapshot published: it sleeps, no timer of its own
+    snaps.append(hot)
+    sched.published(hot)
+    assert judged.wait(5)
+    assert judgements == [1] and len(calls.gpus) == 1  # the hot GPU probed once
+    stop.set()
+    sched.interrupt()
+    thread.join(5)
+    assert not thread.is_alive() and judgements == [1]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -294,3 +295,29 @@ def test_run_with_stop_already_set_never_polls(make_poller: Callable[..., Poller
     assert time.monotonic() - started < 1.0
     assert poller.poll_count == 0
     assert poller.latest is None
+
+
+def test_next_poll_keeps_to_the_grid_and_skips_ticks_after_an_overrun(
+    make_poller: Callable[..., Poller],
+) -> None:
+    poller = make_poller(interval=1.0)
+    assert poller.next_poll(100.0, 100.2) == 101.0
+    assert poller.next_poll(100.0, 103.5) == 104.0  # overran: no burst of missed polls
+
+
+def test_polls_nobody_will_scrape_are_spaced_out(make_poller: Callable[..., Poller]) -> None:
+    window = [(math.inf, -math.inf)]  # nobody expected
+    poller = make_poller(interval=1.0, idle_interval=5.0, pace=lambda step: window[0])
+    assert poller.next_poll(100.0, 100.1) == 105.0
+    window[0] = (102.5, 130.0)  # a scrape expected from 102.5 on: every tick from there
+    assert poller.next_poll(100.0, 100.1) == 103.0
+    assert poller.next_poll(103.0, 103.1) == 104.0
+    window[0] = (-math.inf, math.inf)  # irregular scrapes: every tick
+    assert poller.next_poll(100.0, 100.1) == 101.0
+    window[0] = (90.0, 95.0)  # the scraper is gone
+    assert poller.next_poll(100.0, 100.1) == 105.0
+    poller.idle_interval = 4.5  # not a multiple: the last tick before it
+    window[0] = (math.inf, -math.inf)
+    assert poller.next_poll(100.0, 100.1) == 104.0
+    poller.idle_interval = 0.5  # at or below the interval: no pacing
+    assert poller.next_poll(100.0, 100.1) == 101.0

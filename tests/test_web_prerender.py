@@ -8,6 +8,7 @@ from __future__ import annotations
 import gzip
 import http.client
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -269,7 +270,7 @@ def test_a_body_made_already_is_answered_without_the_render_pool(
 def test_a_regular_scraper_is_rendered_ahead_only_for_the_polls_before_its_next_scrape() -> None:
     now = [0.0]
     cache = RenderCache({scrape.TEXT: lambda: b"x"}, lambda: None, clock=lambda: now[0])
-    assert cache.due(1.0)  # nobody scraped: due (nothing asked for, nothing rendered anyway)
+    assert not cache.due(1.0)  # nobody scraped: no scrape expected
     for t in (0.0, 0.02, 15.0, 30.0, 30.3):  # every 15 s, with a second scraper close behind
         now[0] = t
         cache.body(scrape.TEXT, True)
@@ -280,6 +281,11 @@ def test_a_regular_scraper_is_rendered_ahead_only_for_the_polls_before_its_next_
     # the last scrape (30.3) + the shortest gap of a poll or more (0.02 -> 15.0) - 2 polls
     assert next(t for t, d in due if d) == 43.3
     assert all(d for t, d in due if t >= 43.3)
+    # missed two scrapes (the longest gap, 15.0, twice, + 2 polls): gone, nothing due
+    now[0] = 30.3 + 2 * 15.0 + 2.0
+    assert cache.due(1.0)
+    now[0] += 0.1
+    assert not cache.due(1.0) and cache.window(1.0) == pytest.approx((43.28, 62.3))
     now[0] = 40.0
     cache.body(scrape.TEXT, True)  # an irregular scrape: the shortest gap is 9.7 s now
     now[0] = 46.5
@@ -325,3 +331,37 @@ def test_a_regular_scraper_skips_the_renders_ahead_nobody_will_scrape(
     status, body = get(server, PROMETHEUS)  # the next scrape: rendered ahead, in time
     assert status == 200 and shown(body) == gauge.poll
     assert server.cache.renders == made
+
+
+def test_a_lone_scrape_is_rendered_ahead_for_a_while_then_no_more() -> None:
+    now = [100.0]
+    cache = RenderCache({scrape.TEXT: lambda: b"x"}, lambda: None, clock=lambda: now[0])
+    assert cache.window(1.0) == scrape.NEVER and not cache.wanted(1.0)
+    cache.body(scrape.TEXT, True)
+    cache.body(scrape.TEXT, True)  # a burst: no gap of a poll interval
+    now[0] = 100.0 + scrape.UNKNOWN_FOR
+    assert cache.due(1.0) and cache.wanted(1.0)
+    now[0] += 0.5
+    assert not cache.due(1.0) and not cache.wanted(1.0)
+    now[0] = 10.0  # the poll interval unknown: always due
+    assert cache.window(0.0) == (-math.inf, math.inf)
+
+
+def test_a_gone_scraper_no_longer_wakes_the_render_ahead(
+    served: tuple[ExporterServer, Poller, PollGauge], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server, poller, gauge = served
+    monkeypatch.setattr(scrape, "DUE_POLLS", 2.0)
+    monkeypatch.setattr(scrape, "UNKNOWN_FOR", 0.3)
+    server.prerenderer.poll_interval = 0.05
+    get(server, PROMETHEUS)
+    assert poll_and_wait(server, poller) == gauge.poll
+    renders = server.cache.renders
+    assert shown(get(server, PROMETHEUS)[1]) == gauge.poll
+    assert server.cache.renders == renders  # served from the render ahead
+    time.sleep(0.35)  # longer than UNKNOWN_FOR after the last scrape: no scraper expected
+    skipped = server.prerenderer.skipped
+    for _ in range(3):
+        poll_and_wait(server, poller)
+    assert server.prerenderer.skipped == skipped + 3
+    assert server.cache.renders == renders  # nothing rendered for nobody

@@ -7,12 +7,17 @@ store goes from usable to unusable (and once when it comes back), and retried at
 cycle, so the daemon recovers when space returns. ``sparkdiag_baseline_store_up`` and
 ``sparkdiag_baseline_store_errors_total`` export it; ``check`` reports the same through
 :func:`inspect_store`.
+
+It also keeps the store's size bounded (:meth:`StoreKeeper.maintain`, after probe cycles): runs
+beyond the :class:`Retention` are deleted (``BaselineStore.prune`` says which are always kept),
+the WAL is checkpointed and truncated, and a file that is mostly free pages is compacted once.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -20,10 +25,28 @@ from types import MappingProxyType
 
 from sparkdiag.baseline.learning import Held
 from sparkdiag.baseline.store import BaselineKey, BaselineStore, BaselineStoreError, open_store
+from sparkdiag.config import DEFAULTS
 
 log = logging.getLogger(__name__)
 
 OPERATIONS = ("open", "write")
+DAY = 86400.0
+# Retention runs at most this often (seconds): a prune reads every run's key, about 0.1 s for a
+# full 8-GPU store on the 2-core development machine (docs/daemon-cost.md).
+MAINTAIN_EVERY = 600.0
+# A file whose free pages are more than this share of it, and at least COMPACT_MIN_BYTES, is
+# compacted (VACUUM) after a prune: a store that grew without bound before retention existed.
+COMPACT_FREE_SHARE = 0.5
+COMPACT_MIN_BYTES = 8 << 20
+
+
+@dataclass(frozen=True)
+class Retention:
+    """How much run history the store keeps (``baseline.history-runs``, ``-days``): the newest
+    ``runs`` runs of each key, none older than ``days``, beside what is always kept."""
+
+    runs: int = DEFAULTS["baseline_history_runs"]
+    days: float = DEFAULTS["baseline_history_days"]
 
 
 @dataclass(frozen=True)
@@ -39,8 +62,16 @@ class StoreHealth:
 class StoreKeeper:
     """The daemon's baseline store (shared by its probe schedulers), and its health."""
 
-    def __init__(self, opener: Callable[[], BaselineStore]) -> None:
+    def __init__(
+        self,
+        opener: Callable[[], BaselineStore],
+        retention: Retention | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._opener = opener
+        self.retention = retention or Retention()
+        self._clock = clock
+        self._maintained: float | None = None  # clock() at the last maintain that ran
         self._lock = threading.Lock()
         self._store: BaselineStore | None = None
         self._errors = dict.fromkeys(OPERATIONS, 0)
@@ -89,6 +120,38 @@ class StoreKeeper:
                 "baselines; sparkdiag retries at every cycle",
                 self._reason,
             )
+
+    def maintain(self, force: bool = False) -> int | None:
+        """Apply the retention, checkpoint the WAL, and compact a mostly free file; at most
+        once per ``MAINTAIN_EVERY`` seconds unless ``force``. Returns the runs deleted, None
+        when it did not run (too soon, or no usable store); a failure counts as a write
+        error."""
+        now = self._clock()
+        last = self._maintained
+        if not force and last is not None and now - last < MAINTAIN_EVERY:
+            return None
+        store = self.store()
+        if store is None:
+            return None
+        self._maintained = now
+        try:
+            deleted = store.prune(self.retention.runs, self.retention.days * DAY)
+            size, free = store.space()
+            compact = free >= COMPACT_MIN_BYTES and free > COMPACT_FREE_SHARE * size
+            store.checkpoint(compact=compact)
+        except BaselineStoreError as exc:
+            self.failed("write", exc)
+            return None
+        if compact:
+            log.info(
+                "baseline store %s: compacted (%.1f of %.1f MB were free after deleting %d "
+                "run(s) beyond the history kept)",
+                store.path,
+                free / 1e6,
+                size / 1e6,
+                deleted,
+            )
+        return deleted
 
     def health(self) -> StoreHealth:
         with self._lock:

@@ -101,6 +101,23 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
+# Retention (no migration: it only deletes rows; store.BaselineStore.prune runs these), key by
+# key (its columns bound as :k0, :k1 ...) so that each statement walks runs_by_key. Always kept:
+# the newest run of the key, and its first ``learn`` healthy runs (a learned baseline is their
+# median; record_run reads them while it learns). Of the others, the runs beyond the newest
+# ``keep`` go (PRUNE_BEYOND, for the keys RUN_COUNTS shows over), and those older than ``cutoff``
+# (PRUNE_OLDER, for the keys OLD_KEYS finds).
+RUN_COUNTS = f"SELECT {KEY_LIST}, count(*) FROM runs GROUP BY {KEY_LIST}"
+OLD_KEYS = f"SELECT DISTINCT {KEY_LIST} FROM runs WHERE at < :cutoff"
+_KEY_NAMED = " AND ".join(f"{column} = :k{i}" for i, column in enumerate(KEY_COLUMNS))
+_NOT_KEPT = f"""id != (SELECT max(id) FROM runs WHERE {_KEY_NAMED})
+    AND id NOT IN (
+        SELECT id FROM runs WHERE {_KEY_NAMED} AND healthy = 1 ORDER BY id LIMIT :learn)"""
+PRUNE_BEYOND = f"""DELETE FROM runs WHERE {_KEY_NAMED}
+    AND id <= (SELECT id FROM runs WHERE {_KEY_NAMED} ORDER BY id DESC LIMIT 1 OFFSET :keep)
+    AND {_NOT_KEPT}"""
+PRUNE_OLDER = f"DELETE FROM runs WHERE {_KEY_NAMED} AND at < :cutoff AND {_NOT_KEPT}"
+
 
 @contextmanager
 def transaction(conn: sqlite3.Connection) -> Iterator[None]:

@@ -23,6 +23,13 @@ daemon records, the CLI pins); SQLite serialises them and waits up to
 ``busy_timeout_s`` for the write lock. Within one process a store object
 holds one connection guarded by a lock, so threads may share it.
 
+Retention: :meth:`BaselineStore.prune` deletes the runs that no baseline needs beyond a bounded
+history (the daemon calls it
+through :class:`sparkdiag.baseline.keeper.StoreKeeper`; the rules in
+:mod:`sparkdiag.baseline.schema`), then the WAL is checkpointed and
+truncated. Deleted pages are reused by later runs, so the file stops growing once the history is
+full; a file that is mostly free pages (a store from before retention) is compacted once.
+
 Inspect with ``sqlite3 $STATE_DIRECTORY/baselines.sqlite 'SELECT * FROM baselines'``.
 """
 
@@ -49,6 +56,10 @@ from sparkdiag.baseline.schema import (
     KEY_LIST,
     KEY_WHERE,
     MIGRATIONS,
+    OLD_KEYS,
+    PRUNE_BEYOND,
+    PRUNE_OLDER,
+    RUN_COUNTS,
     SCHEMA_VERSION,
     check_tflops,
     check_time,
@@ -74,6 +85,10 @@ CONTEXTS = ("native", "container")
 # its own method: the two differ on a shared GPU.
 METHODS = ("delivered", "median")
 METHOD = "delivered"
+
+# Bytes the WAL is cut back to after each checkpoint (SQLite's auto-checkpoint runs every 1000
+# pages, about 4 MiB, and leaves the file at its largest size without this limit).
+WAL_LIMIT_BYTES = 4 << 20
 
 _SHAPE = re.compile(r"^[0-9]+(?:x[0-9]+)+$")
 
@@ -241,6 +256,7 @@ class BaselineStore:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
             self._use_wal(conn)
             conn.execute("PRAGMA synchronous = FULL")
+            conn.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}")
             self._migrate(conn)
         except BaselineStoreError:
             conn.close()
@@ -536,6 +552,49 @@ class BaselineStore:
     def reset_storage(self, mountpoint: str | None = None) -> int:
         with self._write() as conn:
             return storage_store.reset(conn, mountpoint)
+
+    def prune(self, keep: int, max_age_s: float, now: float | None = None) -> int:
+        """Delete the runs no baseline needs beyond the newest ``keep`` of each key that are at
+        most ``max_age_s`` seconds old; returns how many were deleted. Always kept: the newest
+        run of every key and the first ``learn_runs`` healthy runs of every key (a learned
+        baseline is their median). Baselines themselves are never deleted here."""
+        if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep must be a positive integer, got {keep!r}")
+        if not is_real(max_age_s) or not max_age_s > 0:
+            raise ValueError(f"max_age_s must be a number > 0, got {max_age_s!r}")
+        cutoff = (time.time() if now is None else check_time(now, "now")) - float(max_age_s)
+        limits = {"learn": self.learn_runs, "keep": keep, "cutoff": cutoff}
+        deleted = 0
+        width = len(KEY_COLUMNS)
+        bound = keep + self.learn_runs  # at most this many runs per key once pruned
+        with self._read() as conn:  # no write transaction (and its fsync) when nothing is due
+            over = [row[:width] for row in conn.execute(RUN_COUNTS) if row[width] > bound]
+            old = conn.execute(OLD_KEYS, limits).fetchall()
+        if not over and not old:
+            return 0
+        with self._write() as conn:
+            for statement, keys in ((PRUNE_BEYOND, over), (PRUNE_OLDER, old)):
+                for key in keys:
+                    named = {f"k{i}": value for i, value in enumerate(key)}
+                    deleted += conn.execute(statement, {**limits, **named}).rowcount
+        return deleted
+
+    def space(self) -> tuple[int, int]:
+        """(bytes of the database file, bytes of it on SQLite's free list)."""
+        with self._read() as conn:
+            size = int(conn.execute("PRAGMA page_size").fetchone()[0])
+            pages = int(conn.execute("PRAGMA page_count").fetchone()[0])
+            free = int(conn.execute("PRAGMA freelist_count").fetchone()[0])
+        return pages * size, free * size
+
+    def checkpoint(self, compact: bool = False) -> None:
+        """Copy the WAL into the database and truncate it to zero bytes; with ``compact``
+        first rebuild the file without its free pages (``VACUUM``: takes the write lock for as
+        long as copying the live rows takes)."""
+        with self._read() as conn:
+            if compact:
+                conn.execute("VACUUM")
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
 
     def integrity_check(self) -> str:
         """``PRAGMA integrity_check``: "ok", or the problems found, one per line."""

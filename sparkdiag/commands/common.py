@@ -9,13 +9,15 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkdiag import terminal
 from sparkdiag.config import Settings
 from sparkdiag.errors import Exit, SparkdiagError, UsageError
-from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.snapshot import GpuSample
+
+if TYPE_CHECKING:  # the worker's tables load with the commands that run it, not with serve
+    from sparkdiag.probe.request import WorkerRequest
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
@@ -134,6 +136,8 @@ def worker_request(
 ) -> WorkerRequest:
     """The worker request a command's worker flags make (``--device``, ``--dtype``, ``--shape``,
     ``--small``), with the settings' ``probe.when`` unless the command fixes its own."""
+    from sparkdiag.probe.request import WorkerRequest
+
     return WorkerRequest(
         device=device, dtypes=tuple(dtypes), shapes=tuple(shapes), small=small,
         probe_when=settings.probe_when if probe_when is None else probe_when, **more,

@@ -10,7 +10,6 @@ final (no restart loop).
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -54,6 +53,7 @@ __all__ = [
 class Settings:
     listen: str = DEFAULTS["listen"]
     poll_interval: float = DEFAULTS["poll_interval"]
+    idle_poll_interval: float = DEFAULTS["idle_poll_interval"]
     pcie_interval: float = DEFAULTS["pcie_interval"]
     nvml_fixture: Path | None = DEFAULTS["nvml_fixture"]
     sysfs: Path = DEFAULTS["sysfs"]
@@ -74,6 +74,8 @@ class Settings:
     probe_first_delay: float = DEFAULTS["probe_first_delay"]
     web_read_timeout: float = DEFAULTS["web_read_timeout"]
     web_max_connections: int = DEFAULTS["web_max_connections"]
+    baseline_history_runs: int = DEFAULTS["baseline_history_runs"]
+    baseline_history_days: float = DEFAULTS["baseline_history_days"]
     probe_hot_enabled: bool = DEFAULTS["probe_hot_enabled"]
     probe_hot_memory_celsius: float = DEFAULTS["probe_hot_memory_celsius"]
     probe_hot_gpu_celsius: float = DEFAULTS["probe_hot_gpu_celsius"]
@@ -128,7 +130,8 @@ def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def load_file(path: Path) -> dict[str, Any]:
     """Read a TOML configuration: {Settings attribute: validated value}."""
     try:
-        # bounded, and never a FIFO or a device (/dev/zero must not fill the memory)
+        # bounded, and never a FIFO or a device (/dev/zero must not fill the memory);
+        # safeload imports tomllib here, only with --config
         flat = _flatten(safeload.parse_toml(safeload.read_file(path, MAX_CONFIG_BYTES)))
     except OSError as exc:
         raise ConfigError(f"cannot read configuration {path}: {exc.strerror or exc}") from None
@@ -138,6 +141,8 @@ def load_file(path: Path) -> dict[str, Any]:
     for key, value in flat.items():
         option = OPTIONS_BY_KEY.get(key)
         if option is None:
+            import difflib  # only to name the key that was meant
+
             close = difflib.get_close_matches(key, list(OPTIONS_BY_KEY), n=3, cutoff=0.6)
             hint = f"did you mean {' or '.join(close)}? " if close else ""
             raise ConfigError(

@@ -29,6 +29,20 @@ OPTIONS: tuple[Option, ...] = (
         unit="seconds",
     ),
     Option(
+        "idle-poll-interval",
+        "idle_poll_interval",
+        "float",
+        5.0,
+        "Seconds between telemetry polls while no scrape is expected (nobody scrapes, or "
+        "Prometheus' next scrape is not due yet); the two polls before an expected scrape, and "
+        "every poll while scrapes come irregularly, are --poll-interval apart. The hot probe, "
+        "the stall log and XID events follow the polls. At or below --poll-interval: every "
+        "poll is --poll-interval apart.",
+        minimum=0.05,
+        maximum=3600,
+        unit="seconds",
+    ),
+    Option(
         "pcie-interval",
         "pcie_interval",
         "float",
@@ -254,6 +268,29 @@ OPTIONS: tuple[Option, ...] = (
         minimum=0,
         maximum=86400,
         unit="seconds",
+    ),
+    Option(
+        "baseline.history-runs",
+        "baseline_history_runs",
+        "int",
+        288,
+        "Probe results kept per baseline (GPU, kernel, context, software) in the state "
+        "directory's store: the newest this many (288: a day at the default probe interval), "
+        "beside the first healthy runs a baseline was learned from and the latest run, which "
+        "are always kept. Bounds the store's size; Prometheus keeps the figures' history.",
+        minimum=1,
+        maximum=100000,
+    ),
+    Option(
+        "baseline.history-days",
+        "baseline_history_days",
+        "float",
+        30.0,
+        "Days a probe result is kept in the store at most (the latest run of each baseline "
+        "and the runs it was learned from are kept longer).",
+        minimum=0.01,
+        maximum=36500,
+        unit="days",
     ),
     Option(
         "probe.hot-enabled",

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import Protocol, TypeVar
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
+from sparkdiag.exporter.families import CounterMetricFamily, GaugeMetricFamily, Metric
 from sparkdiag.scheduling.probe_state import ProbeView
 from sparkdiag.snapshot import GpuIdentity, Snapshot
 

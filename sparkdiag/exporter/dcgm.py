@@ -30,9 +30,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-from prometheus_client.core import Metric
-
 from sparkdiag.exporter.base import FromSnapshot, SnapshotProvider
+from sparkdiag.exporter.families import Metric
 from sparkdiag.snapshot import GpuSample, Snapshot
 
 MIB = 1 << 20

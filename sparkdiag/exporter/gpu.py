@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from sparkdiag.exporter.base import GPU_LABELS, FromSnapshot, gpu_labels
+from sparkdiag.exporter.families import CounterMetricFamily, GaugeMetricFamily, Metric
 from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS
 from sparkdiag.sources.xid import describe as describe_xid

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-
 from sparkdiag.exporter.base import GPU_LABELS, FromSnapshot, gpu_labels
+from sparkdiag.exporter.families import GaugeMetricFamily, Metric
 from sparkdiag.snapshot import Snapshot
 
 PROCESS_LABELS = [*GPU_LABELS, "pid", "process", "user", "container_id", "pod_uid"]

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from sparkdiag.exporter.base import GPU_LABELS as GPU
 from sparkdiag.exporter.base import FromProbeView
+from sparkdiag.exporter.families import CounterMetricFamily, GaugeMetricFamily, Metric
 from sparkdiag.exporter.probe import GEMM, cycle_conditions, ratio_families
 from sparkdiag.scheduling.hot_probe import TRIGGERS
 from sparkdiag.scheduling.probe_state import RESULTS, ProbeView

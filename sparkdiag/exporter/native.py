@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-
 from sparkdiag.exporter.base import GPU_LABELS, FromSnapshot, SnapshotProvider, gpu_labels
+from sparkdiag.exporter.families import GaugeMetricFamily, Metric
 from sparkdiag.native.compat import Verdict, judge, parse_capability
 from sparkdiag.native.lint import judged
 from sparkdiag.native.watch import LibraryWatch

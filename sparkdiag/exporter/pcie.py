@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-
 from sparkdiag.exporter.base import FromSnapshot
+from sparkdiag.exporter.families import GaugeMetricFamily, Metric
 from sparkdiag.platforms import identify
 from sparkdiag.snapshot import Snapshot
 

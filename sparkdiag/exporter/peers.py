@@ -17,10 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-
 from sparkdiag.exporter.base import GPU_LABELS as GPU
 from sparkdiag.exporter.base import FromProbeView
+from sparkdiag.exporter.families import GaugeMetricFamily, Metric
 from sparkdiag.peers.compare import COMPUTE_KINDS
 from sparkdiag.peers.node import PeerFigure, compare_kernels
 from sparkdiag.scheduling.probe_state import CycleRecord, ProbeView

@@ -11,11 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from sparkdiag.baseline.keeper import OPERATIONS, StoreHealth
 from sparkdiag.exporter.base import GPU_LABELS as GPU
 from sparkdiag.exporter.base import FromProbeView, by_label
+from sparkdiag.exporter.families import CounterMetricFamily, GaugeMetricFamily, Metric
 from sparkdiag.scheduling.probe_state import RESULTS, CycleRecord, ProbeView
 from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS
 

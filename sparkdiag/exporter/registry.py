@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-
-from prometheus_client import CollectorRegistry
-from prometheus_client.core import Metric
-from prometheus_client.utils import floatToGoString as _untyped_float_to_go
+from typing import Any, Protocol
 
 from sparkdiag.exporter.base import SnapshotCollector, SnapshotProvider
 from sparkdiag.exporter.dcgm import DcgmCollector
+from sparkdiag.exporter.families import Metric, Registry, go_float
 from sparkdiag.exporter.gpu import GpuCollector
 from sparkdiag.exporter.gpu_activity import GpuActivityCollector
 from sparkdiag.exporter.gpu_health import GpuHealthCollector
@@ -31,14 +29,20 @@ class _NonEmpty:
         return (fam for fam in self.inner.collect() if fam.samples)
 
 
+class Collectable(Protocol):
+    """What a scrape renders: sparkdiag's :class:`Registry`, or a client_python registry."""
+
+    def collect(self) -> Iterable[Any]: ...
+
+
 def build_registry(
     snapshot: SnapshotProvider,
     extra: Iterable[SnapshotCollector] = (),
     compat_dcgm: bool = False,
-) -> CollectorRegistry:
+) -> Registry:
     """A fresh registry (nothing registers at import time) holding sparkdiag's collectors, and
     with ``compat_dcgm`` dcgm-exporter's series after them (``--compat.dcgm``)."""
-    registry = CollectorRegistry(auto_describe=False)
+    registry = Registry()
     compat = (DcgmCollector(snapshot, node_name()),) if compat_dcgm else ()
     for collector in (
         SystemCollector(snapshot),
@@ -56,11 +60,6 @@ def build_registry(
     return registry
 
 
-def floatToGoString(value: float) -> str:
-    """Go's float formatting, as Prometheus writes sample values (``+Inf``, ``1e+21``)."""
-    return str(_untyped_float_to_go(value))  # type: ignore[no-untyped-call]
-
-
 _TYPES = {"counter": "counter", "gauge": "gauge", "summary": "summary", "unknown": "untyped"}
 
 
@@ -70,7 +69,7 @@ def _escape_value(value: str) -> str:
     return value
 
 
-def render(registry: CollectorRegistry) -> bytes:
+def render(registry: Collectable) -> bytes:
     """The Prometheus text exposition (format 0.0.4) of ``registry``.
 
     Byte-for-byte what ``prometheus_client.generate_latest`` writes for sparkdiag's gauge and
@@ -96,7 +95,24 @@ def render(registry: CollectorRegistry) -> bytes:
                 if labels is None:
                     labels = "{" + ",".join(f'{k}="{_escape_value(v)}"' for k, v in key) + "}"
                     label_cache[key] = labels
-                out.append(f"{sample.name}{labels} {floatToGoString(sample.value)}\n")
+                out.append(f"{sample.name}{labels} {go_float(sample.value)}\n")
             else:
-                out.append(f"{sample.name} {floatToGoString(sample.value)}\n")
+                out.append(f"{sample.name} {go_float(sample.value)}\n")
     return "".join(out).encode("utf-8")
+
+
+def render_openmetrics(registry: Collectable) -> bytes:
+    """The OpenMetrics 1.0.0 exposition of ``registry``, by client_python's encoder (imported
+    here, at the first scrape that asks for it: Prometheus takes the text format)."""
+    from prometheus_client.metrics_core import Metric as ClientMetric
+    from prometheus_client.openmetrics.exposition import generate_latest
+
+    class Converted:
+        def collect(self) -> Iterator[ClientMetric]:
+            for family in registry.collect():
+                metric = ClientMetric(family.name, family.documentation, family.type, family.unit)
+                for sample in family.samples:
+                    metric.add_sample(sample.name, sample.labels, sample.value, sample.timestamp)
+                yield metric
+
+    return bytes(generate_latest(Converted()))  # type: ignore[no-untyped-call]

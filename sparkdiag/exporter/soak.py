@@ -14,9 +14,8 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-
 from sparkdiag.exporter.base import GPU_LABELS as GPU
+from sparkdiag.exporter.families import GaugeMetricFamily, Metric
 from sparkdiag.exporter.filecache import FileCache
 from sparkdiag.soak.state import SoakState, read_state, state_path
 from sparkdiag.statedir import StateDirError

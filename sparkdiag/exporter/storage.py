@@ -11,8 +11,7 @@ import logging
 from collections.abc import Iterator
 from pathlib import Path
 
-from prometheus_client.core import GaugeMetricFamily, Metric
-
+from sparkdiag.exporter.families import GaugeMetricFamily, Metric
 from sparkdiag.exporter.filecache import FileCache
 from sparkdiag.statedir import StateDirError
 from sparkdiag.storage.state import KeptProbe, read_state, state_path

@@ -5,10 +5,9 @@ from __future__ import annotations
 import platform
 from collections.abc import Iterator
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from sparkdiag import __version__
 from sparkdiag.exporter.base import FromSnapshot, by_label
+from sparkdiag.exporter.families import CounterMetricFamily, GaugeMetricFamily, Metric
 from sparkdiag.snapshot import HostSample, Snapshot
 
 

@@ -11,7 +11,9 @@ no spin-up, measured even beside other work) when a GPU:
 * has a thermal clock event reason turn on (trigger ``thermal_reason``);
 * stays hot, every ``probe.hot-interval`` seconds (trigger ``hot_rate``);
 
-and never more often than once per ``probe.hot-min-interval`` per GPU. The quantity it is judged
+and never more often than once per ``probe.hot-min-interval`` per GPU. It judges each new
+snapshot once: the poller's listener (:meth:`HotProbeScheduler.published`) wakes its thread,
+which sleeps otherwise (no timer of its own). The quantity it is judged
 by is int4 over bf16/fp16 at the decode shape, from their median iterations, timed back to back
 in interleaved rounds: contention leaves a decode kernel's median iteration alone (it runs whole
 inside a time slice), heat slows every int4 iteration. The ratio is compared with
@@ -80,9 +82,17 @@ class HotProbeScheduler(ProbeLoop):
     prefix: ClassVar[str] = "hot-probe"
     limits: HotLimits
     locks: GpuLocks
-    check_every: float = 1.0
     clock: Callable[[], float] = time.monotonic
     _heat: dict[str, _Heat] = field(init=False, default_factory=dict)
+    _wake: threading.Event = field(init=False, default_factory=threading.Event)
+
+    def published(self, _snapshot: object = None) -> None:
+        """A new snapshot is the latest (the poller's listener): judge it in the thread."""
+        self._wake.set()
+
+    def interrupt(self) -> None:
+        """Wake the thread so that it sees its stop event (the daemon, stopping)."""
+        self._wake.set()
 
     def due(self, gpu: GpuSample, now: float) -> str | None:
         """The trigger that makes a hot probe of ``gpu`` due now, or None (updates its heat)."""
@@ -146,7 +156,13 @@ class HotProbeScheduler(ProbeLoop):
         return record
 
     def run(self, stop: threading.Event) -> None:
-        while not stop.wait(self.check_every):
+        """Judge each snapshot :meth:`published` (probing when due) until ``stop`` is set and
+        :meth:`interrupt` called."""
+        while not stop.is_set():
+            self._wake.wait()
+            self._wake.clear()
+            if stop.is_set():
+                return
             try:
                 self.run_once()
             except Exception:

@@ -6,9 +6,10 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkdiag.baseline.evaluate import GemmFigure, RatioFigure
+if TYPE_CHECKING:  # the figures' module (the store, the worker's document) loads with a probe
+    from sparkdiag.baseline.evaluate import GemmFigure, RatioFigure
 
 RESULTS = ("ok", "skipped_busy", "timeout", "error", "unsupported")
 

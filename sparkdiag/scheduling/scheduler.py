@@ -263,10 +263,22 @@ class ProbeScheduler(ProbeLoop):
         return self.interval * (1.0 + self.rng.uniform(0.0, self.jitter))
 
     def run(self, stop: threading.Event) -> None:
+        """Cycles until ``stop``; the store's retention runs at start and after cycles (at most
+        every ``keeper.MAINTAIN_EVERY`` seconds), so its size stays bounded."""
+        self._maintain(force=True)
         delay = self.first_delay
         while not stop.wait(delay):
             try:
                 self.run_cycle()
             except Exception:
                 log.exception("probe cycle failed")
+            self._maintain()
             delay = self.next_delay()
+
+    def _maintain(self, force: bool = False) -> None:
+        if self.store is None:
+            return
+        try:
+            self.store.maintain(force)
+        except Exception:
+            log.exception("baseline store maintenance failed")

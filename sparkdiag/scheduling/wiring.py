@@ -1,53 +1,83 @@
 """The daemon's probes, built from the settings: the periodic probe, its hot probe and the
-container probe, sharing one baseline store and one lock per GPU."""
+container probe, sharing one baseline store and one lock per GPU.
+
+What they need (the launchers, the worker's request and document, the baseline store and
+SQLite, the container runner) is imported here when a probe is built, not when the daemon
+starts: ``serve --no-probe.enabled`` never loads it (docs/daemon-cost.md).
+"""
 
 from __future__ import annotations
 
 import importlib.util
 import logging
 import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from sparkdiag.baseline.keeper import StoreKeeper
-from sparkdiag.baseline.store import open_store
-from sparkdiag.compare.container_probe import ContainerLauncher
 from sparkdiag.config import ConfigError, Settings
-from sparkdiag.probe.launchers import (
-    FixtureLauncher,
-    Launcher,
-    ProbeFixtureError,
-    WorkerLauncher,
-)
-from sparkdiag.probe.request import WorkerRequest
-from sparkdiag.probe.runner import torch_install_hint
-from sparkdiag.scheduling.hot_probe import HotLimits, HotProbeScheduler
 from sparkdiag.scheduling.probe_state import ProbeState
-from sparkdiag.scheduling.scheduler import GpuLocks, ProbeScheduler
 from sparkdiag.telemetry.poller import Poller
+
+if TYPE_CHECKING:
+    from sparkdiag.baseline.keeper import StoreKeeper
+    from sparkdiag.probe.launchers import Launcher
+    from sparkdiag.scheduling.hot_probe import HotProbeScheduler
+    from sparkdiag.scheduling.scheduler import GpuLocks, ProbeScheduler
 
 log = logging.getLogger(__name__)
 
 
-def build_schedulers(
-    settings: Settings, poller: Poller, state: ProbeState
-) -> list[ProbeScheduler | HotProbeScheduler]:
+@dataclass(frozen=True)
+class Probes:
+    """The probe schedulers the daemon runs: ``periodic`` (native, then container) and ``hot``."""
+
+    periodic: tuple[ProbeScheduler, ...] = ()
+    hot: tuple[HotProbeScheduler, ...] = ()
+
+    @property
+    def all(self) -> list[ProbeScheduler | HotProbeScheduler]:
+        return [*self.periodic, *self.hot]
+
+    @property
+    def store(self) -> StoreKeeper | None:
+        """The baseline store the schedulers share, if one was opened."""
+        return next((s.store for s in self.all if s.store is not None), None)
+
+
+def stop_workers() -> int:
+    """Kill the probe workers running now (their process groups) and return how many; 0 when
+    the probe runner was never imported, since no worker can have started then."""
+    runner = sys.modules.get("sparkdiag.probe.runner")
+    return 0 if runner is None else int(runner.kill_running_workers())
+
+
+def build_schedulers(settings: Settings, poller: Poller, state: ProbeState) -> Probes:
     """The daemon's probe schedulers (the periodic probe, its hot probe, and the container
     probe when configured), each with one log line saying why it does not run. They share one
     baseline store and one lock per GPU. A bad probe setting raises ConfigError (an unusable
     probe fixture ProbeFixtureError)."""
+    if not settings.probe_enabled:
+        return Probes()
+    from sparkdiag.scheduling.scheduler import GpuLocks
+
     locks = GpuLocks()
     native = _native(settings, poller, state, locks)
     store = native.store if native else None
     hot = _hot(settings, poller, state, store, locks) if native else None
     container = _container(settings, poller, state, store, locks)
-    return [s for s in (native, hot, container) if s is not None]
+    periodic = tuple(s for s in (native, container) if s is not None)
+    return Probes(periodic, () if hot is None else (hot,))
 
 
 def _native(
     settings: Settings, poller: Poller, state: ProbeState, locks: GpuLocks
 ) -> ProbeScheduler | None:
     """The probe scheduler, or None (with one log line saying why) when probing cannot run."""
-    if not settings.probe_enabled:
-        return None
+    from sparkdiag.probe.launchers import FixtureLauncher, WorkerLauncher
+    from sparkdiag.probe.request import WorkerRequest
+    from sparkdiag.probe.runner import torch_install_hint
+    from sparkdiag.scheduling.scheduler import ProbeScheduler
+
     if not poller.gpu.identities:
         log.warning("no GPU: GEMM probes skipped")
         return None
@@ -88,6 +118,10 @@ def _hot(
     locks: GpuLocks,
 ) -> HotProbeScheduler | None:
     """The hot probe beside the periodic one (off with ``--no-probe.hot-enabled``)."""
+    from sparkdiag.probe.launchers import FixtureLauncher, ProbeFixtureError, WorkerLauncher
+    from sparkdiag.probe.request import WorkerRequest
+    from sparkdiag.scheduling.hot_probe import HotLimits, HotProbeScheduler
+
     if not settings.probe_hot_enabled:
         return None
     launcher: Launcher
@@ -120,8 +154,12 @@ def _container(
 ) -> ProbeScheduler | None:
     """The container probe (``probe.container-command``), labelled context="container";
     it shares the native probe's baseline store, or opens one when that probe does not run."""
-    if not settings.probe_enabled or not settings.probe_container_command:
+    if not settings.probe_container_command:
         return None
+    from sparkdiag.compare.container_probe import ContainerLauncher
+    from sparkdiag.probe.request import WorkerRequest
+    from sparkdiag.scheduling.scheduler import ProbeScheduler
+
     if not poller.gpu.identities:
         return None
     if store is None:
@@ -148,5 +186,10 @@ def _container(
 
 
 def _store(settings: Settings) -> StoreKeeper:
-    """The baseline database in the state directory, kept with its health (store_health.py)."""
-    return StoreKeeper(lambda: open_store(settings.state_dir, create=True))
+    """The baseline database in the state directory, kept with its health and its retention
+    (baseline/keeper.py)."""
+    from sparkdiag.baseline.keeper import Retention, StoreKeeper
+    from sparkdiag.baseline.store import open_store
+
+    retention = Retention(settings.baseline_history_runs, settings.baseline_history_days)
+    return StoreKeeper(lambda: open_store(settings.state_dir, create=True), retention)

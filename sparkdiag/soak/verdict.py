@@ -18,9 +18,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from sparkdiag.probe.document import SoakWindow
+if TYPE_CHECKING:  # annotations only: the document module loads the worker's tables
+    from sparkdiag.probe.document import SoakWindow
 
 FALL_FRACTION = 0.9  # a kernel "fell" in the first window below this fraction of its cold rate
 

@@ -263,8 +263,8 @@ class GpuSource:
         i = identity.index
         ask: Callable[..., Any] = lambda query, arg=None: self._ask(i, query, arg)  # noqa: E731
 
-        # uuid first: a lost GPU fails here and costs one call per poll.
-        ask("uuid")
+        # A lost GPU fails at its first query (DeviceLost) and costs that one call per poll; its
+        # uuid, read at start, is not asked again (an answer no collector would read).
         declared = sample_fields(ask, dedicated=identity.memory_model == "dedicated")
         procs = ask("compute_processes")
         activity, occupancy = read_activity(ask)

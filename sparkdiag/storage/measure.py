@@ -38,7 +38,6 @@ Exit status 0 ok, 2 refused, 3 error.
 
 from __future__ import annotations
 
-import argparse
 import errno
 import json
 import mmap
@@ -49,7 +48,10 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import argparse
 
 SCHEMA = "sparkdiag-storage/1"
 PROGRESS_PREFIX = "sparkdiag-storage-progress "
@@ -371,6 +373,8 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], Any]:
     def convert(text: str) -> Any:
         value = kind(text)
         if value <= 0:
+            import argparse
+
             raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
         return value
 
@@ -378,6 +382,8 @@ def _positive(kind: type[int] | type[float]) -> Callable[[str], Any]:
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
+    import argparse  # the program's own; sparkdiag's daemon imports only SCHEMA from here
+
     parser = argparse.ArgumentParser(prog="sparkdiag-storage-measure")
     parser.add_argument("directory")
     parser.add_argument("--size", type=_positive(int), default=1 << 30, help="bytes")

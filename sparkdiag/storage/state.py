@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkdiag.errors import SparkdiagError
 from sparkdiag.jsonvalues import as_float, as_map, as_str
@@ -24,8 +24,10 @@ from sparkdiag.statedir import (
     state_directory,
     write_atomically,
 )
-from sparkdiag.storage.evaluate import StorageReport
 from sparkdiag.storage.model import DIRECTIONS, PATHS
+
+if TYPE_CHECKING:  # the daemon's exporter reads this file without the store (SQLite)
+    from sparkdiag.storage.evaluate import StorageReport
 
 FILENAME = "storage.json"
 SCHEMA = "sparkdiag-storage-state/1"

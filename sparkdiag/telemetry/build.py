@@ -56,6 +56,7 @@ def build_poller(settings: Settings, backend: NvmlBackend | None = None) -> Poll
         context=context,
         interval=settings.poll_interval,
         pcie_interval=settings.pcie_interval,
+        idle_interval=settings.idle_poll_interval,
         platform=read_platform(settings.sysfs),
         read_nvme=nvme_source(settings).read,
     )

@@ -3,11 +3,17 @@
 Scrapes read :attr:`Poller.latest` (one reference read, no lock) and never wait on hardware. Events
 that happen between polls (XID errors) are counted here, so that none is lost between scrapes,
 and grouped into incidents per GPU and tier (:mod:`sparkdiag.sources.xid`).
+
+Polls nobody reads are spaced out (:meth:`Poller.next_poll`): given ``pace``, the window in
+which a scrape is expected (the daemon's render cache tells it), polls come every ``interval``
+inside that window and every ``idle_interval`` outside it; the polls stay on the grid of
+``interval``, so the two polls before an expected scrape are as close to it as before.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -43,6 +49,9 @@ class Poller:
     context: ExecutionContext | None
     interval: float = DEFAULTS["poll_interval"]
     pcie_interval: float = DEFAULTS["pcie_interval"]
+    idle_interval: float = DEFAULTS["idle_poll_interval"]
+    # (from, to) in time.monotonic() seconds: when a scrape may read the next poll; None: always
+    pace: Callable[[float], tuple[float, float]] | None = None
     excluded_pids: Callable[[], frozenset[int]] = frozenset
     clock: Callable[[], float] = time.time
     platform: PlatformIdentity | None = None
@@ -187,7 +196,7 @@ class Poller:
                 )
 
     def run(self, stop: threading.Event, initial_delay: float = 0.0) -> None:
-        """Poll every :attr:`interval` seconds until ``stop`` is set. Never drifts, never bursts.
+        """Poll until ``stop`` is set, at :meth:`next_poll`. Never drifts, never bursts.
 
         ``initial_delay``: seconds before the first poll (the daemon, which has just polled
         once before it reported READY, waits one interval)."""
@@ -196,9 +205,21 @@ class Poller:
             return
         while not stop.is_set():
             self.poll_once()
-            next_at += self.interval
-            delay = next_at - time.monotonic()
-            if delay < 0:  # a poll overran: skip the missed ticks instead of bursting
-                next_at = time.monotonic()
-                delay = 0
-            stop.wait(delay)
+            next_at = self.next_poll(next_at, time.monotonic())
+            stop.wait(next_at - time.monotonic())
+
+    def next_poll(self, last: float, now: float) -> float:
+        """When the poll after the one due at ``last`` is due (monotonic seconds; ``now`` is
+        after that poll): ``interval`` later; a poll that overran skips the missed ticks
+        instead of bursting. With ``pace``, ticks outside the window a scrape is expected in
+        are skipped, up to ``idle_interval`` after ``last``."""
+        step = self.interval
+        ticks = 1 if now < last + step else math.floor((now - last) / step) + 1
+        at = last + ticks * step
+        if self.pace is None or self.idle_interval <= step:
+            return at
+        start, end = self.pace(step)
+        latest = last + self.idle_interval
+        while at + step <= latest and not start <= at <= end:
+            at += step
+        return at

@@ -28,17 +28,12 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
-import hmac
 import logging
 import re
-import secrets
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-import bcrypt
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +104,8 @@ class BasicAuth:
     """Checks credentials against ``users`` (user name -> bcrypt hash, validated)."""
 
     def __init__(self, users: Mapping[str, bytes]) -> None:
+        import secrets  # this module's imports load with every daemon; these with users only
+
         self.users = dict(users)
         self._secret = secrets.token_bytes(32)
         self._verified: OrderedDict[bytes, None] = OrderedDict()
@@ -118,7 +115,11 @@ class BasicAuth:
         # hash part is not what any password gives for that salt, barring a 2^-184 accident), so
         # an unknown user costs what the slowest configured user costs and timing tells nothing.
         cost = max((int(h[4:6]) for h in self.users.values()), default=10)
-        self._dummy = bcrypt.gensalt(rounds=cost) + b"." * 31
+        self._dummy = b""  # without users nothing is ever checked: bcrypt is not even loaded
+        if self.users:
+            import bcrypt
+
+            self._dummy = bcrypt.gensalt(rounds=cost) + b"." * 31
         self.bcrypt_runs = 0
 
     @property
@@ -147,6 +148,8 @@ class BasicAuth:
 
     def verify(self, credential: Credential) -> bool:
         """Run bcrypt for ``credential`` (blocking, tens of ms) and remember the answer."""
+        import bcrypt
+
         stored = self.users.get(credential.user)
         try:
             ok = bcrypt.checkpw(credential.password, stored or self._dummy) and stored is not None
@@ -169,6 +172,9 @@ class BasicAuth:
         return answer if isinstance(answer, bool) else self.verify(answer)
 
     def _key(self, user: str, password: bytes) -> bytes:
+        import hashlib
+        import hmac
+
         name = user.encode("utf-8")
         message = len(name).to_bytes(4, "big") + name + password
         return hmac.new(self._secret, message, hashlib.sha256).digest()

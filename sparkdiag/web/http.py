@@ -27,12 +27,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-from prometheus_client import CollectorRegistry
-from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
-
 from sparkdiag import __version__
 from sparkdiag.config import DEFAULTS, ConfigError, echo
-from sparkdiag.exporter.registry import render
+from sparkdiag.exporter.registry import Collectable, render, render_openmetrics
 from sparkdiag.web import scrape
 from sparkdiag.web.channels import Tls
 from sparkdiag.web.limits import Limits
@@ -117,7 +114,7 @@ class ExporterServer:
     def __init__(
         self,
         address: tuple[str, int],
-        registry: CollectorRegistry,
+        registry: Collectable,
         healthy: Callable[[], tuple[bool, str]],
         web: WebConfig | LiveWebConfig | None = None,
         max_requests: int = DEFAULTS["web_max_requests"],
@@ -299,7 +296,7 @@ class ExporterServer:
         return fmt, scrape.accepts_gzip(request.headers.get("accept-encoding"))
 
     def _openmetrics(self) -> bytes:
-        return bytes(openmetrics_latest(self.registry))  # type: ignore[no-untyped-call]
+        return render_openmetrics(self.registry)
 
 
 def _metrics_response(fmt: str, compress: bool, body: bytes) -> Response:

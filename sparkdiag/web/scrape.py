@@ -19,9 +19,13 @@
   always asks for the newest snapshot's entry, so nothing served is older than the newest
   snapshot. Nobody scraping: nothing rendered ahead. A regular scraper (Prometheus every 15 s
   against the 1 s poll) is rendered ahead only for the polls that can precede its next scrape
-  (:meth:`RenderCache.due`): about two renders per scrape, not fifteen. A render that fails is
-  logged (once per run of failures) and not kept: the scrape renders again, and gets 500 if
-  that fails too.
+  (:meth:`RenderCache.due`): about two renders per scrape, not fifteen; a scraper that missed
+  two of its scrapes is taken as gone, and nothing is rendered ahead until it comes back (its
+  next scrape renders). A render that fails is logged (once per run of failures) and not kept:
+  the scrape renders again, and gets 500 if that fails too. A snapshot that no scrape is due
+  for does not even wake the render-ahead thread.
+* The same window (:meth:`RenderCache.window`) tells the poller when a scrape is expected, so
+  that the polls nobody reads can be spaced out (``idle-poll-interval``, docs/daemon-cost.md).
 """
 
 from __future__ import annotations
@@ -48,6 +52,12 @@ MAX_PARTS = 64  # media ranges or codings looked at in one header
 WARM_FOR = 600.0  # seconds after a scrape asked for a format and encoding that it is rendered ahead
 SCRAPES_KEPT = 16  # recent scrape times kept to tell when the next one is due
 DUE_POLLS = 2.0  # render ahead this many poll intervals before the next scrape can come
+GONE_GAPS = 2.0  # a scraper silent for this many of its longest recent gaps is gone
+# With no gap of a poll interval or more known yet (one scrape, or only bursts), the seconds
+# after the last scrape that every poll counts as due: long enough for Prometheus' second
+# scrape at the usual 15-60 s intervals to find its body made.
+UNKNOWN_FOR = 60.0
+NEVER = (math.inf, -math.inf)  # a window no time falls in: no scrape expected
 
 log = logging.getLogger(__name__)
 
@@ -166,20 +176,41 @@ class RenderCache:
             self._asked[fmt, compress] = now
             self._scrapes.append(now)
 
-    def due(self, poll_interval: float) -> bool:
-        """Whether a snapshot published now may be the one the next scrape gets: the time since
-        the last scrape is at least the shortest gap between recent scrapes (gaps under one poll
-        interval left out: those scrapes share a snapshot) less ``DUE_POLLS`` poll intervals.
-        A scraper as regular as Prometheus is rendered ahead for the last polls before its
-        scrape only; with no gap or no poll interval known yet, or irregular scrapes, always."""
+    def window(self, poll_interval: float) -> tuple[float, float]:
+        """(from, to) in ``clock`` seconds: the times at which a snapshot may be the one the
+        next scrape gets. From the last scrape plus the shortest gap between recent scrapes
+        (gaps under one poll interval left out: those scrapes share a snapshot) less
+        ``DUE_POLLS`` poll intervals; to the last scrape plus ``GONE_GAPS`` of the longest
+        gap and ``DUE_POLLS`` poll intervals, after which the scraper is taken as gone. With
+        no gap known yet (one scrape, or bursts), from the last scrape for ``UNKNOWN_FOR``
+        seconds; nobody scraped yet: :data:`NEVER`; the poll interval unknown: always."""
         if poll_interval <= 0:  # not known yet (the first snapshot published)
-            return True
+            return -math.inf, math.inf
         with self._lock:
             times = list(self._scrapes)
+        if not times:
+            return NEVER
+        last, ahead = times[-1], DUE_POLLS * poll_interval
         gaps = [b - a for a, b in itertools.pairwise(times) if b - a >= poll_interval]
         if not gaps:
-            return True
-        return self.clock() - times[-1] >= min(gaps) - DUE_POLLS * poll_interval
+            return last, last + UNKNOWN_FOR
+        return last + min(gaps) - ahead, last + GONE_GAPS * max(gaps) + ahead
+
+    def due(self, poll_interval: float) -> bool:
+        """Whether a snapshot published now may be the one the next scrape gets
+        (:meth:`window`): a scraper as regular as Prometheus is rendered ahead for the last
+        polls before its scrape only; irregular scrapes, every poll; a gone scraper, none."""
+        start, end = self.window(poll_interval)
+        return start <= self.clock() <= end
+
+    def wanted(self, poll_interval: float) -> bool:
+        """Whether a render ahead of a snapshot published now has anything to do: a scrape is
+        due and some format was asked for within ``WARM_FOR``."""
+        if not self.due(poll_interval):
+            return False
+        now = self.clock()
+        with self._lock:
+            return any(now - asked <= WARM_FOR for asked in self._asked.values())
 
     def prerender(self) -> int:
         """Make the current snapshot's bodies of every format and encoding asked for in the
@@ -226,34 +257,46 @@ class RenderCache:
 
 class Prerenderer:
     """Runs :meth:`RenderCache.prerender` in its own thread after each :meth:`published` (the
-    poller's listener: it only wakes the thread); wake-ups during a render make one more."""
+    poller's listener) for which :meth:`RenderCache.wanted` says a scrape is due; wake-ups
+    during a render make one more. ``poll_interval``: the poller's (the daemon sets it); 0
+    infers it from the last two publications."""
 
-    def __init__(self, cache: RenderCache) -> None:
+    def __init__(self, cache: RenderCache, poll_interval: float = 0.0) -> None:
         self.cache = cache
+        self.poll_interval = poll_interval
         self._wake = threading.Event()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closed = False
         self._failing = False
         self._published: deque[float] = deque(maxlen=2)  # the last two publications
-        self.runs = 0  # wake-ups handled, failed and skipped ones included (for tests)
-        self.skipped = 0  # wake-ups when no scrape was due (nothing rendered)
+        self.runs = 0  # publications handled, failed and skipped ones included (for tests)
+        self.skipped = 0  # publications with no scrape due or nothing asked (nothing rendered)
 
     def published(self, _snapshot: object = None) -> None:
-        """A new snapshot is the latest: render it ahead (the thread starts at the first)."""
+        """A new snapshot is the latest: render it ahead if a scrape is due (the thread starts
+        at the first such snapshot; the others do not wake it)."""
         if self.cache.generation is None:
             return
         with self._lock:
             if self._closed:
                 return
+            self._published.append(self.cache.clock())
+        if not self.cache.wanted(self._poll_interval()):
+            with self._lock:
+                self.skipped += 1
+                self.runs += 1
+            return
+        with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="http-prerender",
                                                 daemon=True)  # fmt: skip
                 self._thread.start()
-            self._published.append(self.cache.clock())
         self._wake.set()
 
     def _poll_interval(self) -> float:
+        if self.poll_interval > 0:
+            return self.poll_interval
         with self._lock:
             times = list(self._published)
         return times[1] - times[0] if len(times) == 2 else 0.0
@@ -273,10 +316,7 @@ class Prerenderer:
             if self._closed:
                 return
             try:
-                if self.cache.due(self._poll_interval()):
-                    self.cache.prerender()
-                else:
-                    self.skipped += 1
+                self.cache.prerender()
             except Exception as exc:
                 level = logging.DEBUG if self._failing else logging.ERROR
                 log.log(level, "rendering /metrics ahead failed: %s: %s (each scrape renders "

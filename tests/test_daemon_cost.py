@@ -1,0 +1,96 @@
+"""What the daemon does when nobody reads it (issue 35): polls spaced out until a scrape is
+expected, then fresh polls before each scrape; and the modules ``serve`` loads, without those that
+only other commands, the probe, OpenMetrics or a web config need."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+from tests.support import NVML, ROOT, SYSFS, http_get, running_daemon
+
+FIXTURE = ("--nvml-fixture", str(NVML / "h200-idle.json"), "--path.sysfs", str(SYSFS / "h200-vm"))
+
+
+def _poll(base: str) -> int:
+    status, _, body = http_get(base + "/healthz")  # not a scrape: /metrics alone counts
+    assert status == 200, body
+    match = re.search(rb"poll (\d+)", body)
+    assert match, body
+    return int(match.group(1))
+
+
+def _shown_poll_age(body: bytes) -> float:
+    match = re.search(rb"^sparkdiag_last_poll_timestamp_seconds (\S+)$", body, re.MULTILINE)
+    assert match, body[:300]
+    return time.time() - float(match.group(1))
+
+
+def test_polls_are_spaced_out_until_a_scraper_comes_and_then_follow_it() -> None:
+    args = ("--no-probe.enabled", "--poll-interval", "0.1", "--idle-poll-interval", "1", *FIXTURE)
+    with running_daemon(args) as base:
+        first = _poll(base)
+        time.sleep(3.0)
+        idle = _poll(base) - first
+        assert 1 <= idle <= 5  # one poll a second, not thirty
+
+        before = _poll(base)
+        ages = []
+        for _ in range(8):  # a regular scraper, every 0.5 s
+            status, _, body = http_get(base + "/metrics")
+            assert status == 200
+            ages.append(_shown_poll_age(body))
+            time.sleep(0.5)
+        scraped = _poll(base) - before
+        assert scraped >= 10  # polls at the poll interval around the scrapes again
+        # once its period is known, each scrape gets a poll made just before it
+        assert max(ages[3:]) < 0.5, ages
+
+
+_MODULES = """
+import json, os, signal, sys, threading, time
+def later():
+    time.sleep(float(sys.argv[1]))
+    print(json.dumps(sorted(sys.modules)), flush=True)
+    os.kill(os.getpid(), signal.SIGTERM)
+threading.Thread(target=later, daemon=True).start()
+sys.argv = ["sparkdiag", "serve", *sys.argv[2:]]
+from sparkdiag.entry import main
+main()
+"""
+# Loaded by no daemon without a web config, an OpenMetrics scrape or a --config file:
+# client_python's package (its servers, WSGI, e-mail), psutil, YAML, bcrypt, TOML.
+NEVER = {"prometheus_client", "psutil", "tomllib", "difflib", "yaml", "bcrypt"}
+# Loaded with a probe only: SQLite and the store, the worker (and its argparse), statistics.
+PROBE = {"sqlite3", "statistics", "argparse", "sparkdiag.probe.worker", "sparkdiag.baseline.store"}
+
+
+def _modules(*args: str) -> set[str]:
+    port = str(20000 + (time.monotonic_ns() // 1000) % 20000)
+    out = subprocess.run(
+        [sys.executable, "-c", _MODULES, "4", "--listen", f"127.0.0.1:{port}", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = [line for line in out.stdout.splitlines() if line.startswith("[")]
+    assert lines, out.stderr[-2000:]
+    return set(json.loads(lines[-1]))
+
+
+def test_serve_without_a_probe_loads_neither_the_probe_nor_what_other_commands_need() -> None:
+    loaded = _modules("--no-probe.enabled", *FIXTURE)
+    assert "sparkdiag.web.http" in loaded and "sparkdiag.exporter.gpu" in loaded
+    assert not (NEVER | PROBE) & loaded, (NEVER | PROBE) & loaded
+    assert not any(m.startswith("sparkdiag.compare") for m in loaded)
+
+
+def test_serve_with_a_probe_loads_the_probe_but_not_the_rest(tmp_path: object) -> None:
+    probe = ("--probe.fixture", str(ROOT / "tests" / "fixtures" / "probe" / "h200-default.json"))
+    loaded = _modules(*probe, "--state-dir", str(tmp_path), *FIXTURE)
+    assert loaded >= PROBE
+    assert not NEVER & loaded, NEVER & loaded
