@@ -47,7 +47,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(ROOT)]
 import multi_gpu_read as rd  # noqa: E402
-from multi_gpu_job import NO_MULTICAST, parse_plan  # noqa: E402
+from multi_gpu_job import NO_MULTICAST, SCRIPT, parse_plan  # noqa: E402
 from multi_gpu_table import table  # noqa: E402
 from prom_session import PromSession, free_port, shorten_for  # noqa: E402
 
@@ -113,12 +113,22 @@ class Run:
     def sd(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "sparkdiag", *args]
 
-    def start(self, cmd: list[str], log: str, err: str | None = None) -> subprocess.Popen[bytes]:
+    def start(
+        self, cmd: list[str], log: str, err: str | None = None, env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         """Start ``cmd`` in a session of its own (so that :meth:`stop` ends its children too),
-        its output into ``log`` (its errors too, unless ``err`` names another file)."""
+        its output into ``log`` (its errors too, unless ``err`` names another file), ``env``
+        added to the environment."""
         out = (self.work / log).open("ab")
         errors = (self.work / err).open("ab") if err else subprocess.STDOUT
-        proc = subprocess.Popen(cmd, stdout=out, stderr=errors, cwd=ROOT, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd,
+            stdout=out,
+            stderr=errors,
+            cwd=ROOT,
+            start_new_session=True,
+            env={**os.environ, **(env or {})},
+        )
         self.children.append(proc)
         return proc
 
@@ -142,23 +152,52 @@ class Run:
         if not self.dry:
             return []
         sysfs = "h200-x8" if self.n == 8 else "h200-vm"
-        return ["--path.sysfs", str(FIXTURES / "sysfs" / sysfs),
-                "--path.rootfs", str(FIXTURES / "rootfs" / "native")]  # fmt: skip
+        return [
+            "--path.sysfs",
+            str(FIXTURES / "sysfs" / sysfs),
+            "--path.rootfs",
+            str(FIXTURES / "rootfs" / "native"),
+        ]
 
     def _gpus(self) -> list[dict[str, Any]]:
         if self.dry:
             import multi_gpu_dry
 
             return multi_gpu_dry.gpus(self.fixture)
-        done = subprocess.run(
-            ["nvidia-smi", "--query-gpu=index,uuid,pci.bus_id,name", "--format=csv,noheader"],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+        try:
+            done = subprocess.run(
+                ["nvidia-smi", "--query-gpu=index,uuid,pci.bus_id,name", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            self.summary["nvidia_smi_error"] = str(exc)
+            return []
         return [
             dict(zip(("index", "uuid", "pci_bus_id", "name"), [int(f[0]), *f[1:]], strict=True))
             for f in (list(map(str.strip, line.split(","))) for line in done.stdout.splitlines())
             if len(f) == 4
         ]
+
+    def cotenant(
+        self, gpu: int, log: str, until: float, start_at: float = 0.0
+    ) -> subprocess.Popen[bytes]:
+        """The co-tenant (bf16 matmuls back to back) on GPU ``gpu`` alone (its uuid the only one
+        visible to it), from ``start_at`` to ``until``; on the CPU in a dry run."""
+        cmd = [
+            sys.executable,
+            str(SCRIPT),
+            "cotenant",
+            "--device",
+            "cpu" if self.dry else "cuda:0",
+            "--start-at",
+            str(start_at),
+            "--until",
+            str(until),
+        ]
+        env = {} if self.dry else {"CUDA_VISIBLE_DEVICES": str(self.gpus[gpu]["uuid"])}
+        return self.start(cmd, log, env=env)
 
     def metrics(self, target: str) -> str:
         with urllib.request.urlopen(f"http://{target}/metrics", timeout=10) as resp:
@@ -166,8 +205,17 @@ class Run:
 
     def serve(self, name: str, *extra: str) -> tuple[subprocess.Popen[bytes], str]:
         target = f"127.0.0.1:{free_port()}"
-        cmd = self.sd("serve", "--listen", target, "--poll-interval", "1",
-                      "--state-dir", str(self.work / f"state-{name}"), *self.machine(), *extra)  # fmt: skip
+        cmd = self.sd(
+            "serve",
+            "--listen",
+            target,
+            "--poll-interval",
+            "1",
+            "--state-dir",
+            str(self.work / f"state-{name}"),
+            *self.machine(),
+            *extra,
+        )
         proc = self.start(cmd, f"serve-{name}.log")
         end = time.monotonic() + 60
         while time.monotonic() < end:
@@ -176,18 +224,28 @@ class Run:
                 return proc, target
             except OSError:
                 if proc.poll() is not None:
-                    raise RuntimeError(f"serve exited {proc.returncode}: serve-{name}.log") from None
+                    raise RuntimeError(
+                        f"serve exited {proc.returncode}: serve-{name}.log"
+                    ) from None
                 time.sleep(0.3)
         raise TimeoutError(f"serve did not answer in 60 s: serve-{name}.log")
 
     def rules(self) -> str:
         text = (ROOT / "prometheus" / "sparkdiag-rules.yml").read_text(encoding="utf-8")
-        short = shorten_for(text, {"SparkdiagGpuSlowerThanPeers": self.opts.slower_for,
-                                   "SparkdiagGpuStalled": self.opts.stalled_for})  # fmt: skip
+        short = shorten_for(
+            text,
+            {
+                "SparkdiagGpuSlowerThanPeers": self.opts.slower_for,
+                "SparkdiagGpuStalled": self.opts.stalled_for,
+            },
+        )
         (self.work / "rules-shortened.yml").write_text(short, encoding="utf-8")
         if self.opts.promtool:
-            self.run([self.opts.promtool, "check", "rules", str(self.work / "rules-shortened.yml")],
-                     "promtool-check-rules.txt", 60)  # fmt: skip
+            self.run(
+                [self.opts.promtool, "check", "rules", str(self.work / "rules-shortened.yml")],
+                "promtool-check-rules.txt",
+                60,
+            )
         return short
 
     def firing(self, prom: PromSession, alert: str) -> dict[str, str]:
@@ -201,46 +259,85 @@ class Run:
     # -- 1. record ----------------------------------------------------------------------------
 
     def step_record(self) -> None:
-        smi = {"list": ["-L"], "topo": ["topo", "-m"], "nvlink-status": ["nvlink", "-s"],
-               "nvlink-errors": ["nvlink", "-e"], "nvlink-remote": ["nvlink", "-R"],
-               "nvlink-throughput": ["nvlink", "-gt", "d"], "query": ["-q"]}  # fmt: skip
+        smi = {
+            "list": ["-L"],
+            "topo": ["topo", "-m"],
+            "nvlink-status": ["nvlink", "-s"],
+            "nvlink-errors": ["nvlink", "-e"],
+            "nvlink-remote": ["nvlink", "-R"],
+            "nvlink-throughput": ["nvlink", "-gt", "d"],
+            "query": ["-q"],
+        }
         for name, args in smi.items():
             if not self.dry:
                 self.run(["nvidia-smi", *args], f"nvidia-smi-{name}.txt", 60)
-        self.run([sys.executable, "-c", "import torch, platform; print(platform.platform(), "
-                  "'torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', "
-                  "torch.cuda.nccl.version() if torch.cuda.is_available() else None)"],
-                 "torch.txt", 120)  # fmt: skip
-        (self.work / "env.json").write_text(json.dumps(
-            {k: os.environ.get(k) for k in (*NO_MULTICAST, "CUDA_DEVICE_ORDER", "SPARKDIAG_PYSPY")},
-            indent=1))  # fmt: skip
+        self.run(
+            [
+                sys.executable,
+                "-c",
+                "import torch, platform; print(platform.platform(), "
+                "'torch', torch.__version__, 'cuda', torch.version.cuda, 'nccl', "
+                "torch.cuda.nccl.version() if torch.cuda.is_available() else None)",
+            ],
+            "torch.txt",
+            120,
+        )
+        (self.work / "env.json").write_text(
+            json.dumps(
+                {
+                    k: os.environ.get(k)
+                    for k in (*NO_MULTICAST, "CUDA_DEVICE_ORDER", "SPARKDIAG_PYSPY")
+                },
+                indent=1,
+            )
+        )
         name = f"h200-x{self.n}-idle.json"
         self.record(name, f"{self.n} GPUs, idle (scripts/device/multi_gpu.py step 1)", self.fixture)
         rows = rd.capture_pci(Path(self.opts.sysfs), self.work / "sysfs")
         (self.work / "pci.tsv").write_text(rd.pci_table(rows), encoding="utf-8")
-        on_bus = [r for r in rows
-                  if r.get("vendor") == "0x10de" and r.get("class", "")[:6] in ("0x0300", "0x0302")]  # fmt: skip
-        self.row("record", "GPU functions in sysfs", f"{len(on_bus)} NVIDIA GPU functions, "
-                 f"{len(rows)} PCI functions (sysfs/, pci.tsv)", None if self.dry else len(on_bus) == self.n)  # fmt: skip
+        on_bus = [
+            r
+            for r in rows
+            if r.get("vendor") == "0x10de" and r.get("class", "")[:6] in ("0x0300", "0x0302")
+        ]
+        self.row(
+            "record",
+            "GPU functions in sysfs",
+            f"{len(on_bus)} NVIDIA GPU functions, {len(rows)} PCI functions (sysfs/, pci.tsv)",
+            None if self.dry else len(on_bus) == self.n,
+        )
 
     def record(self, name: str, description: str, fixture: Path | None) -> None:
         path = self.work / "fixtures" / name
         path.parent.mkdir(exist_ok=True)
         extra = ["--nvml-fixture", str(fixture)] if self.dry and fixture else []
-        rc, _ = self.run(self.sd("record-fixture", str(path), "--description", description, *extra),
-                         f"record-{name}.txt", 120)  # fmt: skip
+        rc, _ = self.run(
+            self.sd("record-fixture", str(path), "--description", description, *extra),
+            f"record-{name}.txt",
+            120,
+        )
         if rc != 0 or not path.is_file():
             self.row("record", name, f"record-fixture exit {rc}", False)
             return
         doc = json.loads(path.read_text(encoding="utf-8"))
         devices = doc.get("devices", [])
-        up = [sum(1 for k, v in d["answers"].items() if k.startswith("nvlink_state/") and v == 1)
-              for d in devices]  # fmt: skip
+        up = [
+            sum(1 for k, v in d["answers"].items() if k.startswith("nvlink_state/") and v == 1)
+            for d in devices
+        ]
         fabric = {str(d["answers"].get("fabric_info"))[:60] for d in devices}
-        self.summary.setdefault("recorded", {})[name] = {"gpus": len(devices), "links_up": up,
-                                                       "fabric": sorted(fabric)}  # fmt: skip
-        self.row("record", name, f"{len(devices)} GPUs; NVLinks up per GPU {up}; fabric "
-                 f"{'; '.join(sorted(fabric))[:60]}", len(devices) == self.n and (self.dry or all(up)))  # fmt: skip
+        self.summary.setdefault("recorded", {})[name] = {
+            "gpus": len(devices),
+            "links_up": up,
+            "fabric": sorted(fabric),
+        }
+        self.row(
+            "record",
+            name,
+            f"{len(devices)} GPUs; NVLinks up per GPU {up}; fabric "
+            f"{'; '.join(sorted(fabric))[:60]}",
+            len(devices) == self.n and (self.dry or all(up)),
+        )
 
     # -- 2. peers ---------------------------------------------------------------------------
 
@@ -283,8 +380,11 @@ def _no_tsdb(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dry", action="store_true", help="NVML fixtures, CPU torch, gloo")
-    parser.add_argument("--fixture", default=str(FIXTURES / "nvml" / "h200-x8.json"),
-                        help="--dry: the machine (default the 8-GPU fixture)")  # fmt: skip
+    parser.add_argument(
+        "--fixture",
+        default=str(FIXTURES / "nvml" / "h200-x8.json"),
+        help="--dry: the machine (default the 8-GPU fixture)",
+    )
     parser.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run")
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     parser.add_argument("--work", default=None, help="working folder (default a new /tmp one)")

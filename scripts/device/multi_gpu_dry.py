@@ -32,8 +32,16 @@ NVML = ROOT / "tests" / "fixtures" / "nvml"
 PROBE = ROOT / "tests" / "fixtures" / "probe" / "h200-default.json"
 SLOW = 0.5
 LINKS = 18
-KEYS_BUSY = ("utilization", "gpm", "power_mw", "pstate", "clock/0", "clock/1",
-             "clock_event_reasons", "utilization_samples")  # fmt: skip
+KEYS_BUSY = (
+    "utilization",
+    "gpm",
+    "power_mw",
+    "pstate",
+    "clock/0",
+    "clock/1",
+    "clock_event_reasons",
+    "utilization_samples",
+)
 KEYS_STALLED = (*KEYS_BUSY, "compute_processes", "process_utilization")
 WHY = "dry run of scripts/device/multi_gpu.py"
 
@@ -42,10 +50,14 @@ def gpus(fixture: Path) -> list[dict[str, Any]]:
     """The fixture's GPUs: index, uuid, bus id, name."""
     doc = load_fixture(fixture)
     return [
-        {"index": i, "uuid": d["answers"].get("uuid"), "pci_bus_id": d["answers"].get("pci_bus_id"),
-         "name": d["answers"].get("name")}
+        {
+            "index": i,
+            "uuid": d["answers"].get("uuid"),
+            "pci_bus_id": d["answers"].get("pci_bus_id"),
+            "name": d["answers"].get("name"),
+        }
         for i, d in enumerate(doc["devices"])
-    ]  # fmt: skip
+    ]
 
 
 def _device(name: str) -> dict[str, Any]:
@@ -84,8 +96,11 @@ def busy_fixture(dest: Path, base: Path, gpu: int, pid: int) -> Path:
     busy["process_utilization"] = [
         {"pid": pid, "sm": 99.0, "memory": 24.0, "encoder": 0.0, "decoder": 0.0}
     ]
-    devices[gpu] = {"from": gpu, "set": busy,
-                    "why": {k: f"{WHY}: the co-tenant (pid {pid}), as h200-load" for k in busy}}  # fmt: skip
+    devices[gpu] = {
+        "from": gpu,
+        "set": busy,
+        "why": {k: f"{WHY}: the co-tenant (pid {pid}), as h200-load" for k in busy},
+    }
     return _write(dest, base, f"{WHY}: GPU {gpu} runs a co-tenant", devices)
 
 
@@ -111,8 +126,11 @@ def job_fixture(
 
     links: dict[str, Any] = {}
     for link in range(LINKS):
-        links |= {f"nvlink_state/{link}": 1, f"nvlink_tx_kib/{link}": 1_000_000,
-                  f"nvlink_rx_kib/{link}": 1_000_000}  # fmt: skip
+        links |= {
+            f"nvlink_state/{link}": 1,
+            f"nvlink_tx_kib/{link}": 1_000_000,
+            f"nvlink_rx_kib/{link}": 1_000_000,
+        }
         for kind in ("replay", "recovery", "crc_flit", "crc_data"):
             links[f"nvlink_{kind}_errors/{link}"] = 0
     devices = [
@@ -123,17 +141,40 @@ def job_fixture(
     script: list[dict[str, Any]] = []
     first, last = poll(at["traffic"]), poll(at["leave"])
     for gpu in range(min(ranks, count)):
-        ramp = {f"nvlink_{d}_kib/{link}": [1_000_000, 1_000_000 + 4_000_000 * (gpu + 1)]
-                for link in range(LINKS) for d in ("tx", "rx")}  # fmt: skip
-        script.append({"poll": [first, max(first, last - 1)], "gpu": gpu, "ramp": ramp,
-                       "why": f"{WHY}: the all-reduce's NVLink traffic"})  # fmt: skip
+        ramp = {
+            f"nvlink_{d}_kib/{link}": [1_000_000, 1_000_000 + 4_000_000 * (gpu + 1)]
+            for link in range(LINKS)
+            for d in ("tx", "rx")
+        }
+        script.append(
+            {
+                "poll": [first, max(first, last - 1)],
+                "gpu": gpu,
+                "ramp": ramp,
+                "why": f"{WHY}: the all-reduce's NVLink traffic",
+            }
+        )
         if gpu != stop_rank:
             keys = {k: stalled[k] for k in KEYS_STALLED if k in stalled}
-            script.append({"poll": last + 1, "gpu": gpu, "set": keys,
-                           "why": f"{WHY}: waits for rank {stop_rank}, as h200-stalled"})  # fmt: skip
-            idle = {k: base_devices[gpu]["answers"].get(k, {"error": "NOT_SUPPORTED"}) for k in keys}
-            script.append({"poll": poll(killed), "gpu": gpu, "set": idle,
-                           "why": f"{WHY}: the job killed, idle again"})  # fmt: skip
+            script.append(
+                {
+                    "poll": last + 1,
+                    "gpu": gpu,
+                    "set": keys,
+                    "why": f"{WHY}: waits for rank {stop_rank}, as h200-stalled",
+                }
+            )
+            idle = {
+                k: base_devices[gpu]["answers"].get(k, {"error": "NOT_SUPPORTED"}) for k in keys
+            }
+            script.append(
+                {
+                    "poll": poll(killed),
+                    "gpu": gpu,
+                    "set": idle,
+                    "why": f"{WHY}: the job killed, idle again",
+                }
+            )
     return _write(dest, base, f"{WHY}: the all-reduce job", devices, script)
 
 
@@ -154,9 +195,14 @@ def ranks_fixture(
         keys = {} if i in idle else {k: model[k] for k in KEYS_BUSY if k in model}
         keys["compute_processes"] = [{"pid": pids[i], "used_memory": 2 << 30}]
         keys["process_utilization"] = [
-            {"pid": pids[i], "sm": 0.0 if i in stalled + idle else 99.0, "memory": 0.0,
-             "encoder": 0.0, "decoder": 0.0}
-        ]  # fmt: skip
+            {
+                "pid": pids[i],
+                "sm": 0.0 if i in stalled + idle else 99.0,
+                "memory": 0.0,
+                "encoder": 0.0,
+                "decoder": 0.0,
+            }
+        ]
         why = f"{WHY}: rank {i} (pid {pids[i]}), {'idle' if i in idle else 'as ' + as_}"
         devices.append({"from": i, "set": keys, "why": {k: why for k in keys}})
     return _write(dest, base, f"{WHY}: the ranks on their GPUs, {stalled} waiting", devices)
@@ -187,8 +233,12 @@ def _write(
     devices: list[dict[str, Any]],
     script: list[dict[str, Any]] | None = None,
 ) -> Path:
-    doc: dict[str, Any] = {"format": FORMAT, "description": description,
-                           "base": str(base.resolve()), "devices": devices}  # fmt: skip
+    doc: dict[str, Any] = {
+        "format": FORMAT,
+        "description": description,
+        "base": str(base.resolve()),
+        "devices": devices,
+    }
     if script:
         doc["script"] = script
     dest.write_text(json.dumps(doc, indent=1), encoding="utf-8")

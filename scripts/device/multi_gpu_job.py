@@ -47,7 +47,7 @@ NO_MULTICAST = {
     "NVSHMEM_DISABLE_NVLS": "1",
 }
 PHASES = ("lead", "traffic", "straggler", "hang_lead")
-DEFAULT_PLAN = "lead=12,traffic=15,straggler=30,hang_lead=5"
+DEFAULT_PLAN = "lead=15,traffic=15,straggler=30,hang_lead=5"
 # Sizes (elements of float32 for the traffic tensor, bf16 for the rest): a 256 MiB all-reduce is
 # bandwidth-bound on NVLink; a matmul of 8192^3 takes ~1.6 ms on an H200 (760 TFLOPS cold).
 REAL_SIZES = {"traffic": 64 << 20, "grad": 32 << 20, "matmul": 8192, "matmuls": 24}
@@ -125,8 +125,15 @@ def run_rank(opts: argparse.Namespace) -> int:
         t += plan[name]
     at["leave"] = t
     if rank == 0:
-        events("schedule", world=world, backend=opts.backend, at=at, plan=plan,
-               stop_rank=opts.stop_rank, straggler_rank=opts.straggler_rank)  # fmt: skip
+        events(
+            "schedule",
+            world=world,
+            backend=opts.backend,
+            at=at,
+            plan=plan,
+            stop_rank=opts.stop_rank,
+            straggler_rank=opts.straggler_rank,
+        )
 
     flag = torch.ones(1, device=device)
 
@@ -141,8 +148,9 @@ def run_rank(opts: argparse.Namespace) -> int:
     while everyone_before(at["straggler"]):
         all_reduce(big)
         ops += 1
-    events("traffic", ops=ops, bytes_each=big.numel() * big.element_size(),
-           seconds=time.time() - began)  # fmt: skip
+    events(
+        "traffic", ops=ops, bytes_each=big.numel() * big.element_size(), seconds=time.time() - began
+    )
     del big
 
     n = sizes["matmul"]
@@ -177,8 +185,13 @@ def run_rank(opts: argparse.Namespace) -> int:
             c, wt = step()
             computes.append(c)
             waits.append(wt)
-        events(phase, steps=len(computes), compute_ms=median(computes), wait_ms=median(waits),
-               bytes_each=grad.numel() * grad.element_size())  # fmt: skip
+        events(
+            phase,
+            steps=len(computes),
+            compute_ms=median(computes),
+            wait_ms=median(waits),
+            bytes_each=grad.numel() * grad.element_size(),
+        )
 
     if rank == opts.stop_rank:
         events("left", note="stops calling the collective; sleeps until killed")
@@ -216,14 +229,39 @@ def median(values: list[float]) -> float | None:
 def launch(opts: argparse.Namespace) -> int:
     require_no_multicast(os.environ)
     Path(opts.events).mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, **NO_MULTICAST, "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(opts.port),
-           "WORLD_SIZE": str(opts.ranks), "PYTHONUNBUFFERED": "1"}  # fmt: skip
+    env = {
+        **os.environ,
+        **NO_MULTICAST,
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(opts.port),
+        "WORLD_SIZE": str(opts.ranks),
+        "PYTHONUNBUFFERED": "1",
+    }
     if opts.backend == "nccl":
-        env["TORCH_NCCL_BLOCKING_WAIT"] = "1"
-    passed = ["--backend", opts.backend, "--events", opts.events, "--plan", opts.plan,
-              "--stop-rank", str(opts.stop_rank), "--straggler-rank", str(opts.straggler_rank),
-              "--dry-slow", str(opts.dry_slow), "--timeout", str(opts.timeout)]  # fmt: skip
+        # the host waits inside all_reduce; NCCL says at start what it took from the environment
+        # (NVLS off) and how many channels it built (the SMs a waiting kernel keeps busy)
+        env |= {
+            "TORCH_NCCL_BLOCKING_WAIT": "1",
+            "NCCL_DEBUG": "INFO",
+            "NCCL_DEBUG_SUBSYS": "INIT,ENV",
+        }
+    passed = [
+        "--backend",
+        opts.backend,
+        "--events",
+        opts.events,
+        "--plan",
+        opts.plan,
+        "--stop-rank",
+        str(opts.stop_rank),
+        "--straggler-rank",
+        str(opts.straggler_rank),
+        "--dry-slow",
+        str(opts.dry_slow),
+        "--timeout",
+        str(opts.timeout),
+    ]
     procs = []
     for rank in range(opts.ranks):
         log = (Path(opts.events) / f"rank{rank}.log").open("w")
@@ -231,8 +269,9 @@ def launch(opts: argparse.Namespace) -> int:
             subprocess.Popen(
                 [sys.executable, __file__, "rank", *passed],
                 env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
-                stdout=log, stderr=subprocess.STDOUT,
-            )  # fmt: skip
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         )
 
     def stop(signum: int, _frame: object) -> None:

@@ -94,11 +94,17 @@ def compare_nvlink(
                 and daemon is not None
                 and abs(daemon - smi) <= tolerance * max(abs(smi), 1 << 20)
             )
-            rows.append({
-                "gpu": gpu, "direction": direction, "nvidia_smi_bytes": smi,
-                "daemon_bytes": daemon, "daemon_over_smi": ratio, "agree": agree,
-                "over_expected": (smi / expected_tx) if smi and expected_tx else None,
-            })  # fmt: skip
+            rows.append(
+                {
+                    "gpu": gpu,
+                    "direction": direction,
+                    "nvidia_smi_bytes": smi,
+                    "daemon_bytes": daemon,
+                    "daemon_over_smi": ratio,
+                    "agree": agree,
+                    "over_expected": (smi / expected_tx) if smi and expected_tx else None,
+                }
+            )
     return rows
 
 
@@ -159,20 +165,33 @@ def check_per_gpu(doc: dict[str, Any], gpus: int) -> dict[str, Any]:
     every = {str(i) for i in range(gpus)}
     return {
         "per_gpu_rows": sorted(by_name),
-        "not_on_every_gpu": {n: sorted(every - s, key=int) for n, s in by_name.items() if s != every},
+        "not_on_every_gpu": {
+            n: sorted(every - s, key=int) for n, s in by_name.items() if s != every
+        },
         "statuses": dict(statuses),
         "exit_code": doc.get("exit_code"),
     }
 
 
-def watch_summary(doc: dict[str, Any], ranks: dict[int, dict[str, Any]], rank: int) -> dict[str, Any]:
+def watch_summary(
+    doc: dict[str, Any], ranks: dict[int, dict[str, Any]], rank: int
+) -> dict[str, Any]:
     """What ``sparkdiag watch --json`` said, and whether it names ``rank`` (by its pid, its GPU
     or the word rank with its number) and the collective (``all_reduce``)."""
-    text = repr(doc)
+    text = repr({k: doc.get(k) for k in ("headline", "causes", "notes")})  # what it concludes
     me = ranks.get(rank, {})
     pid = me.get("pid")
+    named = sorted(
+        r
+        for r, info in ranks.items()
+        if info.get("pid") is not None and re.search(rf"\b{info['pid']}\b", text)
+    )
     causes = [
-        {"name": c.get("name"), "share": c.get("share"), "evidence": list(c.get("evidence", []))[:3]}
+        {
+            "name": c.get("name"),
+            "share": c.get("share"),
+            "evidence": list(c.get("evidence", []))[:3],
+        }
         for c in doc.get("causes", [])
     ]
     return {
@@ -183,13 +202,21 @@ def watch_summary(doc: dict[str, Any], ranks: dict[int, dict[str, Any]], rank: i
         "names_collective": "all_reduce" in text or "collective" in text,
         "names_rank_pid": pid is not None and re.search(rf"\b{pid}\b", text) is not None,
         "names_rank_word": re.search(rf"\brank {rank}\b", text, re.IGNORECASE) is not None,
+        "ranks_named_by_pid": named,
     }
 
 
 # -- sysfs: the PCI functions, as a fake tree a fixture can be made of ------------------------
 
-PCI_FILES = ("vendor", "device", "class", "current_link_speed", "current_link_width",
-             "max_link_speed", "max_link_width")  # fmt: skip
+PCI_FILES = (
+    "vendor",
+    "device",
+    "class",
+    "current_link_speed",
+    "current_link_width",
+    "max_link_speed",
+    "max_link_width",
+)
 
 
 def capture_pci(sysfs: Path, dest: Path) -> list[dict[str, str]]:
@@ -229,8 +256,17 @@ def capture_pci(sysfs: Path, dest: Path) -> list[dict[str, str]]:
 
 
 def pci_table(rows: list[dict[str, str]]) -> str:
-    cols = ("address", "vendor", "device", "class", "driver", "current_link_speed",
-            "current_link_width", "max_link_speed", "max_link_width")  # fmt: skip
+    cols = (
+        "address",
+        "vendor",
+        "device",
+        "class",
+        "driver",
+        "current_link_speed",
+        "current_link_width",
+        "max_link_speed",
+        "max_link_width",
+    )
     lines = ["\t".join(cols)]
     lines += ["\t".join(row.get(c, "") for c in cols) for row in rows]
     return "\n".join(lines) + "\n"

@@ -24,14 +24,17 @@ def table(summary: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     for row in rows:
         head = f"[{MARK[row['ok']]:>2}] {row['step']:<10} {row['what']}"
         lines += textwrap.wrap(head, WIDTH, subsequent_indent=" " * 16)
-        lines += textwrap.wrap(str(row["seen"]), WIDTH, initial_indent=" " * 16,
-                               subsequent_indent=" " * 16)  # fmt: skip
+        lines += textwrap.wrap(
+            str(row["seen"]), WIDTH, initial_indent=" " * 16, subsequent_indent=" " * 16
+        )
     nvlink = summary.get("nvlink", {}).get("rows", [])
     if nvlink:
-        lines += ["", "NVLink payload between the reads (GB; nvidia-smi nvlink -gt d and the "
-                  "daemon's sparkdiag_gpu_nvlink_data_bytes_total)",
-                  f"{'gpu':>4} {'dir':>3} {'daemon':>10} {'nvidia-smi':>10} {'ratio':>7} "
-                  f"{'of ring':>8}"]  # fmt: skip
+        lines += [
+            "",
+            "NVLink payload between the reads (GB; nvidia-smi nvlink -gt d and the "
+            "daemon's sparkdiag_gpu_nvlink_data_bytes_total)",
+            f"{'gpu':>4} {'dir':>3} {'daemon':>10} {'nvidia-smi':>10} {'ratio':>7} {'of ring':>8}",
+        ]
         for r in nvlink:
             lines.append(
                 f"{r['gpu']:>4} {r['direction']:>3} {_gb(r['daemon_bytes']):>10} "
