@@ -385,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         default=str(FIXTURES / "nvml" / "h200-x8.json"),
         help="--dry: the machine (default the 8-GPU fixture)",
     )
-    parser.add_argument("--budget", type=float, default=540.0, help="seconds for the whole run")
+    parser.add_argument("--budget", type=float, default=520.0, help="seconds for the whole run")
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/out"))
     parser.add_argument("--work", default=None, help="working folder (default a new /tmp one)")
     parser.add_argument("--steps", default=",".join(STEPS), help=f"subset of {','.join(STEPS)}")

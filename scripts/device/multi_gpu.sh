@@ -2,10 +2,10 @@
 # Issue 33 on a machine of 2, 4 or 8 H200s (nvidia-h200-x2/-x4/-x8), one call of at most 10
 # minutes: scripts/device/multi_gpu.py's four steps (record-fixture, check and serve with a
 # handicapped GPU, an NCCL all-reduce with a straggler and a rank that leaves, NVLink against
-# nvidia-smi), bounded by --budget (default 540 s). Everything lands in ONE archive,
+# nvidia-smi), bounded by --budget (default 520 s). Everything lands in ONE archive,
 # $OUT/multigpu.tgz; the table is printed last. docs/multi-gpu.md says what each step expects.
 #
-#   bash scripts/device/multi_gpu.sh [--budget 540] [multi_gpu.py's arguments]
+#   bash scripts/device/multi_gpu.sh [--budget 520] [multi_gpu.py's arguments]
 #
 # Carried (the device machine has no network): .carry/prometheus.xz (Debian's prometheus 2.42
 # binary, xz -c /usr/bin/prometheus: ~10 MB, links only glibc >= 2.34), or --prometheus PATH;
@@ -17,10 +17,10 @@ OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 export OUT NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export CUDA_DEVICE_ORDER=PCI_BUS_ID PYTHONUNBUFFERED=1
 PY=${PYTHON:-python3}
-budget=540
+budget=520
 args=("$@")
 for ((i = 0; i < ${#args[@]}; i++)); do
-  [ "${args[$i]}" = "--budget" ] && budget=${args[$((i + 1))]:-540}
+  [ "${args[$i]}" = "--budget" ] && budget=${args[$((i + 1))]:-520}
 done
 if ls .whl/*.whl >/dev/null 2>&1; then
   "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \

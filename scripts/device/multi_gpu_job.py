@@ -176,6 +176,8 @@ def run_rank(opts: argparse.Namespace) -> int:
         queued = time.perf_counter()
         all_reduce(grad)
         waited = time.perf_counter()
+        if gpu:
+            e1.synchronize()  # done already: the all-reduce waited on it
         compute = e0.elapsed_time(e1) if gpu else (queued - start) * 1e3
         return compute, (waited - queued) * 1e3
 
@@ -325,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--plan", default="", help=f"phase seconds (default {DEFAULT_PLAN})")
         p.add_argument("--stop-rank", type=int, default=-1)
         p.add_argument("--straggler-rank", type=int, default=-1)
-        p.add_argument("--dry-slow", type=int, default=2, help="gloo: the straggler's extra work")
+        p.add_argument("--dry-slow", type=int, default=3, help="gloo: the straggler's extra work")
         p.add_argument("--timeout", type=float, default=900.0, help="process group timeout, s")
         if name == "launch":
             p.add_argument("--ranks", type=int, required=True)
