@@ -172,12 +172,13 @@ def daemon(run: Run, k: int, extra: list[str]) -> None:
         ) as prom:
             # one probe cycle, one GPU after another (~6-8 s each on the H200: torch's import,
             # the context, ~2 s of GPU), then the shortened for:
-            end = time.monotonic() + min(run.left() - 5, 60 + 15 * n)
+            end = time.monotonic() + min(run.left() - 5, 60 + 10 * n)
             while time.monotonic() < end:
                 text = run.metrics(target)
+                # a GPU is done once its cycle ended, however (a timeout beside the co-tenant
+                # must not keep this waiting for a success that will not come)
                 probed = {
-                    lab["gpu"]
-                    for lab, _ in rd.value(text, "sparkdiag_probe_last_success_timestamp_seconds")
+                    lab["gpu"] for lab, v in rd.value(text, "sparkdiag_probe_runs_total") if v > 0
                 }
                 if probed_at is None and len(probed) >= n:
                     probed_at = time.monotonic() - began
@@ -195,11 +196,11 @@ def daemon(run: Run, k: int, extra: list[str]) -> None:
                     + "\n"
                 )
                 timeline.flush()
-                settle = 2 * seconds(run.opts.slower_for) + 6
-                if probed_at is not None and (
-                    fired_at is not None
-                    or (n < 4 and time.monotonic() - began > probed_at + settle)
-                ):
+                # after the last cycle: a scrape, an evaluation, the for:, another evaluation;
+                # twice that, and the alert not firing by then is an answer too
+                settle = 2 * (seconds(run.opts.slower_for) + 3)
+                late = probed_at is not None and time.monotonic() - began > probed_at + settle
+                if probed_at is not None and (fired_at is not None or late):
                     time.sleep(3)  # one more evaluation: the other GPUs must stay silent
                     states = run.firing(prom, JOB_ALERT)
                     break
