@@ -31,6 +31,7 @@ machine; ``--dry`` runs every step on NVML fixtures with CPU torch (gloo) on any
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import signal
@@ -104,19 +105,33 @@ class Run:
         self.rows.append({"step": step, "what": what, "seen": seen, "ok": ok})
         self.say(f"{step}: {what}: {seen} ({'-' if ok is None else 'ok' if ok else 'NOT OK'})")
 
-    def run(self, cmd: list[str], name: str, timeout: float, text: bool = True) -> tuple[int, str]:
-        """Run ``cmd`` to the end (at most ``timeout`` and the budget); its output into
-        ``name`` (stderr appended); (exit status, stdout). 124 when it ran out of time."""
+    def run(self, cmd: list[str], name: str, timeout: float) -> tuple[int, str]:
+        """Run ``cmd`` to the end, at most ``timeout`` and the budget (then its whole session is
+        killed: a check's probe workers with it); its output into ``name``, its errors, if
+        any, into ``name.stderr``; (exit status, output). 124 when it ran out of time."""
         limit = max(1.0, min(timeout, self.left()))
         try:
-            done = subprocess.run(cmd, capture_output=True, timeout=limit, cwd=ROOT)
-            rc, out, err = done.returncode, done.stdout, done.stderr
-        except subprocess.TimeoutExpired as exc:
-            rc, out, err = 124, exc.stdout or b"", (exc.stderr or b"") + b"\n(timed out)"
+            proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT,
+                                    start_new_session=True)  # fmt: skip
         except OSError as exc:
             rc, out, err = 127, b"", str(exc).encode()
-        (self.work / name).write_bytes(out + (b"\n--- stderr\n" + err[-8000:] if err else b""))
-        return rc, out.decode(errors="replace") if text else ""
+        else:
+            try:
+                out, err = proc.communicate(timeout=limit)
+                rc = proc.returncode
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                out, err = proc.communicate()
+                rc, err = 124, err + f"\n(killed after {limit:.0f} s)".encode()
+            finally:
+                if proc.poll() is None:  # Stop came while it ran
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+        (self.work / name).write_bytes(out)
+        if err.strip():
+            (self.work / f"{name}.stderr").write_bytes(err[-16000:])
+        return rc, out.decode(errors="replace")
 
     def sd(self, *args: str) -> list[str]:
         return [sys.executable, "-m", "sparkdiag", *args]

@@ -441,8 +441,7 @@ def judge_job(run: Run, job: Job, ranks: dict[int, dict[str, Any]]) -> None:
 
 def load(path: Path) -> dict[str, Any]:
     try:
-        text = path.read_text(encoding="utf-8", errors="replace")
-        doc: dict[str, Any] = json.loads(text.split("\n--- stderr\n", 1)[0])
+        doc: dict[str, Any] = json.loads(path.read_text(encoding="utf-8", errors="replace"))
         return doc
     except (OSError, ValueError):
         return {}
