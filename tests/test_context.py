@@ -40,6 +40,8 @@ DOCKER_CGROUP = "0::/docker/" + "ab" * 32 + "\n"
         ("dgx-spark", {}, "native", "none"),  # native's files plus procfs memory readings
         ("dgx-spark-pressure", {}, "native", "none"),
         ("dgx-spark-nccl", {}, "native", "none"),  # dgx-spark's, misconfigured for NCCL
+        ("dgx-spark-vllm", {}, "native", "none"),  # page cache, vLLM holding the GPU, libraries
+        ("dgx-spark-gdr", {}, "native", "none"),  # GPUDirect RDMA forced on a GB10
         ("gpu-host", {}, "native", "none"),  # native's root plus GPU processes under proc/
         ("lent-vm", {}, "native", "none"),
         ("docker", {}, "container", "docker"),
@@ -73,6 +75,8 @@ def test_every_fixture_root_is_covered() -> None:
         "dgx-spark",
         "dgx-spark-pressure",
         "dgx-spark-nccl",
+        "dgx-spark-vllm",
+        "dgx-spark-gdr",
         "gpu-host",
         "lent-vm",
         "docker",
