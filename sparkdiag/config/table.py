@@ -440,6 +440,29 @@ OPTIONS: tuple[Option, ...] = (
         metavar="SECONDS",
     ),
     Option(
+        "storage.gpu",
+        "storage_gpu",
+        "int",
+        None,
+        "Also read the storage probe's test file into this GPU (its index), after the host "
+        "phases: through pinned host memory, and by GPUDirect Storage where kvikio is installed "
+        "(the probe worker, with torch in --probe.python); 35 % of storage.duration more, plus "
+        "the worker's start. Default: host memory only.",
+        minimum=0,
+        maximum=63,
+        scopes=frozenset({"serve", "storage"}),
+        metavar="N",
+    ),
+    Option(
+        "storage.gds",
+        "storage_gds",
+        "bool",
+        True,
+        "With storage.gpu, also read by GPUDirect Storage (cuFile through kvikio, where "
+        "installed: pip install 'sparkdiag[gds]'); a compatibility mode is reported as such.",
+        scopes=frozenset({"serve", "storage"}),
+    ),
+    Option(
         "nvme.smart",
         "nvme_smart",
         "bool",

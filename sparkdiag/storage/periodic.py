@@ -20,9 +20,9 @@ from sparkdiag.config import Settings
 from sparkdiag.errors import SparkdiagError
 from sparkdiag.snapshot import Snapshot
 from sparkdiag.statedir import state_directory
-from sparkdiag.storage.render import rate, size
+from sparkdiag.storage.render import label, rate, size
 from sparkdiag.storage.run import ProbeRequest
-from sparkdiag.storage.session import Where, probe_directory
+from sparkdiag.storage.session import Where, probe_directory, request_for
 from sparkdiag.telemetry.busy import busy
 
 log = logging.getLogger(__name__)
@@ -41,11 +41,7 @@ class StoragePeriodic:
 
     def request(self) -> ProbeRequest:
         directory = self.settings.storage_directory or self.settings.state_dir or state_directory()
-        return ProbeRequest(
-            directory,
-            size=self.settings.storage_size,
-            seconds=self.settings.storage_duration,
-        )
+        return request_for(directory, self.settings)
 
     def busy_reason(self) -> str | None:
         snap = self.snapshot()
@@ -69,7 +65,7 @@ class StoragePeriodic:
             report = probe_directory(request, where, record=True)
         except SparkdiagError as exc:
             return f"storage probe of {request.directory} failed: {exc.message}"
-        figures = ", ".join(f"{f.throughput.direction} {rate(f.value)}" for f in report.figures)
+        figures = ", ".join(f"{label(f)} {rate(f.value)}" for f in report.figures)
         return (
             f"storage probe of {report.target.directory} ({report.target.device}): {figures}; "
             f"{report.verdict}; wrote {size(report.document.bytes_written)}"
@@ -77,12 +73,14 @@ class StoragePeriodic:
 
     def run(self, stop: threading.Event) -> None:
         request = self.request()
+        gpu = "" if request.gpu is None else f", on into GPU {request.gpu.index} (storage.gpu)"
         log.info(
             "periodic storage probe on (storage.enabled): every %.0f s it WRITES %s into %s and "
-            "reads it back (skipped while a GPU is busy)",
+            "reads it back%s (skipped while a GPU is busy)",
             self.settings.storage_interval,
             size(request.size),
             request.directory,
+            gpu,
         )
         delay = FIRST_DELAY
         while not stop.wait(delay):
