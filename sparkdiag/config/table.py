@@ -440,6 +440,17 @@ OPTIONS: tuple[Option, ...] = (
         metavar="SECONDS",
     ),
     Option(
+        "storage.first-delay",
+        "storage_first_delay",
+        "float",
+        120.0,
+        "Seconds after start before the first periodic storage probe (the daemon and the "
+        "machine settle first).",
+        minimum=0,
+        maximum=86400,
+        unit="seconds",
+    ),
+    Option(
         "storage.gpu",
         "storage_gpu",
         "int",

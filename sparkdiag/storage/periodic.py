@@ -1,12 +1,15 @@
 """The daemon's periodic storage probe: OFF by default (``storage.enabled``), because it writes.
 
-When on, every ``storage.interval`` seconds it writes ``storage.size`` bytes into
-``storage.directory`` (the state directory by default) and reads them back, through the same
+When on, ``storage.first-delay`` seconds after start and then every ``storage.interval`` seconds
+it writes ``storage.size`` bytes into ``storage.directory`` (the state directory by default) and
+reads them back (on into GPU ``storage.gpu`` where set), through the same
 :func:`~sparkdiag.storage.session.probe_directory` as ``sparkdiag storage``, records the figures
 (baseline store, ``storage.json``, which the storage collector exports) and logs one line. A cycle
 is skipped while a GPU is busy (the GEMM probe's rule, :mod:`sparkdiag.telemetry.busy`): the
 probe's writes and reads would compete with a training job's checkpoints and data loading, and
 the job's I/O would make the drive look slow. It says at start, in the log, that it writes.
+Off, the daemon starts no storage thread and does no storage I/O at all
+(tests/test_storage_daemon_io.py: no byte written by the daemon over a run).
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ from sparkdiag.telemetry.busy import busy
 
 log = logging.getLogger(__name__)
 
-FIRST_DELAY = 120.0  # seconds after start: let the daemon and the machine settle first
 BUSY_RETRY = 600.0  # seconds until a cycle skipped as busy is tried again
 
 
@@ -82,7 +84,7 @@ class StoragePeriodic:
             request.directory,
             gpu,
         )
-        delay = FIRST_DELAY
+        delay = self.settings.storage_first_delay
         while not stop.wait(delay):
             line = self.once()
             skipped = line.startswith("storage probe skipped")
