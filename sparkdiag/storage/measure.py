@@ -199,7 +199,7 @@ class _Phase:
         self.name, self.done, self.progress = name, [0] * threads, progress
         self.errors: list[OSError] = []
         self.started = time.monotonic()
-        self._next = self.started + PROGRESS_EVERY
+        self._next = self.started  # a line as the phase starts, however short it turns out
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -224,6 +224,7 @@ def _threads(count: int, body: Callable[[int], None], phase: _Phase) -> float:
     workers = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(count)]
     for worker in workers:
         worker.start()
+    phase.tick()
     start.wait()
     began = time.perf_counter()
     phase.started = time.monotonic()
