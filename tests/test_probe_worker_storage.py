@@ -89,13 +89,13 @@ class Cudart:
     def __init__(self, fail: bool = False) -> None:
         self.fail, self.registered, self.unregistered = fail, {}, []  # type: ignore[var-annotated]
 
-    def cudaHostRegister(self, address: int, size: int, flags: int) -> int:  # noqa: N802
+    def cudaHostRegister(self, address: int, size: int, flags: int) -> int:
         if self.fail:
             return 1
         self.registered[address] = size
         return 0
 
-    def cudaHostUnregister(self, address: int) -> int:  # noqa: N802
+    def cudaHostUnregister(self, address: int) -> int:
         self.unregistered.append(address)
         return 0
 

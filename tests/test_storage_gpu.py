@@ -176,9 +176,10 @@ def test_gpu_figures_are_judged_kept_and_exported_but_a_compat_gds_read_is_not_g
     doc = parse_document(measured_document("compat"))
     target = locate(tmp_path)
     methods = {k: key.method for k, key in keys(target, doc).items()}
-    assert methods == {("read", "host"): "o_direct:1048576x8", ("write", "host"): "o_direct:1048576x8",
-                       ("read", "gpu"): "pinned:1048576x8",
-                       ("read", "gds"): "cufile-compat:1048576x8"}  # fmt: skip
+    assert methods == {
+        ("read", "host"): "o_direct:1048576x8", ("write", "host"): "o_direct:1048576x8",
+        ("read", "gpu"): "pinned:1048576x8", ("read", "gds"): "cufile-compat:1048576x8",
+    }  # fmt: skip
     store = open_store(tmp_path, create=True)
     try:
         report = evaluate(target, doc, store, record=True)
@@ -232,8 +233,8 @@ def test_what_the_gpu_path_skipped_is_said() -> None:
 
 
 def test_the_settings_ask_for_the_gpu_path() -> None:
-    settings = build_settings(None, {"storage_gpu": 1, "storage_duration": 10.0,
-                                     "probe_python": ("/opt/venv/bin/python",)}, "storage")  # fmt: skip
+    given = {"storage_gpu": 1, "storage_duration": 10.0, "probe_python": ("/opt/venv/bin/python",)}
+    settings = build_settings(None, given, "storage")
     request = request_for(Path("/data"), settings)
     assert request.gpu == GpuRequest(1, 3.5, True, ("/opt/venv/bin/python",))
     argv = request.argv()
