@@ -213,7 +213,7 @@ OPTIONS: tuple[Option, ...] = (
         "argv",
         None,
         "Interpreter that runs the probe worker, as an argument list; default this Python.",
-        scopes=frozenset({"serve", "native"}),
+        scopes=frozenset({"serve", "native", "storage"}),
     ),
     Option(
         "probe.container-command",

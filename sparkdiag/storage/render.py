@@ -123,21 +123,22 @@ def gpu_lines(run: GpuRun, width: int) -> list[str]:
         return terminal.wrap(f"path into the GPU failed: {run.reason or 'no reason given'}", width)
     if run.status == "unsupported" and all(s.status != "ok" for s in run.stages):
         return terminal.wrap(f"path into the GPU skipped: {run.reason}", width)
-    pages = {"huge": "huge pages", "small": "4 KiB pages", "torch": "torch's pinned memory"}
+    pages = {"huge": "huge pages", "small": "4 KiB pages", "torch": "torch's allocator"}
     lines += terminal.wrap(
-        f"into {where or 'the GPU'}: through pinned host memory "
-        f"({pages.get(run.pages or '', 'host memory')}), then cuFile", width,
+        f"path into {where or 'the GPU'}; pinned buffers in "
+        f"{pages.get(run.pages or '', 'host memory')}", width,
     )  # fmt: skip
     for stage in run.stages:
         if stage.status != "ok":
             lines += terminal.wrap(f"{stage.path} {stage.status}: {stage.reason}", width, "  ")
         elif stage.checked is False:
             lines += terminal.wrap(f"{stage.path}: the data that arrived was WRONG", width, "  ")
-        if stage.path == "gds" and stage.status == "ok" and stage.mode == "compat":
-            lines += terminal.wrap(
-                f"gds ran in a compatibility mode, not GPUDirect Storage: {stage.mode_reason}",
-                width, "  ",
+        if stage.path == "gds" and stage.status == "ok":
+            said = (
+                f"gds ran in a compatibility mode, not GPUDirect Storage: {stage.mode_reason}"
+                if stage.mode == "compat" else f"gds: GPUDirect Storage, {stage.mode_reason}"
             )  # fmt: skip
+            lines += terminal.wrap(said, width, "  ")
     return lines
 
 
