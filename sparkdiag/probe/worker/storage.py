@@ -28,6 +28,7 @@ same block read into host memory. Without a CUDA device every stage is unsupport
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import mmap
 import os
@@ -204,11 +205,14 @@ class StorageHostBuffers:
             self._torch.cuda.synchronize()
             self._unregister()
         self.tensors = []
+        # one still exported (a tensor someone holds) is left to the garbage collector
         for view in self.views:
-            view.release()
-        self.views = []
+            with contextlib.suppress(BufferError):
+                view.release()
         for area in self._areas:
-            area.close()
+            with contextlib.suppress(BufferError):
+                area.close()
+        self.views, self._areas = [], []
 
 
 def _cuda_code(value: Any) -> int:
