@@ -294,10 +294,16 @@ def main() -> int:
     if note:
         print(f"note: {note}")
         doc["note"] = note
+
+    def keep() -> None:  # after each part: a run cut short keeps what it measured
+        if args.json is not None:
+            args.json.write_text(json.dumps(doc, indent=1) + "\n")
+
     try:
         doc["rounds"] = rounds(args.fio, args.directory, args.rounds, size, args.threads,
                                args.seconds, pages)  # fmt: skip
-        print(table(doc["rounds"]))
+        print(table(doc["rounds"]), flush=True)
+        keep()
         if args.contrast and free_huge_pages() >= huge_pages_needed(args.threads):
             doc["contrast"] = contrast(args.fio, args.directory, size, args.threads, args.seconds)
             print(contrast_text(doc["contrast"]))
@@ -306,9 +312,11 @@ def main() -> int:
     except RuntimeError as exc:
         print(exc, file=sys.stderr)
         doc["error"] = str(exc)
-    if args.json is not None:
-        args.json.write_text(json.dumps(doc, indent=1) + "\n")
-    return 0 if "rounds" in doc else 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        doc["error"] = "interrupted"
+    keep()
+    return 0 if "rounds" in doc and "error" not in doc else 1
 
 
 if __name__ == "__main__":

@@ -74,7 +74,7 @@ fi
 if [ -n "$FIO" ]; then
   step "probe and fio, one paired round ($PAGES pages), then fio's contrast" 14 \
     python3 benchmarks/storage_fio.py "$DIR" --fio "$FIO" --rounds 1 --size "$SIZE" \
-    --threads $THREADS --seconds 2 --pages $PAGES --contrast --json "$S/fio.json" \
+    --threads $THREADS --seconds 1.5 --pages $PAGES --contrast --json "$S/fio.json" \
     > "$S/fio.txt"; cat "$S/fio.txt"
 else
   echo "no fio: the paired round skipped" | tee -a "$S/errors.txt"
