@@ -73,7 +73,7 @@ def test_final_call_script_dry_stays_in_budget_and_archives_everything(tmp_path:
     assert [n for n in os.listdir(out) if n != "storage2.tgz"] == []
     table = result.stdout[result.stdout.index("storage2: ") :]
     assert "GPU path: unsupported" in table and "probe/fio write" in table
-    assert "cause of call b" in table and "fio read from 4 KiB pages" in table
+    assert "cause of call b" in table and "fio read, 4 KiB pages" in table
     spent = int(table.split(" s of the 45 s budget")[0].split()[-1])
     assert spent <= 45 and "; 0 error(s)" in table, table
     assert not measured.exists() or list(measured.iterdir()) == []

@@ -107,24 +107,23 @@ for name, value in rows:
     print(f"  {name:24} {value / 1e9 if value else 0:7.3f} GB/s")
 if doc and doc.get("gpu"):
     gpu = doc["gpu"]
-    print(f"  GPU path: {gpu['status']} {gpu.get('reason') or ''}".rstrip())
+    print(f"  GPU path: {gpu['status']} {(gpu.get('reason') or '')[:50]}".rstrip())
     for s in gpu["stages"]:
         if s["status"] != "ok":
-            print(f"    {s['path']}: {s['status']}: {(s['reason'] or '')[:90]}")
+            print(f"    {s['path']}: {s['status']}: {(s['reason'] or '')[:60]}")
         elif s["path"] == "gds":
-            print(f"    gds mode {s['mode']}: {(s['mode_reason'] or '')[:90]} (checked {s['checked']})")
+            print(f"    gds mode {s['mode']} (checked {s['checked']}): {(s['mode_reason'] or '')[:50]}")
 fio = load("fio.json")
 if fio and fio.get("rounds"):
     r = fio["rounds"][0]
     print(f"  probe/fio write {r['probe_write'] / r['fio_write']:.3f}, read "
-          f"{r['probe_read'] / r['fio_read']:.3f} ({r['pages']} pages; read KiB/request probe "
-          f"{r['probe_read_kib_per_request'] or 0:.0f}, fio {r['fio_read_kib_per_request'] or 0:.0f})")
+          f"{r['probe_read'] / r['fio_read']:.3f} ({r['pages']} pages; read KiB/req "
+          f"{r['probe_read_kib_per_request'] or 0:.0f}, {r['fio_read_kib_per_request'] or 0:.0f})")
 if fio and fio.get("contrast"):
     c = fio["contrast"]
-    print("  cause of call b's 1.18/1.28: the tools' 1 MiB buffers, in 4 KiB pages a block is up to"
-          " 256 device segments")
-    print(f"  fio read from 4 KiB pages {c['small_read'] / 1e9:.3f} GB/s "
-          f"({c['small_kib_per_request'] or 0:.0f} KiB/request), from huge pages "
+    print("  cause of call b's 1.18/1.28: buffers in 4 KiB pages (256 segments a block)")
+    print(f"  fio read, 4 KiB pages {c['small_read'] / 1e9:.3f} GB/s "
+          f"({c['small_kib_per_request'] or 0:.0f} KiB/req), huge pages "
           f"{c['huge_read'] / 1e9:.3f} ({c['huge_kib_per_request'] or 0:.0f}): "
           f"{c['huge_read'] / c['small_read']:.2f}x")
 errors = [l for l in (S / "errors.txt").read_text().splitlines() if l.strip()]
