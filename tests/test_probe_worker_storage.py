@@ -288,7 +288,7 @@ def test_the_mode_kvikio_and_cufile_report() -> None:
     mode, why = room.gds_mode(fake_kvikio(gds=False))
     assert mode == "compat" and "without the nvidia-fs kernel driver" in why
     assert room.gds_mode(fake_kvikio(gds=True))[0] == "gds"
-    older = types.SimpleNamespace(  # kvikio 24: compat_mode() and DriverProperties
+    older = types.SimpleNamespace(  # older kvikio: compat_mode() and DriverProperties
         defaults=types.SimpleNamespace(compat_mode=lambda: False),
         cufile_driver=types.SimpleNamespace(
             DriverProperties=lambda: types.SimpleNamespace(is_gds_available=False)

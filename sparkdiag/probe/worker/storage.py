@@ -441,7 +441,7 @@ def gds_mode(kvikio: Any) -> tuple[str, str]:
 
     Two compatibility modes read with POSIX calls instead of DMA into GPU memory: KvikIO's own
     (``KVIKIO_COMPAT_MODE=ON``, or AUTO without libcufile: ``kvikio.defaults
-    .is_compat_mode_preferred()``; kvikio 24 and older: ``kvikio.defaults.compat_mode()``) and
+    .is_compat_mode_preferred()``; older kvikio: ``kvikio.defaults.compat_mode()``) and
     cuFile's, which it falls into without the nvidia-fs kernel driver (``is_gds_available``:
     the driver's version reads 0.0)."""
     defaults = kvikio.defaults
