@@ -44,3 +44,36 @@ def test_device_script_dry(tmp_path: Path) -> None:
     assert "cost:" in (storage / "probe.txt").read_text()
     assert "median probe/fio read" in result.stdout
     assert not measured.exists() or list(measured.iterdir()) == []
+
+
+SCRIPT2 = ROOT / "scripts" / "device" / "storage2_h200.sh"
+
+
+def test_final_call_script_dry_stays_in_budget_and_archives_everything(tmp_path: Path) -> None:
+    """scripts/device/storage2_h200.sh --dry: one archive with every file, the GPU path saying
+    why it was skipped (CPU torch), the paired round and the contrast, the table last, within
+    its 45 s, vm.nr_hugepages put back."""
+    fio = shutil.which("fio")
+    if fio is None:
+        pytest.skip("fio not installed (apt-get install fio)")
+    out, measured = tmp_path / "out", tmp_path / "measured"
+    hugepages = Path("/proc/sys/vm/nr_hugepages").read_text()
+    env = dict(os.environ, OUT=str(out), PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    result = subprocess.run(
+        ["bash", str(SCRIPT2), "--dry", "--fio", fio, "--dir", str(measured)],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert Path("/proc/sys/vm/nr_hugepages").read_text() == hugepages
+    listed = subprocess.run(["tar", "tzf", str(out / "storage2.tgz")], capture_output=True,
+                            text=True, check=True).stdout.split()  # fmt: skip
+    names = {Path(n).name for n in listed}
+    assert {"storage.json", "fio.json", "fio.txt", "table.txt", "env.txt", "log.txt",
+            "errors.txt"} <= names  # fmt: skip
+    assert [n for n in os.listdir(out) if n != "storage2.tgz"] == []
+    table = result.stdout[result.stdout.index("storage2: ") :]
+    assert "GPU path: unsupported" in table and "probe/fio write" in table
+    assert "cause of call b" in table and "fio read, 4 KiB pages" in table
+    spent = int(table.split(" s of the 45 s budget")[0].split()[-1])
+    assert spent <= 45 and "; 0 error(s)" in table, table
+    assert not measured.exists() or list(measured.iterdir()) == []

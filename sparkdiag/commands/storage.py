@@ -18,8 +18,8 @@ from sparkdiag.flags import settings_from, settings_options
 from sparkdiag.sources.nvme import read_controller
 from sparkdiag.statedir import ensure_state_directory, state_directory
 from sparkdiag.storage.render import size, temperatures, text
-from sparkdiag.storage.run import ProbeRequest, Progress
-from sparkdiag.storage.session import Where, probe_directory
+from sparkdiag.storage.run import Progress
+from sparkdiag.storage.session import Where, probe_directory, request_for
 from sparkdiag.storage.target import StorageTarget
 
 SCHEMA = "sparkdiag-storage-report/1"
@@ -43,10 +43,12 @@ def storage(
 
     WRITES a test file of --storage.size into DIR (O_DIRECT, 1 MiB blocks, 8 threads; an
     O_TMPFILE, so nothing is left behind however the probe ends, even killed), reads it back,
-    then times 4 KiB random reads. Each figure is held against the drive's PCIe link and the
-    baseline learned here (the median of the first 3 healthy runs). It refuses a raw device, a
-    symlink, a read-only filesystem, and a filesystem that would keep less than 5 % plus 64 MiB
-    free. fio with the same flags agrees within 10 % (docs/storage.md).
+    then times 4 KiB random reads. With --storage.gpu N it then reads the file into GPU N:
+    through pinned host memory, and by GPUDirect Storage where kvikio is installed (a
+    compatibility mode is labelled compat). Each figure is held against the drive's PCIe link
+    and the baseline learned here (the median of the first 3 healthy runs). It refuses a raw
+    device, a symlink, a read-only filesystem, and a filesystem that would keep less than 5 %
+    plus 64 MiB free. fio with the same flags agrees within 10 % (docs/storage.md).
 
     \b
     Exit status:
@@ -61,15 +63,14 @@ def storage(
     where = Where(settings.sysfs, settings.rootfs, settings.state_dir)
     if directory is None:  # the state directory, made as every command that writes there does
         directory = ensure_state_directory(settings.state_dir or state_directory())
-    request = ProbeRequest(
-        directory,
-        size=settings.storage_size,
-        seconds=settings.storage_duration,
-    )
+    request = request_for(directory, settings)
     status = terminal.StatusLine(sys.stderr)
     started: list[StorageTarget] = []
 
     def progress(item: Progress) -> None:
+        if item.phase == "gpu":
+            status.show("reading into the GPU (the probe worker)…", time.monotonic())
+            return
         status.show(f"{item.phase}: {size(item.bytes)} in {item.seconds:.0f} s…", time.monotonic())
 
     def on_start(target: StorageTarget) -> None:

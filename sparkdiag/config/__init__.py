@@ -100,6 +100,9 @@ class Settings:
     storage_interval: float = DEFAULTS["storage_interval"]
     storage_size: int = DEFAULTS["storage_size"]
     storage_duration: float = DEFAULTS["storage_duration"]
+    storage_first_delay: float = DEFAULTS["storage_first_delay"]
+    storage_gpu: int | None = DEFAULTS["storage_gpu"]
+    storage_gds: bool = DEFAULTS["storage_gds"]
     nvme_smart: bool = DEFAULTS["nvme_smart"]
     nvme_fixture: Path | None = DEFAULTS["nvme_fixture"]
 

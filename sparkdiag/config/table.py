@@ -227,7 +227,7 @@ OPTIONS: tuple[Option, ...] = (
         "argv",
         None,
         "Interpreter that runs the probe worker, as an argument list; default this Python.",
-        scopes=frozenset({"serve", "native"}),
+        scopes=frozenset({"serve", "native", "storage"}),
     ),
     Option(
         "probe.container-command",
@@ -475,6 +475,40 @@ OPTIONS: tuple[Option, ...] = (
         scopes=frozenset({"serve", "storage", "check"}),
         command_default={"check": 8.0},
         metavar="SECONDS",
+    ),
+    Option(
+        "storage.first-delay",
+        "storage_first_delay",
+        "float",
+        120.0,
+        "Seconds after start before the first periodic storage probe (the daemon and the "
+        "machine settle first).",
+        minimum=0,
+        maximum=86400,
+        unit="seconds",
+    ),
+    Option(
+        "storage.gpu",
+        "storage_gpu",
+        "int",
+        None,
+        "Also read the storage probe's test file into this GPU (its index), after the host "
+        "phases: through pinned host memory, and by GPUDirect Storage where kvikio is installed "
+        "(the probe worker, with torch in --probe.python); 35 % of storage.duration more, plus "
+        "the worker's start. Default: host memory only.",
+        minimum=0,
+        maximum=63,
+        scopes=frozenset({"serve", "storage"}),
+        metavar="N",
+    ),
+    Option(
+        "storage.gds",
+        "storage_gds",
+        "bool",
+        True,
+        "With storage.gpu, also read by GPUDirect Storage (cuFile through kvikio, where "
+        "installed: pip install 'sparkdiag[gds]'); a compatibility mode is reported as such.",
+        scopes=frozenset({"serve", "storage"}),
     ),
     Option(
         "nvme.smart",

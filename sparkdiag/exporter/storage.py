@@ -2,7 +2,9 @@
 daemon's periodic probe), from ``storage.json`` in the state directory: ``sparkdiag_storage_*``.
 
 Read again only when the file changed. Nothing is exported before the first probe. Only the
-paths a probe measured have series: ``host`` today (``gpu`` and ``gds`` once measured).
+paths the last probe measured have series: ``host`` always, ``gpu`` and ``gds`` when it was asked
+for the path into a GPU (``storage.gpu``); a cuFile read in a compatibility mode is not kept, so
+``path="gds"`` is GPUDirect Storage only (storage/state.py).
 """
 
 from __future__ import annotations
@@ -35,7 +37,8 @@ class StorageCollector:
         now = GaugeMetricFamily(
             "sparkdiag_storage_throughput_bytes_per_second",
             "Sequential throughput of the last storage probe of the directory's filesystem "
-            "(O_DIRECT, 1 MiB blocks): host = the drive to or from host memory.",
+            "(O_DIRECT, 1 MiB blocks): host = the drive to or from host memory, gpu = read on "
+            "through pinned host memory into GPU memory, gds = read by GPUDirect Storage.",
             labels=FIGURE,
         )
         previous = GaugeMetricFamily(

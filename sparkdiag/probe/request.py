@@ -32,6 +32,13 @@ class WorkerRequest:
     window_seconds: float | None = None
     progress: bool = False
     exclude_pids: tuple[int, ...] = ()
+    # the storage mode (worker/storage.py): the path into the GPU of `sparkdiag storage --gpu`
+    storage_read: str | None = None
+    storage_size: int | None = None
+    storage_block: int | None = None
+    storage_threads: int | None = None
+    storage_seconds: float | None = None
+    storage_gds: bool | None = None
 
     def argv(self) -> list[str]:
         """The worker's command-line arguments for this request: each field is the worker flag

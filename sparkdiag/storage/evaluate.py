@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from sparkdiag.baseline.storage_store import StorageBaseline, StorageKey
 from sparkdiag.baseline.store import BaselineStore
-from sparkdiag.storage.model import ProbeDocument, Throughput
+from sparkdiag.storage.model import GpuRun, ProbeDocument, Throughput
 from sparkdiag.storage.target import StorageTarget
 
 SLOW_RATIO = 0.7  # METRICS.md: SparkdiagStorageSlow, under 0.7 of the baseline
@@ -22,9 +22,17 @@ OTHER_IO_SHARE = 0.10
 Verdict = Literal["fit", "slow", "learning"]
 
 
-def method(doc: ProbeDocument) -> str:
-    """How the figures were measured, part of the baseline key: ``o_direct:1048576x8``."""
-    return f"o_direct:{doc.block}x{doc.threads}"
+def method(doc: ProbeDocument, throughput: Throughput | None = None) -> str:
+    """How a figure was measured, part of its baseline key: ``o_direct:1048576x8`` into or from
+    host memory, ``pinned:1048576x8`` on into the GPU, ``cufile-gds:...`` or
+    ``cufile-compat:...`` by cuFile (so that a compatibility-mode figure never teaches or is
+    judged by a GPUDirect one)."""
+    shape = f"{doc.block}x{doc.threads}"
+    if throughput is None or throughput.path == "host":
+        return f"o_direct:{shape}"
+    if throughput.path == "gpu":
+        return f"pinned:{shape}"
+    return f"cufile-{throughput.mode or 'compat'}:{shape}"
 
 
 @dataclass(frozen=True)
@@ -57,6 +65,7 @@ class Figure:
         return {
             "direction": self.throughput.direction,
             "path": self.throughput.path,
+            "mode": self.throughput.mode,
             "bytes": self.throughput.bytes,
             "seconds": self.throughput.seconds,
             "bytes_per_second": self.value,
@@ -130,9 +139,11 @@ class StorageReport:
                 "p99_seconds": latency.p99,
                 "max_seconds": latency.max,
             },
+            "gpu": None if doc.gpu is None else gpu_json(doc.gpu),
             "size": doc.size,
             "block": doc.block,
             "threads": doc.threads,
+            "pages": doc.pages,
             "tmpfile": doc.tmpfile,
             "bytes_written": doc.bytes_written,
             "seconds": doc.finished_at - doc.started_at,
@@ -146,17 +157,28 @@ class StorageReport:
         }
 
 
+def gpu_json(run: GpuRun) -> dict[str, Any]:
+    """The path into the GPU as ``--json`` gives it: every stage, measured or not."""
+    return {
+        "status": run.status, "reason": run.reason, "device": run.device,
+        "gpu_name": run.gpu_name, "torch": run.torch, "pages": run.pages,
+        "stages": [
+            {"path": s.path, "status": s.status, "reason": s.reason, "bytes": s.bytes,
+             "seconds": s.seconds, "bytes_per_second": s.bytes_per_second, "mode": s.mode,
+             "mode_reason": s.mode_reason, "checked": s.checked, "kvikio": s.kvikio}
+            for s in run.stages
+        ],
+    }  # fmt: skip
+
+
 def other_io(
     doc: ProbeDocument, before: tuple[int, int] | None, after: tuple[int, int] | None
 ) -> int | None:
     """Bytes the device moved during the probe beyond the probe's own reads and writes."""
     if before is None or after is None:
         return None
-    ours_read = sum(t.bytes for t in doc.throughput if t.direction == "read")
-    if doc.random_read is not None:
-        ours_read += doc.random_read.ops * doc.random_read.block
     read, written = after[0] - before[0], after[1] - before[1]
-    return max(0, read - ours_read) + max(0, written - doc.bytes_written)
+    return max(0, read - doc.read_bytes) + max(0, written - doc.bytes_written)
 
 
 def keys(target: StorageTarget, doc: ProbeDocument) -> dict[tuple[str, str], StorageKey]:
@@ -165,7 +187,7 @@ def keys(target: StorageTarget, doc: ProbeDocument) -> dict[tuple[str, str], Sto
     return {
         (t.direction, t.path): StorageKey(
             drive, target.mountpoint or target.directory, target.device or "unknown",
-            t.direction, t.path, method(doc),
+            t.direction, t.path, method(doc, t),
         )
         for t in doc.throughput
     }  # fmt: skip
@@ -181,7 +203,7 @@ def evaluate(
 ) -> StorageReport:
     """Each figure with its baseline; with ``record`` (and a store) the figures are kept, and
     teach the baseline when the run was healthy."""
-    ours = doc.bytes_written + sum(t.bytes for t in doc.throughput if t.direction == "read")
+    ours = doc.bytes_written + doc.read_bytes
     healthy = other_io_bytes is None or other_io_bytes <= OTHER_IO_SHARE * max(ours, 1)
     rated = target.rated
     figures = []

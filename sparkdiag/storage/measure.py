@@ -16,13 +16,24 @@ lines go to stderr. What it does, in order:
 3. reserves the space (``posix_fallocate``, as fio does by default), so that a full filesystem
    fails here and not half way;
 4. sequential write: ``--threads`` threads, each writing its own contiguous share of the file
-   once, in ``--block`` blocks with ``os.pwrite`` from a page-aligned ``mmap`` buffer
-   (``O_DIRECT`` needs aligned memory; random bytes, so that a compressing controller cannot
-   cheat), then one ``fdatasync`` timed apart;
+   once, in ``--block`` blocks with ``os.pwrite`` from a page-aligned buffer of random bytes
+   (``O_DIRECT`` needs aligned memory; random, so that a compressing controller cannot cheat),
+   then one ``fdatasync`` timed apart. Each buffer lies in transparent huge pages where the
+   kernel gives them (``--pages huge``, the default), so that a block is one physically
+   contiguous piece of memory: a 1 MiB block in 4 KiB pages may reach the device as up to 256
+   segments, split into two requests past the queue's ``max_segments``, and on a virtio disk
+   that halved the throughput of both this probe and fio by chance of where their buffers fell
+   (docs/storage.md, "fio, the reference");
 5. sequential read: the same threads read their shares with ``os.preadv`` into aligned buffers,
    again and again until the read's share of ``--seconds`` is spent (at most 8 passes);
 6. random reads: one thread, 4 KiB at aligned random offsets of the written part (queue depth
-   1, the latency an unbatched reader sees), for the rest of the time or ``--random-ops``.
+   1, the latency an unbatched reader sees), for the rest of the time or ``--random-ops``;
+7. with ``--gpu-worker ARGV`` (a JSON list: the probe worker's command line), the path into the
+   GPU: the worker is started with the test file's descriptor and ``--storage-read
+   /proc/self/fd/N``, reads the file back into pinned host memory, on into GPU memory, and by
+   GPUDirect Storage (probe/worker/storage.py), and its document becomes ``gpu``. It runs in
+   this process's group, so whatever kills the probe kills it, and the file, which has no
+   name, goes when the last of the two closes it.
 
 Each phase ends at its byte bound or its time bound, whichever comes first: the write gets
 45 % of ``--seconds``, the read 35 %, the random reads 20 %. The same flags in fio:
@@ -30,20 +41,25 @@ Each phase ends at its byte bound or its time bound, whichever comes first: the 
 --offset_increment=SHARE --fallocate=posix``.
 
 Document (``schema`` ``sparkdiag-storage/1``): ``status`` ok / refused / error, ``reason``,
-``directory``, ``tmpfile``, ``size``, ``block``, ``threads``, ``write`` and ``read`` (``bytes``,
-``seconds``), ``flush_seconds``, ``random_read`` (``ops``, ``seconds``, ``block``, ``p50``,
-``p99``, ``max``, ``sum`` of the reads' latencies: seconds), ``bytes_written``, ``notes``.
-Exit status 0 ok, 2 refused, 3 error.
+``directory``, ``tmpfile``, ``size``, ``block``, ``threads``, ``pages`` (``huge`` or ``small``:
+what the buffers lay in), ``write`` and ``read`` (``bytes``, ``seconds``), ``flush_seconds``,
+``random_read`` (``ops``, ``seconds``, ``block``, ``p50``, ``p99``, ``max``, ``sum`` of the reads'
+latencies: seconds), ``bytes_written``, ``gpu`` (the worker's document, or ``status`` error and
+``reason`` when it did not give one; absent without ``--gpu-worker``), ``notes``.
+Exit status 0 ok, 2 refused, 3 error (the GPU path's failure is the ``gpu`` document's, not
+the probe's).
 """
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import mmap
 import os
 import random
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -60,6 +76,8 @@ RANDOM_BLOCK = 4096
 SHARES = {"write": 0.45, "read": 0.35, "random": 0.20}
 MAX_READ_PASSES = 8
 PROGRESS_EVERY = 1.0  # seconds between progress lines
+HUGE_PAGE = 2 * MIB  # a transparent huge page (PMD) on x86-64 and on arm64 with 4 KiB pages
+GPU_STARTUP_SECONDS = 60.0  # the worker's own start before its reads: torch, CUDA, kvikio
 _NOT_SUPPORTED = (errno.EOPNOTSUPP, errno.EISDIR, errno.ENOTSUP)
 
 
@@ -183,7 +201,7 @@ class _Phase:
         self.name, self.done, self.progress = name, [0] * threads, progress
         self.errors: list[OSError] = []
         self.started = time.monotonic()
-        self._next = self.started + PROGRESS_EVERY
+        self._next = self.started  # a line as the phase starts, however short it turns out
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -208,6 +226,7 @@ def _threads(count: int, body: Callable[[int], None], phase: _Phase) -> float:
     workers = [threading.Thread(target=run, args=(i,), daemon=True) for i in range(count)]
     for worker in workers:
         worker.start()
+    phase.tick()
     start.wait()
     began = time.perf_counter()
     phase.started = time.monotonic()
@@ -226,6 +245,73 @@ def _raise_first(phase: _Phase, path: str) -> None:
     if exc.errno == errno.EROFS:
         raise Failed(f"{path}: the filesystem turned read-only during the {phase.name}")
     raise Failed(f"{path}: {phase.name} failed: {exc.strerror or exc}")
+
+
+class Buffers:
+    """Page-aligned I/O buffers (``O_DIRECT`` needs aligned memory), each in transparent huge
+    pages where ``pages`` is ``huge`` and the kernel gives them: one physically contiguous piece
+    per block, whatever else the machine's memory holds. ``pages`` says what they got."""
+
+    def __init__(self, count: int, size: int, pages: str, notes: list[str]) -> None:
+        self._areas: list[mmap.mmap] = []
+        self.views: list[memoryview] = []
+        huge = pages == "huge" and hasattr(mmap, "MADV_HUGEPAGE")
+        span = -(-size // HUGE_PAGE) * HUGE_PAGE
+        for _ in range(count):
+            if not huge:
+                area = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+                self._areas.append(area)
+                self.views.append(memoryview(area))
+                continue
+            area = mmap.mmap(-1, span + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            self._areas.append(area)
+            skip = -_address(area) % HUGE_PAGE
+            area.madvise(mmap.MADV_HUGEPAGE, skip, span)
+            self.views.append(memoryview(area)[skip : skip + size])
+        for view in self.views:
+            view[:] = os.urandom(size)  # faulted in here, before anything is timed
+        self.pages = "small"
+        if huge and _in_huge_pages([_address(a) for a in self._areas], span * count):
+            self.pages = "huge"
+        elif huge:
+            notes.append(
+                "no transparent huge pages for the buffers (/sys/kernel/mm/transparent_hugepage/"
+                "enabled): 4 KiB pages, which may split each block into more device segments "
+                "than a huge page would (docs/storage.md)"
+            )
+
+    def close(self) -> None:
+        for view in self.views:
+            view.release()
+        for area in self._areas:
+            area.close()
+
+
+def _address(area: mmap.mmap) -> int:
+    pointer = ctypes.c_char.from_buffer(area)
+    try:
+        return ctypes.addressof(pointer)
+    finally:
+        del pointer  # releases the export, so that the map can close
+
+
+def _in_huge_pages(addresses: list[int], needed: int) -> bool:
+    """Whether the mappings holding ``addresses`` have at least ``needed`` bytes in transparent
+    huge pages (``AnonHugePages`` of /proc/self/smaps)."""
+    found: dict[int, int] = {}
+    start = end = -1
+    try:
+        with open("/proc/self/smaps", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                head = line.split(None, 1)[0]
+                if "-" in head and not head.endswith(":"):
+                    low, high = head.split("-")
+                    start, end = int(low, 16), int(high, 16)
+                elif head == "AnonHugePages:" and any(start <= a < end for a in addresses):
+                    found[start] = int(line.split()[1]) * 1024
+    except (OSError, ValueError):
+        return False
+    return sum(found.values()) >= needed
 
 
 def measure(args: argparse.Namespace, notes: list[str]) -> dict[str, Any]:
@@ -268,8 +354,7 @@ def _measure_file(
     args: argparse.Namespace, path: str, dirfd: int, fd: int, tmpfile: bool, share: int,
     notes: list[str],
 ) -> dict[str, Any]:  # fmt: skip
-    threads, block, budget = args.threads, args.block, args.seconds
-    size = share * threads
+    size = share * args.threads
     try:
         os.posix_fallocate(fd, 0, size)
     except OSError as exc:
@@ -280,9 +365,20 @@ def _measure_file(
         if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
             raise Failed(f"{path}: cannot reserve the test file: {exc.strerror}") from None
         notes.append("the filesystem cannot reserve space ahead (no fallocate)")
-    buffers = [mmap.mmap(-1, block) for _ in range(threads)]
-    for buf in buffers:
-        buf.write(os.urandom(block))
+    pool = Buffers(args.threads, args.block, args.pages, notes)
+    try:
+        return _phases(args, path, dirfd, fd, tmpfile, share, pool, notes)
+    finally:
+        pool.close()
+
+
+def _phases(
+    args: argparse.Namespace, path: str, dirfd: int, fd: int, tmpfile: bool, share: int,
+    pool: Buffers, notes: list[str],
+) -> dict[str, Any]:  # fmt: skip
+    threads, block, budget = args.threads, args.block, args.seconds
+    size = share * threads
+    buffers = pool.views
     written = [0] * threads
 
     def write(index: int) -> None:
@@ -318,20 +414,54 @@ def _measure_file(
     _gone(dirfd, path)
     random_read = _random_reads(fd, share, written, budget * SHARES["random"], args.random_ops)
     _gone(dirfd, path)
-    for buf in buffers:
-        buf.close()
+    gpu = None if args.gpu_worker is None else gpu_path(args, fd, sum(written) == size)
     return {
         "directory": path,
         "tmpfile": tmpfile,
         "size": size,
         "block": block,
         "threads": threads,
+        "pages": pool.pages,
         "write": {"bytes": sum(written), "seconds": write_seconds},
         "flush_seconds": flush_seconds,
         "read": {"bytes": read_bytes, "seconds": read_seconds},
         "random_read": random_read,
         "bytes_written": sum(written),
+        **({} if gpu is None else {"gpu": gpu}),
     }
+
+
+def gpu_path(args: argparse.Namespace, fd: int, whole: bool) -> dict[str, Any]:
+    """The probe worker's reads of the test file into the GPU (its document), or why not."""
+    if not whole:
+        return {"status": "error", "reason": "the write phase ran out of time before the file "
+                "was whole: nothing for the GPU path to read"}  # fmt: skip
+    try:
+        command = [str(part) for part in json.loads(args.gpu_worker)]
+    except (ValueError, TypeError):
+        return {"status": "error", "reason": "--gpu-worker is not a JSON list"}
+    command += ["--storage-read", f"/proc/self/fd/{fd}"]
+    if args.progress:
+        line = {"phase": "gpu", "bytes": 0, "seconds": 0.0}
+        sys.stderr.write(PROGRESS_PREFIX + json.dumps(line) + "\n")
+        sys.stderr.flush()
+    try:
+        done = subprocess.run(
+            command, pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            timeout=args.gpu_timeout, check=False,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return {"status": "error", "reason": f"the GPU path did not finish within "
+                f"{args.gpu_timeout:g} s and was killed"}  # fmt: skip
+    except OSError as exc:
+        return {"status": "error", "reason": f"cannot start the probe worker: {exc.strerror}"}
+    lines = done.stdout.decode("utf-8", "replace").strip().splitlines()
+    try:
+        doc = json.loads(lines[-1])
+    except (ValueError, IndexError):
+        return {"status": "error", "reason": f"the probe worker printed no document (exit "
+                f"status {done.returncode})"}  # fmt: skip
+    return doc if isinstance(doc, dict) else {"status": "error", "reason": "not a document"}
 
 
 def _random_reads(
@@ -393,6 +523,20 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--random-ops", type=int, default=20000)
     parser.add_argument("--min-free", type=int, default=None, help="bytes to leave free")
     parser.add_argument("--progress", action="store_true")
+    parser.add_argument(
+        "--pages",
+        choices=("huge", "small"),
+        default="huge",
+        help="what the buffers lie in (huge: transparent huge pages if given)",
+    )
+    parser.add_argument(
+        "--gpu-worker",
+        default=None,
+        help="JSON list: the probe worker's command for the path into the GPU",
+    )
+    parser.add_argument(
+        "--gpu-timeout", type=_positive(float), default=120.0, help="seconds the worker may take"
+    )
     args = parser.parse_args(argv)
     if args.block % RANDOM_BLOCK:
         parser.error("--block must be a multiple of 4096 (O_DIRECT)")

@@ -1,12 +1,15 @@
 """The daemon's periodic storage probe: OFF by default (``storage.enabled``), because it writes.
 
-When on, every ``storage.interval`` seconds it writes ``storage.size`` bytes into
-``storage.directory`` (the state directory by default) and reads them back, through the same
+When on, ``storage.first-delay`` seconds after start and then every ``storage.interval`` seconds
+it writes ``storage.size`` bytes into ``storage.directory`` (the state directory by default) and
+reads them back (on into GPU ``storage.gpu`` where set), through the same
 :func:`~sparkdiag.storage.session.probe_directory` as ``sparkdiag storage``, records the figures
 (baseline store, ``storage.json``, which the storage collector exports) and logs one line. A cycle
 is skipped while a GPU is busy (the GEMM probe's rule, :mod:`sparkdiag.telemetry.busy`): the
 probe's writes and reads would compete with a training job's checkpoints and data loading, and
 the job's I/O would make the drive look slow. It says at start, in the log, that it writes.
+Off, the daemon starts no storage thread and does no storage I/O at all
+(tests/test_storage_daemon_io.py: no byte written by the daemon over a run).
 """
 
 from __future__ import annotations
@@ -20,14 +23,13 @@ from sparkdiag.config import Settings
 from sparkdiag.errors import SparkdiagError
 from sparkdiag.snapshot import Snapshot
 from sparkdiag.statedir import state_directory
-from sparkdiag.storage.render import rate, size
+from sparkdiag.storage.render import label, rate, size
 from sparkdiag.storage.run import ProbeRequest
-from sparkdiag.storage.session import Where, probe_directory
+from sparkdiag.storage.session import Where, probe_directory, request_for
 from sparkdiag.telemetry.busy import busy
 
 log = logging.getLogger(__name__)
 
-FIRST_DELAY = 120.0  # seconds after start: let the daemon and the machine settle first
 BUSY_RETRY = 600.0  # seconds until a cycle skipped as busy is tried again
 
 
@@ -41,11 +43,7 @@ class StoragePeriodic:
 
     def request(self) -> ProbeRequest:
         directory = self.settings.storage_directory or self.settings.state_dir or state_directory()
-        return ProbeRequest(
-            directory,
-            size=self.settings.storage_size,
-            seconds=self.settings.storage_duration,
-        )
+        return request_for(directory, self.settings)
 
     def busy_reason(self) -> str | None:
         snap = self.snapshot()
@@ -69,7 +67,7 @@ class StoragePeriodic:
             report = probe_directory(request, where, record=True)
         except SparkdiagError as exc:
             return f"storage probe of {request.directory} failed: {exc.message}"
-        figures = ", ".join(f"{f.throughput.direction} {rate(f.value)}" for f in report.figures)
+        figures = ", ".join(f"{label(f)} {rate(f.value)}" for f in report.figures)
         return (
             f"storage probe of {report.target.directory} ({report.target.device}): {figures}; "
             f"{report.verdict}; wrote {size(report.document.bytes_written)}"
@@ -77,14 +75,16 @@ class StoragePeriodic:
 
     def run(self, stop: threading.Event) -> None:
         request = self.request()
+        gpu = "" if request.gpu is None else f", on into GPU {request.gpu.index} (storage.gpu)"
         log.info(
             "periodic storage probe on (storage.enabled): every %.0f s it WRITES %s into %s and "
-            "reads it back (skipped while a GPU is busy)",
+            "reads it back%s (skipped while a GPU is busy)",
             self.settings.storage_interval,
             size(request.size),
             request.directory,
+            gpu,
         )
-        delay = FIRST_DELAY
+        delay = self.settings.storage_first_delay
         while not stop.wait(delay):
             line = self.once()
             skipped = line.startswith("storage probe skipped")

@@ -10,7 +10,12 @@ from collections.abc import Sequence
 
 from sparkdiag import terminal
 from sparkdiag.snapshot import NvmeController
-from sparkdiag.storage.evaluate import SLOW_RATIO, StorageReport
+from sparkdiag.storage.evaluate import SLOW_RATIO, Figure, StorageReport
+from sparkdiag.storage.model import GpuRun
+
+# The first column of a figure's row: what moved where.
+LABELS = {("write", "host"): "write", ("read", "host"): "read", ("read", "gpu"): "read to GPU",
+          ("read", "gds"): "read by GDS"}  # fmt: skip
 
 
 def rate(value: float | None) -> str:
@@ -64,10 +69,19 @@ def text(report: StorageReport, width: int, drive_lines: Sequence[str] = ()) -> 
         link = "-" if ceiling is None or figure.value is None else (
             f"{figure.value / ceiling:.0%} of {rate(ceiling)}"
         )  # fmt: skip
-        rows.append([figure.throughput.direction, rate(figure.value), versus, link])
+        rows.append([label(figure), rate(figure.value), versus, link])
+        pinned = doc.gpu.stage("pinned") if doc.gpu is not None else None
+        if (
+            figure.throughput.path == "host"
+            and figure.throughput.direction == "read"
+            and (pinned is not None and pinned.bytes_per_second is not None)
+        ):
+            rows.append(["read, pinned", rate(pinned.bytes_per_second), "-", "-"])
     lines += terminal.table(
         ["", "sequential", "baseline", "link"], rows, width, right={1}, indent="  "
     )
+    if doc.gpu is not None:
+        lines += [f"  {line}" for line in gpu_lines(doc.gpu, width - 2)]
     if doc.random_read is not None:
         rnd = doc.random_read
         lines += terminal.wrap(
@@ -91,10 +105,47 @@ def text(report: StorageReport, width: int, drive_lines: Sequence[str] = ()) -> 
     return "\n".join(lines) + "\n"
 
 
+def label(figure: Figure) -> str:
+    """``read by GDS (compat)`` for a cuFile read in a compatibility mode: never GDS alone."""
+    t = figure.throughput
+    text = LABELS.get((t.direction, t.path), f"{t.direction} {t.path}")
+    return f"{text} (compat)" if t.mode == "compat" else text
+
+
+def gpu_lines(run: GpuRun, width: int) -> list[str]:
+    """Where the GPU path went and what it skipped or could not do, and the mode of its cuFile
+    reads: a compatibility mode is said in words (POSIX reads, not GPUDirect Storage)."""
+    where = " ".join(x for x in (run.device, f"({run.gpu_name})" if run.gpu_name else "") if x)
+    lines: list[str] = []
+    if run.status == "skipped_busy":
+        return terminal.wrap(f"path into the GPU skipped: {run.reason or 'the GPU is busy'}", width)
+    if run.status == "error" and not run.stages:
+        return terminal.wrap(f"path into the GPU failed: {run.reason or 'no reason given'}", width)
+    if run.status == "unsupported" and all(s.status != "ok" for s in run.stages):
+        return terminal.wrap(f"path into the GPU skipped: {run.reason}", width)
+    pages = {"huge": "huge pages", "small": "4 KiB pages", "torch": "torch's allocator"}
+    lines += terminal.wrap(
+        f"path into {where or 'the GPU'}; pinned buffers in "
+        f"{pages.get(run.pages or '', 'host memory')}", width,
+    )  # fmt: skip
+    for stage in run.stages:
+        if stage.status != "ok":
+            lines += terminal.wrap(f"{stage.path} {stage.status}: {stage.reason}", width, "  ")
+        elif stage.checked is False:
+            lines += terminal.wrap(f"{stage.path}: the data that arrived was WRONG", width, "  ")
+        if stage.path == "gds" and stage.status == "ok":
+            said = (
+                f"gds ran in a compatibility mode, not GPUDirect Storage: {stage.mode_reason}"
+                if stage.mode == "compat" else f"gds: GPUDirect Storage, {stage.mode_reason}"
+            )  # fmt: skip
+            lines += terminal.wrap(said, width, "  ")
+    return lines
+
+
 def _verdict(report: StorageReport) -> str:
     verdict = report.verdict
     if verdict == "slow":
-        slow = [f.throughput.direction for f in report.figures if f.verdict == "slow"]
+        slow = [label(f) for f in report.figures if f.verdict == "slow"]
         return (
             f"SLOW: {' and '.join(slow)} under {SLOW_RATIO} of the baseline learned on this "
             "machine: check the drive's temperature and health (sparkdiag check), what else "

@@ -5,6 +5,10 @@ session, so that its whole process group can be killed: at the timeout SIGTERM, 
 after a grace period; at once with SIGKILL when the caller is interrupted (Ctrl-C, SIGTERM). Its
 test file has no name (``O_TMPFILE``), so a killed probe leaves nothing behind. The daemon ends
 running probes when it stops (:func:`kill_running`), as it does the GEMM workers.
+
+With a :class:`GpuRequest` the program then starts the probe worker (its storage mode,
+probe/worker/storage.py) in the same process group, handing it the test file's descriptor: the
+timeout grows by the worker's reads and start, and the group's kill takes the worker too.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from sparkdiag.errors import Exit, SparkdiagError
+from sparkdiag.probe.request import WorkerRequest
+from sparkdiag.probe.runner import worker_path
 from sparkdiag.storage import measure
 from sparkdiag.storage.model import DocumentError, ProbeDocument, parse_document
 
@@ -34,9 +40,38 @@ class StorageProbeError(SparkdiagError):
     """The probe could not measure (exit 3), or refused the target (exit 2, a usage error)."""
 
 
+GPU_SHARE = 0.35  # of the probe's seconds: the worker's reads, as long as the host read's
+
+
+@dataclass(frozen=True)
+class GpuRequest:
+    """The path into GPU ``index`` (CUDA's, which the worker orders by PCI bus as NVML does),
+    read by the probe worker run with ``python`` for ``seconds`` (its stages share them), by
+    GPUDirect Storage too unless ``gds`` is off."""
+
+    index: int = 0
+    seconds: float = 7.0
+    gds: bool = True
+    python: tuple[str, ...] = (sys.executable,)
+
+    def command(self, block: int, threads: int) -> list[str]:
+        """The worker's command line but for ``--storage-read``, which the program adds."""
+        request = WorkerRequest(
+            device=f"cuda:{self.index}", storage_block=block, storage_threads=threads,
+            storage_seconds=self.seconds, storage_gds=self.gds,
+        )  # fmt: skip
+        return [*self.python, str(worker_path()), *request.argv()]
+
+    @property
+    def timeout(self) -> float:
+        return self.seconds + measure.GPU_STARTUP_SECONDS
+
+
 @dataclass(frozen=True)
 class ProbeRequest:
-    """One run of the probe: where, how much (``size`` bytes, ``seconds`` at most), how."""
+    """One run of the probe: where, how much (``size`` bytes, ``seconds`` at most), how
+    (``pages``: the buffers in ``huge`` pages where given, or ``small``), and the path into the
+    GPU after it (``gpu``; None: host memory only)."""
 
     directory: Path
     size: int = 1 << 30
@@ -45,21 +80,32 @@ class ProbeRequest:
     threads: int = 8
     random_ops: int = 20000
     min_free: int | None = None
+    pages: str = "huge"
+    gpu: GpuRequest | None = None
 
     def argv(self) -> list[str]:
         args = [
             str(self.directory), "--size", str(self.size), "--seconds", f"{self.seconds:g}",
             "--block", str(self.block), "--threads", str(self.threads),
-            "--random-ops", str(self.random_ops), "--progress",
+            "--random-ops", str(self.random_ops), "--pages", self.pages, "--progress",
         ]  # fmt: skip
         if self.min_free is not None:
             args += ["--min-free", str(self.min_free)]
+        if self.gpu is not None:
+            args += ["--gpu-worker", json.dumps(self.gpu.command(self.block, self.threads)),
+                     "--gpu-timeout", f"{self.gpu.timeout:g}"]  # fmt: skip
         return args
+
+    @property
+    def timeout(self) -> float:
+        """How long the program may run: its seconds, its start, and the GPU path's."""
+        extra = 0.0 if self.gpu is None else self.gpu.timeout + KILL_GRACE
+        return self.seconds + STARTUP_SECONDS + extra
 
 
 @dataclass(frozen=True)
 class Progress:
-    phase: str  # write, read
+    phase: str  # write, read, gpu (the worker started)
     bytes: int
     seconds: float
 
@@ -103,8 +149,8 @@ def run_probe(
 ) -> ProbeDocument:
     """Measure ``request.directory``; the parsed document when the probe measured. A refused
     target raises StorageProbeError with exit status 2 (nothing was written), a failure with 3.
-    ``timeout`` defaults to the probe's own seconds plus :data:`STARTUP_SECONDS`."""
-    limit = request.seconds + STARTUP_SECONDS if timeout is None else timeout
+    ``timeout`` defaults to :attr:`ProbeRequest.timeout`."""
+    limit = request.timeout if timeout is None else timeout
     cmd = [sys.executable, measure.__file__, *request.argv()]
     proc = subprocess.Popen(
         cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -8,15 +8,17 @@ count what else moved through the device meanwhile, compare with the baseline, k
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sparkdiag.baseline.store import BaselineStore, BaselineStoreError, open_store
+from sparkdiag.config import Settings
 from sparkdiag.errors import SparkdiagError
 from sparkdiag.sources.blockdev import io_bytes
 from sparkdiag.storage.evaluate import StorageReport, evaluate, other_io
-from sparkdiag.storage.run import ProbeRequest, Progress, run_probe
+from sparkdiag.storage.run import GPU_SHARE, GpuRequest, ProbeRequest, Progress, run_probe
 from sparkdiag.storage.state import record_report, state_path
 from sparkdiag.storage.target import StorageTarget, locate
 
@@ -30,6 +32,21 @@ class Where:
     sysfs: Path = Path("/sys")
     rootfs: Path = Path("/")
     state_dir: Path | None = None
+
+
+def request_for(directory: Path, settings: Settings) -> ProbeRequest:
+    """The probe ``sparkdiag storage`` and the daemon run: ``storage.size`` and
+    ``storage.duration``, and with ``storage.gpu`` the path into that GPU, read by the probe
+    worker in ``probe.python`` (this Python by default) for 35 % of the duration."""
+    gpu = None
+    if settings.storage_gpu is not None:
+        gpu = GpuRequest(
+            settings.storage_gpu, GPU_SHARE * settings.storage_duration, settings.storage_gds,
+            settings.probe_python or (sys.executable,),
+        )  # fmt: skip
+    return ProbeRequest(
+        directory, size=settings.storage_size, seconds=settings.storage_duration, gpu=gpu
+    )
 
 
 def _store(where: Where, record: bool) -> tuple[BaselineStore | None, str | None]:

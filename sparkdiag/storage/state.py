@@ -127,7 +127,9 @@ def _probe(raw: Any) -> KeptProbe | None:
 
 
 def kept(report: StorageReport, before: KeptProbe | None) -> KeptProbe:
-    """What the file keeps of a report; each figure's previous value comes from ``before``."""
+    """What the file keeps of a report; each figure's previous value comes from ``before``. A
+    ``gds`` read in a compatibility mode is not kept: the file is what the metrics export, and
+    ``path="gds"`` there means GPUDirect Storage (the report and its JSON still show it)."""
     old = {(f.direction, f.path): f.bytes_per_second for f in before.figures} if before else {}
     doc = report.document
     figures = tuple(
@@ -136,7 +138,8 @@ def kept(report: StorageReport, before: KeptProbe | None) -> KeptProbe:
             old.get((f.throughput.direction, f.throughput.path)),
             f.baseline.bytes_per_second if f.baseline else None,
         )
-        for f in report.figures if (value := f.value) is not None
+        for f in report.figures
+        if (value := f.value) is not None and f.throughput.mode != "compat"
     )  # fmt: skip
     latency = {} if doc.random_read is None else {
         "0.5": doc.random_read.p50, "0.99": doc.random_read.p99

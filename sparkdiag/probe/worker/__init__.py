@@ -14,8 +14,9 @@ SUITES, FLAGS: what sparkdiag imports too), ``log`` (stderr), ``nvml``
 (conditions, thresholds, busy), ``dtypes`` (each dtype's gate and kernel),
 ``timing`` (batches, graph replays), ``plan`` (the suite's kernels and budget),
 ``kernels`` (a kernel's life, groups), ``copies`` (device and host-device
-copies), ``output`` (the document), ``suite`` and ``soak`` (the two modes) and
-``cli`` (the entry, the only importer of torch).
+copies), ``output`` (the document), ``suite``, ``soak`` and ``storage`` (the
+three modes) and ``cli`` (the entry, the only importer of torch; ``storage``
+imports kvikio, optional, in a function).
 
 It prints exactly one JSON document (schema ``sparkdiag-probe/2``) on
 standard output; everything else (torch warnings, diagnostics) goes to
@@ -69,6 +70,14 @@ slowdown threshold or the memory's maximum temperature, read from NVML),
 ``hw_thermal_slowdown`` (reason 0x40), ``hw_slowdown`` (0x8),
 ``interrupted`` (SIGINT or SIGTERM) or ``error``. On every way out the GPU
 is synchronized and every buffer freed before the document is printed.
+
+Storage (``--storage-read FILE``): the storage probe's path into the GPU. The
+file, opened with O_DIRECT and never written (``sparkdiag storage --storage.gpu
+N`` hands over its nameless test file as ``/proc/self/fd/N``), is read by
+``--storage-threads`` threads in ``--storage-block`` reads into pinned host
+memory, on into GPU memory, and by cuFile (kvikio) with the mode it ran in
+(GPUDirect Storage or a compatibility mode); the document's ``storage`` section
+holds each stage (``worker/storage.py``).
 
 Every result has the same keys whatever the suite; ``gpu_busy_seconds`` is
 the GPU time of the copies, the spin-up, warm-ups and timed batches, gaps

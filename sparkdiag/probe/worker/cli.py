@@ -24,6 +24,7 @@ from sparkdiag.probe.worker.log import jsonable, log
 from sparkdiag.probe.worker.nvml import BusyState, Nvml
 from sparkdiag.probe.worker.output import empty_document, software_identity
 from sparkdiag.probe.worker.soak import StopRequest, run_soak, stop_on_signals
+from sparkdiag.probe.worker.storage import run_storage_read
 from sparkdiag.probe.worker.suite import run_suite
 
 ASSUMED_L2_BYTES = 60 * 1024 * 1024  # H200; used where torch does not say
@@ -171,6 +172,9 @@ def _run(args: argparse.Namespace, doc: dict[str, Any], stop: StopRequest | None
             torch_version=torch_version_tuple(str(torch.__version__)),
             max_clock_hz=clock_hz,
         )
+        if args.storage_read is not None:
+            run_storage_read(info, args, nvml, doc)
+            return
         if stop is not None:
             run_soak(info, args, nvml, doc, small, stop)
             doc["software"] = software_identity(torch, info, device, nvml)

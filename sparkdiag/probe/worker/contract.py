@@ -56,6 +56,9 @@ SOAK_WINDOW_SECONDS = 5.0
 SOAK_MARGIN_CELSIUS = 5.0  # a soak stops this far below a thermal limit
 SOAK_CHUNK_MS = 100.0  # load between two checks of the stop conditions
 BUSY_UTILIZATION = 0.10  # sparkdiag's probe.busy-utilization default (a test holds them equal)
+STORAGE_BLOCK = 1 << 20  # the storage probe's block and threads (storage/measure.py's defaults)
+STORAGE_THREADS = 8
+STORAGE_SECONDS = 6.0  # the storage mode's reads, shared by its stages
 
 # --------------------------------------------------------------------------
 # arguments
@@ -463,6 +466,21 @@ FLAGS: tuple[Flag, ...] = (
          above=True),
     Flag("--soak-load-edge", "int", "Edge of the soak's bf16 load cube.",
          default_help="default: the compute cube, 256 with --small", minimum=1),
+    Flag("--storage-read", "text", "Storage mode instead of a cycle: read this file (opened "
+         "with O_DIRECT, never written) into pinned host memory, on into GPU memory, and by "
+         "GPUDirect Storage where kvikio is installed (the path into the GPU of 'sparkdiag "
+         "storage --gpu').", metavar="FILE"),
+    Flag("--storage-size", "int", "Bytes of --storage-read to read.",
+         default_help="default: the whole file", minimum=1),
+    Flag("--storage-block", "int", "Bytes per read of --storage-read (a multiple of 4096).",
+         default=STORAGE_BLOCK, default_help=f"default {STORAGE_BLOCK}", minimum=4096),
+    Flag("--storage-threads", "int", "Threads reading --storage-read, each its own share.",
+         default=STORAGE_THREADS, default_help=f"default {STORAGE_THREADS}", minimum=1),
+    Flag("--storage-seconds", "float", "Seconds the storage mode's reads may take, shared by "
+         "its stages (pinned, gpu, gds).", default=STORAGE_SECONDS,
+         default_help=f"default {STORAGE_SECONDS:g}", minimum=0, above=True),
+    Flag("--storage-gds", "toggle", "In the storage mode, also read by GPUDirect Storage "
+         "(kvikio).", default=True, default_help="default on"),
     Flag("--seed", "int", "Seed of the random inputs.", default=1234,
          default_help="default 1234"),
     Flag("--cpu-threads", "int", "Torch threads with --device cpu.", default=1,
@@ -517,6 +535,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         raise UsageError("--min-batch-ms must be finite")
     if args.max_iters < args.min_iters:
         raise UsageError("--max-iters must be >= --min-iters")
+    if args.storage_read is not None and args.soak_seconds is not None:
+        raise UsageError("give --storage-read or --soak-seconds, not both")
+    if args.storage_block % 4096:
+        raise UsageError("--storage-block must be a multiple of 4096 (O_DIRECT)")
     args.kind_weights = parse_kind_values(args.kind_weights, KIND_WEIGHTS, "--kind-weights")
     args.warmup_ms = parse_kind_values(args.warmup_ms, dict(suite.warmup_ms), "--warmup-ms")
     return args

@@ -38,6 +38,7 @@ def empty_document(started: float) -> dict[str, Any]:
         "bandwidth": None,
         "transfers": [],
         "soak": None,
+        "storage": None,
         "conditions": summarize_conditions([]),
         "busy": {"other_pids": [], "utilization": None, "nvml": False},
         "gpu_busy_seconds": 0.0,
