@@ -17,6 +17,7 @@ from sparkdiag.watch import stacks as st
 from sparkdiag.watch.diagnose import diagnose
 from sparkdiag.watch.model import ProcessLoad, Recording, ThreadInfo, load
 from sparkdiag.watch.render import to_json
+from sparkdiag.watch.threads import read_recording
 from tests.support.watch import (
     Stack,
     const,
@@ -146,13 +147,13 @@ def test_host_work_after_a_sync_in_the_same_function_is_the_sync_s() -> None:
     """numpy scoring below the line that copied the logits to the host is that sync's work,
     not data preparation; the same numpy call in another function is not."""
     rec = _recording(lambda i: mix((TO_HOST, 0.6), (SCORING, 0.4)))
-    readings = st.read_recording(rec)
+    readings = read_recording(rec)
     by_text = {rec.frames[rec.stacks[i][-1]].text: r.activity
                for i, r in enumerate(readings.stacks)}  # fmt: skip
     assert by_text["scores = logits.float().cpu().numpy()"] == st.SYNC
     assert readings.stacks[1].activity == st.AFTER_SYNC
     elsewhere = _recording(lambda i: mix((SCORING, 1.0)))
-    assert st.read_recording(elsewhere).stacks[0].activity == st.USER
+    assert read_recording(elsewhere).stacks[0].activity == st.USER
 
 
 def test_the_training_thread_is_the_one_in_torch_not_a_waiting_one() -> None:
@@ -164,8 +165,8 @@ def test_the_training_thread_is_the_one_in_torch_not_a_waiting_one() -> None:
     rec = with_stacks(rec, lambda i: mix((MODEL, 1.0)), threads=threads, thread=lambda i: 0)
     # the same ticks again from the other threads: the pinning thread and a sleeping one
     extra = with_stacks(rec, lambda i: mix((pinning, 1.0)), threads=threads, thread=lambda i: 1)
-    assert st.read_recording(rec).training == frozenset({0})
-    assert st.read_recording(extra).training != frozenset({1})
+    assert read_recording(rec).training == frozenset({0})
+    assert read_recording(extra).training != frozenset({1})
 
 
 # ---- sharing a tick's lost time out -------------------------------------------------------------

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparkdiag.watch import stacks as st
-from sparkdiag.watch.model import Recording
+from sparkdiag.watch.threads import Readings
 
 CAUSE = {
     st.DATALOADER: "input-starved",
@@ -37,10 +37,11 @@ CAUSE = {
     st.LOGGING: "logging",
     st.COMPILE: "recompiling",
     st.OPTIMIZER: "optimizer-step",
+    st.HOST_OPTIMIZER: "optimizer-step",
     st.COLLECTIVE: "collective-wait",
     st.LAUNCH: "cpu-bound-launcher",
 }
-OVERLAPPING = frozenset({st.SYNC, st.LAUNCH})
+OVERLAPPING = frozenset({st.SYNC, st.LAUNCH, st.OPTIMIZER})
 HOST_SIDE = frozenset(CAUSE) - OVERLAPPING
 COVERAGE_MIN = 0.25  # of a tick: a thread sampled less than this leaves the tick to the counters
 LAUNCHING_MIN = 0.5  # of the sampled time launching, in a launch-bound tick: the launcher's
@@ -56,23 +57,24 @@ class Part:
     seconds: float
 
 
-def training_stacks(
-    rec: Recording, readings: st.Readings, tick: int
-) -> list[tuple[int, str, float]]:
-    """(stack, activity, seconds) of the training threads during one tick of the recording."""
-    return [
-        (s.stack, readings.stacks[s.stack].activity, s.seconds)
-        for s in rec.ticks[tick].stacks
-        if s.thread in readings.training
-    ]
+def training_stacks(readings: Readings, tick: int) -> list[tuple[int, str, float]]:
+    """(stack, activity, seconds) of the training threads during one tick of the recording
+    (what the autograd engine did for them included: :mod:`.threads`)."""
+    return [(s.stack, s.activity, s.seconds) for s in readings.samples(tick)]
+
+
+def _known(sampled: list[tuple[int, str, float]]) -> float:
+    """The seconds in which a stack was read: an empty one (no Python frame, or a sample
+    py-spy could not read) says nothing of what the thread did."""
+    return sum(seconds for _, a, seconds in sampled if a != st.NOTHING)
 
 
 def covered(sampled: list[tuple[int, str, float]], dt: float) -> bool:
-    return sum(seconds for _, _, seconds in sampled) >= COVERAGE_MIN * dt
+    return _known(sampled) >= COVERAGE_MIN * dt
 
 
 def launching_share(sampled: list[tuple[int, str, float]]) -> float:
-    total = sum(seconds for _, _, seconds in sampled)
+    total = _known(sampled)
     launching = sum(s for _, a, s in sampled if a in (st.LAUNCH, st.USER))
     return launching / total if total > 0 else 0.0
 
@@ -85,7 +87,7 @@ def split(
     own unnamed code (``USER``) was launching."""
     if loss <= 0:
         return []
-    total = sum(seconds for _, _, seconds in sampled)
+    total = _known(sampled)
     if total <= 0:
         return [Part(fallback, None, loss)]
     scale = dt / total  # the samples stand for the whole tick

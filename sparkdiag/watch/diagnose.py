@@ -95,7 +95,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from sparkdiag.watch import attribute
+from sparkdiag.watch import attribute, threads
 from sparkdiag.watch import evidence as ev
 from sparkdiag.watch import stacks as st
 from sparkdiag.watch.causes import ACTIONS as ACTIONS
@@ -105,6 +105,7 @@ from sparkdiag.watch.evidence import HOT_THREAD, IDLE_MIN, LOADER_WORKING, PCIE_
 from sparkdiag.watch.evidence import UNHEALTHY_MASK as UNHEALTHY_MASK
 from sparkdiag.watch.findings import Ledger, findings
 from sparkdiag.watch.model import Recording
+from sparkdiag.watch.threads import Readings, read_recording
 from sparkdiag.watch.views import ACTIVE_MIN, View, job_gpus, smoothed, views
 
 __all__ = ["ACTIONS", "TITLES", "Cause", "Diagnosis", "diagnose", "job_gpus"]
@@ -172,8 +173,47 @@ def _window(vs: list[View]) -> tuple[int, int] | None:
     return opened[0], opened[-1]
 
 
+def _in_loop(
+    rec: Recording, readings: Readings | None, vs: list[View], first: int, last: int
+) -> tuple[int, int]:
+    """The window without the ticks at either end that the training threads spent mostly
+    outside their loop's frames (:func:`.threads.loop_frames`, read in the ticks in which the
+    GPU worked at least ``WINDOW_LEVEL`` of its 90th percentile in the window: where the job
+    computes, it is in its loop; a job stalled most of the time, by checkpoints, opens its
+    window at a level its start-up and tear-down reach too): building the model, moving it back
+    to the host, a final save. Ticks not sampled go with the ticks outside the loop beyond
+    them."""
+    if readings is None or last <= first:
+        return first, last
+    utils = sorted(vs[i].util for i in range(first, last + 1))
+    level = WINDOW_LEVEL * utils[int(0.9 * (len(utils) - 1))]
+    working = [vs[i].tick for i in range(first, last + 1) if vs[i].util >= level]
+    frames = threads.loop_frames(readings, rec, working)
+    if not frames:
+        return first, last
+
+    def outside(i: int) -> bool | None:
+        share = threads.in_loop(readings, rec, vs[i].tick, frames)
+        return None if share is None else share < 0.5
+
+    start, end = first, last
+    for i in range(first, last):
+        out = outside(i)
+        if out is False:
+            break
+        if out:
+            start = i + 1
+    for i in range(last, start, -1):
+        out = outside(i)
+        if out is False:
+            break
+        if out:
+            end = i - 1
+    return start, end
+
+
 def _started(
-    rec: Recording, readings: st.Readings | None, vs: list[View], first: int, last: int
+    rec: Recording, readings: Readings | None, vs: list[View], first: int, last: int
 ) -> tuple[int, int]:
     """The window without its first ticks in which the training thread was still importing its
     modules (half its sampled time or more; ticks before py-spy read it go with them): start-up,
@@ -182,7 +222,7 @@ def _started(
         return first, last
     started = first
     for i in range(first, last):
-        sampled = attribute.training_stacks(rec, readings, vs[i].tick)
+        sampled = attribute.training_stacks(readings, vs[i].tick)
         total = sum(seconds for _, _, seconds in sampled)
         if total <= 0:  # not sampled yet (py-spy attaching): as the ticks after it
             continue
@@ -374,7 +414,12 @@ def _loss(v: View, label: str, unimpeded: float) -> float:
 
 
 def _cotenant_loss(v: View, unimpeded: float) -> float:
-    """The seconds other processes' kernels took from the job (at most what it lacked)."""
+    """The seconds other processes' kernels took from the job (at most what it lacked), in a
+    tick in which the job ran kernels of its own: the GPU's time is sliced between the
+    processes that have work queued, so a tick in which the job ran none is one in which it had
+    none to run (its thread elsewhere), not one the other process took from it."""
+    if v.util < ACTIVE_MIN:
+        return 0.0
     return v.dt * min(v.others, max(0.0, unimpeded - v.util)) / unimpeded
 
 
@@ -412,7 +457,7 @@ def _stall_edges(win: list[View], labels: list[str | None]) -> dict[int, float]:
 
 def _parts(
     rec: Recording,
-    readings: st.Readings | None,
+    readings: Readings | None,
     v: View,
     label: str,
     unimpeded: float,
@@ -427,11 +472,11 @@ def _parts(
     loss = _loss(v, label, unimpeded)
     if readings is None or label not in HOST_LABELS:
         return [attribute.Part(label, None, loss)]
-    sampled = attribute.training_stacks(rec, readings, v.tick)
+    sampled = attribute.training_stacks(readings, v.tick)
     if not attribute.covered(sampled, v.dt):
         return [attribute.Part(label, None, loss)]
     launch_bound = _launch_bound(v, thread)
-    total = sum(sec for _, _, sec in sampled)
+    total = sum(sec for _, a, sec in sampled if a != st.NOTHING)
     named = sum(sec for _, a, sec in sampled if a == st.LAUNCH) / total if total > 0 else 0.0
     if (launch_bound and attribute.launching_share(sampled) >= attribute.LAUNCHING_MIN) or (
         _feeding(v, thread) and named >= attribute.LAUNCHING_MIN
@@ -479,8 +524,8 @@ def diagnose(rec: Recording) -> Diagnosis:
             ),
             skipped=tuple(skipped),
         )
-    readings = st.read_recording(rec) if rec.stacks else None
-    first, last = _started(rec, readings, vs, *found)
+    readings = read_recording(rec) if rec.stacks else None
+    first, last = _in_loop(rec, readings, vs, *_started(rec, readings, vs, *found))
     win = vs[first : last + 1]
     start, end = win[0].t - win[0].dt, win[-1].t
     length = max(end - start, 1e-9)

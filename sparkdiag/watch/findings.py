@@ -9,11 +9,11 @@ from dataclasses import dataclass, field, replace
 
 from sparkdiag.watch import evidence as ev
 from sparkdiag.watch import loop_evidence as loop
-from sparkdiag.watch import stacks as st
 from sparkdiag.watch import tenants
 from sparkdiag.watch.attribute import Part
 from sparkdiag.watch.causes import ACTIONS, Cause, pct
 from sparkdiag.watch.sites import lines, top_stacks
+from sparkdiag.watch.threads import Readings
 from sparkdiag.watch.views import View
 
 REPORT_MIN = 0.10  # a cause of lost time below this share of the window is not reported
@@ -83,7 +83,7 @@ def findings(
     ledger: Ledger,
     length: float,
     bursts: set[int],
-    readings: st.Readings | None,
+    readings: Readings | None,
     notes: list[str],
 ) -> list[Cause]:
     """The causes over their thresholds (module docstring); the window-wide ones (throttling,
