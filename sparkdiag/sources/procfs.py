@@ -396,3 +396,19 @@ def open_files(rootfs: Path, pid: int) -> list[OpenFile]:
             OpenFile(target.removesuffix(" (deleted)"), bool(flags & (os.O_WRONLY | os.O_RDWR)))
         )
     return found
+
+
+def environment(rootfs: Path, pid: int, names: Iterable[str]) -> dict[str, str]:
+    """The variables ``names`` of ``pid``'s environment as it started (``/proc/PID/environ``:
+    the owner's or root's to read); {} where it cannot be read."""
+    try:
+        raw = (rootfs / "proc" / str(pid) / "environ").read_bytes()[: 1 << 20]
+    except OSError:
+        return {}
+    wanted = set(names)
+    found = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.decode("utf-8", "replace").partition("=")
+        if sep and key in wanted:
+            found[key] = value
+    return found

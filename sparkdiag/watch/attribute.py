@@ -60,7 +60,7 @@ class Part:
 def training_stacks(readings: Readings, tick: int) -> list[tuple[int, str, float]]:
     """(stack, activity, seconds) of the training threads during one tick of the recording
     (what the autograd engine did for them included: :mod:`.threads`)."""
-    return [(s.stack, s.activity, s.seconds) for s in readings.samples(tick)]
+    return [(s.stack, s.activity, s.seconds) for s in readings.feeding_samples(tick)]
 
 
 def _known(sampled: list[tuple[int, str, float]]) -> float:

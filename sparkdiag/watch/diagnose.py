@@ -95,7 +95,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from sparkdiag.watch import attribute, threads
+from sparkdiag.watch import attribute, ranks, threads
 from sparkdiag.watch import evidence as ev
 from sparkdiag.watch import stacks as st
 from sparkdiag.watch.causes import ACTIONS as ACTIONS
@@ -133,6 +133,7 @@ CHECKPOINT_IO_STALL = 0.02
 CHECKPOINT_TAIL_SECONDS = 30.0
 CHECKPOINT_LEAD_SECONDS = 30.0
 UNIMPEDED_MIN_SHARE = 0.20
+COLLECTIVE_MIN = 0.5  # of a stalled tick's stacks in a collective: the collective's wait
 # the causes the counters give a tick whose lost time the stacks may share out (attribute.py)
 HOST_LABELS = frozenset(
     {"input-starved", "data-prep-in-loop", "host-sync", "pageable-copies",
@@ -470,11 +471,17 @@ def _parts(
     launch-bound loop does and the stacks name torch calls (not only unnamed code) for that
     half: the stacks tell launching from preparing data, which the kernels' size guessed."""
     loss = _loss(v, label, unimpeded)
-    if readings is None or label not in HOST_LABELS:
+    if readings is None or label not in (*HOST_LABELS, "stalled-kernel"):
         return [attribute.Part(label, None, loss)]
     sampled = attribute.training_stacks(readings, v.tick)
     if not attribute.covered(sampled, v.dt):
         return [attribute.Part(label, None, loss)]
+    if label == "stalled-kernel":  # a collective's kernel waiting for a peer, where it shows
+        waits = [(s, sec) for s, a, sec in sampled if a == st.COLLECTIVE]
+        waited = sum(sec for _, sec in waits)
+        if waited < COLLECTIVE_MIN * sum(sec for _, a, sec in sampled if a != st.NOTHING):
+            return [attribute.Part(label, None, loss)]
+        return [attribute.Part("collective-wait", s, loss * sec / waited) for s, sec in waits]
     launch_bound = _launch_bound(v, thread)
     total = sum(sec for _, a, sec in sampled if a != st.NOTHING)
     named = sum(sec for _, a, sec in sampled if a == st.LAUNCH) / total if total > 0 else 0.0
@@ -487,6 +494,23 @@ def _parts(
     return attribute.split(_idle_loss(v, unimpeded), v.dt, sampled, label, launch_bound)
 
 
+def _ranks_without_gpu(rec: Recording) -> Cause | None:
+    """Without a GPU, the ranks' stacks alone (ranks.py), over the ticks after they imported."""
+    if not rec.stacks:
+        return None
+    readings = read_recording(rec)
+    started = [
+        k
+        for k in range(len(rec.ticks))
+        if any(s.activity not in (st.IMPORTING, st.NOTHING) for s in readings.samples(k))
+    ]
+    return (
+        ranks.cause_without_gpu(rec, readings, range(started[0], len(rec.ticks)))
+        if started
+        else None
+    )
+
+
 def diagnose(rec: Recording) -> Diagnosis:
     """The diagnosis of a recording (see the module docstring for the rules)."""
     gpus = job_gpus(rec)
@@ -494,9 +518,11 @@ def diagnose(rec: Recording) -> Diagnosis:
     skipped = list(rec.skipped)
     if not vs:
         host = ev.memory_cause(rec, 0.0, rec.ticks[-1].t if rec.ticks else 0.0)
+        found_causes = [c for c in (_ranks_without_gpu(rec), host) if c is not None]
+        found_causes.sort(key=lambda c: -c.share)
         return Diagnosis(
-            verdict=host.name if host else "no-gpu",
-            causes=(host,) if host else (),
+            verdict=found_causes[0].name if found_causes else "no-gpu",
+            causes=tuple(found_causes),
             window=(0.0, rec.ticks[-1].t if rec.ticks else 0.0),
             gpus=(),
             gpu_busy=None,

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field, replace
 
 from sparkdiag.watch import evidence as ev
 from sparkdiag.watch import loop_evidence as loop
+from sparkdiag.watch import ranks, tenants
 from sparkdiag.watch import store_evidence as stores
-from sparkdiag.watch import tenants
 from sparkdiag.watch.attribute import Part
 from sparkdiag.watch.causes import ACTIONS, Cause, pct
 from sparkdiag.watch.sites import lines, top_stacks
@@ -77,6 +77,18 @@ def _with_store(
     if action is not None and (writing or actions[:1] == (ev.STORE,)):
         actions = (action, *actions)
     return replace(cause, evidence=(*cause.evidence, *lines), actions=actions)
+
+
+def _with_ranks(cause: Cause, ctx: ev.Context, readings: Readings) -> Cause:
+    """A collective's wait with the ranks' side: the rank that does not arrive, a straggler."""
+    found = ranks.find(ctx.rec, readings, [v.tick for v in ctx.win])
+    if found is None:
+        return cause
+    return replace(
+        cause,
+        evidence=(*cause.evidence, *found.evidence),
+        actions=(found.first, *cause.actions),
+    )
 
 
 def _checkpoint(ctx: ev.Context, bursts: set[int], idx: list[int], share: float) -> Cause:
@@ -146,8 +158,12 @@ def findings(
                 )
             causes.append(cause)
     for name in loop.DOING:
-        if over(name):
-            causes.append(loop.stack_cause(name, ctx, ticks[name], share[name], spent(name)))
+        minimum = STALL_REPORT_MIN if name == "collective-wait" else REPORT_MIN  # a hang
+        if over(name, minimum):
+            cause = loop.stack_cause(name, ctx, ticks[name], share[name], spent(name))
+            if name == "collective-wait" and readings is not None:
+                cause = _with_ranks(cause, ctx, readings)
+            causes.append(cause)
     throttled = ev.throttle_cause(ctx.win, length, notes)
     if throttled:
         causes.append(throttled)

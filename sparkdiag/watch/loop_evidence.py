@@ -59,7 +59,7 @@ def _visits(
     count, seconds = 0, 0.0
     for i in idx:
         for s in ctx.rec.ticks[ctx.win[i].tick].stacks:
-            if s.thread in readings.training and s.stack in stacks:
+            if s.thread in readings.feeding and s.stack in stacks:
                 count += s.visits
                 seconds += s.seconds
     return count, seconds
@@ -86,7 +86,7 @@ def _stretches(
         return []
     mostly = []
     for i in idx:
-        sampled = [(s.activity, s.seconds) for s in readings.samples(ctx.win[i].tick)
+        sampled = [(s.activity, s.seconds) for s in readings.feeding_samples(ctx.win[i].tick)
                    if s.activity != st.NOTHING]  # fmt: skip
         total = sum(sec for _, sec in sampled)
         if total > 0 and sum(sec for a, sec in sampled if a == activity) >= 0.5 * total:

@@ -198,6 +198,18 @@ class ProcessInfo:
 
 
 @dataclass(frozen=True)
+class RankInfo:
+    """A process of the job whose stacks were sampled, as ``torch.distributed`` numbers it:
+    ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` of its environment (torchrun sets them); None
+    where it has none (``mp.spawn`` passes the rank as an argument)."""
+
+    pid: int
+    rank: int | None = None
+    world_size: int | None = None
+    local_rank: int | None = None
+
+
+@dataclass(frozen=True)
 class Place:
     """Where the job's files live: a directory it wrote or read in, the mount that holds it
     (mount point, filesystem type, source) and its kind (``network``, ``memory``, ``nvme``,
@@ -242,7 +254,7 @@ class Recording:
     were not); ``tenants``: who the other processes on the job's GPUs are; ``cwd``: the job's
     working directory (its files are named relative to it); ``places``: where the directories
     of the files it wrote and read heavily live; ``stores``: what sparkdiag storage measured
-    on this machine's mount points."""
+    on this machine's mount points; ``ranks``: the distributed rank of each process sampled."""
 
     started_at: float  # unix seconds
     interval: float
@@ -262,6 +274,7 @@ class Recording:
     cwd: str = ""
     places: tuple[Place, ...] = ()
     stores: tuple[StoreSpeed, ...] = ()
+    ranks: tuple[RankInfo, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
@@ -320,6 +333,7 @@ def _stack_tables(doc: dict[str, Any]) -> dict[str, Any]:
         "cwd": str(doc.get("cwd", "")),
         "places": tuple(_build(Place, p) for p in doc.get("places", ())),
         "stores": tuple(_build(StoreSpeed, p) for p in doc.get("stores", ())),
+        "ranks": tuple(_build(RankInfo, p) for p in doc.get("ranks", ())),
     }
 
 

@@ -286,9 +286,12 @@ def _saving(f: StackFrame, lib: str | None) -> bool:
 
 
 def _collective(f: StackFrame, lib: str | None) -> bool:
+    """A collective of ``torch.distributed`` (not the rendezvous of torchrun's own agent, in
+    ``torch/distributed/elastic/``, which is no rank's training)."""
     return (
         lib is not None
         and lib.startswith("torch/distributed/")
+        and not lib.startswith("torch/distributed/elastic/")
         and _function(f.function) in _COLLECTIVES
     )
 

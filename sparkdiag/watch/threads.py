@@ -59,9 +59,17 @@ class Readings:
     stacks: tuple[st.Reading, ...]
     training: frozenset[int]  # indexes into the recording's threads
     ticks: tuple[tuple[Sample, ...], ...] = ()
+    feeding: frozenset[int] = frozenset()  # the training threads of the GPU's processes
 
     def samples(self, tick: int) -> tuple[Sample, ...]:
+        """What the training threads of every sampled process did in the tick."""
         return self.ticks[tick] if 0 <= tick < len(self.ticks) else ()
+
+    def feeding_samples(self, tick: int) -> tuple[Sample, ...]:
+        """What the training threads of the processes that hold the GPU did (of every sampled
+        process where the recording does not say which hold it): a launcher such as torchrun,
+        or a wrapper script waiting for its child, feeds no GPU."""
+        return tuple(s for s in self.samples(tick) if s.thread in self.feeding)
 
 
 def _after_sync(rec: Recording, readings: list[st.Reading]) -> list[st.Reading]:
@@ -173,10 +181,17 @@ def _tick_samples(
     return tuple(out)
 
 
+def gpu_pids(rec: Recording) -> frozenset[int]:
+    """The job's processes seen holding a GPU (each tick keeps them among its processes)."""
+    return frozenset(p.pid for t in rec.ticks for p in t.job.loads if p.on_gpu)
+
+
 def read_recording(rec: Recording) -> Readings:
     readings = _after_sync(rec, [st.read([rec.frames[i] for i in s], s) for s in rec.stacks])
     training = _training(rec, readings)
-    return Readings(tuple(readings), training, _tick_samples(rec, readings, training))
+    on_gpu = gpu_pids(rec)
+    feeding = frozenset(t for t in training if rec.threads[t].pid in on_gpu) or training
+    return Readings(tuple(readings), training, _tick_samples(rec, readings, training), feeding)
 
 
 # -- the loop's frames ------------------------------------------------------------------------
@@ -187,7 +202,7 @@ def loop_frames(readings: Readings, rec: Recording, ticks: Sequence[int]) -> tup
     training threads' time in ``ticks`` shares (the module docstring)."""
     weighted: dict[tuple[int, ...], float] = {}
     for k in ticks:
-        for s in readings.samples(k):
+        for s in readings.feeding_samples(k):
             weighted[rec.stacks[s.stack]] = weighted.get(rec.stacks[s.stack], 0.0) + s.seconds
     total = sum(weighted.values())
     prefix: tuple[int, ...] = ()
@@ -210,7 +225,7 @@ def loop_frames(readings: Readings, rec: Recording, ticks: Sequence[int]) -> tup
 def in_loop(readings: Readings, rec: Recording, tick: int, frames: tuple[int, ...]) -> float | None:
     """The share of the training threads' sampled time in the tick spent inside the loop's
     frames; None where nothing was sampled (py-spy attaching, or an empty stack)."""
-    sampled = [s for s in readings.samples(tick) if s.activity != st.NOTHING]
+    sampled = [s for s in readings.feeding_samples(tick) if s.activity != st.NOTHING]
     total = sum(s.seconds for s in sampled)
     if total <= 0:
         return None
