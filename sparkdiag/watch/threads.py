@@ -16,7 +16,8 @@ compiled. What the engine's thread did there, other than launching, is what the 
 thread waited for: its seconds in the wait are given to the engine's activity (at most the
 seconds it waited). A backward compiled that way belongs to the forward the training thread
 compiled last (AOTAutograd compiles a graph's backward at its first backward): it is counted
-at that forward's stack, so the line named is the call that recompiled.
+at that forward's stack, so the line named is the call that recompiled; so is a backward the
+training thread compiles itself, inside ``backward()`` (on a CPU the engine runs there).
 
 **The loop's frames**: the longest run of outermost frames that ``LOOP_SHARE`` of the training
 threads' time shares in the ticks the GPU worked (frames are told apart by their line, so
@@ -107,14 +108,22 @@ def started_by_torch(rec: Recording, stack: int) -> bool:
     return bool(ids) and (st.library_path(rec.frames[ids[0]].file) or "").startswith("torch/")
 
 
+def _engine_frame(rec: Recording, frame: int) -> bool:
+    f = rec.frames[frame]
+    name = ENGINE_WAIT.get(st.library_path(f.file) or "")
+    return name is not None and f.function.rsplit(".", 1)[-1] == name
+
+
 def engine_wait(rec: Recording, stack: int) -> bool:
     """The thread waits for the autograd engine (``loss.backward()``)."""
     ids = rec.stacks[stack]
-    if not ids:
-        return False
-    leaf = rec.frames[ids[-1]]
-    name = ENGINE_WAIT.get(st.library_path(leaf.file) or "")
-    return name is not None and leaf.function.rsplit(".", 1)[-1] == name
+    return bool(ids) and _engine_frame(rec, ids[-1])
+
+
+def through_engine(rec: Recording, stack: int) -> bool:
+    """The stack runs inside the autograd engine, called from the thread's own backward() (on
+    a CPU the engine runs the backward on the calling thread)."""
+    return any(_engine_frame(rec, i) for i in rec.stacks[stack])
 
 
 def _training(rec: Recording, readings: list[st.Reading]) -> frozenset[int]:
@@ -151,9 +160,13 @@ def _tick_samples(
         for thread in sorted(training):
             pid = rec.threads[thread].pid
             own = [s for s in tick.stacks if s.thread == thread]
+            backward_compile: set[int] = set()  # compiling a backward in this thread
             for s in own:
                 if readings[s.stack].activity == st.COMPILE:
-                    last_compile[thread] = s.stack
+                    if through_engine(rec, s.stack):
+                        backward_compile.add(s.stack)
+                    else:
+                        last_compile[thread] = s.stack
             waits = {s.stack: s.seconds for s in own if engine_wait(rec, s.stack)}
             engine = [
                 (readings[s.stack].activity, s.seconds)
@@ -168,8 +181,9 @@ def _tick_samples(
             moved = min(waited, worked)
             for s in own:
                 left = s.seconds * (1.0 - moved / waited) if s.stack in waits else s.seconds
+                at = last_compile.get(thread, s.stack) if s.stack in backward_compile else s.stack
                 if left > 0:
-                    samples.append(Sample(thread, s.stack, readings[s.stack].activity, left))
+                    samples.append(Sample(thread, at, readings[s.stack].activity, left))
             if moved <= 0:
                 continue
             for wait, seconds in waits.items():
