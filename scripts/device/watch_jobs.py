@@ -117,12 +117,13 @@ GO_TIMEOUT = 120.0  # seconds a pair's job waits for the orchestration's go
 
 def run_pair(
     name: str, seconds: float, device: str, scale: str, alone: Path, result: Path, ready: Path,
-    go: Path,
+    go: Path, alone_seconds: float | None = None,
 ) -> None:  # fmt: skip
     """Both runs of a job in one process (its imports and start-up paid once): without its
-    defect (``alone``), then, once the orchestration has attached ``sparkdiag watch --pid``
-    and created ``go``, with it (``result``). ``ready`` says the first run is done."""
-    run_job(name, seconds, device, scale, alone, clean=True)
+    defect (``alone``, timed ``alone_seconds``: a job without its defect is steady sooner),
+    then, once the orchestration has attached ``sparkdiag watch --pid`` and created ``go``,
+    with it (``result``). ``ready`` says the first run is done."""
+    run_job(name, alone_seconds or seconds, device, scale, alone, clean=True)
     ready.touch()
     end = time.monotonic() + GO_TIMEOUT
     while not go.exists():
@@ -396,8 +397,9 @@ def run_once(
         return None, diagnosis, f"no result ({exc})"
 
 
-PAIR_NEIGHBOUR_SECONDS = 3.0  # a neighbour told to go: its CUDA context and first matmuls
-ATTACH_SECONDS = 1.5  # watch --pid and py-spy attached before the job's defect runs
+PAIR_NEIGHBOUR_SECONDS = 1.0  # a neighbour told to go: its CUDA context (the watched run's
+# warm-up gives it seconds more before the timing starts)
+ATTACH_SECONDS = 1.0  # watch --pid and py-spy attached before the job's defect runs
 
 
 def _wait_for(path: Path, proc: subprocess.Popen[Any], seconds: float) -> bool:
@@ -428,8 +430,9 @@ def run_pair_once(
     ready, go, neighbour_go = (out / f".{name}.{x}" for x in ("ready", "go", "neighbour-go"))
     for path in (alone, watched, ready, go, neighbour_go):
         path.unlink(missing_ok=True)
+    timed = ["--alone-seconds", str(args.alone_seconds)] if args.alone_seconds else []
     cmd = [*job_argv(args, name, watched), "--pair", "--alone-result", str(alone), "--ready",
-           str(ready), "--go", str(go)]  # fmt: skip
+           str(ready), "--go", str(go), *timed]  # fmt: skip
     neighbour = start_neighbour(args, neighbour_go) if name in _neighboured(args) else None
     job: subprocess.Popen[Any] | None = None
     watcher: subprocess.Popen[Any] | None = None
@@ -667,6 +670,10 @@ def main() -> None:
         help="a job with a defect runs without it and then with it in one process (watched by "
         "--pid for the second run): its imports and start-up paid once",
     )  # fmt: skip
+    parser.add_argument(
+        "--alone-seconds", type=float, default=None,
+        help="--same-process: the timed run without the defect (default --seconds)",
+    )  # fmt: skip
     parser.add_argument("--no-plot", action="store_true", help="no timeline PNGs")
     parser.add_argument(
         "--neighbour", default="", help="these jobs too are watched beside a neighbour (a test)"
@@ -685,6 +692,7 @@ def main() -> None:
     job.add_argument("--alone-result", type=Path, help="--pair: the run without the defect")
     job.add_argument("--ready", type=Path, help="--pair: created when that run is done")
     job.add_argument("--go", type=Path, help="--pair: waited for before the run with it")
+    job.add_argument("--alone-seconds", type=float, default=None, help="--pair: its timed run")
     args = parser.parse_args()
     if args.mode == "job":
         # under watch the job shares watch's stdout, which must hold watch's JSON alone: what
@@ -693,7 +701,7 @@ def main() -> None:
         os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
         if args.pair:
             run_pair(args.name, args.seconds, args.device, args.scale, args.alone_result,
-                     args.result, args.ready, args.go)  # fmt: skip
+                     args.result, args.ready, args.go, args.alone_seconds)  # fmt: skip
             return
         run_job(args.name, args.seconds, args.device, args.scale, args.result, args.pin, args.clean)
         return

@@ -14,7 +14,8 @@
 #                                              # fixed on: vit (healthy, watched only), cotenant,
 #                                              # lightning-checkpoint, compile-recompile (each
 #                                              # without its defect, then watched with it, in one
-#                                              # process: imports paid once), 8 s each; every
+#                                              # process: imports paid once), 8 s watched, 5 s
+#                                              # alone (steady sooner without a defect); every
 #                                              # recording, diagnosis, log and the table in ONE
 #                                              # archive, $OUT/watch/rerun.tgz; the table last
 #
@@ -50,7 +51,8 @@ case "$mode" in
   rerun)
     left=$((RERUN_SECONDS - SECONDS - 3))  # bash's SECONDS: this script's time so far
     python3 scripts/device/watch_jobs.py --out /tmp/watch-rerun --archive "$OUT/watch/rerun.tgz" \
-      --jobs lightning-checkpoint,cotenant,compile-recompile,vit --seconds 8 --same-process \
+      --jobs vit,cotenant,lightning-checkpoint,compile-recompile --seconds 8 --alone-seconds 5 \
+      --same-process \
       --no-versions --no-plot --budget $((left - 8)) --deadline "$left" "${dry[@]}" "$@" ;;
   *) echo "usage: watch_stacks.sh jobs|cost|rerun [args]"; exit 2 ;;
 esac
