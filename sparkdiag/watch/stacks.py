@@ -21,7 +21,8 @@ a copy to the GPU, ``torch.``/``model(``/``.backward(``/``@`` launching, ``sleep
 ``print(`` logging. Anything else the job's own code does (pure Python, numpy) is ``USER``: the
 diagnosis decides per tick whether that was launching or preparing data, and a ``USER`` stack
 inside a function that syncs, below the line that syncs, is the host working on the results it
-copied (``AFTER_SYNC``).
+copied (``AFTER_SYNC``; :mod:`.threads` reads a whole recording: which thread trains, what it
+did tick by tick).
 """
 
 from __future__ import annotations
