@@ -205,3 +205,42 @@ def test_the_loop_jobs_under_watch_name_their_lines_and_write_expectations(
     assert [j["job"] for j in expected["jobs"]] == ["launch-bound", "compile-recompile"]
     assert all(j["truth"] is None and j["line"]["file"] == "loop_jobs.py" for j in expected["jobs"])
     assert "right: verdict 2/2, line 2/2" in result.stdout
+
+
+def test_the_rerun_mode_runs_each_pair_in_one_process_within_its_deadline(tmp_path: Path) -> None:
+    """watch_stacks.sh rerun in its dry mode (DRY=1: CPU, tiny, a scripted GPU), on the one
+    job of its list this machine can run (compile-recompile: torch only), watched beside a
+    neighbour as the co-tenant is: its run without the defect and its watched run share one
+    process (watch --pid), the neighbour is gone after, everything is in ONE archive under
+    $OUT/watch and the table is printed last."""
+    pytest.importorskip("torch")
+    from sparkdiag.sources import pyspy
+
+    if pyspy.find() is None:
+        pytest.skip("py-spy is not installed here")
+    out = tmp_path / "OUT"
+    bin_dir = str(Path(sys.executable).parent)
+    result = subprocess.run(
+        ["bash", "scripts/device/watch_stacks.sh", "rerun", "--jobs", "compile-recompile",
+         "--neighbour", "compile-recompile", "--out", str(tmp_path / "work")],
+        capture_output=True, text=True, timeout=200, cwd=ROOT,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "DRY": "1", "OUT": str(out),
+             "HOME": str(tmp_path)},
+    )  # fmt: skip
+    lines = result.stdout.strip().splitlines()
+    assert lines[-1] == "rc=0", result.stdout[-3000:] + result.stderr[-2000:]
+    # the neighbour is not seen on the scripted GPU: only the verdict and the line are judged
+    assert lines[-4].startswith("right: verdict 1/1, line 1/1"), lines[-6:]
+    with tarfile.open(out / "watch" / "rerun.tgz") as tar:
+        names = set(tar.getnames())
+    for suffix in ("alone.json", "watched.json", "recording.json", "diagnosis.json", "watch.log"):
+        assert f"compile-recompile.{suffix}" in names
+    assert {"watch_jobs.txt", "watch_expected.json"} <= names
+    assert sorted(p.name for p in (out / "watch").iterdir()) == ["log.txt", "rerun.tgz"]
+    rows = json.loads((tmp_path / "work" / "watch_jobs.json").read_text())["rows"]
+    doc = json.loads((tmp_path / "work" / "compile-recompile.diagnosis.json").read_text())
+    assert doc["job"].startswith("pid ") and doc["ended_by"] == "gone"  # watched by --pid
+    alone = json.loads((tmp_path / "work" / "compile-recompile.alone.json").read_text())
+    assert alone["clean"] is True and rows[0]["watched_per_second"] > 0
+    gone = subprocess.run(["pgrep", "-f", "loop_jobs.py neighbour"], capture_output=True)
+    assert gone.stdout == b""  # the neighbour was stopped

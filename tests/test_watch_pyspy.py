@@ -21,7 +21,7 @@ import pytest
 from sparkdiag.sources import pyspy
 from sparkdiag.watch import stack_sampler
 from sparkdiag.watch.job import SpawnedJob
-from sparkdiag.watch.model import Tick, load
+from sparkdiag.watch.model import RankInfo, Tick, load
 from tests.support import NVML, ROOT, sparkdiag_cmd
 
 BINARY = pyspy.find()
@@ -234,9 +234,21 @@ def test_whose_stacks_are_recorded(tmp_path: Path) -> None:
     for pid, name in ((10, "bash"), (11, "python3"), (12, "pt_data_worker"), (13, "python3.11")):
         (root / "proc" / str(pid)).mkdir(parents=True)
         (root / "proc" / str(pid) / "comm").write_text(name + "\n")
-    assert stack_sampler.targets(root, [10, 11, 12, 13], {13}) == [13]  # on the GPU
+    # on the GPU first, then the other Python processes (a launcher, a rank off the GPU)
+    assert stack_sampler.targets(root, [10, 11, 12, 13], {13}) == [13, 11]
     assert stack_sampler.targets(root, [10, 11, 12, 13], set()) == [11, 13]  # no loaders
     assert stack_sampler.targets(root, [10], set()) == [10]
+    # torchrun and 9 ranks: at most MAX_PROCESSES, the launcher and the first ranks
+    ranks = list(range(20, 30))
+    for pid in ranks:
+        (root / "proc" / str(pid)).mkdir(parents=True)
+        (root / "proc" / str(pid) / "comm").write_text("python3\n")
+        env = f"PATH=/bin\0RANK={pid - 21}\0WORLD_SIZE=9\0LOCAL_RANK={pid - 21}\0"
+        (root / "proc" / str(pid) / "environ").write_text(env)
+    chosen = stack_sampler.targets(root, ranks, set())
+    assert chosen == ranks[: stack_sampler.MAX_PROCESSES]
+    assert stack_sampler.rank_of(root, 23) == RankInfo(23, 2, 9, 2)
+    assert stack_sampler.rank_of(root, 11) == RankInfo(11)  # no environ: mp.spawn, or unreadable
 
 
 # ---- the shim for Yama's ptrace_scope 1 --------------------------------------------------------

@@ -17,6 +17,7 @@ from sparkdiag.watch import stacks as st
 from sparkdiag.watch.diagnose import diagnose
 from sparkdiag.watch.model import ProcessLoad, Recording, ThreadInfo, load
 from sparkdiag.watch.render import to_json
+from sparkdiag.watch.threads import read_recording
 from tests.support.watch import (
     Stack,
     const,
@@ -29,6 +30,7 @@ from tests.support.watch import (
     sole_cause,
     timeline,
     with_stacks,
+    with_threads,
 )
 
 STDLIB = "/usr/lib/python3.11/"
@@ -146,13 +148,13 @@ def test_host_work_after_a_sync_in_the_same_function_is_the_sync_s() -> None:
     """numpy scoring below the line that copied the logits to the host is that sync's work,
     not data preparation; the same numpy call in another function is not."""
     rec = _recording(lambda i: mix((TO_HOST, 0.6), (SCORING, 0.4)))
-    readings = st.read_recording(rec)
+    readings = read_recording(rec)
     by_text = {rec.frames[rec.stacks[i][-1]].text: r.activity
                for i, r in enumerate(readings.stacks)}  # fmt: skip
     assert by_text["scores = logits.float().cpu().numpy()"] == st.SYNC
     assert readings.stacks[1].activity == st.AFTER_SYNC
     elsewhere = _recording(lambda i: mix((SCORING, 1.0)))
-    assert st.read_recording(elsewhere).stacks[0].activity == st.USER
+    assert read_recording(elsewhere).stacks[0].activity == st.USER
 
 
 def test_the_training_thread_is_the_one_in_torch_not_a_waiting_one() -> None:
@@ -164,8 +166,8 @@ def test_the_training_thread_is_the_one_in_torch_not_a_waiting_one() -> None:
     rec = with_stacks(rec, lambda i: mix((MODEL, 1.0)), threads=threads, thread=lambda i: 0)
     # the same ticks again from the other threads: the pinning thread and a sleeping one
     extra = with_stacks(rec, lambda i: mix((pinning, 1.0)), threads=threads, thread=lambda i: 1)
-    assert st.read_recording(rec).training == frozenset({0})
-    assert st.read_recording(extra).training != frozenset({1})
+    assert read_recording(rec).training == frozenset({0})
+    assert read_recording(extra).training != frozenset({1})
 
 
 # ---- sharing a tick's lost time out -------------------------------------------------------------
@@ -512,3 +514,128 @@ def test_launching_named_by_the_stacks_is_launch_bound_whatever_the_kernels_size
     # the same counters with the thread in its own unnamed code: data prep, not launching
     plain = with_stacks(rec, lambda i: mix((TOKENIZE, 1.0)))
     assert diagnose(plain).verdict == "data-prep-in-loop"
+
+
+# ---- the rules found on the 2026-12-03 H200 recordings ------------------------------------------
+
+STEP = loop(9, "opt.step()", frame("AdamW.step", "torch/optim/adamw.py", 227),
+            frame("_multi_tensor_adamw", "torch/optim/adamw.py", 600))  # fmt: skip
+
+
+def test_a_gpu_optimizer_step_overlapping_a_busy_gpu_is_not_lost_time() -> None:
+    """A healthy ViT-B on the H200 (the recording was lost; its diagnosis said optimizer-step
+    11 %): the GPU 88 % busy in every tick, the thread launching, waiting in the step's sync
+    and in AdamW's foreach step, whose kernels queue behind the backward's. The step enqueues
+    work like launching does: no host work the GPU waited for, no cause."""
+    rec = timeline(util=const(0.88), sm=const(0.8), tensor=const(0.6), thread=const(1.0))
+    rec = with_stacks(rec, lambda i: mix((MODEL, 0.5), (ITEM, 0.32), (STEP, 0.18)))
+    d = diagnose(rec)
+    assert d.verdict == "healthy", [(c.name, round(c.share, 3)) for c in d.causes]
+    # an optimizer stepping on the CPU (DeepSpeed's CPU Adam) is host work the GPU waits for
+    cpu_adam = loop(9, "engine.step()", frame("DeepSpeedCPUAdam.step",
+                                              "deepspeed/ops/adam/cpu_adam.py", 150))  # fmt: skip
+    assert read(cpu_adam).activity == st.HOST_OPTIMIZER
+    slow = timeline(util=const(0.6), sm=const(0.55), tensor=const(0.4), thread=const(1.0))
+    slow = with_stacks(slow, lambda i: mix((MODEL, 0.4), (cpu_adam, 0.4), (ITEM, 0.2)))
+    assert sole_cause(diagnose(slow), "optimizer-step").share == pytest.approx(0.4, abs=0.02)
+
+
+FORWARD_COMPILE = loop(
+    40, "loss = model(x).pow(2).mean()",
+    frame("_TorchDynamoContext.__call__._fn", "torch/_dynamo/eval_frame.py", 655),
+    frame("ConvertFrame.__call__", "torch/_dynamo/convert_frame.py", 1432),
+)  # fmt: skip
+BACKWARD = loop(41, "loss.backward()", frame("Tensor.backward", "torch/_tensor.py", 631),
+                frame("backward", "torch/autograd/__init__.py", 381),
+                frame("_engine_run_backward", "torch/autograd/graph.py", 869))  # fmt: skip
+ENGINE = (frame("BackwardCFunction.apply", "torch/autograd/function.py", 317),
+          frame("CompiledFunction.backward",
+                "torch/_functorch/_aot_autograd/runtime_wrappers.py", 2748))  # fmt: skip
+BACKWARD_COMPILE = (
+    *ENGINE,
+    frame("_wrapped_bw_compiler", "torch/_dynamo/backends/common.py", 84),
+    frame("compile_fx_backward", "torch/_inductor/compile_fx.py", 2436),
+)  # fmt: skip
+AUTOTUNE = (*ENGINE, frame("CompiledFxGraph.__call__", "torch/_inductor/output_code.py", 656),
+            frame("CachingAutotuner.run", "torch/_inductor/runtime/triton_heuristics.py", 1448),
+            frame("CachingAutotuner.autotune_to_one_config",
+                  "torch/_inductor/runtime/triton_heuristics.py", 1176))  # fmt: skip
+RUN_COMPILED = (*ENGINE, frame("CompiledFxGraph.__call__", "torch/_inductor/output_code.py", 656),
+                frame("CachingAutotuner.run",
+                      "torch/_inductor/runtime/triton_heuristics.py", 1448))  # fmt: skip
+ENGINE_THREADS = (ThreadInfo(4242, 4242, "MainThread", "python3"),
+                  ThreadInfo(4242, 4300, "", "python3"))  # fmt: skip
+
+
+def test_a_backward_compiled_on_the_autograd_engine_s_thread_is_recompiling() -> None:
+    """The H200's compile-recompile job: each new input length compiles the forward in the
+    training thread, then AOTAutograd compiles its backward on the autograd engine's thread
+    while the training thread waits in loss.backward() (read alone, launching), and tunes
+    each new kernel at its first call; py-spy read some of the training thread's samples
+    empty. All of it is recompiling, named at the call that recompiled."""
+    compiling = periodic(2, 9, period=10)  # 3.5 s of every 5 s
+
+    def at(i: int) -> list[tuple[int, Stack, float]]:
+        phase = i % 10
+        if phase in (2, 3, 4):
+            return [(0, FORWARD_COMPILE, 0.4), (0, (), 0.6)]
+        if phase in (5, 6, 7, 8):
+            return [(0, BACKWARD, 1.0), (1, BACKWARD_COMPILE if phase < 8 else AUTOTUNE, 1.0)]
+        if phase == 9:
+            return [(0, BACKWARD, 1.0), (1, RUN_COMPILED, 0.2)]
+        return [(0, ITEM, 0.7), (0, FORWARD_COMPILE[:2] + MODEL[2:], 0.3)]
+
+    rec = timeline(util=during(compiling, 0.0, 0.99), sm=during(compiling, 0.0, 0.9),
+                   thread=during(compiling, 0.7, 1.0))  # fmt: skip
+    rec = with_threads(rec, at, threads=ENGINE_THREADS)
+    readings = read_recording(rec)
+    assert readings.training == frozenset({0})  # the engine's thread never trains
+    cause = sole_cause(diagnose(rec), "recompiling", 0.7, within=0.01)
+    assert cause.sites[0].line == 40  # the backward's compile belongs to that forward's
+    assert read(AUTOTUNE).activity == st.COMPILE and read(RUN_COMPILED).activity == st.LAUNCH
+    assert "8 stretches of compiling, the longest 3.5 s" in " ".join(cause.evidence)
+
+
+TEARDOWN = loop(45, "trainer.fit(model)",
+                frame("Trainer._run", "lightning/pytorch/trainer/trainer.py", 1062),
+                frame("Strategy.teardown", "lightning/pytorch/strategies/strategy.py", 532),
+                frame("Module.cpu", "torch/nn/modules/module.py", 1165))  # fmt: skip
+STAGE = (*loop(45, "trainer.fit(model)"),
+         frame("Trainer._run", "lightning/pytorch/trainer/trainer.py", 1057),
+         frame("Trainer._run_stage", "lightning/pytorch/trainer/trainer.py", 1100))  # fmt: skip
+
+
+def test_a_teardown_after_the_loop_is_out_of_the_window() -> None:
+    """The H200's Lightning checkpoint job: stalled by its checkpoints most of the time (its
+    window opened at 2 % utilization), then Lightning moving the model and the optimizer back
+    to the host (GPU at 5 %, copies) for 3 s after the loop: not the job's loop."""
+    saving = periodic(2, 16)  # the GPU 2 % in 14 ticks of every 20: serialising
+
+    def at(i: int) -> list[tuple[Stack, float]]:
+        if i >= 40:
+            return [(TEARDOWN, 1.0)]
+        if saving(i):
+            return [((*STAGE, *SAVE[2:]), 1.0)]
+        return [((*STAGE, *MODEL[2:]), 0.6), ((*STAGE, *ITEM[2:]), 0.4)]
+
+    rec = timeline(
+        n=46, util=lambda i: 0.05 if i >= 40 else (0.02 if saving(i) else 0.99),
+        sm=lambda i: 0.0 if i >= 40 or saving(i) else 0.9, thread=const(1.0),
+        write=during(periodic(15, 16), 2.4e9, 1e5),
+    )  # fmt: skip
+    d = diagnose(with_stacks(rec, at))
+    assert d.window[1] == pytest.approx(40 * 0.5)
+    sole_cause(d, "checkpoint-stalls", 28 * (1 - 0.02 / 0.99) / 40, within=0.01)
+
+
+def test_a_co_tenant_takes_no_time_in_ticks_the_job_ran_no_kernel() -> None:
+    """The H200's co-tenant job: its first backward (lazy loading, cuDNN's choice) kept the
+    thread on the host 2.5 s with no kernel of its own while the neighbour had the GPU: those
+    ticks were not taken from it."""
+    first = periodic(20, 30, period=80)  # 5 s in which the job ran no kernel of its own
+    rec = timeline(util=during(first, 0.0, 0.46), sm=during(first, 0.0, 0.42), thread=const(1.0))
+    rec = others(rec, during(first, 0.99, 0.53))
+    rec = with_stacks(rec, lambda i: mix((MODEL, 0.1), (ITEM, 0.9)))
+    d = diagnose(rec)
+    cause = sole_cause(d, "co-tenant", 70 / 80 * 0.53 / 0.99, within=0.01)
+    assert cause.tenants[0].gpu_share == pytest.approx(0.53)

@@ -68,10 +68,14 @@ def _size(scale: str) -> dict[str, Any]:
 # -- the neighbour of the co-tenant job ----------------------------------------------------------
 
 
-def neighbour(device: str, scale: str) -> None:
-    """bf16 matmuls back to back until killed: another user's job on the same GPU."""
+def neighbour(device: str, scale: str, go: str | None = None) -> None:
+    """bf16 matmuls back to back until killed: another user's job on the same GPU. With
+    ``go``, torch imported first and the GPU left alone until that file exists (started beside
+    the job's run alone, it adds only its CUDA start-up to the watched run's wait)."""
     import torch
 
+    while go is not None and not Path(go).exists():
+        time.sleep(0.05)
     n = 8192 if scale == "full" else 256
     dev = torch.device(device)
     dtype = torch.bfloat16 if dev.type == "cuda" else torch.float32
@@ -244,6 +248,7 @@ def compile_recompile(seconds: float, device: str, size: dict[str, Any], clean: 
         if hasattr(config, name):
             setattr(config, name, 64)
     config.automatic_dynamic_shapes = clean
+    torch._dynamo.reset()  # a run before in the same process (--pair) compiled the same code
     model = torch.compile(net, dynamic=clean, backend="inductor" if cuda else "aot_eager")
     meter = fw.Meter(seconds, sync)
     step = 0
@@ -317,4 +322,4 @@ def run(name: str, seconds: float, device: str, scale: str, clean: bool) -> dict
 
 
 if __name__ == "__main__" and sys.argv[1:2] == ["neighbour"]:
-    neighbour(sys.argv[2], sys.argv[3])
+    neighbour(sys.argv[2], sys.argv[3], *sys.argv[4:5])

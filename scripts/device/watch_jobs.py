@@ -112,6 +112,27 @@ SCALES: dict[str, dict[str, Any]] = {
 # -- the jobs (child mode) ----------------------------------------------------------------------
 
 
+GO_TIMEOUT = 120.0  # seconds a pair's job waits for the orchestration's go
+
+
+def run_pair(
+    name: str, seconds: float, device: str, scale: str, alone: Path, result: Path, ready: Path,
+    go: Path, alone_seconds: float | None = None,
+) -> None:  # fmt: skip
+    """Both runs of a job in one process (its imports and start-up paid once): without its
+    defect (``alone``, timed ``alone_seconds``: a job without its defect is steady sooner),
+    then, once the orchestration has attached ``sparkdiag watch --pid`` and created ``go``,
+    with it (``result``). ``ready`` says the first run is done."""
+    run_job(name, alone_seconds or seconds, device, scale, alone, clean=True)
+    ready.touch()
+    end = time.monotonic() + GO_TIMEOUT
+    while not go.exists():
+        if time.monotonic() > end:
+            raise SystemExit(f"no go after {GO_TIMEOUT:.0f} s")
+        time.sleep(0.05)
+    run_job(name, seconds, device, scale, result, clean=False)
+
+
 def run_job(
     name: str,
     seconds: float,
@@ -279,9 +300,19 @@ def job_argv(args: argparse.Namespace, name: str, result: Path, clean: bool = Fa
     ]  # fmt: skip
 
 
+DEADLINE: list[float] = []  # the monotonic time no run may outlive (--deadline), if any
+
+
+def _timeout(seconds: float) -> float:
+    """``seconds``, cut at the deadline."""
+    return min([seconds, *(d - time.monotonic() for d in DEADLINE)])
+
+
 def run_group(cmd: list[str], err: Any, timeout: float) -> subprocess.CompletedProcess[str]:
-    """``cmd`` in a session of its own; at the timeout its whole process group is killed (the
-    watched job and its loader workers too, not only watch) and TimeoutExpired raised."""
+    """``cmd`` in a session of its own; at the timeout (or the deadline) its whole process
+    group is killed (the watched job and its loader workers too, not only watch) and
+    TimeoutExpired raised."""
+    timeout = _timeout(timeout)
     proc = subprocess.Popen(
         cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True
     )
@@ -295,16 +326,24 @@ def run_group(cmd: list[str], err: Any, timeout: float) -> subprocess.CompletedP
     return subprocess.CompletedProcess(cmd, proc.returncode, out, None)
 
 
-def start_neighbour(args: argparse.Namespace) -> subprocess.Popen[bytes]:
+def start_neighbour(args: argparse.Namespace, go: Path | None = None) -> subprocess.Popen[bytes]:
     """Another process's bf16 matmul loop on the same GPU (loop_jobs.neighbour), outside the
-    watched job's process tree: the co-tenant job's defect. Given a few seconds to start."""
+    watched job's process tree: the co-tenant job's defect. Given a few seconds to start; with
+    ``go`` it imports torch and waits for that file before it touches the GPU (started early,
+    beside a job's run alone)."""
     proc = subprocess.Popen(
         [sys.executable, str(Path(__file__).resolve().parent / "loop_jobs.py"), "neighbour",
-         args.device, "tiny" if args.scale == "tiny" else "full"],
+         args.device, "tiny" if args.scale == "tiny" else "full", *([str(go)] if go else [])],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
     )  # fmt: skip
-    time.sleep(NEIGHBOUR_START_SECONDS)
+    if go is None:
+        time.sleep(NEIGHBOUR_START_SECONDS)
     return proc
+
+
+def _neighboured(args: argparse.Namespace) -> frozenset[str]:
+    """The jobs watched beside a neighbour: the co-tenant's, and those --neighbour names."""
+    return WITH_NEIGHBOUR | {j for j in (args.neighbour or "").split(",") if j}
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -325,13 +364,13 @@ def run_once(
     if watched:
         watch = [sys.executable, "-m", "sparkdiag", "watch", "--json", "--interval",
                  str(args.interval), "--record", str(out / f"{name}.recording.json")]  # fmt: skip
-        if importlib.util.find_spec("matplotlib") is not None:
+        if not args.no_plot and importlib.util.find_spec("matplotlib") is not None:
             watch += ["--plot", str(out / f"{name}.png")]
         if args.nvml_fixture:
             watch += ["--nvml-fixture", args.nvml_fixture]
         cmd = [*watch, "--", *cmd]
     log = out / f"{name}.{'watch' if watched else 'alone'}.log"
-    neighbour = start_neighbour(args) if watched and name in WITH_NEIGHBOUR else None
+    neighbour = start_neighbour(args) if watched and name in _neighboured(args) else None
     if neighbour is not None:
         NEIGHBOURS[name] = neighbour.pid
     try:
@@ -356,6 +395,98 @@ def run_once(
         return json.loads(result.read_text()), diagnosis, ""
     except (OSError, json.JSONDecodeError) as exc:
         return None, diagnosis, f"no result ({exc})"
+
+
+PAIR_NEIGHBOUR_SECONDS = 1.0  # a neighbour told to go: its CUDA context (the watched run's
+# warm-up gives it seconds more before the timing starts)
+ATTACH_SECONDS = 1.0  # watch --pid and py-spy attached before the job's defect runs
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[Any], seconds: float) -> bool:
+    end = time.monotonic() + _timeout(seconds)
+    while not path.exists():
+        if proc.poll() is not None or time.monotonic() > end:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def _kill(proc: subprocess.Popen[Any] | None) -> None:
+    if proc is not None and proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+    if proc is not None:
+        proc.wait()
+
+
+def run_pair_once(
+    args: argparse.Namespace, name: str, out: Path
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, dict[str, Any] | None, str]:
+    """(the run alone, the run watched, the diagnosis, an error or "") of a job whose two runs
+    share one process (``job NAME --pair``): its run without the defect, then, the neighbour
+    started where the job has one and ``sparkdiag watch --pid`` attached to it, its run with
+    the defect. Its imports and start-up (half a run's wall time on the H200) are paid once."""
+    alone, watched = out / f"{name}.alone.json", out / f"{name}.watched.json"
+    ready, go, neighbour_go = (out / f".{name}.{x}" for x in ("ready", "go", "neighbour-go"))
+    for path in (alone, watched, ready, go, neighbour_go):
+        path.unlink(missing_ok=True)
+    timed = ["--alone-seconds", str(args.alone_seconds)] if args.alone_seconds else []
+    cmd = [*job_argv(args, name, watched), "--pair", "--alone-result", str(alone), "--ready",
+           str(ready), "--go", str(go), *timed]  # fmt: skip
+    neighbour = start_neighbour(args, neighbour_go) if name in _neighboured(args) else None
+    job: subprocess.Popen[Any] | None = None
+    watcher: subprocess.Popen[Any] | None = None
+    try:
+        with (out / f"{name}.alone.log").open("w") as job_log:
+            job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=job_log,
+                                   start_new_session=True)  # fmt: skip
+        if not _wait_for(ready, job, args.seconds + args.startup_timeout):
+            tail = (out / f"{name}.alone.log").read_text(errors="replace").strip()
+            last = (tail.splitlines() or [""])[-1][:120]
+            return None, None, None, f"alone: no result (exit {job.poll()}): {last}"
+        if neighbour is not None:
+            neighbour_go.touch()
+            NEIGHBOURS[name] = neighbour.pid
+            time.sleep(PAIR_NEIGHBOUR_SECONDS)
+        watch = [sys.executable, "-m", "sparkdiag", "watch", "--json", "--interval",
+                 str(args.interval), "--record", str(out / f"{name}.recording.json")]  # fmt: skip
+        if not args.no_plot and importlib.util.find_spec("matplotlib") is not None:
+            watch += ["--plot", str(out / f"{name}.png")]
+        if args.nvml_fixture:
+            watch += ["--nvml-fixture", args.nvml_fixture]
+        with (out / f"{name}.watch.log").open("w") as watch_log:
+            watcher = subprocess.Popen([*watch, "--pid", str(job.pid)], cwd=ROOT,
+                                       stdout=subprocess.PIPE, stderr=watch_log, text=True,
+                                       start_new_session=True)  # fmt: skip
+        time.sleep(ATTACH_SECONDS)
+        go.touch()
+        try:
+            printed, _ = watcher.communicate(timeout=_timeout(args.seconds + args.startup_timeout))
+        except subprocess.TimeoutExpired:
+            return _read(alone), None, None, "watched: timed out"
+        job.wait(timeout=max(1.0, _timeout(30.0)))
+    except subprocess.TimeoutExpired:
+        return _read(alone), None, None, "watched: the job did not end"
+    finally:
+        _kill(watcher)
+        _kill(job)
+        _kill(neighbour)
+    try:
+        diagnosis = json.loads(printed)
+        (out / f"{name}.diagnosis.json").write_text(printed, encoding="utf-8")
+    except json.JSONDecodeError:
+        return _read(alone), None, None, "watch printed no JSON (see the watch log)"
+    result = _read(watched)
+    problem = "" if result is not None else f"watched: no result (exit {job.returncode})"
+    return _read(alone), result, diagnosis, problem
+
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        found: dict[str, Any] = json.loads(path.read_text())
+        return found
+    except (OSError, json.JSONDecodeError):
+        return None
 
 
 def versions() -> dict[str, str]:
@@ -406,7 +537,9 @@ def orchestrate(args: argparse.Namespace) -> int:
     names = [j for j in args.jobs.split(",") if j]
     rows: list[dict[str, Any]] = []
     started = time.monotonic()
-    env = versions()
+    if args.deadline is not None:
+        DEADLINE.append(started + args.deadline)
+    env = {} if args.no_versions else versions()
     print("versions:", json.dumps(env), flush=True)
     longest = 0.0  # the longest run so far, seconds
     for name in names:
@@ -419,6 +552,23 @@ def orchestrate(args: argparse.Namespace) -> int:
         for n in range(args.pairs):
             got: dict[bool, Any] = {False: None}
             order = (False, True) if n % 2 == 0 else (True, False)
+            if args.same_process and name in CLEAN_ALONE:
+                elapsed = time.monotonic() - started
+                guess = max(longest, 2 * args.seconds + 30.0)
+                if args.budget is not None and elapsed + guess > args.budget:
+                    errors.append(
+                        f"not run: {elapsed:.0f} s used of the {args.budget:.0f} s budget"
+                    )
+                    break
+                began = time.monotonic()
+                a, w, doc, problem = run_pair_once(args, name, out)
+                longest = max(longest, time.monotonic() - began)
+                diagnosis = doc or diagnosis
+                pairs.append((a, w))
+                if problem:
+                    errors.append(problem)
+                    break
+                continue
             for watched in order if alone else (True,):
                 elapsed = time.monotonic() - started
                 guess = max(longest, args.seconds + 10.0)
@@ -511,6 +661,24 @@ def main() -> None:
     parser.add_argument(
         "--budget", type=float, default=None, help="start no run likely to end after S seconds"
     )
+    parser.add_argument(
+        "--deadline", type=float, default=None,
+        help="kill any run still going S seconds after the start (the table is still written)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--same-process", action="store_true",
+        help="a job with a defect runs without it and then with it in one process (watched by "
+        "--pid for the second run): its imports and start-up paid once",
+    )  # fmt: skip
+    parser.add_argument(
+        "--alone-seconds", type=float, default=None,
+        help="--same-process: the timed run without the defect (default --seconds)",
+    )  # fmt: skip
+    parser.add_argument("--no-plot", action="store_true", help="no timeline PNGs")
+    parser.add_argument(
+        "--neighbour", default="", help="these jobs too are watched beside a neighbour (a test)"
+    )
+    parser.add_argument("--no-versions", action="store_true", help="do not list the frameworks")
     sub = parser.add_subparsers(dest="mode")
     job = sub.add_parser("job", help="run one job (what the orchestration starts)")
     job.add_argument("name")
@@ -520,12 +688,21 @@ def main() -> None:
     job.add_argument("--result", type=Path, required=True)
     job.add_argument("--pin", type=int, default=None)
     job.add_argument("--clean", action="store_true", help="leave the job's defect out")
+    job.add_argument("--pair", action="store_true", help="without the defect, then with it")
+    job.add_argument("--alone-result", type=Path, help="--pair: the run without the defect")
+    job.add_argument("--ready", type=Path, help="--pair: created when that run is done")
+    job.add_argument("--go", type=Path, help="--pair: waited for before the run with it")
+    job.add_argument("--alone-seconds", type=float, default=None, help="--pair: its timed run")
     args = parser.parse_args()
     if args.mode == "job":
         # under watch the job shares watch's stdout, which must hold watch's JSON alone: what
         # the frameworks print there (Trainer prints its metrics) goes to stderr instead
         sys.stdout.flush()
         os.dup2(sys.stderr.fileno(), sys.stdout.fileno())
+        if args.pair:
+            run_pair(args.name, args.seconds, args.device, args.scale, args.alone_result,
+                     args.result, args.ready, args.go, args.alone_seconds)  # fmt: skip
+            return
         run_job(args.name, args.seconds, args.device, args.scale, args.result, args.pin, args.clean)
         return
     sys.exit(orchestrate(args))

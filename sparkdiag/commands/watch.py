@@ -38,6 +38,7 @@ from sparkdiag.watch import stack_sampler
 from sparkdiag.watch.diagnose import Diagnosis, diagnose
 from sparkdiag.watch.job import AttachedJob, SpawnedJob, alive, follow
 from sparkdiag.watch.model import Recording, load
+from sparkdiag.watch.places import locate_places, read_stores
 from sparkdiag.watch.render import status as status_text
 from sparkdiag.watch.render import text, to_json
 from sparkdiag.watch.sampler import GpuSampler, HostSampler, Sampler
@@ -264,6 +265,9 @@ def watch(
             status = job.stop()
         if isinstance(job, AttachedJob) and ended_by == "exit":
             ended_by = "gone"
+        stores, unread = read_stores(settings.state_dir)
+        if unread:
+            skipped.append(unread)
         rec = Recording(
             started_at=started_at,
             interval=interval,
@@ -281,6 +285,9 @@ def watch(
             stack_sampler=stack.describe() if stack is not None else "",
             tenants=tuple(gpu.tenants.values()) if gpu else (),
             cwd=cwd,
+            places=locate_places(rootfs, sysfs, job.pid, host.paths),
+            stores=stores,
+            ranks=tuple(stack.ranks.values()) if stack is not None else (),
         )
         if record_to is not None:
             try:

@@ -132,9 +132,13 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "Directory for the baseline database; default $STATE_DIRECTORY under systemd, else "
         "$XDG_STATE_HOME/sparkdiag.",
-        scopes=frozenset({"serve", "check", "probe", "baseline", "soak", "native", "storage"}),
+        scopes=frozenset(
+            {"serve", "check", "probe", "baseline", "soak", "native", "storage", "watch"}
+        ),
         command_help={
             "native": "native keeps its scan cache there, in cuda-libraries.json.",
+            "watch": "watch reads what sparkdiag storage measured there (storage.json) to say "
+            "how fast the store the job writes or reads is.",
             "check": "check only reads baselines.sqlite there: it never creates nor teaches one.",
             "soak": "soak keeps the latest verdict per GPU there, in soak.json.",
         },

@@ -112,10 +112,12 @@ def find_mount(
     return best
 
 
-def read_mounts(rootfs: Path) -> list[Mount]:
-    """The mounts of ``ROOT/proc/self/mountinfo``; [] when it cannot be read."""
+def read_mounts(rootfs: Path, pid: int | None = None) -> list[Mount]:
+    """The mounts of ``ROOT/proc/self/mountinfo`` (with ``pid``, that process's: the mounts as
+    it sees them, in its own mount namespace); [] when it cannot be read."""
+    who = "self" if pid is None else str(pid)
     try:
-        return parse_mountinfo(read_text_limited(rootfs / "proc" / "self" / "mountinfo", 4 * MIB))
+        return parse_mountinfo(read_text_limited(rootfs / "proc" / who / "mountinfo", 4 * MIB))
     except OSError:
         return []
 

@@ -352,3 +352,63 @@ def device_holders(rootfs: Path) -> list[DeviceHolder]:
         name = (_read(base / "comm") or "").strip()
         found.append(DeviceHolder(pid, name, devices, _rss(base), _device_mappings(base)))
     return sorted(found, key=lambda h: -(h.rss_bytes or 0.0))
+
+
+OPEN_FILES_MAX = 256  # descriptors looked at per process (a loader may hold thousands)
+_NOT_DATA = ("/dev/", "/proc/", "/sys/", "/run/", "/memfd:")
+
+
+@dataclass(frozen=True)
+class OpenFile:
+    """A regular file a process holds open: its path as the process sees it (`` (deleted)``
+    removed) and whether it was opened for writing (``O_WRONLY`` or ``O_RDWR``)."""
+
+    path: str
+    writing: bool
+
+
+def open_files(rootfs: Path, pid: int) -> list[OpenFile]:
+    """The data files ``pid`` holds open (``ls -l /proc/PID/fd`` and the flags of
+    ``/proc/PID/fdinfo/N``): not its standard input, output and error (a log it is redirected
+    to), devices, pipes, sockets or ``/proc``, ``/sys``, ``/run``. At most ``OPEN_FILES_MAX``
+    descriptors are looked at; [] where they cannot be read."""
+    base = rootfs / "proc" / str(pid)
+    try:
+        fds = sorted((n for n in os.listdir(base / "fd") if n.isdigit() and int(n) > 2), key=int)
+    except OSError:
+        return []
+    found = []
+    for fd in fds[:OPEN_FILES_MAX]:
+        try:
+            target = os.readlink(base / "fd" / fd)
+        except OSError:
+            continue
+        if not target.startswith("/") or target.startswith(_NOT_DATA):
+            continue
+        flags = 0
+        for line in (_read(base / "fdinfo" / fd) or "").splitlines():
+            if line.startswith("flags:"):
+                try:
+                    flags = int(line.split()[1], 8)
+                except (IndexError, ValueError):
+                    flags = 0
+        found.append(
+            OpenFile(target.removesuffix(" (deleted)"), bool(flags & (os.O_WRONLY | os.O_RDWR)))
+        )
+    return found
+
+
+def environment(rootfs: Path, pid: int, names: Iterable[str]) -> dict[str, str]:
+    """The variables ``names`` of ``pid``'s environment as it started (``/proc/PID/environ``:
+    the owner's or root's to read); {} where it cannot be read."""
+    try:
+        raw = (rootfs / "proc" / str(pid) / "environ").read_bytes()[: 1 << 20]
+    except OSError:
+        return {}
+    wanted = set(names)
+    found = {}
+    for item in raw.split(b"\0"):
+        key, sep, value = item.decode("utf-8", "replace").partition("=")
+        if sep and key in wanted:
+            found[key] = value
+    return found

@@ -198,8 +198,14 @@ class Cause:
     tenants: tuple[Tenant, ...] = ()
 
 
-def meaning(name: str) -> str:
-    """What a share of this cause is a share of, for a report."""
+RANKS_TIME = "of the ranks' time"  # a collective's wait seen without a GPU (ranks.py)
+
+
+def meaning(name: str, lost: bool = True) -> str:
+    """What a share of this cause is a share of, for a report (a collective's wait found
+    without a GPU: of the ranks' time)."""
+    if name == "collective-wait" and not lost:
+        return RANKS_TIME
     return MEANING.get(name, LOST)
 
 

@@ -95,7 +95,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from sparkdiag.watch import attribute
+from sparkdiag.watch import attribute, ranks, threads
 from sparkdiag.watch import evidence as ev
 from sparkdiag.watch import stacks as st
 from sparkdiag.watch.causes import ACTIONS as ACTIONS
@@ -105,6 +105,7 @@ from sparkdiag.watch.evidence import HOT_THREAD, IDLE_MIN, LOADER_WORKING, PCIE_
 from sparkdiag.watch.evidence import UNHEALTHY_MASK as UNHEALTHY_MASK
 from sparkdiag.watch.findings import Ledger, findings
 from sparkdiag.watch.model import Recording
+from sparkdiag.watch.threads import Readings, read_recording
 from sparkdiag.watch.views import ACTIVE_MIN, View, job_gpus, smoothed, views
 
 __all__ = ["ACTIONS", "TITLES", "Cause", "Diagnosis", "diagnose", "job_gpus"]
@@ -132,6 +133,7 @@ CHECKPOINT_IO_STALL = 0.02
 CHECKPOINT_TAIL_SECONDS = 30.0
 CHECKPOINT_LEAD_SECONDS = 30.0
 UNIMPEDED_MIN_SHARE = 0.20
+COLLECTIVE_MIN = 0.5  # of a stalled tick's stacks in a collective: the collective's wait
 # the causes the counters give a tick whose lost time the stacks may share out (attribute.py)
 HOST_LABELS = frozenset(
     {"input-starved", "data-prep-in-loop", "host-sync", "pageable-copies",
@@ -172,8 +174,47 @@ def _window(vs: list[View]) -> tuple[int, int] | None:
     return opened[0], opened[-1]
 
 
+def _in_loop(
+    rec: Recording, readings: Readings | None, vs: list[View], first: int, last: int
+) -> tuple[int, int]:
+    """The window without the ticks at either end that the training threads spent mostly
+    outside their loop's frames (:func:`.threads.loop_frames`, read in the ticks in which the
+    GPU worked at least ``WINDOW_LEVEL`` of its 90th percentile in the window: where the job
+    computes, it is in its loop; a job stalled most of the time, by checkpoints, opens its
+    window at a level its start-up and tear-down reach too): building the model, moving it back
+    to the host, a final save. Ticks not sampled go with the ticks outside the loop beyond
+    them."""
+    if readings is None or last <= first:
+        return first, last
+    utils = sorted(vs[i].util for i in range(first, last + 1))
+    level = WINDOW_LEVEL * utils[int(0.9 * (len(utils) - 1))]
+    working = [vs[i].tick for i in range(first, last + 1) if vs[i].util >= level]
+    frames = threads.loop_frames(readings, rec, working)
+    if not frames:
+        return first, last
+
+    def outside(i: int) -> bool | None:
+        share = threads.in_loop(readings, rec, vs[i].tick, frames)
+        return None if share is None else share < 0.5
+
+    start, end = first, last
+    for i in range(first, last):
+        out = outside(i)
+        if out is False:
+            break
+        if out:
+            start = i + 1
+    for i in range(last, start, -1):
+        out = outside(i)
+        if out is False:
+            break
+        if out:
+            end = i - 1
+    return start, end
+
+
 def _started(
-    rec: Recording, readings: st.Readings | None, vs: list[View], first: int, last: int
+    rec: Recording, readings: Readings | None, vs: list[View], first: int, last: int
 ) -> tuple[int, int]:
     """The window without its first ticks in which the training thread was still importing its
     modules (half its sampled time or more; ticks before py-spy read it go with them): start-up,
@@ -182,7 +223,7 @@ def _started(
         return first, last
     started = first
     for i in range(first, last):
-        sampled = attribute.training_stacks(rec, readings, vs[i].tick)
+        sampled = attribute.training_stacks(readings, vs[i].tick)
         total = sum(seconds for _, _, seconds in sampled)
         if total <= 0:  # not sampled yet (py-spy attaching): as the ticks after it
             continue
@@ -374,7 +415,12 @@ def _loss(v: View, label: str, unimpeded: float) -> float:
 
 
 def _cotenant_loss(v: View, unimpeded: float) -> float:
-    """The seconds other processes' kernels took from the job (at most what it lacked)."""
+    """The seconds other processes' kernels took from the job (at most what it lacked), in a
+    tick in which the job ran kernels of its own: the GPU's time is sliced between the
+    processes that have work queued, so a tick in which the job ran none is one in which it had
+    none to run (its thread elsewhere), not one the other process took from it."""
+    if v.util < ACTIVE_MIN:
+        return 0.0
     return v.dt * min(v.others, max(0.0, unimpeded - v.util)) / unimpeded
 
 
@@ -412,7 +458,7 @@ def _stall_edges(win: list[View], labels: list[str | None]) -> dict[int, float]:
 
 def _parts(
     rec: Recording,
-    readings: st.Readings | None,
+    readings: Readings | None,
     v: View,
     label: str,
     unimpeded: float,
@@ -425,13 +471,19 @@ def _parts(
     launch-bound loop does and the stacks name torch calls (not only unnamed code) for that
     half: the stacks tell launching from preparing data, which the kernels' size guessed."""
     loss = _loss(v, label, unimpeded)
-    if readings is None or label not in HOST_LABELS:
+    if readings is None or label not in (*HOST_LABELS, "stalled-kernel"):
         return [attribute.Part(label, None, loss)]
-    sampled = attribute.training_stacks(rec, readings, v.tick)
+    sampled = attribute.training_stacks(readings, v.tick)
     if not attribute.covered(sampled, v.dt):
         return [attribute.Part(label, None, loss)]
+    if label == "stalled-kernel":  # a collective's kernel waiting for a peer, where it shows
+        waits = [(s, sec) for s, a, sec in sampled if a == st.COLLECTIVE]
+        waited = sum(sec for _, sec in waits)
+        if waited < COLLECTIVE_MIN * sum(sec for _, a, sec in sampled if a != st.NOTHING):
+            return [attribute.Part(label, None, loss)]
+        return [attribute.Part("collective-wait", s, loss * sec / waited) for s, sec in waits]
     launch_bound = _launch_bound(v, thread)
-    total = sum(sec for _, _, sec in sampled)
+    total = sum(sec for _, a, sec in sampled if a != st.NOTHING)
     named = sum(sec for _, a, sec in sampled if a == st.LAUNCH) / total if total > 0 else 0.0
     if (launch_bound and attribute.launching_share(sampled) >= attribute.LAUNCHING_MIN) or (
         _feeding(v, thread) and named >= attribute.LAUNCHING_MIN
@@ -442,6 +494,23 @@ def _parts(
     return attribute.split(_idle_loss(v, unimpeded), v.dt, sampled, label, launch_bound)
 
 
+def _ranks_without_gpu(rec: Recording) -> Cause | None:
+    """Without a GPU, the ranks' stacks alone (ranks.py), over the ticks after they imported."""
+    if not rec.stacks:
+        return None
+    readings = read_recording(rec)
+    started = [
+        k
+        for k in range(len(rec.ticks))
+        if any(s.activity not in (st.IMPORTING, st.NOTHING) for s in readings.samples(k))
+    ]
+    return (
+        ranks.cause_without_gpu(rec, readings, range(started[0], len(rec.ticks)))
+        if started
+        else None
+    )
+
+
 def diagnose(rec: Recording) -> Diagnosis:
     """The diagnosis of a recording (see the module docstring for the rules)."""
     gpus = job_gpus(rec)
@@ -449,9 +518,11 @@ def diagnose(rec: Recording) -> Diagnosis:
     skipped = list(rec.skipped)
     if not vs:
         host = ev.memory_cause(rec, 0.0, rec.ticks[-1].t if rec.ticks else 0.0)
+        found_causes = [c for c in (_ranks_without_gpu(rec), host) if c is not None]
+        found_causes.sort(key=lambda c: -c.share)
         return Diagnosis(
-            verdict=host.name if host else "no-gpu",
-            causes=(host,) if host else (),
+            verdict=found_causes[0].name if found_causes else "no-gpu",
+            causes=tuple(found_causes),
             window=(0.0, rec.ticks[-1].t if rec.ticks else 0.0),
             gpus=(),
             gpu_busy=None,
@@ -479,8 +550,8 @@ def diagnose(rec: Recording) -> Diagnosis:
             ),
             skipped=tuple(skipped),
         )
-    readings = st.read_recording(rec) if rec.stacks else None
-    first, last = _started(rec, readings, vs, *found)
+    readings = read_recording(rec) if rec.stacks else None
+    first, last = _in_loop(rec, readings, vs, *_started(rec, readings, vs, *found))
     win = vs[first : last + 1]
     start, end = win[0].t - win[0].dt, win[-1].t
     length = max(end - start, 1e-9)

@@ -164,6 +164,11 @@ def _loaders(ticks: Sequence[View]) -> _Loaders:
     )
 
 
+def median_read(ctx: Context, idx: list[int]) -> float | None:
+    """The job's reads over the ticks ``idx``, bytes/s (median)."""
+    return _median([ctx.win[i].read for i in idx])
+
+
 def input_cause(ctx: Context, idx: list[int], share: float) -> Cause:
     """Input starvation: who does the work the GPU waits for, and what to try first."""
     ticks = [ctx.win[i] for i in idx]

@@ -9,11 +9,12 @@ from dataclasses import dataclass, field, replace
 
 from sparkdiag.watch import evidence as ev
 from sparkdiag.watch import loop_evidence as loop
-from sparkdiag.watch import stacks as st
-from sparkdiag.watch import tenants
+from sparkdiag.watch import ranks, tenants
+from sparkdiag.watch import store_evidence as stores
 from sparkdiag.watch.attribute import Part
 from sparkdiag.watch.causes import ACTIONS, Cause, pct
 from sparkdiag.watch.sites import lines, top_stacks
+from sparkdiag.watch.threads import Readings
 from sparkdiag.watch.views import View
 
 REPORT_MIN = 0.10  # a cause of lost time below this share of the window is not reported
@@ -63,9 +64,37 @@ def _with_sites(cause: Cause, ctx: ev.Context, spent: loop.Spent, length: float)
     )
 
 
+def _with_store(
+    cause: Cause, ctx: ev.Context, idx: list[int], moved: float | None, writing: bool
+) -> Cause:
+    """The cause with where it wrote (read) and what that store and the others measured; a
+    faster store first in the advice where the one used is a network share or measured slower
+    (for the input, only where the store is what it waits on)."""
+    lines, action = stores.store_lines(ctx, stores.paths(ctx, idx, writing), moved, writing)
+    if not lines:
+        return cause
+    actions = cause.actions
+    if action is not None and (writing or actions[:1] == (ev.STORE,)):
+        actions = (action, *actions)
+    return replace(cause, evidence=(*cause.evidence, *lines), actions=actions)
+
+
+def _with_ranks(cause: Cause, ctx: ev.Context, readings: Readings) -> Cause:
+    """A collective's wait with the ranks' side: the rank that does not arrive, a straggler."""
+    found = ranks.find(ctx.rec, readings, [v.tick for v in ctx.win])
+    if found is None:
+        return cause
+    return replace(
+        cause,
+        evidence=(*cause.evidence, *found.evidence),
+        actions=(found.first, *cause.actions),
+    )
+
+
 def _checkpoint(ctx: ev.Context, bursts: set[int], idx: list[int], share: float) -> Cause:
     if bursts:
-        return ev.checkpoint_cause(ctx, bursts, idx, share)
+        cause = ev.checkpoint_cause(ctx, bursts, idx, share)
+        return _with_store(cause, ctx, idx, stores.checkpoint_rate(ctx, bursts, idx), True)
     return Cause(
         "checkpoint-stalls",
         share,
@@ -83,7 +112,7 @@ def findings(
     ledger: Ledger,
     length: float,
     bursts: set[int],
-    readings: st.Readings | None,
+    readings: Readings | None,
     notes: list[str],
 ) -> list[Cause]:
     """The causes over their thresholds (module docstring); the window-wide ones (throttling,
@@ -102,7 +131,9 @@ def findings(
         causes.append(tenants.cotenant_cause(ctx, share["co-tenant"]))
     notes.extend(tenants.unmeasured(ctx))
     if over("input-starved"):
-        cause = ev.input_cause(ctx, ticks["input-starved"], share["input-starved"])
+        idx = ticks["input-starved"]
+        cause = ev.input_cause(ctx, idx, share["input-starved"])
+        cause = _with_store(cause, ctx, idx, ev.median_read(ctx, idx), False)
         causes.append(_with_sites(cause, ctx, spent("input-starved"), length))
     if over("stalled-kernel", STALL_REPORT_MIN) and len(ticks["stalled-kernel"]) >= STALL_MIN_TICKS:
         causes.append(ev.stalled_cause(ctx, ticks["stalled-kernel"], share["stalled-kernel"]))
@@ -120,10 +151,19 @@ def findings(
         ("pageable-copies", loop.copies_cause),
     ):
         if over(name):
-            causes.append(build(ctx, ticks[name], share[name], spent(name)))
+            cause = build(ctx, ticks[name], share[name], spent(name))
+            if name == "data-prep-in-loop":  # the loop reading its data itself: from where
+                cause = _with_store(
+                    cause, ctx, ticks[name], ev.median_read(ctx, ticks[name]), False
+                )
+            causes.append(cause)
     for name in loop.DOING:
-        if over(name):
-            causes.append(loop.stack_cause(name, ctx, ticks[name], share[name], spent(name)))
+        minimum = STALL_REPORT_MIN if name == "collective-wait" else REPORT_MIN  # a hang
+        if over(name, minimum):
+            cause = loop.stack_cause(name, ctx, ticks[name], share[name], spent(name))
+            if name == "collective-wait" and readings is not None:
+                cause = _with_ranks(cause, ctx, readings)
+            causes.append(cause)
     throttled = ev.throttle_cause(ctx.win, length, notes)
     if throttled:
         causes.append(throttled)

@@ -12,6 +12,7 @@ from sparkdiag.watch import stacks as st
 from sparkdiag.watch.causes import ACTIONS, Cause, Site, mean, pct, rate
 from sparkdiag.watch.evidence import Context, runs
 from sparkdiag.watch.sites import lines, sites, top_stacks
+from sparkdiag.watch.threads import Readings
 
 VISIT_MIN_SECONDS = 0.1  # a visit this long is seen at every sample rate watch uses
 PINNED_NOTE = (
@@ -32,7 +33,7 @@ def _median(values: Sequence[float | None]) -> float | None:
 class Spent:
     """The seconds of one cause, by stack, split by what the stack was doing (its activity)."""
 
-    def __init__(self, readings: st.Readings | None, spent: dict[int, float]) -> None:
+    def __init__(self, readings: Readings | None, spent: dict[int, float]) -> None:
         self.readings = readings
         self.spent = spent
 
@@ -50,7 +51,7 @@ class Spent:
 
 
 def _visits(
-    ctx: Context, readings: st.Readings | None, idx: list[int], stacks: set[int]
+    ctx: Context, readings: Readings | None, idx: list[int], stacks: set[int]
 ) -> tuple[int, float]:
     """(visits, seconds) of the training threads to these stacks over the ticks ``idx``."""
     if readings is None:
@@ -58,7 +59,7 @@ def _visits(
     count, seconds = 0, 0.0
     for i in idx:
         for s in ctx.rec.ticks[ctx.win[i].tick].stacks:
-            if s.thread in readings.training and s.stack in stacks:
+            if s.thread in readings.feeding and s.stack in stacks:
                 count += s.visits
                 seconds += s.seconds
     return count, seconds
@@ -77,7 +78,7 @@ def _per_visit(
 
 
 def _stretches(
-    ctx: Context, readings: st.Readings | None, idx: list[int], activity: str, doing: str
+    ctx: Context, readings: Readings | None, idx: list[int], activity: str, doing: str
 ) -> list[str]:
     """ "N stretches of compiling, the longest X s": the runs of ticks in which the training
     thread spent most of its time in ``activity`` (two close together read as one)."""
@@ -85,11 +86,8 @@ def _stretches(
         return []
     mostly = []
     for i in idx:
-        sampled = [
-            (readings.stacks[s.stack].activity, s.seconds)
-            for s in ctx.rec.ticks[ctx.win[i].tick].stacks
-            if s.thread in readings.training
-        ]
+        sampled = [(s.activity, s.seconds) for s in readings.feeding_samples(ctx.win[i].tick)
+                   if s.activity != st.NOTHING]  # fmt: skip
         total = sum(sec for _, sec in sampled)
         if total > 0 and sum(sec for a, sec in sampled if a == activity) >= 0.5 * total:
             mostly.append(i)
@@ -207,7 +205,7 @@ def stack_cause(name: str, ctx: Context, idx: list[int], share: float, spent: Sp
         f"{what} while the GPU waited: {pct(share)} of the time it would otherwise have worked "
         f"({_idle(ctx, idx)})"
     ]
-    found = spent.sites(ctx, length, activity)
+    found = spent.sites(ctx, length)  # the cause's own activity (or the engine's, for it)
     evidence += lines(found, verb)
     if name == "recompiling":
         window = list(range(len(ctx.win)))  # a compilation runs on through ticks it lost none

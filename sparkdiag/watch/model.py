@@ -107,6 +107,8 @@ class JobTick:
     loads: the busiest processes of the tree (at most ``sampler.TOP_PROCESSES``, those using
       some CPU or reading), busiest first
     gpu_thread_id: the busiest thread's id (the kernel's tid)
+    writing, reading: the files the job's processes held open for writing (reading) in a tick
+      in which they wrote (read) heavily (``places.py``), as the job sees their paths
     """
 
     processes: int = 0
@@ -119,6 +121,8 @@ class JobTick:
     write_bps: float | None = None
     loads: tuple[ProcessLoad, ...] = ()
     gpu_thread_id: int | None = None
+    writing: tuple[str, ...] = ()
+    reading: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -194,6 +198,45 @@ class ProcessInfo:
 
 
 @dataclass(frozen=True)
+class RankInfo:
+    """A process of the job whose stacks were sampled, as ``torch.distributed`` numbers it:
+    ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` of its environment (torchrun sets them); None
+    where it has none (``mp.spawn`` passes the rank as an argument)."""
+
+    pid: int
+    rank: int | None = None
+    world_size: int | None = None
+    local_rank: int | None = None
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where the job's files live: a directory it wrote or read in, the mount that holds it
+    (mount point, filesystem type, source) and its kind (``network``, ``memory``, ``nvme``,
+    ``dm``, ``loop``...: sparkdiag storage's, ``storage/target.py``)."""
+
+    directory: str
+    mountpoint: str = ""
+    fstype: str = ""
+    source: str = ""
+    kind: str = ""
+
+
+@dataclass(frozen=True)
+class StoreSpeed:
+    """What ``sparkdiag storage`` last measured on a mount point (``storage.json`` in the state
+    directory, read when the watch began): bytes per second written and read (O_DIRECT, 1 MiB,
+    8 threads; None where it has no figure) and when it finished (unix seconds)."""
+
+    mountpoint: str
+    device: str = ""
+    kind: str = ""
+    finished_at: float = 0.0
+    write_bps: float | None = None
+    read_bps: float | None = None
+
+
+@dataclass(frozen=True)
 class GpuInfo:
     index: int
     name: str
@@ -209,7 +252,9 @@ class Recording:
     ``frames``, ``stacks`` (frame indexes, outermost first) and ``threads``: the tables each
     tick's ``stacks`` point into; ``stack_sampler`` says how they were sampled ("" when they
     were not); ``tenants``: who the other processes on the job's GPUs are; ``cwd``: the job's
-    working directory (its files are named relative to it)."""
+    working directory (its files are named relative to it); ``places``: where the directories
+    of the files it wrote and read heavily live; ``stores``: what sparkdiag storage measured
+    on this machine's mount points; ``ranks``: the distributed rank of each process sampled."""
 
     started_at: float  # unix seconds
     interval: float
@@ -227,6 +272,9 @@ class Recording:
     stack_sampler: str = ""
     tenants: tuple[ProcessInfo, ...] = ()
     cwd: str = ""
+    places: tuple[Place, ...] = ()
+    stores: tuple[StoreSpeed, ...] = ()
+    ranks: tuple[RankInfo, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
@@ -283,12 +331,22 @@ def _stack_tables(doc: dict[str, Any]) -> dict[str, Any]:
         "stack_sampler": str(doc.get("stack_sampler", "")),
         "tenants": tuple(_build(ProcessInfo, p) for p in doc.get("tenants", ())),
         "cwd": str(doc.get("cwd", "")),
+        "places": tuple(_build(Place, p) for p in doc.get("places", ())),
+        "stores": tuple(_build(StoreSpeed, p) for p in doc.get("stores", ())),
+        "ranks": tuple(_build(RankInfo, p) for p in doc.get("ranks", ())),
     }
 
 
 def _job_tick(data: Any) -> JobTick:
     tick: JobTick = _build(JobTick, data)
-    return JobTick(**{**asdict(tick), "loads": tuple(_build(ProcessLoad, p) for p in tick.loads)})
+    return JobTick(
+        **{
+            **asdict(tick),
+            "loads": tuple(_build(ProcessLoad, p) for p in tick.loads),
+            "writing": tuple(str(p) for p in tick.writing),
+            "reading": tuple(str(p) for p in tick.reading),
+        }
+    )
 
 
 def from_json(doc: Any) -> Recording:

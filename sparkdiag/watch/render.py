@@ -45,7 +45,7 @@ def headline(diagnosis: Diagnosis, rec: Recording | None = None) -> str:
             return "no GPU sampled and no memory pressure (PSI) read: nothing could be assessed"
         return "no GPU sampled: only memory pressure was assessed, and none was found"
     first = diagnosis.causes[0]
-    return f"{TITLES[first.name]} ({_pct(first.share)} {meaning(first.name)})"
+    return f"{TITLES[first.name]} ({_pct(first.share)} {meaning(first.name, first.lost)})"
 
 
 def text(rec: Recording, diagnosis: Diagnosis, width: int | None = None) -> str:
@@ -80,7 +80,9 @@ def text(rec: Recording, diagnosis: Diagnosis, width: int | None = None) -> str:
     lines += ["", *terminal.wrap(f"diagnosis: {headline(diagnosis, rec)}", width, "", "  ")]
     for cause in diagnosis.causes:
         lines.append("")
-        lines += _wrap(meaning(cause.name), f"  {TITLES[cause.name]:<26} {_pct(cause.share):>6} ")
+        lines += _wrap(
+            meaning(cause.name, cause.lost), f"  {TITLES[cause.name]:<26} {_pct(cause.share):>6} "
+        )
         for item in cause.evidence:
             lines += _wrap(item, "    - ")
         for action in cause.actions:

@@ -31,6 +31,7 @@ from sparkdiag.watch.model import (
     ProcessLoad,
     Tick,
 )
+from sparkdiag.watch.places import heavy_files
 from sparkdiag.watch.stack_sampler import StackSampler, targets
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
@@ -231,6 +232,7 @@ class HostSampler:
         self.pressure_scope = "host"
         self.pids: list[int] = []
         self.job_cpus = procfs.allowed_cpus(rootfs, root_pid)
+        self.paths: set[str] = set()  # the files written and read heavily (places.py)
 
     def tree(self) -> list[int]:
         self.pids = procfs.process_tree(self.rootfs, self.root_pid)
@@ -288,11 +290,15 @@ class HostSampler:
         hottest = max(on_gpu, key=lambda k: on_gpu[k], default=None)
         reads = writes = 0.0
         read_by: dict[int, float] = {}
+        write_by: dict[int, float] = {}
         for pid, (rchar, wchar) in io.items():
             before = self._io.get(pid, (0.0, 0.0))
             read_by[pid] = max(0.0, rchar - before[0]) / dt
+            write_by[pid] = max(0.0, wchar - before[1]) / dt
             reads += max(0.0, rchar - before[0])
             writes += max(0.0, wchar - before[1])
+        writing, reading = heavy_files(self.rootfs, write_by, read_by)
+        self.paths.update((*writing, *reading))
         return JobTick(
             processes=job.processes,
             threads=job.threads,
@@ -304,6 +310,8 @@ class HostSampler:
             read_bps=reads / dt if io else None,
             write_bps=writes / dt if io else None,
             loads=_loads(times, cpu, read_by, gpu_pids),
+            writing=writing,
+            reading=reading,
         )
 
     @staticmethod

@@ -7,6 +7,7 @@ from __future__ import annotations
 from sparkdiag.watch import stacks as st
 from sparkdiag.watch.causes import Site, TopStack, pct
 from sparkdiag.watch.model import Recording, StackFrame
+from sparkdiag.watch.threads import Readings
 
 TOP_SITES = 3
 TOP_STACKS = 5
@@ -21,7 +22,7 @@ def frame_name(frame: StackFrame, cwd: str = "") -> str:
 
 
 def sites(
-    rec: Recording, readings: st.Readings, spent: dict[int, float], length: float
+    rec: Recording, readings: Readings, spent: dict[int, float], length: float
 ) -> tuple[Site, ...]:
     """The lines that took the most of ``spent`` (stack index -> lost seconds), at most
     ``TOP_SITES``, each at least ``SITE_MIN`` of the window."""

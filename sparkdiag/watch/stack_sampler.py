@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from sparkdiag.sources import procfs, pyspy
-from sparkdiag.watch.model import StackFrame, StackTime, ThreadInfo, Tick
+from sparkdiag.watch.model import RankInfo, StackFrame, StackTime, ThreadInfo, Tick
 
 STACK_RATE = 20  # samples a second (see docs/watch.md: its cost and why not more)
 CHUNK_SECONDS = 30.0
@@ -73,6 +73,7 @@ class StackSampler:
         self.lines = pyspy.SourceLines(rootfs)
         self.texts: dict[tuple[int, str, int], str] = {}
         self.names: dict[int, str] = {}  # pid -> its name, read while it runs
+        self.ranks: dict[int, RankInfo] = {}  # pid -> its distributed rank, where it has one
         self.version = pyspy.version(binary) or "py-spy"
 
     def describe(self) -> str:
@@ -101,6 +102,7 @@ class StackSampler:
             if pid not in self.targets and len(self.targets) < MAX_PROCESSES:
                 self.targets[pid] = _Target(pid)
                 self.names.update(procfs.process_names(self.rootfs, [pid]))
+                self.ranks[pid] = rank_of(self.rootfs, pid)
         before = len(self.problems)
         for target in self.targets.values():
             self._step(target, now)
@@ -180,18 +182,35 @@ def _alive(rootfs: Path, pid: int) -> bool:
 
 
 def targets(rootfs: Path, tree: list[int], gpu_pids: set[int]) -> list[int]:
-    """Whose stacks to record: the job's processes on the GPU where NVML names them, else its
-    processes that run Python and are not DataLoader workers (the root first), else the root."""
-    if gpu_pids:
-        return [pid for pid in tree if pid in gpu_pids] or sorted(gpu_pids)
+    """Whose stacks to record: the job's processes on the GPU where NVML names them, and its
+    processes that run Python and are not DataLoader workers (the root first: a launcher such
+    as torchrun, then the ranks it started, each its own process, on a GPU or not: a rank
+    that never reaches the GPU, or a job of ranks on CPUs, is sampled all the same), at most
+    ``MAX_PROCESSES`` in all; else the root."""
     names = procfs.process_names(rootfs, tree)
     python = [
         pid
         for pid in tree
         if names.get(pid, "").startswith(("python", "pt_main_thread"))
         and not names.get(pid, "").startswith(LOADER_NAMES)
+        and pid not in gpu_pids
     ]
-    return python[:2] or tree[:1]
+    on_gpu = [pid for pid in tree if pid in gpu_pids] or sorted(gpu_pids)
+    return ([*on_gpu, *python] or tree[:1])[:MAX_PROCESSES]
+
+
+RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+
+
+def rank_of(rootfs: Path, pid: int) -> RankInfo:
+    """The process's distributed rank from its environment (torchrun's variables)."""
+    env = procfs.environment(rootfs, pid, RANK_VARIABLES)
+
+    def number(name: str) -> int | None:
+        value = env.get(name, "")
+        return int(value) if value.isdigit() else None
+
+    return RankInfo(pid, number("RANK"), number("WORLD_SIZE"), number("LOCAL_RANK"))
 
 
 def tables(

@@ -21,7 +21,8 @@ a copy to the GPU, ``torch.``/``model(``/``.backward(``/``@`` launching, ``sleep
 ``print(`` logging. Anything else the job's own code does (pure Python, numpy) is ``USER``: the
 diagnosis decides per tick whether that was launching or preparing data, and a ``USER`` stack
 inside a function that syncs, below the line that syncs, is the host working on the results it
-copied (``AFTER_SYNC``).
+copied (``AFTER_SYNC``; :mod:`.threads` reads a whole recording: which thread trains, what it
+did tick by tick).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sparkdiag.watch.model import Recording, StackFrame
+from sparkdiag.watch.model import StackFrame
 
 IMPORTING = "importing"
 COMPILE = "compile"
@@ -39,6 +40,7 @@ COLLECTIVE = "collective"
 DATALOADER = "dataloader"
 LOGGING = "logging"
 OPTIMIZER = "optimizer"
+HOST_OPTIMIZER = "host-optimizer"  # an optimizer that steps on the CPU (DeepSpeed's CPU Adam)
 SYNC = "sync"
 AFTER_SYNC = "after-sync"
 COPY = "copy"
@@ -48,15 +50,25 @@ LAUNCH = "launch"
 USER = "user"
 NOTHING = "nothing"  # no Python frame at all: the interpreter starting or ending
 
+# torch.compile's compilers: the modules that run only while it compiles (dynamo's tracing,
+# AOTAutograd, which compiles a backward lazily at its first call, inductor's lowering and code
+# generation, fake tensors and symbolic shapes, triton's compiler) and not the ones that also
+# run the compiled code (_COMPILED_RUNTIME), where only autotuning a kernel at its first call
+# is compiling. Any frame of them decides, not only the outermost: py-spy reads a compiler's
+# deep stacks partly at times (it sees the innermost frames of a stack hundreds deep)
 _COMPILING = (
-    "torch/_dynamo/convert_frame.py",
-    "torch/_dynamo/symbolic_convert.py",
-    "torch/_dynamo/output_graph.py",
-    "torch/_inductor/compile_fx.py",
-    "torch/_inductor/codecache.py",
-    "torch/_inductor/async_compile.py",
-    "torch/_functorch/_aot_autograd/jit_compile_runtime_wrappers.py",
-)
+    "torch/_dynamo/", "torch/_inductor/", "torch/_functorch/_aot_autograd/",
+    "torch/_functorch/aot_autograd.py", "torch/_functorch/partitioners.py",
+    "torch/_functorch/compile_utils.py", "torch/fx/experimental/", "torch/_subclasses/fake_",
+    "torch/_library/fake_impl.py", "triton/compiler/",
+)  # fmt: skip
+_COMPILED_RUNTIME = (
+    "torch/_dynamo/eval_frame.py", "torch/_dynamo/external_utils.py",
+    "torch/_inductor/runtime/", "torch/_inductor/generated/", "torch/_inductor/output_code.py",
+    "torch/_inductor/utils.py", "torch/_functorch/_aot_autograd/runtime_wrappers.py",
+    "torch/_functorch/_aot_autograd/utils.py",
+)  # fmt: skip
+_TUNING = re.compile(r"precompile|autotune|benchmark_all_configs|coordinate_descent")
 _SAVING_FILES = ("torch/serialization.py", "safetensors/", "torch/distributed/checkpoint/")
 _SAVING = re.compile(r"save_?checkpoint|save_pretrained|save_model|save_state\b|_save\b|save_file")
 _SAVING_TEXT = re.compile(
@@ -73,7 +85,9 @@ _LOGGERS = (
     "lightning/pytorch/loggers/", "lightning/fabric/loggers/", "pytorch_lightning/loggers/",
     "aim/", "comet_ml/", "neptune/", "clearml/", "tqdm/",
 )  # fmt: skip
-_OPTIMIZERS = ("torch/optim/", "deepspeed/ops/adam/", "apex/optimizers/", "bitsandbytes/optim/")
+_OPTIMIZERS = ("torch/optim/", "deepspeed/ops/", "apex/optimizers/", "bitsandbytes/optim/")
+_HOST_OPTIMIZERS = ("deepspeed/ops/adam/cpu_adam", "deepspeed/ops/adagrad/cpu_adagrad",
+                    "deepspeed/ops/lion/cpu_lion")  # fmt: skip
 _SYNC_FRAMES = {
     "torch/cuda/__init__.py": ("synchronize",),
     "torch/cuda/streams.py": ("synchronize",),
@@ -234,6 +248,10 @@ def _by_frames(frames: Sequence[StackFrame], libs: list[str | None]) -> tuple[st
     for i, (f, lib) in enumerate(zip(frames, libs, strict=True)):
         for activity, rule in _RULES:
             if rule(f, lib) and (activity != OPTIMIZER or _only_optimizer(libs[i + 1 :])):
+                if activity == OPTIMIZER and any(
+                    (x or "").startswith(_HOST_OPTIMIZERS) for x in libs[i:]
+                ):
+                    return HOST_OPTIMIZER, i
                 return activity, i
     return None
 
@@ -253,7 +271,11 @@ def _importing(f: StackFrame, lib: str | None) -> bool:
 
 
 def _compiling(f: StackFrame, lib: str | None) -> bool:
-    return lib is not None and lib.startswith(_COMPILING)
+    if lib is None or not lib.startswith((*_COMPILING, "torch/_inductor/runtime/")):
+        return False
+    if lib.startswith(_COMPILED_RUNTIME):
+        return lib.startswith("torch/_inductor/runtime/") and bool(_TUNING.search(f.function))
+    return True
 
 
 def _saving(f: StackFrame, lib: str | None) -> bool:
@@ -265,9 +287,12 @@ def _saving(f: StackFrame, lib: str | None) -> bool:
 
 
 def _collective(f: StackFrame, lib: str | None) -> bool:
+    """A collective of ``torch.distributed`` (not the rendezvous of torchrun's own agent, in
+    ``torch/distributed/elastic/``, which is no rank's training)."""
     return (
         lib is not None
         and lib.startswith("torch/distributed/")
+        and not lib.startswith("torch/distributed/elastic/")
         and _function(f.function) in _COLLECTIVES
     )
 
@@ -311,64 +336,3 @@ _RULES = (
     (OPTIMIZER, _optimizer),
     (SYNC, _sync),
 )
-
-
-# -- a whole recording ------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Readings:
-    """Every stack's reading, and the threads that run the training loop (one per process: the
-    one that spent most time in ``torch`` frames or launching, syncing and copying; a process's
-    main thread where none did)."""
-
-    stacks: tuple[Reading, ...]
-    training: frozenset[int]  # indexes into the recording's threads
-
-
-def _after_sync(rec: Recording, readings: list[Reading]) -> list[Reading]:
-    """``USER`` stacks working on what a sync brought back: a frame of the job's own code in a
-    function that syncs, at a line after the one that syncs."""
-    first: dict[tuple[str, str], int] = {}
-    for reading in readings:
-        if reading.activity == SYNC and reading.site is not None:
-            f = rec.frames[reading.site]
-            key = (f.file, f.function)
-            first[key] = min(first.get(key, f.line), f.line)
-    if not first:
-        return readings
-    out = []
-    for stack, reading in zip(rec.stacks, readings, strict=True):
-        if reading.activity == USER:
-            for i in stack:
-                f = rec.frames[i]
-                line = first.get((f.file, f.function))
-                if line is not None and f.line > line and library_path(f.file) is None:
-                    reading = Reading(AFTER_SYNC, reading.site, reading.via)
-                    break
-        out.append(reading)
-    return out
-
-
-def read_recording(rec: Recording) -> Readings:
-    readings = [read([rec.frames[i] for i in s], s) for s in rec.stacks]
-    readings = _after_sync(rec, readings)
-    score: dict[int, float] = {}
-    for tick in rec.ticks:
-        for st in tick.stacks:
-            frames = [rec.frames[i] for i in rec.stacks[st.stack]]
-            libs = [library_path(f.file) or "" for f in frames]
-            if any(lib.startswith("torch/utils/data/_utils/pin_memory") for lib in libs):
-                continue
-            working = readings[st.stack].activity in (LAUNCH, SYNC, COPY, OPTIMIZER, COMPILE)
-            if working or any(lib.startswith("torch/") for lib in libs):
-                score[st.thread] = score.get(st.thread, 0.0) + st.seconds
-    best: dict[int, int] = {}
-    # the most seconds wins; a tie (none scored) goes to the main thread (tid == pid)
-    ranked = sorted(
-        range(len(rec.threads)),
-        key=lambda i: (score.get(i, 0.0), rec.threads[i].tid == rec.threads[i].pid),
-    )
-    for index in ranked:
-        best[rec.threads[index].pid] = index
-    return Readings(tuple(readings), frozenset(best.values()))

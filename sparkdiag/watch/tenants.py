@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from sparkdiag.watch.causes import ACTIONS, Cause, Tenant, mean, pct
 from sparkdiag.watch.evidence import Context
 from sparkdiag.watch.model import ProcessInfo
+from sparkdiag.watch.views import ACTIVE_MIN, View
 
 GIB = 2**30
 
@@ -23,12 +24,19 @@ class _Seen:
     ticks: int = 0
 
 
+def _running(v: View) -> bool:
+    """The job ran kernels of its own in the tick: the ticks in which it could lose the GPU to
+    another process (diagnose's co-tenant rule)."""
+    return v.on_gpu and v.util >= ACTIVE_MIN
+
+
 def _seen(ctx: Context) -> tuple[dict[int, _Seen], int]:
-    """Per other pid what it took over the window's ticks, and how many ticks the job was on."""
+    """Per other pid what it took over the window's ticks in which the job ran kernels, and how
+    many those were."""
     found: dict[int, _Seen] = {}
     on = 0
     for v in ctx.win:
-        if not v.on_gpu:
+        if not _running(v):
             continue
         on += 1
         for g in ctx.rec.ticks[v.tick].gpus:
@@ -90,8 +98,8 @@ def cotenant_cause(ctx: Context, share: float) -> Cause:
             f"{_who(t.pid, info)} ran kernels on the job's GPU{took} while the job ran "
             f"(NVML's per-process samples){held}"
         )
-    job = mean([v.util for v in ctx.win if v.on_gpu])
-    busy = mean([v.util + v.others for v in ctx.win if v.on_gpu])
+    job = mean([v.util for v in ctx.win if _running(v)])
+    busy = mean([v.util + v.others for v in ctx.win if _running(v)])
     if job is not None and busy is not None:
         evidence.append(
             f"the job's own kernels ran {pct(job)} of the time, the GPU was busy {pct(busy)} in "

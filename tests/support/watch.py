@@ -225,18 +225,31 @@ def with_stacks(
     """``rec`` with the training thread's stacks: ``at(i)`` gives, for the active tick ``i``
     (0 is the first after ``warmup``), each stack and the share of the tick spent in it (one
     visit where the tick before was not in it); ``thread(i)`` the index of the thread."""
+    return with_threads(
+        rec, lambda i: [(thread(i), stack, share) for stack, share in at(i)], warmup, threads
+    )
+
+
+def with_threads(
+    rec: Recording,
+    at: Callable[[int], Sequence[tuple[int, Stack, float]]],
+    warmup: int = 0,
+    threads: tuple[ThreadInfo, ...] = (ThreadInfo(4242, 4242, "MainThread", "python3"),),
+) -> Recording:
+    """``rec`` with the stacks of several threads: ``at(i)`` gives, for the active tick ``i``,
+    (thread index, stack, share of the tick) for each."""
     frames: dict[StackFrame, int] = {}
     stacks: dict[tuple[int, ...], int] = {}
     ticks = []
-    before: set[int] = set()
+    before: set[tuple[int, int]] = set()
     for k, tick in enumerate(rec.ticks):
         i = k - warmup
         times = []
-        for stack, share in at(i):
+        for index, stack, share in at(i):
             ids = tuple(frames.setdefault(f, len(frames)) for f in stack)
-            index = stacks.setdefault(ids, len(stacks))
-            times.append(StackTime(thread(i), index, share * tick.dt, int(index not in before)))
-        before = {t.stack for t in times}
+            n = stacks.setdefault(ids, len(stacks))
+            times.append(StackTime(index, n, share * tick.dt, int((index, n) not in before)))
+        before = {(t.thread, t.stack) for t in times}
         ticks.append(replace(tick, stacks=tuple(times)))
     return replace(
         rec,

@@ -1,0 +1,196 @@
+"""A distributed job's ranks under watch (issue 33's part): real ranks of torch.distributed
+(gloo on this machine's CPU, started by torchrun and by mp.spawn), every rank's stacks sampled
+with py-spy; the collective the others wait in and the rank that does not arrive (asleep,
+stopped by SIGSTOP), a straggler; and on a GPU, the stalled-kernel signature with the ranks in
+a collective is the collective's wait naming the rank (a synthetic recording: no GPU here)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sparkdiag.watch.diagnose import diagnose
+from sparkdiag.watch.model import RankInfo, StackFrame, ThreadInfo, load
+from tests.support import sparkdiag_cmd
+from tests.support.watch import const, frame, loop, sole_cause, timeline, with_threads
+
+torch = pytest.importorskip("torch")
+pyspy = pytest.importorskip("sparkdiag.sources.pyspy")
+if pyspy.find() is None:
+    pytest.skip("py-spy is not installed here", allow_module_level=True)
+
+STEP = """
+import os, signal, sys, time
+import torch
+import torch.distributed as dist
+
+
+def step(rank, mode, x, a, w):
+    y = x
+    for _ in range(3 if (mode == "straggler" and rank == 1) else 1):
+        y = (a @ w).sum() * x   # the work
+    return y
+
+
+def loop(rank, mode, steps):
+    x, a, w = torch.ones(1024), torch.ones(256, 1024), torch.ones(1024, 1024)
+    for n in range(int(steps)):   # as many steps on every rank: a collective each
+        y = step(rank, mode, x, a, w)
+        if mode == "hang" and rank == 2 and n == 3:
+            time.sleep(4)   # never there in time
+        if mode == "stop" and rank == 1 and n == 3:
+            os.kill(os.getpid(), signal.SIGSTOP)   # stopped where it stands
+        dist.all_reduce(y)   # the collective
+
+
+def spawned(rank, mode, steps, world):
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    loop(rank, mode, steps)
+
+
+if __name__ == "__main__":
+    mode, steps = sys.argv[1], int(sys.argv[2])
+    if os.environ.get("RANK") is not None:  # torchrun
+        dist.init_process_group("gloo")
+        loop(dist.get_rank(), mode, steps)
+        dist.destroy_process_group()
+    else:
+        import torch.multiprocessing as mp
+
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3])
+        mp.spawn(spawned, args=(mode, steps, 2), nprocs=2)
+"""
+
+
+def _line(text: str) -> int:
+    return next(i for i, line in enumerate(STEP.splitlines(), 1) if text in line)
+
+
+def _port() -> str:
+    return str(29600 + os.getpid() % 300)
+
+
+def _watch(tmp_path: Path, *args: str) -> dict[str, Any]:
+    script = tmp_path / "job.py"
+    script.write_text(STEP)
+    result = subprocess.run(
+        sparkdiag_cmd("watch", "--json", "--interval", "0.25", "--record",
+                      str(tmp_path / "run.json"), *args),
+        capture_output=True, text=True, timeout=180, cwd=tmp_path,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    doc: dict[str, Any] = json.loads(result.stdout)
+    return doc
+
+
+def _torchrun(mode: str, steps: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "3",
+            "--master-port", _port(), "job.py", mode, steps]  # fmt: skip
+
+
+@pytest.mark.slow
+def test_a_rank_that_does_not_arrive_is_named_with_the_collective(tmp_path: Path) -> None:
+    doc = _watch(tmp_path, "--", *_torchrun("hang", "8"))
+    assert doc["verdict"] == "collective-wait", doc["causes"]
+    evidence = " ".join(doc["causes"][0]["evidence"])
+    waited = f"job.py:{_line('dist.all_reduce(y)')} (loop: dist.all_reduce(y)"
+    assert "rank 0 (pid" in evidence and "rank 1 (pid" in evidence and waited in evidence
+    assert "while rank 2 (pid" in evidence and "did not arrive" in evidence
+    assert f"rank 2 (pid {_pid(tmp_path, 2)}) was waiting at job.py:{_line('never there')}" in (
+        evidence
+    )
+    assert doc["causes"][0]["actions"][0].startswith("see why rank 2 (pid")
+    rec = load(tmp_path / "run.json")
+    # torchrun and its three ranks, each sampled
+    assert {r.rank for r in rec.ranks} == {None, 0, 1, 2} and len(rec.threads) >= 4
+
+
+def _pid(tmp_path: Path, rank: int) -> int:
+    return next(r.pid for r in load(tmp_path / "run.json").ranks if r.rank == rank)
+
+
+@pytest.mark.slow
+def test_a_straggler_the_others_wait_for_is_named(tmp_path: Path) -> None:
+    doc = _watch(tmp_path, "--", *_torchrun("straggler", "200"))
+    assert doc["verdict"] == "collective-wait", doc["causes"]
+    evidence = " ".join(doc["causes"][0]["evidence"])
+    assert "rank 1 (pid" in evidence and "a straggler" in evidence, evidence
+    assert f"job.py:{_line('# the work')}" in evidence
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_of_mp_spawn_is_named_by_its_pid(tmp_path: Path) -> None:
+    """mp.spawn's children carry no RANK: the rank stopped is named by its process."""
+    script = tmp_path / "job.py"
+    script.write_text(STEP)
+    job = subprocess.Popen([sys.executable, "job.py", "stop", "1000", _port()], cwd=tmp_path,
+                           start_new_session=True)  # fmt: skip
+    try:
+        stopped = _wait_stopped(job.pid)
+        doc = _watch(tmp_path, "--pid", str(job.pid), "--duration", "5")
+    finally:
+        os.killpg(job.pid, signal.SIGKILL)
+        job.wait()
+    assert doc["verdict"] == "collective-wait", doc["causes"]
+    evidence = " ".join(doc["causes"][0]["evidence"])
+    assert f"while pid {stopped} did not arrive" in evidence, evidence
+    assert "a hang" in evidence  # still waiting when the watch ended
+    assert f"pid {stopped} was" in evidence and f"job.py:{_line('stopped where')}" in evidence
+
+
+def _wait_stopped(parent: int) -> int:
+    """The pid of the child of ``parent`` (a rank) once it stopped itself."""
+    for _ in range(600):
+        for task in Path(f"/proc/{parent}/task").iterdir():
+            for child in (task / "children").read_text().split():
+                stat = Path(f"/proc/{child}/stat").read_text()
+                if stat.rsplit(")", 1)[1].split()[0] == "T":
+                    time.sleep(1.0)  # the other rank into its all_reduce
+                    return int(child)
+        time.sleep(0.1)
+    raise AssertionError("no rank stopped")
+
+
+# ---- on a GPU: the stalled kernel of a collective --------------------------------------------
+
+ALL_REDUCE = loop(
+    30, "dist.all_reduce(grads)",
+    frame("all_reduce", "torch/distributed/distributed_c10d.py", 2501),
+    frame("cudaStreamSynchronize", "/usr/lib/libcudart.so.13", 0),
+)  # fmt: skip
+SLEEPING = loop(28, "time.sleep(600)")
+COMPUTE = loop(22, "loss = model(x)", frame("Linear.forward", "torch/nn/modules/linear.py", 125))
+
+
+def test_on_a_gpu_a_stalled_kernel_with_the_ranks_in_a_collective_names_the_rank() -> None:
+    """Four ranks on four GPUs, NCCL's kernel spinning on each (100 % busy, no SM work) from
+    tick 20 on while ranks 0, 1 and 3 wait in all_reduce and rank 2 sleeps."""
+    threads = tuple(ThreadInfo(100 + r, 100 + r, "MainThread", "python3") for r in range(4))
+
+    def at(i: int) -> list[tuple[int, tuple[StackFrame, ...], float]]:
+        if i < 20:
+            return [(r, COMPUTE, 1.0) for r in range(4)]
+        return [(r, SLEEPING if r == 2 else ALL_REDUCE, 1.0) for r in range(4)]
+
+    spin = lambda i: i >= 20  # noqa: E731
+    rec = timeline(util=const(0.99), sm=lambda i: 0.005 if spin(i) else 0.9,
+                   tensor=lambda i: 0.0 if spin(i) else 0.7, dram=lambda i: 0.0 if spin(i) else 0.3,
+                   thread=const(1.0))  # fmt: skip
+    rec = with_threads(rec, at, threads=threads)
+    from dataclasses import replace
+
+    rec = replace(rec, ranks=tuple(RankInfo(100 + r, r, 4, r) for r in range(4)))
+    cause = sole_cause(diagnose(rec), "collective-wait", 60 / 80, within=0.02)
+    evidence = " ".join(cause.evidence)
+    assert "rank 0 (pid 100), rank 1 (pid 101) and rank 3 (pid 103) waited 30.0 s" in evidence
+    assert "while rank 2 (pid 102) did not arrive" in evidence
+    assert "rank 2 (pid 102) was waiting at /job/train.py:28 (main: time.sleep(600))" in evidence
+    assert cause.sites[0].line == 30 and cause.actions[0].startswith("see why rank 2 (pid 102)")
