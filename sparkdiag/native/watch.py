@@ -10,14 +10,17 @@ later ones read only what changed.
 
 from __future__ import annotations
 
+import json
 import logging
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sparkdiag.sources.cuda_libraries import CACHE_NAME, LibraryScan, ScanCache, scan
+from sparkdiag.native import scan_child
+from sparkdiag.sources.cuda_libraries import CACHE_NAME, LibraryScan, scan_from_json
 from sparkdiag.sources.pyenv import (
     NotAnEnvironment,
     PythonEnvironment,
@@ -29,6 +32,11 @@ from sparkdiag.statedir import StateDirError, state_directory
 
 log = logging.getLogger(__name__)
 RESCAN_SECONDS = 6 * 3600.0  # installs change rarely; a restart rescans at once
+SCAN_TIMEOUT = 600.0  # a cold scan of the H200's torch environment took 2.83 s
+
+
+class ScanFailed(Exception):
+    """The scan's child process failed, hung or answered something else."""
 
 
 def environment(rootfs: Path, python: Sequence[str] | None) -> PythonEnvironment:
@@ -77,8 +85,8 @@ class LibraryWatch:
     def scan_once(self) -> None:
         try:
             env = self.find()
-            result = scan(env, ScanCache(self.cache_path))
-        except (NotAnEnvironment, OSError) as exc:
+            result = self._scan(env)
+        except (NotAnEnvironment, OSError, ScanFailed) as exc:
             self.error = str(exc)
             log.warning("CUDA library scan failed: %s", exc)
             return
@@ -92,6 +100,29 @@ class LibraryWatch:
             result.cached,
             result.seconds,
         )
+
+    def _scan(self, env: PythonEnvironment) -> LibraryScan:
+        """The scan, in a child process (:mod:`sparkdiag.native.scan_child`: its memory goes
+        back when it ends), killed after ``SCAN_TIMEOUT`` seconds."""
+        ask = json.dumps(scan_child.request(env, self.cache_path))
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", "sparkdiag.native.scan_child"],
+                input=ask,
+                capture_output=True,
+                text=True,
+                timeout=SCAN_TIMEOUT,
+                check=False,
+            )
+        except subprocess.TimeoutExpired:
+            raise ScanFailed(f"the scan took longer than {SCAN_TIMEOUT:.0f} s") from None
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            raise ScanFailed(f"the scan's process exited {done.returncode}: {last}")
+        try:
+            return scan_from_json(json.loads(done.stdout))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ScanFailed(f"the scan's process answered something else: {exc}") from None
 
     def run(self, stop: threading.Event) -> None:
         while not stop.is_set():

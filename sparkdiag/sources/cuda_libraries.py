@@ -234,3 +234,28 @@ def scan_json(result: LibraryScan) -> dict[str, Any]:
             for lib in result.libraries
         ],
     }
+
+
+def scan_from_json(doc: Mapping[str, Any]) -> LibraryScan:
+    """The inverse of :func:`scan_json` (the daemon reads the scan its child process made);
+    ValueError, KeyError or TypeError on a document that is not one."""
+    return LibraryScan(
+        environment=str(doc["environment"]),
+        site_dirs=tuple(str(d) for d in doc["site_dirs"]),
+        libraries=tuple(
+            CudaLibrary(
+                path=str(item["path"]),
+                relative=str(item["relative"]),
+                package=str(item["package"]),
+                version=str(item["version"]),
+                size_bytes=int(item["size_bytes"]),
+                report=FatbinReport.from_json(item),
+                listed=bool(item["listed_in_record"]),
+            )
+            for item in doc["libraries"]
+        ),
+        files=int(doc["files"]),
+        cached=int(doc["cached"]),
+        unreadable={str(k): str(v) for k, v in dict(doc["unreadable"]).items()},
+        seconds=float(doc["seconds"]),
+    )
