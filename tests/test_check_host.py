@@ -8,8 +8,8 @@ from pathlib import Path
 
 from sparkdiag.check.health_checks import check_ecc, check_row_remap, check_xid, parse_xids
 from sparkdiag.check.host_checks import check_context, check_governor, check_unified_memory
-from sparkdiag.check.link_checks import check_pcie_host
 from sparkdiag.check.model import CheckResult, KernelLog
+from sparkdiag.check.pcie_checks import check_pcie_host
 from sparkdiag.snapshot import HostSample, MemoryPressure
 from sparkdiag.sources import cpufreq
 from tests.support.check import (
