@@ -21,7 +21,7 @@ from sparkdiag.baseline.store import BaselineKey, BaselineStore, open_store
 from sparkdiag.check.peer_checks import check_baseline_learning, check_peers
 from sparkdiag.exporter.peers import PeerCollector
 from sparkdiag.exporter.probe import ProbeCollector
-from sparkdiag.peers import compare
+from sparkdiag.peers import ranking as compare
 from sparkdiag.peers.node import PeerFigure, judge_node
 from sparkdiag.probe.launchers import FixtureLauncher
 from sparkdiag.scheduling.probe_state import ProbeState

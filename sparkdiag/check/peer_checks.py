@@ -3,7 +3,7 @@
 ``peers`` (under load): the short probe's delivered figures of every GPU, kernel by kernel
 (compute-bound kernels only), each over the median of the other GPUs of the same model; a GPU
 is judged by the median of its kernels, and the slowest one fails at 7 % below the rest, warns
-at 3.5 % (sparkdiag/peers/compare.py, Azure's thresholds). ``baseline-learning``: the kernels
+at 3.5 % (sparkdiag/peers/ranking.py, Azure's thresholds). ``baseline-learning``: the kernels
 whose baseline the daemon is still learning and whose last run it held out, as far below its
 peers and the published reference (sparkdiag/baseline/learning.py).
 """
@@ -14,8 +14,8 @@ import time
 
 from sparkdiag.baseline.keeper import HeldRun
 from sparkdiag.check.model import CheckContext, CheckResult, no_gpu_skip
-from sparkdiag.peers.compare import FAIL_BELOW, WARN_BELOW
 from sparkdiag.peers.node import NodeVerdict, PeerFigure, judge_node
+from sparkdiag.peers.ranking import FAIL_BELOW, WARN_BELOW
 
 NAME = "peers"
 LEARNING = "baseline-learning"

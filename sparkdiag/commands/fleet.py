@@ -14,9 +14,9 @@ import click
 from sparkdiag import terminal
 from sparkdiag.errors import Exit, SparkdiagError
 from sparkdiag.flags import settings_from, settings_options
-from sparkdiag.peers.compare import FAIL_BELOW, MIN_FLEET_GROUP, WARN_BELOW
 from sparkdiag.peers.fleet import FleetView, GpuRow, fleet_view
 from sparkdiag.peers.promapi import PrometheusClient, connection
+from sparkdiag.peers.ranking import FAIL_BELOW, MIN_FLEET_GROUP, WARN_BELOW
 
 STATUS = {"outlier": "OUTLIER", "warn": "warn", "ok": "ok", "too_small": "not judged",
           "bad_data": "BAD DATA"}  # fmt: skip

@@ -20,8 +20,8 @@ from collections.abc import Iterator, Mapping
 from sparkdiag.exporter.base import GPU_LABELS as GPU
 from sparkdiag.exporter.base import FromProbeView
 from sparkdiag.exporter.families import GaugeMetricFamily, Metric
-from sparkdiag.peers.compare import COMPUTE_KINDS
 from sparkdiag.peers.node import PeerFigure, compare_kernels
+from sparkdiag.peers.ranking import COMPUTE_KINDS
 from sparkdiag.scheduling.probe_state import CycleRecord, ProbeView
 
 KERNEL = [*GPU, "dtype", "shape", "context"]

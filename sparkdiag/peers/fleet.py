@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 import yaml
 
-from sparkdiag.peers.compare import FAIL_BELOW, MIN_FLEET_GROUP, WARN_BELOW
 from sparkdiag.peers.promapi import PrometheusError, Sample
+from sparkdiag.peers.ranking import FAIL_BELOW, MIN_FLEET_GROUP, WARN_BELOW
 
 RULE_GROUP = "sparkdiag-peers"
 PREFIX = "sparkdiag:gemm_tflops:"

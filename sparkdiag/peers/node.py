@@ -12,7 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from sparkdiag.peers.compare import (
+from sparkdiag.peers.ranking import (
     COMPUTE_KINDS,
     Verdict,
     median,
