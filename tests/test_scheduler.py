@@ -12,8 +12,7 @@ import pytest
 
 from sparkdiag.baseline.keeper import StoreKeeper
 from sparkdiag.baseline.store import BaselineStore
-from sparkdiag.compare.container_probe import ContainerLauncher
-from sparkdiag.probe.launchers import FixtureLauncher
+from sparkdiag.probe.launchers import ContainerLauncher, FixtureLauncher
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.scheduling.probe_state import ProbeState
