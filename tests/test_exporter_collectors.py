@@ -16,9 +16,9 @@ from sparkdiag.exporter.gpu import GpuCollector
 from sparkdiag.exporter.registry import build_registry, render
 from sparkdiag.snapshot import ExecutionContext, HostSample, Snapshot
 from sparkdiag.sources.dmi import read_platform
-from sparkdiag.sources.fixture import FixtureBackend
-from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS, GpuSource
 from sparkdiag.sources.meminfo import read_host_memory
+from sparkdiag.sources.nvml.fixture import FixtureBackend
+from sparkdiag.sources.nvml.gpu import CLOCK_EVENT_REASONS, GpuSource
 from sparkdiag.sources.sysfs import PcieSource
 from sparkdiag.telemetry.poller import Poller
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkdiag.sources.fixture import FixtureBackend, FixtureError
-from sparkdiag.sources.gpu import GpuSource
+from sparkdiag.sources.nvml.fixture import FixtureBackend, FixtureError
+from sparkdiag.sources.nvml.gpu import GpuSource
 from tests.support import NVML
 
 BASE: dict[str, Any] = json.loads((NVML / "h200-idle.json").read_text())

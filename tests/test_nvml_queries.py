@@ -24,11 +24,11 @@ import pytest
 
 from sparkdiag.probe.worker import nvml as worker
 from sparkdiag.snapshot import GpuIdentity, GpuSample
-from sparkdiag.sources.fixture import VALID_KEYS, FixtureBackend
-from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS, GpuSource
-from sparkdiag.sources.nvml_api import NOT_READY, NvmlCallError
-from sparkdiag.sources.nvml_calls import NvmlCalls
-from sparkdiag.sources.nvml_queries import (
+from sparkdiag.sources.nvml.api import NOT_READY, NvmlCallError
+from sparkdiag.sources.nvml.calls import NvmlCalls
+from sparkdiag.sources.nvml.fixture import VALID_KEYS, FixtureBackend
+from sparkdiag.sources.nvml.gpu import CLOCK_EVENT_REASONS, GpuSource
+from sparkdiag.sources.nvml.queries import (
     CATALOGUE,
     NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
     NVML_FI_DEV_MEMORY_TEMP,

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkdiag.sources.fixture import FixtureBackend
-from sparkdiag.sources.gpu import GpuSource
+from sparkdiag.sources.nvml.fixture import FixtureBackend
+from sparkdiag.sources.nvml.gpu import GpuSource
 from sparkdiag.telemetry.stall import stall_signature
 from tests.support import ROOT
 

@@ -10,8 +10,8 @@ from sparkdiag.check.gpu_checks import each_gpu
 from sparkdiag.check.model import CheckContext, CheckResult, Status
 from sparkdiag.check.model import gpu_index as _idx
 from sparkdiag.snapshot import GpuSample
-from sparkdiag.sources.xid import CATALOG_URL, parse_kernel_xids
-from sparkdiag.sources.xid import describe as describe_xid
+from sparkdiag.sources.nvml.xid import CATALOG_URL, parse_kernel_xids
+from sparkdiag.sources.nvml.xid import describe as describe_xid
 
 parse_xids = parse_kernel_xids  # the name tests and older callers use
 
@@ -102,7 +102,7 @@ _STATUS: dict[str, Status] = {"critical": "fail", "warning": "warn", "info": "pa
 
 def check_xid(ctx: CheckContext) -> list[CheckResult]:
     """XID events in the kernel log since boot, by the tier NVIDIA's XID catalog gives each code
-    (:mod:`sparkdiag.sources.xid`): a critical one fails, a warning one warns, informational
+    (:mod:`sparkdiag.sources.nvml.xid`): a critical one fails, a warning one warns, informational
     ones pass; the action is the catalog's for the worst code seen."""
     log = ctx.kernel_log
     if log is None or log.lines is None:

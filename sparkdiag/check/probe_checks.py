@@ -16,7 +16,7 @@ from sparkdiag.probe.document import Conditions
 from sparkdiag.probe.runner import worker_path
 from sparkdiag.probe.worker.contract import throughput_unit
 from sparkdiag.snapshot import GpuSample
-from sparkdiag.sources.gpu import UNHEALTHY_REASONS, decode_reasons
+from sparkdiag.sources.nvml.gpu import UNHEALTHY_REASONS, decode_reasons
 
 BASELINE_FAIL = 0.85  # below this fraction of the stored baseline: fail
 MAMF_WARN = 0.60  # below this fraction of a published MAMF figure: warn

@@ -6,7 +6,7 @@ from sparkdiag.check.gpu_checks import each_gpu
 from sparkdiag.check.model import CheckContext, CheckResult
 from sparkdiag.check.model import gpu_index as _idx
 from sparkdiag.snapshot import GpuSample
-from sparkdiag.sources.gpu import UNHEALTHY_REASONS, decode_reasons
+from sparkdiag.sources.nvml.gpu import UNHEALTHY_REASONS, decode_reasons
 
 MEMORY_HOT_C = 85.0  # HBM: the memory controller throttles above this (CONTEXT.md)
 MEMORY_WARM_C = 80.0

@@ -112,8 +112,8 @@ def gpus_seen(
 ) -> tuple[list[GpuSample], str | None]:
     """The GPUs NVML sees and ``--gpu`` names (one poll, for their uuid, name and busy state),
     and why there are none when NVML cannot be used. An unusable fixture raises FixtureError."""
-    from sparkdiag.sources.backends import make_backend
-    from sparkdiag.sources.gpu import GpuSource
+    from sparkdiag.sources.nvml.backends import make_backend
+    from sparkdiag.sources.nvml.gpu import GpuSource
 
     source = GpuSource(make_backend(nvml_fixture))
     if not source.start():

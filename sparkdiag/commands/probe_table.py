@@ -14,7 +14,7 @@ from sparkdiag.probe.document import Progress, WorkerDocument
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.probe.worker.contract import throughput_unit
 from sparkdiag.snapshot import GpuIdentity
-from sparkdiag.sources.gpu import decode_reasons
+from sparkdiag.sources.nvml.gpu import decode_reasons
 
 # Small pageable copies this many times slower than pinned ones are worth saying (GB10 owners
 # reported about 50x with many small host-to-device copies from pageable memory).

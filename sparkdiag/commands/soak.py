@@ -75,7 +75,7 @@ def _jobs(
         if gpus is not None:
             raise UsageError("give --device or --gpu, not both")
         if fixture is not None:  # not used on a device, but a fixture that is not there is wrong
-            from sparkdiag.sources.fixture import load_fixture
+            from sparkdiag.sources.nvml.fixture import load_fixture
 
             load_fixture(fixture)  # FixtureError: a usage error naming --nvml-fixture
         return [Job(Target(label=device), request.on_device(device))]

@@ -30,8 +30,8 @@ from sparkdiag.flags import file_option, gpu_option, settings_from, settings_opt
 from sparkdiag.plotting import INSTALL_HINT
 from sparkdiag.plotting import require as require_plotting
 from sparkdiag.sources import pyspy
-from sparkdiag.sources.backends import make_backend
-from sparkdiag.sources.gpu import GpuSource
+from sparkdiag.sources.nvml.backends import make_backend
+from sparkdiag.sources.nvml.gpu import GpuSource
 from sparkdiag.sources.procfs import ProcessIdentities
 from sparkdiag.watch import plot as plotting
 from sparkdiag.watch import stack_sampler

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from sparkdiag.compare.model import Comparison
-from sparkdiag.sources.gpu import THROTTLE_REASONS
+from sparkdiag.sources.nvml.gpu import THROTTLE_REASONS
 
 # A side whose mean SM clock is below this fraction of the other's ran throttled.
 CLOCK_DROP = 0.95

@@ -18,7 +18,7 @@ from sparkdiag.errors import Exit
 from sparkdiag.probe.diagnosis import Failure, Role
 from sparkdiag.probe.document import Software, WorkerDocument
 from sparkdiag.probe.worker.contract import throughput_unit
-from sparkdiag.sources.gpu import decode_reasons
+from sparkdiag.sources.nvml.gpu import decode_reasons
 
 SCHEMA = "sparkdiag-compare/1"
 DEFAULT_MAX_GAP = 0.15

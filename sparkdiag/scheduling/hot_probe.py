@@ -35,7 +35,7 @@ from sparkdiag.config import DEFAULTS
 from sparkdiag.scheduling.probe_state import CycleRecord
 from sparkdiag.scheduling.scheduler import GpuLocks, ProbeLoop, record_cycle
 from sparkdiag.snapshot import GpuSample, Snapshot
-from sparkdiag.sources.gpu import THERMAL_REASONS, reasons_mask
+from sparkdiag.sources.nvml.gpu import THERMAL_REASONS, reasons_mask
 from sparkdiag.telemetry.busy import busy
 
 log = logging.getLogger(__name__)

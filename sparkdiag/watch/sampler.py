@@ -20,7 +20,7 @@ from typing import Any
 
 from sparkdiag.snapshot import ProcessIdentity
 from sparkdiag.sources import pressure, procfs
-from sparkdiag.sources.gpu import DeviceLost, GpuSource
+from sparkdiag.sources.nvml.gpu import DeviceLost, GpuSource
 from sparkdiag.watch.model import (
     GpuInfo,
     GpuTick,

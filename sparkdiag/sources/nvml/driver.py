@@ -1,9 +1,9 @@
 """The real NVML backend: the only module that imports ``pynvml`` (the nvidia-ml-py package).
 
-It answers the query catalogue (:data:`sparkdiag.sources.nvml_queries.CATALOGUE`, where each
+It answers the query catalogue (:data:`sparkdiag.sources.nvml.queries.CATALOGUE`, where each
 query declares its pynvml call) with plain values, translating ``pynvml.NVMLError`` into
 :class:`NvmlCallError`. Versioned functions are looked up once, at :meth:`PynvmlBackend.init`,
-and the answer is cached (:class:`sparkdiag.sources.nvml_calls.NvmlCalls`).
+and the answer is cached (:class:`sparkdiag.sources.nvml.calls.NvmlCalls`).
 """
 
 from __future__ import annotations
@@ -15,15 +15,15 @@ from collections.abc import Callable
 from typing import Any
 
 from sparkdiag.sources import host
-from sparkdiag.sources.nvml_api import (
+from sparkdiag.sources.nvml.api import (
     ERROR_CODES,
     EVENT_XID_CRITICAL,
     NvmlCallError,
     NvmlEvent,
     NvmlUnavailable,
 )
-from sparkdiag.sources.nvml_calls import NvmlCalls
-from sparkdiag.sources.nvml_queries import CATALOGUE
+from sparkdiag.sources.nvml.calls import NvmlCalls
+from sparkdiag.sources.nvml.queries import CATALOGUE
 
 log = logging.getLogger(__name__)
 

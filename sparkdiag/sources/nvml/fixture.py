@@ -22,7 +22,7 @@ A fixture is a JSON document (format ``sparkdiag-nvml-fixture/1``)::
       ]
     }
 
-Answers are keyed as :func:`sparkdiag.sources.nvml_api.answer_key` builds them; an answer of
+Answers are keyed as :func:`sparkdiag.sources.nvml.api.answer_key` builds them; an answer of
 ``{"error": NAME}`` raises that NVML error; a query with no answer is NOT_SUPPORTED. Derived
 devices (``from``) copy a device of the base and ``set`` answers over it, with a ``why`` per
 change so that each difference from the recording is documented in the file. ``why`` (on a
@@ -45,7 +45,7 @@ from typing import Any
 
 from sparkdiag import safeload
 from sparkdiag.errors import UsageError
-from sparkdiag.sources.nvml_api import (
+from sparkdiag.sources.nvml.api import (
     ERROR_CODES,
     GPU_IS_LOST,
     NOT_SUPPORTED,
@@ -55,7 +55,7 @@ from sparkdiag.sources.nvml_api import (
     answer_key,
     error_code,
 )
-from sparkdiag.sources.nvml_queries import CATALOGUE, answer_keys, answer_shape_error
+from sparkdiag.sources.nvml.queries import CATALOGUE, answer_keys, answer_shape_error
 
 FORMAT = "sparkdiag-nvml-fixture/1"
 MAX_FIXTURE_BYTES = 16 * 1024 * 1024  # recorded 8-GPU fixtures are ~100 KB

@@ -3,10 +3,10 @@
 Each :class:`Query` says, in one place:
 
 * ``name``: the query, and the key its answer is stored under in a fixture (``clock/1`` with an
-  argument, see :func:`sparkdiag.sources.nvml_api.answer_key`);
+  argument, see :func:`sparkdiag.sources.nvml.api.answer_key`);
 * ``call``: the real backend's pynvml call, ``(calls, handle, arg) -> plain JSON value``, where
-  ``calls.nv`` is the pynvml module (imported only in ``sources/nvml.py``) and ``calls`` the
-  :class:`~sparkdiag.sources.nvml_calls.NvmlCalls` that keeps what versioned and delta calls need;
+  ``calls.nv`` is the pynvml module (imported only in ``sources/nvml/driver.py``) and ``calls`` the
+  :class:`~sparkdiag.sources.nvml.calls.NvmlCalls` that keeps what versioned and delta calls need;
 * ``shape``: the answer's shape (:func:`answer_shape_error`); a fixture answer of another shape
   is refused when the fixture is loaded, never half-used;
 * ``args``: the arguments it is asked with, each with the key its answer gets in the snapshot's
@@ -16,7 +16,7 @@ Each :class:`Query` says, in one place:
 * ``delta``: the answer covers the time since the previous call (the recorder primes it);
 * ``field``, ``key``, ``convert``, ``dedicated_only``: where the answer lands in the
   :class:`~sparkdiag.snapshot.GpuSample` (:func:`sample_fields`); a query without ``field`` is
-  read by hand in ``sources/gpu.py`` (identity, processes, GPM, NVLink) or by ``watch``.
+  read by hand in ``sources/nvml/gpu.py`` (identity, processes, GPM, NVLink) or by ``watch``.
 
 A new NVML metric of the usual kind (one number, or one per argument) is one declaration here,
 a field in ``snapshot.py`` and a row in its collector: the real backend, the fixture replay, the
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from sparkdiag.snapshot import FabricState
-from sparkdiag.sources.gpu_activity import KIB, percent_ratio
-from sparkdiag.sources.nvml_api import ERROR_NAMES, EVENT_XID_CRITICAL, NVLINK_LINKS
-from sparkdiag.sources.nvml_calls import (
+from sparkdiag.sources.nvml.activity import KIB, percent_ratio
+from sparkdiag.sources.nvml.api import ERROR_NAMES, EVENT_XID_CRITICAL, NVLINK_LINKS
+from sparkdiag.sources.nvml.calls import (
     NVLINK_THROUGHPUT_FIELDS,
     NvmlCalls,
     text,
@@ -159,7 +159,7 @@ def _nvlink_throughput(field: int) -> Call:
 
 
 QUERIES: tuple[Query, ...] = (
-    # -- identity, read once at start (sources/gpu.py) --
+    # -- identity, read once at start (sources/nvml/gpu.py) --
     # nvidia-smi --query-gpu=name, uuid, pci.bus_id, compute_cap
     Query("name", lambda c, h, _: text(c.nv.nvmlDeviceGetName(h)), "text"),
     Query("uuid", lambda c, h, _: text(c.nv.nvmlDeviceGetUUID(h)), "text"),

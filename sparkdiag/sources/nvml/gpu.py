@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkdiag.snapshot import GpuIdentity, GpuProcess, GpuSample, NvlinkSample
-from sparkdiag.sources.gpu_activity import (
+from sparkdiag.sources.nvml.activity import (
     ProcessOptions,
     read_activity,
     read_nvlinks,
     read_processes,
 )
-from sparkdiag.sources.nvml_api import (
+from sparkdiag.sources.nvml.api import (
     LOST_CODES,
     NOT_SUPPORTED,
     UNAVAILABLE_CODES,
@@ -36,7 +36,7 @@ from sparkdiag.sources.nvml_api import (
     NvmlEvent,
     NvmlUnavailable,
 )
-from sparkdiag.sources.nvml_queries import CATALOGUE, sample_fields
+from sparkdiag.sources.nvml.queries import CATALOGUE, sample_fields
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +92,7 @@ SLOW_SECONDS = 10.0
 class GpuSource:
     """Reads every GPU through an :class:`NvmlBackend`. Not thread-safe: one poller owns it.
 
-    Each query's tier is in its declaration (``sources/nvml_queries.py``): static ones
+    Each query's tier is in its declaration (``sources/nvml/queries.py``): static ones
     (thresholds, maximum clocks, supported reasons, PCIe maxima, modes) are asked again once their
     last answer is ``static_seconds`` old, slow ones (ECC, row remapping, replay and violation
     counters, energy, PCIe throughput, per-process utilization, NVLink) once it is
@@ -128,7 +128,7 @@ class GpuSource:
     def __post_init__(self) -> None:
         # Queries whose answers change rarely or never are asked less often than every poll, to
         # keep the daemon's cost down (each NVML call is 5-100 µs; a poll of one H200 asks ~45
-        # of them); each query's tier is in its declaration (sources/nvml_queries.py).
+        # of them); each query's tier is in its declaration (sources/nvml/queries.py).
         self._max_age = {"poll": 0.0, "slow": self.slow_seconds, "static": self.static_seconds}
 
     def start(self) -> bool:

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from sparkdiag import __version__
-from sparkdiag.sources.fixture import FORMAT
-from sparkdiag.sources.nvml_api import NvmlBackend, NvmlCallError, answer_key
-from sparkdiag.sources.nvml_queries import DELTA_QUERIES, QUERIES
+from sparkdiag.sources.nvml.api import NvmlBackend, NvmlCallError, answer_key
+from sparkdiag.sources.nvml.fixture import FORMAT
+from sparkdiag.sources.nvml.queries import DELTA_QUERIES, QUERIES
 
 # Between priming the delta queries (GPM, the sample buffers) and recording their answers.
 PRIME_SECONDS = 0.5

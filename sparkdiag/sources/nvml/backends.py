@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparkdiag.sources.fixture import FixtureBackend
-from sparkdiag.sources.nvml import PynvmlBackend
-from sparkdiag.sources.nvml_api import NvmlBackend
+from sparkdiag.sources.nvml.api import NvmlBackend
+from sparkdiag.sources.nvml.driver import PynvmlBackend
+from sparkdiag.sources.nvml.fixture import FixtureBackend
 
 
 def make_backend(nvml_fixture: Path | None) -> NvmlBackend:

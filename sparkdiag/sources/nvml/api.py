@@ -1,10 +1,11 @@
 """The narrow NVML interface the GPU source is written against.
 
-Two backends implement it: :class:`sparkdiag.sources.nvml.PynvmlBackend` (the real library) and
-:class:`sparkdiag.sources.fixture.FixtureBackend` (recorded answers replayed from JSON). The
-interface is a fixed catalogue of *queries* (:data:`sparkdiag.sources.nvml_queries.CATALOGUE`),
-each mapping to one NVML call and returning a plain JSON value, so that a recorder can store every
-answer (errors included) and a fixture can replay it exactly.
+Two backends implement it: :class:`sparkdiag.sources.nvml.driver.PynvmlBackend` (the real
+library) and :class:`sparkdiag.sources.nvml.fixture.FixtureBackend` (recorded answers replayed
+from JSON). The interface is a fixed catalogue of *queries*
+(:data:`sparkdiag.sources.nvml.queries.CATALOGUE`), each mapping to one NVML call and returning a
+plain JSON value, so that a recorder can store every answer (errors included) and a fixture can
+replay it exactly.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-# NVML return codes (nvml.h), kept here so that no module but sources/nvml.py imports pynvml.
+# NVML return codes (nvml.h), kept here so that no module but sources/nvml/driver.py imports pynvml.
 ERROR_NAMES: Mapping[int, str] = {
     1: "UNINITIALIZED",
     2: "INVALID_ARGUMENT",

@@ -1,6 +1,6 @@
 """The GPU source's activity, interconnect and per-process readings that one declaration cannot
 map to one snapshot field (GPM's four metrics, 126 NVLink answers per GPU, the processes),
-turned from catalogue answers (:data:`sparkdiag.sources.nvml_queries.CATALOGUE`) into snapshot
+turned from catalogue answers (:data:`sparkdiag.sources.nvml.queries.CATALOGUE`) into snapshot
 values.
 
 Each function takes ``ask(query, arg=None)``, the GPU source's cached, unsupported-aware query
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkdiag.snapshot import GpuProcess, NvlinkSample, ProcessIdentity
-from sparkdiag.sources.nvml_api import NVLINK_LINKS
+from sparkdiag.sources.nvml.api import NVLINK_LINKS
 
 log = logging.getLogger(__name__)
 

@@ -1,8 +1,9 @@
 """The stateful side of the real NVML calls: what the catalogue's pynvml calls
-(:data:`sparkdiag.sources.nvml_queries.CATALOGUE`) need to keep between calls.
+(:data:`sparkdiag.sources.nvml.queries.CATALOGUE`) need to keep between calls.
 
-It is handed the ``pynvml`` module object by :class:`sparkdiag.sources.nvml.PynvmlBackend` (the
-only module that imports it), so that every catalogue answer is a plain value:
+It is handed the ``pynvml`` module object by
+:class:`sparkdiag.sources.nvml.driver.PynvmlBackend` (the only module that imports it), so that
+every catalogue answer is a plain value:
 
 * versioned functions are looked up once and the answer kept: the clock event reasons
   (``nvmlDeviceGetCurrentClocksEventReasons``, falling back to the deprecated
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sparkdiag.sources.nvml_api import (
+from sparkdiag.sources.nvml.api import (
     ERROR_CODES,
     FUNCTION_NOT_FOUND,
     NOT_FOUND,
