@@ -11,7 +11,7 @@ from sparkdiag.check.host_checks import check_context, check_governor, check_uni
 from sparkdiag.check.model import CheckResult, KernelLog
 from sparkdiag.check.pcie_checks import check_pcie_host
 from sparkdiag.snapshot import HostSample, MemoryPressure
-from sparkdiag.sources import cpufreq
+from sparkdiag.sources.host import cpufreq
 from tests.support.check import (
     NVML,
     ROOTFS,

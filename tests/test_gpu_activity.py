@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry
 
 from sparkdiag.exporter.registry import build_registry
 from sparkdiag.snapshot import ProcessIdentity, Snapshot
+from sparkdiag.sources.host.procfs import ProcessIdentities
 from sparkdiag.sources.nvml.activity import ProcessOptions
 from sparkdiag.sources.nvml.api import NOT_FOUND, NOT_READY, NOT_SUPPORTED, NvmlCallError
 from sparkdiag.sources.nvml.calls import NvmlCalls
@@ -22,7 +23,6 @@ from sparkdiag.sources.nvml.fixture import FixtureBackend
 from sparkdiag.sources.nvml.gpu import GpuSource
 from sparkdiag.sources.nvml.queries import CATALOGUE, DELTA_QUERIES
 from sparkdiag.sources.nvml.record import record
-from sparkdiag.sources.procfs import ProcessIdentities
 from sparkdiag.telemetry.poller import Poller
 from tests.support import CountingBackend
 

@@ -29,7 +29,7 @@ from sparkdiag.link.readings import read_fabric
 from sparkdiag.link.server import LinkServer, link_addresses, listen_socket
 from sparkdiag.link.session import open_control
 from sparkdiag.link.wire import LineReader, encode, send
-from sparkdiag.sources.netif import interface_addresses
+from sparkdiag.sources.host.netif import interface_addresses
 from tests.support import ROOTFS, SYSFS, run_cli, sparkdiag_cmd
 from tests.test_link_units import SECRET, _loopback_as_cx7
 

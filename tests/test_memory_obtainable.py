@@ -15,8 +15,8 @@ from sparkdiag.check.memory_checks import check_gpu_memory
 from sparkdiag.exporter.memory import GpuMemoryCollector
 from sparkdiag.native import dtypes
 from sparkdiag.snapshot import HostSample
-from sparkdiag.sources.meminfo import meminfo_bytes, obtainable, read_host_memory
-from sparkdiag.sources.procfs import device_holders
+from sparkdiag.sources.host.meminfo import meminfo_bytes, obtainable, read_host_memory
+from sparkdiag.sources.host.procfs import device_holders
 from tests.support import ROOT, ROOTFS
 from tests.support.check import NVML, SYSFS, context, only, poll
 

@@ -20,11 +20,11 @@ from sparkdiag.check.model import CheckContext
 from sparkdiag.check.storage_checks import check_nvme_health, check_nvme_temperature
 from sparkdiag.exporter.nvme import NvmeCollector
 from sparkdiag.snapshot import NvmeController, NvmeHealth
-from sparkdiag.sources import nvme as nvme_source
-from sparkdiag.sources.blockdev import block_chain, io_bytes, named_chain
-from sparkdiag.sources.mounts import find_mount, parse_mountinfo
-from sparkdiag.sources.nvme import NvmeSource, controller_names, read_controller
-from sparkdiag.sources.nvme_tools import (
+from sparkdiag.sources.host import nvme as nvme_source
+from sparkdiag.sources.host.blockdev import block_chain, io_bytes, named_chain
+from sparkdiag.sources.host.mounts import find_mount, parse_mountinfo
+from sparkdiag.sources.host.nvme import NvmeSource, controller_names, read_controller
+from sparkdiag.sources.host.nvme_tools import (
     HealthReading,
     fixture_reader,
     parse_nvme_cli,

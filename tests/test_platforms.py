@@ -1,4 +1,4 @@
-"""Platform identity: DMI strings from sysfs (sources/dmi.py) and the table of known machines
+"""Platform identity: DMI strings from sysfs (sources/host/dmi.py) and the table of known machines
 (platforms.py) that host links are judged against."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from sparkdiag.platforms import PLATFORMS, describe, identify
 from sparkdiag.snapshot import PlatformIdentity
-from sparkdiag.sources.dmi import read_platform
+from sparkdiag.sources.host.dmi import read_platform
 
 SYSFS = Path(__file__).parent / "fixtures" / "sysfs"
 

@@ -22,9 +22,9 @@ from sparkdiag.check.model import CheckContext, KernelLog
 from sparkdiag.check.stall_checks import STALL_SAMPLES, check_stall
 from sparkdiag.exporter.registry import build_registry
 from sparkdiag.snapshot import Snapshot
-from sparkdiag.sources.kernel_log import read_kernel_log
+from sparkdiag.sources.host.kernel_log import read_kernel_log
+from sparkdiag.sources.host.sysfs import PcieSource
 from sparkdiag.sources.nvml.xid import BUCKETS, INCIDENT_GAP_SECONDS, XIDS, describe
-from sparkdiag.sources.sysfs import PcieSource
 from sparkdiag.telemetry.build import build_poller
 from sparkdiag.telemetry.stall import StallLog, stall_signature
 from tests.support import run_cli

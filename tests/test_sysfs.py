@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from sparkdiag.snapshot import PcieLink
-from sparkdiag.sources import sysfs, udev
-from sparkdiag.sources.sysfs import PcieSource, classify, parse_link_speed, read_link
+from sparkdiag.sources.host import sysfs, udev
+from sparkdiag.sources.host.sysfs import PcieSource, classify, parse_link_speed, read_link
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sysfs"
 SPARK = FIXTURES / "dgx-spark"

@@ -42,7 +42,7 @@ from typing import Any
 from sparkdiag.native.lint import Gpu, lint
 from sparkdiag.sources import fatbin
 from sparkdiag.sources.cuda_libraries import ScanCache, scan, scan_json
-from sparkdiag.sources.gpudirect import cuda_attributes
+from sparkdiag.sources.host.gpudirect import cuda_attributes
 from sparkdiag.sources.pyenv import PythonEnvironment, resolve, this_python, torch_build
 
 TRACE_LIMIT = 512 * 1024

@@ -1,8 +1,8 @@
 """Gather a :class:`CheckContext`: one poll, the probe (unless ``--quick``), the host readings.
 
 Every reading of the machine comes from :mod:`sparkdiag.sources` (the poller's sources, plus
-:mod:`~sparkdiag.sources.cpufreq`, :mod:`~sparkdiag.sources.procfs`,
-:mod:`~sparkdiag.sources.packages` and :mod:`~sparkdiag.sources.kernel_log`), each under the
+:mod:`~sparkdiag.sources.host.cpufreq`, :mod:`~sparkdiag.sources.host.procfs`,
+:mod:`~sparkdiag.sources.packages` and :mod:`~sparkdiag.sources.host.kernel_log`), each under the
 configured ``--path.sysfs`` / ``--path.rootfs``; this module only puts them together.
 """
 
@@ -37,11 +37,11 @@ from sparkdiag.probe.launchers import Launcher, WorkerLauncher
 from sparkdiag.probe.runner import torch_install_hint
 from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.soak.state import inspect_state
-from sparkdiag.sources.cpufreq import read_governors
 from sparkdiag.sources.cuda_libraries import ScanCache, scan
-from sparkdiag.sources.kernel_log import read_kernel_log
+from sparkdiag.sources.host.cpufreq import read_governors
+from sparkdiag.sources.host.kernel_log import read_kernel_log
+from sparkdiag.sources.host.procfs import device_holders, process_names
 from sparkdiag.sources.packages import read_torch
-from sparkdiag.sources.procfs import device_holders, process_names
 from sparkdiag.sources.pyenv import NotAnEnvironment
 from sparkdiag.storage.run import ProbeRequest
 from sparkdiag.storage.session import Where, probe_directory
@@ -56,7 +56,7 @@ class Sources:
 
     launcher: runs the probe on one GPU (default: the real worker)
     torch: the installed torch (default: :func:`sparkdiag.sources.packages.read_torch`)
-    kernel_log: the kernel log (default: :func:`sparkdiag.sources.kernel_log.read_kernel_log`,
+    kernel_log: the kernel log (default: :func:`sparkdiag.sources.host.kernel_log.read_kernel_log`,
         ``/dev/kmsg`` or ``dmesg`` under ``--path.rootfs``)
     sleep: waits between the stall check's samples (default: :func:`time.sleep`)
     """

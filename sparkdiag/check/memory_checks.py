@@ -1,7 +1,7 @@
 """``gpu-memory``: the memory a new allocation on each GPU can get now, before a model load.
 
 On a unified-memory GPU (GB10) that is host memory: free memory plus the page cache's clean,
-unmapped file pages (:func:`sparkdiag.sources.meminfo.obtainable`), with the processes that
+unmapped file pages (:func:`sparkdiag.sources.host.meminfo.obtainable`), with the processes that
 hold the GPU and their resident memory read from /proc (NVML reports no framebuffer there).
 The page cache gives its pages back to the kernel's allocator, but a CUDA allocation on GB10
 has failed with NV_ERR_NO_MEMORY while it held the memory (tobias-weiss.org, "Taming OOM on
@@ -18,7 +18,7 @@ from sparkdiag.check.gpu_checks import each_gpu
 from sparkdiag.check.model import CheckContext, CheckResult
 from sparkdiag.check.model import gpu_index as _idx
 from sparkdiag.snapshot import GpuSample
-from sparkdiag.sources.procfs import DeviceHolder
+from sparkdiag.sources.host.procfs import DeviceHolder
 
 GIB = 1024.0**3
 # What a new allocation can get, as a share of the memory: under 10 % fails (the

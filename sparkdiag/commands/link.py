@@ -26,7 +26,7 @@ from sparkdiag.link.readings import read_fabric
 from sparkdiag.link.render import lint_text, report_text
 from sparkdiag.link.server import LinkServer, link_addresses, listen_socket
 from sparkdiag.link.wire import MAX_SECONDS, MAX_STREAMS, PORT
-from sparkdiag.sources.netif import interface_addresses
+from sparkdiag.sources.host.netif import interface_addresses
 
 
 def _settings(given: dict[str, Any]) -> Any:

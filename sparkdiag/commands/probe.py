@@ -40,7 +40,7 @@ from sparkdiag.statedir import state_directory
 
 
 def _context(rootfs: Path) -> str:
-    from sparkdiag.sources.context import detect_context
+    from sparkdiag.sources.host.context import detect_context
 
     return detect_context(rootfs).context
 
@@ -67,7 +67,7 @@ def _open_store(settings: Settings, record: bool) -> tuple[BaselineStore | None,
 
 def _beside(doc: WorkerDocument | None, rootfs: Path) -> str:
     """Who else used the GPU while the worker ran, from its own record: ``pid 4242 (python3)``."""
-    from sparkdiag.sources.procfs import process_names
+    from sparkdiag.sources.host.procfs import process_names
 
     pids = list(doc.busy.other_pids) if doc is not None else []
     if not pids:

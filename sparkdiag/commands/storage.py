@@ -15,7 +15,7 @@ from sparkdiag import terminal
 from sparkdiag.commands.common import setup_logging
 from sparkdiag.errors import Exit
 from sparkdiag.flags import settings_from, settings_options
-from sparkdiag.sources.nvme import read_controller
+from sparkdiag.sources.host.nvme import read_controller
 from sparkdiag.statedir import ensure_state_directory, state_directory
 from sparkdiag.storage.render import size, temperatures, text
 from sparkdiag.storage.run import ProbeRequest, Progress

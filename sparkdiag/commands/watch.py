@@ -29,10 +29,10 @@ from sparkdiag.errors import UsageError
 from sparkdiag.flags import file_option, gpu_option, settings_from, settings_options
 from sparkdiag.plotting import INSTALL_HINT
 from sparkdiag.plotting import require as require_plotting
-from sparkdiag.sources import pyspy
+from sparkdiag.sources.host import pyspy
+from sparkdiag.sources.host.procfs import ProcessIdentities
 from sparkdiag.sources.nvml.backends import make_backend
 from sparkdiag.sources.nvml.gpu import GpuSource
-from sparkdiag.sources.procfs import ProcessIdentities
 from sparkdiag.watch import plot as plotting
 from sparkdiag.watch import stack_sampler
 from sparkdiag.watch.diagnose import Diagnosis, diagnose

@@ -13,16 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkdiag.sources.gpudirect import (
+from sparkdiag.sources.host.gpudirect import (
     GpuDirect,
     cuda_attributes,
     gpu_models,
     module_loaded,
     modules_configured,
 )
-from sparkdiag.sources.meminfo import meminfo_bytes, read_proc_file
-from sparkdiag.sources.nccl import NcclLibrary, NcclSettings, find_libraries, read_nccl_settings
-from sparkdiag.sources.netif import (
+from sparkdiag.sources.host.meminfo import meminfo_bytes, read_proc_file
+from sparkdiag.sources.host.netif import (
     NetInterface,
     NicFunction,
     interface_kind,
@@ -30,6 +29,7 @@ from sparkdiag.sources.netif import (
     read_interfaces,
     route_interface,
 )
+from sparkdiag.sources.nccl import NcclLibrary, NcclSettings, find_libraries, read_nccl_settings
 from sparkdiag.sources.pyenv import site_dirs_under
 
 

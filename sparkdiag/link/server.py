@@ -62,7 +62,7 @@ from sparkdiag.link.wire import (
     is_hello,
     send,
 )
-from sparkdiag.sources.netif import (
+from sparkdiag.sources.host.netif import (
     InterfaceAddress,
     interface_addresses,
     interface_of,

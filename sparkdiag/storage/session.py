@@ -14,7 +14,7 @@ from pathlib import Path
 
 from sparkdiag.baseline.store import BaselineStore, BaselineStoreError, open_store
 from sparkdiag.errors import SparkdiagError
-from sparkdiag.sources.blockdev import io_bytes
+from sparkdiag.sources.host.blockdev import io_bytes
 from sparkdiag.storage.evaluate import StorageReport, evaluate, other_io
 from sparkdiag.storage.run import ProbeRequest, Progress, run_probe
 from sparkdiag.storage.state import record_report, state_path

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkdiag.snapshot import ProcessIdentity
-from sparkdiag.sources import pressure, procfs
+from sparkdiag.sources.host import pressure, procfs
 from sparkdiag.sources.nvml.gpu import DeviceLost, GpuSource
 from sparkdiag.watch.model import (
     GpuInfo,

@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from sparkdiag.sources import procfs, pyspy
+from sparkdiag.sources.host import procfs, pyspy
 from sparkdiag.watch.model import StackFrame, StackTime, ThreadInfo, Tick
 
 STACK_RATE = 20  # samples a second (see docs/watch.md: its cost and why not more)

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sparkdiag.sources import host
+from sparkdiag.sources.host import memory as host
 from sparkdiag.sources.nvml.api import (
     ERROR_CODES,
     EVENT_XID_CRITICAL,

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkdiag.snapshot import ProcessIdentity
-from sparkdiag.sources import cgroup
 from sparkdiag.sources.files import KIB, read_text_limited
+from sparkdiag.sources.host import cgroup
 
 
 def process_names(rootfs: Path, pids: Iterable[int]) -> dict[int, str]:

@@ -1,6 +1,6 @@
 """PCI device enumeration through libudev (pyudev); the only module that imports pyudev.
 
-Link values are read from sysfs by :mod:`sparkdiag.sources.sysfs`; udev only answers which PCI
+Link values are read from sysfs by :mod:`sparkdiag.sources.host.sysfs`; udev only answers which PCI
 devices exist, the way the kernel's device model lists them.
 """
 

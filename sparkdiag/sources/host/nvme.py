@@ -12,7 +12,7 @@ sysfs (``--path.sysfs``), no tools and no root needed::
 
 Same readings as ``sensors nvme-pci-*`` and ``cat /sys/class/nvme/nvme0/model``. Kernels before
 5.6 hang the hwmon device under the PCI function (``device/hwmon/hwmonN``); both are read. The
-serial number is never read. The health log (:mod:`sparkdiag.sources.nvme_tools`) costs a
+serial number is never read. The health log (:mod:`sparkdiag.sources.host.nvme_tools`) costs a
 subprocess: :class:`NvmeSource` refreshes it on a slower interval in a thread of its own, so a
 poll never waits for it.
 """
@@ -27,9 +27,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from sparkdiag.snapshot import NvmeController
-from sparkdiag.sources.blockdev import controller_pci
-from sparkdiag.sources.nvme_tools import HealthReader, HealthReading
-from sparkdiag.sources.sysfs import read_attr
+from sparkdiag.sources.host.blockdev import controller_pci
+from sparkdiag.sources.host.nvme_tools import HealthReader, HealthReading
+from sparkdiag.sources.host.sysfs import read_attr
 
 log = logging.getLogger(__name__)
 

@@ -1,7 +1,7 @@
 """Host readings: the only module that imports ``psutil`` (for a process's resources).
 
 Host memory for the exporter and the checks is read from procfs under ``--path.rootfs``
-(:mod:`sparkdiag.sources.meminfo`), so that a fixture root can stand in for the machine.
+(:mod:`sparkdiag.sources.host.meminfo`), so that a fixture root can stand in for the machine.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from sparkdiag.sources.meminfo import meminfo_bytes, read_proc_file
+from sparkdiag.sources.host.meminfo import meminfo_bytes, read_proc_file
 
 
 def memory_total() -> int | None:

@@ -24,7 +24,7 @@ import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sparkdiag.sources.sysfs import read_attr
+from sparkdiag.sources.host.sysfs import read_attr
 
 _PCI = re.compile(r"^[0-9a-f]{4,}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")
 _NVME_CONTROLLER = re.compile(r"/nvme/(nvme\d+)(?:/|$)")

@@ -164,7 +164,7 @@ class PcieSource:
     """Every PCI device that reports a link, read from sysfs under ``sysfs_root``.
 
     On the real ``/sys`` the device list comes from libudev
-    (:func:`sparkdiag.sources.udev.list_pci_device_paths`), falling back to listing
+    (:func:`sparkdiag.sources.host.udev.list_pci_device_paths`), falling back to listing
     ``/sys/bus/pci/devices`` when pyudev fails or lists nothing; under any other root (a
     fixture tree) the directory is listed. Each device's files are read the same way in both.
     """
@@ -213,7 +213,7 @@ class PcieSource:
     def _enumerate(self) -> list[Path]:
         if self._use_udev:
             try:
-                from sparkdiag.sources import udev
+                from sparkdiag.sources.host import udev
 
                 paths = udev.list_pci_device_paths()
             except Exception as exc:  # libudev missing or broken: list the directory instead

@@ -1,6 +1,6 @@
 """Which container and which Kubernetes pod a process runs in, from its cgroup path.
 
-Pure text parsing of ``/proc/PID/cgroup`` (read by :mod:`sparkdiag.sources.procfs`), for the
+Pure text parsing of ``/proc/PID/cgroup`` (read by :mod:`sparkdiag.sources.host.procfs`), for the
 spellings the container runtimes use under cgroup v1 and v2, with the cgroupfs and the systemd
 cgroup drivers::
 

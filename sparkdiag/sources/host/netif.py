@@ -32,7 +32,7 @@ from pathlib import Path
 
 from sparkdiag.snapshot import PcieLink
 from sparkdiag.sources.files import KIB, read_text_limited
-from sparkdiag.sources.sysfs import read_link
+from sparkdiag.sources.host.sysfs import read_link
 
 CONNECTX7 = ("0x15b3", "0x1021")  # PCI vendor (Mellanox/NVIDIA) and device id of the ConnectX-7
 _PCI_ADDRESS = re.compile(r"^[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]$")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkdiag.sources.meminfo import (
+from sparkdiag.sources.host.meminfo import (
     meminfo_bytes,
     parse_pressure,
     read_proc_file,
