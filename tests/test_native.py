@@ -32,9 +32,9 @@ from sparkdiag.native.lint import (
 )
 from sparkdiag.native.render import NativeReport, text
 from sparkdiag.native.watch import LibraryWatch, environment
-from sparkdiag.sources import pyenv
-from sparkdiag.sources.cuda_libraries import CudaLibrary, LibraryScan, ScanCache, scan
-from sparkdiag.sources.fatbin import FatbinReport, Target, read_fatbin, replay
+from sparkdiag.sources.software import pyenv
+from sparkdiag.sources.software.cuda_libraries import CudaLibrary, LibraryScan, ScanCache, scan
+from sparkdiag.sources.software.fatbin import FatbinReport, Target, read_fatbin, replay
 from tests.support import ROOT, ROOTFS
 from tests.support.check import NVML, SYSFS, context, only, poll
 

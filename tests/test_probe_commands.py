@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from sparkdiag.baseline.store import BaselineKey, BaselineStore
 from sparkdiag.cli import main
 from sparkdiag.probe.worker.contract import SCHEMA
-from sparkdiag.sources import packages
+from sparkdiag.sources.software import packages
 from tests.support import NVML, PROBE, ROOT, scaled_cycle, sparkdiag_cmd
 
 

@@ -4,7 +4,7 @@ A check is a small function ``(CheckContext) -> list[CheckResult]``: one result,
 where the condition is per GPU. It reads only the context, never the hardware, so every outcome
 can be driven from fixtures. The context is gathered once per run (:mod:`sparkdiag.check.gather`).
 The host readings it carries (:class:`KernelLog`, :class:`TorchInfo`) are the sources' own
-dataclasses (:mod:`sparkdiag.sources.host.kernel_log`, :mod:`sparkdiag.sources.packages`),
+dataclasses (:mod:`sparkdiag.sources.host.kernel_log`, :mod:`sparkdiag.sources.software.packages`),
 re-exported.
 """
 
@@ -24,10 +24,10 @@ from sparkdiag.probe.document import WorkerDocument
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.soak.state import StateReport as SoakStateReport
-from sparkdiag.sources.cuda_libraries import LibraryScan
 from sparkdiag.sources.host.kernel_log import KernelLog as KernelLog
 from sparkdiag.sources.host.procfs import DeviceHolder
-from sparkdiag.sources.packages import TorchInfo as TorchInfo
+from sparkdiag.sources.software.cuda_libraries import LibraryScan
+from sparkdiag.sources.software.packages import TorchInfo as TorchInfo
 from sparkdiag.storage.evaluate import StorageReport
 from sparkdiag.telemetry.busy import Busy, busy, other_pids
 

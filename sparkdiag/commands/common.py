@@ -155,7 +155,7 @@ def require_torch(command: str) -> None:
     (they used to say it three ways: a line, "sweep failed: worker exited 1", and "soaking cpu
     for 10 s" before the import error)."""
     from sparkdiag.probe.runner import torch_install_hint
-    from sparkdiag.sources.packages import read_torch
+    from sparkdiag.sources.software.packages import read_torch
 
     torch = read_torch()
     if torch.version is None:

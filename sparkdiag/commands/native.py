@@ -22,8 +22,13 @@ from sparkdiag.native.compat import parse_capability
 from sparkdiag.native.lint import Gpu, lint
 from sparkdiag.native.render import NativeReport, text
 from sparkdiag.native.watch import cache_path, environment
-from sparkdiag.sources.cuda_libraries import ScanCache, scan
-from sparkdiag.sources.pyenv import NotAnEnvironment, PythonEnvironment, resolve, torch_build
+from sparkdiag.sources.software.cuda_libraries import ScanCache, scan
+from sparkdiag.sources.software.pyenv import (
+    NotAnEnvironment,
+    PythonEnvironment,
+    resolve,
+    torch_build,
+)
 from sparkdiag.statedir import StateDirError, ensure_state_directory
 from sparkdiag.telemetry.build import build_poller
 

@@ -29,8 +29,13 @@ from sparkdiag.sources.host.netif import (
     read_interfaces,
     route_interface,
 )
-from sparkdiag.sources.nccl import NcclLibrary, NcclSettings, find_libraries, read_nccl_settings
-from sparkdiag.sources.pyenv import site_dirs_under
+from sparkdiag.sources.software.nccl import (
+    NcclLibrary,
+    NcclSettings,
+    find_libraries,
+    read_nccl_settings,
+)
+from sparkdiag.sources.software.pyenv import site_dirs_under
 
 
 @dataclass(frozen=True)
@@ -120,7 +125,8 @@ class FabricReadings:
 def python_site_dirs(rootfs: Path) -> list[Path]:
     """Where the probe's Python finds packages: this interpreter's ``sys.path`` on the real root;
     under any other root (a fixture tree) the usual ``site-packages``/``dist-packages``
-    directories of every Python 3 there (:func:`sparkdiag.sources.pyenv.site_dirs_under`)."""
+    directories of every Python 3 there
+    (:func:`sparkdiag.sources.software.pyenv.site_dirs_under`)."""
     if rootfs.resolve() == Path("/"):
         return [Path(p) for p in sys.path if p and Path(p).is_dir()]
     return site_dirs_under(rootfs)

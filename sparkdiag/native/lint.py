@@ -1,6 +1,6 @@
 """The architecture lint: each library with GPU code judged for each GPU, with what to do.
 
-A pure function of a :class:`~sparkdiag.sources.cuda_libraries.LibraryScan` and the GPUs'
+A pure function of a :class:`~sparkdiag.sources.software.cuda_libraries.LibraryScan` and the GPUs'
 compute capabilities (:class:`Gpu`), so that every verdict is driven by the fixtures of
 ``tests/fixtures/fatbin/`` without a GPU. The statuses:
 
@@ -32,9 +32,9 @@ from typing import Any, Literal
 
 from sparkdiag.native.advice import advice
 from sparkdiag.native.compat import Verdict, judge, newest_first, sm_name
-from sparkdiag.sources.cuda_libraries import CudaLibrary, LibraryScan
-from sparkdiag.sources.fatbin import FatbinReport, Target
 from sparkdiag.sources.files import KIB, MIB
+from sparkdiag.sources.software.cuda_libraries import CudaLibrary, LibraryScan
+from sparkdiag.sources.software.fatbin import FatbinReport, Target
 
 Status = Literal["pass", "warn", "fail"]
 SHOWN = 4  # targets named in a one-line finding before "..."

@@ -18,8 +18,8 @@ from sparkdiag.native.lint import (
     stub_detail,
     stub_json,
 )
-from sparkdiag.sources.cuda_libraries import CudaLibrary, LibraryScan, scan_json
-from sparkdiag.sources.pyenv import TorchBuild
+from sparkdiag.sources.software.cuda_libraries import CudaLibrary, LibraryScan, scan_json
+from sparkdiag.sources.software.pyenv import TorchBuild
 
 FORMAT = "sparkdiag-native/1"
 MODE_WORDS: dict[Mode, str] = {

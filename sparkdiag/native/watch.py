@@ -17,8 +17,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sparkdiag.sources.cuda_libraries import CACHE_NAME, LibraryScan, ScanCache, scan
-from sparkdiag.sources.pyenv import (
+from sparkdiag.sources.software.cuda_libraries import CACHE_NAME, LibraryScan, ScanCache, scan
+from sparkdiag.sources.software.pyenv import (
     NotAnEnvironment,
     PythonEnvironment,
     for_python,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkdiag.sources.files import KIB, read_text_limited
-from sparkdiag.sources.pyenv import run_json
+from sparkdiag.sources.software.pyenv import run_json
 
 RDMA_SUPPORTED = 116
 DMA_BUF_SUPPORTED = 124

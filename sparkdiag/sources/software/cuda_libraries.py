@@ -2,8 +2,8 @@
 ships it: what the architecture lint (:mod:`sparkdiag.native`) judges.
 
 The package directories are walked for shared libraries (symlinks not followed); each is read
-with :func:`sparkdiag.sources.fatbin.read_fatbin` (headers only). A site-packages with torch,
-its nvidia-* wheels and vLLM holds gigabytes of libraries, so results are kept in a
+with :func:`sparkdiag.sources.software.fatbin.read_fatbin` (headers only). A site-packages with
+torch, its nvidia-* wheels and vLLM holds gigabytes of libraries, so results are kept in a
 :class:`ScanCache` keyed by (path, size, modification time): a library that did not change is
 not read again. The cache is a JSON file in the state directory
 (``cuda-libraries.json``); a cache that cannot be read or written costs a rescan, nothing else.
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkdiag.sources.elf import NotElf, walk_libraries
-from sparkdiag.sources.fatbin import FatbinReport, read_fatbin
 from sparkdiag.sources.files import MIB, read_text_limited
-from sparkdiag.sources.pyenv import Owner, PythonEnvironment, file_owners
+from sparkdiag.sources.software.elf import NotElf, walk_libraries
+from sparkdiag.sources.software.fatbin import FatbinReport, read_fatbin
+from sparkdiag.sources.software.pyenv import Owner, PythonEnvironment, file_owners
 
 CACHE_NAME = "cuda-libraries.json"
 CACHE_FORMAT = "sparkdiag-cuda-libraries/1"

@@ -22,10 +22,10 @@ built with CUDA 11.8 to 13.2)::
             0x200000 family target (sm_120f)
 
 Only headers are read: a container's entries are walked by their sizes and payloads are
-skipped, so a gigabyte library costs a few reads a container (:class:`sparkdiag.sources.elf.
-FileReader` counts them). Same reading as ``cuobjdump --list-elf --list-ptx FILE``, except that
-cuobjdump names a family cubin without its ``f`` (``sm_120f`` is listed as ``sm_120``); the
-arch-specific ``a`` it shows.
+skipped, so a gigabyte library costs a few reads a container
+(:class:`sparkdiag.sources.software.elf.FileReader` counts them). Same reading as ``cuobjdump
+--list-elf --list-ptx FILE``, except that cuobjdump names a family cubin without its ``f``
+(``sm_120f`` is listed as ``sm_120``); the arch-specific ``a`` it shows.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkdiag.sources.elf import (
+from sparkdiag.sources.software.elf import (
     FileReader,
     Reader,
     RecordingReader,
@@ -249,7 +249,7 @@ def _next_container(reader: Reader, pos: int, end: int, start: int) -> int | Non
 def walk(reader: Reader) -> FatbinReport | None:
     """The fat binaries of the ELF file behind ``reader``; None when it has no ``.nv_fatbin``
     and no ``__nv_relfatbin`` (no CUDA device code). Raises
-    :class:`sparkdiag.sources.elf.NotElf`."""
+    :class:`sparkdiag.sources.software.elf.NotElf`."""
     sections = section_map(read_sections(reader))
     main, relocatable = sections.get(SECTION), sections.get(RELOCATABLE_SECTION)
     if main is None and relocatable is None:
@@ -276,7 +276,7 @@ def read_fatbin(path: Path) -> FatbinReport | None:
     """:func:`walk` of the file at ``path`` (seeks and reads headers only).
 
     Same reading as ``cuobjdump --list-elf --list-ptx PATH``. Raises OSError (unreadable) and
-    :class:`sparkdiag.sources.elf.NotElf`.
+    :class:`sparkdiag.sources.software.elf.NotElf`.
     """
     with path.open("rb") as fh:
         return walk(FileReader(fh))
