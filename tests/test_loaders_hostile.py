@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkdiag import safeload
+from sparkdiag import safeload, safeyaml
 from tests.support import NVML, free_port, run_cli, sparkdiag_cmd
 
 # Each loader as a command line, given the file to load.
@@ -124,7 +124,7 @@ _nasty = st.sampled_from([b"[" * 3000, b"{" * 3000, b"- " * 3000, b"9" * 5000, b
 @given(data=st.one_of(st.binary(max_size=300), _nasty,
                       _documents.map(lambda d: json.dumps(d).encode())))  # fmt: skip
 def test_any_bytes_parse_or_give_one_load_error(data: bytes) -> None:
-    for parse in (safeload.parse_json, safeload.parse_yaml, safeload.parse_toml):
+    for parse in (safeload.parse_json, safeyaml.parse_yaml, safeload.parse_toml):
         try:
             parse(data)
         except safeload.LoadError as exc:

@@ -104,8 +104,10 @@ def _table(raw: Any, keys: set[str], where: str, path: Path) -> Mapping[str, Any
 def from_http_config(path: Path, url: str, timeout: float) -> Connection:
     """A connection from promtool's ``--http.config.file``; paths in it are relative to it."""
     flag = "--http.config.file"
+    from sparkdiag.safeyaml import load_yaml  # PyYAML only when a YAML file is read
+
     try:
-        doc = safeload.load_yaml(path, MAX_CONFIG_BYTES) or {}
+        doc = load_yaml(path, MAX_CONFIG_BYTES) or {}
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}", flag=flag) from None
     except safeload.LoadError as exc:

@@ -238,8 +238,10 @@ class _Where:
 
 
 def _read(path: Path) -> dict[Any, Any]:
+    from sparkdiag.safeyaml import load_yaml  # PyYAML only when a YAML file is read
+
     try:
-        doc = safeload.load_yaml(path, MAX_FILE_BYTES) or {}
+        doc = load_yaml(path, MAX_FILE_BYTES) or {}
     except OSError as exc:
         raise WebConfigError(f"cannot read web config {path}: {exc.strerror or exc}") from None
     except safeload.LoadError as exc:
