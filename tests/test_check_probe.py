@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from sparkdiag.baseline.store import BaselineKey, BaselineStore
+from sparkdiag.baseline.store import DEFAULT_FILENAME, BaselineKey, BaselineStore
 from sparkdiag.check.gather import Sources, gather
 from sparkdiag.check.model import CheckContext, CheckResult, TorchInfo
 from sparkdiag.check.power_checks import check_power_under_load
 from sparkdiag.check.probe_checks import check_int4_decode, check_probe, check_sm_clock
-from sparkdiag.check.probe_run import BASELINE_FILENAME, worker_launcher
+from sparkdiag.check.probe_run import worker_launcher
 from sparkdiag.config import Settings
 from sparkdiag.probe.launchers import FixtureLauncher
 from sparkdiag.probe.runner import ProbeCycle
@@ -39,7 +39,7 @@ from tests.support.check import (
 
 
 def _store(tmp_path: Path, tflops: float, shape: str = "8192x8192x8192") -> BaselineStore:
-    store = BaselineStore(tmp_path / BASELINE_FILENAME)
+    store = BaselineStore(tmp_path / DEFAULT_FILENAME)
     sw = probe_doc()["software"]
     key = BaselineKey(
         "GPU-979ad365-0b73-a0ac-74a2-3520b773d460",
@@ -391,7 +391,7 @@ def test_stored_baselines_are_read_not_taught(tmp_path: Path) -> None:
     )
     r = only(check_probe(ctx))
     assert r.status == "fail" and "0.81 of baseline 850" in r.finding
-    with BaselineStore(state / BASELINE_FILENAME) as again:
+    with BaselineStore(state / DEFAULT_FILENAME) as again:
         assert again.runs(again.list()[0].key) == before == []
 
 

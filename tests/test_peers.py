@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry
 
 from sparkdiag.baseline.keeper import StoreKeeper, inspect_store
@@ -24,6 +25,8 @@ from sparkdiag.exporter.probe import ProbeCollector
 from sparkdiag.peers import ranking as compare
 from sparkdiag.peers.node import PeerFigure, judge_node
 from sparkdiag.probe.launchers import FixtureLauncher
+from sparkdiag.probe.worker.dtypes import DeviceInfo
+from sparkdiag.probe.worker.plan import plan_suite
 from sparkdiag.scheduling.probe_state import ProbeState
 from sparkdiag.scheduling.scheduler import ProbeScheduler
 from sparkdiag.snapshot import Snapshot
@@ -31,6 +34,7 @@ from tests.support import NVML, ROOT, ROOTFS, SYSFS, run_cli
 from tests.support import fixture_snapshot as snapshot
 from tests.support.check import context
 from tests.support.e2e import probe_document, write_probe_fixture
+from tests.support.peers import mad, robust_scores
 
 X8 = [d["set"]["uuid"] for d in json.loads((NVML / "h200-x8.json").read_text())["devices"]]
 SLOW = 5  # the GPU replayed slower in these tests
@@ -65,21 +69,36 @@ def test_verdict_thresholds_are_azures(ratio: float, expected: str) -> None:
 
 def test_robust_score_uses_median_and_mad_with_a_floor() -> None:
     even = {f"g{i}": 100.0 for i in range(7)} | {"slow": 90.0}
-    scores = compare.robust_scores(even)
+    scores = robust_scores(even)
     # MAD is 0 (seven equal figures): the floor, 0.5 % of the median, keeps the score finite
     assert scores["slow"] == pytest.approx(-10 / (compare.MAD_SCALE * 0.5))
     assert scores["g0"] == 0.0
     spread = {"a": 98.0, "b": 100.0, "c": 102.0, "d": 101.0, "e": 99.0}
-    assert compare.mad(spread.values()) == 1.0
-    assert compare.robust_scores(spread)["a"] == pytest.approx(-2 / compare.MAD_SCALE)
+    assert mad(spread.values()) == 1.0
+    assert robust_scores(spread)["a"] == pytest.approx(-2 / compare.MAD_SCALE)
+    # the score promtool expects of the rule for four H200s at 725 and one at 652.5
+    # (prometheus/tests/peers.yml)
+    tests = yaml.safe_load((ROOT / "prometheus/tests/peers.yml").read_text())["tests"]
+    expected = [
+        sample["value"]
+        for test in tests
+        for case in test.get("promql_expr_test", [])
+        if case["expr"].startswith("sparkdiag:gemm_tflops:peer_score")
+        for sample in case["exp_samples"]
+    ]
+    five = {0: 725.0, 1: 725.0, 2: 725.0, 3: 725.0, 4: 652.5}
+    assert expected[0] == pytest.approx(robust_scores(five)[4])
 
 
 def test_decode_shapes_are_those_the_rules_leave_out() -> None:
+    """The rules leave out by shape what the worker calls decode (M <= 32, plan_suite)."""
     decode = re.compile(compare.DECODE_SHAPE_RE)
-    for shape in ("1x8192x8192", "32x8192x8192", "8x4096x4096"):
-        assert compare.is_decode_shape(shape) and decode.fullmatch(shape)
-    for shape in ("33x8192x8192", "4096x11008x4096", "8192x8192x8192"):
-        assert not compare.is_decode_shape(shape) and not decode.fullmatch(shape)
+    info = DeviceInfo(None, "cpu", False, None, 0, 0, (2, 11))
+    shapes = ["1x8192x8192", "32x8192x8192", "8x4096x4096"]
+    shapes += ["33x8192x8192", "4096x11008x4096", "8192x8192x8192"]
+    for shape in shapes:
+        (spec,) = plan_suite(info, ["bf16"], False, [tuple(map(int, shape.split("x")))])
+        assert (spec.kind == "decode") == bool(decode.fullmatch(shape)), shape
 
 
 # -- the node comparison --------------------------------------------------------------------------

@@ -126,7 +126,7 @@ Exit status:
     "--max-gap",
     callback=_fraction,
     metavar="FRACTION",
-    default="0.15",
+    default=str(model.DEFAULT_MAX_GAP),
     show_default=True,
     help="Largest acceptable gap, as a fraction (0.15) or a percentage (15%).",
 )

@@ -5,8 +5,9 @@ outlier_detection.md and sku_baselines.md, cited in docs/peers.md): a GEMM figur
 expected one warns, 7 % below asks for the GPU to be replaced; a robust z-score below -3 drains;
 for small fleets the median and the median absolute deviation (MAD) replace the mean and the
 standard deviation. ``SparkdiagGpuSlowerThanPeers`` (prometheus/sparkdiag-rules.yml) uses the
-same 7 % and a group of at least 4 GPUs; the rules cannot import this module, so
-tests/test_peers.py reads both and holds them equal.
+same 7 % and a group of at least 4 GPUs, and its recording rules the MAD scale and floor of the
+robust score and the decode shapes below; the rules cannot import this module, so
+tests/test_peers_rules.py reads both and holds them equal.
 
 Only compute-bound kernels are compared: the compute cube and the LLM shape (the worker's kinds
 ``compute`` and ``llm``), never the decode shape (M <= 32), which measures memory latency and
@@ -29,20 +30,12 @@ MAD_SCALE = 1.4826  # MAD times this estimates the standard deviation of normal 
 # have a MAD of 0, and any difference would score as infinitely far. 0.5 % is a quarter of the
 # 2 % run-to-run spread measured on the lent H200 (CONTEXT.md, 10 idle cycles).
 MAD_FLOOR = 0.005
-DRAIN_SCORE = -3.0  # a robust z-score below this: drain (Azure)
-INVESTIGATE_SCORE = -2.0
 
 COMPUTE_KINDS = ("compute", "llm")  # compute-bound kernels; decode (M <= 32) is left out
 # The decode shapes as the rules match them: M of 1 to 32 in the shape label MxNxK.
 DECODE_SHAPE_RE = "([1-9]|[12][0-9]|3[0-2])x[0-9]+x[0-9]+"
 
 Verdict = Literal["pass", "warn", "fail"]
-
-
-def is_decode_shape(shape: str) -> bool:
-    """The worker's rule: M <= 32 is a decode shape (memory-bound)."""
-    head = shape.partition("x")[0]
-    return head.isdigit() and int(head) <= 32
 
 
 def median(values: Iterable[float]) -> float:
@@ -73,33 +66,6 @@ def ratio_to_rest(values: Mapping[K, float]) -> dict[K, float]:
         if rest > 0:
             out[key] = value / rest
     return out
-
-
-def ratio_to_group(values: Mapping[K, float]) -> dict[K, float]:
-    """Each member over the median of the whole group, itself included (the fleet rule)."""
-    if not values:
-        return {}
-    middle = median(values.values())
-    return {k: v / middle for k, v in values.items()} if middle > 0 else {}
-
-
-def mad(values: Iterable[float]) -> float:
-    """Median absolute deviation from the median."""
-    items = list(values)
-    middle = median(items)
-    return median(abs(v - middle) for v in items)
-
-
-def robust_scores(values: Mapping[K, float]) -> dict[K, float]:
-    """Each member's robust z-score: (value - median) / (1.4826 * MAD), the MAD floored at
-    0.5 % of the median. Negative is slower than the group."""
-    if not values:
-        return {}
-    middle = median(values.values())
-    spread = max(mad(values.values()), MAD_FLOOR * middle)
-    if spread <= 0:
-        return {}
-    return {k: (v - middle) / (MAD_SCALE * spread) for k, v in values.items()}
 
 
 def slowest(ratios: Mapping[K, float]) -> tuple[K, float] | None:

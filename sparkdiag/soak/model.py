@@ -13,11 +13,7 @@ from sparkdiag.soak.verdict import SoakVerdict, Verdict
 
 RECORD_SCHEMA = "sparkdiag-soak/1"
 
-# Why a soak stopped: the worker's own reasons, and the two for a GPU it never soaked.
-STOPPED = (
-    "completed", "threshold", "hw_thermal_slowdown", "hw_slowdown", "interrupted", "error",
-    "skipped", "unsupported",
-)  # fmt: skip
+# Why a soak stopped, for a GPU it never soaked (the worker's own reasons are in its document).
 NOT_RUN = ("skipped", "unsupported")
 
 

@@ -140,10 +140,6 @@ class WebConfig:
     def __post_init__(self) -> None:
         self.auth = BasicAuth(self.users)
 
-    @property
-    def ssl_context(self) -> ssl.SSLContext | None:
-        return None if self.tls is None else self.tls.context
-
     def authorized(self, header: str | None) -> bool:
         """Check an ``Authorization: Basic ...`` header; True when no users are configured.
         Blocking (bcrypt); the HTTP server uses ``auth.decide`` and ``auth.verify`` instead."""

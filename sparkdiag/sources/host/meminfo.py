@@ -177,3 +177,12 @@ def read_host_memory(rootfs: Path) -> HostSample:
         obtainable_bytes=got,
         page_cache_bytes=cache,
     )
+
+
+def memory_total() -> int | None:
+    """Host MemTotal in bytes (``grep MemTotal /proc/meminfo``; the figure psutil's
+    ``virtual_memory().total`` reads on Linux), read without importing psutil: the daemon needs
+    it once, at start, and psutil would cost it about 1 MiB of RSS (docs/daemon-cost.md)."""
+    text = read_proc_file(Path("/proc/meminfo"))
+    total = meminfo_bytes(text).get("MemTotal") if text is not None else None
+    return int(total) if total else None

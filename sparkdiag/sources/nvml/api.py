@@ -96,7 +96,6 @@ class NvmlEvent:
 
 
 EVENT_XID_CRITICAL = 0x8
-EVENT_CLOCK = 0x10
 
 # Hopper and Blackwell GPUs have 18 NVLinks each; a link NVML does not report is NOT_SUPPORTED.
 NVLINK_LINKS: tuple[int, ...] = tuple(range(18))

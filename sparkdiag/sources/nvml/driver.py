@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from sparkdiag.sources.host import memory as host
+from sparkdiag.sources.host.meminfo import memory_total
 from sparkdiag.sources.nvml.api import (
     ERROR_CODES,
     EVENT_XID_CRITICAL,
@@ -160,4 +160,4 @@ class PynvmlBackend:
         return None
 
     def host_memory_total(self) -> int | None:
-        return host.memory_total()
+        return memory_total()

@@ -23,7 +23,6 @@ from typing import BinaryIO, Protocol
 ELF_MAGIC = b"\x7fELF"
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")  # Elf64_Ehdr (64 bytes)
 _SHDR = struct.Struct("<IIQQQQIIQQ")  # Elf64_Shdr (64 bytes)
-MAX_SECTIONS = 65535  # e_shnum is 16 bits; a larger count needs SHN_XINDEX, never seen here
 SHT_NOBITS = 8
 
 
