@@ -159,7 +159,10 @@ def test_bench_small_sweeps_small_cubes_and_its_count_reaches_its_total(
 
 
 @pytest.mark.worker
-def test_bench_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_bench_ctrl_c_keeps_what_was_measured(tmp_path: Path, sig: signal.Signals) -> None:
+    """Ctrl-C and SIGTERM alike (SIGTERM ended bench at once, its kernels lost, before issue
+    34), the partial JSON naming the one received."""
     pytest.importorskip("torch")
     out_csv, out_json = tmp_path / "b.csv", tmp_path / "b.json"
     proc = subprocess.Popen(
@@ -173,7 +176,7 @@ def test_bench_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
         seen.append(line)
         if "bench [3/4]" in line:
             break
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, "".join(seen) + err
     assert "interrupted after 3 of 4 kernels" in err
@@ -181,6 +184,7 @@ def test_bench_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
     assert [r["shape"] for r in rows] == ["64x64x64", "96x96x96", "128x128x128"]
     body = json.loads(out_json.read_text())
     assert body["schema"] == "sparkdiag-bench-partial/1" and body["done"] == 3
+    assert body["interrupted"] == sig.name
     assert [r["shape"] for r in body["results"]] == [r["shape"] for r in rows]
     assert "bf16: best" in out and "over 3 shapes" in out
 

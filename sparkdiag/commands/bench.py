@@ -24,6 +24,7 @@ from sparkdiag.commands.common import (
 )
 from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.flags import file_option, settings_from, settings_options, worker_options
+from sparkdiag.lifecycle import Interrupted
 from sparkdiag.probe.document import KernelResult, Progress
 from sparkdiag.probe.runner import run_worker
 from sparkdiag.probe.worker.contract import throughput_unit
@@ -142,16 +143,16 @@ def _summary(dtypes: Sequence[str], results: Sequence[KernelResult], device: str
 
 def _interrupted(
     sweep: _Sweep, dtypes: Sequence[str], csv_path: Path | None, json_path: Path | None,
-    device: str,
-) -> None:  # fmt: skip
-    """Ctrl-C: write and print the kernels measured so far, exit INTERRUPTED."""
+    device: str, signal_name: str,
+) -> Exit:  # fmt: skip
+    """Ctrl-C or SIGTERM: write and print the kernels measured so far; INTERRUPTED."""
     results = [r for r in sweep.results if r.beta == 0]
     if csv_path:
         _write_csv(csv_path, results)
     if json_path:
         body = {
             "schema": PARTIAL_SCHEMA,
-            "interrupted": "SIGINT",
+            "interrupted": signal_name,
             "done": sweep.done,
             "total": sweep.total,
             "results": [dataclasses.asdict(r) for r in results],
@@ -159,7 +160,7 @@ def _interrupted(
         json_path.write_text(json.dumps(body, indent=1))
     click.echo(f"interrupted after {sweep.done} of {sweep.total} kernels", err=True)
     _summary(dtypes, results, device)
-    sys.exit(Exit.INTERRUPTED)
+    return Exit.INTERRUPTED
 
 
 @click.command()
@@ -188,7 +189,7 @@ def bench(
     dtypes: list[str], small: bool, device: str | None, m_range: list[int] | None,
     n_range: list[int] | None, k_range: list[int] | None, iters: int, warmup: int,
     csv_path: Path | None, json_path: Path | None, **given: Any,
-) -> None:  # fmt: skip
+) -> Exit:  # fmt: skip
     """A longer mamf-style sweep: the best achievable matmul throughput over a range of shapes.
 
     Square shapes by default (M=N=K from --m); give --n and --k for the full grid (it grows as
@@ -253,8 +254,9 @@ def bench(
     try:
         with sweep:
             cycle = run_worker(request=request, timeout=timeout, on_progress=sweep)
-    except KeyboardInterrupt:  # the worker's group is already killed (run_worker)
-        _interrupted(sweep, dtypes, csv_path, json_path, device)
+    except KeyboardInterrupt as stop:  # the worker's group is already killed (run_worker)
+        name = stop.signal_name if isinstance(stop, Interrupted) else "SIGINT"
+        return _interrupted(sweep, dtypes, csv_path, json_path, device, name)
     doc = cycle.document
     results = [r for r in doc.results if r.beta == 0] if doc else []
     if json_path and doc is not None:
@@ -274,4 +276,5 @@ def bench(
     _summary(dtypes, results, device)
     if cycle.result in ("error", "timeout"):
         click.echo(f"warning: {cycle.reason}", err=True)
-        sys.exit(Exit.FAILED)
+        return Exit.FAILED
+    return Exit.OK

@@ -75,7 +75,7 @@ def check(
     expect_gpus: int | None,
     storage_dir: Path | None,
     **given: Any,
-) -> None:
+) -> int:
     """Check whether this machine is fit to benchmark right now.
 
     Runs small independent checks: NVML and driver, CUDA/torch versions, GPUs visible, the
@@ -120,4 +120,4 @@ def check(
     else:
         colour = not os.environ.get("NO_COLOR")
         click.echo(table(results, duration, colour=colour), nl=False, color=None)
-    ctx.exit(run_exit_code(results))
+    return run_exit_code(results)

@@ -106,8 +106,7 @@ def render(view: FleetView, width: int | None = None) -> str:
     help="Print one JSON document instead (on a failure too: its error and exit status).",
 )
 @settings_options("fleet", config_file=True)
-@click.pass_context
-def fleet(ctx: click.Context, /, as_json: bool, config: Any, **given: Any) -> None:
+def fleet(as_json: bool, config: Any, **given: Any) -> Exit:
     """Rank every GPU that a Prometheus scrapes by its throughput against its peers.
 
     Peers: the GPUs of one model, probe software (torch, CUDA, driver) and context. Reads the
@@ -154,4 +153,4 @@ def fleet(ctx: click.Context, /, as_json: bool, config: Any, **given: Any) -> No
         click.echo(json.dumps(doc, indent=1, allow_nan=False))  # NaN is no JSON: never written
     else:
         click.echo(render(view), nl=False)
-    ctx.exit(status)
+    return status

@@ -89,10 +89,7 @@ def _machine_gpus(settings: Any) -> list[Gpu]:
 @click.option("--no-cache", is_flag=True, help="Read every library again (no scan cache).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead of text.")
 @settings_options("native")
-@click.pass_context
 def native(
-    ctx: click.Context,
-    /,
     python: Path | None,
     capability: tuple[str, ...],
     show_all: bool,
@@ -100,7 +97,7 @@ def native(
     no_cache: bool,
     as_json: bool,
     **given: Any,
-) -> None:
+) -> Exit:
     """Whether every shared library with GPU code in the probe worker's Python runs natively
     on each GPU: SASS for the GPU (native), only PTX the driver compiles at the first start
     (ptx-jit), or nothing it can load (none); arch-specific targets (sm_90a, sm_121a) told
@@ -147,4 +144,4 @@ def native(
         click.echo(json.dumps(report.as_json(), indent=2))
     else:
         click.echo(text(report, terminal.width(), show_all), nl=False)
-    ctx.exit(int(EXIT[report.status]))
+    return EXIT[report.status]

@@ -100,7 +100,7 @@ def _beside(doc: WorkerDocument | None, rootfs: Path) -> str:
 def probe(
     dtypes: list[str], shapes: list[str], small: bool, device: str | None,
     gpus: tuple[int, ...] | None, as_json: bool, record: bool, **given: Any,
-) -> None:  # fmt: skip
+) -> Exit:  # fmt: skip
     """Run one probe cycle now and compare it with the baseline and the reference.
 
     Measures every dtype and shape of the suite (or those chosen) on each GPU in a worker
@@ -207,9 +207,9 @@ def probe(
         click.echo(f"{no_torch[0]}: {torch_install_hint()}", err=True)
     results = {r.cycle.result for r in runs}
     if results & {"error", "timeout"}:
-        sys.exit(Exit.FAILED)
+        return Exit.FAILED
     slower = any(r.verdict is not None and r.verdict.status == "slower" for r in runs)
-    sys.exit(Exit.OK if results <= {"ok"} and not slower else Exit.ATTENTION)
+    return Exit.OK if results <= {"ok"} and not slower else Exit.ATTENTION
 
 
 def _no_baseline(gpu: GpuSample | None, no_store: str) -> str:

@@ -250,7 +250,7 @@ def soak(
     duration: float, window: float, gpus: tuple[int, ...] | None, dtypes: list[str],
     small: bool, device: str | None, json_to: Path | None, csv_to: Path | None,
     plot_to: str | None, record: bool, **given: Any,
-) -> None:  # fmt: skip
+) -> Exit:  # fmt: skip
     """Sustained load with measurement windows: does throughput hold when the GPU is hot?
 
     Runs bf16 matmuls on every chosen GPU at once for --duration, and measures the hot suite's
@@ -326,4 +326,4 @@ def soak(
         click.echo(json.dumps(record_json(report), indent=1))
     else:
         click.echo(text(report), nl=False)
-    sys.exit(exit_status(report.gpus, runner.interrupted is not None, files_ok))
+    return exit_status(report.gpus, runner.interrupted is not None, files_ok)

@@ -38,7 +38,7 @@ SCHEMA = "sparkdiag-storage-report/1"
 @click.pass_context
 def storage(
     ctx: click.Context, /, directory: Path | None, as_json: bool, record: bool, **given: Any
-) -> None:
+) -> Exit:
     """Measure how fast DIR's drive reads and writes (default: the state directory).
 
     WRITES a test file of --storage.size into DIR (O_DIRECT, 1 MiB blocks, 8 threads; an
@@ -92,4 +92,4 @@ def storage(
         click.echo(json.dumps(doc, indent=1, allow_nan=False))
     else:
         click.echo(text(report, terminal.width(), temperatures(before, after)), nl=False)
-    ctx.exit(int(Exit.ATTENTION if report.verdict == "slow" else Exit.OK))
+    return Exit.ATTENTION if report.verdict == "slow" else Exit.OK
