@@ -70,9 +70,13 @@ def read_file(path: Path, limit: int) -> bytes:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"),
-                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
-                       (stat.S_ISSOCK, "socket")):  # fmt: skip
+    for test, name in (
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISSOCK, "socket"),
+    ):
         if test(mode):
             return name
     return "special file"
@@ -98,8 +102,10 @@ def text(data: bytes) -> str:
 # -- nesting, measured without recursion ---------------------------------------------------------
 
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"?', re.S)
-_TOML_SKIP = re.compile(r'"""[\s\S]*?(?:"""|$)|\'\'\'[\s\S]*?(?:\'\'\'|$)|"(?:[^"\\\n]|\\.)*"?'
-                        r"|'[^'\n]*'?|#[^\n]*")  # fmt: skip
+_TOML_SKIP = re.compile(
+    r'"""[\s\S]*?(?:"""|$)|\'\'\'[\s\S]*?(?:\'\'\'|$)|"(?:[^"\\\n]|\\.)*"?'
+    r"|'[^'\n]*'?|#[^\n]*"
+)
 _BRACKETS = re.compile(r"[^\[\]{}]+")
 _STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 

@@ -39,16 +39,18 @@ class _BoundedLoader(yaml.SafeLoader):
 def _yaml_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
     literal = str(node.value).replace("_", "")
     if len(literal.lstrip("+-").lstrip("0")) > MAX_DIGITS:
-        raise LoadError(f"line {node.start_mark.line + 1}: an integer of more than {MAX_DIGITS} "
-                        "digits")  # fmt: skip
+        raise LoadError(
+            f"line {node.start_mark.line + 1}: an integer of more than {MAX_DIGITS} digits"
+        )
     return loader.construct_yaml_int(node)
 
 
 def _yaml_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
     value = loader.construct_yaml_float(node)
     if not math.isfinite(value):
-        raise LoadError(f"line {node.start_mark.line + 1}: {str(node.value)[:40]} is not a "
-                        "finite number")  # fmt: skip
+        raise LoadError(
+            f"line {node.start_mark.line + 1}: {str(node.value)[:40]} is not a finite number"
+        )
     return value
 
 

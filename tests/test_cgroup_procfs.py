@@ -92,8 +92,9 @@ CGROUPS = [
 ]
 
 
-@pytest.mark.parametrize(("text", "container", "pod"), [c[1:] for c in CGROUPS],
-                         ids=[c[0] for c in CGROUPS])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "container", "pod"), [c[1:] for c in CGROUPS], ids=[c[0] for c in CGROUPS]
+)
 def test_container_and_pod_from_cgroup(text: str, container: str, pod: str) -> None:
     assert cgroup.parse(text) == (container, pod)
 

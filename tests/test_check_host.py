@@ -130,9 +130,14 @@ def _host_links(sysfs: Path) -> dict[str, CheckResult]:
 def test_pcie_host_on_a_healthy_founders_edition_passes_and_names_it() -> None:
     results = _host_links(SYSFS / "dgx-spark")
     assert set(results) == {
-        "0000:01:00.0", "0000:01:00.1", "0002:01:00.0", "0002:01:00.1",  # ConnectX-7
-        "0004:01:00.0", "0007:01:00.0", "0009:01:00.0",  # NVMe, 10GbE, Wi-Fi
-    }  # fmt: skip
+        "0000:01:00.0",
+        "0000:01:00.1",
+        "0002:01:00.0",
+        "0002:01:00.1",  # ConnectX-7
+        "0004:01:00.0",
+        "0007:01:00.0",
+        "0009:01:00.0",  # NVMe, 10GbE, Wi-Fi
+    }
     assert all(r.status == "pass" for r in results.values())
     assert (
         results["0002:01:00.1"].finding

@@ -155,34 +155,42 @@ def _clock(
     ("mean", "seen", "status", "finding", "action"),
     [
         pytest.param(
-            1.932e9, 0x1, "pass",
+            1.932e9,
+            0x1,
+            "pass",
             "SM clock 1932 MHz under load (98% of its 1980 MHz applications clock)",
             "",
             id="at-maximum-passes",
         ),
         pytest.param(
-            900e6, 0x0, "fail",
+            900e6,
+            0x0,
+            "fail",
             "SM clock 900 MHz under load (45% of its 1980 MHz applications clock) with no clock "
             "event reason: stuck in a slow state",
             "sudo nvidia-smi -r -i 0",
             id="slow-with-no-reason-fails",
         ),
         pytest.param(
-            1.2e9, 0x21, "fail",
+            1.2e9,
+            0x21,
+            "fail",
             "SM clock 1200 MHz under load (61% of its 1980 MHz applications clock), "
             "sw_thermal_slowdown seen",
             "",
             id="slow-with-thermal-reason-fails",
         ),
         pytest.param(
-            1.425e9, 0x5, "warn",
+            1.425e9,
+            0x5,
+            "warn",
             "SM clock 1425 MHz under load (72% of its 1980 MHz applications clock), "
             "power-capped at 548 of 700 W",
             "nvidia-smi -pl",
             id="slow-with-power-cap-warns",
         ),
     ],
-)  # fmt: skip
+)
 def test_sm_clock_of_an_h200(
     mean: float, seen: int, status: str, finding: str, action: str
 ) -> None:
@@ -484,9 +492,11 @@ def test_gb10_power_under_load_passes_when_healthy_and_in_the_slow_state() -> No
 def test_gb10_power_near_the_cap(tmp_path: Path) -> None:
     def at(watts: int) -> str:
         path = nvml_fixture(
-            tmp_path, "gb10-power-safety.json", name=f"w{watts}.json",
+            tmp_path,
+            "gb10-power-safety.json",
+            name=f"w{watts}.json",
             script=[{"poll": 2, "gpu": 0, "set": {"power_mw": watts * 1000}}],
-        )  # fmt: skip
+        )
         return _gb10_power(path, worker_mean=watts - 2.0).status
 
     assert at(35) == "fail"

@@ -121,8 +121,9 @@ def _slow_storage(tmp: Path) -> list[str]:
     found = locate(data)
     with open_store(tmp / "s", create=True) as store:
         for direction in ("read", "write"):
-            key = StorageKey("", found.mountpoint, found.device, direction, "host",
-                             "o_direct:1048576x8")  # fmt: skip
+            key = StorageKey(
+                "", found.mountpoint, found.device, direction, "host", "o_direct:1048576x8"
+            )
             store.pin_storage(key, 1e15)
     return ["storage", str(data), *STORAGE_SMALL, "--state-dir", str(tmp / "s")]
 

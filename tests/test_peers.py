@@ -117,9 +117,19 @@ def figures(
         for r in doc["results"]:
             if r["status"] == "ok":
                 out.append(
-                    PeerFigure(str(index), X8[index], model, "native", software, r["dtype"],
-                               r["shape"], r["beta"], r["kind"], r["delivered"] * factor)
-                )  # fmt: skip
+                    PeerFigure(
+                        str(index),
+                        X8[index],
+                        model,
+                        "native",
+                        software,
+                        r["dtype"],
+                        r["shape"],
+                        r["beta"],
+                        r["kind"],
+                        r["delivered"] * factor,
+                    )
+                )
     return out
 
 
@@ -188,9 +198,13 @@ def scheduler(tmp_path: Path, fixture: Path) -> tuple[ProbeScheduler, Snapshot, 
     store = open_store(tmp_path / "state", create=True)
     snap = snapshot("h200-x8", tmp_path)
     sched = ProbeScheduler(
-        FixtureLauncher(fixture), ProbeState(), StoreKeeper(lambda: store), "native",
-        lambda: snap, 300.0,
-    )  # fmt: skip
+        FixtureLauncher(fixture),
+        ProbeState(),
+        StoreKeeper(lambda: store),
+        "native",
+        lambda: snap,
+        300.0,
+    )
     return sched, snap, store
 
 
@@ -234,11 +248,21 @@ def test_a_slow_gpu_among_peers_does_not_learn_its_slowness(
         "sparkdiag_gemm_node_peer_ratio", {"gpu": str(SLOW), "uuid": X8[SLOW], **BF16}
     )
     assert ratio == pytest.approx(0.9, abs=1e-6)
-    assert registry.get_sample_value(
-        "sparkdiag_probe_software_info",
-        {"gpu": "0", "uuid": X8[0], "context": "native", "torch": "2.11.0+cu130", "cuda": "13.0",
-         "cublas": "13.1.0", "driver": "580.159.04"},
-    ) == 1.0  # fmt: skip
+    assert (
+        registry.get_sample_value(
+            "sparkdiag_probe_software_info",
+            {
+                "gpu": "0",
+                "uuid": X8[0],
+                "context": "native",
+                "torch": "2.11.0+cu130",
+                "cuda": "13.0",
+                "cublas": "13.1.0",
+                "driver": "580.159.04",
+            },
+        )
+        == 1.0
+    )
 
     # said once per kernel, not at every cycle
     warnings = [r for r in caplog.records if "not learned as its baseline" in r.getMessage()]
@@ -289,16 +313,25 @@ def test_one_gpu_learns_against_the_reference_alone(tmp_path: Path) -> None:
     fixture = write_probe_fixture(tmp_path / "p.json", [probe_document(X8[0], jitter=0.9)])
     store = open_store(tmp_path / "state", create=True)
     snap = snapshot("h200-idle", tmp_path)
-    sched = ProbeScheduler(FixtureLauncher(fixture), ProbeState(), StoreKeeper(lambda: store),
-                           "native", lambda: snap, 300.0)  # fmt: skip
+    sched = ProbeScheduler(
+        FixtureLauncher(fixture),
+        ProbeState(),
+        StoreKeeper(lambda: store),
+        "native",
+        lambda: snap,
+        300.0,
+    )
     for _ in range(3):
         (record,) = sched.run_cycle()
     bf16 = next(f for f in record.figures if (f.dtype, f.kind, f.beta) == ("bf16", "compute", 0))
     assert bf16.held is None and bf16.baseline is not None  # 0.82 of MAMF, no peers: learned
     registry = registry_of(sched)
-    assert registry.get_sample_value(
-        "sparkdiag_gemm_baseline_held", {"gpu": "0", "uuid": X8[0], **BF16}
-    ) == 0.0  # still learning (3 of 5 runs), not held  # fmt: skip
+    assert (
+        registry.get_sample_value(
+            "sparkdiag_gemm_baseline_held", {"gpu": "0", "uuid": X8[0], **BF16}
+        )
+        == 0.0
+    )  # still learning (3 of 5 runs), not held
     assert (
         registry.get_sample_value(
             "sparkdiag_gemm_node_peer_ratio", {"gpu": "0", "uuid": X8[0], **BF16}
@@ -313,11 +346,21 @@ def test_one_gpu_learns_against_the_reference_alone(tmp_path: Path) -> None:
 
 def run_check(tmp_path: Path, fixture: Path, *extra: str) -> tuple[int, dict[str, Any]]:
     result = run_cli(
-        "check", "--json", "--nvml-fixture", str(NVML / "h200-x8.json"),
-        "--probe.fixture", str(fixture), "--path.sysfs", str(SYSFS / "h200-vm"),
-        "--path.rootfs", str(ROOTFS / "native"), "--state-dir", str(tmp_path / "state"), *extra,
+        "check",
+        "--json",
+        "--nvml-fixture",
+        str(NVML / "h200-x8.json"),
+        "--probe.fixture",
+        str(fixture),
+        "--path.sysfs",
+        str(SYSFS / "h200-vm"),
+        "--path.rootfs",
+        str(ROOTFS / "native"),
+        "--state-dir",
+        str(tmp_path / "state"),
+        *extra,
         timeout=120,
-    )  # fmt: skip
+    )
     return result.returncode, json.loads(result.stdout)
 
 
@@ -350,11 +393,20 @@ def test_check_warns_at_five_percent_and_passes_two_percent_noise(tmp_path: Path
 def test_check_on_one_gpu_has_no_peer_and_quick_skips(tmp_path: Path) -> None:
     fixture = write_probe_fixture(tmp_path / "p.json", [probe_document(X8[0])])
     result = run_cli(
-        "check", "--json", "--nvml-fixture", str(NVML / "h200-idle.json"),
-        "--probe.fixture", str(fixture), "--path.sysfs", str(SYSFS / "h200-vm"),
-        "--path.rootfs", str(ROOTFS / "native"), "--state-dir", str(tmp_path / "state"),
+        "check",
+        "--json",
+        "--nvml-fixture",
+        str(NVML / "h200-idle.json"),
+        "--probe.fixture",
+        str(fixture),
+        "--path.sysfs",
+        str(SYSFS / "h200-vm"),
+        "--path.rootfs",
+        str(ROOTFS / "native"),
+        "--state-dir",
+        str(tmp_path / "state"),
         timeout=120,
-    )  # fmt: skip
+    )
     (row,) = rows(json.loads(result.stdout), "peers")
     assert row["status"] == "skip" and "no peer" in row["finding"]
     _code, report = run_check(tmp_path, fixture, "--quick")
@@ -370,8 +422,10 @@ def test_check_peers_skips_without_probes(tmp_path: Path) -> None:
 
 def test_latest_runs_gives_each_keys_newest_run_from_the_recent_ones(tmp_path: Path) -> None:
     store = BaselineStore(tmp_path / "b.sqlite")
-    keys = [BaselineKey(X8[0], d, "8192x8192x8192", "native", "580", "2.11", "13.0")
-            for d in ("bf16", "fp16")]  # fmt: skip
+    keys = [
+        BaselineKey(X8[0], d, "8192x8192x8192", "native", "580", "2.11", "13.0")
+        for d in ("bf16", "fp16")
+    ]
     for n in range(3):
         for key in keys:
             store.record_run(key, 700.0 + n, True, at=1000.0 + n)

@@ -123,8 +123,10 @@ def run_checks(
             log.debug("check %s raised", name, exc_info=True)
             results.append(
                 CheckResult(
-                    name, "warn", f"the check itself failed: {type(exc).__name__}: {exc}",
+                    name,
+                    "warn",
+                    f"the check itself failed: {type(exc).__name__}: {exc}",
                     "a sparkdiag bug: please report it with the output of --log-level debug",
                 )
-            )  # fmt: skip
+            )
     return results

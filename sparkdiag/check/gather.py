@@ -216,9 +216,16 @@ def _with_probes(
             on_probe(eligible)
         try:
             probes.update(
-                run_probes(eligible, launcher, poll, store, context, note,
-                           serial=not isinstance(launcher, WorkerLauncher))
-            )  # fmt: skip
+                run_probes(
+                    eligible,
+                    launcher,
+                    poll,
+                    store,
+                    context,
+                    note,
+                    serial=not isinstance(launcher, WorkerLauncher),
+                )
+            )
         finally:
             if store is not None:
                 store.close()

@@ -211,11 +211,13 @@ def no_gpu_skip(name: str, snapshot: Snapshot, **data: Any) -> CheckResult:
     (``data["see"]``), and the table shows every row that refers to the same one as one row
     (``check/report.py``). Where GPUs are listed but every one is lost, the reason is its own."""
     if not snapshot.nvml_up:
-        return CheckResult(name, "skip", "not run without a GPU (see nvml)",
-                           data={**data, SEE: "nvml"})  # fmt: skip
+        return CheckResult(
+            name, "skip", "not run without a GPU (see nvml)", data={**data, SEE: "nvml"}
+        )
     if not snapshot.gpus and name != "gpus":
-        return CheckResult(name, "skip", "not run without a GPU (see gpus)",
-                           data={**data, SEE: "gpus"})  # fmt: skip
+        return CheckResult(
+            name, "skip", "not run without a GPU (see gpus)", data={**data, SEE: "gpus"}
+        )
     return CheckResult(name, "skip", no_gpu_reason(snapshot), data=data)
 
 

@@ -33,35 +33,53 @@ def _pcie_gpu(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
     cur_g, max_g = gen.get("current"), gen.get("max")
     loaded = [s.pcie_generation.get("current") for s in _probe_load(ctx, gpu)]
     load_gen = max((g for g in loaded if g is not None), default=None)
-    data = {"gen": cur_g, "max_gen": max_g, "width": cur_w, "max_width": max_w,
-            "gen_under_load": load_gen}  # fmt: skip
+    data = {
+        "gen": cur_g,
+        "max_gen": max_g,
+        "width": cur_w,
+        "max_width": max_w,
+        "gen_under_load": load_gen,
+    }
     bus = gpu.identity.pci_bus_id
     action = (
         f"reseat the GPU / check its slot and riser, the BIOS PCIe settings and firmware; "
         f"sudo lspci -vv -s {_short_bus(bus)} shows LnkCap against LnkSta"
     )
     if cur_w is not None and max_w is not None and cur_w < max_w:
-        return CheckResult(name, "fail", f"{bus} x{cur_w:.0f} of x{max_w:.0f}", action,
-                           _idx(gpu), data)  # fmt: skip
+        return CheckResult(
+            name, "fail", f"{bus} x{cur_w:.0f} of x{max_w:.0f}", action, _idx(gpu), data
+        )
     width_text = f"x{cur_w:.0f}" if cur_w is not None else "width unknown"
     if cur_g is None or max_g is None or cur_g >= max_g:
         gen_text = f"Gen{cur_g:.0f}" if cur_g is not None else "speed unknown"
-        return CheckResult(name, "pass", f"{bus} {gen_text} {width_text} (max)",
-                           gpu=_idx(gpu), data=data)  # fmt: skip
+        return CheckResult(
+            name, "pass", f"{bus} {gen_text} {width_text} (max)", gpu=_idx(gpu), data=data
+        )
     if load_gen is not None:
         if load_gen < max_g:
-            return CheckResult(name, "fail",
-                               f"{bus} Gen{load_gen:.0f} of Gen{max_g:.0f} under load, "
-                               f"{width_text}", action, _idx(gpu), data)  # fmt: skip
-        return CheckResult(name, "pass",
-                           f"{bus} Gen{load_gen:.0f} {width_text} under load (Gen{cur_g:.0f} "
-                           "at idle)", gpu=_idx(gpu), data=data)  # fmt: skip
+            return CheckResult(
+                name,
+                "fail",
+                f"{bus} Gen{load_gen:.0f} of Gen{max_g:.0f} under load, {width_text}",
+                action,
+                _idx(gpu),
+                data,
+            )
+        return CheckResult(
+            name,
+            "pass",
+            f"{bus} Gen{load_gen:.0f} {width_text} under load (Gen{cur_g:.0f} at idle)",
+            gpu=_idx(gpu),
+            data=data,
+        )
     return CheckResult(
-        name, "pass",
+        name,
+        "pass",
         f"{bus} Gen{cur_g:.0f} of Gen{max_g:.0f} at idle, {width_text} (an idle GPU lowers its "
         "link speed; the probe checks it under load)",
-        gpu=_idx(gpu), data=data,
-    )  # fmt: skip
+        gpu=_idx(gpu),
+        data=data,
+    )
 
 
 def _probe_load(ctx: CheckContext, gpu: GpuSample) -> tuple[GpuSample, ...]:
@@ -130,34 +148,46 @@ def _link_result(link: PcieLink, platform: Platform | None, machine: str) -> Che
     cur_s, max_s = link.current_speed_tps, link.max_speed_tps
     if design is not None and cur_w is not None and cur_w < design.width:
         return CheckResult(
-            "pcie-host", "fail",
+            "pcie-host",
+            "fail",
             f"{label} x{cur_w} of x{max_w or design.width} ({_speed(cur_s)}): the {machine} "
             f"trains its {design.what} at x{design.width}",
-            action, data=data,
-        )  # fmt: skip
+            action,
+            data=data,
+        )
     by_design = design is not None and cur_w is not None and max_w is not None and cur_w < max_w
     if not by_design and cur_w is not None and max_w is not None and cur_w < max_w:
-        return CheckResult("pcie-host", "fail", f"{label} x{cur_w} of x{max_w} ({_speed(cur_s)})",
-                           action, data=data)  # fmt: skip
+        return CheckResult(
+            "pcie-host",
+            "fail",
+            f"{label} x{cur_w} of x{max_w} ({_speed(cur_s)})",
+            action,
+            data=data,
+        )
     width = f"x{cur_w}" if cur_w is not None else "width unknown"
     if cur_s is not None and max_s is not None and cur_s < max_s:
         return CheckResult(
-            "pcie-host", "warn", f"{label} {_speed(cur_s)} of {_speed(max_s)}, {width}",
+            "pcie-host",
+            "warn",
+            f"{label} {_speed(cur_s)} of {_speed(max_s)}, {width}",
             action + " (some devices lower their speed when idle: check again under load)",
             data=data,
-        )  # fmt: skip
+        )
     if cur_w is None and cur_s is None:
         return CheckResult("pcie-host", "skip", f"{label}: link not readable", data=data)
     if by_design:
         assert design is not None
         why = design.note or design.what
         return CheckResult(
-            "pcie-host", "pass", f"{label} {_speed(cur_s)} {width} of x{max_w}, as designed: {why}",
+            "pcie-host",
+            "pass",
+            f"{label} {_speed(cur_s)} {width} of x{max_w}, as designed: {why}",
             data=data,
-        )  # fmt: skip
+        )
     built = f", as the {machine} is built" if design is not None else ""
-    return CheckResult("pcie-host", "pass", f"{label} {_speed(cur_s)} {width} (max{built})",
-                       data=data)  # fmt: skip
+    return CheckResult(
+        "pcie-host", "pass", f"{label} {_speed(cur_s)} {width} (max{built})", data=data
+    )
 
 
 def check_pcie_host(ctx: CheckContext) -> list[CheckResult]:

@@ -32,10 +32,19 @@ def _figures(ctx: CheckContext) -> list[PeerFigure]:
         for fig in probe.figures:
             if fig.status == "ok" and fig.delivered is not None:
                 out.append(
-                    PeerFigure(str(index), ident.uuid, ident.name, context,
-                               doc.software.identity(), fig.dtype, fig.shape, fig.beta,
-                               fig.kind, fig.delivered)
-                )  # fmt: skip
+                    PeerFigure(
+                        str(index),
+                        ident.uuid,
+                        ident.name,
+                        context,
+                        doc.software.identity(),
+                        fig.dtype,
+                        fig.shape,
+                        fig.beta,
+                        fig.kind,
+                        fig.delivered,
+                    )
+                )
     return out
 
 
@@ -63,11 +72,16 @@ def _result(found: NodeVerdict) -> CheckResult:
         "warn_below": WARN_BELOW,
         "fail_below": FAIL_BELOW,
         "kernels": [
-            {"dtype": k.dtype, "shape": k.shape, "tflops": k.values[(index, uuid)],
-             "rest_median_tflops": k.rest_median((index, uuid)), "ratio": r}
+            {
+                "dtype": k.dtype,
+                "shape": k.shape,
+                "tflops": k.values[(index, uuid)],
+                "rest_median_tflops": k.rest_median((index, uuid)),
+                "ratio": r,
+            }
             for k, r in kernels
         ],
-    }  # fmt: skip
+    }
     if status == "pass":
         finding = (
             f"{len(found.gpus)} {found.model} within {1 - WARN_BELOW:.1%} of each other "
@@ -135,11 +149,16 @@ def _held_result(ctx: CheckContext, uuid: str, runs: list[HeldRun]) -> CheckResu
     data = {
         "uuid": uuid,
         "held": [
-            {"dtype": r.key.dtype, "shape": r.key.shape, "context": r.key.context, "at": r.at,
-             **r.held.as_dict()}
+            {
+                "dtype": r.key.dtype,
+                "shape": r.key.shape,
+                "context": r.key.context,
+                "at": r.at,
+                **r.held.as_dict(),
+            }
             for r in runs
         ],
-    }  # fmt: skip
+    }
     return CheckResult(LEARNING, "warn", finding, action, index, data)
 
 

@@ -122,9 +122,15 @@ def run_probes(
         if cycle.document and cycle.result in ("ok", "error"):
             try:
                 figures = tuple(
-                    evaluate(cycle.document, gpu.identity.uuid, gpu.identity.name, context,
-                             store, record=False)
-                )  # fmt: skip
+                    evaluate(
+                        cycle.document,
+                        gpu.identity.uuid,
+                        gpu.identity.name,
+                        context,
+                        store,
+                        record=False,
+                    )
+                )
             except (BaselineStoreError, ValueError) as exc:
                 note = f"baselines unavailable: {exc}"
                 figures = tuple(

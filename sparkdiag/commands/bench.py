@@ -30,9 +30,17 @@ from sparkdiag.probe.runner import run_worker
 from sparkdiag.probe.worker.contract import throughput_unit
 
 CSV_COLUMNS = (
-    "dtype", "shape", "status", "peak_tflops", "delivered_tflops", "median_ms", "total_ms",
-    "iters", "max_rel_error", "reason",
-)  # fmt: skip
+    "dtype",
+    "shape",
+    "status",
+    "peak_tflops",
+    "delivered_tflops",
+    "median_ms",
+    "total_ms",
+    "iters",
+    "max_rel_error",
+    "reason",
+)
 M_RANGE = "1024:16384:1024"  # mamf-finder's square sweep
 SMALL_M_RANGE = "128:512:128"  # --small: four cubes a CPU sweeps in seconds
 PARTIAL_SCHEMA = "sparkdiag-bench-partial/1"  # --json after Ctrl-C: the kernels measured
@@ -106,9 +114,19 @@ def _write_csv(path: Path, results: Sequence[KernelResult]) -> None:
         writer.writerow(CSV_COLUMNS)
         for r in results:
             writer.writerow(
-                [r.dtype, r.shape, r.status, r.peak, r.delivered, r.median_ms, r.total_ms,
-                 r.iters, r.max_rel_error, r.reason]
-            )  # fmt: skip
+                [
+                    r.dtype,
+                    r.shape,
+                    r.status,
+                    r.peak,
+                    r.delivered,
+                    r.median_ms,
+                    r.total_ms,
+                    r.iters,
+                    r.max_rel_error,
+                    r.reason,
+                ]
+            )
 
 
 def _figure(value: float | None) -> str:
@@ -136,15 +154,21 @@ def _summary(dtypes: Sequence[str], results: Sequence[KernelResult], device: str
         unit = throughput_unit(dtype)
         on = "CPU" if device == "cpu" else device
         what = "this GPU's MAMF" if device.startswith("cuda") else f"the best on the {on}"
-        line = (f"{dtype}: best {_figure(best.peak)} {unit} at {best.shape} ({what}); "
-                f"median {_figure(median)} over {len(ok)} shapes")  # fmt: skip
+        line = (
+            f"{dtype}: best {_figure(best.peak)} {unit} at {best.shape} ({what}); "
+            f"median {_figure(median)} over {len(ok)} shapes"
+        )
         click.echo(terminal.fill(line, width, "", "    "))
 
 
 def _interrupted(
-    sweep: _Sweep, dtypes: Sequence[str], csv_path: Path | None, json_path: Path | None,
-    device: str, signal_name: str,
-) -> Exit:  # fmt: skip
+    sweep: _Sweep,
+    dtypes: Sequence[str],
+    csv_path: Path | None,
+    json_path: Path | None,
+    device: str,
+    signal_name: str,
+) -> Exit:
     """Ctrl-C or SIGTERM: write and print the kernels measured so far; INTERRUPTED."""
     results = [r for r in sweep.results if r.beta == 0]
     if csv_path:
@@ -174,22 +198,36 @@ def _interrupted(
     "--small or --device cpu]",
 )
 @click.option(
-    "--n", "n_range", default=None, callback=_range,
+    "--n",
+    "n_range",
+    default=None,
+    callback=_range,
     help="N sizes (default: the same as M, square shapes).",
-)  # fmt: skip
+)
 @click.option(
-    "--k", "k_range", default=None, callback=_range,
+    "--k",
+    "k_range",
+    default=None,
+    callback=_range,
     help="K sizes (default: the same as M, square shapes).",
-)  # fmt: skip
+)
 @worker_options("--iters", "--warmup", iters=50, warmup=10)
 @file_option("--csv", "csv_path", "Write every result to this CSV file.")
 @file_option("--json", "json_path", "Write the worker documents to this JSON file.")
 @settings_options("bench")
 def bench(
-    dtypes: list[str], small: bool, device: str | None, m_range: list[int] | None,
-    n_range: list[int] | None, k_range: list[int] | None, iters: int, warmup: int,
-    csv_path: Path | None, json_path: Path | None, **given: Any,
-) -> Exit:  # fmt: skip
+    dtypes: list[str],
+    small: bool,
+    device: str | None,
+    m_range: list[int] | None,
+    n_range: list[int] | None,
+    k_range: list[int] | None,
+    iters: int,
+    warmup: int,
+    csv_path: Path | None,
+    json_path: Path | None,
+    **given: Any,
+) -> Exit:
     """A longer mamf-style sweep: the best achievable matmul throughput over a range of shapes.
 
     Square shapes by default (M=N=K from --m); give --n and --k for the full grid (it grows as

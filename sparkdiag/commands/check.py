@@ -36,8 +36,9 @@ def _progress(gpus: Sequence[GpuSample], timeout: float) -> None:
         what = f"GPU {gpus[0].identity.index} ({names[0]})"
     else:
         what = f"{len(gpus)} GPUs ({', '.join(names)}) at once"
-    click.echo(terminal.fill(f"probing {what}, up to {timeout:g} s…", terminal.width(sys.stderr)),
-               err=True)  # fmt: skip
+    click.echo(
+        terminal.fill(f"probing {what}, up to {timeout:g} s…", terminal.width(sys.stderr)), err=True
+    )
 
 
 @click.command("check")

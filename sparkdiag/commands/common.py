@@ -30,8 +30,9 @@ class _TerminalFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         width = terminal.width(sys.stderr)
-        return "\n".join(part for line in text.splitlines()
-                         for part in terminal.wrap(line, width, "", "    "))  # fmt: skip
+        return "\n".join(
+            part for line in text.splitlines() for part in terminal.wrap(line, width, "", "    ")
+        )
 
 
 def setup_logging(level: str, prefix: str | None = None) -> None:
@@ -139,9 +140,13 @@ def worker_request(
     from sparkdiag.probe.request import WorkerRequest
 
     return WorkerRequest(
-        device=device, dtypes=tuple(dtypes), shapes=tuple(shapes), small=small,
-        probe_when=settings.probe_when if probe_when is None else probe_when, **more,
-    )  # fmt: skip
+        device=device,
+        dtypes=tuple(dtypes),
+        shapes=tuple(shapes),
+        small=small,
+        probe_when=settings.probe_when if probe_when is None else probe_when,
+        **more,
+    )
 
 
 # PyTorch's own CPU-only index (pytorch.org, "Get started"): from the public index, torch on

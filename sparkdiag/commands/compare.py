@@ -172,9 +172,15 @@ def compare(
     if not native:
         raise UsageError("an empty command", flag="--native-python")
     request = worker_request(
-        settings, device, dtypes, shapes, small,
-        budget_seconds=budget_seconds, iters=iters, bandwidth=bandwidth,
-    )  # fmt: skip
+        settings,
+        device,
+        dtypes,
+        shapes,
+        small,
+        budget_seconds=budget_seconds,
+        iters=iters,
+        bandwidth=bandwidth,
+    )
 
     def progress(message: str) -> None:
         click.echo(f"sparkdiag compare: {message}", err=True)

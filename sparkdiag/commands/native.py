@@ -120,9 +120,10 @@ def native(
         raise UsageError("no GPU with a known compute capability: give --capability X.Y")
     try:
         env: PythonEnvironment = (
-            resolve(python) if python is not None
+            resolve(python)
+            if python is not None
             else environment(settings.rootfs, settings.probe_python)
-        )  # fmt: skip
+        )
     except NotAnEnvironment as exc:
         raise UsageError(str(exc), flag="--python") from None
     cached = None if no_cache else cache_path(settings.state_dir)

@@ -98,9 +98,15 @@ def _beside(doc: WorkerDocument | None, rootfs: Path) -> str:
 )
 @settings_options("probe")
 def probe(
-    dtypes: list[str], shapes: list[str], small: bool, device: str | None,
-    gpus: tuple[int, ...] | None, as_json: bool, record: bool, **given: Any,
-) -> Exit:  # fmt: skip
+    dtypes: list[str],
+    shapes: list[str],
+    small: bool,
+    device: str | None,
+    gpus: tuple[int, ...] | None,
+    as_json: bool,
+    record: bool,
+    **given: Any,
+) -> Exit:
     """Run one probe cycle now and compare it with the baseline and the reference.
 
     Measures every dtype and shape of the suite (or those chosen) on each GPU in a worker
@@ -135,9 +141,14 @@ def probe(
         samples, why = [], None
     context = _context(settings.rootfs)
     request = worker_request(
-        settings, device, dtypes, shapes, small,
-        busy_utilization=settings.probe_busy_utilization, progress=True,
-    )  # fmt: skip
+        settings,
+        device,
+        dtypes,
+        shapes,
+        small,
+        busy_utilization=settings.probe_busy_utilization,
+        progress=True,
+    )
     fixture = FixtureLauncher(settings.probe_fixture) if settings.probe_fixture else None
     store, no_store = _open_store(settings, record) if samples else (None, "")
     runs: list[GpuRun] = []
@@ -159,8 +170,12 @@ def probe(
                     run_request = dataclasses.replace(request, device="cuda:0")
                 show = None if as_json else KernelProgress(label)
                 try:
-                    cycle = run_worker(request=run_request, timeout=settings.probe_timeout,
-                                       env=env, on_progress=show)  # fmt: skip
+                    cycle = run_worker(
+                        request=run_request,
+                        timeout=settings.probe_timeout,
+                        env=env,
+                        on_progress=show,
+                    )
                 finally:
                     if show is not None:
                         show.close()

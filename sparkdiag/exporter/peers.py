@@ -37,9 +37,19 @@ def peer_figures(records: Mapping[tuple[str, str, str], CycleRecord]) -> list[Pe
         for fig in record.figures:
             if fig.delivered is not None and record.gpu_name:
                 out.append(
-                    PeerFigure(gpu, uuid, record.gpu_name, context, (driver, torch, cuda),
-                               fig.dtype, fig.shape, fig.beta, fig.kind, fig.delivered)
-                )  # fmt: skip
+                    PeerFigure(
+                        gpu,
+                        uuid,
+                        record.gpu_name,
+                        context,
+                        (driver, torch, cuda),
+                        fig.dtype,
+                        fig.shape,
+                        fig.beta,
+                        fig.kind,
+                        fig.delivered,
+                    )
+                )
     return out
 
 

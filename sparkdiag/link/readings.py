@@ -106,8 +106,13 @@ class FabricReadings:
             ),
             **({"cma_free_bytes": self.cma_free_bytes} if self.cma_free_bytes is not None else {}),
             "gpudirect": [
-                {"gpu": g.index, "name": g.name, "rdma_supported": g.rdma,
-                 "dmabuf_supported": g.dmabuf, "host_alloc_dmabuf_supported": g.host_dmabuf}
+                {
+                    "gpu": g.index,
+                    "name": g.name,
+                    "rdma_supported": g.rdma,
+                    "dmabuf_supported": g.dmabuf,
+                    "host_alloc_dmabuf_supported": g.host_dmabuf,
+                }
                 for g in self.gpudirect
             ],
             "gpudirect_note": self.gpudirect_note,
@@ -119,7 +124,7 @@ class FabricReadings:
                 if self.peer_route is not None
                 else {}
             ),
-        }  # fmt: skip
+        }
 
 
 def python_site_dirs(rootfs: Path) -> list[Path]:

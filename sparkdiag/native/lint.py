@@ -117,28 +117,37 @@ def judge_library(library: CudaLibrary, gpu: Gpu) -> LibraryVerdict:
     todo = advice(library.package, gpu.capability)
     if verdict.mode == "none":
         return LibraryVerdict(
-            library, gpu, verdict, "fail",
+            library,
+            gpu,
+            verdict,
+            "fail",
             f"nothing {gpu.sm} loads ({carries}): its kernels fail with 'no kernel "
             "image is available for execution on the device'",
             todo,
-        )  # fmt: skip
+        )
     if verdict.mode == "ptx-jit":
         return LibraryVerdict(
-            library, gpu, verdict, "warn",
+            library,
+            gpu,
+            verdict,
+            "warn",
             f"no SASS {gpu.sm} loads, only PTX {verdict.target}, which the driver "
             f"compiles at the first start ({carries}); the kernels use nothing newer than "
             f"{verdict.target}",
             todo,
-        )  # fmt: skip
+        )
     if not verdict.exact and verdict.specific_elsewhere and not verdict.specific:
         return LibraryVerdict(
-            library, gpu, verdict, "warn",
+            library,
+            gpu,
+            verdict,
+            "warn",
             f"runs {verdict.target} SASS, none for {gpu.sm} itself; its "
             f"arch-specific builds ({_names(verdict.specific_elsewhere)}) are for other GPUs "
             f"and none ({gpu.sm}a or a family target) loads here, so the tensor-core paths "
             "built only that way fall back",
             todo,
-        )  # fmt: skip
+        )
     how = "" if verdict.exact else " (an earlier minor of the same major runs here)"
     return LibraryVerdict(library, gpu, verdict, "pass", f"native, {verdict.target}{how}", "")
 

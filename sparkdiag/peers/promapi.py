@@ -169,9 +169,13 @@ def connection(
         else Connection(url, timeout=timeout)
     )
     changes: dict[str, Any] = {}
-    for name, value in (("ca_file", ca_file), ("cert_file", cert_file), ("key_file", key_file),
-                        ("insecure_skip_verify", insecure_skip_verify),
-                        ("username", username)):  # fmt: skip
+    for name, value in (
+        ("ca_file", ca_file),
+        ("cert_file", cert_file),
+        ("key_file", key_file),
+        ("insecure_skip_verify", insecure_skip_verify),
+        ("username", username),
+    ):
         if value is not None:
             changes[name] = value
     if password_file is not None:
@@ -224,9 +228,13 @@ class PrometheusClient:
         where = f"Prometheus at {self.base}"
         try:
             answer = get(
-                url, self._headers(), self.conn.timeout, self._context, MAX_ANSWER_BYTES,
+                url,
+                self._headers(),
+                self.conn.timeout,
+                self._context,
+                MAX_ANSWER_BYTES,
                 self.conn.server_name,
-            )  # fmt: skip
+            )
         except FetchError as exc:
             raise PrometheusError(self._failed(where, exc)) from None
         if answer.status != 200:

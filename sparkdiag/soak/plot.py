@@ -21,8 +21,15 @@ from sparkdiag.soak.render import SENSOR_WORDS, figure, stopped_line, unit
 from sparkdiag.soak.verdict import FALL_FRACTION, Verdict
 
 KIND_TITLES = {"decode": "decode (M=1, memory-bound)", "llm": "LLM shape", "compute": "compute"}
-COLOURS = {"int4": "tab:red", "bf16": "tab:blue", "fp16": "tab:green", "fp8": "tab:purple",
-           "nvfp4": "tab:orange", "int8": "tab:brown", "tf32": "tab:gray"}  # fmt: skip
+COLOURS = {
+    "int4": "tab:red",
+    "bf16": "tab:blue",
+    "fp16": "tab:green",
+    "fp8": "tab:purple",
+    "nvfp4": "tab:orange",
+    "int8": "tab:brown",
+    "tf32": "tab:gray",
+}
 
 
 def is_folder(target: str | Path) -> bool:
@@ -87,27 +94,44 @@ def _threshold(ax: Any) -> None:
 
 def _time(plt: Any, g: GpuSoak) -> Any:
     panels = _panels(g) or [("", [])]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 3.6 * len(panels)), sharex=True,
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(11, 3.6 * len(panels)), sharex=True, squeeze=False
+    )
     fig.suptitle(_title(g, "throughput against time"), fontsize=10)
     for ax, (kind, verdicts) in zip(axes[:, 0], panels, strict=True):
         for v in verdicts:
             assert v.cold is not None
-            ax.plot([p.elapsed_seconds for p in v.points], [p.value / v.cold for p in v.points],
-                    marker=".", lw=1.2, color=COLOURS.get(v.dtype), label=_label(v))  # fmt: skip
+            ax.plot(
+                [p.elapsed_seconds for p in v.points],
+                [p.value / v.cold for p in v.points],
+                marker=".",
+                lw=1.2,
+                color=COLOURS.get(v.dtype),
+                label=_label(v),
+            )
         _threshold(ax)
-        ax.set_title(f"{KIND_TITLES.get(kind, kind)} {verdicts[0].shape if verdicts else ''}",
-                     fontsize=9)  # fmt: skip
-        series = [(sensor, colour, _temperatures(g, sensor))
-                  for sensor, colour in (("memory", "tab:orange"), ("gpu", "tab:red"))]  # fmt: skip
+        ax.set_title(
+            f"{KIND_TITLES.get(kind, kind)} {verdicts[0].shape if verdicts else ''}", fontsize=9
+        )
+        series = [
+            (sensor, colour, _temperatures(g, sensor))
+            for sensor, colour in (("memory", "tab:orange"), ("gpu", "tab:red"))
+        ]
         if not any(points for _s, _c, points in series):
             ax.legend(fontsize=7, loc="lower left")
             continue
         temp = ax.twinx()
         for sensor, colour, points in series:
             if points:
-                temp.plot([p[0] for p in points], [p[1] for p in points], color=colour, lw=1,
-                          ls="--", alpha=0.7, label=f"{SENSOR_WORDS[sensor]} °C")  # fmt: skip
+                temp.plot(
+                    [p[0] for p in points],
+                    [p[1] for p in points],
+                    color=colour,
+                    lw=1,
+                    ls="--",
+                    alpha=0.7,
+                    label=f"{SENSOR_WORDS[sensor]} °C",
+                )
         temp.set_ylabel("°C")
         twin_legend(ax, temp, loc="lower left")
     axes[-1, 0].set_xlabel("seconds of load (0: the cold window before it)")
@@ -132,14 +156,26 @@ def _temperature(plt: Any, g: GpuSoak) -> Any:
         for v in verdicts:
             assert v.cold is not None
             pts = [p for p in v.points if p.celsius is not None]
-            ax.plot([p.celsius for p in pts], [p.value / v.cold for p in pts], marker=".",
-                    lw=1, color=COLOURS.get(v.dtype), label=_label(v))  # fmt: skip
+            ax.plot(
+                [p.celsius for p in pts],
+                [p.value / v.cold for p in pts],
+                marker=".",
+                lw=1,
+                color=COLOURS.get(v.dtype),
+                label=_label(v),
+            )
         _threshold(ax)
-        ax.set_title(f"{KIND_TITLES.get(kind, kind)} {verdicts[0].shape if verdicts else ''}",
-                     fontsize=9)  # fmt: skip
+        ax.set_title(
+            f"{KIND_TITLES.get(kind, kind)} {verdicts[0].shape if verdicts else ''}", fontsize=9
+        )
         if sensor is None:
-            ax.text(0.5, 0.5, "no temperature was read (CPU run or no NVML)",
-                    transform=ax.transAxes, ha="center")  # fmt: skip
+            ax.text(
+                0.5,
+                0.5,
+                "no temperature was read (CPU run or no NVML)",
+                transform=ax.transAxes,
+                ha="center",
+            )
         ax.legend(fontsize=7, loc="lower left")
     note = " (no memory sensor: the GPU's)" if sensor == "gpu" else ""
     axes[-1, 0].set_xlabel(f"{word} temperature °C{note}")

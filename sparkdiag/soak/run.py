@@ -97,9 +97,14 @@ class SoakRunner:
             )
         except Exception as exc:  # a bug here must not leave the main loop waiting
             self._cycles[i] = ProbeCycle(
-                "error", f"cannot run the worker: {type(exc).__name__}: {exc}", None, "", None,
-                0.0, self._pids.get(i),
-            )  # fmt: skip
+                "error",
+                f"cannot run the worker: {type(exc).__name__}: {exc}",
+                None,
+                "",
+                None,
+                0.0,
+                self._pids.get(i),
+            )
         finally:
             with self._lock:  # reaped: its pid may name another process from now on
                 self._pids.pop(i, None)

@@ -22,12 +22,33 @@ from sparkdiag.sources.files import MIB, read_text_limited
 # network's or the server's, and no local drive is their ceiling.
 NETWORK_FSTYPES = frozenset(
     {
-        "nfs", "nfs4", "cifs", "smb3", "smbfs", "ceph", "glusterfs", "lustre", "9p", "afs",
-        "virtiofs", "beegfs", "gpfs", "wekafs", "orangefs", "ocfs2", "gfs2", "fuse.sshfs",
-        "fuse.s3fs", "fuse.juicefs", "fuse.gcsfuse", "fuse.rclone", "fuse.glusterfs",
-        "fuse.ceph", "fuse.lxcfs",
+        "nfs",
+        "nfs4",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "ceph",
+        "glusterfs",
+        "lustre",
+        "9p",
+        "afs",
+        "virtiofs",
+        "beegfs",
+        "gpfs",
+        "wekafs",
+        "orangefs",
+        "ocfs2",
+        "gfs2",
+        "fuse.sshfs",
+        "fuse.s3fs",
+        "fuse.juicefs",
+        "fuse.gcsfuse",
+        "fuse.rclone",
+        "fuse.glusterfs",
+        "fuse.ceph",
+        "fuse.lxcfs",
     }
-)  # fmt: skip
+)
 MEMORY_FSTYPES = frozenset({"tmpfs", "ramfs", "hugetlbfs"})
 _OCTAL = re.compile(r"\\([0-7]{3})")
 

@@ -81,10 +81,15 @@ def parse_smartctl(doc: Any, source: str = "smartctl") -> HealthReading:
     root = as_map(doc)
     smart = as_map(root.get("nvme_smart_health_information_log"))
     if not smart:
-        messages = [
-            str(as_map(m).get("string", "")) for m in root.get("smartctl", {}).get("messages", [])
-            if isinstance(m, Mapping)
-        ] if isinstance(root.get("smartctl"), Mapping) else []  # fmt: skip
+        messages = (
+            [
+                str(as_map(m).get("string", ""))
+                for m in root.get("smartctl", {}).get("messages", [])
+                if isinstance(m, Mapping)
+            ]
+            if isinstance(root.get("smartctl"), Mapping)
+            else []
+        )
         why = "; ".join(m for m in messages if m) or "no NVMe health log in its answer"
         return _none(f"smartctl: {why}")
     sensors = smart.get("temperature_sensors")
@@ -98,29 +103,28 @@ def parse_smartctl(doc: Any, source: str = "smartctl") -> HealthReading:
     return HealthReading(health, thresholds, temperatures)
 
 
-# NvmeHealth field -> (the tool's key, the factor to base units: percent to ratio, hours and
-# minutes to seconds, data units of 512,000 bytes to bytes)
+# Each NvmeHealth field: the factor to base units (percent to ratio, hours and minutes to seconds,
+# data units of 512,000 bytes to bytes), smartctl's key and nvme-cli's key
 _FIELDS = (
-    ("media_errors", 1.0), ("error_log_entries", 1.0), ("percentage_used_ratio", 0.01),
-    ("available_spare_ratio", 0.01), ("available_spare_threshold_ratio", 0.01),
-    ("unsafe_shutdowns", 1.0), ("power_on_seconds", 3600.0), ("written_bytes", _DATA_UNIT),
-    ("warning_temperature_seconds", 60.0), ("critical_temperature_seconds", 60.0),
-)  # fmt: skip
-SMARTCTL_KEYS = dict(zip((f for f, _ in _FIELDS), (
-    "media_errors", "num_err_log_entries", "percentage_used", "available_spare",
-    "available_spare_threshold", "unsafe_shutdowns", "power_on_hours", "data_units_written",
-    "warning_temp_time", "critical_comp_time",
-), strict=True)) | {
+    ("media_errors", 1.0, "media_errors", "media_errors"),
+    ("error_log_entries", 1.0, "num_err_log_entries", "num_err_log_entries"),
+    ("percentage_used_ratio", 0.01, "percentage_used", "percent_used"),
+    ("available_spare_ratio", 0.01, "available_spare", "avail_spare"),
+    ("available_spare_threshold_ratio", 0.01, "available_spare_threshold", "spare_thresh"),
+    ("unsafe_shutdowns", 1.0, "unsafe_shutdowns", "unsafe_shutdowns"),
+    ("power_on_seconds", 3600.0, "power_on_hours", "power_on_hours"),
+    ("written_bytes", _DATA_UNIT, "data_units_written", "data_units_written"),
+    ("warning_temperature_seconds", 60.0, "warning_temp_time", "warning_temp_time"),
+    ("critical_temperature_seconds", 60.0, "critical_comp_time", "critical_comp_time"),
+)
+SMARTCTL_KEYS = {field: key for field, _, key, _ in _FIELDS} | {
     "transitions": "thermal_mgmt_temperature_{n}_transition_count",
     "thermal_seconds": "thermal_mgmt_temperature_{n}_total_time",
-}  # fmt: skip
-NVME_CLI_KEYS = dict(zip((f for f, _ in _FIELDS), (
-    "media_errors", "num_err_log_entries", "percent_used", "avail_spare", "spare_thresh",
-    "unsafe_shutdowns", "power_on_hours", "data_units_written", "warning_temp_time",
-    "critical_comp_time",
-), strict=True)) | {
-    "transitions": "thm_temp{n}_trans_count", "thermal_seconds": "thm_temp{n}_total_time",
-}  # fmt: skip
+}
+NVME_CLI_KEYS = {field: key for field, _, _, key in _FIELDS} | {
+    "transitions": "thm_temp{n}_trans_count",
+    "thermal_seconds": "thm_temp{n}_total_time",
+}
 
 
 def _health(
@@ -128,7 +132,7 @@ def _health(
 ) -> NvmeHealth:
     """The log's fields in base units, each read under the tool's own key."""
     values: dict[str, Any] = {}
-    for name, factor in _FIELDS:
+    for name, factor, *_keys in _FIELDS:
         number = as_float(smart.get(keys[name]))
         values[name] = None if number is None else number * factor
     levels = {

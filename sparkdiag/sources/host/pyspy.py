@@ -129,8 +129,9 @@ def _executable(path: Path) -> bool:
 def version(binary: Path) -> str | None:
     """``py-spy --version``'s answer ("py-spy 0.4.3"), None when it does not run."""
     try:
-        done = subprocess.run([str(binary), "--version"], capture_output=True, text=True,
-                              timeout=10)  # fmt: skip
+        done = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return done.stdout.strip() or None if done.returncode == 0 else None
@@ -240,9 +241,13 @@ class Recorder:
         with self.log.open("wb") as log:
             self.origin = self.clock()
             # its own session: a Ctrl-C in the terminal reaches watch, which stops it in turn
-            self.proc = subprocess.Popen(self.argv(), stdin=subprocess.DEVNULL,
-                                         stdout=subprocess.DEVNULL, stderr=log,
-                                         start_new_session=True)  # fmt: skip
+            self.proc = subprocess.Popen(
+                self.argv(),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                start_new_session=True,
+            )
 
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
@@ -351,8 +356,9 @@ def parse_chrometrace(
             key = int(event["tid"])
             at = origin + float(event["ts"]) / 1e6
             args = event.get("args") or {}
-            frame = Frame(str(event["name"]), str(args.get("filename") or ""),
-                          int(args.get("line") or 0))  # fmt: skip
+            frame = Frame(
+                str(event["name"]), str(args.get("filename") or ""), int(args.get("line") or 0)
+            )
         except (KeyError, TypeError, ValueError):
             continue
         if at != opened.get(key):
