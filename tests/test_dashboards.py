@@ -379,6 +379,7 @@ def test_every_panel_query_returns_data(fleet: Fleet, dashboard: str, panel_id: 
             assert result, f"{panel['title']} ({target['refId']}): no data for {expr}"
 
 
+@pytest.mark.prometheus  # the fleet: a real Prometheus scraping sparkdiag daemons
 @pytest.mark.promtool
 @pytest.mark.parametrize("name", [NODE, FLEET])
 def test_variable_queries_return_values(fleet: Fleet, name: str) -> None:
