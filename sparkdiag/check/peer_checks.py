@@ -28,23 +28,12 @@ def _figures(ctx: CheckContext) -> list[PeerFigure]:
         doc = probe.document
         if doc is None or probe.cycle is None or probe.cycle.result not in ("ok", "error"):
             continue
-        ident = probe.gpu.identity
-        for fig in probe.figures:
-            if fig.status == "ok" and fig.delivered is not None:
-                out.append(
-                    PeerFigure(
-                        str(index),
-                        ident.uuid,
-                        ident.name,
-                        context,
-                        doc.software.identity(),
-                        fig.dtype,
-                        fig.shape,
-                        fig.beta,
-                        fig.kind,
-                        fig.delivered,
-                    )
-                )
+        ident, software = probe.gpu.identity, doc.software.identity()
+        out += [
+            PeerFigure.of(str(index), ident.uuid, ident.name, context, software, f, f.delivered)
+            for f in probe.figures
+            if f.status == "ok" and f.delivered is not None
+        ]
     return out
 
 
