@@ -136,6 +136,8 @@ def serve(listen: str | None, once: bool, **given: Any) -> Exit:
         )
     secret = auth.read_secret(path)
     socks, where = _listeners(listen, settings)
+    # from here Ctrl-C and SIGTERM end the accept loop (within its 0.2 s), whenever they come
+    stop = LIFECYCLE.stop_on_signal()
     server = LinkServer(
         socks,
         settings.sysfs,
@@ -146,7 +148,6 @@ def serve(listen: str | None, once: bool, **given: Any) -> Exit:
         once=once,
     )
     click.echo(f"sparkdiag link serve: listening on {where} (TCP); Ctrl-C stops", err=True)
-    stop = LIFECYCLE.stop_on_signal()  # Ctrl-C and SIGTERM end the loop within 0.2 s
     try:
         server.serve(stop)
     finally:
