@@ -31,9 +31,9 @@ sys.path.insert(0, str(ROOT))
 from sparkdiag.exporter.dcgm import DcgmCollector  # noqa: E402
 from sparkdiag.exporter.registry import build_registry, render  # noqa: E402
 from sparkdiag.snapshot import Snapshot  # noqa: E402
-from sparkdiag.sources.fixture import FixtureBackend  # noqa: E402
-from sparkdiag.sources.gpu import GpuSource  # noqa: E402
-from sparkdiag.sources.meminfo import read_host_memory  # noqa: E402
+from sparkdiag.sources.host.meminfo import read_host_memory  # noqa: E402
+from sparkdiag.sources.nvml.fixture import FixtureBackend  # noqa: E402
+from sparkdiag.sources.nvml.gpu import GpuSource  # noqa: E402
 from sparkdiag.telemetry.poller import Poller  # noqa: E402
 
 FIXTURES = ROOT / "tests" / "fixtures"

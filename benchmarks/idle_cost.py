@@ -75,7 +75,7 @@ _NVML_REAL = (
     "pynvml.nvmlDeviceGetTemperature(h, 0)\n"
 )
 _NVML_FIXTURE = (
-    "from pathlib import Path\nfrom sparkdiag.sources.fixture import FixtureBackend\n"
+    "from pathlib import Path\nfrom sparkdiag.sources.nvml.fixture import FixtureBackend\n"
     "b = FixtureBackend(Path({fixture!r}))\nb.init()\nb.query(0, 'temperature', 0)\n"
 )
 _NVML_WORK = {
@@ -254,8 +254,8 @@ def pyspy_top(raw: Path, top: int = 15) -> list[tuple[int, str]]:
 
 def profile_nvml(seconds: float, fixture: str | None) -> None:
     """The child of --nvml-profile: poll the GPU source once a second and time each query."""
-    from sparkdiag.sources.backends import make_backend
-    from sparkdiag.sources.gpu import GpuSource
+    from sparkdiag.sources.nvml.backends import make_backend
+    from sparkdiag.sources.nvml.gpu import GpuSource
 
     backend = make_backend(Path(fixture) if fixture else None)
     times: dict[str, list[float]] = {}

@@ -11,10 +11,10 @@ import argparse
 import contextlib
 import time
 
-from sparkdiag.sources.gpu import GpuSource
-from sparkdiag.sources.nvml import PynvmlBackend
-from sparkdiag.sources.nvml_api import NvmlCallError
-from sparkdiag.sources.nvml_queries import QUERIES
+from sparkdiag.sources.nvml.api import NvmlCallError
+from sparkdiag.sources.nvml.driver import PynvmlBackend
+from sparkdiag.sources.nvml.gpu import GpuSource
+from sparkdiag.sources.nvml.queries import QUERIES
 
 
 def main() -> None:

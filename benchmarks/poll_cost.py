@@ -36,12 +36,12 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sparkdiag.sources.fixture import FixtureBackend  # noqa: E402
-from sparkdiag.sources.gpu import GpuSource  # noqa: E402
-from sparkdiag.sources.gpu_activity import ProcessOptions  # noqa: E402
-from sparkdiag.sources.nvml_api import NOT_SUPPORTED, NvmlCallError  # noqa: E402
-from sparkdiag.sources.nvml_queries import QUERIES  # noqa: E402
-from sparkdiag.sources.procfs import ProcessIdentities  # noqa: E402
+from sparkdiag.sources.host.procfs import ProcessIdentities  # noqa: E402
+from sparkdiag.sources.nvml.activity import ProcessOptions  # noqa: E402
+from sparkdiag.sources.nvml.api import NOT_SUPPORTED, NvmlCallError  # noqa: E402
+from sparkdiag.sources.nvml.fixture import FixtureBackend  # noqa: E402
+from sparkdiag.sources.nvml.gpu import GpuSource  # noqa: E402
+from sparkdiag.sources.nvml.queries import QUERIES  # noqa: E402
 
 NVML = ROOT / "tests" / "fixtures" / "nvml"
 # The activity block issue 14 added: the catalogue from GPM on.

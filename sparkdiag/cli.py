@@ -15,6 +15,7 @@ import click
 
 from sparkdiag import __version__, terminal
 from sparkdiag.errors import Exit, SparkdiagError
+from sparkdiag.lifecycle import LIFECYCLE
 
 
 class _Failed(click.ClickException):
@@ -56,10 +57,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
 
 
 class _Group(click.Group):
-    """The command group: a :class:`SparkdiagError` raised anywhere below becomes one line on
-    standard error and its exit status, here and nowhere else; Ctrl-C that no command handles
-    itself exits INTERRUPTED (130), not click's 1. Commands are imported when first asked for
-    (:data:`COMMANDS`)."""
+    """The command group, and the one place a command's ending becomes the process's status.
+
+    A command returns its :class:`Exit` (or, for ``watch``, its job's status; nothing is OK) or
+    raises a :class:`SparkdiagError`, which becomes one line on standard error and its status.
+    SIGINT and SIGTERM are the group's too (:meth:`Lifecycle.owning`): they interrupt the
+    command, which exits INTERRUPTED (130), not click's 1 or the signal's own death, unless the
+    command stops by itself (:meth:`Lifecycle.stop_on_signal`) and returns its own status.
+    Commands are imported when first asked for (:data:`COMMANDS`)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(set(COMMANDS) | set(self.commands))
@@ -87,12 +92,16 @@ class _Group(click.Group):
         return super().resolve_command(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
-        try:
-            return super().invoke(ctx)
-        except SparkdiagError as exc:
-            raise _Failed(terminal.safe(exc.line()), int(exc.exit_code)) from None
-        except KeyboardInterrupt:
-            raise _Failed("interrupted", Exit.INTERRUPTED) from None
+        with LIFECYCLE.owning():
+            try:
+                status = super().invoke(ctx)
+            except SparkdiagError as exc:
+                raise _Failed(terminal.safe(exc.line()), int(exc.exit_code)) from None
+            except KeyboardInterrupt:  # Interrupted: SIGINT or SIGTERM
+                raise _Failed("interrupted", Exit.INTERRUPTED) from None
+        if status:
+            ctx.exit(int(status))
+        return status
 
 
 @click.group(

@@ -63,7 +63,7 @@ def serve(settings: Settings, life: Lifecycle | None = None) -> None:
     every way out the running probe workers' process groups are killed, so no worker outlives
     the daemon (a worker also exits by itself once its parent is gone: see worker.py).
     """
-    life = life or LIFECYCLE.install()
+    life = life or LIFECYCLE.install(daemon=True)
     address = parse_listen(settings.listen)
     web = None
     if settings.web_config_file is not None:

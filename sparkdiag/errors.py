@@ -15,13 +15,15 @@ code  name         meaning
 130   INTERRUPTED  stopped by Ctrl-C (SIGINT) or SIGTERM before it finished
 ====  ===========  ==========================================================================
 
-Code below the command layer raises a :class:`SparkdiagError` (or a subclass): it carries its exit
-status and, where one flag is to blame, that flag. The command line translates it once, at the
-edge (:mod:`sparkdiag.cli`), into one line on standard error and the exit status; no command
-translates errors itself. A command's own body raises them too (:class:`UsageError` for what
-was asked, :class:`SparkdiagError` for what could not be done); only click's parse stage (a
-flag's ``callback`` or ``type``) raises ``click.BadParameter``, which click shows with the usage
-line and also exits 2. An error that says which flag it is about in its own words leaves
+A command ends by returning its :class:`Exit` (nothing is OK). Code below the command layer
+raises a :class:`SparkdiagError` (or a subclass): it carries its exit status and, where one flag
+is to blame, that flag. The command line translates both once, at the edge (:mod:`sparkdiag.cli`),
+into the exit status (and for an error one line on standard error); no command translates errors
+or exits itself; SIGINT and SIGTERM are the edge's too (:mod:`sparkdiag.lifecycle`: INTERRUPTED).
+A command's own body raises them too (:class:`UsageError` for what was asked,
+:class:`SparkdiagError` for what could not be done); only click's parse stage (a flag's
+``callback`` or ``type``) raises ``click.BadParameter``, which click shows with the usage line
+and also exits 2. An error that says which flag it is about in its own words leaves
 ``flag`` unset, so that the flag is not named twice.
 """
 

@@ -1,11 +1,19 @@
-"""Signals of the daemon, installed before anything slow (imports, NVML start, the first poll).
+"""The process's signals, owned here for every command.
 
-* SIGTERM, SIGINT, SIGQUIT: stop. Answer no more scrapes, kill the running probe workers'
-  process groups, exit 0: stopping is how the daemon ends, not an interruption of work (the 130
-  other commands exit with on Ctrl-C; README, "Exit status"), and Ctrl-C in a terminal and
-  systemd's SIGTERM end it the same way.
-* SIGHUP: log that the configuration is not reloaded (restart to apply a change), and go on.
-* SIGUSR1: log one status line (polls, GPUs up, probe cycles), and go on.
+* SIGINT and SIGTERM, for every command (the command group installs them around the command it
+  runs, :meth:`Lifecycle.owning`): :class:`Interrupted` is raised where the main thread is, so
+  that what is running unwinds (the probe workers, containers and tools that the command started
+  run in sessions of their own and are killed on the way out) and the group exits INTERRUPTED
+  (130). A command that stops its own work and decides how it ends (``soak``, ``watch``, ``link
+  serve``) asks for :meth:`Lifecycle.stop_on_signal`: from then on the signals set
+  :attr:`Lifecycle.stop` and are counted in :attr:`Lifecycle.received` instead.
+* The daemon (``sparkdiag serve``, :meth:`Lifecycle.install` with ``daemon=True``, before its
+  heavy imports: :mod:`sparkdiag.entry`): SIGTERM, SIGINT and SIGQUIT stop it. It answers no
+  more scrapes, kills the running probe workers' process groups and exits 0: stopping is how the
+  daemon ends, not an interruption of work (README, "Exit status"), and Ctrl-C in a terminal and
+  systemd's SIGTERM end it the same way. SIGHUP logs that the configuration is not reloaded
+  (restart to apply a change) and goes on; SIGUSR1 logs one status line (polls, GPUs up, probe
+  cycles) and goes on.
 
 SIGHUP does not reload: the daemon's settings reach the poller, the probe schedulers and the HTTP
 server at start, and a restart (0.3 s under systemd, baselines kept in the state directory) applies
@@ -15,34 +23,89 @@ any change with no half-applied state. Everything here imports only the standard
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Any
 
 log = logging.getLogger("sparkdiag")
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)
+COMMAND_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)  # the daemon's
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM stopped a command: raised in the main thread by the handler. A
+    KeyboardInterrupt, so that nothing that catches ``Exception`` swallows it."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
 
 
 class Lifecycle:
-    """The stop event, and what SIGUSR1 reports (the daemon sets ``status`` once it runs)."""
+    """The stop event, the signals received, and what SIGUSR1 reports (the daemon sets
+    ``status`` once it runs)."""
 
     def __init__(self) -> None:
         self.stop = threading.Event()
-        self.stopped_by: str | None = None
+        self.stopped_by: str | None = None  # the first stop signal's name
+        self.received: list[str] = []  # every stop signal's name, in order
         self.status: Callable[[], str] = lambda: "starting"
+        self._raising = True  # a stop signal raises Interrupted (not under stopping())
+        self._daemon = False
+        self._installed = False
 
-    def install(self) -> Lifecycle:
-        """Install the handlers (main thread only; elsewhere, as in tests, nothing is done)."""
-        if threading.current_thread() is not threading.main_thread():
+    def install(self, daemon: bool = False) -> Lifecycle:
+        """Install SIGINT and SIGTERM (with ``daemon``: SIGQUIT, SIGHUP and SIGUSR1 too, and a
+        stop never raises). Main thread only; elsewhere, as in tests, nothing is done."""
+        if not _main_thread():
             return self
-        for sig in STOP_SIGNALS:
-            signal.signal(sig, self._on_stop)
-        signal.signal(signal.SIGHUP, self._on_hup)
-        signal.signal(signal.SIGUSR1, self._on_usr1)
+        if daemon:
+            self._daemon, self._raising = True, False
+            for sig in STOP_SIGNALS:
+                signal.signal(sig, self._on_stop)
+            signal.signal(signal.SIGHUP, self._on_hup)
+            signal.signal(signal.SIGUSR1, self._on_usr1)
+        elif not self._installed:
+            for sig in COMMAND_SIGNALS:
+                signal.signal(sig, self._on_stop)
+        self._installed = True
         return self
+
+    @contextlib.contextmanager
+    def owning(self) -> Iterator[None]:
+        """SIGINT and SIGTERM for the command run within (the command group's), restored after.
+        Within a process whose handlers are already in (the daemon's, installed at start),
+        nothing changes."""
+        if not _main_thread() or self._installed:
+            yield
+            return
+        previous: dict[int, Any] = {sig: signal.getsignal(sig) for sig in COMMAND_SIGNALS}
+        self.stop.clear()
+        self.stopped_by, self.received[:] = None, []
+        self._raising, self._daemon = True, False
+        self.install()
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self._installed = False
+
+    def stop_on_signal(self) -> threading.Event:
+        """For a command that stops its own work: from now until it returns (the end of
+        :meth:`owning`), SIGINT and SIGTERM set the stop event returned (and are counted in
+        :attr:`received`) instead of interrupting it."""
+        self._raising = False
+        return self.stop
 
     # A handler runs in the main thread between two bytecodes, possibly in the middle of that
     # thread's own write to stderr: logging from it there raises "reentrant call" and the line is
@@ -56,10 +119,14 @@ class Lifecycle:
 
     def _on_stop(self, signum: int, _frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
+        self.received.append(name)
         if self.stopped_by is None:
             self.stopped_by = name
-            self._log_later(logging.INFO, "received %s, stopping", name)
+            if self._daemon:
+                self._log_later(logging.INFO, "received %s, stopping", name)
         self.stop.set()
+        if self._raising:
+            raise Interrupted(name)
 
     def _on_hup(self, _signum: int, _frame: FrameType | None) -> None:
         self._log_later(
@@ -76,5 +143,6 @@ class Lifecycle:
         self._log_later(logging.INFO, "status: %s", text)
 
 
-# The process's one lifecycle: ``sparkdiag serve`` installs it first thing (see sparkdiag.entry).
+# The process's one lifecycle: the command group installs it around every command, and
+# ``sparkdiag serve`` first thing (see sparkdiag.entry).
 LIFECYCLE = Lifecycle()

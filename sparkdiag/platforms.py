@@ -7,7 +7,7 @@ root port with two lanes, so ``0002:01:00.0`` reads x2 of x4 there by design. Wi
 sparkdiag would call the GX10's design a fault, or (worse) excuse the same x2 on a Founders
 Edition.
 
-A platform is recognised from its DMI strings (:func:`sparkdiag.sources.dmi.read_platform`),
+A platform is recognised from its DMI strings (:func:`sparkdiag.sources.host.dmi.read_platform`),
 compared without case, spaces or underscores (the kernel's DMI modalias drops spaces, so public
 reports spell the same name both ways). Sources of every entry are in :data:`PLATFORMS` and in
 ``tests/fixtures/sysfs/dgx-spark/README.txt``. A machine not in the table has its links judged

@@ -1,9 +1,9 @@
 """Reading and parsing what comes from outside, within bounds: one place for every loader.
 
-Every loader of sparkdiag (the TOML configuration, the web config and the HTTP config in YAML,
-the NVML fixtures and watch recordings in JSON, a peer's ``link`` messages, Prometheus' answers)
-reads through here, so that whatever the input, the answer is the document or one
-:class:`LoadError` line, never a traceback or an unbounded read:
+Every loader of sparkdiag (the TOML configuration, the web config and the HTTP config in YAML
+through :mod:`sparkdiag.safeyaml`, the NVML fixtures and watch recordings in JSON, a peer's
+``link`` messages, Prometheus' answers) reads through here, so that whatever the input, the
+answer is the document or one :class:`LoadError` line, never a traceback or an unbounded read:
 
 * :func:`read_file` refuses what is not a regular file before reading a byte of it (a FIFO would
   block the open forever, ``/dev/zero`` never ends) and reads at most ``limit`` bytes;
@@ -17,7 +17,8 @@ reads through here, so that whatever the input, the answer is the document or on
 
 Also :func:`load_cert_chain`: a TLS key that is encrypted is refused at once, never prompted for.
 
-Standard library and PyYAML only (layer 1).
+Standard library only (layer 1); the YAML loader, which imports PyYAML, is
+:mod:`sparkdiag.safeyaml`, imported by its callers when they read a YAML file.
 """
 
 from __future__ import annotations
@@ -69,9 +70,13 @@ def read_file(path: Path, limit: int) -> bytes:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "directory"), (stat.S_ISFIFO, "FIFO"),
-                       (stat.S_ISCHR, "character device"), (stat.S_ISBLK, "block device"),
-                       (stat.S_ISSOCK, "socket")):  # fmt: skip
+    for test, name in (
+        (stat.S_ISDIR, "directory"),
+        (stat.S_ISFIFO, "FIFO"),
+        (stat.S_ISCHR, "character device"),
+        (stat.S_ISBLK, "block device"),
+        (stat.S_ISSOCK, "socket"),
+    ):
         if test(mode):
             return name
     return "special file"
@@ -97,8 +102,10 @@ def text(data: bytes) -> str:
 # -- nesting, measured without recursion ---------------------------------------------------------
 
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"?', re.S)
-_TOML_SKIP = re.compile(r'"""[\s\S]*?(?:"""|$)|\'\'\'[\s\S]*?(?:\'\'\'|$)|"(?:[^"\\\n]|\\.)*"?'
-                        r"|'[^'\n]*'?|#[^\n]*")  # fmt: skip
+_TOML_SKIP = re.compile(
+    r'"""[\s\S]*?(?:"""|$)|\'\'\'[\s\S]*?(?:\'\'\'|$)|"(?:[^"\\\n]|\\.)*"?'
+    r"|'[^'\n]*'?|#[^\n]*"
+)
 _BRACKETS = re.compile(r"[^\[\]{}]+")
 _STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
 
@@ -174,24 +181,6 @@ def parse_json(source: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
 def load_json(path: Path, limit: int, max_depth: int = MAX_DEPTH) -> Any:
     """:func:`read_file` then :func:`parse_json`."""
     return parse_json(read_file(path, limit), max_depth)
-
-
-# -- YAML ------------------------------------------------------------------------------------------
-
-
-def parse_yaml(source: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
-    """A YAML document (safe types only), bounded as :func:`parse_json` is; LoadError (with the
-    parser's first line) otherwise. PyYAML is imported here, by the loader's own module
-    (:mod:`sparkdiag.safeyaml`), when a YAML file is read: the daemon without a web config never
-    loads it (docs/daemon-cost.md)."""
-    from sparkdiag.safeyaml import parse
-
-    return parse(source, max_depth)
-
-
-def load_yaml(path: Path, limit: int, max_depth: int = MAX_DEPTH) -> Any:
-    """:func:`read_file` then :func:`parse_yaml`."""
-    return parse_yaml(read_file(path, limit), max_depth)
 
 
 # -- TOML ------------------------------------------------------------------------------------------

@@ -1,15 +1,17 @@
 """The YAML half of :mod:`sparkdiag.safeload`: PyYAML's safe loader with its nesting,
-aliases, integers and floats bounded. A module of its own so that PyYAML is imported only when a
-YAML file is read (the daemon without a web config never reads one)."""
+aliases, integers and floats bounded. A module of its own, imported by its callers when they read
+a YAML file, so that PyYAML is imported only then (the daemon without a web config never reads
+one: docs/daemon-cost.md)."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import yaml
 
-from sparkdiag.safeload import MAX_DEPTH, MAX_DIGITS, LoadError, text
+from sparkdiag.safeload import MAX_DEPTH, MAX_DIGITS, LoadError, read_file, text
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -37,16 +39,18 @@ class _BoundedLoader(yaml.SafeLoader):
 def _yaml_int(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
     literal = str(node.value).replace("_", "")
     if len(literal.lstrip("+-").lstrip("0")) > MAX_DIGITS:
-        raise LoadError(f"line {node.start_mark.line + 1}: an integer of more than {MAX_DIGITS} "
-                        "digits")  # fmt: skip
+        raise LoadError(
+            f"line {node.start_mark.line + 1}: an integer of more than {MAX_DIGITS} digits"
+        )
     return loader.construct_yaml_int(node)
 
 
 def _yaml_float(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
     value = loader.construct_yaml_float(node)
     if not math.isfinite(value):
-        raise LoadError(f"line {node.start_mark.line + 1}: {str(node.value)[:40]} is not a "
-                        "finite number")  # fmt: skip
+        raise LoadError(
+            f"line {node.start_mark.line + 1}: {str(node.value)[:40]} is not a finite number"
+        )
     return value
 
 
@@ -54,7 +58,7 @@ _BoundedLoader.add_constructor("tag:yaml.org,2002:int", _yaml_int)
 _BoundedLoader.add_constructor("tag:yaml.org,2002:float", _yaml_float)
 
 
-def parse(source: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
+def parse_yaml(source: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
     """A YAML document (safe types only), bounded as :func:`parse_json` is; LoadError (with the
     parser's first line) otherwise."""
     if isinstance(source, bytes):
@@ -71,3 +75,8 @@ def parse(source: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
     finally:
         if loader is not None:
             loader.dispose()
+
+
+def load_yaml(path: Path, limit: int, max_depth: int = MAX_DEPTH) -> Any:
+    """:func:`sparkdiag.safeload.read_file` then :func:`parse_yaml`."""
+    return parse_yaml(read_file(path, limit), max_depth)

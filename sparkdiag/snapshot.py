@@ -255,7 +255,7 @@ class HostSample:
     swap_in_pages: float | None = None  # pswpin of /proc/vmstat: pages swapped in since boot
     pressure: MemoryPressure | None = None  # None where the kernel has no PSI
     # What a new allocation can get now: MemFree plus the page cache's clean, unmapped file
-    # pages (sources/meminfo.py: obtainable); None where /proc/meminfo lacks a field it needs
+    # pages (sources/host/meminfo.py: obtainable); None where /proc/meminfo lacks a field it needs
     obtainable_bytes: float | None = None
     # The page cache: "total" (Cached + Buffers), "reclaimable" (clean, unmapped file pages),
     # "dirty" (Dirty + Writeback), "mapped", "shmem" (tmpfs, shared memory), "unevictable"

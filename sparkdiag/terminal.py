@@ -162,8 +162,13 @@ def table(
             ]
     if under is not None:  # listed: the value under the row becomes its last pair
         label, values = under
-        return _listed([*header, label], [[*r, v] for r, v in zip(rows, values, strict=True)],
-                       width, indent, key)  # fmt: skip
+        return _listed(
+            [*header, label],
+            [[*r, v] for r, v in zip(rows, values, strict=True)],
+            width,
+            indent,
+            key,
+        )
     return _listed(header, rows, width, indent, key)
 
 

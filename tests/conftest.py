@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from sparkdiag.sources.fixture import FORMAT, FixtureBackend
-from sparkdiag.sources.gpu import GpuSource
+from sparkdiag.sources.nvml.fixture import FORMAT, FixtureBackend
+from sparkdiag.sources.nvml.gpu import GpuSource
 from tests.support.engine import Images, require_engine
 
 FIXTURES = Path(__file__).parent / "fixtures"

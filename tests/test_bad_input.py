@@ -118,23 +118,28 @@ def test_web_config_from_an_endless_file_is_refused() -> None:
         (b"[" * 5000, "nested too deeply"),
         (b"a: " + b"[" * 3000 + b"]" * 3000, "nested too deeply"),
         (b"1: a\nb: c\n", "unknown key(s) 1, b"),
-        (b"tls_server_config:\n  cert_file: a\n  key_file: b\n  min_version: TLS10\n",
-         "min_version: TLS10 is not supported"),
+        (
+            b"tls_server_config:\n  cert_file: a\n  key_file: b\n  min_version: TLS10\n",
+            "min_version: TLS10 is not supported",
+        ),
         (b"tls_server_config:\n  cert_file: [1]\n  key_file: b\n", "cert_file: [1] is not a path"),
-        (b"tls_server_config:\n  cert_file: \"a\\0b\"\n  key_file: b\n", "is not a path"),
-        (b"tls_server_config:\n  cert_file: a\n  key_file: b\n  min_version: [TLS13]\n",
-         "min_version: unknown TLS version ['TLS13']"),
+        (b'tls_server_config:\n  cert_file: "a\\0b"\n  key_file: b\n', "is not a path"),
+        (
+            b"tls_server_config:\n  cert_file: a\n  key_file: b\n  min_version: [TLS13]\n",
+            "min_version: unknown TLS version ['TLS13']",
+        ),
         (b"basic_auth_users:\n  " + b"u" * 5000 + b": x\n", "u" * 10),
         # plain mistakes
-        (b"tls_server_config:\n  key_file: x.key\n",
-         "tls_server_config.cert_file: missing one of cert or cert_file"),
-        (b"tls_server_config:\n  cert_file: no.crt\n  key_file: no.key\n",
-         "cannot load cert_file"),
+        (
+            b"tls_server_config:\n  key_file: x.key\n",
+            "tls_server_config.cert_file: missing one of cert or cert_file",
+        ),
+        (b"tls_server_config:\n  cert_file: no.crt\n  key_file: no.key\n", "cannot load cert_file"),
         (b"basic_auth_users:\n  bob: plaintext\n", "basic_auth_users.bob: not a bcrypt hash"),
         (b"tls_config: {}\n", "unknown key(s) tls_config"),
         (b"basic_auth_users: [\n", "not valid YAML"),
     ],
-)  # fmt: skip
+)
 def test_bad_web_configs(tmp_path: Path, data: bytes, message: str) -> None:
     path = tmp_path / "web.yml"
     path.write_bytes(data)

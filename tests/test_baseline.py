@@ -27,7 +27,7 @@ from sparkdiag.baseline.store import (
     BaselineKey,
     BaselineStore,
     BaselineStoreError,
-    default_path,
+    open_store,
 )
 
 HELPERS = Path(__file__).parent / "support" / "baseline_scripts"
@@ -327,9 +327,12 @@ def test_a_held_write_lock_gives_a_clear_error_after_the_busy_timeout(db: Path) 
         assert len(store.runs(key())) == 1
 
 
-def test_default_path_follows_the_state_directory(tmp_path: Path) -> None:
-    path = default_path({"STATE_DIRECTORY": str(tmp_path)})
-    assert path == tmp_path / "baselines.sqlite"
+def test_the_default_store_is_in_the_state_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STATE_DIRECTORY", str(tmp_path))
+    with open_store(None, create=True) as store:
+        assert store.path == tmp_path / "baselines.sqlite"
 
 
 # -- validation ------------------------------------------------------------------

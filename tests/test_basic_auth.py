@@ -220,8 +220,13 @@ def test_property_any_hash_that_loads_never_makes_bcrypt_raise(hashed: str, pw: 
 
 
 @settings(max_examples=500, deadline=None)
-@given(st.one_of(st.none(), st.text(max_size=300), st.binary(max_size=200).map(
-    lambda raw: "Basic " + base64.b64encode(raw).decode())))  # fmt: skip
+@given(
+    st.one_of(
+        st.none(),
+        st.text(max_size=300),
+        st.binary(max_size=200).map(lambda raw: "Basic " + base64.b64encode(raw).decode()),
+    )
+)
 def test_property_any_header_is_answered(value: str | None) -> None:
     auth = BasicAuth({"prometheus": HASH})
     answer = auth.decide(value)

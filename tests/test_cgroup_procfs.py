@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from sparkdiag.snapshot import ProcessIdentity
-from sparkdiag.sources import cgroup, pressure, procfs
+from sparkdiag.sources.host import cgroup, pressure, procfs
 
 CID = "4c1d5e2f9a7b3c8d0e6f1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d"
 POD = "3f2e1d0c-b9a8-4f7e-8d6c-5b4a39281706"
@@ -92,8 +92,9 @@ CGROUPS = [
 ]
 
 
-@pytest.mark.parametrize(("text", "container", "pod"), [c[1:] for c in CGROUPS],
-                         ids=[c[0] for c in CGROUPS])  # fmt: skip
+@pytest.mark.parametrize(
+    ("text", "container", "pod"), [c[1:] for c in CGROUPS], ids=[c[0] for c in CGROUPS]
+)
 def test_container_and_pod_from_cgroup(text: str, container: str, pod: str) -> None:
     assert cgroup.parse(text) == (container, pod)
 

@@ -256,8 +256,10 @@ def test_no_gpu_table_fits_80_columns_in_half_the_lines(tmp_path: Path) -> None:
     args = ["--nvml-fixture", str(NVML / "no-nvml.json"), *machine_args(empty_sysfs(tmp_path)),
             "--quick", "--state-dir", str(tmp_path / "state")]  # fmt: skip
     doc = json.loads(invoke([*args, "--json"]).output)
-    results = [CheckResult(c["name"], c["status"], c["finding"], c["action"], c["gpu"],
-                           c["data"]) for c in doc["checks"]]  # fmt: skip
+    results = [
+        CheckResult(c["name"], c["status"], c["finding"], c["action"], c["gpu"], c["data"])
+        for c in doc["checks"]
+    ]
     lines = table(results, 0.1, width=80).splitlines()
     # wider only where one word (the temporary sysfs path) is longer than the line
     assert all(len(line) <= 80 or len(line.split()) == 1 for line in lines), lines

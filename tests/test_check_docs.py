@@ -54,7 +54,12 @@ def test_a_row_added_to_the_catalogue_appears_by_regenerating(
 
 
 def test_the_script_says_the_page_is_current() -> None:
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "check_docs.py")],
-                          capture_output=True, text=True, cwd=ROOT, check=False)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "check_docs.py")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=False,
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     assert "lists every check" in done.stdout

@@ -8,10 +8,10 @@ from pathlib import Path
 
 from sparkdiag.check.health_checks import check_ecc, check_row_remap, check_xid, parse_xids
 from sparkdiag.check.host_checks import check_context, check_governor, check_unified_memory
-from sparkdiag.check.link_checks import check_pcie_host
 from sparkdiag.check.model import CheckResult, KernelLog
+from sparkdiag.check.pcie_checks import check_pcie_host
 from sparkdiag.snapshot import HostSample, MemoryPressure
-from sparkdiag.sources import cpufreq
+from sparkdiag.sources.host import cpufreq
 from tests.support.check import (
     NVML,
     ROOTFS,
@@ -130,9 +130,14 @@ def _host_links(sysfs: Path) -> dict[str, CheckResult]:
 def test_pcie_host_on_a_healthy_founders_edition_passes_and_names_it() -> None:
     results = _host_links(SYSFS / "dgx-spark")
     assert set(results) == {
-        "0000:01:00.0", "0000:01:00.1", "0002:01:00.0", "0002:01:00.1",  # ConnectX-7
-        "0004:01:00.0", "0007:01:00.0", "0009:01:00.0",  # NVMe, 10GbE, Wi-Fi
-    }  # fmt: skip
+        "0000:01:00.0",
+        "0000:01:00.1",
+        "0002:01:00.0",
+        "0002:01:00.1",  # ConnectX-7
+        "0004:01:00.0",
+        "0007:01:00.0",
+        "0009:01:00.0",  # NVMe, 10GbE, Wi-Fi
+    }
     assert all(r.status == "pass" for r in results.values())
     assert (
         results["0002:01:00.1"].finding

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 
-from sparkdiag.baseline.store import BaselineKey, BaselineStore
+from sparkdiag.baseline.store import DEFAULT_FILENAME, BaselineKey, BaselineStore
 from sparkdiag.check.gather import Sources, gather
 from sparkdiag.check.model import CheckContext, CheckResult, TorchInfo
 from sparkdiag.check.power_checks import check_power_under_load
 from sparkdiag.check.probe_checks import check_int4_decode, check_probe, check_sm_clock
-from sparkdiag.check.probe_run import BASELINE_FILENAME, worker_launcher
+from sparkdiag.check.probe_run import worker_launcher
 from sparkdiag.config import Settings
 from sparkdiag.probe.launchers import FixtureLauncher
 from sparkdiag.probe.runner import ProbeCycle
@@ -39,7 +39,7 @@ from tests.support.check import (
 
 
 def _store(tmp_path: Path, tflops: float, shape: str = "8192x8192x8192") -> BaselineStore:
-    store = BaselineStore(tmp_path / BASELINE_FILENAME)
+    store = BaselineStore(tmp_path / DEFAULT_FILENAME)
     sw = probe_doc()["software"]
     key = BaselineKey(
         "GPU-979ad365-0b73-a0ac-74a2-3520b773d460",
@@ -155,34 +155,42 @@ def _clock(
     ("mean", "seen", "status", "finding", "action"),
     [
         pytest.param(
-            1.932e9, 0x1, "pass",
+            1.932e9,
+            0x1,
+            "pass",
             "SM clock 1932 MHz under load (98% of its 1980 MHz applications clock)",
             "",
             id="at-maximum-passes",
         ),
         pytest.param(
-            900e6, 0x0, "fail",
+            900e6,
+            0x0,
+            "fail",
             "SM clock 900 MHz under load (45% of its 1980 MHz applications clock) with no clock "
             "event reason: stuck in a slow state",
             "sudo nvidia-smi -r -i 0",
             id="slow-with-no-reason-fails",
         ),
         pytest.param(
-            1.2e9, 0x21, "fail",
+            1.2e9,
+            0x21,
+            "fail",
             "SM clock 1200 MHz under load (61% of its 1980 MHz applications clock), "
             "sw_thermal_slowdown seen",
             "",
             id="slow-with-thermal-reason-fails",
         ),
         pytest.param(
-            1.425e9, 0x5, "warn",
+            1.425e9,
+            0x5,
+            "warn",
             "SM clock 1425 MHz under load (72% of its 1980 MHz applications clock), "
             "power-capped at 548 of 700 W",
             "nvidia-smi -pl",
             id="slow-with-power-cap-warns",
         ),
     ],
-)  # fmt: skip
+)
 def test_sm_clock_of_an_h200(
     mean: float, seen: int, status: str, finding: str, action: str
 ) -> None:
@@ -391,7 +399,7 @@ def test_stored_baselines_are_read_not_taught(tmp_path: Path) -> None:
     )
     r = only(check_probe(ctx))
     assert r.status == "fail" and "0.81 of baseline 850" in r.finding
-    with BaselineStore(state / BASELINE_FILENAME) as again:
+    with BaselineStore(state / DEFAULT_FILENAME) as again:
         assert again.runs(again.list()[0].key) == before == []
 
 
@@ -484,9 +492,11 @@ def test_gb10_power_under_load_passes_when_healthy_and_in_the_slow_state() -> No
 def test_gb10_power_near_the_cap(tmp_path: Path) -> None:
     def at(watts: int) -> str:
         path = nvml_fixture(
-            tmp_path, "gb10-power-safety.json", name=f"w{watts}.json",
+            tmp_path,
+            "gb10-power-safety.json",
+            name=f"w{watts}.json",
             script=[{"poll": 2, "gpu": 0, "set": {"power_mw": watts * 1000}}],
-        )  # fmt: skip
+        )
         return _gb10_power(path, worker_mean=watts - 2.0).status
 
     assert at(35) == "fail"

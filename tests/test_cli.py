@@ -96,9 +96,13 @@ def test_dump_without_gpu_says_what_it_skipped() -> None:
 def test_record_fixture_round_trip(tmp_path: Path) -> None:
     out = tmp_path / "again.json"
     result = run_cli(
-        "record-fixture", str(out), "--nvml-fixture", str(NVML / "h200-idle.json"),
-        "--description", "re-recorded",
-    )  # fmt: skip
+        "record-fixture",
+        str(out),
+        "--nvml-fixture",
+        str(NVML / "h200-idle.json"),
+        "--description",
+        "re-recorded",
+    )
     assert result.returncode == 0, result.stderr
     assert "recorded 1 GPU (driver 580.159.04)" in result.stdout
     doc = json.loads(out.read_text())

@@ -569,7 +569,8 @@ def test_sigterm_kills_the_running_side(tmp_path: Path) -> None:
     try:
         pids = read_pids(pidfile, seconds=30)
         proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=10) == 128 + signal.SIGTERM
+        # interrupted, as Ctrl-C: the README's exit table (SIGTERM exited 143 before issue 34)
+        assert proc.wait(timeout=10) == 130
         assert wait_dead(pids) == []
     finally:
         if proc.poll() is None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from sparkdiag.snapshot import ExecutionContext
-from sparkdiag.sources.context import detect_context
+from sparkdiag.sources.host.context import detect_context
 
 ROOTS = Path(__file__).parent / "fixtures" / "rootfs"
 K8S_ENV = {"KUBERNETES_SERVICE_HOST": "10.96.0.1", "KUBERNETES_SERVICE_PORT": "443"}

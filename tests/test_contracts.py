@@ -70,8 +70,9 @@ def test_every_request_is_read_back_by_the_worker(request: WorkerRequest) -> Non
     assert ["x".join(map(str, s)) for s in args.shape] == list(request.shapes)
     assert args.small is request.small
     assert args.probe_when == request.probe_when
-    assert args.bandwidth is (SUITES[suite].bandwidth if request.bandwidth is None
-                              else request.bandwidth)  # fmt: skip
+    assert args.bandwidth is (
+        SUITES[suite].bandwidth if request.bandwidth is None else request.bandwidth
+    )
     assert args.progress is request.progress
     assert args.exclude_pid == list(request.exclude_pids)
     if request.busy_utilization is not None:
@@ -82,8 +83,9 @@ def test_every_request_is_read_back_by_the_worker(request: WorkerRequest) -> Non
         assert args.iters == request.iters
     if request.warmup is not None:
         assert args.warmup == request.warmup
-    assert args.transfers is (SUITES[suite].transfers if request.transfers is None
-                              else request.transfers)  # fmt: skip
+    assert args.transfers is (
+        SUITES[suite].transfers if request.transfers is None else request.transfers
+    )
     for name in ("soak_seconds", "window_seconds"):  # every float reads back exactly
         if getattr(request, name) is not None:
             assert getattr(args, name) == getattr(request, name)
@@ -153,10 +155,28 @@ json_values = st.recursive(
     max_leaves=30,
 )
 keys = st.sampled_from(
-    ["status", "reason", "software", "results", "bandwidth", "conditions", "busy",
-     "gpu_busy_seconds", "finished_at", "dtype", "shape", "delivered", "peak", "beta",
-     "other_pids", "transfers", "ratios", "soak", "windows"]
-)  # fmt: skip
+    [
+        "status",
+        "reason",
+        "software",
+        "results",
+        "bandwidth",
+        "conditions",
+        "busy",
+        "gpu_busy_seconds",
+        "finished_at",
+        "dtype",
+        "shape",
+        "delivered",
+        "peak",
+        "beta",
+        "other_pids",
+        "transfers",
+        "ratios",
+        "soak",
+        "windows",
+    ]
+)
 
 
 @given(st.dictionaries(keys, json_values, max_size=10))

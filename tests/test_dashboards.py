@@ -33,9 +33,18 @@ PANEL_TYPES = {"timeseries", "stat", "table", "state-timeline"}
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 # Grafana unit ids the dashboards may use (a typo would silently show raw numbers).
 KNOWN_UNITS = {
-    "none", "short", "percentunit", "celsius", "hertz", "watt", "tflops", "Bps", "s",
-    "bool_on_off", "bytes",
-}  # fmt: skip
+    "none",
+    "short",
+    "percentunit",
+    "celsius",
+    "hertz",
+    "watt",
+    "tflops",
+    "Bps",
+    "s",
+    "bool_on_off",
+    "bytes",
+}
 CUSTOM_UNIT = re.compile(r"^(si|suffix|prefix):\S+$")
 BUILTIN_VARIABLES = {
     # Grafana's own; the values suit a Prometheus that scrapes every second
@@ -370,6 +379,7 @@ def test_every_panel_query_returns_data(fleet: Fleet, dashboard: str, panel_id: 
             assert result, f"{panel['title']} ({target['refId']}): no data for {expr}"
 
 
+@pytest.mark.prometheus  # the fleet: a real Prometheus scraping sparkdiag daemons
 @pytest.mark.promtool
 @pytest.mark.parametrize("name", [NODE, FLEET])
 def test_variable_queries_return_values(fleet: Fleet, name: str) -> None:

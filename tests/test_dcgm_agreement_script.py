@@ -87,9 +87,16 @@ def test_h200_agrees(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     got = verdicts(doc)
     judged = [
-        "uuid", "name", "pci.bus_id", "driver_version", "temperature.gpu", "temperature.memory",
-        "clocks.sm", "clocks.mem", "power.draw",
-    ]  # fmt: skip
+        "uuid",
+        "name",
+        "pci.bus_id",
+        "driver_version",
+        "temperature.gpu",
+        "temperature.memory",
+        "clocks.sm",
+        "clocks.mem",
+        "power.draw",
+    ]
     assert {field: got[field] for field in judged} == dict.fromkeys(judged, "ok")
     assert got["memory.used"] == "shown (ok)"
     assert got["utilization.gpu"] == "shown (ok)"
@@ -99,9 +106,14 @@ def test_h200_agrees(tmp_path: Path) -> None:
     assert doc["dump_returncode"] == 0 and "DCGM_FI_DEV_GPU_TEMP" in doc["dump_exported"]
     assert "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL" not in doc["exported"]
     assert sorted(p.name for p in files.iterdir()) == [
-        "agreement.json", "agreement.md", "dump.prom", "nvidia-smi.csv", "scrape-first.prom",
-        "scrape-last.prom", "serve.log",
-    ]  # fmt: skip
+        "agreement.json",
+        "agreement.md",
+        "dump.prom",
+        "nvidia-smi.csv",
+        "scrape-first.prom",
+        "scrape-last.prom",
+        "serve.log",
+    ]
     table = (files / "agreement.md").read_text()
     assert table in result.stdout
     assert (
@@ -124,8 +136,11 @@ def test_h200_disagreement_is_found(tmp_path: Path) -> None:
     assert got["temperature.memory"] == "smi N/A"
     assert got["name"] == "DIFFERS"
     assert {r["nvidia_smi"] for r in doc["failures"]} == {
-        "temperature.gpu", "clocks.sm", "temperature.memory", "name",
-    }  # fmt: skip
+        "temperature.gpu",
+        "clocks.sm",
+        "temperature.memory",
+        "name",
+    }
     assert "judged rows agreeing: 10 of 18" in result.stdout  # 4 rows wrong in each round
 
 

@@ -76,8 +76,11 @@ def test_image_serves_metrics_and_says_nvml_is_down(images: Images) -> None:
         assert "sparkdiag_nvml_up 0.0" in text
         assert 'sparkdiag_context_info{context="container",runtime="podman"} 1.0' in text
         logs = podman("logs", name)
-        assert re.search(r"WARNING sparkdiag: NVML unavailable \(nvmlInit failed: .+\): GPU "
-                         r"telemetry skipped", logs.stderr + logs.stdout), logs.stderr  # fmt: skip
+        assert re.search(
+            r"WARNING sparkdiag: NVML unavailable \(nvmlInit failed: .+\): GPU "
+            r"telemetry skipped",
+            logs.stderr + logs.stdout,
+        ), logs.stderr
         assert podman("exec", name, "id", "-u").stdout.strip() == "10942"
         health = podman("healthcheck", "run", name, check=False)
         assert health.returncode == 0, health.stdout + health.stderr
@@ -97,8 +100,20 @@ def _status(url: str) -> int:
 
 def test_probe_image_runs_the_probe_on_cpu(images: Images) -> None:
     image = images.sparkdiag(probe=True)
-    done = podman("run", "--rm", *RUN_LIMITS, "-e", "OMP_NUM_THREADS=1", image,
-                  "probe", "--small", "--dtype", "bf16", "--json", timeout=180)  # fmt: skip
+    done = podman(
+        "run",
+        "--rm",
+        *RUN_LIMITS,
+        "-e",
+        "OMP_NUM_THREADS=1",
+        image,
+        "probe",
+        "--small",
+        "--dtype",
+        "bf16",
+        "--json",
+        timeout=180,
+    )
     doc = json.loads(done.stdout)
     (gpu,) = doc["gpus"]
     assert gpu["result"] == "ok", gpu
@@ -112,9 +127,16 @@ def test_probe_image_runs_the_probe_on_cpu(images: Images) -> None:
 
 def test_compare_native_against_a_podman_container(images: Images) -> None:
     image = images.sparkdiag(probe=True)
-    done = compare(*SMALL, "--rounds", "2", "--json", "--container",
-                   *engine_run("--entrypoint", PYTHON_IN_IMAGE, "-e", "OMP_NUM_THREADS=1"),
-                   image, "-")  # fmt: skip
+    done = compare(
+        *SMALL,
+        "--rounds",
+        "2",
+        "--json",
+        "--container",
+        *engine_run("--entrypoint", PYTHON_IN_IMAGE, "-e", "OMP_NUM_THREADS=1"),
+        image,
+        "-",
+    )
     # 1 would only mean the CPU figures differ by more than --max-gap on a shared machine
     assert done.returncode in (0, 1), done.stderr
     doc = json.loads(done.stdout)
@@ -141,8 +163,15 @@ def test_compare_image_missing(images: Images) -> None:
 
 def test_compare_no_torch_in_the_image(images: Images) -> None:
     image = images.sparkdiag(probe=False)
-    done = compare(*SMALL, "--rounds", "1", "--container",
-                   *engine_run("--entrypoint", PYTHON_IN_IMAGE), image, "-")  # fmt: skip
+    done = compare(
+        *SMALL,
+        "--rounds",
+        "1",
+        "--container",
+        *engine_run("--entrypoint", PYTHON_IN_IMAGE),
+        image,
+        "-",
+    )
     assert done.returncode == 3, done.stderr
     said = " ".join(done.stderr.split())  # wrapped to the width of standard error
     assert "the interpreter inside the container has no torch" in said, done.stderr
@@ -154,9 +183,22 @@ def test_compare_hang_kills_the_container(images: Images) -> None:
     base = images.base()
     tag = f"{LABEL}.hang={uuid.uuid4().hex[:8]}"
     started = time.monotonic()
-    done = compare(*SMALL, "--rounds", "1", "--warmup-rounds", "0", "--probe.timeout", "8",
-                   "--container", *engine_run("--label", tag), base, "sh", "-c", "sleep 600",
-                   "sh")  # fmt: skip
+    done = compare(
+        *SMALL,
+        "--rounds",
+        "1",
+        "--warmup-rounds",
+        "0",
+        "--probe.timeout",
+        "8",
+        "--container",
+        *engine_run("--label", tag),
+        base,
+        "sh",
+        "-c",
+        "sleep 600",
+        "sh",
+    )
     assert done.returncode == 3, done.stderr
     said = " ".join(done.stderr.split())  # wrapped to the width of standard error
     assert "container did not answer within 8 s" in said, done.stderr
@@ -194,14 +236,26 @@ def container_daemons(images: Images, tmp_path: Path) -> Iterator[list[tuple[str
             port = free_port()
             log = tmp_path / f"{name}.log"
             argv = sparkdiag_cmd(
-                "serve", "--listen", f"127.0.0.1:{port}",
-                "--nvml-fixture", str(NVML / "h200-idle.json"),
-                "--probe.python", "/bin/false",  # the native probe fails at once and says so
-                "--probe.first-delay", "0", "--probe.interval", "3600",
-                "--probe.container-command", shlex.join(command),
-                "--probe.container-interval", "3600", "--probe.timeout", "120",
-                "--state-dir", str(tmp_path / name),
-            )  # fmt: skip
+                "serve",
+                "--listen",
+                f"127.0.0.1:{port}",
+                "--nvml-fixture",
+                str(NVML / "h200-idle.json"),
+                "--probe.python",
+                "/bin/false",  # the native probe fails at once and says so
+                "--probe.first-delay",
+                "0",
+                "--probe.interval",
+                "3600",
+                "--probe.container-command",
+                shlex.join(command),
+                "--probe.container-interval",
+                "3600",
+                "--probe.timeout",
+                "120",
+                "--state-dir",
+                str(tmp_path / name),
+            )
             with log.open("wb") as fh:
                 proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=ROOT)
             started.append((f"http://127.0.0.1:{port}", log, proc))

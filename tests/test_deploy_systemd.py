@@ -73,8 +73,9 @@ def fetch(name: str, path: str) -> tuple[int, str]:
 
 
 def write(name: str, path: str, text: str) -> None:
-    podman("exec", "-i", name, "sh", "-c", f"mkdir -p $(dirname {path}) && cat > {path}",
-           input=text)  # fmt: skip
+    podman(
+        "exec", "-i", name, "sh", "-c", f"mkdir -p $(dirname {path}) && cat > {path}", input=text
+    )
 
 
 def configure(name: str, config: str | None = None, dropin: str | None = None) -> None:

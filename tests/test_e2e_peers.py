@@ -170,11 +170,18 @@ def peers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PeerFleet]:
             config.write_text(json.dumps(prometheus_config(rules, targets)), encoding="utf-8")
             port = free_port()
             process = _spawn(
-                stack, f"prometheus-{name}",
-                [binary, f"--config.file={config}", f"--storage.tsdb.path={workdir / name}",
-                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", *extra],
+                stack,
+                f"prometheus-{name}",
+                [
+                    binary,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={workdir / name}",
+                    f"--web.listen-address=127.0.0.1:{port}",
+                    "--log.level=warn",
+                    *extra,
+                ],
                 workdir / f"prometheus-{name}.log",
-            )  # fmt: skip
+            )
             servers[name] = (process, port)
         fleet = PeerFleet(
             a=f"http://127.0.0.1:{servers['a'][1]}",
@@ -252,9 +259,18 @@ def test_the_alert_fires_for_the_slow_gpu_alone(converged_a: list[dict[str, str]
     assert len(kernels) == 12  # the compute cube and the LLM shape of six dtypes
     assert not {s for _, s in kernels} & {"1x8192x8192", "32x8192x8192"}  # no decode shape
     assert {k for a in firing for k in a} == {
-        "__name__", "alertname", "alertstate", "severity", "instance", "job", "gpu", "uuid",
-        "dtype", "shape", "context",
-    }  # fmt: skip
+        "__name__",
+        "alertname",
+        "alertstate",
+        "severity",
+        "instance",
+        "job",
+        "gpu",
+        "uuid",
+        "dtype",
+        "shape",
+        "context",
+    }
     assert not [a for a in converged_a if a["uuid"] != uuid(SLOW)]  # not even pending
 
 
@@ -267,8 +283,10 @@ def test_fleet_lists_the_slow_gpu_first_as_the_one_outlier(
     assert report["source"] == "recorded"
     first = report["gpus"][0]
     assert (first["instance"], first["uuid"], first["status"]) == (
-        f"node-{SLOW}:10942", uuid(SLOW), "outlier",
-    )  # fmt: skip
+        f"node-{SLOW}:10942",
+        uuid(SLOW),
+        "outlier",
+    )
     assert first["ratio"] == pytest.approx(0.9, abs=0.01)
     assert first["score"] < -3 and first["alert"] == "firing"
     assert first["kernels_below_7_percent"] == 12
@@ -335,9 +353,16 @@ def test_clear_errors_for_a_refused_an_unverified_and_an_unreachable_prometheus(
     wrong = peers.workdir / "wrong"
     wrong.write_text("not-it\n", encoding="utf-8")
     refused = run_cli(
-        "fleet", "--prometheus", peers.b, "--prometheus-ca-file", str(peers.ca),
-        "--prometheus-username", "sparkdiag", "--prometheus-password-file", str(wrong),
-    )  # fmt: skip
+        "fleet",
+        "--prometheus",
+        peers.b,
+        "--prometheus-ca-file",
+        str(peers.ca),
+        "--prometheus-username",
+        "sparkdiag",
+        "--prometheus-password-file",
+        str(wrong),
+    )
     assert refused.returncode == 3 and refused.stdout == ""
     (line,) = refused.stderr.splitlines()
     assert f"Prometheus at {peers.b} refused the query (HTTP 401" in line

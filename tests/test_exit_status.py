@@ -4,11 +4,16 @@ that cannot be done 3, "look at it" 1, and each command's own meanings (README, 
 
 from __future__ import annotations
 
+import ast
 import json
 import shutil
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -20,7 +25,7 @@ from sparkdiag.cli import main
 from sparkdiag.errors import Exit
 from sparkdiag.probe.worker.contract import SCHEMA
 from sparkdiag.storage.target import locate
-from tests.support import NVML, PROBE, ROOT, ROOTFS, SYSFS, scaled_cycle, subcommands
+from tests.support import NVML, PROBE, ROOT, ROOTFS, SYSFS, free_port, scaled_cycle, subcommands
 from tests.support.check import GOOD_TORCH, never_launch, nvml_fixture
 
 IDLE = str(NVML / "h200-idle.json")
@@ -116,8 +121,9 @@ def _slow_storage(tmp: Path) -> list[str]:
     found = locate(data)
     with open_store(tmp / "s", create=True) as store:
         for direction in ("read", "write"):
-            key = StorageKey("", found.mountpoint, found.device, direction, "host",
-                             "o_direct:1048576x8")  # fmt: skip
+            key = StorageKey(
+                "", found.mountpoint, found.device, direction, "host", "o_direct:1048576x8"
+            )
             store.pin_storage(key, 1e15)
     return ["storage", str(data), *STORAGE_SMALL, "--state-dir", str(tmp / "s")]
 
@@ -233,3 +239,151 @@ def test_every_help_states_its_exit_statuses() -> None:
     for name in subcommands(main):
         shown = runner.invoke(main, [name, "--help"]).output
         assert "Exit status" in shown or "exit 2" in shown, name
+
+
+# -- issue 34: one way to end a command, one owner of SIGINT and SIGTERM --------------------------
+
+_ENDS = ("sys.exit", "ctx.exit", "SystemExit", "signal.signal")
+
+
+def _calls(path: Path) -> list[str]:
+    """``sys.exit(...)``, ``ctx.exit(...)``, ``signal.signal(...)`` calls and ``SystemExit``
+    names in a module, as ``file:line name``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        name = ast.unparse(node.func) if isinstance(node, ast.Call) else None
+        if isinstance(node, ast.Name) and node.id == "SystemExit":
+            name = "SystemExit"
+        if name in _ENDS:
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} {name}")
+    return found
+
+
+def test_commands_return_their_status_and_only_the_lifecycle_installs_handlers() -> None:
+    """Commands return an Exit (or raise a SparkdiagError): the group (cli.py) alone makes it
+    the process's status, and lifecycle.py alone installs signal handlers. The programs
+    sparkdiag runs as processes of their own (the worker, the container relay, the storage
+    probe) end as programs do."""
+    package = ROOT / "sparkdiag"
+    allowed = {"cli.py", "lifecycle.py", "probe/relay.py", "storage/measure.py"}
+    found = [
+        call
+        for path in sorted(package.rglob("*.py"))
+        if not path.is_relative_to(package / "probe" / "worker")
+        and str(path.relative_to(package)) not in allowed
+        for call in _calls(path)
+    ]
+    assert found == []
+
+
+@click.command("status-for-test")
+@click.argument("status", type=int, required=False)
+def _returns(status: int | None) -> int | None:
+    return status
+
+
+@pytest.mark.parametrize(("returned", "code"), [(None, 0), (0, 0), (1, 1), (3, 3), (143, 143)])
+def test_the_group_turns_a_returned_status_into_the_exit_status(
+    returned: int | None, code: int
+) -> None:
+    main.add_command(_returns)
+    try:
+        args = [] if returned is None else [str(returned)]
+        result = CliRunner().invoke(main, ["status-for-test", *args])
+    finally:
+        main.commands.pop("status-for-test")
+    assert result.exit_code == code and result.output == ""
+
+
+_SLEEPER = """
+import sys, time
+from sparkdiag.cli import main
+from sparkdiag.lifecycle import LIFECYCLE
+
+@main.command("sleep-for-test")
+def sleeper():
+    if sys.argv[1] == "stops-itself":
+        stop = LIFECYCLE.stop_on_signal()
+        print("ready", flush=True)
+        stop.wait(60)
+        print(" ".join(LIFECYCLE.received), flush=True)
+        return 5
+    print("ready", flush=True)
+    time.sleep(60)
+
+main(["sleep-for-test"])
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_signal_interrupts_a_command_or_is_its_to_handle(sig: signal.Signals) -> None:
+    """SIGINT and SIGTERM alike: a command interrupted exits 130 with one line; a command that
+    stops by itself (soak, watch, link serve) gets the signal as its stop event, by name, and
+    returns its own status."""
+    for mode in ("interrupted", "stops-itself"):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _SLEEPER, mode],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=30)
+        if mode == "interrupted":
+            assert (proc.returncode, out, err) == (130, "", "Error: interrupted\n")
+        else:
+            assert (proc.returncode, out, err) == (5, f"{sig.name}\n", "")
+
+
+_HOLD = """
+import sys
+from pathlib import Path
+from sparkdiag.link.auth import read_secret
+from sparkdiag.link.session import open_control
+control = open_control("127.0.0.1", int(sys.argv[1]), 5.0, read_secret(Path(sys.argv[2])))
+print("held", flush=True)
+sys.stdin.readline()
+"""
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_link_serve_stops_with_0_between_sessions_and_130_during_one(
+    tmp_path: Path, sig: signal.Signals
+) -> None:
+    """link serve's help: 0 stopped between sessions, 130 stopped during a session; Ctrl-C and
+    SIGTERM alike, within the 0.2 s of its accept loop."""
+    secret = _secret(tmp_path)
+    for during in (False, True):
+        port = str(free_port())
+        listen = ["--listen", f"127.0.0.1:{port}", *secret]
+        server = subprocess.Popen(
+            [sys.executable, "-m", "sparkdiag", "link", "serve", *listen],
+            cwd=ROOT,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        holder = None
+        try:
+            assert server.stderr is not None
+            assert "listening on" in server.stderr.readline()
+            if during:
+                holder = subprocess.Popen(
+                    [sys.executable, "-c", _HOLD, port, secret[1]],
+                    cwd=ROOT,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
+                assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+            server.send_signal(sig)
+            assert server.wait(timeout=10) == (130 if during else 0)
+        finally:
+            for proc in (server, holder):
+                if proc is not None and proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            if holder is not None:
+                holder.communicate()
+            server.communicate()

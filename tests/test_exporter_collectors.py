@@ -15,11 +15,11 @@ from sparkdiag import __version__
 from sparkdiag.exporter.gpu import GpuCollector
 from sparkdiag.exporter.registry import build_registry, render
 from sparkdiag.snapshot import ExecutionContext, HostSample, Snapshot
-from sparkdiag.sources.dmi import read_platform
-from sparkdiag.sources.fixture import FixtureBackend
-from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS, GpuSource
-from sparkdiag.sources.meminfo import read_host_memory
-from sparkdiag.sources.sysfs import PcieSource
+from sparkdiag.sources.host.dmi import read_platform
+from sparkdiag.sources.host.meminfo import read_host_memory
+from sparkdiag.sources.host.sysfs import PcieSource
+from sparkdiag.sources.nvml.fixture import FixtureBackend
+from sparkdiag.sources.nvml.gpu import CLOCK_EVENT_REASONS, GpuSource
 from sparkdiag.telemetry.poller import Poller
 
 SPARK_SYSFS = Path(__file__).parent / "fixtures" / "sysfs" / "dgx-spark"

@@ -15,10 +15,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from sparkdiag.exporter.dcgm import FIELDS, XID_ERRORS, DcgmCollector
 from sparkdiag.exporter.registry import build_registry, render
 from sparkdiag.snapshot import GpuProcess, ProcessIdentity, Snapshot
-from sparkdiag.sources.fixture import FixtureBackend
-from sparkdiag.sources.gpu import GpuSource
-from sparkdiag.sources.hostname import node_name
-from sparkdiag.sources.meminfo import read_host_memory
+from sparkdiag.sources.host.hostname import node_name
+from sparkdiag.sources.host.meminfo import read_host_memory
+from sparkdiag.sources.nvml.fixture import FixtureBackend
+from sparkdiag.sources.nvml.gpu import GpuSource
 from sparkdiag.telemetry.poller import Poller
 from tests.support import NVML, ROOT, ROOTFS
 
@@ -300,8 +300,8 @@ def test_pod_uid_from_the_cgroup_of_a_real_process_tree() -> None:
     """The derived two-H200 fixture with per-process metrics over gpu-host's /proc: GPU 0 runs
     a docker process, a process of Kubernetes pod 3f2e1d0c-... and one /proc does not show;
     GPU 1 a docker and a native process."""
-    from sparkdiag.sources.gpu_activity import ProcessOptions
-    from sparkdiag.sources.procfs import ProcessIdentities
+    from sparkdiag.sources.host.procfs import ProcessIdentities
+    from sparkdiag.sources.nvml.activity import ProcessOptions
 
     root = ROOTFS / "gpu-host"
     options = ProcessOptions(10, ProcessIdentities(root))

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from sparkdiag.sources import fatbin
-from sparkdiag.sources.elf import FileReader, NotElf, read_sections, walk_libraries
-from sparkdiag.sources.fatbin import Target, as_cuobjdump, cuobjdump_listing, read_fatbin
+from sparkdiag.sources.software import fatbin
+from sparkdiag.sources.software.elf import FileReader, NotElf, read_sections, walk_libraries
+from sparkdiag.sources.software.fatbin import Target, as_cuobjdump, cuobjdump_listing, read_fatbin
 
 FIXTURES = Path(__file__).parent / "fixtures" / "fatbin"
 LIBRARIES = sorted(p for p in FIXTURES.glob("*.so") if p.name != "no-cuda.so")

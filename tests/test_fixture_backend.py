@@ -11,9 +11,7 @@ from typing import Any
 
 import pytest
 
-from sparkdiag.sources.fixture import VALID_KEYS, FixtureBackend, FixtureError, load_fixture
-from sparkdiag.sources.gpu import GpuSource
-from sparkdiag.sources.nvml_api import (
+from sparkdiag.sources.nvml.api import (
     EVENT_XID_CRITICAL,
     GPU_IS_LOST,
     NOT_SUPPORTED,
@@ -21,8 +19,10 @@ from sparkdiag.sources.nvml_api import (
     NvmlEvent,
     NvmlUnavailable,
 )
-from sparkdiag.sources.nvml_queries import QUERIES
-from sparkdiag.sources.record import record, write_atomic
+from sparkdiag.sources.nvml.fixture import VALID_KEYS, FixtureBackend, FixtureError, load_fixture
+from sparkdiag.sources.nvml.gpu import GpuSource
+from sparkdiag.sources.nvml.queries import QUERIES
+from sparkdiag.sources.nvml.record import record, write_atomic
 
 ALL_FIXTURES = [
     "h200-idle",

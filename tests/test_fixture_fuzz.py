@@ -11,8 +11,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkdiag.sources.fixture import FixtureBackend, FixtureError
-from sparkdiag.sources.gpu import GpuSource
+from sparkdiag.sources.nvml.fixture import FixtureBackend, FixtureError
+from sparkdiag.sources.nvml.gpu import GpuSource
 from tests.support import NVML
 
 BASE: dict[str, Any] = json.loads((NVML / "h200-idle.json").read_text())
@@ -101,8 +101,8 @@ def test_every_reader_is_bounded(tmp_path: Path) -> None:
     """A "file" under a fake root that never ends (/dev/zero) costs a bounded read."""
     from sparkdiag.probe.launchers import FixtureLauncher
     from sparkdiag.sources.files import FileTooLarge, read_limited
-    from sparkdiag.sources.procfs import process_names
-    from sparkdiag.sources.sysfs import PcieSource
+    from sparkdiag.sources.host.procfs import process_names
+    from sparkdiag.sources.host.sysfs import PcieSource
 
     with pytest.raises(FileTooLarge, match="larger than 4 KiB"):
         read_limited(Path("/dev/zero"), 4096)

@@ -71,16 +71,20 @@ def test_one_gpu_is_too_small_a_group_and_no_outlier() -> None:
 def test_an_outlier_and_a_warning_rank_first_and_exit_one() -> None:
     uuids = [f"GPU-{i}" for i in range(5)]
     ratios = [1.01, 0.99, 1.0, 0.95, 0.9]
-    rows = [({**GPU, "instance": f"n{i}:10942", "uuid": u, **KERNEL, **H200}, r)
-            for i, (u, r) in enumerate(zip(uuids, ratios, strict=True))]  # fmt: skip
+    rows = [
+        ({**GPU, "instance": f"n{i}:10942", "uuid": u, **KERNEL, **H200}, r)
+        for i, (u, r) in enumerate(zip(uuids, ratios, strict=True))
+    ]
     answers = peer_answers(rows)
     with stand_in(lambda q: (200, answers.get(q, vector()))) as url:
         code, out, _ = fleet(url, "--json")
     report = json.loads(out)
     assert code == 1
     assert [(g["uuid"], g["status"]) for g in report["gpus"][:3]] == [
-        ("GPU-4", "outlier"), ("GPU-3", "warn"), ("GPU-1", "ok"),
-    ]  # fmt: skip
+        ("GPU-4", "outlier"),
+        ("GPU-3", "warn"),
+        ("GPU-1", "ok"),
+    ]
     assert [o["uuid"] for o in report["outliers"]] == ["GPU-4"]
     assert report["actions"][0].startswith("n4:10942 GPU 0 (GPU-4) delivers 90.0% of its 5 peers")
     assert report["actions"][1].startswith("n3:10942 GPU 0 (GPU-3) is 5.0% below its peers")
@@ -90,14 +94,21 @@ def test_an_outlier_and_a_warning_rank_first_and_exit_one() -> None:
     ("status", "body", "needle"),
     [
         (200, b"<html>not prometheus</html>", "did not answer JSON: is the URL Prometheus'?"),
-        (400, json.dumps({"status": "error", "error": "parse error"}).encode(),
-         "answered HTTP 400 Bad Request: parse error"),
+        (
+            400,
+            json.dumps({"status": "error", "error": "parse error"}).encode(),
+            "answered HTTP 400 Bad Request: parse error",
+        ),
         (401, b"Unauthorized", "refused the query (HTTP 401 Unauthorized): it wants credentials"),
-        (200, json.dumps({"status": "success", "data": {"resultType": "matrix",
-                                                        "result": []}}).encode(),
-         "answered a matrix, not an instant vector"),
+        (
+            200,
+            json.dumps(
+                {"status": "success", "data": {"resultType": "matrix", "result": []}}
+            ).encode(),
+            "answered a matrix, not an instant vector",
+        ),
     ],
-)  # fmt: skip
+)
 def test_answers_that_are_no_answer_are_one_line_and_exit_three(
     status: int, body: bytes, needle: str
 ) -> None:
@@ -121,10 +132,13 @@ def test_the_rules_expand_into_queries_that_need_no_recorded_series() -> None:
     queries = expanded(shipped_rules())
     assert shipped_rules() == (ROOT / "prometheus" / "sparkdiag-rules.yml").read_text("utf-8")
     assert set(queries) == {
-        "sparkdiag:gemm_tflops:median_1h", "sparkdiag:gemm_tflops:peer_median_1h",
-        "sparkdiag:gemm_tflops:peer_group_gpus", "sparkdiag:gemm_tflops:peer_ratio",
-        "sparkdiag:gemm_tflops:peer_mad_1h", "sparkdiag:gemm_tflops:peer_score",
-    }  # fmt: skip
+        "sparkdiag:gemm_tflops:median_1h",
+        "sparkdiag:gemm_tflops:peer_median_1h",
+        "sparkdiag:gemm_tflops:peer_group_gpus",
+        "sparkdiag:gemm_tflops:peer_ratio",
+        "sparkdiag:gemm_tflops:peer_mad_1h",
+        "sparkdiag:gemm_tflops:peer_score",
+    }
     for name, expr in queries.items():
         assert "sparkdiag:gemm_tflops:" not in expr, (name, RULE_GROUP)
         assert "sparkdiag_gemm_tflops" in expr and "sparkdiag_probe_software_info" in expr

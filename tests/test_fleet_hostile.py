@@ -91,9 +91,12 @@ def test_a_redirect_to_another_host_is_not_followed_and_gets_no_credentials(
 
         with raw_server(redirect) as first:
             result = fleet(
-                first.url, "--prometheus-username", "me",
-                "--prometheus-password-file", str(password_file(tmp_path)),
-            )  # fmt: skip
+                first.url,
+                "--prometheus-username",
+                "me",
+                "--prometheus-password-file",
+                str(password_file(tmp_path)),
+            )
     assert result.returncode == 3
     line = one_line(result)
     assert f"redirected (HTTP 302) to {where}, not followed" in line
@@ -109,8 +112,11 @@ def test_a_bearer_token_does_not_leave_with_a_redirect(tmp_path: Path) -> None:
     with raw_server(prometheus) as elsewhere:
 
         def redirect(head: bytes, sock: socket.socket) -> None:
-            sock.sendall(answer("307 Temporary Redirect", b"",
-                                f"Location: http://localhost:{elsewhere.port}/x"))  # fmt: skip
+            sock.sendall(
+                answer(
+                    "307 Temporary Redirect", b"", f"Location: http://localhost:{elsewhere.port}/x"
+                )
+            )
 
         with raw_server(redirect) as first:
             result = fleet(first.url, "--http.config.file", str(config))
@@ -139,9 +145,14 @@ def test_https_never_downgrades_to_http(
 
         with raw_server(downgrade, tls=context) as secure:
             result = fleet(
-                secure.url, "--prometheus-ca-file", str(ca), "--prometheus-username", "me",
-                "--prometheus-password-file", str(password_file(tmp_path)),
-            )  # fmt: skip
+                secure.url,
+                "--prometheus-ca-file",
+                str(ca),
+                "--prometheus-username",
+                "me",
+                "--prometheus-password-file",
+                str(password_file(tmp_path)),
+            )
     assert result.returncode == 3
     assert "from https to http: the credentials and the answer would travel unencrypted" in (
         one_line(result)
@@ -161,9 +172,13 @@ def test_a_redirect_within_the_same_server_is_followed_with_the_credentials(
 
     with raw_server(moved) as server:
         result = fleet(
-            server.url, "--json", "--prometheus-username", "me",
-            "--prometheus-password-file", str(password_file(tmp_path)),
-        )  # fmt: skip
+            server.url,
+            "--json",
+            "--prometheus-username",
+            "me",
+            "--prometheus-password-file",
+            str(password_file(tmp_path)),
+        )
     assert result.returncode == 0, result.stderr
     assert strict_json(result.stdout)["gpus"][0]["status"] == "too_small"
     assert set(server.authorizations()) == {b"Basic bWU6czNjcmV0"}
@@ -213,18 +228,27 @@ _DIGITS = (
     ("raw", "needle"),
     [
         (b"HTTP/1.1 abc\r\n\r\n", "answered malformed HTTP (illegal status line: 'HTTP/1.1 abc')"),
-        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
-         "answered malformed HTTP (illegal chunk header"),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+            "answered malformed HTTP (illegal chunk header",
+        ),
         (b"HTTP/1.1 200 OK\r\nX-Long: " + b"a" * 200_000, "answered malformed HTTP"),
-        (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc",
-         "without sending complete message body"),
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nabc",
+            "without sending complete message body",
+        ),
         (answer("200 OK", _DEEP), "answered JSON that is not read: nested too deeply"),
         (answer("200 OK", _DIGITS), "answered JSON that is not read: an integer of 5000 digits"),
-        (answer("200 OK", b'{"status": "success", "data": {"resultType": "scalar", '
-                          b'"result": [1, "1' + b"0" * 5000 + b'"]}}'),
-         "answered the value '1000"),
+        (
+            answer(
+                "200 OK",
+                b'{"status": "success", "data": {"resultType": "scalar", '
+                b'"result": [1, "1' + b"0" * 5000 + b'"]}}',
+            ),
+            "answered the value '1000",
+        ),
     ],
-)  # fmt: skip
+)
 def test_malformed_answers_are_one_line_and_valid_json(raw: bytes, needle: str) -> None:
     def respond(head: bytes, sock: socket.socket) -> None:
         sock.sendall(raw)
@@ -263,14 +287,17 @@ def _prom(answers: dict[str, bytes]) -> Callable[[bytes, socket.socket], None]:
 
 def _raw_vector(*samples: tuple[dict[str, str], str]) -> bytes:
     result = [{"metric": m, "value": [1700000000.0, v]} for m, v in samples]
-    return json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}
-                      ).encode()  # fmt: skip
+    return json.dumps(
+        {"status": "success", "data": {"resultType": "vector", "result": result}}
+    ).encode()
 
 
 def _fleet_of_five(ratio_of_last: dict[str, str], size: str = "5") -> dict[str, bytes]:
     """Five H200s; the last one's ratio at each kernel as given (bf16 and fp16)."""
-    kernels = {"bf16": {"dtype": "bf16", "shape": "8192x8192x8192"},
-               "fp16": {"dtype": "fp16", "shape": "8192x8192x8192"}}  # fmt: skip
+    kernels = {
+        "bf16": {"dtype": "bf16", "shape": "8192x8192x8192"},
+        "fp16": {"dtype": "fp16", "shape": "8192x8192x8192"},
+    }
     rows: list[tuple[dict[str, str], str]] = []
     for i in range(5):
         gpu = {**GPU, "instance": f"n{i}:10942", "uuid": f"GPU-{i}", **H200}
@@ -338,8 +365,15 @@ def test_values_that_are_no_prometheus_number_are_refused(value: Any) -> None:
 
 
 def test_prometheus_numbers_are_read() -> None:
-    for text, number in (("1", 1.0), ("-0.5", -0.5), ("1e+27", 1e27), (".5", 0.5),
-                         ("NaN", math.nan), ("+Inf", math.inf), ("-Inf", -math.inf)):  # fmt: skip
+    for text, number in (
+        ("1", 1.0),
+        ("-0.5", -0.5),
+        ("1e+27", 1e27),
+        (".5", 0.5),
+        ("NaN", math.nan),
+        ("+Inf", math.inf),
+        ("-Inf", -math.inf),
+    ):
         (sample,) = parse_answer("P", _raw_vector(({}, text)))
         assert sample.value == number or (math.isnan(number) and math.isnan(sample.value))
 
@@ -385,9 +419,14 @@ def test_an_encrypted_client_key_is_refused_not_prompted_for(
 ) -> None:
     cert, key = encrypted_key
     argv = sparkdiag_cmd(
-        "fleet", "--prometheus", "https://127.0.0.1:9",
-        "--prometheus-cert-file", str(cert), "--prometheus-key-file", str(key),
-    )  # fmt: skip
+        "fleet",
+        "--prometheus",
+        "https://127.0.0.1:9",
+        "--prometheus-cert-file",
+        str(cert),
+        "--prometheus-key-file",
+        str(key),
+    )
     run = OnTerminal(argv)
     try:
         assert run.wait(20) == 2, f"still running after 20 s: {run.output!r}"
@@ -402,27 +441,47 @@ def test_an_encrypted_client_key_is_refused_not_prompted_for(
 # -- a fuzz of the answer and its framing ----------------------------------------------------------
 
 _scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=8),
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(),
+    st.text(max_size=8),
     st.sampled_from(["NaN", "+Inf", "-Inf", "1", "0.93", "1e+27", "1_000", "4"]),
-)  # fmt: skip
+)
 _json = st.recursive(
     _scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=3),
-                            st.dictionaries(st.text(max_size=6), inner, max_size=3)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
     max_leaves=10,
-)  # fmt: skip
+)
 _label = st.text(max_size=6).filter(lambda s: "\x00" not in s)
 _sample = st.fixed_dictionaries(
-    {"metric": st.dictionaries(st.sampled_from(sorted({*GPU, *KERNEL, *H200})), _label),
-     "value": st.one_of(st.tuples(st.floats(0, 2e9), st.sampled_from(
-         ["NaN", "+Inf", "-Inf", "1", "0.5", "4", "0", "2.5", "-1"])).map(list), _json)}
-)  # fmt: skip
+    {
+        "metric": st.dictionaries(st.sampled_from(sorted({*GPU, *KERNEL, *H200})), _label),
+        "value": st.one_of(
+            st.tuples(
+                st.floats(0, 2e9),
+                st.sampled_from(["NaN", "+Inf", "-Inf", "1", "0.5", "4", "0", "2.5", "-1"]),
+            ).map(list),
+            _json,
+        ),
+    }
+)
 _document = st.one_of(
     _json,
-    st.fixed_dictionaries({"status": st.just("success"), "data": st.fixed_dictionaries(
-        {"resultType": st.sampled_from(["vector", "scalar", "matrix"]),
-         "result": st.lists(_sample, max_size=6)})}),
-)  # fmt: skip
+    st.fixed_dictionaries(
+        {
+            "status": st.just("success"),
+            "data": st.fixed_dictionaries(
+                {
+                    "resultType": st.sampled_from(["vector", "scalar", "matrix"]),
+                    "result": st.lists(_sample, max_size=6),
+                }
+            ),
+        }
+    ),
+)
 _framing = st.sampled_from(["length", "chunked", "close", "short", "garbage"])
 
 

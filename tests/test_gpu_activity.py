@@ -15,14 +15,14 @@ from prometheus_client import CollectorRegistry
 
 from sparkdiag.exporter.registry import build_registry
 from sparkdiag.snapshot import ProcessIdentity, Snapshot
-from sparkdiag.sources.fixture import FixtureBackend
-from sparkdiag.sources.gpu import GpuSource
-from sparkdiag.sources.gpu_activity import ProcessOptions
-from sparkdiag.sources.nvml_api import NOT_FOUND, NOT_READY, NOT_SUPPORTED, NvmlCallError
-from sparkdiag.sources.nvml_calls import NvmlCalls
-from sparkdiag.sources.nvml_queries import CATALOGUE, DELTA_QUERIES
-from sparkdiag.sources.procfs import ProcessIdentities
-from sparkdiag.sources.record import record
+from sparkdiag.sources.host.procfs import ProcessIdentities
+from sparkdiag.sources.nvml.activity import ProcessOptions
+from sparkdiag.sources.nvml.api import NOT_FOUND, NOT_READY, NOT_SUPPORTED, NvmlCallError
+from sparkdiag.sources.nvml.calls import NvmlCalls
+from sparkdiag.sources.nvml.fixture import FixtureBackend
+from sparkdiag.sources.nvml.gpu import GpuSource
+from sparkdiag.sources.nvml.queries import CATALOGUE, DELTA_QUERIES
+from sparkdiag.sources.nvml.record import record
 from sparkdiag.telemetry.poller import Poller
 from tests.support import CountingBackend
 
@@ -274,8 +274,14 @@ def test_series_of_a_process_that_ended_disappear(derive_fixture: Callable[..., 
     assert source.start()
     poller = Poller(source, None, None, None)
     first = _registry(poller.poll_once())
-    labels = {**GPU0, "pid": "5151", "process": "pt_main_thread", "user": "root",
-              "container_id": K8S, "pod_uid": POD}  # fmt: skip
+    labels = {
+        **GPU0,
+        "pid": "5151",
+        "process": "pt_main_thread",
+        "user": "root",
+        "container_id": K8S,
+        "pod_uid": POD,
+    }
     assert first.get_sample_value("sparkdiag_gpu_process_memory_bytes", labels) is not None
     second = _registry(poller.poll_once())
     assert second.get_sample_value("sparkdiag_gpu_process_memory_bytes", labels) is None
@@ -514,6 +520,12 @@ def test_gb10_per_process_memory_is_its_only_gpu_memory_figure(
     reg = _registry(_snapshot(source))
     gb10 = {"gpu": "0", "uuid": "GPU-5b4c1f0e-6a2d-4e8b-9c31-0d2e7f6a9b10"}
     assert reg.get_sample_value("sparkdiag_gpu_memory_bytes", {**gb10, "state": "used"}) is None
-    labels = {**gb10, "pid": "6161", "process": "llama-server", "user": "bob",
-              "container_id": "", "pod_uid": ""}  # fmt: skip
+    labels = {
+        **gb10,
+        "pid": "6161",
+        "process": "llama-server",
+        "user": "bob",
+        "container_id": "",
+        "pod_uid": "",
+    }
     assert reg.get_sample_value("sparkdiag_gpu_process_memory_bytes", labels) == float(42 << 30)

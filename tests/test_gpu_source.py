@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from sparkdiag.snapshot import GpuIdentity, GpuSample
-from sparkdiag.sources.fixture import FixtureBackend
-from sparkdiag.sources.gpu import GpuSource, decode_reasons
-from sparkdiag.sources.nvml_queries import CATALOGUE
+from sparkdiag.sources.nvml.fixture import FixtureBackend
+from sparkdiag.sources.nvml.gpu import GpuSource, decode_reasons
+from sparkdiag.sources.nvml.queries import CATALOGUE
 from tests.support import CountingBackend
 
 H200_UUID = "GPU-979ad365-0b73-a0ac-74a2-3520b773d460"

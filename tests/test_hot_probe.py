@@ -63,9 +63,15 @@ def _scheduler(
     calls = Calls(FixtureLauncher(fixture, suite="hot"))
     state = ProbeState()
     sched = HotProbeScheduler(
-        calls, state, store, "native", lambda: snaps[-1], LIMITS, GpuLocks(),
+        calls,
+        state,
+        store,
+        "native",
+        lambda: snaps[-1],
+        LIMITS,
+        GpuLocks(),
         clock=lambda: clock[0],
-    )  # fmt: skip
+    )
     return sched, calls, state
 
 
@@ -148,8 +154,13 @@ def test_the_ratio_baseline_is_learned_cool_and_read_by_the_hot_probe(tmp_path: 
     }
     registry = CollectorRegistry(auto_describe=False)
     registry.register(HotProbeCollector(state.view))  # type: ignore[arg-type]
-    labels = {"gpu": "0", "uuid": UUID, "versus": "bf16", "shape": "1x8192x8192",
-              "context": "native"}  # fmt: skip
+    labels = {
+        "gpu": "0",
+        "uuid": UUID,
+        "versus": "bf16",
+        "shape": "1x8192x8192",
+        "context": "native",
+    }
     assert registry.get_sample_value(
         "sparkdiag_hot_probe_int4_ratio_efficiency", labels
     ) == pytest.approx(0.5, abs=0.01)

@@ -216,8 +216,10 @@ H = b"Host: x\r\n"
         (b"GET /metrics HTTP/1.1\r\n" + H + b"X-Big: " + b"a" * 40000 + b"\r\n\r\n", b"431"),
         (b"GET / HTTP/1.1\r\n" + H + b"X-A: b\r\n" * 101 + b"\r\n", b"431"),
         (b"GET / HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\n", b"501"),
-        (b"GET / HTTP/1.1\r\n" + H + b"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
-         b"501"),  # smuggling: both framings
+        (
+            b"GET / HTTP/1.1\r\n" + H + b"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            b"501",
+        ),  # smuggling: both framings
         (b"GET / HTTP/1.1\r\n" + H + b"Content-Length: 3\r\nContent-Length: 4\r\n\r\n", b"400"),
         (b"GET / HTTP/1.1\r\n" + H + b"Content-Length: 99999999\r\n\r\n", b"413"),
         (b"GET / HTTP/1.1\r\n" + H + b"Content-Length: -1\r\n\r\n", b"400"),
@@ -232,7 +234,7 @@ H = b"Host: x\r\n"
         (b"GET /\xe9 HTTP/1.1\r\n" + H + b"\r\n", b"400"),
         (b"DELETE /metrics HTTP/1.1\r\n" + H + b"\r\n", b"405"),
     ],
-)  # fmt: skip
+)
 def test_bad_request_heads_are_refused(head: bytes, status: bytes) -> None:
     with serving() as server, connect(server) as sock:
         sock.sendall(head)

@@ -34,18 +34,54 @@ KUBERNETES_VERSIONS = ("1.29.0", "1.34.0")
 CUSTOM = {"ServiceMonitor", "PrometheusRule"}
 # prometheus-operator's CRDs (monitoring.coreos.com/v1, read from its
 # example/prometheus-operator-crd/ in 2026): duration pattern and scrape schemes.
-DURATION = re.compile(r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
-                      r"(([0-9]+)s)?(([0-9]+)ms)?)$")  # fmt: skip
+DURATION = re.compile(
+    r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
+    r"(([0-9]+)s)?(([0-9]+)ms)?)$"
+)
 RULE_KEYS = {"alert", "record", "expr", "for", "keep_firing_for", "labels", "annotations"}
-GROUP_KEYS = {"name", "rules", "interval", "labels", "limit", "partial_response_strategy",
-              "query_offset"}  # fmt: skip
-SERVICE_MONITOR_SPEC_KEYS = {"selector", "endpoints", "namespaceSelector", "jobLabel",
-                             "targetLabels", "podTargetLabels", "sampleLimit",
-                             "targetLimit"}  # fmt: skip
-ENDPOINT_KEYS = {"port", "path", "interval", "scrapeTimeout", "scheme", "relabelings",
-                 "metricRelabelings", "honorLabels", "honorTimestamps"}  # fmt: skip
-RELABEL_ACTIONS = {"replace", "keep", "drop", "hashmod", "labelmap", "labeldrop", "labelkeep",
-                   "lowercase", "uppercase", "keepequal", "dropequal"}  # fmt: skip
+GROUP_KEYS = {
+    "name",
+    "rules",
+    "interval",
+    "labels",
+    "limit",
+    "partial_response_strategy",
+    "query_offset",
+}
+SERVICE_MONITOR_SPEC_KEYS = {
+    "selector",
+    "endpoints",
+    "namespaceSelector",
+    "jobLabel",
+    "targetLabels",
+    "podTargetLabels",
+    "sampleLimit",
+    "targetLimit",
+}
+ENDPOINT_KEYS = {
+    "port",
+    "path",
+    "interval",
+    "scrapeTimeout",
+    "scheme",
+    "relabelings",
+    "metricRelabelings",
+    "honorLabels",
+    "honorTimestamps",
+}
+RELABEL_ACTIONS = {
+    "replace",
+    "keep",
+    "drop",
+    "hashmod",
+    "labelmap",
+    "labeldrop",
+    "labelkeep",
+    "lowercase",
+    "uppercase",
+    "keepequal",
+    "dropequal",
+}
 
 
 def objects(options: KubernetesOptions | None = None) -> dict[str, dict[str, Any]]:
@@ -133,9 +169,14 @@ def test_manifests_validate_offline(
             except kubernetes_validate.ValidationError as exc:
                 raise AssertionError(f"{name}: {exc.caught}") from None
     assert sorted(set(kinds)) == [
-        "ConfigMap", "DaemonSet", "Namespace", "PrometheusRule", "Service", "ServiceAccount",
+        "ConfigMap",
+        "DaemonSet",
+        "Namespace",
+        "PrometheusRule",
+        "Service",
+        "ServiceAccount",
         "ServiceMonitor",
-    ]  # fmt: skip
+    ]
 
 
 def test_a_broken_manifest_fails_validation() -> None:
@@ -177,8 +218,11 @@ def test_objects_refer_to_each_other() -> None:
         assert container[probe]["httpGet"] == {"path": "/healthz", "port": "metrics"}
     assert container["args"][:3] == ["serve", "--listen", f"0.0.0.0:{container_ports['metrics']}"]
     volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
-    mounts = {m["mountPath"]: m for c in [container, *pod["spec"]["initContainers"]]
-              for m in c["volumeMounts"]}  # fmt: skip
+    mounts = {
+        m["mountPath"]: m
+        for c in [container, *pod["spec"]["initContainers"]]
+        for m in c["volumeMounts"]
+    }
     assert {m["name"] for m in mounts.values()} <= set(volumes)
     assert mounts["/host/sys"]["readOnly"] is True and volumes["sys"]["hostPath"]["path"] == "/sys"
     assert container["args"][container["args"].index("--path.sysfs") + 1] == "/host/sys"
@@ -283,11 +327,19 @@ def test_committed_manifests_match_the_generator(tmp_path: Path) -> None:
 
 def test_assets_command_kubernetes_and_plain(tmp_path: Path) -> None:
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(sparkdiag_cmd("assets", *args), capture_output=True, text=True,
-                              cwd=ROOT)  # fmt: skip
+        return subprocess.run(
+            sparkdiag_cmd("assets", *args), capture_output=True, text=True, cwd=ROOT
+        )
 
-    done = run("--kubernetes", str(tmp_path / "k8s"), "--label", "release=kps", "--host-pid",
-               "--namespace", "gpu-monitoring")  # fmt: skip
+    done = run(
+        "--kubernetes",
+        str(tmp_path / "k8s"),
+        "--label",
+        "release=kps",
+        "--host-pid",
+        "--namespace",
+        "gpu-monitoring",
+    )
     assert done.returncode == 0, done.stderr
     written = [Path(line).name for line in done.stdout.splitlines()]
     assert written[:3] == ["00-namespace.yaml", "01-serviceaccount.yaml", "10-daemonset.yaml"]

@@ -23,9 +23,15 @@ FAKE = ROOT / "tests" / "support" / "probe_scripts" / "fake_worker.py"
 def _serve(*args: str) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     cmd = sparkdiag_cmd(
-        "serve", "--listen", f"127.0.0.1:{port}", "--nvml-fixture", str(NVML / "h200-idle.json"),
-        "--path.sysfs", str(SYSFS / "h200-vm"), *args,
-    )  # fmt: skip
+        "serve",
+        "--listen",
+        f"127.0.0.1:{port}",
+        "--nvml-fixture",
+        str(NVML / "h200-idle.json"),
+        "--path.sysfs",
+        str(SYSFS / "h200-vm"),
+        *args,
+    )
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     return proc, f"http://127.0.0.1:{port}"
 
@@ -54,9 +60,15 @@ def _wait_file(path: Path, seconds: float = 20.0) -> None:
 def test_stopping_kills_the_running_worker_and_its_children(tmp_path: Path, sig: int) -> None:
     pidfile = tmp_path / "pids"
     proc, base = _serve(
-        "--probe.python", f"{sys.executable} {FAKE} sleep {pidfile}",
-        "--probe.first-delay", "0", "--probe.timeout", "600", "--state-dir", str(tmp_path),
-    )  # fmt: skip
+        "--probe.python",
+        f"{sys.executable} {FAKE} sleep {pidfile}",
+        "--probe.first-delay",
+        "0",
+        "--probe.timeout",
+        "600",
+        "--state-dir",
+        str(tmp_path),
+    )
     try:
         _wait_healthy(proc, base)
         _wait_file(pidfile)

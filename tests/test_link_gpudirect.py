@@ -15,9 +15,9 @@ from sparkdiag.check.network_checks import check_cx7_config
 from sparkdiag.link.gpudirect import forces, impossible, state
 from sparkdiag.link.lint import lint
 from sparkdiag.link.readings import FabricReadings, read_fabric
-from sparkdiag.sources import gpudirect as sources
-from sparkdiag.sources.gpudirect import GpuDirect
-from sparkdiag.sources.nccl import NcclSetting
+from sparkdiag.sources.host import gpudirect as sources
+from sparkdiag.sources.host.gpudirect import GpuDirect
+from sparkdiag.sources.software.nccl import NcclSetting
 from tests.support import ROOT, ROOTFS, SYSFS
 from tests.support.check import NVML, context, poll
 

@@ -29,7 +29,7 @@ from sparkdiag.link.readings import read_fabric
 from sparkdiag.link.server import LinkServer, link_addresses, listen_socket
 from sparkdiag.link.session import open_control
 from sparkdiag.link.wire import LineReader, encode, send
-from sparkdiag.sources.netif import interface_addresses
+from sparkdiag.sources.host.netif import interface_addresses
 from tests.support import ROOTFS, SYSFS, run_cli, sparkdiag_cmd
 from tests.test_link_units import SECRET, _loopback_as_cx7
 
@@ -128,8 +128,13 @@ def test_the_proof_holds_in_both_directions(served: tuple[LinkServer, Path]) -> 
     good.sock.close()
     wait_for(lambda: not server.busy)
     # a listening side that does not hold the secret: the measuring side stops at once
-    impostor = LinkServer(listen_socket("127.0.0.1", 0), SYSFS / "h200-vm", NATIVE, {},
-                          b"the impostor's secret, 32 chars!")  # fmt: skip
+    impostor = LinkServer(
+        listen_socket("127.0.0.1", 0),
+        SYSFS / "h200-vm",
+        NATIVE,
+        {},
+        b"the impostor's secret, 32 chars!",
+    )
     stop, thread = start(impostor)
     try:
         with pytest.raises(LinkError, match="refused this machine's link secret"):
@@ -201,13 +206,15 @@ def test_the_default_is_the_connectx7_addresses_not_every_address(tmp_path: Path
     found = link_addresses(read_fabric(sysfs, NATIVE, {}), interface_addresses())
     assert "127.0.0.1" in found and "0.0.0.0" not in found
     secret = tmp_path / "link.secret"
-    result = run_cli("link", "serve", "--path.sysfs", str(SYSFS / "h200-vm"),
-                     "--link.secret-file", str(secret))  # fmt: skip
+    result = run_cli(
+        "link", "serve", "--path.sysfs", str(SYSFS / "h200-vm"), "--link.secret-file", str(secret)
+    )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "this machine has no ConnectX-7 interface to listen on" in result.stderr
     assert "--listen ADDRESS:PORT" in result.stderr
-    spark = run_cli("link", "serve", "--path.sysfs", str(SYSFS / "dgx-spark"),
-                    "--link.secret-file", str(secret))  # fmt: skip
+    spark = run_cli(
+        "link", "serve", "--path.sysfs", str(SYSFS / "dgx-spark"), "--link.secret-file", str(secret)
+    )
     assert spark.returncode == 2
     assert "the ConnectX-7 interfaces (enp1s0f0np0" in spark.stderr
     assert "have no IP address to listen on" in spark.stderr
@@ -308,8 +315,13 @@ def test_a_flood_of_silent_connections_does_not_lock_others_out(
     try:
         wait_for(lambda: server.accept_failures == 0 and len(server.pending) > 0)
         assert len(server.pending) <= bounds.MAX_PENDING
-        report = measure_link("127.0.0.1", Options(port=server.port, seconds=0.3, streams=4,
-                              use_tools=False, secret=SECRET), sysfs, NATIVE, {})  # fmt: skip
+        report = measure_link(
+            "127.0.0.1",
+            Options(port=server.port, seconds=0.3, streams=4, use_tools=False, secret=SECRET),
+            sysfs,
+            NATIVE,
+            {},
+        )
         (path,) = report.paths
         assert all(t.gbps for t in path.throughput), path.throughput
     finally:
@@ -330,10 +342,20 @@ def test_out_of_file_descriptors_the_server_goes_on(tmp_path: Path) -> None:
         resource.setrlimit(resource.RLIMIT_NOFILE, (40, 40))
 
     proc = subprocess.Popen(
-        sparkdiag_cmd("link", "serve", "--listen", f"127.0.0.1:{number}", "--path.sysfs",
-                      str(SYSFS / "h200-vm"), "--link.secret-file", str(secret)),
-        stderr=subprocess.PIPE, text=True, preexec_fn=few_files,
-    )  # fmt: skip
+        sparkdiag_cmd(
+            "link",
+            "serve",
+            "--listen",
+            f"127.0.0.1:{number}",
+            "--path.sysfs",
+            str(SYSFS / "h200-vm"),
+            "--link.secret-file",
+            str(secret),
+        ),
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=few_files,
+    )
     assert proc.stderr is not None
     try:
         assert "listening on" in proc.stderr.readline()
@@ -382,8 +404,14 @@ def hostile(tmp_path: Path) -> Iterator[tuple[Hostile, Path]]:
 
 
 def _options(server: LinkServer) -> Options:
-    return Options(port=server.port, seconds=0.3, streams=2, use_tools=False, secret=SECRET,
-                   directions=("to-peer",))  # fmt: skip
+    return Options(
+        port=server.port,
+        seconds=0.3,
+        streams=2,
+        use_tools=False,
+        secret=SECRET,
+        directions=("to-peer",),
+    )
 
 
 def test_a_400_digit_byte_count_is_refused_in_one_line(hostile: tuple[Hostile, Path]) -> None:
@@ -407,9 +435,17 @@ def test_impossible_ceilings_from_the_peer_are_dropped(
     hostile: tuple[Hostile, Path], ceiling: Any
 ) -> None:
     server, sysfs = hostile
-    server.hello_extra = {"interfaces": [{"interface": "lo", "addresses": ["127.0.0.1/8"],
-                                          "speed_mbps": ceiling, "pcie_gbps": ceiling,
-                                          "mtu": ceiling}]}  # fmt: skip
+    server.hello_extra = {
+        "interfaces": [
+            {
+                "interface": "lo",
+                "addresses": ["127.0.0.1/8"],
+                "speed_mbps": ceiling,
+                "pcie_gbps": ceiling,
+                "mtu": ceiling,
+            }
+        ]
+    }
     report = measure_link("127.0.0.1", _options(server), sysfs, NATIVE, {})
     peer = report.paths[0].peer
     assert (peer.speed_mbps, peer.pcie_gbps, peer.mtu) == (None, None, None)
@@ -419,8 +455,14 @@ def test_impossible_ceilings_from_the_peer_are_dropped(
 def test_deep_json_from_a_peer_is_refused_in_one_line() -> None:
     def deep(theirs: str, mine: str) -> bytes:
         good = auth.proof(SECRET, "server", theirs, mine)
-        return (b'{"sparkdiag-link": 2, "proof": "' + good.encode() + b'", "x": '
-                + b"[" * 5000 + b"]" * 5000 + b"}\n")  # fmt: skip
+        return (
+            b'{"sparkdiag-link": 2, "proof": "'
+            + good.encode()
+            + b'", "x": '
+            + b"[" * 5000
+            + b"]" * 5000
+            + b"}\n"
+        )
 
     with fake_peer(deep) as port, pytest.raises(LinkError, match="nested too deeply") as caught:
         open_control("127.0.0.1", port, 3.0, SECRET)
@@ -430,22 +472,28 @@ def test_deep_json_from_a_peer_is_refused_in_one_line() -> None:
 # -- a fuzz of the protocol ------------------------------------------------------------------------
 
 _values = st.one_of(
-    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(allow_nan=False),
-    st.text(max_size=12), st.lists(st.integers(0, 9), max_size=3),
-)  # fmt: skip
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=False),
+    st.text(max_size=12),
+    st.lists(st.integers(0, 9), max_size=3),
+)
 _request = st.one_of(
     st.fixed_dictionaries(
         {"op": st.sampled_from(["sink", "source", "result", "tool", "bye", "x"])},
-        optional={"test": st.sampled_from(["t1", "t2", "t3", "t4", "t5", ""]),
-                  "streams": st.one_of(st.integers(-2, 70), _values),
-                  "seconds": st.one_of(st.floats(-1, 70, allow_nan=False), _values),
-                  "tool": st.sampled_from(["iperf3", "ib_write_bw", "sh"]),
-                  "address": st.sampled_from(["127.0.0.1", "10.0.0.1", ""]),
-                  "role": st.sampled_from(["client", "server"]),
-                  "port": _values},
+        optional={
+            "test": st.sampled_from(["t1", "t2", "t3", "t4", "t5", ""]),
+            "streams": st.one_of(st.integers(-2, 70), _values),
+            "seconds": st.one_of(st.floats(-1, 70, allow_nan=False), _values),
+            "tool": st.sampled_from(["iperf3", "ib_write_bw", "sh"]),
+            "address": st.sampled_from(["127.0.0.1", "10.0.0.1", ""]),
+            "role": st.sampled_from(["client", "server"]),
+            "port": _values,
+        },
     ),
     st.dictionaries(st.text(max_size=6), _values, max_size=4),
-)  # fmt: skip
+)
 _line = st.one_of(
     _request.map(lambda r: json.dumps(r).encode() + b"\n"),
     st.binary(max_size=60).map(lambda b: b + b"\n"),
@@ -454,8 +502,11 @@ _line = st.one_of(
 _opening = st.sampled_from(["proved", "wrong proof", "data", "ping", "garbage", "nothing"])
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[
-    HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # fmt: skip
+@settings(
+    max_examples=40,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(opening=_opening, lines=st.lists(_line, max_size=12))
 def test_fuzz_the_protocol(
     served: tuple[LinkServer, Path],
@@ -475,8 +526,11 @@ def test_fuzz_the_protocol(
             elif opening == "wrong proof":
                 prove(sock, b"not the secret, but 32 chars long")
             elif opening in ("data", "ping"):
-                sock.sendall(encode({"sparkdiag-link": 2, "kind": opening, "session": "0" * 32,
-                                     "test": "t1"}))  # fmt: skip
+                sock.sendall(
+                    encode(
+                        {"sparkdiag-link": 2, "kind": opening, "session": "0" * 32, "test": "t1"}
+                    )
+                )
             elif opening == "garbage":
                 sock.sendall(b"\xff\xfe garbage\n")
             for line in lines:

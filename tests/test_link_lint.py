@@ -16,8 +16,8 @@ from sparkdiag.check.model import CheckContext
 from sparkdiag.check.network_checks import check_cx7_config
 from sparkdiag.link.lint import lint, parse_nccl_list
 from sparkdiag.link.readings import FabricReadings, read_fabric
-from sparkdiag.sources.nccl import find_libraries, parse_conf, read_nccl_settings
-from sparkdiag.sources.netif import read_connectx7
+from sparkdiag.sources.host.netif import read_connectx7
+from sparkdiag.sources.software.nccl import find_libraries, parse_conf, read_nccl_settings
 from tests.support import ROOTFS, SYSFS, fixture_snapshot, machine_args, run_cli
 from tests.support.check import copy_tree
 

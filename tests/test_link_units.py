@@ -25,7 +25,7 @@ from sparkdiag.link.server import LinkServer, listen_socket
 from sparkdiag.link.session import open_control, resolve, split_peer
 from sparkdiag.link.verdict import judge, pcie_gbps
 from sparkdiag.snapshot import PcieLink
-from sparkdiag.sources.netif import (
+from sparkdiag.sources.host.netif import (
     interface_addresses,
     interface_of,
     parse_addr_dump,

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkdiag import safeload
+from sparkdiag import safeload, safeyaml
 from tests.support import NVML, free_port, run_cli, sparkdiag_cmd
 
 # Each loader as a command line, given the file to load.
@@ -112,19 +112,36 @@ def test_a_large_recording_is_refused_by_size(tmp_path: Path) -> None:
 
 _documents = st.recursive(
     st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=10)),
-    lambda inner: st.one_of(st.lists(inner, max_size=3),
-                            st.dictionaries(st.text(max_size=5), inner, max_size=3)),
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=5), inner, max_size=3)
+    ),
     max_leaves=15,
-)  # fmt: skip
-_nasty = st.sampled_from([b"[" * 3000, b"{" * 3000, b"- " * 3000, b"9" * 5000, b"NaN", b"1e999",
-                          b"&a [*a, *a]", b"\xff", b"\x00", b"'" * 100, b'"' * 101])  # fmt: skip
+)
+_nasty = st.sampled_from(
+    [
+        b"[" * 3000,
+        b"{" * 3000,
+        b"- " * 3000,
+        b"9" * 5000,
+        b"NaN",
+        b"1e999",
+        b"&a [*a, *a]",
+        b"\xff",
+        b"\x00",
+        b"'" * 100,
+        b'"' * 101,
+    ]
+)
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.one_of(st.binary(max_size=300), _nasty,
-                      _documents.map(lambda d: json.dumps(d).encode())))  # fmt: skip
+@given(
+    data=st.one_of(
+        st.binary(max_size=300), _nasty, _documents.map(lambda d: json.dumps(d).encode())
+    )
+)
 def test_any_bytes_parse_or_give_one_load_error(data: bytes) -> None:
-    for parse in (safeload.parse_json, safeload.parse_yaml, safeload.parse_toml):
+    for parse in (safeload.parse_json, safeyaml.parse_yaml, safeload.parse_toml):
         try:
             parse(data)
         except safeload.LoadError as exc:
@@ -141,9 +158,14 @@ def test_the_depth_scan_agrees_with_the_parser() -> None:
 
 def test_a_fifo_is_refused_by_the_module_at_once(fifo: Path) -> None:
     proc = subprocess.run(
-        [*sparkdiag_cmd("--version")[:1], "-c",
-         f"from sparkdiag import safeload; safeload.read_file(__import__('pathlib').Path("
-         f"{str(fifo)!r}), 10)"],
-        capture_output=True, text=True, timeout=20,
-    )  # fmt: skip
+        [
+            *sparkdiag_cmd("--version")[:1],
+            "-c",
+            f"from sparkdiag import safeload; safeload.read_file(__import__('pathlib').Path("
+            f"{str(fifo)!r}), 10)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
     assert "not a regular file (a FIFO)" in proc.stderr

@@ -1,4 +1,4 @@
-"""Host memory, swap-ins and memory pressure from procfs (sources/meminfo.py): the parsers, the
+"""Host memory, swap-ins and memory pressure from procfs (sources/host/meminfo.py): the parsers, the
 fixture roots, and the real /proc."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sparkdiag.snapshot import MemoryPressure
-from sparkdiag.sources.meminfo import (
+from sparkdiag.sources.host.meminfo import (
     parse_meminfo,
     parse_pressure,
     parse_swap_in,

@@ -15,8 +15,8 @@ from sparkdiag.check.memory_checks import check_gpu_memory
 from sparkdiag.exporter.memory import GpuMemoryCollector
 from sparkdiag.native import dtypes
 from sparkdiag.snapshot import HostSample
-from sparkdiag.sources.meminfo import meminfo_bytes, obtainable, read_host_memory
-from sparkdiag.sources.procfs import device_holders
+from sparkdiag.sources.host.meminfo import meminfo_bytes, obtainable, read_host_memory
+from sparkdiag.sources.host.procfs import device_holders
 from tests.support import ROOT, ROOTFS
 from tests.support.check import NVML, SYSFS, context, only, poll
 
@@ -32,9 +32,13 @@ def test_obtainable_is_free_plus_clean_unmapped_file_pages() -> None:
     assert round(host.obtainable_bytes / GIB, 2) == 91.09
     parts = {k: round(v / GIB, 2) for k, v in host.page_cache_bytes.items()}
     assert parts == {
-        "total": 62.09, "reclaimable": 51.09, "dirty": 1.5, "mapped": 9.0, "shmem": 0.5,
+        "total": 62.09,
+        "reclaimable": 51.09,
+        "dirty": 1.5,
+        "mapped": 9.0,
+        "shmem": 0.5,
         "unevictable": 0.03,
-    }  # fmt: skip
+    }
     # MemAvailable counts the dirty and mapped pages too: it says more than can be had
     assert host.memory_bytes["available"] > host.obtainable_bytes
 
@@ -142,9 +146,12 @@ def test_the_collector_exports_obtainable_for_both_kinds() -> None:
     registry = CollectorRegistry(auto_describe=False)
     no_host = replace(spark, host=None)
     registry.register(GpuMemoryCollector(lambda: no_host))
-    assert registry.get_sample_value(
-        "sparkdiag_gpu_memory_obtainable_bytes", {"gpu": "0", "uuid": uuid}
-    ) is None  # fmt: skip
+    assert (
+        registry.get_sample_value(
+            "sparkdiag_gpu_memory_obtainable_bytes", {"gpu": "0", "uuid": uuid}
+        )
+        is None
+    )
 
 
 def _rule(name: str) -> str:

@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 
-from sparkdiag.sources.fixture import FixtureBackend
-from sparkdiag.sources.gpu import GpuSource
-from sparkdiag.sources.sysfs import PcieSource
+from sparkdiag.sources.host.sysfs import PcieSource
+from sparkdiag.sources.nvml.fixture import FixtureBackend
+from sparkdiag.sources.nvml.gpu import GpuSource
 from sparkdiag.telemetry.stall import stall_signature
 from tests.support import NVML, ROOT
 

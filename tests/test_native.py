@@ -32,9 +32,9 @@ from sparkdiag.native.lint import (
 )
 from sparkdiag.native.render import NativeReport, text
 from sparkdiag.native.watch import LibraryWatch, environment
-from sparkdiag.sources import pyenv
-from sparkdiag.sources.cuda_libraries import CudaLibrary, LibraryScan, ScanCache, scan
-from sparkdiag.sources.fatbin import FatbinReport, Target, read_fatbin, replay
+from sparkdiag.sources.software import pyenv
+from sparkdiag.sources.software.cuda_libraries import CudaLibrary, LibraryScan, ScanCache, scan
+from sparkdiag.sources.software.fatbin import FatbinReport, Target, read_fatbin, replay
 from tests.support import ROOT, ROOTFS
 from tests.support.check import NVML, SYSFS, context, only, poll
 
@@ -177,14 +177,23 @@ def fixture_file(name: str) -> CudaLibrary:
     [
         ("torch-2.11.0-libtorch_cuda.so", "pass native sm_90a", "pass native sm_121a"),
         ("torch-2.11.0-libtorch_cuda_linalg.so", "pass native sm_90", "pass native sm_120"),
-        ("nvidia-cudnn-cu13-9.19.0.56-libcudnn_adv.so.9", "pass native sm_90a",
-         "pass native sm_121"),
-        ("nvidia-cudnn-cu13-9.19.0.56-libcudnn_cnn.so.9", "pass native sm_90a",
-         "pass native sm_121"),
-        ("nvidia-cufile-1.15.1.6-libcufile.so.0", "warn ptx-jit compute_86",
-         "warn ptx-jit compute_86"),
+        (
+            "nvidia-cudnn-cu13-9.19.0.56-libcudnn_adv.so.9",
+            "pass native sm_90a",
+            "pass native sm_121",
+        ),
+        (
+            "nvidia-cudnn-cu13-9.19.0.56-libcudnn_cnn.so.9",
+            "pass native sm_90a",
+            "pass native sm_121",
+        ),
+        (
+            "nvidia-cufile-1.15.1.6-libcufile.so.0",
+            "warn ptx-jit compute_86",
+            "warn ptx-jit compute_86",
+        ),
     ],
-)  # fmt: skip
+)
 def test_the_h200_libraries_verdicts(trace: str, on_h200: str, on_gb10: str) -> None:
     lib = traced(trace)
     assert not kernels_elsewhere(lib)
@@ -210,10 +219,16 @@ def test_a_stub_fat_binary_is_not_judged() -> None:
 def _h200_scan() -> tuple[CudaLibrary, ...]:
     doc = json.loads((H200_RUN / "scan.json").read_text())
     return tuple(
-        CudaLibrary(lib["path"], lib["relative"], lib["package"], lib["version"],
-                    lib["size_bytes"], FatbinReport.from_json(lib))
+        CudaLibrary(
+            lib["path"],
+            lib["relative"],
+            lib["package"],
+            lib["version"],
+            lib["size_bytes"],
+            FatbinReport.from_json(lib),
+        )
         for lib in doc["libraries"]
-    )  # fmt: skip
+    )
 
 
 def test_the_recorded_h200_lint_less_cuffts_false_alarm() -> None:
@@ -228,14 +243,17 @@ def test_the_recorded_h200_lint_less_cuffts_false_alarm() -> None:
     assert len(verdicts) == 2 * 29
     recorded = json.loads((H200_RUN / "verdicts.json").read_text())
     then = {(v["library"], v["sm"]): (v["status"], v["mode"], v["target"]) for v in recorded}
-    now = {(v.library.path, v.gpu.sm): (v.status, v.verdict.mode, v.verdict.target)
-           for v in verdicts}  # fmt: skip
+    now = {
+        (v.library.path, v.gpu.sm): (v.status, v.verdict.mode, v.verdict.target) for v in verdicts
+    }
     assert {k: then[k] for k in now} == now  # every other verdict as the H200 gave it
     gone = {(path.rsplit("/", 1)[1], sm) for path, sm in set(then) - set(now)}
-    assert gone == {(lib, sm) for lib in ("libcufft.so.12", "libcufftw.so.12")
-                    for sm in ("sm_90", "sm_121")}  # fmt: skip
-    assert [k[0].rsplit("/", 1)[1] for k, v in now.items() if v[0] != "pass" and k[1] == "sm_90"
-            ] == ["libcufile.so.0"]  # fmt: skip
+    assert gone == {
+        (lib, sm) for lib in ("libcufft.so.12", "libcufftw.so.12") for sm in ("sm_90", "sm_121")
+    }
+    assert [
+        k[0].rsplit("/", 1)[1] for k, v in now.items() if v[0] != "pass" and k[1] == "sm_90"
+    ] == ["libcufile.so.0"]
 
 
 def test_cufiles_advice_says_what_brings_sm_90_and_that_nothing_brings_sm_121() -> None:
@@ -425,8 +443,14 @@ def test_the_collector_exports_one_series_per_library_and_gpu() -> None:
     uuid = snap.gpus[0].identity.uuid
 
     def mode(library: str, mode: str, target: str, package: str = "vllm") -> float | None:
-        labels = {"gpu": "0", "uuid": uuid, "package": package, "library": library,
-                  "mode": mode, "target": target}  # fmt: skip
+        labels = {
+            "gpu": "0",
+            "uuid": uuid,
+            "package": package,
+            "library": library,
+            "mode": mode,
+            "target": target,
+        }
         return registry.get_sample_value("sparkdiag_cuda_library_info", labels)
 
     assert mode("vllm/_moe_C.abi3.so", "ptx-jit", "compute_80") == 1
@@ -460,8 +484,12 @@ def _native(*args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "PYTHONPATH": str(ROOT), "COLUMNS": "80"}
     return subprocess.run(
         [sys.executable, "-m", "sparkdiag", "native", *args],
-        capture_output=True, text=True, timeout=60, env=env, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+        check=False,
+    )
 
 
 def test_native_command_on_the_spark_root(tmp_path: Path) -> None:
@@ -539,8 +567,9 @@ def test_a_stub_is_no_check_finding_and_no_series(tmp_path: Path) -> None:
     snap = poll(NVML / "h200-idle.json")
     r = only(check_native_code(context(snap, libraries=found)))
     assert r.status == "pass" and r.finding.startswith("all 1 libraries with GPU code")
-    assert r.finding.endswith("not judged, their kernels are not in their fat binaries: "
-                              "libcufft.so.12")  # fmt: skip
+    assert r.finding.endswith(
+        "not judged, their kernels are not in their fat binaries: libcufft.so.12"
+    )
     assert [s["relative"] for s in r.data["not_judged"]] == ["nvidia/cu13/lib/libcufft.so.12"]
     stubs_only = replace(found, libraries=tuple(not_judged(found.libraries)))
     r = only(check_native_code(context(snap, libraries=stubs_only)))

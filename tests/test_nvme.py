@@ -20,11 +20,11 @@ from sparkdiag.check.model import CheckContext
 from sparkdiag.check.storage_checks import check_nvme_health, check_nvme_temperature
 from sparkdiag.exporter.nvme import NvmeCollector
 from sparkdiag.snapshot import NvmeController, NvmeHealth
-from sparkdiag.sources import nvme as nvme_source
-from sparkdiag.sources.blockdev import block_chain, io_bytes, named_chain
-from sparkdiag.sources.mounts import find_mount, parse_mountinfo
-from sparkdiag.sources.nvme import NvmeSource, controller_names, read_controller
-from sparkdiag.sources.nvme_tools import (
+from sparkdiag.sources.host import nvme as nvme_source
+from sparkdiag.sources.host.blockdev import block_chain, io_bytes, named_chain
+from sparkdiag.sources.host.mounts import find_mount, parse_mountinfo
+from sparkdiag.sources.host.nvme import NvmeSource, controller_names, read_controller
+from sparkdiag.sources.host.nvme_tools import (
     HealthReading,
     fixture_reader,
     parse_nvme_cli,
@@ -325,26 +325,42 @@ def test_the_collector_exports_identity_temperatures_and_health(tmp_path: Path) 
         )
         == 21.85
     )
-    assert registry.get_sample_value("sparkdiag_nvme_temperature_threshold_celsius",
-                                     {**d, "threshold": "warning"}) == 79.85  # fmt: skip
+    assert (
+        registry.get_sample_value(
+            "sparkdiag_nvme_temperature_threshold_celsius", {**d, "threshold": "warning"}
+        )
+        == 79.85
+    )
     assert registry.get_sample_value("sparkdiag_nvme_critical_warning", d) == 0
     assert registry.get_sample_value("sparkdiag_nvme_media_errors_total", d) == 0
     assert registry.get_sample_value("sparkdiag_nvme_percentage_used_ratio", d) == 0.03
     assert registry.get_sample_value("sparkdiag_nvme_available_spare_ratio", d) == 1.0
     assert registry.get_sample_value("sparkdiag_nvme_unsafe_shutdowns_total", d) == 1
-    assert registry.get_sample_value("sparkdiag_nvme_thermal_throttle_seconds_total",
-                                     {**d, "level": "warning"}) == 0  # fmt: skip
+    assert (
+        registry.get_sample_value(
+            "sparkdiag_nvme_thermal_throttle_seconds_total", {**d, "level": "warning"}
+        )
+        == 0
+    )
     # smartctl 7.3 does not give the thermal management counters: no sample, not 0
-    assert registry.get_sample_value("sparkdiag_nvme_thermal_management_seconds_total",
-                                     {**d, "level": "1"}) is None  # fmt: skip
+    assert (
+        registry.get_sample_value(
+            "sparkdiag_nvme_thermal_management_seconds_total", {**d, "level": "1"}
+        )
+        is None
+    )
     labels = {name for m in registry.collect() for sample in m.samples for name in sample.labels}
     assert labels == {"device", "model", "firmware", "pci_address", "sensor", "threshold", "level"}
 
 
 def test_a_drive_without_health_exports_only_identity_and_temperature(tmp_path: Path) -> None:
     registry = _collect(NvmeSource(M2, None, "no tool").read(), tmp_path)
-    assert registry.get_sample_value("sparkdiag_nvme_temperature_celsius",
-                                     {"device": "nvme0", "sensor": "2"}) == 29.85  # fmt: skip
+    assert (
+        registry.get_sample_value(
+            "sparkdiag_nvme_temperature_celsius", {"device": "nvme0", "sensor": "2"}
+        )
+        == 29.85
+    )
     assert registry.get_sample_value("sparkdiag_nvme_critical_warning", {"device": "nvme0"}) is None
 
 

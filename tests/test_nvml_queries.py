@@ -24,11 +24,11 @@ import pytest
 
 from sparkdiag.probe.worker import nvml as worker
 from sparkdiag.snapshot import GpuIdentity, GpuSample
-from sparkdiag.sources.fixture import VALID_KEYS, FixtureBackend
-from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS, GpuSource
-from sparkdiag.sources.nvml_api import NOT_READY, NvmlCallError
-from sparkdiag.sources.nvml_calls import NvmlCalls
-from sparkdiag.sources.nvml_queries import (
+from sparkdiag.sources.nvml.api import NOT_READY, NvmlCallError
+from sparkdiag.sources.nvml.calls import NvmlCalls
+from sparkdiag.sources.nvml.fixture import VALID_KEYS, FixtureBackend
+from sparkdiag.sources.nvml.gpu import CLOCK_EVENT_REASONS, GpuSource
+from sparkdiag.sources.nvml.queries import (
     CATALOGUE,
     NVML_FI_DEV_GET_GPU_RECOVERY_ACTION,
     NVML_FI_DEV_MEMORY_TEMP,
@@ -148,14 +148,21 @@ def _field(value: int, code: int = 0) -> Any:
 
 
 class _Metric(ctypes.Structure):
-    _fields_ = [("metricId", ctypes.c_uint), ("nvmlReturn", ctypes.c_uint),
-                ("value", ctypes.c_double)]  # fmt: skip
+    _fields_ = [
+        ("metricId", ctypes.c_uint),
+        ("nvmlReturn", ctypes.c_uint),
+        ("value", ctypes.c_double),
+    ]
 
 
 class _MetricsGet(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint), ("numMetrics", ctypes.c_uint),
-                ("sample1", ctypes.c_void_p), ("sample2", ctypes.c_void_p),
-                ("metrics", _Metric * 16)]  # fmt: skip
+    _fields_ = [
+        ("version", ctypes.c_uint),
+        ("numMetrics", ctypes.c_uint),
+        ("sample1", ctypes.c_void_p),
+        ("sample2", ctypes.c_void_p),
+        ("metrics", _Metric * 16),
+    ]
 
 
 class FakePynvml:
@@ -200,10 +207,15 @@ class FakePynvml:
         return [_field(answers.get(f, 1000)) for f in fields]
 
     class c_nvmlGpuFabricInfo_v3_t(ctypes.Structure):  # nvidia-ml-py names it so
-        _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_uint8 * 16),
-                    ("status", ctypes.c_uint), ("cliqueId", ctypes.c_uint32),
-                    ("state", ctypes.c_uint), ("healthMask", ctypes.c_uint32),
-                    ("healthSummary", ctypes.c_uint8)]  # fmt: skip
+        _fields_ = [
+            ("version", ctypes.c_uint),
+            ("clusterUuid", ctypes.c_uint8 * 16),
+            ("status", ctypes.c_uint),
+            ("cliqueId", ctypes.c_uint32),
+            ("state", ctypes.c_uint),
+            ("healthMask", ctypes.c_uint32),
+            ("healthSummary", ctypes.c_uint8),
+        ]
 
     def nvmlDeviceGetGpuFabricInfoV(self, h: Any, info: Any) -> int:
         struct = info._obj  # a ctypes.byref() of the struct
@@ -237,8 +249,11 @@ class FakePynvml:
         return 1, [SimpleNamespace(timeStamp=since + 1, sampleValue=SimpleNamespace(uiVal=50))]
 
     def nvmlDeviceGetProcessUtilization(self, h: Any, since: int) -> list[Any]:
-        return [SimpleNamespace(pid=4242, timeStamp=since + 1, smUtil=9, memUtil=1,
-                                encUtil=0, decUtil=0)]  # fmt: skip
+        return [
+            SimpleNamespace(
+                pid=4242, timeStamp=since + 1, smUtil=9, memUtil=1, encUtil=0, decUtil=0
+            )
+        ]
 
     def nvmlDeviceGetCurrentClocksEventReasons(self, h: Any) -> int:
         return 0x1

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client import CollectorRegistry
 
 from sparkdiag.baseline.keeper import StoreKeeper, inspect_store
@@ -21,9 +22,11 @@ from sparkdiag.baseline.store import BaselineKey, BaselineStore, open_store
 from sparkdiag.check.peer_checks import check_baseline_learning, check_peers
 from sparkdiag.exporter.peers import PeerCollector
 from sparkdiag.exporter.probe import ProbeCollector
-from sparkdiag.peers import compare
+from sparkdiag.peers import ranking as compare
 from sparkdiag.peers.node import PeerFigure, judge_node
 from sparkdiag.probe.launchers import FixtureLauncher
+from sparkdiag.probe.worker.dtypes import DeviceInfo
+from sparkdiag.probe.worker.plan import plan_suite
 from sparkdiag.scheduling.probe_state import ProbeState
 from sparkdiag.scheduling.scheduler import ProbeScheduler
 from sparkdiag.snapshot import Snapshot
@@ -31,6 +34,7 @@ from tests.support import NVML, ROOT, ROOTFS, SYSFS, run_cli
 from tests.support import fixture_snapshot as snapshot
 from tests.support.check import context
 from tests.support.e2e import probe_document, write_probe_fixture
+from tests.support.peers import mad, robust_scores
 
 X8 = [d["set"]["uuid"] for d in json.loads((NVML / "h200-x8.json").read_text())["devices"]]
 SLOW = 5  # the GPU replayed slower in these tests
@@ -65,21 +69,36 @@ def test_verdict_thresholds_are_azures(ratio: float, expected: str) -> None:
 
 def test_robust_score_uses_median_and_mad_with_a_floor() -> None:
     even = {f"g{i}": 100.0 for i in range(7)} | {"slow": 90.0}
-    scores = compare.robust_scores(even)
+    scores = robust_scores(even)
     # MAD is 0 (seven equal figures): the floor, 0.5 % of the median, keeps the score finite
     assert scores["slow"] == pytest.approx(-10 / (compare.MAD_SCALE * 0.5))
     assert scores["g0"] == 0.0
     spread = {"a": 98.0, "b": 100.0, "c": 102.0, "d": 101.0, "e": 99.0}
-    assert compare.mad(spread.values()) == 1.0
-    assert compare.robust_scores(spread)["a"] == pytest.approx(-2 / compare.MAD_SCALE)
+    assert mad(spread.values()) == 1.0
+    assert robust_scores(spread)["a"] == pytest.approx(-2 / compare.MAD_SCALE)
+    # the score promtool expects of the rule for four H200s at 725 and one at 652.5
+    # (prometheus/tests/peers.yml)
+    tests = yaml.safe_load((ROOT / "prometheus/tests/peers.yml").read_text())["tests"]
+    expected = [
+        sample["value"]
+        for test in tests
+        for case in test.get("promql_expr_test", [])
+        if case["expr"].startswith("sparkdiag:gemm_tflops:peer_score")
+        for sample in case["exp_samples"]
+    ]
+    five = {0: 725.0, 1: 725.0, 2: 725.0, 3: 725.0, 4: 652.5}
+    assert expected[0] == pytest.approx(robust_scores(five)[4])
 
 
 def test_decode_shapes_are_those_the_rules_leave_out() -> None:
+    """The rules leave out by shape what the worker calls decode (M <= 32, plan_suite)."""
     decode = re.compile(compare.DECODE_SHAPE_RE)
-    for shape in ("1x8192x8192", "32x8192x8192", "8x4096x4096"):
-        assert compare.is_decode_shape(shape) and decode.fullmatch(shape)
-    for shape in ("33x8192x8192", "4096x11008x4096", "8192x8192x8192"):
-        assert not compare.is_decode_shape(shape) and not decode.fullmatch(shape)
+    info = DeviceInfo(None, "cpu", False, None, 0, 0, (2, 11))
+    shapes = ["1x8192x8192", "32x8192x8192", "8x4096x4096"]
+    shapes += ["33x8192x8192", "4096x11008x4096", "8192x8192x8192"]
+    for shape in shapes:
+        (spec,) = plan_suite(info, ["bf16"], False, [tuple(map(int, shape.split("x")))])
+        assert (spec.kind == "decode") == bool(decode.fullmatch(shape)), shape
 
 
 # -- the node comparison --------------------------------------------------------------------------
@@ -98,9 +117,19 @@ def figures(
         for r in doc["results"]:
             if r["status"] == "ok":
                 out.append(
-                    PeerFigure(str(index), X8[index], model, "native", software, r["dtype"],
-                               r["shape"], r["beta"], r["kind"], r["delivered"] * factor)
-                )  # fmt: skip
+                    PeerFigure(
+                        str(index),
+                        X8[index],
+                        model,
+                        "native",
+                        software,
+                        r["dtype"],
+                        r["shape"],
+                        r["beta"],
+                        r["kind"],
+                        r["delivered"] * factor,
+                    )
+                )
     return out
 
 
@@ -169,9 +198,13 @@ def scheduler(tmp_path: Path, fixture: Path) -> tuple[ProbeScheduler, Snapshot, 
     store = open_store(tmp_path / "state", create=True)
     snap = snapshot("h200-x8", tmp_path)
     sched = ProbeScheduler(
-        FixtureLauncher(fixture), ProbeState(), StoreKeeper(lambda: store), "native",
-        lambda: snap, 300.0,
-    )  # fmt: skip
+        FixtureLauncher(fixture),
+        ProbeState(),
+        StoreKeeper(lambda: store),
+        "native",
+        lambda: snap,
+        300.0,
+    )
     return sched, snap, store
 
 
@@ -215,11 +248,21 @@ def test_a_slow_gpu_among_peers_does_not_learn_its_slowness(
         "sparkdiag_gemm_node_peer_ratio", {"gpu": str(SLOW), "uuid": X8[SLOW], **BF16}
     )
     assert ratio == pytest.approx(0.9, abs=1e-6)
-    assert registry.get_sample_value(
-        "sparkdiag_probe_software_info",
-        {"gpu": "0", "uuid": X8[0], "context": "native", "torch": "2.11.0+cu130", "cuda": "13.0",
-         "cublas": "13.1.0", "driver": "580.159.04"},
-    ) == 1.0  # fmt: skip
+    assert (
+        registry.get_sample_value(
+            "sparkdiag_probe_software_info",
+            {
+                "gpu": "0",
+                "uuid": X8[0],
+                "context": "native",
+                "torch": "2.11.0+cu130",
+                "cuda": "13.0",
+                "cublas": "13.1.0",
+                "driver": "580.159.04",
+            },
+        )
+        == 1.0
+    )
 
     # said once per kernel, not at every cycle
     warnings = [r for r in caplog.records if "not learned as its baseline" in r.getMessage()]
@@ -270,16 +313,25 @@ def test_one_gpu_learns_against_the_reference_alone(tmp_path: Path) -> None:
     fixture = write_probe_fixture(tmp_path / "p.json", [probe_document(X8[0], jitter=0.9)])
     store = open_store(tmp_path / "state", create=True)
     snap = snapshot("h200-idle", tmp_path)
-    sched = ProbeScheduler(FixtureLauncher(fixture), ProbeState(), StoreKeeper(lambda: store),
-                           "native", lambda: snap, 300.0)  # fmt: skip
+    sched = ProbeScheduler(
+        FixtureLauncher(fixture),
+        ProbeState(),
+        StoreKeeper(lambda: store),
+        "native",
+        lambda: snap,
+        300.0,
+    )
     for _ in range(3):
         (record,) = sched.run_cycle()
     bf16 = next(f for f in record.figures if (f.dtype, f.kind, f.beta) == ("bf16", "compute", 0))
     assert bf16.held is None and bf16.baseline is not None  # 0.82 of MAMF, no peers: learned
     registry = registry_of(sched)
-    assert registry.get_sample_value(
-        "sparkdiag_gemm_baseline_held", {"gpu": "0", "uuid": X8[0], **BF16}
-    ) == 0.0  # still learning (3 of 5 runs), not held  # fmt: skip
+    assert (
+        registry.get_sample_value(
+            "sparkdiag_gemm_baseline_held", {"gpu": "0", "uuid": X8[0], **BF16}
+        )
+        == 0.0
+    )  # still learning (3 of 5 runs), not held
     assert (
         registry.get_sample_value(
             "sparkdiag_gemm_node_peer_ratio", {"gpu": "0", "uuid": X8[0], **BF16}
@@ -294,11 +346,21 @@ def test_one_gpu_learns_against_the_reference_alone(tmp_path: Path) -> None:
 
 def run_check(tmp_path: Path, fixture: Path, *extra: str) -> tuple[int, dict[str, Any]]:
     result = run_cli(
-        "check", "--json", "--nvml-fixture", str(NVML / "h200-x8.json"),
-        "--probe.fixture", str(fixture), "--path.sysfs", str(SYSFS / "h200-vm"),
-        "--path.rootfs", str(ROOTFS / "native"), "--state-dir", str(tmp_path / "state"), *extra,
+        "check",
+        "--json",
+        "--nvml-fixture",
+        str(NVML / "h200-x8.json"),
+        "--probe.fixture",
+        str(fixture),
+        "--path.sysfs",
+        str(SYSFS / "h200-vm"),
+        "--path.rootfs",
+        str(ROOTFS / "native"),
+        "--state-dir",
+        str(tmp_path / "state"),
+        *extra,
         timeout=120,
-    )  # fmt: skip
+    )
     return result.returncode, json.loads(result.stdout)
 
 
@@ -331,11 +393,20 @@ def test_check_warns_at_five_percent_and_passes_two_percent_noise(tmp_path: Path
 def test_check_on_one_gpu_has_no_peer_and_quick_skips(tmp_path: Path) -> None:
     fixture = write_probe_fixture(tmp_path / "p.json", [probe_document(X8[0])])
     result = run_cli(
-        "check", "--json", "--nvml-fixture", str(NVML / "h200-idle.json"),
-        "--probe.fixture", str(fixture), "--path.sysfs", str(SYSFS / "h200-vm"),
-        "--path.rootfs", str(ROOTFS / "native"), "--state-dir", str(tmp_path / "state"),
+        "check",
+        "--json",
+        "--nvml-fixture",
+        str(NVML / "h200-idle.json"),
+        "--probe.fixture",
+        str(fixture),
+        "--path.sysfs",
+        str(SYSFS / "h200-vm"),
+        "--path.rootfs",
+        str(ROOTFS / "native"),
+        "--state-dir",
+        str(tmp_path / "state"),
         timeout=120,
-    )  # fmt: skip
+    )
     (row,) = rows(json.loads(result.stdout), "peers")
     assert row["status"] == "skip" and "no peer" in row["finding"]
     _code, report = run_check(tmp_path, fixture, "--quick")
@@ -351,8 +422,10 @@ def test_check_peers_skips_without_probes(tmp_path: Path) -> None:
 
 def test_latest_runs_gives_each_keys_newest_run_from_the_recent_ones(tmp_path: Path) -> None:
     store = BaselineStore(tmp_path / "b.sqlite")
-    keys = [BaselineKey(X8[0], d, "8192x8192x8192", "native", "580", "2.11", "13.0")
-            for d in ("bf16", "fp16")]  # fmt: skip
+    keys = [
+        BaselineKey(X8[0], d, "8192x8192x8192", "native", "580", "2.11", "13.0")
+        for d in ("bf16", "fp16")
+    ]
     for n in range(3):
         for key in keys:
             store.record_run(key, 700.0 + n, True, at=1000.0 + n)

@@ -1,5 +1,5 @@
 """The fleet rules (prometheus/sparkdiag-rules.yml, group sparkdiag-peers) use the thresholds of
-sparkdiag/peers/compare.py, which the check, the daemon and ``sparkdiag fleet`` use: the rules
+sparkdiag/peers/ranking.py, which the check, the daemon and ``sparkdiag fleet`` use: the rules
 cannot import them, so this test holds the two equal. The rules' behaviour is tested by promtool
 (prometheus/tests/peers.yml, run by tests/test_prometheus_rules.py)."""
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from sparkdiag.peers import compare
+from sparkdiag.peers import ranking as compare
 from tests.support import ROOT
 
 RULES = ROOT / "prometheus" / "sparkdiag-rules.yml"

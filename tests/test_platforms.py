@@ -1,4 +1,4 @@
-"""Platform identity: DMI strings from sysfs (sources/dmi.py) and the table of known machines
+"""Platform identity: DMI strings from sysfs (sources/host/dmi.py) and the table of known machines
 (platforms.py) that host links are judged against."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from sparkdiag.platforms import PLATFORMS, describe, identify
 from sparkdiag.snapshot import PlatformIdentity
-from sparkdiag.sources.dmi import read_platform
+from sparkdiag.sources.host.dmi import read_platform
 
 SYSFS = Path(__file__).parent / "fixtures" / "sysfs"
 
@@ -62,8 +62,14 @@ def test_describe_an_unknown_machine_by_its_dmi() -> None:
 
 def test_every_platform_designs_the_four_connectx7_functions_and_their_ports() -> None:
     for platform in PLATFORMS:
-        for address in ("0000:00:00.0", "0000:01:00.0", "0000:01:00.1",
-                        "0002:00:00.0", "0002:01:00.0", "0002:01:00.1"):  # fmt: skip
+        for address in (
+            "0000:00:00.0",
+            "0000:01:00.0",
+            "0000:01:00.1",
+            "0002:00:00.0",
+            "0002:01:00.0",
+            "0002:01:00.1",
+        ):
             design = platform.design(address)
             assert design is not None, (platform.key, address)
             assert design.speed_tps == 32e9

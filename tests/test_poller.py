@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from sparkdiag.snapshot import ExecutionContext, HostSample, PcieLink, Snapshot
-from sparkdiag.sources.fixture import FixtureBackend
-from sparkdiag.sources.gpu import GpuSource
+from sparkdiag.sources.nvml.fixture import FixtureBackend
+from sparkdiag.sources.nvml.gpu import GpuSource
 from sparkdiag.telemetry.poller import Poller
 
 NATIVE = ExecutionContext(context="native", runtime="none")

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from sparkdiag.baseline.store import BaselineKey, BaselineStore
 from sparkdiag.cli import main
 from sparkdiag.probe.worker.contract import SCHEMA
-from sparkdiag.sources import packages
+from sparkdiag.sources.software import packages
 from tests.support import NVML, PROBE, ROOT, scaled_cycle, sparkdiag_cmd
 
 
@@ -75,8 +75,17 @@ def test_probe_replays_a_recorded_cycle_and_learns_a_baseline(tmp_path: Path) ->
 
 @pytest.mark.worker
 def test_probe_runs_the_real_worker_on_cpu(tmp_path: Path) -> None:
-    result = run("probe", "--small", "--dtype", "bf16", "--json", "--state-dir", str(tmp_path),
-                 "--nvml-fixture", str(NVML / "no-nvml.json"))  # fmt: skip
+    result = run(
+        "probe",
+        "--small",
+        "--dtype",
+        "bf16",
+        "--json",
+        "--state-dir",
+        str(tmp_path),
+        "--nvml-fixture",
+        str(NVML / "no-nvml.json"),
+    )
     assert result.returncode == 0, result.stderr
     (gpu,) = json.loads(result.stdout)["gpus"]
     assert gpu["result"] == "ok" and gpu["uuid"] is None  # no NVML: no baseline either
@@ -90,8 +99,17 @@ def test_probe_device_cpu_runs_the_worker_on_the_cpu_beside_a_gpu(tmp_path: Path
     that device even where NVML lists a GPU, and no baseline is taught from it."""
     pytest.importorskip("torch")
     started = time.monotonic()
-    result = run("probe", "--device", "cpu", "--small", "--json", "--state-dir", str(tmp_path),
-                 "--nvml-fixture", str(NVML / "h200-idle.json"))  # fmt: skip
+    result = run(
+        "probe",
+        "--device",
+        "cpu",
+        "--small",
+        "--json",
+        "--state-dir",
+        str(tmp_path),
+        "--nvml-fixture",
+        str(NVML / "h200-idle.json"),
+    )
     took = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     assert took < 60, f"probe --device cpu --small took {took:.1f} s"
@@ -125,8 +143,21 @@ def test_probe_usage_errors() -> None:
 @pytest.mark.worker
 def test_bench_sweeps_with_csv_and_json(tmp_path: Path) -> None:
     out_csv, out_json = tmp_path / "b.csv", tmp_path / "b.json"
-    result = run("bench", "--device", "cpu", "--m", "64:192:64", "--iters", "3", "--warmup", "2",
-                 "--csv", str(out_csv), "--json", str(out_json))  # fmt: skip
+    result = run(
+        "bench",
+        "--device",
+        "cpu",
+        "--m",
+        "64:192:64",
+        "--iters",
+        "3",
+        "--warmup",
+        "2",
+        "--csv",
+        str(out_csv),
+        "--json",
+        str(out_json),
+    )
     assert result.returncode == 0, result.stderr
     assert "bf16: best" in result.stdout and "over 3 shapes" in result.stdout
     rows = list(csv.DictReader(out_csv.open()))
@@ -159,21 +190,40 @@ def test_bench_small_sweeps_small_cubes_and_its_count_reaches_its_total(
 
 
 @pytest.mark.worker
-def test_bench_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_bench_ctrl_c_keeps_what_was_measured(tmp_path: Path, sig: signal.Signals) -> None:
+    """Ctrl-C and SIGTERM alike (SIGTERM ended bench at once, its kernels lost, before issue
+    34), the partial JSON naming the one received."""
     pytest.importorskip("torch")
     out_csv, out_json = tmp_path / "b.csv", tmp_path / "b.json"
     proc = subprocess.Popen(
-        sparkdiag_cmd("bench", "--device", "cpu", "--m", "64,96,128,8192", "--iters", "3",
-                      "--warmup", "1", "--csv", str(out_csv), "--json", str(out_json)),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    )  # fmt: skip
+        sparkdiag_cmd(
+            "bench",
+            "--device",
+            "cpu",
+            "--m",
+            "64,96,128,8192",
+            "--iters",
+            "3",
+            "--warmup",
+            "1",
+            "--csv",
+            str(out_csv),
+            "--json",
+            str(out_json),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.stderr is not None
     seen = []
     for line in proc.stderr:  # wait for the third kernel; the 8192 cube takes far longer
         seen.append(line)
         if "bench [3/4]" in line:
             break
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, "".join(seen) + err
     assert "interrupted after 3 of 4 kernels" in err
@@ -181,6 +231,7 @@ def test_bench_ctrl_c_keeps_what_was_measured(tmp_path: Path) -> None:
     assert [r["shape"] for r in rows] == ["64x64x64", "96x96x96", "128x128x128"]
     body = json.loads(out_json.read_text())
     assert body["schema"] == "sparkdiag-bench-partial/1" and body["done"] == 3
+    assert body["interrupted"] == sig.name
     assert [r["shape"] for r in body["results"]] == [r["shape"] for r in rows]
     assert "bf16: best" in out and "over 3 shapes" in out
 
@@ -249,12 +300,24 @@ def test_a_figure_counts_toward_the_baseline_only_without_a_heat_or_power_reason
     from sparkdiag.probe.document import parse_document
 
     def figure(reasons: int) -> bool:
-        doc = parse_document({
-            "schema": SCHEMA, "status": "ok",
-            "results": [{"dtype": "bf16", "shape": "1x8192x8192", "kind": "decode", "beta": 0,
-                         "status": "ok", "delivered": 3.0, "peak": 3.0}],
-            "conditions": {"clock_event_reasons_seen": reasons, "samples": 3},
-        })  # fmt: skip
+        doc = parse_document(
+            {
+                "schema": SCHEMA,
+                "status": "ok",
+                "results": [
+                    {
+                        "dtype": "bf16",
+                        "shape": "1x8192x8192",
+                        "kind": "decode",
+                        "beta": 0,
+                        "status": "ok",
+                        "delivered": 3.0,
+                        "peak": 3.0,
+                    }
+                ],
+                "conditions": {"clock_event_reasons_seen": reasons, "samples": 3},
+            }
+        )
         (f,) = evaluate(doc, "GPU-x", "", "native", None)
         return f.counts_toward_baseline
 
@@ -298,8 +361,9 @@ def test_probe_beside_another_process_is_slower_and_says_who(tmp_path: Path) -> 
     assert said.endswith("at 0.48; while pid 4242 used the GPU")
     # the table itself is unchanged: the same rows and columns, other figures
     table = [line.split()[:4] for line in slow.output.splitlines() if line.startswith("  bf16 ")]
-    assert table == [line.split()[:4] for line in idle.output.splitlines()
-                     if line.startswith("  bf16 ")]  # fmt: skip
+    assert table == [
+        line.split()[:4] for line in idle.output.splitlines() if line.startswith("  bf16 ")
+    ]
     as_json = CliRunner().invoke(main, [*args, "--no-record", "--json", "--probe.fixture", beside])
     doc = json.loads(as_json.output)
     verdict = doc["gpus"][0]["verdict"]
@@ -334,8 +398,9 @@ def test_the_noise_band_edges() -> None:
 
     def figure(eff: float) -> GemmFigure:
         base = Baseline(key, 700.0, "learned", 5, 0.0, 0.0)
-        return GemmFigure("bf16", "8192x8192x8192", "compute", 0, "ok", None, 700.0 * eff,
-                          700.0, base, None, True)  # fmt: skip
+        return GemmFigure(
+            "bf16", "8192x8192x8192", "compute", 0, "ok", None, 700.0 * eff, 700.0, base, None, True
+        )
 
     assert (NOISE_BAND, SLOWER_BELOW) == (0.10, 0.90)
     assert judge([figure(0.95), figure(0.901)], "").status == "as fast"
@@ -348,8 +413,9 @@ def test_the_noise_band_edges() -> None:
 
 def test_a_cpu_run_is_worded_for_a_cpu(tmp_path: Path) -> None:
     """No "default device", no "GPU-busy time", no "None" versions, no baseline it cannot keep."""
-    cpu = _scaled(tmp_path, 1.0, [], device="cpu", gpu_name=None, cuda=None, cublas=None,
-                  driver=None)  # fmt: skip
+    cpu = _scaled(
+        tmp_path, 1.0, [], device="cpu", gpu_name=None, cuda=None, cublas=None, driver=None
+    )
     result = CliRunner().invoke(main, ["probe", "--device", "cpu", "--probe.fixture", cpu])
     assert result.exit_code == 0, result.output
     out = result.output

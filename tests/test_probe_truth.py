@@ -144,18 +144,34 @@ def test_helpers(pt: ModuleType) -> None:
     assert not pt.FIRST_KERNEL.match("sparkdiag-probe: NVML unavailable: x\n")
     doc = {
         "results": [
-            {"dtype": "bf16", "shape": "8x8x8", "beta": 1, "status": "ok", "delivered": 2.0,
-             "peak": 3.0},
+            {
+                "dtype": "bf16",
+                "shape": "8x8x8",
+                "beta": 1,
+                "status": "ok",
+                "delivered": 2.0,
+                "peak": 3.0,
+            },
             {"dtype": "fp8", "shape": "8x8x8", "beta": 0, "status": "unsupported"},
         ],
         "bandwidth": {"status": "ok", "delivered": 4e12, "peak": 5e12},
         "transfers": [
-            {"memory": "pinned", "direction": "h2d", "size_bytes": 256 * 1024**2,
-             "status": "ok", "delivered": 5.5e10},
-            {"memory": "pageable", "direction": "d2h", "size_bytes": 65536,
-             "status": "unsupported", "delivered": None},
+            {
+                "memory": "pinned",
+                "direction": "h2d",
+                "size_bytes": 256 * 1024**2,
+                "status": "ok",
+                "delivered": 5.5e10,
+            },
+            {
+                "memory": "pageable",
+                "direction": "d2h",
+                "size_bytes": 65536,
+                "status": "unsupported",
+                "delivered": None,
+            },
         ],
-    }  # fmt: skip
+    }
     assert pt.figures(doc) == {
         "bf16 8x8x8 beta=1": (2.0, 3.0),
         "device copy GB/s": (4000.0, 5000.0),

@@ -414,9 +414,15 @@ def test_gpu_soak() -> None:
     soak = doc["soak"]
     for window in soak["windows"]:
         c = window["conditions"]
-        print(window["index"], round(window["elapsed_seconds"], 1), window["ratios"],
-              c["max_gpu_temperature_celsius"], c["max_memory_temperature_celsius"],
-              c["mean_sm_clock_hertz"], c["clock_event_reasons_seen"])  # fmt: skip
+        print(
+            window["index"],
+            round(window["elapsed_seconds"], 1),
+            window["ratios"],
+            c["max_gpu_temperature_celsius"],
+            c["max_memory_temperature_celsius"],
+            c["mean_sm_clock_hertz"],
+            c["clock_event_reasons_seen"],
+        )
     print(soak["load"], soak["stopped"], soak["reason"])
     assert soak["stopped"] in ("completed", "threshold"), soak["reason"]
     assert soak["thresholds"]["gpu_slowdown_celsius"] is not None

@@ -211,8 +211,14 @@ def test_shape_planning() -> None:
 def test_decode_ratios() -> None:
     def r(dtype: str, peak: float | None, shape: str = "1x8192x8192") -> dict[str, Any]:
         status = "ok" if peak else "unsupported"
-        return {"dtype": dtype, "kind": "decode", "shape": shape, "status": status,
-                "peak": peak, "delivered": peak}  # fmt: skip
+        return {
+            "dtype": dtype,
+            "kind": "decode",
+            "shape": shape,
+            "status": status,
+            "peak": peak,
+            "delivered": peak,
+        }
 
     got = output.decode_ratios([r("int4", 6.0), r("bf16", 3.75), r("fp16", 3.0)])
     assert got == {"int4/bf16": pytest.approx(1.6), "int4/fp16": pytest.approx(2.0)}
@@ -232,8 +238,14 @@ def test_decode_ratios_read_the_median_iteration_which_contention_leaves() -> No
     # beside a bf16 matmul loop): delivered int4/bf16 1.05 against 1.60 idle, while the median
     # iterations kept int4/bf16 at 1.57.
     def r(dtype: str, delivered: float, peak: float) -> dict[str, Any]:
-        return {"dtype": dtype, "kind": "decode", "shape": "1x8192x8192", "status": "ok",
-                "delivered": delivered, "peak": peak}  # fmt: skip
+        return {
+            "dtype": dtype,
+            "kind": "decode",
+            "shape": "1x8192x8192",
+            "status": "ok",
+            "delivered": delivered,
+            "peak": peak,
+        }
 
     busy = [r("int4", 2.2725, 5.7693), r("bf16", 2.1631, 3.6760), r("fp16", 3.1131, 3.2411)]
     got = output.decode_ratios(busy)

@@ -183,13 +183,19 @@ def test_the_scripts_test_default_is_the_plain_pinned_install(tmp_path: Path) ->
     env = {"PATH": f"{venv}:/usr/bin:/bin"}
     for extra, expected in (
         ({}, "install --quiet --disable-pip-version-check torch==2.13.0"),
-        ({"SPARKDIAG_TORCH_INDEX": "https://example.invalid/cpu"},
-         "install --quiet --disable-pip-version-check --index-url https://example.invalid/cpu "
-         "torch==2.13.0"),
-    ):  # fmt: skip
+        (
+            {"SPARKDIAG_TORCH_INDEX": "https://example.invalid/cpu"},
+            "install --quiet --disable-pip-version-check --index-url https://example.invalid/cpu "
+            "torch==2.13.0",
+        ),
+    ):
         log.write_text("")
-        subprocess.run(["bash", str(fake / "scripts" / "test")], env={**env, **extra},
-                       capture_output=True, check=False)  # fmt: skip
+        subprocess.run(
+            ["bash", str(fake / "scripts" / "test")],
+            env={**env, **extra},
+            capture_output=True,
+            check=False,
+        )
         assert log.read_text().splitlines() == [expected]
 
 
@@ -229,8 +235,12 @@ def fresh_env() -> dict[str, str]:
 def shell(command: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(
         ["bash", "-c", command],
-        cwd=cwd, env=fresh_env(), capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        cwd=cwd,
+        env=fresh_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert done.returncode == 0, (command, done.stdout[-2000:], done.stderr[-2000:])
     return done
 
@@ -250,9 +260,12 @@ def test_the_quick_start_serves_from_a_fresh_clone(quick_started: Path) -> None:
     port = free_port()
     proc = subprocess.Popen(
         [".venv/bin/sparkdiag", "serve", "--listen", f"127.0.0.1:{port}"],
-        cwd=quick_started, env=fresh_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        cwd=quick_started,
+        env=fresh_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-    )  # fmt: skip
+    )
     try:
         deadline = time.monotonic() + 60
         body = b""
@@ -326,8 +339,12 @@ def test_the_cpu_smoke_runs_pass_from_a_fresh_clone(
     start = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "sparkdiag", *words],
-        cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=clone,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         out, err = proc.communicate(timeout=SMOKE_SECONDS * 2)
     except subprocess.TimeoutExpired:

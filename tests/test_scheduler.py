@@ -12,15 +12,14 @@ import pytest
 
 from sparkdiag.baseline.keeper import StoreKeeper
 from sparkdiag.baseline.store import BaselineStore
-from sparkdiag.compare.container_probe import ContainerLauncher
-from sparkdiag.probe.launchers import FixtureLauncher
+from sparkdiag.probe.launchers import ContainerLauncher, FixtureLauncher
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.scheduling.probe_state import ProbeState
 from sparkdiag.scheduling.scheduler import ProbeScheduler
 from sparkdiag.snapshot import GpuSample, Snapshot
-from sparkdiag.sources.fixture import FixtureBackend
-from sparkdiag.sources.gpu import GpuSource
+from sparkdiag.sources.nvml.fixture import FixtureBackend
+from sparkdiag.sources.nvml.gpu import GpuSource
 from sparkdiag.telemetry.poller import Poller
 from tests.support import NVML, PROBE
 from tests.support import fixture_snapshot as snapshot

@@ -83,9 +83,16 @@ def test_daemon_notifies_ready_then_stopping(listener: tuple[socket.socket, str]
     sock.settimeout(20)
     env = dict(os.environ, NOTIFY_SOCKET=path, WATCHDOG_USEC="200000")
     cmd = sparkdiag_cmd(
-        "serve", "--listen", f"127.0.0.1:{free_port()}", "--poll-interval", "0.05",
-        "--nvml-fixture", str(NVML / "h200-idle.json"), "--path.sysfs", str(SYSFS / "h200-vm"),
-    )  # fmt: skip
+        "serve",
+        "--listen",
+        f"127.0.0.1:{free_port()}",
+        "--poll-interval",
+        "0.05",
+        "--nvml-fixture",
+        str(NVML / "h200-idle.json"),
+        "--path.sysfs",
+        str(SYSFS / "h200-vm"),
+    )
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stderr=subprocess.PIPE)
     try:
         messages = [receive(sock) for _ in range(4)]

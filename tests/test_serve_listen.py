@@ -17,10 +17,21 @@ from tests.support import NVML, ROOT, free_port, sparkdiag_cmd
 def serve_lines(listen: str) -> list[str]:
     """The daemon's log lines up to its 'serving' line (then it is stopped)."""
     proc = subprocess.Popen(
-        sparkdiag_cmd("serve", "--listen", listen, "--no-probe.enabled", "--nvml-fixture",
-                      str(NVML / "no-nvml.json"), "--poll-interval", "5"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    )  # fmt: skip
+        sparkdiag_cmd(
+            "serve",
+            "--listen",
+            listen,
+            "--no-probe.enabled",
+            "--nvml-fixture",
+            str(NVML / "no-nvml.json"),
+            "--poll-interval",
+            "5",
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.stderr is not None
     lines: list[str] = []
     try:
@@ -39,8 +50,12 @@ def serve_lines(listen: str) -> list[str]:
 
 def test_url_host() -> None:
     assert [url_host(h) for h in ("::1", "::", "127.0.0.1", "node-3", "[::1]")] == [
-        "[::1]", "[::]", "127.0.0.1", "node-3", "[::1]"
-    ]  # fmt: skip
+        "[::1]",
+        "[::]",
+        "127.0.0.1",
+        "node-3",
+        "[::1]",
+    ]
 
 
 def test_an_ipv6_address_is_printed_in_brackets() -> None:

@@ -22,9 +22,9 @@ from sparkdiag.check.model import CheckContext, KernelLog
 from sparkdiag.check.stall_checks import STALL_SAMPLES, check_stall
 from sparkdiag.exporter.registry import build_registry
 from sparkdiag.snapshot import Snapshot
-from sparkdiag.sources.kernel_log import read_kernel_log
-from sparkdiag.sources.sysfs import PcieSource
-from sparkdiag.sources.xid import BUCKETS, INCIDENT_GAP_SECONDS, XIDS, describe
+from sparkdiag.sources.host.kernel_log import read_kernel_log
+from sparkdiag.sources.host.sysfs import PcieSource
+from sparkdiag.sources.nvml.xid import BUCKETS, INCIDENT_GAP_SECONDS, XIDS, describe
 from sparkdiag.telemetry.build import build_poller
 from sparkdiag.telemetry.stall import StallLog, stall_signature
 from tests.support import run_cli
@@ -129,8 +129,16 @@ def _recovery_snapshot() -> Snapshot:
     return poll(NVML / "h200-x8-recovery.json", sysfs=SYSFS / "h200-x8")
 
 
-ACTIONS = ["none", "gpu_reset", "node_reboot", "drain_p2p", "drain_and_reset",
-           "recover_imex_domain", "bus_reset", "system_reboot"]  # fmt: skip
+ACTIONS = [
+    "none",
+    "gpu_reset",
+    "node_reboot",
+    "drain_p2p",
+    "drain_and_reset",
+    "recover_imex_domain",
+    "bus_reset",
+    "system_reboot",
+]
 
 
 def test_every_recovery_action_value_is_exported_as_a_state_set() -> None:
@@ -225,7 +233,7 @@ def test_xid_catalog_tiers() -> None:
         ("xid-warning", "warn", "XID 31 ×1 (0000:00:06, GPU 0): GPU memory page fault"),
         ("xid-info", "pass", "XID 63 ×1 (0000:00:06, GPU 0): ECC page retirement"),
     ],
-)  # fmt: skip
+)
 def test_kernel_log_fixture_per_tier(root: str, status: str, first: str) -> None:
     log = read_kernel_log(ROOTFS / root)
     r = only(check_xid(context(poll(NVML / "h200-idle.json"), kernel_log=log)))
@@ -293,10 +301,16 @@ def test_incident_counters_start_at_zero_only_where_xid_events_are_delivered(
         _value(snap, "sparkdiag_gpu_xid_incidents_total", {**H200_0, "severity": "critical"}) == 0
     )
     path = tmp_path / "no-events.json"
-    path.write_text(json.dumps({
-        "format": "sparkdiag-nvml-fixture/1", "base": str(NVML / "h200-idle.json"),
-        "devices": [{"from": 0, "set": {"supported_event_types": 0x10}}],
-    }), encoding="utf-8")  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "format": "sparkdiag-nvml-fixture/1",
+                "base": str(NVML / "h200-idle.json"),
+                "devices": [{"from": 0, "set": {"supported_event_types": 0x10}}],
+            }
+        ),
+        encoding="utf-8",
+    )
     quiet = poll(path)
     assert (
         _value(quiet, "sparkdiag_gpu_xid_incidents_total", {**H200_0, "severity": "critical"})
@@ -338,10 +352,16 @@ def test_work_idle_and_low_power_states_do_not_match(tmp_path: Path) -> None:
 
 def _derived(tmp_path: Path, base: str, answers: dict[str, Any]) -> Snapshot:
     path = tmp_path / f"derived-{len(list(tmp_path.iterdir()))}.json"
-    path.write_text(json.dumps({
-        "format": "sparkdiag-nvml-fixture/1", "base": str(NVML / base),
-        "devices": [{"from": 0, "set": answers}],
-    }), encoding="utf-8")  # fmt: skip
+    path.write_text(
+        json.dumps(
+            {
+                "format": "sparkdiag-nvml-fixture/1",
+                "base": str(NVML / base),
+                "devices": [{"from": 0, "set": answers}],
+            }
+        ),
+        encoding="utf-8",
+    )
     return poll(path, sysfs=SYSFS / "dgx-spark")
 
 

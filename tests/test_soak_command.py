@@ -45,8 +45,14 @@ PNG = b"\x89PNG"
 
 
 def run_soak(*args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(sparkdiag_cmd("soak", *args), capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, check=False)  # fmt: skip
+    return subprocess.run(
+        sparkdiag_cmd("soak", *args),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        check=False,
+    )
 
 
 @pytest.mark.worker
@@ -54,9 +60,19 @@ def test_cpu_soak_writes_the_record_csv_plots_and_state(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("matplotlib")
     state = tmp_path / "state"
-    result = run_soak(*CPU, "--duration", "2", "--json", str(tmp_path / "soak.json"),
-                      "--csv", str(tmp_path / "soak.csv"), "--plot", f"{tmp_path}/plots/",
-                      "--state-dir", str(state))  # fmt: skip
+    result = run_soak(
+        *CPU,
+        "--duration",
+        "2",
+        "--json",
+        str(tmp_path / "soak.json"),
+        "--csv",
+        str(tmp_path / "soak.csv"),
+        "--plot",
+        f"{tmp_path}/plots/",
+        "--state-dir",
+        str(state),
+    )
     record = json.loads((tmp_path / "soak.json").read_text())
     assert record["schema"] == "sparkdiag-soak/1" and record["interrupted"] is None
     (gpu,) = record["gpus"]
@@ -103,8 +119,9 @@ def test_the_readme_cpu_smoke_soak_passes_and_its_record_poses_as_no_gpu(tmp_pat
     pytest.importorskip("torch")
     state = tmp_path / "state"
     started = time.monotonic()
-    result = run_soak("--device", "cpu", "--small", "--duration", "10", "--window", "1",
-                      "--state-dir", str(state))  # fmt: skip
+    result = run_soak(
+        "--device", "cpu", "--small", "--duration", "10", "--window", "1", "--state-dir", str(state)
+    )
     took = time.monotonic() - started
     assert result.returncode == 0, result.stdout + result.stderr
     assert took < 60, f"the CPU smoke soak took {took:.1f} s"
@@ -112,15 +129,33 @@ def test_the_readme_cpu_smoke_soak_passes_and_its_record_poses_as_no_gpu(tmp_pat
     assert "ran at" in result.stdout and "no thermal verdict" in result.stdout
     assert "s left" in result.stderr  # the soak's own clock: cpu window 1 (1.0 s, 9 s left)
     check = subprocess.run(
-        sparkdiag_cmd("check", "--quick", "--json", "--state-dir", str(state), "--nvml-fixture",
-                      str(NVML / "no-nvml.json")),
-        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
-    )  # fmt: skip
+        sparkdiag_cmd(
+            "check",
+            "--quick",
+            "--json",
+            "--state-dir",
+            str(state),
+            "--nvml-fixture",
+            str(NVML / "no-nvml.json"),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+        check=False,
+    )
     rows = [r for r in json.loads(check.stdout)["checks"] if r["name"] == "soak"]
     assert [r["status"] for r in rows] == ["skip"], rows
     assert "CPU test soak" in rows[0]["finding"] and "cooling" not in json.dumps(rows)
-    with running_daemon(["--nvml-fixture", str(NVML / "no-nvml.json"), "--no-probe.enabled",
-                         "--state-dir", str(state)]) as base:  # fmt: skip
+    with running_daemon(
+        [
+            "--nvml-fixture",
+            str(NVML / "no-nvml.json"),
+            "--no-probe.enabled",
+            "--state-dir",
+            str(state),
+        ]
+    ) as base:
         status, _, body = http_get(base + "/metrics")
     assert status == 200
     served = [line for line in body.decode().splitlines() if line.startswith("sparkdiag_soak")]
@@ -131,8 +166,17 @@ def test_the_readme_cpu_smoke_soak_passes_and_its_record_poses_as_no_gpu(tmp_pat
 def test_json_alone_prints_the_record_and_no_record_keeps_no_state(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     state = tmp_path / "state"
-    result = run_soak(*CPU, "--duration", "1", "--dtype", "int4,bf16", "--json", "--no-record",
-                      "--state-dir", str(state))  # fmt: skip
+    result = run_soak(
+        *CPU,
+        "--duration",
+        "1",
+        "--dtype",
+        "int4,bf16",
+        "--json",
+        "--no-record",
+        "--state-dir",
+        str(state),
+    )
     record = json.loads(result.stdout)
     (gpu,) = record["gpus"]
     assert {v["dtype"] for v in gpu["verdicts"]} == {"int4", "bf16"}
@@ -149,10 +193,23 @@ def test_ctrl_c_stops_cleanly_with_a_partial_record_and_no_worker_left(
     pytest.importorskip("torch")
     record, table = tmp_path / "soak.json", tmp_path / "soak.csv"
     proc = subprocess.Popen(
-        sparkdiag_cmd("soak", *CPU, "--duration", "120", "--json", str(record), "--csv",
-                      str(table), "--state-dir", str(tmp_path / "state")),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-    )  # fmt: skip
+        sparkdiag_cmd(
+            "soak",
+            *CPU,
+            "--duration",
+            "120",
+            "--json",
+            str(record),
+            "--csv",
+            str(table),
+            "--state-dir",
+            str(tmp_path / "state"),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
     assert proc.stderr is not None
     seen = []
     deadline = time.monotonic() + 120
@@ -184,9 +241,14 @@ def test_ctrl_c_stops_cleanly_with_a_partial_record_and_no_worker_left(
 
 def fake_runner(modes: list[str], grace: float = 30.0) -> SoakRunner:
     """A runner whose job i runs the stand-in in ``modes[i]``."""
-    jobs = [Job(Target(f"GPU {i}", i, f"GPU-{i}"), WorkerRequest(soak_seconds=60),
-                python=(sys.executable, str(FAKE), mode))
-            for i, mode in enumerate(modes)]  # fmt: skip
+    jobs = [
+        Job(
+            Target(f"GPU {i}", i, f"GPU-{i}"),
+            WorkerRequest(soak_seconds=60),
+            python=(sys.executable, str(FAKE), mode),
+        )
+        for i, mode in enumerate(modes)
+    ]
     return SoakRunner(jobs, timeout=60, grace=grace)
 
 
@@ -266,15 +328,20 @@ def test_a_busy_gpu_is_not_soaked() -> None:
 
 def test_plots_of_gpu_soaks_one_pair_per_gpu(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
-    hot = heating(int4=[6.4, 6.3, 5.5, 4.2], bf16=[4.0, 4.0, 3.9, 3.9], memory=[45, 70, 86, 91],
-                  gpu=[40, 60, 72, 78])  # fmt: skip
-    spark = heating(int4=[3.0, 2.9, 2.9], bf16=[1.5, 1.5, 1.5], memory=[None] * 3,
-                    gpu=[38, 55, 71])  # fmt: skip
+    hot = heating(
+        int4=[6.4, 6.3, 5.5, 4.2],
+        bf16=[4.0, 4.0, 3.9, 3.9],
+        memory=[45, 70, 86, 91],
+        gpu=[40, 60, 72, 78],
+    )
+    spark = heating(int4=[3.0, 2.9, 2.9], bf16=[1.5, 1.5, 1.5], memory=[None] * 3, gpu=[38, 55, 71])
     paths = soak_plot.plot(report(gpu_soak(hot), gpu_soak(spark, index=1)), tmp_path / "h200.png")
     assert [p.name for p in paths] == [
-        "h200-gpu0-time.png", "h200-gpu0-temperature.png",
-        "h200-gpu1-time.png", "h200-gpu1-temperature.png",
-    ]  # fmt: skip
+        "h200-gpu0-time.png",
+        "h200-gpu0-temperature.png",
+        "h200-gpu1-time.png",
+        "h200-gpu1-temperature.png",
+    ]
     assert all(p.read_bytes()[:4] == PNG for p in paths)
 
 
@@ -301,12 +368,14 @@ def test_plot_without_matplotlib_is_a_usage_error_before_any_load(
         (["--gpu", "x"], "give all, N or N,M"),
         (["--gpu", "all,0"], "give all or GPU indices, not both"),
         (["--device", "cpu", "--gpu", "0"], "give --device or --gpu, not both"),
-        (["--gpu", "5", "--nvml-fixture", str(NVML / "h200-idle.json")],
-         "no GPU with index 5 (NVML sees: 0)"),
+        (
+            ["--gpu", "5", "--nvml-fixture", str(NVML / "h200-idle.json")],
+            "no GPU with index 5 (NVML sees: 0)",
+        ),
         (["--dtype", "fp64"], "--dtype"),
         (["--probe.timeout", "0"], "probe.timeout"),
     ],
-)  # fmt: skip
+)
 def test_usage_errors(args: list[str], needle: str) -> None:
     result = CliRunner().invoke(main, ["soak", *args])
     assert result.exit_code == 2, result.output
@@ -331,7 +400,7 @@ def test_a_missing_nvml_fixture_is_refused_with_device_cpu(tmp_path: Path) -> No
         (["--plot", "/nonexistent/dir"], "'--plot': folder /nonexistent does not exist"),
         (["--plot", "/nonexistent/dir/"], "'--plot': folder /nonexistent does not exist"),
     ],
-)  # fmt: skip
+)
 def test_output_paths_are_checked_before_any_load(
     tmp_path: Path, args: list[str], needle: str
 ) -> None:
@@ -372,9 +441,19 @@ def test_durations(text: str, seconds: float) -> None:
 def test_help_explains() -> None:
     result = CliRunner().invoke(main, ["soak", "--help"])
     assert result.exit_code == 0
-    for needle in ("--duration", "--window", "--gpu", "--json [FILE]", "--csv FILE",
-                   "--plot DIR|PREFIX", "--state-dir", "--probe.timeout", "Exit status",
-                   "Ctrl-C", "memory"):  # fmt: skip
+    for needle in (
+        "--duration",
+        "--window",
+        "--gpu",
+        "--json [FILE]",
+        "--csv FILE",
+        "--plot DIR|PREFIX",
+        "--state-dir",
+        "--probe.timeout",
+        "Exit status",
+        "Ctrl-C",
+        "memory",
+    ):
         assert needle in result.output, needle
 
 

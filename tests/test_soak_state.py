@@ -101,8 +101,12 @@ def test_collector_exports_the_latest_verdicts(tmp_path: Path) -> None:
     path = tmp_path / FILENAME
     collector = SoakCollector(path)
     registry = registry_for(collector)
-    assert registry.get_sample_value("sparkdiag_soak_last_timestamp_seconds",
-                                     {"gpu": "0", "uuid": "GPU-a"}) is None  # fmt: skip
+    assert (
+        registry.get_sample_value(
+            "sparkdiag_soak_last_timestamp_seconds", {"gpu": "0", "uuid": "GPU-a"}
+        )
+        is None
+    )
     write_state(path, [gpu_state("0", "GPU-a", kernels=[held(), fell()], max_celsius=91.0)])
     gpu = {"gpu": "0", "uuid": "GPU-a"}
     bf16 = {**gpu, "dtype": "bf16", "shape": DECODE}
@@ -157,8 +161,9 @@ def test_the_daemon_serves_the_soak_verdicts(tmp_path: Path) -> None:
     labels = f'dtype="int4",gpu="0",shape="{DECODE}",uuid="{H200_UUID}"'
     assert f"sparkdiag_soak_degraded{{{labels}}} 1.0" in text
     assert 'sparkdiag_soak_info{gpu="0",sensor="memory",stopped="completed"' in text
-    lint = subprocess.run([promtool(), "check", "metrics"], input=text, capture_output=True,
-                          text=True, check=False)  # fmt: skip
+    lint = subprocess.run(
+        [promtool(), "check", "metrics"], input=text, capture_output=True, text=True, check=False
+    )
     assert "sparkdiag_soak" not in lint.stdout + lint.stderr, lint.stdout + lint.stderr
 
 
@@ -176,8 +181,11 @@ def test_a_cpu_test_soak_is_not_exported_as_a_gpu(tmp_path: Path) -> None:
     )
     path.unlink()
     write_state(path, [cpu])  # a machine without a GPU: no soak sample at all
-    samples = [line for line in render(registry_for(SoakCollector(path))).decode().splitlines()
-               if line.startswith("sparkdiag_soak_")]  # fmt: skip
+    samples = [
+        line
+        for line in render(registry_for(SoakCollector(path))).decode().splitlines()
+        if line.startswith("sparkdiag_soak_")
+    ]
     assert samples == []
 
 
@@ -223,16 +231,27 @@ def test_check_warns_when_a_kernel_fell(h200: Snapshot) -> None:
 @pytest.mark.parametrize(
     ("entry", "status", "needle"),
     [
-        (gpu_state(stopped="error", reason="CUDA out of memory"), "warn",
-         "soak 3 h ago failed: CUDA out of memory"),
-        (gpu_state(stopped="hw_thermal_slowdown", reason="clock event reasons 0x40",
-                   kernels=[held()]), "warn", "stopped by a hardware slowdown"),
-        (gpu_state(stopped="interrupted", reason="SIGINT received"), "skip",
-         "measured nothing to judge (SIGINT received)"),
+        (
+            gpu_state(stopped="error", reason="CUDA out of memory"),
+            "warn",
+            "soak 3 h ago failed: CUDA out of memory",
+        ),
+        (
+            gpu_state(
+                stopped="hw_thermal_slowdown", reason="clock event reasons 0x40", kernels=[held()]
+            ),
+            "warn",
+            "stopped by a hardware slowdown",
+        ),
+        (
+            gpu_state(stopped="interrupted", reason="SIGINT received"),
+            "skip",
+            "measured nothing to judge (SIGINT received)",
+        ),
         (gpu_state(stopped="threshold", kernels=[held()]), "pass", "(threshold after 300 s"),
         (gpu_state(sensor="gpu", kernels=[held()]), "pass", "GPU up to 61 °C"),
     ],
-)  # fmt: skip
+)
 def test_check_other_outcomes(h200: Snapshot, entry: GpuState, status: str, needle: str) -> None:
     (result,) = soak_check(h200, ok(replace(entry, uuid=H200_UUID)))
     assert result.status == status and needle in result.finding, result.finding
@@ -265,9 +284,14 @@ def test_check_names_gpus_without_a_soak_and_cpu_test_runs(h200: Snapshot) -> No
 
 @pytest.mark.parametrize(
     ("seconds", "text"),
-    [(5, "just now"), (-30, "just now"), (600, "10 min ago"), (5 * 3600, "5 h ago"),
-     (3 * 86400, "3 days ago")],
-)  # fmt: skip
+    [
+        (5, "just now"),
+        (-30, "just now"),
+        (600, "10 min ago"),
+        (5 * 3600, "5 h ago"),
+        (3 * 86400, "3 days ago"),
+    ],
+)
 def test_age(seconds: float, text: str) -> None:
     assert age(seconds) == text
 
@@ -276,10 +300,20 @@ def test_check_command_reads_the_state_directory(tmp_path: Path) -> None:
     state = tmp_path / "state"
     write_state(state / FILENAME, [gpu_state("0", H200_UUID, kernels=[fell()])])
     result = subprocess.run(
-        sparkdiag_cmd("check", "--quick", "--json", "--nvml-fixture", str(NVML / "h200-idle.json"),
-                      "--state-dir", str(state)),
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
+        sparkdiag_cmd(
+            "check",
+            "--quick",
+            "--json",
+            "--nvml-fixture",
+            str(NVML / "h200-idle.json"),
+            "--state-dir",
+            str(state),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
     report = json.loads(result.stdout)
     (soak,) = [r for r in report["checks"] if r["name"] == "soak"]
     assert soak["status"] == "warn" and "fell to 0.84 of cold" in soak["finding"]

@@ -21,8 +21,9 @@ def kernel(windows: list, dtype: str, sensor=None):  # type: ignore[no-untyped-d
 
 
 def test_held_reports_the_lowest_fraction_and_the_hottest_memory() -> None:
-    windows = heating(int4=[6.4, 6.35, 6.3, 6.27], bf16=[4.0, 4.0, 3.98, 3.97],
-                      memory=[40, 50, 58, 61])  # fmt: skip
+    windows = heating(
+        int4=[6.4, 6.35, 6.3, 6.27], bf16=[4.0, 4.0, 3.98, 3.97], memory=[40, 50, 58, 61]
+    )
     verdict, int4 = kernel(windows, "int4")
     assert verdict.sensor == "memory"
     assert (verdict.min_celsius, verdict.max_celsius) == (40, 61)
@@ -36,8 +37,11 @@ def test_held_reports_the_lowest_fraction_and_the_hottest_memory() -> None:
 def test_fell_at_the_first_window_below_nine_tenths_of_cold() -> None:
     # int4 collapses as memory passes 85 °C; bf16 holds; the hottest window is not the first
     # below 0.9, and a window that recovers does not undo the fall
-    windows = heating(int4=[6.4, 6.3, 5.9, 5.5, 4.2, 5.9], bf16=[4.0, 4.0, 3.95, 3.9, 3.88, 3.9],
-                      memory=[45, 70, 82, 86, 91, 88])  # fmt: skip
+    windows = heating(
+        int4=[6.4, 6.3, 5.9, 5.5, 4.2, 5.9],
+        bf16=[4.0, 4.0, 3.95, 3.9, 3.88, 3.9],
+        memory=[45, 70, 82, 86, 91, 88],
+    )
     verdict, int4 = kernel(windows, "int4")
     assert int4.status == "fell"
     assert int4.fell_celsius == 86 and int4.fell_elapsed == 15.0
@@ -61,8 +65,9 @@ def test_exactly_nine_tenths_still_holds() -> None:
 
 def test_gpu_temperature_when_the_memory_has_no_sensor() -> None:
     # GB10: no memory temperature at all; the GPU's is used, and the text says so
-    windows = heating(int4=[3.0, 2.95, 2.5], bf16=[1.5, 1.5, 1.5], memory=[None] * 3,
-                      gpu=[38, 55, 71])  # fmt: skip
+    windows = heating(
+        int4=[3.0, 2.95, 2.5], bf16=[1.5, 1.5, 1.5], memory=[None] * 3, gpu=[38, 55, 71]
+    )
     assert pick_sensor(windows) == "gpu"
     verdict, int4 = kernel(windows, "int4")
     assert verdict.sensor == "gpu" and int4.fell_celsius == 71
@@ -112,17 +117,26 @@ def test_windows_out_of_order_are_judged_in_order() -> None:
     ("stopped", "reason", "expected"),
     [
         ("completed", None, "stopped: completed after 10 s of load, 3 windows"),
-        ("threshold", "memory 90 °C within 5 °C of its maximum operating temperature 95 °C",
-         "stopped: near a thermal limit: memory 90 °C within 5 °C"),
-        ("hw_thermal_slowdown", "hardware thermal slowdown (clock event reasons 0x40)",
-         "stopped: hardware thermal slowdown: hardware thermal slowdown (clock event"),
-        ("interrupted", "SIGINT received",
-         "stopped: interrupted: SIGINT received after 10 s of load; the record holds the 3 "
-         "windows measured"),
+        (
+            "threshold",
+            "memory 90 °C within 5 °C of its maximum operating temperature 95 °C",
+            "stopped: near a thermal limit: memory 90 °C within 5 °C",
+        ),
+        (
+            "hw_thermal_slowdown",
+            "hardware thermal slowdown (clock event reasons 0x40)",
+            "stopped: hardware thermal slowdown: hardware thermal slowdown (clock event",
+        ),
+        (
+            "interrupted",
+            "SIGINT received",
+            "stopped: interrupted: SIGINT received after 10 s of load; the record holds the 3 "
+            "windows measured",
+        ),
         ("error", "soak failed: CUDA out of memory", "stopped: error: soak failed"),
         ("skipped", "GPU busy: pid 42", "not soaked: GPU busy: pid 42 (--probe.when always"),
     ],
-)  # fmt: skip
+)
 def test_one_line_says_why_it_stopped(stopped: str, reason: str | None, expected: str) -> None:
     windows = heating(int4=[6.4, 6.3, 6.2], bf16=[4.0] * 3, memory=[40, 50, 60])
     line = stopped_line(gpu_soak(windows, stopped, reason))
@@ -162,8 +176,7 @@ def test_a_cpu_soak_ran_without_a_thermal_verdict() -> None:
     """A CPU measures its own noise, not heat (issue 21: 7 of 7 CPU smoke soaks "fell" to
     0.34-0.90 of cold): without ``thermal`` every kernel and ratio measured under load ran, with
     the range of its fractions of cold, and none is degraded."""
-    windows = heating(int4=[6.4, 2.2, 7.0, 5.1], bf16=[4.0, 1.4, 4.2, 3.9],
-                      memory=[None] * 4)  # fmt: skip
+    windows = heating(int4=[6.4, 2.2, 7.0, 5.1], bf16=[4.0, 1.4, 4.2, 3.9], memory=[None] * 4)
     assert judge(windows).degraded  # judged as a GPU, the noise would read as a fall
     verdict = judge(windows, thermal=False)
     assert verdict.thermal is False and verdict.degraded == () and verdict.judged == ()

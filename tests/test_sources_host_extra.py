@@ -15,7 +15,8 @@ from sparkdiag.check.gather import Sources, gather
 from sparkdiag.config import Settings
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.snapshot import GpuSample
-from sparkdiag.sources import cpufreq, kernel_log, packages, procfs
+from sparkdiag.sources.host import cpufreq, kernel_log, procfs
+from sparkdiag.sources.software import packages
 from tests.support.check import GOOD_TORCH, empty_sysfs, nvml_fixture
 
 XID_79 = (

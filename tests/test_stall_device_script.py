@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkdiag.sources.fixture import FixtureBackend
-from sparkdiag.sources.gpu import GpuSource
+from sparkdiag.sources.nvml.fixture import FixtureBackend
+from sparkdiag.sources.nvml.gpu import GpuSource
 from sparkdiag.telemetry.stall import stall_signature
 from tests.support import ROOT
 
@@ -88,8 +88,14 @@ def test_the_script_on_fixtures(tmp_path: Path) -> None:
     with tarfile.open(tmp_path / "stall.tar.gz") as tar:
         names = set(tar.getnames())
         summary = json.load(tar.extractfile("summary.json"))  # type: ignore[arg-type]
-    assert {"summary.txt", "timeline.jsonl", "rules-shortened.yml", "serve.log",
-            "check-spin.json", "dump.prom"} <= names  # fmt: skip
+    assert {
+        "summary.txt",
+        "timeline.jsonl",
+        "rules-shortened.yml",
+        "serve.log",
+        "check-spin.json",
+        "dump.prom",
+    } <= names
     per = summary["per_phase"]
     assert "SparkdiagGpuStalled" in per["spin"]["firing_during"]
     assert "SparkdiagGpuStalled" not in per["idle"]["firing_during"] + per["train"]["firing_during"]

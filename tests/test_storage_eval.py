@@ -19,8 +19,8 @@ from sparkdiag.check.storage_checks import check_storage_speed
 from sparkdiag.config import ConfigError, build_settings
 from sparkdiag.exporter.storage import StorageCollector
 from sparkdiag.snapshot import PcieLink
-from sparkdiag.sources.blockdev import BlockChain
-from sparkdiag.sources.mounts import Mount
+from sparkdiag.sources.host.blockdev import BlockChain
+from sparkdiag.sources.host.mounts import Mount
 from sparkdiag.storage.ceiling import link_bytes_per_second, rated
 from sparkdiag.storage.evaluate import evaluate, keys, other_io
 from sparkdiag.storage.model import Latency, ProbeDocument, Throughput

@@ -45,9 +45,13 @@ def test_a_full_disk_is_visible_logged_once_and_recovered_from(
     keeper = StoreKeeper(lambda: store)
     state = ProbeState()
     sched = ProbeScheduler(
-        FixtureLauncher(PROBE / "h200-default.json"), state, keeper, "native",
-        lambda: snap, 300.0,
-    )  # fmt: skip
+        FixtureLauncher(PROBE / "h200-default.json"),
+        state,
+        keeper,
+        "native",
+        lambda: snap,
+        300.0,
+    )
     snap = snapshot("h200-idle", tmp_path)
     registry = _registry(state, keeper)
     assert registry.get_sample_value("sparkdiag_baseline_store_up") == 1.0

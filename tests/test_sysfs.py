@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from sparkdiag.snapshot import PcieLink
-from sparkdiag.sources import sysfs, udev
-from sparkdiag.sources.sysfs import PcieSource, classify, parse_link_speed, read_link
+from sparkdiag.sources.host import sysfs, udev
+from sparkdiag.sources.host.sysfs import PcieSource, classify, parse_link_speed, read_link
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sysfs"
 SPARK = FIXTURES / "dgx-spark"
@@ -50,11 +50,16 @@ SPARK_LINKS = (
 _X2 = {"0002:00:00.0", "0002:01:00.0", "0002:01:00.1"}
 GX10_LINKS = tuple(
     PcieLink(
-        link.address, link.device_class, link.driver, link.current_speed_tps,
-        link.max_speed_tps, 2 if link.address in _X2 else link.current_width, link.max_width,
+        link.address,
+        link.device_class,
+        link.driver,
+        link.current_speed_tps,
+        link.max_speed_tps,
+        2 if link.address in _X2 else link.current_width,
+        link.max_width,
     )
     for link in SPARK_LINKS
-)  # fmt: skip
+)
 
 
 def _make_device(root: Path, address: str, files: dict[str, str]) -> Path:

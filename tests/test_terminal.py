@@ -99,8 +99,12 @@ def test_a_table_too_wide_for_its_columns_lists_each_row() -> None:
     ]
     # each header with its value, never apart
     assert terminal.table(header, rows, 14) == [
-        "a: value 1.0,", "    unit TFLOPS", "bb:", "    value 22.5,", "    unit TOPS",
-    ]  # fmt: skip
+        "a: value 1.0,",
+        "    unit TFLOPS",
+        "bb:",
+        "    value 22.5,",
+        "    unit TOPS",
+    ]
 
 
 def test_status_line_rewrites_in_place_and_clears(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -134,8 +138,9 @@ def test_status_line_is_silent_off_a_terminal() -> None:
 
 def test_status_text_says_where_the_job_runs() -> None:
     gpu = GpuTick(index=0, utilization=0.87, job_on_gpu=True)
-    tick = Tick(t=12.2, dt=0.5, gpus=(gpu, GpuTick(index=1, utilization=0.0)),
-                job=JobTick(cpu_cores=1.25))  # fmt: skip
+    tick = Tick(
+        t=12.2, dt=0.5, gpus=(gpu, GpuTick(index=1, utilization=0.0)), job=JobTick(cpu_cores=1.25)
+    )
     assert status(tick, 24) == (
         "watching 12 s, 24 samples · GPU 0 87 % busy, the job on it · GPU 1 0 % busy, the job "
         "not on it · job CPU 1.2 cores"
@@ -268,9 +273,10 @@ def test_probe_with_baselines_still_fits(tmp_path: Path, at_width: Callable[[int
 @pytest.mark.parametrize("width", [80, 100])
 def test_soak_text_fits(width: int) -> None:
     soaked = gpu_soak(
-        heating([6.4, 6.0, 4.0], [4.0, 4.0, 3.9], [55.0, 80.0, 91.0]), stopped="threshold",
+        heating([6.4, 6.0, 4.0], [4.0, 4.0, 3.9], [55.0, 80.0, 91.0]),
+        stopped="threshold",
         reason="memory at 91 °C, within 4 °C of its slowdown threshold",
-    )  # fmt: skip
+    )
     wide = soak_text(report(soaked), UNBOUNDED)
     assert_fits(soak_text(report(soaked), width), width, wide)
 
@@ -281,10 +287,16 @@ def test_fleet_fits(width: int, at_width: Callable[[int], None]) -> None:
 
     labels = {**GPU, **KERNEL, **H200}
     rows = [
-        ({**labels, "instance": f"node-{i}.cluster.example:10942", "uuid": f"{H200_UUID[:-1]}{i}"},
-         ratio)
+        (
+            {
+                **labels,
+                "instance": f"node-{i}.cluster.example:10942",
+                "uuid": f"{H200_UUID[:-1]}{i}",
+            },
+            ratio,
+        )
         for i, ratio in enumerate([1.01, 0.99, 1.0, 0.9])
-    ]  # fmt: skip
+    ]
     answers = peer_answers(rows)
     with stand_in(lambda q: (200, answers.get(q, vector()))) as url:
         at_width(UNBOUNDED)
@@ -318,8 +330,15 @@ def _watch_on_a_tty(*args: str) -> tuple[str, str]:
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-    proc = subprocess.Popen(sparkdiag_cmd("watch", *args), stdout=subprocess.PIPE, stderr=slave,
-                            stdin=subprocess.DEVNULL, cwd=ROOT, env=env, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        sparkdiag_cmd("watch", *args),
+        stdout=subprocess.PIPE,
+        stderr=slave,
+        stdin=subprocess.DEVNULL,
+        cwd=ROOT,
+        env=env,
+        text=True,
+    )
     os.close(slave)
     chunks = []
     while True:
@@ -345,17 +364,23 @@ def test_watch_shows_a_status_line_on_a_terminal_and_clears_it() -> None:
     last = tty.rstrip("\r").rsplit("\r", 1)[-1]
     assert last.strip() == "" and len(last) > 20  # erased before the report
     assert "watching" not in out and "\r" not in out and out.startswith("sparkdiag watch: ")
-    as_json, tty = _watch_on_a_tty("--interval", "0.1", "--nvml-fixture", fixture, "--json", "--",
-                                   *JOB)  # fmt: skip
+    as_json, tty = _watch_on_a_tty(
+        "--interval", "0.1", "--nvml-fixture", fixture, "--json", "--", *JOB
+    )
     assert json.loads(as_json)["ticks"] > 0 and "\r" not in as_json
 
 
 def test_watch_piped_shows_no_status_line() -> None:
     done = subprocess.run(
-        sparkdiag_cmd("watch", "--interval", "0.1", "--nvml-fixture", str(NVML / "no-nvml.json"),
-                      "--", *JOB),
-        capture_output=True, text=True, cwd=ROOT, timeout=60, check=False,
-    )  # fmt: skip
+        sparkdiag_cmd(
+            "watch", "--interval", "0.1", "--nvml-fixture", str(NVML / "no-nvml.json"), "--", *JOB
+        ),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     assert "\r" not in done.stderr + done.stdout and "watching" not in done.stderr
 
@@ -366,11 +391,25 @@ def test_watch_without_a_gpu_says_one_thing(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     recording = tmp_path / "run.json"
     done = subprocess.run(
-        sparkdiag_cmd("watch", "--interval", "0.1", "--nvml-fixture", str(NVML / "no-nvml.json"),
-                      "--record", str(recording), "--", sys.executable, "-c",
-                      "sum(range(3_000_000))"),
-        capture_output=True, text=True, cwd=ROOT, timeout=60, check=False,
-    )  # fmt: skip
+        sparkdiag_cmd(
+            "watch",
+            "--interval",
+            "0.1",
+            "--nvml-fixture",
+            str(NVML / "no-nvml.json"),
+            "--record",
+            str(recording),
+            "--",
+            sys.executable,
+            "-c",
+            "sum(range(3_000_000))",
+        ),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        check=False,
+    )
     assert done.returncode == 0, done.stderr
     said = words(done.stderr)
     assert "are not sampled, so only memory pressure is diagnosed" in said
@@ -420,22 +459,37 @@ def test_link_test_report_fits(width: int) -> None:
     here = End("enp1s0f1np1", "192.168.100.10", 1500, 200000, 126.0, "x2 of x4", cx7=True)
     peer = End("enp1s0f1np1", "192.168.100.11", 9000, 200000, 252.0, cx7=True)
     path = PathResult(
-        here, peer, "degraded",
+        here,
+        peer,
+        "degraded",
         "73.4 Gb/s here to the peer, 0.58 of the 126 Gb/s this path can carry (the PCIe link "
         "behind enp1s0f1np1 trained at x2 of x4)",
         action="reseat the ConnectX-7 or the cable and run 'sparkdiag link lint' on both machines; "
         "see https://docs.nvidia.com/dgx/dgx-spark/networking-and-connectivity.html",
         cause="the PCIe link behind enp1s0f1np1 trained below its maximum (x2 of x4)",
         latency=Latency(38.0, 120.0, 30.0, 2000),
-        throughput=(Throughput("tcp-sockets", "here-to-peer", 73.4, 5.0, streams=8),
-                    Throughput("iperf3", "here-to-peer", None, 5.0, error="iperf3 not installed "
-                               "here: apt install iperf3 (or give --no-tools)")),
+        throughput=(
+            Throughput("tcp-sockets", "here-to-peer", 73.4, 5.0, streams=8),
+            Throughput(
+                "iperf3",
+                "here-to-peer",
+                None,
+                5.0,
+                error="iperf3 not installed here: apt install iperf3 (or give --no-tools)",
+            ),
+        ),
         notes=("MTU 1500 here against 9000 on the peer: TCP segments are cut to the smaller",),
-    )  # fmt: skip
-    report = LinkReport("192.168.100.11", 10949, (path,), 12.3, "spark-b", "0.9.0",
-                        tools={"iperf3": "missing", "ib_write_bw": "missing"},
-                        notes=("the peer runs another sparkdiag version (0.9.0): both ends "
-                               "measured the same way",))  # fmt: skip
+    )
+    report = LinkReport(
+        "192.168.100.11",
+        10949,
+        (path,),
+        12.3,
+        "spark-b",
+        "0.9.0",
+        tools={"iperf3": "missing", "ib_write_bw": "missing"},
+        notes=("the peer runs another sparkdiag version (0.9.0): both ends measured the same way",),
+    )
     assert_fits(report_text(report, width), width, report_text(report, UNBOUNDED))
     assert max(len(line) for line in report_text(report, UNBOUNDED).splitlines()) > width
 
@@ -445,8 +499,16 @@ def test_watch_without_a_gpu_or_psi_says_nothing_was_assessed() -> None:
     from sparkdiag.watch.render import text as watch_text
 
     ticks = tuple(Tick(t=0.5 * i, dt=0.5, job=JobTick(cpu_cores=1.0)) for i in range(1, 5))
-    rec = Recording(started_at=1.7e9, interval=0.5, job="python train.py", gpus=(), ticks=ticks,
-                    ended_by="exit", exit_status=0, pressure_scope="host")  # fmt: skip
+    rec = Recording(
+        started_at=1.7e9,
+        interval=0.5,
+        job="python train.py",
+        gpus=(),
+        ticks=ticks,
+        ended_by="exit",
+        exit_status=0,
+        pressure_scope="host",
+    )
     diagnosis = diagnose(rec)
     assert diagnosis.verdict == "no-gpu"
     said = "no GPU sampled and no memory pressure (PSI) read: nothing could be assessed"
@@ -458,13 +520,20 @@ def test_a_long_value_goes_under_its_row_or_last_when_listed() -> None:
     header, rows = ("ratio", "instance"), [("0.900", "node-3:10942"), ("1.010", "node-0:10942")]
     uuids = ["GPU-979ad365-0b73-a0ac-74a2-3520b773d463", "GPU-979ad365-0b73-a0ac-74a2-3520b773d460"]
     assert terminal.table(header, rows, 60, right={0}, under=("uuid", uuids)) == [
-        "ratio  instance", "0.900  node-3:10942", "    " + uuids[0],
-        "1.010  node-0:10942", "    " + uuids[1],
-    ]  # fmt: skip
+        "ratio  instance",
+        "0.900  node-3:10942",
+        "    " + uuids[0],
+        "1.010  node-0:10942",
+        "    " + uuids[1],
+    ]
     assert terminal.table(header, rows, 16, under=("uuid", uuids), key=1) == [
-        "node-3:10942:", "    ratio 0.900,", f"    uuid {uuids[0]}",
-        "node-0:10942:", "    ratio 1.010,", f"    uuid {uuids[1]}",
-    ]  # fmt: skip
+        "node-3:10942:",
+        "    ratio 0.900,",
+        f"    uuid {uuids[0]}",
+        "node-0:10942:",
+        "    ratio 1.010,",
+        f"    uuid {uuids[1]}",
+    ]
 
 
 # -- progress lines: one mechanism (terminal.StatusLine), never wider than the terminal --------
@@ -581,9 +650,13 @@ def test_every_command_fits_its_terminal_live_output_included() -> None:
     pseudo-terminal of 80 and 120 columns and fails on a line wider than its terminal."""
     done = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "term_widths.py"), "80", "120"],
-        capture_output=True, text=True, cwd=ROOT, timeout=600, check=False,
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=600,
+        check=False,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     table = json.loads(done.stdout.splitlines()[-1])
     for name in ("soak (live)", "bench (CPU, live)", "probe (CPU, live)", "check (no GPU)"):

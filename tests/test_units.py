@@ -20,16 +20,31 @@ from sparkdiag.probe.worker.contract import DTYPES, SCHEMA, throughput_unit
 from sparkdiag.soak import render
 from tests.support import ROOT
 
-UNITS = {"bf16": "TFLOPS", "fp16": "TFLOPS", "tf32": "TFLOPS", "fp8": "TFLOPS",
-         "int8": "TOPS", "int4": "TOPS", "nvfp4": "TFLOPS"}  # fmt: skip
+UNITS = {
+    "bf16": "TFLOPS",
+    "fp16": "TFLOPS",
+    "tf32": "TFLOPS",
+    "fp8": "TFLOPS",
+    "int8": "TOPS",
+    "int4": "TOPS",
+    "nvfp4": "TFLOPS",
+}
 
 
 def _document(*dtypes: str) -> Any:
     results = [
-        {"dtype": d, "shape": "1x8192x8192", "kind": "decode", "beta": 0, "status": "ok",
-         "delivered": 3.5, "peak": 3.2, "iters": 10}
+        {
+            "dtype": d,
+            "shape": "1x8192x8192",
+            "kind": "decode",
+            "beta": 0,
+            "status": "ok",
+            "delivered": 3.5,
+            "peak": 3.2,
+            "iters": 10,
+        }
         for d in dtypes
-    ]  # fmt: skip
+    ]
     return parse_document({"schema": SCHEMA, "status": "ok", "results": results})
 
 

@@ -285,7 +285,7 @@ def test_host_sampler_rates(tmp_path: Path) -> None:
 
 
 def test_job_cpus_from_the_affinity_list(tmp_path: Path) -> None:
-    from sparkdiag.sources.procfs import allowed_cpus
+    from sparkdiag.sources.host.procfs import allowed_cpus
 
     status = tmp_path / "proc" / "100" / "status"
     status.parent.mkdir(parents=True)
@@ -301,8 +301,8 @@ def test_job_cpus_from_the_affinity_list(tmp_path: Path) -> None:
 
 
 def _gpu_sampler(path: Path) -> Any:
-    from sparkdiag.sources.fixture import FixtureBackend
-    from sparkdiag.sources.gpu import GpuSource
+    from sparkdiag.sources.nvml.fixture import FixtureBackend
+    from sparkdiag.sources.nvml.gpu import GpuSource
     from sparkdiag.watch.sampler import GpuSampler
 
     source = GpuSource(FixtureBackend(path))

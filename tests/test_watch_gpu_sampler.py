@@ -10,9 +10,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from sparkdiag.sources.backends import make_backend
-from sparkdiag.sources.gpu import GpuSource
-from sparkdiag.sources.procfs import ProcessIdentities
+from sparkdiag.sources.host.procfs import ProcessIdentities
+from sparkdiag.sources.nvml.backends import make_backend
+from sparkdiag.sources.nvml.gpu import GpuSource
 from sparkdiag.watch.model import OtherProcess
 from sparkdiag.watch.sampler import GpuSampler
 from tests.support import NVML

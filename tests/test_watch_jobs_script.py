@@ -185,7 +185,7 @@ def test_the_loop_jobs_under_watch_name_their_lines_and_write_expectations(
     its verdict and the marked line of loop_jobs.py, and watch_expected.json lists them for the
     replay test, with no share expected (the fixture's GPU is not the job's)."""
     pytest.importorskip("torch")
-    from sparkdiag.sources import pyspy
+    from sparkdiag.sources.host import pyspy
 
     if pyspy.find() is None:
         pytest.skip("py-spy is not installed here")
@@ -214,7 +214,7 @@ def test_the_rerun_mode_runs_each_pair_in_one_process_within_its_deadline(tmp_pa
     process (watch --pid), the neighbour is gone after, everything is in ONE archive under
     $OUT/watch and the table is printed last."""
     pytest.importorskip("torch")
-    from sparkdiag.sources import pyspy
+    from sparkdiag.sources.host import pyspy
 
     if pyspy.find() is None:
         pytest.skip("py-spy is not installed here")

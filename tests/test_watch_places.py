@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkdiag.sources import procfs
-from sparkdiag.sources.mounts import find_mount, read_mounts
+from sparkdiag.sources.host import procfs
+from sparkdiag.sources.host.mounts import find_mount, read_mounts
 from sparkdiag.watch import places
 from sparkdiag.watch.diagnose import diagnose
 from sparkdiag.watch.model import Place, Recording, StoreSpeed, load

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from sparkdiag.sources import pyspy
+from sparkdiag.sources.host import pyspy
 from sparkdiag.watch import stack_sampler
 from sparkdiag.watch.job import SpawnedJob
 from sparkdiag.watch.model import RankInfo, Tick, load

@@ -23,7 +23,7 @@ from tests.support import sparkdiag_cmd
 from tests.support.watch import const, frame, loop, sole_cause, timeline, with_threads
 
 torch = pytest.importorskip("torch")
-pyspy = pytest.importorskip("sparkdiag.sources.pyspy")
+pyspy = pytest.importorskip("sparkdiag.sources.host.pyspy")
 if pyspy.find() is None:
     pytest.skip("py-spy is not installed here", allow_module_level=True)
 

@@ -87,13 +87,16 @@ def quiet(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCaptureFixture
         ("application/openmetrics-text; version=1.0.0", scrape.OPENMETRICS),
         ("application/openmetrics-text", scrape.OPENMETRICS),
         # Prometheus 2.42's header: text is acceptable, so text (the fast renderer)
-        ("application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
-         "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1", scrape.TEXT),
+        (
+            "application/openmetrics-text;version=1.0.0,application/openmetrics-text;version=0.0.1;"
+            "q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1",
+            scrape.TEXT,
+        ),
         ("application/openmetrics-text; version=1.0.0, text/plain; q=0", scrape.OPENMETRICS),
         ("application/openmetrics-text; q=nan", scrape.TEXT),
         ("text/html", scrape.TEXT),
     ],
-)  # fmt: skip
+)
 def test_formats(accept: str, fmt: str) -> None:
     assert choose_format(accept) == fmt
 
@@ -134,9 +137,11 @@ def test_concurrent_scrapes_share_one_render_per_snapshot() -> None:
     gauges = Gauges()
     snapshot: list[object] = [object()]
     server = ExporterServer(
-        ("127.0.0.1", 0), registry_with(gauges), lambda: (True, "ok"),
+        ("127.0.0.1", 0),
+        registry_with(gauges),
+        lambda: (True, "ok"),
         generation=lambda: snapshot[0],
-    )  # fmt: skip
+    )
     thread = server.serve_in_thread()
     try:
         bodies: list[bytes] = []
@@ -165,8 +170,9 @@ def test_concurrent_scrapes_share_one_render_per_snapshot() -> None:
 def test_the_cache_expires_even_if_the_snapshot_stalls() -> None:
     now = [0.0]
     renders = []
-    cache = RenderCache({scrape.TEXT: lambda: renders.append(1) or b"x"}, lambda: None,
-                        clock=lambda: now[0])  # fmt: skip
+    cache = RenderCache(
+        {scrape.TEXT: lambda: renders.append(1) or b"x"}, lambda: None, clock=lambda: now[0]
+    )
     cache.body(scrape.TEXT, False)
     cache.body(scrape.TEXT, False)
     now[0] += scrape.MAX_AGE + 0.1
@@ -206,8 +212,9 @@ def test_evicting_tls_connections_mid_handshake_logs_nothing(
 
 def test_silent_tls_connections_hold_no_tls_state(tls_web: Path) -> None:
     with serving_cm(web=load_web_config(tls_web / "web.yml")) as server:
-        socks = [socket.create_connection(("127.0.0.1", server.server_address[1]))
-                 for _ in range(50)]  # fmt: skip
+        socks = [
+            socket.create_connection(("127.0.0.1", server.server_address[1])) for _ in range(50)
+        ]
         deadline = time.monotonic() + 10
         while len(server.engine.connections) < 50 and time.monotonic() < deadline:
             time.sleep(0.01)
@@ -281,8 +288,9 @@ def test_the_connection_cap_follows_the_open_files_limit(tmp_path: Path) -> None
         "print(s.server_address[1], s.engine.limits.max_connections, flush=True)\n"
         "s.serve_forever()\n"
     )
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     try:
         assert proc.stdout is not None
         port_text, cap_text = proc.stdout.readline().split()

@@ -72,41 +72,73 @@ def test_an_empty_file_means_plain_http_without_auth(certs: Path) -> None:
     [
         ("hWkNKCp3fvIx3jKnsaBI\nTuEjdwNS8A2vYdFbiKqr\n", ("must hold a mapping",)),  # junk
         ("tls_server_config:\n  cert_filse: server.crt\n", ("cert_filse", "not supported")),
-        ('tls_server_config:\n  cert_file: ""\n  key_file: server.key\n',
-         ("tls_server_config.cert_file", "missing one of cert or cert_file")),
-        ('tls_server_config:\n  cert: ""\n  key_file: server.key\n',
-         ("missing one of cert or cert_file",)),
-        ('tls_server_config:\n  cert_file: server.crt\n  key_file: ""\n',
-         ("tls_server_config.key_file", "missing one of key or key_file")),
-        ('tls_server_config:\n  cert_file: server.crt\n  key: ""\n',
-         ("missing one of key or key_file",)),
-        ('tls_server_config:\n  cert_file: ""\n  key_file: ""\n  client_auth_type: x\n',
-         ("missing one of cert or cert_file",)),
-        ("tls_server_config:\n  cert_file: somefile\n  key_file: server.key\n",
-         ("cannot load cert_file", "No such file")),
-        ("tls_server_config:\n  cert_file: server.crt\n  key_file: somefile\n",
-         ("cannot load cert_file", "No such file")),
+        (
+            'tls_server_config:\n  cert_file: ""\n  key_file: server.key\n',
+            ("tls_server_config.cert_file", "missing one of cert or cert_file"),
+        ),
+        (
+            'tls_server_config:\n  cert: ""\n  key_file: server.key\n',
+            ("missing one of cert or cert_file",),
+        ),
+        (
+            'tls_server_config:\n  cert_file: server.crt\n  key_file: ""\n',
+            ("tls_server_config.key_file", "missing one of key or key_file"),
+        ),
+        (
+            'tls_server_config:\n  cert_file: server.crt\n  key: ""\n',
+            ("missing one of key or key_file",),
+        ),
+        (
+            'tls_server_config:\n  cert_file: ""\n  key_file: ""\n  client_auth_type: x\n',
+            ("missing one of cert or cert_file",),
+        ),
+        (
+            "tls_server_config:\n  cert_file: somefile\n  key_file: server.key\n",
+            ("cannot load cert_file", "No such file"),
+        ),
+        (
+            "tls_server_config:\n  cert_file: server.crt\n  key_file: somefile\n",
+            ("cannot load cert_file", "No such file"),
+        ),
         ("tls_server_config:\n  cert_file: somefile\n  key_file: somefile\n", ("No such file",)),
-        (SERVER + "  client_ca_file: /dev/null\n",
-         ("tls_server_config.client_ca_file", "without a Client Auth Policy")),
+        (
+            SERVER + "  client_ca_file: /dev/null\n",
+            ("tls_server_config.client_ca_file", "without a Client Auth Policy"),
+        ),
         (SERVER + "  client_ca_file: somefile\n", ("client_ca_file",)),
-        (SERVER + "basic_auth_users:\n  john: doe\n",
-         ("basic_auth_users.john", "not a bcrypt hash")),
-        (SERVER + "  client_auth_type: VerifyClientCertIfGiven\n  cipher_suites:\n"
-         "  - TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA2048\n", ("cipher_suites", "unknown cipher")),
-        (SERVER + "  client_auth_type: VerifyClientCertIfGiven\n  curve_preferences:\n"
-         "    - CurveP257\n", ("curve_preferences", "unknown curve")),
-        (SERVER + "  client_auth_type: VerifyClientCertIfGiven\n  min_version: TLS111\n",
-         ("min_version", "unknown TLS version")),
+        (
+            SERVER + "basic_auth_users:\n  john: doe\n",
+            ("basic_auth_users.john", "not a bcrypt hash"),
+        ),
+        (
+            SERVER + "  client_auth_type: VerifyClientCertIfGiven\n  cipher_suites:\n"
+            "  - TLS_ECDHE_ECDSA_WITH_AES_128_GCM_SHA2048\n",
+            ("cipher_suites", "unknown cipher"),
+        ),
+        (
+            SERVER + "  client_auth_type: VerifyClientCertIfGiven\n  curve_preferences:\n"
+            "    - CurveP257\n",
+            ("curve_preferences", "unknown curve"),
+        ),
+        (
+            SERVER + "  client_auth_type: VerifyClientCertIfGiven\n  min_version: TLS111\n",
+            ("min_version", "unknown TLS version"),
+        ),
         (SERVER + "  client_auth_type: bogus\n", ("client_auth_type", "invalid ClientAuth")),
-        ("http_server_config:\n  headers:\n    X-Content-Type-Options: sniff\n",
-         ("X-Content-Type-Options", "invalid value")),
-        ("http_server_config:\n  headers:\n    X-Frame-Options: foo\n",
-         ("X-Frame-Options", "invalid value")),
-        ("http_server_config:\n  headers:\n    Content-Type: foo\n",
-         ("http_server_config.headers", "can not be configured")),
+        (
+            "http_server_config:\n  headers:\n    X-Content-Type-Options: sniff\n",
+            ("X-Content-Type-Options", "invalid value"),
+        ),
+        (
+            "http_server_config:\n  headers:\n    X-Frame-Options: foo\n",
+            ("X-Frame-Options", "invalid value"),
+        ),
+        (
+            "http_server_config:\n  headers:\n    Content-Type: foo\n",
+            ("http_server_config.headers", "can not be configured"),
+        ),
     ],
-)  # fmt: skip
+)
 def test_what_exporter_toolkit_refuses_is_refused(
     certs: Path, text: str, needles: tuple[str, ...]
 ) -> None:
@@ -121,26 +153,40 @@ def test_what_exporter_toolkit_refuses_is_refused(
         (SERVER + "  client_auth_type: RequireClientCert\n", "client_auth_type", "verif"),
         (SERVER + "  client_auth_type: RequestClientCert\n", "client_auth_type", "verif"),
         # DIVERGES: OpenSSL loads certificates and keys from files only.
-        ("tls_server_config:\n  cert_file: server.crt\n  key: |\n    -----BEGIN PRIVATE KEY-----\n",
-         "tls_server_config.key", "inline"),
+        (
+            "tls_server_config:\n  cert_file: server.crt\n"
+            "  key: |\n    -----BEGIN PRIVATE KEY-----\n",
+            "tls_server_config.key",
+            "inline",
+        ),
         # DIVERGES: TLS 1.0/1.1 (OpenSSL 3's default security level refuses them).
         (SERVER + "  min_version: TLS10\n", "min_version", "RFC 8996"),
         (SERVER + "  min_version: TLS11\n", "min_version", "RFC 8996"),
         # DIVERGES: Python's ssl sets one curve, not a list (exporter-toolkit's allCurves case).
-        (SERVER + "  curve_preferences: [CurveP256, CurveP384, CurveP521, X25519]\n",
-         "curve_preferences", "one"),
+        (
+            SERVER + "  curve_preferences: [CurveP256, CurveP384, CurveP521, X25519]\n",
+            "curve_preferences",
+            "one",
+        ),
         # DIVERGES: bob's hash in exporter-toolkit's users file has cost 18 (13 s a check here).
-        ("basic_auth_users:\n  bob: $2y$18$4VeFDzXIoPHKnKTU3O3GH.N.vZu06CVqczYZ8WvfzrddFU6tGqjR.\n",
-         "basic_auth_users.bob", "cost 18 is out of range; allowed: 04 to 14"),
+        (
+            "basic_auth_users:\n"
+            "  bob: $2y$18$4VeFDzXIoPHKnKTU3O3GH.N.vZu06CVqczYZ8WvfzrddFU6tGqjR.\n",
+            "basic_auth_users.bob",
+            "cost 18 is out of range; allowed: 04 to 14",
+        ),
         # sparkdiag's own refusals: settings that would silently mean nothing.
         ("tls_server_config:\n  min_version: TLS13\n", "cert_file", "TLS off"),
         (SERVER + "  min_version: TLS13\n  max_version: TLS12\n", "min_version", "max_version"),
         (SERVER + "  client_allowed_sans: [x]\n", "client_allowed_sans", "needs client_auth_type"),
-        ("http_server_config:\n  headers:\n    X-XSS-Protection: \"1\\r\\nSet-Cookie: a\"\n",
-         "X-XSS-Protection", "printable ASCII"),
+        (
+            'http_server_config:\n  headers:\n    X-XSS-Protection: "1\\r\\nSet-Cookie: a"\n',
+            "X-XSS-Protection",
+            "printable ASCII",
+        ),
         ("rate_limit:\n  interval: soon\n", "rate_limit.interval", "not a duration"),
     ],
-)  # fmt: skip
+)
 def test_what_python_cannot_do_is_refused_naming_the_key(
     certs: Path, text: str, key: str, why: str
 ) -> None:
@@ -264,8 +310,9 @@ def test_cipher_suites_are_honoured(certs: Path) -> None:
         assert (
             https(server, client_context(certs, ciphers=both))[2] == "ECDHE-RSA-AES128-GCM-SHA256"
         )
-    client_order = SOME_CIPHERS.replace("  min_version", "  prefer_server_cipher_suites: false\n"
-                                        "  min_version", 1)  # fmt: skip
+    client_order = SOME_CIPHERS.replace(
+        "  min_version", "  prefer_server_cipher_suites: false\n  min_version", 1
+    )
     with toolkit_server(certs, client_order) as server:
         both = "ECDHE-RSA-AES256-GCM-SHA384:ECDHE-RSA-AES128-GCM-SHA256"
         assert (
@@ -287,10 +334,11 @@ def test_all_ciphers_and_http2_false_load(certs: Path) -> None:
     # HTTP/2-required AES_128_GCM_SHA256 cipher"); sparkdiag, which never offers HTTP/2, accepted
     # it until issue 29 and refuses it now, naming the key
     refused(
-        certs, no_h2,
+        certs,
+        no_h2,
         "tls_server_config.cipher_suites: lacks an HTTP/2-required AES_128_GCM_SHA256 suite",
         "or set http2: false",
-    )  # fmt: skip
+    )
     # TLS 1.3 only: Go does not check (its 1.3 suites are fixed)
     with toolkit_server(certs, no_h2.replace("max_version: TLS12", "min_version: TLS13")) as server:
         assert https(server, client_context(certs))[0] == 200

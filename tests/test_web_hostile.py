@@ -134,9 +134,15 @@ def _serve(directory: Path, key: str, listen: str) -> list[str]:
         f"tls_server_config:\n  cert_file: tls.crt\n  key_file: {key}\n"
     )
     return sparkdiag_cmd(
-        "serve", "--nvml-fixture", str(NVML / "h200-idle.json"), "--no-probe.enabled",
-        "--listen", listen, "--web.config.file", str(directory / "web.yml"),
-    )  # fmt: skip
+        "serve",
+        "--nvml-fixture",
+        str(NVML / "h200-idle.json"),
+        "--no-probe.enabled",
+        "--listen",
+        listen,
+        "--web.config.file",
+        str(directory / "web.yml"),
+    )
 
 
 def test_an_encrypted_key_at_start_is_refused_not_prompted_for(keys: Path) -> None:

@@ -24,8 +24,8 @@ from typing import Any
 
 from multi_gpu_read import render_nvlink_throughput
 
-from sparkdiag.sources.fixture import FORMAT, FixtureBackend, load_fixture
-from sparkdiag.sources.nvml_api import NvmlCallError
+from sparkdiag.sources.nvml.api import NvmlCallError
+from sparkdiag.sources.nvml.fixture import FORMAT, FixtureBackend, load_fixture
 
 ROOT = Path(__file__).resolve().parents[2]
 NVML = ROOT / "tests" / "fixtures" / "nvml"

@@ -12,7 +12,7 @@ against cuobjdump, in at most about 60 s.
    reads torch.cuda.get_arch_list() (in a subprocess) and the CUDA GPUDirect attributes.
 4. Keeps header traces (the reads the walk made, no payload) of up to four libraries, each at
    most 512 KiB of JSON: fixtures that replay the walk without the library
-   (``sparkdiag.sources.fatbin.replay``).
+   (``sparkdiag.sources.software.fatbin.replay``).
 
 Everything goes under ``$OUT/native/`` (``--out``): scan.json, verdicts.json, cuobjdump.json,
 cuobjdump/NAME.txt, traces/NAME.json.gz, gpudirect.json, torch.json, table.txt (also printed).
@@ -40,10 +40,10 @@ from pathlib import Path
 from typing import Any
 
 from sparkdiag.native.lint import Gpu, lint
-from sparkdiag.sources import fatbin
-from sparkdiag.sources.cuda_libraries import ScanCache, scan, scan_json
-from sparkdiag.sources.gpudirect import cuda_attributes
-from sparkdiag.sources.pyenv import PythonEnvironment, resolve, this_python, torch_build
+from sparkdiag.sources.host.gpudirect import cuda_attributes
+from sparkdiag.sources.software import fatbin
+from sparkdiag.sources.software.cuda_libraries import ScanCache, scan, scan_json
+from sparkdiag.sources.software.pyenv import PythonEnvironment, resolve, this_python, torch_build
 
 TRACE_LIMIT = 512 * 1024
 TRACES = 4

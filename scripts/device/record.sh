@@ -46,7 +46,7 @@ echo "== context and sysfs evidence"
       "$(cat "$d/max_link_speed" 2>/dev/null)" "$(cat "$d/max_link_width" 2>/dev/null)"
   done
   echo "-- sparkdiag context and pcie as parsed"
-  python3 -c 'from sparkdiag.sources.context import detect_context; print(detect_context())'
-  python3 -c 'from pathlib import Path; from sparkdiag.sources.sysfs import PcieSource; [print(l) for l in PcieSource(Path("/sys")).read()]'
+  python3 -c 'from sparkdiag.sources.host.context import detect_context; print(detect_context())'
+  python3 -c 'from pathlib import Path; from sparkdiag.sources.host.sysfs import PcieSource; [print(l) for l in PcieSource(Path("/sys")).read()]'
 } > "$OUT/evidence.txt" 2>&1
 echo "done"

@@ -117,7 +117,7 @@ PHASE_KEYS = ("utilization", "gpm", "power_mw", "pstate", "clock/0", "clock/1",
 def _answers(name: str) -> dict[str, Any]:
     """GPU 0's answers of a fixture, its base and derived devices resolved."""
     sys.path.insert(0, str(ROOT))
-    from sparkdiag.sources.fixture import load_fixture
+    from sparkdiag.sources.nvml.fixture import load_fixture
 
     doc = load_fixture(NVML / f"{name}.json")
     answers: dict[str, Any] = doc["devices"][0]["answers"]

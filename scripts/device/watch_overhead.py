@@ -54,8 +54,8 @@ def job_argv(job: str, seconds: float, device: str, scale: str, result: Path) ->
 def sampler_loop(variant: str, pid: int, interval: float, stop: threading.Event) -> dict[str, Any]:
     """Sample ``pid`` every ``interval`` s as ``variant`` says until ``stop``; timings."""
     from sparkdiag.commands.watch import PCIE_SECONDS
-    from sparkdiag.sources.backends import make_backend
-    from sparkdiag.sources.gpu import GpuSource
+    from sparkdiag.sources.nvml.backends import make_backend
+    from sparkdiag.sources.nvml.gpu import GpuSource
     from sparkdiag.watch.sampler import GpuSampler, HostSampler
 
     source = GpuSource(make_backend(None), slow_seconds=PCIE_SECONDS)
@@ -119,8 +119,8 @@ def run(args: argparse.Namespace, variant: str, n: int, out: Path) -> dict[str, 
     thread = None
     if variant not in ("alone", "watch"):
         if variant == "nvml-open":
-            from sparkdiag.sources.backends import make_backend
-            from sparkdiag.sources.gpu import GpuSource
+            from sparkdiag.sources.nvml.backends import make_backend
+            from sparkdiag.sources.nvml.gpu import GpuSource
 
             source = GpuSource(make_backend(None))
             source.start()

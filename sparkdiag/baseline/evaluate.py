@@ -12,7 +12,7 @@ from sparkdiag.baseline.learning import Held, PeerValues, below_peers, below_ref
 from sparkdiag.baseline.reference import Reference, lookup
 from sparkdiag.baseline.store import METHOD, Baseline, BaselineKey, BaselineStore
 from sparkdiag.probe.document import WorkerDocument
-from sparkdiag.sources.gpu import UNHEALTHY_REASONS, reasons_mask
+from sparkdiag.sources.nvml.gpu import UNHEALTHY_REASONS, reasons_mask
 
 # Clock event reasons that make a run unfit to learn a baseline from.
 UNHEALTHY_MASK = reasons_mask(UNHEALTHY_REASONS)

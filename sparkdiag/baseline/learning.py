@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from sparkdiag.baseline.reference import Reference
-from sparkdiag.peers.compare import COMPUTE_KINDS, FAIL_BELOW, median
+from sparkdiag.peers.ranking import COMPUTE_KINDS, FAIL_BELOW, median
 
 # Below this fraction of a published measured MAMF a compute-bound run never counts as healthy,
 # so a GPU stuck in a slow state from the start cannot teach itself a low baseline.

@@ -172,11 +172,6 @@ class RunRecord:
     conditions: dict[str, Any] | None
 
 
-def default_path(environ: Mapping[str, str] | None = None) -> Path:
-    """``<state directory>/baselines.sqlite``; the directory is not created here."""
-    return state_directory(environ) / DEFAULT_FILENAME
-
-
 def open_store(state_dir: Path | None, create: bool) -> BaselineStore:
     """The baseline store in ``state_dir`` (default: the state directory, see statedir).
 

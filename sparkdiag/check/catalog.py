@@ -2,7 +2,7 @@
 
 Each check is ``(CheckContext) -> list[CheckResult]`` and lives in the ``*_checks`` module of its
 kind: ``gpu_checks`` (presence, idle, modes), ``thermal_checks`` (temperatures, clock event
-reasons), ``link_checks`` (PCIe links of the GPU and the host), ``health_checks`` (ECC, row
+reasons), ``pcie_checks`` (PCIe links of the GPU and the host), ``health_checks`` (ECC, row
 remapping, XID, recovery action, NVLink fabric), ``stall_checks`` (busy while nothing moves),
 ``host_checks`` (context, governor, unified memory), ``memory_checks`` (what a new allocation
 can get), ``native_checks`` (the software's native code, the dtype order under load),
@@ -37,11 +37,11 @@ from sparkdiag.check.health_checks import (
     check_xid,
 )
 from sparkdiag.check.host_checks import check_context, check_governor, check_unified_memory
-from sparkdiag.check.link_checks import check_pcie_gpu, check_pcie_host
 from sparkdiag.check.memory_checks import check_gpu_memory
 from sparkdiag.check.model import CheckContext, CheckResult
 from sparkdiag.check.native_checks import check_dtype_order, check_native_code
 from sparkdiag.check.network_checks import check_cx7_config, check_link_peer
+from sparkdiag.check.pcie_checks import check_pcie_gpu, check_pcie_host
 from sparkdiag.check.peer_checks import check_baseline_learning, check_peers
 from sparkdiag.check.power_checks import check_power_under_load
 from sparkdiag.check.probe_checks import check_int4_decode, check_probe, check_sm_clock
@@ -123,8 +123,10 @@ def run_checks(
             log.debug("check %s raised", name, exc_info=True)
             results.append(
                 CheckResult(
-                    name, "warn", f"the check itself failed: {type(exc).__name__}: {exc}",
+                    name,
+                    "warn",
+                    f"the check itself failed: {type(exc).__name__}: {exc}",
                     "a sparkdiag bug: please report it with the output of --log-level debug",
                 )
-            )  # fmt: skip
+            )
     return results

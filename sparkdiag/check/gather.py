@@ -1,9 +1,9 @@
 """Gather a :class:`CheckContext`: one poll, the probe (unless ``--quick``), the host readings.
 
 Every reading of the machine comes from :mod:`sparkdiag.sources` (the poller's sources, plus
-:mod:`~sparkdiag.sources.cpufreq`, :mod:`~sparkdiag.sources.procfs`,
-:mod:`~sparkdiag.sources.packages` and :mod:`~sparkdiag.sources.kernel_log`), each under the
-configured ``--path.sysfs`` / ``--path.rootfs``; this module only puts them together.
+:mod:`~sparkdiag.sources.host.cpufreq`, :mod:`~sparkdiag.sources.host.procfs`,
+:mod:`~sparkdiag.sources.software.packages` and :mod:`~sparkdiag.sources.host.kernel_log`), each
+under the configured ``--path.sysfs`` / ``--path.rootfs``; this module only puts them together.
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ from sparkdiag.probe.launchers import Launcher, WorkerLauncher
 from sparkdiag.probe.runner import torch_install_hint
 from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.soak.state import inspect_state
-from sparkdiag.sources.cpufreq import read_governors
-from sparkdiag.sources.cuda_libraries import ScanCache, scan
-from sparkdiag.sources.kernel_log import read_kernel_log
-from sparkdiag.sources.packages import read_torch
-from sparkdiag.sources.procfs import device_holders, process_names
-from sparkdiag.sources.pyenv import NotAnEnvironment
+from sparkdiag.sources.host.cpufreq import read_governors
+from sparkdiag.sources.host.kernel_log import read_kernel_log
+from sparkdiag.sources.host.procfs import device_holders, process_names
+from sparkdiag.sources.software.cuda_libraries import ScanCache, scan
+from sparkdiag.sources.software.packages import read_torch
+from sparkdiag.sources.software.pyenv import NotAnEnvironment
 from sparkdiag.storage.run import ProbeRequest
 from sparkdiag.storage.session import Where, probe_directory
 from sparkdiag.telemetry.build import build_poller
@@ -55,8 +55,8 @@ class Sources:
     """What :func:`gather` would otherwise read from the machine; tests replace parts of it.
 
     launcher: runs the probe on one GPU (default: the real worker)
-    torch: the installed torch (default: :func:`sparkdiag.sources.packages.read_torch`)
-    kernel_log: the kernel log (default: :func:`sparkdiag.sources.kernel_log.read_kernel_log`,
+    torch: the installed torch (default: :func:`sparkdiag.sources.software.packages.read_torch`)
+    kernel_log: the kernel log (default: :func:`sparkdiag.sources.host.kernel_log.read_kernel_log`,
         ``/dev/kmsg`` or ``dmesg`` under ``--path.rootfs``)
     sleep: waits between the stall check's samples (default: :func:`time.sleep`)
     """
@@ -216,9 +216,16 @@ def _with_probes(
             on_probe(eligible)
         try:
             probes.update(
-                run_probes(eligible, launcher, poll, store, context, note,
-                           serial=not isinstance(launcher, WorkerLauncher))
-            )  # fmt: skip
+                run_probes(
+                    eligible,
+                    launcher,
+                    poll,
+                    store,
+                    context,
+                    note,
+                    serial=not isinstance(launcher, WorkerLauncher),
+                )
+            )
         finally:
             if store is not None:
                 store.close()

@@ -54,9 +54,13 @@ def check_nvml(ctx: CheckContext) -> list[CheckResult]:
     snap = ctx.snapshot
     if snap.nvml_up:
         return [
-            CheckResult("nvml", "pass", f"NVML up, driver {snap.driver_version}",
-                        data={"driver": snap.driver_version})
-        ]  # fmt: skip
+            CheckResult(
+                "nvml",
+                "pass",
+                f"NVML up, driver {snap.driver_version}",
+                data={"driver": snap.driver_version},
+            )
+        ]
     why = no_gpu_reason(snap).removeprefix("no GPU: ")
     bound = [link.address for link in snap.pcie_links if link.driver == "nvidia"]
     action = (
@@ -65,16 +69,25 @@ def check_nvml(ctx: CheckContext) -> list[CheckResult]:
     )
     if bound:
         return [
-            CheckResult("nvml", "fail", f"{why}, yet the nvidia driver is bound to {bound[0]}",
-                        action, data={"bound": bound})
-        ]  # fmt: skip
+            CheckResult(
+                "nvml",
+                "fail",
+                f"{why}, yet the nvidia driver is bound to {bound[0]}",
+                action,
+                data={"bound": bound},
+            )
+        ]
     if ctx.expect_gpus:
         return [CheckResult("nvml", "fail", f"{why}, yet --expect-gpus {ctx.expect_gpus}", action)]
     return [
-        CheckResult("nvml", "skip", f"{why}: no NVIDIA driver here",
-                    "none without an NVIDIA GPU; on a GPU machine, install the NVIDIA driver "
-                    "until nvidia-smi answers")
-    ]  # fmt: skip
+        CheckResult(
+            "nvml",
+            "skip",
+            f"{why}: no NVIDIA driver here",
+            "none without an NVIDIA GPU; on a GPU machine, install the NVIDIA driver "
+            "until nvidia-smi answers",
+        )
+    ]
 
 
 def check_gpus(ctx: CheckContext) -> list[CheckResult]:
@@ -91,7 +104,8 @@ def check_gpus(ctx: CheckContext) -> list[CheckResult]:
         first = lost[0]
         return [
             CheckResult(
-                "gpus", "fail",
+                "gpus",
+                "fail",
                 f"GPU {first.identity.index} ({first.identity.pci_bus_id}) lost: "
                 f"{first.error or 'no answer'}; {seen}",
                 "the GPU fell off the bus: look for XID 79 in sudo dmesg; reset it "
@@ -99,18 +113,28 @@ def check_gpus(ctx: CheckContext) -> list[CheckResult]:
                 "power and seating",
                 data=data,
             )
-        ]  # fmt: skip
+        ]
     if expected is not None and len(up) < expected:
         return [
-            CheckResult("gpus", "fail", f"{seen}, {expected} expected",
-                        "a GPU is missing: check lspci | grep -i nvidia, sudo dmesg | grep NVRM, "
-                        "and CUDA_VISIBLE_DEVICES / the container's --gpus", data=data)
-        ]  # fmt: skip
+            CheckResult(
+                "gpus",
+                "fail",
+                f"{seen}, {expected} expected",
+                "a GPU is missing: check lspci | grep -i nvidia, sudo dmesg | grep NVRM, "
+                "and CUDA_VISIBLE_DEVICES / the container's --gpus",
+                data=data,
+            )
+        ]
     if expected is not None and len(up) > expected:
         return [
-            CheckResult("gpus", "warn", f"{seen}, only {expected} expected",
-                        "check --expect-gpus, or which GPUs this job should see", data=data)
-        ]  # fmt: skip
+            CheckResult(
+                "gpus",
+                "warn",
+                f"{seen}, only {expected} expected",
+                "check --expect-gpus, or which GPUs this job should see",
+                data=data,
+            )
+        ]
     if not up and expected == 0:
         return [CheckResult("gpus", "pass", f"{seen} (as expected)", data=data)]
     if not up:
@@ -141,14 +165,20 @@ def check_gpus_on_bus(ctx: CheckContext) -> list[CheckResult]:
     on_bus = snap.gpu_pci_devices
     if on_bus is None:
         return [
-            CheckResult("gpus-on-bus", "skip",
-                        "the NVIDIA GPU functions on the PCI bus were not read (no sysfs, or a "
-                        "container without /proc/driver/nvidia/gpus)")
-        ]  # fmt: skip
+            CheckResult(
+                "gpus-on-bus",
+                "skip",
+                "the NVIDIA GPU functions on the PCI bus were not read (no sysfs, or a "
+                "container without /proc/driver/nvidia/gpus)",
+            )
+        ]
     listed = {pci_key(g.identity.pci_bus_id) for g in snap.gpus}
     missing = [address for address in on_bus if pci_key(address) not in listed]
-    data = {"pci": list(on_bus), "nvml": [g.identity.pci_bus_id for g in snap.gpus],
-            "missing": missing}  # fmt: skip
+    data = {
+        "pci": list(on_bus),
+        "nvml": [g.identity.pci_bus_id for g in snap.gpus],
+        "missing": missing,
+    }
     n = len(on_bus)
     counted = f"{n} NVIDIA GPU function{'s' if n != 1 else ''} on the PCI bus"
     if not on_bus:
@@ -159,7 +189,8 @@ def check_gpus_on_bus(ctx: CheckContext) -> list[CheckResult]:
         )
         return [
             CheckResult(
-                "gpus-on-bus", "fail",
+                "gpus-on-bus",
+                "fail",
                 f"{counted}, {len(missing)} not listed by NVML: {shown}",
                 f"the driver did not bring it up, or lost it: read sudo dmesg | grep -iE "
                 f"'NVRM|Xid' for {missing[0]} and lspci -vv -s {missing[0]}; reboot (or reset "
@@ -167,7 +198,7 @@ def check_gpus_on_bus(ctx: CheckContext) -> list[CheckResult]:
                 "cables, and have it serviced if it persists",
                 data=data,
             )
-        ]  # fmt: skip
+        ]
     return [CheckResult("gpus-on-bus", "pass", f"{counted}, every one listed by NVML", data=data)]
 
 
@@ -184,20 +215,23 @@ def _idle(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
     if evidence is not None and others:
         first = ctx.describe_pid(others[0])
         return CheckResult(
-            "idle", "fail",
+            "idle",
+            "fail",
             f"{evidence.describe(ctx.describe_pid)} computing on the GPU{util_text}",
             f"stop {first}: kill {others[0]}, or wait for it to finish; a benchmark on a "
             "shared GPU measures the sharing",
-            _idx(gpu), data,
-        )  # fmt: skip
+            _idx(gpu),
+            data,
+        )
     if evidence is not None:
         return CheckResult(
-            "idle", "warn",
+            "idle",
+            "warn",
             f"{evidence.describe()} with no compute process visible here",
-            "another container, VM or a graphics client uses the GPU: check nvidia-smi on the "
-            "host",
-            _idx(gpu), data,
-        )  # fmt: skip
+            "another container, VM or a graphics client uses the GPU: check nvidia-smi on the host",
+            _idx(gpu),
+            data,
+        )
     if gpu.compute_pids is None and util is None:
         return CheckResult(
             "idle",
@@ -205,8 +239,9 @@ def _idle(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
             "neither the process list nor utilization is reported",
             gpu=_idx(gpu),
         )
-    return CheckResult("idle", "pass", f"no other compute process{util_text}", gpu=_idx(gpu),
-                       data=data)  # fmt: skip
+    return CheckResult(
+        "idle", "pass", f"no other compute process{util_text}", gpu=_idx(gpu), data=data
+    )
 
 
 check_idle = each_gpu("idle", _idle)
@@ -222,14 +257,17 @@ def _persistence(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
         return CheckResult("persistence", "skip", "persistence mode not reported", gpu=_idx(gpu))
     if not mode:
         return CheckResult(
-            "persistence", "warn",
+            "persistence",
+            "warn",
             "persistence mode off: the driver tears down and re-initialises the GPU between "
             "jobs (slow first launch, clocks reset)",
             f"sudo nvidia-smi -i {gpu.identity.index} -pm 1 (or enable nvidia-persistenced)",
-            _idx(gpu), {"enabled": False},
-        )  # fmt: skip
-    return CheckResult("persistence", "pass", "persistence mode on", gpu=_idx(gpu),
-                       data={"enabled": True})  # fmt: skip
+            _idx(gpu),
+            {"enabled": False},
+        )
+    return CheckResult(
+        "persistence", "pass", "persistence mode on", gpu=_idx(gpu), data={"enabled": True}
+    )
 
 
 check_persistence = each_gpu("persistence", _persistence)
@@ -242,12 +280,17 @@ def _compute_mode(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
         return CheckResult("compute-mode", "skip", "compute mode not reported", gpu=_idx(gpu))
     if mode == "prohibited":
         return CheckResult(
-            "compute-mode", "fail", "compute mode prohibited: no process can use the GPU",
-            f"sudo nvidia-smi -i {gpu.identity.index} -c DEFAULT", _idx(gpu), {"mode": mode},
-        )  # fmt: skip
+            "compute-mode",
+            "fail",
+            "compute mode prohibited: no process can use the GPU",
+            f"sudo nvidia-smi -i {gpu.identity.index} -c DEFAULT",
+            _idx(gpu),
+            {"mode": mode},
+        )
     note = " (one process at a time)" if mode.startswith("exclusive") else ""
-    return CheckResult("compute-mode", "pass", f"compute mode {mode}{note}", gpu=_idx(gpu),
-                       data={"mode": mode})  # fmt: skip
+    return CheckResult(
+        "compute-mode", "pass", f"compute mode {mode}{note}", gpu=_idx(gpu), data={"mode": mode}
+    )
 
 
 check_compute_mode = each_gpu("compute-mode", _compute_mode)
@@ -260,11 +303,14 @@ def _mig(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
         return CheckResult("mig", "skip", "MIG not supported", gpu=_idx(gpu))
     if mode:
         return CheckResult(
-            "mig", "warn", "MIG on: CUDA sees GPU instances (slices), not the whole GPU",
+            "mig",
+            "warn",
+            "MIG on: CUDA sees GPU instances (slices), not the whole GPU",
             f"to benchmark the whole GPU: sudo nvidia-smi -i {gpu.identity.index} -mig 0 "
             "(then reset the GPU)",
-            _idx(gpu), {"enabled": True},
-        )  # fmt: skip
+            _idx(gpu),
+            {"enabled": True},
+        )
     return CheckResult("mig", "pass", "MIG off", gpu=_idx(gpu), data={"enabled": False})
 
 

@@ -10,8 +10,8 @@ from sparkdiag.check.gpu_checks import each_gpu
 from sparkdiag.check.model import CheckContext, CheckResult, Status
 from sparkdiag.check.model import gpu_index as _idx
 from sparkdiag.snapshot import GpuSample
-from sparkdiag.sources.xid import CATALOG_URL, parse_kernel_xids
-from sparkdiag.sources.xid import describe as describe_xid
+from sparkdiag.sources.nvml.xid import CATALOG_URL, parse_kernel_xids
+from sparkdiag.sources.nvml.xid import describe as describe_xid
 
 parse_xids = parse_kernel_xids  # the name tests and older callers use
 
@@ -25,8 +25,9 @@ def _ecc(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
     """Uncorrected ECC errors: fail, or warn when row remapping has repaired them."""
     errors = gpu.ecc_errors
     if "uncorrected" not in errors:
-        return CheckResult("ecc", "skip", "ECC counters not reported (ECC off or unsupported)",
-                           gpu=_idx(gpu))  # fmt: skip
+        return CheckResult(
+            "ecc", "skip", "ECC counters not reported (ECC off or unsupported)", gpu=_idx(gpu)
+        )
     uncorrected = int(errors["uncorrected"])
     corrected = int(errors.get("corrected", 0))
     data = {"uncorrected": uncorrected, "corrected": corrected}
@@ -37,11 +38,14 @@ def _ecc(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
     repaired = bool(rows) and rows.get("pending", 0) == 0 and rows.get("failure", 0) == 0
     if repaired:
         return CheckResult(
-            "ecc", "warn", f"{counts}; row remapping repaired them (none pending)",
+            "ecc",
+            "warn",
+            f"{counts}; row remapping repaired them (none pending)",
             "watch the volatile counters (nvidia-smi -q -d ECC): if they grow, the GPU needs "
             "service",
-            _idx(gpu), data,
-        )  # fmt: skip
+            _idx(gpu),
+            data,
+        )
     return CheckResult("ecc", "fail", counts, MEMORY_ACTION, _idx(gpu), data)
 
 
@@ -55,26 +59,38 @@ def _row_remap(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
     """A pending remap (reset needed) or a failed one (service needed) fails."""
     rows = gpu.remapped_rows
     if not rows:
-        return CheckResult("row-remap", "skip", "row remapping not reported (no HBM remapping)",
-                           gpu=_idx(gpu))  # fmt: skip
+        return CheckResult(
+            "row-remap", "skip", "row remapping not reported (no HBM remapping)", gpu=_idx(gpu)
+        )
     pending, failure = int(rows.get("pending", 0)), int(rows.get("failure", 0))
     remapped = int(rows.get("corrected", 0) + rows.get("uncorrected", 0))
     data = {"pending": pending, "failure": failure, "remapped": remapped}
     if failure:
         return CheckResult(
-            "row-remap", "fail", f"row remapping failed ({remapped} rows remapped)",
-            "the GPU ran out of spare rows: drain it and request service (RMA)", _idx(gpu), data,
-        )  # fmt: skip
+            "row-remap",
+            "fail",
+            f"row remapping failed ({remapped} rows remapped)",
+            "the GPU ran out of spare rows: drain it and request service (RMA)",
+            _idx(gpu),
+            data,
+        )
     if pending:
         return CheckResult(
-            "row-remap", "fail", f"row remap pending ({remapped} rows remapped)",
+            "row-remap",
+            "fail",
+            f"row remap pending ({remapped} rows remapped)",
             "stop the GPU's processes and reset it to apply the remap: sudo nvidia-smi -r -i "
             f"{gpu.identity.index} (or reboot)",
-            _idx(gpu), data,
-        )  # fmt: skip
-    return CheckResult("row-remap", "pass",
-                       f"no pending or failed remap ({remapped} rows remapped)",
-                       gpu=_idx(gpu), data=data)  # fmt: skip
+            _idx(gpu),
+            data,
+        )
+    return CheckResult(
+        "row-remap",
+        "pass",
+        f"no pending or failed remap ({remapped} rows remapped)",
+        gpu=_idx(gpu),
+        data=data,
+    )
 
 
 check_row_remap = each_gpu("row-remap", _row_remap)
@@ -102,15 +118,19 @@ _STATUS: dict[str, Status] = {"critical": "fail", "warning": "warn", "info": "pa
 
 def check_xid(ctx: CheckContext) -> list[CheckResult]:
     """XID events in the kernel log since boot, by the tier NVIDIA's XID catalog gives each code
-    (:mod:`sparkdiag.sources.xid`): a critical one fails, a warning one warns, informational
+    (:mod:`sparkdiag.sources.nvml.xid`): a critical one fails, a warning one warns, informational
     ones pass; the action is the catalog's for the worst code seen."""
     log = ctx.kernel_log
     if log is None or log.lines is None:
         why = log.unreadable if log is not None else "not read"
         return [
-            CheckResult("xid", "skip", f"kernel log not readable: {why}",
-                        "run as root (or sysctl kernel.dmesg_restrict=0) to check XID events")
-        ]  # fmt: skip
+            CheckResult(
+                "xid",
+                "skip",
+                f"kernel log not readable: {why}",
+                "run as root (or sysctl kernel.dmesg_restrict=0) to check XID events",
+            )
+        ]
     xids = parse_xids(log.lines)
     if not xids:
         return [CheckResult("xid", "pass", f"no XID event in the kernel log ({log.source})")]
@@ -133,12 +153,17 @@ def check_xid(ctx: CheckContext) -> list[CheckResult]:
         action = f"XID {worst_code}: {worst.action('N' if index is None else index)}; {CATALOG_URL}"
     data = {
         "events": [
-            {"pci": a, "xid": x, "count": n, "severity": describe_xid(x).tier,
-             "action": describe_xid(x).bucket}
+            {
+                "pci": a,
+                "xid": x,
+                "count": n,
+                "severity": describe_xid(x).tier,
+                "action": describe_xid(x).bucket,
+            }
             for (a, x), n in counts.items()
         ],
         "source": log.source,
-    }  # fmt: skip
+    }
     suffix = " (since boot)" if worst.tier != "info" else " (since boot; informational only)"
     return [CheckResult("xid", _STATUS[worst.tier], "; ".join(parts) + suffix, action, data=data)]
 
@@ -164,20 +189,30 @@ def _recovery(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
     none fails, with what to do."""
     action = gpu.recovery_action
     if action is None:
-        return CheckResult("recovery-action", "skip",
-                           "the driver reports no recovery action for this GPU",
-                           gpu=_idx(gpu))  # fmt: skip
+        return CheckResult(
+            "recovery-action",
+            "skip",
+            "the driver reports no recovery action for this GPU",
+            gpu=_idx(gpu),
+        )
     data = {"recovery_action": action}
     if action == "none":
-        return CheckResult("recovery-action", "pass", "the driver asks for no recovery action",
-                           gpu=_idx(gpu), data=data)  # fmt: skip
+        return CheckResult(
+            "recovery-action",
+            "pass",
+            "the driver asks for no recovery action",
+            gpu=_idx(gpu),
+            data=data,
+        )
     todo = RECOVERY_ACTION_TODO.get(action, RECOVERY_ACTION_TODO["unknown"])
     return CheckResult(
-        "recovery-action", "fail",
+        "recovery-action",
+        "fail",
         f"the driver asks for a recovery action: {action.replace('_', ' ')}",
         todo.format(gpu=gpu.identity.index) + "; the GPU is not usable until then",
-        _idx(gpu), data,
-    )  # fmt: skip
+        _idx(gpu),
+        data,
+    )
 
 
 check_recovery_action = each_gpu("recovery-action", _recovery)
@@ -195,26 +230,37 @@ def _fabric(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
     and healthy fails."""
     fabric = gpu.fabric
     if fabric is None:
-        return CheckResult("fabric", "skip", "the GPU joins no NVLink fabric (no NVSwitch)",
-                           gpu=_idx(gpu))  # fmt: skip
+        return CheckResult(
+            "fabric", "skip", "the GPU joins no NVLink fabric (no NVSwitch)", gpu=_idx(gpu)
+        )
     data = {"state": fabric.state, "status": fabric.status, "health": fabric.health}
     health = f", health {fabric.health.replace('_', ' ')}" if fabric.health else ""
     if fabric.state != "completed":
         return CheckResult(
-            "fabric", "fail",
+            "fabric",
+            "fail",
             f"NVLink fabric registration {fabric.state.replace('_', ' ')}: the GPU cannot run "
             "work over NVLink yet" + health,
-            FABRIC_ACTION, _idx(gpu), data,
-        )  # fmt: skip
+            FABRIC_ACTION,
+            _idx(gpu),
+            data,
+        )
     if fabric.status != "SUCCESS":
-        return CheckResult("fabric", "fail",
-                           f"NVLink fabric registration failed ({fabric.status}){health}",
-                           FABRIC_ACTION, _idx(gpu), data)  # fmt: skip
+        return CheckResult(
+            "fabric",
+            "fail",
+            f"NVLink fabric registration failed ({fabric.status}){health}",
+            FABRIC_ACTION,
+            _idx(gpu),
+            data,
+        )
     if fabric.health in ("unhealthy", "limited_capacity"):
-        return CheckResult("fabric", "fail", f"NVLink fabric registered{health}",
-                           FABRIC_ACTION, _idx(gpu), data)  # fmt: skip
-    return CheckResult("fabric", "pass", f"NVLink fabric registered{health}",
-                       gpu=_idx(gpu), data=data)  # fmt: skip
+        return CheckResult(
+            "fabric", "fail", f"NVLink fabric registered{health}", FABRIC_ACTION, _idx(gpu), data
+        )
+    return CheckResult(
+        "fabric", "pass", f"NVLink fabric registered{health}", gpu=_idx(gpu), data=data
+    )
 
 
 check_fabric = each_gpu("fabric", _fabric)

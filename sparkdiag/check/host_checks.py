@@ -28,20 +28,25 @@ def check_context(ctx: CheckContext) -> list[CheckResult]:
     context = ctx.snapshot.context
     if context is None:
         return [CheckResult("context", "skip", "execution context not detected")]
-    data = {"context": context.context, "runtime": context.runtime,
-            "evidence": list(context.evidence)}  # fmt: skip
+    data = {
+        "context": context.context,
+        "runtime": context.runtime,
+        "evidence": list(context.evidence),
+    }
     if context.context == "container":
         evidence = "; ".join(context.evidence[:2])
         return [
             CheckResult(
-                "context", "warn",
-                f"inside a container ({context.runtime}" + (f": {evidence}" if evidence else "")
+                "context",
+                "warn",
+                f"inside a container ({context.runtime}"
+                + (f": {evidence}" if evidence else "")
                 + ")",
                 "results can differ from native (gaps up to 40% are reported): measure the gap "
                 f"from the host with sparkdiag compare -- {_starter(context.runtime)}",
                 data=data,
             )
-        ]  # fmt: skip
+        ]
     return [CheckResult("context", "pass", "native (no container detected)", data=data)]
 
 
@@ -60,15 +65,21 @@ def check_governor(ctx: CheckContext) -> list[CheckResult]:
     counts = Counter(governors.values())
     data = {"governors": dict(counts), "cpus": len(governors)}
     if set(counts) == {"performance"}:
-        return [CheckResult("cpu-governor", "pass", f"performance on all {len(governors)} CPUs",
-                            data=data)]  # fmt: skip
+        return [
+            CheckResult(
+                "cpu-governor", "pass", f"performance on all {len(governors)} CPUs", data=data
+            )
+        ]
     shown = ", ".join(f"{name} on {n}" for name, n in counts.most_common())
     return [
         CheckResult(
-            "cpu-governor", "warn", f"{shown} of {len(governors)} CPUs (not performance)",
-            "sudo cpupower frequency-set -g performance (until reboot)", data=data,
+            "cpu-governor",
+            "warn",
+            f"{shown} of {len(governors)} CPUs (not performance)",
+            "sudo cpupower frequency-set -g performance (until reboot)",
+            data=data,
         )
-    ]  # fmt: skip
+    ]
 
 
 def check_unified_memory(ctx: CheckContext) -> list[CheckResult]:
@@ -90,10 +101,16 @@ def check_unified_memory(ctx: CheckContext) -> list[CheckResult]:
     pressure = host.pressure if host is not None else None
     some = pressure.averages.get("some", {}).get("60s") if pressure is not None else None
     full = pressure.averages.get("full", {}).get("60s") if pressure is not None else None
-    data = {"total": total, "available": available, "free": free, "cached": cached,
-            "psi_some_60s": some, "psi_full_60s": full,
-            "swap_in_pages": host.swap_in_pages if host is not None else None,
-            "platform": describe(ctx.snapshot.platform)}  # fmt: skip
+    data = {
+        "total": total,
+        "available": available,
+        "free": free,
+        "cached": cached,
+        "psi_some_60s": some,
+        "psi_full_60s": full,
+        "swap_in_pages": host.swap_in_pages if host is not None else None,
+        "platform": describe(ctx.snapshot.platform),
+    }
     text = f"available {available / GB:.1f} of {total / GB:.1f} GB ({available / total:.0%})"
     if free is not None:
         text += f", free {free / GB:.1f} GB"
@@ -105,12 +122,14 @@ def check_unified_memory(ctx: CheckContext) -> list[CheckResult]:
     if full is not None and full >= PSI_FULL_FAIL:
         return [
             CheckResult(
-                name, "fail", text,
+                name,
+                "fail",
+                text,
                 f"{stop}: every task is waiting for memory; free it before benchmarking (lower "
                 f"the framework's GPU memory share or batch size), then {DROP_CACHES}",
                 data=data,
             )
-        ]  # fmt: skip
+        ]
     if available < UNIFIED_FAIL_AVAILABLE * total:
         return [CheckResult(name, "fail", text, f"{stop}, then {DROP_CACHES}", data=data)]
     if available < UNIFIED_WARN_AVAILABLE * total:
@@ -118,12 +137,14 @@ def check_unified_memory(ctx: CheckContext) -> list[CheckResult]:
     if some is not None and some >= PSI_SOME_WARN:
         return [
             CheckResult(
-                name, "warn", text,
+                name,
+                "warn",
+                text,
                 "the kernel is reclaiming memory while work runs (results will be noisy): "
                 f"find what grows (ps -eo rss,comm --sort=-rss | head), then {DROP_CACHES}",
                 data=data,
             )
-        ]  # fmt: skip
+        ]
     # The page cache's own advice (how large a model fits now) is the gpu-memory row's where
     # /proc/meminfo gave what it needs (memory_checks.py); this row keeps it otherwise.
     if (
@@ -133,10 +154,12 @@ def check_unified_memory(ctx: CheckContext) -> list[CheckResult]:
     ):
         return [
             CheckResult(
-                name, "warn", text,
+                name,
+                "warn",
+                text,
                 f"{DROP_CACHES} (CUDA on unified memory does not count page cache as free: "
                 "large allocations can fail)",
                 data=data,
             )
-        ]  # fmt: skip
+        ]
     return [CheckResult(name, "pass", text, data=data)]

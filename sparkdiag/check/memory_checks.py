@@ -1,7 +1,7 @@
 """``gpu-memory``: the memory a new allocation on each GPU can get now, before a model load.
 
 On a unified-memory GPU (GB10) that is host memory: free memory plus the page cache's clean,
-unmapped file pages (:func:`sparkdiag.sources.meminfo.obtainable`), with the processes that
+unmapped file pages (:func:`sparkdiag.sources.host.meminfo.obtainable`), with the processes that
 hold the GPU and their resident memory read from /proc (NVML reports no framebuffer there).
 The page cache gives its pages back to the kernel's allocator, but a CUDA allocation on GB10
 has failed with NV_ERR_NO_MEMORY while it held the memory (tobias-weiss.org, "Taming OOM on
@@ -18,7 +18,7 @@ from sparkdiag.check.gpu_checks import each_gpu
 from sparkdiag.check.model import CheckContext, CheckResult
 from sparkdiag.check.model import gpu_index as _idx
 from sparkdiag.snapshot import GpuSample
-from sparkdiag.sources.procfs import DeviceHolder
+from sparkdiag.sources.host.procfs import DeviceHolder
 
 GIB = 1024.0**3
 # What a new allocation can get, as a share of the memory: under 10 % fails (the
@@ -53,10 +53,14 @@ def _dedicated(gpu: GpuSample) -> CheckResult:
     data = {"obtainable_bytes": free, "total_bytes": total, "model": "dedicated"}
     if free < OBTAINABLE_FAIL * total:
         return CheckResult(
-            "gpu-memory", "warn", text,
+            "gpu-memory",
+            "warn",
+            text,
             "another process holds the GPU's memory: see the idle row (nvidia-smi "
-            "--query-compute-apps=pid,used_memory --format=csv)", _idx(gpu), data,
-        )  # fmt: skip
+            "--query-compute-apps=pid,used_memory --format=csv)",
+            _idx(gpu),
+            data,
+        )
     return CheckResult("gpu-memory", "pass", text, gpu=_idx(gpu), data=data)
 
 
@@ -82,11 +86,16 @@ def gpu_memory(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
         "total_bytes": total,
         "page_cache_bytes": dict(cache),
         "processes": [
-            {"pid": h.pid, "name": h.name, "devices": list(h.devices),
-             "rss_bytes": h.rss_bytes, "mapped_bytes": h.mapped_bytes}
+            {
+                "pid": h.pid,
+                "name": h.name,
+                "devices": list(h.devices),
+                "rss_bytes": h.rss_bytes,
+                "mapped_bytes": h.mapped_bytes,
+            }
             for h in holders
         ],
-    }  # fmt: skip
+    }
     reclaimable = cache.get("reclaimable", 0.0)
     text = (
         f"a new allocation can get {_gib(got)} of {_gib(total)} ({_gib(free)} free + "
@@ -97,23 +106,34 @@ def gpu_memory(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
     cached = cache.get("total", 0.0)
     if got < OBTAINABLE_FAIL * total:
         return CheckResult(
-            "gpu-memory", "fail", text,
+            "gpu-memory",
+            "fail",
+            text,
             "stop or shrink what holds the memory (the processes above; a model server's GPU "
-            f"memory share or KV cache), then {DROP_CACHES}", _idx(gpu), data,
-        )  # fmt: skip
+            f"memory share or KV cache), then {DROP_CACHES}",
+            _idx(gpu),
+            data,
+        )
     if cached >= CACHE_WARN * total:
         return CheckResult(
-            "gpu-memory", "warn",
+            "gpu-memory",
+            "warn",
             f"the page cache holds {_gib(cached)} of {_gib(total)}; {text}",
             f"{DROP_CACHES} before loading a model larger than {_gib(free)} (what is free "
             "without the cache: CUDA allocations on GB10 have failed while the cache held the "
-            "memory)", _idx(gpu), data,
-        )  # fmt: skip
+            "memory)",
+            _idx(gpu),
+            data,
+        )
     if got < OBTAINABLE_WARN * total:
         return CheckResult(
-            "gpu-memory", "warn", text,
-            "little is left for a model: stop or shrink what holds the memory", _idx(gpu), data,
-        )  # fmt: skip
+            "gpu-memory",
+            "warn",
+            text,
+            "little is left for a model: stop or shrink what holds the memory",
+            _idx(gpu),
+            data,
+        )
     return CheckResult("gpu-memory", "pass", text, gpu=_idx(gpu), data=data)
 
 

@@ -4,7 +4,8 @@ A check is a small function ``(CheckContext) -> list[CheckResult]``: one result,
 where the condition is per GPU. It reads only the context, never the hardware, so every outcome
 can be driven from fixtures. The context is gathered once per run (:mod:`sparkdiag.check.gather`).
 The host readings it carries (:class:`KernelLog`, :class:`TorchInfo`) are the sources' own
-dataclasses (:mod:`sparkdiag.sources.kernel_log`, :mod:`sparkdiag.sources.packages`), re-exported.
+dataclasses (:mod:`sparkdiag.sources.host.kernel_log`, :mod:`sparkdiag.sources.software.packages`),
+re-exported.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ from sparkdiag.probe.document import WorkerDocument
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.soak.state import StateReport as SoakStateReport
-from sparkdiag.sources.cuda_libraries import LibraryScan
-from sparkdiag.sources.kernel_log import KernelLog as KernelLog
-from sparkdiag.sources.packages import TorchInfo as TorchInfo
-from sparkdiag.sources.procfs import DeviceHolder
+from sparkdiag.sources.host.kernel_log import KernelLog as KernelLog
+from sparkdiag.sources.host.procfs import DeviceHolder
+from sparkdiag.sources.software.cuda_libraries import LibraryScan
+from sparkdiag.sources.software.packages import TorchInfo as TorchInfo
 from sparkdiag.storage.evaluate import StorageReport
 from sparkdiag.telemetry.busy import Busy, busy, other_pids
 
@@ -210,11 +211,13 @@ def no_gpu_skip(name: str, snapshot: Snapshot, **data: Any) -> CheckResult:
     (``data["see"]``), and the table shows every row that refers to the same one as one row
     (``check/report.py``). Where GPUs are listed but every one is lost, the reason is its own."""
     if not snapshot.nvml_up:
-        return CheckResult(name, "skip", "not run without a GPU (see nvml)",
-                           data={**data, SEE: "nvml"})  # fmt: skip
+        return CheckResult(
+            name, "skip", "not run without a GPU (see nvml)", data={**data, SEE: "nvml"}
+        )
     if not snapshot.gpus and name != "gpus":
-        return CheckResult(name, "skip", "not run without a GPU (see gpus)",
-                           data={**data, SEE: "gpus"})  # fmt: skip
+        return CheckResult(
+            name, "skip", "not run without a GPU (see gpus)", data={**data, SEE: "gpus"}
+        )
     return CheckResult(name, "skip", no_gpu_reason(snapshot), data=data)
 
 

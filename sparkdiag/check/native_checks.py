@@ -49,22 +49,24 @@ def check_native_code(ctx: CheckContext) -> list[CheckResult]:
     if not scan.libraries:
         return [
             CheckResult(
-                NAME, "skip",
+                NAME,
+                "skip",
                 f"no library with GPU code in {scan.environment} ({scan.files} shared "
                 f"libraries in {len(scan.site_dirs)} package directories)",
             )
-        ]  # fmt: skip
+        ]
     libraries, stubs = judged(scan.libraries), not_judged(scan.libraries)
     names = ", ".join(lib.name for lib in stubs)
     aside = f"; not judged, their kernels are not in their fat binaries: {names}" if stubs else ""
     if not libraries:
         return [
             CheckResult(
-                NAME, "skip",
+                NAME,
+                "skip",
                 f"no library in {scan.environment} whose kernels are in its fat binary{aside}",
                 data={"not_judged": [stub_json(lib) for lib in stubs]},
             )
-        ]  # fmt: skip
+        ]
     by_package: dict[str, list[LibraryVerdict]] = defaultdict(list)
     verdicts = [judge_library(lib, gpu) for lib in libraries for gpu in gpus]
     for verdict in verdicts:
@@ -74,7 +76,8 @@ def check_native_code(ctx: CheckContext) -> list[CheckResult]:
         sms = ", ".join(sorted({g.sm for g in gpus}))
         return [
             CheckResult(
-                NAME, "pass",
+                NAME,
+                "pass",
                 f"all {len(libraries)} libraries with GPU code in {scan.environment} run "
                 f"natively on {sms}{aside}",
                 data={
@@ -82,7 +85,7 @@ def check_native_code(ctx: CheckContext) -> list[CheckResult]:
                     "not_judged": [stub_json(lib) for lib in stubs],
                 },
             )
-        ]  # fmt: skip
+        ]
     rows = []
     for _package, verdicts in sorted(by_package.items()):
         for gpu in gpus:
@@ -117,9 +120,12 @@ def _dtype_order(ctx: CheckContext, probe: GpuProbe) -> CheckResult:
     found = orders(delivered, capability)
     if not found:
         return CheckResult(
-            name, "skip", "no pair of dtypes to compare (fp8 and bf16, or nvfp4 and fp8, at a "
-            "compute shape, on a GPU that runs the narrower one)", gpu=index,
-        )  # fmt: skip
+            name,
+            "skip",
+            "no pair of dtypes to compare (fp8 and bf16, or nvfp4 and fp8, at a "
+            "compute shape, on a GPU that runs the narrower one)",
+            gpu=index,
+        )
     data = {"orders": [o.as_json() for o in found]}
     slower = [o for o in found if o.slower]
     text = "; ".join(

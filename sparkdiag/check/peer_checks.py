@@ -3,7 +3,7 @@
 ``peers`` (under load): the short probe's delivered figures of every GPU, kernel by kernel
 (compute-bound kernels only), each over the median of the other GPUs of the same model; a GPU
 is judged by the median of its kernels, and the slowest one fails at 7 % below the rest, warns
-at 3.5 % (sparkdiag/peers/compare.py, Azure's thresholds). ``baseline-learning``: the kernels
+at 3.5 % (sparkdiag/peers/ranking.py, Azure's thresholds). ``baseline-learning``: the kernels
 whose baseline the daemon is still learning and whose last run it held out, as far below its
 peers and the published reference (sparkdiag/baseline/learning.py).
 """
@@ -14,8 +14,8 @@ import time
 
 from sparkdiag.baseline.keeper import HeldRun
 from sparkdiag.check.model import CheckContext, CheckResult, no_gpu_skip
-from sparkdiag.peers.compare import FAIL_BELOW, WARN_BELOW
 from sparkdiag.peers.node import NodeVerdict, PeerFigure, judge_node
+from sparkdiag.peers.ranking import FAIL_BELOW, WARN_BELOW
 
 NAME = "peers"
 LEARNING = "baseline-learning"
@@ -28,14 +28,12 @@ def _figures(ctx: CheckContext) -> list[PeerFigure]:
         doc = probe.document
         if doc is None or probe.cycle is None or probe.cycle.result not in ("ok", "error"):
             continue
-        ident = probe.gpu.identity
-        for fig in probe.figures:
-            if fig.status == "ok" and fig.delivered is not None:
-                out.append(
-                    PeerFigure(str(index), ident.uuid, ident.name, context,
-                               doc.software.identity(), fig.dtype, fig.shape, fig.beta,
-                               fig.kind, fig.delivered)
-                )  # fmt: skip
+        ident, software = probe.gpu.identity, doc.software.identity()
+        out += [
+            PeerFigure.of(str(index), ident.uuid, ident.name, context, software, f, f.delivered)
+            for f in probe.figures
+            if f.status == "ok" and f.delivered is not None
+        ]
     return out
 
 
@@ -63,11 +61,16 @@ def _result(found: NodeVerdict) -> CheckResult:
         "warn_below": WARN_BELOW,
         "fail_below": FAIL_BELOW,
         "kernels": [
-            {"dtype": k.dtype, "shape": k.shape, "tflops": k.values[(index, uuid)],
-             "rest_median_tflops": k.rest_median((index, uuid)), "ratio": r}
+            {
+                "dtype": k.dtype,
+                "shape": k.shape,
+                "tflops": k.values[(index, uuid)],
+                "rest_median_tflops": k.rest_median((index, uuid)),
+                "ratio": r,
+            }
             for k, r in kernels
         ],
-    }  # fmt: skip
+    }
     if status == "pass":
         finding = (
             f"{len(found.gpus)} {found.model} within {1 - WARN_BELOW:.1%} of each other "
@@ -135,11 +138,16 @@ def _held_result(ctx: CheckContext, uuid: str, runs: list[HeldRun]) -> CheckResu
     data = {
         "uuid": uuid,
         "held": [
-            {"dtype": r.key.dtype, "shape": r.key.shape, "context": r.key.context, "at": r.at,
-             **r.held.as_dict()}
+            {
+                "dtype": r.key.dtype,
+                "shape": r.key.shape,
+                "context": r.key.context,
+                "at": r.at,
+                **r.held.as_dict(),
+            }
             for r in runs
         ],
-    }  # fmt: skip
+    }
     return CheckResult(LEARNING, "warn", finding, action, index, data)
 
 

@@ -41,27 +41,36 @@ def _power(ctx: CheckContext, probe: GpuProbe) -> CheckResult:
     if not readings:
         return CheckResult(NAME, "skip", "no power reading during the probe", gpu=_idx(probe))
     peak = max(readings)
-    data: dict[str, object] = {"peak_watts": peak, "worker_mean_watts": mean,
-                               "loaded_polls": len(loaded),
-                               "threshold_watts": POWER_SAFETY_WATTS}  # fmt: skip
+    data: dict[str, object] = {
+        "peak_watts": peak,
+        "worker_mean_watts": mean,
+        "loaded_polls": len(loaded),
+        "threshold_watts": POWER_SAFETY_WATTS,
+    }
     if not is_gb10(probe.gpu):
         return CheckResult(
-            NAME, "skip",
+            NAME,
+            "skip",
             f"up to {peak:.0f} W under load; the ~30 W power-safety mode is a GB10 failure, "
             "not judged on this GPU",
-            gpu=_idx(probe), data=data,
-        )  # fmt: skip
+            gpu=_idx(probe),
+            data=data,
+        )
     machine = describe(ctx.snapshot.platform)
     data["platform"] = machine
     if peak <= POWER_SAFETY_WATTS:
         return CheckResult(
-            NAME, "fail",
+            NAME,
+            "fail",
             f"power never above {peak:.0f} W under a full probe load: the GB10 ~30 W "
             f"power-safety mode ({machine})",
-            RMA_ACTION, _idx(probe), data,
-        )  # fmt: skip
-    return CheckResult(NAME, "pass", f"up to {peak:.0f} W under load ({machine})",
-                       gpu=_idx(probe), data=data)  # fmt: skip
+            RMA_ACTION,
+            _idx(probe),
+            data,
+        )
+    return CheckResult(
+        NAME, "pass", f"up to {peak:.0f} W under load ({machine})", gpu=_idx(probe), data=data
+    )
 
 
 def check_power_under_load(ctx: CheckContext) -> list[CheckResult]:

@@ -16,7 +16,7 @@ from sparkdiag.probe.document import Conditions
 from sparkdiag.probe.runner import worker_path
 from sparkdiag.probe.worker.contract import throughput_unit
 from sparkdiag.snapshot import GpuSample
-from sparkdiag.sources.gpu import UNHEALTHY_REASONS, decode_reasons
+from sparkdiag.sources.nvml.gpu import UNHEALTHY_REASONS, decode_reasons
 
 BASELINE_FAIL = 0.85  # below this fraction of the stored baseline: fail
 MAMF_WARN = 0.60  # below this fraction of a published MAMF figure: warn
@@ -66,8 +66,9 @@ def _not_ok(name: str, probe: GpuProbe) -> CheckResult | None:
     if cycle is not None and cycle.result in ("ok", "error") and cycle.document:
         return None
     result = cycle.result if cycle is not None else "not run"
-    return CheckResult(name, "skip", f"no probe result ({result}; see the probe check)",
-                       gpu=_idx(probe))  # fmt: skip
+    return CheckResult(
+        name, "skip", f"no probe result ({result}; see the probe check)", gpu=_idx(probe)
+    )
 
 
 # -- throughput ------------------------------------------------------------------------------
@@ -108,24 +109,42 @@ def _probe(ctx: CheckContext, probe: GpuProbe) -> CheckResult:
         f"{shlex.quote(sys.executable)} {shlex.quote(str(worker_path()))} --dtype bf16"
     )
     if cycle.result == "unsupported":
-        return CheckResult("probe", "skip", f"probe unsupported here: {reason}",
-                           "check that torch sees the GPU: python -c 'import torch; "
-                           "print(torch.cuda.is_available())'", _idx(probe))  # fmt: skip
+        return CheckResult(
+            "probe",
+            "skip",
+            f"probe unsupported here: {reason}",
+            "check that torch sees the GPU: python -c 'import torch; "
+            "print(torch.cuda.is_available())'",
+            _idx(probe),
+        )
     if cycle.result == "skipped_busy":
-        return CheckResult("probe", "warn", f"probe skipped: {reason}",
-                           "rerun when nothing else uses the GPU", _idx(probe))  # fmt: skip
+        return CheckResult(
+            "probe",
+            "warn",
+            f"probe skipped: {reason}",
+            "rerun when nothing else uses the GPU",
+            _idx(probe),
+        )
     if cycle.result == "timeout":
-        return CheckResult("probe", "warn", f"probe timed out: {reason}",
-                           "rerun with --probe.timeout 60; if it hangs again, the GPU may be "
-                           f"stuck: reset it (sudo nvidia-smi -r -i {gpu.index})",
-                           _idx(probe))  # fmt: skip
+        return CheckResult(
+            "probe",
+            "warn",
+            f"probe timed out: {reason}",
+            "rerun with --probe.timeout 60; if it hangs again, the GPU may be "
+            f"stuck: reset it (sudo nvidia-smi -r -i {gpu.index})",
+            _idx(probe),
+        )
     if cycle.result == "error":
         return CheckResult("probe", "fail", f"probe failed: {reason}", by_hand, _idx(probe))
     figures = [
-        f for f in probe.figures
-        if f.kind == "compute" and f.beta == 0 and f.status == "ok" and f.delivered is not None
+        f
+        for f in probe.figures
+        if f.kind == "compute"
+        and f.beta == 0
+        and f.status == "ok"
+        and f.delivered is not None
         and not f.dtype.startswith("int")
-    ]  # fmt: skip
+    ]
     if not figures:
         return CheckResult("probe", "skip", "no compute-bound result to compare", gpu=_idx(probe))
     judged = [_figure(f) for f in figures]
@@ -135,7 +154,9 @@ def _probe(ctx: CheckContext, probe: GpuProbe) -> CheckResult:
         "wall_seconds": cycle.wall_seconds,
         "figures": [
             {
-                "dtype": f.dtype, "shape": f.shape, "delivered_tflops": f.delivered,
+                "dtype": f.dtype,
+                "shape": f.shape,
+                "delivered_tflops": f.delivered,
                 "peak_tflops": f.peak,
                 "baseline": f.baseline.tflops if f.baseline else None,
                 "efficiency": f.efficiency,
@@ -146,7 +167,7 @@ def _probe(ctx: CheckContext, probe: GpuProbe) -> CheckResult:
             for f in figures
         ],
         "baseline_note": probe.baseline_note,
-    }  # fmt: skip
+    }
     action = ""
     if status == "fail":
         action = (
@@ -200,20 +221,28 @@ def _sm_clock(ctx: CheckContext, probe: GpuProbe) -> CheckResult:
     target, what = sustained_clock(probe.gpu)
     maximum = probe.gpu.clock_max_hertz.get("sm")
     if not candidates:
-        return CheckResult(name, "skip", "the probe recorded no SM clock (no NVML in the worker)",
-                           gpu=_idx(probe))  # fmt: skip
+        return CheckResult(
+            name, "skip", "the probe recorded no SM clock (no NVML in the worker)", gpu=_idx(probe)
+        )
     if not target:
-        return CheckResult(name, "skip", "neither applications nor maximum SM clock reported",
-                           gpu=_idx(probe))  # fmt: skip
+        return CheckResult(
+            name, "skip", "neither applications nor maximum SM clock reported", gpu=_idx(probe)
+        )
     observed = max(candidates)
     ratio = observed / target
     seen_mask = conditions.clock_event_reasons_seen or 0
     for sample in probe.load:
         seen_mask |= sample.clock_event_reasons or 0
     seen = decode_reasons(seen_mask)
-    data = {"sm_clock_hertz": observed, "sustained_hertz": target, "sustained_is": what,
-            "max_hertz": maximum, "ratio": ratio, "worker_mean_hertz": mean,
-            "reasons_seen": seen}  # fmt: skip
+    data = {
+        "sm_clock_hertz": observed,
+        "sustained_hertz": target,
+        "sustained_is": what,
+        "max_hertz": maximum,
+        "ratio": ratio,
+        "worker_mean_hertz": mean,
+        "reasons_seen": seen,
+    }
     of = f"{target / 1e6:.0f} MHz"
     if what != "maximum":
         of = f"its {of} applications clock"
@@ -225,40 +254,59 @@ def _sm_clock(ctx: CheckContext, probe: GpuProbe) -> CheckResult:
     thermal = [r for r in seen if r in UNHEALTHY_REASONS]
     if ratio >= CLOCK_FRACTION:
         if thermal:
-            return CheckResult(name, "warn", f"{text}, {', '.join(thermal)} seen",
-                               "cool the GPU (airflow, fans) before long benchmarks",
-                               _idx(probe), data)  # fmt: skip
+            return CheckResult(
+                name,
+                "warn",
+                f"{text}, {', '.join(thermal)} seen",
+                "cool the GPU (airflow, fans) before long benchmarks",
+                _idx(probe),
+                data,
+            )
         return CheckResult(name, "pass", text, gpu=_idx(probe), data=data)
     if thermal:
-        return CheckResult(name, "fail", f"{text}, {', '.join(thermal)} seen",
-                           "cool the GPU: check airflow, fans and inlet temperature",
-                           _idx(probe), data)  # fmt: skip
+        return CheckResult(
+            name,
+            "fail",
+            f"{text}, {', '.join(thermal)} seen",
+            "cool the GPU: check airflow, fans and inlet temperature",
+            _idx(probe),
+            data,
+        )
     if "sw_power_cap" in seen or "applications_clocks_setting" in seen:
         power = conditions.mean_power_watts
         limit = probe.gpu.power_limit_watts
         at = f" at {power:.0f} of {limit:.0f} W" if power is not None and limit else ""
         capped = "power-capped" if "sw_power_cap" in seen else "held by application clocks"
         return CheckResult(
-            name, "warn", f"{text}, {capped}{at}",
+            name,
+            "warn",
+            f"{text}, {capped}{at}",
             "normal at the power limit under full load; if the limit was lowered, restore it "
             "(nvidia-smi -q -d POWER; sudo nvidia-smi -pl <W>); application clocks: "
             "sudo nvidia-smi -rac",
-            _idx(probe), data,
-        )  # fmt: skip
+            _idx(probe),
+            data,
+        )
     if is_gb10(probe.gpu):
         machine = describe(ctx.snapshot.platform)
         data["platform"] = machine
         return CheckResult(
-            name, "fail",
+            name,
+            "fail",
             f"{text} with no clock event reason: the GB10 USB-PD slow state ({machine})",
-            USB_PD_ACTION, _idx(probe), data,
-        )  # fmt: skip
+            USB_PD_ACTION,
+            _idx(probe),
+            data,
+        )
     return CheckResult(
-        name, "fail", f"{text} with no clock event reason: stuck in a slow state",
+        name,
+        "fail",
+        f"{text} with no clock event reason: stuck in a slow state",
         f"reset the GPU (sudo nvidia-smi -r -i {probe.gpu.identity.index}) or reboot; if it "
         "stays slow, update the driver and firmware",
-        _idx(probe), data,
-    )  # fmt: skip
+        _idx(probe),
+        data,
+    )
 
 
 def check_sm_clock(ctx: CheckContext) -> list[CheckResult]:
@@ -281,21 +329,28 @@ def _int4_decode(ctx: CheckContext, probe: GpuProbe) -> CheckResult:
     if int4 is None:
         return CheckResult(name, "skip", "int4 not probed", gpu=_idx(probe))
     if int4.delivered is None:
-        return CheckResult(name, "skip", f"int4 {int4.status}: {int4.reason or 'no result'}",
-                           gpu=_idx(probe))  # fmt: skip
+        return CheckResult(
+            name, "skip", f"int4 {int4.status}: {int4.reason or 'no result'}", gpu=_idx(probe)
+        )
     others = [f for d, f in decode.items() if d in ("bf16", "fp16") and f.delivered is not None]
     if not others:
-        return CheckResult(name, "skip", "no bf16/fp16 decode result to compare with",
-                           gpu=_idx(probe))  # fmt: skip
+        return CheckResult(
+            name, "skip", "no bf16/fp16 decode result to compare with", gpu=_idx(probe)
+        )
     best = max(others, key=lambda f: f.delivered or 0.0)
     assert best.delivered is not None
     # the worker's interleaved rounds (suite check/hot) give the ratio under one set of
     # conditions; a document without them falls back to the two figures
     measured = probe.document.ratios.get(f"int4/{best.dtype}") if probe.document else None
     ratio = measured if measured is not None else int4.delivered / best.delivered
-    data = {"shape": int4.shape, "int4_tflops": int4.delivered, "other": best.dtype,
-            "other_tflops": best.delivered, "ratio": ratio,
-            "interleaved": measured is not None}  # fmt: skip
+    data = {
+        "shape": int4.shape,
+        "int4_tflops": int4.delivered,
+        "other": best.dtype,
+        "other_tflops": best.delivered,
+        "ratio": ratio,
+        "interleaved": measured is not None,
+    }
     units = throughput_unit("int4"), throughput_unit(best.dtype)
     values = f"{_tf(int4.delivered)} {units[0]} against {_tf(best.delivered)} {units[1]}"
     if measured is not None and int4.peak and best.peak:
@@ -305,15 +360,22 @@ def _int4_decode(ctx: CheckContext, probe: GpuProbe) -> CheckResult:
         )
     if ratio < 1.0:
         return CheckResult(
-            name, "warn",
+            name,
+            "warn",
             f"int4 slower than {best.dtype} at decode {int4.shape}: {ratio:.2f}× ({values})",
             "int4 weight-only should beat 16-bit when memory-bound: check the memory "
             "temperature and SM clock rows, that no other process shares the GPU, and the "
             "torch version (its int4 kernels)",
-            _idx(probe), data,
-        )  # fmt: skip
-    return CheckResult(name, "pass", f"int4 {ratio:.2f}× {best.dtype} at decode {int4.shape} "
-                       f"({values})", gpu=_idx(probe), data=data)  # fmt: skip
+            _idx(probe),
+            data,
+        )
+    return CheckResult(
+        name,
+        "pass",
+        f"int4 {ratio:.2f}× {best.dtype} at decode {int4.shape} ({values})",
+        gpu=_idx(probe),
+        data=data,
+    )
 
 
 def check_int4_decode(ctx: CheckContext) -> list[CheckResult]:

@@ -17,7 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from sparkdiag.baseline.evaluate import GemmFigure, evaluate
-from sparkdiag.baseline.store import DEFAULT_FILENAME, BaselineStore, BaselineStoreError, open_store
+from sparkdiag.baseline.store import BaselineStore, BaselineStoreError, open_store
 from sparkdiag.check.model import GpuProbe
 from sparkdiag.config import DEFAULTS
 from sparkdiag.probe.launchers import Launcher, WorkerLauncher
@@ -27,7 +27,6 @@ from sparkdiag.snapshot import GpuSample, Snapshot
 
 log = logging.getLogger(__name__)
 
-BASELINE_FILENAME = DEFAULT_FILENAME  # where the daemon keeps its baselines
 # The worker's check suite: bf16 and fp16 for throughput, int4 for the 4-bit comparison at the
 # decode shape (timed in interleaved rounds with them), every shape, the host-device copies,
 # about 1 s of GPU time.
@@ -123,9 +122,15 @@ def run_probes(
         if cycle.document and cycle.result in ("ok", "error"):
             try:
                 figures = tuple(
-                    evaluate(cycle.document, gpu.identity.uuid, gpu.identity.name, context,
-                             store, record=False)
-                )  # fmt: skip
+                    evaluate(
+                        cycle.document,
+                        gpu.identity.uuid,
+                        gpu.identity.name,
+                        context,
+                        store,
+                        record=False,
+                    )
+                )
             except (BaselineStoreError, ValueError) as exc:
                 note = f"baselines unavailable: {exc}"
                 figures = tuple(

@@ -90,9 +90,12 @@ def collapse(results: Sequence[CheckResult]) -> list[CheckResult]:
         if rows:
             listed = ", ".join(row.name for row in rows)
             out.append(
-                CheckResult(f"{len(rows)} GPU checks", "skip",
-                            f"not run without a GPU (see {r.name}): {listed}")
-            )  # fmt: skip
+                CheckResult(
+                    f"{len(rows)} GPU checks",
+                    "skip",
+                    f"not run without a GPU (see {r.name}): {listed}",
+                )
+            )
     return out
 
 
@@ -104,8 +107,11 @@ def merge(results: Sequence[CheckResult]) -> list[tuple[CheckResult, str]]:
             last, gpus = rows[-1]
             same = (last.name, last.status, last.finding, last.action)
             if last.gpu is not None and same == (
-                result.name, result.status, result.finding, result.action
-            ):  # fmt: skip
+                result.name,
+                result.status,
+                result.finding,
+                result.action,
+            ):
                 gpus.append(result.gpu)
                 continue
         rows.append((result, [] if result.gpu is None else [result.gpu]))
@@ -125,8 +131,9 @@ def table(
     indent = sum(widths) + len(GAP) * 3
     if width - indent < terminal.MIN_TEXT:
         indent = 4  # too narrow for a column: the finding continues under the row
-    lines = [GAP.join(h.ljust(w) for h, w in zip(HEADERS[:3], widths, strict=True))
-             + GAP + HEADERS[3]]  # fmt: skip
+    lines = [
+        GAP.join(h.ljust(w) for h, w in zip(HEADERS[:3], widths, strict=True)) + GAP + HEADERS[3]
+    ]
     for (result, _), row in zip(merged, rows, strict=True):
         status = _style(row[0].ljust(widths[0]), result.status, colour)
         cells = [status, row[1].ljust(widths[1]), row[2].ljust(widths[2]), ""]

@@ -66,30 +66,44 @@ def _judge(g: GpuState, now: float, gpu: str | None) -> CheckResult:
     }
     if g.stopped == "error":
         return CheckResult(
-            NAME, "warn", f"{when} failed: {g.reason or 'no reason given'}",
-            f"{RUN_SOAK} again; --json FILE keeps the worker's error output", gpu, data,
-        )  # fmt: skip
+            NAME,
+            "warn",
+            f"{when} failed: {g.reason or 'no reason given'}",
+            f"{RUN_SOAK} again; --json FILE keeps the worker's error output",
+            gpu,
+            data,
+        )
     if g.degraded:
         fell = "; ".join(_fell(k, g.sensor) for k in g.degraded)
         return CheckResult(NAME, "warn", f"{head}: {fell}", FELL_ACTION, gpu, data)
     if g.stopped in ("hw_thermal_slowdown", "hw_slowdown"):
         return CheckResult(
-            NAME, "warn", f"{head}: stopped by a hardware slowdown ({g.reason})", THERMAL_ACTION,
-            gpu, data,
-        )  # fmt: skip
+            NAME,
+            "warn",
+            f"{head}: stopped by a hardware slowdown ({g.reason})",
+            THERMAL_ACTION,
+            gpu,
+            data,
+        )
     if not g.judged:
         return CheckResult(
-            NAME, "skip", f"{head}: measured nothing to judge ({g.reason or g.stopped})",
-            f"{RUN_SOAK}, and let it run", gpu, data,
-        )  # fmt: skip
+            NAME,
+            "skip",
+            f"{head}: measured nothing to judge ({g.reason or g.stopped})",
+            f"{RUN_SOAK}, and let it run",
+            gpu,
+            data,
+        )
     low = min(g.judged, key=lambda k: k.lowest_fraction or 0.0)
     lowest = f"{low.lowest_fraction:.2f}" if low.lowest_fraction is not None else "?"
     return CheckResult(
-        NAME, "pass",
+        NAME,
+        "pass",
         f"{head}: {len(g.judged)} kernels held {FALL_FRACTION:g} of cold (lowest {lowest}, "
         f"{low.label})",
-        gpu=gpu, data=data,
-    )  # fmt: skip
+        gpu=gpu,
+        data=data,
+    )
 
 
 def _cpu_run(g: GpuState, now: float) -> CheckResult:
@@ -99,14 +113,20 @@ def _cpu_run(g: GpuState, now: float) -> CheckResult:
     what = f"{len(measured)} kernels ran" if measured else "measured nothing"
     if g.stopped == "error":
         what = f"failed: {g.reason or 'no reason given'}"
-    data = {"finished_at": g.finished_at, "age_seconds": now - g.finished_at,
-            "stopped": g.stopped, "reason": g.reason, "thermal": False}  # fmt: skip
+    data = {
+        "finished_at": g.finished_at,
+        "age_seconds": now - g.finished_at,
+        "stopped": g.stopped,
+        "reason": g.reason,
+        "thermal": False,
+    }
     return CheckResult(
-        NAME, "skip",
+        NAME,
+        "skip",
         f"CPU test soak {age(now - g.finished_at)} ({g.stopped}{ran}): {what}; a CPU soak "
         "(--device cpu) is a smoke test with no thermal verdict",
         data=data,
-    )  # fmt: skip
+    )
 
 
 def check_soak(ctx: CheckContext) -> list[CheckResult]:
@@ -119,16 +139,24 @@ def check_soak(ctx: CheckContext) -> list[CheckResult]:
     if report.state == "absent" and not ctx.gpus_up():  # nothing to soak here
         return [no_gpu_skip(NAME, ctx.snapshot)]
     if report.state == "absent":
-        return [CheckResult(NAME, "skip", report.detail, f"{RUN_SOAK} to see whether "
-                            "throughput holds when the GPU is hot")]  # fmt: skip
+        return [
+            CheckResult(
+                NAME,
+                "skip",
+                report.detail,
+                f"{RUN_SOAK} to see whether throughput holds when the GPU is hot",
+            )
+        ]
     if report.state == "unusable" or report.soak is None:
         return [
             CheckResult(
-                NAME, "warn", f"soak state unusable: {report.detail}",
+                NAME,
+                "warn",
+                f"soak state unusable: {report.detail}",
                 "check the state directory's permissions; a damaged file: remove it and run "
                 "'sparkdiag soak' again",
             )
-        ]  # fmt: skip
+        ]
     now = ctx.snapshot.timestamp
     by_uuid = {g.identity.uuid: g for g in ctx.snapshot.gpus}
     results = []

@@ -47,13 +47,19 @@ def _stall(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
     """A GPU at >= 90 % utilization whose SMs, DRAM and tensor pipes do nothing fails."""
     util = gpu.utilization_ratio.get("gpu")
     if util is None:
-        return CheckResult("stall", "skip", "NVML reports no utilization for this GPU",
-                           gpu=_idx(gpu))  # fmt: skip
+        return CheckResult(
+            "stall", "skip", "NVML reports no utilization for this GPU", gpu=_idx(gpu)
+        )
     samples: Mapping[int, tuple[GpuSample, ...]] = ctx.stall_samples
     taken = samples.get(gpu.identity.index)
     if not taken:
-        return CheckResult("stall", "pass", f"not stalled: utilization {util:.0%}",
-                           gpu=_idx(gpu), data={"utilization": util})  # fmt: skip
+        return CheckResult(
+            "stall",
+            "pass",
+            f"not stalled: utilization {util:.0%}",
+            gpu=_idx(gpu),
+            data={"utilization": util},
+        )
     stalls = [s for s in map(stall_signature, taken) if s is not None]
     judged = [
         s for s in taken if s.up and (s.activity_ratio or s.identity.memory_model == "unified")
@@ -62,25 +68,33 @@ def _stall(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
     data = {"samples": len(taken), "stalled": len(stalls), "seconds": seconds}
     if not judged:
         return CheckResult(
-            "stall", "skip",
+            "stall",
+            "skip",
             f"busy (utilization {util:.0%}); without GPM activity sparkdiag does not judge a stall "
             "on a dedicated-memory GPU",
-            gpu=_idx(gpu), data=data,
-        )  # fmt: skip
+            gpu=_idx(gpu),
+            data=data,
+        )
     if stalls and len(stalls) == len(taken):
         return CheckResult(
-            "stall", "fail",
+            "stall",
+            "fail",
             f"stalled for {seconds:.0f} s: {stalls[-1].describe()}: a kernel waits (a hung "
             "collective or a spin), it does not work",
-            ACTION, _idx(gpu), {**data, "basis": stalls[-1].basis},
-        )  # fmt: skip
+            ACTION,
+            _idx(gpu),
+            {**data, "basis": stalls[-1].basis},
+        )
     if stalls:
         return CheckResult(
-            "stall", "warn",
+            "stall",
+            "warn",
             f"the stall signature in {len(stalls)} of {len(taken)} samples over {seconds:.0f} s "
             f"({stalls[-1].describe()})",
-            "run sparkdiag check again; if it holds, " + ACTION, _idx(gpu), data,
-        )  # fmt: skip
+            "run sparkdiag check again; if it holds, " + ACTION,
+            _idx(gpu),
+            data,
+        )
     last = taken[-1]
     moving = ", ".join(f"{k} {v:.0%}" for k, v in sorted(last.activity_ratio.items()))
     found = f"busy and working over {seconds:.0f} s" + (f" ({moving})" if moving else "")

@@ -47,8 +47,14 @@ def check_storage_speed(ctx: CheckContext) -> list[CheckResult]:
     if probe.report is None:
         why = probe.error or "not measured"
         if probe.refused:
-            return [CheckResult(SPEED, "warn", why, "give a directory on a filesystem with room, "
-                                "that sparkdiag may write to")]  # fmt: skip
+            return [
+                CheckResult(
+                    SPEED,
+                    "warn",
+                    why,
+                    "give a directory on a filesystem with room, that sparkdiag may write to",
+                )
+            ]
         return [CheckResult(SPEED, "fail", why, "look at the drive's health and dmesg")]
     return [_speed(probe.report)]
 
@@ -71,15 +77,21 @@ def _speed(report: StorageReport) -> CheckResult:
     data = report.as_json()
     if slow:
         return CheckResult(
-            SPEED, "warn", f"slow {' and '.join(slow)} (under {SLOW_RATIO} of baseline): {finding}",
+            SPEED,
+            "warn",
+            f"slow {' and '.join(slow)} (under {SLOW_RATIO} of baseline): {finding}",
             "check the drive's temperature and health rows, what else uses it, and its free "
             "space; 'sparkdiag storage DIR' measures it again",
             data=data,
-        )  # fmt: skip
+        )
     if report.verdict == "learning":
-        return CheckResult(SPEED, "pass", f"{finding} (no baseline yet)",
-                           "run 'sparkdiag storage DIR' on the healthy machine to learn one",
-                           data=data)  # fmt: skip
+        return CheckResult(
+            SPEED,
+            "pass",
+            f"{finding} (no baseline yet)",
+            "run 'sparkdiag storage DIR' on the healthy machine to learn one",
+            data=data,
+        )
     return CheckResult(SPEED, "pass", finding, data=data)
 
 
@@ -107,15 +119,22 @@ def _health(drive: NvmeController) -> CheckResult:
     if log is None:
         why = drive.health_note or "no tool"
         return CheckResult(
-            HEALTH, "skip", f"{name}: SMART log not read ({why})",
+            HEALTH,
+            "skip",
+            f"{name}: SMART log not read ({why})",
             "install smartmontools (or nvme-cli) and run as root to read it",
-        )  # fmt: skip
+        )
     data = _health_data(log)
     bits = log.critical_warning or 0
     if bits:
         said = ", ".join(text for bit, text in WARNING_BITS if bits & bit) or f"0x{bits:02x}"
-        return CheckResult(HEALTH, "fail", f"{name}: critical warning 0x{bits:02x} ({said})",
-                           REPLACE.format(name=drive.name), data=data)  # fmt: skip
+        return CheckResult(
+            HEALTH,
+            "fail",
+            f"{name}: critical warning 0x{bits:02x} ({said})",
+            REPLACE.format(name=drive.name),
+            data=data,
+        )
     problems = []
     if log.media_errors:
         problems.append(f"{log.media_errors:.0f} media errors")
@@ -126,8 +145,13 @@ def _health(drive: NvmeController) -> CheckResult:
         problems.append(f"{log.percentage_used_ratio:.0%} of its endurance used")
     summary = _summary(log)
     if problems:
-        return CheckResult(HEALTH, "warn", f"{name}: {', '.join(problems)} ({summary})",
-                           REPLACE.format(name=drive.name), data=data)  # fmt: skip
+        return CheckResult(
+            HEALTH,
+            "warn",
+            f"{name}: {', '.join(problems)} ({summary})",
+            REPLACE.format(name=drive.name),
+            data=data,
+        )
     return CheckResult(HEALTH, "pass", f"{name}: {summary}", data=data)
 
 
@@ -146,12 +170,15 @@ def _summary(log: NvmeHealth) -> str:
 
 def _health_data(log: NvmeHealth) -> dict[str, object]:
     return {
-        "critical_warning": log.critical_warning, "media_errors": log.media_errors,
+        "critical_warning": log.critical_warning,
+        "media_errors": log.media_errors,
         "percentage_used_ratio": log.percentage_used_ratio,
         "available_spare_ratio": log.available_spare_ratio,
-        "unsafe_shutdowns": log.unsafe_shutdowns, "error_log_entries": log.error_log_entries,
-        "warning_temperature_seconds": log.warning_temperature_seconds, "source": log.source,
-    }  # fmt: skip
+        "unsafe_shutdowns": log.unsafe_shutdowns,
+        "error_log_entries": log.error_log_entries,
+        "warning_temperature_seconds": log.warning_temperature_seconds,
+        "source": log.source,
+    }
 
 
 def _temperature(drive: NvmeController) -> CheckResult:

@@ -14,8 +14,11 @@ def check_baseline_store(ctx: CheckContext) -> list[CheckResult]:
     report = ctx.baseline_store
     if report is None:
         return [CheckResult(NAME, "skip", "the baseline store was not looked at")]
-    data = {"state": report.state, "path": str(report.path) if report.path else None,
-            "baselines": report.baselines}  # fmt: skip
+    data = {
+        "state": report.state,
+        "path": str(report.path) if report.path else None,
+        "baselines": report.baselines,
+    }
     if report.state == "ok":
         return [CheckResult(NAME, "pass", f"{report.detail} in {report.path}", data=data)]
     if report.state == "absent" and not ctx.gpus_up():  # nothing to learn one from here
@@ -23,17 +26,21 @@ def check_baseline_store(ctx: CheckContext) -> list[CheckResult]:
     if report.state == "absent":
         return [
             CheckResult(
-                NAME, "skip", f"{report.detail}: the probe compares with published figures only",
+                NAME,
+                "skip",
+                f"{report.detail}: the probe compares with published figures only",
                 "run 'sparkdiag serve' (or 'sparkdiag probe') on the healthy machine to learn "
                 "baselines",
                 data=data,
             )
-        ]  # fmt: skip
+        ]
     return [
         CheckResult(
-            NAME, "warn", f"baseline store unusable: {report.detail}",
+            NAME,
+            "warn",
+            f"baseline store unusable: {report.detail}",
             "check free space and permissions of the state directory; a damaged file: move it "
             "aside (sparkdiag learns new baselines) and restart sparkdiag",
             data=data,
         )
-    ]  # fmt: skip
+    ]

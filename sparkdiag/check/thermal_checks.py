@@ -6,7 +6,7 @@ from sparkdiag.check.gpu_checks import each_gpu
 from sparkdiag.check.model import CheckContext, CheckResult
 from sparkdiag.check.model import gpu_index as _idx
 from sparkdiag.snapshot import GpuSample
-from sparkdiag.sources.gpu import UNHEALTHY_REASONS, decode_reasons
+from sparkdiag.sources.nvml.gpu import UNHEALTHY_REASONS, decode_reasons
 
 MEMORY_HOT_C = 85.0  # HBM: the memory controller throttles above this (CONTEXT.md)
 MEMORY_WARM_C = 80.0
@@ -58,14 +58,21 @@ def _gpu_temperature(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
     )
     if slowdown is not None:
         if temp >= slowdown:
-            return CheckResult(name, "fail", f"GPU {_c(temp)} ≥ slowdown {_c(slowdown)}",
-                               action, _idx(gpu), data)  # fmt: skip
+            return CheckResult(
+                name, "fail", f"GPU {_c(temp)} ≥ slowdown {_c(slowdown)}", action, _idx(gpu), data
+            )
         if temp >= slowdown - GPU_MARGIN_C:
-            return CheckResult(name, "warn",
-                               f"GPU {_c(temp)}, within {GPU_MARGIN_C:.0f} °C of slowdown "
-                               f"{_c(slowdown)}", action, _idx(gpu), data)  # fmt: skip
-        return CheckResult(name, "pass", f"GPU {_c(temp)} (slowdown {_c(slowdown)})",
-                           gpu=_idx(gpu), data=data)  # fmt: skip
+            return CheckResult(
+                name,
+                "warn",
+                f"GPU {_c(temp)}, within {GPU_MARGIN_C:.0f} °C of slowdown {_c(slowdown)}",
+                action,
+                _idx(gpu),
+                data,
+            )
+        return CheckResult(
+            name, "pass", f"GPU {_c(temp)} (slowdown {_c(slowdown)})", gpu=_idx(gpu), data=data
+        )
     if shutdown is not None:
         fail_at, warn_at = shutdown - SHUTDOWN_FAIL_MARGIN_C, shutdown - SHUTDOWN_WARN_MARGIN_C
         limit = f"shutdown {_c(shutdown)}, no slowdown threshold reported"
@@ -73,11 +80,13 @@ def _gpu_temperature(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
         fail_at, warn_at = FALLBACK_FAIL_C, FALLBACK_WARN_C
         limit = "no threshold reported"
     if temp >= fail_at:
-        return CheckResult(name, "fail", f"GPU {_c(temp)} ≥ {_c(fail_at)} ({limit})",
-                           action, _idx(gpu), data)  # fmt: skip
+        return CheckResult(
+            name, "fail", f"GPU {_c(temp)} ≥ {_c(fail_at)} ({limit})", action, _idx(gpu), data
+        )
     if temp >= warn_at:
-        return CheckResult(name, "warn", f"GPU {_c(temp)} ≥ {_c(warn_at)} ({limit})",
-                           action, _idx(gpu), data)  # fmt: skip
+        return CheckResult(
+            name, "warn", f"GPU {_c(temp)} ≥ {_c(warn_at)} ({limit})", action, _idx(gpu), data
+        )
     return CheckResult(name, "pass", f"GPU {_c(temp)} ({limit})", gpu=_idx(gpu), data=data)
 
 
@@ -102,15 +111,17 @@ def _memory_temperature(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
         "benchmarking (hot memory throttles: 4-bit and memory-bound kernels collapse)"
     )
     if limit is not None and temp >= limit:
-        return CheckResult(name, "fail", f"memory {_c(temp)} ≥ its limit {_c(limit)}",
-                           action, _idx(gpu), data)  # fmt: skip
+        return CheckResult(
+            name, "fail", f"memory {_c(temp)} ≥ its limit {_c(limit)}", action, _idx(gpu), data
+        )
     if temp >= MEMORY_HOT_C:
-        return CheckResult(name, "fail", f"memory {_c(temp)} ≥ {_c(MEMORY_HOT_C)}",
-                           action, _idx(gpu), data)  # fmt: skip
+        return CheckResult(
+            name, "fail", f"memory {_c(temp)} ≥ {_c(MEMORY_HOT_C)}", action, _idx(gpu), data
+        )
     if temp >= MEMORY_WARM_C:
-        return CheckResult(name, "warn",
-                           f"memory {_c(temp)}, close to {_c(MEMORY_HOT_C)}", action, _idx(gpu),
-                           data)  # fmt: skip
+        return CheckResult(
+            name, "warn", f"memory {_c(temp)}, close to {_c(MEMORY_HOT_C)}", action, _idx(gpu), data
+        )
     shown = f" (limit {_c(limit)})" if limit is not None else ""
     return CheckResult(name, "pass", f"memory {_c(temp)}{shown}", gpu=_idx(gpu), data=data)
 
@@ -135,22 +146,36 @@ def _clock_reasons(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
     if failing:
         temps = ", ".join(f"{k} {_c(v)}" for k, v in gpu.temperature_celsius.items())
         what = "; ".join(FAIL_REASONS[r] for r in failing)
-        return CheckResult(name, "fail", f"{shown}: {what}" + (f" at {temps}" if temps else ""),
-                           REASON_ACTIONS[failing[0]], _idx(gpu), data)  # fmt: skip
+        return CheckResult(
+            name,
+            "fail",
+            f"{shown}: {what}" + (f" at {temps}" if temps else ""),
+            REASON_ACTIONS[failing[0]],
+            _idx(gpu),
+            data,
+        )
     if "sw_power_cap" in names and ctx.busy(gpu) is None:
         power = ""
         if gpu.power_watts is not None and gpu.power_limit_watts is not None:
             power = f" ({gpu.power_watts:.0f} of {gpu.power_limit_watts:.0f} W)"
         return CheckResult(
-            name, "warn", f"{shown}: power cap active at idle{power}",
+            name,
+            "warn",
+            f"{shown}: power cap active at idle{power}",
             "check the power limit (nvidia-smi -q -d POWER) and restore the default: "
             "sudo nvidia-smi -pl <default limit in W>",
-            _idx(gpu), data,
-        )  # fmt: skip
+            _idx(gpu),
+            data,
+        )
     if "applications_clocks_setting" in names:
-        return CheckResult(name, "warn", f"{shown}: application clocks hold the GPU below max",
-                           "sudo nvidia-smi -rac (reset application clocks)", _idx(gpu),
-                           data)  # fmt: skip
+        return CheckResult(
+            name,
+            "warn",
+            f"{shown}: application clocks hold the GPU below max",
+            "sudo nvidia-smi -rac (reset application clocks)",
+            _idx(gpu),
+            data,
+        )
     note = " (power cap under load is normal)" if "sw_power_cap" in names else ""
     return CheckResult(name, "pass", shown + note, gpu=_idx(gpu), data=data)
 

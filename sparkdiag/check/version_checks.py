@@ -124,75 +124,81 @@ def check_versions(ctx: CheckContext) -> list[CheckResult]:
         python = ctx.torch.python if ctx.torch else "this Python"
         return [
             CheckResult(
-                NAME, "skip",
+                NAME,
+                "skip",
                 f"{driver_part}; torch not installed for {python}: nothing to compare",
                 torch_install_hint(ctx.torch.python) if ctx.torch else torch_install_hint(),
                 data=data,
             )
-        ]  # fmt: skip
+        ]
     if torch_cuda is None:
         if not ctx.gpus_up():
             return [
-                CheckResult(NAME, "pass", f"{driver_part}; torch {torch_version} (CPU build)",
-                            data=data)
-            ]  # fmt: skip
+                CheckResult(
+                    NAME, "pass", f"{driver_part}; torch {torch_version} (CPU build)", data=data
+                )
+            ]
         return [
             CheckResult(
-                NAME, "fail",
+                NAME,
+                "fail",
                 f"{driver_part}; torch {torch_version} is a CPU-only build: it cannot use the GPU",
                 f"install a CUDA build of torch{_up_to(supported)} "
                 "(the selector on https://pytorch.org/get-started/locally/ gives the command)",
                 data=data,
             )
-        ]  # fmt: skip
+        ]
     wanted = parse_version(torch_cuda)
     torch_part = f"torch {torch_version} built for CUDA {torch_cuda} ({origin})"
     if wanted is None or len(wanted) < 2:
         return [
-            CheckResult(NAME, "skip", f"{driver_part}; {torch_part}: CUDA version unreadable",
-                        data=data)
-        ]  # fmt: skip
+            CheckResult(
+                NAME, "skip", f"{driver_part}; {torch_part}: CUDA version unreadable", data=data
+            )
+        ]
     major_min = MAJOR_MINIMUM.get(wanted[0])
     if supported is not None and wanted[:2] <= supported:
         return [CheckResult(NAME, "pass", f"{driver_part} supports {torch_part}", data=data)]
     if newer:
         # Not known here, so not judged: a warning would be a guess about a newer driver.
         return [
-            CheckResult(NAME, "pass", f"{driver_part} is taken to support {torch_part}",
-                        data=data)
-        ]  # fmt: skip
+            CheckResult(NAME, "pass", f"{driver_part} is taken to support {torch_part}", data=data)
+        ]
     if major_min is not None and driver < major_min:
         return [
             CheckResult(
-                NAME, "fail",
+                NAME,
+                "fail",
                 f"{driver_part} is too old for {torch_part} (CUDA {wanted[0]}.x needs driver "
                 f"≥ {_show(major_min)})",
                 f"upgrade the NVIDIA driver to ≥ {_show(major_min)}, or install a torch built "
                 f"for CUDA{_up_to(supported)} (https://pytorch.org/get-started/locally/)",
                 data=data,
             )
-        ]  # fmt: skip
+        ]
     if major_min is None:
         # A CUDA major this table does not know: newer than any driver listed here.
         return [
             CheckResult(
-                NAME, "warn",
+                NAME,
+                "warn",
                 f"{driver_part}; {torch_part}: sparkdiag does not know which driver CUDA "
                 f"{wanted[0]}.x needs",
                 "check the driver requirement in the CUDA release notes (Table 3)",
                 data=data,
             )
-        ]  # fmt: skip
+        ]
     return [
         CheckResult(
-            NAME, "warn",
+            NAME,
+            "warn",
             f"{driver_part} is older than {torch_part}: runs through minor version "
             "compatibility (no PTX JIT, some features missing)",
             f"upgrade the driver to the branch of CUDA {_show(wanted[:2])}, or install a torch "
             f"built for CUDA{_up_to(supported)}",
             data=data,
         )
-    ]  # fmt: skip
+    ]
 
 
 def _up_to(cuda: tuple[int, int] | None) -> str:

@@ -38,15 +38,21 @@ def _not_learned_yet(state_dir: Path | None) -> Path | None:
     return None if path.exists() else path
 
 
-def _filtered(store: BaselineStore, uuid: str | None, dtype: str | None, shape: str | None,
-              context: str | None) -> list[Any]:  # fmt: skip
+def _filtered(
+    store: BaselineStore,
+    uuid: str | None,
+    dtype: str | None,
+    shape: str | None,
+    context: str | None,
+) -> list[Any]:
     return [
-        b for b in store.list()
+        b
+        for b in store.list()
         if (uuid is None or b.key.gpu_uuid.startswith(uuid))
         and (dtype is None or b.key.dtype == dtype)
         and (shape is None or b.key.shape == shape)
         and (context is None or b.key.context == context)
-    ]  # fmt: skip
+    ]
 
 
 _FILTERS = [
@@ -66,8 +72,14 @@ def _with_filters(fn: Callable[..., Any]) -> Callable[..., Any]:
 @baseline.command("show")
 @_with_filters
 @click.option("--json", "as_json", is_flag=True)
-def baseline_show(uuid: str | None, dtype: str | None, shape: str | None, context: str | None,
-                  as_json: bool, **given: Any) -> None:  # fmt: skip
+def baseline_show(
+    uuid: str | None,
+    dtype: str | None,
+    shape: str | None,
+    context: str | None,
+    as_json: bool,
+    **given: Any,
+) -> None:
     """List baselines (every software identity: old ones are kept)."""
     state_dir = settings_from("baseline", given).state_dir
     missing = _not_learned_yet(state_dir)
@@ -75,17 +87,31 @@ def baseline_show(uuid: str | None, dtype: str | None, shape: str | None, contex
         if as_json:
             click.echo("[]")
         else:
-            click.echo(f"no baselines yet ({missing} does not exist): 'sparkdiag probe' or the "
-                       "daemon learns them")  # fmt: skip
+            click.echo(
+                f"no baselines yet ({missing} does not exist): 'sparkdiag probe' or the "
+                "daemon learns them"
+            )
         return
     with open_store(state_dir, create=False) as store:
         rows = _filtered(store, uuid, dtype, shape, context)
     if as_json:
-        click.echo(json.dumps([
-            {**b.key.__dict__, "tflops": b.tflops, "source": b.source, "runs": b.runs,
-             "created_at": b.created_at, "updated_at": b.updated_at, "note": b.note}
-            for b in rows
-        ], indent=1))  # fmt: skip
+        click.echo(
+            json.dumps(
+                [
+                    {
+                        **b.key.__dict__,
+                        "tflops": b.tflops,
+                        "source": b.source,
+                        "runs": b.runs,
+                        "created_at": b.created_at,
+                        "updated_at": b.updated_at,
+                        "note": b.note,
+                    }
+                    for b in rows
+                ],
+                indent=1,
+            )
+        )
         return
     if not rows:
         click.echo("no baselines match")
@@ -138,8 +164,14 @@ def baseline_pin(
 @baseline.command("reset")
 @_with_filters
 @click.option("--all", "all_matches", is_flag=True, help="Required when no filter is given.")
-def baseline_reset(uuid: str | None, dtype: str | None, shape: str | None, context: str | None,
-                   all_matches: bool, **given: Any) -> None:  # fmt: skip
+def baseline_reset(
+    uuid: str | None,
+    dtype: str | None,
+    shape: str | None,
+    context: str | None,
+    all_matches: bool,
+    **given: Any,
+) -> None:
     """Forget baselines and their runs, so that they are learned again from the next runs."""
     if not (uuid or dtype or shape or context or all_matches):
         raise UsageError("give --uuid/--dtype/--shape/--context, or --all to reset everything")

@@ -24,14 +24,23 @@ from sparkdiag.commands.common import (
 )
 from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.flags import file_option, settings_from, settings_options, worker_options
+from sparkdiag.lifecycle import Interrupted
 from sparkdiag.probe.document import KernelResult, Progress
 from sparkdiag.probe.runner import run_worker
 from sparkdiag.probe.worker.contract import throughput_unit
 
 CSV_COLUMNS = (
-    "dtype", "shape", "status", "peak_tflops", "delivered_tflops", "median_ms", "total_ms",
-    "iters", "max_rel_error", "reason",
-)  # fmt: skip
+    "dtype",
+    "shape",
+    "status",
+    "peak_tflops",
+    "delivered_tflops",
+    "median_ms",
+    "total_ms",
+    "iters",
+    "max_rel_error",
+    "reason",
+)
 M_RANGE = "1024:16384:1024"  # mamf-finder's square sweep
 SMALL_M_RANGE = "128:512:128"  # --small: four cubes a CPU sweeps in seconds
 PARTIAL_SCHEMA = "sparkdiag-bench-partial/1"  # --json after Ctrl-C: the kernels measured
@@ -105,9 +114,19 @@ def _write_csv(path: Path, results: Sequence[KernelResult]) -> None:
         writer.writerow(CSV_COLUMNS)
         for r in results:
             writer.writerow(
-                [r.dtype, r.shape, r.status, r.peak, r.delivered, r.median_ms, r.total_ms,
-                 r.iters, r.max_rel_error, r.reason]
-            )  # fmt: skip
+                [
+                    r.dtype,
+                    r.shape,
+                    r.status,
+                    r.peak,
+                    r.delivered,
+                    r.median_ms,
+                    r.total_ms,
+                    r.iters,
+                    r.max_rel_error,
+                    r.reason,
+                ]
+            )
 
 
 def _figure(value: float | None) -> str:
@@ -135,23 +154,29 @@ def _summary(dtypes: Sequence[str], results: Sequence[KernelResult], device: str
         unit = throughput_unit(dtype)
         on = "CPU" if device == "cpu" else device
         what = "this GPU's MAMF" if device.startswith("cuda") else f"the best on the {on}"
-        line = (f"{dtype}: best {_figure(best.peak)} {unit} at {best.shape} ({what}); "
-                f"median {_figure(median)} over {len(ok)} shapes")  # fmt: skip
+        line = (
+            f"{dtype}: best {_figure(best.peak)} {unit} at {best.shape} ({what}); "
+            f"median {_figure(median)} over {len(ok)} shapes"
+        )
         click.echo(terminal.fill(line, width, "", "    "))
 
 
 def _interrupted(
-    sweep: _Sweep, dtypes: Sequence[str], csv_path: Path | None, json_path: Path | None,
+    sweep: _Sweep,
+    dtypes: Sequence[str],
+    csv_path: Path | None,
+    json_path: Path | None,
     device: str,
-) -> None:  # fmt: skip
-    """Ctrl-C: write and print the kernels measured so far, exit INTERRUPTED."""
+    signal_name: str,
+) -> Exit:
+    """Ctrl-C or SIGTERM: write and print the kernels measured so far; INTERRUPTED."""
     results = [r for r in sweep.results if r.beta == 0]
     if csv_path:
         _write_csv(csv_path, results)
     if json_path:
         body = {
             "schema": PARTIAL_SCHEMA,
-            "interrupted": "SIGINT",
+            "interrupted": signal_name,
             "done": sweep.done,
             "total": sweep.total,
             "results": [dataclasses.asdict(r) for r in results],
@@ -159,7 +184,7 @@ def _interrupted(
         json_path.write_text(json.dumps(body, indent=1))
     click.echo(f"interrupted after {sweep.done} of {sweep.total} kernels", err=True)
     _summary(dtypes, results, device)
-    sys.exit(Exit.INTERRUPTED)
+    return Exit.INTERRUPTED
 
 
 @click.command()
@@ -173,22 +198,36 @@ def _interrupted(
     "--small or --device cpu]",
 )
 @click.option(
-    "--n", "n_range", default=None, callback=_range,
+    "--n",
+    "n_range",
+    default=None,
+    callback=_range,
     help="N sizes (default: the same as M, square shapes).",
-)  # fmt: skip
+)
 @click.option(
-    "--k", "k_range", default=None, callback=_range,
+    "--k",
+    "k_range",
+    default=None,
+    callback=_range,
     help="K sizes (default: the same as M, square shapes).",
-)  # fmt: skip
+)
 @worker_options("--iters", "--warmup", iters=50, warmup=10)
 @file_option("--csv", "csv_path", "Write every result to this CSV file.")
 @file_option("--json", "json_path", "Write the worker documents to this JSON file.")
 @settings_options("bench")
 def bench(
-    dtypes: list[str], small: bool, device: str | None, m_range: list[int] | None,
-    n_range: list[int] | None, k_range: list[int] | None, iters: int, warmup: int,
-    csv_path: Path | None, json_path: Path | None, **given: Any,
-) -> None:  # fmt: skip
+    dtypes: list[str],
+    small: bool,
+    device: str | None,
+    m_range: list[int] | None,
+    n_range: list[int] | None,
+    k_range: list[int] | None,
+    iters: int,
+    warmup: int,
+    csv_path: Path | None,
+    json_path: Path | None,
+    **given: Any,
+) -> Exit:
     """A longer mamf-style sweep: the best achievable matmul throughput over a range of shapes.
 
     Square shapes by default (M=N=K from --m); give --n and --k for the full grid (it grows as
@@ -253,8 +292,9 @@ def bench(
     try:
         with sweep:
             cycle = run_worker(request=request, timeout=timeout, on_progress=sweep)
-    except KeyboardInterrupt:  # the worker's group is already killed (run_worker)
-        _interrupted(sweep, dtypes, csv_path, json_path, device)
+    except KeyboardInterrupt as stop:  # the worker's group is already killed (run_worker)
+        name = stop.signal_name if isinstance(stop, Interrupted) else "SIGINT"
+        return _interrupted(sweep, dtypes, csv_path, json_path, device, name)
     doc = cycle.document
     results = [r for r in doc.results if r.beta == 0] if doc else []
     if json_path and doc is not None:
@@ -274,4 +314,5 @@ def bench(
     _summary(dtypes, results, device)
     if cycle.result in ("error", "timeout"):
         click.echo(f"warning: {cycle.reason}", err=True)
-        sys.exit(Exit.FAILED)
+        return Exit.FAILED
+    return Exit.OK

@@ -36,8 +36,9 @@ def _progress(gpus: Sequence[GpuSample], timeout: float) -> None:
         what = f"GPU {gpus[0].identity.index} ({names[0]})"
     else:
         what = f"{len(gpus)} GPUs ({', '.join(names)}) at once"
-    click.echo(terminal.fill(f"probing {what}, up to {timeout:g} s…", terminal.width(sys.stderr)),
-               err=True)  # fmt: skip
+    click.echo(
+        terminal.fill(f"probing {what}, up to {timeout:g} s…", terminal.width(sys.stderr)), err=True
+    )
 
 
 @click.command("check")
@@ -75,7 +76,7 @@ def check(
     expect_gpus: int | None,
     storage_dir: Path | None,
     **given: Any,
-) -> None:
+) -> int:
     """Check whether this machine is fit to benchmark right now.
 
     Runs small independent checks: NVML and driver, CUDA/torch versions, GPUs visible, the
@@ -120,4 +121,4 @@ def check(
     else:
         colour = not os.environ.get("NO_COLOR")
         click.echo(table(results, duration, colour=colour), nl=False, color=None)
-    ctx.exit(run_exit_code(results))
+    return run_exit_code(results)

@@ -30,8 +30,9 @@ class _TerminalFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         text = super().format(record)
         width = terminal.width(sys.stderr)
-        return "\n".join(part for line in text.splitlines()
-                         for part in terminal.wrap(line, width, "", "    "))  # fmt: skip
+        return "\n".join(
+            part for line in text.splitlines() for part in terminal.wrap(line, width, "", "    ")
+        )
 
 
 def setup_logging(level: str, prefix: str | None = None) -> None:
@@ -112,8 +113,8 @@ def gpus_seen(
 ) -> tuple[list[GpuSample], str | None]:
     """The GPUs NVML sees and ``--gpu`` names (one poll, for their uuid, name and busy state),
     and why there are none when NVML cannot be used. An unusable fixture raises FixtureError."""
-    from sparkdiag.sources.backends import make_backend
-    from sparkdiag.sources.gpu import GpuSource
+    from sparkdiag.sources.nvml.backends import make_backend
+    from sparkdiag.sources.nvml.gpu import GpuSource
 
     source = GpuSource(make_backend(nvml_fixture))
     if not source.start():
@@ -139,9 +140,13 @@ def worker_request(
     from sparkdiag.probe.request import WorkerRequest
 
     return WorkerRequest(
-        device=device, dtypes=tuple(dtypes), shapes=tuple(shapes), small=small,
-        probe_when=settings.probe_when if probe_when is None else probe_when, **more,
-    )  # fmt: skip
+        device=device,
+        dtypes=tuple(dtypes),
+        shapes=tuple(shapes),
+        small=small,
+        probe_when=settings.probe_when if probe_when is None else probe_when,
+        **more,
+    )
 
 
 # PyTorch's own CPU-only index (pytorch.org, "Get started"): from the public index, torch on
@@ -155,7 +160,7 @@ def require_torch(command: str) -> None:
     (they used to say it three ways: a line, "sweep failed: worker exited 1", and "soaking cpu
     for 10 s" before the import error)."""
     from sparkdiag.probe.runner import torch_install_hint
-    from sparkdiag.sources.packages import read_torch
+    from sparkdiag.sources.software.packages import read_torch
 
     torch = read_torch()
     if torch.version is None:

@@ -5,14 +5,10 @@ The click command object :data:`compare` is registered on the main group in ``cl
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shlex
-import signal
 import sys
-import threading
-from collections.abc import Iterator, Sequence
-from types import FrameType
+from collections.abc import Sequence
 from typing import Any
 
 import click
@@ -21,7 +17,7 @@ from sparkdiag import terminal
 from sparkdiag.commands.common import worker_request
 from sparkdiag.compare import model, report
 from sparkdiag.compare.rounds import compare as run_comparison
-from sparkdiag.errors import Exit, UsageError
+from sparkdiag.errors import UsageError
 from sparkdiag.flags import settings_from, settings_options, worker_option, worker_options
 
 
@@ -61,23 +57,6 @@ def container_argv(cmd: Sequence[str]) -> list[str]:
             "  sparkdiag compare --container docker run -i --rm --gpus all IMAGE python3 -"
         )
     return words
-
-
-@contextlib.contextmanager
-def _sigterm_as_exit() -> Iterator[None]:
-    """SIGTERM raises SystemExit(143), so the running side's process group is killed with us."""
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        raise SystemExit(128 + signum)
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 EPILOG = """\b
@@ -126,7 +105,7 @@ Exit status:
     "--max-gap",
     callback=_fraction,
     metavar="FRACTION",
-    default="0.15",
+    default=str(model.DEFAULT_MAX_GAP),
     show_default=True,
     help="Largest acceptable gap, as a fraction (0.15) or a percentage (15%).",
 )
@@ -157,7 +136,7 @@ def compare(
     as_json: bool,
     cmd: tuple[str, ...],
     **given: Any,
-) -> None:
+) -> int:
     """Run the same GEMM probe natively and in a container, and say how large the gap is.
 
     CMD starts a Python interpreter inside the container that reads its script from standard
@@ -193,28 +172,30 @@ def compare(
     if not native:
         raise UsageError("an empty command", flag="--native-python")
     request = worker_request(
-        settings, device, dtypes, shapes, small,
-        budget_seconds=budget_seconds, iters=iters, bandwidth=bandwidth,
-    )  # fmt: skip
+        settings,
+        device,
+        dtypes,
+        shapes,
+        small,
+        budget_seconds=budget_seconds,
+        iters=iters,
+        bandwidth=bandwidth,
+    )
 
     def progress(message: str) -> None:
         click.echo(f"sparkdiag compare: {message}", err=True)
 
-    try:
-        with _sigterm_as_exit():
-            result = run_comparison(
-                words,
-                native=native,
-                rounds=rounds,
-                request=request,
-                timeout=settings.probe_timeout,
-                on_progress=progress,
-                warmup_rounds=warmup_rounds,
-            )
-    except KeyboardInterrupt:
-        click.echo("sparkdiag compare: interrupted; the cycle in progress was stopped", err=True)
-        sys.exit(Exit.INTERRUPTED)
-
+    # Ctrl-C or SIGTERM: the side running is killed with its process group on the way out, and
+    # the command group exits INTERRUPTED
+    result = run_comparison(
+        words,
+        native=native,
+        rounds=rounds,
+        request=request,
+        timeout=settings.probe_timeout,
+        on_progress=progress,
+        warmup_rounds=warmup_rounds,
+    )
     code = result.exit_code(max_gap)
     if as_json:
         click.echo(json.dumps(report.to_dict(result, max_gap), indent=2, allow_nan=False))
@@ -222,4 +203,4 @@ def compare(
         click.echo(report.render_failure(result, terminal.width(sys.stderr)), err=True)
     else:
         click.echo(report.render(result, max_gap))
-    sys.exit(code)
+    return code

@@ -25,9 +25,9 @@ def record_fixture(output: Path, description: str, **given: Any) -> None:
     Exit status: 0 recorded; 2 a bad flag or fixture; 3 NVML is unavailable or OUTPUT cannot
     be written.
     """
-    from sparkdiag.sources.backends import make_backend
-    from sparkdiag.sources.nvml_api import NvmlUnavailable
-    from sparkdiag.sources.record import record, write_atomic
+    from sparkdiag.sources.nvml.api import NvmlUnavailable
+    from sparkdiag.sources.nvml.backends import make_backend
+    from sparkdiag.sources.nvml.record import record, write_atomic
 
     backend = make_backend(settings_from("record-fixture", given).nvml_fixture)
     try:

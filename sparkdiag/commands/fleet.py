@@ -14,12 +14,17 @@ import click
 from sparkdiag import terminal
 from sparkdiag.errors import Exit, SparkdiagError
 from sparkdiag.flags import settings_from, settings_options
-from sparkdiag.peers.compare import FAIL_BELOW, MIN_FLEET_GROUP, WARN_BELOW
 from sparkdiag.peers.fleet import FleetView, GpuRow, fleet_view
 from sparkdiag.peers.promapi import PrometheusClient, connection
+from sparkdiag.peers.ranking import FAIL_BELOW, MIN_FLEET_GROUP, WARN_BELOW
 
-STATUS = {"outlier": "OUTLIER", "warn": "warn", "ok": "ok", "too_small": "not judged",
-          "bad_data": "BAD DATA"}  # fmt: skip
+STATUS = {
+    "outlier": "OUTLIER",
+    "warn": "warn",
+    "ok": "ok",
+    "too_small": "not judged",
+    "bad_data": "BAD DATA",
+}
 FORMAT = "sparkdiag-fleet/1"
 
 
@@ -29,8 +34,18 @@ def _tf(value: float | None) -> str:
     return f"{value:.0f}" if value >= 10 else f"{value:.3g}"
 
 
-HEADER = ("ratio", "score", "status", "instance", "gpu", "kernel", "TFLOPS", "group", "GPUs",
-          "alert")  # fmt: skip
+HEADER = (
+    "ratio",
+    "score",
+    "status",
+    "instance",
+    "gpu",
+    "kernel",
+    "TFLOPS",
+    "group",
+    "GPUs",
+    "alert",
+)
 
 
 def _row(row: GpuRow) -> list[str]:
@@ -38,10 +53,17 @@ def _row(row: GpuRow) -> list[str]:
     score = "-" if row.score is None else f"{row.score:+.1f}"
     ratio = "-" if row.ratio is None else f"{row.ratio:.3f}"
     return [
-        ratio, score, STATUS[row.status], row.instance, row.gpu,
-        f"{row.dtype} {row.shape}", _tf(row.tflops), _tf(row.group_median), str(row.group_gpus),
+        ratio,
+        score,
+        STATUS[row.status],
+        row.instance,
+        row.gpu,
+        f"{row.dtype} {row.shape}",
+        _tf(row.tflops),
+        _tf(row.group_median),
+        str(row.group_gpus),
         row.alert or "-",
-    ]  # fmt: skip
+    ]
 
 
 def render(view: FleetView, width: int | None = None) -> str:
@@ -55,9 +77,11 @@ def render(view: FleetView, width: int | None = None) -> str:
     lines = para(
         f"sparkdiag fleet: {view.prometheus} ({len(view.gpus)} GPU(s) in {len(view.groups)} "
         f"peer group(s); {len(view.outliers)} outlier(s), {len(view.warnings)} warning(s)"
-        + (f", {len(view.bad_data)} with bad data" if view.bad_data else "") + ")",
-        "", "    ",
-    )  # fmt: skip
+        + (f", {len(view.bad_data)} with bad data" if view.bad_data else "")
+        + ")",
+        "",
+        "    ",
+    )
     if view.source == "computed":
         lines += para(
             "(sparkdiag's recording rules are not loaded there: computed from the raw series "
@@ -70,17 +94,23 @@ def render(view: FleetView, width: int | None = None) -> str:
         lines += para(
             f"{group.model}  torch {group.torch or '?'}  CUDA {group.cuda or '?'}  driver "
             f"{group.driver or '?'}  {group.context}: {group.gpus} GPU(s){judged}",
-            "  ", "      ",
-        )  # fmt: skip
+            "  ",
+            "      ",
+        )
     lines.append("")
     lines += para(
         "GPUs, slowest first (each GPU's worst compute-bound kernel: its hour median over its "
         f"group's median; outlier at or below {FAIL_BELOW}, warning at or below {WARN_BELOW}):"
     )
     lines += terminal.table(
-        HEADER, [_row(row) for row in view.gpus], width, right={0, 1, 4, 6, 7, 8}, indent="  ",
-        under=("uuid", [row.uuid for row in view.gpus]), key=3,
-    )  # fmt: skip
+        HEADER,
+        [_row(row) for row in view.gpus],
+        width,
+        right={0, 1, 4, 6, 7, 8},
+        indent="  ",
+        under=("uuid", [row.uuid for row in view.gpus]),
+        key=3,
+    )
     lines += ["", "Outliers:"]
     for r in view.outliers:
         lines += para(
@@ -88,8 +118,9 @@ def render(view: FleetView, width: int | None = None) -> str:
             f"{r.group_gpus} "
             f"peers at {r.dtype} {r.shape} ({r.kernels_below} of {r.kernels} kernels 7 % or more "
             f"below){'; ' + 'SparkdiagGpuSlowerThanPeers ' + r.alert if r.alert else ''}",
-            "  ", "    ",
-        )  # fmt: skip
+            "  ",
+            "    ",
+        )
     if not view.outliers:
         lines.append("  none")
     lines += ["", "What to do:"]
@@ -106,8 +137,7 @@ def render(view: FleetView, width: int | None = None) -> str:
     help="Print one JSON document instead (on a failure too: its error and exit status).",
 )
 @settings_options("fleet", config_file=True)
-@click.pass_context
-def fleet(ctx: click.Context, /, as_json: bool, config: Any, **given: Any) -> None:
+def fleet(as_json: bool, config: Any, **given: Any) -> Exit:
     """Rank every GPU that a Prometheus scrapes by its throughput against its peers.
 
     Peers: the GPUs of one model, probe software (torch, CUDA, driver) and context. Reads the
@@ -144,8 +174,12 @@ def fleet(ctx: click.Context, /, as_json: bool, config: Any, **given: Any) -> No
         view = fleet_view(PrometheusClient(conn))
     except SparkdiagError as exc:
         if as_json:  # a document on standard output whatever happened; the line on stderr too
-            failed = {"format": FORMAT, "prometheus": url, "error": exc.line(),
-                      "exit_status": int(exc.exit_code)}  # fmt: skip
+            failed = {
+                "format": FORMAT,
+                "prometheus": url,
+                "error": exc.line(),
+                "exit_status": int(exc.exit_code),
+            }
             click.echo(json.dumps(failed, indent=1))
         raise
     status = Exit.ATTENTION if view.outliers or view.warnings or view.bad_data else Exit.OK
@@ -154,4 +188,4 @@ def fleet(ctx: click.Context, /, as_json: bool, config: Any, **given: Any) -> No
         click.echo(json.dumps(doc, indent=1, allow_nan=False))  # NaN is no JSON: never written
     else:
         click.echo(render(view), nl=False)
-    ctx.exit(status)
+    return status

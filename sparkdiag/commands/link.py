@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import socket
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +16,7 @@ from sparkdiag import terminal
 from sparkdiag.config import ConfigError, parse_listen
 from sparkdiag.errors import Exit, UsageError
 from sparkdiag.flags import settings_from, settings_options
+from sparkdiag.lifecycle import LIFECYCLE
 from sparkdiag.link import auth
 from sparkdiag.link.client import Options, measure_link
 from sparkdiag.link.lint import lint as run_lint
@@ -26,7 +25,7 @@ from sparkdiag.link.readings import read_fabric
 from sparkdiag.link.render import lint_text, report_text
 from sparkdiag.link.server import LinkServer, link_addresses, listen_socket
 from sparkdiag.link.wire import MAX_SECONDS, MAX_STREAMS, PORT
-from sparkdiag.sources.netif import interface_addresses
+from sparkdiag.sources.host.netif import interface_addresses
 
 
 def _settings(given: dict[str, Any]) -> Any:
@@ -108,7 +107,7 @@ def _listeners(listen: str | None, settings: Any) -> tuple[list[socket.socket], 
 )
 @click.option("--once", is_flag=True, help="Exit after one measuring session.")
 @settings_options("link")
-def serve(listen: str | None, once: bool, **given: Any) -> None:
+def serve(listen: str | None, once: bool, **given: Any) -> Exit:
     """The listening side of 'sparkdiag link test': answer one measuring machine at a time.
 
     Only a machine that holds the same link secret is answered: the file
@@ -137,12 +136,8 @@ def serve(listen: str | None, once: bool, **given: Any) -> None:
         )
     secret = auth.read_secret(path)
     socks, where = _listeners(listen, settings)
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: Any) -> None:
-        stop.set()
-
-    previous = signal.signal(signal.SIGTERM, on_signal)
+    # from here Ctrl-C and SIGTERM end the accept loop (within its 0.2 s), whenever they come
+    stop = LIFECYCLE.stop_on_signal()
     server = LinkServer(
         socks,
         settings.sysfs,
@@ -153,17 +148,12 @@ def serve(listen: str | None, once: bool, **given: Any) -> None:
         once=once,
     )
     click.echo(f"sparkdiag link serve: listening on {where} (TCP); Ctrl-C stops", err=True)
-    interrupted = False
     try:
         server.serve(stop)
-    except KeyboardInterrupt:
-        interrupted = True
     finally:
         busy = server.busy
         server.close()
-        signal.signal(signal.SIGTERM, previous)
-    if (interrupted or stop.is_set()) and busy:
-        sys.exit(int(Exit.INTERRUPTED))
+    return Exit.INTERRUPTED if stop.is_set() and busy else Exit.OK
 
 
 @link.command("test")
@@ -221,10 +211,7 @@ def serve(listen: str | None, once: bool, **given: Any) -> None:
 )
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead of text.")
 @settings_options("link")
-@click.pass_context
 def test(
-    ctx: click.Context,
-    /,
     peer: str,
     port: int,
     seconds: float,
@@ -236,7 +223,7 @@ def test(
     connect_timeout: float,
     as_json: bool,
     **given: Any,
-) -> None:
+) -> int:
     """Measure the link to PEER, which runs 'sparkdiag link serve'.
 
     This machine needs the link secret that 'link serve' made on PEER, at the same place
@@ -288,14 +275,11 @@ def test(
         )
     except FileNotFoundError as exc:
         raise UsageError(str(exc), flag="--path.sysfs") from None
-    except KeyboardInterrupt:
-        click.echo("interrupted", err=True)
-        ctx.exit(int(Exit.INTERRUPTED))
     if as_json:
         click.echo(json.dumps(report.as_json(), indent=2))
     else:
         click.echo(report_text(report), nl=False)
-    ctx.exit(report.exit_code)
+    return report.exit_code
 
 
 @link.command("lint")
@@ -307,8 +291,7 @@ def test(
     help="Also check that the route to HOST leaves through a ConnectX-7 interface.",
 )
 @settings_options("link")
-@click.pass_context
-def lint(ctx: click.Context, /, as_json: bool, peer: str | None, **given: Any) -> None:
+def lint(as_json: bool, peer: str | None, **given: Any) -> Exit:
     """Lint this machine's ConnectX-7 and NCCL setup.
 
     MTU of the ConnectX-7 interfaces that have a carrier; NCCL_IB_HCA and NCCL_SOCKET_IFNAME
@@ -344,4 +327,4 @@ def lint(ctx: click.Context, /, as_json: bool, peer: str | None, **given: Any) -
         click.echo(json.dumps(doc, indent=2))
     else:
         click.echo(lint_text(readings, findings), nl=False)
-    ctx.exit(int(Exit.ATTENTION if findings else Exit.OK))
+    return Exit.ATTENTION if findings else Exit.OK

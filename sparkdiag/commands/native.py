@@ -22,8 +22,13 @@ from sparkdiag.native.compat import parse_capability
 from sparkdiag.native.lint import Gpu, lint
 from sparkdiag.native.render import NativeReport, text
 from sparkdiag.native.watch import cache_path, environment
-from sparkdiag.sources.cuda_libraries import ScanCache, scan
-from sparkdiag.sources.pyenv import NotAnEnvironment, PythonEnvironment, resolve, torch_build
+from sparkdiag.sources.software.cuda_libraries import ScanCache, scan
+from sparkdiag.sources.software.pyenv import (
+    NotAnEnvironment,
+    PythonEnvironment,
+    resolve,
+    torch_build,
+)
 from sparkdiag.statedir import StateDirError, ensure_state_directory
 from sparkdiag.telemetry.build import build_poller
 
@@ -84,10 +89,7 @@ def _machine_gpus(settings: Any) -> list[Gpu]:
 @click.option("--no-cache", is_flag=True, help="Read every library again (no scan cache).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead of text.")
 @settings_options("native")
-@click.pass_context
 def native(
-    ctx: click.Context,
-    /,
     python: Path | None,
     capability: tuple[str, ...],
     show_all: bool,
@@ -95,7 +97,7 @@ def native(
     no_cache: bool,
     as_json: bool,
     **given: Any,
-) -> None:
+) -> Exit:
     """Whether every shared library with GPU code in the probe worker's Python runs natively
     on each GPU: SASS for the GPU (native), only PTX the driver compiles at the first start
     (ptx-jit), or nothing it can load (none); arch-specific targets (sm_90a, sm_121a) told
@@ -118,9 +120,10 @@ def native(
         raise UsageError("no GPU with a known compute capability: give --capability X.Y")
     try:
         env: PythonEnvironment = (
-            resolve(python) if python is not None
+            resolve(python)
+            if python is not None
             else environment(settings.rootfs, settings.probe_python)
-        )  # fmt: skip
+        )
     except NotAnEnvironment as exc:
         raise UsageError(str(exc), flag="--python") from None
     cached = None if no_cache else cache_path(settings.state_dir)
@@ -142,4 +145,4 @@ def native(
         click.echo(json.dumps(report.as_json(), indent=2))
     else:
         click.echo(text(report, terminal.width(), show_all), nl=False)
-    ctx.exit(int(EXIT[report.status]))
+    return EXIT[report.status]

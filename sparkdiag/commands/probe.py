@@ -40,7 +40,7 @@ from sparkdiag.statedir import state_directory
 
 
 def _context(rootfs: Path) -> str:
-    from sparkdiag.sources.context import detect_context
+    from sparkdiag.sources.host.context import detect_context
 
     return detect_context(rootfs).context
 
@@ -67,7 +67,7 @@ def _open_store(settings: Settings, record: bool) -> tuple[BaselineStore | None,
 
 def _beside(doc: WorkerDocument | None, rootfs: Path) -> str:
     """Who else used the GPU while the worker ran, from its own record: ``pid 4242 (python3)``."""
-    from sparkdiag.sources.procfs import process_names
+    from sparkdiag.sources.host.procfs import process_names
 
     pids = list(doc.busy.other_pids) if doc is not None else []
     if not pids:
@@ -98,9 +98,15 @@ def _beside(doc: WorkerDocument | None, rootfs: Path) -> str:
 )
 @settings_options("probe")
 def probe(
-    dtypes: list[str], shapes: list[str], small: bool, device: str | None,
-    gpus: tuple[int, ...] | None, as_json: bool, record: bool, **given: Any,
-) -> None:  # fmt: skip
+    dtypes: list[str],
+    shapes: list[str],
+    small: bool,
+    device: str | None,
+    gpus: tuple[int, ...] | None,
+    as_json: bool,
+    record: bool,
+    **given: Any,
+) -> Exit:
     """Run one probe cycle now and compare it with the baseline and the reference.
 
     Measures every dtype and shape of the suite (or those chosen) on each GPU in a worker
@@ -135,9 +141,14 @@ def probe(
         samples, why = [], None
     context = _context(settings.rootfs)
     request = worker_request(
-        settings, device, dtypes, shapes, small,
-        busy_utilization=settings.probe_busy_utilization, progress=True,
-    )  # fmt: skip
+        settings,
+        device,
+        dtypes,
+        shapes,
+        small,
+        busy_utilization=settings.probe_busy_utilization,
+        progress=True,
+    )
     fixture = FixtureLauncher(settings.probe_fixture) if settings.probe_fixture else None
     store, no_store = _open_store(settings, record) if samples else (None, "")
     runs: list[GpuRun] = []
@@ -159,8 +170,12 @@ def probe(
                     run_request = dataclasses.replace(request, device="cuda:0")
                 show = None if as_json else KernelProgress(label)
                 try:
-                    cycle = run_worker(request=run_request, timeout=settings.probe_timeout,
-                                       env=env, on_progress=show)  # fmt: skip
+                    cycle = run_worker(
+                        request=run_request,
+                        timeout=settings.probe_timeout,
+                        env=env,
+                        on_progress=show,
+                    )
                 finally:
                     if show is not None:
                         show.close()
@@ -207,9 +222,9 @@ def probe(
         click.echo(f"{no_torch[0]}: {torch_install_hint()}", err=True)
     results = {r.cycle.result for r in runs}
     if results & {"error", "timeout"}:
-        sys.exit(Exit.FAILED)
+        return Exit.FAILED
     slower = any(r.verdict is not None and r.verdict.status == "slower" for r in runs)
-    sys.exit(Exit.OK if results <= {"ok"} and not slower else Exit.ATTENTION)
+    return Exit.OK if results <= {"ok"} and not slower else Exit.ATTENTION
 
 
 def _no_baseline(gpu: GpuSample | None, no_store: str) -> str:

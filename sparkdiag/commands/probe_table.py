@@ -14,7 +14,7 @@ from sparkdiag.probe.document import Progress, WorkerDocument
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.probe.worker.contract import throughput_unit
 from sparkdiag.snapshot import GpuIdentity
-from sparkdiag.sources.gpu import decode_reasons
+from sparkdiag.sources.nvml.gpu import decode_reasons
 
 # Small pageable copies this many times slower than pinned ones are worth saying (GB10 owners
 # reported about 50x with many small host-to-device copies from pageable memory).
@@ -94,8 +94,12 @@ def render_probe_table(runs: list[GpuRun], width: int | None = None) -> str:
         lines += terminal.wrap(f"{head}: {run.cycle.result}{reason}", width, "", "    ")
         if doc is not None:
             sw = doc.software
-            known = [("torch", sw.torch), ("CUDA", sw.cuda), ("cuBLAS", sw.cublas),
-                     ("driver", sw.driver)]  # fmt: skip
+            known = [
+                ("torch", sw.torch),
+                ("CUDA", sw.cuda),
+                ("cuBLAS", sw.cublas),
+                ("driver", sw.driver),
+            ]
             shown = [f"{name} {value}" for name, value in known if value is not None]
             if sw.gpu_name or (sw.device and sw.device != "cpu"):  # the head names the CPU
                 shown.append(sw.gpu_name or str(sw.device))
@@ -109,8 +113,10 @@ def render_probe_table(runs: list[GpuRun], width: int | None = None) -> str:
             lines += terminal.wrap(
                 f"memory copy bandwidth: {bw.delivered / 1e12:.2f} TB/s delivered{peak} "
                 "(read+write)",
-                width, "  ", "    ",
-            )  # fmt: skip
+                width,
+                "  ",
+                "    ",
+            )
         for line in transfer_lines(doc):
             deeper = "  " * (1 + (len(line) - len(line.lstrip(" "))) // 2)
             lines += terminal.wrap(line.strip(), width, "  " + deeper[2:], deeper + "    ")
@@ -123,8 +129,10 @@ def render_probe_table(runs: list[GpuRun], width: int | None = None) -> str:
                 f"memory max {fmt(cond.max_memory_temperature_celsius, '.0f')} °C, SM clock mean "
                 f"{fmt(None if sm is None else sm / 1e6, '.0f')} MHz, power mean "
                 f"{fmt(cond.mean_power_watts, '.0f')} W, reasons: {', '.join(reasons) or 'none'}",
-                width, "  ", "    ",
-            )  # fmt: skip
+                width,
+                "  ",
+                "    ",
+            )
         if doc.gpu_busy_seconds is not None:
             busy = "CPU" if on_cpu(doc) else "GPU"
             lines.append(f"  {busy}-busy time of the cycle: {doc.gpu_busy_seconds:.2f} s")
@@ -145,18 +153,33 @@ def verdict_text(v: CycleVerdict, beside: str = "") -> str:
     lowest = f"the lowest {kernel_label(low)} at {low.efficiency or 0.0:.2f}"
     band = f"the probe's {NOISE_BAND * 100:.0f} % noise band"
     if v.status == "slower":
-        return (f"verdict: slower than its baseline: {len(v.slower)} of {len(v.judged)} kernels "
-                f"below {SLOWER_BELOW:.2f} of it, past {band}; {lowest}{meanwhile}")  # fmt: skip
-    return (f"verdict: as fast as its baseline, within {band}: {len(v.judged)} kernels at "
-            f"{SLOWER_BELOW:.2f} of it or above ({lowest}){meanwhile}")  # fmt: skip
+        return (
+            f"verdict: slower than its baseline: {len(v.slower)} of {len(v.judged)} kernels "
+            f"below {SLOWER_BELOW:.2f} of it, past {band}; {lowest}{meanwhile}"
+        )
+    return (
+        f"verdict: as fast as its baseline, within {band}: {len(v.judged)} kernels at "
+        f"{SLOWER_BELOW:.2f} of it or above ({lowest}){meanwhile}"
+    )
 
 
 def kernel_label(f: GemmFigure) -> str:
     return f"{f.dtype} {f.shape}" + (f" beta={f.beta}" if f.beta else "")
 
 
-TABLE_HEADER = ("dtype", "shape", "kind", "unit", "delivered", "peak", "baseline", "eff", "ref",
-                "of ref", "note")  # fmt: skip
+TABLE_HEADER = (
+    "dtype",
+    "shape",
+    "kind",
+    "unit",
+    "delivered",
+    "peak",
+    "baseline",
+    "eff",
+    "ref",
+    "of ref",
+    "note",
+)
 _RIGHT = {4, 5, 6, 7, 8, 9}
 
 
@@ -174,12 +197,21 @@ def figure_table(figures: list[GemmFigure], width: int, cpu: bool = False) -> li
         if f.beta:
             note = ("beta=1: C += A@B, the accumulating GEMM. " + note).strip()
         mark = f"[{notes.setdefault(note, len(notes) + 1)}]" if note else ""
-        rows.append([
-            f.dtype, f.shape, f.kind, throughput_unit(f.dtype), tflops(f.delivered),
-            tflops(f.peak), tflops(f.baseline.tflops if f.baseline else None),
-            fmt(f.efficiency, ".2f"), "-" if ref is None else f"{ref.tflops:g}",
-            fmt(f.reference_efficiency, ".2f"), mark,
-        ])  # fmt: skip
+        rows.append(
+            [
+                f.dtype,
+                f.shape,
+                f.kind,
+                throughput_unit(f.dtype),
+                tflops(f.delivered),
+                tflops(f.peak),
+                tflops(f.baseline.tflops if f.baseline else None),
+                fmt(f.efficiency, ".2f"),
+                "-" if ref is None else f"{ref.tflops:g}",
+                fmt(f.reference_efficiency, ".2f"),
+                mark,
+            ]
+        )
     header = list(TABLE_HEADER)
     learned = any(f.baseline is not None for f in figures)
     if not learned:  # two columns of dashes: say it once instead
@@ -205,8 +237,9 @@ def figure_table(figures: list[GemmFigure], width: int, cpu: bool = False) -> li
             f"ref: the published {model} figure at compute shapes: "
             + ", ".join(f"{dtype} {label}" for dtype, label in named.items())
             + f" ({'; '.join(kinds)})",
-            width, "  ",
-        )  # fmt: skip
+            width,
+            "  ",
+        )
     return lines
 
 
@@ -250,18 +283,28 @@ def int4_ratio(figures: list[GemmFigure]) -> str | None:
 
 def figure_json(f: GemmFigure) -> dict[str, Any]:
     return {
-        "dtype": f.dtype, "shape": f.shape, "kind": f.kind, "beta": f.beta, "status": f.status,
-        "reason": f.reason, "delivered_tflops": f.delivered, "peak_tflops": f.peak,
+        "dtype": f.dtype,
+        "shape": f.shape,
+        "kind": f.kind,
+        "beta": f.beta,
+        "status": f.status,
+        "reason": f.reason,
+        "delivered_tflops": f.delivered,
+        "peak_tflops": f.peak,
         "baseline_tflops": f.baseline.tflops if f.baseline else None,
         "baseline_source": f.baseline.source if f.baseline else None,
         "efficiency": f.efficiency,
-        "reference": None if f.reference is None else {
-            "tflops": f.reference.tflops, "kind": f.reference.kind,
-            "gpu_model": f.reference.gpu_model, "source": f.reference.source,
+        "reference": None
+        if f.reference is None
+        else {
+            "tflops": f.reference.tflops,
+            "kind": f.reference.kind,
+            "gpu_model": f.reference.gpu_model,
+            "source": f.reference.source,
         },
         "reference_efficiency": f.reference_efficiency,
         "counts_toward_baseline": f.counts_toward_baseline,
-    }  # fmt: skip
+    }
 
 
 def transfer_lines(doc: WorkerDocument) -> list[str]:
@@ -273,8 +316,11 @@ def transfer_lines(doc: WorkerDocument) -> list[str]:
     for memory in ("pinned", "pageable"):
         parts = []
         for size in sorted({t.size_bytes for t in measured if t.memory == memory}):
-            rates = {t.direction: t.delivered for t in measured
-                     if t.memory == memory and t.size_bytes == size}  # fmt: skip
+            rates = {
+                t.direction: t.delivered
+                for t in measured
+                if t.memory == memory and t.size_bytes == size
+            }
             shown = " / ".join(
                 "-" if rates.get(d) is None else f"{(rates[d] or 0) / 1e9:.1f}"
                 for d in ("h2d", "d2h")

@@ -75,7 +75,7 @@ def _jobs(
         if gpus is not None:
             raise UsageError("give --device or --gpu, not both")
         if fixture is not None:  # not used on a device, but a fixture that is not there is wrong
-            from sparkdiag.sources.fixture import load_fixture
+            from sparkdiag.sources.nvml.fixture import load_fixture
 
             load_fixture(fixture)  # FixtureError: a usage error naming --nvml-fixture
         return [Job(Target(label=device), request.on_device(device))]
@@ -100,9 +100,12 @@ class _Progress:
     33 s left at 10 % of a 10 s soak)."""
 
     def __init__(
-        self, jobs: list[Job], duration: float, tty: bool | None = None,
+        self,
+        jobs: list[Job],
+        duration: float,
+        tty: bool | None = None,
         stream: TextIO | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.jobs = jobs
         self.duration = duration
         self.stream = sys.stderr if stream is None else stream
@@ -129,8 +132,9 @@ class _Progress:
         )
         self.furthest = max(self.furthest, w.elapsed_seconds)
         if not self.tty:
-            click.echo(terminal.fill(self.status, terminal.width(self.stream), "", "    "),
-                       err=True)  # fmt: skip
+            click.echo(
+                terminal.fill(self.status, terminal.width(self.stream), "", "    "), err=True
+            )
             return
         # the bar says how far: the line keeps the window, the seconds left and the readings
         head = f"soak {terminal.bar(self.furthest, self.duration)} {self.jobs[i].target.label}"
@@ -179,8 +183,9 @@ def _write_outputs(
     if record and ran:
         try:
             path = state_path(state_dir)
-            write_state(path, [state_entry(g, report.finished_at, report.duration_seconds)
-                               for g in ran])  # fmt: skip
+            write_state(
+                path, [state_entry(g, report.finished_at, report.duration_seconds) for g in ran]
+            )
         except (StateDirError, SoakStateError) as exc:
             failed("the soak state", exc)
     return ok
@@ -247,10 +252,18 @@ def exit_status(gpus: tuple[GpuSoak, ...], interrupted: bool, files_ok: bool) ->
 )
 @settings_options("soak")
 def soak(
-    duration: float, window: float, gpus: tuple[int, ...] | None, dtypes: list[str],
-    small: bool, device: str | None, json_to: Path | None, csv_to: Path | None,
-    plot_to: str | None, record: bool, **given: Any,
-) -> None:  # fmt: skip
+    duration: float,
+    window: float,
+    gpus: tuple[int, ...] | None,
+    dtypes: list[str],
+    small: bool,
+    device: str | None,
+    json_to: Path | None,
+    csv_to: Path | None,
+    plot_to: str | None,
+    record: bool,
+    **given: Any,
+) -> Exit:
     """Sustained load with measurement windows: does throughput hold when the GPU is hot?
 
     Runs bf16 matmuls on every chosen GPU at once for --duration, and measures the hot suite's
@@ -326,4 +339,4 @@ def soak(
         click.echo(json.dumps(record_json(report), indent=1))
     else:
         click.echo(text(report), nl=False)
-    sys.exit(exit_status(report.gpus, runner.interrupted is not None, files_ok))
+    return exit_status(report.gpus, runner.interrupted is not None, files_ok)

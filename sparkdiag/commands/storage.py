@@ -15,7 +15,7 @@ from sparkdiag import terminal
 from sparkdiag.commands.common import setup_logging
 from sparkdiag.errors import Exit
 from sparkdiag.flags import settings_from, settings_options
-from sparkdiag.sources.nvme import read_controller
+from sparkdiag.sources.host.nvme import read_controller
 from sparkdiag.statedir import ensure_state_directory, state_directory
 from sparkdiag.storage.render import size, temperatures, text
 from sparkdiag.storage.run import Progress
@@ -38,7 +38,7 @@ SCHEMA = "sparkdiag-storage-report/1"
 @click.pass_context
 def storage(
     ctx: click.Context, /, directory: Path | None, as_json: bool, record: bool, **given: Any
-) -> None:
+) -> Exit:
     """Measure how fast DIR's drive reads and writes (default: the state directory).
 
     WRITES a test file of --storage.size into DIR (O_DIRECT, 1 MiB blocks, 8 threads; an
@@ -93,4 +93,4 @@ def storage(
         click.echo(json.dumps(doc, indent=1, allow_nan=False))
     else:
         click.echo(text(report, terminal.width(), temperatures(before, after)), nl=False)
-    ctx.exit(int(Exit.ATTENTION if report.verdict == "slow" else Exit.OK))
+    return Exit.ATTENTION if report.verdict == "slow" else Exit.OK

@@ -13,26 +13,24 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import click
 
 from sparkdiag import terminal
 from sparkdiag.commands.common import check_gpu_indices, check_output_path, setup_logging
-from sparkdiag.errors import UsageError
+from sparkdiag.errors import Exit, UsageError
 from sparkdiag.flags import file_option, gpu_option, settings_from, settings_options
+from sparkdiag.lifecycle import LIFECYCLE
 from sparkdiag.plotting import INSTALL_HINT
 from sparkdiag.plotting import require as require_plotting
-from sparkdiag.sources import pyspy
-from sparkdiag.sources.backends import make_backend
-from sparkdiag.sources.gpu import GpuSource
-from sparkdiag.sources.procfs import ProcessIdentities
+from sparkdiag.sources.host import pyspy
+from sparkdiag.sources.host.procfs import ProcessIdentities
+from sparkdiag.sources.nvml.backends import make_backend
+from sparkdiag.sources.nvml.gpu import GpuSource
 from sparkdiag.watch import plot as plotting
 from sparkdiag.watch import stack_sampler
 from sparkdiag.watch.diagnose import Diagnosis, diagnose
@@ -169,7 +167,7 @@ def watch(
     stacks: str,
     command: tuple[str, ...],
     **given: Any,
-) -> None:
+) -> int:
     """Follow a job (its whole process tree) and say why it is slow.
 
     \b
@@ -206,7 +204,7 @@ def watch(
     if replay is not None:
         rec = load(replay)  # RecordingError: a usage error naming --replay
         _report(rec, diagnose(rec), as_json, plot_to)
-        return
+        return Exit.OK
     if pid is not None and not alive(rootfs, pid):
         raise UsageError(f"no running process {pid} under {rootfs}/proc", flag="--pid")
 
@@ -217,20 +215,13 @@ def watch(
     skipped = [line for line in (why, no_stacks) if line]
     for line in skipped:
         _say(line)
-    stop = threading.Event()
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        stop.set()
-
-    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    stop = LIFECYCLE.stop_on_signal()  # Ctrl-C and SIGTERM end the watching, not watch
     started_at = time.time()
     live = terminal.StatusLine(sys.stderr)  # silent unless stderr is a terminal
     job: SpawnedJob | AttachedJob
     try:
         job = SpawnedJob(command, ptracer) if command else AttachedJob(pid or 0, rootfs)
     except OSError as exc:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
         raise UsageError(f"cannot start {command[0]}: {exc.strerror or exc}") from None
     stack = None
     if binary is not None:
@@ -301,12 +292,11 @@ def watch(
         if isinstance(job, SpawnedJob):
             if status is None:  # --duration passed: the job goes on; wait for it
                 status = job.wait()
-            sys.exit(status)
+            return status
+        return Exit.OK
     finally:
         live.clear()
         if stack is not None:
             stack.finish()  # py-spy stopped, its files removed, whatever happened
         if gpu is not None:
             gpu.source.stop()
-        for s, handler in previous.items():
-            signal.signal(s, handler)

@@ -12,31 +12,18 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, Literal
+from typing import Any
 
 from sparkdiag.errors import Exit
+from sparkdiag.probe.diagnosis import Failure, Role
 from sparkdiag.probe.document import Software, WorkerDocument
 from sparkdiag.probe.worker.contract import throughput_unit
-from sparkdiag.sources.gpu import decode_reasons
+from sparkdiag.sources.nvml.gpu import decode_reasons
 
 SCHEMA = "sparkdiag-compare/1"
 DEFAULT_MAX_GAP = 0.15
 DEFAULT_ROUNDS = 3
 DEFAULT_WARMUP_ROUNDS = 1
-
-Role = Literal["native", "container"]
-FailureKind = Literal[
-    "runtime_missing",  # the container runtime binary (or native interpreter) does not exist
-    "runtime_unusable",  # it cannot run containers (daemon down, permissions, no GPU hook)
-    "image_missing",
-    "no_interpreter",  # the image has no such Python
-    "no_gpu",
-    "no_torch",
-    "timeout",
-    "not_json",
-    "busy",
-    "error",
-]
 
 # Components of the worker's ``software`` block, in the order they are shown.
 IDENTITY_KEYS = tuple(f.name for f in fields(Software))
@@ -74,18 +61,6 @@ class Cycle:
     returncode: int | None
     wall_seconds: float
     figures: Mapping[str, float]
-
-
-@dataclass(frozen=True)
-class Failure:
-    """Why a side could not be measured, and what to do about it."""
-
-    side: Role
-    kind: FailureKind
-    message: str
-    detail: str | None  # the runner's own one-line reason
-    label: str  # the cycle that failed
-    stderr_tail: str
 
 
 @dataclass(frozen=True)

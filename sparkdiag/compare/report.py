@@ -178,8 +178,9 @@ def render(result: Comparison, max_gap: float, width: int | None = None) -> str:
     for key in IDENTITY_KEYS:
         a, b = result.native.software.get(key), result.container.software.get(key)
         same = key not in differing and a == b and a is not None
-        ident_rows.append([key, _shown(a), "same" if same else _shown(b),
-                           "*" if key in differing else ""])  # fmt: skip
+        ident_rows.append(
+            [key, _shown(a), "same" if same else _shown(b), "*" if key in differing else ""]
+        )
     out += [""]
     out += _table(["software", "native", "container", ""], ident_rows, right=set())
     if differing:
@@ -248,8 +249,10 @@ def render_failure(result: Comparison, width: int | None = None) -> str:
         out += terminal.wrap(
             f"sparkdiag compare: the {failure.side} side failed ({failure.label}): "
             f"{failure.message}",
-            width, "", "    ",
-        )  # fmt: skip
+            width,
+            "",
+            "    ",
+        )
         command = result.container.command if failure.side == "container" else None
         command = command or result.native.command
         suffix = " -" if failure.side == "container" else ""

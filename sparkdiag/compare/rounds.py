@@ -9,7 +9,7 @@ process on each side, so process start-up never enters the figures (the worker t
 A side that fails stops the comparison at once (a broken container is not started N times).
 
 The container side runs through :func:`sparkdiag.probe.container.run_in_container`, as the daemon's
-container probe does (:mod:`sparkdiag.compare.container_probe`).
+container probe does (:class:`sparkdiag.probe.launchers.ContainerLauncher`).
 """
 
 from __future__ import annotations
@@ -17,19 +17,17 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable, Sequence
 
-from sparkdiag.compare.causes import diagnose, missing_runtime
 from sparkdiag.compare.model import (
     DEFAULT_ROUNDS,
     DEFAULT_WARMUP_ROUNDS,
     Comparison,
     Cycle,
-    Failure,
-    Role,
     build_rows,
     build_side,
     figures,
 )
 from sparkdiag.probe.container import container_command, run_in_container
+from sparkdiag.probe.diagnosis import Failure, Role, diagnose, missing_runtime
 from sparkdiag.probe.document import WorkerDocument
 from sparkdiag.probe.request import DEFAULT_REQUEST, WorkerRequest
 from sparkdiag.probe.runner import DEFAULT_TIMEOUT, run_worker

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator, Mapping
 from sparkdiag.exporter.base import GPU_LABELS, FromSnapshot, gpu_labels
 from sparkdiag.exporter.families import CounterMetricFamily, GaugeMetricFamily, Metric
 from sparkdiag.snapshot import GpuSample, Snapshot
-from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS
-from sparkdiag.sources.xid import describe as describe_xid
+from sparkdiag.sources.nvml.gpu import CLOCK_EVENT_REASONS
+from sparkdiag.sources.nvml.xid import describe as describe_xid
 
 ALL_REASONS_MASK = sum(CLOCK_EVENT_REASONS.values())
 

@@ -13,8 +13,8 @@ from collections.abc import Iterator
 from sparkdiag.exporter.base import GPU_LABELS, FromSnapshot, gpu_labels
 from sparkdiag.exporter.families import CounterMetricFamily, GaugeMetricFamily, Metric
 from sparkdiag.snapshot import Snapshot
-from sparkdiag.sources.nvml_queries import FABRIC_HEALTH, FABRIC_STATES, RECOVERY_ACTIONS
-from sparkdiag.sources.xid import TIERS
+from sparkdiag.sources.nvml.queries import FABRIC_HEALTH, FABRIC_STATES, RECOVERY_ACTIONS
+from sparkdiag.sources.nvml.xid import TIERS
 
 
 class GpuHealthCollector(FromSnapshot):

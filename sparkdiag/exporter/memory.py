@@ -3,7 +3,7 @@ the page cache's parts (``sparkdiag_host_page_cache_bytes``).
 
 On a unified-memory GPU (GB10) NVML has no framebuffer figures: what an allocation can get is
 host memory, free plus the page cache's clean, unmapped file pages
-(:func:`sparkdiag.sources.meminfo.obtainable`). On a dedicated-memory GPU it is NVML's free
+(:func:`sparkdiag.sources.host.meminfo.obtainable`). On a dedicated-memory GPU it is NVML's free
 framebuffer.
 """
 

@@ -15,7 +15,7 @@ from sparkdiag.native.compat import Verdict, judge, parse_capability
 from sparkdiag.native.lint import judged
 from sparkdiag.native.watch import LibraryWatch
 from sparkdiag.snapshot import Snapshot
-from sparkdiag.sources.cuda_libraries import CudaLibrary, LibraryScan
+from sparkdiag.sources.software.cuda_libraries import CudaLibrary, LibraryScan
 
 _Judged = dict[tuple[int, int], list[tuple[CudaLibrary, Verdict]]]
 

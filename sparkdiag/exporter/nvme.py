@@ -92,16 +92,25 @@ class NvmeCollector(FromSnapshot):
             if log is None:
                 continue
             _add_health(health, drive.name, log)
-            for level, seconds in (("warning", log.warning_temperature_seconds),
-                                   ("critical", log.critical_temperature_seconds)):  # fmt: skip
+            for level, seconds in (
+                ("warning", log.warning_temperature_seconds),
+                ("critical", log.critical_temperature_seconds),
+            ):
                 if seconds is not None:
                     throttle.add_metric([drive.name, level], seconds)
             for level, value in sorted(log.thermal_transitions.items()):
                 managed_count.add_metric([drive.name, level], value)
             for level, value in sorted(log.thermal_seconds.items()):
                 managed_seconds.add_metric([drive.name, level], value)
-        yield from (info, temperature, threshold, *health.values(), throttle, managed_count,
-                    managed_seconds)  # fmt: skip
+        yield from (
+            info,
+            temperature,
+            threshold,
+            *health.values(),
+            throttle,
+            managed_count,
+            managed_seconds,
+        )
 
 
 def _sensor_order(item: tuple[str, float]) -> tuple[int, str]:

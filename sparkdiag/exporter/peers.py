@@ -20,8 +20,8 @@ from collections.abc import Iterator, Mapping
 from sparkdiag.exporter.base import GPU_LABELS as GPU
 from sparkdiag.exporter.base import FromProbeView
 from sparkdiag.exporter.families import GaugeMetricFamily, Metric
-from sparkdiag.peers.compare import COMPUTE_KINDS
 from sparkdiag.peers.node import PeerFigure, compare_kernels
+from sparkdiag.peers.ranking import COMPUTE_KINDS
 from sparkdiag.scheduling.probe_state import CycleRecord, ProbeView
 
 KERNEL = [*GPU, "dtype", "shape", "context"]
@@ -34,12 +34,12 @@ def peer_figures(records: Mapping[tuple[str, str, str], CycleRecord]) -> list[Pe
         driver, torch, cuda = (
             str(record.software.get(k) or "") for k in ("driver", "torch", "cuda")
         )
-        for fig in record.figures:
-            if fig.delivered is not None and record.gpu_name:
-                out.append(
-                    PeerFigure(gpu, uuid, record.gpu_name, context, (driver, torch, cuda),
-                               fig.dtype, fig.shape, fig.beta, fig.kind, fig.delivered)
-                )  # fmt: skip
+        model, software = record.gpu_name, (driver, torch, cuda)
+        out += [
+            PeerFigure.of(gpu, uuid, model, context, software, f, f.delivered)
+            for f in record.figures
+            if f.delivered is not None and model
+        ]
     return out
 
 

@@ -16,7 +16,7 @@ from sparkdiag.exporter.base import GPU_LABELS as GPU
 from sparkdiag.exporter.base import FromProbeView, by_label
 from sparkdiag.exporter.families import CounterMetricFamily, GaugeMetricFamily, Metric
 from sparkdiag.scheduling.probe_state import RESULTS, CycleRecord, ProbeView
-from sparkdiag.sources.gpu import CLOCK_EVENT_REASONS
+from sparkdiag.sources.nvml.gpu import CLOCK_EVENT_REASONS
 
 GEMM = [*GPU, "dtype", "shape", "context"]
 

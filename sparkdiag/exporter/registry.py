@@ -16,7 +16,7 @@ from sparkdiag.exporter.memory import GpuMemoryCollector
 from sparkdiag.exporter.nvme import NvmeCollector
 from sparkdiag.exporter.pcie import PcieCollector
 from sparkdiag.exporter.system import SystemCollector
-from sparkdiag.sources.hostname import node_name
+from sparkdiag.sources.host.hostname import node_name
 
 
 class _NonEmpty:

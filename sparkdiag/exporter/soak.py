@@ -120,8 +120,18 @@ class SoakCollector:
                 degraded.add_metric(kl, 1.0 if k.status == "fell" else 0.0)
                 if k.status == "fell" and k.fell_celsius is not None:
                     fell.add_metric([*kl, sensor], k.fell_celsius)
-        yield from (last, duration, info, hottest_temp, cold, hottest, hottest_ratio,
-                    lowest_ratio, degraded, fell)  # fmt: skip
+        yield from (
+            last,
+            duration,
+            info,
+            hottest_temp,
+            cold,
+            hottest,
+            hottest_ratio,
+            lowest_ratio,
+            degraded,
+            fell,
+        )
 
 
 def soak_collector(state_dir: Path | None) -> SoakCollector:

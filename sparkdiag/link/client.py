@@ -32,7 +32,7 @@ from sparkdiag.link.readings import read_fabric
 from sparkdiag.link.session import Control, LinkError, Options, open_control
 from sparkdiag.link.verdict import judge
 from sparkdiag.link.wire import ProtocolError
-from sparkdiag.sources.netif import interface_addresses
+from sparkdiag.sources.host.netif import interface_addresses
 
 __all__ = ["LinkError", "Options", "measure_link"]
 

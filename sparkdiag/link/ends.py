@@ -11,8 +11,8 @@ from sparkdiag.jsonvalues import as_float, as_int, as_str
 from sparkdiag.link.model import End
 from sparkdiag.link.readings import FabricReadings
 from sparkdiag.link.verdict import pcie_gbps, pcie_short
-from sparkdiag.sources.netif import InterfaceAddress
-from sparkdiag.sources.sysfs import read_link
+from sparkdiag.sources.host.netif import InterfaceAddress
+from sparkdiag.sources.host.sysfs import read_link
 
 
 def local_end(

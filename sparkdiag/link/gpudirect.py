@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from sparkdiag.link.findings import Finding
 from sparkdiag.link.readings import FabricReadings
-from sparkdiag.sources.nccl import NcclSetting
+from sparkdiag.sources.software.nccl import NcclSetting
 
 UNSUPPORTED_FIGURE = (
     "NVIDIA: GPUDirect RDMA is not supported on DGX Spark, by design of its unified memory; "

@@ -23,7 +23,7 @@ from __future__ import annotations
 from sparkdiag.link.findings import Finding
 from sparkdiag.link.nccl_list import parse_nccl_list
 from sparkdiag.link.readings import FabricReadings
-from sparkdiag.sources.netif import NetInterface
+from sparkdiag.sources.host.netif import NetInterface
 
 WRONG_PATH_FIGURE = (
     "NCCL's sockets run over the interface NCCL_SOCKET_IFNAME selects (unset: not lo or "

@@ -48,7 +48,7 @@ from sparkdiag.link.interfaces import interfaces
 from sparkdiag.link.nccl_list import NcclList as NcclList
 from sparkdiag.link.nccl_list import parse_nccl_list as parse_nccl_list
 from sparkdiag.link.readings import FabricReadings
-from sparkdiag.sources.netif import NetInterface
+from sparkdiag.sources.host.netif import NetInterface
 
 MIN_MTU = 9000
 _PORT_DOMAINS = ("0000:01:00.", "0002:01:00.")  # the two PCIe x4 halves of a GB10 QSFP port

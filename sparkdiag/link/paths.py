@@ -16,7 +16,7 @@ from sparkdiag.link.ends import local_end, peer_end
 from sparkdiag.link.model import End
 from sparkdiag.link.readings import FabricReadings
 from sparkdiag.link.session import Control, LinkError, Options
-from sparkdiag.sources.netif import InterfaceAddress, interface_of, plain_address
+from sparkdiag.sources.host.netif import InterfaceAddress, interface_of, plain_address
 
 
 @dataclass(frozen=True)

@@ -13,16 +13,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkdiag.sources.gpudirect import (
+from sparkdiag.sources.host.gpudirect import (
     GpuDirect,
     cuda_attributes,
     gpu_models,
     module_loaded,
     modules_configured,
 )
-from sparkdiag.sources.meminfo import meminfo_bytes, read_proc_file
-from sparkdiag.sources.nccl import NcclLibrary, NcclSettings, find_libraries, read_nccl_settings
-from sparkdiag.sources.netif import (
+from sparkdiag.sources.host.meminfo import meminfo_bytes, read_proc_file
+from sparkdiag.sources.host.netif import (
     NetInterface,
     NicFunction,
     interface_kind,
@@ -30,7 +29,13 @@ from sparkdiag.sources.netif import (
     read_interfaces,
     route_interface,
 )
-from sparkdiag.sources.pyenv import site_dirs_under
+from sparkdiag.sources.software.nccl import (
+    NcclLibrary,
+    NcclSettings,
+    find_libraries,
+    read_nccl_settings,
+)
+from sparkdiag.sources.software.pyenv import site_dirs_under
 
 
 @dataclass(frozen=True)
@@ -101,8 +106,13 @@ class FabricReadings:
             ),
             **({"cma_free_bytes": self.cma_free_bytes} if self.cma_free_bytes is not None else {}),
             "gpudirect": [
-                {"gpu": g.index, "name": g.name, "rdma_supported": g.rdma,
-                 "dmabuf_supported": g.dmabuf, "host_alloc_dmabuf_supported": g.host_dmabuf}
+                {
+                    "gpu": g.index,
+                    "name": g.name,
+                    "rdma_supported": g.rdma,
+                    "dmabuf_supported": g.dmabuf,
+                    "host_alloc_dmabuf_supported": g.host_dmabuf,
+                }
                 for g in self.gpudirect
             ],
             "gpudirect_note": self.gpudirect_note,
@@ -114,13 +124,14 @@ class FabricReadings:
                 if self.peer_route is not None
                 else {}
             ),
-        }  # fmt: skip
+        }
 
 
 def python_site_dirs(rootfs: Path) -> list[Path]:
     """Where the probe's Python finds packages: this interpreter's ``sys.path`` on the real root;
     under any other root (a fixture tree) the usual ``site-packages``/``dist-packages``
-    directories of every Python 3 there (:func:`sparkdiag.sources.pyenv.site_dirs_under`)."""
+    directories of every Python 3 there
+    (:func:`sparkdiag.sources.software.pyenv.site_dirs_under`)."""
     if rootfs.resolve() == Path("/"):
         return [Path(p) for p in sys.path if p and Path(p).is_dir()]
     return site_dirs_under(rootfs)

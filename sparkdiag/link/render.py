@@ -93,8 +93,10 @@ def report_text(report: LinkReport, width: int | None = None) -> str:
     lines += terminal.wrap(f"tcp-sockets ran{'; ' + tools if tools else ''}", width, "tools: ")
     lines += terminal.wrap(
         f"lint here: {_codes(report.lint_local)}; lint on the peer: {_codes(report.lint_peer)}",
-        width, "", "    ",
-    )  # fmt: skip
+        width,
+        "",
+        "    ",
+    )
     for note in report.notes:
         lines += terminal.wrap(note, width, "note: ")
     lines.append(

@@ -62,7 +62,7 @@ from sparkdiag.link.wire import (
     is_hello,
     send,
 )
-from sparkdiag.sources.netif import (
+from sparkdiag.sources.host.netif import (
     InterfaceAddress,
     interface_addresses,
     interface_of,
@@ -307,8 +307,13 @@ class LinkServer:
         except _BROKEN:
             return None
         if not auth.valid(self.secret, "client", mine, theirs, answer.get("proof")):
-            send(conn, {"sparkdiag-link": 2, "error": "authentication failed: the link secrets "
-                        "of the two machines differ"})  # fmt: skip
+            send(
+                conn,
+                {
+                    "sparkdiag-link": 2,
+                    "error": "authentication failed: the link secrets of the two machines differ",
+                },
+            )
             return None
         return auth.proof(self.secret, "server", theirs, mine)
 
@@ -326,8 +331,14 @@ class LinkServer:
                 session = Session(secrets.token_hex(16), peer, time.monotonic(), {peer})
                 self._session = session
         if busy is not None:
-            send(conn, {"sparkdiag-link": 2, "proof": proof,
-                        "error": f"busy: a test from {busy.peer} is running"})  # fmt: skip
+            send(
+                conn,
+                {
+                    "sparkdiag-link": 2,
+                    "proof": proof,
+                    "error": f"busy: a test from {busy.peer} is running",
+                },
+            )
             return
         self.pending.remove(entry)
         session.control = conn

@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sparkdiag.sources.fatbin import FatbinReport, Target
+from sparkdiag.sources.software.fatbin import FatbinReport, Target
 
 Mode = Literal["native", "ptx-jit", "none"]
 MODES: tuple[Mode, ...] = ("native", "ptx-jit", "none")

@@ -1,6 +1,6 @@
 """The architecture lint: each library with GPU code judged for each GPU, with what to do.
 
-A pure function of a :class:`~sparkdiag.sources.cuda_libraries.LibraryScan` and the GPUs'
+A pure function of a :class:`~sparkdiag.sources.software.cuda_libraries.LibraryScan` and the GPUs'
 compute capabilities (:class:`Gpu`), so that every verdict is driven by the fixtures of
 ``tests/fixtures/fatbin/`` without a GPU. The statuses:
 
@@ -32,9 +32,9 @@ from typing import Any, Literal
 
 from sparkdiag.native.advice import advice
 from sparkdiag.native.compat import Verdict, judge, newest_first, sm_name
-from sparkdiag.sources.cuda_libraries import CudaLibrary, LibraryScan
-from sparkdiag.sources.fatbin import FatbinReport, Target
 from sparkdiag.sources.files import KIB, MIB
+from sparkdiag.sources.software.cuda_libraries import CudaLibrary, LibraryScan
+from sparkdiag.sources.software.fatbin import FatbinReport, Target
 
 Status = Literal["pass", "warn", "fail"]
 SHOWN = 4  # targets named in a one-line finding before "..."
@@ -117,28 +117,37 @@ def judge_library(library: CudaLibrary, gpu: Gpu) -> LibraryVerdict:
     todo = advice(library.package, gpu.capability)
     if verdict.mode == "none":
         return LibraryVerdict(
-            library, gpu, verdict, "fail",
+            library,
+            gpu,
+            verdict,
+            "fail",
             f"nothing {gpu.sm} loads ({carries}): its kernels fail with 'no kernel "
             "image is available for execution on the device'",
             todo,
-        )  # fmt: skip
+        )
     if verdict.mode == "ptx-jit":
         return LibraryVerdict(
-            library, gpu, verdict, "warn",
+            library,
+            gpu,
+            verdict,
+            "warn",
             f"no SASS {gpu.sm} loads, only PTX {verdict.target}, which the driver "
             f"compiles at the first start ({carries}); the kernels use nothing newer than "
             f"{verdict.target}",
             todo,
-        )  # fmt: skip
+        )
     if not verdict.exact and verdict.specific_elsewhere and not verdict.specific:
         return LibraryVerdict(
-            library, gpu, verdict, "warn",
+            library,
+            gpu,
+            verdict,
+            "warn",
             f"runs {verdict.target} SASS, none for {gpu.sm} itself; its "
             f"arch-specific builds ({_names(verdict.specific_elsewhere)}) are for other GPUs "
             f"and none ({gpu.sm}a or a family target) loads here, so the tensor-core paths "
             "built only that way fall back",
             todo,
-        )  # fmt: skip
+        )
     how = "" if verdict.exact else " (an earlier minor of the same major runs here)"
     return LibraryVerdict(library, gpu, verdict, "pass", f"native, {verdict.target}{how}", "")
 

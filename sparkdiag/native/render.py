@@ -18,8 +18,8 @@ from sparkdiag.native.lint import (
     stub_detail,
     stub_json,
 )
-from sparkdiag.sources.cuda_libraries import CudaLibrary, LibraryScan, scan_json
-from sparkdiag.sources.pyenv import TorchBuild
+from sparkdiag.sources.software.cuda_libraries import CudaLibrary, LibraryScan, scan_json
+from sparkdiag.sources.software.pyenv import TorchBuild
 
 FORMAT = "sparkdiag-native/1"
 MODE_WORDS: dict[Mode, str] = {
@@ -131,12 +131,20 @@ def text(report: NativeReport, width: int, show_all: bool = False) -> str:
 
 def _blocks(verdicts: Sequence[LibraryVerdict], width: int) -> list[str]:
     lines: list[str] = []
-    for v in sorted(verdicts, key=lambda v: ({"fail": 0, "warn": 1, "pass": 2}[v.status],
-                                             v.library.package, v.library.relative)):  # fmt: skip
+    for v in sorted(
+        verdicts,
+        key=lambda v: (
+            {"fail": 0, "warn": 1, "pass": 2}[v.status],
+            v.library.package,
+            v.library.relative,
+        ),
+    ):
         lines += terminal.wrap(
-            f"{v.status.upper():<4}  {_owner(v.library)}: {v.library.relative}", width, "  ",
+            f"{v.status.upper():<4}  {_owner(v.library)}: {v.library.relative}",
+            width,
+            "  ",
             "        ",
-        )  # fmt: skip
+        )
         if v.status == "pass":
             continue
         lines += terminal.wrap(v.reason, width, "        ")

@@ -1,6 +1,7 @@
 """The daemon's library scan, run as a child process: ``python -m sparkdiag.native.scan_child``
 reads the environment to scan from standard input (JSON: ``described``, ``site_dirs``,
-``python``, ``root``, ``cache``) and prints :func:`~sparkdiag.sources.cuda_libraries.scan_json`.
+``python``, ``root``, ``cache``) and prints
+:func:`~sparkdiag.sources.software.cuda_libraries.scan_json`.
 
 A child because the scan reads every ``*.dist-info/RECORD`` and the headers of every shared
 library: on the lent H200 (846 shared libraries, torch and its nvidia-* wheels) the daemon that
@@ -16,8 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from sparkdiag.sources.cuda_libraries import ScanCache, scan, scan_json
-from sparkdiag.sources.pyenv import PythonEnvironment
+from sparkdiag.sources.software.cuda_libraries import ScanCache, scan, scan_json
+from sparkdiag.sources.software.pyenv import PythonEnvironment
 
 
 def request(env: PythonEnvironment, cache: Path | None) -> dict[str, Any]:

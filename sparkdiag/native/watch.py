@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from sparkdiag.native import scan_child
-from sparkdiag.sources.cuda_libraries import CACHE_NAME, LibraryScan, scan_from_json
-from sparkdiag.sources.pyenv import (
+from sparkdiag.sources.software.cuda_libraries import CACHE_NAME, LibraryScan, scan_from_json
+from sparkdiag.sources.software.pyenv import (
     NotAnEnvironment,
     PythonEnvironment,
     for_python,

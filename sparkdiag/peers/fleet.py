@@ -27,8 +27,8 @@ from typing import Any, Protocol
 
 import yaml
 
-from sparkdiag.peers.compare import FAIL_BELOW, MIN_FLEET_GROUP, WARN_BELOW
 from sparkdiag.peers.promapi import PrometheusError, Sample
+from sparkdiag.peers.ranking import FAIL_BELOW, MIN_FLEET_GROUP, WARN_BELOW
 
 RULE_GROUP = "sparkdiag-peers"
 PREFIX = "sparkdiag:gemm_tflops:"
@@ -96,13 +96,18 @@ class Group:
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "model": self.model, "torch": self.torch, "cuda": self.cuda, "driver": self.driver,
-            "context": self.context, "gpus": self.gpus, "judged": self.judged,
+            "model": self.model,
+            "torch": self.torch,
+            "cuda": self.cuda,
+            "driver": self.driver,
+            "context": self.context,
+            "gpus": self.gpus,
+            "judged": self.judged,
             "kernels": [
                 {"dtype": d, "shape": s, "gpus": n, "median_tflops": m}
                 for (d, s), (n, m) in sorted(self.kernels.items())
             ],
-        }  # fmt: skip
+        }
 
 
 @dataclass(frozen=True)
@@ -142,15 +147,26 @@ class GpuRow:
     def as_json(self) -> dict[str, Any]:
         name, torch, cuda, driver, context = self.group
         return {
-            "instance": self.instance, "gpu": self.gpu, "uuid": self.uuid, "model": name,
-            "torch": torch, "cuda": cuda, "driver": driver, "context": context,
-            "status": self.status, "ratio": self.ratio, "score": self.score,
+            "instance": self.instance,
+            "gpu": self.gpu,
+            "uuid": self.uuid,
+            "model": name,
+            "torch": torch,
+            "cuda": cuda,
+            "driver": driver,
+            "context": context,
+            "status": self.status,
+            "ratio": self.ratio,
+            "score": self.score,
             "worst_kernel": {"dtype": self.dtype, "shape": self.shape},
-            "tflops": self.tflops, "group_median_tflops": self.group_median,
-            "group_gpus": self.group_gpus, "kernels_below_7_percent": self.kernels_below,
-            "kernels": self.kernels, "alert": self.alert or None,
+            "tflops": self.tflops,
+            "group_median_tflops": self.group_median,
+            "group_gpus": self.group_gpus,
+            "kernels_below_7_percent": self.kernels_below,
+            "kernels": self.kernels,
+            "alert": self.alert or None,
             "bad_data": list(self.bad),
-        }  # fmt: skip
+        }
 
 
 @dataclass(frozen=True)
@@ -178,15 +194,18 @@ class FleetView:
         return {
             "prometheus": self.prometheus,
             "source": self.source,
-            "thresholds": {"outlier_below": FAIL_BELOW, "warn_below": WARN_BELOW,
-                           "min_group_gpus": MIN_FLEET_GROUP},
+            "thresholds": {
+                "outlier_below": FAIL_BELOW,
+                "warn_below": WARN_BELOW,
+                "min_group_gpus": MIN_FLEET_GROUP,
+            },
             "groups": [g.as_json() for g in self.groups],
             "gpus": [g.as_json() for g in self.gpus],
             "outliers": [g.as_json() for g in self.outliers],
             "bad_data": [g.as_json() for g in self.bad_data],
             "bad_groups": list(self.bad_groups),
             "actions": list(self.actions),
-        }  # fmt: skip
+        }
 
 
 def _group(labels: Mapping[str, str]) -> GroupKey:
@@ -281,8 +300,9 @@ def build_view(
         if size is None:
             bad_groups.append(f"{' '.join(where[0][:1] + where[1])}: group size {s.value:g}")
         sizes[where] = size or 0
-    medians = {(_group(s.labels), _kernel(s.labels)): _finite(s.value)
-               for s in answers[GROUP_MEDIAN]}  # fmt: skip
+    medians = {
+        (_group(s.labels), _kernel(s.labels)): _finite(s.value) for s in answers[GROUP_MEDIAN]
+    }
     kernels_of: dict[tuple[str, str, str], list[tuple[Kernel, float, GroupKey]]] = defaultdict(list)
     bad_of: dict[tuple[str, str, str], list[tuple[Kernel, str]]] = defaultdict(list)
     group_of: dict[tuple[str, str, str], GroupKey] = {}
@@ -311,7 +331,12 @@ def build_view(
             (dtype, shape), ratio = bad_kernels[0][0], None
         rows.append(
             GpuRow(
-                instance=gpu[0], gpu=gpu[1], uuid=gpu[2], group=group, dtype=dtype, shape=shape,
+                instance=gpu[0],
+                gpu=gpu[1],
+                uuid=gpu[2],
+                group=group,
+                dtype=dtype,
+                shape=shape,
                 ratio=ratio,
                 score=by_gpu_kernel[SCORE].get((gpu, (dtype, shape))),
                 tflops=by_gpu_kernel[MEDIAN].get((gpu, (dtype, shape))),
@@ -322,7 +347,7 @@ def build_view(
                 alert=state.get((gpu[0], gpu[2]), ""),
                 bad=bad,
             )
-        )  # fmt: skip
+        )
     rows.sort(key=lambda r: (-math.inf if r.ratio is None else r.ratio, r.instance, r.gpu, r.uuid))
 
     grouped: dict[GroupKey, dict[Kernel, tuple[int, float | None]]] = defaultdict(dict)
@@ -367,8 +392,9 @@ def actions(view: FleetView) -> tuple[str, ...]:
         )
     small = [g for g in view.groups if not g.judged]
     if small:
-        shown = "; ".join(f"{g.model} {g.context} torch {g.torch or '?'}: {g.gpus} GPU(s)"
-                          for g in small)  # fmt: skip
+        shown = "; ".join(
+            f"{g.model} {g.context} torch {g.torch or '?'}: {g.gpus} GPU(s)" for g in small
+        )
         out.append(
             f"{len(small)} group(s) too small to judge (fewer than {MIN_FLEET_GROUP} GPUs of one "
             f"model, probe software and context; {shown}): no GPU there is called an outlier; "

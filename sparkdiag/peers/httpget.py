@@ -128,8 +128,9 @@ def get(
                 "redirect",
             )
         current = target
-    raise FetchError(f"more than {MAX_REDIRECTS} redirects, the last to {_shown(current)}",
-                     "redirect")  # fmt: skip
+    raise FetchError(
+        f"more than {MAX_REDIRECTS} redirects, the last to {_shown(current)}", "redirect"
+    )
 
 
 def _shown(url: str) -> str:
@@ -146,8 +147,9 @@ def _connect(parts: urllib.parse.SplitResult, deadline: _Deadline) -> socket.soc
     except TimeoutError:
         raise
     except socket.gaierror as exc:
-        raise FetchError(f"the host name {host!r} does not resolve ({exc.strerror})",
-                         "unreachable") from None  # fmt: skip
+        raise FetchError(
+            f"the host name {host!r} does not resolve ({exc.strerror})", "unreachable"
+        ) from None
     except OSError as exc:
         raise FetchError(str(exc.strerror or exc), "unreachable") from None
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from sparkdiag.peers.compare import (
+from sparkdiag.peers.ranking import (
     COMPUTE_KINDS,
     Verdict,
     median,
@@ -22,6 +23,19 @@ from sparkdiag.peers.compare import (
 )
 
 GpuKey = tuple[str, str]  # (gpu index as text, uuid)
+
+
+class Kernel(Protocol):
+    """A measured kernel, as the probe's figures and the daemon's cycle records give it."""
+
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def shape(self) -> str: ...
+    @property
+    def beta(self) -> int: ...
+    @property
+    def kind(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -38,6 +52,21 @@ class PeerFigure:
     beta: int
     kind: str
     delivered: float
+
+    @classmethod
+    def of(
+        cls,
+        gpu: str,
+        uuid: str,
+        model: str,
+        context: str,
+        software: tuple[str, str, str],
+        kernel: Kernel,
+        delivered: float,
+    ) -> PeerFigure:
+        """``kernel``'s figure on this GPU."""
+        k = kernel
+        return cls(gpu, uuid, model, context, software, k.dtype, k.shape, k.beta, k.kind, delivered)
 
     @property
     def group(self) -> tuple[str, str, tuple[str, str, str], str, str, int]:

@@ -104,8 +104,10 @@ def _table(raw: Any, keys: set[str], where: str, path: Path) -> Mapping[str, Any
 def from_http_config(path: Path, url: str, timeout: float) -> Connection:
     """A connection from promtool's ``--http.config.file``; paths in it are relative to it."""
     flag = "--http.config.file"
+    from sparkdiag.safeyaml import load_yaml  # PyYAML only when a YAML file is read
+
     try:
-        doc = safeload.load_yaml(path, MAX_CONFIG_BYTES) or {}
+        doc = load_yaml(path, MAX_CONFIG_BYTES) or {}
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}", flag=flag) from None
     except safeload.LoadError as exc:
@@ -167,9 +169,13 @@ def connection(
         else Connection(url, timeout=timeout)
     )
     changes: dict[str, Any] = {}
-    for name, value in (("ca_file", ca_file), ("cert_file", cert_file), ("key_file", key_file),
-                        ("insecure_skip_verify", insecure_skip_verify),
-                        ("username", username)):  # fmt: skip
+    for name, value in (
+        ("ca_file", ca_file),
+        ("cert_file", cert_file),
+        ("key_file", key_file),
+        ("insecure_skip_verify", insecure_skip_verify),
+        ("username", username),
+    ):
         if value is not None:
             changes[name] = value
     if password_file is not None:
@@ -222,9 +228,13 @@ class PrometheusClient:
         where = f"Prometheus at {self.base}"
         try:
             answer = get(
-                url, self._headers(), self.conn.timeout, self._context, MAX_ANSWER_BYTES,
+                url,
+                self._headers(),
+                self.conn.timeout,
+                self._context,
+                MAX_ANSWER_BYTES,
                 self.conn.server_name,
-            )  # fmt: skip
+            )
         except FetchError as exc:
             raise PrometheusError(self._failed(where, exc)) from None
         if answer.status != 200:

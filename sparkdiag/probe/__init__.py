@@ -5,9 +5,9 @@ standard library at module level, torch inside its functions, the only importer 
 the suite or a soak and prints one JSON document; ``worker/contract.py`` is what both sides share
 (schema, flags, dtypes, suites); ``document.py`` parses that document into frozen dataclasses;
 ``request.py`` builds its command line. It runs natively (``runner.py``: its own process group,
-killed at the timeout), in a container (``container.py`` with ``relay.py``), or replayed from a
-recording (``launchers.py``). The daemon imports only these runners: torch never loads in the
-daemon process.
+killed at the timeout), in a container (``container.py`` with ``relay.py``; ``diagnosis.py`` says
+why a run could not be used), or replayed from a recording: ``launchers.py`` holds the three.
+The daemon imports only these runners: torch never loads in the daemon process.
 """
 
 from sparkdiag.probe.runner import ProbeCycle, ProbeResult, run_worker, worker_path, worker_source

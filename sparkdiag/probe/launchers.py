@@ -18,7 +18,7 @@ from typing import Protocol
 from sparkdiag.errors import UsageError
 from sparkdiag.probe.document import DocumentError, WorkerDocument, parse_document
 from sparkdiag.probe.request import WorkerRequest
-from sparkdiag.probe.runner import ProbeCycle, classify, run_worker
+from sparkdiag.probe.runner import ProbeCycle, ProbeResult, classify, run_worker
 from sparkdiag.snapshot import GpuSample
 from sparkdiag.sources.files import MIB, read_text_limited
 
@@ -94,3 +94,49 @@ class FixtureLauncher:
         self.counts[key] = count + 1
         result, reason = classify(0, doc, b"{}", "")
         return ProbeCycle(result, reason, doc, "", 0, 0.0, None)
+
+
+def container_cycle(
+    command: Sequence[str],
+    request: WorkerRequest,
+    timeout: float,
+    on_start: Callable[[int], None] | None = None,
+) -> ProbeCycle:
+    """:func:`run_in_container`, its failure (if any) said as ``compare`` says it: the reason of
+    a cycle that cannot be used is the diagnosis (image missing, no GPU inside, ...)."""
+    # only a container probe needs these: the native daemon does not load them
+    from sparkdiag.probe.container import container_command, run_in_container
+    from sparkdiag.probe.diagnosis import diagnose, missing_runtime
+
+    argv = container_command(command)
+    missing = missing_runtime(argv)
+    if missing is not None:
+        return ProbeCycle("error", missing.message, None, "", None, 0.0, None)
+    cycle = run_in_container(argv, request, timeout, on_start=on_start)
+    failure = diagnose("container", cycle, argv, timeout, "container probe")
+    if failure is None or cycle.result == "skipped_busy":
+        return cycle
+    result: ProbeResult = "timeout" if failure.kind == "timeout" else "error"
+    return replace(cycle, result=result, reason=failure.message)
+
+
+class ContainerLauncher:
+    """Runs the worker inside a container, exactly as ``sparkdiag compare`` does: its source goes
+    to ``[*command, "-"]`` on standard input (``docker run -i --rm --gpus all IMAGE python3``),
+    so the image needs only torch, and a failing container is diagnosed the same way (image
+    missing, no GPU inside, ...). With ``--gpus all`` the container sees every GPU; the worker
+    orders CUDA devices by PCI bus id, so ``cuda:N`` there is NVML's GPU N here."""
+
+    def __init__(self, command: Sequence[str], timeout: float, request: WorkerRequest) -> None:
+        argv = list(command)
+        if argv and argv[-1] == "-":
+            argv.pop()  # the runner adds the "-" itself
+        if not argv:
+            raise ValueError("the container command is empty")
+        self.command = tuple(argv)
+        self.timeout = timeout
+        self.request = replace(request, probe_when="always")
+
+    def __call__(self, gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle:
+        request = self.request.on_device(f"cuda:{gpu.identity.index}")
+        return container_cycle(self.command, request, self.timeout, on_start=on_start)

@@ -35,7 +35,7 @@ from sparkdiag.config import DEFAULTS
 from sparkdiag.scheduling.probe_state import CycleRecord
 from sparkdiag.scheduling.scheduler import GpuLocks, ProbeLoop, record_cycle
 from sparkdiag.snapshot import GpuSample, Snapshot
-from sparkdiag.sources.gpu import THERMAL_REASONS, reasons_mask
+from sparkdiag.sources.nvml.gpu import THERMAL_REASONS, reasons_mask
 from sparkdiag.telemetry.busy import busy
 
 log = logging.getLogger(__name__)
@@ -143,16 +143,29 @@ class HotProbeScheduler(ProbeLoop):
         cycle = self.workers.run(self.launcher, gpu)
         base = (str(ident.index), ident.uuid, self.context)
         record = record_cycle(
-            cycle, base, ident.name, self.store, learn=False,
-            cool_below=self.limits.memory_celsius, trigger=trigger, busy=evidence is not None,
-        )  # fmt: skip
+            cycle,
+            base,
+            ident.name,
+            self.store,
+            learn=False,
+            cool_below=self.limits.memory_celsius,
+            trigger=trigger,
+            busy=evidence is not None,
+        )
         self.state.record_hot(record)
         ratios = ", ".join(f"int4/{r.versus} {r.value:.2f}" for r in record.ratios) or "no ratio"
         temps = ", ".join(f"{k} {v:.0f} °C" for k, v in record.max_temperature_celsius.items())
         level = logging.INFO if cycle.result == "ok" else logging.WARNING
-        log.log(level, "hot probe GPU %d (%s%s): %s, %s%s", ident.index, trigger,
-                ", busy" if evidence else "", cycle.result, ratios,
-                f", {temps}" if temps else "")  # fmt: skip
+        log.log(
+            level,
+            "hot probe GPU %d (%s%s): %s, %s%s",
+            ident.index,
+            trigger,
+            ", busy" if evidence else "",
+            cycle.result,
+            ratios,
+            f", {temps}" if temps else "",
+        )
         return record
 
     def run(self, stop: threading.Event) -> None:

@@ -104,9 +104,15 @@ def record_cycle(
     uuid, context = base[1], base[2]
     doc = cycle.document
     if doc is None:
-        return CycleRecord(*base, result=cycle.result, reason=cycle.reason,
-                           finished_at=time.time(), busy_seconds=None, gpu_name=gpu_name,
-                           **extra)  # fmt: skip
+        return CycleRecord(
+            *base,
+            result=cycle.result,
+            reason=cycle.reason,
+            finished_at=time.time(),
+            busy_seconds=None,
+            gpu_name=gpu_name,
+            **extra,
+        )
     memory = doc.conditions.max_memory_temperature_celsius
     cool = memory is None or memory < cool_below
     figures: tuple[GemmFigure, ...] = ()
@@ -165,12 +171,20 @@ class HeldLog:
                     "GPU %d (%s) %s: %.4g delivered is %s; not learned as its baseline (held "
                     "until it comes back up: fix the GPU, or pin a baseline with sparkdiag "
                     "baseline pin)",
-                    index, record.uuid, kernel, fig.held.delivered, fig.held.describe(),
-                )  # fmt: skip
+                    index,
+                    record.uuid,
+                    kernel,
+                    fig.held.delivered,
+                    fig.held.describe(),
+                )
             elif fig.held is None and fig.delivered is not None and key in self._held:
                 self._held.discard(key)
-                log.info("GPU %d (%s) %s: no longer held; runs teach its baseline again",
-                         index, record.uuid, kernel)  # fmt: skip
+                log.info(
+                    "GPU %d (%s) %s: no longer held; runs teach its baseline again",
+                    index,
+                    record.uuid,
+                    kernel,
+                )
 
 
 @dataclass(eq=False)
@@ -240,8 +254,13 @@ class ProbeScheduler(ProbeLoop):
         if self.when == "idle":
             busy = self.busy_reason(gpu, snapshot)
             if busy is not None:
-                record = CycleRecord(*base, result="skipped_busy", reason=busy,
-                                     finished_at=time.time(), busy_seconds=None)  # fmt: skip
+                record = CycleRecord(
+                    *base,
+                    result="skipped_busy",
+                    reason=busy,
+                    finished_at=time.time(),
+                    busy_seconds=None,
+                )
                 self.state.record(record)
                 log.info("probe GPU %d skipped: %s", ident.index, busy)
                 return record
@@ -249,14 +268,24 @@ class ProbeScheduler(ProbeLoop):
         with self.locks.get(ident.uuid):
             cycle = self.workers.run(self.launcher, gpu)
         record = record_cycle(
-            cycle, base, ident.name, self.store, learn=True, cool_below=self.cool_below,
+            cycle,
+            base,
+            ident.name,
+            self.store,
+            learn=True,
+            cool_below=self.cool_below,
             peers=self.state.view(),
-        )  # fmt: skip
+        )
         self.state.record(record)
         self.holds.update(ident.index, record)
         level = logging.INFO if cycle.result in ("ok", "skipped_busy") else logging.WARNING
-        log.log(level, "probe GPU %d: %s%s", ident.index, cycle.result,
-                f" ({cycle.reason})" if cycle.reason else "")  # fmt: skip
+        log.log(
+            level,
+            "probe GPU %d: %s%s",
+            ident.index,
+            cycle.result,
+            f" ({cycle.reason})" if cycle.reason else "",
+        )
         return record
 
     def next_delay(self) -> float:

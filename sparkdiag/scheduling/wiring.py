@@ -156,7 +156,7 @@ def _container(
     it shares the native probe's baseline store, or opens one when that probe does not run."""
     if not settings.probe_container_command:
         return None
-    from sparkdiag.compare.container_probe import ContainerLauncher
+    from sparkdiag.probe.launchers import ContainerLauncher
     from sparkdiag.probe.request import WorkerRequest
     from sparkdiag.scheduling.scheduler import ProbeScheduler
 

@@ -13,11 +13,7 @@ from sparkdiag.soak.verdict import SoakVerdict, Verdict
 
 RECORD_SCHEMA = "sparkdiag-soak/1"
 
-# Why a soak stopped: the worker's own reasons, and the two for a GPU it never soaked.
-STOPPED = (
-    "completed", "threshold", "hw_thermal_slowdown", "hw_slowdown", "interrupted", "error",
-    "skipped", "unsupported",
-)  # fmt: skip
+# Why a soak stopped, for a GPU it never soaked (the worker's own reasons are in its document).
 NOT_RUN = ("skipped", "unsupported")
 
 
@@ -143,12 +139,32 @@ def record_json(report: SoakReport) -> dict[str, Any]:
 # -- the CSV ------------------------------------------------------------------------------------
 
 CSV_COLUMNS = (
-    "gpu", "uuid", "window", "phase", "elapsed_seconds", "dtype", "shape", "kind", "status",
-    "delivered_tflops", "of_cold", "int4_bf16", "int4_fp16", "gpu_temperature_celsius",
-    "memory_temperature_celsius", "sm_clock_mhz", "min_sm_clock_mhz", "memory_clock_mhz",
-    "clock_event_reasons", "power_watts", "max_power_watts", "load_tflops",
-    "load_gpu_temperature_celsius", "load_memory_temperature_celsius", "reason",
-)  # fmt: skip
+    "gpu",
+    "uuid",
+    "window",
+    "phase",
+    "elapsed_seconds",
+    "dtype",
+    "shape",
+    "kind",
+    "status",
+    "delivered_tflops",
+    "of_cold",
+    "int4_bf16",
+    "int4_fp16",
+    "gpu_temperature_celsius",
+    "memory_temperature_celsius",
+    "sm_clock_mhz",
+    "min_sm_clock_mhz",
+    "memory_clock_mhz",
+    "clock_event_reasons",
+    "power_watts",
+    "max_power_watts",
+    "load_tflops",
+    "load_gpu_temperature_celsius",
+    "load_memory_temperature_celsius",
+    "reason",
+)
 
 
 def _mhz(hertz: float | None) -> float | None:
@@ -173,19 +189,33 @@ def csv_rows(report: SoakReport) -> list[list[Any]]:
                 base = cold.get((r.dtype, r.shape))
                 rows.append(
                     [
-                        g.gpu_label, g.uuid, w.index, w.phase, w.elapsed_seconds, r.dtype,
-                        r.shape, r.kind, r.status, r.delivered,
+                        g.gpu_label,
+                        g.uuid,
+                        w.index,
+                        w.phase,
+                        w.elapsed_seconds,
+                        r.dtype,
+                        r.shape,
+                        r.kind,
+                        r.status,
+                        r.delivered,
                         r.delivered / base if r.delivered is not None and base else None,
-                        w.ratios.get("int4/bf16"), w.ratios.get("int4/fp16"),
-                        c.max_gpu_temperature_celsius, c.max_memory_temperature_celsius,
-                        _mhz(c.mean_sm_clock_hertz), _mhz(c.min_sm_clock_hertz),
+                        w.ratios.get("int4/bf16"),
+                        w.ratios.get("int4/fp16"),
+                        c.max_gpu_temperature_celsius,
+                        c.max_memory_temperature_celsius,
+                        _mhz(c.mean_sm_clock_hertz),
+                        _mhz(c.min_sm_clock_hertz),
                         _mhz(c.mean_memory_clock_hertz),
                         None if reasons is None else f"{reasons:#x}",
-                        c.mean_power_watts, c.max_power_watts, w.load_delivered,
-                        load.max_gpu_temperature_celsius, load.max_memory_temperature_celsius,
+                        c.mean_power_watts,
+                        c.max_power_watts,
+                        w.load_delivered,
+                        load.max_gpu_temperature_celsius,
+                        load.max_memory_temperature_celsius,
                         r.reason if r.status != "ok" else None,
                     ]
-                )  # fmt: skip
+                )
     return rows
 
 

@@ -12,17 +12,25 @@ GPU (``PREFIX-gpu0-time.png``). matplotlib is an optional extra (:mod:`sparkdiag
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from sparkdiag.plotting import pyplot, twin_legend
 from sparkdiag.soak.model import GpuSoak, SoakReport
 from sparkdiag.soak.render import SENSOR_WORDS, figure, stopped_line, unit
-from sparkdiag.soak.verdict import FALL_FRACTION, Verdict
+from sparkdiag.soak.verdict import FALL_FRACTION, Point, Verdict
 
 KIND_TITLES = {"decode": "decode (M=1, memory-bound)", "llm": "LLM shape", "compute": "compute"}
-COLOURS = {"int4": "tab:red", "bf16": "tab:blue", "fp16": "tab:green", "fp8": "tab:purple",
-           "nvfp4": "tab:orange", "int8": "tab:brown", "tf32": "tab:gray"}  # fmt: skip
+COLOURS = {
+    "int4": "tab:red",
+    "bf16": "tab:blue",
+    "fp16": "tab:green",
+    "fp8": "tab:purple",
+    "nvfp4": "tab:orange",
+    "int8": "tab:brown",
+    "tf32": "tab:gray",
+}
 
 
 def is_folder(target: str | Path) -> bool:
@@ -85,29 +93,58 @@ def _threshold(ax: Any) -> None:
     ax.grid(alpha=0.3)
 
 
+def _fractions(
+    ax: Any,
+    kind: str,
+    verdicts: Sequence[Verdict],
+    x_of: Callable[[Point], float | None],
+    lw: float,
+) -> None:
+    """One panel: each kernel's fraction of its cold rate against ``x_of`` its points (those
+    that have an x), the 0.9 line and the kernel kind and shape as the title."""
+    for v in verdicts:
+        assert v.cold is not None
+        points = [(x, p.value / v.cold) for p in v.points if (x := x_of(p)) is not None]
+        ax.plot(
+            [x for x, _ in points],
+            [y for _, y in points],
+            marker=".",
+            lw=lw,
+            color=COLOURS.get(v.dtype),
+            label=_label(v),
+        )
+    _threshold(ax)
+    shape = verdicts[0].shape if verdicts else ""
+    ax.set_title(f"{KIND_TITLES.get(kind, kind)} {shape}", fontsize=9)
+
+
 def _time(plt: Any, g: GpuSoak) -> Any:
     panels = _panels(g) or [("", [])]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(11, 3.6 * len(panels)), sharex=True,
-                             squeeze=False)  # fmt: skip
+    fig, axes = plt.subplots(
+        len(panels), 1, figsize=(11, 3.6 * len(panels)), sharex=True, squeeze=False
+    )
     fig.suptitle(_title(g, "throughput against time"), fontsize=10)
     for ax, (kind, verdicts) in zip(axes[:, 0], panels, strict=True):
-        for v in verdicts:
-            assert v.cold is not None
-            ax.plot([p.elapsed_seconds for p in v.points], [p.value / v.cold for p in v.points],
-                    marker=".", lw=1.2, color=COLOURS.get(v.dtype), label=_label(v))  # fmt: skip
-        _threshold(ax)
-        ax.set_title(f"{KIND_TITLES.get(kind, kind)} {verdicts[0].shape if verdicts else ''}",
-                     fontsize=9)  # fmt: skip
-        series = [(sensor, colour, _temperatures(g, sensor))
-                  for sensor, colour in (("memory", "tab:orange"), ("gpu", "tab:red"))]  # fmt: skip
+        _fractions(ax, kind, verdicts, lambda p: p.elapsed_seconds, lw=1.2)
+        series = [
+            (sensor, colour, _temperatures(g, sensor))
+            for sensor, colour in (("memory", "tab:orange"), ("gpu", "tab:red"))
+        ]
         if not any(points for _s, _c, points in series):
             ax.legend(fontsize=7, loc="lower left")
             continue
         temp = ax.twinx()
         for sensor, colour, points in series:
             if points:
-                temp.plot([p[0] for p in points], [p[1] for p in points], color=colour, lw=1,
-                          ls="--", alpha=0.7, label=f"{SENSOR_WORDS[sensor]} °C")  # fmt: skip
+                temp.plot(
+                    [p[0] for p in points],
+                    [p[1] for p in points],
+                    color=colour,
+                    lw=1,
+                    ls="--",
+                    alpha=0.7,
+                    label=f"{SENSOR_WORDS[sensor]} °C",
+                )
         temp.set_ylabel("°C")
         twin_legend(ax, temp, loc="lower left")
     axes[-1, 0].set_xlabel("seconds of load (0: the cold window before it)")
@@ -129,17 +166,15 @@ def _temperature(plt: Any, g: GpuSoak) -> Any:
     what = f"throughput against {word} temperature" if word else "no temperature was read"
     fig.suptitle(_title(g, what), fontsize=10)
     for ax, (kind, verdicts) in zip(axes[:, 0], panels, strict=True):
-        for v in verdicts:
-            assert v.cold is not None
-            pts = [p for p in v.points if p.celsius is not None]
-            ax.plot([p.celsius for p in pts], [p.value / v.cold for p in pts], marker=".",
-                    lw=1, color=COLOURS.get(v.dtype), label=_label(v))  # fmt: skip
-        _threshold(ax)
-        ax.set_title(f"{KIND_TITLES.get(kind, kind)} {verdicts[0].shape if verdicts else ''}",
-                     fontsize=9)  # fmt: skip
+        _fractions(ax, kind, verdicts, lambda p: p.celsius, lw=1)
         if sensor is None:
-            ax.text(0.5, 0.5, "no temperature was read (CPU run or no NVML)",
-                    transform=ax.transAxes, ha="center")  # fmt: skip
+            ax.text(
+                0.5,
+                0.5,
+                "no temperature was read (CPU run or no NVML)",
+                transform=ax.transAxes,
+                ha="center",
+            )
         ax.legend(fontsize=7, loc="lower left")
     note = " (no memory sensor: the GPU's)" if sensor == "gpu" else ""
     axes[-1, 0].set_xlabel(f"{word} temperature °C{note}")

@@ -1,14 +1,15 @@
 """Run the worker's soak on every target at once (one worker per GPU), and stop them cleanly.
 
 Each worker runs in its own session (:func:`sparkdiag.probe.runner.run_worker`), so a Ctrl-C in the
-terminal reaches this process only. The first SIGINT or SIGTERM is passed on to every worker as the
-same signal (so that its record says which one stopped it): the worker stops at its next check
-(within about ``--soak-chunk-ms``, or once the window it is measuring ends), synchronizes the GPU,
-frees its buffers and prints its document with ``stopped: interrupted``. A second signal, or a
-worker still running :data:`INTERRUPT_GRACE_SECONDS` after the first, gets its process group killed
-(the driver frees a dead process's context, so the GPU is idle either way); its record then holds
-the windows of its progress lines. Windows reach ``on_window`` in this (the main) thread, as they
-are measured.
+terminal reaches this process only, whose signals the command group owns
+(:meth:`sparkdiag.lifecycle.Lifecycle.stop_on_signal`: they are counted, not raised, while a soak
+runs). The first SIGINT or SIGTERM is passed on to every worker as the same signal (so that its
+record says which one stopped it): the worker stops at its next check (within about
+``--soak-chunk-ms``, or once the window it is measuring ends), synchronizes the GPU, frees its
+buffers and prints its document with ``stopped: interrupted``. A second signal, or a worker still
+running :data:`INTERRUPT_GRACE_SECONDS` after the first, gets its process group killed (the driver
+frees a dead process's context, so the GPU is idle either way); its record then holds the windows of
+its progress lines. Windows reach ``on_window`` in this (the main) thread, as they are measured.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from types import FrameType
 
+from sparkdiag.lifecycle import LIFECYCLE, Lifecycle
 from sparkdiag.probe.document import Progress, SoakWindow
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import ProbeCycle, killpg, run_worker
@@ -51,8 +52,10 @@ class SoakRunner:
         timeout: float,
         python: Sequence[str] = (sys.executable,),
         grace: float = INTERRUPT_GRACE_SECONDS,
+        life: Lifecycle = LIFECYCLE,
     ) -> None:
         self.jobs = list(jobs)
+        self.life = life
         self.timeout = timeout
         self.python = tuple(python)
         self.grace = grace
@@ -63,7 +66,8 @@ class SoakRunner:
         self._windows: list[list[SoakWindow]] = [[] for _ in self.jobs]
         self._cycles: list[ProbeCycle | None] = [None] * len(self.jobs)
         self._queue: queue.Queue[tuple[int, SoakWindow]] = queue.Queue()
-        self._signals: list[str] = []  # set by the handler, acted on by the main loop
+        self._signals: list[str] = []  # the signals received, acted on by the main loop
+        self._seen = 0  # of the lifecycle's received signals
         self._interrupted_at: float | None = None
 
     # -- the worker threads ---------------------------------------------------------------------
@@ -93,23 +97,25 @@ class SoakRunner:
             )
         except Exception as exc:  # a bug here must not leave the main loop waiting
             self._cycles[i] = ProbeCycle(
-                "error", f"cannot run the worker: {type(exc).__name__}: {exc}", None, "", None,
-                0.0, self._pids.get(i),
-            )  # fmt: skip
+                "error",
+                f"cannot run the worker: {type(exc).__name__}: {exc}",
+                None,
+                "",
+                None,
+                0.0,
+                self._pids.get(i),
+            )
         finally:
             with self._lock:  # reaped: its pid may name another process from now on
                 self._pids.pop(i, None)
 
     # -- the main thread ------------------------------------------------------------------------
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        try:
-            self._signals.append(signal.Signals(signum).name)
-        except ValueError:
-            self._signals.append(f"signal {signum}")
-
     def _act(self) -> None:
         """Pass on the signals received since the last call; kill workers past the grace."""
+        received = self.life.received
+        self._signals += received[self._seen :]
+        self._seen = len(received)
         while self._signals:
             name = self._signals.pop(0)
             with self._lock:
@@ -139,7 +145,8 @@ class SoakRunner:
 
     def run(self, on_window: Callable[[int, SoakWindow], None] | None = None) -> list[GpuSoak]:
         """Run every job to its end; SIGINT and SIGTERM stop them (see the module docstring)."""
-        handlers = _install(self._on_signal)
+        self.life.stop_on_signal()
+        self._seen = len(self.life.received)
         threads = [
             threading.Thread(target=self._run, args=(i,), name=f"soak-{i}", daemon=True)
             for i in range(len(self.jobs))
@@ -160,7 +167,6 @@ class SoakRunner:
                 self.kill()
                 for thread in threads:
                     thread.join(timeout=10)
-            _restore(handlers)
         return [self._outcome(i) for i in range(len(self.jobs))]
 
     def _outcome(self, i: int) -> GpuSoak:
@@ -213,18 +219,3 @@ def _passed_on(name: str | None) -> signal.Signals:
     """The signal a worker gets for the one received: SIGTERM for SIGTERM, else SIGINT (both
     stop the worker cleanly)."""
     return signal.SIGTERM if name == "SIGTERM" else signal.SIGINT
-
-
-Handlers = dict[signal.Signals, object]
-
-
-def _install(handler: Callable[[int, FrameType | None], None]) -> Handlers:
-    """SIGINT and SIGTERM call ``handler`` (main thread only; elsewhere nothing changes)."""
-    if threading.current_thread() is not threading.main_thread():
-        return {}
-    return {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-
-
-def _restore(handlers: Handlers) -> None:
-    for sig, before in handlers.items():
-        signal.signal(sig, before)  # type: ignore[arg-type]

@@ -230,9 +230,12 @@ def _series(
     if not thermal:
         highest = max(f for _, f in fractions)
         return replace(
-            base, status="ran", cold=cold, lowest_fraction=lowest,
+            base,
+            status="ran",
+            cold=cold,
+            lowest_fraction=lowest,
             note=f"ran at {lowest:.2f}-{highest:.2f} of cold ({NO_THERMAL})",
-        )  # fmt: skip
+        )
     fell = next(((w, f) for w, f in fractions if f < FALL_FRACTION), None)
     if fell is None:
         return replace(base, status="held", cold=cold, lowest_fraction=lowest, note=None)

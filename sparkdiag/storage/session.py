@@ -16,7 +16,7 @@ from pathlib import Path
 from sparkdiag.baseline.store import BaselineStore, BaselineStoreError, open_store
 from sparkdiag.config import Settings
 from sparkdiag.errors import SparkdiagError
-from sparkdiag.sources.blockdev import io_bytes
+from sparkdiag.sources.host.blockdev import io_bytes
 from sparkdiag.storage.evaluate import StorageReport, evaluate, other_io
 from sparkdiag.storage.run import GPU_SHARE, GpuRequest, ProbeRequest, Progress, run_probe
 from sparkdiag.storage.state import record_report, state_path

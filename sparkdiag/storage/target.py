@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkdiag.snapshot import NvmeController, PcieLink
-from sparkdiag.sources.blockdev import BlockChain, block_chain, named_chain
-from sparkdiag.sources.mounts import Mount, directory_device, find_mount, read_mounts
-from sparkdiag.sources.nvme import read_controller
-from sparkdiag.sources.sysfs import read_link
+from sparkdiag.sources.host.blockdev import BlockChain, block_chain, named_chain
+from sparkdiag.sources.host.mounts import Mount, directory_device, find_mount, read_mounts
+from sparkdiag.sources.host.nvme import read_controller
+from sparkdiag.sources.host.sysfs import read_link
 from sparkdiag.storage.ceiling import Rated, describe_link, links_bytes_per_second, rated
 
 

@@ -11,17 +11,17 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sparkdiag.config import Settings
-from sparkdiag.sources.backends import make_backend
-from sparkdiag.sources.context import detect_context
-from sparkdiag.sources.dmi import read_platform
-from sparkdiag.sources.gpu import GpuSource
-from sparkdiag.sources.gpu_activity import ProcessOptions
-from sparkdiag.sources.meminfo import read_host_memory
-from sparkdiag.sources.nvme import NvmeSource
-from sparkdiag.sources.nvme_tools import HealthReader, fixture_reader, tool_reader
-from sparkdiag.sources.nvml_api import NvmlBackend
-from sparkdiag.sources.procfs import ProcessIdentities, driver_gpus
-from sparkdiag.sources.sysfs import PcieSource
+from sparkdiag.sources.host.context import detect_context
+from sparkdiag.sources.host.dmi import read_platform
+from sparkdiag.sources.host.meminfo import read_host_memory
+from sparkdiag.sources.host.nvme import NvmeSource
+from sparkdiag.sources.host.nvme_tools import HealthReader, fixture_reader, tool_reader
+from sparkdiag.sources.host.procfs import ProcessIdentities, driver_gpus
+from sparkdiag.sources.host.sysfs import PcieSource
+from sparkdiag.sources.nvml.activity import ProcessOptions
+from sparkdiag.sources.nvml.api import NvmlBackend
+from sparkdiag.sources.nvml.backends import make_backend
+from sparkdiag.sources.nvml.gpu import GpuSource
 from sparkdiag.telemetry.poller import Poller
 
 log = logging.getLogger("sparkdiag")

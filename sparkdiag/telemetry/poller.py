@@ -2,7 +2,7 @@
 
 Scrapes read :attr:`Poller.latest` (one reference read, no lock) and never wait on hardware. Events
 that happen between polls (XID errors) are counted here, so that none is lost between scrapes,
-and grouped into incidents per GPU and tier (:mod:`sparkdiag.sources.xid`).
+and grouped into incidents per GPU and tier (:mod:`sparkdiag.sources.nvml.xid`).
 
 Polls nobody reads are spaced out (:meth:`Poller.next_poll`): given ``pace``, the window in
 which a scrape is expected (the daemon's render cache tells it), polls come every ``interval``
@@ -32,9 +32,9 @@ from sparkdiag.snapshot import (
     Snapshot,
     XidCounts,
 )
-from sparkdiag.sources import xid
-from sparkdiag.sources.gpu import GpuSource
-from sparkdiag.sources.nvml_api import EVENT_XID_CRITICAL
+from sparkdiag.sources.nvml import xid
+from sparkdiag.sources.nvml.api import EVENT_XID_CRITICAL
+from sparkdiag.sources.nvml.gpu import GpuSource
 
 log = logging.getLogger(__name__)
 

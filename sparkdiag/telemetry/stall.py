@@ -133,13 +133,19 @@ class StallLog:
                     log.warning(
                         "GPU %d (%s): stalled for %.0f s: %s: a kernel waits (a hung collective "
                         "or a spin), it does not work. To do: %s",
-                        index, gpu.identity.uuid, now - since, stall.describe(), ACTION,
-                    )  # fmt: skip
+                        index,
+                        gpu.identity.uuid,
+                        now - since,
+                        stall.describe(),
+                        ACTION,
+                    )
             elif index in self._since and now - self._last_seen[index] >= self.after:
                 if index in self._logged:
                     log.info(
                         "GPU %d (%s): no longer stalled (the episode lasted %.0f s)",
-                        index, gpu.identity.uuid, self._last_seen[index] - self._since[index],
-                    )  # fmt: skip
+                        index,
+                        gpu.identity.uuid,
+                        self._last_seen[index] - self._since[index],
+                    )
                 self._logged.discard(index)
                 del self._since[index], self._last_seen[index]

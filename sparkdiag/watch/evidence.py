@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sparkdiag.sources.gpu import UNHEALTHY_REASONS, decode_reasons, reasons_mask
+from sparkdiag.sources.nvml.gpu import UNHEALTHY_REASONS, decode_reasons, reasons_mask
 from sparkdiag.watch.causes import ACTIONS, Cause, fine_pct, mean, pct, rate
 from sparkdiag.watch.model import Recording
 from sparkdiag.watch.views import View

@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sparkdiag.sources.procfs import process_names
-from sparkdiag.sources.pyspy import PTRACER_SHIM
+from sparkdiag.sources.host.procfs import process_names
+from sparkdiag.sources.host.pyspy import PTRACER_SHIM
 from sparkdiag.watch.model import Tick
 from sparkdiag.watch.sampler import Sampler
 

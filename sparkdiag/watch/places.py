@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from sparkdiag.errors import SparkdiagError
-from sparkdiag.sources import procfs
-from sparkdiag.sources.mounts import find_mount, read_mounts
+from sparkdiag.sources.host import procfs
+from sparkdiag.sources.host.mounts import find_mount, read_mounts
 from sparkdiag.storage.state import read_state, state_path
 from sparkdiag.storage.target import locate
 from sparkdiag.watch.model import Place, StoreSpeed

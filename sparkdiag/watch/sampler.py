@@ -1,6 +1,6 @@
 """Sampling for ``sparkdiag watch``: one :class:`~sparkdiag.watch.model.Tick` per call.
 
-The GPU side asks NVML through a :class:`~sparkdiag.sources.gpu.GpuSource` (so fixtures, the
+The GPU side asks NVML through a :class:`~sparkdiag.sources.nvml.gpu.GpuSource` (so fixtures, the
 unsupported memory and the lost-GPU rule work as in the daemon): the driver's utilization
 samples since the last tick, GPM activity, SM clock, clock event reasons, temperatures, power,
 the compute processes with their utilization (the job's and any other's: a co-tenant), and PCIe
@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from sparkdiag.snapshot import ProcessIdentity
-from sparkdiag.sources import pressure, procfs
-from sparkdiag.sources.gpu import DeviceLost, GpuSource
+from sparkdiag.sources.host import pressure, procfs
+from sparkdiag.sources.nvml.gpu import DeviceLost, GpuSource
 from sparkdiag.watch.model import (
     GpuInfo,
     GpuTick,
@@ -49,7 +49,7 @@ Describe = Callable[[list[int]], dict[int, ProcessIdentity]]
 class GpuSampler:
     """The GPUs' side of a tick. ``gpus`` limits it to those indices (None: every GPU);
     ``describe`` names the processes outside the job seen on the job's GPUs (pid -> identity,
-    :class:`~sparkdiag.sources.procfs.ProcessIdentities`), kept in :attr:`tenants`."""
+    :class:`~sparkdiag.sources.host.procfs.ProcessIdentities`), kept in :attr:`tenants`."""
 
     def __init__(
         self,

@@ -1,4 +1,4 @@
-"""The job's Python stacks beside the counters: py-spy (:mod:`sparkdiag.sources.pyspy`) records
+"""The job's Python stacks beside the counters: py-spy (:mod:`sparkdiag.sources.host.pyspy`) records
 the processes that hold the GPU (before NVML names them, or without NVML, the job's Python
 processes), and at the end every stretch a thread spent in one stack is cut into the ticks it
 overlaps, so that each tick holds what each thread was doing while the counters were read.
@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from sparkdiag.sources import procfs, pyspy
+from sparkdiag.sources.host import procfs, pyspy
 from sparkdiag.watch.model import RankInfo, StackFrame, StackTime, ThreadInfo, Tick
 
 STACK_RATE = 20  # samples a second (see docs/watch.md: its cost and why not more)

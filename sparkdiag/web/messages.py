@@ -18,8 +18,21 @@ import h11
 
 from sparkdiag.peers.httpget import plain
 
-__all__ = ["MAX_BODY", "MAX_HEAD", "MAX_HEADERS", "MAX_LINE", "Handler", "Request", "Response",
-           "header_dict", "phrase", "plain", "problem", "refusal", "text"]  # fmt: skip
+__all__ = [
+    "MAX_BODY",
+    "MAX_HEAD",
+    "MAX_HEADERS",
+    "MAX_LINE",
+    "Handler",
+    "Request",
+    "Response",
+    "header_dict",
+    "phrase",
+    "plain",
+    "problem",
+    "refusal",
+    "text",
+]
 
 MAX_HEAD = 16384  # the request line and every header line together
 MAX_LINE = 8192  # one header value

@@ -289,8 +289,9 @@ class Prerenderer:
             return
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="http-prerender",
-                                                daemon=True)  # fmt: skip
+                self._thread = threading.Thread(
+                    target=self._run, name="http-prerender", daemon=True
+                )
                 self._thread.start()
         self._wake.set()
 
@@ -319,9 +320,13 @@ class Prerenderer:
                 self.cache.prerender()
             except Exception as exc:
                 level = logging.DEBUG if self._failing else logging.ERROR
-                log.log(level, "rendering /metrics ahead failed: %s: %s (each scrape renders "
-                        "again; more failures of this run at debug level)", type(exc).__name__,
-                        exc)  # fmt: skip
+                log.log(
+                    level,
+                    "rendering /metrics ahead failed: %s: %s (each scrape renders "
+                    "again; more failures of this run at debug level)",
+                    type(exc).__name__,
+                    exc,
+                )
                 log.debug("rendering /metrics ahead failed", exc_info=True)
                 self._failing = True
             else:

@@ -262,8 +262,9 @@ class HttpServer:
         except (Closed, OSError, ssl.SSLError, h11.ProtocolError) as exc:
             log.debug("%s: closed: %s", conn.peer, exc or type(exc).__name__)
         except Exception as exc:  # a bug here, not the client's doing: one line, then details
-            log.error("%s: internal error (%s: %s); connection closed", conn.peer,
-                      type(exc).__name__, exc)  # fmt: skip
+            log.error(
+                "%s: internal error (%s: %s); connection closed", conn.peer, type(exc).__name__, exc
+            )
             log.debug("internal error", exc_info=True)
         finally:
             self.connections.discard(conn)
@@ -284,9 +285,11 @@ class HttpServer:
             if first[0] != TLS_HANDSHAKE:
                 if first[:1].isalpha():  # plain HTTP on the TLS port: say so, as Go does
                     await self._answer_and_close(
-                        conn.sock, Plain(conn.sock), 400,
+                        conn.sock,
+                        Plain(conn.sock),
+                        400,
                         "this port speaks HTTPS: send the request with https://",
-                    )  # fmt: skip
+                    )
                 return None
             tls = self.tls()
             if tls is None:  # the web config changed into an unusable one: refused until fixed
@@ -328,8 +331,9 @@ class HttpServer:
             data, keep = self._encode(parser, request, response)
             async with asyncio.timeout(timeout):
                 await channel.send(data)
-            log.debug("%s %s %s %d", conn.peer, request.method, request.target[:200],
-                      response.status)  # fmt: skip
+            log.debug(
+                "%s %s %s %d", conn.peer, request.method, request.target[:200], response.status
+            )
             if not keep:
                 return
             pending = parser.trailing_data[0]

@@ -84,10 +84,17 @@ _CIPHERS = {
     "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-RSA-CHACHA20-POLY1305",
     "TLS_ECDHE_ECDSA_WITH_CHACHA20_POLY1305_SHA256": "ECDHE-ECDSA-CHACHA20-POLY1305",
 }
-_TLS13_CIPHERS = ("TLS_AES_128_GCM_SHA256", "TLS_AES_256_GCM_SHA384",
-                  "TLS_CHACHA20_POLY1305_SHA256")  # fmt: skip
-_CURVES = {"CurveP256": "prime256v1", "CurveP384": "secp384r1", "CurveP521": "secp521r1",
-           "X25519": "X25519"}  # fmt: skip
+_TLS13_CIPHERS = (
+    "TLS_AES_128_GCM_SHA256",
+    "TLS_AES_256_GCM_SHA384",
+    "TLS_CHACHA20_POLY1305_SHA256",
+)
+_CURVES = {
+    "CurveP256": "prime256v1",
+    "CurveP384": "secp384r1",
+    "CurveP521": "secp521r1",
+    "X25519": "X25519",
+}
 # exporter-toolkit's extraHTTPHeaders: the only headers a web config may set, and for two of
 # them the only values.
 _HEADERS: dict[str, tuple[str, ...]] = {
@@ -99,18 +106,43 @@ _HEADERS: dict[str, tuple[str, ...]] = {
 }
 _TOP = {"tls_server_config", "http_server_config", "basic_auth_users", "rate_limit"}
 _TLS_KEYS = {
-    "cert_file", "key_file", "cert", "key", "client_ca_file", "client_ca", "client_auth_type",
-    "cipher_suites", "curve_preferences", "min_version", "max_version",
-    "prefer_server_cipher_suites", "client_allowed_sans",
-}  # fmt: skip
-_TLS_ENABLING = ("cert_file", "cert", "key_file", "key", "client_ca_file", "client_ca",
-                 "client_auth_type")  # fmt: skip
+    "cert_file",
+    "key_file",
+    "cert",
+    "key",
+    "client_ca_file",
+    "client_ca",
+    "client_auth_type",
+    "cipher_suites",
+    "curve_preferences",
+    "min_version",
+    "max_version",
+    "prefer_server_cipher_suites",
+    "client_allowed_sans",
+}
+_TLS_ENABLING = (
+    "cert_file",
+    "cert",
+    "key_file",
+    "key",
+    "client_ca_file",
+    "client_ca",
+    "client_auth_type",
+)
 _HTTP_KEYS = {"headers", "http2"}
 _RATE_KEYS = {"interval", "burst"}
 _DURATION = re.compile(r"(?:(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h))+")
 _DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|μs|ms|s|m|h)")
-_UNIT_SECONDS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1.0,
-                 "m": 60.0, "h": 3600.0}  # fmt: skip
+_UNIT_SECONDS = {
+    "ns": 1e-9,
+    "us": 1e-6,
+    "µs": 1e-6,
+    "μs": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "m": 60.0,
+    "h": 3600.0,
+}
 
 
 class WebConfigError(UsageError, ValueError):
@@ -139,10 +171,6 @@ class WebConfig:
 
     def __post_init__(self) -> None:
         self.auth = BasicAuth(self.users)
-
-    @property
-    def ssl_context(self) -> ssl.SSLContext | None:
-        return None if self.tls is None else self.tls.context
 
     def authorized(self, header: str | None) -> bool:
         """Check an ``Authorization: Basic ...`` header; True when no users are configured.
@@ -199,13 +227,19 @@ class LiveWebConfig:
         try:
             new = load_web_config(self.path)
         except WebConfigError as exc:
-            log.error("web config changed and is unusable (refusing connections and requests "
-                      "until it is fixed): %s", exc)  # fmt: skip
+            log.error(
+                "web config changed and is unusable (refusing connections and requests "
+                "until it is fixed): %s",
+                exc,
+            )
             self._config, self._signature = None, signature
             return None
         if (new.tls is not None) != self._tls_on:
-            log.error("web config %s changed: turning TLS on or off needs a restart; refusing "
-                      "connections and requests until it is restored", self.path)  # fmt: skip
+            log.error(
+                "web config %s changed: turning TLS on or off needs a restart; refusing "
+                "connections and requests until it is restored",
+                self.path,
+            )
             self._config, self._signature = None, signature
             return None
         previous = self._config
@@ -238,8 +272,10 @@ class _Where:
 
 
 def _read(path: Path) -> dict[Any, Any]:
+    from sparkdiag.safeyaml import load_yaml  # PyYAML only when a YAML file is read
+
     try:
-        doc = safeload.load_yaml(path, MAX_FILE_BYTES) or {}
+        doc = load_yaml(path, MAX_FILE_BYTES) or {}
     except OSError as exc:
         raise WebConfigError(f"cannot read web config {path}: {exc.strerror or exc}") from None
     except safeload.LoadError as exc:
@@ -311,8 +347,10 @@ def _tls(where: _Where, tls: dict[Any, Any], files: list[Path]) -> Tls | None:
         raise where.error(key + "cert_file", "missing one of cert or cert_file")
     if private is None:
         raise where.error(key + "key_file", "missing one of key or key_file")
-    versions = [_version(where, tls, "min_version", "TLS12"),
-                _version(where, tls, "max_version", "TLS13")]  # fmt: skip
+    versions = [
+        _version(where, tls, "min_version", "TLS12"),
+        _version(where, tls, "max_version", "TLS13"),
+    ]
     if versions[0] > versions[1]:
         raise where.error(key + "min_version", "is above max_version: no version is left")
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -405,8 +443,9 @@ def _ciphers(where: _Where, tls: dict[Any, Any], context: ssl.SSLContext) -> Non
     key = "tls_server_config.cipher_suites"
     prefer = tls.get("prefer_server_cipher_suites", True)
     if not isinstance(prefer, bool):
-        raise where.error("tls_server_config.prefer_server_cipher_suites",
-                          f"{echo(prefer)} is not true or false")  # fmt: skip
+        raise where.error(
+            "tls_server_config.prefer_server_cipher_suites", f"{echo(prefer)} is not true or false"
+        )
     if prefer:
         context.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
     else:

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from sparkdiag.sources.nvml import PynvmlBackend
-from sparkdiag.sources.nvml_api import (
+from sparkdiag.sources.nvml.api import (
     NOT_READY,
     NVLINK_LINKS,
     UNAVAILABLE_CODES,
     NvmlCallError,
     NvmlUnavailable,
 )
+from sparkdiag.sources.nvml.driver import PynvmlBackend
 
 pytestmark = pytest.mark.gpu
 LOAD = Path(__file__).resolve().parent.parent / "support" / "probe_scripts" / "gpu_load.py"

@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from sparkdiag.snapshot import GpuSample
-from sparkdiag.sources.gpu import GpuSource
-from sparkdiag.sources.nvml import PynvmlBackend
+from sparkdiag.sources.nvml.driver import PynvmlBackend
+from sparkdiag.sources.nvml.gpu import GpuSource
 
 pytestmark = pytest.mark.gpu
 

@@ -24,8 +24,8 @@ from prometheus_client import CollectorRegistry
 
 from benchmarks.common import stop as terminate  # SIGTERM, SIGKILL after 10 s
 from sparkdiag.snapshot import Snapshot
-from sparkdiag.sources.fixture import FixtureBackend
-from sparkdiag.sources.gpu import GpuSource
+from sparkdiag.sources.nvml.fixture import FixtureBackend
+from sparkdiag.sources.nvml.gpu import GpuSource
 from sparkdiag.telemetry.poller import Poller
 from sparkdiag.web.http import ExporterServer
 

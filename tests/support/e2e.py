@@ -144,10 +144,12 @@ def hot_document(
     doc = probe_document(uuid, scale=scale, conditions=conditions, contention=contention)
     doc["suite"] = "hot"
     doc["results"] = [
-        r for r in doc["results"]
-        if r["dtype"] in ("int4", "bf16", "fp16", "fp8") and r["kind"] in ("decode", "llm")
+        r
+        for r in doc["results"]
+        if r["dtype"] in ("int4", "bf16", "fp16", "fp8")
+        and r["kind"] in ("decode", "llm")
         and not r.get("beta")
-    ]  # fmt: skip
+    ]
     doc["bandwidth"] = None
     doc["ratios"] = decode_ratios(doc["results"])
     return doc
@@ -297,19 +299,29 @@ def fleet_nodes(workdir: Path) -> list[Node]:
 
     return [
         node(
-            "healthy-h200", SCENARIOS / "healthy-h200.json", "h200-vm", "native",
-            healthy_cycles(healthy), set(),
+            "healthy-h200",
+            SCENARIOS / "healthy-h200.json",
+            "h200-vm",
+            "native",
+            healthy_cycles(healthy),
+            set(),
             "idle H200, every probe healthy",
         ),
         node(
-            "lane-degraded", NVML / "gb10-idle.json", spark_x2, "dgx-spark",
+            "lane-degraded",
+            NVML / "gb10-idle.json",
+            spark_x2,
+            "dgx-spark",
             None,  # no probe document was recorded on a GB10: the probe is off on this node
             {"SparkdiagPcieLinkDegraded"},
             "DGX Spark Founders Edition: the second ConnectX-7 (0002:01:00.0/.1) and its root "
             "port (0002:00:00.0) train at x2 of the x4 the platform is built for",
         ),
         node(
-            "gb10-slow-state", NVML / "gb10-slow-state.json", "asus-gx10", "dgx-spark-vllm",
+            "gb10-slow-state",
+            NVML / "gb10-slow-state.json",
+            "asus-gx10",
+            "dgx-spark-vllm",
             None,
             {"SparkdiagGpuSlowState", "SparkdiagSoftwareNotNative"},
             "ASUS Ascent GX10 in the USB-PD slow state from poll 2: busy at 650 of 2418 MHz with "
@@ -317,14 +329,20 @@ def fleet_nodes(workdir: Path) -> list[Node]:
             "vLLM and flash-attn installed without native code for sm_121 (dgx-spark-vllm)",
         ),
         node(
-            "gb10-memory-pressure", NVML / "gb10-idle.json", "dgx-spark", "dgx-spark-pressure",
+            "gb10-memory-pressure",
+            NVML / "gb10-idle.json",
+            "dgx-spark",
+            "dgx-spark-pressure",
             None,
             {"SparkdiagUnifiedMemoryPressure"},
             "DGX Spark under sustained unified-memory pressure: PSI full 23 % over 60 s, "
             "4.8 % of memory available",
         ),
         node(
-            "thermal-int4", SCENARIOS / "thermal-int4.json", "h200-vm", "native",
+            "thermal-int4",
+            SCENARIOS / "thermal-int4.json",
+            "h200-vm",
+            "native",
             thermal_cycles,
             {
                 "SparkdiagThermalInt4Degradation",
@@ -337,7 +355,10 @@ def fleet_nodes(workdir: Path) -> list[Node]:
             "HBM ramps to 91 °C with sw thermal slowdown; int4 probes at 0.5 of baseline",
         ),
         node(
-            "hot-ratio-holds", SCENARIOS / "hot-ratio-holds.json", "h200-vm", "native",
+            "hot-ratio-holds",
+            SCENARIOS / "hot-ratio-holds.json",
+            "h200-vm",
+            "native",
             holds_cycles,
             {"SparkdiagGpuMemoryTemperatureHigh", "SparkdiagGpuThermalThrottling"},
             "the same heat as thermal-int4 and a competing process: the hot probe's delivered "
@@ -345,24 +366,39 @@ def fleet_nodes(workdir: Path) -> list[Node]:
             "iterations hold, so int4 against bf16/fp16 holds: hot, not thermally degraded",
         ),
         node(
-            "slower-than-peers", SCENARIOS / "slower-than-peers.json", "h200-vm", "native",
-            slower_cycles, {"SparkdiagGpuSlowerThanPeers"},
+            "slower-than-peers",
+            SCENARIOS / "slower-than-peers.json",
+            "h200-vm",
+            "native",
+            slower_cycles,
+            {"SparkdiagGpuSlowerThanPeers"},
             f"four idle H200s, GPU {SLOWER_GPU} at 0.9 of the others at every kernel: slower "
             "than its peers in the node and in the fleet",
             extra=("--probe.interval", "2"),  # four GPUs a cycle: half the probe rate
         ),
         node(
-            "container-gap-native", SCENARIOS / "container-gap.json", "h200-vm", "native",
-            healthy_cycles(shared), set(),
+            "container-gap-native",
+            SCENARIOS / "container-gap.json",
+            "h200-vm",
+            "native",
+            healthy_cycles(shared),
+            set(),
             "native side of the shared GPU: healthy",
         ),
         node(
-            "container-gap-container", SCENARIOS / "container-gap.json", "h200-vm", "docker",
-            healthy_cycles(shared, container_scale), {"SparkdiagContainerNativeGap"},
+            "container-gap-container",
+            SCENARIOS / "container-gap.json",
+            "h200-vm",
+            "docker",
+            healthy_cycles(shared, container_scale),
+            {"SparkdiagContainerNativeGap"},
             "the same GPU seen from a docker container: bf16 and fp16 at 0.6 of native",
         ),
         node(
-            "lost-gpu", SCENARIOS / "lost-gpu.json", "h200-vm", "native",
+            "lost-gpu",
+            SCENARIOS / "lost-gpu.json",
+            "h200-vm",
+            "native",
             healthy_cycles(lost),
             {
                 "SparkdiagGpuLost",
@@ -374,7 +410,10 @@ def fleet_nodes(workdir: Path) -> list[Node]:
             "XID 79 at poll 2, GPU lost at poll 3 (after one successful probe)",
         ),
         node(
-            "nvlink-degraded", SCENARIOS / "nvlink-degraded.json", "h200-vm", "gpu-host",
+            "nvlink-degraded",
+            SCENARIOS / "nvlink-degraded.json",
+            "h200-vm",
+            "gpu-host",
             None,
             {"SparkdiagNvlinkDown", "SparkdiagNvlinkErrors"},
             "two H200s over NVLink (derived fixture): link 5 of GPU 0 down, replay errors "
@@ -382,16 +421,23 @@ def fleet_nodes(workdir: Path) -> list[Node]:
             extra=("--process-metrics",),
         ),
         node(
-            "nvme-worn-hot", SCENARIOS / "healthy-h200.json", nvme_tree, "native",
+            "nvme-worn-hot",
+            SCENARIOS / "healthy-h200.json",
+            nvme_tree,
+            "native",
             None,
-            {"SparkdiagNvmeCriticalWarning", "SparkdiagNvmeHot", "SparkdiagNvmeWearing",
-             "SparkdiagStorageSlow"},
+            {
+                "SparkdiagNvmeCriticalWarning",
+                "SparkdiagNvmeHot",
+                "SparkdiagNvmeWearing",
+                "SparkdiagStorageSlow",
+            },
             "the public U.2 drive (tests/fixtures/nvme) made worn and hot: composite 81.85 °C of "
             "a 79.85 °C warning threshold, critical-warning bit 2 (temperature), 92 % of its "
             "endurance used; its last two storage probes wrote at 0.5 and 0.6 of the baseline",
             extra=("--nvme.fixture", str(nvme_health)),
         ),
-    ]  # fmt: skip
+    ]
 
 
 def _worn_hot_drive(workdir: Path) -> tuple[Path, Path]:

@@ -43,8 +43,16 @@ SUITE = "bookworm"  # its python3 (3.11) matches the cp311 torch wheel CI has
 BASE_PACKAGES = ("python3", "python3-venv", "systemd", "systemd-sysv", "procps")
 CONTAINERFILES = ROOT / "tests" / "fixtures" / "containerfiles"
 # What the sparkdiag image is built from (a change in any of these builds a new image).
-SOURCE_PATHS = ("Containerfile", ".dockerignore", "pyproject.toml", "README.md", "sparkdiag",
-                "grafana", "prometheus", "systemd")  # fmt: skip
+SOURCE_PATHS = (
+    "Containerfile",
+    ".dockerignore",
+    "pyproject.toml",
+    "README.md",
+    "sparkdiag",
+    "grafana",
+    "prometheus",
+    "systemd",
+)
 STALE_AFTER_SECONDS = 3600
 T = TypeVar("T")
 
@@ -165,12 +173,24 @@ class Images:
             podman(
                 # --no-cache: the wheels come in through a volume, which podman's layer cache
                 # does not see; a cached layer would keep an older sparkdiag under a new tag
-                "build", "--format", "docker", "--pull=never", "--no-cache", *RUN_LIMITS,
-                "--volume", f"{self.wheelhouse()}:/wheels:ro",
-                "--label", f"{LABEL}=1",
-                "--file", str(containerfile), "--tag", tag, *args, str(context),
+                "build",
+                "--format",
+                "docker",
+                "--pull=never",
+                "--no-cache",
+                *RUN_LIMITS,
+                "--volume",
+                f"{self.wheelhouse()}:/wheels:ro",
+                "--label",
+                f"{LABEL}=1",
+                "--file",
+                str(containerfile),
+                "--tag",
+                tag,
+                *args,
+                str(context),
                 timeout=900,
-            )  # fmt: skip
+            )
         return tag
 
     # -- the images the tests use
@@ -207,8 +227,16 @@ class Images:
     def _prune(self) -> None:
         """Remove our images that are neither recent nor in use (best effort), and the
         untagged build stages that podman build keeps (they carry our label)."""
-        podman("image", "prune", "--force", "--filter", f"label={LABEL}=1",
-               "--filter", f"until={STALE_AFTER_SECONDS}s", check=False)  # fmt: skip
+        podman(
+            "image",
+            "prune",
+            "--force",
+            "--filter",
+            f"label={LABEL}=1",
+            "--filter",
+            f"until={STALE_AFTER_SECONDS}s",
+            check=False,
+        )
         listing = podman(
             "images", "--format", "json", "--filter", f"reference={REPO}-*", check=False
         )
@@ -231,8 +259,18 @@ def container(
 ) -> Iterator[str]:
     """``podman run -d`` with our label; yields the container name; always removed after."""
     name = name or f"sparkdiag-test-{uuid.uuid4().hex[:10]}"
-    podman("run", "-d", "--name", name, "--label", f"{LABEL}=1", *RUN_LIMITS, *run_options,
-           image, *args)  # fmt: skip
+    podman(
+        "run",
+        "-d",
+        "--name",
+        name,
+        "--label",
+        f"{LABEL}=1",
+        *RUN_LIMITS,
+        *run_options,
+        image,
+        *args,
+    )
     try:
         yield name
     finally:

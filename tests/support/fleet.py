@@ -17,10 +17,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 Answer = Callable[[str], tuple[int, bytes]]
-H200 = {"name": "NVIDIA H200", "torch": "2.11.0+cu130", "cuda": "13.0", "driver": "580.159.04",
-        "context": "native"}  # fmt: skip
-GPU = {"instance": "h200:10942", "job": "sparkdiag", "gpu": "0",
-       "uuid": "GPU-979ad365-0b73-a0ac-74a2-3520b773d460"}  # fmt: skip
+H200 = {
+    "name": "NVIDIA H200",
+    "torch": "2.11.0+cu130",
+    "cuda": "13.0",
+    "driver": "580.159.04",
+    "context": "native",
+}
+GPU = {
+    "instance": "h200:10942",
+    "job": "sparkdiag",
+    "gpu": "0",
+    "uuid": "GPU-979ad365-0b73-a0ac-74a2-3520b773d460",
+}
 KERNEL = {"dtype": "bf16", "shape": "8192x8192x8192"}
 
 

@@ -60,9 +60,13 @@ class Pair:
         self, namespace: str, argv: Sequence[str], timeout: float = 120
     ) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            self.argv(namespace, *argv), capture_output=True, text=True, timeout=timeout,
-            cwd=ROOT, env=self.env,
-        )  # fmt: skip
+            self.argv(namespace, *argv),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=ROOT,
+            env=self.env,
+        )
 
     def sparkdiag(
         self, namespace: str, *args: str, timeout: float = 120

@@ -58,9 +58,11 @@ def window(
 
 
 def heating(
-    int4: Sequence[float], bf16: Sequence[float], memory: Sequence[float | None],
+    int4: Sequence[float],
+    bf16: Sequence[float],
+    memory: Sequence[float | None],
     gpu: Sequence[float | None] | None = None,
-) -> list[SoakWindow]:  # fmt: skip
+) -> list[SoakWindow]:
     """Windows 0..n with int4 and bf16 decode rates at the given temperatures."""
     gpus = gpu if gpu is not None else [None] * len(memory)
     return [
@@ -103,18 +105,45 @@ def gpu_state(
     reason: str | None = None,
 ) -> GpuState:
     return GpuState(
-        gpu=gpu, uuid=uuid, name="NVIDIA H200", finished_at=finished_at, duration_seconds=300.0,
-        elapsed_seconds=300.0, stopped=stopped, reason=reason, sensor=sensor,
-        max_celsius=max_celsius, kernels=tuple(kernels),
-    )  # fmt: skip
+        gpu=gpu,
+        uuid=uuid,
+        name="NVIDIA H200",
+        finished_at=finished_at,
+        duration_seconds=300.0,
+        elapsed_seconds=300.0,
+        stopped=stopped,
+        reason=reason,
+        sensor=sensor,
+        max_celsius=max_celsius,
+        kernels=tuple(kernels),
+    )
 
 
 def held(dtype: str = "bf16", lowest: float = 0.97) -> KernelState:
-    return KernelState(dtype, DECODE, "decode", "held", cold=4.0, hottest=3.9,
-                       hottest_celsius=61.0, lowest_fraction=lowest, max_celsius=61.0)  # fmt: skip
+    return KernelState(
+        dtype,
+        DECODE,
+        "decode",
+        "held",
+        cold=4.0,
+        hottest=3.9,
+        hottest_celsius=61.0,
+        lowest_fraction=lowest,
+        max_celsius=61.0,
+    )
 
 
 def fell(dtype: str = "int4", at: float = 87.0) -> KernelState:
-    return KernelState(dtype, DECODE, "decode", "fell", cold=6.4, hottest=4.0,
-                       hottest_celsius=91.0, lowest_fraction=0.62, fell_fraction=0.84,
-                       fell_celsius=at, max_celsius=91.0)  # fmt: skip
+    return KernelState(
+        dtype,
+        DECODE,
+        "decode",
+        "fell",
+        cold=6.4,
+        hottest=4.0,
+        hottest_celsius=91.0,
+        lowest_fraction=0.62,
+        fell_fraction=0.84,
+        fell_celsius=at,
+        max_celsius=91.0,
+    )

@@ -26,21 +26,38 @@ def window(index: int) -> dict[str, object]:
         "index": index,
         "phase": "cold" if index == 0 else "load",
         "elapsed_seconds": index * 0.1,
-        "results": [{"dtype": "int4", "shape": "1x64x64", "kind": "decode", "beta": 0,
-                     "status": "ok", "reason": None, "delivered": 1.0 - index * 0.01}],
+        "results": [
+            {
+                "dtype": "int4",
+                "shape": "1x64x64",
+                "kind": "decode",
+                "beta": 0,
+                "status": "ok",
+                "reason": None,
+                "delivered": 1.0 - index * 0.01,
+            }
+        ],
         "ratios": {},
         "conditions": {"max_memory_temperature_celsius": 40.0 + index, "samples": 2},
         "load_conditions": None,
         "load_delivered": None,
-    }  # fmt: skip
+    }
 
 
 def document(status: str, soak: dict[str, object] | None, reason: str | None = None) -> str:
-    return json.dumps({
-        "schema": SCHEMA, "status": status, "reason": reason, "suite": "soak",
-        "software": {"torch": "fake", "device": "cpu"}, "results": [], "soak": soak,
-        "started_at": time.time(), "finished_at": time.time(),
-    })  # fmt: skip
+    return json.dumps(
+        {
+            "schema": SCHEMA,
+            "status": status,
+            "reason": reason,
+            "suite": "soak",
+            "software": {"torch": "fake", "device": "cpu"},
+            "results": [],
+            "soak": soak,
+            "started_at": time.time(),
+            "finished_at": time.time(),
+        }
+    )
 
 
 def progress(item: dict[str, object]) -> None:
@@ -53,8 +70,9 @@ def main() -> None:
     if mode == "busy":
         print(document("skipped_busy", None, "other compute processes on the GPU: pids [7]"))
         return
-    handler = (lambda s, f: STOP.append(signal.Signals(s).name)) if mode == "polite" else (
-        signal.SIG_IGN)  # fmt: skip
+    handler = (
+        (lambda s, f: STOP.append(signal.Signals(s).name)) if mode == "polite" else (signal.SIG_IGN)
+    )
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, handler)
     windows = [window(0)]
@@ -64,8 +82,13 @@ def main() -> None:
         if mode == "polite":
             windows.append(window(len(windows)))
             progress(windows[-1])
-    soak = {"windows": windows, "stopped": "interrupted", "reason": f"{STOP[0]} received",
-            "elapsed_seconds": windows[-1]["elapsed_seconds"], "thresholds": {}}  # fmt: skip
+    soak = {
+        "windows": windows,
+        "stopped": "interrupted",
+        "reason": f"{STOP[0]} received",
+        "elapsed_seconds": windows[-1]["elapsed_seconds"],
+        "thresholds": {},
+    }
     print(document("ok", soak))
 
 

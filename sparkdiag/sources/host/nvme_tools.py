@@ -1,0 +1,250 @@
+"""An NVMe drive's SMART / health log, from smartmontools or nvme-cli, or from their recorded JSON.
+
+``smartctl --json -a /dev/nvme0`` (smartmontools 7.0 or newer) and ``nvme smart-log -o json
+/dev/nvme0`` (nvme-cli) both read log page 02h; the kernel's sysfs has no such file, and reading
+it takes root (or CAP_SYS_ADMIN). Their JSON differs:
+
+- critical warning: ``critical_warning`` in both;
+- composite temperature: ``temperature`` (smartctl °C, nvme-cli kelvin); sensors 1..8:
+  ``temperature_sensors`` [°C, ...] (smartctl), ``temperature_sensor_N`` (nvme-cli, kelvin);
+- spare, its threshold, endurance used: ``available_spare``, ``available_spare_threshold``,
+  ``percentage_used`` (smartctl), ``avail_spare``, ``spare_thresh``, ``percent_used`` (nvme-cli),
+  in per cent;
+- time at or above the warning and critical temperatures: ``warning_temp_time``,
+  ``critical_comp_time`` in both, in minutes;
+- the drive's thermal management: ``thermal_mgmt_temperature_N_transition_count`` and
+  ``..._total_time`` (smartctl 7.5 and newer), ``thm_tempN_trans_count``, ``thm_tempN_total_time``
+  (nvme-cli), in seconds;
+- thresholds: ``nvme_composite_temperature_threshold`` (smartctl ``-a``; nvme-cli has them in
+  ``nvme id-ctrl``, which is not run: hwmon gives them).
+
+nvme-cli prints temperatures in kelvin (``src/nvme-print-json.c``); a value of 200 or more is
+read as kelvin, anything lower as °C (no drive runs at 200 °C or at -73 °C). A fixture directory
+(``--nvme.fixture DIR``) holds ``nvme0.smartctl.json`` or ``nvme0.nvme-cli.json`` per controller:
+the tools' output as recorded, read instead of running them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkdiag.jsonvalues import as_float, as_int, as_map
+from sparkdiag.snapshot import NvmeHealth
+from sparkdiag.sources.files import MIB, read_limited
+
+log = logging.getLogger(__name__)
+
+TOOL_TIMEOUT = 10.0  # seconds; smartctl -a on an NVMe drive answers in tens of milliseconds
+_MAX_JSON = 4 * MIB
+_KELVIN_FROM = 200
+_DATA_UNIT = 512 * 1000
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # one "data unit" of the log is 1000 sectors of 512 bytes
+
+
+@dataclass(frozen=True)
+class HealthReading:
+    """What one read of one controller gave: the log, the thresholds and sensors it carries
+    (``"warning"``/``"critical"`` and ``"composite"``/``"1"``...), or why nothing (``note``)."""
+
+    health: NvmeHealth | None
+    thresholds: Mapping[str, float]
+    temperatures: Mapping[str, float]
+    note: str | None = None
+
+
+def _none(note: str) -> HealthReading:
+    return HealthReading(None, {}, {}, note)
+
+
+def _celsius(value: Any) -> float | None:
+    number = as_float(value)
+    if number is None or number == 0:
+        return None  # 0 K: the drive reports no such sensor
+    return number - 273.0 if number >= _KELVIN_FROM else number
+
+
+def _counted(pairs: Mapping[str, Any]) -> dict[str, float]:
+    return {level: v for level, raw in pairs.items() if (v := as_float(raw)) is not None}
+
+
+def parse_smartctl(doc: Any, source: str = "smartctl") -> HealthReading:
+    """``smartctl --json -a /dev/nvmeN`` as a reading; its own error messages become the note."""
+    root = as_map(doc)
+    smart = as_map(root.get("nvme_smart_health_information_log"))
+    if not smart:
+        messages = (
+            [
+                str(as_map(m).get("string", ""))
+                for m in root.get("smartctl", {}).get("messages", [])
+                if isinstance(m, Mapping)
+            ]
+            if isinstance(root.get("smartctl"), Mapping)
+            else []
+        )
+        why = "; ".join(m for m in messages if m) or "no NVMe health log in its answer"
+        return _none(f"smartctl: {why}")
+    sensors = smart.get("temperature_sensors")
+    temperatures = {"composite": t} if (t := _celsius(smart.get("temperature"))) is not None else {}
+    for index, raw in enumerate(sensors if isinstance(sensors, list) else []):
+        if (value := _celsius(raw)) is not None:
+            temperatures[str(index + 1)] = value
+    limits = as_map(root.get("nvme_composite_temperature_threshold"))
+    thresholds = {k: v for k in ("warning", "critical") if (v := _celsius(limits.get(k)))}
+    health = _health(smart, SMARTCTL_KEYS, source, as_int(smart.get("critical_warning")))
+    return HealthReading(health, thresholds, temperatures)
+
+
+# Each NvmeHealth field: the factor to base units (percent to ratio, hours and minutes to seconds,
+# data units of 512,000 bytes to bytes), smartctl's key and nvme-cli's key
+_FIELDS = (
+    ("media_errors", 1.0, "media_errors", "media_errors"),
+    ("error_log_entries", 1.0, "num_err_log_entries", "num_err_log_entries"),
+    ("percentage_used_ratio", 0.01, "percentage_used", "percent_used"),
+    ("available_spare_ratio", 0.01, "available_spare", "avail_spare"),
+    ("available_spare_threshold_ratio", 0.01, "available_spare_threshold", "spare_thresh"),
+    ("unsafe_shutdowns", 1.0, "unsafe_shutdowns", "unsafe_shutdowns"),
+    ("power_on_seconds", 3600.0, "power_on_hours", "power_on_hours"),
+    ("written_bytes", _DATA_UNIT, "data_units_written", "data_units_written"),
+    ("warning_temperature_seconds", 60.0, "warning_temp_time", "warning_temp_time"),
+    ("critical_temperature_seconds", 60.0, "critical_comp_time", "critical_comp_time"),
+)
+SMARTCTL_KEYS = {field: key for field, _, key, _ in _FIELDS} | {
+    "transitions": "thermal_mgmt_temperature_{n}_transition_count",
+    "thermal_seconds": "thermal_mgmt_temperature_{n}_total_time",
+}
+NVME_CLI_KEYS = {field: key for field, _, _, key in _FIELDS} | {
+    "transitions": "thm_temp{n}_trans_count",
+    "thermal_seconds": "thm_temp{n}_total_time",
+}
+
+
+def _health(
+    smart: Mapping[str, Any], keys: Mapping[str, str], source: str, warning: int | None
+) -> NvmeHealth:
+    """The log's fields in base units, each read under the tool's own key."""
+    values: dict[str, Any] = {}
+    for name, factor, *_keys in _FIELDS:
+        number = as_float(smart.get(keys[name]))
+        values[name] = None if number is None else number * factor
+    levels = {
+        kind: _counted({n: smart.get(keys[kind].format(n=n)) for n in ("1", "2")})
+        for kind in ("transitions", "thermal_seconds")
+    }
+    return NvmeHealth(
+        critical_warning=warning,
+        thermal_transitions=levels["transitions"],
+        thermal_seconds=levels["thermal_seconds"],
+        source=source,
+        **values,
+    )
+
+
+def parse_nvme_cli(doc: Any, source: str = "nvme-cli") -> HealthReading:
+    """``nvme smart-log -o json /dev/nvmeN`` as a reading (temperatures in kelvin)."""
+    smart = as_map(doc)
+    if "critical_warning" not in smart:
+        return _none("nvme-cli: no health log in its answer")
+    warning = smart.get("critical_warning")
+    if isinstance(warning, Mapping):  # nvme-cli --verbose: {"value": 0, ...}
+        warning = warning.get("value")
+    temperatures = {"composite": t} if (t := _celsius(smart.get("temperature"))) is not None else {}
+    for index in range(1, 9):
+        if (value := _celsius(smart.get(f"temperature_sensor_{index}"))) is not None:
+            temperatures[str(index)] = value
+    health = _health(smart, NVME_CLI_KEYS, source, as_int(warning))
+    return HealthReading(health, {}, temperatures)
+
+
+HealthReader = Callable[[str], HealthReading]
+
+
+def fixture_reader(directory: Path) -> HealthReader:
+    """Readings from recorded tool output: ``DIR/nvme0.smartctl.json``, else
+    ``DIR/nvme0.nvme-cli.json``; a controller with neither has no health log."""
+
+    def read(controller: str) -> HealthReading:
+        for suffix, parse in (
+            (".smartctl.json", parse_smartctl),
+            (".nvme-cli.json", parse_nvme_cli),
+        ):
+            path = directory / f"{controller}{suffix}"
+            try:
+                raw = read_limited(path, _MAX_JSON)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                return _none(f"fixture {path}: {exc.strerror or exc}")
+            try:
+                doc = json.loads(raw.decode("utf-8"))
+            except (ValueError, RecursionError) as exc:
+                return _none(f"fixture {path} is not JSON: {exc}")
+            return parse(doc, "fixture")
+        return _none(f"no fixture for {controller} in {directory}")
+
+    return read
+
+
+def _run(argv: list[str]) -> tuple[Any, str | None]:
+    """The JSON a tool printed (whatever its exit status: smartctl's is a bitmask that also
+    flags a failing drive), or why there is none."""
+    try:
+        done = subprocess.run(
+            argv, capture_output=True, timeout=TOOL_TIMEOUT, check=False, stdin=subprocess.DEVNULL
+        )
+    except subprocess.TimeoutExpired:
+        return None, f"{argv[0]} did not answer within {TOOL_TIMEOUT:g} s"
+    except OSError as exc:
+        return None, f"cannot run {argv[0]}: {exc.strerror or exc}"
+    try:
+        return json.loads(done.stdout[:_MAX_JSON].decode("utf-8", "replace")), None
+    except ValueError:
+        said = _ANSI.sub("", done.stderr.decode("utf-8", "replace")).strip().splitlines()
+        return None, f"{os.path.basename(argv[0])} exited {done.returncode}" + (
+            f": {said[0][:200]}" if said else ""  # nvme-cli: the error, then its usage text
+        )
+
+
+def tool_reader(
+    rootfs: Path = Path("/"), sysfs: Path = Path("/sys")
+) -> tuple[HealthReader | None, str]:
+    """A reader that runs smartctl (preferred: it also gives the temperature thresholds) or
+    nvme-cli, and what it uses; None and why when neither is installed, or when ``sysfs`` is
+    not the machine's own (the drives it lists are not the ones the tools would open). Device
+    nodes are ``ROOT/dev/nvmeN``."""
+    try:
+        real = sysfs.resolve() == Path("/sys").resolve()
+    except (OSError, RuntimeError):
+        real = False
+    if not real:
+        return None, f"--path.sysfs {sysfs} is not /sys (give --nvme.fixture DIR instead)"
+    smartctl, nvme = shutil.which("smartctl"), shutil.which("nvme")
+    if smartctl is None and nvme is None:
+        return None, "neither smartctl (smartmontools) nor nvme (nvme-cli) is installed"
+
+    def read(controller: str) -> HealthReading:
+        node = str(rootfs / "dev" / controller)
+        notes = []
+        if smartctl is not None:
+            doc, why = _run([smartctl, "--json", "-a", node])
+            reading = parse_smartctl(doc) if why is None else _none(f"smartctl: {why}")
+            if reading.health is not None:
+                return reading
+            notes.append(reading.note or "")
+        if nvme is not None:
+            doc, why = _run([nvme, "smart-log", node, "-o", "json"])
+            reading = parse_nvme_cli(doc) if why is None else _none(f"nvme-cli: {why}")
+            if reading.health is not None:
+                return reading
+            notes.append(reading.note or "")
+        return _none("; ".join(n for n in notes if n))
+
+    return read, " and ".join(n for n, p in (("smartctl", smartctl), ("nvme-cli", nvme)) if p)

@@ -1,0 +1,163 @@
+"""The real NVML backend: the only module that imports ``pynvml`` (the nvidia-ml-py package).
+
+It answers the query catalogue (:data:`sparkdiag.sources.nvml.queries.CATALOGUE`, where each
+query declares its pynvml call) with plain values, translating ``pynvml.NVMLError`` into
+:class:`NvmlCallError`. Versioned functions are looked up once, at :meth:`PynvmlBackend.init`,
+and the answer is cached (:class:`sparkdiag.sources.nvml.calls.NvmlCalls`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sparkdiag.sources.host.meminfo import memory_total
+from sparkdiag.sources.nvml.api import (
+    ERROR_CODES,
+    EVENT_XID_CRITICAL,
+    NvmlCallError,
+    NvmlEvent,
+    NvmlUnavailable,
+)
+from sparkdiag.sources.nvml.calls import NvmlCalls
+from sparkdiag.sources.nvml.queries import CATALOGUE
+
+log = logging.getLogger(__name__)
+
+_MAX_EVENTS_PER_POLL = 1024
+
+
+def _handle_key(handle: Any) -> int:
+    return int(ctypes.cast(handle, ctypes.c_void_p).value or 0)
+
+
+class PynvmlBackend:
+    """NVML through nvidia-ml-py. Construct cheaply; :meth:`init` does the work."""
+
+    def __init__(self) -> None:
+        self._nvml: Any = None
+        self._handles: dict[int, Any] = {}
+        self._index_by_handle: dict[int, int] = {}
+        self._event_set: Any = None
+        self._calls: NvmlCalls | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def init(self) -> None:
+        try:
+            import pynvml
+        except ImportError as exc:  # pragma: no cover - nvidia-ml-py is a dependency
+            raise NvmlUnavailable(f"the pynvml module is not installed ({exc})") from exc
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            raise NvmlUnavailable(f"nvmlInit failed: {exc}") from exc
+        except OSError as exc:  # pragma: no cover - ctypes load failure
+            raise NvmlUnavailable(f"libnvidia-ml could not be loaded: {exc}") from exc
+        self._nvml = pynvml
+        self._calls = NvmlCalls(pynvml)
+        self._open_event_set()
+
+    def shutdown(self) -> None:
+        if self._nvml is None:
+            return
+        try:
+            if self._calls is not None:
+                self._calls.close()
+                self._calls = None
+            if self._event_set is not None:
+                self._nvml.nvmlEventSetFree(self._event_set)
+            self._nvml.nvmlShutdown()
+        except self._nvml.NVMLError as exc:
+            log.debug("nvmlShutdown: %s", exc)
+        self._nvml = None
+        self._handles.clear()
+
+    def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except self._nvml.NVMLError as exc:
+            raise NvmlCallError(int(exc.value), str(exc)) from None
+
+    # -- the catalogue -----------------------------------------------------------------------
+    def _handle(self, index: int) -> Any:
+        handle = self._handles.get(index)
+        if handle is None:
+            handle = self._call(self._nvml.nvmlDeviceGetHandleByIndex, index)
+            self._handles[index] = handle
+            self._index_by_handle[_handle_key(handle)] = index
+        return handle
+
+    def driver_version(self) -> str:
+        return str(self._call(self._nvml.nvmlSystemGetDriverVersion))
+
+    def device_count(self) -> int:
+        return int(self._call(self._nvml.nvmlDeviceGetCount))
+
+    def query(self, index: int, query: str, arg: int | None = None) -> Any:
+        declared = CATALOGUE.get(query)
+        if declared is None:
+            raise KeyError(f"unknown NVML query {query!r}")
+        assert self._calls is not None, "query before init"
+        handle = self._handle(index)
+        try:
+            return declared.call(self._calls, handle, 0 if arg is None else arg)
+        except self._nvml.NVMLError as exc:
+            raise NvmlCallError(int(exc.value), str(exc)) from None
+
+    # -- events ------------------------------------------------------------------------------
+    def _open_event_set(self) -> None:
+        """Register XID-critical events on every device that supports them.
+
+        Reading them later (:meth:`poll_events`) uses ``nvmlEventSetWait(set, 0)``: it returns at
+        once, so the poller never blocks on it.
+        """
+        nv = self._nvml
+        try:
+            self._event_set = nv.nvmlEventSetCreate()
+        except nv.NVMLError as exc:
+            log.info("NVML events unavailable (%s): XID errors will not be counted", exc)
+            return
+        try:
+            count = self.device_count()
+        except NvmlCallError:
+            return
+        for index in range(count):
+            try:
+                handle = self._handle(index)
+                supported = int(nv.nvmlDeviceGetSupportedEventTypes(handle))
+                if supported & EVENT_XID_CRITICAL:
+                    nv.nvmlDeviceRegisterEvents(handle, EVENT_XID_CRITICAL, self._event_set)
+            except (nv.NVMLError, NvmlCallError) as exc:
+                log.info("GPU %d: XID events not registered (%s)", index, exc)
+
+    def poll_events(self) -> list[NvmlEvent]:
+        if self._event_set is None or self._nvml is None:
+            return []
+        nv = self._nvml
+        events: list[NvmlEvent] = []
+        for _ in range(_MAX_EVENTS_PER_POLL):
+            try:
+                data = nv.nvmlEventSetWait(self._event_set, 0)
+            except nv.NVMLError as exc:
+                if int(exc.value) != ERROR_CODES["TIMEOUT"]:
+                    log.debug("nvmlEventSetWait: %s", exc)
+                break
+            index = self._index_by_handle.get(_handle_key(data.device), -1)
+            events.append(
+                NvmlEvent(
+                    gpu=index,
+                    event_type=int(data.eventType),
+                    data=int(data.eventData),
+                    timestamp=time.time(),
+                )
+            )
+        return events
+
+    def advance(self) -> None:
+        return None
+
+    def host_memory_total(self) -> int | None:
+        return memory_total()

@@ -1,0 +1,295 @@
+"""The GPU source: turns NVML answers (from any backend) into :class:`GpuSample` snapshots.
+
+Rules it applies, so that every consumer sees the same thing:
+
+* a value NVML does not support (NOT_SUPPORTED, NO_PERMISSION, FUNCTION_NOT_FOUND ...) is ``None``
+  or absent from its mapping, and the query is not asked again for that device;
+* a device that answers GPU_IS_LOST (or RESET_REQUIRED, GPU_NOT_FOUND, UNKNOWN) is reported with
+  ``up=False`` and its identity kept, so ``sparkdiag_gpu_up`` drops to 0 instead of vanishing;
+* unified memory (GB10): memory info NOT_SUPPORTED, or a total equal to host MemTotal, gives
+  ``memory_model="unified"`` and no framebuffer memory; the integrated GPU's NVML PCIe link (a
+  meaningless Gen1 x1) is left out too, the host links come from sysfs;
+* a memory temperature of 0 °C is "not supported" (DCGM reads 0 on GB10's LPDDR5X).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkdiag.snapshot import GpuIdentity, GpuProcess, GpuSample, NvlinkSample
+from sparkdiag.sources.nvml.activity import (
+    ProcessOptions,
+    read_activity,
+    read_nvlinks,
+    read_processes,
+)
+from sparkdiag.sources.nvml.api import (
+    LOST_CODES,
+    NOT_SUPPORTED,
+    UNAVAILABLE_CODES,
+    NvmlBackend,
+    NvmlCallError,
+    NvmlEvent,
+    NvmlUnavailable,
+)
+from sparkdiag.sources.nvml.queries import CATALOGUE, sample_fields
+
+log = logging.getLogger(__name__)
+
+# Decoded clock event (throttle) reasons, nvml.h nvmlClocksEventReason*.
+CLOCK_EVENT_REASONS: dict[str, int] = {
+    "gpu_idle": 0x1,
+    "applications_clocks_setting": 0x2,
+    "sw_power_cap": 0x4,
+    "hw_slowdown": 0x8,
+    "sync_boost": 0x10,
+    "sw_thermal_slowdown": 0x20,
+    "hw_thermal_slowdown": 0x40,
+    "hw_power_brake_slowdown": 0x80,
+    "display_clock_setting": 0x100,
+}
+# Named sets of those reasons, so that every consumer means the same thing:
+# - unhealthy: heat, a hardware slowdown or the power brake hold the GPU down. A probe that saw
+#   one is not a healthy run (it never teaches a baseline), and check fails on it.
+UNHEALTHY_REASONS = frozenset(
+    {"hw_slowdown", "sw_thermal_slowdown", "hw_thermal_slowdown", "hw_power_brake_slowdown"}
+)
+# - thermal: heat alone (the thermal-int4 alert and the soak's stop rule look at these).
+THERMAL_REASONS = frozenset({"sw_thermal_slowdown", "hw_thermal_slowdown"})
+# - throttling: what lowers clocks under load, the power cap included (normal at the limit, but a
+#   side of a comparison that saw it while the other did not ran slower for it).
+THROTTLE_REASONS = UNHEALTHY_REASONS | {"sw_power_cap"}
+# Host MemTotal and NVML's total are taken as the same memory when within this fraction.
+UNIFIED_TOLERANCE = 0.02
+
+
+def decode_reasons(mask: int) -> list[str]:
+    """Names of the reasons set in an NVML clock event reasons bitmask."""
+    return [name for name, bit in CLOCK_EVENT_REASONS.items() if mask & bit]
+
+
+def reasons_mask(names: frozenset[str] | set[str]) -> int:
+    """The NVML bitmask of named reasons (the inverse of :func:`decode_reasons`)."""
+    return sum(CLOCK_EVENT_REASONS[name] for name in names)
+
+
+class DeviceLost(Exception):
+    def __init__(self, error: NvmlCallError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+# How old a cached answer of each tier may be, in seconds, whatever the poll interval.
+STATIC_SECONDS = 60.0
+SLOW_SECONDS = 10.0
+
+
+@dataclass(eq=False)
+class GpuSource:
+    """Reads every GPU through an :class:`NvmlBackend`. Not thread-safe: one poller owns it.
+
+    Each query's tier is in its declaration (``sources/nvml/queries.py``): static ones
+    (thresholds, maximum clocks, supported reasons, PCIe maxima, modes) are asked again once their
+    last answer is ``static_seconds`` old, slow ones (ECC, row remapping, replay and violation
+    counters, energy, PCIe throughput, per-process utilization, NVLink) once it is
+    ``slow_seconds`` old, the rest on every read; in between the last answer is reused. Ages are
+    measured at the start of each read with ``clock`` (monotonic seconds), so the tiers follow
+    time, not the number of polls.
+
+    ``processes``: per-process metrics (opt-in); None leaves them out.
+    """
+
+    backend: NvmlBackend
+    static_seconds: float = STATIC_SECONDS
+    slow_seconds: float = SLOW_SECONDS
+    clock: Callable[[], float] = time.monotonic
+    processes: ProcessOptions | None = None
+    # what start() and the reads learn and keep
+    nvml_up: bool = field(init=False, default=False)
+    unavailable_reason: str | None = field(init=False, default=None)
+    driver_version: str = field(init=False, default="")
+    identities: list[GpuIdentity] = field(init=False, default_factory=list)
+    _said_unseen: bool = field(init=False, default=False)
+    _max_age: dict[str, float] = field(init=False, default_factory=dict)
+    _read_at: float = field(init=False, default=0.0)
+    _cache: dict[tuple[int, str, int | None], tuple[float, Any]] = field(
+        init=False, default_factory=dict
+    )
+    _unsupported: set[tuple[int, str, int | None]] = field(init=False, default_factory=set)
+    # NVLinks per device, rebuilt when the slow tier is due (126 queries per GPU)
+    _nvlinks: dict[int, tuple[float, tuple[NvlinkSample, ...]]] = field(
+        init=False, default_factory=dict
+    )
+
+    def __post_init__(self) -> None:
+        # Queries whose answers change rarely or never are asked less often than every poll, to
+        # keep the daemon's cost down (each NVML call is 5-100 µs; a poll of one H200 asks ~45
+        # of them); each query's tier is in its declaration (sources/nvml/queries.py).
+        self._max_age = {"poll": 0.0, "slow": self.slow_seconds, "static": self.static_seconds}
+
+    def start(self) -> bool:
+        """Initialise NVML and read each GPU's identity; False (with a reason) without NVML."""
+        self._read_at = self.clock()
+        try:
+            self.backend.init()
+            self.driver_version = self.backend.driver_version()
+            count = self.backend.device_count()
+        except (NvmlUnavailable, NvmlCallError) as exc:
+            self.nvml_up = False
+            self.unavailable_reason = str(exc)
+            return False
+        self.nvml_up = True
+        self.identities = [self._identity(index) for index in range(count)]
+        return True
+
+    def stop(self) -> None:
+        if self.nvml_up:
+            self.backend.shutdown()
+            self.nvml_up = False
+
+    # -- reading -----------------------------------------------------------------------------
+    def ask(self, index: int, query: str, arg: int | None = None) -> Any:
+        """One catalogue query of one device, through the tiers and the unsupported memory:
+        None when unsupported; raises :class:`DeviceLost` when the GPU is gone. For readers
+        that need less than a full :meth:`read` (``sparkdiag watch``); call :meth:`begin`
+        first at each sampling instant, so that the tiers age."""
+        return self._ask(index, query, arg)
+
+    def begin(self) -> None:
+        """Start a sampling instant: the tiers measure ages from now."""
+        self._read_at = self.clock()
+
+    def _ask(self, index: int, query: str, arg: int | None = None) -> Any:
+        """One query: None when unsupported (remembered); DeviceLost when the GPU is gone."""
+        key = (index, query, arg)
+        if key in self._unsupported:
+            return None
+        max_age = self._max_age[CATALOGUE[query].tier]
+        cached = self._cache.get(key)
+        if cached is not None and self._read_at - cached[0] < max_age:
+            return cached[1]
+        value = self._ask_now(index, query, arg)
+        if max_age > 0:
+            self._cache[key] = (self._read_at, value)
+        return value
+
+    def _ask_now(self, index: int, query: str, arg: int | None) -> Any:
+        key = (index, query, arg)
+        try:
+            return self.backend.query(index, query, arg)
+        except NvmlCallError as exc:
+            if exc.code in LOST_CODES:
+                raise DeviceLost(exc) from None
+            if exc.code in UNAVAILABLE_CODES:
+                self._unsupported.add(key)
+            else:
+                log.debug("GPU %d %s(%s): %s", index, query, arg, exc)
+            return None
+
+    def _identity(self, index: int) -> GpuIdentity:
+        def text(query: str) -> str:
+            try:
+                value = self._ask(index, query)
+            except DeviceLost:
+                return ""
+            return "" if value is None else str(value)
+
+        capability = ""
+        try:
+            cap = self._ask(index, "cuda_capability")
+            if cap is not None:
+                capability = f"{int(cap[0])}.{int(cap[1])}"
+        except DeviceLost:
+            pass
+        return GpuIdentity(
+            index=index,
+            uuid=text("uuid"),
+            name=text("name"),
+            pci_bus_id=text("pci_bus_id"),
+            driver_version=self.driver_version,
+            cuda_capability=capability,
+            memory_model=self._memory_model(index),
+        )
+
+    def _memory_model(self, index: int) -> str:
+        try:
+            info = self.backend.query(index, "memory_info")
+        except NvmlCallError as exc:
+            return "unified" if exc.code == NOT_SUPPORTED else "dedicated"
+        host_total = self.backend.host_memory_total()
+        total = float(info.get("total", 0))
+        if host_total and abs(total - host_total) <= UNIFIED_TOLERANCE * host_total:
+            return "unified"
+        return "dedicated"
+
+    def read(self) -> tuple[GpuSample, ...]:
+        """One poll of every GPU. Never raises for a device error: a lost device is ``up=False``."""
+        if not self.nvml_up:
+            return ()
+        self._read_at = self.clock()
+        return tuple(self._read_device(identity) for identity in self.identities)
+
+    def events(self) -> list[NvmlEvent]:
+        if not self.nvml_up:
+            return []
+        try:
+            return self.backend.poll_events()
+        except NvmlCallError as exc:
+            log.debug("NVML events: %s", exc)
+            return []
+
+    def _links(self, index: int, ask: Callable[..., Any]) -> tuple[NvlinkSample, ...]:
+        """The device's NVLinks, read again only when the slow tier is due: their 126 queries
+        are all slow ones, so in between the last answers would be assembled again for
+        nothing."""
+        cached = self._nvlinks.get(index)
+        if cached is not None and self._read_at - cached[0] < self.slow_seconds:
+            return cached[1]
+        links = read_nvlinks(ask)
+        self._nvlinks[index] = (self._read_at, links)
+        return links
+
+    def _read_device(self, identity: GpuIdentity) -> GpuSample:
+        try:
+            return self._sample(identity)
+        except DeviceLost as lost:
+            return GpuSample(identity=identity, up=False, error=str(lost.error))
+
+    def _sample(self, identity: GpuIdentity) -> GpuSample:
+        i = identity.index
+        ask: Callable[..., Any] = lambda query, arg=None: self._ask(i, query, arg)  # noqa: E731
+
+        # A lost GPU fails at its first query (DeviceLost) and costs that one call per poll; its
+        # uuid, read at start, is not asked again (an answer no collector would read).
+        declared = sample_fields(ask, dedicated=identity.memory_model == "dedicated")
+        procs = ask("compute_processes")
+        activity, occupancy = read_activity(ask)
+        processes: tuple[GpuProcess, ...] | None = None
+        unseen: int | None = None
+        if self.processes is not None and procs is not None:
+            processes, unseen = read_processes(ask, procs, self.processes)
+            if unseen and not self._said_unseen:
+                self._said_unseen = True
+                log.warning(
+                    "GPU %d: NVML lists %d compute process(es) that /proc here does not show: "
+                    "this sparkdiag runs in another PID namespace, so they are exported without "
+                    "name, user or container (run its container with the host's PID namespace, "
+                    "e.g. docker run --pid=host); see sparkdiag_gpu_compute_processes_unseen",
+                    i,
+                    unseen,
+                )
+        return GpuSample(
+            identity=identity,
+            up=True,
+            compute_pids=None if procs is None else tuple(int(p["pid"]) for p in procs),
+            activity_ratio=activity,
+            sm_occupancy_ratio=occupancy,
+            nvlinks=self._links(i, ask),
+            processes=processes,
+            processes_unseen=unseen,
+            **declared,
+        )

@@ -1,0 +1,261 @@
+"""Every shared library with CUDA device code in a Python environment, with the package that
+ships it: what the architecture lint (:mod:`sparkdiag.native`) judges.
+
+The package directories are walked for shared libraries (symlinks not followed); each is read
+with :func:`sparkdiag.sources.software.fatbin.read_fatbin` (headers only). A site-packages with
+torch, its nvidia-* wheels and vLLM holds gigabytes of libraries, so results are kept in a
+:class:`ScanCache` keyed by (path, size, modification time): a library that did not change is
+not read again. The cache is a JSON file in the state directory
+(``cuda-libraries.json``); a cache that cannot be read or written costs a rescan, nothing else.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sparkdiag.sources.files import MIB, read_text_limited
+from sparkdiag.sources.software.elf import NotElf, walk_libraries
+from sparkdiag.sources.software.fatbin import FatbinReport, read_fatbin
+from sparkdiag.sources.software.pyenv import Owner, PythonEnvironment, file_owners
+
+CACHE_NAME = "cuda-libraries.json"
+CACHE_FORMAT = "sparkdiag-cuda-libraries/1"
+CACHE_LIMIT = 32 * MIB
+
+
+@dataclass(frozen=True)
+class CudaLibrary:
+    """One library with device code: where it is (as the machine names it, and ``relative`` to
+    its package directory: ``torch/lib/libtorch_cuda.so``, the same on every machine), the
+    distribution that ships it (when no RECORD lists it, ``package`` is its top directory's
+    name and ``listed`` False), its size and what it carries."""
+
+    path: str
+    relative: str
+    package: str
+    version: str
+    size_bytes: int
+    report: FatbinReport
+    listed: bool = True
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit("/", 1)[-1]
+
+
+@dataclass(frozen=True)
+class LibraryScan:
+    """environment: what was scanned; libraries: those with device code, by path;
+    files: shared libraries looked at; cached: of those, answered from the cache;
+    unreadable: path -> why (not ELF, permission ...); seconds: how long it took."""
+
+    environment: str
+    site_dirs: tuple[str, ...]
+    libraries: tuple[CudaLibrary, ...]
+    files: int
+    cached: int
+    unreadable: Mapping[str, str]
+    seconds: float
+
+
+_Key = tuple[str, int, int]
+
+
+class ScanCache:
+    """(path, size, mtime_ns) -> the library's report, or None for no device code."""
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.entries: dict[_Key, FatbinReport | None] = {}
+        self.changed = False
+        if path is not None:
+            self._load(path)
+
+    def _load(self, path: Path) -> None:
+        try:
+            doc = json.loads(read_text_limited(path, CACHE_LIMIT))
+            if doc.get("format") != CACHE_FORMAT:
+                return
+            for item in doc["libraries"]:
+                key = (str(item["path"]), int(item["size"]), int(item["mtime_ns"]))
+                report = item["report"]
+                self.entries[key] = None if report is None else FatbinReport.from_json(report)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            self.entries = {}  # unreadable or another format: start again
+
+    def get(self, key: _Key) -> tuple[bool, FatbinReport | None]:
+        if key in self.entries:
+            return True, self.entries[key]
+        return False, None
+
+    def put(self, key: _Key, report: FatbinReport | None) -> None:
+        self.entries[key] = report
+        self.changed = True
+
+    def keep_only(self, keys: Iterable[_Key], under: Iterable[Path]) -> None:
+        """Forget the libraries under the directories ``under`` that this scan did not see as
+        they are now (removed or changed), so the file does not grow forever; entries of other
+        environments stay."""
+        wanted = set(keys)
+        prefixes = tuple(str(p.resolve()) + os.sep for p in under)
+        stale = [k for k in self.entries if k not in wanted and k[0].startswith(prefixes)]
+        for key in stale:
+            del self.entries[key]
+        self.changed = self.changed or bool(stale)
+
+    def save(self) -> None:
+        """Write the cache (atomically) when it changed; errors are ignored (a rescan)."""
+        if self.path is None or not self.changed:
+            return
+        doc = {
+            "format": CACHE_FORMAT,
+            "libraries": [
+                {
+                    "path": path,
+                    "size": size,
+                    "mtime_ns": mtime,
+                    "report": None if report is None else report.as_json(),
+                }
+                for (path, size, mtime), report in sorted(self.entries.items())
+            ],
+        }
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(doc), encoding="utf-8")
+            os.replace(tmp, self.path)
+            self.changed = False
+        except OSError:
+            return
+
+
+def _top_package(path: Path, site: Path) -> str:
+    try:
+        first = path.relative_to(site).parts[0]
+    except (ValueError, IndexError):
+        return ""
+    return first.split(".", 1)[0].replace("_", "-").lower()
+
+
+def scan(env: PythonEnvironment, cache: ScanCache | None = None) -> LibraryScan:
+    """Every library with device code under ``env``'s package directories.
+
+    Same reading as ``find SITE -name '*.so*' -exec cuobjdump --list-elf --list-ptx {} \\;``
+    with ``pip show -f`` for the owner. Files that resolve to one already seen are read once.
+    """
+    started = time.monotonic()
+    cache = cache or ScanCache(None)
+    found: list[CudaLibrary] = []
+    unreadable: dict[str, str] = {}
+    seen: set[Path] = set()
+    keys: list[_Key] = []
+    files = cached = 0
+    for site in env.site_dirs:
+        owners = file_owners(site)
+        for path in walk_libraries(site):
+            real = path.resolve()
+            if real in seen:
+                continue
+            seen.add(real)
+            files += 1
+            try:
+                stat = real.stat()
+            except OSError as exc:
+                unreadable[env.show(path)] = exc.strerror or str(exc)
+                continue
+            key = (str(real), stat.st_size, stat.st_mtime_ns)
+            keys.append(key)
+            hit, report = cache.get(key)
+            if hit:
+                cached += 1
+            else:
+                try:
+                    report = read_fatbin(real)
+                except NotElf:
+                    report = None  # a linker script or a stub named .so
+                except OSError as exc:
+                    unreadable[env.show(path)] = exc.strerror or str(exc)
+                    continue
+                cache.put(key, report)
+            if report is None or not report.has_gpu_code:
+                continue
+            owner = owners.get(real)
+            listed = owner is not None
+            owner = owner or Owner(_top_package(path, site), "")
+            relative = str(path.relative_to(site))
+            found.append(
+                CudaLibrary(
+                    env.show(path),
+                    relative,
+                    owner.package,
+                    owner.version,
+                    stat.st_size,
+                    report,
+                    listed,
+                )
+            )
+    cache.keep_only(keys, env.site_dirs)
+    cache.save()
+    return LibraryScan(
+        environment=env.described,
+        site_dirs=tuple(env.show(d) for d in env.site_dirs),
+        libraries=tuple(sorted(found, key=lambda lib: (lib.package, lib.path))),
+        files=files,
+        cached=cached,
+        unreadable=unreadable,
+        seconds=time.monotonic() - started,
+    )
+
+
+def scan_json(result: LibraryScan) -> dict[str, Any]:
+    """The scan as JSON (the library reports in full)."""
+    return {
+        "environment": result.environment,
+        "site_dirs": list(result.site_dirs),
+        "files": result.files,
+        "cached": result.cached,
+        "seconds": round(result.seconds, 3),
+        "unreadable": dict(result.unreadable),
+        "libraries": [
+            {
+                "path": lib.path,
+                "relative": lib.relative,
+                "package": lib.package,
+                "version": lib.version,
+                "listed_in_record": lib.listed,
+                "size_bytes": lib.size_bytes,
+                **lib.report.as_json(),
+            }
+            for lib in result.libraries
+        ],
+    }
+
+
+def scan_from_json(doc: Mapping[str, Any]) -> LibraryScan:
+    """The inverse of :func:`scan_json` (the daemon reads the scan its child process made);
+    ValueError, KeyError or TypeError on a document that is not one."""
+    return LibraryScan(
+        environment=str(doc["environment"]),
+        site_dirs=tuple(str(d) for d in doc["site_dirs"]),
+        libraries=tuple(
+            CudaLibrary(
+                path=str(item["path"]),
+                relative=str(item["relative"]),
+                package=str(item["package"]),
+                version=str(item["version"]),
+                size_bytes=int(item["size_bytes"]),
+                report=FatbinReport.from_json(item),
+                listed=bool(item["listed_in_record"]),
+            )
+            for item in doc["libraries"]
+        ),
+        files=int(doc["files"]),
+        cached=int(doc["cached"]),
+        unreadable={str(k): str(v) for k, v in dict(doc["unreadable"]).items()},
+        seconds=float(doc["seconds"]),
+    )
