@@ -2,9 +2,11 @@
 # On the lent H200, the final call: the storage probe's path into the GPU and fio beside the probe
 # after the fix, within a HARD budget of 45 s for the whole script (every step runs under
 # `timeout` with what is left of it, 3 s kept for the archive and the table). Typically ~30 s:
-#   1. kvikio from the carried wheels (.whl/kvikio_cu13-*.whl, .whl/libkvikio_cu13-*.whl), only
-#      these, pip install --no-index --no-deps --target /tmp/site (cupy, numpy and
-#      nvidia-cufile are on the machine); at most 8 s;
+#   1. kvikio from the carried wheels (.whl/kvikio_cu13-*.whl, .whl/libkvikio_cu13-*.whl and
+#      .whl/rapids_logger-*.whl, which libkvikio needs: without it the 2026-12-03 call's worker
+#      could not load libkvikio.so, while the exploratory call, which installed every wheel,
+#      read through CuFile), pip install --no-index --no-deps --target /tmp/site (cupy, numpy
+#      and nvidia-cufile are on the machine); at most 8 s;
 #   2. sparkdiag storage on a 1 GiB file on the root disk with --storage.gpu 0: write and read
 #      (host), then the worker reads the same file into pinned host memory, on into GPU memory,
 #      and by cuFile (gds, with its mode: GPUDirect or a compatibility mode); at most 22 s;
@@ -59,7 +61,8 @@ trap restore EXIT
 
 if ls .whl/kvikio*.whl >/dev/null 2>&1 && ! python3 -c "import kvikio" 2>/dev/null; then
   step "kvikio from the carried wheels" 8 python3 -m pip install -q --no-index --no-deps \
-    --no-compile --no-cache-dir --target /tmp/site .whl/kvikio*.whl .whl/libkvikio*.whl
+    --no-compile --no-cache-dir --target /tmp/site .whl/kvikio*.whl .whl/libkvikio*.whl \
+    .whl/rapids_logger*.whl
 fi
 
 step "sparkdiag storage $DIR --storage.gpu 0 ($SIZE)" 22 bash -c \
