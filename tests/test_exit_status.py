@@ -263,9 +263,15 @@ def test_commands_return_their_status_and_only_the_lifecycle_installs_handlers()
     """Commands return an Exit (or raise a SparkdiagError): the group (cli.py) alone makes it
     the process's status, and lifecycle.py alone installs signal handlers. The programs
     sparkdiag runs as processes of their own (the worker, the container relay, the storage
-    probe) end as programs do."""
+    probe, the daemon's library scan) end as programs do."""
     package = ROOT / "sparkdiag"
-    allowed = {"cli.py", "lifecycle.py", "probe/relay.py", "storage/measure.py"}
+    allowed = {
+        "cli.py",
+        "lifecycle.py",
+        "probe/relay.py",
+        "storage/measure.py",
+        "native/scan_child.py",
+    }
     found = [
         call
         for path in sorted(package.rglob("*.py"))
