@@ -22,14 +22,14 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import multi_gpu_read as rd
 from multi_gpu_job import SCRIPT
 from prom_session import PromSession, free_port
 
-if TYPE_CHECKING:
-    from multi_gpu import Run
+# the driver's Run (multi_gpu.py), which imports this module: named here, not imported
+Run = Any
 
 STALLED = "SparkdiagGpuStalled"
 READINGS = {

@@ -13,13 +13,13 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import multi_gpu_read as rd
 from prom_session import PromSession
 
-if TYPE_CHECKING:
-    from multi_gpu import Run
+# the driver's Run (multi_gpu.py), which imports this module: named here, not imported
+Run = Any
 
 JOB_ALERT = "SparkdiagGpuSlowerThanPeers"
 
