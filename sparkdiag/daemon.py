@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import logging
-import sys
 import threading
 from collections.abc import Callable
 
@@ -73,7 +72,7 @@ def serve(settings: Settings, life: Lifecycle | None = None) -> None:
     try:
         _serve(settings, life, poller, address, web)
     finally:
-        stopped = stop_workers() + _stop_storage_probes()
+        stopped = stop_workers()
         if stopped:
             log.info("stopped %d running probe worker(s)", stopped)
         poller.gpu.stop()
@@ -193,7 +192,6 @@ def _serve(
         server.shutdown()
         server.server_close()
         stop_workers()  # a probe thread blocked on its worker returns at once
-        _stop_storage_probes()
         for hot in probes.hot:
             hot.interrupt()
         for thread in threads:
@@ -215,13 +213,6 @@ def _probe_collectors(probes: Probes, state: ProbeState) -> list[SnapshotCollect
         HotProbeCollector(state.view),
         PeerCollector(state.view),
     ]
-
-
-def _stop_storage_probes() -> int:
-    """Kill the running storage probes; 0 when the storage probe was never imported (it is
-    off by default, and then neither it nor its store loads)."""
-    run = sys.modules.get("sparkdiag.storage.run")
-    return 0 if run is None else int(run.kill_running())
 
 
 def _status(poller: Poller, state: ProbeState) -> str:

@@ -44,11 +44,23 @@ class Probes:
         return next((s.store for s in self.all if s.store is not None), None)
 
 
+# The daemon's child processes, by the module that starts them and its function that kills the
+# running ones: the probe workers, and the storage probes (off by default).
+_RUNNERS = (
+    ("sparkdiag.probe.runner", "kill_running_workers"),
+    ("sparkdiag.storage.run", "kill_running"),
+)
+
+
 def stop_workers() -> int:
-    """Kill the probe workers running now (their process groups) and return how many; 0 when
-    the probe runner was never imported, since no worker can have started then."""
-    runner = sys.modules.get("sparkdiag.probe.runner")
-    return 0 if runner is None else int(runner.kill_running_workers())
+    """Kill the probe workers and storage probes running now (their process groups) and return
+    how many; a kind whose module was never imported counts 0, since none can have started."""
+    stopped = 0
+    for module, kill in _RUNNERS:
+        runner = sys.modules.get(module)
+        if runner is not None:
+            stopped += int(getattr(runner, kill)())
+    return stopped
 
 
 def build_schedulers(settings: Settings, poller: Poller, state: ProbeState) -> Probes:
