@@ -30,7 +30,7 @@ from sparkdiag.probe.worker.plan import plan_suite
 from sparkdiag.scheduling.probe_state import ProbeState
 from sparkdiag.scheduling.scheduler import ProbeScheduler
 from sparkdiag.snapshot import Snapshot
-from tests.support import NVML, ROOT, ROOTFS, SYSFS, run_cli
+from tests.support import NVML, ROOT, machine_args, run_cli
 from tests.support import fixture_snapshot as snapshot
 from tests.support.check import context
 from tests.support.e2e import probe_document, write_probe_fixture
@@ -344,18 +344,17 @@ def test_one_gpu_learns_against_the_reference_alone(tmp_path: Path) -> None:
 # -- sparkdiag check on eight GPUs ----------------------------------------------------------------
 
 
-def run_check(tmp_path: Path, fixture: Path, *extra: str) -> tuple[int, dict[str, Any]]:
+def run_check(
+    tmp_path: Path, fixture: Path, *extra: str, nvml: str = "h200-x8"
+) -> tuple[int, dict[str, Any]]:
     result = run_cli(
         "check",
         "--json",
         "--nvml-fixture",
-        str(NVML / "h200-x8.json"),
+        str(NVML / f"{nvml}.json"),
         "--probe.fixture",
         str(fixture),
-        "--path.sysfs",
-        str(SYSFS / "h200-vm"),
-        "--path.rootfs",
-        str(ROOTFS / "native"),
+        *machine_args("h200-vm"),
         "--state-dir",
         str(tmp_path / "state"),
         *extra,
@@ -392,22 +391,8 @@ def test_check_warns_at_five_percent_and_passes_two_percent_noise(tmp_path: Path
 
 def test_check_on_one_gpu_has_no_peer_and_quick_skips(tmp_path: Path) -> None:
     fixture = write_probe_fixture(tmp_path / "p.json", [probe_document(X8[0])])
-    result = run_cli(
-        "check",
-        "--json",
-        "--nvml-fixture",
-        str(NVML / "h200-idle.json"),
-        "--probe.fixture",
-        str(fixture),
-        "--path.sysfs",
-        str(SYSFS / "h200-vm"),
-        "--path.rootfs",
-        str(ROOTFS / "native"),
-        "--state-dir",
-        str(tmp_path / "state"),
-        timeout=120,
-    )
-    (row,) = rows(json.loads(result.stdout), "peers")
+    _code, report = run_check(tmp_path, fixture, nvml="h200-idle")
+    (row,) = rows(report, "peers")
     assert row["status"] == "skip" and "no peer" in row["finding"]
     _code, report = run_check(tmp_path, fixture, "--quick")
     assert rows(report, "peers")[0]["status"] == "skip"

@@ -352,6 +352,18 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
     proc.wait()
 
 
+def watch_argv(args: argparse.Namespace, out: Path, name: str) -> list[str]:
+    """``sparkdiag watch`` as every run calls it: JSON, the tick interval, the recording, the
+    plot where matplotlib is there and the NVML fixture of a dry run; the job comes after."""
+    watch = [sys.executable, "-m", "sparkdiag", "watch", "--json", "--interval",
+             str(args.interval), "--record", str(out / f"{name}.recording.json")]  # fmt: skip
+    if not args.no_plot and importlib.util.find_spec("matplotlib") is not None:
+        watch += ["--plot", str(out / f"{name}.png")]
+    if args.nvml_fixture:
+        watch += ["--nvml-fixture", args.nvml_fixture]
+    return watch
+
+
 def run_once(
     args: argparse.Namespace, name: str, watched: bool, out: Path
 ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str]:
@@ -362,12 +374,7 @@ def run_once(
     result.unlink(missing_ok=True)
     cmd = job_argv(args, name, result, clean=not watched and name in CLEAN_ALONE)
     if watched:
-        watch = [sys.executable, "-m", "sparkdiag", "watch", "--json", "--interval",
-                 str(args.interval), "--record", str(out / f"{name}.recording.json")]  # fmt: skip
-        if not args.no_plot and importlib.util.find_spec("matplotlib") is not None:
-            watch += ["--plot", str(out / f"{name}.png")]
-        if args.nvml_fixture:
-            watch += ["--nvml-fixture", args.nvml_fixture]
+        watch = watch_argv(args, out, name)
         cmd = [*watch, "--", *cmd]
     log = out / f"{name}.{'watch' if watched else 'alone'}.log"
     neighbour = start_neighbour(args) if watched and name in _neighboured(args) else None
@@ -448,12 +455,7 @@ def run_pair_once(
             neighbour_go.touch()
             NEIGHBOURS[name] = neighbour.pid
             time.sleep(PAIR_NEIGHBOUR_SECONDS)
-        watch = [sys.executable, "-m", "sparkdiag", "watch", "--json", "--interval",
-                 str(args.interval), "--record", str(out / f"{name}.recording.json")]  # fmt: skip
-        if not args.no_plot and importlib.util.find_spec("matplotlib") is not None:
-            watch += ["--plot", str(out / f"{name}.png")]
-        if args.nvml_fixture:
-            watch += ["--nvml-fixture", args.nvml_fixture]
+        watch = watch_argv(args, out, name)
         with (out / f"{name}.watch.log").open("w") as watch_log:
             watcher = subprocess.Popen([*watch, "--pid", str(job.pid)], cwd=ROOT,
                                        stdout=subprocess.PIPE, stderr=watch_log, text=True,
