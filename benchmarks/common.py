@@ -74,9 +74,11 @@ def free_port() -> int:
 
 
 def proc_usage(pid: int) -> tuple[float, float]:
-    """(CPU seconds user + system, RSS MiB) of a running process, from /proc."""
+    """(CPU seconds user + system, RSS MiB) of a running process, from /proc. The CPU counts
+    the children it has waited for (cutime, cstime) too: the daemon's library scan and probe
+    workers run as its children, and their time is the daemon's cost."""
     stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    cpu = (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+    cpu = sum(int(v) for v in stat[11:15]) / os.sysconf("SC_CLK_TCK")
     return cpu, int(stat[21]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
