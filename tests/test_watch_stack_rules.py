@@ -596,6 +596,33 @@ def test_a_backward_compiled_on_the_autograd_engine_s_thread_is_recompiling() ->
     assert "8 stretches of compiling, the longest 3.5 s" in " ".join(cause.evidence)
 
 
+TORN = (frame("TorchDispatchMode.__enter__", "torch/utils/_python_dispatch.py", 173),)
+AT_EXIT = (frame("shutdown_compile_workers", "torch/_inductor/async_compile.py", 120),)
+
+
+def test_a_stack_py_spy_read_torn_says_nothing() -> None:
+    """The H200's rerun of compile-recompile: py-spy reads without stopping the job, and now
+    and then read only the innermost frame of a compiling thread's deep stack, a torch frame
+    that alone reads as launching (11 % launcher beside 88 % recompiling). A stack of a thread
+    the job started that does not begin at the thread's usual first frame is torn and says
+    nothing; after the last tick at that frame (exit handlers) stacks are read as they come."""
+
+    def at(i: int) -> list[tuple[Stack, float]]:
+        return [(AT_EXIT, 1.0)] if i >= 76 else [(COMPILE, 0.6), (TORN, 0.4)]
+
+    rec = with_stacks(timeline(util=0.0, sm=0.0, thread=0.9), at)
+    readings = read_recording(rec)
+    torn = next(i for i, s in enumerate(rec.stacks) if rec.frames[s[0]].function != "<module>"
+                and rec.frames[s[0]].function.endswith("__enter__"))  # fmt: skip
+    assert readings.stacks[torn].activity == st.NOTHING
+    exit_stack = next(i for i, s in enumerate(rec.stacks)
+                      if rec.frames[s[0]].function == "shutdown_compile_workers")  # fmt: skip
+    assert readings.stacks[exit_stack].activity != st.NOTHING
+    assert read(TORN).activity == st.LAUNCH  # what it read as before
+    d = diagnose(rec)
+    assert "cpu-bound-launcher" not in names(d), d.causes
+
+
 TEARDOWN = loop(45, "trainer.fit(model)",
                 frame("Trainer._run", "lightning/pytorch/trainer/trainer.py", 1062),
                 frame("Strategy.teardown", "lightning/pytorch/strategies/strategy.py", 532),

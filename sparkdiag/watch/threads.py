@@ -200,8 +200,55 @@ def gpu_pids(rec: Recording) -> frozenset[int]:
     return frozenset(p.pid for t in rec.ticks for p in t.job.loads if p.on_gpu)
 
 
+def _root(rec: Recording, stack: int) -> tuple[str, str] | None:
+    ids = rec.stacks[stack]
+    return (rec.frames[ids[0]].file, rec.frames[ids[0]].function) if ids else None
+
+
+def _torn(rec: Recording, readings: list[st.Reading]) -> list[st.Reading]:
+    """Stacks py-spy read torn say nothing (``NOTHING``). It reads the job's memory without
+    stopping it (``--nonblocking``), so a sample can hold only the innermost frames of a deep
+    stack: on the H200 a training thread compiling with ``torch.compile`` (stacks of 100 frames
+    and more) read a lone ``TorchDispatchMode.__enter__`` or ``Node.prepend`` now and then, and
+    those torch frames read as launching (an 11 % launcher beside the recompiling). A thread
+    the job started always begins at the same frame (the script's ``<module>``, runpy's
+    ``_run_module_as_main``, ``Thread._bootstrap``): a stack of its that begins elsewhere,
+    in a tick before the last one that saw it there, is torn (after that, the interpreter's
+    exit handlers run outside ``<module>``: an ``atexit`` shutting inductor's compile workers
+    down took 1.1 s of that job's last ticks). Threads torch's C++ started (the autograd
+    engine's: their usual first frame is torch's) begin anywhere in torch and are left as read.
+    """
+    roots: dict[int, dict[tuple[str, str], float]] = {}
+    for tick in rec.ticks:
+        for s in tick.stacks:
+            root = _root(rec, s.stack)
+            if root is not None:
+                seen = roots.setdefault(s.thread, {})
+                seen[root] = seen.get(root, 0.0) + s.seconds
+    usual = {}
+    for thread, seen in roots.items():
+        root = max(seen, key=lambda r: seen[r])
+        if not (st.library_path(root[0]) or "").startswith("torch/"):
+            usual[thread] = root
+    last: dict[int, int] = {}  # thread -> the last tick in which it was at its usual root
+    for k, tick in enumerate(rec.ticks):
+        for s in tick.stacks:
+            if s.thread in usual and _root(rec, s.stack) == usual[s.thread]:
+                last[s.thread] = k
+    torn = {
+        s.stack
+        for k, tick in enumerate(rec.ticks)
+        for s in tick.stacks
+        if s.thread in usual
+        and k < last.get(s.thread, -1)
+        and _root(rec, s.stack) not in (None, usual[s.thread])
+    }
+    return [st.Reading(st.NOTHING, None) if i in torn else r for i, r in enumerate(readings)]
+
+
 def read_recording(rec: Recording) -> Readings:
-    readings = _after_sync(rec, [st.read([rec.frames[i] for i in s], s) for s in rec.stacks])
+    readings = [st.read([rec.frames[i] for i in s], s) for s in rec.stacks]
+    readings = _after_sync(rec, _torn(rec, readings))
     training = _training(rec, readings)
     on_gpu = gpu_pids(rec)
     feeding = frozenset(t for t in training if rec.threads[t].pid in on_gpu) or training
