@@ -29,6 +29,8 @@ import os
 import re
 import ssl
 import stat
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from itertools import accumulate
 from pathlib import Path
 from typing import Any
@@ -67,6 +69,20 @@ def read_file(path: Path, limit: int) -> bytes:
     if got > limit:
         raise LoadError(f"larger than {_size(limit)}")
     return b"".join(chunks)
+
+
+@contextmanager
+def reading(path: Path, error: Callable[[str], Exception], what: str = "") -> Iterator[None]:
+    """Within it, an OSError or a :class:`LoadError` about ``path`` is raised again as
+    ``error(line)``, one line that names the file: ``cannot read WHAT PATH: REASON`` or ``WHAT
+    PATH: REASON`` (``what``: the file's kind, ``NVML fixture``; none by default)."""
+    named = f"{what} {path}" if what else str(path)
+    try:
+        yield
+    except OSError as exc:
+        raise error(f"cannot read {named}: {exc.strerror or exc}") from None
+    except LoadError as exc:
+        raise error(f"{named}: {exc}") from None
 
 
 def _kind(mode: int) -> str:

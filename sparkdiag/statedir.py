@@ -23,8 +23,9 @@ import os
 import pwd
 import stat
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from sparkdiag.errors import SparkdiagError
 
@@ -140,20 +141,26 @@ def write_atomically(path: Path, data: bytes) -> None:
                 os.unlink(tmp)
 
 
-def read_json_state(path: Path, limit: int, what: str) -> tuple[object, str | None] | None:
-    """A state file's decoded JSON (at most ``limit`` bytes), or why it cannot be used:
-    ``(doc, None)``, ``(None, reason)``, or None when there is no file. ``what`` names the file's
-    kind in the reason (``a soak state file``)."""
+def read_json_state(
+    path: Path, limit: int, what: str, schema: str, error: Callable[[str], Exception]
+) -> Mapping[str, Any] | None:
+    """A state file's decoded JSON object (at most ``limit`` bytes) whose ``schema`` is
+    ``schema``, or None when there is no file; ``error(reason)`` is raised when it cannot be used
+    (unreadable, too large, not JSON, another schema). ``what`` names the file's kind in the
+    reason (``a soak state file``)."""
     try:
         with path.open("rb") as fh:
             raw = fh.read(limit + 1)
     except FileNotFoundError:
         return None
     except OSError as exc:
-        return None, f"cannot read {path}: {exc.strerror or exc}"
+        raise error(f"cannot read {path}: {exc.strerror or exc}") from None
     if len(raw) > limit:
-        return None, f"{path}: larger than {limit} bytes; not {what}"
+        raise error(f"{path}: larger than {limit} bytes; not {what}")
     try:
-        return json.loads(raw.decode("utf-8")), None
+        doc = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
-        return None, f"{path} is damaged: not JSON ({exc})"
+        raise error(f"{path} is damaged: not JSON ({exc})") from None
+    if not isinstance(doc, Mapping) or doc.get("schema") != schema:
+        raise error(f"{path} is not {what} (schema {schema})")
+    return doc

@@ -63,12 +63,8 @@ def read_secret(path: Path) -> bytes:
             f"{path} can be read by other users (mode {stat.S_IMODE(mode):03o}): chmod 600 {path}",
             flag=FLAG,
         )
-    try:
+    with safeload.reading(path, lambda line: UsageError(line, flag=FLAG)):
         secret = safeload.text(safeload.read_file(path, MAX_SECRET_BYTES)).strip()
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}", flag=FLAG) from None
-    except safeload.LoadError as exc:
-        raise UsageError(f"{path}: {exc}", flag=FLAG) from None
     if len(secret) < MIN_SECRET:
         raise UsageError(
             f"{path}: a secret of {len(secret)} characters is too short (at least {MIN_SECRET}; "

@@ -17,7 +17,7 @@ each entry's gate), asked as if torch had every API, so that only the compute ca
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from sparkdiag.probe.worker.dtypes import DTYPE_KERNELS, DeviceInfo
@@ -80,14 +80,7 @@ class Order:
         return self.ratio < SLOWER
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "dtype": self.dtype,
-            "wider": self.wider,
-            "shape": self.shape,
-            "tflops": self.tflops,
-            "wider_tflops": self.wider_tflops,
-            "ratio": self.ratio,
-        }
+        return {**asdict(self), "ratio": self.ratio}
 
 
 def orders(delivered: Iterable[tuple[str, str, float]], capability: tuple[int, int]) -> list[Order]:

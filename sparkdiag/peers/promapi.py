@@ -69,13 +69,8 @@ class Connection:
 def read_secret(path: Path, flag: str) -> str:
     """A password or token file, trailing whitespace removed (as Prometheus reads them): a
     regular file of at most 64 KiB, UTF-8, without control characters (it goes into a header)."""
-    try:
-        raw = safeload.read_file(path, MAX_SECRET_BYTES)
-        secret = safeload.text(raw).strip()
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}", flag=flag) from None
-    except safeload.LoadError as exc:
-        raise UsageError(f"{path}: {exc}", flag=flag) from None
+    with safeload.reading(path, lambda line: UsageError(line, flag=flag)):
+        secret = safeload.text(safeload.read_file(path, MAX_SECRET_BYTES)).strip()
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in secret):
         raise UsageError(f"{path}: a control character in the secret", flag=flag)
     return secret
@@ -106,12 +101,8 @@ def from_http_config(path: Path, url: str, timeout: float) -> Connection:
     flag = "--http.config.file"
     from sparkdiag.safeyaml import load_yaml  # PyYAML only when a YAML file is read
 
-    try:
+    with safeload.reading(path, lambda line: UsageError(line, flag=flag)):
         doc = load_yaml(path, MAX_CONFIG_BYTES) or {}
-    except OSError as exc:
-        raise UsageError(f"cannot read {path}: {exc.strerror or exc}", flag=flag) from None
-    except safeload.LoadError as exc:
-        raise UsageError(f"{path}: {exc}", flag=flag) from None
     top = _table(doc, _HTTP_KEYS, "the file", path)
     basic = _table(top.get("basic_auth"), _BASIC_KEYS, "basic_auth", path)
     auth = _table(top.get("authorization"), _AUTHORIZATION_KEYS, "authorization", path)

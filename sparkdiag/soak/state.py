@@ -111,19 +111,9 @@ def state_path(state_dir: Path | None) -> Path:
 
 def read_state(path: Path) -> SoakState | None:
     """The state file, or None when there is none; SoakStateError when it cannot be used."""
-    found = read_json_state(path, MAX_BYTES, "a soak state file")
-    if found is None:
+    doc = read_json_state(path, MAX_BYTES, "a soak state file", SCHEMA, SoakStateError)
+    if doc is None:
         return None
-    doc, why = found
-    if why is not None:
-        raise SoakStateError(why)
-    return parse_state(doc, path)
-
-
-def parse_state(doc: Any, path: Path | str = "soak state") -> SoakState:
-    """A decoded JSON value as a state; SoakStateError when it is not one."""
-    if not isinstance(doc, Mapping) or doc.get("schema") != SCHEMA:
-        raise SoakStateError(f"{path} is not a soak state file (schema {SCHEMA})")
     gpus = doc.get("gpus")
     parsed = (_gpu(g) for g in (gpus if isinstance(gpus, list) else []))
     return SoakState(tuple(g for g in parsed if g is not None))

@@ -75,14 +75,9 @@ def state_path(state_dir: Path | None) -> Path:
 
 def read_state(path: Path) -> tuple[KeptProbe, ...] | None:
     """The kept probes, or None when there is no file; StorageStateError when it is unusable."""
-    found = read_json_state(path, MAX_BYTES, "a storage state file")
-    if found is None:
+    doc = read_json_state(path, MAX_BYTES, "a storage state file", SCHEMA, StorageStateError)
+    if doc is None:
         return None
-    doc, why = found
-    if why is not None:
-        raise StorageStateError(why)
-    if not isinstance(doc, Mapping) or doc.get("schema") != SCHEMA:
-        raise StorageStateError(f"{path} is not a storage state file (schema {SCHEMA})")
     mounts = doc.get("mounts")
     parsed = (_probe(m) for m in (mounts if isinstance(mounts, list) else []))
     return tuple(p for p in parsed if p is not None)

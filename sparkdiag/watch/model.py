@@ -383,12 +383,8 @@ MAX_RECORDING_BYTES = 64 << 20  # an hour of ticks at 1 s is a few MiB
 
 
 def load(path: Path) -> Recording:
-    try:
+    with safeload.reading(path, RecordingError):
         doc = safeload.load_json(path, MAX_RECORDING_BYTES)
-    except OSError as exc:
-        raise RecordingError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except safeload.LoadError as exc:
-        raise RecordingError(f"{path}: {exc}") from None
     try:
         return from_json(doc)
     except RecordingError as exc:

@@ -72,12 +72,8 @@ VALID_KEYS = answer_keys()
 
 
 def _read_json(path: Path) -> dict[str, Any]:
-    try:
+    with safeload.reading(path, FixtureError, "NVML fixture"):
         doc = safeload.load_json(path, MAX_FIXTURE_BYTES)
-    except OSError as exc:
-        raise FixtureError(f"cannot read NVML fixture {path}: {exc.strerror or exc}") from None
-    except safeload.LoadError as exc:
-        raise FixtureError(f"NVML fixture {path}: {exc}") from None
     if not isinstance(doc, dict):
         raise FixtureError(f"NVML fixture {path} must hold a JSON object, not {type(doc).__name__}")
     fmt = doc.get("format")
