@@ -20,8 +20,10 @@ Everything runs at the same time, for one window of ``--seconds`` (default 120):
 * the floors, each a Python that wakes once a second as the daemon polls: ``python`` (nothing
   imported), ``nvml`` (NVML initialised and one query a second; on fixtures: the fixture
   backend loaded and one query a second, so the floor here is Python + the fixture backend, not
-  the NVML library), ``deps`` (that and the daemon's dependencies imported: psutil,
-  prometheus-client, click, PyYAML, h11, bcrypt) and ``cli`` (that and ``sparkdiag.cli``).
+  the NVML library), ``stack`` (that and what the idle daemon imports from outside sparkdiag
+  that weighs: asyncio with ssl, click, h11, pyudev, sqlite3), ``deps`` (``nvml`` and the list
+  the issue's floor imported: psutil, prometheus-client, click, PyYAML, h11, bcrypt) and
+  ``cli`` (``deps`` and ``sparkdiag.cli``).
 
 Before the window each exporter is scraped ``--warm-scrapes`` times, 1.1 s apart, as Prometheus
 asks (the issue's figure was taken after such scrapes); in the window nobody scrapes, unless
@@ -66,6 +68,13 @@ PROMETHEUS = {
     "Accept-Encoding": "gzip",
 }
 DEPS = ("psutil", "prometheus_client", "click", "yaml", "h11", "bcrypt")
+# What the idle daemon itself imports from outside sparkdiag that weighs (sys.modules of a
+# `serve` on the 1-GPU fixture, 2026-12-04): its HTTP server runs on asyncio, which imports ssl
+# (OpenSSL's libraries), the CLI on click, h11 parses HTTP, pyudev reads host links, sqlite3
+# keeps the probe's baselines. psutil, prometheus_client, PyYAML and bcrypt are not among them
+# (prometheus_client and bcrypt are imported only when a scrape asks for OpenMetrics or basic
+# auth is configured; psutil is a test dependency).
+STACK = ("asyncio", "ssl", "click", "h11", "pyudev", "sqlite3")
 PEERS = ("nvitop", "nvitop_exporter", "pynvml")
 
 # The floors: each prints "ready" once set up, then wakes once a second.
@@ -92,6 +101,7 @@ def floors(real: bool, fixture: Path) -> dict[str, str]:
     return {
         "python": _LOOP.format(work="pass"),
         "nvml": setup + _LOOP.format(work=work),
+        "stack": setup + "".join(f"import {name}\n" for name in STACK) + _LOOP.format(work=work),
         "deps": setup + deps + _LOOP.format(work=work),
         "cli": setup + deps + "import sparkdiag.cli\n" + _LOOP.format(work=work),
     }

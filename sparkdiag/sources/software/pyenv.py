@@ -10,7 +10,6 @@ without importing the packages).
 
 from __future__ import annotations
 
-import importlib.metadata
 import json
 import os
 import subprocess
@@ -18,9 +17,12 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkdiag.sources.files import MIB, read_text_limited
+
+if TYPE_CHECKING:
+    import importlib.metadata
 
 PATH_SCRIPT = "import json, sys; print(json.dumps([p for p in sys.path if p]))"
 # Where Debian/Ubuntu Pythons, python.org builds, NGC images and conda put packages.
@@ -169,6 +171,9 @@ def file_owners(site: Path, suffixes: tuple[str, ...] = (".so",)) -> dict[Path, 
 
     Same reading as ``python -m pip show -f PACKAGE``. A RECORD larger than 64 MiB is skipped.
     """
+    import importlib.metadata  # 4.6 MiB resident with what it imports (zipfile, csv, email):
+    # the daemon imports this module but scans in a child process, which alone needs it
+
     owners: dict[Path, Owner] = {}
     try:
         dists = list(importlib.metadata.distributions(path=[str(site)]))
