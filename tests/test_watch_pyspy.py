@@ -234,9 +234,10 @@ def test_whose_stacks_are_recorded(tmp_path: Path) -> None:
     for pid, name in ((10, "bash"), (11, "python3"), (12, "pt_data_worker"), (13, "python3.11")):
         (root / "proc" / str(pid)).mkdir(parents=True)
         (root / "proc" / str(pid) / "comm").write_text(name + "\n")
-    # on the GPU first, then the other Python processes (a launcher, a rank off the GPU)
-    assert stack_sampler.targets(root, [10, 11, 12, 13], {13}) == [13, 11]
-    assert stack_sampler.targets(root, [10, 11, 12, 13], set()) == [11, 13]  # no loaders
+    # on the GPU first, then the other Python processes (a launcher, a rank off the GPU), the
+    # DataLoader workers last
+    assert stack_sampler.targets(root, [10, 11, 12, 13], {13}) == [13, 11, 12]
+    assert stack_sampler.targets(root, [10, 11, 12, 13], set()) == [11, 13, 12]
     assert stack_sampler.targets(root, [10], set()) == [10]
     # torchrun and 9 ranks: at most MAX_PROCESSES, the launcher and the first ranks
     ranks = list(range(20, 30))

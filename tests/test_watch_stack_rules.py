@@ -360,6 +360,53 @@ def test_waiting_for_dataloader_workers_stays_input_starved_and_names_the_loop()
     assert "waited at /job/train.py:14 (main: for x, y in loader:)" in " ".join(cause.evidence)
 
 
+WORKER_IDLE = (
+    frame("<module>", "<string>", 1),
+    frame("_worker_loop", "torch/utils/data/_utils/worker.py", 292),
+    frame("Queue.get", "multiprocessing/queues.py", 113),
+)
+WORKER_JITTER = (
+    frame("<module>", "<string>", 1),
+    frame("_worker_loop", "torch/utils/data/_utils/worker.py", 349),
+    frame("_MapDatasetFetcher.fetch", "torch/utils/data/_utils/fetch.py", 52),
+    frame("Images.__getitem__", "/job/data.py", 30, "img = self.jitter(img)"),
+    frame("ColorJitter.forward", "torchvision/transforms/transforms.py", 1280),
+)
+WORKER_DECODE = (
+    *WORKER_JITTER[:3],
+    frame("Images.__getitem__", "/job/data.py", 28, "img = decode(self.paths[i])"),
+)
+LOADER_THREADS = (ThreadInfo(4242, 4242, "MainThread", "python3"),
+                  ThreadInfo(5000, 5000, "MainThread", "pt_data_worker"),
+                  ThreadInfo(5001, 5001, "MainThread", "pt_data_worker"))  # fmt: skip
+
+
+def test_a_starved_gpu_names_the_line_its_loader_workers_worked_at() -> None:
+    """Two DataLoader workers busy all the time (ColorJitter 70 % of their working time, the
+    decode 25 %, 5 % waiting for indexes) while the training thread waits in the loader: the
+    workers' lines are named in the evidence; a worker is never the training thread, even where
+    its stacks (the dataset's code) would score as one."""
+    rec = timeline(util=const(0.07), sm=const(0.06), thread=const(0.1),
+                   loads=lambda i: (ProcessLoad(5000, "pt_data_worker", 1.0),
+                                    ProcessLoad(5001, "pt_data_worker", 1.0),
+                                    ProcessLoad(4242, "python3", 0.1, on_gpu=True)))  # fmt: skip
+
+    def at(i: int) -> list[tuple[int, Stack, float]]:
+        worker = [(WORKER_JITTER, 0.7), (WORKER_DECODE, 0.25), (WORKER_IDLE, 0.05)]
+        return [(0, LOADER_WAIT, 0.93), (0, MODEL, 0.07),
+                *((w, stack, share) for w in (1, 2) for stack, share in worker)]  # fmt: skip
+
+    rec = with_threads(rec, at, threads=LOADER_THREADS)
+    readings = read_recording(rec)
+    assert readings.training == frozenset({0})
+    cause = sole_cause(diagnose(rec), "input-starved")
+    said = " ".join(cause.evidence)
+    assert "waited at /job/train.py:14 (main: for x, y in loader:)" in said
+    assert "the loader processes worked 74 % of their time at /job/data.py:30 " in said, said
+    assert "(Images.__getitem__: img = self.jitter(img)), in ColorJitter.forward" in said, said
+    assert "worked 26 % of their time at /job/data.py:28" in said
+
+
 def test_a_dataloader_without_workers_is_data_prepared_in_the_loop() -> None:
     rec = timeline(util=const(0.3), sm=const(0.27), thread=const(1.0))
     rec = with_stacks(rec, lambda i: mix((LOADER_FETCH, 0.7), (MODEL, 0.3)))

@@ -278,7 +278,7 @@ def watch(
             cwd=cwd,
             places=locate_places(rootfs, sysfs, job.pid, host.paths),
             stores=stores,
-            ranks=tuple(stack.ranks.values()) if stack is not None else (),
+            ranks=stack.ranks if stack is not None else (),
         )
         if record_to is not None:
             try:

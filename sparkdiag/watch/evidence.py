@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from sparkdiag.sources.nvml.gpu import UNHEALTHY_REASONS, decode_reasons, reasons_mask
 from sparkdiag.watch.causes import ACTIONS, Cause, fine_pct, mean, pct, rate
-from sparkdiag.watch.model import Recording
+from sparkdiag.watch.model import LOADER_NAMES, Recording
 from sparkdiag.watch.views import View
 
 UNHEALTHY_MASK = reasons_mask(UNHEALTHY_REASONS)
@@ -30,7 +30,6 @@ MEMORY_MIN = 0.05
 TENSOR_LOW = 0.10
 LOW_TENSOR_SHARE = 0.50
 LOW_TENSOR_BUSY_MIN = 0.20
-LOADER_NAMES = ("pt_data_worker",)  # what PyTorch names its DataLoader worker processes
 
 WORKERS = (
     "give the data loader more workers: DataLoader(num_workers={workers}, "

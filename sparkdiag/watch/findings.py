@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from sparkdiag.watch import evidence as ev
+from sparkdiag.watch import loaders, ranks, tenants
 from sparkdiag.watch import loop_evidence as loop
-from sparkdiag.watch import ranks, tenants
 from sparkdiag.watch import store_evidence as stores
 from sparkdiag.watch.attribute import Part
 from sparkdiag.watch.causes import ACTIONS, Cause, pct
@@ -134,6 +134,9 @@ def findings(
         idx = ticks["input-starved"]
         cause = ev.input_cause(ctx, idx, share["input-starved"])
         cause = _with_store(cause, ctx, idx, ev.median_read(ctx, idx), False)
+        if readings is not None:  # what the loaders did while the GPU waited for them
+            at = loaders.loader_lines(ctx.rec, readings, [ctx.win[i].tick for i in idx])
+            cause = replace(cause, evidence=(*cause.evidence, *loaders.evidence(at)))
         causes.append(_with_sites(cause, ctx, spent("input-starved"), length))
     if over("stalled-kernel", STALL_REPORT_MIN) and len(ticks["stalled-kernel"]) >= STALL_MIN_TICKS:
         causes.append(ev.stalled_cause(ctx, ticks["stalled-kernel"], share["stalled-kernel"]))

@@ -20,6 +20,7 @@ from sparkdiag.errors import UsageError
 
 SCHEMA = "sparkdiag-watch-recording/2"
 SCHEMAS = ("sparkdiag-watch-recording/1", SCHEMA)  # what --replay reads
+LOADER_NAMES = ("pt_data_worker",)  # what PyTorch names its DataLoader worker processes
 
 
 @dataclass(frozen=True)
@@ -184,6 +185,11 @@ class ThreadInfo:
     tid: int
     name: str
     process: str = ""
+
+    @property
+    def loader(self) -> bool:
+        """The thread of a DataLoader worker process."""
+        return self.process.startswith(LOADER_NAMES)
 
 
 @dataclass(frozen=True)

@@ -21,14 +21,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from sparkdiag.sources.host import procfs, pyspy
-from sparkdiag.watch.model import RankInfo, StackFrame, StackTime, ThreadInfo, Tick
+from sparkdiag.watch.model import (
+    LOADER_NAMES,
+    RankInfo,
+    StackFrame,
+    StackTime,
+    ThreadInfo,
+    Tick,
+)
 
 STACK_RATE = 20  # samples a second (see docs/watch.md: its cost and why not more)
 CHUNK_SECONDS = 30.0
 RETRY_SECONDS = 1.0
 RETRIES = 10
 MAX_PROCESSES = 8
-LOADER_NAMES = ("pt_data_worker",)
 
 
 @dataclass
@@ -73,8 +79,18 @@ class StackSampler:
         self.lines = pyspy.SourceLines(rootfs)
         self.texts: dict[tuple[int, str, int], str] = {}
         self.names: dict[int, str] = {}  # pid -> its name, read while it runs
-        self.ranks: dict[int, RankInfo] = {}  # pid -> its distributed rank, where it has one
+        self._ranks: dict[int, RankInfo] = {}  # pid -> its distributed rank, where it has one
         self.version = pyspy.version(binary) or "py-spy"
+
+    @property
+    def ranks(self) -> tuple[RankInfo, ...]:
+        """The ranks of the processes recorded, DataLoader workers left out: a worker inherits
+        its rank's environment (and its ``RANK``), and may take its name after it was read."""
+        return tuple(
+            r
+            for pid, r in self._ranks.items()
+            if not self.names.get(pid, "").startswith(LOADER_NAMES)
+        )
 
     def describe(self) -> str:
         how = (
@@ -101,8 +117,11 @@ class StackSampler:
         for pid in pids:
             if pid not in self.targets and len(self.targets) < MAX_PROCESSES:
                 self.targets[pid] = _Target(pid)
-                self.names.update(procfs.process_names(self.rootfs, [pid]))
-                self.ranks[pid] = rank_of(self.rootfs, pid)
+        # read again while they run: a DataLoader worker takes its name when its loop starts
+        self.names.update(procfs.process_names(self.rootfs, list(self.targets)))
+        for pid in self.targets:
+            if pid not in self._ranks:
+                self._ranks[pid] = rank_of(self.rootfs, pid)
         before = len(self.problems)
         for target in self.targets.values():
             self._step(target, now)
@@ -185,18 +204,20 @@ def targets(rootfs: Path, tree: list[int], gpu_pids: set[int]) -> list[int]:
     """Whose stacks to record: the job's processes on the GPU where NVML names them, and its
     processes that run Python and are not DataLoader workers (the root first: a launcher such
     as torchrun, then the ranks it started, each its own process, on a GPU or not: a rank
-    that never reaches the GPU, or a job of ranks on CPUs, is sampled all the same), at most
-    ``MAX_PROCESSES`` in all; else the root."""
+    that never reaches the GPU, or a job of ranks on CPUs, is sampled all the same), then
+    the DataLoader workers (where a starved GPU's time goes: the dataset's and transforms'
+    lines), at most ``MAX_PROCESSES`` in all; else the root."""
     names = procfs.process_names(rootfs, tree)
     python = [
         pid
         for pid in tree
-        if names.get(pid, "").startswith(("python", "pt_main_thread"))
-        and not names.get(pid, "").startswith(LOADER_NAMES)
+        if names.get(pid, "").startswith(("python", "pt_main_thread", *LOADER_NAMES))
         and pid not in gpu_pids
     ]
+    loaders = [pid for pid in python if names[pid].startswith(LOADER_NAMES)]
+    python = [pid for pid in python if pid not in loaders]
     on_gpu = [pid for pid in tree if pid in gpu_pids] or sorted(gpu_pids)
-    return ([*on_gpu, *python] or tree[:1])[:MAX_PROCESSES]
+    return ([*on_gpu, *python, *loaders] or tree[:1])[:MAX_PROCESSES]
 
 
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")

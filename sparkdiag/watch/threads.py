@@ -131,6 +131,8 @@ def _training(rec: Recording, readings: list[st.Reading]) -> frozenset[int]:
     own: set[int] = set()  # threads with a stack the job started (not begun inside torch)
     for tick in rec.ticks:
         for s in tick.stacks:
+            if rec.threads[s.thread].loader:  # a DataLoader worker feeds the loop, never runs it
+                continue
             if rec.stacks[s.stack] and not started_by_torch(rec, s.stack):
                 own.add(s.thread)
             libs = _libs(rec, s.stack)
@@ -141,7 +143,7 @@ def _training(rec: Recording, readings: list[st.Reading]) -> frozenset[int]:
                 score[s.thread] = score.get(s.thread, 0.0) + s.seconds
     best: dict[int, int] = {}
     # the most seconds wins; a tie (none scored) goes to the main thread (tid == pid)
-    main = {i for i, t in enumerate(rec.threads) if t.tid == t.pid}
+    main = {i for i, t in enumerate(rec.threads) if t.tid == t.pid and not t.loader}
     ranked = sorted(own | main, key=lambda i: (score.get(i, 0.0), i in main))
     for index in ranked:
         best[rec.threads[index].pid] = index
