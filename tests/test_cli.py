@@ -10,19 +10,28 @@ import pytest
 from click.testing import CliRunner
 
 from sparkdiag.cli import main
-from tests.support import NVML, SYSFS, assert_clean_error, machine_args, run_cli
+from tests.support import (
+    NVML,
+    SYSFS,
+    assert_clean_error,
+    invoke_cli,
+    machine_args,
+    run_cli,
+)
 
 
 @pytest.mark.parametrize("command", ["dump", "serve"])
 def test_missing_fixture(command: str, tmp_path: Path) -> None:
-    result = run_cli(command, "--nvml-fixture", str(tmp_path / "absent.json"))
+    # serve in its own process (the daemon's start), dump in this one
+    run = run_cli if command == "serve" else invoke_cli
+    result = run(command, "--nvml-fixture", str(tmp_path / "absent.json"))
     assert_clean_error(result, 2, "--nvml-fixture", "cannot read NVML fixture", "absent.json")
 
 
 def test_malformed_fixture(tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"format": "sparkdiag-nvml-fixture/1",\n "devices": [,]}')
-    result = run_cli("dump", "--nvml-fixture", str(bad))
+    result = invoke_cli("dump", "--nvml-fixture", str(bad))
     assert_clean_error(result, 2, "not valid JSON", "line 2")
 
 
@@ -37,12 +46,12 @@ def test_fixture_with_unknown_key(tmp_path: Path) -> None:
             }
         )
     )
-    result = run_cli("dump", "--nvml-fixture", str(bad))
+    result = invoke_cli("dump", "--nvml-fixture", str(bad))
     assert_clean_error(result, 2, "unknown answer key(s) temprature/0")
 
 
 def test_unreadable_fixture_directory(tmp_path: Path) -> None:
-    result = run_cli("dump", "--nvml-fixture", str(tmp_path))
+    result = invoke_cli("dump", "--nvml-fixture", str(tmp_path))
     assert_clean_error(result, 2, "--nvml-fixture")
 
 
@@ -58,7 +67,7 @@ def test_unreadable_fixture_directory(tmp_path: Path) -> None:
     ],
 )
 def test_bad_flag_values(args: list[str], needle: str) -> None:
-    assert_clean_error(run_cli(*args), 2, needle)
+    assert_clean_error(invoke_cli(*args), 2, needle)
 
 
 def test_port_in_use() -> None:
@@ -79,7 +88,7 @@ def test_port_in_use() -> None:
 
 
 def test_dump_without_gpu_says_what_it_skipped() -> None:
-    result = run_cli(
+    result = invoke_cli(
         "dump",
         "--nvml-fixture",
         str(NVML / "no-nvml.json"),
@@ -95,7 +104,7 @@ def test_dump_without_gpu_says_what_it_skipped() -> None:
 
 def test_record_fixture_round_trip(tmp_path: Path) -> None:
     out = tmp_path / "again.json"
-    result = run_cli(
+    result = invoke_cli(
         "record-fixture",
         str(out),
         "--nvml-fixture",
@@ -126,7 +135,7 @@ def test_record_fixture_of_an_older_recording_adds_the_newer_queries(tmp_path: P
     is kept and the queries added to the catalogue since read as unsupported."""
     out = tmp_path / "again.json"
     old = NVML / "h200-idle-2026-11-29.json"
-    result = run_cli("record-fixture", str(out), "--nvml-fixture", str(old))
+    result = invoke_cli("record-fixture", str(out), "--nvml-fixture", str(old))
     assert result.returncode == 0, result.stderr
     (again,) = json.loads(out.read_text())["devices"]
     (recorded,) = json.loads(old.read_text())["devices"]
@@ -138,7 +147,7 @@ def test_record_fixture_of_an_older_recording_adds_the_newer_queries(tmp_path: P
 
 def test_record_fixture_without_nvml(tmp_path: Path) -> None:
     out = tmp_path / "x.json"
-    result = run_cli("record-fixture", str(out), "--nvml-fixture", str(NVML / "no-nvml.json"))
+    result = invoke_cli("record-fixture", str(out), "--nvml-fixture", str(NVML / "no-nvml.json"))
     assert_clean_error(result, 3, "cannot record: NVML is unavailable")
     assert not out.exists()
 

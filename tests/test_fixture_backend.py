@@ -368,10 +368,15 @@ def test_script_of_base_is_inherited(derive_fixture: Callable[..., Path]) -> Non
 # ---- record-fixture ---------------------------------------------------------------------------
 
 
+def _no_wait(seconds: float) -> None:
+    """The recorder's pause between priming the delta queries and reading them (0.5 s, for a
+    real GPU; test_gpu_activity holds that it is taken): a fixture answers the same at once."""
+
+
 @pytest.mark.parametrize("name", ALL_FIXTURES)
 def test_record_round_trips(tmp_path: Path, nvml_fixture: Callable[[str], Path], name: str) -> None:
     source = FixtureBackend(nvml_fixture(name))
-    doc = record(source, description=f"re-recorded {name}")
+    doc = record(source, description=f"re-recorded {name}", sleep=_no_wait)
     target = tmp_path / "out" / "recorded.json"
     write_atomic(target, doc)
 
@@ -392,7 +397,7 @@ def test_record_round_trips(tmp_path: Path, nvml_fixture: Callable[[str], Path],
 
 
 def test_record_stores_errors_by_name(nvml_fixture: Callable[[str], Path]) -> None:
-    doc = record(FixtureBackend(nvml_fixture("gb10-idle")))
+    doc = record(FixtureBackend(nvml_fixture("gb10-idle")), sleep=_no_wait)
     answers = doc["devices"][0]["answers"]
     assert answers["power_limit_mw"] == {"error": "NOT_SUPPORTED"}
     assert answers["memory_info"] == {"error": "NOT_SUPPORTED"}
@@ -422,7 +427,7 @@ class _ErrorBackend(FixtureBackend):
 def test_record_round_trips_an_unlisted_error_code(
     tmp_path: Path, nvml_fixture: Callable[[str], Path]
 ) -> None:
-    doc = record(_ErrorBackend(nvml_fixture("h200-idle")))
+    doc = record(_ErrorBackend(nvml_fixture("h200-idle")), sleep=_no_wait)
     assert doc["devices"][0]["answers"]["power_mw"] == {"error": "ERROR_42"}
     target = tmp_path / "recorded.json"
     write_atomic(target, doc)

@@ -12,12 +12,12 @@ from pathlib import Path
 import pytest
 
 from sparkdiag.peers.fleet import RULE_GROUP, expanded, shipped_rules
-from tests.support import ROOT, run_cli
+from tests.support import ROOT, invoke_cli
 from tests.support.fleet import GPU, H200, KERNEL, peer_answers, stand_in, vector
 
 
 def fleet(url: str, *args: str) -> tuple[int, str, str]:
-    result = run_cli("fleet", "--prometheus", url, *args)
+    result = invoke_cli("fleet", "--prometheus", url, *args)
     return result.returncode, result.stdout, result.stderr
 
 

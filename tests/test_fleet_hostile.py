@@ -26,7 +26,7 @@ from sparkdiag.errors import SparkdiagError
 from sparkdiag.peers.fleet import fleet_view
 from sparkdiag.peers.httpget import redirect_allowed
 from sparkdiag.peers.promapi import Connection, PrometheusClient, parse_answer
-from tests.support import run_cli, self_signed_cert, sparkdiag_cmd
+from tests.support import invoke_cli, self_signed_cert, sparkdiag_cmd
 from tests.support.fleet import (
     GPU,
     H200,
@@ -43,7 +43,7 @@ RATIO = "sparkdiag:gemm_tflops:peer_ratio"
 
 
 def fleet(url: str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return run_cli("fleet", "--prometheus", url, *args, timeout=timeout)
+    return invoke_cli("fleet", "--prometheus", url, *args, timeout=timeout)
 
 
 def one_line(result: subprocess.CompletedProcess[str]) -> str:

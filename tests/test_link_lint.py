@@ -18,7 +18,7 @@ from sparkdiag.link.lint import lint, parse_nccl_list
 from sparkdiag.link.readings import FabricReadings, read_fabric
 from sparkdiag.sources.host.netif import read_connectx7
 from sparkdiag.sources.software.nccl import find_libraries, parse_conf, read_nccl_settings
-from tests.support import ROOTFS, SYSFS, fixture_snapshot, machine_args, run_cli
+from tests.support import ROOTFS, SYSFS, fixture_snapshot, invoke_cli, machine_args
 from tests.support.check import copy_tree
 
 SPARK = SYSFS / "dgx-spark"
@@ -234,18 +234,18 @@ def test_check_row_on_the_spark_and_elsewhere(tmp_path: Path) -> None:
 
 def test_link_lint_command() -> None:
     args = ("--path.sysfs", str(SPARK), "--path.rootfs", str(NCCL_ROOT))
-    text = run_cli("link", "lint", *args)
+    text = invoke_cli("link", "lint", *args)
     assert text.returncode == 1, text.stderr
     assert "ConnectX-7 0000:01:00.1: enp1s0f1np1 (up, MTU 1500); rocep1s0f1" in text.stdout
     assert "NCCL_IB_HCA=rocep1s0f1 (/etc/nccl.conf)" in text.stdout
     assert "hca-one-half: " in text.stdout and "  why: " in text.stdout
-    doc = json.loads(run_cli("link", "lint", "--json", *args).stdout)
+    doc = json.loads(invoke_cli("link", "lint", "--json", *args).stdout)
     assert [f["code"] for f in doc["findings"]] == ["mtu", "hca-one-half", "cma-kho", "nccl-two"]
     assert doc["readings"]["cma_total_bytes"] == 0.0
-    clean = run_cli("link", "lint", *machine_args("h200-vm"))
+    clean = invoke_cli("link", "lint", *machine_args("h200-vm"))
     assert clean.returncode == 0, clean.stdout
     assert "no ConnectX-7 (PCI 15b3:1021) on this machine" in clean.stdout
     assert clean.stdout.rstrip().endswith("no findings")
-    missing = run_cli("link", "lint", "--path.sysfs", "/nonexistent")
+    missing = invoke_cli("link", "lint", "--path.sysfs", "/nonexistent")
     assert missing.returncode == 2 and "--path.sysfs" in missing.stderr
     assert "Traceback" not in missing.stderr

@@ -30,7 +30,7 @@ from sparkdiag.probe.worker.plan import plan_suite
 from sparkdiag.scheduling.probe_state import ProbeState
 from sparkdiag.scheduling.scheduler import ProbeScheduler
 from sparkdiag.snapshot import Snapshot
-from tests.support import NVML, ROOT, machine_args, run_cli
+from tests.support import NVML, ROOT, invoke_cli, machine_args
 from tests.support import fixture_snapshot as snapshot
 from tests.support.check import context
 from tests.support.e2e import probe_document, write_probe_fixture
@@ -347,7 +347,7 @@ def test_one_gpu_learns_against_the_reference_alone(tmp_path: Path) -> None:
 def run_check(
     tmp_path: Path, fixture: Path, *extra: str, nvml: str = "h200-x8"
 ) -> tuple[int, dict[str, Any]]:
-    result = run_cli(
+    result = invoke_cli(
         "check",
         "--json",
         "--nvml-fixture",

@@ -17,10 +17,16 @@ from sparkdiag.baseline.store import BaselineKey, BaselineStore
 from sparkdiag.cli import main
 from sparkdiag.probe.worker.contract import SCHEMA
 from sparkdiag.sources.software import packages
-from tests.support import NVML, PROBE, ROOT, scaled_cycle, sparkdiag_cmd
+from tests.support import NVML, PROBE, ROOT, invoke_cli, scaled_cycle, sparkdiag_cmd
 
 
 def run(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """The command in this process (what it says and its status)."""
+    return invoke_cli(*args, timeout=timeout)
+
+
+def run_process(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """The command in a process of its own: the real worker's runs, as they ran before."""
     return subprocess.run(
         sparkdiag_cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=ROOT
     )
@@ -75,7 +81,7 @@ def test_probe_replays_a_recorded_cycle_and_learns_a_baseline(tmp_path: Path) ->
 
 @pytest.mark.worker
 def test_probe_runs_the_real_worker_on_cpu(tmp_path: Path) -> None:
-    result = run(
+    result = run_process(
         "probe",
         "--small",
         "--dtype",
@@ -99,7 +105,7 @@ def test_probe_device_cpu_runs_the_worker_on_the_cpu_beside_a_gpu(tmp_path: Path
     that device even where NVML lists a GPU, and no baseline is taught from it."""
     pytest.importorskip("torch")
     started = time.monotonic()
-    result = run(
+    result = run_process(
         "probe",
         "--device",
         "cpu",
@@ -143,7 +149,7 @@ def test_probe_usage_errors() -> None:
 @pytest.mark.worker
 def test_bench_sweeps_with_csv_and_json(tmp_path: Path) -> None:
     out_csv, out_json = tmp_path / "b.csv", tmp_path / "b.json"
-    result = run(
+    result = run_process(
         "bench",
         "--device",
         "cpu",
@@ -177,7 +183,7 @@ def test_bench_small_sweeps_small_cubes_and_its_count_reaches_its_total(
     pytest.importorskip("torch")
     out_csv = tmp_path / "b.csv"
     started = time.monotonic()
-    result = run("bench", "--device", "cpu", *small, "--csv", str(out_csv))
+    result = run_process("bench", "--device", "cpu", *small, "--csv", str(out_csv))
     took = time.monotonic() - started
     assert result.returncode == 0, result.stderr
     assert took < 60, f"bench --small took {took:.1f} s"

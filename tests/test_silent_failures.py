@@ -27,7 +27,7 @@ from sparkdiag.sources.host.sysfs import PcieSource
 from sparkdiag.sources.nvml.xid import BUCKETS, INCIDENT_GAP_SECONDS, XIDS, describe
 from sparkdiag.telemetry.build import build_poller
 from sparkdiag.telemetry.stall import StallLog, stall_signature
-from tests.support import run_cli
+from tests.support import invoke_cli
 from tests.support.check import GOOD_TORCH, NVML, ROOTFS, SYSFS, context, only, poll, settings
 
 H200_0 = {"gpu": "0", "uuid": "GPU-979ad365-0b73-a0ac-74a2-3520b773d460"}
@@ -110,14 +110,14 @@ def test_a_container_counts_only_the_gpus_it_is_given(tmp_path: Path) -> None:
 
 
 def test_check_quick_fails_naming_the_missing_gpu_and_dump_shows_the_pci_count() -> None:
-    done = run_cli("check", "--quick", "--json", *MISSING, timeout=60)
+    done = invoke_cli("check", "--quick", "--json", *MISSING, timeout=60)
     assert done.returncode != 0, done.stdout
     report = json.loads(done.stdout)
     assert (report["status"], report["exit_code"]) == ("fail", done.returncode)
     rows = {r["name"]: r for r in report["checks"]}
     assert rows["gpus-on-bus"]["status"] == "fail"
     assert "0000:58:00.0" in rows["gpus-on-bus"]["finding"]
-    dumped = run_cli("dump", *MISSING, timeout=60)
+    dumped = invoke_cli("dump", *MISSING, timeout=60)
     assert dumped.returncode == 0, dumped.stderr
     assert "\nsparkdiag_gpu_pci_devices 8.0\n" in dumped.stdout
 

@@ -28,7 +28,7 @@ from sparkdiag.storage.periodic import StoragePeriodic
 from sparkdiag.storage.render import text
 from sparkdiag.storage.state import StorageStateError, read_state, record_report
 from sparkdiag.storage.target import StorageTarget, locate
-from tests.support import fixture_snapshot, run_cli
+from tests.support import fixture_snapshot, invoke_cli
 
 GB = 1e9
 SPARK_LINK = PcieLink("0004:01:00.0", "nvme", "nvme", 32e9, 32e9, 4, 4)
@@ -223,13 +223,13 @@ def test_locate_names_this_machines_root_filesystem() -> None:
 
 
 def test_cli_exit_statuses_and_json(tmp_path: Path) -> None:
-    refused = run_cli("storage", "/dev/null", "--state-dir", str(tmp_path))
+    refused = invoke_cli("storage", "/dev/null", "--state-dir", str(tmp_path))
     assert refused.returncode == 2 and refused.stderr.startswith("Error: refused: /dev/null is")
     assert "Traceback" not in refused.stderr and refused.stderr.count("\n") == 1
-    bad = run_cli("storage", str(tmp_path), "--storage.size", "lots")
+    bad = invoke_cli("storage", str(tmp_path), "--storage.size", "lots")
     assert bad.returncode == 2 and "storage.size" in bad.stderr
-    measured = run_cli("storage", str(tmp_path), "--json", "--state-dir", str(tmp_path / "s"),
-                       "--storage.size", "16M", "--storage.duration", "2")  # fmt: skip
+    measured = invoke_cli("storage", str(tmp_path), "--json", "--state-dir", str(tmp_path / "s"),
+                          "--storage.size", "16M", "--storage.duration", "2")  # fmt: skip
     assert measured.returncode == 0, measured.stderr
     doc = json.loads(measured.stdout)
     assert doc["schema"] == "sparkdiag-storage-report/1" and doc["verdict"] == "learning"
@@ -237,14 +237,14 @@ def test_cli_exit_statuses_and_json(tmp_path: Path) -> None:
     assert doc["bytes_written"] == 16 << 20 and doc["tmpfile"] is True
     assert [p.name for p in tmp_path.iterdir()] == ["s"]
     bounds = ("--storage.size", "16M", "--storage.duration", "2")
-    no_record = run_cli("storage", str(tmp_path / "s"), "--no-record", "--state-dir",
-                        str(tmp_path / "t"), *bounds)  # fmt: skip
+    no_record = invoke_cli("storage", str(tmp_path / "s"), "--no-record", "--state-dir",
+                           str(tmp_path / "t"), *bounds)  # fmt: skip
     assert no_record.returncode == 0 and not (tmp_path / "t").exists()
 
 
 def test_check_help_and_storage_help_say_it_writes() -> None:
     for command in ("storage", "check"):
-        shown = run_cli(command, "--help").stdout
+        shown = invoke_cli(command, "--help").stdout
         assert "WRITES" in shown, command
     assert subprocess.run(["true"], check=False).returncode == 0
     assert replace(target(), links=()).ceiling is None

@@ -19,15 +19,15 @@ from click.testing import CliRunner
 from sparkdiag.cli import main
 from sparkdiag.watch import plot as plotting
 from sparkdiag.watch.sampler import HostSampler
-from tests.support import NVML, ROOT, sparkdiag_cmd
+from tests.support import NVML, ROOT, invoke_cli, sparkdiag_cmd
 
 SPIN = "import time\nend = time.time() + {s}\nwhile time.time() < end: pass\n"
 
 
 def run_watch(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        sparkdiag_cmd("watch", *args), capture_output=True, text=True, timeout=timeout, cwd=ROOT
-    )
+    """``sparkdiag watch ARGS`` in this process (its job in its own); Ctrl-C and the import of
+    pyudev are tested on a process of its own below."""
+    return invoke_cli("watch", *args, timeout=timeout)
 
 
 def watch_json(fixture: str, *job: str, interval: str = "0.1") -> dict[str, Any]:
