@@ -3,6 +3,7 @@ and the loop that samples it until it ends, the duration runs out, or the user i
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import signal
@@ -26,6 +27,18 @@ STOP_GRACE_SECONDS = 5.0
 def exit_status(returncode: int) -> int:
     """A shell's exit status for a child's return code: 128 + N for a death by signal N."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+def interrupt_reached_job() -> bool:
+    """Whether the signal that stopped watch reached its started job as well: a Ctrl-C in the
+    terminal goes to the terminal's foreground process group, which the job shares with watch.
+    A signal sent to watch alone (``kill``, a supervisor, watch run without a terminal) did
+    not: the job is sent SIGINT at once rather than after ``STOP_GRACE_SECONDS``."""
+    try:
+        fd = sys.stdin.fileno()
+        return os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):  # no stdin, closed, or not a file
+        return False
 
 
 class SpawnedJob:
@@ -56,8 +69,11 @@ class SpawnedJob:
         return exit_status(self.proc.wait())
 
     def stop(self, grace: float = STOP_GRACE_SECONDS) -> int:
-        """End the job: wait, then SIGINT, SIGTERM and SIGKILL, ``grace`` seconds apart."""
-        for sig in (None, signal.SIGINT, signal.SIGTERM):
+        """End the job: SIGINT, SIGTERM and SIGKILL, ``grace`` seconds apart; first a wait where
+        the interrupt reached the job too (:func:`interrupt_reached_job`), so that a job ending
+        on its own Ctrl-C (saving, cleaning up) does not get a second one."""
+        first = (None,) if interrupt_reached_job() else ()
+        for sig in (*first, signal.SIGINT, signal.SIGTERM):
             if sig is not None and self.proc.poll() is None:
                 self.proc.send_signal(sig)
             try:
