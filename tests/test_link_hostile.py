@@ -31,6 +31,7 @@ from sparkdiag.link.session import open_control
 from sparkdiag.link.wire import LineReader, encode, send
 from sparkdiag.sources.host.netif import interface_addresses
 from tests.support import ROOTFS, SYSFS, run_cli, sparkdiag_cmd
+from tests.support.fuzz import examples
 from tests.test_link_units import SECRET, _loopback_as_cx7
 
 NATIVE = ROOTFS / "native"
@@ -520,7 +521,7 @@ _opening = st.sampled_from(["proved", "wrong proof", "data", "ping", "garbage", 
 
 
 @settings(
-    max_examples=40,
+    max_examples=examples(40),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
