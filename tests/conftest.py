@@ -12,6 +12,7 @@ import pytest
 
 from sparkdiag.sources.nvml.fixture import FORMAT, FixtureBackend
 from sparkdiag.sources.nvml.gpu import GpuSource
+from tests.support import fuzz
 from tests.support.engine import Images, require_engine
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -95,6 +96,12 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Images:
 # uses one of these fixtures runs the real probe worker (CPU torch) in a subprocess.
 SLOW_KINDS = ("container", "systemd", "prometheus", "worker", "network", "storage")
 WORKER_FIXTURES = frozenset({"cpu_run", "cpu_doc", "hot_doc", "torch_venv"})
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """A run that leaves the slow kinds out tries a quarter of each fuzz test's examples
+    (tests/support/fuzz.py); the full run, CI's, tries them all."""
+    fuzz.quick = "not slow" in (config.getoption("markexpr") or "")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -28,6 +28,7 @@ from sparkdiag.web.basicauth import (
 from sparkdiag.web.http import ExporterServer
 from sparkdiag.web.webconfig import WebConfig, WebConfigError, load_web_config
 from tests.support import assert_clean_error, run_cli, serving
+from tests.support.fuzz import examples
 
 PASSWORD = "s3cret"
 HASH = bcrypt.hashpw(PASSWORD.encode(), bcrypt.gensalt(rounds=4))
@@ -204,14 +205,14 @@ _CANONICAL = st.builds(
 _ANY_53 = st.from_regex(rf"\$2[abyx]\$0[3-5]\$[{_B64}!é]{{50,56}}", fullmatch=True)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_CANONICAL, st.binary(max_size=MAX_PASSWORD_BYTES))
 def test_property_every_well_formed_hash_loads_and_checks(hashed: str, pw: bytes) -> None:
     assert hash_problem(hashed) is None
     assert bcrypt.checkpw(pw, hashed.encode()) in (True, False)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(_ANY_53, st.binary(max_size=MAX_PASSWORD_BYTES))
 def test_property_any_hash_that_loads_never_makes_bcrypt_raise(hashed: str, pw: bytes) -> None:
     """For any near-hash string: either hash_problem names a problem, or checkpw answers."""
@@ -219,7 +220,7 @@ def test_property_any_hash_that_loads_never_makes_bcrypt_raise(hashed: str, pw: 
         assert bcrypt.checkpw(pw, hashed.encode()) in (True, False)
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=examples(500), deadline=None)
 @given(
     st.one_of(
         st.none(),

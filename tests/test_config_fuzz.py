@@ -23,9 +23,10 @@ from sparkdiag.config import (
     parse_listen,
 )
 from sparkdiag.web.webconfig import WebConfig, WebConfigError, load_web_config
+from tests.support.fuzz import examples
 
 FUZZ = settings(
-    max_examples=400,
+    max_examples=examples(400),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )

@@ -31,6 +31,7 @@ from sparkdiag.probe.worker.contract import ALL_DTYPES, PROGRESS_PREFIX, SUITES,
 from sparkdiag.snapshot import GpuIdentity, GpuSample
 from sparkdiag.telemetry.busy import busy
 from tests.support import PROBE, alive, wait_dead
+from tests.support.fuzz import examples
 
 FAKE = Path(__file__).parent / "support" / "probe_scripts" / "fake_worker.py"
 
@@ -61,7 +62,7 @@ requests = st.builds(
 
 
 @given(requests)
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 def test_every_request_is_read_back_by_the_worker(request: WorkerRequest) -> None:
     args = parse_args(request.argv())
     assert args.device == request.device
@@ -180,7 +181,7 @@ keys = st.sampled_from(
 
 
 @given(st.dictionaries(keys, json_values, max_size=10))
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=examples(400), deadline=None)
 def test_any_json_with_the_schema_parses_without_raising(body: dict[str, Any]) -> None:
     """Wrong-typed values become None or are dropped; nothing else is raised."""
     doc = parse_document({**body, "schema": SCHEMA})
@@ -192,7 +193,7 @@ def test_any_json_with_the_schema_parses_without_raising(body: dict[str, Any]) -
 
 
 @given(st.binary(max_size=300))
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 def test_any_bytes_on_stdout_give_a_document_or_none(data: bytes) -> None:
     find_document(data)
 

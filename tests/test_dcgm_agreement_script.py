@@ -65,6 +65,9 @@ def run(
             sys.executable, str(SCRIPT), "--rounds", "2",
             "--nvidia-smi", str(program or wrapper),
             f"--sparkdiag-arg=--nvml-fixture={NVML / f'{fixture}.json'}",
+            # serve polls every 0.1 s and is scraped from its second poll (GPM in), not after
+            # the 2 s the script waits on the device
+            "--settle", "0", "--serve-arg=--poll-interval=0.1",
         ],
         capture_output=True, text=True, timeout=180, env=env, cwd=tmp_path, check=False,
     )  # fmt: skip

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from sparkdiag.sources.nvml.fixture import FixtureBackend, FixtureError
 from sparkdiag.sources.nvml.gpu import GpuSource
 from tests.support import NVML
+from tests.support.fuzz import examples
 
 BASE: dict[str, Any] = json.loads((NVML / "h200-idle.json").read_text())
 ANSWER_KEYS = sorted(BASE["devices"][0]["answers"])
@@ -47,7 +48,9 @@ def _load_or_refuse(path: Path, doc: dict[str, Any]) -> None:
 
 @given(st.dictionaries(st.sampled_from(ANSWER_KEYS), json_values, min_size=1, max_size=4))
 @settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(300),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 def test_any_answers_load_or_are_refused(tmp_path: Path, changes: dict[str, Any]) -> None:
     doc = json.loads(json.dumps(BASE))
@@ -60,7 +63,9 @@ top_keys = st.sampled_from(["host", "driver_version", "nvml", "devices", "script
 
 @given(st.dictionaries(top_keys, json_values, min_size=1, max_size=3))
 @settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(300),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 def test_any_top_level_values_load_or_are_refused(tmp_path: Path, changes: dict[str, Any]) -> None:
     doc = json.loads(json.dumps(BASE))

@@ -37,6 +37,7 @@ from tests.support.fleet import (
     raw_server,
     vector,
 )
+from tests.support.fuzz import examples
 from tests.support.tty import OnTerminal
 
 RATIO = "sparkdiag:gemm_tflops:peer_ratio"
@@ -518,7 +519,7 @@ def hostile() -> Iterator[tuple[Hostile, str]]:
         yield stand_in, server.url
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(80), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     documents=st.lists(_document, min_size=1, max_size=3),
     framing=_framing,

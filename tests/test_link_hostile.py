@@ -31,6 +31,7 @@ from sparkdiag.link.session import open_control
 from sparkdiag.link.wire import LineReader, encode, send
 from sparkdiag.sources.host.netif import interface_addresses
 from tests.support import ROOTFS, SYSFS, run_cli, sparkdiag_cmd
+from tests.support.fuzz import examples
 from tests.test_link_units import SECRET, _loopback_as_cx7
 
 NATIVE = ROOTFS / "native"
@@ -357,8 +358,20 @@ def test_out_of_file_descriptors_the_server_goes_on(tmp_path: Path) -> None:
         preexec_fn=few_files,
     )
     assert proc.stderr is not None
+    said: list[str] = []
+    ran_out = threading.Event()
+
+    def read_stderr() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            said.append(line)
+            if "out of file descriptors" in line:
+                ran_out.set()
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
     try:
         assert "listening on" in proc.stderr.readline()
+        reader.start()
         flood = []
         for n in range(80):  # twice the descriptors it has, from 8 addresses (16 held each)
             try:
@@ -366,17 +379,22 @@ def test_out_of_file_descriptors_the_server_goes_on(tmp_path: Path) -> None:
                 flood.append(socket.create_connection(("127.0.0.1", number), 2, source))
             except OSError:
                 break
-        time.sleep(1.0)
-        assert proc.poll() is None, proc.stderr.read()
+        # until it says it ran out (a fixed 1 s before), then it must still be there
+        assert ran_out.wait(30), "".join(said)
+        assert proc.poll() is None, "".join(said)
         for sock in flood:
             sock.close()
-        time.sleep(bounds.ACCEPT_PAUSE[1] + 0.5)
-        control = open_control("127.0.0.1", number, 3.0, SECRET)  # it serves again
+        # it serves again: accepted once its pause (at most ACCEPT_PAUSE[1]) ends; before, a
+        # fixed ACCEPT_PAUSE[1] + 0.5 s wait came first
+        control = open_control("127.0.0.1", number, 3.0 + bounds.ACCEPT_PAUSE[1], SECRET)
         control.ask({"op": "bye"})
         control.sock.close()
     finally:
         proc.terminate()
-        out = proc.communicate(timeout=30)[1]
+        proc.wait(timeout=30)
+        if reader.ident is not None:  # started
+            reader.join(timeout=30)
+    out = "".join(said)
     assert "Traceback" not in out and "out of file descriptors" in out
 
 
@@ -503,7 +521,7 @@ _opening = st.sampled_from(["proved", "wrong proof", "data", "ping", "garbage", 
 
 
 @settings(
-    max_examples=40,
+    max_examples=examples(40),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from sparkdiag import safeload, safeyaml
 from tests.support import NVML, free_port, invoke_cli, run_cli, sparkdiag_cmd
+from tests.support.fuzz import examples
 
 # Each loader as a command line, given the file to load.
 COMMANDS: dict[str, Callable[[str], list[str]]] = {
@@ -136,7 +137,7 @@ _nasty = st.sampled_from(
 )
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     data=st.one_of(
         st.binary(max_size=300), _nasty, _documents.map(lambda d: json.dumps(d).encode())

@@ -30,7 +30,7 @@ from sparkdiag.watch import plot as watch_plot
 from sparkdiag.watch.diagnose import diagnose
 from sparkdiag.watch.model import GpuTick, JobTick, Recording, Tick, load
 from sparkdiag.watch.render import status
-from tests.support import NVML, PROBE, ROOT, sparkdiag_cmd
+from tests.support import NVML, PROBE, ROOT, invoke_cli, sparkdiag_cmd
 from tests.support.soak import fell, gpu_soak, gpu_state, heating, held, report
 
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -354,7 +354,7 @@ def _watch_on_a_tty(*args: str) -> tuple[str, str]:
     return out, b"".join(chunks).decode()
 
 
-JOB = [sys.executable, "-c", "import time; time.sleep(1.5)"]
+JOB = [sys.executable, "-c", "import time; time.sleep(0.6)"]  # six ticks at 0.1 s
 
 
 def test_watch_shows_a_status_line_on_a_terminal_and_clears_it() -> None:
@@ -390,25 +390,18 @@ def test_watch_without_a_gpu_says_one_thing(tmp_path: Path) -> None:
     diagnosis agree (only memory pressure is judged), and the plot has no GPU panel."""
     pytest.importorskip("matplotlib")
     recording = tmp_path / "run.json"
-    done = subprocess.run(
-        sparkdiag_cmd(
-            "watch",
-            "--interval",
-            "0.1",
-            "--nvml-fixture",
-            str(NVML / "no-nvml.json"),
-            "--record",
-            str(recording),
-            "--",
-            sys.executable,
-            "-c",
-            "sum(range(3_000_000))",
-        ),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=60,
-        check=False,
+    done = invoke_cli(
+        "watch",
+        "--interval",
+        "0.1",
+        "--nvml-fixture",
+        str(NVML / "no-nvml.json"),
+        "--record",
+        str(recording),
+        "--",
+        sys.executable,
+        "-c",
+        "sum(range(3_000_000))",
     )
     assert done.returncode == 0, done.stderr
     said = words(done.stderr)

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -20,8 +21,7 @@ from sparkdiag.cli import main
 from sparkdiag.watch import plot as plotting
 from sparkdiag.watch.sampler import HostSampler
 from tests.support import NVML, ROOT, invoke_cli, sparkdiag_cmd
-
-SPIN = "import time\nend = time.time() + {s}\nwhile time.time() < end: pass\n"
+from tests.support.watch import PollGate
 
 
 def run_watch(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -44,16 +44,20 @@ def watch_json(fixture: str, *job: str, interval: str = "0.1") -> dict[str, Any]
 
 
 @pytest.mark.parametrize(
-    ("fixture", "job", "verdict"),
+    ("fixture", "polls", "verdict"),
     [
-        ("watch-healthy", ["sleep", "2"], "healthy"),
-        ("watch-starved", ["sleep", "2"], "input-starved"),
-        ("watch-throttled", ["sleep", "2.5"], "throttled"),
-        ("watch-fp32", ["sleep", "2"], "low-tensor-activity"),
-        ("watch-launch", [sys.executable, "-c", SPIN.format(s=2.5)], "cpu-bound-launcher"),
+        ("watch-healthy", 8, "healthy"),
+        ("watch-starved", 8, "input-starved"),  # busy one poll in three
+        ("watch-throttled", 20, "throttled"),  # throttled from poll 10: half the ticks
+        ("watch-fp32", 8, "low-tensor-activity"),
+        ("watch-launch", 6, "cpu-bound-launcher"),  # a thread busy on a core: the spinner
     ],
 )
-def test_diagnosis_on_scripted_fixtures(fixture: str, job: list[str], verdict: str) -> None:
+def test_diagnosis_on_scripted_fixtures(
+    fixture: str, polls: int, verdict: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    gate = PollGate(monkeypatch, tmp_path, polls)
+    job = gate.spinner if fixture == "watch-launch" else gate.sleeper
     interval = "0.2" if fixture == "watch-launch" else "0.1"
     doc = watch_json(fixture, *job, interval=interval)
     assert doc["schema"] == "sparkdiag-watch/1"
@@ -67,23 +71,28 @@ def test_diagnosis_on_scripted_fixtures(fixture: str, job: list[str], verdict: s
         assert cause["share"] > 0.1 and cause["evidence"] and cause["actions"]
 
 
-def test_text_report_names_the_cause_its_evidence_and_what_to_try() -> None:
-    result = run_watch(
-        "--interval", "0.1", "--nvml-fixture", str(NVML / "watch-starved.json"), "--", "sleep", "2"
-    )
+def test_text_report_names_the_cause_its_evidence_and_what_to_try(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with tempfile.TemporaryDirectory(prefix="gate") as short:  # the job's line fits 80 columns
+        gate = PollGate(monkeypatch, Path(short), 8)
+        result = run_watch(
+            "--interval", "0.1", "--nvml-fixture", str(NVML / "watch-starved.json"), "--",
+            *gate.sleeper,
+        )  # fmt: skip
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert out.startswith("sparkdiag watch: sleep 2, exit status 0;")
+    assert out.startswith(f"sparkdiag watch: cat {gate.fifo}, exit status 0;")
     assert "diagnosis: input-starved (" in out and "of the time lost" in out
     assert "- the GPU waited" in out and "idle gaps in the driver's samples" not in out  # none
-    # `sleep` uses no CPU and reads nothing while the GPU waits: find what it waits for
+    # `cat` on a FIFO uses no CPU and reads nothing while the GPU waits: find what it waits for
     assert "nobody in the job was busy" in out
     assert "try: find what the job waits for" in out
 
 
 def test_without_a_gpu_it_says_what_it_skipped_and_still_diagnoses(tmp_path: Path) -> None:
     result = run_watch(
-        "--interval", "0.1", "--nvml-fixture", str(NVML / "no-nvml.json"), "--", "sleep", "1"
+        "--interval", "0.1", "--nvml-fixture", str(NVML / "no-nvml.json"), "--", "sleep", "0.3"
     )
     assert result.returncode == 0
     assert "NVML unavailable" in result.stderr and "not sampled" in result.stderr
@@ -125,21 +134,21 @@ def test_ctrl_c_stops_the_job_prints_the_diagnosis_and_passes_its_status(tmp_pat
 def test_duration_then_waits_for_the_job(tmp_path: Path) -> None:
     start = time.monotonic()
     result = run_watch(
-        "--interval", "0.1", "--duration", "0.5", "--json",
-        "--nvml-fixture", str(NVML / "watch-healthy.json"), "--", "sh", "-c", "sleep 2; exit 4",
+        "--interval", "0.1", "--duration", "0.3", "--json",
+        "--nvml-fixture", str(NVML / "watch-healthy.json"), "--", "sh", "-c", "sleep 1.2; exit 4",
     )  # fmt: skip
     assert result.returncode == 4
-    assert time.monotonic() - start >= 2.0
+    assert time.monotonic() - start >= 1.2
     doc = json.loads(result.stdout)
     assert doc["ended_by"] == "duration" and doc["exit_status"] is None
-    assert doc["duration_seconds"] < 1.5
+    assert doc["duration_seconds"] < 1.0  # sampling stopped at 0.3 s, the job ran 1.2
 
 
 def test_attach_to_a_running_process() -> None:
     sleeper = subprocess.Popen(["sleep", "30"])
     try:
         result = run_watch(
-            "--pid", str(sleeper.pid), "--duration", "0.6", "--interval", "0.1",
+            "--pid", str(sleeper.pid), "--duration", "0.3", "--interval", "0.1",
             "--nvml-fixture", str(NVML / "watch-healthy.json"),
         )  # fmt: skip
     finally:
@@ -150,11 +159,12 @@ def test_attach_to_a_running_process() -> None:
     assert "(duration)" in result.stdout
 
 
-def test_record_replay_and_plot(tmp_path: Path) -> None:
+def test_record_replay_and_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    gate = PollGate(monkeypatch, tmp_path, 8)
     recording, png = tmp_path / "run.json", tmp_path / "run.png"
     result = run_watch(
         "--interval", "0.1", "--json", "--record", str(recording), "--plot", str(png),
-        "--nvml-fixture", str(NVML / "watch-starved.json"), "--", "sleep", "1.5",
+        "--nvml-fixture", str(NVML / "watch-starved.json"), "--", *gate.sleeper,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -20,7 +20,7 @@ from sparkdiag.sources.host.mounts import find_mount, read_mounts
 from sparkdiag.watch import places
 from sparkdiag.watch.diagnose import diagnose
 from sparkdiag.watch.model import Place, Recording, StoreSpeed, load
-from tests.support import NVML, ROOT, sparkdiag_cmd
+from tests.support import NVML, ROOT, invoke_cli
 from tests.support.watch import periodic, saving
 
 STORAGE_STATE = ROOT / "tests/fixtures/state/storage-vda/storage.json"  # measured on /dev/vda
@@ -143,7 +143,7 @@ READER = """
 import sys, time
 path = sys.argv[1]
 open(path, "wb").write(b"z" * (32 << 20))
-end = time.time() + 2.5
+end = time.time() + 1.2
 with open(path, "rb") as f:
     while time.time() < end:
         f.seek(0)
@@ -162,13 +162,10 @@ def test_watch_names_the_store_a_real_job_reads_from(tmp_path: Path) -> None:
     doc["mounts"][0]["mountpoint"] = mount.mountpoint
     doc["mounts"][0]["finished_at"] = time.time() - 7200
     (state / "storage.json").write_text(json.dumps(doc))
-    result = subprocess.run(
-        sparkdiag_cmd("watch", "--json", "--stacks", "off", "--interval", "0.1", "--state-dir",
-                      str(state), "--record", str(tmp_path / "run.json"), "--nvml-fixture",
-                      str(NVML / "watch-starved.json"), "--", sys.executable, "-c", READER,
-                      str(tmp_path / "data.bin")),
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+    result = invoke_cli("watch", "--json", "--stacks", "off", "--interval", "0.1", "--state-dir",
+                        str(state), "--record", str(tmp_path / "run.json"), "--nvml-fixture",
+                        str(NVML / "watch-starved.json"), "--", sys.executable, "-c", READER,
+                        str(tmp_path / "data.bin"))  # fmt: skip
     assert result.returncode == 0, result.stderr
     cause = json.loads(result.stdout)["causes"][0]
     evidence = " ".join(cause["evidence"])

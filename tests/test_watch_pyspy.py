@@ -22,7 +22,7 @@ from sparkdiag.sources.host import pyspy
 from sparkdiag.watch import stack_sampler
 from sparkdiag.watch.job import SpawnedJob
 from sparkdiag.watch.model import RankInfo, Tick, load
-from tests.support import NVML, ROOT, sparkdiag_cmd
+from tests.support import NVML, ROOT, invoke_cli, sparkdiag_cmd
 
 BINARY = pyspy.find()
 needs_pyspy = pytest.mark.skipif(BINARY is None, reason="py-spy is not installed here")
@@ -83,6 +83,7 @@ def test_a_recorder_reads_a_running_job_s_threads_lines_and_times(tmp_path: Path
         rec.stop()
         segments = rec.collect()
     finally:
+        job.kill()  # read: the rest of its 2.5 s is not needed
         job.wait(timeout=30)
     assert segments and {s.pid for s in segments} == {job.pid}
     assert {s.tid for s in segments} == {job.pid}  # the main thread, by its OS thread id
@@ -314,17 +315,22 @@ def watch(*args: str, env: dict[str, str] | None = None,
 
 @needs_pyspy
 @pytest.mark.parametrize(
-    ("body", "verdict", "function", "lines"),
+    ("body", "seconds", "verdict", "function", "lines"),
     [
-        (SYNC_JOB, "host-sync", "<module>", {8: "scores = logits.tolist()"}),
-        (PREP_JOB, "data-prep-in-loop", "tokenize", {7: "return [VOCAB.get(c, 0) for c in text]"}),
-        # serialising, or waiting for the write to reach the disk: both the checkpoint's
-        (SAVE_JOB, "checkpoint-stalls", "save_checkpoint",
-         {5: "pickle.dump(state, fh)", 7: "os.fsync(fh.fileno())"}),
+        # 2 s: the verdict and the line held in 2 runs of 1.5 s and 3 of 2 s here
+        (SYNC_JOB, "2", "host-sync", "<module>", {8: "scores = logits.tolist()"}),
+        (PREP_JOB, "2", "data-prep-in-loop", "tokenize",
+         {7: "return [VOCAB.get(c, 0) for c in text]"}),
+        # serialising, waiting for the write to reach the disk, or opening the file (which
+        # truncates the last 20 MB checkpoint: that line came first in 1 run of 3 at 2 s, 1 of
+        # 2 at 1.5 s and once in a full run at 3 s here): all three the checkpoint's
+        (SAVE_JOB, "2", "checkpoint-stalls", "save_checkpoint",
+         {4: 'with open(path, "wb") as fh:', 5: "pickle.dump(state, fh)",
+          7: "os.fsync(fh.fileno())"}),
     ],
 )  # fmt: skip
 def test_watch_names_the_line_that_took_the_time(
-    tmp_path: Path, body: str, verdict: str, function: str, lines: dict[int, str]
+    tmp_path: Path, body: str, seconds: str, verdict: str, function: str, lines: dict[int, str]
 ) -> None:
     """The scripted fixture keeps the GPU idle two ticks in three; the CPU job's own stacks say
     what it did meanwhile, and the line is named."""
@@ -332,7 +338,7 @@ def test_watch_names_the_line_that_took_the_time(
     record = tmp_path / "run.json"
     result = watch("--json", "--interval", "0.2", "--nvml-fixture",
                    str(NVML / "watch-starved.json"), "--record", str(record), "--",
-                   sys.executable, str(job), "3", str(tmp_path / "ckpt"))  # fmt: skip
+                   sys.executable, str(job), seconds, str(tmp_path / "ckpt"))  # fmt: skip
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
     assert doc["stack_sampler"].startswith("py-spy ") and "non-blocking" in doc["stack_sampler"]
@@ -342,7 +348,7 @@ def test_watch_names_the_line_that_took_the_time(
     assert lines.get(site["line"]) == site["text"]
     assert doc["causes"][0]["stacks"]
     assert load(record).threads[0].tid == load(record).threads[0].pid  # the main thread
-    replayed = watch("--json", "--replay", str(record))
+    replayed = invoke_cli("watch", "--json", "--replay", str(record))  # reads a file: in-process
     again = json.loads(replayed.stdout)
     assert again["verdict"] == verdict and again["causes"] == doc["causes"]
 
@@ -352,7 +358,7 @@ def test_without_py_spy_watch_says_so_once_and_judges_from_the_counters(tmp_path
     job = script(tmp_path, "job.py", PREP_JOB)
     env = {**os.environ, pyspy.ENV: str(tmp_path / "no-py-spy")}
     result = watch("--json", "--interval", "0.2", "--nvml-fixture",
-                   str(NVML / "watch-starved.json"), "--", sys.executable, str(job), "2",
+                   str(NVML / "watch-starved.json"), "--", sys.executable, str(job), "1.2",
                    env=env)  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert result.stderr.count("py-spy not found at $SPARKDIAG_PYSPY") == 1
@@ -361,8 +367,8 @@ def test_without_py_spy_watch_says_so_once_and_judges_from_the_counters(tmp_path
     assert doc["stack_sampler"] == "" and any("py-spy not found" in s for s in doc["skipped"])
     cause = doc["causes"][0]
     assert cause["name"] == "data-prep-in-loop" and cause["sites"] == []  # counters: busy thread
-    off = watch("--json", "--interval", "0.2", "--stacks", "off", "--nvml-fixture",
-                str(NVML / "watch-healthy.json"), "--", "sleep", "0.5")  # fmt: skip
+    off = invoke_cli("watch", "--json", "--interval", "0.2", "--stacks", "off", "--nvml-fixture",
+                     str(NVML / "watch-healthy.json"), "--", "sleep", "0.3")  # fmt: skip
     assert "--stacks off" in json.loads(off.stdout)["skipped"][-1]
 
 

@@ -34,6 +34,7 @@ from sparkdiag.web.serving import Limits
 from sparkdiag.web.webconfig import load_web_config
 from tests.support import assert_clean_error, run_cli, tls_web_config
 from tests.support import serving as serving_cm
+from tests.support.fuzz import examples
 
 WEB = Path(serving.__file__).parent
 
@@ -111,7 +112,7 @@ def test_a_bad_openmetrics_version_gets_text_not_a_500(quiet: pytest.LogCaptureF
         assert odd.status == 400 and b"\x01" not in odd.body  # type: ignore[attr-defined]
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=examples(300), deadline=None)
 @given(st.text(max_size=200), st.text(max_size=100))
 def test_property_any_accept_header_gets_one_of_two_content_types(accept: str, coding: str) -> None:
     assert choose_format(accept) in scrape.CONTENT_TYPES
@@ -361,7 +362,9 @@ _heads = st.one_of(
 
 
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(150),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(_heads)
 def test_property_any_request_head_is_answered_or_closed_never_500(

@@ -23,6 +23,7 @@ from hypothesis import strategies as st
 
 from sparkdiag.web.http import ExporterServer
 from tests.support import NVML, free_port, self_signed_cert, serving, sparkdiag_cmd
+from tests.support.fuzz import examples
 from tests.support.tty import OnTerminal
 
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -71,7 +72,7 @@ def test_a_thousand_pipelined_requests_split_inside_their_heads_are_all_answered
     assert answers == [b"200"] * 1000
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(25), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(cuts=st.lists(st.integers(min_value=1, max_value=len(HEALTHZ) * 20 - 1), max_size=30))
 def test_pipelining_is_right_whatever_the_read_boundaries(cuts: list[int]) -> None:
     """20 pipelined requests cut at any places; a pause between the pieces makes each piece a

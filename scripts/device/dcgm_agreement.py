@@ -2,7 +2,7 @@
 """On the lent GPU: sparkdiag's dcgm-exporter compatible series beside ``nvidia-smi``.
 
 Starts ``python3 -m sparkdiag serve --compat.dcgm`` from this checkout (no probe, polls every
-0.5 s), lets it poll a few times (GPM answers from the second poll), then in each of
+0.5 s), lets it settle 2 s and poll twice (GPM answers from the second poll), then in each of
 ``--rounds`` rounds scrapes /metrics, runs ``nvidia-smi --query-gpu=...`` once for every GPU
 and scrapes again. A value agrees when it is within the tolerance of either scrape, so that a
 clock that moved during nvidia-smi's tens of milliseconds is not a false failure. Judged, as in
@@ -22,7 +22,9 @@ agreement.json, scrape-first.prom and scrape-last.prom, dump.prom, nvidia-smi.cs
 Exit status 0 when every judged row agrees, 1 when one does not, 2 when it cannot run.
 
 For tests: ``--sparkdiag-arg`` (repeatable) goes to serve and dump (``--nvml-fixture FILE``),
-``--nvidia-smi`` names the program to run.
+``--nvidia-smi`` names the program to run; ``--serve-arg`` (repeatable) goes to serve only;
+``--settle 0`` scrapes as soon as serve has polled twice (with ``--poll-interval 0.1`` given to
+serve, a tenth of a second after it is healthy).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import http.client
 import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -51,7 +54,8 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 from benchmarks.common import stop  # noqa: E402
 from sparkdiag.exporter.dcgm import FIELDS, XID_ERRORS  # noqa: E402
 
-SETTLE_SECONDS = 2.0  # after the daemon is healthy: four polls, GPM in
+SETTLE_SECONDS = 2.0  # after the daemon is healthy (its first poll): the poller's next, GPM in
+SETTLE_POLLS = 2  # and at least until /healthz says poll 2 (GPM answers from the second)
 START_TIMEOUT = 60.0
 
 
@@ -94,6 +98,10 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--nvidia-smi", default="nvidia-smi")
     p.add_argument("--sparkdiag-arg", action="append", default=[], help="for serve and dump")
     p.add_argument("--python", default=sys.executable, help="interpreter that runs sparkdiag")
+    p.add_argument("--serve-arg", action="append", default=[], help="for serve only")
+    p.add_argument("--settle", type=float, default=SETTLE_SECONDS,
+                   help=f"seconds to let serve poll before the first scrape, and at least until "
+                        f"its poll {SETTLE_POLLS} (default {SETTLE_SECONDS:g})")  # fmt: skip
     return p.parse_args(argv)
 
 
@@ -189,7 +197,7 @@ def start_serve(opts: argparse.Namespace, work: Path) -> tuple[subprocess.Popen[
     cmd = [
         opts.python, "-m", "sparkdiag", "serve", "--listen", f"127.0.0.1:{port}",
         "--compat.dcgm", "--no-probe.enabled", "--poll-interval", "0.5",
-        "--state-dir", str(work / "state"), *opts.sparkdiag_arg,
+        "--state-dir", str(work / "state"), *opts.sparkdiag_arg, *opts.serve_arg,
     ]  # fmt: skip
     log = (work / "serve.log").open("wb")
     proc = subprocess.Popen(cmd, cwd=REPO, env=environment(), stdout=log, stderr=log)
@@ -207,13 +215,25 @@ def start_serve(opts: argparse.Namespace, work: Path) -> tuple[subprocess.Popen[
     raise SystemExit(f"sparkdiag serve not healthy within {START_TIMEOUT:.0f} s")
 
 
+def settle(port: int, seconds: float) -> None:
+    """``seconds``, and then until serve's /healthz says it made poll ``SETTLE_POLLS``."""
+    time.sleep(seconds)
+    deadline = time.monotonic() + START_TIMEOUT
+    while time.monotonic() < deadline:
+        match = re.search(r"poll (\d+)", get(port, "/healthz")[1])
+        if match and int(match.group(1)) >= SETTLE_POLLS:
+            return
+        time.sleep(0.05)
+    raise SystemExit(f"sparkdiag serve did not poll {SETTLE_POLLS} times in {START_TIMEOUT:.0f} s")
+
+
 # ---------------------------------------------------------------------------- the run
 
 
 def measure(opts: argparse.Namespace, work: Path) -> dict[str, Any]:
     proc, port = start_serve(opts, work)
     try:
-        time.sleep(SETTLE_SECONDS)
+        settle(port, opts.settle)
         texts = [get(port, "/metrics")[1]]
         rounds = []
         for _ in range(opts.rounds):

@@ -50,14 +50,19 @@ class OnTerminal:
     def output(self) -> str:
         return b"".join(self._chunks).decode(errors="replace")
 
+    def said(self, needle: str) -> bool:
+        """Whether ``needle`` is in the output, its lines joined: a log line on a terminal is
+        wrapped to its width (80 here), where a long temporary path moves the breaks."""
+        return " ".join(needle.split()) in " ".join(self.output.split())
+
     def wait_for(self, needle: str, timeout: float) -> bool:
-        """Whether ``needle`` appears in the output within ``timeout`` seconds."""
+        """Whether ``needle`` appears in the output (:meth:`said`) within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if needle in self.output:
+            if self.said(needle):
                 return True
             if self._ended.is_set():
-                return needle in self.output
+                return self.said(needle)
             time.sleep(0.05)
         return False
 

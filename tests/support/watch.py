@@ -1,16 +1,21 @@
 """Synthetic watch recordings for the diagnosis tests: :func:`timeline` builds one from a
 function per series (tick index -> value) or one value for every tick, with the job's start-up
-and tear-down around it."""
+and tear-down around it; :class:`PollGate`, a real job for ``sparkdiag watch`` that ends at a
+poll of the scripted NVML fixture."""
 
 from __future__ import annotations
 
 import functools
+import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
 
+from sparkdiag.sources.nvml.fixture import FixtureBackend
 from sparkdiag.watch.causes import Cause
 from sparkdiag.watch.diagnose import Diagnosis
 from sparkdiag.watch.model import (
@@ -280,3 +285,47 @@ def others(rec: Recording, sm: Callable[[int], float | None], warmup: int = 0,
         ticks.append(replace(tick, gpus=tuple(gpus)))
     who = ProcessInfo(pid, "python3", "alice", "c0ffee" * 10 + "abcd", "")
     return replace(rec, ticks=tuple(ticks), tenants=(who,))
+
+
+# ---- a real job that ends at a poll of the scripted fixture -------------------------------------
+
+
+class PollGate:
+    """A real job for ``sparkdiag watch`` run in this process (``invoke_cli``) that ends once the
+    NVML fixture has answered ``polls`` polls (the first, which primes the counters and is
+    dropped, included), however slowly this machine ticks: the scripted phases are counted in
+    polls (watch-throttled changes at poll 10), so a job of fixed length saw fewer of them on a
+    loaded machine and waited for nothing on an idle one. :attr:`sleeper` waits in ``cat`` on a
+    FIFO (no CPU, no reads, like ``sleep``); :attr:`spinner` keeps a core busy until released."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, directory: Path, polls: int) -> None:
+        self.fifo = directory / "release"
+        self.flag = directory / "released"
+        os.mkfifo(self.fifo)
+        self.polls = polls
+        self.waits_in_fifo = False
+        gate = self
+        advance = FixtureBackend.advance
+
+        def counted(backend: FixtureBackend) -> None:
+            advance(backend)
+            if backend.poll == gate.polls:
+                gate.release()
+
+        monkeypatch.setattr(FixtureBackend, "advance", counted)
+
+    @property
+    def sleeper(self) -> list[str]:
+        self.waits_in_fifo = True
+        return ["cat", str(self.fifo)]
+
+    @property
+    def spinner(self) -> list[str]:
+        spin = f"import os\nwhile not os.path.exists({str(self.flag)!r}): pass\n"
+        return [sys.executable, "-c", spin]
+
+    def release(self) -> None:
+        self.flag.touch()
+        if self.waits_in_fifo:
+            # opening the FIFO waits until the job has it open; closing it ends the job's read
+            os.close(os.open(self.fifo, os.O_WRONLY))
