@@ -15,6 +15,12 @@
   (restart to apply a change) and goes on; SIGUSR1 logs one status line (polls, GPUs up, probe
   cycles) and goes on.
 
+A handler runs in the main thread between two bytecodes, maybe while that thread holds a lock
+(inside ``stop.wait()``, a thread's start, a log call): a handler that takes a lock itself can
+wait for its own thread for ever. So a handler takes none: it notes the signal, writes its
+number to a pipe and, for a command, raises; the signals' thread (``sparkdiag-signals``) reads
+the pipe and does the rest (sets :attr:`Lifecycle.stop`, logs, asks for the status).
+
 SIGHUP does not reload: the daemon's settings reach the poller, the probe schedulers and the HTTP
 server at start, and a restart (0.3 s under systemd, baselines kept in the state directory) applies
 any change with no half-applied state. Everything here imports only the standard library, so that
@@ -25,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -62,18 +69,22 @@ class Lifecycle:
         self._raising = True  # a stop signal raises Interrupted (not under stopping())
         self._daemon = False
         self._installed = False
+        self._wake: int | None = None  # the pipe's write end, to the signals' thread
+        self._announced = False  # "received ..., stopping" logged (the daemon's first stop)
+        os.register_at_fork(after_in_child=self._forget_pipe)
 
     def install(self, daemon: bool = False) -> Lifecycle:
         """Install SIGINT and SIGTERM (with ``daemon``: SIGQUIT, SIGHUP and SIGUSR1 too, and a
         stop never raises). Main thread only; elsewhere, as in tests, nothing is done."""
         if not _main_thread():
             return self
+        self._start_thread()
         if daemon:
             self._daemon, self._raising = True, False
             for sig in STOP_SIGNALS:
                 signal.signal(sig, self._on_stop)
-            signal.signal(signal.SIGHUP, self._on_hup)
-            signal.signal(signal.SIGUSR1, self._on_usr1)
+            signal.signal(signal.SIGHUP, self._on_other)
+            signal.signal(signal.SIGUSR1, self._on_other)
         elif not self._installed:
             for sig in COMMAND_SIGNALS:
                 signal.signal(sig, self._on_stop)
@@ -89,9 +100,9 @@ class Lifecycle:
             yield
             return
         previous: dict[int, Any] = {sig: signal.getsignal(sig) for sig in COMMAND_SIGNALS}
+        self.stopped_by, self.received[:] = None, []  # first: the thread sets stop only after one
         self.stop.clear()
-        self.stopped_by, self.received[:] = None, []
-        self._raising, self._daemon = True, False
+        self._raising, self._daemon, self._announced = True, False, False
         self.install()
         try:
             yield
@@ -107,40 +118,71 @@ class Lifecycle:
         self._raising = False
         return self.stop
 
-    # A handler runs in the main thread between two bytecodes, possibly in the middle of that
-    # thread's own write to stderr: logging from it there raises "reentrant call" and the line is
-    # lost (seen in CI: SIGHUP then SIGUSR1 at once). The handlers log from a thread of their own,
-    # which waits for the stream's lock instead.
-    @staticmethod
-    def _log_later(level: int, message: str, *args: object) -> None:
-        threading.Thread(
-            target=log.log, args=(level, message, *args), name="sparkdiag-signal", daemon=False
-        ).start()
+    # -- the handlers: no lock taken (see the module's docstring) -------------------------------
 
     def _on_stop(self, signum: int, _frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
         self.received.append(name)
         if self.stopped_by is None:
             self.stopped_by = name
-            if self._daemon:
-                self._log_later(logging.INFO, "received %s, stopping", name)
-        self.stop.set()
+        self._pass_on(signum)
         if self._raising:
             raise Interrupted(name)
 
-    def _on_hup(self, _signum: int, _frame: FrameType | None) -> None:
-        self._log_later(
-            logging.WARNING,
-            "received SIGHUP: the configuration is read at start only; restart sparkdiag to "
-            "apply a change (systemctl restart sparkdiag)",
-        )
+    def _on_other(self, signum: int, _frame: FrameType | None) -> None:
+        self._pass_on(signum)
 
-    def _on_usr1(self, _signum: int, _frame: FrameType | None) -> None:
-        try:
-            text = self.status()
-        except Exception as exc:  # a status bug must not kill the daemon
-            text = f"status unavailable: {exc}"
-        self._log_later(logging.INFO, "status: %s", text)
+    def _pass_on(self, signum: int) -> None:
+        if self._wake is None:  # no signals' thread (a forked child): the stop alone
+            if signum in STOP_SIGNALS:
+                self.stop.set()
+            return
+        with contextlib.suppress(OSError):  # full (a flood of signals): one is enough
+            os.write(self._wake, bytes([signum]))
+
+    # -- the signals' thread ------------------------------------------------------------------
+
+    def _start_thread(self) -> None:
+        if self._wake is not None:
+            return
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        self._wake = write
+        threading.Thread(
+            target=self._signals, args=(read,), name="sparkdiag-signals", daemon=True
+        ).start()
+
+    def _forget_pipe(self) -> None:
+        self._wake = None  # the thread reading it is the parent's
+
+    def _signals(self, read: int) -> None:
+        while True:
+            try:
+                got = os.read(read, 64)
+            except InterruptedError:
+                continue
+            if not got:
+                return
+            for signum in got:
+                self._act(signum)
+
+    def _act(self, signum: int) -> None:
+        if signum == signal.SIGHUP:
+            log.warning(
+                "received SIGHUP: the configuration is read at start only; restart sparkdiag "
+                "to apply a change (systemctl restart sparkdiag)"
+            )
+        elif signum == signal.SIGUSR1:
+            try:
+                text = self.status()
+            except Exception as exc:  # a status bug must not kill the daemon
+                text = f"status unavailable: {exc}"
+            log.info("status: %s", text)
+        elif self.received:  # not a stop from before owning() cleared them
+            if self._daemon and not self._announced and self.stopped_by is not None:
+                self._announced = True
+                log.info("received %s, stopping", self.stopped_by)
+            self.stop.set()
 
 
 # The process's one lifecycle: the command group installs it around every command, and

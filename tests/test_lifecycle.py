@@ -121,6 +121,51 @@ def test_a_stop_while_starting_exits_cleanly() -> None:
             assert code == 0, (delay, err)
 
 
+SIGNALS = 300
+
+
+@pytest.mark.parametrize("daemon", [True, False])
+def test_a_stop_signal_while_the_main_thread_waits_on_the_stop_event(
+    tmp_path: Path, daemon: bool
+) -> None:
+    """The daemon waits on the stop event in its main thread, and the handler runs there: a
+    handler that set the event itself took the event's lock, which that thread might hold, and
+    waited for ever (CI: a serve stopped while starting did not end in 15 s). Here a main thread
+    that does nothing but wait on the event gets 300 SIGTERMs 2 ms apart, and counts them all
+    (the handler that took the lock hung or was killed in each of six such runs)."""
+    pidfile, enough = tmp_path / "ready", tmp_path / "enough"
+    code = (
+        "import os, sys, time\n"
+        "from sparkdiag.lifecycle import LIFECYCLE\n"
+        + (
+            "LIFECYCLE.install(daemon=True)\nstop = LIFECYCLE.stop\n"
+            if daemon
+            else "LIFECYCLE.install()\nstop = LIFECYCLE.stop_on_signal()\n"
+        )
+        + f"open({str(pidfile)!r}, 'w').write('1')\n"
+        "n = 0\n"
+        f"while n % 1000 or not os.path.exists({str(enough)!r}):\n"
+        "    stop.wait(0)\n"
+        "    n += 1\n"
+        "assert stop.wait(5)\n"
+        "print(len(LIFECYCLE.received), flush=True)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE)
+    try:
+        _wait_file(pidfile)
+        for _ in range(SIGNALS):
+            proc.send_signal(signal.SIGTERM)
+            time.sleep(0.002)
+        enough.write_text("1")
+        out = proc.communicate(timeout=15)[0].decode()
+        assert proc.returncode == 0, out
+        assert int(out) == SIGNALS
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 def test_an_unresolvable_listen_host_is_a_configuration_error() -> None:
     fixture = str(NVML / "h200-idle.json")
     args = ["--listen", "no-such-host.invalid:10942", "--no-probe.enabled"]
