@@ -230,6 +230,38 @@ def test_chunks_tile_the_ticks_without_counting_any_moment_twice(
     assert sum(s.visits for t in tables.ticks for s in t.stacks) >= 10
 
 
+@needs_pyspy
+def test_a_wait_across_chunks_is_one_visit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job asleep on one line while the recorders are replaced every 0.6 s: the next chunk
+    going on in the same stack is no new visit (a rank's collective wait across a chunk read
+    as a run of waits, and a hang watched past 30 s was not named)."""
+    monkeypatch.setattr(stack_sampler, "CHUNK_SECONDS", 0.6)
+    job = subprocess.Popen(
+        [sys.executable, str(script(tmp_path, "job.py", "import time\ntime.sleep(2.5)\n"))]
+    )
+    assert BINARY is not None
+    sampler = stack_sampler.StackSampler(BINARY, Path("/"), rate=50)
+    start = last = time.monotonic()
+    ticks: list[Tick] = []
+    try:
+        while job.poll() is None:
+            assert sampler.update([job.pid]) == []
+            time.sleep(0.2)
+            now = time.monotonic()
+            ticks.append(Tick(t=now - start, dt=now - last))
+            last = now
+        assert sampler.finish() == []
+    finally:
+        job.wait(timeout=30)
+    chunks = len({round(s.start, 6) for s in sampler.segments})
+    tables = stack_sampler.tables(sampler.segments, ticks, start, sampler.texts, sampler.names)
+    asleep = {i for i, stack in enumerate(tables.stacks)
+              if any(tables.frames[f].text == "time.sleep(2.5)" for f in stack)}  # fmt: skip
+    times = [s for t in tables.ticks for s in t.stacks if s.stack in asleep]
+    assert chunks >= 3 and sum(s.seconds for s in times) > 1.5, (chunks, times)
+    assert sum(s.visits for s in times) == 1, times
+
+
 def test_whose_stacks_are_recorded(tmp_path: Path) -> None:
     root = tmp_path / "rootfs"
     for pid, name in ((10, "bash"), (11, "python3"), (12, "pt_data_worker"), (13, "python3.11")):

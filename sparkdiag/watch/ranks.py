@@ -189,6 +189,13 @@ def _reentered(rec: Recording, readings: Readings, span: Sequence[int], threads:
     )
 
 
+def _same_wait(a: _Tick, b: _Tick) -> bool:
+    """Two ticks of one wait: the ranks sampled in both wait in both or in neither (a rank
+    not sampled in a tick, as py-spy catching up under load, does not end the wait)."""
+    both = a.seen & b.seen
+    return bool(a.waiting & b.waiting) and a.waiting & both == b.waiting & both
+
+
 def _stalls(
     rec: Recording, readings: Readings, found: list[Rank], ticks: Sequence[int]
 ) -> Finding | None:
@@ -196,7 +203,7 @@ def _stalls(
     runs: list[list[int]] = []
     for i, t in enumerate(per):  # the same ranks waiting, tick after tick
         stalled = t.waiting and len(t.waiting) < len(t.seen)
-        if stalled and runs and runs[-1][-1] == i - 1 and per[i - 1].waiting == t.waiting:
+        if stalled and runs and runs[-1][-1] == i - 1 and _same_wait(per[i - 1], t):
             runs[-1].append(i)
         elif stalled:
             runs.append([i])

@@ -255,7 +255,8 @@ def tables(
     ends = [t.t for t in ticks]
     per_tick: list[dict[tuple[int, int], float]] = [{} for _ in ticks]
     visits: list[dict[tuple[int, int], int]] = [{} for _ in ticks]
-    for s in segments:
+    last: dict[tuple[int, int], int] = {}  # a thread's stack in its stretch before
+    for s in sorted(segments, key=lambda s: s.start):
         key = (s.pid, s.tid)
         if key not in kept:
             continue
@@ -269,9 +270,13 @@ def tables(
         stack = stack_index.setdefault(tuple(frames), len(stack_index))
         begin, end = s.start - start, s.end - start
         i = bisect.bisect_right(ends, begin)
-        if i < len(ticks):  # each stretch begins with the thread coming into its stack
+        # each stretch begins with the thread coming into its stack, but where the stretch
+        # before was in the same stack: py-spy gives one stretch per change, so that is the
+        # next chunk's recorder (or a new one after a failure) going on where the last stopped
+        if i < len(ticks) and last.get(key) != stack:
             at = (thread_index[key], stack)
             visits[i][at] = visits[i].get(at, 0) + 1
+        last[key] = stack
         while i < len(ticks) and ticks[i].t - ticks[i].dt < end:
             overlap = min(end, ticks[i].t) - max(begin, ticks[i].t - ticks[i].dt)
             if overlap > 0:

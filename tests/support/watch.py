@@ -242,19 +242,22 @@ def with_threads(
     threads: tuple[ThreadInfo, ...] = (ThreadInfo(4242, 4242, "MainThread", "python3"),),
 ) -> Recording:
     """``rec`` with the stacks of several threads: ``at(i)`` gives, for the active tick ``i``,
-    (thread index, stack, share of the tick) for each."""
+    (thread index, stack, share of the tick) for each; a visit where the thread was not in
+    that stack in the last tick it was seen in (as py-spy's stretches: a tick without the
+    thread is no change of stack)."""
     frames: dict[StackFrame, int] = {}
     stacks: dict[tuple[int, ...], int] = {}
     ticks = []
-    before: set[tuple[int, int]] = set()
+    before: dict[int, set[int]] = {}  # a thread's stacks in the last tick it was seen
     for k, tick in enumerate(rec.ticks):
         i = k - warmup
         times = []
         for index, stack, share in at(i):
             ids = tuple(frames.setdefault(f, len(frames)) for f in stack)
             n = stacks.setdefault(ids, len(stacks))
-            times.append(StackTime(index, n, share * tick.dt, int((index, n) not in before)))
-        before = {(t.thread, t.stack) for t in times}
+            times.append(StackTime(index, n, share * tick.dt, int(n not in before.get(index, ()))))
+        for t in times:
+            before[t.thread] = {u.stack for u in times if u.thread == t.thread}
         ticks.append(replace(tick, stacks=tuple(times)))
     return replace(
         rec,
