@@ -131,8 +131,8 @@ def test_a_stop_signal_while_the_main_thread_waits_on_the_stop_event(
     """The daemon waits on the stop event in its main thread, and the handler runs there: a
     handler that set the event itself took the event's lock, which that thread might hold, and
     waited for ever (CI: a serve stopped while starting did not end in 15 s). Here a main thread
-    that does nothing but wait on the event gets 300 SIGTERMs 2 ms apart, and counts them all
-    (the handler that took the lock hung or was killed in each of six such runs)."""
+    that does nothing but wait on the event gets 300 SIGTERMs 2 ms apart, and ends (the
+    handler that took the lock hung or was killed in each of six such runs)."""
     pidfile, enough = tmp_path / "ready", tmp_path / "enough"
     code = (
         "import os, sys, time\n"
@@ -159,7 +159,9 @@ def test_a_stop_signal_while_the_main_thread_waits_on_the_stop_event(
         enough.write_text("1")
         out = proc.communicate(timeout=15)[0].decode()
         assert proc.returncode == 0, out
-        assert int(out) == SIGNALS
+        # signals that come before the handler ran are one (POSIX keeps one pending): 299 of
+        # 300 were counted once under load
+        assert SIGNALS / 2 <= int(out) <= SIGNALS
     finally:
         if proc.poll() is None:
             proc.kill()

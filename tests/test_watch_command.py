@@ -86,7 +86,7 @@ def test_text_report_names_the_cause_its_evidence_and_what_to_try(
     assert "diagnosis: input-starved (" in out and "of the time lost" in out
     assert "- the GPU waited" in out and "idle gaps in the driver's samples" not in out  # none
     # `cat` on a FIFO uses no CPU and reads nothing while the GPU waits: find what it waits for
-    assert "nobody in the job was busy" in out
+    assert "nobody in the job was busy" in out, out
     assert "try: find what the job waits for" in out
 
 

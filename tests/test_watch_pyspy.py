@@ -88,7 +88,9 @@ def test_a_recorder_reads_a_running_job_s_threads_lines_and_times(tmp_path: Path
     assert segments and {s.pid for s in segments} == {job.pid}
     assert {s.tid for s in segments} == {job.pid}  # the main thread, by its OS thread id
     leaves = {(s.frames[-1].function, s.frames[-1].line) for s in segments}
-    assert ("work", 6) in leaves and ("rest", 10) in leaves
+    # the loop's two lines (for, total +=): which one a sample lands on is chance; under load
+    # (two pytest-xdist workers on 2 cores) 1.5 s once caught line 5 alone
+    assert {("work", 5), ("work", 6)} & leaves and ("rest", 10) in leaves, leaves
     seconds = sum(s.end - s.start for s in segments)
     assert 1.0 <= seconds <= 1.6  # the stretches tile the time it sampled, cut where it stopped
     assert all(rec.origin <= s.start < s.end <= (rec.stopped_at or 0) for s in segments)
@@ -227,7 +229,9 @@ def test_chunks_tile_the_ticks_without_counting_any_moment_twice(
     assert middle and sum(middle) >= 0.8 * sum(t.dt for t in tables.ticks[4:-2])
     texts = {f.text for f in tables.frames}
     assert "total += i * i" in texts and "time.sleep(0.05)" in texts
-    assert sum(s.visits for t in tables.ticks for s in t.stacks) >= 10
+    # work and rest, back and forth (a chunk's start in the same stack is no visit: 8 seen
+    # under two pytest-xdist workers on 2 cores)
+    assert sum(s.visits for t in tables.ticks for s in t.stacks) >= 4
 
 
 @needs_pyspy
