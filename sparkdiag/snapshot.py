@@ -114,7 +114,7 @@ class GpuSample:
     sm_occupancy_ratio: float | None = None  # resident warps over the maximum (GPM)
     # "encoder", "decoder"
     video_utilization_ratio: Mapping[str, float] = field(default_factory=dict)
-    # "tx", "rx": bytes per second over NVML's 20 ms window
+    # "tx", "rx": bytes per second, from GPM between two polls, else over NVML's 20 ms window
     pcie_throughput_bytes_per_second: Mapping[str, float] = field(default_factory=dict)
     nvlinks: tuple[NvlinkSample, ...] = ()  # the links NVML reports a state for
     # Per-process metrics (opt-in): None when off or when NVML gives no process list

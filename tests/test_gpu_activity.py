@@ -147,6 +147,44 @@ def test_unified_memory_gpu_has_no_nvml_pcie_throughput(
     assert source.read()[0].pcie_throughput_bytes_per_second == {}
 
 
+GPM_WITH_PCIE = {"sm": 40.0, "sm_occupancy": 20.0, "tensor": 30.0, "dram": 10.0,
+                 "pcie_tx": 1308.0, "pcie_rx": 3142.0}  # fmt: skip
+
+
+def test_pcie_throughput_comes_from_gpm_where_it_answers_and_nvml_s_query_is_not_asked(
+    derive_fixture: Callable[..., Path],
+) -> None:
+    """GPM's PCIe counters (MiB/s between two polls; the H200 read rx 3142 under a pageable
+    host-to-device loop): NVML's own query, which blocks 20 ms a direction, is not asked."""
+    path = derive_fixture("h200-idle", devices=[{"from": 0, "set": {"gpm": GPM_WITH_PCIE}}])
+    backend = CountingBackend(path)
+    source = GpuSource(backend)
+    assert source.start()
+    sample = source.read()[0]
+    mib = 1024.0 * 1024.0
+    assert sample.pcie_throughput_bytes_per_second == {"tx": 1308 * mib, "rx": 3142 * mib}
+    assert sample.activity_ratio == {"sm": 0.4, "tensor": 0.3, "dram": 0.1}
+    assert backend.asked[(0, "gpm", None)] == 1  # one sample a poll, for both
+    assert (0, "pcie_throughput", 0) not in backend.asked
+    assert (0, "pcie_throughput", 1) not in backend.asked
+
+
+@pytest.mark.parametrize(
+    ("base", "gpm", "expected"),
+    [  # GPM with one direction only: NVML's window for both; unified memory: neither
+        ("h200-idle", {"sm": 1.0, "pcie_tx": 5.0}, {"tx": 1587 * 1024.0, "rx": 595 * 1024.0}),
+        ("gb10-idle", GPM_WITH_PCIE, {}),
+    ],
+)
+def test_without_both_gpm_directions_nvml_s_window_and_never_on_unified_memory(
+    derive_fixture: Callable[..., Path], base: str, gpm: dict[str, float], expected: object
+) -> None:
+    path = derive_fixture(base, devices=[{"from": 0, "set": {"gpm": gpm}}])
+    source = GpuSource(FixtureBackend(path))
+    assert source.start()
+    assert source.read()[0].pcie_throughput_bytes_per_second == expected
+
+
 def test_slow_tier_reads_pcie_throughput_and_nvlink_every_10_seconds(
     nvml_fixture: Callable[[str], Path],
 ) -> None:

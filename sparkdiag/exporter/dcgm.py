@@ -258,13 +258,13 @@ FIELDS: tuple[DcgmField, ...] = (
     ),
     DcgmField(
         "DCGM_FI_PROF_PCIE_TX_BYTES",
-        "PCIe bytes per second sent, over NVML's 20 ms window "
+        "PCIe bytes per second sent, from GPM between polls, else NVML's 20 ms window "
         '(sparkdiag_gpu_pcie_throughput_bytes_per_second{direction="tx"}).',
         lambda g, _s: g.pcie_throughput_bytes_per_second.get("tx"),
     ),
     DcgmField(
         "DCGM_FI_PROF_PCIE_RX_BYTES",
-        "PCIe bytes per second received, over NVML's 20 ms window "
+        "PCIe bytes per second received, from GPM between polls, else NVML's 20 ms window "
         '(sparkdiag_gpu_pcie_throughput_bytes_per_second{direction="rx"}).',
         lambda g, _s: g.pcie_throughput_bytes_per_second.get("rx"),
     ),

@@ -36,7 +36,8 @@ class GpuActivityCollector(FromSnapshot):
         )
         pcie = GaugeMetricFamily(
             "sparkdiag_gpu_pcie_throughput_bytes_per_second",
-            "GPU PCIe traffic in bytes per second over a 20 ms window (read every 10 s).",
+            "GPU PCIe traffic in bytes per second: from GPM between two polls (Hopper and "
+            "later), else over NVML's 20 ms window (read every 10 s).",
             labels=[*GPU_LABELS, "direction"],
         )
         for g in gpus:

@@ -24,6 +24,9 @@ Ask = Callable[..., Any]
 
 # GPM answer key -> activity_ratio key ("sm_occupancy" has its own field)
 GPM_ACTIVITY = {"sm": "sm", "tensor": "tensor", "dram": "dram"}
+# GPM answer key (MiB/s between two samples) -> pcie_throughput_bytes_per_second key
+GPM_PCIE = {"pcie_tx": "tx", "pcie_rx": "rx"}
+MIB = 1024.0 * 1024.0
 NVLINK_ERRORS = {
     "replay": "nvlink_replay_errors",
     "recovery": "nvlink_recovery_errors",
@@ -39,14 +42,30 @@ def percent_ratio(percent: Any) -> float:
     return min(max(float(percent) / 100.0, 0.0), 1.0)
 
 
-def read_activity(ask: Ask) -> tuple[dict[str, float], float | None]:
-    """(activity ratios "sm", "tensor", "dram"; SM occupancy) from GPM; ({}, None) without."""
+@dataclass(frozen=True)
+class GpmReading:
+    """What one GPM answer gives: activity ratios ("sm", "tensor", "dram"), SM occupancy, and
+    PCIe traffic in bytes per second ("tx", "rx"; both or neither) averaged between the two
+    samples. Empty without GPM (before Hopper, or its first call)."""
+
+    activity: dict[str, float]
+    occupancy: float | None
+    pcie: dict[str, float]
+
+
+def read_gpm(ask: Ask) -> GpmReading:
+    """The device's GPM metrics since the poll before (one ``gpm`` query: each takes a sample)."""
     gpm = ask("gpm")
     if not isinstance(gpm, Mapping):
-        return {}, None
+        return GpmReading({}, None, {})
     activity = {key: percent_ratio(gpm[name]) for name, key in GPM_ACTIVITY.items() if name in gpm}
     occupancy = gpm.get("sm_occupancy")
-    return activity, None if occupancy is None else percent_ratio(occupancy)
+    pcie = {key: max(float(gpm[name]), 0.0) * MIB for name, key in GPM_PCIE.items() if name in gpm}
+    return GpmReading(
+        activity,
+        None if occupancy is None else percent_ratio(occupancy),
+        pcie if len(pcie) == len(GPM_PCIE) else {},
+    )
 
 
 def read_nvlinks(ask: Ask) -> tuple[NvlinkSample, ...]:

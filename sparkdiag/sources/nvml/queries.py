@@ -456,7 +456,8 @@ QUERIES: tuple[Query, ...] = (
         tier="slow",
         delta=True,
     ),
-    # KB/s over a 20 ms window (nvidia-smi dmon -s t); slow: each call blocks about 20 ms
+    # KB/s over a 20 ms window (nvidia-smi dmon -s t); slow: each call blocks about 20 ms. Not
+    # asked where GPM answers pcie_tx and pcie_rx (the GPU source fills the field from those)
     Query(
         "pcie_throughput",
         lambda c, h, arg: int(c.nv.nvmlDeviceGetPcieThroughput(h, arg)),
@@ -524,15 +525,16 @@ def answer_keys() -> frozenset[str]:
     )
 
 
-def sample_fields(ask: Ask, dedicated: bool) -> dict[str, Any]:
+def sample_fields(ask: Ask, dedicated: bool, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
     """The :class:`~sparkdiag.snapshot.GpuSample` fields the declarations fill, asked through
     ``ask(query, arg=None)`` (the GPU source's tiered, unsupported-aware query of one device:
     None when unsupported). A mapping field gets one key per argument (or the declaration's
     ``key``); an answer that ``convert`` turns into None is left out, never 0.
-    ``dedicated_only`` queries are not asked on unified memory."""
+    ``dedicated_only`` queries are not asked on unified memory, nor those in ``skip`` (their
+    field filled otherwise)."""
     fields: dict[str, Any] = {}
     for q in SAMPLED:
-        if q.dedicated_only and not dedicated:
+        if (q.dedicated_only and not dedicated) or q.name in skip:
             continue
         assert q.field is not None
         if q.args is None and q.key is None:
