@@ -10,6 +10,8 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,6 +23,7 @@ from sparkdiag.check.model import GpuProbe
 from sparkdiag.check.native_checks import check_dtype_order, check_native_code
 from sparkdiag.exporter.native import NativeCollector
 from sparkdiag.native import dtypes
+from sparkdiag.native import watch as native_watch
 from sparkdiag.native.compat import judge, loads, parse_capability
 from sparkdiag.native.lint import (
     Gpu,
@@ -588,3 +591,30 @@ def test_a_stub_is_no_check_finding_and_no_series(tmp_path: Path) -> None:
         if s.name == "sparkdiag_cuda_library_info"
     ]
     assert series and set(series) == {"torch/lib/libtorch_cuda.so"}
+
+
+def test_a_stop_kills_the_scan_under_way(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The daemon stopping during a cold scan: the scan's process is killed at once and the
+    loop ends (it used to wait for the whole scan: the daemon's stop took the thread's 5 s
+    join, and the scan's process outlived the daemon)."""
+    pidfile = tmp_path / "scan.pid"
+    script = f"import os, time; open({str(pidfile)!r}, 'w').write(str(os.getpid())); time.sleep(60)"
+    monkeypatch.setattr(native_watch, "SCAN_CHILD", ("-c", script))
+    libraries = LibraryWatch(lambda: environment(SPARK_ROOT, None), tmp_path)
+    stop = threading.Event()
+    thread = threading.Thread(target=libraries.run, args=(stop,), daemon=True)
+    thread.start()
+    end = time.monotonic() + 30
+    while not pidfile.exists() or not pidfile.read_text():
+        assert time.monotonic() < end, "the scan's process never started"
+        time.sleep(0.02)
+    child = int(pidfile.read_text())
+    stopped = time.monotonic()
+    stop.set()
+    thread.join(timeout=5)
+    assert not thread.is_alive() and time.monotonic() - stopped < 2
+    assert not Path(f"/proc/{child}").exists()  # killed and reaped
+    assert libraries.latest is None and libraries.error is None
+    assert "scan failed" not in caplog.text

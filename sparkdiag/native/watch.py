@@ -32,6 +32,8 @@ from sparkdiag.statedir import StateDirError, state_directory
 
 log = logging.getLogger(__name__)
 RESCAN_SECONDS = 6 * 3600.0  # installs change rarely; a restart rescans at once
+SCAN_CHILD = ("-m", "sparkdiag.native.scan_child")  # run by this Python
+STOP_CHECK_SECONDS = 0.2  # how often a scan under way looks at the stop event
 SCAN_TIMEOUT = 600.0  # a cold scan of the H200's torch environment took 2.83 s
 
 
@@ -81,12 +83,15 @@ class LibraryWatch:
         self.latest: LibraryScan | None = None
         self.error: str | None = None
         self.finished_at: float | None = None
+        self.stop = threading.Event()  # set: a scan under way is killed (run() passes its own)
 
     def scan_once(self) -> None:
         try:
             env = self.find()
             result = self._scan(env)
         except (NotAnEnvironment, OSError, ScanFailed) as exc:
+            if self.stop.is_set():
+                return  # the daemon stops: the scan was killed, nothing to say
             self.error = str(exc)
             log.warning("CUDA library scan failed: %s", exc)
             return
@@ -103,28 +108,39 @@ class LibraryWatch:
 
     def _scan(self, env: PythonEnvironment) -> LibraryScan:
         """The scan, in a child process (:mod:`sparkdiag.native.scan_child`: its memory goes
-        back when it ends), killed after ``SCAN_TIMEOUT`` seconds."""
-        ask = json.dumps(scan_child.request(env, self.cache_path))
+        back when it ends), killed after ``SCAN_TIMEOUT`` seconds or as soon as :attr:`stop` is
+        set (a daemon stopping does not wait for a cold scan, nor leave it running)."""
+        ask: str | None = json.dumps(scan_child.request(env, self.cache_path))
+        child = subprocess.Popen(
+            [sys.executable, *SCAN_CHILD],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        deadline = time.monotonic() + SCAN_TIMEOUT
+        while True:
+            try:  # again after a timeout: nothing read so far is lost, the input went once
+                out, err = child.communicate(ask, timeout=STOP_CHECK_SECONDS)
+                break
+            except subprocess.TimeoutExpired:
+                ask = None
+                if self.stop.is_set() or time.monotonic() > deadline:
+                    child.kill()
+                    child.communicate()
+                    if self.stop.is_set():
+                        raise ScanFailed("stopped") from None
+                    raise ScanFailed(f"the scan took longer than {SCAN_TIMEOUT:.0f} s") from None
+        if child.returncode != 0:
+            last = (err.strip().splitlines() or ["no message"])[-1]
+            raise ScanFailed(f"the scan's process exited {child.returncode}: {last}")
         try:
-            done = subprocess.run(
-                [sys.executable, "-m", "sparkdiag.native.scan_child"],
-                input=ask,
-                capture_output=True,
-                text=True,
-                timeout=SCAN_TIMEOUT,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            raise ScanFailed(f"the scan took longer than {SCAN_TIMEOUT:.0f} s") from None
-        if done.returncode != 0:
-            last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-            raise ScanFailed(f"the scan's process exited {done.returncode}: {last}")
-        try:
-            return scan_from_json(json.loads(done.stdout))
+            return scan_from_json(json.loads(out))
         except (ValueError, KeyError, TypeError) as exc:
             raise ScanFailed(f"the scan's process answered something else: {exc}") from None
 
     def run(self, stop: threading.Event) -> None:
+        self.stop = stop
         while not stop.is_set():
             self.scan_once()
             stop.wait(self.interval)
