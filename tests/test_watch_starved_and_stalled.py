@@ -10,6 +10,7 @@ suggests; near misses get none."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -211,3 +212,24 @@ def test_a_stall_that_begins_and_ends_inside_ticks_counts_those_halves() -> None
     )  # fmt: skip
     d = diagnose(rec)
     sole_cause(d, "stalled-kernel", 1.5 / 3.5, within=0.02)
+
+
+@pytest.mark.parametrize("scope", ["host", "cgroup"])
+def test_the_host_s_io_pressure_is_not_the_input_of_a_job_that_reads_nothing(scope: str) -> None:
+    """A job waiting on something else (reading nothing) while the host's tasks stall on I/O
+    88 % of the time: PSI of the host is another's (seen under a parallel test run: "read
+    faster" for a job that read 0 B/s); PSI of the job's own cgroup is still its own."""
+    rec = replace(
+        timeline(util=const(0.3), sm=const(0.27), thread=const(0.0), read=const(0.0),
+                 io_stall=const(0.88), job_cpus=2),
+        pressure_scope=scope,
+    )  # fmt: skip
+    cause = sole_cause(diagnose(rec), "input-starved")
+    evidence = " ".join(cause.evidence)
+    if scope == "host":
+        assert "the host's tasks (not the job's reads) stalled on I/O 88 %" in evidence
+        assert "nobody in the job was busy" in evidence
+        assert cause.actions[0].startswith("find what the job waits for")
+    else:
+        assert "read 0 B/s (median), tasks stalled on I/O 88 %" in evidence
+        assert cause.actions[0].startswith("read faster")

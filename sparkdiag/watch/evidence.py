@@ -24,6 +24,9 @@ LOADER_WORKING = 0.30  # of a core: a loader process that does some of the work
 SPARE_CPUS = 2.0  # idle CPUs the job may use before more workers are worth trying first
 IO_WAIT = 0.10  # PSI io "some": tasks waiting on storage this share of the time
 READ_HEAVY = 100e6  # bytes/s read by the job while the GPU waited
+# Below this the job read next to nothing: the host's I/O pressure (PSI outside a cgroup of the
+# job's own) is someone else's, not the job's input (a neighbour writing, another test)
+READ_SOME = 1e6
 PCIE_HEAVY = 1e9  # bytes/s host to device while the GPU waited
 THROTTLE_MIN = 0.05  # of the busy ticks
 MEMORY_MIN = 0.05
@@ -206,10 +209,13 @@ def input_cause(ctx: Context, idx: list[int], share: float) -> Cause:
         )
     reads = _median([v.read for v in ticks])
     io = _median([v.io_stall for v in ticks])
+    # the host's pressure while the job itself read next to nothing is not the job's storage
+    others_io = ctx.rec.pressure_scope != "cgroup" and reads is not None and reads < READ_SOME
     if reads is not None:
+        who = "the host's tasks (not the job's reads)" if others_io else "tasks"
         evidence.append(
             f"the job read {rate(reads)} (median)"
-            + ("" if not io or io < 0.01 else f", tasks stalled on I/O {pct(io)} of the time (PSI)")
+            + ("" if not io or io < 0.01 else f", {who} stalled on I/O {pct(io)} of the time (PSI)")
         )
     cpu = _median([v.cpu_cores for v in ticks])
     spare = None
@@ -222,7 +228,7 @@ def input_cause(ctx: Context, idx: list[int], share: float) -> Cause:
         )
     rx = _median([v.pcie_rx for v in ticks])
 
-    storage = (io is not None and io >= IO_WAIT) or (
+    storage = (io is not None and io >= IO_WAIT and not others_io) or (
         reads is not None and reads >= READ_HEAVY and not loaders.busy and not main_hot
     )
     if storage:
