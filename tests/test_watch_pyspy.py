@@ -199,6 +199,30 @@ def test_source_lines_are_read_through_the_process_s_root(tmp_path: Path) -> Non
 # ---- the stack sampler ----------------------------------------------------------------------
 
 
+def _sample_to_the_end(
+    job: subprocess.Popen[bytes], tick: float
+) -> tuple[stack_sampler.StackSampler, stack_sampler.StackTables]:
+    """A stack sampler on ``job`` (50 samples a second) until it ends, a tick every ``tick``
+    seconds as watch makes them; the sampler and its tables."""
+    assert BINARY is not None
+    sampler = stack_sampler.StackSampler(BINARY, Path("/"), rate=50)
+    start = last = time.monotonic()
+    ticks: list[Tick] = []
+    try:
+        while job.poll() is None:
+            assert sampler.update([job.pid]) == []
+            time.sleep(tick)
+            now = time.monotonic()
+            ticks.append(Tick(t=now - start, dt=now - last))
+            last = now
+        assert sampler.finish() == []
+    finally:
+        job.wait(timeout=30)
+    return sampler, stack_sampler.tables(
+        sampler.segments, ticks, start, sampler.texts, sampler.names
+    )
+
+
 @needs_pyspy
 def test_chunks_tile_the_ticks_without_counting_any_moment_twice(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -207,21 +231,7 @@ def test_chunks_tile_the_ticks_without_counting_any_moment_twice(
     of the main thread's stacks, and the ticks after py-spy attached hold most of it."""
     monkeypatch.setattr(stack_sampler, "CHUNK_SECONDS", 1.0)
     job = subprocess.Popen([sys.executable, str(script(tmp_path, "job.py", LOOP)), "3.5"])
-    assert BINARY is not None
-    sampler = stack_sampler.StackSampler(BINARY, Path("/"), rate=50)
-    start = last = time.monotonic()
-    ticks: list[Tick] = []
-    try:
-        while job.poll() is None:
-            assert sampler.update([job.pid]) == []
-            time.sleep(0.25)
-            now = time.monotonic()
-            ticks.append(Tick(t=now - start, dt=now - last))
-            last = now
-        assert sampler.finish() == []
-    finally:
-        job.wait(timeout=30)
-    tables = stack_sampler.tables(sampler.segments, ticks, start, sampler.texts, sampler.names)
+    _, tables = _sample_to_the_end(job, 0.25)
     assert tables.threads[0].tid == job.pid and tables.threads[0].process.startswith("python")
     covered = [sum(s.seconds for s in t.stacks) for t in tables.ticks]
     assert all(c <= t.dt + 0.02 for c, t in zip(covered, tables.ticks, strict=True))
@@ -243,22 +253,8 @@ def test_a_wait_across_chunks_is_one_visit(tmp_path: Path, monkeypatch: pytest.M
     job = subprocess.Popen(
         [sys.executable, str(script(tmp_path, "job.py", "import time\ntime.sleep(2.5)\n"))]
     )
-    assert BINARY is not None
-    sampler = stack_sampler.StackSampler(BINARY, Path("/"), rate=50)
-    start = last = time.monotonic()
-    ticks: list[Tick] = []
-    try:
-        while job.poll() is None:
-            assert sampler.update([job.pid]) == []
-            time.sleep(0.2)
-            now = time.monotonic()
-            ticks.append(Tick(t=now - start, dt=now - last))
-            last = now
-        assert sampler.finish() == []
-    finally:
-        job.wait(timeout=30)
+    sampler, tables = _sample_to_the_end(job, 0.2)
     chunks = len({round(s.start, 6) for s in sampler.segments})
-    tables = stack_sampler.tables(sampler.segments, ticks, start, sampler.texts, sampler.names)
     asleep = {i for i, stack in enumerate(tables.stacks)
               if any(tables.frames[f].text == "time.sleep(2.5)" for f in stack)}  # fmt: skip
     times = [s for t in tables.ticks for s in t.stacks if s.stack in asleep]

@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +21,7 @@ import pytest
 
 from sparkdiag.watch import ranks
 from sparkdiag.watch.diagnose import diagnose
-from sparkdiag.watch.model import RankInfo, StackFrame, ThreadInfo, load
+from sparkdiag.watch.model import RankInfo, Recording, StackFrame, ThreadInfo, load
 from sparkdiag.watch.threads import read_recording
 from tests.support import sparkdiag_cmd
 from tests.support.watch import const, frame, loop, sole_cause, timeline, with_threads
@@ -189,25 +191,28 @@ SLEEPING = loop(28, "time.sleep(600)")
 COMPUTE = loop(22, "loss = model(x)", frame("Linear.forward", "torch/nn/modules/linear.py", 125))
 
 
-def test_on_a_gpu_a_stalled_kernel_with_the_ranks_in_a_collective_names_the_rank() -> None:
+def _four_ranks(missing: Callable[[int, int], bool] = lambda _rank, _i: False) -> Recording:
     """Four ranks on four GPUs, NCCL's kernel spinning on each (100 % busy, no SM work) from
-    tick 20 on while ranks 0, 1 and 3 wait in all_reduce and rank 2 sleeps."""
+    tick 20 on while ranks 0, 1 and 3 wait in all_reduce and rank 2 sleeps; a rank's stacks
+    are left out of tick ``i`` where ``missing(rank, i)``."""
     threads = tuple(ThreadInfo(100 + r, 100 + r, "MainThread", "python3") for r in range(4))
 
     def at(i: int) -> list[tuple[int, tuple[StackFrame, ...], float]]:
         if i < 20:
             return [(r, COMPUTE, 1.0) for r in range(4)]
-        return [(r, SLEEPING if r == 2 else ALL_REDUCE, 1.0) for r in range(4)]
+        return [(r, SLEEPING if r == 2 else ALL_REDUCE, 1.0) for r in range(4)
+                if not missing(r, i)]  # fmt: skip
 
     spin = lambda i: i >= 20  # noqa: E731
     rec = timeline(util=const(0.99), sm=lambda i: 0.005 if spin(i) else 0.9,
                    tensor=lambda i: 0.0 if spin(i) else 0.7, dram=lambda i: 0.0 if spin(i) else 0.3,
                    thread=const(1.0))  # fmt: skip
     rec = with_threads(rec, at, threads=threads)
-    from dataclasses import replace
+    return replace(rec, ranks=tuple(RankInfo(100 + r, r, 4, r) for r in range(4)))
 
-    rec = replace(rec, ranks=tuple(RankInfo(100 + r, r, 4, r) for r in range(4)))
-    cause = sole_cause(diagnose(rec), "collective-wait", 60 / 80, within=0.02)
+
+def test_on_a_gpu_a_stalled_kernel_with_the_ranks_in_a_collective_names_the_rank() -> None:
+    cause = sole_cause(diagnose(_four_ranks()), "collective-wait", 60 / 80, within=0.02)
     evidence = " ".join(cause.evidence)
     assert "rank 0 (pid 100), rank 1 (pid 101) and rank 3 (pid 103) waited 30.0 s" in evidence
     assert "while rank 2 (pid 102) did not arrive" in evidence
@@ -218,22 +223,7 @@ def test_on_a_gpu_a_stalled_kernel_with_the_ranks_in_a_collective_names_the_rank
 def test_a_rank_not_sampled_now_and_then_does_not_break_the_wait() -> None:
     """As above, but rank 1's stacks are missing from every other tick of the wait (py-spy
     late under load): the wait is one stretch still, not 30 of a second each."""
-    threads = tuple(ThreadInfo(100 + r, 100 + r, "MainThread", "python3") for r in range(4))
-
-    def at(i: int) -> list[tuple[int, tuple[StackFrame, ...], float]]:
-        if i < 20:
-            return [(r, COMPUTE, 1.0) for r in range(4)]
-        return [(r, SLEEPING if r == 2 else ALL_REDUCE, 1.0) for r in range(4)
-                if not (r == 1 and i % 2)]  # fmt: skip
-
-    spin = lambda i: i >= 20  # noqa: E731
-    rec = timeline(util=const(0.99), sm=lambda i: 0.005 if spin(i) else 0.9,
-                   tensor=lambda i: 0.0 if spin(i) else 0.7, dram=lambda i: 0.0 if spin(i) else 0.3,
-                   thread=const(1.0))  # fmt: skip
-    rec = with_threads(rec, at, threads=threads)
-    from dataclasses import replace
-
-    rec = replace(rec, ranks=tuple(RankInfo(100 + r, r, 4, r) for r in range(4)))
+    rec = _four_ranks(missing=lambda rank, i: rank == 1 and i % 2 == 1)
     evidence = " ".join(sole_cause(diagnose(rec), "collective-wait").evidence)
     assert "rank 0 (pid 100), rank 1 (pid 101) and rank 3 (pid 103) waited 30.0 s" in evidence
     assert "while rank 2 (pid 102) did not arrive" in evidence
