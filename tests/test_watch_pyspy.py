@@ -262,6 +262,22 @@ def test_a_wait_across_chunks_is_one_visit(tmp_path: Path, monkeypatch: pytest.M
     assert sum(s.visits for s in times) == 1, times
 
 
+@pytest.mark.parametrize(("gap", "visits"), [(0.0, 1), (0.05, 1), (0.5, 2)])
+def test_a_stretch_in_the_same_stack_goes_on_only_where_the_last_ended(
+    gap: float, visits: int
+) -> None:
+    """Two stretches of one thread in one stack (two chunks): one visit where the second begins
+    where the first ended; two after a gap (a failed recorder's retry: it may have left)."""
+    frames = (pyspy.Frame("<module>", "/job/train.py", 3), pyspy.Frame("wait", "/job/train.py", 9))
+    segments = [
+        pyspy.Segment(100.0, 101.0, 7, 7, "MainThread", frames),
+        pyspy.Segment(101.0 + gap, 102.0, 7, 7, "MainThread", frames),
+    ]
+    ticks = [Tick(t=0.5 * (k + 1), dt=0.5) for k in range(5)]
+    tables = stack_sampler.tables(segments, ticks, 100.0, {}, {})
+    assert sum(s.visits for t in tables.ticks for s in t.stacks) == visits
+
+
 def test_whose_stacks_are_recorded(tmp_path: Path) -> None:
     root = tmp_path / "rootfs"
     for pid, name in ((10, "bash"), (11, "python3"), (12, "pt_data_worker"), (13, "python3.11")):

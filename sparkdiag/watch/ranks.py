@@ -189,29 +189,35 @@ def _reentered(rec: Recording, readings: Readings, span: Sequence[int], threads:
     )
 
 
-def _same_wait(a: _Tick, b: _Tick) -> bool:
-    """Two ticks of one wait: the ranks sampled in both wait in both or in neither (a rank
-    not sampled in a tick, as py-spy catching up under load, does not end the wait)."""
-    both = a.seen & b.seen
-    return bool(a.waiting & b.waiting) and a.waiting & both == b.waiting & both
+def _stretches(per: Sequence[_Tick]) -> list[list[int]]:
+    """The stretches of ticks in which the same ranks wait and the others do not: one begins
+    where some rank sampled is not waiting, and goes on while every rank sampled keeps its side
+    (a rank py-spy did not sample in a tick, as under load, does not end it, the missing one
+    included)."""
+    runs: list[list[int]] = []
+    side: dict[int, bool] = {}  # the run's ranks so far: waiting or not
+    for i, t in enumerate(per):
+        keeps = all(side.get(r, r in t.waiting) == (r in t.waiting) for r in t.seen)
+        if t.waiting and runs and runs[-1][-1] == i - 1 and keeps:
+            runs[-1].append(i)
+        elif t.waiting and len(t.waiting) < len(t.seen):
+            runs.append([i])
+            side = {}
+        else:
+            continue
+        side.update({r: r in t.waiting for r in t.seen})
+    return runs
 
 
 def _stalls(
     rec: Recording, readings: Readings, found: list[Rank], ticks: Sequence[int]
 ) -> Finding | None:
     per = _ticks(readings, found, ticks)
-    runs: list[list[int]] = []
-    for i, t in enumerate(per):  # the same ranks waiting, tick after tick
-        stalled = t.waiting and len(t.waiting) < len(t.seen)
-        if stalled and runs and runs[-1][-1] == i - 1 and _same_wait(per[i - 1], t):
-            runs[-1].append(i)
-        elif stalled:
-            runs.append([i])
     best = None
-    for run in runs:
+    for run in _stretches(per):
         seconds = sum(rec.ticks[ticks[i]].dt for i in run)
         span = [ticks[i] for i in run]
-        missing = set.intersection(*(set(per[i].seen - per[i].waiting) for i in run))
+        missing = set.union(*(set(per[i].seen - per[i].waiting) for i in run))
         # inside the stretch (its first and last ticks hold its start and its end): a straggler
         # arrives, late, and the collective completes; a rank missing never does
         inside = span[1:-1]

@@ -33,6 +33,9 @@ from sparkdiag.watch.model import (
 STACK_RATE = 20  # samples a second (see docs/watch.md: its cost and why not more)
 CHUNK_SECONDS = 30.0
 RETRY_SECONDS = 1.0
+# A chunk's first stretch in the thread's last stack goes on with it when it begins within this
+# of the last one's end (the two meet where the last recorder was stopped: 0 apart in practice)
+CONTINUES_SECONDS = 0.1
 RETRIES = 10
 MAX_PROCESSES = 8
 
@@ -255,7 +258,7 @@ def tables(
     ends = [t.t for t in ticks]
     per_tick: list[dict[tuple[int, int], float]] = [{} for _ in ticks]
     visits: list[dict[tuple[int, int], int]] = [{} for _ in ticks]
-    last: dict[tuple[int, int], int] = {}  # a thread's stack in its stretch before
+    last: dict[tuple[int, int], tuple[int, float]] = {}  # a thread's stretch before: stack, end
     for s in sorted(segments, key=lambda s: s.start):
         key = (s.pid, s.tid)
         if key not in kept:
@@ -271,12 +274,17 @@ def tables(
         begin, end = s.start - start, s.end - start
         i = bisect.bisect_right(ends, begin)
         # each stretch begins with the thread coming into its stack, but where the stretch
-        # before was in the same stack: py-spy gives one stretch per change, so that is the
-        # next chunk's recorder (or a new one after a failure) going on where the last stopped
-        if i < len(ticks) and last.get(key) != stack:
+        # before was in the same stack and ended as this one began: py-spy gives one stretch
+        # per change, so that is the next chunk's recorder going on where the last stopped
+        # (after a gap, as a failed recorder's retry, the thread may have left and come back)
+        before = last.get(key)
+        goes_on = (
+            before is not None and before[0] == stack and s.start - before[1] <= CONTINUES_SECONDS
+        )
+        if i < len(ticks) and not goes_on:
             at = (thread_index[key], stack)
             visits[i][at] = visits[i].get(at, 0) + 1
-        last[key] = stack
+        last[key] = (stack, s.end)
         while i < len(ticks) and ticks[i].t - ticks[i].dt < end:
             overlap = min(end, ticks[i].t) - max(begin, ticks[i].t - ticks[i].dt)
             if overlap > 0:
