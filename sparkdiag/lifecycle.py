@@ -71,6 +71,9 @@ class Lifecycle:
         self._installed = False
         self._wake: int | None = None  # the pipe's write end, to the signals' thread
         self._announced = False  # "received ..., stopping" logged (the daemon's first stop)
+        # the signals' thread checks and sets the stop under it, owning() clears under it: a
+        # stop of the command before is never set after the next one's start (no handler takes it)
+        self._settling = threading.Lock()
         os.register_at_fork(after_in_child=self._forget_pipe)
 
     def install(self, daemon: bool = False) -> Lifecycle:
@@ -100,8 +103,9 @@ class Lifecycle:
             yield
             return
         previous: dict[int, Any] = {sig: signal.getsignal(sig) for sig in COMMAND_SIGNALS}
-        self.stopped_by, self.received[:] = None, []  # first: the thread sets stop only after one
-        self.stop.clear()
+        with self._settling:
+            self.stopped_by, self.received[:] = None, []
+            self.stop.clear()
         self._raising, self._daemon, self._announced = True, False, False
         self.install()
         try:
@@ -133,8 +137,8 @@ class Lifecycle:
         self._pass_on(signum)
 
     def _pass_on(self, signum: int) -> None:
-        if self._wake is None:  # no signals' thread (a forked child): the stop alone
-            if signum in STOP_SIGNALS:
+        if self._wake is None:  # a forked child (sparkdiag makes none) has no signals' thread:
+            if signum in STOP_SIGNALS:  # the stop alone, taking its lock as handlers once did
                 self.stop.set()
             return
         with contextlib.suppress(OSError):  # full (a flood of signals): one is enough
@@ -164,7 +168,21 @@ class Lifecycle:
             if not got:
                 return
             for signum in got:
-                self._act(signum)
+                try:
+                    self._act(signum)
+                except Exception:  # a logging failure must not end the signals' handling
+                    log.exception("handling signal %d", signum)
+            # a stop noted whose byte a full pipe dropped (a flood of other signals) still stops
+            self._settle()
+
+    def _settle(self) -> None:
+        with self._settling:
+            if not self.received or self.stop.is_set():
+                return  # none, or one from before owning() cleared them
+            if self._daemon and not self._announced and self.stopped_by is not None:
+                self._announced = True
+                log.info("received %s, stopping", self.stopped_by)
+            self.stop.set()
 
     def _act(self, signum: int) -> None:
         if signum == signal.SIGHUP:
@@ -178,11 +196,8 @@ class Lifecycle:
             except Exception as exc:  # a status bug must not kill the daemon
                 text = f"status unavailable: {exc}"
             log.info("status: %s", text)
-        elif self.received:  # not a stop from before owning() cleared them
-            if self._daemon and not self._announced and self.stopped_by is not None:
-                self._announced = True
-                log.info("received %s, stopping", self.stopped_by)
-            self.stop.set()
+        else:
+            self._settle()
 
 
 # The process's one lifecycle: the command group installs it around every command, and

@@ -78,7 +78,10 @@ def test_stopping_kills_the_running_worker_and_its_children(tmp_path: Path, sig:
         assert proc.wait(timeout=15) == 0
         assert wait_dead([worker, grandchild]) == []
         err = proc.communicate()[1].decode()
-        assert f"received {signal.Signals(sig).name}, stopping" in err
+        name = signal.Signals(sig).name
+        # said once, by the signals' thread before the stop it sets lets the daemon end
+        assert err.count(f"received {name}, stopping") == 1
+        assert err.index(f"received {name}, stopping") < err.index(f"stopped ({name})")
         assert "stopped 1 running probe worker(s)" in err or "killed by SIGKILL" in err
     finally:
         if proc.poll() is None:
@@ -161,7 +164,7 @@ def test_a_stop_signal_while_the_main_thread_waits_on_the_stop_event(
         assert proc.returncode == 0, out
         # signals that come before the handler ran are one (POSIX keeps one pending): 299 of
         # 300 were counted once under load
-        assert SIGNALS / 2 <= int(out) <= SIGNALS
+        assert 0 < int(out) <= SIGNALS
     finally:
         if proc.poll() is None:
             proc.kill()
