@@ -227,7 +227,7 @@ def test_the_host_s_io_pressure_is_not_the_input_of_a_job_that_reads_nothing(sco
     cause = sole_cause(diagnose(rec), "input-starved")
     evidence = " ".join(cause.evidence)
     if scope == "host":
-        assert "the host's tasks (not the job's reads) stalled on I/O 88 %" in evidence
+        assert "stalled on I/O 88 % of the time (PSI of the whole host, not the job's" in evidence
         assert "nobody in the job was busy" in evidence
         assert cause.actions[0].startswith("find what the job waits for")
     else:

@@ -25,7 +25,8 @@ SPARE_CPUS = 2.0  # idle CPUs the job may use before more workers are worth tryi
 IO_WAIT = 0.10  # PSI io "some": tasks waiting on storage this share of the time
 READ_HEAVY = 100e6  # bytes/s read by the job while the GPU waited
 # Below this the job read next to nothing: the host's I/O pressure (PSI outside a cgroup of the
-# job's own) is someone else's, not the job's input (a neighbour writing, another test)
+# job's own) cannot be told to be the job's input (a neighbour writing, another test); reads
+# through mmap and a read still blocked are not counted, so it is not ruled out either
 READ_SOME = 1e6
 PCIE_HEAVY = 1e9  # bytes/s host to device while the GPU waited
 THROTTLE_MIN = 0.05  # of the busy ticks
@@ -209,13 +210,18 @@ def input_cause(ctx: Context, idx: list[int], share: float) -> Cause:
         )
     reads = _median([v.read for v in ticks])
     io = _median([v.io_stall for v in ticks])
-    # the host's pressure while the job itself read next to nothing is not the job's storage
+    # the host's pressure while the job itself read next to nothing: not the job's reads that
+    # anyone counted, so the advice starts from what it waits for (which names a remote read)
     others_io = ctx.rec.pressure_scope != "cgroup" and reads is not None and reads < READ_SOME
     if reads is not None:
-        who = "the host's tasks (not the job's reads)" if others_io else "tasks"
+        psi = "PSI of the whole host, not the job's reads" if others_io else "PSI"
         evidence.append(
             f"the job read {rate(reads)} (median)"
-            + ("" if not io or io < 0.01 else f", {who} stalled on I/O {pct(io)} of the time (PSI)")
+            + (
+                ""
+                if not io or io < 0.01
+                else f", tasks stalled on I/O {pct(io)} of the time ({psi})"
+            )
         )
     cpu = _median([v.cpu_cores for v in ticks])
     spare = None
