@@ -172,7 +172,8 @@ class Lifecycle:
                     self._act(signum)
                 except Exception:  # a logging failure must not end the signals' handling
                     log.exception("handling signal %d", signum)
-            # a stop noted whose byte a full pipe dropped (a flood of other signals) still stops
+            # the stop signals of the read, and one whose byte a full pipe dropped (a flood of
+            # other signals): each is in received, so one settling serves them all
             self._settle()
 
     def _settle(self) -> None:
@@ -185,6 +186,7 @@ class Lifecycle:
             self.stop.set()
 
     def _act(self, signum: int) -> None:
+        """SIGHUP's and SIGUSR1's lines; a stop signal is settled after the read."""
         if signum == signal.SIGHUP:
             log.warning(
                 "received SIGHUP: the configuration is read at start only; restart sparkdiag "
@@ -196,8 +198,6 @@ class Lifecycle:
             except Exception as exc:  # a status bug must not kill the daemon
                 text = f"status unavailable: {exc}"
             log.info("status: %s", text)
-        else:
-            self._settle()
 
 
 # The process's one lifecycle: the command group installs it around every command, and

@@ -40,6 +40,7 @@ from sparkdiag.sources.software.cuda_libraries import CudaLibrary, LibraryScan, 
 from sparkdiag.sources.software.fatbin import FatbinReport, Target, read_fatbin, replay
 from tests.support import ROOT, ROOTFS
 from tests.support.check import NVML, SYSFS, context, only, poll
+from tests.support.engine import wait_for
 
 FATBIN = ROOT / "tests" / "fixtures" / "fatbin"
 SPARK_ROOT = ROOTFS / "dgx-spark-vllm"
@@ -606,11 +607,9 @@ def test_a_stop_kills_the_scan_under_way(
     stop = threading.Event()
     thread = threading.Thread(target=libraries.run, args=(stop,), daemon=True)
     thread.start()
-    end = time.monotonic() + 30
-    while not pidfile.exists() or not pidfile.read_text():
-        assert time.monotonic() < end, "the scan's process never started"
-        time.sleep(0.02)
-    child = int(pidfile.read_text())
+    written = wait_for(lambda: pidfile.exists() and pidfile.read_text(), 30, every=0.02)
+    assert written, "the scan's process never started"
+    child = int(written)
     stopped = time.monotonic()
     stop.set()
     thread.join(timeout=5)
