@@ -190,16 +190,23 @@ def test_host_buffers_fall_back_to_torchs_pinned_memory() -> None:
         host.close()
 
 
-def fake_kvikio(compat: bool = False, gds: bool = True) -> types.ModuleType:
-    """kvikio 26.10's surface the room uses; reads through an aligned bounce buffer, as
-    kvikio's compatibility mode does."""
+def fake_kvikio(
+    monkeypatch: pytest.MonkeyPatch, compat: bool = False, gds: bool = True
+) -> types.ModuleType:
+    """kvikio 26.10's surface the room uses, installed in ``sys.modules``; reads through an
+    aligned bounce buffer, as kvikio's compatibility mode does. As in the real package,
+    ``import kvikio`` leaves ``defaults`` and ``cufile_driver`` to be imported (on the H200,
+    2026-12-04, ``kvikio.defaults`` was an AttributeError until then)."""
     torch = cpu_info().torch
     module = types.ModuleType("kvikio")
     module.__version__ = "26.10.0"  # type: ignore[attr-defined]
-    module.defaults = types.SimpleNamespace(is_compat_mode_preferred=lambda: compat)  # type: ignore[attr-defined]
-    module.cufile_driver = types.SimpleNamespace(  # type: ignore[attr-defined]
-        get=lambda name: {"is_gds_available": gds}[name]
-    )
+    defaults = types.ModuleType("kvikio.defaults")
+    defaults.is_compat_mode_preferred = lambda: compat  # type: ignore[attr-defined]
+    driver = types.ModuleType("kvikio.cufile_driver")
+    driver.get = lambda name: {"is_gds_available": gds}[name]  # type: ignore[attr-defined]
+    modules = __import__("sys").modules
+    for name, part in (("kvikio", module), (defaults.__name__, defaults), (driver.__name__, driver)):
+        monkeypatch.setitem(modules, name, part)
 
     class CuFile:
         def __init__(self, path: str, flags: str) -> None:
@@ -231,7 +238,7 @@ def storage_args(path: Path, *extra: str) -> argparse.Namespace:
 def test_every_stage_reads_on_a_simulated_gpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(__import__("sys").modules, "kvikio", fake_kvikio(gds=False))
+    fake_kvikio(monkeypatch, gds=False)
     info, cuda = simulated()
     path = random_file(tmp_path)
     doc: dict[str, Any] = {"status": "ok", "reason": None}
@@ -282,12 +289,14 @@ def test_wrong_data_in_gpu_memory_is_caught(tmp_path: Path) -> None:
 # -- which mode cuFile ran in --------------------------------------------------------------------
 
 
-def test_the_mode_kvikio_and_cufile_report() -> None:
-    mode, why = room.gds_mode(fake_kvikio(compat=True))
+def test_the_mode_kvikio_and_cufile_report(monkeypatch: pytest.MonkeyPatch) -> None:
+    mode, why = room.gds_mode(fake_kvikio(monkeypatch, compat=True))
     assert mode == "compat" and "KvikIO's compatibility mode" in why
-    mode, why = room.gds_mode(fake_kvikio(gds=False))
+    mode, why = room.gds_mode(fake_kvikio(monkeypatch, gds=False))
     assert mode == "compat" and "without the nvidia-fs kernel driver" in why
-    assert room.gds_mode(fake_kvikio(gds=True))[0] == "gds"
+    package = fake_kvikio(monkeypatch, gds=True)
+    assert not hasattr(package, "defaults")  # imported by the room, as the real one needs
+    assert room.gds_mode(package)[0] == "gds"
     older = types.SimpleNamespace(  # older kvikio: compat_mode() and DriverProperties
         defaults=types.SimpleNamespace(compat_mode=lambda: False),
         cufile_driver=types.SimpleNamespace(
@@ -321,7 +330,7 @@ def test_nvidia_fs_counters_confirm_or_overrule_gds(tmp_path: Path) -> None:
 def test_a_simulated_gds_read_counted_by_nvidia_fs_is_gds(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setitem(__import__("sys").modules, "kvikio", fake_kvikio(gds=True))
+    fake_kvikio(monkeypatch, gds=True)
     counts = iter([100, 100 + 64])  # MiB before and after the reads
     monkeypatch.setattr(room, "nvfs_read_mib", lambda: next(counts))
     info, _cuda = simulated()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
+import importlib
 import mmap
 import os
 import threading
@@ -444,9 +445,9 @@ def gds_mode(kvikio: Any) -> tuple[str, str]:
     .is_compat_mode_preferred()``; older kvikio: ``kvikio.defaults.compat_mode()``) and
     cuFile's, which it falls into without the nvidia-fs kernel driver (``is_gds_available``:
     the driver's version reads 0.0)."""
-    defaults = kvikio.defaults
-    preferred = getattr(defaults, "is_compat_mode_preferred", None)
     try:
+        defaults = kvikio_part(kvikio, "defaults")
+        preferred = getattr(defaults, "is_compat_mode_preferred", None)
         compat = bool(preferred() if preferred is not None else defaults.compat_mode())
     except Exception as exc:
         return "compat", f"kvikio did not say its mode ({type(exc).__name__}): taken as POSIX"
@@ -455,8 +456,8 @@ def gds_mode(kvikio: Any) -> tuple[str, str]:
             "KvikIO's compatibility mode (KVIKIO_COMPAT_MODE, or no libcufile): POSIX reads "
             "into a bounce buffer, then a copy; not GPUDirect Storage"
         )
-    driver = kvikio.cufile_driver
     try:
+        driver = kvikio_part(kvikio, "cufile_driver")
         getter = getattr(driver, "get", None)
         if getter is not None:
             available = bool(getter("is_gds_available"))
@@ -470,6 +471,15 @@ def gds_mode(kvikio: Any) -> tuple[str, str]:
             "reads through bounce buffers, then copies; not GPUDirect Storage"
         )
     return "gds", "cuFile with the nvidia-fs kernel driver"
+
+
+def kvikio_part(kvikio: Any, name: str) -> Any:
+    """A submodule of kvikio: ``import kvikio`` does not import ``defaults`` or
+    ``cufile_driver`` (26.10: ``kvikio.defaults`` is an AttributeError until imported)."""
+    part = getattr(kvikio, name, None)
+    if part is None:
+        part = importlib.import_module(f"{kvikio.__name__}.{name}")
+    return part
 
 
 def nvfs_read_mib(path: str = NVFS_STATS) -> int | None:
