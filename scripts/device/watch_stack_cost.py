@@ -42,7 +42,8 @@ TARGETS = {"healthy": 0.02, "launch": 0.05}
 def argv(
     args: argparse.Namespace, job: str, way: str, result: Path, out: Path, n: int
 ) -> list[str]:
-    run = [sys.executable, str(ROOT / "scripts/device/watch_jobs.py"), "job", job,
+    pin = ["taskset", "-c", args.pin] if args.pin else []  # the same core for every run
+    run = [*pin, sys.executable, str(ROOT / "scripts/device/watch_jobs.py"), "job", job,
            "--seconds", str(args.seconds), "--device", args.device, "--scale", args.scale,
            "--result", str(result)]  # fmt: skip
     if way == "alone":
@@ -98,14 +99,29 @@ def summary(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
                 continue
             median = statistics.median(rates[way])
             cost = 1.0 - median / alone
-            out[f"{job}/{way}"] = {"median": median, "cost": cost, "runs": rates[way]}
+            # each repeat's run against that repeat's alone run (the three are back to back,
+            # so drift over the call cancels): the median of those costs beside the pooled one
+            paired = paired_costs(rows, job, way)
+            out[f"{job}/{way}"] = {"median": median, "cost": cost, "runs": rates[way],
+                                   "paired_costs": paired}  # fmt: skip
             target = f"{TARGETS[job] * 100:.0f} %" if way == "stacks" else ""
             each = " ".join(f"{v:.0f}" for v in rates[way])
+            pair = (f"  paired {statistics.median(paired) * 100:+.1f}%"
+                    if paired and way != "alone" else "")  # fmt: skip
             lines.append(f"{job:<8} {way:<9} {len(rates[way]):>4} {median:>12.0f} "
-                         f"{cost * 100:>+6.1f}% {target:>7}  {each}")  # fmt: skip
-    lines.append("cost: 1 - median throughput / median alone; alone: no watch; counters: watch "
-                 "--stacks off; stacks: watch sampling the job's stacks (py-spy)")  # fmt: skip
+                         f"{cost * 100:>+6.1f}% {target:>7}  {each}{pair}")  # fmt: skip
+    lines.append("cost: 1 - median throughput / median alone; paired: the median of 1 - run / "
+                 "the same repeat's alone run; alone: no watch; counters: watch --stacks off; "
+                 "stacks: watch sampling the job's stacks (py-spy)")  # fmt: skip
     return out, "\n".join(lines) + "\n"
+
+
+def paired_costs(rows: list[dict[str, Any]], job: str, way: str) -> list[float]:
+    """1 - run / alone for each repeat that has both."""
+    runs = {(r["way"], r["repeat"]): r["per_second"] for r in rows
+            if r["job"] == job and "per_second" in r}  # fmt: skip
+    return [1.0 - runs[(way, n)] / runs[("alone", n)] for (w, n) in sorted(runs)
+            if w == way and ("alone", n) in runs and runs[("alone", n)] > 0]  # fmt: skip
 
 
 def main() -> int:
@@ -119,14 +135,21 @@ def main() -> int:
     parser.add_argument("--nvml-fixture", default=None, help="a dry run on a CPU")
     parser.add_argument("--out", default=None, help="default $OUT/watch/cost")
     parser.add_argument("--archive", default=None)
+    parser.add_argument("--jobs", default=",".join(JOBS), help="of: " + ", ".join(JOBS))
+    parser.add_argument("--pin", default=None, metavar="CPUS",
+                        help="run every job under taskset -c CPUS (its throughput then depends "
+                             "less on which core the scheduler gave it)")  # fmt: skip
     args = parser.parse_args()
     out = Path(args.out or Path(os.environ.get("OUT", "/tmp/out")) / "watch" / "cost")
     out.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
     longest = 0.0
+    jobs = [job for job in args.jobs.split(",") if job]
+    if not jobs or any(job not in JOBS for job in jobs):
+        parser.error(f"--jobs: each of {', '.join(JOBS)}, got {args.jobs!r}")
     for n in range(args.repeats):
-        for job in JOBS:
+        for job in jobs:
             for way in WAYS[n % 3 :] + WAYS[: n % 3]:
                 elapsed = time.monotonic() - started
                 if (
