@@ -205,8 +205,8 @@ def fake_kvikio(
     driver = types.ModuleType("kvikio.cufile_driver")
     driver.get = lambda name: {"is_gds_available": gds}[name]  # type: ignore[attr-defined]
     modules = __import__("sys").modules
-    for name, part in (("kvikio", module), (defaults.__name__, defaults), (driver.__name__, driver)):
-        monkeypatch.setitem(modules, name, part)
+    for part in (module, defaults, driver):
+        monkeypatch.setitem(modules, part.__name__, part)
 
     class CuFile:
         def __init__(self, path: str, flags: str) -> None:
