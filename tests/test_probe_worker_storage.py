@@ -191,17 +191,35 @@ def test_host_buffers_fall_back_to_torchs_pinned_memory() -> None:
 
 
 def fake_kvikio(
-    monkeypatch: pytest.MonkeyPatch, compat: bool = False, gds: bool = True
+    monkeypatch: pytest.MonkeyPatch, compat: bool = False, gds: bool = True, settable: bool = True
 ) -> types.ModuleType:
     """kvikio 26.10's surface the room uses, installed in ``sys.modules``; reads through an
     aligned bounce buffer, as kvikio's compatibility mode does. As in the real package,
     ``import kvikio`` leaves ``defaults`` and ``cufile_driver`` to be imported (on the H200,
-    2026-12-04, ``kvikio.defaults`` was an AttributeError until then)."""
+    2026-12-04, ``kvikio.defaults`` was an AttributeError until then). ``settable=False``: an
+    older kvikio without ``defaults.set``. Each read appends the ``auto_direct_io_read``
+    setting it ran under to the module's ``direct_reads``."""
     torch = cpu_info().torch
     module = types.ModuleType("kvikio")
     module.__version__ = "26.10.0"  # type: ignore[attr-defined]
     defaults = types.ModuleType("kvikio.defaults")
     defaults.is_compat_mode_preferred = lambda: compat  # type: ignore[attr-defined]
+    active: dict[str, Any] = {"auto_direct_io_read": False}
+    direct_reads: list[bool] = []
+    module.direct_reads = direct_reads  # type: ignore[attr-defined]
+
+    @contextlib.contextmanager
+    def setting(config: dict[str, Any]) -> Iterator[None]:
+        before = dict(active)
+        active.update(config)
+        try:
+            yield
+        finally:
+            active.clear()
+            active.update(before)
+
+    if settable:
+        defaults.set = setting  # type: ignore[attr-defined]
     driver = types.ModuleType("kvikio.cufile_driver")
     driver.get = lambda name: {"is_gds_available": gds}[name]  # type: ignore[attr-defined]
     modules = __import__("sys").modules
@@ -220,6 +238,7 @@ def fake_kvikio(
             os.close(self.fd)
 
         def raw_read(self, buf: Any, size: int, file_offset: int = 0) -> int:
+            direct_reads.append(active["auto_direct_io_read"])
             area = mmap.mmap(-1, size)
             got = os.preadv(self.fd, [area], file_offset)
             buf.copy_(torch.frombuffer(area, dtype=torch.uint8))
@@ -238,7 +257,7 @@ def storage_args(path: Path, *extra: str) -> argparse.Namespace:
 def test_every_stage_reads_on_a_simulated_gpu(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fake_kvikio(monkeypatch, gds=False)
+    kvikio: Any = fake_kvikio(monkeypatch, gds=False)
     info, cuda = simulated()
     path = random_file(tmp_path)
     doc: dict[str, Any] = {"status": "ok", "reason": None}
@@ -253,6 +272,8 @@ def test_every_stage_reads_on_a_simulated_gpu(
     assert stages["gpu"]["checked"] is True and stages["gds"]["checked"] is True
     assert stages["gds"]["mode"] == "compat" and "nvidia-fs" in stages["gds"]["mode_reason"]
     assert stages["gds"]["kvikio"] == "26.10.0"
+    assert kvikio.direct_reads and all(kvikio.direct_reads)  # never from the page cache
+    assert "page cache" not in stages["gds"]["mode_reason"]
     assert set(cuda.devices) == {0}  # every reading thread set its device
     assert cuda.cudart().registered and len(cuda.cudart().unregistered) == 4
 
@@ -325,6 +346,19 @@ def test_nvidia_fs_counters_confirm_or_overrule_gds(tmp_path: Path) -> None:
     assert mode == "compat" and "fell back to its compatibility mode" in why
     assert room.gds_confirmed("gds", "w", None, None, moved)[1].endswith("counts no I/O here)")
     assert room.gds_confirmed("compat", "w", 0, 1024, moved) == ("compat", "w")
+
+
+def test_an_older_kvikio_in_compat_mode_says_its_reads_may_be_cached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    kvikio: Any = fake_kvikio(monkeypatch, gds=False, settable=False)
+    info, _cuda = simulated()
+    doc: dict[str, Any] = {"status": "ok", "reason": None}
+    room.run_storage_read(info, storage_args(random_file(tmp_path), "--storage-seconds", "0.3"),
+                          None, doc)  # fmt: skip
+    gds = doc["storage"]["stages"][2]
+    assert gds["status"] == "ok" and gds["mode"] == "compat" and not any(kvikio.direct_reads)
+    assert "may come from the page cache" in gds["mode_reason"]
 
 
 def test_a_simulated_gds_read_counted_by_nvidia_fs_is_gds(
