@@ -362,3 +362,22 @@ def test_checkpoints_so_frequent_that_most_ticks_write_are_still_bursts() -> Non
     d = diagnose(saving(periodic(0, 3, period=5), thread=1.0))
     assert names(d) == ["checkpoint-stalls"], [(c.name, round(c.share, 3)) for c in d.causes]
     assert share(d, "checkpoint-stalls") == pytest.approx(0.6 * (1 - 0.02 / 0.99), abs=0.03)
+
+
+def test_a_finalising_interpreter_after_the_last_step_is_not_the_loop() -> None:
+    """The CPU dry run's torch.compile job, recorded on this machine: after its last step the
+    training thread stayed busy about a second with no Python frame at all (py-spy read empty
+    stacks: the interpreter finalising) while the scripted GPU idled. Those ticks read as
+    data-prep-in-loop at 18 % beside recompiling at 41 %, and under two busy loops the
+    finalisation grew until data prep came first. Empty stacks at the window's ends are not
+    the job's loop: the window closes at the last tick with a Python frame."""
+    from sparkdiag.watch import threads
+
+    rec = load(Path("tests/fixtures/watch/cpu-dry-run/compile-recompile.recording.json"))
+    d = diagnose(rec)
+    assert [c.name for c in d.causes] == ["recompiling"], d.causes
+    readings = threads.read_recording(rec)
+    empty = [i for i, t in enumerate(rec.ticks) if threads.without_python(readings, i)]
+    assert empty, "the recording's last ticks read empty stacks"
+    ends = [i for i, t in enumerate(rec.ticks) if t.t <= d.window[1]]
+    assert ends[-1] < empty[0] and all(i > ends[-1] for i in empty)

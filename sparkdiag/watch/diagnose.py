@@ -8,7 +8,9 @@ diagnosed over its life: from the first to the last tick at which the GPU's util
 ``WINDOW_LEVEL`` of the job's typical utilization (the median of the ticks in which it ran any
 kernel, ``views.ACTIVE_MIN``). A job starved to 7 % is diagnosed as well as one at 99 %;
 start-up and tear-down (imports, CUDA initialisation, a final save) stay out, and so do the
-window's first ticks in which the job's stacks show it still importing its modules. A job that
+window's first ticks in which the job's stacks show it still importing its modules, and the
+ticks at either end in which they show no Python frame at all (the interpreter starting or
+finalising). A job that
 held the GPU but never ran a kernel is diagnosed over the ticks it held it. Only a job that never
 touched the GPU reads "gpu-unused".
 
@@ -93,6 +95,7 @@ can also be memory-stalled).
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from sparkdiag.watch import attribute, ranks, threads
@@ -197,6 +200,12 @@ def _in_loop(
         share = threads.in_loop(readings, rec, vs[i].tick, frames)
         return None if share is None else share < 0.5
 
+    return _trimmed(first, last, outside)
+
+
+def _trimmed(first: int, last: int, outside: Callable[[int], bool | None]) -> tuple[int, int]:
+    """``first`` to ``last`` without the ticks at either end that are ``outside`` (True), up to
+    the first that is not (False); a tick that cannot tell (None) goes with those beyond it."""
     start, end = first, last
     for i in range(first, last):
         out = outside(i)
@@ -211,6 +220,20 @@ def _in_loop(
         if out:
             end = i - 1
     return start, end
+
+
+def _running_python(
+    readings: Readings | None, vs: list[View], first: int, last: int
+) -> tuple[int, int]:
+    """The window without the ticks at either end in which the training threads were read
+    with no Python frame at all (empty stacks only): the interpreter starting, or finalising
+    after the job's last line, with its thread still busy and the GPU idle. Under two busy
+    loops on a 2-core machine a torch.compile job's finalisation took over a second, which the
+    counters called data prep in the loop (``tests/test_watch_jobs_script.py``'s dry run).
+    Ticks not sampled go with the ticks beyond them; a tick with any Python frame stops it."""
+    if readings is None:
+        return first, last
+    return _trimmed(first, last, lambda i: threads.without_python(readings, vs[i].tick))
 
 
 def _started(
@@ -551,7 +574,9 @@ def diagnose(rec: Recording) -> Diagnosis:
             skipped=tuple(skipped),
         )
     readings = read_recording(rec) if rec.stacks else None
-    first, last = _in_loop(rec, readings, vs, *_started(rec, readings, vs, *found))
+    first, last = _in_loop(
+        rec, readings, vs, *_running_python(readings, vs, *_started(rec, readings, vs, *found))
+    )
     win = vs[first : last + 1]
     start, end = win[0].t - win[0].dt, win[-1].t
     length = max(end - start, 1e-9)
