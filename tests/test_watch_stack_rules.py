@@ -441,6 +441,16 @@ def test_a_co_tenant_takes_its_busy_time_and_is_named() -> None:
     assert "pid 777 python3 (user alice, container c0ffeec0ffee)" in evidence
     assert "the job's own kernels ran 46 %" in evidence
     assert names(d) == ["co-tenant"]  # its busy time is not the job's: no other cause
+    assert "good to about 10 points" not in evidence  # a 40 s window
+
+
+def test_a_co_tenant_seen_over_a_short_window_says_how_close_its_share_is() -> None:
+    rec = others(timeline(n=30, util=const(0.46), sm=const(0.42), thread=const(1.0)), const(0.53))
+    cause = diagnose(rec).causes[0]
+    assert cause.name == "co-tenant"
+    said = " ".join(cause.evidence)
+    assert "over this 15 s window the share is good to about 10 points either way" in said
+    assert "watch 30 s or more" in said
 
 
 def test_a_job_alone_never_gets_a_co_tenant() -> None:

@@ -15,6 +15,11 @@ from sparkdiag.watch.model import ProcessInfo
 from sparkdiag.watch.views import ACTIVE_MIN, View
 
 GIB = 2**30
+# A window shorter than this reads the share to about 0.1 either way: NVML refreshes its
+# per-process samples every few seconds and splits the GPU differently from block to block
+# (H200, ResNet-50 beside a matmul loop: 8 s windows 8 and 13 points over and 9 under the
+# throughput truth, 30 s ones 9, 5 and 1 under; docs/watch.md).
+STEADY_SECONDS = 30.0
 
 
 @dataclass
@@ -110,6 +115,13 @@ def cotenant_cause(ctx: Context, share: float) -> Cause:
         "process (an estimate: it assumes the job had work queued meanwhile, as a job bound by "
         "its GPU has; one that waits for its data loses less)"
     )
+    seconds = sum(v.dt for v in ctx.win)
+    if seconds < STEADY_SECONDS:
+        evidence.append(
+            f"over this {seconds:.0f} s window the share is good to about 10 points either way "
+            "(NVML's per-process samples change every few seconds): watch "
+            f"{STEADY_SECONDS:.0f} s or more for a closer one"
+        )
     return Cause("co-tenant", share, tuple(evidence), ACTIONS["co-tenant"], tenants=found)
 
 
