@@ -305,6 +305,21 @@ def test_a_launch_bound_loop_is_launch_bound(stacks: bool) -> None:
         assert "launched at /job/train.py:40" in " ".join(cause.evidence)
 
 
+@pytest.mark.parametrize(("thread", "launcher"), [(0.56, False), (1.0, True)])
+def test_gaps_beside_a_thread_blocked_in_its_launches_are_not_the_launcher_s(
+    thread: float, launcher: bool
+) -> None:
+    """ResNet-50 built healthy, on the H200 (docs/device/2026-12-04/healthy/): GPU busy 84 %
+    with SMs 72 % active, the training thread at 56 % of a core and in torch's launching
+    frames 86 % of its sampled time: off the CPU for much of its launches, so not what kept
+    the GPU waiting; it read cpu-bound-launcher 11 %. The same gaps beside a hot thread are the
+    launcher's."""
+    rec = timeline(util=const(0.84), sm=const(0.72), thread=const(thread))
+    rec = with_stacks(rec, lambda i: mix((MATMUL, 1.0)))
+    found = names(diagnose(rec))
+    assert ("cpu-bound-launcher" in found) is launcher, found
+
+
 SAVING = periodic(7, 15)  # ticks 7-14 of every 20: a checkpoint
 
 

@@ -11,8 +11,12 @@ can overlap the GPU's own work (:data:`OVERLAPPING`): waiting in a sync (which l
 what it waits for is a copy, not a kernel), launching kernels and the optimizer's step on GPU
 tensors (its kernels queue behind the backward's, still running: a healthy ViT on the H200 read
 optimizer-step 11 % when it took the idle time first), in proportion again; where the thread did
-none, to the cause the counters gave the tick. Samples with no frame read say nothing and are
-left out.
+none, to the cause the counters gave the tick. Launching takes none of it where the thread was
+not hot (under ``HOT_THREAD`` of a core): it was then off the CPU for part of the time its
+stacks were in launches (blocked in the driver or the allocator), so the CPU launching is not
+what kept the GPU waiting (a healthy ResNet-50 on the H200, its thread at 56 % of a core and in
+launching frames for 86 % of its sampled time, read cpu-bound-launcher 11 %).
+Samples with no frame read say nothing and are left out.
 
 A tick the counters call launch-bound (a hot thread, small kernels) whose thread spent at
 least half its time launching, or one in which a hot thread feeds a GPU that runs with gaps and
@@ -83,7 +87,12 @@ def launching_share(sampled: list[tuple[int, str, float]]) -> float:
 
 
 def split(
-    loss: float, dt: float, sampled: list[tuple[int, str, float]], fallback: str, launching: bool
+    loss: float,
+    dt: float,
+    sampled: list[tuple[int, str, float]],
+    fallback: str,
+    launching: bool,
+    hot: bool = True,
 ) -> list[Part]:
     """``loss`` seconds of a ``dt``-second tick shared out over the thread's activities (the
     module docstring); ``launching``: the counters call the tick launch-bound, so the thread's
@@ -103,7 +112,10 @@ def split(
         return [Part(CAUSE[a], stack, loss * s / busy) for stack, a, s in host]
     parts = [Part(CAUSE[a], stack, s) for stack, a, s in host]
     left = loss - busy
-    overlap = [(stack, a, s) for stack, a, s in resolved if a in OVERLAPPING]
+    # a thread that was not hot spent part of its launches blocked in the driver (the GPU's
+    # queue full: GPU-bound), so its launching does not explain the GPU's gaps
+    overlap = [(stack, a, s) for stack, a, s in resolved
+               if a in OVERLAPPING and (hot or a != st.LAUNCH)]  # fmt: skip
     waited = sum(s for _, _, s in overlap)
     if waited <= 0:
         return [*parts, Part(fallback, None, left)]

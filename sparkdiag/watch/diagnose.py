@@ -104,7 +104,7 @@ from sparkdiag.watch import stacks as st
 from sparkdiag.watch.causes import ACTIONS as ACTIONS
 from sparkdiag.watch.causes import TITLES as TITLES
 from sparkdiag.watch.causes import Cause, mean, pct
-from sparkdiag.watch.evidence import HOT_THREAD, IDLE_MIN, LOADER_WORKING, PCIE_HEAVY
+from sparkdiag.watch.evidence import HOT_THREAD, IDLE_MIN, LOADER_WORKING, PCIE_HEAVY, TINY_KERNELS
 from sparkdiag.watch.evidence import UNHEALTHY_MASK as UNHEALTHY_MASK
 from sparkdiag.watch.findings import Ledger, findings
 from sparkdiag.watch.model import Recording
@@ -116,7 +116,6 @@ __all__ = ["ACTIONS", "TITLES", "Cause", "Diagnosis", "diagnose", "job_gpus"]
 WINDOW_LEVEL = 0.5
 LAUNCH_ACTIVITY_MAX = 0.60
 LAUNCH_UTIL_MIN = 0.10
-TINY_KERNELS = 0.50
 THREAD_BUSY_MIN = 0.30
 THREAD_OF_IDLE = 0.90
 STALL_UTIL = 0.90
@@ -514,7 +513,8 @@ def _parts(
         launching = [(s, st.LAUNCH, sec) for s, a, sec in sampled if a in (st.LAUNCH, st.USER)]
         lost = v.dt * (1.0 - v.eff)
         return attribute.split(lost, v.dt, launching, "cpu-bound-launcher", launching=True)
-    return attribute.split(_idle_loss(v, unimpeded), v.dt, sampled, label, launch_bound)
+    hot = (thread or 0.0) >= HOT_THREAD
+    return attribute.split(_idle_loss(v, unimpeded), v.dt, sampled, label, launch_bound, hot)
 
 
 def _ranks_without_gpu(rec: Recording) -> Cause | None:

@@ -18,6 +18,7 @@ from sparkdiag.watch.views import View
 UNHEALTHY_MASK = reasons_mask(UNHEALTHY_REASONS)
 POWER_CAP = reasons_mask({"sw_power_cap"})
 HOT_THREAD = 0.85
+TINY_KERNELS = 0.50  # SM activity over utilization: the SMs at most half occupied
 IDLE_MIN = 0.10
 LOADER_BUSY = 0.80  # of a core: a loader process that never waits
 LOADER_WORKING = 0.30  # of a core: a loader process that does some of the work
@@ -349,7 +350,14 @@ def launcher_cause(ctx: Context, idx: list[int], share: float) -> Cause:
             "steps cannot be told apart (both keep the GPU waiting)"
         )
     else:
-        evidence.append("the kernels barely occupy the SMs while they run: tiny kernels")
+        busy = [v.sm / v.util for v in ticks if v.sm is not None and v.util > 0]
+        filled = statistics.median(busy) if busy else 0.0
+        evidence.append(
+            "the kernels barely occupy the SMs while they run: tiny kernels"
+            if filled < TINY_KERNELS
+            else f"the kernels keep {pct(filled)} of the SMs active while they run: the time "
+            "lost is the gaps between them"
+        )
     return Cause("cpu-bound-launcher", share, tuple(evidence), ACTIONS["cpu-bound-launcher"])
 
 
