@@ -513,7 +513,7 @@ def _parts(
         launching = [(s, st.LAUNCH, sec) for s, a, sec in sampled if a in (st.LAUNCH, st.USER)]
         lost = v.dt * (1.0 - v.eff)
         return attribute.split(lost, v.dt, launching, "cpu-bound-launcher", launching=True)
-    hot = (thread or 0.0) >= HOT_THREAD
+    hot = thread is None or thread >= HOT_THREAD  # a thread not measured: as before the rule
     return attribute.split(_idle_loss(v, unimpeded), v.dt, sampled, label, launch_bound, hot)
 
 

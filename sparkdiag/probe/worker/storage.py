@@ -451,6 +451,8 @@ def kvikio_direct_reads(kvikio: Any, fd: int) -> Iterator[bool]:
     try:
         setting = kvikio_part(kvikio, "defaults").set({"auto_direct_io_read": True})
     except Exception:  # an older kvikio: no such key, or no set()
+        setting = None
+    if setting is None:
         yield False
         return
     with setting:
