@@ -208,15 +208,22 @@ def fake_kvikio(
     direct_reads: list[bool] = []
     module.direct_reads = direct_reads  # type: ignore[attr-defined]
 
-    @contextlib.contextmanager
-    def setting(config: dict[str, Any]) -> Iterator[None]:
+    module.active = active  # type: ignore[attr-defined]
+
+    def setting(config: dict[str, Any]) -> contextlib.AbstractContextManager[None]:
+        # as kvikio's ConfigContextManager: set at once, put back when the block ends
         before = dict(active)
         active.update(config)
-        try:
-            yield
-        finally:
-            active.clear()
-            active.update(before)
+
+        @contextlib.contextmanager
+        def restoring() -> Iterator[None]:
+            try:
+                yield
+            finally:
+                active.clear()
+                active.update(before)
+
+        return restoring()
 
     if settable:
         defaults.set = setting  # type: ignore[attr-defined]
@@ -273,6 +280,7 @@ def test_every_stage_reads_on_a_simulated_gpu(
     assert stages["gds"]["mode"] == "compat" and "nvidia-fs" in stages["gds"]["mode_reason"]
     assert stages["gds"]["kvikio"] == "26.10.0"
     assert kvikio.direct_reads and all(kvikio.direct_reads)  # never from the page cache
+    assert kvikio.active["auto_direct_io_read"] is False  # put back after the stage
     assert "page cache" not in stages["gds"]["mode_reason"]
     assert set(cuda.devices) == {0}  # every reading thread set its device
     assert cuda.cudart().registered and len(cuda.cudart().unregistered) == 4

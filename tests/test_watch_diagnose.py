@@ -377,7 +377,7 @@ def test_a_finalising_interpreter_after_the_last_step_is_not_the_loop() -> None:
     d = diagnose(rec)
     assert [c.name for c in d.causes] == ["recompiling"], d.causes
     readings = threads.read_recording(rec)
-    empty = [i for i, t in enumerate(rec.ticks) if threads.without_python(readings, i)]
+    empty = [i for i, t in enumerate(rec.ticks) if threads.without_python(readings, rec, i)]
     assert empty, "the recording's last ticks read empty stacks"
     ends = [i for i, t in enumerate(rec.ticks) if t.t <= d.window[1]]
     assert ends[-1] < empty[0] and all(i > ends[-1] for i in empty)

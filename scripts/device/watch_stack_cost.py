@@ -101,7 +101,7 @@ def summary(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], str]:
             cost = 1.0 - median / alone
             # each repeat's run against that repeat's alone run (the three are back to back,
             # so drift over the call cancels): the median of those costs beside the pooled one
-            paired = paired_costs(rows, job, way)
+            paired = paired_costs(rows, job, way) if way != "alone" else []
             out[f"{job}/{way}"] = {"median": median, "cost": cost, "runs": rates[way],
                                    "paired_costs": paired}  # fmt: skip
             target = f"{TARGETS[job] * 100:.0f} %" if way == "stacks" else ""

@@ -14,8 +14,9 @@ optimizer-step 11 % when it took the idle time first), in proportion again; wher
 none, to the cause the counters gave the tick. Launching takes none of it where the thread was
 not hot (under ``HOT_THREAD`` of a core): it was then off the CPU for part of the time its
 stacks were in launches (blocked in the driver or the allocator), so the CPU launching is not
-what kept the GPU waiting (a healthy ResNet-50 on the H200, its thread at 56 % of a core and in
-launching frames for 86 % of its sampled time, read cpu-bound-launcher 11 %).
+what kept the GPU waiting, and that part of the time goes to no cause (not to the others that
+overlap, nor to the counters' label): a healthy ResNet-50 on the H200, its thread at 56 % of a
+core and in launching frames for 86 % of its sampled time, read cpu-bound-launcher 11 %.
 Samples with no frame read say nothing and are left out.
 
 A tick the counters call launch-bound (a hot thread, small kernels) whose thread spent at
@@ -96,7 +97,9 @@ def split(
 ) -> list[Part]:
     """``loss`` seconds of a ``dt``-second tick shared out over the thread's activities (the
     module docstring); ``launching``: the counters call the tick launch-bound, so the thread's
-    own unnamed code (``USER``) was launching."""
+    own unnamed code (``USER``) was launching; ``hot``: the thread ran at ``HOT_THREAD`` of a
+    core or more (or was not measured), else launching's part of the time that overlaps is
+    given to no cause."""
     if loss <= 0:
         return []
     total = _known(sampled)
@@ -112,11 +115,12 @@ def split(
         return [Part(CAUSE[a], stack, loss * s / busy) for stack, a, s in host]
     parts = [Part(CAUSE[a], stack, s) for stack, a, s in host]
     left = loss - busy
-    # a thread that was not hot spent part of its launches blocked in the driver (the GPU's
-    # queue full: GPU-bound), so its launching does not explain the GPU's gaps
-    overlap = [(stack, a, s) for stack, a, s in resolved
-               if a in OVERLAPPING and (hot or a != st.LAUNCH)]  # fmt: skip
+    overlap = [(stack, a, s) for stack, a, s in resolved if a in OVERLAPPING]
     waited = sum(s for _, _, s in overlap)
     if waited <= 0:
         return [*parts, Part(fallback, None, left)]
-    return [*parts, *(Part(CAUSE[a], stack, left * s / waited) for stack, a, s in overlap)]
+    # beside a thread that was not hot, launching keeps its proportion of the time but names no
+    # cause for it: off the CPU for part of its launches, it did not keep the GPU waiting, and
+    # the time is not the sync's or the optimizer's either
+    return [*parts, *(Part(CAUSE[a], stack, left * s / waited) for stack, a, s in overlap
+                      if hot or a != st.LAUNCH)]  # fmt: skip

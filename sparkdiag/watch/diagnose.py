@@ -222,7 +222,7 @@ def _trimmed(first: int, last: int, outside: Callable[[int], bool | None]) -> tu
 
 
 def _running_python(
-    readings: Readings | None, vs: list[View], first: int, last: int
+    rec: Recording, readings: Readings | None, vs: list[View], first: int, last: int
 ) -> tuple[int, int]:
     """The window without the ticks at either end in which the training threads were read
     with no Python frame at all (empty stacks only): the interpreter starting, or finalising
@@ -232,7 +232,10 @@ def _running_python(
     Ticks not sampled go with the ticks beyond them; a tick with any Python frame stops it."""
     if readings is None:
         return first, last
-    return _trimmed(first, last, lambda i: threads.without_python(readings, vs[i].tick))
+    empty = [threads.without_python(readings, rec, vs[i].tick) for i in range(first, last + 1)]
+    if False not in empty:  # no tick with a Python frame to keep: nothing to tell it by
+        return first, last
+    return _trimmed(first, last, lambda i: empty[i - first])
 
 
 def _started(
@@ -575,7 +578,7 @@ def diagnose(rec: Recording) -> Diagnosis:
         )
     readings = read_recording(rec) if rec.stacks else None
     first, last = _in_loop(
-        rec, readings, vs, *_running_python(readings, vs, *_started(rec, readings, vs, *found))
+        rec, readings, vs, *_running_python(rec, readings, vs, *_started(rec, readings, vs, *found))
     )
     win = vs[first : last + 1]
     start, end = win[0].t - win[0].dt, win[-1].t

@@ -350,7 +350,7 @@ def launcher_cause(ctx: Context, idx: list[int], share: float) -> Cause:
             "steps cannot be told apart (both keep the GPU waiting)"
         )
     else:
-        busy = [v.sm / v.util for v in ticks if v.sm is not None and v.util > 0]
+        busy = [min(1.0, v.sm / v.util) for v in ticks if v.sm is not None and v.util > 0]
         filled = statistics.median(busy) if busy else 0.0
         evidence.append(
             "the kernels barely occupy the SMs while they run: tiny kernels"

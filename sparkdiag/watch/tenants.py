@@ -118,9 +118,9 @@ def cotenant_cause(ctx: Context, share: float) -> Cause:
     seconds = sum(v.dt for v in ctx.win)
     if seconds < STEADY_SECONDS:
         evidence.append(
-            f"over this {seconds:.0f} s window the share is good to about 10 points either way "
-            "(NVML's per-process samples change every few seconds): watch "
-            f"{STEADY_SECONDS:.0f} s or more for a closer one"
+            f"over this {int(seconds)} s window the share is good to about 10 points either way "
+            "(NVML's per-process samples change every few seconds): a window of "
+            f"{STEADY_SECONDS:.0f} s or more (the job's steady part, watched longer) reads closer"
         )
     return Cause("co-tenant", share, tuple(evidence), ACTIONS["co-tenant"], tenants=found)
 

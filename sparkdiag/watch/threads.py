@@ -285,13 +285,14 @@ def loop_frames(readings: Readings, rec: Recording, ticks: Sequence[int]) -> tup
         prefix = (*prefix, frame)
 
 
-def without_python(readings: Readings, tick: int) -> bool | None:
+def without_python(readings: Readings, rec: Recording, tick: int) -> bool | None:
     """True where the training threads were read in the tick with no Python frame at all
-    (only empty stacks: the interpreter starting or ending); None where they were not read."""
+    (only empty stacks: the interpreter starting or ending; a torn stack, which also reads
+    as nothing, has frames and is not one); None where they were not read."""
     samples = [s for s in readings.feeding_samples(tick) if s.seconds > 0]
     if not samples:
         return None
-    return all(s.activity == st.NOTHING for s in samples)
+    return all(not rec.stacks[s.stack] for s in samples)
 
 
 def in_loop(readings: Readings, rec: Recording, tick: int, frames: tuple[int, ...]) -> float | None:
