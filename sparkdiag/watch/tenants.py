@@ -115,7 +115,7 @@ def cotenant_cause(ctx: Context, share: float) -> Cause:
         "process (an estimate: it assumes the job had work queued meanwhile, as a job bound by "
         "its GPU has; one that waits for its data loses less)"
     )
-    seconds = sum(v.dt for v in ctx.win)
+    seconds = ctx.end - ctx.start
     if seconds < STEADY_SECONDS:
         evidence.append(
             f"over this {int(seconds)} s window the share is good to about 10 points either way "
