@@ -21,9 +21,11 @@ Everything runs at the same time, for one window of ``--seconds`` (default 120):
   imported), ``nvml`` (NVML initialised and one query a second; on fixtures: the fixture
   backend loaded and one query a second, so the floor here is Python + the fixture backend, not
   the NVML library), ``stack`` (that and what the idle daemon imports from outside sparkdiag
-  that weighs: asyncio with ssl, click, h11, pyudev, sqlite3), ``deps`` (``nvml`` and the list
+  that weighs: asyncio without ssl, click, h11, pyudev), ``deps`` (``nvml`` and the list
   the issue's floor imported: psutil, prometheus-client, click, PyYAML, h11, bcrypt) and
-  ``cli`` (``deps`` and ``sparkdiag.cli``).
+  ``cli`` (``deps`` and ``sparkdiag.cli``); beside them ``gpu-source``, sparkdiag's GPU source
+  alone polled once a second (``nvml`` and every NVML query the daemon makes: GPM, process
+  samples, field values; on fixtures, the fixture's answers).
 
 Before the window each exporter is scraped ``--warm-scrapes`` times, 1.1 s apart, as Prometheus
 asks (the issue's figure was taken after such scrapes); in the window nobody scrapes, unless
@@ -68,13 +70,14 @@ PROMETHEUS = {
     "Accept-Encoding": "gzip",
 }
 DEPS = ("psutil", "prometheus_client", "click", "yaml", "h11", "bcrypt")
-# What the idle daemon itself imports from outside sparkdiag that weighs (sys.modules of a
-# `serve` on the 1-GPU fixture, 2026-12-04): its HTTP server runs on asyncio, which imports ssl
-# (OpenSSL's libraries), the CLI on click, h11 parses HTTP, pyudev reads host links, sqlite3
-# keeps the probe's baselines. psutil, prometheus_client, PyYAML and bcrypt are not among them
-# (prometheus_client and bcrypt are imported only when a scrape asks for OpenMetrics or basic
-# auth is configured; psutil is a test dependency).
-STACK = ("asyncio", "ssl", "click", "h11", "pyudev", "sqlite3")
+# What the idle daemon without a probe imports from outside sparkdiag that weighs (sys.modules of
+# a `serve`, 2026-12-04): its HTTP server runs on asyncio, imported without ssl by
+# sparkdiag/web/__init__.py (which is all `import sparkdiag.web` loads), the CLI on click, h11
+# parses HTTP, pyudev lists the host's PCI devices on a real /sys. sqlite3 keeps the probe's
+# baselines (with a probe only); ssl comes with a TLS web config; psutil, prometheus_client,
+# PyYAML and bcrypt are not among them (prometheus_client and bcrypt are imported only when a
+# scrape asks for OpenMetrics or basic auth is configured; psutil is a test dependency).
+STACK = ("sparkdiag.web", "click", "h11", "pyudev")
 PEERS = ("nvitop", "nvitop_exporter", "pynvml")
 
 # The floors: each prints "ready" once set up, then wakes once a second.
@@ -86,6 +89,13 @@ _NVML_REAL = (
 _NVML_FIXTURE = (
     "from pathlib import Path\nfrom sparkdiag.sources.nvml.fixture import FixtureBackend\n"
     "b = FixtureBackend(Path({fixture!r}))\nb.init()\nb.query(0, 'temperature', 0)\n"
+)
+# sparkdiag's GPU source alone, polled once a second: NVML answering every query the daemon
+# makes (GPM samples, process samples, field values), with nothing else of the daemon around it
+_GPU_SOURCE = (
+    "from pathlib import Path\nfrom sparkdiag.sources.nvml.backends import make_backend\n"
+    "from sparkdiag.sources.nvml.gpu import GpuSource\n"
+    "b = make_backend({fixture})\ns = GpuSource(b)\ns.start()\ns.read()\n"
 )
 _NVML_WORK = {
     True: "pynvml.nvmlDeviceGetTemperature(h, 0)",
@@ -104,6 +114,8 @@ def floors(real: bool, fixture: Path) -> dict[str, str]:
         "stack": setup + "".join(f"import {name}\n" for name in STACK) + _LOOP.format(work=work),
         "deps": setup + deps + _LOOP.format(work=work),
         "cli": setup + deps + "import sparkdiag.cli\n" + _LOOP.format(work=work),
+        "gpu-source": _GPU_SOURCE.format(fixture="None" if real else f"Path({str(fixture)!r})")
+        + _LOOP.format(work="b.advance(); s.read(); s.events()"),
     }
 
 

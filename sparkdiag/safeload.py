@@ -27,13 +27,15 @@ import json
 import math
 import os
 import re
-import ssl
 import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from itertools import accumulate
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # ssl (OpenSSL, some 5 MiB) loads where TLS is used
+    import ssl
 
 MAX_DEPTH = 64  # nesting levels; every format sparkdiag reads uses fewer than 10
 MAX_DIGITS = 40  # digits of an integer: 2**128 has 39; a 64-bit counter has 20

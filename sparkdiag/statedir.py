@@ -22,7 +22,6 @@ import json
 import os
 import pwd
 import stat
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -122,6 +121,8 @@ def write_atomically(path: Path, data: bytes) -> None:
     ensure_state_directory(path.parent)
     tmp: str | None = None
     try:
+        import tempfile  # loads random and shutil: imported when a file is written
+
         fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)

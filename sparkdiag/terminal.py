@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import sys
 import textwrap
 from collections.abc import Collection, Sequence
@@ -73,6 +72,8 @@ def width(stream: TextIO | None = None) -> int:
         try:
             columns = os.get_terminal_size(stream.fileno()).columns
         except (AttributeError, ValueError, OSError):
+            import shutil  # loads bz2 and lzma: imported only where the call above fails
+
             columns = shutil.get_terminal_size((DEFAULT_WIDTH, 24)).columns
     if columns <= 0:
         return DEFAULT_WIDTH

@@ -88,6 +88,26 @@ main()
 # Loaded by no daemon without a web config, an OpenMetrics scrape or a --config file:
 # client_python's package (its servers, WSGI, e-mail), psutil, YAML, bcrypt, TOML.
 NEVER = {"prometheus_client", "psutil", "tomllib", "difflib", "yaml", "bcrypt"}
+# Loaded only where TLS, basic auth or a file write asks for them: OpenSSL's modules (asyncio is
+# imported without ssl: sparkdiag/web/__init__.py), hashlib, e-mail (HTTP dates), the IDNA codec
+# (unicodedata), shutil and tempfile (with bz2, lzma and random).
+PLAIN_HTTP = {
+    "ssl",
+    "_ssl",
+    "hashlib",
+    "_hashlib",
+    "hmac",
+    "secrets",
+    "email",
+    "encodings.idna",
+    "unicodedata",
+    "html",
+    "shutil",
+    "tempfile",
+    "random",
+    "bz2",
+    "lzma",
+}
 # Loaded with a probe only: SQLite and the store, the worker (and its argparse), statistics.
 PROBE = {"sqlite3", "statistics", "argparse", "sparkdiag.probe.worker", "sparkdiag.baseline.store"}
 
@@ -109,8 +129,19 @@ def _modules(*args: str) -> set[str]:
 def test_serve_without_a_probe_loads_neither_the_probe_nor_what_other_commands_need() -> None:
     loaded = _modules("--no-probe.enabled", *FIXTURE)
     assert "sparkdiag.web.http" in loaded and "sparkdiag.exporter.gpu" in loaded
-    assert not (NEVER | PROBE) & loaded, (NEVER | PROBE) & loaded
+    assert not (NEVER | PROBE | PLAIN_HTTP) & loaded, (NEVER | PROBE | PLAIN_HTTP) & loaded
     assert not any(m.startswith("sparkdiag.compare") for m in loaded)
+
+
+def test_asyncio_comes_without_ssl_which_still_imports_for_tls() -> None:
+    code = (
+        "import sys, sparkdiag.web, asyncio.base_events as base\n"
+        "assert 'ssl' not in sys.modules and base.ssl is None, sys.modules.get('ssl')\n"
+        "import ssl, sparkdiag.web.tls\n"
+        "print(ssl.MemoryBIO.__name__, base.ssl)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.split() == ["MemoryBIO", "None"], out.stderr
 
 
 def test_serve_with_a_probe_loads_the_probe_but_not_the_rest(tmp_path: object) -> None:

@@ -364,3 +364,18 @@ def test_client_certificates_are_required_and_verified(tls_web: Path) -> None:
         conn.close()
         with pytest.raises((ssl.SSLError, OSError)):  # no client certificate: no answer
             https_status(server, d)
+
+
+@pytest.mark.parametrize("second", [0, 784111777, 951782400, 1764892800, 4102444799])
+def test_the_date_header_is_what_the_email_package_writes(second: int) -> None:
+    from email.utils import formatdate
+
+    from sparkdiag.web.serving import http_date
+
+    assert http_date(second) == formatdate(second, usegmt=True)
+
+
+@pytest.mark.parametrize("host", ["a..b", ".a", "x" * 64 + ".example"])
+def test_a_listen_host_with_an_empty_or_long_label_is_not_a_host_name(host: str) -> None:
+    with pytest.raises(ListenError, match="is not a host name"):
+        ExporterServer((host, 0), CollectorRegistry(), healthy_ok)

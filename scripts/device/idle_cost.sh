@@ -18,6 +18,9 @@
 # 2. scripts/device/scrape_peers.py --scrapes 300 --cold 20 --idle 5 (about 60 s): scrape
 #    latency of sparkdiag, nvitop-exporter and nvidia-smi, as in the fourth session.
 #
+# With .carry/base-src.tar (`git archive REV sparkdiag`), the variants of that code run beside
+# in the same window (rows base:NAME): before and after a change under the same load.
+#
 # Carried: .whl/ with the nvitop and nvitop-exporter wheels (1.7.2 as before), bcrypt and py-spy
 # (py-spy is optional: without it the profile is left out). Everything goes to
 # $OUT/idle_cost/: log.txt, idle.txt and idle.json (step 1), run/ (every process's log,
@@ -50,6 +53,12 @@ SPY=$(command -v py-spy || true)
 [ -z "$SPY" ] && [ -x /tmp/site/bin/py-spy ] && SPY=/tmp/site/bin/py-spy
 
 args=(--out "$DIR/run" --json "$DIR/idle.json" --nvml-profile)
+# the code before a change, run beside it in the same window (base:NAME rows): a tar of
+# `git archive REV sparkdiag`, carried as .carry/base-src.tar (its REV in .carry/base-src.rev)
+if [ -f .carry/base-src.tar ]; then
+  rm -rf /tmp/base-src && mkdir -p /tmp/base-src && tar -xf .carry/base-src.tar -C /tmp/base-src \
+    && args+=(--base-src /tmp/base-src) && echo "base: $(cat .carry/base-src.rev 2>/dev/null)"
+fi
 [ -n "$SPY" ] && args+=(--py-spy "$SPY") || echo "py-spy: not found, no profile"
 if [ "${IDLE_COST_DRY:-}" = 1 ]; then
   args+=(--seconds "${IDLE_SECONDS:-20}" --variant 1gpu --variant 1gpu+probe)

@@ -20,13 +20,16 @@ from __future__ import annotations
 import contextlib
 import re
 import socket
-import ssl
 import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import h11
+
+if TYPE_CHECKING:  # ssl (OpenSSL, some 5 MiB) is loaded by whoever makes the context
+    import ssl
 
 MAX_HEAD = 64 << 10  # a response head (status line and headers) larger than this is refused
 MAX_REDIRECTS = 5
@@ -182,8 +185,11 @@ def _one(
             raise FetchError(
                 f"no complete answer within {deadline.seconds:g} s (the whole exchange)", "timeout"
             ) from None
-        if isinstance(exc, ssl.SSLError):
-            raise FetchError(f"TLS: {exc.reason or exc}", "tls") from exc
+        if context is not None:  # only then can it be a TLS error, and ssl is loaded
+            import ssl
+
+            if isinstance(exc, ssl.SSLError):
+                raise FetchError(f"TLS: {exc.reason or exc}", "tls") from exc
         raise FetchError(str(exc.strerror or exc), "unreachable") from None
     finally:
         deadline.cancel()

@@ -57,7 +57,6 @@ import errno
 import json
 import mmap
 import os
-import random
 import stat
 import subprocess
 import sys
@@ -145,7 +144,7 @@ def open_test_file(dirfd: int, path: str, notes: list[str]) -> tuple[int, bool]:
         if exc.errno not in (*_NOT_SUPPORTED, errno.EINVAL):
             raise _open_error(exc, path) from None
     notes.append("no O_TMPFILE on this filesystem: a named file, unlinked before writing")
-    name = f".sparkdiag-storage-{os.getpid()}-{random.getrandbits(48):012x}.tmp"
+    name = f".sparkdiag-storage-{os.getpid()}-{os.urandom(6).hex()}.tmp"
     try:
         fd = os.open(name, flags | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600, dir_fd=dirfd)
     except OSError as exc:
@@ -473,6 +472,8 @@ def _random_reads(
         return None
     buf = mmap.mmap(-1, RANDOM_BLOCK)
     view = [buf]
+    import random  # the program's own: the daemon imports SCHEMA from this module
+
     rng = random.Random(0x5D)
     latencies: list[int] = []
     began = time.perf_counter()

@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkdiag.jsonvalues import as_float, as_int, as_map, as_str
-from sparkdiag.storage.measure import SCHEMA
 
 DIRECTIONS = ("read", "write")
 PATHS = ("host", "gpu", "gds")
@@ -148,6 +147,8 @@ class DocumentError(ValueError):
 
 def parse_document(doc: Any) -> ProbeDocument:
     """A decoded JSON document as a :class:`ProbeDocument`; DocumentError when it is none."""
+    from sparkdiag.storage.measure import SCHEMA  # the program's module, for its documents only
+
     raw = as_map(doc)
     status = as_str(raw.get("status"))
     if raw.get("schema") != SCHEMA or status not in ("ok", "refused", "error"):

@@ -29,6 +29,7 @@ from __future__ import annotations
 import base64
 import binascii
 import logging
+import os
 import re
 import threading
 from collections import OrderedDict
@@ -104,10 +105,10 @@ class BasicAuth:
     """Checks credentials against ``users`` (user name -> bcrypt hash, validated)."""
 
     def __init__(self, users: Mapping[str, bytes]) -> None:
-        import secrets  # this module's imports load with every daemon; these with users only
-
         self.users = dict(users)
-        self._secret = secrets.token_bytes(32)
+        # what secrets.token_bytes(32) returns, without the imports of secrets (hmac, hashlib:
+        # OpenSSL's libcrypto) in a daemon that has no users to check
+        self._secret = os.urandom(32)
         self._verified: OrderedDict[bytes, None] = OrderedDict()
         self._failed: OrderedDict[bytes, None] = OrderedDict()
         self._lock = threading.Lock()

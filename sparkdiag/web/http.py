@@ -17,7 +17,6 @@ Every answer of the handler carries ``http_server_config.headers``. Defaults of 
 from __future__ import annotations
 
 import asyncio
-import html
 import logging
 import socket
 import threading
@@ -61,10 +60,16 @@ def listen_socket(address: tuple[str, int], backlog: int) -> socket.socket:
     resolve, ``OSError`` for everything else (port in use, address not on this machine)."""
     host, port = address
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    name: str | bytes | None = host or None
+    if host.isascii():  # as bytes, checked as the IDNA codec would: it loads unicodedata
+        labels = host.removesuffix(".").split(".")
+        if host and any(not 0 < len(label) < 64 for label in labels):
+            raise ListenError(
+                f"listen: host {echo(host)} is not a host name (label empty or too long)"
+            )
+        name = host.encode() or None
     try:
-        infos = socket.getaddrinfo(
-            host or None, port, family, socket.SOCK_STREAM, 0, socket.AI_PASSIVE
-        )
+        infos = socket.getaddrinfo(name, port, family, socket.SOCK_STREAM, 0, socket.AI_PASSIVE)
     except socket.gaierror as exc:
         if exc.errno in _NO_SUCH_HOST:
             raise ListenError(
@@ -265,6 +270,8 @@ class ExporterServer:
                 ok, detail = self.healthy()
                 return text(200 if ok else 503, detail)
             if path == "/":
+                import html  # for this page only
+
                 _, detail = self.healthy()
                 body = _LANDING.format(version=__version__, health=html.escape(detail))
                 return Response(200, body.encode(), "text/html; charset=utf-8")

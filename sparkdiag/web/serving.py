@@ -39,10 +39,8 @@ import errno
 import logging
 import resource
 import socket
-import ssl
 import time
 from collections.abc import Coroutine
-from email.utils import formatdate
 from typing import Any
 
 import h11
@@ -54,9 +52,7 @@ from sparkdiag.web.channels import (
     Closed,
     Plain,
     Tls,
-    TlsChannel,
     TlsProvider,
-    san_allowed,
 )
 from sparkdiag.web.limits import (
     ACCEPT_PAUSE,
@@ -259,7 +255,7 @@ class HttpServer:
             log.debug("%s: timed out after %g s", conn.peer, self.limits.timeout)
         except asyncio.CancelledError:
             log.debug("%s: closed (evicted or shutting down)", conn.peer)
-        except (Closed, OSError, ssl.SSLError, h11.ProtocolError) as exc:
+        except (Closed, OSError, h11.ProtocolError) as exc:  # ssl.SSLError is an OSError
             log.debug("%s: closed: %s", conn.peer, exc or type(exc).__name__)
         except Exception as exc:  # a bug here, not the client's doing: one line, then details
             log.error(
@@ -294,6 +290,8 @@ class HttpServer:
             tls = self.tls()
             if tls is None:  # the web config changed into an unusable one: refused until fixed
                 return None
+            from sparkdiag.web.tls import TlsChannel, san_allowed  # loaded with the context
+
             channel = TlsChannel(conn.sock, tls.context)
             self.stats.tls_started += 1
             await channel.handshake(first)
@@ -445,7 +443,7 @@ class HttpServer:
             "Connection: close",
         ]
         data = ("\r\n".join(lines) + "\r\n\r\n" + message + "\n").encode("latin-1", "replace")
-        with contextlib.suppress(TimeoutError, OSError, ssl.SSLError):
+        with contextlib.suppress(TimeoutError, OSError):  # ssl.SSLError is an OSError
             async with asyncio.timeout(self.limits.timeout):
                 await channel.send(data)
             if isinstance(channel, Plain):
@@ -458,5 +456,19 @@ class HttpServer:
     def _now(self) -> str:
         second = int(time.time())
         if self._date[0] != second:
-            self._date = (second, formatdate(second, usegmt=True))
+            self._date = (second, http_date(second))
         return self._date[1]
+
+
+_DAYS = ("Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun")
+_MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+
+
+def http_date(second: float) -> str:
+    """RFC 9110's IMF-fixdate (``Sun, 06 Nov 1994 08:49:37 GMT``), as
+    ``email.utils.formatdate(usegmt=True)`` writes it, without loading the e-mail package."""
+    t = time.gmtime(second)
+    return (
+        f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year} "
+        f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT"
+    )

@@ -39,12 +39,11 @@ import contextlib
 import ipaddress
 import logging
 import re
-import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkdiag import safeload
 from sparkdiag.config import echo
@@ -52,18 +51,22 @@ from sparkdiag.errors import UsageError
 from sparkdiag.web.basicauth import BasicAuth, hash_problem
 from sparkdiag.web.channels import Tls
 
+if TYPE_CHECKING:  # ssl (OpenSSL, some 5 MiB) loads when a file turns TLS on
+    import ssl
+
 log = logging.getLogger(__name__)
 
 MAX_FILE_BYTES = 1 << 20  # a web config is a few hundred bytes; read no more than this
 RECHECK_SECONDS = 1.0  # how often the files are looked at (stat) for a change
 
-_TLS_VERSIONS = {"TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
+# the names of ssl.TLSVersion and ssl.VerifyMode members: ssl is imported with TLS on only
+_TLS_VERSIONS = {"TLS12": "TLSv1_2", "TLS13": "TLSv1_3"}
 _OLD_TLS = ("TLS10", "TLS11")
 _CLIENT_AUTH = {
-    "": ssl.CERT_NONE,
-    "NoClientCert": ssl.CERT_NONE,
-    "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
-    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+    "": "CERT_NONE",
+    "NoClientCert": "CERT_NONE",
+    "VerifyClientCertIfGiven": "CERT_OPTIONAL",
+    "RequireAndVerifyClientCert": "CERT_REQUIRED",
 }
 _UNVERIFIED_CLIENT_AUTH = ("RequestClientCert", "RequireAnyClientCert", "RequireClientCert")
 # Go's names of the TLS 1.2 suites that crypto/tls offers (tls.CipherSuites()), as OpenSSL names
@@ -323,6 +326,8 @@ def _tls(where: _Where, tls: dict[Any, Any], files: list[Path]) -> Tls | None:
                 "would leave TLS off",
             )
         return None
+    import ssl
+
     for inline in ("cert", "key"):
         if tls.get(inline) not in (None, ""):
             raise where.error(
@@ -385,7 +390,7 @@ def _tls(where: _Where, tls: dict[Any, Any], files: list[Path]) -> Tls | None:
             key + "client_auth_type",
             f"invalid ClientAuth {echo(auth)}; allowed: " + ", ".join(a for a in _CLIENT_AUTH if a),
         )
-    context.verify_mode = _CLIENT_AUTH[auth]
+    context.verify_mode = ssl.VerifyMode[_CLIENT_AUTH[auth]]
     ca_file = file_key("client_ca_file")
     ca_text = tls.get("client_ca")
     if (ca_file is not None or ca_text not in (None, "")) and context.verify_mode == ssl.CERT_NONE:
@@ -436,10 +441,14 @@ def _version(where: _Where, tls: dict[Any, Any], name: str, default: str) -> ssl
             f"tls_server_config.{name}",
             f"unknown TLS version {echo(value)}; allowed: " + ", ".join(_TLS_VERSIONS),
         )
-    return _TLS_VERSIONS[value]
+    import ssl
+
+    return ssl.TLSVersion[_TLS_VERSIONS[value]]
 
 
 def _ciphers(where: _Where, tls: dict[Any, Any], context: ssl.SSLContext) -> None:
+    import ssl
+
     key = "tls_server_config.cipher_suites"
     prefer = tls.get("prefer_server_cipher_suites", True)
     if not isinstance(prefer, bool):
@@ -485,6 +494,8 @@ _HTTP2_REQUIRED = (
 
 
 def _http2_ciphers(where: _Where, tls: dict[Any, Any], context: ssl.SSLContext) -> None:
+    import ssl
+
     suites = tls.get("cipher_suites")
     if not suites or context.minimum_version >= ssl.TLSVersion.TLSv1_3:
         return
@@ -498,6 +509,8 @@ def _http2_ciphers(where: _Where, tls: dict[Any, Any], context: ssl.SSLContext) 
 
 
 def _curve(where: _Where, tls: dict[Any, Any], context: ssl.SSLContext) -> None:
+    import ssl
+
     key = "tls_server_config.curve_preferences"
     curves = tls.get("curve_preferences")
     if curves is None or curves == []:

@@ -30,7 +30,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import subprocess
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -226,6 +225,8 @@ def tool_reader(
         real = False
     if not real:
         return None, f"--path.sysfs {sysfs} is not /sys (give --nvme.fixture DIR instead)"
+    import shutil  # loads bz2 and lzma: only on the machine's own /sys
+
     smartctl, nvme = shutil.which("smartctl"), shutil.which("nvme")
     if smartctl is None and nvme is None:
         return None, "neither smartctl (smartmontools) nor nvme (nvme-cli) is installed"
