@@ -48,6 +48,7 @@ import contextlib
 import importlib.util
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -130,6 +131,7 @@ class Target:
     src: Path = ROOT
     proc: subprocess.Popen[bytes] | None = None
     cpu0: float = 0.0
+    scan_seconds: float | None = None
     peak: float = 0.0
     figures: dict[str, Any] = field(default_factory=dict)
 
@@ -235,6 +237,25 @@ def ready(target: Target, logs: Path) -> None:
         if target.proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError(f"floor {target.name} did not start: {log.read_text()[-800:]}")
         time.sleep(0.1)
+
+
+SCAN_DONE = re.compile(rb"^sparkdiag_cuda_library_scan_duration_seconds (\S+)$", re.MULTILINE)
+
+
+def scanned(target: Target, seconds: float = 240.0) -> float | None:
+    """Wait until a daemon's CUDA library scan has finished (its figure is on /metrics), so that
+    the window does not take in the start-up's work: the scan runs in a child process once at
+    start and every 6 hours, and the daemon's CPU counts its children's once it has waited for
+    them. Returns the scan's duration; None where it did not finish in time (said on stderr)."""
+    assert target.port is not None
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        match = SCAN_DONE.search(fetch(target.port, PROMETHEUS)[1])
+        if match:
+            return float(match.group(1))
+        time.sleep(1.0)
+    print(f"{target.name}: its library scan did not finish in {seconds:g} s", file=sys.stderr)
+    return None
 
 
 # Leaf frames of a thread that waits (py-spy records with --idle, so that time in a native
@@ -419,6 +440,9 @@ def main() -> None:
                     stop(target.proc)
                     targets.remove(target)
             exporters = [t for t in targets if t.port is not None]
+            for target in exporters:  # the start-up work done, which the window is not about
+                if target.kind in ("sparkdiag", "profiled"):
+                    target.scan_seconds = scanned(target)
             for _ in range(opts.warm_scrapes):
                 for target in exporters:
                     assert target.port is not None
@@ -478,6 +502,8 @@ def main() -> None:
                 target.figures = {
                     "kind": target.kind,
                     "cpu_percent_of_one_core": 100 * (cpu - target.cpu0) / wall,
+                    "cpu_seconds_before_window": target.cpu0,
+                    "library_scan_seconds": target.scan_seconds,
                     "rss_mib": rss,
                     "peak_rss_mib": max(target.peak, rss),
                     "threads": len(os.listdir(f"/proc/{pid}/task")),
@@ -525,6 +551,12 @@ def report(results: dict[str, Any]) -> None:
             f"{fig['peak_rss_mib']:6.1f} {ratio} {fig['anonymous_mib']:6.1f} "
             f"{fig['file_mib']:6.1f} {fig['threads']:7d}"
         )
+    for name, fig in procs.items():
+        if fig and fig.get("library_scan_seconds") is not None:
+            print(
+                f"{name}: before the window {fig['cpu_seconds_before_window']:.2f} s of CPU "
+                f"(imports, first polls, the library scan of {fig['library_scan_seconds']:.2f} s)"
+            )
     for prefix in ("", "base:"):
         one, eight = procs.get(prefix + "1gpu"), procs.get(prefix + "8gpu")
         full = procs.get(prefix + "8gpu+dcgm+proc")

@@ -37,7 +37,8 @@ PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 exec > >(tee -a "$DIR/log.txt") 2>&1
 started=$(date +%s)
-echo "== idle_cost.sh at $(git rev-parse --short HEAD 2>/dev/null || echo '?'), $(date -u +%FT%TZ)"
+# SPARKDIAG_REV: the commit the copy was made from (the device's copy may hold an older .git)
+echo "== idle_cost.sh at ${SPARKDIAG_REV:-$(git rev-parse --short HEAD 2>/dev/null || echo '?')}, $(date -u +%FT%TZ)"
 nvidia-smi --query-gpu=name,driver_version,pci.bus_id --format=csv,noheader 2>&1 | head -2
 "$PY" -c 'import sys, sqlite3; print("python", sys.version.split()[0], "sqlite", sqlite3.sqlite_version)'
 
