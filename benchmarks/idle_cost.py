@@ -214,8 +214,13 @@ def environment(src: Path) -> dict[str, str]:
     return env
 
 
+def _log_name(target: Target) -> str:
+    """A target's log file: "base:real" as base-real.log (a colon is no name on every system)."""
+    return target.name.replace(":", "-") + ".log"
+
+
 def start(target: Target, logs: Path) -> None:
-    log = (logs / f"{target.name}.log").open("wb")
+    log = (logs / _log_name(target)).open("wb")
     target.proc = subprocess.Popen(
         target.cmd,
         cwd=target.src,
@@ -231,7 +236,7 @@ def ready(target: Target, logs: Path) -> None:
     if target.port is not None:
         wait_http(target.port, target.proc, 90, "/metrics")
         return
-    log = logs / f"{target.name}.log"
+    log = logs / _log_name(target)
     deadline = time.monotonic() + 60
     while "ready" not in log.read_text(errors="replace"):
         if target.proc.poll() is not None or time.monotonic() > deadline:
