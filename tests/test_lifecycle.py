@@ -218,26 +218,85 @@ def test_a_container_command_ends_when_sparkdiag_is_killed(tmp_path: Path) -> No
         assert wait_dead([worker, grandchild], seconds=10) == []
 
 
-@pytest.mark.worker
-def test_a_worker_ends_when_its_parent_is_killed(tmp_path: Path) -> None:
-    """kill -9 of the process that started a worker (a soak on CPU): the worker notices that
-    its parent is gone, stops, and nothing of it is left."""
-    pytest.importorskip("torch")
-    pidfile = tmp_path / "worker.pid"
-    driver = (
-        "import subprocess, sys, time\n"
-        f"w = subprocess.Popen([sys.executable, {str(ROOT / 'sparkdiag/probe/worker')!r},"
-        " '--device', 'cpu', '--small', '--soak-seconds', '600', '--window-seconds', '1'],"
-        " start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-        f"open({str(pidfile)!r}, 'w').write(str(w.pid))\n"
+WORKER = ROOT / "sparkdiag" / "probe" / "worker"
+SOAK = ["--device", "cpu", "--small", "--soak-seconds", "600", "--window-seconds", "1"]
+
+
+def _starter(argv: list[str], pidfile: Path, stdout: str, stderr: str) -> str:
+    """A driver's code: start ``argv`` in a session of its own (as the runner does), its
+    standard output and error as ``stdout`` and ``stderr`` say (Python source), write its pid to
+    ``pidfile`` (whole: written aside, then renamed) and sleep."""
+    return (
+        "import os, subprocess, sys, time\n"
+        f"w = subprocess.Popen([sys.executable, *{argv!r}], start_new_session=True,"
+        f" stdout={stdout}, stderr={stderr})\n"
+        f"open({str(pidfile)!r} + '.new', 'w').write(str(w.pid))\n"
+        f"os.replace({str(pidfile)!r} + '.new', {str(pidfile)!r})\n"
         "time.sleep(600)\n"
     )
-    with _driver(driver, pidfile) as proc:
-        time.sleep(0.2)
+
+
+@contextlib.contextmanager
+def _session(pid: int) -> Iterator[None]:
+    """Within: the session that ``pid`` leads is killed on the way out if it is left (a test
+    that failed leaves no soak behind)."""
+    try:
+        yield
+    finally:
+        if alive(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+
+
+def _wait_threads(pid: int, count: int, seconds: float = 60.0) -> None:
+    """Wait until process ``pid`` runs ``count`` threads."""
+    end = time.monotonic() + seconds
+    while len(os.listdir(f"/proc/{pid}/task")) < count:
+        assert time.monotonic() < end, f"{pid} never ran {count} threads"
+        time.sleep(0.01)
+
+
+@pytest.mark.worker
+@pytest.mark.parametrize("piped", [True, False], ids=["output-piped", "output-not-piped"])
+def test_a_worker_ends_when_its_parent_is_killed(tmp_path: Path, piped: bool) -> None:
+    """kill -9 of the process that started a worker (a soak on CPU): the worker notices that
+    its starter is gone, stops, and nothing of it is left.
+
+    Its output read through a pipe, as the runner reads it, the starter is killed at once,
+    before the worker could even read who its parent is: CI killed it 0.2 s after the start,
+    the worker's interpreter was still starting on a loaded 2-core machine, it read PID 1 as
+    its parent and soaked on. With no pipe only the parent's change tells, and the parent is
+    read once the worker runs: the starter is killed once the worker's watch runs (its
+    thread, the first the worker starts)."""
+    pytest.importorskip("torch")
+    pidfile, log = tmp_path / "worker.pid", tmp_path / "worker.log"
+    stdout = "subprocess.PIPE" if piped else "subprocess.DEVNULL"
+    driver = _starter([str(WORKER), *SOAK], pidfile, stdout, f"open({str(log)!r}, 'w')")
+    with _driver(driver, pidfile) as proc, _session(int(pidfile.read_text())):
         worker = int(pidfile.read_text())
-        assert alive(worker)
+        if not piped:
+            _wait_threads(worker, 2)
         proc.kill()
         proc.wait(timeout=10)
-        # the worker notices between soak steps, after importing torch: on a loaded 2-core
-        # machine that import alone has taken more than 20 s
-        assert wait_dead([worker], seconds=90) == []
+        # a worker killed by its own SIGTERM goes at once; one past its torch import stops at
+        # its next soak step: on a loaded 2-core machine that import alone has taken over 20 s
+        assert wait_dead([worker], seconds=90) == [], log.read_text()[-3000:]
+    why = "the reader of its output is gone" if piped else f"parent {proc.pid} is gone"
+    assert f"sparkdiag-probe: {why}: stopping" in log.read_text()
+
+
+def test_the_parent_watch_signals_though_standard_error_is_a_dead_pipe(tmp_path: Path) -> None:
+    """The starter that dies takes the reader of the worker's standard error with it (the
+    runner reads both): the watch's line then raises BrokenPipeError, which ended the watch
+    before its signal, and the worker went on. No pipe on standard output here: the parent's
+    change is the sign."""
+    pidfile = tmp_path / "watched.pid"
+    code = "import time\nfrom sparkdiag.probe.worker.cli import watch_parent\n"
+    code += "watch_parent(0.1)\ntime.sleep(600)\n"
+    driver = _starter(["-c", code], pidfile, "subprocess.DEVNULL", "subprocess.PIPE")
+    with _driver(driver, pidfile) as proc, _session(int(pidfile.read_text())):
+        watched = int(pidfile.read_text())
+        _wait_threads(watched, 2)
+        proc.kill()
+        proc.wait(timeout=10)
+        assert wait_dead([watched], seconds=30) == []

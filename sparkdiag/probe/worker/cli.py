@@ -8,9 +8,12 @@ This is the room that imports torch (in :func:`_run`); the others get it as ``in
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import select
 import signal
+import stat
 import sys
 import threading
 import time
@@ -186,26 +189,67 @@ def _run(args: argparse.Namespace, doc: dict[str, Any], stop: StopRequest | None
 
 
 def watch_parent(period: float = 0.5) -> threading.Thread:
-    """End this worker (SIGTERM to itself) once its parent is gone.
+    """End this worker (SIGTERM to itself) once the process that started it is gone.
 
     The runner starts a worker in its own session and kills its process group at the timeout;
     should the process that started it die first (sparkdiag killed with SIGKILL), nothing would
     enforce the timeout any more. A soak then stops as on Ctrl-C (the GPU left idle); any
-    other run ends at once. Parentless from the start (PID 1's child), nothing is watched.
+    other run ends at once. Two signs (the first seen at once, the second every ``period``):
+
+    * the reader of standard output is gone: the runner reads the document through a pipe
+      that only it holds, and a pipe whose reader has closed polls as an error however early
+      that happened, before this runs too. (A starter killed while the worker's interpreter
+      was still starting left it reading PID 1 as its parent: it never noticed, and soaked on.)
+    * the parent changed, for a starter that reads no pipe: the parent is read here, once the
+      worker runs, so a starter that died before is not seen. Parentless from the start
+      (PID 1's child), it is not watched.
+
+    The line saying so is written before the signal, and a failure to write it is ignored:
+    standard error is the dead starter's pipe too (its BrokenPipeError once ended this watch
+    before the signal, and the worker went on).
     """
     parent = os.getppid()
+    output = _output_pipe()
+    poller = select.poll()  # with nothing registered, its poll sleeps the period
+    if output is not None:
+        poller.register(output, 0)  # POLLERR and POLLHUP are reported unasked
+
+    def gone() -> str | None:
+        for fd, events in poller.poll(period * 1000):
+            if events & (select.POLLERR | select.POLLHUP):
+                return "the reader of its output is gone"
+            if events & select.POLLNVAL:  # not ours any more: not watched
+                poller.unregister(fd)
+        if parent > 1 and os.getppid() != parent:
+            return f"parent {parent} is gone"
+        return None
 
     def loop() -> None:
-        while parent > 1:
-            time.sleep(period)
-            if os.getppid() != parent:
-                log(f"parent {parent} is gone: stopping")
+        while output is not None or parent > 1:
+            why = gone()
+            if why is not None:
+                with contextlib.suppress(OSError):
+                    log(f"{why}: stopping")
                 os.kill(os.getpid(), signal.SIGTERM)
                 return
 
     thread = threading.Thread(target=loop, name="parent-watch", daemon=True)
     thread.start()
     return thread
+
+
+def _output_pipe() -> int | None:
+    """A descriptor of standard output of its own (main() moves descriptor 1), where that is
+    a pipe or a socket, whose reader can go; None where it is not (a file, a terminal)."""
+    try:
+        fd = os.dup(1)
+    except OSError:  # closed
+        return None
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+        return fd
+    os.close(fd)
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
