@@ -300,3 +300,43 @@ def test_the_parent_watch_signals_though_standard_error_is_a_dead_pipe(tmp_path:
         proc.kill()
         proc.wait(timeout=10)
         assert wait_dead([watched], seconds=30) == []
+
+
+RELAY = ROOT / "sparkdiag" / "probe" / "relay.py"
+
+
+def _group(pgid: int) -> list[int]:
+    """The processes of process group ``pgid`` still running (zombies left out)."""
+    members = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError, IndexError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid and fields[0] != "Z":
+                    members.append(int(entry.name))
+    return members
+
+
+def test_the_relay_ends_its_group_when_its_starter_died_before_it_looked(tmp_path: Path) -> None:
+    """The starter exits right after starting the relay (with the document's pipe, as
+    container.py starts it), before the relay reads its parent: the relay, reading PID 1 as its
+    parent from the start, still sees the reader of its output gone and ends the container
+    command it started, and itself."""
+    pidfile = tmp_path / "relay"
+    argv = [sys.executable, "-I", str(RELAY), "sparkdiag-probe/2", sys.executable, str(FAKE)]
+    argv += ["sleep", str(tmp_path / "pids")]
+    starter = (
+        "import os, subprocess\n"
+        f"r = subprocess.Popen({argv!r}, start_new_session=True, stdout=subprocess.PIPE,"
+        " stderr=subprocess.DEVNULL)\n"
+        f"open({str(pidfile)!r} + '.new', 'w').write(str(r.pid))\n"
+        f"os.replace({str(pidfile)!r} + '.new', {str(pidfile)!r})\n"
+        "os._exit(0)\n"
+    )
+    subprocess.run([sys.executable, "-c", starter], cwd=ROOT, check=True, timeout=60)
+    relay = int(pidfile.read_text())
+    with _session(relay):
+        end = time.monotonic() + 30
+        while _group(relay) and time.monotonic() < end:
+            time.sleep(0.1)
+        assert _group(relay) == []

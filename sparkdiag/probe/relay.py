@@ -8,8 +8,11 @@ printed around it (the NGC entrypoint prints its banner on standard output) goes
 error. Output without such a line is forwarded unchanged, so that it is still reported as "not
 the worker's JSON". It runs in the worker's process group: the runner's timeout kills it together
 with the container command and whatever that started; and should sparkdiag itself die
-(kill -9), the relay sees its parent change and ends its group (SIGTERM first, which docker and
-podman pass on to the container; SIGKILL 5 s later).
+(kill -9), the relay sees the reader of its standard output go (sparkdiag reads the document
+through a pipe only it holds: a pipe whose reader has gone polls as an error however early that
+happened, before the relay ran too), or its parent change (for a starter that reads no pipe),
+and ends its group (SIGTERM first, which docker and podman pass on to the container; SIGKILL 5 s
+later).
 """
 
 from __future__ import annotations
@@ -17,8 +20,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import selectors
+import select
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -39,11 +43,14 @@ def _end_group(child: subprocess.Popen[bytes]) -> None:
 
 def _collect(child: subprocess.Popen[bytes], parent: int) -> bytes:
     """The command's standard output (at most MAX_BUFFER bytes), read until it closes or
-    DRAIN_SECONDS after the command exited."""
+    DRAIN_SECONDS after the command exited; the group ended should sparkdiag die meanwhile."""
     assert child.stdout is not None
     fd = child.stdout.fileno()
-    sel = selectors.DefaultSelector()
-    sel.register(fd, selectors.EVENT_READ)
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    reader = _output_pipe()
+    if reader is not None:
+        poller.register(reader, 0)  # POLLERR and POLLHUP are reported unasked
     buf = bytearray()
     exited: float | None = None
     while True:
@@ -53,13 +60,25 @@ def _collect(child: subprocess.Popen[bytes], parent: int) -> bytes:
             exited = time.monotonic()
         if exited is not None and time.monotonic() - exited > DRAIN_SECONDS:
             break
-        if sel.select(0.2):
+        events = dict(poller.poll(200))
+        if reader is not None and events.get(reader, 0) & (select.POLLERR | select.POLLHUP):
+            _end_group(child)  # the reader of the document is gone: sparkdiag died
+        if events.get(fd):
             chunk = os.read(fd, 65536)
             if not chunk:
                 break
             if len(buf) < MAX_BUFFER:
                 buf += chunk
     return bytes(buf)
+
+
+def _output_pipe() -> int | None:
+    """Standard output's descriptor where it is a pipe or a socket, whose reader can go."""
+    try:
+        mode = os.fstat(1).st_mode
+    except OSError:  # closed
+        return None
+    return 1 if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode) else None
 
 
 def split_document(output: bytes, schema: str) -> tuple[bytes, bytes]:
