@@ -7,7 +7,6 @@ import logging
 import threading
 from collections.abc import Callable
 
-from sparkdiag import heap
 from sparkdiag.config import Settings, parse_listen
 from sparkdiag.errors import Exit, SparkdiagError
 from sparkdiag.exporter.base import SnapshotCollector
@@ -144,7 +143,6 @@ def _serve(
         for hot in probes.hot:
             poller.add_listener(hot.published)  # judged once per snapshot
         gpus = sum(1 for g in first.gpus if g.up)
-        heap.trim()  # what NVML's initialisation freed: sparkdiag/heap.py
         notifier.ready(
             f"serving {settings.listen}; NVML {'up' if first.nvml_up else 'down'}, {gpus} GPU(s)"
         )

@@ -19,7 +19,6 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sparkdiag import heap
 from sparkdiag.native import scan_child
 from sparkdiag.sources.software.cuda_libraries import CACHE_NAME, LibraryScan, scan_from_json
 from sparkdiag.sources.software.pyenv import (
@@ -106,7 +105,6 @@ class LibraryWatch:
             result.cached,
             result.seconds,
         )
-        heap.trim()  # the answer's text and the old scan, dropped: sparkdiag/heap.py
 
     def _scan(self, env: PythonEnvironment) -> LibraryScan:
         """The scan, in a child process (:mod:`sparkdiag.native.scan_child`: its memory goes
