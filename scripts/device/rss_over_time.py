@@ -5,6 +5,9 @@ and file-backed parts (/proc/PID/smaps_rollup).
 
     python3 scripts/device/rss_over_time.py --seconds 150     # on the lent H200
     python3 scripts/device/rss_over_time.py --fixture --seconds 20
+
+``--holder``: a third process initialises NVML first and holds it (as nvidia-persistenced or
+another exporter would), and the two start 3 s after it, on a GPU that is already up.
 """
 
 from __future__ import annotations
@@ -45,11 +48,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=150.0)
     parser.add_argument("--fixture", action="store_true")
+    parser.add_argument("--holder", action="store_true", help="NVML held by another process first")
     opts = parser.parse_args()
     serve = [sys.executable, "-m", "sparkdiag", "serve", "--no-probe.enabled", "--listen"]
     serve += [f"127.0.0.1:{free_port()}", "--log-level", "warning"]
     if opts.fixture:
         serve += ["--nvml-fixture", "tests/fixtures/nvml/h200-idle.json"]
+    holder = None
+    if opts.holder:
+        code = FIXTURE_FLOOR if opts.fixture else FLOOR
+        holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
+        time.sleep(3.0)
     procs = {
         "floor": subprocess.Popen([sys.executable, "-c", FIXTURE_FLOOR if opts.fixture else FLOOR]),
         "daemon": subprocess.Popen(serve, cwd=ROOT),
@@ -70,7 +79,7 @@ def main() -> None:
                 flush=True,
             )
     finally:
-        for proc in procs.values():
+        for proc in [*procs.values(), *([holder] if holder else [])]:
             stop(proc)
 
 
