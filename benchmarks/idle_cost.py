@@ -247,20 +247,33 @@ def ready(target: Target, logs: Path) -> None:
 SCAN_DONE = re.compile(rb"^sparkdiag_cuda_library_scan_duration_seconds (\S+)$", re.MULTILINE)
 
 
-def scanned(target: Target, seconds: float = 240.0) -> float | None:
-    """Wait until a daemon's CUDA library scan has finished (its figure is on /metrics), so that
-    the window does not take in the start-up's work: the scan runs in a child process once at
-    start and every 6 hours, and the daemon's CPU counts its children's once it has waited for
-    them. Returns the scan's duration; None where it did not finish in time (said on stderr)."""
-    assert target.port is not None
+def scanned(targets: list[Target], logs: Path, seconds: float = 60.0) -> None:
+    """Wait, at most ``seconds`` in all, until each daemon's CUDA library scan has finished (its
+    figure is on /metrics; its duration goes to ``scan_seconds``), so that the window does not
+    take in the start-up's work: the scan runs in a child process once at start and every 6
+    hours, and the daemon's CPU counts its children's once it has waited for them. A daemon that
+    exited, or whose log says the scan failed, is not waited for; those still scanning at the
+    deadline are named on stderr."""
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        match = SCAN_DONE.search(fetch(target.port, PROMETHEUS)[1])
-        if match:
-            return float(match.group(1))
-        time.sleep(1.0)
-    print(f"{target.name}: its library scan did not finish in {seconds:g} s", file=sys.stderr)
-    return None
+    waiting = [t for t in targets if t.port is not None and t.kind in ("sparkdiag", "profiled")]
+    while waiting and time.monotonic() < deadline:
+        for target in list(waiting):
+            assert target.proc is not None and target.port is not None
+            log = (logs / _log_name(target)).read_text(errors="replace")
+            if target.proc.poll() is not None or "CUDA library scan failed" in log:
+                waiting.remove(target)
+                continue
+            try:
+                match = SCAN_DONE.search(fetch(target.port, PROMETHEUS)[1])
+            except OSError:
+                continue
+            if match:
+                target.scan_seconds = float(match.group(1))
+                waiting.remove(target)
+        if waiting:
+            time.sleep(1.0)
+    for target in waiting:
+        print(f"{target.name}: library scan not finished after {seconds:g} s", file=sys.stderr)
 
 
 # Leaf frames of a thread that waits (py-spy records with --idle, so that time in a native
@@ -445,9 +458,7 @@ def main() -> None:
                     stop(target.proc)
                     targets.remove(target)
             exporters = [t for t in targets if t.port is not None]
-            for target in exporters:  # the start-up work done, which the window is not about
-                if target.kind in ("sparkdiag", "profiled"):
-                    target.scan_seconds = scanned(target)
+            scanned(exporters, logs)  # the start-up work done, which the window is not about
             for _ in range(opts.warm_scrapes):
                 for target in exporters:
                     assert target.port is not None

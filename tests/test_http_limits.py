@@ -379,3 +379,21 @@ def test_the_date_header_is_what_the_email_package_writes(second: int) -> None:
 def test_a_listen_host_with_an_empty_or_long_label_is_not_a_host_name(host: str) -> None:
     with pytest.raises(ListenError, match="is not a host name"):
         ExporterServer((host, 0), CollectorRegistry(), healthy_ok)
+
+
+@pytest.mark.parametrize("host", ["localhost", "LOCALHOST", "127.0.0.1", "::1", ""])
+def test_a_listen_host_that_is_a_name_or_an_address_is_bound(host: str) -> None:
+    try:
+        server = ExporterServer((host, 0), CollectorRegistry(), healthy_ok)
+    except OSError as exc:  # no IPv6 on this machine: a bind error, not a refused name
+        assert host == "::1", exc
+        return
+    server.server_close()
+
+
+@pytest.mark.parametrize("host", ["x" * 63 + ".invalid", "localhost.invalid."])
+def test_a_listen_host_with_labels_in_bounds_is_looked_up(host: str) -> None:
+    """Labels of 1 to 63 characters and a trailing dot pass the label check: such a name that
+    does not resolve is said not to resolve."""
+    with pytest.raises(ListenError, match="does not resolve"):
+        ExporterServer((host, 0), CollectorRegistry(), healthy_ok)

@@ -302,6 +302,31 @@ def test_the_parent_watch_signals_though_standard_error_is_a_dead_pipe(tmp_path:
         assert wait_dead([watched], seconds=30) == []
 
 
+def test_the_parent_watch_sees_the_reader_of_its_output_go_before_it_looked(
+    tmp_path: Path,
+) -> None:
+    """Without torch: the watched process starts its watch only after its starter has exited
+    (it sleeps first), so it reads PID 1 as its parent from the start and the parent check
+    cannot see anything; the pipe of its standard output, whose reader went with the starter,
+    still ends it."""
+    pidfile = tmp_path / "watched.pid"
+    code = "import time\nfrom sparkdiag.probe.worker.cli import watch_parent\n"
+    code += "time.sleep(1.0)\nwatch_parent(0.1)\ntime.sleep(600)\n"
+    argv = [sys.executable, "-c", code]
+    starter = (
+        "import os, subprocess\n"
+        f"w = subprocess.Popen({argv!r}, start_new_session=True, stdout=subprocess.PIPE,"
+        " stderr=subprocess.DEVNULL)\n"
+        f"open({str(pidfile)!r} + '.new', 'w').write(str(w.pid))\n"
+        f"os.replace({str(pidfile)!r} + '.new', {str(pidfile)!r})\n"
+        "os._exit(0)\n"
+    )
+    subprocess.run([sys.executable, "-c", starter], cwd=ROOT, check=True, timeout=60)
+    watched = int(pidfile.read_text())
+    with _session(watched):
+        assert wait_dead([watched], seconds=30) == []
+
+
 RELAY = ROOT / "sparkdiag" / "probe" / "relay.py"
 
 

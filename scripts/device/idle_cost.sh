@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # On the lent H200 (issue 35): what the daemon costs sitting idle, against nvitop-exporter and the
 # floors measured in the same run, then the scrape figures against nvitop-exporter again (to
-# show none got worse). About 3.5 minutes (at most 4: each step has a timeout); one GPU, a 1 s
+# show none got worse). About 3.5 minutes (at most 5: each step has a timeout); one GPU, a 1 s
 # poll for every process.
 #
 #   bash scripts/device/idle_cost.sh
@@ -57,8 +57,12 @@ args=(--out "$DIR/run" --json "$DIR/idle.json" --nvml-profile)
 # the code before a change, run beside it in the same window (base:NAME rows): a tar of
 # `git archive REV sparkdiag`, carried as .carry/base-src.tar (its REV in .carry/base-src.rev)
 if [ -f .carry/base-src.tar ]; then
-  rm -rf /tmp/base-src && mkdir -p /tmp/base-src && tar -xf .carry/base-src.tar -C /tmp/base-src \
-    && args+=(--base-src /tmp/base-src) && echo "base: $(cat .carry/base-src.rev 2>/dev/null)"
+  rm -rf /tmp/base-src && mkdir -p /tmp/base-src
+  if tar -xf .carry/base-src.tar -C /tmp/base-src; then
+    args+=(--base-src /tmp/base-src) && echo "base: $(cat .carry/base-src.rev 2>/dev/null)"
+  else
+    echo "base: .carry/base-src.tar did not unpack: run without the base"
+  fi
 fi
 [ -n "$SPY" ] && args+=(--py-spy "$SPY") || echo "py-spy: not found, no profile"
 if [ "${IDLE_COST_DRY:-}" = 1 ]; then
@@ -75,7 +79,7 @@ else
 fi
 
 echo "== 1. idle cost ($(date -u +%T))"
-timeout 170 "$PY" benchmarks/idle_cost.py "${args[@]}" > "$DIR/idle.txt" 2>&1
+timeout 230 "$PY" benchmarks/idle_cost.py "${args[@]}" > "$DIR/idle.txt" 2>&1
 echo "idle_cost.py rc=$?"
 
 echo "== 2. scrape latency against nvitop-exporter ($(date -u +%T))"

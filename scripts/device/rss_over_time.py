@@ -60,7 +60,9 @@ def main() -> None:
         holder = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT)
         time.sleep(3.0)
     procs = {
-        "floor": subprocess.Popen([sys.executable, "-c", FIXTURE_FLOOR if opts.fixture else FLOOR]),
+        "floor": subprocess.Popen(
+            [sys.executable, "-c", FIXTURE_FLOOR if opts.fixture else FLOOR], cwd=ROOT
+        ),
         "daemon": subprocess.Popen(serve, cwd=ROOT),
     }
     began = time.monotonic()

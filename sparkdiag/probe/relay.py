@@ -63,6 +63,9 @@ def _collect(child: subprocess.Popen[bytes], parent: int) -> bytes:
         events = dict(poller.poll(200))
         if reader is not None and events.get(reader, 0) & (select.POLLERR | select.POLLHUP):
             _end_group(child)  # the reader of the document is gone: sparkdiag died
+        if reader is not None and events.get(reader, 0) & select.POLLNVAL:
+            poller.unregister(reader)  # not a descriptor any more: not watched
+            reader = None
         if events.get(fd):
             chunk = os.read(fd, 65536)
             if not chunk:

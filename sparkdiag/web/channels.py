@@ -1,6 +1,6 @@
 """A connection's byte channel: what every channel offers, and plain TCP. TLS, through
-``ssl.SSLObject`` on memory buffers, is :mod:`sparkdiag.web.tls`: it loads OpenSSL (some 5 MiB
-resident), imported only where the web config turns TLS on.
+``ssl.SSLObject`` on memory buffers, is :mod:`sparkdiag.web.tls`, imported at the first TLS
+connection; ``ssl`` (OpenSSL, some 5 MiB resident) loads only where a web config turns TLS on.
 """
 
 from __future__ import annotations

@@ -469,6 +469,6 @@ def http_date(second: float) -> str:
     ``email.utils.formatdate(usegmt=True)`` writes it, without loading the e-mail package."""
     t = time.gmtime(second)
     return (
-        f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year} "
+        f"{_DAYS[t.tm_wday]}, {t.tm_mday:02d} {_MONTHS[t.tm_mon - 1]} {t.tm_year:04d} "
         f"{t.tm_hour:02d}:{t.tm_min:02d}:{t.tm_sec:02d} GMT"
     )

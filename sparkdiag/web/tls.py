@@ -1,5 +1,6 @@
 """TLS over a non-blocking socket through ``ssl.SSLObject`` on memory buffers, and the check of
-a client certificate's names. Imported where the web config turns TLS on: ``ssl`` loads OpenSSL.
+a client certificate's names. Imported at the first TLS connection (``ssl`` itself, which
+loads OpenSSL, comes with a web config that turns TLS on: :mod:`sparkdiag.web.webconfig`).
 
 A TLS connection holds no TLS state until its first byte arrives (:class:`TlsChannel` is made
 then), and no buffer larger than one read of ``READ_CHUNK`` bytes: nothing is read ahead.
