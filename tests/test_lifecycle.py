@@ -222,18 +222,28 @@ WORKER = ROOT / "sparkdiag" / "probe" / "worker"
 SOAK = ["--device", "cpu", "--small", "--soak-seconds", "600", "--window-seconds", "1"]
 
 
-def _starter(argv: list[str], pidfile: Path, stdout: str, stderr: str) -> str:
+def _starter(
+    argv: list[str], pidfile: Path, stdout: str, stderr: str, then: str = "time.sleep(600)"
+) -> str:
     """A driver's code: start ``argv`` in a session of its own (as the runner does), its
     standard output and error as ``stdout`` and ``stderr`` say (Python source), write its pid to
-    ``pidfile`` (whole: written aside, then renamed) and sleep."""
+    ``pidfile`` (whole: written aside, then renamed), then ``then`` (sleep)."""
     return (
         "import os, subprocess, sys, time\n"
         f"w = subprocess.Popen([sys.executable, *{argv!r}], start_new_session=True,"
         f" stdout={stdout}, stderr={stderr})\n"
         f"open({str(pidfile)!r} + '.new', 'w').write(str(w.pid))\n"
         f"os.replace({str(pidfile)!r} + '.new', {str(pidfile)!r})\n"
-        "time.sleep(600)\n"
+        f"{then}\n"
     )
+
+
+def _started_and_left(argv: list[str], pidfile: Path) -> int:
+    """Run a starter that starts ``argv`` (its standard output a pipe to the starter) and exits
+    at once, before the started process has read who its parent is; the started pid."""
+    starter = _starter(argv, pidfile, "subprocess.PIPE", "subprocess.DEVNULL", "os._exit(0)")
+    subprocess.run([sys.executable, "-c", starter], cwd=ROOT, check=True, timeout=60)
+    return int(pidfile.read_text())
 
 
 @contextlib.contextmanager
@@ -312,17 +322,7 @@ def test_the_parent_watch_sees_the_reader_of_its_output_go_before_it_looked(
     pidfile = tmp_path / "watched.pid"
     code = "import time\nfrom sparkdiag.probe.worker.cli import watch_parent\n"
     code += "time.sleep(1.0)\nwatch_parent(0.1)\ntime.sleep(600)\n"
-    argv = [sys.executable, "-c", code]
-    starter = (
-        "import os, subprocess\n"
-        f"w = subprocess.Popen({argv!r}, start_new_session=True, stdout=subprocess.PIPE,"
-        " stderr=subprocess.DEVNULL)\n"
-        f"open({str(pidfile)!r} + '.new', 'w').write(str(w.pid))\n"
-        f"os.replace({str(pidfile)!r} + '.new', {str(pidfile)!r})\n"
-        "os._exit(0)\n"
-    )
-    subprocess.run([sys.executable, "-c", starter], cwd=ROOT, check=True, timeout=60)
-    watched = int(pidfile.read_text())
+    watched = _started_and_left(["-c", code], pidfile)
     with _session(watched):
         assert wait_dead([watched], seconds=30) == []
 
@@ -348,18 +348,8 @@ def test_the_relay_ends_its_group_when_its_starter_died_before_it_looked(tmp_pat
     parent from the start, still sees the reader of its output gone and ends the container
     command it started, and itself."""
     pidfile = tmp_path / "relay"
-    argv = [sys.executable, "-I", str(RELAY), "sparkdiag-probe/2", sys.executable, str(FAKE)]
-    argv += ["sleep", str(tmp_path / "pids")]
-    starter = (
-        "import os, subprocess\n"
-        f"r = subprocess.Popen({argv!r}, start_new_session=True, stdout=subprocess.PIPE,"
-        " stderr=subprocess.DEVNULL)\n"
-        f"open({str(pidfile)!r} + '.new', 'w').write(str(r.pid))\n"
-        f"os.replace({str(pidfile)!r} + '.new', {str(pidfile)!r})\n"
-        "os._exit(0)\n"
-    )
-    subprocess.run([sys.executable, "-c", starter], cwd=ROOT, check=True, timeout=60)
-    relay = int(pidfile.read_text())
+    argv = ["-I", str(RELAY), "sparkdiag-probe/2", sys.executable, str(FAKE)]
+    relay = _started_and_left([*argv, "sleep", str(tmp_path / "pids")], pidfile)
     with _session(relay):
         end = time.monotonic() + 30
         while _group(relay) and time.monotonic() < end:
