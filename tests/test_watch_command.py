@@ -377,3 +377,25 @@ def test_a_long_command_line_is_cut_in_the_middle_of_the_plot_title() -> None:
     assert title.startswith("/opt/torch/.venv/bin/python3 ") and title.endswith("/r.json")
     assert "…" in title
     assert plotting.shorten("python train.py") == "python train.py"
+
+
+def test_with_json_the_started_job_writes_to_stderr_and_stdout_is_the_document() -> None:
+    """``watch --json -- CMD > report.json``: the job's own output must not corrupt the JSON
+    (on the H200, gpu_load.py's "ready" came first on standard output and the document did
+    not parse); it goes to standard error. Without --json the job keeps standard output."""
+    job = ["sh", "-c", "echo job-said-this; sleep 0.3"]
+    fixture = ["--interval", "0.1", "--nvml-fixture", str(NVML / "watch-healthy.json")]
+    done = subprocess.run(
+        sparkdiag_cmd("watch", *fixture, "--json", "--", *job),
+        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["exit_status"] == 0
+    assert "job-said-this" in done.stderr
+    plain = subprocess.run(
+        sparkdiag_cmd("watch", *fixture, "--", *job),
+        capture_output=True, text=True, timeout=60, cwd=ROOT, check=False,
+    )  # fmt: skip
+    assert plain.returncode == 0, plain.stderr
+    assert plain.stdout.startswith("job-said-this\n")
+    assert "job-said-this" not in plain.stderr

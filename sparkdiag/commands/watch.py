@@ -136,7 +136,13 @@ def _report(rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: Path |
     "comes at the driver's own rate, about 6 samples a second, whatever this is).",
 )
 @gpu_option("Watch only these GPUs; the diagnosis looks at the ones the job runs on.")
-@click.option("--json", "as_json", is_flag=True, help="Print the diagnosis as JSON.")
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print the diagnosis as JSON; standard output is then the document alone (a job "
+    "watch starts writes its own standard output to standard error).",
+)
 @file_option("--plot", "plot_to", f"Write a timeline PNG (needs matplotlib: {INSTALL_HINT}).")
 @file_option(
     "--record", "record_to", "Save every sample as JSON, to diagnose or plot later with --replay."
@@ -220,7 +226,11 @@ def watch(
     live = terminal.StatusLine(sys.stderr)  # silent unless stderr is a terminal
     job: SpawnedJob | AttachedJob
     try:
-        job = SpawnedJob(command, ptracer) if command else AttachedJob(pid or 0, rootfs)
+        job = (
+            SpawnedJob(command, ptracer, output_to_stderr=as_json)
+            if command
+            else AttachedJob(pid or 0, rootfs)
+        )
     except OSError as exc:
         raise UsageError(f"cannot start {command[0]}: {exc.strerror or exc}") from None
     stack = None

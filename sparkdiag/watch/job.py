@@ -45,16 +45,20 @@ class SpawnedJob:
     """A command started by watch (``sparkdiag watch -- CMD ...``), in watch's process group so
     that Ctrl-C in the terminal reaches both. With ``ptracer`` it declares watch (and so the
     py-spy watch starts) its tracer before it runs, as Yama's ``ptrace_scope`` 1 requires of a
-    process that is not the tracer's descendant; it keeps its pid (the shim execs it)."""
+    process that is not the tracer's descendant; it keeps its pid (the shim execs it). With
+    ``output_to_stderr`` the job's standard output goes to watch's standard error, so that
+    watch's standard output holds its JSON document alone."""
 
-    def __init__(self, argv: Sequence[str], ptracer: bool = False) -> None:
+    def __init__(
+        self, argv: Sequence[str], ptracer: bool = False, output_to_stderr: bool = False
+    ) -> None:
         self.argv = list(argv)
         run = self.argv
         if ptracer:
             if shutil.which(self.argv[0]) is None:  # the error Popen would give, not the shim's
                 raise FileNotFoundError(2, "No such file or directory", self.argv[0])
             run = [sys.executable, "-c", PTRACER_SHIM, *self.argv]
-        self.proc = subprocess.Popen(run)
+        self.proc = subprocess.Popen(run, stdout=2 if output_to_stderr else None)
         self.pid = self.proc.pid
         self.description = shlex.join(self.argv)
 
