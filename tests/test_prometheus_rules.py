@@ -312,6 +312,21 @@ def test_every_alert_has_a_firing_and_a_quiet_unit_test() -> None:
         assert rule["alert"] in quiet, f"no unit test where {rule['alert']} stays quiet"
 
 
+def test_the_alert_table_of_prometheus_readme_holds_every_rule_with_its_severity_and_for() -> None:
+    """prometheus/README.md's table is what a reader sees of the rules: a row a rule (a name
+    with two rules has a row for each), with the rule's severity and ``for``. (The
+    ThermalInt4Degradation row once said 10m and named series the rule no longer read.)"""
+    readme = (ROOT / "prometheus" / "README.md").read_text(encoding="utf-8")
+    rows = []
+    for line in readme.splitlines():
+        cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+        named = re.match(r"`(Sparkdiag\w+)`", cells[0]) if line.startswith("| `") else None
+        if named and len(cells) >= 5:
+            rows.append((named.group(1), cells[2], cells[3]))
+    rules = [(r["alert"], r["labels"]["severity"], r["for"]) for r in alert_rules()]
+    assert sorted(rows) == sorted(rules)
+
+
 # --------------------------------------------------------------------------- the reader itself
 
 
