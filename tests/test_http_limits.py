@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from sparkdiag.config import ConfigError
 from sparkdiag.web.http import ExporterServer, ListenError
 from sparkdiag.web.webconfig import load_web_config
-from tests.support import healthy_ok, self_signed_cert, serving, tls_web_config
+from tests.support import healthy_ok, resolver_answers, self_signed_cert, serving, tls_web_config
 
 
 class SlowHealth:
@@ -395,5 +395,6 @@ def test_a_listen_host_that_is_a_name_or_an_address_is_bound(host: str) -> None:
 def test_a_listen_host_with_labels_in_bounds_is_looked_up(host: str) -> None:
     """Labels of 1 to 63 characters and a trailing dot pass the label check: such a name that
     does not resolve is said not to resolve."""
+    resolver_answers(host)
     with pytest.raises(ListenError, match="does not resolve"):
         ExporterServer((host, 0), CollectorRegistry(), healthy_ok)

@@ -15,7 +15,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import NVML, ROOT, SYSFS, alive, free_port, http_get, sparkdiag_cmd, wait_dead
+from tests.support import (
+    NVML,
+    ROOT,
+    SYSFS,
+    alive,
+    free_port,
+    http_get,
+    resolver_answers,
+    sparkdiag_cmd,
+    wait_dead,
+)
 
 FAKE = ROOT / "tests" / "support" / "probe_scripts" / "fake_worker.py"
 
@@ -172,6 +182,7 @@ def test_a_stop_signal_while_the_main_thread_waits_on_the_stop_event(
 
 
 def test_an_unresolvable_listen_host_is_a_configuration_error() -> None:
+    resolver_answers("no-such-host.invalid")
     fixture = str(NVML / "h200-idle.json")
     args = ["--listen", "no-such-host.invalid:10942", "--no-probe.enabled"]
     proc = subprocess.run(

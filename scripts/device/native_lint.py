@@ -51,7 +51,10 @@ GB10 = (12, 1)
 
 
 def _cuobjdump(given: str | None) -> str | None:
-    for candidate in (given, shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump"):
+    """The cuobjdump named (none where it cannot run: a named one is not replaced by another),
+    else the one on PATH or the CUDA toolkit's."""
+    candidates = (given,) if given else (shutil.which("cuobjdump"), "/usr/local/cuda/bin/cuobjdump")
+    for candidate in candidates:
         if candidate and os.access(candidate, os.X_OK):
             return candidate
     return None
@@ -153,7 +156,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
     parser.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")))
     parser.add_argument("--site", type=Path, help="scan this environment instead of this Python")
-    parser.add_argument("--cuobjdump", help="the cuobjdump to compare with")
+    parser.add_argument(
+        "--cuobjdump",
+        help="the cuobjdump to compare with (only that one; default: PATH's, the toolkit's)",
+    )
     parser.add_argument("--capability", action="append", default=[], help="X.Y, without NVML")
     parser.add_argument(
         "--seconds",
