@@ -3,14 +3,13 @@ exit 2, never a traceback, never an unbounded read or echo."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 
 from sparkdiag.config import ECHO, OPTIONS_BY_KEY, ConfigError, build_settings, load_file
 from sparkdiag.web.webconfig import WebConfigError, load_web_config
-from tests.support import NVML, assert_clean_error, run_cli
+from tests.support import NVML, assert_clean_error, resolver_answers, run_cli
 
 FIXTURE = ["--nvml-fixture", str(NVML / "h200-idle.json"), "--no-probe.enabled"]
 
@@ -35,13 +34,7 @@ def test_a_listen_host_that_is_no_host_name_exits_2() -> None:
 
 
 def test_an_unresolvable_listen_host_exits_2() -> None:
-    try:
-        socket.getaddrinfo("sparkdiag-test.invalid", 80)
-    except socket.gaierror as exc:
-        if exc.errno != socket.EAI_NONAME:
-            pytest.skip(f"this resolver answers {exc} for .invalid")
-    else:
-        pytest.skip("this resolver resolves .invalid names")
+    resolver_answers("sparkdiag-test.invalid")
     result = run_cli("serve", *FIXTURE, "--listen", "sparkdiag-test.invalid:10942")
     assert_clean_error(result, 2, "listen: host 'sparkdiag-test.invalid' does not resolve")
 
