@@ -617,3 +617,21 @@ def test_kill_9_inside_a_large_uncommitted_transaction(db: Path, attempt: int) -
     assert count_runs(db) == runs_before + 1
     with BaselineStore(db) as store:
         assert not [b for b in store.list() if b.key.gpu_uuid.startswith("GPU-scratch")]
+
+
+def test_show_while_learning_says_so_and_no_match_only_for_filters(tmp_path: Path) -> None:
+    """After one recorded probe, ``baseline show`` said "no baselines match" though no filter
+    was given (a newcomer's review): it now says how many kernels are still learning."""
+    from tests.support import invoke_cli
+
+    with BaselineStore(tmp_path / "baselines.sqlite") as store:
+        store.record_run(key(), 700.0, healthy=True)
+        store.record_run(key(dtype="fp8"), 1400.0, healthy=True)
+    state = ["--state-dir", str(tmp_path)]
+    shown = invoke_cli("baseline", "show", *state)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout.startswith("no baselines yet: 2 kernel(s) still learning")
+    assert "3 healthy runs" in shown.stdout and "match" not in shown.stdout
+    filtered = invoke_cli("baseline", "show", *state, "--dtype", "bf16")
+    assert filtered.returncode == 0 and filtered.stdout == "no baselines match\n"
+    assert json.loads(invoke_cli("baseline", "show", *state, "--json").stdout) == []

@@ -38,6 +38,12 @@ def _not_learned_yet(state_dir: Path | None) -> Path | None:
     return None if path.exists() else path
 
 
+def _learning_kernels(store: BaselineStore) -> int:
+    """Kernels with runs recorded and no baseline yet (still learning)."""
+    learned = {b.key for b in store.list()}
+    return len({run.key for run in store.latest_runs()} - learned)
+
+
 def _filtered(
     store: BaselineStore,
     uuid: str | None,
@@ -94,6 +100,8 @@ def baseline_show(
         return
     with open_store(state_dir, create=False) as store:
         rows = _filtered(store, uuid, dtype, shape, context)
+        learning = _learning_kernels(store) if not rows else 0
+        min_runs = store.min_runs
     if as_json:
         click.echo(
             json.dumps(
@@ -114,7 +122,17 @@ def baseline_show(
         )
         return
     if not rows:
-        click.echo("no baselines match")
+        filtered = any(f is not None for f in (uuid, dtype, shape, context))
+        if filtered:
+            click.echo("no baselines match")
+        elif learning:
+            click.echo(
+                f"no baselines yet: {learning} kernel(s) still learning (a kernel's baseline is "
+                f"learned once it has {min_runs} healthy runs); 'sparkdiag probe' again, or the "
+                "daemon, teaches them"
+            )
+        else:
+            click.echo("no baselines yet: 'sparkdiag probe' or the daemon learns them")
         return
     width = terminal.width()
     for b in rows:
