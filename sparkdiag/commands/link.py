@@ -50,7 +50,8 @@ def link() -> None:
     'sparkdiag check --peer PEER' runs a short 'link test' as one of its rows.
 
     Exit status (each subcommand's --help says more): 0 fit / no finding; 1 degraded / lint
-    findings; 2 a usage error; 3 the link test failed (unreachable, refused, no carrier).
+    findings; 2 a usage error; 3 the link test failed (unreachable, refused, no carrier), or
+    link serve cannot start (its port in use).
     """
 
 
@@ -123,7 +124,7 @@ def serve(listen: str | None, once: bool, **given: Any) -> Exit:
       0  stopped with Ctrl-C or SIGTERM between sessions, or --once done
       2  bad flag; no ConnectX-7 address and no --listen; a secret file that
          others can read (a refused start makes no secret file)
-      3  the port cannot be had (in use, or not allowed)
+      3  cannot start: the port cannot be had (in use, or not allowed)
       130 stopped during a session
     """
     settings = _settings(given)
