@@ -30,7 +30,7 @@ from sparkdiag.link.server import LinkServer, link_addresses, listen_socket
 from sparkdiag.link.session import open_control
 from sparkdiag.link.wire import LineReader, encode, send
 from sparkdiag.sources.host.netif import interface_addresses
-from tests.support import ROOTFS, SYSFS, run_cli, sparkdiag_cmd
+from tests.support import ROOTFS, SYSFS, invoke_cli, run_cli, sparkdiag_cmd
 from tests.support.fuzz import examples
 from tests.test_link_units import SECRET, _loopback_as_cx7
 
@@ -219,7 +219,28 @@ def test_the_default_is_the_connectx7_addresses_not_every_address(tmp_path: Path
     assert spark.returncode == 2
     assert "the ConnectX-7 interfaces (enp1s0f0np0" in spark.stderr
     assert "have no IP address to listen on" in spark.stderr
-    assert "made a new link secret" in result.stderr and secret.exists()
+    # a refused start leaves nothing behind (before: it made the secret, said so, then exited 2)
+    assert "made a new link secret" not in result.stderr + spark.stderr
+    assert not secret.exists()
+
+
+def test_a_port_in_use_is_cannot_start_not_a_bad_value(tmp_path: Path) -> None:
+    """Before: exit 3 with "Invalid value for '--listen': ... Address already in use" (worded as
+    a usage error), after making the link secret."""
+    secret = tmp_path / "link.secret"
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = invoke_cli(
+            "link", "serve", "--listen", f"127.0.0.1:{port}", "--link.secret-file", str(secret)
+        )
+    assert result.returncode == 3, result.stderr
+    assert result.stderr == (
+        f"Error: cannot listen on 127.0.0.1:{port}: the address is already in use (another "
+        "'sparkdiag link serve'? stop it, or choose another port with --listen)\n"
+    )
+    assert not secret.exists()
 
 
 # -- bounds on what one client can make it hold or spawn -------------------------------------------

@@ -38,7 +38,7 @@ from sparkdiag.native.watch import LibraryWatch, environment
 from sparkdiag.sources.software import pyenv
 from sparkdiag.sources.software.cuda_libraries import CudaLibrary, LibraryScan, ScanCache, scan
 from sparkdiag.sources.software.fatbin import FatbinReport, Target, read_fatbin, replay
-from tests.support import ROOT, ROOTFS
+from tests.support import ROOT, ROOTFS, invoke_cli
 from tests.support.check import NVML, SYSFS, context, only, poll
 from tests.support.engine import wait_for
 
@@ -521,6 +521,37 @@ def test_the_text_fits_80_columns() -> None:
     assert "PASS  torch 2.9.0+cu130: torch/lib/libtorch_cuda.so" in shown
     assert report.status == "fail"
     assert report.as_json()["torch"]["on"][0] == {"gpu": "0", "mode": "native", "target": "sm_120"}
+
+
+def test_without_a_gpu_it_lists_the_libraries_and_says_how_to_judge(tmp_path: Path) -> None:
+    """Before: 'sparkdiag native' on a machine without a GPU (docs/native.md's first example)
+    was a usage error, exit 2: "no GPU with a known compute capability: give --capability
+    X.Y", which its help's exit statuses did not cover."""
+    common = ("--path.rootfs", str(SPARK_ROOT), "--state-dir", str(tmp_path))
+    done = _native("--nvml-fixture", str(NVML / "no-nvml.json"), *common)
+    assert done.returncode == 1, done.stderr
+    lines = done.stdout.splitlines()
+    assert all(len(line) <= 100 for line in lines)
+    assert (
+        "not judged: no GPU here with a known compute capability, and no --capability. To judge "
+        "for the GPU the software is for: --capability 9.0 (H100, H200), --capability 12.1 (DGX "
+        "Spark, GB10); repeatable"
+    ) in " ".join(done.stdout.split())
+    assert "  flash-attn 2.8.3: flash_attn_2_cuda.cpython-312-aarch64-linux-gnu.so" in lines
+    assert "        SASS sm_90, sm_80" in lines
+    assert "  vllm 0.11.1: vllm/_moe_C.abi3.so" in lines and "        PTX compute_80" in lines
+    assert "PASS" not in done.stdout and "FAIL" not in done.stdout
+    assert not any(line.startswith("Error:") for line in done.stderr.splitlines())
+    doc = json.loads(
+        _native("--nvml-fixture", str(NVML / "no-nvml.json"), "--json", *common).stdout
+    )
+    assert doc["status"] == "not-judged" and doc["gpus"] == [] and doc["verdicts"] == []
+    assert "--capability 12.1 (DGX Spark, GB10)" in doc["note"]
+    assert len(doc["scan"]["libraries"]) == 5
+    judged = json.loads(_native("--capability", "12.1", "--json", *common).stdout)
+    assert judged["note"] == "" and judged["status"] == "fail"
+    shown = " ".join(invoke_cli("native", "--help").stdout.split())
+    assert "or nothing was judged: no GPU here and no --capability" in shown
 
 
 def test_native_command_bad_input() -> None:

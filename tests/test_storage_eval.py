@@ -20,14 +20,14 @@ from sparkdiag.config import ConfigError, build_settings
 from sparkdiag.exporter.storage import StorageCollector
 from sparkdiag.snapshot import PcieLink
 from sparkdiag.sources.host.blockdev import BlockChain
-from sparkdiag.sources.host.mounts import Mount
+from sparkdiag.sources.host.mounts import Mount, read_mounts
 from sparkdiag.storage.ceiling import link_bytes_per_second, rated
 from sparkdiag.storage.evaluate import evaluate, keys, other_io
 from sparkdiag.storage.model import Latency, ProbeDocument, Throughput
 from sparkdiag.storage.periodic import StoragePeriodic
 from sparkdiag.storage.render import text
 from sparkdiag.storage.state import StorageStateError, read_state, record_report
-from sparkdiag.storage.target import StorageTarget, locate
+from sparkdiag.storage.target import PSEUDO_FSTYPES, StorageTarget, locate, refusal
 from tests.support import fixture_snapshot, invoke_cli
 
 GB = 1e9
@@ -240,6 +240,40 @@ def test_cli_exit_statuses_and_json(tmp_path: Path) -> None:
     no_record = invoke_cli("storage", str(tmp_path / "s"), "--no-record", "--state-dir",
                            str(tmp_path / "t"), *bounds)  # fmt: skip
     assert no_record.returncode == 0 and not (tmp_path / "t").exists()
+
+
+def test_a_pseudo_filesystem_is_refused_before_the_program_runs(tmp_path: Path) -> None:
+    """Before: 'storage /proc' said "the storage probe failed: /proc was removed before the probe
+    could start" (exit 3), and /dev (devtmpfs) was measured, a test file written beside the
+    device nodes."""
+    mounts = {m.mountpoint: m.fstype for m in read_mounts(Path("/"))}
+    for directory in ("/proc", "/sys", "/dev"):
+        if mounts.get(directory) not in PSEUDO_FSTYPES:
+            continue  # a container's /dev may be a tmpfs
+        refused = invoke_cli("storage", directory, "--state-dir", str(tmp_path))
+        assert refused.returncode == 2, refused.stderr
+        assert refused.stderr == (
+            f"Error: refused: {directory} is on {mounts[directory]}, a pseudo-filesystem of the "
+            "kernel: no drive is under it; give a directory on a drive's filesystem (where the "
+            "data is)\n"
+        )
+    assert not list(tmp_path.iterdir())
+    proc = invoke_cli("storage", "/proc/self", "--state-dir", str(tmp_path))
+    assert proc.returncode == 2 and "is on proc (mounted at /proc), a pseudo" in proc.stderr
+
+
+def test_a_tmpfs_is_measured_as_memory_and_a_devtmpfs_refused() -> None:
+    """A tmpfs holds users' files (/dev/shm): measured, named memory, no link ceiling."""
+    tmpfs = StorageTarget("/dev/shm", Mount("/dev/shm", "tmpfs", "tmpfs", 0, 25, False), None)
+    assert refusal(tmpfs) is None and tmpfs.kind == "memory" and tmpfs.ceiling is None
+    assert tmpfs.describe() == "/dev/shm (tmpfs on tmpfs): memory, no drive"
+    dev = StorageTarget("/dev/disk", Mount("/dev", "devtmpfs", "udev", 0, 5, False), None)
+    assert refusal(dev) == (
+        "/dev/disk is on devtmpfs (mounted at /dev), a pseudo-filesystem of the kernel: no drive "
+        "is under it; give a directory on a drive's filesystem (where the data is)"
+    )
+    assert refusal(target()) is None
+    assert refusal(StorageTarget("/x", None, None)) is None  # mountinfo unreadable: the program
 
 
 def test_check_help_and_storage_help_say_it_writes() -> None:

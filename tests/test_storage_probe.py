@@ -70,6 +70,19 @@ def test_refuses_what_is_no_directory(
     assert needle in raised.value.message and "\n" not in raised.value.message
 
 
+def test_the_program_refuses_a_directory_where_no_file_can_be_made() -> None:
+    """proc answers ENOENT to a file created in an existing directory: before, "/proc was removed
+    before the probe could start" (exit 3). The command refuses proc before it starts the program
+    (test_storage_eval.py); the program, run alone, refuses too."""
+    with pytest.raises(StorageProbeError) as raised:
+        run_probe(ProbeRequest(Path("/proc"), **SMALL))
+    assert raised.value.exit_code == Exit.USAGE
+    assert raised.value.message == (
+        "refused: /proc: its filesystem lets no file be created (No such file or directory): "
+        "give a directory on a drive's filesystem"
+    )
+
+
 def test_refuses_a_block_device() -> None:
     found = [e.path for e in os.scandir("/dev") if stat.S_ISBLK(os.lstat(e.path).st_mode)]
     if not found:

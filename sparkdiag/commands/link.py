@@ -50,7 +50,8 @@ def link() -> None:
     'sparkdiag check --peer PEER' runs a short 'link test' as one of its rows.
 
     Exit status (each subcommand's --help says more): 0 fit / no finding; 1 degraded / lint
-    findings; 2 a usage error; 3 the link test failed (unreachable, refused, no carrier).
+    findings; 2 a usage error; 3 the link test failed (unreachable, refused, no carrier), or
+    link serve cannot start (its port in use).
     """
 
 
@@ -122,20 +123,27 @@ def serve(listen: str | None, once: bool, **given: Any) -> Exit:
     Exit status:
       0  stopped with Ctrl-C or SIGTERM between sessions, or --once done
       2  bad flag; no ConnectX-7 address and no --listen; a secret file that
-         others can read
-      3  the port cannot be had (in use, or not allowed)
+         others can read (a refused start makes no secret file)
+      3  cannot start: the port cannot be had (in use, or not allowed)
       130 stopped during a session
     """
     settings = _settings(given)
     path = secret_path(settings)
-    if auth.make_secret(path):
-        click.echo(
-            f"sparkdiag link serve: made a new link secret in {path}; copy it to the measuring "
-            f"machine, to the same place (scp {path} PEER:{path}), mode 0600",
-            err=True,
-        )
-    secret = auth.read_secret(path)
+    # where to listen first: a start refused there (no ConnectX-7 address, the port in use)
+    # leaves no secret behind
     socks, where = _listeners(listen, settings)
+    try:
+        if auth.make_secret(path):
+            click.echo(
+                f"sparkdiag link serve: made a new link secret in {path}; copy it to the "
+                f"measuring machine, to the same place (scp {path} PEER:{path}), mode 0600",
+                err=True,
+            )
+        secret = auth.read_secret(path)
+    except BaseException:
+        for sock in socks:
+            sock.close()
+        raise
     # from here Ctrl-C and SIGTERM end the accept loop (within its 0.2 s), whenever they come
     stop = LIFECYCLE.stop_on_signal()
     server = LinkServer(

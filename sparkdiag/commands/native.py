@@ -32,7 +32,7 @@ from sparkdiag.sources.software.pyenv import (
 from sparkdiag.statedir import StateDirError, ensure_state_directory
 from sparkdiag.telemetry.build import build_poller
 
-EXIT = {"pass": Exit.OK, "warn": Exit.ATTENTION, "fail": Exit.FAILED}
+EXIT = {"pass": Exit.OK, "warn": Exit.ATTENTION, "fail": Exit.FAILED, "not-judged": Exit.ATTENTION}
 
 
 def _capabilities(values: tuple[str, ...]) -> list[Gpu]:
@@ -106,18 +106,21 @@ def native(
     named with the package that ships it and what to install instead. Also torch's
     get_arch_list() against each GPU. See docs/native.md.
 
+    Without --capability and without a GPU here (a build machine preparing an image), it
+    lists every library with GPU code and its targets, judges none, and says how to judge:
+    --capability 9.0 for an H100/H200, 12.1 for a DGX Spark (GB10).
+
     \b
     Exit status:
       0  every library runs natively
       1  a library runs only through PTX JIT, or lacks the arch-specific
-         code for this GPU that it builds for others
+         code for this GPU that it builds for others; or nothing was judged:
+         no GPU here and no --capability (the libraries are listed)
       2  bad flag, or --python is not a Python environment
       3  a library has no code this GPU can load
     """
     settings = settings_from("native", given)
     gpus = _capabilities(capability) if capability else _machine_gpus(settings)
-    if not gpus:
-        raise UsageError("no GPU with a known compute capability: give --capability X.Y")
     try:
         env: PythonEnvironment = (
             resolve(python)

@@ -47,8 +47,9 @@ def storage(
     through pinned host memory, and by GPUDirect Storage where kvikio is installed (a
     compatibility mode is labelled compat). Each figure is held against the drive's PCIe link
     and the baseline learned here (the median of the first 3 healthy runs). It refuses a raw
-    device, a symlink, a read-only filesystem, and a filesystem that would keep less than 5 %
-    plus 64 MiB free. fio with the same flags agrees within 10 % (docs/storage.md).
+    device, a symlink, a kernel's pseudo-filesystem (/proc, /sys, /dev, cgroup), a read-only
+    filesystem, and one that would keep less than 5 % plus 64 MiB free; a tmpfs is measured
+    and named memory. fio with the same flags agrees within 10 % (docs/storage.md).
 
     \b
     Exit status:

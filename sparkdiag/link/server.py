@@ -77,7 +77,8 @@ SAY_EVERY = 10.0  # seconds between two lines of one kind (refused, out of descr
 
 def listen_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port``; "" listens on every address (IPv6 and IPv4 where
-    the kernel has both). Raises SparkdiagError (exit 3) when the port cannot be had."""
+    the kernel has both). Raises SparkdiagError (exit 3: cannot start) when the port cannot be
+    had; in use or not allowed, it says so without blaming --listen's value."""
     try:
         if host:
             info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -102,8 +103,19 @@ def listen_socket(host: str, port: int) -> socket.socket:
         sock.listen(64)
     except OSError as exc:
         sock.close()
+        where = f"[{host}]:{port}" if ":" in host else f"{host or '*'}:{port}"
+        if exc.errno == errno.EADDRINUSE:  # as 'sparkdiag serve' says it: not a bad value
+            raise SparkdiagError(
+                f"cannot listen on {where}: the address is already in use (another 'sparkdiag "
+                "link serve'? stop it, or choose another port with --listen)"
+            ) from None
+        if exc.errno == errno.EACCES:
+            raise SparkdiagError(
+                f"cannot listen on {where}: not allowed ({exc.strerror}; a port under 1024 "
+                "needs root): choose another port with --listen"
+            ) from None
         raise SparkdiagError(
-            f"cannot listen on {host or '*'}:{port}: {exc.strerror or exc}", flag="--listen"
+            f"cannot listen on {where}: {exc.strerror or exc}", flag="--listen"
         ) from None
     return sock
 

@@ -181,6 +181,16 @@ def stub_detail(library: CudaLibrary) -> str:
     )
 
 
+def carries(library: CudaLibrary) -> str:
+    """``SASS sm_90a, sm_90, sm_80; PTX compute_90``: every target, newest first."""
+    sass, ptx = _targets(library.report)
+    return "; ".join(
+        f"{kind} {', '.join(targets)}"
+        for kind, targets in (("SASS", sass), ("PTX", ptx))
+        if targets
+    )
+
+
 def _targets(report: FatbinReport) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(SASS, PTX) target names, newest first."""
     targets = report.targets()

@@ -14,6 +14,8 @@ from sparkdiag.native.lint import (
     Gpu,
     LibraryVerdict,
     arch_list_report,
+    carries,
+    judged,
     not_judged,
     stub_detail,
     stub_json,
@@ -22,6 +24,14 @@ from sparkdiag.sources.software.cuda_libraries import CudaLibrary, LibraryScan, 
 from sparkdiag.sources.software.pyenv import TorchBuild
 
 FORMAT = "sparkdiag-native/1"
+# No GPU to judge for (no --capability, and none here with a known compute capability): a build
+# machine, a CI runner or a newcomer's laptop. The libraries are listed with their targets; the
+# status says nothing was judged, and the line says how to judge.
+NO_GPU = (
+    "not judged: no GPU here with a known compute capability, and no --capability. To judge "
+    "for the GPU the software is for: --capability 9.0 (H100, H200), --capability 12.1 (DGX "
+    "Spark, GB10); repeatable"
+)
 MODE_WORDS: dict[Mode, str] = {
     "native": "native",
     "ptx-jit": "through PTX JIT",
@@ -47,7 +57,10 @@ class NativeReport:
 
     @property
     def status(self) -> str:
-        """fail, warn or pass: the worst verdict (pass when there is none)."""
+        """fail, warn or pass: the worst verdict (pass when there is none); not-judged when
+        there was no GPU to judge for."""
+        if not self.gpus:
+            return "not-judged"
         seen = {v.status for v in self.verdicts}
         return "fail" if "fail" in seen else "warn" if "warn" in seen else "pass"
 
@@ -84,13 +97,15 @@ class NativeReport:
             "not_judged": [stub_json(lib) for lib in self.not_judged],
             "torch": torch,
             "torch_note": self.torch_note,
+            "note": "" if self.gpus else NO_GPU,
             "scan": scan_json(self.scan),
         }
 
 
 def text(report: NativeReport, width: int, show_all: bool = False) -> str:
     """The report for people: the scan, torch's arch list, then per GPU a count by mode and a
-    block for each library that is not native (every library with ``show_all``)."""
+    block for each library that is not native (every library with ``show_all``). Without a GPU
+    to judge for: how to judge, then every library with GPU code and its targets."""
     scan = report.scan
     lines = terminal.wrap(
         f"{scan.environment}: {len(scan.site_dirs)} package directories, {scan.files} shared "
@@ -114,6 +129,11 @@ def text(report: NativeReport, width: int, show_all: bool = False) -> str:
     for lib in stubs:
         lines += terminal.wrap(f"{_owner(lib)}: {lib.relative}", width, "  ", "        ")
         lines += terminal.wrap(stub_detail(lib), width, "        ")
+    if not report.gpus:
+        lines += ["", *terminal.wrap(NO_GPU, width)]
+        for lib in judged(scan.libraries):
+            lines += terminal.wrap(f"{_owner(lib)}: {lib.relative}", width, "  ", "        ")
+            lines += terminal.wrap(carries(lib), width, "        ")
     for gpu in report.gpus:
         mine = [v for v in report.verdicts if v.gpu == gpu]
         counts = Counter(v.verdict.mode for v in mine)

@@ -6,8 +6,10 @@ lines go to stderr. What it does, in order:
 
 1. refuses what would hurt, before it writes a byte: DIR missing, not a directory, a symlink
    (it names where it leads), a block or character device, a read-only filesystem, a
-   filesystem without O_DIRECT, one that would keep less than the margin free after the test
-   file (``--min-free``; by default 5 % of its size plus 64 MiB);
+   filesystem without O_DIRECT, one where no file can be created in an existing directory
+   (proc; the command refuses every pseudo-filesystem before it starts this program), one that
+   would keep less than the margin free after the test file (``--min-free``; by default 5 % of
+   its size plus 64 MiB);
 2. opens the test file with ``O_TMPFILE`` (Linux 3.11+, ext4, xfs, btrfs, tmpfs): a file with
    no name, which the kernel frees when the last descriptor closes, so that no way out, not
    even SIGKILL, leaves anything behind. Where the filesystem has no ``O_TMPFILE`` it creates
@@ -188,6 +190,11 @@ def _open_error(exc: OSError, path: str) -> Exception:
         return Refused(f"cannot create a file in {path}: {exc.strerror} (uid {os.getuid()})")
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return Refused(f"{path}: no space left for a test file ({exc.strerror})")
+    if exc.errno == errno.ENOENT and os.path.isdir(path):  # proc: no file can be made there
+        return Refused(
+            f"{path}: its filesystem lets no file be created ({exc.strerror}): give a directory "
+            "on a drive's filesystem"
+        )
     if exc.errno == errno.ENOENT:
         return Failed(f"{path} was removed before the probe could start")
     return Failed(f"cannot create a test file in {path}: {exc.strerror}")

@@ -15,12 +15,19 @@ from pathlib import Path
 
 from sparkdiag.baseline.store import BaselineStore, BaselineStoreError, open_store
 from sparkdiag.config import Settings
-from sparkdiag.errors import SparkdiagError
+from sparkdiag.errors import Exit, SparkdiagError
 from sparkdiag.sources.host.blockdev import io_bytes
 from sparkdiag.storage.evaluate import StorageReport, evaluate, other_io
-from sparkdiag.storage.run import GPU_SHARE, GpuRequest, ProbeRequest, Progress, run_probe
+from sparkdiag.storage.run import (
+    GPU_SHARE,
+    GpuRequest,
+    ProbeRequest,
+    Progress,
+    StorageProbeError,
+    run_probe,
+)
 from sparkdiag.storage.state import record_report, state_path
-from sparkdiag.storage.target import StorageTarget, locate
+from sparkdiag.storage.target import StorageTarget, locate, refusal
 
 log = logging.getLogger(__name__)
 
@@ -65,8 +72,12 @@ def probe_directory(
 ) -> StorageReport:
     """Measure ``request.directory`` and judge it. With ``record`` the figures go into the
     baseline store (teaching it when healthy) and ``storage.json``; without, the store is only
-    read. Raises StorageProbeError when the probe refuses or fails (nothing is recorded)."""
+    read. Raises StorageProbeError when the probe refuses or fails (nothing is recorded); a
+    kernel's pseudo-filesystem (/proc, /sys, /dev) is refused before the program starts."""
     target = locate(request.directory, where.sysfs, where.rootfs)
+    why = refusal(target)
+    if why is not None:
+        raise StorageProbeError(f"refused: {why}", exit_code=Exit.USAGE)
     if on_start is not None:
         on_start(target)
     device = target.chain.device if target.chain is not None else None

@@ -3,7 +3,9 @@ controllers and PCIe links, and so the ceiling its figures are held against.
 
 ``findmnt -T DIR`` and ``lsblk -s`` in one: the mount comes from ``ROOT/proc/self/mountinfo``
 (``--path.rootfs``), the rest from sysfs (``--path.sysfs``). A network share, a tmpfs, a ZFS
-dataset or a loop device is named as such; their ceilings are not a local drive's link.
+dataset or a loop device is named as such; their ceilings are not a local drive's link. A
+kernel's pseudo-filesystem (proc, sysfs, devtmpfs, cgroup ...) holds no data of a drive and no
+file of a user's: :func:`refusal` says why the probe does not start there.
 """
 
 from __future__ import annotations
@@ -18,6 +20,38 @@ from sparkdiag.sources.host.mounts import Mount, directory_device, find_mount, r
 from sparkdiag.sources.host.nvme import read_controller
 from sparkdiag.sources.host.sysfs import read_link
 from sparkdiag.storage.ceiling import Rated, describe_link, links_bytes_per_second, rated
+
+# The kernel's pseudo-filesystems: views of its state (proc, sysfs, cgroup ...), device nodes
+# (devtmpfs, devpts) or its interfaces (bpf, tracefs ...). No drive is under them, and a test
+# file there is either refused by the kernel (proc and sysfs: creating a file fails with ENOENT
+# or EACCES, which read as "removed" or "permission denied") or written into memory beside the
+# device nodes (devtmpfs takes O_DIRECT and an O_TMPFILE on Linux 6.18). A tmpfs is not here:
+# it holds users' files (/dev/shm, /tmp), is measured, and is named memory (see kind).
+PSEUDO_FSTYPES = frozenset(
+    {
+        "proc",
+        "sysfs",
+        "devtmpfs",
+        "devpts",
+        "cgroup",
+        "cgroup2",
+        "debugfs",
+        "tracefs",
+        "securityfs",
+        "pstore",
+        "efivarfs",
+        "bpf",
+        "configfs",
+        "fusectl",
+        "mqueue",
+        "binfmt_misc",
+        "selinuxfs",
+        "autofs",
+        "rpc_pipefs",
+        "nsfs",
+        "nfsd",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -91,6 +125,18 @@ class StorageTarget:
         if not self.nvme and self.chain is not None:
             parts.append(", ".join(self.chain.disks) + f" ({self.chain.kind})")
         return head + (": " + "; ".join(parts) if parts else "")
+
+
+def refusal(target: StorageTarget) -> str | None:
+    """Why the probe does not start on ``target`` (a kernel's pseudo-filesystem), or None."""
+    mount = target.mount
+    if mount is None or mount.fstype not in PSEUDO_FSTYPES:
+        return None
+    at = "" if mount.mountpoint == target.directory else f" (mounted at {mount.mountpoint})"
+    return (
+        f"{target.directory} is on {mount.fstype}{at}, a pseudo-filesystem of the kernel: no "
+        "drive is under it; give a directory on a drive's filesystem (where the data is)"
+    )
 
 
 def locate(directory: Path, sysfs: Path = Path("/sys"), rootfs: Path = Path("/")) -> StorageTarget:
