@@ -21,11 +21,16 @@ from typing import Any
 import click
 
 from sparkdiag import terminal
-from sparkdiag.commands.common import check_gpu_indices, check_output_path, setup_logging
+from sparkdiag.commands.common import (
+    check_gpu_indices,
+    check_output_folder,
+    check_output_path,
+    setup_logging,
+)
 from sparkdiag.errors import Exit, UsageError
 from sparkdiag.flags import file_option, gpu_option, settings_from, settings_options
 from sparkdiag.lifecycle import LIFECYCLE
-from sparkdiag.plotting import INSTALL_HINT
+from sparkdiag.plotting import INSTALL_HINT, is_folder
 from sparkdiag.plotting import require as require_plotting
 from sparkdiag.sources.host import pyspy
 from sparkdiag.sources.host.procfs import ProcessIdentities
@@ -105,15 +110,33 @@ def _say(line: str) -> None:
                err=True)  # fmt: skip
 
 
-def _report(rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: Path | None) -> None:
+def _check_plot(plot_to: str | None) -> None:
+    """``--plot`` before the job runs, not after it ended: a folder (``DIR/``: created at the
+    end where its parent exists) or the file it names (:func:`.plot.path_for`)."""
+    if plot_to is None:
+        return
+    require_plotting("--plot")
+    if is_folder(plot_to):
+        check_output_folder(plot_to, "--plot")
+    else:
+        check_output_path(plotting.path_for(plot_to), "--plot")
+
+
+def _report(rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: str | None) -> None:
+    """The diagnosis on standard output; the timeline written where --plot says, and which file
+    that was on standard error (standard output stays the report, or the JSON document)."""
+    wrote = None
     if plot_to is not None:
         try:
-            plotting.plot(rec, diagnosis, plot_to)
+            wrote = plotting.plot(rec, diagnosis, plot_to)
         except plotting.PlotUnavailable as exc:
             click.echo(f"sparkdiag watch: {exc}", err=True)
         except OSError as exc:
-            click.echo(f"sparkdiag watch: cannot write {plot_to}: {exc.strerror or exc}", err=True)
+            where = exc.filename or plotting.path_for(plot_to)
+            click.echo(f"sparkdiag watch: cannot write {where}: {exc.strerror or exc}", err=True)
     click.echo(to_json(rec, diagnosis) if as_json else text(rec, diagnosis), nl=False)
+    if wrote is not None:
+        click.echo(f"wrote {wrote}", err=True)
 
 
 @click.command(
@@ -143,7 +166,16 @@ def _report(rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: Path |
     help="Print the diagnosis as JSON; standard output is then the document alone (a job "
     "watch starts writes its own standard output to standard error).",
 )
-@file_option("--plot", "plot_to", f"Write a timeline PNG (needs matplotlib: {INSTALL_HINT}).")
+@click.option(
+    "--plot",
+    "plot_to",
+    type=click.Path(),  # a string: a trailing slash means a directory
+    default=None,
+    metavar="FILE|DIR/",
+    help="Write a timeline PNG to FILE (.png added where it has no suffix), or DIR/watch.png "
+    "for a directory (DIR/ is created where its parent exists), and say which on standard "
+    f"error; needs matplotlib: {INSTALL_HINT}.",
+)
 @file_option(
     "--record", "record_to", "Save every sample as JSON, to diagnose or plot later with --replay."
 )
@@ -167,7 +199,7 @@ def watch(
     interval: float,
     gpus: tuple[int, ...] | None,
     as_json: bool,
-    plot_to: Path | None,
+    plot_to: str | None,
     record_to: Path | None,
     replay: Path | None,
     stacks: str,
@@ -203,9 +235,7 @@ def watch(
     modes = sum(x is not None for x in (pid, replay)) + (1 if command else 0)
     if modes != 1:
         raise UsageError("give exactly one of --pid PID, --replay FILE or -- COMMAND ARGS...")
-    if plot_to is not None:
-        require_plotting("--plot")
-    check_output_path(plot_to, "--plot")  # before the job runs, not after it ended
+    _check_plot(plot_to)  # before the job runs, not after it ended
     check_output_path(record_to, "--record")
     if replay is not None:
         rec = load(replay)  # RecordingError: a usage error naming --replay
