@@ -240,7 +240,11 @@ def test_watch_does_not_need_pyudev(tmp_path: Path) -> None:
     [
         ([], "give exactly one of --pid PID, --replay FILE or -- COMMAND"),
         (["--pid", "1", "--", "true"], "give exactly one of"),
-        (["--pid", "999999999"], "no running process 999999999"),
+        (["--pid", "999999999"], "no running process 999999999 under /proc\n"),
+        (
+            ["--pid", "999999999", "--path.rootfs", "/"],  # said //proc
+            "Invalid value for '--pid': no running process 999999999 under /proc\n",
+        ),
         (["--replay", "/nonexistent.json"], "cannot read /nonexistent.json"),
         (["--gpu", "a,b", "--", "true"], "'a' is not a GPU index"),
         (

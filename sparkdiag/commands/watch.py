@@ -5,8 +5,9 @@ the diagnosis (a pure function of the recording) in :mod:`.diagnose`, the output
 :mod:`.render` and :mod:`.plot`.
 
 Exit status: the job's own when watch started it (128 + N when a signal N ended it), else 0;
-2 for bad usage, an unusable fixture or recording, or --plot without matplotlib (the errors of
-:mod:`sparkdiag.errors`, translated by the command group).
+2 for bad usage, an unusable fixture or recording, a command that cannot start, a --pid that is
+not running, or --plot without matplotlib (the errors of :mod:`sparkdiag.errors`, translated by
+the command group).
 """
 
 from __future__ import annotations
@@ -228,7 +229,8 @@ def watch(
     utilization and whether the job is on it.
 
     Exit status: the job's own when watch started it (128 + N when signal N ended it), else 0;
-    2 usage error (a bad flag, fixture or recording, --plot without matplotlib).
+    2 usage error (a bad flag, fixture or recording, a command that cannot start: missing, not
+    executable, or not on PATH; a --pid not running; --plot without matplotlib).
     """
     settings = settings_from("watch", given)
     nvml_fixture, rootfs, sysfs = settings.nvml_fixture, settings.rootfs, settings.sysfs
@@ -242,7 +244,7 @@ def watch(
         _report(rec, diagnose(rec), as_json, plot_to)
         return Exit.OK
     if pid is not None and not alive(rootfs, pid):
-        raise UsageError(f"no running process {pid} under {rootfs}/proc", flag="--pid")
+        raise UsageError(f"no running process {pid} under {rootfs / 'proc'}", flag="--pid")
 
     setup_logging("warning", prefix="sparkdiag watch")
     gpu, why = _start_gpu(nvml_fixture, gpus, rootfs)
