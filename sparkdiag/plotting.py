@@ -4,6 +4,7 @@ and ``soak`` write: whether it is there, the one message when it is not, and a h
 from __future__ import annotations
 
 import importlib.util
+from pathlib import Path
 from typing import Any
 
 from sparkdiag.errors import UsageError
@@ -30,6 +31,12 @@ def require(flag: str = "--plot") -> None:
     ``flag`` refuses it before any work starts."""
     if not available():
         raise PlotUnavailable(missing_message(flag))
+
+
+def is_folder(target: str | Path) -> bool:
+    """``--plot`` names a directory: an existing one, or one given with a trailing slash (which
+    the command creates, one level only, where its parent exists)."""
+    return Path(target).is_dir() or str(target).endswith("/")
 
 
 def pyplot(flag: str = "--plot") -> Any:

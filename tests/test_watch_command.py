@@ -21,7 +21,7 @@ from sparkdiag.cli import main
 from sparkdiag.watch import plot as plotting
 from sparkdiag.watch.sampler import HostSampler
 from tests.support import NVML, ROOT, invoke_cli, sparkdiag_cmd
-from tests.support.watch import PollGate
+from tests.support.watch import PollGate, timeline
 
 
 def run_watch(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -173,6 +173,48 @@ def test_record_replay_and_plot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     assert replayed.returncode == 0, replayed.stderr
     assert json.loads(replayed.stdout) == live
     assert (tmp_path / "r.png").stat().st_size > 10_000
+    assert replayed.stderr.splitlines()[-1] == f"wrote {tmp_path / 'r.png'}"
+
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_plot_to_a_folder_creates_it_and_says_what_it_wrote(tmp_path: Path, as_json: bool) -> None:
+    """``--plot DIR/`` as soak's: DIR created (its parent exists) with watch.png in it, not
+    DIR.png beside it; the file written named on standard error, standard output the report
+    (the JSON document alone with --json)."""
+    pytest.importorskip("matplotlib")
+    recording = tmp_path / "run.json"
+    timeline(n=12).save(recording)
+    json_flag = ["--json"] if as_json else []
+    result = run_watch("--replay", str(recording), *json_flag, "--plot", f"{tmp_path}/plots/")
+    assert result.returncode == 0, result.stderr
+    written = tmp_path / "plots" / "watch.png"
+    assert written.read_bytes()[:8] == PNG
+    assert not (tmp_path / "plots.png").exists()
+    assert result.stderr.splitlines() == [f"wrote {written}"]
+    assert "wrote" not in result.stdout
+    if as_json:
+        assert json.loads(result.stdout)["verdict"] == "healthy"
+    # an existing folder without the slash is a folder too; a name without a suffix gets .png
+    (tmp_path / "plots" / "watch.png").unlink()
+    again = run_watch("--replay", str(recording), "--plot", str(tmp_path / "plots"))
+    assert again.stderr.splitlines() == [f"wrote {written}"] and written.exists()
+    bare = run_watch("--replay", str(recording), "--plot", str(tmp_path / "timeline"))
+    assert bare.stderr.splitlines() == [f"wrote {tmp_path / 'timeline.png'}"]
+    assert (tmp_path / "timeline.png").read_bytes()[:8] == PNG
+
+
+def test_plot_to_a_folder_whose_parent_is_missing_fails_before_the_job(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    marker = tmp_path / "ran"
+    result = CliRunner().invoke(
+        main, ["watch", "--plot", f"{tmp_path}/no/dir/", "--", "touch", str(marker)]
+    )
+    assert result.exit_code == 2, result.output
+    assert f"folder {tmp_path}/no does not exist (to create dir in)" in result.output
+    assert not marker.exists() and not (tmp_path / "no").exists()
 
 
 def test_watch_does_not_need_pyudev(tmp_path: Path) -> None:
@@ -198,7 +240,11 @@ def test_watch_does_not_need_pyudev(tmp_path: Path) -> None:
     [
         ([], "give exactly one of --pid PID, --replay FILE or -- COMMAND"),
         (["--pid", "1", "--", "true"], "give exactly one of"),
-        (["--pid", "999999999"], "no running process 999999999"),
+        (["--pid", "999999999"], "no running process 999999999 under /proc\n"),
+        (
+            ["--pid", "999999999", "--path.rootfs", "/"],  # said //proc
+            "Invalid value for '--pid': no running process 999999999 under /proc\n",
+        ),
         (["--replay", "/nonexistent.json"], "cannot read /nonexistent.json"),
         (["--gpu", "a,b", "--", "true"], "'a' is not a GPU index"),
         (

@@ -437,6 +437,43 @@ def test_a_dataloader_without_workers_is_data_prepared_in_the_loop() -> None:
     assert cause.sites[0].file == "/job/data.py" and cause.sites[0].line == 12
 
 
+# what py-spy reads of `python3 -c "import time; time.sleep(4)"`: a line whose text it cannot
+# read (no file), so nothing says it sleeps; and a blocking read in the job's own code
+SLEEP_IN_C = (frame("<module>", "<string>", 1),)
+BLOCKING_READ = loop(16, "raw = sock.recv(1 << 20)")
+
+
+@pytest.mark.parametrize("stack", [SLEEP_IN_C, BLOCKING_READ])
+def test_the_job_s_own_line_at_no_cpu_waited_and_prepared_no_data(stack: Stack) -> None:
+    """A thread at 0 % of a core spent no time preparing data, whatever line it stood at: the
+    GPU idle beside it is input-starved with nobody busy (as with --stacks off), the line it
+    waited at named; the same stacks with the thread busy stay data prepared in the loop."""
+    idle = timeline(util=const(0.04), sm=const(0.02), thread=const(0.0))
+    d = diagnose(with_stacks(idle, lambda i: mix((stack, 1.0))))
+    assert names(d) == ["input-starved"], [(c.name, round(c.share, 3)) for c in d.causes]
+    said = " ".join(d.causes[0].evidence)
+    assert "nobody in the job was busy" in said and "waited at " in said, said
+    assert diagnose(idle).verdict == "input-starved"  # the counters alone agree
+    busy = timeline(util=const(0.04), sm=const(0.02), thread=const(1.0))
+    assert diagnose(with_stacks(busy, lambda i: mix((stack, 1.0)))).verdict == "data-prep-in-loop"
+
+
+def test_own_work_takes_at_most_the_time_the_thread_was_on_a_cpu() -> None:
+    # 0.8 s of a 1 s tick lost; the job's own code 0.6 s, a sync 0.4 s; the thread busy 0.3 s:
+    # 0.3 s of that code prepared data, the other 0.3 s waited at the same line
+    parts = attribute.split(0.8, 1.0, [(0, st.USER, 0.6), (1, st.SYNC, 0.4)], "input-starved",
+                            False, busy=0.3)  # fmt: skip
+    got = {(p.cause, p.stack): round(p.seconds, 3) for p in parts}
+    assert got == {("data-prep-in-loop", 0): 0.3, ("input-starved", 0): 0.3, ("host-sync", 1): 0.2}
+    # busy as long as it worked (or not measured): as before
+    for busy in (0.6, None):
+        parts = attribute.split(0.8, 1.0, [(0, st.USER, 0.6), (1, st.SYNC, 0.4)],
+                                "input-starved", False, busy=busy)  # fmt: skip
+        assert [(p.cause, round(p.seconds, 3)) for p in parts] == [
+            ("data-prep-in-loop", 0.6), ("host-sync", 0.2)
+        ]  # fmt: skip
+
+
 @pytest.mark.parametrize("stacks", [True, False])
 def test_healthy_jobs_get_no_cause(stacks: bool) -> None:
     rec = timeline(util=const(0.99), sm=const(0.9), thread=const(1.0))

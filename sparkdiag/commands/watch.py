@@ -5,8 +5,9 @@ the diagnosis (a pure function of the recording) in :mod:`.diagnose`, the output
 :mod:`.render` and :mod:`.plot`.
 
 Exit status: the job's own when watch started it (128 + N when a signal N ended it), else 0;
-2 for bad usage, an unusable fixture or recording, or --plot without matplotlib (the errors of
-:mod:`sparkdiag.errors`, translated by the command group).
+2 for bad usage, an unusable fixture or recording, a command that cannot start, a --pid that is
+not running, or --plot without matplotlib (the errors of :mod:`sparkdiag.errors`, translated by
+the command group).
 """
 
 from __future__ import annotations
@@ -21,11 +22,16 @@ from typing import Any
 import click
 
 from sparkdiag import terminal
-from sparkdiag.commands.common import check_gpu_indices, check_output_path, setup_logging
+from sparkdiag.commands.common import (
+    check_gpu_indices,
+    check_output_folder,
+    check_output_path,
+    setup_logging,
+)
 from sparkdiag.errors import Exit, UsageError
 from sparkdiag.flags import file_option, gpu_option, settings_from, settings_options
 from sparkdiag.lifecycle import LIFECYCLE
-from sparkdiag.plotting import INSTALL_HINT
+from sparkdiag.plotting import INSTALL_HINT, is_folder
 from sparkdiag.plotting import require as require_plotting
 from sparkdiag.sources.host import pyspy
 from sparkdiag.sources.host.procfs import ProcessIdentities
@@ -105,15 +111,33 @@ def _say(line: str) -> None:
                err=True)  # fmt: skip
 
 
-def _report(rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: Path | None) -> None:
+def _check_plot(plot_to: str | None) -> None:
+    """``--plot`` before the job runs, not after it ended: a folder (``DIR/``: created at the
+    end where its parent exists) or the file it names (:func:`.plot.path_for`)."""
+    if plot_to is None:
+        return
+    require_plotting("--plot")
+    if is_folder(plot_to):
+        check_output_folder(plot_to, "--plot")
+    else:
+        check_output_path(plotting.path_for(plot_to), "--plot")
+
+
+def _report(rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: str | None) -> None:
+    """The diagnosis on standard output; the timeline written where --plot says, and which file
+    that was on standard error (standard output stays the report, or the JSON document)."""
+    wrote = None
     if plot_to is not None:
         try:
-            plotting.plot(rec, diagnosis, plot_to)
+            wrote = plotting.plot(rec, diagnosis, plot_to)
         except plotting.PlotUnavailable as exc:
             click.echo(f"sparkdiag watch: {exc}", err=True)
         except OSError as exc:
-            click.echo(f"sparkdiag watch: cannot write {plot_to}: {exc.strerror or exc}", err=True)
+            where = exc.filename or plotting.path_for(plot_to)
+            click.echo(f"sparkdiag watch: cannot write {where}: {exc.strerror or exc}", err=True)
     click.echo(to_json(rec, diagnosis) if as_json else text(rec, diagnosis), nl=False)
+    if wrote is not None:
+        click.echo(f"wrote {wrote}", err=True)
 
 
 @click.command(
@@ -143,7 +167,16 @@ def _report(rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: Path |
     help="Print the diagnosis as JSON; standard output is then the document alone (a job "
     "watch starts writes its own standard output to standard error).",
 )
-@file_option("--plot", "plot_to", f"Write a timeline PNG (needs matplotlib: {INSTALL_HINT}).")
+@click.option(
+    "--plot",
+    "plot_to",
+    type=click.Path(),  # a string: a trailing slash means a directory
+    default=None,
+    metavar="FILE|DIR/",
+    help="Write a timeline PNG to FILE (.png added where it has no suffix), or DIR/watch.png "
+    "for a directory (DIR/ is created where its parent exists), and say which on standard "
+    f"error; needs matplotlib: {INSTALL_HINT}.",
+)
 @file_option(
     "--record", "record_to", "Save every sample as JSON, to diagnose or plot later with --replay."
 )
@@ -167,7 +200,7 @@ def watch(
     interval: float,
     gpus: tuple[int, ...] | None,
     as_json: bool,
-    plot_to: Path | None,
+    plot_to: str | None,
     record_to: Path | None,
     replay: Path | None,
     stacks: str,
@@ -196,23 +229,22 @@ def watch(
     utilization and whether the job is on it.
 
     Exit status: the job's own when watch started it (128 + N when signal N ended it), else 0;
-    2 usage error (a bad flag, fixture or recording, --plot without matplotlib).
+    2 usage error (a bad flag, fixture or recording, a command that cannot start: missing, not
+    executable, or not on PATH; a --pid not running; --plot without matplotlib).
     """
     settings = settings_from("watch", given)
     nvml_fixture, rootfs, sysfs = settings.nvml_fixture, settings.rootfs, settings.sysfs
     modes = sum(x is not None for x in (pid, replay)) + (1 if command else 0)
     if modes != 1:
         raise UsageError("give exactly one of --pid PID, --replay FILE or -- COMMAND ARGS...")
-    if plot_to is not None:
-        require_plotting("--plot")
-    check_output_path(plot_to, "--plot")  # before the job runs, not after it ended
+    _check_plot(plot_to)  # before the job runs, not after it ended
     check_output_path(record_to, "--record")
     if replay is not None:
         rec = load(replay)  # RecordingError: a usage error naming --replay
         _report(rec, diagnose(rec), as_json, plot_to)
         return Exit.OK
     if pid is not None and not alive(rootfs, pid):
-        raise UsageError(f"no running process {pid} under {rootfs}/proc", flag="--pid")
+        raise UsageError(f"no running process {pid} under {rootfs / 'proc'}", flag="--pid")
 
     setup_logging("warning", prefix="sparkdiag watch")
     gpu, why = _start_gpu(nvml_fixture, gpus, rootfs)

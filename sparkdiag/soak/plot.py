@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from sparkdiag.plotting import is_folder as is_folder  # shared with watch's --plot
 from sparkdiag.plotting import pyplot, twin_legend
 from sparkdiag.soak.model import GpuSoak, SoakReport
 from sparkdiag.soak.render import SENSOR_WORDS, figure, stopped_line, unit
@@ -31,11 +32,6 @@ COLOURS = {
     "int8": "tab:brown",
     "tf32": "tab:gray",
 }
-
-
-def is_folder(target: str | Path) -> bool:
-    """``--plot`` names a directory: an existing one, or one given with a trailing slash."""
-    return Path(target).is_dir() or str(target).endswith("/")
 
 
 def prefix_for(target: str | Path) -> Path:

@@ -19,6 +19,15 @@ overlap, nor to the counters' label): a healthy ResNet-50 on the H200, its threa
 core and in launching frames for 86 % of its sampled time, read cpu-bound-launcher 11 %.
 Samples with no frame read say nothing and are left out.
 
+Work the thread claims to have done itself (:data:`WORK`: preparing data, its own unnamed code,
+working on results a sync brought back) needs the thread to have been on a CPU doing it: a
+stack is where the thread stood, not that it ran there (a ``time.sleep`` or a blocking read
+called from the job's own line reads as that line). Those activities take at most the seconds
+the GPU's busiest thread was busy in the tick (``gpu_thread``, as the counters read it); the
+rest of their time the thread waited at that line (``WAITING``: input-starved, the line named).
+A job asleep in its loop with the GPU idle is input-starved with nobody busy, as without
+stacks, not data prepared in the loop at 0 % of a core.
+
 A tick the counters call launch-bound (a hot thread, small kernels) whose thread spent at
 least half its time launching, or one in which a hot thread feeds a GPU that runs with gaps and
 spent half its time in lines that call torch, is a launcher's tick whole: its loss is the time
@@ -51,6 +60,7 @@ CAUSE = {
 }
 OVERLAPPING = frozenset({st.SYNC, st.LAUNCH, st.OPTIMIZER})
 HOST_SIDE = frozenset(CAUSE) - OVERLAPPING
+WORK = frozenset({st.DATA_PREP, st.AFTER_SYNC})  # the thread's own work: needs its CPU
 COVERAGE_MIN = 0.25  # of a tick: a thread sampled less than this leaves the tick to the counters
 LAUNCHING_MIN = 0.5  # of the sampled time launching, in a launch-bound tick: the launcher's
 
@@ -94,12 +104,14 @@ def split(
     fallback: str,
     launching: bool,
     hot: bool = True,
+    busy: float | None = None,
 ) -> list[Part]:
     """``loss`` seconds of a ``dt``-second tick shared out over the thread's activities (the
     module docstring); ``launching``: the counters call the tick launch-bound, so the thread's
     own unnamed code (``USER``) was launching; ``hot``: the thread ran at ``HOT_THREAD`` of a
     core or more (or was not measured), else launching's part of the time that overlaps is
-    given to no cause."""
+    given to no cause; ``busy``: the seconds of the tick the thread was on a CPU (None: not
+    measured), at most what its own work (:data:`WORK`) takes, the rest waited."""
     if loss <= 0:
         return []
     total = _known(sampled)
@@ -108,6 +120,8 @@ def split(
     scale = dt / total  # the samples stand for the whole tick
     user = st.LAUNCH if launching else st.DATA_PREP
     resolved = [(stack, user if a == st.USER else a, s * scale) for stack, a, s in sampled]
+    if busy is not None:
+        resolved = _within_cpu(resolved, busy)
     host = [(stack, a, s) for stack, a, s in resolved if a in HOST_SIDE]
     busy = sum(s for _, _, s in host)
     parts: list[Part] = []
@@ -124,3 +138,24 @@ def split(
     # the time is not the sync's or the optimizer's either
     return [*parts, *(Part(CAUSE[a], stack, left * s / waited) for stack, a, s in overlap
                       if hot or a != st.LAUNCH)]  # fmt: skip
+
+
+def _within_cpu(
+    resolved: list[tuple[int, str, float]], busy: float
+) -> list[tuple[int, str, float]]:
+    """The thread's own work (:data:`WORK`) cut to the ``busy`` seconds it was on a CPU, each
+    stack in proportion; the rest of each such stack's time it waited there."""
+    work = sum(s for _, a, s in resolved if a in WORK)
+    if work <= busy:
+        return resolved
+    kept = max(0.0, busy) / work
+    out: list[tuple[int, str, float]] = []
+    for stack, a, s in resolved:
+        if a not in WORK:
+            out.append((stack, a, s))
+            continue
+        if kept > 0:
+            out.append((stack, a, s * kept))
+        if kept < 1:
+            out.append((stack, st.WAITING, s * (1.0 - kept)))
+    return out

@@ -60,7 +60,9 @@ idle                the GPU was idle at least ``IDLE_MIN`` of the tick, nothing 
 counters give to a host-side cause (any of the idle ones, the launcher, the checkpoint) goes to
 what the training thread did meanwhile: the DataLoader, its own data preparation, a host sync
 and the work on what it brought back, a copy, a checkpoint, logging, compiling, the optimizer,
-a collective, launching; each cause names the lines that took the time.
+a collective, launching; each cause names the lines that took the time. The thread's own work
+(data preparation, work on results) takes at most the time its CPU was busy in the tick; the
+rest it waited (input-starved at that line).
 
 **A co-tenant** (another process's kernels on the job's GPU, NVML's per-process samples) takes
 its busy time of each tick first (``dt * min(others, U - util) / U``); the job's own
@@ -517,7 +519,8 @@ def _parts(
         lost = v.dt * (1.0 - v.eff)
         return attribute.split(lost, v.dt, launching, "cpu-bound-launcher", launching=True)
     hot = thread is None or thread >= HOT_THREAD  # a thread not measured: as before the rule
-    return attribute.split(_idle_loss(v, unimpeded), v.dt, sampled, label, launch_bound, hot)
+    busy = None if thread is None else thread * v.dt
+    return attribute.split(_idle_loss(v, unimpeded), v.dt, sampled, label, launch_bound, hot, busy)
 
 
 def _ranks_without_gpu(rec: Recording) -> Cause | None:

@@ -3,6 +3,7 @@ and the loop that samples it until it ends, the duration runs out, or the user i
 
 from __future__ import annotations
 
+import errno
 import os
 import shlex
 import shutil
@@ -41,6 +42,39 @@ def interrupt_reached_job() -> bool:
         return False
 
 
+def check_runnable(program: str) -> None:
+    """Raise the error that starting ``program`` would meet, said plainly, before anything
+    starts (the ptracer shim runs first and would only fail later, inside the job's pid): a
+    path (with a slash) that is missing is FileNotFoundError, one that is a folder or not
+    executable PermissionError; a name is looked up on PATH as ``execvp`` does: one found there
+    that cannot be run is PermissionError, none FileNotFoundError. PATH never includes the
+    current folder unless it says so, so a file of that name here is not run; the error then
+    says that it is here, and whether it is executable (``shutil.which`` answers None for a
+    missing file and an unexecutable one alike, which read "No such file or directory")."""
+    if shutil.which(program) is not None:
+        return
+    if os.sep in program:
+        path = Path(program)
+        if not path.exists():
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", program)
+        what = "it is a folder" if path.is_dir() else "not executable"
+        raise PermissionError(errno.EACCES, f"Permission denied ({what})", program)
+    for folder in os.environ.get("PATH", os.defpath).split(os.pathsep):
+        found = Path(folder or ".") / program
+        if found.exists():  # exec's EACCES: a folder, or a file without the execute bit
+            raise PermissionError(
+                errno.EACCES, f"Permission denied ({found} is not executable)", program
+            )
+    here = Path(program)
+    if here.is_file() and not os.access(here, os.X_OK):
+        why = f"not found on PATH, and ./{program} in this folder is not executable"
+        raise PermissionError(errno.EACCES, f"{why} (permission denied)", program)
+    if here.is_file():
+        why = f"not found on PATH (to run ./{program} in this folder, give ./{program})"
+        raise FileNotFoundError(errno.ENOENT, why, program)
+    raise FileNotFoundError(errno.ENOENT, "No such file or directory", program)
+
+
 class SpawnedJob:
     """A command started by watch (``sparkdiag watch -- CMD ...``), in watch's process group so
     that Ctrl-C in the terminal reaches both. With ``ptracer`` it declares watch (and so the
@@ -54,9 +88,8 @@ class SpawnedJob:
     ) -> None:
         self.argv = list(argv)
         run = self.argv
+        check_runnable(self.argv[0])  # the shim's exec would fail only after it started
         if ptracer:
-            if shutil.which(self.argv[0]) is None:  # the error Popen would give, not the shim's
-                raise FileNotFoundError(2, "No such file or directory", self.argv[0])
             run = [sys.executable, "-c", PTRACER_SHIM, *self.argv]
         self.proc = subprocess.Popen(run, stdout=2 if output_to_stderr else None)
         self.pid = self.proc.pid

@@ -1,8 +1,8 @@
-"""The timeline PNG of a watch (``--plot FILE``): GPU utilization and activity, clocks and
-temperatures, the job's CPU, its I/O and memory pressure, with the time lost to each cause
-shaded (the phases: a checkpoint, a compilation, a stretch of host syncs), each named in the
-legend with the line of code that took most of its time where the stacks were sampled.
-matplotlib is an optional extra: ``pip install 'sparkdiag[plot]'``."""
+"""The timeline PNG of a watch (``--plot FILE`` or ``--plot DIR/``: :func:`path_for`): GPU
+utilization and activity, clocks and temperatures, the job's CPU, its I/O and memory pressure,
+with the time lost to each cause shaded (the phases: a checkpoint, a compilation, a stretch of
+host syncs), each named in the legend with the line of code that took most of its time where
+the stacks were sampled. matplotlib is an optional extra: ``pip install 'sparkdiag[plot]'``."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Any
 from sparkdiag.plotting import INSTALL_HINT as INSTALL_HINT
 from sparkdiag.plotting import PlotUnavailable as PlotUnavailable
 from sparkdiag.plotting import available as available
+from sparkdiag.plotting import is_folder, pyplot, twin_legend
 from sparkdiag.plotting import missing_message as missing_message
-from sparkdiag.plotting import pyplot, twin_legend
 from sparkdiag.watch.causes import TITLES, Cause
 from sparkdiag.watch.diagnose import Diagnosis
 from sparkdiag.watch.model import Recording
@@ -77,9 +77,27 @@ def shorten(text: str, width: int = TITLE_CHARS) -> str:
     return f"{text[:head]}…{text[len(text) - (width - 1 - head) :]}"
 
 
-def plot(rec: Recording, diagnosis: Diagnosis, path: Path) -> None:
-    """Write the timeline to ``path`` (PNG). Raises PlotUnavailable without matplotlib."""
+IN_FOLDER = "watch.png"  # the file --plot DIR/ writes in DIR
+
+
+def path_for(target: str | Path) -> Path:
+    """The file ``--plot`` writes: ``DIR/watch.png`` for a directory (an existing one, or one
+    given with a trailing slash, as soak's ``--plot`` reads it); a name without a suffix gets
+    ``.png`` (what matplotlib would have added unsaid); any other name as given."""
+    path = Path(target)
+    if is_folder(target):
+        return path / IN_FOLDER
+    return path if path.suffix else path.with_name(f"{path.name}.png")
+
+
+def plot(rec: Recording, diagnosis: Diagnosis, target: str | Path) -> Path:
+    """Write the timeline to :func:`path_for` ``target`` (PNG) and return that path. A directory
+    (``DIR/``) that is missing is created, its parent never. Raises PlotUnavailable without
+    matplotlib, OSError where the file cannot be written."""
     plt = pyplot()
+    path = path_for(target)
+    if is_folder(target):
+        path.parent.mkdir(exist_ok=True)
     from matplotlib.patches import Patch
 
     gpus = diagnosis.gpus or tuple(g.index for g in rec.gpus)
@@ -109,8 +127,11 @@ def plot(rec: Recording, diagnosis: Diagnosis, path: Path) -> None:
     for ax in axes:
         ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=110)
+    finally:
+        plt.close(fig)
+    return path
 
 
 def legend(cause: Cause) -> str:
