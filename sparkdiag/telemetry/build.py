@@ -30,9 +30,11 @@ log = logging.getLogger("sparkdiag")
 def build_poller(settings: Settings, backend: NvmlBackend | None = None) -> Poller:
     """Start the sources and say once, on stderr, what will be skipped on this machine.
 
-    Raises FixtureError for an unusable ``--nvml-fixture``. The caller stops the GPU source
+    Raises FixtureError for an unusable ``--nvml-fixture``, NvmeFixtureError for a
+    ``--nvme.fixture`` that is not a directory. The caller stops the GPU source
     (``poller.gpu.stop()``) when done.
     """
+    read_nvme = nvme_source(settings).read  # NvmeFixtureError before anything is said
     processes = None
     if settings.process_metrics:
         processes = ProcessOptions(settings.process_metrics_top, ProcessIdentities(settings.rootfs))
@@ -58,7 +60,7 @@ def build_poller(settings: Settings, backend: NvmlBackend | None = None) -> Poll
         pcie_interval=settings.pcie_interval,
         idle_interval=settings.idle_poll_interval,
         platform=read_platform(settings.sysfs),
-        read_nvme=nvme_source(settings).read,
+        read_nvme=read_nvme,
     )
 
 
