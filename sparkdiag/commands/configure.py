@@ -7,7 +7,6 @@ from pathlib import Path
 import click
 
 from sparkdiag.config import default_config_text
-from sparkdiag.flags import settings_from
 
 
 @click.group()
@@ -31,6 +30,13 @@ def config_default() -> None:
 @config.command("check")
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 def config_check(file: Path) -> None:
-    """Validate a configuration file; exit 2 with the bad key and value when it is wrong."""
-    settings = settings_from("serve", {}, file)
+    """Validate a configuration file as serve reads it: every key and value, and every file or
+    directory it names (fixtures, web config, paths) opened as serve opens them.
+
+    Exit status: 0 serve would start with it; 2 it is wrong: a key, a value, or a file it names
+    (one line naming the file and key, the value and what is allowed).
+    """
+    from sparkdiag.commands.serve import serve_settings
+
+    settings = serve_settings(file, {})
     click.echo(f"{file}: ok (listen {settings.listen}, poll every {settings.poll_interval:g} s)")
