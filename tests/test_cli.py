@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import socket
 from pathlib import Path
@@ -12,6 +13,7 @@ from click.testing import CliRunner
 from sparkdiag.cli import main
 from tests.support import (
     NVML,
+    ROOT,
     SYSFS,
     assert_clean_error,
     invoke_cli,
@@ -304,6 +306,21 @@ def _directory_cases() -> list[tuple[str, list[str]]]:
         if option.existing_dir
         for command in sorted(option.scopes)
     ]
+
+
+def test_no_error_message_is_written_with_a_newline() -> None:
+    """An error is one line (README: "one line on stderr naming what is wrong"): cli.py shows
+    every control character in one as an escape, so that untrusted text in it cannot act on a
+    terminal, and compare's example after a newline came out as "for example:\\x0a  ...". A
+    message literal holding a newline, in any raise of the package, fails here."""
+    found = []
+    for path in sorted((ROOT / "sparkdiag").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args:
+                texts = [n.value for n in ast.walk(node.exc.args[0]) if isinstance(n, ast.Constant)]
+                if any(isinstance(t, str) and "\n" in t for t in texts):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []
 
 
 @pytest.mark.parametrize(("flag", "words"), _directory_cases())
