@@ -13,8 +13,8 @@ from sparkdiag.config import default_config_text
 def config() -> None:
     """Configuration helpers.
 
-    Exit status: 0 done; 2 the configuration file is wrong (config check names the key, the
-    value and what is allowed).
+    Exit status: 0 done; 2 the configuration file is wrong (config check names the file and
+    key, the value and what is wrong).
     """
 
 
@@ -23,6 +23,8 @@ def config_default() -> None:
     """Print the default configuration, every key commented, as TOML.
 
     Start a configuration with: sparkdiag config default > /etc/sparkdiag/config.toml
+
+    Exit status: 0 printed; 2 a usage error (an unknown flag or argument).
     """
     click.echo(default_config_text(), nl=False)
 
@@ -33,8 +35,9 @@ def config_check(file: Path) -> None:
     """Validate a configuration file as serve reads it: every key and value, and every file or
     directory it names (fixtures, web config, paths) opened as serve opens them.
 
-    Exit status: 0 serve would start with it; 2 it is wrong: a key, a value, or a file it names
-    (one line naming the file and key, the value and what is allowed).
+    Exit status: 0 valid: every key and value is allowed, and every file and directory it names
+    opens as serve opens it; 2 it is wrong or cannot be read (one line naming the file and key,
+    the value and what is wrong).
     """
     from sparkdiag.commands.serve import serve_settings
 
