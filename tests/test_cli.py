@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -16,9 +17,12 @@ from tests.support import (
     ROOT,
     SYSFS,
     assert_clean_error,
+    free_port,
     invoke_cli,
     machine_args,
     run_cli,
+    sparkdiag_cmd,
+    terminate,
 )
 
 
@@ -89,19 +93,60 @@ def test_port_in_use() -> None:
     assert_clean_error(result, 1, "already in use", f"127.0.0.1:{port}")
 
 
-def test_dump_without_gpu_says_what_it_skipped() -> None:
-    result = invoke_cli(
-        "dump",
-        "--nvml-fixture",
-        str(NVML / "no-nvml.json"),
-        *machine_args("dgx-spark"),
-    )
+NO_NVML = str(NVML / "no-nvml.json")
+WITHOUT_NVML = "NVML unavailable (nvmlInit failed: NVML_ERROR_LIBRARY_NOT_FOUND (fixture "
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["pcie-links", "no-pci-link"])
+def test_dump_without_gpu_says_what_it_exports_in_one_line(links: bool, tmp_path: Path) -> None:
+    """Without NVML and without a PCI link, dump and serve said "exporting host PCIe links" and
+    then "no PCI link found ...: host PCIe links skipped": one line now, true to the poll."""
+    sysfs = SYSFS / "dgx-spark" if links else tmp_path  # an empty tree: no PCI link
+    result = invoke_cli("dump", "--nvml-fixture", NO_NVML, *machine_args(sysfs))
     assert result.returncode == 0, result.stderr
     assert "sparkdiag_nvml_up 0.0" in result.stdout
-    assert "sparkdiag_pcie_link_width{" in result.stdout
-    skipped = [line for line in result.stderr.splitlines() if "GPU telemetry skipped" in line]
-    assert len(skipped) == 1, result.stderr
-    assert "LIBRARY_NOT_FOUND" in skipped[0]
+    assert ("sparkdiag_pcie_link_width{" in result.stdout) is links
+    said = [line for line in result.stderr.splitlines() if "NVML" in line or "PCI" in line]
+    assert len(said) == 1, result.stderr
+    if links:
+        instead = "exporting host PCIe links, the execution context and host memory"
+    else:
+        instead = f"no PCI link found under {tmp_path} either: exporting the execution context"
+    assert WITHOUT_NVML in said[0] and f"GPU telemetry skipped; {instead}" in said[0], said[0]
+    assert said[0].endswith(", with sparkdiag_nvml_up 0")
+
+
+def test_serve_without_gpu_or_pci_link_says_it_once(tmp_path: Path) -> None:
+    sysfs = tmp_path / "sys"
+    sysfs.mkdir()
+    port = free_port()
+    args = ("--listen", f"127.0.0.1:{port}", "--nvml-fixture", NO_NVML, "--path.sysfs",
+            str(sysfs), "--no-probe.enabled", "--state-dir", str(tmp_path / "state"))  # fmt: skip
+    proc = subprocess.Popen(
+        sparkdiag_cmd("serve", *args), stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    lines = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # up to the line that says it serves (or its end)
+            lines.append(line)
+            if "serving http" in line:
+                break
+    finally:
+        terminate(proc)
+        proc.communicate()
+    assert any("serving http" in line for line in lines), lines
+    said = [line for line in lines if "NVML" in line or "PCI" in line]
+    assert len(said) == 1 and WITHOUT_NVML in said[0], lines
+    assert f"no PCI link found under {sysfs} either" in said[0] and "PCIe links," not in said[0]
+
+
+def test_other_commands_say_only_that_nvml_is_unavailable() -> None:
+    """native polled through the daemon's poller, whose line promised what serve exports."""
+    result = invoke_cli("native", "--nvml-fixture", NO_NVML)
+    said = [line for line in result.stderr.splitlines() if "NVML" in line]
+    assert len(said) == 1 and said[0].startswith(WITHOUT_NVML), result.stderr
+    assert said[0].endswith("no-nvml.json))"), said[0]  # nothing about what is exported
 
 
 def test_record_fixture_round_trip(tmp_path: Path) -> None:
