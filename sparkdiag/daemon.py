@@ -19,6 +19,7 @@ from sparkdiag.native.watch import LibraryWatch, environment
 from sparkdiag.scheduling.probe_state import ProbeState
 from sparkdiag.scheduling.wiring import Probes, build_schedulers, stop_workers
 from sparkdiag.sdnotify import Notifier
+from sparkdiag.snapshot import Snapshot
 from sparkdiag.telemetry.build import build_poller
 from sparkdiag.telemetry.poller import Poller
 from sparkdiag.telemetry.stall import StallLog
@@ -45,14 +46,35 @@ def url_host(host: str) -> str:
 
 def dump(settings: Settings) -> bytes:
     """One poll rendered in the Prometheus text format."""
-    poller = build_poller(settings)
+    poller = build_poller(settings, say_unavailable=False)
     try:
         snap = poller.poll_once()
-        if not snap.pcie_links:
-            log.warning("no PCI link found under %s: host PCIe links skipped", settings.sysfs)
+        say_skipped(settings, poller, snap)
         return render(build_registry(lambda: poller.latest, compat_dcgm=settings.compat_dcgm))
     finally:
         poller.gpu.stop()
+
+
+def say_skipped(settings: Settings, poller: Poller, first: Snapshot) -> None:
+    """Once, after the first poll, so as to name only what it found: without NVML, what is
+    exported instead (host PCIe links only when there are some); with NVML and no PCI link
+    under --path.sysfs, that host PCIe links are skipped."""
+    why = poller.gpu.unavailable_reason
+    if why is not None:
+        if first.pcie_links:
+            instead = "exporting host PCIe links, the execution context and host memory"
+        else:  # one line for both, promising no PCIe link
+            instead = (
+                f"no PCI link found under {settings.sysfs} either: exporting the execution "
+                "context and host memory"
+            )
+        log.warning(
+            "NVML unavailable (%s): GPU telemetry skipped; %s, with sparkdiag_nvml_up 0",
+            why,
+            instead,
+        )
+    elif not first.pcie_links:
+        log.warning("no PCI link found under %s: host PCIe links skipped", settings.sysfs)
 
 
 def serve(settings: Settings, life: Lifecycle | None = None) -> None:
@@ -68,7 +90,7 @@ def serve(settings: Settings, life: Lifecycle | None = None) -> None:
     if settings.web_config_file is not None:
         path = settings.web_config_file  # WebConfigError below: a configuration error, exit 2
         web = LiveWebConfig(path, load_web_config(path))
-    poller = build_poller(settings)
+    poller = build_poller(settings, say_unavailable=False)
     try:
         _serve(settings, life, poller, address, web)
     finally:
@@ -132,8 +154,7 @@ def _serve(
         first = poller.poll_once()
         if stop.is_set():
             return
-        if not first.pcie_links:
-            log.warning("no PCI link found under %s: host PCIe links skipped", settings.sysfs)
+        say_skipped(settings, poller, first)
         server.serve_in_thread()
         server.prerenderer.poll_interval = settings.poll_interval
         poller.add_listener(server.published)  # /metrics rendered ahead when a scrape is due

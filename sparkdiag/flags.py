@@ -20,7 +20,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from sparkdiag.config import OPTIONS, OPTIONS_BY_ATTR, Option, Settings, build_settings
+from sparkdiag.config import (
+    OPTIONS,
+    OPTIONS_BY_ATTR,
+    OPTIONS_BY_KEY,
+    ConfigError,
+    Option,
+    Settings,
+    load_file,
+    merge_settings,
+)
 from sparkdiag.errors import UsageError as SparkdiagUsageError
 
 if TYPE_CHECKING:
@@ -135,13 +144,21 @@ def settings_options(command: str, config_file: bool = False) -> Callable[[F], F
     return decorate
 
 
-def settings_from(command: str, given: dict[str, Any], config: Path | None = None) -> Settings:
+def settings_from(
+    command: str,
+    given: dict[str, Any],
+    config: Path | None = None,
+    inputs: Callable[[Settings], None] | None = None,
+) -> Settings:
     """Settings for ``command`` from its defaults, ``config`` and the flags given.
 
     ``given`` holds the command's keyword arguments; the setting flags are taken out of it (so
     what remains is the command's own arguments). A bad value raises
     :class:`~sparkdiag.config.ConfigError` (a usage error: exit 2) with the flag, the value and
-    what is allowed.
+    what is allowed. A directory setting that is not one, and whatever ``inputs`` raises (the
+    command opening the files its settings name: ``serve``'s fixtures and web config), is a
+    usage error too: it names the flag, or, where the value came from ``config``, the file and
+    the key (``config.toml: path.sysfs: ...``), since the user has no such flag to look for.
     """
     flags: dict[str, Any] = {}
     for attr in list(given):
@@ -149,8 +166,21 @@ def settings_from(command: str, given: dict[str, Any], config: Path | None = Non
             value = given.pop(attr)
             if value is not None:
                 flags[attr] = value
-    settings = build_settings(config, flags, command)
-    _check_directories(settings, command)
+    from_file = load_file(config) if config is not None else {}
+    settings = merge_settings(from_file, flags, command)
+    try:
+        _check_directories(settings, command)
+        if inputs is not None:
+            inputs(settings)
+    except SparkdiagUsageError as exc:
+        # the setting to blame: the error's flag, or the key its message starts with
+        key = exc.flag.removeprefix("--") if exc.flag else exc.message.partition(": ")[0]
+        option = OPTIONS_BY_KEY.get(key)
+        # a flag given wins over the file: then the flag is to blame, as the error says
+        if config is None or option is None or option.attr not in from_file.keys() - flags:
+            raise
+        message = f"{key}: {exc.message}" if exc.flag else exc.message
+        raise ConfigError(f"{config}: {message}") from None
     return settings
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import socket
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -12,11 +14,15 @@ from click.testing import CliRunner
 from sparkdiag.cli import main
 from tests.support import (
     NVML,
+    ROOT,
     SYSFS,
     assert_clean_error,
+    free_port,
     invoke_cli,
     machine_args,
     run_cli,
+    sparkdiag_cmd,
+    terminate,
 )
 
 
@@ -87,19 +93,60 @@ def test_port_in_use() -> None:
     assert_clean_error(result, 1, "already in use", f"127.0.0.1:{port}")
 
 
-def test_dump_without_gpu_says_what_it_skipped() -> None:
-    result = invoke_cli(
-        "dump",
-        "--nvml-fixture",
-        str(NVML / "no-nvml.json"),
-        *machine_args("dgx-spark"),
-    )
+NO_NVML = str(NVML / "no-nvml.json")
+WITHOUT_NVML = "NVML unavailable (nvmlInit failed: NVML_ERROR_LIBRARY_NOT_FOUND (fixture "
+
+
+@pytest.mark.parametrize("links", [True, False], ids=["pcie-links", "no-pci-link"])
+def test_dump_without_gpu_says_what_it_exports_in_one_line(links: bool, tmp_path: Path) -> None:
+    """Without NVML and without a PCI link, dump and serve said "exporting host PCIe links" and
+    then "no PCI link found ...: host PCIe links skipped": one line now, true to the poll."""
+    sysfs = SYSFS / "dgx-spark" if links else tmp_path  # an empty tree: no PCI link
+    result = invoke_cli("dump", "--nvml-fixture", NO_NVML, *machine_args(sysfs))
     assert result.returncode == 0, result.stderr
     assert "sparkdiag_nvml_up 0.0" in result.stdout
-    assert "sparkdiag_pcie_link_width{" in result.stdout
-    skipped = [line for line in result.stderr.splitlines() if "GPU telemetry skipped" in line]
-    assert len(skipped) == 1, result.stderr
-    assert "LIBRARY_NOT_FOUND" in skipped[0]
+    assert ("sparkdiag_pcie_link_width{" in result.stdout) is links
+    said = [line for line in result.stderr.splitlines() if "NVML" in line or "PCI" in line]
+    assert len(said) == 1, result.stderr
+    if links:
+        instead = "exporting host PCIe links, the execution context and host memory"
+    else:
+        instead = f"no PCI link found under {tmp_path} either: exporting the execution context"
+    assert WITHOUT_NVML in said[0] and f"GPU telemetry skipped; {instead}" in said[0], said[0]
+    assert said[0].endswith(", with sparkdiag_nvml_up 0")
+
+
+def test_serve_without_gpu_or_pci_link_says_it_once(tmp_path: Path) -> None:
+    sysfs = tmp_path / "sys"
+    sysfs.mkdir()
+    port = free_port()
+    args = ("--listen", f"127.0.0.1:{port}", "--nvml-fixture", NO_NVML, "--path.sysfs",
+            str(sysfs), "--no-probe.enabled", "--state-dir", str(tmp_path / "state"))  # fmt: skip
+    proc = subprocess.Popen(
+        sparkdiag_cmd("serve", *args), stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    lines = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:  # up to the line that says it serves (or its end)
+            lines.append(line)
+            if "serving http" in line:
+                break
+    finally:
+        terminate(proc)
+        proc.communicate()
+    assert any("serving http" in line for line in lines), lines
+    said = [line for line in lines if "NVML" in line or "PCI" in line]
+    assert len(said) == 1 and WITHOUT_NVML in said[0], lines
+    assert f"no PCI link found under {sysfs} either" in said[0] and "PCIe links," not in said[0]
+
+
+def test_other_commands_say_only_that_nvml_is_unavailable() -> None:
+    """native polled through the daemon's poller, whose line promised what serve exports."""
+    result = invoke_cli("native", "--nvml-fixture", NO_NVML)
+    said = [line for line in result.stderr.splitlines() if "NVML" in line]
+    assert len(said) == 1 and said[0].startswith(WITHOUT_NVML), result.stderr
+    assert said[0].endswith("no-nvml.json))"), said[0]  # nothing about what is exported
 
 
 def test_record_fixture_round_trip(tmp_path: Path) -> None:
@@ -306,6 +353,21 @@ def _directory_cases() -> list[tuple[str, list[str]]]:
     ]
 
 
+def test_no_error_message_is_written_with_a_newline() -> None:
+    """An error is one line (README: "one line on stderr naming what is wrong"): cli.py shows
+    every control character in one as an escape, so that untrusted text in it cannot act on a
+    terminal, and compare's example after a newline came out as "for example:\\x0a  ...". A
+    message literal holding a newline, in any raise of the package, fails here."""
+    found = []
+    for path in sorted((ROOT / "sparkdiag").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call) and node.exc.args:
+                texts = [n.value for n in ast.walk(node.exc.args[0]) if isinstance(n, ast.Constant)]
+                if any(isinstance(t, str) and "\n" in t for t in texts):
+                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    assert found == []
+
+
 @pytest.mark.parametrize(("flag", "words"), _directory_cases())
 def test_a_directory_that_is_not_one_is_exit_2_for_every_command(
     flag: str, words: list[str], tmp_path: Path
@@ -324,7 +386,9 @@ def test_a_directory_in_the_configuration_file_is_checked_too(tmp_path: Path) ->
     config = tmp_path / "config.toml"
     config.write_text(f'[path]\nsysfs = "{tmp_path / "typo"}"\n')
     result = CliRunner().invoke(main, ["config", "check", str(config)])
-    assert result.exit_code == 2 and "'--path.sysfs'" in result.output
+    # named as the user wrote it, the file and the key: there is no --path.sysfs to look for
+    said = f"Error: {config}: path.sysfs: {tmp_path / 'typo'} does not exist; give a directory\n"
+    assert result.exit_code == 2 and result.output == said
     ok = CliRunner().invoke(main, ["dump", "--path.sysfs", str(tmp_path), "--nvml-fixture",
                                    str(NVML / "no-nvml.json")])  # fmt: skip
     assert ok.exit_code == 0, ok.output  # an existing directory, even an empty one, is fine

@@ -641,6 +641,18 @@ def test_usage_errors_exit_2(args: list[str]) -> None:
     assert result.exit_code == 2, result.output
 
 
+@pytest.mark.parametrize("args", [[], ["--container"], ["--"], ["--container", "-"]])
+def test_no_container_command_is_one_line_with_the_example(args: list[str]) -> None:
+    """Its newline came out as a literal \\x0a (cli.py escapes control characters in errors)."""
+    result = CliRunner().invoke(main, ["compare", *args])
+    assert result.exit_code == 2
+    example = "sparkdiag compare --container docker run -i --rm --gpus all IMAGE python3 -"
+    assert result.stderr == (
+        "Error: give the container command after --container (or after --), for example: "
+        f"{example}\n"
+    )
+
+
 def test_max_gap_accepts_percentages() -> None:
     result = CliRunner().invoke(
         main, ["compare", "--json", "--max-gap", "20%", "--", "sparkdiag-no-such-docker"]

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+import subprocess
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from sparkdiag.commands.serve import serve_settings
 from sparkdiag.config import (
     OPTIONS,
     OPTIONS_BY_ATTR,
@@ -18,7 +20,8 @@ from sparkdiag.config import (
     load_file,
 )
 from sparkdiag.flags import settings_from
-from tests.support import ROOT, sparkdiag_cmd
+from sparkdiag.sources.nvml.fixture import FixtureError
+from tests.support import NVML, ROOT, sparkdiag_cmd
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -95,10 +98,10 @@ def test_default_config_lists_every_key_and_round_trips(tmp_path: Path) -> None:
     assert build_settings(write(tmp_path, uncommented), {}) == Settings()
 
 
-def run(*args: str):  # type: ignore[no-untyped-def]
-    import subprocess
-
-    return subprocess.run(sparkdiag_cmd(*args), capture_output=True, text=True, cwd=ROOT)
+def run(*args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        sparkdiag_cmd(*args), capture_output=True, text=True, cwd=ROOT, timeout=timeout
+    )
 
 
 def test_serve_with_a_bad_config_exits_2_without_traceback(tmp_path: Path) -> None:
@@ -118,6 +121,52 @@ def test_config_default_and_check_commands(tmp_path: Path) -> None:
     bad = write(tmp_path, "listen = 5\n")
     result = run("config", "check", str(bad))
     assert result.returncode == 2 and "listen: 5 is not a string" in result.stderr
+
+
+# A file naming what serve cannot open: each was "ok" (exit 0) for config check, then exit 2 for
+# serve (exit 0, saying nothing, for the probe fixture without a GPU), and serve named a flag the
+# user never gave (--nvml-fixture) rather than the file and key.
+MISSING = "/nonexistent/sparkdiag-test"
+SERVE_REFUSES = [
+    ("nvml-fixture", f'nvml-fixture = "{MISSING}.json"', "cannot read NVML fixture"),
+    ("web.config.file", f'[web.config]\nfile = "{MISSING}.yml"', "cannot read web config"),
+    ("probe.fixture", f'[probe]\nfixture = "{MISSING}.json"', f"cannot read {MISSING}.json"),
+    ("nvme.fixture", f'[nvme]\nfixture = "{MISSING}"', f"directory {MISSING} does not exist"),
+    ("path.sysfs", f'[path]\nsysfs = "{MISSING}"', f"{MISSING} does not exist"),
+    ("path.rootfs", f'[path]\nrootfs = "{MISSING}"', f"{MISSING} does not exist"),
+    ("probe.container-command", '[probe]\ncontainer-command = "-"', "command is empty"),
+    ("listen", 'listen = "a..b:10942"', "host 'a..b' is not a host name"),
+]
+
+
+@pytest.mark.parametrize(
+    ("key", "text", "why"), [pytest.param(*case, id=case[0]) for case in SERVE_REFUSES]
+)
+def test_config_check_refuses_what_serve_refuses_naming_the_file_and_key(
+    tmp_path: Path, key: str, text: str, why: str
+) -> None:
+    path = write(tmp_path, text + "\n")
+    checked = run("config", "check", str(path))
+    assert checked.returncode == 2, checked.stdout + checked.stderr
+    assert checked.stderr.startswith(f"Error: {path}: {key}: "), checked.stderr
+    assert why in checked.stderr and checked.stderr.count("\n") == 1, checked.stderr
+    assert "Invalid value for" not in checked.stderr  # no flag named: none was given
+    try:  # serve, on this machine without a GPU, says the same line and starts nothing
+        served = run("serve", "--config", str(path), timeout=20)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"serve started with {text!r}, which config check refused")
+    assert (served.returncode, served.stderr) == (2, checked.stderr)
+
+
+def test_a_flag_over_the_file_is_named_as_the_flag(tmp_path: Path) -> None:
+    path = write(tmp_path, f'nvml-fixture = "{MISSING}.json"\n')
+    given = {"nvml_fixture": str(MISSING) + "-flag.json"}
+    with pytest.raises(FixtureError) as info:
+        serve_settings(path, dict(given))
+    assert info.value.flag == "--nvml-fixture" and f"{MISSING}-flag.json" in info.value.message
+    good = {"nvml_fixture": str(NVML / "h200-idle.json")}  # a good flag: the file's value unused
+    assert serve_settings(path, dict(good)).nvml_fixture == NVML / "h200-idle.json"
+    assert serve_settings(write(tmp_path, ""), {}).nvml_fixture is None
 
 
 def test_each_line_of_the_default_config_uncommented_alone_loads(tmp_path: Path) -> None:

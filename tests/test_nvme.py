@@ -31,7 +31,7 @@ from sparkdiag.sources.host.nvme_tools import (
     parse_smartctl,
     tool_reader,
 )
-from tests.support import FIXTURES, SYSFS, fixture_snapshot
+from tests.support import FIXTURES, NVML, SYSFS, assert_clean_error, fixture_snapshot, invoke_cli
 
 NVME = FIXTURES / "nvme"
 M2, U2 = SYSFS / "nvme-client-m2", SYSFS / "nvme-u2"
@@ -299,6 +299,26 @@ def test_a_fixture_directory_without_the_drive_or_with_garbage(tmp_path: Path) -
     assert "no fixture for nvme0" in (fixture_reader(tmp_path)("nvme0").note or "")
     (tmp_path / "nvme0.smartctl.json").write_text("{not json")
     assert "is not JSON" in (fixture_reader(tmp_path)("nvme0").note or "")
+
+
+@pytest.mark.parametrize("command", ["dump", "check"])
+@pytest.mark.parametrize("kind", ["missing", "a file"])
+def test_a_missing_nvme_fixture_is_exit_2_naming_the_flag(
+    tmp_path: Path, command: str, kind: str
+) -> None:
+    """As a missing --nvml-fixture or --probe.fixture is (README's exit table): it was exit 0,
+    with an INFO line, and every drive read "no fixture"."""
+    fixture = tmp_path / "nvme"
+    if kind == "a file":
+        fixture.write_text("{}")
+    own = ["--quick", "--state-dir", str(tmp_path / "state")] if command == "check" else []
+    result = invoke_cli(
+        command, *own, "--path.sysfs", str(U2), "--nvme.fixture", str(fixture),
+        "--nvml-fixture", str(NVML / "no-nvml.json"),
+    )  # fmt: skip
+    why = "is not a directory" if kind == "a file" else "does not exist"
+    assert_clean_error(result, 2, "Invalid value for '--nvme.fixture'", f"{fixture} {why}")
+    assert result.stdout == ""
 
 
 def _collect(controllers: tuple[NvmeController, ...], tmp_path: Path) -> CollectorRegistry:

@@ -44,6 +44,23 @@ def test_unit_essentials() -> None:
         assert re.search(rf"^{re.escape(line)}", text, re.M), line
 
 
+def test_the_units_comments_say_what_the_deploy_doc_says() -> None:
+    """The unit's header sent readers to a README section that is in docs/deploy.md, and told
+    them to pip install 'sparkdiag[probe]', which deploy.md says finds nothing (not on PyPI)."""
+    comments = " ".join(
+        line[1:].strip() for line in UNIT.read_text().splitlines() if line.startswith("#")
+    )
+    pointers = re.findall(r'see (\S+) "([^"]+)"', comments)
+    assert pointers, comments
+    for name, heading in pointers:
+        doc = (ROOT / name).read_text()
+        assert re.search(rf"^#+ {re.escape(heading)}$", doc, re.M), (name, heading)
+        section = doc.split(heading, 1)[1].split("\n## ", 1)[0]
+        for command in re.findall(r"pip install '[^']+'", comments):
+            assert command in section, (command, name)  # deploy.md's own command
+    assert "'sparkdiag[" not in comments  # nothing to install by name from an index
+
+
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
     tool = systemd_analyze()
     unit = local_unit(tmp_path)

@@ -86,7 +86,12 @@ def baseline_show(
     as_json: bool,
     **given: Any,
 ) -> None:
-    """List baselines (every software identity: old ones are kept)."""
+    """List baselines (every software identity: old ones are kept).
+
+    Exit status: 0 listed, also when none was learned yet (no store) or none matches; 2 a usage
+    error (a bad flag); 3 the baseline store cannot be opened (the state directory cannot be
+    found, permissions, a file that is not a baseline store).
+    """
     state_dir = settings_from("baseline", given).state_dir
     missing = _not_learned_yet(state_dir)
     if missing is not None:  # a fresh machine: as an empty store, not an error
@@ -166,7 +171,11 @@ def baseline_pin(
     all_matches: bool,
     **given: Any,
 ) -> None:
-    """Pin baselines: later runs never move a pinned baseline."""
+    """Pin baselines: later runs never move a pinned baseline.
+
+    Exit status: 0 pinned; 2 a usage error (no baseline matches the filters, or several do
+    without --all); 3 the baseline store cannot be opened (none learned yet, permissions).
+    """
     with open_store(settings_from("baseline", given).state_dir, create=False) as store:
         rows = _filtered(store, uuid, dtype, shape, context)
         if not rows:
@@ -190,7 +199,12 @@ def baseline_reset(
     all_matches: bool,
     **given: Any,
 ) -> None:
-    """Forget baselines and their runs, so that they are learned again from the next runs."""
+    """Forget baselines and their runs, so that they are learned again from the next runs.
+
+    Exit status: 0 done, also when no baseline matched ("removed 0 baseline(s)"); 2 a usage
+    error (no filter and no --all); 3 the baseline store cannot be opened (none learned yet,
+    permissions).
+    """
     if not (uuid or dtype or shape or context or all_matches):
         raise UsageError("give --uuid/--dtype/--shape/--context, or --all to reset everything")
     with open_store(settings_from("baseline", given).state_dir, create=False) as store:

@@ -53,8 +53,9 @@ def container_argv(cmd: Sequence[str]) -> list[str]:
             raise UsageError(f"cannot split the container command: {exc}") from None
     if not words or words == ["-"]:
         raise UsageError(
-            "give the container command after --container (or after --), for example:\n"
-            "  sparkdiag compare --container docker run -i --rm --gpus all IMAGE python3 -"
+            # one line, as every error is (cli.py shows a newline in an error as \x0a)
+            "give the container command after --container (or after --), for example: "
+            "sparkdiag compare --container docker run -i --rm --gpus all IMAGE python3 -"
         )
     return words
 

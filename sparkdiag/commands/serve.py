@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,53 @@ from typing import Any
 import click
 
 from sparkdiag.commands.common import setup_logging
+from sparkdiag.config import ConfigError, Settings, parse_listen
 from sparkdiag.flags import settings_from, settings_options
+
+
+def serve_settings(config: Path | None, given: dict[str, Any]) -> Settings:
+    """serve's settings, with every file they name opened as serve opens it (the NVML, probe and
+    NVMe fixtures, the web config), the container command and the listen host checked as serve
+    checks them (the host resolved, not bound). ``serve`` and ``config check`` both
+    take their settings from here, so that a file ``config check`` approves is one serve
+    starts with, and a fixture serve would not read on this machine (the probe's, without a
+    GPU) is refused all the same. A bad one is a usage error (exit 2) naming the flag, or the
+    configuration file and key it came from."""
+    return settings_from("serve", given, config, inputs=_open_inputs)
+
+
+def _open_inputs(settings: Settings) -> None:
+    if settings.nvml_fixture is not None:
+        from sparkdiag.sources.nvml.backends import make_backend
+
+        make_backend(settings.nvml_fixture)  # FixtureError
+    if settings.nvme_fixture is not None:
+        from sparkdiag.sources.host.nvme_tools import fixture_reader
+
+        fixture_reader(settings.nvme_fixture)  # NvmeFixtureError
+    if settings.web_config_file is not None:
+        from sparkdiag.web.webconfig import load_web_config
+
+        load_web_config(settings.web_config_file)  # WebConfigError
+    if settings.probe_fixture is not None:
+        from sparkdiag.probe.launchers import FixtureLauncher
+
+        FixtureLauncher(settings.probe_fixture)  # ProbeFixtureError
+    if settings.probe_container_command:
+        from sparkdiag.probe.launchers import ContainerLauncher
+        from sparkdiag.probe.request import WorkerRequest
+
+        try:
+            command = settings.probe_container_command
+            ContainerLauncher(command, settings.probe_timeout, WorkerRequest())
+        except ValueError as exc:  # as the daemon's wiring says it
+            raise ConfigError(f"probe.container-command: {exc}") from None
+    from sparkdiag.web.http import listen_address
+
+    # ListenError: no such host; OSError: the resolver does not answer now (serve exits 1 then,
+    # and systemd retries)
+    with contextlib.suppress(OSError):
+        listen_address(parse_listen(settings.listen))
 
 
 @click.command()
@@ -24,7 +71,7 @@ def serve(config: Path | None, **given: Any) -> None:
     """
     from sparkdiag import daemon
 
-    settings = settings_from("serve", given, config)
+    settings = serve_settings(config, given)
     setup_logging(settings.log_level)
     daemon.serve(settings)
 

@@ -45,6 +45,7 @@ __all__ = [
     "duration_seconds",
     "echo",
     "load_file",
+    "merge_settings",
     "parse_listen",
 ]
 
@@ -163,11 +164,19 @@ def build_settings(
 
     Raises :class:`ConfigError` for a bad value, an unreadable file or an unknown key.
     """
+    from_file = load_file(config_file) if config_file is not None else {}
+    return merge_settings(from_file, flags, command)
+
+
+def merge_settings(
+    from_file: Mapping[str, Any], flags: Mapping[str, Any], command: str = "serve"
+) -> Settings:
+    """The command's defaults, then ``from_file`` (what :func:`load_file` read), then the flags
+    given ({attribute: value}); raises :class:`ConfigError` for a bad flag value."""
     values: dict[str, Any] = {
         o.attr: o.command_default[command] for o in OPTIONS if command in o.command_default
     }
-    if config_file is not None:
-        values.update(load_file(config_file))
+    values.update(from_file)
     for attr, value in flags.items():
         values[attr] = OPTIONS_BY_ATTR[attr].convert(value, "--")
     return replace(Settings(), **values)

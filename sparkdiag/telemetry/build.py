@@ -27,22 +27,28 @@ from sparkdiag.telemetry.poller import Poller
 log = logging.getLogger("sparkdiag")
 
 
-def build_poller(settings: Settings, backend: NvmlBackend | None = None) -> Poller:
+def build_poller(
+    settings: Settings, backend: NvmlBackend | None = None, *, say_unavailable: bool = True
+) -> Poller:
     """Start the sources and say once, on stderr, what will be skipped on this machine.
 
-    Raises FixtureError for an unusable ``--nvml-fixture``. The caller stops the GPU source
+    Without NVML it says only that (``NVML unavailable (why)``): what a command does without
+    it is the command's to say. ``say_unavailable=False`` leaves even that to the caller: the
+    exporter (``serve``, ``dump``) says it after its first poll, with what it exports instead,
+    which depends on what that poll found (``gpu.unavailable_reason`` holds why).
+
+    Raises FixtureError for an unusable ``--nvml-fixture``, NvmeFixtureError for a
+    ``--nvme.fixture`` that is not a directory. The caller stops the GPU source
     (``poller.gpu.stop()``) when done.
     """
+    read_nvme = nvme_source(settings).read  # NvmeFixtureError before anything is said
     processes = None
     if settings.process_metrics:
         processes = ProcessOptions(settings.process_metrics_top, ProcessIdentities(settings.rootfs))
     gpu = GpuSource(backend or make_backend(settings.nvml_fixture), processes=processes)
     if not gpu.start():
-        log.warning(
-            "NVML unavailable (%s): GPU telemetry skipped; exporting host PCIe links, execution "
-            "context and host memory, with sparkdiag_nvml_up 0",
-            gpu.unavailable_reason,
-        )
+        if say_unavailable:
+            log.warning("NVML unavailable (%s)", gpu.unavailable_reason)
     elif not gpu.identities:
         log.warning("NVML answers but reports no GPU: GPU telemetry skipped")
     rootfs = settings.rootfs
@@ -58,7 +64,7 @@ def build_poller(settings: Settings, backend: NvmlBackend | None = None) -> Poll
         pcie_interval=settings.pcie_interval,
         idle_interval=settings.idle_poll_interval,
         platform=read_platform(settings.sysfs),
-        read_nvme=nvme_source(settings).read,
+        read_nvme=read_nvme,
     )
 
 

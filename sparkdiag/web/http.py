@@ -58,6 +58,22 @@ class ListenError(ConfigError):
 def listen_socket(address: tuple[str, int], backlog: int) -> socket.socket:
     """A bound, listening TCP socket. Raises :class:`ListenError` for a host that does not
     resolve, ``OSError`` for everything else (port in use, address not on this machine)."""
+    family, kind, proto, sockaddr = listen_address(address)
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+        sock.listen(backlog)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def listen_address(address: tuple[str, int]) -> tuple[int, int, int, Any]:
+    """The address to bind for ``--listen`` (family, type, protocol, socket address), without
+    binding it (``serve`` and ``config check`` alike). Raises :class:`ListenError` for a host
+    that does not resolve, ``socket.gaierror`` when the resolver does not answer (EAI_AGAIN)."""
     host, port = address
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     name: str | bytes | None = host or None
@@ -80,15 +96,7 @@ def listen_socket(address: tuple[str, int], backlog: int) -> socket.socket:
     except (UnicodeError, ValueError) as exc:  # IDNA encoding, embedded NUL
         raise ListenError(f"listen: host {echo(host)} is not a host name ({exc})") from None
     family, kind, proto, _, sockaddr = infos[0]
-    sock = socket.socket(family, kind, proto)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind(sockaddr)
-        sock.listen(backlog)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
+    return family, kind, proto, sockaddr
 
 
 class _Bucket:

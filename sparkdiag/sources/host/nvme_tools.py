@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkdiag.errors import UsageError
 from sparkdiag.jsonvalues import as_float, as_int, as_map
 from sparkdiag.snapshot import NvmeHealth
 from sparkdiag.sources.files import MIB, read_limited
@@ -166,9 +167,20 @@ def parse_nvme_cli(doc: Any, source: str = "nvme-cli") -> HealthReading:
 HealthReader = Callable[[str], HealthReading]
 
 
+class NvmeFixtureError(UsageError, ValueError):
+    """A ``--nvme.fixture`` that cannot be read from: not a directory (exit 2, as a missing
+    ``--nvml-fixture`` or ``--probe.fixture`` is); the message names the path and why."""
+
+    flag = "--nvme.fixture"
+
+
 def fixture_reader(directory: Path) -> HealthReader:
     """Readings from recorded tool output: ``DIR/nvme0.smartctl.json``, else
-    ``DIR/nvme0.nvme-cli.json``; a controller with neither has no health log."""
+    ``DIR/nvme0.nvme-cli.json``; a controller with neither has no health log. Raises
+    :class:`NvmeFixtureError` when ``directory`` is not a directory."""
+    if not directory.is_dir():
+        why = "is not a directory" if directory.exists() else "does not exist"
+        raise NvmeFixtureError(f"NVMe fixture directory {directory} {why}")
 
     def read(controller: str) -> HealthReading:
         for suffix, parse in (
