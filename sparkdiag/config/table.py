@@ -522,7 +522,7 @@ OPTIONS: tuple[Option, ...] = (
         "Read each NVMe drive's SMART/health log (critical warning, media errors, wear, "
         "thermal throttling) with smartctl or nvme-cli where installed; needs root. Temperatures "
         "come from sysfs either way.",
-        scopes=frozenset({"serve", "dump", "check", "storage"}),
+        scopes=frozenset({"serve", "dump", "check"}),
     ),
     Option(
         "nvme.fixture",
@@ -531,7 +531,7 @@ OPTIONS: tuple[Option, ...] = (
         None,
         "Read the NVMe health logs from recorded tool output in this directory "
         "(nvme0.smartctl.json or nvme0.nvme-cli.json) instead of running the tools.",
-        scopes=frozenset({"serve", "dump", "check", "storage"}),
+        scopes=frozenset({"serve", "dump", "check"}),
         metavar="DIR",
     ),
     # sparkdiag fleet: the Prometheus it asks, with promtool's TLS and basic-auth settings.

@@ -213,7 +213,8 @@ class Images:
         return self._built[name]
 
     def systemd(self) -> str:
-        """The Debian base with sparkdiag installed as README's "Running as a service" says."""
+        """The Debian base with sparkdiag installed as docs/deploy.md's "Running as a service"
+        says."""
         if "systemd" not in self._built:
             base = self.base()
             self._built["systemd"] = self._build(
