@@ -2,8 +2,8 @@
 
 The image (tests/fixtures/containerfiles/systemd.Containerfile) installs sparkdiag as
 docs/deploy.md's "Running as a service" says: a venv in /opt/sparkdiag from the wheel, the unit
-and the config from ``sparkdiag assets``, enabled. Each test changes /etc/sparkdiag/config.toml or adds a
-drop-in, restarts the unit, watches what systemd reports, and puts the defaults back.
+and the config from ``sparkdiag assets``, enabled. Each test changes /etc/sparkdiag/config.toml
+or adds a drop-in, restarts the unit, watches what systemd reports, and puts the defaults back.
 
 The tests share one container and run in file order (each leaves the unit running with the
 shipped configuration).
