@@ -158,6 +158,9 @@ CASES: list[tuple[str, Args, int, str]] = [
     ("probe usage", lambda t: ["probe", "--nvml-fixture", IDLE, "--gpu", "3"], Exit.USAGE,
      "no GPU with index 3 (NVML sees: 0)"),
     ("bench usage", lambda t: ["bench", "--m", "0"], Exit.USAGE, "START:STOP:STEP"),
+    # os.access says yes to root for /proc: bench swept, then lost it all to a traceback
+    ("bench unwritable output", lambda t: ["bench", "--device", "cpu", "--small", "--csv",
+     "/proc/sparkdiag-test.csv"], Exit.USAGE, "cannot create /proc/sparkdiag-test.csv"),
     # issue 32: bench refuses without a GPU as soak does (it swept GPU shapes on the CPU)
     ("bench no gpu", lambda t: ["bench", "--nvml-fixture", NO_NVML], Exit.ATTENTION,
      "no GPU to bench"),

@@ -399,6 +399,9 @@ def test_a_missing_nvml_fixture_is_refused_with_device_cpu(tmp_path: Path) -> No
         (["--json", "/nonexistent/soak.json"], "'--json': folder /nonexistent does not exist"),
         (["--plot", "/nonexistent/dir"], "'--plot': folder /nonexistent does not exist"),
         (["--plot", "/nonexistent/dir/"], "'--plot': folder /nonexistent does not exist"),
+        # os.access says yes to root for these: the soak ran, then could not write them
+        (["--csv", "/proc/soak.csv"], "'--csv': cannot create /proc/soak.csv: No such file"),
+        (["--json", "/proc/soak.json"], "'--json': cannot create /proc/soak.json: No such file"),
     ],
 )
 def test_output_paths_are_checked_before_any_load(

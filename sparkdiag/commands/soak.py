@@ -289,8 +289,8 @@ def soak(
 
     Exit status: 0 every kernel held (a CPU soak: ran); 1 a kernel fell below 0.9 of cold, a
     GPU was not soaked (busy, unsupported) or an output could not be written; 2 usage error
-    (checked before any load, output paths included); 3 a worker failed, or torch is not
-    installed; 130 interrupted.
+    (checked before any load: each output path is created, or opened, and left as it was); 3 a
+    worker failed, or torch is not installed; 130 interrupted.
     """
     settings = settings_from("soak", given)
     setup_logging(settings.log_level)
