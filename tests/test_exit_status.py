@@ -191,6 +191,9 @@ CASES: list[tuple[str, Args, int, str]] = [
     ("watch passes the job's own", lambda t: ["watch", "--nvml-fixture", IDLE, "--interval",
      "0.05", "--", "sh", "-c", "exit 7"], 7, ""),
     ("soak usage", lambda t: ["soak", "--gpu", "x"], Exit.USAGE, "is not a GPU index"),
+    # the state directory is checked before the load, not after it (exit 1)
+    ("soak unwritable state", lambda t: ["soak", "--device", "cpu", "--small", "--duration", "1",
+     "--state-dir", "/proc/sparkdiag-test"], Exit.USAGE, "Invalid value for '--state-dir'"),
     ("soak no gpu", lambda t: ["soak", "--nvml-fixture", NO_NVML], Exit.ATTENTION,
      "no GPU to soak"),
     ("fleet bad timeout", lambda t: ["fleet", "--prometheus-timeout", "0"], Exit.USAGE,

@@ -91,6 +91,15 @@ def test_a_pipe_or_a_device_is_not_opened(tmp_path: Path) -> None:
     check_output_path("/dev/null", "--csv")
 
 
+def test_a_missing_chain_is_checked_at_its_first_existing_folder(tmp_path: Path) -> None:
+    check_output_folder(tmp_path / "a" / "b", "--state-dir", parents=True)
+    assert list(tmp_path.iterdir()) == []  # the test file made there is gone
+    with pytest.raises(UsageError, match=r"folder /nonexistent/a does not exist \(to create b in"):
+        check_output_folder("/nonexistent/a/b", "--state-dir")  # one level only without parents
+    with pytest.raises(UsageError, match=r"cannot write in folder /proc \(to create a/b in\)"):
+        check_output_folder("/proc/a/b", "--state-dir", parents=True)
+
+
 @pytest.fixture
 def read_only(tmp_path: Path) -> Iterator[Path]:
     """A folder on a read-only bind mount of itself (as root, where mount works), holding

@@ -418,6 +418,34 @@ def test_output_paths_are_checked_before_any_load(
     assert not Path("/nonexistent").exists()
 
 
+@pytest.mark.parametrize(
+    ("state", "needle"),
+    [
+        ("/proc/sparkdiag-state", "cannot write in folder /proc (to create sparkdiag-state in)"),
+        ("{tmp}/file/state", "{tmp}/file is not a folder (to create state in)"),
+    ],
+)
+def test_the_state_directory_is_checked_before_any_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str, needle: str
+) -> None:
+    """With --record (the default) soak loaded in full, then said "cannot write the soak state:
+    ... not writable" (exit 1); --no-record keeps nothing there and needs no check."""
+    (tmp_path / "file").write_text("")
+    state = state.replace("{tmp}", str(tmp_path))
+
+    def past_the_checks(_command: str) -> None:
+        raise soak_command.UsageError("past the checks")
+
+    monkeypatch.setattr(soak_command, "require_torch", past_the_checks)
+    result = CliRunner().invoke(main, ["soak", *CPU, "--duration", "1", "--state-dir", state])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("Error: Invalid value for '--state-dir': ")
+    assert needle.replace("{tmp}", str(tmp_path)) in result.output
+    assert "give another --state-dir, or --no-record" in result.output
+    unrecorded = ["soak", *CPU, "--duration", "1", "--state-dir", state, "--no-record"]
+    assert CliRunner().invoke(main, unrecorded).output == "Error: past the checks\n"
+
+
 def test_the_progress_says_the_seconds_of_load_left() -> None:
     """Issue 21: click's ETA counted the worker's start as load (33 s left at 10 % of 10 s)."""
     hot = heating(int4=[6.4, 6.3], bf16=[4.0, 4.0], memory=[40, 50])

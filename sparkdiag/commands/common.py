@@ -94,16 +94,20 @@ def check_output_path(path: Path | str | None, flag: str) -> None:
             os.unlink(target)
 
 
-def check_output_folder(folder: Path | str, flag: str) -> None:
+def check_output_folder(folder: Path | str, flag: str, parents: bool = False) -> None:
     """A folder the command will write files in, created at the end if missing: it, or else
-    its parent (one level is created, never a whole chain such as /nonexistent/dir), must be a
-    folder in which a file can be created (one is, and removed). A usage error naming ``flag``
-    otherwise."""
+    its parent (one level is created, never a whole chain such as /nonexistent/dir; with
+    ``parents`` the first folder of the path that exists, for a chain made as the state
+    directory is), must be a folder in which a file can be created (one is, and removed). A
+    usage error naming ``flag`` otherwise."""
     target = Path(folder)
     if target.exists():
         _writable_folder(target, flag, "")
         return
-    _writable_folder(target.parent, flag, f"to create {target.name} in")
+    parent = target.parent
+    while parents and not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    _writable_folder(parent, flag, f"to create {target.relative_to(parent)} in")
 
 
 def _why(exc: OSError) -> str:

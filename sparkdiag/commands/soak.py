@@ -191,6 +191,24 @@ def _write_outputs(
     return ok
 
 
+def _check_state_dir(state_dir: Path | None) -> None:
+    """--record writes soak.json in the state directory after the load: checked before it (a
+    file is created there and removed; a missing directory's first existing parent), a usage
+    error naming --state-dir (the load used to run in full, then the verdict was not kept)."""
+    try:
+        folder = state_path(state_dir).parent
+    except StateDirError as exc:
+        raise UsageError(f"{exc.message}; give --state-dir, or --no-record") from None
+    try:
+        check_output_folder(folder, "--state-dir", parents=True)
+    except UsageError as exc:
+        raise UsageError(
+            f"{exc.message} (the soak's verdict is kept there: give another --state-dir, or "
+            "--no-record)",
+            flag="--state-dir",
+        ) from None
+
+
 def exit_status(gpus: tuple[GpuSoak, ...], interrupted: bool, files_ok: bool) -> Exit:
     """FAILED a worker failed; INTERRUPTED; ATTENTION a kernel fell, a GPU was not soaked or a
     file was not written; else OK."""
@@ -289,8 +307,9 @@ def soak(
 
     Exit status: 0 every kernel held (a CPU soak: ran); 1 a kernel fell below 0.9 of cold, a
     GPU was not soaked (busy, unsupported) or an output could not be written; 2 usage error
-    (checked before any load: each output path is created, or opened, and left as it was); 3 a
-    worker failed, or torch is not installed; 130 interrupted.
+    (checked before any load: each output path is created, or opened, and left as it was, and
+    with --record the state directory must take a file); 3 a worker failed, or torch is not
+    installed; 130 interrupted.
     """
     settings = settings_from("soak", given)
     setup_logging(settings.log_level)
@@ -303,6 +322,8 @@ def soak(
             check_output_folder(prefix.parent, "--plot")  # DIR/: created if its parent exists
         else:
             check_output_path(prefix.with_name(f"{prefix.name}-time.png"), "--plot")
+    if record:
+        _check_state_dir(settings.state_dir)
     require_torch("soak")
     request = WorkerRequest(
         dtypes=tuple(dtypes),
