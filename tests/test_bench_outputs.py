@@ -1,6 +1,6 @@
 """bench's outputs and exit status around a sweep, with a stand-in for the worker (its real runs
-are in tests/test_probe_commands.py): a path no one can create is refused before the sweep, and a
-write that fails after it keeps the printed results."""
+are in tests/test_probe_commands.py): a path no one can create is refused before the sweep, a
+write that fails after it keeps the printed results, ``-`` is standard output."""
 
 from __future__ import annotations
 
@@ -107,3 +107,33 @@ def test_a_write_that_fails_after_the_sweep_keeps_the_results(
         f"sparkdiag bench: cannot write {out}/b.csv: No such file or directory"
     )
     assert json.loads((tmp_path / "b.json").read_text())["schema"] == SCHEMA  # the other one
+
+
+@pytest.mark.parametrize("flag", ["--json", "--csv"])
+def test_dash_is_standard_output(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, flag: str
+) -> None:
+    """``--json -`` made a file named ``-``; it is standard output, instead of the text."""
+    worker(monkeypatch, SWEEP)
+    monkeypatch.chdir(tmp_path)
+    result = bench(flag, "-")
+    assert result.exit_code == 0, result.output
+    assert not (tmp_path / "-").exists()
+    if flag == "--json":
+        assert json.loads(result.stdout)["schema"] == SCHEMA
+    else:
+        lines = result.stdout.splitlines()
+        assert lines[0].startswith("dtype,shape,status") and len(lines) == 5
+    assert "swept" not in result.stdout
+
+
+def test_dash_for_both_is_a_usage_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    runs = worker(monkeypatch, SWEEP)
+    monkeypatch.chdir(tmp_path)
+    result = bench("--csv", "-", "--json", "-")
+    assert result.exit_code == 2 and "not to both" in result.output and runs == []
+
+
+def test_the_help_says_dash_is_standard_output() -> None:
+    shown = " ".join(CliRunner().invoke(main, ["bench", "--help"]).output.split())
+    assert "--csv - or --json - prints that document on standard output" in shown

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -402,6 +403,7 @@ def test_a_missing_nvml_fixture_is_refused_with_device_cpu(tmp_path: Path) -> No
         # os.access says yes to root for these: the soak ran, then could not write them
         (["--csv", "/proc/soak.csv"], "'--csv': cannot create /proc/soak.csv: No such file"),
         (["--json", "/proc/soak.json"], "'--json': cannot create /proc/soak.json: No such file"),
+        (["--csv", "-", "--json", "-"], "give - (standard output) to --csv or to --json, not"),
     ],
 )
 def test_output_paths_are_checked_before_any_load(
@@ -444,6 +446,25 @@ def test_the_state_directory_is_checked_before_any_load(
     assert "give another --state-dir, or --no-record" in result.output
     unrecorded = ["soak", *CPU, "--duration", "1", "--state-dir", state, "--no-record"]
     assert CliRunner().invoke(main, unrecorded).output == "Error: past the checks\n"
+
+
+@pytest.mark.worker
+def test_csv_dash_prints_the_rows_instead_of_the_text(tmp_path: Path) -> None:
+    """``--csv -`` made a file named ``-``; as ``--json`` alone, it is standard output."""
+    pytest.importorskip("torch")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    result = subprocess.run(
+        sparkdiag_cmd("soak", *CPU, "--duration", "1", "--dtype", "bf16", "--csv", "-",
+                      "--no-record"),
+        capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.reader(result.stdout.splitlines()))
+    assert tuple(rows[0]) == CSV_COLUMNS and len(rows) > 1
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_progress_says_the_seconds_of_load_left() -> None:

@@ -131,14 +131,26 @@ def _csv_text(results: Sequence[KernelResult]) -> str:
     return out.getvalue()
 
 
+def _one_dash(csv_path: Path | None, json_path: Path | None) -> None:
+    """``-`` is standard output, which holds one document: for --csv or --json, not both."""
+    if _dash(csv_path) and _dash(json_path):
+        raise UsageError("give - (standard output) to --csv or to --json, not to both")
+
+
+def _dash(path: Path | None) -> bool:
+    return path is not None and str(path) == "-"
+
+
 class _Outputs:
     """The files bench writes, written after the sweep: a file that cannot be written (the
     check before the sweep cannot foresee everything: a full disk, a folder removed meanwhile)
-    is one line on standard error after the results, and exit 1."""
+    is one line on standard error after the results, and exit 1; ``-`` is standard output,
+    printed instead of the text."""
 
     def __init__(self, csv_path: Path | None, json_path: Path | None) -> None:
         self.csv_path, self.json_path = csv_path, json_path
         self.failures: list[str] = []
+        self.stdout: str | None = None
 
     def write(self, results: Sequence[KernelResult], body: Any | None) -> None:
         if self.csv_path is not None:
@@ -147,6 +159,9 @@ class _Outputs:
             self._put(self.json_path, json.dumps(body, indent=1) + "\n")
 
     def _put(self, path: Path, text: str) -> None:
+        if _dash(path):
+            self.stdout = text
+            return
         try:
             with path.open("w", newline="") as fh:
                 fh.write(text)
@@ -154,7 +169,9 @@ class _Outputs:
             self.failures.append(f"cannot write {path}: {exc.strerror or exc}")
 
     def report(self) -> Exit:
-        """The failures, one line each; ATTENTION after one."""
+        """Standard output's document (when ``-``), then the failures; ATTENTION after one."""
+        if self.stdout is not None:
+            click.echo(self.stdout, nl=False)
         for line in self.failures:
             click.echo(f"sparkdiag bench: {line}", err=True)
         return Exit.ATTENTION if self.failures else Exit.OK
@@ -206,7 +223,8 @@ def _interrupted(
     }
     outputs.write(results, body)
     click.echo(f"interrupted after {sweep.done} of {sweep.total} kernels", err=True)
-    _summary(dtypes, results, device)
+    if outputs.stdout is None:
+        _summary(dtypes, results, device)
     outputs.report()
     return Exit.INTERRUPTED
 
@@ -236,8 +254,14 @@ def _interrupted(
     help="K sizes (default: the same as M, square shapes).",
 )
 @worker_options("--iters", "--warmup", iters=50, warmup=10)
-@file_option("--csv", "csv_path", "Write every result to this CSV file.")
-@file_option("--json", "json_path", "Write the worker documents to this JSON file.")
+@file_option(
+    "--csv", "csv_path", "Write every result to this CSV file; - prints it instead of the text."
+)
+@file_option(
+    "--json",
+    "json_path",
+    "Write the worker's document to this JSON file; - prints it instead of the text.",
+)
 @settings_options("bench")
 def bench(
     dtypes: list[str],
@@ -263,6 +287,7 @@ def bench(
     the CPU for hours: --device cpu --small sweeps small cubes (128 to 512, seconds on a CPU;
     --device cpu alone takes the same cubes unless --m is given), a smoke test. Ctrl-C stops
     the sweep: the kernels measured so far are written (--csv, --json) and printed.
+    --csv - or --json - prints that document on standard output instead of the text.
 
     \b
     Exit status:
@@ -280,6 +305,7 @@ def bench(
     check_output_path(csv_path, "--csv")
     check_output_path(json_path, "--json")
     outputs = _Outputs(csv_path, json_path)
+    _one_dash(csv_path, json_path)
     require_torch("bench")
     # a CPU sweeps the small cubes too: the worker sizes everything small there, and 16384³ on
     # a CPU would take hours
@@ -331,13 +357,14 @@ def bench(
     if cycle.result == "unsupported" and not results:
         outputs.report()
         raise SparkdiagError(f"nothing swept: {cycle.reason}", exit_code=Exit.ATTENTION)
-    if doc is not None:
-        sw = doc.software
-        what = sw.gpu_name or ("CPU" if sw.device == "cpu" else sw.device)
-        known = [f"torch {sw.torch}"] + ([f"CUDA {sw.cuda}"] if sw.cuda else [])
-        click.echo(terminal.fill(f"{what}: {', '.join(known)}", terminal.width(), "", "    "))
-    click.echo(f"swept {len(results)} kernels in {time.monotonic() - started:.1f} s")
-    _summary(dtypes, results, device)
+    if outputs.stdout is None:
+        if doc is not None:
+            sw = doc.software
+            what = sw.gpu_name or ("CPU" if sw.device == "cpu" else sw.device)
+            known = [f"torch {sw.torch}"] + ([f"CUDA {sw.cuda}"] if sw.cuda else [])
+            click.echo(terminal.fill(f"{what}: {', '.join(known)}", terminal.width(), "", "    "))
+        click.echo(f"swept {len(results)} kernels in {time.monotonic() - started:.1f} s")
+        _summary(dtypes, results, device)
     files = outputs.report()
     if cycle.result in ("error", "timeout"):
         click.echo(f"warning: {cycle.reason}", err=True)
