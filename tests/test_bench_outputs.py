@@ -1,6 +1,7 @@
 """bench's outputs and exit status around a sweep, with a stand-in for the worker (its real runs
 are in tests/test_probe_commands.py): a path no one can create is refused before the sweep, a
-write that fails after it keeps the printed results, ``-`` is standard output."""
+write that fails after it keeps the printed results, ``-`` is standard output, and a dtype that
+measured nothing exits 1 as bench --help says."""
 
 from __future__ import annotations
 
@@ -137,3 +138,23 @@ def test_dash_for_both_is_a_usage_error(monkeypatch: pytest.MonkeyPatch, tmp_pat
 def test_the_help_says_dash_is_standard_output() -> None:
     shown = " ".join(CliRunner().invoke(main, ["bench", "--help"]).output.split())
     assert "--csv - or --json - prints that document on standard output" in shown
+    assert "a dtype measured nothing" in shown
+
+
+@pytest.mark.parametrize(
+    ("dtypes", "status"),
+    [("fp8", 1), ("bf16,fp8", 1), ("bf16", 0)],
+)
+def test_a_dtype_that_measured_nothing_exits_1(
+    monkeypatch: pytest.MonkeyPatch, dtypes: str, status: int
+) -> None:
+    """``bench --dtype fp8`` on a CPU printed ``fp8: no result`` and exited 0."""
+    results = [kernel(d, f"{m}x{m}x{m}", ok=d == "bf16") for d in dtypes.split(",")
+               for m in (128, 256)]  # fmt: skip
+    worker(monkeypatch, results)
+    result = bench("--dtype", dtypes, "--m", "128,256")
+    assert result.exit_code == status, result.output
+    if "fp8" in dtypes:
+        assert "fp8: no result (fp8 probe runs on CUDA GPUs only" in result.stdout
+        measured = 2 if "bf16" in dtypes else 0
+        assert f"swept {len(results)} kernels ({measured} measured)" in result.stdout

@@ -62,6 +62,16 @@ def _probe_fixture(tmp: Path, status: str) -> str:
     return str(path)
 
 
+def _unsupported(tmp: Path) -> str:
+    """The recorded H200 cycle with every kernel unsupported, its memory copy measured."""
+    doc = json.loads((PROBE / "h200-default.json").read_text())
+    for result in doc["results"]:
+        result.update(status="unsupported", reason="not here", delivered=None, peak=None)
+    path = tmp / "unsupported.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
 def _probe(tmp: Path, fixture: str) -> list[str]:
     return ["probe", "--nvml-fixture", IDLE, "--probe.fixture", fixture, "--state-dir",
             str(tmp / "state")]  # fmt: skip
@@ -157,6 +167,9 @@ CASES: list[tuple[str, Args, int, str]] = [
     ("probe error", lambda t: _probe(t, _probe_fixture(t, "error")), Exit.FAILED, ""),
     ("probe usage", lambda t: ["probe", "--nvml-fixture", IDLE, "--gpu", "3"], Exit.USAGE,
      "no GPU with index 3 (NVML sees: 0)"),
+    # every kernel unsupported, the memory copy measured: "nothing supported" (it was 0)
+    ("probe nothing supported", lambda t: _probe(t, _unsupported(t)), Exit.ATTENTION,
+     "unsupported (no requested kernel is"),
     ("bench usage", lambda t: ["bench", "--m", "0"], Exit.USAGE, "START:STOP:STEP"),
     # os.access says yes to root for /proc: bench swept, then lost it all to a traceback
     ("bench unwritable output", lambda t: ["bench", "--device", "cpu", "--small", "--csv",

@@ -482,3 +482,37 @@ def test_bench_without_a_gpu_refuses_as_soak_does(monkeypatch: pytest.MonkeyPatc
         verb = command
         assert result.output.startswith(f"Error: no GPU to {verb}: nvmlInit failed")
         assert "--device cpu --small" in result.output
+
+
+# -- nothing measured ------------------------------------------------------------------------------
+
+
+def _nothing_supported(tmp_path: Path) -> str:
+    """The recorded H200 cycle with every kernel unsupported and its memory copy still
+    measured: what the worker says of ``--dtype fp8`` on a CPU (its status "ok")."""
+    doc = json.loads((PROBE / "h200-default.json").read_text())
+    for result in doc["results"]:
+        result.update(status="unsupported", reason="fp8 needs compute capability 8.9+",
+                      delivered=None, peak=None)  # fmt: skip
+    assert doc["status"] == "ok" and doc["bandwidth"]["status"] == "ok"
+    path = tmp_path / "nothing.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_nothing_measured_is_exit_1_as_the_help_says(tmp_path: Path, as_json: bool) -> None:
+    """``probe --device cpu --small --dtype fp8`` showed every row unsupported and exited 0;
+    probe --help says 1 for "nothing supported"."""
+    args = ["probe", "--device", "cpu", "--probe.fixture", _nothing_supported(tmp_path)]
+    result = CliRunner().invoke(main, [*args, *(["--json"] if as_json else [])])
+    assert result.exit_code == 1, result.output
+    if as_json:
+        (run_,) = json.loads(result.output)["gpus"]
+        assert run_["result"] == "unsupported"
+        assert run_["reason"] == "no requested kernel is supported here"
+    else:
+        assert result.output.startswith(
+            "torch device cuda:0: unsupported (no requested kernel is supported here)\n"
+        )
+        assert "fp8 needs compute capability 8.9+" in result.output

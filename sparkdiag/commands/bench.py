@@ -291,9 +291,10 @@ def bench(
 
     \b
     Exit status:
-      0    swept
+      0    swept: every dtype measured
       1    no GPU (NVML sees none; give --device cpu), torch cannot use the
-           device, or an output file could not be written (said after the
+           device, a dtype measured nothing (unsupported here: its line says
+           why), or an output file could not be written (said after the
            results)
       2    usage error (output paths are checked before the sweep: each is
            created, or opened, and left as it was)
@@ -363,10 +364,19 @@ def bench(
             what = sw.gpu_name or ("CPU" if sw.device == "cpu" else sw.device)
             known = [f"torch {sw.torch}"] + ([f"CUDA {sw.cuda}"] if sw.cuda else [])
             click.echo(terminal.fill(f"{what}: {', '.join(known)}", terminal.width(), "", "    "))
-        click.echo(f"swept {len(results)} kernels in {time.monotonic() - started:.1f} s")
+        measured = sum(r.peak is not None for r in results)
+        counted = "" if measured == len(results) else f" ({measured} measured)"
+        click.echo(f"swept {len(results)} kernels{counted} in {time.monotonic() - started:.1f} s")
         _summary(dtypes, results, device)
     files = outputs.report()
     if cycle.result in ("error", "timeout"):
         click.echo(f"warning: {cycle.reason}", err=True)
         return Exit.FAILED
-    return files
+    if files != Exit.OK:
+        return files
+    unmeasured = [
+        d for d in dtypes if not any(r.dtype == d and r.peak is not None for r in results)
+    ]
+    if unmeasured:  # its line says why (unsupported here)
+        return Exit.ATTENTION
+    return Exit.OK
