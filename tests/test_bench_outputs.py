@@ -158,3 +158,19 @@ def test_a_dtype_that_measured_nothing_exits_1(
         assert "fp8: no result (fp8 probe runs on CUDA GPUs only" in result.stdout
         measured = 2 if "bf16" in dtypes else 0
         assert f"swept {len(results)} kernels ({measured} measured)" in result.stdout
+
+
+def test_an_int4_shape_it_cannot_run_is_refused_before_the_sweep(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runs = worker(monkeypatch, SWEEP)
+    result = bench("--dtype", "bf16,int4", "--m", "64,128")
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        "Error: Invalid value for '--m': int4 needs K divisible by 128 (its group size), not 64 "
+        "(64x64x64); give another K, or leave int4 out\n"
+    )
+    result = bench("--dtype", "int4", "--m", "128", "--k", "128,200,300")
+    assert result.exit_code == 2 and "'--k': int4 needs K divisible by 128" in result.output
+    assert "not 200 (128x128x200 and 1 more)" in result.output
+    assert runs == []

@@ -18,6 +18,7 @@ import click
 from sparkdiag import terminal
 from sparkdiag.commands.common import (
     check_output_path,
+    check_shapes,
     gpus_seen,
     no_gpu,
     require_torch,
@@ -323,6 +324,7 @@ def bench(
         ns = n_range or ms
         ks = k_range or ms
         shapes = [f"{m}x{n}x{k}" for m in ms for n in ns for k in ks]
+    check_shapes(dtypes, shapes, "--k" if k_range is not None else "--m")
     if len(shapes) * len(dtypes) > 5000:
         raise UsageError(f"{len(shapes) * len(dtypes)} kernels is too many; narrow the ranges")
     timeout = settings.probe_timeout

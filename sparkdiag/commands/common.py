@@ -138,6 +138,26 @@ def _writable_folder(folder: Path, flag: str, what: str, write: bool = True) -> 
         os.unlink(name)
 
 
+def check_shapes(dtypes: Sequence[str], shapes: Sequence[str], flag: str) -> None:
+    """A shape that a dtype named in ``--dtype`` cannot run (the worker contract's
+    ``shape_problem``: int4 needs K divisible by its group size) is a usage error naming
+    ``flag``, before the worker starts. ``--dtype all`` names none: the worker reports such a
+    kernel unsupported, as it does for a dtype the suite chose."""
+    from sparkdiag.probe.worker.contract import ALL_DTYPES, parse_shape, shape_problem
+
+    if tuple(dtypes) == ALL_DTYPES:
+        return
+    for dtype in dtypes:
+        bad = [(s, shape_problem(dtype, *parse_shape(s)[1:])) for s in shapes]
+        bad = [(s, why) for s, why in bad if why]
+        if bad:
+            more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+            raise UsageError(
+                f"{bad[0][1]} ({bad[0][0]}{more}); give another K, or leave {dtype} out",
+                flag=flag,
+            )
+
+
 def check_gpu_indices(listed: Sequence[int], chosen: tuple[int, ...] | None) -> None:
     """A ``--gpu`` index that NVML does not list (``listed``) is a usage error naming those it
     does; None (every GPU) always passes."""

@@ -20,7 +20,13 @@ from sparkdiag.baseline.store import (
     open_store,
 )
 from sparkdiag.baseline.verdict import NOISE_BAND, SLOWER_BELOW, judge
-from sparkdiag.commands.common import gpus_seen, require_torch, setup_logging, worker_request
+from sparkdiag.commands.common import (
+    check_shapes,
+    gpus_seen,
+    require_torch,
+    setup_logging,
+    worker_request,
+)
 from sparkdiag.commands.probe_table import (
     GpuRun,
     KernelProgress,
@@ -123,6 +129,10 @@ def probe(
     baseline (a smoke test: --device cpu --small takes seconds). Without NVML the probe runs
     on torch's default device the same way.
 
+    A --shape that a dtype named in --dtype cannot run (int4 needs K divisible by 128, its
+    group size) is refused before the worker starts; for the suite's dtypes (or --dtype all)
+    that kernel is reported unsupported.
+
     \b
     Exit status:
       0  measured, and no GPU slower than its baseline (or no baseline to
@@ -136,6 +146,7 @@ def probe(
     setup_logging(settings.log_level)
     if device is not None and gpus is not None:
         raise UsageError("give --device or --gpu, not both")
+    check_shapes(dtypes, shapes, "--shape")
     if settings.probe_fixture is None:
         require_torch("probe")
     if device is None:
