@@ -62,6 +62,16 @@ def _probe_fixture(tmp: Path, status: str) -> str:
     return str(path)
 
 
+def _unsupported(tmp: Path) -> str:
+    """The recorded H200 cycle with every kernel unsupported, its memory copy measured."""
+    doc = json.loads((PROBE / "h200-default.json").read_text())
+    for result in doc["results"]:
+        result.update(status="unsupported", reason="not here", delivered=None, peak=None)
+    path = tmp / "unsupported.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
 def _probe(tmp: Path, fixture: str) -> list[str]:
     return ["probe", "--nvml-fixture", IDLE, "--probe.fixture", fixture, "--state-dir",
             str(tmp / "state")]  # fmt: skip
@@ -157,7 +167,13 @@ CASES: list[tuple[str, Args, int, str]] = [
     ("probe error", lambda t: _probe(t, _probe_fixture(t, "error")), Exit.FAILED, ""),
     ("probe usage", lambda t: ["probe", "--nvml-fixture", IDLE, "--gpu", "3"], Exit.USAGE,
      "no GPU with index 3 (NVML sees: 0)"),
+    # every kernel unsupported, the memory copy measured: "nothing supported" (it was 0)
+    ("probe nothing supported", lambda t: _probe(t, _unsupported(t)), Exit.ATTENTION,
+     "unsupported (no requested kernel is"),
     ("bench usage", lambda t: ["bench", "--m", "0"], Exit.USAGE, "START:STOP:STEP"),
+    # os.access says yes to root for /proc: bench swept, then lost it all to a traceback
+    ("bench unwritable output", lambda t: ["bench", "--device", "cpu", "--small", "--csv",
+     "/proc/sparkdiag-test.csv"], Exit.USAGE, "cannot create /proc/sparkdiag-test.csv"),
     # issue 32: bench refuses without a GPU as soak does (it swept GPU shapes on the CPU)
     ("bench no gpu", lambda t: ["bench", "--nvml-fixture", NO_NVML], Exit.ATTENTION,
      "no GPU to bench"),
@@ -188,6 +204,9 @@ CASES: list[tuple[str, Args, int, str]] = [
     ("watch passes the job's own", lambda t: ["watch", "--nvml-fixture", IDLE, "--interval",
      "0.05", "--", "sh", "-c", "exit 7"], 7, ""),
     ("soak usage", lambda t: ["soak", "--gpu", "x"], Exit.USAGE, "is not a GPU index"),
+    # the state directory is checked before the load, not after it (exit 1)
+    ("soak unwritable state", lambda t: ["soak", "--device", "cpu", "--small", "--duration", "1",
+     "--state-dir", "/proc/sparkdiag-test"], Exit.USAGE, "Invalid value for '--state-dir'"),
     ("soak no gpu", lambda t: ["soak", "--nvml-fixture", NO_NVML], Exit.ATTENTION,
      "no GPU to soak"),
     ("fleet bad timeout", lambda t: ["fleet", "--prometheus-timeout", "0"], Exit.USAGE,

@@ -5,6 +5,10 @@ shared by soak, bench and watch. The soak's and bench's own cases are in their t
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,10 +22,11 @@ from sparkdiag.errors import Exit, UsageError
 def test_a_writable_file_a_new_file_and_stdout_pass(tmp_path: Path) -> None:
     existing = tmp_path / "old.csv"
     existing.write_text("x")
+    os.utime(existing, (1e9, 1e9))
     for path in (existing, tmp_path / "new.csv", "-", None):
         check_output_path(path, "--csv")
-    assert existing.read_text() == "x"  # checked, not touched
-    assert not (tmp_path / "new.csv").exists()
+    assert existing.read_text() == "x" and existing.stat().st_mtime == 1e9  # opened, not written
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.csv"]  # new.csv made and removed
 
 
 @pytest.mark.parametrize(
@@ -60,3 +65,65 @@ def test_watch_checks_plot_and_record_before_the_job_starts(tmp_path: Path, flag
     assert result.exit_code == 2, result.output
     assert f"Invalid value for '{flag}': folder /nonexistent/dir does not exist" in result.output
     assert not marker.exists(), "the job ran before the path was checked"
+
+
+# -- the check does what the write will do: os.access says yes to root for almost anything -------
+
+
+def test_a_file_no_one_can_create_is_refused_for_root_too() -> None:
+    """/proc takes no new file, but os.access(W_OK) said yes to root: bench swept, then its
+    write raised FileNotFoundError."""
+    with pytest.raises(UsageError) as caught:
+        check_output_path("/proc/sparkdiag-test.csv", "--csv")
+    assert caught.value.flag == "--csv"
+    assert caught.value.message == (
+        "cannot create /proc/sparkdiag-test.csv: No such file or directory"
+    )
+    with pytest.raises(UsageError, match="cannot write in folder /proc: No such file"):
+        check_output_folder("/proc", "--plot")
+
+
+def test_a_pipe_or_a_device_is_not_opened(tmp_path: Path) -> None:
+    """Opening a pipe with no reader waits for one: a pipe or a device is only asked."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    check_output_path(fifo, "--json")  # returns at once
+    check_output_path("/dev/null", "--csv")
+
+
+def test_a_missing_chain_is_checked_at_its_first_existing_folder(tmp_path: Path) -> None:
+    check_output_folder(tmp_path / "a" / "b", "--state-dir", parents=True)
+    assert list(tmp_path.iterdir()) == []  # the test file made there is gone
+    with pytest.raises(UsageError, match=r"folder /nonexistent/a does not exist \(to create b in"):
+        check_output_folder("/nonexistent/a/b", "--state-dir")  # one level only without parents
+    with pytest.raises(UsageError, match=r"cannot write in folder /proc \(to create a/b in\)"):
+        check_output_folder("/proc/a/b", "--state-dir", parents=True)
+
+
+@pytest.fixture
+def read_only(tmp_path: Path) -> Iterator[Path]:
+    """A folder on a read-only bind mount of itself (as root, where mount works), holding
+    old.csv."""
+    folder = tmp_path / "ro"
+    folder.mkdir()
+    (folder / "old.csv").write_text("x")
+    if os.geteuid() != 0 or not shutil.which("mount"):
+        pytest.skip("a read-only bind mount needs root")
+    made = subprocess.run(["mount", "-o", "bind,ro", str(folder), str(folder)],
+                          capture_output=True, text=True)  # fmt: skip
+    if made.returncode != 0:
+        pytest.skip(f"mount: {made.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_a_read_only_file_system_says_so(read_only: Path) -> None:
+    for path, verb in ((read_only / "new.csv", "create"), (read_only / "old.csv", "write")):
+        with pytest.raises(UsageError) as caught:
+            check_output_path(path, "--csv")
+        assert caught.value.message == f"cannot {verb} {path}: Read-only file system"
+    with pytest.raises(UsageError, match="Read-only file system"):
+        check_output_folder(read_only, "--plot")
+    assert (read_only / "old.csv").read_text() == "x"

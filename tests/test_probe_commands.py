@@ -482,3 +482,74 @@ def test_bench_without_a_gpu_refuses_as_soak_does(monkeypatch: pytest.MonkeyPatc
         verb = command
         assert result.output.startswith(f"Error: no GPU to {verb}: nvmlInit failed")
         assert "--device cpu --small" in result.output
+
+
+# -- nothing measured, and a shape a dtype cannot run ----------------------------------------------
+
+
+def _nothing_supported(tmp_path: Path) -> str:
+    """The recorded H200 cycle with every kernel unsupported and its memory copy still
+    measured: what the worker says of ``--dtype fp8`` on a CPU (its status "ok")."""
+    doc = json.loads((PROBE / "h200-default.json").read_text())
+    for result in doc["results"]:
+        result.update(status="unsupported", reason="fp8 needs compute capability 8.9+",
+                      delivered=None, peak=None)  # fmt: skip
+    assert doc["status"] == "ok" and doc["bandwidth"]["status"] == "ok"
+    path = tmp_path / "nothing.json"
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["text", "json"])
+def test_nothing_measured_is_exit_1_as_the_help_says(tmp_path: Path, as_json: bool) -> None:
+    """``probe --device cpu --small --dtype fp8`` showed every row unsupported and exited 0;
+    probe --help says 1 for "nothing supported"."""
+    args = ["probe", "--device", "cpu", "--probe.fixture", _nothing_supported(tmp_path)]
+    result = CliRunner().invoke(main, [*args, *(["--json"] if as_json else [])])
+    assert result.exit_code == 1, result.output
+    if as_json:
+        (run_,) = json.loads(result.output)["gpus"]
+        assert run_["result"] == "unsupported"
+        assert run_["reason"] == "no requested kernel is supported here"
+    else:
+        assert result.output.startswith(
+            "torch device cuda:0: unsupported (no requested kernel is supported here)\n"
+        )
+        assert "fp8 needs compute capability 8.9+" in result.output
+
+
+def test_a_shape_a_named_dtype_cannot_run_is_refused_before_the_worker() -> None:
+    """``probe --shape 64x64x64`` exited 3 with "error (1 kernel(s) failed)" and a ValueError
+    from int4's kernel: int4 needs K divisible by its group size (the worker contract's
+    ``shape_problem``, which the worker reads too)."""
+    result = run("probe", "--device", "cpu", "--small", "--dtype", "bf16,int4",
+                 "--shape", "64x64x64", "--shape", "64x64x128")  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == (
+        "Error: Invalid value for '--shape': int4 needs K divisible by 128 (its group size), "
+        "not 64 (64x64x64); give another K, or leave int4 out\n"
+    )
+
+
+def test_shape_problem_is_the_contracts_one_rule() -> None:
+    from sparkdiag.probe.worker.contract import DTYPES, shape_problem
+
+    assert shape_problem("int4", 64, 64) == "int4 needs K divisible by 128 (its group size), not 64"
+    assert shape_problem("int4", 64, 256) is None
+    assert all(shape_problem(d, 7, 7) is None for d in DTYPES if d != "int4")
+
+
+@pytest.mark.worker
+def test_a_shape_int4_cannot_run_is_unsupported_for_the_suites_dtypes(tmp_path: Path) -> None:
+    """Without --dtype (or with all) no dtype was named: the worker reports int4 unsupported at
+    that shape, as it does a dtype the device cannot run, and the others are measured."""
+    pytest.importorskip("torch")
+    result = run_process("probe", "--device", "cpu", "--small", "--shape", "64x64x64", "--json",
+                         "--state-dir", str(tmp_path))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (run_,) = json.loads(result.stdout)["gpus"]
+    assert run_["result"] == "ok"
+    by_dtype = {f["dtype"]: f for f in run_["figures"]}
+    assert by_dtype["int4"]["status"] == "unsupported"
+    assert by_dtype["int4"]["reason"] == "int4 needs K divisible by 128 (its group size), not 64"
+    assert by_dtype["bf16"]["status"] == "ok"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -399,6 +400,10 @@ def test_a_missing_nvml_fixture_is_refused_with_device_cpu(tmp_path: Path) -> No
         (["--json", "/nonexistent/soak.json"], "'--json': folder /nonexistent does not exist"),
         (["--plot", "/nonexistent/dir"], "'--plot': folder /nonexistent does not exist"),
         (["--plot", "/nonexistent/dir/"], "'--plot': folder /nonexistent does not exist"),
+        # os.access says yes to root for these: the soak ran, then could not write them
+        (["--csv", "/proc/soak.csv"], "'--csv': cannot create /proc/soak.csv: No such file"),
+        (["--json", "/proc/soak.json"], "'--json': cannot create /proc/soak.json: No such file"),
+        (["--csv", "-", "--json", "-"], "give - (standard output) to --csv or to --json, not"),
     ],
 )
 def test_output_paths_are_checked_before_any_load(
@@ -413,6 +418,53 @@ def test_output_paths_are_checked_before_any_load(
     assert needle.replace("{tmp}", str(tmp_path)) in result.output
     assert "soaking" not in result.output and not (tmp_path / FILENAME).exists()
     assert not Path("/nonexistent").exists()
+
+
+@pytest.mark.parametrize(
+    ("state", "needle"),
+    [
+        ("/proc/sparkdiag-state", "cannot write in folder /proc (to create sparkdiag-state in)"),
+        ("{tmp}/file/state", "{tmp}/file is not a folder (to create state in)"),
+    ],
+)
+def test_the_state_directory_is_checked_before_any_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, state: str, needle: str
+) -> None:
+    """With --record (the default) soak loaded in full, then said "cannot write the soak state:
+    ... not writable" (exit 1); --no-record keeps nothing there and needs no check."""
+    (tmp_path / "file").write_text("")
+    state = state.replace("{tmp}", str(tmp_path))
+
+    def past_the_checks(_command: str) -> None:
+        raise soak_command.UsageError("past the checks")
+
+    monkeypatch.setattr(soak_command, "require_torch", past_the_checks)
+    result = CliRunner().invoke(main, ["soak", *CPU, "--duration", "1", "--state-dir", state])
+    assert result.exit_code == 2, result.output
+    assert result.output.startswith("Error: Invalid value for '--state-dir': ")
+    assert needle.replace("{tmp}", str(tmp_path)) in result.output
+    assert "give another --state-dir, or --no-record" in result.output
+    unrecorded = ["soak", *CPU, "--duration", "1", "--state-dir", state, "--no-record"]
+    assert CliRunner().invoke(main, unrecorded).output == "Error: past the checks\n"
+
+
+@pytest.mark.worker
+def test_csv_dash_prints_the_rows_instead_of_the_text(tmp_path: Path) -> None:
+    """``--csv -`` made a file named ``-``; as ``--json`` alone, it is standard output."""
+    pytest.importorskip("torch")
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
+    result = subprocess.run(
+        sparkdiag_cmd("soak", *CPU, "--duration", "1", "--dtype", "bf16", "--csv", "-",
+                      "--no-record"),
+        capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    rows = list(csv.reader(result.stdout.splitlines()))
+    assert tuple(rows[0]) == CSV_COLUMNS and len(rows) > 1
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_progress_says_the_seconds_of_load_left() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
 import statistics
 import sys
@@ -17,6 +18,7 @@ import click
 from sparkdiag import terminal
 from sparkdiag.commands.common import (
     check_output_path,
+    check_shapes,
     gpus_seen,
     no_gpu,
     require_torch,
@@ -108,25 +110,72 @@ class _Sweep:
         )
 
 
-def _write_csv(path: Path, results: Sequence[KernelResult]) -> None:
-    with path.open("w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(CSV_COLUMNS)
-        for r in results:
-            writer.writerow(
-                [
-                    r.dtype,
-                    r.shape,
-                    r.status,
-                    r.peak,
-                    r.delivered,
-                    r.median_ms,
-                    r.total_ms,
-                    r.iters,
-                    r.max_rel_error,
-                    r.reason,
-                ]
-            )
+def _csv_text(results: Sequence[KernelResult]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(CSV_COLUMNS)
+    for r in results:
+        writer.writerow(
+            [
+                r.dtype,
+                r.shape,
+                r.status,
+                r.peak,
+                r.delivered,
+                r.median_ms,
+                r.total_ms,
+                r.iters,
+                r.max_rel_error,
+                r.reason,
+            ]
+        )
+    return out.getvalue()
+
+
+def _one_dash(csv_path: Path | None, json_path: Path | None) -> None:
+    """``-`` is standard output, which holds one document: for --csv or --json, not both."""
+    if _dash(csv_path) and _dash(json_path):
+        raise UsageError("give - (standard output) to --csv or to --json, not to both")
+
+
+def _dash(path: Path | None) -> bool:
+    return path is not None and str(path) == "-"
+
+
+class _Outputs:
+    """The files bench writes, written after the sweep: a file that cannot be written (the
+    check before the sweep cannot foresee everything: a full disk, a folder removed meanwhile)
+    is one line on standard error after the results, and exit 1; ``-`` is standard output,
+    printed instead of the text."""
+
+    def __init__(self, csv_path: Path | None, json_path: Path | None) -> None:
+        self.csv_path, self.json_path = csv_path, json_path
+        self.failures: list[str] = []
+        self.stdout: str | None = None
+
+    def write(self, results: Sequence[KernelResult], body: Any | None) -> None:
+        if self.csv_path is not None:
+            self._put(self.csv_path, _csv_text(results))
+        if self.json_path is not None and body is not None:
+            self._put(self.json_path, json.dumps(body, indent=1) + "\n")
+
+    def _put(self, path: Path, text: str) -> None:
+        if _dash(path):
+            self.stdout = text
+            return
+        try:
+            with path.open("w", newline="") as fh:
+                fh.write(text)
+        except OSError as exc:
+            self.failures.append(f"cannot write {path}: {exc.strerror or exc}")
+
+    def report(self) -> Exit:
+        """Standard output's document (when ``-``), then the failures; ATTENTION after one."""
+        if self.stdout is not None:
+            click.echo(self.stdout, nl=False)
+        for line in self.failures:
+            click.echo(f"sparkdiag bench: {line}", err=True)
+        return Exit.ATTENTION if self.failures else Exit.OK
 
 
 def _figure(value: float | None) -> str:
@@ -162,28 +211,22 @@ def _summary(dtypes: Sequence[str], results: Sequence[KernelResult], device: str
 
 
 def _interrupted(
-    sweep: _Sweep,
-    dtypes: Sequence[str],
-    csv_path: Path | None,
-    json_path: Path | None,
-    device: str,
-    signal_name: str,
+    sweep: _Sweep, dtypes: Sequence[str], outputs: _Outputs, device: str, signal_name: str
 ) -> Exit:
     """Ctrl-C or SIGTERM: write and print the kernels measured so far; INTERRUPTED."""
     results = [r for r in sweep.results if r.beta == 0]
-    if csv_path:
-        _write_csv(csv_path, results)
-    if json_path:
-        body = {
-            "schema": PARTIAL_SCHEMA,
-            "interrupted": signal_name,
-            "done": sweep.done,
-            "total": sweep.total,
-            "results": [dataclasses.asdict(r) for r in results],
-        }
-        json_path.write_text(json.dumps(body, indent=1))
+    body = {
+        "schema": PARTIAL_SCHEMA,
+        "interrupted": signal_name,
+        "done": sweep.done,
+        "total": sweep.total,
+        "results": [dataclasses.asdict(r) for r in results],
+    }
+    outputs.write(results, body)
     click.echo(f"interrupted after {sweep.done} of {sweep.total} kernels", err=True)
-    _summary(dtypes, results, device)
+    if outputs.stdout is None:
+        _summary(dtypes, results, device)
+    outputs.report()
     return Exit.INTERRUPTED
 
 
@@ -212,8 +255,14 @@ def _interrupted(
     help="K sizes (default: the same as M, square shapes).",
 )
 @worker_options("--iters", "--warmup", iters=50, warmup=10)
-@file_option("--csv", "csv_path", "Write every result to this CSV file.")
-@file_option("--json", "json_path", "Write the worker documents to this JSON file.")
+@file_option(
+    "--csv", "csv_path", "Write every result to this CSV file; - prints it instead of the text."
+)
+@file_option(
+    "--json",
+    "json_path",
+    "Write the worker's document to this JSON file; - prints it instead of the text.",
+)
 @settings_options("bench")
 def bench(
     dtypes: list[str],
@@ -239,13 +288,17 @@ def bench(
     the CPU for hours: --device cpu --small sweeps small cubes (128 to 512, seconds on a CPU;
     --device cpu alone takes the same cubes unless --m is given), a smoke test. Ctrl-C stops
     the sweep: the kernels measured so far are written (--csv, --json) and printed.
+    --csv - or --json - prints that document on standard output instead of the text.
 
     \b
     Exit status:
-      0    swept
-      1    no GPU (NVML sees none; give --device cpu), or torch cannot use the
-           device
-      2    usage error (output paths are checked before the sweep)
+      0    swept: every dtype measured
+      1    no GPU (NVML sees none; give --device cpu), torch cannot use the
+           device, a dtype measured nothing (unsupported here: its line says
+           why), or an output file could not be written (said after the
+           results)
+      2    usage error (output paths are checked before the sweep: each is
+           created, or opened, and left as it was)
       3    torch is not installed, or the worker failed or timed out (what it
            measured before is still written and printed)
       130  interrupted
@@ -253,6 +306,8 @@ def bench(
     settings = settings_from("bench", given)
     check_output_path(csv_path, "--csv")
     check_output_path(json_path, "--json")
+    outputs = _Outputs(csv_path, json_path)
+    _one_dash(csv_path, json_path)
     require_torch("bench")
     # a CPU sweeps the small cubes too: the worker sizes everything small there, and 16384³ on
     # a CPU would take hours
@@ -269,6 +324,7 @@ def bench(
         ns = n_range or ms
         ks = k_range or ms
         shapes = [f"{m}x{n}x{k}" for m in ms for n in ns for k in ks]
+    check_shapes(dtypes, shapes, "--k" if k_range is not None else "--m")
     if len(shapes) * len(dtypes) > 5000:
         raise UsageError(f"{len(shapes) * len(dtypes)} kernels is too many; narrow the ranges")
     timeout = settings.probe_timeout
@@ -294,25 +350,35 @@ def bench(
             cycle = run_worker(request=request, timeout=timeout, on_progress=sweep)
     except KeyboardInterrupt as stop:  # the worker's group is already killed (run_worker)
         name = stop.signal_name if isinstance(stop, Interrupted) else "SIGINT"
-        return _interrupted(sweep, dtypes, csv_path, json_path, device, name)
+        return _interrupted(sweep, dtypes, outputs, device, name)
     doc = cycle.document
     results = [r for r in doc.results if r.beta == 0] if doc else []
-    if json_path and doc is not None:
-        json_path.write_text(json.dumps(dict(doc.raw), indent=1))
-    if csv_path:
-        _write_csv(csv_path, results)
+    outputs.write(results, dict(doc.raw) if doc is not None else None)
     if cycle.result in ("error", "timeout") and not results:
+        outputs.report()
         raise SparkdiagError(f"sweep failed: {cycle.reason}")
     if cycle.result == "unsupported" and not results:
+        outputs.report()
         raise SparkdiagError(f"nothing swept: {cycle.reason}", exit_code=Exit.ATTENTION)
-    if doc is not None:
-        sw = doc.software
-        what = sw.gpu_name or ("CPU" if sw.device == "cpu" else sw.device)
-        known = [f"torch {sw.torch}"] + ([f"CUDA {sw.cuda}"] if sw.cuda else [])
-        click.echo(terminal.fill(f"{what}: {', '.join(known)}", terminal.width(), "", "    "))
-    click.echo(f"swept {len(results)} kernels in {time.monotonic() - started:.1f} s")
-    _summary(dtypes, results, device)
+    if outputs.stdout is None:
+        if doc is not None:
+            sw = doc.software
+            what = sw.gpu_name or ("CPU" if sw.device == "cpu" else sw.device)
+            known = [f"torch {sw.torch}"] + ([f"CUDA {sw.cuda}"] if sw.cuda else [])
+            click.echo(terminal.fill(f"{what}: {', '.join(known)}", terminal.width(), "", "    "))
+        measured = sum(r.peak is not None for r in results)
+        counted = "" if measured == len(results) else f" ({measured} measured)"
+        click.echo(f"swept {len(results)} kernels{counted} in {time.monotonic() - started:.1f} s")
+        _summary(dtypes, results, device)
+    files = outputs.report()
     if cycle.result in ("error", "timeout"):
         click.echo(f"warning: {cycle.reason}", err=True)
         return Exit.FAILED
+    if files != Exit.OK:
+        return files
+    unmeasured = [
+        d for d in dtypes if not any(r.dtype == d and r.peak is not None for r in results)
+    ]
+    if unmeasured:  # its line says why (unsupported here)
+        return Exit.ATTENTION
     return Exit.OK

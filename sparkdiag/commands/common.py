@@ -4,8 +4,10 @@ are raised, never translated here: :mod:`sparkdiag.errors`.)"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -54,40 +56,106 @@ def setup_logging(level: str, prefix: str | None = None) -> None:
 
 
 def check_output_path(path: Path | str | None, flag: str) -> None:
-    """A file the command will write at the end, checked before the work starts: its folder
-    must exist (nothing is created for it) and be writable, and the path must not be a folder
-    (nor an existing file that cannot be written). A usage error naming ``flag`` otherwise;
-    None and ``-`` (standard output) pass."""
+    """A file the command will write at the end, checked before the work starts by doing what
+    the write will do: a new file is created and removed again, an existing one is opened for
+    writing and closed (appending nothing: it keeps its contents), so that the reason is the
+    system's own. os.access alone said yes to root for /proc/x.csv, which no one can create,
+    and a sweep was lost after it ran. Its folder must exist (nothing is created for it) and
+    the path must not be a folder. A usage error naming ``flag`` otherwise; None and ``-``
+    (standard output) pass, and so does a pipe or a device (/dev/null), which is only asked
+    whether it may be written: opening a pipe with no reader yet would wait for one."""
     if path is None or str(path) == "-":
         return
     target = Path(path)
     if target.is_dir():
         raise UsageError(f"{target} is a folder; give a file name", flag=flag)
-    _writable_folder(target.parent, flag, f"for {target.name}")
-    if target.exists() and not os.access(target, os.W_OK):
-        raise UsageError(f"cannot write {target}: permission denied", flag=flag)
+    _writable_folder(target.parent, flag, f"for {target.name}", write=False)
+    try:
+        mode: int | None = target.stat().st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as exc:
+        raise UsageError(f"cannot write {target}: {_why(exc)}", flag=flag) from None
+    if mode is not None and not stat.S_ISREG(mode):
+        if not os.access(target, os.W_OK):
+            raise UsageError(f"cannot write {target}: permission denied", flag=flag)
+        return
+    how = os.O_WRONLY | os.O_CLOEXEC | (os.O_APPEND if mode is not None else os.O_CREAT | os.O_EXCL)
+    try:
+        fd = os.open(target, how, 0o666)
+    except FileExistsError:  # a dangling link, or made meanwhile: not ours to remove
+        return
+    except OSError as exc:
+        verb = "write" if mode is not None else "create"
+        raise UsageError(f"cannot {verb} {target}: {_why(exc)}", flag=flag) from None
+    os.close(fd)
+    if mode is None:  # ours: the command writes it at the end
+        with contextlib.suppress(OSError):
+            os.unlink(target)
 
 
-def check_output_folder(folder: Path | str, flag: str) -> None:
+def check_output_folder(folder: Path | str, flag: str, parents: bool = False) -> None:
     """A folder the command will write files in, created at the end if missing: it, or else
-    its parent (one level is created, never a whole chain such as /nonexistent/dir), must be a
-    writable folder. A usage error naming ``flag`` otherwise."""
+    its parent (one level is created, never a whole chain such as /nonexistent/dir; with
+    ``parents`` the first folder of the path that exists, for a chain made as the state
+    directory is), must be a folder in which a file can be created (one is, and removed). A
+    usage error naming ``flag`` otherwise."""
     target = Path(folder)
     if target.exists():
         _writable_folder(target, flag, "")
         return
-    _writable_folder(target.parent, flag, f"to create {target.name} in")
+    parent = target.parent
+    while parents and not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    _writable_folder(parent, flag, f"to create {target.relative_to(parent)} in")
 
 
-def _writable_folder(folder: Path, flag: str, what: str) -> None:
+def _why(exc: OSError) -> str:
+    return exc.strerror or str(exc)
+
+
+def _writable_folder(folder: Path, flag: str, what: str, write: bool = True) -> None:
+    """``folder`` exists and is a folder; with ``write`` a file is created in it and removed,
+    so that the reason is the system's own (a read-only file system, permission denied) and
+    holds for root too (os.access says yes to root on /proc)."""
     shown = str(folder) or "."
     where = f" ({what})" if what else ""
     if not folder.exists():
         raise UsageError(f"folder {shown} does not exist{where}", flag=flag)
     if not folder.is_dir():
         raise UsageError(f"{shown} is not a folder{where}", flag=flag)
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise UsageError(f"cannot write in folder {shown}: permission denied", flag=flag)
+    if not write:
+        return
+    import tempfile  # loads random and shutil: only where a folder is checked
+
+    try:
+        fd, name = tempfile.mkstemp(prefix=".sparkdiag-check-", dir=folder)
+    except OSError as exc:
+        why = f"cannot write in folder {shown}{where}: {_why(exc)}"
+        raise UsageError(why, flag=flag) from None
+    os.close(fd)
+    with contextlib.suppress(OSError):
+        os.unlink(name)
+
+
+def check_shapes(dtypes: Sequence[str], shapes: Sequence[str], flag: str) -> None:
+    """A shape that a dtype named in ``--dtype`` cannot run (the worker contract's
+    ``shape_problem``: int4 needs K divisible by its group size) is a usage error naming
+    ``flag``, before the worker starts. ``--dtype all`` names none: the worker reports such a
+    kernel unsupported, as it does for a dtype the suite chose."""
+    from sparkdiag.probe.worker.contract import ALL_DTYPES, parse_shape, shape_problem
+
+    if tuple(dtypes) == ALL_DTYPES:
+        return
+    for dtype in dtypes:
+        bad = [(s, shape_problem(dtype, *parse_shape(s)[1:])) for s in shapes]
+        bad = [(s, why) for s, why in bad if why]
+        if bad:
+            more = f" and {len(bad) - 1} more" if len(bad) > 1 else ""
+            raise UsageError(
+                f"{bad[0][1]} ({bad[0][0]}{more}); give another K, or leave {dtype} out",
+                flag=flag,
+            )
 
 
 def check_gpu_indices(listed: Sequence[int], chosen: tuple[int, ...] | None) -> None:

@@ -20,7 +20,13 @@ from sparkdiag.baseline.store import (
     open_store,
 )
 from sparkdiag.baseline.verdict import NOISE_BAND, SLOWER_BELOW, judge
-from sparkdiag.commands.common import gpus_seen, require_torch, setup_logging, worker_request
+from sparkdiag.commands.common import (
+    check_shapes,
+    gpus_seen,
+    require_torch,
+    setup_logging,
+    worker_request,
+)
 from sparkdiag.commands.probe_table import (
     GpuRun,
     KernelProgress,
@@ -48,6 +54,9 @@ def _context(rootfs: Path) -> str:
 # /2: each figure's "healthy" became "counts_toward_baseline" (what it always meant: the run may
 # teach the baseline; it read true on a figure at 0.45 of its baseline beside another process).
 REPORT_SCHEMA = "sparkdiag-probe-report/2"
+# a cycle whose every kernel is unsupported on its device (fp8 on a CPU) measured nothing: its
+# result is "unsupported", as the worker's own when not even the memory copy ran (exit 1)
+NOTHING_MEASURED = "no requested kernel is supported here"
 
 
 def _open_store(settings: Settings, record: bool) -> tuple[BaselineStore | None, str]:
@@ -120,12 +129,16 @@ def probe(
     baseline (a smoke test: --device cpu --small takes seconds). Without NVML the probe runs
     on torch's default device the same way.
 
+    A --shape that a dtype named in --dtype cannot run (int4 needs K divisible by 128, its
+    group size) is refused before the worker starts; for the suite's dtypes (or --dtype all)
+    that kernel is reported unsupported.
+
     \b
     Exit status:
       0  measured, and no GPU slower than its baseline (or no baseline to
          compare with)
       1  a GPU slower than its baseline by more than the noise band, skipped
-         (GPU busy), or nothing supported
+         (GPU busy), or nothing supported (no kernel measured)
       2  usage error
       3  the worker failed or timed out, or torch is not installed
     """
@@ -133,6 +146,7 @@ def probe(
     setup_logging(settings.log_level)
     if device is not None and gpus is not None:
         raise UsageError("give --device or --gpu, not both")
+    check_shapes(dtypes, shapes, "--shape")
     if settings.probe_fixture is None:
         require_torch("probe")
     if device is None:
@@ -187,6 +201,9 @@ def probe(
                 learn = record and cycle.result == "ok"
                 target = store if gpu else None
                 figures = evaluate(doc, uuid, name, context, target, record=learn)
+            if cycle.result == "ok" and doc is not None and not doc.measured():
+                # every kernel unsupported here (the memory copy may have run): nothing measured
+                cycle = dataclasses.replace(cycle, result="unsupported", reason=NOTHING_MEASURED)
             verdict = judge(figures, _no_baseline(gpu, no_store)) if figures else None
             beside = _beside(doc, settings.rootfs)
             runs.append(GpuRun(gpu.identity if gpu else None, cycle, figures, verdict, beside))

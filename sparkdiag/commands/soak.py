@@ -160,17 +160,15 @@ def _write_outputs(
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         click.echo(f"sparkdiag soak: cannot write {what}: {detail}", err=True)
 
-    if json_to is not None and str(json_to) != "-":
+    if json_to is not None and not _dash(json_to):
         try:
             json_to.write_text(json.dumps(record_json(report), indent=1) + "\n")
         except OSError as exc:
             failed(str(json_to), exc)
-    if csv_to is not None:
+    if csv_to is not None and not _dash(csv_to):
         try:
             with csv_to.open("w", newline="") as fh:
-                writer = csv.writer(fh)
-                writer.writerow(CSV_COLUMNS)
-                writer.writerows(csv_rows(report))
+                _csv(fh, report)
         except OSError as exc:
             failed(str(csv_to), exc)
     if plot_to is not None:
@@ -189,6 +187,35 @@ def _write_outputs(
         except (StateDirError, SoakStateError) as exc:
             failed("the soak state", exc)
     return ok
+
+
+def _dash(path: Path | None) -> bool:
+    """``-``: standard output, printed instead of the text."""
+    return path is not None and str(path) == "-"
+
+
+def _csv(fh: TextIO, report: SoakReport) -> None:
+    writer = csv.writer(fh)
+    writer.writerow(CSV_COLUMNS)
+    writer.writerows(csv_rows(report))
+
+
+def _check_state_dir(state_dir: Path | None) -> None:
+    """--record writes soak.json in the state directory after the load: checked before it (a
+    file is created there and removed; a missing directory's first existing parent), a usage
+    error naming --state-dir (the load used to run in full, then the verdict was not kept)."""
+    try:
+        folder = state_path(state_dir).parent
+    except StateDirError as exc:
+        raise UsageError(f"{exc.message}; give --state-dir, or --no-record") from None
+    try:
+        check_output_folder(folder, "--state-dir", parents=True)
+    except UsageError as exc:
+        raise UsageError(
+            f"{exc.message} (the soak's verdict is kept there: give another --state-dir, or "
+            "--no-record)",
+            flag="--state-dir",
+        ) from None
 
 
 def exit_status(gpus: tuple[GpuSoak, ...], interrupted: bool, files_ok: bool) -> Exit:
@@ -233,7 +260,11 @@ def exit_status(gpus: tuple[GpuSoak, ...], interrupted: bool, files_ok: bool) ->
     metavar="[FILE]",
     help="Write the JSON record to FILE; --json alone prints it instead of the text.",
 )
-@file_option("--csv", "csv_to", "Write one row per window and kernel to FILE.")
+@file_option(
+    "--csv",
+    "csv_to",
+    "Write one row per window and kernel to FILE; - prints them instead of the text.",
+)
 @click.option(
     "--plot",
     "plot_to",
@@ -289,7 +320,8 @@ def soak(
 
     Exit status: 0 every kernel held (a CPU soak: ran); 1 a kernel fell below 0.9 of cold, a
     GPU was not soaked (busy, unsupported) or an output could not be written; 2 usage error
-    (checked before any load, output paths included); 3 a worker failed, or torch is not
+    (checked before any load: each output path is created, or opened, and left as it was, and
+    with --record the state directory must take a file); 3 a worker failed, or torch is not
     installed; 130 interrupted.
     """
     settings = settings_from("soak", given)
@@ -303,6 +335,10 @@ def soak(
             check_output_folder(prefix.parent, "--plot")  # DIR/: created if its parent exists
         else:
             check_output_path(prefix.with_name(f"{prefix.name}-time.png"), "--plot")
+    if _dash(json_to) and _dash(csv_to):
+        raise UsageError("give - (standard output) to --csv or to --json, not to both")
+    if record:
+        _check_state_dir(settings.state_dir)
     require_torch("soak")
     request = WorkerRequest(
         dtypes=tuple(dtypes),
@@ -336,8 +372,10 @@ def soak(
         gpus=tuple(outcomes),
     )
     files_ok = _write_outputs(report, json_to, csv_to, plot_to, record, settings.state_dir)
-    if json_to is not None and str(json_to) == "-":
+    if _dash(json_to):
         click.echo(json.dumps(record_json(report), indent=1))
+    elif _dash(csv_to):
+        _csv(sys.stdout, report)
     else:
         click.echo(text(report), nl=False)
     return exit_status(report.gpus, runner.interrupted is not None, files_ok)

@@ -137,6 +137,9 @@ def _kind_number(text: str, what: str, minimum: float) -> float:
 # the dtype table (what is static about each dtype; the code that runs it: dtypes.py)
 
 
+INT4_GROUP = 128  # int4's quantisation group: a scale and a zero point per 128 weights of K
+
+
 def _same_edge(edge: int) -> int:
     return edge
 
@@ -161,6 +164,9 @@ class DtypeSpec:
     beta_variant: also probe the compute shape with beta=1 (C = A B + C)
     matmul_precision: torch float32 matmul precision the kernel runs under, if any
     rejection_is_unsupported: a young API, whose rejected calls count as unsupported
+    k_multiple: K must be a multiple of this (int4: its quantisation group); a shape whose K is
+        not cannot run: the worker reports it unsupported (:func:`shape_problem`) and a
+        command refuses it before the worker runs where the dtype was named
     unit: what its throughput is counted in, 2*M*N*K operations a second either way: TFLOPS,
         or TOPS for the integer dtypes (int8's integer multiply; int4 is weight-only, its
         multiply runs in bf16 after dequantisation, and is still counted as an integer dtype,
@@ -174,6 +180,7 @@ class DtypeSpec:
     matmul_precision: str | None = None
     rejection_is_unsupported: bool = False
     unit: str = "TFLOPS"
+    k_multiple: int = 1
 
 
 DTYPES: dict[str, DtypeSpec] = {
@@ -182,10 +189,22 @@ DTYPES: dict[str, DtypeSpec] = {
     "tf32": DtypeSpec(5e-3, (1,), matmul_precision="high"),
     "fp8": DtypeSpec(5e-2, (1, 16, 32)),
     "int8": DtypeSpec(0.0, (1, 16, 32), unit="TOPS"),  # exact sums
-    "int4": DtypeSpec(2e-2, (1,), compute_edge=_int4_edge, unit="TOPS"),
+    "int4": DtypeSpec(2e-2, (1,), compute_edge=_int4_edge, unit="TOPS", k_multiple=INT4_GROUP),
     "nvfp4": DtypeSpec(2.5e-1, (1, 16, 32, 128), rejection_is_unsupported=True),
 }
 ALL_DTYPES = tuple(DTYPES)
+
+
+def shape_problem(dtype: str, n: int, k: int) -> str | None:
+    """Why ``dtype`` cannot run a shape of this N and K (``int4 needs K divisible by 128 (its
+    group size), not 64``), or None. The one statement of a dtype's shape limits, read by the
+    worker (such a kernel is unsupported, not an error) and by the commands (a usage error
+    before the worker runs, for a dtype the user named)."""
+    spec = DTYPES.get(dtype)
+    if spec is not None and k % spec.k_multiple:
+        what = " (its group size)" if dtype == "int4" else ""
+        return f"{dtype} needs K divisible by {spec.k_multiple}{what}, not {k}"
+    return None
 
 
 def throughput_unit(dtype: str) -> str:

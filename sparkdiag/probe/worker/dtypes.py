@@ -13,9 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sparkdiag.probe.worker.contract import DTYPES
+from sparkdiag.probe.worker.contract import DTYPES, INT4_GROUP, shape_problem
 
-INT4_GROUP = 128
 SLEEP_CLOCK_HZ = 3.2e9  # above any GPU's SM clock: a prequeue sleep is never too short
 UNSUPPORTED_PATTERNS = (
     "not supported",
@@ -286,8 +285,9 @@ def _prepare_int4(info: DeviceInfo, spec: KernelSpec, m: int) -> Prepared:
     """Weight-only int4 (group 128, bf16 activations): torch._weight_int4pack_mm."""
     torch = info.torch
     dev, n, k = info.device, spec.n, spec.k
-    if k % INT4_GROUP:
-        raise ValueError(f"int4 needs K divisible by the group size {INT4_GROUP}")
+    problem = shape_problem(spec.dtype, n, k)  # the kernel's setup reports it unsupported
+    if problem is not None:
+        raise ValueError(problem)
     deq_cache: dict[int, Any] = {}
 
     if info.is_cuda:

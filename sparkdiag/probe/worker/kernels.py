@@ -10,7 +10,7 @@ import statistics
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from sparkdiag.probe.worker.contract import DTYPES, PEAK_BATCH_ITERS, shape_label
+from sparkdiag.probe.worker.contract import DTYPES, PEAK_BATCH_ITERS, shape_label, shape_problem
 from sparkdiag.probe.worker.dtypes import (
     DeviceInfo,
     KernelSpec,
@@ -184,7 +184,7 @@ class KernelRun:
         Returns True when the kernel is ready to time; otherwise the result says why not.
         """
         info, spec, torch = self.info, self.spec, self.info.torch
-        reason = gate(info, spec.dtype)
+        reason = gate(info, spec.dtype) or shape_problem(spec.dtype, spec.n, spec.k)
         if reason is not None:
             return self._fail("unsupported", reason)
         try:
