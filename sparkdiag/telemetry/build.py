@@ -41,7 +41,8 @@ def build_poller(
     ``--nvme.fixture`` that is not a directory. The caller stops the GPU source
     (``poller.gpu.stop()``) when done.
     """
-    read_nvme = nvme_source(settings).read  # NvmeFixtureError before anything is said
+    # every fixture refused before anything is said: NvmeFixtureError here, FixtureError below
+    nvme_reader, nvme_skipped = _nvme_reader(settings)
     processes = None
     if settings.process_metrics:
         processes = ProcessOptions(settings.process_metrics_top, ProcessIdentities(settings.rootfs))
@@ -51,6 +52,7 @@ def build_poller(
             log.warning("NVML unavailable (%s)", gpu.unavailable_reason)
     elif not gpu.identities:
         log.warning("NVML answers but reports no GPU: GPU telemetry skipped")
+    read_nvme = _nvme_source(settings, nvme_reader, nvme_skipped).read
     rootfs = settings.rootfs
     pcie = PcieSource(settings.sysfs)
     context = detect_context(rootfs)
@@ -71,17 +73,22 @@ def build_poller(
 def nvme_source(settings: Settings) -> NvmeSource:
     """NVMe drives under ``--path.sysfs``; their health logs from ``--nvme.fixture``, else from
     smartctl or nvme-cli where installed and ``--nvme.smart`` is on (said once when skipped)."""
-    reader: HealthReader | None
+    return _nvme_source(settings, *_nvme_reader(settings))
+
+
+def _nvme_reader(settings: Settings) -> tuple[HealthReader | None, str]:
+    """The health-log reader and why there is none; NvmeFixtureError for a bad fixture."""
     if settings.nvme_fixture is not None:
-        reader, skipped = fixture_reader(settings.nvme_fixture), ""
-    elif not settings.nvme_smart:
-        reader, skipped = None, "--no-nvme.smart"
-    else:
-        reader, skipped = tool_reader(settings.rootfs, settings.sysfs)
-    source = NvmeSource(settings.sysfs, reader, skipped)
+        return fixture_reader(settings.nvme_fixture), ""
+    if not settings.nvme_smart:
+        return None, "--no-nvme.smart"
+    return tool_reader(settings.rootfs, settings.sysfs)
+
+
+def _nvme_source(settings: Settings, reader: HealthReader | None, skipped: str) -> NvmeSource:
     if reader is None and settings.nvme_smart:
         log.info("NVMe SMART health skipped: %s (temperatures still read from sysfs)", skipped)
-    return source
+    return NvmeSource(settings.sysfs, reader, skipped)
 
 
 def _gpu_functions(
