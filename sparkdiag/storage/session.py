@@ -75,10 +75,10 @@ def probe_directory(
     read. Raises StorageProbeError when the probe refuses or fails (nothing is recorded); a
     kernel's pseudo-filesystem (/proc, /sys, /dev) is refused before the program starts."""
     target = locate(request.directory, where.sysfs, where.rootfs)
-    # a path that is no directory (a device such as /dev/null, a symlink, a file) is left to the
-    # program, whose refusal names what it is
-    given = Path(request.directory)
-    why = refusal(target) if given.is_dir() and not given.is_symlink() else None
+    # a path that is no directory (a device such as /dev/null, a file) is left to the program,
+    # whose refusal names what it is; a directory, or a link to one, on a pseudo-filesystem is
+    # refused here whatever else is wrong with it
+    why = refusal(target) if Path(request.directory).is_dir() else None
     if why is not None:
         raise StorageProbeError(f"refused: {why}", exit_code=Exit.USAGE)
     if on_start is not None:
