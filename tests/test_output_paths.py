@@ -127,3 +127,29 @@ def test_a_read_only_file_system_says_so(read_only: Path) -> None:
     with pytest.raises(UsageError, match="Read-only file system"):
         check_output_folder(read_only, "--plot")
     assert (read_only / "old.csv").read_text() == "x"
+
+
+def test_a_path_that_cannot_be_looked_at_is_a_usage_error_not_a_traceback(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parent folder that cannot be entered makes Path.exists and Path.is_dir raise (a
+    review ran soak, bench and storage as root without CAP_DAC_OVERRIDE: tracebacks, and the
+    daemon's storage thread died). Simulated here: stat of anything under ``locked`` fails."""
+    from sparkdiag.errors import UsageError
+    from sparkdiag.storage import session
+
+    locked = tmp_path / "locked"
+    real_stat = Path.stat
+
+    def stat(self: Path, *args: object, **kwargs: object) -> object:
+        if str(self).startswith(str(locked) + "/"):
+            raise PermissionError(13, "Permission denied", str(self))
+        return real_stat(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Path, "stat", stat)
+    with pytest.raises(UsageError, match=r"cannot look at .*Permission denied"):
+        check_output_path(locked / "x.csv", "--csv")
+    with pytest.raises(UsageError, match=r"cannot look at .*Permission denied"):
+        check_output_folder(locked / "state", "--state-dir", parents=True)
+    assert session._is_dir(locked / "data") is False  # the program refuses it and says why
+    assert session._is_dir(tmp_path) is True

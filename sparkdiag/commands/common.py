@@ -10,6 +10,7 @@ import os
 import stat
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -67,7 +68,7 @@ def check_output_path(path: Path | str | None, flag: str) -> None:
     if path is None or str(path) == "-":
         return
     target = Path(path)
-    if target.is_dir():
+    if _look(target, flag).is_dir:
         raise UsageError(f"{target} is a folder; give a file name", flag=flag)
     _writable_folder(target.parent, flag, f"for {target.name}", write=False)
     try:
@@ -94,6 +95,24 @@ def check_output_path(path: Path | str | None, flag: str) -> None:
             os.unlink(target)
 
 
+@dataclass(frozen=True)
+class _Seen:
+    exists: bool
+    is_dir: bool
+
+
+def _look(path: Path, flag: str) -> _Seen:
+    """Whether ``path`` exists and is a folder; a usage error naming ``flag`` where it cannot
+    be looked at (a parent folder that cannot be entered: Path.exists raises then)."""
+    try:
+        mode = path.stat().st_mode
+    except (FileNotFoundError, NotADirectoryError):
+        return _Seen(False, False)
+    except OSError as exc:
+        raise UsageError(f"cannot look at {path}: {_why(exc)}", flag=flag) from None
+    return _Seen(True, stat.S_ISDIR(mode))
+
+
 def check_output_folder(folder: Path | str, flag: str, parents: bool = False) -> None:
     """A folder the command will write files in, created at the end if missing: it, or else
     its parent (one level is created, never a whole chain such as /nonexistent/dir; with
@@ -101,11 +120,11 @@ def check_output_folder(folder: Path | str, flag: str, parents: bool = False) ->
     directory is), must be a folder in which a file can be created (one is, and removed). A
     usage error naming ``flag`` otherwise."""
     target = Path(folder)
-    if target.exists():
+    if _look(target, flag).exists:
         _writable_folder(target, flag, "")
         return
     parent = target.parent
-    while parents and not parent.exists() and parent != parent.parent:
+    while parents and not _look(parent, flag).exists and parent != parent.parent:
         parent = parent.parent
     _writable_folder(parent, flag, f"to create {target.relative_to(parent)} in")
 
@@ -120,9 +139,10 @@ def _writable_folder(folder: Path, flag: str, what: str, write: bool = True) -> 
     holds for root too (os.access says yes to root on /proc)."""
     shown = str(folder) or "."
     where = f" ({what})" if what else ""
-    if not folder.exists():
+    seen = _look(folder, flag)
+    if not seen.exists:
         raise UsageError(f"folder {shown} does not exist{where}", flag=flag)
-    if not folder.is_dir():
+    if not seen.is_dir:
         raise UsageError(f"{shown} is not a folder{where}", flag=flag)
     if not write:
         return

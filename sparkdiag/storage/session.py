@@ -78,7 +78,7 @@ def probe_directory(
     # a path that is no directory (a device such as /dev/null, a file) is left to the program,
     # whose refusal names what it is; a directory, or a link to one, on a pseudo-filesystem is
     # refused here whatever else is wrong with it
-    why = refusal(target) if Path(request.directory).is_dir() else None
+    why = refusal(target) if _is_dir(Path(request.directory)) else None
     if why is not None:
         raise StorageProbeError(f"refused: {why}", exit_code=Exit.USAGE)
     if on_start is not None:
@@ -100,3 +100,12 @@ def probe_directory(
             log.warning("storage result not kept: %s", exc)
             report = replace(report, store_note=f"{report.store_note or ''} {exc}".strip())
     return report
+
+
+def _is_dir(path: Path) -> bool:
+    """Whether ``path`` is a directory, False where it cannot be looked at (a parent that
+    cannot be entered): the program then refuses it and says why."""
+    try:
+        return path.is_dir()
+    except OSError:
+        return False
