@@ -41,5 +41,5 @@ def config_check(file: Path) -> None:
     """
     from sparkdiag.commands.serve import serve_settings
 
-    settings = serve_settings(file, {})
+    settings = serve_settings(file, {}, every_input=True)
     click.echo(f"{file}: ok (listen {settings.listen}, poll every {settings.poll_interval:g} s)")

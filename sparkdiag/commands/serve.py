@@ -14,18 +14,24 @@ from sparkdiag.config import ConfigError, Settings, parse_listen
 from sparkdiag.flags import settings_from, settings_options
 
 
-def serve_settings(config: Path | None, given: dict[str, Any]) -> Settings:
+def serve_settings(
+    config: Path | None, given: dict[str, Any], *, every_input: bool = False
+) -> Settings:
     """serve's settings, with every file they name opened as serve opens it (the NVML, probe and
     NVMe fixtures, the web config), the container command and the listen host checked as serve
     checks them (the host resolved, not bound). ``serve`` and ``config check`` both
     take their settings from here, so that a file ``config check`` approves is one serve
     starts with, and a fixture serve would not read on this machine (the probe's, without a
     GPU) is refused all the same. A bad one is a usage error (exit 2) naming the flag, or the
-    configuration file and key it came from."""
-    return settings_from("serve", given, config, inputs=_open_inputs)
+    configuration file and key it came from. The probe's inputs are opened where the probe is
+    on, or with ``every_input`` (``config check``): a daemon with ``--no-probe.enabled`` loads
+    none of the probe's modules (tests/test_daemon_cost.py)."""
+    return settings_from(
+        "serve", given, config, inputs=lambda settings: _open_inputs(settings, every_input)
+    )
 
 
-def _open_inputs(settings: Settings) -> None:
+def _open_inputs(settings: Settings, every_input: bool) -> None:
     if settings.nvml_fixture is not None:
         from sparkdiag.sources.nvml.backends import make_backend
 
@@ -38,11 +44,12 @@ def _open_inputs(settings: Settings) -> None:
         from sparkdiag.web.webconfig import load_web_config
 
         load_web_config(settings.web_config_file)  # WebConfigError
-    if settings.probe_fixture is not None:
+    probe = every_input or settings.probe_enabled
+    if probe and settings.probe_fixture is not None:
         from sparkdiag.probe.launchers import FixtureLauncher
 
         FixtureLauncher(settings.probe_fixture)  # ProbeFixtureError
-    if settings.probe_container_command:
+    if probe and settings.probe_container_command:
         from sparkdiag.probe.launchers import ContainerLauncher
         from sparkdiag.probe.request import WorkerRequest
 
