@@ -174,3 +174,15 @@ def test_an_int4_shape_it_cannot_run_is_refused_before_the_sweep(
     assert result.exit_code == 2 and "'--k': int4 needs K divisible by 128" in result.output
     assert "not 200 (128x128x200 and 1 more)" in result.output
     assert runs == []
+
+
+def test_a_shape_int4_cannot_run_is_a_usage_error_before_the_gpu_is_looked_for() -> None:
+    """``bench --dtype int4 --m 64`` on a machine without a GPU said "no GPU to bench" (exit 1)
+    where probe gives the usage error first (a review): the shape is refused before torch and
+    the GPU are looked for, whatever the machine."""
+    from tests.support import NVML, invoke_cli
+
+    no_gpu = str(NVML / "no-nvml.json")
+    done = invoke_cli("bench", "--dtype", "int4", "--m", "64", "--nvml-fixture", no_gpu)
+    assert done.returncode == 2, done.stderr
+    assert "int4 needs K divisible by 128" in done.stderr and "--m" in done.stderr

@@ -308,15 +308,9 @@ def bench(
     check_output_path(json_path, "--json")
     outputs = _Outputs(csv_path, json_path)
     _one_dash(csv_path, json_path)
-    require_torch("bench")
     # a CPU sweeps the small cubes too: the worker sizes everything small there, and 16384³ on
     # a CPU would take hours
     tiny = small or device == "cpu"
-    if device is None:  # the GPU, or a refusal: never a quiet sweep of GPU shapes on the CPU
-        samples, why = gpus_seen(settings.nvml_fixture)
-        if not samples:
-            raise no_gpu("bench", why, "--device cpu --small sweeps small cubes on the CPU")
-        device = "cuda"
     ms = m_range if m_range is not None else parse_range(SMALL_M_RANGE if tiny else M_RANGE)
     if n_range is None and k_range is None:
         shapes = [f"{m}x{m}x{m}" for m in ms]
@@ -324,9 +318,16 @@ def bench(
         ns = n_range or ms
         ks = k_range or ms
         shapes = [f"{m}x{n}x{k}" for m in ms for n in ns for k in ks]
+    # usage errors first, as probe gives them: before torch and the GPU are looked for
     check_shapes(dtypes, shapes, "--k" if k_range is not None else "--m")
     if len(shapes) * len(dtypes) > 5000:
         raise UsageError(f"{len(shapes) * len(dtypes)} kernels is too many; narrow the ranges")
+    require_torch("bench")
+    if device is None:  # the GPU, or a refusal: never a quiet sweep of GPU shapes on the CPU
+        samples, why = gpus_seen(settings.nvml_fixture)
+        if not samples:
+            raise no_gpu("bench", why, "--device cpu --small sweeps small cubes on the CPU")
+        device = "cuda"
     timeout = settings.probe_timeout
     request = worker_request(
         settings,
