@@ -445,3 +445,19 @@ def test_with_json_the_started_job_writes_to_stderr_and_stdout_is_the_document()
     assert plain.returncode == 0, plain.stderr
     assert plain.stdout.startswith("job-said-this\n")
     assert "job-said-this" not in plain.stderr
+
+
+def test_plot_names_that_cannot_be_written_are_refused_before_the_work(tmp_path: Path) -> None:
+    """``--plot out.txt`` raised matplotlib's ValueError after the job ended, and ``--plot
+    DIR/`` with DIR/watch.png a folder said so only after the job, exit 0 (a review)."""
+    pytest.importorskip("matplotlib")
+    recording = ROOT / "docs" / "device" / "2026-12-01" / "part-c" / "fp32.recording.json"
+    (tmp_path / "d" / "watch.png").mkdir(parents=True)
+    for target, needle in (
+        (tmp_path / "out.txt", "the timeline is written as .pdf, .png, .svg"),
+        (f"{tmp_path / 'd'}/", "watch.png is a folder"),
+    ):
+        done = run_watch("--replay", str(recording), "--plot", str(target))
+        assert done.returncode == 2 and needle in done.stderr, done.stderr
+    svg = run_watch("--replay", str(recording), "--plot", str(tmp_path / "t.svg"))
+    assert svg.returncode == 0 and (tmp_path / "t.svg").read_text().lstrip().startswith("<?xml")

@@ -111,16 +111,28 @@ def _say(line: str) -> None:
                err=True)  # fmt: skip
 
 
+# what matplotlib's Agg backend writes (another suffix raised a ValueError after the job ended)
+PLOT_SUFFIXES = frozenset({".png", ".pdf", ".svg"})
+
+
 def _check_plot(plot_to: str | None) -> None:
     """``--plot`` before the job runs, not after it ended: a folder (``DIR/``: created at the
     end where its parent exists) or the file it names (:func:`.plot.path_for`)."""
     if plot_to is None:
         return
     require_plotting("--plot")
+    path = plotting.path_for(plot_to)
+    if path.suffix.lower() not in PLOT_SUFFIXES:
+        raise UsageError(
+            f"{path.name}: the timeline is written as {', '.join(sorted(PLOT_SUFFIXES))}; give "
+            "a name with one of those suffixes, or none (.png is added)",
+            flag="--plot",
+        )
     if is_folder(plot_to):
         check_output_folder(plot_to, "--plot")
-    else:
-        check_output_path(plotting.path_for(plot_to), "--plot")
+        if not Path(plot_to).is_dir():
+            return  # created at the end, empty
+    check_output_path(path, "--plot")  # DIR/watch.png too: it may be a folder already
 
 
 def _report(rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: str | None) -> None:
@@ -173,7 +185,8 @@ def _report(rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: str | 
     type=click.Path(),  # a string: a trailing slash means a directory
     default=None,
     metavar="FILE|DIR/",
-    help="Write a timeline PNG to FILE (.png added where it has no suffix), or DIR/watch.png "
+    help="Write a timeline PNG to FILE (.png added where it has no suffix; .svg and .pdf "
+    "work too), or DIR/watch.png "
     "for a directory (DIR/ is created where its parent exists), and say which on standard "
     f"error; needs matplotlib: {INSTALL_HINT}.",
 )
