@@ -77,9 +77,12 @@ def test_the_program_refuses_a_directory_where_no_file_can_be_made() -> None:
     with pytest.raises(StorageProbeError) as raised:
         run_probe(ProbeRequest(Path("/proc"), **SMALL))
     assert raised.value.exit_code == Exit.USAGE
-    assert raised.value.message == (
+    # root without CAP_DAC_OVERRIDE (and any other user) is refused by /proc's permissions
+    # first: a review found this test passing only for a full root
+    assert raised.value.message in (
         "refused: /proc: its filesystem lets no file be created (No such file or directory): "
-        "give a directory on a drive's filesystem"
+        "give a directory on a drive's filesystem",
+        f"refused: cannot create a file in /proc: Permission denied (uid {os.getuid()})",
     )
 
 

@@ -20,7 +20,9 @@ from sparkdiag.commands.common import (
     check_output_path,
     check_shapes,
     gpus_seen,
+    is_stdout,
     no_gpu,
+    one_stdout,
     require_torch,
     worker_request,
 )
@@ -132,16 +134,6 @@ def _csv_text(results: Sequence[KernelResult]) -> str:
     return out.getvalue()
 
 
-def _one_dash(csv_path: Path | None, json_path: Path | None) -> None:
-    """``-`` is standard output, which holds one document: for --csv or --json, not both."""
-    if _dash(csv_path) and _dash(json_path):
-        raise UsageError("give - (standard output) to --csv or to --json, not to both")
-
-
-def _dash(path: Path | None) -> bool:
-    return path is not None and str(path) == "-"
-
-
 class _Outputs:
     """The files bench writes, written after the sweep: a file that cannot be written (the
     check before the sweep cannot foresee everything: a full disk, a folder removed meanwhile)
@@ -160,7 +152,7 @@ class _Outputs:
             self._put(self.json_path, json.dumps(body, indent=1) + "\n")
 
     def _put(self, path: Path, text: str) -> None:
-        if _dash(path):
+        if is_stdout(path):
             self.stdout = text
             return
         try:
@@ -307,7 +299,7 @@ def bench(
     check_output_path(csv_path, "--csv")
     check_output_path(json_path, "--json")
     outputs = _Outputs(csv_path, json_path)
-    _one_dash(csv_path, json_path)
+    one_stdout(csv_path, json_path)
     # a CPU sweeps the small cubes too: the worker sizes everything small there, and 16384³ on
     # a CPU would take hours
     tiny = small or device == "cpu"

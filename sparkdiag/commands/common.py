@@ -56,6 +56,18 @@ def setup_logging(level: str, prefix: str | None = None) -> None:
                 handler.setFormatter(_TerminalFormatter(fmt))
 
 
+def is_stdout(path: Path | str | None) -> bool:
+    """``-`` given to an output flag (``--json``, ``--csv``): standard output, printed instead
+    of the text."""
+    return path is not None and str(path) == "-"
+
+
+def one_stdout(csv_path: Path | str | None, json_path: Path | str | None) -> None:
+    """Standard output holds one document: ``-`` for both --csv and --json is a usage error."""
+    if is_stdout(csv_path) and is_stdout(json_path):
+        raise UsageError("give - (standard output) to --csv or to --json, not to both")
+
+
 def check_output_path(path: Path | str | None, flag: str) -> None:
     """A file the command will write at the end, checked before the work starts by doing what
     the write will do: a new file is created and removed again, an existing one is opened for

@@ -17,7 +17,9 @@ from sparkdiag.commands.common import (
     check_output_folder,
     check_output_path,
     gpus_seen,
+    is_stdout,
     no_gpu,
+    one_stdout,
     require_torch,
     setup_logging,
 )
@@ -160,12 +162,12 @@ def _write_outputs(
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         click.echo(f"sparkdiag soak: cannot write {what}: {detail}", err=True)
 
-    if json_to is not None and not _dash(json_to):
+    if json_to is not None and not is_stdout(json_to):
         try:
             json_to.write_text(json.dumps(record_json(report), indent=1) + "\n")
         except OSError as exc:
             failed(str(json_to), exc)
-    if csv_to is not None and not _dash(csv_to):
+    if csv_to is not None and not is_stdout(csv_to):
         try:
             with csv_to.open("w", newline="") as fh:
                 _csv(fh, report)
@@ -187,11 +189,6 @@ def _write_outputs(
         except (StateDirError, SoakStateError) as exc:
             failed("the soak state", exc)
     return ok
-
-
-def _dash(path: Path | None) -> bool:
-    """``-``: standard output, printed instead of the text."""
-    return path is not None and str(path) == "-"
 
 
 def _csv(fh: TextIO, report: SoakReport) -> None:
@@ -334,9 +331,9 @@ def soak(
         if soak_plot.is_folder(plot_to):
             check_output_folder(prefix.parent, "--plot")  # DIR/: created if its parent exists
         else:
-            check_output_path(prefix.with_name(f"{prefix.name}-time.png"), "--plot")
-    if _dash(json_to) and _dash(csv_to):
-        raise UsageError("give - (standard output) to --csv or to --json, not to both")
+            for kind in ("time", "temperature"):
+                check_output_path(prefix.with_name(f"{prefix.name}-{kind}.png"), "--plot")
+    one_stdout(csv_to, json_to)
     if record:
         _check_state_dir(settings.state_dir)
     require_torch("soak")
@@ -372,9 +369,9 @@ def soak(
         gpus=tuple(outcomes),
     )
     files_ok = _write_outputs(report, json_to, csv_to, plot_to, record, settings.state_dir)
-    if _dash(json_to):
+    if is_stdout(json_to):
         click.echo(json.dumps(record_json(report), indent=1))
-    elif _dash(csv_to):
+    elif is_stdout(csv_to):
         _csv(sys.stdout, report)
     else:
         click.echo(text(report), nl=False)

@@ -70,12 +70,6 @@ def build_poller(
     )
 
 
-def nvme_source(settings: Settings) -> NvmeSource:
-    """NVMe drives under ``--path.sysfs``; their health logs from ``--nvme.fixture``, else from
-    smartctl or nvme-cli where installed and ``--nvme.smart`` is on (said once when skipped)."""
-    return _nvme_source(settings, *_nvme_reader(settings))
-
-
 def _nvme_reader(settings: Settings) -> tuple[HealthReader | None, str]:
     """The health-log reader and why there is none; NvmeFixtureError for a bad fixture."""
     if settings.nvme_fixture is not None:
@@ -86,6 +80,8 @@ def _nvme_reader(settings: Settings) -> tuple[HealthReader | None, str]:
 
 
 def _nvme_source(settings: Settings, reader: HealthReader | None, skipped: str) -> NvmeSource:
+    """NVMe drives under ``--path.sysfs``; their health logs from ``--nvme.fixture``, else from
+    smartctl or nvme-cli where installed and ``--nvme.smart`` is on (said once when skipped)."""
     if reader is None and settings.nvme_smart:
         log.info("NVMe SMART health skipped: %s (temperatures still read from sysfs)", skipped)
     return NvmeSource(settings.sysfs, reader, skipped)
