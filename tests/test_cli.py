@@ -6,6 +6,7 @@ import ast
 import json
 import socket
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,8 @@ def test_serve_without_gpu_or_pci_link_says_it_once(tmp_path: Path) -> None:
         sparkdiag_cmd("serve", *args), stderr=subprocess.PIPE, text=True, cwd=ROOT
     )
     lines = []
+    watchdog = threading.Timer(60, proc.kill)  # a serve that stalls ends the read, not the run
+    watchdog.start()
     try:
         assert proc.stderr is not None
         for line in proc.stderr:  # up to the line that says it serves (or its end)
@@ -133,6 +136,7 @@ def test_serve_without_gpu_or_pci_link_says_it_once(tmp_path: Path) -> None:
             if "serving http" in line:
                 break
     finally:
+        watchdog.cancel()
         terminate(proc)
         proc.communicate()
     assert any("serving http" in line for line in lines), lines
