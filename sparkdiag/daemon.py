@@ -28,6 +28,10 @@ from sparkdiag.web.webconfig import LiveWebConfig, load_web_config
 
 log = logging.getLogger("sparkdiag")
 
+# How often the main thread wakes to run the Python handler of a signal that another thread
+# received: the longest a stop waits for it (see _serve).
+SIGNAL_CHECK_SECONDS = 1.0
+
 
 class StartupError(SparkdiagError):
     """The daemon cannot start (port in use, ...); the message says why.
@@ -207,7 +211,11 @@ def _serve(
             threads.append(threading.Thread(target=loop, args=(stop,), name=name, daemon=True))
         for thread in threads:
             thread.start()
-        stop.wait()
+        # Not stop.wait() alone: a signal the kernel hands to another thread (it may, under
+        # load) runs its Python handler only once the main thread runs again, and a main
+        # thread asleep in an untimed wait ignored SIGTERM until SIGKILL (tests/test_lifecycle).
+        while not stop.wait(SIGNAL_CHECK_SECONDS):
+            pass
     finally:
         notifier.stopping()
         server.shutdown()

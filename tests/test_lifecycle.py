@@ -366,3 +366,51 @@ def test_the_relay_ends_its_group_when_its_starter_died_before_it_looked(tmp_pat
         while _group(relay) and time.monotonic() < end:
             time.sleep(0.1)
         assert _group(relay) == []
+
+
+_SIGNAL_ELSEWHERE = """
+import signal, sys, threading, time
+port, marker, fixture = sys.argv[1:4]
+def later():
+    while "--serving--" not in open(marker).read():
+        time.sleep(0.05)
+    signal.pthread_kill(threading.get_ident(), signal.SIGTERM)  # to this thread, not the main
+    time.sleep(120)
+threading.Thread(target=later, daemon=True).start()
+sys.argv = ["sparkdiag", "serve", "--listen", "127.0.0.1:" + port, "--no-probe.enabled",
+            "--nvml-fixture", fixture]
+from sparkdiag.entry import main
+main()
+"""
+
+
+def test_a_sigterm_another_thread_receives_stops_the_daemon(tmp_path: Path) -> None:
+    """The kernel may hand a process's SIGTERM to any thread that does not block it. The
+    Python handler runs in the main thread only, which slept in an untimed ``stop.wait()``:
+    on the H200 a serve under load did not stop in 30 s, and a SIGTERM sent to one of its other
+    threads (pthread_kill) was not acted on at all until another signal came."""
+    marker = tmp_path / "log"
+    marker.write_text("")
+    with marker.open("a") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", _SIGNAL_ELSEWHERE, str(free_port()), str(marker),
+             str(NVML / "no-nvml.json")],
+            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                if "serving http" in line:
+                    log.write("--serving--")
+                    log.flush()
+                    break
+            started = time.monotonic()
+            code = proc.wait(timeout=20)
+            took = time.monotonic() - started
+            rest = proc.stderr.read()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert code == 0 and "received SIGTERM, stopping" in rest, rest
+    assert took < 5, took
