@@ -87,6 +87,14 @@ def file_option(flag: str, dest: str, help: str, metavar: str = "FILE") -> Calla
     )
 
 
+def plot_option(metavar: str, help: str) -> Callable[[F], F]:
+    """``--plot``: a path given as a string, so that a trailing slash (a directory the command
+    creates) survives (click.Path with ``path_type=Path`` drops it); soak's and watch's."""
+    return click.option(
+        "--plot", "plot_to", type=click.Path(), default=None, metavar=metavar, help=help
+    )
+
+
 def parse_gpus(values: Sequence[str]) -> tuple[int, ...] | None:
     """``--gpu`` as given (repeatable): ``all`` or nothing -> None (every GPU); ``N``, ``N,M``
     and ``--gpu 0 --gpu 2`` -> NVML indices, in order, once each. ValueError says what is wrong.

@@ -28,6 +28,7 @@ from sparkdiag.errors import Exit, UsageError
 from sparkdiag.flags import (
     file_option,
     gpu_option,
+    plot_option,
     settings_from,
     settings_options,
     worker_option,
@@ -262,13 +263,9 @@ def exit_status(gpus: tuple[GpuSoak, ...], interrupted: bool, files_ok: bool) ->
     "csv_to",
     "Write one row per window and kernel to FILE; - prints them instead of the text.",
 )
-@click.option(
-    "--plot",
-    "plot_to",
-    type=click.Path(),  # a string: a trailing slash means a directory
-    default=None,
-    metavar="DIR|PREFIX",
-    help="Write PREFIX-time.png and PREFIX-temperature.png (DIR/soak-*.png for a directory); "
+@plot_option(
+    "DIR|PREFIX",
+    "Write PREFIX-time.png and PREFIX-temperature.png (DIR/soak-*.png for a directory); "
     f"needs matplotlib: {plotting.INSTALL_HINT}.",
 )
 @click.option(

@@ -29,7 +29,13 @@ from sparkdiag.commands.common import (
     setup_logging,
 )
 from sparkdiag.errors import Exit, UsageError
-from sparkdiag.flags import file_option, gpu_option, settings_from, settings_options
+from sparkdiag.flags import (
+    file_option,
+    gpu_option,
+    plot_option,
+    settings_from,
+    settings_options,
+)
 from sparkdiag.lifecycle import LIFECYCLE
 from sparkdiag.plotting import INSTALL_HINT, is_folder
 from sparkdiag.plotting import require as require_plotting
@@ -179,16 +185,11 @@ def _report(rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: str | 
     help="Print the diagnosis as JSON; standard output is then the document alone (a job "
     "watch starts writes its own standard output to standard error).",
 )
-@click.option(
-    "--plot",
-    "plot_to",
-    type=click.Path(),  # a string: a trailing slash means a directory
-    default=None,
-    metavar="FILE|DIR/",
-    help="Write a timeline PNG to FILE (.png added where it has no suffix; .svg and .pdf "
-    "work too), or DIR/watch.png "
-    "for a directory (DIR/ is created where its parent exists), and say which on standard "
-    f"error; needs matplotlib: {INSTALL_HINT}.",
+@plot_option(
+    "FILE|DIR/",
+    "Write a timeline PNG to FILE (.png added where it has no suffix; .svg and .pdf work too), "
+    "or DIR/watch.png for a directory (DIR/ is created where its parent exists), and say which "
+    f"on standard error; needs matplotlib: {INSTALL_HINT}.",
 )
 @file_option(
     "--record", "record_to", "Save every sample as JSON, to diagnose or plot later with --replay."

@@ -26,7 +26,7 @@ kernels reach the GPU another way, so its fat binary says nothing about whether 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -171,23 +171,18 @@ def not_judged(libraries: Iterable[CudaLibrary]) -> list[CudaLibrary]:
 
 def stub_detail(library: CudaLibrary) -> str:
     """``672 B of fat binary (SASS sm_75) in a 273.3 MiB library``."""
-    sass, ptx = _targets(library.report)
-    carries = "; ".join(
-        f"{kind} {_names(targets)}" for kind, targets in (("SASS", sass), ("PTX", ptx)) if targets
-    )
     return (
-        f"{library.report.fatbin_bytes} B of fat binary ({carries}) in a "
+        f"{library.report.fatbin_bytes} B of fat binary ({carries(library, _names)}) in a "
         f"{library.size_bytes / MIB:.1f} MiB library"
     )
 
 
-def carries(library: CudaLibrary) -> str:
-    """``SASS sm_90a, sm_90, sm_80; PTX compute_90``: every target, newest first."""
+def carries(library: CudaLibrary, names: Callable[[Sequence[str]], str] = ", ".join) -> str:
+    """``SASS sm_90a, sm_90, sm_80; PTX compute_90``: every target, newest first (``names``
+    lays out each kind's list: all of it by default)."""
     sass, ptx = _targets(library.report)
     return "; ".join(
-        f"{kind} {', '.join(targets)}"
-        for kind, targets in (("SASS", sass), ("PTX", ptx))
-        if targets
+        f"{kind} {names(targets)}" for kind, targets in (("SASS", sass), ("PTX", ptx)) if targets
     )
 
 
