@@ -10,7 +10,6 @@ import os
 import stat
 import sys
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -77,18 +76,13 @@ def check_output_path(path: Path | str | None, flag: str) -> None:
     the path must not be a folder. A usage error naming ``flag`` otherwise; None and ``-``
     (standard output) pass, and so does a pipe or a device (/dev/null), which is only asked
     whether it may be written: opening a pipe with no reader yet would wait for one."""
-    if path is None or str(path) == "-":
+    if path is None or is_stdout(path):
         return
     target = Path(path)
-    if _look(target, flag).is_dir:
+    mode = _mode(target, flag)
+    if mode is not None and stat.S_ISDIR(mode):
         raise UsageError(f"{target} is a folder; give a file name", flag=flag)
     _writable_folder(target.parent, flag, f"for {target.name}", write=False)
-    try:
-        mode: int | None = target.stat().st_mode
-    except FileNotFoundError:
-        mode = None
-    except OSError as exc:
-        raise UsageError(f"cannot write {target}: {_why(exc)}", flag=flag) from None
     if mode is not None and not stat.S_ISREG(mode):
         if not os.access(target, os.W_OK):
             raise UsageError(f"cannot write {target}: permission denied", flag=flag)
@@ -107,22 +101,16 @@ def check_output_path(path: Path | str | None, flag: str) -> None:
             os.unlink(target)
 
 
-@dataclass(frozen=True)
-class _Seen:
-    exists: bool
-    is_dir: bool
-
-
-def _look(path: Path, flag: str) -> _Seen:
-    """Whether ``path`` exists and is a folder; a usage error naming ``flag`` where it cannot
-    be looked at (a parent folder that cannot be entered: Path.exists raises then)."""
+def _mode(path: Path, flag: str) -> int | None:
+    """``path``'s mode (links followed), None where nothing is there; a usage error naming
+    ``flag`` where it cannot be looked at (a parent folder that cannot be entered: Path.exists
+    raises then)."""
     try:
-        mode = path.stat().st_mode
+        return path.stat().st_mode
     except (FileNotFoundError, NotADirectoryError):
-        return _Seen(False, False)
+        return None
     except OSError as exc:
         raise UsageError(f"cannot look at {path}: {_why(exc)}", flag=flag) from None
-    return _Seen(True, stat.S_ISDIR(mode))
 
 
 def check_output_folder(folder: Path | str, flag: str, parents: bool = False) -> None:
@@ -132,11 +120,11 @@ def check_output_folder(folder: Path | str, flag: str, parents: bool = False) ->
     directory is), must be a folder in which a file can be created (one is, and removed). A
     usage error naming ``flag`` otherwise."""
     target = Path(folder)
-    if _look(target, flag).exists:
+    if _mode(target, flag) is not None:
         _writable_folder(target, flag, "")
         return
     parent = target.parent
-    while parents and not _look(parent, flag).exists and parent != parent.parent:
+    while parents and _mode(parent, flag) is None and parent != parent.parent:
         parent = parent.parent
     _writable_folder(parent, flag, f"to create {target.relative_to(parent)} in")
 
@@ -151,10 +139,10 @@ def _writable_folder(folder: Path, flag: str, what: str, write: bool = True) -> 
     holds for root too (os.access says yes to root on /proc)."""
     shown = str(folder) or "."
     where = f" ({what})" if what else ""
-    seen = _look(folder, flag)
-    if not seen.exists:
+    mode = _mode(folder, flag)
+    if mode is None:
         raise UsageError(f"folder {shown} does not exist{where}", flag=flag)
-    if not seen.is_dir:
+    if not stat.S_ISDIR(mode):
         raise UsageError(f"{shown} is not a folder{where}", flag=flag)
     if not write:
         return
