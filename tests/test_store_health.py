@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sparkdiag.baseline.keeper import StoreKeeper, inspect_store
-from sparkdiag.baseline.store import BaselineStore, open_store
+from sparkdiag.baseline.store import BaselineKey, BaselineStore, open_store
 from sparkdiag.check.store_checks import check_baseline_store
 from sparkdiag.exporter.probe import ProbeCollector
 from sparkdiag.probe.launchers import FixtureLauncher
@@ -103,11 +103,19 @@ def test_check_on_a_fresh_and_a_healthy_store(tmp_path: Path) -> None:
         context(poll(NVML / "h200-idle.json"), baseline_store=inspect_store(tmp_path))
     )
     assert result.status == "skip" and "no baselines yet" in result.finding
-    open_store(tmp_path, create=True).close()
+    open_store(tmp_path, create=True).close()  # a store the daemon made, nothing learnt yet
     (result,) = check_baseline_store(
         context(poll(NVML / "h200-idle.json"), baseline_store=inspect_store(tmp_path))
     )
-    assert result.status == "pass" and result.finding.startswith("0 baseline(s) in")
+    assert result.status == "skip" and result.finding.startswith("no baselines yet in")
+    assert "published figures only" in result.finding and "learn" in result.action
+    store = open_store(tmp_path, create=True)
+    store.pin(BaselineKey("GPU-0", "bf16", "4096x4096x4096", "native", "", "", ""), 700.0)
+    store.close()
+    (result,) = check_baseline_store(
+        context(poll(NVML / "h200-idle.json"), baseline_store=inspect_store(tmp_path))
+    )
+    assert result.status == "pass" and result.finding.startswith("1 baseline(s) in")
 
 
 def test_the_daemon_exports_a_store_it_cannot_open_and_recovers(tmp_path: Path) -> None:

@@ -8,9 +8,10 @@ NAME = "baseline-store"
 
 
 def check_baseline_store(ctx: CheckContext) -> list[CheckResult]:
-    """The store opens and passes SQLite's integrity check (pass); none yet (skip); unusable:
-    full disk, damaged or unreadable file (warn: the probe then compares with published
-    references only, and the daemon learns nothing)."""
+    """The store opens, passes SQLite's integrity check and holds baselines (pass); none yet, no
+    file or an empty one (skip: nothing of this machine's own to compare with); unusable: full
+    disk, damaged or unreadable file (warn: the probe then compares with published references
+    only, and the daemon learns nothing)."""
     report = ctx.baseline_store
     if report is None:
         return [CheckResult(NAME, "skip", "the baseline store was not looked at")]
@@ -19,16 +20,17 @@ def check_baseline_store(ctx: CheckContext) -> list[CheckResult]:
         "path": str(report.path) if report.path else None,
         "baselines": report.baselines,
     }
-    if report.state == "ok":
+    if report.state == "ok" and report.baselines:
         return [CheckResult(NAME, "pass", f"{report.detail} in {report.path}", data=data)]
-    if report.state == "absent" and not ctx.gpus_up():  # nothing to learn one from here
+    if report.state in ("absent", "ok") and not ctx.gpus_up():  # nothing to learn one from here
         return [no_gpu_skip(NAME, ctx.snapshot, **data)]
-    if report.state == "absent":
+    if report.state in ("absent", "ok"):
+        what = report.detail if report.state == "absent" else f"no baselines yet in {report.path}"
         return [
             CheckResult(
                 NAME,
                 "skip",
-                f"{report.detail}: the probe compares with published figures only",
+                f"{what}: the probe compares with published figures only",
                 "run 'sparkdiag serve' (or 'sparkdiag probe') on the healthy machine to learn "
                 "baselines",
                 data=data,
