@@ -67,6 +67,32 @@ def test_watch_checks_plot_and_record_before_the_job_starts(tmp_path: Path, flag
     assert not marker.exists(), "the job ran before the path was checked"
 
 
+def test_watch_record_to_standard_output_is_refused_not_a_file_named_dash(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``-`` means standard output for --json and --csv; --record's recording cannot go there
+    (standard output holds the diagnosis), and it used to write a file named ``-``."""
+    monkeypatch.chdir(tmp_path)
+    marker = tmp_path / "ran"
+    result = CliRunner().invoke(main, ["watch", "--record", "-", "--", "touch", str(marker)])
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--record': the recording goes to a file" in result.output
+    assert not marker.exists() and not (tmp_path / "-").exists()
+
+
+def test_a_dangling_link_is_checked_where_it_points(tmp_path: Path) -> None:
+    """Writing through a dangling link creates what it points at: a link into a missing folder
+    is refused before the work, one into a folder that exists passes and leaves nothing."""
+    gone = tmp_path / "gone.json"
+    gone.symlink_to("/nonexistent/dir/out.json")
+    with pytest.raises(UsageError, match="folder /nonexistent/dir does not exist"):
+        check_output_path(gone, "--record")
+    fine = tmp_path / "fine.json"
+    fine.symlink_to(tmp_path / "target.json")
+    check_output_path(fine, "--record")
+    assert fine.is_symlink() and not (tmp_path / "target.json").exists()
+
+
 # -- the check does what the write will do: os.access says yes to root for almost anything -------
 
 

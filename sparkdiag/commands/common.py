@@ -91,6 +91,8 @@ def check_output_path(path: Path | str | None, flag: str) -> None:
     try:
         fd = os.open(target, how, 0o666)
     except FileExistsError:  # a dangling link, or made meanwhile: not ours to remove
+        if target.is_symlink():  # the write creates what it points at: check that place
+            check_output_path(target.resolve(), flag)
         return
     except OSError as exc:
         verb = "write" if mode is not None else "create"

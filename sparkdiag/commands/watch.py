@@ -26,6 +26,7 @@ from sparkdiag.commands.common import (
     check_gpu_indices,
     check_output_folder,
     check_output_path,
+    is_stdout,
     setup_logging,
 )
 from sparkdiag.errors import Exit, UsageError
@@ -252,6 +253,8 @@ def watch(
     if modes != 1:
         raise UsageError("give exactly one of --pid PID, --replay FILE or -- COMMAND ARGS...")
     _check_plot(plot_to)  # before the job runs, not after it ended
+    if is_stdout(record_to):  # standard output holds the diagnosis
+        raise UsageError("the recording goes to a file; for one named -, give ./-", flag="--record")
     check_output_path(record_to, "--record")
     if replay is not None:
         rec = load(replay)  # RecordingError: a usage error naming --replay
