@@ -76,6 +76,21 @@ def test_gpu_temperature_when_the_memory_has_no_sensor() -> None:
     assert NO_MEMORY_SENSOR in text and "GPU 38 -> 71 °C" in text
 
 
+def test_without_any_temperature_the_table_shows_the_last_window_not_a_hottest() -> None:
+    """A CPU soak reads no temperature: its "hottest" window is the last one, and a "hottest at"
+    column stood empty (the newcomer review). The table says "last" and has no such column;
+    with a temperature both are back."""
+    windows = heating(int4=[6.4, 6.0, 6.2], bf16=[4.0, 4.1, 3.9], memory=[None] * 3)
+    soak = gpu_soak(windows, index=None)
+    soak = replace(soak, verdict=judge(windows, thermal=False))
+    head = next(line for line in gpu_text(soak, 100).splitlines() if "kernel" in line).split()
+    assert head == ["kernel", "cold", "last", "unit", "verdict"]
+    assert "last: the figure at the last window (its fraction of cold)" in gpu_text(soak, 100)
+    hot = heating(int4=[6.4, 6.0], bf16=[4.0, 4.0], memory=[40, 80])
+    text = gpu_text(gpu_soak(hot), 100)
+    assert "hottest at" in text and "80 °C memory" in text and " last " not in text
+
+
 def test_memory_wins_over_gpu_and_the_load_period_fills_a_silent_measurement() -> None:
     windows = heating(int4=[6.4, 6.4], bf16=[4.0, 4.0], memory=[40, None], gpu=[35, 60])
     windows[1] = window(1, {"int4": 6.4, "bf16": 4.0}, memory=None, gpu=60, load_memory=66)
@@ -184,6 +199,10 @@ def test_a_cpu_soak_ran_without_a_thermal_verdict() -> None:
     assert int4.status == "ran" and int4.fell_fraction is None and int4.cold == 6.4
     assert int4.lowest_fraction == pytest.approx(2.2 / 6.4)
     assert verdict_text(int4, None) == "ran at 0.34-1.09 of cold (a CPU soak: no thermal verdict)"
+    steady = judge(
+        heating(int4=[6.4, 6.4, 6.4], bf16=[4.0, 4.0, 4.0], memory=[None] * 3), thermal=False
+    )
+    assert verdict_text(steady.kernels[0], None).startswith("ran at 1.00 of cold (")
     assert {r.status for r in verdict.ratios} == {"ran"}
     soak = gpu_soak(windows, index=None)
     entry = state_entry(replace(soak, verdict=verdict), 1.7e9, 10.0)

@@ -107,6 +107,7 @@ def _row(v: Verdict, sensor: Sensor | None) -> list[str]:
 
 
 HEADER = ("kernel", "cold", "hottest", "unit", "hottest at", "verdict")
+NO_TEMPERATURE_HEADER = ("kernel", "cold", "last", "unit", "verdict")
 
 
 def gpu_text(g: GpuSoak, width: int | None = None) -> str:
@@ -120,12 +121,18 @@ def gpu_text(g: GpuSoak, width: int | None = None) -> str:
     measured = [k for k in v.kernels if k.status != "unsupported"]
     if measured or v.ratios:
         rows = [_row(k, v.sensor) for k in measured] + [_row(r, v.sensor) for r in v.ratios]
-        lines += terminal.table(HEADER, rows, width, right={1, 2, 4}, indent="  ", free=True)
+        head, right, which = HEADER, {1, 2, 4}, "hottest: the figure at the hottest window"
+        if not any(row[4] for row in rows):  # no temperature read (a CPU soak): the last window
+            head, right, which = (
+                NO_TEMPERATURE_HEADER,
+                {1, 2},
+                "last: the figure at the last window",
+            )
+            rows = [row[:4] + row[5:] for row in rows]
+        lines += terminal.table(head, rows, width, right=right, indent="  ", free=True)
         judged = any(k.status in ("held", "fell") for k in measured)  # not a CPU smoke soak
         rule = f"; a kernel below {FALL_FRACTION:g} of cold fell" if judged else ""
-        lines += terminal.wrap(
-            f"hottest: the figure at the hottest window (its fraction of cold){rule}", width, "  "
-        )
+        lines += terminal.wrap(f"{which} (its fraction of cold){rule}", width, "  ")
     unsupported = [k for k in v.kernels if k.status == "unsupported"]
     if unsupported:
         reasons = sorted({k.note or "unsupported" for k in unsupported})

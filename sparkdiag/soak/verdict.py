@@ -234,7 +234,7 @@ def _series(
             status="ran",
             cold=cold,
             lowest_fraction=lowest,
-            note=f"ran at {lowest:.2f}-{highest:.2f} of cold ({NO_THERMAL})",
+            note=f"ran at {_span(lowest, highest)} of cold ({NO_THERMAL})",
         )
     fell = next(((w, f) for w, f in fractions if f < FALL_FRACTION), None)
     if fell is None:
@@ -250,3 +250,9 @@ def _series(
         fell_elapsed=window.elapsed_seconds,
         note=None,
     )
+
+
+def _span(low: float, high: float) -> str:
+    """``0.34-1.09``, or one figure where both print the same."""
+    a, b = f"{low:.2f}", f"{high:.2f}"
+    return a if a == b else f"{a}-{b}"
