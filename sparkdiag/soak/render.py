@@ -106,8 +106,8 @@ def _row(v: Verdict, sensor: Sensor | None) -> list[str]:
     return [v.label, figure(v.cold), hottest, unit(v.dtype), at, verdict_text(v, sensor)]
 
 
-HEADER = ("kernel", "cold", "hottest", "unit", "hottest at", "verdict")
-NO_TEMPERATURE_HEADER = ("kernel", "cold", "last", "unit", "verdict")
+HEADER: tuple[str, ...] = ("kernel", "cold", "hottest", "unit", "hottest at", "verdict")
+NO_TEMPERATURE_HEADER: tuple[str, ...] = ("kernel", "cold", "last", "unit", "verdict")
 
 
 def gpu_text(g: GpuSoak, width: int | None = None) -> str:
