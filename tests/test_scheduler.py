@@ -143,3 +143,19 @@ def test_container_launcher_delivers_the_worker_on_stdin(tmp_path: Path) -> None
     assert record.software.get("torch")  # the worker ran and reported its torch
     # diagnosed as sparkdiag compare diagnoses it (one container path for both)
     assert "CPU-only build" in (record.reason or ""), record.reason
+
+
+def test_a_probe_fixture_of_another_gpu_model_is_said_once_per_gpu(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An H200 probe fixture beside a GB10 NVML fixture is judged against the GB10's references
+    (the newcomer review: figures 7x the reference, nothing said); a warning names both, once
+    per GPU, and a fixture of the same model says nothing."""
+    launch = FixtureLauncher(PROBE / "h200-default.json")
+    gb10 = snapshot("gb10-idle", tmp_path).gpus[0]
+    with caplog.at_level("WARNING", logger="sparkdiag.probe.launchers"):
+        launch(gb10, lambda _pid: None)
+        launch(gb10, lambda _pid: None)
+        launch(snapshot("h200-idle", tmp_path).gpus[0], lambda _pid: None)
+    (said,) = [r.getMessage() for r in caplog.records]
+    assert "recorded on NVIDIA H200, replayed for GPU 0 (NVIDIA GB10)" in said

@@ -8,6 +8,7 @@ own worker out of the busy checks) and returns the cycle. The daemon's scheduler
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -21,6 +22,8 @@ from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import ProbeCycle, ProbeResult, classify, run_worker
 from sparkdiag.snapshot import GpuSample
 from sparkdiag.sources.files import MIB, read_text_limited
+
+log = logging.getLogger(__name__)
 
 
 class ProbeFixtureError(UsageError, ValueError):
@@ -85,15 +88,33 @@ class FixtureLauncher:
         if not self.cycles:
             raise ProbeFixtureError(f"{path}: no cycle of the {suite} suite")
         self.counts: dict[str, int] = {}  # per GPU uuid: each GPU replays the cycles in turn
+        self.path = path
 
     def __call__(self, gpu: GpuSample | None, on_start: Callable[[int], None]) -> ProbeCycle:
         key = gpu.identity.uuid if gpu is not None else ""
         count = self.counts.get(key, 0)
         cycles = [d for d in self.cycles if key and d.software.gpu_uuid == key] or self.cycles
         doc = replace(cycles[min(count, len(cycles) - 1)], finished_at=time.time())
+        if count == 0 and gpu is not None:
+            self._say_other_gpu(gpu, doc)
         self.counts[key] = count + 1
         result, reason = classify(0, doc, b"{}", "")
         return ProbeCycle(result, reason, doc, "", 0, 0.0, None)
+
+    def _say_other_gpu(self, gpu: GpuSample, doc: WorkerDocument) -> None:
+        """Figures recorded on one GPU model replayed for another (an H200 probe fixture beside a
+        GB10 NVML fixture) are judged against the other's references and baselines: said once
+        per GPU, as the figures are still used."""
+        recorded = doc.software.gpu_name
+        if recorded and gpu.identity.name and recorded != gpu.identity.name:
+            log.warning(
+                "probe fixture %s was recorded on %s, replayed for GPU %d (%s): its figures "
+                "are judged against that GPU's references and baselines",
+                self.path,
+                recorded,
+                gpu.identity.index,
+                gpu.identity.name,
+            )
 
 
 def container_cycle(
