@@ -69,12 +69,25 @@ def parse_yaml(source: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
         loader.max_depth = max_depth
         return loader.get_single_data()
     except yaml.YAMLError as exc:
-        raise LoadError("not valid YAML: " + " ".join(str(exc).split())[:300]) from None
+        raise LoadError("not valid YAML: " + _said(exc)) from None
     except RecursionError:
         raise LoadError(f"nested too deeply (more than {max_depth} levels)") from None
     finally:
         if loader is not None:
             loader.dispose()
+
+
+def _said(exc: yaml.YAMLError) -> str:
+    """The parser's complaint and where, without the excerpt of the offending line PyYAML puts
+    in its message: that line may be a password or a bcrypt hash (a web config's users)."""
+    if not isinstance(exc, yaml.MarkedYAMLError):
+        return " ".join(str(exc).split())[:300]  # the reader's: a character code and a position
+    parts = []
+    for said, mark in ((exc.context, exc.context_mark), (exc.problem, exc.problem_mark)):
+        if said:
+            where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+            parts.append(" ".join(said.split())[:200] + where)
+    return " ".join(parts) or "cannot be parsed"
 
 
 def load_yaml(path: Path, limit: int, max_depth: int = MAX_DEPTH) -> Any:

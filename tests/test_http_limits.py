@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import http.client
+import logging
 import select
 import socket
 import ssl
@@ -215,11 +216,13 @@ H = b"Host: x\r\n"
         (b"GET /metrics HTTP/1.1\r\n" + H + b"X-Big: " + b"a" * 9000 + b"\r\n\r\n", b"431"),
         (b"GET /metrics HTTP/1.1\r\n" + H + b"X-Big: " + b"a" * 40000 + b"\r\n\r\n", b"431"),
         (b"GET / HTTP/1.1\r\n" + H + b"X-A: b\r\n" * 101 + b"\r\n", b"431"),
-        (b"GET / HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\n", b"501"),
+        (b"GET / HTTP/1.1\r\n" + H + b"Transfer-Encoding: gzip\r\n\r\n", b"501"),
         (
             b"GET / HTTP/1.1\r\n" + H + b"Content-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
-            b"501",
-        ),  # smuggling: both framings
+            b"400",
+        ),  # smuggling: both framings (RFC 9112 6.1: faulty, close)
+        (b"GET / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", b"400"),  # no chunks in 1.0
+        (b"GET http://[/metrics HTTP/1.1\r\n" + H + b"\r\n", b"400"),  # an IPv6 host left open
         (b"GET / HTTP/1.1\r\n" + H + b"Content-Length: 3\r\nContent-Length: 4\r\n\r\n", b"400"),
         (b"GET / HTTP/1.1\r\n" + H + b"Content-Length: 99999999\r\n\r\n", b"413"),
         (b"GET / HTTP/1.1\r\n" + H + b"Content-Length: -1\r\n\r\n", b"400"),
@@ -240,6 +243,36 @@ def test_bad_request_heads_are_refused(head: bytes, status: bytes) -> None:
         sock.sendall(head)
         data, _ = read_until_closed(sock) if status != b"405" else (sock.recv(4096), 0.0)
         assert data.startswith(b"HTTP/1.1 " + status + b" "), data[:80]
+
+
+def test_a_chunked_body_is_read_and_dropped_and_expect_gets_100_continue() -> None:
+    """A well-formed chunked body got 501, a 5xx for a request HTTP/1.1 servers must parse;
+    ``Expect: 100-continue`` was never answered, so curl waited its own second before sending
+    the body (the hostile-client review). Both now: the body read and dropped, the request
+    answered, the connection kept."""
+    chunked = b"GET /healthz HTTP/1.1\r\n" + H + b"Transfer-Encoding: chunked\r\n\r\n"
+    with serving() as server, connect(server) as sock:
+        sock.sendall(chunked + b"3\r\nabc\r\n0\r\n\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200 ")
+        sock.sendall(
+            b"GET /healthz HTTP/1.1\r\n" + H + b"Content-Length: 3\r\nExpect: 100-continue\r\n\r\n"
+        )
+        sock.settimeout(5)
+        assert sock.recv(4096).startswith(b"HTTP/1.1 100 ")  # before the body is sent
+        sock.sendall(b"abc")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 200 ")
+
+
+def test_a_target_that_cannot_be_split_is_a_400_not_an_internal_error(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``http://[/metrics`` made urlsplit raise inside the handler: no answer, and an ERROR line
+    any client could write."""
+    with caplog.at_level("DEBUG"), serving() as server, connect(server) as sock:
+        sock.sendall(b"GET http://[::1/metrics HTTP/1.1\r\n" + H + b"\r\n")
+        data, _ = read_until_closed(sock)
+    assert data.startswith(b"HTTP/1.1 400 ") and b"malformed request target" in data
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
 def test_absolute_form_targets_are_served() -> None:

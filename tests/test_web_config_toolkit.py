@@ -440,6 +440,33 @@ def test_a_replaced_certificate_is_served(certs: Path, fast_recheck: None, tmp_p
     assert old != new and new.strip() == (tmp_path / "tls.crt").read_text().strip()
 
 
+def test_a_certificate_broken_then_fixed_is_served_again(
+    certs: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A renewal that writes the key, then the certificate, may be looked at in between: the
+    config is unusable for that moment. Fixing the certificate must be seen without touching
+    web.yml (the hostile-client review: TLS stayed down until web.yml changed, as only web.yml
+    was watched while the config was unusable), and the break is logged once."""
+    shutil.copy(certs / "server.crt", tmp_path / "tls.crt")
+    shutil.copy(certs / "server.key", tmp_path / "tls.key")
+    path = write(
+        tmp_path, "web.yml", "tls_server_config:\n  cert_file: tls.crt\n  key_file: tls.key\n"
+    )
+    now = [0.0]
+    live = LiveWebConfig(path, load_web_config(path), clock=lambda: now[0])
+    good = (tmp_path / "tls.crt").read_bytes()
+    (tmp_path / "tls.crt").write_text("broken\n")
+    with caplog.at_level("ERROR", logger="sparkdiag.web.webconfig"):
+        for step in range(1, 4):  # unusable, looked at three times
+            now[0] = 1.1 * step
+            assert live.current() is None
+    assert len(caplog.records) == 1 and "unusable" in caplog.records[0].getMessage()
+    (tmp_path / "tls.crt").write_bytes(good)
+    now[0] = 5.0
+    fixed = live.current()
+    assert fixed is not None and fixed.tls is not None and live.reloads == 1
+
+
 def served_cert(server: ExporterServer) -> bytes:
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     context.check_hostname, context.verify_mode = False, ssl.CERT_NONE

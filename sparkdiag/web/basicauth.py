@@ -18,8 +18,10 @@ Answered at once:
   that verified (Prometheus then pays bcrypt once, not every scrape) and, in a bounded LRU, the
   ones that failed (a client retrying a wrong password pays once).
 
-An unknown user costs the bcrypt of the slowest configured user, so timing does not tell users
-apart (exporter-toolkit uses one fixed cost-10 hash, which a cost-12 user's timing gives away).
+An unknown user costs the bcrypt of the slowest configured user, so where every user's hash has
+one cost, timing does not tell a user from a name that does not exist (exporter-toolkit uses one
+fixed cost-10 hash, which a cost-12 user's timing gives away); a user of a lower cost than
+another answers sooner, and the web config's loader warns of mixed costs.
 Costs above :data:`MAX_BCRYPT_COST` are refused at load.
 Hashes are checked whole at load (:func:`hash_problem`), so a login can never make bcrypt raise.
 """
@@ -114,7 +116,8 @@ class BasicAuth:
         self._lock = threading.Lock()
         # For unknown users: a hash of the highest configured cost that no password matches (its
         # hash part is not what any password gives for that salt, barring a 2^-184 accident), so
-        # an unknown user costs what the slowest configured user costs and timing tells nothing.
+        # an unknown user costs what the slowest configured user costs (and timing tells nothing
+        # where all users share one cost: webconfig warns of mixed costs).
         cost = max((int(h[4:6]) for h in self.users.values()), default=10)
         self._dummy = b""  # without users nothing is ever checked: bcrypt is not even loaded
         if self.users:

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from sparkdiag.config import DEFAULTS
 
 RESERVED_FDS = 64  # file descriptors kept for the rest of the daemon (NVML, store, workers)
+MAX_REFUSING = 8  # sockets held at once to answer 503 beyond the cap (counted in the reserve)
+FD_WARN_QUIET = 60.0  # out of descriptors: a warning, then debug lines until this long passes
 ACCEPT_PAUSE = (0.005, 1.0)  # first and longest pause of accepting while out of descriptors
 OUT_OF_FDS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
@@ -42,7 +44,7 @@ class Stats:
     refused: int = 0  # new connections turned away at the cap
     timed_out: int = 0  # closed by the timeout (handshake, request, idle or write)
     out_of_fds: int = 0  # accept() failures for want of file descriptors
-    fd_episodes: int = 0  # runs of such failures, each logged once
+    fd_episodes: int = 0  # runs of such failures: a warning each, none within FD_WARN_QUIET s
     tls_started: int = 0  # connections that sent a ClientHello (and so got TLS state)
 
 
@@ -76,7 +78,7 @@ def connection_cap(wanted: int) -> tuple[int, str | None]:
     except OSError:
         in_use = 32
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = wanted + in_use + RESERVED_FDS
+    need = wanted + in_use + RESERVED_FDS + MAX_REFUSING
     if soft != resource.RLIM_INFINITY and soft < need:
         target = need if hard == resource.RLIM_INFINITY else min(hard, need)
         with contextlib.suppress(ValueError, OSError):
@@ -84,10 +86,11 @@ def connection_cap(wanted: int) -> tuple[int, str | None]:
             soft = target
     if soft == resource.RLIM_INFINITY or soft >= need:
         return wanted, None
-    cap = max(1, soft - in_use - RESERVED_FDS)
+    cap = max(1, soft - in_use - RESERVED_FDS - MAX_REFUSING)
     return cap, (
         f"web.max-connections {wanted} lowered to {cap}: the open-files limit is {soft} "
-        f"(hard {hard}) and {in_use + RESERVED_FDS} are kept for the rest of the daemon; "
+        f"(hard {hard}) and {in_use + RESERVED_FDS + MAX_REFUSING} are kept for the rest of the "
+        "daemon and for refusals; "
         "raise LimitNOFILE= to serve more"
     )
 

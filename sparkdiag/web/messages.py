@@ -3,8 +3,9 @@
 :class:`Request` is a parsed request head, :class:`Response` the handler's answer (:func:`text`
 for a one-line plain-text one). Request heads are at most ``MAX_HEAD`` bytes, ``MAX_HEADERS``
 header lines and ``MAX_LINE`` bytes per header value, values without control characters;
-bodies (none is needed) up to ``MAX_BODY`` bytes are read and dropped, chunked bodies refused
-(:func:`problem`).
+bodies (none is needed), by Content-Length or chunked, up to ``MAX_BODY`` bytes are read and
+dropped; a request that frames its body both ways, or chunked in HTTP/1.0, is refused
+(:func:`problem`), as is an absolute-form target that cannot be split.
 """
 
 from __future__ import annotations
@@ -51,9 +52,22 @@ class Request:
     @property
     def path(self) -> str:
         target = self.target
-        if target[:7].lower() == "http://" or target[:8].lower() == "https://":
-            target = urlsplit(target).path or "/"  # absolute-form (RFC 9112 3.2.2)
+        if _absolute(target):
+            target = _absolute_path(target) or "/"  # absolute-form (RFC 9112 3.2.2)
         return target.split("?", 1)[0]
+
+
+def _absolute(target: str) -> bool:
+    return target[:7].lower() == "http://" or target[:8].lower() == "https://"
+
+
+def _absolute_path(target: str) -> str | None:
+    """The path of an absolute-form target; None where it cannot be split (``http://[/x``: an
+    IPv6 authority left open), which :func:`problem` refuses before any handler asks."""
+    try:
+        return urlsplit(target).path
+    except ValueError:
+        return None
 
 
 @dataclass(frozen=True)
@@ -92,6 +106,14 @@ def problem(event: h11.Request) -> Response | None:
     """Why a parsed request head is refused (h11 checked the grammar), or None."""
     if event.http_version not in (b"1.0", b"1.1"):
         return text(505, "only HTTP/1.0 and HTTP/1.1 are supported", close=True)
+    target = event.target.decode("ascii", "replace")
+    if _absolute(target) and _absolute_path(target) is None:
+        return text(400, "malformed request target", close=True)
+    names = {name for name, _ in event.headers}
+    if b"transfer-encoding" in names and (
+        b"content-length" in names or event.http_version == b"1.0"
+    ):  # RFC 9112 6.1 and 6.3: the framing is faulty, and the connection must close
+        return text(400, "Transfer-Encoding with Content-Length, or in HTTP/1.0", close=True)
     if len(event.headers) > MAX_HEADERS:
         return text(431, "too many header lines", close=True)
     for name, value in event.headers:
@@ -99,8 +121,6 @@ def problem(event: h11.Request) -> Response | None:
             return text(431, f"header line longer than {MAX_LINE} bytes", close=True)
         if any((byte < 0x20 and byte != 0x09) or byte == 0x7F for byte in value):
             return text(400, "control character in a header value", close=True)
-        if name == b"transfer-encoding":
-            return text(501, "request bodies are not supported", close=True)
         if name == b"content-length" and int(value) > MAX_BODY:
             return text(413, "request body too large", close=True)
     return None

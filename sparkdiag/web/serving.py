@@ -25,7 +25,7 @@ Limits (:class:`~sparkdiag.web.limits.Limits`, defaults from ``config.OPTIONS``)
   plain-HTTP client gets ``503`` at once, a TLS client is closed.
 * out of file descriptors anyway (``EMFILE``: probe workers, NVML), accepting pauses with a
   growing delay (5 ms to 1 s, as Go's ``net/http`` does) and one idle connection is evicted to
-  make room; one warning per episode.
+  make room; one warning per episode (it ends after a minute without running out).
 
 A malformed request gets a 4xx/5xx answer and the connection is closed; nothing a client sends
 logs more than a debug line.
@@ -56,6 +56,8 @@ from sparkdiag.web.channels import (
 )
 from sparkdiag.web.limits import (
     ACCEPT_PAUSE,
+    FD_WARN_QUIET,
+    MAX_REFUSING,
     OUT_OF_FDS,
     RESERVED_FDS,
     Connection,
@@ -123,6 +125,7 @@ class HttpServer:
         self.stats = Stats()
         self._tasks: set[asyncio.Task[None]] = set()
         self._pause = 0.0  # current accept pause; 0 while accepting normally
+        self._fds_short_at = -FD_WARN_QUIET  # when accept last ran out of descriptors
         self._date = (0, "")
 
     async def serve(self, stop: asyncio.Event) -> None:
@@ -162,17 +165,25 @@ class HttpServer:
             self._accepted(client)
 
     def _out_of_fds(self, exc: OSError) -> None:
+        """One warning per episode: an episode ends when accepting has gone FD_WARN_QUIET
+        seconds without running out (each failure evicts an idle connection, so the next accept
+        succeeds; ending it there warned once per connection)."""
         self.stats.out_of_fds += 1
-        if not self._pause:
+        now = time.monotonic()
+        if now - self._fds_short_at >= FD_WARN_QUIET:
             self.stats.fd_episodes += 1
             soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
             log.warning(
                 "out of file descriptors (%s; open-files limit %s, %d HTTP connections open): "
-                "accepting paused and retried, the longest-idle connection closed to make room",
+                "accepting paused and retried, the longest-idle connection closed to make room "
+                "(%d failures so far; said again after %.0f s without one)",
                 exc.strerror or exc,
                 soft,
                 len(self.connections),
+                self.stats.out_of_fds,
+                FD_WARN_QUIET,
             )
+        self._fds_short_at = now
         self._evict_one()
         self._pause = min(ACCEPT_PAUSE[1], max(ACCEPT_PAUSE[0], self._pause * 2))
         loop = self._loop
@@ -231,7 +242,7 @@ class HttpServer:
     async def _refuse(self, sock: socket.socket) -> None:
         """Every connection is busy: 503 for plain HTTP (TLS: close), without a thread."""
         self.stats.refused += 1
-        if self.tls is not None or self.refusing >= self.limits.max_connections:
+        if self.tls is not None or self.refusing >= min(self.limits.max_connections, MAX_REFUSING):
             sock.close()
             return
         self.refusing += 1
@@ -386,6 +397,9 @@ class HttpServer:
                 refused = problem(event)
                 if refused is not None:
                     return refused
+                if parser.they_are_waiting_for_100_continue:  # RFC 9110 10.1.1
+                    go_on = parser.send(h11.InformationalResponse(status_code=100, headers=[]))
+                    await channel.send(go_on or b"")
             elif isinstance(event, h11.Data):
                 body += len(event.data)
                 if body > MAX_BODY:

@@ -182,10 +182,15 @@ class WebConfig:
 
 
 def load_web_config(path: Path) -> WebConfig:
+    return _load(path, [path])
+
+
+def _load(path: Path, files: list[Path]) -> WebConfig:
+    """The config of ``path``; ``files`` collects every file it names as it is read, so that a
+    config that fails on one of them knows which to watch for the fix."""
     doc = _read(path)
     where = _Where(path)
     _refuse_unknown(where, doc, _TOP, "")
-    files = [path]
     tls = None
     block = doc.get("tls_server_config")
     if block is not None:
@@ -213,7 +218,8 @@ class LiveWebConfig:
         self._tls_on = first.tls is not None
         self._clock = clock
         self._checked = clock()
-        self._signature = _signature(first.files)
+        self._watched = first.files
+        self._signature = _signature(self._watched)
         self.reloads = 0
 
     def current(self) -> WebConfig | None:
@@ -221,21 +227,21 @@ class LiveWebConfig:
         if now - self._checked < RECHECK_SECONDS:
             return self._config
         self._checked = now
-        files = self._config.files if self._config is not None else (self.path,)
-        signature = _signature(files)
-        if signature == self._signature and self._config is not None:
-            return self._config
+        # taken before the files are read: one that changes while they are read (a renewal
+        # writing the key, then the certificate) is read again at the next look
+        signature = _signature(self._watched)
         if signature == self._signature:
-            return None  # still the unusable version
+            return self._config  # unchanged: the config in use, or None while it is unusable
+        files = [self.path]
         try:
-            new = load_web_config(self.path)
+            new = _load(self.path, files)
         except WebConfigError as exc:
             log.error(
                 "web config changed and is unusable (refusing connections and requests "
                 "until it is fixed): %s",
                 exc,
             )
-            self._config, self._signature = None, signature
+            self._unusable(files, signature)
             return None
         if (new.tls is not None) != self._tls_on:
             log.error(
@@ -243,18 +249,34 @@ class LiveWebConfig:
                 "connections and requests until it is restored",
                 self.path,
             )
-            self._config, self._signature = None, signature
+            self._unusable(files, signature)
             return None
         previous = self._config
         if previous is not None and previous.users == new.users:
             new.auth = previous.auth  # keep what bcrypt already verified
-        self._config, self._signature = new, _signature(new.files)
+        self._config = new
+        self._watch(new.files, signature)
         self.reloads += 1
         log.info("web config %s re-read: it or a file it names changed", self.path)
         return new
 
+    def _unusable(self, files: list[Path], signature: Signature) -> None:
+        """Refuse until a fix: watched are the files named as far as it was read and those of
+        before (a certificate that failed to load is one of them), so that fixing any of them,
+        not only the config file, is seen."""
+        self._config = None
+        self._watch((*files, *self._watched), signature)
 
-def _signature(files: tuple[Path, ...]) -> tuple[tuple[int, int, int, int] | None, ...]:
+    def _watch(self, files: tuple[Path, ...] | list[Path], before: Signature) -> None:
+        watched = tuple(dict.fromkeys(files))
+        self._signature = before if watched == self._watched else _signature(watched)
+        self._watched = watched
+
+
+Signature = tuple[tuple[int, int, int, int] | None, ...]  # per file: inode, size, mtime, ctime
+
+
+def _signature(files: tuple[Path, ...]) -> Signature:
     out: list[tuple[int, int, int, int] | None] = []
     for path in files:
         try:
@@ -623,4 +645,13 @@ def _users(where: _Where, entries: Any) -> dict[str, bytes]:
                 "make one with: htpasswd -nBC 10 USER | cut -d: -f2",
             )
         users[name] = hashed.encode()
+    costs = {int(h[4:6]) for h in users.values()}
+    if len(costs) > 1:  # an unknown name costs the highest: a cheaper user answers sooner
+        log.warning(
+            "%s: basic_auth_users hashed at bcrypt costs %s: a wrong password for a user of a "
+            "lower cost is answered sooner than one for a name that does not exist, which "
+            "tells that the name exists; hash them all at one cost",
+            where.path,
+            ", ".join(f"{c:02d}" for c in sorted(costs)),
+        )
     return users
