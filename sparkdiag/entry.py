@@ -8,7 +8,11 @@ other command gets SIGINT and SIGTERM from the command group, around the command
 
 from __future__ import annotations
 
+import errno
+import io
+import os
 import sys
+from typing import Any
 
 
 def main() -> None:
@@ -18,4 +22,73 @@ def main() -> None:
         LIFECYCLE.install(daemon=True)
     from sparkdiag.cli import main as cli_main
 
-    cli_main()
+    _watch_stdout()
+    try:
+        try:
+            cli_main()
+        finally:  # what is still buffered fails here, where it can be said, not at exit
+            sys.stdout.flush()
+    except StdoutError as exc:
+        _stdout_lost(exc)
+
+
+class StdoutError(OSError):
+    """A write to standard output failed (a full disk, a closed pipe): raised by the standard
+    output :func:`_watch_stdout` sets up, so that it is told from every other OSError."""
+
+
+class _Stdout(io.RawIOBase):
+    """File descriptor 1, whose failed writes raise :class:`StdoutError`."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, data: Any) -> int:
+        try:
+            return os.write(self._fd, data)
+        except BlockingIOError:
+            raise
+        except OSError as exc:
+            raise StdoutError(exc.errno, exc.strerror) from None
+
+
+def _watch_stdout() -> None:
+    """Standard output as Python made it (encoding, errors, line buffering on a terminal), over
+    :class:`_Stdout`."""
+    old = sys.stdout
+    if old is None or not isinstance(old, io.TextIOWrapper):  # not the interpreter's own
+        return
+    try:
+        fd = old.fileno()
+    except (OSError, ValueError):
+        return
+    old.flush()
+    sys.stdout = io.TextIOWrapper(
+        io.BufferedWriter(_Stdout(fd)),
+        encoding=old.encoding,
+        errors=old.errors,
+        line_buffering=old.line_buffering,
+        write_through=old.write_through,
+    )
+
+
+def _stdout_lost(exc: StdoutError) -> None:
+    """Standard output that cannot be written (a full disk, a closed pipe) ends the command
+    with one line and status 1, as an output file not written does, where it was a traceback;
+    a reader that went away (``| head -1``) is said nothing."""
+    from sparkdiag.errors import Exit
+
+    with open(os.devnull, "wb") as sink:  # the exit's own flush then goes nowhere, quietly
+        os.dup2(sink.fileno(), sys.stdout.fileno())
+    if exc.errno != errno.EPIPE:
+        print(f"Error: cannot write standard output: {exc.strerror or exc}", file=sys.stderr)
+    raise SystemExit(Exit.ATTENTION)
