@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -201,6 +202,32 @@ def test_record_fixture_without_nvml(tmp_path: Path) -> None:
     result = invoke_cli("record-fixture", str(out), "--nvml-fixture", str(NVML / "no-nvml.json"))
     assert_clean_error(result, 3, "cannot record: NVML is unavailable")
     assert not out.exists()
+
+
+def test_record_fixture_replaces_only_a_file_and_writes_standard_output_for_dash(
+    tmp_path: Path,
+) -> None:
+    """The bad-input review: a device given as OUTPUT was replaced by a file (/dev/full became
+    JSON), a link by a file, ``-`` written as a file named -, and a missing folder made. Now a
+    device or a pipe is refused, a missing folder too (exit 2, before NVML is asked), a link is
+    written where it points, and ``-`` is standard output."""
+    idle = ("--nvml-fixture", str(NVML / "h200-idle.json"))
+    os.mkfifo(tmp_path / "fifo")
+    for output, said in (
+        (tmp_path / "fifo", "is not a regular file"),
+        (Path("/dev/null"), "is not a regular file"),
+        (tmp_path / "none" / "x.json", "does not exist (for x.json)"),
+    ):
+        result = invoke_cli("record-fixture", str(output), *idle)
+        assert_clean_error(result, 2, said)
+    assert not (tmp_path / "none").exists() and Path("/dev/null").is_char_device()
+    link = tmp_path / "link.json"
+    link.symlink_to(tmp_path / "target.json")
+    assert invoke_cli("record-fixture", str(link), *idle).returncode == 0
+    assert link.is_symlink() and json.loads((tmp_path / "target.json").read_text())["devices"]
+    result = invoke_cli("record-fixture", "-", *idle)
+    assert result.returncode == 0 and json.loads(result.stdout)["devices"]
+    assert "recorded 1 GPU" in result.stderr and not Path("-").exists()
 
 
 def test_help_explains_every_command() -> None:

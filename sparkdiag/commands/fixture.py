@@ -2,43 +2,62 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import click
 
-from sparkdiag.errors import SparkdiagError
+from sparkdiag.commands.common import check_output_path, is_stdout
+from sparkdiag.errors import SparkdiagError, UsageError
 from sparkdiag.flags import settings_from, settings_options
 
 
 @click.command("record-fixture")
-@click.argument("output", type=click.Path(dir_okay=False, writable=True, path_type=Path))
+@click.argument("output", type=click.Path(path_type=Path))
 @click.option(
     "--description", default="", help="What the machine was doing (idle, under load ...)."
 )
 @settings_options("record-fixture")
 def record_fixture(output: Path, description: str, **given: Any) -> None:
-    """Record every NVML answer sparkdiag uses, errors included, into OUTPUT (JSON).
+    """Record every NVML answer sparkdiag uses, errors included, into OUTPUT (JSON), or to
+    standard output for -.
 
-    Run it on a real GPU; replay the file with --nvml-fixture on any machine.
+    Run it on a real GPU; replay the file with --nvml-fixture on any machine. OUTPUT is replaced
+    whole (a new file, then a rename: never half a file); its folder must exist, and an OUTPUT
+    that is a link is replaced where it points.
 
-    Exit status: 0 recorded; 2 a bad flag or fixture; 3 NVML is unavailable or OUTPUT cannot
-    be written.
+    Exit status: 0 recorded; 2 a bad flag or fixture, or an OUTPUT that cannot be a fixture (a
+    folder, a device, a pipe; a missing folder); 3 NVML is unavailable or OUTPUT cannot be
+    written.
     """
     from sparkdiag.sources.nvml.api import NvmlUnavailable
     from sparkdiag.sources.nvml.backends import make_backend
     from sparkdiag.sources.nvml.record import record, write_atomic
 
-    backend = make_backend(settings_from("record-fixture", given).nvml_fixture)
+    settings = settings_from("record-fixture", given)
+    if not is_stdout(output):
+        check_output_path(output, "OUTPUT")  # before NVML is asked anything
+        if output.exists() and not output.resolve().is_file():
+            raise UsageError(
+                f"{output} is not a regular file: a fixture replaces its file whole; give a "
+                "file name, or - for standard output",
+                flag="OUTPUT",
+            )
+        output = output.resolve() if output.is_symlink() else output
+    backend = make_backend(settings.nvml_fixture)
     try:
         doc = record(backend, description)
     except NvmlUnavailable as exc:
         raise SparkdiagError(f"cannot record: NVML is unavailable here ({exc})") from None
+    n = len(doc["devices"])
+    said = f"recorded {n} GPU{'s' if n != 1 else ''} (driver {doc['driver_version']})"
+    if is_stdout(output):
+        click.echo(json.dumps(doc, indent=1))
+        click.echo(said, err=True)
+        return
     try:
         write_atomic(output, doc)
     except OSError as exc:
         raise SparkdiagError(f"cannot write {output}: {exc.strerror or exc}") from None
-    n = len(doc["devices"])
-    click.echo(
-        f"recorded {n} GPU{'s' if n != 1 else ''} (driver {doc['driver_version']}) to {output}"
-    )
+    click.echo(f"{said} to {output}")
