@@ -4,6 +4,7 @@ exception, or is refused with one FixtureError naming the file and the key."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -103,23 +104,34 @@ def test_an_oversized_or_deeply_nested_fixture_is_refused(tmp_path: Path) -> Non
 
 
 def test_every_reader_is_bounded(tmp_path: Path) -> None:
-    """A "file" under a fake root that never ends (/dev/zero) costs a bounded read."""
+    """A "file" under a fake root that never ends (/dev/zero) or never starts (a FIFO: opening
+    it waited for a writer forever, the bad-input review) is refused at once; a large one costs
+    a bounded read."""
     from sparkdiag.probe.launchers import FixtureLauncher
     from sparkdiag.sources.files import FileTooLarge, read_limited
     from sparkdiag.sources.host.procfs import process_names
     from sparkdiag.sources.host.sysfs import PcieSource
 
-    with pytest.raises(FileTooLarge, match="larger than 4 KiB"):
+    with pytest.raises(FileTooLarge, match="not a regular file \\(a character device\\)"):
         read_limited(Path("/dev/zero"), 4096)
+    (tmp_path / "big").write_bytes(b"x" * 5000)
+    with pytest.raises(FileTooLarge, match="larger than 4 KiB"):
+        read_limited(tmp_path / "big", 4096)
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(FileTooLarge, match="not a regular file \\(a FIFO\\)"):
+        read_limited(tmp_path / "fifo", 4096)
+    with pytest.raises(ValueError, match="not a regular file \\(a FIFO\\)"):
+        FixtureLauncher(tmp_path / "fifo")
     proc = tmp_path / "proc" / "42"
     proc.mkdir(parents=True)
     (proc / "comm").symlink_to("/dev/zero")
     assert process_names(tmp_path, [42]) == {}
     device = tmp_path / "sys" / "bus" / "pci" / "devices" / "0000:01:00.0"
     device.mkdir(parents=True)
-    for name in ("current_link_speed", "max_link_speed", "current_link_width", "class"):
+    for name in ("current_link_speed", "max_link_speed", "current_link_width"):
         (device / name).symlink_to("/dev/zero")
+    (device / "class").symlink_to(tmp_path / "fifo")
     (link,) = PcieSource(tmp_path / "sys").read()
     assert (link.current_speed_tps, link.max_speed_tps, link.current_width) == (None, None, None)
-    with pytest.raises(ValueError, match="larger than 16 MiB"):
+    with pytest.raises(ValueError, match="not a regular file"):
         FixtureLauncher(Path("/dev/zero"))
