@@ -14,6 +14,7 @@ parsers and minimums, so that a value the worker would reject is a usage error h
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -252,11 +253,23 @@ _CALLBACKS: dict[str, Callable[..., Any]] = {
 }
 
 
+class FiniteRange(click.FloatRange):
+    """click's FloatRange without NaN and the infinities: NaN passes every comparison, so a
+    FloatRange took ``--interval nan`` (watch then ticked at full speed) and, without a maximum,
+    ``inf`` (the bad-input review)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return super().convert(number, param, ctx)
+
+
 def _click_type(flag: Flag) -> Any:
     if flag.kind == "int":
         return click.IntRange(min=None if flag.minimum is None else int(flag.minimum))
     if flag.kind == "float":
-        return click.FloatRange(min=flag.minimum, min_open=flag.above)
+        return FiniteRange(min=flag.minimum, min_open=flag.above)
     return click.Choice(flag.choices) if flag.kind == "choice" else str
 
 

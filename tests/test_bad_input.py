@@ -161,3 +161,33 @@ def test_a_yaml_syntax_error_names_the_place_not_the_line(tmp_path: Path, data: 
     said = str(info.value)
     assert "not valid YAML" in said and "(line 2, column " in said
     assert "S3cret" not in said
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("watch", "--interval", "nan", "--", "true"),
+        ("watch", "--duration", "nan", "--", "true"),
+        ("soak", "--device", "cpu", "--small", "--window", "inf"),
+        ("link", "test", "127.0.0.1", "--connect-timeout", "nan"),
+        ("link", "test", "127.0.0.1", "--duration", "nan"),
+        ("compare", "--budget-seconds", "nan", "--", "true"),
+        ("bench", "--device", "cpu", "--budget-seconds", "-inf"),
+        ("baseline", "pin", "--all", "--tflops", "nan"),
+    ],
+    ids=lambda a: " ".join(a[:2]),
+)
+def test_nan_and_infinity_are_usage_errors(args: tuple[str, ...]) -> None:
+    """click's FloatRange lets NaN through every bound (watch --interval nan ticked at full
+    speed; link test --connect-timeout nan was a traceback; soak --window nan exit 3: the
+    bad-input review): every float flag is a FiniteRange."""
+    result = run_cli(*args)
+    assert_clean_error(result, 2, "is not a finite number")
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "1e308"])
+def test_baseline_pin_takes_a_plausible_figure_only(value: str) -> None:
+    """--tflops 0, -5 or 1e308 was a traceback (or, 1e308, a baseline every probe fell short
+    of): a usage error before the store is opened."""
+    result = run_cli("baseline", "pin", "--all", "--tflops", value)
+    assert_clean_error(result, 2, "--tflops")

@@ -13,7 +13,7 @@ import click
 from sparkdiag import terminal
 from sparkdiag.baseline.store import DEFAULT_FILENAME, BaselineStore, open_store
 from sparkdiag.errors import UsageError
-from sparkdiag.flags import settings_from, settings_options
+from sparkdiag.flags import FiniteRange, settings_from, settings_options
 from sparkdiag.probe.worker.contract import throughput_unit
 from sparkdiag.statedir import StateDirError, state_directory
 
@@ -157,7 +157,10 @@ def baseline_show(
 @baseline.command("pin")
 @_with_filters
 @click.option(
-    "--tflops", type=float, default=None, help="Value to pin; default: keep the current value."
+    "--tflops",
+    type=FiniteRange(min=0, min_open=True, max=1e6),
+    default=None,
+    help="Value to pin (more than 0, at most 1,000,000); default: keep the current value.",
 )
 @click.option("--note", default="", help="Why (shown by show).")
 @click.option("--all", "all_matches", is_flag=True, help="Pin every matching baseline.")

@@ -15,7 +15,7 @@ import click
 from sparkdiag import terminal
 from sparkdiag.config import ConfigError, parse_listen
 from sparkdiag.errors import Exit, UsageError
-from sparkdiag.flags import settings_from, settings_options
+from sparkdiag.flags import FiniteRange, settings_from, settings_options
 from sparkdiag.lifecycle import LIFECYCLE
 from sparkdiag.link import auth
 from sparkdiag.link.client import Options, measure_link
@@ -176,7 +176,7 @@ def serve(listen: str | None, once: bool, **given: Any) -> Exit:
 @click.option(
     "--duration",
     "seconds",
-    type=click.FloatRange(0.5, MAX_SECONDS),
+    type=FiniteRange(0.5, MAX_SECONDS),
     default=3.0,
     show_default=True,
     metavar="SECONDS",
@@ -212,7 +212,7 @@ def serve(listen: str | None, once: bool, **given: Any) -> Exit:
 @click.option("--no-tools", is_flag=True, help="Do not run iperf3 or ib_write_bw.")
 @click.option(
     "--connect-timeout",
-    type=click.FloatRange(0.1, 60),
+    type=FiniteRange(0.1, 60),
     default=3.0,
     show_default=True,
     metavar="SECONDS",

@@ -26,6 +26,7 @@ from sparkdiag.commands.common import (
 from sparkdiag.config import duration_seconds
 from sparkdiag.errors import Exit, UsageError
 from sparkdiag.flags import (
+    FiniteRange,
     file_option,
     gpu_option,
     plot_option,
@@ -239,7 +240,7 @@ def exit_status(gpus: tuple[GpuSoak, ...], interrupted: bool, files_ok: bool) ->
 @click.option(
     "--window",
     "window",
-    type=click.FloatRange(min=0.1, max=3600),
+    type=FiniteRange(min=0.1, max=3600),
     default=SOAK_WINDOW_SECONDS,
     show_default=True,
     metavar="SECONDS",

@@ -31,6 +31,7 @@ from sparkdiag.commands.common import (
 )
 from sparkdiag.errors import Exit, UsageError
 from sparkdiag.flags import (
+    FiniteRange,
     file_option,
     gpu_option,
     plot_option,
@@ -165,14 +166,14 @@ def _report(rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: str | 
 @click.option("--pid", type=int, default=None, help="Watch this running process and its children.")
 @click.option(
     "--duration",
-    type=click.FloatRange(min=0.1, max=7 * 86400),
+    type=FiniteRange(min=0.1, max=7 * 86400),
     default=None,
     help="Stop watching after this many seconds (a started job keeps running; watch then waits "
     "for it and passes its exit status through). Default: the job's whole life.",
 )
 @click.option(
     "--interval",
-    type=click.FloatRange(min=0.05, max=60),
+    type=FiniteRange(min=0.05, max=60),
     default=0.5,
     show_default=True,
     help="Seconds between samples of the job, its GPUs and the host (the GPU's utilization "
