@@ -172,7 +172,6 @@ def test_a_yaml_syntax_error_names_the_place_not_the_line(tmp_path: Path, data: 
         ("link", "test", "127.0.0.1", "--connect-timeout", "nan"),
         ("link", "test", "127.0.0.1", "--duration", "nan"),
         ("compare", "--budget-seconds", "nan", "--", "true"),
-        ("bench", "--device", "cpu", "--budget-seconds", "-inf"),
         ("baseline", "pin", "--all", "--tflops", "nan"),
     ],
     ids=lambda a: " ".join(a[:2]),
