@@ -341,14 +341,54 @@ def test_a_gpu_whose_ratios_are_all_bad_data_is_named_never_ok(value: str) -> No
     assert "BAD DATA" in words and "1 with bad data" in words
 
 
-@pytest.mark.parametrize("size", ["NaN", "+Inf", "2.5", "-1"])
+@pytest.mark.parametrize("size", ["NaN", "+Inf", "2.5", "-1", "0", "1e300"])
 def test_a_group_size_that_is_no_count_is_bad_data_not_a_traceback(size: str) -> None:
+    """Not judged, and so never exit 0: a NaN size hid a GPU at half its peers with its alert
+    firing, and fleet exited 0 (the hostile-client review)."""
     with raw_server(_prom(_fleet_of_five({"bf16": "0.5", "fp16": "1"}, size=size))) as server:
         result = fleet(server.url, "--json")
     assert "Traceback" not in result.stderr
+    assert result.returncode == 1, result.stderr
     report = strict_json(result.stdout)
     assert len(report["bad_groups"]) == 2 and report["outliers"] == []  # not judged
     assert all(not g["judged"] for g in report["groups"])
+
+
+@pytest.mark.parametrize("value", ["0", "-0.5"])
+def test_a_ratio_of_zero_or_below_is_bad_data(value: str) -> None:
+    with raw_server(_prom(_fleet_of_five({"bf16": value, "fp16": "1"}))) as server:
+        result = fleet(server.url, "--json")
+    assert result.returncode == 1, result.stderr
+    (row,) = [g for g in strict_json(result.stdout)["gpus"] if g["uuid"] == "GPU-4"]
+    assert row["status"] == "bad_data" and row["bad_data"] == [f"bf16 8192x8192x8192: {value}"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["http://127.0.0.1:99999", "http://127.0.0.1:abc", "http://[::1", "http://" + "a" * 64 + ".x",
+     "http://127.0.0.1:9/a b", "http://127.0.0.1:9/\u00e9", "http://me:s3cret@127.0.0.1:9"],
+)  # fmt: skip
+def test_a_prometheus_url_that_cannot_be_asked_is_a_usage_error(url: str) -> None:
+    """Each was a traceback and exit 1 (read as "an outlier"); a password in the URL was shown in
+    every line and in --json, and never sent (the hostile-client review)."""
+    result = fleet(url, "--json")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "s3cret" not in result.stdout + result.stderr
+    assert strict_json(result.stdout)["exit_status"] == 2
+
+
+@pytest.mark.parametrize(
+    "location",
+    ["http://127.0.0.1:99999/", "http://[::1/", "/x y", "/x?a=\u00e9", "/ok\x1b]0;X\x07"],
+)
+def test_a_redirect_that_cannot_be_followed_is_one_line(location: str) -> None:
+    def redirect(head: bytes, sock: socket.socket) -> None:
+        sock.sendall(answer("302 Found", b"", f"Location: {location}"))
+
+    with raw_server(redirect) as first:
+        result = fleet(first.url, "--json")
+    assert result.returncode == 3 and "Traceback" not in result.stderr, result.stderr
+    assert "not followed" in strict_json(result.stdout)["error"]
 
 
 @pytest.mark.parametrize(

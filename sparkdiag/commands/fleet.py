@@ -15,6 +15,7 @@ from sparkdiag import terminal
 from sparkdiag.errors import Exit, SparkdiagError
 from sparkdiag.flags import settings_from, settings_options
 from sparkdiag.peers.fleet import FleetView, GpuRow, fleet_view
+from sparkdiag.peers.httpget import shown_url
 from sparkdiag.peers.promapi import PrometheusClient, connection
 from sparkdiag.peers.ranking import FAIL_BELOW, MIN_FLEET_GROUP, WARN_BELOW
 
@@ -151,7 +152,7 @@ def fleet(as_json: bool, config: Any, **given: Any) -> Exit:
     Exit status:
       0  no GPU 3.5 % or more below its peers (or no group large enough to judge)
       1  an outlier or a warning, or bad data (a ratio that Prometheus holds as
-         NaN or infinite)
+         NaN, infinite, 0 or below; a group size that is no count of GPUs)
       2  a bad flag or file
       3  Prometheus unreachable, refusing the query, or holding no sparkdiag
          series
@@ -176,13 +177,14 @@ def fleet(as_json: bool, config: Any, **given: Any) -> Exit:
         if as_json:  # a document on standard output whatever happened; the line on stderr too
             failed = {
                 "format": FORMAT,
-                "prometheus": url,
+                "prometheus": shown_url(url) if url else url,
                 "error": exc.line(),
                 "exit_status": int(exc.exit_code),
             }
             click.echo(json.dumps(failed, indent=1))
         raise
-    status = Exit.ATTENTION if view.outliers or view.warnings or view.bad_data else Exit.OK
+    bad = view.bad_data or view.bad_groups  # a bad group size hid its outliers: never "ok"
+    status = Exit.ATTENTION if view.outliers or view.warnings or bad else Exit.OK
     if as_json:
         doc = {"format": FORMAT, **view.as_json(), "exit_status": int(status)}
         click.echo(json.dumps(doc, indent=1, allow_nan=False))  # NaN is no JSON: never written

@@ -273,12 +273,17 @@ def _finite(value: float | None) -> float | None:
 
 
 def _shown(value: float) -> str:
+    if math.isfinite(value):
+        return f"{value:.6g}"
     return "NaN" if math.isnan(value) else ("+Inf" if value > 0 else "-Inf")
 
 
+MAX_GROUP = 1_000_000  # GPUs in one peer group: more is no count Prometheus could have
+
+
 def _size(value: float) -> int | None:
-    """A group's GPU count: a whole non-negative number, else None (bad data)."""
-    if not math.isfinite(value) or value < 0 or value != int(value):
+    """A group's GPU count: a whole number from 1 to MAX_GROUP, else None (bad data)."""
+    if not math.isfinite(value) or not 1 <= value <= MAX_GROUP or value != int(value):
         return None
     return int(value)
 
@@ -298,7 +303,7 @@ def build_view(
         where = (_group(s.labels), _kernel(s.labels))
         size = _size(s.value)
         if size is None:
-            bad_groups.append(f"{' '.join(where[0][:1] + where[1])}: group size {s.value:g}")
+            bad_groups.append(f"{' '.join(where[0][:1] + where[1])}: group size {s.value:.6g}")
         sizes[where] = size or 0
     medians = {
         (_group(s.labels), _kernel(s.labels)): _finite(s.value) for s in answers[GROUP_MEDIAN]
@@ -309,9 +314,9 @@ def build_view(
     for sample in answers[RATIO]:
         gpu, kernel, group = _gpu(sample.labels), _kernel(sample.labels), _group(sample.labels)
         group_of.setdefault(gpu, group)
-        if math.isfinite(sample.value):
+        if math.isfinite(sample.value) and sample.value > 0:
             kernels_of[gpu].append((kernel, sample.value, group))
-        else:
+        else:  # a figure over its group's median is never 0 or below: bad data too
             bad_of[gpu].append((kernel, _shown(sample.value)))
     state: dict[tuple[str, str], str] = {}
     for alert in alerts:
@@ -369,7 +374,8 @@ def actions(view: FleetView) -> tuple[str, ...]:
                 f"{row.instance} GPU {row.gpu} ({row.uuid}): Prometheus holds no finite ratio "
                 f"to its peers at {', '.join(row.bad)}: bad data, not ranked as healthy; read "
                 "its sparkdiag_gemm_tflops series and its daemon's log (a probe figure of 0 or "
-                "a group median of 0 gives NaN or an infinity)"
+                "a group median of 0 gives NaN or an infinity; a ratio of 0 or below is no "
+                "figure a GPU can have)"
             )
     if view.bad_groups:
         out.append(

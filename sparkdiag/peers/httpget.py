@@ -59,6 +59,35 @@ def _origin(url: urllib.parse.SplitResult) -> tuple[str, str, int]:
     return url.scheme, (url.hostname or "").lower(), port
 
 
+def url_problem(url: str) -> str | None:
+    """Why ``url`` cannot be asked, or None: an http(s) URL with a host that can be looked up
+    (each label at most 63 characters), a port from 0 to 65535, no user or password (they would
+    be neither sent nor kept out of messages: credentials come from their own flags and files)
+    and a path of printable ASCII without spaces (a request target; percent-encode the rest).
+    A value typed by the user and a server's redirect are both checked with it: either made a
+    traceback (the hostile-client review)."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        parts.port  # noqa: B018  # ValueError: a port out of range or not a number
+    except ValueError as exc:
+        return f"not a URL ({exc})"
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return "not an http:// or https:// URL"
+    if "@" in parts.netloc:
+        return (
+            "a user or password in the URL is not used: give them with --prometheus-username "
+            "and --prometheus-password-file (or the --http.config.file)"
+        )
+    try:
+        parts.hostname.encode("idna")
+    except UnicodeError:
+        return "its host name is not one that can be looked up"
+    target = parts.path + parts.query
+    if not target.isascii() or any(ch <= " " or ch == "\x7f" for ch in target):
+        return "its path holds a space, a control or a non-ASCII character (percent-encode it)"
+    return None
+
+
 def redirect_allowed(source: str, target: str) -> str | None:
     """None when a redirect from ``source`` to ``target`` may be followed with the request's
     credentials, else why not."""
@@ -122,25 +151,29 @@ def get(
         answer, location = _one(current, headers, deadline, context, max_body, server_name)
         if location is None:
             return answer
-        target = urllib.parse.urljoin(current, location)
-        why = redirect_allowed(current, target)
+        why: str | None
+        try:
+            target = urllib.parse.urljoin(current, location)
+        except ValueError:
+            target, why = location, "not a URL"
+        else:
+            why = url_problem(target) or redirect_allowed(current, target)
         if why is not None:
             raise FetchError(
-                f"redirected (HTTP {answer.status}) to {_shown(target)}, not followed: {why}; "
+                f"redirected (HTTP {answer.status}) to {shown_url(target)}, not followed: {why}; "
                 "if that is where the server is, give that URL",
                 "redirect",
             )
         current = target
     raise FetchError(
-        f"more than {MAX_REDIRECTS} redirects, the last to {_shown(current)}", "redirect"
+        f"more than {MAX_REDIRECTS} redirects, the last to {shown_url(current)}", "redirect"
     )
 
 
-def _shown(url: str) -> str:
-    """A URL for a message: without user and password, cut to 200 characters."""
-    parts = urllib.parse.urlsplit(url)
-    host = parts.netloc.rpartition("@")[2]
-    return urllib.parse.urlunsplit(parts._replace(netloc=host))[:200]
+def shown_url(url: str) -> str:
+    """A URL for a message: without user and password, cut to 200 characters (by text, as a
+    URL that cannot be parsed is shown too)."""
+    return re.sub(r"//[^/?#]*@", "//", url, count=1)[:200]
 
 
 def _connect(parts: urllib.parse.SplitResult, deadline: _Deadline) -> socket.socket:

@@ -22,7 +22,7 @@ from typing import Any
 
 from sparkdiag import safeload
 from sparkdiag.errors import Exit, SparkdiagError, UsageError
-from sparkdiag.peers.httpget import FetchError, get
+from sparkdiag.peers.httpget import FetchError, get, url_problem
 
 MAX_ANSWER_BYTES = 64 << 20  # a fleet of 1000 GPUs answers a few MiB; never read more than this
 MAX_CONFIG_BYTES = 1 << 20  # an HTTP config is a few hundred bytes
@@ -55,9 +55,9 @@ class Connection:
     timeout: float = 10.0
 
     def __post_init__(self) -> None:
-        parsed = urllib.parse.urlsplit(self.url)
-        if parsed.scheme not in ("http", "https") or not parsed.netloc:
-            raise UsageError(f"{self.url!r} is not an http:// or https:// URL", flag="--prometheus")
+        why = url_problem(self.url)
+        if why is not None:  # the URL itself is not echoed: it may hold a password
+            raise UsageError(why, flag="--prometheus")
         if (self.cert_file is None) != (self.key_file is None):
             raise UsageError("a client certificate needs both its cert file and its key file")
         if self.username is not None and self.bearer is not None:
