@@ -514,3 +514,13 @@ def test_soak_takes_its_settings_from_the_option_table() -> None:
     settings = settings_from("soak", {})
     assert settings.probe_timeout == 120.0 and settings.probe_when == "idle"
     assert settings.log_level == "info" and settings.state_dir is None
+
+
+def test_a_soak_that_measured_nothing_is_not_ok(tmp_path: Path) -> None:
+    """Every kernel asked for unsupported on the device: it was loaded for the whole duration,
+    then "completed", exit 0 (the bad-input review); exit 1, as the help says."""
+    pytest.importorskip("torch")
+    result = run_soak("--device", "cpu", "--small", "--no-record", "--dtype", "fp8",
+                      "--duration", "2", "--window", "1")  # fmt: skip
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "not measured: fp8" in " ".join(result.stdout.split())

@@ -218,15 +218,22 @@ def _check_state_dir(state_dir: Path | None) -> None:
 
 
 def exit_status(gpus: tuple[GpuSoak, ...], interrupted: bool, files_ok: bool) -> Exit:
-    """FAILED a worker failed; INTERRUPTED; ATTENTION a kernel fell, a GPU was not soaked or a
-    file was not written; else OK."""
+    """FAILED a worker failed; INTERRUPTED; ATTENTION a kernel fell, a GPU was not soaked or
+    measured nothing (every kernel asked for unsupported there: it was loaded for the whole
+    duration and "completed", exit 0, before) or a file was not written; else OK."""
     if any(g.stopped == "error" for g in gpus):
         return Exit.FAILED
     if interrupted or any(g.stopped == "interrupted" for g in gpus):
         return Exit.INTERRUPTED
-    if not files_ok or any(g.stopped in NOT_RUN or g.verdict.degraded for g in gpus):
+    if not files_ok or any(
+        g.stopped in NOT_RUN or g.verdict.degraded or not _measured(g) for g in gpus
+    ):
         return Exit.ATTENTION
     return Exit.OK
+
+
+def _measured(gpu: GpuSoak) -> bool:
+    return any(k.status != "unsupported" for k in gpu.verdict.kernels)
 
 
 @click.command()
@@ -314,7 +321,8 @@ def soak(
     its record is shown by check as a test run and not exported by the daemon.
 
     Exit status: 0 every kernel held (a CPU soak: ran); 1 a kernel fell below 0.9 of cold, a
-    GPU was not soaked (busy, unsupported) or an output could not be written; 2 usage error
+    GPU was not soaked (busy, unsupported) or measured nothing (every kernel asked for
+    unsupported there), or an output could not be written; 2 usage error
     (checked before any load: each output path is created, or opened, and left as it was, and
     with --record the state directory must take a file); 3 a worker failed, or torch is not
     installed; 130 interrupted.
