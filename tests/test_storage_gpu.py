@@ -254,10 +254,21 @@ def test_storage_with_a_gpu_on_cpu_torch_measures_the_host_and_says_what_it_skip
     done = run_cli("storage", str(tmp_path / "m"), "--storage.gpu", "0", "--storage.size", "32M",
                    "--storage.duration", "2", "--state-dir", str(tmp_path / "state"), "--json",
                    timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stderr
     doc = json.loads(done.stdout)
     assert {f["path"] for f in doc["figures"]} == {"host"}
     assert doc["gpu"]["status"] in ("unsupported", "error") and doc["gpu"]["reason"]
+    # the GPU path measured nothing: 1 (unsupported) or 3 (failed), never 0 (the bad-input
+    # review: this test held 0)
+    assert done.returncode == (3 if doc["gpu"]["status"] == "error" else 1), done.stderr
     kept = json.loads((tmp_path / "state" / "storage.json").read_text())
     assert {f["path"] for f in kept["mounts"][0]["figures"]} == {"host"}
     assert list((tmp_path / "m").iterdir()) == []
+
+
+def test_a_gpu_path_whose_worker_cannot_start_fails_the_command(tmp_path: Path) -> None:
+    (tmp_path / "m").mkdir()
+    done = run_cli("storage", str(tmp_path / "m"), "--storage.gpu", "0", "--storage.size", "32M",
+                   "--storage.duration", "2", "--no-record", "--probe.python",
+                   str(tmp_path / "no-python"), timeout=120)  # fmt: skip
+    assert done.returncode == 3, done.stdout + done.stderr
+    assert "path into the GPU failed" in " ".join(done.stdout.split())

@@ -17,6 +17,7 @@ from sparkdiag.errors import Exit
 from sparkdiag.flags import settings_from, settings_options
 from sparkdiag.sources.host.nvme import read_controller
 from sparkdiag.statedir import ensure_state_directory, state_directory
+from sparkdiag.storage.evaluate import StorageReport
 from sparkdiag.storage.render import size, temperatures, text
 from sparkdiag.storage.run import Progress
 from sparkdiag.storage.session import Where, probe_directory, request_for
@@ -54,9 +55,11 @@ def storage(
     \b
     Exit status:
       0  measured; every figure at least 0.7 of its baseline, or still learning
-      1  a figure under 0.7 of its baseline (slow)
+      1  a figure under 0.7 of its baseline (slow), or --storage.gpu measured
+         nothing (no GPU, the GPU busy, unsupported)
       2  refused (nothing was written), or a bad flag
-      3  the probe failed or timed out (its test file went with it)
+      3  the probe failed or timed out (its test file went with it), or the
+         path into the GPU failed
     130  interrupted
     """
     settings = settings_from("storage", given)
@@ -94,4 +97,16 @@ def storage(
         click.echo(json.dumps(doc, indent=1, allow_nan=False))
     else:
         click.echo(text(report, terminal.width(), temperatures(before, after)), nl=False)
+    return exit_status(report)
+
+
+def exit_status(report: StorageReport) -> Exit:
+    """FAILED where the path into the GPU failed (a worker that could not start, a CUDA error),
+    ATTENTION where it measured nothing (no GPU, busy, unsupported) or a figure is slow: a
+    --storage.gpu run that failed exited 0 (the bad-input review)."""
+    gpu = report.document.gpu
+    if gpu is not None and gpu.status == "error":
+        return Exit.FAILED
+    if gpu is not None and not any(s.status == "ok" for s in gpu.stages):
+        return Exit.ATTENTION
     return Exit.ATTENTION if report.verdict == "slow" else Exit.OK
