@@ -135,6 +135,19 @@ def test_dash_for_both_is_a_usage_error(monkeypatch: pytest.MonkeyPatch, tmp_pat
     assert result.exit_code == 2 and "not to both" in result.output and runs == []
 
 
+def test_one_file_for_both_is_a_usage_error(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The last write kept one document and the other was lost without a word (the bad-input
+    review); a link to the other file is the same file."""
+    runs = worker(monkeypatch, SWEEP)
+    (tmp_path / "link.csv").symlink_to(tmp_path / "b.out")
+    for other in ("b.out", "link.csv"):
+        result = bench("--csv", str(tmp_path / other), "--json", str(tmp_path / "b.out"))
+        assert result.exit_code == 2 and "one would overwrite the other" in result.output
+    assert runs == [] and not (tmp_path / "b.out").exists()
+
+
 def test_the_help_says_dash_is_standard_output() -> None:
     shown = " ".join(CliRunner().invoke(main, ["bench", "--help"]).output.split())
     assert "--csv - or --json - prints that document on standard output" in shown

@@ -405,6 +405,7 @@ def test_a_missing_nvml_fixture_is_refused_with_device_cpu(tmp_path: Path) -> No
         (["--csv", "/proc/soak.csv"], "'--csv': cannot create /proc/soak.csv: No such file"),
         (["--json", "/proc/soak.json"], "'--json': cannot create /proc/soak.json: No such file"),
         (["--csv", "-", "--json", "-"], "give - (standard output) to --csv or to --json, not"),
+        (["--csv", "{tmp}/s.out", "--json", "{tmp}/s.out"], "both name {tmp}/s.out: one would"),
     ],
 )
 def test_output_paths_are_checked_before_any_load(

@@ -62,9 +62,19 @@ def is_stdout(path: Path | str | None) -> bool:
 
 
 def one_stdout(csv_path: Path | str | None, json_path: Path | str | None) -> None:
-    """Standard output holds one document: ``-`` for both --csv and --json is a usage error."""
+    """Standard output holds one document: ``-`` for both --csv and --json is a usage error;
+    so is one file for both (the last write kept one, and the other was lost without a word:
+    the bad-input review). Paths are compared as they resolve (links followed)."""
     if is_stdout(csv_path) and is_stdout(json_path):
         raise UsageError("give - (standard output) to --csv or to --json, not to both")
+    if csv_path is None or json_path is None or is_stdout(csv_path) or is_stdout(json_path):
+        return
+    if Path(csv_path).resolve() == Path(json_path).resolve():
+        raise UsageError(
+            f"--csv and --json both name {json_path}: one would overwrite the other; give two "
+            "files",
+            flag="--json",
+        )
 
 
 def check_output_path(path: Path | str | None, flag: str) -> None:
