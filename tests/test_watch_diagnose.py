@@ -381,3 +381,44 @@ def test_a_finalising_interpreter_after_the_last_step_is_not_the_loop() -> None:
     assert empty, "the recording's last ticks read empty stacks"
     ends = [i for i, t in enumerate(rec.ticks) if t.t <= d.window[1]]
     assert ends[-1] < empty[0] and all(i > ends[-1] for i in empty)
+
+
+def _leaves(doc: object, path: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
+    """The path of every number, string, flag and null in a JSON document."""
+    if isinstance(doc, dict):
+        return [p for k, v in doc.items() for p in _leaves(v, (*path, k))]
+    if isinstance(doc, list):
+        return [p for i, v in enumerate(doc[:3]) for p in _leaves(v, (*path, i))]
+    return [path]
+
+
+def test_a_recording_with_any_field_of_the_wrong_type_is_refused_or_diagnosed() -> None:
+    """Each scalar of a real recording replaced by a value of another JSON type: the replay is
+    a RecordingError naming the field (exit 2) or a diagnosis, never a TypeError from inside
+    diagnose (25 of 300 such changes were a traceback: the bad-input review)."""
+    import copy
+    import json
+
+    from sparkdiag.watch.model import RecordingError
+
+    path = Path(__file__).parent / "fixtures/watch/cpu-dry-run/launch-bound.recording.json"
+    doc = json.loads(path.read_text())
+    leaves = _leaves(doc)
+    assert len(leaves) > 100
+    refused = 0
+    for where in leaves:
+        for other in ("x", 1.5, True, [1], {"a": 1}, None):
+            changed = copy.deepcopy(doc)
+            holder = changed
+            for key in where[:-1]:
+                holder = holder[key]
+            if type(holder[where[-1]]) is type(other):
+                continue
+            holder[where[-1]] = other
+            try:
+                rec = from_json(changed)
+            except RecordingError:
+                refused += 1
+                continue
+            diagnose(rec)  # must not raise
+    assert refused > 0

@@ -296,10 +296,64 @@ class RecordingError(UsageError, ValueError):
 
 
 def _build(cls: Any, data: Any) -> Any:
+    """``cls`` from a recording's object, each field of the type its annotation gives (a field
+    of another type, as a string where a number goes, made diagnose raise a TypeError deep
+    inside: 25 of 300 single-field changes, in the bad-input review); fields it does not know
+    are left out (a newer recording)."""
     if not isinstance(data, dict):
         raise TypeError(f"{cls.__name__} must be an object")
-    known = {f.name for f in fields(cls)}
-    return cls(**{k: v for k, v in data.items() if k in known})
+    kinds = _field_kinds(cls)
+    built = {}
+    for key, value in data.items():
+        if key in kinds:
+            built[key] = _checked(value, kinds[key], f"{cls.__name__}.{key}")
+    return cls(**built)
+
+
+_KINDS: dict[Any, dict[str, tuple[type, ...]]] = {}
+_BASIC = {"int": (int,), "float": (int, float), "str": (str,), "bool": (bool,)}
+
+
+def _field_kinds(cls: Any) -> dict[str, tuple[type, ...]]:
+    """Per field, the Python types a recording's value may have (from the annotation's text,
+    ``from __future__`` keeps them strings): a number, a string, a flag, a list for a tuple, an
+    object for a dict; ``| None`` adds None; any other annotation takes anything."""
+    if cls not in _KINDS:
+        kinds: dict[str, tuple[type, ...]] = {}
+        for f in fields(cls):
+            parts = [p.strip() for p in str(f.type).split("|")]
+            allowed: list[type] = []
+            for part in parts:
+                head = part.split("[", 1)[0]
+                if part in _BASIC:
+                    allowed += _BASIC[part]
+                elif head == "tuple":
+                    allowed += [list, tuple]
+                elif head == "dict":
+                    allowed.append(dict)
+                elif part == "None":
+                    allowed.append(type(None))
+                else:
+                    allowed = []  # a type of its own: left to its builder
+                    break
+            if allowed:
+                kinds[f.name] = tuple(allowed)
+        _KINDS[cls] = kinds
+    return _KINDS[cls]
+
+
+_JSON_NAMES = {int: "a number", float: "a number", str: "a string", bool: "true or false",
+               list: "a list", tuple: "a list", dict: "an object", type(None): "null"}  # fmt: skip
+
+
+def _checked(value: Any, allowed: tuple[type, ...], name: str) -> Any:
+    wrong = isinstance(value, bool) and bool not in allowed  # True is an int to Python
+    if wrong or not isinstance(value, allowed):
+        kinds = " or ".join(dict.fromkeys(_JSON_NAMES[t] for t in allowed))
+        raise TypeError(f"{name} is {_JSON_NAMES.get(type(value), 'something else')}, not {kinds}")
+    if float in allowed and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    return value
 
 
 def _gpu_tick(data: Any) -> GpuTick:
