@@ -109,6 +109,21 @@ def test_before_the_proof_only_a_challenge_is_said(served: tuple[LinkServer, Pat
     assert not server.busy
 
 
+def test_a_proof_of_other_characters_is_refused_as_any_wrong_proof(
+    served: tuple[LinkServer, Path],
+) -> None:
+    """64 non-ASCII characters made compare_digest raise TypeError: the session ended without
+    "authentication failed" and the attempt was never counted (the hostile-client review)."""
+    server, _ = served
+    with connect(server) as sock:
+        reader = LineReader(sock)
+        send(sock, {"sparkdiag-link": 2, "kind": "control", "nonce": auth.nonce()})
+        reader.read(5)
+        send(sock, {"proof": "\u00e9" * 64})
+        assert reader.read(5)["error"].startswith("authentication failed")
+    assert not auth.valid(SECRET, "client", "a", "b", "\u00e9" * 64)
+
+
 def test_a_protocol_1_hello_learns_nothing(served: tuple[LinkServer, Path]) -> None:
     """What sparkdiag before issue 29 sent: it got the host name, interfaces, tools and lint."""
     server, _ = served
@@ -586,3 +601,24 @@ def test_fuzz_the_protocol(
     control.ask({"op": "bye"})
     control.sock.close()
     wait_for(lambda: not server.busy, 10)
+
+
+def test_the_secret_file_s_path_reaches_the_terminal_escaped(tmp_path: Path) -> None:
+    """The new-secret line printed the path's bytes raw: an escape sequence in it set the
+    terminal's title (the hostile-client review)."""
+    path = tmp_path / "x\x1b]0;PWNED\x07"
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    proc = subprocess.Popen(
+        sparkdiag_cmd("link", "serve", "--listen", f"127.0.0.1:{port}",
+                      "--link.secret-file", str(path)),
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        said = proc.stderr.readline()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    assert "made a new link secret" in said and "\x1b" not in said and "\\x1b" in said

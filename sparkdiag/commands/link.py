@@ -134,9 +134,10 @@ def serve(listen: str | None, once: bool, **given: Any) -> Exit:
     socks, where = _listeners(listen, settings)
     try:
         if auth.make_secret(path):
+            shown = terminal.safe(str(path))  # a path is the user's, its bytes are not ours
             click.echo(
-                f"sparkdiag link serve: made a new link secret in {path}; copy it to the "
-                f"measuring machine, to the same place (scp {path} PEER:{path}), mode 0600",
+                f"sparkdiag link serve: made a new link secret in {shown}; copy it to the "
+                f"measuring machine, to the same place (scp {shown} PEER:{shown}), mode 0600",
                 err=True,
             )
         secret = auth.read_secret(path)
@@ -155,7 +156,9 @@ def serve(listen: str | None, once: bool, **given: Any) -> Exit:
         say=lambda line: click.echo(terminal.safe(line), err=True),
         once=once,
     )
-    click.echo(f"sparkdiag link serve: listening on {where} (TCP); Ctrl-C stops", err=True)
+    click.echo(
+        terminal.safe(f"sparkdiag link serve: listening on {where} (TCP); Ctrl-C stops"), err=True
+    )
     try:
         server.serve(stop)
     finally:

@@ -99,8 +99,10 @@ def proof(secret: bytes, role: str, first: str, second: str) -> str:
 
 
 def valid(secret: bytes, role: str, first: str, second: str, given: object) -> bool:
-    """Whether ``given`` is the proof of ``role`` (compared in constant time)."""
-    if not isinstance(given, str) or len(given) != 64:
+    """Whether ``given`` is the proof of ``role`` (compared in constant time). A proof is 64
+    ASCII characters: compare_digest raises TypeError on any other str, which ended the session
+    without its "authentication failed" answer or the server's "refused" line."""
+    if not isinstance(given, str) or len(given) != 64 or not given.isascii():
         return False
     return hmac.compare_digest(proof(secret, role, first, second), given)
 
