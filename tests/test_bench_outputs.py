@@ -6,6 +6,7 @@ measured nothing exits 1 as bench --help says."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -199,3 +200,33 @@ def test_a_shape_int4_cannot_run_is_a_usage_error_before_the_gpu_is_looked_for()
     done = invoke_cli("bench", "--dtype", "int4", "--m", "64", "--nvml-fixture", no_gpu)
     assert done.returncode == 2, done.stderr
     assert "int4 needs K divisible by 128" in done.stderr and "--m" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("--m", "1:100000000:1"), "is 100000000 sizes; at most 5000 kernels run"),
+        (("--k", "99999999999999999999"), "a size is at most 1048576"),
+        (("--m", "128:512:128", "--n", "1:100:1", "--k", "1:100:1"), "40000 kernels is too"),
+    ],
+)
+def test_a_sweep_too_large_is_refused_before_it_is_listed(
+    monkeypatch: pytest.MonkeyPatch, args: tuple[str, ...], said: str
+) -> None:
+    """--m 1:100000000:1 built a list of a hundred million sizes, and their shapes, before its
+    cap said no (10 s of allocation); a K of 20 digits reached the worker as an overflow (the
+    bad-input review). Each is a usage error at once."""
+    runs = worker(monkeypatch, SWEEP)
+    started = time.monotonic()
+    result = bench(*args)
+    assert result.exit_code == 2 and said in result.output, result.output
+    assert runs == [] and time.monotonic() - started < 5
+
+
+def test_a_shape_larger_than_any_gpu_is_a_usage_error() -> None:
+    from sparkdiag.probe.worker.contract import UsageError, parse_shape
+
+    assert parse_shape("65536x65536x65536") == (65536, 65536, 65536)
+    for text in ("1x99999999999x128", "200000x200000x200000"):
+        with pytest.raises(UsageError):
+            parse_shape(text)

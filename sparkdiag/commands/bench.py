@@ -31,7 +31,8 @@ from sparkdiag.flags import file_option, settings_from, settings_options, worker
 from sparkdiag.lifecycle import Interrupted
 from sparkdiag.probe.document import KernelResult, Progress
 from sparkdiag.probe.runner import run_worker
-from sparkdiag.probe.worker.contract import throughput_unit
+from sparkdiag.probe.worker.contract import MAX_DIM, parse_shape, throughput_unit
+from sparkdiag.probe.worker.contract import UsageError as ContractUsageError
 
 CSV_COLUMNS = (
     "dtype",
@@ -47,6 +48,7 @@ CSV_COLUMNS = (
 )
 M_RANGE = "1024:16384:1024"  # mamf-finder's square sweep
 SMALL_M_RANGE = "128:512:128"  # --small: four cubes a CPU sweeps in seconds
+MAX_KERNELS = 5000  # a sweep of more is a typo, and would take days
 PARTIAL_SCHEMA = "sparkdiag-bench-partial/1"  # --json after Ctrl-C: the kernels measured
 
 
@@ -57,15 +59,23 @@ def parse_range(text: str) -> list[int]:
             start, stop, step = (int(p) for p in text.split(":"))
             if step <= 0 or start <= 0 or stop < start:
                 raise ValueError
-            return list(range(start, stop + 1, step))
-        values = [int(p) for p in text.split(",")]
-        if not values or min(values) <= 0:
-            raise ValueError
-        return values
+            sizes = range(start, stop + 1, step)
+        else:
+            sizes = range(0)
+            values = [int(p) for p in text.split(",")]
+            if not values or min(values) <= 0:
+                raise ValueError
     except ValueError:
         raise click.BadParameter(
             f"{text!r}: give N, N,N,... or START:STOP:STEP with positive integers"
         ) from None
+    count = len(sizes) if ":" in text else len(values)
+    if count > MAX_KERNELS:  # counted before a list of a hundred million is made
+        raise click.BadParameter(f"{text!r} is {count} sizes; at most {MAX_KERNELS} kernels run")
+    largest = sizes[-1] if ":" in text else max(values)
+    if largest > MAX_DIM:
+        raise click.BadParameter(f"{text!r}: a size is at most {MAX_DIM}")
+    return list(sizes) if ":" in text else values
 
 
 def _range(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
@@ -304,16 +314,23 @@ def bench(
     # a CPU would take hours
     tiny = small or device == "cpu"
     ms = m_range if m_range is not None else parse_range(SMALL_M_RANGE if tiny else M_RANGE)
-    if n_range is None and k_range is None:
+    ns, ks = (ms, ms) if n_range is None and k_range is None else (n_range or ms, k_range or ms)
+    cubes = n_range is None and k_range is None
+    count = len(ms) * (1 if cubes else len(ns) * len(ks)) * len(dtypes)
+    if count > MAX_KERNELS:  # before the shapes are listed
+        raise UsageError(f"{count} kernels is too many (at most {MAX_KERNELS}); narrow the ranges")
+    if cubes:
         shapes = [f"{m}x{m}x{m}" for m in ms]
     else:
-        ns = n_range or ms
-        ks = k_range or ms
         shapes = [f"{m}x{n}x{k}" for m in ms for n in ns for k in ks]
     # usage errors first, as probe gives them: before torch and the GPU are looked for
-    check_shapes(dtypes, shapes, "--k" if k_range is not None else "--m")
-    if len(shapes) * len(dtypes) > 5000:
-        raise UsageError(f"{len(shapes) * len(dtypes)} kernels is too many; narrow the ranges")
+    flag = "--k" if k_range is not None else "--m"
+    try:
+        for shape in shapes:
+            parse_shape(shape)  # a side or the matrices too large
+    except ContractUsageError as exc:
+        raise UsageError(str(exc), flag=flag) from None
+    check_shapes(dtypes, shapes, flag)
     require_torch("bench")
     if device is None:  # the GPU, or a refusal: never a quiet sweep of GPU shapes on the CPU
         samples, why = gpus_seen(settings.nvml_fixture)

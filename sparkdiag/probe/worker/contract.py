@@ -87,11 +87,22 @@ def parse_dtypes(items: Sequence[str]) -> list[str]:
     return dtypes
 
 
+MAX_DIM = 1 << 20  # a GEMM side: 1,048,576 (mamf-finder sweeps to 20,480)
+MAX_ELEMENTS = 1 << 35  # A, B and C together: 64 GiB in bf16, half an H200 or a GB10
+
+
 def parse_shape(text: str) -> tuple[int, int, int]:
     parts = text.lower().replace(" ", "").split("x")
-    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts):
+    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts[:3]):
         raise UsageError(f"bad shape {text!r}: expected MxNxK with positive integers")
-    return int(parts[0]), int(parts[1]), int(parts[2])
+    m, n, k = (int(p) for p in parts)
+    if max(m, n, k) > MAX_DIM:
+        raise UsageError(f"bad shape {text!r}: a side is at most {MAX_DIM}")
+    if m * k + k * n + m * n > MAX_ELEMENTS:
+        raise UsageError(
+            f"shape {text!r} is too large: its matrices hold more than {MAX_ELEMENTS} elements"
+        )
+    return m, n, k
 
 
 def shape_label(m: int, n: int, k: int) -> str:
