@@ -191,7 +191,8 @@ def parse_json(source: str | bytes, max_depth: int = MAX_DEPTH) -> Any:
     try:
         return json.loads(source, parse_int=_int, parse_float=_float, parse_constant=_constant)
     except json.JSONDecodeError as exc:
-        raise LoadError(f"not valid JSON: {exc.msg} at line {exc.lineno}") from None
+        said = exc.msg.removesuffix(" at")  # json's "Invalid control character at"
+        raise LoadError(f"not valid JSON: {said} at line {exc.lineno}") from None
     except RecursionError:  # not reachable past the depth check; kept as the last guard
         raise LoadError(f"nested too deeply (more than {max_depth} levels)") from None
 

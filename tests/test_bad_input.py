@@ -190,3 +190,13 @@ def test_baseline_pin_takes_a_plausible_figure_only(value: str) -> None:
     of): a usage error before the store is opened."""
     result = run_cli("baseline", "pin", "--all", "--tflops", value)
     assert_clean_error(result, 2, "--tflops")
+
+
+def test_check_peer_that_does_not_resolve_names_peer_not_link_test_s_argument() -> None:
+    """It was a FAIL row 'Invalid value for PEER' (link test's argument) with the advice to
+    start link serve on a machine whose name does not exist (the bad-input review)."""
+    resolver_answers("no-such-host.invalid")
+    result = run_cli("check", "--peer", "no-such-host.invalid", "--nvml-fixture",
+                     str(NVML / "h200-idle.json"), timeout=60)  # fmt: skip
+    assert_clean_error(result, 2, "Invalid value for '--peer': 'no-such-host.invalid'")
+    assert "link serve" not in result.stdout + result.stderr

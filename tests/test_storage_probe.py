@@ -124,7 +124,7 @@ def test_refuses_to_leave_less_than_the_margin_free(tmp_path: Path) -> None:
     with pytest.raises(StorageProbeError) as raised:
         run_probe(ProbeRequest(tmp_path, min_free=free_bytes(tmp_path), **SMALL))
     assert raised.value.exit_code == Exit.USAGE
-    assert "free space or give a smaller --size" in raised.value.message
+    assert "free space or give a smaller --storage.size" in raised.value.message
     assert list(tmp_path.iterdir()) == []
 
 

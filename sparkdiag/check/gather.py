@@ -27,7 +27,7 @@ from sparkdiag.check.model import (
 from sparkdiag.check.probe_run import read_store, run_probes, worker_launcher
 from sparkdiag.check.stall_checks import sample_busy_gpus
 from sparkdiag.config import Settings
-from sparkdiag.errors import Exit, SparkdiagError
+from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.link import auth
 from sparkdiag.link.client import Options, measure_link
 from sparkdiag.link.readings import read_fabric
@@ -171,6 +171,8 @@ def _with_link(
             os.environ,
             progress=on_peer or (lambda line: None),
         )
+    except UsageError as exc:  # a name that does not resolve: --peer's, not link test's PEER
+        raise UsageError(exc.message, flag="--peer") from None
     except SparkdiagError as exc:
         return replace(ctx, peer_error=exc.line())
     except FileNotFoundError as exc:

@@ -127,8 +127,10 @@ def native(
             if python is not None
             else environment(settings.rootfs, settings.probe_python)
         )
-    except NotAnEnvironment as exc:
-        raise UsageError(str(exc), flag="--python") from None
+    except NotAnEnvironment as exc:  # named by --python, or else by --probe.python
+        raise UsageError(
+            str(exc), flag="--python" if python is not None else "--probe.python"
+        ) from None
     cached = None if no_cache else cache_path(settings.state_dir)
     if cached is not None:
         try:  # the cache spares the next run the reads; without a state directory, no cache

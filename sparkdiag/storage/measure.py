@@ -130,7 +130,7 @@ def _check_space(dirfd: int, path: str, size: int, min_free: int | None) -> None
         why = " (5 % of the filesystem plus 64 MiB)" if min_free is None else ""
         raise Refused(
             f"{path} has {free / MIB:.0f} MiB free: a {size / MIB:.0f} MiB test file would leave "
-            f"less than {margin / MIB:.0f} MiB{why}; free space or give a smaller --size"
+            f"less than {margin / MIB:.0f} MiB{why}; free space or give a smaller --storage.size"
         )
 
 
