@@ -200,3 +200,16 @@ def test_check_peer_that_does_not_resolve_names_peer_not_link_test_s_argument() 
                      str(NVML / "h200-idle.json"), timeout=60)  # fmt: skip
     assert_clean_error(result, 2, "Invalid value for '--peer': 'no-such-host.invalid'")
     assert "link serve" not in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("probe", "--device", "cpu", "--dtype", ",,,"), "no dtype named"),
+        (("compare", "--container", ""), "give the container command after --container"),
+    ],
+)
+def test_an_empty_value_is_not_taken_for_a_default(args: tuple[str, ...], said: str) -> None:
+    """--dtype ,,, meant every dtype; --container '' ran the container side and failed with
+    exit 3 (the bad-input review): both are usage errors."""
+    assert_clean_error(run_cli(*args), 2, said)

@@ -51,7 +51,7 @@ def container_argv(cmd: Sequence[str]) -> list[str]:
             words = shlex.split(words[0])
         except ValueError as exc:
             raise UsageError(f"cannot split the container command: {exc}") from None
-    if not words or words == ["-"]:
+    if not words or words == ["-"] or not words[0].strip():  # "" is no program either
         raise UsageError(
             # one line, as every error is (cli.py shows a newline in an error as \x0a)
             "give the container command after --container (or after --), for example: "

@@ -84,6 +84,8 @@ def parse_dtypes(items: Sequence[str]) -> list[str]:
                     dtypes.append(name)
             else:
                 raise UsageError(f"unknown dtype {name!r} (known: {', '.join(ALL_DTYPES)})")
+    if items and not dtypes:  # --dtype ",,," or "": naming none is not naming all
+        raise UsageError(f"no dtype named (known: {', '.join(ALL_DTYPES)}, or all)")
     return dtypes
 
 
