@@ -7,6 +7,7 @@ a 400-digit byte count, impossible ceilings) refused in one line; the protocol f
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import resource
@@ -622,3 +623,26 @@ def test_the_secret_file_s_path_reaches_the_terminal_escaped(tmp_path: Path) -> 
         proc.terminate()
         proc.wait(timeout=20)
     assert "made a new link secret" in said and "\x1b" not in said and "\\x1b" in said
+
+
+class _OutOfFiles(LinkServer):
+    """A listening side that runs out of descriptors while it writes its hello, as one did
+    under a flood with an open-files limit of 40."""
+
+    def _hello(self, session: Any, conn: socket.socket) -> dict[str, Any]:
+        raise OSError(errno.EMFILE, "Too many open files")
+
+
+def test_a_session_that_breaks_after_the_proof_says_so_on_both_sides(tmp_path: Path) -> None:
+    """The measuring side said 'another service listens on that port' of a link serve that had
+    sent its challenge, and the listening side logged 'ended after 0.0 s' with no reason (the
+    hostile-client review)."""
+    with running(_OutOfFiles, tmp_path) as (server, _):
+        said: list[str] = []
+        server.say = said.append
+        with pytest.raises(LinkError) as caught:
+            open_control("127.0.0.1", server.port, 3.0, SECRET)
+        wait_for(lambda: any("ended after" in line for line in said))
+    assert "closed the session after this machine's proof" in str(caught.value)
+    assert "another service" not in str(caught.value)
+    assert any("it failed: [Errno 24] Too many open files" in line for line in said), said

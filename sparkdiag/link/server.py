@@ -355,6 +355,7 @@ class LinkServer:
         self.pending.remove(entry)
         session.control = conn
         self.say(f"session from {peer}: started")
+        failed = ""
         try:
             send(conn, {**self._hello(session, conn), "proof": proof})
             while True:
@@ -366,6 +367,10 @@ class LinkServer:
                     send(conn, {"ok": True})
                     return
                 send(conn, self._request(session, request))
+        except Exception as exc:  # a proved session that breaks says why (out of descriptors)
+            if not isinstance(exc, (TimeoutError, ConnectionError, ProtocolError)):
+                failed = f"; it failed: {exc}"
+            raise
         finally:
             session.end()
             with self._lock:
@@ -373,7 +378,7 @@ class LinkServer:
                 self._sessions_done += 1
             took = time.monotonic() - session.started
             why = " (its time was up)" if session.expired else ""
-            self.say(f"session from {peer}: ended after {took:.1f} s{why}")
+            self.say(f"session from {peer}: ended after {took:.1f} s{why}{failed}")
 
     def _hello(self, session: Session, conn: socket.socket) -> dict[str, Any]:
         readings = read_fabric(self.sysfs, self.rootfs, self.environ)

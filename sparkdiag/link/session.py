@@ -181,7 +181,16 @@ def _open(sock: socket.socket, where: str, secret: bytes) -> tuple[LineReader, d
         if is_hello(challenge) and auth.valid_nonce(challenge.get("challenge")):
             theirs = str(challenge["challenge"])
             send(sock, {"proof": auth.proof(secret, "client", theirs, mine)})
-            answer = reader.read(HELLO_TIMEOUT)
+            try:
+                answer = reader.read(HELLO_TIMEOUT)
+            except TimeoutError:
+                raise
+            except (ProtocolError, ConnectionError, OSError) as exc:
+                # it sent a sparkdiag challenge: it is link serve, and it gave up after the proof
+                raise LinkError(
+                    f"{where} (sparkdiag link serve) closed the session after this machine's "
+                    f"proof ({exc}): its log says why (out of file descriptors, a restart)"
+                ) from None
         else:
             answer = challenge
     except TimeoutError:
