@@ -161,6 +161,19 @@ def test_https_never_downgrades_to_http(
     assert plain.heads == []
 
 
+def test_a_certificate_for_another_host_is_said_as_such(tmp_path: Path) -> None:
+    """A certificate for evil.example, its CA given, asked as 127.0.0.1: the line said only
+    CERTIFICATE_VERIFY_FAILED and advised giving the CA (the hostile-client review)."""
+    self_signed_cert(tmp_path, "other", subject="evil.example", alt_names="DNS:evil.example")
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(tmp_path / "other.crt", tmp_path / "other.key")
+    with raw_server(prometheus, tls=context) as secure:
+        result = fleet(secure.url, "--prometheus-ca-file", str(tmp_path / "other.crt"))
+    line = one_line(result)
+    assert result.returncode == 3 and "mismatch" in line, line
+    assert "not for the host in the URL" in line and "give its CA" not in line
+
+
 def test_a_redirect_within_the_same_server_is_followed_with_the_credentials(
     tmp_path: Path,
 ) -> None:
@@ -379,8 +392,9 @@ def test_a_prometheus_url_that_cannot_be_asked_is_a_usage_error(url: str) -> Non
 
 @pytest.mark.parametrize(
     "location",
-    ["http://127.0.0.1:99999/", "http://[::1/", "/x y", "/x?a=\u00e9", "/ok\x1b]0;X\x07"],
-)
+    ["http://127.0.0.1:99999/", "http://[::1/", "/x y", "/x?a=\u00e9", "/ok\x1b]0;X\x07",
+     "https://127.0.0.1/ok"],
+)  # fmt: skip
 def test_a_redirect_that_cannot_be_followed_is_one_line(location: str) -> None:
     def redirect(head: bytes, sock: socket.socket) -> None:
         sock.sendall(answer("302 Found", b"", f"Location: {location}"))
@@ -403,6 +417,19 @@ def test_values_that_are_no_prometheus_number_are_refused(value: Any) -> None:
     assert result.returncode == 3
     line = one_line(result)
     assert 'not [timestamp, "value"]' in line or "not a number" in line or "out of range" in line
+
+
+def test_an_answer_of_more_series_than_a_fleet_has_is_refused() -> None:
+    """580,000 series under the 64 MiB cap, six times, held 2.7 GiB for 80 s (the hostile-client
+    review): more than MAX_SAMPLES is refused as the answer is read."""
+    from sparkdiag.peers.promapi import MAX_SAMPLES, PrometheusError
+
+    one = {"metric": {"uuid": "GPU-0"}, "value": [1700000000.0, "1"]}
+    body = {"status": "success", "data": {"resultType": "vector", "result": [one] * MAX_SAMPLES}}
+    assert len(parse_answer("P", json.dumps(body).encode())) == MAX_SAMPLES
+    body["data"]["result"].append(one)  # type: ignore[index]
+    with pytest.raises(PrometheusError, match=f"answered {MAX_SAMPLES + 1} series"):
+        parse_answer("P", json.dumps(body).encode())
 
 
 def test_prometheus_numbers_are_read() -> None:

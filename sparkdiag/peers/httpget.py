@@ -158,6 +158,8 @@ def get(
             target, why = location, "not a URL"
         else:
             why = url_problem(target) or redirect_allowed(current, target)
+            if why is None and context is None and target[:6].lower() == "https:":
+                why = "to https, which was not asked for: no TLS settings were made for it"
         if why is not None:
             raise FetchError(
                 f"redirected (HTTP {answer.status}) to {shown_url(target)}, not followed: {why}; "
@@ -221,6 +223,11 @@ def _one(
         if context is not None:  # only then can it be a TLS error, and ssl is loaded
             import ssl
 
+            if isinstance(exc, ssl.SSLCertVerificationError) and exc.verify_message:
+                # OpenSSL's words: "Hostname mismatch, certificate is not valid for ...",
+                # "self-signed certificate": the reason alone said only that it failed
+                said = f"{exc.reason}: {exc.verify_message}"
+                raise FetchError(f"TLS: {said[:300]}", "tls") from exc
             if isinstance(exc, ssl.SSLError):
                 raise FetchError(f"TLS: {exc.reason or exc}", "tls") from exc
         raise FetchError(str(exc.strerror or exc), "unreachable") from None

@@ -25,6 +25,9 @@ from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.peers.httpget import FetchError, get, url_problem
 
 MAX_ANSWER_BYTES = 64 << 20  # a fleet of 1000 GPUs answers a few MiB; never read more than this
+# Series in one answer: 10,000 GPUs at 10 kernels. 580,000 short ones fit in 64 MiB, and six
+# such answers held 2.7 GiB and took 80 s (the hostile-client review).
+MAX_SAMPLES = 100_000
 MAX_CONFIG_BYTES = 1 << 20  # an HTTP config is a few hundred bytes
 MAX_SECRET_BYTES = 1 << 16
 # A sample value as Prometheus writes it (Go's strconv.FormatFloat, 'f' or 'e'), or one of its
@@ -260,7 +263,12 @@ class PrometheusClient:
             return f"{where} {text}"
         if exc.kind == "timeout":
             return f"{where}: {text}; raise --prometheus-timeout, or check that it is not slow"
-        if "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
+        if "Hostname mismatch" in text or "IP address mismatch" in text:
+            hint = (
+                "the certificate is not for the host in the URL: give the name it is for in the "
+                "URL, or as tls_config.server_name in --http.config.file"
+            )
+        elif "CERTIFICATE_VERIFY_FAILED" in text or "certificate verify failed" in text:
             hint = "give its CA with --prometheus-ca-file (or --prometheus-insecure-skip-verify)"
         elif exc.kind == "tls":
             hint = "check the URL's scheme (http or https) and the TLS files"
@@ -292,6 +300,11 @@ def parse_answer(where: str, body: bytes) -> list[Sample]:
     if kind != "vector" or not isinstance(result, list):
         shown = kind if isinstance(kind, str) else "answer"
         raise PrometheusError(f"{where} answered a {shown[:40]}, not an instant vector")
+    if len(result) > MAX_SAMPLES:
+        raise PrometheusError(
+            f"{where} answered {len(result)} series, more than the {MAX_SAMPLES} sparkdiag reads "
+            "(10,000 GPUs at 10 kernels): is that a sparkdiag fleet?"
+        )
     samples = []
     for item in result:
         metric = item.get("metric") if isinstance(item, Mapping) else None
