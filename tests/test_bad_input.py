@@ -213,3 +213,10 @@ def test_an_empty_value_is_not_taken_for_a_default(args: tuple[str, ...], said: 
     """--dtype ,,, meant every dtype; --container '' ran the container side and failed with
     exit 3 (the bad-input review): both are usage errors."""
     assert_clean_error(run_cli(*args), 2, said)
+
+
+def test_assets_with_an_empty_image_is_a_usage_error(tmp_path: Path) -> None:
+    """--image '' silently wrote the default image into the manifests (the bad-input review)."""
+    result = run_cli("assets", "--kubernetes", "--image", "", str(tmp_path / "out"))
+    assert_clean_error(result, 2, "--image is empty")
+    assert not (tmp_path / "out").exists()

@@ -100,6 +100,9 @@ def assets(
         "host_pid": host_pid,
         "runtime_class": runtime_class,
     }
+    for name in ("namespace", "image"):  # "" is no name: it silently meant the default
+        if given[name] is not None and not str(given[name]).strip():
+            raise UsageError(f"--{name} is empty: give a value, or leave the flag out")
     if not kubernetes:
         extra = [name for name in _KUBERNETES_ONLY if given[name] is not None]
         if extra:

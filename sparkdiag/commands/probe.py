@@ -141,6 +141,7 @@ def probe(
          (GPU busy), or nothing supported (no kernel measured)
       2  usage error
       3  the worker failed or timed out, or torch is not installed
+    130  interrupted (Ctrl-C or SIGTERM)
     """
     settings = settings_from("probe", given)
     setup_logging(settings.log_level)
