@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from tests.support import NVML, ROOT, SYSFS, http_get, running_daemon
+from tests.support import NVML, ROOT, SYSFS, free_port, http_get, running_daemon
 
 FIXTURE = ("--nvml-fixture", str(NVML / "h200-idle.json"), "--path.sysfs", str(SYSFS / "h200-vm"))
 
@@ -114,7 +114,7 @@ PROBE = {"sqlite3", "statistics", "argparse", "sparkdiag.probe.worker", "sparkdi
 
 
 def _modules(*args: str) -> set[str]:
-    port = str(20000 + (time.monotonic_ns() // 1000) % 20000)
+    port = str(free_port())  # a clock-made port collided under 16 workers on the H200
     out = subprocess.run(
         [sys.executable, "-c", _MODULES, "30", "--listen", f"127.0.0.1:{port}", *args],
         cwd=ROOT,
