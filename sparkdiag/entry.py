@@ -72,12 +72,15 @@ def _watch_stdout() -> None:
     except (OSError, ValueError):
         return
     old.flush()
+    raw = _Stdout(fd)
+    # python -u (PYTHONUNBUFFERED): no buffer under the text layer, as Python makes it there
+    unbuffered = not isinstance(old.buffer, io.BufferedWriter)
     sys.stdout = io.TextIOWrapper(
-        io.BufferedWriter(_Stdout(fd)),
+        raw if unbuffered else io.BufferedWriter(raw),
         encoding=old.encoding,
         errors=old.errors,
         line_buffering=old.line_buffering,
-        write_through=old.write_through,
+        write_through=old.write_through or unbuffered,
     )
 
 

@@ -220,3 +220,22 @@ def test_assets_with_an_empty_image_is_a_usage_error(tmp_path: Path) -> None:
     result = run_cli("assets", "--kubernetes", "--image", "", str(tmp_path / "out"))
     assert_clean_error(result, 2, "--image is empty")
     assert not (tmp_path / "out").exists()
+
+
+def test_check_peer_with_a_missing_secret_is_a_row_not_a_stop(tmp_path: Path) -> None:
+    """The --peer usage error above must not take the link secret's problems with it: a
+    missing secret stays a FAIL row of a check that ran (the review of that fix)."""
+    result = run_cli("check", "--peer", "127.0.0.1", "--link.secret-file", str(tmp_path / "none"),
+                     "--nvml-fixture", str(NVML / "h200-idle.json"), timeout=60)  # fmt: skip
+    assert result.returncode == 3, result.stderr
+    words = " ".join(result.stdout.split())
+    assert "link-peer" in words and "--link.secret-file" in words
+
+
+@pytest.mark.parametrize("text", ["1x1x\u00b2", "1x1x" + "1" * 5000, "1x1x1234567890"])
+def test_a_shape_of_other_digits_or_too_many_is_a_usage_error(text: str) -> None:
+    from sparkdiag.probe.worker.contract import UsageError, parse_shape
+
+    with pytest.raises(UsageError):
+        parse_shape(text)
+    assert_clean_error(run_cli("probe", "--device", "cpu", "--shape", text), 2, "--shape")

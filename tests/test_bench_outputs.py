@@ -147,6 +147,8 @@ def test_one_file_for_both_is_a_usage_error(
         result = bench("--csv", str(tmp_path / other), "--json", str(tmp_path / "b.out"))
         assert result.exit_code == 2 and "one would overwrite the other" in result.output
     assert runs == [] and not (tmp_path / "b.out").exists()
+    result = bench("--csv", "/dev/null", "--json", "/dev/null")  # discarding both is allowed
+    assert result.exit_code == 0, result.output
 
 
 def test_the_help_says_dash_is_standard_output() -> None:

@@ -430,6 +430,16 @@ def test_an_answer_of_more_series_than_a_fleet_has_is_refused() -> None:
     body["data"]["result"].append(one)  # type: ignore[index]
     with pytest.raises(PrometheusError, match=f"answered {MAX_SAMPLES + 1} series"):
         parse_answer("P", json.dumps(body).encode())
+    # counted in the bytes, before a parse builds them all (1.49 million took 641 MiB)
+    from sparkdiag import safeload
+
+    real = safeload.parse_json
+    try:
+        safeload.parse_json = lambda *a, **k: pytest.fail("parsed before it was counted")
+        with pytest.raises(PrometheusError, match="series, more than"):
+            parse_answer("P", json.dumps(body).encode())
+    finally:
+        safeload.parse_json = real
 
 
 def test_prometheus_numbers_are_read() -> None:

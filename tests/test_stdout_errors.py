@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,23 @@ def test_a_terminal_and_a_file_still_get_everything(tmp_path: Path) -> None:
         env={**os.environ, "PYTHONIOENCODING": "utf-8"},
     )  # fmt: skip
     assert shown.stdout.decode("utf-8") == "éutf-8 False\n"
+
+
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_python_s_own_buffering_is_kept(unbuffered: str) -> None:
+    """Under PYTHONUNBUFFERED (python -u, containers) a write reaches the reader at once; the
+    standard output put in at first held it until exit (the review of that change)."""
+    code = (
+        "from sparkdiag import entry; entry._watch_stdout(); import sys, time; "
+        "sys.stdout.write('x'); time.sleep(2)"
+    )
+    started = time.monotonic()
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, cwd=ROOT,
+        env={**os.environ, "PYTHONUNBUFFERED": unbuffered},
+    )  # fmt: skip
+    assert proc.stdout is not None
+    assert proc.stdout.read(1) == b"x"
+    took = time.monotonic() - started
+    proc.wait(timeout=30)
+    assert took < 1.5 if unbuffered else took >= 1.9

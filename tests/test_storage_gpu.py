@@ -233,6 +233,28 @@ def test_what_the_gpu_path_skipped_is_said() -> None:
     assert "path into the GPU failed: the GPU path did not finish" in text(report, 80)
 
 
+def test_the_exit_status_follows_the_gpu_path() -> None:
+    """An error is 3, nothing measured 1, data that arrived wrong (its check failed) 3: it
+    exited 0 while the text said the data was WRONG (the review of the exit-status change)."""
+    from dataclasses import replace
+
+    from sparkdiag.commands.storage import exit_status
+    from sparkdiag.storage.model import GpuRun, GpuStage
+
+    report = evaluate(locate(Path("/")), parse_document(measured_document()), None, record=False)
+    ok = GpuStage("gpu", "ok", bytes=1 << 20, seconds=0.1, checked=True)
+    runs = {
+        0: GpuRun("ok", None, stages=(ok,)),
+        1: GpuRun("unsupported", "no GPU"),
+        3: GpuRun("error", "CUDA error"),
+    }
+    for status, run in runs.items():
+        got = exit_status(replace(report, document=replace(report.document, gpu=run)))
+        assert got == status, run
+    wrong = GpuRun("ok", None, stages=(replace(ok, checked=False),))
+    assert exit_status(replace(report, document=replace(report.document, gpu=wrong))) == 3
+
+
 def test_the_settings_ask_for_the_gpu_path() -> None:
     given = {"storage_gpu": 1, "storage_duration": 10.0, "probe_python": ("/opt/venv/bin/python",)}
     settings = build_settings(None, given, "storage")

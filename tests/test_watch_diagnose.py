@@ -4,6 +4,7 @@ start-up and tear-down excluded), and near misses just under each threshold."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -400,6 +401,7 @@ def test_a_recording_with_any_field_of_the_wrong_type_is_refused_or_diagnosed() 
     import json
 
     from sparkdiag.watch.model import RecordingError
+    from sparkdiag.watch.render import to_json
 
     path = Path(__file__).parent / "fixtures/watch/cpu-dry-run/launch-bound.recording.json"
     doc = json.loads(path.read_text())
@@ -407,7 +409,7 @@ def test_a_recording_with_any_field_of_the_wrong_type_is_refused_or_diagnosed() 
     assert len(leaves) > 100
     refused = 0
     for where in leaves:
-        for other in ("x", 1.5, True, [1], {"a": 1}, None):
+        for other in ("x", "nan", "1e999", 1.5, True, [1], {"a": 1}, None):
             changed = copy.deepcopy(doc)
             holder = changed
             for key in where[:-1]:
@@ -420,5 +422,6 @@ def test_a_recording_with_any_field_of_the_wrong_type_is_refused_or_diagnosed() 
             except RecordingError:
                 refused += 1
                 continue
-            diagnose(rec)  # must not raise
+            text = to_json(rec, diagnose(rec))  # must not raise, nor write NaN (no JSON)
+            assert not re.search(r"\b(NaN|Infinity)\b", text), where  # no JSON
     assert refused > 0

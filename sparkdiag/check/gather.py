@@ -172,6 +172,8 @@ def _with_link(
             progress=on_peer or (lambda line: None),
         )
     except UsageError as exc:  # a name that does not resolve: --peer's, not link test's PEER
+        if exc.flag != "PEER":  # the link secret's file: a row, as every other link failure
+            return replace(ctx, peer_error=exc.line())
         raise UsageError(exc.message, flag="--peer") from None
     except SparkdiagError as exc:
         return replace(ctx, peer_error=exc.line())

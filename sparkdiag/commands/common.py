@@ -69,7 +69,10 @@ def one_stdout(csv_path: Path | str | None, json_path: Path | str | None) -> Non
         raise UsageError("give - (standard output) to --csv or to --json, not to both")
     if csv_path is None or json_path is None or is_stdout(csv_path) or is_stdout(json_path):
         return
-    if Path(csv_path).resolve() == Path(json_path).resolve():
+    if Path(csv_path).resolve() != Path(json_path).resolve():
+        return
+    mode = _mode(Path(json_path), "--json")
+    if mode is None or stat.S_ISREG(mode):  # a file both would write; /dev/null twice is fine
         raise UsageError(
             f"--csv and --json both name {json_path}: one would overwrite the other; give two "
             "files",

@@ -59,7 +59,7 @@ def storage(
          nothing (no GPU, the GPU busy, unsupported)
       2  refused (nothing was written), or a bad flag
       3  the probe failed or timed out (its test file went with it), or the
-         path into the GPU failed
+         path into the GPU failed or delivered data that was not the file's
     130  interrupted
     """
     settings = settings_from("storage", given)
@@ -105,8 +105,8 @@ def exit_status(report: StorageReport) -> Exit:
     ATTENTION where it measured nothing (no GPU, busy, unsupported) or a figure is slow: a
     --storage.gpu run that failed exited 0 (the bad-input review)."""
     gpu = report.document.gpu
-    if gpu is not None and gpu.status == "error":
-        return Exit.FAILED
+    if gpu is not None and (gpu.status == "error" or any(s.checked is False for s in gpu.stages)):
+        return Exit.FAILED  # an error, or data that arrived WRONG (its check failed)
     if gpu is not None and not any(s.status == "ok" for s in gpu.stages):
         return Exit.ATTENTION
     return Exit.ATTENTION if report.verdict == "slow" else Exit.OK

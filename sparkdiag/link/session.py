@@ -185,7 +185,7 @@ def _open(sock: socket.socket, where: str, secret: bytes) -> tuple[LineReader, d
                 answer = reader.read(HELLO_TIMEOUT)
             except TimeoutError:
                 raise
-            except (ProtocolError, ConnectionError, OSError) as exc:
+            except (ConnectionError, OSError) as exc:  # closed; a garbled answer is said below
                 # it sent a sparkdiag challenge: it is link serve, and it gave up after the proof
                 raise LinkError(
                     f"{where} (sparkdiag link serve) closed the session after this machine's "

@@ -26,7 +26,8 @@ from sparkdiag.peers.httpget import FetchError, get, url_problem
 
 MAX_ANSWER_BYTES = 64 << 20  # a fleet of 1000 GPUs answers a few MiB; never read more than this
 # Series in one answer: 10,000 GPUs at 10 kernels. 580,000 short ones fit in 64 MiB, and six
-# such answers held 2.7 GiB and took 80 s (the hostile-client review).
+# such answers held 2.7 GiB and took 80 s (the hostile-client review); counted in the body's
+# bytes before it is parsed (a parse of 1.49 million took 641 MiB, the review of that fix).
 MAX_SAMPLES = 100_000
 MAX_CONFIG_BYTES = 1 << 20  # an HTTP config is a few hundred bytes
 MAX_SECRET_BYTES = 1 << 16
@@ -281,6 +282,9 @@ def parse_answer(where: str, body: bytes) -> list[Sample]:
     """The samples of an API answer, read strictly: a label value is a string, a sample's
     value a string in Prometheus' number format (NaN and the infinities are kept as such: the
     caller names them as bad data). PrometheusError for an error or a body that is not one."""
+    series = body.count(b'"metric"')  # counted before the parse builds them all
+    if series > MAX_SAMPLES:
+        raise PrometheusError(_too_many(where, series))
     try:
         doc = safeload.parse_json(body)
     except safeload.LoadError as exc:
@@ -300,11 +304,8 @@ def parse_answer(where: str, body: bytes) -> list[Sample]:
     if kind != "vector" or not isinstance(result, list):
         shown = kind if isinstance(kind, str) else "answer"
         raise PrometheusError(f"{where} answered a {shown[:40]}, not an instant vector")
-    if len(result) > MAX_SAMPLES:
-        raise PrometheusError(
-            f"{where} answered {len(result)} series, more than the {MAX_SAMPLES} sparkdiag reads "
-            "(10,000 GPUs at 10 kernels): is that a sparkdiag fleet?"
-        )
+    if len(result) > MAX_SAMPLES:  # one whose "metric" keys were written some other way
+        raise PrometheusError(_too_many(where, len(result)))
     samples = []
     for item in result:
         metric = item.get("metric") if isinstance(item, Mapping) else None
@@ -312,6 +313,13 @@ def parse_answer(where: str, body: bytes) -> list[Sample]:
             raise PrometheusError(f"{where} answered a sample whose labels are not strings")
         samples.append(Sample(dict(metric), _value(where, item.get("value"))))
     return samples
+
+
+def _too_many(where: str, series: int) -> str:
+    return (
+        f"{where} answered {series} series, more than the {MAX_SAMPLES} sparkdiag reads "
+        "(10,000 GPUs at 10 kernels): is that a sparkdiag fleet?"
+    )
 
 
 def _value(where: str, pair: Any) -> float:

@@ -11,6 +11,7 @@ of them.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -356,22 +357,47 @@ def _checked(value: Any, allowed: tuple[type, ...], name: str) -> Any:
     return value
 
 
+def _number(value: Any, name: str) -> float:
+    """A finite JSON number: float() took "nan" and "1e999" as strings (the review of the
+    field checks: a recording of "t": "nan" replayed as healthy, and --json wrote NaN)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} is {_JSON_NAMES.get(type(value), 'something else')}, not a number")
+    if not math.isfinite(value):
+        raise ValueError(f"{name} is {value}, not a finite number")
+    return float(value)
+
+
+def _whole(value: Any, name: str) -> int | None:
+    """An integer or null."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"{name} is {_JSON_NAMES.get(type(value), 'something else')}, not a whole number"
+        )
+    return value
+
+
 def _gpu_tick(data: Any) -> GpuTick:
     tick: GpuTick = _build(GpuTick, data)
-    samples = tuple((float(t), float(v)) for t, v in tick.samples)
+    samples = tuple(
+        (_number(t, "GpuTick.samples"), _number(v, "GpuTick.samples")) for t, v in tick.samples
+    )
     others = tuple(_build(OtherProcess, o) for o in tick.others)
     return GpuTick(**{**asdict(tick), "samples": samples, "others": others})
 
 
 def _tick(data: Any) -> Tick:
     return Tick(
-        t=float(data["t"]),
-        dt=float(data["dt"]),
+        t=_number(data["t"], "Tick.t"),
+        dt=_number(data["dt"], "Tick.dt"),
         gpus=tuple(_gpu_tick(g) for g in data.get("gpus", ())),
         job=_job_tick(data.get("job", {})),
         host=_build(HostTick, data.get("host", {})),
         stacks=tuple(
-            StackTime(int(s[0]), int(s[1]), float(s[2]), int(s[3]) if len(s) > 3 else 0)
+            StackTime(
+                int(s[0]), int(s[1]), _number(s[2], "Tick.stacks"), int(s[3]) if len(s) > 3 else 0
+            )
             for s in data.get("stacks", ())
         ),
     )
@@ -423,16 +449,16 @@ def from_json(doc: Any) -> Recording:
         ):
             raise ValueError("a tick names a thread or stack the recording does not hold")
         return Recording(
-            started_at=float(doc["started_at"]),
-            interval=float(doc["interval"]),
+            started_at=_number(doc["started_at"], "started_at"),
+            interval=_number(doc["interval"], "interval"),
             job=str(doc["job"]),
             gpus=tuple(_build(GpuInfo, g) for g in doc["gpus"]),
             ticks=ticks,
             ended_by=str(doc.get("ended_by", "exit")),
-            exit_status=doc.get("exit_status"),
+            exit_status=_whole(doc.get("exit_status"), "exit_status"),
             pressure_scope=str(doc.get("pressure_scope", "host")),
             skipped=tuple(str(s) for s in doc.get("skipped", ())),
-            job_cpus=None if doc.get("job_cpus") is None else int(doc["job_cpus"]),
+            job_cpus=_whole(doc.get("job_cpus"), "job_cpus"),
             **tables,
         )
     except (KeyError, TypeError, ValueError) as exc:

@@ -95,7 +95,8 @@ MAX_ELEMENTS = 1 << 35  # A, B and C together: 64 GiB in bf16, half an H200 or a
 
 def parse_shape(text: str) -> tuple[int, int, int]:
     parts = text.lower().replace(" ", "").split("x")
-    if len(parts) != 3 or not all(p.isdigit() and int(p) > 0 for p in parts[:3]):
+    digits = len(parts) == 3 and all(p.isascii() and p.isdigit() and len(p) <= 9 for p in parts)
+    if not digits or not all(int(p) > 0 for p in parts):  # ² is a digit to isdigit, not int
         raise UsageError(f"bad shape {text!r}: expected MxNxK with positive integers")
     m, n, k = (int(p) for p in parts)
     if max(m, n, k) > MAX_DIM:
