@@ -343,15 +343,19 @@ def _field_kinds(cls: Any) -> dict[str, tuple[type, ...]]:
     return _KINDS[cls]
 
 
-_JSON_NAMES = {int: "a number", float: "a number", str: "a string", bool: "true or false",
+_JSON_NAMES = {int: "a whole number", float: "a number", str: "a string", bool: "true or false",
                list: "a list", tuple: "a list", dict: "an object", type(None): "null"}  # fmt: skip
 
 
 def _checked(value: Any, allowed: tuple[type, ...], name: str) -> Any:
+    """``value`` when it is of one of the ``allowed`` Python types (an int where a float goes,
+    as a float), else a TypeError naming the field, what it holds and what it may hold."""
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
     wrong = isinstance(value, bool) and bool not in allowed  # True is an int to Python
     if wrong or not isinstance(value, allowed):
-        kinds = " or ".join(dict.fromkeys(_JSON_NAMES[t] for t in allowed))
-        raise TypeError(f"{name} is {_JSON_NAMES.get(type(value), 'something else')}, not {kinds}")
+        kinds = [t for t in allowed if not (t is int and float in allowed)]  # "a number" says it
+        held = repr(value) if number else _JSON_NAMES.get(type(value), "something else")
+        raise TypeError(f"{name} is {held}, not {' or '.join(_JSON_NAMES[t] for t in kinds)}")
     if float in allowed and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     return value
@@ -360,22 +364,16 @@ def _checked(value: Any, allowed: tuple[type, ...], name: str) -> Any:
 def _number(value: Any, name: str) -> float:
     """A finite JSON number: float() took "nan" and "1e999" as strings (the review of the
     field checks: a recording of "t": "nan" replayed as healthy, and --json wrote NaN)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} is {_JSON_NAMES.get(type(value), 'something else')}, not a number")
-    if not math.isfinite(value):
+    number: float = _checked(value, (int, float), name)
+    if not math.isfinite(number):
         raise ValueError(f"{name} is {value}, not a finite number")
-    return float(value)
+    return number
 
 
 def _whole(value: Any, name: str) -> int | None:
-    """An integer or null."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(
-            f"{name} is {_JSON_NAMES.get(type(value), 'something else')}, not a whole number"
-        )
-    return value
+    """A whole number or null."""
+    whole: int | None = _checked(value, (int, type(None)), name)
+    return whole
 
 
 def _gpu_tick(data: Any) -> GpuTick:
