@@ -54,28 +54,28 @@ PARTIAL_SCHEMA = "sparkdiag-bench-partial/1"  # --json after Ctrl-C: the kernels
 
 def parse_range(text: str) -> list[int]:
     """``4096``, ``1024,2048,4096`` or ``START:STOP:STEP`` (inclusive) -> sizes."""
+    sizes: Sequence[int]
     try:
         if ":" in text:
             start, stop, step = (int(p) for p in text.split(":"))
             if step <= 0 or start <= 0 or stop < start:
                 raise ValueError
-            sizes = range(start, stop + 1, step)
+            sizes = range(start, stop + 1, step)  # counted below before it is listed
         else:
-            sizes = range(0)
-            values = [int(p) for p in text.split(",")]
-            if not values or min(values) <= 0:
+            sizes = [int(p) for p in text.split(",")]
+            if min(sizes) <= 0:
                 raise ValueError
     except ValueError:
         raise click.BadParameter(
             f"{text!r}: give N, N,N,... or START:STOP:STEP with positive integers"
         ) from None
-    count = len(sizes) if ":" in text else len(values)
-    if count > MAX_KERNELS:  # counted before a list of a hundred million is made
-        raise click.BadParameter(f"{text!r} is {count} sizes; at most {MAX_KERNELS} kernels run")
-    largest = sizes[-1] if ":" in text else max(values)
-    if largest > MAX_DIM:
+    if len(sizes) > MAX_KERNELS:  # before a list of a hundred million is made
+        raise click.BadParameter(
+            f"{text!r} is {len(sizes)} sizes; at most {MAX_KERNELS} kernels run"
+        )
+    if max(sizes) > MAX_DIM:
         raise click.BadParameter(f"{text!r}: a size is at most {MAX_DIM}")
-    return list(sizes) if ":" in text else values
+    return list(sizes)
 
 
 def _range(ctx: click.Context, param: click.Parameter, value: str | None) -> list[int] | None:
