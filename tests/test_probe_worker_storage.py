@@ -22,6 +22,7 @@ import pytest
 from sparkdiag.probe.worker import storage as room
 from sparkdiag.probe.worker.contract import parse_args
 from sparkdiag.probe.worker.dtypes import DeviceInfo
+from sparkdiag.probe.worker.pages import HUGE_PAGE
 from tests.support import run_python
 from tests.support.worker import WORKER, cpu_info, worker_document
 
@@ -79,7 +80,6 @@ def test_the_host_probe_and_the_worker_agree_on_passes() -> None:
     from sparkdiag.storage import measure
 
     assert room.STORAGE_MAX_PASSES == measure.MAX_READ_PASSES
-    assert room.STORAGE_HUGE_PAGE == measure.HUGE_PAGE
 
 
 # -- a simulated GPU -----------------------------------------------------------------------------
@@ -171,7 +171,7 @@ def test_host_buffers_lie_in_huge_pages_and_are_registered_then_released() -> No
         assert host.pages == ("huge" if thp_enabled() else "small")
         registered = cuda.cudart().registered
         assert len(registered) == 4 and set(registered.values()) == {BLOCK}
-        assert all(address % room.STORAGE_HUGE_PAGE == 0 for address in registered)
+        assert all(address % HUGE_PAGE == 0 for address in registered)
         host.views[2][:3] = b"abc"  # what is read into a view is what the copy sends
         assert bytes(host.tensors[2][:3].tolist()) == b"abc"
     finally:

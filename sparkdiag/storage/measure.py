@@ -1,4 +1,7 @@
-"""The storage probe's measuring program: standard library only, run as a script in a subprocess.
+"""The storage probe's measuring program, run as a script in a subprocess by sparkdiag's Python.
+
+It imports the standard library and one module of sparkdiag: the probe worker's ``pages`` room
+(standard library only), whose huge-page buffers the worker's storage room reads into too.
 
 ``python measure.py DIR --size BYTES --block BYTES --threads N --seconds S`` writes a test file
 in DIR and reads it back, then prints one JSON document on stdout (schema below); progress
@@ -54,7 +57,6 @@ the probe's).
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import json
 import mmap
@@ -67,6 +69,9 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+# the one sparkdiag module it imports: standard library only, shared with the worker
+from sparkdiag.probe.worker.pages import huge_area, in_huge_pages
+
 if TYPE_CHECKING:
     import argparse
 
@@ -77,7 +82,6 @@ RANDOM_BLOCK = 4096
 SHARES = {"write": 0.45, "read": 0.35, "random": 0.20}
 MAX_READ_PASSES = 8
 PROGRESS_EVERY = 1.0  # seconds between progress lines
-HUGE_PAGE = 2 * MIB  # a transparent huge page (PMD) on x86-64 and on arm64 with 4 KiB pages
 GPU_STARTUP_SECONDS = 60.0  # the worker's own start before its reads: torch, CUDA, kvikio
 _NOT_SUPPORTED = (errno.EOPNOTSUPP, errno.EISDIR, errno.ENOTSUP)
 
@@ -262,22 +266,17 @@ class Buffers:
         self._areas: list[mmap.mmap] = []
         self.views: list[memoryview] = []
         huge = pages == "huge" and hasattr(mmap, "MADV_HUGEPAGE")
-        span = -(-size // HUGE_PAGE) * HUGE_PAGE
         for _ in range(count):
-            if not huge:
-                area = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-                self._areas.append(area)
-                self.views.append(memoryview(area))
-                continue
-            area = mmap.mmap(-1, span + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+            if huge:
+                area, skip = huge_area(size)
+            else:
+                area, skip = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS), 0
             self._areas.append(area)
-            skip = -_address(area) % HUGE_PAGE
-            area.madvise(mmap.MADV_HUGEPAGE, skip, span)
             self.views.append(memoryview(area)[skip : skip + size])
         for view in self.views:
             view[:] = os.urandom(size)  # faulted in here, before anything is timed
         self.pages = "small"
-        if huge and _in_huge_pages([_address(a) for a in self._areas], span * count):
+        if huge and in_huge_pages(self._areas, size):
             self.pages = "huge"
         elif huge:
             notes.append(
@@ -291,33 +290,6 @@ class Buffers:
             view.release()
         for area in self._areas:
             area.close()
-
-
-def _address(area: mmap.mmap) -> int:
-    pointer = ctypes.c_char.from_buffer(area)
-    try:
-        return ctypes.addressof(pointer)
-    finally:
-        del pointer  # releases the export, so that the map can close
-
-
-def _in_huge_pages(addresses: list[int], needed: int) -> bool:
-    """Whether the mappings holding ``addresses`` have at least ``needed`` bytes in transparent
-    huge pages (``AnonHugePages`` of /proc/self/smaps)."""
-    found: dict[int, int] = {}
-    start = end = -1
-    try:
-        with open("/proc/self/smaps", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                head = line.split(None, 1)[0]
-                if "-" in head and not head.endswith(":"):
-                    low, high = head.split("-")
-                    start, end = int(low, 16), int(high, 16)
-                elif head == "AnonHugePages:" and any(start <= a < end for a in addresses):
-                    found[start] = int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        return False
-    return sum(found.values()) >= needed
 
 
 def measure(args: argparse.Namespace, notes: list[str]) -> dict[str, Any]:

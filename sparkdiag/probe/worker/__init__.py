@@ -14,7 +14,8 @@ SUITES, FLAGS: what sparkdiag imports too), ``log`` (stderr), ``nvml``
 (conditions, thresholds, busy), ``dtypes`` (each dtype's gate and kernel),
 ``timing`` (batches, graph replays), ``plan`` (the suite's kernels and budget),
 ``kernels`` (a kernel's life, groups), ``copies`` (device and host-device
-copies), ``output`` (the document), ``suite``, ``soak`` and ``storage`` (the
+copies), ``output`` (the document), ``pages`` (huge-page host buffers, which
+the host storage probe imports too), ``suite``, ``soak`` and ``storage`` (the
 three modes) and ``cli`` (the entry, the only importer of torch; ``storage``
 imports kvikio, optional, in a function).
 

@@ -40,9 +40,9 @@ from typing import Any
 
 from sparkdiag.probe.worker.dtypes import DeviceInfo
 from sparkdiag.probe.worker.nvml import Nvml
+from sparkdiag.probe.worker.pages import huge_area, in_huge_pages, map_address
 
 STORAGE_MAX_PASSES = 8  # as the host probe's read (storage/measure.py MAX_READ_PASSES)
-STORAGE_HUGE_PAGE = 2 * 1024 * 1024  # a transparent huge page on x86-64 and 4 KiB-page arm64
 NVFS_STATS = "/proc/driver/nvidia-fs/stats"  # the GDS kernel driver's counters, where loaded
 STAGES = ("pinned", "gpu", "gds")
 
@@ -164,20 +164,14 @@ class StorageHostBuffers:
         self._registered: list[int] = []
         self.views: list[memoryview] = []
         self.tensors: list[Any] = []
-        span = -(-size // STORAGE_HUGE_PAGE) * STORAGE_HUGE_PAGE
         for _ in range(count):
-            area = mmap.mmap(
-                -1, span + STORAGE_HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS
-            )
+            area, skip = huge_area(size)
             self._areas.append(area)
-            skip = -storage_address(area) % STORAGE_HUGE_PAGE
-            if hasattr(mmap, "MADV_HUGEPAGE"):
-                area.madvise(mmap.MADV_HUGEPAGE, skip, span)
-            self._starts.append(storage_address(area) + skip)
+            self._starts.append(map_address(area) + skip)
             view = memoryview(area)[skip : skip + size]
             view[:] = bytes(size)  # faulted in now, not while timed
             self.views.append(view)
-        self.pages = "huge" if storage_in_huge_pages(self._areas, span * count) else "small"
+        self.pages = "huge" if in_huge_pages(self._areas, size) else "small"
         try:
             cudart = torch.cuda.cudart()
             for address, view in zip(self._starts, self.views, strict=True):
@@ -218,35 +212,6 @@ class StorageHostBuffers:
 
 def _cuda_code(value: Any) -> int:
     return int(getattr(value, "value", value))
-
-
-def storage_address(area: mmap.mmap) -> int:
-    """Where a map starts in memory."""
-    pointer = ctypes.c_char.from_buffer(area)
-    try:
-        return ctypes.addressof(pointer)
-    finally:
-        del pointer  # releases the export, so that the map can close
-
-
-def storage_in_huge_pages(areas: list[mmap.mmap], needed: int) -> bool:
-    """Whether the mappings of ``areas`` hold at least ``needed`` bytes in transparent huge
-    pages (``AnonHugePages`` in /proc/self/smaps)."""
-    addresses = [storage_address(a) for a in areas]
-    found: dict[int, int] = {}
-    start = end = -1
-    try:
-        with open("/proc/self/smaps", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                head = line.split(None, 1)[0]
-                if "-" in head and not head.endswith(":"):
-                    low, high = head.split("-")
-                    start, end = int(low, 16), int(high, 16)
-                elif head == "AnonHugePages:" and any(start <= a < end for a in addresses):
-                    found[start] = int(line.split()[1]) * 1024
-    except (OSError, ValueError):
-        return False
-    return sum(found.values()) >= needed
 
 
 # --------------------------------------------------------------------------
