@@ -232,7 +232,7 @@ def test_a_server_sending_one_byte_a_second_is_cut_off_at_the_timeout() -> None:
 
 _DEEP = b'{"status": "success", "data": ' + b"[" * 5000 + b"]" * 5000 + b"}"
 _DIGITS = (
-    b'{"status": "success", "data": {"resultType": "scalar", "result": [1, "1"]}, "n": '
+    b'{"status": "success", "data": {"resultType": "vector", "result": []}, "n": '
     + (b"9" * 5000)
     + b"}"
 )
@@ -256,8 +256,8 @@ _DIGITS = (
         (
             answer(
                 "200 OK",
-                b'{"status": "success", "data": {"resultType": "scalar", '
-                b'"result": [1, "1' + b"0" * 5000 + b'"]}}',
+                b'{"status": "success", "data": {"resultType": "vector", '
+                b'"result": [{"metric": {}, "value": [1, "1' + b"0" * 5000 + b'"]}]}}',
             ),
             "answered the value '1000",
         ),
@@ -274,6 +274,22 @@ def test_malformed_answers_are_one_line_and_valid_json(raw: bytes, needle: str) 
     assert needle in one_line(text)
     failed = strict_json(document.stdout)
     assert failed["exit_status"] == 3 and needle in failed["error"]
+
+
+def test_a_scalar_answer_is_not_a_fleet() -> None:
+    """Every query sparkdiag fleet asks is a vector expression; a server answering each with a
+    scalar is not Prometheus as fleet needs it. Before: one GPU without a name, exit 0."""
+    scalar = b'{"status": "success", "data": {"resultType": "scalar", "result": [1, "1"]}}'
+
+    def respond(head: bytes, sock: socket.socket) -> None:
+        sock.sendall(answer("200 OK", scalar))
+
+    with raw_server(respond) as server:
+        text = fleet(server.url)
+        document = fleet(server.url, "--json")
+    assert text.returncode == 3 == document.returncode, text.stdout
+    assert "answered a scalar, not an instant vector" in one_line(text)
+    assert "answered a scalar" in strict_json(document.stdout)["error"]
 
 
 def test_more_than_100_headers_are_read() -> None:

@@ -217,7 +217,8 @@ class PrometheusClient:
         return headers
 
     def query(self, expr: str) -> list[Sample]:
-        """An instant query; the vector's samples (a scalar as one sample without labels).
+        """An instant query of a vector expression; its samples (any other answer, a scalar
+        too, is a :class:`PrometheusError`: every query fleet asks is a vector).
         ``conn.timeout`` bounds the whole query (connecting, TLS, every byte of the answer)."""
         url = f"{self.base}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
         where = f"Prometheus at {self.base}"
@@ -299,8 +300,6 @@ def parse_answer(where: str, body: bytes) -> list[Sample]:
     if not isinstance(data, Mapping):
         raise PrometheusError(f"{where} answered no data: is the URL Prometheus'?")
     kind, result = data.get("resultType"), data.get("result")
-    if kind == "scalar":
-        return [Sample({}, _value(where, result))]
     if kind != "vector" or not isinstance(result, list):
         shown = kind if isinstance(kind, str) else "answer"
         raise PrometheusError(f"{where} answered a {shown[:40]}, not an instant vector")
