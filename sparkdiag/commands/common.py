@@ -80,7 +80,7 @@ def one_stdout(csv_path: Path | str | None, json_path: Path | str | None) -> Non
         )
 
 
-def check_output_path(path: Path | str | None, flag: str) -> None:
+def check_output_path(path: Path | str | None, flag: str, replaced: str = "") -> None:
     """A file the command will write at the end, checked before the work starts by doing what
     the write will do: a new file is created and removed again, an existing one is opened for
     writing and closed (appending nothing: it keeps its contents), so that the reason is the
@@ -88,13 +88,17 @@ def check_output_path(path: Path | str | None, flag: str) -> None:
     and a sweep was lost after it ran. Its folder must exist (nothing is created for it) and
     the path must not be a folder. A usage error naming ``flag`` otherwise; None and ``-``
     (standard output) pass, and so does a pipe or a device (/dev/null), which is only asked
-    whether it may be written: opening a pipe with no reader yet would wait for one."""
+    whether it may be written: opening a pipe with no reader yet would wait for one. Where the
+    command ``replaced`` the file whole (a new file, then a rename), only a regular file may be
+    there: ``replaced`` says why, after "not a regular file: "."""
     if path is None or is_stdout(path):
         return
     target = Path(path)
     mode = _mode(target, flag)
     if mode is not None and stat.S_ISDIR(mode):
         raise UsageError(f"{target} is a folder; give a file name", flag=flag)
+    if replaced and mode is not None and not stat.S_ISREG(mode):
+        raise UsageError(f"{target} is not a regular file: {replaced}", flag=flag)
     _writable_folder(target.parent, flag, f"for {target.name}", write=False)
     if mode is not None and not stat.S_ISREG(mode):
         if not os.access(target, os.W_OK):

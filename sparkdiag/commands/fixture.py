@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from sparkdiag.commands.common import check_output_path, is_stdout
-from sparkdiag.errors import SparkdiagError, UsageError
+from sparkdiag.errors import SparkdiagError
 from sparkdiag.flags import settings_from, settings_options
 
 
@@ -37,13 +37,8 @@ def record_fixture(output: Path, description: str, **given: Any) -> None:
 
     settings = settings_from("record-fixture", given)
     if not is_stdout(output):
-        check_output_path(output, "OUTPUT")  # before NVML is asked anything
-        if output.exists() and not output.resolve().is_file():
-            raise UsageError(
-                f"{output} is not a regular file: a fixture replaces its file whole; give a "
-                "file name, or - for standard output",
-                flag="OUTPUT",
-            )
+        whole = "a fixture replaces its file whole; give a file name, or - for standard output"
+        check_output_path(output, "OUTPUT", replaced=whole)  # before NVML is asked anything
         output = output.resolve() if output.is_symlink() else output
     backend = make_backend(settings.nvml_fixture)
     try:
