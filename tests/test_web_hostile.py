@@ -16,12 +16,14 @@ import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkdiag.web.http import ExporterServer
+from sparkdiag.web.messages import MAX_HEAD
 from tests.support import NVML, free_port, self_signed_cert, serving, sparkdiag_cmd
 from tests.support.fuzz import examples
 from tests.support.tty import OnTerminal
@@ -97,6 +99,44 @@ def test_http09_is_still_refused_when_its_line_arrives_in_pieces() -> None:
     with serving() as server:
         data = exchange(server, [b"GET /met", b"rics\r\n"], pause=0.05)
     assert data.startswith(b"HTTP/1.1 400 ") and b"HTTP/0.9 is not supported" in data
+
+
+def head_of(size: int) -> bytes:
+    """A ``GET /healthz`` head of exactly ``size`` bytes, its closing blank line included,
+    padded with header lines of at most 8,000 bytes."""
+    start, end = b"GET /healthz HTTP/1.1\r\nHost: x\r\n", b"\r\n"
+    pad = size - len(start) - len(end)
+    lines = []
+    while pad:  # each line is "X-P: " + value + CRLF, 7 bytes and its value
+        take = pad if pad <= 8000 else min(8000, pad - 8)
+        lines.append(b"X-P: " + b"a" * (take - 7) + b"\r\n")
+        pad -= take
+    head = start + b"".join(lines) + end
+    assert len(head) == size
+    return head
+
+
+@pytest.mark.parametrize("size", [MAX_HEAD, MAX_HEAD + 1, MAX_HEAD + 3000, 2 * MAX_HEAD - 2])
+@pytest.mark.parametrize(
+    "cuts",
+    [
+        pytest.param(lambda size: [], id="one-send"),
+        pytest.param(lambda size: [MAX_HEAD - 100], id="under-the-limit-then-the-rest"),
+        pytest.param(lambda size: [size - 1], id="last-byte-alone"),
+        pytest.param(lambda size: [size - 2], id="blank-line-cut"),
+        pytest.param(lambda size: list(range(1000, size, 1000)), id="1000-byte-pieces"),
+    ],
+)
+def test_the_head_limit_is_exact_whatever_the_reads(size: int, cuts: Any) -> None:
+    """A head of MAX_HEAD bytes is served, one byte more is refused 431, however it arrives
+    (before: a head whose first read stayed under the limit was accepted up to about 32 KiB,
+    MAX_HEAD and a whole read more)."""
+    head = head_of(size)
+    bounds = [0, *cuts(size), size]
+    pieces = [head[a:b] for a, b in itertools.pairwise(bounds)]
+    with serving() as server:
+        answers = statuses(exchange(server, pieces, pause=0.02))
+    assert answers == ([b"200"] if size <= MAX_HEAD else [b"431"])
 
 
 def _body(data: bytes) -> str:

@@ -71,6 +71,7 @@ from sparkdiag.web.messages import (
     MAX_HEAD,
     MAX_LINE,
     Handler,
+    HeadSize,
     Request,
     Response,
     header_dict,
@@ -356,7 +357,7 @@ class HttpServer:
         the request line are skipped (RFC 9112 section 2.2)."""
         head: h11.Request | None = None
         head_bytes = b""  # the request head as received so far, up to MAX_LINE bytes
-        received = 0
+        head_size = HeadSize()
         body = 0
         while True:
             try:
@@ -385,8 +386,7 @@ class HttpServer:
                     if newline and len(line.split()) == 2:
                         # h11 would wait for a blank line that HTTP/0.9 never sends
                         return text(400, "HTTP/0.9 is not supported", close=True)
-                    received += len(data)
-                    if received > MAX_HEAD + READ_CHUNK:
+                    if head_size.over(data):
                         return text(431, "request head too large", close=True)
                 parser.receive_data(data)
                 continue
