@@ -27,8 +27,10 @@ Limits (:class:`~sparkdiag.web.limits.Limits`, defaults from ``config.OPTIONS``)
   growing delay (5 ms to 1 s, as Go's ``net/http`` does) and one idle connection is evicted to
   make room; one warning per episode (it ends after a minute without running out).
 
-A malformed request gets a 4xx/5xx answer and the connection is closed; nothing a client sends
-logs more than a debug line.
+A malformed request gets a 4xx/5xx answer and the connection is closed, as does a request head
+cut short by the client's end of stream (400, as Go's ``net/http``; an end of stream before any
+byte of a request closes without an answer, as there); nothing a client sends logs more than a
+debug line.
 """
 
 from __future__ import annotations
@@ -374,7 +376,9 @@ class HttpServer:
                     if not data and not conn.partial:
                         return None
                     if not data and head is None:
-                        raise Closed("end of stream inside the request head")
+                        # as Go's net/http: its readRequest makes an end of stream after a
+                        # head's first bytes io.ErrUnexpectedEOF, which conn.serve answers 400
+                        return refusal(400, "the request head ended before its blank line")
                 if head is None:
                     if not head_bytes:
                         data = data.lstrip(b"\r\n")  # empty lines before the request line
