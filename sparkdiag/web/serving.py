@@ -24,8 +24,9 @@ Limits (:class:`~sparkdiag.web.limits.Limits`, defaults from ``config.OPTIONS``)
   head, or in its TLS handshake); only when every connection is busy is the new one refused: a
   plain-HTTP client gets ``503`` at once, a TLS client is closed.
 * out of file descriptors anyway (``EMFILE``: probe workers, NVML), accepting pauses with a
-  growing delay (5 ms to 1 s, as Go's ``net/http`` does) and one idle connection is evicted to
-  make room; one warning per episode (it ends after a minute without running out).
+  growing delay (5 ms to 1 s, as Go's ``net/http`` does; the rule ``link serve`` follows too,
+  :mod:`sparkdiag.descriptors`) and one idle connection is evicted to make room; one warning
+  per episode (it ends after a minute without running out).
 
 A malformed request gets a 4xx/5xx answer and the connection is closed, as does a request head
 cut short by the client's end of stream (400, as Go's ``net/http``; an end of stream before any
@@ -47,6 +48,7 @@ from typing import Any
 
 import h11
 
+from sparkdiag.descriptors import next_pause, out_of_fds
 from sparkdiag.web.channels import (
     READ_CHUNK,
     TLS_HANDSHAKE,
@@ -57,10 +59,8 @@ from sparkdiag.web.channels import (
     TlsProvider,
 )
 from sparkdiag.web.limits import (
-    ACCEPT_PAUSE,
     FD_WARN_QUIET,
     MAX_REFUSING,
-    OUT_OF_FDS,
     RESERVED_FDS,
     Connection,
     Limits,
@@ -155,7 +155,7 @@ class HttpServer:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                if exc.errno in OUT_OF_FDS:
+                if out_of_fds(exc):
                     self._out_of_fds(exc)
                     return
                 if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
@@ -188,7 +188,7 @@ class HttpServer:
             )
         self._fds_short_at = now
         self._evict_one()
-        self._pause = min(ACCEPT_PAUSE[1], max(ACCEPT_PAUSE[0], self._pause * 2))
+        self._pause = next_pause(self._pause)
         loop = self._loop
         loop.remove_reader(self.sock.fileno())
         loop.call_later(self._pause, self._resume_accepting)
