@@ -22,7 +22,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         # their libraries: settings, the snapshot types, state files, plotting, signals
         "__init__ errors config jsonvalues statedir plotting sdnotify lifecycle snapshot kubernetes"
         " terminal safeload safeyaml"
-        " assets",
+        " assets descriptors",
         "sources platforms",  # the only code that touches hardware or the OS
         "telemetry probe",  # the poller; the probe worker and how it runs
         # what the commands and the daemon are made of

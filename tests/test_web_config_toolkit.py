@@ -19,6 +19,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
+from sparkdiag import safeload
 from sparkdiag.web import webconfig
 from sparkdiag.web.http import ExporterServer
 from sparkdiag.web.webconfig import LiveWebConfig, WebConfig, WebConfigError, load_web_config
@@ -465,6 +466,78 @@ def test_a_certificate_broken_then_fixed_is_served_again(
     now[0] = 5.0
     fixed = live.current()
     assert fixed is not None and fixed.tls is not None and live.reloads == 1
+
+
+RENEWED = "tls_server_config:\n  cert_file: renewed.crt\n  key_file: renewed.key\n"
+HEADER = "http_server_config:\n  headers:\n    X-Frame-Options: deny\n"
+
+
+@pytest.mark.parametrize(
+    ("found", "during"),
+    [
+        ("broken", "renewal"),  # the renewal finishes a certificate the read found half written
+        ("good", "renewal"),  # a second renewal replaces what the read has just loaded
+        ("good", "web.yml"),  # web.yml itself is written again once it has been read
+    ],
+)
+def test_a_change_while_the_files_are_read_is_seen_at_the_next_look(
+    certs: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, found: str, during: str
+) -> None:
+    """web.yml is rewritten to name new files (so the set of watched files changes), and a file
+    changes while the re-read goes on, after the read used it. The next look must read again.
+    Before, the new set's signature was taken after the read: it held the file as changed, so
+    the change was never seen (a certificate fixed during the read stayed refused, a replaced
+    one stayed unserved) until some file changed once more."""
+    shutil.copy(certs / "server.crt", tmp_path / "old.crt")
+    shutil.copy(certs / "server.key", tmp_path / "old.key")
+    path = write(tmp_path, "web.yml", SERVER.replace("server.", "old."))
+    now = [0.0]
+    live = LiveWebConfig(path, load_web_config(path), clock=lambda: now[0])
+    shutil.copy(certs / "server.key", tmp_path / "renewed.key")
+    if found == "good":
+        shutil.copy(certs / "server.crt", tmp_path / "renewed.crt")
+    else:
+        (tmp_path / "renewed.crt").write_text("being written\n")
+    write(tmp_path, "web.yml", RENEWED)
+    real = safeload.load_cert_chain
+    changed: list[str] = []
+
+    def then_a_change(context: ssl.SSLContext, cert: str | Path, key: str | Path) -> None:
+        try:
+            real(context, cert, key)
+        finally:
+            if Path(cert).name == "renewed.crt" and not changed:  # once, after the read used it
+                changed.append(during)
+                if during == "renewal":
+                    shutil.copy(certs / "client.key", tmp_path / "renewed.key")
+                    shutil.copy(certs / "client.crt", tmp_path / "renewed.crt")
+                else:
+                    write(tmp_path, "web.yml", RENEWED + HEADER)
+
+    monkeypatch.setattr(safeload, "load_cert_chain", then_a_change)
+    now[0] = 1.1
+    first = live.current()
+    assert changed == [during]
+    assert (first is None) == (found == "broken")
+    now[0] = 2.2
+    second = live.current()
+    assert second is not None and second is not first and second.tls is not None
+    assert live.reloads == (1 if found == "broken" else 2)
+    assert second.headers == ((("X-Frame-Options", "deny"),) if during == "web.yml" else ())
+
+
+def test_a_change_between_the_first_read_and_the_watch_is_seen(certs: Path, tmp_path: Path) -> None:
+    """The files are stamped when the config first reads them, not when the watch begins."""
+    shutil.copy(certs / "server.crt", tmp_path / "tls.crt")
+    shutil.copy(certs / "server.key", tmp_path / "tls.key")
+    path = write(tmp_path, "web.yml", SERVER.replace("server.", "tls."))
+    first = load_web_config(path)
+    shutil.copy(certs / "client.key", tmp_path / "tls.key")
+    shutil.copy(certs / "client.crt", tmp_path / "tls.crt")
+    now = [0.0]
+    live = LiveWebConfig(path, first, clock=lambda: now[0])
+    now[0] = 1.1
+    assert live.current() is not first and live.reloads == 1
 
 
 def served_cert(server: ExporterServer) -> bytes:

@@ -23,18 +23,18 @@ for 60 s and prints its RSS, open files and children; docs/link.md has its figur
 from __future__ import annotations
 
 import contextlib
-import errno
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
 
+# accepting out of descriptors, as the exporter's server does; link/server.py imports them here
+from sparkdiag.descriptors import ACCEPT_PAUSE as ACCEPT_PAUSE
+from sparkdiag.descriptors import OUT_OF_FDS as OUT_OF_FDS
 from sparkdiag.link import tools
 from sparkdiag.link.streams import Counter
 from sparkdiag.link.wire import MAX_STREAMS, PING_BYTES, PING_MAX
 
-ACCEPT_PAUSE = (0.005, 1.0)  # first and longest pause of accepting while out of descriptors
-OUT_OF_FDS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 CONTROL_IDLE = 60.0  # seconds a session may stay silent
 SESSION_SECONDS = 1800.0  # seconds a session may last
 MAX_PENDING = 64

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import os
 import resource
 import socket
@@ -24,8 +23,6 @@ from sparkdiag.config import DEFAULTS
 RESERVED_FDS = 64  # file descriptors kept for the rest of the daemon (NVML, store, workers)
 MAX_REFUSING = 8  # sockets held at once to answer 503 beyond the cap (counted in the reserve)
 FD_WARN_QUIET = 60.0  # out of descriptors: a warning, then debug lines until this long passes
-ACCEPT_PAUSE = (0.005, 1.0)  # first and longest pause of accepting while out of descriptors
-OUT_OF_FDS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 
 
 @dataclass(frozen=True)

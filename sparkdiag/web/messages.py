@@ -11,6 +11,7 @@ dropped; a request that frames its body both ways, or chunked in HTTP/1.0, is re
 from __future__ import annotations
 
 import http
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -25,6 +26,7 @@ __all__ = [
     "MAX_HEADERS",
     "MAX_LINE",
     "Handler",
+    "HeadSize",
     "Request",
     "Response",
     "header_dict",
@@ -39,6 +41,33 @@ MAX_HEAD = 16384  # the request line and every header line together
 MAX_LINE = 8192  # one header value
 MAX_HEADERS = 100
 MAX_BODY = 65536  # a request body is read and discarded up to this size
+
+_END_OF_HEAD = re.compile(rb"\n\r?\n")  # the blank line that ends a head, as h11 finds it
+
+
+class HeadSize:
+    """A request head's size as its bytes arrive, counted up to the blank line that ends it,
+    so that ``MAX_HEAD`` holds whatever the reads' sizes: a head of ``MAX_HEAD`` bytes (its
+    blank line included) passes, one byte more does not, in one read or in many. Bytes after
+    the blank line (a body, a pipelined request) are not counted."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.ended = False
+        self._tail = b""  # the last bytes counted: a blank line may be cut across two reads
+
+    def over(self, data: bytes) -> bool:
+        """Count ``data``, the next bytes of the head; True once the head is over MAX_HEAD."""
+        if not self.ended:
+            joined = self._tail + data
+            end = _END_OF_HEAD.search(joined)
+            if end is None:
+                self.size += len(data)
+                self._tail = joined[-2:]
+            else:
+                self.size += end.end() - len(self._tail)
+                self.ended = True
+        return self.size > MAX_HEAD
 
 
 @dataclass(frozen=True)

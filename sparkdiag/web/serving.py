@@ -24,11 +24,14 @@ Limits (:class:`~sparkdiag.web.limits.Limits`, defaults from ``config.OPTIONS``)
   head, or in its TLS handshake); only when every connection is busy is the new one refused: a
   plain-HTTP client gets ``503`` at once, a TLS client is closed.
 * out of file descriptors anyway (``EMFILE``: probe workers, NVML), accepting pauses with a
-  growing delay (5 ms to 1 s, as Go's ``net/http`` does) and one idle connection is evicted to
-  make room; one warning per episode (it ends after a minute without running out).
+  growing delay (5 ms to 1 s, as Go's ``net/http`` does; the rule ``link serve`` follows too,
+  :mod:`sparkdiag.descriptors`) and one idle connection is evicted to make room; one warning
+  per episode (it ends after a minute without running out).
 
-A malformed request gets a 4xx/5xx answer and the connection is closed; nothing a client sends
-logs more than a debug line.
+A malformed request gets a 4xx/5xx answer and the connection is closed, as does a request head
+cut short by the client's end of stream (400, as Go's ``net/http``; an end of stream before any
+byte of a request closes without an answer, as there); nothing a client sends logs more than a
+debug line.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from typing import Any
 
 import h11
 
+from sparkdiag.descriptors import next_pause, out_of_fds
 from sparkdiag.web.channels import (
     READ_CHUNK,
     TLS_HANDSHAKE,
@@ -55,10 +59,8 @@ from sparkdiag.web.channels import (
     TlsProvider,
 )
 from sparkdiag.web.limits import (
-    ACCEPT_PAUSE,
     FD_WARN_QUIET,
     MAX_REFUSING,
-    OUT_OF_FDS,
     RESERVED_FDS,
     Connection,
     Limits,
@@ -71,6 +73,7 @@ from sparkdiag.web.messages import (
     MAX_HEAD,
     MAX_LINE,
     Handler,
+    HeadSize,
     Request,
     Response,
     header_dict,
@@ -152,7 +155,7 @@ class HttpServer:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:
-                if exc.errno in OUT_OF_FDS:
+                if out_of_fds(exc):
                     self._out_of_fds(exc)
                     return
                 if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
@@ -185,7 +188,7 @@ class HttpServer:
             )
         self._fds_short_at = now
         self._evict_one()
-        self._pause = min(ACCEPT_PAUSE[1], max(ACCEPT_PAUSE[0], self._pause * 2))
+        self._pause = next_pause(self._pause)
         loop = self._loop
         loop.remove_reader(self.sock.fileno())
         loop.call_later(self._pause, self._resume_accepting)
@@ -356,7 +359,7 @@ class HttpServer:
         the request line are skipped (RFC 9112 section 2.2)."""
         head: h11.Request | None = None
         head_bytes = b""  # the request head as received so far, up to MAX_LINE bytes
-        received = 0
+        head_size = HeadSize()
         body = 0
         while True:
             try:
@@ -373,7 +376,9 @@ class HttpServer:
                     if not data and not conn.partial:
                         return None
                     if not data and head is None:
-                        raise Closed("end of stream inside the request head")
+                        # as Go's net/http: its readRequest makes an end of stream after a
+                        # head's first bytes io.ErrUnexpectedEOF, which conn.serve answers 400
+                        return refusal(400, "the request head ended before its blank line")
                 if head is None:
                     if not head_bytes:
                         data = data.lstrip(b"\r\n")  # empty lines before the request line
@@ -385,8 +390,7 @@ class HttpServer:
                     if newline and len(line.split()) == 2:
                         # h11 would wait for a blank line that HTTP/0.9 never sends
                         return text(400, "HTTP/0.9 is not supported", close=True)
-                    received += len(data)
-                    if received > MAX_HEAD + READ_CHUNK:
+                    if head_size.over(data):
                         return text(431, "request head too large", close=True)
                 parser.receive_data(data)
                 continue

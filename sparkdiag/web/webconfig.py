@@ -163,6 +163,10 @@ class RateLimit:
     burst: int
 
 
+Stamp = tuple[int, int, int, int] | None  # a file's inode, size, mtime and ctime; None: absent
+Signature = tuple[Stamp, ...]
+
+
 @dataclass
 class WebConfig:
     tls: Tls | None = None
@@ -170,6 +174,7 @@ class WebConfig:
     headers: tuple[tuple[str, str], ...] = ()  # http_server_config.headers, validated
     rate_limit: RateLimit | None = None
     files: tuple[Path, ...] = ()  # the files read, watched for a change
+    stamps: Signature = ()  # the stamp of each of the files, taken before it was read
     auth: BasicAuth = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -182,12 +187,14 @@ class WebConfig:
 
 
 def load_web_config(path: Path) -> WebConfig:
-    return _load(path, [path])
+    return _load(path, _Named())
 
 
-def _load(path: Path, files: list[Path]) -> WebConfig:
-    """The config of ``path``; ``files`` collects every file it names as it is read, so that a
-    config that fails on one of them knows which to watch for the fix."""
+def _load(path: Path, named: _Named) -> WebConfig:
+    """The config of ``path``; ``named`` collects the file and every file it names as it is
+    read, each stamped before it is read, so that a config that fails on one of them knows which
+    to watch for the fix, and a file that changes during the read is read again."""
+    named.add(path)
     doc = _read(path)
     where = _Where(path)
     _refuse_unknown(where, doc, _TOP, "")
@@ -196,13 +203,35 @@ def _load(path: Path, files: list[Path]) -> WebConfig:
     if block is not None:
         if not isinstance(block, dict):
             raise where.error("tls_server_config", "must be a mapping")
-        tls = _tls(where, block, files)
+        tls = _tls(where, block, named)
     headers, http2 = _http(where, doc.get("http_server_config"))
     if tls is not None and http2 and isinstance(block, dict):
         _http2_ciphers(where, block, tls.context)
     rate = _rate_limit(where, doc.get("rate_limit"))
     users = _users(where, doc.get("basic_auth_users"))
-    return WebConfig(tls, users, headers, rate, tuple(files))
+    files = tuple(named.paths)
+    return WebConfig(tls, users, headers, rate, files, named.signature(files))
+
+
+class _Named:
+    """The files one read of the config names, in order, each stamped when it is named, which
+    is before it is read: a file that changes while the read goes on no longer matches its
+    stamp, and the next look reads again. ``earlier`` are stamps taken before the read began
+    (the files watched until then, as that look saw them); a file keeps its earliest stamp."""
+
+    def __init__(self, earlier: dict[Path, Stamp] | None = None) -> None:
+        self.paths: list[Path] = []
+        self._stamps = dict(earlier or {})
+
+    def add(self, path: Path) -> Path:
+        self.paths.append(path)
+        if path not in self._stamps:
+            self._stamps[path] = _stamp(path)
+        return path
+
+    def signature(self, files: tuple[Path, ...]) -> Signature:
+        """The stamps of ``files``, each named in this read or stamped before it."""
+        return tuple(self._stamps[path] for path in files)
 
 
 class LiveWebConfig:
@@ -219,7 +248,7 @@ class LiveWebConfig:
         self._clock = clock
         self._checked = clock()
         self._watched = first.files
-        self._signature = _signature(self._watched)
+        self._signature = first.stamps or _signature(first.files)  # stamped before first's read
         self.reloads = 0
 
     def current(self) -> WebConfig | None:
@@ -227,21 +256,22 @@ class LiveWebConfig:
         if now - self._checked < RECHECK_SECONDS:
             return self._config
         self._checked = now
-        # taken before the files are read: one that changes while they are read (a renewal
-        # writing the key, then the certificate) is read again at the next look
+        # each file is stamped before it is read (those watched now here, one named for the
+        # first time when it is named): one that changes while they are read (a renewal writing
+        # the key, then the certificate; web.yml rewritten) is read again at the next look
         signature = _signature(self._watched)
         if signature == self._signature:
             return self._config  # unchanged: the config in use, or None while it is unusable
-        files = [self.path]
+        named = _Named(dict(zip(self._watched, signature, strict=True)))
         try:
-            new = _load(self.path, files)
+            new = _load(self.path, named)
         except WebConfigError as exc:
             log.error(
                 "web config changed and is unusable (refusing connections and requests "
                 "until it is fixed): %s",
                 exc,
             )
-            self._unusable(files, signature)
+            self._unusable(named)
             return None
         if (new.tls is not None) != self._tls_on:
             log.error(
@@ -249,43 +279,40 @@ class LiveWebConfig:
                 "connections and requests until it is restored",
                 self.path,
             )
-            self._unusable(files, signature)
+            self._unusable(named)
             return None
         previous = self._config
         if previous is not None and previous.users == new.users:
             new.auth = previous.auth  # keep what bcrypt already verified
         self._config = new
-        self._watch(new.files, signature)
+        self._watch(new.files, named)
         self.reloads += 1
         log.info("web config %s re-read: it or a file it names changed", self.path)
         return new
 
-    def _unusable(self, files: list[Path], signature: Signature) -> None:
+    def _unusable(self, named: _Named) -> None:
         """Refuse until a fix: watched are the files named as far as it was read and those of
         before (a certificate that failed to load is one of them), so that fixing any of them,
         not only the config file, is seen."""
         self._config = None
-        self._watch((*files, *self._watched), signature)
+        self._watch((*named.paths, *self._watched), named)
 
-    def _watch(self, files: tuple[Path, ...] | list[Path], before: Signature) -> None:
-        watched = tuple(dict.fromkeys(files))
-        self._signature = before if watched == self._watched else _signature(watched)
-        self._watched = watched
+    def _watch(self, files: tuple[Path, ...], named: _Named) -> None:
+        """Watch ``files`` from now on, each against its stamp from before this read."""
+        self._watched = tuple(dict.fromkeys(files))
+        self._signature = named.signature(self._watched)
 
 
-Signature = tuple[tuple[int, int, int, int] | None, ...]  # per file: inode, size, mtime, ctime
+def _stamp(path: Path) -> Stamp:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
 
 
 def _signature(files: tuple[Path, ...]) -> Signature:
-    out: list[tuple[int, int, int, int] | None] = []
-    for path in files:
-        try:
-            st = path.stat()
-        except OSError:
-            out.append(None)
-            continue
-        out.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
-    return tuple(out)
+    return tuple(_stamp(path) for path in files)
 
 
 @dataclass(frozen=True)
@@ -336,7 +363,7 @@ def _strings(where: _Where, key: str, value: Any) -> list[str]:
     return [_string(where, key, item) for item in value]
 
 
-def _tls(where: _Where, tls: dict[Any, Any], files: list[Path]) -> Tls | None:
+def _tls(where: _Where, tls: dict[Any, Any], named: _Named) -> Tls | None:
     _refuse_unknown(where, tls, _TLS_KEYS, "tls_server_config")
     key = "tls_server_config."
     set_keys = [name for name in tls if tls[name] not in (None, "", [], False)]
@@ -366,8 +393,7 @@ def _tls(where: _Where, tls: dict[Any, Any], files: list[Path]) -> Tls | None:
             raise where.error(key + name, f"{echo(value)} is not a path")
         candidate = Path(value)
         resolved = candidate if candidate.is_absolute() else where.path.parent / candidate
-        files.append(resolved)
-        return resolved
+        return named.add(resolved)
 
     cert, private = file_key("cert_file"), file_key("key_file")
     if cert is None:
