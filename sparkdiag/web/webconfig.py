@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from sparkdiag import safeload
 from sparkdiag.config import echo
 from sparkdiag.errors import UsageError
+from sparkdiag.filewatch import FileWatch
 from sparkdiag.web.basicauth import BasicAuth, hash_problem
 from sparkdiag.web.channels import Tls
 
@@ -216,21 +217,11 @@ class LiveWebConfig:
         self.path = path
         self._config: WebConfig | None = first
         self._tls_on = first.tls is not None
-        self._clock = clock
-        self._checked = clock()
-        self._watched = first.files
-        self._signature = _signature(self._watched)
+        self._files = FileWatch(first.files, RECHECK_SECONDS, clock)
         self.reloads = 0
 
     def current(self) -> WebConfig | None:
-        now = self._clock()
-        if now - self._checked < RECHECK_SECONDS:
-            return self._config
-        self._checked = now
-        # taken before the files are read: one that changes while they are read (a renewal
-        # writing the key, then the certificate) is read again at the next look
-        signature = _signature(self._watched)
-        if signature == self._signature:
+        if not self._files.changed():
             return self._config  # unchanged: the config in use, or None while it is unusable
         files = [self.path]
         try:
@@ -241,7 +232,7 @@ class LiveWebConfig:
                 "until it is fixed): %s",
                 exc,
             )
-            self._unusable(files, signature)
+            self._unusable(files)
             return None
         if (new.tls is not None) != self._tls_on:
             log.error(
@@ -249,43 +240,23 @@ class LiveWebConfig:
                 "connections and requests until it is restored",
                 self.path,
             )
-            self._unusable(files, signature)
+            self._unusable(files)
             return None
         previous = self._config
         if previous is not None and previous.users == new.users:
             new.auth = previous.auth  # keep what bcrypt already verified
         self._config = new
-        self._watch(new.files, signature)
+        self._files.watch(new.files)
         self.reloads += 1
         log.info("web config %s re-read: it or a file it names changed", self.path)
         return new
 
-    def _unusable(self, files: list[Path], signature: Signature) -> None:
+    def _unusable(self, files: list[Path]) -> None:
         """Refuse until a fix: watched are the files named as far as it was read and those of
         before (a certificate that failed to load is one of them), so that fixing any of them,
         not only the config file, is seen."""
         self._config = None
-        self._watch((*files, *self._watched), signature)
-
-    def _watch(self, files: tuple[Path, ...] | list[Path], before: Signature) -> None:
-        watched = tuple(dict.fromkeys(files))
-        self._signature = before if watched == self._watched else _signature(watched)
-        self._watched = watched
-
-
-Signature = tuple[tuple[int, int, int, int] | None, ...]  # per file: inode, size, mtime, ctime
-
-
-def _signature(files: tuple[Path, ...]) -> Signature:
-    out: list[tuple[int, int, int, int] | None] = []
-    for path in files:
-        try:
-            st = path.stat()
-        except OSError:
-            out.append(None)
-            continue
-        out.append((st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
-    return tuple(out)
+        self._files.watch((*files, *self._files.files))
 
 
 @dataclass(frozen=True)
