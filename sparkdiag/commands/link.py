@@ -123,7 +123,8 @@ def serve(listen: str | None, once: bool, **given: Any) -> Exit:
     Exit status:
       0  stopped with Ctrl-C or SIGTERM between sessions, or --once done
       2  bad flag; no ConnectX-7 address and no --listen; a secret file that
-         others can read (a refused start makes no secret file)
+         its group or others can read or write, or a link to nothing (a
+         refused start makes no secret file)
       3  cannot start: the port cannot be had (in use, or not allowed)
       130 stopped during a session
     """
@@ -256,7 +257,7 @@ def test(
       1  degraded (or a path whose rate neither end knows)
       2  bad input: a bad flag, a PEER name that does not resolve, an
          --interface that does not exist, no link secret here (or one that
-         others can read)
+         its group or others can read or write)
       3  failed: the peer unreachable, refusing the port, not running 'link
          serve' or busy, holding another link secret; no carrier on the
          interfaces; nothing measured

@@ -3,8 +3,8 @@
 Setting it up takes one copy. ``sparkdiag link serve`` makes the file where none is (64
 hexadecimal characters from ``secrets``, mode 0600, in ``~/.config/sparkdiag/link.secret`` or
 the path ``--link.secret-file`` gives) and says so; copy it to the measuring machine, to the same
-place (``scp``), and ``link test`` (and ``check --peer``) read it there. A file that others can
-read is refused, as ssh refuses such a key.
+place (``scp``), and ``link test`` (and ``check --peer``) read it there. A file that its group
+or other users can read or write is refused, as ssh refuses such a key.
 
 On the wire (:mod:`sparkdiag.link.wire`), HMAC-SHA256 challenge and response in both
 directions, so that neither side learns anything from the other before it has proved it holds
@@ -46,23 +46,17 @@ def default_path(environ: dict[str, str] | None = None) -> Path:
 
 
 def read_secret(path: Path) -> bytes:
-    """The secret in ``path``; UsageError (exit 2) in one line when it is missing, readable by
-    others, not a regular file, too long or too short."""
+    """The secret in ``path``; UsageError (exit 2) in one line when it is missing (or a
+    symbolic link to nothing), open to other users, not a regular file, too long or too
+    short."""
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
-        raise UsageError(
-            f"no link secret at {path}: copy the one 'sparkdiag link serve' made on the peer "
-            f"to this machine (scp PEER:{path} {path}; chmod 600 {path})",
-            flag=FLAG,
-        ) from None
+        raise UsageError(_missing(path), flag=FLAG) from None
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}", flag=FLAG) from None
     if stat.S_ISREG(mode) and mode & 0o077:
-        raise UsageError(
-            f"{path} can be read by other users (mode {stat.S_IMODE(mode):03o}): chmod 600 {path}",
-            flag=FLAG,
-        )
+        raise UsageError(f"{path} {_open_to_others(mode)}: chmod 600 {path}", flag=FLAG)
     with safeload.reading(path, lambda line: UsageError(line, flag=FLAG)):
         secret = safeload.text(safeload.read_file(path, MAX_SECRET_BYTES)).strip()
     if len(secret) < MIN_SECRET:
@@ -72,6 +66,54 @@ def read_secret(path: Path) -> bytes:
             flag=FLAG,
         )
     return secret.encode()
+
+
+def _missing(path: Path) -> str:
+    """Why ``path`` is not there, and what to do: a symbolic link to nothing is named with
+    where it points (copying a secret to the link's own path, as the plain advice says, would
+    not be where the link leads, and 'sparkdiag link serve' makes no secret through a link)."""
+    try:
+        target = os.readlink(path)
+    except OSError:  # not a link (or gone since)
+        return (
+            f"no link secret at {path}: copy the one 'sparkdiag link serve' made on the peer "
+            f"to this machine (scp PEER:{path} {path}; chmod 600 {path})"
+        )
+    joined = os.path.join(path.parent, target)  # target itself when absolute
+    shown = target if os.path.isabs(target) else f"{target} ({os.path.abspath(joined)})"
+    if os.path.lexists(joined):  # a link to a link: where the chain ends
+        shown += f", which leads to {os.path.realpath(path)}"
+    return (
+        f"{path} is a symbolic link to {shown}, which does not exist: put the link secret "
+        f"there (the same file as on the peer, mode 0600), or point the link at the file that "
+        f"holds it (ln -sfn FILE {path})"
+    )
+
+
+def _open_to_others(mode: int) -> str:
+    """What users other than the owner may do with a file of ``mode`` (group and others told
+    apart, reading and writing too), and what that lets them do to the secret: ``is mode 602:
+    other users can write it, and so replace the secret with one they know``."""
+    verbs = (("read", 4), ("write", 2), ("execute", 1))
+    can = {
+        name: _listed([verb for verb, bit in verbs if bits & bit])
+        for name, bits in (("its group", (mode >> 3) & 7), ("other users", mode & 7))
+        if bits
+    }
+    if len(can) == 2 and len(set(can.values())) == 1:
+        who = f"its group and other users can {can['its group']} it"
+    else:
+        who = ", ".join(f"{name} can {done} it" for name, done in can.items())
+    harm = {
+        (True, True): ", and so learn or replace the secret",
+        (True, False): ", and so learn the secret",
+        (False, True): ", and so replace the secret with one they know",
+    }.get((bool(mode & 0o044), bool(mode & 0o022)), "")
+    return f"is mode {stat.S_IMODE(mode):03o}: {who}{harm}"
+
+
+def _listed(words: list[str]) -> str:
+    return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else words[0]
 
 
 def make_secret(path: Path) -> bool:
