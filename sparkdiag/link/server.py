@@ -134,7 +134,10 @@ def link_addresses(readings: FabricReadings, addresses: Sequence[InterfaceAddres
 class LinkServer:
     """The listening side on ``socks``. ``serve(stop)`` accepts until ``stop`` is set (or, with
     ``once``, until one session has ended); ``say`` receives one line per event worth a line on
-    the terminal (a session, a refused secret, running out of file descriptors)."""
+    the terminal (a session, a refused secret, running out of file descriptors). ``secret`` is
+    the secret itself, or a :class:`~sparkdiag.link.auth.LiveSecret` that follows its file
+    (asked at each control connection's challenge, and in the accept loop, so that a changed
+    file that cannot be used is said when it is written, not when the next peer comes)."""
 
     def __init__(
         self,
@@ -142,7 +145,7 @@ class LinkServer:
         sysfs: Path,
         rootfs: Path,
         environ: Mapping[str, str],
-        secret: bytes,
+        secret: bytes | auth.LiveSecret,
         say: Callable[[str], None] = lambda line: None,
         once: bool = False,
     ) -> None:
@@ -150,7 +153,9 @@ class LinkServer:
         self.sysfs = sysfs
         self.rootfs = rootfs
         self.environ = environ
-        self.secret = secret
+        self._secret: Callable[[], bytes] = (
+            secret.current if isinstance(secret, auth.LiveSecret) else lambda: secret
+        )
         self.say = say
         self.once = once
         self._lock = threading.Lock()
@@ -220,7 +225,8 @@ class LinkServer:
 
     def _housekeeping(self) -> None:
         """Tools past their time killed (and every ended tool reaped); a session past its
-        total time ended."""
+        total time ended; the secret file looked at."""
+        self._secret()
         with self._lock:
             session = self._session
         if session is None:
@@ -312,13 +318,14 @@ class LinkServer:
         if not auth.valid_nonce(theirs):
             return None
         assert isinstance(theirs, str)
+        secret = self._secret()  # as the file holds it now: a rotated one from the next session
         mine = auth.nonce()
         send(conn, {"sparkdiag-link": 2, "challenge": mine})
         try:
             answer = reader.read(max(deadline - time.monotonic(), 0.01))
         except _BROKEN:
             return None
-        if not auth.valid(self.secret, "client", mine, theirs, answer.get("proof")):
+        if not auth.valid(secret, "client", mine, theirs, answer.get("proof")):
             send(
                 conn,
                 {
@@ -327,7 +334,7 @@ class LinkServer:
                 },
             )
             return None
-        return auth.proof(self.secret, "server", theirs, mine)
+        return auth.proof(secret, "server", theirs, mine)
 
     def _control(
         self, entry: Conn, reader: LineReader, opening: Mapping[str, Any], deadline: float
