@@ -21,7 +21,7 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
         # the package's face (__version__) and modules that import nothing above the stdlib and
         # their libraries: settings, the snapshot types, state files, plotting, signals
         "__init__ errors config jsonvalues statedir plotting sdnotify lifecycle snapshot kubernetes"
-        " terminal safeload safeyaml"
+        " terminal safeload safeyaml filewatch"
         " assets descriptors",
         "sources platforms",  # the only code that touches hardware or the OS
         "telemetry probe",  # the poller; the probe worker and how it runs

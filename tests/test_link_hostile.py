@@ -23,6 +23,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sparkdiag.descriptors import ACCEPT_PAUSE
 from sparkdiag.link import auth, bounds
 from sparkdiag.link import server as server_module
 from sparkdiag.link.client import LinkError, Options, measure_link
@@ -202,7 +203,7 @@ def test_the_secret_file(tmp_path: Path) -> None:
     assert auth.make_secret(path) and not auth.make_secret(path)
     assert (path.stat().st_mode & 0o777, len(auth.read_secret(path))) == (0o600, 64)
     path.chmod(0o644)
-    with pytest.raises(auth.UsageError, match=r"can be read by other users \(mode 644\): chmod"):
+    with pytest.raises(auth.UsageError, match=r"is mode 644: its group and other users can read"):
         auth.read_secret(path)
     short = tmp_path / "short"
     short.write_text("abc\n")
@@ -213,6 +214,61 @@ def test_the_secret_file(tmp_path: Path) -> None:
         auth.read_secret(tmp_path / "missing")
     with pytest.raises(auth.UsageError, match=r"not a regular file \(a character device\)"):
         auth.read_secret(Path("/dev/zero"))
+
+
+@pytest.mark.parametrize(
+    ("mode", "said"),
+    [
+        # before: "can be read by other users (mode 602)", of a file only they can write
+        (0o602, "is mode 602: other users can write it, and so replace the secret with one they"),
+        (0o640, "is mode 640: its group can read it, and so learn the secret"),
+        (0o620, "is mode 620: its group can write it, and so replace the secret"),
+        (0o646, "is mode 646: its group can read it, other users can read and write it, and so "
+                "learn or replace the secret"),
+        (0o610, "is mode 610: its group can execute it: chmod 600"),
+    ],
+    ids=["0602", "0640", "0620", "0646", "0610"],
+)  # fmt: skip
+def test_a_secret_file_open_to_others_says_who_can_do_what(
+    tmp_path: Path, mode: int, said: str
+) -> None:
+    path = tmp_path / "link.secret"
+    path.write_text(SECRET.decode() + "\n")
+    path.chmod(mode)
+    with pytest.raises(auth.UsageError) as caught:
+        auth.read_secret(path)
+    assert said in str(caught.value) and str(caught.value).endswith(f"chmod 600 {path}")
+    assert "can be read" not in str(caught.value)
+
+
+def test_a_dangling_link_as_the_secret_file_says_where_it_points(tmp_path: Path) -> None:
+    """Before: 'no link secret at LINK: copy the one ... (scp PEER:LINK LINK ...)', as if
+    nothing were there; the link is named with where it leads, which does not exist."""
+    link = tmp_path / "link.secret"
+    link.symlink_to("rotated/secret-2")
+    with pytest.raises(auth.UsageError) as caught:
+        auth.read_secret(link)
+    where = tmp_path / "rotated" / "secret-2"
+    assert str(caught.value) == (
+        f"{link} is a symbolic link to rotated/secret-2 ({where}), which does not exist: put "
+        "the link secret there (the same file as on the peer, mode 0600), or point the link at "
+        f"the file that holds it (ln -sfn FILE {link})"
+    )
+    chain = tmp_path / "chain"
+    chain.symlink_to(link)  # a link to that link: where the chain ends is named too
+    with pytest.raises(auth.UsageError, match=f"to {link}, which leads to {where}, which does"):
+        auth.read_secret(chain)
+    # link serve makes no secret through it, and says the same at start (exit 2)
+    assert not auth.make_secret(link) and not link.exists()
+    free = listen_socket("127.0.0.1", 0)
+    port = free.getsockname()[1]
+    free.close()
+    result = invoke_cli(
+        "link", "serve", "--listen", f"127.0.0.1:{port}", "--link.secret-file", str(link)
+    )
+    assert result.returncode == 2, result.stderr
+    assert "is a symbolic link to rotated/secret-2" in result.stderr
+    assert "made a new link secret" not in result.stderr and not link.exists()
 
 
 # -- listening where the link is -------------------------------------------------------------------
@@ -423,7 +479,7 @@ def test_out_of_file_descriptors_the_server_goes_on(tmp_path: Path) -> None:
             sock.close()
         # it serves again: accepted once its pause (at most ACCEPT_PAUSE[1]) ends; before, a
         # fixed ACCEPT_PAUSE[1] + 0.5 s wait came first
-        control = open_control("127.0.0.1", number, 3.0 + bounds.ACCEPT_PAUSE[1], SECRET)
+        control = open_control("127.0.0.1", number, 3.0 + ACCEPT_PAUSE[1], SECRET)
         control.ask({"op": "bye"})
         control.sock.close()
     finally:

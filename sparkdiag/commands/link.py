@@ -114,7 +114,14 @@ def serve(listen: str | None, once: bool, **given: Any) -> Exit:
     Only a machine that holds the same link secret is answered: the file
     ~/.config/sparkdiag/link.secret (or --link.secret-file), which this command makes where
     none is; copy it to the measuring machine (scp, mode 0600). Before that proof nothing is
-    measured or told. It listens on the addresses of this machine's ConnectX-7 interfaces
+    measured or told. Rotating the secret needs no restart: write the new file on every
+    machine (beside the old one, then mv it over); the file is looked at every second, and a
+    changed one applies from the next session (a session under way goes on). A changed file
+    that cannot be used (gone, a link to nothing, open to others, empty or too short) leaves
+    the last good secret in use; that is said once, with the fix, and again when the file is
+    usable.
+
+    It listens on the addresses of this machine's ConnectX-7 interfaces
     (or --listen), counts what arrives, sends back on the connections that ask (at most 64
     streams for 60 s), and starts 'iperf3 -s' or 'ib_write_bw' for the measuring side when
     they are installed, within bounds on connections, tests, tools and time (docs/link.md).
@@ -123,12 +130,17 @@ def serve(listen: str | None, once: bool, **given: Any) -> Exit:
     Exit status:
       0  stopped with Ctrl-C or SIGTERM between sessions, or --once done
       2  bad flag; no ConnectX-7 address and no --listen; a secret file that
-         others can read (a refused start makes no secret file)
+         its group or others can read or write, or a link to nothing (a
+         refused start makes no secret file)
       3  cannot start: the port cannot be had (in use, or not allowed)
       130 stopped during a session
     """
     settings = _settings(given)
     path = secret_path(settings)
+
+    def say(line: str) -> None:
+        click.echo(terminal.safe(line), err=True)
+
     # where to listen first: a start refused there (no ConnectX-7 address, the port in use)
     # leaves no secret behind
     socks, where = _listeners(listen, settings)
@@ -140,7 +152,7 @@ def serve(listen: str | None, once: bool, **given: Any) -> Exit:
                 f"measuring machine, to the same place (scp {shown} PEER:{shown}), mode 0600",
                 err=True,
             )
-        secret = auth.read_secret(path)
+        secret = auth.LiveSecret(path, say)  # read now, and again when the file changes
     except BaseException:
         for sock in socks:
             sock.close()
@@ -153,7 +165,7 @@ def serve(listen: str | None, once: bool, **given: Any) -> Exit:
         settings.rootfs,
         dict(os.environ),
         secret,
-        say=lambda line: click.echo(terminal.safe(line), err=True),
+        say=say,
         once=once,
     )
     click.echo(
@@ -256,7 +268,7 @@ def test(
       1  degraded (or a path whose rate neither end knows)
       2  bad input: a bad flag, a PEER name that does not resolve, an
          --interface that does not exist, no link secret here (or one that
-         others can read)
+         its group or others can read or write)
       3  failed: the peer unreachable, refusing the port, not running 'link
          serve' or busy, holding another link secret; no carrier on the
          interfaces; nothing measured

@@ -3,8 +3,9 @@
 Setting it up takes one copy. ``sparkdiag link serve`` makes the file where none is (64
 hexadecimal characters from ``secrets``, mode 0600, in ``~/.config/sparkdiag/link.secret`` or
 the path ``--link.secret-file`` gives) and says so; copy it to the measuring machine, to the same
-place (``scp``), and ``link test`` (and ``check --peer``) read it there. A file that others can
-read is refused, as ssh refuses such a key.
+place (``scp``), and ``link test`` (and ``check --peer``) read it there. A file that its group
+or other users can read or write is refused, as ssh refuses such a key. Rotating it takes no
+restart: a running ``link serve`` reads the file again when it changes (:class:`LiveSecret`).
 
 On the wire (:mod:`sparkdiag.link.wire`), HMAC-SHA256 challenge and response in both
 directions, so that neither side learns anything from the other before it has proved it holds
@@ -27,15 +28,21 @@ import hmac
 import os
 import secrets
 import stat
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 from sparkdiag import safeload
 from sparkdiag.errors import UsageError
+from sparkdiag.filewatch import FileWatch
 
 NONCE_BYTES = 32
 MIN_SECRET = 16  # characters of a secret written by hand; the one made here has 64
 MAX_SECRET_BYTES = 4096
 FLAG = "--link.secret-file"
+RECHECK_SECONDS = 1.0  # how often a running link serve looks at the file (stat) for a change
+MAKE = "python3 -c 'import secrets; print(secrets.token_hex(32))'"  # a secret, by hand
 
 
 def default_path(environ: dict[str, str] | None = None) -> Path:
@@ -45,33 +52,146 @@ def default_path(environ: dict[str, str] | None = None) -> Path:
     return Path(base) / "sparkdiag" / "link.secret"
 
 
-def read_secret(path: Path) -> bytes:
-    """The secret in ``path``; UsageError (exit 2) in one line when it is missing, readable by
-    others, not a regular file, too long or too short."""
+def read_secret(path: Path, *, serving: bool = False) -> bytes:
+    """The secret in ``path``; UsageError (exit 2) in one line when it is missing (or a
+    symbolic link to nothing), open to other users, not a regular file, too long or too
+    short. ``serving``: read again by a running ``link serve`` (:class:`LiveSecret`), which
+    makes no secret, so the advice for a missing or short one is to write the new one."""
     try:
         mode = path.stat().st_mode
     except FileNotFoundError:
-        raise UsageError(
-            f"no link secret at {path}: copy the one 'sparkdiag link serve' made on the peer "
-            f"to this machine (scp PEER:{path} {path}; chmod 600 {path})",
-            flag=FLAG,
-        ) from None
+        raise UsageError(_missing(path, serving), flag=FLAG) from None
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}", flag=FLAG) from None
     if stat.S_ISREG(mode) and mode & 0o077:
-        raise UsageError(
-            f"{path} can be read by other users (mode {stat.S_IMODE(mode):03o}): chmod 600 {path}",
-            flag=FLAG,
-        )
+        raise UsageError(f"{path} {_open_to_others(mode)}: chmod 600 {path}", flag=FLAG)
     with safeload.reading(path, lambda line: UsageError(line, flag=FLAG)):
         secret = safeload.text(safeload.read_file(path, MAX_SECRET_BYTES)).strip()
     if len(secret) < MIN_SECRET:
+        fix = (
+            f"write the new secret there, the same on every machine ({MAKE} makes one of 64)"
+            if serving
+            else "remove the file and 'sparkdiag link serve' makes one of 64"
+        )
         raise UsageError(
             f"{path}: a secret of {len(secret)} characters is too short (at least {MIN_SECRET}; "
-            "remove the file and 'sparkdiag link serve' makes one of 64)",
+            f"{fix})",
             flag=FLAG,
         )
     return secret.encode()
+
+
+def _missing(path: Path, serving: bool) -> str:
+    """Why ``path`` is not there, and what to do: a symbolic link to nothing is named with
+    where it points (copying a secret to the link's own path, as the plain advice says, would
+    not be where the link leads, and 'sparkdiag link serve' makes no secret through a link)."""
+    try:
+        target = os.readlink(path)
+    except OSError:  # not a link (or gone since)
+        if serving:
+            return (
+                f"no link secret at {path} any more: write the new one there, the same file as "
+                f"on the machines that measure this one (mode 0600; {MAKE} makes one)"
+            )
+        return (
+            f"no link secret at {path}: copy the one 'sparkdiag link serve' made on the peer "
+            f"to this machine (scp PEER:{path} {path}; chmod 600 {path})"
+        )
+    joined = os.path.join(path.parent, target)  # target itself when absolute
+    shown = target if os.path.isabs(target) else f"{target} ({os.path.abspath(joined)})"
+    if os.path.lexists(joined):  # a link to a link: where the chain ends
+        shown += f", which leads to {os.path.realpath(path)}"
+    return (
+        f"{path} is a symbolic link to {shown}, which does not exist: put the link secret "
+        f"there (the same file as on the peer, mode 0600), or point the link at the file that "
+        f"holds it (ln -sfn FILE {path})"
+    )
+
+
+def _open_to_others(mode: int) -> str:
+    """What users other than the owner may do with a file of ``mode`` (group and others told
+    apart, reading and writing too), and what that lets them do to the secret: ``is mode 602:
+    other users can write it, and so replace the secret with one they know``."""
+    verbs = (("read", 4), ("write", 2), ("execute", 1))
+    can = {
+        name: _listed([verb for verb, bit in verbs if bits & bit])
+        for name, bits in (("its group", (mode >> 3) & 7), ("other users", mode & 7))
+        if bits
+    }
+    if len(can) == 2 and len(set(can.values())) == 1:
+        who = f"its group and other users can {can['its group']} it"
+    else:
+        who = ", ".join(f"{name} can {done} it" for name, done in can.items())
+    harm = {
+        (True, True): ", and so learn or replace the secret",
+        (True, False): ", and so learn the secret",
+        (False, True): ", and so replace the secret with one they know",
+    }.get((bool(mode & 0o044), bool(mode & 0o022)), "")
+    return f"is mode {stat.S_IMODE(mode):03o}: {who}{harm}"
+
+
+def _listed(words: list[str]) -> str:
+    return ", ".join(words[:-1]) + " and " + words[-1] if len(words) > 1 else words[0]
+
+
+class LiveSecret:
+    """The link secret as its file holds it now, for a ``link serve`` that runs for weeks: an
+    operator rotates the secret by writing a new file on every machine, and no ``link serve``
+    needs a restart (which would drop a measurement under way). The file is looked at (stat)
+    at most once per :data:`RECHECK_SECONDS` (:class:`~sparkdiag.filewatch.FileWatch`, as
+    ``serve`` follows its web config) and read again when it changed; what it holds then is
+    the secret the next session must prove. A session under way proved itself at its start
+    and goes on.
+
+    A changed file that cannot be used (gone, a symbolic link to nothing, open to other users,
+    empty, too short) leaves the last good secret in use: ``say`` is told once per problem,
+    with what to do, and again when the file is usable."""
+
+    def __init__(
+        self,
+        path: Path,
+        say: Callable[[str], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.path = path
+        self._say = say
+        self._lock = threading.Lock()
+        # looked at before the first read: a file replaced while it is read is read again
+        self._file = FileWatch([path], RECHECK_SECONDS, clock)
+        self._secret = read_secret(path)  # at start: a UsageError, exit 2
+        self._problem: str | None = None  # what is wrong with the file, while it is unusable
+        self.rotations = 0  # new secrets taken, for tests
+
+    def current(self) -> bytes:
+        """The secret a session starting now must prove."""
+        with self._lock:
+            if self._file.changed():
+                self._reread()
+            return self._secret
+
+    def _reread(self) -> None:
+        try:
+            secret = read_secret(self.path, serving=True)
+        except UsageError as exc:
+            if exc.message != self._problem:  # once per problem, not per look or connection
+                self._say(
+                    "the link secret file changed and cannot be used, so new sessions still "
+                    f"need the last good secret: {exc.message}"
+                )
+            self._problem = exc.message
+            return
+        was_unusable, self._problem = self._problem is not None, None
+        if hmac.compare_digest(secret, self._secret):
+            if was_unusable:
+                self._say(f"the link secret file {self.path} is usable again (the same secret)")
+            return
+        self._secret = secret
+        self.rotations += 1
+        again = " is usable again and" if was_unusable else ""
+        self._say(
+            f"the link secret file {self.path}{again} holds a new secret: new sessions must "
+            "prove it (a session under way goes on)"
+        )
 
 
 def make_secret(path: Path) -> bool:

@@ -28,9 +28,6 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-# accepting out of descriptors, as the exporter's server does; link/server.py imports them here
-from sparkdiag.descriptors import ACCEPT_PAUSE as ACCEPT_PAUSE
-from sparkdiag.descriptors import OUT_OF_FDS as OUT_OF_FDS
 from sparkdiag.link import tools
 from sparkdiag.link.streams import Counter
 from sparkdiag.link.wire import MAX_STREAMS, PING_BYTES, PING_MAX

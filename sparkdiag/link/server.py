@@ -30,16 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from sparkdiag import __version__
+from sparkdiag.descriptors import ACCEPT_PAUSE, next_pause, out_of_fds
 from sparkdiag.errors import SparkdiagError
 from sparkdiag.jsonvalues import as_float, as_int, as_str
 from sparkdiag.link import auth, bounds, tools
 from sparkdiag.link.bounds import (
-    ACCEPT_PAUSE,
     MAX_SESSION_CONNECTIONS,
     MAX_TESTS,
     MAX_TOOL_RUNS,
     MAX_TOOLS,
-    OUT_OF_FDS,
     PING_LIMIT,
     SINK_GRACE,
     TOOL_GRACE,
@@ -134,7 +133,10 @@ def link_addresses(readings: FabricReadings, addresses: Sequence[InterfaceAddres
 class LinkServer:
     """The listening side on ``socks``. ``serve(stop)`` accepts until ``stop`` is set (or, with
     ``once``, until one session has ended); ``say`` receives one line per event worth a line on
-    the terminal (a session, a refused secret, running out of file descriptors)."""
+    the terminal (a session, a refused secret, running out of file descriptors). ``secret`` is
+    the secret itself, or a :class:`~sparkdiag.link.auth.LiveSecret` that follows its file
+    (asked at each control connection's challenge, and in the accept loop, so that a changed
+    file that cannot be used is said when it is written, not when the next peer comes)."""
 
     def __init__(
         self,
@@ -142,7 +144,7 @@ class LinkServer:
         sysfs: Path,
         rootfs: Path,
         environ: Mapping[str, str],
-        secret: bytes,
+        secret: bytes | auth.LiveSecret,
         say: Callable[[str], None] = lambda line: None,
         once: bool = False,
     ) -> None:
@@ -150,7 +152,9 @@ class LinkServer:
         self.sysfs = sysfs
         self.rootfs = rootfs
         self.environ = environ
-        self.secret = secret
+        self._secret: Callable[[], bytes] = (
+            secret.current if isinstance(secret, auth.LiveSecret) else lambda: secret
+        )
         self.say = say
         self.once = once
         self._lock = threading.Lock()
@@ -195,14 +199,14 @@ class LinkServer:
             return
         except OSError as exc:
             self.accept_failures += 1
-            if exc.errno in OUT_OF_FDS:
+            if out_of_fds(exc):
                 self._tell(
                     "fds",
                     f"out of file descriptors ({exc.strerror}): accepting paused and retried, "
                     "the oldest unproved connection closed to make room",
                 )
                 self.pending.evict_one()
-                self._pause = min(ACCEPT_PAUSE[1], max(ACCEPT_PAUSE[0], self._pause * 2))
+                self._pause = next_pause(self._pause)
                 time.sleep(self._pause)
             elif exc.errno not in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
                 log.warning("accept failed: %s", exc.strerror or exc)
@@ -220,7 +224,8 @@ class LinkServer:
 
     def _housekeeping(self) -> None:
         """Tools past their time killed (and every ended tool reaped); a session past its
-        total time ended."""
+        total time ended; the secret file looked at."""
+        self._secret()
         with self._lock:
             session = self._session
         if session is None:
@@ -312,13 +317,14 @@ class LinkServer:
         if not auth.valid_nonce(theirs):
             return None
         assert isinstance(theirs, str)
+        secret = self._secret()  # as the file holds it now: a rotated one from the next session
         mine = auth.nonce()
         send(conn, {"sparkdiag-link": 2, "challenge": mine})
         try:
             answer = reader.read(max(deadline - time.monotonic(), 0.01))
         except _BROKEN:
             return None
-        if not auth.valid(self.secret, "client", mine, theirs, answer.get("proof")):
+        if not auth.valid(secret, "client", mine, theirs, answer.get("proof")):
             send(
                 conn,
                 {
@@ -327,7 +333,7 @@ class LinkServer:
                 },
             )
             return None
-        return auth.proof(self.secret, "server", theirs, mine)
+        return auth.proof(secret, "server", theirs, mine)
 
     def _control(
         self, entry: Conn, reader: LineReader, opening: Mapping[str, Any], deadline: float

@@ -48,6 +48,7 @@ from typing import TYPE_CHECKING, Any
 from sparkdiag import safeload
 from sparkdiag.config import echo
 from sparkdiag.errors import UsageError
+from sparkdiag.filewatch import FileWatch, Stamp, stamp
 from sparkdiag.web.basicauth import BasicAuth, hash_problem
 from sparkdiag.web.channels import Tls
 
@@ -163,10 +164,6 @@ class RateLimit:
     burst: int
 
 
-Stamp = tuple[int, int, int, int] | None  # a file's inode, size, mtime and ctime; None: absent
-Signature = tuple[Stamp, ...]
-
-
 @dataclass
 class WebConfig:
     tls: Tls | None = None
@@ -174,7 +171,7 @@ class WebConfig:
     headers: tuple[tuple[str, str], ...] = ()  # http_server_config.headers, validated
     rate_limit: RateLimit | None = None
     files: tuple[Path, ...] = ()  # the files read, watched for a change
-    stamps: Signature = ()  # the stamp of each of the files, taken before it was read
+    stamps: dict[Path, Stamp] = field(default_factory=dict)  # each file's, taken before its read
     auth: BasicAuth = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -210,7 +207,7 @@ def _load(path: Path, named: _Named) -> WebConfig:
     rate = _rate_limit(where, doc.get("rate_limit"))
     users = _users(where, doc.get("basic_auth_users"))
     files = tuple(named.paths)
-    return WebConfig(tls, users, headers, rate, files, named.signature(files))
+    return WebConfig(tls, users, headers, rate, files, named.stamps)
 
 
 class _Named:
@@ -221,17 +218,13 @@ class _Named:
 
     def __init__(self, earlier: dict[Path, Stamp] | None = None) -> None:
         self.paths: list[Path] = []
-        self._stamps = dict(earlier or {})
+        self.stamps = dict(earlier or {})
 
     def add(self, path: Path) -> Path:
         self.paths.append(path)
-        if path not in self._stamps:
-            self._stamps[path] = _stamp(path)
+        if path not in self.stamps:
+            self.stamps[path] = stamp(path)
         return path
-
-    def signature(self, files: tuple[Path, ...]) -> Signature:
-        """The stamps of ``files``, each named in this read or stamped before it."""
-        return tuple(self._stamps[path] for path in files)
 
 
 class LiveWebConfig:
@@ -245,24 +238,16 @@ class LiveWebConfig:
         self.path = path
         self._config: WebConfig | None = first
         self._tls_on = first.tls is not None
-        self._clock = clock
-        self._checked = clock()
-        self._watched = first.files
-        self._signature = first.stamps or _signature(first.files)  # stamped before first's read
+        self._files = FileWatch(first.files, RECHECK_SECONDS, clock, first.stamps)
         self.reloads = 0
 
     def current(self) -> WebConfig | None:
-        now = self._clock()
-        if now - self._checked < RECHECK_SECONDS:
-            return self._config
-        self._checked = now
-        # each file is stamped before it is read (those watched now here, one named for the
-        # first time when it is named): one that changes while they are read (a renewal writing
-        # the key, then the certificate; web.yml rewritten) is read again at the next look
-        signature = _signature(self._watched)
-        if signature == self._signature:
+        # each file is stamped before it is read (those followed now at the look, one named
+        # for the first time when it is named): one that changes while they are read (a renewal
+        # writing the key, then the certificate; web.yml rewritten) is read again at the next look
+        if not self._files.changed():
             return self._config  # unchanged: the config in use, or None while it is unusable
-        named = _Named(dict(zip(self._watched, signature, strict=True)))
+        named = _Named(self._files.stamps())
         try:
             new = _load(self.path, named)
         except WebConfigError as exc:
@@ -285,7 +270,7 @@ class LiveWebConfig:
         if previous is not None and previous.users == new.users:
             new.auth = previous.auth  # keep what bcrypt already verified
         self._config = new
-        self._watch(new.files, named)
+        self._files.watch(new.files, named.stamps)
         self.reloads += 1
         log.info("web config %s re-read: it or a file it names changed", self.path)
         return new
@@ -295,24 +280,7 @@ class LiveWebConfig:
         before (a certificate that failed to load is one of them), so that fixing any of them,
         not only the config file, is seen."""
         self._config = None
-        self._watch((*named.paths, *self._watched), named)
-
-    def _watch(self, files: tuple[Path, ...], named: _Named) -> None:
-        """Watch ``files`` from now on, each against its stamp from before this read."""
-        self._watched = tuple(dict.fromkeys(files))
-        self._signature = named.signature(self._watched)
-
-
-def _stamp(path: Path) -> Stamp:
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
-
-
-def _signature(files: tuple[Path, ...]) -> Signature:
-    return tuple(_stamp(path) for path in files)
+        self._files.watch((*named.paths, *self._files.files), named.stamps)
 
 
 @dataclass(frozen=True)
