@@ -4,8 +4,10 @@ disk) never costs the measurement; a cycle is recorded whole or not at all."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
+import threading
 from pathlib import Path
 
 import pytest
@@ -126,3 +128,46 @@ def test_a_cycle_waits_once_for_a_held_lock(tmp_path: Path) -> None:
         blocker.execute("ROLLBACK")
         blocker.close()
         assert store.runs(key()) == []
+
+
+def test_two_soaks_writing_at_once_keep_both_verdicts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``soak --gpu 0`` and ``soak --gpu 1`` in two terminals: each read soak.json, added its
+    GPU and wrote it back, and the later write dropped the other's verdict."""
+    from sparkdiag.soak import state as soak_state
+    from tests.support.soak import gpu_state
+
+    path = soak_state.state_path(tmp_path / "state")
+    read = soak_state.read_state
+    both_read = threading.Barrier(2, timeout=1)
+
+    def slow_read(p: Path) -> soak_state.SoakState | None:
+        found = read(p)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            both_read.wait()  # the unlocked writers both read before either writes
+        return found
+
+    monkeypatch.setattr(soak_state, "read_state", slow_read)
+    writers = [
+        threading.Thread(target=soak_state.write_state, args=(path, [gpu_state(g, f"GPU-{g}")]))
+        for g in ("0", "1")
+    ]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join()
+    state = read(path)
+    assert state is not None and [g.gpu for g in state.gpus] == ["0", "1"]
+
+
+def test_a_state_file_lock_held_too_long_is_one_line(tmp_path: Path) -> None:
+    from sparkdiag.statedir import StateDirError, updating
+
+    path = tmp_path / "soak.json"
+    with updating(path), pytest.raises(StateDirError) as info, updating(path, wait_s=0.1):
+        pass
+    assert str(info.value) == (
+        f"state directory {tmp_path} stayed locked by another sparkdiag for over 0.1 s; "
+        "soak.json not updated: try again"
+    )
