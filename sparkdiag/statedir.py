@@ -95,6 +95,11 @@ def ensure_state_directory(path: Path) -> Path:
         raise _error(path, "cannot inspect", exc) from exc
 
     if st is None:
+        if path.is_symlink():  # mkdir would say "File exists"
+            raise StateDirError(
+                f"state directory {path} is a symbolic link to {os.readlink(path)}, which does "
+                "not exist: create its target or remove the link"
+            )
         try:
             path.mkdir(mode=DIRECTORY_MODE, parents=True, exist_ok=True)
             # mkdir's mode is filtered by the umask; make it exact.

@@ -7,7 +7,9 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
+import subprocess
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -171,3 +173,55 @@ def test_a_state_file_lock_held_too_long_is_one_line(tmp_path: Path) -> None:
         f"state directory {tmp_path} stayed locked by another sparkdiag for over 0.1 s; "
         "soak.json not updated: try again"
     )
+
+
+def test_a_dangling_symlink_for_the_state_directory_is_named(tmp_path: Path) -> None:
+    """It said "cannot create state directory X: File exists"."""
+    from sparkdiag.statedir import StateDirError, ensure_state_directory
+
+    link = tmp_path / "state"
+    link.symlink_to(tmp_path / "gone")
+    with pytest.raises(StateDirError) as info:
+        ensure_state_directory(link)
+    assert str(info.value) == (
+        f"state directory {link} is a symbolic link to {tmp_path / 'gone'}, which does not "
+        "exist: create its target or remove the link"
+    )
+
+
+@contextlib.contextmanager
+def full_filesystem(directory: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs under ``directory``, filled up; skipped where it cannot be mounted."""
+    mountpoint = directory / "full"
+    mountpoint.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mountpoint)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        with contextlib.suppress(OSError), (mountpoint / "fill").open("wb") as fh:
+            while True:
+                fh.write(b"\0" * 4096)
+                fh.flush()
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True, check=False)
+
+
+def test_the_native_scan_cache_leaves_nothing_on_a_full_disk(tmp_path: Path) -> None:
+    """The cache was written to a fixed cuda-libraries.json.tmp, left behind (empty) when the
+    disk was full, and shared by two processes writing at once."""
+    from sparkdiag.sources.software.cuda_libraries import ScanCache
+
+    with full_filesystem(tmp_path) as full:
+        cache = ScanCache(full / "cuda-libraries.json")
+        cache.put(("/lib/libx.so", 1, 2), None)
+        cache.save()
+        assert sorted(p.name for p in full.iterdir()) == ["fill"]
+        (full / "fill").unlink()
+        cache.save()
+        assert ScanCache(full / "cuda-libraries.json").get(("/lib/libx.so", 1, 2)) == (True, None)
