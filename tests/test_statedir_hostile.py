@@ -225,3 +225,20 @@ def test_the_native_scan_cache_leaves_nothing_on_a_full_disk(tmp_path: Path) -> 
         (full / "fill").unlink()
         cache.save()
         assert ScanCache(full / "cuda-libraries.json").get(("/lib/libx.so", 1, 2)) == (True, None)
+
+
+def test_check_does_not_advise_moving_a_newer_store_aside(tmp_path: Path) -> None:
+    """A store of a newer sparkdiag was met with "a damaged file: move it aside", which loses
+    its baselines to a downgrade."""
+    from sparkdiag.baseline.keeper import inspect_store
+    from sparkdiag.check.store_checks import check_baseline_store
+    from tests.support.check import context, poll
+
+    BaselineStore(tmp_path / "baselines.sqlite").close()
+    with sqlite3.connect(tmp_path / "baselines.sqlite") as conn:
+        conn.execute("PRAGMA user_version = 99")
+    (row,) = check_baseline_store(
+        context(poll(NVML / "h200-idle.json"), baseline_store=inspect_store(tmp_path))
+    )
+    assert row.status == "warn" and "newer than the" in row.finding
+    assert row.action is not None and "upgrade" in row.action and "move it" not in row.action
