@@ -18,11 +18,13 @@ that names the path and the operating system's reason.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import pwd
 import stat
-from collections.abc import Callable, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -93,6 +95,11 @@ def ensure_state_directory(path: Path) -> Path:
         raise _error(path, "cannot inspect", exc) from exc
 
     if st is None:
+        if path.is_symlink():  # mkdir would say "File exists"
+            raise StateDirError(
+                f"state directory {path} is a symbolic link to {os.readlink(path)}, which does "
+                "not exist: create its target or remove the link"
+            )
         try:
             path.mkdir(mode=DIRECTORY_MODE, parents=True, exist_ok=True)
             # mkdir's mode is filtered by the umask; make it exact.
@@ -140,6 +147,40 @@ def write_atomically(path: Path, data: bytes) -> None:
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+LOCK_WAIT_S = 10.0
+
+
+@contextlib.contextmanager
+def updating(path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
+    """Hold the lock of ``path``'s directory (``flock`` on the directory itself: no file is
+    left behind) for a read, change and write of ``path``, so that two processes updating
+    the same state file (two ``soak --gpu`` runs, the daemon's storage probe and
+    ``sparkdiag storage``) each keep the other's entries: without it the later write dropped
+    what the earlier one added. The directory is created (0700) when missing. StateDirError
+    when the lock is not had within ``wait_s`` seconds."""
+    directory = ensure_state_directory(path.parent)
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise _error(directory, "cannot open", exc) from exc
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise StateDirError(
+                        f"state directory {directory} stayed locked by another sparkdiag "
+                        f"for over {wait_s:g} s; {path.name} not updated: try again"
+                    ) from None
+                time.sleep(0.02)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def read_json_state(

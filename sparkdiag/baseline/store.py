@@ -224,6 +224,7 @@ class BaselineStore:
         self.min_runs = min_runs
         self.busy_timeout_s = float(busy_timeout_s)
         self._lock = threading.RLock()
+        self._batched = False  # inside cycle(): writes join its transaction
         self._conn: sqlite3.Connection | None = self._open()
 
     # -- opening -----------------------------------------------------------
@@ -245,7 +246,7 @@ class BaselineStore:
             )
         except sqlite3.Error as exc:
             raise BaselineStoreError(
-                f"cannot open baseline store {self.path}: {exc}{self._access_hint()}"
+                f"cannot open baseline store {self.path}: {exc}{self._access_hint(exc)}"
             ) from exc
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
@@ -259,13 +260,34 @@ class BaselineStore:
         except sqlite3.Error as exc:
             conn.close()
             raise BaselineStoreError(
-                f"cannot open baseline store {self.path}: {exc}{self._access_hint()}"
+                f"cannot open baseline store {self.path}: {exc}{self._access_hint(exc)}"
             ) from exc
         return conn
 
-    def _access_hint(self) -> str:
-        """SQLite says "unable to open database file"; say which permission is missing."""
+    def _access_hint(self, exc: sqlite3.Error | None = None) -> str:
+        """SQLite says "unable to open database file", "disk I/O error" or "database is
+        locked"; say which: a read-only or full file system, a missing permission, another
+        process's write lock."""
+        text = str(exc).lower()
+        if "locked" in text or "busy" in text:
+            return (
+                f" (another process has held its write lock for over {self.busy_timeout_s:g} s: "
+                f"'fuser {self.path}' names it)"
+            )
+        if exc is not None and not any(
+            word in text for word in ("unable to open", "i/o", "full", "readonly")
+        ):
+            return ""  # the file itself (not a database, damaged): the message says so
         parent = self.path.parent
+        try:
+            fs = os.statvfs(parent)
+        except OSError:
+            fs = None
+        if fs is not None and fs.f_flag & os.ST_RDONLY:
+            return f" (directory {parent} is on a read-only file system)"
+        if fs is not None and fs.f_bavail * fs.f_frsize < 1 << 20:
+            free = fs.f_bavail * fs.f_frsize
+            return f" (the file system of {parent} is full: {free} bytes free)"
         if self.path.exists() and not os.access(self.path, os.R_OK | os.W_OK):
             return f" (no read/write permission on the file for uid {os.getuid()})"
         if not os.access(parent, os.W_OK | os.X_OK):
@@ -327,14 +349,43 @@ class BaselineStore:
 
     @contextmanager
     def _write(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction under the object lock; sqlite errors become ours."""
+        """One write transaction under the object lock (within :meth:`cycle`, a part of its
+        transaction); sqlite errors become ours."""
         with self._lock:
             conn = self._connection()
             try:
+                if self._batched:
+                    yield conn
+                    return
                 with transaction(conn):
                     yield conn
             except sqlite3.Error as exc:
-                raise BaselineStoreError(f"baseline store {self.path}: {exc}") from exc
+                raise BaselineStoreError(
+                    f"baseline store {self.path}: {exc}{self._access_hint(exc)}"
+                ) from exc
+
+    @contextmanager
+    def cycle(self) -> Iterator[None]:
+        """The writes inside as one transaction: a probe cycle's runs are recorded whole or not
+        at all (a full disk, a lock held past ``busy_timeout_s`` or a kill part-way through left
+        some kernels of the cycle recorded and the others not, each failing after its own wait).
+        Other threads wait on the object lock meanwhile; a nested cycle joins the outer one."""
+        with self._lock:
+            if self._batched:
+                yield
+                return
+            conn = self._connection()
+            try:
+                with transaction(conn):
+                    self._batched = True
+                    try:
+                        yield
+                    finally:
+                        self._batched = False
+            except sqlite3.Error as exc:
+                raise BaselineStoreError(
+                    f"baseline store {self.path}: {exc}{self._access_hint(exc)}"
+                ) from exc
 
     @contextmanager
     def _read(self) -> Iterator[sqlite3.Connection]:
@@ -343,7 +394,9 @@ class BaselineStore:
             try:
                 yield conn
             except sqlite3.Error as exc:
-                raise BaselineStoreError(f"baseline store {self.path}: {exc}") from exc
+                raise BaselineStoreError(
+                    f"baseline store {self.path}: {exc}{self._access_hint(exc)}"
+                ) from exc
 
     # -- public API --------------------------------------------------------
 

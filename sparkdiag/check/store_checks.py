@@ -36,13 +36,15 @@ def check_baseline_store(ctx: CheckContext) -> list[CheckResult]:
                 data=data,
             )
         ]
-    return [
-        CheckResult(
-            NAME,
-            "warn",
-            f"baseline store unusable: {report.detail}",
-            "check free space and permissions of the state directory; a damaged file: move it "
-            "aside (sparkdiag learns new baselines) and restart sparkdiag",
-            data=data,
+    if "newer than the" in report.detail:  # a store another sparkdiag wrote: keep it
+        action = (
+            "run the sparkdiag that wrote it (upgrade this one); moving it aside loses its "
+            "baselines"
         )
-    ]
+    else:
+        action = (
+            "check free space and permissions of the state directory; a damaged file: move it "
+            "aside (sparkdiag learns new baselines) and restart sparkdiag"
+        )
+    finding = f"baseline store unusable: {report.detail}"
+    return [CheckResult(NAME, "warn", finding, action, data=data)]

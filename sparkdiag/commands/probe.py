@@ -42,7 +42,7 @@ from sparkdiag.probe.document import WorkerDocument
 from sparkdiag.probe.launchers import FixtureLauncher
 from sparkdiag.probe.runner import NO_TORCH_PREFIX, ProbeCycle, run_worker, torch_install_hint
 from sparkdiag.snapshot import GpuSample
-from sparkdiag.statedir import state_directory
+from sparkdiag.statedir import StateDirError, state_directory
 
 
 def _context(rootfs: Path) -> str:
@@ -59,19 +59,54 @@ REPORT_SCHEMA = "sparkdiag-probe-report/2"
 NOTHING_MEASURED = "no requested kernel is supported here"
 
 
-def _open_store(settings: Settings, record: bool) -> tuple[BaselineStore | None, str]:
-    """The baseline store to compare with (and, with ``record``, to teach), and why a GPU's
-    figures have no baseline when it is not there: with --no-record an existing store is read,
-    none is created."""
+def _open_store(settings: Settings, record: bool) -> tuple[BaselineStore | None, str, str]:
+    """The baseline store to compare with (and, with ``record``, to teach), why a GPU's figures
+    have no baseline when it is not there, and why the cycle will not be recorded though
+    ``record`` asks for it. A store that cannot be written (a read-only or full state
+    directory, a damaged file, one of a newer sparkdiag) never costs the measurement: it is
+    compared with what can be read and the results are not recorded. With --no-record an
+    existing store is read, none is created."""
+    not_recorded = ""
     if record:
-        return open_store(settings.state_dir, create=True), ""
-    path = (settings.state_dir or state_directory()) / DEFAULT_FILENAME
-    if not path.exists():  # nothing learned yet: the usual "no baseline" verdict
-        return None, ""
+        try:
+            return open_store(settings.state_dir, create=True), "", ""
+        except BaselineStoreError as exc:
+            not_recorded = exc.message
     try:
-        return open_store(settings.state_dir, create=False), ""
+        path = (settings.state_dir or state_directory()) / DEFAULT_FILENAME
+    except StateDirError as exc:
+        return None, f"the baseline store cannot be read ({exc.message})", not_recorded
+    if not path.exists():  # nothing learned yet: the usual "no baseline" verdict
+        return None, "", not_recorded
+    try:
+        return open_store(settings.state_dir, create=False), "", not_recorded
     except BaselineStoreError as exc:
-        return None, f"the baseline store cannot be read ({exc})"
+        return None, f"the baseline store cannot be read ({exc.message})", not_recorded
+
+
+def _evaluate(
+    doc: WorkerDocument,
+    uuid: str,
+    name: str,
+    context: str,
+    store: BaselineStore | None,
+    record: bool,
+) -> tuple[list[GemmFigure], str]:
+    """The figures of one cycle, recorded whole (one transaction) when ``record``; a store
+    that fails to take them (full, locked past its timeout, read-only) leaves nothing of the
+    cycle in it, and the figures are compared with what it still reads. Returns the figures
+    and why they were not recorded ("" when they were, or were not asked to be)."""
+    if store is None or not record:
+        try:
+            return evaluate(doc, uuid, name, context, store, record=False), ""
+        except BaselineStoreError:
+            return evaluate(doc, uuid, name, context, None, record=False), ""
+    try:
+        with store.cycle():
+            return evaluate(doc, uuid, name, context, store, record=True), ""
+    except BaselineStoreError as exc:
+        figures, _ = _evaluate(doc, uuid, name, context, store, record=False)
+        return figures, exc.message
 
 
 def _beside(doc: WorkerDocument | None, rootfs: Path) -> str:
@@ -133,6 +168,10 @@ def probe(
     group size) is refused before the worker starts; for the suite's dtypes (or --dtype all)
     that kernel is reported unsupported.
 
+    A baseline store that cannot take the cycle (a read-only, full or missing state directory,
+    a damaged file, a write lock held by another process) costs no measurement: the cycle is
+    compared with what the store still reads, and one line says it was not recorded and why.
+
     \b
     Exit status:
       0  measured, and no GPU slower than its baseline (or no baseline to
@@ -165,7 +204,7 @@ def probe(
         progress=True,
     )
     fixture = FixtureLauncher(settings.probe_fixture) if settings.probe_fixture else None
-    store, no_store = _open_store(settings, record) if samples else (None, "")
+    store, no_store, not_recorded = _open_store(settings, record) if samples else (None, "", "")
     runs: list[GpuRun] = []
     targets: list[GpuSample | None] = list(samples) if samples else [None]
     if not samples and why and not as_json:
@@ -199,9 +238,10 @@ def probe(
             if doc is not None and cycle.result in ("ok", "error", "skipped_busy"):
                 uuid = gpu.identity.uuid if gpu else ""
                 name = gpu.identity.name if gpu else (doc.software.gpu_name or "")
-                learn = record and cycle.result == "ok"
+                learn = record and not not_recorded and cycle.result == "ok"
                 target = store if gpu else None
-                figures = evaluate(doc, uuid, name, context, target, record=learn)
+                figures, failed = _evaluate(doc, uuid, name, context, target, learn)
+                not_recorded = not_recorded or failed
             if cycle.result == "ok" and doc is not None and not doc.measured():
                 # every kernel unsupported here (the memory copy may have run): nothing measured
                 cycle = dataclasses.replace(cycle, result="unsupported", reason=NOTHING_MEASURED)
@@ -215,6 +255,7 @@ def probe(
         report = {
             "schema": REPORT_SCHEMA,
             "context": context,
+            "not_recorded": _not_recorded_line(not_recorded) if not_recorded else None,
             "gpus": [
                 {
                     "gpu": r.identity.index if r.identity else None,
@@ -235,6 +276,9 @@ def probe(
         click.echo(json.dumps(report, indent=1))
     else:
         click.echo(render_probe_table(runs), nl=False)
+    if not_recorded and not as_json:
+        click.echo(terminal.fill(_not_recorded_line(not_recorded), terminal.width(sys.stderr)),
+                   err=True)  # fmt: skip
     no_torch = [r.cycle.reason for r in runs if (r.cycle.reason or "").startswith(NO_TORCH_PREFIX)]
     if no_torch and not as_json:  # the worker's Python is not this one (a fixture, a container)
         click.echo(f"{no_torch[0]}: {torch_install_hint()}", err=True)
@@ -243,6 +287,14 @@ def probe(
         return Exit.FAILED
     slower = any(r.verdict is not None and r.verdict.status == "slower" for r in runs)
     return Exit.OK if results <= {"ok"} and not slower else Exit.ATTENTION
+
+
+def _not_recorded_line(why: str) -> str:
+    """One line: the results were measured and shown but not kept, why, and what to do."""
+    return (
+        f"results not recorded in the baseline store: {why}; fix the state directory "
+        "(--state-dir) or the file, or pass --no-record"
+    )
 
 
 def _no_baseline(gpu: GpuSample | None, no_store: str) -> str:

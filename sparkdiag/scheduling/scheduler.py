@@ -7,6 +7,7 @@ without starting a worker, and the worker checks again before and between its ke
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import threading
@@ -123,10 +124,11 @@ def record_cycle(
         if peers is not None and learn:
             values = peer_values(peers, uuid, gpu_name, context, doc.software.identity())
         try:
-            figures = tuple(
-                evaluate(doc, uuid, gpu_name, context, store, record=learn, peers=values)
-            )
-            ratios = tuple(evaluate_ratios(doc, uuid, context, store, learn, cool))
+            with store.cycle() if store is not None and learn else contextlib.nullcontext():
+                figures = tuple(
+                    evaluate(doc, uuid, gpu_name, context, store, record=learn, peers=values)
+                )
+                ratios = tuple(evaluate_ratios(doc, uuid, context, store, learn, cool))
             if keeper is not None and store is not None and learn:
                 keeper.succeeded()
         except BaselineStoreError as exc:  # a full disk must not lose the measurement

@@ -27,6 +27,7 @@ from sparkdiag.statedir import (
     StateDirError,
     read_json_state,
     state_directory,
+    updating,
     write_atomically,
 )
 
@@ -124,16 +125,18 @@ def write_state(path: Path, entries: Iterable[GpuState]) -> SoakState:
     write the file atomically. Returns what was written; SoakStateError when it cannot be."""
     new = list(entries)
     try:
-        old = read_state(path)
-    except SoakStateError:
-        old = None  # a damaged file is replaced by this soak's verdict
-    keys = {e.key for e in new}
-    kept = [g for g in (old.gpus if old else ()) if g.key not in keys]
-    state = SoakState(tuple(sorted([*kept, *new], key=lambda g: (not g.gpu.isdigit(), g.gpu))))
-    body = {"schema": SCHEMA, "gpus": [_gpu_json(g) for g in state.gpus]}
-    data = (json.dumps(body, indent=1, allow_nan=False) + "\n").encode("utf-8")
-    try:
-        write_atomically(path, data)
+        with updating(path):  # another soak's GPUs, written meanwhile, are kept
+            try:
+                old = read_state(path)
+            except SoakStateError:
+                old = None  # a damaged file is replaced by this soak's verdict
+            keys = {e.key for e in new}
+            kept = [g for g in (old.gpus if old else ()) if g.key not in keys]
+            order = sorted([*kept, *new], key=lambda g: (not g.gpu.isdigit(), g.gpu))
+            state = SoakState(tuple(order))
+            body = {"schema": SCHEMA, "gpus": [_gpu_json(g) for g in state.gpus]}
+            data = (json.dumps(body, indent=1, allow_nan=False) + "\n").encode("utf-8")
+            write_atomically(path, data)
     except StateDirError as exc:
         raise SoakStateError(str(exc)) from None
     except OSError as exc:

@@ -22,6 +22,7 @@ from sparkdiag.statedir import (
     StateDirError,
     read_json_state,
     state_directory,
+    updating,
     write_atomically,
 )
 from sparkdiag.storage.model import DIRECTIONS, PATHS
@@ -151,20 +152,22 @@ def kept(report: StorageReport, before: KeptProbe | None) -> KeptProbe:
 def record_report(path: Path, report: StorageReport) -> KeptProbe:
     """Replace the report's mount point in the file (keeping the others) and write it."""
     try:
-        old = read_state(path) or ()
-    except StorageStateError:
-        old = ()  # a damaged file is replaced by this probe
-    mountpoint = report.target.mountpoint or report.target.directory
-    before = next((p for p in old if p.mountpoint == mountpoint), None)
-    new = kept(report, before)
-    probes = sorted([*(p for p in old if p.mountpoint != mountpoint), new],
-                    key=lambda p: p.finished_at)[-MAX_MOUNTS:]  # fmt: skip
-    body = {
-        "schema": SCHEMA,
-        "mounts": [_json(p) for p in sorted(probes, key=lambda p: p.mountpoint)],
-    }
-    try:
-        write_atomically(path, (json.dumps(body, indent=1, allow_nan=False) + "\n").encode())
+        with updating(path):  # another mount point's probe, written meanwhile, is kept
+            try:
+                old = read_state(path) or ()
+            except StorageStateError:
+                old = ()  # a damaged file is replaced by this probe
+            mountpoint = report.target.mountpoint or report.target.directory
+            before = next((p for p in old if p.mountpoint == mountpoint), None)
+            new = kept(report, before)
+            probes = sorted([*(p for p in old if p.mountpoint != mountpoint), new],
+                            key=lambda p: p.finished_at)[-MAX_MOUNTS:]  # fmt: skip
+            body = {
+                "schema": SCHEMA,
+                "mounts": [_json(p) for p in sorted(probes, key=lambda p: p.mountpoint)],
+            }
+            data = (json.dumps(body, indent=1, allow_nan=False) + "\n").encode()
+            write_atomically(path, data)
     except StateDirError as exc:
         raise StorageStateError(str(exc)) from None
     except OSError as exc:

@@ -23,6 +23,7 @@ from sparkdiag.sources.files import MIB, read_text_limited
 from sparkdiag.sources.software.elf import NotElf, walk_libraries
 from sparkdiag.sources.software.fatbin import FatbinReport, read_fatbin
 from sparkdiag.sources.software.pyenv import Owner, PythonEnvironment, file_owners
+from sparkdiag.statedir import StateDirError, write_atomically
 
 CACHE_NAME = "cuda-libraries.json"
 CACHE_FORMAT = "sparkdiag-cuda-libraries/1"
@@ -125,12 +126,12 @@ class ScanCache:
                 for (path, size, mtime), report in sorted(self.entries.items())
             ],
         }
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        try:
-            tmp.write_text(json.dumps(doc), encoding="utf-8")
-            os.replace(tmp, self.path)
+        if not self.path.parent.is_dir():
+            return  # not made here: the state directory is the command's to create
+        try:  # a temporary file of its own, removed when the write fails (a full disk)
+            write_atomically(self.path, json.dumps(doc).encode("utf-8"))
             self.changed = False
-        except OSError:
+        except (OSError, StateDirError):
             return
 
 

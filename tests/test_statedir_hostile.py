@@ -1,0 +1,244 @@
+"""The state directory against a hostile operator: a store that cannot take a write (a file where
+the directory goes, a store of a newer sparkdiag, a write lock held by another process, a full
+disk) never costs the measurement; a cycle is recorded whole or not at all."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sparkdiag.baseline.store import BaselineKey, BaselineStore, BaselineStoreError
+from tests.support import NVML, PROBE, invoke_cli
+
+NOT_RECORDED = "results not recorded in the baseline store: "
+
+
+def probe(state: Path, *extra: str) -> list[str]:
+    return [
+        "probe",
+        "--nvml-fixture",
+        str(NVML / "h200-idle.json"),
+        "--probe.fixture",
+        str(PROBE / "h200-default.json"),
+        "--state-dir",
+        str(state),
+        *extra,
+    ]
+
+
+def key(dtype: str = "bf16") -> BaselineKey:
+    return BaselineKey("GPU-1", dtype, "8x8x8", "native", "580", "2.11", "13.0")
+
+
+def test_probe_measures_when_the_state_directory_is_a_file(tmp_path: Path) -> None:
+    """It exited 3 (FAILED), "state directory ... exists but is not a directory", and showed
+    nothing of the cycle it could measure."""
+    state = tmp_path / "state"
+    state.write_text("not a directory\n")
+    result = invoke_cli(*probe(state))
+    assert result.returncode == 0, result.stderr
+    assert "GPU 0 NVIDIA H200" in result.stdout
+    said = " ".join(result.stderr.split())
+    assert f"{NOT_RECORDED}state directory {state} exists but is not a directory" in said
+    assert "--no-record" in said
+    assert len([line for line in result.stderr.splitlines() if NOT_RECORDED in line]) == 1
+
+
+def test_probe_compares_with_a_store_it_cannot_write(tmp_path: Path) -> None:
+    """A store from a newer sparkdiag: measured, compared with nothing it cannot read, said once,
+    the measurement's exit status (it was 3, the measurement lost); --json says it too."""
+    state = tmp_path / "state"
+    state.mkdir()
+    db = state / "baselines.sqlite"
+    BaselineStore(db).close()
+    with sqlite3.connect(db) as conn:
+        conn.execute("PRAGMA user_version = 99")
+    result = invoke_cli(*probe(state, "--json"))
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["gpus"][0]["result"] == "ok"
+    assert doc["not_recorded"].startswith(NOT_RECORDED)
+    assert "newer than the" in doc["not_recorded"]
+    with sqlite3.connect(db) as conn:  # nothing was written into the newer store
+        assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 0
+
+
+def test_probe_with_a_locked_store_waits_once_and_compares(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another process holds the write lock: the cycle waits once for the busy timeout (each of
+    its 19 kernels waited in turn, then the command exited 3 with the measurement lost), is
+    compared with the baselines it reads, and is not recorded."""
+    state = tmp_path / "state"
+    for _ in range(3):  # teach the baselines
+        assert invoke_cli(*probe(state)).returncode == 0
+    with BaselineStore(state / "baselines.sqlite") as store:
+        before = sum(len(store.runs(b.key, limit=100)) for b in store.list())
+    init = BaselineStore.__init__
+
+    def short(self: BaselineStore, path: Path, *args: object, **kwargs: object) -> None:
+        init(self, path, busy_timeout_s=0.3)
+
+    monkeypatch.setattr(BaselineStore, "__init__", short)
+    blocker = sqlite3.connect(state / "baselines.sqlite", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        result = invoke_cli(*probe(state))
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert result.returncode == 0, result.stderr
+    assert "verdict: as fast as its baseline" in " ".join(result.stdout.split())
+    said = " ".join(result.stderr.split())
+    assert NOT_RECORDED in said and "database is locked" in said
+    assert "another process has held its write lock" in said
+    with BaselineStore(state / "baselines.sqlite") as store:
+        assert sum(len(store.runs(b.key, limit=100)) for b in store.list()) == before
+
+
+def test_a_cycle_is_recorded_whole_or_not_at_all(tmp_path: Path) -> None:
+    """A write that fails part-way through a cycle (a full disk, a kill) left the kernels before
+    it recorded and the others not."""
+    with BaselineStore(tmp_path / "b.sqlite") as store:
+        with pytest.raises(BaselineStoreError, match="disk full"), store.cycle():
+            store.record_run(key("bf16"), 700.0, True)
+            store.record_run(key("fp8"), 1400.0, True)
+            raise BaselineStoreError("disk full")
+        assert store.runs(key("bf16")) == [] and store.runs(key("fp8")) == []
+        with store.cycle():
+            store.record_run(key("bf16"), 700.0, True)
+            with store.cycle():  # a nested cycle joins the outer one
+                store.record_run(key("fp8"), 1400.0, True)
+        assert len(store.runs(key("bf16"))) == 1 and len(store.runs(key("fp8"))) == 1
+
+
+def test_a_cycle_waits_once_for_a_held_lock(tmp_path: Path) -> None:
+    db = tmp_path / "b.sqlite"
+    with BaselineStore(db, busy_timeout_s=0.2) as store:
+        blocker = sqlite3.connect(db, isolation_level=None)
+        blocker.execute("BEGIN IMMEDIATE")
+        held = pytest.raises(BaselineStoreError, match=r"write lock for over 0\.2 s")
+        with held, store.cycle():
+            store.record_run(key(), 700.0, True)
+        blocker.execute("ROLLBACK")
+        blocker.close()
+        assert store.runs(key()) == []
+
+
+def test_two_soaks_writing_at_once_keep_both_verdicts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``soak --gpu 0`` and ``soak --gpu 1`` in two terminals: each read soak.json, added its
+    GPU and wrote it back, and the later write dropped the other's verdict."""
+    from sparkdiag.soak import state as soak_state
+    from tests.support.soak import gpu_state
+
+    path = soak_state.state_path(tmp_path / "state")
+    read = soak_state.read_state
+    both_read = threading.Barrier(2, timeout=1)
+
+    def slow_read(p: Path) -> soak_state.SoakState | None:
+        found = read(p)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            both_read.wait()  # the unlocked writers both read before either writes
+        return found
+
+    monkeypatch.setattr(soak_state, "read_state", slow_read)
+    writers = [
+        threading.Thread(target=soak_state.write_state, args=(path, [gpu_state(g, f"GPU-{g}")]))
+        for g in ("0", "1")
+    ]
+    for t in writers:
+        t.start()
+    for t in writers:
+        t.join()
+    state = read(path)
+    assert state is not None and [g.gpu for g in state.gpus] == ["0", "1"]
+
+
+def test_a_state_file_lock_held_too_long_is_one_line(tmp_path: Path) -> None:
+    from sparkdiag.statedir import StateDirError, updating
+
+    path = tmp_path / "soak.json"
+    with updating(path), pytest.raises(StateDirError) as info, updating(path, wait_s=0.1):
+        pass
+    assert str(info.value) == (
+        f"state directory {tmp_path} stayed locked by another sparkdiag for over 0.1 s; "
+        "soak.json not updated: try again"
+    )
+
+
+def test_a_dangling_symlink_for_the_state_directory_is_named(tmp_path: Path) -> None:
+    """It said "cannot create state directory X: File exists"."""
+    from sparkdiag.statedir import StateDirError, ensure_state_directory
+
+    link = tmp_path / "state"
+    link.symlink_to(tmp_path / "gone")
+    with pytest.raises(StateDirError) as info:
+        ensure_state_directory(link)
+    assert str(info.value) == (
+        f"state directory {link} is a symbolic link to {tmp_path / 'gone'}, which does not "
+        "exist: create its target or remove the link"
+    )
+
+
+@contextlib.contextmanager
+def full_filesystem(directory: Path) -> Iterator[Path]:
+    """A 64 KiB tmpfs under ``directory``, filled up; skipped where it cannot be mounted."""
+    mountpoint = directory / "full"
+    mountpoint.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mountpoint)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        with contextlib.suppress(OSError), (mountpoint / "fill").open("wb") as fh:
+            while True:
+                fh.write(b"\0" * 4096)
+                fh.flush()
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True, check=False)
+
+
+def test_the_native_scan_cache_leaves_nothing_on_a_full_disk(tmp_path: Path) -> None:
+    """The cache was written to a fixed cuda-libraries.json.tmp, left behind (empty) when the
+    disk was full, and shared by two processes writing at once."""
+    from sparkdiag.sources.software.cuda_libraries import ScanCache
+
+    with full_filesystem(tmp_path) as full:
+        cache = ScanCache(full / "cuda-libraries.json")
+        cache.put(("/lib/libx.so", 1, 2), None)
+        cache.save()
+        assert sorted(p.name for p in full.iterdir()) == ["fill"]
+        (full / "fill").unlink()
+        cache.save()
+        assert ScanCache(full / "cuda-libraries.json").get(("/lib/libx.so", 1, 2)) == (True, None)
+
+
+def test_check_does_not_advise_moving_a_newer_store_aside(tmp_path: Path) -> None:
+    """A store of a newer sparkdiag was met with "a damaged file: move it aside", which loses
+    its baselines to a downgrade."""
+    from sparkdiag.baseline.keeper import inspect_store
+    from sparkdiag.check.store_checks import check_baseline_store
+    from tests.support.check import context, poll
+
+    BaselineStore(tmp_path / "baselines.sqlite").close()
+    with sqlite3.connect(tmp_path / "baselines.sqlite") as conn:
+        conn.execute("PRAGMA user_version = 99")
+    (row,) = check_baseline_store(
+        context(poll(NVML / "h200-idle.json"), baseline_store=inspect_store(tmp_path))
+    )
+    assert row.status == "warn" and "newer than the" in row.finding
+    assert row.action is not None and "upgrade" in row.action and "move it" not in row.action
