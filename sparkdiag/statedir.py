@@ -26,7 +26,7 @@ import stat
 import time
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sparkdiag.errors import SparkdiagError
 
@@ -150,6 +150,7 @@ def write_atomically(path: Path, data: bytes) -> None:
 
 
 LOCK_WAIT_S = 10.0
+R = TypeVar("R")
 
 
 @contextlib.contextmanager
@@ -181,6 +182,26 @@ def updating(path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+def update_json_state(
+    path: Path,
+    change: Callable[[], tuple[Mapping[str, Any], R]],
+    error: Callable[[str], Exception],
+) -> R:
+    """Read, change and write one JSON state file under its directory's lock (:func:`updating`),
+    so that what another process wrote meanwhile is kept: ``change`` reads the file as it is
+    now and returns the document to write and what to return; the document is written
+    atomically. A failure (the lock, the directory, the write) raises ``error(message)``."""
+    try:
+        with updating(path):
+            doc, out = change()
+            write_atomically(path, (json.dumps(doc, indent=1, allow_nan=False) + "\n").encode())
+    except StateDirError as exc:
+        raise error(str(exc)) from None
+    except OSError as exc:
+        raise error(f"cannot write {path}: {exc.strerror or exc}") from None
+    return out
 
 
 def read_json_state(

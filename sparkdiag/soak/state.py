@@ -14,7 +14,6 @@ read the file without the soak command's dependencies.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
@@ -27,8 +26,7 @@ from sparkdiag.statedir import (
     StateDirError,
     read_json_state,
     state_directory,
-    updating,
-    write_atomically,
+    update_json_state,
 )
 
 FILENAME = "soak.json"
@@ -124,24 +122,18 @@ def write_state(path: Path, entries: Iterable[GpuState]) -> SoakState:
     """Replace the entries of these GPUs (by uuid; ``cpu`` for a CPU run), keep the others, and
     write the file atomically. Returns what was written; SoakStateError when it cannot be."""
     new = list(entries)
-    try:
-        with updating(path):  # another soak's GPUs, written meanwhile, are kept
-            try:
-                old = read_state(path)
-            except SoakStateError:
-                old = None  # a damaged file is replaced by this soak's verdict
-            keys = {e.key for e in new}
-            kept = [g for g in (old.gpus if old else ()) if g.key not in keys]
-            order = sorted([*kept, *new], key=lambda g: (not g.gpu.isdigit(), g.gpu))
-            state = SoakState(tuple(order))
-            body = {"schema": SCHEMA, "gpus": [_gpu_json(g) for g in state.gpus]}
-            data = (json.dumps(body, indent=1, allow_nan=False) + "\n").encode("utf-8")
-            write_atomically(path, data)
-    except StateDirError as exc:
-        raise SoakStateError(str(exc)) from None
-    except OSError as exc:
-        raise SoakStateError(f"cannot write {path}: {exc.strerror or exc}") from None
-    return state
+    keys = {e.key for e in new}
+
+    def change() -> tuple[dict[str, Any], SoakState]:
+        try:
+            old = read_state(path)
+        except SoakStateError:
+            old = None  # a damaged file is replaced by this soak's verdict
+        kept = [g for g in (old.gpus if old else ()) if g.key not in keys]
+        state = SoakState(tuple(sorted([*kept, *new], key=lambda g: (not g.gpu.isdigit(), g.gpu))))
+        return {"schema": SCHEMA, "gpus": [_gpu_json(g) for g in state.gpus]}, state
+
+    return update_json_state(path, change, SoakStateError)  # another soak's GPUs are kept
 
 
 def inspect_state(state_dir: Path | None) -> StateReport:

@@ -10,7 +10,6 @@ naming its path, a value of the wrong type is dropped.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,11 +18,9 @@ from typing import TYPE_CHECKING, Any
 from sparkdiag.errors import SparkdiagError
 from sparkdiag.jsonvalues import as_float, as_map, as_str
 from sparkdiag.statedir import (
-    StateDirError,
     read_json_state,
     state_directory,
-    updating,
-    write_atomically,
+    update_json_state,
 )
 from sparkdiag.storage.model import DIRECTIONS, PATHS
 
@@ -151,28 +148,21 @@ def kept(report: StorageReport, before: KeptProbe | None) -> KeptProbe:
 
 def record_report(path: Path, report: StorageReport) -> KeptProbe:
     """Replace the report's mount point in the file (keeping the others) and write it."""
-    try:
-        with updating(path):  # another mount point's probe, written meanwhile, is kept
-            try:
-                old = read_state(path) or ()
-            except StorageStateError:
-                old = ()  # a damaged file is replaced by this probe
-            mountpoint = report.target.mountpoint or report.target.directory
-            before = next((p for p in old if p.mountpoint == mountpoint), None)
-            new = kept(report, before)
-            probes = sorted([*(p for p in old if p.mountpoint != mountpoint), new],
-                            key=lambda p: p.finished_at)[-MAX_MOUNTS:]  # fmt: skip
-            body = {
-                "schema": SCHEMA,
-                "mounts": [_json(p) for p in sorted(probes, key=lambda p: p.mountpoint)],
-            }
-            data = (json.dumps(body, indent=1, allow_nan=False) + "\n").encode()
-            write_atomically(path, data)
-    except StateDirError as exc:
-        raise StorageStateError(str(exc)) from None
-    except OSError as exc:
-        raise StorageStateError(f"cannot write {path}: {exc.strerror or exc}") from None
-    return new
+    mountpoint = report.target.mountpoint or report.target.directory
+
+    def change() -> tuple[dict[str, Any], KeptProbe]:
+        try:
+            old = read_state(path) or ()
+        except StorageStateError:
+            old = ()  # a damaged file is replaced by this probe
+        before = next((p for p in old if p.mountpoint == mountpoint), None)
+        new = kept(report, before)
+        probes = sorted([*(p for p in old if p.mountpoint != mountpoint), new],
+                        key=lambda p: p.finished_at)[-MAX_MOUNTS:]  # fmt: skip
+        mounts = [_json(p) for p in sorted(probes, key=lambda p: p.mountpoint)]
+        return {"schema": SCHEMA, "mounts": mounts}, new
+
+    return update_json_state(path, change, StorageStateError)  # other mount points are kept
 
 
 def _json(probe: KeptProbe) -> dict[str, Any]:
