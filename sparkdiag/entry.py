@@ -63,7 +63,15 @@ class _Stdout(io.RawIOBase):
 
 def _watch_stdout() -> None:
     """Standard output as Python made it (encoding, errors, line buffering on a terminal), over
-    :class:`_Stdout`."""
+    :class:`_Stdout`. A closed one (``sparkdiag ... >&-``: Python leaves ``sys.stdout`` None)
+    becomes /dev/null, as ``>/dev/null`` would: the flush at exit was an AttributeError's
+    traceback after the command had run, and the next file opened took descriptor 1."""
+    if sys.stdout is None:
+        sink = os.open(os.devnull, os.O_WRONLY)
+        if sink != 1:
+            os.dup2(sink, 1)
+            os.close(sink)
+        sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
     old = sys.stdout
     if old is None or not isinstance(old, io.TextIOWrapper):  # not the interpreter's own
         return

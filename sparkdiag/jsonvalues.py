@@ -15,7 +15,10 @@ from typing import Any
 def as_float(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    number = float(value)
+    try:
+        number = float(value)
+    except OverflowError:  # an integer past a float's range (10**400 in a tool's JSON)
+        return None
     return number if math.isfinite(number) else None
 
 

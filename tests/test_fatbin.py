@@ -265,3 +265,65 @@ def test_the_real_libraries_compression() -> None:
         assert report is not None
         kinds[trace.name.split("_cuda")[1][:3]] = set(report.compression)
     assert kinds == {"118": {"none"}, "121": {"none"}, "128": {"none"}, "132": {"zstd"}}
+
+
+class _Counted(_Bytes):
+    """Bytes that refuse to be read more than ``limit`` times: a walk that loops fails."""
+
+    def __init__(self, data: bytes, limit: int = 100) -> None:
+        super().__init__(data)
+        self.reads, self.limit = 0, limit
+
+    def read(self, offset: int, size: int) -> bytes:
+        self.reads += 1
+        assert self.reads <= self.limit, "the walk does not end"
+        return super().read(offset, size)
+
+
+@pytest.mark.parametrize("tail", [9, 10, 11])
+def test_a_section_of_padding_ends_the_search(tail: int) -> None:
+    # the gap search stepped (len - 3) // 8 * 8 bytes: 0 for a last chunk of 9 or 10 bytes,
+    # so a .nv_fatbin of zeros 4088 + 10 bytes long read the same 10 bytes for ever
+    data = bytes(fatbin.GAP_CHUNK - 8 + tail)
+    walk = fatbin._Walk()
+    walk.section(_Counted(data), 0, len(data), ".nv_fatbin")
+    assert walk.containers == 0 and walk.problems == []
+
+
+def _elf(shoff: int, section: tuple[int, int]) -> bytes:
+    """A 64-bit ELF file of a header and a table of three sections: none, .nv_fatbin at
+    ``section`` (offset, size), and the names."""
+    names = b"\0.nv_fatbin\0.shstrtab\0"
+    table_at = 64 + len(names)
+    null = struct.pack("<IIQQQQIIQQ", *([0] * 10))
+    fat = struct.pack("<IIQQQQIIQQ", 1, 1, 0, 0, *section, 0, 0, 8, 0)
+    strtab = struct.pack("<IIQQQQIIQQ", 12, 3, 0, 0, 64, len(names), 0, 0, 1, 0)
+    ident = b"\x7fELF\x02\x01\x01" + bytes(9)
+    header = struct.pack(
+        "<16sHHIQQQIHHHHHH", ident, 3, 62, 1, 0, 0,
+        table_at if shoff < 0 else shoff, 0, 64, 0, 0, 64, 3, 2,
+    )  # fmt: skip
+    return header + names + null + fat + strtab
+
+
+@pytest.mark.parametrize(
+    ("shoff", "section"),
+    [
+        (2**64 - 1, (64, 16)),  # the section table at an offset seek cannot take
+        (-1, (2**64 - 16, 64)),  # .nv_fatbin there
+        (-1, (2**63 + 5, 1 << 40)),
+        (-1, (10**15, 1 << 40)),  # past the largest file ext4 holds: EINVAL from seek
+    ],
+)
+def test_offsets_past_the_end_are_damage_not_a_crash(
+    tmp_path: Path, shoff: int, section: tuple[int, int]
+) -> None:
+    library = tmp_path / "libhostile.so"
+    library.write_bytes(_elf(shoff, section))
+    try:
+        report = read_fatbin(library)  # was ValueError or OSError (EINVAL): a traceback
+    except NotElf as exc:
+        assert "past the end" in str(exc)
+        return
+    assert report is not None and report.sass == {}
+    assert report.problems and "cut short" in report.problems[0]

@@ -360,6 +360,51 @@ def test_torch_build_reads_an_answer_or_says_why(tmp_path: Path) -> None:
     assert pyenv.torch_build([str(broken)]) == "ModuleNotFoundError: No module named torch"
 
 
+def test_a_hung_interpreter_is_killed_with_what_it_started(tmp_path: Path) -> None:
+    # a --python script that started a child and hung: the timeout killed the script, and the
+    # child ran on after sparkdiag had exited
+    pidfile = tmp_path / "child.pid"
+    script = tmp_path / "python"
+    script.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {pidfile}\nsleep 300\n")
+    script.chmod(0o755)
+    answer, why = pyenv.run_json([str(script), "-c", "x"], timeout=1.0)
+    assert answer is None and why is not None and "did not answer within 1 s" in why
+    child = int(pidfile.read_text())
+    deadline = time.monotonic() + 5
+    while Path(f"/proc/{child}").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)  # SIGKILLed: gone once its parent (init, here) reaps it
+    assert not Path(f"/proc/{child}").exists() or "Z" in Path(f"/proc/{child}/stat").read_text()
+
+
+def test_an_interpreter_that_floods_its_output_is_held_to_the_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(pyenv, "OUTPUT_LIMIT", 4096)
+    script = tmp_path / "python"
+    script.write_text("#!/bin/sh\nhead -c 1000000 /dev/zero | tr '\\0' x\necho\necho '[1]'\n")
+    script.chmod(0o755)
+    assert pyenv.run_json([str(script)], timeout=30.0) == ([1], None)
+    quiet = tmp_path / "quiet"
+    quiet.write_text("#!/bin/sh\nexit 0\n")
+    quiet.chmod(0o755)
+    _, why = pyenv.run_json([str(quiet)], timeout=30.0)
+    assert why is not None and "is it a Python interpreter?" in why
+
+
+def test_python_given_by_a_bare_name_is_the_file_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 'native --python fakepy' in its directory: the file exists, and was then looked up in
+    # PATH ('No such file or directory: fakepy')
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    script = tmp_path / "fakepy"
+    script.write_text(f"#!/bin/sh\necho '[\"{site}\"]'\n")
+    script.chmod(0o755)
+    monkeypatch.chdir(tmp_path)
+    assert pyenv.resolve(Path("fakepy")).site_dirs == (site,)
+
+
 # -- the dtype order ------------------------------------------------------------------------
 
 

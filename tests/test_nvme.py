@@ -454,3 +454,31 @@ def test_health_dataclass_defaults_are_unsupported_not_zero() -> None:
     health = NvmeHealth()
     assert health.media_errors is None and health.critical_warning is None
     assert os.path.exists(NVME / "README.md")
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "field"),
+    [
+        ("critical_warning", -1, "critical_warning"),  # was FAIL, every bit named, '0x-1'
+        ("critical_warning", 2**70, "critical_warning"),
+        ("percentage_used", 1e308, "percentage_used_ratio"),  # printed as 309 digits
+        ("percentage_used", 256, "percentage_used_ratio"),
+        ("available_spare", -5, "available_spare_ratio"),  # 'spare -5% left'
+        ("available_spare", 101, "available_spare_ratio"),
+        ("media_errors", 10**400, "media_errors"),  # OverflowError: the read thread's warning
+        ("media_errors", -3, "media_errors"),
+    ],
+)
+def test_values_a_log_cannot_hold_are_no_reading(key: str, value: int, field: str) -> None:
+    doc = load("client-m2/nvme0.smartctl.json")
+    doc["nvme_smart_health_information_log"][key] = value
+    reading = parse_smartctl(doc)
+    assert reading.health is not None
+    assert getattr(reading.health, field) is None
+    assert reading.health.unsafe_shutdowns == 1  # the rest of the log stands
+
+
+def test_a_composite_temperature_out_of_any_range_is_no_reading() -> None:
+    doc = load("client-m2/nvme0.smartctl.json")
+    doc["nvme_smart_health_information_log"]["temperature"] = 1e300
+    assert "composite" not in parse_smartctl(doc).temperatures

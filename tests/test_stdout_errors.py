@@ -86,3 +86,19 @@ def test_python_s_own_buffering_is_kept(unbuffered: str) -> None:
     took = time.monotonic() - started
     proc.wait(timeout=30)
     assert took < 1.5 if unbuffered else took >= 1.9
+
+
+def test_a_closed_standard_output_is_written_nowhere_without_a_traceback() -> None:
+    # 'sparkdiag ... >&-': Python leaves sys.stdout None, and the flush at exit was an
+    # AttributeError's traceback after the command had run
+    done = subprocess.run(
+        sparkdiag_cmd("check", "--quick", *FIXTURE), stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True, cwd=ROOT, timeout=60,
+        preexec_fn=lambda: os.close(1),
+    )  # fmt: skip
+    with open(os.devnull, "w") as null:
+        status = subprocess.run(
+            sparkdiag_cmd("check", "--quick", *FIXTURE), stdout=null, cwd=ROOT, timeout=60
+        ).returncode
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.returncode == status  # check's own status, as with >/dev/null

@@ -239,3 +239,37 @@ def test_parse_document_takes_only_its_schema() -> None:
     write = doc.figure("write")
     assert write is not None and write.bytes_per_second is None  # 0 s: no figure, not infinity
     assert doc.figure("read") is None and doc.random_read is None and doc.notes == ("n",)
+
+
+PARENT = """
+import os, signal, subprocess, sys, time
+proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                        start_new_session=True)
+line = proc.stderr.readline().decode()  # the first progress line: it is running
+print(proc.pid, flush=True)
+time.sleep(1.5)  # into the random reads, which print no progress (a write would fail: EPIPE)
+os.kill(os.getpid(), signal.SIGKILL)  # as sparkdiag killed (or hung up on), mid-probe
+"""
+
+
+def test_a_probe_whose_command_is_killed_stops_and_leaves_nothing(tmp_path: Path) -> None:
+    # started as run.py starts it (a session of its own), its parent SIGKILLed during the
+    # random reads: the program read on for the rest of their 20 s (with the GPU path, the
+    # worker for its minute); a progress line would have failed, but they print none
+    program = [
+        sys.executable, measure.__file__, str(tmp_path), "--size", str(16 * MIB),
+        "--seconds", "100", "--threads", "2", "--random-ops", str(10**9), "--progress",
+    ]  # fmt: skip
+    parent = subprocess.run(
+        [sys.executable, "-c", PARENT, *program], capture_output=True, timeout=60, check=False
+    )
+    assert parent.returncode == -signal.SIGKILL
+    pid = int(parent.stdout.split()[0])
+    deadline = time.monotonic() + 6
+    while Path(f"/proc/{pid}").exists() and time.monotonic() < deadline:
+        stat = Path(f"/proc/{pid}/stat").read_text() if Path(f"/proc/{pid}").exists() else ""
+        if ") Z " in stat:
+            break  # ended; init has yet to reap it
+        time.sleep(0.05)
+    assert time.monotonic() < deadline, "the orphaned probe ran on"
+    assert list(tmp_path.iterdir()) == []

@@ -61,6 +61,7 @@ import errno
 import json
 import mmap
 import os
+import signal
 import stat
 import subprocess
 import sys
@@ -523,8 +524,31 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     return args
 
 
+ORPHAN_POLL = 0.25  # seconds between looks at the parent
+
+
+def stop_when_orphaned(parent: int, poll: float = ORPHAN_POLL) -> threading.Thread:
+    """A thread that ends the program, and the GPU worker in its process group, when its
+    parent is gone (this process is handed to init or a subreaper). The command ends the
+    program at Ctrl-C and SIGTERM; killed itself (SIGKILL, or SIGHUP when the terminal
+    closed, which does not reach this program in a session of its own), it left the program
+    writing and reading for the rest of its time, up to a minute (the hostile review)."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll)
+        if os.getpgrp() == os.getpid():  # its own group (run.py): the worker goes with it
+            os.killpg(os.getpid(), signal.SIGKILL)
+        os._exit(3)
+
+    thread = threading.Thread(target=watch, name="orphan-watch", daemon=True)
+    thread.start()
+    return thread
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
+    stop_when_orphaned(os.getppid())
     notes: list[str] = []
     started = time.time()
     doc: dict[str, Any] = {"schema": SCHEMA, "status": "ok", "reason": None}

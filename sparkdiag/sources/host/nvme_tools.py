@@ -69,7 +69,8 @@ def _celsius(value: Any) -> float | None:
     number = as_float(value)
     if number is None or number == 0:
         return None  # 0 K: the drive reports no such sensor
-    return number - 273.0 if number >= _KELVIN_FROM else number
+    celsius = number - 273.0 if number >= _KELVIN_FROM else number
+    return celsius if -100 <= celsius <= 300 else None  # 1e300 is no reading
 
 
 def _counted(pairs: Mapping[str, Any]) -> dict[str, float]:
@@ -117,6 +118,16 @@ _FIELDS = (
     ("warning_temperature_seconds", 60.0, "warning_temp_time", "warning_temp_time"),
     ("critical_temperature_seconds", 60.0, "critical_comp_time", "critical_comp_time"),
 )
+# What the log's fields can hold (NVMe base specification, SMART / Health log): the warning
+# and the endurance used are one byte each, the spare and its threshold a per cent of 0-100,
+# the rest counters that are never negative. A value outside is no reading: a critical warning
+# of -1 failed the drive with every bit named, and 1e308 % of its endurance was printed whole
+_RANGES = {
+    "percentage_used_ratio": (0.0, 2.55),
+    "available_spare_ratio": (0.0, 1.0),
+    "available_spare_threshold_ratio": (0.0, 1.0),
+}
+_CRITICAL_WARNING_MAX = 0xFF
 SMARTCTL_KEYS = {field: key for field, _, key, _ in _FIELDS} | {
     "transitions": "thermal_mgmt_temperature_{n}_transition_count",
     "thermal_seconds": "thermal_mgmt_temperature_{n}_total_time",
@@ -134,7 +145,11 @@ def _health(
     values: dict[str, Any] = {}
     for name, factor, *_keys in _FIELDS:
         number = as_float(smart.get(keys[name]))
-        values[name] = None if number is None else number * factor
+        low, high = _RANGES.get(name, (0.0, float("inf")))
+        inside = number is not None and low <= number * factor <= high
+        values[name] = number * factor if inside and number is not None else None
+    if warning is not None and not 0 <= warning <= _CRITICAL_WARNING_MAX:
+        warning = None
     levels = {
         kind: _counted({n: smart.get(keys[kind].format(n=n)) for n in ("1", "2")})
         for kind in ("transitions", "thermal_seconds")

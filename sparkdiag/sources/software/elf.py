@@ -37,14 +37,20 @@ class Reader(Protocol):
 
 
 class FileReader:
-    """Reads an open binary file by seeking; counts the calls (``reads``) and bytes."""
+    """Reads an open binary file by seeking; counts the calls (``reads``) and bytes. A read at
+    or past the file's end (an offset a damaged header gives, up to 2**64 - 1) is empty: such
+    an offset was a ValueError from seek (2**63 and more) or EINVAL (past the filesystem's
+    largest file), a traceback of ``sparkdiag native`` (the hostile review)."""
 
     def __init__(self, fh: BinaryIO) -> None:
         self.fh = fh
+        self.size = os.fstat(fh.fileno()).st_size
         self.reads = 0
         self.bytes = 0
 
     def read(self, offset: int, size: int) -> bytes:
+        if offset < 0 or offset >= self.size:
+            return b""
         self.fh.seek(offset)
         data = self.fh.read(size)
         self.reads += 1

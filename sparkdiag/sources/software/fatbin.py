@@ -183,6 +183,9 @@ class _Walk:
         pos, end = start, start + size
         while pos + _CONTAINER.size <= end:
             head = reader.read(pos, _CONTAINER.size)
+            if len(head) < _CONTAINER.size:  # the file ends inside the section it declares
+                self.problems.append(f"{name}: nothing in the file at {pos:#x}: it is cut short")
+                return
             if head[:4] != _MAGIC_BYTES:
                 found = _next_container(reader, pos, end, start)
                 if found is None:
@@ -240,9 +243,13 @@ def _next_container(reader: Reader, pos: int, end: int, start: int) -> int | Non
             if (pos + at - start) % 8 == 0:
                 return pos + at
             at = chunk.find(_MAGIC_BYTES, at + 1)
-        if len(chunk) <= 8:
+        # overlap: a magic split by the chunk edge is found in the next chunk. A step of 0 (a
+        # chunk of 10 bytes or fewer) leaves no room for another header: the walk read the
+        # same 9 or 10 bytes at the end of a section for ever (the hostile review)
+        step = (len(chunk) - 3) // 8 * 8
+        if step <= 0:
             return None
-        pos += (len(chunk) - 3) // 8 * 8  # overlap: a magic split by the chunk edge is found
+        pos += step
     return None
 
 

@@ -61,29 +61,67 @@ class PythonEnvironment:
             return str(path)
 
 
+OUTPUT_LIMIT = 4 * MIB  # of each stream kept: a sys.path or torch's build is a few kB
+
+
 def run_json(argv: Sequence[str], timeout: float) -> tuple[Any, str | None]:
     """Run ``argv`` (standard input closed) and parse the last line it prints as JSON:
     (value, None), or (None, why) when it could not run, timed out, exited non-zero or printed
-    no JSON (why: the last line of its standard error, else its exit status)."""
+    no JSON (why: the last line of its standard error, else its exit status).
+
+    It runs in a session of its own, killed whole at the timeout: a script given as
+    ``--python`` that started a child and hung left that child running (a ``sleep`` of the
+    script's outlived the command). Of each stream the last :data:`OUTPUT_LIMIT` bytes are
+    kept: one that printed 300 MB took 1.8 GB of memory (the hostile review)."""
+    import contextlib
+    import signal
+    import threading
+
     try:
-        done = subprocess.run(
-            list(argv),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            stdin=subprocess.DEVNULL,
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return None, f"{' '.join(argv)} did not run: {exc}"
-    lines = done.stdout.strip().splitlines()
-    if done.returncode == 0 and lines:
+        proc = subprocess.Popen(
+            list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, start_new_session=True,
+        )  # fmt: skip
+    except OSError as exc:
+        return None, f"cannot run {argv[0]}: {exc.strerror or exc}"
+    kept: dict[str, bytes] = {}
+
+    def drain(name: str, stream: Any) -> None:
+        tail = b""
+        while chunk := stream.read(64 * 1024):
+            tail = (tail + chunk)[-OUTPUT_LIMIT:]
+        kept[name] = tail
+
+    readers = [
+        threading.Thread(target=drain, args=(n, s), daemon=True)
+        for n, s in (("out", proc.stdout), ("err", proc.stderr))
+    ]
+    for reader in readers:
+        reader.start()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"{argv[0]} did not answer within {timeout:g} s (killed)"
+    finally:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)  # what it left behind in its session
+        proc.wait()
+        for reader in readers:
+            reader.join(timeout=5.0)
+    out = kept.get("out", b"").decode("utf-8", "replace")
+    err = kept.get("err", b"").decode("utf-8", "replace")
+    lines = out.strip().splitlines()
+    if proc.returncode == 0 and lines:
         try:
             return json.loads(lines[-1]), None
         except ValueError:
             pass
-    errors = done.stderr.strip().splitlines()
-    return None, errors[-1] if errors else f"exit status {done.returncode}"
+    errors = err.strip().splitlines()
+    if errors:
+        return None, errors[-1][:500]
+    if proc.returncode == 0:
+        return None, "it exited 0 and printed no JSON: is it a Python interpreter?"
+    return None, f"exit status {proc.returncode}"
 
 
 def interpreter_paths(python: Sequence[str], timeout: float = 30.0) -> list[Path]:
@@ -131,7 +169,8 @@ def resolve(path: Path) -> PythonEnvironment:
     if path.is_file():
         if not os.access(path, os.X_OK):
             raise NotAnEnvironment(f"{path} is a file but not an executable interpreter")
-        return for_python((str(path),))
+        # absolute: a bare name ('python3' in the current directory) was looked up in PATH
+        return for_python((str(path.absolute()),))
     if (path / "pyvenv.cfg").is_file():
         for name in ("python3", "python"):
             exe = path / "bin" / name
