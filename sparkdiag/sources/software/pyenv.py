@@ -73,6 +73,7 @@ def run_json(argv: Sequence[str], timeout: float) -> tuple[Any, str | None]:
     ``--python`` that started a child and hung left that child running (a ``sleep`` of the
     script's outlived the command). Of each stream the last :data:`OUTPUT_LIMIT` bytes are
     kept: one that printed 300 MB took 1.8 GB of memory (the hostile review)."""
+    import collections
     import contextlib
     import signal
     import threading
@@ -87,10 +88,14 @@ def run_json(argv: Sequence[str], timeout: float) -> tuple[Any, str | None]:
     kept: dict[str, bytes] = {}
 
     def drain(name: str, stream: Any) -> None:
-        tail = b""
+        tail: collections.deque[bytes] = collections.deque()
+        size = 0
         while chunk := stream.read(64 * 1024):
-            tail = (tail + chunk)[-OUTPUT_LIMIT:]
-        kept[name] = tail
+            tail.append(chunk)
+            size += len(chunk)
+            while size - len(tail[0]) >= OUTPUT_LIMIT:  # the oldest chunk is not needed
+                size -= len(tail.popleft())
+        kept[name] = b"".join(tail)[-OUTPUT_LIMIT:]
 
     readers = [
         threading.Thread(target=drain, args=(n, s), daemon=True)
