@@ -242,3 +242,63 @@ def test_check_does_not_advise_moving_a_newer_store_aside(tmp_path: Path) -> Non
     )
     assert row.status == "warn" and "newer than the" in row.finding
     assert row.action is not None and "upgrade" in row.action and "move it" not in row.action
+
+
+def test_the_daemon_compares_a_cycle_it_could_not_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler's whole cycle, through a fixture probe: a write that fails part-way (a full
+    disk, a lock held past the timeout) leaves nothing of the cycle in the store, counts as a
+    write error, and the figures are compared with the baselines the store still reads (they
+    were compared with none)."""
+    from sparkdiag.baseline.keeper import StoreKeeper
+    from sparkdiag.probe.launchers import FixtureLauncher
+    from sparkdiag.scheduling.probe_state import ProbeState
+    from sparkdiag.scheduling.scheduler import ProbeScheduler
+    from tests.support import fixture_snapshot
+
+    snap = fixture_snapshot("h200-idle", tmp_path)
+    store = BaselineStore(tmp_path / "b.sqlite", busy_timeout_s=0.2)
+    keeper = StoreKeeper(lambda: store)
+    launcher = FixtureLauncher(PROBE / "h200-default.json")
+    sched = ProbeScheduler(launcher, ProbeState(), keeper, "native", lambda: snap, 300.0)
+    for _ in range(3):
+        sched.run_cycle()
+    conn = store._conn
+    assert conn is not None
+
+    def count() -> int:
+        return int(conn.execute("SELECT count(*) FROM runs").fetchone()[0])
+
+    runs = count()
+    record_run = BaselineStore.record_run
+    calls = []
+
+    def fails_on_the_fifth(self: BaselineStore, *args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) == 5:
+            raise BaselineStoreError("baseline store: database or disk is full")
+        return record_run(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(BaselineStore, "record_run", fails_on_the_fifth)
+    (record,) = sched.run_cycle()
+    assert len(calls) == 5 and count() == runs  # the four before it were rolled back
+    measured = [f for f in record.figures if f.delivered is not None]
+    assert measured and all(f.efficiency == pytest.approx(1.0) for f in measured)
+    assert record.ratios and all(r.baseline is not None for r in record.ratios)
+    health = keeper.health()
+    assert not health.up and health.errors["write"] == 1 and "disk is full" in str(health.reason)
+    monkeypatch.setattr(BaselineStore, "record_run", record_run)
+
+    blocker = sqlite3.connect(tmp_path / "b.sqlite", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        (record,) = sched.run_cycle()
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert count() == runs and keeper.health().errors["write"] == 2
+    assert all(f.efficiency == pytest.approx(1.0) for f in record.figures if f.delivered)
+    (record,) = sched.run_cycle()  # the lock is gone: recorded whole, usable again
+    assert count() > runs and keeper.health().up
+    store.close()

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from sparkdiag import terminal
-from sparkdiag.baseline.evaluate import GemmFigure, evaluate
+from sparkdiag.baseline.evaluate import GemmFigure, evaluate_cycle
 from sparkdiag.baseline.store import (
     DEFAULT_FILENAME,
     BaselineStore,
@@ -92,21 +92,11 @@ def _evaluate(
     store: BaselineStore | None,
     record: bool,
 ) -> tuple[list[GemmFigure], str]:
-    """The figures of one cycle, recorded whole (one transaction) when ``record``; a store
-    that fails to take them (full, locked past its timeout, read-only) leaves nothing of the
-    cycle in it, and the figures are compared with what it still reads. Returns the figures
-    and why they were not recorded ("" when they were, or were not asked to be)."""
-    if store is None or not record:
-        try:
-            return evaluate(doc, uuid, name, context, store, record=False), ""
-        except BaselineStoreError:
-            return evaluate(doc, uuid, name, context, None, record=False), ""
-    try:
-        with store.cycle():
-            return evaluate(doc, uuid, name, context, store, record=True), ""
-    except BaselineStoreError as exc:
-        figures, _ = _evaluate(doc, uuid, name, context, store, record=False)
-        return figures, exc.message
+    """The figures of one cycle, recorded whole when ``record`` (baseline.evaluate:
+    evaluate_cycle, which the daemon shares), and why they were not recorded ("" when they
+    were, or were not asked to be)."""
+    done = evaluate_cycle(doc, uuid, name, context, store, record)
+    return done.figures, done.not_recorded.message if done.not_recorded else ""
 
 
 def _beside(doc: WorkerDocument | None, rootfs: Path) -> str:
