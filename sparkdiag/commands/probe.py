@@ -13,9 +13,11 @@ import click
 
 from sparkdiag import terminal
 from sparkdiag.baseline.evaluate import GemmFigure, evaluate_cycle
+from sparkdiag.baseline.opening import DAMAGED_ACTION
 from sparkdiag.baseline.store import (
     DEFAULT_FILENAME,
     BaselineStore,
+    BaselineStoreDamaged,
     BaselineStoreError,
     open_store,
 )
@@ -70,6 +72,8 @@ def _open_store(settings: Settings, record: bool) -> tuple[BaselineStore | None,
     if record:
         try:
             return open_store(settings.state_dir, create=True), "", ""
+        except BaselineStoreDamaged as exc:  # nothing of it is trusted: read it no further
+            return None, "the baseline store is damaged", exc.message
         except BaselineStoreError as exc:
             not_recorded = exc.message
     try:
@@ -160,7 +164,8 @@ def probe(
 
     A baseline store that cannot take the cycle (a read-only, full or missing state directory,
     a damaged file, a write lock held by another process) costs no measurement: the cycle is
-    compared with what the store still reads, and one line says it was not recorded and why.
+    compared with what the store still reads (nothing of a damaged file), and one line says it
+    was not recorded, why, and what to do.
 
     \b
     Exit status:
@@ -281,6 +286,8 @@ def probe(
 
 def _not_recorded_line(why: str) -> str:
     """One line: the results were measured and shown but not kept, why, and what to do."""
+    if why.endswith(DAMAGED_ACTION):  # the message says what to do
+        return f"results not recorded in the baseline store: {why}"
     return (
         f"results not recorded in the baseline store: {why}; fix the state directory "
         "(--state-dir) or the file, or pass --no-record"
