@@ -242,3 +242,207 @@ def test_check_does_not_advise_moving_a_newer_store_aside(tmp_path: Path) -> Non
     )
     assert row.status == "warn" and "newer than the" in row.finding
     assert row.action is not None and "upgrade" in row.action and "move it" not in row.action
+
+
+# -- a damaged store, a read-only one, and the daemon's cycle (the review's leftovers) ----------
+
+
+def taught(state: Path) -> Path:
+    """``state`` with baselines learned from three probe cycles; the store's path."""
+    for _ in range(3):
+        assert invoke_cli(*probe(state)).returncode == 0
+    return state / "baselines.sqlite"
+
+
+def damage_runs(db: Path) -> None:
+    """Garbage over the cell pointers of the runs table's root page: the baselines table still
+    reads, as after a bad sector or a copy taken mid-write (quick_check: "Offset 65535 out of
+    range")."""
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        size = conn.execute("PRAGMA page_size").fetchone()[0]
+        (root,) = conn.execute("SELECT rootpage FROM sqlite_master WHERE name = 'runs'").fetchone()
+    with db.open("r+b") as fh:
+        fh.seek((root - 1) * size + 12)
+        fh.write(b"\xff" * 64)
+
+
+def test_every_command_notices_a_damaged_store(tmp_path: Path) -> None:
+    """A store with a damaged page: probe compared with it ("as fast"), show listed it, pin wrote
+    into it; only check and the daemon said "malformed". Now each says so in one line with what
+    to do, probe still shows its figures (not recorded), and nothing writes into the file."""
+    state = tmp_path / "state"
+    db = taught(state)
+    damage_runs(db)
+    before = db.read_bytes()
+    for extra in ((), ("--no-record",)):
+        result = invoke_cli(*probe(state, *extra))
+        assert result.returncode == 0, result.stderr
+        out = " ".join(result.stdout.split())
+        assert "bf16" in out and "725" in out  # the measurement is shown
+        assert "as fast" not in out and "verdict: not judged: the baseline store" in out
+        said = " ".join((result.stdout + result.stderr).split())
+        assert "is damaged (" in said and "move it aside" in said
+        assert "--no-record" not in result.stderr  # it would not help
+    show = invoke_cli("baseline", "show", "--state-dir", str(state))
+    pin = invoke_cli("baseline", "pin", "--all", "--state-dir", str(state))
+    reset = invoke_cli("baseline", "reset", "--all", "--state-dir", str(state))
+    for result in (show, pin, reset):
+        assert result.returncode == 3, result.stdout
+        assert f"baseline store {db} is damaged (" in " ".join(result.stderr.split())
+    assert db.read_bytes() == before
+
+
+@contextlib.contextmanager
+def tmpfs(directory: Path, name: str = "fs") -> Iterator[Path]:
+    """A small tmpfs under ``directory``; skipped where it cannot be mounted."""
+    mountpoint = directory / name
+    mountpoint.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mountpoint)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mountpoint
+    finally:
+        subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True, check=False)
+
+
+def remount_ro(mountpoint: Path) -> None:
+    subprocess.run(["mount", "-o", "remount,ro", str(mountpoint)], check=True)
+
+
+def test_readers_read_a_good_store_on_a_read_only_file_system(tmp_path: Path) -> None:
+    """WAL needs the -shm file, which nobody can create on a read-only file system: show, check
+    and probe exited 3 or compared with nothing. Read-only readers open it mode=ro, then
+    immutable=1 (nobody can write it there)."""
+    with tmpfs(tmp_path) as fs:
+        state = fs / "state"
+        taught(state)
+        remount_ro(fs)
+        show = invoke_cli("baseline", "show", "--state-dir", str(state))
+        assert show.returncode == 0, show.stderr
+        assert "bf16" in show.stdout and "learned runs=3" in " ".join(show.stdout.split())
+        for extra in (("--no-record",), ()):
+            result = invoke_cli(*probe(state, *extra))
+            assert result.returncode == 0, result.stderr
+            assert "verdict: as fast as its baseline" in " ".join(result.stdout.split())
+        assert NOT_RECORDED in result.stderr and "not writable" in result.stderr
+        check = invoke_cli(
+            "check", "--json", "--nvml-fixture", str(NVML / "h200-idle.json"),
+            "--probe.fixture", str(PROBE / "h200-default.json"), "--state-dir", str(state),
+        )  # fmt: skip
+        rows = {row["name"]: row for row in json.loads(check.stdout)["checks"]}
+        assert rows["baseline-store"]["status"] == "pass", rows["baseline-store"]
+        assert "1.00 of baseline 725" in rows["probe"]["finding"], rows["probe"]
+        assert sorted(p.name for p in state.iterdir()) == ["baselines.sqlite"]
+
+
+def test_a_read_only_bind_mount_is_not_read_as_immutable(tmp_path: Path) -> None:
+    """A read-only mount of a file system that is writable elsewhere (a container's :ro volume
+    of the state directory the daemon writes): reading it immutable could read pages half
+    written, so the reader says why it cannot read it."""
+    from sparkdiag.baseline.opening import nobody_writes
+
+    with tmpfs(tmp_path) as fs:
+        db = taught(fs / "state")
+        view = tmp_path / "view"
+        view.mkdir()
+        subprocess.run(["mount", "--bind", "-o", "ro", str(fs / "state"), str(view)], check=True)
+        try:
+            assert not nobody_writes(view / "baselines.sqlite")
+            show = invoke_cli("baseline", "show", "--state-dir", str(view))
+            assert show.returncode == 3
+            said = " ".join(show.stderr.split())
+            assert "read-only mount of a file system that is writable elsewhere" in said
+            assert "baselines.sqlite-shm is absent" in said and "from a copy" in said
+            remount_ro(fs)  # now nobody can write it: read through both mounts
+            assert nobody_writes(view / "baselines.sqlite") and nobody_writes(db)
+        finally:
+            subprocess.run(["umount", "-l", str(view)], capture_output=True, check=False)
+
+
+def test_immutable_is_not_used_over_a_write_ahead_log(tmp_path: Path) -> None:
+    """A store not closed cleanly before its file system went read-only keeps committed pages in
+    its -wal; an immutable reader would skip them. With the -shm there, mode=ro reads them."""
+    from sparkdiag.baseline.opening import nobody_writes
+
+    with tmpfs(tmp_path) as fs:
+        db = fs / "baselines.sqlite"
+        writer = BaselineStore(db)
+        writer.pin(key(), 700.0)
+        copy = fs / "copy"
+        copy.mkdir()
+        for suffix in ("", "-wal", "-shm"):  # as a crash leaves it
+            (copy / f"baselines.sqlite{suffix}").write_bytes(Path(f"{db}{suffix}").read_bytes())
+        writer.close()
+        remount_ro(fs)
+        assert (copy / "baselines.sqlite-wal").stat().st_size > 0
+        assert not nobody_writes(copy / "baselines.sqlite")
+        with BaselineStore(copy / "baselines.sqlite", readonly=True) as store:
+            pinned = store.get(key())
+            assert pinned is not None and pinned.tflops == 700.0
+
+
+def test_the_daemon_compares_a_cycle_it_could_not_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The scheduler's whole cycle, through a fixture probe: a write that fails part-way (a full
+    disk, a lock held past the timeout) leaves nothing of the cycle in the store, counts as a
+    write error, and the figures are compared with the baselines the store still reads (they
+    were compared with none)."""
+    from sparkdiag.baseline.keeper import StoreKeeper
+    from sparkdiag.probe.launchers import FixtureLauncher
+    from sparkdiag.scheduling.probe_state import ProbeState
+    from sparkdiag.scheduling.scheduler import ProbeScheduler
+    from tests.support import fixture_snapshot
+
+    snap = fixture_snapshot("h200-idle", tmp_path)
+    store = BaselineStore(tmp_path / "b.sqlite", busy_timeout_s=0.2)
+    keeper = StoreKeeper(lambda: store)
+    launcher = FixtureLauncher(PROBE / "h200-default.json")
+    sched = ProbeScheduler(launcher, ProbeState(), keeper, "native", lambda: snap, 300.0)
+    for _ in range(3):
+        sched.run_cycle()
+    conn = store._conn
+    assert conn is not None
+
+    def count() -> int:
+        return int(conn.execute("SELECT count(*) FROM runs").fetchone()[0])
+
+    runs = count()
+    record_run = BaselineStore.record_run
+    calls = []
+
+    def fails_on_the_fifth(self: BaselineStore, *args: object, **kwargs: object) -> object:
+        calls.append(1)
+        if len(calls) == 5:
+            raise BaselineStoreError("baseline store: database or disk is full")
+        return record_run(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(BaselineStore, "record_run", fails_on_the_fifth)
+    (record,) = sched.run_cycle()
+    assert len(calls) == 5 and count() == runs  # the four before it were rolled back
+    measured = [f for f in record.figures if f.delivered is not None]
+    assert measured and all(f.efficiency == pytest.approx(1.0) for f in measured)
+    assert record.ratios and all(r.baseline is not None for r in record.ratios)
+    health = keeper.health()
+    assert not health.up and health.errors["write"] == 1 and "disk is full" in str(health.reason)
+    monkeypatch.setattr(BaselineStore, "record_run", record_run)
+
+    blocker = sqlite3.connect(tmp_path / "b.sqlite", isolation_level=None)
+    blocker.execute("BEGIN IMMEDIATE")
+    try:
+        (record,) = sched.run_cycle()
+    finally:
+        blocker.execute("ROLLBACK")
+        blocker.close()
+    assert count() == runs and keeper.health().errors["write"] == 2
+    assert all(f.efficiency == pytest.approx(1.0) for f in record.figures if f.delivered)
+    (record,) = sched.run_cycle()  # the lock is gone: recorded whole, usable again
+    assert count() > runs and keeper.health().up
+    store.close()

@@ -6,11 +6,17 @@ which runs are healthy enough to teach a baseline, and how efficiency is compute
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sparkdiag.baseline.learning import Held, PeerValues, below_peers, below_reference
 from sparkdiag.baseline.reference import Reference, lookup
-from sparkdiag.baseline.store import METHOD, Baseline, BaselineKey, BaselineStore
+from sparkdiag.baseline.store import (
+    METHOD,
+    Baseline,
+    BaselineKey,
+    BaselineStore,
+    BaselineStoreError,
+)
 from sparkdiag.probe.document import WorkerDocument
 from sparkdiag.sources.nvml.gpu import UNHEALTHY_REASONS, reasons_mask
 
@@ -201,3 +207,58 @@ def evaluate_ratios(
                 baseline = store.get(key)
         figures.append(RatioFigure(versus, int4.shape, value, baseline))
     return figures
+
+
+@dataclass(frozen=True)
+class CycleFigures:
+    """One cycle's figures and int4 ratios against their baselines; ``not_recorded``: why the
+    cycle was not recorded though asked to be (None when it was, or was not asked)."""
+
+    figures: list[GemmFigure]
+    ratios: list[RatioFigure] = field(default_factory=list)
+    not_recorded: BaselineStoreError | None = None
+
+
+def evaluate_cycle(
+    doc: WorkerDocument,
+    uuid: str,
+    gpu_name: str,
+    context: str,
+    store: BaselineStore | None,
+    record: bool,
+    peers: PeerValues | None = None,
+    cool: bool | None = None,
+) -> CycleFigures:
+    """The figures of one cycle (and with ``cool`` given, its int4 ratios, taught only by a cool
+    cycle), recorded whole when ``record``: one transaction, so that a store that fails to take
+    them (full, locked past its timeout, read-only, damaged) keeps nothing of the cycle. The
+    measurement is never lost: the figures are then compared with what the store still reads,
+    and with nothing when it cannot be read either. ``sparkdiag probe`` and the daemon's
+    schedulers share it."""
+    failed: BaselineStoreError | None = None
+    if store is not None and record:
+        try:
+            with store.cycle():
+                figures = evaluate(doc, uuid, gpu_name, context, store, True, peers)
+                ratios = _ratios(doc, uuid, context, store, True, cool)
+            return CycleFigures(figures, ratios)
+        except BaselineStoreError as exc:
+            failed = exc
+    try:
+        figures = evaluate(doc, uuid, gpu_name, context, store, record=False)
+        ratios = _ratios(doc, uuid, context, store, False, cool)
+    except BaselineStoreError:
+        figures = evaluate(doc, uuid, gpu_name, context, None, record=False)
+        ratios = _ratios(doc, uuid, context, None, False, cool)
+    return CycleFigures(figures, ratios, failed)
+
+
+def _ratios(
+    doc: WorkerDocument,
+    uuid: str,
+    context: str,
+    store: BaselineStore | None,
+    record: bool,
+    cool: bool | None,
+) -> list[RatioFigure]:
+    return [] if cool is None else evaluate_ratios(doc, uuid, context, store, record, cool)

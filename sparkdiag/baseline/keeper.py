@@ -197,9 +197,9 @@ def held_runs(store: BaselineStore) -> tuple[HeldRun, ...]:
 
 
 def inspect_store(state_dir: Path | None) -> StoreReport:
-    """Open the store read-only-ish (never creating it), check its integrity, count baselines."""
+    """Open the store for reading (never creating it), check its integrity, count baselines."""
     try:
-        store = open_store(state_dir, create=False)
+        store = open_store(state_dir, create=False, verify=False)  # integrity_check below
     except BaselineStoreError as exc:
         absent = str(exc).startswith("no baselines yet")
         return StoreReport("absent" if absent else "unusable", None, str(exc))

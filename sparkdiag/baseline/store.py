@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import builtins
 import math
-import os
 import re
 import sqlite3
 import statistics
@@ -47,9 +46,9 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
-from sparkdiag.baseline import storage_store
+from sparkdiag.baseline import opening, storage_store
 from sparkdiag.baseline.schema import (
     BASELINE_COLUMNS,
     KEY_COLUMNS,
@@ -96,6 +95,10 @@ _SHAPE = re.compile(r"^[0-9]+(?:x[0-9]+)+$")
 class BaselineStoreError(SparkdiagError):
     """The baseline database cannot be opened, read or written (exit 3: the work cannot be
     done; the message names the file)."""
+
+
+class BaselineStoreDamaged(BaselineStoreError):
+    """SQLite's check found a damaged page: nothing of the file is trusted, nor written into."""
 
 
 @dataclass(frozen=True)
@@ -172,12 +175,17 @@ class RunRecord:
     conditions: dict[str, Any] | None
 
 
-def open_store(state_dir: Path | None, create: bool) -> BaselineStore:
+def open_store(
+    state_dir: Path | None, create: bool, write: bool | None = None, verify: bool = True
+) -> BaselineStore:
     """The baseline store in ``state_dir`` (default: the state directory, see statedir).
 
     With ``create`` the directory and the database are created when missing (the daemon and
     ``sparkdiag probe``, which teach baselines); without it a missing database is an error
-    (``check`` and ``baseline show|pin|reset`` only read what was learned). Every failure is a
+    (``check`` and ``baseline show|pin|reset`` only read what was learned). ``write`` (default:
+    ``create``) opens it for writing (``baseline pin|reset``); without, for reading only, which
+    needs no write permission nor a writable file system (:mod:`sparkdiag.baseline.opening`).
+    ``verify`` runs SQLite's quick check and refuses a damaged file. Every failure is a
     :class:`BaselineStoreError` whose message names the path and why.
     """
     try:
@@ -189,7 +197,14 @@ def open_store(state_dir: Path | None, create: bool) -> BaselineStore:
     path = directory / DEFAULT_FILENAME
     if not create and not path.exists():
         raise BaselineStoreError(f"no baselines yet: {path} does not exist")
-    return BaselineStore(path)
+    store = BaselineStore(path, readonly=not (create if write is None else write))
+    if verify:
+        try:
+            store.verify()
+        except BaselineStoreError:
+            store.close()
+            raise
+    return store
 
 
 class BaselineStore:
@@ -198,6 +213,7 @@ class BaselineStore:
     ``learn_runs``: healthy runs after which a learned baseline is frozen.
     ``min_runs``: healthy runs needed before any baseline exists.
     ``busy_timeout_s``: how long a write waits for another writer.
+    ``readonly``: open for reading only (:func:`sparkdiag.baseline.opening.connect_readonly`).
     Raises :class:`BaselineStoreError` (naming the path) when the file cannot
     be opened as a baseline store, ``ValueError`` for bad arguments.
     """
@@ -208,6 +224,7 @@ class BaselineStore:
         learn_runs: int = 5,
         min_runs: int = 3,
         busy_timeout_s: float = 10.0,
+        readonly: bool = False,
     ) -> None:
         if isinstance(min_runs, bool) or not isinstance(min_runs, int) or min_runs < 1:
             raise ValueError(f"min_runs must be an integer >= 1, got {min_runs!r}")
@@ -223,6 +240,7 @@ class BaselineStore:
         self.learn_runs = learn_runs
         self.min_runs = min_runs
         self.busy_timeout_s = float(busy_timeout_s)
+        self.readonly = readonly
         self._lock = threading.RLock()
         self._batched = False  # inside cycle(): writes join its transaction
         self._conn: sqlite3.Connection | None = self._open()
@@ -237,13 +255,13 @@ class BaselineStore:
             )
         if self.path.exists() and not self.path.is_file():
             raise BaselineStoreError(f"cannot open baseline store {self.path}: not a regular file")
+        if self.readonly:
+            conn = self._open_readonly()
+            if conn is not None:
+                return conn
+            # an older schema: migrated by this open, as by any that can write
         try:
-            conn = sqlite3.connect(
-                str(self.path),
-                timeout=self.busy_timeout_s,
-                isolation_level=None,  # transactions are explicit: BEGIN IMMEDIATE ... COMMIT
-                check_same_thread=False,  # guarded by self._lock instead
-            )
+            conn = opening.connect(str(self.path), self.busy_timeout_s)
         except sqlite3.Error as exc:
             raise BaselineStoreError(
                 f"cannot open baseline store {self.path}: {exc}{self._access_hint(exc)}"
@@ -264,35 +282,44 @@ class BaselineStore:
             ) from exc
         return conn
 
-    def _access_hint(self, exc: sqlite3.Error | None = None) -> str:
-        """SQLite says "unable to open database file", "disk I/O error" or "database is
-        locked"; say which: a read-only or full file system, a missing permission, another
-        process's write lock."""
-        text = str(exc).lower()
-        if "locked" in text or "busy" in text:
-            return (
-                f" (another process has held its write lock for over {self.busy_timeout_s:g} s: "
-                f"'fuser {self.path}' names it)"
-            )
-        if exc is not None and not any(
-            word in text for word in ("unable to open", "i/o", "full", "readonly")
-        ):
-            return ""  # the file itself (not a database, damaged): the message says so
-        parent = self.path.parent
+    def _open_readonly(self) -> sqlite3.Connection | None:
+        """The file opened for reading only; None when its schema is older than this
+        sparkdiag's (the caller opens it for writing, which migrates it)."""
         try:
-            fs = os.statvfs(parent)
-        except OSError:
-            fs = None
-        if fs is not None and fs.f_flag & os.ST_RDONLY:
-            return f" (directory {parent} is on a read-only file system)"
-        if fs is not None and fs.f_bavail * fs.f_frsize < 1 << 20:
-            free = fs.f_bavail * fs.f_frsize
-            return f" (the file system of {parent} is full: {free} bytes free)"
-        if self.path.exists() and not os.access(self.path, os.R_OK | os.W_OK):
-            return f" (no read/write permission on the file for uid {os.getuid()})"
-        if not os.access(parent, os.W_OK | os.X_OK):
-            return f" (directory {parent} is not writable for uid {os.getuid()})"
-        return ""
+            conn = opening.connect_readonly(self.path, self.busy_timeout_s)
+        except sqlite3.Error as exc:
+            raise BaselineStoreError(
+                f"cannot read baseline store {self.path}: {exc}{self._access_hint(exc)}"
+            ) from exc
+        try:
+            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
+            version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+        except sqlite3.Error as exc:
+            conn.close()
+            raise BaselineStoreError(f"cannot read baseline store {self.path}: {exc}") from exc
+        if version > SCHEMA_VERSION:
+            conn.close()
+            self._migrate_refused(version)
+        if version < SCHEMA_VERSION:
+            conn.close()
+            return None
+        return conn
+
+    def verify(self) -> None:
+        """Raise :class:`BaselineStoreDamaged` when ``PRAGMA quick_check`` finds a damaged
+        page (its cost: :mod:`sparkdiag.baseline.opening`)."""
+        with self._read() as conn:
+            try:
+                problem = opening.damage(conn)
+            except sqlite3.DatabaseError as exc:  # "database disk image is malformed"
+                problem = str(exc)
+        if problem is not None:
+            raise BaselineStoreDamaged(
+                f"baseline store {self.path} is damaged ({problem}): {opening.DAMAGED_ACTION}"
+            )
+
+    def _access_hint(self, exc: sqlite3.Error | None = None) -> str:
+        return opening.access_hint(self.path, exc, self.busy_timeout_s)
 
     def _use_wal(self, conn: sqlite3.Connection) -> None:
         # Switching to WAL takes an exclusive lock and does not always go
@@ -320,10 +347,7 @@ class BaselineStore:
         if version == SCHEMA_VERSION:
             return
         if version > SCHEMA_VERSION:
-            raise BaselineStoreError(
-                f"baseline store {self.path} has schema version {version}, newer than the "
-                f"{SCHEMA_VERSION} this sparkdiag understands; upgrade sparkdiag"
-            )
+            self._migrate_refused(version)
         with transaction(conn):
             # Another process may have migrated while we waited for the lock.
             version = int(conn.execute("PRAGMA user_version").fetchone()[0])
@@ -339,6 +363,12 @@ class BaselineStore:
                 for statement in MIGRATIONS[step]:
                     conn.execute(statement)
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+    def _migrate_refused(self, version: int) -> NoReturn:
+        raise BaselineStoreError(
+            f"baseline store {self.path} has schema version {version}, newer than the "
+            f"{SCHEMA_VERSION} this sparkdiag understands; upgrade sparkdiag"
+        )
 
     # -- plumbing ----------------------------------------------------------
 

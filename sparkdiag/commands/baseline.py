@@ -90,7 +90,7 @@ def baseline_show(
 
     Exit status: 0 listed, also when none was learned yet (no store) or none matches; 2 a usage
     error (a bad flag); 3 the baseline store cannot be opened (the state directory cannot be
-    found, permissions, a file that is not a baseline store).
+    found, permissions, a file that is not a baseline store, a damaged one).
     """
     state_dir = settings_from("baseline", given).state_dir
     missing = _not_learned_yet(state_dir)
@@ -177,9 +177,10 @@ def baseline_pin(
     """Pin baselines: later runs never move a pinned baseline.
 
     Exit status: 0 pinned; 2 a usage error (no baseline matches the filters, or several do
-    without --all); 3 the baseline store cannot be opened (none learned yet, permissions).
+    without --all); 3 the baseline store cannot be opened (none learned yet, permissions, a
+    damaged file).
     """
-    with open_store(settings_from("baseline", given).state_dir, create=False) as store:
+    with open_store(settings_from("baseline", given).state_dir, create=False, write=True) as store:
         rows = _filtered(store, uuid, dtype, shape, context)
         if not rows:
             raise UsageError("no baseline matches; run 'sparkdiag probe' first")
@@ -206,11 +207,11 @@ def baseline_reset(
 
     Exit status: 0 done, also when no baseline matched ("removed 0 baseline(s)"); 2 a usage
     error (no filter and no --all); 3 the baseline store cannot be opened (none learned yet,
-    permissions).
+    permissions, a damaged file).
     """
     if not (uuid or dtype or shape or context or all_matches):
         raise UsageError("give --uuid/--dtype/--shape/--context, or --all to reset everything")
-    with open_store(settings_from("baseline", given).state_dir, create=False) as store:
+    with open_store(settings_from("baseline", given).state_dir, create=False, write=True) as store:
         keys = [b.key for b in _filtered(store, uuid, dtype, shape, context)]
         removed = 0
         for key in keys:

@@ -12,10 +12,12 @@ from typing import Any
 import click
 
 from sparkdiag import terminal
-from sparkdiag.baseline.evaluate import GemmFigure, evaluate
+from sparkdiag.baseline.evaluate import GemmFigure, evaluate_cycle
+from sparkdiag.baseline.opening import DAMAGED_ACTION
 from sparkdiag.baseline.store import (
     DEFAULT_FILENAME,
     BaselineStore,
+    BaselineStoreDamaged,
     BaselineStoreError,
     open_store,
 )
@@ -70,6 +72,8 @@ def _open_store(settings: Settings, record: bool) -> tuple[BaselineStore | None,
     if record:
         try:
             return open_store(settings.state_dir, create=True), "", ""
+        except BaselineStoreDamaged as exc:  # nothing of it is trusted: read it no further
+            return None, "the baseline store is damaged", exc.message
         except BaselineStoreError as exc:
             not_recorded = exc.message
     try:
@@ -92,21 +96,11 @@ def _evaluate(
     store: BaselineStore | None,
     record: bool,
 ) -> tuple[list[GemmFigure], str]:
-    """The figures of one cycle, recorded whole (one transaction) when ``record``; a store
-    that fails to take them (full, locked past its timeout, read-only) leaves nothing of the
-    cycle in it, and the figures are compared with what it still reads. Returns the figures
-    and why they were not recorded ("" when they were, or were not asked to be)."""
-    if store is None or not record:
-        try:
-            return evaluate(doc, uuid, name, context, store, record=False), ""
-        except BaselineStoreError:
-            return evaluate(doc, uuid, name, context, None, record=False), ""
-    try:
-        with store.cycle():
-            return evaluate(doc, uuid, name, context, store, record=True), ""
-    except BaselineStoreError as exc:
-        figures, _ = _evaluate(doc, uuid, name, context, store, record=False)
-        return figures, exc.message
+    """The figures of one cycle, recorded whole when ``record`` (baseline.evaluate:
+    evaluate_cycle, which the daemon shares), and why they were not recorded ("" when they
+    were, or were not asked to be)."""
+    done = evaluate_cycle(doc, uuid, name, context, store, record)
+    return done.figures, done.not_recorded.message if done.not_recorded else ""
 
 
 def _beside(doc: WorkerDocument | None, rootfs: Path) -> str:
@@ -170,7 +164,8 @@ def probe(
 
     A baseline store that cannot take the cycle (a read-only, full or missing state directory,
     a damaged file, a write lock held by another process) costs no measurement: the cycle is
-    compared with what the store still reads, and one line says it was not recorded and why.
+    compared with what the store still reads (nothing of a damaged file), and one line says it
+    was not recorded, why, and what to do.
 
     \b
     Exit status:
@@ -291,6 +286,8 @@ def probe(
 
 def _not_recorded_line(why: str) -> str:
     """One line: the results were measured and shown but not kept, why, and what to do."""
+    if why.endswith(DAMAGED_ACTION):  # the message says what to do
+        return f"results not recorded in the baseline store: {why}"
     return (
         f"results not recorded in the baseline store: {why}; fix the state directory "
         "(--state-dir) or the file, or pass --no-record"

@@ -7,7 +7,6 @@ without starting a worker, and the worker checks again before and between its ke
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import random
 import threading
@@ -16,9 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from sparkdiag.baseline.evaluate import GemmFigure, RatioFigure, evaluate, evaluate_ratios
+from sparkdiag.baseline.evaluate import GemmFigure, RatioFigure, evaluate_cycle
 from sparkdiag.baseline.keeper import StoreKeeper
-from sparkdiag.baseline.store import BaselineStoreError
 from sparkdiag.config import DEFAULTS
 from sparkdiag.probe.launchers import Launcher
 from sparkdiag.probe.runner import ProbeCycle
@@ -123,19 +121,15 @@ def record_cycle(
         values = None
         if peers is not None and learn:
             values = peer_values(peers, uuid, gpu_name, context, doc.software.identity())
-        try:
-            with store.cycle() if store is not None and learn else contextlib.nullcontext():
-                figures = tuple(
-                    evaluate(doc, uuid, gpu_name, context, store, record=learn, peers=values)
-                )
-                ratios = tuple(evaluate_ratios(doc, uuid, context, store, learn, cool))
-            if keeper is not None and store is not None and learn:
+        # recorded whole or not at all; a store that fails to take the cycle (a full disk, a
+        # lock held past its timeout) is compared with what it still reads
+        done = evaluate_cycle(doc, uuid, gpu_name, context, store, learn, values, cool)
+        figures, ratios = tuple(done.figures), tuple(done.ratios)
+        if keeper is not None and store is not None and learn:
+            if done.not_recorded is None:
                 keeper.succeeded()
-        except BaselineStoreError as exc:  # a full disk must not lose the measurement
-            if keeper is not None:
-                keeper.failed("write", exc)
-            figures = tuple(evaluate(doc, uuid, gpu_name, context, None))
-            ratios = tuple(evaluate_ratios(doc, uuid, context, None, False, cool))
+            else:
+                keeper.failed("write", done.not_recorded)
     conditions = doc.conditions
     bandwidth = doc.bandwidth
     return CycleRecord(

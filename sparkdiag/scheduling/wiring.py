@@ -204,4 +204,5 @@ def _store(settings: Settings) -> StoreKeeper:
     from sparkdiag.baseline.store import open_store
 
     retention = Retention(settings.baseline_history_runs, settings.baseline_history_days)
-    return StoreKeeper(lambda: open_store(settings.state_dir, create=True), retention)
+    # the keeper runs the fuller integrity_check at each open: no quick_check before it
+    return StoreKeeper(lambda: open_store(settings.state_dir, create=True, verify=False), retention)

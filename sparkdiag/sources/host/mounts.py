@@ -59,6 +59,9 @@ class Mount:
 
     major, minor: the device number the kernel gives the filesystem (0 for btrfs subvolumes,
     network and memory filesystems, whose numbers name no block device)
+    read_only: this mount or its filesystem is read-only (``ro`` in either's options)
+    filesystem_read_only: the filesystem itself is (``ro`` in the super options): a read-only
+        bind mount of a writable filesystem is ``read_only`` but not this
     """
 
     mountpoint: str
@@ -67,6 +70,7 @@ class Mount:
     major: int
     minor: int
     read_only: bool
+    filesystem_read_only: bool = False
 
     @property
     def kind(self) -> str:
@@ -93,9 +97,8 @@ def parse_mountinfo(text: str) -> list[Mount]:
         major, _, minor = fields[2].partition(":")
         if not (major.isdigit() and minor.isdigit()):
             continue
-        options = set(fields[5].split(",")) | set(
-            tail_fields[2].split(",") if len(tail_fields) > 2 else ()
-        )
+        super_options = set(tail_fields[2].split(",") if len(tail_fields) > 2 else ())
+        options = set(fields[5].split(",")) | super_options
         mounts.append(
             Mount(
                 mountpoint=_unescape(fields[4]),
@@ -104,6 +107,7 @@ def parse_mountinfo(text: str) -> list[Mount]:
                 major=int(major),
                 minor=int(minor),
                 read_only="ro" in options,
+                filesystem_read_only="ro" in super_options,
             )
         )
     return mounts
