@@ -20,15 +20,9 @@ from typing import Any
 
 import pytest
 
+from sparkdiag.baseline.model import Baseline, BaselineKey, BaselineStoreError
 from sparkdiag.baseline.schema import SCHEMA_VERSION
-from sparkdiag.baseline.store import (
-    DEFAULT_FILENAME,
-    Baseline,
-    BaselineKey,
-    BaselineStore,
-    BaselineStoreError,
-    open_store,
-)
+from sparkdiag.baseline.store import DEFAULT_FILENAME, BaselineStore, open_store
 
 HELPERS = Path(__file__).parent / "support" / "baseline_scripts"
 REPO = Path(__file__).resolve().parent.parent

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from sparkdiag.baseline.store import DEFAULT_FILENAME, BaselineKey, BaselineStore
+from sparkdiag.baseline.model import BaselineKey
+from sparkdiag.baseline.store import DEFAULT_FILENAME, BaselineStore
 from sparkdiag.check.gather import Sources, gather
 from sparkdiag.check.model import CheckContext, CheckResult, TorchInfo
 from sparkdiag.check.power_checks import check_power_under_load

@@ -14,7 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sparkdiag.baseline.store import BaselineStoreError, open_store
+from sparkdiag.baseline.model import BaselineStoreError
+from sparkdiag.baseline.store import open_store
 from sparkdiag.config import OPTIONS
 from sparkdiag.errors import UsageError
 from sparkdiag.flags import settings_from

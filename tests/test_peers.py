@@ -17,8 +17,9 @@ from prometheus_client import CollectorRegistry
 
 from sparkdiag.baseline.keeper import StoreKeeper, inspect_store
 from sparkdiag.baseline.learning import Held, below_peers, below_reference
+from sparkdiag.baseline.model import BaselineKey
 from sparkdiag.baseline.reference import lookup
-from sparkdiag.baseline.store import BaselineKey, BaselineStore, open_store
+from sparkdiag.baseline.store import BaselineStore, open_store
 from sparkdiag.check.peer_checks import check_baseline_learning, check_peers
 from sparkdiag.exporter.peers import PeerCollector
 from sparkdiag.exporter.probe import ProbeCollector

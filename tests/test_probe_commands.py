@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from sparkdiag.baseline.store import BaselineKey, BaselineStore
+from sparkdiag.baseline.model import BaselineKey
+from sparkdiag.baseline.store import BaselineStore
 from sparkdiag.cli import main
 from sparkdiag.probe.worker.contract import SCHEMA
 from sparkdiag.sources.software import packages
@@ -397,7 +398,7 @@ def test_probe_without_a_baseline_is_not_judged(tmp_path: Path) -> None:
 
 def test_the_noise_band_edges() -> None:
     from sparkdiag.baseline.evaluate import GemmFigure
-    from sparkdiag.baseline.store import Baseline
+    from sparkdiag.baseline.model import Baseline
     from sparkdiag.baseline.verdict import NOISE_BAND, SLOWER_BELOW, judge
 
     key = BaselineKey("GPU-1", "bf16", "8192x8192x8192", "native", "d", "t", "c", "delivered")

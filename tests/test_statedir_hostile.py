@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkdiag.baseline.store import BaselineKey, BaselineStore, BaselineStoreError
+from sparkdiag.baseline.model import BaselineKey, BaselineStoreError
+from sparkdiag.baseline.store import BaselineStore
 from tests.support import NVML, PROBE, invoke_cli
 
 NOT_RECORDED = "results not recorded in the baseline store: "

@@ -13,7 +13,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from sparkdiag.baseline.keeper import StoreKeeper, inspect_store
-from sparkdiag.baseline.store import BaselineKey, BaselineStore, open_store
+from sparkdiag.baseline.model import BaselineKey
+from sparkdiag.baseline.store import BaselineStore, open_store
 from sparkdiag.check.store_checks import check_baseline_store
 from sparkdiag.exporter.probe import ProbeCollector
 from sparkdiag.probe.launchers import FixtureLauncher

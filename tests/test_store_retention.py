@@ -10,7 +10,8 @@ import pytest
 
 from sparkdiag.baseline import keeper as keeper_module
 from sparkdiag.baseline.keeper import Retention, StoreKeeper
-from sparkdiag.baseline.store import BaselineKey, BaselineStore, open_store
+from sparkdiag.baseline.model import BaselineKey
+from sparkdiag.baseline.store import BaselineStore, open_store
 
 T0 = 1_700_000_000.0
 

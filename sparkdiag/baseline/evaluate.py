@@ -9,14 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from sparkdiag.baseline.learning import Held, PeerValues, below_peers, below_reference
+from sparkdiag.baseline.model import METHOD, Baseline, BaselineKey, BaselineStoreError
 from sparkdiag.baseline.reference import Reference, lookup
-from sparkdiag.baseline.store import (
-    METHOD,
-    Baseline,
-    BaselineKey,
-    BaselineStore,
-    BaselineStoreError,
-)
+from sparkdiag.baseline.store import BaselineStore
 from sparkdiag.probe.document import WorkerDocument
 from sparkdiag.sources.nvml.gpu import UNHEALTHY_REASONS, reasons_mask
 

@@ -24,7 +24,8 @@ from pathlib import Path
 from types import MappingProxyType
 
 from sparkdiag.baseline.learning import Held
-from sparkdiag.baseline.store import BaselineKey, BaselineStore, BaselineStoreError, open_store
+from sparkdiag.baseline.model import BaselineKey, BaselineStoreError
+from sparkdiag.baseline.store import BaselineStore, open_store
 from sparkdiag.config import DEFAULTS
 
 log = logging.getLogger(__name__)

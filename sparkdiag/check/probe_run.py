@@ -17,7 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from sparkdiag.baseline.evaluate import GemmFigure, evaluate
-from sparkdiag.baseline.store import BaselineStore, BaselineStoreError, open_store
+from sparkdiag.baseline.model import BaselineStoreError
+from sparkdiag.baseline.store import BaselineStore, open_store
 from sparkdiag.check.model import GpuProbe
 from sparkdiag.config import DEFAULTS
 from sparkdiag.probe.launchers import Launcher, WorkerLauncher

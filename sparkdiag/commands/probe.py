@@ -13,14 +13,9 @@ import click
 
 from sparkdiag import terminal
 from sparkdiag.baseline.evaluate import GemmFigure, evaluate_cycle
+from sparkdiag.baseline.model import BaselineStoreDamaged, BaselineStoreError
 from sparkdiag.baseline.opening import DAMAGED_ACTION
-from sparkdiag.baseline.store import (
-    DEFAULT_FILENAME,
-    BaselineStore,
-    BaselineStoreDamaged,
-    BaselineStoreError,
-    open_store,
-)
+from sparkdiag.baseline.store import DEFAULT_FILENAME, BaselineStore, open_store
 from sparkdiag.baseline.verdict import NOISE_BAND, SLOWER_BELOW, judge
 from sparkdiag.commands.common import (
     check_shapes,

@@ -13,7 +13,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from sparkdiag.baseline.store import BaselineStore, BaselineStoreError, open_store
+from sparkdiag.baseline.model import BaselineStoreError
+from sparkdiag.baseline.store import BaselineStore, open_store
 from sparkdiag.config import Settings
 from sparkdiag.errors import Exit, SparkdiagError
 from sparkdiag.sources.host.blockdev import io_bytes

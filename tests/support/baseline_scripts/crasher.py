@@ -24,7 +24,8 @@ import sys
 from itertools import count
 from pathlib import Path
 
-from sparkdiag.baseline.store import BaselineKey, BaselineStore
+from sparkdiag.baseline.model import BaselineKey
+from sparkdiag.baseline.store import BaselineStore
 
 
 def scratch(i: int) -> BaselineKey:

@@ -13,7 +13,8 @@ import json
 import sys
 from pathlib import Path
 
-from sparkdiag.baseline.store import BaselineKey, BaselineStore
+from sparkdiag.baseline.model import BaselineKey
+from sparkdiag.baseline.store import BaselineStore
 
 
 def key(gpu_uuid: str) -> BaselineKey:
