@@ -441,3 +441,22 @@ def test_fixture_helpers_write_valid_fixtures(tmp_path: Path) -> None:
     assert json.loads(path.read_text())["devices"][0]["set"] == {"temperature/0": 50}
     snap = replace(poll(path), excluded_pids=frozenset({1}))
     assert snap.gpus[0].temperature_celsius["gpu"] == 50.0
+
+
+def test_pcie_gpu_passes_only_where_its_width_was_compared(tmp_path: Path) -> None:
+    """ "Gen5 x16 (max)" was said where NVML gave no maximum, and "x64 (max)" of a x16 link."""
+    unread = {"error": "NOT_SUPPORTED"}
+    r = only(CHECK["pcie-gpu"](context(derived(tmp_path, pcie_max_width=unread))))
+    assert (r.status, r.finding) == (
+        "skip",
+        "00000000:00:06.0 Gen5 x16: width not compared (maximum width not read)",
+    )
+    (tmp_path / "b").mkdir()
+    r = only(CHECK["pcie-gpu"](context(derived(tmp_path / "b", pcie_width=64))))
+    assert r.status == "skip" and "current width above its maximum" in r.finding
+    (tmp_path / "c").mkdir()
+    r = only(CHECK["pcie-gpu"](context(derived(tmp_path / "c", pcie_max_gen=unread))))
+    assert (r.status, r.finding) == (
+        "pass",
+        "00000000:00:06.0 Gen5 x16 (max width; maximum generation not read)",
+    )

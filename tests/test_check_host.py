@@ -357,3 +357,54 @@ def test_unified_memory_skips_on_a_dedicated_gpu_and_without_host_memory() -> No
 
     snap = replace(poll(NVML / "gb10-idle.json"), host=None)
     assert only(check_unified_memory(context(snap))).finding == "host memory not readable"
+
+
+def _one_link(**fields: object) -> CheckResult:
+    """pcie-host's row for one NIC link on an unidentified machine (no DMI in the fixture)."""
+    from dataclasses import replace
+
+    from sparkdiag.snapshot import PcieLink
+
+    link = {
+        "address": "0000:03:00.0",
+        "device_class": "network",
+        "driver": "",
+        "current_speed_tps": 16e9,
+        "max_speed_tps": 16e9,
+        "current_width": 16,
+        "max_width": 16,
+        **fields,
+    }
+    snap = replace(poll(NVML / "h200-idle.json"), pcie_links=(PcieLink(**link),))  # type: ignore[arg-type]
+    return only(check_pcie_host(context(snap)))
+
+
+def test_pcie_host_endpoint_at_x0_fails_even_without_a_maximum() -> None:
+    """A NIC with no trained lane passed as "x0 (max)" when its max_link_width was not read."""
+    r = _one_link(current_width=0, max_width=None, max_speed_tps=None)
+    assert (r.status, r.finding) == (
+        "fail",
+        "0000:03:00.0 network x0: the link is down (no lane trained)",
+    )
+    assert "lspci -vv -s 0000:03:00.0" in r.action
+
+
+def test_pcie_host_passes_only_on_what_it_compared() -> None:
+    """ "(max)" was said of a link whose maxima were never read; now a width not compared skips,
+    and a pass names what was not compared."""
+    r = _one_link(max_width=None, max_speed_tps=None)
+    assert (r.status, r.finding) == (
+        "skip",
+        "0000:03:00.0 network Gen4 x16: width not compared (maximum width not read; maximum "
+        "speed not read)",
+    )
+    r = _one_link(current_width=None)
+    assert r.status == "skip" and "current width not read" in r.finding
+    r = _one_link(current_width=16, max_width=8)
+    assert r.status == "skip" and "above its maximum" in r.finding
+    r = _one_link(max_speed_tps=None)
+    assert (r.status, r.finding) == (
+        "pass",
+        "0000:03:00.0 network Gen4 x16 (max width; maximum speed not read)",
+    )
+    assert _one_link().finding == "0000:03:00.0 network Gen4 x16 (max)"
