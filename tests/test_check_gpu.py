@@ -460,3 +460,26 @@ def test_pcie_gpu_passes_only_where_its_width_was_compared(tmp_path: Path) -> No
         "pass",
         "00000000:00:06.0 Gen5 x16 (max width; maximum generation not read)",
     )
+
+
+@pytest.mark.parametrize(("key", "value"), [("temperature/0", -300), ("temperature/0", 1e9)])
+def test_an_implausible_temperature_warns_as_a_misreading(
+    tmp_path: Path, key: str, value: float
+) -> None:
+    """-300 °C passed as a cool GPU and 1e9 °C failed with advice about airflow: neither is a
+    temperature a running GPU has, so the row says the sensor or driver misreports it."""
+    r = only(CHECK["gpu-temperature"](context(derived(tmp_path, **{key: value}))))
+    assert r.status == "warn"
+    assert (
+        r.finding
+        == f"GPU reads {value:g} °C, outside -40 to 150 °C: the sensor or the driver misreports it"
+    )
+    assert "nvidia-smi -q -d TEMPERATURE -i 0" in r.action and "airflow" not in r.action
+
+
+def test_an_implausible_memory_temperature_warns(tmp_path: Path) -> None:
+    r = only(CHECK["memory-temperature"](context(derived(tmp_path, memory_temperature=5000.0))))
+    assert (r.status, r.finding) == (
+        "warn",
+        "memory reads 5000 °C, outside -40 to 150 °C: the sensor or the driver misreports it",
+    )
