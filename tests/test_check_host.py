@@ -209,9 +209,21 @@ def test_pcie_host_without_nic_or_nvme_skips(tmp_path: Path) -> None:
 
 
 def test_context_native_passes() -> None:
-    snap = poll(NVML / "h200-idle.json", rootfs=ROOTFS / "lent-vm")
+    snap = poll(NVML / "h200-idle.json", rootfs=ROOTFS / "native")
     r = only(check_context(context(snap)))
     assert (r.status, r.finding) == ("pass", "native (no container detected)")
+
+
+def test_context_native_with_one_kind_of_sign_says_what_it_saw() -> None:
+    """The lent VM has /.dockerenv and a stale /run/systemd/container: native by the rule (one
+    kind of sign is not enough), and the row said "no container detected" of it."""
+    snap = poll(NVML / "h200-idle.json", rootfs=ROOTFS / "lent-vm")
+    r = only(check_context(context(snap)))
+    assert (r.status, r.finding) == (
+        "pass",
+        "native: one kind of container sign only, not enough (/.dockerenv exists; "
+        "/run/systemd/container names docker, but /run is not a tmpfs (image leftover))",
+    )
 
 
 def test_context_container_warns_with_how_to_measure_the_gap() -> None:
