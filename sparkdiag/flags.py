@@ -15,6 +15,7 @@ parsers and minimums, so that a value the worker would reject is a usage error h
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -204,7 +205,15 @@ def _check_directories(settings: Settings, command: str) -> None:
         value = getattr(settings, option.attr)
         if value is None or value == option.default_for(command) or Path(value).is_dir():
             continue
-        why = "does not exist" if not Path(value).exists() else "is not a directory"
+        if not Path(value).exists():
+            # a dangling link or a loop of links "did not exist" where it plainly does
+            why = (
+                "is a symbolic link to nothing (or a loop)"
+                if os.path.lexists(value)
+                else "does not exist"
+            )
+        else:
+            why = "is not a directory"
         raise SparkdiagUsageError(f"{value} {why}; give a directory", flag=f"--{option.key}")
 
 

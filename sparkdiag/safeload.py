@@ -210,13 +210,16 @@ def parse_toml(source: str | bytes, max_depth: int = MAX_DEPTH) -> dict[str, Any
     the options refuse them by name)."""
     if isinstance(source, bytes):
         source = text(source)
+    # an editor's byte-order mark ("UTF-8 with BOM") is no content: tomllib refused it as
+    # "Invalid statement (at line 1, column 1)", which names nothing to fix
+    source = source.removeprefix("\ufeff")
     _check_depth(nesting(source, _TOML_SKIP), max_depth)
     import tomllib  # a TOML file is read only when given (docs/daemon-cost.md)
 
     try:
         document = tomllib.loads(source, parse_float=_toml_float)
     except tomllib.TOMLDecodeError as exc:
-        raise LoadError(f"not valid TOML: {exc}") from None
+        raise LoadError(f"not valid TOML: {_toml_error(str(exc), source)}") from None
     except LoadError:
         raise
     except ValueError:  # an integer past Python's own limit of 4300 digits
@@ -225,6 +228,27 @@ def parse_toml(source: str | bytes, max_depth: int = MAX_DEPTH) -> dict[str, Any
         raise LoadError(f"nested too deeply (more than {max_depth} levels)") from None
     _check_depth(depth(document), max_depth)  # dotted keys nest tables without brackets
     return document
+
+
+_TOML_AT = re.compile(r"\(at line (\d+), column (\d+)\)$")
+
+
+def _toml_error(message: str, source: str) -> str:
+    """tomllib's message with the line it names quoted, and what to do where it says a value is
+    given twice ("Cannot overwrite a value (at line 2, column 18)" named neither the key nor
+    the fix)."""
+    match = _TOML_AT.search(message)
+    if match is None:
+        return message
+    lines = source.splitlines()
+    number = int(match.group(1))
+    if 1 <= number <= len(lines):
+        shown = lines[number - 1].strip()
+        shown = shown if len(shown) <= 60 else shown[:57] + "..."
+        message = f"{message[: match.start()]}(line {number}, column {match.group(2)}: {shown!r})"
+    if "overwrite" in message or "twice" in message:
+        message += ": a key or table is given twice; keep one"
+    return message
 
 
 def _toml_float(literal: str) -> float:

@@ -441,3 +441,45 @@ def test_fixture_helpers_write_valid_fixtures(tmp_path: Path) -> None:
     assert json.loads(path.read_text())["devices"][0]["set"] == {"temperature/0": 50}
     snap = replace(poll(path), excluded_pids=frozenset({1}))
     assert snap.gpus[0].temperature_celsius["gpu"] == 50.0
+
+
+def test_pcie_gpu_passes_only_where_its_width_was_compared(tmp_path: Path) -> None:
+    """ "Gen5 x16 (max)" was said where NVML gave no maximum, and "x64 (max)" of a x16 link."""
+    unread = {"error": "NOT_SUPPORTED"}
+    r = only(CHECK["pcie-gpu"](context(derived(tmp_path, pcie_max_width=unread))))
+    assert (r.status, r.finding) == (
+        "skip",
+        "00000000:00:06.0 Gen5 x16: width not compared (maximum width not read)",
+    )
+    (tmp_path / "b").mkdir()
+    r = only(CHECK["pcie-gpu"](context(derived(tmp_path / "b", pcie_width=64))))
+    assert r.status == "skip" and "current width above its maximum" in r.finding
+    (tmp_path / "c").mkdir()
+    r = only(CHECK["pcie-gpu"](context(derived(tmp_path / "c", pcie_max_gen=unread))))
+    assert (r.status, r.finding) == (
+        "pass",
+        "00000000:00:06.0 Gen5 x16 (max width; maximum generation not read)",
+    )
+
+
+@pytest.mark.parametrize(("key", "value"), [("temperature/0", -300), ("temperature/0", 1e9)])
+def test_an_implausible_temperature_warns_as_a_misreading(
+    tmp_path: Path, key: str, value: float
+) -> None:
+    """-300 °C passed as a cool GPU and 1e9 °C failed with advice about airflow: neither is a
+    temperature a running GPU has, so the row says the sensor or driver misreports it."""
+    r = only(CHECK["gpu-temperature"](context(derived(tmp_path, **{key: value}))))
+    assert r.status == "warn"
+    assert (
+        r.finding
+        == f"GPU reads {value:g} °C, outside -40 to 150 °C: the sensor or the driver misreports it"
+    )
+    assert "nvidia-smi -q -d TEMPERATURE -i 0" in r.action and "airflow" not in r.action
+
+
+def test_an_implausible_memory_temperature_warns(tmp_path: Path) -> None:
+    r = only(CHECK["memory-temperature"](context(derived(tmp_path, memory_temperature=5000.0))))
+    assert (r.status, r.finding) == (
+        "warn",
+        "memory reads 5000 °C, outside -40 to 150 °C: the sensor or the driver misreports it",
+    )

@@ -209,9 +209,21 @@ def test_pcie_host_without_nic_or_nvme_skips(tmp_path: Path) -> None:
 
 
 def test_context_native_passes() -> None:
-    snap = poll(NVML / "h200-idle.json", rootfs=ROOTFS / "lent-vm")
+    snap = poll(NVML / "h200-idle.json", rootfs=ROOTFS / "native")
     r = only(check_context(context(snap)))
     assert (r.status, r.finding) == ("pass", "native (no container detected)")
+
+
+def test_context_native_with_one_kind_of_sign_says_what_it_saw() -> None:
+    """The lent VM has /.dockerenv and a stale /run/systemd/container: native by the rule (one
+    kind of sign is not enough), and the row said "no container detected" of it."""
+    snap = poll(NVML / "h200-idle.json", rootfs=ROOTFS / "lent-vm")
+    r = only(check_context(context(snap)))
+    assert (r.status, r.finding) == (
+        "pass",
+        "native: one kind of container sign only, not enough (/.dockerenv exists; "
+        "/run/systemd/container names docker, but /run is not a tmpfs (image leftover))",
+    )
 
 
 def test_context_container_warns_with_how_to_measure_the_gap() -> None:
@@ -357,3 +369,54 @@ def test_unified_memory_skips_on_a_dedicated_gpu_and_without_host_memory() -> No
 
     snap = replace(poll(NVML / "gb10-idle.json"), host=None)
     assert only(check_unified_memory(context(snap))).finding == "host memory not readable"
+
+
+def _one_link(**fields: object) -> CheckResult:
+    """pcie-host's row for one NIC link on an unidentified machine (no DMI in the fixture)."""
+    from dataclasses import replace
+
+    from sparkdiag.snapshot import PcieLink
+
+    link = {
+        "address": "0000:03:00.0",
+        "device_class": "network",
+        "driver": "",
+        "current_speed_tps": 16e9,
+        "max_speed_tps": 16e9,
+        "current_width": 16,
+        "max_width": 16,
+        **fields,
+    }
+    snap = replace(poll(NVML / "h200-idle.json"), pcie_links=(PcieLink(**link),))  # type: ignore[arg-type]
+    return only(check_pcie_host(context(snap)))
+
+
+def test_pcie_host_endpoint_at_x0_fails_even_without_a_maximum() -> None:
+    """A NIC with no trained lane passed as "x0 (max)" when its max_link_width was not read."""
+    r = _one_link(current_width=0, max_width=None, max_speed_tps=None)
+    assert (r.status, r.finding) == (
+        "fail",
+        "0000:03:00.0 network x0: the link is down (no lane trained)",
+    )
+    assert "lspci -vv -s 0000:03:00.0" in r.action
+
+
+def test_pcie_host_passes_only_on_what_it_compared() -> None:
+    """ "(max)" was said of a link whose maxima were never read; now a width not compared skips,
+    and a pass names what was not compared."""
+    r = _one_link(max_width=None, max_speed_tps=None)
+    assert (r.status, r.finding) == (
+        "skip",
+        "0000:03:00.0 network Gen4 x16: width not compared (maximum width not read; maximum "
+        "speed not read)",
+    )
+    r = _one_link(current_width=None)
+    assert r.status == "skip" and "current width not read" in r.finding
+    r = _one_link(current_width=16, max_width=8)
+    assert r.status == "skip" and "above its maximum" in r.finding
+    r = _one_link(max_speed_tps=None)
+    assert (r.status, r.finding) == (
+        "pass",
+        "0000:03:00.0 network Gen4 x16 (max width; maximum speed not read)",
+    )
+    assert _one_link().finding == "0000:03:00.0 network Gen4 x16 (max)"

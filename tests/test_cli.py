@@ -446,3 +446,31 @@ def test_an_error_wraps_on_a_terminal_and_is_one_line_in_a_pipe(
     shown = tty.getvalue().splitlines()
     assert len(shown) > 1 and all(len(line) <= 80 for line in shown)
     assert " ".join(tty.getvalue().split()) == " ".join(pipe.getvalue().split())
+
+
+def test_config_check_refuses_a_state_dir_that_is_a_file(tmp_path: Path) -> None:
+    """config check said "ok" of a state-dir naming a regular file; serve then started, warned
+    and learned no baseline, retrying at every cycle."""
+    afile = tmp_path / "state"
+    afile.write_text("")
+    config = tmp_path / "config.toml"
+    config.write_text(f'state-dir = "{afile}"\n')
+    result = CliRunner().invoke(main, ["config", "check", str(config)])
+    assert result.exit_code == 2, result.output
+    assert result.output == (
+        f"Error: {config}: state-dir: {afile} is not a directory; give a directory (serve "
+        "would learn no baselines)\n"
+    )
+    config.write_text(f'state-dir = "{tmp_path / "made-when-needed"}"\n')
+    assert CliRunner().invoke(main, ["config", "check", str(config)]).exit_code == 0
+
+
+def test_a_directory_flag_that_is_a_dangling_link_says_so(tmp_path: Path) -> None:
+    loop = tmp_path / "loop"
+    loop.symlink_to(loop)
+    result = CliRunner().invoke(main, ["dump", "--path.sysfs", str(loop)])
+    assert result.exit_code == 2
+    assert result.output == (
+        f"Error: Invalid value for '--path.sysfs': {loop} is a symbolic link to nothing (or a "
+        "loop); give a directory\n"
+    )

@@ -225,3 +225,24 @@ def test_an_option_with_several_defaults_says_why_in_its_help() -> None:
         for command, value in option.command_default.items():
             if option.kind == "float":
                 assert f"{command} {value:g}" in option.help, (option.key, command)
+
+
+def test_a_key_given_twice_is_named_with_what_to_do(tmp_path: Path) -> None:
+    """tomllib's "Cannot overwrite a value (at line 2, column 18)" named neither the key nor the
+    fix: the line is quoted and the duplicate named as such."""
+    path = tmp_path / "c.toml"
+    path.write_text("poll-interval = 2\npoll-interval = 3\n")
+    with pytest.raises(ConfigError) as caught:
+        load_file(path)
+    assert str(caught.value) == (
+        f"{path}: not valid TOML: Cannot overwrite a value (line 2, column 18: "
+        "'poll-interval = 3'): a key or table is given twice; keep one"
+    )
+
+
+def test_a_byte_order_mark_is_read_past(tmp_path: Path) -> None:
+    """A file saved as "UTF-8 with BOM" was refused as "Invalid statement (at line 1, column
+    1)"; the mark is no content."""
+    path = tmp_path / "c.toml"
+    path.write_bytes("\ufeffpoll-interval = 2\n".encode())
+    assert load_file(path) == {"poll_interval": 2.0}

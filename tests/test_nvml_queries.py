@@ -373,3 +373,11 @@ def test_every_clock_event_reason_bit_is_nvmls() -> None:
     assert names.keys() == CLOCK_EVENT_REASONS.keys()
     for reason, suffix in names.items():
         assert getattr(pynvml, f"nvmlClocksEventReason{suffix}") == CLOCK_EVENT_REASONS[reason]
+
+
+@pytest.mark.parametrize("pid", [-1, 0, True, 1.5, "42"])
+def test_a_process_pid_is_a_positive_integer(pid: object) -> None:
+    """A fixture's compute process with pid -1 was replayed, and check advised "kill -1" (every
+    process the user may signal); NVML's pid is unsigned, so such a fixture is refused."""
+    assert answer_shape_error("compute_processes", [{"pid": pid, "used_memory": 1}]) is not None
+    assert answer_shape_error("compute_processes", [{"pid": 42, "used_memory": 1}]) is None

@@ -361,3 +361,26 @@ def test_module_keeps_library_imports_out() -> None:
     source = Path(sysfs.__file__).read_text()
     assert "import pyudev" not in source
     assert "psutil" not in source
+
+
+@pytest.mark.parametrize("text", ["99999999999999999999999", "64", "33", "-4", "0x10"])
+def test_width_beyond_pcie_is_no_reading(tmp_path: Path, text: str) -> None:
+    """PCIe's widest link is x32: a wider "width" (a garbled file) is no reading; it was read
+    as is, exported as 1e+23 lanes, and check passed the link as "x99999999999999999999 (max)"."""
+    device = _make_device(
+        tmp_path,
+        "0000:08:00.0",
+        {"current_link_width": f"{text}\n", "max_link_width": "16\n", "class": "0x020000\n"},
+    )
+    link = read_link(device)
+    assert link is not None
+    assert (link.current_width, link.max_width) == (None, 16)
+
+
+def test_widths_up_to_x32_are_read(tmp_path: Path) -> None:
+    device = _make_device(
+        tmp_path, "0000:09:00.0", {"current_link_width": "32\n", "max_link_width": "032\n"}
+    )
+    link = read_link(device)
+    assert link is not None
+    assert (link.current_width, link.max_width) == (32, 32)

@@ -214,12 +214,15 @@ def _idle(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
     util_text = "" if util is None else f", utilization {util:.0%}"
     if evidence is not None and others:
         first = ctx.describe_pid(others[0])
+        # "kill PID" only for a real pid: kill 0 signals the caller's process group, kill -1
+        # every process the user may signal
+        how = f"kill {others[0]}, or " if others[0] > 0 else ""
         return CheckResult(
             "idle",
             "fail",
             f"{evidence.describe(ctx.describe_pid)} computing on the GPU{util_text}",
-            f"stop {first}: kill {others[0]}, or wait for it to finish; a benchmark on a "
-            "shared GPU measures the sharing",
+            f"stop {first}: {how}wait for it to finish; a benchmark on a shared GPU measures "
+            "the sharing",
             _idx(gpu),
             data,
         )

@@ -47,7 +47,15 @@ def check_context(ctx: CheckContext) -> list[CheckResult]:
                 data=data,
             )
         ]
+    weak = next((e for e in context.evidence if e.startswith(ONE_KIND)), None)
+    if weak is not None:
+        # a container sign was seen, and the row said "no container detected"
+        finding = f"native: one kind of container sign only, not enough ({weak[len(ONE_KIND) :]})"
+        return [CheckResult("context", "pass", finding, data=data)]
     return [CheckResult("context", "pass", "native (no container detected)", data=data)]
+
+
+ONE_KIND = "only one weak signal: "  # sources/host/context.py's native verdict on one kind
 
 
 def _starter(runtime: str) -> str:

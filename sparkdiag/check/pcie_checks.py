@@ -15,6 +15,30 @@ HOST_CLASSES = ("network", "nvme")
 _GENERATIONS = {2.5e9: 1, 5e9: 2, 8e9: 3, 16e9: 4, 32e9: 5, 64e9: 6}
 
 
+def _uncompared(pairs: dict[str, tuple[float | None, float | None]]) -> dict[str, str]:
+    """{what: why it was not compared} for each (current, maximum) pair that could not be: one
+    of the two not read, or the current above its maximum (the two readings disagree). A link
+    passes only where its width was compared, and says "max" only of what was: rows read
+    "(max)" where no maximum was read (the bad-input review)."""
+    why: dict[str, str] = {}
+    for what, (current, maximum) in pairs.items():
+        if current is None:
+            why[what] = f"current {what} not read"
+        elif maximum is None:
+            why[what] = f"maximum {what} not read"
+        elif current > maximum:
+            why[what] = f"current {what} above its maximum: the readings disagree"
+    return why
+
+
+def _at_max(compared: dict[str, str], every: tuple[str, ...]) -> str:
+    """ "max", or what was at its maximum and why the rest was not compared."""
+    if not compared:
+        return "max"
+    done = [what for what in every if what not in compared]
+    return f"max {' and '.join(done)}; " + "; ".join(compared.values())
+
+
 # -- the GPU's PCIe link ----------------------------------------------------------------------
 
 
@@ -52,8 +76,20 @@ def _pcie_gpu(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
     width_text = f"x{cur_w:.0f}" if cur_w is not None else "width unknown"
     if cur_g is None or max_g is None or cur_g >= max_g:
         gen_text = f"Gen{cur_g:.0f}" if cur_g is not None else "speed unknown"
+        uncompared = _uncompared({"width": (cur_w, max_w), "generation": (cur_g, max_g)})
+        if "width" in uncompared:
+            return CheckResult(
+                name,
+                "skip",
+                f"{bus} {gen_text} {width_text}: width not compared ("
+                + "; ".join(uncompared.values())
+                + ")",
+                gpu=_idx(gpu),
+                data=data,
+            )
+        at_max = _at_max(uncompared, ("width", "generation"))
         return CheckResult(
-            name, "pass", f"{bus} {gen_text} {width_text} (max)", gpu=_idx(gpu), data=data
+            name, "pass", f"{bus} {gen_text} {width_text} ({at_max})", gpu=_idx(gpu), data=data
         )
     if load_gen is not None:
         if load_gen < max_g:
@@ -155,6 +191,17 @@ def _link_result(link: PcieLink, platform: Platform | None, machine: str) -> Che
             action,
             data=data,
         )
+    if cur_w == 0 and design is None:
+        # an endpoint present with no trained link (bridges at x0 are empty slots, left out by
+        # the source): it passed as "x0 (max)" where no maximum width was read
+        of = f" of x{max_w}" if max_w is not None else ""
+        return CheckResult(
+            "pcie-host",
+            "fail",
+            f"{label} x0{of}: the link is down (no lane trained)",
+            action,
+            data=data,
+        )
     by_design = design is not None and cur_w is not None and max_w is not None and cur_w < max_w
     if not by_design and cur_w is not None and max_w is not None and cur_w < max_w:
         return CheckResult(
@@ -184,9 +231,26 @@ def _link_result(link: PcieLink, platform: Platform | None, machine: str) -> Che
             f"{label} {_speed(cur_s)} {width} of x{max_w}, as designed: {why}",
             data=data,
         )
-    built = f", as the {machine} is built" if design is not None else ""
+    if design is not None and cur_w is not None:
+        return CheckResult(
+            "pcie-host",
+            "pass",
+            f"{label} {_speed(cur_s)} {width} (max, as the {machine} is built)",
+            data=data,
+        )
+    uncompared = _uncompared({"width": (cur_w, max_w), "speed": (cur_s, max_s)})
+    if "width" in uncompared:
+        return CheckResult(
+            "pcie-host",
+            "skip",
+            f"{label} {_speed(cur_s)} {width}: width not compared ("
+            + "; ".join(uncompared.values())
+            + ")",
+            data=data,
+        )
+    at_max = _at_max(uncompared, ("width", "speed"))
     return CheckResult(
-        "pcie-host", "pass", f"{label} {_speed(cur_s)} {width} (max{built})", data=data
+        "pcie-host", "pass", f"{label} {_speed(cur_s)} {width} ({at_max})", data=data
     )
 
 

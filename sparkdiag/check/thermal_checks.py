@@ -36,19 +36,47 @@ REASON_ACTIONS = {
 }
 
 
+# No running GPU reads outside this: below it is a datacenter's coldest storage, above it every
+# GPU has shut itself down (slowdown near 90 °C, shutdown near 105 °C). A reading outside it is
+# the sensor or the driver misreporting: -300 °C passed as cool, 1e9 °C failed with advice
+# about airflow.
+PLAUSIBLE_C = (-40.0, 150.0)
+
+
 def _c(value: float) -> str:
     return f"{value:.0f} °C"
+
+
+def _implausible(name: str, what: str, temp: float, gpu: GpuSample) -> CheckResult | None:
+    """The warning for a reading no GPU can have; None for a plausible one."""
+    low, high = PLAUSIBLE_C
+    if low <= temp <= high:
+        return None
+    return CheckResult(
+        name,
+        "warn",
+        f"{what} reads {temp:g} °C, outside {low:.0f} to {high:.0f} °C: the sensor or the "
+        "driver misreports it",
+        f"compare with nvidia-smi -q -d TEMPERATURE -i {gpu.identity.index}; if it reads the "
+        "same, reset the GPU or reload the driver: until then heat cannot be judged",
+        _idx(gpu),
+        {"celsius": temp, "plausible": list(PLAUSIBLE_C)},
+    )
 
 
 # -- temperatures ------------------------------------------------------------------------------
 
 
 def _gpu_temperature(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
-    """GPU temperature against its slowdown threshold (fail at it, warn 5 °C below)."""
+    """GPU temperature against its slowdown threshold (fail at it, warn 5 °C below); a reading
+    outside -40 to 150 °C warns as the sensor misreporting."""
     name = "gpu-temperature"
     temp = gpu.temperature_celsius.get("gpu")
     if temp is None:
         return CheckResult(name, "skip", "GPU temperature not reported", gpu=_idx(gpu))
+    implausible = _implausible(name, "GPU", temp, gpu)
+    if implausible is not None:
+        return implausible
     slowdown = gpu.threshold_celsius.get("slowdown")
     shutdown = gpu.threshold_celsius.get("shutdown")
     data = {"celsius": temp, "slowdown": slowdown, "shutdown": shutdown}
@@ -94,7 +122,8 @@ check_gpu_temperature = each_gpu("gpu-temperature", _gpu_temperature)
 
 
 def _memory_temperature(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
-    """Memory temperature against 85 °C and its own limit (warn from 80 °C)."""
+    """Memory temperature against 85 °C and its own limit (warn from 80 °C); a reading outside
+    -40 to 150 °C warns as the sensor misreporting."""
     name = "memory-temperature"
     temp = gpu.temperature_celsius.get("memory")
     if temp is None:
@@ -104,6 +133,9 @@ def _memory_temperature(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
             else "NVML does not report it on this GPU"
         )
         return CheckResult(name, "skip", f"memory temperature not reported ({why})", gpu=_idx(gpu))
+    implausible = _implausible(name, "memory", temp, gpu)
+    if implausible is not None:
+        return implausible
     limit = gpu.threshold_celsius.get("memory_max")
     data = {"celsius": temp, "memory_max": limit, "hot": MEMORY_HOT_C}
     action = (

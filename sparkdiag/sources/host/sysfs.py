@@ -53,12 +53,21 @@ def parse_link_speed(text: str) -> float | None:
     return gigatransfers * 1e9
 
 
+# The widest link PCIe defines is x32: a larger "width" is no reading (a garbled or hostile
+# file; ``99999999999999999999999`` was exported as a width of 1e+23 and passed check as "(max)").
+MAX_LINK_WIDTH = 32
+
+
 def _parse_width(text: str | None) -> int | None:
-    """Lane count from ``"4"``; ``None`` when unreadable or not a plain non-negative integer."""
+    """Lane count from ``"4"``; ``None`` when unreadable, not a plain non-negative integer, or
+    wider than PCIe's widest link (:data:`MAX_LINK_WIDTH`)."""
     if text is None:
         return None
     text = text.strip()
-    return int(text) if text.isascii() and text.isdigit() else None
+    if not (text.isascii() and text.isdigit()) or len(text) > 3:
+        return None
+    width = int(text)
+    return width if width <= MAX_LINK_WIDTH else None
 
 
 def classify(pci_class_hex: str) -> str:

@@ -565,7 +565,7 @@ def _is_number(value: Any) -> bool:
 #   "text": a string; "number": a finite int or float (never a bool); "numbers:N": a list of N
 #   numbers; "map:K1,K2": an object with at least those numeric keys; "numbermap": an object of
 #   numbers (any keys); "pairs": a list of [number, number]; "processes": a list of objects, each
-#   with an integer "pid".
+#   with a positive integer "pid".
 def answer_shape_error(query: str, value: Any) -> str | None:
     """Why ``value`` is not a valid answer to ``query`` (None when it is)."""
     declared = CATALOGUE.get(query)
@@ -587,8 +587,14 @@ def answer_shape_error(query: str, value: Any) -> str | None:
             isinstance(v, list) and len(v) == 2 and all(map(_is_number, v)) for v in value
         )
     elif shape == "processes":
+        # a pid is a positive integer (NVML's is unsigned): a fixture's pid -1 became check's
+        # advice "kill -1", which signals every process the user may signal
         ok = isinstance(value, list) and all(
-            isinstance(v, dict) and isinstance(v.get("pid"), int) for v in value
+            isinstance(v, dict)
+            and isinstance(v.get("pid"), int)
+            and not isinstance(v.get("pid"), bool)
+            and v["pid"] > 0
+            for v in value
         )
     else:  # map:K1,K2
         keys = shape.split(":", 1)[1].split(",")
