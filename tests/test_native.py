@@ -4,6 +4,7 @@ order, the check rows, the collector and ``sparkdiag native``."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -322,6 +324,65 @@ def test_a_library_no_record_lists_is_named_by_its_directory(tmp_path: Path) -> 
     (lib,) = found.libraries
     assert (lib.package, lib.version, lib.listed) == ("mykernels", "", False)
     assert found.unreadable == {}  # a text file named .so is no library, not an error
+
+
+def _without_hanging(call: Callable[[], object], fifos: list[Path]) -> object:
+    """``call()`` in a thread; when it is still running after 20 s (blocked opening one of
+    ``fifos``), the FIFOs are opened for writing to let it go, and the test fails."""
+    result: list[object] = []
+    worker = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    worker.start()
+    worker.join(timeout=20.0)
+    if worker.is_alive():
+        for fifo in fifos:  # a writer releases the reader blocked in open()
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(timeout=5.0)
+        pytest.fail(f"blocked on a FIFO among {[str(f) for f in fifos]}")
+    return result[0]
+
+
+def test_a_fifo_in_a_dist_info_is_skipped_never_read(tmp_path: Path) -> None:
+    """Before: a package whose METADATA was a FIFO hung the scan forever inside
+    importlib.metadata (the hostile review); one whose RECORD was a FIFO was already skipped."""
+    site = tmp_path / "site-packages"
+    shutil.copytree(SPARK_ROOT / "usr/local/lib/python3.12/dist-packages", site)
+    vllm = site / "vllm-0.11.1.dist-info"
+    (vllm / "METADATA").unlink()
+    os.mkfifo(vllm / "METADATA")
+    flash = site / "flash_attn-2.8.3.dist-info"
+    (flash / "RECORD").unlink()
+    os.mkfifo(flash / "RECORD")
+    fifos = [vllm / "METADATA", flash / "RECORD"]
+    found = _without_hanging(lambda: scan(pyenv.resolve(site)), fifos)
+    assert isinstance(found, LibraryScan)
+    by_path = {lib.relative: lib for lib in found.libraries}
+    # named by their directories, as a library no RECORD lists is
+    assert (by_path["vllm/_moe_C.abi3.so"].package, by_path["vllm/_moe_C.abi3.so"].listed) == (
+        "vllm",
+        False,
+    )
+    flash_lib = by_path["flash_attn_2_cuda.cpython-312-aarch64-linux-gnu.so"]
+    assert flash_lib.listed is False
+    assert by_path["torch/lib/libtorch_cuda.so"].version == "2.9.0+cu130"  # the others read
+    names = [d.normalized for d in pyenv.distributions(site)]
+    assert "vllm" not in names and "flash-attn" in names
+
+
+def test_a_library_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """The scan walks regular files only; a library replaced by a FIFO after the walk was
+    opened by read_fatbin and waited for a writer forever."""
+    fifo = tmp_path / "libx.so"
+    os.mkfifo(fifo)
+
+    def read() -> object:
+        try:
+            return read_fatbin(fifo)
+        except OSError as exc:
+            return exc
+
+    answer = _without_hanging(read, [fifo])
+    assert isinstance(answer, OSError) and answer.strerror == "not a regular file"
 
 
 def test_resolve_each_kind_of_environment(tmp_path: Path) -> None:

@@ -30,6 +30,9 @@ skipped, so a gigabyte library costs a few reads a container
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 import struct
 import subprocess
 from collections import Counter
@@ -282,10 +285,23 @@ def walk(reader: Reader) -> FatbinReport | None:
 def read_fatbin(path: Path) -> FatbinReport | None:
     """:func:`walk` of the file at ``path`` (seeks and reads headers only).
 
-    Same reading as ``cuobjdump --list-elf --list-ptx PATH``. Raises OSError (unreadable) and
-    :class:`sparkdiag.sources.software.elf.NotElf`.
+    Same reading as ``cuobjdump --list-elf --list-ptx PATH``. Raises OSError (unreadable, or
+    not a regular file) and :class:`sparkdiag.sources.software.elf.NotElf`.
+
+    Opened without blocking and held to a regular file before a byte is read: the scan walks
+    regular files only, but a file replaced by a FIFO between the walk and this open waited for
+    a writer forever (the hostile review).
     """
-    with path.open("rb") as fh:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        fh = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with fh:
         return walk(FileReader(fh))
 
 
