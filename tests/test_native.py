@@ -660,6 +660,28 @@ def test_without_a_gpu_it_lists_the_libraries_and_says_how_to_judge(tmp_path: Pa
     assert "or nothing was judged: no GPU here and no --capability" in shown
 
 
+@pytest.mark.parametrize("printed", ['["/"]', "[]"])
+def test_an_interpreter_with_no_package_directory_is_not_judged(
+    tmp_path: Path, printed: str
+) -> None:
+    """Before: an interpreter whose sys.path held no package directory said "0 package
+    directories ... no library" and exited 0, a pass for what was never looked at."""
+    script = tmp_path / "python"
+    script.write_text(f"#!/bin/sh\necho '{printed}'\n")
+    script.chmod(0o755)
+    common = ("--python", str(script), "--capability", "12.1", "--no-torch")
+    done = _native(*common, "--state-dir", str(tmp_path / "state"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    shown = " ".join(done.stdout.split())
+    assert f"not judged: {script} has no package directory" in shown
+    assert "so no library was looked at" in shown and "--python" in shown
+    assert "no library" not in done.stdout.replace("so no library", "")
+    doc = json.loads(_native(*common, "--json", "--no-cache").stdout)
+    assert doc["status"] == "not-judged" and "has no package directory" in doc["note"]
+    help_text = " ".join(invoke_cli("native", "--help").stdout.split())
+    assert "or the environment has no package directory" in help_text
+
+
 def test_native_command_bad_input() -> None:
     done = _native("--capability", "twelve")
     assert done.returncode == 2 and "expected MAJOR.MINOR" in done.stderr
