@@ -9,6 +9,7 @@ import gzip
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import threading
@@ -39,6 +40,7 @@ from sparkdiag.native.render import NativeReport, text
 from sparkdiag.native.watch import LibraryWatch, environment
 from sparkdiag.sources.software import pyenv
 from sparkdiag.sources.software.cuda_libraries import CudaLibrary, LibraryScan, ScanCache, scan
+from sparkdiag.sources.software.elf import FileReader, read_sections
 from sparkdiag.sources.software.fatbin import FatbinReport, Target, read_fatbin, replay
 from tests.support import ROOT, ROOTFS, invoke_cli
 from tests.support.check import NVML, SYSFS, context, only, poll
@@ -383,6 +385,27 @@ def test_a_library_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> No
 
     answer = _without_hanging(read, [fifo])
     assert isinstance(answer, OSError) and answer.strerror == "not a regular file"
+
+
+def test_an_implausible_architecture_is_shown_as_damage(tmp_path: Path) -> None:
+    """Before: an entry whose architecture field read 2**32 - 1 was listed as sm_4294967295."""
+    data = bytearray((FATBIN / "flash-attn-like.so").read_bytes())
+    with (FATBIN / "flash-attn-like.so").open("rb") as fh:
+        section = {s.name: s for s in read_sections(FileReader(fh))}[".nv_fatbin"]
+    struct.pack_into("<I", data, section.offset + 16 + 28, 2**32 - 1)  # first entry's arch
+    site = tmp_path / "site-packages"
+    (site / "kernels").mkdir(parents=True)
+    (site / "kernels" / "_ops.so").write_bytes(bytes(data))
+    found = scan(pyenv.resolve(site))
+    report = NativeReport(found, (H200,), tuple(lint(found, (H200,))), None, "--no-torch")
+    shown = " ".join(text(report, 100, show_all=True).split())
+    assert "4294967295" in shown and "sm_4294967295" not in shown
+    assert (
+        f"damaged fat binary: {site}/kernels/_ops.so: .nv_fatbin: 1 entry names an "
+        "architecture no GPU has (4294967295; plausible: 10 to 999)"
+    ) in shown
+    (lib,) = report.as_json()["scan"]["libraries"]
+    assert len(lib["sass"]) == 1 and "4294967295" in lib["problems"][0]
 
 
 def test_resolve_each_kind_of_environment(tmp_path: Path) -> None:

@@ -140,6 +140,9 @@ def text(report: NativeReport, width: int, show_all: bool = False) -> str:
         lines += terminal.wrap(f"torch's arch list not read: {report.torch_note}", width)
     for path, why in sorted(scan.unreadable.items()):
         lines += terminal.wrap(f"not readable: {path}: {why}", width)
+    for lib in scan.libraries:  # judged on the targets read before or around the damage
+        for problem in lib.report.problems:
+            lines += terminal.wrap(f"damaged fat binary: {lib.path}: {problem}", width)
     stubs = report.not_judged
     if stubs:
         lines += ["", *terminal.wrap(NOT_JUDGED, width)]
