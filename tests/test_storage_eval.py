@@ -262,6 +262,19 @@ def test_a_pseudo_filesystem_is_refused_before_the_program_runs(tmp_path: Path) 
     assert proc.returncode == 2 and "is on proc (mounted at /proc), a pseudo" in proc.stderr
 
 
+def test_a_loop_device_header_leaves_out_the_disk_it_has_not() -> None:
+    """Before: '/mnt (ext4 on /dev/loop0):  (loop)', an empty disk name."""
+    mount = Mount("/mnt", "ext4", "/dev/loop0", 7, 0, False)
+    loop = BlockChain("loop0", "loop", layers=("loop0 loop on /var/disk.img",))
+    assert StorageTarget("/mnt", mount, loop).describe() == (
+        "/mnt (ext4 on /dev/loop0): loop0 loop on /var/disk.img"
+    )
+    bare = BlockChain("loop0", "loop", layers=("loop0 loop",))
+    assert StorageTarget("/mnt", mount, bare).describe() == "/mnt (ext4 on /dev/loop0): loop0 loop"
+    nothing = BlockChain("loop0", "loop")
+    assert StorageTarget("/mnt", mount, nothing).describe() == "/mnt (ext4 on /dev/loop0)"
+
+
 def test_a_tmpfs_is_measured_as_memory_and_a_devtmpfs_refused() -> None:
     """A tmpfs holds users' files (/dev/shm): measured, named memory, no link ceiling."""
     tmpfs = StorageTarget("/dev/shm", Mount("/dev/shm", "tmpfs", "tmpfs", 0, 25, False), None)
