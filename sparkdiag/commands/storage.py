@@ -50,7 +50,9 @@ def storage(
     and the baseline learned here (the median of the first 3 healthy runs). It refuses a raw
     device, a symlink, a kernel's pseudo-filesystem (/proc, /sys, /dev, cgroup), a read-only
     filesystem, and one that would keep less than 5 % plus 64 MiB free; a tmpfs is measured
-    and named memory. fio with the same flags agrees within 10 % (docs/storage.md).
+    and named memory. The test file is --storage.size rounded down to a multiple of 8 MiB
+    (8 threads x 1 MiB blocks; a note says so). fio with the same flags agrees within 10 %
+    (docs/storage.md).
 
     \b
     Exit status:
@@ -79,7 +81,7 @@ def storage(
 
     def on_start(target: StorageTarget) -> None:
         started.append(target)
-        status.show(f"probing {target.directory}: {size(request.size)}…", time.monotonic())
+        status.show(f"probing {target.directory}: {size(request.file_size)}…", time.monotonic())
 
     try:
         report = probe_directory(request, where, record, progress, on_start)
