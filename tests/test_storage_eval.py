@@ -242,6 +242,21 @@ def test_cli_exit_statuses_and_json(tmp_path: Path) -> None:
     assert no_record.returncode == 0 and not (tmp_path / "t").exists()
 
 
+def test_an_empty_dir_is_a_usage_error_not_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: 'storage ""' (an unset variable) measured the current directory."""
+    monkeypatch.chdir(tmp_path)
+    done = invoke_cli("storage", "", "--storage.size", "16M", "--storage.duration", "2",
+                      "--state-dir", str(tmp_path / "s"))  # fmt: skip
+    assert done.returncode == 2, done.stdout
+    assert done.stderr == (
+        "Error: DIR is empty: give the directory to measure ('.' for the current one), or leave "
+        "it out for the state directory\n"
+    )
+    assert done.stdout == "" and list(tmp_path.iterdir()) == []
+
+
 def test_a_pseudo_filesystem_is_refused_before_the_program_runs(tmp_path: Path) -> None:
     """Before: 'storage /proc' said "the storage probe failed: /proc was removed before the probe
     could start" (exit 3), and /dev (devtmpfs) was measured, a test file written beside the

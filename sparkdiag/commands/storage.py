@@ -13,7 +13,7 @@ import click
 
 from sparkdiag import terminal
 from sparkdiag.commands.common import setup_logging
-from sparkdiag.errors import Exit
+from sparkdiag.errors import Exit, UsageError
 from sparkdiag.flags import settings_from, settings_options
 from sparkdiag.sources.host.nvme import read_controller
 from sparkdiag.statedir import ensure_state_directory, state_directory
@@ -27,7 +27,7 @@ SCHEMA = "sparkdiag-storage-report/1"
 
 
 @click.command("storage")
-@click.argument("directory", required=False, type=click.Path(path_type=Path))
+@click.argument("directory", required=False, type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead of text.")
 @click.option(
     "--record/--no-record",
@@ -38,7 +38,7 @@ SCHEMA = "sparkdiag-storage-report/1"
 @settings_options("storage")
 @click.pass_context
 def storage(
-    ctx: click.Context, /, directory: Path | None, as_json: bool, record: bool, **given: Any
+    ctx: click.Context, /, directory: str | None, as_json: bool, record: bool, **given: Any
 ) -> Exit:
     """Measure how fast DIR's drive reads and writes (default: the state directory).
 
@@ -59,17 +59,27 @@ def storage(
       0  measured; every figure at least 0.7 of its baseline, or still learning
       1  a figure under 0.7 of its baseline (slow), or --storage.gpu measured
          nothing (no GPU, the GPU busy, unsupported)
-      2  refused (nothing was written), or a bad flag
+      2  refused (nothing was written), a bad flag, or DIR given empty ("")
       3  the probe failed or timed out (its test file went with it), or the
          path into the GPU failed or delivered data that was not the file's
     130  interrupted
     """
+    if directory == "":  # Path("") is ".": an unset variable ('storage "$DIR"') measured the
+        # current directory, writing a test file where the command happened to run
+        raise UsageError(
+            "DIR is empty: give the directory to measure ('.' for the current one), or leave it "
+            "out for the state directory"
+        )
     settings = settings_from("storage", given)
     setup_logging(settings.log_level)
     where = Where(settings.sysfs, settings.rootfs, settings.state_dir)
-    if directory is None:  # the state directory, made as every command that writes there does
-        directory = ensure_state_directory(settings.state_dir or state_directory())
-    request = request_for(directory, settings)
+    # the state directory by default, made as every command that writes there does
+    target = (
+        Path(directory)
+        if directory is not None
+        else ensure_state_directory(settings.state_dir or state_directory())
+    )
+    request = request_for(target, settings)
     status = terminal.StatusLine(sys.stderr)
     started: list[StorageTarget] = []
 
