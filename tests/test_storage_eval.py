@@ -242,6 +242,30 @@ def test_cli_exit_statuses_and_json(tmp_path: Path) -> None:
     assert no_record.returncode == 0 and not (tmp_path / "t").exists()
 
 
+def test_json_says_refused_and_why_with_the_exit_status(tmp_path: Path) -> None:
+    """Before: 'storage --json' on a refused directory printed nothing on standard output."""
+    refused = invoke_cli("storage", "/dev/null", "--json", "--state-dir", str(tmp_path))
+    assert refused.returncode == 2
+    assert json.loads(refused.stdout) == {
+        "schema": "sparkdiag-storage-report/1",
+        "status": "refused",
+        "directory": "/dev/null",
+        "reason": "refused: /dev/null is a device: sparkdiag never writes to a raw device; give "
+        "a directory on a filesystem of that drive",
+        "exit_status": 2,
+    }
+    assert refused.stderr.startswith("Error: refused: /dev/null is a device")  # as without
+    empty = invoke_cli("storage", "", "--json", "--state-dir", str(tmp_path))
+    doc = json.loads(empty.stdout)
+    assert empty.returncode == 2 and (doc["status"], doc["exit_status"]) == ("error", 2)
+    assert doc["reason"].startswith("DIR is empty")
+    measured = invoke_cli("storage", str(tmp_path), "--json", "--no-record", "--state-dir",
+                          str(tmp_path / "s"), "--storage.size", "16M", "--storage.duration",
+                          "2")  # fmt: skip
+    doc = json.loads(measured.stdout)
+    assert measured.returncode == 0 and (doc["status"], doc["exit_status"]) == ("measured", 0)
+
+
 def test_an_empty_dir_is_a_usage_error_not_the_current_directory(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

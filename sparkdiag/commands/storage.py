@@ -13,13 +13,13 @@ import click
 
 from sparkdiag import terminal
 from sparkdiag.commands.common import setup_logging
-from sparkdiag.errors import Exit, UsageError
+from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.flags import settings_from, settings_options
 from sparkdiag.sources.host.nvme import read_controller
 from sparkdiag.statedir import ensure_state_directory, state_directory
 from sparkdiag.storage.evaluate import StorageReport
 from sparkdiag.storage.render import size, temperatures, text
-from sparkdiag.storage.run import Progress
+from sparkdiag.storage.run import Progress, StorageProbeError
 from sparkdiag.storage.session import Where, probe_directory, request_for
 from sparkdiag.storage.target import StorageTarget
 
@@ -64,6 +64,33 @@ def storage(
          path into the GPU failed or delivered data that was not the file's
     130  interrupted
     """
+    try:
+        report, started, sysfs = _measure(directory, record, given)
+    except SparkdiagError as exc:
+        if as_json:  # a document on standard output whatever happened; the line on stderr too
+            click.echo(json.dumps(failure_document(directory, exc), indent=1))
+        raise
+    before = started[0].nvme if started else ()
+    after = tuple(c for b in before if (c := read_controller(sysfs, b.name)))
+    status = exit_status(report)
+    if as_json:
+        ends = {a.name: a.temperature_celsius.get("composite") for a in after}
+        doc = {"schema": SCHEMA, "status": "measured", **report.as_json(), "drive_temperatures": [
+            {"controller": b.name, "before_celsius": b.temperature_celsius.get("composite"),
+             "after_celsius": ends.get(b.name)}
+            for b in before
+        ], "exit_status": int(status)}  # fmt: skip
+        click.echo(json.dumps(doc, indent=1, allow_nan=False))
+    else:
+        click.echo(text(report, terminal.width(), temperatures(before, after)), nl=False)
+    return status
+
+
+def _measure(
+    directory: str | None, record: bool, given: dict[str, Any]
+) -> tuple[StorageReport, list[StorageTarget], Path]:
+    """Resolve the settings and DIR, and probe it (the progress on standard error): the report,
+    the target it started on (none when it refused before starting) and --path.sysfs."""
     if directory == "":  # Path("") is ".": an unset variable ('storage "$DIR"') measured the
         # current directory, writing a test file where the command happened to run
         raise UsageError(
@@ -97,19 +124,24 @@ def storage(
         report = probe_directory(request, where, record, progress, on_start)
     finally:
         status.clear()
-    before = started[0].nvme if started else ()
-    after = tuple(c for b in before if (c := read_controller(settings.sysfs, b.name)))
-    if as_json:
-        ends = {a.name: a.temperature_celsius.get("composite") for a in after}
-        doc = {"schema": SCHEMA, **report.as_json(), "drive_temperatures": [
-            {"controller": b.name, "before_celsius": b.temperature_celsius.get("composite"),
-             "after_celsius": ends.get(b.name)}
-            for b in before
-        ]}  # fmt: skip
-        click.echo(json.dumps(doc, indent=1, allow_nan=False))
+    return report, started, settings.sysfs
+
+
+def failure_document(directory: str | None, exc: SparkdiagError) -> dict[str, Any]:
+    """``--json``'s document when nothing was measured: ``status`` refused (nothing was
+    written), failed (the probe started and did not finish) or error (a bad flag, DIR empty),
+    why, and the exit status. Before, a refusal printed nothing on standard output."""
+    if isinstance(exc, StorageProbeError):
+        status = "refused" if exc.exit_code == Exit.USAGE else "failed"
     else:
-        click.echo(text(report, terminal.width(), temperatures(before, after)), nl=False)
-    return exit_status(report)
+        status = "error"
+    return {
+        "schema": SCHEMA,
+        "status": status,
+        "directory": directory,
+        "reason": exc.line(),
+        "exit_status": int(exc.exit_code),
+    }
 
 
 def exit_status(report: StorageReport) -> Exit:
