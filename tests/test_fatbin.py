@@ -131,6 +131,28 @@ def test_a_damaged_container_is_a_problem_not_a_crash(tmp_path: Path) -> None:
     assert "runs past the section" in report.problems[0]
 
 
+@pytest.mark.parametrize("arch", [2**32 - 1, 0, 1000])
+def test_an_implausible_architecture_is_damage_not_a_target(tmp_path: Path, arch: int) -> None:
+    """Before: an entry whose architecture field read 2**32 - 1 was listed as a target,
+    sm_4294967295 (the hostile review)."""
+    data = bytearray((FIXTURES / "sm90.so").read_bytes())
+    with (FIXTURES / "sm90.so").open("rb") as fh:
+        section = {s.name: s for s in read_sections(FileReader(fh))}[".nv_fatbin"]
+    first_entry = section.offset + 16  # after the first container's header
+    assert struct.unpack_from("<I", data, first_entry + 28)[0] == 90
+    struct.pack_into("<I", data, first_entry + 28, arch)
+    damaged = tmp_path / "damaged.so"
+    damaged.write_bytes(bytes(data))
+    report = read_fatbin(damaged)
+    assert report is not None
+    assert not any(name.endswith(f"_{arch}") for name in (*report.sass, *report.ptx))
+    (problem,) = report.problems
+    assert problem == (
+        f".nv_fatbin: 1 entry names an architecture no GPU has ({arch}; plausible: 10 to "
+        "999): damaged, not counted as targets"
+    )
+
+
 class _Bytes:
     def __init__(self, data: bytes) -> None:
         self.data = data

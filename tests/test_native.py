@@ -4,14 +4,17 @@ order, the check rows, the collector and ``sparkdiag native``."""
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
 import shutil
+import struct
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -37,6 +40,7 @@ from sparkdiag.native.render import NativeReport, text
 from sparkdiag.native.watch import LibraryWatch, environment
 from sparkdiag.sources.software import pyenv
 from sparkdiag.sources.software.cuda_libraries import CudaLibrary, LibraryScan, ScanCache, scan
+from sparkdiag.sources.software.elf import FileReader, read_sections
 from sparkdiag.sources.software.fatbin import FatbinReport, Target, read_fatbin, replay
 from tests.support import ROOT, ROOTFS, invoke_cli
 from tests.support.check import NVML, SYSFS, context, only, poll
@@ -324,6 +328,86 @@ def test_a_library_no_record_lists_is_named_by_its_directory(tmp_path: Path) -> 
     assert found.unreadable == {}  # a text file named .so is no library, not an error
 
 
+def _without_hanging(call: Callable[[], object], fifos: list[Path]) -> object:
+    """``call()`` in a thread; when it is still running after 20 s (blocked opening one of
+    ``fifos``), the FIFOs are opened for writing to let it go, and the test fails."""
+    result: list[object] = []
+    worker = threading.Thread(target=lambda: result.append(call()), daemon=True)
+    worker.start()
+    worker.join(timeout=20.0)
+    if worker.is_alive():
+        for fifo in fifos:  # a writer releases the reader blocked in open()
+            with contextlib.suppress(OSError):
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(timeout=5.0)
+        pytest.fail(f"blocked on a FIFO among {[str(f) for f in fifos]}")
+    return result[0]
+
+
+def test_a_fifo_in_a_dist_info_is_skipped_never_read(tmp_path: Path) -> None:
+    """Before: a package whose METADATA was a FIFO hung the scan forever inside
+    importlib.metadata (the hostile review); one whose RECORD was a FIFO was already skipped."""
+    site = tmp_path / "site-packages"
+    shutil.copytree(SPARK_ROOT / "usr/local/lib/python3.12/dist-packages", site)
+    vllm = site / "vllm-0.11.1.dist-info"
+    (vllm / "METADATA").unlink()
+    os.mkfifo(vllm / "METADATA")
+    flash = site / "flash_attn-2.8.3.dist-info"
+    (flash / "RECORD").unlink()
+    os.mkfifo(flash / "RECORD")
+    fifos = [vllm / "METADATA", flash / "RECORD"]
+    found = _without_hanging(lambda: scan(pyenv.resolve(site)), fifos)
+    assert isinstance(found, LibraryScan)
+    by_path = {lib.relative: lib for lib in found.libraries}
+    # named by their directories, as a library no RECORD lists is
+    assert (by_path["vllm/_moe_C.abi3.so"].package, by_path["vllm/_moe_C.abi3.so"].listed) == (
+        "vllm",
+        False,
+    )
+    flash_lib = by_path["flash_attn_2_cuda.cpython-312-aarch64-linux-gnu.so"]
+    assert flash_lib.listed is False
+    assert by_path["torch/lib/libtorch_cuda.so"].version == "2.9.0+cu130"  # the others read
+    names = [d.normalized for d in pyenv.distributions(site)]
+    assert "vllm" not in names and "flash-attn" in names
+
+
+def test_a_library_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """The scan walks regular files only; a library replaced by a FIFO after the walk was
+    opened by read_fatbin and waited for a writer forever."""
+    fifo = tmp_path / "libx.so"
+    os.mkfifo(fifo)
+
+    def read() -> object:
+        try:
+            return read_fatbin(fifo)
+        except OSError as exc:
+            return exc
+
+    answer = _without_hanging(read, [fifo])
+    assert isinstance(answer, OSError) and answer.strerror == "not a regular file"
+
+
+def test_an_implausible_architecture_is_shown_as_damage(tmp_path: Path) -> None:
+    """Before: an entry whose architecture field read 2**32 - 1 was listed as sm_4294967295."""
+    data = bytearray((FATBIN / "flash-attn-like.so").read_bytes())
+    with (FATBIN / "flash-attn-like.so").open("rb") as fh:
+        section = {s.name: s for s in read_sections(FileReader(fh))}[".nv_fatbin"]
+    struct.pack_into("<I", data, section.offset + 16 + 28, 2**32 - 1)  # first entry's arch
+    site = tmp_path / "site-packages"
+    (site / "kernels").mkdir(parents=True)
+    (site / "kernels" / "_ops.so").write_bytes(bytes(data))
+    found = scan(pyenv.resolve(site))
+    report = NativeReport(found, (H200,), tuple(lint(found, (H200,))), None, "--no-torch")
+    shown = " ".join(text(report, 100, show_all=True).split())
+    assert "4294967295" in shown and "sm_4294967295" not in shown
+    assert (
+        f"damaged fat binary: {site}/kernels/_ops.so: .nv_fatbin: 1 entry names an "
+        "architecture no GPU has (4294967295; plausible: 10 to 999)"
+    ) in shown
+    (lib,) = report.as_json()["scan"]["libraries"]
+    assert len(lib["sass"]) == 1 and "4294967295" in lib["problems"][0]
+
+
 def test_resolve_each_kind_of_environment(tmp_path: Path) -> None:
     assert pyenv.resolve(Path(sys.executable)).python == (sys.executable,)
     assert pyenv.resolve(SPARK_ROOT).root == SPARK_ROOT
@@ -597,6 +681,28 @@ def test_without_a_gpu_it_lists_the_libraries_and_says_how_to_judge(tmp_path: Pa
     assert judged["note"] == "" and judged["status"] == "fail"
     shown = " ".join(invoke_cli("native", "--help").stdout.split())
     assert "or nothing was judged: no GPU here and no --capability" in shown
+
+
+@pytest.mark.parametrize("printed", ['["/"]', "[]"])
+def test_an_interpreter_with_no_package_directory_is_not_judged(
+    tmp_path: Path, printed: str
+) -> None:
+    """Before: an interpreter whose sys.path held no package directory said "0 package
+    directories ... no library" and exited 0, a pass for what was never looked at."""
+    script = tmp_path / "python"
+    script.write_text(f"#!/bin/sh\necho '{printed}'\n")
+    script.chmod(0o755)
+    common = ("--python", str(script), "--capability", "12.1", "--no-torch")
+    done = _native(*common, "--state-dir", str(tmp_path / "state"))
+    assert done.returncode == 1, done.stdout + done.stderr
+    shown = " ".join(done.stdout.split())
+    assert f"not judged: {script} has no package directory" in shown
+    assert "so no library was looked at" in shown and "--python" in shown
+    assert "no library" not in done.stdout.replace("so no library", "")
+    doc = json.loads(_native(*common, "--json", "--no-cache").stdout)
+    assert doc["status"] == "not-judged" and "has no package directory" in doc["note"]
+    help_text = " ".join(invoke_cli("native", "--help").stdout.split())
+    assert "or the environment has no package directory" in help_text
 
 
 def test_native_command_bad_input() -> None:

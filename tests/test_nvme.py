@@ -301,6 +301,42 @@ def test_a_fixture_directory_without_the_drive_or_with_garbage(tmp_path: Path) -
     assert "is not JSON" in (fixture_reader(tmp_path)("nvme0").note or "")
 
 
+@pytest.mark.parametrize(
+    ("content", "error"),
+    [
+        ('{"nvme_smart_health_information_log": {"critical', " is not JSON: Unterminated string"),
+        ("{not json", " is not JSON: Expecting property name enclosed in double quotes"),
+        ("[]", ": smartctl: no NVMe health log in its answer"),
+    ],
+    ids=["truncated", "invalid", "no-log"],
+)
+def test_a_bad_fixture_file_is_named_with_advice_for_a_fixture(
+    tmp_path: Path, content: str, error: str
+) -> None:
+    """Before: check's nvme-health row for a truncated or invalid --nvme.fixture file advised
+    "install smartmontools (or nvme-cli) and run as root"."""
+    fixture = tmp_path / "nvme"
+    fixture.mkdir()
+    (fixture / "nvme0.smartctl.json").write_text(content)
+    result = invoke_cli(
+        "check", "--quick", "--json", "--state-dir", str(tmp_path / "state"), "--path.sysfs",
+        str(U2), "--nvme.fixture", str(fixture), "--nvml-fixture", str(NVML / "no-nvml.json"),
+    )  # fmt: skip
+    rows = [r for r in json.loads(result.stdout)["checks"] if r["name"] == "nvme-health"]
+    (row,) = rows
+    assert row["status"] == "skip"
+    assert f"SMART log not read (fixture {fixture}/nvme0.smartctl.json{error}" in row["finding"]
+    assert "smartmontools" not in row["action"]
+    assert row["action"].startswith("fix or record again the fixture file named (smartctl")
+    assert "leave --nvme.fixture out to read the drive" in row["action"]
+
+
+def test_a_fixture_directory_without_the_drive_says_what_to_add(tmp_path: Path) -> None:
+    drive = replace(_drive(), health=None, health_note=f"no fixture for nvme0 in {tmp_path}")
+    [row] = check_nvme_health(_ctx(tmp_path, drive))
+    assert row.action.startswith("add nvme0.smartctl.json (smartctl --json -a /dev/nvme0)")
+
+
 @pytest.mark.parametrize("command", ["dump", "check"])
 @pytest.mark.parametrize("kind", ["missing", "a file"])
 def test_a_missing_nvme_fixture_is_exit_2_naming_the_flag(

@@ -242,6 +242,45 @@ def test_cli_exit_statuses_and_json(tmp_path: Path) -> None:
     assert no_record.returncode == 0 and not (tmp_path / "t").exists()
 
 
+def test_json_says_refused_and_why_with_the_exit_status(tmp_path: Path) -> None:
+    """Before: 'storage --json' on a refused directory printed nothing on standard output."""
+    refused = invoke_cli("storage", "/dev/null", "--json", "--state-dir", str(tmp_path))
+    assert refused.returncode == 2
+    assert json.loads(refused.stdout) == {
+        "schema": "sparkdiag-storage-report/1",
+        "status": "refused",
+        "directory": "/dev/null",
+        "reason": "refused: /dev/null is a device: sparkdiag never writes to a raw device; give "
+        "a directory on a filesystem of that drive",
+        "exit_status": 2,
+    }
+    assert refused.stderr.startswith("Error: refused: /dev/null is a device")  # as without
+    empty = invoke_cli("storage", "", "--json", "--state-dir", str(tmp_path))
+    doc = json.loads(empty.stdout)
+    assert empty.returncode == 2 and (doc["status"], doc["exit_status"]) == ("error", 2)
+    assert doc["reason"].startswith("DIR is empty")
+    measured = invoke_cli("storage", str(tmp_path), "--json", "--no-record", "--state-dir",
+                          str(tmp_path / "s"), "--storage.size", "16M", "--storage.duration",
+                          "2")  # fmt: skip
+    doc = json.loads(measured.stdout)
+    assert measured.returncode == 0 and (doc["status"], doc["exit_status"]) == ("measured", 0)
+
+
+def test_an_empty_dir_is_a_usage_error_not_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Before: 'storage ""' (an unset variable) measured the current directory."""
+    monkeypatch.chdir(tmp_path)
+    done = invoke_cli("storage", "", "--storage.size", "16M", "--storage.duration", "2",
+                      "--state-dir", str(tmp_path / "s"))  # fmt: skip
+    assert done.returncode == 2, done.stdout
+    assert done.stderr == (
+        "Error: DIR is empty: give the directory to measure ('.' for the current one), or leave "
+        "it out for the state directory\n"
+    )
+    assert done.stdout == "" and list(tmp_path.iterdir()) == []
+
+
 def test_a_pseudo_filesystem_is_refused_before_the_program_runs(tmp_path: Path) -> None:
     """Before: 'storage /proc' said "the storage probe failed: /proc was removed before the probe
     could start" (exit 3), and /dev (devtmpfs) was measured, a test file written beside the
@@ -260,6 +299,19 @@ def test_a_pseudo_filesystem_is_refused_before_the_program_runs(tmp_path: Path) 
     assert not list(tmp_path.iterdir())
     proc = invoke_cli("storage", "/proc/self", "--state-dir", str(tmp_path))
     assert proc.returncode == 2 and "is on proc (mounted at /proc), a pseudo" in proc.stderr
+
+
+def test_a_loop_device_header_leaves_out_the_disk_it_has_not() -> None:
+    """Before: '/mnt (ext4 on /dev/loop0):  (loop)', an empty disk name."""
+    mount = Mount("/mnt", "ext4", "/dev/loop0", 7, 0, False)
+    loop = BlockChain("loop0", "loop", layers=("loop0 loop on /var/disk.img",))
+    assert StorageTarget("/mnt", mount, loop).describe() == (
+        "/mnt (ext4 on /dev/loop0): loop0 loop on /var/disk.img"
+    )
+    bare = BlockChain("loop0", "loop", layers=("loop0 loop",))
+    assert StorageTarget("/mnt", mount, bare).describe() == "/mnt (ext4 on /dev/loop0): loop0 loop"
+    nothing = BlockChain("loop0", "loop")
+    assert StorageTarget("/mnt", mount, nothing).describe() == "/mnt (ext4 on /dev/loop0)"
 
 
 def test_a_tmpfs_is_measured_as_memory_and_a_devtmpfs_refused() -> None:

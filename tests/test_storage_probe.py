@@ -121,11 +121,69 @@ def test_refuses_a_symlink_that_leads_out_and_writes_nothing_there(
 
 
 def test_refuses_to_leave_less_than_the_margin_free(tmp_path: Path) -> None:
+    # a smaller test file would fit: that is the advice
+    larger = {**SMALL, "size": 256 * MIB}
+    with pytest.raises(StorageProbeError) as raised:
+        run_probe(ProbeRequest(tmp_path, min_free=free_bytes(tmp_path) - 128 * MIB, **larger))
+    assert raised.value.exit_code == Exit.USAGE
+    assert "a 256 MiB test file would leave" in raised.value.message
+    assert "free space or give a smaller --storage.size" in raised.value.message
+    # the smallest does not fit either: a smaller size is no advice (it was)
     with pytest.raises(StorageProbeError) as raised:
         run_probe(ProbeRequest(tmp_path, min_free=free_bytes(tmp_path), **SMALL))
     assert raised.value.exit_code == Exit.USAGE
-    assert "free space or give a smaller --storage.size" in raised.value.message
+    assert "even the smallest test file (16 MiB, --storage.size's minimum)" in (
+        raised.value.message
+    )
+    assert raised.value.message.endswith("; free space on it")
+    assert "smaller --storage.size" not in raised.value.message
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_filesystem_too_small_for_any_test_file_is_said_to_be(tmp_path: Path) -> None:
+    """Before: a 1 MiB tmpfs was told "free space or give a smaller --storage.size", though no
+    size it takes can ever fit there (the hostile review)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    where = tmp_path / "tiny"
+    where.mkdir()
+    if subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(where)], check=False
+    ).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        with pytest.raises(StorageProbeError) as raised:
+            run_probe(ProbeRequest(where, **SMALL))
+        assert raised.value.exit_code == Exit.USAGE
+        assert raised.value.message == (
+            f"refused: {where} is on a filesystem too small for the probe: 1 MiB in all, 1 MiB "
+            "free, and even the smallest test file (16 MiB, --storage.size's minimum) would "
+            "leave less than the 64 MiB the probe keeps free (5 % of the filesystem plus 64 MiB)"
+            "; measure a directory on a larger filesystem"
+        )
+        assert list(where.iterdir()) == []
+    finally:
+        subprocess.run(["umount", str(where)], check=False)
+
+
+def test_the_smallest_size_is_the_settings_minimum() -> None:
+    from sparkdiag.config import OPTIONS_BY_KEY
+
+    assert OPTIONS_BY_KEY["storage.size"].minimum == measure.SMALLEST_SIZE
+
+
+def test_a_size_rounded_to_the_threads_blocks_is_said(tmp_path: Path) -> None:
+    """Before: --storage.size 40000000 measured a 32 MiB file (8 threads x 4 MiB) and said
+    nothing of the rest."""
+    doc = run_probe(ProbeRequest(tmp_path, **{**SMALL, "size": 40_000_000}))
+    assert doc.status == "ok" and doc.size == 38 * MIB  # 2 threads x 19 MiB
+    assert ProbeRequest(tmp_path, **{**SMALL, "size": 40_000_000}).file_size == 38 * MIB
+    assert (
+        "the test file is 38 MiB (39845888 bytes), not the 40000000 bytes asked for: rounded "
+        "down to a multiple of 2 threads x 1 MiB blocks, each thread writing whole blocks"
+    ) in doc.notes
+    exact = run_probe(ProbeRequest(tmp_path, **SMALL))
+    assert not any("rounded" in note for note in exact.notes)
 
 
 def test_default_margin_is_five_percent_and_64_mib() -> None:

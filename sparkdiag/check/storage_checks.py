@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from sparkdiag.check.model import CheckContext, CheckResult
 from sparkdiag.snapshot import NvmeController, NvmeHealth
+from sparkdiag.sources.host.nvme_tools import fixture_advice
 from sparkdiag.storage.evaluate import SLOW_RATIO, StorageReport
 from sparkdiag.storage.render import rate, seconds
 
@@ -122,7 +123,8 @@ def _health(drive: NvmeController) -> CheckResult:
             HEALTH,
             "skip",
             f"{name}: SMART log not read ({why})",
-            "install smartmontools (or nvme-cli) and run as root to read it",
+            fixture_advice(drive.health_note, drive.name)
+            or "install smartmontools (or nvme-cli) and run as root to read it",
         )
     data = _health_data(log)
     bits = log.critical_warning or 0

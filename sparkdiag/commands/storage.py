@@ -13,13 +13,13 @@ import click
 
 from sparkdiag import terminal
 from sparkdiag.commands.common import setup_logging
-from sparkdiag.errors import Exit
+from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.flags import settings_from, settings_options
 from sparkdiag.sources.host.nvme import read_controller
 from sparkdiag.statedir import ensure_state_directory, state_directory
 from sparkdiag.storage.evaluate import StorageReport
 from sparkdiag.storage.render import size, temperatures, text
-from sparkdiag.storage.run import Progress
+from sparkdiag.storage.run import Progress, StorageProbeError
 from sparkdiag.storage.session import Where, probe_directory, request_for
 from sparkdiag.storage.target import StorageTarget
 
@@ -27,7 +27,7 @@ SCHEMA = "sparkdiag-storage-report/1"
 
 
 @click.command("storage")
-@click.argument("directory", required=False, type=click.Path(path_type=Path))
+@click.argument("directory", required=False, type=click.Path(path_type=str))
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON document instead of text.")
 @click.option(
     "--record/--no-record",
@@ -38,7 +38,7 @@ SCHEMA = "sparkdiag-storage-report/1"
 @settings_options("storage")
 @click.pass_context
 def storage(
-    ctx: click.Context, /, directory: Path | None, as_json: bool, record: bool, **given: Any
+    ctx: click.Context, /, directory: str | None, as_json: bool, record: bool, **given: Any
 ) -> Exit:
     """Measure how fast DIR's drive reads and writes (default: the state directory).
 
@@ -50,24 +50,63 @@ def storage(
     and the baseline learned here (the median of the first 3 healthy runs). It refuses a raw
     device, a symlink, a kernel's pseudo-filesystem (/proc, /sys, /dev, cgroup), a read-only
     filesystem, and one that would keep less than 5 % plus 64 MiB free; a tmpfs is measured
-    and named memory. fio with the same flags agrees within 10 % (docs/storage.md).
+    and named memory. The test file is --storage.size rounded down to a multiple of 8 MiB
+    (8 threads x 1 MiB blocks; a note says so). fio with the same flags agrees within 10 %
+    (docs/storage.md).
 
     \b
     Exit status:
       0  measured; every figure at least 0.7 of its baseline, or still learning
       1  a figure under 0.7 of its baseline (slow), or --storage.gpu measured
          nothing (no GPU, the GPU busy, unsupported)
-      2  refused (nothing was written), or a bad flag
+      2  refused (nothing was written), a bad flag, or DIR given empty ("")
       3  the probe failed or timed out (its test file went with it), or the
          path into the GPU failed or delivered data that was not the file's
     130  interrupted
     """
+    try:
+        report, started, sysfs = _measure(directory, record, given)
+    except SparkdiagError as exc:
+        if as_json:  # a document on standard output whatever happened; the line on stderr too
+            click.echo(json.dumps(failure_document(directory, exc), indent=1))
+        raise
+    before = started[0].nvme if started else ()
+    after = tuple(c for b in before if (c := read_controller(sysfs, b.name)))
+    status = exit_status(report)
+    if as_json:
+        ends = {a.name: a.temperature_celsius.get("composite") for a in after}
+        doc = {"schema": SCHEMA, "status": "measured", **report.as_json(), "drive_temperatures": [
+            {"controller": b.name, "before_celsius": b.temperature_celsius.get("composite"),
+             "after_celsius": ends.get(b.name)}
+            for b in before
+        ], "exit_status": int(status)}  # fmt: skip
+        click.echo(json.dumps(doc, indent=1, allow_nan=False))
+    else:
+        click.echo(text(report, terminal.width(), temperatures(before, after)), nl=False)
+    return status
+
+
+def _measure(
+    directory: str | None, record: bool, given: dict[str, Any]
+) -> tuple[StorageReport, list[StorageTarget], Path]:
+    """Resolve the settings and DIR, and probe it (the progress on standard error): the report,
+    the target it started on (none when it refused before starting) and --path.sysfs."""
+    if directory == "":  # Path("") is ".": an unset variable ('storage "$DIR"') measured the
+        # current directory, writing a test file where the command happened to run
+        raise UsageError(
+            "DIR is empty: give the directory to measure ('.' for the current one), or leave it "
+            "out for the state directory"
+        )
     settings = settings_from("storage", given)
     setup_logging(settings.log_level)
     where = Where(settings.sysfs, settings.rootfs, settings.state_dir)
-    if directory is None:  # the state directory, made as every command that writes there does
-        directory = ensure_state_directory(settings.state_dir or state_directory())
-    request = request_for(directory, settings)
+    # the state directory by default, made as every command that writes there does
+    target = (
+        Path(directory)
+        if directory is not None
+        else ensure_state_directory(settings.state_dir or state_directory())
+    )
+    request = request_for(target, settings)
     status = terminal.StatusLine(sys.stderr)
     started: list[StorageTarget] = []
 
@@ -79,25 +118,30 @@ def storage(
 
     def on_start(target: StorageTarget) -> None:
         started.append(target)
-        status.show(f"probing {target.directory}: {size(request.size)}…", time.monotonic())
+        status.show(f"probing {target.directory}: {size(request.file_size)}…", time.monotonic())
 
     try:
         report = probe_directory(request, where, record, progress, on_start)
     finally:
         status.clear()
-    before = started[0].nvme if started else ()
-    after = tuple(c for b in before if (c := read_controller(settings.sysfs, b.name)))
-    if as_json:
-        ends = {a.name: a.temperature_celsius.get("composite") for a in after}
-        doc = {"schema": SCHEMA, **report.as_json(), "drive_temperatures": [
-            {"controller": b.name, "before_celsius": b.temperature_celsius.get("composite"),
-             "after_celsius": ends.get(b.name)}
-            for b in before
-        ]}  # fmt: skip
-        click.echo(json.dumps(doc, indent=1, allow_nan=False))
+    return report, started, settings.sysfs
+
+
+def failure_document(directory: str | None, exc: SparkdiagError) -> dict[str, Any]:
+    """``--json``'s document when nothing was measured: ``status`` refused (nothing was
+    written), failed (the probe started and did not finish) or error (a bad flag, DIR empty),
+    why, and the exit status. Before, a refusal printed nothing on standard output."""
+    if isinstance(exc, StorageProbeError):
+        status = "refused" if exc.exit_code == Exit.USAGE else "failed"
     else:
-        click.echo(text(report, terminal.width(), temperatures(before, after)), nl=False)
-    return exit_status(report)
+        status = "error"
+    return {
+        "schema": SCHEMA,
+        "status": status,
+        "directory": directory,
+        "reason": exc.line(),
+        "exit_status": int(exc.exit_code),
+    }
 
 
 def exit_status(report: StorageReport) -> Exit:

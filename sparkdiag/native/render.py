@@ -32,6 +32,15 @@ NO_GPU = (
     "for the GPU the software is for: --capability 9.0 (H100, H200), --capability 12.1 (DGX "
     "Spark, GB10); repeatable"
 )
+# An environment with no package directory (an interpreter whose sys.path holds none, a venv
+# without lib/python3*/site-packages): no library was looked at, so nothing was judged. Before,
+# it said "0 package directories ... no library" and passed (the hostile review).
+NO_PACKAGES = (
+    "not judged: {env} has no package directory (a site-packages, a dist-packages or a "
+    "directory holding *.dist-info), so no library was looked at. Name the environment the "
+    "software is installed in with --python (an interpreter, a venv, a site-packages or an "
+    "unpacked root)"
+)
 MODE_WORDS: dict[Mode, str] = {
     "native": "native",
     "ptx-jit": "through PTX JIT",
@@ -58,11 +67,18 @@ class NativeReport:
     @property
     def status(self) -> str:
         """fail, warn or pass: the worst verdict (pass when there is none); not-judged when
-        there was no GPU to judge for."""
-        if not self.gpus:
+        there was no GPU to judge for or no package directory to look in."""
+        if not self.gpus or not self.scan.site_dirs:
             return "not-judged"
         seen = {v.status for v in self.verdicts}
         return "fail" if "fail" in seen else "warn" if "warn" in seen else "pass"
+
+    @property
+    def note(self) -> str:
+        """Why nothing was judged ("" when something was)."""
+        if not self.scan.site_dirs:
+            return NO_PACKAGES.format(env=self.scan.environment)
+        return "" if self.gpus else NO_GPU
 
     def torch_verdicts(self) -> list[tuple[Gpu, str, str]]:
         """(GPU, mode, target) of torch's arch list on each GPU."""
@@ -97,7 +113,7 @@ class NativeReport:
             "not_judged": [stub_json(lib) for lib in self.not_judged],
             "torch": torch,
             "torch_note": self.torch_note,
-            "note": "" if self.gpus else NO_GPU,
+            "note": self.note,
             "scan": scan_json(self.scan),
         }
 
@@ -105,7 +121,8 @@ class NativeReport:
 def text(report: NativeReport, width: int, show_all: bool = False) -> str:
     """The report for people: the scan, torch's arch list, then per GPU a count by mode and a
     block for each library that is not native (every library with ``show_all``). Without a GPU
-    to judge for: how to judge, then every library with GPU code and its targets."""
+    to judge for: how to judge, then every library with GPU code and its targets. Without a
+    package directory: that nothing was looked at."""
     scan = report.scan
     lines = terminal.wrap(
         f"{scan.environment}: {len(scan.site_dirs)} package directories, {scan.files} shared "
@@ -123,12 +140,17 @@ def text(report: NativeReport, width: int, show_all: bool = False) -> str:
         lines += terminal.wrap(f"torch's arch list not read: {report.torch_note}", width)
     for path, why in sorted(scan.unreadable.items()):
         lines += terminal.wrap(f"not readable: {path}: {why}", width)
+    for lib in scan.libraries:  # judged on the targets read before or around the damage
+        for problem in lib.report.problems:
+            lines += terminal.wrap(f"damaged fat binary: {lib.path}: {problem}", width)
     stubs = report.not_judged
     if stubs:
         lines += ["", *terminal.wrap(NOT_JUDGED, width)]
     for lib in stubs:
         lines += terminal.wrap(f"{_owner(lib)}: {lib.relative}", width, "  ", "        ")
         lines += terminal.wrap(stub_detail(lib), width, "        ")
+    if not scan.site_dirs:
+        return "\n".join([*lines, "", *terminal.wrap(report.note, width)]) + "\n"
     if not report.gpus:
         lines += ["", *terminal.wrap(NO_GPU, width)]
         for lib in judged(scan.libraries):

@@ -95,6 +95,21 @@ class Failed(Exception):
     """The probe started and could not finish (exit 3); the test file is gone."""
 
 
+SMALLEST_SIZE = 16 * MIB  # --storage.size's minimum (config's table; a test holds them equal)
+
+
+def file_size(size: int, threads: int, block: int) -> int:
+    """The test file's size for ``--size``: each thread writes a whole number of blocks, so
+    ``size`` is rounded down to a multiple of threads x block (40,000,000 bytes with 8 threads
+    of 1 MiB blocks: 32 MiB)."""
+    return (size // threads) // block * block * threads
+
+
+def _amount(value: int) -> str:
+    """``1 MiB``, ``512 KiB`` (a free space under 1 MiB read ``0 MiB``)."""
+    return f"{value / MIB:.0f} MiB" if value >= MIB else f"{value / 1024:.0f} KiB"
+
+
 def default_margin(total: int) -> int:
     """Bytes a filesystem of ``total`` bytes keeps free after the test file: 5 % plus 64 MiB."""
     return total // 20 + 64 * MIB
@@ -127,16 +142,35 @@ def _check_writable(dirfd: int, path: str) -> None:
         raise Refused(f"{path} is on a read-only filesystem: nothing can be written there")
 
 
-def _check_space(dirfd: int, path: str, size: int, min_free: int | None) -> None:
+def _check_space(dirfd: int, path: str, size: int, min_free: int | None, rounded: str = "") -> None:
+    """Refuses a test file of ``size`` that would leave less than the margin free, and says
+    what would help: a smaller ``--storage.size``, more free space, or, where even the smallest
+    test file could never fit (a 1 MiB tmpfs), that the filesystem is too small for the probe:
+    "give a smaller --storage.size" was the advice there too (the hostile review)."""
     fs = os.fstatvfs(dirfd)
     total, free = fs.f_blocks * fs.f_frsize, fs.f_bavail * fs.f_frsize
     margin = default_margin(total) if min_free is None else min_free
-    if free - size < margin:
-        why = " (5 % of the filesystem plus 64 MiB)" if min_free is None else ""
+    if free - size >= margin:
+        return
+    why = " (5 % of the filesystem plus 64 MiB)" if min_free is None else ""
+    smallest = min(size, SMALLEST_SIZE)
+    keeps = f"less than the {_amount(margin)} the probe keeps free{why}"
+    if total - smallest < margin:
         raise Refused(
-            f"{path} has {free / MIB:.0f} MiB free: a {size / MIB:.0f} MiB test file would leave "
-            f"less than {margin / MIB:.0f} MiB{why}; free space or give a smaller --storage.size"
+            f"{path} is on a filesystem too small for the probe: {_amount(total)} in all, "
+            f"{_amount(free)} free, and even the smallest test file ({_amount(smallest)}, "
+            f"--storage.size's minimum) would leave {keeps}; measure a directory on a larger "
+            "filesystem"
         )
+    if free - smallest < margin:
+        raise Refused(
+            f"{path} has {_amount(free)} free: even the smallest test file ({_amount(smallest)}, "
+            f"--storage.size's minimum) would leave {keeps}; free space on it"
+        )
+    raise Refused(
+        f"{path} has {_amount(free)} free: a {_amount(size)} test file{rounded} would leave less "
+        f"than {_amount(margin)}{why}; free space or give a smaller --storage.size"
+    )
 
 
 def open_test_file(dirfd: int, path: str, notes: list[str]) -> tuple[int, bool]:
@@ -301,10 +335,18 @@ def measure(args: argparse.Namespace, notes: list[str]) -> dict[str, Any]:
     except OSError as exc:
         raise Refused(f"cannot open {path}: {exc.strerror}") from None
     threads, block = args.threads, args.block
-    share = (args.size // threads) // block * block
+    size = file_size(args.size, threads, block)
+    share = size // threads
     if share == 0:
         raise Refused(f"--size must be at least --threads x --block ({threads * block} bytes)")
-    size = share * threads
+    rounded = ""
+    if size != args.size:  # said: the report's sizes are the file's, not the one asked for
+        how = f"a multiple of {threads} threads x {_amount(block)} blocks"
+        rounded = f" ({args.size} bytes asked for, rounded down to {how})"
+        notes.append(
+            f"the test file is {_amount(size)} ({size} bytes), not the {args.size} bytes asked "
+            f"for: rounded down to {how}, each thread writing whole blocks"
+        )
     try:
         _check_writable(dirfd, path)
         fd, tmpfile = open_test_file(dirfd, path, notes)  # no data yet: O_DIRECT, permissions
@@ -312,7 +354,7 @@ def measure(args: argparse.Namespace, notes: list[str]) -> dict[str, Any]:
         os.close(dirfd)
         raise
     try:
-        _check_space(dirfd, path, size, args.min_free)
+        _check_space(dirfd, path, size, args.min_free, rounded)
     except BaseException:
         os.close(fd)
         os.close(dirfd)

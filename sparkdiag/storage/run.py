@@ -97,6 +97,11 @@ class ProbeRequest:
         return args
 
     @property
+    def file_size(self) -> int:
+        """The test file's size: ``size`` rounded down to a multiple of threads x block."""
+        return measure.file_size(self.size, self.threads, self.block)
+
+    @property
     def timeout(self) -> float:
         """How long the program may run: its seconds, its start, and the GPU path's."""
         extra = 0.0 if self.gpu is None else self.gpu.timeout + KILL_GRACE

@@ -107,7 +107,9 @@ class StorageTarget:
         return found[0] if len(found) == 1 and len(self.nvme) == 1 else None
 
     def describe(self) -> str:
-        """One line: ``/data on /dev/nvme0n1p2 (ext4): nvme0 SAMSUNG ..., Gen5 x4``."""
+        """One line: ``/data on /dev/nvme0n1p2 (ext4): nvme0 SAMSUNG ..., Gen5 x4``; on a loop
+        device ``/mnt (ext4 on /dev/loop0): loop0 loop on /var/disk.img``. What is not known is
+        left out."""
         if self.mount is None:
             return f"{self.directory} (mount unknown)"
         head = f"{self.mount.mountpoint} ({self.mount.fstype} on {self.mount.source})"
@@ -122,8 +124,12 @@ class StorageTarget:
             link = next((k for k in self.links if k.address == controller.pci_address), None)
             drive = f"{controller.name} {controller.model}".strip()
             parts.append(drive + (f", {describe_link(link)}" if link is not None else ""))
-        if not self.nvme and self.chain is not None:
+        if not self.nvme and self.chain is not None and self.chain.disks:
             parts.append(", ".join(self.chain.disks) + f" ({self.chain.kind})")
+        elif not self.nvme and self.chain is not None and self.chain.layers:
+            # no disk under it (a loop device: its file; a dm device sysfs shows nothing
+            # under): its bottom layer says what it is; an empty disk name read ":  (loop)"
+            parts.append(self.chain.layers[-1])
         return head + (": " + "; ".join(parts) if parts else "")
 
 

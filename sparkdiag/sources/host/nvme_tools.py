@@ -213,10 +213,35 @@ def fixture_reader(directory: Path) -> HealthReader:
                 doc = json.loads(raw.decode("utf-8"))
             except (ValueError, RecursionError) as exc:
                 return _none(f"fixture {path} is not JSON: {exc}")
-            return parse(doc, "fixture")
+            reading = parse(doc, "fixture")
+            if reading.health is None:  # JSON without a health log: the file is named too
+                return _none(f"fixture {path}: {reading.note}")
+            return reading
         return _none(f"no fixture for {controller} in {directory}")
 
     return read
+
+
+def fixture_advice(note: str | None, controller: str = "NAME") -> str | None:
+    """What to do about a health log a ``--nvme.fixture`` did not give (its ``note`` from
+    :func:`fixture_reader`), or None for a note that is not a fixture's: check's nvme-health
+    row advised installing smartmontools for a fixture file that was not JSON (the hostile
+    review)."""
+    if note is None:
+        return None
+    if note.startswith("no fixture for "):
+        return (
+            f"add {controller}.smartctl.json (smartctl --json -a /dev/{controller}) or "
+            f"{controller}.nvme-cli.json (nvme smart-log /dev/{controller} -o json) to the "
+            "--nvme.fixture directory, or leave --nvme.fixture out to read the drive"
+        )
+    if note.startswith("fixture "):
+        return (
+            f"fix or record again the fixture file named (smartctl --json -a /dev/{controller}, "
+            f"or nvme smart-log /dev/{controller} -o json), or leave --nvme.fixture out to read "
+            "the drive"
+        )
+    return None
 
 
 def _run(argv: list[str]) -> tuple[Any, str | None]:

@@ -26,7 +26,9 @@ from sparkdiag.sources.software.pyenv import Owner, PythonEnvironment, file_owne
 from sparkdiag.statedir import StateDirError, write_atomically
 
 CACHE_NAME = "cuda-libraries.json"
-CACHE_FORMAT = "sparkdiag-cuda-libraries/1"
+# 2: an architecture number no GPU has is a problem, no longer a target (sm_4294967295): the
+# reports cached before are read again
+CACHE_FORMAT = "sparkdiag-cuda-libraries/2"
 CACHE_LIMIT = 32 * MIB
 
 

@@ -30,6 +30,9 @@ skipped, so a gigabyte library costs a few reads a container
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 import struct
 import subprocess
 from collections import Counter
@@ -61,6 +64,11 @@ SECTION = ".nv_fatbin"
 RELOCATABLE_SECTION = "__nv_relfatbin"
 GAP_CHUNK = 4096  # bytes read at a time when the next container does not start where one ended
 MAX_ENTRIES = 2_000_000  # a hostile or damaged file stops here
+# The architecture numbers a GPU can have: nvcc's run from 20 (Fermi; sm_10 was CUDA 1.0's) to
+# 121 (GB10). One outside (0, or 4294967295 from a damaged header) is damage: shown as
+# sm_4294967295 it read as a target (the hostile review). 999 leaves room for compute
+# capability 99.9.
+MIN_ARCH, MAX_ARCH = 10, 999
 
 
 @dataclass(frozen=True, order=True)
@@ -178,6 +186,7 @@ class _Walk:
         self.containers = 0
         self.entries = 0
         self.problems: list[str] = []
+        self.implausible: Counter[int] = Counter()  # architecture number -> entries
 
     def section(self, reader: Reader, start: int, size: int, name: str) -> None:
         pos, end = start, start + size
@@ -218,7 +227,9 @@ class _Walk:
             if self.entries > MAX_ENTRIES:
                 self.problems.append(f"{name}: more than {MAX_ENTRIES} entries; stopped")
                 return False
-            if kind in (KIND_PTX, KIND_ELF):
+            if kind in (KIND_PTX, KIND_ELF) and not MIN_ARCH <= arch <= MAX_ARCH:
+                self.implausible[arch] += 1  # counted as damage, not as a target
+            elif kind in (KIND_PTX, KIND_ELF):
                 target = Target(arch, _variant(flags), kind == KIND_PTX)
                 self.compression[_compression(flags)] += 1
                 if target.ptx:
@@ -229,6 +240,20 @@ class _Walk:
                     self.sass[target.name] += 1
             pos += header_size + padded
         return True
+
+    def implausible_problem(self, name: str) -> None:
+        """One problem for the entries whose architecture number no GPU has (left out of the
+        targets), naming up to three of the numbers."""
+        if not self.implausible:
+            return
+        count = sum(self.implausible.values())
+        shown = ", ".join(str(a) for a in sorted(self.implausible)[:3])
+        more = ", ..." if len(self.implausible) > 3 else ""
+        self.problems.append(
+            f"{name}: {count} {'entry names' if count == 1 else 'entries name'} an architecture "
+            f"no GPU has ({shown}{more}; plausible: {MIN_ARCH} to {MAX_ARCH}): damaged, not "
+            "counted as targets"
+        )
 
 
 def _next_container(reader: Reader, pos: int, end: int, start: int) -> int | None:
@@ -264,9 +289,11 @@ def walk(reader: Reader) -> FatbinReport | None:
     loaded = _Walk()
     if main is not None and not main.nobits:
         loaded.section(reader, main.offset, main.size, SECTION)
+        loaded.implausible_problem(SECTION)
     rel = _Walk()
     if relocatable is not None and not relocatable.nobits:
         rel.section(reader, relocatable.offset, relocatable.size, RELOCATABLE_SECTION)
+        rel.implausible_problem(RELOCATABLE_SECTION)
     return FatbinReport(
         sass=dict(loaded.sass),
         ptx=dict(loaded.ptx),
@@ -282,10 +309,23 @@ def walk(reader: Reader) -> FatbinReport | None:
 def read_fatbin(path: Path) -> FatbinReport | None:
     """:func:`walk` of the file at ``path`` (seeks and reads headers only).
 
-    Same reading as ``cuobjdump --list-elf --list-ptx PATH``. Raises OSError (unreadable) and
-    :class:`sparkdiag.sources.software.elf.NotElf`.
+    Same reading as ``cuobjdump --list-elf --list-ptx PATH``. Raises OSError (unreadable, or
+    not a regular file) and :class:`sparkdiag.sources.software.elf.NotElf`.
+
+    Opened without blocking and held to a regular file before a byte is read: the scan walks
+    regular files only, but a file replaced by a FIFO between the walk and this open waited for
+    a writer forever (the hostile review).
     """
-    with path.open("rb") as fh:
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, "not a regular file", str(path))
+        os.set_blocking(fd, True)
+        fh = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with fh:
         return walk(FileReader(fh))
 
 

@@ -15,7 +15,6 @@ both kinds, with their versions, without loading either.
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -23,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkdiag.sources.files import KIB, read_text_limited
+from sparkdiag.sources.software.pyenv import distributions
 
 SETTINGS = (
     "NCCL_IB_HCA",
@@ -167,15 +167,11 @@ def _resolved(path: Path) -> tuple[Path, int | None] | None:
 
 def _wheels(site: Path) -> dict[str, str]:
     """``nvidia-nccl-cu13`` -> ``2.28.9`` for every NCCL wheel installed in ``site``."""
-    out = {}
-    try:
-        for dist in importlib.metadata.distributions(path=[str(site)]):
-            name = (dist.metadata["Name"] or "").lower().replace("_", "-")
-            if name.startswith("nvidia-nccl"):
-                out[name] = dist.version
-    except OSError:
-        pass
-    return out
+    return {
+        dist.normalized: dist.version
+        for dist in distributions(site)
+        if dist.normalized.startswith("nvidia-nccl")
+    }
 
 
 def ld_conf_dirs(rootfs: Path) -> list[str]:

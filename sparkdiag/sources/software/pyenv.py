@@ -4,8 +4,9 @@ directory), or an unpacked root (a container image's).
 
 An interpreter is asked for its ``sys.path`` in a subprocess (``python -c``: about 20 ms, no
 import of anything but the standard library); the rest is read from the file system. The
-distributions that own files come from their ``*.dist-info/RECORD`` (``importlib.metadata``,
-without importing the packages).
+distributions that own files come from their ``*.dist-info/METADATA`` and ``RECORD``, read here
+through the bounded reader (regular files only, size-bounded), not by ``importlib.metadata``:
+it opened a ``METADATA`` that was a FIFO and waited for a writer forever (the hostile review).
 """
 
 from __future__ import annotations
@@ -17,12 +18,9 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from sparkdiag.sources.files import MIB, read_text_limited
-
-if TYPE_CHECKING:
-    import importlib.metadata
 
 PATH_SCRIPT = "import json, sys; print(json.dumps([p for p in sys.path if p]))"
 # Where Debian/Ubuntu Pythons, python.org builds, NGC images and conda put packages.
@@ -201,6 +199,65 @@ def this_python() -> PythonEnvironment:
     return PythonEnvironment(sys.executable, tuple(dict.fromkeys(dirs)), (sys.executable,))
 
 
+METADATA_LIMIT = 16 * MIB  # torch's METADATA is some 50 kB, its long description included
+RECORD_LIMIT = 64 * MIB  # torch's RECORD is some 2 MB
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """One ``*.dist-info`` directory of a package directory: the distribution's name as its
+    ``METADATA`` gives it (``nvidia_nccl_cu13``), its version ("" when none) and the directory."""
+
+    name: str
+    version: str
+    directory: Path
+
+    @property
+    def normalized(self) -> str:
+        """The name as pip shows it in lower case, ``_`` as ``-`` (``nvidia-nccl-cu13``)."""
+        return self.name.lower().replace("_", "-")
+
+
+def _headers(text: str) -> dict[str, str]:
+    """The first value of each header of a ``METADATA`` (RFC 822: up to the first blank line,
+    continuation lines skipped), by lower-case name."""
+    found: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.strip():
+            break
+        if line[:1] in (" ", "\t"):
+            continue
+        key, sep, value = line.partition(":")
+        if sep:
+            found.setdefault(key.strip().lower(), value.strip())
+    return found
+
+
+def distributions(site: Path) -> list[Distribution]:
+    """The distributions installed in ``site`` (its ``*.dist-info`` directories whose
+    ``METADATA`` names one), by directory name. Same reading as ``pip list --path SITE``.
+
+    Every file is read through :func:`sparkdiag.sources.files.read_text_limited`: one that is
+    not a regular file (a FIFO, a device) or is larger than :data:`METADATA_LIMIT` is skipped
+    with its distribution, never opened for a blocking read (``importlib.metadata`` waited
+    forever on a FIFO named ``METADATA``)."""
+    try:
+        with os.scandir(site) as it:
+            names = sorted(entry.name for entry in it if entry.name.endswith(".dist-info"))
+    except OSError:
+        return []
+    found = []
+    for name in names:
+        directory = site / name
+        try:
+            headers = _headers(read_text_limited(directory / "METADATA", METADATA_LIMIT))
+        except OSError:
+            continue
+        if headers.get("name"):
+            found.append(Distribution(headers["name"], headers.get("version", ""), directory))
+    return found
+
+
 @dataclass(frozen=True)
 class Owner:
     """The distribution a file belongs to (``torch`` 2.11.0+cu130)."""
@@ -213,22 +270,17 @@ def file_owners(site: Path, suffixes: tuple[str, ...] = (".so",)) -> dict[Path, 
     """Resolved file path -> owning distribution, for the files in ``site``'s RECORDs whose
     name is a shared library's (ends ``.so`` or holds ``.so.``).
 
-    Same reading as ``python -m pip show -f PACKAGE``. A RECORD larger than 64 MiB is skipped.
+    Same reading as ``python -m pip show -f PACKAGE``. A RECORD that is not a regular file or
+    is larger than :data:`RECORD_LIMIT` is skipped (its files are then named by their
+    directory), as is a distribution without a readable ``METADATA`` (:func:`distributions`).
     """
-    import importlib.metadata  # 4.6 MiB resident with what it imports (zipfile, csv, email):
-    # the daemon imports this module but scans in a child process, which alone needs it
-
     owners: dict[Path, Owner] = {}
-    try:
-        dists = list(importlib.metadata.distributions(path=[str(site)]))
-    except OSError:
-        return owners
-    for dist in dists:
-        name = (dist.metadata["Name"] or "").strip()
-        record = _record(dist)
-        if not name or record is None:
+    for dist in distributions(site):
+        try:
+            record = read_text_limited(dist.directory / "RECORD", RECORD_LIMIT)
+        except OSError:
             continue
-        owner = Owner(name.lower().replace("_", "-"), dist.version or "")
+        owner = Owner(dist.normalized, dist.version)
         for line in record.splitlines():
             relative = line.rsplit(",", 2)[0] if line.count(",") >= 2 else line
             base = relative.rsplit("/", 1)[-1]
@@ -236,16 +288,6 @@ def file_owners(site: Path, suffixes: tuple[str, ...] = (".so",)) -> dict[Path, 
                 continue
             owners[(site / relative).resolve()] = owner
     return owners
-
-
-def _record(dist: importlib.metadata.Distribution) -> str | None:
-    located = getattr(dist, "_path", None)  # PathDistribution keeps its .dist-info directory
-    if isinstance(located, Path):
-        try:
-            return read_text_limited(located / "RECORD", 64 * MIB)
-        except OSError:
-            return None
-    return dist.read_text("RECORD")
 
 
 TORCH_SCRIPT = (
