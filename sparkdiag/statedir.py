@@ -95,11 +95,7 @@ def ensure_state_directory(path: Path) -> Path:
         raise _error(path, "cannot inspect", exc) from exc
 
     if st is None:
-        if path.is_symlink():  # mkdir would say "File exists"
-            raise StateDirError(
-                f"state directory {path} is a symbolic link to {os.readlink(path)}, which does "
-                "not exist: create its target or remove the link"
-            )
+        _refuse_dangling(path)  # mkdir would say "File exists"
         try:
             path.mkdir(mode=DIRECTORY_MODE, parents=True, exist_ok=True)
             # mkdir's mode is filtered by the umask; make it exact.
@@ -109,10 +105,43 @@ def ensure_state_directory(path: Path) -> Path:
         return path
 
     if not stat.S_ISDIR(st.st_mode):
-        raise StateDirError(f"state directory {path} exists but is not a directory")
+        raise _not_a_directory(path)
     if not os.access(path, os.W_OK | os.X_OK):
         raise StateDirError(f"state directory {path} is not writable by uid {os.getuid()}")
     return path
+
+
+def state_file(state_dir: Path | None, name: str) -> Path:
+    """``name`` in the state directory (``state_dir``, else :func:`state_directory`), which
+    need not exist yet. StateDirError, saying what to do, where something other than a
+    directory stands in its place (a file, a link to nothing): every reader of the state then
+    says that, not that nothing was recorded yet or that a file cannot be read."""
+    directory = state_dir or state_directory()
+    try:
+        st = directory.stat()
+    except FileNotFoundError:
+        _refuse_dangling(directory)
+        return directory / name
+    except OSError as exc:
+        raise _error(directory, "cannot inspect", exc) from exc
+    if not stat.S_ISDIR(st.st_mode):
+        raise _not_a_directory(directory)
+    return directory / name
+
+
+def _refuse_dangling(path: Path) -> None:
+    if path.is_symlink():
+        raise StateDirError(
+            f"state directory {path} is a symbolic link to {os.readlink(path)}, which does "
+            "not exist: create its target or remove the link"
+        )
+
+
+def _not_a_directory(path: Path) -> StateDirError:
+    return StateDirError(
+        f"state directory {path} is a file, not a directory: give --state-dir a directory "
+        "(a missing one is created, mode 0700) or move the file aside"
+    )
 
 
 def _error(path: Path, what: str, exc: OSError) -> StateDirError:

@@ -47,9 +47,42 @@ def test_probe_measures_when_the_state_directory_is_a_file(tmp_path: Path) -> No
     assert result.returncode == 0, result.stderr
     assert "GPU 0 NVIDIA H200" in result.stdout
     said = " ".join(result.stderr.split())
-    assert f"{NOT_RECORDED}state directory {state} exists but is not a directory" in said
+    assert f"{NOT_RECORDED}state directory {state} is a file, not a directory" in said
     assert "--no-record" in said
     assert len([line for line in result.stderr.splitlines() if NOT_RECORDED in line]) == 1
+
+
+def test_check_says_once_how_to_mend_a_state_directory_that_is_a_file(tmp_path: Path) -> None:
+    """The baseline-store row said "no baselines yet: .../baselines.sqlite does not exist" and
+    advised running serve to learn some, which can never work; the soak row said the file could
+    not be read. Both now name the directory, and their action says to mend it."""
+    state = tmp_path / "state"
+    state.write_text("not a directory\n")
+    result = invoke_cli(
+        "check", "--quick", "--json", "--state-dir", str(state),
+        "--nvml-fixture", str(NVML / "h200-idle.json"),
+    )  # fmt: skip
+    rows = {row["name"]: row for row in json.loads(result.stdout)["checks"]}
+    for name in ("baseline-store", "soak"):
+        row = rows[name]
+        assert row["status"] == "warn", row
+        assert f"state directory {state} is a file, not a directory" in row["finding"]
+        assert "give --state-dir a directory" in row["finding"]
+        assert row["action"].startswith("fix the state directory as the finding says"), row
+    assert "learn baselines" not in json.dumps(rows["baseline-store"])
+
+
+def test_state_files_are_refused_in_a_directory_that_is_not_one(tmp_path: Path) -> None:
+    from sparkdiag.statedir import StateDirError, state_file
+
+    assert state_file(tmp_path / "new", "x.json") == tmp_path / "new" / "x.json"  # not made
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "file").write_text("")
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    with pytest.raises(StateDirError, match="is a file, not a directory: give --state-dir"):
+        state_file(tmp_path / "file", "x.json")
+    with pytest.raises(StateDirError, match=r"symbolic link to .*gone, which does not exist"):
+        state_file(tmp_path / "link", "x.json")
 
 
 def test_probe_compares_with_a_store_it_cannot_write(tmp_path: Path) -> None:

@@ -76,7 +76,7 @@ from sparkdiag.baseline.schema import (
     transaction,
 )
 from sparkdiag.baseline.storage_store import StorageBaseline, StorageKey
-from sparkdiag.statedir import StateDirError, ensure_state_directory, state_directory
+from sparkdiag.statedir import StateDirError, ensure_state_directory, state_file
 
 DEFAULT_FILENAME = "baselines.sqlite"
 
@@ -99,12 +99,11 @@ def open_store(
     :class:`BaselineStoreError` whose message names the path and why.
     """
     try:
-        directory = state_dir or state_directory()
+        path = state_file(state_dir, DEFAULT_FILENAME)
         if create:
-            ensure_state_directory(directory)
+            ensure_state_directory(path.parent)
     except StateDirError as exc:
         raise BaselineStoreError(str(exc)) from None
-    path = directory / DEFAULT_FILENAME
     if not create and not path.exists():
         raise BaselineStoreError(f"no baselines yet: {path} does not exist")
     store = BaselineStore(path, readonly=not (create if write is None else write))

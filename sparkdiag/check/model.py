@@ -202,6 +202,18 @@ class CheckContext:
         return f"pid {pid} ({name})" if name else f"pid {pid}"
 
 
+STATE_DIRECTORY = "state directory "  # how statedir's errors begin
+
+
+def state_action(detail: str, otherwise: str) -> str:
+    """The action of a row about a file in the state directory: ``otherwise``, unless the
+    directory itself is what is wrong (not a directory, a link to nothing), which its finding
+    says with what to do; the baselines, soak and storage rows then all say the same."""
+    if detail.startswith(STATE_DIRECTORY):
+        return "fix the state directory as the finding says: sparkdiag keeps all its state there"
+    return otherwise
+
+
 SEE = "see"  # a result's data key naming the row that says why it was skipped
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkdiag.check.model import CheckContext, CheckResult, no_gpu_skip
+from sparkdiag.check.model import CheckContext, CheckResult, no_gpu_skip, state_action
 from sparkdiag.check.thermal_checks import THERMAL_ACTION
 from sparkdiag.soak.render import SENSOR_WORDS, fraction
 from sparkdiag.soak.state import GpuState, KernelState
@@ -153,8 +153,11 @@ def check_soak(ctx: CheckContext) -> list[CheckResult]:
                 NAME,
                 "warn",
                 f"soak state unusable: {report.detail}",
-                "check the state directory's permissions; a damaged file: remove it and run "
-                "'sparkdiag soak' again",
+                state_action(
+                    report.detail,
+                    "check the state directory's permissions; a damaged file: remove it and run "
+                    "'sparkdiag soak' again",
+                ),
             )
         ]
     now = ctx.snapshot.timestamp

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sparkdiag.check.model import CheckContext, CheckResult, no_gpu_skip
+from sparkdiag.check.model import CheckContext, CheckResult, no_gpu_skip, state_action
 
 NAME = "baseline-store"
 
@@ -42,9 +42,10 @@ def check_baseline_store(ctx: CheckContext) -> list[CheckResult]:
             "baselines"
         )
     else:
-        action = (
+        action = state_action(
+            report.detail,
             "check free space and permissions of the state directory; a damaged file: move it "
-            "aside (sparkdiag learns new baselines) and restart sparkdiag"
+            "aside (sparkdiag learns new baselines) and restart sparkdiag",
         )
     finding = f"baseline store unusable: {report.detail}"
     return [CheckResult(NAME, "warn", finding, action, data=data)]

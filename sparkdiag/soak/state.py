@@ -25,7 +25,7 @@ from sparkdiag.soak.verdict import KernelFigures, Verdict
 from sparkdiag.statedir import (
     StateDirError,
     read_json_state,
-    state_directory,
+    state_file,
     update_json_state,
 )
 
@@ -105,7 +105,7 @@ class StateReport:
 def state_path(state_dir: Path | None) -> Path:
     """``soak.json`` in ``state_dir`` (default: the state directory); StateDirError when there is
     no state directory to be found."""
-    return (state_dir or state_directory()) / FILENAME
+    return state_file(state_dir, FILENAME)
 
 
 def read_state(path: Path) -> SoakState | None:

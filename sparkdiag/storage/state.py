@@ -19,7 +19,7 @@ from sparkdiag.errors import SparkdiagError
 from sparkdiag.jsonvalues import as_float, as_map, as_str
 from sparkdiag.statedir import (
     read_json_state,
-    state_directory,
+    state_file,
     update_json_state,
 )
 from sparkdiag.storage.model import DIRECTIONS, PATHS
@@ -68,7 +68,7 @@ class KeptProbe:
 
 def state_path(state_dir: Path | None) -> Path:
     """``storage.json`` in ``state_dir`` (default: the state directory)."""
-    return (state_dir or state_directory()) / FILENAME
+    return state_file(state_dir, FILENAME)
 
 
 def read_state(path: Path) -> tuple[KeptProbe, ...] | None:
