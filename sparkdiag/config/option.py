@@ -167,8 +167,15 @@ _DECIMAL = re.compile(
 
 
 def echo(value: Any) -> str:
-    """``repr(value)`` cut to ECHO characters, for error messages."""
-    text = repr(value)
+    """``repr(value)`` cut to ECHO characters, for error messages; a TOML date or time as the
+    file writes it (``1979-05-27``, where repr gave ``datetime.date(1979, 5, 27)``)."""
+    import datetime
+
+    if isinstance(value, (datetime.date, datetime.time)):  # datetime is a date too
+        kind = type(value).__name__.replace("datetime", "date-time")
+        text = f"{value.isoformat()} (a TOML {kind})"
+    else:
+        text = repr(value)
     return text if len(text) <= ECHO else text[:ECHO] + "…"
 
 
