@@ -461,3 +461,26 @@ def test_plot_names_that_cannot_be_written_are_refused_before_the_work(tmp_path:
         assert done.returncode == 2 and needle in done.stderr, done.stderr
     svg = run_watch("--replay", str(recording), "--plot", str(tmp_path / "t.svg"))
     assert svg.returncode == 0 and (tmp_path / "t.svg").read_text().lstrip().startswith("<?xml")
+
+
+def test_sigterm_after_the_duration_stops_the_job_watch_waits_for() -> None:
+    """After --duration watch waits for its job; SIGTERM (or Ctrl-C) then was not looked at,
+    and watch waited for as long as the job ran."""
+    proc = subprocess.Popen(
+        sparkdiag_cmd(
+            "watch", "--interval", "0.1", "--duration", "0.2", "--stacks", "off",
+            "--nvml-fixture", str(NVML / "watch-healthy.json"), "--", "sleep", "60",
+        ),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        cwd=ROOT,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("sparkdiag watch: sleep 60;")  # the report
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGINT, err  # the job, stopped by watch's SIGINT

@@ -4,10 +4,12 @@ terminal's Ctrl-C went to both."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import pty
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -15,8 +17,10 @@ import pytest
 from click.testing import CliRunner
 
 from sparkdiag.cli import main
+from sparkdiag.sources.host.procfs import process_tree
 from sparkdiag.watch import job as job_module
 from sparkdiag.watch.job import SpawnedJob, interrupt_reached_job
+from tests.support import alive, wait_dead
 
 
 def test_without_a_terminal_the_job_is_sent_sigint_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -124,3 +128,78 @@ def test_watch_names_a_file_that_is_not_executable(folder: Path) -> None:
     )
     result = CliRunner().invoke(main, ["watch", "--stacks", "off", "--", "./notes.txt"])
     assert result.output.endswith("cannot start ./notes.txt: Permission denied (not executable)\n")
+
+
+# ---- stopping the whole job: every process under it, at once on a further signal -------------
+
+
+def _descendants(job: SpawnedJob, count: int, timeout: float = 30) -> list[int]:
+    """The processes under ``job`` once there are ``count`` of them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        below = process_tree(Path("/"), job.pid)[1:]
+        if len(below) >= count:
+            return below
+        time.sleep(0.02)
+    raise AssertionError(f"the job {job.argv} started fewer than {count} processes")
+
+
+def test_stop_ends_every_process_under_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sh -c 'sleep 60; true'`` (make, a launcher, any shell that does not exec): SIGINT and
+    SIGTERM went to the shell alone, which ended, and its sleep ran on, orphaned, after watch
+    exited (found by a review: ``kill -TERM`` to watch left ``sleep 61`` under PID 1)."""
+    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda: False)
+    job = SpawnedJob(["sh", "-c", "sleep 60; true"])
+    (sleeper,) = _descendants(job, 1)
+    try:
+        job.stop(grace=5.0)
+        assert wait_dead([sleeper], 0) == [], "the job's child was left running"
+    finally:
+        if alive(sleeper):
+            os.kill(sleeper, signal.SIGKILL)
+
+
+def test_stop_reaches_a_child_in_a_session_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child that left the job's process group (setsid: a terminal's Ctrl-C does not reach
+    it) is still the job's, and stopped with it."""
+    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda: False)
+    job = SpawnedJob(["sh", "-c", "setsid sleep 60 & wait"])
+    (sleeper,) = _descendants(job, 1)
+    try:
+        job.stop(grace=5.0)
+        assert wait_dead([sleeper], 0) == []
+    finally:
+        if alive(sleeper):
+            os.kill(sleeper, signal.SIGKILL)
+
+
+def test_a_further_stop_signal_moves_on_to_the_next_at_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A job that ignores SIGINT and SIGTERM took 10 s of grace to be killed whatever the user
+    did; each further Ctrl-C or SIGTERM to watch (``hurry`` goes up) now sends the next
+    signal at once: here every look sees one more, so SIGKILL comes well within one grace."""
+    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda: False)
+    ready = tmp_path / "ready"
+    job = SpawnedJob(["sh", "-c", f"trap '' INT TERM; touch {ready}; while :; do sleep 1; done"])
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    signals = itertools.count()
+    began = time.monotonic()
+    assert job.stop(grace=60.0, hurry=lambda: next(signals)) == 128 + signal.SIGKILL
+    assert time.monotonic() - began < 30
+
+
+def test_waiting_after_the_duration_stops_the_job_on_a_signal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After --duration, watch waits for its job; Ctrl-C and SIGTERM were not looked at, so
+    watch waited as long as the job ran. They now stop it, as while it was watched."""
+    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda: False)
+    stop = threading.Event()
+    done = SpawnedJob(["sh", "-c", "exit 4"])
+    assert done.wait_unless(stop) == 4
+    job = SpawnedJob(["sleep", "60"])
+    threading.Timer(0.2, stop.set).start()
+    assert job.wait_unless(stop) == 128 + signal.SIGINT

@@ -312,8 +312,9 @@ def watch(
             _say(line)
         skipped += sampler.problems
         status = job.exit_status()
+        hurry = lambda: len(LIFECYCLE.received)  # noqa: E731  # a further Ctrl-C: the next signal
         if isinstance(job, SpawnedJob) and ended_by == "interrupt":
-            status = job.stop()
+            status = job.stop(hurry=hurry)
         if isinstance(job, AttachedJob) and ended_by == "exit":
             ended_by = "gone"
         stores, unread = read_stores(settings.state_dir)
@@ -350,8 +351,8 @@ def watch(
         if gpu is not None:
             gpu.source.stop()
         if isinstance(job, SpawnedJob):
-            if status is None:  # --duration passed: the job goes on; wait for it
-                status = job.wait()
+            if status is None:  # --duration passed: the job goes on; wait for it, or stop it
+                status = job.wait_unless(stop, hurry)  # on Ctrl-C or SIGTERM
             return status
         return Exit.OK
     finally:

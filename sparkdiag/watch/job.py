@@ -3,6 +3,7 @@ and the loop that samples it until it ends, the duration runs out, or the user i
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shlex
@@ -15,14 +16,17 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sparkdiag.sources.host.procfs import process_names
+from sparkdiag.sources.host.procfs import process_names, process_tree
 from sparkdiag.sources.host.pyspy import PTRACER_SHIM
 from sparkdiag.watch.model import Tick
 from sparkdiag.watch.sampler import Sampler
 
 # After Ctrl-C, a started job gets this long to end after each signal (SIGINT, SIGTERM) before
-# the next one; SIGKILL last.
+# the next one; SIGKILL last. A further Ctrl-C or SIGTERM to watch moves on to the next at once.
 STOP_GRACE_SECONDS = 5.0
+STOP_POLL_SECONDS = 0.05  # how often a stopping job is looked at
+# a job watch starts runs in watch's own PID namespace, whatever --path.rootfs says
+OWN_PROC = Path("/")
 
 
 def exit_status(returncode: int) -> int:
@@ -105,20 +109,76 @@ class SpawnedJob:
     def wait(self) -> int:
         return exit_status(self.proc.wait())
 
-    def stop(self, grace: float = STOP_GRACE_SECONDS) -> int:
-        """End the job: SIGINT, SIGTERM and SIGKILL, ``grace`` seconds apart; first a wait where
-        the interrupt reached the job too (:func:`interrupt_reached_job`), so that a job ending
-        on its own Ctrl-C (saving, cleaning up) does not get a second one."""
+    def wait_unless(self, stop: threading.Event, hurry: Callable[[], int] = lambda: 0) -> int:
+        """Wait for the job to end (after --duration), or :meth:`stop` it once ``stop`` is set
+        (Ctrl-C or SIGTERM to watch): the wait did not look at it, and watch waited for a job
+        that ignores SIGINT for as long as it ran."""
+        while not stop.wait(STOP_POLL_SECONDS):
+            code = self.proc.poll()
+            if code is not None:
+                return exit_status(code)
+        return self.stop(hurry=hurry)
+
+    def stop(self, grace: float = STOP_GRACE_SECONDS, hurry: Callable[[], int] = lambda: 0) -> int:
+        """End the job and every process under it: SIGINT, SIGTERM and SIGKILL, ``grace``
+        seconds apart, or at once when ``hurry()`` (the stop signals watch received) goes up;
+        first a wait where the interrupt reached the job too (:func:`interrupt_reached_job`), so
+        that a job ending on its own Ctrl-C (saving, cleaning up) does not get a second one.
+        Each signal goes to the job and to every process seen under it since the stop began
+        (``sh -c 'python train.py; ...'``, make, a launcher's workers: a process of its own
+        group or session too), the job last; the stop waits until all of them ended, so that
+        none is left running, orphaned, after watch. The status is the job's."""
         first = (None,) if interrupt_reached_job() else ()
-        for sig in (*first, signal.SIGINT, signal.SIGTERM):
-            if sig is not None and self.proc.poll() is None:
-                self.proc.send_signal(sig)
-            try:
-                return exit_status(self.proc.wait(timeout=grace))
-            except subprocess.TimeoutExpired:
-                continue
-        self.proc.kill()
+        tree: dict[int, str] = {}
+        for sig in (*first, signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+            self._note_tree(tree)
+            if sig is not None:
+                self._signal_tree(tree, sig)
+            seen = hurry()
+            deadline = time.monotonic() + grace
+            while self._tree_running(tree) and time.monotonic() < deadline and hurry() == seen:
+                time.sleep(STOP_POLL_SECONDS)
+                self._note_tree(tree)
+            if not self._tree_running(tree):
+                break
         return exit_status(self.proc.wait())
+
+    def _note_tree(self, tree: dict[int, str]) -> None:
+        """Add the job's descendants now (under the job, or under one seen before: an orphan
+        stays known after its parent ended) to ``tree``, pid -> start time."""
+        roots = [self.pid, *(p for p, t in tree.items() if start_time(OWN_PROC, p) == t)]
+        for root in roots:
+            for pid in process_tree(OWN_PROC, root):
+                if pid != self.pid and pid not in tree:
+                    started = start_time(OWN_PROC, pid)
+                    if started is not None:
+                        tree[pid] = started
+
+    def _signal_tree(self, tree: dict[int, str], sig: int) -> None:
+        for pid, started in tree.items():
+            if start_time(OWN_PROC, pid) == started:  # the same process, not a new one
+                with contextlib.suppress(OSError):  # gone since, or not ours to signal
+                    os.kill(pid, sig)
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def _tree_running(self, tree: dict[int, str]) -> bool:
+        return self.proc.poll() is None or any(
+            start_time(OWN_PROC, p) == t for p, t in tree.items()
+        )
+
+
+def start_time(rootfs: Path, pid: int) -> str | None:
+    """When ``pid`` started (``/proc/PID/stat``'s field 22, in clock ticks since boot), which
+    tells a process from a later one given the same pid; None when it is gone or a zombie."""
+    try:
+        text = (rootfs / "proc" / str(pid) / "stat").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    fields = text.rpartition(")")[2].split()
+    if len(fields) < 20 or fields[0] in ("Z", "X"):
+        return None
+    return fields[19]
 
 
 def alive(rootfs: Path, pid: int) -> bool:
