@@ -463,6 +463,24 @@ def test_plot_names_that_cannot_be_written_are_refused_before_the_work(tmp_path:
     assert svg.returncode == 0 and (tmp_path / "t.svg").read_text().lstrip().startswith("<?xml")
 
 
+# ---- standard output that cannot be written, recordings that cannot be -------------------------
+
+
+def _watch_into(stdout: Any, *args: str, **popen: Any) -> subprocess.CompletedProcess[str]:
+    fixture = [
+        "--interval",
+        "0.1",
+        "--stacks",
+        "off",
+        "--nvml-fixture",
+        str(NVML / "watch-healthy.json"),
+    ]
+    return subprocess.run(
+        sparkdiag_cmd("watch", *fixture, *args), stdout=stdout, stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL, text=True, timeout=60, cwd=ROOT, check=False, **popen,
+    )  # fmt: skip
+
+
 def test_sigterm_after_the_duration_stops_the_job_watch_waits_for() -> None:
     """After --duration watch waits for its job; SIGTERM (or Ctrl-C) then was not looked at,
     and watch waited for as long as the job ran."""
@@ -484,3 +502,31 @@ def test_sigterm_after_the_duration_stops_the_job_watch_waits_for() -> None:
             proc.kill()
             proc.communicate()
     assert proc.returncode == 128 + signal.SIGINT, err  # the job, stopped by watch's SIGINT
+
+
+def _limit_file_size() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # a disk that fills at 4 KiB
+
+
+def test_a_recording_that_cannot_be_written_whole_leaves_the_last_one_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """--record onto a disk that filled left a truncated recording (4096 bytes here) that
+    --replay refused, in place of the one that was there; now it is written beside and renamed
+    over, and removed when the write fails. The job's status and the report are unchanged."""
+    recording = tmp_path / "run.json"
+    timeline(n=2).save(recording)
+    before = recording.read_bytes()
+    assert len(before) < 4096
+    done = _watch_into(
+        subprocess.PIPE, "--record", str(recording), "--", "sh", "-c", "sleep 1; exit 3",
+        preexec_fn=_limit_file_size,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert "diagnosis:" in done.stdout
+    said = " ".join(done.stderr.split())
+    assert f"cannot write {recording}: File too large; the recording is lost" in said, said
+    assert recording.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]

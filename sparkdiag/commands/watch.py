@@ -345,7 +345,11 @@ def watch(
             try:
                 rec.save(record_to)
             except OSError as exc:
-                click.echo(f"sparkdiag watch: cannot write {record_to}: {exc}", err=True)
+                _say(
+                    f"cannot write {record_to}: {exc.strerror or exc}; the recording is lost "
+                    "(a file there before is left as it was), the report follows: free space "
+                    "there or give --record another place next time"
+                )
         _report(rec, diagnose(rec), as_json, plot_to)
         sys.stdout.flush()
         if gpu is not None:

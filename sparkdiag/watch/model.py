@@ -10,8 +10,10 @@ of them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -287,7 +289,29 @@ class Recording:
         return {"schema": SCHEMA, **asdict(self)}
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_json(), separators=(",", ":")) + "\n", "utf-8")
+        """Write the recording to ``path`` whole or not at all: a regular file (or a new name)
+        through a file beside it renamed over it, removed when the write fails (a full disk
+        left a truncated recording that --replay refused, over the last good one); anything
+        else (a FIFO, a device) written directly."""
+        data = (json.dumps(self.to_json(), separators=(",", ":")) + "\n").encode("utf-8")
+        target = path.resolve()
+        if target.exists() and not target.is_file():
+            path.write_bytes(data)
+            return
+        temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except PermissionError:  # a file that may be written in a folder that may not
+            path.write_bytes(data)
+            return
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            os.replace(temporary, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            raise
 
 
 class RecordingError(UsageError, ValueError):
