@@ -481,6 +481,35 @@ def _watch_into(stdout: Any, *args: str, **popen: Any) -> subprocess.CompletedPr
     )  # fmt: skip
 
 
+def test_unwritable_standard_output_keeps_the_job_s_status_and_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    """``sparkdiag watch --json -- make train > /dev/full``: watch exited 1 whatever the job
+    did, and with --duration before the job had ended (it ran on, not waited for). A script
+    must still see a failed job fail: the job's status stands where it is not 0; a job that
+    succeeded with its report lost is 1, as every command whose output was not written."""
+    recording = tmp_path / "run.json"
+    with open("/dev/full", "w") as full:
+        failed = _watch_into(
+            full, "--json", "--duration", "0.2", "--record", str(recording),
+            "--", "sh", "-c", "sleep 1; exit 4",
+        )  # fmt: skip
+        succeeded = _watch_into(full, "--json", "--", "true")
+    assert failed.returncode == 4, failed.stderr
+    assert failed.stderr.splitlines()[-1] == (
+        "Error: cannot write standard output: No space left on device; the report is lost, "
+        f"the recording is in {recording} (sparkdiag watch --replay {recording} prints it again)"
+    )
+    assert "Traceback" not in failed.stderr
+    replayed = run_watch("--replay", str(recording), "--json")
+    assert json.loads(replayed.stdout)["ended_by"] == "duration"
+    assert succeeded.returncode == 1, succeeded.stderr
+    assert succeeded.stderr.splitlines()[-1].endswith(
+        "the report is lost, give --record FILE to keep the samples, and read them with "
+        "--replay FILE"
+    )
+
+
 def test_sigterm_after_the_duration_stops_the_job_watch_waits_for() -> None:
     """After --duration watch waits for its job; SIGTERM (or Ctrl-C) then was not looked at,
     and watch waited for as long as the job ran."""

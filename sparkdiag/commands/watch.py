@@ -12,6 +12,8 @@ the command group).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import sys
@@ -143,9 +145,12 @@ def _check_plot(plot_to: str | None) -> None:
     check_output_path(path, "--plot")  # DIR/watch.png too: it may be a folder already
 
 
-def _report(rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: str | None) -> None:
+def _report(
+    rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: str | None, saved: Path | None
+) -> bool:
     """The diagnosis on standard output; the timeline written where --plot says, and which file
-    that was on standard error (standard output stays the report, or the JSON document)."""
+    that was on standard error (standard output stays the report, or the JSON document). True
+    when standard output could not be written (:func:`_stdout_lost`)."""
     wrote = None
     if plot_to is not None:
         try:
@@ -155,9 +160,48 @@ def _report(rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: str | 
         except OSError as exc:
             where = exc.filename or plotting.path_for(plot_to)
             click.echo(f"sparkdiag watch: cannot write {where}: {exc.strerror or exc}", err=True)
-    click.echo(to_json(rec, diagnosis) if as_json else text(rec, diagnosis), nl=False)
+    lost = False
+    try:
+        click.echo(to_json(rec, diagnosis) if as_json else text(rec, diagnosis), nl=False)
+        sys.stdout.flush()
+    except OSError as exc:
+        _stdout_lost(exc, saved)
+        lost = True
     if wrote is not None:
         click.echo(f"wrote {wrote}", err=True)
+    return lost
+
+
+def _stdout_lost(exc: OSError, saved: Path | None) -> None:
+    """Standard output that cannot be written (``> /dev/full``, a full disk, ``| head -1``):
+    one line (none for a reader that went away, as for every command), and what is still
+    buffered dropped, so that the exit's own flush does not fail again and end watch with 1
+    before it waited for its job and passed its status on (:func:`_status`)."""
+    with contextlib.suppress(OSError, ValueError):
+        with open(os.devnull, "wb") as sink:
+            os.dup2(sink.fileno(), sys.stdout.fileno())
+        sys.stdout.flush()
+    if exc.errno == errno.EPIPE:
+        return
+    kept = (
+        f"the recording is in {saved} (sparkdiag watch --replay {saved} prints it again)"
+        if saved is not None
+        else "give --record FILE to keep the samples, and read them with --replay FILE"
+    )
+    click.echo(
+        f"Error: cannot write standard output: {exc.strerror or exc}; the report is lost, {kept}",
+        err=True,
+    )
+
+
+def _status(status: int | None, lost: bool) -> int:
+    """What watch exits with: the job's own status (None: a --pid or a --replay, 0); where
+    standard output could not be written, 1 (ATTENTION, as every command's) unless the job's
+    status says more, which then stands."""
+    status = status or Exit.OK
+    if lost and status == Exit.OK:
+        return Exit.ATTENTION
+    return status
 
 
 @click.command(
@@ -246,7 +290,10 @@ def watch(
 
     Exit status: the job's own when watch started it (128 + N when signal N ended it), else 0;
     2 usage error (a bad flag, fixture or recording, a command that cannot start: missing, not
-    executable, or not on PATH; a --pid not running; --plot without matplotlib).
+    executable, or not on PATH; a --pid not running; --plot without matplotlib). Standard
+    output that cannot be written (a full disk, a reader gone as with | head -1): 1 where the
+    job's status is 0 or there is no job, the job's own where it is not 0; watch still waits
+    for the job and writes --record.
     """
     settings = settings_from("watch", given)
     nvml_fixture, rootfs, sysfs = settings.nvml_fixture, settings.rootfs, settings.sysfs
@@ -259,8 +306,7 @@ def watch(
     check_output_path(record_to, "--record")
     if replay is not None:
         rec = load(replay)  # RecordingError: a usage error naming --replay
-        _report(rec, diagnose(rec), as_json, plot_to)
-        return Exit.OK
+        return _status(None, _report(rec, diagnose(rec), as_json, plot_to, replay))
     if pid is not None and not alive(rootfs, pid):
         raise UsageError(f"no running process {pid} under {rootfs / 'proc'}", flag="--pid")
 
@@ -341,24 +387,24 @@ def watch(
             stores=stores,
             ranks=stack.ranks if stack is not None else (),
         )
+        saved = False
         if record_to is not None:
             try:
                 rec.save(record_to)
+                saved = True
             except OSError as exc:
                 _say(
                     f"cannot write {record_to}: {exc.strerror or exc}; the recording is lost "
                     "(a file there before is left as it was), the report follows: free space "
                     "there or give --record another place next time"
                 )
-        _report(rec, diagnose(rec), as_json, plot_to)
-        sys.stdout.flush()
+        lost = _report(rec, diagnose(rec), as_json, plot_to, record_to if saved else None)
         if gpu is not None:
             gpu.source.stop()
-        if isinstance(job, SpawnedJob):
-            if status is None:  # --duration passed: the job goes on; wait for it, or stop it
-                status = job.wait_unless(stop, hurry)  # on Ctrl-C or SIGTERM
-            return status
-        return Exit.OK
+        if isinstance(job, SpawnedJob) and status is None:
+            # --duration passed: the job goes on; wait for it, or stop it on Ctrl-C or SIGTERM
+            status = job.wait_unless(stop, hurry)
+        return _status(status, lost)
     finally:
         live.clear()
         if stack is not None:
