@@ -559,3 +559,13 @@ def test_a_recording_that_cannot_be_written_whole_leaves_the_last_one_as_it_was(
     assert f"cannot write {recording}: File too large; the recording is lost" in said, said
     assert recording.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+
+
+def test_watch_is_not_part_of_the_job_it_attaches_to(tmp_path: Path) -> None:
+    """``--pid`` of the shell that runs watch (or PID 1): watch and its py-spy are under it,
+    and were sampled as the job's processes."""
+    _fake_job(tmp_path, 1)
+    (tmp_path / "proc" / "200" / "task" / "200" / "children").write_text("300 ")
+    _task(tmp_path, 300, 300, "py-spy", 0, 0, 0)
+    assert HostSampler(tmp_path, tmp_path / "sys", 100).tree() == [100, 200, 300]
+    assert HostSampler(tmp_path, tmp_path / "sys", 100, own_pid=200).tree() == [100]

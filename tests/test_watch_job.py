@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from sparkdiag.cli import main
 from sparkdiag.sources.host.procfs import process_tree
 from sparkdiag.watch import job as job_module
-from sparkdiag.watch.job import SpawnedJob, interrupt_reached_job
+from sparkdiag.watch.job import SpawnedJob, interrupt_reached_job, unwatchable
 from tests.support import alive, wait_dead
 
 
@@ -203,3 +203,18 @@ def test_waiting_after_the_duration_stops_the_job_on_a_signal(
     job = SpawnedJob(["sleep", "60"])
     threading.Timer(0.2, stop.set).start()
     assert job.wait_unless(stop) == 128 + signal.SIGINT
+
+
+# ---- --pid that cannot be a job ----------------------------------------------------------------
+
+
+def test_a_kernel_thread_or_watch_itself_is_refused() -> None:
+    """``--pid 2`` (kthreadd) was followed, its tree every kernel thread, and said "healthy"
+    from the GPU's readings alone; ``--pid`` of watch sampled its own sampling."""
+    kthread = unwatchable(Path("/"), 2, os.getpid())
+    if Path("/proc/2/stat").exists() and "kthreadd" in Path("/proc/2/stat").read_text():
+        assert kthread.startswith("2 (kthreadd) is a kernel thread, not a job; give the pid")
+    assert unwatchable(Path("/"), os.getpid(), os.getpid()).endswith(
+        "is this sparkdiag watch itself; give the pid of the job to watch"
+    )
+    assert unwatchable(Path("/"), os.getppid(), os.getpid()) == ""

@@ -50,7 +50,7 @@ from sparkdiag.sources.nvml.gpu import GpuSource
 from sparkdiag.watch import plot as plotting
 from sparkdiag.watch import stack_sampler
 from sparkdiag.watch.diagnose import Diagnosis, diagnose
-from sparkdiag.watch.job import AttachedJob, SpawnedJob, alive, follow
+from sparkdiag.watch.job import AttachedJob, SpawnedJob, alive, follow, unwatchable
 from sparkdiag.watch.model import Recording, load
 from sparkdiag.watch.places import locate_places, read_stores
 from sparkdiag.watch.render import status as status_text
@@ -309,6 +309,8 @@ def watch(
         return _status(None, _report(rec, diagnose(rec), as_json, plot_to, replay))
     if pid is not None and not alive(rootfs, pid):
         raise UsageError(f"no running process {pid} under {rootfs / 'proc'}", flag="--pid")
+    if pid is not None and (why_not := unwatchable(rootfs, pid, os.getpid())):
+        raise UsageError(why_not, flag="--pid")
 
     setup_logging("warning", prefix="sparkdiag watch")
     gpu, why = _start_gpu(nvml_fixture, gpus, rootfs)
@@ -339,7 +341,8 @@ def watch(
         else:
             stack = StackSampler(binary, rootfs, native=stacks == "native")
     try:
-        host = HostSampler(rootfs, sysfs, job.pid)
+        own = os.getpid() if rootfs.resolve() == Path("/") else None
+        host = HostSampler(rootfs, sysfs, job.pid, own_pid=own)
         cwd = pyspy.process_cwd(rootfs, job.pid)
         sampler = Sampler(gpu, host, started_at, stacks=stack)
         ticks, ended_by = follow(

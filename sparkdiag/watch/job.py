@@ -181,6 +181,26 @@ def start_time(rootfs: Path, pid: int) -> str | None:
     return fields[19]
 
 
+PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
+
+
+def unwatchable(rootfs: Path, pid: int, own: int) -> str:
+    """Why ``--pid PID`` cannot be watched, or "": watch itself (``own``: it would sample its
+    own sampling), or a kernel thread (no job runs there: kthreadd's tree is every kernel thread,
+    and it was diagnosed "healthy" from the GPU's readings alone)."""
+    if pid == own and rootfs.resolve() == OWN_PROC:
+        return f"{pid} is this sparkdiag watch itself; give the pid of the job to watch"
+    try:
+        text = (rootfs / "proc" / str(pid) / "stat").read_text(encoding="utf-8", errors="replace")
+        flags = int(text.rpartition(")")[2].split()[6])
+    except (OSError, IndexError, ValueError):
+        return ""
+    if flags & PF_KTHREAD:
+        name = process_names(rootfs, [pid]).get(pid, "?")
+        return f"{pid} ({name}) is a kernel thread, not a job; give the pid of the job to watch"
+    return ""
+
+
 def alive(rootfs: Path, pid: int) -> bool:
     """True while ``ROOT/proc/PID`` exists and is not a zombie."""
     try:
