@@ -561,6 +561,14 @@ def test_a_recording_that_cannot_be_written_whole_leaves_the_last_one_as_it_was(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
 
 
+def test_a_recording_from_a_newer_sparkdiag_says_so(tmp_path: Path) -> None:
+    newer = tmp_path / "newer.json"
+    newer.write_text(json.dumps({"schema": "sparkdiag-watch-recording/9", "ticks": []}))
+    result = CliRunner().invoke(main, ["watch", "--replay", str(newer)])
+    assert result.exit_code == 2
+    assert "recorded as 'sparkdiag-watch-recording/9' by a newer sparkdiag" in result.output
+
+
 def test_watch_is_not_part_of_the_job_it_attaches_to(tmp_path: Path) -> None:
     """``--pid`` of the shell that runs watch (or PID 1): watch and its py-spy are under it,
     and were sampled as the job's processes."""

@@ -218,3 +218,15 @@ def test_a_kernel_thread_or_watch_itself_is_refused() -> None:
         "is this sparkdiag watch itself; give the pid of the job to watch"
     )
     assert unwatchable(Path("/"), os.getppid(), os.getpid()) == ""
+
+
+def test_a_script_whose_interpreter_is_missing_says_so(tmp_path: Path) -> None:
+    """exec's ENOENT said "No such file or directory" of a script that is there."""
+    script = tmp_path / "job"
+    script.write_text("#!/nonexistent/python3 -u\nprint('hi')\n")
+    script.chmod(0o755)
+    with pytest.raises(FileNotFoundError) as caught:
+        SpawnedJob([str(script)])
+    assert caught.value.strerror.startswith("its interpreter /nonexistent/python3 (its #! line)")
+    with pytest.raises(FileNotFoundError, match="the command's name is empty"):
+        SpawnedJob([""])

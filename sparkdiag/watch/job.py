@@ -55,7 +55,11 @@ def check_runnable(program: str) -> None:
     current folder unless it says so, so a file of that name here is not run; the error then
     says that it is here, and whether it is executable (``shutil.which`` answers None for a
     missing file and an unexecutable one alike, which read "No such file or directory")."""
-    if shutil.which(program) is not None:
+    if not program:
+        raise FileNotFoundError(errno.ENOENT, "the command's name is empty; give the program")
+    found = shutil.which(program)
+    if found is not None:
+        _check_interpreter(Path(found), program)
         return
     if os.sep in program:
         path = Path(program)
@@ -77,6 +81,27 @@ def check_runnable(program: str) -> None:
         why = f"not found on PATH (to run ./{program} in this folder, give ./{program})"
         raise FileNotFoundError(errno.ENOENT, why, program)
     raise FileNotFoundError(errno.ENOENT, "No such file or directory", program)
+
+
+def _check_interpreter(path: Path, program: str) -> None:
+    """A script whose ``#!`` interpreter is missing: exec's ENOENT read "No such file or
+    directory" of a script that is there. FileNotFoundError naming the interpreter."""
+    try:
+        with path.open("rb") as script:
+            first = script.readline(256)
+    except OSError:
+        return
+    words = first[2:].split() if first.startswith(b"#!") else []
+    if not words:
+        return
+    interpreter = os.fsdecode(words[0])
+    if os.path.isabs(interpreter) and not os.access(interpreter, os.X_OK):
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"its interpreter {interpreter} (its #! line) is not there or not executable; "
+            "install it or correct the line",
+            program,
+        )
 
 
 class SpawnedJob:

@@ -22,6 +22,7 @@ from sparkdiag import safeload
 from sparkdiag.errors import UsageError
 
 SCHEMA = "sparkdiag-watch-recording/2"
+SCHEMA_FAMILY = "sparkdiag-watch-recording/"
 SCHEMAS = ("sparkdiag-watch-recording/1", SCHEMA)  # what --replay reads
 LOADER_NAMES = ("pt_data_worker",)  # what PyTorch names its DataLoader worker processes
 
@@ -459,7 +460,14 @@ def _job_tick(data: Any) -> JobTick:
 
 def from_json(doc: Any) -> Recording:
     """A :class:`Recording` from :meth:`Recording.to_json`'s document; RecordingError if bad."""
-    if not isinstance(doc, dict) or doc.get("schema") not in SCHEMAS:
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if isinstance(schema, str) and schema.startswith(SCHEMA_FAMILY) and schema not in SCHEMAS:
+        raise RecordingError(
+            f"recorded as {schema!r} by a newer sparkdiag (this one reads "
+            f"{', '.join(map(repr, SCHEMAS))}): replay it with the sparkdiag that recorded it "
+            "(pip install -U sparkdiag)"
+        )
+    if not isinstance(doc, dict) or schema not in SCHEMAS:
         raise RecordingError(f"not a sparkdiag watch recording (schema {SCHEMA!r} expected)")
     try:
         ticks = tuple(_tick(t) for t in doc["ticks"])
