@@ -12,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from click.testing import CliRunner
@@ -19,7 +20,8 @@ from click.testing import CliRunner
 from sparkdiag.cli import main
 from sparkdiag.sources.host.procfs import process_tree
 from sparkdiag.watch import job as job_module
-from sparkdiag.watch.job import SpawnedJob, interrupt_reached_job, unwatchable
+from sparkdiag.watch.job import SpawnedJob, follow, interrupt_reached_job, unwatchable
+from sparkdiag.watch.model import Tick
 from tests.support import alive, wait_dead
 
 
@@ -230,3 +232,29 @@ def test_a_script_whose_interpreter_is_missing_says_so(tmp_path: Path) -> None:
     assert caught.value.strerror.startswith("its interpreter /nonexistent/python3 (its #! line)")
     with pytest.raises(FileNotFoundError, match="the command's name is empty"):
         SpawnedJob([""])
+
+
+# ---- the loop: the job's end and the duration are not held back by a long interval -------------
+
+
+class _Ticks:
+    """A sampler whose ticks are only counted."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+
+    def tick(self) -> Tick:
+        self.taken += 1
+        return Tick(t=float(self.taken), dt=1.0)
+
+
+def test_a_long_interval_does_not_hold_back_the_end_or_the_duration() -> None:
+    """``watch --interval 20 -- true`` took 20 s and reported the job watched for 20 s;
+    ``--duration 0.1 --interval 20`` ran 20 s too."""
+    sampler = _Ticks()
+    began = time.monotonic()
+    ticks, ended_by = follow(cast(Any, sampler), lambda: True, 20.0, None, threading.Event())
+    assert (ended_by, len(ticks)) == ("exit", 1)
+    ticks, ended_by = follow(cast(Any, sampler), lambda: False, 20.0, 0.1, threading.Event())
+    assert (ended_by, len(ticks)) == ("duration", 1)
+    assert time.monotonic() - began < 15

@@ -252,6 +252,21 @@ class AttachedJob:
         return None
 
 
+ENDED_POLL_SECONDS = 0.1  # how often the job's end is looked at between two ticks
+
+
+def _wait_until(
+    until: float, stop: threading.Event, ended: Callable[[], bool], monotonic: Callable[[], float]
+) -> bool:
+    """Wait until ``until``, the job's end or ``stop``; True for ``stop``."""
+    while (left := until - monotonic()) > 0:
+        if stop.wait(min(left, ENDED_POLL_SECONDS)):
+            return True
+        if ended():
+            return False
+    return stop.is_set()
+
+
 def follow(
     sampler: Sampler,
     ended: Callable[[], bool],
@@ -264,13 +279,17 @@ def follow(
     """Sample every ``interval`` seconds until the job ends ("exit"), ``duration`` passes
     ("duration") or ``stop`` is set ("interrupt"). A first tick primes the counters and is
     dropped. Never drifts, never bursts. ``on_tick(tick, ticks so far)`` sees each tick kept
-    (the live status line)."""
+    (the live status line). Between ticks the job's end and the duration are looked at every
+    ``ENDED_POLL_SECONDS``, and a last, shorter tick taken then (each tick has its own ``dt``):
+    with ``--interval 20``, a job that ended at once was reported as watched for 20 s, and
+    ``--duration 0.1`` ran 20 s."""
     sampler.tick()
     ticks: list[Tick] = []
     start = monotonic()
     next_at = start + interval
     while True:
-        interrupted = stop.wait(max(0.0, next_at - monotonic()))
+        until = next_at if duration is None else min(next_at, start + duration)
+        interrupted = _wait_until(until, stop, ended, monotonic)
         ticks.append(sampler.tick())
         if on_tick is not None:
             on_tick(ticks[-1], len(ticks))
