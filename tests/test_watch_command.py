@@ -253,6 +253,10 @@ def test_watch_does_not_need_pyudev(tmp_path: Path) -> None:
         ),
         (["--interval", "0", "--", "true"], "0.05"),
         (["--nvml-fixture", "/nonexistent.json", "--", "true"], "cannot read NVML fixture"),
+        (  # --record was ignored: no file written, exit 0
+            ["--replay", "/nonexistent.json", "--record", "/tmp/never-written.json"],
+            "--record saves the samples of a job being watched; --replay reads a recording",
+        ),
     ],
 )
 def test_usage_errors(args: list[str], message: str) -> None:

@@ -300,6 +300,11 @@ def watch(
     modes = sum(x is not None for x in (pid, replay)) + (1 if command else 0)
     if modes != 1:
         raise UsageError("give exactly one of --pid PID, --replay FILE or -- COMMAND ARGS...")
+    if replay is not None and record_to is not None:  # it was ignored: no file, status 0
+        raise UsageError(
+            "--record saves the samples of a job being watched; --replay reads a recording "
+            "already saved: give one of them (cp copies a recording)"
+        )
     _check_plot(plot_to)  # before the job runs, not after it ended
     if is_stdout(record_to):  # standard output holds the diagnosis
         raise UsageError("the recording goes to a file; for one named -, give ./-", flag="--record")
