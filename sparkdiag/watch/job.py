@@ -57,9 +57,9 @@ def check_runnable(program: str) -> None:
     missing file and an unexecutable one alike, which read "No such file or directory")."""
     if not program:
         raise FileNotFoundError(errno.ENOENT, "the command's name is empty; give the program")
-    found = shutil.which(program)
-    if found is not None:
-        _check_interpreter(Path(found), program)
+    on_path = shutil.which(program)
+    if on_path is not None:
+        _check_interpreter(Path(on_path), program)
         return
     if os.sep in program:
         path = Path(program)
