@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from sparkdiag.cli import main
 from sparkdiag.watch import plot as plotting
 from sparkdiag.watch.sampler import HostSampler
-from tests.support import NVML, ROOT, invoke_cli, sparkdiag_cmd
+from tests.support import NVML, ROOT, alive, invoke_cli, sparkdiag_cmd
 from tests.support.watch import PollGate, timeline
 
 
@@ -581,3 +581,31 @@ def test_watch_is_not_part_of_the_job_it_attaches_to(tmp_path: Path) -> None:
     _task(tmp_path, 300, 300, "py-spy", 0, 0, 0)
     assert HostSampler(tmp_path, tmp_path / "sys", 100).tree() == [100, 200, 300]
     assert HostSampler(tmp_path, tmp_path / "sys", 100, own_pid=200).tree() == [100]
+
+
+def test_a_failure_while_watching_leaves_no_job_running_unwaited(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Anything that went wrong while watching (before: a stdout that could not be written)
+    ended watch with its job still running, orphaned, unwaited: watch now waits for it first
+    (Ctrl-C stops it), then lets the error out."""
+    from sparkdiag.watch.sampler import Sampler
+
+    calls = {"n": 0}
+    real = Sampler.tick
+
+    def failing(self: Sampler) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("a bug while sampling")
+        return real(self)
+
+    monkeypatch.setattr(Sampler, "tick", failing)
+    pid_file = tmp_path / "pid"
+    result = run_watch(
+        "--interval", "0.1", "--stacks", "off", "--nvml-fixture", str(NVML / "watch-healthy.json"),
+        "--", "sh", "-c", f"echo $$ > {pid_file}; sleep 1",
+    )  # fmt: skip
+    assert "a bug while sampling" in result.stderr
+    assert "waiting for the job to end (Ctrl-C stops it)" in " ".join(result.stderr.split())
+    assert not alive(int(pid_file.read_text()))

@@ -325,6 +325,7 @@ def watch(
     for line in skipped:
         _say(line)
     stop = LIFECYCLE.stop_on_signal()  # Ctrl-C and SIGTERM end the watching, not watch
+    hurry = lambda: len(LIFECYCLE.received)  # noqa: E731  # a further Ctrl-C: the next signal
     started_at = time.time()
     live = terminal.StatusLine(sys.stderr)  # silent unless stderr is a terminal
     job: SpawnedJob | AttachedJob
@@ -337,15 +338,15 @@ def watch(
     except OSError as exc:
         raise UsageError(f"cannot start {command[0]}: {exc.strerror or exc}") from None
     stack = None
-    if binary is not None:
-        problem = pyspy.ptrace_problem(rootfs, job.pid, descendant=ptracer)
-        if problem:
-            skipped.append(f"cannot read the Python stacks of pid {job.pid}: {problem}")
-            skipped[-1] += f"; {NO_STACKS}"
-            _say(skipped[-1])
-        else:
-            stack = StackSampler(binary, rootfs, native=stacks == "native")
     try:
+        if binary is not None:
+            problem = pyspy.ptrace_problem(rootfs, job.pid, descendant=ptracer)
+            if problem:
+                skipped.append(f"cannot read the Python stacks of pid {job.pid}: {problem}")
+                skipped[-1] += f"; {NO_STACKS}"
+                _say(skipped[-1])
+            else:
+                stack = StackSampler(binary, rootfs, native=stacks == "native")
         own = os.getpid() if rootfs.resolve() == Path("/") else None
         host = HostSampler(rootfs, sysfs, job.pid, own_pid=own)
         cwd = pyspy.process_cwd(rootfs, job.pid)
@@ -366,7 +367,6 @@ def watch(
             _say(line)
         skipped += sampler.problems
         status = job.exit_status()
-        hurry = lambda: len(LIFECYCLE.received)  # noqa: E731  # a further Ctrl-C: the next signal
         if isinstance(job, SpawnedJob) and ended_by == "interrupt":
             status = job.stop(hurry=hurry)
         if isinstance(job, AttachedJob) and ended_by == "exit":
@@ -413,6 +413,12 @@ def watch(
             # --duration passed: the job goes on; wait for it, or stop it on Ctrl-C or SIGTERM
             status = job.wait_unless(stop, hurry)
         return _status(status, lost)
+    except Exception:
+        if isinstance(job, SpawnedJob) and not job.ended():  # not left running, unwaited
+            live.clear()
+            _say("watching failed (below); waiting for the job to end (Ctrl-C stops it)")
+            job.wait_unless(stop, hurry)
+        raise
     finally:
         live.clear()
         if stack is not None:
