@@ -609,3 +609,21 @@ def test_a_failure_while_watching_leaves_no_job_running_unwaited(
     assert "a bug while sampling" in result.stderr
     assert "waiting for the job to end (Ctrl-C stops it)" in " ".join(result.stderr.split())
     assert not alive(int(pid_file.read_text()))
+
+
+def test_a_recording_too_large_to_replay_is_said_when_it_is_written(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A job watched for hours wrote a recording over the 64 MiB --replay reads (about 1 KB a
+    tick, 9 h at 0.5 s) without a word; --replay then refused it. Said at the end, with the
+    way out (the limit lowered here to 1 KB)."""
+    monkeypatch.setattr("sparkdiag.commands.watch.MAX_RECORDING_BYTES", 1024)
+    recording = tmp_path / "run.json"
+    result = run_watch(
+        "--interval", "0.1", "--stacks", "off", "--record", str(recording),
+        "--nvml-fixture", str(NVML / "watch-healthy.json"), "--", "sleep", "0.3",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    said = " ".join(result.stderr.split())
+    assert f"{recording} holds 0 MiB, more than the 0 MiB --replay reads" in said, said
+    assert "with a longer --interval" in said and recording.stat().st_size > 1024

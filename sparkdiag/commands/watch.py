@@ -51,7 +51,7 @@ from sparkdiag.watch import plot as plotting
 from sparkdiag.watch import stack_sampler
 from sparkdiag.watch.diagnose import Diagnosis, diagnose
 from sparkdiag.watch.job import AttachedJob, SpawnedJob, alive, follow, unwatchable
-from sparkdiag.watch.model import Recording, load
+from sparkdiag.watch.model import MAX_RECORDING_BYTES, Recording, load
 from sparkdiag.watch.places import locate_places, read_stores
 from sparkdiag.watch.render import status as status_text
 from sparkdiag.watch.render import text, to_json
@@ -398,8 +398,14 @@ def watch(
         saved = False
         if record_to is not None:
             try:
-                rec.save(record_to)
+                size = rec.save(record_to)
                 saved = True
+                if size > MAX_RECORDING_BYTES:  # written, but --replay would refuse it
+                    _say(
+                        f"{record_to} holds {size >> 20} MiB, more than the "
+                        f"{MAX_RECORDING_BYTES >> 20} MiB --replay reads: watch a job this long "
+                        "with a longer --interval (each tick is about 1 KB), or a --duration"
+                    )
             except OSError as exc:
                 _say(
                     f"cannot write {record_to}: {exc.strerror or exc}; the recording is lost "

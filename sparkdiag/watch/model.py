@@ -289,22 +289,22 @@ class Recording:
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
 
-    def save(self, path: Path) -> None:
+    def save(self, path: Path) -> int:
         """Write the recording to ``path`` whole or not at all: a regular file (or a new name)
         through a file beside it renamed over it, removed when the write fails (a full disk
         left a truncated recording that --replay refused, over the last good one); anything
-        else (a FIFO, a device) written directly."""
+        else (a FIFO, a device) written directly. Returns the bytes written."""
         data = (json.dumps(self.to_json(), separators=(",", ":")) + "\n").encode("utf-8")
         target = path.resolve()
         if target.exists() and not target.is_file():
             path.write_bytes(data)
-            return
+            return len(data)
         temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
         try:
             fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         except PermissionError:  # a file that may be written in a folder that may not
             path.write_bytes(data)
-            return
+            return len(data)
         try:
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
@@ -313,6 +313,7 @@ class Recording:
             with contextlib.suppress(OSError):
                 temporary.unlink()
             raise
+        return len(data)
 
 
 class RecordingError(UsageError, ValueError):
@@ -495,7 +496,7 @@ def from_json(doc: Any) -> Recording:
         raise RecordingError(f"malformed watch recording: {exc}") from None
 
 
-MAX_RECORDING_BYTES = 64 << 20  # an hour of ticks at 1 s is a few MiB
+MAX_RECORDING_BYTES = 64 << 20  # a tick is about 1 KB: 9 h at 0.5 s of a one-process job
 
 
 def load(path: Path) -> Recording:
