@@ -65,9 +65,9 @@ def test_where_the_terminal_s_ctrl_c_reached_the_job_it_waits_first(
 ) -> None:
     """A job that ends on its own within the grace gets no signal from watch; without the
     terminal's Ctrl-C it gets one at once."""
-    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda: True)
+    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda pid=None: True)
     assert _trapping_job(tmp_path).stop(grace=5.0) == 7
-    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda: False)
+    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda pid=None: False)
     assert _trapping_job(tmp_path).stop(grace=5.0) == 9
 
 
@@ -150,7 +150,7 @@ def test_stop_ends_every_process_under_the_job(monkeypatch: pytest.MonkeyPatch) 
     """``sh -c 'sleep 60; true'`` (make, a launcher, any shell that does not exec): SIGINT and
     SIGTERM went to the shell alone, which ended, and its sleep ran on, orphaned, after watch
     exited (found by a review: ``kill -TERM`` to watch left ``sleep 61`` under PID 1)."""
-    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda: False)
+    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda pid=None: False)
     job = SpawnedJob(["sh", "-c", "sleep 60; true"])
     (sleeper,) = _descendants(job, 1)
     try:
@@ -164,7 +164,7 @@ def test_stop_ends_every_process_under_the_job(monkeypatch: pytest.MonkeyPatch) 
 def test_stop_reaches_a_child_in_a_session_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
     """A child that left the job's process group (setsid: a terminal's Ctrl-C does not reach
     it) is still the job's, and stopped with it."""
-    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda: False)
+    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda pid=None: False)
     job = SpawnedJob(["sh", "-c", "setsid sleep 60 & wait"])
     (sleeper,) = _descendants(job, 1)
     try:
@@ -181,7 +181,7 @@ def test_a_further_stop_signal_moves_on_to_the_next_at_once(
     """A job that ignores SIGINT and SIGTERM took 10 s of grace to be killed whatever the user
     did; each further Ctrl-C or SIGTERM to watch (``hurry`` goes up) now sends the next
     signal at once: here every look sees one more, so SIGKILL comes well within one grace."""
-    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda: False)
+    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda pid=None: False)
     ready = tmp_path / "ready"
     job = SpawnedJob(["sh", "-c", f"trap '' INT TERM; touch {ready}; while :; do sleep 1; done"])
     deadline = time.monotonic() + 30
@@ -198,7 +198,7 @@ def test_waiting_after_the_duration_stops_the_job_on_a_signal(
 ) -> None:
     """After --duration, watch waits for its job; Ctrl-C and SIGTERM were not looked at, so
     watch waited as long as the job ran. They now stop it, as while it was watched."""
-    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda: False)
+    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda pid=None: False)
     stop = threading.Event()
     done = SpawnedJob(["sh", "-c", "exit 4"])
     assert done.wait_unless(stop) == 4
@@ -258,3 +258,24 @@ def test_a_long_interval_does_not_hold_back_the_end_or_the_duration() -> None:
     ticks, ended_by = follow(cast(Any, sampler), lambda: False, 20.0, 0.1, threading.Event())
     assert (ended_by, len(ticks)) == ("duration", 1)
     assert time.monotonic() - began < 15
+
+
+def test_a_job_that_left_watch_s_process_group_is_not_taken_to_have_had_the_ctrl_c(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With watch in the terminal's foreground, a job in a session of its own (setsid) never
+    gets the terminal's Ctrl-C, yet watch waited the whole grace before sending it SIGINT."""
+    monkeypatch.setattr(os, "isatty", lambda fd: True)
+    monkeypatch.setattr(os, "tcgetpgrp", lambda fd: os.getpgrp())
+    with open(os.devnull) as devnull:
+        monkeypatch.setattr(sys, "stdin", devnull)
+        assert interrupt_reached_job()  # watch's own group holds the terminal
+        code = "import os; os.setsid(); os.execvp('sleep', ['sleep', '60'])"
+        job = SpawnedJob([sys.executable, "-c", code])
+        deadline = time.monotonic() + 30
+        while os.getpgid(job.pid) == os.getpgrp() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not interrupt_reached_job(job.pid)
+        began = time.monotonic()
+        assert job.stop(grace=30.0) == 128 + signal.SIGINT
+    assert time.monotonic() - began < 15  # not the 30 s grace first

@@ -34,15 +34,17 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def interrupt_reached_job() -> bool:
-    """Whether the signal that stopped watch reached its started job as well: a Ctrl-C in the
-    terminal goes to the terminal's foreground process group, which the job shares with watch.
-    A signal sent to watch alone (``kill``, a supervisor, watch run without a terminal) did
-    not: the job is sent SIGINT at once rather than after ``STOP_GRACE_SECONDS``."""
+def interrupt_reached_job(pid: int | None = None) -> bool:
+    """Whether the signal that stopped watch reached its started job (``pid``) as well: a Ctrl-C
+    in the terminal goes to the terminal's foreground process group, which the job shares with
+    watch unless it left it (``setsid``, ``setpgid``: then it was sent SIGINT only after
+    ``STOP_GRACE_SECONDS``). A signal sent to watch alone (``kill``, a supervisor, watch run
+    without a terminal) did not: the job is sent SIGINT at once rather than after the grace."""
     try:
         fd = sys.stdin.fileno()
-        return os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp()
-    except (OSError, ValueError, AttributeError):  # no stdin, closed, or not a file
+        ours = os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp()
+        return ours and (pid is None or os.getpgid(pid) == os.getpgrp())
+    except (OSError, ValueError, AttributeError):  # no stdin, closed, not a file; the job gone
         return False
 
 
@@ -153,7 +155,7 @@ class SpawnedJob:
         (``sh -c 'python train.py; ...'``, make, a launcher's workers: a process of its own
         group or session too), the job last; the stop waits until all of them ended, so that
         none is left running, orphaned, after watch. The status is the job's."""
-        first = (None,) if interrupt_reached_job() else ()
+        first = (None,) if interrupt_reached_job(self.pid) else ()
         tree: dict[int, str] = {}
         for sig in (*first, signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
             self._note_tree(tree)
