@@ -20,7 +20,13 @@ from click.testing import CliRunner
 from sparkdiag.cli import main
 from sparkdiag.sources.host.procfs import process_tree
 from sparkdiag.watch import job as job_module
-from sparkdiag.watch.job import SpawnedJob, follow, interrupt_reached_job, unwatchable
+from sparkdiag.watch.job import (
+    AttachedJob,
+    SpawnedJob,
+    follow,
+    interrupt_reached_job,
+    unwatchable,
+)
 from sparkdiag.watch.model import Tick
 from tests.support import alive, wait_dead
 
@@ -279,3 +285,19 @@ def test_a_job_that_left_watch_s_process_group_is_not_taken_to_have_had_the_ctrl
         began = time.monotonic()
         assert job.stop(grace=30.0) == 128 + signal.SIGINT
     assert time.monotonic() - began < 15  # not the 30 s grace first
+
+
+def test_an_attached_pid_given_to_another_process_ends_the_watch(tmp_path: Path) -> None:
+    """``--pid`` that exited and whose pid the kernel gave to a new process: watch followed the
+    newcomer as the job. Its start time (/proc/PID/stat field 22) tells them apart."""
+    stat = tmp_path / "proc" / "4242" / "stat"
+    stat.parent.mkdir(parents=True)
+
+    def started_at(ticks: int) -> None:
+        stat.write_text("4242 (train) S 1 " + " ".join(["0"] * 17) + f" {ticks} 0 0\n")
+
+    started_at(1000)
+    job = AttachedJob(4242, tmp_path)
+    assert not job.ended()
+    started_at(2000)  # another process, same pid
+    assert job.ended()

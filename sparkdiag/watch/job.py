@@ -239,16 +239,19 @@ def alive(rootfs: Path, pid: int) -> bool:
 
 
 class AttachedJob:
-    """A running process (``sparkdiag watch --pid PID``); watching ends when it does."""
+    """A running process (``sparkdiag watch --pid PID``); watching ends when it does, or when
+    its pid is another process's (its start time changed: the pid was given again, and watch
+    went on following the newcomer)."""
 
     def __init__(self, pid: int, rootfs: Path) -> None:
         self.pid = pid
         self.rootfs = rootfs
+        self.started = start_time(rootfs, pid)
         name = process_names(rootfs, [pid]).get(pid, "?")
         self.description = f"pid {pid} ({name})"
 
     def ended(self) -> bool:
-        return not alive(self.rootfs, self.pid)
+        return not alive(self.rootfs, self.pid) or start_time(self.rootfs, self.pid) != self.started
 
     def exit_status(self) -> int | None:
         return None
