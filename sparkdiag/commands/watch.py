@@ -6,8 +6,9 @@ the diagnosis (a pure function of the recording) in :mod:`.diagnose`, the output
 
 Exit status: the job's own when watch started it (128 + N when a signal N ended it), else 0;
 2 for bad usage, an unusable fixture or recording, a command that cannot start, a --pid that is
-not running, or --plot without matplotlib (the errors of :mod:`sparkdiag.errors`, translated by
-the command group).
+not running (or is watch's own, or a kernel thread's), or --plot without matplotlib (the errors
+of :mod:`sparkdiag.errors`, translated by the command group). Standard output that cannot be
+written: the job's status where it is not 0, else 1 (:func:`_status`).
 """
 
 from __future__ import annotations
@@ -290,7 +291,8 @@ def watch(
 
     Exit status: the job's own when watch started it (128 + N when signal N ended it), else 0;
     2 usage error (a bad flag, fixture or recording, a command that cannot start: missing, not
-    executable, or not on PATH; a --pid not running; --plot without matplotlib). Standard
+    executable, or not on PATH; a --pid not running, watch's own or a kernel thread's; --replay
+    with --record; --plot without matplotlib). Standard
     output that cannot be written (a full disk, a reader gone as with | head -1): 1 where the
     job's status is 0 or there is no job, the job's own where it is not 0; watch still waits
     for the job and writes --record.
