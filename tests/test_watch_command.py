@@ -20,7 +20,7 @@ from click.testing import CliRunner
 from sparkdiag.cli import main
 from sparkdiag.watch import plot as plotting
 from sparkdiag.watch.sampler import HostSampler
-from tests.support import NVML, ROOT, invoke_cli, sparkdiag_cmd
+from tests.support import NVML, ROOT, alive, invoke_cli, sparkdiag_cmd
 from tests.support.watch import PollGate, timeline
 
 
@@ -253,6 +253,10 @@ def test_watch_does_not_need_pyudev(tmp_path: Path) -> None:
         ),
         (["--interval", "0", "--", "true"], "0.05"),
         (["--nvml-fixture", "/nonexistent.json", "--", "true"], "cannot read NVML fixture"),
+        (  # --record was ignored: no file written, exit 0
+            ["--replay", "/nonexistent.json", "--record", "/tmp/never-written.json"],
+            "--record saves the samples of a job being watched; --replay reads a recording",
+        ),
     ],
 )
 def test_usage_errors(args: list[str], message: str) -> None:
@@ -461,3 +465,165 @@ def test_plot_names_that_cannot_be_written_are_refused_before_the_work(tmp_path:
         assert done.returncode == 2 and needle in done.stderr, done.stderr
     svg = run_watch("--replay", str(recording), "--plot", str(tmp_path / "t.svg"))
     assert svg.returncode == 0 and (tmp_path / "t.svg").read_text().lstrip().startswith("<?xml")
+
+
+# ---- standard output that cannot be written, recordings that cannot be -------------------------
+
+
+def _watch_into(stdout: Any, *args: str, **popen: Any) -> subprocess.CompletedProcess[str]:
+    fixture = [
+        "--interval",
+        "0.1",
+        "--stacks",
+        "off",
+        "--nvml-fixture",
+        str(NVML / "watch-healthy.json"),
+    ]
+    return subprocess.run(
+        sparkdiag_cmd("watch", *fixture, *args), stdout=stdout, stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL, text=True, timeout=60, cwd=ROOT, check=False, **popen,
+    )  # fmt: skip
+
+
+def test_unwritable_standard_output_keeps_the_job_s_status_and_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    """``sparkdiag watch --json -- make train > /dev/full``: watch exited 1 whatever the job
+    did, and with --duration before the job had ended (it ran on, not waited for). A script
+    must still see a failed job fail: the job's status stands where it is not 0; a job that
+    succeeded with its report lost is 1, as every command whose output was not written."""
+    recording = tmp_path / "run.json"
+    with open("/dev/full", "w") as full:
+        failed = _watch_into(
+            full, "--json", "--duration", "0.2", "--record", str(recording),
+            "--", "sh", "-c", "sleep 1; exit 4",
+        )  # fmt: skip
+        succeeded = _watch_into(full, "--json", "--", "true")
+    assert failed.returncode == 4, failed.stderr
+    assert failed.stderr.splitlines()[-1] == (
+        "Error: cannot write standard output: No space left on device; the report is lost, "
+        f"the recording is in {recording} (sparkdiag watch --replay {recording} prints it again)"
+    )
+    assert "Traceback" not in failed.stderr
+    replayed = run_watch("--replay", str(recording), "--json")
+    assert json.loads(replayed.stdout)["ended_by"] == "duration"
+    assert succeeded.returncode == 1, succeeded.stderr
+    assert succeeded.stderr.splitlines()[-1].endswith(
+        "the report is lost, give --record FILE to keep the samples, and read them with "
+        "--replay FILE"
+    )
+
+
+def test_sigterm_after_the_duration_stops_the_job_watch_waits_for() -> None:
+    """After --duration watch waits for its job; SIGTERM (or Ctrl-C) then was not looked at,
+    and watch waited for as long as the job ran."""
+    proc = subprocess.Popen(
+        sparkdiag_cmd(
+            "watch", "--interval", "0.1", "--duration", "0.2", "--stacks", "off",
+            "--nvml-fixture", str(NVML / "watch-healthy.json"), "--", "sleep", "60",
+        ),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+        cwd=ROOT,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("sparkdiag watch: sleep 60;")  # the report
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 128 + signal.SIGINT, err  # the job, stopped by watch's SIGINT
+
+
+def _limit_file_size() -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))  # a disk that fills at 4 KiB
+
+
+def test_a_recording_that_cannot_be_written_whole_leaves_the_last_one_as_it_was(
+    tmp_path: Path,
+) -> None:
+    """--record onto a disk that filled left a truncated recording (4096 bytes here) that
+    --replay refused, in place of the one that was there; now it is written beside and renamed
+    over, and removed when the write fails. The job's status and the report are unchanged."""
+    recording = tmp_path / "run.json"
+    timeline(n=2).save(recording)
+    before = recording.read_bytes()
+    assert len(before) < 4096
+    done = _watch_into(
+        subprocess.PIPE, "--record", str(recording), "--", "sh", "-c", "sleep 1; exit 3",
+        preexec_fn=_limit_file_size,
+    )  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert "diagnosis:" in done.stdout
+    said = " ".join(done.stderr.split())
+    assert f"cannot write {recording}: File too large; the recording is lost" in said, said
+    assert recording.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run.json"]
+
+
+def test_a_recording_from_a_newer_sparkdiag_says_so(tmp_path: Path) -> None:
+    newer = tmp_path / "newer.json"
+    newer.write_text(json.dumps({"schema": "sparkdiag-watch-recording/9", "ticks": []}))
+    result = CliRunner().invoke(main, ["watch", "--replay", str(newer)])
+    assert result.exit_code == 2
+    assert "recorded as 'sparkdiag-watch-recording/9' by a newer sparkdiag" in result.output
+
+
+def test_watch_is_not_part_of_the_job_it_attaches_to(tmp_path: Path) -> None:
+    """``--pid`` of the shell that runs watch (or PID 1): watch and its py-spy are under it,
+    and were sampled as the job's processes."""
+    _fake_job(tmp_path, 1)
+    (tmp_path / "proc" / "200" / "task" / "200" / "children").write_text("300 ")
+    _task(tmp_path, 300, 300, "py-spy", 0, 0, 0)
+    assert HostSampler(tmp_path, tmp_path / "sys", 100).tree() == [100, 200, 300]
+    assert HostSampler(tmp_path, tmp_path / "sys", 100, own_pid=200).tree() == [100]
+
+
+def test_a_failure_while_watching_leaves_no_job_running_unwaited(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Anything that went wrong while watching (before: a stdout that could not be written)
+    ended watch with its job still running, orphaned, unwaited: watch now waits for it first
+    (Ctrl-C stops it), then lets the error out."""
+    from sparkdiag.watch.sampler import Sampler
+
+    calls = {"n": 0}
+    real = Sampler.tick
+
+    def failing(self: Sampler) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("a bug while sampling")
+        return real(self)
+
+    monkeypatch.setattr(Sampler, "tick", failing)
+    pid_file = tmp_path / "pid"
+    result = run_watch(
+        "--interval", "0.1", "--stacks", "off", "--nvml-fixture", str(NVML / "watch-healthy.json"),
+        "--", "sh", "-c", f"echo $$ > {pid_file}; sleep 1",
+    )  # fmt: skip
+    assert "a bug while sampling" in result.stderr
+    assert "waiting for the job to end (Ctrl-C stops it)" in " ".join(result.stderr.split())
+    assert not alive(int(pid_file.read_text()))
+
+
+def test_a_recording_too_large_to_replay_is_said_when_it_is_written(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A job watched for hours wrote a recording over the 64 MiB --replay reads (about 1 KB a
+    tick, 9 h at 0.5 s) without a word; --replay then refused it. Said at the end, with the
+    way out (the limit lowered here to 1 KB)."""
+    monkeypatch.setattr("sparkdiag.commands.watch.MAX_RECORDING_BYTES", 1024)
+    recording = tmp_path / "run.json"
+    result = run_watch(
+        "--interval", "0.1", "--stacks", "off", "--record", str(recording),
+        "--nvml-fixture", str(NVML / "watch-healthy.json"), "--", "sleep", "0.3",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    said = " ".join(result.stderr.split())
+    assert f"{recording} holds 0 MiB, more than the 0 MiB --replay reads" in said, said
+    assert "with a longer --interval" in said and recording.stat().st_size > 1024

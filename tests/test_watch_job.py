@@ -4,19 +4,31 @@ terminal's Ctrl-C went to both."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import pty
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
 from click.testing import CliRunner
 
 from sparkdiag.cli import main
+from sparkdiag.sources.host.procfs import process_tree
 from sparkdiag.watch import job as job_module
-from sparkdiag.watch.job import SpawnedJob, interrupt_reached_job
+from sparkdiag.watch.job import (
+    AttachedJob,
+    SpawnedJob,
+    follow,
+    interrupt_reached_job,
+    unwatchable,
+)
+from sparkdiag.watch.model import Tick
+from tests.support import alive, wait_dead
 
 
 def test_without_a_terminal_the_job_is_sent_sigint_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -59,9 +71,9 @@ def test_where_the_terminal_s_ctrl_c_reached_the_job_it_waits_first(
 ) -> None:
     """A job that ends on its own within the grace gets no signal from watch; without the
     terminal's Ctrl-C it gets one at once."""
-    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda: True)
+    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda pid=None: True)
     assert _trapping_job(tmp_path).stop(grace=5.0) == 7
-    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda: False)
+    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda pid=None: False)
     assert _trapping_job(tmp_path).stop(grace=5.0) == 9
 
 
@@ -124,3 +136,168 @@ def test_watch_names_a_file_that_is_not_executable(folder: Path) -> None:
     )
     result = CliRunner().invoke(main, ["watch", "--stacks", "off", "--", "./notes.txt"])
     assert result.output.endswith("cannot start ./notes.txt: Permission denied (not executable)\n")
+
+
+# ---- stopping the whole job: every process under it, at once on a further signal -------------
+
+
+def _descendants(job: SpawnedJob, count: int, timeout: float = 30) -> list[int]:
+    """The processes under ``job`` once there are ``count`` of them."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        below = process_tree(Path("/"), job.pid)[1:]
+        if len(below) >= count:
+            return below
+        time.sleep(0.02)
+    raise AssertionError(f"the job {job.argv} started fewer than {count} processes")
+
+
+def test_stop_ends_every_process_under_the_job(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sh -c 'sleep 60; true'`` (make, a launcher, any shell that does not exec): SIGINT and
+    SIGTERM went to the shell alone, which ended, and its sleep ran on, orphaned, after watch
+    exited (found by a review: ``kill -TERM`` to watch left ``sleep 61`` under PID 1)."""
+    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda pid=None: False)
+    job = SpawnedJob(["sh", "-c", "sleep 60; true"])
+    (sleeper,) = _descendants(job, 1)
+    try:
+        job.stop(grace=5.0)
+        assert wait_dead([sleeper], 0) == [], "the job's child was left running"
+    finally:
+        if alive(sleeper):
+            os.kill(sleeper, signal.SIGKILL)
+
+
+def test_stop_reaches_a_child_in_a_session_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child that left the job's process group (setsid: a terminal's Ctrl-C does not reach
+    it) is still the job's, and stopped with it."""
+    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda pid=None: False)
+    job = SpawnedJob(["sh", "-c", "setsid sleep 60 & wait"])
+    (sleeper,) = _descendants(job, 1)
+    try:
+        job.stop(grace=5.0)
+        assert wait_dead([sleeper], 0) == []
+    finally:
+        if alive(sleeper):
+            os.kill(sleeper, signal.SIGKILL)
+
+
+def test_a_further_stop_signal_moves_on_to_the_next_at_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A job that ignores SIGINT and SIGTERM took 10 s of grace to be killed whatever the user
+    did; each further Ctrl-C or SIGTERM to watch (``hurry`` goes up) now sends the next
+    signal at once: here every look sees one more, so SIGKILL comes well within one grace."""
+    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda pid=None: False)
+    ready = tmp_path / "ready"
+    job = SpawnedJob(["sh", "-c", f"trap '' INT TERM; touch {ready}; while :; do sleep 1; done"])
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    signals = itertools.count()
+    began = time.monotonic()
+    assert job.stop(grace=60.0, hurry=lambda: next(signals)) == 128 + signal.SIGKILL
+    assert time.monotonic() - began < 30
+
+
+def test_waiting_after_the_duration_stops_the_job_on_a_signal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """After --duration, watch waits for its job; Ctrl-C and SIGTERM were not looked at, so
+    watch waited as long as the job ran. They now stop it, as while it was watched."""
+    monkeypatch.setattr(job_module, "interrupt_reached_job", lambda pid=None: False)
+    stop = threading.Event()
+    done = SpawnedJob(["sh", "-c", "exit 4"])
+    assert done.wait_unless(stop) == 4
+    job = SpawnedJob(["sleep", "60"])
+    threading.Timer(0.2, stop.set).start()
+    assert job.wait_unless(stop) == 128 + signal.SIGINT
+
+
+# ---- --pid that cannot be a job ----------------------------------------------------------------
+
+
+def test_a_kernel_thread_or_watch_itself_is_refused() -> None:
+    """``--pid 2`` (kthreadd) was followed, its tree every kernel thread, and said "healthy"
+    from the GPU's readings alone; ``--pid`` of watch sampled its own sampling."""
+    kthread = unwatchable(Path("/"), 2, os.getpid())
+    if Path("/proc/2/stat").exists() and "kthreadd" in Path("/proc/2/stat").read_text():
+        assert kthread.startswith("2 (kthreadd) is a kernel thread, not a job; give the pid")
+    assert unwatchable(Path("/"), os.getpid(), os.getpid()).endswith(
+        "is this sparkdiag watch itself; give the pid of the job to watch"
+    )
+    assert unwatchable(Path("/"), os.getppid(), os.getpid()) == ""
+
+
+def test_a_script_whose_interpreter_is_missing_says_so(tmp_path: Path) -> None:
+    """exec's ENOENT said "No such file or directory" of a script that is there."""
+    script = tmp_path / "job"
+    script.write_text("#!/nonexistent/python3 -u\nprint('hi')\n")
+    script.chmod(0o755)
+    with pytest.raises(FileNotFoundError) as caught:
+        SpawnedJob([str(script)])
+    assert caught.value.strerror.startswith("its interpreter /nonexistent/python3 (its #! line)")
+    with pytest.raises(FileNotFoundError, match="the command's name is empty"):
+        SpawnedJob([""])
+
+
+# ---- the loop: the job's end and the duration are not held back by a long interval -------------
+
+
+class _Ticks:
+    """A sampler whose ticks are only counted."""
+
+    def __init__(self) -> None:
+        self.taken = 0
+
+    def tick(self) -> Tick:
+        self.taken += 1
+        return Tick(t=float(self.taken), dt=1.0)
+
+
+def test_a_long_interval_does_not_hold_back_the_end_or_the_duration() -> None:
+    """``watch --interval 20 -- true`` took 20 s and reported the job watched for 20 s;
+    ``--duration 0.1 --interval 20`` ran 20 s too."""
+    sampler = _Ticks()
+    began = time.monotonic()
+    ticks, ended_by = follow(cast(Any, sampler), lambda: True, 20.0, None, threading.Event())
+    assert (ended_by, len(ticks)) == ("exit", 1)
+    ticks, ended_by = follow(cast(Any, sampler), lambda: False, 20.0, 0.1, threading.Event())
+    assert (ended_by, len(ticks)) == ("duration", 1)
+    assert time.monotonic() - began < 15
+
+
+def test_a_job_that_left_watch_s_process_group_is_not_taken_to_have_had_the_ctrl_c(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With watch in the terminal's foreground, a job in a session of its own (setsid) never
+    gets the terminal's Ctrl-C, yet watch waited the whole grace before sending it SIGINT."""
+    monkeypatch.setattr(os, "isatty", lambda fd: True)
+    monkeypatch.setattr(os, "tcgetpgrp", lambda fd: os.getpgrp())
+    with open(os.devnull) as devnull:
+        monkeypatch.setattr(sys, "stdin", devnull)
+        assert interrupt_reached_job()  # watch's own group holds the terminal
+        code = "import os; os.setsid(); os.execvp('sleep', ['sleep', '60'])"
+        job = SpawnedJob([sys.executable, "-c", code])
+        deadline = time.monotonic() + 30
+        while os.getpgid(job.pid) == os.getpgrp() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not interrupt_reached_job(job.pid)
+        began = time.monotonic()
+        assert job.stop(grace=30.0) == 128 + signal.SIGINT
+    assert time.monotonic() - began < 15  # not the 30 s grace first
+
+
+def test_an_attached_pid_given_to_another_process_ends_the_watch(tmp_path: Path) -> None:
+    """``--pid`` that exited and whose pid the kernel gave to a new process: watch followed the
+    newcomer as the job. Its start time (/proc/PID/stat field 22) tells them apart."""
+    stat = tmp_path / "proc" / "4242" / "stat"
+    stat.parent.mkdir(parents=True)
+
+    def started_at(ticks: int) -> None:
+        stat.write_text("4242 (train) S 1 " + " ".join(["0"] * 17) + f" {ticks} 0 0\n")
+
+    started_at(1000)
+    job = AttachedJob(4242, tmp_path)
+    assert not job.ended()
+    started_at(2000)  # another process, same pid
+    assert job.ended()

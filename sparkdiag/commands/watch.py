@@ -6,12 +6,15 @@ the diagnosis (a pure function of the recording) in :mod:`.diagnose`, the output
 
 Exit status: the job's own when watch started it (128 + N when a signal N ended it), else 0;
 2 for bad usage, an unusable fixture or recording, a command that cannot start, a --pid that is
-not running, or --plot without matplotlib (the errors of :mod:`sparkdiag.errors`, translated by
-the command group).
+not running (or is watch's own, or a kernel thread's), or --plot without matplotlib (the errors
+of :mod:`sparkdiag.errors`, translated by the command group). Standard output that cannot be
+written: the job's status where it is not 0, else 1 (:func:`_status`).
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
 import sys
@@ -48,8 +51,8 @@ from sparkdiag.sources.nvml.gpu import GpuSource
 from sparkdiag.watch import plot as plotting
 from sparkdiag.watch import stack_sampler
 from sparkdiag.watch.diagnose import Diagnosis, diagnose
-from sparkdiag.watch.job import AttachedJob, SpawnedJob, alive, follow
-from sparkdiag.watch.model import Recording, load
+from sparkdiag.watch.job import AttachedJob, SpawnedJob, alive, follow, unwatchable
+from sparkdiag.watch.model import MAX_RECORDING_BYTES, Recording, load
 from sparkdiag.watch.places import locate_places, read_stores
 from sparkdiag.watch.render import status as status_text
 from sparkdiag.watch.render import text, to_json
@@ -143,9 +146,12 @@ def _check_plot(plot_to: str | None) -> None:
     check_output_path(path, "--plot")  # DIR/watch.png too: it may be a folder already
 
 
-def _report(rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: str | None) -> None:
+def _report(
+    rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: str | None, saved: Path | None
+) -> bool:
     """The diagnosis on standard output; the timeline written where --plot says, and which file
-    that was on standard error (standard output stays the report, or the JSON document)."""
+    that was on standard error (standard output stays the report, or the JSON document). True
+    when standard output could not be written (:func:`_stdout_lost`)."""
     wrote = None
     if plot_to is not None:
         try:
@@ -155,9 +161,48 @@ def _report(rec: Recording, diagnosis: Diagnosis, as_json: bool, plot_to: str | 
         except OSError as exc:
             where = exc.filename or plotting.path_for(plot_to)
             click.echo(f"sparkdiag watch: cannot write {where}: {exc.strerror or exc}", err=True)
-    click.echo(to_json(rec, diagnosis) if as_json else text(rec, diagnosis), nl=False)
+    lost = False
+    try:
+        click.echo(to_json(rec, diagnosis) if as_json else text(rec, diagnosis), nl=False)
+        sys.stdout.flush()
+    except OSError as exc:
+        _stdout_lost(exc, saved)
+        lost = True
     if wrote is not None:
         click.echo(f"wrote {wrote}", err=True)
+    return lost
+
+
+def _stdout_lost(exc: OSError, saved: Path | None) -> None:
+    """Standard output that cannot be written (``> /dev/full``, a full disk, ``| head -1``):
+    one line (none for a reader that went away, as for every command), and what is still
+    buffered dropped, so that the exit's own flush does not fail again and end watch with 1
+    before it waited for its job and passed its status on (:func:`_status`)."""
+    with contextlib.suppress(OSError, ValueError):
+        with open(os.devnull, "wb") as sink:
+            os.dup2(sink.fileno(), sys.stdout.fileno())
+        sys.stdout.flush()
+    if exc.errno == errno.EPIPE:
+        return
+    kept = (
+        f"the recording is in {saved} (sparkdiag watch --replay {saved} prints it again)"
+        if saved is not None
+        else "give --record FILE to keep the samples, and read them with --replay FILE"
+    )
+    click.echo(
+        f"Error: cannot write standard output: {exc.strerror or exc}; the report is lost, {kept}",
+        err=True,
+    )
+
+
+def _status(status: int | None, lost: bool) -> int:
+    """What watch exits with: the job's own status (None: a --pid or a --replay, 0); where
+    standard output could not be written, 1 (ATTENTION, as every command's) unless the job's
+    status says more, which then stands."""
+    status = status or Exit.OK
+    if lost and status == Exit.OK:
+        return Exit.ATTENTION
+    return status
 
 
 @click.command(
@@ -246,23 +291,33 @@ def watch(
 
     Exit status: the job's own when watch started it (128 + N when signal N ended it), else 0;
     2 usage error (a bad flag, fixture or recording, a command that cannot start: missing, not
-    executable, or not on PATH; a --pid not running; --plot without matplotlib).
+    executable, or not on PATH; a --pid not running, watch's own or a kernel thread's; --replay
+    with --record; --plot without matplotlib). Standard
+    output that cannot be written (a full disk, a reader gone as with | head -1): 1 where the
+    job's status is 0 or there is no job, the job's own where it is not 0; watch still waits
+    for the job and writes --record.
     """
     settings = settings_from("watch", given)
     nvml_fixture, rootfs, sysfs = settings.nvml_fixture, settings.rootfs, settings.sysfs
     modes = sum(x is not None for x in (pid, replay)) + (1 if command else 0)
     if modes != 1:
         raise UsageError("give exactly one of --pid PID, --replay FILE or -- COMMAND ARGS...")
+    if replay is not None and record_to is not None:  # it was ignored: no file, status 0
+        raise UsageError(
+            "--record saves the samples of a job being watched; --replay reads a recording "
+            "already saved: give one of them (cp copies a recording)"
+        )
     _check_plot(plot_to)  # before the job runs, not after it ended
     if is_stdout(record_to):  # standard output holds the diagnosis
         raise UsageError("the recording goes to a file; for one named -, give ./-", flag="--record")
     check_output_path(record_to, "--record")
     if replay is not None:
         rec = load(replay)  # RecordingError: a usage error naming --replay
-        _report(rec, diagnose(rec), as_json, plot_to)
-        return Exit.OK
+        return _status(None, _report(rec, diagnose(rec), as_json, plot_to, replay))
     if pid is not None and not alive(rootfs, pid):
         raise UsageError(f"no running process {pid} under {rootfs / 'proc'}", flag="--pid")
+    if pid is not None and (why_not := unwatchable(rootfs, pid, os.getpid())):
+        raise UsageError(why_not, flag="--pid")
 
     setup_logging("warning", prefix="sparkdiag watch")
     gpu, why = _start_gpu(nvml_fixture, gpus, rootfs)
@@ -272,6 +327,7 @@ def watch(
     for line in skipped:
         _say(line)
     stop = LIFECYCLE.stop_on_signal()  # Ctrl-C and SIGTERM end the watching, not watch
+    hurry = lambda: len(LIFECYCLE.received)  # noqa: E731  # a further Ctrl-C: the next signal
     started_at = time.time()
     live = terminal.StatusLine(sys.stderr)  # silent unless stderr is a terminal
     job: SpawnedJob | AttachedJob
@@ -284,16 +340,17 @@ def watch(
     except OSError as exc:
         raise UsageError(f"cannot start {command[0]}: {exc.strerror or exc}") from None
     stack = None
-    if binary is not None:
-        problem = pyspy.ptrace_problem(rootfs, job.pid, descendant=ptracer)
-        if problem:
-            skipped.append(f"cannot read the Python stacks of pid {job.pid}: {problem}")
-            skipped[-1] += f"; {NO_STACKS}"
-            _say(skipped[-1])
-        else:
-            stack = StackSampler(binary, rootfs, native=stacks == "native")
     try:
-        host = HostSampler(rootfs, sysfs, job.pid)
+        if binary is not None:
+            problem = pyspy.ptrace_problem(rootfs, job.pid, descendant=ptracer)
+            if problem:
+                skipped.append(f"cannot read the Python stacks of pid {job.pid}: {problem}")
+                skipped[-1] += f"; {NO_STACKS}"
+                _say(skipped[-1])
+            else:
+                stack = StackSampler(binary, rootfs, native=stacks == "native")
+        own = os.getpid() if rootfs.resolve() == Path("/") else None
+        host = HostSampler(rootfs, sysfs, job.pid, own_pid=own)
         cwd = pyspy.process_cwd(rootfs, job.pid)
         sampler = Sampler(gpu, host, started_at, stacks=stack)
         ticks, ended_by = follow(
@@ -313,7 +370,7 @@ def watch(
         skipped += sampler.problems
         status = job.exit_status()
         if isinstance(job, SpawnedJob) and ended_by == "interrupt":
-            status = job.stop()
+            status = job.stop(hurry=hurry)
         if isinstance(job, AttachedJob) and ended_by == "exit":
             ended_by = "gone"
         stores, unread = read_stores(settings.state_dir)
@@ -340,20 +397,36 @@ def watch(
             stores=stores,
             ranks=stack.ranks if stack is not None else (),
         )
+        saved = False
         if record_to is not None:
             try:
-                rec.save(record_to)
+                size = rec.save(record_to)
+                saved = True
+                if size > MAX_RECORDING_BYTES:  # written, but --replay would refuse it
+                    _say(
+                        f"{record_to} holds {size >> 20} MiB, more than the "
+                        f"{MAX_RECORDING_BYTES >> 20} MiB --replay reads: watch a job this long "
+                        "with a longer --interval (each tick is about 1 KB), or a --duration"
+                    )
             except OSError as exc:
-                click.echo(f"sparkdiag watch: cannot write {record_to}: {exc}", err=True)
-        _report(rec, diagnose(rec), as_json, plot_to)
-        sys.stdout.flush()
+                _say(
+                    f"cannot write {record_to}: {exc.strerror or exc}; the recording is lost "
+                    "(a file there before is left as it was), the report follows: free space "
+                    "there or give --record another place next time"
+                )
+        lost = _report(rec, diagnose(rec), as_json, plot_to, record_to if saved else None)
         if gpu is not None:
             gpu.source.stop()
-        if isinstance(job, SpawnedJob):
-            if status is None:  # --duration passed: the job goes on; wait for it
-                status = job.wait()
-            return status
-        return Exit.OK
+        if isinstance(job, SpawnedJob) and status is None:
+            # --duration passed: the job goes on; wait for it, or stop it on Ctrl-C or SIGTERM
+            status = job.wait_unless(stop, hurry)
+        return _status(status, lost)
+    except Exception:
+        if isinstance(job, SpawnedJob) and not job.ended():  # not left running, unwaited
+            live.clear()
+            _say("watching failed (below); waiting for the job to end (Ctrl-C stops it)")
+            job.wait_unless(stop, hurry)
+        raise
     finally:
         live.clear()
         if stack is not None:

@@ -3,6 +3,7 @@ and the loop that samples it until it ends, the duration runs out, or the user i
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shlex
@@ -15,14 +16,17 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sparkdiag.sources.host.procfs import process_names
+from sparkdiag.sources.host.procfs import process_names, process_tree
 from sparkdiag.sources.host.pyspy import PTRACER_SHIM
 from sparkdiag.watch.model import Tick
 from sparkdiag.watch.sampler import Sampler
 
 # After Ctrl-C, a started job gets this long to end after each signal (SIGINT, SIGTERM) before
-# the next one; SIGKILL last.
+# the next one; SIGKILL last. A further Ctrl-C or SIGTERM to watch moves on to the next at once.
 STOP_GRACE_SECONDS = 5.0
+STOP_POLL_SECONDS = 0.05  # how often a stopping job is looked at
+# a job watch starts runs in watch's own PID namespace, whatever --path.rootfs says
+OWN_PROC = Path("/")
 
 
 def exit_status(returncode: int) -> int:
@@ -30,15 +34,17 @@ def exit_status(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def interrupt_reached_job() -> bool:
-    """Whether the signal that stopped watch reached its started job as well: a Ctrl-C in the
-    terminal goes to the terminal's foreground process group, which the job shares with watch.
-    A signal sent to watch alone (``kill``, a supervisor, watch run without a terminal) did
-    not: the job is sent SIGINT at once rather than after ``STOP_GRACE_SECONDS``."""
+def interrupt_reached_job(pid: int | None = None) -> bool:
+    """Whether the signal that stopped watch reached its started job (``pid``) as well: a Ctrl-C
+    in the terminal goes to the terminal's foreground process group, which the job shares with
+    watch unless it left it (``setsid``, ``setpgid``: then it was sent SIGINT only after
+    ``STOP_GRACE_SECONDS``). A signal sent to watch alone (``kill``, a supervisor, watch run
+    without a terminal) did not: the job is sent SIGINT at once rather than after the grace."""
     try:
         fd = sys.stdin.fileno()
-        return os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp()
-    except (OSError, ValueError, AttributeError):  # no stdin, closed, or not a file
+        ours = os.isatty(fd) and os.tcgetpgrp(fd) == os.getpgrp()
+        return ours and (pid is None or os.getpgid(pid) == os.getpgrp())
+    except (OSError, ValueError, AttributeError):  # no stdin, closed, not a file; the job gone
         return False
 
 
@@ -51,7 +57,11 @@ def check_runnable(program: str) -> None:
     current folder unless it says so, so a file of that name here is not run; the error then
     says that it is here, and whether it is executable (``shutil.which`` answers None for a
     missing file and an unexecutable one alike, which read "No such file or directory")."""
-    if shutil.which(program) is not None:
+    if not program:
+        raise FileNotFoundError(errno.ENOENT, "the command's name is empty; give the program")
+    on_path = shutil.which(program)
+    if on_path is not None:
+        _check_interpreter(Path(on_path), program)
         return
     if os.sep in program:
         path = Path(program)
@@ -73,6 +83,27 @@ def check_runnable(program: str) -> None:
         why = f"not found on PATH (to run ./{program} in this folder, give ./{program})"
         raise FileNotFoundError(errno.ENOENT, why, program)
     raise FileNotFoundError(errno.ENOENT, "No such file or directory", program)
+
+
+def _check_interpreter(path: Path, program: str) -> None:
+    """A script whose ``#!`` interpreter is missing: exec's ENOENT read "No such file or
+    directory" of a script that is there. FileNotFoundError naming the interpreter."""
+    try:
+        with path.open("rb") as script:
+            first = script.readline(256)
+    except OSError:
+        return
+    words = first[2:].split() if first.startswith(b"#!") else []
+    if not words:
+        return
+    interpreter = os.fsdecode(words[0])
+    if os.path.isabs(interpreter) and not os.access(interpreter, os.X_OK):
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"its interpreter {interpreter} (its #! line) is not there or not executable; "
+            "install it or correct the line",
+            program,
+        )
 
 
 class SpawnedJob:
@@ -105,20 +136,96 @@ class SpawnedJob:
     def wait(self) -> int:
         return exit_status(self.proc.wait())
 
-    def stop(self, grace: float = STOP_GRACE_SECONDS) -> int:
-        """End the job: SIGINT, SIGTERM and SIGKILL, ``grace`` seconds apart; first a wait where
-        the interrupt reached the job too (:func:`interrupt_reached_job`), so that a job ending
-        on its own Ctrl-C (saving, cleaning up) does not get a second one."""
-        first = (None,) if interrupt_reached_job() else ()
-        for sig in (*first, signal.SIGINT, signal.SIGTERM):
-            if sig is not None and self.proc.poll() is None:
-                self.proc.send_signal(sig)
-            try:
-                return exit_status(self.proc.wait(timeout=grace))
-            except subprocess.TimeoutExpired:
-                continue
-        self.proc.kill()
+    def wait_unless(self, stop: threading.Event, hurry: Callable[[], int] = lambda: 0) -> int:
+        """Wait for the job to end (after --duration), or :meth:`stop` it once ``stop`` is set
+        (Ctrl-C or SIGTERM to watch): the wait did not look at it, and watch waited for a job
+        that ignores SIGINT for as long as it ran."""
+        while not stop.wait(STOP_POLL_SECONDS):
+            code = self.proc.poll()
+            if code is not None:
+                return exit_status(code)
+        return self.stop(hurry=hurry)
+
+    def stop(self, grace: float = STOP_GRACE_SECONDS, hurry: Callable[[], int] = lambda: 0) -> int:
+        """End the job and every process under it: SIGINT, SIGTERM and SIGKILL, ``grace``
+        seconds apart, or at once when ``hurry()`` (the stop signals watch received) goes up;
+        first a wait where the interrupt reached the job too (:func:`interrupt_reached_job`), so
+        that a job ending on its own Ctrl-C (saving, cleaning up) does not get a second one.
+        Each signal goes to the job and to every process seen under it since the stop began
+        (``sh -c 'python train.py; ...'``, make, a launcher's workers: a process of its own
+        group or session too), the job last; the stop waits until all of them ended, so that
+        none is left running, orphaned, after watch. The status is the job's."""
+        first = (None,) if interrupt_reached_job(self.pid) else ()
+        tree: dict[int, str] = {}
+        for sig in (*first, signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+            self._note_tree(tree)
+            if sig is not None:
+                self._signal_tree(tree, sig)
+            seen = hurry()
+            deadline = time.monotonic() + grace
+            while self._tree_running(tree) and time.monotonic() < deadline and hurry() == seen:
+                time.sleep(STOP_POLL_SECONDS)
+                self._note_tree(tree)
+            if not self._tree_running(tree):
+                break
         return exit_status(self.proc.wait())
+
+    def _note_tree(self, tree: dict[int, str]) -> None:
+        """Add the job's descendants now (under the job, or under one seen before: an orphan
+        stays known after its parent ended) to ``tree``, pid -> start time."""
+        roots = [self.pid, *(p for p, t in tree.items() if start_time(OWN_PROC, p) == t)]
+        for root in roots:
+            for pid in process_tree(OWN_PROC, root):
+                if pid != self.pid and pid not in tree:
+                    started = start_time(OWN_PROC, pid)
+                    if started is not None:
+                        tree[pid] = started
+
+    def _signal_tree(self, tree: dict[int, str], sig: int) -> None:
+        for pid, started in tree.items():
+            if start_time(OWN_PROC, pid) == started:  # the same process, not a new one
+                with contextlib.suppress(OSError):  # gone since, or not ours to signal
+                    os.kill(pid, sig)
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+
+    def _tree_running(self, tree: dict[int, str]) -> bool:
+        return self.proc.poll() is None or any(
+            start_time(OWN_PROC, p) == t for p, t in tree.items()
+        )
+
+
+def start_time(rootfs: Path, pid: int) -> str | None:
+    """When ``pid`` started (``/proc/PID/stat``'s field 22, in clock ticks since boot), which
+    tells a process from a later one given the same pid; None when it is gone or a zombie."""
+    try:
+        text = (rootfs / "proc" / str(pid) / "stat").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    fields = text.rpartition(")")[2].split()
+    if len(fields) < 20 or fields[0] in ("Z", "X"):
+        return None
+    return fields[19]
+
+
+PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
+
+
+def unwatchable(rootfs: Path, pid: int, own: int) -> str:
+    """Why ``--pid PID`` cannot be watched, or "": watch itself (``own``: it would sample its
+    own sampling), or a kernel thread (no job runs there: kthreadd's tree is every kernel thread,
+    and it was diagnosed "healthy" from the GPU's readings alone)."""
+    if pid == own and rootfs.resolve() == OWN_PROC:
+        return f"{pid} is this sparkdiag watch itself; give the pid of the job to watch"
+    try:
+        text = (rootfs / "proc" / str(pid) / "stat").read_text(encoding="utf-8", errors="replace")
+        flags = int(text.rpartition(")")[2].split()[6])
+    except (OSError, IndexError, ValueError):
+        return ""
+    if flags & PF_KTHREAD:
+        name = process_names(rootfs, [pid]).get(pid, "?")
+        return f"{pid} ({name}) is a kernel thread, not a job; give the pid of the job to watch"
+    return ""
 
 
 def alive(rootfs: Path, pid: int) -> bool:
@@ -132,19 +239,37 @@ def alive(rootfs: Path, pid: int) -> bool:
 
 
 class AttachedJob:
-    """A running process (``sparkdiag watch --pid PID``); watching ends when it does."""
+    """A running process (``sparkdiag watch --pid PID``); watching ends when it does, or when
+    its pid is another process's (its start time changed: the pid was given again, and watch
+    went on following the newcomer)."""
 
     def __init__(self, pid: int, rootfs: Path) -> None:
         self.pid = pid
         self.rootfs = rootfs
+        self.started = start_time(rootfs, pid)
         name = process_names(rootfs, [pid]).get(pid, "?")
         self.description = f"pid {pid} ({name})"
 
     def ended(self) -> bool:
-        return not alive(self.rootfs, self.pid)
+        return not alive(self.rootfs, self.pid) or start_time(self.rootfs, self.pid) != self.started
 
     def exit_status(self) -> int | None:
         return None
+
+
+ENDED_POLL_SECONDS = 0.1  # how often the job's end is looked at between two ticks
+
+
+def _wait_until(
+    until: float, stop: threading.Event, ended: Callable[[], bool], monotonic: Callable[[], float]
+) -> bool:
+    """Wait until ``until``, the job's end or ``stop``; True for ``stop``."""
+    while (left := until - monotonic()) > 0:
+        if stop.wait(min(left, ENDED_POLL_SECONDS)):
+            return True
+        if ended():
+            return False
+    return stop.is_set()
 
 
 def follow(
@@ -159,13 +284,17 @@ def follow(
     """Sample every ``interval`` seconds until the job ends ("exit"), ``duration`` passes
     ("duration") or ``stop`` is set ("interrupt"). A first tick primes the counters and is
     dropped. Never drifts, never bursts. ``on_tick(tick, ticks so far)`` sees each tick kept
-    (the live status line)."""
+    (the live status line). Between ticks the job's end and the duration are looked at every
+    ``ENDED_POLL_SECONDS``, and a last, shorter tick taken then (each tick has its own ``dt``):
+    with ``--interval 20``, a job that ended at once was reported as watched for 20 s, and
+    ``--duration 0.1`` ran 20 s."""
     sampler.tick()
     ticks: list[Tick] = []
     start = monotonic()
     next_at = start + interval
     while True:
-        interrupted = stop.wait(max(0.0, next_at - monotonic()))
+        until = next_at if duration is None else min(next_at, start + duration)
+        interrupted = _wait_until(until, stop, ended, monotonic)
         ticks.append(sampler.tick())
         if on_tick is not None:
             on_tick(ticks[-1], len(ticks))

@@ -10,8 +10,10 @@ of them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -20,6 +22,7 @@ from sparkdiag import safeload
 from sparkdiag.errors import UsageError
 
 SCHEMA = "sparkdiag-watch-recording/2"
+SCHEMA_FAMILY = "sparkdiag-watch-recording/"
 SCHEMAS = ("sparkdiag-watch-recording/1", SCHEMA)  # what --replay reads
 LOADER_NAMES = ("pt_data_worker",)  # what PyTorch names its DataLoader worker processes
 
@@ -286,8 +289,31 @@ class Recording:
     def to_json(self) -> dict[str, Any]:
         return {"schema": SCHEMA, **asdict(self)}
 
-    def save(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_json(), separators=(",", ":")) + "\n", "utf-8")
+    def save(self, path: Path) -> int:
+        """Write the recording to ``path`` whole or not at all: a regular file (or a new name)
+        through a file beside it renamed over it, removed when the write fails (a full disk
+        left a truncated recording that --replay refused, over the last good one); anything
+        else (a FIFO, a device) written directly. Returns the bytes written."""
+        data = (json.dumps(self.to_json(), separators=(",", ":")) + "\n").encode("utf-8")
+        target = path.resolve()
+        if target.exists() and not target.is_file():
+            path.write_bytes(data)
+            return len(data)
+        temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except PermissionError:  # a file that may be written in a folder that may not
+            path.write_bytes(data)
+            return len(data)
+        try:
+            with os.fdopen(fd, "wb") as out:
+                out.write(data)
+            os.replace(temporary, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                temporary.unlink()
+            raise
+        return len(data)
 
 
 class RecordingError(UsageError, ValueError):
@@ -435,7 +461,14 @@ def _job_tick(data: Any) -> JobTick:
 
 def from_json(doc: Any) -> Recording:
     """A :class:`Recording` from :meth:`Recording.to_json`'s document; RecordingError if bad."""
-    if not isinstance(doc, dict) or doc.get("schema") not in SCHEMAS:
+    schema = doc.get("schema") if isinstance(doc, dict) else None
+    if isinstance(schema, str) and schema.startswith(SCHEMA_FAMILY) and schema not in SCHEMAS:
+        raise RecordingError(
+            f"recorded as {schema!r} by a newer sparkdiag (this one reads "
+            f"{', '.join(map(repr, SCHEMAS))}): replay it with the sparkdiag that recorded it "
+            "(pip install -U sparkdiag)"
+        )
+    if not isinstance(doc, dict) or schema not in SCHEMAS:
         raise RecordingError(f"not a sparkdiag watch recording (schema {SCHEMA!r} expected)")
     try:
         ticks = tuple(_tick(t) for t in doc["ticks"])
@@ -463,7 +496,7 @@ def from_json(doc: Any) -> Recording:
         raise RecordingError(f"malformed watch recording: {exc}") from None
 
 
-MAX_RECORDING_BYTES = 64 << 20  # an hour of ticks at 1 s is a few MiB
+MAX_RECORDING_BYTES = 64 << 20  # a tick is about 1 KB: 9 h at 0.5 s of a one-process job
 
 
 def load(path: Path) -> Recording:

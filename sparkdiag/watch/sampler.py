@@ -211,7 +211,10 @@ def _pcie_gpm(gpm: dict[str, float]) -> tuple[float | None, float | None]:
 
 
 class HostSampler:
-    """The job's and the host's side of a tick, as rates over the time since the last call."""
+    """The job's and the host's side of a tick, as rates over the time since the last call.
+    ``own_pid`` (watch's, where ``rootfs`` is its own) is left out of the job's tree with the
+    processes under it (py-spy): ``--pid`` of the shell that runs watch, or of PID 1, counted
+    watch's own sampling as the job's."""
 
     def __init__(
         self,
@@ -219,8 +222,10 @@ class HostSampler:
         sysfs: Path,
         root_pid: int,
         clock: Callable[[], float] = time.monotonic,
+        own_pid: int | None = None,
     ) -> None:
         self.rootfs = rootfs
+        self.own_pid = own_pid
         self.sysfs = sysfs
         self.root_pid = root_pid
         self.clock = clock
@@ -235,7 +240,11 @@ class HostSampler:
         self.paths: set[str] = set()  # the files written and read heavily (places.py)
 
     def tree(self) -> list[int]:
-        self.pids = procfs.process_tree(self.rootfs, self.root_pid)
+        pids = procfs.process_tree(self.rootfs, self.root_pid)
+        if self.own_pid is not None and self.own_pid in pids:
+            own = set(procfs.process_tree(self.rootfs, self.own_pid))
+            pids = [p for p in pids if p not in own]
+        self.pids = pids
         return self.pids
 
     def sample(self, gpu_pids: set[int]) -> tuple[JobTick, HostTick]:
