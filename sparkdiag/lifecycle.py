@@ -1,6 +1,7 @@
 """The process's signals, owned here for every command.
 
-* SIGINT and SIGTERM, for every command (the command group installs them around the command it
+* SIGINT, SIGTERM and SIGHUP (a closed terminal or ssh session; not where it is ignored, as
+  under ``nohup``), for every command (the command group installs them around the command it
   runs, :meth:`Lifecycle.owning`): :class:`Interrupted` is raised where the main thread is, so
   that what is running unwinds (the probe workers, containers and tools that the command started
   run in sessions of their own and are killed on the way out) and the group exits INTERRUPTED
@@ -40,7 +41,10 @@ from typing import Any
 
 log = logging.getLogger("sparkdiag")
 
-COMMAND_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP too: a terminal or an ssh session that closes under a command ended it on the spot,
+# leaving its workers (in sessions of their own) running and what it had measured unsaid; now
+# it unwinds as at Ctrl-C. Not where SIGHUP is ignored already (nohup): that is left as it is.
+COMMAND_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)  # the daemon's
 
 
@@ -90,7 +94,8 @@ class Lifecycle:
             signal.signal(signal.SIGUSR1, self._on_other)
         elif not self._installed:
             for sig in COMMAND_SIGNALS:
-                signal.signal(sig, self._on_stop)
+                if sig != signal.SIGHUP or signal.getsignal(sig) is not signal.SIG_IGN:
+                    signal.signal(sig, self._on_stop)
         self._installed = True
         return self
 

@@ -414,3 +414,51 @@ def test_a_sigterm_another_thread_receives_stops_the_daemon(tmp_path: Path) -> N
                 proc.wait()
     assert code == 0 and "received SIGTERM, stopping" in rest, rest
     assert took < 5, took
+
+
+def _watching(tmp_path: Path, ignore_hup: bool) -> tuple[subprocess.Popen[bytes], int]:
+    """``sparkdiag watch`` of a job that writes its pid and sleeps; the watch and the job's pid."""
+    pidfile = tmp_path / "job.pid"
+    job = f"echo $$ > {pidfile}; exec sleep 120"
+    proc = subprocess.Popen(
+        [*sparkdiag_cmd(), "watch", "--nvml-fixture", str(NVML / "h200-idle.json"),
+         "--", "sh", "-c", job],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
+        preexec_fn=(lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if ignore_hup else None,
+    )  # fmt: skip
+    _wait_file(pidfile)
+    time.sleep(0.2)  # the pid written, then exec: the job is sleep from here
+    return proc, int(pidfile.read_text())
+
+
+def test_a_closed_terminal_stops_a_command_as_ctrl_c_does(tmp_path: Path) -> None:
+    """SIGHUP (a terminal or ssh session closing) ended a command on the spot: watch died with
+    129 and its job slept on under init. Now the command unwinds as at Ctrl-C: the job is
+    stopped, and the command exits 130."""
+    proc, job = _watching(tmp_path, ignore_hup=False)
+    try:
+        os.kill(proc.pid, signal.SIGHUP)
+        assert proc.wait(timeout=60) == 130
+        assert not wait_dead([job], 20), "the job outlived watch"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(job, signal.SIGKILL)
+
+
+def test_a_command_under_nohup_lets_sighup_pass(tmp_path: Path) -> None:
+    """Where SIGHUP is ignored already (nohup), sparkdiag leaves it ignored."""
+    proc, job = _watching(tmp_path, ignore_hup=True)
+    try:
+        os.kill(proc.pid, signal.SIGHUP)
+        with pytest.raises(subprocess.TimeoutExpired):
+            proc.wait(timeout=1.5)  # nothing is to happen: a bounded look for it
+        assert alive(job)
+        os.kill(proc.pid, signal.SIGTERM)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(job, signal.SIGKILL)
