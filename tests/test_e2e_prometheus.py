@@ -34,8 +34,8 @@ hot-ratio-holds             SparkdiagGpuMemoryTemperatureHigh, SparkdiagGpuTherm
 container-gap-native        none
 container-gap-container     SparkdiagContainerNativeGap (bf16 and fp16, every shape)
 lost-gpu                    SparkdiagGpuLost, SparkdiagXidError (XID 79),
-                            SparkdiagProbeStale (a lost GPU is no longer probed),
-                            SparkdiagGpuMissing (on the bus, no longer answering NVML)
+                            SparkdiagGpuMissing (on the bus, no longer answering NVML);
+                            not SparkdiagProbeStale (the lost GPU is GpuLost's)
 nvlink-degraded             SparkdiagNvlinkDown (link 5 of GPU 0), SparkdiagNvlinkErrors
                             (replay errors on link 3 of GPU 1)
 ==========================  ===============================================================
@@ -222,9 +222,10 @@ def test_lost_gpu(fleet: Fleet, alerts: list[Alert]) -> None:
     assert xid.labels["severity"] == "critical"  # 79: the catalog's RESTART_BM
     (missing,) = firing(alerts, "SparkdiagGpuMissing")
     assert missing.instance == "lost-gpu"
-    (stale,) = firing(alerts, "SparkdiagProbeStale")
-    assert lost.instance == xid.instance == stale.instance == "lost-gpu"
-    assert lost.labels["uuid"] == xid.labels["uuid"] == stale.labels["uuid"]
+    # a lost GPU's last success ages, but that is GpuLost's page, not a stale probe
+    assert firing(alerts, "SparkdiagProbeStale") == []
+    assert lost.instance == xid.instance == "lost-gpu"
+    assert lost.labels["uuid"] == xid.labels["uuid"]
     assert fleet.query('sparkdiag_gpu_xid_errors_total{instance="lost-gpu", xid="79"}')
     # NVML itself still answers: one lost GPU is not SparkdiagNvmlDown
     (up,) = fleet.query('sparkdiag_nvml_up{instance="lost-gpu"}')

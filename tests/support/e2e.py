@@ -403,7 +403,7 @@ def fleet_nodes(workdir: Path) -> list[Node]:
             {
                 "SparkdiagGpuLost",
                 "SparkdiagXidError",  # the XID 79 that preceded the loss
-                "SparkdiagProbeStale",  # a lost GPU is not probed: its last success ages
+                # not SparkdiagProbeStale: a lost GPU is GpuLost's, not a stale probe
                 # sysfs lists the GPU on the bus, NVML no longer answers for it
                 "SparkdiagGpuMissing",
             },
