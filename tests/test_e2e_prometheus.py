@@ -33,9 +33,9 @@ hot-ratio-holds             SparkdiagGpuMemoryTemperatureHigh, SparkdiagGpuTherm
                             beside a competing process: the int4 ratio holds)
 container-gap-native        none
 container-gap-container     SparkdiagContainerNativeGap (bf16 and fp16, every shape)
-lost-gpu                    SparkdiagGpuLost, SparkdiagXidError (XID 79),
-                            SparkdiagGpuMissing (on the bus, no longer answering NVML);
-                            not SparkdiagProbeStale (the lost GPU is GpuLost's)
+lost-gpu                    SparkdiagGpuLost, SparkdiagXidError (XID 79); not
+                            SparkdiagProbeStale nor SparkdiagGpuMissing (the same lost GPU:
+                            one page for one cause)
 nvlink-degraded             SparkdiagNvlinkDown (link 5 of GPU 0), SparkdiagNvlinkErrors
                             (replay errors on link 3 of GPU 1)
 ==========================  ===============================================================
@@ -220,9 +220,9 @@ def test_lost_gpu(fleet: Fleet, alerts: list[Alert]) -> None:
     (lost,) = firing(alerts, "SparkdiagGpuLost")
     (xid,) = firing(alerts, "SparkdiagXidError")
     assert xid.labels["severity"] == "critical"  # 79: the catalog's RESTART_BM
-    (missing,) = firing(alerts, "SparkdiagGpuMissing")
-    assert missing.instance == "lost-gpu"
-    # a lost GPU's last success ages, but that is GpuLost's page, not a stale probe
+    # one lost GPU is one page: GpuMissing (NVML still lists it, at 0) and ProbeStale (its
+    # last success ages) stay quiet for it
+    assert firing(alerts, "SparkdiagGpuMissing") == []
     assert firing(alerts, "SparkdiagProbeStale") == []
     assert lost.instance == xid.instance == "lost-gpu"
     assert lost.labels["uuid"] == xid.labels["uuid"]
