@@ -16,13 +16,14 @@ from __future__ import annotations
 import itertools
 import json
 import re
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.support import ROOT
+from tests.support import ROOT, promtool
 from tests.support.e2e import Fleet, shared_fleet
 
 GRAFANA = ROOT / "grafana"
@@ -394,3 +395,96 @@ def test_variable_queries_return_values(fleet: Fleet, name: str) -> None:
     if "dtype" in found:
         dtypes = label_values(fleet, substitute(variable_query(found["dtype"]), values))
         assert set(dtypes) == {"bf16", "fp16", "tf32", "fp8", "int8", "int4"}  # nvfp4: unsupported
+
+
+# -- fleet panels on the nodes the e2e fleet does not hold, through promtool -------------------
+#
+# promtool's unit tests evaluate any PromQL over scripted series: the panel's targets (or-ed, as
+# Grafana draws them together) against nodes that have no memory sensor (GB10), a GPU NVML does
+# not list, or NVML down.
+
+
+def _panel_query(dashboard: str, title: str) -> str:
+    (panel,) = [p for p in query_panels(load(dashboard)) if p["title"].startswith(title)]
+    values = {"instance": ".*", "gpu": ".*", **BUILTIN_VARIABLES}
+    return " or ".join(f"({substitute(t['expr'], values)})" for t in panel["targets"])
+
+
+def _promtool_expr_test(
+    tmp_path: Any, series: dict[str, str], expr: str, expected: dict[str, float]
+) -> None:
+    test = {
+        "rule_files": [],
+        "evaluation_interval": "1m",
+        "tests": [
+            {
+                "interval": "1m",
+                "input_series": [{"series": s, "values": v} for s, v in series.items()],
+                "promql_expr_test": [
+                    {
+                        "expr": expr,
+                        "eval_time": "5m",
+                        "exp_samples": [
+                            {"labels": labels, "value": value} for labels, value in expected.items()
+                        ],
+                    }
+                ],
+            }
+        ],
+    }
+    path = tmp_path / "panel-test.yml"
+    path.write_text(json.dumps(test), encoding="utf-8")  # JSON is YAML
+    result = subprocess.run(
+        [promtool(), "test", "rules", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+@pytest.mark.promtool
+def test_fleet_hottest_gpu_panel_has_a_line_for_a_gb10(tmp_path: Any) -> None:
+    """A GB10 has no memory sensor: the panel once drew only memory temperatures, so a fleet of
+    Sparks showed an empty panel. Now its hottest GPU temperature stands in."""
+    t = "sparkdiag_gpu_temperature_celsius"
+    series = {
+        f'{t}{{instance="h200",job="sparkdiag",gpu="0",uuid="GPU-a",sensor="memory"}}': "70x10",
+        f'{t}{{instance="h200",job="sparkdiag",gpu="0",uuid="GPU-a",sensor="gpu"}}': "60x10",
+        f'{t}{{instance="gb10",job="sparkdiag",gpu="0",uuid="GPU-b",sensor="gpu"}}': "55x10",
+    }
+    expected = {'{instance="h200"}': 70, '{instance="gb10"}': 55}
+    _promtool_expr_test(tmp_path, series, _panel_query(FLEET, "Hottest GPU"), expected)
+
+
+@pytest.mark.promtool
+def test_fleet_gpus_up_panel_is_red_for_a_missing_gpu_and_for_nvml_down(tmp_path: Any) -> None:
+    """The panel once read only sparkdiag_gpu_up: a node with a GPU NVML does not list showed
+    "all up", a node with NVML down no row at all."""
+    up, pci, nvml = "sparkdiag_gpu_up", "sparkdiag_gpu_pci_devices", "sparkdiag_nvml_up"
+    series = {
+        # healthy: two on the bus, two up
+        f'{pci}{{instance="ok",job="sparkdiag"}}': "2x10",
+        f'{up}{{instance="ok",job="sparkdiag",gpu="0",uuid="GPU-1"}}': "1x10",
+        f'{up}{{instance="ok",job="sparkdiag",gpu="1",uuid="GPU-2"}}': "1x10",
+        # a GPU lost while sparkdiag ran (listed at 0)
+        f'{pci}{{instance="lost",job="sparkdiag"}}': "1x10",
+        f'{up}{{instance="lost",job="sparkdiag",gpu="0",uuid="GPU-3"}}': "0x10",
+        # two on the bus, NVML lists one
+        f'{pci}{{instance="missing",job="sparkdiag"}}': "2x10",
+        f'{up}{{instance="missing",job="sparkdiag",gpu="0",uuid="GPU-4"}}': "1x10",
+        # NVML down: no GPU series at all
+        f'{pci}{{instance="nvml-down",job="sparkdiag"}}': "1x10",
+        f'{nvml}{{instance="nvml-down",job="sparkdiag"}}': "0x10",
+        # a container without the list of its GPUs: sparkdiag_gpu_up alone
+        f'{up}{{instance="container",job="sparkdiag",gpu="0",uuid="GPU-5"}}': "1x10",
+    }
+    expected = {
+        '{instance="ok"}': 1,
+        '{instance="lost"}': 0,
+        '{instance="missing"}': 0,
+        '{instance="nvml-down"}': 0,
+        '{instance="container"}': 1,
+    }
+    _promtool_expr_test(tmp_path, series, _panel_query(FLEET, "GPUs up per node"), expected)

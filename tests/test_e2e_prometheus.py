@@ -33,9 +33,9 @@ hot-ratio-holds             SparkdiagGpuMemoryTemperatureHigh, SparkdiagGpuTherm
                             beside a competing process: the int4 ratio holds)
 container-gap-native        none
 container-gap-container     SparkdiagContainerNativeGap (bf16 and fp16, every shape)
-lost-gpu                    SparkdiagGpuLost, SparkdiagXidError (XID 79),
-                            SparkdiagProbeStale (a lost GPU is no longer probed),
-                            SparkdiagGpuMissing (on the bus, no longer answering NVML)
+lost-gpu                    SparkdiagGpuLost, SparkdiagXidError (XID 79); not
+                            SparkdiagProbeStale nor SparkdiagGpuMissing (the same lost GPU:
+                            one page for one cause)
 nvlink-degraded             SparkdiagNvlinkDown (link 5 of GPU 0), SparkdiagNvlinkErrors
                             (replay errors on link 3 of GPU 1)
 ==========================  ===============================================================
@@ -220,11 +220,12 @@ def test_lost_gpu(fleet: Fleet, alerts: list[Alert]) -> None:
     (lost,) = firing(alerts, "SparkdiagGpuLost")
     (xid,) = firing(alerts, "SparkdiagXidError")
     assert xid.labels["severity"] == "critical"  # 79: the catalog's RESTART_BM
-    (missing,) = firing(alerts, "SparkdiagGpuMissing")
-    assert missing.instance == "lost-gpu"
-    (stale,) = firing(alerts, "SparkdiagProbeStale")
-    assert lost.instance == xid.instance == stale.instance == "lost-gpu"
-    assert lost.labels["uuid"] == xid.labels["uuid"] == stale.labels["uuid"]
+    # one lost GPU is one page: GpuMissing (NVML still lists it, at 0) and ProbeStale (its
+    # last success ages) stay quiet for it
+    assert firing(alerts, "SparkdiagGpuMissing") == []
+    assert firing(alerts, "SparkdiagProbeStale") == []
+    assert lost.instance == xid.instance == "lost-gpu"
+    assert lost.labels["uuid"] == xid.labels["uuid"]
     assert fleet.query('sparkdiag_gpu_xid_errors_total{instance="lost-gpu", xid="79"}')
     # NVML itself still answers: one lost GPU is not SparkdiagNvmlDown
     (up,) = fleet.query('sparkdiag_nvml_up{instance="lost-gpu"}')

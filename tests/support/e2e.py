@@ -403,9 +403,8 @@ def fleet_nodes(workdir: Path) -> list[Node]:
             {
                 "SparkdiagGpuLost",
                 "SparkdiagXidError",  # the XID 79 that preceded the loss
-                "SparkdiagProbeStale",  # a lost GPU is not probed: its last success ages
-                # sysfs lists the GPU on the bus, NVML no longer answers for it
-                "SparkdiagGpuMissing",
+                # not SparkdiagProbeStale (a lost GPU is GpuLost's, not a stale probe) nor
+                # SparkdiagGpuMissing (NVML still lists it, at 0: one page for one cause)
             },
             "XID 79 at poll 2, GPU lost at poll 3 (after one successful probe)",
         ),
