@@ -119,8 +119,8 @@ def state_file(state_dir: Path | None, name: str) -> Path:
     directory = state_dir or state_directory()
     try:
         st = directory.stat()
-    except FileNotFoundError:
-        _refuse_dangling(directory)
+    except (FileNotFoundError, NotADirectoryError):  # missing (a folder above may be a file:
+        _refuse_dangling(directory)  # whoever creates it says so)
         return directory / name
     except OSError as exc:
         raise _error(directory, "cannot inspect", exc) from exc
