@@ -401,7 +401,10 @@ def test_watch_without_a_gpu_says_one_thing(tmp_path: Path) -> None:
         "--",
         sys.executable,
         "-c",
-        "sum(range(3_000_000))",
+        # busy for 0.5 s, several ticks: a job gone before the first tick has no thread to
+        # draw (sum(range(3_000_000)) ended within the first 0.1 s tick here, and was drawn
+        # only while watch left it unreaped until that tick)
+        "import time\nend = time.monotonic() + 0.5\nwhile time.monotonic() < end: pass",
     )
     assert done.returncode == 0, done.stderr
     said = words(done.stderr)
