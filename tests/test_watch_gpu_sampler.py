@@ -93,6 +93,12 @@ def test_processes_outside_the_job_are_counted_where_the_job_is_not_on_the_gpu(
     (tick,) = apart.sample(0.0, {4242})
     assert (tick.others_seen, tick.others_seen_pids, tick.others_unseen) == (0, (), 2)
     assert other not in apart.tenants
+    # a kernel thread here (kthreadd, pid 2) holds no GPU: NVML's pid is another namespace's
+    if Path("/proc/2/comm").is_file() and Path("/proc/2/comm").read_text() != "kthreadd\n":
+        return  # a PID namespace of its own, whose pid 2 is no kernel thread
+    kthread = sampler(fixture(tmp_path, 2, job=NOWHERE), now, rootfs=Path("/"))
+    (tick,) = kthread.sample(0.0, {999_999})
+    assert (tick.others_seen, tick.others_unseen) == (0, 2)
 
 
 def test_pcie_traffic_from_gpm_is_a_rate_per_tick(tmp_path: Path) -> None:

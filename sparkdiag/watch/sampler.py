@@ -37,6 +37,7 @@ from sparkdiag.watch.stack_sampler import StackSampler, targets
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 TOP_PROCESSES = 8  # per tick, the busiest processes of the job kept in the recording
 LOAD_MIN = 0.01  # a process using less CPU than this (cores) and reading nothing is left out
+PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
 OTHERS_KEPT = 8  # per GPU and tick, the pids kept of the other processes this namespace shows
 
 
@@ -168,6 +169,17 @@ class GpuSampler:
         except OSError:
             return None
 
+    def _kernel_thread(self, pid: int) -> bool:
+        """``pid`` here is a kernel thread (``PF_KTHREAD`` in ``/proc/PID/stat``), which holds
+        no GPU: the pid NVML listed is one of another PID namespace that matches it by chance."""
+        if self.rootfs is None:
+            return False
+        try:
+            stat = (self.rootfs / "proc" / str(pid) / "stat").read_text(errors="replace")
+            return bool(int(stat.rpartition(")")[2].split()[6]) & PF_KTHREAD)
+        except (OSError, IndexError, ValueError):
+            return False
+
     def _shown(
         self, procs: list[dict[str, Any]] | None, job_pids: set[int]
     ) -> tuple[set[int] | None, int | None]:
@@ -181,6 +193,8 @@ class GpuSampler:
         known = self.describe(outside) if outside else {}
         seen: set[int] = set()
         for pid in known:
+            if self._kernel_thread(pid):  # no GPU context: a pid of another namespace's
+                continue
             ns = self._namespace(pid) if self._job_namespace is not None else None
             if ns is None or ns == self._job_namespace:
                 seen.add(pid)
