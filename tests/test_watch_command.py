@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -69,6 +70,80 @@ def test_diagnosis_on_scripted_fixtures(
     else:
         cause = doc["causes"][0]
         assert cause["share"] > 0.1 and cause["evidence"] and cause["actions"]
+
+
+NOWHERE = 4_194_304  # above Linux's PID_MAX_LIMIT: no process here has it (another namespace)
+
+
+def neighbour_fixture(folder: Path, pid: int) -> Path:
+    """The H200 load recording, busy (99 %, GPM as watch-healthy's) with one compute process,
+    ``pid``, on GPU 0, which is never the watched job's."""
+    shutil.copy(NVML / "h200-load.json", folder)
+    doc = {
+        "format": "sparkdiag-nvml-fixture/1",
+        "description": "the H200 busy with one compute process that is not the watched job",
+        "base": "h200-load.json",
+        "devices": [{
+            "from": 0,
+            "set": {
+                "gpm": {"sm": 92.0, "sm_occupancy": 45.0, "tensor": 70.0, "dram": 35.0},
+                "compute_processes": [{"pid": pid, "used_memory": 12_000_000_000}],
+                "process_utilization": [{"pid": pid, "sm": 99.0, "memory": 24.0,
+                                         "encoder": 0.0, "decoder": 0.0}],
+            },
+            "why": {"gpm": "as watch-healthy.json, made up",
+                    "compute_processes": "a process outside the job, made up",
+                    "process_utilization": "that process busy, made up"},
+        }],
+        "script": [],
+    }  # fmt: skip
+    path = folder / "neighbour.json"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
+
+
+def test_another_process_s_work_is_not_the_job_s(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A job that never touches the GPU (``cat`` on a FIFO) beside another process of this
+    machine that keeps it busy: the busy time is the other's, the job held no GPU (watch called
+    it healthy at 99 %, from "the GPUs that ran kernels")."""
+    neighbour = subprocess.Popen(["sleep", "60"])
+    try:
+        gate = PollGate(monkeypatch, tmp_path, 8)
+        result = run_watch(
+            "--json", "--interval", "0.1", "--nvml-fixture",
+            str(neighbour_fixture(tmp_path, neighbour.pid)), "--", *gate.sleeper,
+        )  # fmt: skip
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["verdict"] == "gpu-unused", doc["causes"]
+    assert doc["gpu_busy"] == 0.0
+    (note,) = doc["notes"]
+    assert f"pid {neighbour.pid} sleep" in note and "other processes" in note, note
+    assert "the job held no GPU" in note and "no kernel ran" not in note
+
+
+def test_a_process_this_namespace_does_not_show_keeps_the_busy_gpu_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """NVML lists a pid that /proc here does not hold (the job in a container, or watch in
+    one): it may be the job's, so the GPU that ran kernels is still taken as the job's, and the
+    report says that which GPU it used is not known."""
+    gate = PollGate(monkeypatch, tmp_path, 8)
+    result = run_watch(
+        "--json", "--interval", "0.1", "--nvml-fixture", str(neighbour_fixture(tmp_path, NOWHERE)),
+        "--", *gate.sleeper,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["verdict"] == "healthy", doc["causes"]
+    (note,) = [n for n in doc["notes"] if "which GPU the job used is not known" in n]
+    assert "1 compute process that this PID namespace does not show" in note, note
+    assert "may include other processes' work" in note
 
 
 def test_text_report_names_the_cause_its_evidence_and_what_to_try(

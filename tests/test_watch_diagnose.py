@@ -321,6 +321,32 @@ def test_recording_round_trips_through_json(tmp_path: Path) -> None:
     assert from_json(rec.to_json()) == rec
 
 
+def test_the_counts_of_other_processes_round_trip_and_a_bad_pid_is_refused() -> None:
+    """``others_seen``, ``others_seen_pids`` and ``others_unseen`` (optional: a recording
+    without them loads with None and ()) come back from JSON; a pid that is no whole number is
+    a RecordingError naming the field."""
+    from dataclasses import replace
+
+    from sparkdiag.watch.model import RecordingError
+
+    rec = timeline(util=const(0.99))
+    marked = replace(
+        rec,
+        ticks=tuple(
+            replace(t, gpus=tuple(
+                replace(g, others_seen=1, others_seen_pids=(4321,), others_unseen=0)
+                for g in t.gpus
+            ))
+            for t in rec.ticks
+        ),
+    )  # fmt: skip
+    assert from_json(marked.to_json()) == marked
+    doc = marked.to_json()
+    doc["ticks"][0]["gpus"][0]["others_seen_pids"] = ["x"]
+    with pytest.raises(RecordingError, match="others_seen_pids"):
+        from_json(doc)
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_noisy_healthy_loops_get_no_false_cause(seed: int) -> None:
     """Healthy loops with the noise a real one has: utilization 93-100 %, SM and tensor

@@ -18,9 +18,12 @@ from sparkdiag.watch.sampler import GpuSampler
 from tests.support import NVML
 
 JOB = 547  # the recorded job's pid in h200-load.json
+NOWHERE = 4_194_304  # above Linux's PID_MAX_LIMIT: a pid no process here has (another namespace)
 
 
-def fixture(tmp_path: Path, other: int, script: list[dict[str, Any]] | None = None) -> Path:
+def fixture(
+    tmp_path: Path, other: int, script: list[dict[str, Any]] | None = None, job: int = JOB
+) -> Path:
     shutil.copy(NVML / "h200-load.json", tmp_path)
     util = {"memory": 20.0, "encoder": 0.0, "decoder": 0.0}
     doc = {
@@ -30,9 +33,9 @@ def fixture(tmp_path: Path, other: int, script: list[dict[str, Any]] | None = No
         "devices": [{
             "from": 0,
             "set": {
-                "compute_processes": [{"pid": JOB, "used_memory": 7_600_000_000},
+                "compute_processes": [{"pid": job, "used_memory": 7_600_000_000},
                                       {"pid": other, "used_memory": 12_000_000_000}],
-                "process_utilization": [{"pid": JOB, "sm": 46.0, **util},
+                "process_utilization": [{"pid": job, "sm": 46.0, **util},
                                         {"pid": other, "sm": 53.0, **util}],
             },
             "why": {"compute_processes": "a co-tenant, made up",
@@ -45,10 +48,12 @@ def fixture(tmp_path: Path, other: int, script: list[dict[str, Any]] | None = No
     return path
 
 
-def sampler(path: Path, now: list[float]) -> GpuSampler:
+def sampler(path: Path, now: list[float], rootfs: Path | None = None) -> GpuSampler:
     source = GpuSource(make_backend(path), slow_seconds=2.0)
     assert source.start()
-    return GpuSampler(source, describe=ProcessIdentities(Path("/")), clock=lambda: now[0])
+    return GpuSampler(
+        source, describe=ProcessIdentities(Path("/")), clock=lambda: now[0], rootfs=rootfs
+    )
 
 
 def test_another_process_on_the_job_s_gpu_is_named_with_its_share(tmp_path: Path) -> None:
@@ -63,6 +68,37 @@ def test_another_process_on_the_job_s_gpu_is_named_with_its_share(tmp_path: Path
     # the same GPU where NVML lists none of the job's processes: nobody is called a co-tenant
     (alone,) = sampler(fixture(tmp_path, other), now).sample(0.0, {999_999})
     assert not alone.job_on_gpu and alone.others == () and alone.job_sm is None
+
+
+def test_processes_outside_the_job_are_counted_where_the_job_is_not_on_the_gpu(
+    tmp_path: Path,
+) -> None:
+    """Where NVML lists none of the job's processes the GPU's other processes are still counted:
+    those this PID namespace shows (pid kept, named in ``tenants``) apart from those it does
+    not (a pid of another namespace: maybe the job's, in a container)."""
+    other = os.getpid()
+    now = [0.0]
+    gpu = sampler(fixture(tmp_path, other, job=NOWHERE), now, rootfs=Path("/"))
+    (tick,) = gpu.sample(0.0, {999_999})
+    assert not tick.job_on_gpu and tick.others == ()
+    assert (tick.others_seen, tick.others_seen_pids, tick.others_unseen) == (1, (other,), 1)
+    assert gpu.tenants[other].name  # who it is, for the report
+    # a process of another PID namespace than the job's (a container the job started, say) is
+    # not counted as shown: /proc/PID/ns/pid differs from the job's
+    fake = tmp_path / "root"
+    for pid, ns in ((other, "pid:[1]"), (4242, "pid:[2]")):
+        (fake / "proc" / str(pid) / "ns").mkdir(parents=True)
+        (fake / "proc" / str(pid) / "ns" / "pid").symlink_to(ns)
+    apart = sampler(fixture(tmp_path, other, job=NOWHERE), now, rootfs=fake)
+    (tick,) = apart.sample(0.0, {4242})
+    assert (tick.others_seen, tick.others_seen_pids, tick.others_unseen) == (0, (), 2)
+    assert other not in apart.tenants
+    # a kernel thread here (kthreadd, pid 2) holds no GPU: NVML's pid is another namespace's
+    if Path("/proc/2/comm").is_file() and Path("/proc/2/comm").read_text() != "kthreadd\n":
+        return  # a PID namespace of its own, whose pid 2 is no kernel thread
+    kthread = sampler(fixture(tmp_path, 2, job=NOWHERE), now, rootfs=Path("/"))
+    (tick,) = kthread.sample(0.0, {999_999})
+    assert (tick.others_seen, tick.others_unseen) == (0, 2)
 
 
 def test_pcie_traffic_from_gpm_is_a_rate_per_tick(tmp_path: Path) -> None:

@@ -81,7 +81,9 @@ def _start_gpu(
     except UsageError:
         source.stop()
         raise
-    sampler = GpuSampler(source, None if gpus is None else set(gpus), ProcessIdentities(rootfs))
+    sampler = GpuSampler(
+        source, None if gpus is None else set(gpus), ProcessIdentities(rootfs), rootfs=rootfs
+    )
     if not sampler.indices:
         source.stop()
         return None, "no GPU to watch (NVML lists none)"

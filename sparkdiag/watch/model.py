@@ -59,6 +59,15 @@ class GpuTick:
     job_sm: the SM utilization of the job's processes over the tick (NVML's per-process
       samples, summed, 0..1); None where the driver gave none
     others: the compute processes on the GPU outside the job, where NVML lists the job's own
+    others_seen: how many of the GPU's compute processes outside the job this PID namespace
+      shows (``/proc/PID`` under the rootfs, in the job's PID namespace where that can be read):
+      certainly not the job's, whether NVML lists the job's own or not; None where not recorded
+      (recordings before this field, or NVML lists no processes)
+    others_seen_pids: those processes' pids, at most ``sampler.OTHERS_KEPT`` (who they are: the
+      recording's ``tenants``)
+    others_unseen: how many compute processes outside the job NVML lists that this PID namespace
+      does not show, or shows in another PID namespace than the job's (a container: they may be
+      the job's own); None where not recorded
     """
 
     index: int
@@ -82,6 +91,9 @@ class GpuTick:
     job_memory_bytes: float | None = None
     job_sm: float | None = None
     others: tuple[OtherProcess, ...] = ()
+    others_seen: int | None = None
+    others_seen_pids: tuple[int, ...] = ()
+    others_unseen: int | None = None
 
 
 @dataclass(frozen=True)
@@ -261,7 +273,8 @@ class Recording:
     ``job_cpus``: how many CPUs the job may run on (its affinity at the start), None unknown.
     ``frames``, ``stacks`` (frame indexes, outermost first) and ``threads``: the tables each
     tick's ``stacks`` point into; ``stack_sampler`` says how they were sampled ("" when they
-    were not); ``tenants``: who the other processes on the job's GPUs are; ``cwd``: the job's
+    were not); ``tenants``: who the other processes on the job's GPUs are (and those this PID
+    namespace shows on a GPU the job is not on: ``GpuTick.others_seen_pids``); ``cwd``: the job's
     working directory (its files are named relative to it); ``places``: where the directories
     of the files it wrote and read heavily live; ``stores``: what sparkdiag storage measured
     on this machine's mount points; ``ranks``: the distributed rank of each process sampled."""
@@ -408,7 +421,10 @@ def _gpu_tick(data: Any) -> GpuTick:
         (_number(t, "GpuTick.samples"), _number(v, "GpuTick.samples")) for t, v in tick.samples
     )
     others = tuple(_build(OtherProcess, o) for o in tick.others)
-    return GpuTick(**{**asdict(tick), "samples": samples, "others": others})
+    pids = tuple(_checked(p, (int,), "GpuTick.others_seen_pids") for p in tick.others_seen_pids)
+    return GpuTick(
+        **{**asdict(tick), "samples": samples, "others": others, "others_seen_pids": pids}
+    )
 
 
 def _tick(data: Any) -> Tick:

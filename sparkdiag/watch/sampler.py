@@ -37,6 +37,8 @@ from sparkdiag.watch.stack_sampler import StackSampler, targets
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 TOP_PROCESSES = 8  # per tick, the busiest processes of the job kept in the recording
 LOAD_MIN = 0.01  # a process using less CPU than this (cores) and reading nothing is left out
+PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
+OTHERS_KEPT = 8  # per GPU and tick, the pids kept of the other processes this namespace shows
 
 
 def _ratio(value: Any) -> float | None:
@@ -49,7 +51,11 @@ Describe = Callable[[list[int]], dict[int, ProcessIdentity]]
 class GpuSampler:
     """The GPUs' side of a tick. ``gpus`` limits it to those indices (None: every GPU);
     ``describe`` names the processes outside the job seen on the job's GPUs (pid -> identity,
-    :class:`~sparkdiag.sources.host.procfs.ProcessIdentities`), kept in :attr:`tenants`."""
+    :class:`~sparkdiag.sources.host.procfs.ProcessIdentities`), kept in :attr:`tenants`, and
+    tells which of the GPUs' other processes this PID namespace shows (it leaves out the pids
+    ``/proc`` does not hold); ``rootfs``, where given, is read for the PID namespace of each
+    (``/proc/PID/ns/pid``): a process in another one than the job's may be the job's own (a
+    container it started), so it counts as not shown."""
 
     def __init__(
         self,
@@ -57,14 +63,17 @@ class GpuSampler:
         gpus: set[int] | None = None,
         describe: Describe | None = None,
         clock: Callable[[], float] = time.monotonic,
+        rootfs: Path | None = None,
     ) -> None:
         self.source = source
+        self.rootfs = rootfs
         self.indices = [g.index for g in source.identities if gpus is None or g.index in gpus]
         self.lost: set[int] = set()
         self.job_gpus: set[int] = set()  # GPUs the job was seen on
         self.describe = describe
         self.clock = clock
         self.tenants: dict[int, ProcessInfo] = {}
+        self._job_namespace: str | None = None  # the job's PID namespace at this tick
 
     def infos(self) -> tuple[GpuInfo, ...]:
         return tuple(
@@ -76,6 +85,7 @@ class GpuSampler:
     def sample(self, started_at: float, job_pids: set[int]) -> tuple[GpuTick, ...]:
         self.source.backend.advance()
         self.source.begin()
+        self._job_namespace = self._namespace(min(job_pids)) if job_pids else None
         ticks = []
         for index in self.indices:
             if index in self.lost:
@@ -109,6 +119,7 @@ class GpuSampler:
         if on_gpu:
             self.job_gpus.add(index)
         job_sm, others = self._processes(index, procs or [], job_pids) if on_gpu else (None, ())
+        seen, unseen = self._shown(procs, job_pids)
         # the 20 ms PCIe window blocks ~20 ms per direction: only on the GPUs the job was seen
         # on (on every GPU where NVML lists no processes, or when there is one GPU), and only
         # where the GPU has no GPM PCIe rates
@@ -144,7 +155,53 @@ class GpuSampler:
             job_memory_bytes=float(sum(held)) if held else None,
             job_sm=job_sm,
             others=others,
+            others_seen=None if seen is None else len(seen),
+            others_seen_pids=tuple(sorted(seen or ())[:OTHERS_KEPT]),
+            others_unseen=unseen,
         )
+
+    def _namespace(self, pid: int) -> str | None:
+        """The PID namespace of ``pid`` (``/proc/PID/ns/pid``'s link), None where unread."""
+        if self.rootfs is None:
+            return None
+        try:
+            return os.readlink(self.rootfs / "proc" / str(pid) / "ns" / "pid")
+        except OSError:
+            return None
+
+    def _kernel_thread(self, pid: int) -> bool:
+        """``pid`` here is a kernel thread (``PF_KTHREAD`` in ``/proc/PID/stat``), which holds
+        no GPU: the pid NVML listed is one of another PID namespace that matches it by chance."""
+        if self.rootfs is None:
+            return False
+        try:
+            stat = (self.rootfs / "proc" / str(pid) / "stat").read_text(errors="replace")
+            return bool(int(stat.rpartition(")")[2].split()[6]) & PF_KTHREAD)
+        except (OSError, IndexError, ValueError):
+            return False
+
+    def _shown(
+        self, procs: list[dict[str, Any]] | None, job_pids: set[int]
+    ) -> tuple[set[int] | None, int | None]:
+        """The compute processes outside the job that this PID namespace shows (certainly not
+        the job's), and how many NVML lists that it does not show or shows in another PID
+        namespace than the job's (a container the job may have started); (None, None) where
+        that cannot be told (NVML lists no processes, or nothing describes them)."""
+        if procs is None or self.describe is None:
+            return None, None
+        outside = sorted({int(p["pid"]) for p in procs} - job_pids)
+        known = self.describe(outside) if outside else {}
+        seen: set[int] = set()
+        for pid in known:
+            if self._kernel_thread(pid):  # no GPU context: a pid of another namespace's
+                continue
+            ns = self._namespace(pid) if self._job_namespace is not None else None
+            if ns is None or ns == self._job_namespace:
+                seen.add(pid)
+        for pid in seen - self.tenants.keys():
+            who = known[pid]
+            self.tenants[pid] = ProcessInfo(pid, who.name, who.user, who.container_id, who.pod_uid)
+        return seen, len(outside) - len(seen)
 
     def _processes(
         self, index: int, procs: list[dict[str, Any]], job_pids: set[int]

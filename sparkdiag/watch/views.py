@@ -63,9 +63,24 @@ class View:
         return self.util >= ACTIVE_MIN or (self.sm or 0.0) >= ACTIVE_MIN
 
 
+def theirs(g: GpuTick) -> bool:
+    """The GPU's tick belongs to other processes: NVML listed none of the job's processes on
+    it, and every compute process it listed is one this PID namespace shows (so not the job's,
+    ``GpuTick.others_seen``). Never so in a recording without those counts."""
+    return (
+        not g.job_on_gpu and not g.job_memory_bytes and bool(g.others_seen) and g.others_unseen == 0
+    )
+
+
+def seen_on_a_gpu(rec: Recording) -> bool:
+    """NVML listed a process of the job (or memory it holds) on some GPU at some tick."""
+    return any(g.job_on_gpu or g.job_memory_bytes for t in rec.ticks for g in t.gpus)
+
+
 def job_gpus(rec: Recording) -> tuple[int, ...]:
     """The GPUs the job ran on; where that is unknown (NVML lists none of its processes: another
-    PID namespace, a container), those that ran kernels at some tick, else every GPU."""
+    PID namespace, a container), those that ran kernels at some tick that was not other
+    processes' (:func:`theirs`), else every GPU."""
     on = sorted({g.index for t in rec.ticks for g in t.gpus if g.job_on_gpu or g.job_memory_bytes})
     if on:
         return tuple(on)
@@ -74,14 +89,17 @@ def job_gpus(rec: Recording) -> tuple[int, ...]:
             g.index
             for t in rec.ticks
             for g in t.gpus
-            if g.utilization is not None and g.utilization >= ACTIVE_MIN
+            if g.utilization is not None and g.utilization >= ACTIVE_MIN and not theirs(g)
         }
     )
     return tuple(busy) if busy else tuple(g.index for g in rec.gpus)
 
 
 def _others(g: GpuTick) -> float:
-    """What other processes' kernels took of one GPU's tick (at most its utilization)."""
+    """What other processes' kernels took of one GPU's tick (at most its utilization): all of
+    it in a tick that was theirs alone (:func:`theirs`)."""
+    if theirs(g):
+        return g.utilization or 0.0
     took = sum(o.sm for o in g.others if o.sm is not None)
     return min(took, g.utilization or 0.0)
 
