@@ -457,10 +457,10 @@ def test_gpu_sampler_reads_driver_samples_newer_than_the_start(derive_fixture: A
             }
         ],
     )
-    (tick,) = _gpu_sampler(path).sample(started, {547})
+    (tick,) = _gpu_sampler(path).sample(started, {4194305})
     assert tick.samples == ((0.25, 0.4), (0.5, 0.6))  # the one from before the start is dropped
     assert tick.utilization == pytest.approx(0.5)
-    assert tick.job_on_gpu  # pid 547 is the recording's compute process
+    assert tick.job_on_gpu  # the fixture's compute process (pid 547 in the recording)
     assert tick.job_memory_bytes == 1050673152  # what NVML says it holds
     assert tick.memory_utilization == 0.24  # utilization.memory of the recording
     assert tick.tensor_activity == 0.7 and tick.sm_clock_hz == 1455e6
