@@ -312,7 +312,7 @@ def soak(
     by the daemon (sparkdiag_soak_*) and reported by sparkdiag check.
 
     Safety: each worker stops 5 °C below the GPU's slowdown threshold and the memory's maximum
-    operating temperature, on any hardware (thermal) slowdown, and on Ctrl-C or SIGTERM (a
+    operating temperature, on any hardware (thermal) slowdown, and on Ctrl-C, SIGTERM or SIGHUP (a
     second one kills the workers); the GPU is left idle and the windows measured so far are
     still written. Why it stopped is the last line per GPU.
 
