@@ -344,6 +344,17 @@ def test_a_second_interrupt_kills_at_once() -> None:
     assert runner.interrupted == "SIGINT" and gpu.stopped == "interrupted"
 
 
+def test_a_worker_killed_mid_soak_keeps_its_windows_and_a_reason_of_one_line() -> None:
+    """The worker killed (kill -9) after 60 windows: they are kept, and the reason is the kill,
+    not the last progress line (300 characters of window JSON, cut at the stderr tail's
+    start: 'worker killed by SIGKILL: ll, "iters": 0, ...')."""
+    runner = fake_runner(["dies"])
+    (gpu,) = runner.run()
+    assert gpu.stopped == "error" and len(gpu.windows) == 60
+    assert gpu.reason == "worker killed by SIGKILL", gpu.reason
+    assert exit_status((gpu,), False, True) == 3
+
+
 def test_a_busy_gpu_is_not_soaked() -> None:
     (gpu,) = fake_runner(["busy"]).run()
     assert gpu.stopped == "skipped" and "other compute processes" in (gpu.reason or "")
