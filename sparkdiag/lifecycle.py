@@ -1,13 +1,13 @@
 """The process's signals, owned here for every command.
 
-* SIGINT, SIGTERM and SIGHUP (a closed terminal or ssh session; not where it is ignored, as
-  under ``nohup``), for every command (the command group installs them around the command it
-  runs, :meth:`Lifecycle.owning`): :class:`Interrupted` is raised where the main thread is, so
-  that what is running unwinds (the probe workers, containers and tools that the command started
-  run in sessions of their own and are killed on the way out) and the group exits INTERRUPTED
-  (130). A command that stops its own work and decides how it ends (``soak``, ``watch``, ``link
-  serve``) asks for :meth:`Lifecycle.stop_on_signal`: from then on the signals set
-  :attr:`Lifecycle.stop` and are counted in :attr:`Lifecycle.received` instead.
+* SIGINT, SIGTERM and SIGHUP, for every command (the command group installs them around the
+  command it runs, :meth:`Lifecycle.owning`; SIGHUP not when it is ignored, as under nohup):
+  :class:`Interrupted` is raised where the main thread is, so that what is running unwinds
+  (the probe workers, containers and tools that the command started run in sessions of their
+  own and are killed on the way out) and the group exits INTERRUPTED (130). A command that
+  stops its own work and decides how it ends (``soak``, ``watch``, ``link serve``) asks for
+  :meth:`Lifecycle.stop_on_signal`: from then on the signals set :attr:`Lifecycle.stop` and
+  are counted in :attr:`Lifecycle.received` instead.
 * The daemon (``sparkdiag serve``, :meth:`Lifecycle.install` with ``daemon=True``, before its
   heavy imports: :mod:`sparkdiag.entry`): SIGTERM, SIGINT and SIGQUIT stop it. It answers no
   more scrapes, kills the running probe workers' process groups and exits 0: stopping is how the
@@ -41,9 +41,10 @@ from typing import Any
 
 log = logging.getLogger("sparkdiag")
 
-# SIGHUP too: a terminal or an ssh session that closes under a command ended it on the spot,
-# leaving its workers (in sessions of their own) running and what it had measured unsaid; now
-# it unwinds as at Ctrl-C. Not where SIGHUP is ignored already (nohup): that is left as it is.
+# SIGHUP (the terminal or the ssh session closed) ends a command as SIGTERM does: left at its
+# default it killed the command and none of its results were written (an hour of soak lost), and
+# a worker in its own session went on loading the GPU until it noticed. Unless it is ignored
+# (nohup): then it stays ignored.
 COMMAND_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGQUIT)  # the daemon's
 
@@ -81,8 +82,9 @@ class Lifecycle:
         os.register_at_fork(after_in_child=self._forget_pipe)
 
     def install(self, daemon: bool = False) -> Lifecycle:
-        """Install SIGINT and SIGTERM (with ``daemon``: SIGQUIT, SIGHUP and SIGUSR1 too, and a
-        stop never raises). Main thread only; elsewhere, as in tests, nothing is done."""
+        """Install SIGINT, SIGTERM and SIGHUP (with ``daemon``: SIGQUIT and SIGUSR1 too, SIGHUP
+        only logged, and a stop never raises). Main thread only; elsewhere, as in tests, nothing
+        is done."""
         if not _main_thread():
             return self
         self._start_thread()
@@ -94,15 +96,16 @@ class Lifecycle:
             signal.signal(signal.SIGUSR1, self._on_other)
         elif not self._installed:
             for sig in COMMAND_SIGNALS:
-                if sig != signal.SIGHUP or signal.getsignal(sig) is not signal.SIG_IGN:
-                    signal.signal(sig, self._on_stop)
+                if sig == signal.SIGHUP and signal.getsignal(sig) == signal.SIG_IGN:
+                    continue  # nohup: the user asked for the command to outlive the terminal
+                signal.signal(sig, self._on_stop)
         self._installed = True
         return self
 
     @contextlib.contextmanager
     def owning(self) -> Iterator[None]:
-        """SIGINT and SIGTERM for the command run within (the command group's), restored after.
-        Within a process whose handlers are already in (the daemon's, installed at start),
+        """SIGINT, SIGTERM and SIGHUP for the command run within (the command group's), restored
+        after. Within a process whose handlers are already in (the daemon's, installed at start),
         nothing changes."""
         if not _main_thread() or self._installed:
             yield
@@ -122,7 +125,7 @@ class Lifecycle:
 
     def stop_on_signal(self) -> threading.Event:
         """For a command that stops its own work: from now until it returns (the end of
-        :meth:`owning`), SIGINT and SIGTERM set the stop event returned (and are counted in
+        :meth:`owning`), SIGINT, SIGTERM and SIGHUP set the stop event returned (and are counted in
         :attr:`received`) instead of interrupting it."""
         self._raising = False
         return self.stop
@@ -192,7 +195,7 @@ class Lifecycle:
 
     def _act(self, signum: int) -> None:
         """SIGHUP's and SIGUSR1's lines; a stop signal is settled after the read."""
-        if signum == signal.SIGHUP:
+        if signum == signal.SIGHUP and self._daemon:  # a command's SIGHUP is a stop
             log.warning(
                 "received SIGHUP: the configuration is read at start only; restart sparkdiag "
                 "to apply a change (systemctl restart sparkdiag)"

@@ -16,7 +16,7 @@ from click.testing import CliRunner, Result
 
 from sparkdiag.cli import main
 from sparkdiag.commands import bench as bench_module
-from sparkdiag.probe.document import parse_document
+from sparkdiag.probe.document import KernelResult, Progress, parse_document
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.probe.worker.contract import SCHEMA
 
@@ -109,6 +109,37 @@ def test_a_write_that_fails_after_the_sweep_keeps_the_results(
         f"sparkdiag bench: cannot write {out}/b.csv: No such file or directory"
     )
     assert json.loads((tmp_path / "b.json").read_text())["schema"] == SCHEMA  # the other one
+
+
+@pytest.mark.parametrize("result", ["error", "timeout"])
+def test_a_worker_that_dies_mid_sweep_keeps_the_kernels_it_reported(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, result: str
+) -> None:
+    """The worker killed (or timed out) after three of four kernels, with no document: the
+    three its progress lines reported are written and printed, and the last line says after
+    how many it stopped and why; exit 3. They were lost: a CSV of its header alone, no JSON,
+    nothing printed but 'sweep failed'."""
+    monkeypatch.setattr(bench_module, "require_torch", lambda _command: None)
+
+    def run_worker(*, on_progress: Callable[[Progress], None], **_kw: object) -> ProbeCycle:
+        for done, item in enumerate(SWEEP[:3], start=1):
+            measured = KernelResult.parse({**item, "beta": 0})
+            on_progress(Progress(done, len(SWEEP), measured))
+        reason = "worker killed by SIGKILL" if result == "error" else "did not finish"
+        return ProbeCycle(result, reason, None, "", -9, 1.0, 4242)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bench_module, "run_worker", run_worker)
+    csv_path, json_path = tmp_path / "b.csv", tmp_path / "b.json"
+    out = bench("--csv", str(csv_path), "--json", str(json_path))
+    assert out.exit_code == 3, out.output
+    assert "Traceback" not in out.output
+    assert len(csv_path.read_text().splitlines()) == 4  # the header and three kernels
+    body = json.loads(json_path.read_text())
+    assert body["schema"] == bench_module.PARTIAL_SCHEMA
+    assert (body["done"], body["total"], len(body["results"])) == (3, 4, 3)
+    assert "swept 3 of 4 kernels" in out.stdout and "bf16: best" in out.stdout
+    last = out.stderr.splitlines()[-1]
+    assert last.startswith("warning: the sweep stopped after 3 of 4 kernels: "), last
 
 
 @pytest.mark.parametrize("flag", ["--json", "--csv"])

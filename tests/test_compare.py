@@ -383,6 +383,24 @@ def test_garbage_output_stops_after_one_container_cycle(tmp_path: Path) -> None:
     assert len(invocations(record)) == 1  # a broken container is not started again
 
 
+@pytest.mark.parametrize("tflops", ["-5", "0", "nan", "inf", "1e30"])
+def test_a_document_with_impossible_figures_is_not_a_measurement(tflops: str) -> None:
+    """A container that prints a worker document of the right schema whose figures no GPU
+    gives: negative, zero, NaN or infinite TFLOPS were dropped to n/a and the rest judged (exit
+    0 "within --max-gap" on the bandwidth row alone), 1e30 TFLOPS passed as a 10^30 speed-up.
+    It is a failed side (exit 3) that names the figure."""
+    result = cmp.compare(container_side("gpu", f"tflops={tflops}"), native=side("gpu"), rounds=2)
+    (failure,) = result.failures
+    assert failure.side == "container" and failure.kind == "not_json"
+    assert failure.message.startswith(
+        "container printed a worker document with an impossible figure (bf16 8192x8192x8192 "
+        "delivered "
+    ), failure.message
+    assert result.rows == () and result.exit_code(0.15) == Exit.FAILED
+    # a real worker's document, figures and all, is no such thing
+    assert cmp.compare(container_side("gpu"), native=side("gpu"), rounds=1).failures == ()
+
+
 def test_no_gpu_inside_container(tmp_path: Path) -> None:
     record = tmp_path / "calls"
     result = cmp.compare(container_side("nogpu", f"record={record}"), native=side("gpu"))

@@ -186,12 +186,15 @@ def test_json_alone_prints_the_record_and_no_record_keeps_no_state(tmp_path: Pat
 
 
 @pytest.mark.worker
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize(
+    "sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP], ids=["SIGINT", "SIGTERM", "SIGHUP"]
+)
 def test_ctrl_c_stops_cleanly_with_a_partial_record_and_no_worker_left(
     tmp_path: Path, sig: signal.Signals
 ) -> None:
-    """Ctrl-C and SIGTERM alike; each is reported by its own name (issue 21: a SIGTERM was
-    passed on as SIGINT and the record said "SIGINT received")."""
+    """Ctrl-C, SIGTERM and SIGHUP (the terminal closed) alike; each is reported by its own name
+    (issue 21: a SIGTERM was passed on as SIGINT and the record said "SIGINT received"). SIGHUP
+    killed the command at its default: no record, no state, exit 129."""
     pytest.importorskip("torch")
     record, table = tmp_path / "soak.json", tmp_path / "soak.csv"
     proc = subprocess.Popen(
@@ -265,6 +268,28 @@ def interrupt_after(runner: SoakRunner, windows: int) -> Any:
     return on_window
 
 
+@pytest.mark.worker
+def test_under_nohup_sighup_is_still_ignored(tmp_path: Path) -> None:
+    """A soak started with nohup (SIGHUP ignored) is not stopped by SIGHUP: the command group
+    catches SIGHUP only where it is not ignored."""
+    pytest.importorskip("torch")
+    proc = subprocess.Popen(
+        ["nohup", *sparkdiag_cmd("soak", *CPU, "--duration", "3", "--no-record")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    assert proc.stderr is not None
+    for line in proc.stderr:  # the soak runs: its first window
+        if "cpu window" in line:
+            break
+    proc.send_signal(signal.SIGHUP)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "stopped: completed" in out
+
+
 def test_every_gpu_soaks_at_once_and_one_interrupt_stops_them_all() -> None:
     runner = fake_runner(["polite", "polite"])
     started = time.monotonic()
@@ -317,6 +342,17 @@ def test_a_second_interrupt_kills_at_once() -> None:
     (gpu,) = runner.run(on_window=on_window)
     assert time.monotonic() - started < 10 and runner.killed
     assert runner.interrupted == "SIGINT" and gpu.stopped == "interrupted"
+
+
+def test_a_worker_killed_mid_soak_keeps_its_windows_and_a_reason_of_one_line() -> None:
+    """The worker killed (kill -9) after 60 windows: they are kept, and the reason is the kill,
+    not the last progress line (300 characters of window JSON, cut at the stderr tail's
+    start: 'worker killed by SIGKILL: ll, "iters": 0, ...')."""
+    runner = fake_runner(["dies"])
+    (gpu,) = runner.run()
+    assert gpu.stopped == "error" and len(gpu.windows) == 60
+    assert gpu.reason == "worker killed by SIGKILL", gpu.reason
+    assert exit_status((gpu,), False, True) == 3
 
 
 def test_a_busy_gpu_is_not_soaked() -> None:

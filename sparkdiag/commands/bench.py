@@ -212,19 +212,31 @@ def _summary(dtypes: Sequence[str], results: Sequence[KernelResult], device: str
         click.echo(terminal.fill(line, width, "", "    "))
 
 
+def _partial(
+    sweep: _Sweep,
+    results: Sequence[KernelResult],
+    interrupted: str | None = None,
+    failed: str | None = None,
+) -> dict[str, Any]:
+    """The JSON of a sweep that did not finish (Ctrl-C, or a worker that died or timed out):
+    the kernels its progress lines reported."""
+    body: dict[str, Any] = {"schema": PARTIAL_SCHEMA}
+    if interrupted is not None:
+        body["interrupted"] = interrupted
+    if failed is not None:
+        body["failed"] = failed
+    body.update(
+        done=sweep.done, total=sweep.total, results=[dataclasses.asdict(r) for r in results]
+    )
+    return body
+
+
 def _interrupted(
     sweep: _Sweep, dtypes: Sequence[str], outputs: _Outputs, device: str, signal_name: str
 ) -> Exit:
     """Ctrl-C or SIGTERM: write and print the kernels measured so far; INTERRUPTED."""
     results = [r for r in sweep.results if r.beta == 0]
-    body = {
-        "schema": PARTIAL_SCHEMA,
-        "interrupted": signal_name,
-        "done": sweep.done,
-        "total": sweep.total,
-        "results": [dataclasses.asdict(r) for r in results],
-    }
-    outputs.write(results, body)
+    outputs.write(results, _partial(sweep, results, interrupted=signal_name))
     click.echo(f"interrupted after {sweep.done} of {sweep.total} kernels", err=True)
     if outputs.stdout is None:
         _summary(dtypes, results, device)
@@ -363,7 +375,14 @@ def bench(
         return _interrupted(sweep, dtypes, outputs, device, name)
     doc = cycle.document
     results = [r for r in doc.results if r.beta == 0] if doc else []
-    outputs.write(results, dict(doc.raw) if doc is not None else None)
+    body: dict[str, Any] | None = dict(doc.raw) if doc is not None else None
+    partial = doc is None and cycle.result in ("error", "timeout") and bool(sweep.results)
+    if partial:
+        # the worker died or timed out before its document: what its progress lines reported
+        # is kept, as after Ctrl-C (it used to be lost: a CSV of its header alone, no JSON)
+        results = [r for r in sweep.results if r.beta == 0]
+        body = _partial(sweep, results, failed=cycle.reason or cycle.result)
+    outputs.write(results, body)
     if cycle.result in ("error", "timeout") and not results:
         outputs.report()
         raise SparkdiagError(f"sweep failed: {cycle.reason}")
@@ -378,11 +397,15 @@ def bench(
             click.echo(terminal.fill(f"{what}: {', '.join(known)}", terminal.width(), "", "    "))
         measured = sum(r.peak is not None for r in results)
         counted = "" if measured == len(results) else f" ({measured} measured)"
-        click.echo(f"swept {len(results)} kernels{counted} in {time.monotonic() - started:.1f} s")
+        of = f" of {sweep.total}" if partial else ""
+        took = time.monotonic() - started
+        click.echo(f"swept {len(results)}{of} kernels{counted} in {took:.1f} s")
         _summary(dtypes, results, device)
     files = outputs.report()
     if cycle.result in ("error", "timeout"):
-        click.echo(f"warning: {cycle.reason}", err=True)
+        after = f"the sweep stopped after {sweep.done} of {sweep.total} kernels: "
+        after = after if partial else ""
+        click.echo(f"warning: {after}{cycle.reason}", err=True)
         return Exit.FAILED
     if files != Exit.OK:
         return files

@@ -203,12 +203,19 @@ def _check_state_dir(state_dir: Path | None) -> None:
     """--record writes soak.json in the state directory after the load: checked before it (a
     file is created there and removed; a missing directory's first existing parent), a usage
     error naming --state-dir (the load used to run in full, then the verdict was not kept)."""
+    problem: StateDirError | None = None
     try:
         folder = state_path(state_dir).parent
     except StateDirError as exc:
-        raise UsageError(f"{exc.message}; give --state-dir, or --no-record") from None
+        if state_dir is None:
+            raise UsageError(f"{exc.message}; give --state-dir, or --no-record") from None
+        # a state directory that is not one (under a file): said by the folder check below,
+        # which names the file and the flag ("Invalid value for '--state-dir'")
+        folder, problem = state_dir, exc
     try:
         check_output_folder(folder, "--state-dir", parents=True)
+        if problem is not None:
+            raise UsageError(problem.message)
     except UsageError as exc:
         raise UsageError(
             f"{exc.message} (the soak's verdict is kept there: give another --state-dir, or "
@@ -312,7 +319,7 @@ def soak(
     by the daemon (sparkdiag_soak_*) and reported by sparkdiag check.
 
     Safety: each worker stops 5 °C below the GPU's slowdown threshold and the memory's maximum
-    operating temperature, on any hardware (thermal) slowdown, and on Ctrl-C or SIGTERM (a
+    operating temperature, on any hardware (thermal) slowdown, and on Ctrl-C, SIGTERM or SIGHUP (a
     second one kills the workers); the GPU is left idle and the windows measured so far are
     still written. Why it stopped is the last line per GPU.
 

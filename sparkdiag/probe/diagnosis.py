@@ -9,13 +9,14 @@ so both say the same thing about a failing container. Why two measured sides dif
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from sparkdiag.probe.container import guards
 from sparkdiag.probe.document import WorkerDocument
@@ -106,6 +107,39 @@ def missing_runtime(cmd: Sequence[str]) -> Failure | None:
         label="before the first cycle",
         stderr_tail="",
     )
+
+
+# Above any GPU's figure by far (the densest dtype of the fastest GPU is some 10 PFLOPS, HBM some
+# 8 TB/s): a figure past these was not measured by the worker.
+MAX_TFLOPS = 1e5
+MAX_COPY_BYTES_PER_SECOND = 1e14
+
+
+def impossible_figure(doc: WorkerDocument) -> str | None:
+    """The first figure of a measured ("ok") kernel or copy that no measurement gives: not a
+    number, not finite (NaN, Infinity), zero or negative, or past any GPU's; None when all are
+    possible. The parser drops such a figure (the row reads n/a), which let a document that
+    claimed -5 or NaN TFLOPS pass as measured, its other rows judged, and 1e30 TFLOPS through
+    as a 10^30 speed-up."""
+    checks: list[tuple[str, Any, float, str]] = []
+    results = doc.raw.get("results")
+    for item in results if isinstance(results, list) else []:
+        if isinstance(item, Mapping) and item.get("status") == "ok":
+            what = f"{item.get('dtype')} {item.get('shape')}"
+            for key in ("delivered", "peak"):
+                checks.append((f"{what} {key}", item.get(key), MAX_TFLOPS, "TFLOPS"))
+    copy = doc.raw.get("bandwidth")
+    if isinstance(copy, Mapping) and copy.get("status") == "ok":
+        for key in ("delivered", "peak"):
+            checks.append((f"bandwidth {key}", copy.get(key), MAX_COPY_BYTES_PER_SECOND, "B/s"))
+    for what, value, ceiling, unit in checks:
+        if value is None:  # not measured: n/a, as the worker says it
+            continue
+        number = value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+        if number is None or not math.isfinite(number) or not 0 < number <= ceiling:
+            shown = repr(value)[:40]
+            return f"{what} {shown}" + (f" {unit}" if number is not None else "")
+    return None
 
 
 def _usable(cycle: ProbeCycle) -> bool:
@@ -225,6 +259,14 @@ def diagnose(
         if no_gpu is not None:
             return failed("no_gpu", no_gpu)
 
+    impossible = impossible_figure(doc) if doc is not None else None
+    if impossible is not None:
+        return failed(
+            "not_json",
+            f"{side} printed a worker document with an impossible figure ({impossible}): not "
+            f"a measurement of sparkdiag's worker; check what {command[0]!r} runs and that "
+            "nothing rewrites its output",
+        )
     if _usable(cycle):
         return None
 

@@ -24,7 +24,13 @@ from pathlib import Path
 from typing import Literal
 
 from sparkdiag.config import OPTIONS_BY_KEY
-from sparkdiag.probe.document import Progress, WorkerDocument, find_document, parse_progress
+from sparkdiag.probe.document import (
+    PROGRESS_PREFIX,
+    Progress,
+    WorkerDocument,
+    find_document,
+    parse_progress,
+)
 from sparkdiag.probe.request import DEFAULT_REQUEST, WorkerRequest
 from sparkdiag.probe.script import assemble
 
@@ -151,7 +157,10 @@ def run_worker(
             _LIVE.discard(proc.pid)
     returncode = _finish(proc, timed_out, kill_grace)
     wall = time.monotonic() - started
-    tail = stderr[-STDERR_TAIL_BYTES:].decode("utf-8", "replace")
+    kept = stderr[-STDERR_TAIL_BYTES:]
+    if len(stderr) >= STDERR_TAIL_BYTES and b"\n" in kept:  # cut: its first line is a piece
+        kept = kept[kept.index(b"\n") + 1 :]
+    tail = kept.decode("utf-8", "replace")
     document = find_document(stdout)
     if timed_out:
         result: ProbeResult = "timeout"
@@ -311,7 +320,13 @@ def _finish(proc: subprocess.Popen[bytes], timed_out: bool, grace: float) -> int
 
 
 def _error_line(stderr_tail: str) -> str | None:
-    lines = [line.strip() for line in stderr_tail.splitlines() if line.strip()]
+    # a progress line (a kernel's or a soak window's JSON) says nothing of why the worker ended:
+    # a soak worker killed mid-window gave 300 characters of window JSON as its reason
+    lines = [
+        line.strip()
+        for line in stderr_tail.splitlines()
+        if line.strip() and not line.startswith(PROGRESS_PREFIX)
+    ]
     for line in reversed(lines):
         if _ERROR_LINE.match(line):
             return line[:300]

@@ -144,7 +144,8 @@ class SoakRunner:
         self._signals.append(name)
 
     def run(self, on_window: Callable[[int, SoakWindow], None] | None = None) -> list[GpuSoak]:
-        """Run every job to its end; SIGINT and SIGTERM stop them (see the module docstring)."""
+        """Run every job to its end; SIGINT, SIGTERM and SIGHUP stop them (the module's
+        docstring)."""
         self.life.stop_on_signal()
         self._seen = len(self.life.received)
         threads = [
@@ -216,6 +217,8 @@ class SoakRunner:
 
 
 def _passed_on(name: str | None) -> signal.Signals:
-    """The signal a worker gets for the one received: SIGTERM for SIGTERM, else SIGINT (both
-    stop the worker cleanly)."""
+    """The signal a worker gets for the one received: the same for SIGTERM and SIGHUP, else
+    SIGINT (each stops the worker cleanly, and its record names it)."""
+    if name == "SIGHUP":
+        return signal.SIGHUP
     return signal.SIGTERM if name == "SIGTERM" else signal.SIGINT

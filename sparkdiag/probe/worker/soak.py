@@ -31,7 +31,7 @@ FALLBACK_GPU_LIMIT_CELSIUS = 85.0  # when NVML gives no slowdown threshold
 
 
 class StopRequest:
-    """Set by SIGINT or SIGTERM during a soak; the loop stops cleanly at its next check."""
+    """Set by SIGINT, SIGTERM or SIGHUP during a soak; the loop stops cleanly at its next check."""
 
     def __init__(self) -> None:
         self.signal_name: str | None = None
@@ -49,11 +49,13 @@ class StopRequest:
 
 @contextlib.contextmanager
 def stop_on_signals(stop: StopRequest) -> Iterator[None]:
-    """SIGINT and SIGTERM set ``stop`` instead of ending the process (main thread only)."""
+    """SIGINT, SIGTERM and SIGHUP set ``stop`` instead of ending the process (main thread
+    only)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    before = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    stops = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # soak passes SIGHUP on as such
+    before = {sig: signal.signal(sig, stop) for sig in stops}
     try:
         yield
     finally:

@@ -6,12 +6,15 @@ worker's path and the request's arguments, which this script ignores):
 - ``polite``: prints a cold window, then a load window every 0.1 s; SIGINT or SIGTERM makes it
   print its document with ``stopped: interrupted``, as the real worker does;
 - ``stubborn``: prints a cold window and ignores SIGINT and SIGTERM (a worker stuck in a kernel);
-- ``busy``: prints a document saying the GPU is busy, without a soak.
+- ``busy``: prints a document saying the GPU is busy, without a soak;
+- ``dies``: prints 60 windows (some 20 KiB of progress lines) and kills itself (SIGKILL), as a
+  worker killed mid-soak.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import time
@@ -70,6 +73,10 @@ def main() -> None:
     if mode == "busy":
         print(document("skipped_busy", None, "other compute processes on the GPU: pids [7]"))
         return
+    if mode == "dies":
+        for index in range(60):
+            progress(window(index))
+        os.kill(os.getpid(), signal.SIGKILL)
     handler = (
         (lambda s, f: STOP.append(signal.Signals(s).name)) if mode == "polite" else (signal.SIG_IGN)
     )
