@@ -16,6 +16,7 @@ from typing import Any
 
 
 def main() -> None:
+    _fill_closed_descriptors()  # before the daemon's signal pipe takes descriptor 1
     if "serve" in sys.argv[1:2]:
         from sparkdiag.lifecycle import LIFECYCLE
 
@@ -61,16 +62,34 @@ class _Stdout(io.RawIOBase):
             raise StdoutError(exc.errno, exc.strerror) from None
 
 
+def _fill_closed_descriptors() -> None:
+    """Standard input, output or error that the caller closed (``sparkdiag serve >&-``) become
+    /dev/null, as the daemon under a supervisor without them would want, before anything opens
+    a descriptor: the next one opened takes the lowest free number. The daemon's signal pipe
+    became descriptor 1, and putting /dev/null there later closed the pipe's reading end, so
+    that every signal after the first was lost (SIGTERM included: the review of 2026-12-04).
+    Python leaves ``sys.stdin``, ``sys.stdout`` or ``sys.stderr`` None for a closed one; each is
+    made again over /dev/null."""
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        null = os.open(os.devnull, os.O_RDWR)
+        if null != fd:
+            os.dup2(null, fd)
+            os.close(null)
+        if getattr(sys, name) is None and name != "stdout":  # stdout: _watch_stdout's
+            setattr(sys, name, open(fd, mode, encoding="utf-8", closefd=False))  # noqa: SIM115
+
+
 def _watch_stdout() -> None:
     """Standard output as Python made it (encoding, errors, line buffering on a terminal), over
     :class:`_Stdout`. A closed one (``sparkdiag ... >&-``: Python leaves ``sys.stdout`` None)
     becomes /dev/null, as ``>/dev/null`` would: the flush at exit was an AttributeError's
     traceback after the command had run, and the next file opened took descriptor 1."""
-    if sys.stdout is None:
-        sink = os.open(os.devnull, os.O_WRONLY)
-        if sink != 1:
-            os.dup2(sink, 1)
-            os.close(sink)
+    if sys.stdout is None:  # descriptor 1 is /dev/null by now (_fill_closed_descriptors)
         sys.stdout = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
     old = sys.stdout
     if old is None or not isinstance(old, io.TextIOWrapper):  # not the interpreter's own

@@ -30,7 +30,7 @@ from tests.support import (
 FAKE = ROOT / "tests" / "support" / "probe_scripts" / "fake_worker.py"
 
 
-def _serve(*args: str) -> tuple[subprocess.Popen[bytes], str]:
+def _serve(*args: str, closed_stdout: bool = False) -> tuple[subprocess.Popen[bytes], str]:
     port = free_port()
     cmd = sparkdiag_cmd(
         "serve",
@@ -42,7 +42,10 @@ def _serve(*args: str) -> tuple[subprocess.Popen[bytes], str]:
         str(SYSFS / "h200-vm"),
         *args,
     )
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        preexec_fn=(lambda: os.close(1)) if closed_stdout else None,
+    )  # fmt: skip
     return proc, f"http://127.0.0.1:{port}"
 
 
@@ -99,8 +102,12 @@ def test_stopping_kills_the_running_worker_and_its_children(tmp_path: Path, sig:
             proc.wait()
 
 
-def test_sighup_and_sigusr1_do_not_stop_the_daemon(tmp_path: Path) -> None:
-    proc, base = _serve("--no-probe.enabled")
+@pytest.mark.parametrize("closed_stdout", [False, True])
+def test_sighup_and_sigusr1_do_not_stop_the_daemon(tmp_path: Path, closed_stdout: bool) -> None:
+    """With its standard output closed (``serve >&-``) the daemon's signal pipe took descriptor
+    1, and the /dev/null put there closed the pipe: the first signal was handled, every later
+    one lost, SIGTERM included (the review of 2026-12-04)."""
+    proc, base = _serve("--no-probe.enabled", closed_stdout=closed_stdout)
     try:
         _wait_healthy(proc, base)
         proc.send_signal(signal.SIGHUP)
