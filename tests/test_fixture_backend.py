@@ -30,6 +30,8 @@ ALL_FIXTURES = [
     "h200-idle-2026-11-29",
     "h200-load-2026-11-29",
     "h200-scripted",
+    "h200-driver-gone",
+    "h200-driver-upgraded",
     "h200-x8",
     "h200-x2-complete",
     "gb10-idle",
@@ -143,8 +145,9 @@ def test_gpu_out_of_range(derive_fixture: Callable[..., Path], gpu: Any) -> None
         {"set": {"pstate": 2}, "lost": True},
         {"ramp": {"temperature/0": [40, 80]}, "event": {"type": 8, "data": 79}},
         {},
+        {"lost": True, "nvml": "up"},
     ],
-    ids=["set+lost", "ramp+event", "none"],
+    ids=["set+lost", "ramp+event", "none", "lost+nvml"],
 )
 def test_step_needs_exactly_one_action(
     derive_fixture: Callable[..., Path], step: dict[str, Any]
@@ -355,6 +358,72 @@ def test_lost_at_poll_12(nvml_fixture: Callable[[str], Path]) -> None:
             assert info.value.code == GPU_IS_LOST
             assert info.value.name == "GPU_IS_LOST"
     assert backend.device_count() == 1  # still enumerated, no longer answering
+
+
+@pytest.mark.parametrize(
+    ("step", "message"),
+    [
+        ({"nvml": "down"}, r"'nvml' must be \"up\" or \{\"error\": NAME\}"),
+        ({"nvml": {"error": "GONE"}}, r"'nvml' must be \"up\" or"),
+        ({"nvml": {"error": 18}}, r"'nvml' must be \"up\" or"),
+        ({"nvml": {"error": "UNINITIALIZED", "why": "x"}}, r"'nvml' must be \"up\" or"),
+        ({"gpu": 0, "nvml": "up"}, r"an 'nvml' step is the driver's: it names no 'gpu'"),
+    ],
+    ids=["word", "unknown-name", "number", "extra-key", "with-gpu"],
+)
+def test_bad_nvml_step(
+    derive_fixture: Callable[..., Path], step: dict[str, Any], message: str
+) -> None:
+    path = derive_fixture("h200-idle", script=[{"poll": 2, **step}])
+    with pytest.raises(FixtureError, match=message):
+        FixtureBackend(path)
+
+
+def test_nvml_step_fails_every_call_until_up(nvml_fixture: Callable[[str], Path]) -> None:
+    """h200-driver-gone: the module unloaded at poll 3 (DRIVER_NOT_LOADED for every call,
+    nvmlInit included), loaded again at poll 8."""
+    backend = FixtureBackend(nvml_fixture("h200-driver-gone"))
+    _advance_to(backend, 2)
+    assert backend.query(0, "name") == "NVIDIA H200"
+    for poll in (3, 7):
+        _advance_to(backend, poll)
+        calls: list[Callable[[], Any]] = [
+            backend.driver_version,
+            backend.device_count,
+            backend.poll_events,
+            lambda: backend.query(0, "name"),
+            lambda: backend.query(0, "temperature", 0),
+        ]
+        for call in calls:
+            with pytest.raises(NvmlCallError) as info:
+                call()
+            assert info.value.name == "DRIVER_NOT_LOADED"
+        with pytest.raises(NvmlUnavailable, match="DRIVER_NOT_LOADED") as down:
+            backend.init()
+        assert down.value.code == 9
+    _advance_to(backend, 8)
+    backend.init()
+    assert backend.device_count() == 1
+    assert backend.query(0, "name") == "NVIDIA H200"
+
+
+def test_upgraded_driver_never_answers_again(nvml_fixture: Callable[[str], Path]) -> None:
+    backend = FixtureBackend(nvml_fixture("h200-driver-upgraded"))
+    _advance_to(backend, 2)
+    assert backend.device_count() == 1
+    _advance_to(backend, 100)
+    with pytest.raises(NvmlCallError) as info:
+        backend.query(0, "uuid")
+    assert (info.value.code, info.value.name) == (18, "LIB_RM_VERSION_MISMATCH")
+
+
+@pytest.mark.parametrize("name", ["h200-driver-gone", "h200-driver-upgraded"])
+def test_driver_fixtures_say_why_for_every_step(
+    nvml_fixture: Callable[[str], Path], name: str
+) -> None:
+    doc = _raw(nvml_fixture(name))
+    assert doc["base"] == "h200-idle.json" and "devices" not in doc
+    assert doc["script"] and all(step["why"].strip() for step in doc["script"])
 
 
 def test_script_of_base_is_inherited(derive_fixture: Callable[..., Path]) -> None:

@@ -60,6 +60,7 @@ def error_code(name: str) -> int | None:
     return None
 
 
+UNINITIALIZED = 1
 NOT_SUPPORTED = 3
 NO_PERMISSION = 4
 NOT_FOUND = 6
@@ -70,6 +71,24 @@ GPU_IS_LOST = 15
 LOST_CODES = frozenset({GPU_IS_LOST, 16, 28, 999})
 # Errors that mean "this value is not available here": the field is None, the sample left out.
 UNAVAILABLE_CODES = frozenset({NOT_SUPPORTED, NO_PERMISSION, NOT_FOUND, FUNCTION_NOT_FOUND, 21, 26})
+DRIVER_NOT_LOADED = 9
+LIB_RM_VERSION_MISMATCH = 18
+# Errors that mean NVML itself no longer answers this process, whatever device or value is asked:
+# the whole source is down (sparkdiag_nvml_up 0, no GPU series), not one GPU or one value. From
+# nvml.h:
+# - UNINITIALIZED (1), "NVML was not first initialized with nvmlInit()": this process's NVML
+#   session is gone (shut down under it); nvmlInit starts it again.
+# - DRIVER_NOT_LOADED (9), "NVIDIA driver is not loaded": the kernel module was unloaded, or
+#   crashed, under the running process; nvmlInit works again once it is loaded.
+# - LIB_RM_VERSION_MISMATCH (18), "RM detects a driver/library version mismatch": the driver was
+#   upgraded under the running process, whose loaded libnvidia-ml no longer matches the kernel
+#   module. nvmlInit in the same process fails the same way (the old library stays loaded):
+#   sparkdiag has to be restarted.
+# Not in it: LIBRARY_NOT_FOUND (12) comes from nvmlInit alone (NvmlUnavailable); GPU_IS_LOST,
+# RESET_REQUIRED, GPU_NOT_FOUND and UNKNOWN are one device's (LOST_CODES); IRQ_ISSUE (11),
+# TIMEOUT (10), OPERATING_SYSTEM (17), MEMORY (20), INSUFFICIENT_RESOURCES (23) and
+# ARGUMENT_VERSION_MISMATCH (25) are one call's or one device's, not the driver's.
+DRIVER_GONE_CODES = frozenset({UNINITIALIZED, DRIVER_NOT_LOADED, LIB_RM_VERSION_MISMATCH})
 
 
 class NvmlCallError(Exception):
@@ -82,7 +101,13 @@ class NvmlCallError(Exception):
 
 
 class NvmlUnavailable(Exception):
-    """NVML cannot be used at all: library missing, driver not loaded, no permission."""
+    """NVML cannot be used at all: library missing, driver not loaded, no permission.
+
+    ``code``: the NVML return code nvmlInit answered, where it answered one."""
+
+    def __init__(self, message: str, code: int | None = None) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 @dataclass(frozen=True)

@@ -53,7 +53,7 @@ class PynvmlBackend:
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as exc:
-            raise NvmlUnavailable(f"nvmlInit failed: {exc}") from exc
+            raise NvmlUnavailable(f"nvmlInit failed: {exc}", int(exc.value)) from exc
         except OSError as exc:  # pragma: no cover - ctypes load failure
             raise NvmlUnavailable(f"libnvidia-ml could not be loaded: {exc}") from exc
         self._nvml = pynvml
@@ -61,19 +61,29 @@ class PynvmlBackend:
         self._open_event_set()
 
     def shutdown(self) -> None:
+        """Free what this session holds and shut NVML down, each step whatever the one before
+        answered: after the driver went away (the GPU source shuts down before it starts NVML
+        again) freeing the event set fails, and a session left open would keep the next
+        nvmlInit from starting a new one."""
         if self._nvml is None:
             return
+        nv = self._nvml
+        if self._calls is not None:
+            self._calls.close()
+            self._calls = None
+        if self._event_set is not None:
+            try:
+                nv.nvmlEventSetFree(self._event_set)
+            except nv.NVMLError as exc:
+                log.debug("nvmlEventSetFree: %s", exc)
+            self._event_set = None
         try:
-            if self._calls is not None:
-                self._calls.close()
-                self._calls = None
-            if self._event_set is not None:
-                self._nvml.nvmlEventSetFree(self._event_set)
-            self._nvml.nvmlShutdown()
-        except self._nvml.NVMLError as exc:
+            nv.nvmlShutdown()
+        except nv.NVMLError as exc:
             log.debug("nvmlShutdown: %s", exc)
         self._nvml = None
         self._handles.clear()
+        self._index_by_handle.clear()
 
     def _call(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:

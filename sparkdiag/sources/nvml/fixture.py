@@ -18,7 +18,9 @@ A fixture is a JSON document (format ``sparkdiag-nvml-fixture/1``)::
         {"poll": 5, "gpu": 0, "set": {"clock_event_reasons": 32}, "why": {...}},
         {"poll": [3, 10], "gpu": 0, "ramp": {"memory_temperature": [60, 95]}},
         {"poll": 8, "gpu": 0, "event": {"type": 8, "data": 79}},
-        {"poll": 20, "gpu": 0, "lost": true}
+        {"poll": 20, "gpu": 0, "lost": true},
+        {"poll": 25, "nvml": {"error": "DRIVER_NOT_LOADED"}},
+        {"poll": 30, "nvml": "up"}
       ]
     }
 
@@ -33,6 +35,11 @@ Scripted steps take effect at the poll they name (the first poll is 1) and stay 
 moves linearly from its first value at the first poll to its last at the last poll, then holds
 (integer ramps round half up).
 An event is delivered once, at its poll. ``lost`` makes every query fail with GPU_IS_LOST.
+A step of ``nvml`` (it names no ``gpu``: it is the driver's, not a device's) makes NVML as a whole
+answer an error from its poll on: ``{"error": NAME}`` fails every call (nvmlInit, the driver
+version, the device count, every query and the events) with it, as a process sees it when the
+driver is unloaded (DRIVER_NOT_LOADED) or upgraded under it (LIB_RM_VERSION_MISMATCH); ``"up"``
+answers again from its poll (a driver loaded again). The latest ``nvml`` step in effect holds.
 """
 
 from __future__ import annotations
@@ -200,12 +207,27 @@ def _check_step(path: Path, n: int, step: Any, ndev: int) -> dict[str, Any]:
         first, last = poll
     else:
         raise FixtureError(f"{where}: 'poll' must be a poll number >= 1 or [first, last]")
+    actions = [k for k in ("set", "ramp", "event", "lost", "nvml") if k in step]
+    if len(actions) != 1:
+        raise FixtureError(f"{where} needs exactly one of set, ramp, event, lost, nvml")
+    if "nvml" in step:
+        nvml = step["nvml"]
+        if "gpu" in step:
+            raise FixtureError(f"{where}: an 'nvml' step is the driver's: it names no 'gpu'")
+        if nvml != "up" and not (
+            isinstance(nvml, dict)
+            and set(nvml) == {"error"}
+            and isinstance(nvml["error"], str)
+            and error_code(nvml["error"]) is not None
+        ):
+            raise FixtureError(
+                f'{where}: \'nvml\' must be "up" or {{"error": NAME}} with an NVML error '
+                "name such as LIB_RM_VERSION_MISMATCH"
+            )
+        return {**step, "first": first, "last": last}
     gpu = step.get("gpu")
     if not isinstance(gpu, int) or not 0 <= gpu < ndev:
         raise FixtureError(f"{where}: 'gpu' must be a device index below {ndev}")
-    actions = [k for k in ("set", "ramp", "event", "lost") if k in step]
-    if len(actions) != 1:
-        raise FixtureError(f"{where} needs exactly one of set, ramp, event, lost")
     if "set" in step:
         if not isinstance(step["set"], dict):
             raise FixtureError(f"{where}: 'set' must be an object")
@@ -243,13 +265,19 @@ class FixtureBackend:
         self._events_delivered_at = -1
         self._current: list[dict[str, Any]] = []
         self._lost: set[int] = set()
+        self._nvml_error: int | None = None
         self._rebuild()
 
     def _rebuild(self) -> None:
         current = [dict(dev["answers"]) for dev in self.doc["devices"]]
         lost: set[int] = set()
+        nvml_error: int | None = None
         for step in self.doc["script"]:
             if step["first"] > self.poll:
+                continue
+            if "nvml" in step:
+                nvml = step["nvml"]
+                nvml_error = None if nvml == "up" else error_code(nvml["error"])
                 continue
             answers = current[step["gpu"]]
             if "set" in step:
@@ -265,27 +293,40 @@ class FixtureBackend:
                 lost.add(step["gpu"])
         self._current = current
         self._lost = lost
+        self._nvml_error = nvml_error
+
+    def _answer_nvml(self) -> None:
+        """Raise the error a scripted ``nvml`` step makes every call answer, if one holds."""
+        if self._nvml_error is not None:
+            raise NvmlCallError(self._nvml_error)
 
     # -- NvmlBackend ---------------------------------------------------------------------------
     def init(self) -> None:
         nvml = self.doc.get("nvml")
         if isinstance(nvml, dict) and nvml.get("error"):
             raise NvmlUnavailable(
-                f"nvmlInit failed: NVML_ERROR_{nvml['error']} (fixture {self.path})"
+                f"nvmlInit failed: NVML_ERROR_{nvml['error']} (fixture {self.path})",
+                error_code(nvml["error"]),
             )
+        if self._nvml_error is not None:
+            error = NvmlCallError(self._nvml_error)
+            raise NvmlUnavailable(f"nvmlInit failed: {error}", error.code)
 
     def shutdown(self) -> None:
         return None
 
     def driver_version(self) -> str:
+        self._answer_nvml()
         return str(self.doc["driver_version"])
 
     def device_count(self) -> int:
+        self._answer_nvml()
         return len(self._current)
 
     def query(self, index: int, query: str, arg: int | None = None) -> Any:
         if query not in CATALOGUE:
             raise KeyError(f"unknown NVML query {query!r}")
+        self._answer_nvml()
         if not 0 <= index < len(self._current):
             raise NvmlCallError(ERROR_CODES["INVALID_ARGUMENT"])
         if index in self._lost:
@@ -301,6 +342,7 @@ class FixtureBackend:
 
     def poll_events(self) -> list[NvmlEvent]:
         """The events scripted for the current poll, once: a second call in a poll gets none."""
+        self._answer_nvml()
         if self._events_delivered_at == self.poll:
             return []
         self._events_delivered_at = self.poll

@@ -6,6 +6,11 @@ Rules it applies, so that every consumer sees the same thing:
   or absent from its mapping, and the query is not asked again for that device;
 * a device that answers GPU_IS_LOST (or RESET_REQUIRED, GPU_NOT_FOUND, UNKNOWN) is reported with
   ``up=False`` and its identity kept, so ``sparkdiag_gpu_up`` drops to 0 instead of vanishing;
+* NVML that answers a driver-wide error (``DRIVER_GONE_CODES``: UNINITIALIZED,
+  DRIVER_NOT_LOADED, LIB_RM_VERSION_MISMATCH) while it runs is down as a whole: ``nvml_up``
+  False with ``unavailable_reason`` saying what NVML answered and what to do, one warning, and
+  no GPU sample (``sparkdiag_nvml_up`` 0: one page, SparkdiagNvmlDown, not one per GPU). It is
+  started again at most every ``retry_seconds``; when it answers, the GPUs are read again;
 * unified memory (GB10): memory info NOT_SUPPORTED, or a total equal to host MemTotal, gives
   ``memory_model="unified"`` and no framebuffer memory; the integrated GPU's NVML PCIe link (a
   meaningless Gen1 x1) is left out too, the host links come from sysfs;
@@ -28,9 +33,14 @@ from sparkdiag.sources.nvml.activity import (
     read_processes,
 )
 from sparkdiag.sources.nvml.api import (
+    DRIVER_GONE_CODES,
+    DRIVER_NOT_LOADED,
+    ERROR_NAMES,
+    LIB_RM_VERSION_MISMATCH,
     LOST_CODES,
     NOT_SUPPORTED,
     UNAVAILABLE_CODES,
+    UNINITIALIZED,
     NvmlBackend,
     NvmlCallError,
     NvmlEvent,
@@ -83,9 +93,48 @@ class DeviceLost(Exception):
         self.error = error
 
 
+class _NvmlGone(Exception):
+    """NVML answered a driver-wide error (``DRIVER_GONE_CODES``): nothing answers any more."""
+
+    def __init__(self, error: NvmlCallError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
 # How old a cached answer of each tier may be, in seconds, whatever the poll interval.
 STATIC_SECONDS = 60.0
 SLOW_SECONDS = 10.0
+# How often NVML is started again while the driver is gone (a failing nvmlInit per attempt).
+RETRY_SECONDS = 30.0
+
+
+def gone_reason(code: int | None, detail: str, retry_seconds: float) -> str:
+    """What NVML answered when it went away under the running daemon (``code``, or where it
+    gave none ``detail``), and what to do: the ``unavailable_reason`` (the nvml collector's
+    error, check's nvml row, the log)."""
+    again = f"sparkdiag starts NVML again every {retry_seconds:g} s"
+    if code is None:
+        return f"NVML does not start again ({detail}); {again}"
+    answer = f"NVML_ERROR_{ERROR_NAMES.get(code, f'ERROR_{code}')} ({code})"
+    if code == LIB_RM_VERSION_MISMATCH:
+        return (
+            f"NVML answers {answer}: the NVIDIA driver was changed (upgraded) under this running "
+            "sparkdiag, whose loaded NVML library no longer matches the kernel module; restart "
+            "sparkdiag (a running process cannot load the new library), and reboot the node if "
+            "nvidia-smi fails too"
+        )
+    if code == DRIVER_NOT_LOADED:
+        return (
+            f"NVML answers {answer}: the NVIDIA kernel module is gone (unloaded, or crashed: "
+            "look for NVRM lines in dmesg); load the driver again (nvidia-smi, modprobe nvidia) "
+            f"or reboot the node; {again}"
+        )
+    if code == UNINITIALIZED:
+        return (
+            f"NVML answers {answer}: NVML was shut down under this sparkdiag; {again}, and "
+            "restart sparkdiag if this lasts"
+        )
+    return f"NVML does not start again: it answers {answer} ({detail}); {again}"
 
 
 @dataclass(eq=False)
@@ -101,6 +150,9 @@ class GpuSource:
     time, not the number of polls.
 
     ``processes``: per-process metrics (opt-in); None leaves them out.
+
+    ``retry_seconds``: while NVML is gone (a driver-wide error while it ran), how often a read
+    starts it again. While NVML answers, a read makes no call beyond its queries.
     """
 
     backend: NvmlBackend
@@ -108,11 +160,16 @@ class GpuSource:
     slow_seconds: float = SLOW_SECONDS
     clock: Callable[[], float] = time.monotonic
     processes: ProcessOptions | None = None
+    retry_seconds: float = RETRY_SECONDS
     # what start() and the reads learn and keep
     nvml_up: bool = field(init=False, default=False)
     unavailable_reason: str | None = field(init=False, default=None)
     driver_version: str = field(init=False, default="")
     identities: list[GpuIdentity] = field(init=False, default_factory=list)
+    # while NVML is gone under the running daemon: the code it last answered (None: not gone),
+    # and when it is started again
+    _gone: int | None = field(init=False, default=None)
+    _retry_at: float = field(init=False, default=0.0)
     _said_unseen: bool = field(init=False, default=False)
     _max_age: dict[str, float] = field(init=False, default_factory=dict)
     _read_at: float = field(init=False, default=0.0)
@@ -135,29 +192,89 @@ class GpuSource:
         """Initialise NVML and read each GPU's identity; False (with a reason) without NVML."""
         self._read_at = self.clock()
         try:
-            self.backend.init()
-            self.driver_version = self.backend.driver_version()
-            count = self.backend.device_count()
+            self._open()
         except (NvmlUnavailable, NvmlCallError) as exc:
             self.nvml_up = False
             self.unavailable_reason = str(exc)
             return False
-        self.nvml_up = True
-        self.identities = [self._identity(index) for index in range(count)]
+        except _NvmlGone as gone:  # nvmlInit answered, the devices no longer do
+            self._went_away(gone.error)
+            return False
         return True
 
+    def _open(self) -> None:
+        """nvmlInit, the driver version and each GPU's identity (nvml_up once they are in);
+        raises what NVML answered instead."""
+        self.backend.init()
+        self.driver_version = self.backend.driver_version()
+        count = self.backend.device_count()
+        self.identities = [self._identity(index) for index in range(count)]
+        self.nvml_up = True
+
     def stop(self) -> None:
-        if self.nvml_up:
+        if self.nvml_up or self._gone is not None:
             self.backend.shutdown()
             self.nvml_up = False
+            self._gone = None
+
+    def _forget(self) -> None:
+        """Drop every answer kept from an NVML session that ended."""
+        self._cache.clear()
+        self._unsupported.clear()
+        self._nvlinks.clear()
+
+    def _went_away(self, error: NvmlCallError) -> None:
+        """NVML answered a driver-wide error while it ran: down as a whole, said once."""
+        self.nvml_up = False
+        self._gone = error.code
+        self._retry_at = self.clock() + self.retry_seconds
+        self._forget()
+        self.unavailable_reason = gone_reason(error.code, str(error), self.retry_seconds)
+        log.warning("NVML stopped answering, GPU telemetry stopped: %s", self.unavailable_reason)
+
+    def _start_again(self) -> bool:
+        """While NVML is gone, start it again when ``retry_seconds`` have passed since the last
+        attempt; True once it answers (the GPUs read again)."""
+        now = self.clock()
+        if now < self._retry_at:
+            return False
+        self._retry_at = now + self.retry_seconds
+        self.backend.shutdown()  # what is left of the old session: handles, the event set
+        self._read_at = now
+        try:
+            self._open()
+        except (NvmlUnavailable, NvmlCallError, _NvmlGone) as exc:
+            self.nvml_up = False
+            error = exc.error if isinstance(exc, _NvmlGone) else exc
+            reason = gone_reason(error.code, str(error), self.retry_seconds)
+            if error.code != self._gone:  # what NVML answers changed (a new module loaded ...)
+                log.warning("NVML still does not answer: %s", reason)
+            else:
+                log.debug("NVML still does not answer: %s", reason)
+            self._gone = self._gone if error.code is None else error.code
+            self.unavailable_reason = reason
+            self._forget()
+            return False
+        self._gone = None
+        self.unavailable_reason = None
+        log.info(
+            "NVML answers again (driver %s, %d GPU(s)): GPU telemetry resumed",
+            self.driver_version,
+            len(self.identities),
+        )
+        return True
 
     # -- reading -----------------------------------------------------------------------------
     def ask(self, index: int, query: str, arg: int | None = None) -> Any:
         """One catalogue query of one device, through the tiers and the unsupported memory:
         None when unsupported; raises :class:`DeviceLost` when the GPU is gone. For readers
         that need less than a full :meth:`read` (``sparkdiag watch``); call :meth:`begin`
-        first at each sampling instant, so that the tiers age."""
-        return self._ask(index, query, arg)
+        first at each sampling instant, so that the tiers age. NVML gone as a whole
+        (``DRIVER_GONE_CODES``) is :class:`DeviceLost` here too."""
+        try:
+            return self._ask(index, query, arg)
+        except _NvmlGone as gone:
+            raise DeviceLost(gone.error) from None
 
     def begin(self) -> None:
         """Start a sampling instant: the tiers measure ages from now."""
@@ -184,6 +301,8 @@ class GpuSource:
         except NvmlCallError as exc:
             if exc.code in LOST_CODES:
                 raise DeviceLost(exc) from None
+            if exc.code in DRIVER_GONE_CODES:
+                raise _NvmlGone(exc) from None
             if exc.code in UNAVAILABLE_CODES:
                 self._unsupported.add(key)
             else:
@@ -219,6 +338,8 @@ class GpuSource:
         try:
             info = self.backend.query(index, "memory_info")
         except NvmlCallError as exc:
+            if exc.code in DRIVER_GONE_CODES:
+                raise _NvmlGone(exc) from None
             return "unified" if exc.code == NOT_SUPPORTED else "dedicated"
         host_total = self.backend.host_memory_total()
         total = float(info.get("total", 0))
@@ -227,11 +348,17 @@ class GpuSource:
         return "dedicated"
 
     def read(self) -> tuple[GpuSample, ...]:
-        """One poll of every GPU. Never raises for a device error: a lost device is ``up=False``."""
-        if not self.nvml_up:
+        """One poll of every GPU. Never raises for a device error: a lost device is ``up=False``.
+        NVML gone as a whole gives no sample and ``nvml_up`` False (started again at most every
+        ``retry_seconds``, then read at once)."""
+        if not self.nvml_up and (self._gone is None or not self._start_again()):
             return ()
         self._read_at = self.clock()
-        return tuple(self._read_device(identity) for identity in self.identities)
+        try:
+            return tuple(self._read_device(identity) for identity in self.identities)
+        except _NvmlGone as gone:
+            self._went_away(gone.error)
+            return ()
 
     def events(self) -> list[NvmlEvent]:
         if not self.nvml_up:
