@@ -240,7 +240,7 @@ def _toml_error(message: str, source: str) -> str:
     match = _TOML_AT.search(message)
     if match is None:
         return message
-    lines = source.splitlines()
+    lines = source.split("\n")  # tomllib counts "\n" alone; splitlines() splits on \u2028 too
     number = int(match.group(1))
     if 1 <= number <= len(lines):
         shown = lines[number - 1].strip()

@@ -241,6 +241,11 @@ def test_a_key_given_twice_is_named_with_what_to_do(tmp_path: Path) -> None:
         f"{path}: not valid TOML: Cannot overwrite a value (line 2, column 18: "
         "'poll-interval = 3'): a key or table is given twice; keep one"
     )
+    # the line quoted is tomllib's line: a comment holding U+2028 (a line break to
+    # str.splitlines, not to TOML) quoted the line before it
+    path.write_text('# note\u2028more\nlog-level = "info"\nlog-level = "debug"\n', encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"line 3, column 20: 'log-level = \"debug\"'"):
+        load_file(path)
 
 
 def test_a_byte_order_mark_is_read_past(tmp_path: Path) -> None:
