@@ -18,6 +18,7 @@ that names the path and the operating system's reason.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -179,22 +180,26 @@ def write_atomically(path: Path, data: bytes) -> None:
 
 
 LOCK_WAIT_S = 10.0
+LOCK_NAME = ".lock"  # the state directory's lock file (updating)
 R = TypeVar("R")
 
 
 @contextlib.contextmanager
 def updating(path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
-    """Hold the lock of ``path``'s directory (``flock`` on the directory itself: no file is
-    left behind) for a read, change and write of ``path``, so that two processes updating
-    the same state file (two ``soak --gpu`` runs, the daemon's storage probe and
-    ``sparkdiag storage``) each keep the other's entries: without it the later write dropped
-    what the earlier one added. The directory is created (0700) when missing. StateDirError
-    when the lock is not had within ``wait_s`` seconds."""
+    """Hold the state directory's lock (``flock`` on :data:`LOCK_NAME` in it) for a read,
+    change and write of ``path``, so that two processes updating the same state file (two
+    ``soak --gpu`` runs, the daemon's storage probe and ``sparkdiag storage``) each keep the
+    other's entries: without it the later write dropped what the earlier one added. A file
+    opened for writing, not the directory: NFS and CIFS emulate flock with byte-range locks,
+    which need one. Where the filesystem has no locks at all (ENOLCK, EOPNOTSUPP) the update
+    goes on unlocked, as before there was a lock. The directory is created (0700) when
+    missing. StateDirError when the lock is not had within ``wait_s`` seconds."""
     directory = ensure_state_directory(path.parent)
+    lock = directory / LOCK_NAME
     try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     except OSError as exc:
-        raise _error(directory, "cannot open", exc) from exc
+        raise _error(directory, f"cannot open {LOCK_NAME} in", exc) from exc
     try:
         deadline = time.monotonic() + wait_s
         while True:
@@ -208,6 +213,10 @@ def updating(path: Path, wait_s: float = LOCK_WAIT_S) -> Iterator[None]:
                         f"for over {wait_s:g} s; {path.name} not updated: try again"
                     ) from None
                 time.sleep(0.02)
+            except OSError as exc:
+                if exc.errno not in (errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL):
+                    raise _error(directory, "cannot lock", exc) from exc
+                break  # no locks on this filesystem: unlocked, as before
         yield
     finally:
         os.close(fd)  # releases the lock

@@ -28,6 +28,7 @@ from sparkdiag.soak.state import (
     state_path,
     write_state,
 )
+from sparkdiag.statedir import LOCK_NAME
 from tests.support import NVML, ROOTFS, SYSFS, http_get, promtool, running_daemon, sparkdiag_cmd
 from tests.support.check import context, poll
 from tests.support.soak import DECODE, fell, gpu_state, held
@@ -50,7 +51,8 @@ def test_write_merges_by_gpu_and_reads_back(tmp_path: Path) -> None:
     assert state.gpus[0].kernels == (held(),)
     assert state.gpus[1].degraded == (fell(),)
     assert oct(path.parent.stat().st_mode & 0o777) == "0o700"
-    assert [p.name for p in path.parent.iterdir()] == [FILENAME]  # no temporary file left
+    # no temporary file left; the directory's lock file stays (statedir.updating)
+    assert sorted(p.name for p in path.parent.iterdir()) == [LOCK_NAME, FILENAME]
 
 
 def test_a_damaged_file_is_an_error_naming_it_and_is_replaced_by_the_next_soak(

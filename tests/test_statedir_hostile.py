@@ -480,3 +480,29 @@ def test_the_daemon_compares_a_cycle_it_could_not_record(
     (record,) = sched.run_cycle()  # the lock is gone: recorded whole, usable again
     assert count() > runs and keeper.health().up
     store.close()
+
+
+def test_the_state_lock_is_a_file_and_a_filesystem_without_locks_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lock was flock on the directory, opened read-only: NFS emulates flock with byte-range
+    locks, which need a file open for writing (the review). Now a lock file; and where the
+    filesystem has no locks (ENOLCK) the update goes on unlocked, as before there was one."""
+    import errno
+    import os
+
+    from sparkdiag import statedir
+
+    seen: list[int] = []
+
+    def flock(fd: int, how: int) -> None:
+        seen.append(os.fstat(fd).st_mode)
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(statedir.fcntl, "flock", flock)
+    path = tmp_path / "state" / "x.json"
+    out = statedir.update_json_state(path, lambda: ({"schema": "x/1"}, 7), RuntimeError)
+    assert out == 7 and json.loads(path.read_text()) == {"schema": "x/1"}
+    import stat
+
+    assert seen and stat.S_ISREG(seen[0])  # a regular file, opened for writing
