@@ -120,9 +120,15 @@ def state_file(state_dir: Path | None, name: str) -> Path:
     directory = state_dir or state_directory()
     try:
         st = directory.stat()
-    except (FileNotFoundError, NotADirectoryError):  # missing (a folder above may be a file:
-        _refuse_dangling(directory)  # whoever creates it says so)
+    except FileNotFoundError:  # not made yet
+        _refuse_dangling(directory)
         return directory / name
+    except NotADirectoryError:  # a folder above it is a file: it can never be made
+        above = next((p for p in directory.parents if p.exists()), None)
+        raise StateDirError(
+            f"state directory {directory} cannot be made: {above} is a file, not a directory: "
+            "give --state-dir a directory (a missing one is created, mode 0700)"
+        ) from None
     except OSError as exc:
         raise _error(directory, "cannot inspect", exc) from exc
     if not stat.S_ISDIR(st.st_mode):

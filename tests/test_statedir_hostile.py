@@ -72,6 +72,22 @@ def test_check_says_once_how_to_mend_a_state_directory_that_is_a_file(tmp_path: 
     assert "learn baselines" not in json.dumps(rows["baseline-store"])
 
 
+def test_baseline_show_and_check_say_the_state_directory_cannot_be(tmp_path: Path) -> None:
+    """``baseline show`` of a file said "No baselines yet ... 'sparkdiag probe' learns them",
+    exit 0; check under a file (file/sub) said "no baselines yet ... run serve" (the review)."""
+    (tmp_path / "file").write_text("")
+    shown = invoke_cli("baseline", "show", "--state-dir", str(tmp_path / "file"))
+    assert shown.returncode == 3 and "is a file, not a directory" in shown.stderr
+    assert "No baselines yet" not in shown.stdout
+    checked = invoke_cli(
+        "check", "--quick", "--json", "--state-dir", str(tmp_path / "file" / "sub"),
+        "--nvml-fixture", str(NVML / "h200-idle.json"),
+    )  # fmt: skip
+    rows = {row["name"]: row for row in json.loads(checked.stdout)["checks"]}
+    for name in ("baseline-store", "soak"):
+        assert f"cannot be made: {tmp_path / 'file'} is a file" in rows[name]["finding"], name
+
+
 def test_state_files_are_refused_in_a_directory_that_is_not_one(tmp_path: Path) -> None:
     from sparkdiag.statedir import StateDirError, state_file
 

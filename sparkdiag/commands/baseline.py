@@ -15,7 +15,7 @@ from sparkdiag.baseline.store import DEFAULT_FILENAME, BaselineStore, open_store
 from sparkdiag.errors import UsageError
 from sparkdiag.flags import FiniteRange, settings_from, settings_options
 from sparkdiag.probe.worker.contract import throughput_unit
-from sparkdiag.statedir import StateDirError, state_directory
+from sparkdiag.statedir import StateDirError, state_file
 
 
 @click.group()
@@ -32,8 +32,8 @@ def _not_learned_yet(state_dir: Path | None) -> Path | None:
     """The store's path when there is none yet (a fresh machine), else None (it exists, or the
     state directory cannot be found: open_store says why)."""
     try:
-        path = (state_dir or state_directory()) / DEFAULT_FILENAME
-    except StateDirError:
+        path = state_file(state_dir, DEFAULT_FILENAME)
+    except StateDirError:  # open_store says why
         return None
     return None if path.exists() else path
 

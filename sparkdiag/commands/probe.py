@@ -39,7 +39,7 @@ from sparkdiag.probe.document import WorkerDocument
 from sparkdiag.probe.launchers import FixtureLauncher
 from sparkdiag.probe.runner import NO_TORCH_PREFIX, ProbeCycle, run_worker, torch_install_hint
 from sparkdiag.snapshot import GpuSample
-from sparkdiag.statedir import StateDirError, state_directory
+from sparkdiag.statedir import StateDirError, state_file
 
 
 def _context(rootfs: Path) -> str:
@@ -72,7 +72,7 @@ def _open_store(settings: Settings, record: bool) -> tuple[BaselineStore | None,
         except BaselineStoreError as exc:
             not_recorded = exc.message
     try:
-        path = (settings.state_dir or state_directory()) / DEFAULT_FILENAME
+        path = state_file(settings.state_dir, DEFAULT_FILENAME)
     except StateDirError as exc:
         return None, f"the baseline store cannot be read ({exc.message})", not_recorded
     if not path.exists():  # nothing learned yet: the usual "no baseline" verdict

@@ -44,14 +44,17 @@ def _open_inputs(settings: Settings, every_input: bool) -> None:
         from sparkdiag.web.webconfig import load_web_config
 
         load_web_config(settings.web_config_file)  # WebConfigError
-    state = settings.state_dir
-    if every_input and state is not None and state.exists() and not state.is_dir():
-        # config check said "ok" of it; serve starts, warns and learns nothing, retrying at
-        # every cycle (probe and check go on without a store as well: their choice to keep)
-        raise ConfigError(
-            f"state-dir: {state} is not a directory; give a directory (serve would learn no "
-            "baselines)"
-        )
+    if every_input and settings.state_dir is not None:
+        # config check said "ok" of a file there; serve starts, warns and learns nothing,
+        # retrying at every cycle (probe and check go on without a store as well: their choice)
+        from sparkdiag.statedir import StateDirError, state_file
+
+        try:
+            state_file(settings.state_dir, "")
+        except StateDirError as exc:
+            raise ConfigError(
+                f"state-dir: {exc.message} (serve would learn no baselines)"
+            ) from None
     probe = every_input or settings.probe_enabled
     if probe and settings.probe_fixture is not None:
         from sparkdiag.probe.launchers import FixtureLauncher
