@@ -522,3 +522,16 @@ def test_the_state_lock_is_a_file_and_a_filesystem_without_locks_goes_on(
     import stat
 
     assert seen and stat.S_ISREG(seen[0])  # a regular file, opened for writing
+
+
+def test_a_reader_never_writes_to_another_programs_database(tmp_path: Path) -> None:
+    """``baseline show`` of another program's SQLite file refused it, but only after the
+    writable open its older-schema path fell back to had switched the file to WAL (the review)."""
+    db = tmp_path / "baselines.sqlite"
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        conn.execute("CREATE TABLE notes (x)")
+        conn.commit()
+    shown = invoke_cli("baseline", "show", "--state-dir", str(tmp_path))
+    assert shown.returncode == 3 and "not a sparkdiag baseline store" in shown.stderr
+    with contextlib.closing(sqlite3.connect(db)) as conn:
+        assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"

@@ -193,7 +193,8 @@ class BaselineStore:
 
     def _open_readonly(self) -> sqlite3.Connection | None:
         """The file opened for reading only; None when its schema is older than this
-        sparkdiag's (the caller opens it for writing, which migrates it)."""
+        sparkdiag's (the caller opens it for writing, which migrates it). Another program's
+        database is refused here, before anything could write to it."""
         try:
             conn = opening.connect_readonly(self.path, self.busy_timeout_s)
         except sqlite3.Error as exc:
@@ -210,7 +211,14 @@ class BaselineStore:
             conn.close()
             self._migrate_refused(version)
         if version < SCHEMA_VERSION:
-            conn.close()
+            try:  # another program's database: refused as it is, never switched to WAL first
+                foreign = version == 0 and _has_tables(conn)
+            except sqlite3.Error as exc:
+                raise BaselineStoreError(f"cannot read baseline store {self.path}: {exc}") from exc
+            finally:
+                conn.close()
+            if foreign:
+                raise _not_a_store(self.path)
             return None
         return conn
 
@@ -260,14 +268,8 @@ class BaselineStore:
         with transaction(conn):
             # Another process may have migrated while we waited for the lock.
             version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-            if version == 0:
-                objects = conn.execute(
-                    "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'"
-                ).fetchone()[0]
-                if objects:
-                    raise BaselineStoreError(
-                        f"{self.path} is an SQLite database but not a sparkdiag baseline store"
-                    )
+            if version == 0 and _has_tables(conn):
+                raise _not_a_store(self.path)
             for step in range(version, SCHEMA_VERSION):
                 for statement in MIGRATIONS[step]:
                     conn.execute(statement)
@@ -608,6 +610,17 @@ class BaselineStore:
 
 
 # -- helpers -----------------------------------------------------------------
+
+
+def _not_a_store(path: Path) -> BaselineStoreError:
+    return BaselineStoreError(f"{path} is an SQLite database but not a sparkdiag baseline store")
+
+
+def _has_tables(conn: sqlite3.Connection) -> bool:
+    """Whether the database holds anything of its own (a sparkdiag store of version 0 holds
+    nothing: it was never made)."""
+    row = conn.execute("SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'")
+    return bool(row.fetchone()[0])
 
 
 def _select_baseline(conn: sqlite3.Connection, key: BaselineKey) -> Baseline | None:
