@@ -799,3 +799,34 @@ def test_a_stop_kills_the_scan_under_way(
     assert not Path(f"/proc/{child}").exists()  # killed and reaped
     assert libraries.latest is None and libraries.error is None
     assert "scan failed" not in caplog.text
+
+
+def test_an_interpreter_that_leaves_a_process_holding_its_output_is_read_at_once(
+    tmp_path: Path,
+) -> None:
+    """A --python script that started a process in a session of its own, which held standard
+    output open, cost 10 s (two readers joined 5 s each) and its JSON was lost: the readers
+    asked for 64 KiB at a time and kept nothing until the end of the stream (the review)."""
+    import time
+
+    from sparkdiag.sources.software.pyenv import run_json
+
+    script = tmp_path / "python"
+    script.write_text(
+        "#!/usr/bin/env python3\n"
+        "import os, time\n"
+        "if os.fork() == 0:\n"
+        "    os.setsid()\n"
+        f"    open({str(tmp_path / 'child.pid')!r}, 'w').write(str(os.getpid()))\n"
+        "    time.sleep(30)\n"
+        "    os._exit(0)\n"
+        "print('[\"/\"]', flush=True)\n"
+    )
+    script.chmod(0o755)
+    started = time.monotonic()
+    try:
+        assert run_json([str(script)], 30) == (["/"], None)
+        assert time.monotonic() - started < 5
+    finally:
+        with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError):
+            os.kill(int((tmp_path / "child.pid").read_text()), 9)

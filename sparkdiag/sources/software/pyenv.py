@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,7 @@ class PythonEnvironment:
 
 
 OUTPUT_LIMIT = 4 * MIB  # of each stream kept: a sys.path or torch's build is a few kB
+DRAIN_SECONDS = 1.0  # for the rest of its output after it exits
 
 
 def run_json(argv: Sequence[str], timeout: float) -> tuple[Any, str | None]:
@@ -83,17 +85,18 @@ def run_json(argv: Sequence[str], timeout: float) -> tuple[Any, str | None]:
         )  # fmt: skip
     except OSError as exc:
         return None, f"cannot run {argv[0]}: {exc.strerror or exc}"
-    kept: dict[str, bytes] = {}
+    tails: dict[str, collections.deque[bytes]] = {
+        "out": collections.deque(),
+        "err": collections.deque(),
+    }
 
     def drain(name: str, stream: Any) -> None:
-        tail: collections.deque[bytes] = collections.deque()
-        size = 0
-        while chunk := stream.read(64 * 1024):
+        tail, size = tails[name], 0
+        while chunk := stream.read1(64 * 1024):  # what has come: read() waits for 64 KiB
             tail.append(chunk)
             size += len(chunk)
             while size - len(tail[0]) >= OUTPUT_LIMIT:  # the oldest chunk is not needed
                 size -= len(tail.popleft())
-        kept[name] = b"".join(tail)[-OUTPUT_LIMIT:]
 
     readers = [
         threading.Thread(target=drain, args=(n, s), daemon=True)
@@ -109,10 +112,15 @@ def run_json(argv: Sequence[str], timeout: float) -> tuple[Any, str | None]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)  # what it left behind in its session
         proc.wait()
+        # its output is read to the end within a second of its exit; a process it started in
+        # a session of its own that holds the pipes open is not waited for (it held this 10 s)
+        drained = time.monotonic() + DRAIN_SECONDS
         for reader in readers:
-            reader.join(timeout=5.0)
-    out = kept.get("out", b"").decode("utf-8", "replace")
-    err = kept.get("err", b"").decode("utf-8", "replace")
+            reader.join(timeout=max(0.0, drained - time.monotonic()))
+    # what was read by now, also where a process left running holds a pipe open
+    out, err = (
+        b"".join(list(tails[n]))[-OUTPUT_LIMIT:].decode("utf-8", "replace") for n in ("out", "err")
+    )
     lines = out.strip().splitlines()
     if proc.returncode == 0 and lines:
         try:
