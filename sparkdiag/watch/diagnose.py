@@ -115,9 +115,9 @@ from sparkdiag.watch.views import (
     ACTIVE_MIN,
     View,
     job_gpus,
-    seen_on_a_gpu,
     smoothed,
-    theirs,
+    unknown_gpu_note,
+    unused_note,
     views,
 )
 
@@ -580,7 +580,7 @@ def diagnose(rec: Recording) -> Diagnosis:
             gpus=gpus,
             gpu_busy=mean([v.util for v in vs]),
             tensor_activity=None,
-            notes=(_unused_note(rec, gpus),),
+            notes=(unused_note(rec, gpus),),
             skipped=tuple(skipped),
         )
     readings = read_recording(rec) if rec.stacks else None
@@ -613,7 +613,7 @@ def diagnose(rec: Recording) -> Diagnosis:
             ledger.add(i, v, part)
 
     notes: list[str] = []
-    unknown = _unknown_gpu_note(rec, gpus)
+    unknown = unknown_gpu_note(rec, gpus)
     if unknown:
         notes.append(unknown)
     causes = findings(ctx, ledger, length, bursts, readings, notes)
@@ -652,68 +652,6 @@ def diagnose(rec: Recording) -> Diagnosis:
         healthy_actions=healthy_actions,
         spans=_merge([span for span in ledger.spans if span[2] in reported]),
         unimpeded=unimpeded,
-    )
-
-
-def _others_busy(rec: Recording, gpus: tuple[int, ...]) -> dict[int, list[float]]:
-    """Per GPU of ``gpus``, its utilization in the ticks in which it ran kernels that were
-    other processes' (:func:`.views.theirs`)."""
-    busy: dict[int, list[float]] = {}
-    for tick in rec.ticks:
-        for g in tick.gpus:
-            if g.index in gpus and theirs(g) and (g.utilization or 0.0) >= ACTIVE_MIN:
-                busy.setdefault(g.index, []).append(g.utilization or 0.0)
-    return busy
-
-
-def _unused_note(rec: Recording, gpus: tuple[int, ...]) -> str:
-    """Why the job is ``gpu-unused``: no kernel ran, or the kernels that ran were other
-    processes' (named, pid and name where this PID namespace shows them)."""
-    busy = _others_busy(rec, gpus)
-    if not busy:
-        return (
-            f"the job never touched GPU {', '.join(map(str, gpus))}: none of its processes "
-            "held it and no kernel ran; check that the job runs on this GPU (device "
-            "placement, CUDA_VISIBLE_DEVICES)"
-        )
-    pids = sorted(
-        {p for t in rec.ticks for g in t.gpus if g.index in busy for p in g.others_seen_pids}
-    )
-    names = {p.pid: p.name for p in rec.tenants}
-    who = ", ".join(f"pid {p} {names[p]}" if names.get(p) else f"pid {p}" for p in pids)
-    where = ", ".join(
-        f"GPU {index} {pct(sum(u) / len(u))} of {len(u)} tick{'s' if len(u) != 1 else ''}"
-        for index, u in sorted(busy.items())
-    )
-    return (
-        f"the job held no GPU: the busy time seen ({where}) was other processes' kernels "
-        f"({who or 'not named'}), not the job's: NVML listed them, and none of the job's "
-        "processes, on the GPU; check that the job runs on a GPU (device placement, "
-        "CUDA_VISIBLE_DEVICES)"
-    )
-
-
-def _unknown_gpu_note(rec: Recording, gpus: tuple[int, ...]) -> str:
-    """Where NVML never listed the job's processes but the recording counted the others (a
-    job or a watch in a container), the GPUs that ran kernels were taken as the job's: say
-    that which GPU it used is not known and that their figures may be other processes'."""
-    if seen_on_a_gpu(rec):
-        return ""
-    counted = [g for t in rec.ticks for g in t.gpus if g.index in gpus]
-    if not any(g.others_unseen is not None for g in counted):
-        return ""  # recorded before the counts: as before
-    unseen = max((g.others_unseen or 0 for g in counted), default=0)
-    why = (
-        f"NVML listed none of the job's processes, and {unseen} compute "
-        f"process{'es' if unseen != 1 else ''} that this PID namespace does not show (or shows "
-        "in a PID namespace other than the job's: a container), which may be the job's"
-        if unseen
-        else "NVML listed none of the job's processes"
-    )
-    return (
-        f"which GPU the job used is not known: {why}; GPU {', '.join(map(str, gpus))} ran "
-        "kernels and is taken as the job's, so its figures may include other processes' work "
-        "(run watch in the job's PID namespace, e.g. docker run --pid=host, to tell them apart)"
     )
 
 
