@@ -458,8 +458,9 @@ def test_config_check_refuses_a_state_dir_that_is_a_file(tmp_path: Path) -> None
     result = CliRunner().invoke(main, ["config", "check", str(config)])
     assert result.exit_code == 2, result.output
     assert result.output == (
-        f"Error: {config}: state-dir: {afile} is not a directory; give a directory (serve "
-        "would learn no baselines)\n"
+        f"Error: {config}: state-dir: state directory {afile} is a file, not a directory: give "
+        "--state-dir a directory (a missing one is created, mode 0700) or move the file aside "
+        "(serve would learn no baselines)\n"
     )
     config.write_text(f'state-dir = "{tmp_path / "made-when-needed"}"\n')
     assert CliRunner().invoke(main, ["config", "check", str(config)]).exit_code == 0
