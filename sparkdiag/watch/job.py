@@ -173,7 +173,9 @@ class SpawnedJob:
     def _note_tree(self, tree: dict[int, str]) -> None:
         """Add the job's descendants now (under the job, or under one seen before: an orphan
         stays known after its parent ended) to ``tree``, pid -> start time."""
-        roots = [self.pid, *(p for p, t in tree.items() if start_time(OWN_PROC, p) == t)]
+        # the job itself only while it is not reaped: after, its pid may be another process's
+        job = [self.pid] if self.proc.returncode is None else []
+        roots = [*job, *(p for p, t in tree.items() if start_time(OWN_PROC, p) == t)]
         for root in roots:
             for pid in process_tree(OWN_PROC, root):
                 if pid != self.pid and pid not in tree:
