@@ -401,6 +401,18 @@ def test_a_document_with_impossible_figures_is_not_a_measurement(tflops: str) ->
     assert cmp.compare(container_side("gpu"), native=side("gpu"), rounds=1).failures == ()
 
 
+def test_a_side_that_measured_no_kernel_is_no_verdict() -> None:
+    """A container whose document held no kernel (its results empty) left the GEMM rows n/a
+    and the verdict to the copy bandwidth alone: exit 1 or 0 on a comparison of GEMMs that never
+    ran there. Nothing was measured on both sides: exit 3 (the hostile review)."""
+    result = cmp.compare(container_side("gpu", "results=none"), native=side("gpu"), rounds=1)
+    assert result.failures == ()
+    assert {r.key: r.ratio for r in result.rows}["bandwidth copy"] == pytest.approx(1.0)
+    assert result.worst_row is None and result.verdict(0.15) == "no-data"
+    assert result.exit_code(0.15) == Exit.FAILED
+    assert "no kernel was measured on both sides" in cmp.explain(result, 0.15)
+
+
 def test_no_gpu_inside_container(tmp_path: Path) -> None:
     record = tmp_path / "calls"
     result = cmp.compare(container_side("nogpu", f"record={record}"), native=side("gpu"))

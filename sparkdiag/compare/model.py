@@ -31,6 +31,9 @@ IDENTITY_KEYS = tuple(f.name for f in fields(Software))
 LIBRARY_KEYS = ("torch", "cuda", "cublas")
 
 
+BANDWIDTH = "bandwidth"  # the copy bandwidth row's dtype
+
+
 @dataclass(frozen=True)
 class Side:
     """One side as it ran: its command, software identity and the GPU conditions it saw.
@@ -185,7 +188,14 @@ class Comparison:
 
     @property
     def measured_rows(self) -> tuple[Row, ...]:
-        return tuple(r for r in self.rows if r.ratio is not None)
+        """The rows measured on both sides, which the verdict reads; none where kernels were
+        asked for and none of them was measured on both sides: the copy bandwidth alone is no
+        verdict on a GEMM comparison (a side that measured no kernel was judged on it, exit 1)."""
+        both = tuple(r for r in self.rows if r.ratio is not None)
+        kernels = [r for r in self.rows if r.dtype != BANDWIDTH]
+        if kernels and not any(r.ratio is not None for r in kernels):
+            return ()
+        return both
 
     @property
     def worst_row(self) -> Row | None:
@@ -244,7 +254,7 @@ def figures(doc: WorkerDocument | None) -> dict[str, float]:
         return {}
     out = {r.label: r.delivered for r in doc.results if r.delivered is not None}
     if doc.bandwidth is not None and doc.bandwidth.delivered is not None:
-        out[row_key("bandwidth", "copy", 0)] = doc.bandwidth.delivered / 1e9
+        out[row_key(BANDWIDTH, "copy", 0)] = doc.bandwidth.delivered / 1e9
     return out
 
 
@@ -266,9 +276,9 @@ def _entries(doc: WorkerDocument) -> dict[str, tuple[_Entry, str, str | None, fl
         out[r.label] = (entry, r.status, r.reason, figure)
     bw = doc.bandwidth
     if bw is not None:
-        entry = _Entry("bandwidth", "copy", "bandwidth", 0, "GB/s")
+        entry = _Entry(BANDWIDTH, "copy", "bandwidth", 0, "GB/s")
         figure = bw.delivered / 1e9 if bw.delivered is not None else None
-        out[row_key("bandwidth", "copy", 0)] = (entry, bw.status, bw.reason, figure)
+        out[row_key(BANDWIDTH, "copy", 0)] = (entry, bw.status, bw.reason, figure)
     return out
 
 

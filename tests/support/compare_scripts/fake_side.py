@@ -95,6 +95,8 @@ def document(mode: str, opts: dict[str, str]) -> dict[str, object]:
         "started_at": time.time(),
         "finished_at": time.time(),
     }
+    if opts.get("results") == "none":  # measured no kernel, only the copy bandwidth
+        doc["results"] = []
     if mode == "nogpu-unsupported":
         doc.update(
             status="unsupported",
