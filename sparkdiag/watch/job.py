@@ -16,7 +16,12 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from sparkdiag.sources.host.procfs import process_names, process_tree
+from sparkdiag.sources.host.procfs import (
+    is_kernel_thread,
+    process_names,
+    process_stat,
+    process_tree,
+)
 from sparkdiag.sources.host.pyspy import PTRACER_SHIM
 from sparkdiag.watch.model import Tick
 from sparkdiag.watch.sampler import Sampler
@@ -200,17 +205,10 @@ class SpawnedJob:
 def start_time(rootfs: Path, pid: int) -> str | None:
     """When ``pid`` started (``/proc/PID/stat``'s field 22, in clock ticks since boot), which
     tells a process from a later one given the same pid; None when it is gone or a zombie."""
-    try:
-        text = (rootfs / "proc" / str(pid) / "stat").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return None
-    fields = text.rpartition(")")[2].split()
-    if len(fields) < 20 or fields[0] in ("Z", "X"):
+    fields = process_stat(rootfs, pid)
+    if fields is None or len(fields) < 20 or fields[0] in ("Z", "X"):
         return None
     return fields[19]
-
-
-PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
 
 
 def unwatchable(rootfs: Path, pid: int, own: int) -> str:
@@ -219,12 +217,7 @@ def unwatchable(rootfs: Path, pid: int, own: int) -> str:
     and it was diagnosed "healthy" from the GPU's readings alone)."""
     if pid == own and rootfs.resolve() == OWN_PROC:
         return f"{pid} is this sparkdiag watch itself; give the pid of the job to watch"
-    try:
-        text = (rootfs / "proc" / str(pid) / "stat").read_text(encoding="utf-8", errors="replace")
-        flags = int(text.rpartition(")")[2].split()[6])
-    except (OSError, IndexError, ValueError):
-        return ""
-    if flags & PF_KTHREAD:
+    if is_kernel_thread(rootfs, pid):
         name = process_names(rootfs, [pid]).get(pid, "?")
         return f"{pid} ({name}) is a kernel thread, not a job; give the pid of the job to watch"
     return ""
@@ -232,12 +225,8 @@ def unwatchable(rootfs: Path, pid: int, own: int) -> str:
 
 def alive(rootfs: Path, pid: int) -> bool:
     """True while ``ROOT/proc/PID`` exists and is not a zombie."""
-    try:
-        text = (rootfs / "proc" / str(pid) / "stat").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    state = text.rpartition(")")[2].split()[:1]
-    return state not in (["Z"], ["X"])
+    fields = process_stat(rootfs, pid)
+    return fields is not None and fields[:1] not in (["Z"], ["X"], [])
 
 
 class AttachedJob:

@@ -37,7 +37,6 @@ from sparkdiag.watch.stack_sampler import StackSampler, targets
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 TOP_PROCESSES = 8  # per tick, the busiest processes of the job kept in the recording
 LOAD_MIN = 0.01  # a process using less CPU than this (cores) and reading nothing is left out
-PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
 OTHERS_KEPT = 8  # per GPU and tick, the pids kept of the other processes this namespace shows
 
 
@@ -172,13 +171,7 @@ class GpuSampler:
     def _kernel_thread(self, pid: int) -> bool:
         """``pid`` here is a kernel thread (``PF_KTHREAD`` in ``/proc/PID/stat``), which holds
         no GPU: the pid NVML listed is one of another PID namespace that matches it by chance."""
-        if self.rootfs is None:
-            return False
-        try:
-            stat = (self.rootfs / "proc" / str(pid) / "stat").read_text(errors="replace")
-            return bool(int(stat.rpartition(")")[2].split()[6]) & PF_KTHREAD)
-        except (OSError, IndexError, ValueError):
-            return False
+        return self.rootfs is not None and procfs.is_kernel_thread(self.rootfs, pid)
 
     def _shown(
         self, procs: list[dict[str, Any]] | None, job_pids: set[int]

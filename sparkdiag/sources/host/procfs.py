@@ -171,6 +171,25 @@ def _stat_fields(text: str) -> tuple[str, list[str]] | None:
     return head.split("(", 1)[1], rest.split()
 
 
+PF_KTHREAD = 0x00200000  # include/linux/sched.h: the task is a kernel thread
+
+
+def process_stat(rootfs: Path, pid: int) -> list[str] | None:
+    """The fields of ``ROOT/proc/PID/stat`` after the command name, the state first (field N of
+    proc(5) is index N - 3); None when it cannot be read (gone, or another namespace's)."""
+    parsed = _stat_fields(_read(rootfs / "proc" / str(pid) / "stat") or "")
+    return None if parsed is None else parsed[1]
+
+
+def is_kernel_thread(rootfs: Path, pid: int) -> bool:
+    """``pid`` is a kernel thread there (``PF_KTHREAD`` in its flags, proc(5) field 9)."""
+    fields = process_stat(rootfs, pid)
+    try:
+        return fields is not None and bool(int(fields[6]) & PF_KTHREAD)
+    except (IndexError, ValueError):
+        return False
+
+
 @dataclass(frozen=True)
 class ThreadTimes:
     """One thread's times since it started, in seconds.
