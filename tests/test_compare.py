@@ -540,6 +540,31 @@ def test_cli_gap_exit_code_and_human_report() -> None:
     assert "round 2/2: container…" in done.stderr
 
 
+def test_an_interrupted_compare_reports_the_rounds_it_measured(tmp_path: Path) -> None:
+    """Ctrl-C in round 2 lost round 1's measured pair: "Error: interrupted", exit 130 and no
+    report (the hostile review). Now the pairs measured before are reported, exit 130."""
+    record = tmp_path / "starts"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "sparkdiag", "compare", "--rounds", "3", "--warmup-rounds", "0",
+         "--native-python", f"{sys.executable} {FAKE_SIDE} gpu",
+         "--container", *container_side("gpu", f"record={record}", "hang_from=2")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while not (record.exists() and len(record.read_text().splitlines()) >= 2):
+            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    assert "bf16 8192x8192x8192" in out and "worst gap: 0.0 %" in out, out
+    assert "interrupted (SIGINT) after 1 of 3 measured round(s)" in " ".join(err.split())
+
+
 def test_cli_failure_exit_code_and_json_document() -> None:
     done = cli(
         "--json",

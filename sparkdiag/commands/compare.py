@@ -68,7 +68,8 @@ Exit status:
   3    a side failed to run (runtime or image missing, no GPU or no torch
        inside, hang, output that is not the worker's JSON), or nothing was
        measured on both
-  130  interrupted (Ctrl-C)
+  130  interrupted (Ctrl-C, SIGTERM, SIGHUP): the rounds measured before are
+       reported
 """
 
 
@@ -186,8 +187,8 @@ def compare(
     def progress(message: str) -> None:
         click.echo(f"sparkdiag compare: {message}", err=True)
 
-    # Ctrl-C or SIGTERM: the side running is killed with its process group on the way out, and
-    # the command group exits INTERRUPTED
+    # Ctrl-C or SIGTERM: the side running is killed with its process group on the way out, the
+    # rounds measured before are reported, and the command exits INTERRUPTED
     result = run_comparison(
         words,
         native=native,
@@ -204,4 +205,11 @@ def compare(
         click.echo(report.render_failure(result, terminal.width(sys.stderr)), err=True)
     else:
         click.echo(report.render(result, max_gap))
+    if result.interrupted:
+        pairs = len(result.rows[0].native) if result.rows else 0
+        click.echo(
+            f"sparkdiag compare: interrupted ({result.interrupted}) after {pairs} of "
+            f"{result.rounds} measured round(s); the figures are those rounds'",
+            err=True,
+        )
     return code

@@ -181,6 +181,7 @@ class Comparison:
     warmup_rounds: int
     worker_args: tuple[str, ...]
     container_args: tuple[str, ...]
+    interrupted: str | None = None  # the stop signal that cut it short, if one did
 
     @property
     def failed(self) -> bool:
@@ -236,7 +237,10 @@ class Comparison:
     def exit_code(self, max_gap: float) -> int:
         """The command's exit status (:class:`sparkdiag.errors.Exit`): OK when every measured gap
         is within ``max_gap``, ATTENTION when the worst exceeds it, FAILED when a side failed to
-        run or nothing was measured on both sides."""
+        run or nothing was measured on both sides, INTERRUPTED when a stop signal cut it short
+        (the pairs measured before are reported all the same)."""
+        if self.interrupted:
+            return Exit.INTERRUPTED
         verdict = self.verdict(max_gap)
         if verdict in ("failed", "no-data"):
             return Exit.FAILED

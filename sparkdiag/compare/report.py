@@ -31,6 +31,7 @@ def to_dict(result: Comparison, max_gap: float) -> dict[str, Any]:
         "diagnosis": explain(result, max_gap),
         "rounds": result.rounds,
         "warmup_rounds": result.warmup_rounds,
+        "interrupted": result.interrupted,
         "worker_args": list(result.worker_args),
         "container_args": list(result.container_args),
         "native": side_dict(result.native),

@@ -81,49 +81,56 @@ def compare(
 
     schedule = [(True, i + 1) for i in range(warmup_rounds)]
     schedule += [(False, i + 1) for i in range(rounds)]
-    for warmup, number in schedule:
-        if failures:
-            break
-        label = f"warm-up {number}" if warmup else f"round {number}/{rounds}"
-        sides: tuple[Role, Role] = ("native", "container")
-        for side in sides:
-            progress(f"{label}: {side}…")
-            if side == "native":
-                cycle = run_worker(native_cmd, request, timeout=timeout, kill_grace=kill_grace)
-                command = native_cmd
-            else:
-                if container_request is None:
-                    device = native_doc.software.device if native_doc else None
-                    container_request = request.on_device(device) if device else request
-                    if device:
-                        progress(f"both sides probe {device} (the device native chose)")
-                cycle = run_in_container(container_cmd, container_request, timeout, kill_grace)
-                command = container_cmd
-            cycles.append(
-                Cycle(
-                    label=label,
-                    warmup=warmup,
-                    round=number,
-                    side=side,
-                    result=cycle.result,
-                    reason=cycle.reason,
-                    returncode=cycle.returncode,
-                    wall_seconds=cycle.wall_seconds,
-                    figures=figures(cycle.document),
-                )
-            )
-            progress(f"{label}: {side} {cycle.result} in {cycle.wall_seconds:.1f} s")
-            if cycle.document is not None:
-                first.setdefault(side, cycle.document)
-            failure = diagnose(side, cycle, command, timeout, label, native_doc)
-            if failure is not None:
-                failures.append(failure)
+    interrupted: str | None = None
+    try:
+        for warmup, number in schedule:
+            if failures:
                 break
-            assert cycle.document is not None
-            if side == "native" and native_doc is None:
-                native_doc = cycle.document
-            if not warmup:
-                measured[side].append(cycle.document)
+            label = f"warm-up {number}" if warmup else f"round {number}/{rounds}"
+            sides: tuple[Role, Role] = ("native", "container")
+            for side in sides:
+                progress(f"{label}: {side}…")
+                if side == "native":
+                    cycle = run_worker(native_cmd, request, timeout=timeout, kill_grace=kill_grace)
+                    command = native_cmd
+                else:
+                    if container_request is None:
+                        device = native_doc.software.device if native_doc else None
+                        container_request = request.on_device(device) if device else request
+                        if device:
+                            progress(f"both sides probe {device} (the device native chose)")
+                    cycle = run_in_container(container_cmd, container_request, timeout, kill_grace)
+                    command = container_cmd
+                cycles.append(
+                    Cycle(
+                        label=label,
+                        warmup=warmup,
+                        round=number,
+                        side=side,
+                        result=cycle.result,
+                        reason=cycle.reason,
+                        returncode=cycle.returncode,
+                        wall_seconds=cycle.wall_seconds,
+                        figures=figures(cycle.document),
+                    )
+                )
+                progress(f"{label}: {side} {cycle.result} in {cycle.wall_seconds:.1f} s")
+                if cycle.document is not None:
+                    first.setdefault(side, cycle.document)
+                failure = diagnose(side, cycle, command, timeout, label, native_doc)
+                if failure is not None:
+                    failures.append(failure)
+                    break
+                assert cycle.document is not None
+                if side == "native" and native_doc is None:
+                    native_doc = cycle.document
+                if not warmup:
+                    measured[side].append(cycle.document)
+
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM or SIGHUP (lifecycle.Interrupted)
+        # the side running was killed with its process group on the way out; the pairs
+        # measured before are kept and reported (they were lost: the hostile review)
+        interrupted = getattr(exc, "signal_name", None) or "SIGINT"
 
     pairs = min(len(measured["native"]), len(measured["container"]))
     rows = build_rows(measured["native"][:pairs], measured["container"][:pairs])
@@ -139,4 +146,5 @@ def compare(
         warmup_rounds=warmup_rounds,
         worker_args=tuple(request.argv()),
         container_args=tuple((container_request or request).argv()),
+        interrupted=interrupted,
     )

@@ -114,6 +114,13 @@ def main() -> int:
     if "record" in opts:
         with open(opts["record"], "a", encoding="utf-8") as fh:
             fh.write(json.dumps(sys.argv) + "\n")
+        with open(opts["record"], encoding="utf-8") as fh:
+            started = sum(1 for _ in fh)
+        if started >= int(opts.get("hang_from", "0") or 0) > 0:  # this and later starts hang
+            mode = "sleep"
+    if mode == "sleep":
+        while True:
+            time.sleep(1)
     if opts.get("stdin") == "1":
         source = sys.stdin.read()
         if SCHEMA not in source or "def main(" not in source:
