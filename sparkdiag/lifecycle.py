@@ -130,6 +130,12 @@ class Lifecycle:
         self._raising = False
         return self.stop
 
+    def interrupt_on_signal(self) -> None:
+        """Undo :meth:`stop_on_signal` for what is left of the command (writing out what it
+        measured): a stop signal interrupts it again, so that a write that blocks (``--json``
+        into a FIFO nobody reads) cannot hold the command past Ctrl-C, which it had swallowed."""
+        self._raising = True
+
     # -- the handlers: no lock taken (see the module's docstring) -------------------------------
 
     def _on_stop(self, signum: int, _frame: FrameType | None) -> None:

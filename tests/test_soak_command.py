@@ -561,3 +561,30 @@ def test_a_soak_that_measured_nothing_is_not_ok(tmp_path: Path) -> None:
                       "--duration", "2", "--window", "1")  # fmt: skip
     assert result.returncode == 1, result.stdout + result.stderr
     assert "not measured: fp8" in " ".join(result.stdout.split())
+
+
+def test_ctrl_c_while_the_results_are_written_still_interrupts(tmp_path: Path) -> None:
+    """After the load the signals only set the stop: a --json into a FIFO nobody read held soak
+    in its write, Ctrl-C twice was swallowed, and once a reader came it exited 0 "completed"
+    (the hostile review). Now a signal interrupts the writes: exit 130."""
+    pytest.importorskip("torch")
+    fifo = tmp_path / "out.json"
+    os.mkfifo(fifo)
+    proc = subprocess.Popen(
+        sparkdiag_cmd("soak", *CPU, "--duration", "1", "--json", str(fifo), "--no-record"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    try:
+        wchan = Path(f"/proc/{proc.pid}/wchan")
+        deadline = time.monotonic() + 120
+        while wchan.read_text() != "wait_for_partner":  # blocked opening the FIFO to write
+            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err

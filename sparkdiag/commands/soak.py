@@ -35,6 +35,7 @@ from sparkdiag.flags import (
     worker_option,
     worker_options,
 )
+from sparkdiag.lifecycle import LIFECYCLE
 from sparkdiag.probe.document import SoakWindow
 from sparkdiag.probe.launchers import pinned_env
 from sparkdiag.probe.request import WorkerRequest
@@ -373,6 +374,7 @@ def soak(
     started = time.time()
     with _Progress(jobs, duration) as progress:
         outcomes = runner.run(on_window=progress.window)
+    LIFECYCLE.interrupt_on_signal()  # the load is over: Ctrl-C interrupts the writes again
     report = SoakReport(
         started_at=started,
         finished_at=time.time(),
