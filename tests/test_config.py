@@ -67,6 +67,8 @@ def test_flags_win_over_the_file(tmp_path: Path) -> None:
         # TOML's dates and times as the file writes them (repr said datetime.date(1979, 5, 27))
         ("poll-interval = 1979-05-27", "poll-interval: 1979-05-27 (a TOML date) is not a number"),
         ("poll-interval = 07:32:00", "poll-interval: 07:32:00 (a TOML time) is not a number"),
+        # a table where a key's value goes: named as that key's bad value, not an unknown key
+        ("[probe]\nenabled = {x = 1}", "probe.enabled: a table {'x': 1} is not a boolean"),
     ],
 )
 def test_bad_values_name_key_value_and_allowed(tmp_path: Path, text: str, message: str) -> None:

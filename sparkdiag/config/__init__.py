@@ -124,8 +124,8 @@ def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
     for key, value in table.items():
         name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_flatten(value, name + "."))
+        if isinstance(value, dict) and name not in OPTIONS_BY_KEY:  # a key's value is its own
+            flat.update(_flatten(value, name + "."))  # (a table there: "is not a boolean")
         else:
             flat[name] = value
     return flat

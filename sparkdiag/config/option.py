@@ -174,6 +174,8 @@ def echo(value: Any) -> str:
     if isinstance(value, (datetime.date, datetime.time)):  # datetime is a date too
         kind = type(value).__name__.replace("datetime", "date-time")
         text = f"{value.isoformat()} (a TOML {kind})"
+    elif isinstance(value, dict):
+        text = f"a table {value!r}"
     else:
         text = repr(value)
     return text if len(text) <= ECHO else text[:ECHO] + "…"
