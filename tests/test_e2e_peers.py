@@ -117,7 +117,7 @@ def wait_answering(process: Process, client: PrometheusClient, deadline: float) 
         if process.proc.poll() is not None:
             raise AssertionError(f"{process.name} exited:\n{process.tail(30)}")
         with contextlib.suppress(PrometheusError):
-            client.query("1")
+            client.query("vector(1)")  # a vector: fleet refuses a scalar answer
             return
         if time.monotonic() > deadline:
             raise AssertionError(f"{process.name} does not answer:\n{process.tail(30)}")
