@@ -31,7 +31,7 @@ from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.link import auth
 from sparkdiag.link.client import Options, measure_link
 from sparkdiag.link.readings import read_fabric
-from sparkdiag.link.session import split_peer
+from sparkdiag.link.session import resolve, split_peer
 from sparkdiag.native.watch import cache_path, environment
 from sparkdiag.probe.launchers import Launcher, WorkerLauncher
 from sparkdiag.probe.runner import torch_install_hint
@@ -162,6 +162,7 @@ def _with_link(
     host, port = split_peer(settings.peer)  # a malformed --peer is a usage error
     secret_file = settings.link_secret_file or auth.default_path()
     try:
+        resolve(host, port)  # a name that does not resolve is --peer's error before the secret's
         secret = auth.read_secret(secret_file)
         report = measure_link(
             host,
