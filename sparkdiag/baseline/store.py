@@ -41,7 +41,7 @@ import sqlite3
 import statistics
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
@@ -169,14 +169,9 @@ class BaselineStore:
             if conn is not None:
                 return conn
             # an older schema: migrated by this open, as by any that can write
+        # sqlite3's timeout is the connection's busy timeout (PRAGMA busy_timeout)
+        conn = self._connected("open", lambda: opening.connect(str(self.path), self.busy_timeout_s))
         try:
-            conn = opening.connect(str(self.path), self.busy_timeout_s)
-        except sqlite3.Error as exc:
-            raise BaselineStoreError(
-                f"cannot open baseline store {self.path}: {exc}{self._access_hint(exc)}"
-            ) from exc
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
             self._use_wal(conn)
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute(f"PRAGMA journal_size_limit = {WAL_LIMIT_BYTES}")
@@ -195,14 +190,10 @@ class BaselineStore:
         """The file opened for reading only; None when its schema is older than this
         sparkdiag's (the caller opens it for writing, which migrates it). Another program's
         database is refused here, before anything could write to it."""
+        conn = self._connected(
+            "read", lambda: opening.connect_readonly(self.path, self.busy_timeout_s)
+        )
         try:
-            conn = opening.connect_readonly(self.path, self.busy_timeout_s)
-        except sqlite3.Error as exc:
-            raise BaselineStoreError(
-                f"cannot read baseline store {self.path}: {exc}{self._access_hint(exc)}"
-            ) from exc
-        try:
-            conn.execute(f"PRAGMA busy_timeout = {int(self.busy_timeout_s * 1000)}")
             version = int(conn.execute("PRAGMA user_version").fetchone()[0])
         except sqlite3.Error as exc:
             conn.close()
@@ -221,6 +212,16 @@ class BaselineStore:
                 raise _not_a_store(self.path)
             return None
         return conn
+
+    def _connected(
+        self, verb: str, connect: Callable[[], sqlite3.Connection]
+    ) -> sqlite3.Connection:
+        try:
+            return connect()
+        except sqlite3.Error as exc:
+            raise BaselineStoreError(
+                f"cannot {verb} baseline store {self.path}: {exc}{self._access_hint(exc)}"
+            ) from exc
 
     def verify(self) -> None:
         """Raise :class:`BaselineStoreDamaged` when ``PRAGMA quick_check`` finds a damaged

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from sparkdiag.check.gpu_checks import each_gpu
-from sparkdiag.check.model import CheckContext, CheckResult
+from sparkdiag.check.model import CheckContext, CheckResult, Status
 from sparkdiag.check.model import gpu_index as _idx
 from sparkdiag.snapshot import GpuSample
 from sparkdiag.sources.nvml.gpu import UNHEALTHY_REASONS, decode_reasons
@@ -64,6 +66,25 @@ def _implausible(name: str, what: str, temp: float, gpu: GpuSample) -> CheckResu
     )
 
 
+Step = tuple[Status, bool, str]  # a status, whether the reading reached it, the finding
+
+
+def _ladder(
+    name: str,
+    gpu: GpuSample,
+    data: dict[str, Any],
+    action: str,
+    steps: list[Step],
+    passed: str,
+) -> CheckResult:
+    """The first step (status, reached, finding) reached, with ``action``; else a pass that
+    says ``passed``."""
+    for status, reached, finding in steps:
+        if reached:
+            return CheckResult(name, status, finding, action, _idx(gpu), data)
+    return CheckResult(name, "pass", passed, gpu=_idx(gpu), data=data)
+
+
 # -- temperatures ------------------------------------------------------------------------------
 
 
@@ -84,38 +105,28 @@ def _gpu_temperature(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
         "improve airflow / check fans and inlet temperature; let the GPU cool down before "
         "benchmarking"
     )
+    steps: list[Step]
     if slowdown is not None:
-        if temp >= slowdown:
-            return CheckResult(
-                name, "fail", f"GPU {_c(temp)} ≥ slowdown {_c(slowdown)}", action, _idx(gpu), data
-            )
-        if temp >= slowdown - GPU_MARGIN_C:
-            return CheckResult(
-                name,
+        steps = [
+            ("fail", temp >= slowdown, f"GPU {_c(temp)} ≥ slowdown {_c(slowdown)}"),
+            (
                 "warn",
+                temp >= slowdown - GPU_MARGIN_C,
                 f"GPU {_c(temp)}, within {GPU_MARGIN_C:.0f} °C of slowdown {_c(slowdown)}",
-                action,
-                _idx(gpu),
-                data,
-            )
-        return CheckResult(
-            name, "pass", f"GPU {_c(temp)} (slowdown {_c(slowdown)})", gpu=_idx(gpu), data=data
-        )
+            ),
+        ]
+        return _ladder(name, gpu, data, action, steps, f"GPU {_c(temp)} (slowdown {_c(slowdown)})")
     if shutdown is not None:
         fail_at, warn_at = shutdown - SHUTDOWN_FAIL_MARGIN_C, shutdown - SHUTDOWN_WARN_MARGIN_C
         limit = f"shutdown {_c(shutdown)}, no slowdown threshold reported"
     else:
         fail_at, warn_at = FALLBACK_FAIL_C, FALLBACK_WARN_C
         limit = "no threshold reported"
-    if temp >= fail_at:
-        return CheckResult(
-            name, "fail", f"GPU {_c(temp)} ≥ {_c(fail_at)} ({limit})", action, _idx(gpu), data
-        )
-    if temp >= warn_at:
-        return CheckResult(
-            name, "warn", f"GPU {_c(temp)} ≥ {_c(warn_at)} ({limit})", action, _idx(gpu), data
-        )
-    return CheckResult(name, "pass", f"GPU {_c(temp)} ({limit})", gpu=_idx(gpu), data=data)
+    steps = [
+        ("fail", temp >= fail_at, f"GPU {_c(temp)} ≥ {_c(fail_at)} ({limit})"),
+        ("warn", temp >= warn_at, f"GPU {_c(temp)} ≥ {_c(warn_at)} ({limit})"),
+    ]
+    return _ladder(name, gpu, data, action, steps, f"GPU {_c(temp)} ({limit})")
 
 
 check_gpu_temperature = each_gpu("gpu-temperature", _gpu_temperature)
@@ -142,20 +153,15 @@ def _memory_temperature(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
         f"improve airflow / check fans; wait until memory < {MEMORY_WARM_C:.0f} °C before "
         "benchmarking (hot memory throttles: 4-bit and memory-bound kernels collapse)"
     )
-    if limit is not None and temp >= limit:
-        return CheckResult(
-            name, "fail", f"memory {_c(temp)} ≥ its limit {_c(limit)}", action, _idx(gpu), data
-        )
-    if temp >= MEMORY_HOT_C:
-        return CheckResult(
-            name, "fail", f"memory {_c(temp)} ≥ {_c(MEMORY_HOT_C)}", action, _idx(gpu), data
-        )
-    if temp >= MEMORY_WARM_C:
-        return CheckResult(
-            name, "warn", f"memory {_c(temp)}, close to {_c(MEMORY_HOT_C)}", action, _idx(gpu), data
-        )
+    steps: list[Step] = []
+    if limit is not None:
+        steps.append(("fail", temp >= limit, f"memory {_c(temp)} ≥ its limit {_c(limit)}"))
+    steps += [
+        ("fail", temp >= MEMORY_HOT_C, f"memory {_c(temp)} ≥ {_c(MEMORY_HOT_C)}"),
+        ("warn", temp >= MEMORY_WARM_C, f"memory {_c(temp)}, close to {_c(MEMORY_HOT_C)}"),
+    ]
     shown = f" (limit {_c(limit)})" if limit is not None else ""
-    return CheckResult(name, "pass", f"memory {_c(temp)}{shown}", gpu=_idx(gpu), data=data)
+    return _ladder(name, gpu, data, action, steps, f"memory {_c(temp)}{shown}")
 
 
 check_memory_temperature = each_gpu("memory-temperature", _memory_temperature)

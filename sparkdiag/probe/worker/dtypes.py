@@ -121,6 +121,13 @@ def _cuda_gate(info: DeviceInfo, need: tuple[int, int], on_cpu: str, needs: str)
     return on_cpu if not info.is_cuda else _cc_below(info, need, needs)
 
 
+def _torch_lacks(info: DeviceInfo, names: tuple[str, ...], said: str) -> str | None:
+    """ "torch X has no ``said``" when this torch lacks any of ``names``; else None."""
+    if all(hasattr(info.torch, name) for name in names):
+        return None
+    return f"torch {info.torch.__version__} has no {said}"
+
+
 def _gate_any(info: DeviceInfo) -> str | None:
     return None
 
@@ -135,50 +142,37 @@ def _gate_tf32(info: DeviceInfo) -> str | None:
 
 
 def _gate_fp8(info: DeviceInfo) -> str | None:
-    torch = info.torch
-    reason = _cuda_gate(
+    return _cuda_gate(
         info,
         (8, 9),
         "fp8 probe runs on CUDA GPUs of compute capability 8.9+ only, not on cpu",
         "fp8 (torch._scaled_mm) needs compute capability 8.9+",
-    )
-    if reason is None and not (hasattr(torch, "float8_e4m3fn") and hasattr(torch, "_scaled_mm")):
-        reason = f"torch {torch.__version__} has no float8_e4m3fn/_scaled_mm"
-    return reason
+    ) or _torch_lacks(info, ("float8_e4m3fn", "_scaled_mm"), "float8_e4m3fn/_scaled_mm")
 
 
 def _gate_int8(info: DeviceInfo) -> str | None:
-    if not hasattr(info.torch, "_int_mm"):
-        return f"torch {info.torch.__version__} has no torch._int_mm"
-    return None
+    return _torch_lacks(info, ("_int_mm",), "torch._int_mm")
 
 
 def _gate_int4(info: DeviceInfo) -> str | None:
-    torch = info.torch
-    if info.is_cuda:
-        if not hasattr(torch, "_weight_int4pack_mm"):
-            return f"torch {torch.__version__} has no torch._weight_int4pack_mm"
-        return _cc_below(info, (8, 0), "int4 weight-only GEMM needs compute capability 8.0+")
-    if not hasattr(torch, "_weight_int4pack_mm_for_cpu"):
-        return f"torch {torch.__version__} has no CPU int4 kernel (_weight_int4pack_mm_for_cpu)"
-    return None
+    if not info.is_cuda:
+        said = "CPU int4 kernel (_weight_int4pack_mm_for_cpu)"
+        return _torch_lacks(info, ("_weight_int4pack_mm_for_cpu",), said)
+    return _torch_lacks(info, ("_weight_int4pack_mm",), "torch._weight_int4pack_mm") or _cc_below(
+        info, (8, 0), "int4 weight-only GEMM needs compute capability 8.0+"
+    )
 
 
 def _gate_nvfp4(info: DeviceInfo) -> str | None:
-    torch = info.torch
     reason = _cuda_gate(
         info,
         (10, 0),
         "nvfp4 needs a CUDA GPU of compute capability 10.0+, not cpu",
         "nvfp4 needs compute capability 10.0+ (Blackwell)",
     )
-    if reason is not None:
-        return reason
-    if info.torch_version < (2, 8):
-        return f"nvfp4 needs torch 2.8+, have {torch.__version__}"
-    if not hasattr(torch, "float4_e2m1fn_x2"):
-        return f"torch {torch.__version__} has no float4_e2m1fn_x2"
-    return None
+    if reason is None and info.torch_version < (2, 8):
+        reason = f"nvfp4 needs torch 2.8+, have {info.torch.__version__}"
+    return reason or _torch_lacks(info, ("float4_e2m1fn_x2",), "float4_e2m1fn_x2")
 
 
 def _prepare_float(torch_dtype: str) -> Callable[[DeviceInfo, KernelSpec, int], Prepared]:
