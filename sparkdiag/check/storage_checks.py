@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from sparkdiag.check.model import CheckContext, CheckResult
+from sparkdiag.check.model import CheckContext, CheckResult, Status
 from sparkdiag.snapshot import NvmeController, NvmeHealth
 from sparkdiag.sources.host.nvme_tools import fixture_advice
 from sparkdiag.storage.evaluate import SLOW_RATIO, StorageReport
@@ -127,16 +127,6 @@ def _health(drive: NvmeController) -> CheckResult:
             or "install smartmontools (or nvme-cli) and run as root to read it",
         )
     data = _health_data(log)
-    bits = log.critical_warning or 0
-    if bits:
-        said = ", ".join(text for bit, text in WARNING_BITS if bits & bit) or f"0x{bits:02x}"
-        return CheckResult(
-            HEALTH,
-            "fail",
-            f"{name}: critical warning 0x{bits:02x} ({said})",
-            REPLACE.format(name=drive.name),
-            data=data,
-        )
     problems = []
     if log.media_errors:
         problems.append(f"{log.media_errors:.0f} media errors")
@@ -146,15 +136,18 @@ def _health(drive: NvmeController) -> CheckResult:
     if log.percentage_used_ratio is not None and log.percentage_used_ratio >= WORN:
         problems.append(f"{log.percentage_used_ratio:.0%} of its endurance used")
     summary = _summary(log)
-    if problems:
-        return CheckResult(
-            HEALTH,
-            "warn",
-            f"{name}: {', '.join(problems)} ({summary})",
-            REPLACE.format(name=drive.name),
-            data=data,
-        )
-    return CheckResult(HEALTH, "pass", f"{name}: {summary}", data=data)
+    status: Status
+    bits = log.critical_warning or 0
+    if bits:
+        said = ", ".join(text for bit, text in WARNING_BITS if bits & bit) or f"0x{bits:02x}"
+        status, finding = "fail", f"critical warning 0x{bits:02x} ({said})"
+    elif problems:
+        status, finding = "warn", f"{', '.join(problems)} ({summary})"
+    else:
+        return CheckResult(HEALTH, "pass", f"{name}: {summary}", data=data)
+    return CheckResult(
+        HEALTH, status, f"{name}: {finding}", REPLACE.format(name=drive.name), data=data
+    )
 
 
 def _summary(log: NvmeHealth) -> str:
