@@ -72,6 +72,16 @@ def say_skipped(settings: Settings, poller: Poller, first: Snapshot) -> None:
                 f"no PCI link found under {settings.sysfs} either: exporting the execution "
                 "context and host memory"
             )
+        if poller.gpu.waiting:  # a driver-wide answer: started again every retry_seconds
+            again = f"NVML is started again every {poller.gpu.retry_seconds:g} s"
+            log.warning(
+                "NVML unavailable (%s): GPU telemetry waits; %s; meanwhile %s, with "
+                "sparkdiag_nvml_up 0",
+                why,
+                again,
+                instead,
+            )
+            return
         log.warning(
             "NVML unavailable (%s): GPU telemetry skipped; %s, with sparkdiag_nvml_up 0",
             why,

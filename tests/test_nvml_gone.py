@@ -306,3 +306,109 @@ def test_daemon_scrape_after_a_driver_upgrade(nvml_fixture: Callable[[str], Path
     assert "sparkdiag_nvml_up 0.0" in text
     assert not [line for line in text.splitlines() if line.startswith("sparkdiag_gpu_up")]
     assert H200_UUID not in text
+
+
+# ---- the driver not loaded yet when sparkdiag starts (as at boot) ------------------------------
+
+
+def _started_before_the_driver(derive_fixture: Callable[..., Path], up_at: int = 4) -> Path:
+    """h200-idle whose nvmlInit answers DRIVER_NOT_LOADED at start (poll 0), up from ``up_at``."""
+    return derive_fixture(
+        "h200-idle",
+        script=[
+            {"poll": 0, "nvml": {"error": "DRIVER_NOT_LOADED"}},
+            {"poll": up_at, "nvml": "up"},
+        ],
+    )
+
+
+def _polled_from_start(path: Path, polls: int) -> tuple[GpuSource, CallCounting, list[Snapshot]]:
+    """A source that may fail to start, polled ``polls`` times on the fake clock."""
+    now = [1000.0]
+    backend = CallCounting(path)
+    source = GpuSource(backend, clock=lambda: now[0])
+    source.start()
+    poller = Poller(source, read_pcie=None, read_host=None, context=None, pcie_interval=0.0)
+    snapshots = []
+    for _ in range(polls):
+        snapshots.append(poller.poll_once())
+        now[0] += POLL_SECONDS
+    return source, backend, snapshots
+
+
+def test_a_driver_loaded_after_start_is_found(
+    derive_fixture: Callable[..., Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """The daemon started before the kernel module (boot without nvidia-persistenced first):
+    nvmlInit's DRIVER_NOT_LOADED was final, sparkdiag_nvml_up 0 until a restart. Now it is
+    started again every RETRY_SECONDS, as after NVML went away, and the GPUs come in."""
+    caplog.set_level(logging.DEBUG, logger=SOURCE_LOG)
+    path = _started_before_the_driver(derive_fixture)
+    backend = CallCounting(path)
+    source = GpuSource(backend, clock=lambda: 1000.0)
+    assert source.start() is False
+    assert source.waiting and not source.nvml_up and source.identities == []
+    reason = source.unavailable_reason or ""
+    assert "NVML_ERROR_DRIVER_NOT_LOADED (9)" in reason and "not loaded (yet" in reason
+    assert "again" not in reason and "gone" not in reason  # check's nvml row: it is not retried
+
+    source, backend, snaps = _polled_from_start(path, 12)
+    first_up = next(n for n, snap in enumerate(snaps, 1) if snap.nvml_up)
+    # the module is loaded from poll 4; the source finds out at its first attempt, RETRY_SECONDS
+    # after the one at start (poll 1 at the same instant)
+    assert first_up == 1 + RETRY_SECONDS / POLL_SECONDS
+    assert all(not snap.nvml_up and snap.gpus == () for snap in snaps[: first_up - 1])
+    down = snaps[0].collectors["nvml"]
+    assert down.success is False and "not loaded (yet" in (down.error or "")
+    assert snaps[0].collectors["nvml"].error == reason  # until the first attempt again
+    for snap in snaps[first_up - 1 :]:
+        assert snap.nvml_up and [g.identity.uuid for g in snap.gpus] == [H200_UUID]
+    assert source.unavailable_reason is None and not source.waiting
+    assert backend.calls["init"] == 2  # at start, and the attempt that found it; none since
+    (started,) = [m for m in _infos(caplog) if "NVML answers" in m]
+    assert "GPU telemetry started" in started and "again" not in started
+
+
+def test_a_driver_still_not_loaded_says_it_is_tried_again(
+    derive_fixture: Callable[..., Path],
+) -> None:
+    source, backend, snaps = _polled_from_start(_started_before_the_driver(derive_fixture, 50), 20)
+    assert all(not snap.nvml_up for snap in snaps)
+    reason = snaps[-1].collectors["nvml"].error or ""
+    assert "not loaded (yet" in reason and f"again every {RETRY_SECONDS:g} s" in reason
+    assert backend.calls["init"] == 1 + 19 * POLL_SECONDS // RETRY_SECONDS  # t=0, 30, 60, 90
+    assert source.waiting
+
+
+def test_no_nvml_library_is_not_started_again(nvml_fixture: Callable[[str], Path]) -> None:
+    """LIBRARY_NOT_FOUND (no driver installed) is not a driver-wide answer that a module load
+    changes: no nvmlInit per poll, as before."""
+    source, backend, snaps = _polled_from_start(nvml_fixture("no-nvml"), 40)
+    assert not source.waiting
+    assert backend.calls.get("init") == 1
+    assert all(not snap.nvml_up for snap in snaps)
+
+
+def test_the_daemon_builds_its_probes_while_it_waits_for_the_driver(
+    derive_fixture: Callable[..., Path], tmp_path: Path
+) -> None:
+    """The probe scheduler reads each cycle's GPUs from the snapshot: built while NVML is
+    waited for, it probes the GPUs once they come; without a GPU and not waiting, it is not."""
+    from sparkdiag.config import Settings
+    from sparkdiag.scheduling.probe_state import ProbeState
+    from sparkdiag.scheduling.wiring import build_schedulers
+
+    path = _started_before_the_driver(derive_fixture)
+    source = GpuSource(FixtureBackend(path))
+    source.start()
+    poller = Poller(source, read_pcie=None, read_host=None, context=None, pcie_interval=0.0)
+    settings = Settings(
+        probe_fixture=Path("tests/fixtures/probe/h200-default.json"), state_dir=tmp_path
+    )
+    probes = build_schedulers(settings, poller, ProbeState())
+    assert len(probes.periodic) == 1
+
+    none = GpuSource(FixtureBackend(Path("tests/fixtures/nvml/no-nvml.json")))
+    none.start()
+    idle = Poller(none, read_pcie=None, read_host=None, context=None, pcie_interval=0.0)
+    assert build_schedulers(settings, idle, ProbeState()).periodic == ()

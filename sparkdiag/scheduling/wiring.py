@@ -90,7 +90,7 @@ def _native(
     from sparkdiag.probe.runner import torch_install_hint
     from sparkdiag.scheduling.scheduler import ProbeScheduler
 
-    if not poller.gpu.identities:
+    if not poller.gpu.identities and not poller.gpu.waiting:  # waiting: the GPUs come later
         log.warning("no GPU: GEMM probes skipped")
         return None
     launcher: Launcher
@@ -172,7 +172,7 @@ def _container(
     from sparkdiag.probe.request import WorkerRequest
     from sparkdiag.scheduling.scheduler import ProbeScheduler
 
-    if not poller.gpu.identities:
+    if not poller.gpu.identities and not poller.gpu.waiting:
         return None
     if store is None:
         store = _store(settings)

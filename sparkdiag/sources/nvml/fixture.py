@@ -31,7 +31,8 @@ change so that each difference from the recording is documented in the file. ``w
 device, a script step or ``host``) is documentation only: the loader ignores it, and a fixture
 written by hand from public reports (``gb10-idle.json``) gives one for every answer.
 
-Scripted steps take effect at the poll they name (the first poll is 1) and stay in effect; a ramp
+Scripted steps take effect at the poll they name (the first poll is 1; an ``nvml`` step may name 0,
+nvmlInit itself, before the first poll) and stay in effect; a ramp
 moves linearly from its first value at the first poll to its last at the last poll, then holds
 (integer ramps round half up).
 An event is delivered once, at its poll. ``lost`` makes every query fail with GPU_IS_LOST.
@@ -196,7 +197,9 @@ def _check_step(path: Path, n: int, step: Any, ndev: int) -> dict[str, Any]:
     if not isinstance(step, dict):
         raise FixtureError(f"{where} must be an object")
     poll = step.get("poll")
-    if isinstance(poll, int) and poll >= 1:
+    if "nvml" in step and poll == 0:  # the driver's state at nvmlInit, before the first poll
+        first, last = 0, 0
+    elif isinstance(poll, int) and not isinstance(poll, bool) and poll >= 1:
         first, last = poll, poll
     elif (
         isinstance(poll, list)
@@ -206,7 +209,10 @@ def _check_step(path: Path, n: int, step: Any, ndev: int) -> dict[str, Any]:
     ):
         first, last = poll
     else:
-        raise FixtureError(f"{where}: 'poll' must be a poll number >= 1 or [first, last]")
+        raise FixtureError(
+            f"{where}: 'poll' must be a poll number >= 1 or [first, last] (0, nvmlInit, for an "
+            "'nvml' step only)"
+        )
     actions = [k for k in ("set", "ramp", "event", "lost", "nvml") if k in step]
     if len(actions) != 1:
         raise FixtureError(f"{where} needs exactly one of set, ramp, event, lost, nvml")

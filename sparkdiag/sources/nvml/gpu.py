@@ -108,6 +108,28 @@ SLOW_SECONDS = 10.0
 RETRY_SECONDS = 30.0
 
 
+def not_started_reason(code: int, detail: str, retry_seconds: float | None) -> str:
+    """nvmlInit's driver-wide answer (``DRIVER_GONE_CODES``) to a process it never answered (one
+    started before the kernel module was loaded, as at boot), and what to do; with
+    ``retry_seconds`` (a read started it again) that sparkdiag keeps trying."""
+    answer = f"NVML_ERROR_{ERROR_NAMES.get(code, f'ERROR_{code}')} ({code})"
+    again = ""
+    if retry_seconds is not None:
+        again = f"; sparkdiag starts NVML again every {retry_seconds:g} s"
+    if code == DRIVER_NOT_LOADED:
+        return (
+            f"nvmlInit answers {answer}: the NVIDIA kernel module is not loaded (yet: at boot "
+            "nvidia-persistenced or the first nvidia-smi loads it); load it (nvidia-smi, "
+            f"modprobe nvidia){again}"
+        )
+    if code == LIB_RM_VERSION_MISMATCH:
+        return (
+            f"nvmlInit answers {answer}: the NVML library does not match the loaded kernel "
+            f"module (a driver upgraded without a reboot); reboot the node{again}"
+        )
+    return f"nvmlInit answers {answer} ({detail}){again}"
+
+
 def gone_reason(code: int | None, detail: str, retry_seconds: float) -> str:
     """What NVML answered when it went away under the running daemon (``code``, or where it
     gave none ``detail``), and what to do: the ``unavailable_reason`` (the nvml collector's
@@ -171,6 +193,7 @@ class GpuSource:
     _gone: int | None = field(init=False, default=None)
     _retry_at: float = field(init=False, default=0.0)
     _said_unseen: bool = field(init=False, default=False)
+    _was_up: bool = field(init=False, default=False)  # NVML has answered this process once
     _max_age: dict[str, float] = field(init=False, default_factory=dict)
     _read_at: float = field(init=False, default=0.0)
     _cache: dict[tuple[int, str, int | None], tuple[float, Any]] = field(
@@ -189,13 +212,20 @@ class GpuSource:
         self._max_age = {"poll": 0.0, "slow": self.slow_seconds, "static": self.static_seconds}
 
     def start(self) -> bool:
-        """Initialise NVML and read each GPU's identity; False (with a reason) without NVML."""
+        """Initialise NVML and read each GPU's identity; False (with a reason) without NVML.
+        When nvmlInit answers a driver-wide error (``DRIVER_GONE_CODES``: the kernel module
+        not loaded yet, as when the daemon starts first at boot) :attr:`waiting` is True and
+        :meth:`read` starts NVML again every ``retry_seconds``, as after NVML went away."""
         self._read_at = self.clock()
         try:
             self._open()
         except (NvmlUnavailable, NvmlCallError) as exc:
             self.nvml_up = False
             self.unavailable_reason = str(exc)
+            if exc.code in DRIVER_GONE_CODES:
+                self._gone = exc.code
+                self._retry_at = self._read_at + self.retry_seconds
+                self.unavailable_reason = not_started_reason(exc.code, str(exc), None)
             return False
         except _NvmlGone as gone:  # nvmlInit answered, the devices no longer do
             self._went_away(gone.error)
@@ -210,6 +240,12 @@ class GpuSource:
         count = self.backend.device_count()
         self.identities = [self._identity(index) for index in range(count)]
         self.nvml_up = True
+        self._was_up = True
+
+    @property
+    def waiting(self) -> bool:
+        """NVML is down with a driver-wide error and is started again every ``retry_seconds``."""
+        return self._gone is not None
 
     def stop(self) -> None:
         if self.nvml_up or self._gone is not None:
@@ -241,12 +277,16 @@ class GpuSource:
         self._retry_at = now + self.retry_seconds
         self.backend.shutdown()  # what is left of the old session: handles, the event set
         self._read_at = now
+        was_up = self._was_up
         try:
             self._open()
         except (NvmlUnavailable, NvmlCallError, _NvmlGone) as exc:
             self.nvml_up = False
             error = exc.error if isinstance(exc, _NvmlGone) else exc
-            reason = gone_reason(error.code, str(error), self.retry_seconds)
+            if was_up or error.code is None:
+                reason = gone_reason(error.code, str(error), self.retry_seconds)
+            else:
+                reason = not_started_reason(error.code, str(error), self.retry_seconds)
             if error.code != self._gone:  # what NVML answers changed (a new module loaded ...)
                 log.warning("NVML still does not answer: %s", reason)
             else:
@@ -258,9 +298,11 @@ class GpuSource:
         self._gone = None
         self.unavailable_reason = None
         log.info(
-            "NVML answers again (driver %s, %d GPU(s)): GPU telemetry resumed",
+            "NVML answers %s(driver %s, %d GPU(s)): GPU telemetry %s",
+            "again " if was_up else "",
             self.driver_version,
             len(self.identities),
+            "resumed" if was_up else "started",
         )
         return True
 
