@@ -163,17 +163,21 @@ def _summary(log: NvmeHealth) -> str:
     return ", ".join(parts) + f" (from {log.source})"
 
 
+# The health log's figures a row's data carries (check --json)
+HEALTH_DATA = (
+    "critical_warning",
+    "media_errors",
+    "percentage_used_ratio",
+    "available_spare_ratio",
+    "unsafe_shutdowns",
+    "error_log_entries",
+    "warning_temperature_seconds",
+    "source",
+)
+
+
 def _health_data(log: NvmeHealth) -> dict[str, object]:
-    return {
-        "critical_warning": log.critical_warning,
-        "media_errors": log.media_errors,
-        "percentage_used_ratio": log.percentage_used_ratio,
-        "available_spare_ratio": log.available_spare_ratio,
-        "unsafe_shutdowns": log.unsafe_shutdowns,
-        "error_log_entries": log.error_log_entries,
-        "warning_temperature_seconds": log.warning_temperature_seconds,
-        "source": log.source,
-    }
+    return {name: getattr(log, name) for name in HEALTH_DATA}
 
 
 def _temperature(drive: NvmeController) -> CheckResult:
