@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -428,27 +429,24 @@ def _loads(
     )
 
 
+@dataclass(eq=False)
 class Sampler:
     """Both sides together; ``tick()`` returns one :class:`Tick`. With ``stacks``, the job's
     Python stacks are recorded beside (the processes on the GPU, else its Python processes);
     ``start`` is the clock's reading at the recording's time 0, ``problems`` what the stack
     sampler could not do, each once."""
 
-    def __init__(
-        self,
-        gpu: GpuSampler | None,
-        host: HostSampler,
-        started_at: float,
-        clock: Callable[[], float] = time.monotonic,
-        stacks: StackSampler | None = None,
-    ) -> None:
-        self.gpu = gpu
-        self.host = host
-        self.started_at = started_at
-        self.clock = clock
-        self.stacks = stacks
-        self.problems: list[str] = []
-        self.start = clock()
+    gpu: GpuSampler | None
+    host: HostSampler
+    started_at: float
+    clock: Callable[[], float] = time.monotonic
+    stacks: StackSampler | None = None
+    problems: list[str] = field(init=False, default_factory=list)
+    start: float = field(init=False)
+    _last: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.start = self.clock()
         self._last = self.start
 
     def tick(self) -> Tick:
