@@ -77,16 +77,24 @@ def click_option(option: Option, command: str) -> Callable[[F], F]:
     )
 
 
-def file_option(flag: str, dest: str, help: str, metavar: str = "FILE") -> Callable[[F], F]:
-    """``--flag FILE``: a file path (not a directory) given to the command as ``dest``, or None."""
+def path_option(
+    flag: str, dest: str, help: str, metavar: str = "PATH", dir_okay: bool = True
+) -> Callable[[F], F]:
+    """``--flag PATH``: a path given to the command as ``dest``, or None; ``dir_okay=False``
+    refuses a directory."""
     return click.option(
         flag,
         dest,
-        type=click.Path(dir_okay=False, path_type=Path),
+        type=click.Path(dir_okay=dir_okay, path_type=Path),
         default=None,
         metavar=metavar,
         help=help,
     )
+
+
+def file_option(flag: str, dest: str, help: str, metavar: str = "FILE") -> Callable[[F], F]:
+    """``--flag FILE``: a file path (not a directory) given to the command as ``dest``, or None."""
+    return path_option(flag, dest, help, metavar, dir_okay=False)
 
 
 def plot_option(metavar: str, help: str) -> Callable[[F], F]:

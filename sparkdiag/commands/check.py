@@ -23,7 +23,7 @@ from sparkdiag.check.gather import Sources, gather
 from sparkdiag.check.model import run_exit_code
 from sparkdiag.check.report import render_json, table
 from sparkdiag.commands.common import setup_logging
-from sparkdiag.flags import settings_from, settings_options
+from sparkdiag.flags import path_option, settings_from, settings_options
 from sparkdiag.probe.launchers import FixtureLauncher
 from sparkdiag.snapshot import GpuSample
 
@@ -56,11 +56,9 @@ def _progress(gpus: Sequence[GpuSample], timeout: float) -> None:
     metavar="N",
     help="Fail unless N GPUs are visible (and NVML itself loads).",
 )
-@click.option(
+@path_option(
     "--storage",
     "storage_dir",
-    type=click.Path(path_type=Path),
-    default=None,
     metavar="DIR",
     help="Also measure DIR's read and write speed against its drive and baseline (the "
     "checkpoint or data set directory). WRITES a test file of --storage.size (O_TMPFILE, "

@@ -17,7 +17,7 @@ import click
 
 from sparkdiag import terminal
 from sparkdiag.errors import Exit, UsageError
-from sparkdiag.flags import settings_from, settings_options
+from sparkdiag.flags import path_option, settings_from, settings_options
 from sparkdiag.native.compat import parse_capability
 from sparkdiag.native.lint import Gpu, lint
 from sparkdiag.native.render import NativeReport, text
@@ -63,11 +63,9 @@ def _machine_gpus(settings: Any) -> list[Gpu]:
 
 
 @click.command("native")
-@click.option(
+@path_option(
     "--python",
     "python",
-    type=click.Path(path_type=Path),
-    default=None,
     metavar="PATH",
     help="The environment to look at: an interpreter, a virtual environment, a site-packages "
     "directory or an unpacked root (a container image's). Default: the probe worker's "
