@@ -259,10 +259,10 @@ def test_a_long_interval_does_not_hold_back_the_end_or_the_duration() -> None:
     ``--duration 0.1 --interval 20`` ran 20 s too."""
     sampler = _Ticks()
     began = time.monotonic()
-    ticks, ended_by = follow(cast(Any, sampler), lambda: True, 20.0, None, threading.Event())
-    assert (ended_by, len(ticks)) == ("exit", 1)
-    ticks, ended_by = follow(cast(Any, sampler), lambda: False, 20.0, 0.1, threading.Event())
-    assert (ended_by, len(ticks)) == ("duration", 1)
+    followed = follow(cast(Any, sampler), lambda: True, 20.0, None, threading.Event())
+    assert (followed.ended_by, len(followed.ticks)) == ("exit", 1)
+    followed = follow(cast(Any, sampler), lambda: False, 20.0, 0.1, threading.Event())
+    assert (followed.ended_by, len(followed.ticks)) == ("duration", 1)
     assert time.monotonic() - began < 15
 
 

@@ -48,8 +48,8 @@ from sparkdiag.sources.host import pyspy
 from sparkdiag.sources.host.procfs import ProcessIdentities
 from sparkdiag.sources.nvml.backends import make_backend
 from sparkdiag.sources.nvml.gpu import GpuSource
+from sparkdiag.watch import compact, stack_sampler
 from sparkdiag.watch import plot as plotting
-from sparkdiag.watch import stack_sampler
 from sparkdiag.watch.diagnose import Diagnosis, diagnose
 from sparkdiag.watch.job import AttachedJob, SpawnedJob, alive, follow, unwatchable
 from sparkdiag.watch.model import MAX_RECORDING_BYTES, Recording, load
@@ -355,10 +355,18 @@ def watch(
         host = HostSampler(rootfs, sysfs, job.pid, own_pid=own)
         cwd = pyspy.process_cwd(rootfs, job.pid)
         sampler = Sampler(gpu, host, started_at, stacks=stack)
-        ticks, ended_by = follow(
+        followed = follow(
             sampler, job.ended, interval, duration, stop,
             on_tick=lambda tick, n: live.show(status_text(tick, n), time.monotonic()),
         )  # fmt: skip
+        ticks, ended_by = followed.ticks, followed.ended_by
+        if followed.halved:
+            skipped.append(
+                f"anything shorter than {followed.interval:g} s: watched for over "
+                f"{compact.MAX_TICKS} ticks, neighbouring ticks were merged in pairs "
+                f"{followed.halved} time(s) and sampled {followed.interval:g} s apart from then, "
+                "so that watch's memory and --record stay bounded"
+            )
         live.clear()
         tables = None
         if stack is not None:
@@ -380,7 +388,7 @@ def watch(
             skipped.append(unread)
         rec = Recording(
             started_at=started_at,
-            interval=interval,
+            interval=followed.interval,
             job=job.description,
             gpus=gpu.infos() if gpu else (),
             ticks=tuple(ticks),

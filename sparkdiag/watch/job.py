@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 from sparkdiag.sources.host.procfs import (
     is_kernel_thread,
@@ -23,6 +24,7 @@ from sparkdiag.sources.host.procfs import (
     process_tree,
 )
 from sparkdiag.sources.host.pyspy import PTRACER_SHIM
+from sparkdiag.watch import compact
 from sparkdiag.watch.model import Tick
 from sparkdiag.watch.sampler import Sampler
 
@@ -263,6 +265,16 @@ def _wait_until(
     return stop.is_set()
 
 
+class Followed(NamedTuple):
+    """What :func:`follow` saw: the ticks, why it stopped, the interval the ticks ended at
+    (doubled each time they were halved) and how many times they were halved."""
+
+    ticks: list[Tick]
+    ended_by: str
+    interval: float
+    halved: int = 0
+
+
 def follow(
     sampler: Sampler,
     ended: Callable[[], bool],
@@ -271,16 +283,19 @@ def follow(
     stop: threading.Event,
     monotonic: Callable[[], float] = time.monotonic,
     on_tick: Callable[[Tick, int], None] | None = None,
-) -> tuple[list[Tick], str]:
+    max_ticks: int = compact.MAX_TICKS,
+) -> Followed:
     """Sample every ``interval`` seconds until the job ends ("exit"), ``duration`` passes
     ("duration") or ``stop`` is set ("interrupt"). A first tick primes the counters and is
     dropped. Never drifts, never bursts. ``on_tick(tick, ticks so far)`` sees each tick kept
     (the live status line). Between ticks the job's end and the duration are looked at every
     ``ENDED_POLL_SECONDS``, and a last, shorter tick taken then (each tick has its own ``dt``):
     with ``--interval 20``, a job that ended at once was reported as watched for 20 s, and
-    ``--duration 0.1`` ran 20 s."""
+    ``--duration 0.1`` ran 20 s. At ``max_ticks`` ticks, neighbours are merged in pairs and
+    the interval doubles (:mod:`sparkdiag.watch.compact`): memory stays bounded."""
     sampler.tick()
     ticks: list[Tick] = []
+    halved = 0
     start = monotonic()
     next_at = start + interval
     while True:
@@ -290,11 +305,15 @@ def follow(
         if on_tick is not None:
             on_tick(ticks[-1], len(ticks))
         if interrupted:
-            return ticks, "interrupt"
+            return Followed(ticks, "interrupt", interval, halved)
         if ended():
-            return ticks, "exit"
+            return Followed(ticks, "exit", interval, halved)
         if duration is not None and monotonic() - start >= duration:
-            return ticks, "duration"
+            return Followed(ticks, "duration", interval, halved)
+        if len(ticks) >= max_ticks:
+            ticks = compact.halve(ticks)
+            interval *= 2
+            halved += 1
         next_at += interval
         if next_at < monotonic():  # a tick overran: skip the missed ones
             next_at = monotonic() + interval

@@ -27,7 +27,7 @@ SCHEMAS = ("sparkdiag-watch-recording/1", SCHEMA)  # what --replay reads
 LOADER_NAMES = ("pt_data_worker",)  # what PyTorch names its DataLoader worker processes
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OtherProcess:
     """A compute process on the GPU that is not the job's, during one tick: its SM utilization
     (NVML's per-process samples over the tick, 0..1; None: no sample) and the GPU memory it
@@ -38,7 +38,7 @@ class OtherProcess:
     memory_bytes: float | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GpuTick:
     """One GPU during one tick.
 
@@ -96,7 +96,7 @@ class GpuTick:
     others_unseen: int | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ProcessLoad:
     """One process of the job during one tick: its CPU (seconds per second, all threads), its
     reads (bytes per second, rchar) and whether it holds a GPU. ``name`` is its main thread's
@@ -109,7 +109,7 @@ class ProcessLoad:
     on_gpu: bool = False
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class JobTick:
     """The job's process tree during one tick (rates over the tick; None at the first tick).
 
@@ -142,7 +142,7 @@ class JobTick:
     reading: tuple[str, ...] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class HostTick:
     """Host (or the job's cgroup) pressure during one tick.
 
@@ -172,7 +172,7 @@ class StackTime(NamedTuple):
     visits: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Tick:
     t: float  # seconds since the recording started, at the end of the tick
     dt: float  # the tick's length in seconds

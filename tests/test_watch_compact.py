@@ -1,0 +1,199 @@
+"""A long watch holds a bounded number of ticks: neighbours merged in pairs (watch/compact.py),
+with the diagnosis of every recorded job the same after a halving."""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, cast
+
+import pytest
+
+from sparkdiag.watch import compact
+from sparkdiag.watch.diagnose import diagnose
+from sparkdiag.watch.job import follow
+from sparkdiag.watch.model import (
+    GpuTick,
+    HostTick,
+    JobTick,
+    OtherProcess,
+    ProcessLoad,
+    StackTime,
+    Tick,
+    load,
+)
+from sparkdiag.watch.sampler import TOP_PROCESSES
+from tests.support import ROOT
+
+RECORDINGS = sorted(
+    p
+    for folder in (ROOT / "docs" / "device", ROOT / "tests" / "fixtures" / "watch")
+    for p in folder.rglob("*.recording.json")
+)
+
+
+def _gpu(**changes: Any) -> GpuTick:
+    """A GPU tick with every field set to something other than its default."""
+    base = GpuTick(
+        index=0,
+        utilization=0.5,
+        samples=((0.1, 0.4), (0.2, 0.6)),
+        sm_activity=0.4,
+        tensor_activity=0.3,
+        dram_activity=0.2,
+        sm_occupancy=0.1,
+        sm_clock_hz=1.5e9,
+        sm_clock_max_hz=1.98e9,
+        reasons=0x1,
+        temperature=50.0,
+        memory_temperature=60.0,
+        power_w=300.0,
+        power_limit_w=700.0,
+        pcie_tx=1e9,
+        pcie_rx=2e9,
+        job_on_gpu=True,
+        memory_utilization=0.3,
+        job_memory_bytes=4e9,
+        job_sm=0.5,
+        others=(OtherProcess(7, 0.2, 1e9),),
+        others_seen=1,
+        others_seen_pids=(7,),
+        others_unseen=0,
+    )
+    return replace(base, **changes)
+
+
+def _tick(t: float, dt: float, gpu: GpuTick, **job: Any) -> Tick:
+    return Tick(
+        t=t,
+        dt=dt,
+        gpus=(gpu,),
+        job=JobTick(
+            processes=2,
+            threads=10,
+            cpu_cores=1.0,
+            gpu_thread=0.5,
+            gpu_thread_name="python",
+            other_cpu_cores=0.5,
+            read_bps=1e6,
+            write_bps=2e6,
+            loads=(ProcessLoad(1, "python", 1.0, 1e6, True),),
+            gpu_thread_id=1,
+            writing=("ckpt.pt",),
+            reading=("data.bin",),
+            **job,
+        ),
+        host=HostTick(0.1, 0.05, 0.2, 0.3, 1e3, 8e9),
+        stacks=(StackTime(0, 0, 0.25, 1),),
+    )
+
+
+def test_every_figure_of_a_tick_is_merged_none_dropped() -> None:
+    """Every field of every part of a tick comes out of a merge set (none left at its default):
+    a field added to the model without a rule in compact.py fails here."""
+    merged = compact.merge(_tick(1.0, 0.5, _gpu()), _tick(1.5, 0.5, _gpu(index=0)))
+    for part in (merged.gpus[0], merged.job, merged.host, merged):
+        for f in dataclasses.fields(part):
+            default = f.default if f.default is not dataclasses.MISSING else None
+            if f.default_factory is not dataclasses.MISSING:
+                default = f.default_factory()
+            value = getattr(part, f.name)
+            assert value != default or f.name == "index", (type(part).__name__, f.name)
+
+
+def test_how_each_kind_of_figure_merges() -> None:
+    a = _tick(
+        1.0,
+        1.0,
+        _gpu(utilization=0.2, temperature=80.0, reasons=0x1, power_limit_w=600.0, job_sm=None),
+    )
+    b = _tick(
+        4.0,
+        3.0,
+        _gpu(utilization=0.6, temperature=70.0, reasons=0x40, power_limit_w=700.0, job_sm=0.8),
+    )
+    m = compact.merge(a, b)
+    g = m.gpus[0]
+    assert (m.t, m.dt) == (4.0, 4.0)
+    assert g.utilization == pytest.approx((0.2 * 1 + 0.6 * 3) / 4)  # weighted by length
+    assert g.temperature == 80.0  # the hotter reading
+    assert g.reasons == 0x41  # every reason either tick saw
+    assert g.power_limit_w == 700.0  # the later tick's
+    assert g.job_sm == 0.8  # one side without: the other's
+    assert len(g.samples) == 2  # every other one of the pair's four
+    assert m.host.available_bytes == 8e9 and m.host.io_stall == pytest.approx(0.2)
+    assert m.stacks == (StackTime(0, 0, 0.5, 2),)  # seconds and visits added up
+
+
+def test_processes_merge_by_pid_with_none_where_absent() -> None:
+    """A process in one tick only used nothing in the other: its CPU and SM over the merged
+    tick are its use times its share of the time; the busiest are kept, as the sampler keeps
+    them."""
+    loads_a = tuple(ProcessLoad(pid, f"w{pid}", 0.1 * pid) for pid in range(1, 7))
+    loads_b = tuple(ProcessLoad(pid, f"w{pid}", 0.1 * pid) for pid in range(4, 12))
+    a = _tick(1.0, 1.0, _gpu(others=(OtherProcess(7, 0.6, 1e9),)))
+    b = _tick(2.0, 1.0, _gpu(others=(OtherProcess(8, 0.2, 2e9),)))
+    a = replace(a, job=replace(a.job, loads=loads_a))
+    b = replace(b, job=replace(b.job, loads=loads_b))
+    m = compact.merge(a, b)
+    others = {p.pid: p for p in m.gpus[0].others}
+    assert others[7].sm == pytest.approx(0.3) and others[8].sm == pytest.approx(0.1)
+    assert others[7].memory_bytes == 1e9
+    loads = {p.pid: p.cpu_cores for p in m.job.loads}
+    assert len(m.job.loads) == TOP_PROCESSES
+    assert loads[11] == pytest.approx(0.55)  # only in b: half of its 1.1 cores
+    assert loads[5] == pytest.approx(0.5)  # in both
+    assert 1 not in loads and 2 not in loads  # the idlest left out
+    assert [p.cpu_cores for p in m.job.loads] == sorted(loads.values(), reverse=True)
+
+
+def test_halve_keeps_the_time_covered_and_an_odd_last_tick() -> None:
+    ticks = [_tick(0.5 * (i + 1), 0.5, _gpu()) for i in range(7)]
+    halved = compact.halve(ticks)
+    assert len(halved) == 4
+    assert [t.t for t in halved] == [1.0, 2.0, 3.0, 3.5]
+    assert sum(t.dt for t in halved) == pytest.approx(sum(t.dt for t in ticks))
+    assert halved[-1] is ticks[-1]
+
+
+class _Clocked:
+    """A sampler whose ticks cover the time since its last one, by the real clock."""
+
+    def __init__(self) -> None:
+        self.last = time.monotonic()
+        self.covered = 0.0
+
+    def tick(self) -> Tick:
+        now = time.monotonic()
+        dt, self.last = now - self.last, now
+        self.covered += dt
+        return Tick(t=self.covered, dt=dt)
+
+
+def test_follow_halves_at_the_bound_and_doubles_its_interval() -> None:
+    sampler = _Clocked()
+    followed = follow(
+        cast(Any, sampler), lambda: False, 0.002, 0.6, threading.Event(), max_ticks=16
+    )
+    assert followed.ended_by == "duration"
+    assert followed.halved >= 2
+    assert followed.interval == pytest.approx(0.002 * 2**followed.halved)
+    assert 1 <= len(followed.ticks) < 16
+    primed = sampler.covered - sum(t.dt for t in followed.ticks)  # the dropped first tick
+    assert primed == pytest.approx(followed.ticks[0].t - followed.ticks[0].dt, abs=1e-9)
+
+
+@pytest.mark.parametrize("path", RECORDINGS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_halved_recording_gets_the_same_verdict(path: Path) -> None:
+    """Every watch recorded on the lent H200 (and the CPU dry runs), its ticks merged in pairs
+    once: the same verdict, and the same first cause within 10 points of its share."""
+    rec = load(path)
+    before = diagnose(rec)
+    after = diagnose(replace(rec, ticks=tuple(compact.halve(rec.ticks)), interval=rec.interval * 2))
+    assert after.verdict == before.verdict
+    if before.causes:
+        assert after.causes[0].name == before.causes[0].name
+        assert after.causes[0].share == pytest.approx(before.causes[0].share, abs=0.1)
