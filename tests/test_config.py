@@ -128,6 +128,15 @@ def test_config_default_and_check_commands(tmp_path: Path) -> None:
     assert result.returncode == 2 and "listen: 5 is not a string" in result.stderr
 
 
+@pytest.mark.parametrize("name", ["missing.toml", "."])
+def test_config_check_of_what_is_not_a_file_is_one_line(tmp_path: Path, name: str) -> None:
+    """A directory was click's three-line usage error where a missing file was one line."""
+    result = run("config", "check", str(tmp_path / name))
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("Error: ")
+    assert "Usage:" not in result.stderr and "Traceback" not in result.stderr
+
+
 # A file naming what serve cannot open: each was "ok" (exit 0) for config check, then exit 2 for
 # serve (exit 0, saying nothing, for the probe fixture without a GPU), and serve named a flag the
 # user never gave (--nvml-fixture) rather than the file and key.

@@ -30,7 +30,7 @@ def config_default() -> None:
 
 
 @config.command("check")
-@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("file", type=click.Path(path_type=Path))  # a directory: one line, as a missing file
 def config_check(file: Path) -> None:
     """Validate a configuration file as serve reads it: every key and value, and every file or
     directory it names (fixtures, web config, paths) opened as serve opens them.
