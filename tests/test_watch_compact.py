@@ -175,9 +175,17 @@ class _Clocked:
 
 def test_follow_halves_at_the_bound_and_doubles_its_interval() -> None:
     sampler = _Clocked()
+    counts: list[int] = []
     followed = follow(
-        cast(Any, sampler), lambda: False, 0.002, 0.6, threading.Event(), max_ticks=16
+        cast(Any, sampler),
+        lambda: False,
+        0.002,
+        0.6,
+        threading.Event(),
+        on_tick=lambda tick, n: counts.append(n),
+        max_ticks=16,
     )
+    assert counts == list(range(1, len(counts) + 1))  # the live line counts every tick taken
     assert followed.ended_by == "duration"
     assert followed.halved >= 2
     assert followed.interval == pytest.approx(0.002 * 2**followed.halved)

@@ -287,7 +287,7 @@ def follow(
 ) -> Followed:
     """Sample every ``interval`` seconds until the job ends ("exit"), ``duration`` passes
     ("duration") or ``stop`` is set ("interrupt"). A first tick primes the counters and is
-    dropped. Never drifts, never bursts. ``on_tick(tick, ticks so far)`` sees each tick kept
+    dropped. Never drifts, never bursts. ``on_tick(tick, ticks taken so far)`` sees each tick
     (the live status line). Between ticks the job's end and the duration are looked at every
     ``ENDED_POLL_SECONDS``, and a last, shorter tick taken then (each tick has its own ``dt``):
     with ``--interval 20``, a job that ended at once was reported as watched for 20 s, and
@@ -295,15 +295,16 @@ def follow(
     the interval doubles (:mod:`sparkdiag.watch.compact`): memory stays bounded."""
     sampler.tick()
     ticks: list[Tick] = []
-    halved = 0
+    halved = taken = 0
     start = monotonic()
     next_at = start + interval
     while True:
         until = next_at if duration is None else min(next_at, start + duration)
         interrupted = _wait_until(until, stop, ended, monotonic)
         ticks.append(sampler.tick())
+        taken += 1
         if on_tick is not None:
-            on_tick(ticks[-1], len(ticks))
+            on_tick(ticks[-1], taken)
         if interrupted:
             return Followed(ticks, "interrupt", interval, halved)
         if ended():
