@@ -78,6 +78,10 @@ class StackSampler:
         self.workdir = Path(tempfile.mkdtemp(prefix="sparkdiag-watch-stacks-"))
         self.targets: dict[int, _Target] = {}
         self.segments: list[pyspy.Segment] = []
+        # one tuple of frames a process's distinct stack, which every stretch in it shares: a
+        # stretch held its own (2.2 KB at 75 frames: 76 MiB an hour at 10 changes a second)
+        self._stacks: dict[tuple[int, tuple[pyspy.Frame, ...]], tuple[pyspy.Frame, ...]] = {}
+        self._names: dict[str, str] = {}
         self.problems: list[str] = []  # each said once
         self.lines = pyspy.SourceLines(rootfs)
         self.texts: dict[tuple[int, str, int], str] = {}
@@ -165,11 +169,15 @@ class StackSampler:
             return
         target.worked = target.worked or bool(got)
         for s in got:
-            for f in s.frames:
-                key = (s.pid, f.file, f.line)
-                if key not in self.texts:
-                    self.texts[key] = self.lines(s.pid, f.file, f.line)
-        self.segments.extend(got)
+            frames = self._stacks.get((s.pid, s.frames))
+            if frames is None:  # a stack this process was not seen in before: its lines read
+                frames = self._stacks[(s.pid, s.frames)] = s.frames
+                for f in frames:
+                    key = (s.pid, f.file, f.line)
+                    if key not in self.texts:
+                        self.texts[key] = self.lines(s.pid, f.file, f.line)
+            thread = self._names.setdefault(s.thread, s.thread)
+            self.segments.append(pyspy.Segment(s.start, s.end, s.pid, s.tid, thread, frames))
 
     def _fail(self, target: _Target) -> None:
         if not target.error:

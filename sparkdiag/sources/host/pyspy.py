@@ -59,7 +59,7 @@ PTRACER_SHIM = (
 _THREAD = re.compile(r"thread \((0x[0-9A-Fa-f]+|\d+)\)(?:: (.*))?$")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Frame:
     """One Python frame: the function (py-spy's qualified name), the file as the process sees
     it, and the line it was at (0 where py-spy gives none)."""
@@ -69,7 +69,7 @@ class Frame:
     line: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Segment:
     """A thread in one stack from ``start`` to ``end`` (seconds on the recorder's clock).
     ``tid``: the OS thread id (the process's pid for its main thread) where py-spy read it,
