@@ -412,3 +412,21 @@ def test_the_daemon_builds_its_probes_while_it_waits_for_the_driver(
     none.start()
     idle = Poller(none, read_pcie=None, read_host=None, context=None, pcie_interval=0.0)
     assert build_schedulers(settings, idle, ProbeState()).periodic == ()
+
+
+def test_a_source_with_no_gpu_sees_the_driver_go(write_fixture: Callable[..., Path]) -> None:
+    """NVML up with no GPU made no call a poll, so a driver unloaded under it was never seen
+    (nvml_up stayed 1); now one device count a poll sees it."""
+    path = write_fixture(
+        {
+            "format": "sparkdiag-nvml-fixture/1",
+            "driver_version": "580.159.04",
+            "devices": [],
+            "script": [{"poll": 3, "nvml": {"error": "DRIVER_NOT_LOADED"}}],
+        }
+    )
+    source, backend, snaps = _polled_from_start(path, 4)
+    assert [snap.nvml_up for snap in snaps] == [True, True, False, False]
+    assert backend.calls["device_count"] == 1 + 3  # at start, then one a poll while it answers
+    assert "NVML_ERROR_DRIVER_NOT_LOADED (9)" in (snaps[2].collectors["nvml"].error or "")
+    assert source.waiting

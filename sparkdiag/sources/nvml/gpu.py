@@ -397,10 +397,21 @@ class GpuSource:
             return ()
         self._read_at = self.clock()
         try:
+            if not self.identities:  # no query to fail: ask NVML something, so that it is seen go
+                self._alive()
             return tuple(self._read_device(identity) for identity in self.identities)
         except _NvmlGone as gone:
             self._went_away(gone.error)
             return ()
+
+    def _alive(self) -> None:
+        """One call (the device count) that raises ``_NvmlGone`` where NVML answers a
+        driver-wide error: a source with no GPU made no call, and never saw the driver go."""
+        try:
+            self.backend.device_count()
+        except NvmlCallError as exc:
+            if exc.code in DRIVER_GONE_CODES:
+                raise _NvmlGone(exc) from None
 
     def events(self) -> list[NvmlEvent]:
         if not self.nvml_up:
