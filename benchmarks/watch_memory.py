@@ -13,7 +13,8 @@ tests/test_watch_pyspy.py):
    deep, 10 stack changes a second among 500 distinct innermost stacks: the rates and depths
    of the recordings of real jobs, 4-33 changes a second, 17-125 frames), parsed in 30 s
    chunks as watch reads them, the stretches held as parsed and as the stack sampler keeps
-   them (one tuple of frames a process's distinct stack); per stretch and per hour.
+   them (one tuple of frames a process's distinct stack); per stretch and per hour, and the most
+   held between two cuts into the ticks (``job.FOLD_TICKS``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 
 from sparkdiag.sources.host.pyspy import Segment, parse_chrometrace
 from sparkdiag.watch import compact, stack_sampler
+from sparkdiag.watch.job import FOLD_TICKS
 from sparkdiag.watch.model import load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -139,10 +141,13 @@ def stacks(seconds: int) -> None:
         tracemalloc.stop()
         sampler.finish()
     hours = chunks * CHUNK / 3600
+    between = FOLD_TICKS * 0.5 / 3600  # hours of stretches held at most, at the default 0.5 s
     print(
         f"stacks: {count} stretches in {chunks * CHUNK} s; as parsed {raw / count:.0f} B a "
         f"stretch, {raw / hours / 2**20:.1f} MiB an hour; as watch keeps them {kept / count:.0f} B "
-        f"a stretch, {kept / hours / 2**20:.1f} MiB an hour ({raw / kept:.1f}x less)"
+        f"a stretch, {kept / hours / 2**20:.1f} MiB an hour ({raw / kept:.1f}x less); cut into "
+        f"the ticks every {FOLD_TICKS} ticks, at most {kept / hours * between / 2**20:.1f} MiB "
+        "of them held at 0.5 s"
     )
 
 

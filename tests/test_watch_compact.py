@@ -165,12 +165,17 @@ class _Clocked:
     def __init__(self) -> None:
         self.last = time.monotonic()
         self.covered = 0.0
+        self.folds: list[int] = []  # how many ticks there were at each fold of the stacks
 
     def tick(self) -> Tick:
         now = time.monotonic()
         dt, self.last = now - self.last, now
         self.covered += dt
         return Tick(t=self.covered, dt=dt)
+
+    def fold_stacks(self, ticks: list[Tick]) -> list[Tick]:
+        self.folds.append(len(ticks))
+        return ticks
 
 
 def test_follow_halves_at_the_bound_and_doubles_its_interval() -> None:
@@ -205,3 +210,24 @@ def test_a_halved_recording_gets_the_same_verdict(path: Path) -> None:
     if before.causes:
         assert after.causes[0].name == before.causes[0].name
         assert after.causes[0].share == pytest.approx(before.causes[0].share, abs=0.1)
+
+
+def test_follow_lets_go_of_the_stacks_every_so_many_ticks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stacks read so far go into the ticks every FOLD_TICKS ticks taken, and always before
+    the ticks are halved (a halving merges the stacks the ticks hold)."""
+    from sparkdiag.watch import job
+
+    monkeypatch.setattr(job, "FOLD_TICKS", 5)
+    sampler = _Clocked()
+    counts: list[int] = []
+    follow(
+        cast(Any, sampler),
+        lambda: False,
+        0.002,
+        0.3,
+        threading.Event(),
+        on_tick=lambda tick, n: counts.append(n),
+        max_ticks=16,
+    )
+    assert 16 in sampler.folds  # before the first halving
+    assert len(sampler.folds) >= len(counts) // 5

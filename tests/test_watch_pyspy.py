@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -501,4 +502,61 @@ def test_stretches_in_one_stack_share_one_tuple_of_frames(tmp_path: Path) -> Non
     assert len({id(s.thread) for s in kept}) == 1
     assert sorted(set(read)) == sorted(read)  # each line read once per process
     assert sampler.texts[(8, str(source), 4)] == "time.sleep(1)"
+    sampler.finish()
+
+
+def _random_stretches(seed: int) -> tuple[list[pyspy.Segment], list[Tick]]:
+    """Four threads of two processes moving among 20 stacks (one thread parked in one) for 30
+    s, with gaps, and ticks of 0.25-0.5 s over them: stretches as py-spy's chunks give them."""
+    rng = random.Random(seed)
+    pool = [
+        tuple(
+            pyspy.Frame(f"f{rng.randint(0, 30)}", f"/a/{rng.randint(0, 5)}.py", rng.randint(1, 50))
+            for _ in range(rng.randint(1, 6))
+        )
+        for _ in range(20)
+    ]
+    stretches = []
+    for pid, tid in [(7, 7), (7, 9), (8, 8), (8, 11)]:
+        t = 100.0 + rng.random()
+        parked = rng.random() < 0.3
+        while t < 130:
+            length = rng.choice([0.01, 0.05, 0.3, 1.0, 2.5])
+            if rng.random() < 0.1:
+                t += rng.choice([0.0, 0.05, 0.5])
+            frames = pool[0] if parked else rng.choice(pool)
+            stretches.append(pyspy.Segment(t, t + length, pid, tid, f"T{tid}", frames))
+            t += length
+    ticks, t = [], 0.0
+    while t < 32:
+        dt = rng.choice([0.5, 0.5, 0.25])
+        t += dt
+        ticks.append(Tick(t=t, dt=dt))
+    return stretches, ticks
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_stretches_folded_in_batches_give_the_tables_of_one(tmp_path: Path, seed: int) -> None:
+    """A long watch lets go of its stretches each time it merges its ticks (StackSampler.fold);
+    the tables and every tick's stacks come out as from one pass at the end, with a stretch
+    that runs past a batch's last tick cut there and no visit counted twice."""
+    stretches, ticks = _random_stretches(seed)
+    texts = {(s.pid, f.file, f.line): f"line {f.line}" for s in stretches for f in s.frames}
+    names = {7: "python", 8: "pt_data_worker"}
+    whole = stack_sampler.tables(list(stretches), list(ticks), 100.0, texts, names)
+
+    sampler = stack_sampler.StackSampler(tmp_path / "no-py-spy", Path("/"))
+    sampler.texts, sampler.names = texts, names
+    arriving = sorted(stretches, key=lambda s: s.start)  # as the chunks are read
+    current: list[Tick] = []
+    for cut in sorted(random.Random(seed).sample(range(5, len(ticks) - 5), 3)):
+        current += ticks[len(current) : cut]
+        end = 100.0 + current[-1].t
+        while arriving and arriving[0].start < end:
+            sampler.segments.append(arriving.pop(0))
+        current = sampler.fold(current, 100.0)
+        assert all(s.start >= end for s in sampler.segments)  # let go of up to the cut
+    sampler.segments += arriving
+    current += ticks[len(current) :]
+    assert sampler.tables(current, 100.0) == whole
     sampler.finish()

@@ -48,7 +48,7 @@ from sparkdiag.sources.host import pyspy
 from sparkdiag.sources.host.procfs import ProcessIdentities
 from sparkdiag.sources.nvml.backends import make_backend
 from sparkdiag.sources.nvml.gpu import GpuSource
-from sparkdiag.watch import compact, stack_sampler
+from sparkdiag.watch import compact
 from sparkdiag.watch import plot as plotting
 from sparkdiag.watch.diagnose import Diagnosis, diagnose
 from sparkdiag.watch.job import AttachedJob, SpawnedJob, alive, follow, unwatchable
@@ -371,9 +371,7 @@ def watch(
         tables = None
         if stack is not None:
             sampler.problems += stack.finish()
-            tables = stack_sampler.tables(
-                stack.segments, ticks, sampler.start, stack.texts, stack.names
-            )
+            tables = stack.tables(ticks, sampler.start)
             ticks = list(tables.ticks)
         for line in sampler.problems:
             _say(line)

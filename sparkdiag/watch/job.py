@@ -275,6 +275,11 @@ class Followed(NamedTuple):
     halved: int = 0
 
 
+# Every this many ticks the Python stacks read so far are cut into the ticks and let go of
+# (StackSampler.fold): a long watch holds some minutes of py-spy's stretches, not all of them.
+FOLD_TICKS = 1024
+
+
 def follow(
     sampler: Sampler,
     ended: Callable[[], bool],
@@ -292,7 +297,8 @@ def follow(
     ``ENDED_POLL_SECONDS``, and a last, shorter tick taken then (each tick has its own ``dt``):
     with ``--interval 20``, a job that ended at once was reported as watched for 20 s, and
     ``--duration 0.1`` ran 20 s. At ``max_ticks`` ticks, neighbours are merged in pairs and
-    the interval doubles (:mod:`sparkdiag.watch.compact`): memory stays bounded."""
+    the interval doubles (:mod:`sparkdiag.watch.compact`), and every ``FOLD_TICKS`` ticks the
+    Python stacks read so far go into the ticks: memory stays bounded."""
     sampler.tick()
     ticks: list[Tick] = []
     halved = taken = 0
@@ -311,6 +317,8 @@ def follow(
             return Followed(ticks, "exit", interval, halved)
         if duration is not None and monotonic() - start >= duration:
             return Followed(ticks, "duration", interval, halved)
+        if taken % FOLD_TICKS == 0 or len(ticks) >= max_ticks:
+            ticks = sampler.fold_stacks(ticks)  # the stacks read so far let go of
         if len(ticks) >= max_ticks:
             ticks = compact.halve(ticks)
             interval *= 2

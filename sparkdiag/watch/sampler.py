@@ -449,6 +449,10 @@ class Sampler:
         self.start = self.clock()
         self._last = self.start
 
+    def fold_stacks(self, ticks: list[Tick]) -> list[Tick]:
+        """``ticks`` with the Python stacks read so far in them, before they are merged."""
+        return ticks if self.stacks is None else self.stacks.fold(ticks, self.start)
+
     def tick(self) -> Tick:
         tree = self.host.tree()
         pids = set(tree)

@@ -13,10 +13,11 @@ at most ``RETRIES`` times; why the last one failed is said once.
 from __future__ import annotations
 
 import bisect
+import math
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -82,6 +83,7 @@ class StackSampler:
         # stretch held its own (2.2 KB at 75 frames: 76 MiB an hour at 10 changes a second)
         self._stacks: dict[tuple[int, tuple[pyspy.Frame, ...]], tuple[pyspy.Frame, ...]] = {}
         self._names: dict[str, str] = {}
+        self._folder: Folder | None = None  # the stretches let go of so far (fold)
         self.problems: list[str] = []  # each said once
         self.lines = pyspy.SourceLines(rootfs)
         self.texts: dict[tuple[int, str, int], str] = {}
@@ -190,6 +192,32 @@ class StackSampler:
         target.error = ""
         target.tries = RETRIES
 
+    def fold(self, ticks: Sequence[Tick], start: float) -> list[Tick]:
+        """The stretches read so far cut into ``ticks`` (``start``: the clock's reading at the
+        recording's time 0) and let go, before a long watch merges its ticks
+        (:mod:`sparkdiag.watch.compact`): what goes past the last tick is kept for later."""
+        if self._folder is None:
+            self._folder = Folder(start, self.texts, self.names)
+        if not ticks:
+            return list(ticks)
+        cut = start + ticks[-1].t
+        now, later = [], []
+        for s in self.segments:
+            if s.start >= cut:
+                later.append(s)
+                continue
+            now.append(s)
+            if s.end > cut:  # the rest, from the last tick's end on, is folded later
+                later.append(replace(s, start=cut))
+        self.segments = later
+        return self._folder.fold(now, ticks)
+
+    def tables(self, ticks: Sequence[Tick], start: float) -> StackTables:
+        """Every stretch cut into ``ticks``, with the tables they point into (after
+        :meth:`finish`)."""
+        folder = self._folder or Folder(start, self.texts, self.names)
+        return folder.finish(self.segments, ticks)
+
     def finish(self) -> list[str]:
         """Stop every recorder and read what it wrote; the problems newly found."""
         before = len(self.problems)
@@ -245,6 +273,130 @@ def rank_of(rootfs: Path, pid: int) -> RankInfo:
     return RankInfo(pid, number("RANK"), number("WORLD_SIZE"), number("LOCAL_RANK"))
 
 
+class Folder:
+    """Cuts stretches into the ticks they overlap, in as many batches as wanted: :meth:`fold`
+    before ticks are merged (a long watch, :mod:`sparkdiag.watch.compact`) so that the stretches
+    are not all held to the end, :meth:`finish` at the end. The indexes a tick's ``stacks`` hold
+    stay valid from one batch to the next; :meth:`finish` drops a thread that stayed in one
+    stack the whole time (a parked worker), unless it is a process's main thread, and what only
+    it pointed at."""
+
+    def __init__(
+        self, start: float, texts: dict[tuple[int, str, int], str], names: dict[int, str]
+    ) -> None:
+        self.start, self.texts, self.names = start, texts, names
+        self.thread_index: dict[tuple[int, int], int] = {}
+        self.threads: list[ThreadInfo] = []
+        self.frame_index: dict[StackFrame, int] = {}
+        self.stack_index: dict[tuple[int, ...], int] = {}
+        self.distinct: dict[int, set[int]] = {}  # thread -> the stacks it was seen in
+        self.first: dict[tuple[int, int], float] = {}  # (thread, stack) -> when first seen
+        self.last: dict[int, tuple[int, float]] = {}  # a thread's stretch before: stack, end
+
+    def fold(self, segments: list[pyspy.Segment], ticks: Sequence[Tick]) -> list[Tick]:
+        """``ticks`` with the parts of ``segments`` that fall in them added to their stacks."""
+        ends = [t.t for t in ticks]
+        per_tick: dict[int, dict[tuple[int, int], float]] = {}
+        visits: dict[int, dict[tuple[int, int], int]] = {}
+        for s in sorted(segments, key=lambda s: s.start):
+            key = (s.pid, s.tid)
+            thread = self.thread_index.get(key)
+            if thread is None:
+                thread = self.thread_index[key] = len(self.threads)
+                self.threads.append(ThreadInfo(s.pid, s.tid, s.thread, self.names.get(s.pid, "")))
+            frames = []
+            for f in s.frames:
+                text = self.texts.get((s.pid, f.file, f.line), "")
+                frame = StackFrame(f.function, f.file, f.line, text)
+                frames.append(self.frame_index.setdefault(frame, len(self.frame_index)))
+            stack = self.stack_index.setdefault(tuple(frames), len(self.stack_index))
+            self.distinct.setdefault(thread, set()).add(stack)
+            seen_at = self.first.get((thread, stack))
+            if seen_at is None or s.start < seen_at:
+                self.first[(thread, stack)] = s.start
+            begin, end = s.start - self.start, s.end - self.start
+            i = bisect.bisect_right(ends, begin)
+            # each stretch begins with the thread coming into its stack, but where the stretch
+            # before was in the same stack and ended as this one began: py-spy gives one stretch
+            # per change, so that is the next chunk's recorder going on where the last stopped
+            # (after a gap, as a failed recorder's retry, the thread may have left and come back)
+            before = self.last.get(thread)
+            goes_on = (
+                before is not None
+                and before[0] == stack
+                and s.start - before[1] <= CONTINUES_SECONDS
+            )
+            if i < len(ticks) and not goes_on:
+                seen = visits.setdefault(i, {})
+                seen[(thread, stack)] = seen.get((thread, stack), 0) + 1
+            self.last[thread] = (stack, s.end)
+            while i < len(ticks) and ticks[i].t - ticks[i].dt < end:
+                overlap = min(end, ticks[i].t) - max(begin, ticks[i].t - ticks[i].dt)
+                if overlap > 0:
+                    slot = per_tick.setdefault(i, {})
+                    slot[(thread, stack)] = slot.get((thread, stack), 0.0) + overlap
+                i += 1
+        folded = list(ticks)
+        for i, times in per_tick.items():  # a visit counts where its stretch spent time
+            seen = visits.get(i, {})
+            had = {(st.thread, st.stack): st for st in ticks[i].stacks}
+            for at in times:
+                old = had.get(at)
+                seconds = times.get(at, 0.0) + (old.seconds if old else 0.0)
+                count = seen.get(at, 0) + (old.visits if old else 0)
+                had[at] = StackTime(at[0], at[1], seconds, count)
+            folded[i] = replace(ticks[i], stacks=tuple(had[at] for at in sorted(had)))
+        return folded
+
+    def finish(self, segments: list[pyspy.Segment], ticks: Sequence[Tick]) -> StackTables:
+        """The last batch folded, the threads that stayed in one stack (not a process's main
+        thread) dropped, and the tables renumbered to what the ticks still point at."""
+        ticks = self.fold(segments, ticks)
+        keep_threads = [
+            n
+            for n, info in enumerate(self.threads)
+            if len(self.distinct.get(n, ())) > 1 or info.pid == info.tid
+        ]
+        thread_map = {old: new for new, old in enumerate(keep_threads)}
+        # the kept threads' stacks, in the order they were first seen in (so one batch gives
+        # the tables a single pass over the sorted stretches gave)
+        first: dict[int, float] = {}
+        for (thread, stack), at in self.first.items():
+            if thread in thread_map and at < first.get(stack, math.inf):
+                first[stack] = at
+        used_stacks = sorted(first, key=lambda stack: (first[stack], stack))
+        stack_map = {old: new for new, old in enumerate(used_stacks)}
+        stacks = list(self.stack_index)
+        frame_map: dict[int, int] = {}
+        for old in used_stacks:
+            for f in stacks[old]:
+                frame_map.setdefault(f, len(frame_map))
+        frames = list(self.frame_index)
+        return StackTables(
+            frames=tuple(frames[old] for old in frame_map),
+            stacks=tuple(tuple(frame_map[f] for f in stacks[old]) for old in used_stacks),
+            threads=tuple(self.threads[old] for old in keep_threads),
+            ticks=tuple(
+                replace(
+                    tick,
+                    stacks=tuple(
+                        sorted(
+                            StackTime(
+                                thread_map[st.thread],
+                                stack_map[st.stack],
+                                round(st.seconds, 4),
+                                st.visits,
+                            )
+                            for st in tick.stacks
+                            if st.thread in thread_map
+                        )
+                    ),
+                )
+                for tick in ticks
+            ),
+        )
+
+
 def tables(
     segments: list[pyspy.Segment],
     ticks: list[Tick],
@@ -253,64 +405,5 @@ def tables(
     names: dict[int, str],
 ) -> StackTables:
     """The stretches cut into the ticks they overlap (``start``: the clock's reading at the
-    recording's time 0), with the tables they point into. A thread that stayed in one stack the
-    whole time (a parked worker) is left out, unless it is a process's main thread."""
-    distinct: dict[tuple[int, int], set[tuple[pyspy.Frame, ...]]] = {}
-    for s in segments:
-        distinct.setdefault((s.pid, s.tid), set()).add(s.frames)
-    kept = {key for key, stacks in distinct.items() if len(stacks) > 1 or key[0] == key[1]}
-    thread_index: dict[tuple[int, int], int] = {}
-    threads: list[ThreadInfo] = []
-    frame_index: dict[StackFrame, int] = {}
-    stack_index: dict[tuple[int, ...], int] = {}
-    ends = [t.t for t in ticks]
-    per_tick: list[dict[tuple[int, int], float]] = [{} for _ in ticks]
-    visits: list[dict[tuple[int, int], int]] = [{} for _ in ticks]
-    last: dict[tuple[int, int], tuple[int, float]] = {}  # a thread's stretch before: stack, end
-    for s in sorted(segments, key=lambda s: s.start):
-        key = (s.pid, s.tid)
-        if key not in kept:
-            continue
-        if key not in thread_index:
-            thread_index[key] = len(threads)
-            threads.append(ThreadInfo(s.pid, s.tid, s.thread, names.get(s.pid, "")))
-        frames = []
-        for f in s.frames:
-            frame = StackFrame(f.function, f.file, f.line, texts.get((s.pid, f.file, f.line), ""))
-            frames.append(frame_index.setdefault(frame, len(frame_index)))
-        stack = stack_index.setdefault(tuple(frames), len(stack_index))
-        begin, end = s.start - start, s.end - start
-        i = bisect.bisect_right(ends, begin)
-        # each stretch begins with the thread coming into its stack, but where the stretch
-        # before was in the same stack and ended as this one began: py-spy gives one stretch
-        # per change, so that is the next chunk's recorder going on where the last stopped
-        # (after a gap, as a failed recorder's retry, the thread may have left and come back)
-        before = last.get(key)
-        goes_on = (
-            before is not None and before[0] == stack and s.start - before[1] <= CONTINUES_SECONDS
-        )
-        if i < len(ticks) and not goes_on:
-            at = (thread_index[key], stack)
-            visits[i][at] = visits[i].get(at, 0) + 1
-        last[key] = (stack, s.end)
-        while i < len(ticks) and ticks[i].t - ticks[i].dt < end:
-            overlap = min(end, ticks[i].t) - max(begin, ticks[i].t - ticks[i].dt)
-            if overlap > 0:
-                slot, at = per_tick[i], (thread_index[key], stack)
-                slot[at] = slot.get(at, 0.0) + overlap
-            i += 1
-    return StackTables(
-        frames=tuple(frame_index),
-        stacks=tuple(stack_index),
-        threads=tuple(threads),
-        ticks=tuple(
-            replace(
-                tick,
-                stacks=tuple(
-                    StackTime(thread, stack, round(seconds, 4), seen.get((thread, stack), 0))
-                    for (thread, stack), seconds in sorted(slot.items())
-                ),
-            )
-            for tick, slot, seen in zip(ticks, per_tick, visits, strict=True)
-        ),
-    )
+    recording's time 0), with the tables they point into, in one batch (:class:`Folder`)."""
+    return Folder(start, texts, names).finish(segments, ticks)
