@@ -15,7 +15,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import bcrypt
@@ -328,12 +328,19 @@ def test_unknown_users_cost_what_the_slowest_user_costs() -> None:
     assert auth._dummy[4:6] == b"07"  # the dummy hash an unknown user is checked against
     credential = auth.decide("Basic " + __import__("base64").b64encode(b"nobody:x").decode())
     assert not isinstance(credential, bool)
-    start = time.perf_counter()
-    assert auth.verify(credential) is False
-    unknown = time.perf_counter() - start
-    start = time.perf_counter()
-    assert bcrypt.checkpw(b"x", fast) is False
-    cheap = time.perf_counter() - start
+
+    def fastest(check: Callable[[], bool]) -> float:
+        """The quickest of five runs: a loaded machine only ever adds to a run's time (one run
+        each failed beside a CI run on both cores)."""
+        times = []
+        for _ in range(5):
+            start = time.perf_counter()
+            assert check() is False
+            times.append(time.perf_counter() - start)
+        return min(times)
+
+    unknown = fastest(lambda: auth.verify(credential))
+    cheap = fastest(lambda: bcrypt.checkpw(b"x", fast))
     assert unknown > 4 * cheap  # cost 7 is 8x cost 4: the unknown user paid the slow one
 
 
