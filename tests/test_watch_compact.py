@@ -14,7 +14,7 @@ import pytest
 
 from sparkdiag.watch import compact
 from sparkdiag.watch.diagnose import diagnose
-from sparkdiag.watch.job import follow
+from sparkdiag.watch.job import Followed, follow
 from sparkdiag.watch.model import (
     GpuTick,
     HostTick,
@@ -178,18 +178,24 @@ class _Clocked:
         return ticks
 
 
-def test_follow_halves_at_the_bound_and_doubles_its_interval() -> None:
-    sampler = _Clocked()
+def _follow(sampler: _Clocked, seconds: float) -> tuple[Followed, list[int]]:
+    """``seconds`` of ticks every 2 ms, at most 16 held; what the live line was told."""
     counts: list[int] = []
     followed = follow(
         cast(Any, sampler),
         lambda: False,
         0.002,
-        0.6,
+        seconds,
         threading.Event(),
         on_tick=lambda tick, n: counts.append(n),
         max_ticks=16,
     )
+    return followed, counts
+
+
+def test_follow_halves_at_the_bound_and_doubles_its_interval() -> None:
+    sampler = _Clocked()
+    followed, counts = _follow(sampler, 0.6)
     assert counts == list(range(1, len(counts) + 1))  # the live line counts every tick taken
     assert followed.ended_by == "duration"
     assert followed.halved >= 2
@@ -219,15 +225,6 @@ def test_follow_lets_go_of_the_stacks_every_so_many_ticks(monkeypatch: pytest.Mo
 
     monkeypatch.setattr(job, "FOLD_TICKS", 5)
     sampler = _Clocked()
-    counts: list[int] = []
-    follow(
-        cast(Any, sampler),
-        lambda: False,
-        0.002,
-        0.3,
-        threading.Event(),
-        on_tick=lambda tick, n: counts.append(n),
-        max_ticks=16,
-    )
+    _, counts = _follow(sampler, 0.3)
     assert 16 in sampler.folds  # before the first halving
     assert len(sampler.folds) >= len(counts) // 5
