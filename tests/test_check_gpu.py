@@ -4,6 +4,7 @@ reasons, the GPU's PCIe link, modes), each driven to each of its outcomes by fix
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -62,6 +63,19 @@ def test_nvml_missing_fails_when_the_nvidia_driver_is_bound(tmp_path: Path) -> N
     r = only(CHECK["nvml"](context(snap)))
     assert r.status == "fail"
     assert "nvidia driver is bound to 0000:00:06.0" in r.finding
+
+
+def test_nvml_down_with_an_unbound_gpu_on_the_bus_fails(tmp_path: Path) -> None:
+    """The kernel module not loaded (as at boot): the GPU is on the bus, bound to no driver,
+    and the row was a SKIP "no NVIDIA driver here" advising to install one."""
+    root = tmp_path / "sysfs"
+    shutil.copytree(SYSFS / "h200-vm", root, symlinks=True)
+    (root / "devices" / "pci0000:00" / "0000:00:06.0" / "driver").unlink()
+    snap = poll(NVML / "no-nvml.json", sysfs=root)
+    r = only(CHECK["nvml"](context(snap)))
+    assert r.status == "fail"
+    assert "yet 1 NVIDIA GPU is on the PCI bus (0000:00:06.0)" in r.finding
+    assert "lsmod | grep nvidia" in r.action and "install" not in r.action
 
 
 def test_gpus_pass_and_count_as_expected() -> None:

@@ -77,6 +77,19 @@ def check_nvml(ctx: CheckContext) -> list[CheckResult]:
                 data={"bound": bound},
             )
         ]
+    on_bus = list(snap.gpu_pci_devices or ())
+    if on_bus:  # a GPU whose driver is not loaded is bound to nothing
+        n = len(on_bus)
+        return [
+            CheckResult(
+                "nvml",
+                "fail",
+                f"{why}, yet {n} NVIDIA GPU{'s are' if n != 1 else ' is'} on the PCI bus "
+                f"({on_bus[0]})",
+                action,
+                data={"on_bus": on_bus},
+            )
+        ]
     if ctx.expect_gpus:
         return [CheckResult("nvml", "fail", f"{why}, yet --expect-gpus {ctx.expect_gpus}", action)]
     return [
