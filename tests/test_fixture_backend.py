@@ -125,11 +125,28 @@ def test_unknown_answer_key_in_script_set(derive_fixture: Callable[..., Path]) -
         FixtureBackend(path)
 
 
-@pytest.mark.parametrize("poll", [0, -1, "5", [5, 3], [1], [1, 2, 3], None, 1.5])
+@pytest.mark.parametrize(
+    "poll", [0, -1, "5", [5, 3], [1], [1, 2, 3], None, 1.5, True, False, [True, 2]]
+)
 def test_bad_poll(derive_fixture: Callable[..., Path], poll: Any) -> None:
     path = derive_fixture("h200-idle", script=[{"poll": poll, "gpu": 0, "lost": True}])
     with pytest.raises(FixtureError, match=r"script\[0\]: 'poll' must be a poll number >= 1"):
         FixtureBackend(path)
+
+
+@pytest.mark.parametrize("poll", [False, -1, [0, 2]])
+def test_bad_poll_of_an_nvml_step(derive_fixture: Callable[..., Path], poll: Any) -> None:
+    """An nvml step may name poll 0 (nvmlInit); JSON's false is not 0."""
+    step = {"poll": poll, "nvml": {"error": "DRIVER_NOT_LOADED"}}
+    with pytest.raises(FixtureError, match=r"'poll' must be a poll number >= 1"):
+        FixtureBackend(derive_fixture("h200-idle", script=[step]))
+
+
+def test_an_nvml_step_at_poll_0_answers_nvmlinit(derive_fixture: Callable[..., Path]) -> None:
+    step = {"poll": 0, "nvml": {"error": "DRIVER_NOT_LOADED"}}
+    backend = FixtureBackend(derive_fixture("h200-idle", script=[step]))
+    with pytest.raises(NvmlUnavailable, match="DRIVER_NOT_LOADED"):
+        backend.init()
 
 
 @pytest.mark.parametrize("gpu", [1, -1, None, "0"])

@@ -197,14 +197,16 @@ def _check_step(path: Path, n: int, step: Any, ndev: int) -> dict[str, Any]:
     if not isinstance(step, dict):
         raise FixtureError(f"{where} must be an object")
     poll = step.get("poll")
+    if isinstance(poll, bool):
+        poll = None  # JSON's true is not poll 1, nor false poll 0
     if "nvml" in step and poll == 0:  # the driver's state at nvmlInit, before the first poll
         first, last = 0, 0
-    elif isinstance(poll, int) and not isinstance(poll, bool) and poll >= 1:
+    elif isinstance(poll, int) and poll >= 1:
         first, last = poll, poll
     elif (
         isinstance(poll, list)
         and len(poll) == 2
-        and all(isinstance(p, int) for p in poll)
+        and all(isinstance(p, int) and not isinstance(p, bool) for p in poll)
         and 1 <= poll[0] <= poll[1]
     ):
         first, last = poll
