@@ -1,7 +1,8 @@
 """Two neighbouring ticks as one, so that a long watch holds a bounded number of them.
 
-``watch`` keeps every tick in memory until the job ends (about 2.5 KB each: 18 MB an hour at the
-default 0.5 s, 430 MB for a day's training run) and writes them all to ``--record``, which
+``watch`` keeps every tick in memory until the job ends (2.3 KiB each, the median of the
+recordings of real jobs loaded: 16 MiB an hour at the default 0.5 s, some 390 MiB for a day's
+training run; ``benchmarks/watch_memory.py``) and writes them all to ``--record``, which
 ``--replay`` reads up to 64 MiB. When a watch reaches :data:`MAX_TICKS` ticks, :func:`halve`
 merges each pair of neighbours into one tick twice as long and the sampling interval doubles
 from then on, so the ticks stay evenly spaced, as the diagnosis expects, and their number
@@ -41,8 +42,8 @@ from sparkdiag.watch.model import (
 )
 from sparkdiag.watch.sampler import OTHERS_KEPT, TOP_PROCESSES
 
-# A day at the default 0.5 s is 172,800 ticks; at 2.5 KB each this bound keeps watch under
-# about 40 MB of ticks and a recording near 16 MB (--replay reads up to 64 MiB).
+# A day at the default 0.5 s is 172,800 ticks; at 2.3 KiB each this bound keeps watch under
+# about 37 MiB of ticks and a recording near 16 MB (--replay reads up to 64 MiB).
 MAX_TICKS = 16384
 
 T = TypeVar("T")
