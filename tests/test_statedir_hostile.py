@@ -242,24 +242,12 @@ def test_a_dangling_symlink_for_the_state_directory_is_named(tmp_path: Path) -> 
 @contextlib.contextmanager
 def full_filesystem(directory: Path) -> Iterator[Path]:
     """A 64 KiB tmpfs under ``directory``, filled up; skipped where it cannot be mounted."""
-    mountpoint = directory / "full"
-    mountpoint.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mountpoint)],
-        capture_output=True,
-        text=True,
-        check=False,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
-    try:
+    with tmpfs(directory, "full", size="64k") as mountpoint:
         with contextlib.suppress(OSError), (mountpoint / "fill").open("wb") as fh:
             while True:
                 fh.write(b"\0" * 4096)
                 fh.flush()
         yield mountpoint
-    finally:
-        subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True, check=False)
 
 
 def test_the_native_scan_cache_leaves_nothing_on_a_full_disk(tmp_path: Path) -> None:
@@ -344,12 +332,12 @@ def test_every_command_notices_a_damaged_store(tmp_path: Path) -> None:
 
 
 @contextlib.contextmanager
-def tmpfs(directory: Path, name: str = "fs") -> Iterator[Path]:
+def tmpfs(directory: Path, name: str = "fs", size: str = "8m") -> Iterator[Path]:
     """A small tmpfs under ``directory``; skipped where it cannot be mounted."""
     mountpoint = directory / name
     mountpoint.mkdir()
     done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=8m", "tmpfs", str(mountpoint)],
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mountpoint)],
         capture_output=True,
         text=True,
         check=False,
