@@ -28,7 +28,7 @@ from sparkdiag.commands.compare import container_argv
 from sparkdiag.compare import report
 from sparkdiag.errors import Exit
 from sparkdiag.probe.runner import ProbeCycle, ProbeResult
-from tests.support import wait_dead
+from tests.support import signal_when, wait_dead
 
 HELPERS = Path(__file__).parent / "support" / "compare_scripts"
 FAKE_SIDE = HELPERS / "fake_side.py"
@@ -550,16 +550,12 @@ def test_an_interrupted_compare_reports_the_rounds_it_measured(tmp_path: Path) -
          "--container", *container_side("gpu", f"record={record}", "hang_from=2")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 120
-        while not (record.exists() and len(record.read_text().splitlines()) >= 2):
-            assert time.monotonic() < deadline and proc.poll() is None, proc.stderr
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        out, err = proc.communicate(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    out, err = signal_when(
+        proc,
+        lambda: record.exists() and len(record.read_text().splitlines()) >= 2,
+        signal.SIGINT,
+        timeout=60,
+    )
     assert proc.returncode == 130, err
     assert "bf16 8192x8192x8192" in out and "worst gap: 0.0 %" in out, out
     assert "interrupted (SIGINT) after 1 of 3 measured round(s)" in " ".join(err.split())

@@ -35,6 +35,7 @@ from tests.support import (
     alive,
     http_get,
     running_daemon,
+    signal_when,
     sparkdiag_cmd,
     wait_dead,
 )
@@ -574,17 +575,8 @@ def test_ctrl_c_while_the_results_are_written_still_interrupts(tmp_path: Path) -
         sparkdiag_cmd("soak", *CPU, "--duration", "1", "--json", str(fifo), "--no-record"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
-    try:
-        wchan = Path(f"/proc/{proc.pid}/wchan")
-        deadline = time.monotonic() + 120
-        while wchan.read_text() != "wait_for_partner":  # blocked opening the FIFO to write
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGINT)
-        _out, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    wchan = Path(f"/proc/{proc.pid}/wchan")
+    # blocked opening the FIFO to write
+    _out, err = signal_when(proc, lambda: wchan.read_text() == "wait_for_partner", signal.SIGINT)
     assert proc.returncode == 130, err
     assert "Traceback" not in err

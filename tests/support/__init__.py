@@ -284,6 +284,28 @@ def subcommands(group: Any) -> dict[str, Any]:
     return {name: group.get_command(ctx, name) for name in group.list_commands(ctx)}
 
 
+def signal_when(
+    proc: subprocess.Popen[str],
+    ready: Callable[[], bool],
+    signum: int,
+    wait: float = 120,
+    timeout: float = 30,
+) -> tuple[str, str]:
+    """Send ``signum`` to ``proc`` once ``ready()`` holds (within ``wait`` seconds, while it
+    runs) and return its output; a process that has not ended on the way out is killed."""
+    try:
+        deadline = time.monotonic() + wait
+        while not ready():
+            assert proc.poll() is None and time.monotonic() < deadline, "never ready"
+            time.sleep(0.05)
+        proc.send_signal(signum)
+        return proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+
+
 def run_cli(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         sparkdiag_cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=ROOT
