@@ -342,7 +342,7 @@ class Folder:
             had = {(st.thread, st.stack): st for st in ticks[i].stacks}
             for at in times:
                 old = had.get(at)
-                seconds = times.get(at, 0.0) + (old.seconds if old else 0.0)
+                seconds = times[at] + (old.seconds if old else 0.0)
                 count = seen.get(at, 0) + (old.visits if old else 0)
                 had[at] = StackTime(at[0], at[1], seconds, count)
             folded[i] = replace(ticks[i], stacks=tuple(had[at] for at in sorted(had)))

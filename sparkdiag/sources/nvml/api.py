@@ -91,13 +91,18 @@ LIB_RM_VERSION_MISMATCH = 18
 DRIVER_GONE_CODES = frozenset({UNINITIALIZED, DRIVER_NOT_LOADED, LIB_RM_VERSION_MISMATCH})
 
 
+def error_text(code: int) -> str:
+    """An NVML return code as the messages give it: ``NVML_ERROR_DRIVER_NOT_LOADED (9)``."""
+    return f"NVML_ERROR_{ERROR_NAMES.get(code, f'ERROR_{code}')} ({code})"
+
+
 class NvmlCallError(Exception):
     """One NVML call failed with an NVML return code."""
 
     def __init__(self, code: int, message: str | None = None) -> None:
         self.code = code
         self.name = ERROR_NAMES.get(code, f"ERROR_{code}")
-        super().__init__(message or f"NVML_ERROR_{self.name} ({code})")
+        super().__init__(message or error_text(code))
 
 
 class NvmlUnavailable(Exception):

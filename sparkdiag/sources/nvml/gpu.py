@@ -35,7 +35,6 @@ from sparkdiag.sources.nvml.activity import (
 from sparkdiag.sources.nvml.api import (
     DRIVER_GONE_CODES,
     DRIVER_NOT_LOADED,
-    ERROR_NAMES,
     LIB_RM_VERSION_MISMATCH,
     LOST_CODES,
     NOT_SUPPORTED,
@@ -45,6 +44,7 @@ from sparkdiag.sources.nvml.api import (
     NvmlCallError,
     NvmlEvent,
     NvmlUnavailable,
+    error_text,
 )
 from sparkdiag.sources.nvml.queries import CATALOGUE, sample_fields
 
@@ -112,7 +112,7 @@ def not_started_reason(code: int, detail: str, retry_seconds: float | None) -> s
     """nvmlInit's driver-wide answer (``DRIVER_GONE_CODES``) to a process it never answered (one
     started before the kernel module was loaded, as at boot), and what to do; with
     ``retry_seconds`` (a read started it again) that sparkdiag keeps trying."""
-    answer = f"NVML_ERROR_{ERROR_NAMES.get(code, f'ERROR_{code}')} ({code})"
+    answer = error_text(code)
     again = ""
     if retry_seconds is not None:
         again = f"; sparkdiag starts NVML again every {retry_seconds:g} s"
@@ -137,7 +137,7 @@ def gone_reason(code: int | None, detail: str, retry_seconds: float) -> str:
     again = f"sparkdiag starts NVML again every {retry_seconds:g} s"
     if code is None:
         return f"NVML does not start again ({detail}); {again}"
-    answer = f"NVML_ERROR_{ERROR_NAMES.get(code, f'ERROR_{code}')} ({code})"
+    answer = error_text(code)
     if code == LIB_RM_VERSION_MISMATCH:
         return (
             f"NVML answers {answer}: the NVIDIA driver was changed (upgraded) under this running "
