@@ -228,3 +228,18 @@ def test_follow_lets_go_of_the_stacks_every_so_many_ticks(monkeypatch: pytest.Mo
     _, counts = _follow(sampler, 0.3)
     assert 16 in sampler.folds  # before the first halving
     assert len(sampler.folds) >= len(counts) // 5
+
+
+def test_a_rate_read_from_merged_ticks_says_over_how_long_it_was_averaged() -> None:
+    """The same checkpointing job watched on the lent H200 (scripts/device/watch_compact.sh),
+    plainly and with its ticks merged to 4 s: a write burst's peak read from a 4 s tick is the
+    burst averaged with the quiet around it, and the evidence says so; the plain watch's 0.5 s
+    ticks say nothing of the kind."""
+    folder = ROOT / "docs" / "device" / "2026-12-05" / "compact"
+    plain = diagnose(load(folder / "checkpoint.plain.recording.json"))
+    bounded = diagnose(load(folder / "checkpoint.bounded.recording.json"))
+    assert plain.causes[0].name == bounded.causes[0].name == "checkpoint-stalls"
+    assert not any("averaged over" in line for line in plain.causes[0].evidence)
+    merged = [line for line in bounded.causes[0].evidence if "averaged over 4.0 s" in line]
+    assert any(line.startswith("6 write bursts, peak ") for line in merged)
+    assert any(line.startswith("it wrote at ") for line in merged)

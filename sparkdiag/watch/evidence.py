@@ -35,6 +35,9 @@ MEMORY_MIN = 0.05
 TENSOR_LOW = 0.10
 LOW_TENSOR_SHARE = 0.50
 LOW_TENSOR_BUSY_MIN = 0.20
+# s: a tick this long (one a long watch merged, or a long --interval) averages a write burst with
+# the quiet around it, so a rate read from it is a lower bound and says over what it was averaged
+COARSE_TICK = 2.0
 
 WORKERS = (
     "give the data loader more workers: DataLoader(num_workers={workers}, "
@@ -82,6 +85,12 @@ class Context:
     end: float
     idle_power: float | None
     busy_power: float | None
+
+
+def averaged(seconds: float) -> str:
+    """What to write after a rate read from ticks ``seconds`` long: over how long it was
+    averaged, where that hides a burst's own rate (``COARSE_TICK``); nothing for short ticks."""
+    return f" (averaged over {seconds:.1f} s)" if seconds >= COARSE_TICK else ""
 
 
 def runs(indexes: Sequence[int] | set[int]) -> list[list[int]]:
@@ -364,11 +373,12 @@ def launcher_cause(ctx: Context, idx: list[int], share: float) -> Cause:
 def checkpoint_cause(ctx: Context, bursts: set[int], idx: list[int], share: float) -> Cause:
     win = ctx.win
     bursts_in_order = runs(bursts)
-    peak = max((win[i].write or 0.0) for i in bursts)
+    top = max(bursts, key=lambda i: win[i].write or 0.0)
+    peak = win[top].write or 0.0
     idle = mean([1.0 - win[i].util for i in idx]) or 0.0
     n = len(bursts_in_order)
     evidence = [
-        f"{n} write burst{'s' if n > 1 else ''}, peak {rate(peak)}, "
+        f"{n} write burst{'s' if n > 1 else ''}, peak {rate(peak)}{averaged(win[top].dt)}, "
         f"{'each ' if n > 1 else ''}with the GPU idle around it "
         f"({pct(idle)} idle during {_seconds(ctx, idx):.1f} s)",
         f"{pct(share)} of the time lost while the job wrote and waited for its writes",

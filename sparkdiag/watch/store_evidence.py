@@ -14,7 +14,7 @@ import os
 from collections.abc import Sequence
 
 from sparkdiag.watch.causes import rate
-from sparkdiag.watch.evidence import Context, runs
+from sparkdiag.watch.evidence import Context, averaged, runs
 from sparkdiag.watch.model import Place, StoreSpeed
 
 FASTER = 1.5  # another store this many times faster is worth naming
@@ -101,7 +101,8 @@ def store_lines(
     place, names = found[0]
     verb = "wrote" if writing else "read"
     shown = ", ".join(os.path.basename(n) for n in names[:2]) + (", ..." if len(names) > 2 else "")
-    head = f"it {verb} " + ("" if moved is None else f"at {rate(moved)} ")
+    tick = sorted(v.dt for v in ctx.win)[len(ctx.win) // 2] if ctx.win else 0.0
+    head = f"it {verb} " + ("" if moved is None else f"at {rate(moved)}{averaged(tick)} ")
     lines = [head + f"{'to' if writing else 'from'} {_where(place)}: {shown}"]
     store = _store(ctx, place.mountpoint)
     used = _speed(store, writing) if store is not None else None
