@@ -94,7 +94,7 @@ def _tick(t: float, dt: float, gpu: GpuTick, **job: Any) -> Tick:
 def test_every_figure_of_a_tick_is_merged_none_dropped() -> None:
     """Every field of every part of a tick comes out of a merge set (none left at its default):
     a field added to the model without a rule in compact.py fails here."""
-    merged = compact.merge(_tick(1.0, 0.5, _gpu()), _tick(1.5, 0.5, _gpu(index=0)))
+    merged = compact.merge(_tick(1.0, 0.5, _gpu()), _tick(1.5, 0.5, _gpu(reasons=0x4)))
     for part in (merged.gpus[0], merged.job, merged.host, merged):
         for f in dataclasses.fields(part):
             default = f.default if f.default is not dataclasses.MISSING else None
@@ -120,7 +120,8 @@ def test_how_each_kind_of_figure_merges() -> None:
     assert (m.t, m.dt) == (4.0, 4.0)
     assert g.utilization == pytest.approx((0.2 * 1 + 0.6 * 3) / 4)  # weighted by length
     assert g.temperature == 80.0  # the hotter reading
-    assert g.reasons == 0x41  # every reason either tick saw
+    assert g.reasons == 0x41  # every reason either tick saw, with its share of the time
+    assert g.reasons_held == ((0x1, 0.25), (0x40, 0.75))
     assert g.power_limit_w == 700.0  # the later tick's
     assert g.job_sm == 0.8  # one side without: the other's
     assert len(g.samples) == 2  # every other one of the pair's four
@@ -243,3 +244,47 @@ def test_a_rate_read_from_merged_ticks_says_over_how_long_it_was_averaged() -> N
     merged = [line for line in bounded.causes[0].evidence if "averaged over 4.0 s" in line]
     assert any(line.startswith("6 write bursts, peak ") for line in merged)
     assert any(line.startswith("it wrote at ") for line in merged)
+
+
+@pytest.mark.parametrize(("seen", "throttled"), [(0.03, False), (0.08, True)])
+def test_a_reason_read_in_a_few_ticks_keeps_its_share_through_halvings(
+    seen: float, throttled: bool, tmp_path: Path
+) -> None:
+    """A busy GPU whose thermal slowdown was read in 3 % (8 %) of 4,096 ticks: under the
+    throttle rule's 5 % (over it) as sampled, and after each of four halvings, with the same
+    share of the busy time and of the time lost; merging the bits alone counted a reason read
+    once as held through the whole merged tick (6, 12, 24, 41 % after one to four halvings).
+    The shares go through a recording and back."""
+    import random
+
+    from sparkdiag.sources.nvml.gpu import reasons_mask
+    from sparkdiag.watch.model import GpuInfo, Recording
+
+    slow = reasons_mask({"sw_thermal_slowdown"})
+    rng = random.Random(0)
+    ticks = []
+    for i in range(4096):
+        hot = rng.random() < seen
+        gpu = GpuTick(
+            index=0, utilization=0.97, job_on_gpu=True, sm_clock_hz=1.5e9 if hot else 1.98e9,
+            sm_clock_max_hz=1.98e9, reasons=slow if hot else 0, temperature=80.0,
+            sm_activity=0.9, tensor_activity=0.6,
+        )  # fmt: skip
+        job = JobTick(processes=1, threads=4, cpu_cores=1.0, gpu_thread=0.6)
+        ticks.append(Tick(t=0.5 * (i + 1), dt=0.5, gpus=(gpu,), job=job))
+    rec = Recording(
+        started_at=0.0, interval=0.5, job="train",
+        gpus=(GpuInfo(0, "H200", "u", "dedicated"),), ticks=tuple(ticks),
+    )  # fmt: skip
+    first = diagnose(rec)
+    for _ in range(4):
+        rec = replace(rec, ticks=tuple(compact.halve(rec.ticks)), interval=rec.interval * 2)
+        rec.save(tmp_path / "r.json")
+        rec = load(tmp_path / "r.json")
+        found = [c for c in diagnose(rec).causes if c.name == "throttled"]
+        assert bool(found) == throttled
+        if found:
+            before = next(c for c in first.causes if c.name == "throttled")
+            assert found[0].evidence[0] == before.evidence[0]
+            assert found[0].share == pytest.approx(before.share, rel=0.01)
+    assert rec.ticks[0].dt == 8.0

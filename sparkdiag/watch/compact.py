@@ -16,8 +16,9 @@ How each figure of a pair becomes one (``a`` the earlier tick, ``b`` the later):
 * readings that are worse when higher (temperatures, GPU memory held, process and thread counts,
   the other processes seen): the larger, so that a hot or crowded moment is not averaged away;
   free memory: the smaller;
-* the clock event reasons: every reason either tick saw; the power limit and the maximum SM
-  clock: the later tick's;
+* the clock event reasons: every reason either tick saw, with the share of the merged time each
+  was read set (``reasons_held``: a reason read once is not held through every tick it is merged
+  into); the power limit and the maximum SM clock: the later tick's;
 * the driver's utilization samples: every other one of the pair's, so that a merged tick holds
   about as many as one tick did (the idle stretches they show are found at half the resolution);
 * the job's processes and the other processes on a GPU, by pid: CPU and SM use averaged over the
@@ -111,6 +112,7 @@ def _gpu(a: GpuTick, b: GpuTick, w: tuple[float, float]) -> GpuTick:
         sm_clock_hz=mean("sm_clock_hz"),
         sm_clock_max_hz=_pick(a.sm_clock_max_hz, b.sm_clock_max_hz, lambda x, y: y),
         reasons=_pick(a.reasons, b.reasons, lambda x, y: x | y),
+        reasons_held=_reasons_held(a, b, w),
         temperature=most("temperature"),
         memory_temperature=most("memory_temperature"),
         power_w=mean("power_w"),
@@ -128,6 +130,22 @@ def _gpu(a: GpuTick, b: GpuTick, w: tuple[float, float]) -> GpuTick:
         ],
         others_unseen=_pick(a.others_unseen, b.others_unseen, max),
     )
+
+
+def _reasons_held(a: GpuTick, b: GpuTick, w: tuple[float, float]) -> tuple[tuple[int, float], ...]:
+    """Each reason's share of the merged time, from the shares of the two ticks (an OR of the
+    bits alone would count a reason read once as held through every tick it is merged into)."""
+    total = w[0] + w[1]
+    weights = (w[0] / total, w[1] / total) if total > 0 else (0.5, 0.5)
+    bits = (a.reasons or 0) | (b.reasons or 0)
+    held = []
+    for i in range(bits.bit_length()):
+        bit = 1 << i
+        if bits & bit:
+            share = weights[0] * a.reasons_share(bit) + weights[1] * b.reasons_share(bit)
+            if share < 1.0:
+                held.append((bit, share))
+    return tuple(held)
 
 
 def _by_pid(

@@ -107,7 +107,6 @@ from sparkdiag.watch.causes import ACTIONS as ACTIONS
 from sparkdiag.watch.causes import TITLES as TITLES
 from sparkdiag.watch.causes import Cause, mean, pct
 from sparkdiag.watch.evidence import HOT_THREAD, IDLE_MIN, LOADER_WORKING, PCIE_HEAVY, TINY_KERNELS
-from sparkdiag.watch.evidence import UNHEALTHY_MASK as UNHEALTHY_MASK
 from sparkdiag.watch.findings import Ledger, findings
 from sparkdiag.watch.model import Recording
 from sparkdiag.watch.threads import Readings, read_recording
@@ -601,7 +600,7 @@ def diagnose(rec: Recording) -> Diagnosis:
     ledger = Ledger()
     edges = _stall_edges(win, labels)
     for i, (v, label) in enumerate(zip(win, labels, strict=True)):
-        if v.reasons & UNHEALTHY_MASK and v.util >= 0.5:
+        if v.throttled >= 0.5 and v.util >= 0.5:
             ledger.spans.append((v.t - v.dt, v.t, "throttled"))
         if i in edges:  # part of the tick stalled, the rest computed
             ledger.add(i, v, attribute.Part("stalled-kernel", None, v.dt * edges[i]))

@@ -10,13 +10,11 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sparkdiag.sources.nvml.gpu import UNHEALTHY_REASONS, decode_reasons, reasons_mask
+from sparkdiag.sources.nvml.gpu import decode_reasons
 from sparkdiag.watch.causes import ACTIONS, Cause, fine_pct, mean, pct, rate
 from sparkdiag.watch.model import LOADER_NAMES, Recording
-from sparkdiag.watch.views import View
+from sparkdiag.watch.views import POWER_CAP, UNHEALTHY_MASK, View
 
-UNHEALTHY_MASK = reasons_mask(UNHEALTHY_REASONS)
-POWER_CAP = reasons_mask({"sw_power_cap"})
 HOT_THREAD = 0.85
 TINY_KERNELS = 0.50  # SM activity over utilization: the SMs at most half occupied
 IDLE_MIN = 0.10
@@ -400,19 +398,23 @@ def throttle_cause(win: list[View], length: float, notes: list[str]) -> Cause | 
     busy = [v for v in win if v.util >= 0.5]
     if not busy:
         return None
+    # the shares of the busy ticks in which the reasons were set: 1 or 0 per tick as sampled,
+    # the share of its time for a tick a long watch merged (views.View.throttled)
     throttled = [v for v in busy if v.reasons & UNHEALTHY_MASK]
     capped = [v for v in busy if v.reasons & POWER_CAP and not v.reasons & UNHEALTHY_MASK]
+    throttled_share = sum(v.throttled for v in throttled) / len(busy)
+    capped_share = sum(v.capped for v in capped) / len(busy)
     clean = [v.clock for v in busy if not v.reasons & UNHEALTHY_MASK and v.clock is not None]
     maxima = [v.clock_max for v in busy if v.clock_max is not None]
     reference = statistics.median(clean) if clean else (max(maxima) if maxima else None)
-    if capped and len(capped) / len(busy) >= THROTTLE_MIN:
+    if capped and capped_share >= THROTTLE_MIN:
         clock = mean([v.clock for v in capped])
         notes.append(
-            f"power cap (sw_power_cap) active {pct(len(capped) / len(busy))} of the busy time"
+            f"power cap (sw_power_cap) active {pct(capped_share)} of the busy time"
             + ("" if clock is None else f", SM clock {clock / 1e6:.0f} MHz")
             + ": the GPU at its power limit, not a fault"
         )
-    if not throttled or len(throttled) / len(busy) < THROTTLE_MIN:
+    if not throttled or throttled_share < THROTTLE_MIN:
         return None
     lost = 0.0
     for v in throttled:
@@ -422,7 +424,7 @@ def throttle_cause(win: list[View], length: float, notes: list[str]) -> Cause | 
     names = sorted({n for v in throttled for n in decode_reasons(v.reasons & UNHEALTHY_MASK)})
     clock = mean([v.clock for v in throttled])
     temps = [v.temperature for v in throttled if v.temperature is not None]
-    evidence = [f"{', '.join(names)} active {pct(len(throttled) / len(busy))} of the busy time"]
+    evidence = [f"{', '.join(names)} active {pct(throttled_share)} of the busy time"]
     if clock is not None and reference:
         evidence.append(
             f"SM clock {clock / 1e6:.0f} MHz then, against {reference / 1e6:.0f} MHz otherwise"

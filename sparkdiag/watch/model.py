@@ -47,6 +47,9 @@ class GpuTick:
     samples: the driver's samples themselves, (seconds since the recording started, 0..1)
     sm_activity, tensor_activity, dram_activity, sm_occupancy: GPM ratios over the tick (0..1)
     reasons: the NVML clock event reasons bitmask at the end of the tick
+    reasons_held: for a tick merged from shorter ones (a long watch: ``watch/compact.py``), the
+      share of its time each bit of ``reasons`` was read set, as (bit, share) for the bits set
+      for less than all of it; empty for a tick as sampled, whose one reading stands for it all
     pcie_tx, pcie_rx: bytes per second the GPU sent (device to host) and received (host to
       device): over the tick from GPM's PCIe rates where the GPU has GPM, else over NVML's
       20 ms window (read every few seconds)
@@ -80,6 +83,7 @@ class GpuTick:
     sm_clock_hz: float | None = None
     sm_clock_max_hz: float | None = None
     reasons: int | None = None
+    reasons_held: tuple[tuple[int, float], ...] = ()
     temperature: float | None = None
     memory_temperature: float | None = None
     power_w: float | None = None
@@ -94,6 +98,16 @@ class GpuTick:
     others_seen: int | None = None
     others_seen_pids: tuple[int, ...] = ()
     others_unseen: int | None = None
+
+    def reasons_share(self, mask: int) -> float:
+        """The share of the tick in which a clock event reason of ``mask`` was read set: 1 or 0
+        for a tick as sampled; for a merged one the largest share among those reasons (the time
+        in which any of them was set is at least that)."""
+        bits = (self.reasons or 0) & mask
+        if not bits:
+            return 0.0
+        shares = dict(self.reasons_held)
+        return max(shares.get(1 << i, 1.0) for i in range(bits.bit_length()) if bits >> i & 1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -422,8 +436,18 @@ def _gpu_tick(data: Any) -> GpuTick:
     )
     others = tuple(_build(OtherProcess, o) for o in tick.others)
     pids = tuple(_checked(p, (int,), "GpuTick.others_seen_pids") for p in tick.others_seen_pids)
+    held = tuple(
+        (_checked(bit, (int,), "GpuTick.reasons_held"), _number(share, "GpuTick.reasons_held"))
+        for bit, share in tick.reasons_held
+    )
     return GpuTick(
-        **{**asdict(tick), "samples": samples, "others": others, "others_seen_pids": pids}
+        **{
+            **asdict(tick),
+            "samples": samples,
+            "others": others,
+            "others_seen_pids": pids,
+            "reasons_held": held,
+        }
     )
 
 

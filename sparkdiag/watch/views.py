@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sparkdiag.sources.nvml.gpu import UNHEALTHY_REASONS, reasons_mask
 from sparkdiag.watch.causes import mean, pct
 from sparkdiag.watch.model import GpuTick, ProcessLoad, Recording
 
 ACTIVE_MIN = 0.01  # utilization (or SM activity) of a tick in which the GPU ran some kernel
+UNHEALTHY_MASK = reasons_mask(UNHEALTHY_REASONS)
+POWER_CAP = reasons_mask({"sw_power_cap"})
 
 
 @dataclass(frozen=True)
@@ -20,6 +23,9 @@ class View:
     GPM's device-wide figures likewise. ``eff`` is GPM SM activity where the GPU has GPM, else
     utilization; ``sm``, ``tensor`` and ``dram`` are GPM's (None without). ``held``: the job
     was seen holding the GPU this tick (among its compute processes, or holding memory on it).
+    ``throttled`` and ``capped``: the share of the tick in which an unhealthy clock event
+    reason (``UNHEALTHY_MASK``), the power cap, was read set on any of them (1 or 0 as
+    sampled; a share for a tick a long watch merged: ``GpuTick.reasons_held``).
     ``tick``: its index in the recording's ticks. ``pcie_tx``/``pcie_rx``: bytes per second
     device to host / host to device."""
 
@@ -34,6 +40,8 @@ class View:
     clock: float | None = None
     clock_max: float | None = None
     reasons: int = 0
+    throttled: float = 0.0
+    capped: float = 0.0
     temperature: float | None = None
     power: float | None = None
     power_limit: float | None = None
@@ -123,6 +131,8 @@ def views(rec: Recording, gpus: tuple[int, ...]) -> list[View]:
         reasons = 0
         for g in mine:
             reasons |= g.reasons or 0
+        throttled = max(g.reasons_share(UNHEALTHY_MASK) for g in mine)
+        capped = max(g.reasons_share(POWER_CAP) for g in mine)
         temps = [g.temperature for g in mine if g.temperature is not None]
         powers = [g.power_w for g in mine if g.power_w is not None]
         limits = [g.power_limit_w for g in mine if g.power_limit_w is not None]
@@ -139,6 +149,8 @@ def views(rec: Recording, gpus: tuple[int, ...]) -> list[View]:
                 clock=mean([g.sm_clock_hz for g in mine]),
                 clock_max=mean([g.sm_clock_max_hz for g in mine]),
                 reasons=reasons,
+                throttled=throttled,
+                capped=capped,
                 temperature=max(temps) if temps else None,
                 power=sum(powers) if powers else None,
                 power_limit=sum(limits) if len(limits) == len(powers) and limits else None,
