@@ -497,3 +497,35 @@ def test_an_implausible_memory_temperature_warns(tmp_path: Path) -> None:
         "warn",
         "memory reads 5000 °C, outside -40 to 150 °C: the sensor or the driver misreports it",
     )
+
+
+def _gpu_bound_to(tmp_path: Path, driver: str) -> Path:
+    """The lent H200 VM's sysfs with its GPU (0000:00:06.0) bound to ``driver``."""
+    root = tmp_path / driver
+    shutil.copytree(SYSFS / "h200-vm", root, symlinks=True)
+    link = root / "devices" / "pci0000:00" / "0000:00:06.0" / "driver"
+    link.unlink()
+    link.symlink_to(f"../../../bus/pci/drivers/{driver}")
+    return root
+
+
+def test_nvml_down_with_the_gpu_passed_through_to_a_vm_skips(tmp_path: Path) -> None:
+    """A KVM host whose GPU is bound to vfio-pci: the GPU is a virtual machine's, and loading
+    the NVIDIA driver (the fail row's advice) would take it from the VM."""
+    snap = poll(NVML / "no-nvml.json", sysfs=_gpu_bound_to(tmp_path, "vfio-pci"))
+    r = only(CHECK["nvml"](context(snap)))
+    assert r.status == "skip"
+    assert "bound to vfio-pci (0000:00:06.0), passed through to a virtual machine" in r.finding
+    assert "inside the virtual machine" in r.action
+    assert only(CHECK["nvml"](context(snap, expect_gpus=1))).status == "fail"
+    bus = only(CHECK["gpus-on-bus"](context(snap)))
+    assert bus.status == "pass", bus.finding
+    assert "1 bound to vfio-pci, passed through to virtual machines" in bus.finding
+
+
+def test_nvml_down_with_nouveau_holding_the_gpu_says_so(tmp_path: Path) -> None:
+    snap = poll(NVML / "no-nvml.json", sysfs=_gpu_bound_to(tmp_path, "nouveau"))
+    r = only(CHECK["nvml"](context(snap)))
+    assert r.status == "fail"
+    assert r.finding.endswith("on the PCI bus (0000:00:06.0, bound to nouveau)")
+    assert "blacklist" in r.action

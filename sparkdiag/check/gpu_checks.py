@@ -48,6 +48,25 @@ def each_gpu(name: str, check: GpuCheck) -> Callable[[CheckContext], list[CheckR
 
 # -- presence ---------------------------------------------------------------------------------
 
+# Drivers that hand a PCI device to a virtual machine: a GPU bound to one is a VM's, not missing
+PASSTHROUGH = ("vfio-pci", "pci-stub")
+NOUVEAU_ACTION = (
+    "the open-source nouveau driver holds the GPU: blacklist it (echo 'blacklist nouveau' | sudo "
+    "tee /etc/modprobe.d/blacklist-nouveau.conf; sudo update-initramfs -u), reboot, and check "
+    "that nvidia-smi answers"
+)
+
+
+def _bound(ctx: CheckContext, addresses: list[str]) -> dict[str, str]:
+    """The driver sysfs shows bound to each of ``addresses`` ("" for none, or where the device
+    reports no link and so was not read)."""
+    drivers = {pci_key(link.address): link.driver for link in ctx.snapshot.pcie_links}
+    return {a: drivers.get(pci_key(a), "") for a in addresses}
+
+
+def _passed_through(bound: dict[str, str]) -> list[str]:
+    return [a for a, driver in bound.items() if driver in PASSTHROUGH]
+
 
 def check_nvml(ctx: CheckContext) -> list[CheckResult]:
     """NVML loads and the driver answers; without it, fail only where a GPU is expected."""
@@ -77,21 +96,37 @@ def check_nvml(ctx: CheckContext) -> list[CheckResult]:
                 data={"bound": bound},
             )
         ]
-    on_bus = list(snap.gpu_pci_devices or ())
-    if on_bus:  # a GPU whose driver is not loaded is bound to nothing
+    bound_to = _bound(ctx, list(snap.gpu_pci_devices or ()))
+    on_bus = [a for a, driver in bound_to.items() if driver not in PASSTHROUGH]
+    if on_bus:  # a GPU whose driver is not loaded is bound to nothing; or nouveau holds it
         n = len(on_bus)
+        held = [a for a in on_bus if bound_to[a]]
         return [
             CheckResult(
                 "nvml",
                 "fail",
                 f"{why}, yet {n} NVIDIA GPU{'s are' if n != 1 else ' is'} on the PCI bus "
-                f"({on_bus[0]})",
-                action,
-                data={"on_bus": on_bus},
+                f"({on_bus[0]}" + (f", bound to {bound_to[held[0]]}" if held else "") + ")",
+                NOUVEAU_ACTION if any(bound_to[a] == "nouveau" for a in on_bus) else action,
+                data={"on_bus": on_bus, "drivers": {a: bound_to[a] for a in held}},
             )
         ]
     if ctx.expect_gpus:
         return [CheckResult("nvml", "fail", f"{why}, yet --expect-gpus {ctx.expect_gpus}", action)]
+    passed = _passed_through(bound_to)
+    if passed:
+        n = len(passed)
+        return [
+            CheckResult(
+                "nvml",
+                "skip",
+                f"{why}: the {n} NVIDIA GPU{'s' if n != 1 else ''} on the PCI bus "
+                f"{'are' if n != 1 else 'is'} bound to {bound_to[passed[0]]} ({passed[0]}), "
+                "passed through to a virtual machine",
+                "none on this host: run sparkdiag inside the virtual machine that owns the GPU",
+                data={"passed_through": passed},
+            )
+        ]
     return [
         CheckResult(
             "nvml",
@@ -186,14 +221,21 @@ def check_gpus_on_bus(ctx: CheckContext) -> list[CheckResult]:
             )
         ]
     listed = {pci_key(g.identity.pci_bus_id) for g in snap.gpus}
-    missing = [address for address in on_bus if pci_key(address) not in listed]
+    bound_to = _bound(ctx, [a for a in on_bus if pci_key(a) not in listed])
+    passed = _passed_through(bound_to)
+    missing = [a for a in on_bus if pci_key(a) not in listed and a not in passed]
     data = {
         "pci": list(on_bus),
         "nvml": [g.identity.pci_bus_id for g in snap.gpus],
         "missing": missing,
+        "passed_through": passed,
     }
     n = len(on_bus)
-    counted = f"{n} NVIDIA GPU function{'s' if n != 1 else ''} on the PCI bus"
+    counted = f"{n} NVIDIA GPU function{'s' if n != 1 else ''} on the PCI bus" + (
+        f" ({len(passed)} bound to {bound_to[passed[0]]}, passed through to virtual machines)"
+        if passed
+        else ""
+    )
     if not on_bus:
         return [CheckResult("gpus-on-bus", "skip", "no NVIDIA GPU on the PCI bus", data=data)]
     if missing:
@@ -212,7 +254,8 @@ def check_gpus_on_bus(ctx: CheckContext) -> list[CheckResult]:
                 data=data,
             )
         ]
-    return [CheckResult("gpus-on-bus", "pass", f"{counted}, every one listed by NVML", data=data)]
+    rest = "every other one" if passed else "every one"
+    return [CheckResult("gpus-on-bus", "pass", f"{counted}, {rest} listed by NVML", data=data)]
 
 
 # -- idle ------------------------------------------------------------------------------------
