@@ -53,16 +53,19 @@ def dump(settings: Settings) -> bytes:
     poller = build_poller(settings, say_unavailable=False)
     try:
         snap = poller.poll_once()
-        say_skipped(settings, poller, snap)
+        say_skipped(settings, poller, snap, serving=False)
         return render(build_registry(lambda: poller.latest, compat_dcgm=settings.compat_dcgm))
     finally:
         poller.gpu.stop()
 
 
-def say_skipped(settings: Settings, poller: Poller, first: Snapshot) -> None:
+def say_skipped(
+    settings: Settings, poller: Poller, first: Snapshot, *, serving: bool = True
+) -> None:
     """Once, after the first poll, so as to name only what it found: without NVML, what is
-    exported instead (host PCIe links only when there are some); with NVML and no PCI link
-    under --path.sysfs, that host PCIe links are skipped."""
+    exported instead (host PCIe links only when there are some), and where ``serving`` and
+    NVML waits for its driver, that it is started again; with NVML and no PCI link under
+    --path.sysfs, that host PCIe links are skipped."""
     why = poller.gpu.unavailable_reason
     if why is not None:
         if first.pcie_links:
@@ -72,7 +75,7 @@ def say_skipped(settings: Settings, poller: Poller, first: Snapshot) -> None:
                 f"no PCI link found under {settings.sysfs} either: exporting the execution "
                 "context and host memory"
             )
-        if poller.gpu.waiting:  # a driver-wide answer: started again every retry_seconds
+        if serving and poller.gpu.waiting:  # a driver-wide answer: started again every 30 s
             again = f"NVML is started again every {poller.gpu.retry_seconds:g} s"
             log.warning(
                 "NVML unavailable (%s): GPU telemetry waits; %s; meanwhile %s, with "

@@ -430,3 +430,57 @@ def test_a_source_with_no_gpu_sees_the_driver_go(write_fixture: Callable[..., Pa
     assert backend.calls["device_count"] == 1 + 3  # at start, then one a poll while it answers
     assert "NVML_ERROR_DRIVER_NOT_LOADED (9)" in (snaps[2].collectors["nvml"].error or "")
     assert source.waiting
+
+
+@pytest.mark.parametrize(("bus", "waits"), [("h200-vm", True), (None, False)])
+def test_nvml_waits_for_its_module_only_where_a_gpu_is_on_the_bus(
+    bus: str | None, waits: bool, derive_fixture: Callable[..., Path], tmp_path: Path
+) -> None:
+    """DRIVER_NOT_LOADED at start on a machine whose PCI bus shows an NVIDIA GPU (the module
+    not loaded yet): NVML waits and is started again. On a machine with none (the driver's
+    packages installed without a GPU) it waited for ever: nvmlInit every 30 s, a log saying
+    telemetry waits, a probe scheduler and a baseline store for no GPU. Now it gives up at
+    start and says there is no GPU on the bus."""
+    from sparkdiag.config import Settings
+    from sparkdiag.scheduling.probe_state import ProbeState
+    from sparkdiag.scheduling.wiring import build_schedulers
+    from sparkdiag.telemetry.build import build_poller
+    from tests.support import ROOTFS
+
+    sysfs = SYSFS / bus if bus else tmp_path / "no-bus"
+    sysfs.mkdir(exist_ok=True)
+    settings = Settings(
+        nvml_fixture=_started_before_the_driver(derive_fixture),
+        sysfs=sysfs,
+        rootfs=ROOTFS / "native",
+        probe_fixture=Path("tests/fixtures/probe/h200-default.json"),
+        state_dir=tmp_path / "state",
+    )
+    poller = build_poller(settings, say_unavailable=False)
+    try:
+        assert poller.gpu.waiting is waits
+        reason = poller.gpu.unavailable_reason or ""
+        assert ("no NVIDIA GPU is on the PCI bus" in reason) is not waits
+        assert "NVML_ERROR_DRIVER_NOT_LOADED (9)" in reason
+        assert len(build_schedulers(settings, poller, ProbeState()).periodic) == int(waits)
+    finally:
+        poller.gpu.stop()
+
+
+def test_dump_does_not_promise_to_start_nvml_again(
+    derive_fixture: Callable[..., Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    """dump is one poll: it says telemetry is skipped, not that NVML is started again."""
+    from sparkdiag.config import Settings
+    from sparkdiag.daemon import dump
+    from tests.support import ROOTFS
+
+    caplog.set_level(logging.WARNING)
+    settings = Settings(
+        nvml_fixture=_started_before_the_driver(derive_fixture),
+        sysfs=SYSFS / "h200-vm",
+        rootfs=ROOTFS / "native",
+    )
+    assert b"sparkdiag_nvml_up 0" in dump(settings)
+    said = " ".join(r.getMessage() for r in caplog.records)
+    assert "GPU telemetry skipped" in said and "again" not in said

@@ -56,10 +56,13 @@ def build_poller(
     rootfs = settings.rootfs
     pcie = PcieSource(settings.sysfs)
     context = detect_context(rootfs)
+    read_gpu_functions = _gpu_functions(pcie, rootfs, context.context == "container")
+    if gpu.waiting and _none_on_bus(read_gpu_functions):
+        gpu.give_up("no NVIDIA GPU is on the PCI bus")
     return Poller(
         gpu=gpu,
         read_pcie=pcie.read,
-        read_gpu_functions=_gpu_functions(pcie, rootfs, context.context == "container"),
+        read_gpu_functions=read_gpu_functions,
         read_host=lambda: read_host_memory(rootfs),
         context=context,
         interval=settings.poll_interval,
@@ -68,6 +71,16 @@ def build_poller(
         platform=read_platform(settings.sysfs),
         read_nvme=read_nvme,
     )
+
+
+def _none_on_bus(read: Callable[[], tuple[str, ...] | None]) -> bool:
+    """sysfs lists no NVIDIA GPU function: NVML, waiting for its kernel module, has nothing to
+    wait for (the driver's packages on a machine without a GPU). False where it cannot tell (a
+    container without /proc/driver/nvidia/gpus, an unreadable sysfs): a GPU may be there."""
+    try:
+        return read() == ()
+    except OSError:
+        return False
 
 
 def _nvme_reader(settings: Settings) -> tuple[HealthReader | None, str]:

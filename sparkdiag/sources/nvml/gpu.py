@@ -242,6 +242,15 @@ class GpuSource:
         self.nvml_up = True
         self._was_up = True
 
+    def give_up(self, why: str) -> None:
+        """Start NVML no more while it waits after a failed start: there is nothing for it to
+        find (``why``: no NVIDIA GPU on the PCI bus, where the driver's packages are installed
+        without a GPU); the reason says so instead of advising to load the module."""
+        if self._gone is None:
+            return
+        self.unavailable_reason = f"nvmlInit answers {error_text(self._gone)} and {why}"
+        self._gone = None
+
     @property
     def waiting(self) -> bool:
         """NVML is down with a driver-wide error and is started again every ``retry_seconds``."""
