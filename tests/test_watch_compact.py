@@ -220,8 +220,8 @@ def test_a_halved_recording_gets_the_same_verdict(path: Path) -> None:
 
 
 def test_follow_lets_go_of_the_stacks_every_so_many_ticks(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The stacks read so far go into the ticks every FOLD_TICKS ticks taken, and always before
-    the ticks are halved (a halving merges the stacks the ticks hold)."""
+    """The stacks read so far go into the ticks every FOLD_TICKS first intervals, and always
+    before the ticks are halved (a halving merges the stacks the ticks hold)."""
     from sparkdiag.watch import job
 
     monkeypatch.setattr(job, "FOLD_TICKS", 5)
@@ -229,6 +229,56 @@ def test_follow_lets_go_of_the_stacks_every_so_many_ticks(monkeypatch: pytest.Mo
     _, counts = _follow(sampler, 0.3)
     assert 16 in sampler.folds  # before the first halving
     assert len(sampler.folds) >= len(counts) // 5
+
+
+class _FakeTime:
+    """A clock that moves only when waited on (follow's monotonic and stop)."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def wait(self, seconds: float) -> bool:
+        self.now += seconds
+        return False
+
+    def is_set(self) -> bool:
+        return False
+
+
+def test_the_stacks_are_let_go_of_as_often_in_time_after_halvings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fold comes every FOLD_TICKS first intervals of time, not every FOLD_TICKS ticks
+    taken: counted in ticks, after k halvings the stretches piled up 2^k times longer (some 2.3
+    hours between folds after a day's watch, 18 hours after a week's)."""
+    from sparkdiag.watch import job
+
+    monkeypatch.setattr(job, "FOLD_TICKS", 8)
+    clock = _FakeTime()
+    folds: list[float] = []
+
+    class Sampler:
+        last = 0.0
+
+        def tick(self) -> Tick:
+            dt, self.last = clock.now - self.last, clock.now
+            return Tick(t=clock.now, dt=dt)
+
+        def fold_stacks(self, ticks: list[Tick]) -> list[Tick]:
+            folds.append(clock.now)
+            return ticks
+
+    followed = follow(
+        cast(Any, Sampler()), lambda: False, 1.0, 60.0, cast(Any, clock),
+        monotonic=clock.monotonic, max_ticks=16,
+    )  # fmt: skip
+    assert followed.halved == 2 and followed.interval == 4.0
+    gaps = [b - a for a, b in zip([0.0, *folds], folds, strict=False)]
+    assert max(gaps) <= 8.0 + 1e-9, gaps
+    assert folds[-1] >= 48.0
 
 
 def test_a_rate_read_from_merged_ticks_says_over_how_long_it_was_averaged() -> None:

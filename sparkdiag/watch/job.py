@@ -275,8 +275,9 @@ class Followed(NamedTuple):
     halved: int = 0
 
 
-# Every this many ticks the Python stacks read so far are cut into the ticks and let go of
-# (StackSampler.fold): a long watch holds some minutes of py-spy's stretches, not all of them.
+# Every this many first intervals (ticks as first sampled, 512 s at the default 0.5 s, however
+# often the ticks were merged since) the Python stacks read so far are cut into the ticks and
+# let go of (StackSampler.fold): a long watch holds some minutes of py-spy's stretches.
 FOLD_TICKS = 1024
 
 
@@ -297,11 +298,12 @@ def follow(
     ``ENDED_POLL_SECONDS``, and a last, shorter tick taken then (each tick has its own ``dt``):
     with ``--interval 20``, a job that ended at once was reported as watched for 20 s, and
     ``--duration 0.1`` ran 20 s. At ``max_ticks`` ticks, neighbours are merged in pairs and
-    the interval doubles (:mod:`sparkdiag.watch.compact`), and every ``FOLD_TICKS`` ticks the
-    Python stacks read so far go into the ticks: memory stays bounded."""
+    the interval doubles (:mod:`sparkdiag.watch.compact`), and every ``FOLD_TICKS`` first
+    intervals (whatever the interval has become) the Python stacks read so far go into the
+    ticks: memory stays bounded."""
     sampler.tick()
     ticks: list[Tick] = []
-    halved = taken = 0
+    halved = taken = unfolded = 0  # unfolded: first intervals' worth of ticks since a fold
     start = monotonic()
     next_at = start + interval
     while True:
@@ -317,8 +319,10 @@ def follow(
             return Followed(ticks, "exit", interval, halved)
         if duration is not None and monotonic() - start >= duration:
             return Followed(ticks, "duration", interval, halved)
-        if taken % FOLD_TICKS == 0 or len(ticks) >= max_ticks:
+        unfolded += 1 << halved  # a tick after k halvings is 2^k first intervals long
+        if unfolded >= FOLD_TICKS or len(ticks) >= max_ticks:
             ticks = sampler.fold_stacks(ticks)  # the stacks read so far let go of
+            unfolded = 0
         if len(ticks) >= max_ticks:
             ticks = compact.halve(ticks)
             interval *= 2
