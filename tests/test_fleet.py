@@ -143,3 +143,38 @@ def test_the_rules_expand_into_queries_that_need_no_recorded_series() -> None:
         assert "sparkdiag:gemm_tflops:" not in expr, (name, RULE_GROUP)
         assert "sparkdiag_gemm_tflops" in expr and "sparkdiag_probe_software_info" in expr
     assert re.search(r"group_left \(\)\s+\(", queries["sparkdiag:gemm_tflops:peer_ratio"])
+
+
+@pytest.mark.parametrize(
+    ("flag", "toml", "verified"),
+    [
+        ((), "", False),  # neither: the file's tls_config decides (skip, here)
+        (("--no-prometheus-insecure-skip-verify",), "", True),
+        ((), "prometheus-insecure-skip-verify = false\n", True),
+        (("--prometheus-insecure-skip-verify",), "", False),
+    ],
+)
+def test_verifying_the_certificate_on_the_command_line_wins_over_the_http_config(
+    tmp_path: Path, flag: tuple[str, ...], toml: str, verified: bool
+) -> None:
+    """--no-prometheus-insecure-skip-verify (or false in --config) verifies the certificate
+    whatever --http.config.file says: it was read as "not given" (False or None became None),
+    so a file's insecure_skip_verify: true sent basic-auth credentials to any certificate."""
+    from sparkdiag.flags import settings_from
+    from sparkdiag.peers.promapi import connection
+
+    http = tmp_path / "http.yml"
+    http.write_text("tls_config:\n  insecure_skip_verify: true\n")
+    config = tmp_path / "config.toml"
+    config.write_text(toml)
+    given = {"prometheus_url": "https://127.0.0.1:9"}
+    if flag:
+        given["prometheus_insecure_skip_verify"] = flag[0] == "--prometheus-insecure-skip-verify"
+    settings = settings_from("fleet", given, config)
+    conn = connection(
+        settings.prometheus_url,
+        5.0,
+        http_config=http,
+        insecure_skip_verify=settings.prometheus_insecure_skip_verify,
+    )
+    assert conn.insecure_skip_verify is not verified

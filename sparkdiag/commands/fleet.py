@@ -168,7 +168,7 @@ def fleet(as_json: bool, config: Any, **given: Any) -> Exit:
             ca_file=settings.prometheus_ca_file,
             cert_file=settings.prometheus_cert_file,
             key_file=settings.prometheus_key_file,
-            insecure_skip_verify=settings.prometheus_insecure_skip_verify or None,
+            insecure_skip_verify=settings.prometheus_insecure_skip_verify,
             username=settings.prometheus_username,
             password_file=settings.prometheus_password_file,
         )

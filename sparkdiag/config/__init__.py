@@ -92,7 +92,7 @@ class Settings:
     prometheus_ca_file: Path | None = DEFAULTS["prometheus_ca_file"]
     prometheus_cert_file: Path | None = DEFAULTS["prometheus_cert_file"]
     prometheus_key_file: Path | None = DEFAULTS["prometheus_key_file"]
-    prometheus_insecure_skip_verify: bool = DEFAULTS["prometheus_insecure_skip_verify"]
+    prometheus_insecure_skip_verify: bool | None = DEFAULTS["prometheus_insecure_skip_verify"]
     prometheus_username: str | None = DEFAULTS["prometheus_username"]
     prometheus_password_file: Path | None = DEFAULTS["prometheus_password_file"]
     prometheus_timeout: float = DEFAULTS["prometheus_timeout"]

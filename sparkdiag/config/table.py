@@ -610,8 +610,10 @@ OPTIONS: tuple[Option, ...] = (
                 "prometheus-insecure-skip-verify",
                 "prometheus_insecure_skip_verify",
                 "bool",
-                False,
-                "Do not verify the Prometheus certificate (tests only).",
+                None,
+                "Do not verify the Prometheus certificate (tests only); --no-... verifies it "
+                "whatever --http.config.file says. Neither: as the file's tls_config says "
+                "(verified where it says nothing).",
                 None,
                 None,
                 None,
