@@ -541,6 +541,36 @@ def test_a_byte_count_above_what_was_sent_is_not_believed(hostile: tuple[Hostile
     assert t.gbps is None and "more than the" in (t.error or "")
 
 
+@pytest.mark.parametrize(
+    ("window", "why"),
+    [
+        (5e-324, "arrived within"),  # was inf Gb/s, and a "fit" verdict
+        (1e-9, "arrived within"),
+        (0.1, "arrived within"),  # a third of the 0.3 s test
+    ],
+)
+def test_a_window_shorter_than_the_sending_is_not_believed(
+    hostile: tuple[Hostile, Path], window: float, why: str
+) -> None:
+    """A peer that holds the secret says it counted one byte in a sliver of a second: the
+    bytes were sent for the whole test, so they arrived across most of it; the figure is
+    refused, where it was 8,000 Gb/s or inf (and --json wrote Infinity)."""
+    server, sysfs = hostile
+    server.result_extra = {"bytes": 1, "seconds": window}
+    report = measure_link("127.0.0.1", _options(server), sysfs, NATIVE, {})
+    (t,) = report.paths[0].throughput
+    assert t.gbps is None and why in (t.error or ""), t
+    json.dumps(report.as_json(), allow_nan=False)
+
+
+def test_a_figure_above_any_link_is_not_believed() -> None:
+    from sparkdiag.link.measure import _counted
+
+    gbps, _, error = _counted({"bytes": 10**15, "seconds": 1.0}, 10**15, 1.0)
+    assert gbps is None and "more than any link carries" in (error or "")
+    assert _counted({"bytes": 10**9, "seconds": 0.9}, 10**9, 1.0)[0] == pytest.approx(8.0 / 0.9)
+
+
 @pytest.mark.parametrize("ceiling", [1e27, 1e300, 0.0, -5.0, "inf"])
 def test_impossible_ceilings_from_the_peer_are_dropped(
     hostile: tuple[Hostile, Path], ceiling: Any

@@ -299,7 +299,7 @@ def test(
     except FileNotFoundError as exc:
         raise UsageError(str(exc), flag="--path.sysfs") from None
     if as_json:
-        click.echo(json.dumps(report.as_json(), indent=2))
+        click.echo(json.dumps(report.as_json(), indent=2, allow_nan=False))
     else:
         click.echo(report_text(report), nl=False)
     return report.exit_code
@@ -347,7 +347,7 @@ def lint(as_json: bool, peer: str | None, **given: Any) -> Exit:
             "findings": [f.as_json() for f in findings],
             "readings": readings.as_json(),
         }
-        click.echo(json.dumps(doc, indent=2))
+        click.echo(json.dumps(doc, indent=2, allow_nan=False))
     else:
         click.echo(lint_text(readings, findings), nl=False)
     return Exit.ATTENTION if findings else Exit.OK

@@ -217,6 +217,9 @@ class PathMeasure:
 
 
 MAX_GBPS = 3200.0  # no link carries more (twice 1.6 TbE): a peer's figure above is refused
+# The share of a TCP test's seconds the peer's arrival window must cover: the bytes are sent for
+# the whole test, so they arrive across it; a shorter window is a figure made up, refused
+MIN_WINDOW = 0.5
 
 
 def _counted(
@@ -232,7 +235,16 @@ def _counted(
         return None, 0.0, f"the peer reported {str(counted)[:30]} bytes, more than the {sent} sent"
     if not 0 < window <= seconds + 30:
         return None, 0.0, "no bytes arrived" if not counted else "the peer reported no window"
-    return counted * 8 / window / 1e9, window, None
+    if window < seconds * MIN_WINDOW:  # sent for the whole test: they arrive across most of it
+        return (
+            None,
+            0.0,
+            f"the peer reported its bytes arrived within {window:.3g} s of a {seconds:g} s test",
+        )
+    gbps = counted * 8 / window / 1e9
+    if not gbps <= MAX_GBPS:
+        return None, 0.0, f"the peer reported {gbps:.3g} Gb/s, more than any link carries"
+    return gbps, window, None
 
 
 @dataclass
