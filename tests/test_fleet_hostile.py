@@ -458,6 +458,34 @@ def test_an_answer_of_more_series_than_a_fleet_has_is_refused() -> None:
         safeload.parse_json = real
 
 
+def test_an_answer_of_more_structure_than_a_fleet_has_is_refused_before_the_parse() -> None:
+    """A well-formed success answer that builds millions of objects: 20 million empty lists in
+    57 MiB held 1.8 GiB, one series of 4 million labels 2.4 GiB (the security review of
+    2026-12-05). Counted in the bytes before the parse; a series of more labels than any
+    sparkdiag series has is refused too."""
+    from sparkdiag import safeload
+    from sparkdiag.peers.promapi import MAX_LABELS, MAX_TOKENS, PrometheusError
+
+    lists = b",".join([b"[]"] * (MAX_TOKENS // 2 + 1))
+    junk = b'{"status":"success","data":{"resultType":"vector","result":[],"x":[' + lists + b"]}}"
+    labels = {f"l{i}": "" for i in range(MAX_TOKENS + 1)}
+    wide = {"metric": labels, "value": [1700000000.0, "1"]}
+    many = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [wide]}})
+    real = safeload.parse_json
+    try:
+        safeload.parse_json = lambda *a, **k: pytest.fail("parsed before it was counted")
+        for body in (junk, many.encode()):
+            with pytest.raises(PrometheusError, match="lists, objects and items, more than"):
+                parse_answer("P", body)
+    finally:
+        safeload.parse_json = real
+    labels = {f"l{i}": "" for i in range(MAX_LABELS + 1)}
+    one = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
+        {"metric": labels, "value": [1700000000.0, "1"]}]}})  # fmt: skip
+    with pytest.raises(PrometheusError, match=f"a series of {MAX_LABELS + 1} labels"):
+        parse_answer("P", one.encode())
+
+
 def test_prometheus_numbers_are_read() -> None:
     for text, number in (
         ("1", 1.0),

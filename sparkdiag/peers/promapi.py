@@ -29,6 +29,11 @@ MAX_ANSWER_BYTES = 64 << 20  # a fleet of 1000 GPUs answers a few MiB; never rea
 # such answers held 2.7 GiB and took 80 s (the hostile-client review); counted in the body's
 # bytes before it is parsed (a parse of 1.49 million took 641 MiB, the review of that fix).
 MAX_SAMPLES = 100_000
+# Lists, objects and their items in one answer, counted in the body before the parse: a series
+# is about 20 (its labels, its value); 20 million empty lists in 57 MiB held 1.8 GiB, and one
+# series of 4 million labels 2.4 GiB (the security review of 2026-12-05)
+MAX_TOKENS = 20 * MAX_SAMPLES
+MAX_LABELS = 64  # labels of one series (Prometheus' own label limits are of this order)
 MAX_CONFIG_BYTES = 1 << 20  # an HTTP config is a few hundred bytes
 MAX_SECRET_BYTES = 1 << 16
 # A sample value as Prometheus writes it (Go's strconv.FormatFloat, 'f' or 'e'), or one of its
@@ -286,6 +291,12 @@ def parse_answer(where: str, body: bytes) -> list[Sample]:
     series = body.count(b'"metric"')  # counted before the parse builds them all
     if series > MAX_SAMPLES:
         raise PrometheusError(_too_many(where, series))
+    tokens = body.count(b"[") + body.count(b"{") + body.count(b",")
+    if tokens > MAX_TOKENS:
+        raise PrometheusError(
+            f"{where} answered {tokens} lists, objects and items, more than the {MAX_TOKENS} "
+            f"sparkdiag reads ({MAX_SAMPLES} series of some 20): is that a sparkdiag fleet?"
+        )
     try:
         doc = safeload.parse_json(body)
     except safeload.LoadError as exc:
@@ -310,6 +321,11 @@ def parse_answer(where: str, body: bytes) -> list[Sample]:
         metric = item.get("metric") if isinstance(item, Mapping) else None
         if not isinstance(metric, Mapping) or not all(isinstance(v, str) for v in metric.values()):
             raise PrometheusError(f"{where} answered a sample whose labels are not strings")
+        if len(metric) > MAX_LABELS:
+            raise PrometheusError(
+                f"{where} answered a series of {len(metric)} labels, more than the "
+                f"{MAX_LABELS} sparkdiag reads"
+            )
         samples.append(Sample(dict(metric), _value(where, item.get("value"))))
     return samples
 
