@@ -17,6 +17,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -139,6 +140,48 @@ def test_at_the_cap_the_longest_idle_connection_makes_room() -> None:
         assert server.engine.stats.refused == 0
         for sock in idle:
             sock.close()
+
+
+class _Large:
+    """A collector whose scrape is about 1 MB of text."""
+
+    def collect(self) -> Any:
+        from prometheus_client.core import GaugeMetricFamily
+
+        family = GaugeMetricFamily("large", "A large scrape.", labels=["i"])
+        for i in range(20000):
+            family.add_metric([f"{i:030d}"], float(i))
+        yield family
+
+
+def test_at_the_cap_a_client_that_does_not_read_its_responses_makes_room() -> None:
+    """Connections that pipeline scrapes and never read the answers hold the server writing
+    to them: they counted as busy and only the write timeout freed them, so a scrape at the
+    cap got 503 (a fifth of the scrapes failed beside 512 of them in the security review).
+    A response unread for over STALLED_WRITE seconds now makes room as an idle one does."""
+    registry = CollectorRegistry()
+    registry.register(_Large())
+    server = ExporterServer(("127.0.0.1", 0), registry, healthy_ok, max_connections=3)
+    thread = server.serve_in_thread()
+    stuck = []
+    try:
+        for _ in range(3):
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+            sock.connect(("127.0.0.1", port(server)))
+            sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n" * 10)
+            stuck.append(sock)
+        wait_for(lambda: sum(c.writing is not None for c in list(server.engine.connections)) == 3)
+        time.sleep(1.5)  # past STALLED_WRITE
+        assert get(server) == 200
+        assert server.engine.stats.evicted >= 1
+        assert server.engine.stats.refused == 0
+    finally:
+        for sock in stuck:
+            sock.close()
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
 
 
 def test_beyond_the_cap_of_busy_connections_new_ones_get_503() -> None:

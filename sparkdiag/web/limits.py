@@ -23,6 +23,11 @@ from sparkdiag.config import DEFAULTS
 RESERVED_FDS = 64  # file descriptors kept for the rest of the daemon (NVML, store, workers)
 MAX_REFUSING = 8  # sockets held at once to answer 503 beyond the cap (counted in the reserve)
 FD_WARN_QUIET = 60.0  # out of descriptors: a warning, then debug lines until this long passes
+# A response still being written after this long goes to a client that does not read it: at
+# the cap such a connection is evicted like an idle one (a scrape's response is written in
+# milliseconds; before, only the write timeout freed it, and hundreds of them failed a fifth of the
+# scrapes in the security review of 2026-12-05)
+STALLED_WRITE = 1.0
 
 
 @dataclass(frozen=True)
@@ -55,12 +60,22 @@ class Connection:
     waiting: bool = True  # no request in progress: idle, reading a head or in the handshake
     since: float = field(default_factory=time.monotonic)
     partial: bool = False  # some bytes of the next request have arrived
+    writing: float | None = None  # when the response being written began to be
 
     def wait(self) -> None:
         self.waiting, self.since, self.partial = True, time.monotonic(), False
 
     def busy(self) -> None:
         self.waiting = False
+
+    def stalled_since(self, now: float) -> float | None:
+        """Since when the connection has done nothing for the server: waiting for a request,
+        or writing one response for over ``STALLED_WRITE`` s; None while it is served."""
+        if self.waiting:
+            return self.since
+        if self.writing is not None and now - self.writing >= STALLED_WRITE:
+            return self.writing
+        return None
 
 
 def connection_cap(wanted: int) -> tuple[int, str | None]:

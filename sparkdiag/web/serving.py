@@ -231,11 +231,15 @@ class HttpServer:
         return task
 
     def _evict_one(self) -> bool:
-        """Close the connection that has waited longest without a request; False if none."""
-        idle = [c for c in self.connections if c.waiting]
-        if not idle:
+        """Close the connection that has waited longest without a request, or whose client
+        has not read its response for longest (``Connection.stalled_since``); False if none."""
+        now = time.monotonic()
+        stalled = [
+            (since, c) for c in self.connections if (since := c.stalled_since(now)) is not None
+        ]
+        if not stalled:
             return False
-        victim = min(idle, key=lambda c: c.since)
+        _, victim = min(stalled, key=lambda pair: pair[0])
         self.connections.discard(victim)
         if victim.task is not None:
             victim.task.cancel()
@@ -341,8 +345,10 @@ class HttpServer:
                 return
             response = await self.handler(request)
             data, keep = self._encode(parser, request, response)
+            conn.writing = time.monotonic()
             async with asyncio.timeout(timeout):
                 await channel.send(data)
+            conn.writing = None
             log.debug(
                 "%s %s %s %d", conn.peer, request.method, request.target[:200], response.status
             )
