@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from sparkdiag import safeload
 from sparkdiag.errors import SparkdiagError
 
 APP_NAME = "sparkdiag"
@@ -255,15 +256,14 @@ def read_json_state(
     ``schema``, or None when there is no file; ``error(reason)`` is raised when it cannot be used
     (unreadable, too large, not JSON, another schema). ``what`` names the file's kind in the
     reason (``a soak state file``)."""
-    try:
-        with path.open("rb") as fh:
-            raw = fh.read(limit + 1)
+    try:  # a FIFO in its place (a plain open waited for a writer for ever) is refused
+        raw = safeload.read_file(path, limit)
     except FileNotFoundError:
         return None
     except OSError as exc:
         raise error(f"cannot read {path}: {exc.strerror or exc}") from None
-    if len(raw) > limit:
-        raise error(f"{path}: larger than {limit} bytes; not {what}")
+    except safeload.LoadError as exc:
+        raise error(f"{path}: {exc}; not {what}") from None
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError

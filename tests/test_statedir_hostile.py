@@ -523,3 +523,26 @@ def test_a_reader_never_writes_to_another_programs_database(tmp_path: Path) -> N
     assert shown.returncode == 3 and "not a sparkdiag baseline store" in shown.stderr
     with contextlib.closing(sqlite3.connect(db)) as conn:
         assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+
+
+@pytest.mark.parametrize("kind", ["soak", "storage"])
+def test_a_fifo_in_place_of_a_state_file_is_refused_not_waited_on(
+    tmp_path: Path, kind: str
+) -> None:
+    """A FIFO named soak.json or storage.json: the plain open waited for a writer for ever,
+    hanging storage (holding the state directory's lock), soak after its load, check, and the
+    daemon's scrape of the soak and storage figures. Now it is an unusable state file."""
+    import os
+
+    from sparkdiag.soak.state import SoakStateError
+    from sparkdiag.soak.state import read_state as read_soak
+    from sparkdiag.storage.state import StorageStateError
+    from sparkdiag.storage.state import read_state as read_storage
+
+    fifo = tmp_path / f"{kind}.json"
+    os.mkfifo(fifo)
+    read, error = (
+        (read_soak, SoakStateError) if kind == "soak" else (read_storage, StorageStateError)
+    )
+    with pytest.raises(error, match="not a regular file"):
+        read(fifo)
