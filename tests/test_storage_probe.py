@@ -6,6 +6,7 @@ one, a read-only one, a throttled one, fio beside it) are in test_storage_loop.p
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
 import json
 import os
@@ -331,3 +332,33 @@ def test_a_probe_whose_command_is_killed_stops_and_leaves_nothing(tmp_path: Path
         time.sleep(0.05)
     assert time.monotonic() < deadline, "the orphaned probe ran on"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_json_says_interrupted_when_ctrl_c_stops_the_command(tmp_path: Path) -> None:
+    """storage --json stopped by SIGINT printed nothing on standard output, where its docstring
+    promises a document whatever happened: Interrupted is a KeyboardInterrupt, not a
+    SparkdiagError. Now a document with status interrupted and exit status 130."""
+    from tests.support import ROOT, signal_when, sparkdiag_cmd
+
+    target = tmp_path / "d"
+    target.mkdir()
+    proc = subprocess.Popen(
+        sparkdiag_cmd("storage", str(target), "--storage.size", str(1024 * MIB),
+                      "--storage.duration", "30", "--no-record", "--json",
+                      "--state-dir", str(tmp_path / "state")),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )  # fmt: skip
+    import psutil
+
+    def measuring() -> bool:  # the probe's program runs: the test file is being written
+        with contextlib.suppress(psutil.Error):
+            kids = psutil.Process(proc.pid).children(recursive=True)
+            return any("measure.py" in " ".join(k.cmdline()) for k in kids)
+        return False
+
+    out, err = signal_when(proc, measuring, signal.SIGINT)
+    assert proc.returncode == 130, err
+    doc = json.loads(out)
+    assert doc["status"] == "interrupted" and doc["exit_status"] == 130
+    assert "SIGINT received" in doc["reason"]
+    assert list(target.iterdir()) == []
