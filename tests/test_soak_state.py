@@ -250,6 +250,17 @@ def test_check_warns_when_a_kernel_fell(h200: Snapshot) -> None:
             "skip",
             "measured nothing to judge (SIGINT received)",
         ),
+        (
+            # held for the seconds it ran: no pass (it was one, and replaced a fall's record)
+            gpu_state(stopped="interrupted", reason="SIGINT received", kernels=[held()]),
+            "skip",
+            "interrupted before the GPU was hot for long; no kernel fell so far",
+        ),
+        (
+            gpu_state(stopped="interrupted", reason="SIGINT received", kernels=[fell()]),
+            "warn",
+            "fell to 0.84 of cold",
+        ),
         (gpu_state(stopped="threshold", kernels=[held()]), "pass", "(threshold after 300 s"),
         (gpu_state(sensor="gpu", kernels=[held()]), "pass", "GPU up to 61 °C"),
     ],
@@ -319,3 +330,23 @@ def test_check_command_reads_the_state_directory(tmp_path: Path) -> None:
     report = json.loads(result.stdout)
     (soak,) = [r for r in report["checks"] if r["name"] == "soak"]
     assert soak["status"] == "warn" and "fell to 0.84 of cold" in soak["finding"]
+
+
+def test_an_interrupted_soak_does_not_replace_one_that_ran_to_its_end(tmp_path: Path) -> None:
+    """A Ctrl-C after seconds replaced a GPU's last finished soak, so one that saw a kernel
+    fall was forgotten by check and the metrics. It is kept; an interrupted soak that saw a
+    fall itself, or one over an interrupted one, is recorded."""
+    from sparkdiag.commands.soak import _not_over_a_finished_soak
+
+    path = tmp_path / "soak.json"
+    finished = gpu_state("0", H200_UUID, kernels=[held(), fell()])
+    write_state(path, [finished])
+    stopped = gpu_state("0", H200_UUID, stopped="interrupted", kernels=[held()])
+    assert _not_over_a_finished_soak(path, [stopped]) == []
+    fallen = gpu_state("0", H200_UUID, stopped="interrupted", kernels=[fell()])
+    assert _not_over_a_finished_soak(path, [fallen]) == [fallen]
+    write_state(path, [stopped])
+    again = replace(stopped, finished_at=1.8e9)
+    assert _not_over_a_finished_soak(path, [again]) == [again]
+    other = gpu_state("1", "GPU-other", stopped="interrupted", kernels=[held()])
+    assert _not_over_a_finished_soak(path, [other]) == [other]

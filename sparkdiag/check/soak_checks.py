@@ -2,7 +2,8 @@
 
 It reads ``soak.json`` in the state directory (never the GPU): pass when every kernel held at
 least 0.9 of its cold throughput, warn when one fell below (or the soak failed, or stopped on a
-hardware slowdown), skip when no soak was run yet. A ``--device cpu`` test soak is shown as what
+hardware slowdown), skip when no soak was run yet or the last one was interrupted before a fall
+was seen (what held for seconds is no pass). A ``--device cpu`` test soak is shown as what
 it is, a smoke test that ran (skip): a CPU measures its own noise, not heat, so it never warns
 about cooling.
 """
@@ -90,6 +91,15 @@ def _judge(g: GpuState, now: float, gpu: str | None) -> CheckResult:
             NAME,
             "skip",
             f"{head}: measured nothing to judge ({g.reason or g.stopped})",
+            f"{RUN_SOAK}, and let it run",
+            gpu,
+            data,
+        )
+    if g.stopped == "interrupted":  # a fall it saw warns above; what held so far is no pass
+        return CheckResult(
+            NAME,
+            "skip",
+            f"{head}: interrupted before the GPU was hot for long; no kernel fell so far",
             f"{RUN_SOAK}, and let it run",
             gpu,
             data,

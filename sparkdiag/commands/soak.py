@@ -53,7 +53,14 @@ from sparkdiag.soak.model import (
 )
 from sparkdiag.soak.render import SENSOR_WORDS, text
 from sparkdiag.soak.run import Job, SoakRunner
-from sparkdiag.soak.state import SoakStateError, state_path, write_state
+from sparkdiag.soak.state import (
+    GpuState,
+    SoakState,
+    SoakStateError,
+    read_state,
+    state_path,
+    write_state,
+)
 from sparkdiag.statedir import StateDirError
 
 MAX_DURATION = 24 * 3600.0
@@ -186,12 +193,38 @@ def _write_outputs(
     if record and ran:
         try:
             path = state_path(state_dir)
-            write_state(
-                path, [state_entry(g, report.finished_at, report.duration_seconds) for g in ran]
-            )
+            entries = [state_entry(g, report.finished_at, report.duration_seconds) for g in ran]
+            write_state(path, _not_over_a_finished_soak(path, entries))
         except (StateDirError, SoakStateError) as exc:
             failed("the soak state", exc)
     return ok
+
+
+def _not_over_a_finished_soak(path: Path, entries: list[GpuState]) -> list[GpuState]:
+    """The entries to record: an interrupted run does not replace a GPU's last soak that ran
+    to its end (a Ctrl-C after seconds hid a kernel that fell, from check and the metrics),
+    unless it saw a fall itself; said on stderr."""
+    try:
+        kept = {g.key: g for g in (read_state(path) or SoakState(())).gpus}
+    except SoakStateError:
+        return entries  # a damaged file is replaced, as before
+    out = []
+    for entry in entries:
+        before = kept.get(entry.key)
+        if (
+            entry.stopped == "interrupted"
+            and not entry.degraded
+            and before is not None
+            and before.stopped != "interrupted"
+        ):
+            click.echo(
+                f"soak.json keeps {entry.key}'s last soak that ran to its end: an interrupted "
+                "one that saw no fall does not replace it",
+                err=True,
+            )
+            continue
+        out.append(entry)
+    return out
 
 
 def _csv(fh: TextIO, report: SoakReport) -> None:

@@ -73,10 +73,10 @@ def storage(
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM: the test file went with the probe
         if as_json:
             why = getattr(exc, "signal_name", "") or "SIGINT"
-            doc = {"schema": SCHEMA, "status": "interrupted", "directory": directory,
+            stopped = {"schema": SCHEMA, "status": "interrupted", "directory": directory,
                    "reason": f"{why} received: nothing measured, the test file removed",
                    "exit_status": int(Exit.INTERRUPTED)}  # fmt: skip
-            click.echo(json.dumps(doc, indent=1))
+            click.echo(json.dumps(stopped, indent=1))
         raise
     before = started[0].nvme if started else ()
     after = tuple(c for b in before if (c := read_controller(sysfs, b.name)))
