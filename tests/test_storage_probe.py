@@ -362,3 +362,29 @@ def test_json_says_interrupted_when_ctrl_c_stops_the_command(tmp_path: Path) -> 
     assert doc["status"] == "interrupted" and doc["exit_status"] == 130
     assert "SIGINT received" in doc["reason"]
     assert list(target.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("fstype", "size", "refused"),
+    [("tmpfs", 3 * 1024 * MIB, True), ("tmpfs", 512 * MIB, False), ("ext4", 3 * 1024 * MIB, False)],
+)
+def test_a_memory_filesystem_is_measured_within_the_memory_available(
+    tmp_path: Path, fstype: str, size: int, refused: bool
+) -> None:
+    """A tmpfs's size is a cap, not memory that exists: on a machine with 22 GiB available a
+    64 GiB tmpfs took a 40 GiB test file (its own free space was the only check), enough to
+    wake the OOM killer on a production host. A test file that would leave less than 1 GiB of
+    the memory available is refused before anything is written."""
+    from sparkdiag.sources.host.mounts import Mount
+    from sparkdiag.storage.session import _beyond_memory
+    from sparkdiag.storage.target import StorageTarget
+
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "proc" / "meminfo").write_text("MemTotal: 8388608 kB\nMemAvailable: 3670016 kB\n")
+    mount = Mount("/scratch", fstype, fstype, 0, 40, False)
+    why = _beyond_memory(StorageTarget("/scratch/d", mount, None), size, tmp_path)
+    assert (why is not None) is refused
+    if why is not None:
+        assert (
+            "held in memory: a 3.0 GiB test file would leave less than 1 GiB of the 3.5 GiB" in why
+        )

@@ -18,6 +18,7 @@ from sparkdiag.baseline.store import BaselineStore, open_store
 from sparkdiag.config import Settings
 from sparkdiag.errors import Exit, SparkdiagError
 from sparkdiag.sources.host.blockdev import io_bytes
+from sparkdiag.sources.host.meminfo import meminfo_bytes, read_proc_file
 from sparkdiag.storage.evaluate import StorageReport, evaluate, other_io
 from sparkdiag.storage.run import (
     GPU_SHARE,
@@ -80,6 +81,8 @@ def probe_directory(
     # whose refusal names what it is; a directory, or a link to one, on a pseudo-filesystem is
     # refused here whatever else is wrong with it
     why = refusal(target) if _is_dir(Path(request.directory)) else None
+    if why is None:
+        why = _beyond_memory(target, request.size, where.rootfs)
     if why is not None:
         raise StorageProbeError(f"refused: {why}", exit_code=Exit.USAGE)
     if on_start is not None:
@@ -101,6 +104,30 @@ def probe_directory(
             log.warning("storage result not kept: %s", exc)
             report = replace(report, store_note=f"{report.store_note or ''} {exc}".strip())
     return report
+
+
+# What a test file on a memory filesystem must leave of the memory available: its size is
+# a cap, not memory that exists (a 64 GiB tmpfs on a 23 GiB machine took a 40 GiB test file)
+MEMORY_MARGIN = 1 << 30
+
+
+def _beyond_memory(target: StorageTarget, size: int, rootfs: Path) -> str | None:
+    """Why a test file of ``size`` does not go on ``target``'s memory filesystem (tmpfs,
+    ramfs): it would take more than the memory available less ``MEMORY_MARGIN``; None
+    elsewhere, or where /proc/meminfo cannot be read (the program's free-space check stands)."""
+    mount = target.mount
+    if mount is None or mount.kind != "memory":
+        return None
+    text = read_proc_file(rootfs / "proc" / "meminfo")
+    available = meminfo_bytes(text or "").get("MemAvailable")
+    if available is None or size + MEMORY_MARGIN <= available:
+        return None
+    return (
+        f"{target.directory} is on {mount.fstype}, held in memory: a {size / (1 << 30):.1f} GiB "
+        f"test file would leave less than {MEMORY_MARGIN >> 30} GiB of the "
+        f"{available / (1 << 30):.1f} GiB of memory available (whatever its size says); give a "
+        "smaller --storage.size"
+    )
 
 
 def _is_dir(path: Path) -> bool:
