@@ -40,6 +40,7 @@ from sparkdiag.watch.model import (
     ProcessLoad,
     StackTime,
     Tick,
+    set_bits,
 )
 from sparkdiag.watch.sampler import OTHERS_KEPT, TOP_PROCESSES
 
@@ -137,14 +138,11 @@ def _reasons_held(a: GpuTick, b: GpuTick, w: tuple[float, float]) -> tuple[tuple
     bits alone would count a reason read once as held through every tick it is merged into)."""
     total = w[0] + w[1]
     weights = (w[0] / total, w[1] / total) if total > 0 else (0.5, 0.5)
-    bits = (a.reasons or 0) | (b.reasons or 0)
     held = []
-    for i in range(bits.bit_length()):
-        bit = 1 << i
-        if bits & bit:
-            share = weights[0] * a.reasons_share(bit) + weights[1] * b.reasons_share(bit)
-            if share < 1.0:
-                held.append((bit, share))
+    for bit in set_bits((a.reasons or 0) | (b.reasons or 0)):
+        share = weights[0] * a.reasons_share(bit) + weights[1] * b.reasons_share(bit)
+        if share < 1.0:
+            held.append((bit, share))
     return tuple(held)
 
 

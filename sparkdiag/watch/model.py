@@ -107,7 +107,12 @@ class GpuTick:
         if not bits:
             return 0.0
         shares = dict(self.reasons_held)
-        return max(shares.get(1 << i, 1.0) for i in range(bits.bit_length()) if bits >> i & 1)
+        return max(shares.get(bit, 1.0) for bit in set_bits(bits))
+
+
+def set_bits(mask: int) -> list[int]:
+    """Each bit set in ``mask``, lowest first (``0x41`` -> ``[0x1, 0x40]``)."""
+    return [1 << i for i in range(mask.bit_length()) if mask >> i & 1]
 
 
 @dataclass(frozen=True, slots=True)
