@@ -73,9 +73,8 @@ def storage(
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM: the test file went with the probe
         if as_json:
             why = getattr(exc, "signal_name", "") or "SIGINT"
-            stopped = {"schema": SCHEMA, "status": "interrupted", "directory": directory,
-                   "reason": f"{why} received: nothing measured, the test file removed",
-                   "exit_status": int(Exit.INTERRUPTED)}  # fmt: skip
+            reason = f"{why} received: nothing measured, the test file removed"
+            stopped = unmeasured(directory, "interrupted", reason, Exit.INTERRUPTED)
             click.echo(json.dumps(stopped, indent=1))
         raise
     before = started[0].nvme if started else ()
@@ -143,12 +142,17 @@ def failure_document(directory: str | None, exc: SparkdiagError) -> dict[str, An
         status = "refused" if exc.exit_code == Exit.USAGE else "failed"
     else:
         status = "error"
+    return unmeasured(directory, status, exc.line(), exc.exit_code)
+
+
+def unmeasured(directory: str | None, status: str, reason: str, code: int) -> dict[str, Any]:
+    """``--json``'s document of a run that measured nothing: its status, why, the exit status."""
     return {
         "schema": SCHEMA,
         "status": status,
         "directory": directory,
-        "reason": exc.line(),
-        "exit_status": int(exc.exit_code),
+        "reason": reason,
+        "exit_status": int(code),
     }
 
 
