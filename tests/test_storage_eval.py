@@ -236,6 +236,13 @@ def test_cli_exit_statuses_and_json(tmp_path: Path) -> None:
     assert {f["direction"] for f in doc["figures"]} == {"read", "write"}
     assert doc["bytes_written"] == 16 << 20 and doc["tmpfile"] is True
     assert [p.name for p in tmp_path.iterdir()] == ["s"]
+    # off a terminal, a line as each phase starts (before, nothing at all)
+    assert measured.stderr.splitlines() == [
+        "sparkdiag storage: writing a 16 MiB test file…",
+        "sparkdiag storage: flushing it to the drive (fdatasync)…",
+        "sparkdiag storage: reading it back…",
+        "sparkdiag storage: random 4 KiB reads…",
+    ]
     bounds = ("--storage.size", "16M", "--storage.duration", "2")
     no_record = invoke_cli("storage", str(tmp_path / "s"), "--no-record", "--state-dir",
                            str(tmp_path / "t"), *bounds)  # fmt: skip
@@ -334,3 +341,34 @@ def test_check_help_and_storage_help_say_it_writes() -> None:
         assert "WRITES" in shown, command
     assert subprocess.run(["true"], check=False).returncode == 0
     assert replace(target(), links=()).ceiling is None
+
+
+def test_progress_on_a_terminal_names_every_phase(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a terminal the status line follows the program's phases: the flush and the random
+    reads showed the write's last figures, for as long as they took."""
+    import io
+
+    from sparkdiag.commands.storage import _Progress
+    from sparkdiag.storage.run import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setenv("COLUMNS", "100")
+    stream = Tty()
+    shown = _Progress("1 GiB", stream)
+    for item in (Progress("write", 512 << 20, 1.0), Progress("flush", 1 << 30, 0.0),
+                 Progress("read", 256 << 20, 2.0), Progress("random", 4096 * 12_000, 3.0),
+                 Progress("gpu", 0, 0.0)):  # fmt: skip
+        shown.show(item)
+    parts = [part.strip() for part in stream.getvalue().split("\r") if part.strip()]
+    # a line shorter than the one before is written twice: after the padding that erases it
+    lines = [part for i, part in enumerate(parts) if i == 0 or part != parts[i - 1]]
+    assert lines == [
+        "write: 512 MiB in 1 s…",
+        "flushing it to the drive (fdatasync)…",
+        "read: 256 MiB in 2 s…",
+        "random 4 KiB reads: 12,000 in 3 s…",
+        "reading it into the GPU (the probe worker)…",
+    ]

@@ -46,6 +46,10 @@ def test_measures_write_read_and_latency_and_leaves_nothing(tmp_path: Path) -> N
     assert 0 < doc.random_read.p50 <= doc.random_read.p99 <= doc.random_read.max
     assert doc.finished_at - doc.started_at < SMALL["seconds"] + 5
     assert list(tmp_path.iterdir()) == []
+    # every phase says it started, in order; the flush and the random reads said nothing
+    phases = [item.phase for item in seen]
+    assert sorted(set(phases), key=phases.index) == ["write", "flush", "read", "random"]
+    assert all(item.bytes <= 16 * MIB for item in seen if item.phase != "random")
 
 
 def _a_file(directory: Path) -> Path:
@@ -306,7 +310,7 @@ proc = subprocess.Popen(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subproce
                         start_new_session=True)
 line = proc.stderr.readline().decode()  # the first progress line: it is running
 print(proc.pid, flush=True)
-time.sleep(1.5)  # into the random reads, which print no progress (a write would fail: EPIPE)
+time.sleep(1.5)  # into the random reads, whose progress lines then go nowhere
 os.kill(os.getpid(), signal.SIGKILL)  # as sparkdiag killed (or hung up on), mid-probe
 """
 
@@ -314,7 +318,7 @@ os.kill(os.getpid(), signal.SIGKILL)  # as sparkdiag killed (or hung up on), mid
 def test_a_probe_whose_command_is_killed_stops_and_leaves_nothing(tmp_path: Path) -> None:
     # started as run.py starts it (a session of its own), its parent SIGKILLed during the
     # random reads: the program read on for the rest of their 20 s (with the GPU path, the
-    # worker for its minute); a progress line would have failed, but they print none
+    # worker for its minute)
     program = [
         sys.executable, measure.__file__, str(tmp_path), "--size", str(16 * MIB),
         "--seconds", "100", "--threads", "2", "--random-ops", str(10**9), "--progress",

@@ -7,7 +7,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 import click
 
@@ -114,24 +114,57 @@ def _measure(
         else ensure_state_directory(settings.state_dir or state_directory())
     )
     request = request_for(target, settings)
-    status = terminal.StatusLine(sys.stderr)
+    shown = _Progress(size(request.file_size))
     started: list[StorageTarget] = []
-
-    def progress(item: Progress) -> None:
-        if item.phase == "gpu":
-            status.show("reading into the GPU (the probe worker)…", time.monotonic())
-            return
-        status.show(f"{item.phase}: {size(item.bytes)} in {item.seconds:.0f} s…", time.monotonic())
 
     def on_start(target: StorageTarget) -> None:
         started.append(target)
-        status.show(f"probing {target.directory}: {size(request.file_size)}…", time.monotonic())
+        shown.line.show(f"probing {target.directory}: {shown.file}…", time.monotonic())
 
     try:
-        report = probe_directory(request, where, record, progress, on_start)
+        report = probe_directory(request, where, record, shown.show, on_start)
     finally:
-        status.clear()
+        shown.line.clear()
     return report, started, settings.sysfs
+
+
+# what each phase of the program is doing, said as it starts
+PHASES = {
+    "write": "writing a {file} test file",
+    "flush": "flushing it to the drive (fdatasync)",
+    "read": "reading it back",
+    "random": "random 4 KiB reads",
+    "gpu": "reading it into the GPU (the probe worker)",
+}
+
+
+class _Progress:
+    """On a terminal one status line, rewritten as the program's progress lines come (the
+    bytes and seconds of each phase); elsewhere (a log, a pipe) one line as each phase starts,
+    so that a run of a minute is not a silence. Before, the flush and the random reads showed
+    nothing, and off a terminal nothing was shown at all."""
+
+    def __init__(self, file: str, stream: TextIO | None = None) -> None:
+        self.file = file
+        self.stream = sys.stderr if stream is None else stream
+        # every line shown: they come once a second at the most, and a phase's first is its only
+        # one where it is short (a flush's is its only one)
+        self.line = terminal.StatusLine(self.stream, every=0.0)
+        self.phase: str | None = None
+
+    def show(self, item: Progress) -> None:
+        doing = PHASES.get(item.phase, item.phase).format(file=self.file)
+        if not self.line.enabled:
+            if item.phase != self.phase:
+                click.echo(f"sparkdiag storage: {doing}…", file=self.stream)
+            self.phase = item.phase
+            return
+        self.phase = item.phase
+        if item.phase in ("write", "read"):
+            doing = f"{item.phase}: {size(item.bytes)} in {item.seconds:.0f} s"
+        elif item.phase == "random":
+            doing = f"{doing}: {item.bytes // 4096:,} in {item.seconds:.0f} s"
+        self.line.show(f"{doing}…", time.monotonic())
 
 
 def failure_document(directory: str | None, exc: SparkdiagError) -> dict[str, Any]:

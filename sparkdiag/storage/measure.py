@@ -252,9 +252,14 @@ class _Phase:
         now = time.monotonic()
         if self.progress and now >= self._next:
             self._next = now + PROGRESS_EVERY
-            line = {"phase": self.name, "bytes": sum(self.done), "seconds": now - self.started}
-            sys.stderr.write(PROGRESS_PREFIX + json.dumps(line) + "\n")
-            sys.stderr.flush()
+            say_progress(self.name, sum(self.done), now - self.started)
+
+
+def say_progress(phase: str, done: int, seconds: float) -> None:
+    """One progress line on standard error: the phase, the bytes it has done, its seconds."""
+    line = {"phase": phase, "bytes": done, "seconds": seconds}
+    sys.stderr.write(PROGRESS_PREFIX + json.dumps(line) + "\n")
+    sys.stderr.flush()
 
 
 def _threads(count: int, body: Callable[[int], None], phase: _Phase) -> float:
@@ -413,6 +418,8 @@ def _phases(
     phase = _Phase("write", threads, args.progress)
     write_seconds = _threads(threads, write, phase)
     _raise_first(phase, path)
+    if args.progress:  # the write-back of what the page cache still holds may take a while
+        say_progress("flush", sum(written), 0.0)
     flush_started = time.perf_counter()
     os.fdatasync(fd)
     flush_seconds = time.perf_counter() - flush_started
@@ -433,7 +440,9 @@ def _phases(
     _raise_first(phase, path)
     read_bytes = sum(phase.done)
     _gone(dirfd, path)
-    random_read = _random_reads(fd, share, written, budget * SHARES["random"], args.random_ops)
+    random_read = _random_reads(
+        fd, share, written, budget * SHARES["random"], args.random_ops, args.progress
+    )
     _gone(dirfd, path)
     gpu = None if args.gpu_worker is None else gpu_path(args, fd, sum(written) == size)
     return {
@@ -463,9 +472,7 @@ def gpu_path(args: argparse.Namespace, fd: int, whole: bool) -> dict[str, Any]:
         return {"status": "error", "reason": "--gpu-worker is not a JSON list"}
     command += ["--storage-read", f"/proc/self/fd/{fd}"]
     if args.progress:
-        line = {"phase": "gpu", "bytes": 0, "seconds": 0.0}
-        sys.stderr.write(PROGRESS_PREFIX + json.dumps(line) + "\n")
-        sys.stderr.flush()
+        say_progress("gpu", 0, 0.0)
     try:
         done = subprocess.run(
             command, pass_fds=(fd,), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -486,9 +493,10 @@ def gpu_path(args: argparse.Namespace, fd: int, whole: bool) -> dict[str, Any]:
 
 
 def _random_reads(
-    fd: int, share: int, written: list[int], seconds: float, max_ops: int
+    fd: int, share: int, written: list[int], seconds: float, max_ops: int, progress: bool
 ) -> dict[str, Any] | None:
-    """4 KiB reads at random aligned offsets of what was written, one at a time."""
+    """4 KiB reads at random aligned offsets of what was written, one at a time; with
+    ``progress`` a line (phase ``random``, the bytes read) every ``PROGRESS_EVERY`` seconds."""
     extents = [(i * share, n // RANDOM_BLOCK) for i, n in enumerate(written) if n >= RANDOM_BLOCK]
     if not extents or max_ops <= 0:
         return None
@@ -499,9 +507,17 @@ def _random_reads(
     rng = random.Random(0x5D)
     latencies: list[int] = []
     began = time.perf_counter()
-    deadline = time.monotonic() + seconds
+    first = time.monotonic()
+    deadline, next_line = first + seconds, first
     try:
-        while len(latencies) < max_ops and (len(latencies) % 64 or time.monotonic() < deadline):
+        while len(latencies) < max_ops:
+            if not len(latencies) % 64:  # the clock once every 64 reads
+                now = time.monotonic()
+                if now >= deadline:
+                    break
+                if progress and now >= next_line:
+                    next_line = now + PROGRESS_EVERY
+                    say_progress("random", len(latencies) * RANDOM_BLOCK, now - first)
             start, blocks = extents[rng.randrange(len(extents))]
             offset = start + rng.randrange(blocks) * RANDOM_BLOCK
             t0 = time.perf_counter_ns()

@@ -110,7 +110,7 @@ class ProbeRequest:
 
 @dataclass(frozen=True)
 class Progress:
-    phase: str  # write, read, gpu (the worker started)
+    phase: str  # write, flush, read, random, gpu (the worker started)
     bytes: int
     seconds: float
 
