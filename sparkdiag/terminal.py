@@ -37,20 +37,28 @@ _GLUE = re.compile(
 )
 
 
-# C0 and C1 controls and DEL, and the Unicode controls that reorder text (bidi overrides and
-# isolates, as in Trojan Source)
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069]")
+# C0 and C1 controls and DEL, the Unicode controls that reorder text (bidi overrides and
+# isolates, as in Trojan Source), and lone surrogates: a file name that is not UTF-8 reaches
+# Python as one surrogate a byte (os.fsdecode), which no UTF-8 stream can write
+_UNSAFE = re.compile(
+    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
+)
 _SPACES = re.compile("[\t\n\r\x0b\x0c]")
+_BYTE_SURROGATES = range(0xDC80, 0xDD00)  # the undecodable bytes 0x80-0xff of a file name
 
 
 def _escape(match: re.Match[str]) -> str:
     code = ord(match.group(0))
+    if code in _BYTE_SURROGATES:
+        return f"\\x{code - 0xDC00:02x}"  # the byte the name holds
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 
 def safe(text: str) -> str:
     """``text`` with every control character shown as an escape (``ESC`` as ``\\x1b``, a bidi
-    override as ``\\u202e``, a newline as ``\\x0a``): nothing in it can act on a terminal."""
+    override as ``\\u202e``, a newline as ``\\x0a``): nothing in it can act on a terminal. A
+    byte of a file name that is not UTF-8 is shown as ``\\xe9``: printed as it came, it
+    stopped the command with a UnicodeEncodeError (found in a review)."""
     return _UNSAFE.sub(_escape, text)
 
 

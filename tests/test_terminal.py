@@ -677,3 +677,12 @@ def test_log_lines_wrap_on_a_terminal_only(monkeypatch: pytest.MonkeyPatch) -> N
     assert len(shown.splitlines()) == 3 and all(len(line) <= 80 for line in shown.splitlines())
     assert words(shown) == f"WARNING sparkdiag: {message}"
     assert shown.splitlines()[1].startswith("    ")
+
+
+def test_safe_shows_the_bytes_of_a_name_that_is_not_utf8() -> None:
+    """os.fsdecode gives a lone surrogate a byte; printed as it came it stopped a command with
+    a UnicodeEncodeError on a UTF-8 terminal (found in a review)."""
+    name = os.fsdecode(b"lib\xff_k\xe9.so")
+    assert terminal.safe(name) == "lib\\xff_k\\xe9.so"
+    assert terminal.safe("\ud800") == "\\ud800"  # not a byte of a name: its code point
+    terminal.safe(name).encode("utf-8")

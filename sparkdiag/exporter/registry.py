@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
@@ -98,7 +99,27 @@ def render(registry: Collectable) -> bytes:
                 out.append(f"{sample.name}{labels} {go_float(sample.value)}\n")
             else:
                 out.append(f"{sample.name} {go_float(sample.value)}\n")
-    return "".join(out).encode("utf-8")
+    text = "".join(out)
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:  # a label from a file name that is not UTF-8 (os.fsdecode)
+        return _SURROGATE.sub(lambda m: _byte_text(m).replace("\\", "\\\\"), text).encode()
+
+
+# A lone surrogate: a byte of a file name that is not UTF-8, as os.fsdecode gives it. It failed
+# every scrape with a UnicodeEncodeError, for as long as the library was installed (found in a
+# review): the byte is written as the text ``\\xe9``, escaped as any backslash is
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _byte_text(match: re.Match[str]) -> str:
+    code = ord(match.group(0))
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code < 0xDD00 else "\ufffd"
+
+
+def printable(value: str) -> str:
+    """``value`` with each byte of a file name that is not UTF-8 as the text ``\\xe9``."""
+    return _SURROGATE.sub(_byte_text, value)
 
 
 def render_openmetrics(registry: Collectable) -> bytes:
@@ -112,7 +133,8 @@ def render_openmetrics(registry: Collectable) -> bytes:
             for family in registry.collect():
                 metric = ClientMetric(family.name, family.documentation, family.type, family.unit)
                 for sample in family.samples:
-                    metric.add_sample(sample.name, sample.labels, sample.value, sample.timestamp)
+                    labels = {k: printable(v) for k, v in sample.labels.items()}
+                    metric.add_sample(sample.name, labels, sample.value, sample.timestamp)
                 yield metric
 
     return bytes(generate_latest(Converted()))  # type: ignore[no-untyped-call]
