@@ -215,13 +215,35 @@ def test_a_stub_fat_binary_is_not_judged() -> None:
     # kernels are fat binaries in its .ldata. libcufftw.so.12: 1,984 bytes in 991,704.
     for name in ("nvidia-cufft-12.0.0.61-libcufft.so.12", "nvidia-cufft-12.0.0.61-libcufftw.so.12"):
         assert kernels_elsewhere(traced(name)), name
-    assert kernels_elsewhere(fixture_file("cufft-like"))  # 920 bytes in 141,136
+    assert kernels_elsewhere(fixture_file("cufft-like"))  # 920 bytes in 148,904
     # every library with real kernels is judged: the fixtures nvcc built (488 bytes of fat
     # binary and up, 8 % of the file and up) and libcufile's 47,320 bytes (1.5 %)
     others = [p.stem for p in FATBIN.glob("*.so") if p.name not in ("cufft-like.so", "no-cuda.so")]
     assert len(others) == 18
     assert not any(kernels_elsewhere(fixture_file(name)) for name in others)
     assert not kernels_elsewhere(traced("nvidia-cufile-1.15.1.6-libcufile.so.0"))
+
+
+def test_a_small_fat_binary_is_a_stub_only_where_its_kernels_are_found_elsewhere(
+    tmp_path: Path,
+) -> None:
+    """A one-kernel extension built for the wrong GPU (sm90.so's 3,776 bytes of fat binary in
+    a 0.6 MB library) read as a stub by size and share: not judged, and the lint passed it
+    (found in a review). A small fat binary is a stub only where another section holds fat
+    binaries (cufft-like.so's .ldata, as libcufft's); a header trace, not searched, keeps the
+    size rule."""
+    ext = tmp_path / "_C.so"
+    ext.write_bytes((FATBIN / "sm90.so").read_bytes() + bytes(600_000))
+    report = read_fatbin(ext)
+    assert report is not None and report.fatbin_bytes == 3776 and report.elsewhere is False
+    lib = CudaLibrary(str(ext), "myop/_C.so", "myop", "1.0", ext.stat().st_size, report)
+    assert not kernels_elsewhere(lib)
+    assert judge_library(lib, GB10).status == "fail"
+    cufft = fixture_file("cufft-like")
+    assert cufft.report.elsewhere is True and kernels_elsewhere(cufft)
+    assert fixture_file("torch-like").report.elsewhere is None  # too large to be a stub
+    trace = traced("nvidia-cufft-12.0.0.61-libcufft.so.12")
+    assert trace.report.elsewhere is None and kernels_elsewhere(trace)
 
 
 def _h200_scan() -> tuple[CudaLibrary, ...]:
@@ -740,7 +762,7 @@ def test_a_stub_is_listed_as_not_judged_and_left_out_of_verdicts(tmp_path: Path)
     assert [v["library"] for v in doc["verdicts"]] == [str(site / "torch/lib/libtorch_cuda.so")]
     (stub,) = doc["not_judged"]
     assert stub["relative"] == "nvidia/cu13/lib/libcufft.so.12"
-    assert (stub["fatbin_bytes"], stub["size_bytes"], stub["sass"]) == (920, 141136, ["sm_75"])
+    assert (stub["fatbin_bytes"], stub["size_bytes"], stub["sass"]) == (920, 148904, ["sm_75"])
     assert stub["reason"] == "not judged: its kernels are not in its fat binary"
     found = scan(pyenv.resolve(site))
     shown = text(NativeReport(found, (H200,), tuple(lint(found, (H200,))), None, ""), 80)
@@ -830,3 +852,68 @@ def test_an_interpreter_that_leaves_a_process_holding_its_output_is_read_at_once
     finally:
         with contextlib.suppress(FileNotFoundError, ProcessLookupError, ValueError):
             os.kill(int((tmp_path / "child.pid").read_text()), 9)
+
+
+def _info_series(watch: LibraryWatch, snap: object) -> list[dict[str, str]]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NativeCollector(lambda: snap, watch))  # type: ignore[arg-type, return-value]
+    return [
+        s.labels
+        for metric in registry.collect()
+        for s in metric.samples
+        if s.name == "sparkdiag_cuda_library_info"
+    ]
+
+
+def test_a_file_name_that_is_not_utf8_is_shown_and_scraped(tmp_path: Path) -> None:
+    """A library whose name is not UTF-8 (a byte 0xe9) failed every scrape with a
+    UnicodeEncodeError until it was removed, and stopped `native` with a traceback on a UTF-8
+    terminal (found in a review): the byte is shown as \\xe9 in both."""
+    from sparkdiag.exporter.registry import render, render_openmetrics
+
+    site = tmp_path / "site-packages"
+    (site / "pkg").mkdir(parents=True)
+    shutil.copy(FATBIN / "sm90.so", os.fsencode(site / "pkg") + b"/_k\xe9.so")
+    watch = LibraryWatch(lambda: pyenv.resolve(site), None)
+    watch.scan_once()
+    snap = poll(NVML / "h200-idle.json")
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(NativeCollector(lambda: snap, watch))
+    scraped = render(registry).decode("utf-8")
+    assert 'library="pkg/_k\\\\xe9.so"' in scraped  # the text \xe9, its backslash escaped
+    assert 'library="pkg/_k\\\\xe9.so"' in render_openmetrics(registry).decode("utf-8")
+    found = scan(pyenv.resolve(site))
+    shown = text(NativeReport(found, (GB10,), tuple(lint(found, (GB10,))), None, ""), 200)
+    shown.encode("utf-8")  # raised UnicodeEncodeError
+    assert "_k\\xe9.so" in shown
+
+
+def test_copies_alike_are_one_series_and_a_shadowed_copy_is_not_judged(tmp_path: Path) -> None:
+    """The same torch in two package directories gave two identical series (Prometheus refuses
+    the duplicate), and in one interpreter's sys.path the copy it never imports could fail the
+    lint (found in a review)."""
+    new, old = tmp_path / "new" / "site-packages", tmp_path / "old" / "site-packages"
+    for site, fixture in ((new, "sm90a.so"), (old, "sm80-ptx80.so")):
+        (site / "torch" / "lib").mkdir(parents=True)
+        (site / "torch" / "__init__.py").write_text("")
+        shutil.copy(FATBIN / fixture, site / "torch/lib/libtorch_cuda.so")
+    (old / "nvidia" / "cudnn" / "lib").mkdir(parents=True)  # a namespace package: not hidden
+    shutil.copy(FATBIN / "sm90.so", old / "nvidia/cudnn/lib/libcudnn.so.9")
+    python = pyenv.PythonEnvironment("python3", (new, old), ("python3",))
+    found = scan(python)
+    assert [lib.path for lib in found.libraries] == [
+        str(old / "nvidia/cudnn/lib/libcudnn.so.9"),
+        str(new / "torch/lib/libtorch_cuda.so"),
+    ]
+    assert found.shadowed == {str(old / "torch/lib/libtorch_cuda.so"): str(new)}
+    shown = text(NativeReport(found, (H200,), tuple(lint(found, (H200,))), None, ""), 300)
+    assert f"not judged: 1 shadowed, Python imports their packages from {new} first" in shown
+    # a root's Pythons are several interpreters: nothing hides, copies alike are one series
+    same = tmp_path / "root" / "a" / "site-packages", tmp_path / "root" / "b" / "site-packages"
+    for site in same:
+        (site / "torch" / "lib").mkdir(parents=True)
+        shutil.copy(FATBIN / "sm90a.so", site / "torch/lib/libtorch_cuda.so")
+    watch = LibraryWatch(lambda: pyenv.PythonEnvironment("root", same, None), None)
+    watch.scan_once()
+    series = _info_series(watch, poll(NVML / "h200-idle.json"))
+    assert [s["library"] for s in series] == ["torch/lib/libtorch_cuda.so"]

@@ -33,9 +33,17 @@ class NativeCollector(FromSnapshot):
             self._judged = (result, {})
         cache = self._judged[1]
         if capability not in cache:
-            cache[capability] = [
-                (lib, judge(lib.report, capability)) for lib in judged(result.libraries)
-            ]
+            # one series for copies alike: the same library in two Pythons of a root (or in
+            # two package directories) gave two identical series, which Prometheus refuses as
+            # duplicates (found in a review)
+            seen: set[tuple[str, str, str, str]] = set()
+            cache[capability] = []
+            for lib in judged(result.libraries):
+                verdict = judge(lib.report, capability)
+                key = (lib.package, lib.relative, verdict.mode, verdict.target)
+                if key not in seen:
+                    seen.add(key)
+                    cache[capability].append((lib, verdict))
         return cache[capability]
 
     def families(self, snap: Snapshot) -> Iterator[Metric]:

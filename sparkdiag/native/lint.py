@@ -32,9 +32,9 @@ from typing import Any, Literal
 
 from sparkdiag.native.advice import advice
 from sparkdiag.native.compat import Verdict, judge, newest_first, sm_name
-from sparkdiag.sources.files import KIB, MIB
+from sparkdiag.sources.files import MIB
 from sparkdiag.sources.software.cuda_libraries import CudaLibrary, LibraryScan
-from sparkdiag.sources.software.fatbin import FatbinReport, Target
+from sparkdiag.sources.software.fatbin import SMALL_FATBIN, FatbinReport, Target
 
 Status = Literal["pass", "warn", "fail"]
 SHOWN = 4  # targets named in a one-line finding before "..."
@@ -53,7 +53,7 @@ SHOWN = 4  # targets named in a one-line finding before "..."
 # not a library's GPU code. The share keeps judged a small library that is mostly its fat
 # binary (the fixtures: 8 to 72 %); the smallest share of a library with real kernels on the
 # H200 is 1.5 % (libcufile.so.0, 47,320 bytes).
-STUB_BYTES = 4 * KIB
+STUB_BYTES = SMALL_FATBIN
 STUB_SHARE = 0.01
 NOT_JUDGED = "not judged: its kernels are not in its fat binary"
 
@@ -154,9 +154,13 @@ def judge_library(library: CudaLibrary, gpu: Gpu) -> LibraryVerdict:
 
 def kernels_elsewhere(library: CudaLibrary) -> bool:
     """Whether ``library``'s fat binary is a stub (see ``STUB_BYTES``): its kernels are not in
-    it, and it is not judged by it."""
+    it, and it is not judged by it. Where the scan looked in the library's other sections
+    (``report.elsewhere``), a fat binary must be found there: a one-kernel extension built for
+    the wrong GPU (3.7 KB of fat binary in 0.6 MB) read as a stub and passed unjudged (found in
+    a review). A header trace was not searched: size and share alone decide."""
     fat = library.report.fatbin_bytes
-    return fat <= STUB_BYTES and fat < STUB_SHARE * library.size_bytes
+    small = fat <= STUB_BYTES and fat < STUB_SHARE * library.size_bytes
+    return small and library.report.elsewhere is not False
 
 
 def judged(libraries: Iterable[CudaLibrary]) -> list[CudaLibrary]:

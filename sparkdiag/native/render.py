@@ -41,6 +41,7 @@ NO_PACKAGES = (
     "software is installed in with --python (an interpreter, a venv, a site-packages or an "
     "unpacked root)"
 )
+SHADOWED_SHOWN = 4  # the names of shadowed libraries a line gives before "(+N)"
 MODE_WORDS: dict[Mode, str] = {
     "native": "native",
     "ptx-jit": "through PTX JIT",
@@ -140,6 +141,16 @@ def text(report: NativeReport, width: int, show_all: bool = False) -> str:
         lines += terminal.wrap(f"torch's arch list not read: {report.torch_note}", width)
     for path, why in sorted(scan.unreadable.items()):
         lines += terminal.wrap(f"not readable: {path}: {why}", width)
+    hidden: dict[str, list[str]] = {}
+    for path, first in sorted(scan.shadowed.items()):
+        hidden.setdefault(first, []).append(path.rsplit("/", 1)[-1])
+    for first, names in hidden.items():
+        more = f" (+{len(names) - SHADOWED_SHOWN})" if len(names) > SHADOWED_SHOWN else ""
+        lines += terminal.wrap(
+            f"not judged: {len(names)} shadowed, Python imports their packages from {first} "
+            f"first: {', '.join(names[:SHADOWED_SHOWN])}{more}",
+            width,
+        )
     for lib in scan.libraries:  # judged on the targets read before or around the damage
         for problem in lib.report.problems:
             lines += terminal.wrap(f"damaged fat binary: {lib.path}: {problem}", width)

@@ -14,8 +14,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +27,9 @@ from sparkdiag.statedir import StateDirError, write_atomically
 
 CACHE_NAME = "cuda-libraries.json"
 # 2: an architecture number no GPU has is a problem, no longer a target (sm_4294967295): the
-# reports cached before are read again
-CACHE_FORMAT = "sparkdiag-cuda-libraries/2"
+# reports cached before are read again. 3: a small fat binary says whether the library has fat
+# binaries elsewhere (FatbinReport.elsewhere), which the lint's stub rule needs
+CACHE_FORMAT = "sparkdiag-cuda-libraries/3"
 CACHE_LIMIT = 32 * MIB
 
 
@@ -65,6 +66,9 @@ class LibraryScan:
     cached: int
     unreadable: Mapping[str, str]
     seconds: float
+    # path -> the package directory Python imports its package from instead, earlier in the
+    # interpreter's sys.path: that copy is never loaded and is not judged
+    shadowed: Mapping[str, str] = field(default_factory=dict)
 
 
 _Key = tuple[str, int, int]
@@ -145,6 +149,25 @@ def _top_package(path: Path, site: Path) -> str:
     return first.split(".", 1)[0].replace("_", "-").lower()
 
 
+def _import_root(relative: Path, site: Path) -> Path:
+    """What Python imports ``relative`` under: its top package (``torch``), or within a
+    namespace package (a directory without ``__init__.py``, as ``nvidia`` of the CUDA wheels,
+    which spans package directories) the package below it (``nvidia/cublas``)."""
+    parts = relative.parts
+    if len(parts) > 2 and not (site / parts[0] / "__init__.py").exists():
+        return Path(parts[0], parts[1])
+    return Path(parts[0])
+
+
+def _shadowing(root: Path, earlier: Sequence[Path]) -> Path | None:
+    """The first of the ``earlier`` package directories that holds ``root`` (as a package
+    directory or a module file), which Python imports instead; None when none does."""
+    for site in earlier:
+        if (site / root).is_dir() or any((site / root.parent).glob(f"{root.name}.*")):
+            return site
+    return None
+
+
 def scan(env: PythonEnvironment, cache: ScanCache | None = None) -> LibraryScan:
     """Every library with device code under ``env``'s package directories.
 
@@ -157,10 +180,21 @@ def scan(env: PythonEnvironment, cache: ScanCache | None = None) -> LibraryScan:
     unreadable: dict[str, str] = {}
     seen: set[Path] = set()
     keys: list[_Key] = []
+    shadowed: dict[str, str] = {}
     files = cached = 0
-    for site in env.site_dirs:
+    for number, site in enumerate(env.site_dirs):
         owners = file_owners(site)
+        # an interpreter's package directories are in its sys.path order: a package in an
+        # earlier one hides its copies in the later ones (pip install --user over the
+        # distribution's torch). Both were judged, and the copy never loaded could fail the
+        # lint (found in a review). A root's Pythons are several interpreters: none hides
+        earlier = env.site_dirs[:number] if env.python is not None else ()
         for path in walk_libraries(site):
+            if earlier:
+                first = _shadowing(_import_root(path.relative_to(site), site), earlier)
+                if first is not None:
+                    shadowed[env.show(path)] = env.show(first)
+                    continue
             real = path.resolve()
             if real in seen:
                 continue
@@ -212,6 +246,7 @@ def scan(env: PythonEnvironment, cache: ScanCache | None = None) -> LibraryScan:
         cached=cached,
         unreadable=unreadable,
         seconds=time.monotonic() - started,
+        shadowed=shadowed,
     )
 
 
@@ -224,6 +259,7 @@ def scan_json(result: LibraryScan) -> dict[str, Any]:
         "cached": result.cached,
         "seconds": round(result.seconds, 3),
         "unreadable": dict(result.unreadable),
+        "shadowed": dict(result.shadowed),
         "libraries": [
             {
                 "path": lib.path,
@@ -261,4 +297,5 @@ def scan_from_json(doc: Mapping[str, Any]) -> LibraryScan:
         cached=int(doc["cached"]),
         unreadable={str(k): str(v) for k, v in dict(doc["unreadable"]).items()},
         seconds=float(doc["seconds"]),
+        shadowed={str(k): str(v) for k, v in dict(doc.get("shadowed", {})).items()},
     )

@@ -45,6 +45,7 @@ from sparkdiag.sources.software.elf import (
     FileReader,
     Reader,
     RecordingReader,
+    Section,
     TraceReader,
     read_sections,
     section_map,
@@ -69,6 +70,11 @@ MAX_ENTRIES = 2_000_000  # a hostile or damaged file stops here
 # sm_4294967295 it read as a target (the hostile review). 999 leaves room for compute
 # capability 99.9.
 MIN_ARCH, MAX_ARCH = 10, 999
+# A .nv_fatbin this small (a kernel or two for a target or two: nvcc 13.0 writes 0.5 to 5.4 KB
+# for one trivial kernel and target) may be a stub whose library keeps its kernels elsewhere
+# (nvidia-cufft's libcufft.so.12: 672 bytes, its FFT kernels fat binaries in .ldata): the
+# walk looks in the library's other sections for a fat binary container (native/lint.py)
+SMALL_FATBIN = 4 * 1024
 
 
 @dataclass(frozen=True, order=True)
@@ -116,6 +122,7 @@ class FatbinReport:
     relocatable: target name -> entries in ``__nv_relfatbin`` (device-linker input, not loaded)
     containers: fat binary containers in ``.nv_fatbin``
     fatbin_bytes: size of ``.nv_fatbin``
+    elsewhere: fat binaries found in other sections (see the field)
     problems: damaged or unexpected structures met (the walk stops at the first in a section)
     """
 
@@ -127,6 +134,10 @@ class FatbinReport:
     containers: int = 0
     fatbin_bytes: int = 0
     problems: tuple[str, ...] = ()
+    # where .nv_fatbin is at most SMALL_FATBIN: whether another section holds a fat binary
+    # container with a target in it; None where it was not looked for (a larger .nv_fatbin,
+    # a header trace)
+    elsewhere: bool | None = None
 
     @property
     def has_gpu_code(self) -> bool:
@@ -146,6 +157,8 @@ class FatbinReport:
             "containers": self.containers,
             "fatbin_bytes": self.fatbin_bytes,
             "problems": list(self.problems),
+            # only where it was looked for: the documents of the traces kept lack it
+            **({} if self.elsewhere is None else {"elsewhere": self.elsewhere}),
         }
 
     @classmethod
@@ -160,6 +173,7 @@ class FatbinReport:
             containers=int(doc["containers"]),
             fatbin_bytes=int(doc["fatbin_bytes"]),
             problems=tuple(str(p) for p in doc["problems"]),
+            elsewhere=None if doc.get("elsewhere") is None else bool(doc["elsewhere"]),
         )
 
 
@@ -278,11 +292,35 @@ def _next_container(reader: Reader, pos: int, end: int, start: int) -> int | Non
     return None
 
 
-def walk(reader: Reader) -> FatbinReport | None:
+def _found_elsewhere(reader: Reader, sections: tuple[Section, ...]) -> bool:
+    """Whether a section other than the fat binary ones holds a fat binary container (aligned,
+    whole within the section) with a cubin or PTX entry: a stub's kernels, where the library
+    keeps them. Reads until the first is found: the whole file where there is none."""
+    for section in sections:
+        if section.name in (SECTION, RELOCATABLE_SECTION) or section.nobits:
+            continue
+        pos, end = section.offset, section.offset + section.size
+        while (found := _next_container(reader, pos, end, section.offset)) is not None:
+            head = reader.read(found, _CONTAINER.size)
+            if len(head) == _CONTAINER.size:
+                _magic, version, header_size, body = _CONTAINER.unpack(head)
+                body_end = found + header_size + body
+                if version == 1 and header_size >= _CONTAINER.size and body_end <= end:
+                    probe = _Walk()
+                    probe._entries(reader, found + header_size, body_end, section.name)
+                    if probe.sass or probe.ptx:
+                        return True
+            pos = found + 8
+    return False
+
+
+def walk(reader: Reader, look_elsewhere: bool = True) -> FatbinReport | None:
     """The fat binaries of the ELF file behind ``reader``; None when it has no ``.nv_fatbin``
-    and no ``__nv_relfatbin`` (no CUDA device code). Raises
-    :class:`sparkdiag.sources.software.elf.NotElf`."""
-    sections = section_map(read_sections(reader))
+    and no ``__nv_relfatbin`` (no CUDA device code). Where ``.nv_fatbin`` is at most
+    ``SMALL_FATBIN`` and ``look_elsewhere``, the other sections are searched for fat binaries
+    (:attr:`FatbinReport.elsewhere`). Raises :class:`sparkdiag.sources.software.elf.NotElf`."""
+    table = read_sections(reader)
+    sections = section_map(table)
     main, relocatable = sections.get(SECTION), sections.get(RELOCATABLE_SECTION)
     if main is None and relocatable is None:
         return None
@@ -294,6 +332,10 @@ def walk(reader: Reader) -> FatbinReport | None:
     if relocatable is not None and not relocatable.nobits:
         rel.section(reader, relocatable.offset, relocatable.size, RELOCATABLE_SECTION)
         rel.implausible_problem(RELOCATABLE_SECTION)
+    elsewhere = None
+    small = main is not None and not main.nobits and main.size <= SMALL_FATBIN
+    if small and look_elsewhere:
+        elsewhere = _found_elsewhere(reader, table)
     return FatbinReport(
         sass=dict(loaded.sass),
         ptx=dict(loaded.ptx),
@@ -303,6 +345,7 @@ def walk(reader: Reader) -> FatbinReport | None:
         containers=loaded.containers,
         fatbin_bytes=main.size if main is not None else 0,
         problems=(*loaded.problems, *rel.problems),
+        elsewhere=elsewhere,
     )
 
 
@@ -397,7 +440,7 @@ def trace_document(path: Path, name: str | None = None) -> dict[str, Any]:
     saw, for the replay to be held to."""
     with path.open("rb") as fh:
         recorder = RecordingReader(FileReader(fh))
-        report = walk(recorder)
+        report = walk(recorder, look_elsewhere=False)  # a trace keeps headers, not sections
     return {
         "format": TRACE_FORMAT,
         "library": name or path.name,
@@ -412,4 +455,4 @@ def replay(doc: Mapping[str, Any]) -> FatbinReport | None:
     if doc.get("format") != TRACE_FORMAT:
         raise ValueError(f"not a {TRACE_FORMAT} document")
     trace = {int(offset): bytes.fromhex(data) for offset, data in doc["reads"].items()}
-    return walk(TraceReader(trace))
+    return walk(TraceReader(trace), look_elsewhere=False)
