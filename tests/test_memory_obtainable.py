@@ -119,6 +119,22 @@ def test_gpu_memory_thresholds() -> None:
     assert only(check_gpu_memory(_spark(_host(12, 0.2, 1), False))).status == "warn"  # type: ignore[arg-type]
 
 
+def test_no_drop_caches_advice_for_a_cache_it_cannot_free() -> None:
+    """A page cache of 62 GiB, 60 of it tmpfs and /dev/shm (Shmem), warned and advised a
+    drop_caches that frees 0.5 GiB (found in a review): the advice follows what it frees."""
+    shm = HostSample(
+        memory_bytes={"total": 121.7 * GIB, "free": 55 * GIB, "available": 55 * GIB},
+        obtainable_bytes=55.5 * GIB,
+        page_cache_bytes={"total": 62 * GIB, "reclaimable": 0.5 * GIB, "shmem": 60 * GIB},
+    )
+    r = only(check_gpu_memory(_spark(shm, False)))  # type: ignore[arg-type]
+    assert r.status == "pass" and "drop_caches" not in r.action
+    dirty = replace(shm, page_cache_bytes={"total": 62 * GIB, "reclaimable": 10 * GIB,
+                                           "dirty": 20 * GIB})  # fmt: skip
+    r = only(check_gpu_memory(_spark(dirty, False)))  # type: ignore[arg-type]
+    assert r.status == "warn" and r.action.startswith("sync; echo 3")  # sync makes it clean
+
+
 def test_gpu_memory_on_a_dedicated_gpu_is_nvml_free() -> None:
     r = only(check_gpu_memory(context(poll(NVML / "h200-idle.json"))))
     assert r.status == "pass" and r.finding.endswith("(NVML free)")
