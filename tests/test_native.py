@@ -917,3 +917,64 @@ def test_copies_alike_are_one_series_and_a_shadowed_copy_is_not_judged(tmp_path:
     watch.scan_once()
     series = _info_series(watch, poll(NVML / "h200-idle.json"))
     assert [s["library"] for s in series] == ["torch/lib/libtorch_cuda.so"]
+
+
+def test_a_capability_is_major_dot_one_digit(tmp_path: Path) -> None:
+    """'².1' passed isdigit() and failed int() with a traceback (exit 1); '12.10' was judged as
+    sm_1210 (found in a review)."""
+    assert parse_capability("12.1") == (12, 1) and parse_capability(" 9.0 ") == (9, 0)
+    for bad in ("².1", "12.10", "12", "1\u0662.1", "", "12.1a"):
+        assert parse_capability(bad) is None, bad
+    site = _site_with_a_stub(tmp_path)
+    for bad in ("².1", "12.10"):
+        done = _native("--python", str(site), "--capability", bad, "--state-dir", str(tmp_path))
+        assert done.returncode == 2 and "expected MAJOR.MINOR" in done.stderr, done.stderr
+
+
+def test_advice_names_the_gpu_it_is_for() -> None:
+    """The flash-attn line said "no build for sm_121" for a GPU of 10.0, and the vLLM line
+    spoke of GB10 on every GPU (found in a review): what the reports say of GB10 is said on
+    GB10 only."""
+    from sparkdiag.native.advice import advice
+
+    on_b200 = advice("flash-attn", (10, 0))
+    assert "sm_100" in on_b200 and "sm_121" not in on_b200 and "#1969" not in on_b200
+    assert "#1969" in advice("flash-attn", (12, 1))
+    assert "GB10" not in advice("vllm", (9, 0)) and "#50925" in advice("vllm", (12, 1))
+
+
+def test_what_could_not_be_read_is_a_warning_not_all_native(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A library that could not be read, or a directory that could not be listed, was not
+    judged, and the lint still exited 0 saying every library ran natively (found in a
+    review)."""
+    from sparkdiag.sources.software import cuda_libraries, elf
+
+    site = _site_with_a_stub(tmp_path)
+    (site / "hidden" / "deep").mkdir(parents=True)
+    shutil.copy(FATBIN / "sm90.so", site / "hidden/locked.so")
+    real_read, real_scandir = cuda_libraries.read_fatbin, os.scandir
+
+    def read(path: Path) -> FatbinReport | None:
+        if path.name == "locked.so":
+            raise PermissionError(13, "Permission denied")
+        return real_read(path)
+
+    def scandir(path: str | Path) -> object:
+        if str(path).endswith("deep"):
+            raise PermissionError(13, "Permission denied")
+        return real_scandir(path)
+
+    monkeypatch.setattr(cuda_libraries, "read_fatbin", read)
+    monkeypatch.setattr(elf.os, "scandir", scandir)
+    found = scan(pyenv.resolve(site))
+    assert found.unreadable == {
+        str(site / "hidden/locked.so"): "Permission denied",
+        str(site / "hidden/deep"): "cannot list it: Permission denied",
+    }
+    report = NativeReport(found, (H200,), tuple(lint(found, (H200,))), None, "")
+    assert report.status == "warn"  # was pass: exit 0, "1 native"
+    r = only(check_native_code(context(poll(NVML / "h200-idle.json"), libraries=found)))
+    assert r.status == "warn" and "2 not readable (sparkdiag native names them)" in r.finding
+    assert r.finding.startswith("all 1 libraries with GPU code read in")

@@ -72,17 +72,26 @@ def check_native_code(ctx: CheckContext) -> list[CheckResult]:
     for verdict in verdicts:
         if verdict.status != "pass":
             by_package[verdict.library.package].append(verdict)
+    # a library or directory that could not be read was not judged: the row said all ran
+    # natively and passed (found in a review)
+    unread = f"; {len(scan.unreadable)} not readable (sparkdiag native names them)"
+    unread_action = (
+        "run sparkdiag native as the user who runs the jobs, or make those files readable"
+    )
     if not by_package:
         sms = ", ".join(sorted({g.sm for g in gpus}))
         return [
             CheckResult(
                 NAME,
-                "pass",
-                f"all {len(libraries)} libraries with GPU code in {scan.environment} run "
-                f"natively on {sms}{aside}",
+                "warn" if scan.unreadable else "pass",
+                f"all {len(libraries)} libraries with GPU code{' read' if scan.unreadable else ''}"
+                f" in {scan.environment} run natively on {sms}"
+                f"{unread if scan.unreadable else ''}{aside}",
+                unread_action if scan.unreadable else "",
                 data={
                     "libraries": [v.as_json() for v in verdicts],
                     "not_judged": [stub_json(lib) for lib in stubs],
+                    "unreadable": dict(scan.unreadable),
                 },
             )
         ]
@@ -103,6 +112,16 @@ def check_native_code(ctx: CheckContext) -> list[CheckResult]:
                     data={"libraries": [v.as_json() for v in mine]},
                 )
             )
+    if scan.unreadable:
+        rows.append(
+            CheckResult(
+                NAME,
+                "warn",
+                f"not judged in {scan.environment}{unread}",
+                unread_action,
+                data={"unreadable": dict(scan.unreadable)},
+            )
+        )
     return rows
 
 

@@ -48,9 +48,20 @@ BY_PACKAGE = {
     ),
     "vllm": (
         'build vLLM for this GPU (TORCH_CUDA_ARCH_LIST="{arch}" pip install -e . '
-        "--no-build-isolation) or run NVIDIA's vLLM container for it: the published aarch64 "
-        "build carries SASS up to sm_120 and PTX sm_80 only, and on GB10 its NVFP4 MoE falls "
-        "back to Marlin (vllm-project/vllm#50925)"
+        "--no-build-isolation) or run NVIDIA's vLLM container for it"
+    ),
+    "flash-attn": (
+        "build flash-attention from source for {sm} (FLASH_ATTN_CUDA_ARCHS and "
+        'TORCH_CUDA_ARCH_LIST="{arch}"), or use torch\'s scaled_dot_product_attention'
+    ),
+}
+# What the public reports say of GB10 (sm_121) alone: said on another GPU, "no build for
+# sm_121" answered a GPU of 10.0 (found in a review)
+ON_GB10 = {
+    "vllm": BY_PACKAGE["vllm"]
+    + (
+        ": the published aarch64 build carries SASS up to sm_120 and PTX sm_80 only, and on "
+        "GB10 its NVFP4 MoE falls back to Marlin (vllm-project/vllm#50925)"
     ),
     "flash-attn": (
         "flash-attention publishes no build for sm_121 (Dao-AILab/flash-attention#1969): build "
@@ -58,6 +69,7 @@ BY_PACKAGE = {
         "torch's scaled_dot_product_attention"
     ),
 }
+GB10_CAPABILITY = (12, 1)
 
 
 def advice(package: str, capability: tuple[int, int]) -> str:
@@ -68,6 +80,8 @@ def advice(package: str, capability: tuple[int, int]) -> str:
         "arch": arch_list_entry(capability),
         "num": f"{capability[0]}{capability[1]}",
     }
+    if package in ON_GB10 and capability == GB10_CAPABILITY:
+        return ON_GB10[package].format(**fill)
     if package in BY_PACKAGE:
         return BY_PACKAGE[package].format(**fill)
     if package == "nvidia-cufile" and capability >= (9, 0):

@@ -24,6 +24,7 @@ otherwise not at all ("no kernel image is available for execution on the device"
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -36,11 +37,16 @@ _VARIANT_RANK = {"": 0, "f": 1, "a": 2}
 
 
 def parse_capability(text: str) -> tuple[int, int] | None:
-    """``"12.1"`` -> (12, 1); None for "" or anything else (NVML did not say)."""
-    major, _, minor = text.strip().partition(".")
-    if not major.isdigit() or not minor.isdigit():
+    """``"12.1"`` -> (12, 1); None for "" or anything else (NVML did not say). The minor is
+    one digit, as every compute capability's (sm_121 is 12.1): "12.10" read as sm_1210, and
+    "².1" passed isdigit() and failed int() with a traceback (found in a review)."""
+    match = _CAPABILITY.fullmatch(text.strip())
+    if match is None:
         return None
-    return int(major), int(minor)
+    return int(match[1]), int(match[2])
+
+
+_CAPABILITY = re.compile("([0-9]{1,3})[.]([0-9])")
 
 
 def sm_name(capability: tuple[int, int]) -> str:

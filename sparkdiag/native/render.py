@@ -67,11 +67,15 @@ class NativeReport:
 
     @property
     def status(self) -> str:
-        """fail, warn or pass: the worst verdict (pass when there is none); not-judged when
-        there was no GPU to judge for or no package directory to look in."""
+        """fail, warn or pass: the worst verdict (pass when there is none), warn at least where
+        a library or directory could not be read (it exited 0 and said every library ran
+        natively: found in a review); not-judged when there was no GPU to judge for or no
+        package directory to look in."""
         if not self.gpus or not self.scan.site_dirs:
             return "not-judged"
         seen = {v.status for v in self.verdicts}
+        if self.scan.unreadable:  # what could not be read was not judged: no "all native"
+            seen.add("warn")
         return "fail" if "fail" in seen else "warn" if "warn" in seen else "pass"
 
     @property
@@ -136,15 +140,16 @@ def text(report: NativeReport, width: int, show_all: bool = False) -> str:
         lines += terminal.wrap(f"torch {report.torch.version} built for {arch}", width)
         for gpu, mode, target in report.torch_verdicts():
             how = f" from {target}" if target else ""
-            lines += terminal.wrap(f"  on GPU {gpu.index} ({gpu.sm}): {mode}{how}", width)
+            on = f"GPU {gpu.index} ({gpu.sm})" if gpu.index else gpu.sm  # --capability: no GPU
+            lines += terminal.wrap(f"  on {on}: {mode}{how}", width)
     elif report.torch_note:
         lines += terminal.wrap(f"torch's arch list not read: {report.torch_note}", width)
     for path, why in sorted(scan.unreadable.items()):
         lines += terminal.wrap(f"not readable: {path}: {why}", width)
-    hidden: dict[str, list[str]] = {}
+    by_first: dict[str, list[str]] = {}
     for path, first in sorted(scan.shadowed.items()):
-        hidden.setdefault(first, []).append(path.rsplit("/", 1)[-1])
-    for first, names in hidden.items():
+        by_first.setdefault(first, []).append(path.rsplit("/", 1)[-1])
+    for first, names in by_first.items():
         more = f" (+{len(names) - SHADOWED_SHOWN})" if len(names) > SHADOWED_SHOWN else ""
         lines += terminal.wrap(
             f"not judged: {len(names)} shadowed, Python imports their packages from {first} "

@@ -189,7 +189,8 @@ def scan(env: PythonEnvironment, cache: ScanCache | None = None) -> LibraryScan:
         # distribution's torch). Both were judged, and the copy never loaded could fail the
         # lint (found in a review). A root's Pythons are several interpreters: none hides
         earlier = env.site_dirs[:number] if env.python is not None else ()
-        for path in walk_libraries(site):
+        unlisted: dict[str, str] = {}
+        for path in walk_libraries(site, unlisted):
             if earlier:
                 first = _shadowing(_import_root(path.relative_to(site), site), earlier)
                 if first is not None:
@@ -236,6 +237,8 @@ def scan(env: PythonEnvironment, cache: ScanCache | None = None) -> LibraryScan:
                     listed,
                 )
             )
+        for directory, why in unlisted.items():
+            unreadable[env.show(Path(directory))] = f"cannot list it: {why}"
     cache.keep_only(keys, env.site_dirs)
     cache.save()
     return LibraryScan(

@@ -157,9 +157,11 @@ def is_shared_library_name(name: str) -> bool:
     return name.endswith(".so") or ".so." in name
 
 
-def walk_libraries(root: Path) -> Iterator[Path]:
+def walk_libraries(root: Path, unlisted: dict[str, str] | None = None) -> Iterator[Path]:
     """Every regular file under ``root`` whose name is a shared library's, symlinks not
-    followed (a wheel's ``libx.so.12`` -> ``libx.so.12.1`` is read once, as the file).
+    followed (a wheel's ``libx.so.12`` -> ``libx.so.12.1`` is read once, as the file). A
+    directory that cannot be listed goes into ``unlisted`` (path -> why): it was passed over
+    without a word, and the libraries in it never judged (found in a review).
 
     With ``os.scandir``, whose entries carry the file type readdir gives: a site-packages with
     torch holds tens of thousands of files, and a stat of each cost 1.8 s of a 2.3 s scan here.
@@ -170,7 +172,9 @@ def walk_libraries(root: Path) -> Iterator[Path]:
         try:
             with os.scandir(directory) as it:
                 entries = sorted(it, key=lambda e: e.name)
-        except OSError:
+        except OSError as exc:
+            if unlisted is not None:
+                unlisted[directory] = exc.strerror or str(exc)
             continue
         for entry in entries:
             try:
