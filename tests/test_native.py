@@ -978,3 +978,26 @@ def test_what_could_not_be_read_is_a_warning_not_all_native(
     r = only(check_native_code(context(poll(NVML / "h200-idle.json"), libraries=found)))
     assert r.status == "warn" and "2 not readable (sparkdiag native names them)" in r.finding
     assert r.finding.startswith("all 1 libraries with GPU code read in")
+
+
+def test_a_directory_a_pth_file_adds_is_scanned(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An editable install's source tree, put on sys.path by a .pth file, was never scanned: it
+    holds no *.dist-info and is not named site-packages (found in a review). $PYTHONPATH's
+    directories are not walked (a home directory would be walked whole)."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = venv.glob("lib/python3*/site-packages")
+    src = tmp_path / "src"
+    (src / "myext").mkdir(parents=True)
+    shutil.copy(FATBIN / "sm90.so", src / "myext/_C.so")
+    (site / "__editable__.myext.pth").write_text(f"{src}\n")
+    home = tmp_path / "home"
+    (home / "junk").mkdir(parents=True)
+    shutil.copy(FATBIN / "sm90.so", home / "junk/_x.so")
+    monkeypatch.setenv("PYTHONPATH", str(home))
+    env = pyenv.for_python([str(venv / "bin" / "python")])
+    assert env.site_dirs == (site, src)
+    found = scan(env)
+    assert [(lib.relative, lib.package) for lib in found.libraries] == [("myext/_C.so", "myext")]

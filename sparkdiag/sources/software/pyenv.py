@@ -23,7 +23,15 @@ from typing import Any
 
 from sparkdiag.sources.files import MIB, read_text_limited
 
-PATH_SCRIPT = "import json, sys; print(json.dumps([p for p in sys.path if p]))"
+# sys.path, the standard library's directories and $PYTHONPATH's: the rest of sys.path is where
+# packages are (package directories, and what .pth files add). $PYTHONPATH is left out: one
+# naming a home directory would have the scan walk all of it
+PATH_SCRIPT = (
+    "import json, os, sys, sysconfig; print(json.dumps({'path': [p for p in sys.path if p], "
+    "'stdlib': [sysconfig.get_path(n) for n in ('stdlib', 'platstdlib')], "
+    "'pythonpath': [os.path.abspath(p) for p in "
+    "os.environ.get('PYTHONPATH', '').split(os.pathsep) if p]}))"
+)
 # Where Debian/Ubuntu Pythons, python.org builds, NGC images and conda put packages.
 ROOT_PATTERNS = (
     "usr/lib/python3*/site-packages",
@@ -141,10 +149,30 @@ def interpreter_paths(python: Sequence[str], timeout: float = 30.0) -> list[Path
     Same reading as ``python -c 'import sys; print(sys.path)'``. Raises NotAnEnvironment when
     it cannot run, fails or prints something else.
     """
-    paths, why = run_json([*python, "-c", PATH_SCRIPT], timeout)
+    doc, why = run_json([*python, "-c", PATH_SCRIPT], timeout)
+    if isinstance(doc, list):  # sys.path alone (a wrapper that answers the script its own way)
+        return [Path(p) for p in doc if isinstance(p, str) and _is_site_dir(Path(p))]
+    paths = doc.get("path") if isinstance(doc, dict) else None
     if not isinstance(paths, list):
         raise NotAnEnvironment(f"{' '.join(python)} did not give its sys.path: {why}")
-    return [Path(p) for p in paths if isinstance(p, str) and Path(p).is_dir()]
+    stdlib = [Path(p) for p in doc.get("stdlib") or () if isinstance(p, str)]
+    given = {Path(p) for p in doc.get("pythonpath") or () if isinstance(p, str)}
+    return [
+        Path(p)
+        for p in paths
+        if isinstance(p, str)
+        and Path(p).is_dir()
+        and not _in_stdlib(Path(p), stdlib)
+        and (Path(p) not in given or _is_site_dir(Path(p)))
+    ]
+
+
+def _in_stdlib(path: Path, stdlib: Sequence[Path]) -> bool:
+    """Whether ``path`` is the standard library or inside it (``lib-dynload``), and not a
+    package directory (a python.org build's ``site-packages`` is inside ``lib/python3.X``)."""
+    if path.name in ("site-packages", "dist-packages"):
+        return False
+    return any(path == lib or lib in path.parents for lib in stdlib)
 
 
 def site_dirs_under(root: Path) -> list[Path]:
@@ -165,8 +193,14 @@ def _is_site_dir(path: Path) -> bool:
 
 
 def for_python(python: Sequence[str], label: str = "") -> PythonEnvironment:
-    """The environment of the interpreter command ``python`` (the probe worker's)."""
-    dirs = [d for d in interpreter_paths(python) if _is_site_dir(d)]
+    """The environment of the interpreter command ``python`` (the probe worker's): every
+    directory of its ``sys.path`` outside the standard library, in that order. The package
+    directories, and the directories a ``.pth`` file adds (an editable install's source tree:
+    ``TORCH_CUDA_ARCH_LIST=12.1a pip install -e .``, as the lint itself advises), which were
+    left out for holding no ``*.dist-info`` (found in a review). An editable install whose
+    ``.pth`` imports a finder (setuptools' for a layout it cannot map to one directory) puts
+    no directory on ``sys.path`` and is still not seen."""
+    dirs = interpreter_paths(python)
     shown = " ".join(python) + (f" ({label})" if label else "")
     return PythonEnvironment(shown, tuple(dict.fromkeys(dirs)), tuple(python))
 
