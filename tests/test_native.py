@@ -1001,3 +1001,22 @@ def test_a_directory_a_pth_file_adds_is_scanned(
     assert env.site_dirs == (site, src)
     found = scan(env)
     assert [(lib.relative, lib.package) for lib in found.libraries] == [("myext/_C.so", "myext")]
+
+
+def test_a_plain_cubin_of_the_gpu_beside_an_arch_specific_build_of_its_major_warns() -> None:
+    """TORCH_CUDA_ARCH_LIST="9.0a;10.0a;12.0a;12.1" passed on GB10 while the same build with
+    12.0 warned: both lack sm_121a, so the kernels built only for "a" targets fall back
+    (found in a review). Arch-specific builds of other majors only, beside a plain cubin of
+    this GPU (CuPy's cub on the H200: sm_100f, sm_120f and sm_90), stay a pass."""
+
+    def lib(*sass: str) -> CudaLibrary:
+        report = FatbinReport(sass=dict.fromkeys(sass, 1), containers=1, fatbin_bytes=1 << 20)
+        return CudaLibrary("/x/_C.so", "x/_C.so", "x", "1", 1 << 21, report)
+
+    built = lib("sm_121", "sm_120a", "sm_100a", "sm_90a")
+    v = judge_library(built, GB10)
+    assert (v.status, v.verdict.target) == ("warn", "sm_121")
+    assert v.reason.startswith("runs sm_121 SASS; its arch-specific builds (")
+    assert judge_library(lib("sm_120", "sm_120a", "sm_100a"), GB10).status == "warn"  # as before
+    assert judge_library(lib("sm_121a", "sm_121", "sm_120a"), GB10).status == "pass"
+    assert judge_library(lib("sm_100f", "sm_120f", "sm_90", "sm_80"), H200).status == "pass"

@@ -136,16 +136,28 @@ def judge_library(library: CudaLibrary, gpu: Gpu) -> LibraryVerdict:
             f"{verdict.target}",
             todo,
         )
-    if not verdict.exact and verdict.specific_elsewhere and not verdict.specific:
+    # arch-specific builds for other GPUs and none here: the kernels built only that way (the
+    # tensor-core paths) fall back. Beside a plain cubin of this very GPU, only where one of
+    # them is of its major: TORCH_CUDA_ARCH_LIST="12.0a;12.1" passed on GB10 without sm_121a
+    # (found in a review), while CuPy's cub with sm_100f and sm_120f beside a plain sm_90 is
+    # as CuPy builds it for Hopper, not a fallback (the H200's scan)
+    same_major = [
+        t for t in verdict.specific_elsewhere if Target.parse(t).capability[0] == gpu.capability[0]
+    ]
+    if verdict.specific_elsewhere and not verdict.specific and (not verdict.exact or same_major):
+        runs = (
+            f"runs {verdict.target} SASS"
+            if verdict.exact
+            else f"runs {verdict.target} SASS, none for {gpu.sm} itself"
+        )
         return LibraryVerdict(
             library,
             gpu,
             verdict,
             "warn",
-            f"runs {verdict.target} SASS, none for {gpu.sm} itself; its "
-            f"arch-specific builds ({_names(verdict.specific_elsewhere)}) are for other GPUs "
-            f"and none ({gpu.sm}a or a family target) loads here, so the tensor-core paths "
-            "built only that way fall back",
+            f"{runs}; its arch-specific builds ({_names(verdict.specific_elsewhere)}) are for "
+            f"other GPUs and none ({gpu.sm}a or a family target) loads here, so the "
+            "tensor-core paths built only that way fall back",
             todo,
         )
     how = "" if verdict.exact else " (an earlier minor of the same major runs here)"
