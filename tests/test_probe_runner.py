@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -196,3 +198,54 @@ def test_probe_cycle_is_frozen() -> None:
         cycle.result = "error"  # type: ignore[misc]
     assert cycle.wall_seconds > 0
     assert cycle.worker_pid is not None and cycle.worker_pid != os.getpid()
+
+
+def test_a_worker_that_cannot_be_killed_does_not_hold_the_cycle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found in a review: after SIGKILL the runner waited for the worker with no timeout, so a
+    worker stuck in the driver (D state: SIGKILL stays pending) held the probe thread, and with
+    it the GPU's lock, for ever; its pid had already left the workers a stopping daemon kills.
+    Stuck is stood in for by signals that never arrive: the runner's killpg drops them."""
+    pidfile = tmp_path / "pids"
+    deliver = runner.killpg
+    stuck = threading.Event()
+    stuck.set()
+
+    def pending(pgid: int, sig: signal.Signals) -> None:
+        if not stuck.is_set():
+            deliver(pgid, sig)
+
+    monkeypatch.setattr(runner, "killpg", pending)
+    monkeypatch.setattr(runner, "KILLED_WAIT_SECONDS", 0.5, raising=False)
+    out: dict[str, ProbeCycle] = {}
+
+    def probe() -> None:
+        out["cycle"] = run_worker(fake("sleep", str(pidfile)), timeout=1.0, kill_grace=0.3)
+
+    thread = threading.Thread(target=probe, daemon=True)
+    start = time.monotonic()
+    thread.start()
+    thread.join(10)
+    try:
+        assert not thread.is_alive(), "the cycle waited for a worker that cannot be killed"
+        assert time.monotonic() - start < 6
+        cycle = out["cycle"]
+        assert cycle.result == "timeout" and cycle.returncode is None
+        assert "could not be killed" in (cycle.reason or "")
+        assert "stuck in the driver?" in (cycle.reason or "")
+        assert cycle.worker_pid in runner._LIVE  # a daemon that stops still signals it
+        assert runner.kill_running_workers() == 1
+    finally:
+        worker, grandchild = read_pids(pidfile)
+        stuck.clear()  # the driver lets it go
+        deliver(worker, signal.SIGKILL)
+        thread.join(10)
+    # reaped by the runner's daemon thread, and out of the live workers once reaped
+    end = time.monotonic() + 5
+    while worker in runner._LIVE and time.monotonic() < end:
+        time.sleep(0.02)
+    assert worker not in runner._LIVE
+    assert wait_dead([worker, grandchild]) == []
+    with pytest.raises(ChildProcessError):
+        os.waitpid(worker, os.WNOHANG)  # reaped: no zombie left behind

@@ -134,6 +134,10 @@ def container_cycle(
     if missing is not None:
         return ProbeCycle("error", missing.message, None, "", None, 0.0, None)
     cycle = run_in_container(argv, request, timeout, on_start=on_start)
+    if cycle.result == "timeout" and cycle.returncode is None:
+        # the runner could not kill it (stuck in the driver?): its own reason says so, where the
+        # diagnosis would say it was killed
+        return cycle
     failure = diagnose("container", cycle, argv, timeout, "container probe")
     if failure is None or cycle.result == "skipped_busy":
         return cycle

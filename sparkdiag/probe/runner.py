@@ -41,6 +41,10 @@ STDERR_TAIL_BYTES = 8192
 STDOUT_LIMIT_BYTES = 16 * 1024 * 1024
 KILL_GRACE_SECONDS = 2.0
 EXIT_DRAIN_SECONDS = 1.0  # how long to wait for EOF once the worker has exited
+# How long to wait for a SIGKILLed worker to be gone before its cycle ends without it. A process
+# stuck in the driver (D state) does not act on SIGKILL until the driver lets it go, maybe never;
+# a GPU process that does die can take seconds to release a large context, so this is generous.
+KILLED_WAIT_SECONDS = 10.0
 
 _ERROR_LINE = re.compile(r"^\s*(?:[\w.]+(?:Error|Exception|Exit|Interrupt)|error)\b.*", re.I)
 
@@ -53,8 +57,10 @@ class ProbeCycle:
     reason: one line saying why, None when ok
     document: the worker's parsed document, None when there was none
     stderr_tail: the last bytes (up to 8 KiB) of the worker's stderr
-    returncode: exit status, negative for a signal, None if it never started
-    wall_seconds: wall-clock time from start to reaping the worker
+    returncode: exit status, negative for a signal, None if it never started or could not be
+        killed (its cycle is a timeout; a daemon thread reaps it if it ever ends)
+    wall_seconds: wall-clock time from start to reaping the worker (or to leaving one that could
+        not be killed)
     worker_pid: PID of the worker (also its process group and session id)
     """
 
@@ -108,8 +114,10 @@ def run_worker(
     otherwise it is ``[*python, worker_path(), *args]``. The worker runs in a new session; at
     the timeout its whole process group gets SIGTERM and, ``kill_grace``
     seconds later, SIGKILL. Whatever else is left in that group when the
-    worker ends is killed as well. ``on_start(pid)`` is called once the worker
-    runs (the daemon uses it to keep its own worker out of the busy checks).
+    worker ends is killed as well. A worker still there :data:`KILLED_WAIT_SECONDS` after
+    SIGKILL (stuck in the driver) ends its cycle as a timeout that says so, with no
+    ``returncode``; a daemon thread reaps it if it ever ends. ``on_start(pid)`` is called once
+    the worker runs (the daemon uses it to keep its own worker out of the busy checks).
     ``on_progress(progress)`` is called for each progress line the worker
     prints on stderr (one kernel result each) when ``request.progress`` is set.
     """
@@ -138,6 +146,8 @@ def run_worker(
             wall_seconds=time.monotonic() - started,
             worker_pid=None,
         )
+    # The worker's group stays in _LIVE until the worker is reaped (_reap), not merely until its
+    # cycle ends: one that could not be killed still runs, and a daemon that stops must try again.
     with _LIVE_LOCK:
         _LIVE.add(proc.pid)
     try:
@@ -145,26 +155,33 @@ def run_worker(
             on_start(proc.pid)
         source = worker_source().encode("utf-8") if stdin_script else b""
         stdout, stderr, timed_out = _exchange(proc, source, started + timeout, on_progress)
+        returncode = _finish(proc, timed_out, kill_grace)
     except BaseException:
         # Interrupted (KeyboardInterrupt, or SystemExit from a signal handler): the worker runs
         # in its own session and would outlive us; its group goes first.
-        killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(Exception):
-            proc.wait(timeout=kill_grace)
+        if proc.returncode is None:  # once reaped, its pid may name another process
+            killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(Exception):
+                _reap(proc, kill_grace)
         raise
-    finally:
-        with _LIVE_LOCK:
-            _LIVE.discard(proc.pid)
-    returncode = _finish(proc, timed_out, kill_grace)
     wall = time.monotonic() - started
     kept = stderr[-STDERR_TAIL_BYTES:]
     if len(stderr) >= STDERR_TAIL_BYTES and b"\n" in kept:  # cut: its first line is a piece
         kept = kept[kept.index(b"\n") + 1 :]
     tail = kept.decode("utf-8", "replace")
     document = find_document(stdout)
-    if timed_out:
+    if returncode is None:
+        # still there after SIGKILL: its cycle ends now (the caller holds the GPU's lock) and a
+        # daemon thread reaps it whenever the driver lets it go
         result: ProbeResult = "timeout"
-        reason: str | None = f"worker did not finish within {timeout:g} s and was killed"
+        late = f"did not finish within {timeout:g} s and " if timed_out else ""
+        reason: str | None = (
+            f"worker {late}could not be killed: pid {proc.pid} still there "
+            f"{KILLED_WAIT_SECONDS:g} s after SIGKILL (stuck in the driver?)"
+        )
+    elif timed_out:
+        result = "timeout"
+        reason = f"worker did not finish within {timeout:g} s and was killed"
     else:
         result, reason = classify(returncode, document, stdout, tail)
     return ProbeCycle(
@@ -191,10 +208,12 @@ def kill_running_workers() -> int:
     outlive the daemon with nothing left to enforce its timeout. Each runner thread then reaps
     its worker as usual (its cycle ends as killed by SIGKILL).
     """
+    # Signalled under the lock: a worker leaves _LIVE as it is reaped, under the same lock
+    # (_reap), so no group signalled here can have been reaped and its pid given to another.
     with _LIVE_LOCK:
         groups = sorted(_LIVE)
-    for pgid in groups:
-        killpg(pgid, signal.SIGKILL)
+        for pgid in groups:
+            killpg(pgid, signal.SIGKILL)
     return len(groups)
 
 
@@ -306,8 +325,9 @@ def killpg(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
 
 
-def _finish(proc: subprocess.Popen[bytes], timed_out: bool, grace: float) -> int:
-    """Stop whatever is left of the worker's process group and reap the worker."""
+def _finish(proc: subprocess.Popen[bytes], timed_out: bool, grace: float) -> int | None:
+    """Stop whatever is left of the worker's process group and reap the worker; None when the
+    worker is still there :data:`KILLED_WAIT_SECONDS` after SIGKILL (see :func:`_reap`)."""
     if timed_out:
         killpg(proc.pid, signal.SIGTERM)
         end = time.monotonic() + grace
@@ -316,7 +336,43 @@ def _finish(proc: subprocess.Popen[bytes], timed_out: bool, grace: float) -> int
     # The worker is not reaped yet, so its PID still names its process group:
     # nothing it started (in its session) may outlive the cycle.
     killpg(proc.pid, signal.SIGKILL)
-    return proc.wait()
+    return _reap(proc, KILLED_WAIT_SECONDS)
+
+
+def _reap(proc: subprocess.Popen[bytes], wait: float) -> int | None:
+    """Reap the SIGKILLed worker within ``wait`` seconds and return its exit status; None when it
+    is still there, and a daemon thread reaps it later.
+
+    Found in a review: this was ``proc.wait()`` with no timeout, so a worker stuck in the driver
+    (D state, where SIGKILL stays pending) held the probe thread, and with it that GPU's lock,
+    for ever, and its pid had already left _LIVE. It stays in _LIVE until reaped, so that
+    :func:`kill_running_workers` still signals it.
+    """
+    end = time.monotonic() + wait
+    while not _exited(proc.pid):
+        if time.monotonic() >= end:
+            threading.Thread(
+                target=_reap_when_gone, args=(proc,), name=f"reap-{proc.pid}", daemon=True
+            ).start()
+            return None
+        time.sleep(0.05)
+    return _reaped(proc)
+
+
+def _reaped(proc: subprocess.Popen[bytes]) -> int:
+    """Reap a worker that has exited; its group leaves _LIVE in the same step (see
+    :func:`kill_running_workers`)."""
+    with _LIVE_LOCK:
+        _LIVE.discard(proc.pid)
+        return proc.wait()
+
+
+def _reap_when_gone(proc: subprocess.Popen[bytes]) -> None:
+    """A daemon thread's: wait, without reaping, for a worker that could not be killed to end,
+    then reap it (a daemon that exits first leaves it to init)."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+    _reaped(proc)
 
 
 def _error_line(stderr_tail: str) -> str | None:
