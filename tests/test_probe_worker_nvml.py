@@ -70,3 +70,39 @@ def test_busy_detection() -> None:
     assert "1234" in busy.check_during()
     assert busy.other_pids == [1234]
     assert nvml.BusyState(None, set(), 0.1).check_before_context() is None
+
+
+def test_a_display_server_is_not_another_compute_process() -> None:
+    """A run that saw another compute process does not teach a baseline (found in a review;
+    baseline/evaluate.py). A display server holds a graphics context, which NVML lists apart
+    (``nvmlDeviceGetGraphicsRunningProcesses``): the worker reads the compute and MPS lists only,
+    so a GPU driving a desktop is idle to it and still learns its baselines."""
+
+    class Proc:
+        def __init__(self, pid: int) -> None:
+            self.pid = pid
+
+    class Rates:
+        gpu = 2
+
+    class FakePynvml:
+        @staticmethod
+        def nvmlDeviceGetComputeRunningProcesses(_handle: object) -> list[Proc]:
+            return []
+
+        @staticmethod
+        def nvmlDeviceGetMPSComputeRunningProcesses(_handle: object) -> list[Proc]:
+            return []
+
+        @staticmethod
+        def nvmlDeviceGetGraphicsRunningProcesses(_handle: object) -> list[Proc]:
+            return [Proc(1500)]  # Xorg
+
+        @staticmethod
+        def nvmlDeviceGetUtilizationRates(_handle: object) -> Rates:
+            return Rates()
+
+    me = os.getpid()
+    busy = nvml.BusyState(nvml.Nvml(FakePynvml(), "handle"), {me}, 0.1, self_pids={me})
+    assert busy.check_before_context() is None
+    assert busy.other_pids == []

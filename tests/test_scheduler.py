@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import random
 import sys
 import threading
@@ -21,7 +23,7 @@ from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.sources.nvml.fixture import FixtureBackend
 from sparkdiag.sources.nvml.gpu import GpuSource
 from sparkdiag.telemetry.poller import Poller
-from tests.support import NVML, PROBE
+from tests.support import NVML, PROBE, scaled_cycle
 from tests.support import fixture_snapshot as snapshot
 
 
@@ -159,3 +161,120 @@ def test_a_probe_fixture_of_another_gpu_model_is_said_once_per_gpu(
         launch(snapshot("h200-idle", tmp_path).gpus[0], lambda _pid: None)
     (said,) = [r.getMessage() for r in caplog.records]
     assert "recorded on NVIDIA H200, replayed for GPU 0 (NVIDIA GB10)" in said
+
+
+# -- found in a review: what teaches a baseline, and which telemetry the busy rule reads ----------
+
+
+def replayed(out: Path, *docs: dict[str, Any]) -> FixtureLauncher:
+    """A launcher that replays ``docs`` in turn, one per cycle (the last one repeating)."""
+    out.write_text(json.dumps({"format": "sparkdiag-probe-fixture/1", "cycles": list(docs)}))
+    return FixtureLauncher(out)
+
+
+def figure(record: Any, dtype: str, shape: str, beta: int = 0) -> Any:
+    return next(f for f in record.figures if (f.dtype, f.shape, f.beta) == (dtype, shape, beta))
+
+
+LLM = ("bf16", "4096x11008x4096")  # a kernel each of these cycles measured
+
+
+def test_an_error_cycle_is_compared_but_never_teaches(tmp_path: Path) -> None:
+    """Found in a review: the daemon learned baselines from cycles it classed ``error`` (here a
+    bf16 kernel that failed its correctness check, the others at 0.6 of idle), where ``sparkdiag
+    probe`` learns from ``ok`` cycles only. One idle cycle and two such error cycles froze
+    0.6 of idle as the baseline (the median of the first three)."""
+    idle = json.loads((PROBE / "h200-default.json").read_text())
+    wrong = json.loads(scaled_cycle(tmp_path / "slow.json", 0.6).read_text())
+    wrong["results"][0].update(
+        status="error", reason="result mismatch: max rel error 0.31 > bound 0.02", delivered=None
+    )
+    launcher = replayed(tmp_path / "cycles.json", idle, wrong, wrong, idle, idle, wrong)
+    with BaselineStore(tmp_path / "b.sqlite") as store:
+        sched = make(snapshot("h200-idle", tmp_path), launcher, store)
+        records = [sched.run_cycle()[0] for _ in range(3)]
+        assert [r.result for r in records] == ["ok", "error", "error"]
+        assert figure(records[-1], *LLM).delivered is not None  # measured, and reported
+        assert figure(records[-1], *LLM).baseline is None  # one ok cycle: nothing learned yet
+        sched.run_cycle()
+        (learned,) = sched.run_cycle()  # the third ok cycle: the baseline is idle's figure
+        idle_llm = figure(learned, *LLM).delivered
+        assert figure(learned, *LLM).baseline.tflops == pytest.approx(idle_llm)
+        (late,) = sched.run_cycle()  # an error cycle once it is learned: compared with it
+        assert late.result == "error"
+        assert figure(late, *LLM).baseline.tflops == pytest.approx(idle_llm)
+        assert figure(late, *LLM).efficiency == pytest.approx(0.6)
+
+
+def test_a_run_beside_another_compute_process_is_compared_but_never_teaches(
+    tmp_path: Path,
+) -> None:
+    """Found in a review: a run in which the worker saw another compute process on the GPU
+    (``busy.other_pids``; measured with ``probe.when always``, as the container probe always
+    is) taught the baseline. Three such runs at 0.62 of idle passed the reference floor and
+    froze 0.62 of idle as the baseline; now they are compared and reported, and the idle runs
+    after them teach it."""
+    beside = json.loads(scaled_cycle(tmp_path / "beside.json", 0.62, [547]).read_text())
+    idle = json.loads((PROBE / "h200-default.json").read_text())
+    launcher = replayed(tmp_path / "cycles.json", beside, beside, beside, idle, idle, idle, beside)
+    busy = snapshot("h200-load", tmp_path)  # pid 547 computing, as the worker saw
+    with BaselineStore(tmp_path / "b.sqlite") as store:
+        sched = make(busy, launcher, store, when="always")
+        for _ in range(3):
+            (record,) = sched.run_cycle()
+            assert record.result == "ok"
+            assert all(not f.counts_toward_baseline for f in record.figures)
+            assert figure(record, *LLM).delivered is not None
+            assert figure(record, *LLM).baseline is None
+        for _ in range(3):
+            (learned,) = sched.run_cycle()
+        idle_llm = figure(learned, *LLM).delivered
+        assert figure(learned, *LLM).baseline.tflops == pytest.approx(idle_llm)
+        (late,) = sched.run_cycle()  # beside the process again: compared with idle's baseline
+        assert figure(late, *LLM).efficiency == pytest.approx(0.62)
+        assert figure(late, *LLM).baseline.tflops == pytest.approx(idle_llm)
+
+
+def test_each_gpu_is_judged_busy_by_the_latest_telemetry_before_its_worker(
+    tmp_path: Path,
+) -> None:
+    """Found in a review: the periodic cycle applied the busy rule to the snapshot read when it
+    began, so GPUs probed later were judged by telemetry several worker timeouts old; a job
+    that started on every GPU while GPU 0 was probed was measured on the other seven (the
+    container probe's worker, told ``probe_when="always"``, does not check for itself)."""
+    idle = snapshot("h200-x8", tmp_path)
+    busy = dataclasses.replace(
+        idle, gpus=tuple(dataclasses.replace(g, compute_pids=(547,)) for g in idle.gpus)
+    )
+    current = [idle]
+    inner = Recorder()
+
+    def launcher(gpu: GpuSample, on_start: Any) -> ProbeCycle:
+        current[0] = busy  # the poller publishes: job 547 runs on every GPU now
+        return inner(gpu, on_start)
+
+    sched = ProbeScheduler(launcher, ProbeState(), None, "container", lambda: current[0], 300.0)
+    records = sched.run_cycle()
+    assert [r.result for r in records] == ["ok"] + ["skipped_busy"] * 7
+    assert all("pid 547" in (r.reason or "") for r in records[1:])
+    assert [g.identity.index for g in inner.calls] == [0]
+
+
+def test_a_gpu_lost_since_the_cycle_began_is_not_probed(tmp_path: Path) -> None:
+    """The latest telemetry, read just before each GPU's worker, also says whether the GPU is
+    still there: one lost meanwhile is left alone (as a cycle that began without it would)."""
+    idle = snapshot("h200-x8", tmp_path)
+    lost = dataclasses.replace(
+        idle, gpus=tuple(dataclasses.replace(g, up=g.identity.index != 3) for g in idle.gpus)
+    )
+    current = [idle]
+    inner = Recorder()
+
+    def launcher(gpu: GpuSample, on_start: Any) -> ProbeCycle:
+        current[0] = lost
+        return inner(gpu, on_start)
+
+    sched = ProbeScheduler(launcher, ProbeState(), None, "native", lambda: current[0], 300.0)
+    records = sched.run_cycle()
+    assert [r.gpu for r in records] == ["0", "1", "2", "4", "5", "6", "7"]
+    assert all(r.result == "ok" for r in records)

@@ -28,12 +28,22 @@ class GemmFigure:
     peak: from the median iteration, comparable with mamf-finder (``sparkdiag_gemm_peak_tflops``)
     counts_toward_baseline: the run may teach the baseline (whether or not this one was asked to
         record): it was measured, no heat, hardware slowdown or power-brake reason was active
-        during the cycle, and it was not held out (baseline.learning: a compute shape below
-        MIN_REFERENCE_FRACTION of the published MAMF, or, while the baseline is learned, far
-        below its peers and the reference). It says nothing of contention or of the figure
-        against its baseline: a figure at half its baseline beside another process still counts
-        (a learned baseline is the median of the first such runs, then frozen: baseline.store).
-        Named ``healthy`` before, which read as the kernel's health.
+        during the cycle, the worker saw no other compute process on the GPU
+        (``doc.busy.other_pids``), and it was not held out (baseline.learning: a compute shape
+        below MIN_REFERENCE_FRACTION of the published MAMF, or, while the baseline is learned,
+        far below its peers and the reference). It says nothing of the figure against its
+        baseline. Named ``healthy`` before, which read as the kernel's health.
+
+        Contention: before, this flag said nothing of it, and a figure at half its baseline
+        beside another process counted. Found in a review: a baseline is the median of the first
+        counted runs, then frozen (baseline.store), so a probe that measures a shared GPU
+        (``probe.when always``, the container probe) could freeze what the GPU delivers beside a
+        job (0.40-0.71 of idle, docs/probe.md; a run at 0.62 of idle passed the reference floor)
+        and judge every later slow run against it. Such a run is still compared and reported;
+        it only does not teach. ``other_pids`` holds what the worker read from NVML's compute
+        (and MPS) process lists, less its own and the excluded pids: a display server holds a
+        graphics context, which NVML lists apart and the worker never reads, so a GPU that
+        drives a desktop still learns its baselines.
     """
 
     dtype: str
@@ -100,11 +110,14 @@ def evaluate(
     while a baseline is learned, a run far below them and the reference is held out of it
     (:mod:`sparkdiag.baseline.learning`)."""
     hot = conditions_unhealthy(doc)
+    # another compute process seen on the GPU by the worker: its figures are compared, never
+    # learned (GemmFigure.counts_toward_baseline says why; found in a review)
+    shared = bool(doc.busy.other_pids)
     figures: list[GemmFigure] = []
     for result in doc.results:
         dtype, kind, beta, tflops = result.dtype, result.kind, result.beta, result.delivered
         reference = lookup(gpu_name, dtype) if gpu_name else None
-        counts = tflops is not None and not hot
+        counts = tflops is not None and not hot and not shared
         held = None
         if counts and tflops is not None:
             held = below_reference(tflops, kind, beta, reference)

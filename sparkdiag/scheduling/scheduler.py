@@ -96,10 +96,11 @@ def record_cycle(
     **extra: Any,
 ) -> CycleRecord:
     """A finished cycle as the daemon keeps it: figures and int4 ratios against their baselines
-    (taught by the cycle with ``learn``; the ratios only when it ran cool: memory below
-    ``cool_below`` °C). ``peers``: the probe state whose other GPUs a learning baseline is held
-    against (baseline/learning.py). A store that fails is reported to ``keeper`` and never loses
-    the measurement. ``extra`` goes into the record (a hot probe's trigger, busy)."""
+    (taught by the cycle with ``learn`` when its result is ok; the ratios only when it ran cool:
+    memory below ``cool_below`` °C). ``peers``: the probe state whose other GPUs a learning
+    baseline is held against (baseline/learning.py). A store that fails is reported to
+    ``keeper`` and never loses the measurement. ``extra`` goes into the record (a hot probe's
+    trigger, busy)."""
     uuid, context = base[1], base[2]
     doc = cycle.document
     if doc is None:
@@ -116,16 +117,21 @@ def record_cycle(
     cool = memory is None or memory < cool_below
     figures: tuple[GemmFigure, ...] = ()
     ratios: tuple[RatioFigure, ...] = ()
+    # Only an ok cycle teaches: one classified error (a kernel that failed its correctness check,
+    # a worker that crashed after some kernels) is compared with the baselines but never learned
+    # from, as ``sparkdiag probe`` has always done. Found in a review: the daemon learned from
+    # error cycles, so a GPU whose kernel gave wrong results taught it its slow figures.
+    teach = learn and cycle.result == "ok"
     if cycle.result in ("ok", "error"):
         store = keeper.store() if keeper is not None else None
         values = None
-        if peers is not None and learn:
+        if peers is not None and teach:
             values = peer_values(peers, uuid, gpu_name, context, doc.software.identity())
         # recorded whole or not at all; a store that fails to take the cycle (a full disk, a
         # lock held past its timeout) is compared with what it still reads
-        done = evaluate_cycle(doc, uuid, gpu_name, context, store, learn, values, cool)
+        done = evaluate_cycle(doc, uuid, gpu_name, context, store, teach, values, cool)
         figures, ratios = tuple(done.figures), tuple(done.ratios)
-        if keeper is not None and store is not None and learn:
+        if keeper is not None and store is not None and teach:
             if done.not_recorded is None:
                 keeper.succeeded()
             else:
@@ -158,6 +164,10 @@ class HeldLog:
         self._held: set[tuple[str, str, str, int]] = set()
 
     def update(self, index: int, record: CycleRecord) -> None:
+        if record.result != "ok":
+            # a cycle that teaches nothing (record_cycle) is never vetted against the peers, so
+            # it says nothing of whether a hold has ended
+            return
         for fig in record.figures:
             key = (record.uuid, fig.dtype, fig.shape, fig.beta)
             kernel = f"{fig.dtype} {fig.shape}" + (f" beta={fig.beta}" if fig.beta else "")
@@ -241,27 +251,39 @@ class ProbeScheduler(ProbeLoop):
         for gpu in snapshot.gpus:
             if not gpu.up:
                 continue
-            records.append(self._probe(gpu, snapshot))
+            record = self._probe(gpu, snapshot)
+            if record is not None:
+                records.append(record)
         return records
 
-    def _probe(self, gpu: GpuSample, snapshot: Snapshot) -> CycleRecord:
+    def _fresh(self, gpu: GpuSample, cycle_snapshot: Snapshot) -> tuple[GpuSample, Snapshot] | None:
+        """``gpu`` and its snapshot as the latest telemetry has them now; None when that GPU is
+        gone or down since the cycle began.
+
+        Found in a review: the busy rule was applied to the snapshot read once when the cycle
+        began, so a GPU probed after others was judged by telemetry up to several worker
+        timeouts old, and a job that started meanwhile was measured (the container probe's
+        worker, told ``probe_when="always"``, does not check for itself)."""
+        snapshot = self.latest() or cycle_snapshot
+        now = next((g for g in snapshot.gpus if g.identity.uuid == gpu.identity.uuid), None)
+        if now is None or not now.up:
+            return None
+        return now, snapshot
+
+    def _probe(self, gpu: GpuSample, cycle_snapshot: Snapshot) -> CycleRecord | None:
         ident = gpu.identity
         base = (str(ident.index), ident.uuid, self.context)
-        if self.when == "idle":
-            busy = self.busy_reason(gpu, snapshot)
-            if busy is not None:
-                record = CycleRecord(
-                    *base,
-                    result="skipped_busy",
-                    reason=busy,
-                    finished_at=time.time(),
-                    busy_seconds=None,
-                )
-                self.state.record(record)
-                log.info("probe GPU %d skipped: %s", ident.index, busy)
-                return record
-
+        # The GPU's lock first (a hot probe may hold it), then the latest telemetry: what the busy
+        # rule judges is what is on the GPU just before the worker starts.
         with self.locks.get(ident.uuid):
+            fresh = self._fresh(gpu, cycle_snapshot)
+            if fresh is None:
+                log.info("probe GPU %d not probed: gone or down since the cycle began", ident.index)
+                return None
+            gpu, snapshot = fresh
+            why = self.busy_reason(gpu, snapshot) if self.when == "idle" else None
+            if why is not None:
+                return self._skipped(base, ident.index, why)
             cycle = self.workers.run(self.launcher, gpu)
         record = record_cycle(
             cycle,
@@ -282,6 +304,14 @@ class ProbeScheduler(ProbeLoop):
             cycle.result,
             f" ({cycle.reason})" if cycle.reason else "",
         )
+        return record
+
+    def _skipped(self, base: tuple[str, str, str], index: int, why: str) -> CycleRecord:
+        record = CycleRecord(
+            *base, result="skipped_busy", reason=why, finished_at=time.time(), busy_seconds=None
+        )
+        self.state.record(record)
+        log.info("probe GPU %d skipped: %s", index, why)
         return record
 
     def next_delay(self) -> float:
