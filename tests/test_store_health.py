@@ -142,3 +142,57 @@ def test_the_daemon_exports_a_store_it_cannot_open_and_recovers(tmp_path: Path) 
         else:
             raise AssertionError("the store did not come back")
     assert (state / "baselines.sqlite").is_file()
+
+
+def _daemon_probe(state_dir: Path, tmp_path: Path) -> tuple[StoreKeeper, ProbeScheduler]:
+    keeper = StoreKeeper(lambda: open_store(state_dir, create=True, verify=False))
+    snap = snapshot("h200-idle", tmp_path)
+    launcher = FixtureLauncher(PROBE / "h200-default.json")
+    return keeper, ProbeScheduler(launcher, ProbeState(), keeper, "native", lambda: snap, 300.0)
+
+
+def test_a_store_moved_aside_or_removed_while_open_is_opened_again(tmp_path: Path) -> None:
+    """The daemon kept writing into the file it had open after it was moved aside (the advice
+    for a damaged store) or removed with its state directory: nothing reached the new place,
+    the baselines went at the next start, and check read none (found in a review)."""
+    import shutil
+
+    state_dir = tmp_path / "state"
+    keeper, sched = _daemon_probe(state_dir, tmp_path)
+    sched.run_cycle()
+    db = state_dir / "baselines.sqlite"
+    db.rename(tmp_path / "aside.sqlite")
+    sched.run_cycle()
+    assert db.exists() and keeper.health().up  # a new store, in its place
+    assert inspect_store(state_dir).state == "ok"
+    shutil.rmtree(state_dir)
+    sched.run_cycle()
+    assert keeper.health().up and db.exists()  # made again, directory and all
+    assert keeper.health().errors["write"] == 0
+
+
+def test_a_write_that_finds_the_file_damaged_lets_go_of_it(tmp_path: Path) -> None:
+    """A store damaged while open was written into for ever, and store_up stayed 0 after it
+    was moved aside (found in a review): a write that finds damage lets the file go, the next
+    cycle's open meets the integrity check, and moving it aside brings the store back."""
+    import sqlite3
+
+    state_dir = tmp_path / "state"
+    keeper, sched = _daemon_probe(state_dir, tmp_path)
+    sched.run_cycle()
+    keeper.maintain(force=True)  # the WAL into the file, which the damage then hits
+    db = state_dir / "baselines.sqlite"
+    with db.open("r+b") as fh:  # a bad run of sectors under the runs table
+        fh.seek(4096 * 2)
+        fh.write(b"\xff" * 4096 * 4)
+    with sqlite3.connect(db) as conn:  # another writer: the daemon's page cache is dropped
+        conn.execute("PRAGMA user_version = 3")
+    sched.run_cycle()
+    health = keeper.health()
+    assert not health.up and "malformed" in (health.reason or "")
+    assert keeper._store is None  # let go of, where it was kept and written
+    sched.run_cycle()
+    assert not keeper.health().up and keeper.health().errors["open"] >= 1
+    db.rename(tmp_path / "damaged.sqlite")
+    sched.run_cycle()
+    assert keeper.health().up and db.exists()

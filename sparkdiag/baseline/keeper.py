@@ -16,6 +16,8 @@ the WAL is checkpointed and truncated, and a file that is mostly free pages is c
 from __future__ import annotations
 
 import logging
+import os
+import sqlite3
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -24,7 +26,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from sparkdiag.baseline.learning import Held
-from sparkdiag.baseline.model import BaselineKey, BaselineStoreError
+from sparkdiag.baseline.model import BaselineKey, BaselineStoreDamaged, BaselineStoreError
 from sparkdiag.baseline.store import BaselineStore, open_store
 from sparkdiag.config import DEFAULTS
 
@@ -75,27 +77,40 @@ class StoreKeeper:
         self._maintained: float | None = None  # clock() at the last maintain that ran
         self._lock = threading.Lock()
         self._store: BaselineStore | None = None
+        self._opened: tuple[int, int] | None = None  # the open file's device and inode
         self._errors = dict.fromkeys(OPERATIONS, 0)
         self._reason: str | None = None
         self._up = True
         self.store()  # open at start, so that a bad store is visible before the first cycle
 
     def store(self) -> BaselineStore | None:
-        """The open store, opening it (again) when needed; None while it cannot be opened."""
+        """The open store, opening it (again) when needed; None while it cannot be opened. The
+        open store is let go of when its file is no longer the one opened (moved aside, as the
+        advice for a damaged store says, or removed with its state directory): the daemon wrote
+        into the old file for ever, its baselines lost at the next start while ``check`` read
+        none (found in a review). The next open makes a new store, or says why it cannot."""
         with self._lock:
             if self._store is not None:
-                return self._store
+                if _same_file(self._store.path, self._opened):
+                    return self._store
+                log.warning(
+                    "baseline store %s was moved or removed while open: opening it again",
+                    self._store.path,
+                )
+                self._store.close()
+                self._store = None
         try:
             store = self._opener()
             problems = store.integrity_check()
             if problems != "ok":
                 store.close()
                 raise BaselineStoreError(f"baseline store {store.path} is damaged: {problems}")
+            opened = _identity(store.path)
         except BaselineStoreError as exc:
             self.failed("open", exc)
             return None
         with self._lock:
-            self._store = store
+            self._store, self._opened = store, opened
         self.succeeded()
         return store
 
@@ -112,7 +127,9 @@ class StoreKeeper:
             self._errors[operation] = self._errors.get(operation, 0) + 1
             went_down = self._up
             self._up, self._reason = False, f"{operation}: {exc}"
-            if operation == "open" and self._store is not None:
+            # a write that found the file damaged: let go of it, so that the next cycle opens it
+            # again through the integrity check and writes no more into it (it went on writing)
+            if (operation == "open" or _damage(exc)) and self._store is not None:
                 self._store.close()
                 self._store = None
         if went_down:
@@ -214,3 +231,27 @@ def inspect_store(state_dir: Path | None) -> StoreReport:
         return StoreReport("unusable", store.path, str(exc))
     finally:
         store.close()
+
+
+def _identity(path: Path) -> tuple[int, int] | None:
+    """The device and inode of the file at ``path``; None where there is none."""
+    try:
+        info = os.stat(path)
+    except OSError:
+        return None
+    return info.st_dev, info.st_ino
+
+
+def _same_file(path: Path, opened: tuple[int, int] | None) -> bool:
+    """Whether ``path`` still names the file opened (a stat a probe cycle)."""
+    return opened is not None and _identity(path) == opened
+
+
+def _damage(exc: Exception) -> bool:
+    """Whether ``exc`` says the file is damaged (SQLite's CORRUPT or NOTADB), not full or
+    locked: a full disk keeps the store open, to be written again when space returns."""
+    if isinstance(exc, BaselineStoreDamaged):
+        return True
+    cause = exc.__cause__
+    name = getattr(cause, "sqlite_errorname", "")
+    return isinstance(cause, sqlite3.DatabaseError) and name in ("SQLITE_CORRUPT", "SQLITE_NOTADB")
