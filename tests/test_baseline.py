@@ -629,3 +629,33 @@ def test_show_while_learning_says_so_and_no_match_only_for_filters(tmp_path: Pat
     filtered = invoke_cli("baseline", "show", *state, "--dtype", "bf16")
     assert filtered.returncode == 0 and filtered.stdout == "no baselines match\n"
     assert json.loads(invoke_cli("baseline", "show", *state, "--json").stdout) == []
+
+
+def test_a_reader_that_cannot_migrate_an_older_store_says_so(
+    db: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A store of an older schema, read where it cannot be written (a read-only file system),
+    failed with SQLite's "unable to open database file" (found in a review): the reader says
+    what the store needs."""
+    from sparkdiag.baseline.schema import MIGRATIONS
+
+    with raw(db) as conn:
+        for statement in MIGRATIONS[0]:
+            conn.execute(statement)
+        conn.execute("PRAGMA user_version = 1")
+
+    def cannot_write(self: BaselineStore) -> None:
+        raise BaselineStoreError(f"cannot open baseline store {self.path}: readonly database")
+
+    monkeypatch.setattr(BaselineStore, "_open_writable", cannot_write)
+    with pytest.raises(BaselineStoreError) as raised:
+        BaselineStore(db, readonly=True)
+    assert "has an older schema than this sparkdiag's" in raised.value.message
+    assert raised.value.message.endswith(
+        "readonly database; open it once where it can be written (the daemon, or 'sparkdiag "
+        "probe' as the store's owner)"
+    )
+    monkeypatch.undo()
+    BaselineStore(db, readonly=True).close()  # where it can write, the reader migrates it
+    with raw(db) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION

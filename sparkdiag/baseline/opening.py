@@ -2,7 +2,9 @@
 
 Reading only (``check``, ``baseline show``, ``probe --no-record``, ``storage --no-record``): the
 file is opened with SQLite's ``mode=ro`` URI, so that a reader never writes into the store (no
-journal switch, no migration) and needs no write permission on it. A WAL database is read
+journal switch) and needs no write permission on it. The one exception is a store of an older
+schema, which the first open that can write migrates, a reader's too; where the reader cannot
+write, it says that the store needs one open with write access. A WAL database is read
 through its shared-memory file (``baselines.sqlite-shm``): while a writer (the daemon) has the
 store open it exists and a reader opens it read-only; when none has, the reader must create it,
 which it cannot in a directory it may not write or on a read-only file system.

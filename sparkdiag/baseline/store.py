@@ -168,7 +168,21 @@ class BaselineStore:
             conn = self._open_readonly()
             if conn is not None:
                 return conn
-            # an older schema: migrated by this open, as by any that can write
+            # an older schema: migrated by this open, as by any that can write; where it
+            # cannot write (a read-only file system, another user's store) it says so, where
+            # it said "unable to open database file" (found in a review)
+            try:
+                return self._open_writable()
+            except BaselineStoreError as exc:
+                raise BaselineStoreError(
+                    f"baseline store {self.path} has an older schema than this sparkdiag's "
+                    f"(version {SCHEMA_VERSION}) and cannot be brought up to it here: "
+                    f"{exc.message}; open it once where it can be written (the daemon, or "
+                    "'sparkdiag probe' as the store's owner)"
+                ) from exc
+        return self._open_writable()
+
+    def _open_writable(self) -> sqlite3.Connection:
         # sqlite3's timeout is the connection's busy timeout (PRAGMA busy_timeout)
         conn = self._connected("open", lambda: opening.connect(str(self.path), self.busy_timeout_s))
         try:
