@@ -278,3 +278,29 @@ def test_a_gpu_lost_since_the_cycle_began_is_not_probed(tmp_path: Path) -> None:
     records = sched.run_cycle()
     assert [r.gpu for r in records] == ["0", "1", "2", "4", "5", "6", "7"]
     assert all(r.result == "ok" for r in records)
+
+
+def test_a_gpu_nvml_no_longer_lists_loses_its_probe_series(tmp_path: Path) -> None:
+    """A GPU gone from NVML's list kept its last sparkdiag_gemm_* figures for ever, counted as
+    a peer's (found in a review): absent at two looks in a row, it is forgotten; one look
+    keeps it."""
+    from sparkdiag.exporter.probe import ProbeCollector
+
+    full, missing = snapshot("h200-x8", tmp_path), snapshot("h200-x8-one-missing", tmp_path)
+    assert len(full.gpus) == 8 and len(missing.gpus) == 7
+    snap, state = [full], ProbeState()
+    launcher = FixtureLauncher(PROBE / "h200-default.json")
+    sched = ProbeScheduler(launcher, state, None, "native", lambda: snap[0], 300.0)
+
+    def gpus() -> set[str]:
+        families = {f.name: f for f in ProbeCollector(state.view).families(state.view())}
+        return {s.labels["gpu"] for s in families["sparkdiag_gemm_tflops"].samples}
+
+    sched.run_cycle()
+    snap[0] = missing
+    sched.run_cycle()
+    assert len(gpus()) == 8  # one look: kept
+    sched.run_cycle()
+    listed = {(str(g.identity.index), g.identity.uuid) for g in missing.gpus}
+    assert gpus() == {index for index, _ in listed}
+    assert {(key[0], key[1]) for key in state.view().runs} == listed

@@ -60,6 +60,7 @@ class ProbeState:
         self._last_success: dict[tuple[str, str, str], CycleRecord] = {}
         self._hot_runs: dict[tuple[str, str, str, str, str], int] = {}
         self._hot_last: dict[tuple[str, str, str], CycleRecord] = {}
+        self._absent: set[tuple[str, str]] = set()  # (gpu, uuid) not listed at the last look
 
     def set_interval(self, context: str, seconds: float) -> None:
         with self._lock:
@@ -82,6 +83,24 @@ class ProbeState:
             self._hot_runs[run_key] = self._hot_runs.get(run_key, 0) + 1
             if cycle.result == "ok":
                 self._hot_last[key] = cycle
+
+    def keep_gpus(self, listed: set[tuple[str, str]]) -> None:
+        """Forget the GPUs (index, uuid) that NVML has not listed at two looks in a row: their
+        ``sparkdiag_gemm_*`` series kept their last figures for ever, and counted as peers'
+        (found in a review). One look is not enough: a GPU's probe history is not lost to one
+        odd answer."""
+        with self._lock:
+            seen = {(key[0], key[1]) for key in (*self._last, *self._hot_last, *self._runs)}
+            gone = self._absent & (seen - listed)
+            self._absent = seen - listed - gone
+            if not gone:
+                return
+            tables: tuple[dict[Any, Any], ...] = (
+                self._runs, self._last, self._last_success, self._hot_runs, self._hot_last
+            )  # fmt: skip
+            for table in tables:
+                for key in [k for k in table if (k[0], k[1]) in gone]:
+                    del table[key]
 
     def view(self) -> ProbeView:
         with self._lock:

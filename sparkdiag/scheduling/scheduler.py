@@ -247,6 +247,8 @@ class ProbeScheduler(ProbeLoop):
         snapshot = self.latest()
         if snapshot is None:
             return []
+        if snapshot.nvml_up:  # GPUs NVML no longer lists lose their probe series
+            self.state.keep_gpus({(str(g.identity.index), g.identity.uuid) for g in snapshot.gpus})
         records = []
         for gpu in snapshot.gpus:
             if not gpu.up:
