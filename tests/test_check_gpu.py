@@ -65,17 +65,60 @@ def test_nvml_missing_fails_when_the_nvidia_driver_is_bound(tmp_path: Path) -> N
     assert "nvidia driver is bound to 0000:00:06.0" in r.finding
 
 
-def test_nvml_down_with_an_unbound_gpu_on_the_bus_fails(tmp_path: Path) -> None:
-    """The kernel module not loaded (as at boot): the GPU is on the bus, bound to no driver,
-    and the row was a SKIP "no NVIDIA driver here" advising to install one."""
+def _unbound_h200(tmp_path: Path) -> Path:
+    """The lent H200 VM's sysfs with its GPU bound to no driver."""
     root = tmp_path / "sysfs"
     shutil.copytree(SYSFS / "h200-vm", root, symlinks=True)
     (root / "devices" / "pci0000:00" / "0000:00:06.0" / "driver").unlink()
-    snap = poll(NVML / "no-nvml.json", sysfs=root)
+    return root
+
+
+def _driver_not_loaded(tmp_path: Path) -> Path:
+    """A fixture whose nvmlInit answers DRIVER_NOT_LOADED: the library is there, the kernel
+    module is not (as at boot)."""
+    path = tmp_path / "not-loaded.json"
+    doc = {"format": "sparkdiag-nvml-fixture/1", "description": "kernel module not loaded",
+           "driver_version": "", "nvml": {"error": "DRIVER_NOT_LOADED"}, "devices": []}  # fmt: skip
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return path
+
+
+def test_nvml_down_with_an_unbound_gpu_on_the_bus_fails(tmp_path: Path) -> None:
+    """The kernel module not loaded (as at boot): the GPU is on the bus, bound to no driver,
+    and the row was a SKIP "no NVIDIA driver here" advising to install one."""
+    snap = poll(_driver_not_loaded(tmp_path), sysfs=_unbound_h200(tmp_path))
     r = only(CHECK["nvml"](context(snap)))
     assert r.status == "fail"
     assert "yet 1 NVIDIA GPU is on the PCI bus (0000:00:06.0)" in r.finding
     assert "lsmod | grep nvidia" in r.action and "install" not in r.action
+
+
+@pytest.mark.parametrize("bound", [True, False], ids=["driver-bound", "unbound"])
+def test_nvml_library_not_found_says_install_not_load(tmp_path: Path, bound: bool) -> None:
+    """Found in a review: NVML's LIBRARY_NOT_FOUND (no libnvidia-ml) said "load the NVIDIA
+    driver", which no modprobe does; the library comes from installing the driver."""
+    sysfs = SYSFS / "h200-vm" if bound else _unbound_h200(tmp_path)
+    for expect in (None, 1):
+        r = only(
+            CHECK["nvml"](context(poll(NVML / "no-nvml.json", sysfs=sysfs), expect_gpus=expect))
+        )
+        assert r.status == "fail"
+        assert r.action.startswith("install the NVIDIA driver"), r.action
+        assert "libnvidia-ml" in r.action and "load the NVIDIA driver" not in r.action
+
+
+@pytest.mark.parametrize("bound", [True, False], ids=["driver-bound", "unbound"])
+def test_gpus_on_bus_without_nvml_does_not_blame_the_gpu(tmp_path: Path, bound: bool) -> None:
+    """Found in a review: with NVML down every GPU on the bus was "not listed by NVML" and the
+    row told the user to reseat the GPU and have it serviced; the nvml row says what is
+    wrong, so this one only counts and refers to it."""
+    sysfs = SYSFS / "h200-vm" if bound else _unbound_h200(tmp_path)
+    for fixture in (NVML / "no-nvml.json", _driver_not_loaded(tmp_path)):
+        r = only(CHECK["gpus-on-bus"](context(poll(fixture, sysfs=sysfs))))
+        assert r.status == "skip", r
+        assert r.finding.startswith("1 NVIDIA GPU function on the PCI bus"), r.finding
+        assert "(see nvml)" in r.finding and "not listed" not in r.finding
+        assert not r.action and r.data["pci"] == ["0000:00:06.0"]
 
 
 def test_gpus_pass_and_count_as_expected() -> None:

@@ -83,11 +83,14 @@ def test_every_gpu_on_the_bus_listed_passes() -> None:
     assert only(check_gpus_on_bus(context(gb10))).status == "pass"
 
 
-def test_nvml_down_with_a_gpu_on_the_bus_fails() -> None:
+def test_nvml_down_with_a_gpu_on_the_bus_is_counted_not_blamed() -> None:
+    """The GPU is counted and exported; with NVML down the nvml row fails (found in a review:
+    this row failed too, telling the user to reseat a GPU that only lacked its driver)."""
     snap = poll(NVML / "no-nvml.json", sysfs=SYSFS / "dgx-spark")
     assert _value(snap, "sparkdiag_gpu_pci_devices") == 1
     r = only(check_gpus_on_bus(context(snap)))
-    assert r.status == "fail" and r.finding.endswith("1 not listed by NVML: 000f:01:00.0")
+    assert r.status == "skip" and "(see nvml)" in r.finding
+    assert only(dict(CHECKS)["nvml"](context(snap))).status == "fail"
 
 
 def test_a_container_counts_only_the_gpus_it_is_given(tmp_path: Path) -> None:

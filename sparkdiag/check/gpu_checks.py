@@ -68,6 +68,25 @@ def _passed_through(bound: dict[str, str]) -> list[str]:
     return [a for a, driver in bound.items() if driver in PASSTHROUGH]
 
 
+# What nvmlInit's answer says when the NVML library itself is absent: the fixtures' and
+# error_text's code name, pynvml's message for it, and the driver module's own message when
+# ctypes cannot load libnvidia-ml
+_NO_LIBRARY = ("LIBRARY_NOT_FOUND", "Shared Library Not Found", "libnvidia-ml could not be loaded")
+LOAD_ACTION = (
+    "load the NVIDIA driver: nvidia-smi says why it cannot; check lsmod | grep nvidia and "
+    "sudo dmesg | grep NVRM (a driver/library version mismatch needs a reboot)"
+)
+# No modprobe brings a missing library: it comes with the driver's package, or, in a
+# container, from the runtime that mounts the host's driver in (found in a review: this case
+# said "load the NVIDIA driver")
+INSTALL_ACTION = (
+    "install the NVIDIA driver: NVML's library (libnvidia-ml.so.1) is not found; install the "
+    "driver (where its kernel module is loaded, the version cat /proc/driver/nvidia/version "
+    "gives) until nvidia-smi answers; in a container, run it with the GPU (--gpus all, with "
+    "the NVIDIA Container Toolkit), which mounts the library in"
+)
+
+
 def check_nvml(ctx: CheckContext) -> list[CheckResult]:
     """NVML loads and the driver answers; without it, fail only where a GPU is expected."""
     snap = ctx.snapshot
@@ -82,10 +101,7 @@ def check_nvml(ctx: CheckContext) -> list[CheckResult]:
         ]
     why = no_gpu_reason(snap).removeprefix("no GPU: ")
     bound = [link.address for link in snap.pcie_links if link.driver == "nvidia"]
-    action = (
-        "load the NVIDIA driver: nvidia-smi says why it cannot; check lsmod | grep nvidia and "
-        "sudo dmesg | grep NVRM (a driver/library version mismatch needs a reboot)"
-    )
+    action = INSTALL_ACTION if any(words in why for words in _NO_LIBRARY) else LOAD_ACTION
     if bound:
         return [
             CheckResult(
@@ -238,6 +254,17 @@ def check_gpus_on_bus(ctx: CheckContext) -> list[CheckResult]:
     )
     if not on_bus:
         return [CheckResult("gpus-on-bus", "skip", "no NVIDIA GPU on the PCI bus", data=data)]
+    if missing and not snap.nvml_up:
+        # NVML did not start, so it lists no GPU: every GPU on the bus would be "missing" and
+        # the hardware blamed for what the nvml row reports (found in a review)
+        return [
+            CheckResult(
+                "gpus-on-bus",
+                "skip",
+                f"{counted}; not compared: NVML did not start, so it lists none (see nvml)",
+                data=data,
+            )
+        ]
     if missing:
         shown = ", ".join(missing[:4]) + (
             f" and {len(missing) - 4} more" if len(missing) > 4 else ""
