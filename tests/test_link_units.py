@@ -280,3 +280,28 @@ def test_a_budget_bounds_the_run(loopback_server: tuple[LinkServer, Path]) -> No
     assert len(path.throughput) == 1 and path.throughput[0].direction == "to-peer"
     assert path.notes == ("tcp-sockets from-peer not run: the 1.8 s bound",)
     assert report.tools == {"iperf3": "not run (--no-tools)", "ib_write_bw": "not run (--no-tools)"}
+
+
+def _secret_args(tmp_path: Path) -> list[str]:
+    path = tmp_path / "link.secret"
+    path.write_text("0123456789abcdef" * 4 + "\n")
+    path.chmod(0o600)
+    return ["--link.secret-file", str(path)]
+
+
+def test_link_test_takes_host_colon_port_as_check_peer_does(tmp_path: Path) -> None:
+    """Found in a review: 'link test 127.0.0.1:10943' said "not an address, and no such host
+    name" where 'check --peer' takes HOST:PORT. The port in PEER is the one connected to (9
+    refuses here); with --port as well, they must agree."""
+    from tests.support import assert_clean_error, invoke_cli
+
+    quick = ["--address-only", "--connect-timeout", "2", *_secret_args(tmp_path)]
+    for extra in ([], ["--port", "9"]):
+        result = invoke_cli("link", "test", "127.0.0.1:9", *extra, *quick)
+        assert_clean_error(result, 3, "127.0.0.1:9 refused the connection")
+    six = invoke_cli("link", "test", "[::1]:9", *quick)
+    assert six.returncode in (2, 3) and "no such host name" not in six.stderr, six.stderr
+    both = invoke_cli("link", "test", "127.0.0.1:9", "--port", "10", *quick)
+    assert_clean_error(both, 2, "PEER gives port 9 and --port 10")
+    bad = invoke_cli("link", "test", "127.0.0.1:99999", *quick)
+    assert_clean_error(bad, 2, "PEER", "give HOST or HOST:PORT")

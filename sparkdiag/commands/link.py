@@ -24,6 +24,7 @@ from sparkdiag.link.model import DIRECTIONS
 from sparkdiag.link.readings import read_fabric
 from sparkdiag.link.render import lint_text, report_text
 from sparkdiag.link.server import LinkServer, link_addresses, listen_socket
+from sparkdiag.link.session import peer_and_port
 from sparkdiag.link.wire import MAX_SECONDS, MAX_STREAMS, PORT
 from sparkdiag.sources.host.netif import interface_addresses
 
@@ -186,7 +187,7 @@ def serve(listen: str | None, once: bool, **given: Any) -> Exit:
     type=click.IntRange(1, 65535),
     default=PORT,
     show_default=True,
-    help="The port the peer's 'link serve' listens on.",
+    help="The port the peer's 'link serve' listens on; PEER may give it instead (HOST:PORT).",
 )
 @click.option(
     "--duration",
@@ -247,7 +248,7 @@ def test(
     as_json: bool,
     **given: Any,
 ) -> int:
-    """Measure the link to PEER, which runs 'sparkdiag link serve'.
+    """Measure the link to PEER (HOST or HOST:PORT), which runs 'sparkdiag link serve'.
 
     This machine needs the link secret that 'link serve' made on PEER, at the same place
     (~/.config/sparkdiag/link.secret, or --link.secret-file), mode 0600.
@@ -274,6 +275,17 @@ def test(
          interfaces; nothing measured
       130 interrupted
     """
+    # PEER as check --peer takes it: HOST:PORT was looked up as a host name and refused (found
+    # in a review); the port it gives is --port's, and both given must agree
+    peer, peer_port = peer_and_port(peer, "PEER")
+    if peer_port is not None:
+        source = click.get_current_context().get_parameter_source("port")
+        if source is not click.core.ParameterSource.DEFAULT and peer_port != port:
+            raise UsageError(
+                f"PEER gives port {peer_port} and --port {port}: give the port once",
+                flag="--port",
+            )
+        port = peer_port
     settings = _settings(given)
     options = Options(
         port=port,

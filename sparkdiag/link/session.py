@@ -77,8 +77,9 @@ def connect_error(exc: OSError, where: str, timeout: float) -> str:
     return f"{where}: {exc.strerror or exc}"
 
 
-def split_peer(text: str) -> tuple[str, int]:
-    """``HOST``, ``HOST:PORT``, ``[V6]:PORT`` or a bare IPv6 address -> (host, port)."""
+def peer_and_port(text: str, flag: str = "--peer") -> tuple[str, int | None]:
+    """``HOST``, ``HOST:PORT``, ``[V6]:PORT`` or a bare IPv6 address -> (host, the port it
+    gives, or None); a malformed one is a usage error naming ``flag``."""
     text = text.strip()
     if text.startswith("["):
         host, _, rest = text[1:].partition("]")
@@ -87,9 +88,19 @@ def split_peer(text: str) -> tuple[str, int]:
         host, _, port_text = text.partition(":")
     else:
         host, port_text = text, ""
-    if not host or (port_text and not (port_text.isdigit() and 0 < int(port_text) < 65536)):
-        raise UsageError(f"{text!r}: give HOST or HOST:PORT", flag="--peer")
-    return host, int(port_text) if port_text else PORT
+    if not host or (
+        port_text
+        and not (port_text.isascii() and port_text.isdigit() and 0 < int(port_text) < 65536)
+    ):
+        raise UsageError(f"{text!r}: give HOST or HOST:PORT", flag=flag)
+    return host, int(port_text) if port_text else None
+
+
+def split_peer(text: str, flag: str = "--peer") -> tuple[str, int]:
+    """``HOST``, ``HOST:PORT``, ``[V6]:PORT`` or a bare IPv6 address -> (host, port), the
+    default port where it gives none."""
+    host, port = peer_and_port(text, flag)
+    return host, PORT if port is None else port
 
 
 def resolve(peer: str, port: int) -> tuple[int, tuple[Any, ...]]:
