@@ -826,3 +826,20 @@ def test_diagnosis_names_another_process_on_the_gpu() -> None:
     assert text is not None and "pid 601" in text and "another process" in text
     assert _sharing_text(native, native) is None
     assert _throttle_text(native, container) is not None  # the clock drop is still visible
+
+
+def test_progress_lines_wrap_to_the_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in a review: at 40 columns compare's progress lines on standard error ran past
+    the edge ('sparkdiag compare: both sides probe cuda:0 (the device native chose)')."""
+    from sparkdiag import terminal
+
+    monkeypatch.setattr(terminal, "width", lambda stream=None: terminal.MIN_WIDTH)
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    args = ["compare", "--rounds", "1", "--warmup-rounds", "0",
+            "--native-python", f"{sys.executable} {FAKE_SIDE} gpu",
+            "--container", *container_side("gpu")]  # fmt: skip
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    said = result.stderr.splitlines()
+    assert "both sides probe" in " ".join(result.stderr.split())
+    assert all(len(line) <= terminal.MIN_WIDTH for line in said), "\n".join(said)

@@ -90,6 +90,26 @@ def test_an_outlier_and_a_warning_rank_first_and_exit_one() -> None:
     assert report["actions"][1].startswith("n3:10942 GPU 0 (GPU-3) is 5.0% below its peers")
 
 
+def test_the_text_report_fits_the_narrowest_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Found in a review: the heading "Peer groups (model, probe software, context):" was not
+    wrapped, 45 columns on a 40-column terminal (terminal.MIN_WIDTH)."""
+    from sparkdiag import terminal
+
+    monkeypatch.setattr(terminal, "width", lambda stream=None: terminal.MIN_WIDTH)
+    rows = [
+        ({**GPU, "instance": f"n{i}:10942", "uuid": f"GPU-{i}", **KERNEL, **H200}, r)
+        for i, r in enumerate([1.01, 0.99, 1.0, 0.95, 0.9])
+    ]
+    answers = peer_answers(rows)
+    with stand_in(lambda q: (200, answers.get(q, vector()))) as url:
+        code, out, err = fleet(url)
+    assert code == 1, err
+    lines = out.splitlines()
+    assert "Peer groups (model, probe software," in lines
+    # wider only where one word is longer than the line
+    assert all(len(line) <= terminal.MIN_WIDTH or len(line.split()) == 1 for line in lines), out
+
+
 @pytest.mark.parametrize(
     ("status", "body", "needle"),
     [

@@ -129,15 +129,22 @@ def table(
     rows = [(r.status.upper(), r.name, gpus, r.finding) for r, gpus in merged]
     widths = [max(len(HEADERS[i]), *(len(row[i]) for row in rows)) for i in range(3)]
     indent = sum(widths) + len(GAP) * 3
-    if width - indent < terminal.MIN_TEXT:
-        indent = 4  # too narrow for a column: the finding continues under the row
+    # too narrow for a finding column: each finding goes on its own lines under its row, all of
+    # it (found in a review: its first word stayed after the row, past the terminal's edge)
+    under = width - indent < terminal.MIN_TEXT
+    if under:
+        indent = 4
     lines = [
         GAP.join(h.ljust(w) for h, w in zip(HEADERS[:3], widths, strict=True)) + GAP + HEADERS[3]
     ]
     for (result, _), row in zip(merged, rows, strict=True):
         status = _style(row[0].ljust(widths[0]), result.status, colour)
         cells = [status, row[1].ljust(widths[1]), row[2].ljust(widths[2]), ""]
-        lines += terminal.hang(GAP.join(cells), row[3], width, indent)
+        if under:
+            lines.append(GAP.join([*cells[:2], row[2]]))
+            lines += terminal.wrap(row[3], width, " " * indent)
+        else:
+            lines += terminal.hang(GAP.join(cells), row[3], width, indent)
         if result.action and result.status != "pass":
             lines += terminal.wrap(result.action, width, " " * indent + "→ ")
     lines.append("")

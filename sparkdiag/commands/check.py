@@ -22,6 +22,7 @@ from sparkdiag.check.catalog import run_checks
 from sparkdiag.check.gather import Sources, gather
 from sparkdiag.check.model import run_exit_code
 from sparkdiag.check.report import render_json, table
+from sparkdiag.check.stall_checks import STALL_INTERVAL, STALL_SAMPLES
 from sparkdiag.commands.common import setup_logging
 from sparkdiag.flags import path_option, settings_from, settings_options
 from sparkdiag.probe.launchers import FixtureLauncher
@@ -46,8 +47,11 @@ def _progress(gpus: Sequence[GpuSample], timeout: float) -> None:
 @click.option(
     "--quick",
     is_flag=True,
-    help="Skip everything that loads the GPU (the probe, the SM clock and int4 checks); "
-    "takes well under 3 s.",
+    # it said "takes well under 3 s" (found in a review): a busy GPU is sampled for the stall
+    # check, 3 s, whatever --quick says
+    help="Skip everything that loads the GPU (the probe, the SM clock and int4 checks): a "
+    f"second or so, {STALL_SAMPLES * STALL_INTERVAL:g} s more where a GPU is busy (the stall check "
+    "samples it).",
 )
 @click.option(
     "--expect-gpus",

@@ -111,7 +111,18 @@ Exit status:
     show_default=True,
     help="Largest acceptable gap, as a fraction (0.15) or a percentage (15%).",
 )
-@worker_options("--dtype", "--small", "--shape", "--device", "--budget-seconds", "--iters")
+@worker_options(
+    "--dtype",
+    "--small",
+    "--shape",
+    "--device",
+    "--budget-seconds",
+    "--iters",
+    shown={
+        "--device": "the device the native side chose (cuda:0, or cpu without CUDA), given to "
+        "the container too"
+    },
+)
 @worker_option("--bandwidth", True, help="Also compare device memory copy bandwidth.")
 @settings_options("compare")
 @click.option(
@@ -185,7 +196,10 @@ def compare(
     )
 
     def progress(message: str) -> None:
-        click.echo(f"sparkdiag compare: {message}", err=True)
+        # wrapped to standard error's width, later lines indented (found in a review: at 40
+        # columns they ran past the edge)
+        said = f"sparkdiag compare: {message}"
+        click.echo(terminal.fill(said, terminal.width(sys.stderr), hanging="    "), err=True)
 
     # Ctrl-C or SIGTERM: the side running is killed with its process group on the way out, the
     # rounds measured before are reported, and the command exits INTERRUPTED
@@ -207,9 +221,8 @@ def compare(
         click.echo(report.render(result, max_gap))
     if result.interrupted:
         pairs = len(result.rows[0].native) if result.rows else 0
-        click.echo(
-            f"sparkdiag compare: interrupted ({result.interrupted}) after {pairs} of "
-            f"{result.rounds} measured round(s); the figures are those rounds'",
-            err=True,
+        progress(
+            f"interrupted ({result.interrupted}) after {pairs} of {result.rounds} measured "
+            "round(s); the figures are those rounds'"
         )
     return code

@@ -89,7 +89,8 @@ def render(view: FleetView, width: int | None = None) -> str:
             "with the same expressions; load prometheus/sparkdiag-rules.yml for the alert)",
             "  ",
         )
-    lines += ["", "Peer groups (model, probe software, context):"]
+    # wrapped as every other line (found in a review: at 40 columns it ran past the edge)
+    lines += ["", *para("Peer groups (model, probe software, context):")]
     for group in view.groups:
         judged = "" if group.judged else f"  too small to judge (fewer than {MIN_FLEET_GROUP})"
         lines += para(
