@@ -39,10 +39,46 @@ if TYPE_CHECKING:
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+
+class PathParam(click.Path):
+    """click's Path that refuses an empty value: the type of every path flag and argument.
+
+    click.Path with ``path_type=Path`` turns '' into '.', so an unset shell variable
+    (``--storage "$DIR"``) meant the current directory: a test file, assets, state or a plot
+    written where the command happened to run, and a file flag answered "Error: .: not a
+    regular file (a directory)" (found in a review). A usage error names the flag instead. An
+    empty value in the configuration file still means "not set" (``Option.convert``): this
+    type sees the command line only."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, (str, bytes)) and not value:
+            if self.dir_okay and not self.file_okay:
+                what = "a directory ('.' for the current one)"
+            elif self.file_okay and not self.dir_okay:
+                what = "a file"
+            else:
+                what = "a path ('.' for the current directory)"
+            self.fail(f"is empty; give {what}", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+def path_type(
+    dir_okay: bool = True, file_okay: bool = True, allow_dash: bool = False, as_text: bool = False
+) -> PathParam:
+    """The path type of a flag or argument (:class:`PathParam`): a ``Path``, or with
+    ``as_text`` the string as given (a trailing slash kept)."""
+    return PathParam(
+        dir_okay=dir_okay,
+        file_okay=file_okay,
+        allow_dash=allow_dash,
+        path_type=None if as_text else Path,
+    )
+
+
 _TYPES: dict[str, Any] = {
     "float": float,
     "int": int,
-    "path": click.Path(path_type=Path),
+    "path": path_type(),
     "str": str,
     "listen": str,
     "argv": str,
@@ -69,7 +105,13 @@ def click_option(option: Option, command: str) -> Callable[[F], F]:
     flag = f"--{option.key}"
     if option.kind == "bool":
         return click.option(f"{flag}/--no-{option.key}", option.attr, default=None, help=help_text)
-    kind = click.Choice(option.choices) if option.kind == "choice" else _TYPES[option.kind]
+    # any case: a level or mode is the same word in capitals ('--log-level DEBUG' was refused:
+    # found in a review); click gives the command the choice as declared
+    kind = (
+        click.Choice(option.choices, case_sensitive=False)
+        if option.kind == "choice"
+        else _TYPES[option.kind]
+    )
     if option.unit == "bytes":
         kind = str  # "256M", "1G": Option.convert reads the unit
     return click.option(
@@ -85,7 +127,7 @@ def path_option(
     return click.option(
         flag,
         dest,
-        type=click.Path(dir_okay=dir_okay, path_type=Path),
+        type=path_type(dir_okay=dir_okay),
         default=None,
         metavar=metavar,
         help=help,
@@ -101,14 +143,19 @@ def plot_option(metavar: str, help: str) -> Callable[[F], F]:
     """``--plot``: a path given as a string, so that a trailing slash (a directory the command
     creates) survives (click.Path with ``path_type=Path`` drops it); soak's and watch's."""
     return click.option(
-        "--plot", "plot_to", type=click.Path(), default=None, metavar=metavar, help=help
+        "--plot", "plot_to", type=path_type(as_text=True), default=None, metavar=metavar, help=help
     )
 
 
 def parse_gpus(values: Sequence[str]) -> tuple[int, ...] | None:
     """``--gpu`` as given (repeatable): ``all`` or nothing -> None (every GPU); ``N``, ``N,M``
-    and ``--gpu 0 --gpu 2`` -> NVML indices, in order, once each. ValueError says what is wrong.
+    and ``--gpu 0 --gpu 2`` -> NVML indices, in order, once each. ValueError says what is wrong,
+    an empty value included.
     """
+    # an empty value ('--gpu "$GPUS"' with the variable unset) meant every GPU (found in a
+    # review): only no --gpu at all, or all, means that
+    if any(not value.replace(",", "").strip() for value in values):
+        raise ValueError("a value is empty: give all, N or N,M (NVML indices), or no --gpu")
     words = [w.strip().lower() for value in values for w in value.split(",") if w.strip()]
     if not words or words == ["all"]:
         return None
@@ -322,15 +369,23 @@ def worker_option(
     )
 
 
-def worker_options(*names: str, **defaults: Any) -> Callable[[F], F]:
+def worker_options(
+    *names: str, shown: dict[str, str] | None = None, **defaults: Any
+) -> Callable[[F], F]:
     """The worker's flags ``names`` (``"--dtype", "--small"``) for a command; ``defaults`` maps a
-    flag's field (``dtypes=("bf16",)``) to the command's own default."""
+    flag's field (``dtypes=("bf16",)``) to the command's own default, ``shown`` a flag's name
+    (``"--device"``) to the default its help states, where the command decides it."""
     from sparkdiag.probe.worker.contract import FLAGS_BY_NAME
 
     by_field = {FLAGS_BY_NAME[name].field: name for name in names}
     unknown = set(defaults) - set(by_field)
     assert not unknown, f"defaults for flags not asked for: {unknown}"
-    decorators = [worker_option(name, defaults.get(FLAGS_BY_NAME[name].field)) for name in names]
+    shown = shown or {}
+    assert not set(shown) - set(names), f"shown defaults for flags not asked for: {shown}"
+    decorators = [
+        worker_option(name, defaults.get(FLAGS_BY_NAME[name].field), shown=shown.get(name))
+        for name in names
+    ]
 
     def decorate(fn: F) -> F:
         for decorator in reversed(decorators):

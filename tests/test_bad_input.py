@@ -239,3 +239,63 @@ def test_a_shape_of_other_digits_or_too_many_is_a_usage_error(text: str) -> None
     with pytest.raises(UsageError):
         parse_shape(text)
     assert_clean_error(run_cli("probe", "--device", "cpu", "--shape", text), 2, "--shape")
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (("check", "--quick", "--storage", ""), "'--storage'"),
+        (("check", "--quick", "--state-dir", ""), "'--state-dir'"),
+        (("check", "--quick", "--nvml-fixture", ""), "'--nvml-fixture'"),
+        (("dump", "--path.sysfs", ""), "'--path.sysfs'"),
+        (("assets", ""), "'DIRECTORY'"),
+        (("watch", "--plot", "", "--", "true"), "'--plot'"),
+        (("watch", "--replay", ""), "'--replay'"),
+        (("serve", "--config", ""), "'--config'"),
+        (("config", "check", ""), "'FILE'"),
+        (("record-fixture", ""), "'OUTPUT'"),
+        (("soak", "--device", "cpu", "--json", ""), "'--json'"),
+    ],
+    ids=lambda a: " ".join(a) if isinstance(a, tuple) else a,
+)
+def test_an_empty_path_is_a_usage_error_naming_the_flag(
+    args: tuple[str, ...], named: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found in a review: click.Path turns '' into '.', so an unset variable ('--storage
+    "$DIR"') wrote a test file, assets or state into the current directory, and a file option
+    said "Error: .: not a regular file (a directory)"."""
+    from click.testing import CliRunner
+
+    from sparkdiag.cli import main
+
+    monkeypatch.chdir(tmp_path)  # where '' wrote before
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for {named}" in result.stderr and "is empty" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_every_path_parameter_refuses_an_empty_value() -> None:
+    """Every path flag and argument of every command goes through the one path type that
+    refuses '' (found in a review), so a new one cannot forget it. storage's DIR is a plain
+    string that the command refuses itself, with its own advice."""
+    import click
+
+    from sparkdiag.cli import main
+
+    def walk(command: click.Command, path: tuple[str, ...]) -> list[tuple[str, click.Parameter]]:
+        found = [(" ".join(path), p) for p in command.params if isinstance(p.type, click.Path)]
+        for name, sub in getattr(command, "commands", {}).items():
+            found += walk(sub, (*path, name))
+        return found
+
+    params = [
+        (where, p) for where, p in walk(main, ()) if (where, p.name) != ("storage", "directory")
+    ]
+    assert len(params) > 30
+    ctx = click.Context(main)
+    for where, param in params:
+        with pytest.raises(click.BadParameter, match="is empty"):
+            param.type.convert("", param, ctx)
+            pytest.fail(f"{where} {param.name} took ''")

@@ -10,6 +10,7 @@ import subprocess
 import threading
 from pathlib import Path
 
+import click
 import pytest
 from click.testing import CliRunner
 
@@ -475,3 +476,56 @@ def test_a_directory_flag_that_is_a_dangling_link_says_so(tmp_path: Path) -> Non
         f"Error: Invalid value for '--path.sysfs': {loop} is a symbolic link to nothing (or a "
         "loop); give a directory\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("command", "default"),
+    [
+        ("probe", "each GPU in turn; without NVML, torch's default device (cuda:0, or cpu "
+                  "without CUDA)"),
+        ("bench", "cuda, CUDA's first device"),
+        ("compare", "the device the native side chose (cuda:0, or cpu without CUDA), given to "
+                    "the container too"),
+        ("soak", "every GPU at once, a worker each"),
+    ],
+)  # fmt: skip
+def test_device_help_states_each_command_s_own_default(command: str, default: str) -> None:
+    """Found in a review: every command said "[default: each GPU in turn, or cuda:0]", the
+    probe's, where bench uses cuda, compare the device native chose, probe without NVML
+    torch's default device, and soak every GPU at once."""
+    found = main.get_command(click.Context(main), command)
+    assert found is not None
+    (device,) = [p for p in found.params if p.name == "device"]
+    assert isinstance(device, click.Option) and device.help is not None
+    assert device.help.endswith(f"[default: {default}]"), device.help
+
+
+@pytest.mark.parametrize("level", ["DEBUG", "Warning"])
+def test_log_level_takes_any_case(level: str, tmp_path: Path) -> None:
+    """Found in a review: 'check --log-level DEBUG' was refused (click's choice matched case);
+    the flag and the configuration file take any case, as the level's name is the same."""
+    from sparkdiag.config import OPTIONS_BY_KEY
+
+    args = ["--nvml-fixture", str(NVML / "h200-idle.json"), *machine_args(SYSFS / "h200-vm"),
+            "--state-dir", str(tmp_path / "state"), "--quick", "--json",
+            "--log-level", level]  # fmt: skip
+    result = invoke_cli("check", *args)
+    assert result.returncode in (0, 1, 3), result.stderr
+    assert json.loads(result.stdout)["quick"] is True
+    assert OPTIONS_BY_KEY["log-level"].convert(level, "config.toml: ") == level.lower()
+    assert OPTIONS_BY_KEY["probe.when"].convert("IDLE", "config.toml: ") == "idle"
+
+
+@pytest.mark.parametrize("value", ["", " ", ","])
+def test_an_empty_gpu_flag_is_a_usage_error_not_every_gpu(value: str) -> None:
+    """Found in a review: 'probe --gpu ""' (an unset variable) silently meant every GPU; only
+    no --gpu at all, or --gpu all, means that."""
+    from sparkdiag.flags import parse_gpus
+
+    with pytest.raises(ValueError, match="empty"):
+        parse_gpus([value])
+    with pytest.raises(ValueError, match="empty"):
+        parse_gpus(["0", value])
+    assert parse_gpus(()) is None and parse_gpus(["all"]) is None
+    result = invoke_cli("probe", "--nvml-fixture", str(NVML / "h200-idle.json"), "--gpu", value)
+    assert_clean_error(result, 2, "Invalid value for '--gpu'", "empty")

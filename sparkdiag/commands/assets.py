@@ -9,6 +9,7 @@ from pathlib import Path
 import click
 
 from sparkdiag.errors import SparkdiagError, UsageError
+from sparkdiag.flags import path_type
 from sparkdiag.kubernetes import (
     DEFAULT_IMAGE,
     DEFAULT_NAMESPACE,
@@ -34,7 +35,7 @@ def _writing() -> Iterator[None]:
 
 
 @click.command("assets")
-@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("directory", type=path_type(file_okay=False))
 @click.option("--force", is_flag=True, help="Overwrite files that already exist.")
 @click.option(
     "--kubernetes",

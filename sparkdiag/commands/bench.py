@@ -245,7 +245,13 @@ def _interrupted(
 
 
 @click.command()
-@worker_options("--dtype", "--small", "--device", dtypes=("bf16",))
+@worker_options(
+    "--dtype",
+    "--small",
+    "--device",
+    dtypes=("bf16",),
+    shown={"--device": "cuda, CUDA's first device"},
+)
 @click.option(
     "--m",
     "m_range",

@@ -7,6 +7,7 @@ from pathlib import Path
 import click
 
 from sparkdiag.config import default_config_text
+from sparkdiag.flags import path_type
 
 
 @click.group()
@@ -30,7 +31,7 @@ def config_default() -> None:
 
 
 @config.command("check")
-@click.argument("file", type=click.Path(path_type=Path))  # a directory: one line, as a missing file
+@click.argument("file", type=path_type())  # a directory: one line, as a missing file
 def config_check(file: Path) -> None:
     """Validate a configuration file as serve reads it: every key and value, and every file or
     directory it names (fixtures, web config, paths) opened as serve opens them.

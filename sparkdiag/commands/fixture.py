@@ -10,11 +10,11 @@ import click
 
 from sparkdiag.commands.common import check_output_path, is_stdout
 from sparkdiag.errors import SparkdiagError
-from sparkdiag.flags import settings_from, settings_options
+from sparkdiag.flags import path_type, settings_from, settings_options
 
 
 @click.command("record-fixture")
-@click.argument("output", type=click.Path(path_type=Path))
+@click.argument("output", type=path_type())
 @click.option(
     "--description", default="", help="What the machine was doing (idle, under load ...)."
 )

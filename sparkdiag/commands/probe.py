@@ -112,7 +112,16 @@ def _beside(doc: WorkerDocument | None, rootfs: Path) -> str:
 
 
 @click.command()
-@worker_options("--dtype", "--small", "--shape", "--device")
+@worker_options(
+    "--dtype",
+    "--small",
+    "--shape",
+    "--device",
+    shown={
+        "--device": "each GPU in turn; without NVML, torch's default device (cuda:0, or cpu "
+        "without CUDA)"
+    },
+)
 @gpu_option("The GPUs to probe, one after another.")
 @click.option(
     "--json",

@@ -29,6 +29,7 @@ from sparkdiag.flags import (
     FiniteRange,
     file_option,
     gpu_option,
+    path_type,
     plot_option,
     settings_from,
     settings_options,
@@ -296,14 +297,14 @@ def _measured(gpu: GpuSoak) -> bool:
 )
 @gpu_option("The GPUs to soak, all at once (one worker per GPU).")
 @worker_option("--dtype", shown="the hot suite's, " + ",".join(SUITES["hot"].dtypes))
-@worker_options("--small", "--device")
+@worker_options("--small", "--device", shown={"--device": "every GPU at once, a worker each"})
 @click.option(
     "--json",
     "json_to",
     is_flag=False,
     flag_value="-",
     default=None,
-    type=click.Path(dir_okay=False, allow_dash=True, path_type=Path),
+    type=path_type(dir_okay=False, allow_dash=True),
     metavar="[FILE]",
     help="Write the JSON record to FILE; --json alone prints it instead of the text.",
 )

@@ -126,8 +126,12 @@ class Option:
         if not isinstance(value, (str, Path)):
             raise bad("is not a string")
         text = str(value)
-        if self.kind == "choice" and text not in self.choices:
-            raise bad("is not allowed")
+        if self.kind == "choice":
+            # any case, as the flag takes it (found in a review), given as declared
+            declared = {choice.lower(): choice for choice in self.choices}
+            if text.lower() not in declared:
+                raise bad("is not allowed")
+            text = declared[text.lower()]
         if self.kind == "listen":
             parse_listen(text, where)
         if self.kind == "path":

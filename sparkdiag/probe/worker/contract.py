@@ -410,8 +410,9 @@ def _argument(value: Any) -> str:
 
 
 FLAGS: tuple[Flag, ...] = (
-    Flag("--device", "text", "cuda:N or cpu.", default_help="default: cuda if available",
-         cli_default="each GPU in turn, or cuda:0"),
+    # no cli_default: each command states its own (found in a review: probe's "each GPU in
+    # turn, or cuda:0" was shown by bench, compare and soak, which choose otherwise)
+    Flag("--device", "text", "cuda:N or cpu.", default_help="default: cuda if available"),
     Flag("--suite", "choice", "default: every dtype at the compute, LLM and decode shapes, "
          "device copy and host-device copies (the periodic probe); hot: decode and LLM shapes "
          "of int4, bf16, fp16, fp8, nvfp4 within ~100 ms, no spin-up, even on a busy GPU; "
