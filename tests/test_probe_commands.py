@@ -396,6 +396,25 @@ def test_probe_without_a_baseline_is_not_judged(tmp_path: Path) -> None:
     assert not (tmp_path / "baselines.sqlite").exists()  # --no-record creates nothing
 
 
+def test_a_run_beside_another_process_says_it_teaches_no_baseline(tmp_path: Path) -> None:
+    """Beside another compute process a run teaches no baseline (found in a review), and the
+    verdict still said "the probe learns one from its runs": three runs said it and learned
+    nothing."""
+    beside = _scaled(tmp_path, 0.62, [4242])
+    args = ["probe", "--nvml-fixture", str(NVML / "h200-idle.json"), "--state-dir",
+            str(tmp_path / "state"), "--probe.fixture", beside]  # fmt: skip
+    for _ in range(3):
+        done = CliRunner().invoke(main, args)
+        assert done.exit_code == 0, done.output
+        said = " ".join(done.output.split())
+        assert (
+            "verdict: not judged: no baseline stored for these kernels yet, and this run "
+            "teaches none: another process used the GPU" in said
+        )
+    learned = CliRunner().invoke(main, ["baseline", "show", "--state-dir", str(tmp_path / "state")])
+    assert "no baselines yet" in learned.output
+
+
 def test_the_noise_band_edges() -> None:
     from sparkdiag.baseline.evaluate import GemmFigure
     from sparkdiag.baseline.model import Baseline

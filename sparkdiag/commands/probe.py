@@ -244,8 +244,8 @@ def probe(
             if cycle.result == "ok" and doc is not None and not doc.measured():
                 # every kernel unsupported here (the memory copy may have run): nothing measured
                 cycle = dataclasses.replace(cycle, result="unsupported", reason=NOTHING_MEASURED)
-            verdict = judge(figures, _no_baseline(gpu, no_store)) if figures else None
             beside = _beside(doc, settings.rootfs)
+            verdict = judge(figures, _no_baseline(gpu, no_store, beside)) if figures else None
             runs.append(GpuRun(gpu.identity if gpu else None, cycle, figures, verdict, beside))
     finally:
         if store is not None:
@@ -298,8 +298,10 @@ def _not_recorded_line(why: str) -> str:
     )
 
 
-def _no_baseline(gpu: GpuSample | None, no_store: str) -> str:
-    """Why a run's figures have no baseline to be judged against."""
+def _no_baseline(gpu: GpuSample | None, no_store: str, beside: str = "") -> str:
+    """Why a run's figures have no baseline to be judged against. Beside another compute
+    process the run teaches none (baseline.evaluate), which "the probe learns one from its
+    runs" left unsaid."""
     if gpu is None:
         return (
             "a run on a torch device (--device, or without NVML) has no GPU identity to keep a "
@@ -307,6 +309,12 @@ def _no_baseline(gpu: GpuSample | None, no_store: str) -> str:
         )
     if no_store:
         return no_store
+    if beside:
+        return (
+            "no baseline stored for these kernels yet, and this run teaches none: another "
+            "process used the GPU (a baseline is learned from runs on an idle GPU); run it "
+            "again when the GPU is idle"
+        )
     return (
         "no baseline stored for these kernels yet: the probe learns one from its runs "
         "(--record), then shows it and eff (delivered over baseline)"
