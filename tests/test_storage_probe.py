@@ -392,3 +392,29 @@ def test_a_memory_filesystem_is_measured_within_the_memory_available(
         assert (
             "held in memory: a 3.0 GiB test file would leave less than 1 GiB of the 3.5 GiB" in why
         )
+
+
+def test_a_probe_that_cannot_be_killed_does_not_hang_the_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A probe stuck in the kernel (a dead drive, a hung NFS server) does not act on SIGKILL:
+    the command waited for it without a bound, for ever. Stood in for by signals that never
+    arrive; the probe is killed for real at the end."""
+    from sparkdiag.storage import run
+
+    monkeypatch.setattr(run, "_stop", lambda proc, sig: None)
+    monkeypatch.setattr(run, "KILL_GRACE", 0.2)
+    monkeypatch.setattr(run, "KILLED_WAIT", 0.5)
+    started = time.monotonic()
+    with pytest.raises(StorageProbeError) as raised:
+        request = ProbeRequest(tmp_path, size=64 * MIB, seconds=60, threads=2, random_ops=10**9)
+        run_probe(request, timeout=1.0)
+    assert time.monotonic() - started < 8
+    assert "could not be killed" in raised.value.message
+    assert "stuck in the kernel (a hung drive or network filesystem?)" in raised.value.message
+    (pid,) = run._LIVE  # kept until it is reaped, so that a stop signals it again
+    os.killpg(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while run._LIVE and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not run._LIVE

@@ -32,6 +32,12 @@ from sparkdiag.storage import measure
 from sparkdiag.storage.model import DocumentError, ProbeDocument, parse_document
 
 KILL_GRACE = 2.0
+# How long a SIGKILLed probe may take to be gone. A process in uninterruptible sleep (a write
+# to a dead drive, a hung NFS server) does not act on SIGKILL until the kernel lets it go,
+# maybe never: waiting without a bound hung the command, or the daemon's storage thread, for
+# ever, where the timeout's message asks whether the drive is hung (found in a review of the
+# same wait in the GPU probe's runner)
+KILLED_WAIT = 10.0
 STARTUP_SECONDS = 15.0  # on top of the probe's own --seconds: the interpreter, fallocate, flush
 _OUT_LIMIT = 1 << 20
 
@@ -173,7 +179,7 @@ def run_probe(
     ]
     for reader in readers:
         reader.start()
-    timed_out = False
+    timed_out = stuck = False
     try:
         try:
             proc.wait(timeout=limit)
@@ -184,7 +190,10 @@ def run_probe(
                 proc.wait(timeout=KILL_GRACE)
             except subprocess.TimeoutExpired:
                 _stop(proc, signal.SIGKILL)
-                proc.wait()
+                try:
+                    proc.wait(timeout=KILLED_WAIT)
+                except subprocess.TimeoutExpired:
+                    stuck = True
     except BaseException:
         _stop(proc, signal.SIGKILL)
         with contextlib.suppress(Exception):
@@ -192,16 +201,35 @@ def run_probe(
         raise
     finally:
         _stop(proc, signal.SIGKILL)  # anything the probe left in its group
-        with _LIVE_LOCK:
-            _LIVE.discard(proc.pid)
+        if proc.returncode is None:  # stuck in the kernel: reaped when it is let go
+            threading.Thread(target=_reap, args=(proc,), name="storage-reap", daemon=True).start()
+        else:
+            with _LIVE_LOCK:
+                _LIVE.discard(proc.pid)
         for reader in readers:
             reader.join(timeout=1.0)
+    if stuck:
+        raise StorageProbeError(
+            f"the storage probe of {request.directory} did not finish within {limit:g} s and "
+            f"could not be killed: pid {proc.pid} is still there {KILLED_WAIT:g} s after "
+            "SIGKILL, stuck in the kernel (a hung drive or network filesystem?); its test file "
+            "goes when it ends"
+        )
     if timed_out:
         raise StorageProbeError(
             f"the storage probe of {request.directory} did not finish within {limit:g} s and was "
             "killed (its test file went with it): is the drive hung or very slow?"
         )
     return _document(proc.returncode, b"".join(out), tail, request.directory)
+
+
+def _reap(proc: subprocess.Popen[bytes]) -> None:
+    """Wait for a probe that SIGKILL could not end yet; it leaves ``_LIVE`` once reaped, so
+    that a stop meanwhile signals it again."""
+    with contextlib.suppress(Exception):
+        proc.wait()
+    with _LIVE_LOCK:
+        _LIVE.discard(proc.pid)
 
 
 def _stop(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
