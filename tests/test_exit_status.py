@@ -73,8 +73,8 @@ def _unsupported(tmp: Path) -> str:
 
 
 def _probe(tmp: Path, fixture: str) -> list[str]:
-    return ["probe", "--nvml-fixture", IDLE, "--probe.fixture", fixture, "--state-dir",
-            str(tmp / "state")]  # fmt: skip
+    return ["probe", "--nvml-fixture", IDLE, "--probe.fixture", fixture, "--record",
+            "--state-dir", str(tmp / "state")]  # fmt: skip
 
 
 def _probe_slower(tmp: Path) -> list[str]:

@@ -40,6 +40,7 @@ def test_probe_replays_a_recorded_cycle_and_learns_a_baseline(tmp_path: Path) ->
         str(NVML / "h200-idle.json"),
         "--probe.fixture",
         str(PROBE / "h200-default.json"),
+        "--record",  # a replayed cycle teaches only when asked to
         "--state-dir",
         str(tmp_path),
     ]
@@ -339,7 +340,7 @@ def _learned(tmp_path: Path) -> list[str]:
     """The recorded H200 cycle, taught three times: its baselines are its own figures."""
     args = ["probe", "--nvml-fixture", str(NVML / "h200-idle.json"), "--state-dir", str(tmp_path)]
     for _ in range(3):
-        recorded = ["--probe.fixture", str(PROBE / "h200-default.json"), "--json"]
+        recorded = ["--probe.fixture", str(PROBE / "h200-default.json"), "--record", "--json"]
         taught = CliRunner().invoke(main, [*args, *recorded])
         assert taught.exit_code == 0, taught.output
     return args
@@ -573,3 +574,18 @@ def test_a_shape_int4_cannot_run_is_unsupported_for_the_suites_dtypes(tmp_path: 
     assert by_dtype["int4"]["status"] == "unsupported"
     assert by_dtype["int4"]["reason"] == "int4 needs K divisible by 128 (its group size), not 64"
     assert by_dtype["bf16"]["status"] == "ok"
+
+
+def test_a_replayed_cycle_teaches_the_store_only_when_asked(tmp_path: Path) -> None:
+    """'probe --probe.fixture' recorded the replayed figures into the user's baseline store by
+    default, under a real GPU's identity where NVML was real (found in a review)."""
+    state = tmp_path / "state"
+    args = ["probe", "--nvml-fixture", str(NVML / "h200-idle.json"), "--state-dir", str(state),
+            "--probe.fixture", str(PROBE / "h200-default.json")]  # fmt: skip
+    done = CliRunner().invoke(main, args)
+    assert done.exit_code == 0, done.output
+    assert not (state / "baselines.sqlite").exists()
+    done = CliRunner().invoke(main, [*args, "--record"])
+    assert done.exit_code == 0 and (state / "baselines.sqlite").exists()
+    help_text = " ".join(CliRunner().invoke(main, ["probe", "--help"]).output.split())
+    assert "with --probe.fixture, no-record" in help_text

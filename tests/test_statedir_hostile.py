@@ -28,6 +28,7 @@ def probe(state: Path, *extra: str) -> list[str]:
         str(NVML / "h200-idle.json"),
         "--probe.fixture",
         str(PROBE / "h200-default.json"),
+        "--record",  # a replayed cycle teaches only when asked to
         "--state-dir",
         str(state),
         *extra,

@@ -252,7 +252,7 @@ def test_probe_notes_are_whole_and_the_table_has_units(
 
 
 def test_probe_with_baselines_still_fits(tmp_path: Path, at_width: Callable[[int], None]) -> None:
-    args = [a for a in _probe(tmp_path) if a != "--no-record"]
+    args = [a if a != "--no-record" else "--record" for a in _probe(tmp_path)]
     for _ in range(3):  # three healthy runs teach the baselines: two more columns
         cli(*args)
     at_width(UNBOUNDED)

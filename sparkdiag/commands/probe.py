@@ -133,10 +133,10 @@ def _beside(doc: WorkerDocument | None, rootfs: Path) -> str:
 )
 @click.option(
     "--record/--no-record",
-    default=True,
-    show_default=True,
+    default=None,
     help="Record the results in the baseline store (teaches a new baseline); --no-record "
-    "still compares with the stored baselines.",
+    "still compares with the stored baselines. [default: record; with --probe.fixture, "
+    "no-record: a replayed cycle teaches a real store nothing unless --record asks]",
 )
 @settings_options("probe")
 def probe(
@@ -146,7 +146,7 @@ def probe(
     device: str | None,
     gpus: tuple[int, ...] | None,
     as_json: bool,
-    record: bool,
+    record: bool | None,
     **given: Any,
 ) -> Exit:
     """Run one probe cycle now and compare it with the baseline and the reference.
@@ -183,6 +183,10 @@ def probe(
     """
     settings = settings_from("probe", given)
     setup_logging(settings.log_level)
+    if record is None:
+        # a replayed cycle (a demonstration, a test) recorded its figures into the user's store
+        # by default, under a real GPU's identity where NVML was real (found in a review)
+        record = settings.probe_fixture is None
     if device is not None and gpus is not None:
         raise UsageError("give --device or --gpu, not both")
     check_shapes(dtypes, shapes, "--shape")
