@@ -9,7 +9,7 @@ import pytest
 
 from sparkdiag.config import ECHO, OPTIONS_BY_KEY, ConfigError, build_settings, load_file
 from sparkdiag.web.webconfig import WebConfigError, load_web_config
-from tests.support import NVML, assert_clean_error, resolver_answers, run_cli
+from tests.support import NVML, assert_clean_error, invoke_cli, resolver_answers, run_cli
 
 FIXTURE = ["--nvml-fixture", str(NVML / "h200-idle.json"), "--no-probe.enabled"]
 
@@ -299,3 +299,12 @@ def test_every_path_parameter_refuses_an_empty_value() -> None:
         with pytest.raises(click.BadParameter, match="is empty"):
             param.type.convert("", param, ctx)
             pytest.fail(f"{where} {param.name} took ''")
+
+
+def test_assets_into_a_path_under_a_file_says_so_in_one_line(tmp_path: Path) -> None:
+    """It said "Error: [Errno 20] Not a directory: '.../x/prometheus'", Python's exception text
+    (found in a review)."""
+    (tmp_path / "afile").write_text("")
+    done = invoke_cli("assets", str(tmp_path / "afile" / "x"))
+    assert done.returncode == 3
+    assert done.stderr == f"Error: cannot write {tmp_path}/afile/x/prometheus: Not a directory\n"

@@ -30,8 +30,8 @@ def _writing() -> Iterator[None]:
         yield
     except FileExistsError as exc:
         raise UsageError(str(exc)) from None
-    except OSError as exc:
-        raise SparkdiagError(str(exc)) from None
+    except OSError as exc:  # "[Errno 20] Not a directory: '...'": Python's words, not ours
+        raise SparkdiagError(f"cannot write {exc.filename}: {exc.strerror or exc}") from None
 
 
 @click.command("assets")
