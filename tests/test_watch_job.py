@@ -301,3 +301,12 @@ def test_an_attached_pid_given_to_another_process_ends_the_watch(tmp_path: Path)
     assert not job.ended()
     started_at(2000)  # another process, same pid
     assert job.ended()
+
+
+def test_a_program_that_cannot_start_is_said_alone(tmp_path: Path) -> None:
+    """'watch -- /nonexistent' first said that NVML was unavailable and what would not be
+    sampled, then that the program cannot start (found in a review): one line now."""
+    missing = str(tmp_path / "nonexistent")
+    result = CliRunner().invoke(main, ["watch", "--stacks", "off", "--", missing])
+    assert result.exit_code == 2
+    assert result.output == f"Error: cannot start {missing}: No such file or directory\n"

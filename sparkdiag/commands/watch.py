@@ -51,7 +51,14 @@ from sparkdiag.sources.nvml.gpu import GpuSource
 from sparkdiag.watch import compact
 from sparkdiag.watch import plot as plotting
 from sparkdiag.watch.diagnose import Diagnosis, diagnose
-from sparkdiag.watch.job import AttachedJob, SpawnedJob, alive, follow, unwatchable
+from sparkdiag.watch.job import (
+    AttachedJob,
+    SpawnedJob,
+    alive,
+    check_runnable,
+    follow,
+    unwatchable,
+)
 from sparkdiag.watch.model import MAX_RECORDING_BYTES, Recording, load
 from sparkdiag.watch.places import locate_places, read_stores
 from sparkdiag.watch.render import status as status_text
@@ -321,6 +328,11 @@ def watch(
     if pid is not None and (why_not := unwatchable(rootfs, pid, os.getpid())):
         raise UsageError(why_not, flag="--pid")
 
+    if command:  # a program that cannot start is said alone, before NVML's own lines
+        try:
+            check_runnable(command[0])
+        except OSError as exc:
+            raise UsageError(f"cannot start {command[0]}: {exc.strerror or exc}") from None
     setup_logging("warning", prefix="sparkdiag watch")
     gpu, why = _start_gpu(nvml_fixture, gpus, rootfs)
     binary, no_stacks = _stack_binary(stacks)
