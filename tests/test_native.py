@@ -991,8 +991,15 @@ def test_a_directory_a_pth_file_adds_is_scanned(
     (site,) = venv.glob("lib/python3*/site-packages")
     src = tmp_path / "src"
     (src / "myext").mkdir(parents=True)
+    (src / "myext" / "__init__.py").write_text("")
     shutil.copy(FATBIN / "sm90.so", src / "myext/_C.so")
+    # the project's own environment and build tree: not what this interpreter imports
+    (src / ".venv" / "lib" / "torch").mkdir(parents=True)
+    shutil.copy(FATBIN / "sm90a.so", src / ".venv/lib/torch/libtorch_cuda.so")
+    (src / "build" / "myext").mkdir(parents=True)
+    shutil.copy(FATBIN / "sm90.so", src / "build/myext/_C.so")
     (site / "__editable__.myext.pth").write_text(f"{src}\n")
+    (site / "myext.egg-link").write_text(f"{src}\n")  # no import of myext: hides nothing
     home = tmp_path / "home"
     (home / "junk").mkdir(parents=True)
     shutil.copy(FATBIN / "sm90.so", home / "junk/_x.so")

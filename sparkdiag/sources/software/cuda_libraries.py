@@ -11,18 +11,19 @@ not read again. The cache is a JSON file in the state directory
 
 from __future__ import annotations
 
+import importlib.machinery
 import json
 import os
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sparkdiag.sources.files import MIB, read_text_limited
-from sparkdiag.sources.software.elf import NotElf, walk_libraries
+from sparkdiag.sources.software.elf import NotElf, is_shared_library_name, walk_libraries
 from sparkdiag.sources.software.fatbin import FatbinReport, read_fatbin
-from sparkdiag.sources.software.pyenv import Owner, PythonEnvironment, file_owners
+from sparkdiag.sources.software.pyenv import Owner, PythonEnvironment, file_owners, is_site_dir
 from sparkdiag.statedir import StateDirError, write_atomically
 
 CACHE_NAME = "cuda-libraries.json"
@@ -150,22 +151,58 @@ def _top_package(path: Path, site: Path) -> str:
 
 
 def _import_root(relative: Path, site: Path) -> Path:
-    """What Python imports ``relative`` under: its top package (``torch``), or within a
-    namespace package (a directory without ``__init__.py``, as ``nvidia`` of the CUDA wheels,
-    which spans package directories) the package below it (``nvidia/cublas``)."""
+    """What Python imports ``relative`` under: its top package (``torch``), a top-level
+    module's name (``_foo`` of ``_foo.cpython-312-x86_64-linux-gnu.so``), or within a namespace
+    package (a directory without ``__init__.py``, as ``nvidia`` of the CUDA wheels, which spans
+    package directories) the package below it (``nvidia/cublas``)."""
     parts = relative.parts
+    if len(parts) == 1:
+        return Path(parts[0].split(".", 1)[0])
     if len(parts) > 2 and not (site / parts[0] / "__init__.py").exists():
         return Path(parts[0], parts[1])
     return Path(parts[0])
 
 
 def _shadowing(root: Path, earlier: Sequence[Path]) -> Path | None:
-    """The first of the ``earlier`` package directories that holds ``root`` (as a package
-    directory or a module file), which Python imports instead; None when none does."""
+    """The first of the ``earlier`` package directories from which Python imports ``root``
+    instead: one holding it as a regular package (with ``__init__.py``) or as a module file
+    (a suffix Python imports: ``.py``, ``.cpython-312-x86_64-linux-gnu.so`` ...); None when
+    none does. A directory without ``__init__.py``, an ``.egg-link`` or a ``.pth`` of that name
+    is no import of it (they hid the editable source trees a .pth adds: found in a review)."""
     for site in earlier:
-        if (site / root).is_dir() or any((site / root.parent).glob(f"{root.name}.*")):
+        where = site / root
+        if (where / "__init__.py").is_file():
+            return site
+        if any((where.parent / f"{where.name}{suffix}").is_file() for suffix in MODULE_SUFFIXES):
             return site
     return None
+
+
+MODULE_SUFFIXES = tuple(importlib.machinery.all_suffixes())
+
+
+def _walk_site(site: Path, unlisted: dict[str, str]) -> Iterator[Path]:
+    """The shared libraries under ``site``. A directory a ``.pth`` file adds (not a package
+    directory: an editable install's project root) is walked in what Python imports from it,
+    its packages (directories with ``__init__.py``) and top-level modules: walked whole, its
+    ``.venv``, ``build`` and ``.git`` were judged as this interpreter's (found in a review)."""
+    if is_site_dir(site):
+        yield from walk_libraries(site, unlisted)
+        return
+    try:
+        entries = sorted(os.scandir(site), key=lambda e: e.name)
+    except OSError as exc:
+        unlisted[str(site)] = exc.strerror or str(exc)
+        return
+    for entry in entries:
+        path = Path(entry.path)
+        try:
+            if entry.is_dir(follow_symlinks=False) and (path / "__init__.py").is_file():
+                yield from walk_libraries(path, unlisted)
+            elif is_shared_library_name(entry.name) and entry.is_file(follow_symlinks=False):
+                yield path
+        except OSError:
+            continue
 
 
 def scan(env: PythonEnvironment, cache: ScanCache | None = None) -> LibraryScan:
@@ -189,10 +226,14 @@ def scan(env: PythonEnvironment, cache: ScanCache | None = None) -> LibraryScan:
         # distribution's torch). Both were judged, and the copy never loaded could fail the
         # lint (found in a review). A root's Pythons are several interpreters: none hides
         earlier = env.site_dirs[:number] if env.python is not None else ()
+        hidden_by: dict[Path, Path | None] = {}
         unlisted: dict[str, str] = {}
-        for path in walk_libraries(site, unlisted):
+        for path in _walk_site(site, unlisted):
             if earlier:
-                first = _shadowing(_import_root(path.relative_to(site), site), earlier)
+                root = _import_root(path.relative_to(site), site)
+                if root not in hidden_by:  # a few stats an import root, not a library
+                    hidden_by[root] = _shadowing(root, earlier)
+                first = hidden_by[root]
                 if first is not None:
                     shadowed[env.show(path)] = env.show(first)
                     continue

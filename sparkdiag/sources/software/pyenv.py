@@ -151,7 +151,7 @@ def interpreter_paths(python: Sequence[str], timeout: float = 30.0) -> list[Path
     """
     doc, why = run_json([*python, "-c", PATH_SCRIPT], timeout)
     if isinstance(doc, list):  # sys.path alone (a wrapper that answers the script its own way)
-        return [Path(p) for p in doc if isinstance(p, str) and _is_site_dir(Path(p))]
+        return [Path(p) for p in doc if isinstance(p, str) and is_site_dir(Path(p))]
     paths = doc.get("path") if isinstance(doc, dict) else None
     if not isinstance(paths, list):
         raise NotAnEnvironment(f"{' '.join(python)} did not give its sys.path: {why}")
@@ -163,7 +163,7 @@ def interpreter_paths(python: Sequence[str], timeout: float = 30.0) -> list[Path
         if isinstance(p, str)
         and Path(p).is_dir()
         and not _in_stdlib(Path(p), stdlib)
-        and (Path(p) not in given or _is_site_dir(Path(p)))
+        and (Path(p) not in given or is_site_dir(Path(p)))
     ]
 
 
@@ -183,7 +183,9 @@ def site_dirs_under(root: Path) -> list[Path]:
     return found
 
 
-def _is_site_dir(path: Path) -> bool:
+def is_site_dir(path: Path) -> bool:
+    """A package directory: named ``site-packages`` or ``dist-packages``, or holding a
+    ``*.dist-info``."""
     if path.name in ("site-packages", "dist-packages"):
         return True
     try:
@@ -224,7 +226,7 @@ def resolve(path: Path) -> PythonEnvironment:
                 return PythonEnvironment(f"venv {path}", env.site_dirs, env.python)
         dirs = sorted(path.glob("lib/python3*/site-packages"))
         return PythonEnvironment(f"venv {path}", tuple(dirs), None)
-    if _is_site_dir(path):
+    if is_site_dir(path):
         return PythonEnvironment(f"packages {path}", (path,), None)
     dirs = site_dirs_under(path)
     if not dirs:
@@ -237,7 +239,7 @@ def resolve(path: Path) -> PythonEnvironment:
 
 def this_python() -> PythonEnvironment:
     """This interpreter's environment, without a subprocess."""
-    dirs = [Path(p) for p in sys.path if p and Path(p).is_dir() and _is_site_dir(Path(p))]
+    dirs = [Path(p) for p in sys.path if p and Path(p).is_dir() and is_site_dir(Path(p))]
     return PythonEnvironment(sys.executable, tuple(dict.fromkeys(dirs)), (sys.executable,))
 
 
