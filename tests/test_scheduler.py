@@ -283,7 +283,7 @@ def test_a_gpu_lost_since_the_cycle_began_is_not_probed(tmp_path: Path) -> None:
 def test_a_gpu_nvml_no_longer_lists_loses_its_probe_series(tmp_path: Path) -> None:
     """A GPU gone from NVML's list kept its last sparkdiag_gemm_* figures for ever, counted as
     a peer's (found in a review): absent at two looks in a row, it is forgotten; one look
-    keeps it."""
+    keeps it, though the native and container schedulers both saw it (a review of the fix)."""
     from sparkdiag.exporter.probe import ProbeCollector
 
     full, missing = snapshot("h200-x8", tmp_path), snapshot("h200-x8-one-missing", tmp_path)
@@ -296,10 +296,13 @@ def test_a_gpu_nvml_no_longer_lists_loses_its_probe_series(tmp_path: Path) -> No
         families = {f.name: f for f in ProbeCollector(state.view).families(state.view())}
         return {s.labels["gpu"] for s in families["sparkdiag_gemm_tflops"].samples}
 
+    container = ProbeScheduler(launcher, state, None, "container", lambda: snap[0], 300.0)
     sched.run_cycle()
     snap[0] = missing
     sched.run_cycle()
+    container.run_cycle()  # the same snapshot, seen by the other context's scheduler
     assert len(gpus()) == 8  # one look: kept
+    snap[0] = dataclasses.replace(missing, timestamp=missing.timestamp + 1.0)  # the next poll
     sched.run_cycle()
     listed = {(str(g.identity.index), g.identity.uuid) for g in missing.gpus}
     assert gpus() == {index for index, _ in listed}

@@ -61,6 +61,7 @@ class ProbeState:
         self._hot_runs: dict[tuple[str, str, str, str, str], int] = {}
         self._hot_last: dict[tuple[str, str, str], CycleRecord] = {}
         self._absent: set[tuple[str, str]] = set()  # (gpu, uuid) not listed at the last look
+        self._look: float | None = None  # the snapshot of that look
 
     def set_interval(self, context: str, seconds: float) -> None:
         with self._lock:
@@ -84,12 +85,16 @@ class ProbeState:
             if cycle.result == "ok":
                 self._hot_last[key] = cycle
 
-    def keep_gpus(self, listed: set[tuple[str, str]]) -> None:
+    def keep_gpus(self, listed: set[tuple[str, str]], look: float) -> None:
         """Forget the GPUs (index, uuid) that NVML has not listed at two looks in a row: their
         ``sparkdiag_gemm_*`` series kept their last figures for ever, and counted as peers'
         (found in a review). One look is not enough: a GPU's probe history is not lost to one
-        odd answer."""
+        odd answer. ``look`` names the snapshot (its time): the schedulers of the native and
+        container probes share this state, and one snapshot seen by both is one look."""
         with self._lock:
+            if look == self._look:
+                return
+            self._look = look
             seen = {(key[0], key[1]) for key in (*self._last, *self._hot_last, *self._runs)}
             gone = self._absent & (seen - listed)
             self._absent = seen - listed - gone

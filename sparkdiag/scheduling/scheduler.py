@@ -248,7 +248,8 @@ class ProbeScheduler(ProbeLoop):
         if snapshot is None:
             return []
         if snapshot.nvml_up:  # GPUs NVML no longer lists lose their probe series
-            self.state.keep_gpus({(str(g.identity.index), g.identity.uuid) for g in snapshot.gpus})
+            listed = {(str(g.identity.index), g.identity.uuid) for g in snapshot.gpus}
+            self.state.keep_gpus(listed, snapshot.timestamp)
         records = []
         for gpu in snapshot.gpus:
             if not gpu.up:
