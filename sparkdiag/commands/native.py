@@ -112,9 +112,10 @@ def native(
     Exit status:
       0  every library runs natively
       1  a library runs only through PTX JIT, or lacks the arch-specific
-         code for this GPU that it builds for others; or nothing was judged:
-         no GPU here and no --capability (the libraries are listed), or the
-         environment has no package directory (nothing was looked at)
+         code for this GPU that it builds for others; a library or folder
+         could not be read (it is named); or nothing was judged: no GPU here
+         and no --capability (the libraries are listed), or the environment
+         has no package directory (nothing was looked at)
       2  bad flag, or --python is not a Python environment
       3  a library has no code this GPU can load
     """

