@@ -843,3 +843,19 @@ def test_progress_lines_wrap_to_the_terminal(monkeypatch: pytest.MonkeyPatch) ->
     said = result.stderr.splitlines()
     assert "both sides probe" in " ".join(result.stderr.split())
     assert all(len(line) <= terminal.MIN_WIDTH for line in said), "\n".join(said)
+
+
+def test_a_side_that_could_not_be_killed_is_not_said_killed() -> None:
+    """A worker still there after SIGKILL was reported "killed with its process group" above
+    the runner's own line saying it could not be killed (found in a review)."""
+    from sparkdiag.probe.diagnosis import diagnose
+
+    reason = (
+        "worker did not finish within 2 s and could not be killed: pid 4242 still there 10 s "
+        "after SIGKILL (stuck in the driver?)"
+    )
+    cycle = ProbeCycle("timeout", reason, None, "", None, 12.0, 4242)
+    failure = diagnose("container", cycle, ["podman", "run", "img"], 2.0)
+    assert failure is not None and failure.kind == "timeout"
+    assert failure.message.startswith(f"container did not answer within 2 s, and {reason}")
+    assert "killed with its process group" not in failure.message

@@ -171,6 +171,9 @@ def diagnose(
 
     if cycle.result == "timeout":
         message = f"{side} did not answer within {timeout:g} s; killed with its process group"
+        if cycle.returncode is None and cycle.worker_pid is not None:
+            # still there after SIGKILL (the runner's reason says so): not "killed"
+            message = f"{side} did not answer within {timeout:g} s, and {cycle.reason}"
         if side == "container":
             if _PULLING.search(stderr):
                 message += (

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,7 @@ KILL_GRACE = 2.0
 # ever, where the timeout's message asks whether the drive is hung (found in a review of the
 # same wait in the GPU probe's runner)
 KILLED_WAIT = 10.0
+REAP_POLL = 0.5  # seconds between looks at a probe that SIGKILL has not ended yet
 STARTUP_SECONDS = 15.0  # on top of the probe's own --seconds: the interpreter, fallocate, flush
 _OUT_LIMIT = 1 << 20
 
@@ -127,11 +129,13 @@ _LIVE_LOCK = threading.Lock()
 
 def kill_running() -> int:
     """SIGKILL every running probe's process group; how many there were."""
+    # signalled under the lock: a probe leaves _LIVE as it is reaped, under the same lock, so
+    # no group signalled here can have been reaped and its number given to another process
     with _LIVE_LOCK:
         groups = sorted(_LIVE)
-    for pgid in groups:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pgid, signal.SIGKILL)
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
     return len(groups)
 
 
@@ -225,11 +229,13 @@ def run_probe(
 
 def _reap(proc: subprocess.Popen[bytes]) -> None:
     """Wait for a probe that SIGKILL could not end yet; it leaves ``_LIVE`` once reaped, so
-    that a stop meanwhile signals it again."""
-    with contextlib.suppress(Exception):
-        proc.wait()
-    with _LIVE_LOCK:
-        _LIVE.discard(proc.pid)
+    that a stop meanwhile signals it again. Reaped under the lock (:func:`kill_running`)."""
+    while True:
+        with _LIVE_LOCK:
+            if proc.poll() is not None:
+                _LIVE.discard(proc.pid)
+                return
+        time.sleep(REAP_POLL)
 
 
 def _stop(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
