@@ -44,6 +44,17 @@ def test_unit_essentials() -> None:
         assert re.search(rf"^{re.escape(line)}", text, re.M), line
 
 
+def test_the_gpu_nodes_are_allowed_by_every_name_of_their_major() -> None:
+    """/dev/nvidia0..N are major 195, which /proc/devices names nvidia-frontend or nvidia by
+    the driver's build; only nvidia-frontend was allowed, and under DevicePolicy=closed NVML
+    would lose every GPU where it is named nvidia (found in a review). The uvm node by name
+    too: a path is skipped when the node is made after the unit started."""
+    allowed = re.findall(r"^DeviceAllow=(\S+) rw$", UNIT.read_text(), re.M)
+    for name in ("char-nvidia-frontend", "char-nvidia", "char-nvidia-uvm", "/dev/nvidiactl"):
+        assert name in allowed, name
+    assert re.search(r"^DevicePolicy=closed$", UNIT.read_text(), re.M)
+
+
 def test_the_units_comments_say_what_the_deploy_doc_says() -> None:
     """The unit's header sent readers to a README section that is in docs/deploy.md, and told
     them to pip install 'sparkdiag[probe]', which deploy.md says finds nothing (not on PyPI)."""
