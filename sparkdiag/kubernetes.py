@@ -93,12 +93,23 @@ def parse_labels(items: list[str] | tuple[str, ...]) -> dict[str, str]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ManifestError(f"label {item!r} is not KEY=VALUE")
+        if key in _selector() or key in _OURS:
+            # it replaced the DaemonSet's selector label in its pod template, which the API
+            # server refuses, and the Service and ServiceMonitor matched nothing (found in a
+            # review)
+            raise ManifestError(
+                f"label {item!r}: {key} is one the manifests set themselves (the DaemonSet's "
+                "selector, or what names the objects); choose another key"
+            )
         labels[key] = value
     return labels
 
 
 def _selector() -> dict[str, str]:
     return {"app.kubernetes.io/name": APP}
+
+
+_OURS = ("app.kubernetes.io/component", "app.kubernetes.io/version", "app.kubernetes.io/managed-by")
 
 
 def _labels(options: KubernetesOptions, component: str) -> dict[str, str]:

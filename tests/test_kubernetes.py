@@ -362,3 +362,19 @@ def test_assets_command_kubernetes_and_plain(tmp_path: Path) -> None:
         bad = run(*args, str(tmp_path / "bad"))
         assert bad.returncode == 2, bad.stderr
         assert message in bad.stderr and "Traceback" not in bad.stderr, bad.stderr
+
+
+def test_a_label_the_manifests_set_themselves_is_refused(tmp_path: Path) -> None:
+    """--label app.kubernetes.io/name=gpu replaced the DaemonSet's selector label in its pod
+    template (the API server refuses a selector that does not match it) and left the Service
+    and ServiceMonitor matching nothing; exit 0 (found in a review)."""
+    with pytest.raises(ManifestError, match="the DaemonSet's selector"):
+        parse_labels(["app.kubernetes.io/name=gpu"])
+    done = subprocess.run(
+        sparkdiag_cmd("assets", "--kubernetes", str(tmp_path / "k8s"), "--label",
+                      "app.kubernetes.io/name=gpu"),
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2 and "choose another key" in done.stderr
+    assert not (tmp_path / "k8s").exists()
+    assert parse_labels(["release=kps"]) == {"release": "kps"}
