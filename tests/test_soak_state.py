@@ -230,6 +230,17 @@ def test_check_warns_when_a_kernel_fell(h200: Snapshot) -> None:
     assert result.data["degraded"] == [f"int4 {DECODE}"]
 
 
+def test_check_fails_when_a_kernel_gave_a_wrong_result(h200: Snapshot) -> None:
+    """A soak whose window found a wrong result: it read "unsupported" and passed (found in a
+    review); it fails before a fall warns."""
+    uuid = h200.gpus[0].identity.uuid
+    wrong = replace(held("bf16"), status="error")
+    (result,) = soak_check(h200, ok(gpu_state("0", uuid, kernels=[fell(), wrong])))
+    assert result.status == "fail"
+    assert result.finding.endswith(f": wrong or failed results: bf16 {DECODE}")
+    assert "XID" in result.action and result.data["failed"] == [f"bf16 {DECODE}"]
+
+
 @pytest.mark.parametrize(
     ("entry", "status", "needle"),
     [

@@ -207,3 +207,25 @@ def test_a_cpu_soak_ran_without_a_thermal_verdict() -> None:
     soak = gpu_soak(windows, index=None)
     entry = state_entry(replace(soak, verdict=verdict), 1.7e9, 10.0)
     assert entry.is_cpu and entry.degraded == () and {k.status for k in entry.kernels} == {"ran"}
+
+
+def test_a_wrong_result_in_a_window_is_an_error_and_fails_the_soak() -> None:
+    """A kernel whose result was wrong under load read "unsupported" ("not measured: bf16
+    (wrong result: ...)") and the soak exited 0 (found in a review)."""
+    from sparkdiag.commands.soak import exit_status
+    from sparkdiag.errors import Exit
+    from sparkdiag.probe.document import KernelResult
+
+    windows = heating([6.0, 5.9, 5.8], [3.0, 3.0, 3.0], [40, 60, 80])
+    wrong = KernelResult(
+        "bf16", DECODE, "decode", 0, "error", "wrong result: max rel error 0.3", None
+    )
+    windows[2] = replace(windows[2], results=(windows[2].results[0], wrong))
+    g = gpu_soak(windows)
+    bf16 = next(k for k in g.verdict.kernels if k.dtype == "bf16")
+    assert bf16.status == "error" and bf16.note == "window 2: wrong result: max rel error 0.3"
+    assert bf16.points  # the windows that measured it are kept
+    assert exit_status((g,), interrupted=False, files_ok=True) == Exit.FAILED
+    assert f"FAILED bf16 {DECODE}: window 2: wrong result" in gpu_text(g, 100)
+    assert "not measured: bf16" not in gpu_text(g, 100)
+    assert state_entry(g, 1.7e9, 60.0).failed[0].label == f"bf16 {DECODE}"

@@ -1,9 +1,10 @@
 """The latest ``sparkdiag soak`` per GPU: its age and whether throughput held when hot.
 
 It reads ``soak.json`` in the state directory (never the GPU): pass when every kernel held at
-least 0.9 of its cold throughput, warn when one fell below (or the soak failed, or stopped on a
-hardware slowdown), skip when no soak was run yet or the last one was interrupted before a fall
-was seen (what held for seconds is no pass). A ``--device cpu`` test soak is shown as what
+least 0.9 of its cold throughput, fail when a kernel gave a wrong result (or failed) in a
+window, warn when one fell below (or the soak failed, or stopped on a hardware slowdown), skip
+when no soak was run yet or the last one was interrupted before a fall was seen (what held for
+seconds is no pass). A ``--device cpu`` test soak is shown as what
 it is, a smoke test that ran (skip): a CPU measures its own noise, not heat, so it never warns
 about cooling.
 """
@@ -23,6 +24,14 @@ RUN_SOAK = "run 'sparkdiag soak' (10 minutes by default) on an idle machine"
 FELL_ACTION = (
     "these kernels lose throughput as the GPU heats up: check cooling, airflow and fans, and "
     "compare with the thermal-int4 reports; 'sparkdiag soak --plot DIR' shows where it falls"
+)
+
+
+# a kernel that computed a wrong result under load (found in a review: it read unsupported)
+WRONG_ACTION = (
+    "a kernel gave wrong results (or failed) under load: look for XID errors (sudo dmesg | grep "
+    "-i xid) and ECC errors (nvidia-smi -q -d ECC), run the soak again ('sparkdiag soak --json "
+    "FILE' keeps each window's error); a GPU that repeats it needs service"
 )
 
 
@@ -63,6 +72,7 @@ def _judge(g: GpuState, now: float, gpu: str | None) -> CheckResult:
         "sensor": g.sensor,
         "max_celsius": g.max_celsius,
         "degraded": [k.label for k in g.degraded],
+        "failed": [k.label for k in g.failed],
         "lowest_fraction": {k.label: k.lowest_fraction for k in g.judged},
     }
     if g.stopped == "error":
@@ -74,6 +84,10 @@ def _judge(g: GpuState, now: float, gpu: str | None) -> CheckResult:
             gpu,
             data,
         )
+    if g.failed:
+        wrong = ", ".join(k.label for k in g.failed)
+        return CheckResult(NAME, "fail", f"{head}: wrong or failed results: {wrong}",
+                           WRONG_ACTION, gpu, data)  # fmt: skip
     if g.degraded:
         fell = "; ".join(_fell(k, g.sensor) for k in g.degraded)
         return CheckResult(NAME, "warn", f"{head}: {fell}", FELL_ACTION, gpu, data)

@@ -204,7 +204,7 @@ def _write_outputs(
 def _not_over_a_finished_soak(path: Path, entries: list[GpuState]) -> list[GpuState]:
     """The entries to record: an interrupted run does not replace a GPU's last soak that ran
     to its end (a Ctrl-C after seconds hid a kernel that fell, from check and the metrics),
-    unless it saw a fall itself; said on stderr."""
+    unless it saw a fall or a wrong result itself; said on stderr."""
     try:
         kept = {g.key: g for g in (read_state(path) or SoakState(())).gpus}
     except SoakStateError:
@@ -215,6 +215,7 @@ def _not_over_a_finished_soak(path: Path, entries: list[GpuState]) -> list[GpuSt
         if (
             entry.stopped == "interrupted"
             and not entry.degraded
+            and not entry.failed
             and before is not None
             and before.stopped != "interrupted"
         ):
@@ -260,10 +261,13 @@ def _check_state_dir(state_dir: Path | None) -> None:
 
 
 def exit_status(gpus: tuple[GpuSoak, ...], interrupted: bool, files_ok: bool) -> Exit:
-    """FAILED a worker failed; INTERRUPTED; ATTENTION a kernel fell, a GPU was not soaked or
-    measured nothing (every kernel asked for unsupported there: it was loaded for the whole
-    duration and "completed", exit 0, before) or a file was not written; else OK."""
+    """FAILED a worker failed, or a kernel gave a wrong result (or failed) in a window;
+    INTERRUPTED; ATTENTION a kernel fell, a GPU was not soaked or measured nothing (every kernel
+    asked for unsupported there: it was loaded for the whole duration and "completed", exit 0,
+    before) or a file was not written; else OK."""
     if any(g.stopped == "error" for g in gpus):
+        return Exit.FAILED
+    if any(k.status == "error" for g in gpus for k in g.verdict.kernels):
         return Exit.FAILED
     if interrupted or any(g.stopped == "interrupted" for g in gpus):
         return Exit.INTERRUPTED
@@ -366,8 +370,8 @@ def soak(
     GPU was not soaked (busy, unsupported) or measured nothing (every kernel asked for
     unsupported there), or an output could not be written; 2 usage error
     (checked before any load: each output path is created, or opened, and left as it was, and
-    with --record the state directory must take a file); 3 a worker failed, or torch is not
-    installed; 130 interrupted.
+    with --record the state directory must take a file); 3 a worker failed, a kernel gave a
+    wrong result (or failed) in a window, or torch is not installed; 130 interrupted.
     """
     settings = settings_from("soak", given)
     setup_logging(settings.log_level)

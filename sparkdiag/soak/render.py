@@ -133,6 +133,9 @@ def gpu_text(g: GpuSoak, width: int | None = None) -> str:
         judged = any(k.status in ("held", "fell") for k in measured)  # not a CPU smoke soak
         rule = f"; a kernel below {FALL_FRACTION:g} of cold fell" if judged else ""
         lines += terminal.wrap(f"{which} (its fraction of cold){rule}", width, "  ")
+    for k in v.kernels:
+        if k.status == "error":
+            lines += terminal.wrap(f"FAILED {k.label}: {k.note}", width, "  ", "    ")
     unsupported = [k for k in v.kernels if k.status == "unsupported"]
     if unsupported:
         reasons = sorted({k.note or "unsupported" for k in unsupported})

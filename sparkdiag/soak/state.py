@@ -73,6 +73,11 @@ class GpuState:
         return tuple(k for k in self.kernels if k.status == "fell")
 
     @property
+    def failed(self) -> tuple[KernelState, ...]:
+        """Kernels a window of the soak found wrong, or that failed."""
+        return tuple(k for k in self.kernels if k.status == "error")
+
+    @property
     def judged(self) -> tuple[KernelState, ...]:
         return tuple(k for k in self.kernels if k.status in ("held", "fell"))
 

@@ -26,7 +26,7 @@ if TYPE_CHECKING:  # annotations only: the document module loads the worker's ta
 FALL_FRACTION = 0.9  # a kernel "fell" in the first window below this fraction of its cold rate
 
 Sensor = Literal["memory", "gpu"]
-Status = Literal["held", "fell", "ran", "no-cold", "no-load", "unsupported"]
+Status = Literal["held", "fell", "ran", "no-cold", "no-load", "unsupported", "error"]
 NO_THERMAL = "a CPU soak: no thermal verdict"
 
 
@@ -74,7 +74,8 @@ class Verdict(KernelFigures):
 
     status: held (never below FALL_FRACTION of cold under load), fell, ran (measured under load
         on a CPU: no thermal verdict), no-cold (no cold measurement to compare with), no-load
-        (no window under load), unsupported (never measured)
+        (no window under load), unsupported (never measured), error (a window's result was
+        wrong, or the kernel failed: ``note`` says how; its other windows' figures are kept)
     cold: delivered in the cold window (TFLOPS, or TOPS for integer dtypes; a plain number for a
         ratio)
     hottest: delivered in the hottest window that measured it, at ``hottest_celsius``
@@ -161,6 +162,9 @@ def judge(
     present = [t for t in temps if t is not None]
     kernels: dict[tuple[str, str, str], list[tuple[SoakWindow, float | None]]] = {}
     reasons: dict[tuple[str, str, str], str | None] = {}
+    # a wrong result (or a failed kernel) in any window: read as "unsupported" before, and the
+    # soak exited 0 (found in a review); a wrong result under heat is what a soak is for
+    failed: dict[tuple[str, str, str], str] = {}
     for window in ordered:
         for result in window.results:
             if result.beta:
@@ -169,6 +173,8 @@ def judge(
             kernels.setdefault(key, []).append((window, result.delivered))
             if result.delivered is None:
                 reasons.setdefault(key, result.reason or result.status)
+            if result.status == "error":
+                failed.setdefault(key, f"window {window.index}: {result.reason or 'failed'}")
     ratios: dict[tuple[str, str, str], list[tuple[SoakWindow, float | None]]] = {}
     for window in ordered:
         for name, value in window.ratios.items():
@@ -177,7 +183,7 @@ def judge(
     return SoakVerdict(
         sensor=sensor,
         kernels=tuple(
-            _series(key, values, by_window, reasons.get(key), thermal)
+            _failed(_series(key, values, by_window, reasons.get(key), thermal), failed.get(key))
             for key, values in kernels.items()
         ),
         ratios=tuple(
@@ -187,6 +193,11 @@ def judge(
         max_celsius=max(present) if present else None,
         thermal=thermal,
     )
+
+
+def _failed(verdict: Verdict, why: str | None) -> Verdict:
+    """``verdict`` as an error where a window's result was wrong or failed (``why``)."""
+    return verdict if why is None else replace(verdict, status="error", note=why)
 
 
 def _series(
