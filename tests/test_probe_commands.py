@@ -589,3 +589,21 @@ def test_a_replayed_cycle_teaches_the_store_only_when_asked(tmp_path: Path) -> N
     assert done.exit_code == 0 and (state / "baselines.sqlite").exists()
     help_text = " ".join(CliRunner().invoke(main, ["probe", "--help"]).output.split())
     assert "with --probe.fixture, no-record" in help_text
+
+
+def test_a_beta_1_run_is_not_set_against_the_mamf() -> None:
+    """A beta=1 run (C += A @ B) got a reference efficiency against the beta=0 MAMF (0.85 on
+    the recorded H200), where the reference floor takes beta=0 only (found in a review)."""
+    from sparkdiag.baseline.evaluate import GemmFigure
+    from sparkdiag.baseline.reference import lookup
+
+    mamf = lookup("NVIDIA H200", "bf16")
+    assert mamf is not None and mamf.kind == "mamf"
+
+    def figure(beta: int) -> GemmFigure:
+        return GemmFigure(
+            "bf16", "8192x8192x8192", "compute", beta, "ok", None, 678.0, 690.0, None, mamf, True
+        )
+
+    assert figure(0).reference_efficiency == pytest.approx(678.0 / mamf.tflops)
+    assert figure(1).reference_efficiency is None

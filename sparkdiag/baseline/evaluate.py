@@ -71,8 +71,12 @@ class GemmFigure:
 
     @property
     def reference_efficiency(self) -> float | None:
-        """Delivered throughput over the published reference (compute-bound shapes only)."""
+        """Delivered throughput over the published reference: the compute cube with beta=0
+        only, as the reference floor (learning.mamf_floor) takes it; a beta=1 run (C += A @ B,
+        which also reads and writes C) was set against the beta=0 MAMF (found in a review)."""
         if self.delivered is None or self.reference is None or self.kind != "compute":
+            return None
+        if self.beta != 0:
             return None
         return self.delivered / self.reference.tflops
 
