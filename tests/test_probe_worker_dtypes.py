@@ -32,6 +32,9 @@ def test_classify_exception() -> None:
     cuda_fault = RuntimeError("CUDA error: misaligned address")
     assert dtypes.classify_kernel_exception("nvfp4", cuda_fault)[0] == "error"
     assert dtypes.classify_kernel_exception("bf16", RuntimeError("Invalid scaling"))[0] == "error"
+    # a kernel that ran and failed, said without "CUDA error" (a review): an error
+    for text in ("cuBLAS failed: CUBLAS_STATUS_EXECUTION_FAILED", "an illegal memory access"):
+        assert dtypes.classify_kernel_exception("nvfp4", RuntimeError(text))[0] == "error"
 
 
 def test_relative_error_catches_a_wrong_result() -> None:

@@ -61,10 +61,22 @@ def classify_kernel_exception(dtype: str, exc: BaseException) -> tuple[str, str]
         spec is not None
         and spec.rejection_is_unsupported
         and status == "error"
-        and "cuda error" not in reason.lower()
+        and not any(fault in reason.lower() for fault in RUNTIME_FAULTS)
     ):
         return "unsupported", f"{dtype} call rejected: {reason}"
     return status, reason
+
+
+# What a kernel that ran and failed says, unlike a call that was refused: CUDA's faults and
+# cuBLAS's failures while executing (an nvfp4 CUBLAS_STATUS_EXECUTION_FAILED read
+# "unsupported": found in a review)
+RUNTIME_FAULTS = (
+    "cuda error",
+    "cublas_status_execution_failed",
+    "cublas_status_internal_error",
+    "cublas_status_mapping_error",
+    "illegal memory access",
+)
 
 
 # --------------------------------------------------------------------------
