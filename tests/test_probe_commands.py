@@ -557,7 +557,11 @@ def test_shape_problem_is_the_contracts_one_rule() -> None:
 
     assert shape_problem("int4", 64, 64) == "int4 needs K divisible by 128 (its group size), not 64"
     assert shape_problem("int4", 64, 256) is None
-    assert all(shape_problem(d, 7, 7) is None for d in DTYPES if d != "int4")
+    assert all(shape_problem(d, 7, 7) is None for d in DTYPES if d not in ("int4", "int8", "fp8"))
+    # torch's CUDA kernels' own rules (a --shape that broke them failed the cycle: a review)
+    assert shape_problem("int8", 8192, 4100) == "int8 needs K divisible by 8, not 4100"
+    assert shape_problem("fp8", 4104, 8192) == "fp8 needs N divisible by 16, not 4104"
+    assert shape_problem("fp8", 11008, 4096) is None and shape_problem("int8", 8, 8) is None
 
 
 @pytest.mark.worker

@@ -113,3 +113,13 @@ def test_a_new_dtype_is_an_entry_in_each_table(monkeypatch: pytest.MonkeyPatch) 
 
 def test_the_two_dtype_tables_name_the_same_dtypes_in_the_same_order() -> None:
     assert tuple(dtypes.DTYPE_KERNELS) == tuple(contract.DTYPES) == contract.ALL_DTYPES
+
+
+def test_torchs_shape_checks_read_as_unsupported() -> None:
+    """_int_mm on CUDA refuses M <= 16 ("self.size(0) needs to be greater than 16, but got 1"),
+    which a --shape of M 1 met: the cycle failed with an error (found in a review)."""
+    for text in (
+        "self.size(0) needs to be greater than 16, but got 1",
+        "Expected both dimensions of mat2 to be divisble by 16 but got torch.Size([4104, 8192])",
+    ):
+        assert dtypes.classify_kernel_exception("int8", RuntimeError(text))[0] == "unsupported"

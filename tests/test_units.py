@@ -84,7 +84,7 @@ def test_bench_prints_the_tables_unit(monkeypatch: pytest.MonkeyPatch, tmp_path:
     # a GPU for bench to sweep (without one it refuses, as soak does)
     idle = str(Path(__file__).parent / "fixtures" / "nvml" / "h200-idle.json")
     result = CliRunner().invoke(
-        main, ["bench", "--dtype", "int8,bf16", "--m", "1", "--nvml-fixture", idle]
+        main, ["bench", "--dtype", "int8,bf16", "--m", "16", "--nvml-fixture", idle]
     )
     assert result.exit_code == 0, result.output
     assert "int8: best 3.2 TOPS at 1x8192x8192 (this GPU's MAMF)" in result.output

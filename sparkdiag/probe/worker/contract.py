@@ -181,6 +181,7 @@ class DtypeSpec:
     k_multiple: K must be a multiple of this (int4: its quantisation group); a shape whose K is
         not cannot run: the worker reports it unsupported (:func:`shape_problem`) and a
         command refuses it before the worker runs where the dtype was named
+    n_multiple: the same for N
     unit: what its throughput is counted in, 2*M*N*K operations a second either way: TFLOPS,
         or TOPS for the integer dtypes (int8's integer multiply; int4 is weight-only, its
         multiply runs in bf16 after dequantisation, and is still counted as an integer dtype,
@@ -195,14 +196,19 @@ class DtypeSpec:
     rejection_is_unsupported: bool = False
     unit: str = "TFLOPS"
     k_multiple: int = 1
+    n_multiple: int = 1
 
 
 DTYPES: dict[str, DtypeSpec] = {
     "bf16": DtypeSpec(2e-2, (1,), beta_variant=True),
     "fp16": DtypeSpec(2e-2, (1,)),
     "tf32": DtypeSpec(5e-3, (1,), matmul_precision="high"),
-    "fp8": DtypeSpec(5e-2, (1, 16, 32)),
-    "int8": DtypeSpec(0.0, (1, 16, 32), unit="TOPS"),  # exact sums
+    # torch's CUDA checks (aten/native/cuda/Blas.cpp): _scaled_mm wants both dimensions of its
+    # second matrix divisible by 16, _int_mm K and N multiples of 8 (and M > 16: decode_m, and
+    # classify_exception's patterns for a shape given whole). A --shape that broke them failed
+    # the cycle as an error, where it is a kernel this shape cannot run (found in a review)
+    "fp8": DtypeSpec(5e-2, (1, 16, 32), k_multiple=16, n_multiple=16),
+    "int8": DtypeSpec(0.0, (1, 16, 32), unit="TOPS", k_multiple=8, n_multiple=8),  # exact sums
     "int4": DtypeSpec(2e-2, (1,), compute_edge=_int4_edge, unit="TOPS", k_multiple=INT4_GROUP),
     "nvfp4": DtypeSpec(2.5e-1, (1, 16, 32, 128), rejection_is_unsupported=True),
 }
@@ -218,6 +224,8 @@ def shape_problem(dtype: str, n: int, k: int) -> str | None:
     if spec is not None and k % spec.k_multiple:
         what = " (its group size)" if dtype == "int4" else ""
         return f"{dtype} needs K divisible by {spec.k_multiple}{what}, not {k}"
+    if spec is not None and n % spec.n_multiple:
+        return f"{dtype} needs N divisible by {spec.n_multiple}, not {n}"
     return None
 
 
