@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.metadata
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -859,3 +860,29 @@ def test_a_side_that_could_not_be_killed_is_not_said_killed() -> None:
     assert failure is not None and failure.kind == "timeout"
     assert failure.message.startswith(f"container did not answer within 2 s, and {reason}")
     assert "killed with its process group" not in failure.message
+
+
+def test_a_kernel_that_fails_in_the_container_fails_the_comparison() -> None:
+    """The container's bf16 cube crashed every round: the row dropped out of the verdict,
+    which read 'worst gap: 0.0 % ... OK', exit 0 (found in a review)."""
+    crash = "kernel_error=CUDA error: an illegal memory access"
+    done = cli("--native-python", shlex.join(side("gpu")), "--rounds", "1",
+               "--warmup-rounds", "0", "--container", *container_side("gpu", crash))  # fmt: skip
+    assert done.returncode == 3, done.stdout + done.stderr
+    said = " ".join(done.stdout.split())
+    assert "not judged: a kernel failed" in said
+    assert (
+        "why: a kernel failed: bf16 8192x8192x8192 (container: CUDA error: an illegal memory "
+        "access)" in said
+    )
+
+
+def test_sides_on_different_gpus_are_not_comparable() -> None:
+    """A container on another GPU (model) within --max-gap read OK, exit 0 (found in a
+    review)."""
+    done = cli("--native-python", shlex.join(side("gpu")), "--rounds", "1",
+               "--warmup-rounds", "0", "--container",
+               *container_side("gpu", "gpu_uuid=GPU-other", "gpu_name=NVIDIA B200"))  # fmt: skip
+    assert done.returncode == 3, done.stdout + done.stderr
+    said = " ".join(done.stdout.split())
+    assert "why: not comparable: the sides ran on different GPUs (gpu_name" in said

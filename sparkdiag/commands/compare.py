@@ -66,8 +66,9 @@ Exit status:
   1    the worst gap exceeds --max-gap (the container is slower)
   2    usage error
   3    a side failed to run (runtime or image missing, no GPU or no torch
-       inside, hang, output that is not the worker's JSON), or nothing was
-       measured on both
+       inside, hang, output that is not the worker's JSON), a kernel failed
+       on a side, the sides ran on different GPUs, or nothing was measured
+       on both
   130  interrupted (Ctrl-C, SIGTERM, SIGHUP): the rounds measured before are
        reported
 """

@@ -19,6 +19,31 @@ def explain(comparison: Comparison, max_gap: float) -> str:
     """Why the sides differ (or fail), as far as the two documents can tell."""
     if comparison.failures:
         return comparison.failures[0].message
+    if comparison.failed_rows:
+        row = comparison.failed_rows[0]
+        more = len(comparison.failed_rows) - 1
+        said = "; ".join(
+            f"{role}: {reason or status}"
+            for role, status, reason in (
+                ("native", row.native_status, row.native_reason),
+                ("container", row.container_status, row.container_reason),
+            )
+            if status == "error"
+        )
+        return (
+            f"a kernel failed: {row.key} ({said})"
+            + (f" (and {more} more)" if more else "")
+            + "; a kernel that fails on one side is no figure to compare: read that side's "
+            "error, and run the probe there alone (sparkdiag probe, natively or in the image)"
+        )
+    if comparison.other_gpu:
+        shown = ", ".join(
+            f"{d.component} {d.native} vs {d.container}" for d in comparison.other_gpu
+        )
+        return (
+            f"not comparable: the sides ran on different GPUs ({shown}); give both the same one "
+            "(--device cuda:N natively, the same device to the container)"
+        )
     worst = comparison.worst_row
     if worst is None or worst.gap is None:
         return "no kernel was measured on both sides; see each row's note"

@@ -29,6 +29,8 @@ DEFAULT_WARMUP_ROUNDS = 1
 IDENTITY_KEYS = tuple(f.name for f in fields(Software))
 # Libraries that by themselves can make the same kernel faster or slower.
 LIBRARY_KEYS = ("torch", "cuda", "cublas")
+# What names the GPU a side ran on.
+GPU_KEYS = ("gpu_uuid", "gpu_name", "compute_capability")
 
 
 BANDWIDTH = "bandwidth"  # the copy bandwidth row's dtype
@@ -225,10 +227,26 @@ class Comparison:
     def library_differences(self) -> tuple[Difference, ...]:
         return tuple(d for d in self.differences if d.component in LIBRARY_KEYS)
 
+    @property
+    def other_gpu(self) -> tuple[Difference, ...]:
+        """What says the sides ran on different GPUs (uuid, name, compute capability): their
+        figures are not a comparison of environments, whatever the gap. It read OK at a gap
+        within --max-gap, a container on another GPU model included (found in a review)."""
+        return tuple(d for d in self.differences if d.component in GPU_KEYS)
+
+    @property
+    def failed_rows(self) -> tuple[Row, ...]:
+        """Kernels that failed (status error) on a side in some round: a kernel that crashed in
+        the container dropped out of the verdict, which read OK, or was judged from the rounds
+        it survived (found in a review)."""
+        return tuple(r for r in self.rows if "error" in (r.native_status, r.container_status))
+
     def verdict(self, max_gap: float) -> str:
-        """failed, no-data, gap or ok."""
-        if self.failures:
+        """failed, not-comparable (different GPUs), no-data, gap or ok."""
+        if self.failures or self.failed_rows:
             return "failed"
+        if self.other_gpu:
+            return "not-comparable"
         gap = self.worst_gap
         if gap is None:
             return "no-data"
@@ -237,12 +255,13 @@ class Comparison:
     def exit_code(self, max_gap: float) -> int:
         """The command's exit status (:class:`sparkdiag.errors.Exit`): OK when every measured gap
         is within ``max_gap``, ATTENTION when the worst exceeds it, FAILED when a side failed to
-        run or nothing was measured on both sides, INTERRUPTED when a stop signal cut it short
+        run, a kernel failed on a side, the sides ran on different GPUs, or nothing was measured
+        on both sides, INTERRUPTED when a stop signal cut it short
         (the pairs measured before are reported all the same)."""
         if self.interrupted:
             return Exit.INTERRUPTED
         verdict = self.verdict(max_gap)
-        if verdict in ("failed", "no-data"):
+        if verdict in ("failed", "no-data", "not-comparable"):
             return Exit.FAILED
         return Exit.ATTENTION if verdict == "gap" else Exit.OK
 

@@ -225,7 +225,10 @@ def render(result: Comparison, max_gap: float, width: int | None = None) -> str:
     out.append("")
     worst = result.worst_row
     verdict = result.verdict(max_gap)
-    if worst is None:
+    if verdict in ("failed", "not-comparable") and worst is not None:
+        what = "a kernel failed" if verdict == "failed" else "the sides ran on different GPUs"
+        out += para(f"worst gap: {_pct(result.worst_gap)} ({worst.key}), not judged: {what}")
+    elif worst is None:
         out += para("worst gap: n/a (no kernel measured on both sides)")
     elif verdict == "gap":
         out += para(

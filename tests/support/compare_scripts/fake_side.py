@@ -97,6 +97,14 @@ def document(mode: str, opts: dict[str, str]) -> dict[str, object]:
     }
     if opts.get("results") == "none":  # measured no kernel, only the copy bandwidth
         doc["results"] = []
+    if "kernel_error" in opts:  # the compute cube crashed (the worker's status for it: error)
+        first = doc["results"][0]
+        assert isinstance(first, dict)
+        first.update(status="error", reason=opts["kernel_error"], delivered=None, peak=None)
+    if "gpu_uuid" in opts:  # another GPU than the other side's
+        sw = doc["software"]
+        assert isinstance(sw, dict)
+        sw.update(gpu_uuid=opts["gpu_uuid"], gpu_name=opts.get("gpu_name", sw.get("gpu_name")))
     if mode == "nogpu-unsupported":
         doc.update(
             status="unsupported",
