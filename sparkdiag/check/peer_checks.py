@@ -128,7 +128,9 @@ def _result(found: NodeVerdict) -> CheckResult:
 
 def check_peers(ctx: CheckContext) -> list[CheckResult]:
     """The slowest GPU of each model against the median of the others: 7 % below fails, 3.5 %
-    warns (a GPU judged by the median of its compute-bound kernels)."""
+    warns (a GPU judged by the median of its compute-bound kernels). GPUs of a model at
+    different power limits are separate groups, and two GPUs that differ warn without naming
+    either (which one is off cannot be told from the other)."""
     if not ctx.gpus_up():
         return [no_gpu_skip(NAME, ctx.snapshot)]
     if ctx.probe_skipped is not None:

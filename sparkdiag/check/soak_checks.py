@@ -155,8 +155,9 @@ def _cpu_run(g: GpuState, now: float) -> CheckResult:
 
 def check_soak(ctx: CheckContext) -> list[CheckResult]:
     """Per GPU, the latest ``sparkdiag soak`` (``soak.json`` in the state directory) and its
-    age: every kernel held at least 0.9 of its cold throughput passes; one fell below, the soak
-    failed or stopped on a hardware slowdown warns; none yet, or a CPU test soak, skips."""
+    age: every kernel held at least 0.9 of its cold throughput passes; a kernel that gave a
+    wrong result (or failed) in a window fails; one fell below, the soak failed or stopped on a
+    hardware slowdown warns; none yet, or a CPU test soak, skips."""
     report = ctx.soak
     if report is None:
         return [CheckResult(NAME, "skip", "the soak state was not looked at")]
