@@ -166,6 +166,17 @@ def _serve(
     notifier = Notifier()
     if notifier.watchdog_interval is not None:  # a ping comes with a poll: often enough for it
         poller.idle_interval = min(poller.idle_interval, notifier.watchdog_interval / 2)
+        if poller.interval > notifier.watchdog_interval / 2:
+            # a --poll-interval of WatchdogSec or more had systemd kill the service at every
+            # gap between pings, a restart loop (found in a review)
+            log.warning(
+                "--poll-interval %g s is longer than a quarter of the service's watchdog "
+                "(WatchdogSec %g s): polling every %g s instead, so that the watchdog is fed",
+                poller.interval,
+                notifier.watchdog_interval * 2,
+                notifier.watchdog_interval / 2,
+            )
+            poller.interval = notifier.watchdog_interval / 2
     threads: list[threading.Thread] = []
     try:
         first = poller.poll_once()
