@@ -307,3 +307,21 @@ def test_a_gpu_nvml_no_longer_lists_loses_its_probe_series(tmp_path: Path) -> No
     listed = {(str(g.identity.index), g.identity.uuid) for g in missing.gpus}
     assert gpus() == {index for index, _ in listed}
     assert {(key[0], key[1]) for key in state.view().runs} == listed
+
+
+def test_a_stop_during_a_cycle_starts_no_other_gpus_worker(tmp_path: Path) -> None:
+    """A SIGTERM during a probe cycle: the daemon killed the running worker and the cycle went
+    on to the next GPU, whose worker started 4 ms after the stop, and the killed cycle was
+    recorded as an error (found in a review). Now the cycle stops, recording nothing."""
+    snap, state = snapshot("h200-x8", tmp_path), ProbeState()
+    stop, started = threading.Event(), []
+
+    def launcher(gpu: GpuSample, on_start: Any) -> ProbeCycle:
+        started.append(gpu.identity.index)
+        stop.set()  # the daemon is told to stop while this worker runs; it is killed
+        return ProbeCycle("error", "worker killed by SIGKILL", None, "", -9, 0.1, 4242)
+
+    sched = ProbeScheduler(launcher, state, None, "native", lambda: snap, 300.0, first_delay=0.0)
+    sched.stopping = stop
+    assert sched.run_cycle() == []
+    assert started == [0] and state.view().runs == {}
