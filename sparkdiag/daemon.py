@@ -145,7 +145,7 @@ def _serve(
     try:
         # polls nobody reads come every idle-poll-interval: /healthz allows for that
         slowest = max(settings.poll_interval, settings.idle_poll_interval)
-        healthy = health_check(lambda: poller.latest, slowest)
+        healthy = health_check(lambda: poller.latest, slowest, lambda: poller.published_at)
         server = ExporterServer(
             address,
             registry,

@@ -126,7 +126,7 @@ def test_gzip_when_asked() -> None:
         refused = request(server, {"Accept-Encoding": "gzip;q=0, *"})
     assert plain.getheader("Content-Encoding") is None
     assert zipped.getheader("Content-Encoding") == "gzip"
-    assert zipped.getheader("Vary") == "Accept-Encoding"
+    assert zipped.getheader("Vary") == "Accept, Accept-Encoding"
     assert gzip.decompress(zipped.body) == plain.body  # type: ignore[attr-defined]
     assert refused.getheader("Content-Encoding") is None
 
@@ -428,3 +428,24 @@ def test_the_limits_defaults_come_from_config_options() -> None:
     written = str(DEFAULTS["web_max_connections"])
     for module in WEB.glob("*.py"):
         assert not re.search(rf"\b{written}\b", module.read_text()), module.name
+
+
+def test_healthz_ages_the_poll_on_the_monotonic_clock() -> None:
+    """/healthz aged the poll by the wall clock: a step back of an hour left a hung poller
+    healthy for the hour, a step forward read a fresh poll as stale (found in a review)."""
+    import time
+    from types import SimpleNamespace
+
+    from sparkdiag.web.http import health_check
+
+    snap = SimpleNamespace(timestamp=time.time() + 3600.0, poll=7)  # the wall clock stepped
+    fresh = health_check(lambda: snap, 1.0, lambda: time.monotonic() - 0.5)
+    ok, detail = fresh()
+    assert ok and detail == "ok: poll 7, 0.5 s ago"
+    hung = health_check(lambda: snap, 1.0, lambda: time.monotonic() - 20.0)
+    ok, detail = hung()
+    assert not ok and detail.startswith("stale: last poll 20.0 s ago (limit 5 s)")
+    assert health_check(lambda: None, 1.0, lambda: None)() == (
+        False,
+        "starting: no poll has completed yet",
+    )

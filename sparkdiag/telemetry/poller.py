@@ -61,6 +61,9 @@ class Poller:
     read_nvme: Callable[[], tuple[NvmeController, ...]] | None = None
     # what the polls keep between them
     latest: Snapshot | None = field(init=False, default=None)
+    # when the latest snapshot was published, on the monotonic clock: how /healthz ages it (a
+    # wall-clock step back left a hung poller healthy for the size of the step: a review)
+    published_at: float | None = field(init=False, default=None)
     poll_count: int = field(init=False, default=0)
     _gpu_functions: tuple[str, ...] | None = field(init=False, default=None)
     _incidents: dict[tuple[int, str], int] = field(init=False, default_factory=dict)
@@ -150,6 +153,7 @@ class Poller:
             nvme=self._nvme,
         )
         self.latest = snapshot
+        self.published_at = time.monotonic()
         for fn in self._listeners:
             try:
                 fn(snapshot)

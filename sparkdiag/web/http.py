@@ -315,7 +315,9 @@ class ExporterServer:
 
 
 def _metrics_response(fmt: str, compress: bool, body: bytes) -> Response:
-    headers: tuple[tuple[str, str], ...] = (("Vary", "Accept-Encoding"),)
+    # the body follows Accept (text or OpenMetrics) as well as Accept-Encoding: a cache that
+    # heard of the second only could hand OpenMetrics to a client that asked for text (a review)
+    headers: tuple[tuple[str, str], ...] = (("Vary", "Accept, Accept-Encoding"),)
     if compress:
         headers += (("Content-Encoding", "gzip"),)
     return Response(200, body, scrape.CONTENT_TYPES[fmt], headers)
@@ -334,15 +336,19 @@ _LANDING = """<!doctype html>
 """
 
 
-def health_check(latest: Callable[[], Any], interval: float) -> Callable[[], tuple[bool, str]]:
-    """Healthy while the newest snapshot is younger than three poll intervals (at least 5 s)."""
+def health_check(
+    latest: Callable[[], Any], interval: float, published_at: Callable[[], float | None]
+) -> Callable[[], tuple[bool, str]]:
+    """Healthy while the newest snapshot is younger than three poll intervals (at least 5 s),
+    aged on the monotonic clock (``published_at``): the wall clock's steps (NTP, a VM resumed)
+    read a hung poller as healthy, or a fresh poll as stale (found in a review)."""
     limit = max(3 * interval, 5.0)
 
     def check() -> tuple[bool, str]:
-        snap = latest()
-        if snap is None:
+        snap, at = latest(), published_at()
+        if snap is None or at is None:
             return False, "starting: no poll has completed yet"
-        age = time.time() - snap.timestamp
+        age = time.monotonic() - at
         if age > limit:
             return False, f"stale: last poll {age:.1f} s ago (limit {limit:.0f} s)"
         return True, f"ok: poll {snap.poll}, {age:.1f} s ago"
