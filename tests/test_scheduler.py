@@ -325,3 +325,19 @@ def test_a_stop_during_a_cycle_starts_no_other_gpus_worker(tmp_path: Path) -> No
     sched.stopping = stop
     assert sched.run_cycle() == []
     assert started == [0] and state.view().runs == {}
+
+
+def test_a_container_worker_on_another_gpu_is_an_error(tmp_path: Path) -> None:
+    """A container that sees only some GPUs numbers them from 0: cuda:N there was another GPU,
+    whose figures went into this GPU's series (found in a review)."""
+    from sparkdiag.probe.document import parse_document
+    from sparkdiag.probe.launchers import other_gpu
+
+    doc = json.loads((PROBE / "h200-default.json").read_text())
+    ran_on = doc["software"]["gpu_uuid"]
+    cycle = ProbeCycle("ok", None, parse_document(doc), "", 0, 2.0, 4242)
+    assert other_gpu(cycle, ran_on) is cycle
+    wrong = other_gpu(cycle, "GPU-00000000-0000-0000-0000-000000000003")
+    assert wrong.result == "error" and wrong.reason is not None
+    assert wrong.reason.startswith(f"the container's worker ran on {ran_on}, not on GPU-0000")
+    assert "--gpus all" in wrong.reason

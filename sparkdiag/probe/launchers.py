@@ -164,4 +164,25 @@ class ContainerLauncher:
 
     def __call__(self, gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle:
         request = self.request.on_device(f"cuda:{gpu.identity.index}")
-        return container_cycle(self.command, request, self.timeout, on_start=on_start)
+        cycle = container_cycle(self.command, request, self.timeout, on_start=on_start)
+        return other_gpu(cycle, gpu.identity.uuid)
+
+
+def other_gpu(cycle: ProbeCycle, uuid: str) -> ProbeCycle:
+    """``cycle`` as an error where the worker ran on another GPU than ``uuid``: a container
+    that sees only some GPUs (``--gpus device=3``, CUDA_VISIBLE_DEVICES in the image) numbers
+    them from 0, so ``cuda:N`` there was another GPU, whose figures went into this GPU's series
+    and its container-against-native gap (found in a review)."""
+    doc = cycle.document
+    ran = doc.software.gpu_uuid if doc is not None else None
+    if cycle.result != "ok" or not ran or not uuid or ran == uuid:
+        return cycle
+    return replace(
+        cycle,
+        result="error",
+        reason=(
+            f"the container's worker ran on {ran}, not on {uuid}: the container sees other "
+            "GPUs than NVML numbers here (--gpus device=..., CUDA_VISIBLE_DEVICES in the "
+            "image); give it every GPU (--gpus all) or the probe one container per GPU"
+        ),
+    )
