@@ -263,3 +263,22 @@ def test_a_shape_larger_than_any_gpu_is_a_usage_error() -> None:
     for text in ("1x99999999999x128", "200000x200000x200000"):
         with pytest.raises(UsageError):
             parse_shape(text)
+
+
+def test_the_csv_says_its_unit_and_a_document_on_stdout_still_says_why_exit_1(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """int8 figures went into columns named *_tflops with nothing saying TOPS; with --json - a
+    dtype that measured nothing exited 1 with nothing on standard error (found in a review)."""
+    results = [kernel("int8", "128x128x128"), kernel("bf16", "128x128x128"),
+               {**kernel("fp8", "128x128x128", ok=False), "reason": None}]  # fmt: skip
+    worker(monkeypatch, results)
+    csv_path = tmp_path / "b.csv"
+    done = CliRunner().invoke(
+        main, [*CPU, "--dtype", "int8,bf16,fp8", "--csv", str(csv_path), "--json", "-"]
+    )
+    assert done.exit_code == 1
+    header, *rows = csv_path.read_text().splitlines()
+    assert header.endswith(",reason,unit")
+    assert [row.rsplit(",", 1)[1] for row in rows] == ["TOPS", "TFLOPS", "TFLOPS"]
+    assert done.stderr.splitlines()[-1] == "fp8: no result (unsupported)"  # not "None"

@@ -45,6 +45,9 @@ CSV_COLUMNS = (
     "iters",
     "max_rel_error",
     "reason",
+    # last, so that a reader by position keeps its columns: what peak_ and delivered_tflops
+    # are counted in, TOPS for the integer dtypes (found in a review: they read as TFLOPS)
+    "unit",
 )
 M_RANGE = "1024:16384:1024"  # mamf-finder's square sweep
 SMALL_M_RANGE = "128:512:128"  # --small: four cubes a CPU sweeps in seconds
@@ -139,6 +142,7 @@ def _csv_text(results: Sequence[KernelResult]) -> str:
                 r.iters,
                 r.max_rel_error,
                 r.reason,
+                throughput_unit(r.dtype),
             ]
         )
     return out.getvalue()
@@ -187,6 +191,13 @@ def _figure(value: float | None) -> str:
     return f"{value:.1f}" if value >= 100 else f"{value:.3g}"
 
 
+def _no_result(dtype: str, results: Sequence[KernelResult]) -> str:
+    """``fp8: no result (fp8 needs compute capability 8.9+)``: each reason once, the status
+    where a result gave none (it printed "None")."""
+    reasons = dict.fromkeys(r.reason or r.status for r in results if r.dtype == dtype)
+    return f"{dtype}: no result ({'; '.join(reasons) or 'not run'})"
+
+
 def _summary(dtypes: Sequence[str], results: Sequence[KernelResult], device: str) -> None:
     """Per dtype the best shape and the median over the sweep; the best is this GPU's MAMF (the
     maximum achievable matmul throughput, as mamf-finder names it) on a GPU, and only the best
@@ -195,9 +206,7 @@ def _summary(dtypes: Sequence[str], results: Sequence[KernelResult], device: str
     for dtype in dtypes:
         ok = [r for r in results if r.dtype == dtype and r.peak is not None]
         if not ok:
-            reasons = {r.reason for r in results if r.dtype == dtype}
-            why = "; ".join(str(x) for x in reasons)
-            click.echo(terminal.fill(f"{dtype}: no result ({why})", width, "", "    "))
+            click.echo(terminal.fill(_no_result(dtype, results), width, "", "    "))
             continue
         # mamf-finder's figure is per iteration: the peak (median iteration) is comparable
         best = max(ok, key=lambda r: r.peak or 0.0)
@@ -419,5 +428,8 @@ def bench(
         d for d in dtypes if not any(r.dtype == d and r.peak is not None for r in results)
     ]
     if unmeasured:  # its line says why (unsupported here)
+        if outputs.stdout is not None:  # the summary was not printed: the exit 1 unexplained
+            for dtype in unmeasured:
+                click.echo(_no_result(dtype, results), err=True)
         return Exit.ATTENTION
     return Exit.OK
