@@ -886,3 +886,15 @@ def test_sides_on_different_gpus_are_not_comparable() -> None:
     assert done.returncode == 3, done.stdout + done.stderr
     said = " ".join(done.stdout.split())
     assert "why: not comparable: the sides ran on different GPUs (gpu_name" in said
+
+
+def test_a_gap_between_sides_timed_differently_says_so() -> None:
+    """The decode shape timed as a CUDA graph natively and by events in the container read as
+    'the container's CPU side is the bottleneck' (found in a review): the timing is named."""
+    done = cli("--native-python", shlex.join(side("gpu", "timing=graph")), "--rounds", "1",
+               "--warmup-rounds", "0", "--container",
+               *container_side("gpu", "timing=events", "decode=4.5"))  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    said = " ".join(done.stdout.split())
+    assert "the sides timed bf16 1x8192x8192 differently (CUDA graph replays on one" in said
+    assert "CPU side is the bottleneck" not in said

@@ -55,6 +55,13 @@ def explain(comparison: Comparison, max_gap: float) -> str:
             text += f" (with different libraries: {lib_text})"
         return text
     reasons: list[str] = []
+    timed = comparison.timed_apart(max_gap)
+    if timed:
+        reasons.append(
+            f"the sides timed {', '.join(timed)} differently (CUDA graph replays on one, "
+            "launches timed as they went on the other, which counts their gaps): the gap may "
+            "be the timing method's; read each side's stderr for why graph capture failed"
+        )
     uuid_diff = [d for d in comparison.differences if d.component == "gpu_uuid"]
     if uuid_diff:
         reasons.append(

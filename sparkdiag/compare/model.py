@@ -95,6 +95,17 @@ class Row:
     container_status: str
     native_reason: str | None
     container_reason: str | None
+    # how each side timed it over the rounds (graph, events), where the worker says
+    native_timing: frozenset[str] = frozenset()
+    container_timing: frozenset[str] = frozenset()
+
+    @property
+    def timed_apart(self) -> bool:
+        """Whether the sides timed it differently: a CUDA graph on one and launches timed as
+        they went on the other read as a gap of the container's CPU (found in a review)."""
+        return bool(self.native_timing and self.container_timing) and (
+            self.native_timing != self.container_timing
+        )
 
     @property
     def key(self) -> str:
@@ -241,6 +252,10 @@ class Comparison:
         it survived (found in a review)."""
         return tuple(r for r in self.rows if "error" in (r.native_status, r.container_status))
 
+    def timed_apart(self, max_gap: float) -> list[str]:
+        """The rows past ``max_gap`` that the two sides timed differently (graph, events)."""
+        return [r.key for r in self.measured_rows if (r.gap or 0.0) > max_gap and r.timed_apart]
+
     def verdict(self, max_gap: float) -> str:
         """failed, not-comparable (different GPUs), no-data, gap or ok."""
         if self.failures or self.failed_rows:
@@ -288,13 +303,14 @@ class _Entry:
     kind: str
     beta: int
     unit: str
+    timing: str | None = None
 
 
 def _entries(doc: WorkerDocument) -> dict[str, tuple[_Entry, str, str | None, float | None]]:
     """key -> (entry, status, reason, figure) for one document."""
     out: dict[str, tuple[_Entry, str, str | None, float | None]] = {}
     for r in doc.results:
-        entry = _Entry(r.dtype, r.shape, r.kind, r.beta, throughput_unit(r.dtype))
+        entry = _Entry(r.dtype, r.shape, r.kind, r.beta, throughput_unit(r.dtype), r.timing)
         figure = r.delivered if r.status == "ok" else None
         out[r.label] = (entry, r.status, r.reason, figure)
     bw = doc.bandwidth
@@ -331,6 +347,11 @@ def build_rows(
                 status, reason = st, why
         return values, status, reason
 
+    def timings(per_rounds: list[dict[str, Any]], key: str) -> frozenset[str]:
+        return frozenset(
+            item[0].timing for r in per_rounds if (item := r.get(key)) and item[0].timing
+        )
+
     rows = []
     for key, entry in order.items():
         n_values, n_status, n_reason = side(native, key)
@@ -348,6 +369,8 @@ def build_rows(
                 container_status=c_status,
                 native_reason=n_reason,
                 container_reason=c_reason,
+                native_timing=timings(native, key),
+                container_timing=timings(container, key),
             )
         )
     return tuple(rows)

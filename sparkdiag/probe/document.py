@@ -97,6 +97,7 @@ class KernelResult:
     iters: int = 0
     max_rel_error: float | None = None
     error_bound: float | None = None
+    timing: str | None = None  # graph (CUDA graph replays) or events (launches timed as they go)
 
     @classmethod
     def parse(cls, raw: Any) -> KernelResult | None:
@@ -125,6 +126,7 @@ class KernelResult:
             iters=as_int(raw.get("iters")) or 0,
             max_rel_error=as_float(raw.get("max_rel_error")),
             error_bound=as_float(raw.get("error_bound")),
+            timing=as_str(raw.get("timing")),
         )
 
     @property

@@ -101,6 +101,13 @@ def document(mode: str, opts: dict[str, str]) -> dict[str, object]:
         first = doc["results"][0]
         assert isinstance(first, dict)
         first.update(status="error", reason=opts["kernel_error"], delivered=None, peak=None)
+    results = doc["results"]
+    assert isinstance(results, list)
+    decode = results[1] if len(results) > 1 else {}
+    if "decode" in opts:  # the decode shape's figure alone
+        decode.update(delivered=float(opts["decode"]), peak=float(opts["decode"]))
+    if "timing" in opts:  # how the worker timed the decode shape: graph or events
+        decode["timing"] = opts["timing"]
     if "gpu_uuid" in opts:  # another GPU than the other side's
         sw = doc["software"]
         assert isinstance(sw, dict)
