@@ -1027,3 +1027,23 @@ def test_a_plain_cubin_of_the_gpu_beside_an_arch_specific_build_of_its_major_war
     assert judge_library(lib("sm_120", "sm_120a", "sm_100a"), GB10).status == "warn"  # as before
     assert judge_library(lib("sm_121a", "sm_121", "sm_120a"), GB10).status == "pass"
     assert judge_library(lib("sm_100f", "sm_120f", "sm_90", "sm_80"), H200).status == "pass"
+
+
+def test_the_daemons_stop_kills_a_sys_path_question_under_way(tmp_path: Path) -> None:
+    """A --probe.python slow to answer its sys.path question was left running under init when
+    the daemon stopped, which waited 5 s for the scan's thread (found in a review): the stop's
+    kill takes it too."""
+    from sparkdiag.scheduling.wiring import stop_workers
+
+    slow = tmp_path / "python"
+    slow.write_text("#!/bin/sh\nexec sleep 30\n")
+    slow.chmod(0o755)
+    answered: list[object] = []
+    asking = threading.Thread(target=lambda: answered.append(pyenv.run_json([str(slow)], 60)))
+    started = time.monotonic()
+    asking.start()
+    wait_for(lambda: bool(pyenv._LIVE), 5)
+    assert stop_workers() >= 1
+    asking.join(timeout=10)
+    assert not asking.is_alive() and time.monotonic() - started < 5
+    assert answered[0][0] is None and not pyenv._LIVE  # type: ignore[index]

@@ -49,6 +49,7 @@ class Probes:
 _RUNNERS = (
     ("sparkdiag.probe.runner", "kill_running_workers"),
     ("sparkdiag.storage.run", "kill_running"),
+    ("sparkdiag.sources.software.pyenv", "kill_running"),  # the library scan's sys.path question
 )
 
 

@@ -11,10 +11,13 @@ it opened a ``METADATA`` that was a FIFO and waited for a writer forever (the ho
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -72,6 +75,23 @@ OUTPUT_LIMIT = 4 * MIB  # of each stream kept: a sys.path or torch's build is a 
 DRAIN_SECONDS = 1.0  # for the rest of its output after it exits
 
 
+# The sessions of the run_json children running now: the daemon's stop kills them
+# (scheduling.wiring.stop_workers). A library scan's sys.path question to a slow --probe.python
+# was left running under init when the daemon stopped, and held the stop for 5 s (a review).
+_LIVE: set[int] = set()
+_LIVE_LOCK = threading.Lock()
+
+
+def kill_running() -> int:
+    """SIGKILL the session of every run_json child running now; how many there were."""
+    with _LIVE_LOCK:
+        groups = sorted(_LIVE)
+        for pgid in groups:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pgid, signal.SIGKILL)
+    return len(groups)
+
+
 def run_json(argv: Sequence[str], timeout: float) -> tuple[Any, str | None]:
     """Run ``argv`` (standard input closed) and parse the last line it prints as JSON:
     (value, None), or (None, why) when it could not run, timed out, exited non-zero or printed
@@ -82,9 +102,6 @@ def run_json(argv: Sequence[str], timeout: float) -> tuple[Any, str | None]:
     script's outlived the command). Of each stream the last :data:`OUTPUT_LIMIT` bytes are
     kept: one that printed 300 MB took 1.8 GB of memory (the hostile review)."""
     import collections
-    import contextlib
-    import signal
-    import threading
 
     try:
         proc = subprocess.Popen(
@@ -93,6 +110,8 @@ def run_json(argv: Sequence[str], timeout: float) -> tuple[Any, str | None]:
         )  # fmt: skip
     except OSError as exc:
         return None, f"cannot run {argv[0]}: {exc.strerror or exc}"
+    with _LIVE_LOCK:
+        _LIVE.add(proc.pid)
     tails: dict[str, collections.deque[bytes]] = {
         "out": collections.deque(),
         "err": collections.deque(),
@@ -120,6 +139,8 @@ def run_json(argv: Sequence[str], timeout: float) -> tuple[Any, str | None]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)  # what it left behind in its session
         proc.wait()
+        with _LIVE_LOCK:
+            _LIVE.discard(proc.pid)
         # its output is read to the end within a second of its exit; a process it started in
         # a session of its own that holds the pipes open is not waited for (it held this 10 s)
         drained = time.monotonic() + DRAIN_SECONDS
