@@ -217,3 +217,42 @@ class Lifecycle:
 # The process's one lifecycle: the command group installs it around every command, and
 # ``sparkdiag serve`` first thing (see sparkdiag.entry).
 LIFECYCLE = Lifecycle()
+
+
+class Sessions:
+    """The process groups of children started in sessions of their own (probe workers, storage
+    probes, an interpreter's ``sys.path`` question), which a stop kills: ``add`` a child's pid
+    as it starts, ``discard`` it once reaped, under :attr:`lock` where the reaping is (so that
+    :meth:`kill`, which signals under the lock, never signals a reaped child's number, which
+    the kernel may have given another process). One kill for the three kinds, where each kept
+    its own copy."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self._pids: set[int] = set()
+
+    def add(self, pid: int) -> None:
+        with self.lock:
+            self._pids.add(pid)
+
+    def discard(self, pid: int) -> None:
+        """Forget ``pid``; the caller holds :attr:`lock` where it reaps under it."""
+        self._pids.discard(pid)
+
+    def __contains__(self, pid: object) -> bool:
+        return pid in self._pids
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(sorted(self._pids))
+
+    def __len__(self) -> int:
+        return len(self._pids)
+
+    def kill(self, send: Callable[[int, signal.Signals], None] = os.killpg) -> int:
+        """SIGKILL every group (under the lock, through ``send``); how many there were."""
+        with self.lock:
+            groups = sorted(self._pids)
+            for pgid in groups:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    send(pgid, signal.SIGKILL)
+        return len(groups)

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Literal
 
 from sparkdiag.config import OPTIONS_BY_KEY
+from sparkdiag.lifecycle import Sessions
 from sparkdiag.probe.document import (
     PROGRESS_PREFIX,
     Progress,
@@ -148,8 +149,7 @@ def run_worker(
         )
     # The worker's group stays in _LIVE until the worker is reaped (_reap), not merely until its
     # cycle ends: one that could not be killed still runs, and a daemon that stops must try again.
-    with _LIVE_LOCK:
-        _LIVE.add(proc.pid)
+    _LIVE.add(proc.pid)
     try:
         if on_start is not None:
             on_start(proc.pid)
@@ -197,8 +197,8 @@ def run_worker(
 
 # Process groups of the workers running now (their leader's pid), so that a daemon that stops
 # can end them from another thread: kill_running_workers().
-_LIVE: set[int] = set()
-_LIVE_LOCK = threading.Lock()
+_LIVE = Sessions()
+_LIVE_LOCK = _LIVE.lock
 
 
 def kill_running_workers() -> int:
@@ -210,11 +210,7 @@ def kill_running_workers() -> int:
     """
     # Signalled under the lock: a worker leaves _LIVE as it is reaped, under the same lock
     # (_reap), so no group signalled here can have been reaped and its pid given to another.
-    with _LIVE_LOCK:
-        groups = sorted(_LIVE)
-        for pgid in groups:
-            killpg(pgid, signal.SIGKILL)
-    return len(groups)
+    return _LIVE.kill(killpg)
 
 
 def _exited(pid: int) -> bool:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkdiag.errors import Exit, SparkdiagError
+from sparkdiag.lifecycle import Sessions
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import worker_path
 from sparkdiag.storage import measure
@@ -123,20 +124,13 @@ class Progress:
     seconds: float
 
 
-_LIVE: set[int] = set()
-_LIVE_LOCK = threading.Lock()
+_LIVE = Sessions()
+_LIVE_LOCK = _LIVE.lock
 
 
 def kill_running() -> int:
     """SIGKILL every running probe's process group; how many there were."""
-    # signalled under the lock: a probe leaves _LIVE as it is reaped, under the same lock, so
-    # no group signalled here can have been reaped and its number given to another process
-    with _LIVE_LOCK:
-        groups = sorted(_LIVE)
-        for pgid in groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
-    return len(groups)
+    return _LIVE.kill()
 
 
 def _progress_reader(
@@ -171,8 +165,7 @@ def run_probe(
         cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
         start_new_session=True, close_fds=True,
     )  # fmt: skip
-    with _LIVE_LOCK:
-        _LIVE.add(proc.pid)
+    _LIVE.add(proc.pid)
     tail: list[str] = []
     out: list[bytes] = []
     readers = [

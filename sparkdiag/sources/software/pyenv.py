@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkdiag.lifecycle import Sessions
 from sparkdiag.sources.files import MIB, read_text_limited
 
 # sys.path, the standard library's directories and $PYTHONPATH's: the rest of sys.path is where
@@ -78,18 +79,12 @@ DRAIN_SECONDS = 1.0  # for the rest of its output after it exits
 # The sessions of the run_json children running now: the daemon's stop kills them
 # (scheduling.wiring.stop_workers). A library scan's sys.path question to a slow --probe.python
 # was left running under init when the daemon stopped, and held the stop for 5 s (a review).
-_LIVE: set[int] = set()
-_LIVE_LOCK = threading.Lock()
+_LIVE = Sessions()
 
 
 def kill_running() -> int:
     """SIGKILL the session of every run_json child running now; how many there were."""
-    with _LIVE_LOCK:
-        groups = sorted(_LIVE)
-        for pgid in groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(pgid, signal.SIGKILL)
-    return len(groups)
+    return _LIVE.kill()
 
 
 def run_json(argv: Sequence[str], timeout: float) -> tuple[Any, str | None]:
@@ -110,8 +105,7 @@ def run_json(argv: Sequence[str], timeout: float) -> tuple[Any, str | None]:
         )  # fmt: skip
     except OSError as exc:
         return None, f"cannot run {argv[0]}: {exc.strerror or exc}"
-    with _LIVE_LOCK:
-        _LIVE.add(proc.pid)
+    _LIVE.add(proc.pid)
     tails: dict[str, collections.deque[bytes]] = {
         "out": collections.deque(),
         "err": collections.deque(),
@@ -139,7 +133,7 @@ def run_json(argv: Sequence[str], timeout: float) -> tuple[Any, str | None]:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, signal.SIGKILL)  # what it left behind in its session
         proc.wait()
-        with _LIVE_LOCK:
+        with _LIVE.lock:
             _LIVE.discard(proc.pid)
         # its output is read to the end within a second of its exit; a process it started in
         # a session of its own that holds the pipes open is not waited for (it held this 10 s)
