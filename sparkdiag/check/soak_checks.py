@@ -86,8 +86,8 @@ def _judge(g: GpuState, now: float, gpu: str | None) -> CheckResult:
         )
     if g.failed:
         wrong = ", ".join(k.label for k in g.failed)
-        return CheckResult(NAME, "fail", f"{head}: wrong or failed results: {wrong}",
-                           WRONG_ACTION, gpu, data)  # fmt: skip
+        finding = f"{head}: wrong or failed results: {wrong}"
+        return CheckResult(NAME, "fail", finding, WRONG_ACTION, gpu, data)
     if g.degraded:
         fell = "; ".join(_fell(k, g.sensor) for k in g.degraded)
         return CheckResult(NAME, "warn", f"{head}: {fell}", FELL_ACTION, gpu, data)

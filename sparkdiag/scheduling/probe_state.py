@@ -100,9 +100,8 @@ class ProbeState:
             self._absent = seen - listed - gone
             if not gone:
                 return
-            tables: tuple[dict[Any, Any], ...] = (
-                self._runs, self._last, self._last_success, self._hot_runs, self._hot_last
-            )  # fmt: skip
+            tables: tuple[dict[Any, Any], ...] = (self._runs, self._last, self._last_success)
+            tables += (self._hot_runs, self._hot_last)
             for table in tables:
                 for key in [k for k in table if (k[0], k[1]) in gone]:
                     del table[key]
