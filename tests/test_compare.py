@@ -898,3 +898,14 @@ def test_a_gap_between_sides_timed_differently_says_so() -> None:
     said = " ".join(done.stdout.split())
     assert "the sides timed bf16 1x8192x8192 differently (CUDA graph replays on one" in said
     assert "CPU side is the bottleneck" not in said
+
+
+def test_an_ok_on_the_cpu_or_from_one_round_says_what_it_rests_on() -> None:
+    """Native's torch without CUDA compared CPU GEMMs on a GPU machine, and one round gave a
+    verdict with no spread: both read as a plain OK, exit 0 (found in a review)."""
+    done = cli("--native-python", shlex.join(side("cpu")), "--rounds", "1",
+               "--warmup-rounds", "0", "--container", *container_side("cpu"))  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    said = " ".join(done.stdout.split())
+    assert "but both sides ran on the CPU: native's torch has no CUDA" in said
+    assert "but one measured round: no spread to tell noise from a gap (--rounds 3)" in said

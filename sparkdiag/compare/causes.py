@@ -15,6 +15,22 @@ from sparkdiag.sources.nvml.gpu import THROTTLE_REASONS
 CLOCK_DROP = 0.95
 
 
+def _caveats(comparison: Comparison) -> str:
+    """What an OK verdict rests on that it may not bear: both sides on the CPU (native's torch
+    without CUDA compares CPU GEMMs, not the GPU), or one measured round (no spread to tell
+    noise from a gap). Both read as a plain OK, exit 0 (found in a review)."""
+    said = []
+    asked = "--device" in comparison.worker_args  # --device cpu: the CPU is what was asked
+    if comparison.native.software.get("device") == "cpu" and not asked:
+        said.append(
+            "both sides ran on the CPU: native's torch has no CUDA, so this compares CPU "
+            "GEMMs, not the GPU (--native-python a Python whose torch has CUDA)"
+        )
+    if comparison.rounds < 2:
+        said.append("one measured round: no spread to tell noise from a gap (--rounds 3)")
+    return "".join(f"; but {line}" for line in said)
+
+
 def explain(comparison: Comparison, max_gap: float) -> str:
     """Why the sides differ (or fail), as far as the two documents can tell."""
     if comparison.failures:
@@ -53,7 +69,7 @@ def explain(comparison: Comparison, max_gap: float) -> str:
         text = f"within {max_gap:.0%}: the container delivers what native does"
         if libs:
             text += f" (with different libraries: {lib_text})"
-        return text
+        return text + _caveats(comparison)
     reasons: list[str] = []
     timed = comparison.timed_apart(max_gap)
     if timed:
