@@ -120,3 +120,28 @@ def test_an_exception_kills_the_container(engine: tuple[Path, Path]) -> None:
     with pytest.raises(KeyboardInterrupt):
         run_guarded(command, run)
     assert [c[0] for c in calls(record)] == ["run", "kill"]  # no --rm: the container is kept
+
+
+def test_a_further_ctrl_c_during_the_kill_does_not_leave_the_container(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A second Ctrl-C while the engine's kill ran (it may take seconds) interrupted the kill
+    and left the container on the GPU (found in a review): the kill is tried again, then the
+    interruption is raised."""
+    from sparkdiag.probe import container
+
+    guard = container.ContainerGuard(["docker", "run", "--rm", "img", "python3", "-"])
+    assert guard._dir is not None
+    (guard._dir / "cid").write_text("abc123\n")
+    calls: list[tuple[str, ...]] = []
+
+    def run(argv: list[str], **_kwargs: object) -> None:
+        calls.append(tuple(argv[1:]))
+        if len(calls) == 1:
+            raise KeyboardInterrupt  # the user's second Ctrl-C, during the first kill
+
+    monkeypatch.setattr(container.subprocess, "run", run)
+    with pytest.raises(KeyboardInterrupt):
+        guard.close(abandoned=True)
+    assert calls == [("kill", "abc123"), ("kill", "abc123"), ("rm", "--force", "abc123")]
+    assert guard._dir is None  # cleaned up all the same

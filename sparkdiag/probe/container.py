@@ -91,16 +91,28 @@ class ContainerGuard:
         return text or None
 
     def close(self, abandoned: bool) -> None:
+        """Kill (and remove) an abandoned container. A further Ctrl-C while the engine's kill
+        runs (it may take seconds) interrupted the kill and left the container on the GPU
+        (found in a review): the kill is tried again, ``CLOSE_ATTEMPTS`` times at most, and
+        the interruption raised once the container is dealt with."""
+        interrupted: BaseException | None = None
         try:
             cid = self.container_id()
             if abandoned and cid is not None:
-                self._engine("kill", cid)
-                if self.remove:
-                    self._engine("rm", "--force", cid)
+                calls = [("kill", cid)] + ([("rm", "--force", cid)] if self.remove else [])
+                for args in calls:
+                    for _attempt in range(CLOSE_ATTEMPTS):
+                        try:
+                            self._engine(*args)
+                            break
+                        except KeyboardInterrupt as exc:
+                            interrupted = exc
         finally:
             if self._dir is not None:
                 shutil.rmtree(self._dir, ignore_errors=True)
                 self._dir = None
+        if interrupted is not None:
+            raise interrupted
 
     def _engine(self, *args: str) -> None:
         # The container may already be gone (it ended, or --rm removed it): errors are expected.
@@ -113,6 +125,9 @@ class ContainerGuard:
                 timeout=ENGINE_CALL_TIMEOUT,
                 check=False,
             )
+
+
+CLOSE_ATTEMPTS = 3  # tries of each engine call of a close that a further Ctrl-C interrupts
 
 
 def guards(command: Sequence[str]) -> bool:
