@@ -131,7 +131,7 @@ OPTIONS: tuple[Option, ...] = (
         "path",
         None,
         "Directory for the baseline database; default $STATE_DIRECTORY under systemd, else "
-        "$XDG_STATE_HOME/sparkdiag.",
+        "$XDG_STATE_HOME/sparkdiag (~/.local/state/sparkdiag where it is not set).",
         scopes=frozenset(
             {"serve", "check", "probe", "baseline", "soak", "native", "storage", "watch"}
         ),
