@@ -436,9 +436,14 @@ def test_gpus_at_different_power_limits_are_no_peers(tmp_path: Path) -> None:
     result = invoke_cli("check", "--json", "--nvml-fixture", str(capped), "--probe.fixture",
                         str(probes), *machine_args("h200-vm"), "--state-dir",
                         str(tmp_path / "state"))  # fmt: skip
-    (row,) = rows(json.loads(result.stdout), "peers")
+    row, capped = rows(json.loads(result.stdout), "peers")
     assert row["status"] == "pass", row
     assert row["finding"].startswith("7 NVIDIA H200 at a 700 W power limit within 3.5%")
+    # the GPU its limit leaves alone is said, not passed over
+    assert (capped["status"], capped["gpu"]) == ("warn", "5")
+    assert capped["finding"].startswith(
+        "GPU 5 (NVIDIA H200) runs at a 500 W power limit, the other 7 at 700 W"
+    )
 
 
 def test_two_gpus_that_differ_warn_without_blaming_either(tmp_path: Path) -> None:

@@ -129,13 +129,15 @@ def _result(found: NodeVerdict) -> CheckResult:
 def check_peers(ctx: CheckContext) -> list[CheckResult]:
     """The slowest GPU of each model against the median of the others: 7 % below fails, 3.5 %
     warns (a GPU judged by the median of its compute-bound kernels). GPUs of a model at
-    different power limits are separate groups, and two GPUs that differ warn without naming
-    either (which one is off cannot be told from the other)."""
+    different power limits are separate groups (a GPU its limit leaves alone warns), and two
+    GPUs that differ warn without naming either (which one is off cannot be told from the
+    other)."""
     if not ctx.gpus_up():
         return [no_gpu_skip(NAME, ctx.snapshot)]
     if ctx.probe_skipped is not None:
         return [CheckResult(NAME, "skip", ctx.probe_skipped)]
     verdicts = judge_node(_figures(ctx))
+    capped = _alone_at_its_limit(ctx, verdicts)
     if not verdicts:
         probed = sum(1 for p in ctx.probes.values() if p.figures)
         why = (
@@ -143,8 +145,42 @@ def check_peers(ctx: CheckContext) -> list[CheckResult]:
             if probed <= 1
             else "no two GPUs of one model have a compute-bound result to compare"
         )
-        return [CheckResult(NAME, "skip", why)]
-    return [_result(v) for v in verdicts]
+        return [CheckResult(NAME, "skip", why), *capped]
+    return [*(_result(v) for v in verdicts), *capped]
+
+
+def _alone_at_its_limit(ctx: CheckContext, verdicts: list[NodeVerdict]) -> list[CheckResult]:
+    """A warning for each GPU that its power limit leaves without a peer: GPUs of its model here
+    run at another limit, so it is compared with none, and said nowhere else (a review of the
+    power-limit groups)."""
+    compared = {gpu for v in verdicts for gpu in v.gpus}
+    out = []
+    for index, probe in sorted(ctx.probes.items()):
+        ident, limit = probe.gpu.identity, probe.gpu.power_limit_watts
+        if limit is None or (str(index), ident.uuid) in compared or not probe.figures:
+            continue
+        others = [
+            p.gpu.power_limit_watts
+            for i, p in ctx.probes.items()
+            if i != index and p.gpu.identity.name == ident.name and p.gpu.power_limit_watts
+        ]
+        if not others or all(other == limit for other in others):
+            continue
+        shown = ", ".join(f"{w:.0f} W" for w in sorted(set(others)))
+        out.append(
+            CheckResult(
+                NAME,
+                "warn",
+                f"GPU {index} ({ident.name}) runs at a {limit:.0f} W power limit, the other "
+                f"{len(others)} at {shown}: it is compared with none of them, and delivers "
+                "less at a lower limit",
+                f"nvidia-smi -q -d POWER -i {index} shows its limit and default; where it was "
+                "not lowered on purpose, restore the default limit",
+                str(index),
+                {"power_limit_watts": limit, "others_watts": sorted(set(others))},
+            )
+        )
+    return out
 
 
 def _held_result(ctx: CheckContext, uuid: str, runs: list[HeldRun]) -> CheckResult:
