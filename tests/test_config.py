@@ -265,3 +265,16 @@ def test_a_byte_order_mark_is_read_past(tmp_path: Path) -> None:
     path = tmp_path / "c.toml"
     path.write_bytes("\ufeffpoll-interval = 2\n".encode())
     assert load_file(path) == {"poll_interval": 2.0}
+
+
+def test_config_default_says_which_keys_the_daemon_does_not_read() -> None:
+    """'peer = "spark-2"' passed config check and the daemon did nothing with it: a key only
+    other commands read says so where config default lists it (found in a review)."""
+    from sparkdiag.config import OPTIONS, default_config_text
+
+    text = " ".join(line.lstrip("# ") for line in default_config_text().splitlines())
+    for option in OPTIONS:
+        if "serve" not in option.scopes:
+            readers = ", ".join(sorted(option.scopes))
+            assert f"Read by {readers}, not by serve." in text, option.key
+    assert text.count("not by serve.") == sum("serve" not in o.scopes for o in OPTIONS)

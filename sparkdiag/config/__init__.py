@@ -206,7 +206,15 @@ def default_config_text() -> str:
             lines += ["", f"[{head}]"]
             table = head
         # within 80 columns (a help of 300 characters on one line read badly in an editor)
-        lines += wrap(f"{option.help} Allowed: {option.allowed()}.", CONFIG_COLUMNS, "# ", "# ")
+        # a key the daemon does not read says who does: 'peer = "spark-2"' passed config
+        # check and the daemon did nothing with it (found in a review)
+        readers = (
+            ""
+            if "serve" in option.scopes
+            else f" Read by {', '.join(sorted(option.scopes))}, not by serve."
+        )
+        text = f"{option.help} Allowed: {option.allowed()}.{readers}"
+        lines += wrap(text, CONFIG_COLUMNS, "# ", "# ")
         lines.append(f"# {name} = {_toml_value(option.default)}")
     return "\n".join(lines) + "\n"
 
