@@ -47,10 +47,18 @@ _SPACES = re.compile("[\t\n\r\x0b\x0c]")
 _BYTE_SURROGATES = range(0xDC80, 0xDD00)  # the undecodable bytes 0x80-0xff of a file name
 
 
+def byte_text(code: int) -> str | None:
+    """``\\xe9`` for the lone surrogate os.fsdecode makes of an undecodable byte of a file name
+    (the byte the name holds), None for any other code point: the one rule that terminal text
+    (:func:`safe`) and the exposition's labels (exporter.registry) both show such a byte by."""
+    return f"\\x{code - 0xDC00:02x}" if code in _BYTE_SURROGATES else None
+
+
 def _escape(match: re.Match[str]) -> str:
     code = ord(match.group(0))
-    if code in _BYTE_SURROGATES:
-        return f"\\x{code - 0xDC00:02x}"  # the byte the name holds
+    shown = byte_text(code)
+    if shown is not None:
+        return shown
     return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
 
 

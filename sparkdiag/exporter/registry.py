@@ -6,6 +6,7 @@ import re
 from collections.abc import Iterable, Iterator
 from typing import Any, Protocol
 
+from sparkdiag import terminal
 from sparkdiag.exporter.base import SnapshotCollector, SnapshotProvider
 from sparkdiag.exporter.dcgm import DcgmCollector
 from sparkdiag.exporter.families import Metric, Registry, go_float
@@ -113,8 +114,7 @@ _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _byte_text(match: re.Match[str]) -> str:
-    code = ord(match.group(0))
-    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code < 0xDD00 else "\ufffd"
+    return terminal.byte_text(ord(match.group(0))) or "\ufffd"
 
 
 def printable(value: str) -> str:
