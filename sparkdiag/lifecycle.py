@@ -248,6 +248,20 @@ class Sessions:
     def __len__(self) -> int:
         return len(self._pids)
 
+    def reap_when_gone(self, proc: Any) -> None:
+        """In a daemon thread: wait, without reaping, for a child that SIGKILL could not end yet
+        (stuck in the kernel or the driver), then reap it and forget it under the lock, so that
+        a stop meanwhile signals it again (a daemon that exits first leaves it to init)."""
+
+        def wait() -> None:
+            with contextlib.suppress(ChildProcessError):
+                os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
+            with self.lock:
+                self._pids.discard(proc.pid)
+                proc.wait()
+
+        threading.Thread(target=wait, name=f"reap-{proc.pid}", daemon=True).start()
+
     def kill(self, send: Callable[[int, signal.Signals], None] = os.killpg) -> int:
         """SIGKILL every group (under the lock, through ``send``); how many there were."""
         with self.lock:

@@ -16,7 +16,6 @@ import selectors
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -347,9 +346,7 @@ def _reap(proc: subprocess.Popen[bytes], wait: float) -> int | None:
     end = time.monotonic() + wait
     while not _exited(proc.pid):
         if time.monotonic() >= end:
-            threading.Thread(
-                target=_reap_when_gone, args=(proc,), name=f"reap-{proc.pid}", daemon=True
-            ).start()
+            _LIVE.reap_when_gone(proc)
             return None
         time.sleep(0.05)
     return _reaped(proc)
@@ -361,14 +358,6 @@ def _reaped(proc: subprocess.Popen[bytes]) -> int:
     with _LIVE_LOCK:
         _LIVE.discard(proc.pid)
         return proc.wait()
-
-
-def _reap_when_gone(proc: subprocess.Popen[bytes]) -> None:
-    """A daemon thread's: wait, without reaping, for a worker that could not be killed to end,
-    then reap it (a daemon that exits first leaves it to init)."""
-    with contextlib.suppress(ChildProcessError):
-        os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOWAIT)
-    _reaped(proc)
 
 
 def _error_line(stderr_tail: str) -> str | None:

@@ -20,7 +20,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +39,6 @@ KILL_GRACE = 2.0
 # ever, where the timeout's message asks whether the drive is hung (found in a review of the
 # same wait in the GPU probe's runner)
 KILLED_WAIT = 10.0
-REAP_POLL = 0.5  # seconds between looks at a probe that SIGKILL has not ended yet
 STARTUP_SECONDS = 15.0  # on top of the probe's own --seconds: the interpreter, fallocate, flush
 _OUT_LIMIT = 1 << 20
 
@@ -199,7 +197,7 @@ def run_probe(
     finally:
         _stop(proc, signal.SIGKILL)  # anything the probe left in its group
         if proc.returncode is None:  # stuck in the kernel: reaped when it is let go
-            threading.Thread(target=_reap, args=(proc,), name="storage-reap", daemon=True).start()
+            _LIVE.reap_when_gone(proc)
         else:
             with _LIVE_LOCK:
                 _LIVE.discard(proc.pid)
@@ -218,17 +216,6 @@ def run_probe(
             "killed (its test file went with it): is the drive hung or very slow?"
         )
     return _document(proc.returncode, b"".join(out), tail, request.directory)
-
-
-def _reap(proc: subprocess.Popen[bytes]) -> None:
-    """Wait for a probe that SIGKILL could not end yet; it leaves ``_LIVE`` once reaped, so
-    that a stop meanwhile signals it again. Reaped under the lock (:func:`kill_running`)."""
-    while True:
-        with _LIVE_LOCK:
-            if proc.poll() is not None:
-                _LIVE.discard(proc.pid)
-                return
-        time.sleep(REAP_POLL)
 
 
 def _stop(proc: subprocess.Popen[bytes], sig: signal.Signals) -> None:
