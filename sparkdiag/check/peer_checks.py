@@ -21,7 +21,17 @@ NAME = "peers"
 LEARNING = "baseline-learning"
 
 
-def _figures(ctx: CheckContext) -> list[PeerFigure]:
+def _limits(ctx: CheckContext) -> dict[str, dict[int, float]]:
+    """The probed GPUs' power limits, by model and GPU index (where NVML gave one): what the
+    peer groups and the warning for a GPU left alone at its limit both read."""
+    out: dict[str, dict[int, float]] = {}
+    for index, probe in ctx.probes.items():
+        if probe.gpu.power_limit_watts is not None:
+            out.setdefault(probe.gpu.identity.name, {})[index] = probe.gpu.power_limit_watts
+    return out
+
+
+def _figures(ctx: CheckContext, limits: dict[str, dict[int, float]]) -> list[PeerFigure]:
     context = ctx.snapshot.context.context if ctx.snapshot.context else "native"
     out = []
     for index, probe in sorted(ctx.probes.items()):
@@ -29,7 +39,7 @@ def _figures(ctx: CheckContext) -> list[PeerFigure]:
         if doc is None or probe.cycle is None or probe.cycle.result not in ("ok", "error"):
             continue
         ident, software = probe.gpu.identity, doc.software.identity()
-        model = _peer_model(ctx, probe.gpu.identity.name, probe.gpu.power_limit_watts)
+        model = _peer_model(limits, probe.gpu.identity.name, probe.gpu.power_limit_watts)
         out += [
             PeerFigure.of(str(index), ident.uuid, model, context, software, f, f.delivered)
             for f in probe.figures
@@ -38,16 +48,11 @@ def _figures(ctx: CheckContext) -> list[PeerFigure]:
     return out
 
 
-def _peer_model(ctx: CheckContext, name: str, limit: float | None) -> str:
+def _peer_model(limits: dict[str, dict[int, float]], name: str, limit: float | None) -> str:
     """What makes GPUs peers: the model, and the power limit where GPUs of that model here run
     at different limits. A GPU capped at 500 W of 700 was 8 % below its peers and told to be
     drained and RMAed, no row naming its limit (found in a review)."""
-    limits = {
-        p.gpu.power_limit_watts
-        for p in ctx.probes.values()
-        if p.gpu.identity.name == name and p.gpu.power_limit_watts is not None
-    }
-    if len(limits) <= 1 or limit is None:
+    if len(set(limits.get(name, {}).values())) <= 1 or limit is None:
         return name
     return f"{name} at a {limit:.0f} W power limit"
 
@@ -136,8 +141,9 @@ def check_peers(ctx: CheckContext) -> list[CheckResult]:
         return [no_gpu_skip(NAME, ctx.snapshot)]
     if ctx.probe_skipped is not None:
         return [CheckResult(NAME, "skip", ctx.probe_skipped)]
-    verdicts = judge_node(_figures(ctx))
-    capped = _alone_at_its_limit(ctx, verdicts)
+    limits = _limits(ctx)
+    verdicts = judge_node(_figures(ctx, limits))
+    capped = _alone_at_its_limit(ctx, limits, verdicts)
     if not verdicts:
         probed = sum(1 for p in ctx.probes.values() if p.figures)
         why = (
@@ -149,7 +155,9 @@ def check_peers(ctx: CheckContext) -> list[CheckResult]:
     return [*(_result(v) for v in verdicts), *capped]
 
 
-def _alone_at_its_limit(ctx: CheckContext, verdicts: list[NodeVerdict]) -> list[CheckResult]:
+def _alone_at_its_limit(
+    ctx: CheckContext, limits: dict[str, dict[int, float]], verdicts: list[NodeVerdict]
+) -> list[CheckResult]:
     """A warning for each GPU that its power limit leaves without a peer: GPUs of its model here
     run at another limit, so it is compared with none, and said nowhere else (a review of the
     power-limit groups)."""
@@ -159,11 +167,7 @@ def _alone_at_its_limit(ctx: CheckContext, verdicts: list[NodeVerdict]) -> list[
         ident, limit = probe.gpu.identity, probe.gpu.power_limit_watts
         if limit is None or (str(index), ident.uuid) in compared or not probe.figures:
             continue
-        others = [
-            p.gpu.power_limit_watts
-            for i, p in ctx.probes.items()
-            if i != index and p.gpu.identity.name == ident.name and p.gpu.power_limit_watts
-        ]
+        others = [w for i, w in limits.get(ident.name, {}).items() if i != index]
         if not others or all(other == limit for other in others):
             continue
         shown = ", ".join(f"{w:.0f} W" for w in sorted(set(others)))
