@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # On the lent H200, one call for what the 2026-12-05 (third) session fixed without a GPU: at most
-# 6 minutes, each step bounded, one failing does not stop the others, everything in ONE archive,
+# 9 minutes, each step bounded, one failing does not stop the others, everything in ONE archive,
 # $OUT/verify.tgz, with the log printed last.
 #
 #   bash scripts/device/verify_1205.sh
@@ -58,6 +58,38 @@ plain = timed(lambda: a @ b)
 print(f"bf16 {n} beta=0 {plain:.1f} TFLOPS, beta=1 addmm {out_of_place:.1f}, addmm_ {in_place:.1f}")
 PY
     echo "addmm rc=$?"; cat "$work/addmm.txt"
+    # 5. which CUDA kernels the decode rows run (M 1, N = K = 8192): a review said tf32's decode
+    #    row runs an FP32 GEMV, not a TF32 tensor-core kernel; the profiler's kernel names say
+    timeout 120 "$py" - > "$work/decode-kernels.txt" 2>&1 <<'PY'
+import torch
+from torch.profiler import ProfilerActivity, profile
+torch.set_float32_matmul_precision("high")
+for name, dt in (("tf32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
+    a = torch.randn(1, 8192, device="cuda", dtype=dt)
+    w = torch.randn(8192, 8192, device="cuda", dtype=dt)
+    for _ in range(3):
+        torch.mm(a, w.t())
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            torch.mm(a, w.t())
+        torch.cuda.synchronize()
+    kernels = sorted({e.name for e in prof.events() if e.device_type.name == "CUDA"})
+    print(f"{name} decode M=1 8192x8192: {kernels}")
+PY
+    echo "decode kernels rc=$?"; cat "$work/decode-kernels.txt"
+    # 6. the periodic probe's default suite once, whole, after the day's changes to the worker
+    timeout 150 "$py" -m sparkdiag probe --json --no-record > "$work/probe-default.json" \
+      2> "$work/probe-default.err"; echo "probe default rc=$?"
+    "$py" - "$work/probe-default.json" <<'PY' || true
+import json, sys
+doc = json.load(open(sys.argv[1]))
+for gpu in doc["gpus"]:
+    print(gpu["name"], gpu["result"], gpu["reason"])
+    for r in gpu["figures"]:
+        print(f'  {r["dtype"]:6} {r["kind"]:8} {r["shape"]:16} beta={r["beta"]} {r["status"]:11} '
+              f'{r["delivered_tflops"]} peak {r["peak_tflops"]} {r["reason"] or ""}')
+PY
   fi
   echo "== done after ${SECONDS} s"
 } > "$log" 2>&1
