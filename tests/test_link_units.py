@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkdiag.errors import UsageError
+from sparkdiag.errors import SparkdiagError, UsageError
 from sparkdiag.link import session as session_module
 from sparkdiag.link import tools
 from sparkdiag.link.client import LinkError, Options, measure_link
@@ -150,6 +150,62 @@ def test_peer_names() -> None:
     assert split_peer("fd00::1") == ("fd00::1", 10943)
     with pytest.raises(UsageError, match="give HOST or HOST:PORT"):
         split_peer("spark-2:99999")
+
+
+@pytest.mark.parametrize(
+    "text", ["[::1]x", "[::1]12000", "[::1", "127.0.0.1:", "[::1]:", "spark-2:", ":12000"]
+)
+def test_a_peer_with_text_after_its_bracket_or_an_empty_port_is_refused(text: str) -> None:
+    """``[::1]x`` was taken as ``::1`` and ``127.0.0.1:`` as ``127.0.0.1`` (the review of
+    2026-12): after ``]`` only nothing or ``:PORT``, and a ``:`` needs its port."""
+    with pytest.raises(UsageError, match="give HOST or HOST:PORT") as caught:
+        split_peer(text, "PEER")
+    assert caught.value.flag == "PEER"
+
+
+def test_a_bracketed_ipv6_peer_with_or_without_a_port() -> None:
+    assert split_peer("[::1]") == ("::1", 10943)
+    assert split_peer("[::1]:12000") == ("::1", 12000)
+    assert split_peer("::1") == ("::1", 10943)
+
+
+@pytest.mark.parametrize("text", ["[::1]x", "127.0.0.1:"])
+def test_link_test_refuses_such_a_peer_as_a_usage_error(tmp_path: Path, text: str) -> None:
+    from tests.support import assert_clean_error, invoke_cli
+
+    result = invoke_cli("link", "test", text, "--address-only", *_secret_args(tmp_path))
+    assert_clean_error(result, 2, "PEER", "give HOST or HOST:PORT")
+
+
+def test_a_listen_host_that_does_not_exist_is_a_usage_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``link serve --listen nonexistent.invalid:20011`` exited 3, "cannot run", as if the
+    port were taken: a name that does not exist is --listen's bad value, exit 2, and no secret
+    file is made. A resolver that cannot answer now is still exit 3."""
+    from tests.support import assert_clean_error, invoke_cli
+
+    real = socket.getaddrinfo
+
+    def lookup(host: object, *args: object, **kwargs: object) -> object:
+        if host == "nonexistent.invalid":  # whatever this machine's resolver says of it
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        if host == "later.example":
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return real(host, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", lookup)
+    secret = tmp_path / "conf" / "link.secret"
+    result = invoke_cli(
+        "link", "serve", "--listen", "nonexistent.invalid:20011", "--link.secret-file", str(secret)
+    )
+    assert_clean_error(result, 2, "--listen", "'nonexistent.invalid': not an address of this")
+    assert not secret.exists()
+    with pytest.raises(UsageError):
+        listen_socket("a" * 64 + ".example", 20011)
+    with pytest.raises(SparkdiagError, match="cannot be looked up now") as caught:
+        listen_socket("later.example", 20011)
+    assert caught.value.exit_code == 3
 
 
 def test_a_name_that_does_not_resolve_is_bad_input_and_no_dns_is_a_failure(

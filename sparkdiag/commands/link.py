@@ -21,7 +21,7 @@ from sparkdiag.link import auth
 from sparkdiag.link.client import Options, measure_link
 from sparkdiag.link.lint import lint as run_lint
 from sparkdiag.link.model import DIRECTIONS
-from sparkdiag.link.readings import read_fabric
+from sparkdiag.link.readings import CudaOnce, read_fabric
 from sparkdiag.link.render import lint_text, report_text
 from sparkdiag.link.server import LinkServer, link_addresses, listen_socket
 from sparkdiag.link.session import peer_and_port
@@ -61,9 +61,17 @@ def secret_path(settings: Any) -> Path:
     return auth.default_path() if path is None else path
 
 
-def _listeners(listen: str | None, settings: Any) -> tuple[list[socket.socket], str]:
+def _say(line: str) -> None:
+    """A line on standard error, its bytes escaped (a path is the user's, its bytes not ours)."""
+    click.echo(terminal.safe(line), err=True)
+
+
+def _listeners(
+    listen: str | None, settings: Any, cuda: CudaOnce | None = None
+) -> tuple[list[socket.socket], str]:
     """The listening sockets: where ``--listen`` says, else on every address of this machine's
-    ConnectX-7 interfaces (UsageError when they have none); and where, in words."""
+    ConnectX-7 interfaces (UsageError when they have none); and where, in words. ``cuda``
+    keeps the CUDA attributes read for them, for the server's sessions."""
     if listen is not None:
         try:
             host, port = parse_listen(listen, "--listen")
@@ -71,7 +79,7 @@ def _listeners(listen: str | None, settings: Any) -> tuple[list[socket.socket], 
             raise UsageError(str(exc)) from None
         return [listen_socket(host, port)], listen
     try:
-        readings = read_fabric(settings.sysfs, settings.rootfs, dict(os.environ))
+        readings = read_fabric(settings.sysfs, settings.rootfs, dict(os.environ), cuda=cuda)
     except FileNotFoundError as exc:
         raise UsageError(str(exc), flag="--path.sysfs") from None
     found = link_addresses(readings, interface_addresses())
@@ -130,21 +138,21 @@ def serve(listen: str | None, once: bool, **given: Any) -> Exit:
     \b
     Exit status:
       0  stopped with Ctrl-C or SIGTERM between sessions, or --once done
-      2  bad flag; no ConnectX-7 address and no --listen; a secret file that
-         its group or others can read or write, or a link to nothing (a
-         refused start makes no secret file)
+      2  bad flag (a --listen host that does not exist too); no ConnectX-7
+         address and no --listen; a secret file that its group or others
+         can read or write, or that another user owns, or a link to nothing
+         (a refused start makes no secret file)
       3  cannot start: the port cannot be had (in use, or not allowed)
       130 stopped during a session
     """
     settings = _settings(given)
     path = secret_path(settings)
-
-    def say(line: str) -> None:
-        click.echo(terminal.safe(line), err=True)
+    say = _say
+    cuda = CudaOnce()  # read once for every session (and for the listening addresses)
 
     # where to listen first: a start refused there (no ConnectX-7 address, the port in use)
     # leaves no secret behind
-    socks, where = _listeners(listen, settings)
+    socks, where = _listeners(listen, settings, cuda)
     try:
         if auth.make_secret(path):
             shown = terminal.safe(str(path))  # a path is the user's, its bytes are not ours
@@ -168,6 +176,7 @@ def serve(listen: str | None, once: bool, **given: Any) -> Exit:
         secret,
         say=say,
         once=once,
+        cuda=cuda,
     )
     click.echo(
         terminal.safe(f"sparkdiag link serve: listening on {where} (TCP); Ctrl-C stops"), err=True
@@ -269,7 +278,7 @@ def test(
       1  degraded (or a path whose rate neither end knows)
       2  bad input: a bad flag, a PEER name that does not resolve, an
          --interface that does not exist, no link secret here (or one that
-         its group or others can read or write)
+         its group or others can read or write, or another user owns)
       3  failed: the peer unreachable, refusing the port, not running 'link
          serve' or busy, holding another link secret; no carrier on the
          interfaces; nothing measured
@@ -296,7 +305,7 @@ def test(
         address_only=address_only,
         use_tools=not no_tools,
         connect_timeout=connect_timeout,
-        secret=auth.read_secret(secret_path(settings)),
+        secret=auth.read_secret(secret_path(settings), say=_say),
     )
     show = sys.stderr.isatty()
     try:

@@ -4,8 +4,11 @@ Setting it up takes one copy. ``sparkdiag link serve`` makes the file where none
 hexadecimal characters from ``secrets``, mode 0600, in ``~/.config/sparkdiag/link.secret`` or
 the path ``--link.secret-file`` gives) and says so; copy it to the measuring machine, to the same
 place (``scp``), and ``link test`` (and ``check --peer``) read it there. A file that its group
-or other users can read or write is refused, as ssh refuses such a key. Rotating it takes no
-restart: a running ``link serve`` reads the file again when it changes (:class:`LiveSecret`).
+or other users can read or write is refused, as ssh refuses such a key, and so is one owned by
+another user than the one sparkdiag runs as (or root): its owner can chmod it or write another
+secret into it at any time. A directory of the file that others may write is warned about (they
+could put another file in its place). Rotating it takes no restart: a running ``link serve``
+reads the file again when it changes (:class:`LiveSecret`).
 
 On the wire (:mod:`sparkdiag.link.wire`), HMAC-SHA256 challenge and response in both
 directions, so that neither side learns anything from the other before it has proved it holds
@@ -52,19 +55,26 @@ def default_path(environ: dict[str, str] | None = None) -> Path:
     return Path(base) / "sparkdiag" / "link.secret"
 
 
-def read_secret(path: Path, *, serving: bool = False) -> bytes:
+def read_secret(
+    path: Path, *, serving: bool = False, say: Callable[[str], None] | None = None
+) -> bytes:
     """The secret in ``path``; UsageError (exit 2) in one line when it is missing (or a
-    symbolic link to nothing), open to other users, not a regular file, too long or too
-    short. ``serving``: read again by a running ``link serve`` (:class:`LiveSecret`), which
-    makes no secret, so the advice for a missing or short one is to write the new one."""
+    symbolic link to nothing), open to other users, owned by another user (than the one this
+    process runs as, or root), not a regular file, too long or too short. ``serving``: read
+    again by a running ``link serve`` (:class:`LiveSecret`), which makes no secret, so the
+    advice for a missing or short one is to write the new one. ``say`` is told of a directory
+    that others may write (:func:`directory_warning`)."""
     try:
-        mode = path.stat().st_mode
+        found = path.stat()
     except FileNotFoundError:
         raise UsageError(_missing(path, serving), flag=FLAG) from None
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror or exc}", flag=FLAG) from None
+    mode = found.st_mode
     if stat.S_ISREG(mode) and mode & 0o077:
-        raise UsageError(f"{path} {_open_to_others(mode)}: chmod 600 {path}", flag=FLAG)
+        raise UsageError(f"{path} {open_to_others(mode)}: chmod 600 {path}", flag=FLAG)
+    if stat.S_ISREG(mode) and found.st_uid not in (os.geteuid(), 0):
+        raise UsageError(_not_owned(path, found.st_uid), flag=FLAG)
     with safeload.reading(path, lambda line: UsageError(line, flag=FLAG)):
         secret = safeload.text(safeload.read_file(path, MAX_SECRET_BYTES)).strip()
     if len(secret) < MIN_SECRET:
@@ -78,7 +88,56 @@ def read_secret(path: Path, *, serving: bool = False) -> bytes:
             f"{fix})",
             flag=FLAG,
         )
+    if say is not None:
+        warning = directory_warning(path)
+        if warning is not None:
+            say(warning)
     return secret.encode()
+
+
+def _not_owned(path: Path, uid: int) -> str:
+    """Why a secret file owned by user ``uid`` is refused, with the fix (as ssh refuses a key
+    that another user owns: that user can change it whenever they like)."""
+    me = os.geteuid()
+    return (
+        f"{path} is owned by {_user(uid)}, not by {_user(me)} that runs sparkdiag (or root): "
+        f"its owner can read or replace the secret at any time; chown {_user(me)} {path} "
+        "(as root), or use a copy of your own"
+    )
+
+
+def _user(uid: int) -> str:
+    """A user's name where the system knows it, else the number."""
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def directory_warning(path: Path) -> str | None:
+    """One line when users other than its owner may write the directory that holds the
+    secret file (the file itself checked as it is: they could rename it away and put a file
+    of their own in its place, or a symbolic link), else None."""
+    directory = path.absolute().parent
+    try:
+        mode = directory.stat().st_mode
+    except OSError:
+        return None
+    if not mode & 0o022:
+        return None
+    sticky = (
+        " (sticky: only while none is there, as they cannot remove it)"
+        if mode & stat.S_ISVTX
+        else ""
+    )
+    who = _listed([n for n, bit in (("its group", 0o020), ("other users", 0o002)) if mode & bit])
+    return (
+        f"warning: the directory {directory} of the link secret is mode "
+        f"{stat.S_IMODE(mode):03o}: {who} can write it, and so put another file in the "
+        f"secret's place{sticky}: chmod go-w {directory}, or keep the secret elsewhere"
+    )
 
 
 def _missing(path: Path, serving: bool) -> str:
@@ -108,10 +167,11 @@ def _missing(path: Path, serving: bool) -> str:
     )
 
 
-def _open_to_others(mode: int) -> str:
+def open_to_others(mode: int, what: str = "the secret") -> str:
     """What users other than the owner may do with a file of ``mode`` (group and others told
-    apart, reading and writing too), and what that lets them do to the secret: ``is mode 602:
-    other users can write it, and so replace the secret with one they know``."""
+    apart, reading and writing too), and what that lets them do to ``what`` it holds: ``is mode
+    602: other users can write it, and so replace the secret with one they know``. ``sparkdiag
+    fleet`` warns of its password and token files in the same words."""
     verbs = (("read", 4), ("write", 2), ("execute", 1))
     can = {
         name: _listed([verb for verb, bit in verbs if bits & bit])
@@ -123,9 +183,9 @@ def _open_to_others(mode: int) -> str:
     else:
         who = ", ".join(f"{name} can {done} it" for name, done in can.items())
     harm = {
-        (True, True): ", and so learn or replace the secret",
-        (True, False): ", and so learn the secret",
-        (False, True): ", and so replace the secret with one they know",
+        (True, True): f", and so learn or replace {what}",
+        (True, False): f", and so learn {what}",
+        (False, True): f", and so replace {what} with one they know",
     }.get((bool(mode & 0o044), bool(mode & 0o022)), "")
     return f"is mode {stat.S_IMODE(mode):03o}: {who}{harm}"
 
@@ -158,7 +218,8 @@ class LiveSecret:
         self._lock = threading.Lock()
         # looked at before the first read: a file replaced while it is read is read again
         self._file = FileWatch([path], RECHECK_SECONDS, clock)
-        self._secret = read_secret(path)  # at start: a UsageError, exit 2
+        self._warned: set[str] = set()  # warnings said (a directory others may write): once
+        self._secret = read_secret(path, say=self._warn)  # at start: a UsageError, exit 2
         self._problem: str | None = None  # what is wrong with the file, while it is unusable
         self.rotations = 0  # new secrets taken, for tests
 
@@ -169,9 +230,14 @@ class LiveSecret:
                 self._reread()
             return self._secret
 
+    def _warn(self, line: str) -> None:
+        if line not in self._warned:
+            self._warned.add(line)
+            self._say(line)
+
     def _reread(self) -> None:
         try:
-            secret = read_secret(self.path, serving=True)
+            secret = read_secret(self.path, serving=True, say=self._warn)
         except UsageError as exc:
             if exc.message != self._problem:  # once per problem, not per look or connection
                 self._say(

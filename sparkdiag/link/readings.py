@@ -8,7 +8,8 @@ of it, so every finding can be driven from the fixture trees
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,39 @@ from sparkdiag.sources.software.nccl import (
     read_nccl_settings,
 )
 from sparkdiag.sources.software.pyenv import site_dirs_under
+
+# Seconds the CUDA attributes' subprocess may take (a Python that imports the driver's library
+# and calls cuInit: seconds on a busy or just-loaded driver). ``link test`` waits longer than
+# this for the hello that follows its proof (sparkdiag.link.session.HELLO_AFTER_PROOF).
+CUDA_TIMEOUT = 20.0
+
+Attributes = Callable[[], "tuple[GpuDirect, ...] | str"]
+
+
+class CudaOnce:
+    """The CUDA attributes read once and kept, for a process that reads the fabric again and
+    again (``link serve``: every session's hello, every ``ib_write_bw`` request). Read in each
+    session, after the peer's proof, they held its hello back for up to :data:`CUDA_TIMEOUT`
+    seconds, and ``link test``, waiting 5 s, said it was not ``link serve``. The GPUs and
+    their driver do not change under a running server. :meth:`start` reads them in the
+    background; a call waits for that read (or makes it)."""
+
+    def __init__(self, read: Attributes | None = None) -> None:
+        self._read = read or (lambda: cuda_attributes(timeout=CUDA_TIMEOUT))
+        self._lock = threading.Lock()
+        self._value: tuple[GpuDirect, ...] | str | None = None
+        self.reads = 0  # for tests: how many times the attributes were asked
+
+    def __call__(self) -> tuple[GpuDirect, ...] | str:
+        with self._lock:
+            if self._value is None:
+                self.reads += 1
+                self._value = self._read()
+            return self._value
+
+    def start(self) -> None:
+        """Read them now, in a thread of their own."""
+        threading.Thread(target=self, name="cuda-attributes", daemon=True).start()
 
 
 @dataclass(frozen=True)
@@ -143,12 +177,13 @@ def read_fabric(
     environ: Mapping[str, str],
     site_dirs: Sequence[Path] | None = None,
     peer: str | None = None,
+    cuda: Attributes | None = None,
 ) -> FabricReadings:
     """Read the ConnectX-7 functions and interfaces (sysfs), NCCL's settings (``environ`` and the
     configuration files under ``rootfs``), the NCCL libraries, CMA and the kernel command line,
-    GPUDirect RDMA (the CUDA attributes, asked in a subprocess on the real root only; the
-    driver's GPU list; nvidia_peermem), each interface's driver, and the route to ``peer``
-    (on the real root only).
+    GPUDirect RDMA (the CUDA attributes, asked in a subprocess on the real root only, or of
+    ``cuda``: a :class:`CudaOnce` asks them once; the driver's GPU list; nvidia_peermem), each
+    interface's driver, and the route to ``peer`` (on the real root only).
 
     Raises FileNotFoundError when ``sysfs`` is not a directory.
     """
@@ -160,7 +195,9 @@ def read_fabric(
     interfaces = read_interfaces(sysfs)
     functions = read_connectx7(sysfs)
     attributes: tuple[GpuDirect, ...] | str = (
-        cuda_attributes() if real and functions else "not asked: no ConnectX-7 here"
+        (cuda or (lambda: cuda_attributes(timeout=CUDA_TIMEOUT)))()
+        if real and functions
+        else "not asked: no ConnectX-7 here"
     )
     if not real:
         attributes = "not asked: --path.rootfs is not /"

@@ -31,7 +31,7 @@ from typing import Any
 
 from sparkdiag import __version__
 from sparkdiag.descriptors import ACCEPT_PAUSE, next_pause, out_of_fds
-from sparkdiag.errors import SparkdiagError
+from sparkdiag.errors import SparkdiagError, UsageError
 from sparkdiag.jsonvalues import as_float, as_int, as_str
 from sparkdiag.link import auth, bounds, tools
 from sparkdiag.link.bounds import (
@@ -49,7 +49,7 @@ from sparkdiag.link.bounds import (
 )
 from sparkdiag.link.ends import describe
 from sparkdiag.link.lint import lint
-from sparkdiag.link.readings import FabricReadings, read_fabric
+from sparkdiag.link.readings import CudaOnce, FabricReadings, read_fabric
 from sparkdiag.link.streams import receive, send_until
 from sparkdiag.link.wire import (
     HELLO_TIMEOUT,
@@ -77,7 +77,9 @@ SAY_EVERY = 10.0  # seconds between two lines of one kind (refused, out of descr
 def listen_socket(host: str, port: int) -> socket.socket:
     """A listening TCP socket on ``host:port``; "" listens on every address (IPv6 and IPv4 where
     the kernel has both). Raises SparkdiagError (exit 3: cannot start) when the port cannot be
-    had; in use or not allowed, it says so without blaming --listen's value."""
+    had; in use or not allowed, it says so without blaming --listen's value. A host name that
+    does not exist is --listen's usage error (exit 2; it was exit 3, as if the port were
+    taken); one that cannot be looked up now (the resolver down) stays exit 3."""
     try:
         if host:
             info = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -88,9 +90,18 @@ def listen_socket(host: str, port: int) -> socket.socket:
                 family, address = socket.AF_INET, ("0.0.0.0", port)
         sock = socket.socket(family, socket.SOCK_STREAM)
     except socket.gaierror as exc:
+        if exc.errno in (socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)):
+            raise UsageError(
+                f"{host!r}: not an address of this machine, and no such host name "
+                f"({exc.strerror}): give one of its addresses, or ':{port}' for every one",
+                flag="--listen",
+            ) from None
         raise SparkdiagError(
-            f"cannot listen on {host}:{port}: {exc.strerror}", flag="--listen"
+            f"cannot listen on {host}:{port}: the name cannot be looked up now ({exc.strerror})",
+            flag="--listen",
         ) from None
+    except UnicodeError:  # a label of more than 63 characters, an empty one
+        raise UsageError(f"{host!r}: not a host name", flag="--listen") from None
     except OSError:  # no IPv6 in this kernel
         family, address = socket.AF_INET, ("0.0.0.0", port)
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -147,6 +158,7 @@ class LinkServer:
         secret: bytes | auth.LiveSecret,
         say: Callable[[str], None] = lambda line: None,
         once: bool = False,
+        cuda: CudaOnce | None = None,
     ) -> None:
         self.socks = [socks] if isinstance(socks, socket.socket) else list(socks)
         self.sysfs = sysfs
@@ -157,6 +169,9 @@ class LinkServer:
         )
         self.say = say
         self.once = once
+        # the CUDA attributes, read once for every session (see CudaOnce): warmed up in the
+        # background when serving starts, never asked between a peer's proof and the hello
+        self.cuda = CudaOnce() if cuda is None else cuda
         self._lock = threading.Lock()
         self._session: Session | None = None
         self._sessions_done = 0
@@ -176,6 +191,7 @@ class LinkServer:
         return port
 
     def serve(self, stop: threading.Event) -> None:
+        threading.Thread(target=self._warm_up, name="fabric", daemon=True).start()
         selector = selectors.DefaultSelector()
         for sock in self.socks:
             sock.setblocking(False)
@@ -221,6 +237,12 @@ class LinkServer:
         except RuntimeError:  # no thread to be had: the connection goes
             self.pending.remove(entry)
             conn.close()
+
+    def _warm_up(self) -> None:
+        """The fabric read once before any peer comes, so that the CUDA attributes (read only
+        where the fabric has a ConnectX-7, on the real root) are kept for the first hello."""
+        with contextlib.suppress(Exception):  # said, if it still fails, in a session's hello
+            read_fabric(self.sysfs, self.rootfs, self.environ, cuda=self.cuda)
 
     def _housekeeping(self) -> None:
         """Tools past their time killed (and every ended tool reaped); a session past its
@@ -387,7 +409,7 @@ class LinkServer:
             self.say(f"session from {peer}: ended after {took:.1f} s{why}{failed}")
 
     def _hello(self, session: Session, conn: socket.socket) -> dict[str, Any]:
-        readings = read_fabric(self.sysfs, self.rootfs, self.environ)
+        readings = read_fabric(self.sysfs, self.rootfs, self.environ, cuda=self.cuda)
         addresses = interface_addresses()
         arrived = interface_of(conn.getsockname()[0], addresses)
         names = [i.name for f in readings.functions for i in f.interfaces]
@@ -456,7 +478,8 @@ class LinkServer:
                 return {"error": f"{address[:60]!r} is not an address of {socket.gethostname()}"}
             return self._start(session, address, tools.iperf3_server, seconds)
         device = as_str(request.get("device")) or ""
-        if device not in read_fabric(self.sysfs, self.rootfs, self.environ).rdma_devices():
+        fabric = read_fabric(self.sysfs, self.rootfs, self.environ, cuda=self.cuda)
+        if device not in fabric.rdma_devices():
             return {"error": f"{device[:60]!r} is not an RDMA device of {socket.gethostname()}"}
         if request.get("role") == "client":
             address = as_str(request.get("address")) or ""

@@ -15,6 +15,7 @@ from typing import Any
 from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.link import auth
 from sparkdiag.link.model import DIRECTIONS
+from sparkdiag.link.readings import CUDA_TIMEOUT
 from sparkdiag.link.wire import (
     HELLO_TIMEOUT,
     PORT,
@@ -24,6 +25,11 @@ from sparkdiag.link.wire import (
     is_hello,
     send,
 )
+
+# Seconds to wait for the hello once the peer has taken this side's proof: it reads its fabric
+# then (its lint, its interfaces) and, once per process, the CUDA attributes in a subprocess
+# of up to CUDA_TIMEOUT seconds. 5 s (HELLO_TIMEOUT) read a slow first hello as "not link serve".
+HELLO_AFTER_PROOF = CUDA_TIMEOUT + 2 * HELLO_TIMEOUT
 
 
 class LinkError(SparkdiagError):
@@ -78,22 +84,35 @@ def connect_error(exc: OSError, where: str, timeout: float) -> str:
 
 
 def peer_and_port(text: str, flag: str = "--peer") -> tuple[str, int | None]:
-    """``HOST``, ``HOST:PORT``, ``[V6]:PORT`` or a bare IPv6 address -> (host, the port it
-    gives, or None); a malformed one is a usage error naming ``flag``."""
+    """``HOST``, ``HOST:PORT``, ``[V6]``, ``[V6]:PORT`` or a bare IPv6 address -> (host, the
+    port it gives, or None); a malformed one is a usage error naming ``flag``: after ``]``
+    nothing or ``:PORT`` (``[::1]x`` was taken as ``::1``), and a ``:`` with no port after it
+    (``127.0.0.1:``) is refused, not read as the default port."""
     text = text.strip()
+    port_text: str | None = None
+    bad = False
     if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port_text = rest[1:] if rest.startswith(":") else ""
+        host, closed, rest = text[1:].partition("]")
+        bad = not closed or not (rest == "" or rest.startswith(":"))
+        port_text = rest[1:] if rest.startswith(":") else None
     elif text.count(":") == 1:
         host, _, port_text = text.partition(":")
     else:
-        host, port_text = text, ""
-    if not host or (
-        port_text
-        and not (port_text.isascii() and port_text.isdigit() and 0 < int(port_text) < 65536)
+        host = text
+    if (
+        bad
+        or not host
+        or (
+            port_text is not None
+            and not (port_text.isascii() and port_text.isdigit() and 0 < int(port_text) < 65536)
+        )
     ):
-        raise UsageError(f"{text!r}: give HOST or HOST:PORT", flag=flag)
-    return host, int(port_text) if port_text else None
+        raise UsageError(
+            f"{text!r}: give HOST or HOST:PORT ([IPV6]:PORT for an IPv6 address; a port from 1 "
+            "to 65535)",
+            flag=flag,
+        )
+    return host, None if port_text is None else int(port_text)
 
 
 def split_peer(text: str, flag: str = "--peer") -> tuple[str, int]:
@@ -193,9 +212,14 @@ def _open(sock: socket.socket, where: str, secret: bytes) -> tuple[LineReader, d
             theirs = str(challenge["challenge"])
             send(sock, {"proof": auth.proof(secret, "client", theirs, mine)})
             try:
-                answer = reader.read(HELLO_TIMEOUT)
+                answer = reader.read(HELLO_AFTER_PROOF)
             except TimeoutError:
-                raise
+                # it sent a sparkdiag challenge and took the proof: it is link serve, slow
+                raise LinkError(
+                    f"{where}: 'sparkdiag link serve' took this machine's proof but sent no "
+                    f"hello within {HELLO_AFTER_PROOF:g} s (it reads its fabric and the CUDA "
+                    "driver then): its log says why; try again"
+                ) from None
             except (ConnectionError, OSError) as exc:  # closed; a garbled answer is said below
                 # it sent a sparkdiag challenge: it is link serve, and it gave up after the proof
                 raise LinkError(
