@@ -352,6 +352,7 @@ def test_clear_errors_for_a_refused_an_unverified_and_an_unreachable_prometheus(
 ) -> None:
     wrong = peers.workdir / "wrong"
     wrong.write_text("not-it\n", encoding="utf-8")
+    wrong.chmod(0o600)  # a file others may read is warned about, a second line on stderr
     refused = run_cli(
         "fleet",
         "--prometheus",

@@ -65,6 +65,7 @@ def strict_json(text: str) -> Any:
 def password_file(tmp_path: Path) -> Path:
     path = tmp_path / "password"
     path.write_text("s3cret\n")
+    path.chmod(0o600)  # one that others may read is warned about, a second line
     return path
 
 
@@ -110,6 +111,8 @@ def test_a_bearer_token_does_not_leave_with_a_redirect(tmp_path: Path) -> None:
     (tmp_path / "token").write_text("tok\n")
     config = tmp_path / "http.yml"
     config.write_text("authorization:\n  credentials_file: token\n")
+    for path in (tmp_path / "token", config):
+        path.chmod(0o600)
     with raw_server(prometheus) as elsewhere:
 
         def redirect(head: bytes, sock: socket.socket) -> None:

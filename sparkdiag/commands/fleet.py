@@ -172,12 +172,15 @@ def fleet(as_json: bool, config: Any, **given: Any) -> Exit:
             insecure_skip_verify=settings.prometheus_insecure_skip_verify,
             username=settings.prometheus_username,
             password_file=settings.prometheus_password_file,
+            # a password, token or HTTP config file that others may read: one line each
+            say=lambda line: click.echo(terminal.safe(line), err=True),
         )
         view = fleet_view(PrometheusClient(conn))
     except SparkdiagError as exc:
         if as_json:  # a document on standard output whatever happened; the line on stderr too
             failed = {
                 "format": FORMAT,
+                # never a user or password: everything from '//' to the last '@' goes
                 "prometheus": shown_url(url) if url else url,
                 "error": exc.line(),
                 "exit_status": int(exc.exit_code),

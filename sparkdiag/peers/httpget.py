@@ -2,10 +2,11 @@
 
 The response is parsed by h11 (the same parser the exporter's server uses), so a malformed
 answer (a bad status line, a bad chunk, an over-long head) is one :class:`FetchError` line, not
-a traceback from ``http.client``. One deadline covers the whole exchange: name resolution aside,
-connecting, the TLS handshake, sending and every byte of the answer; a server that sends one
-byte a second is cut off at the deadline by a timer that shuts the socket down, whatever the
-per-call timeouts would allow. The body is read up to a limit.
+a traceback from ``http.client``. One deadline covers the whole exchange: name resolution,
+connecting (each address of the host in turn, with the time left), the TLS handshake, sending
+and every byte of the answer; a server that sends one byte a second is cut off at the deadline
+by a timer that shuts the socket down, whatever the per-call timeouts would allow. The body is
+read up to a limit.
 
 Redirects are followed only where credentials cannot leak: to the same host, with the same
 scheme and port, or from ``http`` to ``https`` on the same host. A redirect to another host, and
@@ -24,7 +25,7 @@ import threading
 import time
 import urllib.parse
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import h11
 
@@ -59,25 +60,36 @@ def _origin(url: urllib.parse.SplitResult) -> tuple[str, str, int]:
     return url.scheme, (url.hostname or "").lower(), port
 
 
+USERINFO = (
+    "a user or password in the URL is not used (an '@' after the '//'): give them with "
+    "--prometheus-username and --prometheus-password-file (or the --http.config.file)"
+)
+
+
 def url_problem(url: str) -> str | None:
     """Why ``url`` cannot be asked, or None: an http(s) URL with a host that can be looked up
     (each label at most 63 characters), a port from 0 to 65535, no user or password (they would
     be neither sent nor kept out of messages: credentials come from their own flags and files)
     and a path of printable ASCII without spaces (a request target; percent-encode the rest).
     A value typed by the user and a server's redirect are both checked with it: either made a
-    traceback (the hostile-client review)."""
+    traceback (the hostile-client review).
+
+    Any '@' after the '//' is taken for a user and password before the URL is parsed: a
+    password may hold a '/', '?' or '#', which ends the host for the parser (``http://bob:
+    Zx9/kQ2p@host`` is host ``bob``, port ``Zx9`` to urllib), and urllib's own words quote
+    what it could not read. No message here holds any part of the URL."""
+    if "@" in url.partition("//")[2]:
+        return USERINFO
     try:
         parts = urllib.parse.urlsplit(url)
+    except ValueError:  # urllib's text quotes the URL: our words instead
+        return "not a URL (an IPv6 host needs both its brackets: [::1]:9090)"
+    try:
         parts.port  # noqa: B018  # ValueError: a port out of range or not a number
-    except ValueError as exc:
-        return f"not a URL ({exc})"
+    except ValueError:
+        return "not a URL (its port is not a number from 0 to 65535)"
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "not an http:// or https:// URL"
-    if "@" in parts.netloc:
-        return (
-            "a user or password in the URL is not used: give them with --prometheus-username "
-            "and --prometheus-password-file (or the --http.config.file)"
-        )
     try:
         parts.hostname.encode("idna")
     except UnicodeError:
@@ -174,22 +186,86 @@ def get(
 
 def shown_url(url: str) -> str:
     """A URL for a message: without user and password, cut to 200 characters (by text, as a
-    URL that cannot be parsed is shown too)."""
-    return re.sub(r"//[^/?#]*@", "//", url, count=1)[:200]
+    URL that cannot be parsed is shown too). Greedy: everything from the '//' to the last '@'
+    goes, as a password may hold '/', '?', '#' and '@' (``http://bob:Zx9/kQ2p@host`` shows as
+    ``http://host``); without a '//', everything up to the last '@' (``bob:pw@host``: the
+    user's name could be read as the scheme)."""
+    if "@" in url:
+        head, sep, rest = url.partition("//")
+        url = head + sep + rest.rpartition("@")[2] if sep else url.rpartition("@")[2]
+    return url[:200]
+
+
+def _resolve(host: str, port: int, deadline: _Deadline) -> list[tuple[Any, ...]]:
+    """The addresses of ``host`` (getaddrinfo), within what is left of the deadline: the
+    lookup runs in a thread of its own, as getaddrinfo takes no timeout (a resolver that does
+    not answer held the command for its own retries, 5 s and more per server in
+    resolv.conf). TimeoutError when the time is up (the thread is left to finish by itself)."""
+    found: list[Any] = []
+    failed: list[BaseException] = []
+
+    def look_up() -> None:
+        try:
+            found.extend(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except Exception as exc:  # said by the caller, in its own thread
+            failed.append(exc)
+
+    thread = threading.Thread(target=look_up, daemon=True)
+    thread.start()
+    thread.join(deadline.left())
+    if thread.is_alive():
+        deadline.expired = True
+        raise TimeoutError
+    if failed:
+        raise failed[0]
+    return found
 
 
 def _connect(parts: urllib.parse.SplitResult, deadline: _Deadline) -> socket.socket:
+    """A connection to the URL's host within the deadline, name resolution included: each of
+    its addresses is tried in turn with the time left then (not the whole timeout each, as
+    ``socket.create_connection`` gave: three addresses that never answer took three times
+    ``--prometheus-timeout``), none once the time is up. TimeoutError when it is."""
     host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
     try:
-        return socket.create_connection((host, port), timeout=deadline.left())
+        addresses = _resolve(host, port, deadline)
     except TimeoutError:
-        raise
+        raise FetchError(
+            f"the host name {host!r} was not resolved within {deadline.seconds:g} s", "timeout"
+        ) from None
     except socket.gaierror as exc:
         raise FetchError(
             f"the host name {host!r} does not resolve ({exc.strerror})", "unreachable"
         ) from None
-    except OSError as exc:
-        raise FetchError(str(exc.strerror or exc), "unreachable") from None
+    except (OSError, ValueError) as exc:  # UnicodeError: a name IDNA cannot encode
+        raise FetchError(
+            f"the host name {host!r} cannot be looked up ({exc})", "unreachable"
+        ) from None
+    failed: OSError | None = None
+    for tried, (family, kind, proto, _, address) in enumerate(addresses):
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.settimeout(deadline.left())  # TimeoutError once the time is up
+            sock.connect(address)
+        except TimeoutError:
+            sock.close()
+            deadline.expired = True
+            many = len(addresses) > 1
+            of = f" ({tried + 1} of its {len(addresses)} addresses tried)" if many else ""
+            raise FetchError(
+                f"no connection within {deadline.seconds:g} s{of}", "timeout"
+            ) from None
+        except OSError as exc:
+            sock.close()
+            failed = exc
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    if failed is None:
+        raise FetchError(f"the host name {host!r} has no address", "unreachable")
+    raise FetchError(str(failed.strerror or failed), "unreachable")
 
 
 def _one(
@@ -202,10 +278,7 @@ def _one(
 ) -> tuple[Answer, str | None]:
     parts = urllib.parse.urlsplit(url)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-    try:
-        raw = _connect(parts, deadline)
-    except TimeoutError:
-        raise FetchError(f"no connection within {deadline.seconds:g} s", "timeout") from None
+    raw = _connect(parts, deadline)
     deadline.guard(raw)
     sock: socket.socket = raw
     try:
@@ -213,7 +286,16 @@ def _one(
             if context is None:
                 raise FetchError("https without a TLS context", "tls")
             raw.settimeout(deadline.left())
-            sock = context.wrap_socket(raw, server_hostname=server_name or parts.hostname)
+            name = server_name or parts.hostname
+            try:  # the name is checked here; the handshake (its errors are OSErrors) below
+                sock = context.wrap_socket(raw, server_hostname=name, do_handshake_on_connect=False)
+            except (ValueError, TypeError) as exc:  # UnicodeError too: a name that is none
+                raise FetchError(
+                    f"TLS: {name!r} cannot be the server name ({type(exc).__name__}): give a "
+                    "host name or address as tls_config.server_name",
+                    "tls",
+                ) from None
+            sock.do_handshake()
         return _exchange(sock, parts, target, headers, deadline, max_body)
     except (TimeoutError, OSError) as exc:
         if deadline.expired or isinstance(exc, TimeoutError):

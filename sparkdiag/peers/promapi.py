@@ -14,8 +14,9 @@ import base64
 import math
 import re
 import ssl
+import stat
 import urllib.parse
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,8 @@ MAX_TOKENS = 20 * MAX_SAMPLES
 MAX_LABELS = 64  # labels of one series (Prometheus' own label limits are of this order)
 MAX_CONFIG_BYTES = 1 << 20  # an HTTP config is a few hundred bytes
 MAX_SECRET_BYTES = 1 << 16
+MAX_SERVER_NAME = 253  # characters of a DNS name (RFC 1035), dots included
+Say = Callable[[str], None]  # where a warning goes (the command's standard error)
 # A sample value as Prometheus writes it (Go's strconv.FormatFloat, 'f' or 'e'), or one of its
 # three special values; nothing that Python's float() also takes ("1_000", " 12", "infinity").
 _VALUE = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]{1,3})?")
@@ -69,20 +72,58 @@ class Connection:
             raise UsageError(why, flag="--prometheus")
         if (self.cert_file is None) != (self.key_file is None):
             raise UsageError("a client certificate needs both its cert file and its key file")
-        if self.username is not None and self.bearer is not None:
+        if (self.username is not None or self.password is not None) and self.bearer is not None:
             raise UsageError("give basic auth or an authorization token, not both")
         if self.bearer is not None and not (self.bearer.isascii() and self.bearer.isprintable()):
             raise UsageError("the authorization token must be printable ASCII (it is a header)")
 
 
-def read_secret(path: Path, flag: str) -> str:
+def read_secret(path: Path, flag: str, what: str = "the password", say: Say | None = None) -> str:
     """A password or token file, trailing whitespace removed (as Prometheus reads them): a
-    regular file of at most 64 KiB, UTF-8, without control characters (it goes into a header)."""
+    regular file of at most 64 KiB, UTF-8, without control characters (it goes into a header).
+    One that its group or other users may read or write is used, with a warning to ``say``
+    (``what``: the password or the token, in the warning's words)."""
     with safeload.reading(path, lambda line: UsageError(line, flag=flag)):
         secret = safeload.text(safeload.read_file(path, MAX_SECRET_BYTES)).strip()
     if any(ord(ch) < 0x20 or ord(ch) == 0x7F for ch in secret):
         raise UsageError(f"{path}: a control character in the secret", flag=flag)
+    warn_if_open(path, what, say)
     return secret
+
+
+def warn_if_open(path: Path, what: str, say: Say | None) -> None:
+    """Tell ``say`` in one line, in the words ``link`` refuses such a secret file with, when
+    users other than its owner may read, write or execute ``path`` (a file read a moment ago:
+    it is warned about, not refused, as promtool and Prometheus use such files too)."""
+    if say is None:
+        return
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return
+    if stat.S_ISREG(mode) and mode & 0o077:
+        from sparkdiag.link.auth import open_to_others
+
+        say(f"warning: {path} {open_to_others(mode, what)}: chmod 600 {path}")
+
+
+def server_name_problem(name: str) -> str | None:
+    """Why ``name`` cannot be the TLS server name (SNI and the name the certificate is checked
+    against), or None: at most 253 characters, no control character (a NUL made a TypeError
+    traceback), each label 1 to 63 characters that IDNA can encode (``prometheus..example``
+    and a label of 64 made a UnicodeError traceback)."""
+    if len(name) > MAX_SERVER_NAME:
+        return f"is longer than the {MAX_SERVER_NAME} characters of a host name"
+    if not name.isprintable():
+        return "holds a control character (a NUL, a newline)"
+    try:
+        name.encode("idna")
+    except UnicodeError:
+        return (
+            "is not a host name (an empty label, a label over 63 characters, or a character "
+            "that IDNA cannot encode)"
+        )
+    return None
 
 
 _HTTP_KEYS = {"basic_auth", "authorization", "tls_config", "bearer_token", "bearer_token_file"}
@@ -105,8 +146,9 @@ def _table(raw: Any, keys: set[str], where: str, path: Path) -> Mapping[str, Any
     return raw
 
 
-def from_http_config(path: Path, url: str, timeout: float) -> Connection:
-    """A connection from promtool's ``--http.config.file``; paths in it are relative to it."""
+def from_http_config(path: Path, url: str, timeout: float, say: Say | None = None) -> Connection:
+    """A connection from promtool's ``--http.config.file``; paths in it are relative to it.
+    ``say`` is warned of the file, or a password or token file it names, open to others."""
     flag = "--http.config.file"
     from sparkdiag.safeyaml import load_yaml  # PyYAML only when a YAML file is read
 
@@ -123,13 +165,14 @@ def from_http_config(path: Path, url: str, timeout: float) -> Connection:
         found = Path(str(value))
         return found if found.is_absolute() else path.parent / found
 
+    warn_if_open(path, "the credentials or settings in it", say)
     password = basic.get("password")
     if basic.get("password_file") is not None:
-        password = read_secret(file(basic["password_file"]) or path, flag)
+        password = read_secret(file(basic["password_file"]) or path, flag, "the password", say)
     bearer = auth.get("credentials") or top.get("bearer_token")
     token_file = auth.get("credentials_file") or top.get("bearer_token_file")
     if token_file is not None:
-        bearer = read_secret(file(token_file) or path, flag)
+        bearer = read_secret(file(token_file) or path, flag, "the token", say)
     if auth.get("type", "Bearer") != "Bearer":
         raise UsageError(f"{path}: authorization type {auth['type']!r}: only Bearer", flag=flag)
     skip = tls.get("insecure_skip_verify", False)
@@ -137,13 +180,18 @@ def from_http_config(path: Path, url: str, timeout: float) -> Connection:
         raise UsageError(
             f"{path}: tls_config.insecure_skip_verify must be true or false", flag=flag
         )
+    server_name = None if tls.get("server_name") is None else str(tls["server_name"])
+    why = None if server_name is None else server_name_problem(server_name)
+    if why is not None:
+        shown = repr(server_name)[:80]
+        raise UsageError(f"{path}: tls_config.server_name {shown} {why}", flag=flag)
     return Connection(
         url=url,
         ca_file=file(tls.get("ca_file")),
         cert_file=file(tls.get("cert_file")),
         key_file=file(tls.get("key_file")),
         insecure_skip_verify=skip,
-        server_name=None if tls.get("server_name") is None else str(tls["server_name"]),
+        server_name=server_name or None,
         username=None if basic.get("username") is None else str(basic["username"]),
         password=None if password is None else str(password),
         bearer=None if bearer is None else str(bearer),
@@ -161,10 +209,12 @@ def connection(
     insecure_skip_verify: bool | None = None,
     username: str | None = None,
     password_file: Path | None = None,
+    say: Say | None = None,
 ) -> Connection:
-    """The connection the command's flags describe (``http_config`` first, the flags over it)."""
+    """The connection the command's flags describe (``http_config`` first, the flags over it);
+    ``say`` is warned of a file of credentials that others may read or write."""
     base = (
-        from_http_config(http_config, url, timeout)
+        from_http_config(http_config, url, timeout, say)
         if http_config
         else Connection(url, timeout=timeout)
     )
@@ -179,8 +229,10 @@ def connection(
         if value is not None:
             changes[name] = value
     if password_file is not None:
-        changes["password"] = read_secret(password_file, "--prometheus-password-file")
-    if "username" in changes:
+        changes["password"] = read_secret(
+            password_file, "--prometheus-password-file", "the password", say
+        )
+    if "username" in changes or "password" in changes:  # basic auth by flag: the file's token goes
         changes["bearer"] = None
     return replace(base, **changes)
 
@@ -195,7 +247,9 @@ class PrometheusClient:
     def __init__(self, conn: Connection) -> None:
         self.conn = conn
         self.base = conn.url.rstrip("/")
-        self._context = self._ssl() if conn.url.startswith("https:") else None
+        # the scheme as urlsplit reads it (lower case): "HTTPS://" is https too
+        https = urllib.parse.urlsplit(conn.url).scheme == "https"
+        self._context = self._ssl() if https else None
 
     def _ssl(self) -> ssl.SSLContext:
         conn = self.conn
@@ -214,8 +268,11 @@ class PrometheusClient:
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json", "User-Agent": "sparkdiag-fleet"}
-        if self.conn.username is not None:
-            pair = f"{self.conn.username}:{self.conn.password or ''}".encode()
+        if self.conn.username is not None or self.conn.password is not None:
+            # a password without a user name is sent with an empty one, as Prometheus' own
+            # client does (prometheus/common config: basic auth when basic_auth is set); before,
+            # nothing at all was sent, and the 401 advised the flags already given
+            pair = f"{self.conn.username or ''}:{self.conn.password or ''}".encode()
             headers["Authorization"] = "Basic " + base64.b64encode(pair).decode("ascii")
         elif self.conn.bearer is not None:
             headers["Authorization"] = f"Bearer {self.conn.bearer}"
@@ -246,15 +303,7 @@ class PrometheusClient:
 
     def _http_error(self, where: str, status: int, reason: str, body: bytes) -> str:
         if status in (401, 403):
-            given = (
-                "credentials were refused"
-                if "Authorization" in self._headers()
-                else ("it wants credentials")
-            )
-            return (
-                f"{where} refused the query (HTTP {status} {reason}): {given}; give "
-                "--prometheus-username and --prometheus-password-file (or --http.config.file)"
-            )
+            return f"{where} refused the query (HTTP {status} {reason}): {self._refused()}"
         detail = ""
         try:
             doc = safeload.parse_json(body[: 1 << 16])
@@ -263,6 +312,31 @@ class PrometheusClient:
         if isinstance(doc, Mapping) and isinstance(doc.get("error"), str):
             detail = " ".join(doc["error"].split())[:300]
         return f"{where} answered HTTP {status} {reason}" + (f": {detail}" if detail else "")
+
+    def _refused(self) -> str:
+        """What was sent with a refused query, and what to check: the credentials' flags are
+        advised only where none were sent."""
+        conn = self.conn
+        if conn.username is None and conn.password is None:
+            if conn.bearer is not None:
+                return (
+                    "it refused the bearer token sent (authorization in --http.config.file); "
+                    "check the token, and that it may query"
+                )
+            return (
+                "it wants credentials, and none were sent; give --prometheus-username and "
+                "--prometheus-password-file (or --http.config.file)"
+            )
+        user = f"user {conn.username!r}"[:80] if conn.username else "an empty user name"
+        sent = f"it refused the basic auth sent ({user}, {'a' if conn.password else 'no'} password)"
+        if not conn.username:
+            return f"{sent}; give the user name with --prometheus-username (or basic_auth.username)"
+        if not conn.password:
+            return (
+                f"{sent}; give the password with --prometheus-password-file (or "
+                "basic_auth.password_file)"
+            )
+        return f"{sent}; check the user name and the password, and that the user may query"
 
     def _failed(self, where: str, exc: FetchError) -> str:
         text = str(exc)
