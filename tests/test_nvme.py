@@ -518,3 +518,36 @@ def test_a_composite_temperature_out_of_any_range_is_no_reading() -> None:
     doc = load("client-m2/nvme0.smartctl.json")
     doc["nvme_smart_health_information_log"]["temperature"] = 1e300
     assert "composite" not in parse_smartctl(doc).temperatures
+
+
+def test_nvme_cli_2_prints_its_128_bit_counters_as_strings(tmp_path: Path) -> None:
+    """nvme-cli 2.x (``obj_add_uint128``) prints data units, hours, shutdowns, media errors and
+    error-log entries as JSON strings: 12 media errors passed as healthy, and ``dump`` had no
+    media, unsafe-shutdown, power-on or written series. tests/fixtures/nvme/nvme-cli2 is the
+    nvme-cli fixture in that format, with 12 media errors."""
+    reading = parse_nvme_cli(load("nvme-cli2/nvme0.nvme-cli.json"))
+    health = reading.health
+    assert health is not None and health.media_errors == 12 and health.unsafe_shutdowns == 27
+    assert health.error_log_entries == 1 and health.power_on_seconds == 912 * 3600
+    assert health.written_bytes == 10054124 * 512000
+    assert reading.temperatures == {"composite": 36, "1": 36, "2": 39}
+    odd = json.loads((NVME / "nvme-cli2" / "nvme0.nvme-cli.json").read_text())
+    odd.update(unsafe_shutdowns="-3", num_err_log_entries="0x1f", power_on_hours="nan")
+    odd["media_errors"] = "1.5"
+    strange = parse_nvme_cli(odd).health
+    assert strange is not None and strange.media_errors == 1.5
+    assert (strange.unsafe_shutdowns, strange.error_log_entries, strange.power_on_seconds) == (
+        None, None, None)  # fmt: skip
+    machine = ("--path.sysfs", str(U2), "--nvme.fixture", str(NVME / "nvme-cli2"),
+               "--nvml-fixture", str(NVML / "no-nvml.json"))  # fmt: skip
+    checked = invoke_cli("check", "--quick", "--json", "--state-dir", str(tmp_path), *machine)
+    (row,) = [r for r in json.loads(checked.stdout)["checks"] if r["name"] == "nvme-health"]
+    assert row["status"] == "warn" and "12 media errors" in row["finding"], row
+    dumped = invoke_cli("dump", *machine)
+    assert dumped.returncode == 0, dumped.stderr
+    series = {line.split("{")[0]: line.rsplit(" ", 1)[1] for line in dumped.stdout.splitlines()
+              if line.startswith("sparkdiag_nvme_") and '{device="nvme0"}' in line}  # fmt: skip
+    assert float(series["sparkdiag_nvme_media_errors_total"]) == 12
+    assert float(series["sparkdiag_nvme_unsafe_shutdowns_total"]) == 27
+    assert "sparkdiag_nvme_power_on_seconds_total" in series
+    assert "sparkdiag_nvme_written_bytes_total" in series

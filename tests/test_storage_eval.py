@@ -186,6 +186,16 @@ def test_storage_speed_rows(store: BaselineStore, tmp_path: Path) -> None:
     status, finding = row(StorageProbe(evaluate(target(), doc(2.0, 11.0), store, record=False)))
     assert status == "warn" and finding.startswith("slow write (under 0.7 of baseline)")
     assert "write 2 GB/s (0.25 of 8 GB/s)" in finding
+    # a drive at 0.2 % of its baseline keeps its digits (it read "(0.00 of ...)")
+    status, finding = row(StorageProbe(evaluate(target(), doc(0.016, 11.0), store, record=False)))
+    assert status == "warn" and "write 16 MB/s (0.002 of 8 GB/s)" in finding
+    # reads the device did not serve: the figures are the page cache's, so the row warns and
+    # says so (a cached run passed it, fit against its baseline)
+    probe = doc(8.0, 11.0)
+    cached = evaluate(target(), probe, store, record=False, device_read_bytes=0)
+    status, finding = row(StorageProbe(cached))
+    assert status == "warn"
+    assert finding.startswith("/data/ckpt on nvme0n1p2: the reads came from a cache, not the drive")
 
 
 def test_the_periodic_probe_skips_while_a_gpu_is_busy(tmp_path: Path) -> None:
@@ -372,3 +382,154 @@ def test_progress_on_a_terminal_names_every_phase(monkeypatch: pytest.MonkeyPatc
         "random 4 KiB reads: 12,000 in 3 s…",
         "reading it into the GPU (the probe worker)…",
     ]
+
+
+# -- the review's defects: a cache's reads, a slow run learned from, one note, small ratios ------
+
+
+def test_reads_the_device_did_not_serve_are_cached_and_teach_nothing(
+    store: BaselineStore, tmp_path: Path
+) -> None:
+    """ext4 mounted data=journal buffers O_DIRECT without a word: the probe read 2048 MiB at
+    5.31 GB/s while the device read 0 MiB, and the run was judged fit and learned from."""
+    from sparkdiag.commands.storage import exit_status
+    from sparkdiag.storage.evaluate import device_read
+
+    for at in (1.0, 2.0, 3.0):
+        evaluate(target(), doc(8.0, 11.0, at), store, record=True)
+    probe = doc(8.0, 11.0, 4.0)
+    ours = probe.host_read_bytes
+    assert device_read((0, 0), (0, 1 << 30)) == 0  # read nothing, wrote: it counts
+    assert device_read((0, 0), (5, 0)) is None  # counted no write at all: counts nothing
+    assert device_read(None, (0, 1)) is None
+    cached = evaluate(target(), probe, store, record=True, device_read_bytes=ours // 4)
+    assert cached.verdict == "cached" and cached.recorded and not cached.learned_from
+    assert {f.verdict for f in cached.figures} == {"cached"}
+    assert exit_status(cached) == 1
+    shown = text(cached, 200)
+    assert (
+        "CACHED: the reads came from a cache, not the drive: nvme0n1p2 read 1026 MiB while the "
+        "probe read back 4104 MiB" in shown
+    )
+    assert "fit" not in shown and "O_DIRECT" in shown
+    as_json = cached.as_json()
+    assert as_json["verdict"] == "cached" and as_json["device_read_bytes"] == ours // 4
+    assert as_json["verdict_reason"].startswith("the reads came from a cache")
+    # not learned from: the baseline is the three runs' (8 GB/s), not moved by a fourth at 8.0
+    key = keys(target(), probe)[("write", "host")]
+    runs = store.storage_baseline(key)
+    assert runs is not None and runs.runs == 3
+    # the device read what the probe read (O_DIRECT honoured): fit, learned from
+    fit = evaluate(target(), doc(8.0, 11.0, 5.0), store, record=True, device_read_bytes=ours)
+    assert fit.verdict == "fit" and fit.learned_from and exit_status(fit) == 0
+    # no counters (tmpfs, a network share): as before
+    assert evaluate(target(), probe, store, record=False).verdict == "fit"
+
+
+def test_a_cached_run_is_not_kept_in_storage_json(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The file is what the metrics export: a page cache's figures are no drive's."""
+    from sparkdiag.storage import session
+    from sparkdiag.storage.run import ProbeRequest
+
+    counters = iter([(0, 0), (4096, 1 << 30)])  # the device read 4 KiB of the probe's 4 GiB
+    mount = Mount(str(tmp_path), "ext4", "/dev/vdz", 252, 0, False)
+    found = StorageTarget(str(tmp_path), mount, BlockChain("vdz", "virtio"))
+    monkeypatch.setattr(session, "locate", lambda *_a: found)
+    monkeypatch.setattr(session, "io_bytes", lambda *_a: next(counters))
+    monkeypatch.setattr(session, "run_probe", lambda *_a: doc(8.0, 11.0))
+    where = session.Where(state_dir=tmp_path / "state")
+    report = session.probe_directory(ProbeRequest(tmp_path), where)
+    assert report.verdict == "cached" and report.device_read_bytes == 4096
+    assert report.recorded and not report.learned_from
+    assert (tmp_path / "state" / "baselines.sqlite").exists()
+    assert not (tmp_path / "state" / "storage.json").exists()
+
+
+def test_a_btrfs_over_several_devices_is_not_judged_by_one_devices_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """btrfs raid1 may serve every read from the other mirror: the source device's counter
+    reading little is no cache there; a btrfs on one device is judged as ext4 is."""
+    from sparkdiag.storage import session
+    from sparkdiag.storage.run import ProbeRequest
+
+    sysfs = tmp_path / "sys"
+    members = sysfs / "fs" / "btrfs" / "0f2c" / "devices"
+    members.mkdir(parents=True)
+    (members / "vdz").touch()
+    mount = Mount(str(tmp_path), "btrfs", "/dev/vdz", 0, 40, False)
+    found = StorageTarget(str(tmp_path), mount, BlockChain("vdz", "virtio"))
+    assert session._sees_every_read(found, sysfs)
+    assert session._sees_every_read(replace(found, mount=None), sysfs)
+    (members / "vdy").touch()
+    assert not session._sees_every_read(found, sysfs)
+    assert not session._sees_every_read(found, tmp_path / "no-sysfs")  # cannot be told
+    counters = iter([(0, 0), (4096, 1 << 30)])
+    monkeypatch.setattr(session, "locate", lambda *_a: found)
+    monkeypatch.setattr(session, "io_bytes", lambda *_a: next(counters))
+    monkeypatch.setattr(session, "run_probe", lambda *_a: doc(8.0, 11.0))
+    where = session.Where(sysfs=sysfs, state_dir=tmp_path / "state")
+    report = session.probe_directory(ProbeRequest(tmp_path), where)
+    assert report.verdict == "learning" and report.device_read_bytes is None
+
+
+def test_a_figure_judged_slow_does_not_teach_the_baseline(store: BaselineStore) -> None:
+    """Runs 4 and 5 still move a learned baseline (median of the first healthy runs, frozen at
+    5): a slow fourth run pulled it from 9 to 8.5 GB/s, and was called healthy."""
+    for at, gbps in ((1.0, 8.0), (2.0, 9.0), (3.0, 10.0)):
+        evaluate(target(), doc(gbps, 11.0, at), store, record=True)
+    key = keys(target(), doc(8.0, 11.0))[("write", "host")]
+    assert store.storage_baseline(key).bytes_per_second == 9 * GB  # type: ignore[union-attr]
+    slow = evaluate(target(), doc(2.0, 11.0, 4.0), store, record=True)
+    assert store.storage_baseline(key).bytes_per_second == 9 * GB  # type: ignore[union-attr]
+    assert slow.verdict == "slow" and slow.recorded
+    write, read = slow.figure("write"), slow.figure("read")
+    assert write is not None and not write.learned_from and write.verdict == "slow"
+    assert read is not None and read.learned_from  # the read was fit: it still teaches
+    assert {f["direction"]: f["learned_from"] for f in slow.as_json()["figures"]} == {
+        "read": True, "write": False}  # fmt: skip
+
+
+def test_the_text_and_the_help_say_how_the_baseline_is_learned(store: BaselineStore) -> None:
+    """They said "the median of the first 3 healthy runs" while runs 4 and 5 moved it."""
+    shown = " ".join(invoke_cli("storage", "--help").stdout.split())
+    assert "median of the first healthy runs, set at 3 and frozen at 5" in shown
+    assert "first 3 healthy runs" not in shown
+    learning = evaluate(target(), doc(8.0, 11.0, 1.0), store, record=True)
+    said = " ".join(text(learning, 80).split())
+    assert (
+        "learning: the baseline is the median of the first healthy runs, set at 3 and "
+        "frozen at 5; a run judged slow against it, or beside other I/O, is not learned "
+        "from" in said
+    )
+
+
+def test_small_ratios_keep_their_digits(store: BaselineStore) -> None:
+    """A drive at 0.2 % of its baseline read "(0.00)"."""
+    for at in (1.0, 2.0, 3.0):
+        evaluate(target(), doc(8.0, 11.0, at), store, record=True)
+    shown = text(evaluate(target(), doc(0.016, 11.0, 4.0), store, record=False), 80)
+    assert "8 GB/s (0.002)" in shown and "(0.00)" not in shown
+    from sparkdiag.storage.render import ratio
+
+    assert [ratio(v) for v in (0.93, 0.01, 0.002, 0.0049, 0.0004)] == [
+        "0.93", "0.01", "0.002", "0.005", "<0.001"]  # fmt: skip
+
+
+def test_a_state_dir_that_is_a_file_says_not_recorded_once(tmp_path: Path) -> None:
+    """The note said the same sentence twice (the store's and storage.json's), and the text
+    told who had just run 'sparkdiag storage DIR' to run it."""
+    state = tmp_path / "state"
+    state.write_text("")
+    (tmp_path / "m").mkdir()
+    bounds = ("--storage.size", "16M", "--storage.duration", "2", "--state-dir", str(state))
+    done = invoke_cli("storage", str(tmp_path / "m"), "--json", *bounds)
+    assert done.returncode == 0, done.stderr
+    note = json.loads(done.stdout)["store_note"]
+    assert note.startswith(f"not recorded: state directory {state} is a file, not a directory")
+    assert note.count("is a file") == 1
+    shown = " ".join(invoke_cli("storage", str(tmp_path / "m"), *bounds).stdout.split())
+    assert "run 'sparkdiag storage DIR'" not in shown
+    assert "this run was not recorded" in shown and shown.count("is a file") == 1

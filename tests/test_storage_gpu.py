@@ -294,3 +294,46 @@ def test_a_gpu_path_whose_worker_cannot_start_fails_the_command(tmp_path: Path) 
                    str(tmp_path / "no-python"), timeout=120)  # fmt: skip
     assert done.returncode == 3, done.stdout + done.stderr
     assert "path into the GPU failed" in " ".join(done.stdout.split())
+
+
+def test_a_write_that_ran_out_of_time_skips_the_gpu_path_and_exits_by_the_verdict(
+    tmp_path: Path, stand_in: tuple[GpuRequest, Path]
+) -> None:
+    """On a slow drive the write phase ends before the file is whole: the GPU path has nothing
+    to read. It was an error ("path into the GPU failed", exit 3) while the verdict said SLOW
+    (exit 1); it is skipped, with the reason, and the command exits by the verdict."""
+    from dataclasses import replace
+
+    from sparkdiag.commands.storage import exit_status
+
+    gpu, seen = stand_in
+    (tmp_path / "m").mkdir()
+    done = subprocess.run(
+        [sys.executable, measure.__file__, "--size", str(512 * MIB), "--threads", "2",
+         "--seconds", "0.02", "--random-ops", "10", "--gpu-worker",
+         json.dumps(gpu.command(1 << 20, 2)), "--", str(tmp_path / "m")],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    raw = json.loads(done.stdout)
+    assert raw["write"]["bytes"] < 512 * MIB, raw["write"]  # the write ran out of time
+    why = "the write phase ran out of time before the file was whole: nothing for the GPU path"
+    assert raw["gpu"] == {"status": "skipped", "reason": f"{why} to read"}
+    assert not seen.exists()  # the worker was not started
+    learning = evaluate(locate(tmp_path), parse_document(raw), None, record=False)
+    assert learning.verdict == "learning" and exit_status(learning) == 0
+    shown = " ".join(text(learning, 80).split())
+    assert "path into the GPU skipped: the write phase ran out of time" in shown
+    assert "failed" not in shown
+    store = open_store(tmp_path / "state", create=True)
+    try:
+        for at in (1.0, 2.0, 3.0):  # a baseline at the healthy drive's figures
+            evaluate(locate(tmp_path), parse_document(measured_document(at=at)), store, True)
+        fast = parse_document(measured_document(at=4.0))
+        slow_doc = replace(parse_document(raw), throughput=tuple(
+            replace(t, seconds=t.seconds * 100) for t in fast.throughput if t.path == "host"
+        ), block=fast.block, threads=fast.threads)  # fmt: skip
+        slow = evaluate(locate(tmp_path), slow_doc, store, record=False)
+    finally:
+        store.close()
+    assert slow.verdict == "slow" and exit_status(slow) == 1

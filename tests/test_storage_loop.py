@@ -217,3 +217,26 @@ def test_the_measuring_program_runs_without_sparkdiag_installed(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["status"] == "ok"
+
+
+def test_reads_from_the_page_cache_are_said_and_teach_no_baseline(tmp_path: Path) -> None:
+    """ext4 mounted data=journal takes O_DIRECT and buffers it without a word: the probe read
+    2048 MiB at 5.31 GB/s (random p50 1.4 µs) while /sys/block/loopN/stat counted 0 MiB read,
+    and the verdict was fit, exit 0, the baseline learned. The device's counters tell it: the
+    verdict is cached (exit 1), nothing is learned and storage.json is not written."""
+    state = tmp_path / "state"
+    with loop_filesystem(tmp_path, 256, options="data=journal") as fs:
+        data = fs.mountpoint / "data"
+        data.mkdir()
+        done = _sparkdiag("storage", str(data), "--json", "--state-dir", str(state),
+                          "--storage.size", "64M", "--storage.duration", "4")  # fmt: skip
+        assert list(data.iterdir()) == []
+    assert done.returncode == 1, done.stdout + done.stderr
+    doc = json.loads(done.stdout)
+    assert doc["verdict"] == "cached" and doc["exit_status"] == 1, doc
+    assert doc["verdict_reason"].startswith("the reads came from a cache, not the drive: loop")
+    reads = next(f for f in doc["figures"] if f["direction"] == "read")
+    assert doc["device_read_bytes"] < reads["bytes"] / 2
+    assert doc["recorded"] and not doc["learned_from"]
+    assert {f["verdict"] for f in doc["figures"]} == {"cached"}
+    assert not (state / "storage.json").exists()

@@ -418,3 +418,20 @@ def test_a_probe_that_cannot_be_killed_does_not_hang_the_command(
     while run._LIVE and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not run._LIVE
+
+
+@pytest.mark.parametrize("name", ["-d", "--size"])
+def test_a_directory_named_like_an_option_is_measured(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """The directory went first on the program's command line, without ``--``: argparse read
+    ``-d`` or ``--size`` as an option ("the following arguments are required: directory",
+    exit 3, and check blamed the drive)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / name).mkdir()
+    request = ProbeRequest(Path(name), **SMALL)  # type: ignore[arg-type]
+    assert request.argv()[-2:] == ["--", name]
+    assert measure.parse_args(request.argv()).directory == name
+    doc = run_probe(request)
+    assert doc.status == "ok" and doc.directory == str(tmp_path / name)
+    assert list((tmp_path / name).iterdir()) == []

@@ -1,6 +1,9 @@
 """Storage baselines: the healthy sequential throughput of one directory's filesystem, learned on
 this machine as the GEMM baselines are (:mod:`sparkdiag.baseline.store`): the median of the first
-healthy runs, once ``min_runs`` are in, frozen after ``learn_runs``; or pinned.
+healthy runs, once ``min_runs`` are in (3), following them until ``learn_runs`` (5), then frozen;
+or pinned. Which run is healthy is the caller's to say (:func:`sparkdiag.storage.evaluate
+.evaluate`: nothing else moving through the device, reads that reached it, and a figure not
+judged slow against the baseline it already has); an unhealthy run is kept, not learned from.
 
 A key is the drive (its model: a new drive learns anew), the mount point and block device, the
 direction (``read``, ``write``), the path (``host``, ``gpu``, ``gds``) and the method (block size

@@ -18,7 +18,7 @@ from sparkdiag.check.model import CheckContext, CheckResult, Status
 from sparkdiag.snapshot import NvmeController, NvmeHealth
 from sparkdiag.sources.host.nvme_tools import fixture_advice
 from sparkdiag.storage.evaluate import SLOW_RATIO, StorageReport
-from sparkdiag.storage.render import rate, seconds
+from sparkdiag.storage.render import rate, ratio, seconds
 
 SPEED, HEALTH, TEMPERATURE = "storage-speed", "nvme-health", "nvme-temperature"
 NOT_ASKED = "not asked: --storage DIR measures DIR (it writes a test file)"
@@ -66,7 +66,7 @@ def _speed(report: StorageReport) -> CheckResult:
     for figure in report.figures:
         text = f"{figure.throughput.direction} {rate(figure.value)}"
         if figure.ratio is not None and figure.baseline is not None:
-            text += f" ({figure.ratio:.2f} of {rate(figure.baseline.bytes_per_second)})"
+            text += f" ({ratio(figure.ratio)} of {rate(figure.baseline.bytes_per_second)})"
         parts.append(text)
         if figure.verdict == "slow":
             slow.append(figure.throughput.direction)
@@ -76,6 +76,15 @@ def _speed(report: StorageReport) -> CheckResult:
     p99 = f", 4 KiB p99 {seconds(latency.p99)}" if latency is not None else ""
     finding = f"{where}: {', '.join(parts)}{ceiling}{p99}"
     data = report.as_json()
+    if report.verdict == "cached":  # the figures are the page cache's, not the drive's
+        return CheckResult(
+            SPEED,
+            "warn",
+            f"{where}: {report.verdict_reason}",
+            "measure a directory on a filesystem that honours O_DIRECT (ext4 without "
+            "data=journal, xfs), or judge the drive by its health rows",
+            data=data,
+        )
     if slow:
         return CheckResult(
             SPEED,

@@ -47,18 +47,25 @@ def storage(
     then times 4 KiB random reads. With --storage.gpu N it then reads the file into GPU N:
     through pinned host memory, and by GPUDirect Storage where kvikio is installed (a
     compatibility mode is labelled compat). Each figure is held against the drive's PCIe link
-    and the baseline learned here (the median of the first 3 healthy runs). It refuses a raw
-    device, a symlink, a kernel's pseudo-filesystem (/proc, /sys, /dev, cgroup), a read-only
-    filesystem, and one that would keep less than 5 % plus 64 MiB free; a tmpfs is measured
-    and named memory. The test file is --storage.size rounded down to a multiple of 8 MiB
-    (8 threads x 1 MiB blocks; a note says so). fio with the same flags agrees within 10 %
-    (docs/storage.md).
+    and the baseline learned here (the median of the first healthy runs, set at 3 and frozen
+    at 5; a run judged slow against it, beside other I/O or read from a cache is not learned
+    from). Where the device read under half of what the probe read back, the reads came from
+    a cache (a filesystem that ignores O_DIRECT): the verdict is CACHED, and nothing is
+    learned or kept in storage.json. It refuses a raw device, a symlink, a kernel's
+    pseudo-filesystem (/proc, /sys, /dev, cgroup), a read-only filesystem, and one that would
+    keep less than 5 % plus 64 MiB free; a tmpfs is measured and named memory, and refused
+    where the test file would leave less than 1 GiB of the memory available or of what this
+    process's memory cgroup may still use. The test file is --storage.size rounded down to a
+    multiple of 8 MiB (8 threads x 1 MiB blocks; a note says so). fio with the same flags
+    agrees within 10 % (docs/storage.md).
 
     \b
     Exit status:
       0  measured; every figure at least 0.7 of its baseline, or still learning
-      1  a figure under 0.7 of its baseline (slow), or --storage.gpu measured
-         nothing (no GPU, the GPU busy, unsupported)
+      1  a figure under 0.7 of its baseline (slow), the reads came from a cache
+         (cached), or --storage.gpu measured nothing (no GPU, the GPU busy,
+         unsupported; not a path skipped because the write ran out of time,
+         which exits by the verdict)
       2  refused (nothing was written), a bad flag, or DIR given empty ("")
       3  the probe failed or timed out (its test file went with it), or the
          path into the GPU failed or delivered data that was not the file's
@@ -191,11 +198,15 @@ def unmeasured(directory: str | None, status: str, reason: str, code: int) -> di
 
 def exit_status(report: StorageReport) -> Exit:
     """FAILED where the path into the GPU failed (a worker that could not start, a CUDA error),
-    ATTENTION where it measured nothing (no GPU, busy, unsupported) or a figure is slow: a
-    --storage.gpu run that failed exited 0 (the bad-input review)."""
+    ATTENTION where it measured nothing (no GPU, busy, unsupported), a figure is slow or the
+    reads came from a cache: a --storage.gpu run that failed exited 0 (the bad-input review).
+    A path skipped because the write ran out of time exits by the verdict: the drive's
+    slowness, not the path's failure (it exited 3 while the verdict said SLOW)."""
     gpu = report.document.gpu
+    if gpu is not None and gpu.status == "skipped":
+        gpu = None
     if gpu is not None and (gpu.status == "error" or any(s.checked is False for s in gpu.stages)):
         return Exit.FAILED  # an error, or data that arrived WRONG (its check failed)
     if gpu is not None and not any(s.status == "ok" for s in gpu.stages):
         return Exit.ATTENTION
-    return Exit.ATTENTION if report.verdict == "slow" else Exit.OK
+    return Exit.ATTENTION if report.verdict in ("slow", "cached") else Exit.OK

@@ -48,8 +48,8 @@ class StorageCollector:
         )
         baseline = GaugeMetricFamily(
             "sparkdiag_storage_baseline_bytes_per_second",
-            "The healthy figure learned on this machine (median of the first 3 healthy probes) "
-            "or pinned; absent while it is learned.",
+            "The healthy figure learned on this machine (the median of the first healthy "
+            "probes: set at 3, frozen at 5) or pinned; absent while it is learned.",
             labels=FIGURE,
         )
         latency = Metric(

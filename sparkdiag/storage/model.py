@@ -81,8 +81,9 @@ class GpuStage:
 @dataclass(frozen=True)
 class GpuRun:
     """The worker's run of the path into the GPU: its status (``ok``, ``unsupported``,
-    ``error``, ``skipped_busy``) and reason, the device, the host buffers' pages and the
-    stages."""
+    ``error``, ``skipped_busy``; ``skipped`` from the measuring program where the write did
+    not finish in its time, so there was no whole file to read) and reason, the device, the
+    host buffers' pages and the stages."""
 
     status: str
     reason: str | None
@@ -131,11 +132,17 @@ class ProbeDocument:
         )
 
     @property
-    def read_bytes(self) -> int:
-        """Every byte the probe read from the device: sequential, random, and into the GPU."""
+    def host_read_bytes(self) -> int:
+        """What the probe itself read back into host memory: sequential and random reads."""
         read = sum(t.bytes for t in self.throughput if t.direction == "read" and t.path == "host")
         if self.random_read is not None:
             read += self.random_read.ops * self.random_read.block
+        return read
+
+    @property
+    def read_bytes(self) -> int:
+        """Every byte the probe read from the device: sequential, random, and into the GPU."""
+        read = self.host_read_bytes
         if self.gpu is not None:
             read += sum(s.bytes for s in self.gpu.stages)
         return read

@@ -13,6 +13,13 @@ from sparkdiag.snapshot import NvmeController
 from sparkdiag.storage.evaluate import SLOW_RATIO, Figure, StorageReport
 from sparkdiag.storage.model import GpuRun
 
+# How a baseline is learned (baseline/storage_store.py, the GEMM rules): said in the text and
+# the help alike. It said "the median of the first 3 healthy runs" while runs 4 and 5 moved it
+LEARNING = (
+    "the baseline is the median of the first healthy runs, set at 3 and frozen at 5; a run "
+    "judged slow against it, or beside other I/O, is not learned from"
+)
+
 # The first column of a figure's row: what moved where.
 LABELS = {("write", "host"): "write", ("read", "host"): "read", ("read", "gpu"): "read to GPU",
           ("read", "gds"): "read by GDS"}  # fmt: skip
@@ -25,6 +32,14 @@ def rate(value: float | None) -> str:
     if value >= 1e9:
         return f"{value / 1e9:.3g} GB/s"
     return f"{value / 1e6:.3g} MB/s"
+
+
+def ratio(value: float) -> str:
+    """A figure over its baseline: ``0.93``; under 0.01 with the digits it needs (``0.002``),
+    and ``<0.001`` below that: a drive at 0.2 % of its baseline read ``(0.00)`` before."""
+    if value >= 0.01:
+        return f"{value:.2f}"
+    return f"{value:.1g}" if value >= 0.001 else "<0.001"
 
 
 def size(value: float) -> str:
@@ -65,7 +80,7 @@ def text(report: StorageReport, width: int, drive_lines: Sequence[str] = ()) -> 
         base = figure.baseline
         versus = "learning"
         if base is not None and figure.ratio is not None:
-            versus = f"{rate(base.bytes_per_second)} ({figure.ratio:.2f})"
+            versus = f"{rate(base.bytes_per_second)} ({ratio(figure.ratio)})"
         link = "-" if ceiling is None or figure.value is None else (
             f"{figure.value / ceiling:.0%} of {rate(ceiling)}"
         )  # fmt: skip
@@ -119,6 +134,8 @@ def gpu_lines(run: GpuRun, width: int) -> list[str]:
     lines: list[str] = []
     if run.status == "skipped_busy":
         return terminal.wrap(f"path into the GPU skipped: {run.reason or 'the GPU is busy'}", width)
+    if run.status == "skipped":  # the write did not finish in its time: no whole file to read
+        return terminal.wrap(f"path into the GPU skipped: {run.reason or 'not run'}", width)
     if run.status == "error" and not run.stages:
         return terminal.wrap(f"path into the GPU failed: {run.reason or 'no reason given'}", width)
     if run.status == "unsupported" and all(s.status != "ok" for s in run.stages):
@@ -144,6 +161,8 @@ def gpu_lines(run: GpuRun, width: int) -> list[str]:
 
 def _verdict(report: StorageReport) -> str:
     verdict = report.verdict
+    if verdict == "cached":
+        return f"CACHED: {report.verdict_reason}"
     if verdict == "slow":
         slow = [label(f) for f in report.figures if f.verdict == "slow"]
         return (
@@ -152,6 +171,8 @@ def _verdict(report: StorageReport) -> str:
             "uses it, and its filesystem's free space"
         )
     if verdict == "learning":
+        if not report.recorded and report.record_asked:
+            return "no baseline yet, and this run was not recorded (the note says why)"
         if not report.recorded:
             return (
                 "no baseline yet: run 'sparkdiag storage DIR' on the healthy machine to learn one"
@@ -161,5 +182,5 @@ def _verdict(report: StorageReport) -> str:
                 f"learning: this run was not learned from ({size(report.other_io_bytes)} of "
                 "other I/O on the device while it ran)"
             )
-        return "learning: the baseline is the median of the first 3 healthy runs"
+        return f"learning: {LEARNING}"
     return f"fit: every figure at least {SLOW_RATIO} of its baseline"

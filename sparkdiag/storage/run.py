@@ -91,8 +91,10 @@ class ProbeRequest:
     gpu: GpuRequest | None = None
 
     def argv(self) -> list[str]:
+        """The program's arguments: the options, then ``--`` and the directory, so that a
+        directory named ``-d`` or ``--size`` is one (argparse read it as an option, exit 3)."""
         args = [
-            str(self.directory), "--size", str(self.size), "--seconds", f"{self.seconds:g}",
+            "--size", str(self.size), "--seconds", f"{self.seconds:g}",
             "--block", str(self.block), "--threads", str(self.threads),
             "--random-ops", str(self.random_ops), "--pages", self.pages, "--progress",
         ]  # fmt: skip
@@ -101,7 +103,7 @@ class ProbeRequest:
         if self.gpu is not None:
             args += ["--gpu-worker", json.dumps(self.gpu.command(self.block, self.threads)),
                      "--gpu-timeout", f"{self.gpu.timeout:g}"]  # fmt: skip
-        return args
+        return [*args, "--", str(self.directory)]
 
     @property
     def file_size(self) -> int:

@@ -19,7 +19,11 @@ it takes root (or CAP_SYS_ADMIN). Their JSON differs:
   ``nvme id-ctrl``, which is not run: hwmon gives them).
 
 nvme-cli prints temperatures in kelvin (``src/nvme-print-json.c``); a value of 200 or more is
-read as kelvin, anything lower as °C (no drive runs at 200 °C or at -73 °C). A fixture directory
+read as kelvin, anything lower as °C (no drive runs at 200 °C or at -73 °C). nvme-cli 2.x prints
+the log's 128-bit counters (data units, power-on hours, unsafe shutdowns, media errors, error-log
+entries ...) as JSON strings of decimal digits (``"media_errors": "12"``, ``obj_add_uint128``);
+older ones printed numbers. Both are read (:func:`_number`): taking only numbers passed 12 media
+errors as healthy. A fixture directory
 (``--nvme.fixture DIR``) holds ``nvme0.smartctl.json`` or ``nvme0.nvme-cli.json`` per controller:
 the tools' output as recorded, read instead of running them.
 """
@@ -48,6 +52,7 @@ _MAX_JSON = 4 * MIB
 _KELVIN_FROM = 200
 _DATA_UNIT = 512 * 1000
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # one "data unit" of the log is 1000 sectors of 512 bytes
+_DECIMAL = re.compile(r"[0-9]+(?:\.[0-9]+)?")  # nvme-cli 2.x's 128-bit counters: "12", "10054124"
 
 
 @dataclass(frozen=True)
@@ -73,8 +78,17 @@ def _celsius(value: Any) -> float | None:
     return celsius if -100 <= celsius <= 300 else None  # 1e300 is no reading
 
 
+def _number(value: Any) -> float | None:
+    """A number of the log: a JSON number, or a string of decimal digits (``"12"``, ``"1.5"``:
+    nvme-cli 2.x's 128-bit counters); None for anything else (``"-3"``, ``"0x1f"``, ``"nan"``,
+    a bool), as :func:`as_float` has it."""
+    if isinstance(value, str) and _DECIMAL.fullmatch(value.strip()):
+        return as_float(float(value))
+    return as_float(value)
+
+
 def _counted(pairs: Mapping[str, Any]) -> dict[str, float]:
-    return {level: v for level, raw in pairs.items() if (v := as_float(raw)) is not None}
+    return {level: v for level, raw in pairs.items() if (v := _number(raw)) is not None}
 
 
 def parse_smartctl(doc: Any, source: str = "smartctl") -> HealthReading:
@@ -144,7 +158,7 @@ def _health(
     """The log's fields in base units, each read under the tool's own key."""
     values: dict[str, Any] = {}
     for name, factor, *_keys in _FIELDS:
-        number = as_float(smart.get(keys[name]))
+        number = _number(smart.get(keys[name]))
         low, high = _RANGES.get(name, (0.0, float("inf")))
         inside = number is not None and low <= number * factor <= high
         values[name] = number * factor if inside and number is not None else None
