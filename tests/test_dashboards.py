@@ -488,3 +488,75 @@ def test_fleet_gpus_up_panel_is_red_for_a_missing_gpu_and_for_nvml_down(tmp_path
         '{instance="container"}': 1,
     }
     _promtool_expr_test(tmp_path, series, _panel_query(FLEET, "GPUs up per node"), expected)
+
+
+def _target_query(
+    dashboard: str, title: str, ref_id: str, kind: str | None = None, **values: str
+) -> str:
+    """One target of one panel (of type ``kind`` where two share a title), its variables given
+    (``__rate_interval`` as a test's series are spaced: the builtin 5 s suits a Prometheus that
+    scrapes every second)."""
+    (panel,) = [
+        p
+        for p in query_panels(load(dashboard))
+        if p["title"] == title and kind in (None, p["type"])
+    ]
+    (target,) = [t for t in panel["targets"] if t["refId"] == ref_id]
+    given = {"instance": ".*", "gpu": ".*", **BUILTIN_VARIABLES, **values}
+    return str(substitute(target["expr"], given))
+
+
+@pytest.mark.promtool
+def test_fleet_targets_down_and_nodes_count_sparkdiag_targets_only(tmp_path: Any) -> None:
+    """With All selected, `up{instance=~".*"}` read every job Prometheus scrapes: a node
+    exporter that was down made "Targets down" 1 and the Nodes table listed Prometheus itself
+    and the node exporter (a review, reproduced with promtool). Only targets that reported
+    sparkdiag_build_info count, a sparkdiag that went down among them."""
+    info = 'sparkdiag_build_info{version="1",job="sparkdiag"'
+    series = {
+        'up{instance="a:10942",job="sparkdiag"}': "1x10",
+        f'{info},instance="a:10942"}}': "1x10",
+        'up{instance="b:10942",job="sparkdiag"}': "1 1 0 0 0 0 0 0 0 0",  # down since 2m
+        f'{info},instance="b:10942"}}': "1 1",
+        'up{instance="a:9100",job="node"}': "0x10",  # another job's target, down
+        'up{instance="localhost:9090",job="prometheus"}': "1x10",
+    }
+    _promtool_expr_test(tmp_path, series, _target_query(FLEET, "Targets down", "A"), {"{}": 1})
+    expected = {
+        '{instance="a:10942"}': 1,
+        '{instance="b:10942"}': 0,
+    }
+    _promtool_expr_test(tmp_path, series, _target_query(FLEET, "Nodes", "A", "table"), expected)
+
+
+@pytest.mark.promtool
+def test_node_nvme_throttle_panel_is_seconds_a_minute_at_any_zoom(tmp_path: Any) -> None:
+    """increase(...[$__rate_interval]) gave seconds per rate interval: a drive throttling the
+    whole time read 600 at a 10-minute interval (a 7-day range) where the panel says "seconds
+    a minute"; it reads 60 at any interval now."""
+    c = "sparkdiag_nvme_thermal_throttle_seconds_total"
+    series = {f'{c}{{instance="n",job="sparkdiag",device="nvme0",level="warning"}}': "0+60x20"}
+    expected = {'{instance="n",job="sparkdiag",device="nvme0",level="warning"}': 60}
+    for interval in ("2m", "4m"):
+        expr = _target_query(
+            NODE, "NVMe time above its warning temperature", "A",
+            instance="n", __rate_interval=interval,
+        )  # fmt: skip
+        _promtool_expr_test(tmp_path, series, expr, expected)
+
+
+@pytest.mark.promtool
+def test_fleet_peer_table_scores_the_kernel_whose_ratio_it_shows(tmp_path: Any) -> None:
+    """The table's ratio is the GPU's worst kernel's; its score was the lowest of any kernel,
+    so bf16's 0.95 stood beside fp8's score of -4 (coloured drain). Now the score is bf16's."""
+    labels = 'instance="n",job="sparkdiag",gpu="0",uuid="GPU-a",name="H200",torch="2",cuda="12",'
+    labels += 'driver="570",context="native"'
+    ratio, score = "sparkdiag:gemm_tflops:peer_ratio", "sparkdiag:gemm_tflops:peer_score"
+    series = {
+        f'{ratio}{{{labels},dtype="bf16",shape="8192"}}': "0.95x10",
+        f'{score}{{{labels},dtype="bf16",shape="8192"}}': "-1x10",
+        f'{ratio}{{{labels},dtype="fp8",shape="8192"}}': "0.99x10",
+        f'{score}{{{labels},dtype="fp8",shape="8192"}}': "-4x10",
+    }
+    expr = _target_query(FLEET, "GPUs ranked by their ratio to their peers", "B")
+    _promtool_expr_test(tmp_path, series, expr, {f"{{{labels}}}": -1})
