@@ -44,22 +44,27 @@ def watch_json(fixture: str, *job: str, interval: str = "0.1") -> dict[str, Any]
 # ---- end to end on scripted fixtures ------------------------------------------------------------
 
 
+# each at least MIN_WINDOW_SECONDS (2 s) and MIN_WINDOW_TICKS: a shorter window is too short
 @pytest.mark.parametrize(
-    ("fixture", "polls", "verdict"),
+    ("fixture", "polls", "interval", "verdict"),
     [
-        ("watch-healthy", 8, "healthy"),
-        ("watch-starved", 8, "input-starved"),  # busy one poll in three
-        ("watch-throttled", 20, "throttled"),  # throttled from poll 10: half the ticks
-        ("watch-fp32", 8, "low-tensor-activity"),
-        ("watch-launch", 6, "cpu-bound-launcher"),  # a thread busy on a core: the spinner
+        ("watch-healthy", 8, "0.35", "healthy"),
+        ("watch-starved", 8, "0.35", "input-starved"),  # busy one poll in three
+        ("watch-throttled", 20, "0.15", "throttled"),  # throttled from poll 10: half the ticks
+        ("watch-fp32", 8, "0.35", "low-tensor-activity"),
+        ("watch-launch", 6, "0.5", "cpu-bound-launcher"),  # a thread busy on a core: the spinner
     ],
 )
 def test_diagnosis_on_scripted_fixtures(
-    fixture: str, polls: int, verdict: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    fixture: str,
+    polls: int,
+    interval: str,
+    verdict: str,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
 ) -> None:
     gate = PollGate(monkeypatch, tmp_path, polls)
     job = gate.spinner if fixture == "watch-launch" else gate.sleeper
-    interval = "0.2" if fixture == "watch-launch" else "0.1"
     doc = watch_json(fixture, *job, interval=interval)
     assert doc["schema"] == "sparkdiag-watch/1"
     assert doc["verdict"] == verdict, doc["causes"]
@@ -70,6 +75,25 @@ def test_diagnosis_on_scripted_fixtures(
     else:
         cause = doc["causes"][0]
         assert cause["share"] > 0.1 and cause["evidence"] and cause["actions"]
+
+
+def test_a_job_too_short_to_diagnose_gets_its_figures_and_no_cause() -> None:
+    """``-- true`` under the starved fixture: one 0.1 s tick read "input-starved (96 % of the
+    time lost)"; now "too short to diagnose" with what was measured, and the job's own exit
+    status (a diagnosis never sets it)."""
+    result = run_watch("--interval", "0.1", "--nvml-fixture", str(NVML / "watch-starved.json"),
+                       "--", "true")  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    out = " ".join(result.stdout.split())  # unwrapped
+    assert "diagnosis: too short to diagnose: the job was active on the GPU for" in out, out
+    assert "at least 2 s and 3 ticks are needed" in out and "GPU busy 4 %" in out
+    assert "input-starved" not in out and "of the time lost" not in out
+    failed = run_watch("--json", "--interval", "0.1", "--nvml-fixture",
+                       str(NVML / "watch-starved.json"), "--", "false")  # fmt: skip
+    assert failed.returncode == 1, failed.stderr
+    doc = json.loads(failed.stdout)
+    assert doc["verdict"] == "too-short" and doc["causes"] == []
+    assert doc["headline"].startswith("too short to diagnose")
 
 
 NOWHERE = 4_194_304  # above Linux's PID_MAX_LIMIT: no process here has it (another namespace)
@@ -135,8 +159,8 @@ def test_a_process_this_namespace_does_not_show_keeps_the_busy_gpu_with_a_warnin
     report says that which GPU it used is not known."""
     gate = PollGate(monkeypatch, tmp_path, 8)
     result = run_watch(
-        "--json", "--interval", "0.1", "--nvml-fixture", str(neighbour_fixture(tmp_path, NOWHERE)),
-        "--", *gate.sleeper,
+        "--json", "--interval", "0.35", "--nvml-fixture",
+        str(neighbour_fixture(tmp_path, NOWHERE)), "--", *gate.sleeper,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
@@ -152,7 +176,7 @@ def test_text_report_names_the_cause_its_evidence_and_what_to_try(
     with tempfile.TemporaryDirectory(prefix="gate") as short:  # the job's line fits 80 columns
         gate = PollGate(monkeypatch, Path(short), 8)
         result = run_watch(
-            "--interval", "0.1", "--nvml-fixture", str(NVML / "watch-starved.json"), "--",
+            "--interval", "0.35", "--nvml-fixture", str(NVML / "watch-starved.json"), "--",
             *gate.sleeper,
         )  # fmt: skip
     assert result.returncode == 0, result.stderr

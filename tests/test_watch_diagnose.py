@@ -5,6 +5,7 @@ start-up and tear-down excluded), and near misses just under each threshold."""
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -12,6 +13,8 @@ import pytest
 from sparkdiag.watch import diagnose as dx
 from sparkdiag.watch.diagnose import diagnose
 from sparkdiag.watch.model import GpuInfo, GpuTick, Recording, Tick, from_json, load
+from sparkdiag.watch.render import headline
+from tests.support import ROOT
 from tests.support.watch import (
     DT,
     H200,
@@ -20,6 +23,7 @@ from tests.support.watch import (
     SW_THERMAL,
     const,
     during,
+    loop,
     names,
     periodic,
     saving,
@@ -27,6 +31,7 @@ from tests.support.watch import (
     sole_cause,
     stop_then_burst,
     timeline,
+    with_stacks,
 )
 
 # ---- healthy: no false cause --------------------------------------------------------------------
@@ -301,6 +306,93 @@ def test_diagnosis_looks_at_the_gpu_the_job_runs_on() -> None:
     d = diagnose(rec)
     assert d.gpus == (0,)
     assert d.verdict == "input-starved"
+
+
+def _with_a_stray_context(base: Recording, stray: int, training: int) -> Recording:
+    """``base`` (its GPU 0) on GPU ``training``, beside GPU ``stray`` idle all the time with
+    the job holding 520 MB there (a CUDA context: torch.cuda.synchronize() with no device)."""
+    ticks = []
+    for t in base.ticks:
+        (g,) = t.gpus
+        idle = GpuTick(index=stray, utilization=0.0, sm_activity=0.0, tensor_activity=0.0,
+                       sm_clock_hz=345e6, power_w=75.0, power_limit_w=700.0,
+                       job_on_gpu=g.job_on_gpu, job_memory_bytes=5.2e8)  # fmt: skip
+        gpus = sorted((replace(g, index=training), idle), key=lambda x: x.index)
+        ticks.append(replace(t, gpus=tuple(gpus)))
+    infos = (GpuInfo(0, "NVIDIA H200", "GPU-a", "dedicated"),
+             GpuInfo(1, "NVIDIA H200", "GPU-b", "dedicated"))  # fmt: skip
+    return replace(base, gpus=infos, ticks=tuple(ticks))
+
+
+@pytest.mark.parametrize(("stray", "training"), [(0, 1), (1, 0)])
+def test_a_gpu_the_job_only_holds_memory_on_is_noted_not_averaged_in(
+    stray: int, training: int
+) -> None:
+    """A stray context on one GPU while the job trains on the other: it was averaged into
+    "GPU busy" (a healthy loop at 99 % read 50 %) and its idle time read as a cause (the H200's
+    ResNet-50 with a stray context: "data prep in the loop, 58 % lost")."""
+    d = diagnose(_with_a_stray_context(timeline(), stray, training))
+    assert d.gpus == (training,) and d.verdict == "healthy", d.causes
+    assert d.gpu_busy == pytest.approx(0.99)
+    (note,) = [n for n in d.notes if "ran no kernel" in n]
+    assert note.startswith(f"GPU {stray} (520.0 MB of memory): the job held it but ran no kernel")
+    starved = timeline(util=lambda i: 0.98 if i % 3 == 0 else 0.05, thread=const(0.1))
+    d = diagnose(_with_a_stray_context(starved, stray, training))
+    assert d.gpus == (training,)
+    assert sole_cause(d, "input-starved", (2 / 3) * 0.95, within=0.04)
+    # the job held both and ran no kernel on either: both are diagnosed, nothing left out
+    idle = timeline(util=0.0, sm=0.0, tensor=0.0, thread=const(0.02))
+    d = diagnose(_with_a_stray_context(idle, stray, training))
+    assert d.gpus == (0, 1) and not [n for n in d.notes if "ran no kernel" in n]
+
+
+@pytest.mark.parametrize(("ticks", "dt"), [(1, 0.5), (3, 0.5), (2, 1.5), (1, 0.1)])
+def test_a_window_under_three_ticks_or_two_seconds_is_too_short_to_diagnose(
+    ticks: int, dt: float
+) -> None:
+    """One 0.1 s tick of the starved fixture read "input-starved, 96 % lost"; a healthy
+    ResNet-50 cut to its first tick in the loop "healthy, GPU busy 7 %, nothing to fix": the
+    figures measured, and no cause."""
+    rec = timeline(n=ticks, util=0.04, sm=0.02, thread=0.1, warmup=2, teardown=2)
+    rec = replace(rec, ticks=tuple(replace(t, t=(k + 1) * dt, dt=dt)
+                                   for k, t in enumerate(rec.ticks)))  # fmt: skip
+    d = diagnose(rec)
+    assert d.verdict == "too-short" and d.causes == () and d.spans == ()
+    assert d.window == pytest.approx((2 * dt, (2 + ticks) * dt))
+    assert d.gpu_busy == pytest.approx(0.04)
+    (line,) = d.healthy_actions
+    plural = "s" if ticks > 1 else ""
+    assert line.startswith(f"measured over {ticks * dt:.1f} s ({ticks} tick{plural}): GPU busy 4 %")
+    assert "no cause is named" in line and "nothing to fix" not in line
+    enough = timeline(n=4, util=0.04, sm=0.02, thread=0.1, warmup=2, teardown=2)
+    assert diagnose(enough).verdict == "input-starved"  # 4 ticks of 0.5 s: 2 s
+
+
+def test_a_recording_cut_to_the_first_tick_of_its_loop_is_too_short() -> None:
+    rec = load(ROOT / "docs/device/2026-12-04/healthy/resnet.recording.json")
+    d = diagnose(replace(rec, ticks=rec.ticks[:40]))
+    assert d.verdict == "too-short" and d.causes == ()
+    assert "GPU busy 7 %" in d.healthy_actions[0]
+
+
+def test_idle_time_no_cause_took_is_not_attributed_not_nothing_to_fix() -> None:
+    """The GPU idle 20 % of every tick while the training thread, at half a core, launched: the
+    launcher's time beside a thread that is not hot goes to no cause, so nothing is reported,
+    but 20 % of the time was lost: "not attributed", never "nothing to fix"."""
+    rec = timeline(util=const(0.8), sm=const(0.75), thread=const(0.5))
+    d = diagnose(with_stacks(rec, lambda i: [(loop(40, "y = x @ w"), 1.0)]))
+    assert d.verdict == "healthy" and d.causes == ()
+    assert d.unattributed == pytest.approx(0.2, abs=0.01)
+    (line,) = d.healthy_actions
+    assert "nothing to fix" not in line and "not attributed" in line
+    assert headline(d) == (
+        "no cause found, but 20 % of the time the GPU would otherwise have worked was lost and "
+        "not attributed"
+    )
+    fine = diagnose(timeline())
+    assert fine.unattributed == pytest.approx(0.0, abs=0.01)
+    assert "nothing to fix" in fine.healthy_actions[0]
+    assert headline(fine) == "healthy: no cause of lost GPU time found"
 
 
 def test_thresholds_are_documented_in_the_module() -> None:

@@ -143,7 +143,7 @@ READER = """
 import sys, time
 path = sys.argv[1]
 open(path, "wb").write(b"z" * (32 << 20))
-end = time.time() + 1.2
+end = time.time() + 2.6
 with open(path, "rb") as f:
     while time.time() < end:
         f.seek(0)

@@ -783,3 +783,167 @@ def test_a_co_tenant_takes_no_time_in_ticks_the_job_ran_no_kernel() -> None:
     d = diagnose(rec)
     cause = sole_cause(d, "co-tenant", 70 / 80 * 0.53 / 0.99, within=0.01)
     assert cause.tenants[0].gpu_share == pytest.approx(0.53)
+
+
+def test_a_backward_wait_recorded_as_no_time_does_not_divide_by_zero() -> None:
+    """A wait in backward() that overlapped a tick by under 50 us was recorded as 0.0 s (the
+    stacks are kept to 0.1 ms), beside the engine's thread compiling in that tick: the wait
+    has no time for the engine's work to fill, and the recording diagnoses (it raised
+    ZeroDivisionError, live after --record had saved it, and at every replay)."""
+
+    def at(i: int) -> list[tuple[int, Stack, float]]:
+        if i % 4 == 1:
+            return [(0, MODEL, 0.9), (0, BACKWARD, 0.0), (1, BACKWARD_COMPILE, 0.5)]
+        return [(0, MODEL, 0.6), (0, BACKWARD, 0.4), (1, RUN_COMPILED, 0.2)]
+
+    rec = with_threads(timeline(thread=const(1.0)), at, threads=ENGINE_THREADS)
+    readings = read_recording(rec)  # raised ZeroDivisionError
+    wait = rec.stacks.index(tuple(rec.frames.index(f) for f in BACKWARD))
+    assert all(s.seconds > 0 for k in range(len(rec.ticks)) for s in readings.samples(k))
+    assert not [s for s in readings.samples(1) if s.stack == wait]  # nothing filled it
+    assert diagnose(rec).verdict == "healthy"
+
+
+TO_CPU = loop(108, 'logits = np.asarray(out.logits.float().to(torch.device("cpu")))')
+TO_DEVICE = loop(108, "logits = out.logits.float().to(device)")
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['logits = np.asarray(out.logits.float().to(torch.device("cpu")))',
+     "y = x.to(cpu_device)", "y = x.to(device=self.host_cpu, non_blocking=True)",
+     'y = x.to(torch.device("CPU"))'],
+)  # fmt: skip
+def test_a_copy_whose_arguments_name_the_cpu_is_a_host_sync(text: str) -> None:
+    """``.to(torch.device("cpu"))`` read as a copy to the GPU ("device"), with pin_memory
+    advice, while the PCIe counters read 1.2 GB/s device to host."""
+    assert read(loop(108, text)).activity == st.SYNC
+    assert read(loop(108, "y = x.to(device)")).activity == st.COPY
+    assert read(loop(108, "y = x.to(torch.device('cuda'), non_blocking=True)")).activity == st.COPY
+
+
+def _copying(stack: Stack, tx: float, rx: float) -> Recording:
+    """The thread in one line of copying 0.9 of each tick, the GPU 4 % busy, PCIe at ``tx``
+    (device to host) and ``rx`` bytes/s."""
+    rec = timeline(util=const(0.04), sm=const(0.035), tensor=const(0.03), thread=const(1.0))
+    rec = replace(rec, ticks=tuple(
+        replace(t, gpus=tuple(replace(g, pcie_tx=tx, pcie_rx=rx) for g in t.gpus))
+        for t in rec.ticks
+    ))  # fmt: skip
+    return with_stacks(rec, lambda i: mix((stack, 0.9), (MODEL, 0.1)))
+
+
+def test_a_copy_while_the_traffic_goes_to_the_host_alone_is_a_host_sync() -> None:
+    """``.to(device)`` with ``device`` the CPU: the line says nothing of the direction, the
+    counters do (1.2 GB/s device to host, 0.5 MB/s host to device): a host sync, not pageable
+    copies to the GPU; with the traffic to the GPU, the same line is a copy."""
+    d = diagnose(_copying(TO_DEVICE, tx=1.2e9, rx=5e5))
+    cause = sole_cause(d, "host-sync")
+    assert cause.sites[0].text == "logits = out.logits.float().to(device)"
+    evidence = " ".join(cause.evidence)
+    assert "synced at /job/train.py:108" in evidence and "device to host 1.2 GB/s" in evidence
+    assert not any("pin_memory=True" in a for a in cause.actions)
+    assert sole_cause(diagnose(_copying(TO_DEVICE, tx=2.2e8, rx=3.7e9)), "pageable-copies")
+    # both ways, or too little to say: as read
+    assert sole_cause(diagnose(_copying(TO_DEVICE, tx=1.2e9, rx=2e8)), "pageable-copies")
+    assert sole_cause(diagnose(_copying(TO_DEVICE, tx=1e8, rx=0.0)), "pageable-copies")
+    assert sole_cause(diagnose(_copying(TO_CPU, tx=1.2e9, rx=2e8)), "host-sync")
+
+
+EXAMPLE = "/home/u/diffusers/examples/text_to_image/train_text_to_image.py"
+ACC = "acc = (logits.argmax(-1) == labels).float().mean().item()"
+
+
+def _own_loop(file: str, cwd: str) -> Recording:
+    """GPT-2-like scoring with .item() in the job's own script at ``file`` (run from ``cwd``),
+    the GPU 4 % busy, 1.5 GB/s device to host."""
+    stack = (frame("<module>", file, 900, "main()"), frame("main", file, 850, ACC))
+    rec = timeline(util=const(0.04), sm=const(0.035), tensor=const(0.03), thread=const(1.0))
+    rec = replace(rec, cwd=cwd, ticks=tuple(
+        replace(t, gpus=tuple(replace(g, pcie_tx=1.5e9, pcie_rx=2e7) for g in t.gpus))
+        for t in rec.ticks
+    ))  # fmt: skip
+    return with_stacks(rec, lambda i: mix((stack, 0.9), (MODEL, 0.1)))
+
+
+@pytest.mark.parametrize(
+    ("file", "cwd", "named"),
+    [
+        (EXAMPLE, "/home/u/diffusers/examples/text_to_image", "train_text_to_image.py"),
+        (EXAMPLE, "/home/u", "diffusers/examples/text_to_image/train_text_to_image.py"),
+        (EXAMPLE, "", EXAMPLE),
+        ("/home/u/torch/proj/train.py", "/home/u/torch/proj", "train.py"),  # its cwd
+        ("/home/u/torch/proj/train.py", "/", "home/u/torch/proj/train.py"),  # its __main__
+        ("/home/u/scripts/transformers/run.py", "/srv", "/home/u/scripts/transformers/run.py"),
+    ],
+)
+def test_the_job_s_own_script_in_a_folder_named_like_a_library_is_its_own(
+    file: str, cwd: str, named: str
+) -> None:
+    """diffusers' example, run from its clone: its .item() read as the library launching
+    ("diffusers/" is a model library's folder), not as a host sync."""
+    d = diagnose(_own_loop(file, cwd))
+    cause = sole_cause(d, "host-sync")
+    assert (cause.sites[0].file, cause.sites[0].text) == (named, ACC)
+    example = (frame("<module>", EXAMPLE, 900, "main()"), frame("main", EXAMPLE, 850, ACC))
+    assert read(example).activity == st.SYNC  # examples/ under a package folder: no library
+
+
+def test_a_library_s_clone_under_the_job_s_folders_is_still_the_library() -> None:
+    """transformers installed from its clone (pip install -e) with the job run from the clone:
+    the package folder below the working directory is the library's; a package's own
+    folders named like examples/ below the package folder are too."""
+    clone = "/repo/transformers"
+    model = clone + "/src/transformers/models/gpt2/modeling_gpt2.py"
+    assert st.library_path(model, (clone,)) == "transformers/models/gpt2/modeling_gpt2.py"
+    assert st.library_path(clone + "/examples/pytorch/run_clm.py", (clone,)) is None
+    assert st.library_path(clone + "/examples/pytorch/run_clm.py") is None
+    assert st.library_path("/opt/libs/torch/nn/modules/linear.py") == "torch/nn/modules/linear.py"
+    assert st.library_path("/opt/libs/torch/utils/scripts/x.py") == "torch/utils/scripts/x.py"
+    # python -m torch.distributed.run from a PYTHONPATH folder: not the job's own folder
+    run = (frame("_run_module_as_main", "<frozen runpy>", 198),
+           frame("<module>", "/opt/libs/torch/distributed/run.py", 9))  # fmt: skip
+    assert st.own_roots("/job", run, [(0, 1)]) == ("/job",)
+    main = (frame("_run_module_as_main", "<frozen runpy>", 198),
+            frame("<module>", "/srv/proj/train.py", 3))  # fmt: skip
+    assert st.own_roots("", main, [(0, 1)]) == ("/srv/proj",)
+    assert st.short_file("/srv/torch/proj/x.py", "", ("/srv/torch/proj",)) == "/srv/torch/proj/x.py"
+    assert st.short_file("/srv/torch/proj/x.py", "/srv/torch/proj") == "x.py"
+
+
+GRANT_TEXT = "give watch CAP_SYS_PTRACE (root has it unless a container dropped it)"
+
+
+@pytest.mark.parametrize(
+    ("skipped", "said"),
+    [
+        (("the job's Python stacks: not sampled (--stacks off)",),
+         "they were not sampled (--stacks off); watch without it to have them"),
+        (("cannot read the Python stacks of pid 42: the job runs as another user: "
+          f"{GRANT_TEXT}; its lost time is judged from the counters alone",),
+         f"py-spy is installed but may not read the job (the job runs as another user: "
+         f"{GRANT_TEXT})"),
+        (("no Python stacks of pid 42 (python3): Permission denied (os error 13); "
+          f"{GRANT_TEXT}; its lost time is judged from the counters alone",),
+         "py-spy is installed but may not read the job (Permission denied (os error 13); "),
+        (("no Python stacks of pid 42 (run.sh): not a Python process, or one py-spy does not "
+          "know (Failed to find python version); its lost time is judged from the counters "
+          "alone",),
+         "py-spy could not read the job (not a Python process, or one py-spy does not know "
+         "(Failed to find python version))"),
+        (("py-spy not found: the job's Python stacks are not sampled, so ...",),
+         "install py-spy (pip install 'sparkdiag[stacks]')"),
+        ((), "install py-spy (pip install 'sparkdiag[stacks]')"),  # a recording that says not
+    ],
+)  # fmt: skip
+def test_without_stacks_the_report_says_why_there_are_none(
+    skipped: tuple[str, ...], said: str
+) -> None:
+    """ "install py-spy" was advised whatever the reason: with py-spy installed but refused (no
+    CAP_SYS_PTRACE), or the stacks turned off with --stacks off."""
+    for rec in (tokenizing(stacks=False), scoring_on_the_host(stacks=False),
+                pageable(stacks=False)):  # fmt: skip
+        d = diagnose(replace(rec, skipped=skipped))
+        (line,) = [e for e in d.causes[0].evidence if "the line is not known" in e]
+        assert said in line, line
+        assert ("install py-spy" in line) == ("install py-spy" in said), line

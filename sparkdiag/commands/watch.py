@@ -4,7 +4,8 @@ Registered in :mod:`sparkdiag.cli`. Sampling lives in :mod:`.sampler`, the loop 
 the diagnosis (a pure function of the recording) in :mod:`.diagnose`, the output in
 :mod:`.render` and :mod:`.plot`.
 
-Exit status: the job's own when watch started it (128 + N when a signal N ended it), else 0;
+Exit status: the job's own when watch started it (128 + N when a signal N ended it), else 0,
+whatever the diagnosis (a cause, healthy, or too short to diagnose: a report, not an error);
 2 for bad usage, an unusable fixture or recording, a command that cannot start, a --pid that is
 not running (or is watch's own, or a kernel thread's), or --plot without matplotlib (the errors
 of :mod:`sparkdiag.errors`, translated by the command group). Standard output that cannot be
@@ -298,10 +299,11 @@ def watch(
     standard error (a terminal only) shows the time watched, the samples taken, each GPU's
     utilization and whether the job is on it.
 
-    Exit status: the job's own when watch started it (128 + N when signal N ended it), else 0;
-    2 usage error (a bad flag, fixture or recording, a command that cannot start: missing, not
-    executable, or not on PATH; a --pid not running, watch's own or a kernel thread's; --replay
-    with --record; --plot without matplotlib). Standard
+    Exit status: the job's own when watch started it (128 + N when signal N ended it), else 0,
+    whatever the diagnosis (a cause, healthy, or a job on the GPU under 2 s: too short to
+    diagnose); 2 usage error (a bad flag, fixture or recording, a command that cannot start:
+    missing, not executable, or not on PATH; a --pid not running, watch's own or a kernel
+    thread's; --replay with --record; --plot without matplotlib). Standard
     output that cannot be written (a full disk, a reader gone as with | head -1): 1 where the
     job's status is 0 or there is no job, the job's own where it is not 0; watch still waits
     for the job and writes --record.

@@ -5,14 +5,16 @@ docs/watch.md defines every cause and share and gives the figures measured on th
 **The window.** A job that held the GPU (NVML lists one of its processes, or memory it holds)
 or, where NVML cannot name its processes (another PID namespace), whose GPU ran kernels, is
 diagnosed over its life: from the first to the last tick at which the GPU's utilization reached
-``WINDOW_LEVEL`` of the job's typical utilization (the median of the ticks in which it ran any
+``window.WINDOW_LEVEL`` of the job's typical utilization (the median of the ticks in which it ran any
 kernel, ``views.ACTIVE_MIN``). A job starved to 7 % is diagnosed as well as one at 99 %;
 start-up and tear-down (imports, CUDA initialisation, a final save) stay out, and so do the
 window's first ticks in which the job's stacks show it still importing its modules, and the
 ticks at either end in which they show no Python frame at all (the interpreter starting or
-finalising). A job that
-held the GPU but never ran a kernel is diagnosed over the ticks it held it. Only a job that never
-touched the GPU reads "gpu-unused".
+finalising) (:mod:`.window`). A job that held the GPU but never ran a kernel is diagnosed over the ticks it held it. Only a job that never
+touched the GPU reads "gpu-unused". The GPUs diagnosed are those on which the job ran kernels
+while it held them (:func:`.views.job_gpus`): one where it only held memory (a stray CUDA context)
+is named in a note, not averaged in. A window (once start-up and tear-down are out) under
+``MIN_WINDOW_TICKS`` ticks or ``MIN_WINDOW_SECONDS`` is "too-short": its figures, no cause.
 
 **Each tick's lost time** goes, by the counters, to at most one cause, in this order:
 
@@ -60,7 +62,9 @@ idle                the GPU was idle at least ``IDLE_MIN`` of the tick, nothing 
 counters give to a host-side cause (any of the idle ones, the launcher, the checkpoint) goes to
 what the training thread did meanwhile: the DataLoader, its own data preparation, a host sync
 and the work on what it brought back, a copy, a checkpoint, logging, compiling, the optimizer,
-a collective, launching; each cause names the lines that took the time. The thread's own work
+a collective, launching; each cause names the lines that took the time (a line read as a copy
+to the GPU is a host sync in a tick whose PCIe traffic went to the host alone: at least
+``TO_HOST_MIN`` bytes/s, ``TO_HOST_RATIO`` times what went to the GPU). The thread's own work
 (data preparation, work on results) takes at most the time its CPU was busy in the tick; the
 rest it waited (input-starved at that line).
 
@@ -90,29 +94,31 @@ low tensor activity the GPU busy (activity >= 0.5) with tensor pipes under ``TEN
 
 Causes below their threshold (``REPORT_MIN``, ``STALL_REPORT_MIN``, ``FEW_SM_REPORT_MIN``,
 ``COTENANT_REPORT_MIN`` in :mod:`.findings` and the rules in :mod:`.evidence`) are not
-reported; a job with none is healthy. Shares of different causes may overlap (a throttled tick
-can also be memory-stalled).
+reported; a job with none is healthy, and where the GPU still idled ``REPORT_MIN`` of the time
+it would otherwise have worked (``Diagnosis.unattributed``) the report says that time was not
+attributed rather than that there is nothing to fix. Shares of different causes may overlap (a
+throttled tick can also be memory-stalled).
 """
 
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass
 
-from sparkdiag.watch import attribute, ranks, threads
+from sparkdiag.watch import attribute, ranks, window
 from sparkdiag.watch import evidence as ev
 from sparkdiag.watch import stacks as st
 from sparkdiag.watch.causes import ACTIONS as ACTIONS
 from sparkdiag.watch.causes import TITLES as TITLES
 from sparkdiag.watch.causes import Cause, mean, pct
 from sparkdiag.watch.evidence import HOT_THREAD, IDLE_MIN, LOADER_WORKING, PCIE_HEAVY, TINY_KERNELS
-from sparkdiag.watch.findings import Ledger, findings
+from sparkdiag.watch.findings import REPORT_MIN, Ledger, findings
 from sparkdiag.watch.model import Recording
 from sparkdiag.watch.threads import Readings, read_recording
 from sparkdiag.watch.views import (
     ACTIVE_MIN,
     View,
+    idle_held_note,
     job_gpus,
     smoothed,
     unknown_gpu_note,
@@ -122,7 +128,6 @@ from sparkdiag.watch.views import (
 
 __all__ = ["ACTIONS", "TITLES", "Cause", "Diagnosis", "diagnose", "job_gpus"]
 
-WINDOW_LEVEL = 0.5
 LAUNCH_ACTIVITY_MAX = 0.60
 LAUNCH_UTIL_MIN = 0.10
 THREAD_BUSY_MIN = 0.30
@@ -144,7 +149,18 @@ CHECKPOINT_IO_STALL = 0.02
 CHECKPOINT_TAIL_SECONDS = 30.0
 CHECKPOINT_LEAD_SECONDS = 30.0
 UNIMPEDED_MIN_SHARE = 0.20
+# a window shorter than this (after its start-up and tear-down are left out) is too short to
+# diagnose: one 0.1 s tick read "input-starved, 96 % lost", a healthy ResNet-50's first 20 s
+# (one tick of its loop) "healthy, GPU busy 7 %, nothing to fix"
+MIN_WINDOW_TICKS = 3
+MIN_WINDOW_SECONDS = 2.0
 COLLECTIVE_MIN = 0.5  # of a stalled tick's stacks in a collective: the collective's wait
+# a tick whose PCIe traffic goes one way, to the host: a line read as a copy to the GPU there
+# copies to the host (a .to(device) whose device is the CPU); copies to the GPU read on the
+# H200 at 1.3-4.9 GB/s host to device against 0.08-0.29 device to host, the gpt2-host-sync
+# job's .to(torch.device("cpu")) at 0.52-1.5 GB/s device to host against 0-10 MB/s
+TO_HOST_MIN = 250e6  # bytes/s device to host
+TO_HOST_RATIO = 20.0  # times the traffic host to device, at least
 # the causes the counters give a tick whose lost time the stacks may share out (attribute.py)
 HOST_LABELS = frozenset(
     {"input-starved", "data-prep-in-loop", "host-sync", "pageable-copies",
@@ -154,9 +170,15 @@ HOST_LABELS = frozenset(
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """verdict: "healthy", the name of the largest cause, "gpu-unused" (the job never touched
-    its GPUs) or "no-gpu" (nothing was sampled on a GPU: only host causes are assessed).
-    ``unimpeded``: the utilization the lost shares are measured against (see the module)."""
+    """verdict: "healthy" (no cause found), the name of the largest cause, "too-short" (the
+    job was active on the GPU for under ``MIN_WINDOW_TICKS`` ticks or ``MIN_WINDOW_SECONDS``:
+    its figures, no cause), "gpu-unused" (the job never touched its GPUs) or "no-gpu" (nothing
+    was sampled on a GPU: only host causes are assessed). ``unimpeded``: the utilization the
+    lost shares are measured against (see the module). ``healthy_actions``: what follows the
+    headline where no cause was found (healthy, or too short). ``unattributed``: for a healthy
+    verdict, the share of the window the GPU would otherwise have worked that no cause took (the
+    idle time of causes under their threshold, or of none): at ``findings.REPORT_MIN`` or more
+    the report says so rather than "nothing to fix"."""
 
     verdict: str
     causes: tuple[Cause, ...]
@@ -170,101 +192,7 @@ class Diagnosis:
     # when each tick-attributed cause struck: (start, end, cause), contiguous ticks merged
     spans: tuple[tuple[float, float, str], ...] = ()
     unimpeded: float | None = None
-
-
-def _window(vs: list[View]) -> tuple[int, int] | None:
-    """First and last index of the active window (module docstring), None when the job never
-    touched the GPU."""
-    seen = any(v.held for v in vs)
-    held = [i for i, v in enumerate(vs) if v.held or not seen]
-    active = [i for i in held if vs[i].active]
-    if not active:
-        return (held[0], held[-1]) if seen and held else None
-    level = max(ACTIVE_MIN, WINDOW_LEVEL * statistics.median(vs[i].util for i in active))
-    opened = [i for i in active if vs[i].util >= level]
-    return opened[0], opened[-1]
-
-
-def _in_loop(
-    rec: Recording, readings: Readings | None, vs: list[View], first: int, last: int
-) -> tuple[int, int]:
-    """The window without the ticks at either end that the training threads spent mostly
-    outside their loop's frames (:func:`.threads.loop_frames`, read in the ticks in which the
-    GPU worked at least ``WINDOW_LEVEL`` of its 90th percentile in the window: where the job
-    computes, it is in its loop; a job stalled most of the time, by checkpoints, opens its
-    window at a level its start-up and tear-down reach too): building the model, moving it back
-    to the host, a final save. Ticks not sampled go with the ticks outside the loop beyond
-    them."""
-    if readings is None or last <= first:
-        return first, last
-    utils = sorted(vs[i].util for i in range(first, last + 1))
-    level = WINDOW_LEVEL * utils[int(0.9 * (len(utils) - 1))]
-    working = [vs[i].tick for i in range(first, last + 1) if vs[i].util >= level]
-    frames = threads.loop_frames(readings, rec, working)
-    if not frames:
-        return first, last
-
-    def outside(i: int) -> bool | None:
-        share = threads.in_loop(readings, rec, vs[i].tick, frames)
-        return None if share is None else share < 0.5
-
-    return _trimmed(first, last, outside)
-
-
-def _trimmed(first: int, last: int, outside: Callable[[int], bool | None]) -> tuple[int, int]:
-    """``first`` to ``last`` without the ticks at either end that are ``outside`` (True), up to
-    the first that is not (False); a tick that cannot tell (None) goes with those beyond it."""
-    start, end = first, last
-    for i in range(first, last):
-        out = outside(i)
-        if out is False:
-            break
-        if out:
-            start = i + 1
-    for i in range(last, start, -1):
-        out = outside(i)
-        if out is False:
-            break
-        if out:
-            end = i - 1
-    return start, end
-
-
-def _running_python(
-    rec: Recording, readings: Readings | None, vs: list[View], first: int, last: int
-) -> tuple[int, int]:
-    """The window without the ticks at either end in which the training threads were read
-    with no Python frame at all (empty stacks only): the interpreter starting, or finalising
-    after the job's last line, with its thread still busy and the GPU idle. Under two busy
-    loops on a 2-core machine a torch.compile job's finalisation took over a second, which the
-    counters called data prep in the loop (``tests/test_watch_jobs_script.py``'s dry run).
-    Ticks not sampled go with the ticks beyond them; a tick with any Python frame stops it."""
-    if readings is None:
-        return first, last
-    empty = [threads.without_python(readings, rec, vs[i].tick) for i in range(first, last + 1)]
-    if False not in empty:  # no tick with a Python frame to keep: nothing to tell it by
-        return first, last
-    return _trimmed(first, last, lambda i: empty[i - first])
-
-
-def _started(
-    rec: Recording, readings: Readings | None, vs: list[View], first: int, last: int
-) -> tuple[int, int]:
-    """The window without its first ticks in which the training thread was still importing its
-    modules (half its sampled time or more; ticks before py-spy read it go with them): start-up,
-    whatever the GPU read."""
-    if readings is None:
-        return first, last
-    started = first
-    for i in range(first, last):
-        sampled = attribute.training_stacks(readings, vs[i].tick)
-        total = sum(seconds for _, _, seconds in sampled)
-        if total <= 0:  # not sampled yet (py-spy attaching): as the ticks after it
-            continue
-        if sum(s for _, a, s in sampled if a == st.IMPORTING) < 0.5 * total:
-            break
-        started = i + 1
-    return started, last
+    unattributed: float | None = None
 
 
 def _write_bursts(vs: list[View]) -> set[int]:
@@ -490,6 +418,13 @@ def _stall_edges(win: list[View], labels: list[str | None]) -> dict[int, float]:
     return edges
 
 
+def _to_host_only(v: View) -> bool:
+    """The tick's PCIe traffic went to the host, almost none to the GPU (``TO_HOST_MIN``,
+    ``TO_HOST_RATIO``)."""
+    tx, rx = v.pcie_tx, v.pcie_rx
+    return tx is not None and rx is not None and tx >= TO_HOST_MIN and rx * TO_HOST_RATIO <= tx
+
+
 def _parts(
     rec: Recording,
     readings: Readings | None,
@@ -503,7 +438,9 @@ def _parts(
     spent half its time or more launching is the launcher's whole (losing the time the SMs did
     not work) where the counters call it launch-bound, or where the thread feeds the GPU as a
     launch-bound loop does and the stacks name torch calls (not only unnamed code) for that
-    half: the stacks tell launching from preparing data, which the kernels' size guessed."""
+    half: the stacks tell launching from preparing data, which the kernels' size guessed. In a
+    tick whose PCIe traffic went to the host alone (:func:`_to_host_only`), a line read as a
+    copy to the GPU is a host sync: its text said "device", the counters say which way."""
     loss = _loss(v, label, unimpeded)
     if readings is None or label not in (*HOST_LABELS, "stalled-kernel"):
         return [attribute.Part(label, None, loss)]
@@ -516,6 +453,8 @@ def _parts(
         if waited < COLLECTIVE_MIN * sum(sec for _, a, sec in sampled if a != st.NOTHING):
             return [attribute.Part(label, None, loss)]
         return [attribute.Part("collective-wait", s, loss * sec / waited) for s, sec in waits]
+    if _to_host_only(v):  # a copy read from its text is the other way: a sync
+        sampled = [(s, st.SYNC if a == st.COPY else a, sec) for s, a, sec in sampled]
     launch_bound = _launch_bound(v, thread)
     total = sum(sec for _, a, sec in sampled if a != st.NOTHING)
     named = sum(sec for _, a, sec in sampled if a == st.LAUNCH) / total if total > 0 else 0.0
@@ -570,7 +509,7 @@ def diagnose(rec: Recording) -> Diagnosis:
                 "causes are not assessed",
             ),
         )
-    found = _window(vs)
+    found = window.active(vs)
     if found is None:
         return Diagnosis(
             verdict="gpu-unused",
@@ -583,12 +522,13 @@ def diagnose(rec: Recording) -> Diagnosis:
             skipped=tuple(skipped),
         )
     readings = read_recording(rec) if rec.stacks else None
-    first, last = _in_loop(
-        rec, readings, vs, *_running_python(rec, readings, vs, *_started(rec, readings, vs, *found))
-    )
+    first, last = window.trimmed(rec, readings, vs, *found)
     win = vs[first : last + 1]
     start, end = win[0].t - win[0].dt, win[-1].t
     length = max(end - start, 1e-9)
+    notes = [note for note in (unknown_gpu_note(rec, gpus), idle_held_note(rec, gpus)) if note]
+    if len(win) < MIN_WINDOW_TICKS or end - start < MIN_WINDOW_SECONDS:
+        return _too_short(win, gpus, notes, skipped)
     idle_power, busy_power = _powers(vs, win)
     bursts = _write_bursts(win)
     threads = smoothed([v.gpu_thread for v in win])
@@ -611,14 +551,9 @@ def diagnose(rec: Recording) -> Diagnosis:
         for part in _parts(rec, readings, v, label, unimpeded, threads[i]):
             ledger.add(i, v, part)
 
-    notes: list[str] = []
-    unknown = unknown_gpu_note(rec, gpus)
-    if unknown:
-        notes.append(unknown)
     causes = findings(ctx, ledger, length, bursts, readings, notes)
     busy = [v for v in win if v.eff >= 0.5]
-    tensor_values = [v.tensor for v in busy if v.tensor is not None]
-    tensor_mean = sum(tensor_values) / len(tensor_values) if tensor_values else None
+    tensor_mean = _tensor_mean(win)
     if any(v.tensor is not None for v in win):
         low = ev.low_tensor_cause(busy, length)
         if low:
@@ -632,12 +567,10 @@ def diagnose(rec: Recording) -> Diagnosis:
     causes.sort(key=lambda c: -c.share)
     busy_share = mean([v.util for v in win])
     healthy_actions: tuple[str, ...] = ()
+    unattributed = None
     if not causes:
-        healthy_actions = (
-            f"nothing to fix: the GPU was busy {pct(busy_share or 0)} of the time"
-            + ("" if tensor_mean is None else f", tensor pipes {pct(tensor_mean)}")
-            + "; to go faster, scale the batch or the model, or compare with sparkdiag probe",
-        )
+        unattributed = sum(_idle_loss(v, unimpeded) for v in win) / length
+        healthy_actions = (_healthy_line(busy_share or 0.0, tensor_mean, unattributed),)
     reported = {c.name for c in causes}
     return Diagnosis(
         verdict=causes[0].name if causes else "healthy",
@@ -651,6 +584,61 @@ def diagnose(rec: Recording) -> Diagnosis:
         healthy_actions=healthy_actions,
         spans=_merge([span for span in ledger.spans if span[2] in reported]),
         unimpeded=unimpeded,
+        unattributed=unattributed,
+    )
+
+
+def _tensor_mean(win: list[View]) -> float | None:
+    """Tensor-pipe activity, the mean over the window's busy ticks (GPM)."""
+    values = [v.tensor for v in win if v.eff >= 0.5 and v.tensor is not None]
+    return sum(values) / len(values) if values else None
+
+
+def _healthy_line(busy: float, tensor: float | None, unattributed: float) -> str:
+    """What follows a healthy headline: nothing to fix, or, where the GPU idled
+    ``REPORT_MIN`` of the time it would otherwise have worked with no cause over its threshold,
+    that this time was not attributed."""
+    figures = f"the GPU was busy {pct(busy)} of the time" + (
+        "" if tensor is None else f", tensor pipes {pct(tensor)}"
+    )
+    if unattributed < REPORT_MIN:
+        return (
+            f"nothing to fix: {figures}; to go faster, scale the batch or the model, or compare "
+            "with sparkdiag probe"
+        )
+    return (
+        f"{figures}; its idle time went to causes each under their threshold "
+        f"({pct(REPORT_MIN)}) or to none the rules name: lost, but not attributed; --plot "
+        "shows when the GPU idled"
+    )
+
+
+def _too_short(
+    win: list[View], gpus: tuple[int, ...], notes: list[str], skipped: list[str]
+) -> Diagnosis:
+    """A window under ``MIN_WINDOW_TICKS`` ticks or ``MIN_WINDOW_SECONDS``: what was measured
+    over it, and no cause."""
+    start, end = win[0].t - win[0].dt, win[-1].t
+    busy = mean([v.util for v in win]) or 0.0
+    tensor = _tensor_mean(win)
+    ticks = f"{len(win)} tick{'s' if len(win) != 1 else ''}"
+    line = (
+        f"measured over {end - start:.1f} s ({ticks}): GPU busy {pct(busy)}, idle "
+        f"{pct(mean([v.idle for v in win]) or 0.0)}"
+        + ("" if tensor is None else f", tensor pipes {pct(tensor)} when busy")
+        + "; no cause is named from so little: watch the job longer (its whole run, or a "
+        "--duration of 30 s or more)"
+    )
+    return Diagnosis(
+        verdict="too-short",
+        causes=(),
+        window=(start, end),
+        gpus=gpus,
+        gpu_busy=busy,
+        tensor_activity=tensor,
+        notes=tuple(notes),
+        skipped=tuple(skipped),
+        healthy_actions=(line,),
     )
 
 

@@ -23,6 +23,38 @@ NO_STACKS = (
     "without the job's stacks the line is not known{what}: install py-spy (pip install "
     "'sparkdiag[stacks]') and let watch read the job (see docs/watch.md, 'Stacks')"
 )
+_JUDGED = "; its lost time is judged from the counters alone"  # how commands/watch.py ends them
+
+
+def _reason(line: str) -> str:
+    """The why of a skipped line on a pid's stacks: ``cannot read the Python stacks of pid N:
+    WHY; its lost time ...`` (the same for ``no Python stacks of pid N (name): WHY; ...``)."""
+    why = line.split(": ", 1)[1] if ": " in line else line
+    return why.removesuffix(_JUDGED).split("; its lost time")[0]
+
+
+def no_stacks(skipped: Sequence[str], sampler: str, what: str = "") -> str:
+    """Why the line is not known, worded from why the recording holds no stacks (its
+    ``skipped`` lines, as commands/watch.py and the stack sampler write them): turned off
+    (--stacks off), py-spy not found (install it), not permitted to read the job (what to
+    grant), or py-spy ran and read nothing (why); :data:`NO_STACKS` where the recording does
+    not say (one made before watch sampled stacks)."""
+    head = f"without the job's stacks the line is not known{what}"
+    for line in skipped:
+        if "not sampled (--stacks off)" in line:
+            return f"{head}: they were not sampled (--stacks off); watch without it to have them"
+        if line.startswith("py-spy not found"):
+            return NO_STACKS.format(what=what)
+    refused = [line for line in skipped if line.startswith("cannot read the Python stacks")]
+    failed = [line for line in skipped if line.startswith("no Python stacks of pid")]
+    refused += [line for line in failed if "CAP_SYS_PTRACE" in line]
+    if refused:
+        return f"{head}: py-spy is installed but may not read the job ({_reason(refused[0])})"
+    if failed:
+        return f"{head}: py-spy could not read the job ({_reason(failed[0])})"
+    if sampler:
+        return f"{head}: py-spy read no stack of the job's processes"
+    return NO_STACKS.format(what=what)
 
 
 def _median(values: Sequence[float | None]) -> float | None:
@@ -131,7 +163,7 @@ def data_prep_cause(ctx: Context, idx: list[int], share: float, spent: Spent) ->
             ", and preparing data cannot be told from other host work in the loop (scoring "
             "results on the CPU)"
         )
-        evidence.append(NO_STACKS.format(what=what))
+        evidence.append(no_stacks(ctx.rec.skipped, ctx.rec.stack_sampler, what))
     return _cause("data-prep-in-loop", share, evidence, found, spent, ctx)
 
 
@@ -142,7 +174,8 @@ def host_sync_cause(ctx: Context, idx: list[int], share: float, spent: Spent) ->
         f"while the GPU waited: {pct(share)} of the time it would otherwise have worked "
         f"({_idle(ctx, idx)})"
     ]
-    synced = spent.sites(ctx, length, st.SYNC)
+    # a copy's line is the sync's where the PCIe traffic went to the host (diagnose._parts)
+    synced = spent.sites(ctx, length, st.SYNC, st.COPY)
     after = spent.sites(ctx, length, st.AFTER_SYNC)
     evidence += lines(synced, "synced")
     evidence += lines(after, "worked on the results")
@@ -151,11 +184,11 @@ def host_sync_cause(ctx: Context, idx: list[int], share: float, spent: Spent) ->
         flood = "" if spent.readings is not None else ": the job copies results to the host"
         evidence.append(
             f"device to host {rate(d2h)} meanwhile (median)"
-            + _per_visit(ctx, spent, idx, moved, "synced", st.SYNC)
+            + _per_visit(ctx, spent, idx, moved, "synced", st.SYNC, st.COPY)
             + flood
         )
     if spent.readings is None:
-        evidence.append(NO_STACKS.format(what=""))
+        evidence.append(no_stacks(ctx.rec.skipped, ctx.rec.stack_sampler))
     return _cause("host-sync", share, evidence, (*synced, *after), spent, ctx)
 
 
@@ -182,7 +215,9 @@ def copies_cause(ctx: Context, idx: list[int], share: float, spent: Spent) -> Ca
     elif spent.readings is None:
         evidence.append(
             "no loader process was busy meanwhile: the training thread's own copies; "
-            + NO_STACKS.format(what=", nor whether its memory is pinned")
+            + no_stacks(
+                ctx.rec.skipped, ctx.rec.stack_sampler, ", nor whether its memory is pinned"
+            )
         )
     return _cause("pageable-copies", share, evidence, found, spent, ctx)
 

@@ -70,7 +70,9 @@ def _callers(rec: Recording, readings: Readings) -> tuple[set[int], set[tuple[st
             if s.activity == st.COLLECTIVE:
                 waited.add(s.thread)
                 site = readings.stacks[s.stack].site
-                if site is not None and st.library_path(rec.frames[site].file) is None:
+                if site is None:
+                    continue
+                if st.library_path(rec.frames[site].file, readings.roots) is None:
                     callers.add((rec.frames[site].file, rec.frames[site].function))
     return waited, callers
 
@@ -84,7 +86,7 @@ def _runs(rec: Recording, readings: Readings, thread: int, code: set[tuple[str, 
             for i in rec.stacks[s.stack]:
                 f = rec.frames[i]
                 if (f.file, f.function) in code or (
-                    st.library_path(f.file) == "torch/multiprocessing/spawn.py"
+                    st.library_path(f.file, readings.roots) == "torch/multiprocessing/spawn.py"
                     and f.function.endswith("_wrap")
                 ):
                     return True
@@ -153,10 +155,11 @@ def _line(rec: Recording, readings: Readings, stack: int) -> str:
     if reading.site is None:
         return "a stack with no Python frame"
     f = rec.frames[reading.site]
-    where = f"{st.short_file(f.file, rec.cwd)}:{f.line} ({st.function_name(f.function)}"
+    where = f"{st.short_file(f.file, rec.cwd, readings.roots)}:{f.line} "
+    where += f"({st.function_name(f.function)}"
     where += f": {f.text})" if f.text else ")"
     if reading.via is not None and reading.via != reading.site:
-        where += f", in {frame_name(rec.frames[reading.via], rec.cwd)}"
+        where += f", in {frame_name(rec.frames[reading.via], rec.cwd, readings.roots)}"
     return where
 
 

@@ -8,7 +8,8 @@ from typing import Any
 
 from sparkdiag import terminal
 from sparkdiag.watch.causes import TITLES, meaning
-from sparkdiag.watch.diagnose import Diagnosis
+from sparkdiag.watch.diagnose import MIN_WINDOW_SECONDS, MIN_WINDOW_TICKS, Diagnosis
+from sparkdiag.watch.findings import REPORT_MIN
 from sparkdiag.watch.model import Recording, Tick
 
 JSON_SCHEMA = "sparkdiag-watch/1"
@@ -36,8 +37,19 @@ def status(tick: Tick, ticks: int) -> str:
 def headline(diagnosis: Diagnosis, rec: Recording | None = None) -> str:
     """The diagnosis in one line; with the recording, a watch without a GPU that could not read
     memory pressure either says that nothing was assessed."""
+    if diagnosis.verdict == "healthy" and (diagnosis.unattributed or 0.0) >= REPORT_MIN:
+        return (
+            f"no cause found, but {_pct(diagnosis.unattributed)} of the time the GPU would "
+            "otherwise have worked was lost and not attributed"
+        )
     if diagnosis.verdict == "healthy":
         return "healthy: no cause of lost GPU time found"
+    if diagnosis.verdict == "too-short":
+        start, end = diagnosis.window
+        return (
+            f"too short to diagnose: the job was active on the GPU for {end - start:.1f} s; "
+            f"at least {MIN_WINDOW_SECONDS:g} s and {MIN_WINDOW_TICKS} ticks are needed"
+        )
     if diagnosis.verdict == "gpu-unused":
         return "the job never touched its GPU: nothing to diagnose"
     if diagnosis.verdict == "no-gpu":

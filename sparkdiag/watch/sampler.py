@@ -462,7 +462,8 @@ class Sampler:
             gpus = self.gpu.sample(self.started_at, pids)
             gpu_pids = self.gpu.gpu_pids(pids)
         if self.stacks is not None and tree:
-            self.problems += self.stacks.update(targets(self.host.rootfs, tree, gpu_pids))
+            chosen = targets(self.host.rootfs, tree, gpu_pids, limit=None)
+            self.problems += self.stacks.update(chosen, gpu_pids)
         job, host = self.host.sample(gpu_pids)
         now = self.clock()
         tick = Tick(t=now - self.start, dt=now - self._last, gpus=gpus, job=job, host=host)

@@ -4,6 +4,8 @@ them, and the top stacks ``--json`` lists."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from sparkdiag.watch import stacks as st
 from sparkdiag.watch.causes import Site, TopStack, pct
 from sparkdiag.watch.model import Recording, StackFrame
@@ -14,9 +16,9 @@ TOP_STACKS = 5
 SITE_MIN = 0.02  # of the window: a line that took less is not named
 
 
-def frame_name(frame: StackFrame, cwd: str = "") -> str:
+def frame_name(frame: StackFrame, cwd: str = "", own: Sequence[str] = ()) -> str:
     """``function (file:line)``, the file as :func:`~.stacks.short_file` shortens it."""
-    where = st.short_file(frame.file, cwd)
+    where = st.short_file(frame.file, cwd, own)
     line = f":{frame.line}" if frame.line else ""
     return f"{st.function_name(frame.function)} ({where}{line})"
 
@@ -39,11 +41,11 @@ def sites(
         out.append(
             Site(
                 function=st.function_name(f.function),
-                file=st.short_file(f.file, rec.cwd),
+                file=st.short_file(f.file, rec.cwd, readings.roots),
                 line=f.line,
                 text=f.text,
                 share=seconds / length,
-                via="" if via is None else frame_name(rec.frames[via], rec.cwd),
+                via="" if via is None else frame_name(rec.frames[via], rec.cwd, readings.roots),
             )
         )
     return tuple(out)
@@ -51,10 +53,11 @@ def sites(
 
 def top_stacks(rec: Recording, spent: dict[int, float], length: float) -> tuple[TopStack, ...]:
     ranked = sorted(spent.items(), key=lambda kv: -kv[1])[:TOP_STACKS]
+    own = st.own_roots(rec.cwd, rec.frames, rec.stacks)
     return tuple(
         TopStack(
             share=seconds / length,
-            frames=tuple(frame_name(rec.frames[i], rec.cwd) for i in rec.stacks[stack]),
+            frames=tuple(frame_name(rec.frames[i], rec.cwd, own) for i in rec.stacks[stack]),
         )
         for stack, seconds in ranked
     )

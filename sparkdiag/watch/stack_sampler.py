@@ -8,6 +8,11 @@ the stretches are cut where they meet): py-spy keeps a chrome trace in memory un
 a long watch keeps at most a chunk's trace there. A recorder that fails at once (the process
 not yet a Python interpreter, a race with its start) is started again every ``RETRY_SECONDS``,
 at most ``RETRIES`` times; why the last one failed is said once.
+
+At most ``MAX_PROCESSES`` processes are recorded at a time: a slot is freed once its process is
+gone and its recorders are read (a launch script's data-prep pool, then its training script),
+a process on the GPU takes the slot of one that is not where every slot is taken, and one on the
+GPU that gets none is said (:meth:`StackSampler.update`).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import math
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -89,6 +94,9 @@ class StackSampler:
         self.texts: dict[tuple[int, str, int], str] = {}
         self.names: dict[int, str] = {}  # pid -> its name, read while it runs
         self._ranks: dict[int, RankInfo] = {}  # pid -> its distributed rank, where it has one
+        self.retired: list[_Target] = []  # gave their slot up, recorders still to be read
+        self.done: set[int] = set()  # gone, or py-spy gave up on them: not taken again
+        self.unsampled: set[int] = set()  # on the GPU, no slot left for them: said
         self.version = pyspy.version(binary) or "py-spy"
 
     @property
@@ -119,22 +127,93 @@ class StackSampler:
             return None
         return rec
 
-    def update(self, pids: Iterable[int]) -> list[str]:
-        """Record ``pids`` (at most ``MAX_PROCESSES``), rotate the chunks and read the finished
-        ones; the problems newly found, each in one line."""
+    def update(self, pids: Iterable[int], on_gpu: Collection[int] = ()) -> list[str]:
+        """Record ``pids`` (in their order, at most ``MAX_PROCESSES`` at a time), rotate the
+        chunks and read the finished ones; the problems newly found, each in one line.
+
+        A process's slot is freed once it is gone (or py-spy gave up on it for good) and its
+        recorders are read: a launch script's ``multiprocessing.Pool(8)`` took every slot and
+        the training script it ran next was never recorded. With every slot taken, a process
+        of ``on_gpu`` (those holding a GPU) takes the slot of one that is not (a DataLoader
+        worker first, else the one recorded last: its recorder is stopped and read, what it
+        recorded kept); one on the GPU that still gets none is said."""
         now = self.clock()
+        before = len(self.problems)
+        self._free()
+        gpu = set(on_gpu)
+        unsampled = []
         for pid in pids:
-            if pid not in self.targets and len(self.targets) < MAX_PROCESSES:
+            if pid in self.targets or pid in self.done:
+                continue
+            if len(self.targets) >= MAX_PROCESSES and pid in gpu:
+                self._retire(gpu)
+            if len(self.targets) < MAX_PROCESSES:
                 self.targets[pid] = _Target(pid)
+            elif pid in gpu and pid not in self.unsampled:
+                unsampled.append(pid)
+        self._say_unsampled(unsampled)
         # read again while they run: a DataLoader worker takes its name when its loop starts
         self.names.update(procfs.process_names(self.rootfs, list(self.targets)))
         for pid in self.targets:
             if pid not in self._ranks:
                 self._ranks[pid] = rank_of(self.rootfs, pid)
-        before = len(self.problems)
         for target in self.targets.values():
             self._step(target, now)
+        for target in self.retired:
+            self._drain(target)
+        self.retired = [t for t in self.retired if t.stopping]
         return self.problems[before:]
+
+    def _free(self) -> None:
+        """Free the slots of the processes gone, and of those py-spy gave up on for good, whose
+        recorders are all read; neither is taken again (a pid read in the tree just before its
+        process ended would have been, and said as one py-spy could not read)."""
+        for pid, target in list(self.targets.items()):
+            if target.current is not None or target.stopping:
+                continue
+            gone = not _alive(self.rootfs, pid)
+            if gone or (not target.worked and target.tries >= RETRIES):
+                if gone and not target.worked:
+                    self._fail(target)  # why it gave nothing, where py-spy said
+                self.done.add(pid)
+                del self.targets[pid]
+
+    def _retire(self, gpu: set[int]) -> None:
+        """Free a slot for a process on the GPU: the one of a process that is not on it (a
+        DataLoader worker first, else the one taken last), its recorders stopped and read
+        later (:attr:`retired`)."""
+        others = [pid for pid in self.targets if pid not in gpu]
+        if not others:
+            return
+        loaders = [p for p in others if self.names.get(p, "").startswith(LOADER_NAMES)]
+        pid = (loaders or others)[-1]
+        target = self.targets.pop(pid)
+        if target.current is not None:
+            target.stopping.append(target.current)
+            target.current = None
+        for rec in target.stopping:
+            rec.stop()
+        self.retired.append(target)
+
+    def _drain(self, target: _Target) -> None:
+        """Read the recorders of ``target`` that have stopped."""
+        for old in [r for r in target.stopping if not r.running()]:
+            target.stopping.remove(old)
+            self._collect(target, old)
+
+    def _say_unsampled(self, pids: list[int]) -> None:
+        """Say, once, the processes on the GPU that no slot was left for."""
+        if not pids:
+            return
+        self.unsampled.update(pids)
+        names = procfs.process_names(self.rootfs, pids)
+        which = ", ".join(f"{pid} ({names.get(pid, '?')})" for pid in pids)
+        self.problems.append(
+            f"no Python stacks of pid{'s' if len(pids) > 1 else ''} {which}, on the GPU: watch "
+            f"records at most {MAX_PROCESSES} processes at a time, and the job's other processes "
+            "on the GPU held them (until one ends); its lost time is judged from the counters "
+            "and the others' stacks"
+        )
 
     def _step(self, target: _Target, now: float) -> None:
         rec = target.current
@@ -159,9 +238,7 @@ class StackSampler:
                 fresh.since = rec.stopped_at
                 target.stopping.append(rec)
                 target.current = fresh
-        for old in [r for r in target.stopping if not r.running()]:
-            target.stopping.remove(old)
-            self._collect(target, old)
+        self._drain(target)
 
     def _collect(self, target: _Target, rec: pyspy.Recorder) -> None:
         try:
@@ -184,7 +261,9 @@ class StackSampler:
     def _fail(self, target: _Target) -> None:
         if not target.error:
             return
-        name = procfs.process_names(self.rootfs, [target.pid]).get(target.pid, "?")
+        name = procfs.process_names(self.rootfs, [target.pid]).get(target.pid) or self.names.get(
+            target.pid, "?"
+        )
         self.problems.append(
             f"no Python stacks of pid {target.pid} ({name}): {target.error}; its lost time is "
             "judged from the counters alone"
@@ -221,16 +300,18 @@ class StackSampler:
     def finish(self) -> list[str]:
         """Stop every recorder and read what it wrote; the problems newly found."""
         before = len(self.problems)
-        for target in self.targets.values():
+        every = [*self.targets.values(), *self.retired]
+        for target in every:
             for rec in [*target.stopping, *([target.current] if target.current else [])]:
                 rec.stop()
-        for target in self.targets.values():
+        for target in every:
             for rec in [*target.stopping, *([target.current] if target.current else [])]:
                 self._collect(target, rec)
             target.stopping.clear()
             target.current = None
             if not target.worked:
                 self._fail(target)
+        self.retired = []
         shutil.rmtree(self.workdir, ignore_errors=True)
         return self.problems[before:]
 
@@ -239,13 +320,16 @@ def _alive(rootfs: Path, pid: int) -> bool:
     return (rootfs / "proc" / str(pid)).is_dir()
 
 
-def targets(rootfs: Path, tree: list[int], gpu_pids: set[int]) -> list[int]:
+def targets(
+    rootfs: Path, tree: list[int], gpu_pids: set[int], limit: int | None = MAX_PROCESSES
+) -> list[int]:
     """Whose stacks to record: the job's processes on the GPU where NVML names them, and its
     processes that run Python and are not DataLoader workers (the root first: a launcher such
     as torchrun, then the ranks it started, each its own process, on a GPU or not: a rank
     that never reaches the GPU, or a job of ranks on CPUs, is sampled all the same), then
     the DataLoader workers (where a starved GPU's time goes: the dataset's and transforms'
-    lines), at most ``MAX_PROCESSES`` in all; else the root."""
+    lines), at most ``limit`` in all (None: every one, for :meth:`StackSampler.update` to
+    choose from as slots free up); else the root."""
     names = procfs.process_names(rootfs, tree)
     python = [
         pid
@@ -256,7 +340,7 @@ def targets(rootfs: Path, tree: list[int], gpu_pids: set[int]) -> list[int]:
     loaders = [pid for pid in python if names[pid].startswith(LOADER_NAMES)]
     python = [pid for pid in python if pid not in loaders]
     on_gpu = [pid for pid in tree if pid in gpu_pids] or sorted(gpu_pids)
-    return ([*on_gpu, *python, *loaders] or tree[:1])[:MAX_PROCESSES]
+    return ([*on_gpu, *python, *loaders] or tree[:1])[:limit]
 
 
 RANK_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
@@ -350,7 +434,8 @@ class Folder:
 
     def finish(self, segments: list[pyspy.Segment], ticks: Sequence[Tick]) -> StackTables:
         """The last batch folded, the threads that stayed in one stack (not a process's main
-        thread) dropped, and the tables renumbered to what the ticks still point at."""
+        thread) dropped, and the tables renumbered to what the ticks still point at. A tick's
+        time in a stack is kept to 0.1 ms; one that rounds to none is left out."""
         ticks = self.fold(segments, ticks)
         keep_threads = [
             n
@@ -388,7 +473,9 @@ class Folder:
                                 st.visits,
                             )
                             for st in tick.stacks
-                            if st.thread in thread_map
+                            # a stretch that overlaps the tick by under 50 us rounds to no time:
+                            # left out (a wait of 0.0 s divided the engine's work by zero)
+                            if st.thread in thread_map and round(st.seconds, 4) > 0
                         )
                     ),
                 )

@@ -16,19 +16,29 @@ a host sync in a library frame (``torch.cuda.synchronize``, a tensor formatted f
 a data library (tokenizers, PIL, torchvision's transforms, ...) is data preparation; a model or
 framework library (``torch``, transformers' models, timm, Lightning...) launches kernels; a line
 of the job's own code is read from its text, which the recording keeps: ``.item()``, ``.cpu()``,
-``.tolist()``, ``.numpy()``, ``synchronize()`` are a host sync, ``.cuda(`` and ``.to(...device...)``
-a copy to the GPU, ``torch.``/``model(``/``.backward(``/``@`` launching, ``sleep(`` waiting,
+``.tolist()``, ``.numpy()``, ``synchronize()`` and a ``.to(...)`` whose arguments name the
+``cpu`` are a host sync, ``.cuda(`` and ``.to(...device...)`` a copy to the GPU,
+``torch.``/``model(``/``.backward(``/``@`` launching, ``sleep(`` waiting,
 ``print(`` logging. Anything else the job's own code does (pure Python, numpy) is ``USER``: the
 diagnosis decides per tick whether that was launching or preparing data, and a ``USER`` stack
 inside a function that syncs, below the line that syncs, is the host working on the results it
 copied (``AFTER_SYNC``; :mod:`.threads` reads a whole recording: which thread trains, what it
 did tick by tick).
+
+**The job's own code** is every file that is no library's: not under ``site-packages`` or the
+interpreter's own ``lib/pythonX.Y``, and without a library's package folder (``/torch/``,
+``/diffusers/``...: a library installed with ``pip --target`` or on ``PYTHONPATH``) in its path.
+A package folder above the job's working directory or the folder of the script it runs as
+``__main__`` (:func:`own_roots`) does not count, nor one whose next folder is ``examples/`` or
+``scripts/``: ``/home/u/diffusers/examples/text_to_image/train_text_to_image.py`` is the job's
+(its ``.item()`` a sync, not a library launching), ``/repo/transformers/src/transformers/`` under
+a job run from ``/repo/transformers`` still the library's.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from sparkdiag.watch.model import StackFrame
@@ -121,6 +131,10 @@ SYNC_TEXT = re.compile(
     r"\.item\(\)|\.cpu\(\)|\.tolist\(\)|\.numpy\(|synchronize\(|"
     r"\.to\(\s*(device\s*=\s*)?['\"]cpu['\"]"
 )
+# a copy to the host: "cpu" anywhere in .to()'s arguments (.to(torch.device("cpu")),
+# .to(cpu_device), .to(device=host_cpu)), a call inside them included: read before COPY_TEXT,
+# whose "device" it holds too
+TO_HOST_TEXT = re.compile(r"\.to\((?:[^()]|\([^()]*\))*?(?:\([^()]*)?cpu", re.IGNORECASE)
 COPY_TEXT = re.compile(r"\.cuda\(|\.pin_memory\(|\.to\([^)]*(cuda|device|dev\b|gpu|non_blocking)")
 _LAUNCH_TEXT = re.compile(
     r"\btorch\.|\bF\.|\bnn\.|\bmodel\(|\.backward\(|\.step\(|\.zero_grad\(|\bforward\(|\s@\s"
@@ -128,19 +142,20 @@ _LAUNCH_TEXT = re.compile(
 _SLEEP_TEXT = re.compile(r"\bsleep\(")
 _PRINT_TEXT = re.compile(r"\bprint\(|\blog(ger|ging)?\.(info|debug|warning)\(")
 # the libraries whose frames the rules read, found by their package folder wherever they are
-# installed (a --target folder or PYTHONPATH entry has no site-packages in its path)
+# installed (a --target folder or PYTHONPATH entry has no site-packages in its path); a clone's
+# examples/ and scripts/ are the job's own code (diffusers/examples/text_to_image/train_...py)
 _PACKAGE_ROOT = re.compile(
     r"/(torch|transformers|timm|lightning|pytorch_lightning|lightning_fabric|tokenizers|numpy|"
     r"PIL|torchvision|torchaudio|accelerate|datasets|safetensors|deepspeed|triton|apex|peft|"
     r"diffusers|wandb|tensorboard|tensorboardX|mlflow|sentencepiece|tiktoken|cv2|"
     r"albumentations|pandas|pyarrow|torchmetrics|xformers|flash_attn|bitsandbytes|einops)/"
-    r"(?!.*/(site|dist)-packages/)"
+    r"(?!(?:examples|scripts)/)(?!.*/(site|dist)-packages/)"
 )
 
 
-def library_path(file: str) -> str | None:
-    """The path of a library frame from its package root (``torch/serialization.py``,
-    ``threading.py``); None for the job's own code."""
+def _installed(file: str) -> str | None:
+    """The path of a frame from the interpreter's own ``lib/pythonX.Y`` or a ``site-packages``
+    folder, below it; a frame with no file of its own (``<frozen runpy>``, native) as it is."""
     if file.startswith("<eval_with_key>"):  # code torch.fx generated (a compiled graph)
         return "torch/fx/generated/" + file
     if not file or file.startswith("<"):
@@ -149,11 +164,31 @@ def library_path(file: str) -> str | None:
         if marker in file:
             return file.rsplit(marker, 1)[1]
     match = re.search(r"/lib/python3[.\d]*/(.*)$", file)
+    return match.group(1) if match else None
+
+
+def _below(file: str, own: Sequence[str]) -> str:
+    """``file`` from the deepest of the job's own folders it lies under (``/sub/x.py``), or
+    whole where it lies under none."""
+    for root in sorted(own, key=len, reverse=True):
+        top = root.rstrip("/")
+        if top and file.startswith(top + "/"):
+            return file[len(top) :]
+    return file
+
+
+def library_path(file: str, own: Sequence[str] = ()) -> str | None:
+    """The path of a library frame from its package root (``torch/serialization.py``,
+    ``threading.py``); None for the job's own code. ``own``: the job's own folders
+    (:func:`own_roots`): a library's package folder above them is no library's (the module
+    docstring)."""
+    installed = _installed(file)
+    if installed is not None:
+        return installed
+    below = _below(file, own)
+    match = _PACKAGE_ROOT.search(below)  # installed elsewhere: pip --target, PYTHONPATH
     if match:
-        return match.group(1)
-    match = _PACKAGE_ROOT.search(file)  # installed elsewhere: pip --target, PYTHONPATH
-    if match:
-        return file[match.start() + 1 :]
+        return below[match.start() + 1 :]
     if "/torchinductor_" in file:
         return "torch/_inductor/generated/" + file.rsplit("/", 1)[-1]
     if file.endswith((".so", ".so.1", ".so.2")) or ".so." in file:
@@ -168,10 +203,34 @@ def function_name(name: str) -> str:
                   r"dictcomp|setcomp)>$", "", name) or name  # fmt: skip
 
 
-def short_file(file: str, cwd: str = "") -> str:
+def own_roots(
+    cwd: str, frames: Sequence[StackFrame], stacks: Iterable[Sequence[int]]
+) -> tuple[str, ...]:
+    """The folders of the job's own code: its working directory (as the job sees it, "" where
+    not known) and the folder of each script it runs as ``__main__``: a stack's outermost frame
+    where it is a module's top level (``<module>``: ``python train.py``), else its first frame
+    below the interpreter's own (runpy's, for ``python -m``) where that is a top level and no
+    library's by its path (``python -m torch.distributed.run`` from a ``PYTHONPATH`` folder is
+    not the job's)."""
+    roots = [cwd] if cwd.startswith("/") else []
+    for ids in stacks:
+        for n, i in enumerate(ids):
+            f = frames[i]
+            if _installed(f.file) is not None:
+                continue
+            if f.function == "<module>" and (n == 0 or library_path(f.file, roots[:1]) is None):
+                folder = f.file.rsplit("/", 1)[0]
+                if folder and folder not in roots:
+                    roots.append(folder)
+            break
+    return tuple(roots)
+
+
+def short_file(file: str, cwd: str = "", own: Sequence[str] = ()) -> str:
     """A frame's file as a report names it: a library's from its package root, the job's own
-    relative to its working directory where it lies under it."""
-    lib = library_path(file)
+    relative to its working directory where it lies under it. ``own``: the job's own folders
+    (:func:`own_roots`; its working directory where not given)."""
+    lib = library_path(file, own or ((cwd,) if cwd else ()))
     if lib is not None:
         return lib
     if cwd and file.startswith(cwd.rstrip("/") + "/"):
@@ -194,9 +253,10 @@ def _function(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
-def read(frames: Sequence[StackFrame], ids: Sequence[int]) -> Reading:
-    """The activity of one stack (``frames`` outermost first, ``ids`` their indexes)."""
-    libs = [library_path(f.file) for f in frames]
+def read(frames: Sequence[StackFrame], ids: Sequence[int], own: Sequence[str] = ()) -> Reading:
+    """The activity of one stack (``frames`` outermost first, ``ids`` their indexes); ``own``:
+    the job's own folders (:func:`library_path`)."""
+    libs = [library_path(f.file, own) for f in frames]
     user = [i for i, lib in enumerate(libs) if lib is None]
     site = ids[user[-1]] if user else (ids[-1] if ids else None)
 
@@ -229,6 +289,7 @@ def read(frames: Sequence[StackFrame], ids: Sequence[int]) -> Reading:
     text = frames[leaf].text
     for pattern, activity in (
         (SYNC_TEXT, SYNC),
+        (TO_HOST_TEXT, SYNC),
         (_SAVING_TEXT, CHECKPOINT),
         (_COLLECTIVE_TEXT, COLLECTIVE),
         (COPY_TEXT, COPY),

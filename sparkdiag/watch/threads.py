@@ -61,6 +61,7 @@ class Readings:
     training: frozenset[int]  # indexes into the recording's threads
     ticks: tuple[tuple[Sample, ...], ...] = ()
     feeding: frozenset[int] = frozenset()  # the training threads of the GPU's processes
+    roots: tuple[str, ...] = ()  # the folders of the job's own code (stacks.own_roots)
 
     def samples(self, tick: int) -> tuple[Sample, ...]:
         """What the training threads of every sampled process did in the tick."""
@@ -73,7 +74,9 @@ class Readings:
         return tuple(s for s in self.samples(tick) if s.thread in self.feeding)
 
 
-def _after_sync(rec: Recording, readings: list[st.Reading]) -> list[st.Reading]:
+def _after_sync(
+    rec: Recording, readings: list[st.Reading], own: Sequence[str] = ()
+) -> list[st.Reading]:
     """``USER`` stacks working on what a sync brought back: a frame of the job's own code in a
     function that syncs, at a line after the one that syncs."""
     first: dict[tuple[str, str], int] = {}
@@ -90,52 +93,55 @@ def _after_sync(rec: Recording, readings: list[st.Reading]) -> list[st.Reading]:
             for i in stack:
                 f = rec.frames[i]
                 line = first.get((f.file, f.function))
-                if line is not None and f.line > line and st.library_path(f.file) is None:
+                if line is not None and f.line > line and st.library_path(f.file, own) is None:
                     reading = st.Reading(st.AFTER_SYNC, reading.site, reading.via)
                     break
         out.append(reading)
     return out
 
 
-def _libs(rec: Recording, stack: int) -> list[str]:
-    return [st.library_path(rec.frames[i].file) or "" for i in rec.stacks[stack]]
+def _libs(rec: Recording, stack: int, own: Sequence[str] = ()) -> list[str]:
+    return [st.library_path(rec.frames[i].file, own) or "" for i in rec.stacks[stack]]
 
 
-def started_by_torch(rec: Recording, stack: int) -> bool:
+def started_by_torch(rec: Recording, stack: int, own: Sequence[str] = ()) -> bool:
     """The stack begins in a torch frame: a thread torch's C++ started (the autograd engine's),
-    running Python on torch's behalf."""
+    running Python on torch's behalf. ``own``: the job's own folders (stacks.own_roots)."""
     ids = rec.stacks[stack]
-    return bool(ids) and (st.library_path(rec.frames[ids[0]].file) or "").startswith("torch/")
+    lib = st.library_path(rec.frames[ids[0]].file, own) if ids else None
+    return (lib or "").startswith("torch/")
 
 
-def _engine_frame(rec: Recording, frame: int) -> bool:
+def _engine_frame(rec: Recording, frame: int, own: Sequence[str] = ()) -> bool:
     f = rec.frames[frame]
-    name = ENGINE_WAIT.get(st.library_path(f.file) or "")
+    name = ENGINE_WAIT.get(st.library_path(f.file, own) or "")
     return name is not None and f.function.rsplit(".", 1)[-1] == name
 
 
-def engine_wait(rec: Recording, stack: int) -> bool:
+def engine_wait(rec: Recording, stack: int, own: Sequence[str] = ()) -> bool:
     """The thread waits for the autograd engine (``loss.backward()``)."""
     ids = rec.stacks[stack]
-    return bool(ids) and _engine_frame(rec, ids[-1])
+    return bool(ids) and _engine_frame(rec, ids[-1], own)
 
 
-def through_engine(rec: Recording, stack: int) -> bool:
+def through_engine(rec: Recording, stack: int, own: Sequence[str] = ()) -> bool:
     """The stack runs inside the autograd engine, called from the thread's own backward() (on
     a CPU the engine runs the backward on the calling thread)."""
-    return any(_engine_frame(rec, i) for i in rec.stacks[stack])
+    return any(_engine_frame(rec, i, own) for i in rec.stacks[stack])
 
 
-def _training(rec: Recording, readings: list[st.Reading]) -> frozenset[int]:
+def _training(
+    rec: Recording, readings: list[st.Reading], roots: Sequence[str] = ()
+) -> frozenset[int]:
     score: dict[int, float] = {}
-    own: set[int] = set()  # threads with a stack the job started (not begun inside torch)
+    mine: set[int] = set()  # threads with a stack the job started (not begun inside torch)
     for tick in rec.ticks:
         for s in tick.stacks:
             if rec.threads[s.thread].loader:  # a DataLoader worker feeds the loop, never runs it
                 continue
-            if rec.stacks[s.stack] and not started_by_torch(rec, s.stack):
-                own.add(s.thread)
-            libs = _libs(rec, s.stack)
+            if rec.stacks[s.stack] and not started_by_torch(rec, s.stack, roots):
+                mine.add(s.thread)
+            libs = _libs(rec, s.stack, roots)
             if any(lib.startswith("torch/utils/data/_utils/pin_memory") for lib in libs):
                 continue
             working = readings[s.stack].activity in WORKING
@@ -144,14 +150,17 @@ def _training(rec: Recording, readings: list[st.Reading]) -> frozenset[int]:
     best: dict[int, int] = {}
     # the most seconds wins; a tie (none scored) goes to the main thread (tid == pid)
     main = {i for i, t in enumerate(rec.threads) if t.tid == t.pid and not t.loader}
-    ranked = sorted(own | main, key=lambda i: (score.get(i, 0.0), i in main))
+    ranked = sorted(mine | main, key=lambda i: (score.get(i, 0.0), i in main))
     for index in ranked:
         best[rec.threads[index].pid] = index
     return frozenset(best.values())
 
 
 def _tick_samples(
-    rec: Recording, readings: list[st.Reading], training: frozenset[int]
+    rec: Recording,
+    readings: list[st.Reading],
+    training: frozenset[int],
+    roots: Sequence[str] = (),
 ) -> tuple[tuple[Sample, ...], ...]:
     """Per tick, what each training thread did, the engine's work it waited for included (the
     module docstring)."""
@@ -165,18 +174,20 @@ def _tick_samples(
             backward_compile: set[int] = set()  # compiling a backward in this thread
             for s in own:
                 if readings[s.stack].activity == st.COMPILE:
-                    if through_engine(rec, s.stack):
+                    if through_engine(rec, s.stack, roots):
                         backward_compile.add(s.stack)
                     else:
                         last_compile[thread] = s.stack
-            waits = {s.stack: s.seconds for s in own if engine_wait(rec, s.stack)}
+            waits = {s.stack: s.seconds for s in own if engine_wait(rec, s.stack, roots)}
+            if sum(waits.values()) <= 0:  # a wait of no time (0.0 as recorded): none to fill
+                waits = {}
             engine = [
                 (readings[s.stack].activity, s.seconds)
                 for s in tick.stacks
                 if s.thread != thread
                 and s.thread not in training
                 and rec.threads[s.thread].pid == pid
-                and started_by_torch(rec, s.stack)
+                and started_by_torch(rec, s.stack, roots)
                 and readings[s.stack].activity not in (st.LAUNCH, st.WAITING, st.NOTHING)
             ]
             waited, worked = sum(waits.values()), sum(sec for _, sec in engine)
@@ -207,7 +218,7 @@ def _root(rec: Recording, stack: int) -> tuple[str, str] | None:
     return (rec.frames[ids[0]].file, rec.frames[ids[0]].function) if ids else None
 
 
-def _torn(rec: Recording, readings: list[st.Reading]) -> list[st.Reading]:
+def _torn(rec: Recording, readings: list[st.Reading], own: Sequence[str] = ()) -> list[st.Reading]:
     """Stacks py-spy read torn say nothing (``NOTHING``). It reads the job's memory without
     stopping it (``--nonblocking``), so a sample can hold only the innermost frames of a deep
     stack: on the H200 a training thread compiling with ``torch.compile`` (stacks of 100 frames
@@ -230,7 +241,7 @@ def _torn(rec: Recording, readings: list[st.Reading]) -> list[st.Reading]:
     usual = {}
     for thread, seen in roots.items():
         root = max(seen, key=lambda r: seen[r])
-        if not (st.library_path(root[0]) or "").startswith("torch/"):
+        if not (st.library_path(root[0], own) or "").startswith("torch/"):
             usual[thread] = root
     last: dict[int, int] = {}  # thread -> the last tick in which it was at its usual root
     for k, tick in enumerate(rec.ticks):
@@ -249,12 +260,14 @@ def _torn(rec: Recording, readings: list[st.Reading]) -> list[st.Reading]:
 
 
 def read_recording(rec: Recording) -> Readings:
-    readings = [st.read([rec.frames[i] for i in s], s) for s in rec.stacks]
-    readings = _after_sync(rec, _torn(rec, readings))
-    training = _training(rec, readings)
+    roots = st.own_roots(rec.cwd, rec.frames, rec.stacks)
+    readings = [st.read([rec.frames[i] for i in s], s, roots) for s in rec.stacks]
+    readings = _after_sync(rec, _torn(rec, readings, roots), roots)
+    training = _training(rec, readings, roots)
     on_gpu = gpu_pids(rec)
     feeding = frozenset(t for t in training if rec.threads[t].pid in on_gpu) or training
-    return Readings(tuple(readings), training, _tick_samples(rec, readings, training), feeding)
+    samples = _tick_samples(rec, readings, training, roots)
+    return Readings(tuple(readings), training, samples, feeding, roots)
 
 
 # -- the loop's frames ------------------------------------------------------------------------

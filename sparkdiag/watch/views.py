@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparkdiag.sources.nvml.gpu import UNHEALTHY_REASONS, reasons_mask
-from sparkdiag.watch.causes import mean, pct
+from sparkdiag.watch.causes import mean, pct, rate
 from sparkdiag.watch.model import GpuTick, ProcessLoad, Recording
 
 ACTIVE_MIN = 0.01  # utilization (or SM activity) of a tick in which the GPU ran some kernel
@@ -85,13 +85,34 @@ def seen_on_a_gpu(rec: Recording) -> bool:
     return any(g.job_on_gpu or g.job_memory_bytes for t in rec.ticks for g in t.gpus)
 
 
+def _held(g: GpuTick) -> bool:
+    """The job held the GPU this tick: among its compute processes, or holding memory there."""
+    return g.job_on_gpu or bool(g.job_memory_bytes)
+
+
+def _worked(g: GpuTick) -> bool:
+    """The job's kernels ran on the GPU this tick: its processes' own SM samples say so, or the
+    GPU was busy beyond what other processes' kernels took."""
+    own = (g.utilization or 0.0) - _others(g)
+    return (g.job_sm or 0.0) >= ACTIVE_MIN or own >= ACTIVE_MIN
+
+
+def held_gpus(rec: Recording) -> tuple[int, ...]:
+    """The GPUs the job was seen holding at some tick."""
+    return tuple(sorted({g.index for t in rec.ticks for g in t.gpus if _held(g)}))
+
+
 def job_gpus(rec: Recording) -> tuple[int, ...]:
-    """The GPUs the job ran on; where that is unknown (NVML lists none of its processes: another
-    PID namespace, a container), those that ran kernels at some tick that was not other
-    processes' (:func:`theirs`), else every GPU."""
-    on = sorted({g.index for t in rec.ticks for g in t.gpus if g.job_on_gpu or g.job_memory_bytes})
+    """The GPUs the job ran on: of those it held, the ones on which it ran kernels while it held
+    them (a GPU where it only held memory, a stray CUDA context on cuda:0 while it trained on
+    cuda:1, is left out: averaged in, its idle time halved "GPU busy" and read as a cause; all
+    it held where it ran no kernel anywhere). Where that is unknown (NVML lists none of its
+    processes: another PID namespace, a container), those that ran kernels at some tick that
+    was not other processes' (:func:`theirs`), else every GPU."""
+    on = held_gpus(rec)
     if on:
-        return tuple(on)
+        worked = {g.index for t in rec.ticks for g in t.gpus if _held(g) and _worked(g)}
+        return tuple(i for i in on if i in worked) or on
     busy = sorted(
         {
             g.index
@@ -219,6 +240,30 @@ def unused_note(rec: Recording, gpus: tuple[int, ...]) -> str:
         f"({who or 'not named'}), not the job's: NVML listed them, and none of the job's "
         "processes, on the GPU; check that the job runs on a GPU (device placement, "
         "CUDA_VISIBLE_DEVICES)"
+    )
+
+
+def idle_held_note(rec: Recording, gpus: tuple[int, ...]) -> str:
+    """The GPUs the job held but ran no kernel on (left out of the diagnosed ``gpus``), in one
+    line; "" where there are none."""
+    idle = [i for i in held_gpus(rec) if i not in gpus]
+    if not idle:
+        return ""
+    held: dict[int, float] = {}
+    for t in rec.ticks:
+        for g in t.gpus:
+            if g.index in idle and g.job_memory_bytes:
+                held[g.index] = max(held.get(g.index, 0.0), g.job_memory_bytes)
+    which = ", ".join(
+        f"GPU {i}" + (f" ({rate(held[i]).removesuffix('/s')} of memory)" if i in held else "")
+        for i in idle
+    )
+    one = len(idle) == 1
+    return (
+        f"{which}: the job held {'it' if one else 'them'} but ran no kernel there, so "
+        f"{'it is' if one else 'they are'} left out of the figures above (a CUDA context made "
+        "and not used, as by a torch.cuda call without a device or a tensor put on the default "
+        "device; CUDA_VISIBLE_DEVICES or torch.cuda.set_device keeps the job off it)"
     )
 
 
