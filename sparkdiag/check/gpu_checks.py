@@ -14,6 +14,7 @@ from collections.abc import Callable
 from sparkdiag.check.model import CheckContext, CheckResult, no_gpu_reason, no_gpu_skip
 from sparkdiag.check.model import gpu_index as _idx
 from sparkdiag.snapshot import GpuSample
+from sparkdiag.sources.nvml.xid import BUCKETS
 
 GpuCheck = Callable[[CheckContext, GpuSample], CheckResult]
 
@@ -172,9 +173,7 @@ def check_gpus(ctx: CheckContext) -> list[CheckResult]:
                 "fail",
                 f"GPU {first.identity.index} ({first.identity.pci_bus_id}) lost: "
                 f"{first.error or 'no answer'}; {seen}",
-                "the GPU fell off the bus: look for XID 79 in sudo dmesg; reset it "
-                f"(sudo nvidia-smi -r -i {first.identity.index}) or reboot; if it recurs, check "
-                "power and seating",
+                _lost_action(first),
                 data=data,
             )
         ]
@@ -207,6 +206,24 @@ def check_gpus(ctx: CheckContext) -> list[CheckResult]:
         return [no_gpu_skip("gpus", snap, **data)]
     suffix = " (as expected)" if expected is not None else ""
     return [CheckResult("gpus", "pass", seen + suffix, data=data)]
+
+
+def _lost_action(gpu: GpuSample) -> str:
+    """What to do about a GPU NVML lost, in the words of the XID catalog (the xid row gives
+    the same advice for the XID the kernel logged): gone from the bus (GPU_IS_LOST,
+    GPU_NOT_FOUND), XID 79's power cycle; a reset asked for (RESET_REQUIRED), a reset."""
+    error = gpu.error or ""
+    if "RESET_REQUIRED" in error:
+        return "the driver asks for a reset: " + BUCKETS["reset_gpu"].action.format(
+            gpu=gpu.identity.index
+        )
+    if "GPU_IS_LOST" in error or "GPU_NOT_FOUND" in error:
+        return "as for XID 79 (fallen off the bus): " + BUCKETS["restart_bm"].action
+    return (
+        f"NVML no longer answers for it: the xid row names what the kernel logged (sudo dmesg "
+        f"| grep NVRM); without an XID, reset it (sudo nvidia-smi -r -i {gpu.identity.index}) "
+        "or reboot"
+    )
 
 
 def pci_key(address: str) -> tuple[int, int, int, int] | None:

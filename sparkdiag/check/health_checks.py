@@ -3,14 +3,22 @@ NVIDIA's XID catalog), the recovery action the driver asks for, the NVLink fabri
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 
 from sparkdiag.check.gpu_checks import each_gpu
 from sparkdiag.check.model import CheckContext, CheckResult, Status
 from sparkdiag.check.model import gpu_index as _idx
 from sparkdiag.snapshot import GpuSample
-from sparkdiag.sources.nvml.xid import CATALOG_URL, parse_kernel_xids
+from sparkdiag.sources.nvml.xid import (
+    CATALOG_URL,
+    BusKey,
+    GpuReset,
+    bus_key,
+    kernel_gpu_resets,
+    kernel_xid_events,
+    last_reset,
+    parse_kernel_xids,
+)
 from sparkdiag.sources.nvml.xid import describe as describe_xid
 
 parse_xids = parse_kernel_xids  # the name tests and older callers use
@@ -99,27 +107,29 @@ check_row_remap = each_gpu("row-remap", _row_remap)
 # -- XID -----------------------------------------------------------------------------------------
 
 
-def _bus_key(domain: str, bus: str, device: str) -> tuple[int, int, int]:
-    return int(domain, 16), int(bus, 16), int(device, 16)
-
-
-def _gpu_bus_keys(ctx: CheckContext) -> dict[tuple[int, int, int], int]:
+def _gpu_bus_keys(ctx: CheckContext) -> dict[BusKey, int]:
     keys = {}
     for gpu in ctx.snapshot.gpus:
-        parts = re.match(r"^([0-9A-Fa-f]+):([0-9A-Fa-f]+):([0-9A-Fa-f]+)", gpu.identity.pci_bus_id)
-        if parts:
-            keys[_bus_key(*parts.groups())] = gpu.identity.index
+        key = bus_key(gpu.identity.pci_bus_id)
+        if key is not None:
+            keys[key] = gpu.identity.index
     return keys
 
 
 _RANK = {"critical": 0, "warning": 1, "info": 2}
 _STATUS: dict[str, Status] = {"critical": "fail", "warning": "warn", "info": "pass"}
+_STATUS_RANK: dict[Status, int] = {"fail": 0, "warn": 1, "pass": 2, "skip": 3}
+_RESET_ACTIONS = ("reset_gpu", "workflow_xid_48", "workflow_nvlink_err", "workflow_nvlink5_err")
 
 
 def check_xid(ctx: CheckContext) -> list[CheckResult]:
     """XID events in the kernel log since boot, by the tier NVIDIA's XID catalog gives each code
     (:mod:`sparkdiag.sources.nvml.xid`): a critical one fails, a warning one warns, informational
-    ones pass; the action is the catalog's for the worst code seen."""
+    ones pass; the action is the catalog's for the worst code seen. An event logged before the
+    kernel log shows its GPU set up again (the driver loaded, the GPU probed or reset by the
+    PCI core, initialised again: :func:`sparkdiag.sources.nvml.xid.kernel_gpu_resets`) warns at
+    most: it was logged before the last reset of that GPU. 'nvidia-smi -r' writes no line there:
+    after one, the XID fails until the driver is loaded again or the machine rebooted."""
     log = ctx.kernel_log
     if log is None or log.lines is None:
         why = log.unreadable if log is not None else "not read"
@@ -131,26 +141,68 @@ def check_xid(ctx: CheckContext) -> list[CheckResult]:
                 "run as root (or sysctl kernel.dmesg_restrict=0) to check XID events",
             )
         ]
-    xids = parse_xids(log.lines)
-    if not xids:
+    events = kernel_xid_events(log.lines)
+    if not events:
         return [CheckResult("xid", "pass", f"no XID event in the kernel log ({log.source})")]
     gpu_of = _gpu_bus_keys(ctx)
-    counts = Counter(xids)
+    resets = kernel_gpu_resets(log.lines)
+    # (address, code, the reset it was logged before or None) -> how many
+    counts: Counter[tuple[str, int, GpuReset | None]] = Counter()
+    for event in events:
+        reset = last_reset(resets, event.address)
+        counts[event.address, event.code, reset if reset and reset.line > event.line else None] += 1
+
+    def status(code: int, before: GpuReset | None) -> Status:
+        tier = describe_xid(code).tier
+        return "warn" if before is not None and tier != "info" else _STATUS[tier]
+
     ranked = sorted(
-        counts.items(), key=lambda item: (_RANK[describe_xid(item[0][1]).tier], -item[1])
+        counts.items(),
+        key=lambda item: (  # the worst first; of one status, what still stands first
+            _STATUS_RANK[status(item[0][1], item[0][2])],
+            item[0][2] is not None,
+            _RANK[describe_xid(item[0][1]).tier],
+            -item[1],
+        ),
     )
+
+    def index_of(address: str) -> int | None:
+        key = bus_key(address)
+        return None if key is None else gpu_of.get(key)
+
+    def gpu_name(address: str) -> str:
+        index = index_of(address)
+        return f"GPU {index}" if index is not None else f"the GPU at {address}"
+
     parts = []
-    for (address, code), n in ranked:
+    reset_of: dict[str, str] = {}  # GPU -> how the log shows its last reset
+    for (address, code, before), n in ranked:
         info = describe_xid(code)
-        index = gpu_of.get(_bus_key(*address.split(":")))
+        index = index_of(address)
         where = f"{address}" + (f", GPU {index}" if index is not None else "")
-        parts.append(f"XID {code} ×{n} ({where}): {info.meaning} [{info.tier}]")
-    (worst_address, worst_code), _ = ranked[0]
+        part = f"XID {code} ×{n} ({where}): {info.meaning} [{info.tier}]"
+        if before is not None:
+            part += f", logged before the last reset of {gpu_name(address)}"
+            reset_of.setdefault(gpu_name(address), before.how)
+        parts.append(part)
+    (worst_address, worst_code, worst_before), _ = ranked[0]
     worst = describe_xid(worst_code)
-    index = gpu_of.get(_bus_key(*worst_address.split(":")))
+    worst_status = status(worst_code, worst_before)
+    index = index_of(worst_address)
+    todo = worst.action("N" if index is None else index, in_check=True)
     action = ""
-    if worst.tier != "info":
-        action = f"XID {worst_code}: {worst.action('N' if index is None else index)}; {CATALOG_URL}"
+    if worst_before is not None and worst.tier != "info":
+        action = (
+            f"XID {worst_code} came before the last reset of {gpu_name(worst_address)}: nothing "
+            f"to do unless it comes back; then: {todo}; {CATALOG_URL}"
+        )
+    elif worst.tier != "info":
+        action = f"XID {worst_code}: {todo}; {CATALOG_URL}"
+        if worst.bucket in _RESET_ACTIONS:
+            action += (
+                "; nvidia-smi -r leaves no line in the kernel log: after one, this row fails "
+                "until the driver is loaded again (or the machine rebooted)"
+            )
     data = {
         "events": [
             {
@@ -159,13 +211,15 @@ def check_xid(ctx: CheckContext) -> list[CheckResult]:
                 "count": n,
                 "severity": describe_xid(x).tier,
                 "action": describe_xid(x).bucket,
+                "before_reset": before is not None,
             }
-            for (a, x), n in counts.items()
+            for (a, x, before), n in counts.items()
         ],
         "source": log.source,
     }
-    suffix = " (since boot)" if worst.tier != "info" else " (since boot; informational only)"
-    return [CheckResult("xid", _STATUS[worst.tier], "; ".join(parts) + suffix, action, data=data)]
+    suffix = " (since boot)" if worst_status != "pass" else " (since boot; informational only)"
+    suffix += "".join(f"; the last reset of {gpu}: {how}" for gpu, how in reset_of.items())
+    return [CheckResult("xid", worst_status, "; ".join(parts) + suffix, action, data=data)]
 
 
 # -- the driver's recovery action, the NVLink fabric ---------------------------------------------

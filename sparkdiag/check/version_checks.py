@@ -143,7 +143,7 @@ def check_versions(ctx: CheckContext) -> list[CheckResult]:
                 NAME,
                 "fail",
                 f"{driver_part}; torch {torch_version} is a CPU-only build: it cannot use the GPU",
-                f"install a CUDA build of torch{_up_to(supported)} "
+                f"install a CUDA build of torch{_for_cuda(supported)} "
                 "(the selector on https://pytorch.org/get-started/locally/ gives the command)",
                 data=data,
             )
@@ -171,8 +171,8 @@ def check_versions(ctx: CheckContext) -> list[CheckResult]:
                 "fail",
                 f"{driver_part} is too old for {torch_part} (CUDA {wanted[0]}.x needs driver "
                 f"≥ {_show(major_min)})",
-                f"upgrade the NVIDIA driver to ≥ {_show(major_min)}, or install a torch built "
-                f"for CUDA{_up_to(supported)} (https://pytorch.org/get-started/locally/)",
+                f"upgrade the NVIDIA driver to ≥ {_show(major_min)}, or install a CUDA build "
+                f"of torch{_for_cuda(supported)} (https://pytorch.org/get-started/locally/)",
                 data=data,
             )
         ]
@@ -194,12 +194,14 @@ def check_versions(ctx: CheckContext) -> list[CheckResult]:
             "warn",
             f"{driver_part} is older than {torch_part}: runs through minor version "
             "compatibility (no PTX JIT, some features missing)",
-            f"upgrade the driver to the branch of CUDA {_show(wanted[:2])}, or install a torch "
-            f"built for CUDA{_up_to(supported)}",
+            f"upgrade the driver to the branch of CUDA {_show(wanted[:2])}, or install a CUDA "
+            f"build of torch{_for_cuda(supported)}",
             data=data,
         )
     ]
 
 
-def _up_to(cuda: tuple[int, int] | None) -> str:
-    return "" if cuda is None else f" ≤ {_show(cuda)}"
+def _for_cuda(cuda: tuple[int, int] | None) -> str:
+    """The CUDA versions the driver runs, said of a torch build: the bound is CUDA's, not
+    torch's ("torch ≤ 13.0" read as a torch version)."""
+    return " for an older CUDA" if cuda is None else f" for CUDA {_show(cuda)} or older"

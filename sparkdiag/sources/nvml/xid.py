@@ -1,5 +1,6 @@
 """XID events: NVIDIA's XID catalog as facts (code, meaning, recommended action), their severity
-tiers, and the kernel-log lines that report them.
+tiers, the kernel-log lines that report them, and those that say a GPU was set up again since
+(:func:`kernel_gpu_resets`).
 
 The resolution buckets are the catalog's "immediate action" per code, for Ampere and newer GPUs
 (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html; NVIDIA's own NVSentinel
@@ -34,6 +35,9 @@ class Bucket:
 
     tier: Tier
     action: str  # what to do, one clause ("{gpu}" is the NVML index where known)
+    # the same inside 'sparkdiag check', where ``action`` would send the reader to check itself;
+    # None: ``action`` reads right there too
+    in_check: str | None = None
 
 
 # The catalog's immediate-action buckets, by their names (lower case, as label values).
@@ -73,6 +77,9 @@ BUCKETS: dict[str, Bucket] = {
         "warning",
         "restart the application that hit it; the GPU itself needs nothing (if it recurs "
         "without an application fault, run sparkdiag check)",
+        "restart the application that hit it; the GPU itself needs nothing (if it recurs "
+        "without an application fault, this run's ecc, row-remap and recovery-action rows say "
+        "whether the GPU is at fault)",
     ),
     "workflow_xid_45": Bucket(
         "warning", "it follows an earlier error: act on the XID logged before it"
@@ -85,6 +92,8 @@ BUCKETS: dict[str, Bucket] = {
         "warning",
         "do the GPU's recovery action (sparkdiag check names it; nvidia-smi -q shows 'GPU "
         "Recovery Action')",
+        "do the GPU's recovery action (the recovery-action row names it; nvidia-smi -q shows "
+        "'GPU Recovery Action')",
     ),
     "ignore": Bucket("info", "informational: nothing to do"),
     "unknown": Bucket(
@@ -173,8 +182,11 @@ class XidInfo:
     bucket: str  # a key of BUCKETS
     tier: Tier
 
-    def action(self, gpu: int | str = "N") -> str:
-        return BUCKETS[self.bucket].action.format(gpu=gpu)
+    def action(self, gpu: int | str = "N", *, in_check: bool = False) -> str:
+        """What to do, for GPU ``gpu``; ``in_check``: as a row of 'sparkdiag check' says it."""
+        bucket = BUCKETS[self.bucket]
+        text = bucket.in_check if in_check and bucket.in_check is not None else bucket.action
+        return text.format(gpu=gpu)
 
 
 def describe(code: int) -> XidInfo:
@@ -192,10 +204,136 @@ _KERNEL_XID = re.compile(
 def parse_kernel_xids(lines: tuple[str, ...]) -> list[tuple[str, int]]:
     """(PCI address as the kernel prints it, XID) for every ``NVRM: Xid`` line of a kernel log
     (``dmesg | grep -i xid``)."""
+    return [(event.address, event.code) for event in kernel_xid_events(lines)]
+
+
+# -- resets in the kernel log ----------------------------------------------------------------
+#
+# The lines after which a GPU's earlier XIDs no longer describe it: the driver set it up again.
+# Where each comes from (NVIDIA's open-gpu-kernel-modules, 595.45.04, and Linux):
+#
+# * "NVRM: loading NVIDIA UNIX ... Kernel Module  580.95.05 ...": the driver was loaded
+#   (kernel-open/nvidia/nv.c, nvidia_init_module, at NV_DBG_ERRORS, which the default debug
+#   level prints). It can only be loaded again once nothing holds a GPU, and it sets every GPU
+#   up anew: it stands for every GPU.
+# * "nvidia 0000:18:00.0: enabling device (0000 -> 0003)": the nvidia driver probed the device
+#   and turned on its memory decoding (Linux drivers/pci/setup-res.c, pci_enable_resources,
+#   pci_info). It is written when the device comes up with decoding off: at boot, and after
+#   the device was removed and found again (echo 1 > .../remove, then a rescan) or reset to
+#   its power-on state.
+# * "nvidia 0000:18:00.0: ready 1023ms after FLR" (or "after bus reset"): the PCI core reset
+#   the device and waited for it (Linux drivers/pci/pci.c, pci_dev_wait). Written only when
+#   the device took over a second to answer (below that it is pci_dbg).
+# * "NVRM: GPU at PCI:0000:18:00: GPU-<uuid>": written once per life of the driver's GPU object,
+#   just before that life's first XID (src/nvidia/src/kernel/gpu/rc/kernel_rc.c,
+#   _krcLogUuidOnce); the object is made when the driver initialises the GPU (RmInitAdapter ->
+#   gpumgrAttachGpu) and dropped when it shuts it down (RmShutdownAdapter). Seen again after
+#   an XID of that GPU, it says the GPU was initialised again in between.
+#
+# A reset by 'nvidia-smi -r' writes no line at the driver's default level (its "NVRM: Trigger
+# FLR" lines are NV_DBG_INFO): NVIDIA's own NVSentinel writes a syslog line of its own
+# ("GPU reset executed: GPU-...", ADR-020) to tell a reset happened. Where none of the lines
+# above follows an XID, nothing in the log says that the GPU was reset.
+
+_PCI = r"([0-9A-Fa-f]{4,8}):([0-9A-Fa-f]{2}):([0-9A-Fa-f]{2})"
+_DRIVER_LOADED = re.compile(r"NVRM: loading NVIDIA UNIX\b")
+_PROBED = re.compile(r"(?:^|[\s\]])nvidia " + _PCI + r"\.[0-7]: enabling device \(")
+_RESET_WAITED = re.compile(
+    r"(?:^|[\s\]])\S+ " + _PCI + r"\.[0-7]: ready \d+ms after (?:FLR|AF_FLR|bus reset)\s*$"
+)
+_UUID_LOGGED = re.compile(r"NVRM: GPU at PCI:" + _PCI + r": GPU-[0-9A-Fa-f-]+\s*$")
+
+BusKey = tuple[int, int, int]  # (domain, bus, device)
+
+
+def bus_key(address: str) -> BusKey | None:
+    """(domain, bus, device) of a PCI address as the kernel (``0000:18:00``, ``0000:18:00.0``)
+    or NVML (``00000000:18:00.0``) writes it; None when it is neither."""
+    match = re.match(r"^" + _PCI, address.strip())
+    if match is None:
+        return None
+    domain, bus, device = (int(part, 16) for part in match.groups())
+    return domain, bus, device
+
+
+@dataclass(frozen=True)
+class KernelXid:
+    """One ``NVRM: Xid`` line: the GPU's PCI address as the kernel prints it, the code, and the
+    line's place in the log (its records are in the order the kernel wrote them)."""
+
+    address: str
+    code: int
+    line: int
+
+
+@dataclass(frozen=True)
+class GpuReset:
+    """A line after which a GPU was set up again (the comment above :data:`_DRIVER_LOADED`)."""
+
+    line: int
+    key: BusKey | None  # None: every GPU (the driver was loaded)
+    how: str  # what the log says happened, as a clause
+
+
+def kernel_xid_events(lines: tuple[str, ...]) -> list[KernelXid]:
+    """Every ``NVRM: Xid`` line of a kernel log, in order."""
     found = []
-    for line in lines:
+    for number, line in enumerate(lines):
         match = _KERNEL_XID.search(line)
         if match:
             domain, bus, device, xid = match.groups()
-            found.append((f"{domain}:{bus}:{device}", int(xid)))
+            found.append(KernelXid(f"{domain}:{bus}:{device}", int(xid), number))
     return found
+
+
+def kernel_gpu_resets(lines: tuple[str, ...]) -> list[GpuReset]:
+    """The lines of a kernel log after which a GPU was set up again, in order: the driver
+    loaded, the device probed or reset by the PCI core, the GPU initialised again (its UUID
+    logged anew after an XID of it). See the comment above :data:`_DRIVER_LOADED`."""
+    resets: list[GpuReset] = []
+    xid_seen: set[BusKey] = set()
+    for number, record in enumerate(lines):
+        # a /dev/kmsg record of a device's message goes on with its properties, one a line
+        # (" SUBSYSTEM=pci", " DEVICE=+pci:0000:18:00.0"): the message is the first line
+        line = record.partition("\n")[0]
+        if "NVRM: Xid" in line:
+            match = _KERNEL_XID.search(line)
+            if match:
+                xid_seen.add(_key(match))
+            continue
+        if _DRIVER_LOADED.search(line):
+            resets.append(GpuReset(number, None, "the NVIDIA driver was loaded again"))
+            continue
+        for pattern, how in (
+            (_PROBED, "the nvidia driver probed it again (enabling device)"),
+            (_RESET_WAITED, "the PCI core reset it"),
+        ):
+            match = pattern.search(line)
+            if match:
+                resets.append(GpuReset(number, _key(match), how))
+                break
+        else:
+            match = _UUID_LOGGED.search(line)
+            if match and _key(match) in xid_seen:
+                resets.append(
+                    GpuReset(
+                        number,
+                        _key(match),
+                        "the driver initialised it again (its UUID logged anew)",
+                    )
+                )
+    return resets
+
+
+def _key(match: re.Match[str]) -> BusKey:
+    domain, bus, device = (int(part, 16) for part in match.groups()[:3])
+    return domain, bus, device
+
+
+def last_reset(resets: list[GpuReset], address: str) -> GpuReset | None:
+    """The last of ``resets`` that concerns the GPU at ``address`` (kernel or NVML form)."""
+    key = bus_key(address)
+    for reset in reversed(resets):
+        if reset.key is None or reset.key == key:
+            return reset
+    return None
