@@ -63,7 +63,10 @@ def connect_readonly(path: Path, timeout: float) -> sqlite3.Connection:
     except sqlite3.Error as exc:
         conn.close()
         if not nobody_writes(path):
-            raise sqlite3.OperationalError(f"{exc}{_why_not_read(path)}") from exc
+            why = _why_not_read(path, exc)
+            if not why:
+                raise  # as SQLite said it, with its code (access_hint reads it)
+            raise sqlite3.OperationalError(f"{exc}{why}") from exc
     conn = connect(f"{uri}?mode=ro&immutable=1", timeout, uri=True)
     try:
         conn.execute("PRAGMA user_version").fetchone()
@@ -89,9 +92,29 @@ def nobody_writes(path: Path) -> bool:
     return mount is not None and mount.filesystem_read_only
 
 
-def _why_not_read(path: Path) -> str:
-    """Why a read-only reader cannot open the store without its ``-shm``."""
+# SQLite's primary result codes (sqlite3.h) for a file that could not be opened or written:
+# READONLY (8, with READONLY_DIRECTORY, READONLY_CANTINIT ...: the -shm could not be made) and
+# CANTOPEN (14); and for a file that is not a database, or a damaged one: NOTADB, CORRUPT.
+_OPEN_FAILED = (sqlite3.SQLITE_READONLY, sqlite3.SQLITE_CANTOPEN)
+_NOT_A_STORE = (sqlite3.SQLITE_NOTADB, sqlite3.SQLITE_CORRUPT)
+
+
+def _code(exc: sqlite3.Error | None) -> int | None:
+    """The primary result code of ``exc`` (extended codes carry it in their low byte)."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    return None if code is None else code & 0xFF
+
+
+def _why_not_read(path: Path, exc: sqlite3.Error) -> str:
+    """Why a read-only reader cannot open the store without its ``-shm``: said only where
+    that is so, for a failure to open (READONLY, CANTOPEN), with the ``-shm`` absent and the
+    directory really not writable (a read-only mount, or no permission); "" otherwise, and
+    the caller raises SQLite's own error (a file that is not a database says so)."""
     shm = path.name + "-shm"
+    if _code(exc) not in _OPEN_FAILED or path.with_name(shm).exists():
+        return ""
+    if os.access(path.parent, os.W_OK | os.X_OK):
+        return ""
     try:
         mount_ro = bool(os.statvfs(path).f_flag & os.ST_RDONLY)
     except OSError:
@@ -132,6 +155,8 @@ def access_hint(path: Path, exc: sqlite3.Error | None, busy_timeout_s: float) ->
     locked"; say which: a read-only or full file system, a missing permission, another
     process's write lock."""
     text = str(exc).lower()
+    if _code(exc) in _NOT_A_STORE:
+        return f" (the file is damaged or is not a baseline store: {DAMAGED_ACTION})"
     if "locked" in text or "busy" in text:
         return (
             f" (another process has held its write lock for over {busy_timeout_s:g} s: "
