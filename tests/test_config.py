@@ -267,14 +267,120 @@ def test_a_byte_order_mark_is_read_past(tmp_path: Path) -> None:
     assert load_file(path) == {"poll_interval": 2.0}
 
 
-def test_config_default_says_which_keys_the_daemon_does_not_read() -> None:
-    """'peer = "spark-2"' passed config check and the daemon did nothing with it: a key only
-    other commands read says so where config default lists it (found in a review)."""
-    from sparkdiag.config import OPTIONS, default_config_text
+def test_config_default_says_which_commands_read_each_key_from_the_file() -> None:
+    """'peer = "spark-2"' passed config check and the daemon did nothing with it; then config
+    default said "Read by check, not by serve", yet check takes no --config: a peer in the file
+    was read by nothing. Each key serve does not read says who reads it from this file: fleet
+    (with --config), or no command (a flag of check and link only)."""
+    from sparkdiag.config import CONFIG_FILE_COMMANDS, OPTIONS, default_config_text
 
     text = " ".join(line.lstrip("# ") for line in default_config_text().splitlines())
+    assert "Read by check" not in text and "Read by check, link" not in text
+    assert "read by 'serve --config FILE'; 'fleet --config FILE' reads the keys" in text
     for option in OPTIONS:
-        if "serve" not in option.scopes:
-            readers = ", ".join(sorted(option.scopes))
-            assert f"Read by {readers}, not by serve." in text, option.key
-    assert text.count("not by serve.") == sum("serve" not in o.scopes for o in OPTIONS)
+        readers = option.scopes & CONFIG_FILE_COMMANDS
+        if "serve" in readers:
+            continue
+        if readers == {"fleet"}:
+            said = "Read from this file by fleet (with --config), not by serve."
+        else:
+            assert not readers, option.key
+            said = "Not read from this file by any command: a flag of"
+        assert f"Allowed: {option.allowed()}. {said}" in text, option.key
+    assert "Not read from this file by any command: a flag of check (--peer)." in text
+    assert (
+        "Not read from this file by any command: a flag of check and link (--link.secret-file)."
+        in text
+    )
+    assert text.count("Read from this file by fleet (with --config)") == 9
+
+
+def test_the_commands_that_read_a_configuration_file_are_those_with_config() -> None:
+    """CONFIG_FILE_COMMANDS, which config default and config check go by, is what the CLI gives
+    --config to (settings_options(..., config_file=True))."""
+    import click
+
+    from sparkdiag.cli import main
+    from sparkdiag.config import CONFIG_FILE_COMMANDS
+
+    def commands(group: click.Group, path: str = "") -> list[tuple[str, click.Command]]:
+        found = []
+        context = click.Context(group)
+        for name in group.list_commands(context):  # the CLI loads its commands lazily
+            command = group.get_command(context, name)
+            assert command is not None, name
+            if isinstance(command, click.Group):
+                found += commands(command, f"{path}{name} ")
+            else:
+                found.append((f"{path}{name}", command))
+        return found
+
+    with_config = {
+        name
+        for name, command in commands(main)
+        if any("--config" in p.opts for p in command.params)
+    }
+    assert with_config == CONFIG_FILE_COMMANDS
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "inside"),
+    [
+        ("probe = 3\n", "probe", "(enabled, interval, when ...;"),
+        ('path = "/sys"\n', "path", "(sysfs, rootfs;"),
+        ("[web]\nconfig = 1\n", "web.config", "(file;"),
+    ],
+)
+def test_a_value_given_to_a_table_is_named_a_table(
+    tmp_path: Path, text: str, key: str, inside: str
+) -> None:
+    """'probe = 3' said "probe: unknown key; did you mean probe.when?": probe is a table."""
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as info:
+        load_file(path)
+    said = str(info.value)
+    assert said.startswith(f"{path}: {key}: a table ([{key}]), not a value: set its keys under")
+    assert inside in said and "did you mean" not in said and "unknown key" not in said
+    checked = run("config", "check", str(path))
+    assert checked.returncode == 2 and f"{key}: a table ([{key}])" in checked.stderr
+
+
+@pytest.mark.parametrize(
+    ("text", "key", "flag"),
+    [
+        ('peer = "spark-2"\n', "peer", "a flag of check (--peer) only"),
+        (
+            '[link]\nsecret-file = "/etc/sparkdiag/link.secret"\n',
+            "link.secret-file",
+            "a flag of check and link (--link.secret-file) only",
+        ),
+    ],
+)
+def test_config_check_warns_of_a_key_no_command_reads_from_a_file(
+    tmp_path: Path, text: str, key: str, flag: str
+) -> None:
+    """A peer in config.toml was read by nothing (check and link take no --config), and config
+    check said ok. It still exits 0 (its --help: 0 when every key and value is allowed), with a
+    warning naming the key and the flag to give instead."""
+    path = write(tmp_path, text)
+    said: list[str] = []
+    load_file(path, say=said.append)
+    assert said == [
+        f"warning: {path}: {key}: no command reads this key from a configuration file: it is "
+        f"{flag}; give it there, and remove it here"
+    ]
+    checked = run("config", "check", str(path))
+    assert checked.returncode == 0 and f"{path}: ok (listen" in checked.stdout
+    assert checked.stderr == said[0] + "\n"
+
+
+def test_a_key_fleet_reads_from_the_file_is_not_warned_of(tmp_path: Path) -> None:
+    path = write(tmp_path, 'prometheus = "http://prom:9090"\npoll-interval = 2\n')
+    said: list[str] = []
+    assert load_file(path, say=said.append) == {
+        "prometheus_url": "http://prom:9090",
+        "poll_interval": 2.0,
+    }
+    assert said == []
+    checked = run("config", "check", str(path))
+    assert (checked.returncode, checked.stderr) == (0, "")

@@ -10,7 +10,8 @@ final (no restart loop).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import sys
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ from sparkdiag.config.table import DEFAULTS, OPTIONS, OPTIONS_BY_ATTR, OPTIONS_B
 from sparkdiag.terminal import wrap
 
 __all__ = [
+    "CONFIG_FILE_COMMANDS",
     "DEFAULTS",
     "DEFAULT_LISTEN",
     "DEFAULT_PORT",
@@ -119,6 +121,35 @@ assert {o.attr for o in OPTIONS} == {f.name for f in fields(Settings)}, (
 
 MAX_CONFIG_BYTES = 1 << 20  # a configuration is a few KiB; read no more than this
 
+# The commands that read a configuration file: those given --config
+# (flags.settings_options(..., config_file=True); tests/test_config.py holds the two together).
+# Every other command takes its settings as flags only.
+CONFIG_FILE_COMMANDS = frozenset({"serve", "fleet"})
+
+# The [table]s of the file: every dotted prefix of a key ("probe", "web.config", ...)
+TABLES = frozenset(
+    head
+    for o in OPTIONS
+    for head in (o.key.rsplit(".", n)[0] for n in range(1, o.key.count(".") + 1))
+)
+
+
+def file_readers(option: Option) -> frozenset[str]:
+    """The commands that read ``option`` from a configuration file (it may be a flag of
+    others)."""
+    return option.scopes & CONFIG_FILE_COMMANDS
+
+
+def _flags_of(option: Option) -> str:
+    """'a flag of check and link (--link.secret-file)'."""
+    commands = sorted(option.scopes)
+    named = commands[0] if len(commands) == 1 else ", ".join(commands[:-1]) + " and " + commands[-1]
+    return f"a flag of {named} (--{option.key})"
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
 
 def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     flat: dict[str, Any] = {}
@@ -131,8 +162,11 @@ def _flatten(table: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def load_file(path: Path) -> dict[str, Any]:
-    """Read a TOML configuration: {Settings attribute: validated value}."""
+def load_file(path: Path, say: Callable[[str], None] = _to_stderr) -> dict[str, Any]:
+    """Read a TOML configuration: {Settings attribute: validated value}.
+
+    A key that no command reads from a file (a flag of check or link only: ``peer``) is
+    valid, and read by nothing: a warning to ``say`` (standard error) names it."""
     try:
         # bounded, and never a FIFO or a device (/dev/zero must not fill the memory);
         # safeload imports tomllib here, only with --config
@@ -144,6 +178,13 @@ def load_file(path: Path) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for key, value in flat.items():
         option = OPTIONS_BY_KEY.get(key)
+        if option is None and key in TABLES:  # "probe = 3" was "did you mean probe.when?"
+            inside = [o.key[len(key) + 1 :] for o in OPTIONS if o.key.startswith(key + ".")]
+            more = " ..." if len(inside) > 3 else ""
+            raise ConfigError(
+                f"{path}: {echo(key)[1:-1]}: a table ([{key}]), not a value: set its keys under "
+                f"[{key}] ({', '.join(inside[:3])}{more}; 'sparkdiag config default' lists them)"
+            )
         if option is None:
             import difflib  # only to name the key that was meant
 
@@ -154,6 +195,11 @@ def load_file(path: Path) -> dict[str, Any]:
                 "every key is listed by 'sparkdiag config default'"
             )
         values[option.attr] = option.convert(value, f"{path}: ")
+        if not file_readers(option):
+            say(
+                f"warning: {path}: {option.key}: no command reads this key from a configuration "
+                f"file: it is {_flags_of(option)} only; give it there, and remove it here"
+            )
     return values
 
 
@@ -188,9 +234,10 @@ CONFIG_COLUMNS = 79  # the default configuration's comments fit an 80-column edi
 def default_config_text() -> str:
     """The default configuration as commented TOML: every key, its default and what it does."""
     lines = [
-        "# sparkdiag configuration (TOML). Every key is also a command-line flag",
-        "# (--KEY, with a dot for a [table] key, e.g. --probe.interval); flags win",
-        "# over this file.",
+        "# sparkdiag configuration (TOML), read by 'serve --config FILE'; 'fleet",
+        "# --config FILE' reads the keys marked for fleet. Every key is also a",
+        "# command-line flag (--KEY, with a dot for a [table] key, e.g.",
+        "# --probe.interval); flags win over this file.",
         "# Uncomment a line to change it.",
         "",
     ]
@@ -206,14 +253,20 @@ def default_config_text() -> str:
             lines += ["", f"[{head}]"]
             table = head
         # within 80 columns (a help of 300 characters on one line read badly in an editor)
-        # a key the daemon does not read says who does: 'peer = "spark-2"' passed config
-        # check and the daemon did nothing with it (found in a review)
-        readers = (
-            ""
-            if "serve" in option.scopes
-            else f" Read by {', '.join(sorted(option.scopes))}, not by serve."
-        )
-        text = f"{option.help} Allowed: {option.allowed()}.{readers}"
+        # a key the daemon does not read says who reads it from this file, if anyone: 'peer =
+        # "spark-2"' passed config check, and neither the daemon nor check (which takes no
+        # --config) did anything with it (found in reviews)
+        readers = file_readers(option)
+        if "serve" in readers:
+            said = ""
+        elif readers:
+            said = (
+                f" Read from this file by {' and '.join(sorted(readers))} (with --config), "
+                "not by serve."
+            )
+        else:
+            said = f" Not read from this file by any command: {_flags_of(option)}."
+        text = f"{option.help} Allowed: {option.allowed()}.{said}"
         lines += wrap(text, CONFIG_COLUMNS, "# ", "# ")
         lines.append(f"# {name} = {_toml_value(option.default)}")
     return "\n".join(lines) + "\n"
