@@ -20,7 +20,8 @@ from sparkdiag.scheduling.probe_state import ProbeState
 from sparkdiag.scheduling.wiring import Probes, build_schedulers, stop_workers
 from sparkdiag.sdnotify import Notifier
 from sparkdiag.snapshot import Snapshot
-from sparkdiag.telemetry.build import build_poller
+from sparkdiag.sources.nvml.driver import ANSWER_SECONDS
+from sparkdiag.telemetry.build import build_poller, first_poll
 from sparkdiag.telemetry.poller import Poller
 from sparkdiag.telemetry.stall import StallLog
 from sparkdiag.web.http import ExporterServer, health_check
@@ -49,10 +50,11 @@ def url_host(host: str) -> str:
 
 
 def dump(settings: Settings) -> bytes:
-    """One poll rendered in the Prometheus text format."""
-    poller = build_poller(settings, say_unavailable=False)
+    """One poll rendered in the Prometheus text format. NVML that does not start and answer
+    within ``ANSWER_SECONDS`` is down (sparkdiag_nvml_up 0, the reason logged): a hung driver
+    hung dump for ever, deaf to Ctrl-C (found in a review)."""
+    poller, snap = first_poll(settings, ANSWER_SECONDS, say_unavailable=False)
     try:
-        snap = poller.poll_once()
         say_skipped(settings, poller, snap, serving=False)
         return render(build_registry(lambda: poller.latest, compat_dcgm=settings.compat_dcgm))
     finally:

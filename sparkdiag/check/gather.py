@@ -4,6 +4,10 @@ Every reading of the machine comes from :mod:`sparkdiag.sources` (the poller's s
 :mod:`~sparkdiag.sources.host.cpufreq`, :mod:`~sparkdiag.sources.host.procfs`,
 :mod:`~sparkdiag.sources.software.packages` and :mod:`~sparkdiag.sources.host.kernel_log`), each
 under the configured ``--path.sysfs`` / ``--path.rootfs``; this module only puts them together.
+
+NVML's start and the first poll are waited for at most ``nvml_timeout`` seconds
+(:func:`first_poll`): a driver that hangs gives an ``nvml`` row that says so, not a check that
+never ends.
 """
 
 from __future__ import annotations
@@ -40,12 +44,13 @@ from sparkdiag.soak.state import inspect_state
 from sparkdiag.sources.host.cpufreq import read_governors
 from sparkdiag.sources.host.kernel_log import read_kernel_log
 from sparkdiag.sources.host.procfs import device_holders, process_names
+from sparkdiag.sources.nvml.driver import ANSWER_SECONDS
 from sparkdiag.sources.software.cuda_libraries import ScanCache, scan
 from sparkdiag.sources.software.packages import read_torch
 from sparkdiag.sources.software.pyenv import NotAnEnvironment
 from sparkdiag.storage.run import ProbeRequest
 from sparkdiag.storage.session import Where, probe_directory
-from sparkdiag.telemetry.build import build_poller
+from sparkdiag.telemetry.build import first_poll
 
 QUICK_SKIP = "--quick: nothing that loads the GPU runs (run without --quick to probe)"
 
@@ -81,12 +86,14 @@ def gather(
     on_probe: Callable[[Sequence[GpuSample]], None] | None = None,
     on_peer: Callable[[str], None] | None = None,
     storage: Path | None = None,
+    nvml_timeout: float = ANSWER_SECONDS,
 ) -> CheckContext:
     """Poll once, probe every idle GPU (unless ``quick``), read the host, and with ``storage`` a
-    directory's read and write speed (it writes; never recorded); FixtureError passes up."""
-    poller = build_poller(settings)
+    directory's read and write speed (it writes; never recorded); FixtureError passes up. NVML
+    that does not start and answer the first poll within ``nvml_timeout`` seconds is down
+    (:func:`sparkdiag.telemetry.build.first_poll`)."""
+    poller, snapshot = first_poll(settings, nvml_timeout)
     try:
-        snapshot = poller.poll_once()
         pids = sorted({p for g in snapshot.gpus for p in g.compute_pids or ()})
         governors, governor_note = read_governors(settings.sysfs)
         ctx = CheckContext(

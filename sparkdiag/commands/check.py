@@ -3,10 +3,19 @@
 Registered in :mod:`sparkdiag.cli` with ``main.add_command(check)``. Tests inject what would
 otherwise come from the machine (the probe launcher, the installed torch, the kernel log) as
 the click context object: ``CliRunner().invoke(check, args, obj=Sources(...))``.
+
+A driver that hangs does not hang check: NVML's start and first poll are waited for at most
+``--nvml-timeout`` seconds (:func:`sparkdiag.check.gather.first_poll`), the ``nvml`` row then
+fails, and the process ends as any other run does (the thread still stuck in the driver is a
+daemon thread, which the interpreter does not wait for). With
+``--json`` a run that is interrupted, or fails, still prints its document (``"interrupted":
+true``, or ``"error"``) before the group ends it as it would have.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import sys
 import time
@@ -20,13 +29,21 @@ import click
 from sparkdiag import terminal
 from sparkdiag.check.catalog import run_checks
 from sparkdiag.check.gather import Sources, gather
-from sparkdiag.check.model import run_exit_code
-from sparkdiag.check.report import render_json, table
+from sparkdiag.check.model import CheckResult, run_exit_code
+from sparkdiag.check.report import document, render_json, table
 from sparkdiag.check.stall_checks import STALL_INTERVAL, STALL_SAMPLES
 from sparkdiag.commands.common import setup_logging
+from sparkdiag.errors import Exit, SparkdiagError
 from sparkdiag.flags import path_option, settings_from, settings_options
 from sparkdiag.probe.launchers import FixtureLauncher
 from sparkdiag.snapshot import GpuSample
+from sparkdiag.sources.nvml.driver import ANSWER_SECONDS, GivenUp, given_up, hung_reason
+
+HUNG_ACTION = (
+    "the NVIDIA driver does not answer: look for NVRM and Xid lines in sudo dmesg, and see "
+    "whether nvidia-smi answers (it hangs too when the driver does); a driver stuck in the "
+    "kernel usually takes a reboot"
+)
 
 
 def _progress(gpus: Sequence[GpuSample], timeout: float) -> None:
@@ -60,6 +77,16 @@ def _progress(gpus: Sequence[GpuSample], timeout: float) -> None:
     metavar="N",
     help="Fail unless N GPUs are visible (and NVML itself loads).",
 )
+@click.option(
+    "--nvml-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=ANSWER_SECONDS,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long to wait for NVML to start and answer the first poll. Past it the driver "
+    "is taken as hung: the nvml row fails (NVML did not answer in SECONDS s), the host "
+    "checks still run, and check exits 3.",
+)
 @path_option(
     "--storage",
     "storage_dir",
@@ -76,6 +103,7 @@ def check(
     as_json: bool,
     quick: bool,
     expect_gpus: int | None,
+    nvml_timeout: float,
     storage_dir: Path | None,
     **given: Any,
 ) -> int:
@@ -99,7 +127,12 @@ def check(
       1  at least one warning and no failure, or nothing judged (no GPU was
          checked)
       2  the check could not run: a bad flag or value, an unreadable fixture
-      3  at least one check failed
+      3  at least one check failed (NVML that did not answer within
+         --nvml-timeout is one)
+    130  interrupted (Ctrl-C, SIGTERM)
+    With --json, a run interrupted or ended by an error still prints its
+    document: "interrupted": true (or the "error"), no check listed, its
+    "exit_code" the status above.
     """
     started = time.monotonic()
     settings = settings_from("check", given)
@@ -107,20 +140,71 @@ def check(
     sources = ctx.find_object(Sources) or Sources()
     if settings.probe_fixture is not None:
         sources = replace(sources, launcher=FixtureLauncher(settings.probe_fixture))
-    context = gather(
-        settings,
-        quick=quick,
-        expect_gpus=expect_gpus,
-        sources=sources,
-        on_probe=lambda gpus: _progress(gpus, settings.probe_timeout),
-        on_peer=lambda line: click.echo(line, err=True) if sys.stderr.isatty() else None,
-        storage=storage_dir,
-    )
-    results = run_checks(context)
+    earlier = len(given_up())
+    try:
+        context = gather(
+            settings,
+            quick=quick,
+            expect_gpus=expect_gpus,
+            sources=sources,
+            on_probe=lambda gpus: _progress(gpus, settings.probe_timeout),
+            on_peer=lambda line: click.echo(line, err=True) if sys.stderr.isatty() else None,
+            storage=storage_dir,
+            nvml_timeout=nvml_timeout,
+        )
+        results = run_checks(context)
+    except KeyboardInterrupt as exc:  # SIGINT, SIGTERM or SIGHUP: the group exits 130
+        if as_json:
+            signal_name = getattr(exc, "signal_name", "SIGINT")
+            _unfinished(started, quick, {"interrupted": True, "signal": signal_name})
+        raise
+    except SparkdiagError as exc:  # the group says it on stderr and exits with its status
+        if as_json:
+            _unfinished(started, quick, {"error": exc.line()}, exc.exit_code)
+        raise
+    except Exception as exc:  # a sparkdiag bug: its traceback follows, exit 1
+        if as_json:
+            _unfinished(started, quick, {"error": f"{type(exc).__name__}: {exc}"}, 1)
+        raise
+    hung = given_up()[earlier:]
+    if hung:
+        results = _nvml_hung(results, hung[0])
     duration = time.monotonic() - started
     if as_json:
         click.echo(render_json(results, duration, quick), nl=False)
     else:
         colour = not os.environ.get("NO_COLOR")
         click.echo(table(results, duration, colour=colour), nl=False, color=None)
+    # the thread still stuck in the driver is a daemon thread in a foreign call (the GIL
+    # released): the group ends the process as for any other run, without waiting for it
     return run_exit_code(results)
+
+
+def _nvml_hung(results: Sequence[CheckResult], hung: GivenUp) -> list[CheckResult]:
+    """The ``nvml`` row of a driver that did not answer within ``--nvml-timeout``: a failure,
+    with what to look at. The catalogue's check sees only NVML down (the reason is the hung
+    one), and skips where sysfs shows no NVIDIA GPU on the bus ("no NVIDIA driver here"), which
+    a driver that hangs belies. The rows that refer to it stay as they are."""
+    row = CheckResult(
+        "nvml",
+        "fail",
+        f"{hung_reason(hung.seconds)} ({hung.what})",
+        HUNG_ACTION,
+        data={"timeout_seconds": hung.seconds, "waited_for": hung.what},
+    )
+    if not any(r.name == "nvml" for r in results):
+        return [row, *results]
+    return [row if r.name == "nvml" else r for r in results]
+
+
+def _unfinished(
+    started: float, quick: bool, marker: dict[str, Any], status: int = Exit.INTERRUPTED
+) -> None:
+    """``--json`` of a run that did not finish: the document with the checks finished (none:
+    they run once everything is gathered), its ``exit_code`` the status the group ends the
+    process with, and ``marker`` (``interrupted`` and the signal, or the ``error``). A standard
+    output that cannot be written leaves the ending as it was."""
+    doc = document([], time.monotonic() - started, quick)
+    doc.update(exit_code=int(status), **marker)
+    with contextlib.suppress(OSError):
+        click.echo(json.dumps(doc, indent=2, default=str))

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sparkdiag.config import Settings
+from sparkdiag.snapshot import Snapshot
 from sparkdiag.sources.host.context import detect_context
 from sparkdiag.sources.host.dmi import read_platform
 from sparkdiag.sources.host.meminfo import read_host_memory
@@ -21,6 +22,7 @@ from sparkdiag.sources.host.sysfs import PcieSource
 from sparkdiag.sources.nvml.activity import ProcessOptions
 from sparkdiag.sources.nvml.api import NvmlBackend
 from sparkdiag.sources.nvml.backends import make_backend
+from sparkdiag.sources.nvml.driver import NvmlHung, Unanswered, within
 from sparkdiag.sources.nvml.gpu import GpuSource
 from sparkdiag.telemetry.poller import Poller
 
@@ -71,6 +73,34 @@ def build_poller(
         platform=read_platform(settings.sysfs),
         read_nvme=read_nvme,
     )
+
+
+WHAT_FIRST_POLL = "nvmlInit and the first poll"
+
+
+def first_poll(
+    settings: Settings, seconds: float, *, say_unavailable: bool = True
+) -> tuple[Poller, Snapshot]:
+    """The poller and its first snapshot, NVML's start (nvmlInit, each GPU's identity) and first
+    poll waited for at most ``seconds`` (:func:`~sparkdiag.sources.nvml.driver.within`). Past
+    them the driver is taken as hung: that work is left to its thread, and the poller returned
+    is one whose NVML is down with :func:`~sparkdiag.sources.nvml.driver.hung_reason` as its
+    reason (the host's readings still taken), which check's ``nvml`` row and dump's
+    sparkdiag_nvml_up report."""
+
+    def start() -> tuple[Poller, Snapshot]:
+        poller = build_poller(settings, say_unavailable=say_unavailable)
+        try:
+            return poller, poller.poll_once()
+        except BaseException:
+            poller.gpu.stop()
+            raise
+
+    try:
+        return within(seconds, WHAT_FIRST_POLL, start)
+    except NvmlHung as hung:
+        poller = build_poller(settings, Unanswered(hung), say_unavailable=say_unavailable)
+        return poller, poller.poll_once()
 
 
 def _none_on_bus(read: Callable[[], tuple[str, ...] | None]) -> bool:

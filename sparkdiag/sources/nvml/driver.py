@@ -4,15 +4,25 @@ It answers the query catalogue (:data:`sparkdiag.sources.nvml.queries.CATALOGUE`
 query declares its pynvml call) with plain values, translating ``pynvml.NVMLError`` into
 :class:`NvmlCallError`. Versioned functions are looked up once, at :meth:`PynvmlBackend.init`,
 and the answer is cached (:class:`sparkdiag.sources.nvml.calls.NvmlCalls`).
+
+An NVML call can hang (a driver stuck in the kernel: ``nvmlInit`` that never returns), and one
+that does cannot be cancelled, nor interrupted: ctypes holds the calling thread in the library,
+where Ctrl-C does not reach Python. :func:`within` runs such work in a daemon thread of its own
+and waits for it at most a deadline (``check``'s start and first poll); past it the thread is
+left running, listed in :func:`given_up`, and :class:`NvmlHung` says so. The daemon bounds none
+of its NVML calls: systemd does (READY=1 after the first poll, WATCHDOG=1 from each poll; a hung
+one misses them, and the unit is restarted), and /healthz ages the polls.
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from sparkdiag.sources.host.meminfo import memory_total
 from sparkdiag.sources.nvml.api import (
@@ -28,6 +38,114 @@ from sparkdiag.sources.nvml.queries import CATALOGUE
 log = logging.getLogger(__name__)
 
 _MAX_EVENTS_PER_POLL = 1024
+
+T = TypeVar("T")
+
+# How long a command waits for NVML to start and answer (check's --nvml-timeout): nvmlInit takes
+# well under a second with persistence mode on, a few seconds per GPU without it
+ANSWER_SECONDS = 30.0
+# The longest the main thread waits at once: a signal that another thread received is handled
+# (by Python, in the main thread) when the wait ends
+_WAIT_SLICE = 0.1
+
+
+def hung_reason(seconds: float) -> str:
+    """What a command says of NVML that did not answer within ``seconds``."""
+    return f"NVML did not answer in {seconds:g} s: the driver may be hung"
+
+
+class NvmlHung(NvmlUnavailable):
+    """NVML did not answer within a deadline (:func:`within`); the call goes on in its thread."""
+
+    def __init__(self, what: str, seconds: float) -> None:
+        super().__init__(hung_reason(seconds))
+        self.what = what
+        self.seconds = seconds
+
+
+@dataclass(frozen=True)
+class GivenUp:
+    """Work on NVML that :func:`within` stopped waiting for: what, after how long, its thread."""
+
+    what: str
+    seconds: float
+    thread: threading.Thread
+
+    @property
+    def running(self) -> bool:
+        """The call has not returned yet: the process cannot wait for its thread to end."""
+        return self.thread.is_alive()
+
+
+_GIVEN_UP: list[GivenUp] = []
+
+
+def given_up() -> tuple[GivenUp, ...]:
+    """Every call :func:`within` stopped waiting for in this process, oldest first."""
+    return tuple(_GIVEN_UP)
+
+
+def within(seconds: float, what: str, work: Callable[[], T]) -> T:
+    """``work()`` in a daemon thread, waited for at most ``seconds``: what it returns, or what it
+    raises. Past the deadline, :class:`NvmlHung` (``what``: the work, for :func:`given_up`); the
+    thread is left to return by itself, if ever: a call stuck in the driver cannot be stopped.
+    The wait is in short slices, so that Ctrl-C and SIGTERM interrupt it (the main thread's
+    handler raises where it waits) even when the stuck thread received the signal."""
+    answer: list[T] = []
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            answer.append(work())
+        except BaseException as exc:  # passed to the waiting thread, which raises it
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, name=f"nvml: {what}", daemon=True)
+    deadline = time.monotonic() + seconds
+    thread.start()
+    while thread.is_alive():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            _GIVEN_UP.append(GivenUp(what, seconds, thread))
+            log.debug("NVML: %s did not return within %g s", what, seconds)
+            raise NvmlHung(what, seconds)
+        thread.join(min(left, _WAIT_SLICE))
+    if failed:
+        raise failed[0]
+    return answer[0]
+
+
+class Unanswered:
+    """The backend of NVML given up on (:class:`NvmlHung`): it does not start, and says why. A
+    command that still wants the host's readings builds its poller on it, since the real
+    backend's thread may never return."""
+
+    def __init__(self, why: NvmlHung) -> None:
+        self.why = why
+
+    def init(self) -> None:
+        raise NvmlUnavailable(str(self.why))
+
+    def shutdown(self) -> None:
+        return None
+
+    def driver_version(self) -> str:
+        raise NvmlCallError(ERROR_CODES["UNINITIALIZED"])
+
+    def device_count(self) -> int:
+        raise NvmlCallError(ERROR_CODES["UNINITIALIZED"])
+
+    def query(self, index: int, query: str, arg: int | None = None) -> Any:
+        raise NvmlCallError(ERROR_CODES["UNINITIALIZED"])
+
+    def poll_events(self) -> list[NvmlEvent]:
+        return []
+
+    def advance(self) -> None:
+        return None
+
+    def host_memory_total(self) -> int | None:
+        return memory_total()
 
 
 def _handle_key(handle: Any) -> int:
