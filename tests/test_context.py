@@ -60,9 +60,16 @@ def test_fixture_roots(name: str, environ: dict[str, str], context: str, runtime
     assert all(isinstance(line, str) and line for line in result.evidence)
 
 
-# Roots that hold only a kernel log (dev/kmsg) for check's xid row: test_silent_failures covers
-# them; they model no execution context.
-KMSG_ROOTS = {"xid-critical", "xid-warning", "xid-info"}
+# Roots that hold only a kernel log (dev/kmsg) for check's xid row: test_silent_failures and
+# test_check_rows cover them; they model no execution context.
+KMSG_ROOTS = {
+    "xid-critical",
+    "xid-warning",
+    "xid-info",
+    "xid-reset",
+    "xid-reset-recurred",
+    "xid-reinit",
+}
 
 
 def test_every_fixture_root_is_covered() -> None:
