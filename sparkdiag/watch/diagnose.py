@@ -2,19 +2,20 @@
 
 docs/watch.md defines every cause and share and gives the figures measured on the H200.
 
-**The window.** A job that held the GPU (NVML lists one of its processes, or memory it holds)
-or, where NVML cannot name its processes (another PID namespace), whose GPU ran kernels, is
-diagnosed over its life: from the first to the last tick at which the GPU's utilization reached
-``window.WINDOW_LEVEL`` of the job's typical utilization (the median of the ticks in which it ran any
-kernel, ``views.ACTIVE_MIN``). A job starved to 7 % is diagnosed as well as one at 99 %;
+**The window.** A job that held the GPU (NVML lists one of its processes, or memory it holds) or,
+where NVML cannot name its processes (another PID namespace), whose GPU ran kernels, is diagnosed
+over its life: from the first to the last tick at which the GPU's utilization reached
+``window.WINDOW_LEVEL`` of the job's typical utilization (the median of the ticks in which it ran
+any kernel, ``views.ACTIVE_MIN``). A job starved to 7 % is diagnosed as well as one at 99 %;
 start-up and tear-down (imports, CUDA initialisation, a final save) stay out, and so do the
-window's first ticks in which the job's stacks show it still importing its modules, and the
-ticks at either end in which they show no Python frame at all (the interpreter starting or
-finalising) (:mod:`.window`). A job that held the GPU but never ran a kernel is diagnosed over the ticks it held it. Only a job that never
-touched the GPU reads "gpu-unused". The GPUs diagnosed are those on which the job ran kernels
-while it held them (:func:`.views.job_gpus`): one where it only held memory (a stray CUDA context)
-is named in a note, not averaged in. A window (once start-up and tear-down are out) under
-``MIN_WINDOW_TICKS`` ticks or ``MIN_WINDOW_SECONDS`` is "too-short": its figures, no cause.
+window's first ticks in which the job's stacks show it still importing its modules, and the ticks
+at either end in which they show no Python frame at all (the interpreter starting or finalising)
+(:mod:`.window`). A job that held the GPU but never ran a kernel is diagnosed over the ticks it
+held it. Only a job that never touched the GPU reads "gpu-unused". The GPUs diagnosed are those on
+which the job ran kernels while it held them (:func:`.views.job_gpus`): one where it only held
+memory (a stray CUDA context) is named in a note, not averaged in. A window (once start-up and
+tear-down are out) under ``MIN_WINDOW_TICKS`` ticks or ``MIN_WINDOW_SECONDS`` is "too-short": its
+figures, no cause.
 
 **Each tick's lost time** goes, by the counters, to at most one cause, in this order:
 
