@@ -267,3 +267,23 @@ def test_a_hung_driver_does_not_hang_dump(tmp_path: Path) -> None:
     assert time.monotonic() - started < 30
     assert "sparkdiag_nvml_up 0" in out
     assert "did not answer in 1 s" in err
+
+
+def test_an_answer_after_the_deadline_goes_to_late(release: threading.Event) -> None:
+    """What the work returns after within gave up is handed to ``late``, in the work's thread:
+    first_poll stops the poller NVML built late (it was dropped with NVML initialised, found
+    in a review); an answer in time is not."""
+    late: list[str] = []
+
+    def slow() -> str:
+        release.wait(10)
+        return "poller"
+
+    with pytest.raises(NvmlHung):
+        within(0.2, "late", slow, late.append)
+    (gave_up,) = [g for g in given_up() if g.what == "late"]
+    release.set()
+    gave_up.thread.join(5)
+    assert late == ["poller"]
+    assert within(5, "in time", lambda: "poller", late.append) == "poller"
+    assert late == ["poller"]

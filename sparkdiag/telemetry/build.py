@@ -96,8 +96,11 @@ def first_poll(
             poller.gpu.stop()
             raise
 
+    def release(late: tuple[Poller, Snapshot]) -> None:  # NVML answered after the deadline
+        late[0].gpu.stop()
+
     try:
-        return within(seconds, WHAT_FIRST_POLL, start)
+        return within(seconds, WHAT_FIRST_POLL, start, release)
     except NvmlHung as hung:
         poller = build_poller(settings, Unanswered(hung), say_unavailable=say_unavailable)
         return poller, poller.poll_once()

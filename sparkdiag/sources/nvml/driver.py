@@ -85,20 +85,35 @@ def given_up() -> tuple[GivenUp, ...]:
     return tuple(_GIVEN_UP)
 
 
-def within(seconds: float, what: str, work: Callable[[], T]) -> T:
+def within(
+    seconds: float,
+    what: str,
+    work: Callable[[], T],
+    late: Callable[[T], None] | None = None,
+) -> T:
     """``work()`` in a daemon thread, waited for at most ``seconds``: what it returns, or what it
     raises. Past the deadline, :class:`NvmlHung` (``what``: the work, for :func:`given_up`); the
     thread is left to return by itself, if ever: a call stuck in the driver cannot be stopped.
-    The wait is in short slices, so that Ctrl-C and SIGTERM interrupt it (the main thread's
-    handler raises where it waits) even when the stuck thread received the signal."""
+    What it returns after that goes to ``late``, in its thread (to release it: a poller built
+    after the deadline was dropped with NVML initialised, found in a review). The wait is in
+    short slices, so that Ctrl-C and SIGTERM interrupt it (the main thread's handler raises
+    where it waits) even when the stuck thread received the signal."""
     answer: list[T] = []
     failed: list[BaseException] = []
+    lock = threading.Lock()
+    gave_up = False
 
     def run() -> None:
         try:
-            answer.append(work())
+            value = work()
         except BaseException as exc:  # passed to the waiting thread, which raises it
             failed.append(exc)
+            return
+        with lock:
+            answer.append(value)
+            abandoned = gave_up
+        if abandoned and late is not None:
+            late(value)
 
     thread = threading.Thread(target=run, name=f"nvml: {what}", daemon=True)
     deadline = time.monotonic() + seconds
@@ -106,10 +121,14 @@ def within(seconds: float, what: str, work: Callable[[], T]) -> T:
     while thread.is_alive():
         left = deadline - time.monotonic()
         if left <= 0:
-            _GIVEN_UP.append(GivenUp(what, seconds, thread))
-            log.debug("NVML: %s did not return within %g s", what, seconds)
-            raise NvmlHung(what, seconds)
-        thread.join(min(left, _WAIT_SLICE))
+            with lock:
+                if not answer:  # else it answered just now: taken below
+                    gave_up = True
+            if gave_up:
+                _GIVEN_UP.append(GivenUp(what, seconds, thread))
+                log.debug("NVML: %s did not return within %g s", what, seconds)
+                raise NvmlHung(what, seconds)
+        thread.join(min(max(left, 0.0), _WAIT_SLICE))
     if failed:
         raise failed[0]
     return answer[0]
