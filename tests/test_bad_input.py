@@ -9,7 +9,7 @@ import pytest
 
 from sparkdiag.config import ECHO, OPTIONS_BY_KEY, ConfigError, build_settings, load_file
 from sparkdiag.web.webconfig import WebConfigError, load_web_config
-from tests.support import NVML, assert_clean_error, invoke_cli, resolver_answers, run_cli
+from tests.support import NVML, ROOT, assert_clean_error, invoke_cli, resolver_answers, run_cli
 
 FIXTURE = ["--nvml-fixture", str(NVML / "h200-idle.json"), "--no-probe.enabled"]
 
@@ -308,3 +308,18 @@ def test_assets_into_a_path_under_a_file_says_so_in_one_line(tmp_path: Path) -> 
     done = invoke_cli("assets", str(tmp_path / "afile" / "x"))
     assert done.returncode == 3
     assert done.stderr == f"Error: cannot write {tmp_path}/afile/x/prometheus: Not a directory\n"
+
+
+def test_check_peer_warns_of_a_secret_in_a_directory_others_may_write(tmp_path: Path) -> None:
+    """link test warned of such a directory and check --peer did not (a review of the day's
+    change): both say it on stderr."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    secret = shared / "link.secret"
+    secret.write_text("ab" * 32 + "\n", encoding="utf-8")
+    secret.chmod(0o600)
+    result = run_cli("check", "--peer", "127.0.0.1:1", "--link.secret-file", str(secret),
+                     "--nvml-fixture", str(NVML / "h200-idle.json"), "--probe.fixture",
+                     str(ROOT / "tests/fixtures/probe/h200-default.json"), timeout=60)  # fmt: skip
+    assert f"the directory {shared} of the link secret is mode 777" in result.stderr

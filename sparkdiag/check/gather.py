@@ -6,19 +6,22 @@ Every reading of the machine comes from :mod:`sparkdiag.sources` (the poller's s
 under the configured ``--path.sysfs`` / ``--path.rootfs``; this module only puts them together.
 
 NVML's start and the first poll are waited for at most ``nvml_timeout`` seconds
-(:func:`first_poll`): a driver that hangs gives an ``nvml`` row that says so, not a check that
-never ends.
+(:func:`sparkdiag.telemetry.build.first_poll`): a driver that hangs there gives an ``nvml`` row
+that says so, not a check that never ends. The polls after it (the stall sampling, the probes)
+are not bounded: a driver that answers the first and hangs later still holds check.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from sparkdiag import terminal
 from sparkdiag.baseline.keeper import inspect_store
 from sparkdiag.check.model import (
     CheckContext,
@@ -155,6 +158,11 @@ def storage_probe(directory: Path, settings: Settings) -> StorageProbe:
 PEER_OPTIONS = Options(seconds=2.0, use_tools=False, budget=30.0)
 
 
+def _warn(line: str) -> None:
+    """A warning line on standard error, its bytes escaped (a path is the user's)."""
+    print(terminal.safe(line), file=sys.stderr)
+
+
 def _with_link(
     ctx: CheckContext, settings: Settings, on_peer: Callable[[str], None] | None
 ) -> CheckContext:
@@ -170,7 +178,9 @@ def _with_link(
     secret_file = settings.link_secret_file or auth.default_path()
     try:
         resolve(host, port)  # a name that does not resolve is --peer's error before the secret's
-        secret = auth.read_secret(secret_file)
+        # a directory others may write is warned about on stderr, as link test does (found in
+        # a review; check logs only errors by default, so not through the log)
+        secret = auth.read_secret(secret_file, say=_warn)
         report = measure_link(
             host,
             replace(PEER_OPTIONS, port=port, secret=secret),

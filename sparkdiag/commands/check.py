@@ -4,10 +4,11 @@ Registered in :mod:`sparkdiag.cli` with ``main.add_command(check)``. Tests injec
 otherwise come from the machine (the probe launcher, the installed torch, the kernel log) as
 the click context object: ``CliRunner().invoke(check, args, obj=Sources(...))``.
 
-A driver that hangs does not hang check: NVML's start and first poll are waited for at most
-``--nvml-timeout`` seconds (:func:`sparkdiag.check.gather.first_poll`), the ``nvml`` row then
-fails, and the process ends as any other run does (the thread still stuck in the driver is a
-daemon thread, which the interpreter does not wait for). With
+A driver that hangs at its start does not hang check: NVML's start and first poll are waited
+for at most ``--nvml-timeout`` seconds (:func:`sparkdiag.telemetry.build.first_poll`), the
+``nvml`` row then fails, and the process ends as any other run does (the thread still stuck in
+the driver is a daemon thread, which the interpreter does not wait for). A driver that hangs
+later (the stall sampling, the probes) still holds check. With
 ``--json`` a run that is interrupted, or fails, still prints its document (``"interrupted":
 true``, or ``"error"``) before the group ends it as it would have.
 """
