@@ -123,3 +123,19 @@ def test_cuda_once_reads_once_whoever_asks_first() -> None:
     for t in threads:
         t.join(5)
     assert results == ["read"] * 4 and len(calls) == 1 and once.reads == 1
+
+
+def test_a_failed_read_of_the_cuda_attributes_is_asked_again_later() -> None:
+    """A read that failed (cuInit slow at boot) was kept for the server's whole life, every
+    later session's GPUDirect readings spoiled until a restart (found in a review): it is
+    asked again after RETRY_SECONDS; an answer is kept."""
+    now = [0.0]
+    answers = iter(["the CUDA driver did not answer: timed out after 20 s", ()])
+    once = readings.CudaOnce(lambda: next(answers), clock=lambda: now[0])
+    assert once() == "the CUDA driver did not answer: timed out after 20 s"
+    now[0] = readings.RETRY_SECONDS - 1
+    assert isinstance(once(), str) and once.reads == 1
+    now[0] = readings.RETRY_SECONDS + 1
+    assert once() == () and once.reads == 2
+    now[0] = 10 * readings.RETRY_SECONDS
+    assert once() == () and once.reads == 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +43,7 @@ from sparkdiag.sources.software.pyenv import site_dirs_under
 # and calls cuInit: seconds on a busy or just-loaded driver). ``link test`` waits longer than
 # this for the hello that follows its proof (sparkdiag.link.session.HELLO_AFTER_PROOF).
 CUDA_TIMEOUT = 20.0
+RETRY_SECONDS = 60.0  # a failed read of them is asked again after this (CudaOnce)
 
 Attributes = Callable[[], "tuple[GpuDirect, ...] | str"]
 
@@ -51,20 +53,30 @@ class CudaOnce:
     again (``link serve``: every session's hello, every ``ib_write_bw`` request). Read in each
     session, after the peer's proof, they held its hello back for up to :data:`CUDA_TIMEOUT`
     seconds, and ``link test``, waiting 5 s, said it was not ``link serve``. The GPUs and
-    their driver do not change under a running server. :meth:`start` reads them in the
-    background; a call waits for that read (or makes it)."""
+    their driver do not change under a running server. A read that failed (the driver slow to
+    answer at boot) is kept only :data:`RETRY_SECONDS`, then asked again: kept for good, it
+    spoiled every later session's GPUDirect readings until a restart (found in a review).
+    :meth:`start` reads them in the background; a call waits for that read (or makes it)."""
 
-    def __init__(self, read: Attributes | None = None) -> None:
+    def __init__(
+        self, read: Attributes | None = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._read = read or (lambda: cuda_attributes(timeout=CUDA_TIMEOUT))
+        self._clock = clock
         self._lock = threading.Lock()
         self._value: tuple[GpuDirect, ...] | str | None = None
+        self._failed_at = 0.0
         self.reads = 0  # for tests: how many times the attributes were asked
 
     def __call__(self) -> tuple[GpuDirect, ...] | str:
         with self._lock:
-            if self._value is None:
+            stale = isinstance(self._value, str) and (
+                self._clock() - self._failed_at >= RETRY_SECONDS
+            )
+            if self._value is None or stale:
                 self.reads += 1
                 self._value = self._read()
+                self._failed_at = self._clock()
             return self._value
 
     def start(self) -> None:
