@@ -76,8 +76,8 @@ def test_a_password_in_the_url_is_refused_and_never_shown(userinfo: str) -> None
     assert "Traceback" not in said
     for part in ("Zx9", "kQ2p", "bob"):
         assert part not in said, said
-    assert json.loads(result.stdout)["prometheus"] == f"http://127.0.0.1:{server.port}"
-    assert "a user or password in the URL is not used" in json.loads(result.stdout)["error"]
+    assert json.loads(result.stdout)["prometheus"] == f"http://…@127.0.0.1:{server.port}"
+    assert "taken for a user and password, which are not used" in json.loads(result.stdout)["error"]
     assert server.heads == []
 
 
@@ -96,10 +96,12 @@ def test_urllibs_words_are_never_the_message() -> None:
 @pytest.mark.parametrize(
     ("url", "shown"),
     [
-        ("http://bob:Zx9/kQ2p@127.0.0.1:9", "http://127.0.0.1:9"),
-        ("http://bob:Zx9?kQ2p@127.0.0.1:9/x", "http://127.0.0.1:9/x"),
-        ("http://bob:p@ss@127.0.0.1:9", "http://127.0.0.1:9"),
-        ("bob:Zx9kQ2p@127.0.0.1:9", "127.0.0.1:9"),
+        ("http://bob:Zx9/kQ2p@127.0.0.1:9", "http://…@127.0.0.1:9"),
+        ("http://bob:Zx9?kQ2p@127.0.0.1:9/x", "http://…@127.0.0.1:9/x"),
+        ("http://bob:p@ss@127.0.0.1:9", "http://…@127.0.0.1:9"),
+        ("bob:Zx9kQ2p@127.0.0.1:9", "…@127.0.0.1:9"),
+        # an '@' of a path: no host made up from it (it showed http://admin/)
+        ("http://prom:9090/@admin/", "http://…@admin/"),
         ("https://prometheus:9090/api", "https://prometheus:9090/api"),
     ],
 )

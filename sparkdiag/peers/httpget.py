@@ -61,8 +61,9 @@ def _origin(url: urllib.parse.SplitResult) -> tuple[str, str, int]:
 
 
 USERINFO = (
-    "a user or password in the URL is not used (an '@' after the '//'): give them with "
-    "--prometheus-username and --prometheus-password-file (or the --http.config.file)"
+    "an '@' in the URL is taken for a user and password, which are not used (not sent, not "
+    "shown): give them with --prometheus-username and --prometheus-password-file (or the "
+    "--http.config.file); percent-encode an '@' of a path or query (%40)"
 )
 
 
@@ -187,12 +188,14 @@ def get(
 def shown_url(url: str) -> str:
     """A URL for a message: without user and password, cut to 200 characters (by text, as a
     URL that cannot be parsed is shown too). Greedy: everything from the '//' to the last '@'
-    goes, as a password may hold '/', '?', '#' and '@' (``http://bob:Zx9/kQ2p@host`` shows as
-    ``http://host``); without a '//', everything up to the last '@' (``bob:pw@host``: the
-    user's name could be read as the scheme)."""
+    goes, as a password may hold '/', '?', '#' and '@', and ``…@`` stands where it was
+    (``http://bob:Zx9/kQ2p@host`` shows as ``http://…@host``: an '@' of a path, taken for
+    credentials, does not leave a host the URL never named); without a '//', everything up to
+    the last '@' (``bob:pw@host``: the user's name could be read as the scheme)."""
     if "@" in url:
         head, sep, rest = url.partition("//")
-        url = head + sep + rest.rpartition("@")[2] if sep else url.rpartition("@")[2]
+        tail = rest.rpartition("@")[2] if sep else url.rpartition("@")[2]
+        url = f"{head}//…@{tail}" if sep else f"…@{tail}"
     return url[:200]
 
 
