@@ -202,6 +202,8 @@ class DtypeSpec:
 DTYPES: dict[str, DtypeSpec] = {
     "bf16": DtypeSpec(2e-2, (1,), beta_variant=True),
     "fp16": DtypeSpec(2e-2, (1,)),
+    # at its decode M of 1 cuBLAS runs an FP32 GEMV, not a TF32 tensor-core kernel (the H200's
+    # profiler, docs/device/2026-12-05/verify/): memory-bound, as every decode row
     "tf32": DtypeSpec(5e-3, (1,), matmul_precision="high"),
     # torch's CUDA checks (aten/native/cuda/Blas.cpp): _scaled_mm wants both dimensions of its
     # second matrix divisible by 16, _int_mm K and N multiples of 8 (and M > 16: decode_m, and
