@@ -3,7 +3,7 @@
 # 9 minutes, each step bounded, one failing does not stop the others, everything in ONE archive,
 # $OUT/verify.tgz, with the log printed last.
 #
-#   bash scripts/device/verify_1205.sh
+#   bash scripts/device/verify_1205.sh    (carry .whl and .carry/testwhl: bcrypt, pyudev)
 #   DRY=1 OUT=/tmp/out bash scripts/device/verify_1205.sh   # without a GPU: what runs on a CPU
 #
 # 1. pytest -m gpu: the GPU tests, after the day's changes to the runner (bounded wait after
@@ -27,6 +27,9 @@ py=${PYTHON:-python3}
     timeout 120 "$py" -m sparkdiag probe --device cpu --shape 8x64x64 --dtype int8 --json \
       --no-record > "$work/int8-m8.json"; echo "int8 m8 rc=$?"
   else
+    # the tests import bcrypt and pyudev, which the device lacks: carry .whl and .carry/testwhl
+    "$py" -m pip install -q --no-index --find-links .whl --find-links .carry/testwhl bcrypt \
+      pyudev > /dev/null 2>&1 || echo "bcrypt and pyudev not installed (carry .whl, .carry/testwhl)"
     timeout 200 "$py" -m pytest -m gpu tests -q -p no:cacheprovider > "$work/pytest-gpu.txt" 2>&1
     echo "pytest -m gpu rc=$?"; tail -3 "$work/pytest-gpu.txt"
     grep -i nvidia /proc/devices > "$work/proc-devices.txt"; echo "proc/devices:"
