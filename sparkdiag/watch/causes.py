@@ -232,3 +232,8 @@ def rate(bps: float) -> str:
         if bps >= scale:
             return f"{bps / scale:.1f} {unit}"
     return f"{bps:.0f} B/s"
+
+
+def amount(n: float) -> str:
+    """Bytes in :func:`rate`'s units, without the time: ``1.2 GB``."""
+    return rate(n).removesuffix("/s")

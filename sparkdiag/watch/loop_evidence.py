@@ -9,7 +9,7 @@ import statistics
 from collections.abc import Sequence
 
 from sparkdiag.watch import stacks as st
-from sparkdiag.watch.causes import ACTIONS, Cause, Site, mean, pct, rate
+from sparkdiag.watch.causes import ACTIONS, Cause, Site, amount, mean, pct, rate
 from sparkdiag.watch.evidence import Context, runs
 from sparkdiag.watch.sites import lines, sites, top_stacks
 from sparkdiag.watch.threads import Readings
@@ -106,7 +106,7 @@ def _per_visit(
     count, seconds = _visits(ctx, spent.readings, idx, set(spent.of(*activities)))
     if count == 0 or seconds / count < VISIT_MIN_SECONDS:
         return ""
-    return f", about {_bytes(moved / count)} each time it {what} ({count} seen)"
+    return f", about {amount(moved / count)} each time it {what} ({count} seen)"
 
 
 def _stretches(
@@ -128,10 +128,6 @@ def _stretches(
         return []
     longest = max(sum(ctx.win[i].dt for i in r) for r in stretches)
     return [f"{len(stretches)} stretches of {doing}, the longest {longest:.1f} s"]
-
-
-def _bytes(n: float) -> str:
-    return rate(n).removesuffix("/s")  # the same units, without the time
 
 
 def _idle(ctx: Context, idx: list[int]) -> str:

@@ -21,10 +21,6 @@ FASTER = 1.5  # another store this many times faster is worth naming
 SLOW_KINDS = ("network",)
 
 
-def _bytes(n: float) -> str:
-    return rate(n).removesuffix("/s")
-
-
 def age(seconds: float) -> str:
     """How long before the watch a probe ran: ``40 s``, ``12 min``, ``5 h``, ``3 d``."""
     if seconds < 0:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sparkdiag.sources.nvml.gpu import UNHEALTHY_REASONS, reasons_mask
-from sparkdiag.watch.causes import mean, pct, rate
+from sparkdiag.watch.causes import amount, mean, pct
 from sparkdiag.watch.model import GpuTick, ProcessLoad, Recording
 
 ACTIVE_MIN = 0.01  # utilization (or SM activity) of a tick in which the GPU ran some kernel
@@ -255,8 +255,7 @@ def idle_held_note(rec: Recording, gpus: tuple[int, ...]) -> str:
             if g.index in idle and g.job_memory_bytes:
                 held[g.index] = max(held.get(g.index, 0.0), g.job_memory_bytes)
     which = ", ".join(
-        f"GPU {i}" + (f" ({rate(held[i]).removesuffix('/s')} of memory)" if i in held else "")
-        for i in idle
+        f"GPU {i}" + (f" ({amount(held[i])} of memory)" if i in held else "") for i in idle
     )
     one = len(idle) == 1
     return (
