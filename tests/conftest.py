@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -100,8 +101,18 @@ WORKER_FIXTURES = frozenset({"cpu_run", "cpu_doc", "hot_doc", "torch_venv"})
 
 def pytest_configure(config: pytest.Config) -> None:
     """A run that leaves the slow kinds out tries a quarter of each fuzz test's examples
-    (tests/support/fuzz.py); the full run, CI's, tries them all."""
+    (tests/support/fuzz.py); the full run, CI's, tries them all.
+
+    SIGINT and SIGQUIT ignored on entry (a run started with ``&`` by a shell without job
+    control: bash ignores both for it) are taken back to their defaults: every job a test starts
+    inherits an ignored signal through exec, and the tests of how watch stops its job
+    (tests/test_watch_job.py) then saw SIGTERM's 143 where SIGINT's 130 was due, or a ``trap``
+    the shell may not set. What watch does with a job that ignores SIGINT is tested as such."""
     fuzz.quick = "not slow" in (config.getoption("markexpr") or "")
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
+        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
