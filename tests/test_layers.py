@@ -19,10 +19,11 @@ LAYERS: tuple[frozenset[str], ...] = tuple(
     frozenset(names.split())
     for names in (
         # the package's face (__version__) and modules that import nothing above the stdlib and
-        # their libraries: settings, the snapshot types, state files, plotting, signals
+        # their libraries: settings, the snapshot types, state files, plotting, signals, work
+        # waited for at most a deadline
         "__init__ errors config jsonvalues statedir plotting sdnotify lifecycle snapshot kubernetes"
         " terminal safeload safeyaml filewatch"
-        " assets descriptors",
+        " assets descriptors bounded",
         "sources platforms",  # the only code that touches hardware or the OS
         "telemetry probe",  # the poller; the probe worker and how it runs
         # what the commands and the daemon are made of

@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 import h11
 
+from sparkdiag.bounded import Overran, call_within
+
 if TYPE_CHECKING:  # ssl (OpenSSL, some 5 MiB) is loaded by whoever makes the context
     import ssl
 
@@ -201,27 +203,19 @@ def shown_url(url: str) -> str:
 
 def _resolve(host: str, port: int, deadline: _Deadline) -> list[tuple[Any, ...]]:
     """The addresses of ``host`` (getaddrinfo), within what is left of the deadline: the
-    lookup runs in a thread of its own, as getaddrinfo takes no timeout (a resolver that does
-    not answer held the command for its own retries, 5 s and more per server in
-    resolv.conf). TimeoutError when the time is up (the thread is left to finish by itself)."""
-    found: list[Any] = []
-    failed: list[BaseException] = []
+    lookup runs in a thread of its own (:func:`sparkdiag.bounded.call_within`), as getaddrinfo
+    takes no timeout (a resolver that does not answer held the command for its own retries, 5 s
+    and more per server in resolv.conf). TimeoutError when the time is up (the thread is left
+    to finish by itself)."""
 
-    def look_up() -> None:
-        try:
-            found.extend(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
-        except Exception as exc:  # said by the caller, in its own thread
-            failed.append(exc)
+    def look_up() -> list[tuple[Any, ...]]:
+        return socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
 
-    thread = threading.Thread(target=look_up, daemon=True)
-    thread.start()
-    thread.join(deadline.left())
-    if thread.is_alive():
+    try:
+        return call_within(deadline.left(), f"resolve {host}", look_up)
+    except Overran:
         deadline.expired = True
-        raise TimeoutError
-    if failed:
-        raise failed[0]
-    return found
+        raise
 
 
 def _connect(parts: urllib.parse.SplitResult, deadline: _Deadline) -> socket.socket:

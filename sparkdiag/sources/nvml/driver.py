@@ -7,9 +7,9 @@ and the answer is cached (:class:`sparkdiag.sources.nvml.calls.NvmlCalls`).
 
 An NVML call can hang (a driver stuck in the kernel: ``nvmlInit`` that never returns), and one
 that does cannot be cancelled, nor interrupted: ctypes holds the calling thread in the library,
-where Ctrl-C does not reach Python. :func:`within` runs such work in a daemon thread of its own
-and waits for it at most a deadline (``check``'s start and first poll); past it the thread is
-left running, listed in :func:`given_up`, and :class:`NvmlHung` says so. The daemon bounds none
+where Ctrl-C does not reach Python. :func:`within` waits for such work at most a deadline
+(``check``'s start and first poll, through :func:`sparkdiag.bounded.call_within`); past it the
+call is listed in :func:`given_up` and :class:`NvmlHung` says so. The daemon bounds none
 of its NVML calls: systemd does (READY=1 after the first poll, WATCHDOG=1 from each poll; a hung
 one misses them, and the unit is restarted), and /healthz ages the polls.
 """
@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from sparkdiag.bounded import Overran, call_within
 from sparkdiag.sources.host.meminfo import memory_total
 from sparkdiag.sources.nvml.api import (
     ERROR_CODES,
@@ -44,9 +45,6 @@ T = TypeVar("T")
 # How long a command waits for NVML to start and answer (check's --nvml-timeout): nvmlInit takes
 # well under a second with persistence mode on, a few seconds per GPU without it
 ANSWER_SECONDS = 30.0
-# The longest the main thread waits at once: a signal that another thread received is handled
-# (by Python, in the main thread) when the wait ends
-_WAIT_SLICE = 0.1
 
 
 def hung_reason(seconds: float) -> str:
@@ -91,47 +89,19 @@ def within(
     work: Callable[[], T],
     late: Callable[[T], None] | None = None,
 ) -> T:
-    """``work()`` in a daemon thread, waited for at most ``seconds``: what it returns, or what it
-    raises. Past the deadline, :class:`NvmlHung` (``what``: the work, for :func:`given_up`); the
-    thread is left to return by itself, if ever: a call stuck in the driver cannot be stopped.
-    What it returns after that goes to ``late``, in its thread (to release it: a poller built
-    after the deadline was dropped with NVML initialised, found in a review). The wait is in
-    short slices, so that Ctrl-C and SIGTERM interrupt it (the main thread's handler raises
-    where it waits) even when the stuck thread received the signal."""
-    answer: list[T] = []
-    failed: list[BaseException] = []
-    lock = threading.Lock()
-    gave_up = False
-
-    def run() -> None:
-        try:
-            value = work()
-        except BaseException as exc:  # passed to the waiting thread, which raises it
-            failed.append(exc)
-            return
-        with lock:
-            answer.append(value)
-            abandoned = gave_up
-        if abandoned and late is not None:
-            late(value)
-
-    thread = threading.Thread(target=run, name=f"nvml: {what}", daemon=True)
-    deadline = time.monotonic() + seconds
-    thread.start()
-    while thread.is_alive():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            with lock:
-                if not answer:  # else it answered just now: taken below
-                    gave_up = True
-            if gave_up:
-                _GIVEN_UP.append(GivenUp(what, seconds, thread))
-                log.debug("NVML: %s did not return within %g s", what, seconds)
-                raise NvmlHung(what, seconds)
-        thread.join(min(max(left, 0.0), _WAIT_SLICE))
-    if failed:
-        raise failed[0]
-    return answer[0]
+    """``work()`` in a daemon thread (:func:`sparkdiag.bounded.call_within`), waited for at most
+    ``seconds``: what it returns, or what it raises. Past the deadline, :class:`NvmlHung`
+    (``what``: the work, for :func:`given_up`); the thread is left to return by itself, if
+    ever: a call stuck in the driver cannot be stopped. What it returns after that goes to
+    ``late``, in its thread (to release it: a poller built after the deadline was dropped with
+    NVML initialised, found in a review). Ctrl-C and SIGTERM interrupt the wait (the main
+    thread's handler raises where it waits) even when the stuck thread received the signal."""
+    try:
+        return call_within(seconds, f"nvml: {what}", work, late)
+    except Overran as overran:
+        _GIVEN_UP.append(GivenUp(what, seconds, overran.thread))
+        log.debug("NVML: %s did not return within %g s", what, seconds)
+        raise NvmlHung(what, seconds) from None
 
 
 class Unanswered:
