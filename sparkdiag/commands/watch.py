@@ -385,6 +385,9 @@ def watch(
         tables = None
         if stack is not None:
             sampler.problems += stack.finish()
+            # as they stand at the end, not as first said: a process on the GPU that found no
+            # slot left may have had one later
+            sampler.problems = stack.settled(sampler.problems, sampler.start)
             tables = stack.tables(ticks, sampler.start)
             ticks = list(tables.ticks)
         for line in sampler.problems:

@@ -12,7 +12,8 @@ at most ``RETRIES`` times; why the last one failed is said once.
 At most ``MAX_PROCESSES`` processes are recorded at a time: a slot is freed once its process is
 gone and its recorders are read (a launch script's data-prep pool, then its training script),
 a process on the GPU takes the slot of one that is not where every slot is taken, and one on the
-GPU that gets none is said (:meth:`StackSampler.update`).
+GPU that gets none is said (:meth:`StackSampler.update`); where it gets one later, the report
+says from when it has stacks instead (:meth:`StackSampler.settled`).
 """
 
 from __future__ import annotations
@@ -97,6 +98,11 @@ class StackSampler:
         self.retired: list[_Target] = []  # gave their slot up, recorders still to be read
         self.done: set[int] = set()  # gone, or py-spy gave up on them: not taken again
         self.unsampled: set[int] = set()  # on the GPU, no slot left for them: said
+        # the no-slot lines said, each with the (pid, name) it named, and when a process said
+        # there had a slot after all (one ended): settled() words the report from them
+        self._no_slot: dict[str, tuple[tuple[int, str], ...]] = {}
+        self._slotted: dict[int, float] = {}
+        self._recorded: set[int] = set()  # py-spy gave stretches of them
         self.version = pyspy.version(binary) or "py-spy"
 
     @property
@@ -149,6 +155,8 @@ class StackSampler:
                 self._retire(gpu)
             if len(self.targets) < MAX_PROCESSES:
                 self.targets[pid] = _Target(pid)
+                if pid in self.unsampled:
+                    self._slotted.setdefault(pid, now)
             elif pid in gpu and pid not in self.unsampled:
                 unsampled.append(pid)
         self._say_unsampled(unsampled)
@@ -207,13 +215,37 @@ class StackSampler:
             return
         self.unsampled.update(pids)
         names = procfs.process_names(self.rootfs, pids)
-        which = ", ".join(f"{pid} ({names.get(pid, '?')})" for pid in pids)
-        self.problems.append(
-            f"no Python stacks of pid{'s' if len(pids) > 1 else ''} {which}, on the GPU: watch "
-            f"records at most {MAX_PROCESSES} processes at a time, and the job's other processes "
-            "on the GPU held them (until one ends); its lost time is judged from the counters "
-            "and the others' stacks"
-        )
+        named = tuple((pid, names.get(pid, "?")) for pid in pids)
+        line = _no_slot_line(named)
+        self._no_slot[line] = named
+        self.problems.append(line)
+
+    def settled(self, lines: Sequence[str], start: float) -> list[str]:
+        """``lines`` (what :meth:`update` and :meth:`finish` returned, and any other) as they
+        stand at the end: a no-slot line said during the watch names only the processes that
+        never had a slot, and one that had a slot later and was recorded is said to have stacks
+        from then on (``start``: the clock's reading at the recording's time 0). The report
+        kept the line said at the time: "no Python stacks of pid N" for a process whose stacks
+        it showed. One that had a slot but gave py-spy nothing is left to :meth:`finish`'s line
+        of why."""
+        out = []
+        for line in lines:
+            named = self._no_slot.get(line)
+            if named is None:
+                out.append(line)
+                continue
+            never = tuple((pid, name) for pid, name in named if pid not in self._slotted)
+            if never:
+                out.append(_no_slot_line(never))
+            for pid, name in named:
+                if pid in self._slotted and pid in self._recorded:
+                    out.append(
+                        f"Python stacks of pid {pid} ({name}), on the GPU, only from "
+                        f"{self._slotted[pid] - start:.1f} s on: until then the job's other "
+                        f"processes on the GPU held watch's {MAX_PROCESSES} slots; its lost time "
+                        "before is judged from the counters and the others' stacks"
+                    )
+        return out
 
     def _step(self, target: _Target, now: float) -> None:
         rec = target.current
@@ -247,6 +279,8 @@ class StackSampler:
             target.error = str(exc)
             return
         target.worked = target.worked or bool(got)
+        if got:
+            self._recorded.add(target.pid)
         for s in got:
             frames = self._stacks.get((s.pid, s.frames))
             if frames is None:  # a stack this process was not seen in before: its lines read
@@ -314,6 +348,17 @@ class StackSampler:
         self.retired = []
         shutil.rmtree(self.workdir, ignore_errors=True)
         return self.problems[before:]
+
+
+def _no_slot_line(named: Sequence[tuple[int, str]]) -> str:
+    """The line for processes on the GPU that found every slot taken (``named``: pid, name)."""
+    which = ", ".join(f"{pid} ({name})" for pid, name in named)
+    return (
+        f"no Python stacks of pid{'s' if len(named) > 1 else ''} {which}, on the GPU: watch "
+        f"records at most {MAX_PROCESSES} processes at a time, and the job's other processes "
+        "on the GPU held them (until one ends); its lost time is judged from the counters "
+        "and the others' stacks"
+    )
 
 
 def _alive(rootfs: Path, pid: int) -> bool:
