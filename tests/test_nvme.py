@@ -105,6 +105,33 @@ def test_nvme_cli_json_in_kelvin() -> None:
     assert parse_nvme_cli(verbose).health.critical_warning == 4  # type: ignore[union-attr]
 
 
+def test_nvme_cli_2_7_spells_the_composite_temperature_with_a_capital() -> None:
+    """nvme-cli 2.7 alone printed ``"Temperature"`` (kelvin, as every other version's
+    ``"temperature"``) and, with ``-H``, the critical warning's ``"Value"``; 2.7.1 reverted
+    both (tests/fixtures/nvme/README.md). A drive read with 2.7 had no composite temperature."""
+    reading = parse_nvme_cli(load("nvme-cli-2.7/nvme0.nvme-cli.json"))
+    assert reading.health is not None and reading.health.media_errors == 12
+    assert reading.temperatures == {"composite": 36, "1": 36, "2": 39}
+    assert fixture_reader(NVME / "nvme-cli-2.7")("nvme0").temperatures["composite"] == 36
+    verbose = {**load("nvme-cli-2.7/nvme0.nvme-cli.json"), "critical_warning": {"Value": 4}}  # type: ignore[dict-item]
+    assert parse_nvme_cli(verbose).health.critical_warning == 4  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("value", [None, 0, "309", "36 C", True, 1e300])
+def test_a_composite_temperature_nvme_cli_cannot_have_given_is_left_out(value: object) -> None:
+    """Every nvme-cli prints the composite temperature as a whole number of kelvin; anything
+    else (absent, a string, 0 K: no sensor) is no reading, never 0 °C."""
+    for key in ("temperature", "Temperature"):
+        doc = load("nvme-cli/nvme0.nvme-cli.json")
+        assert isinstance(doc, dict)
+        del doc["temperature"]
+        if value is not None:
+            doc[key] = value
+        reading = parse_nvme_cli(doc)
+        assert reading.health is not None and "composite" not in reading.temperatures
+        assert reading.temperatures == {"1": 36, "2": 39}
+
+
 def test_the_real_tools_on_a_drive_that_is_not_there() -> None:
     if not (shutil.which("smartctl") or shutil.which("nvme")):
         pytest.skip("neither smartmontools nor nvme-cli installed")

@@ -5,8 +5,9 @@
 it takes root (or CAP_SYS_ADMIN). Their JSON differs:
 
 - critical warning: ``critical_warning`` in both;
-- composite temperature: ``temperature`` (smartctl °C, nvme-cli kelvin); sensors 1..8:
-  ``temperature_sensors`` [°C, ...] (smartctl), ``temperature_sensor_N`` (nvme-cli, kelvin);
+- composite temperature: ``temperature`` (smartctl °C, nvme-cli kelvin; nvme-cli 2.7 alone
+  ``Temperature``); sensors 1..8: ``temperature_sensors`` [°C, ...] (smartctl),
+  ``temperature_sensor_N`` (nvme-cli, kelvin);
 - spare, its threshold, endurance used: ``available_spare``, ``available_spare_threshold``,
   ``percentage_used`` (smartctl), ``avail_spare``, ``spare_thresh``, ``percent_used`` (nvme-cli),
   in per cent;
@@ -18,12 +19,16 @@ it takes root (or CAP_SYS_ADMIN). Their JSON differs:
 - thresholds: ``nvme_composite_temperature_threshold`` (smartctl ``-a``; nvme-cli has them in
   ``nvme id-ctrl``, which is not run: hwmon gives them).
 
-nvme-cli prints temperatures in kelvin (``src/nvme-print-json.c``); a value of 200 or more is
-read as kelvin, anything lower as °C (no drive runs at 200 °C or at -73 °C). nvme-cli 2.x prints
-the log's 128-bit counters (data units, power-on hours, unsafe shutdowns, media errors, error-log
-entries ...) as JSON strings of decimal digits (``"media_errors": "12"``, ``obj_add_uint128``);
-older ones printed numbers. Both are read (:func:`_number`): taking only numbers passed 12 media
-errors as healthy. A fixture directory
+nvme-cli prints temperatures in kelvin (``src/nvme-print-json.c``), as a JSON number in every
+release from 0.8 to 3.0-rc1 (never a string, never with a unit); a value of 200 or more is read
+as kelvin, anything lower as °C (no drive runs at 200 °C or at -73 °C). nvme-cli 2.7's clean-up
+of its JSON keys renamed the composite temperature ``Temperature`` and, in its detailed output
+(``-H``), the critical warning's ``value`` ``Value``; 2.7.1 reverted both (commit 565b322b8,
+"Revert field name changes"). Both spellings are read: a drive read with 2.7 had no composite
+temperature. nvme-cli 2.x prints the log's 128-bit counters (data units, power-on hours, unsafe
+shutdowns, media errors, error-log entries ...) as JSON strings of decimal digits
+(``"media_errors": "12"``, ``obj_add_uint128``); older ones printed numbers. Both are read
+(:func:`_number`): taking only numbers passed 12 media errors as healthy. A fixture directory
 (``--nvme.fixture DIR``) holds ``nvme0.smartctl.json`` or ``nvme0.nvme-cli.json`` per controller:
 the tools' output as recorded, read instead of running them.
 """
@@ -177,15 +182,21 @@ def _health(
     )
 
 
+def _spelled(smart: Mapping[str, Any], key: str) -> Any:
+    """``smart[key]``, else under nvme-cli 2.7's spelling of it (a capital first letter)."""
+    return smart[key] if key in smart else smart.get(key[:1].upper() + key[1:])
+
+
 def parse_nvme_cli(doc: Any, source: str = "nvme-cli") -> HealthReading:
     """``nvme smart-log -o json /dev/nvmeN`` as a reading (temperatures in kelvin)."""
     smart = as_map(doc)
     if "critical_warning" not in smart:
         return _none("nvme-cli: no health log in its answer")
     warning = smart.get("critical_warning")
-    if isinstance(warning, Mapping):  # nvme-cli --verbose: {"value": 0, ...}
-        warning = warning.get("value")
-    temperatures = {"composite": t} if (t := _celsius(smart.get("temperature"))) is not None else {}
+    if isinstance(warning, Mapping):  # nvme-cli -H or --verbose: {"value": 0, ...}
+        warning = _spelled(warning, "value")
+    composite = _celsius(_spelled(smart, "temperature"))
+    temperatures = {"composite": composite} if composite is not None else {}
     for index in range(1, 9):
         if (value := _celsius(smart.get(f"temperature_sensor_{index}"))) is not None:
             temperatures[str(index)] = value
