@@ -631,6 +631,60 @@ def test_show_while_learning_says_so_and_no_match_only_for_filters(tmp_path: Pat
     assert json.loads(invoke_cli("baseline", "show", *state, "--json").stdout) == []
 
 
+def test_show_json_with_learning_tells_learning_kernels_from_nothing_recorded(
+    tmp_path: Path,
+) -> None:
+    """``baseline show --json`` printed ``[]`` for a store whose kernels were still learning as
+    for one with nothing recorded, so a script could not tell them apart (the text said "2
+    kernel(s) still learning"). ``--learning`` adds a row per such kernel, with the keys of a
+    baseline's row (no figure yet) and the healthy runs it has of those it needs."""
+    from tests.support import invoke_cli
+
+    empty, learning = tmp_path / "empty", tmp_path / "learning"
+    empty.mkdir()
+    learning.mkdir()
+    BaselineStore(empty / "baselines.sqlite").close()
+    with BaselineStore(learning / "baselines.sqlite") as store:
+        store.record_run(key(), 700.0, healthy=True, at=1000.0)
+        store.record_run(key(), 420.0, healthy=False, at=1300.0)  # beside another process
+        for at in (1000.0, 1300.0):
+            store.record_run(key(dtype="fp8"), 1400.0, healthy=True, at=at)
+        for at in (1000.0, 1300.0, 1600.0):
+            store.record_run(key(dtype="int8"), 1500.0, healthy=True, at=at)
+        (learned,) = store.list()
+
+    def shown(state: Path, *args: str) -> Any:
+        done = invoke_cli("baseline", "show", "--state-dir", str(state), "--json", *args)
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    old = {
+        **dataclasses.asdict(learned.key),
+        "tflops": 1500.0,
+        "source": "learned",
+        "runs": 3,
+        "created_at": learned.created_at,
+        "updated_at": learned.updated_at,
+        "note": "",
+    }
+    assert shown(learning) == [old]  # unchanged without --learning
+    assert shown(empty, "--learning") == [] and shown(tmp_path / "none", "--learning") == []
+    rows = shown(learning, "--learning")
+    assert rows[0] == old
+    assert rows[1:] == [
+        {**dataclasses.asdict(key()), "tflops": None, "source": "learning", "runs": 1,
+         "created_at": 1000.0, "updated_at": 1300.0, "note": "", "runs_needed": 3},
+        {**dataclasses.asdict(key(dtype="fp8")), "tflops": None, "source": "learning",
+         "runs": 2, "created_at": 1000.0, "updated_at": 1300.0, "note": "", "runs_needed": 3},
+    ]  # fmt: skip
+    assert [r["dtype"] for r in shown(learning, "--learning", "--dtype", "fp8")] == ["fp8"]
+    text = invoke_cli("baseline", "show", "--state-dir", str(learning), "--learning")
+    lines = [line for line in text.stdout.splitlines() if not line.startswith(" ")]  # wrapped
+    assert len(lines) == 3 and "1500.0" in lines[0], text.stdout
+    assert "bf16" in lines[1] and "learning: 1 of 3 healthy runs" in lines[1]
+    assert "fp8" in lines[2] and "learning: 2 of 3 healthy runs" in lines[2]
+
+
 def test_a_reader_that_cannot_migrate_an_older_store_says_so(
     db: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -105,3 +105,17 @@ class RunRecord:
     healthy: bool
     at: float
     conditions: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class Learning:
+    """A kernel with runs recorded and no baseline yet (:meth:`BaselineStore.learning_kernels`).
+
+    healthy_runs: the runs that count towards its baseline so far (fewer than ``min_runs``)
+    first_at, last_at: its first and latest run, unix time in seconds
+    """
+
+    key: BaselineKey
+    healthy_runs: int
+    first_at: float
+    last_at: float

@@ -52,6 +52,7 @@ from sparkdiag.baseline.model import (
     BaselineKey,
     BaselineStoreDamaged,
     BaselineStoreError,
+    Learning,
     RunRecord,
 )
 from sparkdiag.baseline.schema import (
@@ -420,6 +421,23 @@ class BaselineStore:
         return baseline is None or (
             baseline.source == "learned" and baseline.runs < self.learn_runs
         )
+
+    def learning_kernels(self, recent: int = 5000) -> builtins.list[Learning]:
+        """The kernels still learning: those among :meth:`latest_runs` that have no baseline
+        yet, by key, each with its healthy runs so far and its first and latest run (what
+        ``baseline show`` says of them; a read, as the others)."""
+        learned = {b.key for b in self.list()}
+        keys = [run.key for run in self.latest_runs(recent) if run.key not in learned]
+        found = []
+        with self._read() as conn:
+            for key in keys:  # the runs_by_key index: a kernel's runs, not the table's
+                healthy, first, last = conn.execute(
+                    f"SELECT TOTAL(healthy), MIN(at), MAX(at) FROM runs WHERE {KEY_WHERE}",
+                    key.as_row(),
+                ).fetchone()
+                if first is not None:  # its runs were pruned or reset since latest_runs
+                    found.append(Learning(key, int(healthy), float(first), float(last)))
+        return found
 
     def latest_runs(self, recent: int = 5000) -> builtins.list[RunRecord]:
         """The most recent run of every key among the last ``recent`` runs (a daemon probing

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from sparkdiag import terminal
+from sparkdiag.baseline.model import BaselineKey, Learning
 from sparkdiag.baseline.store import DEFAULT_FILENAME, BaselineStore, open_store
 from sparkdiag.errors import UsageError
 from sparkdiag.flags import FiniteRange, settings_from, settings_options
@@ -38,10 +39,15 @@ def _not_learned_yet(state_dir: Path | None) -> Path | None:
     return None if path.exists() else path
 
 
-def _learning_kernels(store: BaselineStore) -> int:
-    """Kernels with runs recorded and no baseline yet (still learning)."""
-    learned = {b.key for b in store.list()}
-    return len({run.key for run in store.latest_runs()} - learned)
+def _matches(
+    key: BaselineKey, uuid: str | None, dtype: str | None, shape: str | None, context: str | None
+) -> bool:
+    return (
+        (uuid is None or key.gpu_uuid.startswith(uuid))
+        and (dtype is None or key.dtype == dtype)
+        and (shape is None or key.shape == shape)
+        and (context is None or key.context == context)
+    )
 
 
 def _filtered(
@@ -51,14 +57,24 @@ def _filtered(
     shape: str | None,
     context: str | None,
 ) -> list[Any]:
-    return [
-        b
-        for b in store.list()
-        if (uuid is None or b.key.gpu_uuid.startswith(uuid))
-        and (dtype is None or b.key.dtype == dtype)
-        and (shape is None or b.key.shape == shape)
-        and (context is None or b.key.context == context)
-    ]
+    return [b for b in store.list() if _matches(b.key, uuid, dtype, shape, context)]
+
+
+def _learning_row(kernel: Learning, runs_needed: int) -> dict[str, Any]:
+    """A kernel still learning as a row of ``show --json``: a baseline's keys, with no figure
+    yet (``tflops`` null, ``source`` "learning"), ``runs`` its healthy runs so far (as a
+    learned baseline's are the healthy runs it was learned from), its first and latest run as
+    ``created_at`` and ``updated_at``, and ``runs_needed``, the healthy runs that learn it."""
+    return {
+        **kernel.key.__dict__,
+        "tflops": None,
+        "source": "learning",
+        "runs": kernel.healthy_runs,
+        "created_at": kernel.first_at,
+        "updated_at": kernel.last_at,
+        "note": "",
+        "runs_needed": runs_needed,
+    }
 
 
 _FILTERS = [
@@ -78,15 +94,26 @@ def _with_filters(fn: Callable[..., Any]) -> Callable[..., Any]:
 @baseline.command("show")
 @_with_filters
 @click.option("--json", "as_json", is_flag=True)
+@click.option(
+    "--learning",
+    "with_learning",
+    is_flag=True,
+    help="Also list the kernels still learning (no baseline yet), with their healthy runs so "
+    'far; with --json as rows whose source is "learning".',
+)
 def baseline_show(
     uuid: str | None,
     dtype: str | None,
     shape: str | None,
     context: str | None,
     as_json: bool,
+    with_learning: bool,
     **given: Any,
 ) -> None:
     """List baselines (every software identity: old ones are kept).
+
+    --json prints one array, a row per baseline; with --learning, a row per kernel still
+    learning after them (docs/probe.md, "baseline show").
 
     Exit status: 0 listed, also when none was learned yet (no store) or none matches; 2 a usage
     error (a bad flag); 3 the baseline store cannot be opened (the state directory cannot be
@@ -105,8 +132,16 @@ def baseline_show(
         return
     with open_store(state_dir, create=False) as store:
         rows = _filtered(store, uuid, dtype, shape, context)
-        learning = _learning_kernels(store) if not rows else 0
+        learning = store.learning_kernels() if with_learning or not rows else []
         min_runs = store.min_runs
+    # the rows without --learning stay as they were: a script that reads every row as a
+    # baseline (its tflops, or the first bf16 row as learned) must not take a kernel that is
+    # still learning for one
+    listed = (
+        [k for k in learning if _matches(k.key, uuid, dtype, shape, context)]
+        if with_learning
+        else []
+    )
     if as_json:
         click.echo(
             json.dumps(
@@ -121,20 +156,21 @@ def baseline_show(
                         "note": b.note,
                     }
                     for b in rows
-                ],
+                ]
+                + [_learning_row(k, min_runs) for k in listed],
                 indent=1,
             )
         )
         return
-    if not rows:
+    if not rows and not listed:
         filtered = any(f is not None for f in (uuid, dtype, shape, context))
         if filtered:
             click.echo("no baselines match")
         elif learning:
             click.echo(
-                f"no baselines yet: {learning} kernel(s) still learning (a kernel's baseline is "
-                f"learned once it has {min_runs} healthy runs); 'sparkdiag probe' again, or the "
-                "daemon, teaches them"
+                f"no baselines yet: {len(learning)} kernel(s) still learning (a kernel's "
+                f"baseline is learned once it has {min_runs} healthy runs); 'sparkdiag probe' "
+                "again, or the daemon, teaches them"
             )
         else:
             click.echo("no baselines yet: 'sparkdiag probe' or the daemon learns them")
@@ -151,6 +187,15 @@ def baseline_show(
             f"{when}{note}"
         )
         # the key and the figure on the first line; the software and the dates wrap under it
+        click.echo(terminal.fill(line, width, "", "    ") if len(line) > width else line)
+    for kernel in listed:
+        k = kernel.key
+        when = time.strftime("%Y-%m-%d %H:%M", time.localtime(kernel.last_at))
+        line = (
+            f"{k.gpu_uuid[:12]}.. {k.dtype:10} {k.shape:>18} {k.context:9} learning: "
+            f"{kernel.healthy_runs} of {min_runs} healthy runs driver={k.driver} torch={k.torch} "
+            f"cuda={k.cuda} {when}"
+        )
         click.echo(terminal.fill(line, width, "", "    ") if len(line) > width else line)
 
 
