@@ -32,24 +32,26 @@ def _shown_poll_age(body: bytes) -> float:
 
 
 def test_polls_are_spaced_out_until_a_scraper_comes_and_then_follow_it() -> None:
-    args = ("--no-probe.enabled", "--poll-interval", "0.1", "--idle-poll-interval", "1", *FIXTURE)
-    with running_daemon(args) as base:
+    # every time at half the scale it was written at (polls every 0.1 s, 1 s when idle, a
+    # scrape every 0.5 s): the poller's spacing is in poll intervals and scrape gaps
+    args = ("--no-probe.enabled", "--poll-interval", "0.05", "--idle-poll-interval", "0.5")
+    with running_daemon((*args, *FIXTURE)) as base:
         first = _poll(base)
-        time.sleep(2.0)
+        time.sleep(1.0)
         idle = _poll(base) - first
-        assert 1 <= idle <= 4  # one poll a second, not twenty
+        assert 1 <= idle <= 4  # two polls a second, not twenty
 
         before = _poll(base)
         ages = []
-        for _ in range(8):  # a regular scraper, every 0.5 s
+        for _ in range(8):  # a regular scraper, every 0.25 s
             status, _, body = http_get(base + "/metrics")
             assert status == 200
             ages.append(_shown_poll_age(body))
-            time.sleep(0.5)
+            time.sleep(0.25)
         scraped = _poll(base) - before
         assert scraped >= 10  # polls at the poll interval around the scrapes again
         # once its period is known, each scrape gets a poll made just before it
-        assert max(ages[3:]) < 0.5, ages
+        assert max(ages[3:]) < 0.25, ages
 
 
 # The daemon's modules once its late work has run, instead of after a fixed 4 s (3 s of it
@@ -115,8 +117,11 @@ PROBE = {"sqlite3", "statistics", "argparse", "sparkdiag.probe.worker", "sparkdi
 
 def _modules(*args: str) -> set[str]:
     port = str(free_port())  # a clock-made port collided under 16 workers on the H200
+    # polls every 0.1 s: the poller thread's first poll comes one interval after the start,
+    # 0.1 s and not the default 1 s later (what a poll loads is the same at any interval)
+    listen = ("--listen", f"127.0.0.1:{port}", "--poll-interval", "0.1")
     out = subprocess.run(
-        [sys.executable, "-c", _MODULES, "30", "--listen", f"127.0.0.1:{port}", *args],
+        [sys.executable, "-c", _MODULES, "30", *listen, *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

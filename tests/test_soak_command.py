@@ -554,16 +554,18 @@ def test_soak_takes_its_settings_from_the_option_table() -> None:
     assert settings.log_level == "info" and settings.state_dir is None
 
 
+@pytest.mark.worker  # the real probe worker on CPU torch, as the other soaks on --device cpu
 def test_a_soak_that_measured_nothing_is_not_ok(tmp_path: Path) -> None:
     """Every kernel asked for unsupported on the device: it was loaded for the whole duration,
     then "completed", exit 0 (the bad-input review); exit 1, as the help says."""
     pytest.importorskip("torch")
     result = run_soak("--device", "cpu", "--small", "--no-record", "--dtype", "fp8",
-                      "--duration", "2", "--window", "1")  # fmt: skip
+                      "--duration", "1", "--window", "0.5")  # fmt: skip
     assert result.returncode == 1, result.stdout + result.stderr
     assert "not measured: fp8" in " ".join(result.stdout.split())
 
 
+@pytest.mark.worker  # the real probe worker on CPU torch, as the other soaks on --device cpu
 def test_ctrl_c_while_the_results_are_written_still_interrupts(tmp_path: Path) -> None:
     """After the load the signals only set the stop: a --json into a FIFO nobody read held soak
     in its write, Ctrl-C twice was swallowed, and once a reader came it exited 0 "completed"
@@ -572,7 +574,7 @@ def test_ctrl_c_while_the_results_are_written_still_interrupts(tmp_path: Path) -
     fifo = tmp_path / "out.json"
     os.mkfifo(fifo)
     proc = subprocess.Popen(
-        sparkdiag_cmd("soak", *CPU, "--duration", "1", "--json", str(fifo), "--no-record"),
+        sparkdiag_cmd("soak", *CPU, "--duration", "0.5", "--json", str(fifo), "--no-record"),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
     )  # fmt: skip
     wchan = Path(f"/proc/{proc.pid}/wchan")

@@ -16,6 +16,8 @@ from typing import TypeVar
 import pytest
 
 from sparkdiag.sources.nvml.fixture import FixtureBackend
+from sparkdiag.watch import diagnose as diagnosis
+from sparkdiag.watch import render
 from sparkdiag.watch.causes import Cause
 from sparkdiag.watch.diagnose import Diagnosis
 from sparkdiag.watch.model import (
@@ -291,6 +293,20 @@ def others(rec: Recording, sm: Callable[[int], float | None], warmup: int = 0,
 
 
 # ---- a real job that ends at a poll of the scripted fixture -------------------------------------
+
+SHORT_WINDOW = 0.3  # seconds: the shortest window diagnosed under :func:`short_window`
+
+
+def short_window(monkeypatch: pytest.MonkeyPatch, seconds: float = SHORT_WINDOW) -> None:
+    """A window of ``seconds`` (and still ``MIN_WINDOW_TICKS`` ticks) diagnosed, where 2 s are
+    needed (``MIN_WINDOW_SECONDS``), for ``sparkdiag watch`` run in this process by a test that
+    is not about that rule: its job polled at 0.1 s, not kept for 2.5-3 s of waiting. The rule
+    keeps its real value in its own tests (test_a_job_too_short_to_diagnose_...,
+    test_a_window_under_three_ticks_or_two_seconds_...). The report's line on the rule says the
+    value in force (render holds its own name for it, bound when first imported: here, before
+    any patch)."""
+    for module in (diagnosis, render):
+        monkeypatch.setattr(module, "MIN_WINDOW_SECONDS", seconds)
 
 
 class PollGate:
