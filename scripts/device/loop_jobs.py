@@ -90,7 +90,12 @@ def neighbour(device: str, scale: str, go: str | None = None) -> None:
 # -- the jobs -------------------------------------------------------------------------------------
 
 
-def gpt2_host_sync(seconds: float, device: str, size: dict[str, Any], clean: bool) -> Any:
+def gpt2_host_sync(
+    seconds: float, device: str, size: dict[str, Any], clean: bool, to: bool = False
+) -> Any:
+    """GPT-2 steps that read every step's logits on the host; with ``to``, through
+    ``.to(torch.device("cpu"))`` rather than ``.cpu()`` (watch once took that call for a copy
+    to the GPU: a review's finding of 2026-12-05, fixed on fixtures alone)."""
     torch, dev, sync = fw._torch(device)
     model = fw._gpt2(size).to(dev)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -98,6 +103,7 @@ def gpt2_host_sync(seconds: float, device: str, size: dict[str, Any], clean: boo
     vocab = model.config.vocab_size
     ids = torch.randint(0, vocab, (size["gpt_batch"], size["seq"]), device=dev)
     labels = ids.cpu().numpy()
+    cpu = torch.device("cpu")
     meter = fw.Meter(seconds, sync)
     scores = []
     while True:
@@ -108,6 +114,9 @@ def gpt2_host_sync(seconds: float, device: str, size: dict[str, Any], clean: boo
         opt.zero_grad(set_to_none=True)
         if clean:  # the accuracy on the GPU: nothing comes back but at the meter's sync
             scores.append((out.logits.argmax(-1) == ids).float().mean())
+        elif to:
+            logits = out.logits.detach().float().to(cpu).numpy()  # watch: host-sync-to
+            scores.append(float((logits.argmax(-1) == labels).mean()))
         else:
             logits = out.logits.detach().float().cpu().numpy()  # watch: host-sync
             scores.append(float((logits.argmax(-1) == labels).mean()))
@@ -289,6 +298,7 @@ def vit(seconds: float, device: str, size: dict[str, Any]) -> Any:
 EXPECTED = {
     "cotenant": ("co-tenant", None),
     "gpt2-host-sync": ("host-sync", "host-sync"),
+    "gpt2-host-sync-to": ("host-sync", "host-sync-to"),
     "gpt2-tokenize": ("data-prep-in-loop", "data-prep-in-loop"),
     "resnet18-pageable": ("pageable-copies", "pageable-copies"),
     "launch-bound": ("cpu-bound-launcher", "launch-bound"),
@@ -308,6 +318,7 @@ def run(name: str, seconds: float, device: str, scale: str, clean: bool) -> dict
     jobs: dict[str, Any] = {
         "cotenant": lambda: fw.resnet(seconds, device, size),  # the defect is its neighbour
         "gpt2-host-sync": lambda: gpt2_host_sync(seconds, device, size, clean),
+        "gpt2-host-sync-to": lambda: gpt2_host_sync(seconds, device, size, clean, to=True),
         "gpt2-tokenize": lambda: gpt2_tokenize(seconds, device, size, clean),
         "resnet18-pageable": lambda: resnet18_pageable(seconds, device, size, clean),
         "launch-bound": lambda: launch_bound(seconds, device, size, clean),
