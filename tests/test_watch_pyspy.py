@@ -264,7 +264,10 @@ def test_a_wait_across_chunks_is_one_visit(tmp_path: Path, monkeypatch: pytest.M
     assert sum(s.visits for s in times) == 1, times
 
 
-@pytest.mark.parametrize(("gap", "visits"), [(0.0, 1), (0.05, 1), (0.5, 2)])
+@pytest.mark.parametrize(
+    ("gap", "visits"),
+    [(0.0, 1), (0.05, 1), (0.3, 1), (stack_sampler.RETRY_SECONDS, 2)],
+)
 def test_a_stretch_in_the_same_stack_goes_on_only_where_the_last_ended(
     gap: float, visits: int
 ) -> None:
@@ -273,7 +276,7 @@ def test_a_stretch_in_the_same_stack_goes_on_only_where_the_last_ended(
     frames = (pyspy.Frame("<module>", "/job/train.py", 3), pyspy.Frame("wait", "/job/train.py", 9))
     segments = [
         pyspy.Segment(100.0, 101.0, 7, 7, "MainThread", frames),
-        pyspy.Segment(101.0 + gap, 102.0, 7, 7, "MainThread", frames),
+        pyspy.Segment(101.0 + gap, 101.5 + gap, 7, 7, "MainThread", frames),
     ]
     ticks = [Tick(t=0.5 * (k + 1), dt=0.5) for k in range(5)]
     tables = stack_sampler.tables(segments, ticks, 100.0, {}, {})

@@ -41,8 +41,12 @@ STACK_RATE = 20  # samples a second (see docs/watch.md: its cost and why not mor
 CHUNK_SECONDS = 30.0
 RETRY_SECONDS = 1.0
 # A chunk's first stretch in the thread's last stack goes on with it when it begins within this
-# of the last one's end (the two meet where the last recorder was stopped: 0 apart in practice)
-CONTINUES_SECONDS = 0.1
+# of the last one's end. The two meet where the last recorder was stopped, 0 apart on an idle
+# machine; on two loaded cores the stopped recorder's last sample came more than 0.1 s (the
+# bound until 2026-12-05) before the stop, and one wait across a chunk read as two visits (a
+# test failed so twice in the fast subset). A failed recorder's retry comes
+# RETRY_SECONDS after the failure, so this stays well below that.
+CONTINUES_SECONDS = 0.5
 RETRIES = 10
 MAX_PROCESSES = 8
 
