@@ -64,10 +64,14 @@ class _Job:
         monkeypatch.setattr(pyspy, "Recorder", Recorder)
         self.sampler = stack_sampler.StackSampler(tmp_path / "py-spy", self.root, clock=self.clock)
 
-    def run(self, name: str, *pids: int) -> None:
+    def run(self, name: str, *pids: int, started: int = 1000) -> None:
+        """Processes ``pids`` named ``name``, started at ``started`` clock ticks after boot
+        (their /proc/PID/stat's field 22: what tells a process from a later one of its pid)."""
         for pid in pids:
             (self.root / "proc" / str(pid)).mkdir()
             (self.root / "proc" / str(pid) / "comm").write_text(name + "\n")
+            rest = " ".join(["0"] * 18 + [str(started)] + ["0"] * 30)
+            (self.root / "proc" / str(pid) / "stat").write_text(f"{pid} ({name}) S {rest}\n")
 
     def end(self, *pids: int) -> None:
         for pid in pids:
@@ -180,3 +184,50 @@ def test_other_lines_pass_through_in_their_order(
 ) -> None:
     job = _Job(tmp_path, monkeypatch)
     assert job.sampler.settled(["a", "b"], job.start) == ["a", "b"]
+
+
+def test_a_process_with_a_slot_later_and_nothing_recorded_stays_in_the_note(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ninth rank gets a slot once rank 0 ends, but py-spy gives nothing for it and says no
+    error (an empty trace; the process ended as its recorder began): it has no stacks in the
+    report, and the note keeps saying so (a review found it said nowhere)."""
+    job = _Job(tmp_path, monkeypatch)
+    recorder = pyspy.Recorder
+
+    class Empty(recorder):  # type: ignore[misc,valid-type]
+        def collect(self) -> list[pyspy.Segment]:
+            return [] if self.pid == 48 else list(super().collect())
+
+    monkeypatch.setattr(pyspy, "Recorder", Empty)
+    ranks = list(range(40, 49))
+    job.run("python3", *ranks)
+    job.tick(set(ranks))
+    job.end(40)
+    job.tick(set(ranks[1:]))
+    assert 48 in job.sampler.targets
+    job.end(48)
+    job.tick(set(ranks[1:-1]))
+    job.tick(set(ranks[1:-1]))
+    assert job.report() == [NO_SLOT.format(s="", which="48 (python3)")]
+    assert 48 not in job.recorded()
+
+
+def test_a_later_process_given_the_same_pid_is_not_taken_for_the_one_said(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The ninth rank is said without a slot and ends unrecorded; a new process is given its
+    pid and a slot, and is recorded: the report keeps the note of the first (its start time
+    differs), and says no "stacks from" of a process it never recorded."""
+    job = _Job(tmp_path, monkeypatch)
+    ranks = list(range(40, 49))
+    job.run("python3", *ranks)
+    job.tick(set(ranks))
+    job.end(48)
+    job.tick(set(ranks[:-1]))
+    job.end(40)
+    job.run("other", 48, started=5000)
+    job.tick(set(ranks[1:]))
+    job.tick(set(ranks[1:]))
+    assert job.report() == [NO_SLOT.format(s="", which="48 (python3)")]
+    assert 48 in job.recorded()  # the later process: recorded, and not said

@@ -22,6 +22,7 @@ from sparkdiag.sources.host.procfs import (
     process_names,
     process_stat,
     process_tree,
+    start_time,
 )
 from sparkdiag.sources.host.pyspy import PTRACER_SHIM
 from sparkdiag.watch import compact
@@ -202,15 +203,6 @@ class SpawnedJob:
         return self.proc.poll() is None or any(
             start_time(OWN_PROC, p) == t for p, t in tree.items()
         )
-
-
-def start_time(rootfs: Path, pid: int) -> str | None:
-    """When ``pid`` started (``/proc/PID/stat``'s field 22, in clock ticks since boot), which
-    tells a process from a later one given the same pid; None when it is gone or a zombie."""
-    fields = process_stat(rootfs, pid)
-    if fields is None or len(fields) < 20 or fields[0] in ("Z", "X"):
-        return None
-    return fields[19]
 
 
 def unwatchable(rootfs: Path, pid: int, own: int) -> str:

@@ -105,8 +105,10 @@ class StackSampler:
         # the no-slot lines said, each with the (pid, name) it named, and when a process said
         # there had a slot after all (one ended): settled() words the report from them
         self._no_slot: dict[str, tuple[tuple[int, str], ...]] = {}
+        self._noted_start: dict[int, str | None] = {}  # tells a later process given the pid
         self._slotted: dict[int, float] = {}
         self._recorded: set[int] = set()  # py-spy gave stretches of them
+        self._failed: set[int] = set()  # why py-spy gave nothing is said in a line of its own
         self.version = pyspy.version(binary) or "py-spy"
 
     @property
@@ -159,7 +161,8 @@ class StackSampler:
                 self._retire(gpu)
             if len(self.targets) < MAX_PROCESSES:
                 self.targets[pid] = _Target(pid)
-                if pid in self.unsampled:
+                noted = self._noted_start.get(pid)
+                if pid in self.unsampled and noted == procfs.start_time(self.rootfs, pid):
                     self._slotted.setdefault(pid, now)
             elif pid in gpu and pid not in self.unsampled:
                 unsampled.append(pid)
@@ -218,6 +221,8 @@ class StackSampler:
         if not pids:
             return
         self.unsampled.update(pids)
+        for pid in pids:
+            self._noted_start[pid] = procfs.start_time(self.rootfs, pid)
         names = procfs.process_names(self.rootfs, pids)
         named = tuple((pid, names.get(pid, "?")) for pid in pids)
         line = _no_slot_line(named)
@@ -226,23 +231,29 @@ class StackSampler:
 
     def settled(self, lines: Sequence[str], start: float) -> list[str]:
         """``lines`` (what :meth:`update` and :meth:`finish` returned, and any other) as they
-        stand at the end: a no-slot line said during the watch names only the processes that
-        never had a slot, and one that had a slot later and was recorded is said to have stacks
-        from then on (``start``: the clock's reading at the recording's time 0). The report
+        stand at the end: a process that had a slot later (the same process: its start time
+        is compared, not only its pid) and was recorded is said to have stacks from then on
+        (``start``: the clock's reading at the recording's time 0), one whose recording failed
+        is left to the line that says why (:meth:`finish`), and the no-slot line names the rest,
+        which have no stacks in the report (no slot, or a slot and nothing recorded). The report
         kept the line said at the time: "no Python stacks of pid N" for a process whose stacks
-        it showed. One that had a slot but gave py-spy nothing is left to :meth:`finish`'s line
-        of why."""
+        it showed."""
         out = []
         for line in lines:
             named = self._no_slot.get(line)
             if named is None:
                 out.append(line)
                 continue
-            never = tuple((pid, name) for pid, name in named if pid not in self._slotted)
+            later = {pid for pid, _ in named if pid in self._slotted and pid in self._recorded}
+            never = tuple(
+                (pid, name)
+                for pid, name in named
+                if pid not in later and not (pid in self._slotted and pid in self._failed)
+            )
             if never:
                 out.append(_no_slot_line(never))
             for pid, name in named:
-                if pid in self._slotted and pid in self._recorded:
+                if pid in later:
                     out.append(
                         f"Python stacks of pid {pid} ({name}), on the GPU, only from "
                         f"{self._slotted[pid] - start:.1f} s on: until then the job's other "
@@ -306,6 +317,7 @@ class StackSampler:
             f"no Python stacks of pid {target.pid} ({name}): {target.error}; its lost time is "
             "judged from the counters alone"
         )
+        self._failed.add(target.pid)
         target.error = ""
         target.tries = RETRIES
 

@@ -181,6 +181,15 @@ def process_stat(rootfs: Path, pid: int) -> list[str] | None:
     return None if parsed is None else parsed[1]
 
 
+def start_time(rootfs: Path, pid: int) -> str | None:
+    """When ``pid`` started (``/proc/PID/stat``'s field 22, in clock ticks since boot), which
+    tells a process from a later one given the same pid; None when it is gone or a zombie."""
+    fields = process_stat(rootfs, pid)
+    if fields is None or len(fields) < 20 or fields[0] in ("Z", "X"):
+        return None
+    return fields[19]
+
+
 def is_kernel_thread(rootfs: Path, pid: int) -> bool:
     """``pid`` is a kernel thread there (``PF_KTHREAD`` in its flags, proc(5) field 9)."""
     fields = process_stat(rootfs, pid)
