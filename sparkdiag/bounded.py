@@ -9,6 +9,7 @@ what it returns later, if ever, can be handed to a ``late`` callback. The standa
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -41,9 +42,13 @@ def call_within(
     returns, or what it raises. Past the deadline, :class:`Overran`; the thread is left to
     return by itself, if ever. What it returns after that goes to ``late``, in its thread (to
     release what it made); an answer in time, or one that came just as the time ran out, is
-    returned instead, never both. The wait is in short slices (:data:`WAIT_SLICE`), so that
+    returned instead, never both; so is an error raised in time, even where the thread had
+    not quite ended at the deadline. The wait is in short slices (:data:`WAIT_SLICE`), so that
     Ctrl-C and SIGTERM interrupt it (the main thread's handler raises where it waits) even when
-    the working thread received the signal."""
+    the working thread received the signal; what the work returns after an interrupted wait
+    goes to ``late`` too. A deadline that is not a finite number is a ValueError."""
+    if not math.isfinite(seconds):
+        raise ValueError(f"a deadline of {seconds!r} s: give a finite number of seconds")
     answer: list[T] = []
     failed: list[BaseException] = []
     lock = threading.Lock()
@@ -53,7 +58,8 @@ def call_within(
         try:
             value = work()
         except BaseException as exc:  # passed to the waiting thread, which raises it
-            failed.append(exc)
+            with lock:
+                failed.append(exc)
             return
         with lock:
             answer.append(value)
@@ -61,18 +67,28 @@ def call_within(
         if abandoned and late is not None:
             late(value)
 
+    def give_up() -> bool:
+        """True where the work has not ended; from then on a late answer goes to ``late``."""
+        nonlocal gave_up
+        with lock:
+            if not answer and not failed:  # else it ended just now: taken below
+                gave_up = True
+        return gave_up
+
     thread = threading.Thread(target=run, name=name, daemon=True)
     deadline = time.monotonic() + seconds
     thread.start()
-    while thread.is_alive():
-        left = deadline - time.monotonic()
-        if left <= 0:
-            with lock:
-                if not answer:  # else it answered just now: taken below
-                    gave_up = True
-            if gave_up:
+    try:
+        while thread.is_alive():
+            left = deadline - time.monotonic()
+            if left <= 0 and give_up():
                 raise Overran(name, seconds, thread)
-        thread.join(min(max(left, 0.0), WAIT_SLICE))
+            thread.join(min(max(left, 0.0), WAIT_SLICE))
+    except Overran:
+        raise
+    except BaseException:  # Ctrl-C or SIGTERM in the wait: a later answer is still let go of
+        give_up()
+        raise
     if failed:
         raise failed[0]
     return answer[0]

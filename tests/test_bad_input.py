@@ -3,6 +3,7 @@ exit 2, never a traceback, never an unbounded read or echo."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -173,6 +174,7 @@ def test_a_yaml_syntax_error_names_the_place_not_the_line(tmp_path: Path, data: 
         ("link", "test", "127.0.0.1", "--duration", "nan"),
         ("compare", "--budget-seconds", "nan", "--", "true"),
         ("baseline", "pin", "--all", "--tflops", "nan"),
+        ("check", "--nvml-timeout", "nan"),
     ],
     ids=lambda a: " ".join(a[:2]),
 )
@@ -182,6 +184,34 @@ def test_nan_and_infinity_are_usage_errors(args: tuple[str, ...]) -> None:
     bad-input review): every float flag is a FiniteRange."""
     result = run_cli(*args)
     assert_clean_error(result, 2, "is not a finite number")
+
+
+def test_every_float_flag_of_every_command_is_a_finite_range() -> None:
+    """check --nvml-timeout was a plain FloatRange, and --nvml-timeout nan a traceback from the
+    deadline thread's join (a review): no command's float flag may be one."""
+    import click
+
+    from sparkdiag.cli import main
+    from sparkdiag.flags import FiniteRange
+
+    def commands(command: click.Command, path: str) -> Iterator[tuple[str, click.Command]]:
+        yield path, command
+        if isinstance(command, click.Group):  # the commands are imported when asked for
+            ctx = click.Context(command)
+            for name in command.list_commands(ctx):
+                sub = command.get_command(ctx, name)
+                assert sub is not None, name
+                yield from commands(sub, f"{path} {name}".strip())
+
+    seen = list(commands(main, ""))
+    plain = [
+        f"{path} {param.opts[0]}"
+        for path, command in seen
+        for param in command.params
+        if isinstance(param.type, click.FloatRange) and not isinstance(param.type, FiniteRange)
+    ]
+    assert plain == []
+    assert len(seen) > 20  # the walk reached the commands, not the group alone
 
 
 @pytest.mark.parametrize("value", ["0", "-5", "1e308"])

@@ -179,3 +179,54 @@ def test_a_signal_to_the_stuck_thread_interrupts_the_wait(release: threading.Eve
         sender.cancel()
         signal.signal(signal.SIGUSR1, previous)
     assert 0.2 <= took < 0.2 + 10 * WAIT_SLICE, took
+
+
+def test_an_error_raised_in_time_is_raised_as_itself_not_as_an_overrun(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The work failed at once but its thread lingered past the deadline: the error was lost
+    and an Overran raised (through driver.within, "NVML hung" for NVML's own error; a
+    review)."""
+    fake = types.SimpleNamespace(Thread=_Lingering, Lock=threading.Lock)
+    monkeypatch.setattr(bounded, "threading", fake)
+
+    def fails() -> str:
+        raise LookupError("the work's own error")
+
+    with pytest.raises(LookupError, match="the work's own error"):
+        call_within(0.05, "fails at once", fails)
+
+
+def test_what_the_work_returns_after_an_interrupted_wait_goes_to_late(
+    release: threading.Event,
+) -> None:
+    """Ctrl-C in the wait: the caller is gone, so what the work returns later is handed to
+    ``late`` (to release it), as after a deadline; it was dropped with the thread."""
+    late: list[str] = []
+
+    def slow() -> str:
+        release.wait()
+        return "made after the interrupt"
+
+    previous = signal.signal(signal.SIGUSR1, _raise)
+    sender = threading.Timer(0.2, signal.pthread_kill, (threading.get_ident(), signal.SIGUSR1))
+    try:
+        sender.start()
+        with pytest.raises(_Interrupted):
+            call_within(30, "interrupted", slow, late.append)
+    finally:
+        sender.cancel()
+        signal.signal(signal.SIGUSR1, previous)
+    release.set()
+    deadline = time.monotonic() + 5
+    while not late and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert late == ["made after the interrupt"]
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf")])
+def test_a_deadline_that_is_not_a_finite_number_is_refused(seconds: float) -> None:
+    """join(nan) raised from inside the wait, after the thread had started (check
+    --nvml-timeout nan was a traceback)."""
+    with pytest.raises(ValueError, match="finite number"):
+        call_within(seconds, "never started", lambda: "unreached")

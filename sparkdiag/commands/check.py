@@ -35,7 +35,7 @@ from sparkdiag.check.report import document, render_json, table
 from sparkdiag.check.stall_checks import STALL_INTERVAL, STALL_SAMPLES
 from sparkdiag.commands.common import setup_logging
 from sparkdiag.errors import Exit, SparkdiagError
-from sparkdiag.flags import path_option, settings_from, settings_options
+from sparkdiag.flags import FiniteRange, path_option, settings_from, settings_options
 from sparkdiag.probe.launchers import FixtureLauncher
 from sparkdiag.snapshot import GpuSample
 from sparkdiag.sources.nvml.driver import ANSWER_SECONDS, GivenUp, given_up, hung_reason
@@ -80,7 +80,7 @@ def _progress(gpus: Sequence[GpuSample], timeout: float) -> None:
 )
 @click.option(
     "--nvml-timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=FiniteRange(min=0, min_open=True),
     default=ANSWER_SECONDS,
     show_default=True,
     metavar="SECONDS",
