@@ -11,7 +11,7 @@ from typing import Any
 import click
 
 from sparkdiag import terminal
-from sparkdiag.baseline.model import BaselineKey, Learning
+from sparkdiag.baseline.model import METHOD, BaselineKey, Learning
 from sparkdiag.baseline.store import DEFAULT_FILENAME, BaselineStore, open_store
 from sparkdiag.errors import UsageError
 from sparkdiag.flags import FiniteRange, settings_from, settings_options
@@ -58,6 +58,14 @@ def _filtered(
     context: str | None,
 ) -> list[Any]:
     return [b for b in store.list() if _matches(b.key, uuid, dtype, shape, context)]
+
+
+def _software(key: BaselineKey) -> str:
+    """The software a figure was measured with, and its method where it is not today's: two
+    identities that differ in the method alone (ratios and the GEMM figures of before 2026-12
+    were medians) printed the same line."""
+    method = "" if key.method == METHOD else f" method={key.method}"
+    return f"driver={key.driver} torch={key.torch} cuda={key.cuda}{method}"
 
 
 def _learning_row(kernel: Learning, runs_needed: int) -> dict[str, Any]:
@@ -183,8 +191,7 @@ def baseline_show(
         unit = "" if k.dtype.startswith("ratio:") else f" {throughput_unit(k.dtype)}"
         line = (
             f"{k.gpu_uuid[:12]}.. {k.dtype:10} {k.shape:>18} {k.context:9} {b.tflops:9.1f}{unit} "
-            f"{b.source:7} runs={b.runs} driver={k.driver} torch={k.torch} cuda={k.cuda} "
-            f"{when}{note}"
+            f"{b.source:7} runs={b.runs} {_software(k)} {when}{note}"
         )
         # the key and the figure on the first line; the software and the dates wrap under it
         click.echo(terminal.fill(line, width, "", "    ") if len(line) > width else line)
@@ -193,8 +200,7 @@ def baseline_show(
         when = time.strftime("%Y-%m-%d %H:%M", time.localtime(kernel.last_at))
         line = (
             f"{k.gpu_uuid[:12]}.. {k.dtype:10} {k.shape:>18} {k.context:9} learning: "
-            f"{kernel.healthy_runs} of {min_runs} healthy runs driver={k.driver} torch={k.torch} "
-            f"cuda={k.cuda} {when}"
+            f"{kernel.healthy_runs} of {min_runs} healthy runs {_software(k)} {when}"
         )
         click.echo(terminal.fill(line, width, "", "    ") if len(line) > width else line)
 
