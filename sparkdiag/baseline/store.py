@@ -55,6 +55,7 @@ from sparkdiag.baseline.model import (
     Learning,
     RunRecord,
 )
+from sparkdiag.baseline.rows import baseline_from_row, select_baseline, upsert_baseline
 from sparkdiag.baseline.schema import (
     BASELINE_COLUMNS,
     KEY_COLUMNS,
@@ -385,7 +386,7 @@ class BaselineStore:
                 f"VALUES ({placeholders(4)})",
                 (*key.as_row(), value, int(healthy), when, conditions_text),
             )
-            current = _select_baseline(conn, key)
+            current = select_baseline(conn, key)
             if current is not None and (
                 current.source == "pinned" or current.runs >= self.learn_runs
             ):
@@ -412,7 +413,7 @@ class BaselineStore:
                 updated_at=now,
                 note=current.note if current is not None else "",
             )
-            _upsert(conn, learned)
+            upsert_baseline(conn, learned)
             return learned
 
     def learning(self, baseline: Baseline | None) -> bool:
@@ -470,7 +471,7 @@ class BaselineStore:
         if not isinstance(note, str):
             raise ValueError(f"note must be a string, got {note!r}")
         with self._write() as conn:
-            current = _select_baseline(conn, key)
+            current = select_baseline(conn, key)
             now = time.time()
             pinned = Baseline(
                 key=key,
@@ -481,14 +482,14 @@ class BaselineStore:
                 updated_at=now,
                 note=note,
             )
-            _upsert(conn, pinned)
+            upsert_baseline(conn, pinned)
             return pinned
 
     def get(self, key: BaselineKey) -> Baseline | None:
         """The key's baseline, or None when there is none (yet)."""
         _check_key(key)
         with self._read() as conn:
-            return _select_baseline(conn, key)
+            return select_baseline(conn, key)
 
     def list(self, gpu_uuid: str | None = None) -> builtins.list[Baseline]:
         """Every baseline (of one GPU when ``gpu_uuid`` is given), old software included.
@@ -502,7 +503,7 @@ class BaselineStore:
                 "ORDER BY gpu_uuid, dtype, shape, context, created_at, driver, torch, cuda",
                 params,
             ).fetchall()
-        return [_baseline_from_row(row) for row in rows]
+        return [baseline_from_row(row) for row in rows]
 
     def reset(
         self,
@@ -654,47 +655,6 @@ def _has_tables(conn: sqlite3.Connection) -> bool:
     nothing: it was never made)."""
     row = conn.execute("SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%'")
     return bool(row.fetchone()[0])
-
-
-def _select_baseline(conn: sqlite3.Connection, key: BaselineKey) -> Baseline | None:
-    row = conn.execute(
-        f"SELECT {BASELINE_COLUMNS} FROM baselines WHERE {KEY_WHERE}", key.as_row()
-    ).fetchone()
-    return None if row is None else _baseline_from_row(row)
-
-
-def _upsert(conn: sqlite3.Connection, baseline: Baseline) -> None:
-    conn.execute(
-        f"INSERT INTO baselines ({BASELINE_COLUMNS}) VALUES ({placeholders(6)})"
-        f" ON CONFLICT ({KEY_LIST}) DO UPDATE SET tflops = excluded.tflops,"
-        " source = excluded.source, runs = excluded.runs,"
-        " updated_at = excluded.updated_at, note = excluded.note",
-        (
-            *baseline.key.as_row(),
-            baseline.tflops,
-            baseline.source,
-            baseline.runs,
-            baseline.created_at,
-            baseline.updated_at,
-            baseline.note,
-        ),
-    )
-
-
-def _baseline_from_row(row: tuple[Any, ...]) -> Baseline:
-    key = BaselineKey(*(str(value) for value in row[: len(KEY_COLUMNS)]))
-    source = str(row[9])
-    if source not in ("learned", "pinned"):
-        raise BaselineStoreError(f"unknown baseline source {source!r} in the database")
-    return Baseline(
-        key=key,
-        tflops=float(row[8]),
-        source="pinned" if source == "pinned" else "learned",
-        runs=int(row[10]),
-        created_at=float(row[11]),
-        updated_at=float(row[12]),
-        note=str(row[13]),
-    )
 
 
 def _check_key(key: object) -> None:
