@@ -104,15 +104,18 @@ def pytest_configure(config: pytest.Config) -> None:
     (tests/support/fuzz.py); the full run, CI's, tries them all.
 
     SIGINT and SIGQUIT ignored on entry (a run started with ``&`` by a shell without job
-    control: bash ignores both for it) are taken back to their defaults: every job a test starts
-    inherits an ignored signal through exec, and the tests of how watch stops its job
-    (tests/test_watch_job.py) then saw SIGTERM's 143 where SIGINT's 130 was due, or a ``trap``
-    the shell may not set. What watch does with a job that ignores SIGINT is tested as such."""
+    control: bash ignores both for it), and SIGHUP (a run under nohup), are taken back to their
+    defaults: every process a test starts inherits an ignored signal through exec, and the tests
+    of how watch stops its job (tests/test_watch_job.py) then saw SIGTERM's 143 where SIGINT's
+    130 was due, or a ``trap`` the shell may not set; under nohup, sparkdiag honours the ignored
+    SIGHUP on purpose, and the tests of a closed terminal timed out. What watch does with a job
+    that ignores SIGINT, and a command under nohup, are tested as such."""
     fuzz.quick = "not slow" in (config.getoption("markexpr") or "")
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
-    if signal.getsignal(signal.SIGQUIT) == signal.SIG_IGN:
-        signal.signal(signal.SIGQUIT, signal.SIG_DFL)
+    for sig in (signal.SIGQUIT, signal.SIGHUP):
+        if signal.getsignal(sig) == signal.SIG_IGN:
+            signal.signal(sig, signal.SIG_DFL)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
