@@ -105,15 +105,27 @@ def test_time_graph_on_a_simulated_gpu() -> None:
     assert total == pytest.approx(0.13 + 7.0) and iters == 5 and spent == total
 
 
+def test_a_slow_first_replay_does_not_plan_a_batch_short_of_the_floor() -> None:
+    """The graph's first replay ran slower than the rest (on an H100, tf32 decode: a batch
+    planned from it lasted 29.3 ms of a 30 ms floor, 2026-12-05); planned from it, 2 ms slower
+    here, the run would be count's 8 replays, 1.6 ms. It is replayed once untimed first."""
+    info, stream, _ = simulated_gpu()
+    stream.slices = {1: 2.0}  # before the first replay's end event
+    total, iters, _ = timing.time_graph(info, stream.run, [(0.02,)], 80, start=0, floor_ms=3.0)
+    assert total >= 3.0 and iters == 170, (total, iters)
+
+
 def test_time_graph_replays_until_the_floor() -> None:
-    """With a floor, an eighth of the batch is captured, one replay times it, and the timed run
-    replays it until 1.1 x the floor: a batch planned from slower event-timed iterations still
-    lasts the floor (count alone would give 80 x 0.02 = 1.6 ms of a 3 ms floor)."""
+    """With a floor, an eighth of the batch is captured, one replay (after an untimed one)
+    times it, and the timed run replays it until 1.1 x the floor: a batch planned from slower
+    event-timed iterations still lasts the floor (count alone would give 80 x 0.02 = 1.6 ms of
+    a 3 ms floor)."""
     info, stream, cuda = simulated_gpu()
     total, iters, spent = timing.time_graph(info, stream.run, [(0.02,)], 80, start=0, floor_ms=3.0)
     assert len(cuda.graphs[0].kernels) == 10  # 80 / 8
-    assert cuda.graphs[0].replays == 1 + 17  # the timing replay, then ceil(1.1 * 3.0 / 0.2)
-    assert iters == 170 and total == pytest.approx(3.4) and spent == pytest.approx(3.6)
+    # the untimed replay, the timing replay, then ceil(1.1 * 3.0 / 0.2)
+    assert cuda.graphs[0].replays == 2 + 17
+    assert iters == 170 and total == pytest.approx(3.4) and spent == pytest.approx(3.8)
     assert total >= 3.0
     # a count beyond the floor is kept whole: 400 iterations are 8.0 ms, 8 replays of 50
     total, iters, _ = timing.time_graph(info, stream.run, [(0.02,)], 400, start=0, floor_ms=3.0)
