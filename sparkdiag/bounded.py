@@ -84,10 +84,8 @@ def call_within(
             if left <= 0 and give_up():
                 raise Overran(name, seconds, thread)
             thread.join(min(max(left, 0.0), WAIT_SLICE))
-    except Overran:
-        raise
-    except BaseException:  # Ctrl-C or SIGTERM in the wait: a later answer is still let go of
-        give_up()
+    except BaseException:  # also Ctrl-C or SIGTERM in the wait: a later answer is let go of
+        give_up()  # (again, for an Overran: it changes nothing then)
         raise
     if failed:
         raise failed[0]
