@@ -40,7 +40,7 @@ from sparkdiag.native.render import NativeReport, text
 from sparkdiag.native.watch import LibraryWatch, environment
 from sparkdiag.sources.software import pyenv
 from sparkdiag.sources.software.cuda_libraries import CudaLibrary, LibraryScan, ScanCache, scan
-from sparkdiag.sources.software.elf import FileReader, read_sections
+from sparkdiag.sources.software.elf import FileReader, Section, read_sections
 from sparkdiag.sources.software.fatbin import FatbinReport, Target, read_fatbin, replay
 from tests.support import ROOT, ROOTFS, invoke_cli
 from tests.support.check import NVML, SYSFS, context, only, poll
@@ -216,9 +216,11 @@ def test_a_stub_fat_binary_is_not_judged() -> None:
     for name in ("nvidia-cufft-12.0.0.61-libcufft.so.12", "nvidia-cufft-12.0.0.61-libcufftw.so.12"):
         assert kernels_elsewhere(traced(name)), name
     assert kernels_elsewhere(fixture_file("cufft-like"))  # 920 bytes in 148,904
+    assert kernels_elsewhere(fixture_file("cufftw-like"))  # 1,544 bytes in 267,888, no kernel
     # every library with real kernels is judged: the fixtures nvcc built (488 bytes of fat
     # binary and up, 8 % of the file and up) and libcufile's 47,320 bytes (1.5 %)
-    others = [p.stem for p in FATBIN.glob("*.so") if p.name not in ("cufft-like.so", "no-cuda.so")]
+    stubs = ("cufft-like.so", "cufftw-like.so", "no-cuda.so")
+    others = [p.stem for p in FATBIN.glob("*.so") if p.name not in stubs]
     assert len(others) == 18
     assert not any(kernels_elsewhere(fixture_file(name)) for name in others)
     assert not kernels_elsewhere(traced("nvidia-cufile-1.15.1.6-libcufile.so.0"))
@@ -244,6 +246,83 @@ def test_a_small_fat_binary_is_a_stub_only_where_its_kernels_are_found_elsewhere
     assert fixture_file("torch-like").report.elsewhere is None  # too large to be a stub
     trace = traced("nvidia-cufft-12.0.0.61-libcufft.so.12")
     assert trace.report.elsewhere is None and kernels_elsewhere(trace)
+
+
+def _section(path: Path, name: str) -> Section:
+    with path.open("rb") as fh:
+        return next(s for s in read_sections(FileReader(fh)) if s.name == name)
+
+
+def _move_section(path: Path, name: str, to: int, lead: int) -> None:
+    """Moves section ``name`` of the ELF64 file at ``path`` to the file offset ``to`` (past the
+    file's end) behind ``lead`` zero bytes, which the section's header then counts: its
+    sh_offset is ``to`` and its sh_size grows by ``lead``. The rest of the file is unchanged."""
+    raw = bytearray(path.read_bytes())
+    (shoff,) = struct.unpack_from("<Q", raw, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", raw, 0x3A)
+    (names_at,) = struct.unpack_from("<Q", raw, shoff + shstrndx * shentsize + 24)
+    for i in range(shnum):
+        header = shoff + i * shentsize
+        (at_name,) = struct.unpack_from("<I", raw, header)
+        if raw[names_at + at_name :].split(b"\0", 1)[0] == name.encode():
+            offset, size = struct.unpack_from("<QQ", raw, header + 24)
+            assert to >= len(raw)
+            body = bytes(raw[offset : offset + size])
+            raw.extend(bytes(to - len(raw) + lead) + body)
+            struct.pack_into("<QQ", raw, header + 24, to, size + lead)
+            path.write_bytes(bytes(raw))
+            return
+    raise AssertionError(f"{path} has no {name}")
+
+
+def test_a_stubs_kernels_are_found_where_its_section_starts_off_an_8_byte_boundary(
+    tmp_path: Path,
+) -> None:
+    """nvidia-cufft 12.0.0.61's libcufft.so.12 (286 MB): its .ldata starts at file offset
+    0x81d874, 4 past an 8-byte boundary, and its 23,983 fat binary containers are 16-byte
+    aligned in the file (read from the wheel here). The search counted alignment from the
+    section's start, found none, and `check` failed the stub on the H200 (2026-12-03) and the
+    H100 (2026-12-05). cufft-like.so with its .ldata laid out the same way: the section starts
+    4 past a boundary and its container, 4 bytes in, is aligned in the file."""
+    lib = tmp_path / "libcufft.so.12"
+    shutil.copyfile(FATBIN / "cufft-like.so", lib)
+    ldata = _section(lib, ".ldata")
+    assert ldata.offset % 8 == 0  # objcopy's layout, which either count finds
+    _move_section(lib, ".ldata", (lib.stat().st_size + 7) // 8 * 8 + 4, lead=4)
+    moved = _section(lib, ".ldata")
+    assert moved.offset % 8 == 4 and moved.size == ldata.size + 4
+    report = read_fatbin(lib)
+    assert report is not None and report.fatbin_bytes == 920 and report.elsewhere is True
+    stub = CudaLibrary(str(lib), lib.name, "nvidia-cufft", "12.0.0.61", lib.stat().st_size, report)
+    assert kernels_elsewhere(stub)
+
+
+def test_a_small_fat_binary_without_a_kernel_is_a_stub(tmp_path: Path) -> None:
+    """nvidia-cufft 12.0.0.61's libcufftw.so.12 (cuFFT's FFTW interface, 991,704 bytes) holds
+    one uncompressed sm_75 cubin in 1,984 bytes of .nv_fatbin and no fat binary in another
+    section: its FFTs are libcufft's. Judged by its cubin, check failed it on the H200 and the
+    H100 ("nothing sm_90 loads"). The cubin has no kernel (no .text.NAME section: read from the
+    wheel here), as the one nvcc writes for a unit with host code only (cufftw-like.so). A
+    cubin with a kernel keeps a small fat binary judged: sm90.so's, the wrong GPU's build."""
+    stub = read_fatbin(FATBIN / "cufftw-like.so")
+    assert stub is not None and stub.sass == {"sm_75": 1} and stub.compression == {"none": 1}
+    assert stub.kernels == 0 and stub.elsewhere is False
+    assert kernels_elsewhere(fixture_file("cufftw-like"))
+    for name in ("sm90.so", "sm90a.so", "rdc-sm90.so"):
+        report = read_fatbin(FATBIN / name)
+        assert report is not None and report.kernels == 1, name  # kernel.cu's one kernel
+    # ... and the share still decides: the same stub as most of a small library is judged
+    whole = CudaLibrary("x", "libx.so", "x", "1", stub.fatbin_bytes * 50, stub)
+    assert not kernels_elsewhere(whole)
+    # compressed cubins and PTX are not read for kernels: the .ldata search decides for them
+    cufft = read_fatbin(FATBIN / "cufft-like.so")
+    assert cufft is not None and cufft.compression == {"zstd": 1} and cufft.kernels is None
+    ptx = read_fatbin(FATBIN / "ptx80.so")
+    assert ptx is not None and ptx.kernels is None and ptx.elsewhere is False
+    # a report cached before has no count: read as not counted
+    assert FatbinReport.from_json(stub.as_json()) == stub
+    legacy = {k: v for k, v in stub.as_json().items() if k != "kernels"}
+    assert FatbinReport.from_json(legacy).kernels is None
 
 
 def _h200_scan() -> tuple[CudaLibrary, ...]:

@@ -14,6 +14,9 @@
 #    status, delivered and peak, after the day's changes to the worker (left out of verify_1205.sh's
 #    QUICK run).
 # 3. `check --json` on the H200, idle: every row's status, and how long it took.
+# 4. (added after the first run) cuobjdump's listing of tests/fixtures/fatbin/cufftw-like.so,
+#    for the fixture's recorded listing, and the symbols of the wheel's libcufftw.so.12 cubin
+#    (no kernel in it: the stub rule's new reading); `native --json`: what is judged.
 cd "$(dirname "$0")/../.." || exit 2
 set -u
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -47,6 +50,27 @@ import json, sys
 doc = json.load(open(sys.argv[1]))
 for row in doc.get("checks", []):
     print(f'  {row.get("status", "?"):5} {row.get("name", "?"):28} {(row.get("finding") or "")[:90]}')
+PY
+  cuobjdump=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+  (cd tests/fixtures/fatbin && "$cuobjdump" --list-elf --list-ptx cufftw-like.so) \
+    > "$work/cufftw-like.cuobjdump.txt" 2> "$work/cufftw-like.cuobjdump.err"
+  echo "cuobjdump cufftw-like.so rc=$?: $(cat "$work/cufftw-like.cuobjdump.txt")"
+  "$cuobjdump" --version | tail -1
+  lib=$("$py" -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13/lib"))' 2>/dev/null)
+  for name in libcufftw.so.12 libcufft.so.12; do
+    [ -f "$lib/$name" ] || continue
+    timeout 60 "$cuobjdump" --dump-elf-symbols "$lib/$name" > "$work/$name.symbols.txt" 2>&1
+    echo "$name symbols rc=$?: $(grep -c FUNC "$work/$name.symbols.txt") FUNC lines"
+  done
+  start=$SECONDS
+  timeout 120 "$py" -m sparkdiag native --json > "$work/native.json" 2> "$work/native.err"
+  echo "native rc=$? in $((SECONDS - start)) s"
+  "$py" - "$work/native.json" <<'PY' || true
+import json, sys
+doc = json.load(open(sys.argv[1]))
+for key, rows in doc.items():
+    if isinstance(rows, list):
+        print(f"  {key}: {len(rows)}", [r.get("library", r) if isinstance(r, dict) else r for r in rows][:4])
 PY
   echo "== done after ${SECONDS} s"
 } > "$log" 2>&1

@@ -167,11 +167,15 @@ def judge_library(library: CudaLibrary, gpu: Gpu) -> LibraryVerdict:
 def kernels_elsewhere(library: CudaLibrary) -> bool:
     """Whether ``library``'s fat binary is a stub (see ``STUB_BYTES``): its kernels are not in
     it, and it is not judged by it. Where the scan looked in the library's other sections
-    (``report.elsewhere``), a fat binary must be found there: a one-kernel extension built for
-    the wrong GPU (3.7 KB of fat binary in 0.6 MB) read as a stub and passed unjudged (found in
-    a review). A header trace was not searched: size and share alone decide."""
+    (``report.elsewhere``), a fat binary must be found there, or its cubins must hold no kernel
+    (``report.kernels`` 0: libcufftw.so.12, whose FFTs are libcufft's): a one-kernel extension
+    built for the wrong GPU (3.7 KB of fat binary in 0.6 MB) read as a stub and passed
+    unjudged (found in a review). A header trace was not searched: size and share alone
+    decide."""
     fat = library.report.fatbin_bytes
     small = fat <= STUB_BYTES and fat < STUB_SHARE * library.size_bytes
+    if library.report.kernels == 0:  # its cubins hold no kernel: libcufftw calls libcufft's
+        return small
     return small and library.report.elsewhere is not False
 
 

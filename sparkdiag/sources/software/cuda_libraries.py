@@ -29,8 +29,10 @@ from sparkdiag.statedir import StateDirError, write_atomically
 CACHE_NAME = "cuda-libraries.json"
 # 2: an architecture number no GPU has is a problem, no longer a target (sm_4294967295): the
 # reports cached before are read again. 3: a small fat binary says whether the library has fat
-# binaries elsewhere (FatbinReport.elsewhere), which the lint's stub rule needs
-CACHE_FORMAT = "sparkdiag-cuda-libraries/3"
+# binaries elsewhere (FatbinReport.elsewhere), which the lint's stub rule needs. 4: that search
+# counts alignment in the file (a report of 3 said libcufft.so.12 had none: check failed it),
+# and a small fat binary's cubins are read for kernels (FatbinReport.kernels: libcufftw's none)
+CACHE_FORMAT = "sparkdiag-cuda-libraries/4"
 CACHE_LIMIT = 32 * MIB
 
 

@@ -95,6 +95,19 @@ class TraceReader:
         return b""
 
 
+class SliceReader:
+    """Reads ``size`` bytes of ``inner`` from ``start`` as a file of its own: an ELF file
+    embedded in another (a cubin in a fat binary). Nothing past the slice is read."""
+
+    def __init__(self, inner: Reader, start: int, size: int) -> None:
+        self.inner, self.start, self.size = inner, start, size
+
+    def read(self, offset: int, size: int) -> bytes:
+        if offset < 0 or offset >= self.size:
+            return b""
+        return self.inner.read(self.start + offset, min(size, self.size - offset))
+
+
 @dataclass(frozen=True)
 class Section:
     """One section: its name, where its bytes are in the file, how many, and its alignment."""

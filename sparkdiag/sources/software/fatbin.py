@@ -43,9 +43,11 @@ from typing import Any
 
 from sparkdiag.sources.software.elf import (
     FileReader,
+    NotElf,
     Reader,
     RecordingReader,
     Section,
+    SliceReader,
     TraceReader,
     read_sections,
     section_map,
@@ -123,6 +125,7 @@ class FatbinReport:
     containers: fat binary containers in ``.nv_fatbin``
     fatbin_bytes: size of ``.nv_fatbin``
     elsewhere: fat binaries found in other sections (see the field)
+    kernels: kernels in a small fat binary's cubins (see the field)
     problems: damaged or unexpected structures met (the walk stops at the first in a section)
     """
 
@@ -138,6 +141,11 @@ class FatbinReport:
     # container with a target in it; None where it was not looked for (a larger .nv_fatbin,
     # a header trace)
     elsewhere: bool | None = None
+    # where .nv_fatbin is at most SMALL_FATBIN: how many kernels (a cubin's .text.NAME sections)
+    # its cubins hold; None where one entry cannot be read so (compressed, PTX, damaged) or it
+    # was not looked for. A cubin nvcc writes for a unit without kernels holds none
+    # (libcufftw.so.12's sm_75 cubin: its FFTs are libcufft's)
+    kernels: int | None = None
 
     @property
     def has_gpu_code(self) -> bool:
@@ -159,6 +167,7 @@ class FatbinReport:
             "problems": list(self.problems),
             # only where it was looked for: the documents of the traces kept lack it
             **({} if self.elsewhere is None else {"elsewhere": self.elsewhere}),
+            **({} if self.kernels is None else {"kernels": self.kernels}),
         }
 
     @classmethod
@@ -174,6 +183,7 @@ class FatbinReport:
             fatbin_bytes=int(doc["fatbin_bytes"]),
             problems=tuple(str(p) for p in doc["problems"]),
             elsewhere=None if doc.get("elsewhere") is None else bool(doc["elsewhere"]),
+            kernels=None if doc.get("kernels") is None else int(doc["kernels"]),
         )
 
 
@@ -192,7 +202,10 @@ def _compression(flags: int) -> str:
 class _Walk:
     """Counts of one section's containers and entries (see the module's layout)."""
 
-    def __init__(self) -> None:
+    def __init__(self, keep: bool = False) -> None:
+        # keep: every entry's (payload offset, padded size, kind, flags), for a small fat
+        # binary's cubins to be read (:func:`_kernels`)
+        self.kept: list[tuple[int, int, int, int]] | None = [] if keep else None
         self.sass: Counter[str] = Counter()
         self.ptx: Counter[str] = Counter()
         self.ptx_isa: dict[str, tuple[int, int]] = {}
@@ -238,6 +251,8 @@ class _Walk:
                 self.problems.append(f"{name}: entry at {pos:#x} runs past its container")
                 return False
             self.entries += 1
+            if self.kept is not None:
+                self.kept.append((pos + header_size, padded, kind, flags))
             if self.entries > MAX_ENTRIES:
                 self.problems.append(f"{name}: more than {MAX_ENTRIES} entries; stopped")
                 return False
@@ -271,8 +286,9 @@ class _Walk:
 
 
 def _next_container(reader: Reader, pos: int, end: int, start: int) -> int | None:
-    """The next 8-byte aligned (from the section's start) container header at or after
-    ``pos``, reading ``GAP_CHUNK`` bytes at a time; None when the section holds no more."""
+    """The next container header at or after ``pos`` that is 8-byte aligned counted from
+    ``start`` (the section's start in .nv_fatbin, the file's elsewhere), reading ``GAP_CHUNK``
+    bytes at a time; None when the section holds no more."""
     while pos < end:
         chunk = reader.read(pos, min(GAP_CHUNK, end - pos))
         if not chunk:
@@ -295,12 +311,18 @@ def _next_container(reader: Reader, pos: int, end: int, start: int) -> int | Non
 def _found_elsewhere(reader: Reader, sections: tuple[Section, ...]) -> bool:
     """Whether a section other than the fat binary ones holds a fat binary container (aligned,
     whole within the section) with a cubin or PTX entry: a stub's kernels, where the library
-    keeps them. Reads until the first is found: the whole file where there is none."""
+    keeps them. Reads until the first is found: the whole file where there is none.
+
+    Aligned in the file, not from the section's start: libcufft.so.12's .ldata begins at
+    0x81d874 (4 past an 8-byte boundary) and all 23,983 of its containers are 16-byte aligned
+    in the file, so none is 8-aligned from the section's start. Counted from there, none was
+    found, the stub was judged by its one sm_75 cubin, and `check` failed on every GPU but 7.x
+    (the H200 on 2026-12-03, the H100 on 2026-12-05)."""
     for section in sections:
         if section.name in (SECTION, RELOCATABLE_SECTION) or section.nobits:
             continue
         pos, end = section.offset, section.offset + section.size
-        while (found := _next_container(reader, pos, end, section.offset)) is not None:
+        while (found := _next_container(reader, pos, end, 0)) is not None:
             head = reader.read(found, _CONTAINER.size)
             if len(head) == _CONTAINER.size:
                 _magic, version, header_size, body = _CONTAINER.unpack(head)
@@ -314,6 +336,24 @@ def _found_elsewhere(reader: Reader, sections: tuple[Section, ...]) -> bool:
     return False
 
 
+def _kernels(reader: Reader, walked: _Walk) -> int | None:
+    """The kernels in the cubins ``walked`` kept: each cubin is an ELF file whose kernels are
+    its ``.text.NAME`` sections. None where an entry is not a cubin that can be read so: PTX,
+    a compressed payload (zstd needs a library this module does without), a damaged one."""
+    if walked.kept is None or walked.problems:
+        return None
+    count = 0
+    for start, size, kind, flags in walked.kept:
+        if kind != KIND_ELF or _compression(flags) != "none":
+            return None
+        try:
+            sections = read_sections(SliceReader(reader, start, size))
+        except NotElf:
+            return None
+        count += sum(1 for s in sections if s.name.startswith(".text."))
+    return count
+
+
 def walk(reader: Reader, look_elsewhere: bool = True) -> FatbinReport | None:
     """The fat binaries of the ELF file behind ``reader``; None when it has no ``.nv_fatbin``
     and no ``__nv_relfatbin`` (no CUDA device code). Where ``.nv_fatbin`` is at most
@@ -324,7 +364,8 @@ def walk(reader: Reader, look_elsewhere: bool = True) -> FatbinReport | None:
     main, relocatable = sections.get(SECTION), sections.get(RELOCATABLE_SECTION)
     if main is None and relocatable is None:
         return None
-    loaded = _Walk()
+    small = main is not None and not main.nobits and main.size <= SMALL_FATBIN
+    loaded = _Walk(keep=small and look_elsewhere)
     if main is not None and not main.nobits:
         loaded.section(reader, main.offset, main.size, SECTION)
         loaded.implausible_problem(SECTION)
@@ -333,7 +374,6 @@ def walk(reader: Reader, look_elsewhere: bool = True) -> FatbinReport | None:
         rel.section(reader, relocatable.offset, relocatable.size, RELOCATABLE_SECTION)
         rel.implausible_problem(RELOCATABLE_SECTION)
     elsewhere = None
-    small = main is not None and not main.nobits and main.size <= SMALL_FATBIN
     if small and look_elsewhere:
         elsewhere = _found_elsewhere(reader, table)
     return FatbinReport(
@@ -346,6 +386,7 @@ def walk(reader: Reader, look_elsewhere: bool = True) -> FatbinReport | None:
         fatbin_bytes=main.size if main is not None else 0,
         problems=(*loaded.problems, *rel.problems),
         elsewhere=elsewhere,
+        kernels=_kernels(reader, loaded),
     )
 
 
