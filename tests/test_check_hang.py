@@ -27,7 +27,7 @@ from sparkdiag.check.model import KernelLog
 from sparkdiag.sources.nvml import driver
 from sparkdiag.sources.nvml.driver import NvmlHung, given_up, hung_reason, within
 from sparkdiag.sources.nvml.fixture import FixtureBackend
-from sparkdiag.telemetry.build import WHAT_FIRST_POLL, first_poll
+from sparkdiag.telemetry.build import WHAT_FIRST_POLL, WHAT_LATER_POLL, first_poll
 from tests.support import ROOT
 from tests.support.check import (
     GOOD_TORCH,
@@ -42,8 +42,8 @@ from tests.support.check import (
 # Replaces what hangs with a wait in C that no signal ends (sigwait for a signal never sent,
 # which glibc resumes after a handler ran, as the review's stub libnvidia-ml sleeps in a loop),
 # then runs ``sparkdiag check ARGS``; "nvmlInit" hangs NVML's start, "read" the first poll (on
-# an NVML fixture, whose start answers; a poll starts with the backend's advance). It says
-# "waiting" on stderr once the hang is reached.
+# an NVML fixture, whose start answers; a poll starts with the backend's advance), "later"
+# every poll after the first. It says "waiting" on stderr once the hang is reached.
 _HUNG = """
 import signal, sys
 
@@ -56,6 +56,18 @@ def hang(*args, **kwargs):
 if sys.argv[1] == "nvmlInit":
     import pynvml
     pynvml.nvmlInit = hang
+elif sys.argv[1] == "later":
+    from sparkdiag.sources.nvml.fixture import FixtureBackend
+    first = FixtureBackend.advance
+    polls = []
+
+    def advance(self, *args, **kwargs):
+        polls.append(1)
+        if len(polls) > 1:
+            hang()
+        return first(self, *args, **kwargs)
+
+    FixtureBackend.advance = advance
 else:
     from sparkdiag.sources.nvml.fixture import FixtureBackend
     FixtureBackend.advance = hang
@@ -124,6 +136,65 @@ def test_a_hung_driver_gives_a_failed_nvml_row_and_the_report(tmp_path: Path, wh
     assert nvml["data"] == {"timeout_seconds": 1.0, "waited_for": WHAT_FIRST_POLL}
     assert rows["gpus"]["data"].get("see") == "nvml"  # the GPU rows refer to it
     assert rows["context"]["status"] == "pass"  # the host rows still run
+
+
+def test_a_driver_that_hangs_after_the_first_poll_does_not_hold_check(tmp_path: Path) -> None:
+    """The first poll answers and the next does not: a busy GPU (h200-stalled.json, 100 %
+    utilization) is sampled for the stall row, and that poll hung check for ever. Now it is
+    waited for --nvml-timeout: the nvml row fails naming the later poll, the stall row skips
+    as not sampled (it does not pass a GPU it could not read), the host rows come, exit 3."""
+    args = _args(tmp_path, SYSFS / "h200-vm", "--nvml-timeout", "1")
+    args += ["--nvml-fixture", str(NVML / "h200-stalled.json")]
+    started = time.monotonic()
+    proc = _check("later", *args)
+    out, err = _ended(proc)
+    assert "waiting" in err  # the second poll was reached and hung
+    assert proc.returncode == 3, err
+    assert time.monotonic() - started < 30
+    rows = {r["name"]: r for r in json.loads(out)["checks"]}
+    nvml = rows["nvml"]
+    assert nvml["status"] == "fail"
+    assert nvml["finding"].startswith("NVML did not answer in 1 s: the driver may be hung")
+    assert nvml["data"] == {"timeout_seconds": 1.0, "waited_for": WHAT_LATER_POLL}
+    stall = rows["stall"]
+    assert stall["status"] == "skip" and stall["finding"] == (
+        "busy, not sampled: NVML did not answer in 1 s: the driver may be hung"
+    )
+    assert rows["context"]["status"] == "pass"  # the host rows still run
+
+
+def test_a_probe_is_not_started_once_nvml_stopped_answering(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, release: threading.Event
+) -> None:
+    """In this process: the stall sampling's poll hangs; the probe is then not launched (the
+    launcher would fail the test), it says why, and the poller is not stopped (its stop would
+    wait on the stuck call)."""
+    polls: list[int] = []
+    first = FixtureBackend.advance
+
+    def advance(self: FixtureBackend) -> None:
+        polls.append(1)
+        if len(polls) > 1:
+            release.wait()
+        first(self)
+
+    stopped: list[int] = []
+    monkeypatch.setattr(FixtureBackend, "advance", advance)
+    monkeypatch.setattr(FixtureBackend, "shutdown", lambda self: stopped.append(1))
+    ctx = gather_module.gather(
+        settings(NVML / "h200-stalled.json", state_dir=tmp_path / "state"),
+        sources=gather_module.Sources(
+            launcher=never_launch,
+            torch=GOOD_TORCH,
+            kernel_log=KernelLog((), "test"),
+            sleep=lambda _s: None,
+        ),
+        nvml_timeout=0.5,
+    )
+    assert ctx.nvml_lost == hung_reason(0.5)
+    assert ctx.probe_skipped == "not probed: " + hung_reason(0.5)
+    assert ctx.probes == {} and ctx.stall_samples == {}
+    assert stopped == []
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

@@ -7,8 +7,10 @@ under the configured ``--path.sysfs`` / ``--path.rootfs``; this module only puts
 
 NVML's start and the first poll are waited for at most ``nvml_timeout`` seconds
 (:func:`sparkdiag.telemetry.build.first_poll`): a driver that hangs there gives an ``nvml`` row
-that says so, not a check that never ends. The polls after it (the stall sampling, the probes)
-are not bounded: a driver that answers the first and hangs later still holds check.
+that says so, not a check that never ends. So is each poll after it (the stall sampling, the
+polls beside the probe: :func:`sparkdiag.telemetry.build.bounded_poll`): a driver that answers
+the first and hangs later is asked nothing more (``CheckContext.nvml_lost``), the probe does
+not run, and the host's readings still come.
 """
 
 from __future__ import annotations
@@ -47,13 +49,13 @@ from sparkdiag.soak.state import inspect_state
 from sparkdiag.sources.host.cpufreq import read_governors
 from sparkdiag.sources.host.kernel_log import read_kernel_log
 from sparkdiag.sources.host.procfs import device_holders, process_names
-from sparkdiag.sources.nvml.driver import ANSWER_SECONDS
+from sparkdiag.sources.nvml.driver import ANSWER_SECONDS, NvmlHung, given_up
 from sparkdiag.sources.software.cuda_libraries import ScanCache, scan
 from sparkdiag.sources.software.packages import read_torch
 from sparkdiag.sources.software.pyenv import NotAnEnvironment
 from sparkdiag.storage.run import ProbeRequest
 from sparkdiag.storage.session import Where, probe_directory
-from sparkdiag.telemetry.build import first_poll
+from sparkdiag.telemetry.build import bounded_poll, first_poll
 
 QUICK_SKIP = "--quick: nothing that loads the GPU runs (run without --quick to probe)"
 
@@ -96,6 +98,8 @@ def gather(
     that does not start and answer the first poll within ``nvml_timeout`` seconds is down
     (:func:`sparkdiag.telemetry.build.first_poll`)."""
     poller, snapshot = first_poll(settings, nvml_timeout)
+    poll = bounded_poll(poller, nvml_timeout)
+    earlier = len(given_up())
     try:
         pids = sorted({p for g in snapshot.gpus for p in g.compute_pids or ()})
         governors, governor_note = read_governors(settings.sysfs)
@@ -111,9 +115,11 @@ def gather(
             busy_utilization=settings.probe_busy_utilization,
         )
         # Before the probe: a GPU busy enough to be stalled is sampled for a few seconds.
-        stalls = sample_busy_gpus(snapshot, poller.poll_once, sources.sleep)
-        ctx = replace(ctx, stall_samples=stalls)
-        ctx = _with_probes(ctx, settings, sources, poller.poll_once, on_probe)
+        try:
+            ctx = replace(ctx, stall_samples=sample_busy_gpus(snapshot, poll, sources.sleep))
+        except NvmlHung as hung:
+            ctx = replace(ctx, nvml_lost=str(hung))
+        ctx = _with_probes(ctx, settings, sources, poll, on_probe)
         # Read after the probe, so that an XID the load provoked is seen too.
         ctx = replace(
             ctx,
@@ -126,7 +132,8 @@ def gather(
             ctx = replace(ctx, storage=storage_probe(storage, settings))
         return _with_link(ctx, settings, on_peer)
     finally:
-        poller.gpu.stop()
+        if len(given_up()) == earlier:  # after a hang the stuck call holds NVML: not stopped
+            poller.gpu.stop()
 
 
 def _with_software(ctx: CheckContext, settings: Settings) -> CheckContext:
@@ -212,6 +219,8 @@ def _with_probes(
         return replace(ctx, probe_skipped=QUICK_SKIP)
     if not up:
         return replace(ctx, probe_skipped=no_gpu_reason(ctx.snapshot))
+    if ctx.nvml_lost is not None:
+        return replace(ctx, probe_skipped=f"not probed: {ctx.nvml_lost}")
     torch = ctx.torch
     if sources.launcher is None and (torch is None or torch.version is None):
         python = torch.python if torch is not None else "this Python"

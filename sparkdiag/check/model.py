@@ -155,6 +155,8 @@ class CheckContext:
     fabric: the ConnectX-7 functions, NCCL settings and libraries, CMA (None: not read)
     peer_link: the short link test against ``--peer``; peer_error: why it could not be done
     stall_samples: the busy GPUs' samples over a few seconds (``check/stall_checks.py``)
+    nvml_lost: why NVML stopped answering after the first poll (a later poll hung past
+        ``--nvml-timeout``); None when it answered throughout
     libraries: the libraries with GPU code in the probe worker's Python (None: not read, why in
         ``libraries_note``)
     device_holders: processes with an NVIDIA device file open (read on unified memory only)
@@ -180,6 +182,7 @@ class CheckContext:
     peer_error: str | None = None
     # GPU index -> samples taken over a few seconds of the GPUs busy at the first poll (stall)
     stall_samples: Mapping[int, tuple[GpuSample, ...]] = field(default_factory=dict)
+    nvml_lost: str | None = None
     libraries: LibraryScan | None = None
     libraries_note: str = ""
     device_holders: tuple[DeviceHolder, ...] | None = None

@@ -25,6 +25,7 @@ from sparkdiag.probe.launchers import Launcher, WorkerLauncher
 from sparkdiag.probe.request import WorkerRequest
 from sparkdiag.probe.runner import ProbeCycle
 from sparkdiag.snapshot import GpuSample, Snapshot
+from sparkdiag.sources.nvml.driver import NvmlHung
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +97,9 @@ def run_probes(
         if poll is not None:
             try:
                 snap = poll()
+            except NvmlHung as hung:  # the probe's own deadline still ends it
+                log.warning("NVML during the probe: %s; not polled again", hung)
+                poll = None
             except Exception:
                 log.exception("polling NVML during the probe failed")
                 poll = None

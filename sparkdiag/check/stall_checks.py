@@ -52,6 +52,14 @@ def _stall(ctx: CheckContext, gpu: GpuSample) -> CheckResult:
         )
     samples: Mapping[int, tuple[GpuSample, ...]] = ctx.stall_samples
     taken = samples.get(gpu.identity.index)
+    if not taken and ctx.nvml_lost is not None and util >= BUSY_UTILIZATION:
+        return CheckResult(
+            "stall",
+            "skip",
+            f"busy, not sampled: {ctx.nvml_lost}",
+            gpu=_idx(gpu),
+            data={"see": "nvml"},
+        )
     if not taken:
         return CheckResult(
             "stall",

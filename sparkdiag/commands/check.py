@@ -4,11 +4,11 @@ Registered in :mod:`sparkdiag.cli` with ``main.add_command(check)``. Tests injec
 otherwise come from the machine (the probe launcher, the installed torch, the kernel log) as
 the click context object: ``CliRunner().invoke(check, args, obj=Sources(...))``.
 
-A driver that hangs at its start does not hang check: NVML's start and first poll are waited
-for at most ``--nvml-timeout`` seconds (:func:`sparkdiag.telemetry.build.first_poll`), the
-``nvml`` row then fails, and the process ends as any other run does (the thread still stuck in
-the driver is a daemon thread, which the interpreter does not wait for). A driver that hangs
-later (the stall sampling, the probes) still holds check. With
+A driver that hangs does not hang check: NVML's start and first poll, and each poll after it
+(the stall sampling, the polls beside the probe), are waited for at most ``--nvml-timeout``
+seconds (:func:`sparkdiag.telemetry.build.first_poll`, ``bounded_poll``), the ``nvml`` row then
+fails, and the process ends as any other run does (the thread still stuck in the driver is a
+daemon thread, which the interpreter does not wait for). With
 ``--json`` a run that is interrupted, or fails, still prints its document (``"interrupted":
 true``, or ``"error"``) before the group ends it as it would have.
 """
@@ -84,9 +84,9 @@ def _progress(gpus: Sequence[GpuSample], timeout: float) -> None:
     default=ANSWER_SECONDS,
     show_default=True,
     metavar="SECONDS",
-    help="How long to wait for NVML to start and answer the first poll. Past it the driver "
-    "is taken as hung: the nvml row fails (NVML did not answer in SECONDS s), the host "
-    "checks still run, and check exits 3.",
+    help="How long to wait for NVML to start and answer a poll (the first, and each after "
+    "it). Past it the driver is taken as hung: the nvml row fails (NVML did not answer in "
+    "SECONDS s), NVML is asked nothing more, the host checks still run, and check exits 3.",
 )
 @path_option(
     "--storage",

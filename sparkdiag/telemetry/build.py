@@ -106,6 +106,22 @@ def first_poll(
         return poller, poller.poll_once()
 
 
+WHAT_LATER_POLL = "a poll after the first"
+
+
+def bounded_poll(poller: Poller, seconds: float) -> Callable[[], Snapshot]:
+    """``poller.poll_once``, each call waited for at most ``seconds``
+    (:func:`~sparkdiag.sources.nvml.driver.within`): past them, :class:`NvmlHung`. A driver that
+    answers the first poll and hangs in a later one (the stall sampling, the polls beside the
+    probe) held check for ever before. The poller must not be used again after a hang: its
+    NVML is held by the stuck call, and even its stop may wait for it."""
+
+    def poll() -> Snapshot:
+        return within(seconds, WHAT_LATER_POLL, poller.poll_once)
+
+    return poll
+
+
 def _none_on_bus(read: Callable[[], tuple[str, ...] | None]) -> bool:
     """sysfs lists no NVIDIA GPU function: NVML, waiting for its kernel module, has nothing to
     wait for (the driver's packages on a machine without a GPU). False where it cannot tell (a
