@@ -21,6 +21,7 @@ from sparkdiag.watch.model import (
     JobTick,
     OtherProcess,
     ProcessLoad,
+    Recording,
     StackTime,
     Tick,
     load,
@@ -338,3 +339,64 @@ def test_a_reason_read_in_a_few_ticks_keeps_its_share_through_halvings(
             assert found[0].evidence[0] == before.evidence[0]
             assert found[0].share == pytest.approx(before.share, rel=0.01)
     assert rec.ticks[0].dt == 8.0
+
+
+def _neighbour_then_job(before: int, starting: int, running: int) -> list[Tick]:
+    """Ticks of 0.5 s on a GPU another process (pid 7) keeps 98 % busy: ``before`` ticks in which
+    the job is not on it yet (the neighbour's alone: NVML lists only pid 7, whose per-process
+    samples the sampler reads only where the job is there too), ``starting`` in which the job
+    runs 2 % of the time beside it, then ``running`` in which the job runs 50 % and pid 7 48 %."""
+
+    def gpu(job: float | None, other: float | None) -> GpuTick:
+        return GpuTick(
+            index=0, utilization=0.98 if job is None else job + (other or 0.0),
+            job_on_gpu=job is not None, job_sm=job,
+            others=() if other is None else (OtherProcess(7, other, 1e9),),
+            others_seen=1, others_seen_pids=(7,), others_unseen=0,
+        )  # fmt: skip
+
+    gpus = [gpu(None, None)] * before + [gpu(0.02, 0.96)] * starting + [gpu(0.5, 0.48)] * running
+    job = JobTick(processes=1, threads=4, cpu_cores=1.0, gpu_thread=0.9)
+    return [Tick(t=0.5 * (i + 1), dt=0.5, gpus=(g,), job=job) for i, g in enumerate(gpus)]
+
+
+def test_a_tick_the_neighbour_had_alone_stays_its_own_when_merged_with_the_jobs() -> None:
+    """NVML's per-process samples are read only where the job is on the GPU: a tick the other
+    process had alone holds no sample of it, and the diagnosis gives it the whole utilization
+    (views.theirs). Merged with the job's first tick there, that utilization stays the other
+    process's: taken as none of it (the merged tick the job's), the job read 49 % of the GPU in
+    the tick it started in, against the 2 % it ran there."""
+    from sparkdiag.watch.views import views
+
+    ticks = _neighbour_then_job(before=1, starting=1, running=0)
+    merged = compact.merge(ticks[0], ticks[1])
+    rec = Recording(started_at=0.0, interval=1.0, job="j", gpus=(), ticks=(merged,))
+    (v,) = views(rec, (0,))
+    assert v.others == pytest.approx((0.98 + 0.96) / 2)
+    assert v.util == pytest.approx(0.01)
+    (other,) = merged.gpus[0].others
+    assert other.pid == 7 and other.memory_bytes == 1e9
+    assert other.sm == pytest.approx(0.97)
+    # two ticks the neighbour had alone stay as the sampler writes such a tick: no samples
+    alone = compact.merge(ticks[0], ticks[0]).gpus[0]
+    assert alone.others == () and not alone.job_on_gpu
+
+
+def test_a_job_that_started_beside_a_neighbour_keeps_its_window_when_halved() -> None:
+    """The job starts (2 % of the GPU) at an odd tick, so that a pair merges the neighbour's
+    last tick alone with the job's first: the halved recording opens its window where the whole
+    one does and reads the same co-tenant share: with the neighbour's utilization taken as none
+    of it, the merged tick read the job at 49 %, the window opened at 5 s instead of 15.5 s, over
+    the job's 2 %, and the share rose from 0.49 to 0.64 (the lent H100's co-tenant recording of
+    2026-12-05: from 0.43 to 0.59, the window open 11.5 s early)."""
+    from sparkdiag.watch.model import GpuInfo
+
+    rec = Recording(
+        started_at=0.0, interval=0.5, job="train", gpus=(GpuInfo(0, "H100", "u", "dedicated"),),
+        ticks=tuple(_neighbour_then_job(before=11, starting=20, running=40)),
+    )  # fmt: skip
+    halved = replace(rec, ticks=tuple(compact.halve(rec.ticks)), interval=1.0)
+    before, after = diagnose(rec), diagnose(halved)
+    assert before.verdict == after.verdict == "co-tenant"
+    assert after.window[0] == pytest.approx(before.window[0], abs=1.0)
+    assert after.causes[0].share == pytest.approx(before.causes[0].share, abs=0.02)

@@ -23,7 +23,14 @@ How each figure of a pair becomes one (``a`` the earlier tick, ``b`` the later):
   about as many as one tick did (the idle stretches they show are found at half the resolution);
 * the job's processes and the other processes on a GPU, by pid: CPU and SM use averaged over the
   merged tick (absent from one tick: none there), reads likewise, memory the larger, the
-  busiest kept as the sampler keeps them;
+  busiest kept as the sampler keeps them. A GPU's tick that was the other processes' alone
+  (``views.theirs``: the job not on it, every process on it one this namespace shows; the
+  sampler reads no per-process samples there and the diagnosis gives them the whole of its
+  utilization) brings that utilization to the merge as theirs, shared over their pids as the
+  other tick shares it (else evenly): merged with a tick of the job's, whose presence makes
+  the merged tick the job's, the neighbour's use there had counted as none and its kernels as
+  the job's (a co-tenant's recording read the job at 51 % in the merged tick it started in,
+  at 2 % in the next, and its window opened 11.5 s early);
 * the Python stacks: the seconds (and the visits) of each thread and stack added up.
 """
 
@@ -43,6 +50,7 @@ from sparkdiag.watch.model import (
     set_bits,
 )
 from sparkdiag.watch.sampler import OTHERS_KEPT, TOP_PROCESSES
+from sparkdiag.watch.views import theirs
 
 # A day at the default 0.5 s is 172,800 ticks; at 2.3 KiB each this bound keeps watch under
 # about 37 MiB of ticks and a recording near 16 MB (--replay reads up to 64 MiB).
@@ -124,7 +132,7 @@ def _gpu(a: GpuTick, b: GpuTick, w: tuple[float, float]) -> GpuTick:
         memory_utilization=mean("memory_utilization"),
         job_memory_bytes=most("job_memory_bytes"),
         job_sm=mean("job_sm"),
-        others=_others(a.others, b.others, w),
+        others=_others(_seen_others(a, b), _seen_others(b, a), w),
         others_seen=_pick(a.others_seen, b.others_seen, max),
         others_seen_pids=tuple(sorted(set(a.others_seen_pids) | set(b.others_seen_pids)))[
             :OTHERS_KEPT
@@ -165,6 +173,25 @@ def _share(x: float | None, y: float | None, w: tuple[float, float]) -> float | 
     total = w[0] + w[1]
     used = (x or 0.0) * w[0] + (y or 0.0) * w[1]
     return used / total if total > 0 else used
+
+
+def _seen_others(g: GpuTick, beside: GpuTick) -> tuple[OtherProcess, ...]:
+    """The other processes of ``g`` as the diagnosis reads them, where ``beside`` (the other
+    tick of the pair) is not theirs alone and the merged tick will not be either: a tick that was
+    (:func:`.views.theirs`, no per-process samples read) is its whole utilization theirs, shared
+    over the pids it saw as ``beside`` shares it, else evenly."""
+    pids = g.others_seen_pids
+    if not theirs(g) or theirs(beside) or g.others or g.utilization is None or not pids:
+        return g.others
+    known = {o.pid: o.sm for o in beside.others if o.sm is not None}
+    weights = [known.get(pid, 0.0) for pid in pids]
+    if sum(weights) <= 0:
+        weights = [1.0] * len(pids)
+    total = sum(weights)
+    return tuple(
+        OtherProcess(pid=pid, sm=g.utilization * weight / total, memory_bytes=None)
+        for pid, weight in zip(pids, weights, strict=True)
+    )
 
 
 def _others(
