@@ -5,10 +5,14 @@ and the :class:`~sparkdiag.config.Settings` fields are all generated from :data:
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from sparkdiag.config.option import DEFAULT_LISTEN, Option
+
+# An option of ``sparkdiag fleet`` alone: the Prometheus it asks, and how.
+_fleet = partial(Option, scopes=frozenset({"fleet"}))
 
 OPTIONS: tuple[Option, ...] = (
     Option(
@@ -535,124 +539,82 @@ OPTIONS: tuple[Option, ...] = (
         metavar="DIR",
     ),
     # sparkdiag fleet: the Prometheus it asks, with promtool's TLS and basic-auth settings.
-    *(
-        Option(
-            key,
-            attr,
-            kind,
-            default,
-            text,
-            scopes=frozenset({"fleet"}),
-            metavar=metavar,
-            minimum=low,
-            maximum=high,
-            unit=unit,
-        )
-        for key, attr, kind, default, text, metavar, low, high, unit in (
-            (
-                "prometheus",
-                "prometheus_url",
-                "str",
-                "http://localhost:9090",
-                "The Prometheus that scrapes the sparkdiag daemons (its HTTP API is all fleet "
-                "uses).",
-                "URL",
-                None,
-                None,
-                "",
-            ),
-            (
-                "http.config.file",
-                "http_config_file",
-                "path",
-                None,
-                "Prometheus' HTTP client configuration, as promtool's --http.config.file reads it "
-                "(basic_auth, authorization, tls_config); the prometheus-* settings win over it.",
-                "FILE",
-                None,
-                None,
-                "",
-            ),
-            (
-                "prometheus-ca-file",
-                "prometheus_ca_file",
-                "path",
-                None,
-                "CA certificate(s) to verify an https Prometheus with.",
-                "FILE",
-                None,
-                None,
-                "",
-            ),
-            (
-                "prometheus-cert-file",
-                "prometheus_cert_file",
-                "path",
-                None,
-                "Client certificate for TLS client authentication.",
-                "FILE",
-                None,
-                None,
-                "",
-            ),
-            (
-                "prometheus-key-file",
-                "prometheus_key_file",
-                "path",
-                None,
-                "Key of the client certificate.",
-                "FILE",
-                None,
-                None,
-                "",
-            ),
-            (
-                "prometheus-insecure-skip-verify",
-                "prometheus_insecure_skip_verify",
-                "bool",
-                None,
-                "Do not verify the Prometheus certificate (tests only); --no-... verifies it "
-                "whatever --http.config.file says. Neither: as the file's tls_config says "
-                "(verified where it says nothing).",
-                None,
-                None,
-                None,
-                "",
-            ),
-            (
-                "prometheus-username",
-                "prometheus_username",
-                "str",
-                None,
-                "Basic-auth username.",
-                "NAME",
-                None,
-                None,
-                "",
-            ),
-            (
-                "prometheus-password-file",
-                "prometheus_password_file",
-                "path",
-                None,
-                "File holding the basic-auth password (never on the command line).",
-                "FILE",
-                None,
-                None,
-                "",
-            ),
-            (
-                "prometheus-timeout",
-                "prometheus_timeout",
-                "float",
-                15.0,
-                "Seconds each query may take.",
-                "SECONDS",
-                0.1,
-                600,
-                "seconds",
-            ),
-        )
+    _fleet(
+        "prometheus",
+        "prometheus_url",
+        "str",
+        "http://localhost:9090",
+        "The Prometheus that scrapes the sparkdiag daemons (its HTTP API is all fleet uses).",
+        metavar="URL",
+    ),
+    _fleet(
+        "http.config.file",
+        "http_config_file",
+        "path",
+        None,
+        "Prometheus' HTTP client configuration, as promtool's --http.config.file reads it "
+        "(basic_auth, authorization, tls_config); the prometheus-* settings win over it.",
+        metavar="FILE",
+    ),
+    _fleet(
+        "prometheus-ca-file",
+        "prometheus_ca_file",
+        "path",
+        None,
+        "CA certificate(s) to verify an https Prometheus with.",
+        metavar="FILE",
+    ),
+    _fleet(
+        "prometheus-cert-file",
+        "prometheus_cert_file",
+        "path",
+        None,
+        "Client certificate for TLS client authentication.",
+        metavar="FILE",
+    ),
+    _fleet(
+        "prometheus-key-file",
+        "prometheus_key_file",
+        "path",
+        None,
+        "Key of the client certificate.",
+        metavar="FILE",
+    ),
+    _fleet(
+        "prometheus-insecure-skip-verify",
+        "prometheus_insecure_skip_verify",
+        "bool",
+        None,
+        "Do not verify the Prometheus certificate (tests only); --no-... verifies it "
+        "whatever --http.config.file says. Neither: as the file's tls_config says "
+        "(verified where it says nothing).",
+    ),
+    _fleet(
+        "prometheus-username",
+        "prometheus_username",
+        "str",
+        None,
+        "Basic-auth username.",
+        metavar="NAME",
+    ),
+    _fleet(
+        "prometheus-password-file",
+        "prometheus_password_file",
+        "path",
+        None,
+        "File holding the basic-auth password (never on the command line).",
+        metavar="FILE",
+    ),
+    _fleet(
+        "prometheus-timeout",
+        "prometheus_timeout",
+        "float",
+        15.0,
+        "Seconds each query may take.",
+        metavar="SECONDS",
+        minimum=0.1,
+        maximum=600,
+        unit="seconds",
     ),
 )
 OPTIONS_BY_KEY = {option.key: option for option in OPTIONS}

@@ -6,7 +6,7 @@ A value the drive or the tools do not report has no sample. The serial number is
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 
 from sparkdiag.exporter.base import FromSnapshot
 from sparkdiag.exporter.families import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -86,8 +86,7 @@ class NvmeCollector(FromSnapshot):
             info.add_metric([drive.name, drive.model, drive.firmware, drive.pci_address], 1.0)
             for sensor, value in sorted(drive.temperature_celsius.items(), key=_sensor_order):
                 temperature.add_metric([drive.name, sensor], value)
-            for name, value in sorted(drive.threshold_celsius.items()):
-                threshold.add_metric([drive.name, name], value)
+            _add_by_key(threshold, drive.name, drive.threshold_celsius)
             log = drive.health
             if log is None:
                 continue
@@ -98,10 +97,8 @@ class NvmeCollector(FromSnapshot):
             ):
                 if seconds is not None:
                     throttle.add_metric([drive.name, level], seconds)
-            for level, value in sorted(log.thermal_transitions.items()):
-                managed_count.add_metric([drive.name, level], value)
-            for level, value in sorted(log.thermal_seconds.items()):
-                managed_seconds.add_metric([drive.name, level], value)
+            _add_by_key(managed_count, drive.name, log.thermal_transitions)
+            _add_by_key(managed_seconds, drive.name, log.thermal_seconds)
         yield from (
             info,
             temperature,
@@ -116,6 +113,14 @@ class NvmeCollector(FromSnapshot):
 def _sensor_order(item: tuple[str, float]) -> tuple[int, str]:
     sensor = item[0]
     return (0, "") if sensor == "composite" else (1, sensor.zfill(4))
+
+
+def _add_by_key(
+    family: GaugeMetricFamily | CounterMetricFamily, device: str, values: Mapping[str, float]
+) -> None:
+    """One sample per key of ``values``, in key order, labelled ``[device, key]``."""
+    for key, value in sorted(values.items()):
+        family.add_metric([device, key], value)
 
 
 def _add_health(

@@ -158,6 +158,34 @@ def _nvlink_throughput(field: int) -> Call:
     return lambda c, h, link: c.nvlink_throughput(h, field, link)
 
 
+def _pcie_link(name: str, getter: str, field: str, key: str) -> Query:
+    """The PCIe link's generation or width (``field``), ``current`` (polled) or ``max`` (static):
+    ``getter`` is the pynvml call; 0 is left out, and so is the whole on unified memory."""
+    return Query(
+        name,
+        lambda c, h, _: int(getattr(c.nv, getter)(h)),
+        "number",
+        tier="static" if key == "max" else "poll",
+        field=field,
+        key=key,
+        convert=_positive,
+        dedicated_only=True,
+    )
+
+
+def _video_utilization(engine: str, getter: str) -> Query:
+    """The encoder's or decoder's [%, sampling period µs] (``getter``, the pynvml call), as
+    ``video_utilization_ratio[engine]``."""
+    return Query(
+        f"{engine}_utilization",
+        lambda c, h, _: [int(v) for v in getattr(c.nv, getter)(h)],
+        "numbers:2",
+        field="video_utilization_ratio",
+        key=engine,
+        convert=lambda answer: percent_ratio(answer[0]),
+    )
+
+
 QUERIES: tuple[Query, ...] = (
     # -- identity, read once at start (sources/nvml/gpu.py) --
     # nvidia-smi --query-gpu=name, uuid, pci.bus_id, compute_cap
@@ -309,44 +337,10 @@ QUERIES: tuple[Query, ...] = (
     ),
     # generation, lanes (pcie.link.gen.current / .max, pcie.link.width.current / .max); left
     # out on unified memory, where the integrated GPU's link is a meaningless Gen1 x1
-    Query(
-        "pcie_gen",
-        lambda c, h, _: int(c.nv.nvmlDeviceGetCurrPcieLinkGeneration(h)),
-        "number",
-        field="pcie_generation",
-        key="current",
-        convert=_positive,
-        dedicated_only=True,
-    ),
-    Query(
-        "pcie_max_gen",
-        lambda c, h, _: int(c.nv.nvmlDeviceGetMaxPcieLinkGeneration(h)),
-        "number",
-        tier="static",
-        field="pcie_generation",
-        key="max",
-        convert=_positive,
-        dedicated_only=True,
-    ),
-    Query(
-        "pcie_width",
-        lambda c, h, _: int(c.nv.nvmlDeviceGetCurrPcieLinkWidth(h)),
-        "number",
-        field="pcie_width",
-        key="current",
-        convert=_positive,
-        dedicated_only=True,
-    ),
-    Query(
-        "pcie_max_width",
-        lambda c, h, _: int(c.nv.nvmlDeviceGetMaxPcieLinkWidth(h)),
-        "number",
-        tier="static",
-        field="pcie_width",
-        key="max",
-        convert=_positive,
-        dedicated_only=True,
-    ),
+    _pcie_link("pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration", "pcie_generation", "current"),
+    _pcie_link("pcie_max_gen", "nvmlDeviceGetMaxPcieLinkGeneration", "pcie_generation", "max"),
+    _pcie_link("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth", "pcie_width", "current"),
+    _pcie_link("pcie_max_width", "nvmlDeviceGetMaxPcieLinkWidth", "pcie_width", "max"),
     # count (nvidia-smi -q -d PCIE: Replays)
     Query(
         "pcie_replay",
@@ -469,22 +463,8 @@ QUERIES: tuple[Query, ...] = (
         dedicated_only=True,
     ),
     # [%, sampling period µs] (utilization.encoder, utilization.decoder)
-    Query(
-        "encoder_utilization",
-        lambda c, h, _: [int(v) for v in c.nv.nvmlDeviceGetEncoderUtilization(h)],
-        "numbers:2",
-        field="video_utilization_ratio",
-        key="encoder",
-        convert=lambda answer: percent_ratio(answer[0]),
-    ),
-    Query(
-        "decoder_utilization",
-        lambda c, h, _: [int(v) for v in c.nv.nvmlDeviceGetDecoderUtilization(h)],
-        "numbers:2",
-        field="video_utilization_ratio",
-        key="decoder",
-        convert=lambda answer: percent_ratio(answer[0]),
-    ),
+    _video_utilization("encoder", "nvmlDeviceGetEncoderUtilization"),
+    _video_utilization("decoder", "nvmlDeviceGetDecoderUtilization"),
     # 1 active, 0 inactive (nvidia-smi nvlink -s); 3 queries per link, 18 links: slow
     Query(
         "nvlink_state",
