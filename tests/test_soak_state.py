@@ -31,7 +31,7 @@ from sparkdiag.soak.state import (
 from sparkdiag.statedir import LOCK_NAME
 from tests.support import NVML, ROOTFS, SYSFS, http_get, promtool, running_daemon, sparkdiag_cmd
 from tests.support.check import context, poll
-from tests.support.soak import DECODE, fell, gpu_state, held
+from tests.support.soak import DECODE, failed, fell, gpu_state, held
 
 H200_UUID = "GPU-979ad365-0b73-a0ac-74a2-3520b773d460"  # tests/fixtures/nvml/h200-idle.json
 
@@ -126,6 +126,14 @@ def test_collector_exports_the_latest_verdicts(tmp_path: Path) -> None:
     assert value("sparkdiag_soak_fell_celsius", {**bf16, "sensor": "memory"}) is None
     assert value("sparkdiag_soak_degraded", int4) == 1.0
     assert value("sparkdiag_soak_fell_celsius", {**int4, "sensor": "memory"}) == 87.0
+    assert value("sparkdiag_soak_failed", bf16) == 0.0 and value("sparkdiag_soak_failed", int4) == 0
+    # a kernel found wrong under load: failed, and none of the throughput series
+    write_state(path, [gpu_state("0", "GPU-a", kernels=[held(), failed()])])
+    fp8 = {**gpu, "dtype": "fp8", "shape": DECODE}
+    assert value("sparkdiag_soak_failed", fp8) == 1.0
+    assert value("sparkdiag_soak_failed", bf16) == 0.0
+    assert value("sparkdiag_soak_degraded", fp8) is None
+    assert value("sparkdiag_soak_cold_tflops", fp8) is None
     # a new soak is picked up at the next scrape; a removed file exports nothing
     write_state(path, [gpu_state("0", "GPU-a", finished_at=1.9e9, kernels=[held("int4")])])
     assert value("sparkdiag_soak_last_timestamp_seconds", gpu) == 1.9e9

@@ -90,6 +90,12 @@ class SoakCollector:
             "1 when the kernel fell below 0.9 of its cold throughput in a window under load.",
             KERNEL,
         )
+        failed = gauge(
+            "sparkdiag_soak_failed",
+            "1 when a window of the latest soak found the kernel's result wrong, or the kernel "
+            "failed (sparkdiag check's soak row fails); 0 for a kernel it judged.",
+            KERNEL,
+        )
         fell = gauge(
             "sparkdiag_soak_fell_celsius",
             "Temperature of the first window in which the kernel fell below 0.9 of cold (present "
@@ -118,8 +124,11 @@ class SoakCollector:
                     if value is not None:
                         family.add_metric(kl, value)
                 degraded.add_metric(kl, 1.0 if k.status == "fell" else 0.0)
+                failed.add_metric(kl, 0.0)
                 if k.status == "fell" and k.fell_celsius is not None:
                     fell.add_metric([*kl, sensor], k.fell_celsius)
+            for k in g.failed:  # wrong under load, or failed: no throughput verdict
+                failed.add_metric([*labels, k.dtype, k.shape], 1.0)
         yield from (
             last,
             duration,
@@ -130,6 +139,7 @@ class SoakCollector:
             hottest_ratio,
             lowest_ratio,
             degraded,
+            failed,
             fell,
         )
 

@@ -147,3 +147,8 @@ def fell(dtype: str = "int4", at: float = 87.0) -> KernelState:
         fell_celsius=at,
         max_celsius=91.0,
     )
+
+
+def failed(dtype: str = "fp8") -> KernelState:
+    """A kernel a window of the soak found wrong (or that failed): no throughput verdict."""
+    return KernelState(dtype, DECODE, "decode", "error", cold=5.7, max_celsius=84.0)
