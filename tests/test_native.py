@@ -325,6 +325,43 @@ def test_a_small_fat_binary_without_a_kernel_is_a_stub(tmp_path: Path) -> None:
     assert FatbinReport.from_json(legacy).kernels is None
 
 
+@pytest.mark.parametrize("damage", ["no name table", "name table past the cubin"])
+def test_a_cubin_whose_names_are_lost_is_not_read_as_one_without_kernels(
+    tmp_path: Path, damage: str
+) -> None:
+    """sm90.so's cubin (one kernel) with its section name table lost: every section read as
+    nameless, so as no kernel, and the library (its 3,776 bytes of fat binary under 1 % of it)
+    passed as a stub, not judged (found in a review, by mutating the fixture). A cubin read so
+    is not counted (None): the library is judged by its targets and fails on the GB10."""
+    raw = bytearray((FATBIN / "sm90.so").read_bytes())
+    cubin = raw.find(b"\x7fELF", 64)
+    (shoff,) = struct.unpack_from("<Q", raw, cubin + 0x28)
+    (names,) = struct.unpack_from("<H", raw, cubin + 0x3E)
+    if damage == "no name table":
+        struct.pack_into("<H", raw, cubin + 0x3E, 0)
+    else:
+        struct.pack_into("<Q", raw, cubin + shoff + names * 64 + 24, 0x100000)
+    lib = tmp_path / "libdamaged.so"
+    lib.write_bytes(bytes(raw) + bytes(400_000))
+    report = read_fatbin(lib)
+    assert report is not None and report.sass == {"sm_90": 1} and report.kernels is None
+    damaged = CudaLibrary(str(lib), lib.name, "x", "1", lib.stat().st_size, report)
+    assert not kernels_elsewhere(damaged)
+    assert judge_library(damaged, GB10).status == "fail"
+
+
+def test_a_stubs_kernels_are_found_aligned_from_their_sections_start_too(tmp_path: Path) -> None:
+    """The search for a stub's kernels counts alignment in the file (libcufft's layout) and
+    from the section's start (nvcc's in .nv_fatbin): cufft-like.so's .ldata moved to 4 past an
+    8-byte boundary with its container at its start is found as before the file count."""
+    lib = tmp_path / "libstub.so"
+    shutil.copyfile(FATBIN / "cufft-like.so", lib)
+    _move_section(lib, ".ldata", (lib.stat().st_size + 7) // 8 * 8 + 4, lead=0)
+    assert _section(lib, ".ldata").offset % 8 == 4
+    report = read_fatbin(lib)
+    assert report is not None and report.elsewhere is True
+
+
 def _h200_scan() -> tuple[CudaLibrary, ...]:
     doc = json.loads((H200_RUN / "scan.json").read_text())
     return tuple(

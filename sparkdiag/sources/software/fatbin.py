@@ -285,17 +285,19 @@ class _Walk:
         )
 
 
-def _next_container(reader: Reader, pos: int, end: int, start: int) -> int | None:
+def _next_container(
+    reader: Reader, pos: int, end: int, start: int, in_file: bool = False
+) -> int | None:
     """The next container header at or after ``pos`` that is 8-byte aligned counted from
-    ``start`` (the section's start in .nv_fatbin, the file's elsewhere), reading ``GAP_CHUNK``
-    bytes at a time; None when the section holds no more."""
+    ``start`` (the section's start), or with ``in_file`` from the file's start too, reading
+    ``GAP_CHUNK`` bytes at a time; None when the section holds no more."""
     while pos < end:
         chunk = reader.read(pos, min(GAP_CHUNK, end - pos))
         if not chunk:
             return None
         at = chunk.find(_MAGIC_BYTES)
         while at >= 0:
-            if (pos + at - start) % 8 == 0:
+            if (pos + at - start) % 8 == 0 or (in_file and (pos + at) % 8 == 0):
                 return pos + at
             at = chunk.find(_MAGIC_BYTES, at + 1)
         # overlap: a magic split by the chunk edge is found in the next chunk. A step of 0 (a
@@ -313,16 +315,16 @@ def _found_elsewhere(reader: Reader, sections: tuple[Section, ...]) -> bool:
     whole within the section) with a cubin or PTX entry: a stub's kernels, where the library
     keeps them. Reads until the first is found: the whole file where there is none.
 
-    Aligned in the file, not from the section's start: libcufft.so.12's .ldata begins at
+    Aligned in the file, or from the section's start: libcufft.so.12's .ldata begins at
     0x81d874 (4 past an 8-byte boundary) and all 23,983 of its containers are 16-byte aligned
-    in the file, so none is 8-aligned from the section's start. Counted from there, none was
-    found, the stub was judged by its one sm_75 cubin, and `check` failed on every GPU but 7.x
-    (the H200 on 2026-12-03, the H100 on 2026-12-05)."""
+    in the file, so none is 8-aligned from the section's start. Counted from there alone, none
+    was found, the stub was judged by its one sm_75 cubin, and `check` failed on every GPU but
+    7.x (the H200 on 2026-12-03, the H100 on 2026-12-05)."""
     for section in sections:
         if section.name in (SECTION, RELOCATABLE_SECTION) or section.nobits:
             continue
         pos, end = section.offset, section.offset + section.size
-        while (found := _next_container(reader, pos, end, 0)) is not None:
+        while (found := _next_container(reader, pos, end, section.offset, True)) is not None:
             head = reader.read(found, _CONTAINER.size)
             if len(head) == _CONTAINER.size:
                 _magic, version, header_size, body = _CONTAINER.unpack(head)
@@ -337,21 +339,44 @@ def _found_elsewhere(reader: Reader, sections: tuple[Section, ...]) -> bool:
 
 
 def _kernels(reader: Reader, walked: _Walk) -> int | None:
-    """The kernels in the cubins ``walked`` kept: each cubin is an ELF file whose kernels are
-    its ``.text.NAME`` sections. None where an entry is not a cubin that can be read so: PTX,
-    a compressed payload (zstd needs a library this module does without), a damaged one."""
+    """The kernels in the cubins ``walked`` kept: each cubin is an ELF file for the CUDA
+    machine, whose kernels are named by its ``.text.NAME``, ``.nv.info.NAME`` and
+    ``.nv.constant0.NAME`` sections. None where an entry is not a cubin that can be read so:
+    PTX, a compressed payload (zstd needs a library this module does without), or a damaged
+    one: another machine, a nameless section, or no .shstrtab, .strtab and .symtab (a cubin
+    whose name table was lost read as one without kernels, and a library with a real kernel
+    passed as a stub: found in a review, by mutating sm90.so)."""
     if walked.kept is None or walked.problems:
         return None
     count = 0
     for start, size, kind, flags in walked.kept:
         if kind != KIND_ELF or _compression(flags) != "none":
             return None
+        cubin = SliceReader(reader, start, size)
         try:
-            sections = read_sections(SliceReader(reader, start, size))
+            sections = read_sections(cubin)
         except NotElf:
             return None
-        count += sum(1 for s in sections if s.name.startswith(".text."))
+        names = [s.name for s in sections[1:]]
+        machine = cubin.read(_E_MACHINE, 2)
+        if machine != _EM_CUDA or "" in names or not _CUBIN_TABLES <= set(names):
+            return None
+        count += len({_kernel_name(n) for n in names} - {None})
     return count
+
+
+_E_MACHINE = 18  # offset of e_machine in the ELF header
+_EM_CUDA = struct.pack("<H", 190)
+_CUBIN_TABLES = {".shstrtab", ".strtab", ".symtab"}
+_KERNEL_SECTIONS = (".text.", ".nv.info.", ".nv.constant0.")
+
+
+def _kernel_name(section: str) -> str | None:
+    """The kernel a cubin section belongs to (``.text.scale`` -> ``scale``), or None."""
+    for prefix in _KERNEL_SECTIONS:
+        if section.startswith(prefix):
+            return section[len(prefix) :]
+    return None
 
 
 def walk(reader: Reader, look_elsewhere: bool = True) -> FatbinReport | None:
