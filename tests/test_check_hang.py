@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from sparkdiag.check import gather as gather_module
-from sparkdiag.check.model import KernelLog
+from sparkdiag.check.catalog import run_checks
+from sparkdiag.check.model import CheckContext, KernelLog
 from sparkdiag.sources.nvml import driver
 from sparkdiag.sources.nvml.driver import NvmlHung, given_up, hung_reason, within
 from sparkdiag.sources.nvml.fixture import FixtureBackend
@@ -163,18 +164,17 @@ def test_a_driver_that_hangs_after_the_first_poll_does_not_hold_check(tmp_path: 
     assert rows["context"]["status"] == "pass"  # the host rows still run
 
 
-def test_a_probe_is_not_started_once_nvml_stopped_answering(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, release: threading.Event
-) -> None:
-    """In this process: the stall sampling's poll hangs; the probe is then not launched (the
-    launcher would fail the test), it says why, and the poller is not stopped (its stop would
-    wait on the stuck call)."""
+def _gather_hanging_from(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, release: threading.Event, poll: int
+) -> tuple[CheckContext, list[int]]:
+    """check's gather in this process on h200-stalled.json (a busy GPU, sampled for the stall
+    row), NVML hanging from poll number ``poll`` on (1: the first); and the poller's stops."""
     polls: list[int] = []
     first = FixtureBackend.advance
 
     def advance(self: FixtureBackend) -> None:
         polls.append(1)
-        if len(polls) > 1:
+        if len(polls) >= poll:
             release.wait()
         first(self)
 
@@ -191,10 +191,75 @@ def test_a_probe_is_not_started_once_nvml_stopped_answering(
         ),
         nvml_timeout=0.5,
     )
+    return ctx, stopped
+
+
+def test_a_probe_is_not_started_once_nvml_stopped_answering(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, release: threading.Event
+) -> None:
+    """In this process: the stall sampling's first poll hangs; the probe is then not launched
+    (the launcher would fail the test), it says why, the stall row skips as not sampled, and
+    the poller is not stopped (its stop would wait on the stuck call)."""
+    ctx, stopped = _gather_hanging_from(monkeypatch, tmp_path, release, poll=2)
     assert ctx.nvml_lost == hung_reason(0.5)
     assert ctx.probe_skipped == "not probed: " + hung_reason(0.5)
-    assert ctx.probes == {} and ctx.stall_samples == {}
+    assert ctx.probes == {} and ctx.stall_samples == {0: ()}
     assert stopped == []
+    (stall,) = [r for r in run_checks(ctx) if r.name == "stall"]
+    assert (stall.status, stall.finding) == ("skip", "busy, not sampled: " + hung_reason(0.5))
+
+
+def test_the_stall_samples_taken_before_a_hang_are_judged(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, release: threading.Event
+) -> None:
+    """Three samples of the stalled GPU, then NVML hangs: the three are kept and judged (the
+    stall row fails on them), where the first version threw them away and said "not
+    sampled" (found in a review)."""
+    ctx, _stopped = _gather_hanging_from(monkeypatch, tmp_path, release, poll=5)
+    assert ctx.nvml_lost == hung_reason(0.5) and len(ctx.stall_samples[0]) == 3
+    (stall,) = [r for r in run_checks(ctx) if r.name == "stall"]
+    assert stall.status == "fail" and stall.data is not None and stall.data["samples"] == 3
+
+
+def test_a_slow_host_reading_is_not_taken_for_a_hung_driver(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A later poll's host readings (an NVMe tool, sysfs) are not under --nvml-timeout: a host
+    read of 1 s after the first poll, with a 0.5 s deadline, read as "NVML did not answer" and
+    skipped the probe (found in a review). Only the NVML part of a poll is timed."""
+    from sparkdiag.telemetry.poller import Poller
+
+    reads: list[int] = []
+    real = Poller.poll_once
+
+    def slow_host(self: Poller, bound: object = None) -> object:
+        if self.read_host is not None and not getattr(self, "_slowed", False):
+            inner = self.read_host
+
+            def read_host() -> object:
+                reads.append(1)
+                if len(reads) == 2:  # the first poll after the first
+                    time.sleep(1.0)
+                return inner()
+
+            self.read_host = read_host  # type: ignore[assignment]
+            self._slowed = True  # type: ignore[attr-defined]
+        return real(self, bound)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Poller, "poll_once", slow_host)
+    ctx = gather_module.gather(
+        settings(NVML / "h200-stalled.json", state_dir=tmp_path / "state"),
+        sources=gather_module.Sources(
+            launcher=never_launch,
+            torch=GOOD_TORCH,
+            kernel_log=KernelLog((), "test"),
+            sleep=lambda _s: None,
+        ),
+        nvml_timeout=0.5,
+        quick=True,
+    )
+    assert len(reads) > 1  # the later polls read the host, slowly
+    assert ctx.nvml_lost is None and len(ctx.stall_samples[0]) == 5
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

@@ -49,7 +49,7 @@ from sparkdiag.soak.state import inspect_state
 from sparkdiag.sources.host.cpufreq import read_governors
 from sparkdiag.sources.host.kernel_log import read_kernel_log
 from sparkdiag.sources.host.procfs import device_holders, process_names
-from sparkdiag.sources.nvml.driver import ANSWER_SECONDS, NvmlHung, given_up
+from sparkdiag.sources.nvml.driver import ANSWER_SECONDS, given_up
 from sparkdiag.sources.software.cuda_libraries import ScanCache, scan
 from sparkdiag.sources.software.packages import read_torch
 from sparkdiag.sources.software.pyenv import NotAnEnvironment
@@ -115,10 +115,8 @@ def gather(
             busy_utilization=settings.probe_busy_utilization,
         )
         # Before the probe: a GPU busy enough to be stalled is sampled for a few seconds.
-        try:
-            ctx = replace(ctx, stall_samples=sample_busy_gpus(snapshot, poll, sources.sleep))
-        except NvmlHung as hung:
-            ctx = replace(ctx, nvml_lost=str(hung))
+        stalls, lost = sample_busy_gpus(snapshot, poll, sources.sleep)
+        ctx = replace(ctx, stall_samples=stalls, nvml_lost=lost)
         ctx = _with_probes(ctx, settings, sources, poll, on_probe)
         # Read after the probe, so that an XID the load provoked is seen too.
         ctx = replace(

@@ -16,6 +16,7 @@ from sparkdiag.check.gpu_checks import each_gpu
 from sparkdiag.check.model import CheckContext, CheckResult
 from sparkdiag.check.model import gpu_index as _idx
 from sparkdiag.snapshot import GpuSample, Snapshot
+from sparkdiag.sources.nvml.driver import NvmlHung
 from sparkdiag.telemetry.stall import ACTION, BUSY_UTILIZATION, stall_signature
 
 STALL_SAMPLES = 5
@@ -26,21 +27,29 @@ def sample_busy_gpus(
     first: Snapshot,
     poll: Callable[[], Snapshot],
     sleep: Callable[[float], None] = time.sleep,
-) -> dict[int, tuple[GpuSample, ...]]:
-    """GPU index -> samples of the GPUs busy (utilization >= 0.9) at the first poll; {} when
-    none is, without polling again."""
+) -> tuple[dict[int, tuple[GpuSample, ...]], str | None]:
+    """GPU index -> samples of the GPUs busy (utilization >= 0.9) at the first poll ({} when
+    none is, without polling again), and why the sampling stopped early: a poll that NVML did
+    not answer (:class:`NvmlHung`), which ends it with the samples taken so far kept (a GPU
+    stalled in 4 samples of 5 before the hang was reported as not sampled: a review)."""
     busy = {
         g.identity.index
         for g in first.gpus
         if g.up and g.utilization_ratio.get("gpu", 0.0) >= BUSY_UTILIZATION
     }
     samples: dict[int, list[GpuSample]] = {index: [] for index in busy}
+    lost = None
     for _ in range(STALL_SAMPLES if busy else 0):
         sleep(STALL_INTERVAL)
-        for g in poll().gpus:
+        try:
+            snapshot = poll()
+        except NvmlHung as hung:
+            lost = str(hung)
+            break
+        for g in snapshot.gpus:
             if g.identity.index in samples:
                 samples[g.identity.index].append(g)
-    return {index: tuple(found) for index, found in samples.items()}
+    return {index: tuple(found) for index, found in samples.items()}, lost
 
 
 def _stall(ctx: CheckContext, gpu: GpuSample) -> CheckResult:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from sparkdiag.config import Settings
-from sparkdiag.snapshot import Snapshot
+from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.sources.host.context import detect_context
 from sparkdiag.sources.host.dmi import read_platform
 from sparkdiag.sources.host.meminfo import read_host_memory
@@ -110,14 +110,18 @@ WHAT_LATER_POLL = "a poll after the first"
 
 
 def bounded_poll(poller: Poller, seconds: float) -> Callable[[], Snapshot]:
-    """``poller.poll_once``, each call waited for at most ``seconds``
+    """``poller.poll_once`` whose NVML part is waited for at most ``seconds``
     (:func:`~sparkdiag.sources.nvml.driver.within`): past them, :class:`NvmlHung`. A driver that
     answers the first poll and hangs in a later one (the stall sampling, the polls beside the
-    probe) held check for ever before. The poller must not be used again after a hang: its
+    probe) held check for ever before. The host's readings are not timed: a slow NVMe tool read
+    as a hung driver (found in a review). The poller must not be used again after a hang: its
     NVML is held by the stuck call, and even its stop may wait for it."""
 
+    def bound(read: Callable[[], tuple[GpuSample, ...]]) -> tuple[GpuSample, ...]:
+        return within(seconds, WHAT_LATER_POLL, read)
+
     def poll() -> Snapshot:
-        return within(seconds, WHAT_LATER_POLL, poller.poll_once)
+        return poller.poll_once(bound)
 
     return poll
 

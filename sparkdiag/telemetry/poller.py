@@ -34,9 +34,13 @@ from sparkdiag.snapshot import (
 )
 from sparkdiag.sources.nvml import xid
 from sparkdiag.sources.nvml.api import EVENT_XID_CRITICAL
+from sparkdiag.sources.nvml.driver import NvmlHung
 from sparkdiag.sources.nvml.gpu import GpuSource
 
 log = logging.getLogger(__name__)
+
+# runs a poll's NVML part (Poller.poll_once's ``bound``)
+Bound = Callable[[Callable[[], tuple[GpuSample, ...]]], tuple[GpuSample, ...]]
 
 
 @dataclass(eq=False)
@@ -79,23 +83,33 @@ class Poller:
     _nvme_status: CollectorStatus = field(init=False, default=CollectorStatus(True, 0.0))
     _nvme_read_at: float = field(init=False, default=float("-inf"))
 
+    def _read_gpus(self) -> tuple[GpuSample, ...]:
+        self.gpu.backend.advance()
+        gpus = self.gpu.read()
+        self._count_events()
+        return gpus
+
     def add_listener(self, fn: Callable[[Snapshot], object]) -> None:
         """Call ``fn(snapshot)`` after every poll (the watchdog, the probe scheduler)."""
         self._listeners.append(fn)
 
-    def poll_once(self) -> Snapshot:
+    def poll_once(self, bound: Bound | None = None) -> Snapshot:
+        """A new snapshot. ``bound`` runs the NVML part of the poll (the GPUs' readings and
+        events) and may raise :class:`NvmlHung`, which passes up: check's later polls are
+        waited for so (:func:`sparkdiag.telemetry.build.bounded_poll`), while the host's
+        readings, which may be slow without NVML hanging (an NVMe tool, sysfs), are not."""
         self.poll_count += 1
         statuses: dict[str, CollectorStatus] = {}
 
         gpus: tuple[GpuSample, ...] = ()
         start = time.perf_counter()
         try:
-            self.gpu.backend.advance()
-            gpus = self.gpu.read()
-            self._count_events()
+            gpus = self._read_gpus() if bound is None else bound(self._read_gpus)
             statuses["nvml"] = CollectorStatus(
                 self.gpu.nvml_up, time.perf_counter() - start, self.gpu.unavailable_reason
             )
+        except NvmlHung:
+            raise
         except Exception as exc:  # a bug or an unexpected library error must not stop the daemon
             log.exception("NVML poll failed")
             statuses["nvml"] = CollectorStatus(False, time.perf_counter() - start, repr(exc))
