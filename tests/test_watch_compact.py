@@ -382,6 +382,19 @@ def test_a_tick_the_neighbour_had_alone_stays_its_own_when_merged_with_the_jobs(
     assert alone.others == () and not alone.job_on_gpu
 
 
+def test_a_neighbour_the_jobs_tick_does_not_show_keeps_a_share_of_the_tick_it_had() -> None:
+    """Two other processes (7 and 8) had the GPU alone at 80 %; the job's next tick shows only
+    pid 7 (20 %). The lone tick's 80 % is shared over both, pid 8 at the mean share of those
+    shown: given 0 (the first version), pid 8 read as a tenant that used nothing and pid 7 took
+    it all (found in a review). The total is the same either way."""
+    lone, beside = _neighbour_then_job(before=1, starting=1, running=0)
+    lone = replace(lone, gpus=(replace(lone.gpus[0], utilization=0.8, others_seen_pids=(7, 8)),))
+    beside = replace(beside, gpus=(replace(beside.gpus[0], others=(OtherProcess(7, 0.2, 1e9),)),))
+    merged = {o.pid: o.sm for o in compact.merge(lone, beside).gpus[0].others}
+    assert merged == pytest.approx({7: (0.4 + 0.2) / 2, 8: 0.4 / 2})
+    assert sum(merged.values()) == pytest.approx((0.8 + 0.2) / 2)
+
+
 def test_a_job_that_started_beside_a_neighbour_keeps_its_window_when_halved() -> None:
     """The job starts (2 % of the GPU) at an odd tick, so that a pair merges the neighbour's
     last tick alone with the job's first: the halved recording opens its window where the whole

@@ -183,8 +183,11 @@ def _seen_others(g: GpuTick, beside: GpuTick) -> tuple[OtherProcess, ...]:
     pids = g.others_seen_pids
     if not theirs(g) or theirs(beside) or g.others or g.utilization is None or not pids:
         return g.others
-    known = {o.pid: o.sm for o in beside.others if o.sm is not None}
-    weights = [known.get(pid, 0.0) for pid in pids]
+    known = {o.pid: o.sm for o in beside.others if o.sm is not None and o.pid in pids}
+    # a pid the other tick does not show gets the mean share of those it does (none known:
+    # even shares): at 0 it read as a tenant that used nothing while the GPU was theirs
+    usual = sum(known.values()) / len(known) if known else 1.0
+    weights = [known.get(pid, usual) for pid in pids]
     if sum(weights) <= 0:
         weights = [1.0] * len(pids)
     total = sum(weights)
