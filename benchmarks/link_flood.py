@@ -45,7 +45,7 @@ from benchmarks.common import stop  # noqa: E402
 from sparkdiag.link import auth  # noqa: E402
 from sparkdiag.link.client import LinkError, Options, measure_link  # noqa: E402
 from sparkdiag.link.session import open_control  # noqa: E402
-from sparkdiag.link.wire import LineReader, encode, send  # noqa: E402
+from sparkdiag.link.wire import VERSION, LineReader, encode, send  # noqa: E402
 
 SECRET = auth.nonce().encode()
 
@@ -109,7 +109,9 @@ class Flood:
                 with self.connect("127.0.0.10") as sock:
                     sock.settimeout(5)
                     reader = LineReader(sock)
-                    send(sock, {"sparkdiag-link": 2, "kind": "control", "nonce": auth.nonce()})
+                    send(
+                        sock, {"sparkdiag-link": VERSION, "kind": "control", "nonce": auth.nonce()}
+                    )
                     reader.read(5)
                     send(sock, {"proof": "0" * 64})
                     reader.read(5)
@@ -119,7 +121,7 @@ class Flood:
                 time.sleep(0.01)
 
     def garbage(self) -> None:
-        stranger = {"sparkdiag-link": 2, "kind": "data", "session": "00", "test": "t"}
+        stranger = {"sparkdiag-link": VERSION, "kind": "data", "session": "00", "test": "t"}
         junk = [os.urandom(200), b"x" * 100_000 + b"\n", b"[" * 5000 + b"]" * 5000 + b"\n",
                 encode(stranger)]  # fmt: skip
         while time.monotonic() < self.until:
@@ -155,7 +157,7 @@ class Flood:
                         self.count("tools started" if "port" in answer else "tools refused")
                     for kind in ("data", "ping"):
                         try:
-                            opening = {"sparkdiag-link": 2, "kind": kind, "session": token,
+                            opening = {"sparkdiag-link": VERSION, "kind": kind, "session": token,
                                        "test": f"t{n}"}  # fmt: skip
                             with self.connect() as sock:
                                 sock.sendall(encode(opening))

@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from sparkdiag.link import auth, readings
+from sparkdiag.link import readings
 from sparkdiag.link import session as session_module
 from sparkdiag.link.client import LinkError
 from sparkdiag.link.readings import CUDA_TIMEOUT, CudaOnce
 from sparkdiag.link.server import LinkServer, listen_socket
 from sparkdiag.link.session import open_control
-from sparkdiag.link.wire import HELLO_TIMEOUT, encode
-from tests.test_link_hostile import fake_peer, start
+from sparkdiag.link.wire import HELLO_TIMEOUT, VERSION
+from tests.test_link_hostile import fake_peer, sealed_hello, start
 from tests.test_link_units import SECRET, _loopback_as_cx7
 
 LATE = 2.0  # seconds the hello comes after the proof, past the patched HELLO_TIMEOUT of 1 s
@@ -38,8 +38,7 @@ def test_a_hello_that_comes_late_after_the_proof_is_waited_for(
 
     def late_hello(theirs: str, mine: str) -> bytes:
         time.sleep(LATE)
-        proof = auth.proof(SECRET, "server", theirs, mine)
-        return encode({"sparkdiag-link": 2, "proof": proof, "session": "s", "host": "peer"})
+        return sealed_hello(theirs, mine, session="s", host="peer")
 
     with fake_peer(late_hello) as port:
         control = open_control("127.0.0.1", port, 3.0, SECRET)
@@ -92,7 +91,7 @@ def test_the_server_reads_the_cuda_attributes_once_not_per_session(
             began = time.monotonic()
             control = open_control("127.0.0.1", server.port, 3.0, SECRET)
             took.append(time.monotonic() - began)
-            assert control.hello["sparkdiag-link"] == 2
+            assert control.hello["sparkdiag-link"] == VERSION
             control.ask({"op": "bye"})
             control.sock.close()
             deadline = time.monotonic() + 5

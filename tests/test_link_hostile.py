@@ -31,7 +31,7 @@ from sparkdiag.link.client import LinkError, Options, measure_link
 from sparkdiag.link.readings import read_fabric
 from sparkdiag.link.server import LinkServer, link_addresses, listen_socket
 from sparkdiag.link.session import open_control
-from sparkdiag.link.wire import LineReader, encode, send
+from sparkdiag.link.wire import VERSION, LineReader, Sealed, encode, send
 from sparkdiag.sources.host.netif import interface_addresses
 from tests.support import ROOTFS, SYSFS, invoke_cli, run_cli, sparkdiag_cmd
 from tests.support.fuzz import examples
@@ -84,14 +84,26 @@ def connect(server: LinkServer, source: str = "127.0.0.1") -> socket.socket:
     return socket.create_connection(("127.0.0.1", server.port), 10, (source, 0))
 
 
-def prove(sock: socket.socket, secret: bytes = SECRET) -> tuple[LineReader, dict[str, Any]]:
-    """The measuring side's half of the challenge and response, by hand."""
+def prove(sock: socket.socket, secret: bytes = SECRET) -> tuple[Sealed, dict[str, Any]]:
+    """The measuring side's half of the challenge and response, by hand: the control channel
+    sealed under the session key, and the answer to the proof (the hello, its mac checked)."""
     reader = LineReader(sock)
     mine = auth.nonce()
-    send(sock, {"sparkdiag-link": 2, "kind": "control", "nonce": mine})
+    send(sock, {"sparkdiag-link": VERSION, "kind": "control", "nonce": mine})
     challenge = reader.read(5)
     send(sock, {"proof": auth.proof(secret, "client", challenge["challenge"], mine)})
-    return reader, reader.read(5)
+    channel = Sealed(sock, reader, auth.session_key(secret, challenge["challenge"], mine), "client")
+    answer = reader.read(5)
+    return channel, channel.check(answer) if auth.MAC in answer else answer
+
+
+def sealed_hello(theirs: str, mine: str, secret: bytes = SECRET, **fields: Any) -> bytes:
+    """What a listening side holding ``secret`` answers a proof with, by hand: its proof and
+    ``fields``, sealed as its line 0 (``theirs``: the measuring side's nonce, ``mine``: its own)."""
+    hello = {"sparkdiag-link": VERSION, "proof": auth.proof(secret, "server", theirs, mine)}
+    hello.update(fields)
+    key = auth.session_key(secret, mine, theirs)
+    return encode({**hello, auth.MAC: auth.mac(key, "server", 0, hello)})
 
 
 def wait_for(condition: Any, seconds: float = 10.0) -> None:
@@ -108,7 +120,7 @@ def test_before_the_proof_only_a_challenge_is_said(served: tuple[LinkServer, Pat
     server, _ = served
     with connect(server) as sock:
         reader = LineReader(sock)
-        send(sock, {"sparkdiag-link": 2, "kind": "control", "nonce": auth.nonce()})
+        send(sock, {"sparkdiag-link": VERSION, "kind": "control", "nonce": auth.nonce()})
         first = reader.read(5)
         assert set(first) == {"sparkdiag-link", "challenge"}  # no host, interface, tool, lint
         assert not server.busy
@@ -128,7 +140,7 @@ def test_a_proof_of_other_characters_is_refused_as_any_wrong_proof(
     server, _ = served
     with connect(server) as sock:
         reader = LineReader(sock)
-        send(sock, {"sparkdiag-link": 2, "kind": "control", "nonce": auth.nonce()})
+        send(sock, {"sparkdiag-link": VERSION, "kind": "control", "nonce": auth.nonce()})
         reader.read(5)
         send(sock, {"proof": "\u00e9" * 64})
         assert reader.read(5)["error"].startswith("authentication failed")
@@ -173,7 +185,7 @@ def test_the_proof_holds_in_both_directions(served: tuple[LinkServer, Path]) -> 
 
 @contextlib.contextmanager
 def fake_peer(last: Callable[[str, str], bytes]) -> Iterator[int]:
-    """A listening side speaking protocol 2 by hand: a challenge, the proof read (not checked),
+    """A listening side speaking the protocol by hand: a challenge, the proof read (not checked),
     then the line ``last(the measuring side's nonce, its own)``; its port."""
     listener = socket.create_server(("127.0.0.1", 0))
 
@@ -184,7 +196,7 @@ def fake_peer(last: Callable[[str, str], bytes]) -> Iterator[int]:
                 reader = LineReader(conn)
                 opening = reader.read(5)
                 mine = auth.nonce()
-                send(conn, {"sparkdiag-link": 2, "challenge": mine})
+                send(conn, {"sparkdiag-link": VERSION, "challenge": mine})
                 reader.read(5)
                 conn.sendall(last(opening["nonce"], mine))
                 time.sleep(1)
@@ -200,7 +212,9 @@ def test_a_fake_listening_side_cannot_pass_for_the_peer() -> None:
     """It answers the challenge protocol but cannot make the proof: nothing is measured."""
 
     def made_up(theirs: str, mine: str) -> bytes:
-        return encode({"sparkdiag-link": 2, "proof": "f" * 64, "session": "x", "host": "evil"})
+        return encode(
+            {"sparkdiag-link": VERSION, "proof": "f" * 64, "session": "x", "host": "evil"}
+        )
 
     with fake_peer(made_up) as port, pytest.raises(LinkError, match="did not prove it holds"):
         open_control("127.0.0.1", port, 3.0, SECRET)
@@ -330,11 +344,11 @@ def test_tests_per_session_are_bounded(served: tuple[LinkServer, Path]) -> None:
     """Before: 33 -> 664 MiB of RSS from tests registered without limit."""
     server, _ = served
     with connect(server) as sock:
-        reader, _ = prove(sock)
+        channel, _ = prove(sock)
         answers = []
         for n in range(200):
-            send(sock, {"op": "sink", "test": f"t{n}", "streams": 64, "seconds": 60})
-            answers.append(reader.read(5))
+            channel.send({"op": "sink", "test": f"t{n}", "streams": 64, "seconds": 60})
+            answers.append(channel.read(5))
         assert sum(1 for a in answers if a.get("ok")) == bounds.MAX_TESTS
         assert "at most 4 tests at once" in answers[-1]["error"]
         session = server._session
@@ -362,17 +376,17 @@ def test_tools_are_bounded_killed_and_reaped(served: tuple[LinkServer, Path]) ->
     server, _ = served
     before = set(_children())
     with connect(server) as sock:
-        reader, _ = prove(sock)
+        channel, _ = prove(sock)
         started = 0
         for _ in range(12):
-            send(sock, {"op": "tool", "tool": "iperf3", "address": "127.0.0.1", "seconds": 1})
-            answer = reader.read(10)
+            channel.send({"op": "tool", "tool": "iperf3", "address": "127.0.0.1", "seconds": 1})
+            answer = channel.read(10)
             started += "port" in answer
         assert started == bounds.MAX_TOOLS
         assert "at most 2 tools at once" in answer["error"]
         assert len(set(_children()) - before) == bounds.MAX_TOOLS
-        send(sock, {"op": "bye"})
-        reader.read(5)
+        channel.send({"op": "bye"})
+        channel.read(5)
     wait_for(lambda: not server.busy)
     wait_for(lambda: not (set(_children()) - before))  # killed and reaped: not even zombies
 
@@ -610,7 +624,7 @@ def test_deep_json_from_a_peer_is_refused_in_one_line() -> None:
     def deep(theirs: str, mine: str) -> bytes:
         good = auth.proof(SECRET, "server", theirs, mine)
         return (
-            b'{"sparkdiag-link": 2, "proof": "'
+            b'{"sparkdiag-link": 3, "proof": "'
             + good.encode()
             + b'", "x": '
             + b"[" * 5000
@@ -656,6 +670,16 @@ _line = st.one_of(
 _opening = st.sampled_from(["proved", "wrong proof", "data", "ping", "garbage", "nothing"])
 
 
+def _sealed(channel: Sealed, line: bytes) -> bytes:
+    """``line`` with the mac a proved client gives it where it is a JSON object (so that the
+    fuzz reaches the requests; one without is refused at once), else as it is."""
+    try:
+        message = json.loads(line)
+    except (ValueError, RecursionError):
+        return line
+    return encode(channel.seal(message)) if isinstance(message, dict) else line
+
+
 @settings(
     max_examples=examples(40),
     deadline=None,
@@ -674,21 +698,27 @@ def test_fuzz_the_protocol(
     monkeypatch.setattr(bounds, "RESULT_WAIT", 0.05)
     with connect(server) as sock:
         sock.settimeout(3)
+        channel = None
         try:
             if opening == "proved":
-                prove(sock)
+                channel, _ = prove(sock)
             elif opening == "wrong proof":
                 prove(sock, b"not the secret, but 32 chars long")
             elif opening in ("data", "ping"):
                 sock.sendall(
                     encode(
-                        {"sparkdiag-link": 2, "kind": opening, "session": "0" * 32, "test": "t1"}
+                        {
+                            "sparkdiag-link": VERSION,
+                            "kind": opening,
+                            "session": "0" * 32,
+                            "test": "t1",
+                        }
                     )
                 )
             elif opening == "garbage":
                 sock.sendall(b"\xff\xfe garbage\n")
             for line in lines:
-                sock.sendall(line)
+                sock.sendall(line if channel is None else _sealed(channel, line))
                 session = server._session
                 if session is not None:
                     assert len(session.tests) <= bounds.MAX_TESTS

@@ -21,7 +21,7 @@ from sparkdiag.link.auth import LiveSecret
 from sparkdiag.link.client import LinkError
 from sparkdiag.link.server import LinkServer, listen_socket
 from sparkdiag.link.session import open_control
-from sparkdiag.link.wire import LineReader, send
+from sparkdiag.link.wire import VERSION, LineReader, send
 from tests.support import ROOTFS, SYSFS, sparkdiag_cmd
 from tests.test_link_hostile import start, wait_for
 from tests.test_link_units import _loopback_as_cx7
@@ -107,8 +107,8 @@ def test_a_rotated_secret_applies_to_the_next_session_not_the_one_under_way(
     # opens a ping connection (what its measurement's connections carry)
     assert under_way.ask({"op": "sink", "test": "t1", "streams": 1, "seconds": 1}) == {"ok": True}
     with socket.create_connection(("127.0.0.1", port), 5) as ping:
-        send(ping, {"sparkdiag-link": 2, "kind": "ping", "session": under_way.token})
-        assert LineReader(ping).read(5) == {"sparkdiag-link": 2, "session": under_way.token}
+        send(ping, {"sparkdiag-link": VERSION, "kind": "ping", "session": under_way.token})
+        assert LineReader(ping).read(5) == {"sparkdiag-link": VERSION, "session": under_way.token}
     assert under_way.ask({"op": "bye"}) == {"ok": True}
     under_way.sock.close()
     wait_for(lambda: not rotating.server.busy)

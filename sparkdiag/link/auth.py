@@ -14,27 +14,40 @@ On the wire (:mod:`sparkdiag.link.wire`), HMAC-SHA256 challenge and response in 
 directions, so that neither side learns anything from the other before it has proved it holds
 the secret, and the secret never travels::
 
-    measuring side  -> {"sparkdiag-link": 2, "kind": "control", "nonce": C}
-    listening side  -> {"sparkdiag-link": 2, "challenge": S}             (nothing else)
+    measuring side  -> {"sparkdiag-link": 3, "kind": "control", "nonce": C}
+    listening side  -> {"sparkdiag-link": 3, "challenge": S}             (nothing else)
     measuring side  -> {"proof": HMAC(secret, "client" S C)}
-    listening side  -> {"sparkdiag-link": 2, "proof": HMAC(secret, "server" C S), hello...}
+    listening side  -> {"sparkdiag-link": 3, "proof": HMAC(secret, "server" C S), hello...,
+                        "mac": MAC(K, "server", 0, the line)}
+    measuring side  -> {"op": ..., "mac": MAC(K, "client", 0, the line)}, and so on
 
 ``S`` and ``C`` are 32 random bytes each (hexadecimal), fresh per connection, so a recorded
 proof answers no later challenge. The listening side checks the proof before it reads its
 fabric, runs its lint or looks at whether it is busy.
+
+The proofs alone would let a man in the middle relay them and then rewrite the hello (its
+addresses: the data connections go to his machine) or a result. So, once through them, both
+sides derive the session key ``K = HMAC(secret, "session" S C)`` (:func:`session_key`; it never
+travels), and every control line from the hello on, both ways, carries ``mac``: HMAC-SHA256
+under ``K`` of the sending side's role, its count of lines sent (8 bytes, big-endian, from 0)
+and the line's canonical JSON without ``mac`` (:func:`mac`). The counts are not sent: each side
+counts, so a line replayed, reordered or dropped fails the next check
+(:class:`sparkdiag.link.wire.Sealed`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 import os
 import secrets
 import stat
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 from sparkdiag import safeload
 from sparkdiag.errors import UsageError
@@ -45,6 +58,7 @@ MIN_SECRET = 16  # characters of a secret written by hand; the one made here has
 MAX_SECRET_BYTES = 4096
 FLAG = "--link.secret-file"
 RECHECK_SECONDS = 1.0  # how often a running link serve looks at the file (stat) for a change
+MAC = "mac"  # the field of a control line that carries its mac
 MAKE = "python3 -c 'import secrets; print(secrets.token_hex(32))'"  # a secret, by hand
 
 
@@ -299,3 +313,33 @@ def valid_nonce(value: object) -> bool:
         and len(value) == 2 * NONCE_BYTES
         and all(c in "0123456789abcdef" for c in value)
     )
+
+
+def session_key(secret: bytes, server_nonce: str, client_nonce: str) -> bytes:
+    """``K = HMAC-SHA256(secret, "session" S C)``, the nonces as the proofs take them (their
+    hexadecimal text): the key of a session's macs, derived by both sides, never sent."""
+    message = b"session" + server_nonce.encode() + client_nonce.encode()
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+def canonical(message: Mapping[str, Any]) -> bytes:
+    """``message`` without ``mac`` as the mac takes it: sorted keys, no spaces, ASCII."""
+    body = {key: value for key, value in message.items() if key != MAC}
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def mac(key: bytes, role: str, counter: int, message: Mapping[str, Any]) -> str:
+    """HMAC-SHA256 under the session ``key`` of ``role`` ("server" or "client"), the sender's
+    ``counter`` of lines (8 bytes, big-endian) and the :func:`canonical` ``message``."""
+    data = role.encode() + counter.to_bytes(8, "big") + canonical(message)
+    return hmac.new(key, data, hashlib.sha256).hexdigest()
+
+
+def valid_mac(
+    key: bytes, role: str, counter: int, message: Mapping[str, Any], given: object
+) -> bool:
+    """Whether ``given`` is the mac of ``message`` (compared in constant time; 64 ASCII
+    characters, as :func:`valid` takes a proof)."""
+    if not isinstance(given, str) or len(given) != 64 or not given.isascii():
+        return False
+    return hmac.compare_digest(mac(key, role, counter, message), given)

@@ -1,7 +1,8 @@
 """``sparkdiag link serve``: the listening side. It answers one measuring session at a time
 (see :mod:`sparkdiag.link.wire`), opened only by a machine that proves it holds the same link
-secret (:mod:`sparkdiag.link.auth`), and before that proof it says nothing but a challenge: no
-host name, interface, address, tool or lint finding. Then it counts what arrives on data
+secret (:mod:`sparkdiag.link.auth`), and before that proof it says nothing but a challenge (or,
+to the opening of another protocol, that both sides must run the same sparkdiag): no host name,
+interface, address, tool or lint finding. Then it counts what arrives on data
 connections, sends for as long as it is asked to (at most :data:`~sparkdiag.link.wire.MAX_SECONDS`,
 on at most :data:`~sparkdiag.link.wire.MAX_STREAMS` connections, only back on the connection that
 asked), and starts ``iperf3 -s -1`` or ``ib_write_bw`` when asked and installed. It runs
@@ -11,7 +12,9 @@ Everything a client can make it hold or spawn is bounded (:mod:`sparkdiag.link.b
 connections that have not proved themselves yet (per address and in all), the session's
 connections, tests set up at once, tools alive at once and in all, bytes echoed on a ping
 connection, how long a data connection counts, how long a session may stay silent and last in
-all. Tools past their time are killed and reaped. An ``accept`` that fails (out of file
+all. Tools past their time are killed and reaped. From its hello on, every control line it sends
+carries a mac under the session key, and a request without the peer's ends the session
+(:class:`~sparkdiag.link.wire.Sealed`). An ``accept`` that fails (out of file
 descriptors, or anything else) pauses and goes on; it never ends the server.
 """
 
@@ -55,8 +58,11 @@ from sparkdiag.link.wire import (
     HELLO_TIMEOUT,
     MAX_SECONDS,
     MAX_STREAMS,
+    VERSION,
     LineReader,
+    MacError,
     ProtocolError,
+    Sealed,
     encode,
     is_hello,
     send,
@@ -290,6 +296,7 @@ class LinkServer:
         except _BROKEN:
             return
         if not is_hello(opening):
+            self._other_version(conn, peer, opening)
             return
         kind = opening.get("kind")
         if kind == "control":
@@ -314,6 +321,21 @@ class LinkServer:
         session.addresses.add(peer)
         return session
 
+    def _other_version(self, conn: socket.socket, peer: str, opening: Mapping[str, Any]) -> None:
+        """A control opening of another protocol, 2 or later (1 had no error line), gets one
+        line that says both sides must run the same sparkdiag (nothing else: it proved
+        nothing), and the terminal hears of it."""
+        version = opening.get("sparkdiag-link")
+        if opening.get("kind") != "control" or type(version) is not int or version < 2:
+            return
+        said = (
+            f"it speaks sparkdiag-link protocol {version}, this link serve {VERSION}: both sides "
+            "must run the same sparkdiag"
+        )
+        with contextlib.suppress(OSError):
+            send(conn, {"sparkdiag-link": VERSION, "error": f"refused: {said}"})
+        self._tell("version", f"{peer}: refused: {said} (update the older one)")
+
     def _refused(self, peer: str) -> None:
         self._tell("refused", f"{peer}: refused: it did not prove it holds the link secret")
 
@@ -332,16 +354,17 @@ class LinkServer:
 
     def _proved(
         self, conn: socket.socket, reader: LineReader, opening: Mapping[str, Any], deadline: float
-    ) -> str | None:
+    ) -> tuple[str, bytes] | None:
         """The challenge and response (:mod:`sparkdiag.link.auth`); the proof this side sends
-        back, or None when the other side did not prove it holds the secret."""
+        back and the session key, or None when the other side did not prove it holds the
+        secret."""
         theirs = opening.get("nonce")
         if not auth.valid_nonce(theirs):
             return None
         assert isinstance(theirs, str)
         secret = self._secret()  # as the file holds it now: a rotated one from the next session
         mine = auth.nonce()
-        send(conn, {"sparkdiag-link": 2, "challenge": mine})
+        send(conn, {"sparkdiag-link": VERSION, "challenge": mine})
         try:
             answer = reader.read(max(deadline - time.monotonic(), 0.01))
         except _BROKEN:
@@ -350,34 +373,35 @@ class LinkServer:
             send(
                 conn,
                 {
-                    "sparkdiag-link": 2,
+                    "sparkdiag-link": VERSION,
                     "error": "authentication failed: the link secrets of the two machines differ",
                 },
             )
             return None
-        return auth.proof(secret, "server", theirs, mine)
+        return auth.proof(secret, "server", theirs, mine), auth.session_key(secret, mine, theirs)
 
     def _control(
         self, entry: Conn, reader: LineReader, opening: Mapping[str, Any], deadline: float
     ) -> None:
         conn, peer = entry.sock, entry.peer
-        proof = self._proved(conn, reader, opening, deadline)
-        if proof is None:
+        proved = self._proved(conn, reader, opening, deadline)
+        if proved is None:
             self._refused(peer)
             return
+        proof, key = proved
+        channel = Sealed(conn, reader, key, "server")
         with self._lock:
             busy = self._session
             if busy is None:
                 session = Session(secrets.token_hex(16), peer, time.monotonic(), {peer})
                 self._session = session
         if busy is not None:
-            send(
-                conn,
+            channel.send(
                 {
-                    "sparkdiag-link": 2,
+                    "sparkdiag-link": VERSION,
                     "proof": proof,
                     "error": f"busy: a test from {busy.peer} is running",
-                },
+                }
             )
             return
         self.pending.remove(entry)
@@ -385,16 +409,21 @@ class LinkServer:
         self.say(f"session from {peer}: started")
         failed = ""
         try:
-            send(conn, {**self._hello(session, conn), "proof": proof})
+            channel.send({**self._hello(session, conn), "proof": proof})
             while True:
                 try:
-                    request = reader.read(bounds.CONTROL_IDLE)
+                    request = channel.read(bounds.CONTROL_IDLE)
+                except MacError as exc:  # altered on the way: said to both sides, and ended
+                    failed = f"; refused: {exc}"
+                    with contextlib.suppress(OSError):
+                        channel.send({"refused": str(exc)})
+                    return
                 except _BROKEN:
                     return
                 if request.get("op") == "bye":
-                    send(conn, {"ok": True})
+                    channel.send({"ok": True})
                     return
-                send(conn, self._request(session, request))
+                channel.send(self._request(session, request))
         except Exception as exc:  # a proved session that breaks says why (out of descriptors)
             if not isinstance(exc, (TimeoutError, ConnectionError, ProtocolError)):
                 failed = f"; it failed: {exc}"
@@ -416,7 +445,7 @@ class LinkServer:
         if arrived is not None:
             names.append(arrived)
         return {
-            "sparkdiag-link": 2,
+            "sparkdiag-link": VERSION,
             "session": session.token,
             "host": socket.gethostname(),
             "version": __version__,
@@ -521,7 +550,7 @@ class LinkServer:
 
     def _ping(self, conn: socket.socket, reader: LineReader, session: Session) -> None:
         conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn.sendall(encode({"sparkdiag-link": 2, "session": session.token}))
+        conn.sendall(encode({"sparkdiag-link": VERSION, "session": session.token}))
         echoed = len(reader.rest)
         if reader.rest:
             conn.sendall(reader.rest[:PING_LIMIT])

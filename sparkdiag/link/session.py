@@ -1,6 +1,7 @@
 """The measuring side's connections: the control session with the peer's ``link serve`` (both
-sides proving they hold the link secret, then its hello read and checked) and the data sockets,
-bound to the path's interface and address; each failure to connect said in one line."""
+sides proving they hold the link secret, then its hello read and checked, and every control line
+after it sealed with a mac under the session key) and the data sockets, bound to the path's
+interface and address; each failure to connect said in one line."""
 
 from __future__ import annotations
 
@@ -19,8 +20,11 @@ from sparkdiag.link.readings import CUDA_TIMEOUT
 from sparkdiag.link.wire import (
     HELLO_TIMEOUT,
     PORT,
+    VERSION,
     LineReader,
+    MacError,
     ProtocolError,
+    Sealed,
     hello,
     is_hello,
     send,
@@ -164,11 +168,21 @@ def open_socket(
     return sock
 
 
+ALTERED = (
+    "something between the two machines alters this session's control lines; nothing from it "
+    "is believed"
+)
+
+
 @dataclass
 class Control:
+    """The session: its hello (checked, without its mac) and its sealed control channel."""
+
     sock: socket.socket
     reader: LineReader
     hello: Mapping[str, Any]
+    channel: Sealed
+    where: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property
@@ -176,9 +190,19 @@ class Control:
         return str(self.hello.get("session", ""))
 
     def ask(self, request: dict[str, Any], timeout: float = 30.0) -> Mapping[str, Any]:
+        """The peer's answer to ``request``; LinkError when it fails its mac, or when the peer
+        ended the session because ``request`` failed the peer's (the rest of the session is
+        not to be believed either way)."""
         with self.lock:
-            send(self.sock, request)
-            return self.reader.read(timeout)
+            self.channel.send(request)
+            try:
+                answer = self.channel.read(timeout)
+            except MacError as exc:
+                raise LinkError(f"{self.where}: session refused: {exc}: {ALTERED}") from None
+        if "refused" in answer:
+            refused = str(answer["refused"])[:200]
+            raise LinkError(f"{self.where} ended the session: {refused}: {ALTERED}")
+        return answer
 
 
 def open_control(peer: str, port: int, timeout: float, secret: bytes) -> Control:
@@ -195,19 +219,29 @@ def open_control(peer: str, port: int, timeout: float, secret: bytes) -> Control
         sock.close()
         raise LinkError(connect_error(exc, where, timeout)) from None
     try:
-        reader, answer = _open(sock, where, secret)
+        channel, answer = _open(sock, where, secret)
     except BaseException:
         sock.close()
         raise
-    return Control(sock, reader, answer)
+    return Control(sock, channel.reader, answer, channel, where)
 
 
-def _open(sock: socket.socket, where: str, secret: bytes) -> tuple[LineReader, dict[str, Any]]:
+def _open(sock: socket.socket, where: str, secret: bytes) -> tuple[Sealed, dict[str, Any]]:
     reader = LineReader(sock)
     mine = auth.nonce()
     try:
         send(sock, hello("control", nonce=mine))
-        challenge = reader.read(HELLO_TIMEOUT)
+        try:
+            challenge = reader.read(HELLO_TIMEOUT)
+        except ConnectionError:
+            if reader.rest:  # something, then closed: said below as another service
+                raise
+            # a link serve of protocol 2 (or 1) closes on this opening without a word
+            raise LinkError(
+                f"{where} closed the connection at once, without a word: it is not 'sparkdiag "
+                "link serve', or one of another sparkdiag (one of protocol 2 or older closes "
+                "so): both sides must run the same sparkdiag"
+            ) from None
         if is_hello(challenge) and auth.valid_nonce(challenge.get("challenge")):
             theirs = str(challenge["challenge"])
             send(sock, {"proof": auth.proof(secret, "client", theirs, mine)})
@@ -238,15 +272,22 @@ def _open(sock: socket.socket, where: str, secret: bytes) -> tuple[LineReader, d
             f"{where} answered, but not as 'sparkdiag link serve' ({exc}): another service "
             "listens on that port"
         ) from None
-    if challenge.get("sparkdiag-link") == 1:
+    spoken = challenge.get("sparkdiag-link")
+    if spoken == 1:
         raise LinkError(
             f"{where} runs the 'sparkdiag link serve' of an older sparkdiag (protocol 1, "
-            "without the link secret): update sparkdiag there"
+            "without the link secret): both sides must run the same sparkdiag; update it there"
+        )
+    if type(spoken) is int and spoken != VERSION:
+        raise LinkError(
+            f"{where} runs the 'sparkdiag link serve' of another sparkdiag (protocol "
+            f"{str(spoken)[:40]}, this one speaks {VERSION}): both sides must run the same "
+            "sparkdiag; update the older one"
         )
     if not is_hello(challenge) or not is_hello(answer):
         raise LinkError(
             f"{where} answered, but not as 'sparkdiag link serve' (a JSON line without "
-            "sparkdiag-link 2: another version, or another service)"
+            f"sparkdiag-link {VERSION}: another version, or another service)"
         )
     if "challenge" not in challenge:
         raise LinkError(f"{where} answered without the challenge of 'sparkdiag link serve'")
@@ -260,6 +301,12 @@ def _open(sock: socket.socket, where: str, secret: bytes) -> tuple[LineReader, d
             f"{where} did not prove it holds the link secret: it is not your peer's "
             "'sparkdiag link serve'; nothing was measured"
         )
+    key = auth.session_key(secret, str(challenge["challenge"]), mine)
+    channel = Sealed(sock, reader, key, "client")
+    try:  # the proof is right: the hello (or busy) must carry the mac of line 0 under the key
+        answer = channel.check(answer)
+    except MacError as exc:
+        raise LinkError(f"{where}: session refused: {exc}: {ALTERED}") from None
     if answer.get("error"):
         raise LinkError(f"{where}: {str(answer['error'])[:200]}; try again when it is done")
-    return reader, answer
+    return channel, answer
