@@ -39,6 +39,10 @@ KILL_GRACE = 2.0
 # ever, where the timeout's message asks whether the drive is hung (found in a review of the
 # same wait in the GPU probe's runner)
 KILLED_WAIT = 10.0
+# how long the output readers are waited for once the probe's process group is gone (its pipes
+# then close at once); a reader still blocked after it is one on a process stuck in the kernel,
+# which KILLED_WAIT has already reported
+READERS_WAIT = 1.0
 STARTUP_SECONDS = 15.0  # on top of the probe's own --seconds: the interpreter, fallocate, flush
 _OUT_LIMIT = 1 << 20
 
@@ -204,7 +208,7 @@ def run_probe(
             with _LIVE_LOCK:
                 _LIVE.discard(proc.pid)
         for reader in readers:
-            reader.join(timeout=1.0)
+            reader.join(timeout=READERS_WAIT)
     if stuck:
         raise StorageProbeError(
             f"the storage probe of {request.directory} did not finish within {limit:g} s and "
