@@ -568,6 +568,23 @@ def test_a_byte_count_above_what_was_sent_is_not_believed(hostile: tuple[Hostile
     assert t.gbps is None and "more than the" in (t.error or "")
 
 
+def test_a_test_that_more_connections_joined_than_were_opened_is_not_believed(
+    hostile: tuple[Hostile, Path],
+) -> None:
+    """The session's token travels in clear: a machine that read it off the link can join a
+    test with a data connection of its own, and the server counts its bytes (found in a review
+    of the session macs). Its sealed result says how many connected: more than the test's
+    streams is refused, where the figure was taken."""
+    server, sysfs = hostile
+    server.result_extra = {"connected": 3}
+    report = measure_link("127.0.0.1", _options(server), sysfs, NATIVE, {})
+    (t,) = report.paths[0].throughput
+    assert t.gbps is None and t.error == (
+        "3 data connections joined a test of 2: another machine used the session's token; the "
+        "figure is not believed"
+    )
+
+
 @pytest.mark.parametrize(
     ("window", "why"),
     [

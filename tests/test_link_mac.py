@@ -298,7 +298,12 @@ def test_a_protocol_2_client_is_told_both_sides_must_run_the_same_sparkdiag(
         "error": f"refused: it speaks sparkdiag-link protocol 2, this link serve {VERSION}: "
         "both sides must run the same sparkdiag",
     }
-    assert any("both sides must run the same sparkdiag (update the older one)" in x for x in said)
+    # said after the answer is sent: waited for (read at once, it raced under -n 2)
+    wait_for(
+        lambda: any(
+            "both sides must run the same sparkdiag (update the older one)" in x for x in said
+        )
+    )
     assert not server.busy
 
 

@@ -168,6 +168,8 @@ def open_socket(
     return sock
 
 
+# said of a line read before the session key exists (it cannot carry a mac): taken at its word
+UNSEALED = "unless something on the path answered in its place: this line cannot be checked"
 ALTERED = (
     "something between the two machines alters this session's control lines; nothing from it "
     "is believed"
@@ -282,7 +284,7 @@ def _open(sock: socket.socket, where: str, secret: bytes) -> tuple[Sealed, dict[
         raise LinkError(
             f"{where} runs the 'sparkdiag link serve' of another sparkdiag (protocol "
             f"{str(spoken)[:40]}, this one speaks {VERSION}): both sides must run the same "
-            "sparkdiag; update the older one"
+            f"sparkdiag; update the older one ({UNSEALED})"
         )
     if not is_hello(challenge) or not is_hello(answer):
         raise LinkError(
@@ -295,7 +297,7 @@ def _open(sock: socket.socket, where: str, secret: bytes) -> tuple[Sealed, dict[
         if str(answer.get("error", "")).startswith("authentication failed"):
             raise LinkError(
                 f"{where} refused this machine's link secret: the two secret files differ; "
-                "copy the peer's (see 'sparkdiag link serve' there) to this machine"
+                f"copy the peer's (see 'sparkdiag link serve' there) to this machine ({UNSEALED})"
             )
         raise LinkError(
             f"{where} did not prove it holds the link secret: it is not your peer's "
