@@ -359,7 +359,7 @@ def _kernels(reader: Reader, walked: _Walk) -> int | None:
             return None
         names = [s.name for s in sections[1:]]
         machine = cubin.read(_E_MACHINE, 2)
-        if machine != _EM_CUDA or "" in names or not _CUBIN_TABLES <= set(names):
+        if machine != _EM_CUDA or "" in names or not _CUBIN_TABLES.issubset(names):
             return None
         count += len({_kernel_name(n) for n in names} - {None})
     return count
