@@ -445,7 +445,7 @@ def test_real_worker_plumbing_on_cpu(tmp_path: Path) -> None:
     assert cycle is not None
     assert cycle.result == "ok", (cycle.reason, cycle.stderr_tail)
     assert cycle.document is not None
-    assert cycle.document.raw["config"]["dtypes"] == ["bf16", "fp16", "int4"]
+    assert cycle.document.raw["config"]["dtypes"] == ["bf16", "fp16", "fp8", "nvfp4", "int4"]
     assert cycle.document.bandwidth is None
     kinds = {(f.dtype, f.kind) for f in ctx.probes[0].figures}
     assert {("bf16", "compute"), ("fp16", "decode"), ("int4", "decode")} <= kinds

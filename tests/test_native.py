@@ -672,6 +672,18 @@ def test_dtype_order_row() -> None:
     assert only(check_dtype_order(alone)).status == "skip"
 
 
+def test_checks_probe_measures_what_the_dtype_order_row_compares() -> None:
+    """The row compares the figures of check's own probe, whose suite held bf16, fp16 and int4
+    only: on every real run (H200, H100) it skipped, "no pair of dtypes to compare", and the
+    unit test above, fed figures by hand, could not see it. Every dtype of its pairs is planned
+    at a compute shape by the worker's check suite (the GPU decides what runs)."""
+    from sparkdiag.probe.worker.contract import SUITES
+
+    check = SUITES["check"]
+    assert "compute" in check.kinds
+    assert {d for pair in dtypes.PAIRS for d in pair} <= set(check.dtypes)
+
+
 # -- check, exporter, command ---------------------------------------------------------------
 
 

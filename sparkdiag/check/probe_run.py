@@ -29,9 +29,9 @@ from sparkdiag.sources.nvml.driver import NvmlHung
 
 log = logging.getLogger(__name__)
 
-# The worker's check suite: bf16 and fp16 for throughput, int4 for the 4-bit comparison at the
-# decode shape (timed in interleaved rounds with them), every shape, the host-device copies,
-# about 1 s of GPU time.
+# The worker's check suite: bf16 and fp16 for throughput, fp8 and nvfp4 (where the GPU has it)
+# for dtype-order, int4 for the 4-bit comparison at the decode shape (timed in interleaved
+# rounds with them), every shape, the host-device copies.
 CHECK_REQUEST = WorkerRequest(suite="check", probe_when="idle")
 LOAD_POLL_SECONDS = 0.5
 

@@ -46,8 +46,9 @@ Suites (``--suite``; SUITES holds each one's defaults, explicit arguments win)
   iterations) is one comparison under the same conditions: contention leaves
   a decode kernel's median iteration alone, the heat that collapses 4-bit
   GEMMs slows int4's.
-- ``check``: what ``sparkdiag check`` judges: bf16, fp16 and int4 at every
-  shape, the decode kernels interleaved as in ``hot``, 1 s of GPU time.
+- ``check``: what ``sparkdiag check`` judges: bf16, fp16, fp8, nvfp4 (where the
+  GPU has it) and int4 at every shape, the decode kernels interleaved as in
+  ``hot``, 1.5 s of GPU time.
 
 Host-device copies (``transfers``; on in the default and check suites,
 ``--no-transfers`` to leave out): pinned and pageable host memory, 200 copies

@@ -302,14 +302,16 @@ SUITES: dict[str, SuiteSpec] = {
         min_iters=1,
         min_batch_ms=0.0,
     ),
-    # sparkdiag check: the periodic probe narrowed to the dtypes it judges, the decode kernels
+    # sparkdiag check: the periodic probe narrowed to the dtypes it judges (bf16 and fp16 for
+    # throughput, int4 for the 4-bit ratio, fp8 and nvfp4 for dtype-order: without them that
+    # row could only skip, "no pair of dtypes to compare", on every GPU), the decode kernels
     # interleaved for the int4 ratio, half the time per kernel, no bandwidth
     "check": replace(
         _DEFAULT_SUITE,
-        dtypes=("bf16", "fp16", "int4"),
+        dtypes=("bf16", "fp16", "fp8", "nvfp4", "int4"),
         together=("decode",),
         rounds=3,
-        budget_seconds=1.0,
+        budget_seconds=1.5,  # 1.0 for bf16, fp16 and int4: fp8 and nvfp4 add their share
         bandwidth=False,
     ),
 }
@@ -426,7 +428,7 @@ FLAGS: tuple[Flag, ...] = (
     Flag("--suite", "choice", "default: every dtype at the compute, LLM and decode shapes, "
          "device copy and host-device copies (the periodic probe); hot: decode and LLM shapes "
          "of int4, bf16, fp16, fp8, nvfp4 within ~100 ms, no spin-up, even on a busy GPU; "
-         "check: bf16, fp16 and int4 for sparkdiag check.",
+         "check: bf16, fp16, fp8, nvfp4 and int4 for sparkdiag check.",
          default_help="default: default, hot with --soak-seconds",
          choices=("default", "hot", "check")),
     Flag("--dtype", "text", "Dtype(s) to probe, repeatable or comma separated: "
