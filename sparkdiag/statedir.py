@@ -62,6 +62,28 @@ def state_directory(environ: Mapping[str, str] | None = None) -> Path:
     return _home(env) / ".local" / "state" / APP_NAME
 
 
+# where the systemd unit's daemon keeps its state (StateDirectory=sparkdiag): a link to
+# /var/lib/private/sparkdiag under DynamicUser=, whose directory only root may enter
+SERVICE_STATE = Path("/var/lib") / APP_NAME
+
+
+def service_state(rootfs: Path, used: Path | None) -> Path | None:
+    """The systemd service's state directory seen under ``rootfs``, where it is there and is
+    not ``used`` (the one this command reads; None: :func:`state_directory`'s): a command run
+    as you reads ``~/.local/state/sparkdiag``, not the daemon's baselines or the soak it would
+    export. Looked at without entering it (the link itself), so that a user who may not read
+    it still learns it is there."""
+    found = rootfs / SERVICE_STATE.relative_to("/")
+    try:
+        if not os.path.lexists(found):
+            return None
+        if found.resolve() == (used or state_directory()).resolve():
+            return None
+    except (OSError, StateDirError):
+        return None
+    return found
+
+
 def _home(env: Mapping[str, str]) -> Path:
     home = env.get("HOME", "").strip()
     if home:

@@ -122,3 +122,64 @@ def test_ensure_reports_permission_denied(tmp_path: Path) -> None:
             ensure_state_directory(parent)
     finally:
         parent.chmod(0o700)
+
+
+# -- the systemd service's directory, where a command run as you reads another ------------------
+
+
+def test_the_service_directory_is_named_where_it_is_not_the_one_read(tmp_path: Path) -> None:
+    """Under the unit (StateDirectory=sparkdiag, DynamicUser=) the daemon keeps its baselines
+    in /var/lib/sparkdiag, a link into /var/lib/private, which only root may enter; check and
+    soak run as you read ~/.local/state/sparkdiag. The link is seen without entering it."""
+    from sparkdiag.statedir import service_state
+
+    rootfs = tmp_path / "root"
+    mine = tmp_path / "home" / ".local" / "state" / "sparkdiag"
+    assert service_state(rootfs, mine) is None  # no service here
+    private = rootfs / "var" / "lib" / "private" / "sparkdiag"
+    private.mkdir(parents=True)
+    (rootfs / "var" / "lib" / "sparkdiag").symlink_to("private/sparkdiag")
+    private.parent.chmod(0o700)
+    assert service_state(rootfs, mine) == rootfs / "var" / "lib" / "sparkdiag"
+    # the service's own run (STATE_DIRECTORY) reads it: nothing to say
+    assert service_state(rootfs, rootfs / "var" / "lib" / "sparkdiag") is None
+    assert service_state(rootfs, private) is None
+
+
+def test_check_says_where_the_service_keeps_its_baselines(tmp_path: Path) -> None:
+    from sparkdiag.baseline.keeper import inspect_store
+    from sparkdiag.check.store_checks import check_baseline_store
+    from tests.support.check import NVML, context, poll
+
+    snap = poll(NVML / "h200-idle.json")
+    store = inspect_store(tmp_path / "mine")
+    (row,) = check_baseline_store(context(snap, baseline_store=store))
+    assert row.status == "skip" and "to learn baselines" in row.action
+    service = Path("/var/lib/sparkdiag")
+    (row,) = check_baseline_store(context(snap, baseline_store=store, service_state=service))
+    assert row.status == "skip" and row.action == (
+        "the sparkdiag service keeps its baselines in /var/lib/sparkdiag (systemd's "
+        "StateDirectory), not in the directory read here: run this as root with --state-dir "
+        "/var/lib/sparkdiag to read the service's"
+    )
+
+
+def test_soak_says_where_the_service_would_export_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A soak kept in your directory never showed in the service's metrics, silently."""
+    from sparkdiag.commands import soak
+
+    kept = tmp_path / "mine" / "soak.json"
+    monkeypatch.setattr(soak, "service_state", lambda rootfs, used: None)
+    soak._say_where_the_service_reads(kept)
+    assert capsys.readouterr().err == ""
+    monkeypatch.setattr(soak, "service_state", lambda rootfs, used: Path("/var/lib/sparkdiag"))
+    monkeypatch.setenv("COLUMNS", "200")
+    soak._say_where_the_service_reads(kept)
+    said = " ".join(capsys.readouterr().err.split())
+    assert said == (
+        f"kept in {kept}; the sparkdiag service exports the soak in /var/lib/sparkdiag "
+        "(systemd's StateDirectory), not this one: run the soak as root with --state-dir "
+        "/var/lib/sparkdiag for its metrics to show it"
+    )

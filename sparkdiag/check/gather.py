@@ -53,6 +53,7 @@ from sparkdiag.sources.nvml.driver import ANSWER_SECONDS, given_up
 from sparkdiag.sources.software.cuda_libraries import ScanCache, scan
 from sparkdiag.sources.software.packages import read_torch
 from sparkdiag.sources.software.pyenv import NotAnEnvironment
+from sparkdiag.statedir import service_state
 from sparkdiag.storage.run import ProbeRequest
 from sparkdiag.storage.session import Where, probe_directory
 from sparkdiag.telemetry.build import bounded_poll, first_poll
@@ -124,6 +125,7 @@ def gather(
             kernel_log=sources.kernel_log or read_kernel_log(settings.rootfs),
             baseline_store=inspect_store(settings.state_dir),
             soak=inspect_state(settings.state_dir),
+            service_state=service_state(settings.rootfs, settings.state_dir),
         )
         ctx = _with_software(ctx, settings)
         if storage is not None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from sparkdiag.baseline.evaluate import GemmFigure
@@ -157,6 +158,8 @@ class CheckContext:
     stall_samples: the busy GPUs' samples over a few seconds (``check/stall_checks.py``)
     nvml_lost: why NVML stopped answering after the first poll (a later poll hung past
         ``--nvml-timeout``); None when it answered throughout
+    service_state: the systemd service's state directory where it is there and is not the one
+        read (``statedir.service_state``); None otherwise
     libraries: the libraries with GPU code in the probe worker's Python (None: not read, why in
         ``libraries_note``)
     device_holders: processes with an NVIDIA device file open (read on unified memory only)
@@ -183,6 +186,7 @@ class CheckContext:
     # GPU index -> samples taken over a few seconds of the GPUs busy at the first poll (stall)
     stall_samples: Mapping[int, tuple[GpuSample, ...]] = field(default_factory=dict)
     nvml_lost: str | None = None
+    service_state: Path | None = None
     libraries: LibraryScan | None = None
     libraries_note: str = ""
     device_holders: tuple[DeviceHolder, ...] | None = None
@@ -206,6 +210,18 @@ class CheckContext:
 
 
 STATE_DIRECTORY = "state directory "  # how statedir's errors begin
+
+
+def elsewhere_action(ctx: CheckContext, what: str) -> str:
+    """What to do where the systemd service keeps ``what`` in a state directory this run did
+    not read; "" where there is none."""
+    if ctx.service_state is None:
+        return ""
+    return (
+        f"the sparkdiag service keeps {what} in {ctx.service_state} (systemd's StateDirectory), "
+        f"not in the directory read here: run this as root with --state-dir {ctx.service_state} "
+        "to read the service's"
+    )
 
 
 def state_action(detail: str, otherwise: str) -> str:

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from sparkdiag.check.model import CheckContext, CheckResult, no_gpu_skip, state_action
+from sparkdiag.check.model import (
+    CheckContext,
+    CheckResult,
+    elsewhere_action,
+    no_gpu_skip,
+    state_action,
+)
 
 NAME = "baseline-store"
 
@@ -26,13 +32,15 @@ def check_baseline_store(ctx: CheckContext) -> list[CheckResult]:
         return [no_gpu_skip(NAME, ctx.snapshot, **data)]
     if report.state in ("absent", "ok"):
         what = report.detail if report.state == "absent" else f"no baselines yet in {report.path}"
+        learn = (
+            "run 'sparkdiag serve' (or 'sparkdiag probe') on the healthy machine to learn baselines"
+        )
         return [
             CheckResult(
                 NAME,
                 "skip",
                 f"{what}: the probe compares with published figures only",
-                "run 'sparkdiag serve' (or 'sparkdiag probe') on the healthy machine to learn "
-                "baselines",
+                elsewhere_action(ctx, "its baselines") or learn,
                 data=data,
             )
         ]

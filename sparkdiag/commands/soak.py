@@ -62,7 +62,7 @@ from sparkdiag.soak.state import (
     state_path,
     write_state,
 )
-from sparkdiag.statedir import StateDirError
+from sparkdiag.statedir import StateDirError, service_state
 
 MAX_DURATION = 24 * 3600.0
 
@@ -198,7 +198,24 @@ def _write_outputs(
             write_state(path, _not_over_a_finished_soak(path, entries))
         except (StateDirError, SoakStateError) as exc:
             failed("the soak state", exc)
+        else:
+            _say_where_the_service_reads(path)
     return ok
+
+
+def _say_where_the_service_reads(path: Path) -> None:
+    """One line on stderr where the systemd service keeps its state in another directory than
+    the one the soak was kept in: the service exports the soak it finds there, so a soak run
+    as you (``~/.local/state``) never showed in its metrics, silently (found in a review)."""
+    service = service_state(Path("/"), path.parent)
+    if service is None:
+        return
+    said = (
+        f"kept in {path}; the sparkdiag service exports the soak in {service} (systemd's "
+        f"StateDirectory), not this one: run the soak as root with --state-dir {service} for "
+        "its metrics to show it"
+    )
+    click.echo(terminal.fill(said, terminal.width(sys.stderr)), err=True)
 
 
 def _not_over_a_finished_soak(path: Path, entries: list[GpuState]) -> list[GpuState]:
