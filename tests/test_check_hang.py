@@ -181,7 +181,12 @@ def _gather_hanging_from(
     stopped: list[int] = []
     monkeypatch.setattr(FixtureBackend, "advance", advance)
     monkeypatch.setattr(FixtureBackend, "shutdown", lambda self: stopped.append(1))
-    ctx = gather_module.gather(
+    return _gather_stalled(tmp_path), stopped
+
+
+def _gather_stalled(tmp_path: Path, quick: bool = False) -> CheckContext:
+    """check's gather on h200-stalled.json with a 0.5 s --nvml-timeout, nothing probed."""
+    return gather_module.gather(
         settings(NVML / "h200-stalled.json", state_dir=tmp_path / "state"),
         sources=gather_module.Sources(
             launcher=never_launch,
@@ -190,8 +195,8 @@ def _gather_hanging_from(
             sleep=lambda _s: None,
         ),
         nvml_timeout=0.5,
+        quick=quick,
     )
-    return ctx, stopped
 
 
 def test_a_probe_is_not_started_once_nvml_stopped_answering(
@@ -247,17 +252,7 @@ def test_a_slow_host_reading_is_not_taken_for_a_hung_driver(
         return real(self, bound)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Poller, "poll_once", slow_host)
-    ctx = gather_module.gather(
-        settings(NVML / "h200-stalled.json", state_dir=tmp_path / "state"),
-        sources=gather_module.Sources(
-            launcher=never_launch,
-            torch=GOOD_TORCH,
-            kernel_log=KernelLog((), "test"),
-            sleep=lambda _s: None,
-        ),
-        nvml_timeout=0.5,
-        quick=True,
-    )
+    ctx = _gather_stalled(tmp_path, quick=True)
     assert len(reads) > 1  # the later polls read the host, slowly
     assert ctx.nvml_lost is None and len(ctx.stall_samples[0]) == 5
 

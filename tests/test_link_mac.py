@@ -307,18 +307,20 @@ def test_a_protocol_2_client_is_told_both_sides_must_run_the_same_sparkdiag(
     assert not server.busy
 
 
-def test_a_protocol_2_server_is_said_to_need_the_same_sparkdiag() -> None:
-    """A link serve of protocol 2 closes on this opening without a word: before, that read as
-    "another service listens on that port"."""
+def _refused_by_a_server_that(answers: dict[str, object] | None) -> str:
+    """What ``open_control`` says of a server that reads the opening and sends ``answers``
+    (None: closes without a word)."""
     listener = socket.create_server(("127.0.0.1", 0))
 
-    def protocol_2() -> None:
+    def serve() -> None:
         with contextlib.suppress(OSError):
             conn, _ = listener.accept()
             with conn:
-                LineReader(conn).read(5)  # not its protocol: it closes
+                LineReader(conn).read(5)
+                if answers is not None:
+                    send(conn, answers)
 
-    thread = threading.Thread(target=protocol_2, daemon=True)
+    thread = threading.Thread(target=serve, daemon=True)
     thread.start()
     try:
         with pytest.raises(LinkError) as caught:
@@ -326,31 +328,21 @@ def test_a_protocol_2_server_is_said_to_need_the_same_sparkdiag() -> None:
     finally:
         listener.close()
         thread.join(5)
-    said = str(caught.value)
+    return str(caught.value)
+
+
+def test_a_protocol_2_server_is_said_to_need_the_same_sparkdiag() -> None:
+    """A link serve of protocol 2 closes on this opening without a word: before, that read as
+    "another service listens on that port"."""
+    said = _refused_by_a_server_that(None)
     assert "closed the connection at once" in said
     assert "both sides must run the same sparkdiag" in said
     assert "another service listens" not in said
 
 
 def test_a_server_of_another_protocol_is_named_with_it() -> None:
-    listener = socket.create_server(("127.0.0.1", 0))
-
-    def protocol_4() -> None:
-        with contextlib.suppress(OSError):
-            conn, _ = listener.accept()
-            with conn:
-                LineReader(conn).read(5)
-                send(conn, {"sparkdiag-link": 4, "error": "refused"})
-
-    thread = threading.Thread(target=protocol_4, daemon=True)
-    thread.start()
-    try:
-        with pytest.raises(LinkError) as caught:
-            open_control("127.0.0.1", listener.getsockname()[1], 3.0, SECRET)
-    finally:
-        listener.close()
-        thread.join(5)
+    said = _refused_by_a_server_that({"sparkdiag-link": 4, "error": "refused"})
     assert (
         f"of another sparkdiag (protocol 4, this one speaks {VERSION}): both sides must run the "
         "same sparkdiag"
-    ) in str(caught.value)
+    ) in said
