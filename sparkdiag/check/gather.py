@@ -8,7 +8,7 @@ under the configured ``--path.sysfs`` / ``--path.rootfs``; this module only puts
 NVML's start and the first poll are waited for at most ``nvml_timeout`` seconds
 (:func:`sparkdiag.telemetry.build.first_poll`): a driver that hangs there gives an ``nvml`` row
 that says so, not a check that never ends. So is each poll after it (the stall sampling, the
-polls beside the probe: :func:`sparkdiag.telemetry.build.bounded_poll`): a driver that answers
+polls beside the probe: :class:`sparkdiag.telemetry.build.BoundedPoll`): a driver that answers
 the first and hangs later is asked nothing more (``CheckContext.nvml_lost``), the probe does
 not run, and the host's readings still come.
 """
@@ -49,14 +49,14 @@ from sparkdiag.soak.state import inspect_state
 from sparkdiag.sources.host.cpufreq import read_governors
 from sparkdiag.sources.host.kernel_log import read_kernel_log
 from sparkdiag.sources.host.procfs import device_holders, process_names
-from sparkdiag.sources.nvml.driver import ANSWER_SECONDS, given_up
+from sparkdiag.sources.nvml.driver import ANSWER_SECONDS
 from sparkdiag.sources.software.cuda_libraries import ScanCache, scan
 from sparkdiag.sources.software.packages import read_torch
 from sparkdiag.sources.software.pyenv import NotAnEnvironment
 from sparkdiag.statedir import service_state
 from sparkdiag.storage.run import ProbeRequest
 from sparkdiag.storage.session import Where, probe_directory
-from sparkdiag.telemetry.build import bounded_poll, first_poll
+from sparkdiag.telemetry.build import BoundedPoll, first_poll
 
 QUICK_SKIP = "--quick: nothing that loads the GPU runs (run without --quick to probe)"
 
@@ -99,8 +99,7 @@ def gather(
     that does not start and answer the first poll within ``nvml_timeout`` seconds is down
     (:func:`sparkdiag.telemetry.build.first_poll`)."""
     poller, snapshot = first_poll(settings, nvml_timeout)
-    poll = bounded_poll(poller, nvml_timeout)
-    earlier = len(given_up())
+    poll = BoundedPoll(poller, nvml_timeout)
     try:
         pids = sorted({p for g in snapshot.gpus for p in g.compute_pids or ()})
         governors, governor_note = read_governors(settings.sysfs)
@@ -116,8 +115,8 @@ def gather(
             busy_utilization=settings.probe_busy_utilization,
         )
         # Before the probe: a GPU busy enough to be stalled is sampled for a few seconds.
-        stalls, lost = sample_busy_gpus(snapshot, poll, sources.sleep)
-        ctx = replace(ctx, stall_samples=stalls, nvml_lost=lost)
+        stalls = sample_busy_gpus(snapshot, poll, sources.sleep)
+        ctx = replace(ctx, stall_samples=stalls, nvml_lost=poll.lost)
         ctx = _with_probes(ctx, settings, sources, poll, on_probe)
         # Read after the probe, so that an XID the load provoked is seen too.
         ctx = replace(
@@ -132,7 +131,7 @@ def gather(
             ctx = replace(ctx, storage=storage_probe(storage, settings))
         return _with_link(ctx, settings, on_peer)
     finally:
-        if len(given_up()) == earlier:  # after a hang the stuck call holds NVML: not stopped
+        if poll.lost is None:  # after a hang the stuck call holds NVML: not stopped
             poller.gpu.stop()
 
 

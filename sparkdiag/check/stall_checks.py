@@ -27,29 +27,27 @@ def sample_busy_gpus(
     first: Snapshot,
     poll: Callable[[], Snapshot],
     sleep: Callable[[float], None] = time.sleep,
-) -> tuple[dict[int, tuple[GpuSample, ...]], str | None]:
+) -> dict[int, tuple[GpuSample, ...]]:
     """GPU index -> samples of the GPUs busy (utilization >= 0.9) at the first poll ({} when
-    none is, without polling again), and why the sampling stopped early: a poll that NVML did
-    not answer (:class:`NvmlHung`), which ends it with the samples taken so far kept (a GPU
-    stalled in 4 samples of 5 before the hang was reported as not sampled: a review)."""
+    none is, without polling again). A poll that NVML did not answer (:class:`NvmlHung`) ends
+    the sampling with the samples taken so far kept (a GPU stalled in 4 samples of 5 before
+    the hang was reported as not sampled: a review); ``poll`` says why (its ``lost``)."""
     busy = {
         g.identity.index
         for g in first.gpus
         if g.up and g.utilization_ratio.get("gpu", 0.0) >= BUSY_UTILIZATION
     }
     samples: dict[int, list[GpuSample]] = {index: [] for index in busy}
-    lost = None
     for _ in range(STALL_SAMPLES if busy else 0):
         sleep(STALL_INTERVAL)
         try:
             snapshot = poll()
-        except NvmlHung as hung:
-            lost = str(hung)
+        except NvmlHung:
             break
         for g in snapshot.gpus:
             if g.identity.index in samples:
                 samples[g.identity.index].append(g)
-    return {index: tuple(found) for index, found in samples.items()}, lost
+    return {index: tuple(found) for index, found in samples.items()}
 
 
 def _stall(ctx: CheckContext, gpu: GpuSample) -> CheckResult:

@@ -6,7 +6,7 @@ the click context object: ``CliRunner().invoke(check, args, obj=Sources(...))``.
 
 A driver that hangs does not hang check: NVML's start and first poll, and each poll after it
 (the stall sampling, the polls beside the probe), are waited for at most ``--nvml-timeout``
-seconds (:func:`sparkdiag.telemetry.build.first_poll`, ``bounded_poll``), the ``nvml`` row then
+seconds (:func:`sparkdiag.telemetry.build.first_poll`, ``BoundedPoll``), the ``nvml`` row then
 fails, and the process ends as any other run does (the thread still stuck in the driver is a
 daemon thread, which the interpreter does not wait for). With
 ``--json`` a run that is interrupted, or fails, still prints its document (``"interrupted":

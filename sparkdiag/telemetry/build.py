@@ -109,21 +109,29 @@ def first_poll(
 WHAT_LATER_POLL = "a poll after the first"
 
 
-def bounded_poll(poller: Poller, seconds: float) -> Callable[[], Snapshot]:
-    """``poller.poll_once`` whose NVML part is waited for at most ``seconds``
-    (:func:`~sparkdiag.sources.nvml.driver.within`): past them, :class:`NvmlHung`. A driver that
-    answers the first poll and hangs in a later one (the stall sampling, the polls beside the
-    probe) held check for ever before. The host's readings are not timed: a slow NVMe tool read
-    as a hung driver (found in a review). The poller must not be used again after a hang: its
-    NVML is held by the stuck call, and even its stop may wait for it."""
+class BoundedPoll:
+    """``poller.poll_once`` as a call whose NVML part is waited for at most ``seconds``
+    (:func:`~sparkdiag.sources.nvml.driver.within`): past them, :class:`NvmlHung`, and
+    :attr:`lost` says why from then on. A driver that answers the first poll and hangs in a
+    later one (the stall sampling, the polls beside the probe) held check for ever before. The
+    host's readings are not timed: a slow NVMe tool read as a hung driver (found in a review).
+    After a hang the poller must not be used again: its NVML is held by the stuck call, and
+    even its stop may wait for it."""
 
-    def bound(read: Callable[[], tuple[GpuSample, ...]]) -> tuple[GpuSample, ...]:
-        return within(seconds, WHAT_LATER_POLL, read)
+    def __init__(self, poller: Poller, seconds: float) -> None:
+        self.poller = poller
+        self.seconds = seconds
+        self.lost: str | None = None  # why NVML stopped answering; None while it answers
 
-    def poll() -> Snapshot:
-        return poller.poll_once(bound)
+    def _bound(self, read: Callable[[], tuple[GpuSample, ...]]) -> tuple[GpuSample, ...]:
+        try:
+            return within(self.seconds, WHAT_LATER_POLL, read)
+        except NvmlHung as hung:
+            self.lost = str(hung)
+            raise
 
-    return poll
+    def __call__(self) -> Snapshot:
+        return self.poller.poll_once(self._bound)
 
 
 def _none_on_bus(read: Callable[[], tuple[str, ...] | None]) -> bool:

@@ -96,7 +96,7 @@ class Poller:
     def poll_once(self, bound: Bound | None = None) -> Snapshot:
         """A new snapshot. ``bound`` runs the NVML part of the poll (the GPUs' readings and
         events) and may raise :class:`NvmlHung`, which passes up: check's later polls are
-        waited for so (:func:`sparkdiag.telemetry.build.bounded_poll`), while the host's
+        waited for so (:class:`sparkdiag.telemetry.build.BoundedPoll`), while the host's
         readings, which may be slow without NVML hanging (an NVMe tool, sysfs), are not."""
         self.poll_count += 1
         statuses: dict[str, CollectorStatus] = {}
