@@ -18,7 +18,7 @@ import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import Any, BinaryIO, Protocol
 
 ELF_MAGIC = b"\x7fELF"
 _EHDR = struct.Struct("<16sHHIQQQIHHHHHH")  # Elf64_Ehdr (64 bytes)
@@ -119,20 +119,34 @@ class Section:
     nobits: bool = False  # SHT_NOBITS (.bss): no bytes in the file
 
 
-def _header(reader: Reader) -> tuple[int, int, int, int]:
+def _ehdr(reader: Reader) -> tuple[Any, ...]:
+    """The ELF header's fields (:data:`_EHDR`); NotElf unless a 64-bit little-endian one."""
     raw = reader.read(0, _EHDR.size)
     if len(raw) < _EHDR.size or raw[:4] != ELF_MAGIC:
         raise NotElf("not an ELF file")
     ident = raw[:16]
     if ident[4] != 2 or ident[5] != 1:
         raise NotElf("not a 64-bit little-endian ELF file")
-    fields = _EHDR.unpack(raw)
+    return _EHDR.unpack(raw)
+
+
+def _header(reader: Reader) -> tuple[int, int, int, int]:
+    fields = _ehdr(reader)
     shoff, shentsize, shnum, shstrndx = fields[6], fields[11], fields[12], fields[13]
     if shnum == 0 or shoff == 0:
         raise NotElf("no section table")
     if shentsize != _SHDR.size or shstrndx >= shnum:
         raise NotElf("damaged section table")
     return shoff, shentsize, shnum, shstrndx
+
+
+EM_CUDA = 190  # e_machine of a cubin
+
+
+def machine(reader: Reader) -> int:
+    """The file's e_machine (``EM_CUDA`` for a cubin, 62 for x86-64). Raises :class:`NotElf`
+    when the header is not a 64-bit little-endian ELF one."""
+    return int(_ehdr(reader)[2])
 
 
 def read_sections(reader: Reader) -> tuple[Section, ...]:

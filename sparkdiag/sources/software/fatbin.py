@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkdiag.sources.software.elf import (
+    EM_CUDA,
     FileReader,
     NotElf,
     Reader,
@@ -49,6 +50,7 @@ from sparkdiag.sources.software.elf import (
     Section,
     SliceReader,
     TraceReader,
+    machine,
     read_sections,
     section_map,
 )
@@ -358,15 +360,12 @@ def _kernels(reader: Reader, walked: _Walk) -> int | None:
         except NotElf:
             return None
         names = [s.name for s in sections[1:]]
-        machine = cubin.read(_E_MACHINE, 2)
-        if machine != _EM_CUDA or "" in names or not _CUBIN_TABLES.issubset(names):
+        if machine(cubin) != EM_CUDA or "" in names or not _CUBIN_TABLES.issubset(names):
             return None
         count += len({_kernel_name(n) for n in names} - {None})
     return count
 
 
-_E_MACHINE = 18  # offset of e_machine in the ELF header
-_EM_CUDA = struct.pack("<H", 190)
 _CUBIN_TABLES = {".shstrtab", ".strtab", ".symtab"}
 _KERNEL_SECTIONS = (".text.", ".nv.info.", ".nv.constant0.")
 
