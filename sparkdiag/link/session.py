@@ -180,12 +180,14 @@ ALTERED = (
 class Control:
     """The session: its hello (checked, without its mac) and its sealed control channel."""
 
-    sock: socket.socket
-    reader: LineReader
     hello: Mapping[str, Any]
     channel: Sealed
     where: str = ""
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def sock(self) -> socket.socket:
+        return self.channel.sock
 
     @property
     def token(self) -> str:
@@ -225,7 +227,7 @@ def open_control(peer: str, port: int, timeout: float, secret: bytes) -> Control
     except BaseException:
         sock.close()
         raise
-    return Control(sock, channel.reader, answer, channel, where)
+    return Control(answer, channel, where)
 
 
 def _open(sock: socket.socket, where: str, secret: bytes) -> tuple[Sealed, dict[str, Any]]:
