@@ -53,6 +53,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "link": ("link", "link"),
     "native": ("native", "native"),
     "storage": ("storage", "storage"),
+    "nvme-log": ("nvme_log", "nvme_log"),
 }
 
 

@@ -197,6 +197,8 @@ class NvmeController:
     temperature_celsius: sensor -> value ("composite", "1", "2", ...) from hwmon, else the log
     threshold_celsius: "warning" (WCTEMP), "critical" (CCTEMP)
     health: None where no SMART log was read (``health_note`` says why)
+    health_read_at: when the log (even one too old to use) was read from the drive, time.time();
+        None for a fixture's
     """
 
     name: str  # "nvme0"
@@ -208,6 +210,7 @@ class NvmeController:
     threshold_celsius: Mapping[str, float] = field(default_factory=dict)
     health: NvmeHealth | None = None
     health_note: str | None = None
+    health_read_at: float | None = None
 
 
 @dataclass(frozen=True)

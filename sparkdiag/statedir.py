@@ -179,11 +179,12 @@ def _error(path: Path, what: str, exc: OSError) -> StateDirError:
     return StateDirError(f"{what} state directory {path}: {reason}")
 
 
-def write_atomically(path: Path, data: bytes) -> None:
+def write_atomically(path: Path, data: bytes, mode: int | None = None) -> None:
     """Replace ``path`` with ``data`` so that a reader sees the old file or the new one, never
     half of one: a temporary file in the same directory, fsync, rename, fsync of the directory.
-    The directory is created (0700) when missing. StateDirError for a missing directory that
-    cannot be made; OSError when the file cannot be written (the temporary file is removed)."""
+    The directory is created (0700) when missing. The file is 0600 (mkstemp's), or ``mode``.
+    StateDirError for a missing directory that cannot be made; OSError when the file cannot be
+    written (the temporary file is removed)."""
     ensure_state_directory(path.parent)
     tmp: str | None = None
     try:
@@ -193,6 +194,8 @@ def write_atomically(path: Path, data: bytes) -> None:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
+            if mode is not None:
+                os.fchmod(fh.fileno(), mode)
             os.fsync(fh.fileno())
         os.replace(tmp, path)
         tmp = None

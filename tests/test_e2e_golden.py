@@ -38,6 +38,7 @@ def on(nvml: str, sysfs: str, rootfs: str) -> list[str]:
     return ["--nvml-fixture", str(NVML / f"{nvml}.json"), *machine_args(sysfs, rootfs)]
 
 
+STATE_DIR = "<the scenario's state directory>"  # replaced by it in a scenario's arguments
 PROBE_ONCE = ["--probe.fixture", str(PROBE / "h200-default.json"), "--probe.first-delay", "0"]
 SCENARIOS = {
     # name: serve arguments
@@ -76,11 +77,12 @@ SCENARIOS = {
     ],
     # A client M.2 drive read through nvme-cli (tests/fixtures/nvme/README.md: nvme-cli#556's
     # log in nvme-cli's JSON keys), whose log carries the thermal management counters that
-    # smartctl leaves out while they are 0.
+    # smartctl leaves out while they are 0; read as the systemd unit reads it, from the file
+    # the root timer's `sparkdiag nvme-log` leaves (--nvme.log-dir), with its age.
     "nvme-client": [
         *on("no-nvml", "nvme-client-m2", "native"),
-        "--nvme.fixture",
-        str(ROOT / "tests" / "fixtures" / "nvme" / "nvme-cli"),
+        "--nvme.log-dir",
+        STATE_DIR,
     ],
 }
 # Files put in a scenario's state directory before the daemon starts.
@@ -88,6 +90,14 @@ STATE_FILES = {
     "h200-x2-complete": {"soak.json": SOAK / "h200-soak-state.json"},
     "nvme-drives": {
         "storage.json": ROOT / "tests" / "fixtures" / "state" / "storage-vda" / "storage.json"
+    },
+    "nvme-client": {
+        "nvme0.nvme-cli.json": ROOT
+        / "tests"
+        / "fixtures"
+        / "nvme"
+        / "nvme-cli"
+        / "nvme0.nvme-cli.json"
     },
 }
 # Probe cycles a scenario waits for (one per GPU) before it is scraped.
@@ -106,7 +116,8 @@ def scrape(
         shutil.copyfile(source, state / name)
     with pytest.MonkeyPatch.context() as env:
         env.setenv("NODE_NAME", NODE_NAME)
-        with running_daemon([*SCENARIOS[request.param], "--state-dir", str(state)]) as base:
+        args = [str(state) if arg == STATE_DIR else arg for arg in SCENARIOS[request.param]]
+        with running_daemon([*args, "--state-dir", str(state)]) as base:
             deadline = time.monotonic() + 30
             # wait until the CUDA library scan (its own thread) and, in a scenario with a probe,
             # each GPU's first cycle are in

@@ -231,6 +231,10 @@ CASES: list[tuple[str, Args, int, str]] = [
      "never writes to a raw device"),
     ("storage bad size", lambda t: ["storage", str(t), "--storage.size", "1M"], Exit.USAGE,
      "16 MiB to 64 GiB"),
+    ("nvme-log not this machine", lambda t: ["nvme-log", "--path.sysfs", str(t),
+     "--nvme.log-dir", str(t / "logs")], Exit.FAILED, "is not /sys: the tools read /dev"),
+    ("nvme-log usage", lambda t: ["nvme-log", "--path.sysfs", str(t / "none")], Exit.USAGE,
+     "Invalid value for '--path.sysfs'"),
 ]  # fmt: skip
 
 

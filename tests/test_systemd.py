@@ -12,20 +12,22 @@ import pytest
 from tests.support import ROOT, required_tool
 
 UNIT = ROOT / "systemd" / "sparkdiag.service"
+NVME_LOG = ROOT / "systemd" / "sparkdiag-nvme-log.service"
+NVME_TIMER = ROOT / "systemd" / "sparkdiag-nvme-log.timer"
 
 
 def systemd_analyze() -> str:
     return required_tool("systemd-analyze", "systemd")
 
 
-def local_unit(tmp_path: Path) -> Path:
-    """The shipped unit with ExecStart pointing at this checkout's sparkdiag, so that verify
+def local_unit(tmp_path: Path, unit: Path = UNIT) -> Path:
+    """A shipped unit with ExecStart pointing at this checkout's sparkdiag, so that verify
     can find the binary; nothing else changes."""
     binary = Path(sys.executable).with_name("sparkdiag")
     if not binary.exists():
         pytest.skip(f"{binary} not installed (pip install -e .)")
-    text = UNIT.read_text().replace("/opt/sparkdiag/bin/sparkdiag", str(binary))
-    path = tmp_path / "sparkdiag.service"
+    text = unit.read_text().replace("/opt/sparkdiag/bin/sparkdiag", str(binary))
+    path = tmp_path / unit.name
     path.write_text(text)
     return path
 
@@ -55,11 +57,12 @@ def test_the_gpu_nodes_are_allowed_by_every_name_of_their_major() -> None:
     assert re.search(r"^DevicePolicy=closed$", UNIT.read_text(), re.M)
 
 
-def test_the_units_comments_say_what_the_deploy_doc_says() -> None:
+@pytest.mark.parametrize("unit", [UNIT, NVME_LOG, NVME_TIMER], ids=lambda p: p.name)
+def test_the_units_comments_say_what_the_deploy_doc_says(unit: Path) -> None:
     """The unit's header sent readers to a README section that is in docs/deploy.md, and told
     them to pip install 'sparkdiag[probe]', which deploy.md says finds nothing (not on PyPI)."""
     comments = " ".join(
-        line[1:].strip() for line in UNIT.read_text().splitlines() if line.startswith("#")
+        line[1:].strip() for line in unit.read_text().splitlines() if line.startswith("#")
     )
     pointers = re.findall(r'see (\S+) "([^"]+)"', comments)
     assert pointers, comments
@@ -74,15 +77,39 @@ def test_the_units_comments_say_what_the_deploy_doc_says() -> None:
 
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
     tool = systemd_analyze()
-    unit = local_unit(tmp_path)
-    result = subprocess.run([tool, "verify", str(unit)], capture_output=True, text=True)
+    units = [local_unit(tmp_path, unit) for unit in (UNIT, NVME_LOG, NVME_TIMER)]
+    result = subprocess.run([tool, "verify", *map(str, units)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "sparkdiag.service" not in result.stderr, result.stderr  # no warnings about the unit
+    assert "sparkdiag" not in result.stderr, result.stderr  # no warnings about the units
 
 
-def test_systemd_security_exposure(tmp_path: Path) -> None:
+def test_the_nvme_log_units_serve_the_daemon() -> None:
+    """The SMART logs need root, which sparkdiag.service lacks: the root oneshot writes the
+    directory the daemon reads, keeps it between runs (a oneshot's RuntimeDirectory goes when it
+    ends otherwise) and leaves it readable; the daemon's unit pulls the timer in."""
+    helper, daemon = NVME_LOG.read_text(), UNIT.read_text()
+    directory = re.search(r"nvme-log --nvme.log-dir (\S+)$", helper, re.M)
+    assert directory and directory.group(1) == "/run/sparkdiag-nvme"
+    assert f"--nvme.log-dir {directory.group(1)}" in daemon
+    for line in (
+        "Type=oneshot",
+        "RuntimeDirectory=sparkdiag-nvme",
+        "RuntimeDirectoryMode=0755",
+        "RuntimeDirectoryPreserve=yes",
+        "DevicePolicy=closed",
+        "SuccessExitStatus=1",
+    ):
+        assert re.search(rf"^{re.escape(line)}$", helper, re.M), line
+    assert re.search(r"^User=", helper, re.M) is None  # root: the admin command needs it
+    assert "Wants=sparkdiag-nvme-log.timer" in daemon
+    assert "Also=sparkdiag-nvme-log.timer" in daemon
+    assert re.search(r"^OnUnitActiveSec=5min$", NVME_TIMER.read_text(), re.M)
+
+
+@pytest.mark.parametrize("shipped", [UNIT, NVME_LOG], ids=lambda p: p.name)
+def test_systemd_security_exposure(tmp_path: Path, shipped: Path) -> None:
     tool = systemd_analyze()
-    unit = local_unit(tmp_path)
+    unit = local_unit(tmp_path, shipped)
     result = subprocess.run(
         [tool, "security", "--offline=true", "--no-pager", str(unit)],
         capture_output=True,
@@ -102,6 +129,8 @@ def test_assets_are_shipped_and_written(tmp_path: Path) -> None:
     assert {
         "prometheus/sparkdiag-rules.yml",
         "systemd/sparkdiag.service",
+        "systemd/sparkdiag-nvme-log.service",
+        "systemd/sparkdiag-nvme-log.timer",
         "config.toml",
     } <= written
     assert (tmp_path / "systemd/sparkdiag.service").read_text() == UNIT.read_text()

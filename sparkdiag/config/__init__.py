@@ -108,6 +108,8 @@ class Settings:
     storage_gds: bool = DEFAULTS["storage_gds"]
     nvme_smart: bool = DEFAULTS["nvme_smart"]
     nvme_fixture: Path | None = DEFAULTS["nvme_fixture"]
+    nvme_log_dir: Path | None = DEFAULTS["nvme_log_dir"]
+    nvme_log_max_age: float = DEFAULTS["nvme_log_max_age"]
 
     def __post_init__(self) -> None:
         for option in OPTIONS:

@@ -88,13 +88,15 @@ OPTIONS: tuple[Option, ...] = (
         "path",
         Path("/sys"),
         "sysfs mount point to read PCIe links from (a fake tree for tests).",
-        scopes=frozenset({"serve", "dump", "check", "watch", "link", "storage"}),
+        scopes=frozenset({"serve", "dump", "check", "watch", "link", "storage", "nvme-log"}),
         command_help={
             "check": "check also reads the cpufreq governors under it.",
             "watch": "watch reads the job's cgroup pressure under DIR/fs/cgroup (cgroup v2), "
             "else the host's.",
             "link": "link reads the network interfaces, ConnectX-7 functions and RDMA devices "
             "under it.",
+            "nvme-log": "nvme-log lists the NVMe controllers under it; the tools read them only "
+            "where it is the machine's own /sys.",
         },
         metavar="DIR",
         existing_dir=True,
@@ -105,8 +107,11 @@ OPTIONS: tuple[Option, ...] = (
         "path",
         Path("/"),
         "Root filesystem to detect the execution context (container or native) under.",
-        scopes=frozenset({"serve", "dump", "check", "probe", "watch", "link", "native", "storage"}),
+        scopes=frozenset(
+            {"serve", "dump", "check", "probe", "watch", "link", "native", "storage", "nvme-log"}
+        ),
         command_help={
+            "nvme-log": "nvme-log opens the drives as ROOT/dev/nvmeN.",
             "native": "native scans the Pythons under it when it is not /.",
             "link": "link reads /proc/meminfo, /proc/cmdline, /etc/nccl.conf and the system's "
             "NCCL libraries under it.",
@@ -537,6 +542,31 @@ OPTIONS: tuple[Option, ...] = (
         "(nvme0.smartctl.json or nvme0.nvme-cli.json) instead of running the tools.",
         scopes=frozenset({"serve", "dump", "check"}),
         metavar="DIR",
+    ),
+    Option(
+        "nvme.log-dir",
+        "nvme_log_dir",
+        "path",
+        None,
+        "The directory of the NVMe SMART logs sparkdiag nvme-log writes as root (the systemd "
+        "timer sparkdiag-nvme-log.timer: /run/sparkdiag-nvme); serve, dump and check read them "
+        "there instead of running the tools, which need root, and export each file's age.",
+        scopes=frozenset({"serve", "dump", "check", "nvme-log"}),
+        command_default={"nvme-log": Path("/run/sparkdiag-nvme")},
+        command_help={"nvme-log": "nvme-log writes them there (made 0755 when missing)."},
+        metavar="DIR",
+    ),
+    Option(
+        "nvme.log-max-age",
+        "nvme_log_max_age",
+        "float",
+        900.0,
+        "With --nvme.log-dir: a drive's file older than this is not read (its health series "
+        "go; its age stays); the timer writes every 5 minutes.",
+        scopes=frozenset({"serve", "dump", "check"}),
+        minimum=1,
+        maximum=7 * 86400,
+        unit="seconds",
     ),
     # sparkdiag fleet: the Prometheus it asks, with promtool's TLS and basic-auth settings.
     _fleet(

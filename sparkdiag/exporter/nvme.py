@@ -76,6 +76,13 @@ class NvmeCollector(FromSnapshot):
             "Seconds the drive spent in its thermal management level 1 or 2.",
             labels=["device", "level"],
         )
+        age = GaugeMetricFamily(
+            "sparkdiag_nvme_smart_log_age_seconds",
+            "How long ago the drive's SMART log was read: by this daemon's tools (up to a "
+            "minute), or by sparkdiag nvme-log (--nvme.log-dir); past --nvme.log-max-age the "
+            "log's series are left out and this stays.",
+            labels=DEVICE,
+        )
         health = {
             field: (CounterMetricFamily if counter else GaugeMetricFamily)(
                 name, text, labels=DEVICE
@@ -87,6 +94,8 @@ class NvmeCollector(FromSnapshot):
             for sensor, value in sorted(drive.temperature_celsius.items(), key=_sensor_order):
                 temperature.add_metric([drive.name, sensor], value)
             _add_by_key(threshold, drive.name, drive.threshold_celsius)
+            if drive.health_read_at is not None:
+                age.add_metric([drive.name], max(0.0, snap.timestamp - drive.health_read_at))
             log = drive.health
             if log is None:
                 continue
@@ -103,6 +112,7 @@ class NvmeCollector(FromSnapshot):
             info,
             temperature,
             threshold,
+            age,
             *health.values(),
             throttle,
             managed_count,

@@ -16,7 +16,12 @@ from sparkdiag.sources.host.context import detect_context
 from sparkdiag.sources.host.dmi import read_platform
 from sparkdiag.sources.host.meminfo import read_host_memory
 from sparkdiag.sources.host.nvme import NvmeSource
-from sparkdiag.sources.host.nvme_tools import HealthReader, fixture_reader, tool_reader
+from sparkdiag.sources.host.nvme_tools import (
+    HealthReader,
+    fixture_reader,
+    log_dir_reader,
+    tool_reader,
+)
 from sparkdiag.sources.host.procfs import ProcessIdentities, driver_gpus
 from sparkdiag.sources.host.sysfs import PcieSource
 from sparkdiag.sources.nvml.activity import ProcessOptions
@@ -150,12 +155,15 @@ def _nvme_reader(settings: Settings) -> tuple[HealthReader | None, str]:
         return fixture_reader(settings.nvme_fixture), ""
     if not settings.nvme_smart:
         return None, "--no-nvme.smart"
+    if settings.nvme_log_dir is not None:
+        return log_dir_reader(settings.nvme_log_dir, settings.nvme_log_max_age), ""
     return tool_reader(settings.rootfs, settings.sysfs)
 
 
 def _nvme_source(settings: Settings, reader: HealthReader | None, skipped: str) -> NvmeSource:
-    """NVMe drives under ``--path.sysfs``; their health logs from ``--nvme.fixture``, else from
-    smartctl or nvme-cli where installed and ``--nvme.smart`` is on (said once when skipped)."""
+    """NVMe drives under ``--path.sysfs``; their health logs from ``--nvme.fixture``, else (with
+    ``--nvme.smart`` on) from ``--nvme.log-dir``'s files or smartctl or nvme-cli where installed
+    (said once when skipped)."""
     if reader is None and settings.nvme_smart:
         log.info("NVMe SMART health skipped: %s (temperatures still read from sysfs)", skipped)
     return NvmeSource(settings.sysfs, reader, skipped)

@@ -238,6 +238,7 @@ VOLATILE = re.compile(
     r"|sparkdiag_gpu_xid_last_timestamp_seconds"
     r"|sparkdiag_probe_last_success_timestamp_seconds"
     r"|sparkdiag_cuda_library_scan_timestamp_seconds|sparkdiag_cuda_library_scan_duration_seconds"
+    r"|sparkdiag_nvme_smart_log_age_seconds"
     r")(\{.*\})? .*$"
 )
 

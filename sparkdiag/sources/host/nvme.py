@@ -131,6 +131,7 @@ def with_health(controller: NvmeController, reading: HealthReading | None) -> Nv
         threshold_celsius={**controller.threshold_celsius, **reading.thresholds},
         health=reading.health,
         health_note=reading.note,
+        health_read_at=reading.read_at,
     )
 
 

@@ -30,7 +30,10 @@ shutdowns, media errors, error-log entries ...) as JSON strings of decimal digit
 (``"media_errors": "12"``, ``obj_add_uint128``); older ones printed numbers. Both are read
 (:func:`_number`): taking only numbers passed 12 media errors as healthy. A fixture directory
 (``--nvme.fixture DIR``) holds ``nvme0.smartctl.json`` or ``nvme0.nvme-cli.json`` per controller:
-the tools' output as recorded, read instead of running them.
+the tools' output as recorded, read instead of running them. A log directory (``--nvme.log-dir
+DIR``) holds the same files, written by ``sparkdiag nvme-log`` as root (:func:`write_logs`, the
+systemd timer ``sparkdiag-nvme-log.timer``) for a daemon that may not run the tools itself: read
+like a fixture, each with its age, and left out once older than ``--nvme.log-max-age``.
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ import logging
 import os
 import re
 import subprocess
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +73,7 @@ class HealthReading:
     thresholds: Mapping[str, float]
     temperatures: Mapping[str, float]
     note: str | None = None
+    read_at: float | None = None  # when the drive was read (time.time()); None: a fixture
 
 
 def _none(note: str) -> HealthReading:
@@ -214,6 +219,36 @@ class NvmeFixtureError(UsageError, ValueError):
     flag = "--nvme.fixture"
 
 
+# The files a controller's log may be recorded in, in the order read: the tool's name in each.
+RECORDED: tuple[tuple[str, str, Callable[[Any, str], HealthReading]], ...] = (
+    ("smartctl", ".smartctl.json", parse_smartctl),
+    ("nvme-cli", ".nvme-cli.json", parse_nvme_cli),
+)
+TIMER = "sparkdiag-nvme-log.timer"  # systemd/: runs `sparkdiag nvme-log` as root
+
+
+def _recorded(
+    path: Path, parse: Callable[[Any, str], HealthReading], what: str
+) -> HealthReading | None:
+    """A recorded file's reading, None where there is no such file; one that cannot be read,
+    is not JSON or holds no health log gives none, and its note names the file (``what``:
+    "fixture", "nvme-log file")."""
+    try:
+        raw = read_limited(path, _MAX_JSON)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return _none(f"{what} {path}: {exc.strerror or exc}")
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as exc:
+        return _none(f"{what} {path} is not JSON: {exc}")
+    reading = parse(doc, "fixture")
+    if reading.health is None:  # JSON without a health log: the file is named too
+        return _none(f"{what} {path}: {reading.note}")
+    return reading
+
+
 def fixture_reader(directory: Path) -> HealthReader:
     """Readings from recorded tool output: ``DIR/nvme0.smartctl.json``, else
     ``DIR/nvme0.nvme-cli.json``; a controller with neither has no health log. Raises
@@ -223,35 +258,49 @@ def fixture_reader(directory: Path) -> HealthReader:
         raise NvmeFixtureError(f"NVMe fixture directory {directory} {why}")
 
     def read(controller: str) -> HealthReading:
-        for suffix, parse in (
-            (".smartctl.json", parse_smartctl),
-            (".nvme-cli.json", parse_nvme_cli),
-        ):
-            path = directory / f"{controller}{suffix}"
-            try:
-                raw = read_limited(path, _MAX_JSON)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                return _none(f"fixture {path}: {exc.strerror or exc}")
-            try:
-                doc = json.loads(raw.decode("utf-8"))
-            except (ValueError, RecursionError) as exc:
-                return _none(f"fixture {path} is not JSON: {exc}")
-            reading = parse(doc, "fixture")
-            if reading.health is None:  # JSON without a health log: the file is named too
-                return _none(f"fixture {path}: {reading.note}")
-            return reading
+        for _tool, suffix, parse in RECORDED:
+            reading = _recorded(directory / f"{controller}{suffix}", parse, "fixture")
+            if reading is not None:
+                return reading
         return _none(f"no fixture for {controller} in {directory}")
 
     return read
 
 
+def log_dir_reader(
+    directory: Path, max_age: float, clock: Callable[[], float] = time.time
+) -> HealthReader:
+    """Readings from the files ``sparkdiag nvme-log`` writes (:func:`write_logs`), each with
+    when it was written (``read_at``, the file's modification time); a file older than
+    ``max_age`` seconds gives no health log, and its note says how old. A directory that is not
+    there yet is no error: the timer may not have run since boot."""
+
+    def read(controller: str) -> HealthReading:
+        for _tool, suffix, parse in RECORDED:
+            path = directory / f"{controller}{suffix}"
+            try:
+                written = path.stat().st_mtime
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                return _none(f"nvme-log file {path}: {exc.strerror or exc}")
+            age = clock() - written
+            if age > max_age:
+                note = f"nvme-log file {path} is {age:.0f} s old (--nvme.log-max-age {max_age:g})"
+                return replace(_none(note), read_at=written)
+            reading = _recorded(path, parse, "nvme-log file")
+            if reading is not None:  # else removed since (its drive not read this time)
+                return replace(reading, read_at=written)
+        return _none(f"no nvme-log file for {controller} in {directory}")
+
+    return read
+
+
 def fixture_advice(note: str | None, controller: str = "NAME") -> str | None:
-    """What to do about a health log a ``--nvme.fixture`` did not give (its ``note`` from
-    :func:`fixture_reader`), or None for a note that is not a fixture's: check's nvme-health
-    row advised installing smartmontools for a fixture file that was not JSON (the hostile
-    review)."""
+    """What to do about a health log a ``--nvme.fixture`` or ``--nvme.log-dir`` did not give
+    (its ``note`` from :func:`fixture_reader` or :func:`log_dir_reader`), or None for a note
+    that is neither's: check's nvme-health row advised installing smartmontools for a fixture
+    file that was not JSON (the hostile review)."""
     if note is None:
         return None
     if note.startswith("no fixture for "):
@@ -265,6 +314,12 @@ def fixture_advice(note: str | None, controller: str = "NAME") -> str | None:
             f"fix or record again the fixture file named (smartctl --json -a /dev/{controller}, "
             f"or nvme smart-log /dev/{controller} -o json), or leave --nvme.fixture out to read "
             "the drive"
+        )
+    if note.startswith(("no nvme-log file for ", "nvme-log file ")):
+        return (
+            f"start the root timer that writes it (systemctl enable --now {TIMER}; "
+            "docs/deploy.md), or run sparkdiag nvme-log --nvme.log-dir DIR as root; "
+            "journalctl -u sparkdiag-nvme-log says why it did not"
         )
     return None
 
@@ -309,20 +364,27 @@ def tool_reader(
         return None, "neither smartctl (smartmontools) nor nvme (nvme-cli) is installed"
 
     def read(controller: str) -> HealthReading:
-        node = str(rootfs / "dev" / controller)
-        notes = []
-        if smartctl is not None:
-            doc, why = _run([smartctl, "--json", "-a", node])
-            reading = parse_smartctl(doc) if why is None else _none(f"smartctl: {why}")
-            if reading.health is not None:
-                return reading
-            notes.append(reading.note or "")
-        if nvme is not None:
-            doc, why = _run([nvme, "smart-log", node, "-o", "json"])
-            reading = parse_nvme_cli(doc) if why is None else _none(f"nvme-cli: {why}")
-            if reading.health is not None:
-                return reading
-            notes.append(reading.note or "")
-        return _none("; ".join(n for n in notes if n))
+        return read_with_tools(smartctl, nvme, str(rootfs / "dev" / controller))[0]
 
     return read, " and ".join(n for n, p in (("smartctl", smartctl), ("nvme-cli", nvme)) if p)
+
+
+def read_with_tools(
+    smartctl: str | None, nvme: str | None, node: str
+) -> tuple[HealthReading, tuple[str, Any] | None]:
+    """The device node's health log from smartctl, else nvme-cli, with the tool's JSON and
+    its name where it gave one (what :func:`write_logs` keeps); the reading is stamped with
+    when it was read."""
+    notes = []
+    for tool, path, argv, parse in (
+        ("smartctl", smartctl, [smartctl or "", "--json", "-a", node], parse_smartctl),
+        ("nvme-cli", nvme, [nvme or "", "smart-log", node, "-o", "json"], parse_nvme_cli),
+    ):
+        if path is None:
+            continue
+        doc, why = _run(argv)
+        reading = parse(doc, tool) if why is None else _none(f"{tool}: {why}")
+        if reading.health is not None:
+            return replace(reading, read_at=time.time()), (tool, doc)
+        notes.append(reading.note or "")
+    return _none("; ".join(n for n in notes if n)), None
