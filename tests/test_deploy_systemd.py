@@ -19,7 +19,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.support import NVML, PROBE, ROOT
+from tests.support import FIXTURES, NVML, PROBE, ROOT, SYSFS
 from tests.support.engine import Images, container, podman, wait_for
 
 pytestmark = [pytest.mark.systemd, pytest.mark.container]
@@ -51,7 +51,10 @@ def journal(name: str, since_cursor: str | None = None) -> str:
 
 
 def cursor(name: str) -> str:
-    out = sh(name, "journalctl -n 1 -o json --no-pager")
+    """The unit's last journal entry: the journal's own last one may be another unit's, past
+    which (the root timer's sparkdiag-nvme-log, 15 s after boot) the unit's next lines were
+    not all listed (its watchdog timeout was missed, found when the timer came)."""
+    out = sh(name, f"journalctl -u {UNIT} -n 1 -o json --no-pager")
     return str(json.loads(out.splitlines()[-1])["__CURSOR"])
 
 
@@ -70,6 +73,18 @@ def fetch(name: str, path: str) -> tuple[int, str]:
     done = podman("exec", name, "python3", "-c", script, path, check=False)
     status, _, body = done.stdout.partition("\n")
     return int(status or 0), body
+
+
+def metrics_with(name: str, needle: str, seconds: float = 20) -> str:
+    """The first /metrics page that holds ``needle``, waited for; the journal if none did."""
+
+    def exported() -> str | None:
+        status, body = fetch(name, "/metrics")
+        return body if status == 200 and needle in body else None
+
+    body = wait_for(exported, seconds, every=0.5)
+    assert body, journal(name)
+    return body
 
 
 def write(name: str, path: str, text: str) -> None:
@@ -268,12 +283,7 @@ def test_baselines_in_state_directory_survive_a_restart(service: str) -> None:
     configure(service, config=fixtures + "interval = 3600\n")
     wait_active(service)
 
-    def exported() -> str | None:
-        status, body = fetch(service, "/metrics")
-        return body if status == 200 and "sparkdiag_gemm_baseline_tflops{" in body else None
-
-    body = wait_for(exported, 20, every=0.5)
-    assert body, journal(service)
+    body = metrics_with(service, "sparkdiag_gemm_baseline_tflops{")
     runs = re.search(r'sparkdiag_probe_runs_total\{[^}]*result="ok"[^}]*\} (\S+)', body)
     assert runs and float(runs.group(1)) == 1.0, "expected exactly one cycle since the restart"
     assert re.search(r'sparkdiag_gemm_baseline_tflops\{[^}]*dtype="bf16"', body)
@@ -283,6 +293,79 @@ def test_baselines_in_state_directory_survive_a_restart(service: str) -> None:
     assert owner != "root"
     configure(service)
     wait_active(service)
+
+
+# A stand-in smartctl: this container has no drive of its own to read (its /sys is the host's,
+# which may list some); every device answers with a recorded U.2 drive's log.
+FAKE_SMARTCTL = f"""#!/bin/sh
+cat {TEST_FILES}/nvme0.smartctl.json
+"""
+
+
+def test_the_root_timer_writes_smart_logs_the_daemon_reads(service: str) -> None:
+    """A drive's SMART log needs root, which the daemon's dynamic user lacks: the timer enabled
+    with the daemon runs sparkdiag-nvme-log.service as root, which writes /run/sparkdiag-nvme
+    and keeps it after it ends (a oneshot's runtime directory goes otherwise); the daemon reads
+    a drive's file there through its sandbox and exports its health and age."""
+    helper = "sparkdiag-nvme-log"
+    assert sh(service, f"systemctl is-enabled {helper}.timer").strip() == "enabled"
+    assert sh(service, f"systemctl is-active {helper}.timer").strip() == "active"
+    podman(
+        "cp",
+        str(FIXTURES / "nvme" / "datacenter-u2" / "nvme0.smartctl.json"),
+        f"{service}:{TEST_FILES}/nvme0.smartctl.json",
+    )
+    podman("cp", str(SYSFS / "nvme-u2"), f"{service}:{TEST_FILES}/sysfs-u2")
+    write(service, "/usr/local/bin/smartctl", FAKE_SMARTCTL)
+    sh(service, f"chmod -R a+rX {TEST_FILES} && chmod 0755 /usr/local/bin/smartctl")
+    sh(service, f"systemctl start {helper}.service", check=False)
+    out = sh(service, f"systemctl show {helper}.service -p Result -p ExecMainStatus")
+    state = dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
+    said = sh(service, f"journalctl -u {helper} -o cat --no-pager")
+    assert state == {"Result": "success", "ExecMainStatus": "0"}, (state, said)
+    assert "smartctl log in /run/sparkdiag-nvme/" in said or "no NVMe drive under" in said, said
+    assert sh(service, "stat -c %a /run/sparkdiag-nvme").strip() == "755"
+    for name in sh(service, "ls /run/sparkdiag-nvme").split():  # the host's drives, if any
+        assert sh(service, f"stat -c %a:%U /run/sparkdiag-nvme/{name}").strip() == "644:root"
+
+    # the daemon, on a sysfs with one drive, reads that drive's file as the helper leaves it
+    sh(
+        service,
+        f"install -m 0644 {TEST_FILES}/nvme0.smartctl.json /run/sparkdiag-nvme/nvme0.smartctl.json",
+    )
+    configure(service, config=f'[path]\nsysfs = "{TEST_FILES}/sysfs-u2"\n')
+    wait_active(service)
+
+    body = metrics_with(service, "sparkdiag_nvme_critical_warning{")
+    assert 'sparkdiag_nvme_critical_warning{device="nvme0"} 0.0' in body
+    age = re.search(r'sparkdiag_nvme_smart_log_age_seconds\{device="nvme0"\} (\S+)', body)
+    assert age and 0 <= float(age.group(1)) < 120, body
+    configure(service)
+    wait_active(service)
+
+
+def _store_row(service: str, *flags: str) -> dict[str, str]:
+    fixture = f"--nvml-fixture {TEST_FILES}/h200-idle.json"
+    command = f"/opt/sparkdiag/bin/sparkdiag check --quick --json {fixture} {' '.join(flags)}"
+    out = sh(service, command, timeout=120, check=False)
+    rows = json.loads(out)["checks"]
+    return next(r for r in rows if r["name"] == "baseline-store")
+
+
+def test_check_run_by_hand_names_the_services_state_directory(service: str) -> None:
+    """check run as a user reads ~/.local/state/sparkdiag, not the baselines the service keeps
+    in /var/lib/sparkdiag (DynamicUser's link into /var/lib/private): its baseline-store row
+    says where they are and how to read them, and, given that directory as root, reads them
+    without the hint. Runs after the baselines test, so the service has learned some."""
+    assert sh(service, "readlink /var/lib/sparkdiag").strip() == "private/sparkdiag"
+    own = _store_row(service)
+    assert own["status"] == "skip", own
+    assert "/root/.local/state/sparkdiag" in own["finding"], own
+    assert "the sparkdiag service keeps its baselines in /var/lib/sparkdiag" in own["action"]
+    assert "--state-dir /var/lib/sparkdiag" in own["action"], own
+    shared = _store_row(service, "--state-dir", "/var/lib/sparkdiag")
+    assert shared["status"] == "pass", shared
+    assert "service keeps" not in (shared.get("action") or ""), shared
 
 
 def _hung_worker_running(service: str) -> list[tuple[int, str, str]]:
