@@ -50,6 +50,40 @@ def test_a_file_past_the_max_age_gives_no_health_but_its_age(tmp_path: Path) -> 
     assert advice is not None and "sparkdiag-nvme-log.timer" in advice
 
 
+def test_a_file_dated_ahead_of_the_clock_is_not_trusted(tmp_path: Path) -> None:
+    """A clock stepped back (NTP) made a stopped timer's last file read as fresh for as long as
+    the step (found in a review: a file dated 2 h ahead read as healthy)."""
+    path = tmp_path / "nvme0.smartctl.json"
+    path.write_bytes(SMARTCTL_JSON.read_bytes())
+    _age(path, -7200)
+    reading = log_dir_reader(tmp_path, 900)("nvme0")
+    assert reading.health is None and reading.note is not None
+    assert "ahead of the clock" in reading.note
+    _age(path, -30)  # within a minute: two clocks' disagreement, read
+    assert log_dir_reader(tmp_path, 900)("nvme0").health is not None
+
+
+def test_a_root_daemon_reads_a_drive_without_a_file_with_its_tools(tmp_path: Path) -> None:
+    """A daemon run as root by a drop-in keeps --nvme.log-dir from the unit's ExecStart: a drive
+    the timer has written nothing for is read by the tools, as before the directory came."""
+    from sparkdiag.sources.host.nvme_tools import HealthReading
+    from sparkdiag.telemetry.build import _files_then_tools
+
+    (tmp_path / "nvme0.smartctl.json").write_bytes(SMARTCTL_JSON.read_bytes())
+    asked: list[str] = []
+
+    def tools(controller: str) -> HealthReading:
+        asked.append(controller)
+        return HealthReading(None, {}, {}, "read by the tools")
+
+    read = _files_then_tools(log_dir_reader(tmp_path, 900), tools)
+    assert read("nvme0").health is not None and asked == []  # the file is there
+    assert read("nvme1").note == "read by the tools" and asked == ["nvme1"]
+    _age(tmp_path / "nvme0.smartctl.json", 1000)
+    assert read("nvme0").note and "s old" in (read("nvme0").note or "")  # stale stays stale
+    assert asked == ["nvme1"]
+
+
 def test_no_file_a_missing_directory_or_garbage_say_so_with_advice(tmp_path: Path) -> None:
     missing = log_dir_reader(tmp_path / "not-yet", 900)("nvme0")  # the timer has not run
     assert missing.health is None and missing.read_at is None
@@ -106,13 +140,19 @@ def test_write_logs_keeps_what_a_tool_read_and_removes_what_it_did_not(tmp_path:
     sysfs = _sysfs(tmp_path, ("nvme0", "nvme1"))
     assert controller_names(sysfs) == ["nvme0", "nvme1"]
     (out / "nvme0.nvme-cli.json").write_text("{}")  # the other tool's, from an earlier run
-    (out / "nvme1.smartctl.json").write_text("{}")  # nvme1 read last time, not now
+    last = out / "nvme1.smartctl.json"  # nvme1 read last time, not now
+    last.write_bytes(SMARTCTL_JSON.read_bytes())
+    _age(last, 400)
     (out / "nvme7.smartctl.json").write_text("{}")  # a drive that is gone
     (out / "notes.txt").write_text("kept")  # not ours
     written = write_logs(out, sysfs, Path("/"), _fake_smartctl(tmp_path), None)
     assert [(w.controller, w.tool) for w in written] == [("nvme0", "smartctl"), ("nvme1", None)]
     assert written[1].note and "Identify Controller failed" in written[1].note
-    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "nvme0.smartctl.json"]
+    names = ["notes.txt", "nvme0.smartctl.json", "nvme1.smartctl.json"]
+    assert sorted(p.name for p in out.iterdir()) == names
+    # the drive not read keeps its last file, untouched: it ages until the daemon drops it and
+    # SparkdiagNvmeSmartLogStale fires (removed, the drive's alerts went with nothing to say so)
+    assert 395 < time.time() - last.stat().st_mtime < 420
     kept = out / "nvme0.smartctl.json"
     assert stat.S_IMODE(kept.stat().st_mode) == 0o644  # the daemon's dynamic user reads it
     assert json.loads(kept.read_text()) == json.loads(SMARTCTL_JSON.read_text())

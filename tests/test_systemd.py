@@ -86,7 +86,9 @@ def test_systemd_analyze_verify(tmp_path: Path) -> None:
 def test_the_nvme_log_units_serve_the_daemon() -> None:
     """The SMART logs need root, which sparkdiag.service lacks: the root oneshot writes the
     directory the daemon reads, keeps it between runs (a oneshot's RuntimeDirectory goes when it
-    ends otherwise) and leaves it readable; the daemon's unit pulls the timer in."""
+    ends otherwise) and leaves it readable; it is skipped, not failed, without a tool, and a
+    drive not read fails it (a crash must not pass for success); enabling the daemon's unit
+    enables the timer, without making the daemon start it (disable must stop it)."""
     helper, daemon = NVME_LOG.read_text(), UNIT.read_text()
     directory = re.search(r"nvme-log --nvme.log-dir (\S+)$", helper, re.M)
     assert directory and directory.group(1) == "/run/sparkdiag-nvme"
@@ -97,12 +99,16 @@ def test_the_nvme_log_units_serve_the_daemon() -> None:
         "RuntimeDirectoryMode=0755",
         "RuntimeDirectoryPreserve=yes",
         "DevicePolicy=closed",
-        "SuccessExitStatus=1",
+        "DeviceAllow=char-nvme r",
+        "CapabilityBoundingSet=CAP_SYS_ADMIN",
+        "ConditionPathExists=|/usr/sbin/smartctl",
+        "ConditionPathExists=|/usr/sbin/nvme",
     ):
         assert re.search(rf"^{re.escape(line)}$", helper, re.M), line
     assert re.search(r"^User=", helper, re.M) is None  # root: the admin command needs it
-    assert "Wants=sparkdiag-nvme-log.timer" in daemon
-    assert "Also=sparkdiag-nvme-log.timer" in daemon
+    assert "SuccessExitStatus" not in helper
+    assert "Wants=sparkdiag-nvme-log.timer" not in daemon
+    assert re.search(r"^Also=sparkdiag-nvme-log.timer$", daemon, re.M)
     assert re.search(r"^OnUnitActiveSec=5min$", NVME_TIMER.read_text(), re.M)
 
 

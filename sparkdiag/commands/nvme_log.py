@@ -35,12 +35,13 @@ def nvme_log(as_json: bool, **given: Any) -> Exit:
     Per drive under /sys/class/nvme it writes DIR/nvme0.smartctl.json (smartctl --json -a
     /dev/nvme0; preferred: it also has the temperature thresholds) or DIR/nvme0.nvme-cli.json
     (nvme smart-log -o json), replaced whole, mode 0644. A drive neither tool read this time
-    has its file removed: no health rather than an old one.
+    keeps its last file, which ages until the daemon leaves it out and
+    SparkdiagNvmeSmartLogStale fires.
 
     \b
     Exit status:
       0  every drive's log written (or no NVMe drive: nothing to do)
-      1  a drive's log could not be read (it says why)
+      1  a drive's log could not be read (it says why; the timer's unit fails)
       2  usage error
       3  neither smartctl nor nvme is installed, --path.sysfs is not /sys, or
          the directory cannot be written
@@ -78,7 +79,7 @@ def nvme_log(as_json: bool, **given: Any) -> Exit:
             said = (
                 f"{w.controller}: {w.tool} log in {w.path}"
                 if w.path
-                else (f"{w.controller}: not read ({w.note}); its file removed")
+                else (f"{w.controller}: not read ({w.note}); its last file, if any, left to age")
             )
             click.echo(terminal.fill(said, width, hanging="    "))
     return Exit.ATTENTION if missed else Exit.OK

@@ -8,12 +8,14 @@ runs this every few minutes; the daemon reads the files with ``--nvme.log-dir``
 (:func:`~sparkdiag.sources.host.nvme_tools.log_dir_reader`), each with its age. node_exporter's
 textfile collector is the same split: a privileged job writes, the exporter reads.
 
-Per controller under ``/sys/class/nvme``: ``DIR/nvme0.smartctl.json`` (smartctl's JSON as it
-printed it; preferred: it carries the temperature thresholds) or ``DIR/nvme0.nvme-cli.json``,
-replaced atomically (a reader sees the old file or the new one), mode 0644 in a 0755 directory;
-the other tool's file of that controller, and the files of a controller no longer there, are
-removed, as is a controller's file when neither tool read it this time (no health rather than
-an old one presented as new).
+Per controller under ``/sys/class/nvme``: ``DIR/nvme0.smartctl.json`` (smartctl's JSON,
+parsed and written again; preferred: it carries the temperature thresholds) or
+``DIR/nvme0.nvme-cli.json``, replaced atomically (a reader sees the old file or the new one),
+mode 0644 in a 0755 directory; the other tool's file of that controller, and the files of a
+controller no longer there, are removed. A controller neither tool read this time keeps its
+last file: it ages, the daemon drops its health past ``--nvme.log-max-age`` and
+``SparkdiagNvmeSmartLogStale`` fires (removing it made a failing drive's alerts resolve with
+nothing in their place: no file, no age, no alert; found in a review).
 """
 
 from __future__ import annotations
@@ -59,12 +61,13 @@ def _remove(path: Path) -> None:
 
 
 def prepare(directory: Path) -> None:
-    """The directory, made 0755 when missing (whatever the umask: the daemon's user reads it);
-    OSError where it cannot be, or is no directory. An existing one keeps its mode (systemd's
-    RuntimeDirectoryMode=)."""
-    if not directory.is_dir():
-        directory.mkdir(mode=DIR_MODE, parents=True)
-        os.chmod(directory, DIR_MODE)
+    """The directory, made when missing with each directory made 0755 (whatever the umask: the
+    daemon's user must reach it); OSError where it cannot be, or is no directory. An existing
+    one keeps its mode (systemd's RuntimeDirectoryMode=)."""
+    missing = [d for d in (directory, *directory.parents) if not d.is_dir()]
+    for made in reversed(missing):
+        made.mkdir(mode=DIR_MODE)
+        os.chmod(made, DIR_MODE)
     if not os.access(directory, os.W_OK | os.X_OK):
         raise PermissionError(13, "not writable", str(directory))
 
@@ -88,9 +91,7 @@ def write_logs(
     for name in names:
         reading, found = read_with_tools(smartctl, nvme, str(rootfs / "dev" / name))
         paths = {tool: directory / f"{name}{suffix}" for tool, suffix, _parse in RECORDED}
-        if found is None:
-            for path in paths.values():
-                _remove(path)
+        if found is None:  # its last file, if any, stays and ages
             written.append(Written(name, None, None, reading.note or "no tool answered"))
             continue
         tool, doc = found

@@ -225,6 +225,8 @@ RECORDED: tuple[tuple[str, str, Callable[[Any, str], HealthReading]], ...] = (
     ("nvme-cli", ".nvme-cli.json", parse_nvme_cli),
 )
 TIMER = "sparkdiag-nvme-log.timer"  # systemd/: runs `sparkdiag nvme-log` as root
+FUTURE_SLACK = 60.0  # seconds a file may seem to be written ahead of the clock
+NO_LOG_FILE = "no nvme-log file for "  # how log_dir_reader's note for a drive without one begins
 
 
 def _recorded(
@@ -285,13 +287,14 @@ def log_dir_reader(
             except OSError as exc:
                 return _none(f"nvme-log file {path}: {exc.strerror or exc}")
             age = clock() - written
-            if age > max_age:
-                note = f"nvme-log file {path} is {age:.0f} s old (--nvme.log-max-age {max_age:g})"
+            if age > max_age or age < -FUTURE_SLACK:  # a clock stepped back: not to be trusted
+                when = f"{age:.0f} s old" if age > 0 else f"dated {-age:.0f} s ahead of the clock"
+                note = f"nvme-log file {path} is {when} (--nvme.log-max-age {max_age:g})"
                 return replace(_none(note), read_at=written)
             reading = _recorded(path, parse, "nvme-log file")
             if reading is not None:  # else removed since (its drive not read this time)
                 return replace(reading, read_at=written)
-        return _none(f"no nvme-log file for {controller} in {directory}")
+        return _none(f"{NO_LOG_FILE}{controller} in {directory}")
 
     return read
 
@@ -315,11 +318,11 @@ def fixture_advice(note: str | None, controller: str = "NAME") -> str | None:
             f"or nvme smart-log /dev/{controller} -o json), or leave --nvme.fixture out to read "
             "the drive"
         )
-    if note.startswith(("no nvme-log file for ", "nvme-log file ")):
+    if note.startswith((NO_LOG_FILE, "nvme-log file ")):
         return (
-            f"start the root timer that writes it (systemctl enable --now {TIMER}; "
-            "docs/deploy.md), or run sparkdiag nvme-log --nvme.log-dir DIR as root; "
-            "journalctl -u sparkdiag-nvme-log says why it did not"
+            f"start the root timer that writes it (install smartmontools, then systemctl "
+            f"enable --now {TIMER}; docs/deploy.md), or run sparkdiag nvme-log --nvme.log-dir "
+            "DIR as root; journalctl -u sparkdiag-nvme-log says why it did not"
         )
     return None
 
