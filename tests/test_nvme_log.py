@@ -245,3 +245,37 @@ def test_the_command_on_this_machine_with_a_fake_tool(
         assert "no NVMe drive under /sys/class/nvme: nothing to read" in text.stdout
     for name in names:
         assert f"{name}: " in text.stdout
+
+
+def test_check_run_as_you_names_the_timers_directory(tmp_path: Path) -> None:
+    """check run without root cannot read the SMART log; where the root timer's directory is
+    there, its row says to read that (as check's baseline-store row names the service's state
+    directory), not to install smartmontools, which is there."""
+    root = tmp_path / "root"
+    (root / "run" / "sparkdiag-nvme").mkdir(parents=True)
+    base = ["--quick", "--json", "--state-dir", str(tmp_path / "state"), "--path.sysfs", str(U2),
+            "--nvml-fixture", str(NVML / "no-nvml.json")]  # fmt: skip
+
+    def row(*more: str) -> dict[str, str]:
+        doc = json.loads(invoke_cli("check", *base, *more).stdout)
+        found: dict[str, str] = next(r for r in doc["checks"] if r["name"] == "nvme-health")
+        return found
+
+    seen = row("--path.rootfs", str(root))
+    assert seen["status"] == "skip"
+    timer = root / "run" / "sparkdiag-nvme"
+    assert f"the root timer leaves the SMART logs in {timer}" in seen["action"], seen
+    assert f"--nvme.log-dir {timer}" in seen["action"]
+    assert "install smartmontools" in row()["action"]  # no timer directory under /: as before
+    given = row("--path.rootfs", str(root), "--nvme.log-dir", str(timer))  # read: no hint
+    assert "no nvme-log file for nvme0" in given["finding"] and "root timer that" in given["action"]
+
+
+def test_the_timers_directory_is_one_path_everywhere() -> None:
+    from sparkdiag.config import OPTIONS_BY_ATTR
+    from sparkdiag.sources.host.nvme_tools import TIMER_DIR
+    from tests.support import ROOT
+
+    assert OPTIONS_BY_ATTR["nvme_log_dir"].default_for("nvme-log") == TIMER_DIR
+    for unit in ("sparkdiag.service", "sparkdiag-nvme-log.service"):
+        assert f"--nvme.log-dir {TIMER_DIR}" in (ROOT / "systemd" / unit).read_text(), unit

@@ -48,6 +48,7 @@ from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.soak.state import inspect_state
 from sparkdiag.sources.host.cpufreq import read_governors
 from sparkdiag.sources.host.kernel_log import read_kernel_log
+from sparkdiag.sources.host.nvme_tools import timer_logs
 from sparkdiag.sources.host.procfs import device_holders, process_names
 from sparkdiag.sources.nvml.driver import ANSWER_SECONDS
 from sparkdiag.sources.software.cuda_libraries import ScanCache, scan
@@ -125,6 +126,7 @@ def gather(
             baseline_store=inspect_store(settings.state_dir),
             soak=inspect_state(settings.state_dir),
             service_state=service_state(settings.rootfs, settings.state_dir),
+            nvme_logs=timer_logs(settings.rootfs, settings.nvme_fixture or settings.nvme_log_dir),
         )
         ctx = _with_software(ctx, settings)
         if storage is not None:

@@ -160,6 +160,8 @@ class CheckContext:
         ``--nvml-timeout``); None when it answered throughout
     service_state: the systemd service's state directory where it is there and is not the one
         read (``statedir.service_state``); None otherwise
+    nvme_logs: the root timer's SMART log directory where it is there and none was given
+        (``nvme_tools.timer_logs``); None otherwise
     libraries: the libraries with GPU code in the probe worker's Python (None: not read, why in
         ``libraries_note``)
     device_holders: processes with an NVIDIA device file open (read on unified memory only)
@@ -187,6 +189,7 @@ class CheckContext:
     stall_samples: Mapping[int, tuple[GpuSample, ...]] = field(default_factory=dict)
     nvml_lost: str | None = None
     service_state: Path | None = None
+    nvme_logs: Path | None = None
     libraries: LibraryScan | None = None
     libraries_note: str = ""
     device_holders: tuple[DeviceHolder, ...] | None = None

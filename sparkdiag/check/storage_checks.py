@@ -106,7 +106,7 @@ def _speed(report: StorageReport) -> CheckResult:
 
 
 def _each_drive(
-    name: str, judge: Callable[[NvmeController], CheckResult], doc: str
+    name: str, judge: Callable[[CheckContext, NvmeController], CheckResult], doc: str
 ) -> Callable[[CheckContext], list[CheckResult]]:
     """A check of every NVMe drive the snapshot has (skip when none, or none was read); ``doc``
     is its docstring (docs/check.md's row)."""
@@ -117,23 +117,29 @@ def _each_drive(
             return [CheckResult(name, "skip", "NVMe drives were not read")]
         if not drives:
             return [CheckResult(name, "skip", "no NVMe drive in sysfs")]
-        return [judge(drive) for drive in drives]
+        return [judge(ctx, drive) for drive in drives]
 
     check.__doc__ = doc
     return check
 
 
-def _health(drive: NvmeController) -> CheckResult:
+def _health(ctx: CheckContext, drive: NvmeController) -> CheckResult:
     name = f"{drive.name} {drive.model}".strip()
     log = drive.health
     if log is None:
         why = drive.health_note or "no tool"
+        timer = ctx.nvme_logs
         return CheckResult(
             HEALTH,
             "skip",
             f"{name}: SMART log not read ({why})",
             fixture_advice(drive.health_note, drive.name)
-            or "install smartmontools (or nvme-cli) and run as root to read it",
+            or (
+                f"the root timer leaves the SMART logs in {timer}: add --nvme.log-dir {timer} "
+                "to read them (or run this as root)"
+                if timer is not None
+                else "install smartmontools (or nvme-cli) and run as root to read it"
+            ),
         )
     data = _health_data(log)
     problems = []
@@ -189,7 +195,7 @@ def _health_data(log: NvmeHealth) -> dict[str, object]:
     return {name: getattr(log, name) for name in HEALTH_DATA}
 
 
-def _temperature(drive: NvmeController) -> CheckResult:
+def _temperature(_ctx: CheckContext, drive: NvmeController) -> CheckResult:
     name = f"{drive.name} {drive.model}".strip()
     now = drive.temperature_celsius.get("composite")
     warn, crit = (drive.threshold_celsius.get(k) for k in ("warning", "critical"))

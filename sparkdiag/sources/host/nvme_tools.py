@@ -225,6 +225,7 @@ RECORDED: tuple[tuple[str, str, Callable[[Any, str], HealthReading]], ...] = (
     ("nvme-cli", ".nvme-cli.json", parse_nvme_cli),
 )
 TIMER = "sparkdiag-nvme-log.timer"  # systemd/: runs `sparkdiag nvme-log` as root
+TIMER_DIR = Path("/run/sparkdiag-nvme")  # where it writes (nvme-log's default --nvme.log-dir)
 FUTURE_SLACK = 60.0  # seconds a file may seem to be written ahead of the clock
 NO_LOG_FILE = "no nvme-log file for "  # how log_dir_reader's note for a drive without one begins
 
@@ -297,6 +298,15 @@ def log_dir_reader(
         return _none(f"{NO_LOG_FILE}{controller} in {directory}")
 
     return read
+
+
+def timer_logs(rootfs: Path, given: Path | None) -> Path | None:
+    """The root timer's directory under ``rootfs`` where it is there and no ``--nvme.log-dir``
+    was ``given``: a command run as you, which may not run the tools, can read the logs there."""
+    if given is not None:
+        return None
+    found = rootfs / TIMER_DIR.relative_to("/")
+    return found if found.is_dir() else None
 
 
 def fixture_advice(note: str | None, controller: str = "NAME") -> str | None:
