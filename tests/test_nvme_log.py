@@ -66,8 +66,7 @@ def test_a_file_dated_ahead_of_the_clock_is_not_trusted(tmp_path: Path) -> None:
 def test_a_root_daemon_reads_a_drive_without_a_file_with_its_tools(tmp_path: Path) -> None:
     """A daemon run as root by a drop-in keeps --nvme.log-dir from the unit's ExecStart: a drive
     the timer has written nothing for is read by the tools, as before the directory came."""
-    from sparkdiag.sources.host.nvme_tools import HealthReading
-    from sparkdiag.telemetry.build import _files_then_tools
+    from sparkdiag.sources.host.nvme_tools import HealthReading, files_then_tools
 
     (tmp_path / "nvme0.smartctl.json").write_bytes(SMARTCTL_JSON.read_bytes())
     asked: list[str] = []
@@ -76,7 +75,7 @@ def test_a_root_daemon_reads_a_drive_without_a_file_with_its_tools(tmp_path: Pat
         asked.append(controller)
         return HealthReading(None, {}, {}, "read by the tools")
 
-    read = _files_then_tools(log_dir_reader(tmp_path, 900), tools)
+    read = files_then_tools(log_dir_reader(tmp_path, 900), tools)
     assert read("nvme0").health is not None and asked == []  # the file is there
     assert read("nvme1").note == "read by the tools" and asked == ["nvme1"]
     _age(tmp_path / "nvme0.smartctl.json", 1000)

@@ -7,8 +7,6 @@ says what is written.
 from __future__ import annotations
 
 import json
-import shutil
-from pathlib import Path
 from typing import Any
 
 import click
@@ -17,6 +15,7 @@ from sparkdiag import terminal
 from sparkdiag.errors import Exit, SparkdiagError, UsageError
 from sparkdiag.flags import settings_from, settings_options
 from sparkdiag.sources.host.nvme_log import prepare, write_logs
+from sparkdiag.sources.host.nvme_tools import NO_TOOL, installed_tools, own_sysfs
 
 
 @click.command("nvme-log")
@@ -50,18 +49,11 @@ def nvme_log(as_json: bool, **given: Any) -> Exit:
     directory = settings.nvme_log_dir
     if directory is None:  # a config file's empty value: the command's own default is a path
         raise UsageError("give the directory to write to", flag="--nvme.log-dir")
-    try:
-        real = settings.sysfs.resolve() == Path("/sys").resolve()
-    except (OSError, RuntimeError):
-        real = False
-    if not real:  # the tools open /dev/nvmeN of this machine, not of a sysfs tree elsewhere
+    if not own_sysfs(settings.sysfs):
         raise SparkdiagError(f"--path.sysfs {settings.sysfs} is not /sys: the tools read /dev")
-    smartctl, nvme = shutil.which("smartctl"), shutil.which("nvme")
+    smartctl, nvme = installed_tools()
     if smartctl is None and nvme is None:
-        raise SparkdiagError(
-            "neither smartctl (smartmontools) nor nvme (nvme-cli) is installed: "
-            "apt-get install smartmontools"
-        )
+        raise SparkdiagError(f"{NO_TOOL}: apt-get install smartmontools")
     try:
         prepare(directory)
         written = write_logs(directory, settings.sysfs, settings.rootfs, smartctl, nvme)

@@ -18,9 +18,8 @@ from sparkdiag.sources.host.dmi import read_platform
 from sparkdiag.sources.host.meminfo import read_host_memory
 from sparkdiag.sources.host.nvme import NvmeSource
 from sparkdiag.sources.host.nvme_tools import (
-    NO_LOG_FILE,
     HealthReader,
-    HealthReading,
+    files_then_tools,
     fixture_reader,
     log_dir_reader,
     tool_reader,
@@ -161,22 +160,8 @@ def _nvme_reader(settings: Settings) -> tuple[HealthReader | None, str]:
     if settings.nvme_log_dir is not None:
         files = log_dir_reader(settings.nvme_log_dir, settings.nvme_log_max_age)
         tools = tool_reader(settings.rootfs, settings.sysfs)[0] if os.geteuid() == 0 else None
-        return (files if tools is None else _files_then_tools(files, tools)), ""
+        return (files if tools is None else files_then_tools(files, tools)), ""
     return tool_reader(settings.rootfs, settings.sysfs)
-
-
-def _files_then_tools(files: HealthReader, tools: HealthReader) -> HealthReader:
-    """A daemon run as root (a drop-in, as alerts.md once advised) with ``--nvme.log-dir`` on
-    the unit's ExecStart: a drive the timer has written no file for is read by the tools, as
-    before the directory came (else its SMART series went with no alert; found in a review)."""
-
-    def read(controller: str) -> HealthReading:
-        reading = files(controller)
-        if reading.note is not None and reading.note.startswith(NO_LOG_FILE):
-            return tools(controller)
-        return reading
-
-    return read
 
 
 def _nvme_source(settings: Settings, reader: HealthReader | None, skipped: str) -> NvmeSource:

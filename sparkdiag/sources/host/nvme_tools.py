@@ -357,6 +357,25 @@ def _run(argv: list[str]) -> tuple[Any, str | None]:
         )
 
 
+NO_TOOL = "neither smartctl (smartmontools) nor nvme (nvme-cli) is installed"
+
+
+def own_sysfs(sysfs: Path) -> bool:
+    """Whether ``sysfs`` is this machine's /sys: the tools open this machine's /dev/nvmeN, not
+    the drives a sysfs tree from elsewhere lists."""
+    try:
+        return sysfs.resolve() == Path("/sys").resolve()
+    except (OSError, RuntimeError):
+        return False
+
+
+def installed_tools() -> tuple[str | None, str | None]:
+    """The paths of smartctl and nvme where installed (on PATH), else None each."""
+    import shutil  # loads bz2 and lzma: only where the tools may run
+
+    return shutil.which("smartctl"), shutil.which("nvme")
+
+
 def tool_reader(
     rootfs: Path = Path("/"), sysfs: Path = Path("/sys")
 ) -> tuple[HealthReader | None, str]:
@@ -364,22 +383,30 @@ def tool_reader(
     nvme-cli, and what it uses; None and why when neither is installed, or when ``sysfs`` is
     not the machine's own (the drives it lists are not the ones the tools would open). Device
     nodes are ``ROOT/dev/nvmeN``."""
-    try:
-        real = sysfs.resolve() == Path("/sys").resolve()
-    except (OSError, RuntimeError):
-        real = False
-    if not real:
+    if not own_sysfs(sysfs):
         return None, f"--path.sysfs {sysfs} is not /sys (give --nvme.fixture DIR instead)"
-    import shutil  # loads bz2 and lzma: only on the machine's own /sys
-
-    smartctl, nvme = shutil.which("smartctl"), shutil.which("nvme")
+    smartctl, nvme = installed_tools()
     if smartctl is None and nvme is None:
-        return None, "neither smartctl (smartmontools) nor nvme (nvme-cli) is installed"
+        return None, NO_TOOL
 
     def read(controller: str) -> HealthReading:
         return read_with_tools(smartctl, nvme, str(rootfs / "dev" / controller))[0]
 
     return read, " and ".join(n for n, p in (("smartctl", smartctl), ("nvme-cli", nvme)) if p)
+
+
+def files_then_tools(files: HealthReader, tools: HealthReader) -> HealthReader:
+    """A daemon run as root (a drop-in, as alerts.md once advised) with ``--nvme.log-dir`` on
+    the unit's ExecStart: a drive the timer has written no file for is read by the tools, as
+    before the directory came (else its SMART series went with no alert; found in a review)."""
+
+    def read(controller: str) -> HealthReading:
+        reading = files(controller)
+        if reading.note is not None and reading.note.startswith(NO_LOG_FILE):
+            return tools(controller)
+        return reading
+
+    return read
 
 
 def read_with_tools(
