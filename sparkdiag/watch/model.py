@@ -14,7 +14,7 @@ import contextlib
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -445,15 +445,7 @@ def _gpu_tick(data: Any) -> GpuTick:
         (_checked(bit, (int,), "GpuTick.reasons_held"), _number(share, "GpuTick.reasons_held"))
         for bit, share in tick.reasons_held
     )
-    return GpuTick(
-        **{
-            **asdict(tick),
-            "samples": samples,
-            "others": others,
-            "others_seen_pids": pids,
-            "reasons_held": held,
-        }
-    )
+    return replace(tick, samples=samples, others=others, others_seen_pids=pids, reasons_held=held)
 
 
 def _tick(data: Any) -> Tick:
@@ -494,13 +486,11 @@ def _stack_tables(doc: dict[str, Any]) -> dict[str, Any]:
 
 def _job_tick(data: Any) -> JobTick:
     tick: JobTick = _build(JobTick, data)
-    return JobTick(
-        **{
-            **asdict(tick),
-            "loads": tuple(_build(ProcessLoad, p) for p in tick.loads),
-            "writing": tuple(str(p) for p in tick.writing),
-            "reading": tuple(str(p) for p in tick.reading),
-        }
+    return replace(
+        tick,
+        loads=tuple(_build(ProcessLoad, p) for p in tick.loads),
+        writing=tuple(str(p) for p in tick.writing),
+        reading=tuple(str(p) for p in tick.reading),
     )
 
 

@@ -37,6 +37,7 @@ a job run from ``/repo/transformers`` still the library's.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -182,6 +183,14 @@ def library_path(file: str, own: Sequence[str] = ()) -> str | None:
     ``threading.py``); None for the job's own code. ``own``: the job's own folders
     (:func:`own_roots`): a library's package folder above them is no library's (the module
     docstring)."""
+    return _library_path(file, tuple(own))
+
+
+# A job's stacks name a few hundred files, read again for every sample of every stack (some
+# 4 million times in a replay of the six H200 watch recordings): the answer is a function of
+# its arguments alone, so each is worked out once.
+@functools.lru_cache(maxsize=8192)
+def _library_path(file: str, own: tuple[str, ...]) -> str | None:
     installed = _installed(file)
     if installed is not None:
         return installed
