@@ -30,6 +30,7 @@ import yaml
 from sparkdiag import __version__
 from sparkdiag.config import DEFAULT_PORT
 from sparkdiag.errors import UsageError
+from sparkdiag.safeyaml import parse_shipped
 
 APP = "sparkdiag"
 PORT = DEFAULT_PORT
@@ -313,7 +314,7 @@ def _data(relative: str) -> str:
 
 def shipped_rule_groups() -> list[dict[str, Any]]:
     """The groups of the shipped rules file, as Prometheus reads them."""
-    groups = yaml.safe_load(_data("prometheus/sparkdiag-rules.yml"))["groups"]
+    groups = parse_shipped(_data("prometheus/sparkdiag-rules.yml"))["groups"]
     assert isinstance(groups, list)
     return groups
 

@@ -25,10 +25,9 @@ from dataclasses import dataclass, field
 from importlib.resources import files
 from typing import Any, Protocol
 
-import yaml
-
 from sparkdiag.peers.promapi import PrometheusError, Sample
 from sparkdiag.peers.ranking import FAIL_BELOW, MIN_FLEET_GROUP, WARN_BELOW
+from sparkdiag.safeyaml import parse_shipped
 
 RULE_GROUP = "sparkdiag-peers"
 PREFIX = "sparkdiag:gemm_tflops:"
@@ -55,7 +54,7 @@ def shipped_rules() -> str:
 def expanded(rules: str) -> dict[str, str]:
     """Each recording rule of the peers group as one expression, the records it reads replaced
     by their own expressions, so that a Prometheus without the rules can evaluate it."""
-    (group,) = [g for g in yaml.safe_load(rules)["groups"] if g["name"] == RULE_GROUP]
+    (group,) = [g for g in parse_shipped(rules)["groups"] if g["name"] == RULE_GROUP]
     # ``group_left NAME`` becomes ``group_left () (EXPR)``: a parenthesis right after
     # group_left would be read as its label list
     records = {
