@@ -56,10 +56,10 @@ def test_a_terminal_that_is_not_watch_s_own_is_not_taken_for_one(
         os.close(follower)
 
 
-def _trapping_job(tmp_path: Path) -> SpawnedJob:
-    """A job that exits 9 on SIGINT, else 7 after 0.5 s; returned once its trap is set."""
+def _trapping_job(tmp_path: Path, seconds: float = 0.5) -> SpawnedJob:
+    """A job that exits 9 on SIGINT, else 7 after ``seconds``; returned once its trap is set."""
     ready = tmp_path / f"ready-{time.monotonic_ns()}"
-    job = SpawnedJob(["sh", "-c", f"trap 'exit 9' INT; touch {ready}; sleep 0.5; exit 7"])
+    job = SpawnedJob(["sh", "-c", f"trap 'exit 9' INT; touch {ready}; sleep {seconds}; exit 7"])
     deadline = time.monotonic() + 10
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -74,7 +74,9 @@ def test_where_the_terminal_s_ctrl_c_reached_the_job_it_waits_first(
     monkeypatch.setattr(job_module, "interrupt_reached_job", lambda pid=None: True)
     assert _trapping_job(tmp_path).stop(grace=5.0) == 7
     monkeypatch.setattr(job_module, "interrupt_reached_job", lambda pid=None: False)
-    assert _trapping_job(tmp_path).stop(grace=5.0) == 9
+    # a job that would run on for a minute: with four pytest workers on 2 cores, one of 0.5 s
+    # once ended by itself (7) between its trap and watch's signal
+    assert _trapping_job(tmp_path, seconds=60).stop(grace=5.0) == 9
 
 
 # ---- what a command that cannot start is told --------------------------------------------------
