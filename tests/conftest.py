@@ -136,8 +136,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.slow)
 
 
-def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int | None:
     """``-n auto`` starts two workers a CPU, not one: most of a test's time here is spent
     waiting for a process it started (the CLI, a daemon, promtool), so a second worker a CPU
-    keeps the CPUs busy (on 2 cores the fast subset took 4:49 with 2 workers, 3:49 with 4)."""
+    keeps the CPUs busy (on 2 cores the fast subset took 4:49 with 2 workers, 3:49 with 4).
+    ``PYTEST_XDIST_AUTO_NUM_WORKERS`` and ``-n logical`` keep pytest-xdist's own meaning (None:
+    its hook answers)."""
+    if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS") or config.option.numprocesses != "auto":
+        return None
     return 2 * len(os.sched_getaffinity(0))

@@ -141,7 +141,7 @@ def test_a_stop_while_starting_exits_cleanly(handled: bool, delay: float) -> Non
     """SIGTERM at moments of the daemon's start: ``delay`` seconds after it was started, or,
     ``handled``, that long after sparkdiag took SIGTERM over (read from /proc, not guessed
     from a time that a loaded machine's interpreter start overran: with six pytest workers on
-    2 cores, 0.3 s after the start once still fell before it)."""
+    2 cores (`-n 6`), 0.3 s after the start once still fell before it)."""
     proc, _base = _serve("--no-probe.enabled")
     try:
         end = time.monotonic() + 15
