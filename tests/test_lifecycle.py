@@ -154,6 +154,7 @@ def test_a_stop_while_starting_exits_cleanly(handled: bool, delay: float) -> Non
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
     err = proc.communicate()[1].decode()
     # Python's interpreter start itself (before any sparkdiag code runs) cannot be
     # guarded: a signal that lands there ends the process by SIGTERM.
