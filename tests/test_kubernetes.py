@@ -84,12 +84,18 @@ RELABEL_ACTIONS = {
 }
 
 
+def load(text: str) -> Any:
+    """A rendered manifest read back by libyaml (PyYAML's own Python parser took 12 of this
+    file's 17 s of CPU), or by PyYAML's Python where libyaml is absent."""
+    return yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
 def objects(options: KubernetesOptions | None = None) -> dict[str, dict[str, Any]]:
     """kind (ConfigMap: ConfigMap/NAME) -> object, parsed back from the rendered YAML."""
     options = options or KubernetesOptions()
     found = {}
     for _name, obj in manifests(options):
-        parsed = yaml.safe_load(render(obj, options))
+        parsed = load(render(obj, options))
         key = parsed["kind"]
         if key == "ConfigMap":
             key = f"ConfigMap/{parsed['metadata']['name']}"
@@ -157,7 +163,7 @@ def test_manifests_validate_offline(
     monkeypatch.setattr(socket, "create_connection", no_network)
     kinds = []
     for name, obj in manifests(options):
-        parsed = yaml.safe_load(render(obj, options))
+        parsed = load(render(obj, options))
         kinds.append(parsed["kind"])
         if parsed["kind"] in CUSTOM:
             with pytest.raises(kubernetes_validate.SchemaNotFoundError):
@@ -196,6 +202,26 @@ def test_a_broken_manifest_fails_validation() -> None:
     rule["spec"]["groups"][0]["rules"][0].pop("record")
     with pytest.raises(AssertionError):
         check_custom_resource(rule)
+
+
+def test_the_c_emitter_writes_what_pyyaml_s_own_python_writes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """render uses libyaml's emitter for speed; it must not change a byte of any manifest."""
+    if not hasattr(yaml, "CSafeDumper"):
+        pytest.skip("this PyYAML was built without libyaml")
+    import sparkdiag.kubernetes as kubernetes
+
+    assert kubernetes._Dumper is not kubernetes._PythonDumper
+    every = [
+        KubernetesOptions(),
+        KubernetesOptions(labels={"release": "kps"}, host_pid=True, runtime_class=None),
+    ]
+    fast = [render(obj, options) for options in every for _, obj in manifests(options)]
+    monkeypatch.setattr(kubernetes, "_Dumper", kubernetes._PythonDumper)
+    slow = [render(obj, options) for options in every for _, obj in manifests(options)]
+    assert len(fast) == 2 * len(manifests(KubernetesOptions())) > 2
+    assert fast == slow
 
 
 def test_objects_refer_to_each_other() -> None:
