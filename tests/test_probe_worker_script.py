@@ -172,6 +172,16 @@ def test_rooms_come_after_those_they_import_from(tmp_path: Path) -> None:
         ({"a.py": f"from {P}.c import X\n"}, "which is no room"),
         ({"a.py": "import torch\n"}, "not in the standard library"),
         ({"a.py": f"def f():\n    from {P}.b import X\n", "b.py": "X = 1\n"}, "inside a function"),
+        # deeper, through each kind of statement that holds statements
+        ({"a.py": "class C:\n    def f(self):\n        import sparkdiag\n"}, "a.py:3: imports"),
+        ({"a.py": "try:\n    pass\nexcept OSError:\n    import sparkdiag.x\n"}, "a.py:4: "),
+        ({"a.py": "try:\n    pass\nfinally:\n    import sparkdiag\n"}, "a.py:4: imports"),
+        ({"a.py": "if 1:\n    pass\nelse:\n    from sparkdiag import y\n"}, "a.py:4: imports"),
+        ({"a.py": "for i in ():\n    with open(i):\n        import os, sparkdiag\n"}, "a.py:3"),
+        (
+            {"a.py": "match 1:\n    case 1:\n        while 1:\n            import sparkdiag\n"},
+            "a.py:4: imports",
+        ),
         ({"a.py": "X = 1\n", "b.py": "X = 2\n"}, "'X' is bound in a.py and in b.py"),
         ({"a.py": "def log():\n    pass\n", "b.py": "from math import log\n"}, "'log' is bound"),
         ({"a.py": "from os import path\n", "b.py": "from sys import path\n"}, "'path' is bound"),
@@ -189,6 +199,19 @@ def test_a_room_the_one_namespace_would_change_is_refused(
         files = {**files, "z_entry.py": "def main():\n    return 0\n"}
     with pytest.raises(AssemblyError, match=refusal.replace("(", r"\(").replace(")", r"\)")):
         assemble(_package(tmp_path, files))
+
+
+def test_a_room_changed_between_two_assemblies_is_read_again(tmp_path: Path) -> None:
+    """Rooms are parsed once for their text (the daemon assembles the worker every cycle): a
+    room edited in place, even to the same size, gives the new script, and a room that now
+    breaks a rule is refused."""
+    folder = _package(tmp_path, {"a.py": "X = 1\n\ndef main():\n    return X\n"})
+    assert "X = 1" in assemble(folder)
+    (folder / "a.py").write_text("X = 2\n\ndef main():\n    return X\n")
+    assert "X = 2" in assemble(folder) and "X = 1" not in assemble(folder)
+    (folder / "a.py").write_text("import torch\n\ndef main():\n    return 0\n")
+    with pytest.raises(AssemblyError, match="not in the standard library"):
+        assemble(folder)
 
 
 def test_the_same_standard_import_in_two_rooms_is_one_import(tmp_path: Path) -> None:
