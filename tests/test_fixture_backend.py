@@ -111,6 +111,26 @@ def test_unknown_answer_key_in_set(derive_fixture: Callable[..., Path]) -> None:
         FixtureBackend(path)
 
 
+def test_devices_from_one_base_device_are_each_their_own(
+    derive_fixture: Callable[..., Path],
+) -> None:
+    """The base's answers are copied for each device that names them ("from"), so one device's
+    "set" is not the other's; the loader takes the rest of what it parsed without copying."""
+    path = derive_fixture(
+        "h200-idle",
+        devices=[{"from": 0, "set": {"temperature/0": 50}}, {"from": 0}],
+    )
+    devices = load_fixture(path)["devices"]
+    assert [d["answers"]["temperature/0"] for d in devices] == [50, 36]
+    assert devices[0]["answers"] is not devices[1]["answers"]
+    shared = [
+        key
+        for key, value in devices[0]["answers"].items()
+        if isinstance(value, (dict, list)) and value is devices[1]["answers"][key]
+    ]
+    assert shared == []
+
+
 def test_unknown_answer_key_in_answers(write_fixture: Callable[..., Path]) -> None:
     path = write_fixture({"devices": [{"answers": {"name": "x", "temprature/0": 40}}]})
     with pytest.raises(

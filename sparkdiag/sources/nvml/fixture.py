@@ -152,8 +152,10 @@ def load_fixture(path: Path, _depth: int = 0) -> dict[str, Any]:
     }
     base_devices: list[dict[str, Any]] = base.get("devices", [])
     raw_devices = doc.get("devices", None)
+    # doc and base were parsed for this call alone, so their objects are taken, not copied; a
+    # base device named by "from" is copied, as two devices may name it
     if raw_devices is None:
-        devices = copy.deepcopy(base_devices)
+        devices = base_devices
     else:
         if not isinstance(raw_devices, list):
             raise FixtureError(f"NVML fixture {path}: 'devices' must be a list")
@@ -175,7 +177,6 @@ def load_fixture(path: Path, _depth: int = 0) -> dict[str, Any]:
                     raise FixtureError(
                         f"NVML fixture {path}: devices[{n}] needs 'answers' or 'from'"
                     )
-                answers = copy.deepcopy(answers)
             overrides = dev.get("set", {})
             if not isinstance(overrides, dict):
                 raise FixtureError(f"NVML fixture {path}: devices[{n}].set must be an object")
