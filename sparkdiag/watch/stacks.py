@@ -262,10 +262,16 @@ def _function(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
 
-def read(frames: Sequence[StackFrame], ids: Sequence[int], own: Sequence[str] = ()) -> Reading:
+def read(
+    frames: Sequence[StackFrame],
+    ids: Sequence[int],
+    own: Sequence[str] = (),
+    libraries: Sequence[str | None] | None = None,
+) -> Reading:
     """The activity of one stack (``frames`` outermost first, ``ids`` their indexes); ``own``:
-    the job's own folders (:func:`library_path`)."""
-    libs = [library_path(f.file, own) for f in frames]
+    the job's own folders (:func:`library_path`); ``libraries``: the frames' library paths
+    where the caller has them (:func:`library_path` of each frame with ``own``)."""
+    libs = list(libraries) if libraries is not None else [library_path(f.file, own) for f in frames]
     user = [i for i, lib in enumerate(libs) if lib is None]
     site = ids[user[-1]] if user else (ids[-1] if ids else None)
 
