@@ -23,11 +23,14 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from sparkdiag import compare as cmp
 from sparkdiag.cli import main
 from sparkdiag.commands.compare import container_argv
 from sparkdiag.compare import report
+from sparkdiag.compare.causes import explain
+from sparkdiag.compare.rounds import compare
 from sparkdiag.errors import Exit
+from sparkdiag.probe.container import container_command
+from sparkdiag.probe.diagnosis import diagnose
 from sparkdiag.probe.runner import ProbeCycle, ProbeResult
 from tests.support import signal_when, wait_dead
 
@@ -269,7 +272,7 @@ def test_real_second_environment_human(torch_venv: Path) -> None:
 
 
 def test_runtime_binary_missing_fails_before_any_cycle() -> None:
-    result = cmp.compare(
+    result = compare(
         ["sparkdiag-no-such-runtime", "run", "-i", "--rm", "IMAGE", "python3", "-"],
         native=side("gpu"),
     )
@@ -291,13 +294,13 @@ def test_runtime_start_failure_reported_by_the_runner_is_classified() -> None:
         wall_seconds=0.0,
         worker_pid=None,
     )
-    failure = cmp.diagnose("container", cycle, ["docker", "run"], 120)
+    failure = diagnose("container", cycle, ["docker", "run"], 120)
     assert failure is not None and failure.kind == "runtime_missing"
     assert failure.message == "container runtime 'docker' not found on PATH"
 
 
 def test_native_interpreter_missing(tmp_path: Path) -> None:
-    result = cmp.compare(container_side("gpu"), native=[str(tmp_path / "no-python")])
+    result = compare(container_side("gpu"), native=[str(tmp_path / "no-python")])
     (failure,) = result.failures
     assert failure.side == "native" and failure.kind == "runtime_missing"
     assert "native interpreter" in failure.message and "not found" in failure.message
@@ -316,7 +319,7 @@ def _docker_shim(tmp_path: Path) -> Path:
 def test_image_missing(tmp_path: Path) -> None:
     docker = _docker_shim(tmp_path)
     image = "nvcr.io/nvidia/pytorch:99.01-py3"
-    result = cmp.compare(
+    result = compare(
         [str(docker), "missing-image", "-i", "--rm", "--gpus", "all", image, "python3", "-"],
         native=side("gpu"),
     )
@@ -330,7 +333,7 @@ def test_image_missing(tmp_path: Path) -> None:
 
 
 def test_no_torch_inside(bare_venv: Path) -> None:
-    result = cmp.compare([*CLEARED, str(_venv_python(bare_venv)), "-"], native=side("cpu"))
+    result = compare([*CLEARED, str(_venv_python(bare_venv)), "-"], native=side("cpu"))
     (failure,) = result.failures
     assert failure.kind == "no_torch"
     assert failure.message.startswith("the interpreter inside the container has no torch")
@@ -341,7 +344,7 @@ def test_no_torch_inside(bare_venv: Path) -> None:
 
 
 def test_no_torch_natively(bare_venv: Path) -> None:
-    result = cmp.compare(container_side("cpu"), native=[*CLEARED, str(_venv_python(bare_venv))])
+    result = compare(container_side("cpu"), native=[*CLEARED, str(_venv_python(bare_venv))])
     (failure,) = result.failures
     assert failure.side == "native" and failure.kind == "no_torch"
     assert "--native-python" in failure.message
@@ -350,7 +353,7 @@ def test_no_torch_natively(bare_venv: Path) -> None:
 def test_container_hangs_killed_with_its_child(tmp_path: Path) -> None:
     pidfile = tmp_path / "pids"
     started = time.monotonic()
-    result = cmp.compare(
+    result = compare(
         container_side("hang", f"pidfile={pidfile}"),
         native=side("cpu"),
         timeout=2,
@@ -372,9 +375,7 @@ def test_container_hangs_killed_with_its_child(tmp_path: Path) -> None:
 
 def test_garbage_output_stops_after_one_container_cycle(tmp_path: Path) -> None:
     record = tmp_path / "calls"
-    result = cmp.compare(
-        container_side("garbage", f"record={record}"), native=side("cpu"), rounds=3
-    )
+    result = compare(container_side("garbage", f"record={record}"), native=side("cpu"), rounds=3)
     (failure,) = result.failures
     assert failure.kind == "not_json"
     assert failure.message.startswith(
@@ -390,7 +391,7 @@ def test_a_document_with_impossible_figures_is_not_a_measurement(tflops: str) ->
     gives: negative, zero, NaN or infinite TFLOPS were dropped to n/a and the rest judged (exit
     0 "within --max-gap" on the bandwidth row alone), 1e30 TFLOPS passed as a 10^30 speed-up.
     It is a failed side (exit 3) that names the figure."""
-    result = cmp.compare(container_side("gpu", f"tflops={tflops}"), native=side("gpu"), rounds=2)
+    result = compare(container_side("gpu", f"tflops={tflops}"), native=side("gpu"), rounds=2)
     (failure,) = result.failures
     assert failure.side == "container" and failure.kind == "not_json"
     assert failure.message.startswith(
@@ -399,24 +400,24 @@ def test_a_document_with_impossible_figures_is_not_a_measurement(tflops: str) ->
     ), failure.message
     assert result.rows == () and result.exit_code(0.15) == Exit.FAILED
     # a real worker's document, figures and all, is no such thing
-    assert cmp.compare(container_side("gpu"), native=side("gpu"), rounds=1).failures == ()
+    assert compare(container_side("gpu"), native=side("gpu"), rounds=1).failures == ()
 
 
 def test_a_side_that_measured_no_kernel_is_no_verdict() -> None:
     """A container whose document held no kernel (its results empty) left the GEMM rows n/a
     and the verdict to the copy bandwidth alone: exit 1 or 0 on a comparison of GEMMs that never
     ran there. Nothing was measured on both sides: exit 3 (the hostile review)."""
-    result = cmp.compare(container_side("gpu", "results=none"), native=side("gpu"), rounds=1)
+    result = compare(container_side("gpu", "results=none"), native=side("gpu"), rounds=1)
     assert result.failures == ()
     assert {r.key: r.ratio for r in result.rows}["bandwidth copy"] == pytest.approx(1.0)
     assert result.worst_row is None and result.verdict(0.15) == "no-data"
     assert result.exit_code(0.15) == Exit.FAILED
-    assert "no kernel was measured on both sides" in cmp.explain(result, 0.15)
+    assert "no kernel was measured on both sides" in explain(result, 0.15)
 
 
 def test_no_gpu_inside_container(tmp_path: Path) -> None:
     record = tmp_path / "calls"
-    result = cmp.compare(container_side("nogpu", f"record={record}"), native=side("gpu"))
+    result = compare(container_side("nogpu", f"record={record}"), native=side("gpu"))
     (failure,) = result.failures
     assert failure.kind == "no_gpu"
     assert failure.message.startswith("no GPU inside the container: add --gpus all (docker)")
@@ -428,7 +429,7 @@ def test_no_gpu_inside_container(tmp_path: Path) -> None:
 
 def test_no_gpu_inside_docker_container(tmp_path: Path) -> None:
     docker = _docker_shim(tmp_path)
-    result = cmp.compare(
+    result = compare(
         [str(docker), "exec", "--", *container_side("nogpu-unsupported")], native=side("gpu")
     )
     (failure,) = result.failures
@@ -452,7 +453,7 @@ def test_shell_metacharacters_are_passed_literally(tmp_path: Path) -> None:
         "--",
         *container_side("gpu"),
     ]
-    result = cmp.compare(container, native=side("gpu"), rounds=1)
+    result = compare(container, native=side("gpu"), rounds=1)
     assert result.failures == ()
     calls = invocations(record)
     assert len(calls) == 2  # warm-up and one round
@@ -490,7 +491,7 @@ def test_shell_metacharacters_through_the_command_line(tmp_path: Path) -> None:
 
 
 def test_ngc_banner_on_stdout_is_tolerated_and_gap_reported() -> None:
-    result = cmp.compare(
+    result = compare(
         container_side("banner", "tflops=560", "torch=2.9.0a0+50eac81"),
         native=side("gpu", "tflops=700"),
         rounds=2,
@@ -509,17 +510,17 @@ def test_ngc_banner_on_stdout_is_tolerated_and_gap_reported() -> None:
     assert result.exit_code(0.15) == Exit.ATTENTION
     assert result.exit_code(0.25) == Exit.OK
     assert [d.component for d in result.differences] == ["torch"]
-    why = cmp.explain(result, 0.15)
+    why = explain(result, 0.15)
     assert "different libraries (torch 2.11.0+cu130 vs 2.9.0a0+50eac81)" in why
 
 
 def test_same_libraries_gap_blames_the_environment() -> None:
-    result = cmp.compare(
+    result = compare(
         container_side("gpu", "tflops=500"), native=side("gpu", "tflops=700"), rounds=1
     )
     assert result.differences == ()
     assert result.exit_code(0.15) == Exit.ATTENTION
-    assert "container environment itself" in cmp.explain(result, 0.15)
+    assert "container environment itself" in explain(result, 0.15)
 
 
 def test_cli_gap_exit_code_and_human_report() -> None:
@@ -638,16 +639,16 @@ def test_sigterm_kills_the_running_side(tmp_path: Path) -> None:
 
 
 def test_container_command_strips_one_trailing_dash() -> None:
-    assert cmp.container_command(["docker", "run", "-i", "IMG", "python3", "-"]) == (
+    assert container_command(["docker", "run", "-i", "IMG", "python3", "-"]) == (
         "docker",
         "run",
         "-i",
         "IMG",
         "python3",
     )
-    assert cmp.container_command(["docker", "run", "-i", "IMG", "python3"])[-1] == "python3"
+    assert container_command(["docker", "run", "-i", "IMG", "python3"])[-1] == "python3"
     with pytest.raises(ValueError):
-        cmp.container_command(["-"])
+        container_command(["-"])
 
 
 def test_container_argv_forms() -> None:
@@ -713,7 +714,7 @@ def test_max_gap_accepts_percentages() -> None:
 
 
 def test_to_dict_is_strict_json() -> None:
-    result = cmp.compare(container_side("gpu"), native=side("gpu"), rounds=1, warmup_rounds=0)
+    result = compare(container_side("gpu"), native=side("gpu"), rounds=1, warmup_rounds=0)
     text = json.dumps(report.to_dict(result, 0.15), allow_nan=False)
     doc: dict[str, Any] = json.loads(text)
     assert doc["verdict"] == "ok" and doc["worst_gap"] == pytest.approx(0.0)
@@ -802,7 +803,7 @@ def _cycle(
 def test_diagnose_runtime_messages(
     command: list[str], cycle: ProbeCycle, kind: str, expected: str
 ) -> None:
-    failure = cmp.diagnose("container", cycle, command, 120)
+    failure = diagnose("container", cycle, command, 120)
     assert failure is not None
     assert failure.kind == kind
     assert expected in failure.message
@@ -849,8 +850,6 @@ def test_progress_lines_wrap_to_the_terminal(monkeypatch: pytest.MonkeyPatch) ->
 def test_a_side_that_could_not_be_killed_is_not_said_killed() -> None:
     """A worker still there after SIGKILL was reported "killed with its process group" above
     the runner's own line saying it could not be killed (found in a review)."""
-    from sparkdiag.probe.diagnosis import diagnose
-
     reason = (
         "worker did not finish within 2 s and could not be killed: pid 4242 still there 10 s "
         "after SIGKILL (stuck in the driver?)"

@@ -6,22 +6,7 @@ JSON). The container side runs through :mod:`sparkdiag.probe.container`, and why
 be measured is :mod:`sparkdiag.probe.diagnosis`, shared with the daemon's container probe
 (:class:`sparkdiag.probe.launchers.ContainerLauncher`); the click command is
 :mod:`sparkdiag.commands.compare`.
+
+Like :mod:`sparkdiag.probe`, the package imports none of them itself: ``check`` reads
+:mod:`.model` alone.
 """
-
-from sparkdiag.compare.causes import explain
-from sparkdiag.compare.model import Comparison, Row
-from sparkdiag.compare.rounds import compare
-from sparkdiag.probe.container import container_command
-from sparkdiag.probe.diagnosis import Failure, diagnose
-from sparkdiag.probe.launchers import container_cycle
-
-__all__ = [
-    "Comparison",
-    "Failure",
-    "Row",
-    "compare",
-    "container_command",
-    "container_cycle",
-    "diagnose",
-    "explain",
-]
