@@ -10,6 +10,6 @@ why a run could not be used), or replayed from a recording: ``launchers.py`` hol
 The daemon imports only these runners: torch never loads in the daemon process.
 
 This package imports nothing itself, so that a module that needs one part (the contract, which
-most commands read) does not load the others: re-exporting the runner made an import of
+many modules read) does not load the others: re-exporting the runner made an import of
 ``worker/contract.py`` take 91 ms here instead of 31 ms.
 """
