@@ -57,9 +57,14 @@ def test_a_terminal_that_is_not_watch_s_own_is_not_taken_for_one(
 
 
 def _trapping_job(tmp_path: Path, seconds: float = 0.5) -> SpawnedJob:
-    """A job that exits 9 on SIGINT, else 7 after ``seconds``; returned once its trap is set."""
+    """A job that exits 9 on SIGINT, else 7 after ``seconds``; returned once its trap is set.
+    Its sleep runs in the background, where a non-interactive shell's child ignores SIGINT:
+    stop signals the job's children before the job, and a sleep in the foreground that died of
+    the signal let the shell go on to ``exit 7`` before its own SIGINT came (4 workers on 2
+    cores)."""
     ready = tmp_path / f"ready-{time.monotonic_ns()}"
-    job = SpawnedJob(["sh", "-c", f"trap 'exit 9' INT; touch {ready}; sleep {seconds}; exit 7"])
+    body = f"trap 'kill $!; exit 9' INT; touch {ready}; sleep {seconds} & wait $!; exit 7"
+    job = SpawnedJob(["sh", "-c", body])
     deadline = time.monotonic() + 10
     while not ready.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
