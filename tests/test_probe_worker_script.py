@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -199,6 +200,45 @@ def test_a_room_the_one_namespace_would_change_is_refused(
         files = {**files, "z_entry.py": "def main():\n    return 0\n"}
     with pytest.raises(AssemblyError, match=refusal.replace("(", r"\(").replace(")", r"\)")):
         assemble(_package(tmp_path, files))
+
+
+def _older_python() -> str | None:
+    """A Python 3.9 or 3.10 that starts: on PATH, or one pyenv installed (its shims on PATH
+    name versions that are not its global one, and fail)."""
+    pyenv = Path(os.environ.get("PYENV_ROOT") or Path.home() / ".pyenv") / "versions"
+    for version in ("3.9", "3.10"):
+        found = [shutil.which(f"python{version}")]
+        found += [str(p) for p in sorted(pyenv.glob(f"{version}.*/bin/python{version}"))]
+        for candidate in filter(None, found):
+            if subprocess.run([candidate, "-c", ""], capture_output=True).returncode == 0:
+                return candidate
+    return None
+
+
+def test_an_older_python_assembles_the_same_script(tmp_path: Path) -> None:
+    """script.py runs by its path in whatever Python --probe.python names, 3.9 included (the
+    worker's __main__.py): a name that Python lacks (ast.match_case is 3.10's) broke every
+    assembly there (a review)."""
+    older = _older_python()
+    if older is None:
+        pytest.skip("no Python 3.9 or 3.10 on PATH")
+    code = (
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('s', {str(script.__file__)!r})\n"
+        "m = importlib.util.module_from_spec(spec); sys.modules['s'] = m\n"
+        "spec.loader.exec_module(m)\n"
+        "sys.stdout.write(m.assemble())\n"
+    )
+    done = subprocess.run([older, "-I", "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == assemble()
+
+
+def test_a_nested_import_is_named_by_its_first_line(tmp_path: Path) -> None:
+    body = "def f():\n    import sparkdiag\n\n\ndef g():\n    import sparkdiag\n"
+    folder = _package(tmp_path, {"a.py": body + "\n\ndef main():\n    return 0\n"})
+    with pytest.raises(AssemblyError, match=r"a\.py:2: imports sparkdiag inside a function"):
+        assemble(folder)
 
 
 def test_a_room_changed_between_two_assemblies_is_read_again(tmp_path: Path) -> None:

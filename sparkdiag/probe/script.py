@@ -128,12 +128,15 @@ def _read_room(path: Path, text: str) -> Room:
             raise AssemblyError(f"{path}:{node.lineno}: a relative import; name the room in full")
         else:
             defines.update(_bound_names(node))
+    nested = []
     for inner in _nested_statements(tree.body):
         if isinstance(inner, (ast.Import, ast.ImportFrom)):
             names = [a.name for a in inner.names] if isinstance(inner, ast.Import) else []
             module = inner.module if isinstance(inner, ast.ImportFrom) else None
             if any(n.split(".")[0] == "sparkdiag" for n in [*names, module or ""]):
-                raise AssemblyError(f"{path}:{inner.lineno}: imports sparkdiag inside a function")
+                nested.append(inner.lineno)
+    if nested:  # the first in the file
+        raise AssemblyError(f"{path}:{min(nested)}: imports sparkdiag inside a function")
     return Room(
         name, _without(text, dropped), frozenset(imports), frozenset(needs), frozenset(defines)
     )
@@ -157,8 +160,13 @@ def _inner(node: ast.AST) -> Iterator[ast.stmt]:
             for item in value:
                 if isinstance(item, ast.stmt):
                     yield item
-                elif isinstance(item, (ast.ExceptHandler, ast.match_case)):
+                elif isinstance(item, _HOLDERS):
                     yield from _inner(item)
+
+
+# what holds statements without being one; Python 3.9 (a probe.python of an older image, which
+# runs this module by its path) has no match statement
+_HOLDERS = (ast.ExceptHandler, *((ast.match_case,) if hasattr(ast, "match_case") else ()))
 
 
 def _is_docstring(node: ast.stmt) -> bool:
