@@ -92,8 +92,9 @@ def read_room(path: Path) -> Room:
     return _read_room(path, path.read_text(encoding="utf-8"))
 
 
-# A room is a function of its path and its text: the daemon assembles the worker for every
-# probe cycle, and an unchanged room is not parsed again (the 20 rooms took 0.14 s here).
+# A room is a function of its path and its text: the daemon assembles the worker for each
+# container probe, compare for each container round, and an unchanged room is not parsed again
+# (assembling the 14 rooms took 0.14 s here).
 @functools.lru_cache(maxsize=128)
 def _read_room(path: Path, text: str) -> Room:
     name = path.stem
