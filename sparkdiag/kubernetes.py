@@ -44,7 +44,8 @@ DEFAULT_IMAGE = f"localhost/sparkdiag:{__version__}-probe"
 DEFAULT_RUNTIME_CLASS = "nvidia"
 SCRAPE_INTERVAL = "15s"  # the dashboards' provisioning assumes 15 s (grafana/provisioning)
 
-# RFC 1123 label (namespace names), and Kubernetes label keys and values.
+# RFC 1123 label (namespace names), and Kubernetes label keys and values; matched whole
+# (fullmatch: the "$" of a match let a trailing newline through, a review found).
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _LABEL_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}$")
@@ -68,7 +69,7 @@ class KubernetesOptions:
     runtime_class: str | None = DEFAULT_RUNTIME_CLASS
 
     def __post_init__(self) -> None:
-        if not _DNS_LABEL.match(self.namespace):
+        if not _DNS_LABEL.fullmatch(self.namespace):
             raise ManifestError(
                 f"namespace {self.namespace!r} is not a Kubernetes name "
                 "(lower-case letters, digits and '-', at most 63)"
@@ -76,14 +77,14 @@ class KubernetesOptions:
         if not self.image or any(c.isspace() for c in self.image):
             raise ManifestError(f"image {self.image!r} is not an image reference")
         for key, value in self.labels.items():
-            if not _LABEL_KEY.match(key) or len(key.rpartition("/")[2]) > 63:
+            if not _LABEL_KEY.fullmatch(key) or len(key.rpartition("/")[2]) > 63:
                 raise ManifestError(f"label key {key!r} is not a Kubernetes label key")
-            if not _LABEL_VALUE.match(value):
+            if not _LABEL_VALUE.fullmatch(value):
                 raise ManifestError(
                     f"label value {value!r} is not a Kubernetes label value "
                     "(at most 63 letters, digits, '-', '_', '.')"
                 )
-        if self.runtime_class is not None and not _DNS_LABEL.match(self.runtime_class):
+        if self.runtime_class is not None and not _DNS_LABEL.fullmatch(self.runtime_class):
             raise ManifestError(f"runtime class {self.runtime_class!r} is not a Kubernetes name")
 
 

@@ -306,6 +306,11 @@ def test_options_change_what_they_say() -> None:
         ({"labels": {"release": "a b"}}, "label value 'a b' is not a Kubernetes label value"),
         ({"labels": {"-x": "1"}}, "label key '-x' is not a Kubernetes label key"),
         ({"image": "has space"}, "image 'has space' is not an image reference"),
+        # a trailing newline, which a regex's "$" lets through
+        ({"namespace": "ns\n"}, "namespace 'ns\\n' is not a Kubernetes name"),
+        ({"runtime_class": "nvidia\n"}, "runtime class 'nvidia\\n' is not a Kubernetes name"),
+        ({"labels": {"release\n": "1"}}, "label key 'release\\n' is not a Kubernetes label key"),
+        ({"labels": {"release": "1\n"}}, "label value '1\\n' is not a Kubernetes label value"),
     ],
 )
 def test_bad_options_are_refused(kwargs: dict[str, Any], message: str) -> None:
