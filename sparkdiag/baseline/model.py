@@ -65,7 +65,7 @@ class BaselineKey:
         for name in ("gpu_uuid", "dtype", "shape"):
             if not getattr(self, name).strip():
                 raise ValueError(f"BaselineKey.{name} must not be empty")
-        if not _SHAPE.match(self.shape):
+        if not _SHAPE.fullmatch(self.shape):  # whole: "$" lets a trailing newline through
             raise ValueError(f"BaselineKey.shape must look like 8192x8192x8192, got {self.shape!r}")
         if self.context not in CONTEXTS:
             raise ValueError(
