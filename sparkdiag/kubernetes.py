@@ -362,12 +362,16 @@ def manifests(options: KubernetesOptions) -> list[tuple[str, dict[str, Any]]]:
     return found
 
 
-class _PythonDumper(yaml.SafeDumper):
+class _Manifest:
     """Block style, keys in the order built, multi-line strings as literal blocks, and every
-    value written out (no YAML anchors for objects used twice)."""
+    value written out (no YAML anchors for objects used twice): what both emitters share."""
 
     def ignore_aliases(self, data: Any) -> bool:
         return True
+
+
+class _PythonDumper(_Manifest, yaml.SafeDumper):
+    """PyYAML's own emitter, in Python."""
 
 
 # The same through libyaml's C emitter where PyYAML was built with it: the eight manifests
@@ -377,11 +381,8 @@ class _PythonDumper(yaml.SafeDumper):
 _Dumper: type[Any] = _PythonDumper
 if hasattr(yaml, "CSafeDumper"):
 
-    class _CDumper(yaml.CSafeDumper):
-        __doc__ = _PythonDumper.__doc__
-
-        def ignore_aliases(self, data: Any) -> bool:
-            return True
+    class _CDumper(_Manifest, yaml.CSafeDumper):
+        """libyaml's emitter."""
 
     _Dumper = _CDumper
 
@@ -391,8 +392,9 @@ def _str(dumper: yaml.representer.SafeRepresenter, value: str) -> yaml.ScalarNod
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
 
-_PythonDumper.add_representer(str, _str)
-_Dumper.add_representer(str, _str)
+_EMITTERS: set[type[Any]] = {_PythonDumper, _Dumper}  # one class where libyaml is absent
+for _emitter in _EMITTERS:
+    _emitter.add_representer(str, _str)
 
 
 def _dumper(options: KubernetesOptions) -> Any:
