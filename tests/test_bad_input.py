@@ -256,7 +256,8 @@ def test_check_peer_with_a_missing_secret_is_a_row_not_a_stop(tmp_path: Path) ->
     """The --peer usage error above must not take the link secret's problems with it: a
     missing secret stays a FAIL row of a check that ran (the review of that fix)."""
     result = run_cli("check", "--peer", "127.0.0.1", "--link.secret-file", str(tmp_path / "none"),
-                     "--nvml-fixture", str(NVML / "h200-idle.json"), timeout=60)  # fmt: skip
+                     "--nvml-fixture", str(NVML / "h200-idle.json"), "--probe.fixture",
+                     str(ROOT / "tests/fixtures/probe/h200-default.json"), timeout=60)  # fmt: skip
     assert result.returncode == 3, result.stderr
     words = " ".join(result.stdout.split())
     assert "link-peer" in words and "--link.secret-file" in words

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -17,7 +17,9 @@ from sparkdiag.check.gather import Sources
 from sparkdiag.check.model import CheckResult, KernelLog, exit_code, worst
 from sparkdiag.check.report import document, gpu_list, merge, summary, table
 from sparkdiag.cli import main
-from tests.support import machine_args
+from sparkdiag.probe.runner import ProbeCycle
+from sparkdiag.snapshot import GpuSample
+from tests.support import machine_args, resolver_answers
 from tests.support.check import (
     GOOD_TORCH,
     NVML,
@@ -152,6 +154,38 @@ def test_expected_gpu_missing_fails(tmp_path: Path) -> None:
     result = invoke([*_base(tmp_path), "--quick", "--expect-gpus", "2"])
     assert result.exit_code == 3
     assert "1 GPU visible: NVIDIA H200, 2 expected" in result.output
+
+
+@pytest.mark.parametrize(
+    ("peer", "said"),
+    [
+        ("no-such-host.invalid", "no such host name"),
+        ("127.0.0.1:", "give HOST or HOST:PORT"),
+        ("[::1]x", "give HOST or HOST:PORT"),
+    ],
+)
+def test_a_bad_peer_is_refused_before_anything_is_measured(
+    tmp_path: Path, peer: str, said: str
+) -> None:
+    """A name that does not resolve was --peer's usage error only after the probe and every
+    host reading had run (4 s on fixtures, the probe's minute on a GPU): now the idle GPU is
+    not probed and the storage directory is not written."""
+    if "." in peer and not peer[0].isdigit():
+        resolver_answers(peer)
+    launched: list[int] = []
+
+    def launch(gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle:
+        launched.append(gpu.identity.index)
+        return never_launch(gpu, on_start)
+
+    storage = tmp_path / "data"
+    storage.mkdir()
+    sources = Sources(launcher=launch, torch=GOOD_TORCH, kernel_log=KernelLog((), "test"))
+    result = invoke([*_base(tmp_path), "--peer", peer, "--storage", str(storage)], sources)
+    assert result.exit_code == 2, result.output
+    assert "Invalid value for '--peer'" in result.output and said in result.output
+    assert launched == []
+    assert not (tmp_path / "state").exists()
 
 
 # -- output --------------------------------------------------------------------------------------

@@ -99,6 +99,7 @@ def gather(
     directory's read and write speed (it writes; never recorded); FixtureError passes up. NVML
     that does not start and answer the first poll within ``nvml_timeout`` seconds is down
     (:func:`sparkdiag.telemetry.build.first_poll`)."""
+    _check_peer(settings, quick)  # a bad --peer is said at once, not after the probe
     poller, snapshot = first_poll(settings, nvml_timeout)
     poll = BoundedPoll(poller, nvml_timeout)
     try:
@@ -169,6 +170,24 @@ PEER_OPTIONS = Options(seconds=2.0, use_tools=False, budget=30.0)
 def _warn(line: str) -> None:
     """A warning line on standard error, its bytes escaped (a path is the user's)."""
     print(terminal.safe(line), file=sys.stderr)
+
+
+def _check_peer(settings: Settings, quick: bool) -> None:
+    """--peer's usage errors before anything is measured: a malformed one, and (unless
+    ``quick``, which runs no link test) a name that does not resolve. They came after the probe
+    and the host's readings, seconds later (a minute and more on a GPU that probes long). A name
+    that cannot be resolved now (not "no such name") is left for the link row to say."""
+    if settings.peer is None:
+        return
+    host, port = split_peer(settings.peer)
+    if quick:
+        return
+    try:
+        resolve(host, port)
+    except UsageError as exc:
+        raise UsageError(exc.message, flag="--peer") from None
+    except SparkdiagError:
+        pass
 
 
 def _with_link(
