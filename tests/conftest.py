@@ -102,6 +102,13 @@ def images(tmp_path_factory: pytest.TempPathFactory) -> Images:
     return Images(tmp_path_factory.mktemp("images"))
 
 
+@pytest.fixture(scope="session")
+def torch() -> Any:
+    """torch, imported in the worker that runs a test asking for it, not by every worker's
+    collection (tests.support.skip_unless_installed says why); skips where it is missing."""
+    return pytest.importorskip("torch")
+
+
 # The slow kinds: each is a marker, and every test of one of them is also `slow`, so that
 # `pytest -m "not slow"` runs the rest in a few minutes (README, "Tests"). A test that
 # uses one of these fixtures runs the real probe worker (CPU torch) in a subprocess.

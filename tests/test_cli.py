@@ -148,8 +148,9 @@ def test_serve_without_gpu_or_pci_link_says_it_once(tmp_path: Path) -> None:
 
 
 def test_other_commands_say_only_that_nvml_is_unavailable() -> None:
-    """native polled through the daemon's poller, whose line promised what serve exports."""
-    result = invoke_cli("native", "--nvml-fixture", NO_NVML)
+    """native polled through the daemon's poller, whose line promised what serve exports
+    (--no-torch: torch's import in a child, 2.5 s of CPU here, says nothing of NVML)."""
+    result = invoke_cli("native", "--nvml-fixture", NO_NVML, "--no-torch")
     said = [line for line in result.stderr.splitlines() if "NVML" in line]
     assert len(said) == 1 and said[0].startswith(WITHOUT_NVML), result.stderr
     assert said[0].endswith("no-nvml.json))"), said[0]  # nothing about what is exported

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from tests.support import alive, run_python
+from tests.support import alive, run_python, skip_unless_installed
 
 pytestmark = pytest.mark.worker
 
-pytest.importorskip("torch")
+skip_unless_installed("torch")
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "device" / "probe_truth.py"
 TINY = [

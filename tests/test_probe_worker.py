@@ -17,10 +17,10 @@ import pytest
 
 from sparkdiag.probe.runner import worker_source
 from sparkdiag.probe.worker import contract
-from tests.support import run_python
+from tests.support import run_python, skip_unless_installed
 from tests.support.worker import CPU_ARGS, WORKER, progress_lines, run_worker, worker_document
 
-torch = pytest.importorskip("torch")
+skip_unless_installed("torch")
 
 
 RESULT_KEYS = {
@@ -87,7 +87,7 @@ def test_stdout_is_exactly_one_json_document(
     assert "sparkdiag-probe: bf16 compute 256x256x256" in proc.stderr
 
 
-def test_document_schema(cpu_doc: dict[str, Any]) -> None:
+def test_document_schema(cpu_doc: dict[str, Any], torch: Any) -> None:
     assert cpu_doc["schema"] == "sparkdiag-probe/2" == contract.SCHEMA
     assert cpu_doc["status"] == "ok" and cpu_doc["reason"] is None
     assert cpu_doc["software"].keys() >= SOFTWARE_KEYS
@@ -211,7 +211,7 @@ def test_transfers_on_cpu_are_unsupported_with_a_reason(
 
 
 @pytest.mark.worker
-def test_stdin_with_cleared_environment() -> None:
+def test_stdin_with_cleared_environment(torch: Any) -> None:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     args = ["--small", "--dtype", "bf16,int4", "--dtype", "fp8", "--budget-seconds", "0.2"]
     proc = subprocess.run(
@@ -322,7 +322,7 @@ GPU_LOAD = Path(__file__).parent / "support" / "probe_scripts" / "gpu_load.py"
 
 
 def _cuda() -> bool:
-    return bool(torch.cuda.is_available())
+    return bool(pytest.importorskip("torch").cuda.is_available())
 
 
 def _start_load(seconds: float) -> subprocess.Popen[str]:

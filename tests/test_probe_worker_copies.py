@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from sparkdiag.probe.worker import contract, copies, output, plan
+from tests.support import skip_unless_installed
 from tests.support.worker import cpu_info, simulated_gpu
 
-torch = pytest.importorskip("torch")
+skip_unless_installed("torch")
 
 
-def test_measure_copies_checks_the_data_and_charges_the_budget() -> None:
+def test_measure_copies_checks_the_data_and_charges_the_budget(torch: Any) -> None:
     info = cpu_info()
     src = torch.arange(8192, dtype=torch.int64)
     dst = torch.zeros_like(src)

@@ -9,9 +9,10 @@ from typing import Any
 import pytest
 
 from sparkdiag.probe.worker import contract, dtypes, kernels, nvml, plan
+from tests.support import skip_unless_installed
 from tests.support.worker import cpu_info
 
-torch = pytest.importorskip("torch")
+skip_unless_installed("torch")
 
 
 def test_classify_exception() -> None:
@@ -37,7 +38,7 @@ def test_classify_exception() -> None:
         assert dtypes.classify_kernel_exception("nvfp4", RuntimeError(text))[0] == "error"
 
 
-def test_relative_error_catches_a_wrong_result() -> None:
+def test_relative_error_catches_a_wrong_result(torch: Any) -> None:
     ref = torch.randn(8, 64, dtype=torch.float64)
     assert kernels.max_row_relative_error(torch, ref.clone(), ref) == 0.0
     bad = ref.clone()
@@ -56,7 +57,7 @@ def test_relative_error_catches_a_wrong_result() -> None:
     assert not kernels.within_bound(1e-9, contract.DTYPES["int8"].error_bound)
 
 
-def test_int4_quantisation_round_trip() -> None:
+def test_int4_quantisation_round_trip(torch: Any) -> None:
     gen = torch.Generator().manual_seed(7)
     wt = torch.randn(16, 256, generator=gen).to(torch.bfloat16)
     q, sz, deq = dtypes._quantize_int4(torch, wt, 128)
@@ -67,7 +68,7 @@ def test_int4_quantisation_round_trip() -> None:
     assert 0.05 < rel < 0.15
 
 
-def test_gates() -> None:
+def test_gates(torch: Any) -> None:
     def info(cc: tuple[int, int], version: tuple[int, int] = (2, 11)) -> Any:
         return dtypes.DeviceInfo(torch, "cuda:0", True, cc, 132, 60 * 1024**2, version)
 

@@ -10,14 +10,15 @@ from typing import Any
 import pytest
 
 from sparkdiag.probe.worker import contract, dtypes, kernels, nvml, output, plan, timing
+from tests.support import skip_unless_installed
 from tests.support.worker import cpu_info, simulated_gpu
 
-torch = pytest.importorskip("torch")
+skip_unless_installed("torch")
 
 
 @pytest.mark.parametrize("corruption", ["scale", "nan"])
 def test_a_broken_kernel_is_an_error_not_fast(
-    monkeypatch: pytest.MonkeyPatch, corruption: str
+    monkeypatch: pytest.MonkeyPatch, corruption: str, torch: Any
 ) -> None:
     real_prepare = dtypes.prepare
 
@@ -179,7 +180,7 @@ def test_group_warms_all_then_times_in_rotated_rounds(monkeypatch: pytest.Monkey
     assert budget.kernels_left == 0 and budget.busy > 0
 
 
-def test_shape_planning() -> None:
+def test_shape_planning(torch: Any) -> None:
     assert plan.compute_cube((9, 0), 132) == 8192  # H100/H200
     assert plan.compute_cube((12, 1), 48) == 4096  # GB10
     assert plan.compute_cube((7, 5), 40) == 4096

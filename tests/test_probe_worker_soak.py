@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from sparkdiag.probe.worker import contract, dtypes, kernels, output, soak
+from tests.support import skip_unless_installed
 from tests.support.worker import SOAK_ARGS, WORKER, cpu_info, progress_lines, run_worker
 
-torch = pytest.importorskip("torch")
+skip_unless_installed("torch")
 
 
 @pytest.mark.worker
@@ -183,7 +184,7 @@ def test_soak_error_still_leaves_a_document(monkeypatch: pytest.MonkeyPatch) -> 
     assert section["load"]["iterations"] == 0
 
 
-def test_soak_on_a_gpu_without_nvml_refuses() -> None:
+def test_soak_on_a_gpu_without_nvml_refuses(torch: Any) -> None:
     """Without temperatures the soak cannot keep its safety margin: it does not start."""
     gpu = dtypes.DeviceInfo(torch, "cuda:0", True, (9, 0), 132, 60 * 1024**2, (2, 11))
     args = contract.parse_args(["--soak-seconds", "600"])

@@ -18,9 +18,9 @@ import pytest
 from sparkdiag.watch.loaders import loader_lines
 from sparkdiag.watch.model import load
 from sparkdiag.watch.threads import read_recording
-from tests.support import sparkdiag_cmd
+from tests.support import skip_unless_installed, sparkdiag_cmd
 
-pytest.importorskip("torch")
+skip_unless_installed("torch")
 pyspy = pytest.importorskip("sparkdiag.sources.host.pyspy")
 if pyspy.find() is None:
     pytest.skip("py-spy is not installed here", allow_module_level=True)

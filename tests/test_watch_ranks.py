@@ -23,10 +23,10 @@ from sparkdiag.watch import ranks
 from sparkdiag.watch.diagnose import diagnose
 from sparkdiag.watch.model import RankInfo, Recording, StackFrame, ThreadInfo, load
 from sparkdiag.watch.threads import read_recording
-from tests.support import sparkdiag_cmd
+from tests.support import skip_unless_installed, sparkdiag_cmd
 from tests.support.watch import const, frame, loop, sole_cause, timeline, with_threads
 
-torch = pytest.importorskip("torch")
+skip_unless_installed("torch")
 pyspy = pytest.importorskip("sparkdiag.sources.host.pyspy")
 if pyspy.find() is None:
     pytest.skip("py-spy is not installed here", allow_module_level=True)
