@@ -182,7 +182,7 @@ def test_nan_and_infinity_are_usage_errors(args: tuple[str, ...]) -> None:
     """click's FloatRange lets NaN through every bound (watch --interval nan ticked at full
     speed; link test --connect-timeout nan was a traceback; soak --window nan exit 3: the
     bad-input review): every float flag is a FiniteRange."""
-    result = run_cli(*args)
+    result = invoke_cli(*args)
     assert_clean_error(result, 2, "is not a finite number")
 
 
@@ -218,7 +218,7 @@ def test_every_float_flag_of_every_command_is_a_finite_range() -> None:
 def test_baseline_pin_takes_a_plausible_figure_only(value: str) -> None:
     """--tflops 0, -5 or 1e308 was a traceback (or, 1e308, a baseline every probe fell short
     of): a usage error before the store is opened."""
-    result = run_cli("baseline", "pin", "--all", "--tflops", value)
+    result = invoke_cli("baseline", "pin", "--all", "--tflops", value)
     assert_clean_error(result, 2, "--tflops")
 
 
@@ -242,12 +242,12 @@ def test_check_peer_that_does_not_resolve_names_peer_not_link_test_s_argument() 
 def test_an_empty_value_is_not_taken_for_a_default(args: tuple[str, ...], said: str) -> None:
     """--dtype ,,, meant every dtype; --container '' ran the container side and failed with
     exit 3 (the bad-input review): both are usage errors."""
-    assert_clean_error(run_cli(*args), 2, said)
+    assert_clean_error(invoke_cli(*args), 2, said)
 
 
 def test_assets_with_an_empty_image_is_a_usage_error(tmp_path: Path) -> None:
     """--image '' silently wrote the default image into the manifests (the bad-input review)."""
-    result = run_cli("assets", "--kubernetes", "--image", "", str(tmp_path / "out"))
+    result = invoke_cli("assets", "--kubernetes", "--image", "", str(tmp_path / "out"))
     assert_clean_error(result, 2, "--image is empty")
     assert not (tmp_path / "out").exists()
 
@@ -269,7 +269,7 @@ def test_a_shape_of_other_digits_or_too_many_is_a_usage_error(text: str) -> None
 
     with pytest.raises(UsageError):
         parse_shape(text)
-    assert_clean_error(run_cli("probe", "--device", "cpu", "--shape", text), 2, "--shape")
+    assert_clean_error(invoke_cli("probe", "--device", "cpu", "--shape", text), 2, "--shape")
 
 
 @pytest.mark.parametrize(

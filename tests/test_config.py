@@ -21,7 +21,7 @@ from sparkdiag.config import (
 )
 from sparkdiag.flags import settings_from
 from sparkdiag.sources.nvml.fixture import FixtureError
-from tests.support import NVML, ROOT, sparkdiag_cmd
+from tests.support import NVML, invoke_cli, run_cli
 
 
 def write(tmp_path: Path, text: str) -> Path:
@@ -103,35 +103,29 @@ def test_default_config_lists_every_key_and_round_trips(tmp_path: Path) -> None:
     assert build_settings(write(tmp_path, uncommented), {}) == Settings()
 
 
-def run(*args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        sparkdiag_cmd(*args), capture_output=True, text=True, cwd=ROOT, timeout=timeout
-    )
-
-
 def test_serve_with_a_bad_config_exits_2_without_traceback(tmp_path: Path) -> None:
     path = write(tmp_path, "[probe]\ninterval = 0.5\n")
-    result = run("serve", "--config", str(path))
+    result = run_cli("serve", "--config", str(path))
     assert result.returncode == 2
     assert "probe.interval: 0.5 is out of range; allowed: 1 to 86400 seconds" in result.stderr
     assert "Traceback" not in result.stderr
 
 
 def test_config_default_and_check_commands(tmp_path: Path) -> None:
-    result = run("config", "default")
+    result = invoke_cli("config", "default")
     assert result.returncode == 0 and result.stdout == default_config_text()
     good = write(tmp_path, 'listen = "127.0.0.1:10000"\n')
-    ok = run("config", "check", str(good))
+    ok = invoke_cli("config", "check", str(good))
     assert ok.returncode == 0 and "ok (listen 127.0.0.1:10000" in ok.stdout
     bad = write(tmp_path, "listen = 5\n")
-    result = run("config", "check", str(bad))
+    result = invoke_cli("config", "check", str(bad))
     assert result.returncode == 2 and "listen: 5 is not a string" in result.stderr
 
 
 @pytest.mark.parametrize("name", ["missing.toml", "."])
 def test_config_check_of_what_is_not_a_file_is_one_line(tmp_path: Path, name: str) -> None:
     """A directory was click's three-line usage error where a missing file was one line."""
-    result = run("config", "check", str(tmp_path / name))
+    result = invoke_cli("config", "check", str(tmp_path / name))
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("Error: ")
     assert "Usage:" not in result.stderr and "Traceback" not in result.stderr
@@ -160,13 +154,13 @@ def test_config_check_refuses_what_serve_refuses_naming_the_file_and_key(
     tmp_path: Path, key: str, text: str, why: str
 ) -> None:
     path = write(tmp_path, text + "\n")
-    checked = run("config", "check", str(path))
+    checked = invoke_cli("config", "check", str(path))
     assert checked.returncode == 2, checked.stdout + checked.stderr
     assert checked.stderr.startswith(f"Error: {path}: {key}: "), checked.stderr
     assert why in checked.stderr and checked.stderr.count("\n") == 1, checked.stderr
     assert "Invalid value for" not in checked.stderr  # no flag named: none was given
     try:  # serve, on this machine without a GPU, says the same line and starts nothing
-        served = run("serve", "--config", str(path), timeout=20)
+        served = run_cli("serve", "--config", str(path), timeout=20)
     except subprocess.TimeoutExpired:
         pytest.fail(f"serve started with {text!r}, which config check refused")
     assert (served.returncode, served.stderr) == (2, checked.stderr)
@@ -341,7 +335,7 @@ def test_a_value_given_to_a_table_is_named_a_table(
     said = str(info.value)
     assert said.startswith(f"{path}: {key}: a table ([{key}]), not a value: set its keys under")
     assert inside in said and "did you mean" not in said and "unknown key" not in said
-    checked = run("config", "check", str(path))
+    checked = invoke_cli("config", "check", str(path))
     assert checked.returncode == 2 and f"{key}: a table ([{key}])" in checked.stderr
 
 
@@ -369,7 +363,7 @@ def test_config_check_warns_of_a_key_no_command_reads_from_a_file(
         f"warning: {path}: {key}: no command reads this key from a configuration file: it is "
         f"{flag}; give it there, and remove it here"
     ]
-    checked = run("config", "check", str(path))
+    checked = invoke_cli("config", "check", str(path))
     assert checked.returncode == 0 and f"{path}: ok (listen" in checked.stdout
     assert checked.stderr == said[0] + "\n"
 
@@ -382,5 +376,5 @@ def test_a_key_fleet_reads_from_the_file_is_not_warned_of(tmp_path: Path) -> Non
         "poll_interval": 2.0,
     }
     assert said == []
-    checked = run("config", "check", str(path))
+    checked = invoke_cli("config", "check", str(path))
     assert (checked.returncode, checked.stderr) == (0, "")
