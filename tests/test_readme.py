@@ -146,7 +146,7 @@ def test_the_test_command_is_what_ci_runs() -> None:
     assert "    ./scripts/test\n" in sections()["Quick start"]
     ci = (ROOT / ".ci" / "run").read_text().strip().splitlines()
     assert ci[-1] == "./scripts/test"
-    assert 'pytest -n auto -m "not slow"' in TEXT
+    assert 'pytest -n auto --dist worksteal -m "not slow"' in TEXT
 
 
 def test_what_torch_a_machine_without_a_gpu_downloads_is_said() -> None:
