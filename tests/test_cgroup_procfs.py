@@ -239,3 +239,16 @@ def test_cgroup_pressure_wins_over_the_host(tmp_path: Path) -> None:
 def test_no_pressure_files_is_empty_not_zero(tmp_path: Path) -> None:
     sample = pressure.read_pressure(tmp_path, tmp_path)
     assert sample.stall_seconds == {} and sample.memory_bytes == {}
+
+
+def test_status_lines_are_read_by_their_whole_key() -> None:
+    """One reader of /proc/PID/status lines serves the uid, the CPU list, py-spy's CapEff and
+    the tests' SigCgt: a key is matched whole, the effective uid is the second of four."""
+    text = "Name:\tpython\nUidx:\t9\nUid:\t1000\t1001\t1002\t1003\nCpus_allowed_list:\t0-3,8\n"
+    assert procfs.status_field(text, "Uid") == "1000\t1001\t1002\t1003"
+    assert procfs.status_field(text, "Ui") is None and procfs.status_field("", "Uid") is None
+    assert procfs.effective_uid(text) == 1001
+    assert procfs.effective_uid("Uid:\t1000\n") is None
+    own = Path(f"/proc/{os.getpid()}/status").read_text(encoding="ascii")
+    assert procfs.effective_uid(own) == os.geteuid()
+    assert procfs.allowed_cpus(Path("/"), os.getpid()) == len(os.sched_getaffinity(0))

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from sparkdiag.sources.host.procfs import status_field
 from tests.support import (
     NVML,
     ROOT,
@@ -130,8 +131,8 @@ def test_sighup_and_sigusr1_do_not_stop_the_daemon(tmp_path: Path, closed_stdout
 
 def _catches(pid: int, sig: int) -> bool:
     """Whether the process has a handler of its own for ``sig`` (SigCgt in /proc/PID/status)."""
-    status = Path(f"/proc/{pid}/status").read_text(encoding="ascii")
-    caught = next(line.split()[1] for line in status.splitlines() if line.startswith("SigCgt:"))
+    caught = status_field(Path(f"/proc/{pid}/status").read_text(encoding="ascii"), "SigCgt")
+    assert caught is not None, f"no SigCgt line for {pid}"
     return bool(int(caught, 16) >> (sig - 1) & 1)
 
 

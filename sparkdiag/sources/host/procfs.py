@@ -60,14 +60,21 @@ def passwd_names(rootfs: Path) -> dict[int, str]:
     return names
 
 
-def effective_uid(status: str) -> int | None:
-    """The effective uid from the text of ``/proc/PID/status`` (its ``Uid:`` line)."""
+def status_field(status: str, key: str) -> str | None:
+    """The value of line ``key`` in the text of ``/proc/PID/status`` (``Uid``, ``CapEff``,
+    ``SigCgt``, ``Cpus_allowed_list`` ...), stripped; None where there is no such line."""
     for line in status.splitlines():
-        if line.startswith("Uid:"):
-            fields = line.split()
-            if len(fields) >= 3 and fields[2].isdigit():
-                return int(fields[2])
+        name, _, value = line.partition(":")
+        if name == key:
+            return value.strip()
     return None
+
+
+def effective_uid(status: str) -> int | None:
+    """The effective uid from the text of ``/proc/PID/status`` (the second of its ``Uid:``
+    line's real, effective, saved and filesystem uids)."""
+    uids = (status_field(status, "Uid") or "").split()
+    return int(uids[1]) if len(uids) >= 2 and uids[1].isdigit() else None
 
 
 def process_identity(rootfs: Path, pid: int, users: dict[int, str]) -> ProcessIdentity | None:
@@ -281,18 +288,16 @@ def driver_gpus(rootfs: Path) -> frozenset[str] | None:
 def allowed_cpus(rootfs: Path, pid: int) -> int | None:
     """How many CPUs ``pid`` may run on (``Cpus_allowed_list`` in ``/proc/PID/status``, as
     ``taskset -cp PID`` shows it); None when unreadable. A cgroup CPU quota is not counted."""
-    for line in (_read(rootfs / "proc" / str(pid) / "status") or "").splitlines():
-        key, _, value = line.partition(":")
-        if key != "Cpus_allowed_list":
-            continue
-        count = 0
-        for part in value.strip().split(","):
-            low, _, high = part.partition("-")
-            if not low.strip().isdigit() or (high and not high.strip().isdigit()):
-                return None
-            count += int(high or low) - int(low) + 1
-        return count or None
-    return None
+    value = status_field(_read(rootfs / "proc" / str(pid) / "status") or "", "Cpus_allowed_list")
+    if value is None:
+        return None
+    count = 0
+    for part in value.split(","):
+        low, _, high = part.partition("-")
+        if not low.strip().isdigit() or (high and not high.strip().isdigit()):
+            return None
+        count += int(high or low) - int(low) + 1
+    return count or None
 
 
 # -- processes holding the GPU, from /proc (where NVML reports no per-process memory) ---------

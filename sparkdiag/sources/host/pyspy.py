@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from sparkdiag.sources.files import KIB, MIB, read_text_limited
+from sparkdiag.sources.host.procfs import status_field
 
 ENV = "SPARKDIAG_PYSPY"  # the py-spy binary to use; an empty or missing path: none
 CAP_SYS_PTRACE = 19  # linux/capability.h
@@ -137,17 +138,9 @@ def version(binary: Path) -> str | None:
     return done.stdout.strip() or None if done.returncode == 0 else None
 
 
-def _status_field(status: str, key: str) -> str | None:
-    for line in status.splitlines():
-        name, _, value = line.partition(":")
-        if name == key:
-            return value.strip()
-    return None
-
-
 def has_ptrace_capability(status: str) -> bool:
     """Whether a ``/proc/PID/status`` text shows CAP_SYS_PTRACE among the effective ones."""
-    value = _status_field(status, "CapEff")
+    value = status_field(status, "CapEff")
     try:
         return value is not None and bool(int(value, 16) >> CAP_SYS_PTRACE & 1)
     except ValueError:
@@ -172,8 +165,8 @@ def access_problem(
         return None
     if scope == "2":
         return f"kernel.yama.ptrace_scope=2 lets only CAP_SYS_PTRACE read other processes: {GRANT}"
-    own = _status_field(own_status, "Uid")
-    theirs = None if target_status is None else _status_field(target_status, "Uid")
+    own = status_field(own_status, "Uid")
+    theirs = None if target_status is None else status_field(target_status, "Uid")
     if own is None or theirs is None or own.split()[1:2] != theirs.split()[:1]:
         return f"the job runs as another user: {GRANT}"
     if scope == "1" and not descendant:
