@@ -7,11 +7,13 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
 
 from sparkdiag.check import catalog as checks_module
+from sparkdiag.check import gather as gather_module
 from sparkdiag.check.catalog import CHECKS, LOAD_CHECKS, run_checks
 from sparkdiag.check.gather import Sources
 from sparkdiag.check.model import CheckResult, KernelLog, exit_code, worst
@@ -165,27 +167,56 @@ def test_expected_gpu_missing_fails(tmp_path: Path) -> None:
     ],
 )
 def test_a_bad_peer_is_refused_before_anything_is_measured(
-    tmp_path: Path, peer: str, said: str
+    tmp_path: Path, peer: str, said: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A name that does not resolve was --peer's usage error only after the probe and every
-    host reading had run (4 s on fixtures, the probe's minute on a GPU): now the idle GPU is
-    not probed and the storage directory is not written."""
+    """A malformed --peer, or a name that does not resolve, was its usage error only after NVML
+    was polled, the idle GPU probed and every host reading made (15 s on a lent H100): now
+    NVML is not even started."""
     if "." in peer and not peer[0].isdigit():
         resolver_answers(peer)
-    launched: list[int] = []
+    started: list[str] = []
+    real_first_poll = gather_module.first_poll
+
+    def first_poll(*args: Any) -> Any:
+        started.append("nvml")
+        return real_first_poll(*args)
 
     def launch(gpu: GpuSample, on_start: Callable[[int], None]) -> ProbeCycle:
-        launched.append(gpu.identity.index)
+        started.append("probe")
         return never_launch(gpu, on_start)
 
-    storage = tmp_path / "data"
-    storage.mkdir()
+    monkeypatch.setattr(gather_module, "first_poll", first_poll)
     sources = Sources(launcher=launch, torch=GOOD_TORCH, kernel_log=KernelLog((), "test"))
-    result = invoke([*_base(tmp_path), "--peer", peer, "--storage", str(storage)], sources)
+    result = invoke([*_base(tmp_path), "--peer", peer], sources)
     assert result.exit_code == 2, result.output
     assert "Invalid value for '--peer'" in result.output and said in result.output
-    assert launched == []
-    assert not (tmp_path / "state").exists()
+    assert started == []
+
+
+def test_a_peer_that_cannot_be_resolved_now_is_the_link_row_after_one_lookup(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No DNS server answers (EAI_AGAIN, as on the lent GPU machines): no usage error, the
+    check runs and the link-peer row says why; the name is looked up once, not once before the
+    probe and again for the row (each lookup may wait for the resolver's timeout)."""
+    import socket
+
+    real = socket.getaddrinfo
+    asked: list[str] = []
+
+    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+        if host == "peer.example":
+            asked.append(host)
+            raise socket.gaierror(socket.EAI_AGAIN, "Temporary failure in name resolution")
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    args = [*_base(tmp_path), "--probe.fixture", str(PROBE_FIXTURE), "--peer", "peer.example"]
+    result = invoke([*args, "--link.secret-file", str(tmp_path / "no-secret")], REPLAY)
+    assert result.exit_code == 3, result.output
+    row = next(line for line in result.output.splitlines() if "link-peer" in line)
+    assert row.startswith("FAIL") and "cannot be resolved now" in " ".join(result.output.split())
+    assert asked == ["peer.example"]
 
 
 # -- output --------------------------------------------------------------------------------------

@@ -99,7 +99,7 @@ def gather(
     directory's read and write speed (it writes; never recorded); FixtureError passes up. NVML
     that does not start and answer the first poll within ``nvml_timeout`` seconds is down
     (:func:`sparkdiag.telemetry.build.first_poll`)."""
-    _check_peer(settings, quick)  # a bad --peer is said at once, not after the probe
+    unresolved = _check_peer(settings, quick)  # a bad --peer is said at once, not after the probe
     poller, snapshot = first_poll(settings, nvml_timeout)
     poll = BoundedPoll(poller, nvml_timeout)
     try:
@@ -132,7 +132,7 @@ def gather(
         ctx = _with_software(ctx, settings)
         if storage is not None:
             ctx = replace(ctx, storage=storage_probe(storage, settings))
-        return _with_link(ctx, settings, on_peer)
+        return _with_link(ctx, settings, on_peer, unresolved)
     finally:
         if poll.lost is None:  # after a hang the stuck call holds NVML: not stopped
             poller.gpu.stop()
@@ -172,39 +172,47 @@ def _warn(line: str) -> None:
     print(terminal.safe(line), file=sys.stderr)
 
 
-def _check_peer(settings: Settings, quick: bool) -> None:
+def _check_peer(settings: Settings, quick: bool) -> str | None:
     """--peer's usage errors before anything is measured: a malformed one, and (unless
     ``quick``, which runs no link test) a name that does not resolve. They came after the probe
-    and the host's readings, seconds later (a minute and more on a GPU that probes long). A name
-    that cannot be resolved now (not "no such name") is left for the link row to say."""
+    and the host's readings, seconds later (15 s on a lent H100). A name that cannot be resolved
+    now (no DNS server answers; not "no such name") is no usage error: why is returned, for the
+    link row to say after the rest has run, and the name is not looked up again (each lookup
+    may wait for the resolver's timeout)."""
     if settings.peer is None:
-        return
+        return None
     host, port = split_peer(settings.peer)
     if quick:
-        return
+        return None
     try:
         resolve(host, port)
     except UsageError as exc:
         raise UsageError(exc.message, flag="--peer") from None
-    except SparkdiagError:
-        pass
+    except SparkdiagError as exc:
+        return exc.line()
+    return None
 
 
 def _with_link(
-    ctx: CheckContext, settings: Settings, on_peer: Callable[[str], None] | None
+    ctx: CheckContext,
+    settings: Settings,
+    on_peer: Callable[[str], None] | None,
+    unresolved: str | None = None,
 ) -> CheckContext:
     """The ConnectX-7 readings (with the route to ``--peer``), and the link test against it
-    (not with --quick). A malformed --peer is a usage error."""
+    (not with --quick); ``unresolved``: why :func:`_check_peer` could not resolve the peer now,
+    the row's error instead of a test."""
     peer = split_peer(settings.peer)[0] if settings.peer is not None else None
     with contextlib.suppress(FileNotFoundError):  # a missing sysfs root: the PCIe rows say so
         fabric = read_fabric(settings.sysfs, settings.rootfs, os.environ, peer=peer)
         ctx = replace(ctx, fabric=fabric)
     if settings.peer is None or ctx.quick:
         return ctx
-    host, port = split_peer(settings.peer)  # a malformed --peer is a usage error
+    if unresolved is not None:  # before the secret's errors, as a name that does not resolve
+        return replace(ctx, peer_error=unresolved)
+    host, port = split_peer(settings.peer)
     secret_file = settings.link_secret_file or auth.default_path()
     try:
-        resolve(host, port)  # a name that does not resolve is --peer's error before the secret's
         # a directory others may write is warned about on stderr, as link test does (found in
         # a review; check logs only errors by default, so not through the log)
         secret = auth.read_secret(secret_file, say=_warn)
@@ -216,7 +224,7 @@ def _with_link(
             os.environ,
             progress=on_peer or (lambda line: None),
         )
-    except UsageError as exc:  # a name that does not resolve: --peer's, not link test's PEER
+    except UsageError as exc:  # a name that stopped resolving: --peer's, not link test's PEER
         if exc.flag != "PEER":  # the link secret's file: a row, as every other link failure
             return replace(ctx, peer_error=exc.line())
         raise UsageError(exc.message, flag="--peer") from None
