@@ -22,6 +22,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 from sparkdiag import terminal
 from sparkdiag.baseline.keeper import inspect_store
@@ -99,7 +100,7 @@ def gather(
     directory's read and write speed (it writes; never recorded); FixtureError passes up. NVML
     that does not start and answer the first poll within ``nvml_timeout`` seconds is down
     (:func:`sparkdiag.telemetry.build.first_poll`)."""
-    unresolved = _check_peer(settings, quick)  # a bad --peer is said at once, not after the probe
+    peer = _peer(settings, quick)  # a bad --peer is said at once, not after the probe
     poller, snapshot = first_poll(settings, nvml_timeout)
     poll = BoundedPoll(poller, nvml_timeout)
     try:
@@ -132,7 +133,7 @@ def gather(
         ctx = _with_software(ctx, settings)
         if storage is not None:
             ctx = replace(ctx, storage=storage_probe(storage, settings))
-        return _with_link(ctx, settings, on_peer, unresolved)
+        return _with_link(ctx, settings, on_peer, peer)
     finally:
         if poll.lost is None:  # after a hang the stuck call holds NVML: not stopped
             poller.gpu.stop()
@@ -172,53 +173,60 @@ def _warn(line: str) -> None:
     print(terminal.safe(line), file=sys.stderr)
 
 
-def _check_peer(settings: Settings, quick: bool) -> str | None:
-    """--peer's usage errors before anything is measured: a malformed one, and (unless
-    ``quick``, which runs no link test) a name that does not resolve. They came after the probe
-    and the host's readings, seconds later (15 s on a lent H100). A name that cannot be resolved
-    now (no DNS server answers; not "no such name") is no usage error: why is returned, for the
-    link row to say after the rest has run, and the name is not looked up again (each lookup
-    may wait for the resolver's timeout)."""
+class _Peer(NamedTuple):
+    """``--peer``, read once: its host and port, and why its name cannot be resolved now (no
+    DNS server answers; not "no such name"), which the link row says instead of a test."""
+
+    host: str
+    port: int
+    unresolved: str | None = None
+
+
+def _peer(settings: Settings, quick: bool) -> _Peer | None:
+    """``--peer``, with its usage errors before anything is measured: a malformed one, and
+    (unless ``quick``, which runs no link test) a name that does not resolve. They came after
+    the probe and the host's readings, seconds later (15 s on a lent H100). A name that cannot
+    be resolved now is no usage error, and is not looked up again for the row (each lookup may
+    wait for the resolver's timeout)."""
     if settings.peer is None:
         return None
     host, port = split_peer(settings.peer)
     if quick:
-        return None
+        return _Peer(host, port)
     try:
         resolve(host, port)
     except UsageError as exc:
         raise UsageError(exc.message, flag="--peer") from None
     except SparkdiagError as exc:
-        return exc.line()
-    return None
+        return _Peer(host, port, exc.line())
+    return _Peer(host, port)
 
 
 def _with_link(
     ctx: CheckContext,
     settings: Settings,
     on_peer: Callable[[str], None] | None,
-    unresolved: str | None = None,
+    peer: _Peer | None,
 ) -> CheckContext:
-    """The ConnectX-7 readings (with the route to ``--peer``), and the link test against it
-    (not with --quick); ``unresolved``: why :func:`_check_peer` could not resolve the peer now,
-    the row's error instead of a test."""
-    peer = split_peer(settings.peer)[0] if settings.peer is not None else None
+    """The ConnectX-7 readings (with the route to ``peer``), and the link test against it
+    (not with --quick)."""
     with contextlib.suppress(FileNotFoundError):  # a missing sysfs root: the PCIe rows say so
-        fabric = read_fabric(settings.sysfs, settings.rootfs, os.environ, peer=peer)
+        fabric = read_fabric(
+            settings.sysfs, settings.rootfs, os.environ, peer=peer.host if peer else None
+        )
         ctx = replace(ctx, fabric=fabric)
-    if settings.peer is None or ctx.quick:
+    if peer is None or ctx.quick:
         return ctx
-    if unresolved is not None:  # before the secret's errors, as a name that does not resolve
-        return replace(ctx, peer_error=unresolved)
-    host, port = split_peer(settings.peer)
+    if peer.unresolved is not None:  # before the secret's errors, as a name that does not resolve
+        return replace(ctx, peer_error=peer.unresolved)
     secret_file = settings.link_secret_file or auth.default_path()
     try:
         # a directory others may write is warned about on stderr, as link test does (found in
         # a review; check logs only errors by default, so not through the log)
         secret = auth.read_secret(secret_file, say=_warn)
         report = measure_link(
-            host,
-            replace(PEER_OPTIONS, port=port, secret=secret),
+            peer.host,
+            replace(PEER_OPTIONS, port=peer.port, secret=secret),
             settings.sysfs,
             settings.rootfs,
             os.environ,
