@@ -163,12 +163,18 @@ def test_as_a_user_who_may_not_write_the_directory(request_cleanup: list[Path]) 
     garbage(stores / "garbage")
     for directory in (stores, stores / "wal", stores / "garbage"):
         directory.chmod(0o755)
+    # uid 65534 imports a copy of sparkdiag beside the stores: the checkout may lie under a
+    # directory only root may read (`mktemp -d` makes them 0700), where its import failed
+    source = stores / "src"
+    shutil.copytree(ROOT / "sparkdiag", source / "sparkdiag",
+                    ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(source)}
 
     def as_nobody(directory: Path) -> str:
         done = subprocess.run(
             ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
              sys.executable, "-c", AS_NOBODY, str(directory)],
-            capture_output=True, text=True, cwd=ROOT, timeout=60, check=False,
+            capture_output=True, text=True, cwd=stores, env=env, timeout=60, check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr
         return " ".join(done.stdout.split())
