@@ -252,3 +252,47 @@ def test_status_lines_are_read_by_their_whole_key() -> None:
     own = Path(f"/proc/{os.getpid()}/status").read_text(encoding="ascii")
     assert procfs.effective_uid(own) == os.geteuid()
     assert procfs.allowed_cpus(Path("/"), os.getpid()) == len(os.sched_getaffinity(0))
+
+
+def test_the_processes_of_a_cgroup_and_those_below_it(tmp_path: Path) -> None:
+    base = tmp_path / "fs" / "cgroup" / "user.slice" / "job.scope"
+    (base / "a" / "b").mkdir(parents=True)
+    (base / "c").mkdir()
+    (base / "cgroup.procs").write_text("100\n")
+    (base / "a" / "cgroup.procs").write_text("")  # a cgroup with none of its own
+    (base / "a" / "b" / "cgroup.procs").write_text("200\n201\n")
+    (base / "c" / "cgroup.procs").write_text("300\n")
+    assert pressure.cgroup_processes(tmp_path, "/user.slice/job.scope") == {100, 200, 201, 300}
+    assert pressure.cgroup_processes(tmp_path, "/user.slice/job.scope/c") == {300}
+    # a cgroup whose list cannot be read: not known, not empty
+    assert pressure.cgroup_processes(tmp_path, "/user.slice/gone.scope") is None
+
+
+def test_the_processes_of_a_cgroup_with_many_below_it_are_read_in_part(tmp_path: Path) -> None:
+    base = tmp_path / "fs" / "cgroup" / "big"
+    for n in range(pressure.MAX_CGROUPS + 10):
+        (base / f"s{n}").mkdir(parents=True)
+        (base / f"s{n}" / "cgroup.procs").write_text(f"{1000 + n}\n")
+    (base / "cgroup.procs").write_text("1\n")
+    found = pressure.cgroup_processes(tmp_path, "/big")
+    assert found is not None and 1 in found
+    assert len(found) == pressure.MAX_CGROUPS  # its own list and MAX_CGROUPS - 1 below it
+
+
+def _stat(root: Path, pid: int, ppid: int) -> None:
+    (root / "proc" / str(pid)).mkdir(parents=True, exist_ok=True)
+    (root / "proc" / str(pid) / "stat").write_text(f"{pid} (sh) S {ppid} {pid} {pid} 0 -1\n")
+
+
+def test_the_ancestors_of_a_process(tmp_path: Path) -> None:
+    _stat(tmp_path, 40, 30)
+    _stat(tmp_path, 30, 20)
+    _stat(tmp_path, 20, 1)
+    assert procfs.ancestors(tmp_path, 40) == [30, 20]  # pid 1 not counted
+    _stat(tmp_path, 50, 60)  # a parent that cannot be read ends the chain after it
+    assert procfs.ancestors(tmp_path, 50) == [60]
+    _stat(tmp_path, 70, 71)
+    _stat(tmp_path, 71, 70)  # a loop (a fake tree) ends
+    assert procfs.ancestors(tmp_path, 70) == [71]
+    assert procfs.ancestors(tmp_path, 99) == []
+    assert procfs.ancestors(Path("/"), os.getpid())[0] == os.getppid()

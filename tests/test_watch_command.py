@@ -448,6 +448,61 @@ def test_host_sampler_rates(tmp_path: Path) -> None:
     assert (main.pid, main.on_gpu) == (100, True) and main.cpu_cores == pytest.approx(0.6)
 
 
+def _job_in_a_cgroup(root: Path, members: dict[str, str]) -> None:
+    """pid 100 (the job) with its child 200, in the cgroup /job.scope with I/O PSI; ``members``:
+    the cgroup.procs of that cgroup and those below it, by path under it."""
+    _fake_job(root, 1)
+    (root / "proc" / "100" / "cgroup").write_text("0::/job.scope\n")
+    base = root / "sys" / "fs" / "cgroup" / "job.scope"
+    for path, procs in members.items():
+        (base / path).mkdir(parents=True, exist_ok=True)
+        (base / path / "cgroup.procs").write_text(procs)
+    (base / "io.pressure").write_text("some avg10=0 avg60=0 avg300=0 total=500000\n")
+
+
+def _scope(root: Path, own_pid: int | None = None) -> tuple[str, set[int]]:
+    sampler = HostSampler(root, root / "sys", 100, own_pid=own_pid)
+    sampler.tree()
+    sampler.sample({100})
+    return sampler.pressure_scope, sampler.sharers
+
+
+def test_psi_of_a_cgroup_that_holds_the_job_alone_is_the_job_s(tmp_path: Path) -> None:
+    _job_in_a_cgroup(tmp_path, {".": "100\n", "loader": "200\n"})
+    assert _scope(tmp_path) == ("cgroup", set())
+
+
+def test_psi_of_a_cgroup_shared_with_other_processes_is_said_so(tmp_path: Path) -> None:
+    """A process in the job's cgroup (or one below it) that is neither the job's nor watch's:
+    as 16 parallel tests beside watch's job in the lent H100's container, whose I/O stalls
+    watch took for the job's and advised "read faster" for a job that read nothing."""
+    _job_in_a_cgroup(tmp_path, {".": "100\n300\n", "loader": "200\n"})
+    _stat_line(tmp_path, 300, 1)
+    assert _scope(tmp_path) == ("shared-cgroup", {300})
+    # watch (400) and the shell that started it (300) are not sharers; another process (500) is
+    _stat_line(tmp_path, 400, 300)
+    assert _scope(tmp_path, own_pid=400) == ("cgroup", set())
+    (tmp_path / "sys/fs/cgroup/job.scope/other").mkdir()
+    (tmp_path / "sys/fs/cgroup/job.scope/other/cgroup.procs").write_text("500\n")
+    assert _scope(tmp_path, own_pid=400) == ("shared-cgroup", {500})
+
+
+def test_a_cgroup_once_shared_stays_so_for_the_recording(tmp_path: Path) -> None:
+    _job_in_a_cgroup(tmp_path, {".": "100\n300\n", "loader": "200\n"})
+    sampler = HostSampler(tmp_path, tmp_path / "sys", 100)
+    sampler.tree()
+    sampler.sample({100})
+    (tmp_path / "sys/fs/cgroup/job.scope/cgroup.procs").write_text("100\n")  # 300 has gone
+    sampler.tree()
+    sampler.sample({100})
+    assert sampler.pressure_scope == "shared-cgroup"  # its stalls are in the window's PSI
+
+
+def _stat_line(root: Path, pid: int, ppid: int) -> None:
+    (root / "proc" / str(pid)).mkdir(parents=True, exist_ok=True)
+    (root / "proc" / str(pid) / "stat").write_text(f"{pid} (sh) S {ppid} {pid} {pid} 0 -1\n")
+
+
 def test_job_cpus_from_the_affinity_list(tmp_path: Path) -> None:
     from sparkdiag.sources.host.procfs import allowed_cpus
 

@@ -175,6 +175,20 @@ def test_memory_pressure() -> None:
     assert "PSI some" in evidence and "swapping 30.0 MB/s" in evidence
 
 
+@pytest.mark.parametrize(
+    ("scope", "whose"),
+    [
+        ("cgroup", "the job's cgroup"),
+        ("shared-cgroup", "a cgroup the job shares with other processes"),
+        ("host", "the whole host"),
+    ],
+)
+def test_memory_pressure_says_whose_tasks_stalled(scope: str, whose: str) -> None:
+    rec = replace(timeline(memory_stall=const(0.22)), pressure_scope=scope)
+    evidence = " ".join(sole_cause(diagnose(rec), "memory-pressure", 0.22, within=1e-9).evidence)
+    assert f"tasks of {whose} stalled on memory 22 % of the time" in evidence
+
+
 def test_memory_pressure_on_unified_memory_says_the_gpu_shares_it() -> None:
     gb10 = GpuInfo(0, "NVIDIA GB10", "GPU-gb10", "unified")
     d = diagnose(timeline(memory_stall=const(0.3), gpus=(gb10,)))

@@ -222,7 +222,7 @@ def input_cause(ctx: Context, idx: list[int], share: float) -> Cause:
     # anyone counted, so the advice starts from what it waits for (which names a remote read)
     others_io = ctx.rec.pressure_scope != "cgroup" and reads is not None and reads < READ_SOME
     if reads is not None:
-        psi = "PSI of the whole host, not the job's reads" if others_io else "PSI"
+        psi = f"PSI of {psi_of(ctx.rec)}, not the job's reads" if others_io else "PSI"
         evidence.append(
             f"the job read {rate(reads)} (median)"
             + (
@@ -434,6 +434,14 @@ def throttle_cause(win: list[View], length: float, notes: list[str]) -> Cause | 
     return Cause("throttled", share, tuple(evidence), ACTIONS["throttled"])
 
 
+def psi_of(rec: Recording) -> str:
+    """Whose stalls the recording's PSI counted (:attr:`HostSampler.pressure_scope`)."""
+    return {
+        "cgroup": "the job's cgroup",
+        "shared-cgroup": "a cgroup the job shares with other processes",
+    }.get(rec.pressure_scope, "the whole host")
+
+
 def memory_cause(rec: Recording, start: float, end: float) -> Cause | None:
     ticks = [t for t in rec.ticks if start < t.t <= end + 1e-9]
     stalls = [(t.dt, t.host.memory_stall) for t in ticks if t.host.memory_stall is not None]
@@ -443,8 +451,7 @@ def memory_cause(rec: Recording, start: float, end: float) -> Cause | None:
     share = sum(dt * s for dt, s in stalls) / total if total else 0.0
     if share < MEMORY_MIN:
         return None
-    scope = "the job's cgroup" if rec.pressure_scope == "cgroup" else "the host"
-    evidence = [f"tasks of {scope} stalled on memory {pct(share)} of the time (PSI some)"]
+    evidence = [f"tasks of {psi_of(rec)} stalled on memory {pct(share)} of the time (PSI some)"]
     full = mean([t.host.memory_full for t in ticks])
     if full:
         evidence.append(f"every task stalled {pct(full)} of the time (PSI full)")

@@ -305,7 +305,7 @@ class Recording:
     ticks: tuple[Tick, ...]
     ended_by: str = "exit"
     exit_status: int | None = None
-    pressure_scope: str = "host"  # "cgroup" when PSI is the job's cgroup's
+    pressure_scope: str = "host"  # "cgroup": the job's own; "shared-cgroup": with others in it
     skipped: tuple[str, ...] = ()
     job_cpus: int | None = None
     frames: tuple[StackFrame, ...] = ()

@@ -265,7 +265,14 @@ class HostSampler:
     """The job's and the host's side of a tick, as rates over the time since the last call.
     ``own_pid`` (watch's, where ``rootfs`` is its own) is left out of the job's tree with the
     processes under it (py-spy): ``--pid`` of the shell that runs watch, or of PID 1, counted
-    watch's own sampling as the job's."""
+    watch's own sampling as the job's.
+
+    PSI is the job's cgroup's where the kernel has it (``pressure_scope`` "cgroup"), but a
+    cgroup may hold more than the job: a container's, a login session's, a tmux server's. Where
+    a tick finds a process in it that is neither the job's nor watch's (nor one of watch's
+    ancestors, the shell that started it), the scope is "shared-cgroup" from then on: its
+    stalls may be another's (a parallel test run on the lent H100 read 26 % I/O stall in the
+    container's cgroup for a job that read nothing, and advised a faster store)."""
 
     def __init__(
         self,
@@ -285,7 +292,8 @@ class HostSampler:
         self._io: dict[int, tuple[float, float]] = {}
         self._pressure: pressure.PressureSample | None = None
         self.cgroup = procfs.cgroup_v2_path(rootfs, root_pid)
-        self.pressure_scope = "host"
+        self.scope = "host"
+        self.sharers: set[int] = set()  # processes seen in the job's cgroup that are not its
         self.pids: list[int] = []
         self.job_cpus = procfs.allowed_cpus(rootfs, root_pid)
         self.paths: set[str] = set()  # the files written and read heavily (places.py)
@@ -318,12 +326,34 @@ class HostSampler:
         self._cpu, self._io = cpu, io
 
         sample = pressure.read_pressure(self.rootfs, self.sysfs, self.cgroup)
-        self.pressure_scope = sample.scope
+        self.scope = sample.scope
+        if sample.scope == "cgroup":
+            self._note_sharers()
         host = HostTick(available_bytes=sample.memory_bytes.get("available"))
         previous, self._pressure = self._pressure, sample
         if dt is not None and previous is not None:
             host = self._host_rates(host, dt, previous, sample)
         return job, host
+
+    @property
+    def pressure_scope(self) -> str:
+        """Whose stalls PSI counted: "cgroup" (the job's own), "shared-cgroup" (the job's
+        cgroup, with other processes in it) or "host"."""
+        return "shared-cgroup" if self.scope == "cgroup" and self.sharers else self.scope
+
+    def _note_sharers(self) -> None:
+        """Adds to :attr:`sharers` the processes of the job's cgroup that are neither the job's
+        nor watch's; once there is one, the scope is settled and the cgroup no longer read."""
+        if self.sharers or self.cgroup is None:
+            return
+        members = pressure.cgroup_processes(self.sysfs, self.cgroup)
+        others = set(members or ()) - set(self.pids)
+        if others:  # a child the job started since tree() is the job's
+            others -= set(procfs.process_tree(self.rootfs, self.root_pid))
+        if others and self.own_pid is not None:
+            others -= set(procfs.process_tree(self.rootfs, self.own_pid))
+            others -= set(procfs.ancestors(self.rootfs, self.own_pid))
+        self.sharers.update(others)
 
     def _job_rates(
         self,

@@ -7,6 +7,7 @@ missing (a kernel without PSI, a cgroup v1 host) or unreadable: the value is lef
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,6 +54,30 @@ _MEMINFO = {
     "SwapTotal": "swap_total",
     "SwapFree": "swap_free",
 }
+
+
+# The most cgroup directories read for the processes of one (a job's cgroup has a handful)
+MAX_CGROUPS = 256
+
+
+def cgroup_processes(sysfs: Path, cgroup: str) -> frozenset[int] | None:
+    """Every process in the cgroup ``cgroup`` and the cgroups below it: whose stalls its PSI
+    counts (``cat cgroup.procs`` in each, ``systemd-cgls``); None where its own list cannot be
+    read. At most :data:`MAX_CGROUPS` directories are read."""
+    base = sysfs / "fs" / "cgroup" / cgroup.lstrip("/")
+    own = read_proc_file(base / "cgroup.procs")
+    if own is None:
+        return None
+    pids = {int(p) for p in own.split() if p.isdigit()}
+    read = 1
+    for top, dirs, _files in os.walk(base):
+        for name in dirs:
+            if read >= MAX_CGROUPS:
+                return frozenset(pids)
+            text = read_proc_file(Path(top) / name / "cgroup.procs") or ""
+            pids.update(int(p) for p in text.split() if p.isdigit())
+            read += 1
+    return frozenset(pids)
 
 
 def read_pressure(rootfs: Path, sysfs: Path, cgroup: str | None = None) -> PressureSample:

@@ -170,6 +170,23 @@ def process_tree(rootfs: Path, root: int) -> list[int]:
     return seen
 
 
+def ancestors(rootfs: Path, pid: int) -> list[int]:
+    """The parent of ``pid``, its parent and so on up to (not counting) pid 1 or the first one
+    that cannot be read (``ps -o ppid``, repeated)."""
+    found: list[int] = []
+    seen = {pid}
+    while len(found) < 64:
+        fields = process_stat(rootfs, pid)
+        if fields is None or len(fields) < 2 or not fields[1].isdigit():
+            break
+        pid = int(fields[1])
+        if pid <= 1 or pid in seen:  # a loop (a fake tree) ends too
+            break
+        found.append(pid)
+        seen.add(pid)
+    return found
+
+
 def _stat_fields(text: str) -> tuple[str, list[str]] | None:
     """(comm, fields after it) of a ``/proc/.../stat`` line; comm may hold spaces and ')'."""
     head, sep, rest = text.rpartition(")")
