@@ -75,10 +75,11 @@ class Readings:
 
 
 def _after_sync(
-    rec: Recording, readings: list[st.Reading], own: Sequence[str] = ()
+    rec: Recording, readings: list[st.Reading], libraries: Sequence[str | None]
 ) -> list[st.Reading]:
     """``USER`` stacks working on what a sync brought back: a frame of the job's own code in a
-    function that syncs, at a line after the one that syncs."""
+    function that syncs, at a line after the one that syncs. ``libraries``: each frame's
+    library (:func:`stacks.library_path`), None for the job's own code."""
     first: dict[tuple[str, str], int] = {}
     for reading in readings:
         if reading.activity == st.SYNC and reading.site is not None:
@@ -93,7 +94,7 @@ def _after_sync(
             for i in stack:
                 f = rec.frames[i]
                 line = first.get((f.file, f.function))
-                if line is not None and f.line > line and st.library_path(f.file, own) is None:
+                if line is not None and f.line > line and libraries[i] is None:
                     reading = st.Reading(st.AFTER_SYNC, reading.site, reading.via)
                     break
         out.append(reading)
@@ -228,7 +229,9 @@ def _root(rec: Recording, stack: int) -> tuple[str, str] | None:
     return (rec.frames[ids[0]].file, rec.frames[ids[0]].function) if ids else None
 
 
-def _torn(rec: Recording, readings: list[st.Reading], own: Sequence[str] = ()) -> list[st.Reading]:
+def _torn(
+    rec: Recording, readings: list[st.Reading], libraries: Sequence[str | None]
+) -> list[st.Reading]:
     """Stacks py-spy read torn say nothing (``NOTHING``). It reads the job's memory without
     stopping it (``--nonblocking``), so a sample can hold only the innermost frames of a deep
     stack: on the H200 a training thread compiling with ``torch.compile`` (stacks of 100 frames
@@ -240,8 +243,10 @@ def _torn(rec: Recording, readings: list[st.Reading], own: Sequence[str] = ()) -
     exit handlers run outside ``<module>``: an ``atexit`` shutting inductor's compile workers
     down took 1.1 s of that job's last ticks). Threads torch's C++ started (the autograd
     engine's: their usual first frame is torch's) begin anywhere in torch and are left as read.
+    ``libraries``: each frame's library, as for :func:`_after_sync`.
     """
     roots: dict[int, dict[tuple[str, str], float]] = {}
+    library = {(f.file, f.function): libraries[i] for i, f in enumerate(rec.frames)}
     for tick in rec.ticks:
         for s in tick.stacks:
             root = _root(rec, s.stack)
@@ -251,7 +256,7 @@ def _torn(rec: Recording, readings: list[st.Reading], own: Sequence[str] = ()) -
     usual = {}
     for thread, seen in roots.items():
         root = max(seen, key=lambda r: seen[r])
-        if not (st.library_path(root[0], own) or "").startswith("torch/"):
+        if not (library[root] or "").startswith("torch/"):
             usual[thread] = root
     last: dict[int, int] = {}  # thread -> the last tick in which it was at its usual root
     for k, tick in enumerate(rec.ticks):
@@ -277,7 +282,7 @@ def read_recording(rec: Recording) -> Readings:
     readings = [
         st.read([rec.frames[i] for i in s], s, roots, [libraries[i] for i in s]) for s in rec.stacks
     ]
-    readings = _after_sync(rec, _torn(rec, readings, roots), roots)
+    readings = _after_sync(rec, _torn(rec, readings, libraries), libraries)
     training = _training(rec, readings, libraries, roots)
     on_gpu = gpu_pids(rec)
     feeding = frozenset(t for t in training if rec.threads[t].pid in on_gpu) or training
