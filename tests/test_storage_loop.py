@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from sparkdiag.errors import Exit
-from sparkdiag.storage import measure
 from sparkdiag.storage.run import ProbeRequest, StorageProbeError, run_probe
 from sparkdiag.storage.session import Where, probe_directory
 from tests.support import ROOT, sparkdiag_cmd
@@ -201,22 +200,6 @@ def test_the_probe_agrees_with_fio_within_ten_percent(loopfs: LoopFs, tmp_path: 
         probe = statistics.median(r[f"probe_{direction}"] for r in results)
         assert 0.85 * rate <= probe <= 1.15 * rate, (direction, probe)
     assert sorted(p.name for p in loopfs.mountpoint.iterdir()) == ["lost+found"]
-
-
-def test_the_measuring_program_runs_without_sparkdiag_installed(
-    loopfs: LoopFs, tmp_path: Path
-) -> None:
-    """Standard library only: it runs as a copied script with ``python -I`` (no site, no
-    PYTHONPATH), as it will as a room of the worker script."""
-    script = tmp_path / "measure.py"
-    script.write_text(Path(measure.__file__).read_text())
-    done = subprocess.run(
-        [sys.executable, "-I", str(script), str(loopfs.mountpoint), "--size", str(16 * MIB),
-         "--seconds", "2", "--threads", "2"],
-        capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["status"] == "ok"
 
 
 def test_reads_from_the_page_cache_are_said_and_teach_no_baseline(tmp_path: Path) -> None:

@@ -447,3 +447,42 @@ def test_a_directory_named_like_an_option_is_measured(
     doc = run_probe(request)
     assert doc.status == "ok" and doc.directory == str(tmp_path / name)
     assert list((tmp_path / name).iterdir()) == []
+
+
+def test_the_program_needs_the_standard_library_and_the_pages_room_only(tmp_path: Path) -> None:
+    """Run as a script with no site-packages and no environment (``-E -s -S``), beside a
+    sparkdiag that holds only the worker's ``pages`` room and the package files above it: the
+    program imports nothing else of sparkdiag and nothing outside the standard library."""
+    import sparkdiag
+
+    prog = tmp_path / "prog"
+    package = Path(sparkdiag.__file__).parent
+    for room in ("__init__.py", "probe/__init__.py", "probe/worker/__init__.py",
+                 "probe/worker/pages.py"):  # fmt: skip
+        (prog / "sparkdiag" / room).parent.mkdir(parents=True, exist_ok=True)
+        (prog / "sparkdiag" / room).write_text((package / room).read_text())
+    (prog / "measure.py").write_text(Path(measure.__file__).read_text())
+    (tmp_path / "data").mkdir()
+    done = subprocess.run(
+        [sys.executable, "-E", "-s", "-S", str(prog / "measure.py"), str(tmp_path / "data"),
+         "--size", str(16 * MIB), "--seconds", "2", "--threads", "2"],
+        capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "ok"
+
+
+def test_the_program_imports_this_sparkdiag_where_none_is_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An interpreter without site-packages (``-S``: as a checkout that was never installed,
+    run with ``python -m sparkdiag`` from its folder) still runs the program: it is given this
+    package's root on PYTHONPATH."""
+    python = tmp_path / "python-without-site"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    python.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(python))
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    (tmp_path / "data").mkdir()
+    doc = run_probe(ProbeRequest(tmp_path / "data", **SMALL))
+    assert doc.status == "ok"

@@ -155,6 +155,23 @@ def _progress_reader(
             continue
 
 
+# The folder that holds this sparkdiag package: a checkout, or site-packages
+PACKAGE_ROOT = str(Path(measure.__file__).resolve().parents[2])
+
+
+def program_environment() -> dict[str, str]:
+    """The measuring program's environment: this one, with :data:`PACKAGE_ROOT` first on
+    PYTHONPATH. The program runs as a script, so Python puts its own folder on sys.path, not
+    this package's root: from a checkout that was not installed (``python -m sparkdiag storage``
+    in it) it could not import the one sparkdiag module it needs, and where another sparkdiag
+    is installed it would import that one's (seen while reading why a test of the program
+    failed on the lent H100, where sparkdiag is not installed)."""
+    env = dict(os.environ)
+    rest = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = PACKAGE_ROOT + (os.pathsep + rest if rest else "")
+    return env
+
+
 def run_probe(
     request: ProbeRequest,
     on_progress: Callable[[Progress], None] | None = None,
@@ -167,7 +184,7 @@ def run_probe(
     cmd = [sys.executable, measure.__file__, *request.argv()]
     proc = subprocess.Popen(
         cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True, close_fds=True,
+        start_new_session=True, close_fds=True, env=program_environment(),
     )  # fmt: skip
     _LIVE.add(proc.pid)
     tail: list[str] = []
