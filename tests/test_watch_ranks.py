@@ -270,6 +270,28 @@ def test_on_a_gpu_a_stalled_kernel_with_the_ranks_in_a_collective_names_the_rank
     assert cause.sites[0].line == 30 and cause.actions[0].startswith("see why rank 2 (pid 102)")
 
 
+def test_ranks_on_the_cpus_of_a_gpu_machine_are_judged_as_without_a_gpu() -> None:
+    """Ranks that wait in a collective on the CPUs (gloo, or a barrier before the first kernel)
+    on a machine whose GPU the job never touches: where the ranks waited, as where no GPU was
+    sampled, and a note that the GPU was unused. On the lent H100 such a job (this file's slow
+    tests) read "gpu-unused" and no cause, where CI's machine without a GPU named the rank."""
+    threads = tuple(ThreadInfo(100 + r, 100 + r, "MainThread", "python3") for r in range(4))
+    rec = timeline(util=const(0.0), sm=const(0.0), tensor=const(0.0), dram=const(0.0),
+                   thread=const(0.0), on_gpu=False)  # fmt: skip
+    rec = with_threads(
+        rec,
+        lambda i: [(r, SLEEPING if r == 2 else ALL_REDUCE, 1.0) for r in range(4)],
+        threads=threads,
+    )
+    rec = replace(rec, ranks=tuple(RankInfo(100 + r, r, 4, r) for r in range(4)))
+    d = diagnose(rec)
+    assert d.verdict == "collective-wait", d
+    evidence = " ".join(d.causes[0].evidence)
+    assert "while rank 2 (pid 102) did not arrive" in evidence
+    assert "(the job used no GPU: the share is of the ranks' time" in evidence
+    assert any(note.startswith("the job never touched GPU 0") for note in d.notes), d.notes
+
+
 @pytest.mark.parametrize(("rank", "every"), [(1, 2), (2, 2), (2, 3), (2, 4), (1, 3)])
 def test_a_rank_not_sampled_now_and_then_does_not_break_the_wait(rank: int, every: int) -> None:
     """As above, but one rank's stacks are missing from every 2nd, 3rd or 4th tick of the wait

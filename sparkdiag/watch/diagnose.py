@@ -11,7 +11,8 @@ start-up and tear-down (imports, CUDA initialisation, a final save) stay out, an
 window's first ticks in which the job's stacks show it still importing its modules, and the ticks
 at either end in which they show no Python frame at all (the interpreter starting or finalising)
 (:mod:`.window`). A job that held the GPU but never ran a kernel is diagnosed over the ticks it
-held it. Only a job that never touched the GPU reads "gpu-unused". The GPUs diagnosed are those on
+held it. Only a job that never touched the GPU reads "gpu-unused", unless its ranks waited in a
+collective or memory pressure was found, which are judged as where no GPU was sampled. The GPUs diagnosed are those on
 which the job ran kernels while it held them (:func:`.views.job_gpus`): one where it only held
 memory (a stray CUDA context) is named in a note, not averaged in. A window (once start-up and
 tear-down are out) under ``MIN_WINDOW_TICKS`` ticks or ``MIN_WINDOW_SECONDS`` is "too-short": its
@@ -174,7 +175,8 @@ class Diagnosis:
     """verdict: "healthy" (no cause found), the name of the largest cause, "too-short" (the
     job was active on the GPU for under ``MIN_WINDOW_TICKS`` ticks or ``MIN_WINDOW_SECONDS``:
     its figures, no cause), "gpu-unused" (the job never touched its GPUs) or "no-gpu" (nothing
-    was sampled on a GPU: only host causes are assessed). ``unimpeded``: the utilization the
+    was sampled on a GPU); in these two only host causes are assessed (where ranks waited,
+    memory pressure), and the largest found is the verdict instead. ``unimpeded``: the utilization the
     lost shares are measured against (see the module). ``healthy_actions``: what follows the
     headline where no cause was found (healthy, or too short). ``unattributed``: for a healthy
     verdict, the share of the window the GPU would otherwise have worked that no cause took (the
@@ -470,8 +472,9 @@ def _parts(
     return attribute.split(_idle_loss(v, unimpeded), v.dt, sampled, label, launch_bound, hot, busy)
 
 
-def _ranks_without_gpu(rec: Recording) -> Cause | None:
-    """Without a GPU, the ranks' stacks alone (ranks.py), over the ticks after they imported."""
+def _ranks_without_gpu(rec: Recording, why: str) -> Cause | None:
+    """Without a GPU's figures (``why``: none sampled, or the job used none), the ranks' stacks
+    alone (ranks.py), over the ticks after they imported."""
     if not rec.stacks:
         return None
     readings = read_recording(rec)
@@ -481,10 +484,18 @@ def _ranks_without_gpu(rec: Recording) -> Cause | None:
         if any(s.activity not in (st.IMPORTING, st.NOTHING) for s in readings.samples(k))
     ]
     return (
-        ranks.cause_without_gpu(rec, readings, range(started[0], len(rec.ticks)))
+        ranks.cause_without_gpu(rec, readings, range(started[0], len(rec.ticks)), why)
         if started
         else None
     )
+
+
+def _host_causes(rec: Recording, why: str) -> list[Cause]:
+    """What is judged of a job without a GPU's figures: where its ranks waited, memory
+    pressure; the largest share first."""
+    end = rec.ticks[-1].t if rec.ticks else 0.0
+    found = [c for c in (_ranks_without_gpu(rec, why), ev.memory_cause(rec, 0.0, end)) if c]
+    return sorted(found, key=lambda c: -c.share)
 
 
 def diagnose(rec: Recording) -> Diagnosis:
@@ -493,9 +504,7 @@ def diagnose(rec: Recording) -> Diagnosis:
     vs = views(rec, gpus)
     skipped = list(rec.skipped)
     if not vs:
-        host = ev.memory_cause(rec, 0.0, rec.ticks[-1].t if rec.ticks else 0.0)
-        found_causes = [c for c in (_ranks_without_gpu(rec), host) if c is not None]
-        found_causes.sort(key=lambda c: -c.share)
+        found_causes = _host_causes(rec, "no GPU was sampled")
         return Diagnosis(
             verdict=found_causes[0].name if found_causes else "no-gpu",
             causes=tuple(found_causes),
@@ -512,9 +521,13 @@ def diagnose(rec: Recording) -> Diagnosis:
         )
     found = window.active(vs)
     if found is None:
+        # the job's ranks may still wait for one another (gloo on the CPUs, a barrier before
+        # the first kernel): named as where no GPU was sampled, not hidden behind the GPU (on
+        # the lent H100, ranks stopped in a collective read "gpu-unused" and no cause)
+        found_causes = _host_causes(rec, "the job used no GPU")
         return Diagnosis(
-            verdict="gpu-unused",
-            causes=(),
+            verdict=found_causes[0].name if found_causes else "gpu-unused",
+            causes=tuple(found_causes),
             window=(vs[0].t - vs[0].dt, vs[-1].t),
             gpus=gpus,
             gpu_busy=mean([v.util for v in vs]),

@@ -319,17 +319,20 @@ def waiting_share(rec: Recording, readings: Readings, ticks: Sequence[int]) -> f
     return waited / known if known > 0 else 0.0
 
 
-def cause_without_gpu(rec: Recording, readings: Readings, ticks: Sequence[int]) -> Cause | None:
-    """Without a GPU sampled (ranks on CPUs, gloo): the collective the ranks waited in, from
-    their stacks alone; its share is the ranks' time spent waiting there."""
+def cause_without_gpu(
+    rec: Recording, readings: Readings, ticks: Sequence[int], why: str = "no GPU was sampled"
+) -> Cause | None:
+    """Without a GPU's figures (ranks on CPUs, gloo; ``why``: none was sampled, or the job used
+    none): the collective the ranks waited in, from their stacks alone; its share is the
+    ranks' time spent waiting there."""
     finding = find(rec, readings, ticks)
     if finding is None:
         return None
     share = waiting_share(rec, readings, ticks)
     evidence = (
         *finding.evidence,
-        f"the ranks spent {pct(share)} of their time waiting in collectives (no GPU was "
-        "sampled: the share is of the ranks' time, not of a GPU's)",
+        f"the ranks spent {pct(share)} of their time waiting in collectives ({why}: the "
+        "share is of the ranks' time, not of a GPU's)",
     )
     return Cause(
         "collective-wait", share, evidence, (finding.first, *ACTIONS["collective-wait"]), lost=False
