@@ -214,6 +214,7 @@ def test_transfers_on_cpu_are_unsupported_with_a_reason(
 def test_stdin_with_cleared_environment(torch: Any) -> None:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
     args = ["--small", "--dtype", "bf16,int4", "--dtype", "fp8", "--budget-seconds", "0.2"]
+    args += ["--probe-when", "always"]  # on a GPU other tests load, not skipped as busy
     proc = subprocess.run(
         [sys.executable, "-", *args],
         input=worker_source(),

@@ -23,7 +23,7 @@ from sparkdiag.snapshot import GpuSample, Snapshot
 from sparkdiag.sources.nvml.fixture import FixtureBackend
 from sparkdiag.sources.nvml.gpu import GpuSource
 from sparkdiag.telemetry.poller import Poller
-from tests.support import NVML, PROBE, scaled_cycle
+from tests.support import NVML, PROBE, scaled_cycle, without_gpu
 from tests.support import fixture_snapshot as snapshot
 
 
@@ -127,6 +127,7 @@ def test_jitter_and_stop(tmp_path: Path) -> None:
 
 
 @pytest.mark.worker
+@without_gpu
 def test_container_launcher_delivers_the_worker_on_stdin(tmp_path: Path) -> None:
     """A stand-in container (this interpreter under env -i) reading the worker from stdin."""
     launcher = ContainerLauncher(

@@ -29,7 +29,7 @@ from sparkdiag.storage.run import GpuRequest, ProbeRequest, StorageProbeError, r
 from sparkdiag.storage.session import request_for
 from sparkdiag.storage.state import read_state, record_report
 from sparkdiag.storage.target import locate
-from tests.support import run_cli, wait_dead
+from tests.support import run_cli, wait_dead, without_gpu
 
 MIB = 1 << 20
 SMALL = {"size": 16 * MIB, "seconds": 2.0, "threads": 2, "random_ops": 100}
@@ -268,6 +268,7 @@ def test_the_settings_ask_for_the_gpu_path() -> None:
 
 
 @pytest.mark.worker
+@without_gpu
 def test_storage_with_a_gpu_on_cpu_torch_measures_the_host_and_says_what_it_skipped(
     tmp_path: Path,
 ) -> None:

@@ -17,7 +17,8 @@ which :func:`marked` finds, so that the line watch names can be checked against 
   launch-bound        512x512 bf16 matmuls launched one by one from Python | clean: the same
                       matmuls as one batched torch.bmm
   lightning-checkpoint  a ~200M-parameter GPT-2 with AdamW under a Lightning Trainer, saved
-                      (trainer.save_checkpoint) every SAVE_EVERY steps | clean: never saved
+                      (trainer.save_checkpoint) after its first step and every SAVE_EVERY
+                      steps after it | clean: never saved
   compile-recompile   an MLP under torch.compile whose input length changes every
                       RECOMPILE_EVERY steps, static shapes (a recompilation each time) | clean:
                       dynamic=True, compiled once
@@ -225,7 +226,8 @@ def lightning_checkpoint(
     saves = []
 
     def after_each(trainer: Any) -> None:
-        if not clean and trainer.global_step % every == 0:
+        # from the first step on: a run of a few steps (a test's, on a loaded CPU) saves too
+        if not clean and (trainer.global_step - 1) % every == 0:
             trainer.save_checkpoint(path)  # watch: checkpoint-stalls
             saves.append(trainer.global_step)
         if meter.step(batch * seq):

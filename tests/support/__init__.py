@@ -60,6 +60,19 @@ def skip_unless_installed(name: str) -> None:
         pytest.skip(f"{name} is not installed", allow_module_level=True)
 
 
+def gpu_here() -> bool:
+    """This machine shows an NVIDIA GPU (``/dev/nvidia0``, ``/dev/nvidia1`` ... or the driver's
+    list in ``/proc/driver/nvidia/gpus``), read without NVML or torch. Some tests are of a
+    machine without one (a CPU-only torch, the quick start's preflight with --expect-gpus 0);
+    beside a GPU, on the lent machine, they judged the GPU instead."""
+    gpus = Path("/proc/driver/nvidia/gpus")
+    return any(Path("/dev").glob("nvidia[0-9]*")) or (gpus.is_dir() and any(gpus.iterdir()))
+
+
+# A test of a machine without a GPU, skipped beside one (gpu_here)
+without_gpu = pytest.mark.skipif(gpu_here(), reason="of a machine without a GPU; one is here")
+
+
 def alive(pid: int) -> bool:
     """True while the process exists and is not a zombie (``/proc/PID/stat`` state)."""
     try:
