@@ -10,13 +10,13 @@ any kernel, ``views.ACTIVE_MIN``). A job starved to 7 % is diagnosed as well as 
 start-up and tear-down (imports, CUDA initialisation, a final save) stay out, and so do the
 window's first ticks in which the job's stacks show it still importing its modules, and the ticks
 at either end in which they show no Python frame at all (the interpreter starting or finalising)
-(:mod:`.window`). A job that held the GPU but never ran a kernel is diagnosed over the ticks it
-held it. Only a job that never touched the GPU reads "gpu-unused", unless its ranks waited in a
-collective or memory pressure was found, which are judged as where no GPU was sampled. The GPUs diagnosed are those on
-which the job ran kernels while it held them (:func:`.views.job_gpus`): one where it only held
-memory (a stray CUDA context) is named in a note, not averaged in. A window (once start-up and
-tear-down are out) under ``MIN_WINDOW_TICKS`` ticks or ``MIN_WINDOW_SECONDS`` is "too-short": its
-figures, no cause.
+(:mod:`.window`). A job that held the GPU but never ran a kernel is diagnosed over the ticks it held
+it. Only a job that never touched the GPU reads "gpu-unused", unless its ranks waited in a
+collective or memory pressure was found, which are judged as where no GPU was sampled. The GPUs
+diagnosed are those on which the job ran kernels while it held them (:func:`.views.job_gpus`): one
+where it only held memory (a stray CUDA context) is named in a note, not averaged in. A window (once
+start-up and tear-down are out) under ``MIN_WINDOW_TICKS`` ticks or ``MIN_WINDOW_SECONDS`` is
+"too-short": its figures, no cause.
 
 **Each tick's lost time** goes, by the counters, to at most one cause, in this order:
 
@@ -172,16 +172,16 @@ HOST_LABELS = frozenset(
 
 @dataclass(frozen=True)
 class Diagnosis:
-    """verdict: "healthy" (no cause found), the name of the largest cause, "too-short" (the
-    job was active on the GPU for under ``MIN_WINDOW_TICKS`` ticks or ``MIN_WINDOW_SECONDS``:
-    its figures, no cause), "gpu-unused" (the job never touched its GPUs) or "no-gpu" (nothing
-    was sampled on a GPU); in these two only host causes are assessed (where ranks waited,
-    memory pressure), and the largest found is the verdict instead. ``unimpeded``: the utilization the
-    lost shares are measured against (see the module). ``healthy_actions``: what follows the
-    headline where no cause was found (healthy, or too short). ``unattributed``: for a healthy
-    verdict, the share of the window the GPU would otherwise have worked that no cause took (the
-    idle time of causes under their threshold, or of none): at ``findings.REPORT_MIN`` or more
-    the report says so rather than "nothing to fix"."""
+    """verdict: "healthy" (no cause found), the name of the largest cause, "too-short" (the job was
+    active on the GPU for under ``MIN_WINDOW_TICKS`` ticks or ``MIN_WINDOW_SECONDS``: its figures,
+    no cause), "gpu-unused" (the job never touched its GPUs) or "no-gpu" (nothing was sampled on a
+    GPU); in these two only host causes are assessed (where ranks waited, memory pressure), and the
+    largest found is the verdict instead. ``unimpeded``: the utilization the lost shares are
+    measured against (see the module). ``healthy_actions``: what follows the headline where no cause
+    was found (healthy, or too short). ``unattributed``: for a healthy verdict, the share of the
+    window the GPU would otherwise have worked that no cause took (the idle time of causes under
+    their threshold, or of none): at ``findings.REPORT_MIN`` or more the report says so rather than
+    "nothing to fix"."""
 
     verdict: str
     causes: tuple[Cause, ...]
