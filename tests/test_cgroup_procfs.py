@@ -14,6 +14,7 @@ import pytest
 
 from sparkdiag.snapshot import ProcessIdentity
 from sparkdiag.sources.host import cgroup, pressure, procfs
+from tests.support import fake_stat
 
 CID = "4c1d5e2f9a7b3c8d0e6f1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b1c2d"
 POD = "3f2e1d0c-b9a8-4f7e-8d6c-5b4a39281706"
@@ -279,20 +280,15 @@ def test_the_processes_of_a_cgroup_with_many_below_it_are_read_in_part(tmp_path:
     assert len(found) == pressure.MAX_CGROUPS  # its own list and MAX_CGROUPS - 1 below it
 
 
-def _stat(root: Path, pid: int, ppid: int) -> None:
-    (root / "proc" / str(pid)).mkdir(parents=True, exist_ok=True)
-    (root / "proc" / str(pid) / "stat").write_text(f"{pid} (sh) S {ppid} {pid} {pid} 0 -1\n")
-
-
 def test_the_ancestors_of_a_process(tmp_path: Path) -> None:
-    _stat(tmp_path, 40, 30)
-    _stat(tmp_path, 30, 20)
-    _stat(tmp_path, 20, 1)
-    assert procfs.ancestors(tmp_path, 40) == [30, 20]  # pid 1 not counted
-    _stat(tmp_path, 50, 60)  # a parent that cannot be read ends the chain after it
+    fake_stat(tmp_path, 40, 30)
+    fake_stat(tmp_path, 30, 20)
+    fake_stat(tmp_path, 20, 1)
+    assert procfs.ancestors(tmp_path, 40) == [30, 20, 1]  # pid 1 ends it (its parent is 0)
+    fake_stat(tmp_path, 50, 60)  # a parent that cannot be read ends the chain after it
     assert procfs.ancestors(tmp_path, 50) == [60]
-    _stat(tmp_path, 70, 71)
-    _stat(tmp_path, 71, 70)  # a loop (a fake tree) ends
+    fake_stat(tmp_path, 70, 71)
+    fake_stat(tmp_path, 71, 70)  # a loop (a fake tree) ends
     assert procfs.ancestors(tmp_path, 70) == [71]
     assert procfs.ancestors(tmp_path, 99) == []
     assert procfs.ancestors(Path("/"), os.getpid())[0] == os.getppid()

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from sparkdiag.cli import main
 from sparkdiag.watch import plot as plotting
 from sparkdiag.watch.sampler import HostSampler
-from tests.support import NVML, ROOT, alive, invoke_cli, sparkdiag_cmd
+from tests.support import NVML, ROOT, alive, fake_stat, invoke_cli, sparkdiag_cmd
 from tests.support.watch import PollGate, short_window, timeline
 
 
@@ -460,10 +460,14 @@ def _job_in_a_cgroup(root: Path, members: dict[str, str]) -> None:
     (base / "io.pressure").write_text("some avg10=0 avg60=0 avg300=0 total=500000\n")
 
 
-def _scope(root: Path, own_pid: int | None = None) -> tuple[str, set[int]]:
+def _scope(root: Path, ticks: int = 2, own_pid: int = 400) -> tuple[str, set[int]]:
+    """The PSI scope after ``ticks`` ticks, watch being ``own_pid`` (its parent pid 1)."""
+    if not (root / "proc" / str(own_pid)).exists():
+        fake_stat(root, own_pid, 1)
     sampler = HostSampler(root, root / "sys", 100, own_pid=own_pid)
-    sampler.tree()
-    sampler.sample({100})
+    for _ in range(ticks):
+        sampler.tree()
+        sampler.sample({100})
     return sampler.pressure_scope, sampler.sharers
 
 
@@ -473,34 +477,62 @@ def test_psi_of_a_cgroup_that_holds_the_job_alone_is_the_job_s(tmp_path: Path) -
 
 
 def test_psi_of_a_cgroup_shared_with_other_processes_is_said_so(tmp_path: Path) -> None:
-    """A process in the job's cgroup (or one below it) that is neither the job's nor watch's:
-    as 16 parallel tests beside watch's job in the lent H100's container, whose I/O stalls
-    watch took for the job's and advised "read faster" for a job that read nothing."""
+    """A process in the job's cgroup (or one below it) that is not the job's nor watch's nor a
+    parent of either, on two ticks in a row: as 16 parallel tests beside watch's job in the
+    lent H100's container, whose I/O stalls watch took for the job's and advised "read
+    faster" for a job that read nothing."""
     _job_in_a_cgroup(tmp_path, {".": "100\n300\n", "loader": "200\n"})
-    _stat_line(tmp_path, 300, 1)
+    fake_stat(tmp_path, 300, 1)
     assert _scope(tmp_path) == ("shared-cgroup", {300})
-    # watch (400) and the shell that started it (300) are not sharers; another process (500) is
-    _stat_line(tmp_path, 400, 300)
-    assert _scope(tmp_path, own_pid=400) == ("cgroup", set())
+    assert _scope(tmp_path, ticks=1) == ("cgroup", set())  # seen once: a child that ended?
+    # watch's parent (300, the shell that started it) is not a sharer; another process (500) is
+    fake_stat(tmp_path, 400, 300)
+    assert _scope(tmp_path) == ("cgroup", set())
     (tmp_path / "sys/fs/cgroup/job.scope/other").mkdir()
     (tmp_path / "sys/fs/cgroup/job.scope/other/cgroup.procs").write_text("500\n")
-    assert _scope(tmp_path, own_pid=400) == ("shared-cgroup", {500})
+    assert _scope(tmp_path) == ("shared-cgroup", {500})
+
+
+def test_the_job_s_parent_and_pid_1_do_not_share_its_cgroup(tmp_path: Path) -> None:
+    """``watch --pid`` of a job started by a shell in the same login or tmux scope, and a
+    container whose first process (pid 1: the shell of ``docker run -it``, tini) started
+    watch."""
+    _job_in_a_cgroup(tmp_path, {".": "100\n350\n1\n", "loader": "200\n"})
+    fake_stat(tmp_path, 100, 350)
+    fake_stat(tmp_path, 350, 1)
+    fake_stat(tmp_path, 400, 1)
+    assert _scope(tmp_path) == ("cgroup", set())
+
+
+def test_nothing_is_judged_once_the_job_ended_or_of_another_root(tmp_path: Path) -> None:
+    """A worker of the job still exiting after the job's root was reaped is not another's;
+    without watch's own pid (``--path.rootfs``), the cgroup's pids may be of another PID
+    namespace than that /proc's."""
+    _job_in_a_cgroup(tmp_path, {".": "100\n300\n", "loader": "200\n"})
+    fake_stat(tmp_path, 400, 1)
+    sampler = HostSampler(tmp_path, tmp_path / "sys", 100, own_pid=400)
+    for _ in range(2):
+        sampler.pids = []  # the job has ended
+        sampler.sample(set())
+    assert sampler.pressure_scope == "cgroup"
+    other_root = HostSampler(tmp_path, tmp_path / "sys", 100, own_pid=None)
+    for _ in range(2):
+        other_root.tree()
+        other_root.sample({100})
+    assert other_root.pressure_scope == "cgroup"
 
 
 def test_a_cgroup_once_shared_stays_so_for_the_recording(tmp_path: Path) -> None:
     _job_in_a_cgroup(tmp_path, {".": "100\n300\n", "loader": "200\n"})
-    sampler = HostSampler(tmp_path, tmp_path / "sys", 100)
-    sampler.tree()
-    sampler.sample({100})
+    fake_stat(tmp_path, 400, 1)
+    sampler = HostSampler(tmp_path, tmp_path / "sys", 100, own_pid=400)
+    for _ in range(2):
+        sampler.tree()
+        sampler.sample({100})
     (tmp_path / "sys/fs/cgroup/job.scope/cgroup.procs").write_text("100\n")  # 300 has gone
     sampler.tree()
     sampler.sample({100})
     assert sampler.pressure_scope == "shared-cgroup"  # its stalls are in the window's PSI
-
-
-def _stat_line(root: Path, pid: int, ppid: int) -> None:
-    (root / "proc" / str(pid)).mkdir(parents=True, exist_ok=True)
-    (root / "proc" / str(pid) / "stat").write_text(f"{pid} (sh) S {ppid} {pid} {pid} 0 -1\n")
 
 
 def test_job_cpus_from_the_affinity_list(tmp_path: Path) -> None:

@@ -383,7 +383,7 @@ def checkpoint_cause(ctx: Context, bursts: set[int], idx: list[int], share: floa
     ]
     io = mean([win[i].io_stall for i in idx])
     if io:
-        evidence.append(f"tasks stalled on I/O {pct(io)} of that time (PSI)")
+        evidence.append(f"tasks stalled on I/O {pct(io)} of that time (PSI of {psi_of(ctx.rec)})")
     if len(bursts_in_order) >= 2:
         starts = [win[r[0]].t for r in bursts_in_order]
         period = statistics.median(b - a for a, b in itertools.pairwise(starts))

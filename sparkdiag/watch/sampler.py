@@ -269,8 +269,8 @@ class HostSampler:
 
     PSI is the job's cgroup's where the kernel has it (``pressure_scope`` "cgroup"), but a
     cgroup may hold more than the job: a container's, a login session's, a tmux server's. Where
-    a tick finds a process in it that is neither the job's nor watch's (nor one of watch's
-    ancestors, the shell that started it), the scope is "shared-cgroup" from then on: its
+    two ticks in a row find a process in it that is not the job's, nor watch's, nor a parent
+    of either (the shell that started them), the scope is "shared-cgroup" from then on: its
     stalls may be another's (a parallel test run on the lent H100 read 26 % I/O stall in the
     container's cgroup for a job that read nothing, and advised a faster store)."""
 
@@ -294,6 +294,7 @@ class HostSampler:
         self.cgroup = procfs.cgroup_v2_path(rootfs, root_pid)
         self.scope = "host"
         self.sharers: set[int] = set()  # processes seen in the job's cgroup that are not its
+        self._others_before: set[int] = set()  # those of the last tick, not yet sharers
         self.pids: list[int] = []
         self.job_cpus = procfs.allowed_cpus(rootfs, root_pid)
         self.paths: set[str] = set()  # the files written and read heavily (places.py)
@@ -342,18 +343,27 @@ class HostSampler:
         return "shared-cgroup" if self.scope == "cgroup" and self.sharers else self.scope
 
     def _note_sharers(self) -> None:
-        """Adds to :attr:`sharers` the processes of the job's cgroup that are neither the job's
-        nor watch's; once there is one, the scope is settled and the cgroup no longer read."""
-        if self.sharers or self.cgroup is None:
+        """Adds to :attr:`sharers` the processes of the job's cgroup that are not the job's,
+        nor its parents (the shell that started it, with ``--pid``), nor watch's or watch's
+        parents, seen on two ticks in a row (a child of the job that ended between two reads
+        is seen once). Once there is one the scope is settled and the cgroup no longer read.
+        Nothing is judged once the job has ended (its workers may outlive it), where watch
+        reads another root than its own (``--path.rootfs``: the cgroup's pids may be of
+        another PID namespace than that /proc's), or where the cgroup's list cannot be read
+        (the scope stays "cgroup"). A pid 0 in the list is a process this PID namespace does
+        not show: not the job's."""
+        if self.sharers or self.cgroup is None or self.own_pid is None or not self.pids:
             return
         members = pressure.cgroup_processes(self.sysfs, self.cgroup)
         others = set(members or ()) - set(self.pids)
         if others:  # a child the job started since tree() is the job's
             others -= set(procfs.process_tree(self.rootfs, self.root_pid))
-        if others and self.own_pid is not None:
+            others -= set(procfs.ancestors(self.rootfs, self.root_pid))
+        if others:
             others -= set(procfs.process_tree(self.rootfs, self.own_pid))
             others -= set(procfs.ancestors(self.rootfs, self.own_pid))
-        self.sharers.update(others)
+        self.sharers.update(others & self._others_before)
+        self._others_before = others
 
     def _job_rates(
         self,

@@ -60,13 +60,20 @@ def skip_unless_installed(name: str) -> None:
         pytest.skip(f"{name} is not installed", allow_module_level=True)
 
 
+def fake_stat(root: Path, pid: int, ppid: int) -> None:
+    """``ROOT/proc/PID/stat`` of a sleeping ``sh`` whose parent is ``ppid``."""
+    (root / "proc" / str(pid)).mkdir(parents=True, exist_ok=True)
+    (root / "proc" / str(pid) / "stat").write_text(f"{pid} (sh) S {ppid} {pid} {pid} 0 -1\n")
+
+
 def gpu_here() -> bool:
     """This machine shows an NVIDIA GPU (``/dev/nvidia0``, ``/dev/nvidia1`` ... or the driver's
     list in ``/proc/driver/nvidia/gpus``), read without NVML or torch. Some tests are of a
     machine without one (a CPU-only torch, the quick start's preflight with --expect-gpus 0);
     beside a GPU, on the lent machine, they judged the GPU instead."""
-    gpus = Path("/proc/driver/nvidia/gpus")
-    return any(Path("/dev").glob("nvidia[0-9]*")) or (gpus.is_dir() and any(gpus.iterdir()))
+    from sparkdiag.sources.host.procfs import driver_gpus
+
+    return any(Path("/dev").glob("nvidia[0-9]*")) or bool(driver_gpus(Path("/")))
 
 
 # A test of a machine without a GPU, skipped beside one (gpu_here)

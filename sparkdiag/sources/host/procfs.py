@@ -171,8 +171,9 @@ def process_tree(rootfs: Path, root: int) -> list[int]:
 
 
 def ancestors(rootfs: Path, pid: int) -> list[int]:
-    """The parent of ``pid``, its parent and so on up to (not counting) pid 1 or the first one
-    that cannot be read (``ps -o ppid``, repeated)."""
+    """The parent of ``pid``, its parent and so on (``ps -o ppid``, repeated), up to pid 1 (a
+    container's first process: the shell of ``docker run -it``, tini) or to one whose own
+    parent cannot be read."""
     found: list[int] = []
     seen = {pid}
     while len(found) < 64:
@@ -180,10 +181,12 @@ def ancestors(rootfs: Path, pid: int) -> list[int]:
         if fields is None or len(fields) < 2 or not fields[1].isdigit():
             break
         pid = int(fields[1])
-        if pid <= 1 or pid in seen:  # a loop (a fake tree) ends too
+        if pid < 1 or pid in seen:  # a loop (a fake tree) ends too
             break
         found.append(pid)
         seen.add(pid)
+        if pid == 1:
+            break
     return found
 
 
