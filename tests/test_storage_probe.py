@@ -486,3 +486,25 @@ def test_the_program_imports_this_sparkdiag_where_none_is_installed(
     (tmp_path / "data").mkdir()
     doc = run_probe(ProbeRequest(tmp_path / "data", **SMALL))
     assert doc.status == "ok"
+
+
+def test_the_gpu_worker_gets_the_environment_without_sparkdiag_s_root(tmp_path: Path) -> None:
+    """The program takes the root of the sparkdiag that started it out of the environment it
+    hands on to the GPU worker (``--probe.python``: its own packages, its torch, come first),
+    and nothing of it goes on PYTHONPATH."""
+    from sparkdiag.storage.run import program_environment
+
+    env = program_environment()
+    env.pop("PYTHONPATH", None)
+    assert set(env) - set(os.environ) == {measure.ROOT_VARIABLE}
+    shown = "import json, os; print(json.dumps({'status': 'ok', 'env': dict(os.environ)}))"
+    worker = json.dumps([sys.executable, "-c", shown])
+    (tmp_path / "data").mkdir()
+    done = subprocess.run(
+        [sys.executable, "-S", measure.__file__, str(tmp_path / "data"), "--size", str(16 * MIB),
+         "--seconds", "2", "--threads", "2", "--gpu-worker", worker],
+        capture_output=True, text=True, timeout=60, check=False, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    seen = json.loads(done.stdout)["gpu"]["env"]
+    assert measure.ROOT_VARIABLE not in seen and "PYTHONPATH" not in seen

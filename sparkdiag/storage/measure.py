@@ -76,8 +76,18 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+# The folder that holds the sparkdiag that started this program (storage/run.py), taken out of
+# the environment that the GPU worker inherits, and off sys.path once the import below is done
+ROOT_VARIABLE = "SPARKDIAG_STORAGE_ROOT"
+_ROOT = os.environ.pop(ROOT_VARIABLE, "")
+if _ROOT:
+    sys.path.insert(1, _ROOT)  # after this program's own folder, before another sparkdiag's
+
 # the one sparkdiag module it imports: standard library only, shared with the worker
-from sparkdiag.probe.worker.pages import huge_area, in_huge_pages
+from sparkdiag.probe.worker.pages import huge_area, in_huge_pages  # noqa: E402
+
+if _ROOT:
+    sys.path.remove(_ROOT)
 
 if TYPE_CHECKING:
     import argparse

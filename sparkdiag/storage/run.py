@@ -155,21 +155,17 @@ def _progress_reader(
             continue
 
 
-# The folder that holds this sparkdiag package: a checkout, or site-packages
-PACKAGE_ROOT = str(Path(measure.__file__).resolve().parents[2])
-
-
 def program_environment() -> dict[str, str]:
-    """The measuring program's environment: this one, with :data:`PACKAGE_ROOT` first on
-    PYTHONPATH. The program runs as a script, so Python puts its own folder on sys.path, not
-    this package's root: from a checkout that was not installed (``python -m sparkdiag storage``
-    in it) it could not import the one sparkdiag module it needs, and where another sparkdiag
-    is installed it would import that one's (seen while reading why a test of the program
-    failed on the lent H100, where sparkdiag is not installed)."""
-    env = dict(os.environ)
-    rest = env.get("PYTHONPATH")
-    env["PYTHONPATH"] = PACKAGE_ROOT + (os.pathsep + rest if rest else "")
-    return env
+    """The measuring program's environment: this one, with the folder that holds this sparkdiag
+    package (a checkout, or site-packages) in :data:`measure.ROOT_VARIABLE`. The program runs
+    as a script, so Python puts its own folder on sys.path, not this package's root: from a
+    checkout that was not installed (``python -m sparkdiag storage`` in it) it could not import
+    the one sparkdiag module it needs, and beside another installed sparkdiag it imported that
+    one's (seen while reading why a test of the program failed on the lent H100, where
+    sparkdiag is not installed). Not PYTHONPATH: the program hands its environment on to the
+    GPU worker (``--probe.python``), whose own packages (its torch) must not come after this
+    one's site-packages (a review)."""
+    return {**os.environ, measure.ROOT_VARIABLE: str(Path(measure.__file__).resolve().parents[2])}
 
 
 def run_probe(
