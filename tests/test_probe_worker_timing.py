@@ -32,6 +32,8 @@ def test_choose_iters() -> None:
     warm = [1.0] + [0.03] * 5 + [0.02] * 4  # median 0.03 ms, fastest 0.02 ms
     assert timing.choose_iters(None, warm, 0.004, 0.0, min_batch_ms=30.0) == 1500  # not 1000
     assert timing.choose_iters(None, warm, 0.004, 0.0) == 133  # the share: at the median
+    # a warm-up iteration read as 0 ms (a clock too coarse) is no reading: the next fastest
+    assert timing.choose_iters(None, [*warm, 0.0], 0.004, 0.0, min_batch_ms=30.0) == 1500
     # a share longer than the floor keeps the share
     assert timing.choose_iters(None, [9.0] + [2.0] * 9, 0.1, 0.0, min_batch_ms=30.0) == 50
     assert timing.choose_iters(7, [1.0] * 10, 0.0, 0.0, min_batch_ms=1e6) == 7

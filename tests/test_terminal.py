@@ -394,7 +394,8 @@ def test_watch_piped_shows_no_status_line() -> None:
 
 def test_watch_without_a_gpu_says_one_thing(tmp_path: Path) -> None:
     """A tiny Python job, no NVML: the line watch starts with, its report's first line and its
-    diagnosis agree (only memory pressure is judged), and the plot has no GPU panel."""
+    diagnosis agree (only memory pressure and ranks' waits are judged), and the plot has no GPU
+    panel."""
     pytest.importorskip("matplotlib")
     recording = tmp_path / "run.json"
     done = invoke_cli(
@@ -415,12 +416,14 @@ def test_watch_without_a_gpu_says_one_thing(tmp_path: Path) -> None:
     )
     assert done.returncode == 0, done.stderr
     said = words(done.stderr)
-    assert "are not sampled, so only memory pressure is diagnosed" in said
+    assert "are not sampled, so only memory pressure and where ranks waited" in said
     assert "diagnosing from the job's CPU" not in said
     first, *_ = done.stdout.splitlines()
     report = words(done.stdout)
     assert report.split("; watched ")[1].split(" diagnosis:")[0].endswith("no GPU sampled")
-    assert "diagnosis: no GPU sampled: only memory pressure was assessed" in report
+    assert (
+        "diagnosis: no GPU sampled: only memory pressure and ranks' waits were assessed" in report
+    )
     assert "on no GPU" not in report and first.startswith("sparkdiag watch: ")
 
     (fig,) = _plotted(load(recording), tmp_path / "run.png")

@@ -274,6 +274,16 @@ def test_gpu_unused_only_when_the_job_never_touched_it() -> None:
     assert share(held, "data-prep-in-loop") == pytest.approx(0.98, abs=0.01)
 
 
+def test_a_job_that_never_touched_its_gpu_keeps_that_verdict_beside_memory_pressure() -> None:
+    """Host memory pressure (maybe another process's) is a cause below the verdict, not the
+    verdict: the GPU the job never touched is what the user has to fix first."""
+    d = diagnose(timeline(util=0.0, sm=0.0, tensor=0.0, on_gpu=False, memory_stall=const(0.22)))
+    assert d.verdict == "gpu-unused"
+    assert names(d) == ["memory-pressure"]
+    assert "never touched GPU 0" in d.notes[0]
+    assert headline(d) == "the job never touched its GPU: only the host was assessed (below)"
+
+
 def test_a_job_holding_the_gpu_without_a_kernel_is_diagnosed_over_those_ticks() -> None:
     """CUDA initialised, memory held, then the job waits (its first batch never comes)."""
     d = diagnose(timeline(util=0.0, sm=0.0, tensor=0.0, thread=const(0.02), warmup=4))

@@ -81,7 +81,8 @@ def _start_gpu(
         why = (
             f"NVML unavailable ({source.unavailable_reason}): GPU utilization, activity, "
             "clocks, reasons, temperatures, power and PCIe throughput are not sampled, so "
-            "only memory pressure is diagnosed (the job's CPU and I/O are recorded, not judged)"
+            "only memory pressure and where ranks waited for one another are diagnosed (the "
+            "job's CPU and I/O are recorded, not judged)"
         )
         return None, why
     try:

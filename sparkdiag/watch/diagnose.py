@@ -12,7 +12,7 @@ window's first ticks in which the job's stacks show it still importing its modul
 at either end in which they show no Python frame at all (the interpreter starting or finalising)
 (:mod:`.window`). A job that held the GPU but never ran a kernel is diagnosed over the ticks it held
 it. Only a job that never touched the GPU reads "gpu-unused", unless its ranks waited in a
-collective or memory pressure was found, which are judged as where no GPU was sampled. The GPUs
+collective: the host causes are judged as where no GPU was sampled. The GPUs
 diagnosed are those on which the job ran kernels while it held them (:func:`.views.job_gpus`): one
 where it only held memory (a stray CUDA context) is named in a note, not averaged in. A window (once
 start-up and tear-down are out) under ``MIN_WINDOW_TICKS`` ticks or ``MIN_WINDOW_SECONDS`` is
@@ -175,13 +175,13 @@ class Diagnosis:
     """verdict: "healthy" (no cause found), the name of the largest cause, "too-short" (the job was
     active on the GPU for under ``MIN_WINDOW_TICKS`` ticks or ``MIN_WINDOW_SECONDS``: its figures,
     no cause), "gpu-unused" (the job never touched its GPUs) or "no-gpu" (nothing was sampled on a
-    GPU); in these two only host causes are assessed (where ranks waited, memory pressure), and the
-    largest found is the verdict instead. ``unimpeded``: the utilization the lost shares are
-    measured against (see the module). ``healthy_actions``: what follows the headline where no cause
-    was found (healthy, or too short). ``unattributed``: for a healthy verdict, the share of the
-    window the GPU would otherwise have worked that no cause took (the idle time of causes under
-    their threshold, or of none): at ``findings.REPORT_MIN`` or more the report says so rather than
-    "nothing to fix"."""
+    GPU); in these two only host causes are assessed (where ranks waited, memory pressure): the
+    largest found is the verdict instead of "no-gpu", and ranks waiting in a collective instead of
+    "gpu-unused". ``unimpeded``: the utilization the lost shares are measured against (see the
+    module). ``healthy_actions``: what follows the headline where no cause was found (healthy, or
+    too short). ``unattributed``: for a healthy verdict, the share of the window the GPU would
+    otherwise have worked that no cause took (the idle time of causes under their threshold, or of
+    none): at ``findings.REPORT_MIN`` or more the report says so rather than "nothing to fix"."""
 
     verdict: str
     causes: tuple[Cause, ...]
@@ -523,10 +523,12 @@ def diagnose(rec: Recording) -> Diagnosis:
     if found is None:
         # the job's ranks may still wait for one another (gloo on the CPUs, a barrier before
         # the first kernel): named as where no GPU was sampled, not hidden behind the GPU (on
-        # the lent H100, ranks stopped in a collective read "gpu-unused" and no cause)
+        # the lent H100, ranks stopped in a collective read "gpu-unused" and no cause); that
+        # wait is the verdict, memory pressure (maybe another's) only a cause below it
         found_causes = _host_causes(rec, "the job used no GPU")
+        waited = [c for c in found_causes if c.name == "collective-wait"]
         return Diagnosis(
-            verdict=found_causes[0].name if found_causes else "gpu-unused",
+            verdict="collective-wait" if waited else "gpu-unused",
             causes=tuple(found_causes),
             window=(vs[0].t - vs[0].dt, vs[-1].t),
             gpus=gpus,

@@ -51,11 +51,15 @@ def headline(diagnosis: Diagnosis, rec: Recording | None = None) -> str:
             f"at least {MIN_WINDOW_SECONDS:g} s and {MIN_WINDOW_TICKS} ticks are needed"
         )
     if diagnosis.verdict == "gpu-unused":
+        if diagnosis.causes:
+            return "the job never touched its GPU: only the host was assessed (below)"
         return "the job never touched its GPU: nothing to diagnose"
     if diagnosis.verdict == "no-gpu":
         if rec is not None and all(t.host.memory_stall is None for t in rec.ticks):
-            return "no GPU sampled and no memory pressure (PSI) read: nothing could be assessed"
-        return "no GPU sampled: only memory pressure was assessed, and none was found"
+            if not rec.stacks:
+                return "no GPU sampled and no memory pressure (PSI) read: nothing could be assessed"
+            return "no GPU sampled and no memory pressure (PSI) read: no rank waited for another"
+        return "no GPU sampled: only memory pressure and ranks' waits were assessed, none found"
     first = diagnosis.causes[0]
     return f"{TITLES[first.name]} ({_pct(first.share)} {meaning(first.name, first.lost)})"
 

@@ -49,8 +49,8 @@ def choose_iters(
     if per_iter <= 0:
         return max_iters
     n = int((share_seconds - spent_seconds) / per_iter)
-    fastest = min(tail) / 1e3
-    if min_batch_ms > 0 and fastest > 0:
+    fastest = min((t for t in tail if t > 0), default=per_iter * 1e3) / 1e3  # 0 ms: no reading
+    if min_batch_ms > 0:
         n = max(n, max(1, rounds) * math.ceil(min_batch_ms / 1e3 / fastest))
     return max(min_iters, min(max_iters, n))
 
