@@ -12,11 +12,11 @@ window's first ticks in which the job's stacks show it still importing its modul
 at either end in which they show no Python frame at all (the interpreter starting or finalising)
 (:mod:`.window`). A job that held the GPU but never ran a kernel is diagnosed over the ticks it held
 it. Only a job that never touched the GPU reads "gpu-unused", unless its ranks waited in a
-collective: the host causes are judged as where no GPU was sampled. The GPUs
-diagnosed are those on which the job ran kernels while it held them (:func:`.views.job_gpus`): one
-where it only held memory (a stray CUDA context) is named in a note, not averaged in. A window (once
-start-up and tear-down are out) under ``MIN_WINDOW_TICKS`` ticks or ``MIN_WINDOW_SECONDS`` is
-"too-short": its figures, no cause.
+collective: the host causes are judged as where no GPU was sampled. The GPUs diagnosed are those
+on which the job ran kernels while it held them (:func:`.views.job_gpus`): one where it only held
+memory (a stray CUDA context) is named in a note, not averaged in. A window (once start-up and
+tear-down are out) under ``MIN_WINDOW_TICKS`` ticks or ``MIN_WINDOW_SECONDS`` is "too-short": its
+figures, no cause.
 
 **Each tick's lost time** goes, by the counters, to at most one cause, in this order:
 

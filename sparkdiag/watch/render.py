@@ -58,7 +58,7 @@ def headline(diagnosis: Diagnosis, rec: Recording | None = None) -> str:
         if rec is not None and all(t.host.memory_stall is None for t in rec.ticks):
             if not rec.stacks:
                 return "no GPU sampled and no memory pressure (PSI) read: nothing could be assessed"
-            return "no GPU sampled and no memory pressure (PSI) read: no rank waited for another"
+            return "no GPU sampled, no memory pressure (PSI) read: no wait of ranks found either"
         return "no GPU sampled: only memory pressure and ranks' waits were assessed, none found"
     first = diagnosis.causes[0]
     return f"{TITLES[first.name]} ({_pct(first.share)} {meaning(first.name, first.lost)})"
