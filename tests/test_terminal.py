@@ -17,6 +17,7 @@ import sys
 import termios
 from collections import Counter
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from sparkdiag.soak.render import text as soak_text
 from sparkdiag.soak.state import write_state
 from sparkdiag.watch import plot as watch_plot
 from sparkdiag.watch.diagnose import diagnose
-from sparkdiag.watch.model import GpuTick, JobTick, Recording, Tick, load
+from sparkdiag.watch.model import GpuTick, JobTick, Recording, StackFrame, Tick, load
 from sparkdiag.watch.render import status
 from tests.support import NVML, PROBE, ROOT, invoke_cli, sparkdiag_cmd
 from tests.support.soak import fell, gpu_soak, gpu_state, heating, held, report
@@ -520,6 +521,11 @@ def test_watch_without_a_gpu_or_psi_says_nothing_was_assessed() -> None:
     said = "no GPU sampled and no memory pressure (PSI) read: nothing could be assessed"
     assert headline(diagnosis, rec) == said
     assert f"diagnosis: {said}" in watch_text(rec, diagnosis, 100)
+    # with the job's stacks, where its ranks waited was judged (and nothing found)
+    sampled = replace(rec, frames=(StackFrame("main", "/job/train.py", 3),), stacks=((0,),))
+    assert headline(diagnose(sampled), sampled) == (
+        "no GPU sampled, no memory pressure (PSI) read: no wait of ranks found either"
+    )
 
 
 def test_a_long_value_goes_under_its_row_or_last_when_listed() -> None:
