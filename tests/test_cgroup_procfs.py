@@ -292,3 +292,13 @@ def test_the_ancestors_of_a_process(tmp_path: Path) -> None:
     assert procfs.ancestors(tmp_path, 70) == [71]
     assert procfs.ancestors(tmp_path, 99) == []
     assert procfs.ancestors(Path("/"), os.getpid())[0] == os.getppid()
+
+
+def test_a_process_s_state_and_cpu_ticks(tmp_path: Path) -> None:
+    fake_stat(tmp_path, 30, 1, "D", ticks=12)
+    assert procfs.process_activity(tmp_path, 30) == ("D", 12)
+    fake_stat(tmp_path, 31, 1)  # a line that ends before the times
+    assert procfs.process_activity(tmp_path, 31) is None
+    assert procfs.process_activity(tmp_path, 99) is None  # gone
+    state, ticks = procfs.process_activity(Path("/"), os.getpid()) or ("?", -1)
+    assert state == "R" and ticks >= 0  # this process, reading its own stat, runs

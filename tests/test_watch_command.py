@@ -493,6 +493,30 @@ def test_psi_of_a_cgroup_shared_with_other_processes_is_said_so(tmp_path: Path) 
     assert _scope(tmp_path) == ("shared-cgroup", {500})
 
 
+def test_an_idle_process_does_not_share_the_cgroup_s_stalls(tmp_path: Path) -> None:
+    """A shell asleep at its prompt in the job's tmux scope stalls on nothing; one that ran, or
+    waits in the disk's queue (D), may."""
+    _job_in_a_cgroup(tmp_path, {".": "100\n300\n", "loader": "200\n"})
+    fake_stat(tmp_path, 400, 1)
+    fake_stat(tmp_path, 300, 1, "S", ticks=7)
+    sampler = HostSampler(tmp_path, tmp_path / "sys", 100, own_pid=400)
+
+    def tick() -> str:
+        sampler.tree()
+        sampler.sample({100})
+        return sampler.pressure_scope
+
+    assert [tick(), tick(), tick()] == ["cgroup"] * 3  # asleep, 7 ticks of CPU throughout
+    fake_stat(tmp_path, 300, 1, "S", ticks=9)  # it ran between two ticks
+    assert tick() == "shared-cgroup" and sampler.sharers == {300}
+    again = HostSampler(tmp_path, tmp_path / "sys", 100, own_pid=400)
+    fake_stat(tmp_path, 300, 1, "D", ticks=9)  # in the disk's queue at both
+    for _ in range(2):
+        again.tree()
+        again.sample({100})
+    assert again.pressure_scope == "shared-cgroup"
+
+
 def test_the_job_s_parent_and_pid_1_do_not_share_its_cgroup(tmp_path: Path) -> None:
     """``watch --pid`` of a job started by a shell in the same login or tmux scope, and a
     container whose first process (pid 1: the shell of ``docker run -it``, tini) started

@@ -270,7 +270,8 @@ class HostSampler:
     PSI is the job's cgroup's where the kernel has it (``pressure_scope`` "cgroup"), but a
     cgroup may hold more than the job: a container's, a login session's, a tmux server's. Where
     two ticks in a row find a process in it that is not the job's, nor watch's, nor a parent
-    of either (the shell that started them), the scope is "shared-cgroup" from then on: its
+    of either (the shell that started them), and that was not idle between them (asleep at
+    both, no CPU time run), the scope is "shared-cgroup" from then on: its
     stalls may be another's (a parallel test run on the lent H100 read 26 % I/O stall in the
     container's cgroup for a job that read nothing, and advised a faster store)."""
 
@@ -294,7 +295,7 @@ class HostSampler:
         self.cgroup = procfs.cgroup_v2_path(rootfs, root_pid)
         self.scope = "host"
         self.sharers: set[int] = set()  # processes seen in the job's cgroup that are not its
-        self._others_before: set[int] = set()  # those of the last tick, not yet sharers
+        self._others_before: dict[int, tuple[str, int] | None] = {}  # of the last tick: activity
         self.pids: list[int] = []
         self.job_cpus = procfs.allowed_cpus(rootfs, root_pid)
         self.paths: set[str] = set()  # the files written and read heavily (places.py)
@@ -346,7 +347,10 @@ class HostSampler:
         """Adds to :attr:`sharers` the processes of the job's cgroup that are not the job's,
         nor its parents (the shell that started it, with ``--pid``), nor watch's or watch's
         parents, seen on two ticks in a row (a child of the job that ended between two reads
-        is seen once). Once there is one the scope is settled and the cgroup no longer read.
+        is seen once) and not idle between them (asleep at both, no CPU time run: a shell
+        waiting at its prompt in the same tmux scope stalls on nothing; one whose activity
+        cannot be read counts). Once there is one the scope is settled and the cgroup no
+        longer read.
         Nothing is judged once the job has ended (its workers may outlive it), where watch
         reads another root than its own (``--path.rootfs``: the cgroup's pids may be of
         another PID namespace than that /proc's), or where the cgroup's list cannot be read
@@ -362,8 +366,10 @@ class HostSampler:
         if others:
             others -= set(procfs.process_tree(self.rootfs, self.own_pid))
             others -= set(procfs.ancestors(self.rootfs, self.own_pid))
-        self.sharers.update(others & self._others_before)
-        self._others_before = others
+        now = {pid: procfs.process_activity(self.rootfs, pid) for pid in others}
+        before = self._others_before
+        self.sharers.update(p for p in others if p in before and not _idle(before[p], now[p]))
+        self._others_before = now
 
     def _job_rates(
         self,
@@ -438,6 +444,18 @@ class HostSampler:
             swap_bps=swap,
             available_bytes=host.available_bytes,
         )
+
+
+# States of a process that waits for nothing that PSI counts: asleep (interruptible), stopped,
+# traced, a zombie, an idle kernel thread
+IDLE_STATES = frozenset("STtZI")
+
+
+def _idle(before: tuple[str, int] | None, now: tuple[str, int] | None) -> bool:
+    """Between two ticks the process was asleep at both and ran no CPU time."""
+    if before is None or now is None:
+        return False
+    return before[0] in IDLE_STATES and now[0] in IDLE_STATES and now[1] == before[1]
 
 
 def _loads(

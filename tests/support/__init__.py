@@ -60,10 +60,14 @@ def skip_unless_installed(name: str) -> None:
         pytest.skip(f"{name} is not installed", allow_module_level=True)
 
 
-def fake_stat(root: Path, pid: int, ppid: int) -> None:
-    """``ROOT/proc/PID/stat`` of a sleeping ``sh`` whose parent is ``ppid``."""
+def fake_stat(root: Path, pid: int, ppid: int, state: str = "S", ticks: int | None = None) -> None:
+    """``ROOT/proc/PID/stat`` of an ``sh`` in ``state`` whose parent is ``ppid``; with ``ticks``
+    the clock ticks it has run (utime), else the line ends before them."""
     (root / "proc" / str(pid)).mkdir(parents=True, exist_ok=True)
-    (root / "proc" / str(pid) / "stat").write_text(f"{pid} (sh) S {ppid} {pid} {pid} 0 -1\n")
+    times = "" if ticks is None else f" 0 0 0 0 0 {ticks} 0 0 0"
+    (root / "proc" / str(pid) / "stat").write_text(
+        f"{pid} (sh) {state} {ppid} {pid} {pid} 0 -1{times}\n"
+    )
 
 
 def gpu_here() -> bool:

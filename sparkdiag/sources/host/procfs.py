@@ -208,6 +208,16 @@ def process_stat(rootfs: Path, pid: int) -> list[str] | None:
     return None if parsed is None else parsed[1]
 
 
+def process_activity(rootfs: Path, pid: int) -> tuple[str, int] | None:
+    """``pid``'s state (``R``, ``S``, ``D`` ...) and the clock ticks its threads have run, user
+    and system (``ps -o stat,time``: ``/proc/PID/stat`` fields 3, 14 and 15); None where they
+    cannot be read."""
+    fields = process_stat(rootfs, pid)
+    if fields is None or len(fields) < 13 or not (fields[11] + fields[12]).isdigit():
+        return None
+    return fields[0], int(fields[11]) + int(fields[12])
+
+
 def start_time(rootfs: Path, pid: int) -> str | None:
     """When ``pid`` started (``/proc/PID/stat``'s field 22, in clock ticks since boot), which
     tells a process from a later one given the same pid; None when it is gone or a zombie."""
