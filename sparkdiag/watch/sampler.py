@@ -296,6 +296,7 @@ class HostSampler:
         self.scope = "host"
         self.sharers: set[int] = set()  # processes seen in the job's cgroup that are not its
         self._others_before: dict[int, tuple[str, int] | None] = {}  # of the last tick: activity
+        self._parents: set[int] | None = None  # the job's and watch's, read once (_note_sharers)
         self.pids: list[int] = []
         self.job_cpus = procfs.allowed_cpus(rootfs, root_pid)
         self.paths: set[str] = set()  # the files written and read heavily (places.py)
@@ -359,13 +360,16 @@ class HostSampler:
         if self.sharers or self.cgroup is None or self.own_pid is None or not self.pids:
             return
         members = pressure.cgroup_processes(self.sysfs, self.cgroup)
+        # a child the job started after tree() is in the next tick's: seen once, it is left out
         others = set(members or ()) - set(self.pids)
-        if others:  # a child the job started since tree() is the job's
-            others -= set(procfs.process_tree(self.rootfs, self.root_pid))
-            others -= set(procfs.ancestors(self.rootfs, self.root_pid))
         if others:
-            others -= set(procfs.process_tree(self.rootfs, self.own_pid))
-            others -= set(procfs.ancestors(self.rootfs, self.own_pid))
+            if self._parents is None:  # the job's and watch's: theirs for the whole run
+                self._parents = {
+                    *procfs.ancestors(self.rootfs, self.root_pid),
+                    *procfs.ancestors(self.rootfs, self.own_pid),
+                }
+            others -= self._parents
+            others -= set(procfs.process_tree(self.rootfs, self.own_pid))  # watch, its py-spy
         now = {pid: procfs.process_activity(self.rootfs, pid) for pid in others}
         before = self._others_before
         self.sharers.update(p for p in others if p in before and not _idle(before[p], now[p]))
