@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
 import signal
 import subprocess
@@ -348,6 +349,18 @@ def _learned(tmp_path: Path) -> list[str]:
 
 def _scaled(tmp_path: Path, factor: float, pids: list[int], **software: object) -> str:
     return str(scaled_cycle(tmp_path / f"scaled-{factor}.json", factor, pids, **software))
+
+
+def test_a_replayed_cycle_s_pids_are_not_named_from_this_machine(tmp_path: Path) -> None:
+    """The pids of a document replayed with --probe.fixture are the recording machine's: one
+    that a process here happens to have is not given that process's name (CI named the
+    recording's pid 4242 after a kernel thread of its own)."""
+    here = os.getpid()  # a pid that surely exists here, with a name
+    args = _learned(tmp_path / "state")
+    slow = CliRunner().invoke(main, [*args, "--no-record", "--probe.fixture",
+                                     _scaled(tmp_path, 0.48, [here])])  # fmt: skip
+    said = " ".join(slow.output.split())
+    assert said.endswith(f"at 0.48; while pid {here} used the GPU"), said
 
 
 def test_probe_beside_another_process_is_slower_and_says_who(tmp_path: Path) -> None:

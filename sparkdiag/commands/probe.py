@@ -98,14 +98,16 @@ def _evaluate(
     return done.figures, done.not_recorded.message if done.not_recorded else ""
 
 
-def _beside(doc: WorkerDocument | None, rootfs: Path) -> str:
-    """Who else used the GPU while the worker ran, from its own record: ``pid 4242 (python3)``."""
+def _beside(doc: WorkerDocument | None, rootfs: Path | None) -> str:
+    """Who else used the GPU while the worker ran, from its own record: ``pid 4242 (python3)``;
+    without ``rootfs`` (a document replayed from ``--probe.fixture``, whose pids are another
+    machine's) the pids alone."""
     from sparkdiag.sources.host.procfs import process_names
 
     pids = list(doc.busy.other_pids) if doc is not None else []
     if not pids:
         return ""
-    names = process_names(rootfs, pids)
+    names = process_names(rootfs, pids) if rootfs is not None else {}
     shown = [f"pid {p} ({names[p]})" if p in names else f"pid {p}" for p in pids[:3]]
     more = f" and {len(pids) - 3} more" if len(pids) > 3 else ""
     return ", ".join(shown) + more
@@ -248,7 +250,9 @@ def probe(
             if cycle.result == "ok" and doc is not None and not doc.measured():
                 # every kernel unsupported here (the memory copy may have run): nothing measured
                 cycle = dataclasses.replace(cycle, result="unsupported", reason=NOTHING_MEASURED)
-            beside = _beside(doc, settings.rootfs)
+            # a replayed document's pids are not this machine's: CI named a recording's pid 4242
+            # "kworker/1:3-cgroup_pidlist_destroy", a kernel thread that had that pid here
+            beside = _beside(doc, settings.rootfs if settings.probe_fixture is None else None)
             verdict = judge(figures, _no_baseline(gpu, no_store, beside)) if figures else None
             runs.append(GpuRun(gpu.identity if gpu else None, cycle, figures, verdict, beside))
     finally:
